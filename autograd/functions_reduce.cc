@@ -1,0 +1,90 @@
+// Differentiable reductions and matrix products.
+#include "autograd/function.h"
+#include "autograd/functions.h"
+
+namespace loom {
+
+using autograd::any_requires_grad;
+using autograd::record;
+using Grads = std::vector<Tensor>;
+
+namespace {
+
+// Re-inserts reduced dims (as size 1) so a reduction's gradient broadcasts to the input.
+Tensor unsqueeze_reduced(Tensor grad, const std::vector<int64_t>& dims, int64_t ndim, bool keepdim) {
+  if (keepdim) return grad;
+  if (dims.empty()) {
+    Shape ones(ndim, 1);
+    return ops::reshape(grad, ones);
+  }
+  std::vector<int64_t> sorted;
+  for (int64_t d : dims) sorted.push_back(normalize_dim(d, ndim, "sum"));
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t d : sorted) grad = ops::unsqueeze(grad, d);
+  return grad;
+}
+
+int64_t reduced_count(const Tensor& self, const std::vector<int64_t>& dims) {
+  if (dims.empty()) return self.numel();
+  int64_t count = 1;
+  for (int64_t d : dims) count *= self.size(d);
+  return count;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor out = ops::sum(self, dims, keepdim);
+  if (!any_requires_grad({self})) return out;
+  return record("SumBackward", {self}, out,
+                [dims, keepdim, shape = self.shape()](const Grads& g) {
+                  const Tensor grad = unsqueeze_reduced(g[0], dims, shape.size(), keepdim);
+                  return Grads{ops::contiguous(ops::expand(grad, shape))};
+                });
+}
+
+Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
+  Tensor out = ops::mean(self, dims, keepdim);
+  if (!any_requires_grad({self})) return out;
+  const double count = static_cast<double>(reduced_count(self, dims));
+  return record("MeanBackward", {self}, out,
+                [dims, keepdim, count, shape = self.shape()](const Grads& g) {
+                  const Tensor grad = unsqueeze_reduced(g[0], dims, shape.size(), keepdim);
+                  return Grads{ops::div(ops::expand(grad, shape), count)};
+                });
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
+  auto [values, indices] = ops::max(self, dim, keepdim);
+  if (!any_requires_grad({self})) return {values, indices};
+  const int64_t d = normalize_dim(dim, self.dim(), "max");
+  Tensor recorded = record("MaxBackward", {self}, values,
+                           [d, keepdim, indices, shape = self.shape()](const Grads& g) {
+                             // One-hot of the chosen index along `d`, times the gradient.
+                             const Tensor index = keepdim ? indices : ops::unsqueeze(indices, d);
+                             Shape positions_shape(shape.size(), 1);
+                             positions_shape[d] = shape[d];
+                             const Tensor positions = ops::reshape(ops::arange(shape[d]), positions_shape);
+                             const Tensor hit = ops::eq(ops::expand(index, shape), positions);
+                             const Tensor grad = keepdim ? g[0] : ops::unsqueeze(g[0], d);
+                             return Grads{ops::mul(ops::to(hit, g[0].dtype()), grad)};
+                           });
+  return {recorded, indices};
+}
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  if (!any_requires_grad({a_in, b_in})) return ops::matmul(a_in, b_in);
+  // 1-D operands go through differentiable unsqueeze/squeeze so the core is always >= 2-D.
+  if (a_in.dim() == 1) return squeeze(matmul(unsqueeze(a_in, 0), b_in), -2);
+  if (b_in.dim() == 1) return squeeze(matmul(a_in, unsqueeze(b_in, -1)), -1);
+  Tensor out = ops::matmul(a_in, b_in);
+  return record("MatmulBackward", {a_in, b_in}, out, [a = a_in, b = b_in](const Grads& g) {
+    // dA = dC @ B^T, dB = A^T @ dC; transposes are views the GEMM takes as flags.
+    Tensor grad_a, grad_b;
+    if (a.requires_grad()) grad_a = ops::sum_to(ops::matmul(g[0], ops::transpose(b, -1, -2)), a.shape());
+    if (b.requires_grad()) grad_b = ops::sum_to(ops::matmul(ops::transpose(a, -1, -2), g[0]), b.shape());
+    return Grads{grad_a, grad_b};
+  });
+}
+
+}  // namespace loom

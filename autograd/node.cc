@@ -1,0 +1,86 @@
+#include "autograd/node.h"
+
+#include "base/error.h"
+#include "tensor/ops_create.h"
+#include "tensor/ops_elementwise.h"
+
+namespace loom::autograd {
+
+namespace {
+std::atomic<uint64_t> next_sequence_nr{0};
+}
+
+Node::Node() : sequence_nr_(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+void Node::add_output_hook(uint32_t output_nr, GradHook hook) {
+  LOOM_INTERNAL_ASSERT(output_nr < output_hooks_.size());
+  output_hooks_[output_nr].push_back(std::move(hook));
+}
+
+FunctionNode::FunctionNode(std::string name, Backward backward, std::vector<OutputInfo> outputs)
+    : name_(std::move(name)), backward_(std::move(backward)), outputs_(std::move(outputs)) {
+  set_num_outputs(outputs_.size());
+}
+
+std::vector<Tensor> FunctionNode::apply(std::vector<Tensor> grad_outputs) {
+  LOOM_CHECK(!released_,
+             "backward: {} was already run by a previous backward() that freed the graph; pass "
+             "retain_graph=true to the first backward() to run it again",
+             name_);
+  for (size_t i = 0; i < grad_outputs.size(); ++i) {
+    if (!grad_outputs[i].defined()) {
+      grad_outputs[i] = ops::zeros(outputs_[i].shape, outputs_[i].dtype, outputs_[i].device);
+    }
+  }
+  std::vector<Tensor> grads = backward_(grad_outputs);
+  LOOM_INTERNAL_ASSERT(grads.size() == next_edges().size(),
+                       "{} returned {} gradients for {} inputs", name_, grads.size(),
+                       next_edges().size());
+  return grads;
+}
+
+void FunctionNode::release() {
+  backward_ = nullptr;  // drops every tensor the backward closure saved
+  released_ = true;
+}
+
+AccumulateGrad::AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) { set_num_outputs(1); }
+
+std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
+  Tensor grad = std::move(grad_outputs.at(0));
+  AutogradMeta& meta = autograd_meta(leaf_);
+  for (const GradHook& hook : meta.grad_hooks) {
+    Tensor replaced = hook(grad);
+    if (replaced.defined()) grad = replaced;
+  }
+  LOOM_CHECK(grad.shape() == leaf_.shape(),
+             "backward: gradient of shape {} does not match its leaf of shape {}",
+             shape_str(grad.shape()), shape_str(leaf_.shape()));
+  // Out of place on purpose: `grad` may be shared with other consumers of the same gradient.
+  const Tensor current = leaf_.grad();
+  leaf_.set_grad(current.defined() ? ops::add(current, grad) : grad);
+  for (const PostAccumulateGradHook& hook : meta.post_accumulate_hooks) hook(leaf_);
+  return {};
+}
+
+AutogradMeta& autograd_meta(const Tensor& tensor) {
+  TensorImpl* impl = tensor.impl();
+  LOOM_INTERNAL_ASSERT(impl != nullptr);
+  if (!impl->autograd_meta) impl->autograd_meta = std::make_shared<AutogradMeta>();
+  return *impl->autograd_meta;
+}
+
+Edge gradient_edge(const Tensor& tensor) {
+  if (!tensor.defined()) return {};
+  if (tensor.grad_fn()) return {tensor.grad_fn(), tensor.impl()->output_nr};
+  if (!tensor.requires_grad()) return {};
+  AutogradMeta& meta = autograd_meta(tensor);
+  std::shared_ptr<AccumulateGrad> accumulator = meta.accumulator.lock();
+  if (!accumulator) {
+    accumulator = std::make_shared<AccumulateGrad>(tensor);
+    meta.accumulator = accumulator;
+  }
+  return {accumulator, 0};
+}
+
+}  // namespace loom::autograd

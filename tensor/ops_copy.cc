@@ -1,0 +1,138 @@
+#include "tensor/ops_copy.h"
+
+#include <cstring>
+
+#include "base/error.h"
+#include "tensor/cpu/element_types.h"
+#include "tensor/cpu/strided_loop.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+
+namespace {
+
+void copy_across_devices(const Tensor& dst, const Tensor& src) {
+  LOOM_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape() && dst.is_contiguous() &&
+                 src.is_contiguous(),
+             "copy_: copies between {} and {} need contiguous tensors of one shape and dtype, got "
+             "{} and {}",
+             src.device().str(), dst.device().str(), src.description(), dst.description());
+  const size_t bytes = static_cast<size_t>(src.numel()) * element_size(src.dtype());
+  if (bytes == 0) return;
+  if (src.device().is_cpu() && dst.device().is_cuda()) {
+    cuda::copy_host_to_device(dst.raw_data(), src.raw_data(), bytes, dst.device().index);
+  } else if (src.device().is_cuda() && dst.device().is_cpu()) {
+    cuda::copy_device_to_host(dst.raw_data(), src.raw_data(), bytes, src.device().index);
+  } else {
+    cuda::copy_device_to_device(dst.raw_data(), src.raw_data(), bytes, dst.device().index);
+  }
+}
+
+}  // namespace
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  if (dispatch_extension("copy_", {dst, src})) return;
+  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+    copy_across_devices(dst, src);
+    return;
+  }
+  const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
+  cpu::visit_dtype(dst.dtype(), [&](auto dst_tag) {
+    using D = decltype(dst_tag);
+    cpu::visit_dtype(source.dtype(), [&](auto src_tag) {
+      using S = decltype(src_tag);
+      D* out = static_cast<D*>(dst.raw_data());
+      const S* in = static_cast<const S*>(source.raw_data());
+      cpu::for_each_run<2>(dst.shape(), {dst.strides(), source.strides()},
+                           [&](const auto& offsets, int64_t count, const auto& inner) {
+                             D* o = out + offsets[0];
+                             const S* i = in + offsets[1];
+                             if constexpr (std::is_same_v<D, S>) {
+                               if (inner[0] == 1 && inner[1] == 1) {
+                                 std::memcpy(o, i, count * sizeof(D));
+                                 return;
+                               }
+                             }
+                             for (int64_t j = 0; j < count; ++j) {
+                               o[j * inner[0]] =
+                                   cpu::from_compute<D>(cpu::to_compute(i[j * inner[1]]));
+                             }
+                           });
+    });
+  });
+}
+
+Tensor contiguous(const Tensor& self) {
+  if (self.is_contiguous() && !self.extension()) return self;
+  return clone(self);
+}
+
+Tensor clone(const Tensor& self) {
+  if (auto out = dispatch_extension("clone", {self})) return (*out)[0];
+  Tensor out = Tensor::empty(self.shape(), self.dtype(), self.device());
+  copy_(out, self);
+  return out;
+}
+
+Tensor to(const Tensor& self, DType dtype) {
+  if (auto out = dispatch_extension("to_dtype", {self}, {dtype})) return (*out)[0];
+  if (self.dtype() == dtype) return self;
+  LOOM_CHECK(self.device().is_cpu(), "to: dtype conversion on {} is not supported yet",
+             self.device().str());
+  Tensor out = Tensor::empty(self.shape(), dtype, self.device());
+  copy_(out, self);
+  return out;
+}
+
+Tensor to(const Tensor& self, Device device) {
+  if (self.device() == device) return self;
+  const Tensor source = contiguous(self);
+  Tensor out = Tensor::empty(self.shape(), self.dtype(), device);
+  copy_(out, source);
+  return out;
+}
+
+Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
+  if (auto out = dispatch_extension("cat", tensors, {dim})) return (*out)[0];
+  LOOM_CHECK(!tensors.empty(), "cat: expected at least one tensor");
+  const Tensor& first = tensors[0];
+  dim = normalize_dim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[dim] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    LOOM_CHECK(t.dim() == first.dim() && t.dtype() == first.dtype() && t.device() == first.device(),
+               "cat: tensor {} is {} but tensor 0 is {}", i, t.description(), first.description());
+    for (int64_t d = 0; d < first.dim(); ++d) {
+      LOOM_CHECK(d == dim || t.shape()[d] == first.shape()[d],
+                 "cat: tensor {} has shape {} but tensor 0 has shape {} (they may differ only in "
+                 "dim {})",
+                 i, shape_str(t.shape()), shape_str(first.shape()), dim);
+    }
+    shape[dim] += t.shape()[dim];
+  }
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device());
+  int64_t start = 0;
+  for (const Tensor& t : tensors) {
+    copy_(narrow(out, dim, start, t.shape()[dim]), t);
+    start += t.shape()[dim];
+  }
+  return out;
+}
+
+Tensor stack(std::span<const Tensor> tensors, int64_t dim) {
+  LOOM_CHECK(!tensors.empty(), "stack: expected at least one tensor");
+  dim = normalize_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> expanded;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOOM_CHECK(tensors[i].shape() == tensors[0].shape(),
+               "stack: tensor {} has shape {} but tensor 0 has shape {}", i,
+               shape_str(tensors[i].shape()), shape_str(tensors[0].shape()));
+    expanded.push_back(unsqueeze(tensors[i], dim));
+  }
+  return cat(expanded, dim);
+}
+
+}  // namespace loom::ops

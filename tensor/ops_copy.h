@@ -1,0 +1,26 @@
+// Copies and conversions (loom::ops, not recorded by autograd).
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::ops {
+
+// Copies `src` into `dst` elementwise, broadcasting src to dst's shape and converting dtype.
+// CPU<->CUDA copies need both sides contiguous with the same dtype (for now).
+void copy_(const Tensor& dst, const Tensor& src);
+// `self` when already contiguous, else a contiguous copy.
+Tensor contiguous(const Tensor& self);
+// A contiguous copy that shares nothing with `self`.
+Tensor clone(const Tensor& self);
+// Converted copy (or `self` when dtype/device already match).
+Tensor to(const Tensor& self, DType dtype);
+Tensor to(const Tensor& self, Device device);
+// Concatenates along an existing dim; all other dims must match.
+Tensor cat(std::span<const Tensor> tensors, int64_t dim);
+// Stacks along a new dim; all shapes must match.
+Tensor stack(std::span<const Tensor> tensors, int64_t dim);
+
+}  // namespace loom::ops

@@ -1,0 +1,95 @@
+#include "tensor/ops_create.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "tensor/cpu/element_types.h"
+#include "tensor/cpu/strided_loop.h"
+#include "tensor/dispatch.h"
+#include "tensor/element.h"
+#include "tensor/ops_copy.h"
+
+namespace loom::ops {
+
+Tensor empty(const Shape& shape, DType dtype, Device device) {
+  return Tensor::empty(shape, dtype, device);
+}
+
+void fill_(const Tensor& self, double value) {
+  if (dispatch_extension("fill_", {self}, {value})) return;
+  if (!self.device().is_cpu()) {
+    copy_(self, full(self.shape(), value, self.dtype()));
+    return;
+  }
+  cpu::visit_dtype(self.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T stored = cpu::from_compute<T>(value);
+    T* data = static_cast<T*>(self.raw_data());
+    cpu::for_each_run<1>(self.shape(), {self.strides()},
+                         [&](const auto& offsets, int64_t count, const auto& inner) {
+                           for (int64_t j = 0; j < count; ++j) data[offsets[0] + j * inner[0]] = stored;
+                         });
+  });
+}
+
+Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  Tensor out = Tensor::empty(shape, dtype, device.is_cpu() ? device : Device::cpu());
+  fill_(out, value);
+  return device.is_cpu() ? out : to(out, device);
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
+Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), like.dtype(), like.device()); }
+Tensor ones_like(const Tensor& like) { return ones(like.shape(), like.dtype(), like.device()); }
+
+Tensor arange(double start, double end, double step, DType dtype) {
+  LOOM_CHECK(step != 0, "arange: step must be non-zero");
+  LOOM_CHECK((end - start) / step >= 0,
+             "arange: range [{}, {}) with step {} goes the wrong way", start, end, step);
+  const int64_t count = static_cast<int64_t>(std::ceil((end - start) / step));
+  Tensor out = Tensor::empty({count}, dtype);
+  for (int64_t i = 0; i < count; ++i) {
+    store_element(static_cast<char*>(out.raw_data()) + i * element_size(dtype), dtype,
+                  start + step * static_cast<double>(i));
+  }
+  return out;
+}
+
+Tensor arange(int64_t end, DType dtype) { return arange(0.0, static_cast<double>(end), 1.0, dtype); }
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype) {
+  LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+             "from_vector: {} values cannot fill shape {} ({} elements)", values.size(),
+             shape_str(shape), shape_numel(shape));
+  Tensor out = Tensor::empty(shape, dtype);
+  for (size_t i = 0; i < values.size(); ++i) {
+    store_element(static_cast<char*>(out.raw_data()) + i * element_size(dtype), dtype, values[i]);
+  }
+  return out;
+}
+
+Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape) {
+  LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+             "from_vector_i64: {} values cannot fill shape {} ({} elements)", values.size(),
+             shape_str(shape), shape_numel(shape));
+  Tensor out = Tensor::empty(shape, kInt64);
+  std::copy(values.begin(), values.end(), out.data<int64_t>());
+  return out;
+}
+
+Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
+
+std::vector<double> to_vector(const Tensor& self) {
+  const Tensor host = contiguous(to(self, Device::cpu()));
+  std::vector<double> values(host.numel());
+  const size_t size = element_size(host.dtype());
+  for (size_t i = 0; i < values.size(); ++i) {
+    values[i] = host.dtype() == kInt64
+                    ? static_cast<double>(static_cast<const int64_t*>(host.raw_data())[i])
+                    : load_element(static_cast<const char*>(host.raw_data()) + i * size, host.dtype());
+  }
+  return values;
+}
+
+}  // namespace loom::ops

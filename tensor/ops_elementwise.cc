@@ -1,0 +1,280 @@
+#include "tensor/ops_elementwise.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "tensor/cpu/element_types.h"
+#include "tensor/cpu/strided_loop.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_create.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+
+namespace {
+
+DType promote(DType a, DType b) {
+  if (a == b) return a;
+  if (is_floating(a) && is_floating(b)) return kFloat32;
+  if (is_floating(a)) return a;
+  if (is_floating(b)) return b;
+  return kInt64;
+}
+
+void check_cpu(const Tensor& t, std::string_view op) {
+  LOOM_CHECK(t.defined(), "{}: got an undefined tensor", op);
+  LOOM_CHECK(t.device().is_cpu(), "{}: CUDA kernels for this op are not built yet (got {})", op,
+             t.description());
+}
+
+// out[i] = f(a[i], b[i]) over the broadcast shape, computing in ComputeType.
+template <typename F>
+Tensor binary(const Tensor& a_in, const Tensor& b_in, std::string_view op, F f,
+              bool floating_only = false) {
+  check_cpu(a_in, op);
+  check_cpu(b_in, op);
+  const DType dtype = promote(a_in.dtype(), b_in.dtype());
+  LOOM_CHECK(!floating_only || is_floating(dtype), "{}: expected floating tensors, got {} and {}",
+             op, dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
+  const Tensor a = to(a_in, dtype);
+  const Tensor b = to(b_in, dtype);
+  const Shape shape = a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), op);
+  const Tensor ax = a.shape() == shape ? a : expand(a, shape);
+  const Tensor bx = b.shape() == shape ? b : expand(b, shape);
+  Tensor out = Tensor::empty(shape, dtype);
+  cpu::visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.raw_data());
+    const T* pa = static_cast<const T*>(ax.raw_data());
+    const T* pb = static_cast<const T*>(bx.raw_data());
+    cpu::for_each_run<3>(shape, {out.strides(), ax.strides(), bx.strides()},
+                         [&](const auto& off, int64_t count, const auto& in) {
+                           T* oo = o + off[0];
+                           const T* aa = pa + off[1];
+                           const T* bb = pb + off[2];
+                           if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
+                             for (int64_t j = 0; j < count; ++j) {
+                               oo[j] = cpu::from_compute<T>(f(cpu::to_compute(aa[j]), cpu::to_compute(bb[j])));
+                             }
+                           } else {
+                             for (int64_t j = 0; j < count; ++j) {
+                               oo[j * in[0]] = cpu::from_compute<T>(
+                                   f(cpu::to_compute(aa[j * in[1]]), cpu::to_compute(bb[j * in[2]])));
+                             }
+                           }
+                         });
+  });
+  return out;
+}
+
+// out[i] = f(a[i]) for floating `a` (computed in f32).
+template <typename F>
+Tensor unary_floating(const Tensor& a, std::string_view op, F f) {
+  check_cpu(a, op);
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  cpu::visit_floating_dtype(a.dtype(), op.data(), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.raw_data());
+    const T* pa = static_cast<const T*>(a.raw_data());
+    cpu::for_each_run<2>(a.shape(), {out.strides(), a.strides()},
+                         [&](const auto& off, int64_t count, const auto& in) {
+                           for (int64_t j = 0; j < count; ++j) {
+                             o[off[0] + j * in[0]] =
+                                 cpu::from_compute<T>(f(cpu::to_compute(pa[off[1] + j * in[1]])));
+                           }
+                         });
+  });
+  return out;
+}
+
+// out[i] = f(a[i]) for any dtype, computing in ComputeType.
+template <typename F>
+Tensor unary_any(const Tensor& a, std::string_view op, F f) {
+  check_cpu(a, op);
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  cpu::visit_dtype(a.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* o = static_cast<T*>(out.raw_data());
+    const T* pa = static_cast<const T*>(a.raw_data());
+    cpu::for_each_run<2>(a.shape(), {out.strides(), a.strides()},
+                         [&](const auto& off, int64_t count, const auto& in) {
+                           for (int64_t j = 0; j < count; ++j) {
+                             o[off[0] + j * in[0]] =
+                                 cpu::from_compute<T>(f(cpu::to_compute(pa[off[1] + j * in[1]])));
+                           }
+                         });
+  });
+  return out;
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+}  // namespace
+
+#define LOOM_DISPATCH_OR_RETURN(name, ...) \
+  if (auto out = dispatch_extension(name, __VA_ARGS__)) return (*out)[0]
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("add", {a, b});
+  return binary(a, b, "add", [](auto x, auto y) { return x + y; });
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("sub", {a, b});
+  return binary(a, b, "sub", [](auto x, auto y) { return x - y; });
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("mul", {a, b});
+  return binary(a, b, "mul", [](auto x, auto y) { return x * y; });
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("div", {a, b});
+  return binary(a, b, "div", [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
+}
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("maximum", {a, b});
+  return binary(a, b, "maximum", [](auto x, auto y) { return x > y || x != x ? x : y; });
+}
+Tensor eq(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("eq", {a, b});
+  return binary(a, b, "eq", [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
+}
+Tensor gt(const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("gt", {a, b});
+  return binary(a, b, "gt", [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
+}
+
+// Scalar forms: the scalar is applied in f32 for floating tensors (as PyTorch does for a
+// Python float with a float tensor) and promotes integer tensors to f32.
+namespace {
+template <typename F>
+Tensor scalar_op(const Tensor& a, double b, std::string_view op, F f) {
+  check_cpu(a, op);
+  const Tensor x = is_floating(a.dtype()) ? a : to(a, kFloat32);
+  const float s = static_cast<float>(b);
+  return unary_floating(x, op, [&](float v) { return f(v, s); });
+}
+}  // namespace
+
+Tensor add(const Tensor& a, double b) {
+  LOOM_DISPATCH_OR_RETURN("add_scalar", {a}, {b});
+  return scalar_op(a, b, "add", [](float x, float s) { return x + s; });
+}
+Tensor sub(const Tensor& a, double b) {
+  LOOM_DISPATCH_OR_RETURN("sub_scalar", {a}, {b});
+  return scalar_op(a, b, "sub", [](float x, float s) { return x - s; });
+}
+Tensor rsub(const Tensor& a, double b) {
+  LOOM_DISPATCH_OR_RETURN("rsub_scalar", {a}, {b});
+  return scalar_op(a, b, "rsub", [](float x, float s) { return s - x; });
+}
+Tensor mul(const Tensor& a, double b) {
+  LOOM_DISPATCH_OR_RETURN("mul_scalar", {a}, {b});
+  return scalar_op(a, b, "mul", [](float x, float s) { return x * s; });
+}
+Tensor div(const Tensor& a, double b) {
+  LOOM_DISPATCH_OR_RETURN("div_scalar", {a}, {b});
+  return scalar_op(a, b, "div", [](float x, float s) { return x / s; });
+}
+
+Tensor neg(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("neg", {a});
+  return unary_any(a, "neg", [](auto x) { return -x; });
+}
+Tensor abs(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("abs", {a});
+  return unary_any(a, "abs", [](auto x) { return x < 0 ? -x : x; });
+}
+Tensor exp(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("exp", {a});
+  return unary_floating(a, "exp", [](float x) { return std::exp(x); });
+}
+Tensor log(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("log", {a});
+  return unary_floating(a, "log", [](float x) { return std::log(x); });
+}
+Tensor tanh(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("tanh", {a});
+  return unary_floating(a, "tanh", [](float x) { return std::tanh(x); });
+}
+Tensor sqrt(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("sqrt", {a});
+  return unary_floating(a, "sqrt", [](float x) { return std::sqrt(x); });
+}
+Tensor rsqrt(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("rsqrt", {a});
+  return unary_floating(a, "rsqrt", [](float x) { return 1.0f / std::sqrt(x); });
+}
+Tensor pow(const Tensor& a, double exponent) {
+  LOOM_DISPATCH_OR_RETURN("pow", {a}, {exponent});
+  const float e = static_cast<float>(exponent);
+  if (exponent == 2.0) return unary_floating(a, "pow", [](float x) { return x * x; });
+  return unary_floating(a, "pow", [e](float x) { return std::pow(x, e); });
+}
+Tensor relu(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("relu", {a});
+  return unary_floating(a, "relu", [](float x) { return x > 0.0f ? x : 0.0f; });
+}
+Tensor gelu(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN("gelu", {a});
+  return unary_floating(a, "gelu", [](float x) {
+    return 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
+  });
+}
+Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
+  LOOM_DISPATCH_OR_RETURN("gelu_backward", {grad, x});
+  return binary(grad, x, "gelu_backward", [](float g, float v) {
+    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+    const float t = std::tanh(inner);
+    const float d_inner = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * d_inner);
+  }, /*floating_only=*/true);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  LOOM_DISPATCH_OR_RETURN("where", {cond, a, b});
+  check_cpu(cond, "where");
+  const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"),
+                                       "where");
+  const Tensor c = to(expand(cond, shape), kFloat32);
+  // cond != 0 ? a : b == b + (a - b) * [cond != 0] would lose NaN/inf exactness; select instead.
+  const DType dtype = promote(a.dtype(), b.dtype());
+  const Tensor ax = expand(to(a, dtype), shape);
+  const Tensor bx = expand(to(b, dtype), shape);
+  Tensor out = Tensor::empty(shape, dtype);
+  cpu::visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const float* pc = static_cast<const float*>(c.raw_data());
+    const T* pa = static_cast<const T*>(ax.raw_data());
+    const T* pb = static_cast<const T*>(bx.raw_data());
+    T* o = static_cast<T*>(out.raw_data());
+    cpu::for_each_run<4>(shape, {out.strides(), c.strides(), ax.strides(), bx.strides()},
+                         [&](const auto& off, int64_t count, const auto& in) {
+                           for (int64_t j = 0; j < count; ++j) {
+                             o[off[0] + j * in[0]] = pc[off[1] + j * in[1]] != 0.0f
+                                                         ? pa[off[2] + j * in[2]]
+                                                         : pb[off[3] + j * in[3]];
+                           }
+                         });
+  });
+  return out;
+}
+
+Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
+  LOOM_DISPATCH_OR_RETURN("masked_fill", {self, mask}, {value});
+  check_cpu(self, "masked_fill");
+  LOOM_CHECK(broadcast_shapes(self.shape(), mask.shape(), "masked_fill") == self.shape(),
+             "masked_fill: mask of shape {} does not broadcast to self's shape {}",
+             shape_str(mask.shape()), shape_str(self.shape()));
+  return where(mask, full({}, value, self.dtype()), self);
+}
+
+void add_(const Tensor& self, const Tensor& other) {
+  if (dispatch_extension("add_", {self, other})) return;
+  copy_(self, add(self, other));
+}
+
+#undef LOOM_DISPATCH_OR_RETURN
+
+}  // namespace loom::ops

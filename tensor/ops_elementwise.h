@@ -1,0 +1,48 @@
+// Elementwise ops with NumPy broadcasting (loom::ops, not recorded by autograd).
+// Mixed dtypes promote: any floating operand makes the result floating (f32 when two different
+// floating dtypes meet), otherwise i64 when i32 meets i64.
+#pragma once
+
+#include "tensor/tensor.h"
+
+namespace loom::ops {
+
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor sub(const Tensor& a, double b);  // a - b
+Tensor rsub(const Tensor& a, double b);  // b - a
+Tensor mul(const Tensor& a, double b);
+Tensor div(const Tensor& a, double b);
+// Maximum/minimum of two tensors (broadcasting).
+Tensor maximum(const Tensor& a, const Tensor& b);
+
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+Tensor abs(const Tensor& a);
+Tensor relu(const Tensor& a);
+// GPT-2's GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor gelu(const Tensor& a);
+// d gelu(x)/dx * grad.
+Tensor gelu_backward(const Tensor& grad, const Tensor& x);
+
+// cond != 0 ? a : b, broadcasting all three.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// self with `value` wherever mask != 0 (mask broadcasts to self).
+Tensor masked_fill(const Tensor& self, const Tensor& mask, double value);
+
+// 1.0 where a == b / a > b, else 0.0, in the promoted dtype.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+
+// In place: self += other (broadcast to self's shape). For gradient accumulation.
+void add_(const Tensor& self, const Tensor& other);
+
+}  // namespace loom::ops

@@ -1,0 +1,112 @@
+#include "tensor/ops_matmul.h"
+
+#include "base/error.h"
+#include "tensor/cpu/gemm.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+
+namespace {
+
+// How a 2-D (last two dims) operand reaches the GEMM: the pointer-free part of a BLAS call.
+struct GemmOperand {
+  Tensor tensor;      // possibly a contiguous copy, when the layout fit neither form
+  bool transposed;    // true: column-major, passed with the transpose flag
+  int64_t leading;    // leading dimension in elements
+};
+
+GemmOperand as_gemm_operand(const Tensor& t) {
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const int64_t row_stride = t.stride(-2), col_stride = t.stride(-1);
+  if (col_stride == 1 && (row_stride >= std::max<int64_t>(cols, 1) || rows == 1)) {
+    return {t, false, std::max<int64_t>(row_stride, std::max<int64_t>(cols, 1))};
+  }
+  if (row_stride == 1 && (col_stride >= std::max<int64_t>(rows, 1) || cols == 1)) {
+    return {t, true, std::max<int64_t>(col_stride, std::max<int64_t>(rows, 1))};
+  }
+  Tensor copy = contiguous(t);
+  return {copy, false, std::max<int64_t>(cols, 1)};
+}
+
+// Batch dims of `t` as (count, stride) when they collapse to one evenly strided run.
+bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
+  const int64_t batch_dims = t.dim() - 2;
+  int64_t expected = -1;
+  int64_t run = 1;
+  for (int64_t d = batch_dims - 1; d >= 0; --d) {
+    if (t.shape()[d] == 1) continue;
+    if (expected < 0) {
+      expected = t.stride(d);
+      *stride = expected;
+    } else if (t.stride(d) != expected * run) {
+      return false;
+    }
+    run *= t.shape()[d];
+  }
+  if (expected < 0) *stride = 0;
+  return true;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  if (auto out = dispatch_extension("matmul", {a_in, b_in})) return (*out)[0];
+  LOOM_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1,
+             "matmul: both operands need at least 1 dim, got shapes {} and {}",
+             shape_str(a_in.shape()), shape_str(b_in.shape()));
+  LOOM_CHECK(a_in.device().is_cpu() && b_in.device().is_cpu(),
+             "matmul: CUDA GEMMs are not built yet (got {} and {})", a_in.description(),
+             b_in.description());
+  LOOM_CHECK(is_floating(a_in.dtype()) && a_in.dtype() == b_in.dtype(),
+             "matmul: expected two floating tensors of one dtype, got {} and {}",
+             dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
+  const bool a_vector = a_in.dim() == 1, b_vector = b_in.dim() == 1;
+  Tensor a = a_vector ? unsqueeze(a_in, 0) : a_in;
+  Tensor b = b_vector ? unsqueeze(b_in, -1) : b_in;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+  LOOM_CHECK(k == b.size(-2), "matmul: shapes {} and {} cannot be multiplied ({} != {})",
+             shape_str(a_in.shape()), shape_str(b_in.shape()), k, b.size(-2));
+  // Broadcast batch dims.
+  const Shape a_batch(a.shape().begin(), a.shape().end() - 2);
+  const Shape b_batch(b.shape().begin(), b.shape().end() - 2);
+  const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
+  Shape a_full = batch, b_full = batch;
+  a_full.insert(a_full.end(), {m, k});
+  b_full.insert(b_full.end(), {k, n});
+  if (a.dtype() != kFloat32) {
+    a = to(a, kFloat32);
+    b = to(b, kFloat32);
+  }
+  a = a.shape() == a_full ? a : expand(a, a_full);
+  b = b.shape() == b_full ? b : expand(b, b_full);
+  Shape out_shape = batch;
+  out_shape.insert(out_shape.end(), {m, n});
+  Tensor out = Tensor::empty(out_shape, kFloat32);
+  const int64_t batch_count = shape_numel(batch);
+
+  GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
+  int64_t stride_a = 0, stride_b = 0;
+  if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
+      uniform_batch_stride(gb.tensor, &stride_b)) {
+    cpu::sgemm_batched(batch_count, ga.transposed, gb.transposed, m, n, k, 1.0f,
+                       static_cast<const float*>(ga.tensor.raw_data()), ga.leading, stride_a,
+                       static_cast<const float*>(gb.tensor.raw_data()), gb.leading, stride_b, 0.0f,
+                       static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), m * n);
+  } else if (batch_count > 0) {
+    // Irregular batch layout: one GEMM per matrix, walking the batch index.
+    const Tensor a3 = reshape(contiguous(ga.tensor), {batch_count, m, k});
+    const Tensor b3 = reshape(contiguous(gb.tensor), {batch_count, k, n});
+    cpu::sgemm_batched(batch_count, false, false, m, n, k, 1.0f,
+                       static_cast<const float*>(a3.raw_data()), std::max<int64_t>(k, 1), m * k,
+                       static_cast<const float*>(b3.raw_data()), std::max<int64_t>(n, 1), k * n, 0.0f,
+                       static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), m * n);
+  }
+  if (a_in.dtype() != kFloat32) out = to(out, a_in.dtype());
+  if (a_vector) out = squeeze(out, -2);
+  if (b_vector) out = squeeze(out, -1);
+  return out;
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,284 @@
+// Embedding, cross entropy and dropout, with their backward kernels (tensor/ops_nn.h).
+// Softmax and layer norm are in ops_nn_norm.cc, attention in ops_nn_attention.cc.
+#include "tensor/ops_nn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_create.h"
+#include "tensor/ops_nn_internal.h"
+#include "tensor/rng.h"
+
+namespace loom::ops {
+
+using nn_internal::as_f32;
+using nn_internal::check_floating;
+using nn_internal::check_index;
+using nn_internal::index_values;
+using nn_internal::position_str;
+
+namespace {
+
+// Throws unless `index` is a valid row of a (V, C) embedding table.
+void check_embedding_index(int64_t index, int64_t flat, const Tensor& indices, int64_t num_embeddings,
+                           std::string_view op) {
+  LOOM_CHECK(index >= 0 && index < num_embeddings,
+             "{}: index {} at position {} of indices shape {} is out of range for {} embeddings "
+             "(expected 0..{})",
+             op, index, position_str(flat, indices.shape()), shape_str(indices.shape()),
+             num_embeddings, num_embeddings - 1);
+}
+
+void check_reduction(Reduction reduction, std::string_view op) {
+  const auto value = static_cast<int64_t>(reduction);
+  LOOM_CHECK(value >= 0 && value <= 2,
+             "{}: unknown reduction {} (expected 0 = none, 1 = mean, 2 = sum)", op, value);
+}
+
+// Checks logits (N, V) and targets (N,), and every target against V; returns the targets.
+std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets,
+                                     int64_t ignore_index, std::string_view op) {
+  check_floating(logits, op, "logits");
+  check_index(targets, op, "targets");
+  LOOM_CHECK(logits.dim() == 2, "{}: expected logits of shape (N, V), got shape {}", op,
+             shape_str(logits.shape()));
+  const int64_t n = logits.size(0), v = logits.size(1);
+  LOOM_CHECK(targets.shape() == Shape{n},
+             "{}: targets shape {} does not match logits shape {} (expected ({},))", op,
+             shape_str(targets.shape()), shape_str(logits.shape()), n);
+  std::vector<int64_t> t = index_values(targets);
+  for (int64_t row = 0; row < n; ++row) {
+    LOOM_CHECK(t[row] == ignore_index || (t[row] >= 0 && t[row] < v),
+               "{}: target {} at position {} is out of range for {} classes (logits shape {}); "
+               "expected 0..{} or ignore_index {}",
+               op, t[row], row, v, shape_str(logits.shape()), v - 1, ignore_index);
+  }
+  return t;
+}
+
+// log(sum(exp(row))) of each row of a contiguous f32 (N, V) tensor, max-subtracted.
+std::vector<float> row_logsumexp(const float* x, int64_t n, int64_t v) {
+  std::vector<float> lse(n);
+  for (int64_t row = 0; row < n; ++row) {
+    const float* xr = x + row * v;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < v; ++j) m = std::max(m, xr[j]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(xr[j] - m);
+    lse[row] = v == 0 ? m : m + static_cast<float>(std::log(sum));
+  }
+  return lse;
+}
+
+// x * mask * scale elementwise (x any floating dtype, mask f32 of x's shape), in x's dtype.
+Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
+  const Tensor x = as_f32(x_in);
+  const Tensor mask = as_f32(mask_in);
+  Tensor out = Tensor::empty(x.shape(), kFloat32);
+  const float* px = x.data<float>();
+  const float* pm = mask.data<float>();
+  float* po = out.data<float>();
+  const int64_t count = x.numel();
+  for (int64_t i = 0; i < count; ++i) po[i] = px[i] * pm[i] * scale;
+  return to(out, x_in.dtype());
+}
+
+void check_dropout_p(double p, const Tensor& t, std::string_view op) {
+  LOOM_CHECK(p >= 0.0 && p <= 1.0, "{}: p must be in [0, 1], got {} (input shape {})", op, p,
+             shape_str(t.shape()));
+}
+
+}  // namespace
+
+// ---- embedding --------------------------------------------------------------------------------
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  if (auto out = dispatch_extension("embedding", {weight, indices})) return (*out)[0];
+  constexpr std::string_view op = "embedding";
+  check_floating(weight, op, "weight");
+  check_index(indices, op, "indices");
+  LOOM_CHECK(weight.dim() == 2, "{}: expected weight of shape (V, C), got shape {}", op,
+             shape_str(weight.shape()));
+  const int64_t v = weight.size(0), c = weight.size(1);
+  const std::vector<int64_t> idx = index_values(indices);
+  Shape out_shape = indices.shape();
+  out_shape.push_back(c);
+  Tensor out = Tensor::empty(out_shape, weight.dtype());
+  // A byte copy per row: the values keep their dtype, so no conversion is involved.
+  const size_t elem = element_size(weight.dtype());
+  const char* w = static_cast<const char*>(weight.raw_data());
+  char* o = static_cast<char*>(out.raw_data());
+  const int64_t row_stride = weight.stride(0), col_stride = weight.stride(1);
+  for (size_t i = 0; i < idx.size(); ++i) {
+    check_embedding_index(idx[i], static_cast<int64_t>(i), indices, v, op);
+    const char* src = w + idx[i] * row_stride * static_cast<int64_t>(elem);
+    char* dst = o + static_cast<int64_t>(i) * c * static_cast<int64_t>(elem);
+    if (col_stride == 1 || c == 1) {
+      std::memcpy(dst, src, c * elem);
+    } else {
+      for (int64_t j = 0; j < c; ++j) std::memcpy(dst + j * elem, src + j * col_stride * elem, elem);
+    }
+  }
+  return out;
+}
+
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
+  if (auto out = dispatch_extension("embedding_backward", {grad_out, indices}, {num_embeddings})) {
+    return (*out)[0];
+  }
+  constexpr std::string_view op = "embedding_backward";
+  check_floating(grad_out, op, "grad_out");
+  check_index(indices, op, "indices");
+  LOOM_CHECK(num_embeddings >= 0, "{}: num_embeddings must be >= 0, got {}", op, num_embeddings);
+  const bool fits = grad_out.dim() == indices.dim() + 1 &&
+                    std::equal(indices.shape().begin(), indices.shape().end(), grad_out.shape().begin());
+  LOOM_CHECK(fits, "{}: grad_out shape {} is not (*indices.shape, C) for indices shape {}", op,
+             shape_str(grad_out.shape()), shape_str(indices.shape()));
+  const int64_t c = grad_out.size(-1);
+  const std::vector<int64_t> idx = index_values(indices);
+  const Tensor g = as_f32(grad_out);
+  Tensor grad_w = zeros({num_embeddings, c}, kFloat32);
+  const float* pg = g.data<float>();
+  float* pw = grad_w.data<float>();
+  for (size_t i = 0; i < idx.size(); ++i) {
+    check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
+    float* dst = pw + idx[i] * c;
+    const float* src = pg + static_cast<int64_t>(i) * c;
+    for (int64_t j = 0; j < c; ++j) dst[j] += src[j];
+  }
+  return to(grad_w, grad_out.dtype());
+}
+
+// ---- cross entropy ----------------------------------------------------------------------------
+
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
+                                 Reduction reduction) {
+  if (auto r = dispatch_extension("cross_entropy", {logits, targets},
+                                  {ignore_index, static_cast<int64_t>(reduction)})) {
+    return {(*r)[0], (*r)[1]};
+  }
+  constexpr std::string_view op = "cross_entropy";
+  check_reduction(reduction, op);
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const Tensor x = as_f32(logits);
+  const float* px = x.data<float>();
+  const std::vector<float> lse = row_logsumexp(px, n, v);
+  Tensor lse_out = Tensor::empty({n}, kFloat32);
+  std::copy(lse.begin(), lse.end(), lse_out.data<float>());
+  std::vector<float> losses(n, 0.0f);
+  double total = 0.0;
+  int64_t count = 0;
+  for (int64_t row = 0; row < n; ++row) {
+    if (t[row] == ignore_index) continue;
+    losses[row] = lse[row] - px[row * v + t[row]];
+    total += losses[row];
+    ++count;
+  }
+  Tensor loss;
+  if (reduction == Reduction::kNone) {
+    loss = Tensor::empty({n}, kFloat32);
+    std::copy(losses.begin(), losses.end(), loss.data<float>());
+  } else {
+    // kMean with every row ignored is 0 / 0 = NaN, as in PyTorch.
+    const double value = reduction == Reduction::kSum ? total : total / static_cast<double>(count);
+    loss = scalar_tensor(value, kFloat32);
+  }
+  return {to(loss, logits.dtype()), lse_out};
+}
+
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index, Reduction reduction, const Tensor& logsumexp) {
+  if (auto r = dispatch_extension("cross_entropy_backward", {grad_loss, logits, targets, logsumexp},
+                                  {ignore_index, static_cast<int64_t>(reduction)})) {
+    return (*r)[0];
+  }
+  constexpr std::string_view op = "cross_entropy_backward";
+  check_reduction(reduction, op);
+  check_floating(grad_loss, op, "grad_loss");
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
+  const int64_t n = logits.size(0), v = logits.size(1);
+  if (reduction == Reduction::kNone) {
+    LOOM_CHECK(grad_loss.shape() == Shape{n},
+               "{}: with reduction none grad_loss must have shape ({},), got {} (logits shape {})",
+               op, n, shape_str(grad_loss.shape()), shape_str(logits.shape()));
+  } else {
+    LOOM_CHECK(grad_loss.numel() == 1,
+               "{}: with reduction mean/sum grad_loss must have one element, got shape {} "
+               "(logits shape {})",
+               op, shape_str(grad_loss.shape()), shape_str(logits.shape()));
+  }
+  const Tensor x = as_f32(logits);
+  const float* px = x.data<float>();
+  std::vector<float> lse;
+  if (logsumexp.defined()) {
+    check_floating(logsumexp, op, "logsumexp");
+    LOOM_CHECK(logsumexp.shape() == Shape{n},
+               "{}: logsumexp shape {} does not match logits shape {} (expected ({},))", op,
+               shape_str(logsumexp.shape()), shape_str(logits.shape()), n);
+    const Tensor l = as_f32(logsumexp);
+    lse.assign(l.data<float>(), l.data<float>() + n);
+  } else {
+    lse = row_logsumexp(px, n, v);
+  }
+  const Tensor gl = as_f32(grad_loss);
+  const float* pgl = gl.data<float>();
+  int64_t count = 0;
+  for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
+  Tensor grad = Tensor::empty({n, v}, kFloat32);
+  float* pd = grad.data<float>();
+  for (int64_t row = 0; row < n; ++row) {
+    float* dr = pd + row * v;
+    if (t[row] == ignore_index) {
+      std::fill(dr, dr + v, 0.0f);
+      continue;
+    }
+    float scale = 0.0f;
+    switch (reduction) {
+      case Reduction::kNone: scale = pgl[row]; break;
+      case Reduction::kSum: scale = pgl[0]; break;
+      case Reduction::kMean: scale = static_cast<float>(pgl[0] / static_cast<double>(count)); break;
+    }
+    const float* xr = px + row * v;
+    for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(xr[j] - lse[row]) * scale;
+    dr[t[row]] -= scale;
+  }
+  return to(grad, logits.dtype());
+}
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training) {
+  if (auto r = dispatch_extension("dropout", {x}, {p, static_cast<int64_t>(seed), training})) {
+    return {(*r)[0], (*r)[1]};
+  }
+  constexpr std::string_view op = "dropout";
+  check_floating(x, op, "x");
+  check_dropout_p(p, x, op);
+  if (!training || p == 0.0) return {x, Tensor()};
+  Tensor mask = bernoulli_keep_mask(x.shape(), seed, p);
+  if (p == 1.0) return {zeros(x.shape(), x.dtype()), mask};
+  return {masked_scale(x, mask, static_cast<float>(1.0 / (1.0 - p))), mask};
+}
+
+Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p) {
+  if (auto r = dispatch_extension("dropout_backward", {grad, mask}, {p})) return (*r)[0];
+  constexpr std::string_view op = "dropout_backward";
+  check_floating(grad, op, "grad");
+  check_dropout_p(p, grad, op);
+  if (!mask.defined()) return grad;
+  check_floating(mask, op, "mask");
+  LOOM_CHECK(mask.shape() == grad.shape(), "{}: mask shape {} does not match grad shape {}", op,
+             shape_str(mask.shape()), shape_str(grad.shape()));
+  if (p == 1.0) return zeros(grad.shape(), grad.dtype());
+  return masked_scale(grad, mask, static_cast<float>(1.0 / (1.0 - p)));
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,147 @@
+// Neural-network kernels (loom::ops, not recorded by autograd): softmax, layer norm, embedding,
+// cross entropy, attention, dropout. Each forward has an explicit backward kernel that
+// autograd/ calls; forwards return what their backward needs (mean/rstd, logsumexp, masks).
+//
+// Common rules:
+//   - CPU only for now; floating dtypes f32/bf16/f16. bf16/f16 are loaded into f32, computed in
+//     f32 (sums accumulate in f64) and rounded once on store. Statistics a backward needs
+//     (layer norm mean/rstd, logsumexp) are always f32, whatever the input dtype.
+//   - Inputs may have any strides (transposed or sliced views); outputs are contiguous.
+//   - Every op first offers itself to dispatch_extension() under the name of its entry in
+//     tensor/ops_nn_table.cc, with tensors and attributes in declaration order (undefined
+//     optional tensors are passed as undefined). Multi-output ops return the handler's outputs
+//     in the order of the result struct's fields.
+//   - Wrong rank, shape, dtype or device throws loom::Error naming the op and the shapes.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace loom::ops {
+
+// ---- softmax ----------------------------------------------------------------------------------
+
+// exp(x - max) / sum(exp(x - max)) along `dim` (negative dims count from the end).
+Tensor softmax(const Tensor& x, int64_t dim);
+// x - max - log(sum(exp(x - max))) along `dim`.
+Tensor log_softmax(const Tensor& x, int64_t dim);
+// Given out = softmax(x, dim): grad_x = out * (grad_out - sum(grad_out * out, dim)).
+// grad_out is converted to out's dtype; the result has out's dtype.
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim);
+// Given out = log_softmax(x, dim): grad_x = grad_out - exp(out) * sum(grad_out, dim).
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim);
+
+// ---- layer norm -------------------------------------------------------------------------------
+
+struct LayerNormResult {
+  Tensor out;   // x.shape, x.dtype
+  Tensor mean;  // x.shape[:-len(normalized_shape)], f32
+  Tensor rstd;  // same shape, f32: 1 / sqrt(biased variance + eps)
+};
+// Normalizes over the trailing dims `normalized_shape` (which must equal x's last dims):
+// out = (x - mean) * rstd * weight + bias. `weight` and `bias` have shape normalized_shape
+// (and x's dtype or f32) or are undefined (no scale / no shift).
+LayerNormResult layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                           const Tensor& bias, double eps = 1e-5);
+
+struct LayerNormGrads {
+  Tensor grad_x;       // x.shape, x.dtype
+  Tensor grad_weight;  // normalized_shape, weight.dtype; undefined when weight is undefined
+  Tensor grad_bias;    // normalized_shape, weight.dtype; undefined when weight is undefined
+};
+// Backward of layer_norm from its saved mean/rstd. grad_bias (= sum of grad_out over rows) is
+// produced whenever weight is defined; a caller with a bias but no weight sums grad_out itself.
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& weight,
+                                   const Shape& normalized_shape);
+
+// ---- embedding --------------------------------------------------------------------------------
+
+// Rows of `weight` (V, C) picked by `indices` (any shape, i64 or i32): shape (*indices.shape, C),
+// weight's dtype. An index outside [0, V) throws naming the index, its position and V.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// Scatter-add of grad_out (*indices.shape, C) into a (V, C) gradient (grad_out's dtype;
+// bf16/f16 accumulate in f32). Repeated indices add up.
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings);
+
+// ---- cross entropy ----------------------------------------------------------------------------
+
+// How per-row losses combine. Stored as an int64 attribute in OpCall (the enum's value).
+}  // namespace loom::ops
+
+namespace loom {
+// Declared in loom:: rather than loom::ops:: so that an unqualified call such as
+// cross_entropy(logits, targets, -100, Reduction::kSum) does not also find ops::cross_entropy
+// by argument-dependent lookup (which would make it ambiguous with loom::cross_entropy).
+enum class Reduction : int64_t { kNone = 0, kMean = 1, kSum = 2 };
+}  // namespace loom
+
+namespace loom::ops {
+using loom::Reduction;
+
+struct CrossEntropyResult {
+  Tensor loss;       // () for kMean/kSum, (N,) for kNone (0 at ignored rows); logits' dtype
+  Tensor logsumexp;  // (N,) f32: log(sum(exp(logits[n, :]))), saved for the backward
+};
+// Softmax cross entropy of logits (N, V) against class indices targets (N,) (i64 or i32), as
+// torch.nn.functional.cross_entropy: loss_n = logsumexp(logits[n]) - logits[n, targets[n]].
+// Rows whose target equals ignore_index contribute nothing; kMean divides by the number of
+// rows not ignored, so when every row is ignored the mean is 0/0 = NaN (PyTorch's result too;
+// kSum gives 0). A target outside [0, V) that is not ignore_index throws naming the target,
+// its position and V.
+CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
+                                 int64_t ignore_index = -100,
+                                 Reduction reduction = Reduction::kMean);
+// grad_logits = (softmax(logits) - onehot(targets)) * scale_n, with scale_n = grad_loss (kSum),
+// grad_loss / count (kMean), grad_loss[n] (kNone), and 0 on ignored rows (so an all-ignored
+// batch gets zeros, as in PyTorch). grad_loss is () (any one-element tensor) for kMean/kSum and
+// (N,) for kNone. `logsumexp` is the forward's saved one; when undefined it is recomputed.
+// Result: logits' shape and dtype.
+Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
+                              int64_t ignore_index = -100, Reduction reduction = Reduction::kMean,
+                              const Tensor& logsumexp = {});
+
+// ---- attention --------------------------------------------------------------------------------
+
+struct AttentionResult {
+  Tensor out;        // (..., Tq, Dv), q's dtype
+  Tensor logsumexp;  // (..., Tq) f32: per-query log(sum_j exp(scale * q.k_j)) over visible keys
+};
+// softmax(scale * q @ k^T + mask) @ v for q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); the
+// leading (batch, head) dims of the three must be equal. One dtype for q, k, v; products run
+// through ops::matmul in f32. scale <= 0 means 1/sqrt(D). is_causal masks key j for query i when
+// j > i (PyTorch's top-left aligned convention, also when Tq != Tk). The saved logsumexp (not the
+// probabilities) keeps the backward's memory at O(Tq) per row. Tk == 0 gives zeros (and -inf
+// logsumexp).
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             bool is_causal = false, double scale = 0.0);
+
+struct AttentionGrads {
+  Tensor dq;  // q.shape, q.dtype
+  Tensor dk;  // k.shape
+  Tensor dv;  // v.shape
+};
+// Backward from the forward's saved logsumexp: recomputes the probabilities P, then
+// dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(P * dP)), dq = scale dS k, dk = scale dS^T q.
+// `out` is the forward's output; it is shape-checked but the row sums use P * dP (exact in f32
+// even when out was rounded to bf16), not the FlashAttention form rowsum(dO * out).
+AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& out, const Tensor& logsumexp,
+                                                     bool is_causal = false, double scale = 0.0);
+
+// ---- dropout ----------------------------------------------------------------------------------
+
+struct DropoutResult {
+  Tensor out;   // x.shape, x.dtype
+  Tensor mask;  // x.shape, f32 keep-mask of 0/1; undefined when x was returned unchanged
+};
+// out = x * mask / (1 - p) with mask = bernoulli_keep_mask(x.shape, seed, p) (tensor/rng.h):
+// deterministic in (seed, element index). p == 0 or !training returns x itself (no copy) and an
+// undefined mask; p == 1 gives zeros. p must be in [0, 1].
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
+// grad * mask / (1 - p) (zeros when p == 1); an undefined mask returns grad unchanged.
+Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p);
+
+}  // namespace loom::ops

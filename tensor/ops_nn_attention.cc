@@ -1,0 +1,169 @@
+// Scaled dot-product attention and its backward (tensor/ops_nn.h). The four products per
+// direction go through ops::matmul (the CPU GEMM, transposes passed as flags); only the row-wise
+// softmax and its backward are loops here.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string_view>
+
+#include "base/error.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_matmul.h"
+#include "tensor/ops_nn.h"
+#include "tensor/ops_nn_internal.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+
+using nn_internal::check_floating;
+
+namespace {
+
+// Sizes of one attention call: q (batch..., tq, d), k (batch..., tk, d), v (batch..., tk, dv).
+struct AttentionDims {
+  Shape batch;
+  int64_t rows = 1;  // product of the batch dims
+  int64_t tq = 0, tk = 0, d = 0, dv = 0;
+  float scale = 1.0f;
+};
+
+AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                              std::string_view op) {
+  check_floating(q, op, "q");
+  check_floating(k, op, "k");
+  check_floating(v, op, "v");
+  LOOM_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+             "{}: q, k and v must have one dtype, got {}, {} and {}", op, dtype_name(q.dtype()),
+             dtype_name(k.dtype()), dtype_name(v.dtype()));
+  const auto shapes = [&] {
+    return fmt::format("q {}, k {}, v {}", shape_str(q.shape()), shape_str(k.shape()),
+                       shape_str(v.shape()));
+  };
+  LOOM_CHECK(q.dim() >= 2 && q.dim() == k.dim() && q.dim() == v.dim(),
+             "{}: q, k and v must have one rank >= 2 (..., T, D), got shapes {}", op, shapes());
+  AttentionDims dims;
+  dims.batch.assign(q.shape().begin(), q.shape().end() - 2);
+  const bool same_batch = std::equal(dims.batch.begin(), dims.batch.end(), k.shape().begin()) &&
+                          std::equal(dims.batch.begin(), dims.batch.end(), v.shape().begin());
+  LOOM_CHECK(same_batch, "{}: q, k and v must have the same leading (batch) dims, got shapes {}",
+             op, shapes());
+  dims.rows = shape_numel(dims.batch);
+  dims.tq = q.size(-2);
+  dims.tk = k.size(-2);
+  dims.d = q.size(-1);
+  dims.dv = v.size(-1);
+  LOOM_CHECK(k.size(-1) == dims.d, "{}: q and k must have the same last dim (D), got shapes {}",
+             op, shapes());
+  LOOM_CHECK(v.size(-2) == dims.tk,
+             "{}: k and v must have the same sequence length (dim -2), got shapes {}", op, shapes());
+  const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(dims.d, 1)));
+  dims.scale = static_cast<float>(s);
+  return dims;
+}
+
+// Keys query i may see: all, or j <= i when causal (top-left aligned, as PyTorch's is_causal).
+int64_t visible_keys(const AttentionDims& dims, int64_t i, bool is_causal) {
+  return is_causal ? std::min(dims.tk, i + 1) : dims.tk;
+}
+
+// Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
+Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
+Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
+
+}  // namespace
+
+AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                             bool is_causal, double scale) {
+  if (auto r = dispatch_extension("scaled_dot_product_attention", {q, k, v}, {is_causal, scale})) {
+    return {(*r)[0], (*r)[1]};
+  }
+  constexpr std::string_view op = "scaled_dot_product_attention";
+  const AttentionDims dims = check_attention(q, k, v, scale, op);
+  const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
+  // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
+  Tensor probs = mm_nt(qf, kf);
+  Shape lse_shape = dims.batch;
+  lse_shape.push_back(dims.tq);
+  Tensor lse = Tensor::empty(lse_shape, kFloat32);
+  float* p = probs.data<float>();
+  float* pl = lse.data<float>();
+  const float s = dims.scale;
+  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    float* pr = p + row * dims.tk;
+    const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < visible; ++j) m = std::max(m, pr[j] * s);
+    double sum = 0.0;
+    for (int64_t j = 0; j < visible; ++j) {
+      pr[j] = std::exp(pr[j] * s - m);
+      sum += pr[j];
+    }
+    const float inv = visible > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+    for (int64_t j = 0; j < visible; ++j) pr[j] *= inv;
+    for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
+    pl[row] = visible > 0 ? m + static_cast<float>(std::log(sum))
+                          : -std::numeric_limits<float>::infinity();
+  }
+  Tensor out = matmul(probs, vf);
+  return {to(out, q.dtype()), lse};
+}
+
+AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
+                                                     const Tensor& k, const Tensor& v,
+                                                     const Tensor& out, const Tensor& logsumexp,
+                                                     bool is_causal, double scale) {
+  if (auto r = dispatch_extension("scaled_dot_product_attention_backward",
+                                  {grad_out, q, k, v, out, logsumexp}, {is_causal, scale})) {
+    return {(*r)[0], (*r)[1], (*r)[2]};
+  }
+  constexpr std::string_view op = "scaled_dot_product_attention_backward";
+  const AttentionDims dims = check_attention(q, k, v, scale, op);
+  check_floating(grad_out, op, "grad_out");
+  check_floating(out, op, "out");
+  check_floating(logsumexp, op, "logsumexp");
+  Shape out_shape = dims.batch;
+  out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
+  LOOM_CHECK(grad_out.shape() == out_shape && out.shape() == out_shape,
+             "{}: grad_out shape {} and out shape {} must both be {} for q {} and v {}", op,
+             shape_str(grad_out.shape()), shape_str(out.shape()), shape_str(out_shape),
+             shape_str(q.shape()), shape_str(v.shape()));
+  Shape lse_shape = dims.batch;
+  lse_shape.push_back(dims.tq);
+  LOOM_CHECK(logsumexp.shape() == lse_shape,
+             "{}: logsumexp shape {} does not match {} for q shape {}", op,
+             shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
+  const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
+  const Tensor gf = to(grad_out, kFloat32);
+  const Tensor lse = nn_internal::as_f32(logsumexp);
+  // P recomputed from the scores and the saved logsumexp; masked and empty rows are 0.
+  Tensor probs = mm_nt(qf, kf);
+  float* p = probs.data<float>();
+  const float* pl = lse.data<float>();
+  const float s = dims.scale;
+  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    float* pr = p + row * dims.tk;
+    const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
+                                ? 0
+                                : visible_keys(dims, row % dims.tq, is_causal);
+    for (int64_t j = 0; j < visible; ++j) pr[j] = std::exp(pr[j] * s - pl[row]);
+    for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
+  }
+  Tensor dv = mm_tn(probs, gf);       // (..., tk, dv)
+  Tensor dscores = mm_nt(gf, vf);     // dP (..., tq, tk), becomes dS in place
+  float* pd = dscores.data<float>();
+  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    const float* pr = p + row * dims.tk;
+    float* dr = pd + row * dims.tk;
+    double dot = 0.0;
+    for (int64_t j = 0; j < dims.tk; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+    const float d = static_cast<float>(dot);
+    // dS = P * (dP - rowsum(P * dP)), times scale for the scores' own scaling.
+    for (int64_t j = 0; j < dims.tk; ++j) dr[j] = pr[j] * (dr[j] - d) * s;
+  }
+  Tensor dq = matmul(dscores, kf);    // (..., tq, d)
+  Tensor dk = mm_tn(dscores, qf);     // (..., tk, d)
+  return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,292 @@
+// Softmax, log-softmax and layer norm, with their backward kernels (tensor/ops_nn.h).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_nn.h"
+#include "tensor/ops_nn_internal.h"
+
+namespace loom::ops {
+
+using nn_internal::as_f32;
+using nn_internal::check_floating;
+
+namespace {
+
+// A contiguous tensor seen as (outer, n, inner) around the reduced dim: the elements of one row
+// are `inner` apart, and row (o, i) starts at o * n * inner + i.
+struct RowLayout {
+  int64_t outer = 1;
+  int64_t n = 1;
+  int64_t inner = 1;
+};
+
+RowLayout row_layout(const Shape& shape, int64_t dim, std::string_view op) {
+  const int64_t ndim = static_cast<int64_t>(shape.size());
+  dim = normalize_dim(dim, ndim, op);
+  RowLayout layout;
+  if (ndim == 0) return layout;
+  for (int64_t d = 0; d < dim; ++d) layout.outer *= shape[d];
+  layout.n = shape[dim];
+  for (int64_t d = dim + 1; d < ndim; ++d) layout.inner *= shape[d];
+  return layout;
+}
+
+// Calls f(start, stride) for every row of the layout.
+template <typename F>
+void for_each_row(const RowLayout& l, F&& f) {
+  for (int64_t o = 0; o < l.outer; ++o) {
+    for (int64_t i = 0; i < l.inner; ++i) f(o * l.n * l.inner + i, l.inner);
+  }
+}
+
+// softmax (log == false) or log_softmax (log == true) of x along dim, max-subtracted.
+Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, std::string_view op) {
+  check_floating(x_in, op, "x");
+  const RowLayout l = row_layout(x_in.shape(), dim, op);
+  const Tensor x = as_f32(x_in);
+  Tensor out = Tensor::empty(x.shape(), kFloat32);
+  const float* px = x.data<float>();
+  float* po = out.data<float>();
+  for_each_row(l, [&](int64_t start, int64_t stride) {
+    const float* xr = px + start;
+    float* orow = po + start;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < l.n; ++j) m = std::max(m, xr[j * stride]);
+    double sum = 0.0;
+    for (int64_t j = 0; j < l.n; ++j) {
+      const float e = std::exp(xr[j * stride] - m);
+      if (!log) orow[j * stride] = e;
+      sum += e;
+    }
+    if (log) {
+      const float lse = m + static_cast<float>(std::log(sum));
+      for (int64_t j = 0; j < l.n; ++j) orow[j * stride] = xr[j * stride] - lse;
+    } else {
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < l.n; ++j) orow[j * stride] *= inv;
+    }
+  });
+  return to(out, x_in.dtype());
+}
+
+// Shared checks and layout of the two softmax backwards.
+Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& out_in, int64_t dim, bool log,
+                             std::string_view op) {
+  check_floating(grad_out, op, "grad_out");
+  check_floating(out_in, op, "out");
+  LOOM_CHECK(grad_out.shape() == out_in.shape(),
+             "{}: grad_out shape {} does not match out shape {}", op, shape_str(grad_out.shape()),
+             shape_str(out_in.shape()));
+  const RowLayout l = row_layout(out_in.shape(), dim, op);
+  const Tensor g = as_f32(grad_out);
+  const Tensor y = as_f32(out_in);
+  Tensor grad_x = Tensor::empty(y.shape(), kFloat32);
+  const float* pg = g.data<float>();
+  const float* py = y.data<float>();
+  float* pd = grad_x.data<float>();
+  for_each_row(l, [&](int64_t start, int64_t stride) {
+    const float* gr = pg + start;
+    const float* yr = py + start;
+    float* dr = pd + start;
+    double acc = 0.0;
+    if (log) {
+      // d/dx_j of sum_i g_i (x_i - lse) = g_j - softmax_j * sum_i g_i, softmax = exp(out).
+      for (int64_t j = 0; j < l.n; ++j) acc += gr[j * stride];
+      const float s = static_cast<float>(acc);
+      for (int64_t j = 0; j < l.n; ++j) dr[j * stride] = gr[j * stride] - std::exp(yr[j * stride]) * s;
+    } else {
+      for (int64_t j = 0; j < l.n; ++j) acc += static_cast<double>(gr[j * stride]) * yr[j * stride];
+      const float s = static_cast<float>(acc);
+      for (int64_t j = 0; j < l.n; ++j) dr[j * stride] = yr[j * stride] * (gr[j * stride] - s);
+    }
+  });
+  return to(grad_x, out_in.dtype());
+}
+
+// Checks that `t`, when defined, is a floating tensor of shape `normalized_shape`.
+void check_affine(const Tensor& t, const Shape& normalized_shape, std::string_view op,
+                  std::string_view name) {
+  if (!t.defined()) return;
+  check_floating(t, op, name);
+  LOOM_CHECK(t.shape() == normalized_shape, "{}: {} shape {} does not match normalized shape {}",
+             op, name, shape_str(t.shape()), shape_str(normalized_shape));
+}
+
+// Checks normalized_shape against x's trailing dims; returns (rows, row length) and the stats'
+// shape x.shape[:-len(normalized_shape)].
+struct NormLayout {
+  int64_t rows = 1;
+  int64_t n = 1;
+  Shape stats_shape;
+};
+
+NormLayout norm_layout(const Tensor& x, const Shape& normalized_shape, std::string_view op) {
+  const size_t k = normalized_shape.size();
+  LOOM_CHECK(k >= 1, "{}: normalized shape must have at least one dim, got () for input shape {}",
+             op, shape_str(x.shape()));
+  const bool fits = x.shape().size() >= k &&
+                    std::equal(normalized_shape.begin(), normalized_shape.end(), x.shape().end() - k);
+  LOOM_CHECK(fits, "{}: normalized shape {} does not match the last dims of input shape {}", op,
+             shape_str(normalized_shape), shape_str(x.shape()));
+  NormLayout l;
+  l.stats_shape.assign(x.shape().begin(), x.shape().end() - k);
+  l.rows = shape_numel(l.stats_shape);
+  l.n = shape_numel(normalized_shape);
+  return l;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  if (auto out = dispatch_extension("softmax", {x}, {dim})) return (*out)[0];
+  return softmax_impl(x, dim, /*log=*/false, "softmax");
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (auto out = dispatch_extension("log_softmax", {x}, {dim})) return (*out)[0];
+  return softmax_impl(x, dim, /*log=*/true, "log_softmax");
+}
+
+Tensor softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim) {
+  if (auto r = dispatch_extension("softmax_backward", {grad_out, out}, {dim})) return (*r)[0];
+  return softmax_backward_impl(grad_out, out, dim, /*log=*/false, "softmax_backward");
+}
+
+Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim) {
+  if (auto r = dispatch_extension("log_softmax_backward", {grad_out, out}, {dim})) return (*r)[0];
+  return softmax_backward_impl(grad_out, out, dim, /*log=*/true, "log_softmax_backward");
+}
+
+LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight,
+                           const Tensor& bias, double eps) {
+  if (auto r = dispatch_extension("layer_norm", {x_in, weight, bias}, {normalized_shape, eps})) {
+    return {(*r)[0], (*r)[1], (*r)[2]};
+  }
+  constexpr std::string_view op = "layer_norm";
+  check_floating(x_in, op, "x");
+  check_affine(weight, normalized_shape, op, "weight");
+  check_affine(bias, normalized_shape, op, "bias");
+  LOOM_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got {} (input shape {})", eps,
+             shape_str(x_in.shape()));
+  const NormLayout l = norm_layout(x_in, normalized_shape, op);
+  const Tensor x = as_f32(x_in);
+  const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
+  const Tensor b = bias.defined() ? as_f32(bias) : Tensor();
+  Tensor out = Tensor::empty(x.shape(), kFloat32);
+  Tensor mean = Tensor::empty(l.stats_shape, kFloat32);
+  Tensor rstd = Tensor::empty(l.stats_shape, kFloat32);
+  const float* px = x.data<float>();
+  const float* pw = w.defined() ? w.data<float>() : nullptr;
+  const float* pb = b.defined() ? b.data<float>() : nullptr;
+  float* po = out.data<float>();
+  float* pm = mean.data<float>();
+  float* pr = rstd.data<float>();
+  const int64_t n = l.n;
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const float* xr = px + r * n;
+    float* orow = po + r * n;
+    // Two passes in f64: the mean, then the biased variance around it (no cancellation).
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += xr[j];
+    const double mu = n > 0 ? sum / static_cast<double>(n) : 0.0;
+    double sq = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      const double d = xr[j] - mu;
+      sq += d * d;
+    }
+    const double var = n > 0 ? sq / static_cast<double>(n) : 0.0;
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / std::sqrt(var + eps));
+    pm[r] = m;
+    pr[r] = s;
+    for (int64_t j = 0; j < n; ++j) {
+      float y = (xr[j] - m) * s;
+      if (pw) y *= pw[j];
+      if (pb) y += pb[j];
+      orow[j] = y;
+    }
+  }
+  return {to(out, x_in.dtype()), mean, rstd};
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, const Tensor& mean,
+                                   const Tensor& rstd, const Tensor& weight,
+                                   const Shape& normalized_shape) {
+  if (auto r = dispatch_extension("layer_norm_backward", {grad_out, x_in, mean, rstd, weight},
+                                  {normalized_shape})) {
+    return {(*r)[0], (*r)[1], (*r)[2]};
+  }
+  constexpr std::string_view op = "layer_norm_backward";
+  check_floating(grad_out, op, "grad_out");
+  check_floating(x_in, op, "x");
+  check_floating(mean, op, "mean");
+  check_floating(rstd, op, "rstd");
+  check_affine(weight, normalized_shape, op, "weight");
+  const NormLayout l = norm_layout(x_in, normalized_shape, op);
+  LOOM_CHECK(grad_out.shape() == x_in.shape(), "{}: grad_out shape {} does not match x shape {}",
+             op, shape_str(grad_out.shape()), shape_str(x_in.shape()));
+  LOOM_CHECK(mean.shape() == l.stats_shape && rstd.shape() == l.stats_shape,
+             "{}: mean shape {} and rstd shape {} must both be {} for x shape {} and normalized "
+             "shape {}",
+             op, shape_str(mean.shape()), shape_str(rstd.shape()), shape_str(l.stats_shape),
+             shape_str(x_in.shape()), shape_str(normalized_shape));
+  const Tensor g = as_f32(grad_out);
+  const Tensor x = as_f32(x_in);
+  const Tensor mu = as_f32(mean);
+  const Tensor rs = as_f32(rstd);
+  const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
+  const float* pg = g.data<float>();
+  const float* px = x.data<float>();
+  const float* pm = mu.data<float>();
+  const float* pr = rs.data<float>();
+  const float* pw = w.defined() ? w.data<float>() : nullptr;
+  const int64_t n = l.n;
+  Tensor grad_x = Tensor::empty(x.shape(), kFloat32);
+  float* pd = grad_x.data<float>();
+  std::vector<double> acc_w(pw ? n : 0, 0.0), acc_b(pw ? n : 0, 0.0);
+  std::vector<float> xhat(n), gw(n);
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const float* gr = pg + r * n;
+    const float* xr = px + r * n;
+    const float m = pm[r], s = pr[r];
+    // dx = rstd * (g' - mean(g') - xhat * mean(g' * xhat)), g' = g * weight.
+    double sum_gw = 0.0, sum_gw_xhat = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      xhat[j] = (xr[j] - m) * s;
+      gw[j] = pw ? gr[j] * pw[j] : gr[j];
+      sum_gw += gw[j];
+      sum_gw_xhat += static_cast<double>(gw[j]) * xhat[j];
+      if (pw) {
+        acc_w[j] += static_cast<double>(gr[j]) * xhat[j];
+        acc_b[j] += gr[j];
+      }
+    }
+    const float a = static_cast<float>(sum_gw / static_cast<double>(n));
+    const float b = static_cast<float>(sum_gw_xhat / static_cast<double>(n));
+    float* dr = pd + r * n;
+    for (int64_t j = 0; j < n; ++j) dr[j] = s * (gw[j] - a - xhat[j] * b);
+  }
+  LayerNormGrads grads;
+  grads.grad_x = to(grad_x, x_in.dtype());
+  if (pw) {
+    Tensor gw_out = Tensor::empty(normalized_shape, kFloat32);
+    Tensor gb_out = Tensor::empty(normalized_shape, kFloat32);
+    float* pgw = gw_out.data<float>();
+    float* pgb = gb_out.data<float>();
+    for (int64_t j = 0; j < n; ++j) {
+      pgw[j] = static_cast<float>(acc_w[j]);
+      pgb[j] = static_cast<float>(acc_b[j]);
+    }
+    grads.grad_weight = to(gw_out, weight.dtype());
+    grads.grad_bias = to(gb_out, weight.dtype());
+  }
+  return grads;
+}
+
+}  // namespace loom::ops

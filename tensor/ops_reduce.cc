@@ -1,0 +1,168 @@
+#include "tensor/ops_reduce.h"
+
+#include <fmt/ranges.h>
+
+#include <limits>
+
+#include "base/error.h"
+#include "tensor/cpu/element_types.h"
+#include "tensor/cpu/strided_loop.h"
+#include "tensor/dispatch.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+
+namespace {
+
+// Normalized, deduplicated reduction mask over self's dims (all dims when `dims` is empty).
+std::vector<bool> reduced_mask(const Tensor& self, const std::vector<int64_t>& dims, std::string_view op) {
+  std::vector<bool> mask(self.dim(), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t n = normalize_dim(d, self.dim(), op);
+    if (self.dim() == 0) continue;
+    LOOM_CHECK(!mask[n], "{}: dim {} appears twice in ({})", op, n, fmt::join(dims, ", "));
+    mask[n] = true;
+  }
+  return mask;
+}
+
+Shape reduced_shape(const Shape& shape, const std::vector<bool>& mask, bool keepdim) {
+  Shape out;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (!mask[d]) out.push_back(shape[d]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
+  if (auto out = dispatch_extension("sum", {self}, {dims, keepdim})) return (*out)[0];
+  LOOM_CHECK(self.device().is_cpu(), "sum: CUDA kernels are not built yet (got {})", self.description());
+  const auto mask = reduced_mask(self, dims, "sum");
+  const Shape kept = reduced_shape(self.shape(), mask, /*keepdim=*/true);
+  // Accumulator strides: contiguous over kept dims, 0 over reduced ones.
+  Strides acc_strides = contiguous_strides(kept);
+  for (size_t d = 0; d < mask.size(); ++d) {
+    if (mask[d]) acc_strides[d] = 0;
+  }
+  std::vector<double> acc(shape_numel(kept), 0.0);
+  Tensor out = Tensor::empty(reduced_shape(self.shape(), mask, keepdim), self.dtype());
+  cpu::visit_dtype(self.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(self.raw_data());
+    cpu::for_each_run<2>(self.shape(), {acc_strides, self.strides()},
+                         [&](const auto& off, int64_t count, const auto& st) {
+                           double* a = acc.data() + off[0];
+                           const T* x = in + off[1];
+                           if (st[0] == 0) {
+                             double s = 0;
+                             for (int64_t j = 0; j < count; ++j) s += static_cast<double>(cpu::to_compute(x[j * st[1]]));
+                             *a += s;
+                           } else {
+                             for (int64_t j = 0; j < count; ++j) a[j * st[0]] += static_cast<double>(cpu::to_compute(x[j * st[1]]));
+                           }
+                         });
+    T* o = static_cast<T*>(out.raw_data());
+    for (size_t i = 0; i < acc.size(); ++i) o[i] = cpu::from_compute<T>(acc[i]);
+  });
+  return out;
+}
+
+Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
+  if (auto out = dispatch_extension("mean", {self}, {dims, keepdim})) return (*out)[0];
+  LOOM_CHECK(is_floating(self.dtype()), "mean: expected a floating tensor, got dtype {}",
+             dtype_name(self.dtype()));
+  const auto mask = reduced_mask(self, dims, "mean");
+  int64_t count = 1;
+  for (size_t d = 0; d < mask.size(); ++d) {
+    if (mask[d]) count *= self.shape()[d];
+  }
+  const Tensor total = sum(self, dims, keepdim);
+  // Divide in f64 before rounding to the output dtype.
+  Tensor out = Tensor::empty(total.shape(), total.dtype());
+  cpu::visit_dtype(total.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(total.raw_data());
+    T* o = static_cast<T*>(out.raw_data());
+    for (int64_t i = 0; i < total.numel(); ++i) {
+      o[i] = cpu::from_compute<T>(static_cast<double>(cpu::to_compute(s[i])) / static_cast<double>(count));
+    }
+  });
+  return out;
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
+  if (auto out = dispatch_extension("max_dim", {self}, {dim, keepdim})) return {(*out)[0], (*out)[1]};
+  LOOM_CHECK(self.device().is_cpu(), "max: CUDA kernels are not built yet (got {})", self.description());
+  dim = normalize_dim(dim, self.dim(), "max");
+  LOOM_CHECK(self.dim() == 0 || self.shape()[dim] > 0,
+             "max: cannot reduce over dim {} of size 0 (tensor shape {})", dim, shape_str(self.shape()));
+  const Tensor moved = self.dim() == 0 ? reshape(self, {1}) : contiguous(transpose(self, dim, -1));
+  const int64_t row = moved.shape().back();
+  const int64_t rows = moved.numel() / std::max<int64_t>(row, 1);
+  Shape out_shape = self.shape();
+  if (self.dim() > 0) {
+    if (keepdim) out_shape[dim] = 1;
+    else out_shape.erase(out_shape.begin() + dim);
+  }
+  // Results come out in the moved layout (dim last); build them there, then move back.
+  Shape moved_out = moved.shape();
+  moved_out.back() = 1;
+  Tensor values = Tensor::empty(moved_out, self.dtype());
+  Tensor indices = Tensor::empty(moved_out, kInt64);
+  cpu::visit_dtype(self.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = static_cast<const T*>(moved.raw_data());
+    T* v = static_cast<T*>(values.raw_data());
+    int64_t* ix = indices.data<int64_t>();
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* x = in + r * row;
+      auto best = cpu::to_compute(x[0]);
+      int64_t best_index = 0;
+      for (int64_t j = 1; j < row; ++j) {
+        const auto value = cpu::to_compute(x[j]);
+        if (value > best || (value != value && best == best)) {  // NaN wins, as in PyTorch
+          best = value;
+          best_index = j;
+        }
+      }
+      v[r] = x[best_index];
+      ix[r] = best_index;
+    }
+  });
+  if (self.dim() == 0) return {reshape(values, {}), reshape(indices, {})};
+  values = transpose(values, dim, -1);
+  indices = transpose(indices, dim, -1);
+  return {reshape(contiguous(values), out_shape), reshape(contiguous(indices), out_shape)};
+}
+
+Tensor max(const Tensor& self) {
+  LOOM_CHECK(self.numel() > 0, "max: cannot reduce a tensor with no elements (shape {})",
+             shape_str(self.shape()));
+  return max(reshape(self, {-1}), 0, false).first;
+}
+
+Tensor sum_to(const Tensor& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int64_t lead = grad.dim() - static_cast<int64_t>(shape.size());
+  LOOM_CHECK(lead >= 0, "sum_to: cannot reduce shape {} to the larger shape {}",
+             shape_str(grad.shape()), shape_str(shape));
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < grad.dim(); ++d) {
+    if (d < lead) {
+      dims.push_back(d);
+    } else if (shape[d - lead] == 1 && grad.shape()[d] != 1) {
+      dims.push_back(d);
+    } else {
+      LOOM_CHECK(shape[d - lead] == grad.shape()[d],
+                 "sum_to: shape {} is not a broadcast of {}", shape_str(grad.shape()), shape_str(shape));
+    }
+  }
+  Tensor reduced = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);
+  return reshape(reduced, shape);
+}
+
+}  // namespace loom::ops

@@ -1,0 +1,122 @@
+#include "tensor/rng.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "base/error.h"
+#include "tensor/cpu/element_types.h"
+#include "tensor/cpu/strided_loop.h"
+
+namespace loom {
+
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
+    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
+         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
+    k[0] += kW0;
+    k[1] += kW1;
+  }
+  return c;
+}
+
+namespace {
+
+// Random words for global element `index` under `seed`; `stream` separates distributions.
+std::array<uint32_t, 4> element_words(uint64_t seed, uint64_t index, uint32_t stream) {
+  return philox4x32({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), stream, 0},
+                    {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+}
+
+// 24 random bits -> [0, 1) exactly representable in f32.
+double unit_open_right(uint32_t word) { return (word >> 8) * 0x1.0p-24; }
+// -> (0, 1], safe for log().
+double unit_open_left(uint32_t word) { return ((word >> 8) + 1) * 0x1.0p-24; }
+
+// Calls fill(local_linear_index, global_linear_index) for each element of `out`.
+template <typename Fill>
+void for_each_global_index(const Tensor& out, const RngRegion& region, const char* op, Fill&& fill) {
+  const Shape& local = out.shape();
+  const Shape& global = region.global_shape.empty() ? local : region.global_shape;
+  Shape offset = region.global_offset;
+  if (offset.empty()) offset.assign(local.size(), 0);
+  LOOM_CHECK(global.size() == local.size() && offset.size() == local.size(),
+             "{}: region of global shape {} and offset {} does not match the local shape {}", op,
+             shape_str(global), shape_str(offset), shape_str(local));
+  for (size_t d = 0; d < local.size(); ++d) {
+    LOOM_CHECK(offset[d] >= 0 && offset[d] + local[d] <= global[d],
+               "{}: local shape {} at offset {} does not fit in global shape {}", op,
+               shape_str(local), shape_str(offset), shape_str(global));
+  }
+  const Strides global_strides = contiguous_strides(global);
+  int64_t base = 0;
+  for (size_t d = 0; d < local.size(); ++d) base += offset[d] * global_strides[d];
+  // Iterate local elements in row-major order, tracking the global linear index alongside.
+  int64_t local_index = 0;
+  cpu::for_each_run<1>(local, {global_strides}, [&](const auto& offsets, int64_t count,
+                                                    const auto& inner) {
+    for (int64_t j = 0; j < count; ++j) fill(local_index++, base + offsets[0] + j * inner[0]);
+  });
+}
+
+template <typename Sample>
+void fill_floating(const Tensor& out, const RngRegion& region, const char* op, Sample&& sample) {
+  LOOM_CHECK(out.device().is_cpu(), "{}: only cpu tensors for now, got {}", op, out.device().str());
+  LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op, out.description());
+  cpu::visit_floating_dtype(out.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    T* data = static_cast<T*>(out.raw_data());
+    for_each_global_index(out, region, op, [&](int64_t local, int64_t global) {
+      data[local] = cpu::from_compute<T>(sample(static_cast<uint64_t>(global)));
+    });
+  });
+}
+
+}  // namespace
+
+namespace ops {
+
+void normal_(const Tensor& out, uint64_t seed, double mean, double std, const RngRegion& region) {
+  fill_floating(out, region, "normal_", [&](uint64_t index) {
+    const auto words = element_words(seed, index, /*stream=*/1);
+    // Box-Muller, one normal per element so each element depends on its own index only.
+    const double radius = std::sqrt(-2.0 * std::log(unit_open_left(words[0])));
+    const double angle = 2.0 * std::numbers::pi * unit_open_right(words[1]);
+    return static_cast<float>(mean + std * radius * std::cos(angle));
+  });
+}
+
+void uniform_(const Tensor& out, uint64_t seed, double low, double high, const RngRegion& region) {
+  fill_floating(out, region, "uniform_", [&](uint64_t index) {
+    const auto words = element_words(seed, index, /*stream=*/2);
+    return static_cast<float>(low + (high - low) * unit_open_right(words[0]));
+  });
+}
+
+Tensor normal(const Shape& shape, uint64_t seed, double mean, double std, DType dtype) {
+  Tensor out = Tensor::empty(shape, dtype);
+  normal_(out, seed, mean, std);
+  return out;
+}
+
+Tensor uniform(const Shape& shape, uint64_t seed, double low, double high, DType dtype) {
+  Tensor out = Tensor::empty(shape, dtype);
+  uniform_(out, seed, low, high);
+  return out;
+}
+
+Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region) {
+  LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  Tensor out = Tensor::empty(shape, kFloat32);
+  fill_floating(out, region, "bernoulli", [&](uint64_t index) {
+    const auto words = element_words(seed, index, /*stream=*/3);
+    return unit_open_right(words[0]) >= p ? 1.0f : 0.0f;
+  });
+  return out;
+}
+
+}  // namespace ops
+}  // namespace loom

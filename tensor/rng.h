@@ -1,0 +1,40 @@
+// Counter-based random numbers (Philox 4x32-10, Salmon et al. 2011).
+//
+// Element i of a tensor is a pure function of (seed, i), with i the element's row-major index
+// in the *global* tensor. So a shard initialized alone equals the same slice of the whole
+// tensor initialized at once, bit for bit, whatever the sharding: DTensor initialization
+// relies on this. No hidden generator state; pass the seed.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace loom {
+
+// The Philox4x32-10 block for (counter, key).
+std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+
+// Which part of a larger logical tensor a local tensor holds: its global shape and the global
+// index of its first element along each dim. Empty fields mean "the tensor is the whole".
+struct RngRegion {
+  Shape global_shape;
+  Shape global_offset;
+};
+
+namespace ops {
+// Fills `out` (CPU, floating) in place.
+void normal_(const Tensor& out, uint64_t seed, double mean = 0.0, double std = 1.0,
+             const RngRegion& region = {});
+void uniform_(const Tensor& out, uint64_t seed, double low = 0.0, double high = 1.0,
+              const RngRegion& region = {});
+Tensor normal(const Shape& shape, uint64_t seed, double mean = 0.0, double std = 1.0,
+              DType dtype = kFloat32);
+Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high = 1.0,
+               DType dtype = kFloat32);
+// Keep-mask for dropout: element is 1 with probability 1 - p.
+Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region = {});
+}  // namespace ops
+
+}  // namespace loom

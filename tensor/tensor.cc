@@ -1,0 +1,91 @@
+#include "tensor/tensor.h"
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "tensor/element.h"
+
+namespace loom {
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t size : shape) {
+    LOOM_CHECK(size >= 0, "empty: negative size in shape {}", shape_str(shape));
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * element_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides,
+                            int64_t offset, DType dtype) {
+  LOOM_INTERNAL_ASSERT(shape.size() == strides.size());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t dim) const {
+  return impl_->shape[normalize_dim(dim, this->dim(), "size")];
+}
+
+int64_t Tensor::stride(int64_t dim) const {
+  return impl_->strides[normalize_dim(dim, this->dim(), "stride")];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+Tensor& Tensor::set_requires_grad(bool requires_grad) {
+  LOOM_CHECK(impl_ != nullptr, "set_requires_grad: tensor is undefined");
+  LOOM_CHECK(!requires_grad || is_floating(dtype()),
+             "set_requires_grad: only floating tensors can require grad, got dtype {}",
+             dtype_name(dtype()));
+  LOOM_CHECK(is_leaf(),
+             "set_requires_grad: can only be set on a leaf tensor; this one was produced by an op "
+             "(use detach() to make a leaf)");
+  impl_->requires_grad = requires_grad;
+  return *this;
+}
+
+std::string Tensor::description() const {
+  if (!defined()) return "Tensor(undefined)";
+  return fmt::format("Tensor(shape={}, dtype={}, device={})", shape_str(shape()),
+                     dtype_name(dtype()), device().str());
+}
+
+void check_data_dtype(const Tensor& tensor, DType requested) {
+  LOOM_CHECK(tensor.defined(), "data: tensor is undefined");
+  LOOM_CHECK(tensor.dtype() == requested, "data: tensor has dtype {} but {} was requested",
+             dtype_name(tensor.dtype()), dtype_name(requested));
+}
+
+template <typename T>
+T Tensor::item() const {
+  LOOM_CHECK(defined() && numel() == 1, "item: expected a tensor with one element, got shape {}",
+             defined() ? shape_str(shape()) : "undefined");
+  LOOM_CHECK(device().is_cpu(), "item: tensor is on {}; copy it to cpu first", device().str());
+  // i64 is read directly: a double holds only 53 bits of it.
+  if (dtype() == kInt64) return static_cast<T>(*static_cast<const int64_t*>(raw_data()));
+  return static_cast<T>(load_element(raw_data(), dtype()));
+}
+
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
+template int32_t Tensor::item<int32_t>() const;
+template int64_t Tensor::item<int64_t>() const;
+
+}  // namespace loom

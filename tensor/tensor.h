@@ -1,0 +1,138 @@
+// Tensor: a handle to shared storage viewed through shape, strides and an element offset.
+//
+// Copying a Tensor copies the handle (like torch.Tensor in Python): both names see the same
+// data and the same autograd state. Views (tensor/views.h) share storage without copying.
+//
+// This layer knows nothing of autograd's graph or of DTensor; it only holds their state:
+//   - requires_grad / grad / grad_fn: data the autograd engine (autograd/) reads and writes.
+//   - extension(): an opaque object a higher layer attaches (dtensor/ attaches its spec and
+//     local shard); ops whose inputs carry one are routed to that layer (tensor/dispatch.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/shape.h"
+#include "tensor/storage.h"
+
+namespace loom {
+
+namespace autograd {
+class Node;
+struct AutogradMeta;
+}  // namespace autograd
+
+class TensorExtension;
+struct TensorImpl;
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // A fresh contiguous tensor with uninitialized contents.
+  static Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
+  // A tensor viewing `storage` (no copy).
+  static Tensor from_storage(std::shared_ptr<Storage> storage, Shape shape, Strides strides,
+                             int64_t offset, DType dtype);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int64_t size(int64_t dim) const;  // negative dims count from the end
+  const Strides& strides() const;
+  int64_t stride(int64_t dim) const;
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t numel() const;
+  int64_t offset() const;
+  DType dtype() const;
+  Device device() const;
+  bool is_contiguous() const;
+  const std::shared_ptr<Storage>& storage() const;
+
+  // Pointer to element [0, 0, ...] (storage base + offset). data<T>() checks T against dtype().
+  void* raw_data() const;
+  template <typename T>
+  T* data() const;
+  // The single element of a one-element tensor, converted to T (f32/bf16/f16/i32/i64 → T).
+  template <typename T>
+  T item() const;
+
+  // ---- autograd state (the engine in autograd/ gives it meaning) ----
+  bool requires_grad() const;
+  // Marks a leaf as requiring grad; floating dtypes only. Returns *this for chaining.
+  Tensor& set_requires_grad(bool requires_grad);
+  // The accumulated gradient of a leaf (undefined until the first backward reaches it).
+  Tensor grad() const;
+  void set_grad(const Tensor& grad) const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  bool is_leaf() const { return grad_fn() == nullptr; }
+
+  // ---- extension (DTensor) ----
+  const std::shared_ptr<TensorExtension>& extension() const;
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // "Tensor(shape=(2, 3), dtype=f32, device=cpu)"; values are printed by to_string() in format.h.
+  std::string description() const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Opaque state a higher layer attaches to a tensor. `kind()` selects the dispatch handler
+// (tensor/dispatch.h) that computes ops on such tensors.
+class TensorExtension {
+ public:
+  virtual ~TensorExtension() = default;
+  virtual int kind() const = 0;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = kFloat32;
+
+  // Autograd state. grad_fn is the node that produced this tensor (null for leaves);
+  // output_nr says which of that node's outputs it is.
+  bool requires_grad = false;
+  Tensor grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  uint32_t output_nr = 0;
+  std::shared_ptr<autograd::AutogradMeta> autograd_meta;  // hooks; owned by autograd/
+
+  std::shared_ptr<TensorExtension> extension;
+};
+
+// ---- inline accessors ----
+inline const Shape& Tensor::shape() const { return impl_->shape; }
+inline const Strides& Tensor::strides() const { return impl_->strides; }
+inline int64_t Tensor::numel() const { return shape_numel(impl_->shape); }
+inline int64_t Tensor::offset() const { return impl_->offset; }
+inline DType Tensor::dtype() const { return impl_->dtype; }
+inline Device Tensor::device() const { return impl_->storage->device(); }
+inline const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
+inline void* Tensor::raw_data() const {
+  return static_cast<char*>(impl_->storage->data()) + impl_->offset * element_size(impl_->dtype);
+}
+inline bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
+inline Tensor Tensor::grad() const { return impl_->grad; }
+inline void Tensor::set_grad(const Tensor& grad) const { impl_->grad = grad; }
+inline const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return impl_->grad_fn; }
+inline const std::shared_ptr<TensorExtension>& Tensor::extension() const { return impl_->extension; }
+
+void check_data_dtype(const Tensor& tensor, DType requested);
+
+template <typename T>
+T* Tensor::data() const {
+  check_data_dtype(*this, DTypeOf<std::remove_const_t<T>>::value);
+  return static_cast<T*>(raw_data());
+}
+
+}  // namespace loom

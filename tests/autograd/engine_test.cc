@@ -1,0 +1,144 @@
+#include "autograd/engine.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "tests/autograd/test_util.h"
+
+namespace loom {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::expect_values_near;
+
+TEST(EngineTest, ChainRuleThroughSeveralOps) {
+  // y = sum((a * b + a)^2); dy/da = 2 (ab + a)(b + 1), dy/db = 2 (ab + a) a.
+  Tensor a = ops::from_vector({1, 2, 3}, {3});
+  Tensor b = ops::from_vector({4, 5, 6}, {3});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor y = sum(pow(a * b + a, 2.0));
+  backward(y);
+  expect_values_near(a.grad(), {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7}, 1e-4);
+  expect_values_near(b.grad(), {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3}, 1e-4);
+}
+
+TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {
+  Tensor a = ops::from_vector({1, 2}, {2});
+  a.set_requires_grad(true);
+  backward(sum(a * 3.0));
+  backward(sum(a * 3.0));
+  expect_values_near(a.grad(), {6, 6}, 0);
+}
+
+TEST(EngineTest, TensorUsedTwiceGetsSummedGradient) {
+  Tensor a = ops::from_vector({2}, {1});
+  a.set_requires_grad(true);
+  backward(sum(a * a + a));  // d/da = 2a + 1
+  expect_values_near(a.grad(), {5}, 0);
+}
+
+TEST(EngineTest, NonScalarRootNeedsSeed) {
+  Tensor a = testing::leaf({2, 2}, 1);
+  Tensor y = a * 2.0;
+  try {
+    backward(y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a seed gradient is required for a root with more than one element (root shape (2, 2))"));
+  }
+  backward(y, ops::full({2, 2}, 0.5));
+  expect_values_near(a.grad(), {1, 1, 1, 1}, 0);
+}
+
+TEST(EngineTest, SecondBackwardThroughFreedGraphThrows) {
+  Tensor a = testing::leaf({3}, 2);
+  Tensor y = sum(exp(a));
+  backward(y);
+  try {
+    backward(y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("pass retain_graph=true"));
+  }
+}
+
+TEST(EngineTest, RetainGraphAllowsSecondBackward) {
+  Tensor a = ops::from_vector({0, 1}, {2});
+  a.set_requires_grad(true);
+  Tensor y = sum(exp(a));
+  backward(y, Tensor(), /*retain_graph=*/true);
+  backward(y);
+  expect_values_near(a.grad(), {2 * 1.0, 2 * std::exp(1.0)}, 1e-5);
+}
+
+TEST(EngineTest, NoGradRecordsNothing) {
+  Tensor a = testing::leaf({2}, 3);
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = a * 2.0;
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_EQ(y.grad_fn(), nullptr);
+  EXPECT_THROW(backward(sum(y)), Error);
+}
+
+TEST(EngineTest, DetachCutsTheGraph) {
+  Tensor a = ops::from_vector({3}, {1});
+  a.set_requires_grad(true);
+  Tensor d = detach(a * 2.0);
+  EXPECT_FALSE(d.requires_grad());
+  d.set_requires_grad(true);  // a detached tensor is a new leaf
+  backward(sum(d * a));       // only a's direct use contributes: d/da = d = 6
+  expect_values_near(a.grad(), {6}, 0);
+  expect_values_near(d.grad(), {3}, 0);
+}
+
+TEST(EngineTest, InputsNotRequiringGradGetNoGradient) {
+  Tensor a = testing::leaf({2}, 4);
+  Tensor c = ops::ones({2});
+  backward(sum(a * c));
+  EXPECT_TRUE(a.grad().defined());
+  EXPECT_FALSE(c.grad().defined());
+}
+
+TEST(EngineTest, UnusedOutputOfMultiOutputOpGetsZeroGradient) {
+  Tensor a = testing::leaf({4}, 5);
+  std::vector<Tensor> pieces = chunk(a, 2);
+  backward(sum(pieces[1] * 2.0));
+  expect_values_near(a.grad(), {0, 0, 2, 2}, 0);
+}
+
+TEST(EngineTest, SetRequiresGradOnNonLeafOrIntegerThrows) {
+  Tensor a = testing::leaf({2}, 6);
+  Tensor y = a * 2.0;
+  EXPECT_THROW(y.set_requires_grad(false), Error);
+  Tensor i = ops::arange(3);
+  try {
+    i.set_requires_grad(true);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("only floating tensors can require grad, got dtype i64"));
+  }
+}
+
+TEST(EngineTest, GraphIsFreedWithItsOutputs) {
+  // A saved tensor held by the graph must be released once the root goes away.
+  std::weak_ptr<Storage> saved_storage;
+  {
+    Tensor a = testing::leaf({1000}, 7);
+    Tensor e = exp(a);  // ExpBackward saves its output
+    saved_storage = e.storage();
+    Tensor y = sum(e);
+    e = Tensor();
+    EXPECT_FALSE(saved_storage.expired());
+  }
+  EXPECT_TRUE(saved_storage.expired()) << "graph kept its saved tensors alive: a reference cycle";
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,65 @@
+// The differentiable nn ops against central finite differences (tolerances as in
+// gradcheck_test.cc: f32, eps 1e-2, atol 1e-3 + rtol 1e-2).
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "autograd/gradcheck.h"
+#include "tests/autograd/test_util.h"
+
+namespace loom {
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+using testing::leaf;
+
+void expect_gradcheck(const Fn& fn, const std::vector<Tensor>& inputs) {
+  const auto result = autograd::gradcheck(fn, inputs);
+  EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
+}
+
+TEST(GradcheckNnTest, SoftmaxAndLogSoftmax) {
+  const auto a = leaf({3, 5}, 1, -2.0, 2.0);
+  expect_gradcheck([](const auto& x) { return softmax(x[0], -1); }, {a});
+  expect_gradcheck([](const auto& x) { return softmax(x[0], 0); }, {a});
+  expect_gradcheck([](const auto& x) { return log_softmax(x[0], 1); }, {a});
+  expect_gradcheck([](const auto& x) { return log_softmax(transpose(x[0], 0, 1), 1); }, {a});
+}
+
+TEST(GradcheckNnTest, LayerNormWithAndWithoutAffine) {
+  const auto x = leaf({2, 3, 6}, 2, -2.0, 2.0);
+  const auto w = leaf({6}, 3, 0.5, 1.5), b = leaf({6}, 4);
+  expect_gradcheck([](const auto& in) { return layer_norm(in[0], {6}, in[1], in[2]); }, {x, w, b});
+  expect_gradcheck([](const auto& in) { return layer_norm(in[0], {3, 6}, Tensor(), Tensor()); }, {x});
+}
+
+TEST(GradcheckNnTest, EmbeddingWithRepeatedIndices) {
+  const auto table = leaf({5, 3}, 5);
+  const Tensor indices = ops::from_vector_i64({4, 0, 4, 2, 4, 1}, {2, 3});
+  expect_gradcheck([indices](const auto& in) { return tanh(embedding(in[0], indices)); }, {table});
+}
+
+TEST(GradcheckNnTest, CrossEntropyWithIgnoredTargets) {
+  const auto logits = leaf({4, 6}, 6, -2.0, 2.0);
+  const Tensor targets = ops::from_vector_i64({5, -100, 0, 3}, {4});
+  expect_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets); }, {logits});
+  expect_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kSum); }, {logits});
+  expect_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kNone); }, {logits});
+}
+
+TEST(GradcheckNnTest, CausalAndFullAttention) {
+  const auto q = leaf({2, 2, 5, 4}, 7), k = leaf({2, 2, 5, 4}, 8), v = leaf({2, 2, 5, 4}, 9);
+  expect_gradcheck([](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k, v});
+  expect_gradcheck([](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], false, 0.3); }, {q, k, v});
+}
+
+TEST(GradcheckNnTest, DropoutScalesKeptElements) {
+  const auto x = leaf({4, 8}, 10);
+  expect_gradcheck([](const auto& in) { return dropout(in[0], 0.25, /*seed=*/99); }, {x});
+}
+
+}  // namespace
+}  // namespace loom
