@@ -1,0 +1,42 @@
+#include "nn/layers.h"
+
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "base/error.h"
+#include "tensor/rng.h"
+
+namespace loom::nn {
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed, double init_std)
+    : Module("Embedding"),
+      weight_(register_parameter("weight", ops::normal({num_embeddings, embedding_dim}, seed, 0.0, init_std))) {}
+
+Tensor Embedding::forward(const Tensor& indices) { return embedding(weight_, indices); }
+
+LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine)
+    : Module("LayerNorm"),
+      normalized_shape_(normalized_shape),
+      eps_(eps),
+      weight_(elementwise_affine ? register_parameter("weight", ops::ones(normalized_shape)) : absent_parameter()),
+      bias_(elementwise_affine ? register_parameter("bias", ops::zeros(normalized_shape)) : absent_parameter()) {}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  return layer_norm(input, normalized_shape_, weight_, bias_, eps_);
+}
+
+Dropout::Dropout(double p, uint64_t seed) : Module("Dropout"), p_(p), seed_(seed) {
+  LOOM_CHECK(p >= 0.0 && p <= 1.0, "Dropout: p must be in [0, 1], got {}", p);
+}
+
+Tensor Dropout::forward(const Tensor& input) {
+  if (!is_training() || p_ == 0.0) return input;
+  // Mix the call number into the seed (splitmix64 step) so successive calls differ.
+  uint64_t z = seed_ + 0x9E3779B97F4A7C15ull * (++calls_);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return dropout(input, p_, z ^ (z >> 31), /*training=*/true);
+}
+
+Tensor GELU::forward(const Tensor& input) { return gelu(input); }
+
+}  // namespace loom::nn

@@ -1,0 +1,55 @@
+// The small standard layers: Embedding, LayerNorm, Dropout, GELU (torch.nn names).
+#pragma once
+
+#include "nn/module.h"
+
+namespace loom::nn {
+
+// Lookup table (num_embeddings, embedding_dim), initialized N(0, std) from `seed`.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0, double init_std = 1.0);
+  // indices (any shape, i64/i32) -> (*indices.shape, embedding_dim)
+  Tensor forward(const Tensor& indices) override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  const Tensor& weight_;
+};
+
+// Normalizes over the trailing `normalized_shape` dims; weight ones, bias zeros.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
+  Tensor forward(const Tensor& input) override;
+  const Tensor& weight() const { return weight_; }
+  const Tensor& bias() const { return bias_; }
+
+ private:
+  Shape normalized_shape_;
+  double eps_;
+  const Tensor& weight_;
+  const Tensor& bias_;
+};
+
+// Zeroes elements with probability p in training mode and scales the rest by 1/(1-p). Each
+// call draws a fresh mask from (seed, call number), so runs are reproducible.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5, uint64_t seed = 0);
+  Tensor forward(const Tensor& input) override;
+
+ private:
+  double p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+};
+
+// GPT-2's tanh-approximated GELU.
+class GELU : public Module {
+ public:
+  GELU() : Module("GELU") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+}  // namespace loom::nn
