@@ -6,6 +6,7 @@
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
 #include "tensor/ops_matmul.h"
+#include "tensor/ops_nn.h"
 #include "tensor/ops_reduce.h"
 #include "tensor/ops_views.h"
 #include "tensor/rng.h"

@@ -1,0 +1,78 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::optim {
+
+Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    LOOM_CHECK(params_[i].defined() && params_[i].requires_grad(),
+               "optimizer: parameter {} ({}) does not require grad", i, params_[i].description());
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.set_grad(Tensor());
+}
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions options)
+    : Optimizer(std::move(params)), options_(options), momentum_buffers_(params_.size()) {
+  lr_ = options.lr;
+  LOOM_CHECK(options.lr >= 0 && options.momentum >= 0 && options.weight_decay >= 0,
+             "SGD: lr, momentum and weight_decay must be >= 0, got {}, {}, {}", options.lr,
+             options.momentum, options.weight_decay);
+}
+
+void SGD::step() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (options_.weight_decay != 0) grad = ops::add(grad, ops::mul(p, options_.weight_decay));
+    if (options_.momentum != 0) {
+      Tensor& buffer = momentum_buffers_[i];
+      buffer = buffer.defined() ? ops::add(ops::mul(buffer, options_.momentum), grad) : ops::clone(grad);
+      grad = buffer;
+    }
+    ops::copy_(p, ops::sub(p, ops::mul(grad, lr_)));
+  }
+}
+
+AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
+    : Optimizer(std::move(params)), options_(options), exp_avg_(params_.size()), exp_avg_sq_(params_.size()) {
+  lr_ = options.lr;
+  LOOM_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
+             "AdamW: betas must be in [0, 1), got ({}, {})", options.beta1, options.beta2);
+}
+
+void AdamW::step() {
+  NoGradGuard no_grad;
+  ++steps_;
+  const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(steps_));
+  const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor& p = params_[i];
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = ops::zeros_like(p);
+      exp_avg_sq_[i] = ops::zeros_like(p);
+    }
+    // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+    exp_avg_[i] = ops::add(ops::mul(exp_avg_[i], options_.beta1), ops::mul(grad, 1.0 - options_.beta1));
+    exp_avg_sq_[i] = ops::add(ops::mul(exp_avg_sq_[i], options_.beta2),
+                              ops::mul(ops::mul(grad, grad), 1.0 - options_.beta2));
+    // p = p (1 - lr wd) - lr * m_hat / (sqrt(v_hat) + eps)
+    const Tensor denom = ops::add(ops::sqrt(ops::div(exp_avg_sq_[i], bias2)), options_.eps);
+    const Tensor update = ops::div(ops::div(exp_avg_[i], bias1), denom);
+    Tensor decayed = options_.weight_decay != 0 ? ops::mul(p, 1.0 - lr_ * options_.weight_decay) : p;
+    ops::copy_(p, ops::sub(decayed, ops::mul(update, lr_)));
+  }
+}
+
+}  // namespace loom::optim

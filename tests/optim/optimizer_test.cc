@@ -1,0 +1,73 @@
+#include "optim/optimizer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::optim {
+namespace {
+
+Tensor param(std::vector<float> values) {
+  Tensor p = ops::from_vector(values, {static_cast<int64_t>(values.size())});
+  p.set_requires_grad(true);
+  return p;
+}
+
+// f32 updates compared with the same recurrence in f64.
+constexpr double kTol = 1e-6;
+
+TEST(SGDTest, MomentumAndWeightDecayFollowTorchRecurrence) {
+  Tensor p = param({1.0f, -2.0f});
+  SGD sgd({p}, SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+  double ref[2] = {1.0, -2.0}, buf[2] = {0, 0};
+  const double grads[3][2] = {{0.5, -1.0}, {0.25, 0.75}, {-1.0, 2.0}};
+  for (int step = 0; step < 3; ++step) {
+    p.set_grad(ops::from_vector({static_cast<float>(grads[step][0]), static_cast<float>(grads[step][1])}, {2}));
+    sgd.step();
+    for (int i = 0; i < 2; ++i) {
+      const double g = grads[step][i] + 0.01 * ref[i];
+      buf[i] = step == 0 ? g : 0.9 * buf[i] + g;
+      ref[i] -= 0.1 * buf[i];
+    }
+    const auto v = ops::to_vector(p);
+    EXPECT_NEAR(v[0], ref[0], kTol);
+    EXPECT_NEAR(v[1], ref[1], kTol);
+  }
+}
+
+TEST(AdamWTest, MatchesReferenceRecurrence) {
+  Tensor p = param({0.5f, -0.25f});
+  AdamW adam({p}, AdamWOptions{.lr = 0.01, .weight_decay = 0.1});
+  double ref[2] = {0.5, -0.25}, m[2] = {0, 0}, v[2] = {0, 0};
+  const double grads[3][2] = {{0.1, -0.2}, {0.3, 0.0}, {-0.5, 0.4}};
+  for (int step = 1; step <= 3; ++step) {
+    p.set_grad(ops::from_vector({static_cast<float>(grads[step - 1][0]), static_cast<float>(grads[step - 1][1])}, {2}));
+    adam.step();
+    for (int i = 0; i < 2; ++i) {
+      const double g = grads[step - 1][i];
+      m[i] = 0.9 * m[i] + 0.1 * g;
+      v[i] = 0.999 * v[i] + 0.001 * g * g;
+      const double m_hat = m[i] / (1 - std::pow(0.9, step));
+      const double v_hat = v[i] / (1 - std::pow(0.999, step));
+      ref[i] = ref[i] * (1 - 0.01 * 0.1) - 0.01 * m_hat / (std::sqrt(v_hat) + 1e-8);
+    }
+    const auto values = ops::to_vector(p);
+    EXPECT_NEAR(values[0], ref[0], kTol);
+    EXPECT_NEAR(values[1], ref[1], kTol);
+  }
+}
+
+TEST(OptimizerTest, SkipsParametersWithoutGradAndRejectsNonLeaves) {
+  Tensor p = param({1.0f});
+  SGD sgd({p}, SGDOptions{.lr = 1.0});
+  sgd.step();
+  EXPECT_EQ(ops::to_vector(p), std::vector<double>{1.0});
+  EXPECT_THROW(SGD({ops::ones({2})}, SGDOptions{}), Error);
+}
+
+}  // namespace
+}  // namespace loom::optim
