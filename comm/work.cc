@@ -1,0 +1,44 @@
+#include "comm/work.h"
+
+namespace loom::comm {
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  done_cv_.wait(lock, [&] { return completed_; });
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::is_completed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
+}
+
+std::exception_ptr Work::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return error_;
+}
+
+std::vector<Tensor> Work::result() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return result_;
+}
+
+void Work::mark_completed(std::vector<Tensor> result) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    result_ = std::move(result);
+    completed_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+void Work::mark_failed(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+    completed_ = true;
+  }
+  done_cv_.notify_all();
+}
+
+}  // namespace loom::comm
