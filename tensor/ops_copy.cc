@@ -98,6 +98,8 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
   if (auto out = dispatch_extension("cat", tensors, {dim})) return (*out)[0];
   LOOM_CHECK(!tensors.empty(), "cat: expected at least one tensor");
   const Tensor& first = tensors[0];
+  LOOM_CHECK(first.dim() > 0,
+             "cat: tensor 0 is a scalar (shape ()) and cannot be concatenated; use stack");
   dim = normalize_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[dim] = 0;

@@ -214,7 +214,8 @@ Tensor pow(const Tensor& a, double exponent) {
 }
 Tensor relu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("relu", {a});
-  return unary_floating(a, "relu", [](float x) { return x > 0.0f ? x : 0.0f; });
+  // NaN propagates (x != x), as in torch.relu and this file's maximum.
+  return unary_floating(a, "relu", [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
 }
 Tensor gelu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("gelu", {a});

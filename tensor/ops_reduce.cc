@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 
 #include <limits>
+#include <type_traits>
 
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
@@ -48,21 +49,24 @@ Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
   for (size_t d = 0; d < mask.size(); ++d) {
     if (mask[d]) acc_strides[d] = 0;
   }
-  std::vector<double> acc(shape_numel(kept), 0.0);
   Tensor out = Tensor::empty(reduced_shape(self.shape(), mask, keepdim), self.dtype());
   cpu::visit_dtype(self.dtype(), [&](auto tag) {
     using T = decltype(tag);
+    // Floating sums accumulate in f64; integer sums in i64, exactly (a double would round i64
+    // values above 2^53).
+    using Acc = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
+    std::vector<Acc> acc(shape_numel(kept), Acc{0});
     const T* in = static_cast<const T*>(self.raw_data());
     cpu::for_each_run<2>(self.shape(), {acc_strides, self.strides()},
                          [&](const auto& off, int64_t count, const auto& st) {
-                           double* a = acc.data() + off[0];
+                           Acc* a = acc.data() + off[0];
                            const T* x = in + off[1];
                            if (st[0] == 0) {
-                             double s = 0;
-                             for (int64_t j = 0; j < count; ++j) s += static_cast<double>(cpu::to_compute(x[j * st[1]]));
+                             Acc s = 0;
+                             for (int64_t j = 0; j < count; ++j) s += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
                              *a += s;
                            } else {
-                             for (int64_t j = 0; j < count; ++j) a[j * st[0]] += static_cast<double>(cpu::to_compute(x[j * st[1]]));
+                             for (int64_t j = 0; j < count; ++j) a[j * st[0]] += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
                            }
                          });
     T* o = static_cast<T*>(out.raw_data());

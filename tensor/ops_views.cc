@@ -16,6 +16,12 @@ Tensor restride(const Tensor& self, Shape shape, Strides strides, int64_t offset
   return Tensor::from_storage(self.storage(), std::move(shape), std::move(strides), offset,
                               self.dtype());
 }
+
+// normalize_dim accepts dim 0 / -1 on a scalar (wrap_scalar); ops that index shape()[dim] must
+// reject scalars first.
+void check_not_scalar(const Tensor& self, std::string_view op) {
+  LOOM_CHECK(self.dim() > 0, "{}: cannot be applied to a scalar (shape ())", op);
+}
 }  // namespace
 
 Tensor alias(const Tensor& self) {
@@ -134,6 +140,7 @@ Tensor permute(const Tensor& self, const std::vector<int64_t>& dims) {
 
 Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
   if (auto out = dispatch_extension("narrow", {self}, {dim, start, length})) return (*out)[0];
+  check_not_scalar(self, "narrow");
   dim = normalize_dim(dim, self.dim(), "narrow");
   const int64_t size = self.shape()[dim];
   if (start < 0) start += size;
@@ -147,6 +154,7 @@ Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
 
 Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step) {
   if (auto out = dispatch_extension("slice", {self}, {dim, start, end, step})) return (*out)[0];
+  check_not_scalar(self, "slice");
   dim = normalize_dim(dim, self.dim(), "slice");
   LOOM_CHECK(step > 0, "slice: step must be positive, got {}", step);
   const int64_t size = self.shape()[dim];
@@ -164,6 +172,7 @@ Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_
 
 std::vector<Tensor> split_with_sizes(const Tensor& self, const std::vector<int64_t>& sizes,
                                      int64_t dim) {
+  check_not_scalar(self, "split_with_sizes");
   dim = normalize_dim(dim, self.dim(), "split_with_sizes");
   const int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   LOOM_CHECK(total == self.shape()[dim],
@@ -179,6 +188,7 @@ std::vector<Tensor> split_with_sizes(const Tensor& self, const std::vector<int64
 }
 
 std::vector<Tensor> split(const Tensor& self, int64_t split_size, int64_t dim) {
+  check_not_scalar(self, "split");
   dim = normalize_dim(dim, self.dim(), "split");
   LOOM_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
   const int64_t size = self.shape()[dim];
@@ -192,9 +202,12 @@ std::vector<Tensor> split(const Tensor& self, int64_t split_size, int64_t dim) {
 
 std::vector<Tensor> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
   LOOM_CHECK(chunks > 0, "chunk: chunks must be positive, got {}", chunks);
+  check_not_scalar(self, "chunk");
   dim = normalize_dim(dim, self.dim(), "chunk");
   const int64_t size = self.shape()[dim];
-  const int64_t chunk_size = std::max<int64_t>((size + chunks - 1) / chunks, 1);
+  // torch.chunk gives `chunks` empty pieces for an empty dim (split would give one).
+  if (size == 0) return split_with_sizes(self, std::vector<int64_t>(chunks, 0), dim);
+  const int64_t chunk_size = (size + chunks - 1) / chunks;
   return split(self, chunk_size, dim);
 }
 

@@ -32,11 +32,18 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strid
 }
 
 int64_t Tensor::size(int64_t dim) const {
-  return impl_->shape[normalize_dim(dim, this->dim(), "size")];
+  const int64_t d = normalize_dim(dim, this->dim(), "size");
+  // normalize_dim accepts dim 0 / -1 on a scalar (wrap_scalar), but there is no size to read.
+  LOOM_CHECK(this->dim() > 0, "size: dim {} out of range for a tensor of rank 0 (a scalar has no dims)",
+             dim);
+  return impl_->shape[d];
 }
 
 int64_t Tensor::stride(int64_t dim) const {
-  return impl_->strides[normalize_dim(dim, this->dim(), "stride")];
+  const int64_t d = normalize_dim(dim, this->dim(), "stride");
+  LOOM_CHECK(this->dim() > 0,
+             "stride: dim {} out of range for a tensor of rank 0 (a scalar has no dims)", dim);
+  return impl_->strides[d];
 }
 
 bool Tensor::is_contiguous() const {
