@@ -1,0 +1,163 @@
+#include "dtensor/dtensor.h"
+
+#include "autograd/function.h"
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/redistribute.h"
+#include "tensor/ops.h"
+
+namespace loom {
+
+namespace {
+
+using Grads = std::vector<Tensor>;
+
+const DTensorExtension* extension_of(const Tensor& tensor) {
+  if (!tensor.defined() || !tensor.extension() || tensor.extension()->kind() != kDTensorExtensionKind) return nullptr;
+  return static_cast<const DTensorExtension*>(tensor.extension().get());
+}
+
+// The gradient placements for a tensor that had `placements`: a Partial value's gradient is
+// the same for every contribution, i.e. Replicate.
+Placements gradient_placements(const Placements& placements) {
+  Placements out = placements;
+  for (Placement& p : out) {
+    if (p.is_partial()) p = Replicate();
+  }
+  return out;
+}
+
+// A gradient reaching a DTensor op's backward may be a plain tensor (zeros materialized by the
+// engine for an unused output): treat it as the full, replicated value.
+Tensor as_dtensor_like(const Tensor& grad, const DTensorSpec& like) {
+  if (is_dtensor(grad)) return grad;
+  DTensorSpec replicated = like;
+  replicated.placements = Placements(like.placements.size(), Replicate());
+  return make_dtensor(grad, replicated);
+}
+
+Tensor redistribute_no_grad(const Tensor& dtensor, const Placements& target) {
+  const DTensorSpec& spec = dtensor_spec(dtensor);
+  if (spec.placements == target) return dtensor;
+  DTensorSpec out_spec = spec;
+  out_spec.placements = target;
+  return make_dtensor(redistribute_local(local_shard(dtensor), spec, target), std::move(out_spec));
+}
+
+}  // namespace
+
+bool is_dtensor(const Tensor& tensor) { return extension_of(tensor) != nullptr; }
+
+const DTensorSpec& dtensor_spec(const Tensor& tensor, std::string_view op) {
+  const DTensorExtension* ext = extension_of(tensor);
+  LOOM_CHECK(ext != nullptr, "{}: expected a DTensor, got a plain {}", op, tensor.description());
+  return ext->spec();
+}
+
+const Tensor& local_shard(const Tensor& tensor) {
+  const DTensorExtension* ext = extension_of(tensor);
+  LOOM_CHECK(ext != nullptr, "local_shard: expected a DTensor, got a plain {}", tensor.description());
+  return ext->local();
+}
+
+Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
+  LOOM_CHECK(local.defined() && !local.extension(), "make_dtensor: the local tensor must be a plain tensor, got {}",
+             local.description());
+  spec.validate("make_dtensor");
+  const Shape expected = spec.local_shape();
+  LOOM_CHECK(local.shape() == expected,
+             "make_dtensor: local shard of shape {} on rank {} does not match {} (expected local shape {})",
+             shape_str(local.shape()), spec.mesh->rank(), spec.str(), shape_str(expected));
+  LOOM_CHECK(local.dtype() == spec.dtype, "make_dtensor: local dtype {} does not match spec dtype {}",
+             dtype_name(local.dtype()), dtype_name(spec.dtype));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = local.storage();
+  impl->shape = spec.shape;
+  impl->strides = contiguous_strides(spec.shape);
+  impl->dtype = spec.dtype;
+  impl->extension = std::make_shared<DTensorExtension>(std::move(spec), local);
+  return Tensor(std::move(impl));
+}
+
+Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
+                         std::optional<int> src_data_rank) {
+  LOOM_CHECK(mesh != nullptr, "distribute_tensor: the mesh is null");
+  LOOM_CHECK(tensor.defined() && !is_dtensor(tensor),
+             "distribute_tensor: expected a plain tensor, got {}", tensor.description());
+  placements = normalize_placements(placements, *mesh, tensor.dim(), "distribute_tensor");
+  NoGradGuard no_grad;
+  Tensor full = ops::contiguous(tensor);
+  if (src_data_rank.has_value()) {
+    LOOM_CHECK(*src_data_rank == 0,
+               "distribute_tensor: src_data_rank {} is not supported; use 0 (the mesh's first rank) or "
+               "std::nullopt (no communication)",
+               *src_data_rank);
+    full = ops::clone(full);
+    for (int64_t md = 0; md < mesh->ndim(); ++md) mesh->group(md)->broadcast(full, 0)->wait();
+  }
+  DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(), tensor.dtype()};
+  Tensor local = redistribute_local(full, replicated, placements);
+  DTensorSpec spec{std::move(mesh), std::move(placements), tensor.shape(), tensor.dtype()};
+  Tensor out = make_dtensor(ops::contiguous(local), std::move(spec));
+  if (tensor.requires_grad()) out.set_requires_grad(true);
+  return out;
+}
+
+Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
+                  std::optional<Shape> shape) {
+  LOOM_CHECK(mesh != nullptr, "from_local: the mesh is null");
+  LOOM_CHECK(local.defined() && !is_dtensor(local), "from_local: expected a plain local tensor, got {}",
+             local.description());
+  placements = normalize_placements(placements, *mesh, local.dim(), "from_local");
+  Shape global = local.shape();
+  if (shape.has_value()) {
+    global = *shape;
+  } else {
+    for (int64_t md = 0; md < mesh->ndim(); ++md) {
+      if (placements[md].is_shard()) global[placements[md].dim()] *= mesh->size(md);
+    }
+  }
+  DTensorSpec spec{std::move(mesh), placements, global, local.dtype()};
+  Tensor out = make_dtensor(ops::contiguous(local), spec);
+  if (!autograd::any_requires_grad({local})) return out;
+  return autograd::record("FromLocalBackward", {local}, out, [spec](const Grads& g) {
+    const Tensor grad = as_dtensor_like(g[0], spec);
+    return Grads{local_shard(redistribute_no_grad(grad, gradient_placements(spec.placements)))};
+  });
+}
+
+Tensor to_local(const Tensor& dtensor) {
+  const DTensorSpec& spec = dtensor_spec(dtensor, "to_local");
+  const Tensor local = local_shard(dtensor);
+  if (!autograd::any_requires_grad({dtensor})) return local;
+  DTensorSpec grad_spec = spec;
+  grad_spec.placements = gradient_placements(spec.placements);
+  return autograd::record("ToLocalBackward", {dtensor}, ops::alias(local), [grad_spec](const Grads& g) {
+    return Grads{make_dtensor(ops::contiguous(g[0]), grad_spec)};
+  });
+}
+
+Tensor redistribute(const Tensor& dtensor, Placements placements) {
+  const DTensorSpec& spec = dtensor_spec(dtensor, "redistribute");
+  const Placements target = normalize_placements(placements, *spec.mesh, static_cast<int64_t>(spec.shape.size()),
+                                                 "redistribute");
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = redistribute_no_grad(dtensor, target);
+    if (out.is_same(dtensor)) out = make_dtensor(local_shard(dtensor), spec);  // a new handle for the graph
+  }
+  if (!autograd::any_requires_grad({dtensor})) return out;
+  const DTensorSpec out_spec = dtensor_spec(out);
+  return autograd::record("RedistributeBackward", {dtensor}, out,
+                          [back = gradient_placements(spec.placements), out_spec](const Grads& g) {
+                            return Grads{redistribute_no_grad(as_dtensor_like(g[0], out_spec), back)};
+                          });
+}
+
+Tensor full_tensor(const Tensor& dtensor) {
+  const DTensorSpec& spec = dtensor_spec(dtensor, "full_tensor");
+  return to_local(redistribute(dtensor, Placements(spec.mesh->ndim(), Replicate())));
+}
+
+}  // namespace loom

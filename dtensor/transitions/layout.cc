@@ -1,0 +1,38 @@
+#include "dtensor/transitions/layout.h"
+
+#include "tensor/ops.h"
+
+namespace loom::transitions {
+
+namespace {
+std::vector<int64_t> front_permutation(int64_t ndim, int64_t tensor_dim) {
+  std::vector<int64_t> dims{tensor_dim};
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (d != tensor_dim) dims.push_back(d);
+  }
+  return dims;
+}
+}  // namespace
+
+Tensor dim_to_front(const Tensor& t, int64_t tensor_dim) {
+  if (tensor_dim == 0) return ops::contiguous(t);
+  return ops::contiguous(ops::permute(t, front_permutation(t.dim(), tensor_dim)));
+}
+
+Tensor dim_from_front(const Tensor& t, int64_t tensor_dim) {
+  if (tensor_dim == 0) return t;
+  const auto forward = front_permutation(t.dim(), tensor_dim);
+  std::vector<int64_t> inverse(forward.size());
+  for (size_t i = 0; i < forward.size(); ++i) inverse[forward[i]] = static_cast<int64_t>(i);
+  return ops::contiguous(ops::permute(t, inverse));
+}
+
+Shape front_shape(const Shape& shape, int64_t tensor_dim, int64_t size) {
+  Shape out{size};
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    if (d != tensor_dim) out.push_back(shape[d]);
+  }
+  return out;
+}
+
+}  // namespace loom::transitions

@@ -1,0 +1,22 @@
+#include "dtensor/shard_math.h"
+#include "dtensor/transitions/layout.h"
+#include "dtensor/transitions/transitions.h"
+#include "tensor/ops.h"
+
+namespace loom::transitions {
+
+Tensor partial_to_shard(const Tensor& local, const MeshDimContext& ctx, comm::ReduceOp op, int64_t tensor_dim,
+                        int64_t dim_size) {
+  const Tensor front = dim_to_front(local, tensor_dim);
+  std::vector<Tensor> inputs;
+  for (int64_t c = 0; c < ctx.count; ++c) {
+    const ShardRange range = shard_range(dim_size, ctx.count, c);
+    inputs.push_back(ops::narrow(front, 0, range.offset, range.size));  // contiguous: leading dim
+  }
+  const ShardRange mine = shard_range(dim_size, ctx.count, ctx.coordinate);
+  Tensor output = ops::empty(front_shape(local.shape(), tensor_dim, mine.size), local.dtype(), local.device());
+  ctx.group.reduce_scatter(output, inputs, op)->wait();
+  return dim_from_front(output, tensor_dim);
+}
+
+}  // namespace loom::transitions

@@ -1,0 +1,84 @@
+// DeviceMesh: an n-D grid of ranks with named dims (torch's init_device_mesh / DeviceMesh).
+//
+//   DeviceMesh mesh(world, {"dp", "tp"}, {2, 2});   // ranks [[0, 1], [2, 3]], row-major
+//   mesh.size("tp");          // 2
+//   mesh.coordinate();        // this rank's index along each dim, e.g. {1, 0} on rank 2
+//   mesh.group("tp");         // the ProcessGroup of this rank's row along "tp": {2, 3}
+//   mesh["tp"];               // the 1-D sub-mesh this rank belongs to along "tp"
+//   mesh.flatten({"dp", "tp"}, "dp_tp");   // one dim over both
+//
+// Collective contract: constructing a mesh and flatten() are collective over the parent group
+// (every rank calls them in the same order): they create one ProcessGroup per mesh dim, once;
+// sub-meshes reuse them. Mesh dims are addressed by name or by index (`mesh_dim`).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "tensor/device.h"
+
+namespace loom {
+
+class DeviceMesh {
+ public:
+  // A mesh over every rank of `world`, row-major (rank = sum of coordinate * stride).
+  DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
+             std::vector<int64_t> shape, DeviceType device_type = DeviceType::kCPU);
+  // A mesh over an explicit row-major array of ranks of `world` (each at most once).
+  DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
+             std::vector<int64_t> shape, std::vector<int> ranks,
+             DeviceType device_type = DeviceType::kCPU);
+
+  int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<std::string>& dim_names() const { return dim_names_; }
+  // Mesh dim index of `name`; throws listing the mesh's dims when unknown.
+  int64_t dim_index(const std::string& name) const;
+  int64_t size(int64_t mesh_dim) const;
+  int64_t size(const std::string& name) const { return size(dim_index(name)); }
+  // Number of ranks in the mesh.
+  int64_t numel() const;
+  // This rank's index along each mesh dim.
+  const std::vector<int64_t>& coordinate() const { return coordinate_; }
+  int64_t coordinate(int64_t mesh_dim) const { return coordinate_.at(mesh_dim); }
+  // The ranks of `world` in the mesh, row-major.
+  const std::vector<int>& ranks() const { return ranks_; }
+  // This rank's rank in `world`.
+  int rank() const { return rank_; }
+  const std::shared_ptr<comm::ProcessGroup>& group(int64_t mesh_dim) const;
+  const std::shared_ptr<comm::ProcessGroup>& group(const std::string& name) const {
+    return group(dim_index(name));
+  }
+  DeviceType device_type() const { return device_type_; }
+
+  // The sub-mesh of the named dims (in the order given) containing this rank. Reuses the groups.
+  DeviceMesh operator[](const std::string& name) const { return slice({name}); }
+  DeviceMesh operator[](const std::vector<std::string>& names) const { return slice(names); }
+  DeviceMesh slice(const std::vector<std::string>& names) const;
+  // A mesh where adjacent dims `names` (in mesh order) become one dim `new_name`. Collective
+  // over the parent group: creates the flattened dim's group.
+  DeviceMesh flatten(const std::vector<std::string>& names, const std::string& new_name) const;
+
+  // Meshes are equal when they have the same dims, shape and ranks.
+  bool operator==(const DeviceMesh& other) const;
+  // "DeviceMesh(dp=2, tp=2, cpu)"
+  std::string str() const;
+
+ private:
+  DeviceMesh() = default;
+  void init(std::vector<std::string> dim_names, std::vector<int64_t> shape, std::vector<int> ranks);
+  void create_groups();
+
+  std::shared_ptr<comm::ProcessGroup> world_;
+  std::vector<std::string> dim_names_;
+  std::vector<int64_t> shape_;
+  std::vector<int> ranks_;
+  std::vector<int64_t> coordinate_;
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups_;
+  int rank_ = 0;
+  DeviceType device_type_ = DeviceType::kCPU;
+};
+
+}  // namespace loom
