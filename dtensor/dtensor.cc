@@ -4,6 +4,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/redistribute.h"
+#include "dtensor/sharding/propagator.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -70,6 +71,8 @@ Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
              shape_str(local.shape()), spec.mesh->rank(), spec.str(), shape_str(expected));
   LOOM_CHECK(local.dtype() == spec.dtype, "make_dtensor: local dtype {} does not match spec dtype {}",
              dtype_name(local.dtype()), dtype_name(spec.dtype));
+  // Any DTensor in existence implies its ops can dispatch (an explicit, idempotent call).
+  sharding::install_dtensor_dispatch();
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = local.storage();
   impl->shape = spec.shape;

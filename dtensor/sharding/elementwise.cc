@@ -1,0 +1,118 @@
+// Elementwise ops (with NumPy broadcasting): shard any output dim that every non-broadcast
+// input has; Partial passes through ops that are linear in their Partial inputs.
+#include "base/error.h"
+#include "dtensor/sharding/strategy.h"
+
+namespace loom::sharding {
+
+namespace {
+
+using comm::ReduceOp;
+
+Shape broadcast_all(const InputSpecs& inputs, std::string_view op) {
+  Shape out;
+  for (const auto& spec : inputs) {
+    if (spec) out = broadcast_shapes(out, spec->shape, op);
+  }
+  return out;
+}
+
+// Options for sharding each output dim, plus all-Replicate. `partial_patterns` lists which
+// inputs may be Partial together (each pattern: one flag per input) for linear ops.
+OpSharding elementwise_sharding(const OpCall& call, const InputSpecs& inputs, size_t num_outputs,
+                                const std::vector<std::vector<bool>>& partial_patterns) {
+  OpSharding s;
+  const Shape out = broadcast_all(inputs, call.op);
+  const int64_t ndim = static_cast<int64_t>(out.size());
+  s.output_shapes.assign(num_outputs, out);
+  s.options.push_back({Placements(inputs.size(), Replicate()), Placements(num_outputs, Replicate())});
+  for (int64_t d = 0; d < ndim; ++d) {
+    DimOption option{Placements(inputs.size(), Replicate()), Placements(num_outputs, Shard(d))};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (!inputs[i]) continue;
+      const int64_t lead = ndim - static_cast<int64_t>(inputs[i]->shape.size());
+      const int64_t di = d - lead;
+      if (di >= 0 && inputs[i]->shape[di] == out[d]) option.inputs[i] = Shard(di);
+    }
+    s.options.push_back(std::move(option));
+  }
+  for (const auto& pattern : partial_patterns) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      DimOption option{Placements(inputs.size(), Replicate()), Placements(num_outputs, Partial(op))};
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (pattern[i]) option.inputs[i] = Partial(op);
+      }
+      s.options.push_back(std::move(option));
+    }
+  }
+  return s;
+}
+
+StrategyFn unary(bool linear) {
+  return [linear](const OpCall& call, const InputSpecs& in) {
+    return elementwise_sharding(call, in, 1, linear ? std::vector<std::vector<bool>>{{true}} : std::vector<std::vector<bool>>{});
+  };
+}
+
+StrategyFn nary(std::vector<std::vector<bool>> partial_patterns) {
+  return [partial_patterns](const OpCall& call, const InputSpecs& in) {
+    return elementwise_sharding(call, in, 1, partial_patterns);
+  };
+}
+
+// In place on input 0 (self): self keeps its placements; the other inputs follow it.
+StrategyFn in_place(bool allow_partial_self) {
+  return [allow_partial_self](const OpCall& call, const InputSpecs& in) {
+    OpSharding s;
+    const DTensorSpec& self = *in[0];
+    for (const Placement& p : self.placements) {
+      LOOM_CHECK(allow_partial_self || !p.is_partial(), "{}: cannot write in place into a Partial DTensor ({})",
+                 call.op, self.str());
+    }
+    // One option per distinct placement of self (each mesh dim picks its own).
+    for (const Placement& p : self.placements) {
+      DimOption option{Placements(in.size(), p), {}};
+      for (size_t i = 1; i < in.size(); ++i) {
+        if (in[i] && in[i]->shape.size() < self.shape.size() && p.is_shard()) {
+          // A broadcast operand: its dim for p, or Replicate when it lacks it.
+          const int64_t lead = static_cast<int64_t>(self.shape.size() - in[i]->shape.size());
+          const int64_t di = p.dim() - lead;
+          option.inputs[i] = di >= 0 && in[i]->shape[di] == self.shape[p.dim()] ? Shard(di) : Replicate();
+        }
+      }
+      s.options.push_back(std::move(option));
+    }
+    return s;
+  };
+}
+
+}  // namespace
+
+void register_elementwise_strategies(StrategyTable& t) {
+  for (const char* op : {"neg", "mul_scalar", "div_scalar", "clone", "to_dtype"}) t[op] = unary(/*linear=*/true);
+  for (const char* op : {"abs", "exp", "log", "tanh", "sqrt", "rsqrt", "pow", "relu", "gelu", "add_scalar",
+                         "sub_scalar", "rsub_scalar"}) {
+    t[op] = unary(/*linear=*/false);
+  }
+  // add/sub: linear when both are Partial; mul/div: when exactly the one side is Partial.
+  t["add"] = nary({{true, true}});
+  t["sub"] = nary({{true, true}});
+  t["mul"] = nary({{true, false}, {false, true}});
+  t["div"] = nary({{true, false}});
+  t["maximum"] = nary({});
+  t["eq"] = nary({});
+  t["gt"] = nary({});
+  t["gelu_backward"] = nary({{true, false}});  // linear in the incoming gradient
+  t["where"] = nary({{false, true, true}});
+  t["masked_fill"] = [](const OpCall& call, const InputSpecs& in) {
+    // Filling with 0 keeps a sum linear; any other value does not.
+    const bool zero = call.double_attr(0) == 0.0;
+    return elementwise_sharding(call, in, 1, zero ? std::vector<std::vector<bool>>{{true, false}}
+                                                  : std::vector<std::vector<bool>>{});
+  };
+  t["copy_"] = in_place(/*allow_partial_self=*/true);
+  t["add_"] = in_place(/*allow_partial_self=*/true);
+  t["fill_"] = in_place(/*allow_partial_self=*/false);
+}
+
+}  // namespace loom::sharding

@@ -1,0 +1,191 @@
+#include "dtensor/sharding/propagator.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "dtensor/redistribute.h"
+#include "dtensor/sharding/strategy.h"
+
+namespace loom::sharding {
+
+namespace {
+
+struct Decision {
+  OpSharding sharding;
+  std::vector<size_t> chosen;  // option index per mesh dim
+};
+
+// Per thread: rank threads of one process each keep their own (their meshes differ).
+thread_local std::unordered_map<std::string, Decision> cache;
+thread_local PropagationStats stats;
+
+void append_attr(std::string& key, const OpAttr& attr) {
+  std::visit(
+      [&](const auto& value) {
+        using V = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
+          key += fmt::format("[{}]", fmt::join(value, ","));
+        } else if constexpr (std::is_same_v<V, DType>) {
+          key += dtype_name(value);
+        } else {
+          key += fmt::format("{}", value);
+        }
+        key += ';';
+      },
+      attr);
+}
+
+std::string cache_key(const OpCall& call, const InputSpecs& specs, const DeviceMesh& mesh) {
+  std::string key(call.op);
+  key += fmt::format("@{}|", static_cast<const void*>(&mesh));
+  for (const auto& spec : specs) {
+    if (!spec) {
+      key += "_|";
+      continue;
+    }
+    key += shape_str(spec->shape);
+    key += placements_compact(spec->placements);
+    key += dtype_name(spec->dtype);
+    key += '|';
+  }
+  for (const OpAttr& attr : call.attrs) append_attr(key, attr);
+  return key;
+}
+
+// Bytes a transition on one mesh dim moves, roughly (what the choice minimizes).
+double transition_cost(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
+  if (from == to) return 0;
+  if (to.is_replicate()) return from.is_shard() ? local_bytes * (count - 1) : 2 * local_bytes;
+  if (to.is_shard()) return from.is_replicate() ? 0.001 * local_bytes : local_bytes;
+  // -> Partial
+  return from.is_replicate() ? 0.001 * local_bytes : 2 * local_bytes * count;
+}
+
+std::string describe_inputs(const InputSpecs& specs) {
+  std::vector<std::string> parts;
+  for (const auto& spec : specs) {
+    parts.push_back(spec ? fmt::format("{} {}", shape_str(spec->shape), placements_str(spec->placements)) : "none");
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+}  // namespace
+
+PropagationStats propagation_stats() { return stats; }
+void clear_propagation_cache() {
+  cache.clear();
+  stats = {};
+}
+
+std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
+  // 1. The inputs' specs, on one mesh. 0-dim plain tensors (scalars in backward formulas) count
+  //    as replicated; other plain tensors are an error.
+  const DeviceMesh* mesh = nullptr;
+  std::shared_ptr<const DeviceMesh> mesh_ptr;
+  for (const Tensor& t : call.inputs) {
+    if (!is_dtensor(t)) continue;
+    const DTensorSpec& spec = dtensor_spec(t);
+    if (mesh == nullptr) {
+      mesh = spec.mesh.get();
+      mesh_ptr = spec.mesh;
+    } else {
+      LOOM_CHECK(mesh == spec.mesh.get() || *mesh == *spec.mesh, "{}: DTensor inputs live on different meshes: {} and {}",
+                 call.op, mesh->str(), spec.mesh->str());
+    }
+  }
+  LOOM_INTERNAL_ASSERT(mesh != nullptr, "{} dispatched to DTensor without a DTensor input", call.op);
+  InputSpecs specs(call.inputs.size());
+  std::vector<Tensor> locals(call.inputs.size());
+  for (size_t i = 0; i < call.inputs.size(); ++i) {
+    const Tensor& t = call.inputs[i];
+    if (!t.defined()) continue;
+    if (is_dtensor(t)) {
+      specs[i] = dtensor_spec(t);
+      locals[i] = local_shard(t);
+    } else {
+      LOOM_CHECK(t.dim() == 0,
+                 "{}: input {} is a plain tensor {} while other inputs are DTensors on {}; make it a DTensor "
+                 "with distribute_tensor or from_local",
+                 call.op, i, t.description(), mesh->str());
+      specs[i] = DTensorSpec{mesh_ptr, Placements(mesh->ndim(), Replicate()), {}, t.dtype()};
+      locals[i] = t;
+    }
+  }
+
+  // 2. The decision: cached, or from the op's strategy.
+  const std::string key = cache_key(call, specs, *mesh);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    ++stats.cache_misses;
+    const StrategyTable& table = strategy_table();
+    auto strategy = table.find(std::string(call.op));
+    LOOM_CHECK(strategy != table.end(), "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
+               call.op, describe_inputs(specs));
+    Decision decision{strategy->second(call, specs), {}};
+    LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})", call.op,
+               describe_inputs(specs));
+    for (int64_t md = 0; md < mesh->ndim(); ++md) {
+      double best = -1;
+      size_t best_index = 0;
+      for (size_t o = 0; o < decision.sharding.options.size(); ++o) {
+        const DimOption& option = decision.sharding.options[o];
+        double cost = 0;
+        for (size_t i = 0; i < specs.size(); ++i) {
+          if (!specs[i]) continue;
+          const double bytes = static_cast<double>(shape_numel(specs[i]->local_shape())) * element_size(specs[i]->dtype);
+          cost += transition_cost(specs[i]->placements[md], option.inputs[i], bytes, mesh->size(md));
+        }
+        if (best < 0 || cost < best) {
+          best = cost;
+          best_index = o;
+        }
+      }
+      decision.chosen.push_back(best_index);
+    }
+    it = cache.emplace(key, std::move(decision)).first;
+  } else {
+    ++stats.cache_hits;
+  }
+  const Decision& decision = it->second;
+
+  // 3. Redistribute inputs to the chosen placements (plain: the differentiable op that called
+  //    us records its own backward).
+  NoGradGuard no_grad;
+  InputSpecs after = specs;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (!specs[i] || specs[i]->shape.empty()) continue;  // undefined, or a scalar: nothing to move
+    Placements target;
+    for (int64_t md = 0; md < mesh->ndim(); ++md) target.push_back(decision.sharding.options[decision.chosen[md]].inputs[i]);
+    if (target != specs[i]->placements) {
+      locals[i] = redistribute_local(locals[i], *specs[i], target);
+      after[i]->placements = target;
+    }
+  }
+
+  // 4. The local op, then wrap the outputs.
+  OpCall local_call{call.op, locals, call.attrs};
+  std::vector<Tensor> outputs = decision.sharding.local ? decision.sharding.local(local_call, after) : call_op(local_call);
+  LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(), "{}: {} local outputs for {} shapes",
+                       call.op, outputs.size(), decision.sharding.output_shapes.size());
+  for (size_t j = 0; j < outputs.size(); ++j) {
+    Placements placements;
+    for (int64_t md = 0; md < mesh->ndim(); ++md) placements.push_back(decision.sharding.options[decision.chosen[md]].outputs[j]);
+    outputs[j] = make_dtensor(outputs[j], DTensorSpec{mesh_ptr, placements, decision.sharding.output_shapes[j], outputs[j].dtype()});
+  }
+  return outputs;
+}
+
+void install_dtensor_dispatch() {
+  static const bool installed = [] {
+    register_dispatch_handler(kDTensorExtensionKind, dispatch_dtensor_op);
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace loom::sharding

@@ -1,0 +1,84 @@
+// Reductions: a reduced dim that is sharded makes the result Partial; kept dims keep their
+// shards (renumbered). mean over a sharded dim is computed as (local sum) / (global count), a
+// Partial(sum) — exact for uneven shards, unlike averaging local means.
+#include <algorithm>
+
+#include "base/error.h"
+#include "dtensor/sharding/strategy.h"
+#include "tensor/ops.h"
+
+namespace loom::sharding {
+
+namespace {
+
+using comm::ReduceOp;
+
+std::vector<bool> reduced(const std::vector<int64_t>& dims, int64_t ndim, std::string_view op) {
+  std::vector<bool> mask(ndim, dims.empty());
+  for (int64_t d : dims) mask[normalize_dim(d, ndim, op)] = true;
+  return mask;
+}
+
+// Output dim of input dim `d` (or -1 when reduced away).
+int64_t output_dim(const std::vector<bool>& mask, int64_t d, bool keepdim) {
+  if (keepdim) return d;
+  if (mask[d]) return -1;
+  return static_cast<int64_t>(std::count(mask.begin(), mask.begin() + d, false));
+}
+
+OpSharding reduce_sharding(const DTensorSpec& in, const std::vector<int64_t>& dims, bool keepdim, std::string_view op,
+                           bool linear) {
+  const int64_t ndim = static_cast<int64_t>(in.shape.size());
+  const auto mask = reduced(dims, ndim, op);
+  Shape out;
+  for (int64_t d = 0; d < ndim; ++d) {
+    if (!mask[d]) out.push_back(in.shape[d]);
+    else if (keepdim) out.push_back(1);
+  }
+  OpSharding s;
+  s.output_shapes = {out};
+  s.options.push_back({{Replicate()}, {Replicate()}});
+  for (int64_t d = 0; d < ndim; ++d) {
+    const int64_t od = output_dim(mask, d, keepdim);
+    if (mask[d]) {
+      if (linear) s.options.push_back({{Shard(d)}, {Partial(ReduceOp::kSum)}});
+    } else {
+      s.options.push_back({{Shard(d)}, {Shard(od)}});
+    }
+  }
+  if (linear) {
+    for (ReduceOp p : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(p)}, {Partial(p)}});
+  }
+  return s;
+}
+
+}  // namespace
+
+void register_reduction_strategies(StrategyTable& t) {
+  t["sum"] = [](const OpCall& call, const InputSpecs& in) {
+    return reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
+  };
+  t["mean"] = [](const OpCall& call, const InputSpecs& in) {
+    OpSharding s = reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
+    const Shape global = in[0]->shape;
+    s.local = [global](const OpCall& local, const InputSpecs&) {
+      const auto& dims = local.ints_attr(0);
+      double count = 1;
+      if (dims.empty()) {
+        count = static_cast<double>(shape_numel(global));
+      } else {
+        for (int64_t d : dims) count *= static_cast<double>(global[normalize_dim(d, global.size(), "mean")]);
+      }
+      return std::vector<Tensor>{ops::div(ops::sum(local.inputs[0], dims, local.bool_attr(1)), count)};
+    };
+    return s;
+  };
+  t["max_dim"] = [](const OpCall& call, const InputSpecs& in) {
+    OpSharding s = reduce_sharding(*in[0], {call.int_attr(0)}, call.bool_attr(1), call.op, /*linear=*/false);
+    s.output_shapes.push_back(s.output_shapes[0]);  // values and indices
+    for (auto& option : s.options) option.outputs.push_back(option.outputs[0]);
+    return s;
+  };
+}
+
+}  // namespace loom::sharding
