@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# A failing rank stops the job: loomrun exits with its status and leaves no rank running.
+LOOMRUN="$1"; HELPER="$2"; source "$3"
+
+# Rank 1 exits 3 after 200 ms while the others would sleep 60 s.
+mkdir -p "$WORK/pids1"
+run_loomrun --nproc-per-node 4 --grace-s 5 -- "$HELPER" --pid-dir "$WORK/pids1" \
+  --fail-rank 1 --exit-code 3 --fail-after-ms 200 --sleep-s 60
+expect_eq "$RC" 3 "exit code when rank 1 exits 3"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
+expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 3; stopping the other 3 ranks$'
+pid1=$(cat "$WORK/pids1/rank-1.pid")
+expect_grep "$WORK/err" "rank 1 \\(pid $pid1\\)"
+expect_eq "$(find "$WORK/pids1" -name 'rank-*.pid' | wc -l)" 4 "pid files"
+expect_no_helper_left "$WORK/pids1"
+
+# Rank 1 kills itself with SIGKILL: exit code 128 + 9, the message names the signal.
+mkdir -p "$WORK/pids2"
+run_loomrun --nproc-per-node 3 -- "$HELPER" --pid-dir "$WORK/pids2" \
+  --kill-rank 1 --signal 9 --fail-after-ms 200 --sleep-s 60
+expect_eq "$RC" 137 "exit code when rank 1 is killed by SIGKILL"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
+expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\); stopping the other 2 ranks$'
+expect_no_helper_left "$WORK/pids2"
+
+# A rank that ignores SIGTERM is killed after the grace period.
+mkdir -p "$WORK/pids3"
+run_loomrun --nproc-per-node 2 --grace-s 0.5 -- "$HELPER" --pid-dir "$WORK/pids3" \
+  --ignore-term --fail-rank 0 --exit-code 5 --fail-after-ms 300 --sleep-s 60
+expect_eq "$RC" 5 "exit code when rank 0 exits 5"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to kill the job (limit 5000)"
+expect_grep "$WORK/err" '^loomrun: 1 rank still running 0.5 s after SIGTERM; sending SIGKILL: rank 1 \(pid [0-9]+\)$'
+expect_no_helper_left "$WORK/pids3"
+
+# Ranks all exit 0: loomrun exits 0 and says nothing of its own.
+run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1
+expect_eq "$RC" 0 "exit code when every rank exits 0"
+grep -q '^loomrun:' "$WORK/err" && fail "loomrun printed a message for a clean run"
+
+# A program that does not exist: 127, named.
+run_loomrun --nproc-per-node 2 -- ./no/such/program --flag
+expect_eq "$RC" 127 "exit code for a missing program"
+expect_line "$WORK/err" "loomrun: rank 0: cannot start './no/such/program': No such file or directory"
+echo PASS

@@ -1,0 +1,15 @@
+// loomrun: starts the ranks of a Loom job on this node, like torchrun. See launcher.h and
+// docs/loomrun.md.
+#include <exception>
+
+#include "tools/loomrun/launcher.h"
+#include "tools/loomrun/output.h"
+
+int main(int argc, char** argv) {
+  try {
+    return loom::loomrun::run_loomrun(argc, argv);
+  } catch (const std::exception& error) {
+    loom::loomrun::log_line("{}", error.what());
+    return 1;
+  }
+}

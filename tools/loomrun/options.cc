@@ -1,0 +1,106 @@
+#include "tools/loomrun/options.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <string_view>
+
+#include "base/error.h"
+
+namespace loom::loomrun {
+
+namespace {
+
+constexpr std::string_view kDescription =
+    "loomrun [flags] [--] PROGRAM [ARGS...]\n\n"
+    "Starts one process per rank of a Loom job on this node, with RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT in each one's environment;\n"
+    "prefixes their output with \"[rank R] \", forwards SIGINT/SIGTERM/SIGHUP to them, and stops\n"
+    "all ranks when one fails (exiting with that rank's status).";
+
+void add_flags(CLI::App& app, LaunchOptions& options) {
+  app.add_option("--nproc-per-node,--nproc_per_node", options.nproc_per_node,
+                 "ranks to start on this node")
+      ->capture_default_str();
+  app.add_option("--nnodes", options.nnodes, "nodes in the job")->capture_default_str();
+  app.add_option("--node-rank,--node_rank", options.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", options.master_addr,
+                 "address of rank 0's node (MASTER_ADDR)")
+      ->capture_default_str();
+  app.add_option("--master-port,--master_port", options.master_port,
+                 "port on the master (MASTER_PORT); default: a free port, single node only");
+  app.add_option("--timeout-s,--timeout_s", options.timeout_s,
+                 "stop all ranks and exit 124 after this many seconds; 0: no limit")
+      ->capture_default_str();
+  app.add_option("--grace-s,--grace_s", options.grace_s,
+                 "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+}
+
+}  // namespace
+
+void validate_options(const LaunchOptions& options) {
+  LOOM_CHECK(options.nproc_per_node >= 1, "--nproc-per-node must be at least 1, got {}",
+             options.nproc_per_node);
+  LOOM_CHECK(options.nnodes >= 1, "--nnodes must be at least 1, got {}", options.nnodes);
+  LOOM_CHECK(options.node_rank >= 0 && options.node_rank < options.nnodes,
+             "--node-rank {} is out of range for --nnodes {}; expected 0 <= node-rank < {}",
+             options.node_rank, options.nnodes, options.nnodes);
+  LOOM_CHECK(options.master_port >= 0 && options.master_port <= 65535,
+             "--master-port must be in 1..65535, got {}", options.master_port);
+  LOOM_CHECK(options.nnodes == 1 || options.master_port != 0,
+             "--nnodes {} needs --master-port: every node must be given the same port "
+             "(a free port is picked only for a single-node job)",
+             options.nnodes);
+  LOOM_CHECK(!options.master_addr.empty(), "--master-addr must not be empty");
+  LOOM_CHECK(options.timeout_s >= 0, "--timeout-s must be >= 0 (0: no limit), got {}",
+             options.timeout_s);
+  LOOM_CHECK(options.grace_s >= 0, "--grace-s must be >= 0, got {}", options.grace_s);
+  LOOM_CHECK(!options.command.empty(),
+             "missing the program to run; usage: loomrun [flags] -- PROGRAM [ARGS...]");
+}
+
+CommandLine parse_command_line(int argc, const char* const* argv) {
+  CommandLine result;
+  LaunchOptions options;
+  CLI::App app{std::string(kDescription), "loomrun"};
+  add_flags(app, options);
+  // Stop at the first argument that is not one of our flags: it and the rest are the program.
+  app.prefix_command();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    result.action = CommandLine::Action::kPrintHelp;
+    result.text = app.help();
+    result.exit_code = 0;
+    return result;
+  } catch (const CLI::ParseError& error) {
+    result.text = fmt::format("{}; run 'loomrun --help' for the flags", error.what());
+    return result;
+  }
+  std::vector<std::string> rest = app.remaining();
+  if (!rest.empty() && rest.front() == "--") {
+    rest.erase(rest.begin());
+  } else if (!rest.empty() && rest.front().starts_with("-")) {
+    // An unknown flag before the program; after `--` a leading dash would be the program's name.
+    result.text = fmt::format(
+        "unknown flag '{}'; run 'loomrun --help' for the flags, and put the program after "
+        "'--' if its name starts with '-'",
+        rest.front());
+    return result;
+  }
+  options.command = std::move(rest);
+  try {
+    validate_options(options);
+  } catch (const Error& error) {
+    result.text = error.what();
+    return result;
+  }
+  result.action = CommandLine::Action::kRun;
+  result.options = std::move(options);
+  result.exit_code = 0;
+  return result;
+}
+
+}  // namespace loom::loomrun

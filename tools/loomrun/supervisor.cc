@@ -1,0 +1,230 @@
+#include "tools/loomrun/supervisor.h"
+
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+
+#include "base/error.h"
+#include "tools/loomrun/exit_status.h"
+#include "tools/loomrun/output.h"
+
+namespace loom::loomrun {
+
+namespace {
+
+std::string ranks_phrase(int count) {
+  return count == 1 ? "1 rank" : fmt::format("{} ranks", count);
+}
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
+// One output pipe of a rank and the prefixer its bytes go through.
+struct Supervisor::Stream {
+  UniqueFd fd;
+  LinePrefixer prefixer;
+
+  bool open() const { return fd.valid(); }
+
+  // Reads what is available now (one chunk, or until the pipe is empty); closes the stream at
+  // end of file.
+  void read_available(bool until_drained) {
+    static char buffer[64 * 1024];
+    while (fd.valid()) {
+      const ssize_t got = read(fd.get(), buffer, sizeof(buffer));
+      if (got > 0) {
+        prefixer.feed(std::string_view(buffer, static_cast<std::size_t>(got)));
+        if (!until_drained) return;
+      } else if (got < 0 && errno == EINTR) {
+        continue;
+      } else if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        close();  // end of file, or an error: nothing more will come
+      }
+    }
+  }
+
+  void close() {
+    prefixer.finish();
+    fd.reset();
+  }
+};
+
+struct Supervisor::RankState {
+  int rank;
+  pid_t pid;
+  bool running = true;
+  Stream out;
+  Stream err;
+};
+
+Supervisor::Supervisor(SupervisorConfig config, SignalPipe& signals)
+    : config_(config), signals_(signals), start_(Clock::now()) {}
+
+Supervisor::~Supervisor() = default;
+
+void Supervisor::add_rank(int rank, ChildProcess child) {
+  const std::string prefix = fmt::format("[rank {}] ", rank);
+  const int stdout_fd = config_.stdout_fd;
+  const int stderr_fd = config_.stderr_fd;
+  ranks_.push_back(std::unique_ptr<RankState>(new RankState{
+      rank,
+      child.pid,
+      true,
+      Stream{std::move(child.stdout_read),
+             LinePrefixer(prefix, [stdout_fd](std::string_view s) { write_all(stdout_fd, s); })},
+      Stream{std::move(child.stderr_read),
+             LinePrefixer(prefix, [stderr_fd](std::string_view s) { write_all(stderr_fd, s); })},
+  }));
+}
+
+int Supervisor::running_ranks() const {
+  return static_cast<int>(
+      std::count_if(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->running; }));
+}
+
+void Supervisor::start_stopping(int signal_number, int exit_code) {
+  if (!exit_code_) exit_code_ = exit_code;
+  if (!stopping_) stop_signal_ = signal_number;
+  stopping_ = true;
+  for (const auto& state : ranks_) {
+    if (state->running) signal_process_group(state->pid, signal_number);
+  }
+  if (!kill_deadline_) kill_deadline_ = Clock::now() + seconds(config_.grace_s);
+}
+
+void Supervisor::abort_launch(int exit_code) { start_stopping(SIGTERM, exit_code); }
+
+void Supervisor::kill_remaining() {
+  for (const auto& state : ranks_) {
+    if (state->running) signal_process_group(state->pid, SIGKILL);
+  }
+}
+
+void Supervisor::on_launcher_signal(int signal_number) {
+  const int running = running_ranks();
+  if (!stopping_) {
+    log_line("got {}; forwarding it to {}", signal_name(signal_number), ranks_phrase(running));
+    start_stopping(signal_number, 128 + signal_number);
+  } else if (running > 0) {
+    log_line("got {} while stopping; sending SIGKILL to {}", signal_name(signal_number),
+             ranks_phrase(running));
+    kill_remaining();
+  }
+}
+
+void Supervisor::on_rank_exit(RankState& state, int wait_status) {
+  state.running = false;
+  // Everything the rank wrote before exiting is in its pipes now: copy it out and close them.
+  state.out.read_available(/*until_drained=*/true);
+  state.err.read_available(/*until_drained=*/true);
+  state.out.close();
+  state.err.close();
+  if (!is_failure(wait_status) || stopping_) return;
+  const int others = running_ranks();
+  if (others == 0) {
+    log_line("rank {} (pid {}) {}", state.rank, state.pid, describe_wait_status(wait_status));
+  } else {
+    log_line("rank {} (pid {}) {}; stopping the other {}", state.rank, state.pid,
+             describe_wait_status(wait_status), others == 1 ? "rank" : ranks_phrase(others));
+  }
+  start_stopping(SIGTERM, exit_code_of(wait_status));
+}
+
+void Supervisor::reap() {
+  for (;;) {
+    int wait_status = 0;
+    const pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+    if (pid < 0 && errno == EINTR) continue;
+    if (pid <= 0) return;  // none exited (0) or no children left (ECHILD)
+    for (const auto& state : ranks_) {
+      if (state->pid == pid && state->running) on_rank_exit(*state, wait_status);
+    }
+  }
+}
+
+int Supervisor::poll_timeout_ms() const {
+  std::optional<Clock::time_point> next = kill_deadline_;
+  if (config_.timeout_s > 0 && !stopping_) {
+    const Clock::time_point job_deadline = start_ + seconds(config_.timeout_s);
+    if (!next || job_deadline < *next) next = job_deadline;
+  }
+  if (!next) return -1;
+  const auto left = std::chrono::duration<double, std::milli>(*next - Clock::now()).count();
+  return std::max(0, static_cast<int>(std::ceil(left)));
+}
+
+void Supervisor::check_deadlines() {
+  const Clock::time_point now = Clock::now();
+  if (config_.timeout_s > 0 && !stopping_ && now >= start_ + seconds(config_.timeout_s)) {
+    const int running = running_ranks();
+    log_line("--timeout-s {} reached with {} running; stopping them", config_.timeout_s,
+             ranks_phrase(running));
+    start_stopping(SIGTERM, kTimeoutExitCode);
+  }
+  if (kill_deadline_ && now >= *kill_deadline_) {
+    const int running = running_ranks();
+    if (running > 0) {
+      std::string pids;
+      for (const auto& state : ranks_) {
+        if (state->running) {
+          pids +=
+              fmt::format("{}rank {} (pid {})", pids.empty() ? "" : ", ", state->rank, state->pid);
+        }
+      }
+      log_line("{} still running {} s after {}; sending SIGKILL: {}", ranks_phrase(running),
+               config_.grace_s, signal_name(stop_signal_), pids);
+      kill_remaining();
+    }
+    kill_deadline_.reset();
+  }
+}
+
+int Supervisor::run() {
+  std::vector<pollfd> fds;
+  std::vector<Stream*> streams;  // streams[i] belongs to fds[i + 1]
+  for (;;) {
+    reap();
+    check_deadlines();
+    const bool any_open = std::any_of(ranks_.begin(), ranks_.end(),
+                                      [](const auto& r) { return r->out.open() || r->err.open(); });
+    if (running_ranks() == 0 && !any_open) break;
+
+    fds.assign(1, pollfd{signals_.fd(), POLLIN, 0});
+    streams.clear();
+    for (const auto& state : ranks_) {
+      for (Stream* stream : {&state->out, &state->err}) {
+        if (!stream->open()) continue;
+        fds.push_back(pollfd{stream->fd.get(), POLLIN, 0});
+        streams.push_back(stream);
+      }
+    }
+    const int ready = poll(fds.data(), fds.size(), poll_timeout_ms());
+    if (ready < 0) {
+      LOOM_CHECK(errno == EINTR, "poll failed: {}", std::strerror(errno));
+      continue;
+    }
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents != 0) streams[i - 1]->read_available(/*until_drained=*/false);
+    }
+    if (fds[0].revents != 0) {
+      for (int signal_number : signals_.take()) {
+        if (signal_number != SIGCHLD) on_launcher_signal(signal_number);
+      }
+    }
+  }
+  return exit_code_.value_or(0);
+}
+
+}  // namespace loom::loomrun

@@ -1,0 +1,76 @@
+// Supervises the started ranks until every one has exited: copies their output with a
+// "[rank R] " prefix, reaps them, and stops the job (SIGTERM to every rank's process group,
+// SIGKILL after the grace period) when
+//   - a rank exits non-zero or is killed by a signal   -> exit code: that rank's (128 + signal)
+//   - loomrun gets SIGINT, SIGTERM or SIGHUP            -> forwarded; exit code 128 + signal
+//     (a second one while stopping sends SIGKILL at once)
+//   - --timeout-s passes                                -> exit code 124, like timeout(1)
+// The first cause decides the exit code; when every rank exits 0 it is 0.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tools/loomrun/child_process.h"
+#include "tools/loomrun/line_prefixer.h"
+#include "tools/loomrun/signal_pipe.h"
+
+namespace loom::loomrun {
+
+// Exit code when --timeout-s stopped the job.
+inline constexpr int kTimeoutExitCode = 124;
+
+struct SupervisorConfig {
+  double grace_s = 10;   // SIGTERM -> SIGKILL delay
+  double timeout_s = 0;  // job time limit; 0: none
+  int stdout_fd = 1;     // where the ranks' prefixed stdout goes
+  int stderr_fd = 2;     // where the ranks' prefixed stderr goes
+};
+
+class Supervisor {
+ public:
+  // `signals` must deliver SIGCHLD and the signals to forward (SIGINT, SIGTERM, SIGHUP).
+  Supervisor(SupervisorConfig config, SignalPipe& signals);
+  ~Supervisor();
+
+  // Takes over a started rank.
+  void add_rank(int rank, ChildProcess child);
+
+  // Stops every rank added so far (SIGTERM, then SIGKILL after the grace period) with
+  // `exit_code` as loomrun's exit code; for when the launch itself failed. Call run() next to
+  // reap them.
+  void abort_launch(int exit_code);
+
+  // Runs until every rank has exited and returns loomrun's exit code.
+  int run();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct RankState;
+  struct Stream;
+
+  void start_stopping(int signal_number, int exit_code);
+  void kill_remaining();
+  void on_launcher_signal(int signal_number);
+  void on_rank_exit(RankState& state, int wait_status);
+  void reap();
+  int running_ranks() const;
+  int poll_timeout_ms() const;
+  void check_deadlines();
+
+  SupervisorConfig config_;
+  SignalPipe& signals_;
+  std::vector<std::unique_ptr<RankState>> ranks_;
+  Clock::time_point start_;
+  bool stopping_ = false;
+  int stop_signal_ = 0;           // the signal that began stopping (SIGTERM, or a forwarded one)
+  std::optional<int> exit_code_;  // set by the first cause of stopping
+  std::optional<Clock::time_point> kill_deadline_;
+};
+
+}  // namespace loom::loomrun
