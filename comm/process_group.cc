@@ -73,8 +73,9 @@ void ProcessGroup::remove_observer(int id) {
 }
 
 ProcessGroup::OpInfo ProcessGroup::begin(CollectiveKind kind, int64_t bytes, std::string detail) {
-  OpInfo info{kind, sequence_++,
-              fmt::format("{} #{} ({}) on group '{}' (rank {} of {})", collective_name(kind), sequence_,
+  const uint64_t sequence = sequence_++;
+  OpInfo info{kind, sequence,
+              fmt::format("{} #{} ({}) on group '{}' (rank {} of {})", collective_name(kind), sequence,
                           detail, options_.name, rank_, size_)};
   counters_.calls[static_cast<int>(kind)] += 1;
   counters_.bytes[static_cast<int>(kind)] += bytes;

@@ -21,7 +21,7 @@ class Work {
   // Blocks until the operation finished; rethrows its error (a loom::Error naming the group, op,
   // sequence number and, where known, the missing ranks).
   virtual void wait();
-  bool is_completed() const;
+  virtual bool is_completed() const;
   // The error, when completed with one (nullptr otherwise).
   std::exception_ptr exception() const;
   // Output tensors of ops that allocate them (all_gather into a list, gather, ...).

@@ -1,9 +1,254 @@
-// Strategies for the nn kernels (tensor/ops_nn.h). Filled in with loss parallel, vocab-parallel
-// embedding and head-sharded attention.
+// Strategies for the nn kernels (tensor/ops_nn.h): softmax and layer norm keep shards on the
+// dims they do not normalize; attention shards batch and head dims; the embedding table may
+// be sharded by vocabulary (masked lookup -> Partial(sum)) or by embedding dim; cross entropy
+// on vocabulary-sharded logits is loss parallel: three small all-reduces per call (row max,
+// sum of exponentials, target logit), never the full logits.
+#include "base/error.h"
+#include "comm/process_group.h"
 #include "dtensor/sharding/strategy.h"
+#include "tensor/ops.h"
 
 namespace loom::sharding {
 
-void register_nn_strategies(StrategyTable& table) { (void)table; }
+namespace {
+
+using comm::ReduceOp;
+
+// Options sharding leading dims [0, count) of all `inputs` flagged in `sharded` together,
+// outputs sharded the same way (or as `output_for` says), plus all-Replicate.
+OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int64_t count, std::vector<Shape> outputs,
+                        const std::vector<Placement>& output_when_sharded_override = {}) {
+  OpSharding s;
+  s.output_shapes = std::move(outputs);
+  const size_t num_outputs = s.output_shapes.size();
+  s.options.push_back({Placements(num_inputs, Replicate()), Placements(num_outputs, Replicate())});
+  for (int64_t d = 0; d < count; ++d) {
+    DimOption option{Placements(num_inputs, Replicate()), Placements(num_outputs, Shard(d))};
+    for (size_t i = 0; i < num_inputs; ++i) {
+      if (sharded[i]) option.inputs[i] = Shard(d);
+    }
+    for (size_t j = 0; j < output_when_sharded_override.size(); ++j) {
+      if (!output_when_sharded_override[j].is_replicate()) option.outputs[j] = output_when_sharded_override[j];
+    }
+    s.options.push_back(std::move(option));
+  }
+  return s;
+}
+
+// The mesh dim (if any) on which `spec` shards `tensor_dim`; throws when several do.
+int64_t mesh_dim_sharding(const DTensorSpec& spec, int64_t tensor_dim, std::string_view op) {
+  int64_t found = -1;
+  for (size_t md = 0; md < spec.placements.size(); ++md) {
+    if (!spec.placements[md].is_shard(tensor_dim)) continue;
+    LOOM_CHECK(found < 0, "{}: dim {} sharded by two mesh dims ({}) is not supported here", op, tensor_dim,
+               placements_str(spec.placements));
+    found = static_cast<int64_t>(md);
+  }
+  return found;
+}
+
+// One-hot (rows, width) of `targets - offset` (f32; rows whose target falls outside are zero).
+Tensor local_one_hot(const Tensor& targets, int64_t offset, int64_t width) {
+  const Tensor columns = ops::add(ops::to(ops::arange(width), kInt64), static_cast<double>(offset));
+  return ops::eq(ops::to(ops::unsqueeze(targets, 1), kFloat32), ops::to(ops::unsqueeze(columns, 0), kFloat32));
+}
+
+// Per-row loss and logsumexp for logits sharded by vocabulary on `group`.
+std::pair<Tensor, Tensor> loss_parallel_rows(const Tensor& logits_local, const Tensor& targets, int64_t vocab_offset,
+                                             int64_t ignore_index, comm::ProcessGroup& group) {
+  const Tensor x = ops::to(logits_local, kFloat32);
+  Tensor row_max = ops::contiguous(ops::max(x, 1, /*keepdim=*/true).first);
+  group.all_reduce(row_max, ReduceOp::kMax)->wait();
+  Tensor sum_exp = ops::contiguous(ops::sum(ops::exp(ops::sub(x, row_max)), {1}, /*keepdim=*/true));
+  group.all_reduce(sum_exp, ReduceOp::kSum)->wait();
+  const Tensor lse = ops::add(ops::log(sum_exp), row_max);  // (N, 1)
+  Tensor target_logit = ops::contiguous(ops::sum(ops::mul(x, local_one_hot(targets, vocab_offset, x.size(1))), {1}, true));
+  group.all_reduce(target_logit, ReduceOp::kSum)->wait();
+  const Tensor valid = ops::to(ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
+                                       ops::full({}, 0.5)),
+                               kFloat32);
+  const Tensor rows = ops::mul(ops::reshape(ops::sub(lse, target_logit), {-1}), valid);
+  return {rows, ops::reshape(lse, {-1})};
+}
+
+int64_t valid_count(const Tensor& targets, int64_t ignore_index) {
+  int64_t count = 0;
+  for (double t : ops::to_vector(targets)) count += static_cast<int64_t>(t) != ignore_index;
+  return count;
+}
+
+StrategyFn cross_entropy_strategy() {
+  return [](const OpCall& call, const InputSpecs& in) {
+    const DTensorSpec& logits = *in[0];
+    const auto reduction = static_cast<Reduction>(call.int_attr(1));
+    const int64_t n = logits.shape.at(0);
+    OpSharding s;
+    s.output_shapes = {reduction == Reduction::kNone ? Shape{n} : Shape{}, Shape{n}};
+    s.options.push_back({{Replicate(), Replicate()}, {Replicate(), Replicate()}});
+    s.options.push_back({{Shard(1), Replicate()}, {Replicate(), Replicate()}});  // loss parallel
+    if (reduction == Reduction::kNone) s.options.push_back({{Shard(0), Shard(0)}, {Shard(0), Shard(0)}});
+    if (reduction == Reduction::kSum) s.options.push_back({{Shard(0), Shard(0)}, {Partial(), Shard(0)}});
+    s.local = [](const OpCall& local, const InputSpecs& specs) {
+      const DTensorSpec& spec = *specs[0];
+      const int64_t vocab_md = mesh_dim_sharding(spec, 1, "cross_entropy");
+      if (vocab_md < 0) return call_op(local);
+      const int64_t ignore_index = local.int_attr(0);
+      const auto reduction = static_cast<Reduction>(local.int_attr(1));
+      auto [rows, lse] = loss_parallel_rows(local.inputs[0], local.inputs[1], spec.local_offset()[1], ignore_index,
+                                            *spec.mesh->group(vocab_md));
+      Tensor loss = rows;
+      if (reduction == Reduction::kSum) loss = ops::sum(rows);
+      if (reduction == Reduction::kMean) {
+        loss = ops::div(ops::sum(rows), static_cast<double>(valid_count(local.inputs[1], ignore_index)));
+      }
+      return std::vector<Tensor>{ops::to(loss, local.inputs[0].dtype()), lse};
+    };
+    return s;
+  };
+}
+
+StrategyFn cross_entropy_backward_strategy() {
+  // Inputs: (grad_loss, logits, targets, logsumexp).
+  return [](const OpCall& call, const InputSpecs& in) {
+    const DTensorSpec& logits = *in[1];
+    const auto reduction = static_cast<Reduction>(call.int_attr(1));
+    OpSharding s;
+    s.output_shapes = {logits.shape};
+    s.options.push_back({Placements(4, Replicate()), {Replicate()}});
+    s.options.push_back({{Replicate(), Shard(1), Replicate(), Replicate()}, {Shard(1)}});
+    if (reduction != Reduction::kMean) {
+      const Placement grad = reduction == Reduction::kNone ? Shard(0) : Replicate();
+      s.options.push_back({{grad, Shard(0), Shard(0), Shard(0)}, {Shard(0)}});
+    }
+    s.local = [](const OpCall& local, const InputSpecs& specs) {
+      const DTensorSpec& spec = *specs[1];
+      const int64_t vocab_md = mesh_dim_sharding(spec, 1, "cross_entropy_backward");
+      if (vocab_md < 0) return call_op(local);
+      const int64_t ignore_index = local.int_attr(0);
+      const auto reduction = static_cast<Reduction>(local.int_attr(1));
+      const Tensor& grad_loss = local.inputs[0];
+      const Tensor& targets = local.inputs[2];
+      LOOM_CHECK(local.inputs[3].defined(), "cross_entropy_backward: loss parallel needs the forward's logsumexp");
+      const Tensor x = ops::to(local.inputs[1], kFloat32);
+      const Tensor softmax = ops::exp(ops::sub(x, ops::unsqueeze(ops::to(local.inputs[3], kFloat32), 1)));
+      const Tensor one_hot = local_one_hot(targets, spec.local_offset()[1], x.size(1));
+      const Tensor valid = ops::to(ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
+                                           ops::full({}, 0.5)),
+                                   kFloat32);
+      Tensor scale = ops::to(grad_loss, kFloat32);  // (N,) for kNone, () otherwise
+      if (reduction == Reduction::kMean) scale = ops::div(scale, static_cast<double>(valid_count(targets, ignore_index)));
+      const Tensor row_scale = ops::unsqueeze(ops::mul(valid, scale), 1);
+      return std::vector<Tensor>{ops::to(ops::mul(ops::sub(softmax, one_hot), row_scale), local.inputs[1].dtype())};
+    };
+    return s;
+  };
+}
+
+StrategyFn embedding_strategy() {
+  // Inputs: (weight (V, C), indices).
+  return [](const OpCall&, const InputSpecs& in) {
+    const DTensorSpec& weight = *in[0];
+    const DTensorSpec& indices = *in[1];
+    const int64_t index_dims = static_cast<int64_t>(indices.shape.size());
+    Shape out = indices.shape;
+    out.push_back(weight.shape.at(1));
+    OpSharding s;
+    s.output_shapes = {out};
+    s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
+    for (int64_t d = 0; d < index_dims; ++d) s.options.push_back({{Replicate(), Shard(d)}, {Shard(d)}});
+    s.options.push_back({{Shard(1), Replicate()}, {Shard(index_dims)}});
+    s.options.push_back({{Shard(0), Replicate()}, {Partial()}});  // vocabulary parallel
+    s.local = [](const OpCall& local, const InputSpecs& specs) {
+      const DTensorSpec& spec = *specs[0];
+      if (mesh_dim_sharding(spec, 0, "embedding") < 0) return call_op(local);
+      // Masked lookup: rows outside this rank's vocabulary slice contribute zeros.
+      const int64_t offset = spec.local_offset()[0];
+      const int64_t rows = local.inputs[0].size(0);
+      const Tensor shifted = ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
+      const Tensor inside = ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
+                                     ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
+      const Tensor safe = ops::to(ops::mul(shifted, inside), kInt64);
+      const Tensor looked_up = ops::embedding(local.inputs[0], safe);
+      return std::vector<Tensor>{ops::mul(looked_up, ops::to(ops::unsqueeze(inside, -1), looked_up.dtype()))};
+    };
+    return s;
+  };
+}
+
+}  // namespace
+
+void register_nn_strategies(StrategyTable& t) {
+  t["softmax"] = [](const OpCall& call, const InputSpecs& in) {
+    const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
+    const int64_t dim = normalize_dim(call.int_attr(0), ndim, call.op);
+    OpSharding s = leading_dims(1, {true}, ndim, {in[0]->shape});
+    s.options.erase(s.options.begin() + 1 + dim);  // the normalized dim cannot stay sharded
+    return s;
+  };
+  t["log_softmax"] = t["softmax"];
+  const auto softmax_backward = [](const OpCall& call, const InputSpecs& in) {
+    const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
+    const int64_t dim = normalize_dim(call.int_attr(0), ndim, call.op);
+    OpSharding s = leading_dims(2, {true, true}, ndim, {in[0]->shape});
+    s.options.erase(s.options.begin() + 1 + dim);
+    return s;
+  };
+  t["softmax_backward"] = softmax_backward;
+  t["log_softmax_backward"] = softmax_backward;
+  t["layer_norm"] = [](const OpCall& call, const InputSpecs& in) {
+    const Shape& x = in[0]->shape;
+    const int64_t lead = static_cast<int64_t>(x.size() - call.ints_attr(0).size());
+    const Shape stats(x.begin(), x.begin() + lead);
+    return leading_dims(3, {true, false, false}, lead, {x, stats, stats});
+  };
+  t["layer_norm_backward"] = [](const OpCall& call, const InputSpecs& in) {
+    // Inputs: (grad_out, x, mean, rstd, weight); outputs: (grad_x, grad_weight, grad_bias).
+    const Shape& x = in[1]->shape;
+    const Shape normalized = call.ints_attr(0);
+    const int64_t lead = static_cast<int64_t>(x.size() - normalized.size());
+    return leading_dims(5, {true, true, true, true, false}, lead, {x, normalized, normalized},
+                        {Replicate(), Partial(), Partial()});
+  };
+  t["scaled_dot_product_attention"] = [](const OpCall&, const InputSpecs& in) {
+    const Shape& q = in[0]->shape;
+    const int64_t lead = static_cast<int64_t>(q.size()) - 2;
+    Shape out = q;
+    out.back() = in[2]->shape.back();
+    return leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
+  };
+  t["scaled_dot_product_attention_backward"] = [](const OpCall&, const InputSpecs& in) {
+    // Inputs: (grad_out, q, k, v, out, logsumexp); outputs (dq, dk, dv).
+    const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
+    return leading_dims(6, {true, true, true, true, true, true}, lead, {in[1]->shape, in[2]->shape, in[3]->shape});
+  };
+  t["dropout"] = [](const OpCall&, const InputSpecs& in) {
+    // The mask is drawn over the whole tensor (same on every rank), so dropout runs replicated.
+    OpSharding s;
+    s.output_shapes = {in[0]->shape, in[0]->shape};
+    s.options.push_back({{Replicate()}, {Replicate(), Replicate()}});
+    return s;
+  };
+  t["dropout_backward"] = [](const OpCall&, const InputSpecs& in) {
+    const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
+    OpSharding s = leading_dims(2, {true, true}, ndim, {in[0]->shape});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
+    return s;
+  };
+  t["embedding"] = embedding_strategy();
+  t["embedding_backward"] = [](const OpCall& call, const InputSpecs& in) {
+    // Inputs (grad_out (..., C), indices); output (V, C). Rows split across ranks sum up.
+    const Shape& grad = in[0]->shape;
+    const int64_t index_dims = static_cast<int64_t>(in[1]->shape.size());
+    OpSharding s;
+    s.output_shapes = {{call.int_attr(0), grad.back()}};
+    s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
+    for (int64_t d = 0; d < index_dims; ++d) s.options.push_back({{Shard(d), Shard(d)}, {Partial()}});
+    s.options.push_back({{Shard(index_dims), Replicate()}, {Shard(1)}});
+    s.options.push_back({{Partial(), Replicate()}, {Partial()}});
+    return s;
+  };
+  t["cross_entropy"] = cross_entropy_strategy();
+  t["cross_entropy_backward"] = cross_entropy_backward_strategy();
+}
 
 }  // namespace loom::sharding

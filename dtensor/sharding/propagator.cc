@@ -173,6 +173,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(), "{}: {} local outputs for {} shapes",
                        call.op, outputs.size(), decision.sharding.output_shapes.size());
   for (size_t j = 0; j < outputs.size(); ++j) {
+    if (!outputs[j].defined()) continue;  // an optional output the op did not produce
     Placements placements;
     for (int64_t md = 0; md < mesh->ndim(); ++md) placements.push_back(decision.sharding.options[decision.chosen[md]].outputs[j]);
     outputs[j] = make_dtensor(outputs[j], DTensorSpec{mesh_ptr, placements, decision.sharding.output_shapes[j], outputs[j].dtype()});
