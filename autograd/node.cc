@@ -1,6 +1,7 @@
 #include "autograd/node.h"
 
 #include "base/error.h"
+#include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
 
@@ -56,6 +57,9 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   LOOM_CHECK(grad.shape() == leaf_.shape(),
              "backward: gradient of shape {} does not match its leaf of shape {}",
              shape_str(grad.shape()), shape_str(leaf_.shape()));
+  // A distributed leaf's gradient takes the leaf's own layout (e.g. a Partial gradient of a
+  // replicated parameter is all-reduced), so .grad always matches the parameter.
+  if (grad.extension() || leaf_.extension()) grad = ops::match_layout(grad, leaf_);
   // Out of place on purpose: `grad` may be shared with other consumers of the same gradient.
   const Tensor current = leaf_.grad();
   leaf_.set_grad(current.defined() ? ops::add(current, grad) : grad);

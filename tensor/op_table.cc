@@ -52,6 +52,7 @@ void register_core_ops(OpTable& t) {
   t["clone"] = [](C c) { return one(ops::clone(c.inputs[0])); };
   t["to_dtype"] = [](C c) { return one(ops::to(c.inputs[0], c.dtype_attr(0))); };
   t["cat"] = [](C c) { return one(ops::cat(c.inputs, c.int_attr(0))); };
+  t["match_layout"] = [](C c) { return one(ops::match_layout(c.inputs[0], c.inputs[1])); };
   t["fill_"] = [](C c) {
     ops::fill_(c.inputs[0], c.double_attr(0));
     return std::vector<Tensor>{};

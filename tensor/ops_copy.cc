@@ -124,6 +124,13 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
   return out;
 }
 
+Tensor match_layout(const Tensor& value, const Tensor& like) {
+  if (auto out = dispatch_extension("match_layout", {value, like})) return (*out)[0];
+  LOOM_CHECK(value.shape() == like.shape(), "match_layout: value of shape {} cannot take the layout of shape {}",
+             shape_str(value.shape()), shape_str(like.shape()));
+  return value;
+}
+
 Tensor stack(std::span<const Tensor> tensors, int64_t dim) {
   LOOM_CHECK(!tensors.empty(), "stack: expected at least one tensor");
   dim = normalize_dim(dim, tensors[0].dim() + 1, "stack");

@@ -82,6 +82,7 @@ StrategyFn in_place(bool allow_partial_self) {
       }
       s.options.push_back(std::move(option));
     }
+    s.fixed_inputs = {0};
     return s;
   };
 }
@@ -111,6 +112,15 @@ void register_elementwise_strategies(StrategyTable& t) {
                                                   : std::vector<std::vector<bool>>{});
   };
   t["copy_"] = in_place(/*allow_partial_self=*/true);
+  // (value, like) -> value with like's placements: `like` never moves, `value` follows it.
+  t["match_layout"] = [](const OpCall&, const InputSpecs& in) {
+    OpSharding s;
+    s.output_shapes = {in[1]->shape};
+    for (const Placement& p : in[1]->placements) s.options.push_back({{p, p}, {p}});
+    s.local = [](const OpCall& local, const InputSpecs&) { return std::vector<Tensor>{local.inputs[0]}; };
+    s.fixed_inputs = {1};
+    return s;
+  };
   t["add_"] = in_place(/*allow_partial_self=*/true);
   t["fill_"] = in_place(/*allow_partial_self=*/false);
 }

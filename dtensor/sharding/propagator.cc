@@ -134,6 +134,11 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
       size_t best_index = 0;
       for (size_t o = 0; o < decision.sharding.options.size(); ++o) {
         const DimOption& option = decision.sharding.options[o];
+        bool moves_fixed = false;
+        for (size_t i : decision.sharding.fixed_inputs) {
+          moves_fixed |= specs[i] && !specs[i]->shape.empty() && !(option.inputs[i] == specs[i]->placements[md]);
+        }
+        if (moves_fixed) continue;
         double cost = 0;
         for (size_t i = 0; i < specs.size(); ++i) {
           if (!specs[i]) continue;
@@ -145,6 +150,8 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
           best_index = o;
         }
       }
+      LOOM_CHECK(best >= 0, "{}: no sharding strategy accepts inputs ({}) on mesh dim {} ('{}')", call.op,
+                 describe_inputs(specs), md, mesh->dim_names()[md]);
       decision.chosen.push_back(best_index);
     }
     it = cache.emplace(key, std::move(decision)).first;

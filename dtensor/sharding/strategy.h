@@ -36,6 +36,9 @@ struct OpSharding {
   std::vector<DimOption> options;  // candidates for each mesh dim
   std::vector<Shape> output_shapes;  // global shapes of the outputs
   LocalFn local;                     // default: call_op(local_call)
+  // Inputs that must keep their placements (in-place targets, layout templates): options that
+  // would move them are skipped.
+  std::vector<size_t> fixed_inputs;
 };
 
 using StrategyFn = std::function<OpSharding(const OpCall& call, const InputSpecs& inputs)>;
