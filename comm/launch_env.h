@@ -1,0 +1,59 @@
+// LaunchEnv: who this process is in the job, read from the launcher's environment variables,
+// and the rendezvous store every rank meets through.
+//
+// Sources, in order of precedence:
+//   torchrun / loomrun   RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE
+//   OpenMPI (mpirun)     OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE
+//   Slurm (srun)         SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, and SLURM_NTASKS_PER_NODE or
+//                        else this node's entry of SLURM_TASKS_PER_NODE ("4(x2),3") by SLURM_NODEID
+// The first source with its rank or size variable set is used. When torchrun and OpenMPI
+// variables are both present they must agree. Slurm variables are not cross-checked: srun
+// commonly starts one torchrun per node, whose workers then see the node's SLURM_PROCID.
+// LOCAL_RANK/LOCAL_WORLD_SIZE (or the OpenMPI pair) may both be absent, meaning one node
+// (local = global); one without the other is an error.
+//
+// The rendezvous address is always MASTER_ADDR:MASTER_PORT. Only a one-process job may omit
+// them (127.0.0.1, port 0 = any free port).
+//
+// Every error lists the relevant variables found (NAME=value) and says what is needed.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "comm/store.h"
+
+namespace loom::comm {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  // Where the values came from: "torchrun", "openmpi" or "slurm".
+  std::string source;
+};
+
+using GetEnv = std::function<std::optional<std::string>(const std::string&)>;
+
+// std::getenv, as a GetEnv.
+std::optional<std::string> real_getenv(const std::string& name);
+
+// Reads and validates the launch environment; throws loom::Error (see above).
+LaunchEnv read_launch_env(const GetEnv& getenv = real_getenv);
+
+// "rank 3/8 (local 1/4) via torchrun, master 10.0.0.1:29500"
+std::string to_string(const LaunchEnv& env);
+
+// The store every rank rendezvouses through: a TcpStore whose server runs in rank 0 at
+// master_addr:master_port, with every rank (rank 0 included) connected as a client. Rank 0
+// listens on master_addr itself when that is a loopback address, else on every interface
+// (MASTER_ADDR is often a hostname that the master's own /etc/hosts maps to 127.0.1.1).
+// Connecting retries until `timeout`, so ranks may start before rank 0.
+std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration timeout = kDefaultStoreTimeout);
+
+}  // namespace loom::comm

@@ -1,0 +1,113 @@
+// The TcpStoreServer's internals, shared by its two source files: tcp_store_server.cc (sockets:
+// the poll loop, accepting, reading and parsing, writing, closing) and
+// tcp_store_server_requests.cc (the key map, request handling, parked GET/WAIT requests).
+// Everything here is used by the server thread only, except the atomics.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "comm/tcp_socket.h"
+#include "comm/tcp_store_protocol.h"
+#include "comm/tcp_store_server.h"
+
+namespace loom::comm {
+
+namespace ts = tcp_store;
+using Clock = net::Clock;
+
+namespace tcp_store_server {
+
+inline constexpr size_t kReadChunk = 64 * 1024;
+// Stop parsing a connection's requests while this much of its output is unsent (backpressure
+// against a client that sends GETs without reading the replies).
+inline constexpr size_t kMaxPendingOutput = 4 * 1024 * 1024;
+inline constexpr uint64_t kMaxTimeoutMs = uint64_t{1000} * 60 * 60 * 24 * 365;
+
+struct Connection {
+  uint64_t id = 0;
+  net::Socket socket;
+  std::string peer;
+  Bytes in;  // unparsed input starts at in_offset
+  size_t in_offset = 0;
+  Bytes out;  // unsent output starts at out_offset
+  size_t out_offset = 0;
+  uint64_t parked = 0;  // id of this connection's parked request, 0 when none
+  // Set after an ERROR that ends the conversation: input is discarded, and once the reply is
+  // flushed the write side is shut down (closing at once could turn into a RST that destroys
+  // the reply before the client reads it); the connection closes when the client does.
+  bool draining = false;
+
+  bool open() const { return socket.valid(); }
+  size_t pending_input() const { return in.size() - in_offset; }
+  size_t pending_output() const { return out.size() - out_offset; }
+};
+
+struct Waiter {
+  uint64_t connection = 0;
+  ts::Request request;
+  Clock::time_point deadline;
+  std::unordered_set<std::string> registered;  // keys whose waiter lists hold this waiter
+};
+
+// ['a', 'b'], for log lines.
+std::string quoted_keys(const std::vector<std::string>& keys);
+
+}  // namespace tcp_store_server
+
+struct TcpStoreServer::Impl {
+  using Connection = tcp_store_server::Connection;
+  using Waiter = tcp_store_server::Waiter;
+
+  TcpStoreServerOptions options;
+  std::string address;
+  net::Socket listener;
+  int port = 0;
+  net::Socket wake_read;
+  net::Socket wake_write;
+  std::atomic<bool> stop{false};
+  std::atomic<int> connection_count{0};
+  std::thread thread;
+
+  // Everything below belongs to the server thread.
+  std::unordered_map<std::string, Bytes> data;
+  std::map<uint64_t, std::unique_ptr<Connection>> connections;
+  uint64_t next_id = 1;
+  std::unordered_map<uint64_t, Waiter> waiters;
+  std::unordered_map<std::string, std::vector<uint64_t>> waiters_by_key;
+  std::set<std::pair<Clock::time_point, uint64_t>> deadlines;
+  std::vector<uint64_t> resume;  // connections whose parked request was answered
+  bool fd_exhaustion_logged = false;
+
+  void run();
+  void loop_once();
+  void accept_all();
+  void read_input(Connection& c);
+  void process_input(Connection& c);
+  bool check_header(Connection& c, const ts::Header& header);
+  void handle(Connection& c, ts::Request request);
+  void handle_add(Connection& c, const ts::Request& request);
+  void park(Connection& c, ts::Request request);
+  void notify(const std::string& key);
+  bool try_complete(uint64_t waiter_id);
+  void remove_waiter(uint64_t waiter_id);
+  void expire_waiters();
+  std::vector<std::string> missing_keys(const std::vector<std::string>& keys) const;
+  void reply(Connection& c, Bytes frame);
+  void flush(Connection& c);
+  void reject(Connection& c, const std::string& problem);
+  void close(Connection& c);
+  Connection* find(uint64_t id) {
+    auto it = connections.find(id);
+    return it == connections.end() || !it->second->open() ? nullptr : it->second.get();
+  }
+};
+
+}  // namespace loom::comm

@@ -1,0 +1,167 @@
+// TcpStoreServer request handling: the key map, SET/GET/ADD/CHECK/WAIT/DELETE, and parked
+// GET/WAIT requests (indexed by the keys they miss and by deadline).
+#include <algorithm>
+#include <charconv>
+
+#include "base/error.h"
+#include "base/logging.h"
+#include "comm/tcp_store_server_impl.h"
+
+namespace loom::comm {
+
+using namespace tcp_store_server;
+
+std::string tcp_store_server::quoted_keys(const std::vector<std::string>& keys) {
+  std::string out = "[";
+  for (size_t i = 0; i < keys.size(); ++i) out += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
+  return out + "]";
+}
+
+void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
+  ts::Writer w;
+  const std::string& key = request.keys.empty() ? std::string() : request.keys[0];
+  switch (request.op) {
+    case ts::Op::kSet: {
+      data[key] = std::move(request.value);
+      reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+      notify(key);
+      return;
+    }
+    case ts::Op::kGet:
+    case ts::Op::kWait:
+      if (missing_keys(request.keys).empty()) {
+        if (request.op == ts::Op::kGet) w.value(data.at(key));
+        return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+      }
+      return park(c, std::move(request));
+    case ts::Op::kAdd:
+      return handle_add(c, request);
+    case ts::Op::kCheck:
+      w.u8(missing_keys(request.keys).empty() ? 1 : 0);
+      return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+    case ts::Op::kDelete:
+      w.u8(data.erase(key) > 0 ? 1 : 0);
+      return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+  }
+}
+
+void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request) {
+  const std::string& key = request.keys[0];
+  ts::Writer w;
+  int64_t current = 0;
+  auto it = data.find(key);
+  if (it != data.end()) {
+    const char* begin = reinterpret_cast<const char*>(it->second.data());
+    const char* end = begin + it->second.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, current);
+    if (ec != std::errc() || ptr != end || begin == end) {
+      w.key(fmt::format("add('{}'): the stored value '{}' is not an integer; add needs a key that is absent or "
+                        "was written by add",
+                        key, std::string(begin, std::min<size_t>(it->second.size(), 64))));
+      return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+    }
+  }
+  int64_t result = 0;
+  if (__builtin_add_overflow(current, request.delta, &result)) {
+    w.key(fmt::format("add('{}'): {} + {} overflows int64", key, current, request.delta));
+    return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+  }
+  const std::string text = std::to_string(result);
+  data[key] = Bytes(text.begin(), text.end());
+  w.i64(result);
+  reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+  notify(key);
+}
+
+std::vector<std::string> TcpStoreServer::Impl::missing_keys(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const auto& k : keys) {
+    if (data.find(k) == data.end()) missing.push_back(k);
+  }
+  return missing;
+}
+
+void TcpStoreServer::Impl::park(Connection& c, ts::Request request) {
+  const uint64_t id = next_id++;
+  Waiter waiter;
+  waiter.connection = c.id;
+  waiter.deadline = Clock::now() + std::chrono::milliseconds(std::min(request.timeout_ms, kMaxTimeoutMs));
+  waiter.request = std::move(request);
+  for (const auto& k : missing_keys(waiter.request.keys)) {
+    if (waiter.registered.insert(k).second) waiters_by_key[k].push_back(id);
+  }
+  deadlines.emplace(waiter.deadline, id);
+  waiters.emplace(id, std::move(waiter));
+  c.parked = id;
+}
+
+void TcpStoreServer::Impl::notify(const std::string& key) {
+  auto it = waiters_by_key.find(key);
+  if (it == waiters_by_key.end()) return;
+  std::vector<uint64_t> ids = std::move(it->second);
+  waiters_by_key.erase(it);
+  for (uint64_t id : ids) {
+    auto w = waiters.find(id);
+    if (w == waiters.end()) continue;
+    w->second.registered.erase(key);
+    if (try_complete(id)) continue;
+    // Still waiting: make sure it hears about every key missing now (one may have been
+    // deleted after it was set).
+    Waiter& waiter = waiters.at(id);
+    for (const auto& k : missing_keys(waiter.request.keys)) {
+      if (waiter.registered.insert(k).second) waiters_by_key[k].push_back(id);
+    }
+  }
+}
+
+bool TcpStoreServer::Impl::try_complete(uint64_t waiter_id) {
+  Waiter& waiter = waiters.at(waiter_id);
+  if (!missing_keys(waiter.request.keys).empty()) return false;
+  ts::Writer w;
+  if (waiter.request.op == ts::Op::kGet) w.value(data.at(waiter.request.keys[0]));
+  const uint64_t connection = waiter.connection;
+  remove_waiter(waiter_id);
+  if (Connection* c = find(connection)) {
+    reply(*c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+    resume.push_back(connection);
+  }
+  return true;
+}
+
+void TcpStoreServer::Impl::remove_waiter(uint64_t waiter_id) {
+  auto it = waiters.find(waiter_id);
+  if (it == waiters.end()) return;
+  for (const auto& k : it->second.registered) {
+    auto list = waiters_by_key.find(k);
+    if (list == waiters_by_key.end()) continue;
+    std::erase(list->second, waiter_id);
+    if (list->second.empty()) waiters_by_key.erase(list);
+  }
+  deadlines.erase({it->second.deadline, waiter_id});
+  if (auto c = connections.find(it->second.connection); c != connections.end()) c->second->parked = 0;
+  waiters.erase(it);
+}
+
+void TcpStoreServer::Impl::expire_waiters() {
+  const auto now = Clock::now();
+  while (!deadlines.empty() && deadlines.begin()->first <= now) {
+    const uint64_t id = deadlines.begin()->second;
+    const Waiter& waiter = waiters.at(id);
+    ts::Writer w;
+    if (waiter.request.op == ts::Op::kWait) {
+      const auto missing = missing_keys(waiter.request.keys);
+      w.u32(static_cast<uint32_t>(missing.size()));
+      for (const auto& k : missing) w.key(k);
+    }
+    const uint64_t connection = waiter.connection;
+    LOOM_LOG(debug, "TcpStore server {}: {} of {} timed out", address, ts::op_name(waiter.request.op),
+             quoted_keys(waiter.request.keys));
+    remove_waiter(id);
+    if (Connection* c = find(connection)) {
+      reply(*c, w.finish(static_cast<uint8_t>(ts::Status::kTimeout)));
+      resume.push_back(connection);
+    }
+  }
+}
+
+}  // namespace loom::comm
