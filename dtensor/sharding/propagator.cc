@@ -58,12 +58,17 @@ std::string cache_key(const OpCall& call, const InputSpecs& specs, const DeviceM
 }
 
 // Bytes a transition on one mesh dim moves, roughly (what the choice minimizes).
-double transition_cost(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
-  if (from == to) return 0;
+double transition_bytes(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
   if (to.is_replicate()) return from.is_shard() ? local_bytes * (count - 1) : 2 * local_bytes;
   if (to.is_shard()) return from.is_replicate() ? 0.001 * local_bytes : local_bytes;
   // -> Partial
   return from.is_replicate() ? 0.001 * local_bytes : 2 * local_bytes * count;
+}
+
+double transition_cost(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
+  if (from == to) return 0;
+  // Any change costs at least 1, so ties (e.g. on a mesh dim of size 1) keep inputs as they are.
+  return 1 + transition_bytes(from, to, local_bytes, count);
 }
 
 std::string describe_inputs(const InputSpecs& specs) {
