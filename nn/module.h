@@ -103,4 +103,19 @@ class Module : public std::enable_shared_from_this<Module> {
   bool training_ = true;
 };
 
+// Submodules named "0", "1", ... (torch.nn.ModuleList), so a stack of blocks gets the names
+// "h.0.attn...", "h.1.attn...".
+class ModuleList : public Module {
+ public:
+  ModuleList() : Module("ModuleList") {}
+  template <typename M>
+  std::shared_ptr<M> append(std::shared_ptr<M> module) {
+    return register_module(std::to_string(size_++), std::move(module));
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
 }  // namespace loom::nn

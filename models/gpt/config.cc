@@ -1,0 +1,23 @@
+#include "models/gpt/config.h"
+
+#include "base/error.h"
+
+namespace loom::models {
+
+GPTConfig GPTConfig::preset(const std::string& name) {
+  if (name == "tiny") return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 64, .block_size = 64, .vocab_size = 256};
+  if (name == "small") {
+    return GPTConfig{.n_layer = 12, .n_head = 12, .n_embd = 768, .block_size = 1024, .vocab_size = 50257};
+  }
+  LOOM_FAIL("GPTConfig: unknown preset '{}' (expected tiny or small)", name);
+}
+
+void GPTConfig::validate() const {
+  LOOM_CHECK(n_layer > 0 && n_head > 0 && n_embd > 0 && block_size > 0 && vocab_size > 0,
+             "GPTConfig: sizes must be positive, got n_layer={} n_head={} n_embd={} block_size={} vocab_size={}",
+             n_layer, n_head, n_embd, block_size, vocab_size);
+  LOOM_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd={} is not divisible by n_head={}", n_embd, n_head);
+  LOOM_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}", dropout);
+}
+
+}  // namespace loom::models

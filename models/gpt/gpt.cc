@@ -1,0 +1,120 @@
+#include "models/gpt/gpt.h"
+
+#include <cmath>
+#include <functional>
+
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::models {
+
+namespace {
+
+// A stable 64-bit hash (FNV-1a) of a parameter name, mixed with the seed.
+uint64_t parameter_seed(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ull ^ seed;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+bool ends_with(const std::string& text, const std::string& suffix) {
+  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
+    : Module("CausalSelfAttention"), n_head_(config.n_head) {
+  c_attn = register_module("c_attn", std::make_shared<nn::Linear>(config.n_embd, 3 * config.n_embd,
+                                                                   nn::LinearOptions{.seed = seed}));
+  c_proj = register_module("c_proj", std::make_shared<nn::Linear>(config.n_embd, config.n_embd,
+                                                                   nn::LinearOptions{.seed = seed + 2}));
+  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  const int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
+  const Tensor qkv = (*c_attn)(x);  // (B, T, 3C)
+  // (B, T, 3, H, D) -> three (B, H, T, D)
+  const Tensor heads = reshape(qkv, {batch, time, 3, n_head_, -1});
+  auto take = [&](int64_t which) { return permute(squeeze(narrow(heads, 2, which, 1), 2), {0, 2, 1, 3}); };
+  const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);
+  const Tensor merged = reshape(transpose(y, 1, 2), {batch, time, width});
+  return (*resid_dropout_)((*c_proj)(merged));
+}
+
+MLP::MLP(const GPTConfig& config, uint64_t seed) : Module("MLP") {
+  c_fc = register_module("c_fc", std::make_shared<nn::Linear>(config.n_embd, 4 * config.n_embd,
+                                                               nn::LinearOptions{.seed = seed}));
+  c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * config.n_embd, config.n_embd,
+                                                                   nn::LinearOptions{.seed = seed + 2}));
+  dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
+}
+
+Tensor MLP::forward(const Tensor& x) { return (*dropout_)((*c_proj)(gelu((*c_fc)(x)))); }
+
+Block::Block(const GPTConfig& config, uint64_t seed) : Module("Block") {
+  ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(Shape{config.n_embd}));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(config, seed));
+  ln_2 = register_module("ln_2", std::make_shared<nn::LayerNorm>(Shape{config.n_embd}));
+  mlp = register_module("mlp", std::make_shared<MLP>(config, seed + 8));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  const Tensor after_attn = add(x, (*attn)((*ln_1)(x)));
+  return add(after_attn, (*mlp)((*ln_2)(after_attn)));
+}
+
+GPT::GPT(GPTConfig config, uint64_t seed) : Module("GPT"), config_(std::move(config)) {
+  config_.validate();
+  wte = register_module("wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, seed));
+  wpe = register_module("wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, seed + 1));
+  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config_.dropout, seed + 2));
+  auto blocks = register_module("h", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < config_.n_layer; ++i) {
+    h.push_back(blocks->append(std::make_shared<Block>(config_, seed + 16 * (i + 1))));
+  }
+  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
+  init_weights(seed);
+}
+
+void GPT::init_weights(uint64_t seed) {
+  NoGradGuard no_grad;
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  for (auto& [name, p] : named_parameters()) {
+    if (ends_with(name, ".bias")) {
+      ops::fill_(p, 0.0);
+    } else if (name.find("ln_") != std::string::npos) {
+      ops::fill_(p, 1.0);
+    } else {
+      const double std = ends_with(name, "c_proj.weight") ? residual_std : 0.02;
+      ops::normal_(p, parameter_seed(seed, name), 0.0, std);
+    }
+  }
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  LOOM_CHECK(idx.dim() == 2, "GPT: expected token ids of shape (B, T), got {}", shape_str(idx.shape()));
+  const int64_t time = idx.size(1);
+  LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time, config_.block_size);
+  const Tensor positions = ops::arange(time);
+  Tensor x = (*drop_)(add((*wte)(idx), (*wpe)(positions)));
+  for (const auto& block : h) x = (*block)(x);
+  x = (*ln_f)(x);
+  // lm_head tied to wte: logits = x @ wte^T.
+  return matmul(x, transpose(wte->weight(), 0, 1));
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
+  const Tensor logits = forward(idx);
+  const int64_t vocab = logits.size(-1);
+  return cross_entropy(reshape(logits, {-1, vocab}), reshape(targets, {-1}));
+}
+
+}  // namespace loom::models

@@ -1,0 +1,78 @@
+// GPT-2 (the layout and tensor names of Hugging Face's GPT2LMHeadModel / nanoGPT):
+//
+//   wte (V, C), wpe (block_size, C)
+//   h.{i}.ln_1, h.{i}.attn.c_attn (C -> 3C), h.{i}.attn.c_proj (C -> C),
+//   h.{i}.ln_2, h.{i}.mlp.c_fc (C -> 4C), h.{i}.mlp.c_proj (4C -> C)
+//   ln_f; lm_head tied to wte (logits = x @ wte^T; no separate parameter)
+//
+// Linear weights are stored (out, in) as torch.nn.Linear; HF's Conv1D checkpoints store them
+// transposed, which the safetensors loader handles. GELU is the tanh approximation; attention
+// is causal. init_weights() follows GPT-2: N(0, 0.02), residual projections (c_proj) scaled by
+// 1/sqrt(2 n_layer), biases zero, LayerNorm weight one.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/gpt/config.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace loom::models {
+
+class CausalSelfAttention : public nn::Module {
+ public:
+  CausalSelfAttention(const GPTConfig& config, uint64_t seed);
+  // (B, T, C) -> (B, T, C)
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<nn::Linear> c_attn, c_proj;
+
+ private:
+  int64_t n_head_;
+  std::shared_ptr<nn::Dropout> resid_dropout_;
+};
+
+class MLP : public nn::Module {
+ public:
+  MLP(const GPTConfig& config, uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<nn::Linear> c_fc, c_proj;
+
+ private:
+  std::shared_ptr<nn::Dropout> dropout_;
+};
+
+class Block : public nn::Module {
+ public:
+  Block(const GPTConfig& config, uint64_t seed);
+  Tensor forward(const Tensor& x) override;
+
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+class GPT : public nn::Module {
+ public:
+  explicit GPT(GPTConfig config, uint64_t seed = 0);
+  // idx (B, T) i64 token ids, T <= block_size -> logits (B, T, vocab_size).
+  Tensor forward(const Tensor& idx) override;
+  // Mean next-token cross entropy of logits(idx) against targets (B, T) (ignore_index -100).
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+  // GPT-2 initialization from `seed`; each parameter's values depend only on (seed, its name).
+  void init_weights(uint64_t seed);
+
+  const GPTConfig& config() const { return config_; }
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::vector<std::shared_ptr<Block>> h;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+
+ private:
+  GPTConfig config_;
+  std::shared_ptr<nn::Dropout> drop_;
+};
+
+}  // namespace loom::models
