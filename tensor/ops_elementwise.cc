@@ -68,12 +68,13 @@ Tensor binary(const Tensor& a_in, const Tensor& b_in, std::string_view op, F f,
   return out;
 }
 
-// out[i] = f(a[i]) for floating `a` (computed in f32).
-template <typename F>
-Tensor unary_floating(const Tensor& a, std::string_view op, F f) {
+// out[i] = f(a[i]), computing in ComputeType. kFloatingOnly restricts `a` to the floating dtypes
+// (computed in f32; integer dtypes fail naming `op`), otherwise any dtype is accepted.
+template <bool kFloatingOnly, typename F>
+Tensor unary(const Tensor& a, std::string_view op, F f) {
   check_cpu(a, op);
   Tensor out = Tensor::empty(a.shape(), a.dtype());
-  cpu::visit_floating_dtype(a.dtype(), op.data(), [&](auto tag) {
+  const auto kernel = [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out.raw_data());
     const T* pa = static_cast<const T*>(a.raw_data());
@@ -84,28 +85,23 @@ Tensor unary_floating(const Tensor& a, std::string_view op, F f) {
                                  cpu::from_compute<T>(f(cpu::to_compute(pa[off[1] + j * in[1]])));
                            }
                          });
-  });
+  };
+  if constexpr (kFloatingOnly) {
+    cpu::visit_floating_dtype(a.dtype(), op.data(), kernel);
+  } else {
+    cpu::visit_dtype(a.dtype(), kernel);
+  }
   return out;
 }
 
-// out[i] = f(a[i]) for any dtype, computing in ComputeType.
+template <typename F>
+Tensor unary_floating(const Tensor& a, std::string_view op, F f) {
+  return unary</*kFloatingOnly=*/true>(a, op, f);
+}
+
 template <typename F>
 Tensor unary_any(const Tensor& a, std::string_view op, F f) {
-  check_cpu(a, op);
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
-  cpu::visit_dtype(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* o = static_cast<T*>(out.raw_data());
-    const T* pa = static_cast<const T*>(a.raw_data());
-    cpu::for_each_run<2>(a.shape(), {out.strides(), a.strides()},
-                         [&](const auto& off, int64_t count, const auto& in) {
-                           for (int64_t j = 0; j < count; ++j) {
-                             o[off[0] + j * in[0]] =
-                                 cpu::from_compute<T>(f(cpu::to_compute(pa[off[1] + j * in[1]])));
-                           }
-                         });
-  });
-  return out;
+  return unary</*kFloatingOnly=*/false>(a, op, f);
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)

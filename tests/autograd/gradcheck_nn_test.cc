@@ -2,24 +2,16 @@
 // gradcheck_test.cc: f32, eps 1e-2, atol 1e-3 + rtol 1e-2).
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
-#include "autograd/gradcheck.h"
 #include "tests/autograd/test_util.h"
 
 namespace loom {
 namespace {
 
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+using testing::expect_gradcheck;
 using testing::leaf;
-
-void expect_gradcheck(const Fn& fn, const std::vector<Tensor>& inputs) {
-  const auto result = autograd::gradcheck(fn, inputs);
-  EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
-}
 
 TEST(GradcheckNnTest, SoftmaxAndLogSoftmax) {
   const auto a = leaf({3, 5}, 1, -2.0, 2.0);

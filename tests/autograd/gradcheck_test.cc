@@ -6,23 +6,15 @@
 // a wrong backward formula misses it by far more.
 #include <gtest/gtest.h>
 
-#include <functional>
-
 #include "autograd/engine.h"
 #include "autograd/functions.h"
-#include "autograd/gradcheck.h"
 #include "tests/autograd/test_util.h"
 
 namespace loom {
 namespace {
 
-using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+using testing::expect_gradcheck;
 using testing::leaf;
-
-void expect_gradcheck(const Fn& fn, const std::vector<Tensor>& inputs) {
-  const auto result = autograd::gradcheck(fn, inputs);
-  EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
-}
 
 TEST(GradcheckTest, BinaryOpsWithBroadcasting) {
   // (3, 1, 4) op (2, 4): both operands broadcast.

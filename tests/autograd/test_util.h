@@ -3,8 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <vector>
 
+#include "autograd/gradcheck.h"
 #include "tensor/ops.h"
 
 namespace loom::testing {
@@ -23,6 +25,13 @@ inline void expect_values_near(const Tensor& actual, const std::vector<double>& 
   for (size_t i = 0; i < values.size(); ++i) {
     EXPECT_NEAR(values[i], expected[i], tolerance) << "at element " << i;
   }
+}
+
+// Expects autograd::gradcheck (default tolerances) to accept `fn`'s gradients at `inputs`.
+inline void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                             const std::vector<Tensor>& inputs) {
+  const auto result = autograd::gradcheck(fn, inputs);
+  EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
 }
 
 }  // namespace loom::testing

@@ -12,27 +12,15 @@
 #include "base/error.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
 namespace {
 
-using Values = std::vector<double>;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-constexpr DType kAllDTypes[] = {kFloat32, kBFloat16, kFloat16, kInt32, kInt64};
-
-Tensor iota(const Shape& shape, DType dtype = kFloat32) {
-  return reshape(arange(shape_numel(shape), dtype), shape);
-}
+using testing::error_of;
+using testing::iota;
+using testing::kAllDTypes;
+using testing::Values;
 
 TEST(ContiguousTest, ReturnsSelfWhenAlreadyContiguous) {
   Tensor x = iota({2, 3});

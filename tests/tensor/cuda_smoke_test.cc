@@ -8,13 +8,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/smoke_kernel.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom::cuda {
 namespace {
@@ -23,24 +23,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-#define LOOM_SKIP_WITHOUT_CUDA()                                   \
-  do {                                                             \
-    if (!::loom::cuda::available()) {                              \
-      GTEST_SKIP() << ::loom::cuda::unavailable_reason();          \
-    }                                                              \
-  } while (0)
-
-// Runs `fn` and returns the loom::Error message it throws; fails the test if it does not throw.
-template <typename Fn>
-std::string error_message(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected loom::Error, nothing was thrown";
-  return "";
-}
+using testing::error_of;
+using testing::random_floats;
 
 // Frees on scope exit, so a failed assertion does not leak device memory.
 class DeviceBuffer {
@@ -56,14 +40,6 @@ class DeviceBuffer {
   void* ptr_;
   int device_;
 };
-
-std::vector<float> random_floats(std::size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-4.0f, 4.0f);
-  std::vector<float> values(n);
-  for (float& v : values) v = dist(rng);
-  return values;
-}
 
 // ---- everywhere -------------------------------------------------------------------------------
 
@@ -83,7 +59,7 @@ TEST(CudaRuntimeTest, DeviceCountAgreesWithAvailability) {
 
 TEST(CudaRuntimeTest, DeviceMallocOnAMissingDeviceNamesTheDeviceAndTheCount) {
   const int missing = device_count();  // one past the last device: 0 on a CPU-only machine
-  const std::string message = error_message([&] { device_malloc(1024, missing); });
+  const std::string message = error_of([&] { device_malloc(1024, missing); });
   EXPECT_THAT(message, AllOf(StartsWith("device_malloc: there is no CUDA device cuda:" +
                                         std::to_string(missing)),
                              HasSubstr("this process sees " + std::to_string(missing))));
@@ -93,12 +69,12 @@ TEST(CudaRuntimeTest, DeviceMallocOnAMissingDeviceNamesTheDeviceAndTheCount) {
 }
 
 TEST(CudaRuntimeTest, CheckMacroNamesTheCallTheErrorAndTheDevice) {
-  const std::string message = error_message([] { LOOM_CUDA_CHECK(cudaErrorInvalidValue); });
+  const std::string message = error_of([] { LOOM_CUDA_CHECK(cudaErrorInvalidValue); });
   EXPECT_THAT(message, AllOf(StartsWith("CUDA call cudaErrorInvalidValue failed on "),
                              HasSubstr("cudaErrorInvalidValue (invalid argument)"),
                              HasSubstr("cuda_smoke_test.cc:")));
   const std::string on_device =
-      error_message([] { LOOM_CUDA_CHECK_ON(cudaErrorInvalidDevicePointer, 3); });
+      error_of([] { LOOM_CUDA_CHECK_ON(cudaErrorInvalidDevicePointer, 3); });
   EXPECT_THAT(on_device, HasSubstr("failed on cuda:3: cudaErrorInvalidDevicePointer"));
 }
 
@@ -108,7 +84,7 @@ TEST(CudaRuntimeTest, NullAndEmptyOperationsAreNoOps) {
 }
 
 TEST(CudaSmokeKernelTest, NegativeLengthThrowsBeforeTouchingTheDevice) {
-  EXPECT_THAT(error_message([] { axpy_on_device(1.0f, nullptr, nullptr, -3, nullptr); }),
+  EXPECT_THAT(error_of([] { axpy_on_device(1.0f, nullptr, nullptr, -3, nullptr); }),
               HasSubstr("axpy_on_device: n must be >= 0, got -3"));
 }
 
@@ -120,8 +96,8 @@ TEST(CudaSmokeKernelTest, AxpyMatchesTheHostBitForBit) {
   // block size, so the grid-stride loop and the tail both run.
   const std::int64_t n = 3 * 1024 * 1024 + 5;
   const float a = 1.37f;
-  const std::vector<float> x = random_floats(n, 1234);
-  const std::vector<float> y = random_floats(n, 5678);
+  const std::vector<float> x = random_floats(n, 1234, -4.0f, 4.0f);
+  const std::vector<float> y = random_floats(n, 5678, -4.0f, 4.0f);
   const std::size_t bytes = n * sizeof(float);
 
   DeviceBuffer dx(bytes, 0);
@@ -155,7 +131,7 @@ TEST(CudaSmokeKernelTest, AxpyMatchesTheHostBitForBit) {
 TEST(CudaRuntimeTest, AbsurdAllocationThrowsNamingTheSize) {
   LOOM_SKIP_WITHOUT_CUDA();
   const std::size_t absurd = std::size_t{1} << 60;  // 1 EiB
-  const std::string message = error_message([&] { device_malloc(absurd, 0); });
+  const std::string message = error_of([&] { device_malloc(absurd, 0); });
   EXPECT_THAT(message, AllOf(StartsWith("device_malloc: cudaMalloc of 1152921504606846976 bytes "
                                         "(1.00 EiB) on cuda:0 failed: "),
                              HasSubstr("cudaErrorMemoryAllocation")));

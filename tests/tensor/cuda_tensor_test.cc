@@ -6,18 +6,18 @@
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom {
 namespace {
 
+using testing::error_of;
 using ::testing::HasSubstr;
-
-#define SKIP_WITHOUT_GPU() \
-  if (!cuda::available()) GTEST_SKIP() << cuda::unavailable_reason()
+using testing::kAllDTypes;
 
 TEST(CudaTensorTest, RoundTripThroughDeviceIsExact) {
-  SKIP_WITHOUT_GPU();
-  for (DType dtype : {kFloat32, kBFloat16, kFloat16, kInt32, kInt64}) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  for (DType dtype : kAllDTypes) {
     const Tensor host = ops::to(ops::arange(0.0, 37.0, 1.0, kFloat32), dtype);
     const Tensor device = ops::to(host, Device::cuda(0));
     EXPECT_TRUE(device.device().is_cuda());
@@ -28,31 +28,22 @@ TEST(CudaTensorTest, RoundTripThroughDeviceIsExact) {
 }
 
 TEST(CudaTensorTest, NonContiguousHostTensorIsMadeContiguousBeforeUpload) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA();
   const Tensor host = ops::transpose(ops::reshape(ops::arange(0.0, 12.0, 1.0, kFloat32), {3, 4}), 0, 1);
   const Tensor back = ops::to(ops::to(host, Device::cuda(0)), Device::cpu());
   EXPECT_EQ(ops::to_vector(back), ops::to_vector(host));
 }
 
 TEST(CudaTensorTest, OpsWithoutCudaKernelsNameThemselves) {
-  SKIP_WITHOUT_GPU();
+  LOOM_SKIP_WITHOUT_CUDA();
   const Tensor a = ops::to(ops::ones({4}), Device::cuda(0));
-  try {
-    ops::add(a, a);
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("add: CUDA kernels for this op are not built yet"));
-  }
+  EXPECT_THAT(error_of([&] { ops::add(a, a); }),
+              HasSubstr("add: CUDA kernels for this op are not built yet"));
 }
 
 TEST(CudaTensorTest, AllocatingWithoutAGpuFailsWithTheReason) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; this checks the no-GPU error path";
-  try {
-    Tensor::empty({4}, kFloat32, Device::cuda(0));
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("cuda"));
-  }
+  EXPECT_THAT(error_of([] { Tensor::empty({4}, kFloat32, Device::cuda(0)); }), HasSubstr("cuda"));
 }
 
 }  // namespace

@@ -20,29 +20,15 @@
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
 namespace {
 
-using Values = std::vector<double>;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-Tensor iota(const Shape& shape, DType dtype = kFloat32) {
-  return reshape(arange(shape_numel(shape), dtype), shape);
-}
-
-Tensor fv(std::vector<float> values, const Shape& shape, DType dtype = kFloat32) {
-  return from_vector(values, shape, dtype);
-}
+using testing::error_of;
+using testing::fv;
+using testing::iota;
+using testing::Values;
 
 constexpr double kF32Ulp = 0x1.0p-23;
 

@@ -12,34 +12,23 @@
 
 #include <cfloat>
 #include <cmath>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
 namespace {
 
-using Values = std::vector<double>;
+using testing::error_of;
+using testing::random_floats;
+using testing::Values;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
+// Seeded uniform values in [-1, 1), stored as `dtype`.
 Tensor random_tensor(const Shape& shape, uint32_t seed, DType dtype = kFloat32) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(shape_numel(shape));
-  for (float& x : v) x = dist(rng);
-  return from_vector(v, shape, dtype);
+  return from_vector(random_floats(shape_numel(shape), seed), shape, dtype);
 }
 
 struct Reference {

@@ -28,12 +28,14 @@
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
 #include "tensor/ops_nn.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom {
 namespace {
 
 using ::testing::HasSubstr;
 using Vec = std::vector<double>;
+using testing::error_of;
 
 constexpr double kF32Tol = 1e-5;
 constexpr double kBf16Tol = 1e-2;
@@ -270,16 +272,6 @@ Vec numeric_grad(const Tensor& x, const std::function<Vec(const Tensor&)>& f, co
     grad[i] = (loss(plus) - loss(minus)) / step;
   }
   return grad;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error thrown>";
 }
 
 // ================================ softmax ================================

@@ -13,19 +13,12 @@
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 using Block = std::array<uint32_t, 4>;
 

@@ -13,20 +13,12 @@
 #include "tensor/half.h"
 #include "tensor/ops.h"
 #include "tensor/shape.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom {
 namespace {
 
-// The message of the loom::Error `f` throws, or "<no error>".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using testing::error_of;
 
 TEST(DTypeTest, NamesSizesAndKinds) {
   EXPECT_EQ(dtype_name(kFloat32), "f32");

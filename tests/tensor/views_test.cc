@@ -4,29 +4,18 @@
 
 #include <gtest/gtest.h>
 
-#include <string>
 #include <vector>
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
 namespace {
 
-using Values = std::vector<double>;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// 0, 1, 2, ... in `shape`, f32.
-Tensor iota(const Shape& shape) { return reshape(arange(shape_numel(shape), kFloat32), shape); }
+using testing::error_of;
+using testing::iota;
+using testing::Values;
 
 // True when `v` views `base`'s buffer (no copy).
 bool shares(const Tensor& v, const Tensor& base) { return v.storage() == base.storage(); }

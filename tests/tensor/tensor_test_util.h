@@ -1,0 +1,66 @@
+// Helpers shared by the tensor-layer tests (tests/tensor): error capture, small tensor
+// factories, seeded random data and the GPU skip.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/ops.h"
+
+// Skips the current test, with the reason, on a machine without a usable CUDA device.
+#define LOOM_SKIP_WITHOUT_CUDA()                          \
+  do {                                                    \
+    if (!::loom::cuda::available()) {                     \
+      GTEST_SKIP() << ::loom::cuda::unavailable_reason(); \
+    }                                                     \
+  } while (0)
+
+namespace loom::testing {
+
+// Tensor contents as ops::to_vector returns them.
+using Values = std::vector<double>;
+
+// Every dtype, for tests that loop over all of them.
+inline constexpr DType kAllDTypes[] = {kFloat32, kBFloat16, kFloat16, kInt32, kInt64};
+
+// The message of the loom::Error `f` throws. If it throws nothing the test fails and the result
+// is "<no error>", which no expected message matches.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a loom::Error, nothing was thrown";
+  return "<no error>";
+}
+
+// 0, 1, 2, ... in `shape` (contiguous).
+inline Tensor iota(const Shape& shape, DType dtype = kFloat32) {
+  return ops::reshape(ops::arange(shape_numel(shape), dtype), shape);
+}
+
+// ops::from_vector, short for the literal operands the tests are full of.
+inline Tensor fv(const std::vector<float>& values, const Shape& shape, DType dtype = kFloat32) {
+  return ops::from_vector(values, shape, dtype);
+}
+
+// `count` floats drawn uniformly from [low, high) by a std::mt19937 seeded with `seed`.
+inline std::vector<float> random_floats(std::size_t count, uint32_t seed, float low = -1.0f,
+                                        float high = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(low, high);
+  std::vector<float> values(count);
+  for (float& v : values) v = dist(rng);
+  return values;
+}
+
+}  // namespace loom::testing
