@@ -1,0 +1,240 @@
+#include "comm/gloo/algorithms.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+
+#include "base/error.h"
+#include "comm/gloo/reduce.h"
+
+namespace loom::comm::gloo_detail {
+
+namespace {
+
+// Slot prefixes: collectives use kCollectivePrefix + kind (a rank running a different kind of
+// collective than its peers then times out instead of exchanging mismatched data).
+constexpr uint8_t kCollectivePrefix = 0x40;
+constexpr uint8_t kP2PHeaderPrefix = 0x60;
+constexpr uint8_t kP2PPayloadPrefix = 0x61;
+
+uint64_t slot(const OpEnv& env, uint32_t phase) {
+  return make_slot(static_cast<uint8_t>(kCollectivePrefix + static_cast<uint8_t>(env.kind)),
+                   static_cast<uint32_t>(env.index), phase);
+}
+
+size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * element_size(t.dtype()); }
+char* bytes(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n != 0 && dst != src) std::memmove(dst, src, n);
+}
+
+// Balanced split of `count` elements into `parts` chunks: the first count % parts get one more.
+struct Chunk {
+  int64_t offset;
+  int64_t count;
+};
+Chunk chunk_of(int64_t count, int parts, int index) {
+  const int64_t base = count / parts;
+  const int64_t extra = count % parts;
+  const int64_t offset = index * base + std::min<int64_t>(index, extra);
+  return {offset, base + (index < extra ? 1 : 0)};
+}
+
+// The message header of send/recv.
+struct Header {
+  uint32_t magic;
+  uint8_t dtype;
+  uint8_t reserved[3];
+  int64_t numel;
+};
+static_assert(sizeof(Header) == 16);
+constexpr uint32_t kHeaderMagic = 0x4d4f4f4c;  // "LOOM"
+
+}  // namespace
+
+void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  const int64_t count = tensor.numel();
+  const size_t esize = element_size(tensor.dtype());
+  char* data = bytes(tensor);
+  if (world == 1) {
+    reduce_pieces(tensor.dtype(), op, {data}, data, count);  // kAvg divides by 1
+    return;
+  }
+  // Step 1 (reduce-scatter): chunk j of every rank goes to rank j, which reduces them.
+  const Chunk mine = chunk_of(count, world, me);
+  const size_t mine_bytes = static_cast<size_t>(mine.count) * esize;
+  std::unique_ptr<char[]> received(
+      new char[mine_bytes * static_cast<size_t>(world)]);  // uninitialized
+  {
+    Transfers round(env.mesh, env.deadline);
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == me) continue;
+      const Chunk theirs = chunk_of(count, world, peer);
+      round.recv(peer, slot(env, 0), received.get() + peer * mine_bytes, mine_bytes);
+      round.send(peer, slot(env, 0), data + theirs.offset * esize,
+                 static_cast<size_t>(theirs.count) * esize);
+    }
+    round.wait();
+  }
+  std::vector<const void*> pieces(world);
+  for (int r = 0; r < world; ++r) {
+    pieces[r] = r == me ? data + mine.offset * esize : received.get() + r * mine_bytes;
+  }
+  reduce_pieces(tensor.dtype(), op, pieces, data + mine.offset * esize, mine.count);
+  // Step 2 (all-gather): every rank sends its reduced chunk to every other rank.
+  Transfers round(env.mesh, env.deadline);
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    const Chunk theirs = chunk_of(count, world, peer);
+    round.recv(peer, slot(env, 1), data + theirs.offset * esize,
+               static_cast<size_t>(theirs.count) * esize);
+    round.send(peer, slot(env, 1), data + mine.offset * esize, mine_bytes);
+  }
+  round.wait();
+}
+
+void broadcast(const OpEnv& env, const Tensor& tensor, int root) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  Transfers round(env.mesh, env.deadline);
+  if (me == root) {
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer != me) round.send(peer, slot(env, 0), bytes(tensor), nbytes(tensor));
+    }
+  } else {
+    round.recv(root, slot(env, 0), bytes(tensor), nbytes(tensor));
+  }
+  round.wait();
+}
+
+void all_gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  Transfers round(env.mesh, env.deadline);
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    round.recv(peer, slot(env, 0), bytes(outputs[peer]), nbytes(outputs[peer]));
+    round.send(peer, slot(env, 0), bytes(input), nbytes(input));
+  }
+  copy_bytes(bytes(outputs[me]), bytes(input), nbytes(input));
+  round.wait();
+}
+
+void reduce_scatter(const OpEnv& env, const Tensor& output, const std::vector<Tensor>& inputs,
+                    ReduceOp op) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  const size_t piece = nbytes(output);
+  std::unique_ptr<char[]> received(new char[piece * static_cast<size_t>(world)]);  // uninitialized
+  {
+    Transfers round(env.mesh, env.deadline);
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == me) continue;
+      round.recv(peer, slot(env, 0), received.get() + peer * piece, piece);
+      round.send(peer, slot(env, 0), bytes(inputs[peer]), nbytes(inputs[peer]));
+    }
+    round.wait();
+  }
+  std::vector<const void*> pieces(world);
+  for (int r = 0; r < world; ++r)
+    pieces[r] = r == me ? bytes(inputs[me]) : received.get() + r * piece;
+  reduce_pieces(output.dtype(), op, pieces, bytes(output), output.numel());
+}
+
+void all_to_all(const OpEnv& env, const std::vector<Tensor>& outputs,
+                const std::vector<Tensor>& inputs) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  Transfers round(env.mesh, env.deadline);
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    round.recv(peer, slot(env, 0), bytes(outputs[peer]), nbytes(outputs[peer]));
+    round.send(peer, slot(env, 0), bytes(inputs[peer]), nbytes(inputs[peer]));
+  }
+  copy_bytes(bytes(outputs[me]), bytes(inputs[me]), nbytes(inputs[me]));
+  round.wait();
+}
+
+void gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input, int root) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  Transfers round(env.mesh, env.deadline);
+  if (me == root) {
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer != me) round.recv(peer, slot(env, 0), bytes(outputs[peer]), nbytes(outputs[peer]));
+    }
+    copy_bytes(bytes(outputs[me]), bytes(input), nbytes(input));
+  } else {
+    round.send(root, slot(env, 0), bytes(input), nbytes(input));
+  }
+  round.wait();
+}
+
+void scatter(const OpEnv& env, const Tensor& output, const std::vector<Tensor>& inputs, int root) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  Transfers round(env.mesh, env.deadline);
+  if (me == root) {
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer != me) round.send(peer, slot(env, 0), bytes(inputs[peer]), nbytes(inputs[peer]));
+    }
+    copy_bytes(bytes(output), bytes(inputs[me]), nbytes(output));
+  } else {
+    round.recv(root, slot(env, 0), bytes(output), nbytes(output));
+  }
+  round.wait();
+}
+
+void barrier(const OpEnv& env) {
+  const int world = env.mesh.size();
+  const int me = env.mesh.rank();
+  char token = 1;
+  std::vector<char> received(static_cast<size_t>(world));
+  Transfers round(env.mesh, env.deadline);
+  for (int peer = 0; peer < world; ++peer) {
+    if (peer == me) continue;
+    round.recv(peer, slot(env, 0), &received[peer], 1);
+    round.send(peer, slot(env, 0), &token, 1);
+  }
+  round.wait();
+}
+
+void send(const OpEnv& env, const Tensor& tensor, int dst, int tag, uint32_t message) {
+  Header header{kHeaderMagic, static_cast<uint8_t>(tensor.dtype()), {0, 0, 0}, tensor.numel()};
+  Transfers round(env.mesh, env.deadline);
+  round.send(dst, make_slot(kP2PHeaderPrefix, static_cast<uint32_t>(tag), message), &header,
+             sizeof(header));
+  round.send(dst, make_slot(kP2PPayloadPrefix, static_cast<uint32_t>(tag), message), bytes(tensor),
+             nbytes(tensor));
+  round.wait();
+}
+
+void recv(const OpEnv& env, const Tensor& tensor, int src, int tag, uint32_t message) {
+  Header header{};
+  {
+    Transfers round(env.mesh, env.deadline);
+    round.recv(src, make_slot(kP2PHeaderPrefix, static_cast<uint32_t>(tag), message), &header,
+               sizeof(header));
+    round.wait();
+  }
+  LOOM_CHECK(header.magic == kHeaderMagic && header.dtype <= static_cast<uint8_t>(kInt64),
+             "rank {} sent a malformed message header (tag {})", src, tag);
+  const auto sent_dtype = static_cast<DType>(header.dtype);
+  LOOM_CHECK(sent_dtype == tensor.dtype() && header.numel == tensor.numel(),
+             "size mismatch: rank {} sent {} elements of {} ({} bytes) with tag {}, but this recv "
+             "expects {} "
+             "elements of {} ({} bytes)",
+             src, header.numel, dtype_name(sent_dtype),
+             header.numel * static_cast<int64_t>(element_size(sent_dtype)), tag, tensor.numel(),
+             dtype_name(tensor.dtype()), nbytes(tensor));
+  Transfers round(env.mesh, env.deadline);
+  round.recv(src, make_slot(kP2PPayloadPrefix, static_cast<uint32_t>(tag), message), bytes(tensor),
+             nbytes(tensor));
+  round.wait();
+}
+
+}  // namespace loom::comm::gloo_detail

@@ -1,0 +1,179 @@
+#include "comm/gloo/process_group_gloo.h"
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "comm/gloo/algorithms.h"
+#include "comm/gloo/connect.h"
+#include "comm/gloo/group_state.h"
+#include "comm/gloo/op_runner.h"
+
+namespace loom::comm {
+
+using gloo_detail::OpEnv;
+using gloo_detail::OpSpec;
+
+struct ProcessGroupGloo::Token {};
+
+std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(std::shared_ptr<Store> store, int rank,
+                                                           int size, ProcessGroupOptions options,
+                                                           GlooOptions gloo) {
+  LOOM_CHECK(store != nullptr, "ProcessGroupGloo::create: group '{}': the store is null",
+             options.name);
+  LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
+             "ProcessGroupGloo::create: group '{}': rank {} is not in [0, {})", options.name, rank,
+             size);
+  auto device = gloo_detail::open_device(gloo, options.name);
+  std::vector<int> global_ranks(size);
+  for (int r = 0; r < size; ++r) global_ranks[r] = r;
+  return std::make_shared<ProcessGroupGloo>(Token{}, std::move(store), rank, size,
+                                            std::move(global_ranks), std::move(options),
+                                            std::move(gloo), std::move(device));
+}
+
+ProcessGroupGloo::ProcessGroupGloo(const Token&, std::shared_ptr<Store> store, int rank, int size,
+                                   std::vector<int> global_ranks, ProcessGroupOptions options,
+                                   GlooOptions gloo,
+                                   std::shared_ptr<::gloo::transport::Device> device)
+    : ProcessGroup(store, rank, size, global_ranks, options),
+      gloo_options_(std::move(gloo)),
+      device_(std::move(device)),
+      sends_issued_(size),
+      recvs_issued_(size) {
+  const std::string what = fmt::format("ProcessGroupGloo: connecting group '{}' (rank {} of {})",
+                                       options.name, rank, size);
+  auto context = gloo_detail::connect_full_mesh(*store, rank, size, options.timeout, device_, what);
+  state_ = std::make_shared<gloo_detail::GroupState>(store, std::move(context), options.name,
+                                                     global_ranks);
+  runner_ = std::make_unique<gloo_detail::OpRunner>(options.name);
+}
+
+ProcessGroupGloo::~ProcessGroupGloo() {
+  // Queued ops still run (bounded by their deadlines; after a failure they fail at once). The
+  // threads' jobs hold `state_`, which closes the connections when the last holder lets go.
+  runner_->stop();
+  state_->mark_destroyed();
+}
+
+void ProcessGroupGloo::abort(const std::string& reason) { state_->abort(reason); }
+
+std::optional<std::string> ProcessGroupGloo::failure() const { return state_->failure(); }
+
+void ProcessGroupGloo::check_cpu(const OpInfo& info, const std::vector<Tensor>& tensors) const {
+  for (const Tensor& t : tensors) {
+    LOOM_CHECK(t.device().is_cpu(), "{}: the Gloo backend takes CPU tensors, got one on {}",
+               info.description, t.device().str());
+  }
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
+  auto work = std::make_shared<Work>();
+  OpSpec op{info.description, info.kind, /*collective=*/true, collectives_issued_++, timeout(), -1};
+  runner_->enqueue([state = state_, op = std::move(op), work, body = std::move(body)] {
+    state->run(op, *work, body);
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, Body body) {
+  auto work = std::make_shared<Work>();
+  OpSpec op{info.description, info.kind, /*collective=*/false, 0, timeout(), peer};
+  runner_->run_concurrently([state = state_, op = std::move(op), work, body = std::move(body)] {
+    state->run(op, *work, body);
+  });
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_all_reduce(const OpInfo& info, const Tensor& tensor,
+                                                       ReduceOp op) {
+  check_cpu(info, {tensor});
+  return enqueue(info,
+                 [tensor, op](const OpEnv& env) { gloo_detail::all_reduce(env, tensor, op); });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(const OpInfo& info, const Tensor& tensor,
+                                                      int root) {
+  check_cpu(info, {tensor});
+  return enqueue(info,
+                 [tensor, root](const OpEnv& env) { gloo_detail::broadcast(env, tensor, root); });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
+                                                       const std::vector<Tensor>& outputs,
+                                                       const Tensor& input) {
+  check_cpu(info, outputs);
+  check_cpu(info, {input});
+  return enqueue(
+      info, [outputs, input](const OpEnv& env) { gloo_detail::all_gather(env, outputs, input); });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(const OpInfo& info, const Tensor& output,
+                                                           const std::vector<Tensor>& inputs,
+                                                           ReduceOp op) {
+  check_cpu(info, inputs);
+  check_cpu(info, {output});
+  return enqueue(info, [output, inputs, op](const OpEnv& env) {
+    gloo_detail::reduce_scatter(env, output, inputs, op);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_all_to_all(const OpInfo& info,
+                                                       const std::vector<Tensor>& outputs,
+                                                       const std::vector<Tensor>& inputs) {
+  check_cpu(info, outputs);
+  check_cpu(info, inputs);
+  return enqueue(
+      info, [outputs, inputs](const OpEnv& env) { gloo_detail::all_to_all(env, outputs, inputs); });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_gather(const OpInfo& info,
+                                                   const std::vector<Tensor>& outputs,
+                                                   const Tensor& input, int root) {
+  check_cpu(info, outputs);
+  check_cpu(info, {input});
+  return enqueue(info, [outputs, input, root](const OpEnv& env) {
+    gloo_detail::gather(env, outputs, input, root);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_scatter(const OpInfo& info, const Tensor& output,
+                                                    const std::vector<Tensor>& inputs, int root) {
+  check_cpu(info, inputs);
+  check_cpu(info, {output});
+  return enqueue(info, [output, inputs, root](const OpEnv& env) {
+    gloo_detail::scatter(env, output, inputs, root);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpInfo& info) {
+  return enqueue(info, [](const OpEnv& env) { gloo_detail::barrier(env); });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tensor& tensor, int dst,
+                                                 int tag) {
+  check_cpu(info, {tensor});
+  const uint32_t message = sends_issued_[dst][tag]++;
+  return post_p2p(info, dst, [tensor, dst, tag, message](const OpEnv& env) {
+    gloo_detail::send(env, tensor, dst, tag, message);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::run_recv(const OpInfo& info, const Tensor& tensor, int src,
+                                                 int tag) {
+  check_cpu(info, {tensor});
+  const uint32_t message = recvs_issued_[src][tag]++;
+  return post_p2p(info, src, [tensor, src, tag, message](const OpEnv& env) {
+    gloo_detail::recv(env, tensor, src, tag, message);
+  });
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroupGloo::make_group(std::shared_ptr<Store> store, int rank,
+                                                           std::vector<int> group_ranks_global,
+                                                           ProcessGroupOptions options) {
+  const int size = static_cast<int>(group_ranks_global.size());
+  return std::make_shared<ProcessGroupGloo>(Token{}, std::move(store), rank, size,
+                                            std::move(group_ranks_global), std::move(options),
+                                            gloo_options_, device_);
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,109 @@
+// Point-to-point transfers over a group's Gloo context, with deadlines and abort (private to
+// comm/gloo). Every Loom algorithm (algorithms.cc) is a few rounds of Transfers.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
+}  // namespace gloo
+
+namespace loom::comm::gloo_detail {
+
+using Clock = std::chrono::steady_clock;
+
+// A Gloo slot: `prefix` (8 bits; Gloo's own collectives use 0x01..0x08, Loom uses 0x40 and up)
+// | `a` (32 bits) | `b` (24 bits). Sends match receives with the same slot, in order.
+uint64_t make_slot(uint8_t prefix, uint32_t a, uint32_t b);
+
+enum class TransferFailure {
+  kTimeout,     // the peer did not send/receive before the op's deadline
+  kConnection,  // the connection to the peer broke (peer gone or closed its group)
+  kAborted,     // this rank closed the group (abort() or an earlier failure)
+};
+
+// Thrown by Transfers; `peer` is the group rank the failed transfer was with.
+class TransferError : public std::runtime_error {
+ public:
+  TransferError(TransferFailure kind, int peer, const std::string& message)
+      : std::runtime_error(message), kind(kind), peer(peer) {}
+  TransferFailure kind;
+  int peer;
+};
+
+class Transfers;
+
+// A group's Gloo context (full mesh of TCP pairs) and what lets any thread close it.
+class Mesh {
+ public:
+  explicit Mesh(std::shared_ptr<::gloo::Context> context);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Closes every connection (peers waiting on this rank fail at once) and wakes every transfer
+  // of this process that is waiting on the mesh; later transfers fail at once. Idempotent (the
+  // first reason is kept); thread-safe.
+  void close(const std::string& reason);
+  bool closed() const;
+  // The reason given to the first close() (empty while open).
+  std::string close_reason() const;
+
+ private:
+  friend class Transfers;
+  std::shared_ptr<::gloo::Context> context_;
+  int rank_;
+  int size_;
+  mutable std::mutex mutex_;
+  bool closed_ = false;
+  std::string reason_;
+  std::set<Transfers*> active_;
+};
+
+// One round of sends and receives: post them all, then wait() for all of them. Zero-byte
+// transfers are skipped (both sides know the size). The memory must stay valid until wait()
+// returns or the Transfers is destroyed. If a Transfers is destroyed with transfers still
+// pending (an error), it closes the mesh first, so Gloo never writes into freed memory.
+class Transfers {
+ public:
+  Transfers(Mesh& mesh, Clock::time_point deadline);
+  ~Transfers();
+  Transfers(const Transfers&) = delete;
+  Transfers& operator=(const Transfers&) = delete;
+
+  void send(int peer, uint64_t slot, const void* data, size_t nbytes);
+  void recv(int peer, uint64_t slot, void* data, size_t nbytes);
+  // Waits for every posted transfer; throws TransferError (naming the peer) on the first
+  // timeout, broken connection or abort.
+  void wait();
+
+ private:
+  friend class Mesh;
+  struct Pending {
+    std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
+    int peer;
+    bool is_send;
+  };
+  void post(int peer, uint64_t slot, void* data, size_t nbytes, bool is_send);
+  [[noreturn]] static void throw_closed(int peer, const std::string& reason);
+
+  Mesh& mesh_;
+  Clock::time_point deadline_;
+  std::vector<Pending> pending_;  // guarded by mesh_.mutex_ (abort walks it)
+  size_t waited_ = 0;
+};
+
+}  // namespace loom::comm::gloo_detail

@@ -1,0 +1,91 @@
+#include "comm/in_memory_store.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <charconv>
+
+#include "base/error.h"
+
+namespace loom::comm {
+
+namespace {
+
+std::string quoted_list(const std::vector<std::string>& keys) {
+  std::vector<std::string> quoted;
+  quoted.reserve(keys.size());
+  for (const auto& k : keys) quoted.push_back(fmt::format("'{}'", k));
+  return fmt::format("[{}]", fmt::join(quoted, ", "));
+}
+
+}  // namespace
+
+void InMemoryStore::set(const std::string& key, const Bytes& value) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    values_[key] = value;
+  }
+  changed_.notify_all();
+}
+
+Bytes InMemoryStore::get(const std::string& key) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const Duration limit = timeout_;
+  const bool found = changed_.wait_for(lock, limit, [&] { return values_.count(key) != 0; });
+  LOOM_CHECK(found, "InMemoryStore::get: key '{}' did not appear within {} ms", key, limit.count());
+  return values_.at(key);
+}
+
+int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
+  int64_t result = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = values_.find(key);
+    int64_t current = 0;
+    if (it != values_.end()) {
+      const std::string text(it->second.begin(), it->second.end());
+      const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), current);
+      LOOM_CHECK(error == std::errc() && end == text.data() + text.size(),
+                 "InMemoryStore::add: key '{}' holds '{}', which is not an integer", key, text);
+    }
+    result = current + delta;
+    const std::string text = std::to_string(result);
+    values_[key] = Bytes(text.begin(), text.end());
+  }
+  changed_.notify_all();
+  return result;
+}
+
+bool InMemoryStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return missing_locked(keys).empty();
+}
+
+void InMemoryStore::wait(const std::vector<std::string>& keys, Duration timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const bool found = changed_.wait_for(lock, timeout, [&] { return missing_locked(keys).empty(); });
+  if (!found) {
+    LOOM_FAIL("InMemoryStore::wait: timed out after {} ms waiting for keys {}; missing {}",
+              timeout.count(), quoted_list(keys), quoted_list(missing_locked(keys)));
+  }
+}
+
+bool InMemoryStore::delete_key(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return values_.erase(key) != 0;
+}
+
+size_t InMemoryStore::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return values_.size();
+}
+
+std::vector<std::string> InMemoryStore::missing_locked(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const auto& k : keys) {
+    if (values_.count(k) == 0) missing.push_back(k);
+  }
+  return missing;
+}
+
+}  // namespace loom::comm

@@ -1,0 +1,124 @@
+// Helpers shared by the tests/comm suites: deterministic inputs every rank can recompute, and
+// the expected values of reductions, rounded exactly as the backend rounds.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace loom::comm::test {
+
+inline const std::vector<DType>& all_dtypes() {
+  static const std::vector<DType> dtypes = {kFloat32, kBFloat16, kFloat16, kInt32, kInt64};
+  return dtypes;
+}
+
+inline const std::vector<ReduceOp>& all_reduce_ops() {
+  static const std::vector<ReduceOp> reduce_ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
+                                                   ReduceOp::kMin, ReduceOp::kProduct};
+  return reduce_ops;
+}
+
+// A 1-D tensor of `n` elements, element i = value(i), converted to `dtype`.
+inline Tensor make_tensor(DType dtype, int64_t n, const std::function<double(int64_t)>& value) {
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[i] = static_cast<float>(value(i));
+  return ops::from_vector(values, {n}, dtype);
+}
+
+// Small integers whose sums (≤ 4 ranks), products, and averages are exact or rounded the same
+// way by the test and by the backend, for every dtype. Negative values exercise truncating
+// integer averages.
+inline double input_value(ReduceOp op, int rank, int64_t slot, int64_t i) {
+  const int64_t k = rank + 3 * slot + i;
+  switch (op) {
+    case ReduceOp::kProduct: {
+      const int64_t m = k % 3;
+      return m == 0 ? 2.0 : (m == 1 ? -1.0 : 1.0);
+    }
+    case ReduceOp::kMax:
+    case ReduceOp::kMin:
+      return static_cast<double>((rank * 7 + i * 3 + slot) % 11) - 5.0;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return static_cast<double>((rank + 1) * ((i % 2) ? -1 : 1) + (i + slot) % 3);
+  }
+  return 0;
+}
+
+// The backend's result for reducing `values` (rank order) of `dtype` with `op`: f32
+// accumulation for floating dtypes (then one rounding to dtype), int64 arithmetic with
+// truncating average for integer dtypes.
+inline double reduce_expected(DType dtype, ReduceOp op, const std::vector<double>& values) {
+  const int world = static_cast<int>(values.size());
+  if (dtype == kInt32 || dtype == kInt64) {
+    int64_t acc = static_cast<int64_t>(values[0]);
+    for (int r = 1; r < world; ++r) {
+      const auto v = static_cast<int64_t>(values[r]);
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          acc += v;
+          break;
+        case ReduceOp::kProduct:
+          acc *= v;
+          break;
+        case ReduceOp::kMax:
+          acc = std::max(acc, v);
+          break;
+        case ReduceOp::kMin:
+          acc = std::min(acc, v);
+          break;
+      }
+    }
+    if (op == ReduceOp::kAvg) acc /= world;
+    return static_cast<double>(acc);
+  }
+  // Inputs went through `dtype` first.
+  auto round = [&](double v) {
+    return ops::to_vector(ops::to(ops::from_vector({static_cast<float>(v)}, {1}), dtype))[0];
+  };
+  float acc = static_cast<float>(round(values[0]));
+  for (int r = 1; r < world; ++r) {
+    const auto v = static_cast<float>(round(values[r]));
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+    }
+  }
+  if (op == ReduceOp::kAvg) acc /= static_cast<float>(world);
+  return round(acc);
+}
+
+// Values of `t` as doubles, compared exactly with `expected` (after rounding to t's dtype).
+inline void expect_values(const Tensor& t, const std::vector<double>& expected,
+                          const std::string& what) {
+  const std::vector<double> got = ops::to_vector(t);
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  std::vector<float> as_float(expected.begin(), expected.end());
+  const std::vector<double> rounded = ops::to_vector(
+      ops::to(ops::from_vector(as_float, {static_cast<int64_t>(as_float.size())}), t.dtype()));
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], rounded[i]) << what << " at element " << i;
+  }
+}
+
+}  // namespace loom::comm::test

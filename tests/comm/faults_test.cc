@@ -1,0 +1,357 @@
+// Failure handling of ProcessGroupGloo: ranks that throw, vanish or never arrive, timeouts,
+// poisoning, abort, destruction with peers gone, LOOM_DEBUG=collectives mismatches. Every
+// failure must be an error naming the group, the op and the missing ranks — never a hang.
+#include <gmock/gmock.h>
+#include <gtest/gtest-spi.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "base/error.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/in_memory_store.h"
+#include "comm/testing/multi_rank.h"
+#include "tensor/ops.h"
+
+namespace loom::comm {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MultiRankOptions;
+using ::testing::Not;
+using testing::run_on_ranks;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+int64_t ms_since(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// Collects what each rank caught, and how long its failing call took.
+struct Caught {
+  std::mutex mutex;
+  std::map<int, std::string> message;
+  std::map<int, int64_t> elapsed_ms;
+  void record(int rank, const std::string& what, int64_t ms) {
+    std::lock_guard<std::mutex> lock(mutex);
+    message[rank] = what;
+    elapsed_ms[rank] = ms;
+  }
+};
+
+// Runs `body` with every gtest failure intercepted; returns their messages in order.
+std::vector<std::string> intercept_failures(const std::function<void()>& body) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
+    body();
+  }
+  std::vector<std::string> messages;
+  for (int i = 0; i < results.size(); ++i)
+    messages.push_back(results.GetTestPartResult(i).message());
+  return messages;
+}
+
+MultiRankOptions with_timeout(Duration timeout) {
+  MultiRankOptions options;
+  options.timeout = timeout;
+  return options;
+}
+
+TEST(FaultsTest, RankThatThrowsMakesOthersFailFastNamingIt) {
+  Caught caught;
+  const auto failures = intercept_failures([&] {
+    run_on_ranks(3, [&](ProcessGroup& pg) {
+      pg.barrier()->wait();
+      if (pg.rank() == 1) throw std::runtime_error("boom");
+      Tensor t = ops::ones({16});
+      const auto start = Clock::now();
+      try {
+        pg.all_reduce(t)->wait();
+      } catch (const Error& e) {
+        caught.record(pg.rank(), e.what(), ms_since(start));
+      }
+    });  // default group timeout: 10 s
+  });
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_THAT(failures[0], HasSubstr("rank 1: boom"));
+  for (int rank : {0, 2}) {
+    SCOPED_TRACE(rank);
+    const std::string& message = caught.message[rank];
+    EXPECT_THAT(message, HasSubstr("all_reduce #1 (sum, f32, 16 elements) on group 'default'"));
+    EXPECT_THAT(message, HasSubstr("ranks [1] did not arrive at this all_reduce"));
+    EXPECT_THAT(message, HasSubstr("rank 1 left the group: aborted: rank 1 threw: boom"));
+    EXPECT_LT(caught.elapsed_ms[rank], 3000) << "must fail fast, not wait out the 10 s timeout";
+  }
+}
+
+TEST(FaultsTest, TimeoutNamesTheRankThatNeverArrivedThenTheGroupIsPoisoned) {
+  Caught caught;
+  Caught poisoned;
+  run_on_ranks(
+      3,
+      [&](ProcessGroup& pg) {
+        pg.barrier()->wait();  // #0
+        if (pg.rank() == 2) {
+          std::this_thread::sleep_for(1500ms);  // alive, but never calls all_reduce #1
+          return;
+        }
+        Tensor t = ops::ones({4});
+        auto start = Clock::now();
+        try {
+          pg.all_reduce(t)->wait();  // #1
+          ADD_FAILURE() << "expected a timeout";
+        } catch (const Error& e) {
+          caught.record(pg.rank(), e.what(), ms_since(start));
+        }
+        start = Clock::now();
+        try {
+          pg.barrier()->wait();  // #2: fails at once
+          ADD_FAILURE() << "expected the poisoned group to fail";
+        } catch (const Error& e) {
+          poisoned.record(pg.rank(), e.what(), ms_since(start));
+        }
+        auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
+        ASSERT_TRUE(gloo.failure().has_value());
+      },
+      with_timeout(500ms));
+  // Rank 0 or 1 times out first; the other may see the first one close its connections. Both
+  // name rank 2.
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE(rank);
+    EXPECT_THAT(caught.message[rank],
+                HasSubstr("all_reduce #1 (sum, f32, 4 elements) on group 'default'"));
+    EXPECT_THAT(caught.message[rank], HasSubstr("ranks [2] did not arrive at this all_reduce"));
+    EXPECT_GE(caught.elapsed_ms[rank], 400);
+    EXPECT_LT(caught.elapsed_ms[rank], 3000);
+    EXPECT_THAT(poisoned.message[rank], HasSubstr("barrier #2"));
+    EXPECT_THAT(poisoned.message[rank],
+                HasSubstr("group 'default' is unusable after an earlier failure"));
+    EXPECT_THAT(poisoned.message[rank], HasSubstr("all_reduce #1"));
+    EXPECT_LT(poisoned.elapsed_ms[rank], 200);
+  }
+  const bool someone_timed_out =
+      caught.message[0].find("timed out after 500 ms") != std::string::npos ||
+      caught.message[1].find("timed out after 500 ms") != std::string::npos;
+  EXPECT_TRUE(someone_timed_out) << caught.message[0] << "\n" << caught.message[1];
+}
+
+TEST(FaultsTest, PeerWhoseGroupIsGoneFailsTheOpFast) {
+  Caught caught;
+  run_on_ranks(2, [&](ProcessGroup& pg) {
+    pg.barrier()->wait();
+    if (pg.rank() == 1) return;  // its group is destroyed
+    std::this_thread::sleep_for(100ms);
+    Tensor t = ops::ones({4});
+    const auto start = Clock::now();
+    try {
+      pg.all_reduce(t)->wait();
+    } catch (const Error& e) {
+      caught.record(0, e.what(), ms_since(start));
+    }
+  });  // 10 s timeout
+  EXPECT_THAT(caught.message[0], HasSubstr("all_reduce #1"));
+  EXPECT_THAT(caught.message[0], HasSubstr("rank 1"));
+  EXPECT_THAT(caught.message[0], HasSubstr("ranks [1] did not arrive at this all_reduce"));
+  EXPECT_LT(caught.elapsed_ms[0], 3000);
+}
+
+TEST(FaultsTest, SubgroupFailureNamesGroupAndGlobalRanks) {
+  Caught caught;
+  run_on_ranks(4, [&](ProcessGroup& pg) {
+    auto odd = pg.new_group({1, 3}, {.name = "odd", .timeout = 300ms});
+    if (pg.rank() == 3) {
+      std::this_thread::sleep_for(800ms);
+      return;
+    }
+    if (pg.rank() != 1) return;
+    Tensor t = ops::ones({4});
+    try {
+      odd->all_reduce(t)->wait();
+    } catch (const Error& e) {
+      caught.record(1, e.what(), 0);
+    }
+  });
+  EXPECT_THAT(caught.message[1], HasSubstr("on group 'odd' (rank 0 of 2)"));
+  EXPECT_THAT(caught.message[1], HasSubstr("timed out after 300 ms"));
+  EXPECT_THAT(caught.message[1], HasSubstr("ranks [1] (global [3]) did not arrive"));
+}
+
+TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
+  ASSERT_EQ(setenv("LOOM_DEBUG", "collectives", 1), 0);  // read when groups are created
+  Caught caught;
+  run_on_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        Tensor t = ops::ones({3 + pg.rank()});
+        try {
+          pg.all_reduce(t)->wait();
+          ADD_FAILURE() << "expected a mismatch";
+        } catch (const Error& e) {
+          caught.record(pg.rank(), e.what(), 0);
+        }
+      },
+      with_timeout(2s));
+  unsetenv("LOOM_DEBUG");
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE(rank);
+    EXPECT_THAT(caught.message[rank], HasSubstr("collective mismatch"));
+    EXPECT_THAT(caught.message[rank], HasSubstr("all_reduce(sum, f32, 3 elements)"));
+    EXPECT_THAT(caught.message[rank], HasSubstr("all_reduce(sum, f32, 4 elements)"));
+  }
+}
+
+TEST(FaultsTest, AbortInterruptsARunningOpAtOnce) {
+  Caught caught;
+  run_on_ranks(2, [&](ProcessGroup& pg) {
+    if (pg.rank() == 1) {
+      std::this_thread::sleep_for(1s);  // never joins the all_reduce
+      return;
+    }
+    auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
+    Tensor t = ops::ones({1024});
+    auto work = pg.all_reduce(t);
+    std::thread aborter([&] {
+      std::this_thread::sleep_for(100ms);
+      gloo.abort("test abort");
+    });
+    const auto start = Clock::now();
+    try {
+      work->wait();
+    } catch (const Error& e) {
+      caught.record(0, e.what(), ms_since(start));
+    }
+    aborter.join();
+    EXPECT_EQ(gloo.failure(), std::optional<std::string>("aborted: test abort"));
+    try {
+      pg.barrier()->wait();
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure: aborted: test abort"));
+    }
+  });  // 10 s timeout
+  EXPECT_THAT(caught.message[0], HasSubstr("all_reduce #0"));
+  EXPECT_THAT(caught.message[0], HasSubstr("test abort"));
+  EXPECT_LT(caught.elapsed_ms[0], 1000);
+}
+
+// Two ranks made by hand (no harness), so the test controls when each group is destroyed.
+void with_two_ranks(Duration timeout,
+                    const std::function<void(std::shared_ptr<ProcessGroupGloo>)>& rank0,
+                    const std::function<void(std::shared_ptr<ProcessGroupGloo>)>& rank1) {
+  auto store = std::make_shared<InMemoryStore>();
+  auto make = [&](int rank) {
+    return ProcessGroupGloo::create(store, rank, 2, {.name = "pair", .timeout = timeout},
+                                    GlooOptions::loopback());
+  };
+  std::thread other([&] { rank1(make(1)); });
+  rank0(make(0));
+  other.join();
+}
+
+TEST(FaultsTest, DestructionWithQueuedOpsDoesNotHangWhenThePeerIsGone) {
+  std::vector<std::shared_ptr<Work>> works;
+  int64_t destroy_ms = 0;
+  with_two_ranks(
+      10s,
+      [&](std::shared_ptr<ProcessGroupGloo> pg) {
+        pg->barrier()->wait();
+        std::this_thread::sleep_for(100ms);  // rank 1's group is gone by now
+        std::vector<Tensor> tensors;
+        for (int k = 0; k < 5; ++k) {
+          tensors.push_back(ops::ones({8}));
+          works.push_back(pg->all_reduce(tensors.back()));
+        }
+        const auto start = Clock::now();
+        pg.reset();
+        destroy_ms = ms_since(start);
+      },
+      [](std::shared_ptr<ProcessGroupGloo> pg) { pg->barrier()->wait(); });
+  EXPECT_LT(destroy_ms, 3000);
+  for (auto& work : works) {
+    ASSERT_TRUE(work->is_completed());
+    EXPECT_NE(work->exception(), nullptr);
+  }
+}
+
+TEST(FaultsTest, DestructionWithQueuedOpsIsBoundedByTheTimeoutWhenThePeerIsIdle) {
+  int64_t destroy_ms = 0;
+  std::string first_error;
+  with_two_ranks(
+      300ms,
+      [&](std::shared_ptr<ProcessGroupGloo> pg) {
+        std::vector<std::shared_ptr<Work>> works;
+        std::vector<Tensor> tensors;
+        for (int k = 0; k < 5; ++k) {
+          tensors.push_back(ops::ones({8}));
+          works.push_back(pg->all_reduce(tensors.back()));
+        }
+        const auto start = Clock::now();
+        pg.reset();
+        destroy_ms = ms_since(start);
+        try {
+          works[0]->wait();
+        } catch (const Error& e) {
+          first_error = e.what();
+        }
+      },
+      [](std::shared_ptr<ProcessGroupGloo> pg) { std::this_thread::sleep_for(1500ms); });
+  EXPECT_LT(destroy_ms, 1300);  // one timeout, then the poisoned rest fail at once
+  EXPECT_THAT(first_error, HasSubstr("timed out after 300 ms"));
+  EXPECT_THAT(first_error, HasSubstr("ranks [1] did not arrive at this all_reduce"));
+}
+
+TEST(FaultsTest, CreateNamesTheRanksThatNeverJoined) {
+  auto store = std::make_shared<InMemoryStore>();
+  try {
+    ProcessGroupGloo::create(store, 0, 3, {.name = "lonely", .timeout = 200ms},
+                             GlooOptions::loopback());
+    FAIL() << "expected a rendezvous timeout";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("group 'lonely' (rank 0 of 3): ranks [1, 2] did not join within 200 ms"));
+  }
+}
+
+TEST(FaultsTest, EndpointFromTheEnvironment) {
+  // LOOM_GLOO_HOSTNAME applies when GlooOptions names neither an interface nor a hostname.
+  ASSERT_EQ(setenv("LOOM_GLOO_HOSTNAME", "127.0.0.1", 1), 0);
+  auto store = std::make_shared<InMemoryStore>();
+  std::thread other([&] {
+    auto pg = ProcessGroupGloo::create(store, 1, 2, {.name = "env", .timeout = 5s});
+    pg->barrier()->wait();
+  });
+  auto pg = ProcessGroupGloo::create(store, 0, 2, {.name = "env", .timeout = 5s});
+  pg->barrier()->wait();
+  other.join();
+  unsetenv("LOOM_GLOO_HOSTNAME");
+
+  ASSERT_EQ(setenv("LOOM_GLOO_IFNAME", "no-such-nic1", 1), 0);
+  try {
+    ProcessGroupGloo::create(std::make_shared<InMemoryStore>(), 0, 1,
+                             {.name = "env", .timeout = 200ms});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("interface 'no-such-nic1' (LOOM_GLOO_IFNAME)"));
+  }
+  unsetenv("LOOM_GLOO_IFNAME");
+}
+
+TEST(FaultsTest, UnknownInterfaceIsAnErrorNamingIt) {
+  auto store = std::make_shared<InMemoryStore>();
+  GlooOptions gloo;
+  gloo.interface = "no-such-nic0";
+  try {
+    ProcessGroupGloo::create(store, 0, 1, {.name = "x", .timeout = 200ms}, gloo);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("interface 'no-such-nic0' (GlooOptions)"));
+  }
+}
+
+}  // namespace
+}  // namespace loom::comm
