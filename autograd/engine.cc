@@ -6,6 +6,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "base/error.h"
+#include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
 
@@ -40,7 +41,17 @@ Tensor apply_output_hooks(Node* node, uint32_t slot, Tensor grad) {
   return grad;
 }
 
+// Callbacks queued during the backward running on this thread (nullptr: none running).
+thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
+
 }  // namespace
+
+namespace autograd {
+void queue_backward_callback(std::function<void()> callback) {
+  LOOM_CHECK(pending_callbacks != nullptr, "queue_backward_callback: no backward pass is running on this thread");
+  pending_callbacks->push_back(std::move(callback));
+}
+}  // namespace autograd
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
   LOOM_CHECK(roots.size() == grads.size(), "backward: got {} roots but {} seed gradients",
@@ -64,6 +75,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
                  "(root shape {})",
                  shape_str(root.shape()));
       seed = ops::ones(root.shape(), root.dtype(), root.device());
+      // A distributed root (a DTensor loss) gets a seed in its own layout, so the backward
+      // formulas never mix it with plain tensors.
+      if (root.extension()) seed = ops::match_layout(seed, root);
     }
     LOOM_CHECK(seed.shape() == root.shape(),
                "backward: seed gradient of shape {} does not match root of shape {}",
@@ -98,6 +112,14 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       }
     }
   }
+
+  std::vector<std::function<void()>> callbacks;
+  auto* outer_callbacks = pending_callbacks;
+  pending_callbacks = &callbacks;
+  struct RestoreCallbacks {
+    std::vector<std::function<void()>>* outer;
+    ~RestoreCallbacks() { pending_callbacks = outer; }
+  } restore{outer_callbacks};
 
   std::unordered_map<Node*, InputBuffer> buffers;
   std::priority_queue<NodeTask> ready;
@@ -134,6 +156,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
 
   if (!retain_graph) {
     for (const auto& node : visited) node->release();
+  }
+  // Callbacks may queue more callbacks; run until none are left.
+  for (size_t i = 0; i < callbacks.size(); ++i) {
+    auto callback = std::move(callbacks[i]);  // the vector may grow while it runs
+    callback();
   }
 }
 

@@ -1,6 +1,7 @@
 // Reverse-mode execution of the recorded graph.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -19,5 +20,12 @@ namespace loom {
 void backward(const Tensor& root, const Tensor& grad = Tensor(), bool retain_graph = false);
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph = false);
+
+namespace autograd {
+// Runs `callback` once the backward pass now running has finished all its nodes (on the same
+// thread, before backward() returns) — like torch's Variable._execution_engine.queue_callback.
+// DDP uses it to wait for its last all-reduces. Throws when no backward is running.
+void queue_backward_callback(std::function<void()> callback);
+}  // namespace autograd
 
 }  // namespace loom

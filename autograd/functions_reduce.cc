@@ -60,14 +60,7 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
   const int64_t d = normalize_dim(dim, self.dim(), "max");
   Tensor recorded = record("MaxBackward", {self}, values,
                            [d, keepdim, indices, shape = self.shape()](const Grads& g) {
-                             // One-hot of the chosen index along `d`, times the gradient.
-                             const Tensor index = keepdim ? indices : ops::unsqueeze(indices, d);
-                             Shape positions_shape(shape.size(), 1);
-                             positions_shape[d] = shape[d];
-                             const Tensor positions = ops::reshape(ops::arange(shape[d]), positions_shape);
-                             const Tensor hit = ops::eq(ops::expand(index, shape), positions);
-                             const Tensor grad = keepdim ? g[0] : ops::unsqueeze(g[0], d);
-                             return Grads{ops::mul(ops::to(hit, g[0].dtype()), grad)};
+                             return Grads{ops::max_dim_backward(g[0], indices, shape, d, keepdim)};
                            });
   return {recorded, indices};
 }
@@ -75,7 +68,8 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (!any_requires_grad({a_in, b_in})) return ops::matmul(a_in, b_in);
   // 1-D operands go through differentiable unsqueeze/squeeze so the core is always >= 2-D.
-  if (a_in.dim() == 1) return squeeze(matmul(unsqueeze(a_in, 0), b_in), -2);
+  // (1, K) @ b is (..., 1, N), or (1,) when b is a vector too (a dot product).
+  if (a_in.dim() == 1) return squeeze(matmul(unsqueeze(a_in, 0), b_in), b_in.dim() == 1 ? -1 : -2);
   if (b_in.dim() == 1) return squeeze(matmul(a_in, unsqueeze(b_in, -1)), -1);
   Tensor out = ops::matmul(a_in, b_in);
   return record("MatmulBackward", {a_in, b_in}, out, [a = a_in, b = b_in](const Grads& g) {

@@ -19,17 +19,19 @@ Tensor record_reshape_like(const char* name, const Tensor& self, Tensor out) {
   });
 }
 
-// Gradient of a strided sub-view (narrow/slice): zeros of the input's shape with the output
-// gradient written into the same sub-view.
-template <typename MakeView>
-Tensor record_subview(const char* name, const Tensor& self, Tensor out, MakeView make_view) {
+// Gradient of a strided sub-view (narrow/slice of `dim` [start:end:step]): zeros of the input's
+// shape with the output gradient written into the same sub-view.
+Tensor record_subview(const char* name, const Tensor& self, Tensor out, int64_t dim, int64_t start, int64_t end,
+                      int64_t step) {
   if (!any_requires_grad({self})) return out;
-  return record(name, {self}, std::move(out),
-                [shape = self.shape(), dtype = self.dtype(), make_view](const Grads& g) {
-                  Tensor grad = ops::zeros(shape, dtype);
-                  ops::copy_(make_view(grad), g[0]);
-                  return Grads{grad};
-                });
+  return record(name, {self}, std::move(out), [shape = self.shape(), dim, start, end, step](const Grads& g) {
+    return Grads{ops::slice_backward(g[0], shape, dim, start, end, step)};
+  });
+}
+
+// narrow's [start, start + length) as a slice (negative start counts from the end).
+int64_t narrow_start(const Tensor& self, int64_t dim, int64_t start) {
+  return start < 0 ? start + self.size(normalize_dim(dim, self.dim(), "narrow")) : start;
 }
 }  // namespace
 
@@ -68,13 +70,13 @@ Tensor permute(const Tensor& self, const std::vector<int64_t>& dims) {
 }
 
 Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
-  return record_subview("NarrowBackward", self, ops::narrow(self, dim, start, length),
-                        [=](const Tensor& t) { return ops::narrow(t, dim, start, length); });
+  Tensor out = ops::narrow(self, dim, start, length);
+  const int64_t first = narrow_start(self, dim, start);
+  return record_subview("NarrowBackward", self, std::move(out), dim, first, first + length, 1);
 }
 
 Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  return record_subview("SliceBackward", self, ops::slice(self, dim, start, end, step),
-                        [=](const Tensor& t) { return ops::slice(t, dim, start, end, step); });
+  return record_subview("SliceBackward", self, ops::slice(self, dim, start, end, step), dim, start, end, step);
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& self, const std::vector<int64_t>& sizes, int64_t dim) {
@@ -85,8 +87,7 @@ std::vector<Tensor> split_with_sizes(const Tensor& self, const std::vector<int64
   int64_t start = 0;
   for (size_t i = 0; i < pieces.size(); ++i) {
     const int64_t length = sizes[i];
-    pieces[i] = record_subview("SplitBackward", self, pieces[i],
-                               [=](const Tensor& t) { return ops::narrow(t, d, start, length); });
+    pieces[i] = record_subview("SplitBackward", self, pieces[i], d, start, start + length, 1);
     start += length;
   }
   return pieces;

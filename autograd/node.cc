@@ -49,6 +49,9 @@ AccumulateGrad::AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) { set_num_o
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   Tensor grad = std::move(grad_outputs.at(0));
+  // No gradient reached this leaf (every path to it returned an undefined one, e.g. where's
+  // condition): nothing to accumulate.
+  if (!grad.defined()) return {};
   AutogradMeta& meta = autograd_meta(leaf_);
   for (const GradHook& hook : meta.grad_hooks) {
     Tensor replaced = hook(grad);
@@ -60,9 +63,16 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   // A distributed leaf's gradient takes the leaf's own layout (e.g. a Partial gradient of a
   // replicated parameter is all-reduced), so .grad always matches the parameter.
   if (grad.extension() || leaf_.extension()) grad = ops::match_layout(grad, leaf_);
-  // Out of place on purpose: `grad` may be shared with other consumers of the same gradient.
+  // Out of place by default: `grad` may be shared with other consumers of the same gradient.
+  // In place only into a gradient buffer the leaf owns (meta.accumulate_in_place).
   const Tensor current = leaf_.grad();
-  leaf_.set_grad(current.defined() ? ops::add(current, grad) : grad);
+  if (!current.defined()) {
+    leaf_.set_grad(grad);
+  } else if (meta.accumulate_in_place) {
+    ops::add_(current, grad);
+  } else {
+    leaf_.set_grad(ops::add(current, grad));
+  }
   for (const PostAccumulateGradHook& hook : meta.post_accumulate_hooks) hook(leaf_);
   return {};
 }

@@ -103,6 +103,9 @@ class AccumulateGrad final : public Node {
 // Per-tensor autograd state beyond TensorImpl's plain fields: the leaf's accumulator and hooks.
 struct AutogradMeta {
   std::weak_ptr<AccumulateGrad> accumulator;
+  // When set and the leaf already has a gradient, new gradients are added into that tensor in
+  // place (its storage is kept): what DDP uses to keep .grad a view into its bucket.
+  bool accumulate_in_place = false;
   std::vector<GradHook> grad_hooks;  // leaves only; non-leaf hooks live on their grad_fn
   std::vector<PostAccumulateGradHook> post_accumulate_hooks;
 };

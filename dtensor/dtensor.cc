@@ -96,7 +96,11 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
                "std::nullopt (no communication)",
                *src_data_rank);
     full = ops::clone(full);
-    for (int64_t md = 0; md < mesh->ndim(); ++md) mesh->group(md)->broadcast(full, 0)->wait();
+    // Along each mesh dim from its coordinate 0 (whose group rank is 0 unless the rank array
+    // is not ascending).
+    for (int64_t md = 0; md < mesh->ndim(); ++md) {
+      mesh->group(md)->broadcast(full, mesh->group_ranks_by_coordinate(md)[0])->wait();
+    }
   }
   DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(), tensor.dtype()};
   Tensor local = redistribute_local(full, replicated, placements);

@@ -28,7 +28,8 @@ Tensor redistribute_local(const Tensor& local, const DTensorSpec& spec, const Pl
   Placements placements = spec.placements;
   for (const RedistributeStep& step : plan.steps) {
     const int64_t md = step.mesh_dim;
-    transitions::MeshDimContext ctx{*spec.mesh->group(md), spec.mesh->coordinate(md), spec.mesh->size(md)};
+    transitions::MeshDimContext ctx{*spec.mesh->group(md), spec.mesh->coordinate(md), spec.mesh->size(md),
+                                    spec.mesh->group_ranks_by_coordinate(md)};
     switch (step.kind) {
       case Kind::kAllGather:
         current = transitions::shard_to_replicate(current, ctx, step.from.dim(),

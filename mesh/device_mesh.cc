@@ -87,22 +87,62 @@ void DeviceMesh::init(std::vector<std::string> dim_names, std::vector<int64_t> s
 }
 
 void DeviceMesh::create_groups() {
-  // For each mesh dim, every rank takes part in creating every line of ranks along that dim
-  // (new_group is collective over the world), keeping the one it belongs to.
-  const auto strides = row_major_strides(shape_);
-  groups_.assign(shape_.size(), nullptr);
-  const int64_t total = numel();
-  for (size_t d = 0; d < shape_.size(); ++d) {
-    for (int64_t start = 0; start < total; ++start) {
-      if ((start / strides[d]) % shape_[d] != 0) continue;  // only line starts along dim d
-      std::vector<int> line;
-      for (int64_t i = 0; i < shape_[d]; ++i) line.push_back(ranks_[start + i * strides[d]]);
-      comm::ProcessGroupOptions options{.name = fmt::format("mesh/{}", dim_names_[d]), .timeout = world_->timeout()};
-      auto group = world_->new_group(line, options);
-      if (group) groups_[d] = std::move(group);
-    }
-    LOOM_INTERNAL_ASSERT(groups_[d] != nullptr, "rank {} got no group for mesh dim {}", rank_, dim_names_[d]);
+  // This mesh is a root: the layout its slices and flattenings refer to.
+  root_ = std::make_shared<const RootLayout>(RootLayout{shape_, ranks_});
+  root_dims_.clear();
+  groups_.clear();
+  group_ranks_by_coordinate_.clear();
+  for (int64_t d = 0; d < ndim(); ++d) {
+    root_dims_.push_back({d});
+    LineGroup mine = create_line_groups({d}, dim_names_[d]);
+    groups_.push_back(std::move(mine.group));
+    group_ranks_by_coordinate_.push_back(std::move(mine.group_ranks));
   }
+}
+
+DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>& span, const std::string& name) const {
+  // Every rank takes part in creating every line of the root along `span` (new_group is
+  // collective over the world), keeping the one it belongs to. A line starts at each root
+  // position whose coordinates along `span` are all 0, in ascending order.
+  const auto strides = row_major_strides(root_->shape);
+  std::vector<int64_t> span_shape;
+  for (int64_t d : span) span_shape.push_back(root_->shape[d]);
+  const auto span_strides = row_major_strides(span_shape);
+  int64_t line_size = 1;
+  for (int64_t s : span_shape) line_size *= s;
+  const int64_t total = static_cast<int64_t>(root_->ranks.size());
+  LineGroup mine;
+  for (int64_t start = 0; start < total; ++start) {
+    bool is_start = true;
+    for (int64_t d : span) is_start = is_start && (start / strides[d]) % root_->shape[d] == 0;
+    if (!is_start) continue;
+    std::vector<int> line;
+    for (int64_t i = 0; i < line_size; ++i) {
+      int64_t position = start;
+      for (size_t k = 0; k < span.size(); ++k) position += ((i / span_strides[k]) % span_shape[k]) * strides[span[k]];
+      line.push_back(root_->ranks[position]);
+    }
+    comm::ProcessGroupOptions options{.name = fmt::format("mesh/{}", name), .timeout = world_->timeout()};
+    auto group = world_->new_group(line, options);
+    if (!group) continue;
+    // new_group numbers group ranks in ascending rank order, whatever the line's order.
+    std::vector<int> sorted = line;
+    std::sort(sorted.begin(), sorted.end());
+    mine.group_ranks.clear();
+    for (int r : line) {
+      mine.group_ranks.push_back(static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin()));
+    }
+    mine.group = std::move(group);
+    mine.line = std::move(line);
+  }
+  LOOM_INTERNAL_ASSERT(mine.group != nullptr, "rank {} got no group for mesh dim {}", rank_, name);
+  return mine;
+}
+
+const std::vector<int>& DeviceMesh::group_ranks_by_coordinate(int64_t mesh_dim) const {
+  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh: mesh_dim {} out of range for {} with {} dims",
+             mesh_dim, str(), ndim());
+  return group_ranks_by_coordinate_[mesh_dim];
 }
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
@@ -155,7 +195,10 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
     sub_shape.push_back(shape_[d]);
     out.coordinate_.push_back(coordinate_[d]);
     out.groups_.push_back(groups_[d]);
+    out.group_ranks_by_coordinate_.push_back(group_ranks_by_coordinate_[d]);
+    out.root_dims_.push_back(root_dims_[d]);
   }
+  out.root_ = root_;
   const auto sub_strides = row_major_strides(sub_shape);
   int64_t count = 1;
   for (int64_t s : sub_shape) count *= s;
@@ -197,25 +240,31 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, const std:
   out.world_ = world_;
   out.device_type_ = device_type_;
   out.init(std::move(new_names), std::move(new_shape), ranks_);
-  // Reuse the untouched dims' groups; create the flattened dim's group (collective).
-  const auto strides = row_major_strides(out.shape_);
+  // Reuse the untouched dims' groups; create the flattened dim's group (collective over the
+  // world: the lines of the root along the flattened dims' root dims, i.e. of every slice).
   const int64_t flat_dim = dims.front();
-  out.groups_.assign(out.shape_.size(), nullptr);
-  for (int64_t d = 0, old = 0; d < out.ndim(); ++d) {
-    if (d == flat_dim) {
-      old = dims.back() + 1;
-      continue;
-    }
-    out.groups_[d] = groups_[old++];
+  out.root_ = root_;
+  std::vector<int64_t> span;
+  for (int64_t d : dims) span.insert(span.end(), root_dims_[d].begin(), root_dims_[d].end());
+  for (int64_t d = 0; d < ndim(); ++d) {
+    if (d > flat_dim && d <= dims.back()) continue;
+    out.root_dims_.push_back(d == flat_dim ? span : root_dims_[d]);
+    out.groups_.push_back(d == flat_dim ? nullptr : groups_[d]);
+    out.group_ranks_by_coordinate_.push_back(d == flat_dim ? std::vector<int>{} : group_ranks_by_coordinate_[d]);
   }
-  for (int64_t start = 0; start < out.numel(); ++start) {
-    if ((start / strides[flat_dim]) % out.shape_[flat_dim] != 0) continue;
-    std::vector<int> line;
-    for (int64_t i = 0; i < out.shape_[flat_dim]; ++i) line.push_back(out.ranks_[start + i * strides[flat_dim]]);
-    comm::ProcessGroupOptions options{.name = fmt::format("mesh/{}", new_name), .timeout = world_->timeout()};
-    auto group = world_->new_group(line, options);
-    if (group) out.groups_[flat_dim] = std::move(group);
+  LineGroup mine = out.create_line_groups(span, new_name);
+  // This rank's line along the flattened dim, from the rank array.
+  const auto strides = row_major_strides(out.shape_);
+  int64_t start = 0;
+  for (int64_t d = 0; d < out.ndim(); ++d) {
+    if (d != flat_dim) start += out.coordinate_[d] * strides[d];
   }
+  std::vector<int> line;
+  for (int64_t i = 0; i < out.shape_[flat_dim]; ++i) line.push_back(out.ranks_[start + i * strides[flat_dim]]);
+  LOOM_INTERNAL_ASSERT(line == mine.line, "flatten of {}: rank {}'s line [{}] is [{}] in the root layout", str(),
+                       rank_, fmt::join(line, ", "), fmt::join(mine.line, ", "));
+  out.groups_[flat_dim] = std::move(mine.group);
+  out.group_ranks_by_coordinate_[flat_dim] = std::move(mine.group_ranks);
   return out;
 }
 

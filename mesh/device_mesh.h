@@ -51,6 +51,11 @@ class DeviceMesh {
   const std::shared_ptr<comm::ProcessGroup>& group(const std::string& name) const {
     return group(dim_index(name));
   }
+  // The rank in group(mesh_dim) of the rank at each coordinate along mesh_dim (on this rank's
+  // line). Collectives address group ranks, which new_group numbers in ascending rank order, so
+  // this is the identity unless an explicit rank array is not ascending along mesh_dim (e.g.
+  // ranks [3, 2, 1, 0]); code that puts chunk c at coordinate c must map through it.
+  const std::vector<int>& group_ranks_by_coordinate(int64_t mesh_dim) const;
   DeviceType device_type() const { return device_type_; }
 
   // The sub-mesh of the named dims (in the order given) containing this rank. Reuses the groups.
@@ -58,7 +63,8 @@ class DeviceMesh {
   DeviceMesh operator[](const std::vector<std::string>& names) const { return slice(names); }
   DeviceMesh slice(const std::vector<std::string>& names) const;
   // A mesh where adjacent dims `names` (in mesh order) become one dim `new_name`. Collective
-  // over the parent group: creates the flattened dim's group.
+  // over the world group: every rank creates the flattened dim's group of every slice of the
+  // root mesh, so it works on slices too (each rank calling it on its own slice).
   DeviceMesh flatten(const std::vector<std::string>& names, const std::string& new_name) const;
 
   // Meshes are equal when they have the same dims, shape and ranks.
@@ -68,8 +74,23 @@ class DeviceMesh {
 
  private:
   DeviceMesh() = default;
+  // The layout of the mesh a constructor built: the root of every slice and flattening.
+  struct RootLayout {
+    std::vector<int64_t> shape;
+    std::vector<int> ranks;
+  };
+  // The group made for a line of ranks along some root dims, and its group ranks by coordinate.
+  struct LineGroup {
+    std::shared_ptr<comm::ProcessGroup> group;
+    std::vector<int> line;
+    std::vector<int> group_ranks;
+  };
+
   void init(std::vector<std::string> dim_names, std::vector<int64_t> shape, std::vector<int> ranks);
   void create_groups();
+  // Creates the group of every line of the root along root dims `span` (collective over the
+  // world: every rank creates every line, in the same order) and returns this rank's.
+  LineGroup create_line_groups(const std::vector<int64_t>& span, const std::string& name) const;
 
   std::shared_ptr<comm::ProcessGroup> world_;
   std::vector<std::string> dim_names_;
@@ -77,6 +98,10 @@ class DeviceMesh {
   std::vector<int> ranks_;
   std::vector<int64_t> coordinate_;
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups_;
+  std::vector<std::vector<int>> group_ranks_by_coordinate_;  // per mesh dim
+  std::shared_ptr<const RootLayout> root_;
+  // Per mesh dim, the root dims it spans in row-major order (several for a flattened dim).
+  std::vector<std::vector<int64_t>> root_dims_;
   int rank_ = 0;
   DeviceType device_type_ = DeviceType::kCPU;
 };

@@ -97,6 +97,14 @@ void register_core_ops(OpTable& t) {
     return std::vector<Tensor>{values, indices};
   };
   t["matmul"] = [](C c) { return one(ops::matmul(c.inputs[0], c.inputs[1])); };
+  // Backward kernels with an op of their own (so DTensors dispatch them).
+  t["max_dim_backward"] = [](C c) {
+    return one(ops::max_dim_backward(c.inputs[0], c.inputs[1], c.ints_attr(0), c.int_attr(1), c.bool_attr(2)));
+  };
+  t["slice_backward"] = [](C c) {
+    return one(ops::slice_backward(c.inputs[0], c.ints_attr(0), c.int_attr(1), c.int_attr(2), c.int_attr(3),
+                                   c.int_attr(4)));
+  };
 
 }
 

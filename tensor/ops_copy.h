@@ -21,8 +21,9 @@ Tensor to(const Tensor& self, Device device);
 // Concatenates along an existing dim; all other dims must match.
 Tensor cat(std::span<const Tensor> tensors, int64_t dim);
 // `value` laid out like `like`: for plain tensors, `value` itself (shapes must match); for
-// DTensors (through dispatch), `value` redistributed to `like`'s placements. Autograd uses it
-// so a parameter's gradient always has the parameter's layout.
+// DTensors (through dispatch), `value` redistributed to `like`'s placements, Replicate where
+// `like` is Partial (a Partial tensor's gradient is Replicate). Autograd uses it so a
+// parameter's gradient always has the parameter's layout.
 Tensor match_layout(const Tensor& value, const Tensor& like);
 // Stacks along a new dim; all shapes must match.
 Tensor stack(std::span<const Tensor> tensors, int64_t dim);

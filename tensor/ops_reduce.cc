@@ -10,6 +10,8 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_create.h"
+#include "tensor/ops_elementwise.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
@@ -147,6 +149,23 @@ Tensor max(const Tensor& self) {
   LOOM_CHECK(self.numel() > 0, "max: cannot reduce a tensor with no elements (shape {})",
              shape_str(self.shape()));
   return max(reshape(self, {-1}), 0, false).first;
+}
+
+Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int64_t dim,
+                        bool keepdim) {
+  if (auto out = dispatch_extension("max_dim_backward", {grad, indices}, {input_shape, dim, keepdim})) {
+    return (*out)[0];
+  }
+  const int64_t ndim = static_cast<int64_t>(input_shape.size());
+  if (ndim == 0) return grad;
+  dim = normalize_dim(dim, ndim, "max_dim_backward");
+  // One-hot of the chosen index along `dim`, times the gradient.
+  const Tensor index = keepdim ? indices : unsqueeze(indices, dim);
+  Shape positions_shape(ndim, 1);
+  positions_shape[dim] = input_shape[dim];
+  const Tensor positions = reshape(arange(input_shape[dim]), positions_shape);
+  const Tensor hit = eq(expand(index, input_shape), positions);
+  return mul(to(hit, grad.dtype()), keepdim ? grad : unsqueeze(grad, dim));
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

@@ -15,6 +15,10 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims = {}, bool keep
 std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim = false);
 // Max over all elements (a scalar tensor).
 Tensor max(const Tensor& self);
+// Gradient of max(self, dim, keepdim) for a `self` of `input_shape`: `grad` at the positions
+// `indices` (max's second output) along `dim`, zeros elsewhere.
+Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int64_t dim,
+                        bool keepdim);
 // Sums a broadcast gradient back to `shape` (the inverse of broadcasting `shape` to
 // grad.shape()): the reduction every broadcasting op's backward needs.
 Tensor sum_to(const Tensor& grad, const Shape& shape);

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_create.h"
 
 namespace loom::ops {
 
@@ -168,6 +169,14 @@ Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_
   const int64_t offset = self.offset() + start * strides[dim];
   strides[dim] *= step;
   return restride(self, std::move(shape), std::move(strides), offset);
+}
+
+Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start, int64_t end,
+                      int64_t step) {
+  if (auto out = dispatch_extension("slice_backward", {grad}, {input_shape, dim, start, end, step})) return (*out)[0];
+  Tensor out = zeros(input_shape, grad.dtype(), grad.device());
+  copy_(slice(out, dim, start, end, step), grad);
+  return out;
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& self, const std::vector<int64_t>& sizes,

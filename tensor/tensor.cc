@@ -47,6 +47,9 @@ int64_t Tensor::stride(int64_t dim) const {
 }
 
 bool Tensor::is_contiguous() const {
+  // An empty tensor has no element out of place (as in PyTorch); Tensor::empty of a shape with
+  // a 0 dim has strides from contiguous_strides that the loop below would reject.
+  if (numel() == 0) return true;
   int64_t expected = 1;
   for (size_t i = impl_->shape.size(); i-- > 0;) {
     if (impl_->shape[i] == 1) continue;

@@ -113,10 +113,16 @@ void register_elementwise_strategies(StrategyTable& t) {
   };
   t["copy_"] = in_place(/*allow_partial_self=*/true);
   // (value, like) -> value with like's placements: `like` never moves, `value` follows it.
+  // Where `like` is Partial, `value` becomes Replicate: autograd uses this for a leaf's
+  // gradient, and the gradient of a Partial value is Replicate (every contribution has the same
+  // derivative; the adjoint rule of redistribute/to_local in dtensor.cc).
   t["match_layout"] = [](const OpCall&, const InputSpecs& in) {
     OpSharding s;
     s.output_shapes = {in[1]->shape};
-    for (const Placement& p : in[1]->placements) s.options.push_back({{p, p}, {p}});
+    for (const Placement& p : in[1]->placements) {
+      const Placement q = p.is_partial() ? Replicate() : p;
+      s.options.push_back({{q, p}, {q}});
+    }
     s.local = [](const OpCall& local, const InputSpecs&) { return std::vector<Tensor>{local.inputs[0]}; };
     s.fixed_inputs = {1};
     return s;

@@ -42,7 +42,9 @@ void append_attr(std::string& key, const OpAttr& attr) {
 
 std::string cache_key(const OpCall& call, const InputSpecs& specs, const DeviceMesh& mesh) {
   std::string key(call.op);
-  key += fmt::format("@{}|", static_cast<const void*>(&mesh));
+  // The mesh's sizes, not its address: decisions depend on nothing else about it, and a freed
+  // mesh's address may come back for a mesh of other sizes.
+  key += fmt::format("@{}|", fmt::join(mesh.shape(), "x"));
   for (const auto& spec : specs) {
     if (!spec) {
       key += "_|";
@@ -134,6 +136,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
     Decision decision{strategy->second(call, specs), {}};
     LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})", call.op,
                describe_inputs(specs));
+    const std::vector<int64_t> first_coordinate(mesh->ndim(), 0);
     for (int64_t md = 0; md < mesh->ndim(); ++md) {
       double best = -1;
       size_t best_index = 0;
@@ -147,7 +150,11 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
         double cost = 0;
         for (size_t i = 0; i < specs.size(); ++i) {
           if (!specs[i]) continue;
-          const double bytes = static_cast<double>(shape_numel(specs[i]->local_shape())) * element_size(specs[i]->dtype);
+          // The shard at mesh coordinate 0 (the largest), not this rank's: every rank must make the
+          // same choice, and with uneven shards a rank holding an empty shard would find moving
+          // it free.
+          const double bytes = static_cast<double>(shape_numel(specs[i]->local_shape_at(first_coordinate))) *
+                               element_size(specs[i]->dtype);
           cost += transition_cost(specs[i]->placements[md], option.inputs[i], bytes, mesh->size(md));
         }
         if (best < 0 || cost < best) {
@@ -170,7 +177,9 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   NoGradGuard no_grad;
   InputSpecs after = specs;
   for (size_t i = 0; i < specs.size(); ++i) {
-    if (!specs[i] || specs[i]->shape.empty()) continue;  // undefined, or a scalar: nothing to move
+    // 0-dim inputs move too: a Partial scalar may need its reduction, and a replicated scalar
+    // (or plain 0-dim tensor) taken as Partial must be counted once, not once per rank.
+    if (!specs[i]) continue;
     Placements target;
     for (int64_t md = 0; md < mesh->ndim(); ++md) target.push_back(decision.sharding.options[decision.chosen[md]].inputs[i]);
     if (target != specs[i]->placements) {

@@ -73,6 +73,31 @@ void register_reduction_strategies(StrategyTable& t) {
     };
     return s;
   };
+  // (grad, indices) -> grad scattered to the chosen positions of the input's shape: the reduced
+  // dim must be whole; kept dims keep their shards; linear in grad.
+  t["max_dim_backward"] = [](const OpCall& call, const InputSpecs& in) {
+    const Shape input_shape = call.ints_attr(0);
+    const int64_t ndim = static_cast<int64_t>(input_shape.size());
+    const int64_t dim = normalize_dim(call.int_attr(1), std::max<int64_t>(ndim, 1), call.op);
+    const bool keepdim = call.bool_attr(2);
+    // The grad/indices dim that input dim `d` (!= dim) comes from.
+    const auto grad_dim = [dim, keepdim](int64_t d) { return keepdim || d < dim ? d : d - 1; };
+    OpSharding s;
+    s.output_shapes = {input_shape};
+    s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
+    for (int64_t d = 0; d < ndim; ++d) {
+      if (d != dim) s.options.push_back({{Shard(grad_dim(d)), Shard(grad_dim(d))}, {Shard(d)}});
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
+    s.local = [dim, keepdim, ndim, grad_dim](const OpCall& local, const InputSpecs&) {
+      Shape local_shape = local.ints_attr(0);
+      for (int64_t d = 0; d < ndim; ++d) {
+        if (d != dim) local_shape[d] = local.inputs[0].shape()[grad_dim(d)];
+      }
+      return std::vector<Tensor>{ops::max_dim_backward(local.inputs[0], local.inputs[1], local_shape, dim, keepdim)};
+    };
+    return s;
+  };
   t["max_dim"] = [](const OpCall& call, const InputSpecs& in) {
     OpSharding s = reduce_sharding(*in[0], {call.int_attr(0)}, call.bool_attr(1), call.op, /*linear=*/false);
     s.output_shapes.push_back(s.output_shapes[0]);  // values and indices

@@ -84,7 +84,8 @@ OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_vi
     Shape local_out = out;
     const Shape& local_in = local.inputs[0].shape();
     for (size_t d = 0; d < map.size(); ++d) {
-      if (map[d] >= 0 && local_in[d] != global_in[d]) local_out[map[d]] = out[map[d]] / global_in[d] * local_in[d];
+      // Multiply first: when a dim splits (C -> H, D), out[map[d]] / global_in[d] is a fraction.
+      if (map[d] >= 0 && local_in[d] != global_in[d]) local_out[map[d]] = out[map[d]] * local_in[d] / global_in[d];
     }
     return std::vector<Tensor>{ops::reshape(local.inputs[0], local_out)};
   };
@@ -189,6 +190,24 @@ void register_view_strategies(StrategyTable& t) {
     start = std::clamp<int64_t>(start, 0, size);
     end = std::clamp<int64_t>(end, start, size);
     return cut(call, in, dim, (end - start + step - 1) / step);
+  };
+  // (grad) -> zeros of the input's shape with grad in the sliced positions: like slice, any dim
+  // but the cut one may stay sharded (it has the same size in grad and output), and it is linear.
+  t["slice_backward"] = [](const OpCall& call, const InputSpecs& in) {
+    const DTensorSpec& grad = *in[0];
+    const Shape input_shape = call.ints_attr(0);
+    const int64_t ndim = static_cast<int64_t>(input_shape.size());
+    const int64_t dim = normalize_dim(call.int_attr(1), ndim, call.op);
+    std::vector<int64_t> map(ndim);
+    for (int64_t d = 0; d < ndim; ++d) map[d] = d == dim ? -1 : d;
+    OpSharding s = mapped(grad, map, input_shape, /*linear=*/true);
+    s.local = [dim](const OpCall& local, const InputSpecs&) {
+      Shape local_shape = local.inputs[0].shape();  // the local grad; only `dim` differs
+      local_shape[dim] = local.ints_attr(0)[dim];
+      return std::vector<Tensor>{ops::slice_backward(local.inputs[0], local_shape, dim, local.int_attr(2),
+                                                     local.int_attr(3), local.int_attr(4))};
+    };
+    return s;
   };
   t["cat"] = [](const OpCall& call, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());

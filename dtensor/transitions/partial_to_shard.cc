@@ -15,7 +15,7 @@ Tensor partial_to_shard(const Tensor& local, const MeshDimContext& ctx, comm::Re
   }
   const ShardRange mine = shard_range(dim_size, ctx.count, ctx.coordinate);
   Tensor output = ops::empty(front_shape(local.shape(), tensor_dim, mine.size), local.dtype(), local.device());
-  ctx.group.reduce_scatter(output, inputs, op)->wait();
+  ctx.group.reduce_scatter(output, in_group_rank_order(inputs, ctx), op)->wait();
   return dim_from_front(output, tensor_dim);
 }
 

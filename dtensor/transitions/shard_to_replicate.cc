@@ -13,7 +13,7 @@ Tensor shard_to_replicate(const Tensor& local, const MeshDimContext& ctx, int64_
     const int64_t size = shard_range(dim_size, ctx.count, c).size;
     outputs.push_back(ops::empty(front_shape(local.shape(), tensor_dim, size), local.dtype(), local.device()));
   }
-  ctx.group.all_gather(outputs, input)->wait();
+  ctx.group.all_gather(in_group_rank_order(outputs, ctx), input)->wait();
   return dim_from_front(ops::cat(outputs, 0), tensor_dim);
 }
 

@@ -5,7 +5,7 @@
 
 namespace loom::transitions {
 
-// Rank c holds chunk c of `from_dim` (whole `to_dim`); it sends rank j the piece of its chunk
+// The rank at coordinate c holds chunk c of `from_dim` (whole `to_dim`); it sends rank j the piece of its chunk
 // that falls in chunk j of `to_dim`, and receives from every rank c the piece (chunk c of
 // from_dim) x (its own chunk of to_dim), which it concatenates along from_dim.
 Tensor shard_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t from_dim, int64_t from_size,
@@ -20,7 +20,7 @@ Tensor shard_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t fr
     shape[to_dim] = mine.size;
     outputs.push_back(ops::empty(shape, local.dtype(), local.device()));
   }
-  ctx.group.all_to_all(outputs, inputs)->wait();
+  ctx.group.all_to_all(in_group_rank_order(outputs, ctx), in_group_rank_order(inputs, ctx))->wait();
   return ops::cat(outputs, from_dim);
 }
 

@@ -3,6 +3,8 @@
 // dims leave (the full size when none of them shards it). `mesh_dim`'s group communicates.
 #pragma once
 
+#include <vector>
+
 #include "comm/process_group.h"
 #include "comm/types.h"
 #include "tensor/tensor.h"
@@ -11,9 +13,19 @@ namespace loom::transitions {
 
 struct MeshDimContext {
   comm::ProcessGroup& group;  // the mesh dim's group
-  int64_t coordinate;         // this rank's index along the mesh dim (== group.rank())
+  int64_t coordinate;         // this rank's index along the mesh dim
   int64_t count;              // the mesh dim's size
+  // The group rank of each coordinate (DeviceMesh::group_ranks_by_coordinate): collectives take
+  // per-rank lists in group-rank order, chunks are numbered by coordinate.
+  const std::vector<int>& group_ranks;
 };
+
+// `per_coordinate` (entry c for coordinate c) in the group-rank order a collective expects.
+inline std::vector<Tensor> in_group_rank_order(const std::vector<Tensor>& per_coordinate, const MeshDimContext& ctx) {
+  std::vector<Tensor> out(per_coordinate.size());
+  for (size_t c = 0; c < per_coordinate.size(); ++c) out[ctx.group_ranks[c]] = per_coordinate[c];
+  return out;
+}
 
 // S(d) -> R: all-gather the (possibly uneven) chunks of `tensor_dim`.
 Tensor shard_to_replicate(const Tensor& local, const MeshDimContext& ctx, int64_t tensor_dim, int64_t dim_size);

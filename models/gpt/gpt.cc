@@ -30,7 +30,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
-    : Module("CausalSelfAttention"), n_head_(config.n_head) {
+    : Module("CausalSelfAttention"), head_dim_(config.head_dim()) {
   c_attn = register_module("c_attn", std::make_shared<nn::Linear>(config.n_embd, 3 * config.n_embd,
                                                                    nn::LinearOptions{.seed = seed}));
   c_proj = register_module("c_proj", std::make_shared<nn::Linear>(config.n_embd, config.n_embd,
@@ -39,13 +39,13 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
-  const int64_t batch = x.size(0), time = x.size(1), width = x.size(2);
-  const Tensor qkv = (*c_attn)(x);  // (B, T, 3C)
-  // (B, T, 3, H, D) -> three (B, H, T, D)
-  const Tensor heads = reshape(qkv, {batch, time, 3, n_head_, -1});
-  auto take = [&](int64_t which) { return permute(squeeze(narrow(heads, 2, which, 1), 2), {0, 2, 1, 3}); };
-  const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);
-  const Tensor merged = reshape(transpose(y, 1, 2), {batch, time, width});
+  const int64_t batch = x.size(0), time = x.size(1);
+  const Tensor qkv = (*c_attn)(x);  // (B, T, 3C), head-major: [h0: q k v][h1: q k v]...
+  // (B, T, H, 3, D); H is -1 so the same code runs on a tensor-parallel rank's local heads.
+  const Tensor heads = reshape(qkv, {batch, time, -1, 3, head_dim_});
+  auto take = [&](int64_t which) { return transpose(squeeze(narrow(heads, 3, which, 1), 3), 1, 2); };
+  const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);  // (B, H, T, D)
+  const Tensor merged = reshape(transpose(y, 1, 2), {batch, time, -1});
   return (*resid_dropout_)((*c_proj)(merged));
 }
 

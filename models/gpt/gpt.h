@@ -6,7 +6,10 @@
 //   ln_f; lm_head tied to wte (logits = x @ wte^T; no separate parameter)
 //
 // Linear weights are stored (out, in) as torch.nn.Linear; HF's Conv1D checkpoints store them
-// transposed, which the safetensors loader handles. GELU is the tanh approximation; attention
+// transposed, which the safetensors loader handles. c_attn's 3C output features are stored
+// head-major — [head 0: q k v][head 1: q k v]... — rather than GPT-2's [all q][all k][all v], so
+// that sharding c_attn's rows over tensor-parallel ranks gives each rank whole heads with their
+// q, k and v (the import/export of Hugging Face checkpoints permutes between the two). GELU is the tanh approximation; attention
 // is causal. init_weights() follows GPT-2: N(0, 0.02), residual projections (c_proj) scaled by
 // 1/sqrt(2 n_layer), biases zero, LayerNorm weight one.
 #pragma once
@@ -30,7 +33,7 @@ class CausalSelfAttention : public nn::Module {
   std::shared_ptr<nn::Linear> c_attn, c_proj;
 
  private:
-  int64_t n_head_;
+  int64_t head_dim_;
   std::shared_ptr<nn::Dropout> resid_dropout_;
 };
 

@@ -1,0 +1,30 @@
+// parallelize_module: apply tensor-parallel styles to the submodules a plan names.
+//
+//   tp::parallelize_module(mlp, mesh, {{"fc1", std::make_shared<tp::ColwiseParallel>()},
+//                                      {"fc2", std::make_shared<tp::RowwiseParallel>()}});
+//
+// Plan keys are fully-qualified module names with fnmatch-style wildcards ("h.*.attn.c_attn";
+// '*' matches any characters, dots included, as in PyTorch). A key that matches no module is
+// an error naming it; so is a style that does not fit its module. Collective: every rank of
+// the mesh calls it with the same plan (parameters are distributed from rank 0's values).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "nn/module.h"
+#include "parallel/tp/style.h"
+
+namespace loom::tp {
+
+using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>>;
+
+void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, const ParallelizePlan& plan);
+
+// fnmatch-style matching of a module name against a plan key.
+bool fqn_matches(const std::string& pattern, const std::string& fqn);
+
+}  // namespace loom::tp

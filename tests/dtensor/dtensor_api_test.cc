@@ -1,0 +1,138 @@
+#include "dtensor/dtensor.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "dtensor/comm_debug_mode.h"
+#include "dtensor/factories.h"
+#include "tests/dtensor/dtensor_test_util.h"
+
+namespace loom {
+namespace {
+
+using ::testing::HasSubstr;
+using comm::CollectiveKind;
+using comm::ProcessGroup;
+using comm::testing::run_on_ranks;
+using loom::testing::expect_equal;
+using loom::testing::integer_tensor;
+using loom::testing::make_mesh;
+
+TEST(DTensorApiTest, DistributeTensorKeepsEachRanksSliceAndFullTensorRestoresIt) {
+  run_on_ranks(3, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {3});
+    const Tensor full = integer_tensor({10, 4}, 1);  // uneven: rows 4, 4, 2
+    Tensor x = distribute_tensor(full, mesh, {Shard(0)});
+    EXPECT_EQ(x.shape(), (Shape{10, 4}));
+    const int64_t rows[] = {4, 4, 2};
+    EXPECT_EQ(local_shard(x).shape(), (Shape{rows[pg.rank()], 4}));
+    expect_equal(local_shard(x), ops::narrow(full, 0, 4 * pg.rank(), rows[pg.rank()]));
+    expect_equal(full_tensor(x), full);
+  });
+}
+
+TEST(DTensorApiTest, DistributeTensorTakesRankZerosData) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"dp"}, {2});
+    const Tensor mine = ops::full({4}, pg.rank() + 1.0);
+    Tensor x = distribute_tensor(mine, mesh, {Replicate()});
+    expect_equal(local_shard(x), ops::full({4}, 1.0));
+    // Without src_data_rank no communication happens and each rank keeps its own values.
+    CommDebugMode comm;
+    Tensor y = distribute_tensor(mine, mesh, {Replicate()}, std::nullopt);
+    EXPECT_EQ(comm.total_count(), 0);
+    expect_equal(local_shard(y), mine);
+  });
+}
+
+TEST(DTensorApiTest, FromLocalInfersEvenShapesAndTakesExplicitUnevenOnes) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    Tensor even = from_local(ops::full({3, 2}, pg.rank()), mesh, {Shard(1)});
+    EXPECT_EQ(even.shape(), (Shape{3, 4}));
+    Tensor uneven = from_local(ops::full({pg.rank() == 0 ? 3 : 2, 2}, 1.0), mesh, {Shard(0)}, Shape{5, 2});
+    EXPECT_EQ(uneven.shape(), (Shape{5, 2}));
+    expect_equal(full_tensor(uneven), ops::ones({5, 2}));
+    try {
+      from_local(ops::ones({3, 2}), mesh, {Shard(0)}, Shape{5, 2});  // rank 1 should hold 2 rows
+      if (pg.rank() == 1) ADD_FAILURE() << "expected an error on rank 1";
+    } catch (const Error& e) {
+      EXPECT_EQ(pg.rank(), 1);
+      EXPECT_THAT(e.what(), HasSubstr("local shard of shape (3, 2) on rank 1 does not match"));
+    }
+  });
+}
+
+TEST(DTensorApiTest, PlacementErrorsNameMeshAndPlacements) {
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"dp", "tp"}, {2, 2});
+    try {
+      distribute_tensor(ops::ones({4, 4}), mesh, {Shard(0)});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("distribute_tensor: got 1 placement [S(0)] for DeviceMesh(dp=2, tp=2, cpu) "
+                                      "with 2 dims; pass one placement per mesh dim"));
+    }
+    try {
+      distribute_tensor(ops::ones({4, 4}), mesh, {Shard(2), Replicate()});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("placement S(2) on mesh dim 0 ('dp') shards dim 2 of a tensor with 2 dims"));
+    }
+  });
+}
+
+TEST(DTensorApiTest, OpsOnDifferentMeshesAndPlainTensorsAreRejected) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    Tensor x = distribute_tensor(ops::ones({4}), mesh, {Shard(0)});
+    try {
+      ops::add(x, ops::ones({4}));
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("add: input 1 is a plain tensor"));
+    }
+  });
+}
+
+TEST(DTensorApiTest, GradientFlowsBackThroughRedistributeAsTheAdjoint) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    const Tensor weights = integer_tensor({4, 6}, 2);
+    // S(0) -> S(1) -> R: the gradient of sum(y * W) is W, laid out as S(0).
+    Tensor x = distribute_tensor(integer_tensor({4, 6}, 3), mesh, {Shard(0)});
+    x.set_requires_grad(true);
+    Tensor y = full_tensor(redistribute(redistribute(x, {Shard(1)}), {Replicate()}));
+    backward(sum(mul(y, weights)));
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(dtensor_spec(x.grad()).placements, (Placements{Shard(0)}));
+    expect_equal(full_tensor(x.grad()), weights);
+  });
+}
+
+TEST(DTensorApiTest, ShardedRandomInitEqualsTheSliceOfTheFullInitBitForBit) {
+  for (int world : {2, 4}) {
+    run_on_ranks(world, [world](ProcessGroup& pg) {
+      const Shape shape{7, 5};
+      const Tensor reference = ops::normal(shape, 42, 0.0, 0.02);
+      auto mesh = world == 4 ? make_mesh(pg, {"dp", "tp"}, {2, 2}) : make_mesh(pg, {"tp"}, {2});
+      std::vector<Placements> layouts = world == 4 ? std::vector<Placements>{{Shard(0), Shard(1)}, {Shard(1), Shard(0)},
+                                                                             {Shard(0), Shard(0)}, {Replicate(), Shard(1)}}
+                                                   : std::vector<Placements>{{Shard(0)}, {Shard(1)}, {Replicate()}};
+      for (const auto& placements : layouts) {
+        Tensor x = dtensor_normal(shape, 42, 0.0, 0.02, mesh, placements);
+        const DTensorSpec& spec = dtensor_spec(x);
+        Tensor expected = reference;
+        for (int64_t d = 0; d < 2; ++d) expected = ops::narrow(expected, d, spec.local_offset()[d], spec.local_shape()[d]);
+        expect_equal(local_shard(x), expected, placements_str(placements));
+      }
+    });
+  }
+}
+
+}  // namespace
+}  // namespace loom

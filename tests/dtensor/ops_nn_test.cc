@@ -1,0 +1,293 @@
+// nn strategies (dtensor/sharding/nn.cc) against the single-rank result, forward and backward:
+// softmax/log_softmax, layer_norm (parameter gradients come back Partial and take the
+// parameter's layout), vocabulary- and feature-parallel embedding, loss-parallel cross entropy
+// (only all-reduces, never the logits gathered), attention with heads sharded.
+//
+// Tolerances: a row-wise op (softmax, layer norm, attention per (batch, head)) whose rows stay
+// whole on a rank computes each row exactly as the single-rank kernel does, so those outputs
+// compare bit for bit. Where a sum is split across ranks (layer norm's weight/bias gradients
+// summed over rows, loss-parallel logsumexp over vocabulary shards, means of non-integers) the
+// f32 rounding differs: 1e-5 relative.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "comm/testing/multi_rank.h"
+#include "dtensor/comm_debug_mode.h"
+#include "dtensor/dtensor.h"
+#include "tests/dtensor/ops_test_util.h"
+
+namespace loom {
+namespace {
+
+using comm::CollectiveKind;
+using comm::ProcessGroup;
+using comm::ReduceOp;
+using comm::testing::run_on_ranks;
+using loom::testing::check_op;
+using loom::testing::expect_close;
+using loom::testing::float_tensor;
+using loom::testing::integer_tensor;
+using loom::testing::kExact;
+using loom::testing::mesh_1d;
+using loom::testing::mesh_2x2;
+using loom::testing::Tolerance;
+using Inputs = std::vector<Tensor>;
+
+constexpr Tolerance kSplitSum{1e-5, 1e-6};
+
+TEST(OpsNnTest, SoftmaxOnANonNormalizedShardedDim) {
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const Tensor x = float_tensor({2, 3 * world + 1, 6}, 1);
+      for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
+        const std::string p = placements_str(placements);
+        check_op(mesh, {"softmax(-1) of " + p, {{x, placements}}, [](const Inputs& in) { return softmax(in[0], -1); },
+                        placements});
+        check_op(mesh, {"log_softmax(-1) of " + p, {{x, placements}},
+                        [](const Inputs& in) { return log_softmax(in[0], -1); }, placements});
+      }
+      // Normalizing over the sharded dim needs the whole dim: the output is not sharded there.
+      check_op(mesh, {"softmax(1) of S(1)", {{x, {Shard(1)}}}, [](const Inputs& in) { return softmax(in[0], 1); },
+                      std::nullopt});
+    });
+  }
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    const Tensor x = float_tensor({3, 5, 7}, 2);
+    check_op(mesh_2x2(pg), {"softmax(-1) of [S(0),S(1)]", {{x, {Shard(0), Shard(1)}}},
+                            [](const Inputs& in) { return softmax(in[0], -1); }, Placements{Shard(0), Shard(1)}});
+  });
+}
+
+TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
+  const auto ln = [](const Inputs& in) { return layer_norm(in[0], {in[0].size(-1)}, in[1], in[2]); };
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world, ln](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const int64_t c = 8;
+      const Tensor x = float_tensor({3 * world + 1, 3, c}, 1);
+      const Tensor weight = float_tensor({c}, 2), bias = float_tensor({c}, 3);
+      // The output and grad_x are row-wise (exact); grad_weight/grad_bias are Partial sums over
+      // each rank's rows, all-reduced into the replicated parameters' layout (kSplitSum).
+      for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
+        check_op(mesh, {"layer_norm x " + placements_str(placements) + ", weight/bias R",
+                        {{x, placements}, {weight, {Replicate()}}, {bias, {Replicate()}}},
+                        ln, placements, kExact, kSplitSum});
+      }
+      // Normalizing over a sharded dim gathers it first.
+      check_op(mesh, {"layer_norm x S(2)", {{x, {Shard(2)}}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
+                      std::nullopt, kExact, kSplitSum});
+    });
+  }
+  run_on_ranks(4, [ln](ProcessGroup& pg) {
+    const Tensor x = float_tensor({4, 5, 6}, 4), weight = float_tensor({6}, 5), bias = float_tensor({6}, 6);
+    check_op(mesh_2x2(pg), {"layer_norm [S(0),S(1)]",
+                            {{x, {Shard(0), Shard(1)}}, {weight, {Replicate(), Replicate()}},
+                             {bias, {Replicate(), Replicate()}}},
+                            ln, Placements{Shard(0), Shard(1)}, kExact, kSplitSum});
+  });
+}
+
+TEST(OpsNnTest, LayerNormParameterGradientIsPartialUntilItTakesTheParameterLayout) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    Tensor x = distribute_tensor(float_tensor({5, 4}, 1), mesh, {Shard(0)}, std::nullopt);
+    Tensor weight = distribute_tensor(float_tensor({4}, 2), mesh, {Replicate()}, std::nullopt);
+    Tensor bias = distribute_tensor(float_tensor({4}, 3), mesh, {Replicate()}, std::nullopt);
+    weight.set_requires_grad(true);
+    bias.set_requires_grad(true);
+    Tensor y = layer_norm(x, {4}, weight, bias);
+    // The backward kernel leaves the parameter gradients Partial(sum) (each rank summed its own
+    // rows); accumulating into the replicated leaf all-reduces them, once each.
+    CommDebugMode comm;
+    backward(sum(mul(y, y)));
+    EXPECT_EQ(comm.count(CollectiveKind::kAllReduce), 2) << comm.summary();
+    EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 0) << comm.summary();
+    EXPECT_EQ(dtensor_spec(weight.grad()).placements, (Placements{Replicate()}));
+    EXPECT_EQ(dtensor_spec(bias.grad()).placements, (Placements{Replicate()}));
+  });
+}
+
+TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const int64_t vocab = 3 * world + 1, dim = 2 * world + 1;
+      const Tensor table = integer_tensor({vocab, dim}, 1);
+      std::vector<int64_t> ids;
+      for (int64_t i = 0; i < 12; ++i) ids.push_back((i * 5 + 3) % vocab);  // every shard, repeats
+      const Tensor indices = ops::from_vector_i64(ids, {3, 4});
+      const auto lookup = [](const Inputs& in) { return embedding(in[0], in[1]); };
+      // Vocabulary parallel: each rank looks up the rows it owns (zeros elsewhere) -> Partial(sum).
+      check_op(mesh, {"embedding table S(0), indices R", {{table, {Shard(0)}}, {indices, {Replicate()}}}, lookup,
+                      Placements{Partial(ReduceOp::kSum)}});
+      // Feature parallel: each rank holds some columns of every row -> sharded on the last dim.
+      check_op(mesh, {"embedding table S(1), indices R", {{table, {Shard(1)}}, {indices, {Replicate()}}}, lookup,
+                      Placements{Shard(2)}});
+      check_op(mesh, {"embedding table R, indices S(0)", {{table, {Replicate()}}, {indices, {Shard(0)}}}, lookup,
+                      Placements{Shard(0)}});
+    });
+  }
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    const Tensor table = integer_tensor({9, 5}, 2);
+    const Tensor indices = ops::from_vector_i64({0, 8, 4, 4, 7, 1}, {2, 3});
+    check_op(mesh_2x2(pg), {"embedding table [R,S(0)], indices [S(0),R]",
+                            {{table, {Replicate(), Shard(0)}}, {indices, {Shard(0), Replicate()}}},
+                            [](const Inputs& in) { return embedding(in[0], in[1]); },
+                            Placements{Shard(0), Partial()}});
+  });
+}
+
+// Targets with ignored rows and every vocabulary shard hit.
+Tensor ce_targets(int64_t rows, int64_t vocab) {
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < rows; ++i) t.push_back(i % 4 == 2 ? -100 : (i * 7 + 1) % vocab);
+  return ops::from_vector_i64(t, {rows});
+}
+
+TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
+  // 11 classes over 2 ranks (6 + 5), over 3 ranks (4 + 4 + 3).
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const int64_t n = 7, vocab = 11;
+      const Tensor logits_full = ops::mul(float_tensor({n, vocab}, 1), 4.0);
+      const Tensor targets_full = ce_targets(n, vocab);
+      for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+        SCOPED_TRACE(static_cast<int>(reduction));
+        Tensor ref_logits = ops::clone(logits_full);
+        ref_logits.set_requires_grad(true);
+        const Tensor ref_loss = cross_entropy(ref_logits, targets_full, -100, reduction);
+        backward(sum(ref_loss));
+
+        Tensor logits = distribute_tensor(logits_full, mesh, {Shard(1)}, std::nullopt);
+        logits.set_requires_grad(true);
+        const Tensor targets = distribute_tensor(targets_full, mesh, {Replicate()}, std::nullopt);
+        Tensor loss;
+        {
+          CommDebugMode comm;
+          loss = cross_entropy(logits, targets, -100, reduction);
+          // Row max, sum of exponentials, target logit: three small all-reduces of (N, 1).
+          EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 0) << comm.summary();
+          EXPECT_EQ(comm.count(CollectiveKind::kAllToAll), 0) << comm.summary();
+          EXPECT_EQ(comm.count(CollectiveKind::kAllReduce), 3) << comm.summary();
+          EXPECT_EQ(comm.total_count(), 3) << comm.summary();
+          EXPECT_EQ(comm.bytes(CollectiveKind::kAllReduce), 3 * n * 4) << comm.summary();
+        }
+        EXPECT_EQ(dtensor_spec(loss).placements, (Placements{Replicate()}));
+        expect_close(full_tensor(loss), ref_loss, kSplitSum, "loss");
+        {
+          // The gradient stays vocabulary-sharded: no communication at all.
+          CommDebugMode comm;
+          backward(sum(loss));
+          EXPECT_EQ(comm.total_count(), 0) << comm.summary();
+        }
+        EXPECT_EQ(dtensor_spec(logits.grad()).placements, (Placements{Shard(1)}));
+        expect_close(full_tensor(logits.grad()), ref_logits.grad(), kSplitSum, "grad logits");
+      }
+    });
+  }
+}
+
+TEST(OpsNnTest, CrossEntropyWithRowShardedLogitsAndOn2x2Mesh) {
+  run_on_ranks(3, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor logits = float_tensor({10, 6}, 2), targets = ce_targets(10, 6);
+    const auto ce = [](Reduction r) {
+      return [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); };
+    };
+    check_op(mesh, {"cross_entropy sum, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}}, ce(Reduction::kSum),
+                    Placements{Partial()}, kSplitSum, kSplitSum});
+    check_op(mesh, {"cross_entropy none, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
+                    ce(Reduction::kNone), Placements{Shard(0)}, kExact, kExact});
+    check_op(mesh, {"cross_entropy mean, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
+                    ce(Reduction::kMean), std::nullopt, kSplitSum, kSplitSum});
+  });
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    const Tensor logits = float_tensor({6, 11}, 3), targets = ce_targets(6, 11);
+    // dp shards the rows, tp the vocabulary (loss parallel inside each tp group).
+    for (Reduction r : {Reduction::kNone, Reduction::kMean}) {
+      check_op(mesh_2x2(pg), {"cross_entropy [S(0),S(1)] reduction " + std::to_string(static_cast<int>(r)),
+                              {{logits, {Shard(0), Shard(1)}}, {targets, {Shard(0), Replicate()}}},
+                              [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); }, std::nullopt,
+                              kSplitSum, kSplitSum});
+    }
+  });
+}
+
+TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
+  const auto attention = [](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); };
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world, attention](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const int64_t heads = 3 * world + 1;  // uneven
+      const Tensor q = float_tensor({2, heads, 5, 4}, 1), k = float_tensor({2, heads, 5, 4}, 2),
+                   v = float_tensor({2, heads, 5, 4}, 3);
+      // Each (batch, head) is computed whole on one rank, exactly as on a single rank.
+      check_op(mesh, {"attention q,k,v S(1)", {{q, {Shard(1)}}, {k, {Shard(1)}}, {v, {Shard(1)}}}, attention,
+                      Placements{Shard(1)}});
+      check_op(mesh, {"attention q,k,v S(0)", {{q, {Shard(0)}}, {k, {Shard(0)}}, {v, {Shard(0)}}}, attention,
+                      Placements{Shard(0)}});
+      // Sharded along the sequence: attention needs every key, so this gathers.
+      check_op(mesh, {"attention q,k,v S(2)", {{q, {Shard(2)}}, {k, {Shard(2)}}, {v, {Shard(2)}}}, attention,
+                      std::nullopt});
+    });
+  }
+  run_on_ranks(4, [attention](ProcessGroup& pg) {
+    const Tensor q = float_tensor({2, 4, 3, 2}, 4), k = float_tensor({2, 4, 3, 2}, 5), v = float_tensor({2, 4, 3, 2}, 6);
+    const Placements dp_tp{Shard(0), Shard(1)};
+    check_op(mesh_2x2(pg), {"attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
+  });
+}
+
+TEST(OpsNnTest, AttentionBlockWithHeadsShardedFromColwiseProjections) {
+  // The tensor-parallel attention block: colwise q/k/v projections (W S(0)) give (B, T, C) S(2);
+  // the head split keeps the shard on H; attention, the merge back and the rowwise output
+  // projection (W S(1)) end in Partial(sum), and nothing communicates before it.
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const int64_t b = 2, t = 3, h = 4, d = 2, c = h * d;
+    const Tensor x_full = float_tensor({b, t, c}, 1);
+    const Tensor wq = float_tensor({c, c}, 2), wk = float_tensor({c, c}, 3), wv = float_tensor({c, c}, 4),
+                 wo = float_tensor({c, c}, 5);
+    const auto block = [&](const Inputs& in) {
+      const auto heads = [&](const Tensor& w) {
+        return transpose(reshape(matmul(in[0], transpose(w, 0, 1)), {b, t, h, d}), 1, 2);  // (B, H, T, D)
+      };
+      Tensor y = scaled_dot_product_attention(heads(in[1]), heads(in[2]), heads(in[3]), true);
+      y = reshape(transpose(y, 1, 2), {b, t, c});
+      return matmul(y, transpose(in[4], 0, 1));
+    };
+    Inputs reference{ops::clone(x_full), ops::clone(wq), ops::clone(wk), ops::clone(wv), ops::clone(wo)};
+    for (Tensor& r : reference) r.set_requires_grad(true);
+    const Tensor expected = block(reference);
+    backward(sum(expected));
+
+    Inputs inputs{distribute_tensor(x_full, mesh, {Replicate()}, std::nullopt),
+                  distribute_tensor(wq, mesh, {Shard(0)}, std::nullopt),
+                  distribute_tensor(wk, mesh, {Shard(0)}, std::nullopt),
+                  distribute_tensor(wv, mesh, {Shard(0)}, std::nullopt),
+                  distribute_tensor(wo, mesh, {Shard(1)}, std::nullopt)};
+    for (Tensor& in : inputs) in.set_requires_grad(true);
+    Tensor y;
+    {
+      CommDebugMode comm;
+      y = block(inputs);
+      EXPECT_EQ(comm.total_count(), 0) << comm.summary();
+    }
+    EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
+    // Products of non-integers summed over split features: kSplitSum.
+    expect_close(full_tensor(y), expected, kSplitSum, "attention block");
+    backward(sum(full_tensor(y)));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      EXPECT_EQ(dtensor_spec(inputs[i].grad()).placements, dtensor_spec(inputs[i]).placements) << i;
+      expect_close(full_tensor(inputs[i].grad()), reference[i].grad(), kSplitSum, "grad " + std::to_string(i));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace loom

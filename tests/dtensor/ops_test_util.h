@@ -1,0 +1,122 @@
+// Helpers for the per-op sharding tests (ops_*_test.cc): run a differentiable op once on plain
+// tensors (the single-rank reference, the same values on every rank) and once on DTensors
+// distributed with given placements, then compare the forward output, its placements and every
+// input's gradient.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "dtensor/dtensor.h"
+#include "tests/dtensor/dtensor_test_util.h"
+
+namespace loom::testing {
+
+// |actual - expected| <= atol + rtol * |expected| elementwise; {0, 0} means bit for bit.
+struct Tolerance {
+  double rtol = 0;
+  double atol = 0;
+};
+inline constexpr Tolerance kExact{};
+
+inline void expect_close(const Tensor& actual, const Tensor& expected, Tolerance tol, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  const std::vector<double> a = ops::to_vector(actual), e = ops::to_vector(expected);
+  if (tol.rtol == 0 && tol.atol == 0) {
+    EXPECT_EQ(a, e) << what;
+    return;
+  }
+  int reported = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double limit = tol.atol + tol.rtol * std::abs(e[i]);
+    if (!(std::abs(a[i] - e[i]) <= limit) && reported++ < 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << a[i] << ", expected " << e[i] << " (limit " << limit
+                    << ")";
+    }
+  }
+}
+
+// A float tensor with values in [-1, 1) (for ops whose results are not integers anyway).
+inline Tensor float_tensor(const Shape& shape, uint64_t seed) { return ops::uniform(shape, seed, -1.0, 1.0); }
+
+// (full tensor, how to distribute it). Floating inputs get requires_grad on both sides.
+struct OpInput {
+  Tensor full;
+  Placements placements;
+};
+
+struct OpCheck {
+  std::string name;
+  std::vector<OpInput> inputs;
+  // The op under test; called with plain tensors (reference) and with DTensors.
+  std::function<Tensor(const std::vector<Tensor>&)> op;
+  // The placements a PyTorch DTensor user expects on the output (unchecked when nullopt).
+  std::optional<Placements> expected_output;
+  Tolerance forward = kExact;
+  Tolerance backward = kExact;
+};
+
+// Forward: full_tensor(op(distributed inputs)) == op(full inputs). Backward through the scalar
+// loss sum(full_tensor(y) * W) (W integer-valued, fixed seed): each floating input's gradient is
+// a DTensor with the input's own placements whose full tensor equals the reference gradient.
+inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpCheck& check) {
+  SCOPED_TRACE(check.name + " on " + mesh->str());
+  // Reference.
+  std::vector<Tensor> reference_inputs;
+  for (const OpInput& input : check.inputs) {
+    Tensor t = ops::clone(input.full);
+    if (is_floating(t.dtype())) t.set_requires_grad(true);
+    reference_inputs.push_back(t);
+  }
+  const Tensor reference = check.op(reference_inputs);
+  const Tensor weights = integer_tensor(reference.shape(), 1234);
+  if (reference.requires_grad()) backward(sum(mul(reference, weights)));
+
+  // Distributed (no broadcast: every rank passes the same values).
+  std::vector<Tensor> inputs;
+  for (const OpInput& input : check.inputs) {
+    Tensor t = distribute_tensor(input.full, mesh, input.placements, std::nullopt);
+    if (is_floating(t.dtype())) t.set_requires_grad(true);
+    inputs.push_back(t);
+  }
+  const Tensor out = check.op(inputs);
+  ASSERT_TRUE(is_dtensor(out)) << check.name;
+  if (check.expected_output) {
+    EXPECT_EQ(placements_str(dtensor_spec(out).placements), placements_str(*check.expected_output)) << check.name;
+  }
+  const Tensor full = full_tensor(out);
+  expect_close(full, reference, check.forward, check.name + " forward");
+  if (!reference.requires_grad()) return;
+  backward(sum(mul(full, weights)));
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].requires_grad()) continue;
+    const std::string what = check.name + " grad of input " + std::to_string(i);
+    const Tensor grad = inputs[i].grad();
+    if (!reference_inputs[i].grad().defined()) {
+      EXPECT_FALSE(grad.defined()) << what;
+      continue;
+    }
+    ASSERT_TRUE(grad.defined()) << what;
+    ASSERT_TRUE(is_dtensor(grad)) << what;
+    // A gradient takes its parameter's placements (autograd's match_layout); a Partial input's
+    // gradient is left unchecked here (the adjoint of Partial is Replicate).
+    if (!dtensor_spec(inputs[i]).has_partial()) {
+      EXPECT_EQ(placements_str(dtensor_spec(grad).placements), placements_str(dtensor_spec(inputs[i]).placements))
+          << what;
+    }
+    expect_close(full_tensor(grad), reference_inputs[i].grad(), check.backward, what);
+  }
+}
+
+// The meshes most checks run on: 1-D over 2 and 3 ranks, and 2x2.
+inline std::shared_ptr<const DeviceMesh> mesh_1d(comm::ProcessGroup& pg) { return make_mesh(pg, {"tp"}, {pg.size()}); }
+inline std::shared_ptr<const DeviceMesh> mesh_2x2(comm::ProcessGroup& pg) { return make_mesh(pg, {"dp", "tp"}, {2, 2}); }
+
+}  // namespace loom::testing
