@@ -57,7 +57,7 @@ ProcessGroupGloo::~ProcessGroupGloo() {
 
 void ProcessGroupGloo::abort(const std::string& reason) { state_->abort(reason); }
 
-std::optional<std::string> ProcessGroupGloo::failure() const { return state_->failure(); }
+std::string ProcessGroupGloo::failure() const { return state_->failure().value_or(""); }
 
 void ProcessGroupGloo::check_cpu(const OpInfo& info, const std::vector<Tensor>& tensors) const {
   for (const Tensor& t : tensors) {

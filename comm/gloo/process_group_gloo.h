@@ -19,7 +19,9 @@
 // not block other traffic); a send matches the recv of the same tag on the peer, in issue
 // order. Tensors must stay alive and untouched until their Work completes. Issuing ops on one
 // group from several threads at once is not supported (the ProcessGroup front end is not
-// thread-safe); abort() and Work methods may be called from any thread.
+// thread-safe); abort() and Work methods may be called from any thread. A group also has one
+// thread writing its progress records (below); new_group() reuses the parent's TCP device (one
+// listening socket and Gloo I/O thread per create()).
 //
 // Algorithms. Loom drives Gloo's transport (pairs, unbound buffers) directly instead of Gloo's
 // collective algorithms, so every transfer can be aborted and uneven sizes need no staging:
@@ -45,16 +47,17 @@
 // (so peers blocked on this rank fail at once instead of waiting out the timeout) and every
 // later op fails at once with an error naming that first failure.
 // Size mismatches: a recv whose size or dtype differs from the send fails with an error naming
-// both sides (a 16-byte header precedes each message). Collectives do not exchange sizes: a
-// rank that passes a different size than its peers makes Gloo abort the process (an unchecked
-// exception on Gloo's I/O thread). Run with LOOM_DEBUG=collectives to check every collective's
-// op, dtype and sizes across ranks first; mismatches then raise on every rank.
+// both sides (a 16-byte header precedes each message). Collectives do not exchange sizes (that
+// would cost a round trip per op): a rank sending more bytes than its peer expects makes Gloo
+// abort the process (an unchecked exception on Gloo's I/O thread), fewer leaves part of the
+// peer's output stale. A different collective kind at the same position times out instead
+// (slots are per kind). Run with LOOM_DEBUG=collectives to compare every collective's op, dtype
+// and sizes across ranks first; mismatches then raise on every rank, naming both sides.
 #pragma once
 
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,8 +102,9 @@ class ProcessGroupGloo : public ProcessGroup {
   // this rank and `reason`). Thread-safe; idempotent (the first reason wins). An all_reduce or
   // other collective already running ends within milliseconds.
   void abort(const std::string& reason);
-  // The first failure (or abort reason) that poisoned the group; nullopt while healthy.
-  std::optional<std::string> failure() const;
+  // The first failure's message (or "aborted: <reason>"); empty while the group is usable. (The
+  // same as ProcessGroupNccl::failure().)
+  std::string failure() const;
 
   // Private: use create() or new_group().
   struct Token;

@@ -117,7 +117,7 @@ TEST(FaultsTest, TimeoutNamesTheRankThatNeverArrivedThenTheGroupIsPoisoned) {
           poisoned.record(pg.rank(), e.what(), ms_since(start));
         }
         auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
-        ASSERT_TRUE(gloo.failure().has_value());
+        EXPECT_THAT(gloo.failure(), HasSubstr("all_reduce #1"));
       },
       with_timeout(500ms));
   // Rank 0 or 1 times out first; the other may see the first one close its connections. Both
@@ -227,7 +227,7 @@ TEST(FaultsTest, AbortInterruptsARunningOpAtOnce) {
       caught.record(0, e.what(), ms_since(start));
     }
     aborter.join();
-    EXPECT_EQ(gloo.failure(), std::optional<std::string>("aborted: test abort"));
+    EXPECT_EQ(gloo.failure(), "aborted: test abort");
     try {
       pg.barrier()->wait();
     } catch (const Error& e) {

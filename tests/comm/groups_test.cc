@@ -158,6 +158,7 @@ TEST(GroupsTest, WorkCompletesWithoutWait) {
     EXPECT_TRUE(work->is_completed());
     EXPECT_EQ(work->exception(), nullptr);
     expect_values(t, {2, 2, 2, 2}, "all_reduce");
+    EXPECT_EQ(dynamic_cast<ProcessGroupGloo&>(pg).failure(), "");
   });
 }
 
