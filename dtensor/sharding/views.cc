@@ -45,6 +45,16 @@ ViewMap view_map(const Shape& in, const Shape& out, int64_t divisor) {
   if (shape_numel(in) == 0) return result;
   size_t i = 0, j = 0;
   while (i < in.size() || j < out.size()) {
+    // A size-1 dim with no size-1 partner carries nothing: step over it, so that it never
+    // starts a group ((B, 1, C) -> (B, C) maps C to C).
+    if (i < in.size() && in[i] == 1 && (j >= out.size() || out[j] != 1)) {
+      ++i;
+      continue;
+    }
+    if (j < out.size() && out[j] == 1 && (i >= in.size() || in[i] != 1)) {
+      ++j;
+      continue;
+    }
     std::vector<size_t> gi, go;
     int64_t pi = 1, po = 1;
     if (i < in.size()) { pi *= in[i]; gi.push_back(i++); }

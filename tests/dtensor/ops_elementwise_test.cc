@@ -34,7 +34,6 @@ using loom::testing::kExact;
 using loom::testing::make_mesh;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
-using loom::testing::OpCheck;
 using loom::testing::Tolerance;
 using Inputs = std::vector<Tensor>;
 

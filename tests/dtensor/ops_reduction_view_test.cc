@@ -12,7 +12,6 @@
 #include "autograd/functions.h"
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
-#include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
 
@@ -21,7 +20,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using comm::ProcessGroup;
-using comm::ReduceOp;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
 using loom::testing::expect_close;
