@@ -161,7 +161,14 @@ std::string GroupState::describe(const OpSpec& op, std::exception_ptr error) {
     cause = "an unknown exception";
   }
   std::string message = fmt::format("{} failed: {}", op.description, cause);
-  if (transport_failure) message += arrival_report(op, connection_failure, peer);
+  if (transport_failure) {
+    // Peers may already see this rank's connections closed (a Transfers destroyed with transfers
+    // in flight closes the mesh while the error unwinds), and the report below can take a while
+    // (it waits for the records of ranks that may be dead): record the cause first, so the peers'
+    // reports can name it. The first state wins; poison() keeps this one.
+    if (!failure()) board_.publish_state("failed: " + message, kStateFlush);
+    message += arrival_report(op, connection_failure, peer);
+  }
   return message;
 }
 

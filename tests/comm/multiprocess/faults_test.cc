@@ -185,7 +185,7 @@ CaseRun run_case(const Case& c) {
     rank.out_path = fmt::format("{}/rank-{}.out", dir, r);
     rank.err_path = fmt::format("{}/rank-{}.err", dir, r);
     rank.pid = spawn({g_fault_rank, "--fault", c.fault, "--victim", std::to_string(c.victim), "--timeout-ms",
-                      std::to_string(kTimeout.count() * 10), "--warmup", std::to_string(kWarmup)},
+                      std::to_string(kTimeout.count()), "--warmup", std::to_string(kWarmup)},
                      env, rank.out_path, rank.err_path, pgid);
     if (rank.pid < 0) {
       ADD_FAILURE() << "fork failed: " << strerror(errno);
@@ -232,10 +232,8 @@ CaseRun run_case(const Case& c) {
     if (rank.ended || rank.pid < 0) continue;
     int status = 0;
     waitpid(rank.pid, &status, 0);
-    if (!rank.stopped) {
-      rank.status = status;
-      rank.end = Clock::now();
-    }
+    rank.status = status;  // a stopped victim: killed here
+    if (!rank.stopped) rank.end = Clock::now();
     rank.ended = true;
   }
   if (pgid > 0) {
@@ -247,7 +245,8 @@ CaseRun run_case(const Case& c) {
 std::string all_stderr(const CaseRun& run) {
   std::string text;
   for (size_t r = 0; r < run.ranks.size(); ++r) {
-    text += fmt::format("--- rank {} ({}):\n{}", r, describe_status(run.ranks[r].status), run.ranks[r].err());
+    text += fmt::format("--- rank {} ({}{}):\n{}", r, run.ranks[r].stopped ? "stopped, then " : "",
+                        describe_status(run.ranks[r].status), run.ranks[r].err());
   }
   return text;
 }
@@ -328,6 +327,12 @@ TEST_P(FaultTest, EverySurvivorFailsFastNamingOpGroupSequenceAndVictim) {
   }
 }
 
+// Known limit (Gloo 2022-05, tcp::Pair::signalException): when a connection breaks while a
+// message is partly received (the pair's in-progress read) or partly sent (an unbound send queued
+// for EPOLLOUT), Gloo does not wake that transfer, so in kill_mid_large some survivors see the
+// failure only at their deadline ("timed out ... no data from rank N") instead of at once. They
+// still fail within timeout + 5 s, naming the victim (directly, or in the record of the peer that
+// saw the broken connection first).
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* fault :
