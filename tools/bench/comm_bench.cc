@@ -6,7 +6,9 @@
 // Ranks are threads of this process, each with its own ProcessGroupGloo (its own Gloo TCP device
 // and connections over loopback, rendezvous through an InMemoryStore), so the numbers include
 // the real TCP stack but share the machine's cores among all ranks — on a 2-core machine 4 ranks
-// contend for CPU. f32 data, ReduceOp::kSum.
+// contend for CPU. f32 data, ReduceOp::kSum. Each rank runs ~3 threads (caller, group worker,
+// Gloo I/O loop), so on a small machine small-message times are mostly scheduler wake-up
+// latency, and other load on the machine shows up directly (`nice -n -10` helps).
 //
 // Definitions (nccl-tests, PERFORMANCE.md). "size" is:
 //   all_reduce      the buffer (in place)
@@ -120,7 +122,7 @@ struct Settings {
   int64_t min_bytes = 4 << 10;
   int64_t max_bytes = 64 << 20;
   int step = 4;
-  int warmup = 2;
+  int warmup = 5;
   int min_iters = 3;
   int max_iters = 1000;
   double target_s = 0.25;
