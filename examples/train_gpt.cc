@@ -1,22 +1,39 @@
-// `./loom train`: Loom's main job.
+// `./loom train`: train a GPT on CPU ranks with data parallelism (DDP over "dp") and tensor
+// parallelism (Megatron-style over "tp"), on text that needs no download.
 //
-// For now (issue 2) this is the stand-in the GPT job will replace: a one-hidden-layer MLP
-// trained on one rank with Loom's own tensors, autograd and AdamW, on a synthetic three-arm
-// spiral (generated from a seed: nothing to download). It prints the loss as it falls and the
-// final training accuracy.
+//   ./loom train                         # tiny GPT, dp=2 x tp=2 = 4 ranks, GPL-3 text
+//   ./loom train --dp 1 --tp 1 --steps 50 --data my.txt
+//
+// Started without a launcher (no RANK in the environment) and with more than one rank, the
+// program re-launches itself under loomrun (--launcher), one process per rank. Rank 0 prints
+// one line per step (loss, lr, tokens/s, ms/step, peak memory), writes the metrics as JSONL, a
+// loss-curve PNG (gnuplot) and a generated sample at the end.
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numbers>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
-#include "autograd/functions_nn.h"
+#include "autograd/grad_mode.h"
 #include "base/error.h"
-#include "nn/layers.h"
-#include "nn/linear.h"
+#include "comm/init.h"
+#include "dtensor/dtensor.h"
+#include "mesh/device_mesh.h"
+#include "models/data/token_data.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/plans.h"
+#include "optim/clip_grad.h"
 #include "optim/optimizer.h"
+#include "parallel/ddp/ddp.h"
 #include "tensor/ops.h"
 
 namespace {
@@ -24,88 +41,231 @@ namespace {
 using namespace loom;
 
 struct Flags {
+  int dp = 2, tp = 2, pp = 1;
   int steps = 300;
-  int hidden = 64;
-  int points_per_class = 200;
-  double lr = 1e-2;
-  uint64_t seed = 1;
-  int log_every = 25;
+  int batch_size = 16;  // global batch, in sequences per optimizer step
+  int seq_len = 64;
+  int grad_accum = 1;
+  std::string model = "tiny";
+  int n_layer = 0, n_head = 0, n_embd = 0;
+  double lr = 3e-3;
+  uint64_t seed = 1337;
+  std::string data = "/usr/share/common-licenses/GPL-3";
+  std::string metrics_out = "train_gpt_metrics.jsonl";
+  std::string plot_out = "train_gpt_loss.png";
+  std::string init_from, save;
+  std::string launcher;
+  double clip = 1.0;  // gradient-norm clip
+  int sample_tokens = 200;
+  int log_every = 10;
 };
 
-// Three interleaved spiral arms in 2-D (x: (3n, 2) f32, y: (3n,) i64), noise from the seed.
-std::pair<Tensor, Tensor> make_spiral(int per_class, uint64_t seed) {
-  constexpr int kClasses = 3;
-  const int n = per_class * kClasses;
-  const std::vector<double> noise = ops::to_vector(ops::normal({n}, seed, 0.0, 0.2));
-  std::vector<float> xs(2 * n);
-  std::vector<int64_t> ys(n);
-  for (int c = 0; c < kClasses; ++c) {
-    for (int i = 0; i < per_class; ++i) {
-      const int k = c * per_class + i;
-      const double r = static_cast<double>(i) / per_class;
-      const double t = c * 4.0 + 4.0 * r + noise[k];
-      xs[2 * k] = static_cast<float>(r * std::sin(t));
-      xs[2 * k + 1] = static_cast<float>(r * std::cos(t));
-      ys[k] = c;
-    }
-  }
-  return {ops::from_vector(xs, {n, 2}), ops::from_vector_i64(ys, {n})};
+// Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
+double learning_rate(const Flags& f, int step) {
+  const int warmup = std::max(1, f.steps / 20);
+  if (step < warmup) return f.lr * (step + 1) / warmup;
+  const double progress = static_cast<double>(step - warmup) / std::max(1, f.steps - warmup);
+  return f.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }
 
-class Mlp : public nn::Module {
- public:
-  Mlp(int hidden, uint64_t seed) : Module("Mlp") {
-    fc1_ = register_module("fc1", std::make_shared<nn::Linear>(2, hidden, nn::LinearOptions{.seed = seed}));
-    fc2_ = register_module("fc2", std::make_shared<nn::Linear>(hidden, 3, nn::LinearOptions{.seed = seed + 2}));
+int64_t peak_memory_bytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+[[noreturn]] void relaunch(const Flags& f, int argc, char** argv) {
+  const int world = f.dp * f.tp * f.pp;
+  LOOM_CHECK(!f.launcher.empty(),
+             "train_gpt: {} ranks requested (dp={} tp={} pp={}) but no launcher: run under loomrun, or pass "
+             "--launcher PATH_TO_LOOMRUN (./loom train does)",
+             world, f.dp, f.tp, f.pp);
+  std::vector<std::string> args{f.launcher, "--nproc-per-node", std::to_string(world), "--"};
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  args.push_back(n > 0 ? std::string(self, n) : argv[0]);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  std::vector<char*> c_args;
+  for (auto& a : args) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  std::fflush(stdout);
+  execv(c_args[0], c_args.data());
+  LOOM_FAIL("train_gpt: could not start the launcher '{}': {}", f.launcher, std::strerror(errno));
+}
+
+void write_plot(const std::vector<double>& losses, const std::string& png) {
+  const std::string data = png + ".dat", script = png + ".gnuplot";
+  std::ofstream points(data);
+  for (size_t step = 0; step < losses.size(); ++step) points << step << " " << losses[step] << "\n";
+  points.close();
+  std::ofstream out(script);
+  out << "set terminal pngcairo size 800,500\nset output '" << png << "'\nset xlabel 'step'\nset ylabel 'loss (nats)'\n"
+      << "set title 'train_gpt'\nset grid\nplot '" << data << "' using 1:2 with lines title 'loss'\n";
+  out.close();
+  if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
+    fmt::print("loss curve: {}\n", png);
+  } else {
+    fmt::print("loss curve: gnuplot failed or is missing (./loom setup installs it); the losses are in {}\n", data);
   }
-  Tensor forward(const Tensor& x) override { return (*fc2_)(gelu((*fc1_)(x))); }
+}
 
- private:
-  std::shared_ptr<nn::Linear> fc1_, fc2_;
-};
+int run(const Flags& f) {
+  LOOM_CHECK(f.pp == 1, "train_gpt: --pp {} is not supported yet (pipeline parallelism lands in a later issue); use --pp 1",
+             f.pp);
+  LOOM_CHECK(f.init_from.empty() && f.save.empty(),
+             "train_gpt: --init-from/--save (safetensors) are not implemented yet");
+  auto world = comm::init_process_group("gloo");
+  const int rank = world->rank();
+  LOOM_CHECK(world->size() == f.dp * f.tp, "train_gpt: {} ranks but dp={} x tp={} = {}", world->size(), f.dp, f.tp,
+             f.dp * f.tp);
+  auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"dp", "tp"},
+                                                 std::vector<int64_t>{f.dp, f.tp});
+  const int64_t dp_rank = mesh->coordinate(0);
+  LOOM_CHECK(f.batch_size % (f.dp * f.grad_accum) == 0,
+             "train_gpt: --batch-size {} must divide by dp x grad-accum = {}", f.batch_size, f.dp * f.grad_accum);
 
-int run(const Flags& flags) {
-  auto [x, y] = make_spiral(flags.points_per_class, flags.seed);
-  Mlp model(flags.hidden, flags.seed);
-  optim::AdamW optimizer(model.parameters(), optim::AdamWOptions{.lr = flags.lr, .weight_decay = 0.0});
-  fmt::print("train_gpt (stand-in): MLP 2 -> {} -> 3 on a {}-point spiral, AdamW lr {}\n",
-             flags.hidden, x.size(0), flags.lr);
-  double first_loss = 0, loss_value = 0;
-  for (int step = 0; step <= flags.steps; ++step) {
-    Tensor loss = cross_entropy(model(x), y);
-    loss_value = loss.item<double>();
-    if (step == 0) first_loss = loss_value;
-    if (step % flags.log_every == 0 || step == flags.steps) {
-      fmt::print("step {:4d}  loss {:.4f}\n", step, loss_value);
+  const data::TokenData tokens = data::load_tokens(f.data);
+  models::GPTConfig config = models::GPTConfig::preset(f.model);
+  if (f.n_layer) config.n_layer = f.n_layer;
+  if (f.n_head) config.n_head = f.n_head;
+  if (f.n_embd) config.n_embd = f.n_embd;
+  config.vocab_size = tokens.vocab_size;
+  config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
+  auto model = std::make_shared<models::GPT>(config, f.seed);
+  if (f.tp > 1) models::parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]));
+  ddp::DistributedDataParallel ddp(model, mesh->group("dp"));
+  // Decoupled weight decay on matrices only; biases, norms and embeddings' rows too small to matter.
+  std::vector<Tensor> decay, no_decay;
+  for (const auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  optim::AdamW opt_decay(decay, {.lr = f.lr, .weight_decay = 0.1});
+  optim::AdamW opt_no_decay(no_decay, {.lr = f.lr, .weight_decay = 0.0});
+
+  const double entropy = data::unigram_entropy(tokens);
+  int64_t parameters = 0;
+  for (const auto& [name, p] : model->named_parameters()) parameters += p.numel();
+  std::ofstream metrics;
+  if (rank == 0) {
+    fmt::print("train_gpt: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", parameters, f.model,
+               mesh->str(), tokens.description, entropy);
+    metrics.open(f.metrics_out);
+  }
+  const int64_t per_rank = f.batch_size / f.dp, micro = per_rank / f.grad_accum;
+  double last_loss = 0;
+  std::vector<double> losses;
+  for (int step = 0; step < f.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    const double lr = learning_rate(f, step);
+    opt_decay.set_lr(lr);
+    opt_no_decay.set_lr(lr);
+    ddp.zero_grad();
+    Tensor step_loss = ops::zeros({});
+    for (int m = 0; m < f.grad_accum; ++m) {
+      const auto batch = data::batch_slice(tokens, f.seed, step, dp_rank * per_rank + m * micro, micro, f.seq_len);
+      Tensor loss = div(model->loss(batch.inputs, batch.targets), static_cast<double>(f.grad_accum));
+      if (m + 1 < f.grad_accum) {
+        auto guard = ddp.no_sync();
+        backward(loss);
+      } else {
+        backward(loss);
+      }
+      step_loss = ops::add(step_loss, detach(loss));
     }
-    if (step == flags.steps) break;
-    optimizer.zero_grad();
-    backward(loss);
-    optimizer.step();
+    const double grad_norm = optim::clip_grad_norm_(model->parameters(), f.clip);
+    opt_decay.step();
+    opt_no_decay.step();
+    // The loss reported is the global batch's: average over dp.
+    Tensor reported = ops::contiguous(step_loss);
+    mesh->group("dp")->all_reduce(reported, comm::ReduceOp::kAvg)->wait();
+    last_loss = reported.item<double>();
+    losses.push_back(last_loss);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double tokens_per_s = f.batch_size * f.seq_len / (ms / 1000.0);
+    if (rank == 0) {
+      nlohmann::json line{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
+                          {"ms_per_step", ms}, {"peak_mem_bytes", peak_memory_bytes()},
+                          {"grad_norm", grad_norm}};
+      metrics << line.dump() << "\n" << std::flush;
+      if (step % f.log_every == 0 || step + 1 == f.steps) {
+        fmt::print("step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n", step,
+                   last_loss, lr, tokens_per_s, ms, peak_memory_bytes() / 1048576.0);
+        std::fflush(stdout);
+      }
+    }
   }
-  const auto predicted = ops::max(model(x), 1).second;
-  const double accuracy =
-      ops::sum(ops::eq(predicted, y)).item<double>() / static_cast<double>(y.size(0));
-  fmt::print("loss {:.4f} -> {:.4f}, training accuracy {:.1f}%\n", first_loss, loss_value,
-             100.0 * accuracy);
-  return loss_value < first_loss ? 0 : 1;
+  // A sample, generated by every rank together (TP layers communicate), printed by rank 0.
+  {
+    NoGradGuard no_grad;
+    std::vector<int64_t> context{tokens.tokens[0]};
+    for (int i = 0; i < f.sample_tokens; ++i) {
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - f.seq_len);
+      std::vector<int64_t> window(context.begin() + start, context.end());
+      const Tensor logits = (*model)(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
+      const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, window.size() - 1, 1);
+      const auto probs = ops::to_vector(ops::softmax(last, 1));
+      // Sample with a counter-based draw (same on every rank).
+      const double u = ops::to_vector(ops::uniform({1}, f.seed + 7919 * i, 0.0, 1.0))[0];
+      double acc = 0;
+      int64_t choice = static_cast<int64_t>(probs.size()) - 1;
+      for (size_t t = 0; t < probs.size(); ++t) {
+        acc += probs[t];
+        if (u < acc) {
+          choice = static_cast<int64_t>(t);
+          break;
+        }
+      }
+      context.push_back(choice);
+    }
+    if (rank == 0 && tokens.vocab_size == 256) {
+      std::string text;
+      for (int64_t t : context) text += static_cast<char>(t);
+      fmt::print("sample:\n{}\n", text);
+    }
+  }
+  if (rank == 0) {
+    metrics.close();
+    fmt::print("final loss {:.4f} (unigram entropy {:.3f}); metrics: {}\n", last_loss, entropy, f.metrics_out);
+    write_plot(losses, f.plot_out);
+  }
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  Flags flags;
-  CLI::App app{"Train a model with Loom (stand-in: an MLP on a synthetic spiral)"};
-  app.add_option("--steps", flags.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", flags.hidden, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--points-per-class", flags.points_per_class, "spiral points per class")->check(CLI::PositiveNumber);
-  app.add_option("--lr", flags.lr, "AdamW learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--seed", flags.seed, "seed for data and initialization");
-  app.add_option("--log-every", flags.log_every, "print the loss every N steps")->check(CLI::PositiveNumber);
+  Flags f;
+  CLI::App app{"Train a GPT with data and tensor parallelism on CPU ranks"};
+  app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--tp", f.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--pp", f.pp, "pipeline-parallel degree (1 until pipelines land)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "global batch in sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
+  app.add_option("--grad-accum", f.grad_accum, "micro-batches per step")->check(CLI::PositiveNumber);
+  app.add_option("--model", f.model, "tiny or small (GPT-2 124M)");
+  app.add_option("--n-layer", f.n_layer, "override the preset's layers");
+  app.add_option("--n-head", f.n_head, "override the preset's heads");
+  app.add_option("--n-embd", f.n_embd, "override the preset's width");
+  app.add_option("--lr", f.lr, "peak learning rate (warmup, then cosine)")->check(CLI::PositiveNumber);
+  app.add_option("--seed", f.seed, "seed for initialization and batches");
+  app.add_option("--clip", f.clip, "clip the global gradient norm to this")->check(CLI::PositiveNumber);
+  app.add_option("--data", f.data, "a text file (byte tokens) or a GPT-2 token .bin file");
+  app.add_option("--metrics-out", f.metrics_out, "JSONL metrics, one object per step");
+  app.add_option("--plot-out", f.plot_out, "loss-curve PNG");
+  app.add_option("--init-from", f.init_from, "safetensors checkpoint to start from (not yet)");
+  app.add_option("--save", f.save, "safetensors file to write at the end (not yet)");
+  app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end");
+  app.add_option("--log-every", f.log_every, "print every N steps")->check(CLI::PositiveNumber);
+  app.add_option("--launcher", f.launcher, "loomrun, used to start the ranks when not launched");
   CLI11_PARSE(app, argc, argv);
   try {
-    return run(flags);
-  } catch (const loom::Error& error) {
+    if (std::getenv("RANK") == nullptr) {
+      if (f.dp * f.tp * f.pp > 1) relaunch(f, argc, argv);
+      // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
+      setenv("RANK", "0", 1);
+      setenv("WORLD_SIZE", "1", 1);
+    }
+    return run(f);
+  } catch (const Error& error) {
     fmt::print(stderr, "train_gpt: {}\n", error.what());
     return 1;
   }

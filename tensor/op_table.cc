@@ -53,6 +53,8 @@ void register_core_ops(OpTable& t) {
   t["to_dtype"] = [](C c) { return one(ops::to(c.inputs[0], c.dtype_attr(0))); };
   t["cat"] = [](C c) { return one(ops::cat(c.inputs, c.int_attr(0))); };
   t["match_layout"] = [](C c) { return one(ops::match_layout(c.inputs[0], c.inputs[1])); };
+  t["zeros_like"] = [](C c) { return one(ops::zeros_like(c.inputs[0])); };
+  t["ones_like"] = [](C c) { return one(ops::ones_like(c.inputs[0])); };
   t["fill_"] = [](C c) {
     ops::fill_(c.inputs[0], c.double_attr(0));
     return std::vector<Tensor>{};

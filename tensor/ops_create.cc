@@ -40,8 +40,15 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
-Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), like.dtype(), like.device()); }
-Tensor ones_like(const Tensor& like) { return ones(like.shape(), like.dtype(), like.device()); }
+// The *_like factories dispatch, so a DTensor `like` gives a DTensor with its layout.
+Tensor zeros_like(const Tensor& like) {
+  if (auto out = dispatch_extension("zeros_like", {like})) return (*out)[0];
+  return zeros(like.shape(), like.dtype(), like.device());
+}
+Tensor ones_like(const Tensor& like) {
+  if (auto out = dispatch_extension("ones_like", {like})) return (*out)[0];
+  return ones(like.shape(), like.dtype(), like.device());
+}
 
 Tensor arange(double start, double end, double step, DType dtype) {
   LOOM_CHECK(step != 0, "arange: step must be non-zero");

@@ -112,6 +112,17 @@ void register_elementwise_strategies(StrategyTable& t) {
                                                   : std::vector<std::vector<bool>>{});
   };
   t["copy_"] = in_place(/*allow_partial_self=*/true);
+  // Factories shaped like a DTensor keep its layout; a Partial `like` gives Replicate (a
+  // constant is not a partial sum).
+  const auto like = [](const OpCall&, const InputSpecs& in) {
+    OpSharding s;
+    s.output_shapes = {in[0]->shape};
+    for (const Placement& p : in[0]->placements) s.options.push_back({{p}, {p.is_partial() ? Replicate() : p}});
+    s.fixed_inputs = {0};
+    return s;
+  };
+  t["zeros_like"] = like;
+  t["ones_like"] = like;
   // (value, like) -> value with like's placements: `like` never moves, `value` follows it.
   // Where `like` is Partial, `value` becomes Replicate: autograd uses this for a leaf's
   // gradient, and the gradient of a Partial value is Replicate (every contribution has the same

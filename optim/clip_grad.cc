@@ -1,0 +1,71 @@
+#include "optim/clip_grad.h"
+
+#include <cmath>
+#include <map>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "tensor/ops.h"
+
+namespace loom::optim {
+
+namespace {
+
+double local_square_sum(const Tensor& t) {
+  const Tensor local = ops::to(t, kFloat32);
+  return ops::sum(ops::mul(local, local)).item<double>();
+}
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
+  LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
+  NoGradGuard no_grad;
+  double replicated = 0;
+  // Per (mesh, mesh dim): the sum of squares of shards split across that mesh dim's ranks.
+  std::map<std::pair<const DeviceMesh*, int64_t>, std::pair<std::shared_ptr<const DeviceMesh>, double>> sharded;
+  for (const Tensor& p : parameters) {
+    const Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (!is_dtensor(grad)) {
+      replicated += local_square_sum(grad);
+      continue;
+    }
+    const DTensorSpec& spec = dtensor_spec(grad);
+    int64_t split_dim = -1;
+    for (size_t md = 0; md < spec.placements.size(); ++md) {
+      const Placement& placement = spec.placements[md];
+      LOOM_CHECK(!placement.is_partial(), "clip_grad_norm_: a gradient is Partial ({}); reduce it first", spec.str());
+      if (!placement.is_shard()) continue;
+      LOOM_CHECK(split_dim < 0, "clip_grad_norm_: gradients sharded over several mesh dims are not supported yet ({})",
+                 spec.str());
+      split_dim = static_cast<int64_t>(md);
+    }
+    if (split_dim >= 0) {
+      auto& entry = sharded[{spec.mesh.get(), split_dim}];
+      entry.first = spec.mesh;
+      entry.second += local_square_sum(local_shard(grad));
+    } else {
+      replicated += local_square_sum(local_shard(grad));
+    }
+  }
+  double total = replicated;
+  for (auto& [key, entry] : sharded) {
+    Tensor sum = ops::scalar_tensor(entry.second, kFloat32);
+    sum = ops::reshape(sum, {1});
+    entry.first->group(key.second)->all_reduce(sum)->wait();
+    total += sum.item<double>();
+  }
+  const double norm = std::sqrt(total);
+  if (norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (const Tensor& p : parameters) {
+      const Tensor grad = p.grad();
+      if (grad.defined()) ops::copy_(grad, ops::mul(grad, scale));
+    }
+  }
+  return norm;
+}
+
+}  // namespace loom::optim

@@ -1,0 +1,19 @@
+// clip_grad_norm_: scales gradients so their global L2 norm is at most max_norm
+// (torch.nn.utils.clip_grad_norm_), across DTensor shards.
+//
+// The squared norm of a sharded gradient is the sum over its shards, so each rank adds up its
+// local shards' squares and the mesh group adds them across ranks — one all-reduce per mesh for
+// all DTensor gradients together — while replicated and plain gradients count once. Collective
+// when any gradient is a DTensor: every rank of its mesh calls it.
+#pragma once
+
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace loom::optim {
+
+// Returns the total norm before clipping. Parameters without a gradient are skipped.
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm);
+
+}  // namespace loom::optim
