@@ -92,8 +92,10 @@ ProcessGroup::OpInfo ProcessGroup::begin(CollectiveKind kind, int64_t bytes, std
 }
 
 void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fingerprint) {
-  // Each rank publishes (op, dtype, sizes) under the sequence number, then reads everyone's.
-  const std::string prefix = fmt::format("debug/collectives/{}/", info.sequence);
+  // Each rank publishes (op, dtype, sizes) under its count of collectives so far (not the op
+  // sequence number, which also counts send/recv and may differ between ranks), then reads
+  // everyone's.
+  const std::string prefix = fmt::format("debug/collectives/{}/", debug_collectives_checked_++);
   store_->set(prefix + std::to_string(rank_), fingerprint);
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));

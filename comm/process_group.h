@@ -150,6 +150,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t sequence_ = 0;
   uint64_t new_group_calls_ = 0;
   bool debug_collectives_;
+  uint64_t debug_collectives_checked_ = 0;  // collectives (not send/recv) fingerprinted so far
 };
 
 }  // namespace loom::comm
