@@ -13,116 +13,116 @@
 namespace loom {
 namespace {
 
-using testing::expect_gradcheck;
+using testing::passes_gradcheck;
 using testing::leaf;
 
 TEST(GradcheckTest, BinaryOpsWithBroadcasting) {
   // (3, 1, 4) op (2, 4): both operands broadcast.
   const auto a = leaf({3, 1, 4}, 1), b = leaf({2, 4}, 2, 0.5, 1.5);
-  expect_gradcheck([](const auto& x) { return add(x[0], x[1]); }, {a, b});
-  expect_gradcheck([](const auto& x) { return sub(x[0], x[1]); }, {a, b});
-  expect_gradcheck([](const auto& x) { return mul(x[0], x[1]); }, {a, b});
-  expect_gradcheck([](const auto& x) { return div(x[0], x[1]); }, {a, b});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return add(x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sub(x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return div(x[0], x[1]); }, {a, b}));
 }
 
 TEST(GradcheckTest, ScalarForms) {
   const auto a = leaf({2, 3}, 3);
-  expect_gradcheck([](const auto& x) { return add(x[0], 2.5); }, {a});
-  expect_gradcheck([](const auto& x) { return sub(x[0], 2.5); }, {a});
-  expect_gradcheck([](const auto& x) { return rsub(x[0], 2.5); }, {a});
-  expect_gradcheck([](const auto& x) { return mul(x[0], -1.5); }, {a});
-  expect_gradcheck([](const auto& x) { return div(x[0], 4.0); }, {a});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return add(x[0], 2.5); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sub(x[0], 2.5); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return rsub(x[0], 2.5); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(x[0], -1.5); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return div(x[0], 4.0); }, {a}));
 }
 
 TEST(GradcheckTest, UnaryOps) {
   const auto a = leaf({2, 3}, 4);
   const auto positive = leaf({2, 3}, 5, 0.5, 2.0);
-  expect_gradcheck([](const auto& x) { return neg(x[0]); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(x[0]); }, {a});
-  expect_gradcheck([](const auto& x) { return tanh(x[0]); }, {a});
-  expect_gradcheck([](const auto& x) { return gelu(x[0]); }, {a});
-  expect_gradcheck([](const auto& x) { return pow(x[0], 3.0); }, {a});
-  expect_gradcheck([](const auto& x) { return log(x[0]); }, {positive});
-  expect_gradcheck([](const auto& x) { return sqrt(x[0]); }, {positive});
-  expect_gradcheck([](const auto& x) { return rsqrt(x[0]); }, {positive});
-  expect_gradcheck([](const auto& x) { return pow(x[0], -0.5); }, {positive});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return neg(x[0]); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(x[0]); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(x[0]); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return gelu(x[0]); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return pow(x[0], 3.0); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return log(x[0]); }, {positive}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sqrt(x[0]); }, {positive}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return rsqrt(x[0]); }, {positive}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return pow(x[0], -0.5); }, {positive}));
   // relu away from its kink at 0 (finite differences straddling 0 are meaningless).
   const auto away = ops::from_vector({-0.8f, -0.3f, 0.4f, 0.9f}, {4});
   Tensor r = away;
   r.set_requires_grad(true);
-  expect_gradcheck([](const auto& x) { return relu(x[0]); }, {r});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return relu(x[0]); }, {r}));
 }
 
 TEST(GradcheckTest, SelectionOps) {
   const auto a = leaf({3, 4}, 6), b = leaf({4}, 7);
   const Tensor cond = ops::from_vector({1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0, 0}, {3, 4});
-  expect_gradcheck([cond](const auto& x) { return where(cond, x[0], x[1]); }, {a, b});
-  expect_gradcheck([cond](const auto& x) { return masked_fill(x[0], cond, -2.0); }, {a});
+  EXPECT_TRUE(passes_gradcheck([cond](const auto& x) { return where(cond, x[0], x[1]); }, {a, b}));
+  EXPECT_TRUE(passes_gradcheck([cond](const auto& x) { return masked_fill(x[0], cond, -2.0); }, {a}));
 }
 
 TEST(GradcheckTest, ViewsOnNonContiguousInputs) {
   const auto a = leaf({4, 6}, 8);
   // Each function starts from a transposed (non-contiguous) view of its input.
-  expect_gradcheck([](const auto& x) { return mul(reshape(transpose(x[0], 0, 1), {3, 8}), 2.0); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(view(x[0], {2, 12})); }, {a});
-  expect_gradcheck([](const auto& x) { return tanh(permute(reshape(x[0], {2, 3, 4}), {2, 0, 1})); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(narrow(transpose(x[0], 0, 1), 0, 1, 3)); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(slice(x[0], 1, 1, 6, 2)); }, {a});
-  expect_gradcheck([](const auto& x) { return mul(expand(unsqueeze(x[0], 0), {3, 4, 6}), 1.5); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(squeeze(unsqueeze(x[0], 1), 1)); }, {a});
-  expect_gradcheck([](const auto& x) { return exp(contiguous(transpose(x[0], 0, 1))); }, {a});
-  expect_gradcheck([](const auto& x) { return tanh(clone(x[0])); }, {a});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(reshape(transpose(x[0], 0, 1), {3, 8}), 2.0); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(view(x[0], {2, 12})); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(permute(reshape(x[0], {2, 3, 4}), {2, 0, 1})); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(narrow(transpose(x[0], 0, 1), 0, 1, 3)); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(slice(x[0], 1, 1, 6, 2)); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(expand(unsqueeze(x[0], 0), {3, 4, 6}), 1.5); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(squeeze(unsqueeze(x[0], 1), 1)); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(contiguous(transpose(x[0], 0, 1))); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(clone(x[0])); }, {a}));
 }
 
 TEST(GradcheckTest, SplittingAndJoining) {
   const auto a = leaf({5, 3}, 9), b = leaf({2, 3}, 10);
-  expect_gradcheck([](const auto& x) {
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
     auto pieces = chunk(x[0], 2, 0);  // uneven: 3 + 2 rows
     return add(mul(pieces[0], 2.0), sum(exp(pieces[1]), {0}, true));
-  }, {a});
-  expect_gradcheck([](const auto& x) {
+  }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
     auto pieces = split(x[0], 2, 0);  // 2 + 2 + 1 rows
     return mul(pieces[2], sum(pieces[0]));
-  }, {a});
-  expect_gradcheck([](const auto& x) {
+  }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
     const std::vector<Tensor> parts{x[0], exp(x[1])};
     return cat(parts, 0);
-  }, {a, b});
-  expect_gradcheck([](const auto& x) {
+  }, {a, b}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
     const std::vector<Tensor> parts{x[0], mul(x[0], x[0])};
     return stack(parts, 1);
-  }, {b});
+  }, {b}));
 }
 
 TEST(GradcheckTest, Reductions) {
   const auto a = leaf({2, 3, 4}, 11);
-  expect_gradcheck([](const auto& x) { return sum(x[0]); }, {a});
-  expect_gradcheck([](const auto& x) { return sum(x[0], {0, 2}); }, {a});
-  expect_gradcheck([](const auto& x) { return sum(x[0], {-1}, true); }, {a});
-  expect_gradcheck([](const auto& x) { return mean(x[0], {1}); }, {a});
-  expect_gradcheck([](const auto& x) { return mean(x[0]); }, {a});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sum(x[0]); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sum(x[0], {0, 2}); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sum(x[0], {-1}, true); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mean(x[0], {1}); }, {a}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mean(x[0]); }, {a}));
   // max needs values at least 2 * eps apart, or a perturbation flips the argmax and the
   // numeric derivative is meaningless: a permutation of 0.1-spaced values.
   std::vector<float> spaced(24);
   for (int i = 0; i < 24; ++i) spaced[i] = static_cast<float>((i * 7) % 24) * 0.1f - 1.2f;
   Tensor distinct = ops::from_vector(spaced, {2, 3, 4});
   distinct.set_requires_grad(true);
-  expect_gradcheck([](const auto& x) { return max(x[0], 1).first; }, {distinct});
-  expect_gradcheck([](const auto& x) { return max(x[0], -1, true).first; }, {distinct});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return max(x[0], 1).first; }, {distinct}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return max(x[0], -1, true).first; }, {distinct}));
 }
 
 TEST(GradcheckTest, Matmul) {
-  expect_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 12), leaf({4, 5}, 13)});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 12), leaf({4, 5}, 13)}));
   // Transposed operands reach the GEMM as flags; their gradients must still land right.
-  expect_gradcheck([](const auto& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
-                   {leaf({4, 3}, 14), leaf({5, 4}, 15)});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
+                   {leaf({4, 3}, 14), leaf({5, 4}, 15)}));
   // Batched with a broadcast batch dim.
-  expect_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({2, 1, 3, 4}, 16), leaf({5, 4, 2}, 17)});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({2, 1, 3, 4}, 16), leaf({5, 4, 2}, 17)}));
   // 1-D operands.
-  expect_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({4}, 18), leaf({4, 3}, 19)});
-  expect_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 20), leaf({4}, 21)});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({4}, 18), leaf({4, 3}, 19)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 20), leaf({4}, 21)}));
   // Only one operand requiring grad.
-  expect_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 22), ops::uniform({4, 2}, 23)});
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 22), ops::uniform({4, 2}, 23)}));
 }
 
 TEST(GradcheckTest, DtypeConversionPassesGradientBackInOriginalDtype) {

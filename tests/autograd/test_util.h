@@ -28,10 +28,12 @@ inline void expect_values_near(const Tensor& actual, const std::vector<double>& 
 }
 
 // Expects autograd::gradcheck (default tolerances) to accept `fn`'s gradients at `inputs`.
-inline void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                             const std::vector<Tensor>& inputs) {
+// EXPECT_TRUE(passes_gradcheck(fn, inputs)) reports the first mismatch on failure.
+inline ::testing::AssertionResult passes_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                                                   const std::vector<Tensor>& inputs) {
   const auto result = autograd::gradcheck(fn, inputs);
-  EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
+  if (result.ok) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << result.message << " (max abs error " << result.max_abs_error << ")";
 }
 
 }  // namespace loom::testing
