@@ -32,6 +32,11 @@ void append_attr(std::string& key, const OpAttr& attr) {
           key += fmt::format("[{}]", fmt::join(value, ","));
         } else if constexpr (std::is_same_v<V, DType>) {
           key += dtype_name(value);
+        } else if constexpr (std::is_same_v<V, double>) {
+          // Scalars (learning rates, clip scales) change every step; strategies may branch only on
+          // whether one is zero (masked_fill), so that is all the key keeps. Local ops still get
+          // the real value from the call.
+          key += value == 0.0 ? "0" : "x";
         } else {
           key += fmt::format("{}", value);
         }

@@ -41,6 +41,8 @@ struct OpSharding {
   std::vector<size_t> fixed_inputs;
 };
 
+// A strategy may read integer, bool and dtype attributes freely, but of a floating attribute
+// only whether it is zero: decisions are cached without the value (see propagator.cc).
 using StrategyFn = std::function<OpSharding(const OpCall& call, const InputSpecs& inputs)>;
 using StrategyTable = std::unordered_map<std::string, StrategyFn>;
 

@@ -9,6 +9,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/factories.h"
+#include "dtensor/sharding/propagator.h"
 #include "tests/dtensor/dtensor_test_util.h"
 
 namespace loom {
@@ -132,6 +133,22 @@ TEST(DTensorApiTest, ShardedRandomInitEqualsTheSliceOfTheFullInitBitForBit) {
       }
     });
   }
+}
+
+TEST(DTensorApiTest, ScalarArgumentsDoNotGrowTheDecisionCache) {
+  // Learning rates and clip scales change every step; one decision must serve them all (a
+  // training job once grew ~1 MiB per step here).
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    Tensor x = distribute_tensor(integer_tensor({4, 3}, 5), mesh, {Shard(0)});
+    sharding::clear_propagation_cache();
+    for (int i = 0; i < 50; ++i) {
+      Tensor y = ops::mul(x, 1.0 + i);
+      expect_equal(local_shard(y), ops::mul(local_shard(x), 1.0 + i));
+    }
+    EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
+    EXPECT_EQ(sharding::propagation_stats().cache_hits, 49);
+  });
 }
 
 }  // namespace
