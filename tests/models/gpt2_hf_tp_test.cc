@@ -1,0 +1,75 @@
+// GPT-2 HF checkpoints with tensor-parallel (DTensor) parameters: loading copies each rank's
+// slice into its local shard (no communication), and saving gathers with full_tensor on every
+// rank while rank 0 writes a file identical in content to the one-rank model's.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "dtensor/dtensor.h"
+#include "models/checkpoint/gpt2_hf.h"
+#include "models/checkpoint/safetensors.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/plans.h"
+#include "tensor/ops.h"
+
+namespace loom::models {
+namespace {
+
+GPTConfig small_config() {
+  GPTConfig config;
+  config.n_layer = 2;
+  config.n_head = 4;
+  config.n_embd = 16;
+  config.block_size = 8;
+  config.vocab_size = 37;
+  config.dropout = 0.0;
+  return config;
+}
+
+Tensor tokens(const GPTConfig& config) {
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < 2 * config.block_size; ++i) ids.push_back((i * 5 + 1) % config.vocab_size);
+  return ops::from_vector_i64(ids, {2, config.block_size});
+}
+
+TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
+  const GPTConfig config = small_config();
+  GPT reference(config, 41);
+  std::vector<double> expected;
+  {
+    NoGradGuard no_grad;
+    expected = ops::to_vector(reference(tokens(config)));
+  }
+  const std::string in_path = ::testing::TempDir() + "/tp_in.safetensors";
+  const std::string out_path = ::testing::TempDir() + "/tp_out.safetensors";
+  save_gpt2_hf(reference, in_path);
+
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{2});
+    GPT model(config, 42 + pg.rank());  // different values on each rank before loading
+    parallelize_gpt(model, mesh);
+    ASSERT_TRUE(is_dtensor(model.h[0]->attn->c_attn->weight()));
+    load_gpt2_hf(model, in_path);
+    NoGradGuard no_grad;
+    const std::vector<double> actual = ops::to_vector(model(tokens(config)));
+    ASSERT_EQ(actual.size(), expected.size());
+    // Sharded GEMMs and the all-reduce sum in another order: f32 rounding, 1e-5 of the scale.
+    double scale = 0;
+    for (double v : expected) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < actual.size(); ++i) ASSERT_NEAR(actual[i], expected[i], 1e-5 * scale + 1e-7) << i;
+    save_gpt2_hf(model, out_path, /*write=*/pg.rank() == 0);
+  });
+
+  const SafetensorsFile in = load_safetensors(in_path), out = load_safetensors(out_path);
+  ASSERT_EQ(in.tensors.size(), out.tensors.size());
+  for (const auto& [name, tensor] : in.tensors) {
+    ASSERT_TRUE(out.tensors.count(name)) << name;
+    EXPECT_EQ(ops::to_vector(out.tensors.at(name)), ops::to_vector(tensor)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace loom::models
