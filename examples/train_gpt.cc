@@ -93,14 +93,15 @@ int64_t peak_memory_bytes() {
   LOOM_FAIL("train_gpt: could not start the launcher '{}': {}", f.launcher, std::strerror(errno));
 }
 
-void write_plot(const std::vector<double>& losses, const std::string& png) {
+void write_plot(const std::vector<double>& losses, double entropy, const std::string& png) {
   const std::string data = png + ".dat", script = png + ".gnuplot";
   std::ofstream points(data);
   for (size_t step = 0; step < losses.size(); ++step) points << step << " " << losses[step] << "\n";
   points.close();
   std::ofstream out(script);
   out << "set terminal pngcairo size 800,500\nset output '" << png << "'\nset xlabel 'step'\nset ylabel 'loss (nats)'\n"
-      << "set title 'train_gpt'\nset grid\nplot '" << data << "' using 1:2 with lines title 'loss'\n";
+      << "set title 'train_gpt' noenhanced\nset grid\nplot '" << data << "' using 1:2 with lines title 'loss', "
+      << entropy << " with lines dashtype 2 title 'unigram entropy of the data'\n";
   out.close();
   if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
     fmt::print("loss curve: {}\n", png);
@@ -224,7 +225,7 @@ int run(const Flags& f) {
   if (rank == 0) {
     metrics.close();
     fmt::print("final loss {:.4f} (unigram entropy {:.3f}); metrics: {}\n", last_loss, entropy, f.metrics_out);
-    write_plot(losses, f.plot_out);
+    write_plot(losses, entropy, f.plot_out);
   }
   return 0;
 }
