@@ -7,12 +7,17 @@ train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 
-run() {  # run NAME DP TP
-  "$train" --launcher "$loomrun" --dp "$2" --tp "$3" --steps 8 --log-every 1 --sample-tokens 5 \
-    --metrics-out "$1.jsonl" --plot-out "$1.png" > "$1.log" 2>&1 || { cat "$1.log"; exit 1; }
+run() {  # run NAME DP TP STEPS [extra flags]
+  local name="$1" dp="$2" tp="$3" steps="$4"
+  shift 4
+  "$train" --launcher "$loomrun" --dp "$dp" --tp "$tp" --steps "$steps" --log-every 1 --sample-tokens 5 \
+    --metrics-out "$name.jsonl" --plot-out "$name.png" "$@" > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
 }
-run single 1 1
-run grid 2 2
+run single 1 1 8
+run grid 2 2 8 --save trained.safetensors
+# A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
+# where the first left off: its first loss is far below a fresh model's.
+run resumed 1 1 1 --init-from trained.safetensors
 
 python_free_field() {  # field FILE KEY -> values, one per line
   sed -e "s/.*\"$2\":\([-0-9.e+]*\).*/\1/" "$1"
@@ -26,6 +31,9 @@ paste <(python_free_field single.jsonl loss) <(python_free_field grid.jsonl loss
   { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs dp2 x tp2 " $2; bad = 1 } }
   NR == 1 { first = $2 } { last = $2 }
   END { if (last >= first) { print "loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
+fresh=$(python_free_field single.jsonl loss | head -1)
+resumed=$(python_free_field resumed.jsonl loss | head -1)
+awk -v f="$fresh" -v r="$resumed" 'BEGIN { exit !(r < f - 0.5) }' || { echo "resumed loss $resumed is not below fresh $fresh"; exit 1; }
 grep -q "loss curve: grid.png" grid.log || { echo "no loss curve"; cat grid.log; exit 1; }
 grep -q "sample:" grid.log || { echo "no sample"; exit 1; }
 echo "ok: losses equal across layouts and falling"
