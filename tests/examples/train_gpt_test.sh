@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: trains on 1 rank and on dp=2 x tp=2 (through loomrun); the loss falls, the
-# metrics file has one JSON object per step with the documented fields, and changing only the
-# parallel layout leaves the losses equal (to f32 rounding: 1e-4 absolute on values ~3-6).
+# metrics file has one JSON object per step with the documented fields, changing only the
+# parallel layout leaves the losses equal (to f32 rounding: 1e-4 absolute on values ~3-6), the
+# same run twice is bit-identical, and a saved checkpoint resumes training.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
@@ -15,6 +16,7 @@ run() {  # run NAME DP TP STEPS [extra flags]
 }
 run single 1 1 8
 run grid 2 2 8 --save trained.safetensors
+run grid_again 2 2 8
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors
@@ -31,6 +33,12 @@ paste <(python_free_field single.jsonl loss) <(python_free_field grid.jsonl loss
   { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs dp2 x tp2 " $2; bad = 1 } }
   NR == 1 { first = $2 } { last = $2 }
   END { if (last >= first) { print "loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
+# Determinism: the same job twice gives bit-identical losses (Gloo reduces in rank order).
+if ! diff <(python_free_field grid.jsonl loss) <(python_free_field grid_again.jsonl loss) > /dev/null; then
+  echo "two identical dp2 x tp2 runs gave different losses:"
+  paste <(python_free_field grid.jsonl loss) <(python_free_field grid_again.jsonl loss)
+  exit 1
+fi
 fresh=$(python_free_field single.jsonl loss | head -1)
 resumed=$(python_free_field resumed.jsonl loss | head -1)
 awk -v f="$fresh" -v r="$resumed" 'BEGIN { exit !(r < f - 0.5) }' || { echo "resumed loss $resumed is not below fresh $fresh"; exit 1; }
