@@ -59,6 +59,7 @@ struct Flags {
   double clip = 1.0;  // gradient-norm clip
   int sample_tokens = 200;
   int log_every = 10;
+  bool progress = true;  // a progress bar on the terminal (/dev/tty), when there is one
 };
 
 // Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
@@ -68,6 +69,35 @@ double learning_rate(const Flags& f, int step) {
   const double progress = static_cast<double>(step - warmup) / std::max(1, f.steps - warmup);
   return f.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
 }
+
+// A one-line progress bar on the user's terminal. It writes to /dev/tty rather than stdout, so
+// it still reaches the terminal when loomrun pipes rank 0's output, and never enters logs or
+// pipes (tests, CI: no terminal, no bar).
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : tty_(enabled ? std::fopen("/dev/tty", "w") : nullptr) {}
+  ~ProgressBar() {
+    if (tty_) {
+      std::fputs("\r\033[K", tty_);
+      std::fclose(tty_);
+    }
+  }
+  void update(int step, int steps, double loss, double tokens_per_s) {
+    if (!tty_) return;
+    constexpr int kWidth = 30;
+    const int filled = steps > 0 ? kWidth * (step + 1) / steps : kWidth;
+    fmt::print(tty_, "\r\033[K[{}{}] {}/{} loss {:.4f} {:.0f} tok/s", std::string(filled, '#'),
+               std::string(kWidth - filled, '.'), step + 1, steps, loss, tokens_per_s);
+    std::fflush(tty_);
+  }
+  // Clears the bar before a regular line is printed.
+  void clear() {
+    if (tty_) std::fputs("\r\033[K", tty_), std::fflush(tty_);
+  }
+
+ private:
+  std::FILE* tty_;
+};
 
 int64_t peak_memory_bytes() {
   rusage usage{};
@@ -157,6 +187,7 @@ int run(const Flags& f) {
   const int64_t per_rank = f.batch_size / f.dp, micro = per_rank / f.grad_accum;
   double last_loss = 0;
   std::vector<double> losses;
+  ProgressBar progress(rank == 0 && f.progress);
   for (int step = 0; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     const double lr = learning_rate(f, step);
@@ -191,12 +222,15 @@ int run(const Flags& f) {
                           {"grad_norm", grad_norm}};
       metrics << line.dump() << "\n" << std::flush;
       if (step % f.log_every == 0 || step + 1 == f.steps) {
+        progress.clear();
         fmt::print("step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n", step,
                    last_loss, lr, tokens_per_s, ms, peak_memory_bytes() / 1048576.0);
         std::fflush(stdout);
       }
+      progress.update(step, f.steps, last_loss, tokens_per_s);
     }
   }
+  progress.clear();
   // Every rank gathers (full_tensor over tp); rank 0 writes.
   if (!f.save.empty()) {
     models::save_gpt2_hf(*model, f.save, /*write=*/rank == 0);
@@ -265,6 +299,7 @@ int main(int argc, char** argv) {
   app.add_option("--save", f.save, "Hugging Face GPT-2 safetensors file to write after training");
   app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end");
   app.add_option("--log-every", f.log_every, "print every N steps")->check(CLI::PositiveNumber);
+  app.add_flag("!--no-progress", f.progress, "no progress bar on the terminal");
   app.add_option("--launcher", f.launcher, "loomrun, used to start the ranks when not launched");
   CLI11_PARSE(app, argc, argv);
   try {
