@@ -67,7 +67,8 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   // In place only into a gradient buffer the leaf owns (meta.accumulate_in_place).
   const Tensor current = leaf_.grad();
   if (!current.defined()) {
-    leaf_.set_grad(grad);
+    // A copy: `grad` may be the very tensor another leaf (add's backward) or the caller holds.
+    leaf_.set_grad(ops::clone(grad));
   } else if (meta.accumulate_in_place) {
     ops::add_(current, grad);
   } else {

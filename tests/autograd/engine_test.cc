@@ -140,5 +140,21 @@ TEST(EngineTest, GraphIsFreedWithItsOutputs) {
   EXPECT_TRUE(saved_storage.expired()) << "graph kept its saved tensors alive: a reference cycle";
 }
 
+TEST(EngineTest, LeafGradientsDoNotAliasEachOther) {
+  // add's backward hands the same gradient tensor to both inputs; each leaf's .grad must still
+  // be its own tensor, or an in-place update of one (clip_grad_norm_, optimizers) changes both.
+  Tensor a = ops::from_vector({1, 2}, {2});
+  Tensor b = ops::from_vector({3, 4}, {2});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  backward(sum(a + b));
+  {
+    NoGradGuard no_grad;
+    ops::copy_(a.grad(), ops::mul(a.grad(), 0.5));
+  }
+  expect_values_near(a.grad(), {0.5, 0.5}, 0);
+  expect_values_near(b.grad(), {1, 1}, 0);
+}
+
 }  // namespace
 }  // namespace loom
