@@ -161,6 +161,22 @@ void Reducer::finalize() {
               "take part in the loss, or construct with find_unused_parameters = true",
               fmt::join(unused, ", "));
   }
+  // An unused parameter contributes zeros (or a gradient set outside backward), never the stale
+  // bucket contents left under a .grad the optimizer reset; and .grad views the averaged result.
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (ready_[i]) continue;
+    const Tensor grad = slots_[i].param.grad();
+    if (!grad.defined() || local_of(grad).storage() != slots_[i].view.storage() ||
+        local_of(grad).offset() != slots_[i].view.offset()) {
+      NoGradGuard no_grad;
+      if (grad.defined()) {
+        ops::copy_(slots_[i].view, local_of(grad));
+      } else {
+        ops::fill_(slots_[i].view, 0.0);
+      }
+      bind_grad(i);
+    }
+  }
   while (next_bucket_ < buckets_.size()) launch(next_bucket_++);  // buckets with unused parameters
   for (auto& bucket : buckets_) bucket.work->wait();
   reset_iteration();

@@ -137,6 +137,30 @@ TEST(DDPTest, UnusedParametersAreNamedOrAccepted) {
   });
 }
 
+TEST(DDPTest, LocallyUnusedParameterAfterOptimizerZeroGradCountsAsZero) {
+  // Step 1 uses every parameter on both ranks; the optimizer then sets .grad to none. Step 2
+  // uses `unused` on rank 0 only: rank 1 must contribute zeros (not its stale step-1 gradient),
+  // and both ranks must end with the same averaged gradient.
+  comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>(/*with_unused=*/true);
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.find_unused_parameters = true});
+    optim::SGD opt(model->parameters(), {.lr = 0.0});
+    const Tensor x = ops::ones({2, 8});
+    const Tensor u = ops::ones({2, 4});
+    backward(add(loss_of(ddp(x)), loss_of((*model->unused)(u))));
+    opt.zero_grad();
+    Tensor loss = loss_of(ddp(x));
+    if (pg.rank() == 0) loss = add(loss, loss_of((*model->unused)(u)));
+    backward(loss);
+    // Rank 0's own gradient of `unused.bias` alone, halved by the average.
+    auto reference = std::make_shared<Mlp>(/*with_unused=*/true);
+    backward(loss_of((*reference->unused)(u)));
+    const Tensor expected = ops::mul(reference->unused->bias().grad(), 0.5);
+    ASSERT_TRUE(model->unused->bias().grad().defined()) << "rank " << pg.rank();
+    expect_close(model->unused->bias().grad(), expected, "unused.bias grad");
+  });
+}
+
 TEST(DDPTest, DifferentModelsAcrossRanksFailAtConstruction) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(/*with_unused=*/pg.rank() == 1);
