@@ -38,6 +38,12 @@ void install_input_hook(nn::Module& module, std::shared_ptr<const DeviceMesh> me
     if (!is_dtensor(input)) {
       Shape global = input.shape();
       if (!global.empty()) global.back() = in_features;
+      // Any other sharded dim is taken to be split evenly, as from_local does.
+      if (input_layout.is_shard() && !global.empty()) {
+        const int64_t d = input_layout.dim() < 0 ? input_layout.dim() + static_cast<int64_t>(global.size())
+                                                 : input_layout.dim();
+        if (d != static_cast<int64_t>(global.size()) - 1) global[d] *= mesh->size(0);
+      }
       x = from_local(input, mesh, {input_layout}, global);
     }
     return dtensor_spec(x).placements == Placements{desired} ? x : redistribute(x, {desired});

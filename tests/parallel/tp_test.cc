@@ -75,6 +75,22 @@ TEST(TensorParallelTest, ColwiseThenRowwiseMlpMatchesOneRank) {
   }
 }
 
+TEST(TensorParallelTest, ColwiseInputShardedOnRowsMatchesOneRank) {
+  // input_layouts = Shard(0): each rank passes its own rows; the hook gathers them.
+  const Tensor x = ops::uniform({4, 8}, 5, -1.0, 1.0);
+  Mlp reference;
+  const Tensor ref_out = reference(x);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{pg.size()});
+    Mlp model;
+    tp::parallelize_module(model, mesh,
+                           {{"fc1", std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.input_layouts = Shard(0)})},
+                            {"fc2", std::make_shared<tp::RowwiseParallel>()}});
+    expect_near(model(ops::narrow(x, 0, 2 * pg.rank(), 2)), ref_out, "output");
+  });
+}
+
 TEST(TensorParallelTest, PlanErrorsNameTheEntryAndModule) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
