@@ -1,7 +1,7 @@
 #include "optim/clip_grad.h"
 
 #include <cmath>
-#include <map>
+#include <algorithm>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -23,8 +23,16 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   double replicated = 0;
-  // Per (mesh, mesh dim): the sum of squares of shards split across that mesh dim's ranks.
-  std::map<std::pair<const DeviceMesh*, int64_t>, std::pair<std::shared_ptr<const DeviceMesh>, double>> sharded;
+  // Per (mesh, mesh dim): the sum of squares of shards split across that mesh dim's ranks, in the
+  // order the parameters first name them — the same on every rank, so the all-reduces below are
+  // issued in the same order everywhere (a map keyed by address would not be).
+  struct ShardedSum {
+    const DeviceMesh* mesh;
+    int64_t mesh_dim;
+    std::shared_ptr<const DeviceMesh> owner;
+    double sum;
+  };
+  std::vector<ShardedSum> sharded;
   for (const Tensor& p : parameters) {
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
@@ -43,18 +51,19 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
       split_dim = static_cast<int64_t>(md);
     }
     if (split_dim >= 0) {
-      auto& entry = sharded[{spec.mesh.get(), split_dim}];
-      entry.first = spec.mesh;
-      entry.second += local_square_sum(local_shard(grad));
+      auto it = std::find_if(sharded.begin(), sharded.end(), [&](const ShardedSum& e) {
+        return e.mesh == spec.mesh.get() && e.mesh_dim == split_dim;
+      });
+      if (it == sharded.end()) it = sharded.insert(sharded.end(), {spec.mesh.get(), split_dim, spec.mesh, 0.0});
+      it->sum += local_square_sum(local_shard(grad));
     } else {
       replicated += local_square_sum(local_shard(grad));
     }
   }
   double total = replicated;
-  for (auto& [key, entry] : sharded) {
-    Tensor sum = ops::scalar_tensor(entry.second, kFloat32);
-    sum = ops::reshape(sum, {1});
-    entry.first->group(key.second)->all_reduce(sum)->wait();
+  for (const ShardedSum& entry : sharded) {
+    Tensor sum = ops::reshape(ops::scalar_tensor(entry.sum, kFloat32), {1});
+    entry.owner->group(entry.mesh_dim)->all_reduce(sum)->wait();
     total += sum.item<double>();
   }
   const double norm = std::sqrt(total);

@@ -44,7 +44,11 @@ void SGD::step() {
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
-    : Optimizer(std::move(params)), options_(options), exp_avg_(params_.size()), exp_avg_sq_(params_.size()) {
+    : Optimizer(std::move(params)),
+      options_(options),
+      exp_avg_(params_.size()),
+      exp_avg_sq_(params_.size()),
+      steps_(params_.size(), 0) {
   lr_ = options.lr;
   LOOM_CHECK(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 && options.beta2 < 1,
              "AdamW: betas must be in [0, 1), got ({}, {})", options.beta1, options.beta2);
@@ -52,13 +56,15 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 
 void AdamW::step() {
   NoGradGuard no_grad;
-  ++steps_;
-  const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(steps_));
-  const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(steps_));
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
+    // Per-parameter step count (as torch.optim.AdamW): a parameter that first gets a gradient
+    // late starts its own bias correction.
+    const double step = static_cast<double>(++steps_[i]);
+    const double bias1 = 1.0 - std::pow(options_.beta1, step);
+    const double bias2 = 1.0 - std::pow(options_.beta2, step);
     if (!exp_avg_[i].defined()) {
       exp_avg_[i] = ops::zeros_like(p);
       exp_avg_sq_[i] = ops::zeros_like(p);

@@ -56,7 +56,7 @@ class AdamW : public Optimizer {
  private:
   AdamWOptions options_;
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
-  int64_t steps_ = 0;
+  std::vector<int64_t> steps_;  // per parameter
 };
 
 }  // namespace loom::optim

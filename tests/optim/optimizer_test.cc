@@ -61,6 +61,19 @@ TEST(AdamWTest, MatchesReferenceRecurrence) {
   }
 }
 
+TEST(AdamWTest, StepCountIsPerParameter) {
+  // b gets its first gradient at the second step: its update must equal a first step's.
+  Tensor a = param({1.0f}), b = param({1.0f});
+  AdamW adam({a, b}, AdamWOptions{.lr = 0.1, .weight_decay = 0.0});
+  a.set_grad(ops::from_vector({0.5f}, {1}));
+  adam.step();
+  a.set_grad(ops::from_vector({0.5f}, {1}));
+  b.set_grad(ops::from_vector({0.5f}, {1}));
+  adam.step();
+  // First Adam step moves by lr * m_hat / (sqrt(v_hat) + eps) = lr * sign(g) (almost exactly).
+  EXPECT_NEAR(ops::to_vector(b)[0], 1.0 - 0.1, 1e-6);
+}
+
 TEST(OptimizerTest, SkipsParametersWithoutGradAndRejectsNonLeaves) {
   Tensor p = param({1.0f});
   SGD sgd({p}, SGDOptions{.lr = 1.0});
