@@ -47,6 +47,24 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   Duration timeout_;
 };
 
+// Every rank sets prefix + its rank and waits for all others; a timeout names the ranks that
+// did not `verb` ("ranks [2] did not join within 10000 ms").
+void store_barrier(Store& store, const std::string& prefix, int rank, int size, Duration timeout,
+                   const std::string& what, const char* verb) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
+  store.set(keys[rank], std::string("1"));
+  try {
+    store.wait(keys, timeout);
+  } catch (const Error&) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    LOOM_FAIL("{}: ranks [{}] did not {} within {} ms", what, fmt::join(missing, ", "), verb, timeout.count());
+  }
+}
+
 std::string env_or_empty(const char* name) {
   const char* value = std::getenv(name);
   return value ? std::string(value) : std::string();
@@ -97,19 +115,7 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
     Store& store, int rank, int size, Duration timeout,
     const std::shared_ptr<::gloo::transport::Device>& device, const std::string& what) {
   // Join first, so a rank that never comes is named instead of a Gloo key.
-  std::vector<std::string> joined;
-  for (int r = 0; r < size; ++r) joined.push_back(fmt::format("gloo/joined/{}", r));
-  store.set(joined[rank], std::string("1"));
-  try {
-    store.wait(joined, timeout);
-  } catch (const Error&) {
-    std::vector<int> missing;
-    for (int r = 0; r < size; ++r) {
-      if (!store.check({joined[r]})) missing.push_back(r);
-    }
-    LOOM_FAIL("{}: ranks [{}] did not join within {} ms", what, fmt::join(missing, ", "),
-              timeout.count());
-  }
+  store_barrier(store, "gloo/joined/", rank, size, timeout, what, "join");
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   StoreAdapter adapter(store, "gloo/connect/", timeout);
@@ -121,6 +127,11 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
   } catch (const std::exception& e) {
     LOOM_FAIL("{}: connecting to peers failed (gloo: {})", what, e.what());
   }
+  // Leave only when every rank has connected. Gloo's listening side returns from
+  // connectFullMesh as soon as it has accepted, while the connecting side may not yet have seen
+  // its connect complete; if the listening rank went on and closed its pairs (its group done),
+  // the connecting rank would then read that close and fail with "Connection closed by peer".
+  store_barrier(store, "gloo/connected/", rank, size, timeout, what, "finish connecting");
   return context;
 }
 
