@@ -111,17 +111,26 @@ void broadcast(const OpEnv& env, const Tensor& tensor, int root) {
   round.wait();
 }
 
-void all_gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input) {
+namespace {
+// Every rank sends `input_for(peer)` to each peer and receives peer's piece into outputs[peer];
+// its own piece is copied. all_gather (one input for all) and all_to_all share it.
+template <typename InputFor>
+void exchange(const OpEnv& env, const std::vector<Tensor>& outputs, InputFor input_for) {
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
   Transfers round(env.mesh, env.deadline);
   for (int peer = 0; peer < world; ++peer) {
     if (peer == me) continue;
     round.recv(peer, slot(env, 0), bytes(outputs[peer]), nbytes(outputs[peer]));
-    round.send(peer, slot(env, 0), bytes(input), nbytes(input));
+    round.send(peer, slot(env, 0), bytes(input_for(peer)), nbytes(input_for(peer)));
   }
-  copy_bytes(bytes(outputs[me]), bytes(input), nbytes(input));
+  copy_bytes(bytes(outputs[me]), bytes(input_for(me)), nbytes(input_for(me)));
   round.wait();
+}
+}  // namespace
+
+void all_gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input) {
+  exchange(env, outputs, [&](int) -> const Tensor& { return input; });
 }
 
 void reduce_scatter(const OpEnv& env, const Tensor& output, const std::vector<Tensor>& inputs,
@@ -147,16 +156,7 @@ void reduce_scatter(const OpEnv& env, const Tensor& output, const std::vector<Te
 
 void all_to_all(const OpEnv& env, const std::vector<Tensor>& outputs,
                 const std::vector<Tensor>& inputs) {
-  const int world = env.mesh.size();
-  const int me = env.mesh.rank();
-  Transfers round(env.mesh, env.deadline);
-  for (int peer = 0; peer < world; ++peer) {
-    if (peer == me) continue;
-    round.recv(peer, slot(env, 0), bytes(outputs[peer]), nbytes(outputs[peer]));
-    round.send(peer, slot(env, 0), bytes(inputs[peer]), nbytes(inputs[peer]));
-  }
-  copy_bytes(bytes(outputs[me]), bytes(inputs[me]), nbytes(inputs[me]));
-  round.wait();
+  exchange(env, outputs, [&](int peer) -> const Tensor& { return inputs[peer]; });
 }
 
 void gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input, int root) {

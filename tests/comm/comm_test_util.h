@@ -56,28 +56,28 @@ inline double input_value(ReduceOp op, int rank, int64_t slot, int64_t i) {
 // The backend's result for reducing `values` (rank order) of `dtype` with `op`: f32
 // accumulation for floating dtypes (then one rounding to dtype), int64 arithmetic with
 // truncating average for integer dtypes.
+// One step of `op`'s fold (kAvg folds as a sum; the caller divides).
+template <typename T>
+T fold(T acc, T v, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return acc + v;
+    case ReduceOp::kProduct:
+      return acc * v;
+    case ReduceOp::kMax:
+      return std::max(acc, v);
+    case ReduceOp::kMin:
+      return std::min(acc, v);
+  }
+  return acc;
+}
+
 inline double reduce_expected(DType dtype, ReduceOp op, const std::vector<double>& values) {
   const int world = static_cast<int>(values.size());
   if (dtype == kInt32 || dtype == kInt64) {
     int64_t acc = static_cast<int64_t>(values[0]);
-    for (int r = 1; r < world; ++r) {
-      const auto v = static_cast<int64_t>(values[r]);
-      switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          acc += v;
-          break;
-        case ReduceOp::kProduct:
-          acc *= v;
-          break;
-        case ReduceOp::kMax:
-          acc = std::max(acc, v);
-          break;
-        case ReduceOp::kMin:
-          acc = std::min(acc, v);
-          break;
-      }
-    }
+    for (int r = 1; r < world; ++r) acc = fold(acc, static_cast<int64_t>(values[r]), op);
     if (op == ReduceOp::kAvg) acc /= world;
     return static_cast<double>(acc);
   }
@@ -86,24 +86,7 @@ inline double reduce_expected(DType dtype, ReduceOp op, const std::vector<double
     return ops::to_vector(ops::to(ops::from_vector({static_cast<float>(v)}, {1}), dtype))[0];
   };
   float acc = static_cast<float>(round(values[0]));
-  for (int r = 1; r < world; ++r) {
-    const auto v = static_cast<float>(round(values[r]));
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-    }
-  }
+  for (int r = 1; r < world; ++r) acc = fold(acc, static_cast<float>(round(values[r])), op);
   if (op == ReduceOp::kAvg) acc /= static_cast<float>(world);
   return round(acc);
 }

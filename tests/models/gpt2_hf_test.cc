@@ -11,6 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "models/checkpoint/safetensors.h"
+#include "tests/models/gpt2_hf_test_config.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -21,16 +22,7 @@ using ::testing::HasSubstr;
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
-GPTConfig small_config() {
-  GPTConfig config;
-  config.n_layer = 2;
-  config.n_head = 4;  // several heads, so head-major and qkv-major orders really differ
-  config.n_embd = 16;
-  config.block_size = 8;
-  config.vocab_size = 37;
-  config.dropout = 0.0;
-  return config;
-}
+GPTConfig small_config() { return gpt2_hf_test_config(); }
 
 Tensor tokens(const GPTConfig& config) {
   std::vector<int64_t> ids;

@@ -11,22 +11,14 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/checkpoint/safetensors.h"
 #include "models/gpt/gpt.h"
+#include "tests/models/gpt2_hf_test_config.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
 namespace {
 
-GPTConfig small_config() {
-  GPTConfig config;
-  config.n_layer = 2;
-  config.n_head = 4;
-  config.n_embd = 16;
-  config.block_size = 8;
-  config.vocab_size = 37;
-  config.dropout = 0.0;
-  return config;
-}
+GPTConfig small_config() { return gpt2_hf_test_config(); }
 
 Tensor tokens(const GPTConfig& config) {
   std::vector<int64_t> ids;
