@@ -60,6 +60,7 @@ struct Flags {
   int sample_tokens = 200;
   int log_every = 10;
   bool progress = true;  // a progress bar on the terminal (/dev/tty), when there is one
+  bool sequence_parallel = true;  // with tp > 1: norms and dropout on sequence shards
 };
 
 // Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
@@ -162,7 +163,14 @@ int run(const Flags& f) {
   config.vocab_size = tokens.vocab_size;
   config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
   auto model = std::make_shared<models::GPT>(config, f.seed);
-  if (f.tp > 1) models::parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]));
+  if (f.tp > 1) {
+    LOOM_CHECK(!f.sequence_parallel || f.seq_len % f.tp == 0,
+               "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} must divide by "
+               "--tp {} (or pass --no-sequence-parallel)",
+               f.seq_len, f.tp);
+    models::parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
+                            {.sequence_parallel = f.sequence_parallel});
+  }
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     models::load_gpt2_hf(*model, f.init_from);
@@ -243,8 +251,13 @@ int run(const Flags& f) {
     for (int i = 0; i < f.sample_tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(context.size()) - f.seq_len);
       std::vector<int64_t> window(context.begin() + start, context.end());
-      const Tensor logits = (*model)(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
-      const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, window.size() - 1, 1);
+      const int64_t length = static_cast<int64_t>(window.size());
+      // Sequence parallelism needs a length that divides by tp: pad on the right, which causal
+      // attention keeps from affecting the positions before it.
+      window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
+      Tensor logits = (*model)(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
+      if (is_dtensor(logits)) logits = full_tensor(logits);  // vocab-sharded under tp
+      const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).
       const double u = ops::to_vector(ops::uniform({1}, f.seed + 7919 * i, 0.0, 1.0))[0];
@@ -298,6 +311,8 @@ int main(int argc, char** argv) {
   app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 safetensors checkpoint to start from (shapes must match the model)");
   app.add_option("--save", f.save, "Hugging Face GPT-2 safetensors file to write after training");
   app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end");
+  app.add_flag("--sequence-parallel,!--no-sequence-parallel", f.sequence_parallel,
+               "with --tp > 1, run norms and dropout on sequence shards (default: on)");
   app.add_option("--log-every", f.log_every, "print every N steps")->check(CLI::PositiveNumber);
   app.add_flag("!--no-progress", f.progress, "no progress bar on the terminal");
   app.add_option("--launcher", f.launcher, "loomrun, used to start the ranks when not launched");

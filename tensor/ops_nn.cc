@@ -255,7 +255,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 
 // ---- dropout ----------------------------------------------------------------------------------
 
-DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training) {
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training, const RngRegion& region) {
   if (auto r = dispatch_extension("dropout", {x}, {p, static_cast<int64_t>(seed), training})) {
     return {(*r)[0], (*r)[1]};
   }
@@ -263,7 +263,7 @@ DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training) {
   check_floating(x, op, "x");
   check_dropout_p(p, x, op);
   if (!training || p == 0.0) return {x, Tensor()};
-  Tensor mask = bernoulli_keep_mask(x.shape(), seed, p);
+  Tensor mask = bernoulli_keep_mask(x.shape(), seed, p, region);
   if (p == 1.0) return {zeros(x.shape(), x.dtype()), mask};
   return {masked_scale(x, mask, static_cast<float>(1.0 / (1.0 - p))), mask};
 }

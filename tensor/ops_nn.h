@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "tensor/rng.h"
 #include "tensor/tensor.h"
 
 namespace loom::ops {
@@ -139,8 +140,10 @@ struct DropoutResult {
 };
 // out = x * mask / (1 - p) with mask = bernoulli_keep_mask(x.shape, seed, p) (tensor/rng.h):
 // deterministic in (seed, element index). p == 0 or !training returns x itself (no copy) and an
-// undefined mask; p == 1 gives zeros. p must be in [0, 1].
-DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
+// undefined mask; p == 1 gives zeros. p must be in [0, 1]. `region` says which block of a larger
+// logical tensor x is (tensor/rng.h): a shard then draws exactly its slice of the whole tensor's
+// mask, which is how sequence-parallel dropout matches one rank.
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training = true, const RngRegion& region = {});
 // grad * mask / (1 - p) (zeros when p == 1); an undefined mask returns grad unchanged.
 Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p);
 

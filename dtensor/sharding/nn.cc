@@ -2,7 +2,8 @@
 // dims they do not normalize; attention shards batch and head dims; the embedding table may
 // be sharded by vocabulary (masked lookup -> Partial(sum)) or by embedding dim; cross entropy
 // on vocabulary-sharded logits is loss parallel: three small all-reduces per call (row max,
-// sum of exponentials, target logit), never the full logits.
+// sum of exponentials, target logit), never the full logits. Dropout draws each shard's slice of
+// the global mask, so it runs sharded.
 #include "base/error.h"
 #include "comm/process_group.h"
 #include "dtensor/sharding/strategy.h"
@@ -222,10 +223,20 @@ void register_nn_strategies(StrategyTable& t) {
     return leading_dims(6, {true, true, true, true, true, true}, lead, {in[1]->shape, in[2]->shape, in[3]->shape});
   };
   t["dropout"] = [](const OpCall&, const InputSpecs& in) {
-    // The mask is drawn over the whole tensor (same on every rank), so dropout runs replicated.
-    OpSharding s;
-    s.output_shapes = {in[0]->shape, in[0]->shape};
-    s.options.push_back({{Replicate()}, {Replicate(), Replicate()}});
+    // The keep-mask is a pure function of (seed, global element index), so a shard draws exactly
+    // its slice of the whole tensor's mask: dropout runs on any Shard (sequence-parallel
+    // activations) with no communication. It is linear for a fixed mask, so Partial(sum|avg)
+    // inputs stay Partial (the mask itself, 0/1, is then Replicate).
+    const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
+    OpSharding s = leading_dims(1, {true}, ndim, {in[0]->shape, in[0]->shape});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+    s.local = [](const OpCall& local, const InputSpecs& specs) {
+      const DTensorSpec& spec = *specs[0];
+      const RngRegion region{spec.shape, spec.local_offset()};
+      auto r = ops::dropout(local.inputs[0], local.double_attr(0), static_cast<uint64_t>(local.int_attr(1)),
+                            local.bool_attr(2), region);
+      return std::vector<Tensor>{r.out, r.mask};
+    };
     return s;
   };
   t["dropout_backward"] = [](const OpCall&, const InputSpecs& in) {

@@ -7,6 +7,8 @@
 #include "autograd/functions_nn.h"
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "parallel/tp/loss_parallel.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -81,6 +83,7 @@ GPT::GPT(GPTConfig config, uint64_t seed) : Module("GPT"), config_(std::move(con
     h.push_back(blocks->append(std::make_shared<Block>(config_, seed + 16 * (i + 1))));
   }
   ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
+  lm_head = register_module("lm_head", std::make_shared<TiedLMHead>(wte));
   init_weights(seed);
 }
 
@@ -106,15 +109,18 @@ Tensor GPT::forward(const Tensor& idx) {
   const Tensor positions = ops::arange(time);
   Tensor x = (*drop_)(add((*wte)(idx), (*wpe)(positions)));
   for (const auto& block : h) x = (*block)(x);
-  x = (*ln_f)(x);
-  // lm_head tied to wte: logits = x @ wte^T.
-  return matmul(x, transpose(wte->weight(), 0, 1));
+  return (*lm_head)((*ln_f)(x));
 }
+
+Tensor TiedLMHead::forward(const Tensor& x) { return matmul(x, transpose(wte_->weight(), 0, 1)); }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   const Tensor logits = forward(idx);
   const int64_t vocab = logits.size(-1);
-  return cross_entropy(reshape(logits, {-1, vocab}), reshape(targets, {-1}));
+  const Tensor flat_logits = reshape(logits, {-1, vocab});
+  const Tensor flat_targets = reshape(targets, {-1});
+  return is_dtensor(logits) ? tp::loss_parallel_cross_entropy(flat_logits, flat_targets)
+                            : cross_entropy(flat_logits, flat_targets);
 }
 
 }  // namespace loom::models

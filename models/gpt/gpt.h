@@ -58,12 +58,27 @@ class Block : public nn::Module {
   std::shared_ptr<MLP> mlp;
 };
 
+// The output projection tied to the token embedding: logits = x @ wte.weight^T. It owns no
+// parameter (a state dict lists wte.weight once) but is a module, so a parallel plan can lay out
+// its input: with wte sharded by vocabulary the logits come out vocabulary-sharded, ready for
+// loss parallel cross entropy (models/gpt/plans.h).
+class TiedLMHead : public nn::Module {
+ public:
+  explicit TiedLMHead(std::shared_ptr<nn::Embedding> wte) : Module("TiedLMHead"), wte_(std::move(wte)) {}
+  Tensor forward(const Tensor& x) override;
+
+ private:
+  std::shared_ptr<nn::Embedding> wte_;
+};
+
 class GPT : public nn::Module {
  public:
   explicit GPT(GPTConfig config, uint64_t seed = 0);
   // idx (B, T) i64 token ids, T <= block_size -> logits (B, T, vocab_size).
   Tensor forward(const Tensor& idx) override;
-  // Mean next-token cross entropy of logits(idx) against targets (B, T) (ignore_index -100).
+  // Mean next-token cross entropy of logits(idx) against targets (B, T) (ignore_index -100), a
+  // plain scalar. Logits that are a DTensor (a plan sharded the vocabulary) take the loss parallel
+  // path: the targets are replicated on their mesh and the full logits are never gathered.
   Tensor loss(const Tensor& idx, const Tensor& targets);
   // GPT-2 initialization from `seed`; each parameter's values depend only on (seed, its name).
   void init_weights(uint64_t seed);
@@ -72,6 +87,7 @@ class GPT : public nn::Module {
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::vector<std::shared_ptr<Block>> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<TiedLMHead> lm_head;
 
  private:
   GPTConfig config_;

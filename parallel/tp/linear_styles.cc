@@ -1,86 +1,72 @@
-// ColwiseParallel and RowwiseParallel on nn::Linear.
-#include "autograd/grad_mode.h"
+// ColwiseParallel and RowwiseParallel on nn::Linear and nn::Embedding.
 #include "base/error.h"
-#include "dtensor/dtensor.h"
+#include "nn/layers.h"
 #include "nn/linear.h"
+#include "parallel/tp/layouts.h"
 #include "parallel/tp/style.h"
 
 namespace loom::tp {
 
 namespace {
 
-nn::Linear& as_linear(nn::Module& module, const std::string& fqn, const std::string& style) {
-  auto* linear = dynamic_cast<nn::Linear*>(&module);
-  LOOM_CHECK(linear != nullptr, "parallelize_module: {} applies to Linear modules, but '{}' is a {}", style, fqn,
-             module.type_name());
-  return *linear;
+using detail::distribute_parameter;
+using detail::prepare_input;
+using detail::prepare_output;
+
+enum class Kind { kLinear, kEmbedding };
+
+Kind kind_of(nn::Module& module, const std::string& fqn, const std::string& style) {
+  if (dynamic_cast<nn::Linear*>(&module) != nullptr) return Kind::kLinear;
+  if (dynamic_cast<nn::Embedding*>(&module) != nullptr) return Kind::kEmbedding;
+  LOOM_FAIL("parallelize_module: {} applies to Linear and Embedding modules, but '{}' is a {}", style, fqn,
+            module.type_name());
 }
 
-// Replaces parameter `name` with a DTensor (distributed from rank 0's values), keeping
-// requires_grad.
-void shard_parameter(nn::Module& module, const std::string& name, const std::shared_ptr<const DeviceMesh>& mesh,
-                     const Placement& placement) {
-  const Tensor& current = module.parameter(name);
-  if (!current.defined()) return;
-  NoGradGuard no_grad;
-  Tensor sharded = distribute_tensor(current, mesh, {placement});
-  sharded.set_requires_grad(true);
-  module.set_parameter(name, sharded);
-}
-
-// Inputs: plain tensors are wrapped as `input_layout`, then redistributed to `desired`. The
-// global size of the last dim is the Linear's in_features, which keeps uneven shards right
-// (from_local would otherwise assume even ones).
-void install_input_hook(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, Placement input_layout,
-                        Placement desired, int64_t in_features) {
-  module.register_forward_pre_hook([mesh, input_layout, desired, in_features](nn::Module&, const Tensor& input) {
-    Tensor x = input;
-    if (!is_dtensor(input)) {
-      Shape global = input.shape();
-      if (!global.empty()) global.back() = in_features;
-      // Any other sharded dim is taken to be split evenly, as from_local does.
-      if (input_layout.is_shard() && !global.empty()) {
-        const int64_t d = input_layout.dim() < 0 ? input_layout.dim() + static_cast<int64_t>(global.size())
-                                                 : input_layout.dim();
-        if (d != static_cast<int64_t>(global.size()) - 1) global[d] *= mesh->size(0);
-      }
-      x = from_local(input, mesh, {input_layout}, global);
-    }
-    return dtensor_spec(x).placements == Placements{desired} ? x : redistribute(x, {desired});
+// Installs the input and output conversions. A Linear's input keeps its global last dim
+// (in_features) so uneven feature shards come out right; token ids have no such dim.
+void install_hooks(nn::Module& module, const std::shared_ptr<const DeviceMesh>& mesh, Placement input_layout,
+                   Placement desired_input, Placement output_layout, bool use_local_output) {
+  std::optional<int64_t> in_features;
+  if (auto* linear = dynamic_cast<nn::Linear*>(&module)) in_features = linear->in_features();
+  module.register_forward_pre_hook([=](nn::Module&, const Tensor& input) {
+    return prepare_input(input, mesh, input_layout, desired_input, in_features);
   });
-}
-
-void install_output_hook(nn::Module& module, Placement output_layout, bool use_local_output) {
-  module.register_forward_hook([output_layout, use_local_output](nn::Module&, const Tensor&, const Tensor& output) {
-    Tensor y = dtensor_spec(output).placements == Placements{output_layout} ? output : redistribute(output, {output_layout});
-    return use_local_output ? to_local(y) : y;
+  module.register_forward_hook([=](nn::Module&, const Tensor&, const Tensor& output) {
+    return prepare_output(output, mesh, output_layout, output_layout, use_local_output);
   });
-}
-
-void check_one_dim(const DeviceMesh& mesh, const std::string& style) {
-  LOOM_CHECK(mesh.ndim() == 1, "parallelize_module: {} needs a 1-D mesh (e.g. mesh[\"tp\"]), got {}", style, mesh.str());
 }
 
 }  // namespace
 
 void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const {
-  check_one_dim(*mesh, name());
-  as_linear(module, fqn, name());
-  shard_parameter(module, "weight", mesh, Shard(0));
-  shard_parameter(module, "bias", mesh, Shard(0));
-  install_input_hook(module, mesh, options_.input_layouts.value_or(Replicate()), Replicate(),
-                     as_linear(module, fqn, name()).in_features());
-  install_output_hook(module, options_.output_layouts.value_or(Shard(-1)), options_.use_local_output);
+  detail::check_one_dim(*mesh, name());
+  const Placement input_layout = options_.input_layouts.value_or(Replicate());
+  if (kind_of(module, fqn, name()) == Kind::kLinear) {
+    distribute_parameter(module, fqn, "weight", mesh, Shard(0));
+    distribute_parameter(module, fqn, "bias", mesh, Shard(0));
+  } else {
+    // Each rank holds a slice of every embedding vector: its lookups give Shard(-1) outputs.
+    distribute_parameter(module, fqn, "weight", mesh, Shard(1));
+  }
+  install_hooks(module, mesh, input_layout, Replicate(), options_.output_layouts.value_or(Shard(-1)),
+                options_.use_local_output);
 }
 
 void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const {
-  check_one_dim(*mesh, name());
-  as_linear(module, fqn, name());
-  shard_parameter(module, "weight", mesh, Shard(1));
-  shard_parameter(module, "bias", mesh, Replicate());
-  install_input_hook(module, mesh, options_.input_layouts.value_or(Shard(-1)), Shard(-1),
-                     as_linear(module, fqn, name()).in_features());
-  install_output_hook(module, options_.output_layouts.value_or(Replicate()), options_.use_local_output);
+  detail::check_one_dim(*mesh, name());
+  if (kind_of(module, fqn, name()) == Kind::kLinear) {
+    distribute_parameter(module, fqn, "weight", mesh, Shard(1));
+    distribute_parameter(module, fqn, "bias", mesh, Replicate());
+    install_hooks(module, mesh, options_.input_layouts.value_or(Shard(-1)), Shard(-1),
+                  options_.output_layouts.value_or(Replicate()), options_.use_local_output);
+  } else {
+    // Vocab-parallel: each rank holds a range of rows (uneven when the vocabulary does not divide);
+    // ids outside it look up zeros, and the Partial sum of all ranks is the embedding.
+    distribute_parameter(module, fqn, "weight", mesh, Shard(0));
+    const Placement ids = options_.input_layouts.value_or(Replicate());
+    install_hooks(module, mesh, ids, Replicate(), options_.output_layouts.value_or(Replicate()),
+                  options_.use_local_output);
+  }
 }
 
 }  // namespace loom::tp

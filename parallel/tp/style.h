@@ -1,14 +1,24 @@
 // Tensor-parallel styles (torch.distributed.tensor.parallel): how one module's parameters,
 // inputs and outputs are laid out on a 1-D mesh, applied by parallelize_module().
 //
-//   ColwiseParallel   Linear weight (out, in) -> Shard(0), bias -> Shard(0). Input Replicate,
-//                     output Shard(-1) (the module computes its slice of the features).
-//   RowwiseParallel   Linear weight -> Shard(1), bias Replicate. Input Shard(-1), output
-//                     Replicate (one all-reduce of the Partial product).
+//   ColwiseParallel      Linear weight (out, in) -> Shard(0), bias -> Shard(0); Embedding weight
+//                        (V, C) -> Shard(1). Input Replicate, output Shard(-1).
+//   RowwiseParallel      Linear weight -> Shard(1), bias Replicate: input Shard(-1), output
+//                        Replicate (one all-reduce of the Partial product). Embedding weight ->
+//                        Shard(0) (vocab-parallel: each rank looks up its own rows, a Partial
+//                        sum): input Replicate, output Replicate.
+//   SequenceParallel     For norms and dropout: parameters Replicate, activations Shard(1) (the
+//                        sequence dim) in and out, so the per-token work is split across ranks.
+//   PrepareModuleInput   Only converts a module's input: `input_layouts` says how a plain input
+//   PrepareModuleOutput  is laid out, `desired_input_layouts` what it is redistributed to (and
+//                        likewise for the output).
 //
-// Plain tensors entering a parallelized module are taken to have `input_layouts` (from_local);
-// outputs are redistributed to `output_layouts` and, with use_local_output, returned as local
-// tensors — the torch defaults. Everything is differentiable.
+// Plain tensors entering a parallelized module are taken to have the input layout (from_local);
+// outputs are redistributed to the output layout and, with use_local_output, returned as local
+// tensors — the torch defaults (true for Colwise/Rowwise/PrepareModuleOutput, false for
+// SequenceParallel/PrepareModuleInput). Everything is differentiable. A parameter's gradient
+// always has the parameter's placements (autograd matches a distributed leaf's layout: a
+// Replicate norm weight used on sequence shards gets its Partial gradient all-reduced).
 #pragma once
 
 #include <memory>
@@ -54,6 +64,53 @@ class RowwiseParallel : public ParallelStyle {
 
  private:
   LayoutOptions options_;
+};
+
+struct SequenceParallelOptions {
+  int64_t sequence_dim = 1;
+  bool use_local_output = false;
+};
+
+class SequenceParallel : public ParallelStyle {
+ public:
+  explicit SequenceParallel(SequenceParallelOptions options = {}) : options_(options) {}
+  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  std::string name() const override { return "SequenceParallel"; }
+
+ private:
+  SequenceParallelOptions options_;
+};
+
+struct PrepareInputOptions {
+  Placement input_layouts;          // how a plain input is laid out (a DTensor keeps its own)
+  Placement desired_input_layouts;  // what the module receives
+  bool use_local_output = false;    // hand the module a local tensor instead of a DTensor
+};
+
+class PrepareModuleInput : public ParallelStyle {
+ public:
+  explicit PrepareModuleInput(PrepareInputOptions options) : options_(options) {}
+  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  std::string name() const override { return "PrepareModuleInput"; }
+
+ private:
+  PrepareInputOptions options_;
+};
+
+struct PrepareOutputOptions {
+  Placement output_layouts;          // how a plain output is laid out (a DTensor keeps its own)
+  Placement desired_output_layouts;  // what the caller receives
+  bool use_local_output = true;
+};
+
+class PrepareModuleOutput : public ParallelStyle {
+ public:
+  explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(options) {}
+  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  std::string name() const override { return "PrepareModuleOutput"; }
+
+ private:
+  PrepareOutputOptions options_;
 };
 
 }  // namespace loom::tp

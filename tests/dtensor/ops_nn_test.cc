@@ -111,6 +111,35 @@ TEST(OpsNnTest, LayerNormParameterGradientIsPartialUntilItTakesTheParameterLayou
   });
 }
 
+TEST(OpsNnTest, DropoutOnShardsDrawsTheirSliceOfTheGlobalMask) {
+  // Each element's keep/drop is a function of (seed, global index): a shard drops exactly what
+  // one rank dropping the whole tensor does, bit for bit, with no communication.
+  const auto drop = [](const Inputs& in) { return dropout(in[0], 0.3, 1234); };
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world, drop](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const Tensor x = float_tensor({2, 3 * world + 1, 5}, 1);  // uneven along dim 1
+      for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Shard(2)}}) {
+        check_op(mesh, {"dropout of " + placements_str(placements), {{x, placements}}, drop, placements});
+        const Tensor sharded = distribute_tensor(x, mesh, placements, std::nullopt);
+        CommDebugMode comm;
+        dropout(sharded, 0.3, 1234);
+        EXPECT_EQ(comm.total_count(), 0) << placements_str(placements) << ": " << comm.summary();
+      }
+      // Linear for a fixed mask: a Partial input stays Partial.
+      const Tensor partial = from_local(x, mesh, {Partial()});
+      CommDebugMode comm;
+      const Tensor y = dropout(partial, 0.3, 1234);
+      EXPECT_EQ(comm.total_count(), 0) << comm.summary();
+      EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
+    });
+  }
+  run_on_ranks(4, [drop](ProcessGroup& pg) {
+    check_op(mesh_2x2(pg), {"dropout of [S(1),S(0)]", {{float_tensor({5, 6}, 2), {Shard(1), Shard(0)}}}, drop,
+                            Placements{Shard(1), Shard(0)}});
+  });
+}
+
 TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
   for (int world : {2, 3}) {
     run_on_ranks(world, [world](ProcessGroup& pg) {

@@ -65,7 +65,7 @@ TEST(RedistributePlanTest, EveryPairOnThreeDimMeshReachesItsTarget) {
                 ASSERT_EQ(state, step.after);
               }
               ASSERT_EQ(state, to) << p.str();
-              if (from == to) EXPECT_TRUE(p.steps.empty());
+              if (from == to) { EXPECT_TRUE(p.steps.empty()); }
               ++pairs;
             }
   EXPECT_EQ(pairs, 15625);

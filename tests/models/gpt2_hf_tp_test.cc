@@ -46,7 +46,10 @@ TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
     ASSERT_TRUE(is_dtensor(model.h[0]->attn->c_attn->weight()));
     load_gpt2_hf(model, in_path);
     NoGradGuard no_grad;
-    const std::vector<double> actual = ops::to_vector(model(tokens(config)));
+    // The logits come out sharded by vocabulary (the plan's loss-parallel head).
+    const Tensor logits = model(tokens(config));
+    ASSERT_TRUE(is_dtensor(logits));
+    const std::vector<double> actual = ops::to_vector(full_tensor(logits));
     ASSERT_EQ(actual.size(), expected.size());
     // Sharded GEMMs and the all-reduce sum in another order: f32 rounding, 1e-5 of the scale.
     double scale = 0;

@@ -1,7 +1,8 @@
-// The whole training step against one rank: 4 AdamW steps of a tiny GPT under dp2, tp2,
-// dp2 x tp2 and gradient accumulation give the same losses and final parameters as one rank
-// on the same global batches, within 1e-5 relative (f32: sharded GEMMs and all-reduces sum in
-// another order).
+// The whole training step against one rank: 4 AdamW steps of a tiny GPT under dp2, tp2 (with
+// and without sequence parallelism), dp2 x tp2 and gradient accumulation give the same losses
+// and final parameters as one rank on the same global batches, within 1e-5 relative (f32:
+// sharded GEMMs and all-reduces sum in another order). The vocabulary is odd (257, as GPT-2's
+// 50257), so the vocab-parallel embedding and the loss-parallel head split it unevenly.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +24,7 @@ namespace {
 constexpr int kSteps = 4;
 constexpr int64_t kGlobalBatch = 8, kSeqLen = 32;
 
-GPTConfig config() { return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 256}; }
+GPTConfig config() { return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 257}; }
 
 data::TokenData corpus() {
   data::TokenData d;
@@ -44,13 +45,13 @@ struct Result {
 
 // One training run on `mesh` (dp x tp) with `accum` micro-batches per step; every rank returns
 // the global losses and the full final parameters.
-Result train(std::shared_ptr<const DeviceMesh> mesh, int accum) {
+Result train(std::shared_ptr<const DeviceMesh> mesh, int accum, GPTPlanOptions plan = {}) {
   const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1;
   const int64_t dp_rank = mesh ? mesh->coordinate(0) : 0;
   const auto data = corpus();
   auto model = std::make_shared<GPT>(config(), /*seed=*/5);
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  if (mesh && tp > 1) parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]));
+  if (mesh && tp > 1) parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), plan);
   if (mesh) ddp = std::make_unique<ddp::DistributedDataParallel>(model, mesh->group("dp"));
   optim::AdamW opt(model->parameters(), {.lr = 3e-3, .weight_decay = 0.1});
   Result result;
@@ -137,12 +138,21 @@ TEST(GPTEquivalenceTest, DataParallelWithGradientAccumulation) {
 
 TEST(GPTEquivalenceTest, TensorParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 1, 2), 1), ref, "tp2"); });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same(train(mesh_of(pg, 1, 2), 1, {.sequence_parallel = false}), ref, "tp2");
+  });
+}
+
+TEST(GPTEquivalenceTest, TensorParallelWithSequenceParallel) {
+  const Result& ref = reference();
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same(train(mesh_of(pg, 1, 2), 1, {.sequence_parallel = true}), ref, "tp2 + sequence parallel");
+  });
 }
 
 TEST(GPTEquivalenceTest, DataAndTensorParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2), 1), ref, "dp2 x tp2"); });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2), 1), ref, "dp2 x tp2 (sequence parallel)"); });
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // GPT under tensor parallelism against one rank: same seeds, same batch; losses and every
-// parameter's gradient agree, and the forward issues exactly two all-reduces per block.
+// parameter's gradient agree, for both plans (with and without sequence parallelism), an odd
+// vocabulary and dropout; the forward issues exactly the collectives the plan documents.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -17,9 +18,11 @@ namespace {
 
 using ::testing::HasSubstr;
 
-Tensor tokens(const Shape& shape, uint64_t seed) {
+Tensor tokens(const Shape& shape, uint64_t seed, int64_t vocab) {
   std::vector<int64_t> ids;
-  for (double v : ops::to_vector(ops::uniform(shape, seed, 0.0, 256.0))) ids.push_back(static_cast<int64_t>(v));
+  for (double v : ops::to_vector(ops::uniform(shape, seed, 0.0, static_cast<double>(vocab)))) {
+    ids.push_back(static_cast<int64_t>(v));
+  }
   return ops::from_vector_i64(ids, shape);
 }
 
@@ -33,9 +36,50 @@ void expect_close(const Tensor& actual, const Tensor& expected, const std::strin
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * scale + 1e-7) << what << " at " << i;
 }
 
-TEST(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
-  const GPTConfig config = GPTConfig::preset("tiny");
-  const Tensor x = tokens({2, 16}, 3), y = tokens({2, 16}, 4);
+struct PlanCase {
+  std::string name;
+  GPTPlanOptions plan;
+  int64_t vocab_size;
+  double dropout;
+};
+
+// Collectives of one forward and one backward, per the plan's documentation
+// (models/gpt/plans.h), with L blocks: the counts are part of the plan's contract, so a change
+// that adds a collective fails.
+struct Collectives {
+  int64_t all_reduce, all_gather, reduce_scatter;
+};
+Collectives expected_forward(const GPTPlanOptions& plan, int64_t layers) {
+  constexpr int64_t kLossAllReduces = 3;  // row max, sum of exponentials, target logit
+  if (!plan.sequence_parallel) return {1 + 2 * layers + kLossAllReduces, 0, 0};
+  // Embedding reduce-scatter; per block 2 all-gathers + 2 reduce-scatters; the head's gather.
+  return {kLossAllReduces, 2 * layers + 1, 2 * layers + 1};
+}
+Collectives expected_backward(const GPTPlanOptions& plan, int64_t layers) {
+  // The Partial input gradients of the column-parallel layers (2 per block) and of the head.
+  if (!plan.sequence_parallel) return {2 * layers + 1, 0, 0};
+  // Each collective of the forward has its adjoint (gather <-> reduce-scatter; the embedding's
+  // reduce-scatter becomes a gather, as does the cut of the position embeddings), and the
+  // replicated weight and bias of each of the 2L + 1 norms get their Partial gradients
+  // all-reduced.
+  return {2 * (2 * layers + 1), 2 * layers + 2, 2 * layers + 1};
+}
+
+void expect_collectives(const CommDebugMode& comm, const Collectives& want) {
+  EXPECT_EQ(comm.count(comm::CollectiveKind::kAllReduce), want.all_reduce) << comm.summary();
+  EXPECT_EQ(comm.count(comm::CollectiveKind::kAllGather), want.all_gather) << comm.summary();
+  EXPECT_EQ(comm.count(comm::CollectiveKind::kReduceScatter), want.reduce_scatter) << comm.summary();
+  EXPECT_EQ(comm.total_count(), want.all_reduce + want.all_gather + want.reduce_scatter) << comm.summary();
+}
+
+class GPTTensorParallelTest : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
+  const PlanCase& c = GetParam();
+  GPTConfig config = GPTConfig::preset("tiny");
+  config.vocab_size = c.vocab_size;
+  config.dropout = c.dropout;
+  const Tensor x = tokens({2, 16}, 3, c.vocab_size), y = tokens({2, 16}, 4, c.vocab_size);
   GPT reference(config, 7);
   Tensor ref_loss = reference.loss(x, y);
   backward(ref_loss);
@@ -44,25 +88,48 @@ TEST(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
     auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
                                                    std::vector<int64_t>{2});
     GPT model(config, 7);
-    parallelize_gpt(model, mesh);
+    parallelize_gpt(model, mesh, c.plan);
     Tensor loss;
     {
       CommDebugMode comm;
       loss = model.loss(x, y);
-      EXPECT_EQ(comm.count(comm::CollectiveKind::kAllReduce), 2 * config.n_layer) << comm.summary();
-      EXPECT_EQ(comm.total_count(), 2 * config.n_layer) << comm.summary();
+      expect_collectives(comm, expected_forward(c.plan, config.n_layer));
     }
+    EXPECT_FALSE(is_dtensor(loss));
     EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5 * std::abs(ref_loss.item<double>()));
-    backward(loss);
+    {
+      CommDebugMode comm;
+      backward(loss);
+      expect_collectives(comm, expected_backward(c.plan, config.n_layer));
+    }
     for (const auto& [name, p] : model.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
+      if (is_dtensor(p)) {
+        EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << "grad of " << name;
+      }
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
       expect_close(grad, ref_state.at(name).grad(), "grad of " + name);
     }
+    // The embedding is vocab-parallel: each rank holds its range of rows (uneven for odd V).
+    const Tensor& wte = model.wte->weight();
+    ASSERT_TRUE(is_dtensor(wte));
+    EXPECT_EQ(local_shard(wte).size(0), (c.vocab_size + 1 - pg.rank()) / 2);
   });
 }
 
-TEST(GPTTensorParallelTest, HeadsMustSplitEvenly) {
+INSTANTIATE_TEST_SUITE_P(
+    Plans, GPTTensorParallelTest,
+    ::testing::Values(PlanCase{"replicated_stream", {.sequence_parallel = false}, 256, 0.0},
+                      PlanCase{"sequence_parallel", {.sequence_parallel = true}, 256, 0.0},
+                      // GPT-2's vocabulary (50257) is odd: the embedding's rows split unevenly.
+                      PlanCase{"odd_vocab", {.sequence_parallel = false}, 67, 0.0},
+                      PlanCase{"sequence_parallel_odd_vocab", {.sequence_parallel = true}, 67, 0.0},
+                      // Dropout masks are drawn per global element, so shards drop what one rank does.
+                      PlanCase{"dropout", {.sequence_parallel = false}, 67, 0.1},
+                      PlanCase{"sequence_parallel_dropout", {.sequence_parallel = true}, 67, 0.1}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(GPTTensorParallelErrors, HeadsMustSplitEvenly) {
   comm::testing::run_on_ranks(3, [](comm::ProcessGroup& pg) {
     auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
                                                    std::vector<int64_t>{3});

@@ -110,7 +110,133 @@ TEST(TensorParallelTest, PlanErrorsNameTheEntryAndModule) {
       tp::parallelize_module(with_norm, mesh, {{"ln", std::make_shared<tp::RowwiseParallel>()}});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("RowwiseParallel applies to Linear modules, but 'ln' is a LayerNorm"));
+      EXPECT_THAT(e.what(), HasSubstr("RowwiseParallel applies to Linear and Embedding modules, but 'ln' is a LayerNorm"));
+    }
+  });
+}
+
+// A pre-norm residual block with sequence parallelism, as the GPT plan lays one out: the norm
+// and dropout run on each rank's tokens, the MLP gathers the sequence and scatters its output.
+class ResidualBlock : public nn::Module {
+ public:
+  ResidualBlock() : Module("ResidualBlock") {
+    ln = register_module("ln", std::make_shared<nn::LayerNorm>(Shape{8}));
+    mlp = register_module("mlp", std::make_shared<Mlp>());
+    drop = register_module("drop", std::make_shared<nn::Dropout>(0.25, 17));
+  }
+  Tensor forward(const Tensor& x) override { return (*drop)(add(x, (*mlp)((*ln)(x)))); }
+  std::shared_ptr<nn::LayerNorm> ln;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<nn::Dropout> drop;
+};
+
+TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
+  const Tensor x = ops::uniform({2, 6, 8}, 5, -1.0, 1.0);  // (batch, sequence, features)
+  ResidualBlock reference;
+  const Tensor ref_out = reference(x);
+  backward(sum(mul(ref_out, ref_out)));
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{2});
+    ResidualBlock model;
+    tp::parallelize_module(
+        model, mesh,
+        {{"ln", std::make_shared<tp::SequenceParallel>()},
+         {"mlp", std::make_shared<tp::PrepareModuleInput>(tp::PrepareInputOptions{Shard(1), Replicate(), false})},
+         {"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
+         {"mlp.fc2", std::make_shared<tp::RowwiseParallel>(tp::LayoutOptions{.output_layouts = Shard(1)})},
+         {"drop", std::make_shared<tp::SequenceParallel>(tp::SequenceParallelOptions{.use_local_output = true})}});
+    EXPECT_EQ(dtensor_spec(model.ln->weight()).placements, (Placements{Replicate()}));
+    const Tensor local_x = ops::narrow(x, 1, 3 * pg.rank(), 3);  // this rank's tokens
+    Tensor out;
+    {
+      CommDebugMode comm;
+      out = model(local_x);
+      // The sequence is gathered once before the MLP and its output reduce-scattered once.
+      EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 1) << comm.summary();
+      EXPECT_EQ(comm.count(CollectiveKind::kReduceScatter), 1) << comm.summary();
+      EXPECT_EQ(comm.total_count(), 2) << comm.summary();
+    }
+    EXPECT_FALSE(is_dtensor(out));
+    expect_near(out, ops::narrow(ref_out, 1, 3 * pg.rank(), 3), "this rank's tokens of the output");
+    // Each rank's loss is its tokens' share: the gradients' collectives sum the shares.
+    backward(sum(mul(out, out)));
+    for (const auto& [name, p] : model.named_parameters()) {
+      ASSERT_TRUE(p.grad().defined()) << name;
+      EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << name;
+      expect_near(full_tensor(p.grad()), reference.state_dict().at(name).grad(), "grad of " + name);
+    }
+  });
+}
+
+TEST(TensorParallelTest, PrepareModuleOutputAndDTensorOutputs) {
+  class Wrapper : public nn::Module {
+   public:
+    Wrapper() : Module("Wrapper") { mlp = register_module("mlp", std::make_shared<Mlp>()); }
+    Tensor forward(const Tensor& x) override { return (*mlp)(x); }
+    std::shared_ptr<Mlp> mlp;
+  };
+  const Tensor x = ops::uniform({4, 8}, 5, -1.0, 1.0);
+  Wrapper reference;
+  const Tensor ref_out = reference(x);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{2});
+    Wrapper model;
+    // fc2 hands a row-sharded DTensor (use_local_output = false) to the wrapper's output hook,
+    // which keeps its placements and gathers it for the caller.
+    tp::parallelize_module(
+        model, mesh,
+        {{"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
+         {"mlp.fc2", std::make_shared<tp::RowwiseParallel>(
+                         tp::LayoutOptions{.output_layouts = Shard(0), .use_local_output = false})},
+         {"mlp", std::make_shared<tp::PrepareModuleOutput>(tp::PrepareOutputOptions{Replicate(), Replicate(), true})}});
+    const Tensor inner = (*model.mlp->fc2)((*model.mlp->fc1)(x));
+    ASSERT_TRUE(is_dtensor(inner));
+    EXPECT_EQ(dtensor_spec(inner).placements, (Placements{Shard(0)}));
+    CommDebugMode comm;
+    const Tensor out = model(x);
+    EXPECT_EQ(comm.count(CollectiveKind::kReduceScatter), 1) << comm.summary();
+    EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 1) << comm.summary();
+    EXPECT_FALSE(is_dtensor(out));
+    expect_near(out, ref_out, "output");
+  });
+}
+
+TEST(TensorParallelTest, VocabParallelEmbeddingWithOddVocabularyMatchesOneRank) {
+  const Tensor ids = ops::from_vector_i64({0, 6, 3, 4, 6, 1}, {2, 3});
+  nn::Embedding reference(7, 4, 3);
+  const Tensor ref_out = reference(ids);
+  backward(sum(mul(ref_out, ref_out)));
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{2});
+    class Holder : public nn::Module {
+     public:
+      Holder() : Module("Holder") { emb = register_module("emb", std::make_shared<nn::Embedding>(7, 4, 3)); }
+      std::shared_ptr<nn::Embedding> emb;
+    } model;
+    tp::parallelize_module(model, mesh, {{"emb", std::make_shared<tp::RowwiseParallel>()}});
+    EXPECT_EQ(local_shard(model.emb->weight()).size(0), pg.rank() == 0 ? 4 : 3);  // rows 0-3 | 4-6
+    const Tensor out = (*model.emb)(ids);
+    expect_near(out, ref_out, "lookup");
+    backward(sum(mul(out, out)));
+    EXPECT_EQ(dtensor_spec(model.emb->weight().grad()).placements, (Placements{Shard(0)}));
+    expect_near(full_tensor(model.emb->weight().grad()), reference.weight().grad(), "grad");
+  });
+}
+
+TEST(TensorParallelTest, SequenceParallelNeedsALeafModule) {
+  comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
+                                                   std::vector<int64_t>{2});
+    ResidualBlock model;
+    try {
+      tp::parallelize_module(model, mesh, {{"mlp", std::make_shared<tp::SequenceParallel>()}});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("SequenceParallel applies to leaf modules (norms, dropout), but 'mlp' (Mlp) "
+                                      "has submodules"));
     }
   });
 }
