@@ -155,5 +155,26 @@ TEST(GPTEquivalenceTest, DataAndTensorParallel) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2), 1), ref, "dp2 x tp2 (sequence parallel)"); });
 }
 
+// Determinism. Reductions are canonical: the Gloo backend sums contributions in group-rank
+// order whatever order they arrive in (comm/gloo/), so a rerun is bit-identical. Two layouts
+// that differ only in which process holds which mesh coordinate (ranks [0, 1, 2, 3] vs
+// [3, 2, 1, 0]) feed every reduction the same operands, each dp/tp group of two in the other
+// order, and float addition of two operands is commutative: bit-identical too. (Layouts with a
+// different dp degree also change which samples each rank sums locally, so they agree to
+// rounding only — the 1e-5 checks above.)
+TEST(GPTEquivalenceTest, BitIdenticalAcrossRerunsAndRankOrders) {
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    const Result first = train(mesh_of(pg, 2, 2), 1);
+    const Result again = train(mesh_of(pg, 2, 2), 1);
+    auto reversed = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
+                                                       std::vector<int64_t>{2, 2}, std::vector<int>{3, 2, 1, 0});
+    const Result other_order = train(reversed, 1);
+    EXPECT_EQ(again.losses, first.losses) << "rerun";
+    EXPECT_EQ(other_order.losses, first.losses) << "ranks in reverse order";
+    EXPECT_TRUE(again.params == first.params) << "rerun parameters differ";
+    EXPECT_TRUE(other_order.params == first.params) << "reverse-order parameters differ";
+  });
+}
+
 }  // namespace
 }  // namespace loom::models
