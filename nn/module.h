@@ -104,17 +104,19 @@ class Module : public std::enable_shared_from_this<Module> {
 };
 
 // Submodules named "0", "1", ... (torch.nn.ModuleList), so a stack of blocks gets the names
-// "h.0.attn...", "h.1.attn...".
+// "h.0.attn...", "h.1.attn...". `first_index` starts the numbering elsewhere: a pipeline stage
+// holding blocks 4..7 of a model names them h.4..h.7, as the whole model does.
 class ModuleList : public Module {
  public:
-  ModuleList() : Module("ModuleList") {}
+  explicit ModuleList(size_t first_index = 0) : Module("ModuleList"), first_index_(first_index) {}
   template <typename M>
   std::shared_ptr<M> append(std::shared_ptr<M> module) {
-    return register_module(std::to_string(size_++), std::move(module));
+    return register_module(std::to_string(first_index_ + size_++), std::move(module));
   }
   size_t size() const { return size_; }
 
  private:
+  size_t first_index_;
   size_t size_ = 0;
 };
 

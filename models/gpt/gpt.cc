@@ -29,6 +29,16 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// The seeds a GPT built from `seed` gives its submodules (dropout masks depend on them); a
+// pipeline stage gives the same ones to the modules it holds.
+struct GPTModuleSeeds {
+  uint64_t seed;
+  uint64_t wte() const { return seed; }
+  uint64_t wpe() const { return seed + 1; }
+  uint64_t drop() const { return seed + 2; }
+  uint64_t block(int64_t i) const { return seed + 16 * static_cast<uint64_t>(i + 1); }
+};
+
 }  // namespace
 
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
@@ -73,24 +83,40 @@ Tensor Block::forward(const Tensor& x) {
   return add(after_attn, (*mlp)((*ln_2)(after_attn)));
 }
 
-GPT::GPT(GPTConfig config, uint64_t seed) : Module("GPT"), config_(std::move(config)) {
+GPTStage::GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::string type_name)
+    : Module(std::move(type_name)), config_(std::move(config)), range_(range) {
   config_.validate();
-  wte = register_module("wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, seed));
-  wpe = register_module("wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, seed + 1));
-  drop_ = register_module("drop", std::make_shared<nn::Dropout>(config_.dropout, seed + 2));
-  auto blocks = register_module("h", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < config_.n_layer; ++i) {
-    h.push_back(blocks->append(std::make_shared<Block>(config_, seed + 16 * (i + 1))));
+  LOOM_CHECK(0 <= range_.first_block && range_.first_block <= range_.end_block && range_.end_block <= config_.n_layer,
+             "GPTStage: blocks [{}, {}) are not a range of the model's {} blocks", range_.first_block,
+             range_.end_block, config_.n_layer);
+  const GPTModuleSeeds seeds{seed};
+  if (range_.first || range_.last) {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, seeds.wte()));
   }
-  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
-  lm_head = register_module("lm_head", std::make_shared<TiedLMHead>(wte));
+  if (range_.first) {
+    wpe = register_module("wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, seeds.wpe()));
+    drop_ = register_module("drop", std::make_shared<nn::Dropout>(config_.dropout, seeds.drop()));
+  }
+  auto blocks = register_module("h", std::make_shared<nn::ModuleList>(static_cast<size_t>(range_.first_block)));
+  for (int64_t i = range_.first_block; i < range_.end_block; ++i) {
+    h.push_back(blocks->append(std::make_shared<Block>(config_, seeds.block(i))));
+  }
+  if (range_.last) {
+    ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
+    lm_head = register_module("lm_head", std::make_shared<TiedLMHead>(wte));
+  }
   init_weights(seed);
 }
 
-void GPT::init_weights(uint64_t seed) {
+void GPTStage::init_weights(uint64_t seed) { init_gpt_weights(*this, config_.n_layer, seed); }
+
+GPT::GPT(GPTConfig config, uint64_t seed)
+    : GPTStage(config, seed, GPTStageRange{0, config.n_layer, true, true}, "GPT") {}
+
+void init_gpt_weights(nn::Module& module, int64_t n_layer, uint64_t seed) {
   NoGradGuard no_grad;
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  for (auto& [name, p] : named_parameters()) {
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(n_layer));
+  for (auto& [name, p] : module.named_parameters()) {
     if (ends_with(name, ".bias")) {
       ops::fill_(p, 0.0);
     } else if (name.find("ln_") != std::string::npos) {
@@ -102,25 +128,28 @@ void GPT::init_weights(uint64_t seed) {
   }
 }
 
-Tensor GPT::forward(const Tensor& idx) {
-  LOOM_CHECK(idx.dim() == 2, "GPT: expected token ids of shape (B, T), got {}", shape_str(idx.shape()));
-  const int64_t time = idx.size(1);
-  LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time, config_.block_size);
-  const Tensor positions = ops::arange(time);
-  Tensor x = (*drop_)(add((*wte)(idx), (*wpe)(positions)));
+Tensor GPTStage::forward(const Tensor& input) {
+  Tensor x = input;
+  if (range_.first) {
+    LOOM_CHECK(input.dim() == 2, "GPT: expected token ids of shape (B, T), got {}", shape_str(input.shape()));
+    const int64_t time = input.size(1);
+    LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time, config_.block_size);
+    x = (*drop_)(add((*wte)(input), (*wpe)(ops::arange(time))));
+  }
   for (const auto& block : h) x = (*block)(x);
-  return (*lm_head)((*ln_f)(x));
+  return range_.last ? (*lm_head)((*ln_f)(x)) : x;
 }
 
 Tensor TiedLMHead::forward(const Tensor& x) { return matmul(x, transpose(wte_->weight(), 0, 1)); }
 
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
-  const Tensor logits = forward(idx);
+Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
   const int64_t vocab = logits.size(-1);
   const Tensor flat_logits = reshape(logits, {-1, vocab});
   const Tensor flat_targets = reshape(targets, {-1});
   return is_dtensor(logits) ? tp::loss_parallel_cross_entropy(flat_logits, flat_targets)
                             : cross_entropy(flat_logits, flat_targets);
 }
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) { return gpt_loss(forward(idx), targets); }
 
 }  // namespace loom::models

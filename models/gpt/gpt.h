@@ -71,19 +71,39 @@ class TiedLMHead : public nn::Module {
   std::shared_ptr<nn::Embedding> wte_;
 };
 
-class GPT : public nn::Module {
+// GPT-2 initialization of every parameter of `module` (a GPT or a pipeline stage of one), by
+// name: each value depends only on (seed, the parameter's name), so a stage holding "h.5..."
+// initializes it exactly as the whole model does.
+void init_gpt_weights(nn::Module& module, int64_t n_layer, uint64_t seed);
+
+// Which part of a GPT a module holds: blocks [first_block, end_block), plus the embeddings when
+// it is the first stage and ln_f + the LM head when it is the last. The whole model is one stage
+// that is both.
+struct GPTStageRange {
+  int64_t first_block = 0;
+  int64_t end_block = 0;
+  bool first = true;
+  bool last = true;
+};
+
+// A GPT's stage for pipeline parallelism (and, holding everything, the GPT itself): parameter
+// names are the whole model's ("h.5.attn.c_attn.weight" on the stage holding block 5), values
+// and dropout seeds too, so a pipelined model equals the whole one. The last stage holds its own
+// copy of wte for the tied head (Megatron's approach: the copies start equal and the two
+// stages sum their gradients, models/gpt/pipeline.h).
+//
+// forward: first stage: token ids (B, T) -> hidden (B, T, C); middle: hidden -> hidden; last:
+// -> logits (B, T, V); a single stage: ids -> logits.
+class GPTStage : public nn::Module {
  public:
-  explicit GPT(GPTConfig config, uint64_t seed = 0);
-  // idx (B, T) i64 token ids, T <= block_size -> logits (B, T, vocab_size).
-  Tensor forward(const Tensor& idx) override;
-  // Mean next-token cross entropy of logits(idx) against targets (B, T) (ignore_index -100), a
-  // plain scalar. Logits that are a DTensor (a plan sharded the vocabulary) take the loss parallel
-  // path: the targets are replicated on their mesh and the full logits are never gathered.
-  Tensor loss(const Tensor& idx, const Tensor& targets);
+  GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::string type_name = "GPTStage");
+  Tensor forward(const Tensor& input) override;
   // GPT-2 initialization from `seed`; each parameter's values depend only on (seed, its name).
   void init_weights(uint64_t seed);
 
   const GPTConfig& config() const { return config_; }
+  const GPTStageRange& range() const { return range_; }
+  // Null when the stage does not hold them (wte: held by the first and the last stage).
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::vector<std::shared_ptr<Block>> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
@@ -91,7 +111,21 @@ class GPT : public nn::Module {
 
  private:
   GPTConfig config_;
+  GPTStageRange range_;
   std::shared_ptr<nn::Dropout> drop_;
 };
+
+class GPT : public GPTStage {
+ public:
+  explicit GPT(GPTConfig config, uint64_t seed = 0);
+  // Mean next-token cross entropy of logits(idx) against targets (B, T) (ignore_index -100), a
+  // plain scalar. Logits that are a DTensor (a plan sharded the vocabulary) take the loss parallel
+  // path: the targets are replicated on their mesh and the full logits are never gathered.
+  Tensor loss(const Tensor& idx, const Tensor& targets);
+};
+
+// The loss of logits (B, T, V) against targets (B, T), as GPT::loss (the pipeline's last stage
+// calls it on its logits).
+Tensor gpt_loss(const Tensor& logits, const Tensor& targets);
 
 }  // namespace loom::models

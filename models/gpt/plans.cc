@@ -13,7 +13,10 @@ std::shared_ptr<tp::ParallelStyle> style(Args&&... args) {
 
 }  // namespace
 
-tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options) {
+namespace {
+
+// The entries of the plan for the whole model.
+tp::ParallelizePlan whole_model_plan(const GPTPlanOptions& options) {
   using tp::ColwiseParallel, tp::RowwiseParallel, tp::SequenceParallel, tp::PrepareModuleInput,
       tp::PrepareModuleOutput;
   if (!options.sequence_parallel) {
@@ -54,13 +57,32 @@ tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options) {
   };
 }
 
-void parallelize_gpt(GPT& model, std::shared_ptr<const DeviceMesh> tp_mesh, const GPTPlanOptions& options) {
+bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+
+}  // namespace
+
+tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options, const GPTStageRange& range) {
+  tp::ParallelizePlan plan;
+  const bool has_blocks = range.end_block > range.first_block;
+  for (auto& entry : whole_model_plan(options)) {
+    const std::string& key = entry.first;
+    const bool wanted = starts_with(key, "h.")                        ? has_blocks
+                        : key == "wte"                                ? range.first || range.last
+                        : key == "wpe" || key == "drop"               ? range.first
+                        : key == "ln_f" || key == "lm_head"           ? range.last
+                                                                      : true;
+    if (wanted) plan.push_back(std::move(entry));
+  }
+  return plan;
+}
+
+void parallelize_gpt(GPTStage& model, std::shared_ptr<const DeviceMesh> tp_mesh, const GPTPlanOptions& options) {
   LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1, "parallelize_gpt: expected a 1-D tp mesh, got {}",
              tp_mesh ? tp_mesh->str() : "null");
   const int64_t tp = tp_mesh->size(0);
   LOOM_CHECK(model.config().n_head % tp == 0, "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}",
              model.config().n_head, tp);
-  tp::parallelize_module(model, std::move(tp_mesh), gpt_tensor_parallel_plan(options));
+  tp::parallelize_module(model, std::move(tp_mesh), gpt_tensor_parallel_plan(options, model.range()));
 }
 
 }  // namespace loom::models
