@@ -86,8 +86,7 @@ Action matching_action(const Action& action) {
     case ActionKind::kRecvB:
       return {ActionKind::kSendB, action.stage + 1, mb};
     default:
-      LOOM_INTERNAL_ASSERT(false, "matching_action: {} is not a communication action",
-                           str(action));
+      LOOM_INTERNAL_ASSERT(false, "matching_action: {} is not a communication action", str(action));
       return action;
   }
 }

@@ -20,7 +20,7 @@ PipelineExecutor::PipelineExecutor(Schedule schedule,
     : schedule_(std::move(schedule)), stages_(std::move(stages)), loss_fn_(std::move(loss_fn)) {
   validate_schedule(schedule_);
   LOOM_CHECK(!stages_.empty() && std::none_of(stages_.begin(), stages_.end(),
-                                               [](const auto& s) { return s == nullptr; }),
+                                              [](const auto& s) { return s == nullptr; }),
              "PipelineExecutor: give this rank's stages (none, or a null one, given)");
   LOOM_CHECK(loss_fn_ != nullptr, "PipelineExecutor: the loss function is empty");
   const PipelineStage& first = *stages_.front();
@@ -54,18 +54,20 @@ PipelineStage& PipelineExecutor::stage(int index) const {
 
 std::vector<Tensor> PipelineExecutor::split(const Tensor& batch, const char* what) const {
   const int m = schedule_.num_microbatches;
-  LOOM_CHECK(batch.defined() && batch.dim() >= 1,
-             "PipelineExecutor::step: pp rank {} holds the {} stage and needs the {} (a tensor with "
-             "a batch dim), got {}",
-             pp_rank_, what[0] == 'i' ? "first" : "last", what,
-             batch.defined() ? batch.description() : "an undefined tensor");
+  LOOM_CHECK(
+      batch.defined() && batch.dim() >= 1,
+      "PipelineExecutor::step: pp rank {} holds the {} stage and needs the {} (a tensor with "
+      "a batch dim), got {}",
+      pp_rank_, what[0] == 'i' ? "first" : "last", what,
+      batch.defined() ? batch.description() : "an undefined tensor");
   const int64_t rows = batch.size(0);
   LOOM_CHECK(rows % m == 0,
              "PipelineExecutor::step: the {} have {} rows along dim 0, which do not split into {} "
              "equal microbatches",
              what, rows, m);
   std::vector<Tensor> microbatches;
-  for (int mb = 0; mb < m; ++mb) microbatches.push_back(ops::narrow(batch, 0, mb * rows / m, rows / m));
+  for (int mb = 0; mb < m; ++mb)
+    microbatches.push_back(ops::narrow(batch, 0, mb * rows / m, rows / m));
   return microbatches;
 }
 
@@ -90,7 +92,8 @@ std::string PipelineExecutor::peer_note(const Action& action) const {
       break;
   }
   if (peer < 0 || peer >= schedule_.num_stages || is_local(peer)) return "";
-  return fmt::format(" ({} stage {} on pp rank {})", direction, peer, schedule_.rank_of_stage(peer));
+  return fmt::format(" ({} stage {} on pp rank {})", direction, peer,
+                     schedule_.rank_of_stage(peer));
 }
 
 void PipelineExecutor::track_memory() {
@@ -111,8 +114,10 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
   switch (action.kind) {
     case ActionKind::kForward: {
       Tensor input;  // undefined: the stage takes its posted receive
-      if (st.is_first()) input = inputs.at(mb);
-      else if (is_local(s - 1)) input = stage(s - 1).output_to_send(mb);
+      if (st.is_first())
+        input = inputs.at(mb);
+      else if (is_local(s - 1))
+        input = stage(s - 1).output_to_send(mb);
       const Tensor output = st.forward(mb, input);
       if (st.is_last()) {
         const Tensor loss = loss_fn_(output, targets.at(mb));
@@ -167,7 +172,8 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
   loss_sum_ = 0;
   scaled_losses_.assign(schedule_.num_microbatches, Tensor());
   for (const auto& stage : stages_) stage->begin_step();
-  const std::vector<Tensor> input_mbs = is_local(0) ? split(inputs, "inputs") : std::vector<Tensor>{};
+  const std::vector<Tensor> input_mbs =
+      is_local(0) ? split(inputs, "inputs") : std::vector<Tensor>{};
   const std::vector<Tensor> target_mbs =
       is_local(schedule_.num_stages - 1) ? split(targets, "targets") : std::vector<Tensor>{};
   const auto& actions = schedule_.actions[pp_rank_];

@@ -12,8 +12,8 @@ namespace loom::pipeline::detail {
 
 int p2p_tag(Channel channel, int boundary, int microbatch, int num_stages) {
   constexpr int64_t kChannels = 3;
-  const int64_t tag =
-      (static_cast<int64_t>(microbatch) * num_stages + boundary) * kChannels + static_cast<int>(channel);
+  const int64_t tag = (static_cast<int64_t>(microbatch) * num_stages + boundary) * kChannels +
+                      static_cast<int>(channel);
   LOOM_CHECK(tag <= std::numeric_limits<int>::max(),
              "pipeline: microbatch {} of {} stages needs message tag {}, beyond int", microbatch,
              num_stages, tag);

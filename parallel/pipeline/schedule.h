@@ -34,7 +34,8 @@ struct Schedule {
   // A schedule from one line of compact actions per rank ("F0s0 SEND_F0s0 ..."); for tests
   // and hand-written schedules. Does not validate (call validate_schedule).
   static Schedule from_text(int num_ranks, int num_stages, int num_microbatches,
-                            const std::vector<std::string>& rank_lines, std::string name = "custom");
+                            const std::vector<std::string>& rank_lines,
+                            std::string name = "custom");
 };
 
 // The most microbatches whose forward has run on `rank` (on any of its stages) and whose

@@ -23,7 +23,6 @@ Schedule one_f_one_b_schedule(int num_ranks, int num_microbatches);
 // stage v-1 - (k / p) % v. Rank r warms up with min((v-1)p + 2(p-1-r), m v) forwards.
 // Bubble (p-1)/(v m) of the ideal time (v times smaller than 1F1B's), for more messages.
 // Requires m % p == 0 (whole rounds); throws naming m and p otherwise.
-Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches,
-                                          int stages_per_rank);
+Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, int stages_per_rank);
 
 }  // namespace loom::pipeline

@@ -20,7 +20,8 @@ std::vector<LayerRange> split_layers(int64_t num_layers, int num_stages) {
 
 std::vector<LayerRange> split_layers(int64_t num_layers,
                                      const std::vector<int64_t>& layers_per_stage) {
-  LOOM_CHECK(!layers_per_stage.empty(), "split_layers: the split is empty; give one layer count "
+  LOOM_CHECK(!layers_per_stage.empty(),
+             "split_layers: the split is empty; give one layer count "
              "per stage");
   std::vector<LayerRange> ranges;
   int64_t begin = 0;

@@ -4,7 +4,8 @@
 // from the same ranges.
 //
 //   auto ranges = split_layers(8, 4);                 // [0,2) [2,4) [4,6) [6,8)
-//   auto module = LayerSequence::build(ranges[stage], [](int64_t layer) { return make_block(layer); });
+//   auto module = LayerSequence::build(ranges[stage], [](int64_t layer) { return make_block(layer);
+//   });
 #pragma once
 
 #include <cstdint>
@@ -31,7 +32,8 @@ struct LayerRange {
 std::vector<LayerRange> split_layers(int64_t num_layers, int num_stages);
 // An explicit split: stage i gets layers_per_stage[i] layers (each at least 1, summing to
 // num_layers). Throws naming the split and the model's layer count otherwise.
-std::vector<LayerRange> split_layers(int64_t num_layers, const std::vector<int64_t>& layers_per_stage);
+std::vector<LayerRange> split_layers(int64_t num_layers,
+                                     const std::vector<int64_t>& layers_per_stage);
 
 // The layers of one stage, run in order. Each is registered under its index in the whole model
 // ("4", "5", ...), so a stage's parameter names are those of the same layers in an
@@ -40,7 +42,8 @@ class LayerSequence : public nn::Module {
  public:
   // Builds only the layers in `range` (a stage never holds other stages' parameters).
   static std::shared_ptr<LayerSequence> build(
-      LayerRange range, const std::function<std::shared_ptr<nn::Module>(int64_t layer)>& make_layer);
+      LayerRange range,
+      const std::function<std::shared_ptr<nn::Module>(int64_t layer)>& make_layer);
 
   explicit LayerSequence(LayerRange range) : Module("LayerSequence"), range_(range) {}
   Tensor forward(const Tensor& input) override;

@@ -82,8 +82,9 @@ void PipelineStage::begin_step() {
 
 Tensor PipelineStage::wait_for(std::map<int, Pending>& pending, int mb, const char* what) {
   const auto it = pending.find(mb);
-  LOOM_CHECK(it != pending.end(), "stage {}: microbatch {}'s {} was never received (no RECV before it)",
-             stage_, mb, what);
+  LOOM_CHECK(it != pending.end(),
+             "stage {}: microbatch {}'s {} was never received (no RECV before it)", stage_, mb,
+             what);
   const auto start = std::chrono::steady_clock::now();
   it->second.work->wait();
   recv_wait_seconds_ +=
@@ -131,7 +132,8 @@ Tensor PipelineStage::forward(int mb, const Tensor& input) {
     leaf = input.defined() ? detach(input) : wait_for(pending_inputs_, mb, "activation");
     if (is_floating(leaf.dtype())) leaf.set_requires_grad(true);
   }
-  const Tensor output = (*module_)(options_.wrap_input ? options_.wrap_input(leaf) : leaf);
+  const bool wrap = !is_first() && options_.wrap_input;
+  const Tensor output = (*module_)(wrap ? options_.wrap_input(leaf) : leaf);
   Tensor sent;
   if (!is_last()) {
     sent = options_.unwrap_output ? options_.unwrap_output(output) : output;

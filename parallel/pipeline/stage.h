@@ -7,7 +7,7 @@
 //
 // Data flow for microbatch i on stage s (driven by PipelineExecutor, one action at a time):
 //   F: input (the microbatch on stage 0; else the received activation, as a fresh leaf that
-//      requires grad) -> wrap_input -> module -> output; saved until B.
+//      requires grad, through wrap_input) -> module -> output; saved until B.
 //   SEND_F: unwrap_output(output), contiguous, sent to stage s+1 asynchronously.
 //   B: backward from the output with the received gradient (the last stage: from its loss),
 //      accumulating into the parameters' .grad; the input leaf's gradient goes back by SEND_B.
@@ -37,7 +37,8 @@
 namespace loom::pipeline {
 
 struct StageOptions {
-  // Received activation (plain tensor) -> the module's input. Default: as is.
+  // Received activation (plain tensor) -> the module's input, on every stage but the first
+  // (whose input is the caller's microbatch, which the caller prepares). Default: as is.
   std::function<Tensor(const Tensor& received)> wrap_input;
   // The module's output -> the plain tensor sent to the next stage. Default: as is.
   std::function<Tensor(const Tensor& output)> unwrap_output;
@@ -103,7 +104,7 @@ class PipelineStage {
   struct Saved {
     Tensor input;   // the leaf the module saw (before wrap_input)
     Tensor output;  // the module's output
-    Tensor sent;    // unwrap_output(output): what crosses the boundary (undefined on the last stage)
+    Tensor sent;  // unwrap_output(output): what crosses the boundary (undefined on the last stage)
   };
   struct Pending {
     Tensor buffer;

@@ -8,21 +8,22 @@
 
 #include <cmath>
 
-#include "autograd/engine.h"
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "parallel/pipeline/schedules.h"
 #include "tensor/ops.h"
-#include "tests/parallel/pipeline/mlp_stack.h"
+#include "tests/parallel/pipeline/pipeline_testing.h"
 
 namespace loom::pipeline {
 namespace {
 
+using testing::build_stages;
+using testing::expect_step_matches;
 using ::testing::HasSubstr;
-using testing::build_layers;
-using testing::kLayers;
 using testing::kWidth;
 using testing::mse_loss;
+using testing::Reference;
+using testing::reference_step;
 
 constexpr int64_t kBatch = 8;
 
@@ -41,31 +42,6 @@ Schedule make_schedule(Kind kind, int p, int m) {
   return {};
 }
 
-struct Reference {
-  double loss;
-  nn::StateDict grads;  // by parameter name
-};
-
-Reference reference_step(const Tensor& inputs, const Tensor& targets) {
-  auto model = build_layers({0, kLayers});
-  const Tensor loss = mse_loss((*model)(inputs), targets);
-  backward(loss);
-  Reference ref{loss.item<double>(), {}};
-  for (const auto& [name, p] : model->named_parameters()) ref.grads[name] = p.grad();
-  return ref;
-}
-
-// Largest |actual - expected| over the tensor, relative to the tensor's largest |expected|.
-double relative_error(const Tensor& actual, const Tensor& expected) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - e[i]));
-    scale = std::max(scale, std::abs(e[i]));
-  }
-  return diff / scale;
-}
-
 struct Case {
   Kind kind;
   int p;
@@ -73,7 +49,9 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  const char* kind = c.kind == Kind::kGPipe ? "GPipe" : c.kind == Kind::kOneFOneB ? "OneFOneB" : "Interleaved";
+  const char* kind = c.kind == Kind::kGPipe      ? "GPipe"
+                     : c.kind == Kind::kOneFOneB ? "OneFOneB"
+                                                 : "Interleaved";
   return fmt::format("{}_pp{}_mb{}", kind, c.p, c.m);
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
@@ -98,31 +76,14 @@ TEST_P(PipelineEquivalenceTest, LossAndGradientsEqualOneRank) {
   const Reference first = reference_step(inputs[0], targets[0]);
   const Reference second = reference_step(inputs[1], targets[1]);
   comm::testing::run_on_ranks(p, [&](comm::ProcessGroup& pg) {
-    const auto ranges = split_layers(kLayers, schedule.num_stages);
-    std::vector<std::shared_ptr<PipelineStage>> stages;
-    for (int s : schedule.stages_of_rank(pg.rank())) {
-      stages.push_back(std::make_shared<PipelineStage>(build_layers(ranges[s]), s,
-                                                       schedule.num_stages, pg.shared_from_this()));
-    }
+    const auto stages = build_stages(schedule, pg.rank(), [&](auto module, int s) {
+      return std::make_shared<PipelineStage>(module, s, schedule.num_stages, pg.shared_from_this());
+    });
     PipelineExecutor executor(schedule, stages, mse_loss);
-    // Rank 0 alone holds the inputs and the last stage's rank alone the targets.
-    auto step = [&](int i) {
-      for (const auto& stage : stages) stage->module().zero_grad();
-      const bool first = pg.rank() == 0, last = pg.rank() == schedule.rank_of_stage(schedule.num_stages - 1);
-      return executor.step(first ? inputs[i] : Tensor(), last ? targets[i] : Tensor());
-    };
     for (int i = 0; i < 2; ++i) {
-      const Reference& ref = i == 0 ? first : second;
-      const double loss = step(i);
-      // f32 sums in another order (per microbatch, then accumulated): 1e-5 relative.
-      EXPECT_NEAR(loss, ref.loss, 1e-5 * std::abs(ref.loss)) << "step " << i;
-      for (const auto& stage : stages) {
-        for (const auto& [name, param] : stage->module().named_parameters()) {
-          ASSERT_TRUE(param.grad().defined()) << name;
-          EXPECT_LE(relative_error(param.grad(), ref.grads.at(name)), 1e-5)
-              << "step " << i << " grad of " << name;
-        }
-      }
+      SCOPED_TRACE(fmt::format("step {}", i));
+      expect_step_matches(executor, stages, pg.rank(), inputs[i], targets[i],
+                          i == 0 ? first : second);
     }
   });
 }

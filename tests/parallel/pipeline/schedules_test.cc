@@ -69,7 +69,8 @@ TEST(SchedulesTest, EveryGeneratedScheduleIsValidEvenWithRendezvousSends) {
       auto valid = [](const Schedule& schedule) {
         EXPECT_NO_THROW(validate_schedule(schedule)) << schedule.name << "\n" << schedule.str();
         EXPECT_NO_THROW(validate_schedule(schedule, {.sends = SendSemantics::kRendezvous}))
-            << schedule.name << "\n" << schedule.str();
+            << schedule.name << "\n"
+            << schedule.str();
       };
       valid(gpipe_schedule(p, m));
       valid(one_f_one_b_schedule(p, m));
@@ -100,8 +101,9 @@ TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {
 TEST(SchedulesTest, BadArgumentsAreNamed) {
   EXPECT_THAT([] { gpipe_schedule(0, 4); },
               ::testing::ThrowsMessage<Error>(HasSubstr("gpipe_schedule: got 0 ranks")));
-  EXPECT_THAT([] { one_f_one_b_schedule(2, 0); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("one_f_one_b_schedule: got 0 microbatches")));
+  EXPECT_THAT(
+      [] { one_f_one_b_schedule(2, 0); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("one_f_one_b_schedule: got 0 microbatches")));
   EXPECT_THAT([] { interleaved_one_f_one_b_schedule(2, 2, 0); },
               ::testing::ThrowsMessage<Error>(HasSubstr("got 0 stages per rank")));
 }

@@ -66,10 +66,10 @@ TEST(ValidateTest, ForwardBeforeItsInputArrives) {
 }
 
 TEST(ValidateTest, SendBeforeTheComputeThatProducesIt) {
-  EXPECT_EQ(error_of(two_ranks("SEND_F0s0 F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0",
-                               kRank1)),
-            "schedule: rank 0 action 0 SEND_F mb 0 stage 0 runs before F mb 0 stage 0 (action 1), "
-            "which computes what it sends");
+  EXPECT_EQ(
+      error_of(two_ranks("SEND_F0s0 F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0", kRank1)),
+      "schedule: rank 0 action 0 SEND_F mb 0 stage 0 runs before F mb 0 stage 0 (action 1), "
+      "which computes what it sends");
 }
 
 TEST(ValidateTest, BackwardWithoutItsGradient) {
