@@ -48,6 +48,18 @@ PipelineExecutor::PipelineExecutor(Schedule schedule,
              fmt::join(given, ", "));
 }
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+}  // namespace
+
+double PipelineExecutor::recv_wait_seconds() const {
+  double seconds = 0;
+  for (const auto& stage : stages_) seconds += stage->recv_wait_seconds();
+  return seconds;
+}
+
 PipelineStage& PipelineExecutor::stage(int index) const {
   return *stages_.at(index / schedule_.num_ranks);
 }
@@ -179,11 +191,16 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
   const auto& actions = schedule_.actions[pp_rank_];
   for (size_t index = 0; index < actions.size(); ++index) {
     const Action& action = actions[index];
+    const auto action_start = std::chrono::steady_clock::now();
+    const double waited_before = recv_wait_seconds();
     try {
       run_action(action, input_mbs, target_mbs);
     } catch (const std::exception& e) {
       LOOM_FAIL("pipeline step ('{}'): pp rank {} action {} {}{} failed: {}", schedule_.name,
                 pp_rank_, index, describe(action), peer_note(action), e.what());
+    }
+    if (is_compute(action.kind)) {
+      stats_.compute_seconds += seconds_since(action_start) - (recv_wait_seconds() - waited_before);
     }
   }
   try {
@@ -193,9 +210,8 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
               e.what());
   }
   const double loss = broadcast_mean_loss();
-  for (const auto& stage : stages_) stats_.recv_wait_seconds += stage->recv_wait_seconds();
-  stats_.step_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  stats_.recv_wait_seconds = recv_wait_seconds();
+  stats_.step_seconds = seconds_since(start);
   return loss;
 }
 

@@ -40,8 +40,13 @@ using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>
 // What one step did on this rank.
 struct StepStats {
   double step_seconds = 0;
-  // Time blocked waiting for activations and gradients from other ranks: the rank's idle time
-  // (sends do not block). bubble fraction = recv_wait_seconds / step_seconds.
+  // Time in forwards and backwards (the stage modules and the loss), not counting waits for
+  // their inputs. The rest of the step is the rank's idle time (the bubble): bubble fraction
+  // = 1 - compute_seconds / step_seconds.
+  double compute_seconds = 0;
+  // The part of the idle time spent blocked waiting for activations and gradients from other
+  // ranks (sends do not block); the rest is mostly the wait for the last stage at the step's
+  // end (the loss broadcast).
   double recv_wait_seconds = 0;
   // Most microbatches whose forward had run and backward had not, over this rank's stages.
   int peak_microbatches_in_flight = 0;
@@ -71,6 +76,8 @@ class PipelineExecutor {
   // "stage 0 on rank 0" for a communication action's (or a waiting compute's) peer, or "".
   std::string peer_note(const Action& action) const;
   double broadcast_mean_loss();
+  // This step's receive waits so far, over this rank's stages.
+  double recv_wait_seconds() const;
   void track_memory();
 
   Schedule schedule_;

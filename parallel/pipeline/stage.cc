@@ -75,9 +75,17 @@ void PipelineStage::begin_step() {
   pending_grads_.clear();
   input_grads_.clear();
   sends_.clear();
+  metadata_ = {};
   input_prototype_ = Tensor();
   sent_metadata_ = false;
   recv_wait_seconds_ = 0;
+}
+
+void PipelineStage::wait_timed(comm::Work& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work.wait();
+  recv_wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 Tensor PipelineStage::wait_for(std::map<int, Pending>& pending, int mb, const char* what) {
@@ -85,10 +93,12 @@ Tensor PipelineStage::wait_for(std::map<int, Pending>& pending, int mb, const ch
   LOOM_CHECK(it != pending.end(),
              "stage {}: microbatch {}'s {} was never received (no RECV before it)", stage_, mb,
              what);
-  const auto start = std::chrono::steady_clock::now();
-  it->second.work->wait();
-  recv_wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (!it->second.work) {
+    // Posted before the boundary's shape was known: learn it now, then receive.
+    wait_timed(*metadata_.work);
+    post_deferred_inputs();
+  }
+  wait_timed(*it->second.work);
   Tensor buffer = it->second.buffer;
   pending.erase(it);
   return buffer;
@@ -107,18 +117,29 @@ const PipelineStage::Saved& PipelineStage::saved(int mb, const char* what) const
 
 void PipelineStage::post_recv_input(int mb) {
   LOOM_CHECK(!is_first(), "stage 0 has no previous stage to receive from");
-  if (!input_prototype_.defined()) {
-    // The step's first activation across this boundary: learn its shape first.
-    Pending metadata{ops::empty({detail::kMetaElements}, kInt64), nullptr};
-    metadata.work = group_->recv(metadata.buffer, group_rank_of_stage(stage_ - 1),
-                                 p2p_tag(Channel::kMetadata, stage_ - 1, 0, num_stages_));
-    std::map<int, Pending> one{{mb, metadata}};
-    input_prototype_ = detail::allocate_from_metadata(wait_for(one, mb, "shape metadata"));
+  if (!metadata_.work) {
+    // The step's first activation across this boundary: its shape comes first.
+    metadata_.buffer = ops::empty({detail::kMetaElements}, kInt64);
+    metadata_.work = group_->recv(metadata_.buffer, group_rank_of_stage(stage_ - 1),
+                                  p2p_tag(Channel::kMetadata, stage_ - 1, 0, num_stages_));
   }
-  Tensor buffer = ops::empty(input_prototype_.shape(), input_prototype_.dtype());
-  auto work = group_->recv(buffer, group_rank_of_stage(stage_ - 1),
-                           p2p_tag(Channel::kActivation, stage_ - 1, mb, num_stages_));
-  pending_inputs_[mb] = {buffer, std::move(work)};
+  // Until the shape is known the receive is deferred rather than waited for here: blocking at
+  // a RECV would stall computes the schedule puts before the matching one (the wait moves to
+  // the forward that needs the activation, as for every receive).
+  pending_inputs_[mb] = {};
+  if (metadata_.work->is_completed()) post_deferred_inputs();
+}
+
+void PipelineStage::post_deferred_inputs() {
+  metadata_.work->wait();  // completed: rethrows its error, if any
+  if (!input_prototype_.defined())
+    input_prototype_ = detail::allocate_from_metadata(metadata_.buffer);
+  for (auto& [mb, pending] : pending_inputs_) {
+    if (pending.work) continue;
+    pending.buffer = ops::empty(input_prototype_.shape(), input_prototype_.dtype());
+    pending.work = group_->recv(pending.buffer, group_rank_of_stage(stage_ - 1),
+                                p2p_tag(Channel::kActivation, stage_ - 1, mb, num_stages_));
+  }
 }
 
 Tensor PipelineStage::forward(int mb, const Tensor& input) {

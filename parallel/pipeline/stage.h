@@ -69,8 +69,8 @@ class PipelineStage {
   // Forgets the last step's activation shapes, receive timings and anything a failed step
   // left; call at the start of a step.
   void begin_step();
-  // RECV_F: posts the receive of microbatch `mb`'s input (first waiting for the boundary's
-  // metadata if this is the step's first activation across it).
+  // RECV_F: posts the receive of microbatch `mb`'s input (deferred, without blocking, while the
+  // boundary's shape metadata for this step has not arrived).
   void post_recv_input(int mb);
   // F: `input` is the microbatch (first stage), the previous stage's sent tensor when that stage
   // is on this rank, or undefined to take the posted receive (waits for it). Returns the module
@@ -108,13 +108,16 @@ class PipelineStage {
   };
   struct Pending {
     Tensor buffer;
-    std::shared_ptr<comm::Work> work;
+    std::shared_ptr<comm::Work> work;  // null: deferred until the boundary's shape is known
   };
   PipelineStage(std::shared_ptr<nn::Module> module, int stage_index, int num_stages,
                 std::shared_ptr<comm::ProcessGroup> group, int pp_rank,
                 std::vector<int> group_rank_by_pp_rank, StageOptions options);
   // Waits for a posted receive, counting the time.
   Tensor wait_for(std::map<int, Pending>& pending, int mb, const char* what);
+  void wait_timed(comm::Work& work);
+  // Once the metadata has arrived: allocates and posts the deferred activation receives.
+  void post_deferred_inputs();
   void isend(const Tensor& tensor, int stage, int tag);
   const Saved& saved(int mb, const char* what) const;
 
@@ -131,6 +134,7 @@ class PipelineStage {
   std::map<int, Pending> pending_grads_;
   std::map<int, Tensor> input_grads_;
   std::vector<std::shared_ptr<comm::Work>> sends_;
+  Pending metadata_;        // this step's shape metadata receive
   Tensor input_prototype_;  // shape and dtype of this step's received activations
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
