@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -153,6 +154,19 @@ void run_on_ranks(int world_size, const std::function<void(ProcessGroup& pg)>& b
         "communication?); their threads are detached and left running",
         fmt::join(stuck, ", "));
   }
+}
+
+std::vector<std::string> intercept_failures(const std::function<void()>& body) {
+  ::testing::TestPartResultArray results;
+  {
+    ::testing::ScopedFakeTestPartResultReporter reporter(
+        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
+    body();
+  }
+  std::vector<std::string> messages;
+  for (int i = 0; i < results.size(); ++i)
+    messages.push_back(results.GetTestPartResult(i).message());
+  return messages;
 }
 
 }  // namespace loom::comm::testing

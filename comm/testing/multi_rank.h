@@ -38,6 +38,7 @@
 #include <functional>
 #include <source_location>
 #include <string>
+#include <vector>
 
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/process_group.h"
@@ -54,5 +55,10 @@ struct MultiRankOptions {
 void run_on_ranks(int world_size, const std::function<void(ProcessGroup& pg)>& body,
                   MultiRankOptions options = {},
                   std::source_location location = std::source_location::current());
+
+// Runs `body` with every gtest failure, from any thread, intercepted instead of reported, and
+// returns their messages in order: how a test of a failure path asserts on what run_on_ranks
+// reported ("rank 1: boom").
+std::vector<std::string> intercept_failures(const std::function<void()>& body);
 
 }  // namespace loom::comm::testing

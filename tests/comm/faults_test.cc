@@ -23,6 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::MultiRankOptions;
 using ::testing::Not;
+using testing::intercept_failures;
 using testing::run_on_ranks;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
@@ -42,20 +43,6 @@ struct Caught {
     elapsed_ms[rank] = ms;
   }
 };
-
-// Runs `body` with every gtest failure intercepted; returns their messages in order.
-std::vector<std::string> intercept_failures(const std::function<void()>& body) {
-  ::testing::TestPartResultArray results;
-  {
-    ::testing::ScopedFakeTestPartResultReporter reporter(
-        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  std::vector<std::string> messages;
-  for (int i = 0; i < results.size(); ++i)
-    messages.push_back(results.GetTestPartResult(i).message());
-  return messages;
-}
 
 MultiRankOptions with_timeout(Duration timeout) {
   MultiRankOptions options;

@@ -20,22 +20,10 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::MultiRankOptions;
+using testing::intercept_failures;
 using testing::run_on_ranks;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
-
-std::vector<std::string> intercept_failures(const std::function<void()>& body) {
-  ::testing::TestPartResultArray results;
-  {
-    ::testing::ScopedFakeTestPartResultReporter reporter(
-        ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ALL_THREADS, &results);
-    body();
-  }
-  std::vector<std::string> messages;
-  for (int i = 0; i < results.size(); ++i)
-    messages.push_back(results.GetTestPartResult(i).message());
-  return messages;
-}
 
 TEST(HarnessTest, EachRankGetsItsOwnGroup) {
   std::mutex mutex;

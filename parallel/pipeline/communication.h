@@ -1,0 +1,27 @@
+// Inserting the sends and receives into a compute-only schedule (torch.distributed.pipelining's
+// _add_send_recv): the generators in schedules.h decide the order of forwards and backwards on
+// each rank; this pass decides where each SEND and RECV goes.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/schedule.h"
+
+namespace loom::pipeline {
+
+// compute[r] lists rank r's F and B actions in order. Returns the schedule with:
+//   - SEND_F right after every forward whose next stage is on another rank, SEND_B right after
+//     every backward whose previous stage is on another rank;
+//   - the matching RECV placed on the receiving rank at the point the send happens in a
+//     lockstep simulation (every rank takes its next compute action per round once its input
+//     has been received), so receives are posted as early as possible and each rank's list is
+//     in the order of that simulated timeline — which makes the result deadlock-free with
+//     blocking receives and asynchronous sends (what validate_schedule checks).
+// Stages on the same rank hand tensors over locally: no SEND/RECV between them.
+// Throws when the compute order can never run (e.g. a forward that needs an input no rank
+// produces first), naming each rank's stuck action.
+Schedule add_communication(std::string name, int num_ranks, int num_stages, int num_microbatches,
+                           const std::vector<std::vector<Action>>& compute);
+
+}  // namespace loom::pipeline

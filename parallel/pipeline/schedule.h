@@ -1,0 +1,46 @@
+// Schedule: what every rank of a pipeline does in one training step, as data — a list of
+// actions per rank (action.h) — so it can be printed, validated (validate.h) and tested
+// without running a model. Generators for GPipe, 1F1B and interleaved 1F1B are in schedules.h.
+//
+// Stage placement: stage s lives on rank s % num_ranks (torch's "loop" placement). With one
+// stage per rank that is stage == rank; with v stages per rank (interleaved), rank r holds
+// stages r, r + p, r + 2p, ...
+//
+// Printed (str()), one line per rank, actions in execution order:
+//   rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 ...
+//   rank 1: RECV_F0s1 F0s1 B0s1 SEND_B0s1 ...
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline/action.h"
+
+namespace loom::pipeline {
+
+struct Schedule {
+  std::string name;  // "GPipe", "1F1B", "Interleaved1F1B", or the caller's
+  int num_ranks = 0;
+  int num_stages = 0;
+  int num_microbatches = 0;
+  std::vector<std::vector<Action>> actions;  // actions[rank], in execution order
+
+  int rank_of_stage(int stage) const { return stage % num_ranks; }
+  // The stages rank `rank` holds, ascending.
+  std::vector<int> stages_of_rank(int rank) const;
+  // One line per rank (see above).
+  std::string str() const;
+
+  // A schedule from one line of compact actions per rank ("F0s0 SEND_F0s0 ..."); for tests
+  // and hand-written schedules. Does not validate (call validate_schedule).
+  static Schedule from_text(int num_ranks, int num_stages, int num_microbatches,
+                            const std::vector<std::string>& rank_lines,
+                            std::string name = "custom");
+};
+
+// The most microbatches whose forward has run on `rank` (on any of its stages) and whose
+// backward has not: how many microbatches' saved activations the rank holds at its peak.
+// GPipe holds all m; 1F1B at most p on rank 0 (p - r on rank r).
+int peak_microbatches_in_flight(const Schedule& schedule, int rank);
+
+}  // namespace loom::pipeline

@@ -1,0 +1,28 @@
+// Schedule generators: GPipe, 1F1B and interleaved 1F1B, with the orders torch.distributed.
+// pipelining (and Megatron-LM) use. Each returns a complete schedule (compute order from the
+// generator, sends and receives from add_communication) for p = num_ranks ranks and
+// m = num_microbatches microbatches; stage s lives on rank s % p.
+#pragma once
+
+#include "parallel/pipeline/schedule.h"
+
+namespace loom::pipeline {
+
+// GPipe: p stages (one per rank). Every rank runs all m forwards, then all m backwards in
+// microbatch order. Holds m microbatches' activations at its peak; bubble (p-1)/(m+p-1).
+Schedule gpipe_schedule(int num_ranks, int num_microbatches);
+
+// 1F1B (PipeDream-flush): p stages. Rank r warms up with min(p-1-r, m) forwards, then
+// alternates one forward and one backward, then drains the remaining backwards. Same bubble as
+// GPipe, but rank r holds at most p-r microbatches' activations at once.
+Schedule one_f_one_b_schedule(int num_ranks, int num_microbatches);
+
+// Interleaved 1F1B (Megatron-LM; torch's ScheduleInterleaved1F1B): p*v stages, rank r holds
+// stages r, r+p, ..., r+(v-1)p. Microbatches go through a rank's stages in rounds of p:
+// the k-th forward on a rank is on its local stage (k / p) % v, the k-th backward on local
+// stage v-1 - (k / p) % v. Rank r warms up with min((v-1)p + 2(p-1-r), m v) forwards.
+// Bubble (p-1)/(v m) of the ideal time (v times smaller than 1F1B's), for more messages.
+// Requires m % p == 0 (whole rounds); throws naming m and p otherwise.
+Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, int stages_per_rank);
+
+}  // namespace loom::pipeline

@@ -1,0 +1,238 @@
+#include "parallel/pipeline/stage.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "base/error.h"
+#include "parallel/pipeline/p2p.h"
+#include "tensor/ops.h"
+
+namespace loom::pipeline {
+
+using detail::Channel;
+using detail::p2p_tag;
+
+namespace {
+
+std::vector<int> identity(int size) {
+  std::vector<int> ranks(size);
+  for (int r = 0; r < size; ++r) ranks[r] = r;
+  return ranks;
+}
+
+std::shared_ptr<comm::ProcessGroup> group_of(const DeviceMesh& mesh) {
+  LOOM_CHECK(mesh.ndim() == 1, "PipelineStage: the pp mesh must be 1-D, got {}; pass mesh[\"pp\"]",
+             mesh.str());
+  return mesh.group(0);
+}
+
+}  // namespace
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, int stage_index, int num_stages,
+                             std::shared_ptr<comm::ProcessGroup> pp_group, StageOptions options)
+    : PipelineStage(std::move(module), stage_index, num_stages, pp_group,
+                    pp_group ? pp_group->rank() : 0, identity(pp_group ? pp_group->size() : 0),
+                    std::move(options)) {}
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, int stage_index, int num_stages,
+                             const DeviceMesh& pp_mesh, StageOptions options)
+    : PipelineStage(std::move(module), stage_index, num_stages, group_of(pp_mesh),
+                    static_cast<int>(pp_mesh.coordinate(0)), pp_mesh.group_ranks_by_coordinate(0),
+                    std::move(options)) {}
+
+PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, int stage_index, int num_stages,
+                             std::shared_ptr<comm::ProcessGroup> group, int pp_rank,
+                             std::vector<int> group_rank_by_pp_rank, StageOptions options)
+    : module_(std::move(module)),
+      stage_(stage_index),
+      num_stages_(num_stages),
+      group_(std::move(group)),
+      pp_rank_(pp_rank),
+      group_rank_by_pp_rank_(std::move(group_rank_by_pp_rank)),
+      options_(std::move(options)) {
+  LOOM_CHECK(module_ != nullptr, "PipelineStage: stage {}: the module is null", stage_index);
+  LOOM_CHECK(group_ != nullptr, "PipelineStage: stage {}: the pp group is null", stage_index);
+  LOOM_CHECK(num_stages >= 1 && stage_index >= 0 && stage_index < num_stages,
+             "PipelineStage: stage index {} is not in [0, {})", stage_index, num_stages);
+  LOOM_CHECK(stage_index % pp_size() == pp_rank_,
+             "PipelineStage: stage {} belongs on pp rank {} (stage s lives on pp rank s % {}), but "
+             "this is pp rank {}",
+             stage_index, stage_index % pp_size(), pp_size(), pp_rank_);
+}
+
+int PipelineStage::group_rank_of_stage(int stage) const {
+  return group_rank_by_pp_rank_.at(stage % pp_size());
+}
+
+void PipelineStage::begin_step() {
+  // Normally empty already; after a failed step, what it left behind is dropped (its sends'
+  // Works keep their tensors alive until the group finishes or fails them).
+  saved_.clear();
+  pending_inputs_.clear();
+  pending_grads_.clear();
+  input_grads_.clear();
+  sends_.clear();
+  metadata_ = {};
+  input_prototype_ = Tensor();
+  sent_metadata_ = false;
+  recv_wait_seconds_ = 0;
+}
+
+void PipelineStage::wait_timed(comm::Work& work) {
+  const auto start = std::chrono::steady_clock::now();
+  work.wait();
+  recv_wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Tensor PipelineStage::wait_for(std::map<int, Pending>& pending, int mb, const char* what) {
+  const auto it = pending.find(mb);
+  LOOM_CHECK(it != pending.end(),
+             "stage {}: microbatch {}'s {} was never received (no RECV before it)", stage_, mb,
+             what);
+  if (!it->second.work) {
+    // Posted before the boundary's shape was known: learn it now, then receive.
+    wait_timed(*metadata_.work);
+    post_deferred_inputs();
+  }
+  wait_timed(*it->second.work);
+  Tensor buffer = it->second.buffer;
+  pending.erase(it);
+  return buffer;
+}
+
+void PipelineStage::isend(const Tensor& tensor, int stage, int tag) {
+  sends_.push_back(group_->send(tensor, group_rank_of_stage(stage), tag));
+}
+
+const PipelineStage::Saved& PipelineStage::saved(int mb, const char* what) const {
+  const auto it = saved_.find(mb);
+  LOOM_CHECK(it != saved_.end(), "stage {}: {} of microbatch {} before its forward", stage_, what,
+             mb);
+  return it->second;
+}
+
+void PipelineStage::post_recv_input(int mb) {
+  LOOM_CHECK(!is_first(), "stage 0 has no previous stage to receive from");
+  if (!metadata_.work) {
+    // The step's first activation across this boundary: its shape comes first.
+    metadata_.buffer = ops::empty({detail::kMetaElements}, kInt64);
+    metadata_.work = group_->recv(metadata_.buffer, group_rank_of_stage(stage_ - 1),
+                                  p2p_tag(Channel::kMetadata, stage_ - 1, 0, num_stages_));
+  }
+  // Until the shape is known the receive is deferred rather than waited for here: blocking at
+  // a RECV would stall computes the schedule puts before the matching one (the wait moves to
+  // the forward that needs the activation, as for every receive).
+  pending_inputs_[mb] = {};
+  if (metadata_.work->is_completed()) post_deferred_inputs();
+}
+
+void PipelineStage::post_deferred_inputs() {
+  metadata_.work->wait();  // completed: rethrows its error, if any
+  if (!input_prototype_.defined())
+    input_prototype_ = detail::allocate_from_metadata(metadata_.buffer);
+  for (auto& [mb, pending] : pending_inputs_) {
+    if (pending.work) continue;
+    pending.buffer = ops::empty(input_prototype_.shape(), input_prototype_.dtype());
+    pending.work = group_->recv(pending.buffer, group_rank_of_stage(stage_ - 1),
+                                p2p_tag(Channel::kActivation, stage_ - 1, mb, num_stages_));
+  }
+}
+
+Tensor PipelineStage::forward(int mb, const Tensor& input) {
+  LOOM_CHECK(!saved_.contains(mb), "stage {}: microbatch {} ran forward twice", stage_, mb);
+  Tensor leaf;
+  if (is_first()) {
+    LOOM_CHECK(input.defined(), "stage 0: forward of microbatch {} got no input", mb);
+    leaf = input;
+  } else {
+    // A fresh leaf: backward stops here, and its .grad is what goes back to the previous stage.
+    leaf = input.defined() ? detach(input) : wait_for(pending_inputs_, mb, "activation");
+    if (is_floating(leaf.dtype())) leaf.set_requires_grad(true);
+  }
+  const bool wrap = !is_first() && options_.wrap_input;
+  const Tensor output = (*module_)(wrap ? options_.wrap_input(leaf) : leaf);
+  Tensor sent;
+  if (!is_last()) {
+    sent = options_.unwrap_output ? options_.unwrap_output(output) : output;
+    LOOM_CHECK(sent.defined() && sent.extension() == nullptr,
+               "stage {}: the output sent to stage {} must be a plain tensor (got {}); convert a "
+               "DTensor with StageOptions::unwrap_output",
+               stage_, stage_ + 1, sent.defined() ? sent.description() : "undefined");
+  }
+  saved_[mb] = {leaf, output, sent};
+  return output;
+}
+
+Tensor PipelineStage::output_to_send(int mb) const { return saved(mb, "send").sent; }
+
+void PipelineStage::send_output(int mb) {
+  const Tensor payload = ops::contiguous(output_to_send(mb));
+  if (!sent_metadata_) {
+    isend(detail::encode_metadata(payload), stage_ + 1,
+          p2p_tag(Channel::kMetadata, stage_, 0, num_stages_));
+    sent_metadata_ = true;
+  }
+  isend(payload, stage_ + 1, p2p_tag(Channel::kActivation, stage_, mb, num_stages_));
+}
+
+void PipelineStage::post_recv_grad(int mb) {
+  const Tensor& sent = saved(mb, "receive the gradient").sent;
+  Tensor buffer = ops::empty(sent.shape(), sent.dtype());
+  auto work = group_->recv(buffer, group_rank_of_stage(stage_ + 1),
+                           p2p_tag(Channel::kGradient, stage_, mb, num_stages_));
+  pending_grads_[mb] = {buffer, std::move(work)};
+}
+
+void PipelineStage::backward(int mb, const Tensor& output_grad_or_loss) {
+  const Saved state = saved(mb, "backward");
+  if (is_last()) {
+    loom::backward(output_grad_or_loss);
+  } else {
+    const Tensor grad = output_grad_or_loss.defined()
+                            ? output_grad_or_loss
+                            : wait_for(pending_grads_, mb, "output gradient");
+    if (state.sent.requires_grad()) loom::backward(state.sent, grad);
+  }
+  saved_.erase(mb);
+  if (is_first()) return;
+  const Tensor input_grad = state.input.requires_grad() ? state.input.grad() : Tensor();
+  input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(state.input);
+}
+
+Tensor PipelineStage::take_input_grad(int mb) {
+  const auto it = input_grads_.find(mb);
+  LOOM_CHECK(it != input_grads_.end(), "stage {}: microbatch {}'s input gradient is not ready",
+             stage_, mb);
+  Tensor grad = it->second;
+  input_grads_.erase(it);
+  return grad;
+}
+
+void PipelineStage::send_input_grad(int mb) {
+  isend(ops::contiguous(take_input_grad(mb)), stage_ - 1,
+        p2p_tag(Channel::kGradient, stage_ - 1, mb, num_stages_));
+}
+
+void PipelineStage::finish_step() {
+  std::vector<std::shared_ptr<comm::Work>> sends = std::move(sends_);
+  sends_.clear();
+  for (const auto& work : sends) work->wait();
+}
+
+int64_t PipelineStage::saved_bytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(element_size(t.dtype()));
+  };
+  for (const auto& [mb, state] : saved_) {
+    add(state.input);
+    add(state.output);
+  }
+  return bytes;
+}
+
+}  // namespace loom::pipeline

@@ -1,0 +1,164 @@
+// Rules 1-5 of validate_schedule (validate.h); rule 6 is deadlock.cc.
+#include "parallel/pipeline/validate.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "base/error.h"
+
+namespace loom::pipeline {
+
+namespace detail {
+std::string where(int rank, int index, const Action& action) {
+  return fmt::format("schedule: rank {} action {} {}", rank, index, describe(action));
+}
+}  // namespace detail
+
+namespace {
+
+using detail::where;
+
+// Where each action of each rank stands in that rank's list.
+using Positions = std::vector<std::map<Action, int>>;
+
+void check_shape(const Schedule& schedule) {
+  LOOM_CHECK(schedule.num_ranks >= 1 && schedule.num_stages >= 1 && schedule.num_microbatches >= 1,
+             "schedule '{}': needs at least 1 rank, stage and microbatch; got {} ranks, {} stages, "
+             "{} microbatches",
+             schedule.name, schedule.num_ranks, schedule.num_stages, schedule.num_microbatches);
+  LOOM_CHECK(static_cast<int>(schedule.actions.size()) == schedule.num_ranks,
+             "schedule '{}': has action lists for {} ranks but num_ranks is {}", schedule.name,
+             schedule.actions.size(), schedule.num_ranks);
+}
+
+// Rule 1.
+void check_placement(const Schedule& schedule, int rank, int index, const Action& action) {
+  const int last = schedule.num_stages - 1;
+  LOOM_CHECK(action.stage >= 0 && action.stage <= last,
+             "{}: stage {} is out of range; the schedule has {} stages (0..{})",
+             where(rank, index, action), action.stage, schedule.num_stages, last);
+  LOOM_CHECK(action.microbatch >= 0 && action.microbatch < schedule.num_microbatches,
+             "{}: microbatch {} is out of range; the schedule has {} microbatches (0..{})",
+             where(rank, index, action), action.microbatch, schedule.num_microbatches,
+             schedule.num_microbatches - 1);
+  LOOM_CHECK(schedule.rank_of_stage(action.stage) == rank,
+             "{}: stage {} lives on rank {} (stage s runs on rank s % {}), not on rank {}",
+             where(rank, index, action), action.stage, schedule.rank_of_stage(action.stage),
+             schedule.num_ranks, rank);
+  if (is_compute(action.kind)) return;
+  const int peer_stage = matching_action(action).stage;
+  LOOM_CHECK(peer_stage >= 0 && peer_stage <= last,
+             "{}: stage {} has no stage {} to {} (stages are 0..{})", where(rank, index, action),
+             action.stage, peer_stage, is_send(action.kind) ? "send to" : "receive from", last);
+  LOOM_CHECK(schedule.rank_of_stage(peer_stage) != rank,
+             "{}: stages {} and {} are both on rank {}; they hand tensors over locally, without "
+             "SEND/RECV",
+             where(rank, index, action), action.stage, peer_stage, rank);
+}
+
+// Rules 1 and 2; returns the positions.
+Positions index_actions(const Schedule& schedule) {
+  Positions positions(schedule.num_ranks);
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    const auto& actions = schedule.actions[rank];
+    for (int index = 0; index < static_cast<int>(actions.size()); ++index) {
+      const Action& action = actions[index];
+      check_placement(schedule, rank, index, action);
+      const auto [it, inserted] = positions[rank].emplace(action, index);
+      LOOM_CHECK(inserted, "{} repeats action {}", where(rank, index, action), it->second);
+    }
+  }
+  return positions;
+}
+
+// Rule 3.
+void check_complete(const Schedule& schedule, const Positions& positions) {
+  for (int stage = 0; stage < schedule.num_stages; ++stage) {
+    const int rank = schedule.rank_of_stage(stage);
+    for (int mb = 0; mb < schedule.num_microbatches; ++mb) {
+      for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackward}) {
+        const Action action{kind, stage, mb};
+        LOOM_CHECK(positions[rank].contains(action),
+                   "schedule: rank {} never runs {} (every stage runs F and B of each of the {} "
+                   "microbatches)",
+                   rank, describe(action), schedule.num_microbatches);
+      }
+    }
+  }
+}
+
+// Rule 4.
+void check_matching(const Schedule& schedule, const Positions& positions) {
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    for (int index = 0; index < static_cast<int>(schedule.actions[rank].size()); ++index) {
+      const Action& action = schedule.actions[rank][index];
+      if (is_compute(action.kind)) continue;
+      const Action match = matching_action(action);
+      const int peer = schedule.rank_of_stage(match.stage);
+      LOOM_CHECK(positions[peer].contains(match), "{} has no matching {} on rank {} ({})",
+                 where(rank, index, action), kind_name(match.kind), peer, describe(match));
+    }
+  }
+}
+
+// Rule 5: `action` (at `index`) must come after `before`, which `why` explains.
+void check_after(const Schedule& schedule, const Positions& positions, int rank, int index,
+                 const Action& action, const Action& before, const char* why) {
+  const auto it = positions[rank].find(before);
+  LOOM_CHECK(it != positions[rank].end(), "{} needs {} before it ({}), but rank {} has none",
+             where(rank, index, action), describe(before), why, rank);
+  LOOM_CHECK(it->second < index, "{} runs before {} (action {}), {}", where(rank, index, action),
+             describe(before), it->second, why);
+}
+
+void check_order(const Schedule& schedule, const Positions& positions) {
+  const int last = schedule.num_stages - 1;
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    for (int index = 0; index < static_cast<int>(schedule.actions[rank].size()); ++index) {
+      const Action& action = schedule.actions[rank][index];
+      const int s = action.stage, mb = action.microbatch;
+      auto after = [&](ActionKind kind, int stage, const char* why) {
+        check_after(schedule, positions, rank, index, action, {kind, stage, mb}, why);
+      };
+      auto local = [&](int stage) { return schedule.rank_of_stage(stage) == rank; };
+      switch (action.kind) {
+        case ActionKind::kForward:
+          if (s > 0 && local(s - 1)) after(ActionKind::kForward, s - 1, "which computes its input");
+          if (s > 0 && !local(s - 1)) after(ActionKind::kRecvF, s, "which receives its input");
+          break;
+        case ActionKind::kBackward:
+          after(ActionKind::kForward, s, "its forward");
+          if (s < last && local(s + 1))
+            after(ActionKind::kBackward, s + 1, "which computes its output's gradient");
+          if (s < last && !local(s + 1))
+            after(ActionKind::kRecvB, s, "which receives its output's gradient");
+          break;
+        case ActionKind::kRecvB:
+          after(ActionKind::kForward, s, "whose output's shape the gradient buffer takes");
+          break;
+        case ActionKind::kSendF:
+          after(ActionKind::kForward, s, "which computes what it sends");
+          break;
+        case ActionKind::kSendB:
+          after(ActionKind::kBackward, s, "which computes what it sends");
+          break;
+        case ActionKind::kRecvF:
+          break;  // may be posted as early as the schedule likes
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void validate_schedule(const Schedule& schedule, ValidateOptions options) {
+  check_shape(schedule);
+  const Positions positions = index_actions(schedule);
+  check_complete(schedule, positions);
+  check_matching(schedule, positions);
+  check_order(schedule, positions);
+  detail::check_no_deadlock(schedule, options.sends);
+}
+
+}  // namespace loom::pipeline

@@ -1,0 +1,112 @@
+// The schedule generators: exact orders for small cases (the compute order checked by hand
+// against torch.distributed.pipelining's schedules), validity of every generated schedule,
+// activation memory, and argument errors.
+#include "parallel/pipeline/schedules.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+#include "parallel/pipeline/validate.h"
+
+namespace loom::pipeline {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The compute actions of one rank, in order ("F0s0 F1s0 B0s0 ...").
+std::string compute_order(const Schedule& schedule, int rank) {
+  std::string out;
+  for (const Action& action : schedule.actions[rank]) {
+    if (is_compute(action.kind)) out += (out.empty() ? "" : " ") + str(action);
+  }
+  return out;
+}
+
+TEST(SchedulesTest, GPipeRunsAllForwardsThenAllBackwards) {
+  EXPECT_EQ(gpipe_schedule(2, 2).str(),
+            "rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0\n"
+            "rank 1: RECV_F0s1 F0s1 RECV_F1s1 F1s1 B0s1 SEND_B0s1 B1s1 SEND_B1s1\n");
+}
+
+TEST(SchedulesTest, OneFOneBWarmsUpThenAlternates) {
+  const Schedule schedule = one_f_one_b_schedule(2, 3);
+  EXPECT_EQ(schedule.str(),
+            "rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 F2s0 SEND_F2s0 RECV_B1s0 B1s0 "
+            "RECV_B2s0 B2s0\n"
+            "rank 1: RECV_F0s1 F0s1 RECV_F1s1 B0s1 SEND_B0s1 F1s1 RECV_F2s1 B1s1 SEND_B1s1 F2s1 "
+            "B2s1 SEND_B2s1\n");
+  // p = 4, m = 6: rank r warms up with 3 - r forwards.
+  const Schedule four = one_f_one_b_schedule(4, 6);
+  EXPECT_EQ(compute_order(four, 0), "F0s0 F1s0 F2s0 F3s0 B0s0 F4s0 B1s0 F5s0 B2s0 B3s0 B4s0 B5s0");
+  EXPECT_EQ(compute_order(four, 2), "F0s2 F1s2 B0s2 F2s2 B1s2 F3s2 B2s2 F4s2 B3s2 F5s2 B4s2 B5s2");
+  EXPECT_EQ(compute_order(four, 3), "F0s3 B0s3 F1s3 B1s3 F2s3 B2s3 F3s3 B3s3 F4s3 B4s3 F5s3 B5s3");
+}
+
+TEST(SchedulesTest, InterleavedGoesThroughLocalStagesInRoundsOfP) {
+  const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 2);
+  EXPECT_EQ(schedule.num_stages, 4);
+  EXPECT_EQ(schedule.str(),
+            "rank 0: F0s0 SEND_F0s0 RECV_F0s2 F1s0 SEND_F1s0 RECV_F1s2 F0s2 SEND_F0s2 F1s2 "
+            "SEND_F1s2 RECV_B0s2 B0s2 SEND_B0s2 RECV_B1s2 B1s2 SEND_B1s2 RECV_B0s0 B0s0 RECV_B1s0 "
+            "B1s0\n"
+            "rank 1: RECV_F0s1 F0s1 SEND_F0s1 RECV_F1s1 F1s1 SEND_F1s1 RECV_F0s3 F0s3 RECV_F1s3 "
+            "B0s3 SEND_B0s3 RECV_B0s1 F1s3 B1s3 SEND_B1s3 RECV_B1s1 B0s1 SEND_B0s1 B1s1 "
+            "SEND_B1s1\n");
+  // p = 2, m = 4, v = 2 (torch's order): rank 0 warms up with (v-1)p + 2(p-1) = 4 forwards;
+  // rank 1 with 2.
+  const Schedule longer = interleaved_one_f_one_b_schedule(2, 4, 2);
+  EXPECT_EQ(compute_order(longer, 0),
+            "F0s0 F1s0 F0s2 F1s2 F2s0 B0s2 F3s0 B1s2 F2s2 B0s0 F3s2 B1s0 B2s2 B3s2 B2s0 B3s0");
+  EXPECT_EQ(compute_order(longer, 1),
+            "F0s1 F1s1 F0s3 B0s3 F1s3 B1s3 F2s1 B0s1 F3s1 B1s1 F2s3 B2s3 F3s3 B3s3 B2s1 B3s1");
+}
+
+TEST(SchedulesTest, EveryGeneratedScheduleIsValidEvenWithRendezvousSends) {
+  for (int p = 1; p <= 4; ++p) {
+    for (int m = 1; m <= 8; ++m) {
+      SCOPED_TRACE(testing::Message() << "p=" << p << " m=" << m);
+      auto valid = [](const Schedule& schedule) {
+        EXPECT_NO_THROW(validate_schedule(schedule)) << schedule.name << "\n" << schedule.str();
+        EXPECT_NO_THROW(validate_schedule(schedule, {.sends = SendSemantics::kRendezvous}))
+            << schedule.name << "\n"
+            << schedule.str();
+      };
+      valid(gpipe_schedule(p, m));
+      valid(one_f_one_b_schedule(p, m));
+      for (int v = 1; v <= 3 && m % p == 0; ++v) valid(interleaved_one_f_one_b_schedule(p, m, v));
+    }
+  }
+}
+
+TEST(SchedulesTest, OneFOneBHoldsAtMostPMicrobatchesGPipeHoldsAll) {
+  const int p = 4, m = 8;
+  const Schedule gpipe = gpipe_schedule(p, m), ofob = one_f_one_b_schedule(p, m);
+  for (int rank = 0; rank < p; ++rank) {
+    EXPECT_EQ(peak_microbatches_in_flight(gpipe, rank), m) << "rank " << rank;
+    EXPECT_EQ(peak_microbatches_in_flight(ofob, rank), p - rank) << "rank " << rank;
+  }
+}
+
+TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {
+  try {
+    interleaved_one_f_one_b_schedule(4, 6, 2);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("6 microbatches is not a multiple of the 4 ranks"));
+    EXPECT_THAT(e.what(), HasSubstr("(e.g. 8 microbatches)"));
+  }
+}
+
+TEST(SchedulesTest, BadArgumentsAreNamed) {
+  EXPECT_THAT([] { gpipe_schedule(0, 4); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("gpipe_schedule: got 0 ranks")));
+  EXPECT_THAT(
+      [] { one_f_one_b_schedule(2, 0); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("one_f_one_b_schedule: got 0 microbatches")));
+  EXPECT_THAT([] { interleaved_one_f_one_b_schedule(2, 2, 0); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("got 0 stages per rank")));
+}
+
+}  // namespace
+}  // namespace loom::pipeline

@@ -1,0 +1,172 @@
+// validate_schedule on broken schedules: each error names the rule, the rank, the action's
+// position and the action. The valid base is a hand-written 1F1B for 2 ranks, 2 microbatches.
+#include "parallel/pipeline/validate.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "base/error.h"
+
+namespace loom::pipeline {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kRank0 = "F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0";
+const std::string kRank1 = "RECV_F0s1 F0s1 B0s1 SEND_B0s1 RECV_F1s1 F1s1 B1s1 SEND_B1s1";
+
+Schedule two_ranks(const std::string& rank0, const std::string& rank1) {
+  return Schedule::from_text(2, 2, 2, {rank0, rank1});
+}
+
+// The message validate_schedule throws (fails the test if it does not throw).
+std::string error_of(const Schedule& schedule, ValidateOptions options = {}) {
+  try {
+    validate_schedule(schedule, options);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected validate_schedule to throw for\n" << schedule.str();
+  return "";
+}
+
+TEST(ValidateTest, TheBaseScheduleIsValid) {
+  EXPECT_NO_THROW(validate_schedule(two_ranks(kRank0, kRank1)));
+}
+
+TEST(ValidateTest, MissingSend) {
+  EXPECT_EQ(error_of(two_ranks("F0s0 SEND_F0s0 F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0", kRank1)),
+            "schedule: rank 1 action 4 RECV_F mb 1 stage 1 has no matching SEND_F on rank 0 "
+            "(SEND_F mb 1 stage 0)");
+}
+
+TEST(ValidateTest, SendWithoutReceive) {
+  EXPECT_EQ(error_of(two_ranks(kRank0, "RECV_F0s1 F0s1 B0s1 SEND_B0s1 F1s1 B1s1 SEND_B1s1")),
+            "schedule: rank 0 action 3 SEND_F mb 1 stage 0 has no matching RECV_F on rank 1 "
+            "(RECV_F mb 1 stage 1)");
+}
+
+TEST(ValidateTest, DuplicateReceive) {
+  EXPECT_EQ(error_of(two_ranks(kRank0, "RECV_F0s1 " + kRank1)),
+            "schedule: rank 1 action 1 RECV_F mb 0 stage 1 repeats action 0");
+}
+
+TEST(ValidateTest, BackwardBeforeForward) {
+  EXPECT_EQ(
+      error_of(two_ranks(kRank0, "RECV_F0s1 B0s1 F0s1 SEND_B0s1 RECV_F1s1 F1s1 B1s1 SEND_B1s1")),
+      "schedule: rank 1 action 1 B mb 0 stage 1 runs before F mb 0 stage 1 (action 2), its "
+      "forward");
+}
+
+TEST(ValidateTest, ForwardBeforeItsInputArrives) {
+  EXPECT_EQ(
+      error_of(two_ranks(kRank0, "F0s1 RECV_F0s1 B0s1 SEND_B0s1 RECV_F1s1 F1s1 B1s1 SEND_B1s1")),
+      "schedule: rank 1 action 0 F mb 0 stage 1 runs before RECV_F mb 0 stage 1 (action 1), "
+      "which receives its input");
+}
+
+TEST(ValidateTest, SendBeforeTheComputeThatProducesIt) {
+  EXPECT_EQ(
+      error_of(two_ranks("SEND_F0s0 F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 RECV_B1s0 B1s0", kRank1)),
+      "schedule: rank 0 action 0 SEND_F mb 0 stage 0 runs before F mb 0 stage 0 (action 1), "
+      "which computes what it sends");
+}
+
+TEST(ValidateTest, BackwardWithoutItsGradient) {
+  // Rank 0 never posts the receive of microbatch 1's gradient (nor does rank 1 send it).
+  EXPECT_EQ(error_of(two_ranks("F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 B1s0",
+                               "RECV_F0s1 F0s1 B0s1 SEND_B0s1 RECV_F1s1 F1s1 B1s1")),
+            "schedule: rank 0 action 6 B mb 1 stage 0 needs RECV_B mb 1 stage 0 before it (which "
+            "receives its output's gradient), but rank 0 has none");
+}
+
+TEST(ValidateTest, MissingBackward) {
+  EXPECT_EQ(error_of(two_ranks(kRank0, "RECV_F0s1 F0s1 B0s1 SEND_B0s1 RECV_F1s1 F1s1 SEND_B1s1")),
+            "schedule: rank 1 never runs B mb 1 stage 1 (every stage runs F and B of each of the "
+            "2 microbatches)");
+}
+
+TEST(ValidateTest, ReceiveBeforeTheCyclicWaitDeadlocks) {
+  // Rank 0 waits for microbatch 0's gradient before sending microbatch 0's activation.
+  const std::string message =
+      error_of(two_ranks("F0s0 RECV_B0s0 SEND_F0s0 F1s0 SEND_F1s0 B0s0 RECV_B1s0 B1s0", kRank1));
+  EXPECT_EQ(message,
+            "schedule: deadlock (blocking receives, asynchronous sends): rank 0 waits at action 1 "
+            "RECV_B mb 0 stage 0 for rank 1; rank 1 waits at action 0 RECV_F mb 0 stage 1 for "
+            "rank 0; cycle: rank 0 -> rank 1 -> rank 0");
+}
+
+TEST(ValidateTest, SendsBothWaysDeadlockOnlyWhenSendsBlock) {
+  // Rank 0 sends microbatch 1 forward while rank 1 sends microbatch 0's gradient back: fine
+  // with isend, a deadlock when each send waits for the peer's receive.
+  const Schedule schedule = two_ranks(kRank0, kRank1);
+  EXPECT_NO_THROW(validate_schedule(schedule, {.sends = SendSemantics::kAsync}));
+  EXPECT_EQ(error_of(schedule, {.sends = SendSemantics::kRendezvous}),
+            "schedule: deadlock (blocking receives and sends): rank 0 waits at action 3 SEND_F mb "
+            "1 stage 0 for rank 1; rank 1 waits at action 3 SEND_B mb 0 stage 1 for rank 0; "
+            "cycle: rank 0 -> rank 1 -> rank 0");
+}
+
+TEST(ValidateTest, ThreeRankCycleIsNamed) {
+  // Every rank receives before it sends, around a ring of microbatch dependencies.
+  const Schedule schedule = Schedule::from_text(
+      3, 3, 1,
+      {"RECV_B0s0 F0s0 SEND_F0s0 B0s0", "RECV_F0s1 F0s1 SEND_F0s1 RECV_B0s1 B0s1 SEND_B0s1",
+       "RECV_F0s2 F0s2 B0s2 SEND_B0s2"});
+  // Rule 5 first: the gradient buffer needs the forward's output shape.
+  EXPECT_THAT(error_of(schedule), HasSubstr("rank 0 action 0 RECV_B mb 0 stage 0 runs before F mb "
+                                            "0 stage 0 (action 1)"));
+  const std::string message = [&] {
+    try {
+      detail::check_no_deadlock(schedule, SendSemantics::kAsync);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  }();
+  EXPECT_THAT(message, HasSubstr("rank 0 waits at action 0 RECV_B mb 0 stage 0 for rank 1"));
+  EXPECT_THAT(message, HasSubstr("cycle: rank 0 -> rank 1 -> rank 0"));
+}
+
+TEST(ValidateTest, StageOnTheWrongRank) {
+  EXPECT_EQ(error_of(two_ranks("F0s1 " + kRank0, kRank1)),
+            "schedule: rank 0 action 0 F mb 0 stage 1: stage 1 lives on rank 1 (stage s runs on "
+            "rank s % 2), not on rank 0");
+}
+
+TEST(ValidateTest, OutOfRange) {
+  EXPECT_THAT(error_of(two_ranks(kRank0 + " F2s0", kRank1)),
+              HasSubstr("rank 0 action 8 F mb 2 stage 0: microbatch 2 is out of range; the "
+                        "schedule has 2 microbatches (0..1)"));
+  EXPECT_THAT(error_of(two_ranks(kRank0 + " F0s4", kRank1)),
+              HasSubstr("stage 4 is out of range; the schedule has 2 stages (0..1)"));
+  EXPECT_THAT(error_of(two_ranks("RECV_F0s0 " + kRank0, kRank1)),
+              HasSubstr("rank 0 action 0 RECV_F mb 0 stage 0: stage 0 has no stage -1 to receive "
+                        "from (stages are 0..1)"));
+}
+
+TEST(ValidateTest, LocalStagesHandOverWithoutMessages) {
+  // One rank, two stages: no send/recv between them, and stage 1 needs stage 0's forward first.
+  EXPECT_NO_THROW(validate_schedule(Schedule::from_text(1, 2, 1, {"F0s0 F0s1 B0s1 B0s0"})));
+  EXPECT_EQ(error_of(Schedule::from_text(1, 2, 1, {"F0s0 SEND_F0s0 F0s1 B0s1 B0s0"})),
+            "schedule: rank 0 action 1 SEND_F mb 0 stage 0: stages 0 and 1 are both on rank 0; "
+            "they hand tensors over locally, without SEND/RECV");
+  EXPECT_EQ(error_of(Schedule::from_text(1, 2, 1, {"F0s1 F0s0 B0s1 B0s0"})),
+            "schedule: rank 0 action 0 F mb 0 stage 1 runs before F mb 0 stage 0 (action 1), "
+            "which computes its input");
+}
+
+TEST(ValidateTest, ShapeErrors) {
+  EXPECT_THAT([] { Schedule::from_text(2, 2, 1, {"F0s0"}); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("got 1 lines of actions for 2 ranks")));
+  EXPECT_THAT([] { parse_actions("F0s0 X1s0"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'X1s0' is not an action")));
+  EXPECT_THAT([] { parse_actions("F0"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'F0' is not an action")));
+  EXPECT_THAT([] { parse_actions("SEND_Fs1"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("'SEND_Fs1' is not an action")));
+  EXPECT_EQ(parse_actions("SEND_B12s3"), (std::vector<Action>{{ActionKind::kSendB, 3, 12}}));
+}
+
+}  // namespace
+}  // namespace loom::pipeline
