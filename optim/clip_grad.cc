@@ -19,7 +19,7 @@ double local_square_sum(const Tensor& t) {
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, const ClipOptions& options) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   double replicated = 0;
@@ -36,6 +36,9 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
   for (const Tensor& p : parameters) {
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
+    const bool counted = std::none_of(options.not_counted.begin(), options.not_counted.end(),
+                                      [&](const Tensor& excluded) { return excluded.is_same(p); });
+    if (!counted) continue;
     if (!is_dtensor(grad)) {
       replicated += local_square_sum(grad);
       continue;
@@ -65,6 +68,11 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm) {
     Tensor sum = ops::reshape(ops::scalar_tensor(entry.sum, kFloat32), {1});
     entry.owner->group(entry.mesh_dim)->all_reduce(sum)->wait();
     total += sum.item<double>();
+  }
+  for (const auto& group : options.sum_over) {
+    Tensor sum = ops::reshape(ops::scalar_tensor(total, kFloat32), {1});
+    group->all_reduce(sum)->wait();
+    total = sum.item<double>();
   }
   const double norm = std::sqrt(total);
   if (norm > max_norm) {

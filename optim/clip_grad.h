@@ -7,13 +7,24 @@
 // when any gradient is a DTensor: every rank of its mesh calls it.
 #pragma once
 
+#include <memory>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "tensor/tensor.h"
 
 namespace loom::optim {
 
+struct ClipOptions {
+  // Groups whose ranks hold *different* parameters (pipeline stages over `pp`): the squared
+  // norm is summed over each, after the DTensor shards are. Every rank of them must call.
+  std::vector<std::shared_ptr<comm::ProcessGroup>> sum_over;
+  // Parameters whose gradients are scaled but not counted: a copy of a parameter another rank
+  // counts (the last pipeline stage's copy of a tied embedding).
+  std::vector<Tensor> not_counted;
+};
+
 // Returns the total norm before clipping. Parameters without a gradient are skipped.
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm);
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, const ClipOptions& options = {});
 
 }  // namespace loom::optim

@@ -183,7 +183,7 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
   stats_ = {};
   loss_sum_ = 0;
   scaled_losses_.assign(schedule_.num_microbatches, Tensor());
-  for (const auto& stage : stages_) stage->begin_step();
+  for (const auto& stage : stages_) stage->begin_step(schedule_.num_microbatches);
   const std::vector<Tensor> input_mbs =
       is_local(0) ? split(inputs, "inputs") : std::vector<Tensor>{};
   const std::vector<Tensor> target_mbs =

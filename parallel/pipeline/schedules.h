@@ -4,6 +4,8 @@
 // m = num_microbatches microbatches; stage s lives on rank s % p.
 #pragma once
 
+#include <string>
+
 #include "parallel/pipeline/schedule.h"
 
 namespace loom::pipeline {
@@ -24,5 +26,9 @@ Schedule one_f_one_b_schedule(int num_ranks, int num_microbatches);
 // Bubble (p-1)/(v m) of the ideal time (v times smaller than 1F1B's), for more messages.
 // Requires m % p == 0 (whole rounds); throws naming m and p otherwise.
 Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, int stages_per_rank);
+
+// The schedule a command line names: "gpipe", "1f1b" or "interleaved" (which takes
+// stages_per_rank; the others need it to be 1). Throws naming the choices otherwise.
+Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches, int stages_per_rank = 1);
 
 }  // namespace loom::pipeline

@@ -67,7 +67,9 @@ int PipelineStage::group_rank_of_stage(int stage) const {
   return group_rank_by_pp_rank_.at(stage % pp_size());
 }
 
-void PipelineStage::begin_step() {
+void PipelineStage::begin_step(int num_microbatches) {
+  num_microbatches_ = num_microbatches;
+  backwards_done_ = 0;
   // Normally empty already; after a failed step, what it left behind is dropped (its sends'
   // Works keep their tensors alive until the group finishes or fails them).
   saved_.clear();
@@ -189,13 +191,22 @@ void PipelineStage::post_recv_grad(int mb) {
 
 void PipelineStage::backward(int mb, const Tensor& output_grad_or_loss) {
   const Saved state = saved(mb, "backward");
+  std::function<void()> run;
   if (is_last()) {
-    loom::backward(output_grad_or_loss);
+    run = [&] { loom::backward(output_grad_or_loss); };
   } else {
     const Tensor grad = output_grad_or_loss.defined()
                             ? output_grad_or_loss
                             : wait_for(pending_grads_, mb, "output gradient");
-    if (state.sent.requires_grad()) loom::backward(state.sent, grad);
+    run = [&state, grad] {
+      if (state.sent.requires_grad()) loom::backward(state.sent, grad);
+    };
+  }
+  const bool last_microbatch = ++backwards_done_ == num_microbatches_;
+  if (options_.around_backward) {
+    options_.around_backward(last_microbatch, run);
+  } else {
+    run();
   }
   saved_.erase(mb);
   if (is_first()) return;

@@ -42,6 +42,10 @@ struct StageOptions {
   std::function<Tensor(const Tensor& received)> wrap_input;
   // The module's output -> the plain tensor sent to the next stage. Default: as is.
   std::function<Tensor(const Tensor& output)> unwrap_output;
+  // Runs one microbatch's backward (`run` calls the autograd engine). `last_microbatch` is true
+  // for the step's last backward of this stage: where a DDP-wrapped stage lets its gradients
+  // sync, running the others under no_sync (as torch's PipelineStage does). Default: run().
+  std::function<void(bool last_microbatch, const std::function<void()>& run)> around_backward;
 };
 
 class PipelineStage {
@@ -67,8 +71,8 @@ class PipelineStage {
 
   // ---- the executor's per-action calls ----
   // Forgets the last step's activation shapes, receive timings and anything a failed step
-  // left; call at the start of a step.
-  void begin_step();
+  // left; call at the start of a step of `num_microbatches`.
+  void begin_step(int num_microbatches);
   // RECV_F: posts the receive of microbatch `mb`'s input (deferred, without blocking, while the
   // boundary's shape metadata for this step has not arrived).
   void post_recv_input(int mb);
@@ -138,6 +142,8 @@ class PipelineStage {
   Tensor input_prototype_;  // shape and dtype of this step's received activations
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
+  int num_microbatches_ = 0;
+  int backwards_done_ = 0;
 };
 
 }  // namespace loom::pipeline

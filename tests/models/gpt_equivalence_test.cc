@@ -1,6 +1,7 @@
-// The whole training step against one rank: 4 AdamW steps of a tiny GPT under dp2, tp2 (with
-// and without sequence parallelism), dp2 x tp2 and gradient accumulation give the same losses
-// and final parameters as one rank on the same global batches, within 1e-5 relative (f32:
+// The whole training step against one rank: 4 AdamW steps (gradient norm clipped) of a tiny GPT
+// under dp2, tp2 (with and without sequence parallelism), dp2 x tp2, gradient accumulation, pp2
+// and dp2 x tp2 x pp2 give the same losses, gradient norms and final parameters as one rank on
+// the same global batches, within 1e-5 relative (f32:
 // sharded GEMMs and all-reduces sum in another order). The vocabulary is odd (257, as GPT-2's
 // 50257), so the vocab-parallel embedding and the loss-parallel head split it unevenly.
 #include <gtest/gtest.h>
@@ -13,7 +14,9 @@
 #include "dtensor/dtensor.h"
 #include "models/data/token_data.h"
 #include "models/gpt/gpt.h"
+#include "models/gpt/pipeline.h"
 #include "models/gpt/plans.h"
+#include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp/ddp.h"
 #include "tensor/ops.h"
@@ -40,35 +43,70 @@ data::TokenData corpus() {
 
 struct Result {
   std::vector<double> losses;
+  std::vector<double> grad_norms;  // before clipping
   std::map<std::string, std::vector<double>> params;
 };
 
-// One training run on `mesh` (dp x tp) with `accum` micro-batches per step; every rank returns
-// the global losses and the full final parameters.
-Result train(std::shared_ptr<const DeviceMesh> mesh, int accum, GPTPlanOptions plan = {}) {
-  const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1;
-  const int64_t dp_rank = mesh ? mesh->coordinate(0) : 0;
+// How the run is parallelized: a mesh ("pp", "dp", "tp") or none (one rank), gradient
+// accumulation (without pipelining), the TP plan, and the pipeline's schedule.
+struct Layout {
+  int accum = 1;
+  GPTPlanOptions plan = {};
+  std::string schedule = "1f1b";
+  int microbatches = 1;
+  int virtual_stages = 1;
+};
+
+constexpr double kClip = 0.5;  // below the tiny model's early gradient norms, so clipping acts
+
+// One training run on `mesh` with `layout`; every rank returns the global losses and gradient
+// norms, and the full final values of the parameters it holds (all of them without pipeline
+// parallelism; its stages' with it).
+Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {}) {
+  const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1, pp = mesh ? mesh->size("pp") : 1;
+  const int64_t dp_rank = mesh ? mesh->coordinate(mesh->dim_index("dp")) : 0;
   const auto data = corpus();
-  auto model = std::make_shared<GPT>(config(), /*seed=*/5);
+  std::shared_ptr<GPT> model;
+  std::unique_ptr<GPTPipeline> pipelined;
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  if (mesh && tp > 1) parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), plan);
-  if (mesh) ddp = std::make_unique<ddp::DistributedDataParallel>(model, mesh->group("dp"));
-  optim::AdamW opt(model->parameters(), {.lr = 3e-3, .weight_decay = 0.1});
+  if (pp > 1) {
+    pipelined = std::make_unique<GPTPipeline>(config(), /*seed=*/5, mesh,
+                                              GPTPipelineOptions{.schedule = layout.schedule,
+                                                                 .microbatches = layout.microbatches,
+                                                                 .virtual_stages = layout.virtual_stages,
+                                                                 .tp_plan = layout.plan});
+  } else {
+    model = std::make_shared<GPT>(config(), /*seed=*/5);
+    if (mesh && tp > 1) parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.plan);
+    if (mesh) ddp = std::make_unique<ddp::DistributedDataParallel>(model, mesh->group("dp"));
+  }
+  const auto named = pipelined ? pipelined->named_parameters() : model->named_parameters();
+  std::vector<Tensor> parameters;
+  for (const auto& [name, p] : named) parameters.push_back(p);
+  optim::AdamW opt(parameters, {.lr = 3e-3, .weight_decay = 0.1});
   Result result;
-  const int64_t per_rank = kGlobalBatch / dp, micro = per_rank / accum;
+  const int64_t per_rank = kGlobalBatch / dp, micro = per_rank / layout.accum;
   for (int step = 0; step < kSteps; ++step) {
-    if (ddp) ddp->zero_grad(); else opt.zero_grad();
     double step_loss = 0;
-    for (int m = 0; m < accum; ++m) {
-      const auto batch = data::batch_slice(data, 11, step, dp_rank * per_rank + m * micro, micro, kSeqLen);
-      Tensor loss = div(model->loss(batch.inputs, batch.targets), static_cast<double>(accum));
-      if (ddp && m + 1 < accum) {
-        auto guard = ddp->no_sync();
-        backward(loss);
-      } else {
-        backward(loss);
+    if (pipelined) {
+      pipelined->zero_grad();
+      const auto batch = data::batch_slice(data, 11, step, dp_rank * per_rank, per_rank, kSeqLen);
+      step_loss = pipelined->step(batch.inputs, batch.targets);
+      result.grad_norms.push_back(pipelined->clip_grad_norm(kClip));
+    } else {
+      if (ddp) ddp->zero_grad(); else opt.zero_grad();
+      for (int m = 0; m < layout.accum; ++m) {
+        const auto batch = data::batch_slice(data, 11, step, dp_rank * per_rank + m * micro, micro, kSeqLen);
+        Tensor loss = div(model->loss(batch.inputs, batch.targets), static_cast<double>(layout.accum));
+        if (ddp && m + 1 < layout.accum) {
+          auto guard = ddp->no_sync();
+          backward(loss);
+        } else {
+          backward(loss);
+        }
+        step_loss += loss.item<double>();
       }
-      step_loss += loss.item<double>();
+      result.grad_norms.push_back(optim::clip_grad_norm_(parameters, kClip));
     }
     opt.step();
     if (mesh) {
@@ -78,9 +116,7 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, int accum, GPTPlanOptions p
     }
     result.losses.push_back(step_loss);
   }
-  for (const auto& [name, p] : model->named_parameters()) {
-    result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
-  }
+  for (const auto& [name, p] : named) result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
   return result;
 }
 
@@ -88,6 +124,8 @@ void expect_same(const Result& actual, const Result& expected, const std::string
   ASSERT_EQ(actual.losses.size(), expected.losses.size());
   for (size_t s = 0; s < expected.losses.size(); ++s) {
     EXPECT_NEAR(actual.losses[s], expected.losses[s], 1e-5 * std::abs(expected.losses[s])) << layout << " step " << s;
+    EXPECT_NEAR(actual.grad_norms[s], expected.grad_norms[s], 1e-5 * expected.grad_norms[s])
+        << layout << " gradient norm, step " << s;
   }
   // Parameters: 1e-5 relative to the model's largest parameter magnitude (the LayerNorm weights,
   // ~1). Not per tensor: AdamW divides each gradient by its own running RMS, so a parameter
@@ -99,8 +137,10 @@ void expect_same(const Result& actual, const Result& expected, const std::string
   for (const auto& [name, values] : expected.params) {
     for (double v : values) model_scale = std::max(model_scale, std::abs(v));
   }
-  for (const auto& [name, values] : expected.params) {
-    const auto& got = actual.params.at(name);
+  ASSERT_FALSE(actual.params.empty()) << layout;
+  for (const auto& [name, got] : actual.params) {  // a pipeline rank holds its stages' only
+    ASSERT_TRUE(expected.params.count(name)) << layout << " " << name;
+    const auto& values = expected.params.at(name);
     ASSERT_EQ(got.size(), values.size()) << layout << " " << name;
     for (size_t i = 0; i < values.size(); ++i) {
       ASSERT_NEAR(got[i], values[i], 1e-5 * model_scale) << layout << " " << name << " at " << i;
@@ -109,50 +149,67 @@ void expect_same(const Result& actual, const Result& expected, const std::string
 }
 
 const Result& reference() {
-  static const Result r = train(nullptr, 1);
+  static const Result r = train(nullptr);
   return r;
 }
 
-std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp) {
-  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
-                                            std::vector<int64_t>{dp, tp});
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp, int64_t pp = 1) {
+  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+                                            std::vector<int64_t>{pp, dp, tp});
 }
 
 TEST(GPTEquivalenceTest, ReferenceLearns) {
   EXPECT_LT(reference().losses.back(), reference().losses.front());
+  EXPECT_GT(reference().grad_norms.front(), kClip) << "the clip must act for the norm checks to mean something";
 }
 
 TEST(GPTEquivalenceTest, GradientAccumulationOnOneRank) {
-  comm::testing::run_on_ranks(1, [](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 1, 1), 2), reference(), "accum2"); });
+  comm::testing::run_on_ranks(1, [](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 1, 1), {.accum = 2}), reference(), "accum2"); });
 }
 
 TEST(GPTEquivalenceTest, DataParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1), 1), ref, "dp2"); });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1)), ref, "dp2"); });
 }
 
 TEST(GPTEquivalenceTest, DataParallelWithGradientAccumulation) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1), 2), ref, "dp2 accum2"); });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1), {.accum = 2}), ref, "dp2 accum2"); });
 }
 
 TEST(GPTEquivalenceTest, TensorParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 2), 1, {.sequence_parallel = false}), ref, "tp2");
+    expect_same(train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = false}}), ref, "tp2");
   });
 }
 
 TEST(GPTEquivalenceTest, TensorParallelWithSequenceParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 2), 1, {.sequence_parallel = true}), ref, "tp2 + sequence parallel");
+    expect_same(train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}), ref, "tp2 + sequence parallel");
   });
 }
 
 TEST(GPTEquivalenceTest, DataAndTensorParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2), 1), ref, "dp2 x tp2 (sequence parallel)"); });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2)), ref, "dp2 x tp2 (sequence parallel)"); });
+}
+
+TEST(GPTEquivalenceTest, PipelineParallel) {
+  const Result& ref = reference();
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same(train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}), ref, "pp2 1f1b m4");
+  });
+}
+
+// The mission's composition: DDP on dp, TP (sequence parallel) on tp, 1F1B stages on pp, on 8
+// ranks; gradient-norm clipping and the reported loss are global across all three dims.
+TEST(GPTEquivalenceTest, DataTensorAndPipelineParallel) {
+  const Result& ref = reference();
+  comm::testing::run_on_ranks(8, [&](comm::ProcessGroup& pg) {
+    expect_same(train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}), ref, "dp2 x tp2 x pp2");
+  });
 }
 
 // Determinism. Reductions are canonical: the Gloo backend sums contributions in group-rank
@@ -164,11 +221,11 @@ TEST(GPTEquivalenceTest, DataAndTensorParallel) {
 // rounding only — the 1e-5 checks above.)
 TEST(GPTEquivalenceTest, BitIdenticalAcrossRerunsAndRankOrders) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
-    const Result first = train(mesh_of(pg, 2, 2), 1);
-    const Result again = train(mesh_of(pg, 2, 2), 1);
-    auto reversed = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
-                                                       std::vector<int64_t>{2, 2}, std::vector<int>{3, 2, 1, 0});
-    const Result other_order = train(reversed, 1);
+    const Result first = train(mesh_of(pg, 2, 2));
+    const Result again = train(mesh_of(pg, 2, 2));
+    auto reversed = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+                                                       std::vector<int64_t>{1, 2, 2}, std::vector<int>{3, 2, 1, 0});
+    const Result other_order = train(reversed);
     EXPECT_EQ(again.losses, first.losses) << "rerun";
     EXPECT_EQ(other_order.losses, first.losses) << "ranks in reverse order";
     EXPECT_TRUE(again.params == first.params) << "rerun parameters differ";

@@ -1,0 +1,70 @@
+// A GPT trained with pipeline parallelism composed with tensor and data parallelism on one
+// DeviceMesh with dims "pp", "dp" and "tp" (any of size 1): this rank's pipeline stages
+// (GPTStage modules: only their own layers and parameters), each parallelized over `tp` with
+// the GPT plan and wrapped in DDP over `dp`, driven by a validated schedule.
+//
+//   GPTPipeline model(config, seed, mesh, {.schedule = "1f1b", .microbatches = 8});
+//   model.zero_grad();
+//   double loss = model.step(inputs, targets);   // this dp rank's batch; same on every pp rank
+//   model.clip_grad_norm(1.0);
+//   optimizer.step();                             // over model.parameters()
+//
+// step() runs the schedule (DDP syncs each stage's gradients during its last microbatch's
+// backward, the others run under no_sync), then sums the tied embedding's gradient between the
+// first stage (wte) and the last (its copy for the head), as Megatron-LM does, so the two copies
+// take identical optimizer steps and stay equal — and the whole equals one rank's model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/plans.h"
+#include "parallel/ddp/ddp.h"
+#include "parallel/pipeline/executor.h"
+
+namespace loom::models {
+
+struct GPTPipelineOptions {
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int microbatches = 1;
+  int virtual_stages = 1;               // stages per rank (interleaved)
+  std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
+  GPTPlanOptions tp_plan;
+};
+
+class GPTPipeline {
+ public:
+  GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
+              GPTPipelineOptions options = {});
+
+  // One step's forward and backward on this dp rank's batch (B, T) — split into microbatches;
+  // only the first stage's rank reads `inputs`, only the last's `targets`. Returns the mean loss
+  // over the batch on every pp rank. Gradients accumulate: zero_grad() first.
+  double step(const Tensor& inputs, const Tensor& targets);
+  void zero_grad();
+  // Global gradient norm over all stages and shards (the tied embedding counted once), clipped.
+  double clip_grad_norm(double max_norm);
+
+  // This rank's parameters with the whole model's names (its stages', in stage order; the last
+  // stage's copy of the tied embedding is listed as "wte.weight" too).
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  const std::vector<std::shared_ptr<GPTStage>>& stages() const { return modules_; }
+  const pipeline::Schedule& schedule() const { return schedule_; }
+  const pipeline::StepStats& last_stats() const { return executor_->last_stats(); }
+
+ private:
+  void sum_tied_embedding_gradients();
+
+  std::shared_ptr<const DeviceMesh> mesh_;
+  pipeline::Schedule schedule_;
+  std::vector<std::shared_ptr<GPTStage>> modules_;
+  std::vector<std::shared_ptr<ddp::DistributedDataParallel>> ddps_;  // per module; null without dp
+  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+};
+
+}  // namespace loom::models
