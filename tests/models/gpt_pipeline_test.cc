@@ -1,0 +1,141 @@
+// A GPT pipelined over pp ranks against the same GPT on one rank: one step's loss and every
+// parameter's gradient, for GPipe and 1F1B on pp 2 and 4 with 1, 2, 4 and 8 microbatches, and
+// interleaved 1F1B with 2 virtual stages per rank; plus the errors a bad configuration gets.
+//
+// Tolerance: 1e-5 relative to each gradient tensor's scale (the largest magnitude), 1e-5
+// relative for the loss. Microbatching sums a batch's gradient in another order (per-microbatch
+// partial sums, scaled by 1/m) than one rank's single backward: f32 rounding.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/engine.h"
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "dtensor/dtensor.h"
+#include "models/gpt/pipeline.h"
+#include "tensor/ops.h"
+
+namespace loom::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+GPTConfig config() { return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37}; }
+constexpr int64_t kBatch = 8, kSeqLen = 8;
+
+Tensor tokens(uint64_t seed) {
+  std::vector<int64_t> ids;
+  for (double v : ops::to_vector(ops::uniform({kBatch, kSeqLen}, seed, 0.0, 37.0))) ids.push_back(static_cast<int64_t>(v));
+  return ops::from_vector_i64(ids, {kBatch, kSeqLen});
+}
+
+struct Reference {
+  double loss;
+  std::map<std::string, Tensor> grads;
+};
+
+const Reference& reference() {
+  static const Reference r = [] {
+    GPT model(config(), 3);
+    Tensor loss = model.loss(tokens(1), tokens(2));
+    backward(loss);
+    Reference out{loss.item<double>(), {}};
+    for (const auto& [name, p] : model.named_parameters()) out.grads[name] = p.grad();
+    return out;
+  }();
+  return r;
+}
+
+std::shared_ptr<const DeviceMesh> pp_mesh(comm::ProcessGroup& pg) {
+  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+                                            std::vector<int64_t>{pg.size(), 1, 1});
+}
+
+void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string& what) {
+  const Reference& ref = reference();
+  EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss) << what;
+  const auto named = model.named_parameters();
+  ASSERT_FALSE(named.empty()) << what;
+  for (const auto& [name, p] : named) {
+    ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
+    const auto got = ops::to_vector(p.grad()), want = ops::to_vector(ref.grads.at(name));
+    ASSERT_EQ(got.size(), want.size()) << what << ": " << name;
+    double scale = 0;
+    for (double v : want) scale = std::max(scale, std::abs(v));
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5 * scale) << what << ": grad of " << name << " at " << i;
+    }
+  }
+}
+
+struct Case {
+  std::string schedule;
+  int pp, microbatches, virtual_stages;
+};
+
+class GPTPipelineTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GPTPipelineTest, LossAndGradientsMatchOneRank) {
+  const Case c = GetParam();
+  const std::string what = fmt::format("{} pp{} m{} v{}", c.schedule, c.pp, c.microbatches, c.virtual_stages);
+  comm::testing::run_on_ranks(c.pp, [&](comm::ProcessGroup& pg) {
+    GPTPipeline model(config(), 3, pp_mesh(pg),
+                      {.schedule = c.schedule, .microbatches = c.microbatches, .virtual_stages = c.virtual_stages});
+    EXPECT_EQ(static_cast<int>(model.stages().size()), c.virtual_stages);
+    model.zero_grad();
+    // Only the first stage reads the inputs and the last the targets.
+    const bool first = model.stages().front()->range().first, last = model.stages().back()->range().last;
+    const double loss = model.step(first ? tokens(1) : Tensor(), last ? tokens(2) : Tensor());
+    expect_matches_one_rank(model, loss, what);
+  });
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    for (int pp : {2, 4}) {
+      for (int m : {1, 2, 4, 8}) out.push_back({schedule, pp, m, 1});
+    }
+  }
+  for (int m : {2, 4, 8}) out.push_back({"interleaved", 2, m, 2});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, GPTPipelineTest, ::testing::ValuesIn(cases()), [](const auto& info) {
+  return fmt::format("{}_pp{}_m{}_v{}", info.param.schedule, info.param.pp, info.param.microbatches,
+                     info.param.virtual_stages);
+});
+
+// 1F1B holds at most p microbatches' activations on the first rank; GPipe holds all m.
+TEST(GPTPipelineMemory, OneFOneBHoldsAtMostPipelineDepthMicrobatches) {
+  for (const std::string schedule : {"gpipe", "1f1b"}) {
+    comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+      GPTPipeline model(config(), 3, pp_mesh(pg), {.schedule = schedule, .microbatches = 8});
+      model.zero_grad();
+      model.step(tokens(1), tokens(2));
+      const int expected = schedule == "gpipe" ? 8 : 2 - pg.rank();
+      EXPECT_EQ(model.last_stats().peak_microbatches_in_flight, expected) << schedule << " rank " << pg.rank();
+    });
+  }
+}
+
+TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
+  comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
+    auto error_of = [&](GPTPipelineOptions options) -> std::string {
+      try {
+        GPTPipeline model(config(), 3, pp_mesh(pg), options);
+      } catch (const Error& e) {
+        return e.what();
+      }
+      return "no error";
+    };
+    EXPECT_THAT(error_of({.schedule = "zigzag"}), HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b or interleaved)"));
+    EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}), HasSubstr("3 microbatches"));
+    EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}), HasSubstr("need --schedule interleaved"));
+    EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 1, 2}}), HasSubstr("gives 3 stages' layer counts"));
+    EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 2}}), HasSubstr("4"));
+  });
+}
+
+}  // namespace
+}  // namespace loom::models
