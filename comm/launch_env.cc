@@ -13,7 +13,7 @@ namespace {
 
 // Every variable an error may list, in the order it lists them.
 const char* const kRelevantVariables[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOOM_AGENT_STORE",
     "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
     "SLURM_NODEID",
@@ -238,12 +238,24 @@ LaunchEnv read_launch_env(const GetEnv& getenv) {
   read_ranks(env, *source, &out);
   if (source == &kTorchrun) check_agreement(env, out);
   read_master(env, *source, &out);
+  if (const std::string* agent = env.raw("LOOM_AGENT_STORE")) {
+    if (*agent != "0" && *agent != "1") {
+      env.fail(fmt::format("LOOM_AGENT_STORE={} is neither 0 nor 1", *agent),
+               "LOOM_AGENT_STORE=1 when the launcher serves the rendezvous store, 0 or unset when rank 0 does");
+    }
+    out.agent_store = *agent == "1";
+  }
   return out;
 }
 
 std::string to_string(const LaunchEnv& env) {
-  return fmt::format("rank {}/{} (local {}/{}) via {}, master {}:{}", env.rank, env.world_size, env.local_rank,
-                     env.local_world_size, env.source.empty() ? "?" : env.source, env.master_addr, env.master_port);
+  return fmt::format("rank {}/{} (local {}/{}) via {}, master {}:{}{}", env.rank, env.world_size, env.local_rank,
+                     env.local_world_size, env.source.empty() ? "?" : env.source, env.master_addr, env.master_port,
+                     env.agent_store ? " (store served by the launcher)" : "");
+}
+
+std::string rendezvous_bind_host(const std::string& master_addr) {
+  return is_loopback(master_addr) ? master_addr : "";
 }
 
 std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration timeout) {
@@ -255,8 +267,9 @@ std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration time
              "make_rendezvous_store: master_port {} is not usable for {} ranks; need a port in 1..65535 ({})",
              env.master_port, env.world_size, to_string(env));
   TcpStoreOptions options;
-  options.is_server = env.rank == 0;
-  options.bind_host = is_loopback(env.master_addr) ? env.master_addr : "*";
+  options.is_server = env.rank == 0 && !env.agent_store;
+  const std::string bind_host = rendezvous_bind_host(env.master_addr);
+  options.bind_host = bind_host.empty() ? "*" : bind_host;
   options.timeout = timeout;
   return std::make_shared<TcpStore>(env.master_addr, env.master_port, options);
 }

@@ -13,7 +13,10 @@
 // (local = global); one without the other is an error.
 //
 // The rendezvous address is always MASTER_ADDR:MASTER_PORT. Only a one-process job may omit
-// them (127.0.0.1, port 0 = any free port).
+// them (127.0.0.1, port 0 = any free port). Rank 0 serves the store there, unless
+// LOOM_AGENT_STORE=1 says the launcher serves it (loomrun does, as torchrun's agent does with
+// TORCHELASTIC_USE_AGENT_STORE): then the store outlives any rank, so a rank 0 that fails or
+// finishes first does not take the other ranks' failure reports and teardown with it.
 //
 // Every error lists the relevant variables found (NAME=value) and says what is needed.
 #pragma once
@@ -34,6 +37,8 @@ struct LaunchEnv {
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // LOOM_AGENT_STORE=1: the launcher serves the store; every rank, rank 0 too, is a client.
+  bool agent_store = false;
   // Where the values came from: "torchrun", "openmpi" or "slurm".
   std::string source;
 };
@@ -49,10 +54,14 @@ LaunchEnv read_launch_env(const GetEnv& getenv = real_getenv);
 // "rank 3/8 (local 1/4) via torchrun, master 10.0.0.1:29500"
 std::string to_string(const LaunchEnv& env);
 
-// The store every rank rendezvouses through: a TcpStore whose server runs in rank 0 at
-// master_addr:master_port, with every rank (rank 0 included) connected as a client. Rank 0
-// listens on master_addr itself when that is a loopback address, else on every interface
-// (MASTER_ADDR is often a hostname that the master's own /etc/hosts maps to 127.0.1.1).
+// The address the rendezvous store's server listens on for `master_addr`: master_addr itself
+// when it is a loopback address, else "" (every interface: MASTER_ADDR is often a hostname that
+// the master's own /etc/hosts maps to 127.0.1.1).
+std::string rendezvous_bind_host(const std::string& master_addr);
+
+// The store every rank rendezvouses through: a TcpStore whose server runs in rank 0 (or, with
+// agent_store, in the launcher) at master_addr:master_port, with every rank (rank 0 included)
+// connected as a client; the server listens on rendezvous_bind_host(master_addr).
 // Connecting retries until `timeout`, so ranks may start before rank 0.
 std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration timeout = kDefaultStoreTimeout);
 

@@ -16,6 +16,9 @@ namespace {
 // it gives up on the connection itself (a server that hangs or a network that drops packets).
 constexpr Duration kReplyGrace = std::chrono::seconds(2);
 
+// How long a client retries connecting to a server it reached before (see borrow_connection).
+constexpr Duration kReconnectWindow = std::chrono::seconds(2);
+
 std::string quoted_keys(const std::vector<std::string>& keys) {
   std::string out = "[";
   for (size_t i = 0; i < keys.size(); ++i) out += fmt::format("{}'{}'", i ? ", " : "", keys[i]);
@@ -57,9 +60,15 @@ net::Socket TcpStore::borrow_connection() {
       return socket;
     }
   }
+  // The first connection retries for the whole timeout: at start-up the server may not listen
+  // yet. Once it has answered, a refused connection means it went away (rank 0 exited), so a
+  // new connection gets a short window instead of waiting out the timeout.
   const Duration timeout = this->timeout();
+  const Duration window = reached_server_ ? std::min(timeout, kReconnectWindow) : timeout;
   try {
-    return net::connect_tcp(host_, port_, Clock::now() + timeout, timeout);
+    net::Socket socket = net::connect_tcp(host_, port_, Clock::now() + window, timeout);
+    reached_server_ = true;
+    return socket;
   } catch (const Error& e) {
     LOOM_FAIL("TcpStore: {}", e.what());
   }

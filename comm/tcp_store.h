@@ -18,6 +18,7 @@
 //   - add() stores the integer as decimal text, so get() after add() reads e.g. "42".
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -88,6 +89,9 @@ class TcpStore : public Store {
   std::unique_ptr<TcpStoreServer> server_;  // declared first: destroyed after the connections
   std::mutex pool_mutex_;
   std::vector<net::Socket> idle_connections_;
+  // Set once a connection succeeded; later reconnects retry only briefly. Atomic: connections
+  // are made outside pool_mutex_, from several threads.
+  std::atomic<bool> reached_server_{false};
 };
 
 }  // namespace loom::comm

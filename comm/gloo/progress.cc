@@ -53,7 +53,10 @@ void ProgressBoard::loop() {
     idle_ = true;
     wake_.wait(lock, [&] { return stop_ || started_ != published_ || state_pending_; });
     idle_ = false;
-    if (started_ == published_ && !state_pending_) break;  // stop_ and nothing left to write
+    // Stopping: the group is being destroyed, so counts nobody will read are dropped (at exit
+    // the store's server, rank 0, may already be gone, and each write would wait on it); a
+    // pending failure state is still written.
+    if (stop_ && !state_pending_) break;
     const uint64_t count = started_;
     const bool write_state = state_pending_;
     const std::string state = state_;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "comm/tcp_store_server.h"
 #include "tests/comm/tcp_test_util.h"
 
 namespace loom::comm::testing {
@@ -227,6 +228,33 @@ TEST(LaunchEnvTest, RendezvousStoreAcrossRanksInThreads) {
   }
   for (auto& t : ranks) t.join();
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(seen[r], "here");
+}
+
+TEST(LaunchEnvTest, AgentStoreFlag) {
+  const Env base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  EXPECT_FALSE(read_launch_env(from(base)).agent_store);
+  Env agent = base;
+  agent["LOOM_AGENT_STORE"] = "1";
+  EXPECT_TRUE(read_launch_env(from(agent)).agent_store);
+  agent["LOOM_AGENT_STORE"] = "yes";
+  EXPECT_THAT(error_of(agent), HasSubstr("LOOM_AGENT_STORE=yes is neither 0 nor 1"));
+}
+
+// With LOOM_AGENT_STORE=1 the launcher serves the store and rank 0 is a client: rank 0 leaves
+// first, and rank 1 still reads what rank 0 wrote.
+TEST(LaunchEnvTest, AgentStoreOutlivesRankZero) {
+  TcpStoreServer launcher({.bind_host = "127.0.0.1", .port = 0});
+  const std::string port = std::to_string(launcher.port());
+  auto env_of = [&](int rank) {
+    return read_launch_env(from({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", port}, {"LOOM_AGENT_STORE", "1"}}));
+  };
+  {
+    auto rank0 = make_rendezvous_store(env_of(0), std::chrono::seconds(5));
+    rank0->set("from/0", "bye");
+  }  // rank 0 is gone
+  auto rank1 = make_rendezvous_store(env_of(1), std::chrono::seconds(5));
+  EXPECT_EQ(rank1->get_string("from/0"), "bye");
 }
 
 TEST(LaunchEnvTest, RendezvousStoreRejectsAnUnusableEnv) {

@@ -13,6 +13,7 @@ for r in 0 1 2; do
   expect_line "$WORK/out" "[rank $r] LOCAL_WORLD_SIZE=3"
   expect_line "$WORK/out" "[rank $r] GROUP_RANK=0"
   expect_line "$WORK/out" "[rank $r] MASTER_ADDR=127.0.0.1"
+  expect_line "$WORK/out" "[rank $r] LOOM_AGENT_STORE=1"
   # The last line has no newline: flushed, prefixed, when the rank exits.
   expect_line "$WORK/out" "[rank $r] no newline at the end of rank $r"
   # stderr goes to stderr, prefixed too, and not to stdout.
@@ -20,9 +21,9 @@ for r in 0 1 2; do
   ports+=("$(sed -n "s/^\[rank $r\] MASTER_PORT=//p" "$WORK/out")")
 done
 grep -q "stderr line" "$WORK/out" && fail "stderr lines reached stdout"
-# Every stdout line carries a prefix: 3 ranks x 8 lines.
-expect_eq "$(grep -c '^\[rank [0-2]\] ' "$WORK/out")" 24 "prefixed stdout lines"
-expect_eq "$(wc -l <"$WORK/out")" 24 "stdout lines"
+# Every stdout line carries a prefix: 3 ranks x 9 lines.
+expect_eq "$(grep -c '^\[rank [0-2]\] ' "$WORK/out")" 27 "prefixed stdout lines"
+expect_eq "$(wc -l <"$WORK/out")" 27 "stdout lines"
 [[ "${ports[0]}" =~ ^[0-9]+$ && "${ports[0]}" -gt 0 && "${ports[0]}" -le 65535 ]] ||
   fail "MASTER_PORT '${ports[0]}' is not a port number"
 expect_eq "${ports[1]}" "${ports[0]}" "MASTER_PORT of rank 1 vs rank 0"

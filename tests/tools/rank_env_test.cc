@@ -37,7 +37,8 @@ TEST(RankEnvTest, VariablesOfOneRank) {
   EXPECT_THAT(rank_variables(two_nodes_of_four(), 2, 29500),
               ElementsAre(Pair("RANK", "6"), Pair("WORLD_SIZE", "8"), Pair("LOCAL_RANK", "2"),
                           Pair("LOCAL_WORLD_SIZE", "4"), Pair("GROUP_RANK", "1"),
-                          Pair("MASTER_ADDR", "10.1.2.3"), Pair("MASTER_PORT", "29500")));
+                          Pair("MASTER_ADDR", "10.1.2.3"), Pair("MASTER_PORT", "29500"),
+                          Pair("LOOM_AGENT_STORE", "1")));
 }
 
 TEST(RankEnvTest, KeepsTheParentsVariablesAndReplacesStaleRankVariables) {
@@ -50,7 +51,7 @@ TEST(RankEnvTest, KeepsTheParentsVariablesAndReplacesStaleRankVariables) {
   EXPECT_THAT(environment,
               ElementsAre("PATH=/usr/bin", "HOME=/root", "RANKING=x", "EMPTY=", "RANK=1",
                           "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
-                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4321"));
+                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4321", "LOOM_AGENT_STORE=1"));
   EXPECT_THAT(environment, Not(Contains("RANK=99")));
 }
 

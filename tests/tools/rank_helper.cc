@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   }
   if (print_env) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                             "MASTER_ADDR", "MASTER_PORT"}) {
+                             "MASTER_ADDR", "MASTER_PORT", "LOOM_AGENT_STORE"}) {
       std::printf("%s=%s\n", name, env_or(name, "<unset>"));
     }
     std::fflush(stdout);

@@ -3,8 +3,9 @@
 #include <csignal>
 
 #include "base/error.h"
+#include "comm/launch_env.h"
+#include "comm/tcp_store_server.h"
 #include "tools/loomrun/child_process.h"
-#include "tools/loomrun/free_port.h"
 #include "tools/loomrun/options.h"
 #include "tools/loomrun/output.h"
 #include "tools/loomrun/rank_env.h"
@@ -27,12 +28,19 @@ int run_loomrun(int argc, const char* const* argv) {
   }
   const LaunchOptions& options = command_line.options;
 
+  // Like torchrun's agent, the master node's loomrun serves the rendezvous store (the ranks get
+  // LOOM_AGENT_STORE=1): it outlives every rank, so a rank 0 that fails or finishes first does
+  // not take the others' failure reports or teardown with it. Port 0 binds a free port here,
+  // with no window for another process to take it.
+  std::unique_ptr<comm::TcpStoreServer> store;
   int master_port = options.master_port;
-  if (master_port == 0) {
+  if (options.node_rank == 0) {
     try {
-      master_port = pick_free_port(options.master_addr);
+      store = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreServerOptions{
+          .bind_host = comm::rendezvous_bind_host(options.master_addr), .port = options.master_port});
+      master_port = store->port();
     } catch (const Error& error) {
-      log_line("{}", error.what());
+      log_line("cannot serve the rendezvous store: {}", error.what());
       return kSetupFailedExitCode;
     }
   }

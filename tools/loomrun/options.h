@@ -20,7 +20,7 @@ struct LaunchOptions {
   int nnodes = 1;          // nodes in the job; WORLD_SIZE = nnodes * nproc_per_node
   int node_rank = 0;       // this node's index in [0, nnodes) (GROUP_RANK)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;               // 0: pick a free port on master_addr (only with nnodes == 1)
+  int master_port = 0;               // 0: the store binds a free port (only with nnodes == 1)
   double timeout_s = 0;              // stop the job after this many seconds; 0: no limit
   double grace_s = 10;               // SIGTERM -> SIGKILL escalation delay when stopping ranks
   std::vector<std::string> command;  // PROGRAM ARGS...

@@ -27,6 +27,8 @@ std::vector<std::pair<std::string, std::string>> rank_variables(const LaunchOpti
       {"GROUP_RANK", std::to_string(options.node_rank)},
       {"MASTER_ADDR", options.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},
+      // The master node's loomrun serves the rendezvous store (launcher.cc).
+      {"LOOM_AGENT_STORE", "1"},
   };
 }
 

@@ -1,5 +1,6 @@
 // Faults of real processes: fault_rank runs as N processes (forked here, with RANK, WORLD_SIZE,
-// MASTER_ADDR=127.0.0.1 and MASTER_PORT set, as a launcher would) and one rank, the victim, is
+// MASTER_ADDR=127.0.0.1, MASTER_PORT and LOOM_AGENT_STORE=1 set, as loomrun would: this test
+// serves the rendezvous store, so any rank, rank 0 included, may fail) and one rank, the victim, is
 // killed inside a collective, stopped, exits between collectives or calls a mismatched
 // collective. Every other rank must exit on its own within timeout + 5 s of the fault with a
 // loom::Error naming the op, the group, the sequence number and the victim. Nothing may hang:
@@ -8,15 +9,15 @@
 //
 // Usage (from BUILD): faults_test <fault_rank> <loomrun> [gtest flags]
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
+
+#include "comm/tcp_store_server.h"
 
 #include <algorithm>
 
@@ -66,24 +67,6 @@ std::string scratch_dir(const std::string& name) {
   std::string command = fmt::format("rm -rf '{}' && mkdir -p '{}'", dir, dir);
   if (std::system(command.c_str()) != 0) ADD_FAILURE() << "cannot create " << dir;
   return dir;
-}
-
-// A free TCP port on 127.0.0.1 (bound to port 0, read, closed: rank 0's store binds it next).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return 29500;
-  }
-  const int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
 }
 
 std::string describe_status(int status) {
@@ -170,7 +153,9 @@ struct CaseRun {
 // to exit and the victim to exit or stop. Leaves no process behind.
 CaseRun run_case(const Case& c) {
   const std::string dir = scratch_dir(case_name(c));
-  const int port = free_port();
+  // The store lives here, like loomrun's, so it outlives whichever rank exits first.
+  loom::comm::TcpStoreServer store({.bind_host = "127.0.0.1", .port = 0});
+  const int port = store.port();
   CaseRun run;
   run.ranks.resize(c.world);
   pid_t pgid = 0;
@@ -179,7 +164,8 @@ CaseRun run_case(const Case& c) {
     std::vector<std::pair<std::string, std::string>> env = {
         {"RANK", std::to_string(r)},         {"WORLD_SIZE", std::to_string(c.world)},
         {"LOCAL_RANK", std::to_string(r)},   {"LOCAL_WORLD_SIZE", std::to_string(c.world)},
-        {"MASTER_ADDR", "127.0.0.1"},        {"MASTER_PORT", std::to_string(port)}};
+        {"MASTER_ADDR", "127.0.0.1"},        {"MASTER_PORT", std::to_string(port)},
+        {"LOOM_AGENT_STORE", "1"}};
     if (victim_fails_too(c.fault)) env.emplace_back("LOOM_DEBUG", "collectives");
     RankRun& rank = run.ranks[r];
     rank.out_path = fmt::format("{}/rank-{}.out", dir, r);
@@ -337,8 +323,9 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (const char* fault :
        {"kill_in_op", "kill_mid_large", "stop_before_op", "exit_between", "mismatch_op", "mismatch_size"}) {
-    // The victim is never rank 0 here (rank 0 serves the rendezvous store).
     for (int world : {2, 3, 4}) cases.push_back({fault, world, world / 2});
+    // Rank 0 as the victim: the store is the launcher's, so its peers still learn who is missing.
+    cases.push_back({fault, 3, 0});
   }
   return cases;
 }
