@@ -1,7 +1,9 @@
-// `./loom train`: train a GPT on CPU ranks with data parallelism (DDP over "dp") and tensor
-// parallelism (Megatron-style over "tp"), on text that needs no download.
+// `./loom train`: train a GPT on CPU ranks with data parallelism (DDP over "dp"), tensor
+// parallelism (Megatron-style over "tp") and pipeline parallelism (stages over "pp"), on text
+// that needs no download.
 //
 //   ./loom train                         # tiny GPT, dp=2 x tp=2 = 4 ranks, GPL-3 text
+//   ./loom train --dp 2 --tp 2 --pp 2 --microbatches 4   # 3-D: 8 ranks, 1F1B
 //   ./loom train --dp 1 --tp 1 --steps 50 --data my.txt
 //
 // Started without a launcher (no RANK in the environment) and with more than one rank, the
@@ -31,7 +33,8 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/gpt.h"
-#include "models/gpt/plans.h"
+#include "examples/train_gpt_model.h"
+#include "models/gpt/config.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp/ddp.h"
@@ -61,6 +64,9 @@ struct Flags {
   int log_every = 10;
   bool progress = true;  // a progress bar on the terminal (/dev/tty), when there is one
   bool sequence_parallel = true;  // with tp > 1: norms and dropout on sequence shards
+  std::string schedule = "1f1b";   // with pp > 1
+  int microbatches = 1;
+  int virtual_stages = 1;
 };
 
 // Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
@@ -143,17 +149,30 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
 }
 
 int run(const Flags& f) {
-  LOOM_CHECK(f.pp == 1, "train_gpt: --pp {} is not supported yet (pipeline parallelism lands in a later issue); use --pp 1",
-             f.pp);
   auto world = comm::init_process_group("gloo");
   const int rank = world->rank();
-  LOOM_CHECK(world->size() == f.dp * f.tp, "train_gpt: {} ranks but dp={} x tp={} = {}", world->size(), f.dp, f.tp,
-             f.dp * f.tp);
-  auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"dp", "tp"},
-                                                 std::vector<int64_t>{f.dp, f.tp});
-  const int64_t dp_rank = mesh->coordinate(0);
+  const int world_size = f.dp * f.tp * f.pp;
+  LOOM_CHECK(world->size() == world_size, "train_gpt: {} ranks but pp={} x dp={} x tp={} = {}", world->size(), f.pp,
+             f.dp, f.tp, world_size);
+  // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
+  auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"pp", "dp", "tp"},
+                                                 std::vector<int64_t>{f.pp, f.dp, f.tp});
+  const int64_t dp_rank = mesh->coordinate(mesh->dim_index("dp"));
   LOOM_CHECK(f.batch_size % (f.dp * f.grad_accum) == 0,
              "train_gpt: --batch-size {} must divide by dp x grad-accum = {}", f.batch_size, f.dp * f.grad_accum);
+  LOOM_CHECK(f.pp == 1 || f.grad_accum == 1,
+             "train_gpt: with --pp {} the batch is already split into --microbatches; use --grad-accum 1 (got {})", f.pp,
+             f.grad_accum);
+  LOOM_CHECK(f.pp > 1 || (f.microbatches == 1 && f.virtual_stages == 1),
+             "train_gpt: --microbatches and --virtual-stages apply to pipelines (--pp > 1); for micro-batches "
+             "without one use --grad-accum");
+  LOOM_CHECK((f.batch_size / f.dp) % f.microbatches == 0,
+             "train_gpt: each dp rank's {} sequences do not split into --microbatches {}", f.batch_size / f.dp,
+             f.microbatches);
+  LOOM_CHECK(f.tp == 1 || !f.sequence_parallel || f.seq_len % f.tp == 0,
+             "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} must divide by --tp {} "
+             "(or pass --no-sequence-parallel)",
+             f.seq_len, f.tp);
 
   const data::TokenData tokens = data::load_tokens(f.data);
   models::GPTConfig config = models::GPTConfig::preset(f.model);
@@ -162,21 +181,17 @@ int run(const Flags& f) {
   if (f.n_embd) config.n_embd = f.n_embd;
   config.vocab_size = tokens.vocab_size;
   config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
-  auto model = std::make_shared<models::GPT>(config, f.seed);
-  if (f.tp > 1) {
-    LOOM_CHECK(!f.sequence_parallel || f.seq_len % f.tp == 0,
-               "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} must divide by "
-               "--tp {} (or pass --no-sequence-parallel)",
-               f.seq_len, f.tp);
-    models::parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
-                            {.sequence_parallel = f.sequence_parallel});
-  }
+  auto model = examples::make_trainable_gpt(config, f.seed, mesh,
+                                            {.grad_accum = f.grad_accum,
+                                             .tp_plan = {.sequence_parallel = f.sequence_parallel},
+                                             .schedule = f.schedule,
+                                             .microbatches = f.microbatches,
+                                             .virtual_stages = f.virtual_stages});
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
-    models::load_gpt2_hf(*model, f.init_from);
+    model->load(f.init_from);
     if (rank == 0) fmt::print("train_gpt: initialized from {}\n", f.init_from);
   }
-  ddp::DistributedDataParallel ddp(model, mesh->group("dp"));
   // Decoupled weight decay on matrices only; biases, norms and embeddings' rows too small to matter.
   std::vector<Tensor> decay, no_decay;
   for (const auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -184,15 +199,14 @@ int run(const Flags& f) {
   optim::AdamW opt_no_decay(no_decay, {.lr = f.lr, .weight_decay = 0.0});
 
   const double entropy = data::unigram_entropy(tokens);
-  int64_t parameters = 0;
-  for (const auto& [name, p] : model->named_parameters()) parameters += p.numel();
+  const int64_t parameters = config.parameter_count();
   std::ofstream metrics;
   if (rank == 0) {
     fmt::print("train_gpt: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", parameters, f.model,
                mesh->str(), tokens.description, entropy);
     metrics.open(f.metrics_out);
   }
-  const int64_t per_rank = f.batch_size / f.dp, micro = per_rank / f.grad_accum;
+  const int64_t per_rank = f.batch_size / f.dp;
   double last_loss = 0;
   std::vector<double> losses;
   ProgressBar progress(rank == 0 && f.progress);
@@ -201,20 +215,10 @@ int run(const Flags& f) {
     const double lr = learning_rate(f, step);
     opt_decay.set_lr(lr);
     opt_no_decay.set_lr(lr);
-    ddp.zero_grad();
-    Tensor step_loss = ops::zeros({});
-    for (int m = 0; m < f.grad_accum; ++m) {
-      const auto batch = data::batch_slice(tokens, f.seed, step, dp_rank * per_rank + m * micro, micro, f.seq_len);
-      Tensor loss = div(model->loss(batch.inputs, batch.targets), static_cast<double>(f.grad_accum));
-      if (m + 1 < f.grad_accum) {
-        auto guard = ddp.no_sync();
-        backward(loss);
-      } else {
-        backward(loss);
-      }
-      step_loss = ops::add(step_loss, detach(loss));
-    }
-    const double grad_norm = optim::clip_grad_norm_(model->parameters(), f.clip);
+    model->zero_grad();
+    const auto batch = data::batch_slice(tokens, f.seed, step, dp_rank * per_rank, per_rank, f.seq_len);
+    Tensor step_loss = ops::full({1}, model->forward_backward(batch.inputs, batch.targets));
+    const double grad_norm = model->clip_grad_norm(f.clip);
     opt_decay.step();
     opt_no_decay.step();
     // The loss reported is the global batch's: average over dp.
@@ -241,10 +245,11 @@ int run(const Flags& f) {
   progress.clear();
   // Every rank gathers (full_tensor over tp); rank 0 writes.
   if (!f.save.empty()) {
-    models::save_gpt2_hf(*model, f.save, /*write=*/rank == 0);
+    model->save(f.save, /*write=*/rank == 0);
     if (rank == 0) fmt::print("train_gpt: saved {} (Hugging Face GPT-2 safetensors)\n", f.save);
   }
-  // A sample, generated by every rank together (TP layers communicate), printed by rank 0.
+  // A sample, generated by every rank together (TP layers and pipeline stages communicate),
+  // printed by rank 0.
   {
     NoGradGuard no_grad;
     std::vector<int64_t> context{tokens.tokens[0]};
@@ -255,8 +260,7 @@ int run(const Flags& f) {
       // Sequence parallelism needs a length that divides by tp: pad on the right, which causal
       // attention keeps from affecting the positions before it.
       window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
-      Tensor logits = (*model)(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
-      if (is_dtensor(logits)) logits = full_tensor(logits);  // vocab-sharded under tp
+      const Tensor logits = model->logits(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
       const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).
@@ -283,6 +287,8 @@ int run(const Flags& f) {
     fmt::print("final loss {:.4f} (unigram entropy {:.3f}); metrics: {}\n", last_loss, entropy, f.metrics_out);
     write_plot(losses, entropy, f.plot_out);
   }
+  // Rank 0 serves the store every group reports to: it leaves last, after every rank is done.
+  world->barrier()->wait();
   return 0;
 }
 
@@ -293,7 +299,13 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a GPT with data and tensor parallelism on CPU ranks"};
   app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--tp", f.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--pp", f.pp, "pipeline-parallel degree (1 until pipelines land)")->check(CLI::PositiveNumber);
+  app.add_option("--pp", f.pp, "pipeline-parallel degree (stages over ranks)")->check(CLI::PositiveNumber);
+  app.add_option("--microbatches", f.microbatches, "with --pp: microbatches per step (split of each dp rank's batch)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--virtual-stages", f.virtual_stages, "with --schedule interleaved: stages per rank")
+      ->check(CLI::PositiveNumber);
   app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);
   app.add_option("--batch-size", f.batch_size, "global batch in sequences per step")->check(CLI::PositiveNumber);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::PositiveNumber);

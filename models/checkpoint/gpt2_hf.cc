@@ -132,7 +132,7 @@ void save_gpt2_hf(const GPT& model, const std::string& path, bool write) {
   save_safetensors(path, tensors, {{"format", "pt"}});
 }
 
-void load_gpt2_hf(GPT& model, const std::string& path) {
+void load_gpt2_hf(GPTStage& model, const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   const std::string where = fmt::format("load_gpt2_hf '{}'", path);
   std::vector<std::string> problems;
@@ -178,8 +178,19 @@ void load_gpt2_hf(GPT& model, const std::string& path) {
                                      dtype_name(t.dtype()), dtype_name(p.dtype())));
     }
   }
+  // A pipeline stage takes its own tensors from a whole model's file: the others' names are
+  // expected there, just not used (the names of a GPT with the same blocks, sized to nothing).
+  std::set<std::string> whole_model;
+  const GPTStageRange& range = model.range();
+  if (!(range.first && range.last && range.first_block == 0 && range.end_block == model.config().n_layer)) {
+    const GPT names_only(GPTConfig{.n_layer = model.config().n_layer, .n_head = 1, .n_embd = 1, .block_size = 1,
+                                   .vocab_size = 1});
+    for (const auto& [name, p] : names_only.named_parameters()) whole_model.insert(name);
+  }
   for (const auto& [key, found] : by_key) {
-    if (!used.count(key)) problems.push_back(fmt::format("unexpected tensor '{}'", found.file_name));
+    if (!used.count(key) && !whole_model.count(key)) {
+      problems.push_back(fmt::format("unexpected tensor '{}'", found.file_name));
+    }
   }
   if (lm_head && by_key.count("wte.weight") && !same_values(lm_head->tensor, by_key.at("wte.weight").tensor)) {
     problems.push_back(fmt::format("tensor '{}' differs from '{}': Loom ties lm_head to wte and cannot load an "

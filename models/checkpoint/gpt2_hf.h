@@ -40,7 +40,9 @@
 namespace loom::models {
 
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write = true);
-void load_gpt2_hf(GPT& model, const std::string& path);
+// `model` may be a pipeline stage (GPTStage): it loads the tensors it holds from a whole
+// model's file (the last stage's head copy of wte included) and ignores the other stages'.
+void load_gpt2_hf(GPTStage& model, const std::string& path);
 
 // c_attn's output features in its two orders. Feature (which, head, d) with which in
 // {q = 0, k = 1, v = 2}, C = n_head * head_dim:

@@ -20,4 +20,10 @@ void GPTConfig::validate() const {
   LOOM_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}", dropout);
 }
 
+int64_t GPTConfig::parameter_count() const {
+  const int64_t c = n_embd;
+  // Per block: 2 norms (4C), c_attn (3C^2 + 3C), c_proj (C^2 + C), c_fc (4C^2 + 4C), c_proj (4C^2 + C).
+  return vocab_size * c + block_size * c + n_layer * (12 * c * c + 13 * c) + 2 * c;
+}
+
 }  // namespace loom::models

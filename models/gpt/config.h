@@ -19,6 +19,8 @@ struct GPTConfig {
   // Throws naming the field when a value is invalid (n_embd % n_head, non-positive sizes).
   void validate() const;
   int64_t head_dim() const { return n_embd / n_head; }
+  // Parameters of the whole model, the tied head counted once (GPT-2 small: 124,439,808).
+  int64_t parameter_count() const;
 };
 
 }  // namespace loom::models

@@ -1,6 +1,7 @@
 #include "models/gpt/pipeline.h"
 
 #include <climits>
+#include <map>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -14,8 +15,11 @@ namespace loom::models {
 
 namespace {
 
-// Tag of the tied-embedding gradient exchange on the pp group: beyond any pipeline message's.
+// Tags on the pp group beyond any pipeline message's: the tied-embedding gradient exchange, and
+// inference activations (one per stage boundary).
 constexpr int kTiedEmbeddingTag = INT_MAX - 1;
+constexpr int kInferenceTag = INT_MAX / 2;
+constexpr int kGatherTag = INT_MAX - 2;
 
 std::vector<pipeline::LayerRange> stage_layers(const GPTConfig& config, const GPTPipelineOptions& options,
                                                int num_stages) {
@@ -34,17 +38,20 @@ Tensor local_of(const Tensor& t) { return is_dtensor(t) ? local_shard(t) : t; }
 GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
                          GPTPipelineOptions options)
     : mesh_(std::move(mesh)),
+      sequence_parallel_(options.tp_plan.sequence_parallel && mesh_->size("tp") > 1),
       schedule_(pipeline::schedule_by_name(options.schedule, static_cast<int>(mesh_->size("pp")),
                                            options.microbatches, options.virtual_stages)) {
   const int num_stages = schedule_.num_stages;
-  const auto ranges = stage_layers(config, options, num_stages);
+  const auto layers = stage_layers(config, options, num_stages);
+  for (int s = 0; s < num_stages; ++s) {
+    ranges_.push_back(GPTStageRange{layers[s].begin, layers[s].end, s == 0, s == num_stages - 1});
+  }
   const DeviceMesh pp_mesh = (*mesh_)["pp"];
   const auto tp_mesh = std::make_shared<const DeviceMesh>((*mesh_)["tp"]);
   const int pp_rank = static_cast<int>(mesh_->coordinate(mesh_->dim_index("pp")));
   std::vector<std::shared_ptr<pipeline::PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
-    auto module = std::make_shared<GPTStage>(
-        config, seed, GPTStageRange{ranges[s].begin, ranges[s].end, s == 0, s == num_stages - 1});
+    auto module = std::make_shared<GPTStage>(config, seed, ranges_[s]);
     if (tp_mesh->size(0) > 1) parallelize_gpt(*module, tp_mesh, options.tp_plan);
     pipeline::StageOptions stage_options;
     if (mesh_->size("dp") > 1) {
@@ -110,6 +117,90 @@ void GPTPipeline::sum_tied_embedding_gradients() {
   group->recv(theirs, peer, kTiedEmbeddingTag)->wait();
   sent->wait();
   ops::add_(copies[0], theirs);
+}
+
+Tensor GPTPipeline::logits(const Tensor& ids) {
+  NoGradGuard no_grad;
+  const int num_stages = schedule_.num_stages;
+  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
+  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
+  const auto& group = mesh_->group(pp_dim);
+  const auto group_rank = [&](int stage) {
+    return mesh_->group_ranks_by_coordinate(pp_dim)[schedule_.rank_of_stage(stage)];
+  };
+  const GPTConfig& config = modules_.front()->config();
+  // What crosses a stage boundary: the hidden states, this rank's sequence shard under sequence
+  // parallelism (the length divides by tp, as in training).
+  const Shape hidden{ids.size(0), sequence_parallel_ ? ids.size(1) / mesh_->size("tp") : ids.size(1), config.n_embd};
+  Tensor x, logits;
+  size_t local = 0;  // index into modules_ (this rank's stages, in order)
+  for (int s = 0; s < num_stages; ++s) {
+    if (schedule_.rank_of_stage(s) != my_pp) continue;
+    Tensor input = ids;
+    if (s > 0 && schedule_.rank_of_stage(s - 1) == my_pp) {
+      input = x;
+    } else if (s > 0) {
+      input = ops::empty(hidden, kFloat32);
+      group->recv(input, group_rank(s - 1), kInferenceTag + s)->wait();
+    }
+    x = (*modules_[local++])(input);
+    if (s + 1 < num_stages && schedule_.rank_of_stage(s + 1) != my_pp) {
+      group->send(ops::contiguous(x), group_rank(s + 1), kInferenceTag + s + 1)->wait();
+    }
+    if (s + 1 == num_stages) logits = is_dtensor(x) ? full_tensor(x) : x;
+  }
+  if (!logits.defined()) logits = ops::empty({ids.size(0), ids.size(1), config.vocab_size}, kFloat32);
+  logits = ops::contiguous(logits);
+  group->broadcast(logits, group_rank(num_stages - 1))->wait();
+  return logits;
+}
+
+std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
+  NoGradGuard no_grad;
+  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
+  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
+  bool on_first_line = true;  // dp and tp coordinates 0: the ranks that talk over pp
+  for (int64_t d = 0; d < mesh_->ndim(); ++d) on_first_line = on_first_line && (d == pp_dim || mesh_->coordinate(d) == 0);
+  const bool root = on_first_line && my_pp == 0;
+  const GPTConfig& config = modules_.front()->config();
+  std::unique_ptr<GPT> whole;
+  std::map<std::string, Tensor> destination;
+  if (root) {
+    whole = std::make_unique<GPT>(config, /*seed=*/0);
+    for (auto& [name, p] : whole->named_parameters()) destination.emplace(name, p);
+  }
+  const auto& group = mesh_->group(pp_dim);
+  const auto group_rank = [&](int stage) {
+    return mesh_->group_ranks_by_coordinate(pp_dim)[schedule_.rank_of_stage(stage)];
+  };
+  // Stage by stage, parameter by parameter, in an order every rank knows (sends and receives
+  // between two ranks with one tag match in issue order). The last stage's copy of wte is left
+  // out: the first stage's is the parameter.
+  size_t local = 0;
+  for (int s = 0; s < schedule_.num_stages; ++s) {
+    const auto skip = [&](const std::string& name) { return s > 0 && name == "wte.weight"; };
+    if (schedule_.rank_of_stage(s) == my_pp) {
+      for (const auto& [name, p] : modules_[local]->named_parameters()) {
+        if (skip(name)) continue;
+        const Tensor full = ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);  // every tp rank joins
+        if (root) {
+          ops::copy_(destination.at(name), full);
+        } else if (on_first_line) {
+          group->send(full, group_rank(0), kGatherTag)->wait();
+        }
+      }
+      ++local;
+    } else if (root) {
+      // The remote stage's names in its order: a stage of the same blocks, sized to nothing.
+      const GPTStage names_only(
+          GPTConfig{.n_layer = config.n_layer, .n_head = 1, .n_embd = 1, .block_size = 1, .vocab_size = 1}, 0,
+          ranges_[s]);
+      for (const auto& [name, p] : names_only.named_parameters()) {
+        if (!skip(name)) group->recv(destination.at(name), group_rank(s), kGatherTag)->wait();
+      }
+    }
+  }
+  return whole;
 }
 
 double GPTPipeline::clip_grad_norm(double max_norm) {

@@ -49,6 +49,16 @@ class GPTPipeline {
   // Global gradient norm over all stages and shards (the tied embedding counted once), clipped.
   double clip_grad_norm(double max_norm);
 
+  // Inference: the logits (B, T, V) of token ids (B, T), as a plain tensor on every rank. The
+  // stages run one after the other (no microbatches, no autograd); every rank of the mesh calls
+  // it with the same ids.
+  Tensor logits(const Tensor& ids);
+
+  // The whole model, assembled on the mesh's first rank (coordinate 0 on every dim) from every
+  // stage's parameters (gathered over tp, sent over pp); null on the other ranks. Every rank of
+  // the mesh calls it (checkpoints: save_gpt2_hf of the result).
+  std::unique_ptr<GPT> whole_model_on_first_rank();
+
   // This rank's parameters with the whole model's names (its stages', in stage order; the last
   // stage's copy of the tied embedding is listed as "wte.weight" too).
   std::vector<std::pair<std::string, Tensor>> named_parameters() const;
@@ -61,7 +71,9 @@ class GPTPipeline {
   void sum_tied_embedding_gradients();
 
   std::shared_ptr<const DeviceMesh> mesh_;
+  bool sequence_parallel_;  // activations between stages are sequence shards
   pipeline::Schedule schedule_;
+  std::vector<GPTStageRange> ranges_;  // every stage's, by stage index
   std::vector<std::shared_ptr<GPTStage>> modules_;
   std::vector<std::shared_ptr<ddp::DistributedDataParallel>> ddps_;  // per module; null without dp
   std::unique_ptr<pipeline::PipelineExecutor> executor_;

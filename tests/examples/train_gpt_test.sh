@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: trains on 1 rank and on dp=2 x tp=2 (through loomrun); the loss falls, the
+# The main job: trains on 1 rank, on dp=2 x tp=2 and on pp=2 x dp=2 x tp=2 (8 ranks, 1F1B over 2
+# microbatches), through loomrun; the loss falls, the
 # metrics file has one JSON object per step with the documented fields, changing only the
 # parallel layout leaves the losses equal (to f32 rounding: 1e-4 absolute on values ~3-6), the
 # same run twice is bit-identical, and a saved checkpoint resumes training.
@@ -17,9 +18,12 @@ run() {  # run NAME DP TP STEPS [extra flags]
 run single 1 1 8
 run grid 2 2 8 --save trained.safetensors
 run grid_again 2 2 8
+run piped 2 2 8 --pp 2 --microbatches 2 --save piped.safetensors
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors
+# So does one the pipeline wrote (its stages gathered on rank 0).
+run resumed_piped 1 1 1 --init-from piped.safetensors
 
 python_free_field() {  # field FILE KEY -> values, one per line
   sed -e "s/.*\"$2\":\([-0-9.e+]*\).*/\1/" "$1"
@@ -33,6 +37,9 @@ paste <(python_free_field single.jsonl loss) <(python_free_field grid.jsonl loss
   { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs dp2 x tp2 " $2; bad = 1 } }
   NR == 1 { first = $2 } { last = $2 }
   END { if (last >= first) { print "loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
+paste <(python_free_field single.jsonl loss) <(python_free_field piped.jsonl loss) | awk '
+  { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs pp2 x dp2 x tp2 " $2; bad = 1 } }
+  END { exit bad }'
 # Determinism: the same job twice gives bit-identical losses (Gloo reduces in rank order).
 if ! diff <(python_free_field grid.jsonl loss) <(python_free_field grid_again.jsonl loss) > /dev/null; then
   echo "two identical dp2 x tp2 runs gave different losses:"
@@ -42,6 +49,10 @@ fi
 fresh=$(python_free_field single.jsonl loss | head -1)
 resumed=$(python_free_field resumed.jsonl loss | head -1)
 awk -v f="$fresh" -v r="$resumed" 'BEGIN { exit !(r < f - 0.5) }' || { echo "resumed loss $resumed is not below fresh $fresh"; exit 1; }
+resumed_piped=$(python_free_field resumed_piped.jsonl loss | head -1)
+awk -v p="$resumed_piped" -v r="$resumed" 'BEGIN { d = p - r; if (d < 0) d = -d; exit !(d < 1e-4) }' ||
+  { echo "the pipeline's checkpoint resumes at loss $resumed_piped, the dp2 x tp2 one at $resumed"; exit 1; }
 grep -q "loss curve: grid.png" grid.log || { echo "no loss curve"; cat grid.log; exit 1; }
 grep -q "sample:" grid.log || { echo "no sample"; exit 1; }
+grep -q "sample:" piped.log || { echo "no sample from the pipeline"; cat piped.log; exit 1; }
 echo "ok: losses equal across layouts and falling"
