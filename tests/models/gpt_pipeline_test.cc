@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "autograd/engine.h"
+#include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
@@ -117,6 +118,33 @@ TEST(GPTPipelineMemory, OneFOneBHoldsAtMostPipelineDepthMicrobatches) {
       EXPECT_EQ(model.last_stats().peak_microbatches_in_flight, expected) << schedule << " rank " << pg.rank();
     });
   }
+}
+
+// Inference through the stages and the whole model gathered for a checkpoint equal the model on
+// one rank: interleaved, so each rank holds two non-adjacent stages.
+TEST(GPTPipelineInference, LogitsAndGatheredModelMatchOneRank) {
+  GPT whole(config(), 3);
+  NoGradGuard no_grad;
+  const Tensor want = whole(tokens(1));
+  const auto want_values = ops::to_vector(want);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    GPTPipeline model(config(), 3, pp_mesh(pg), {.schedule = "interleaved", .microbatches = 2, .virtual_stages = 2});
+    const Tensor got = model.logits(tokens(1));
+    ASSERT_EQ(got.shape(), want.shape()) << "rank " << pg.rank();
+    const auto got_values = ops::to_vector(got);
+    for (size_t i = 0; i < got_values.size(); ++i) {
+      ASSERT_NEAR(got_values[i], want_values[i], 1e-5) << "rank " << pg.rank() << " logit " << i;
+    }
+    std::unique_ptr<GPT> gathered = model.whole_model_on_first_rank();
+    ASSERT_EQ(gathered != nullptr, pg.rank() == 0);
+    if (!gathered) return;
+    const auto mine = gathered->named_parameters(), theirs = whole.named_parameters();
+    ASSERT_EQ(mine.size(), theirs.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_EQ(mine[i].first, theirs[i].first);
+      EXPECT_EQ(ops::to_vector(mine[i].second), ops::to_vector(theirs[i].second)) << mine[i].first;
+    }
+  });
 }
 
 TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
