@@ -3,7 +3,7 @@
 // that needs no download.
 //
 //   ./loom train                         # tiny GPT, dp=2 x tp=2 = 4 ranks, GPL-3 text
-//   ./loom train --dp 2 --tp 2 --pp 2 --microbatches 4   # 3-D: 8 ranks, 1F1B
+//   ./loom train --dp 2 --tp 2 --pp 2    # 3-D: 8 ranks, 1F1B over pp = 2 microbatches
 //   ./loom train --dp 1 --tp 1 --steps 50 --data my.txt
 //
 // Started without a launcher (no RANK in the environment) and with more than one rank, the
@@ -65,7 +65,7 @@ struct Flags {
   bool progress = true;  // a progress bar on the terminal (/dev/tty), when there is one
   bool sequence_parallel = true;  // with tp > 1: norms and dropout on sequence shards
   std::string schedule = "1f1b";   // with pp > 1
-  int microbatches = 1;
+  int microbatches = 0;  // 0: pp x virtual stages (every stage busy once the pipeline fills)
   int virtual_stages = 1;
 };
 
@@ -148,7 +148,7 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
   }
 }
 
-int run(const Flags& f) {
+int run(Flags f) {
   auto world = comm::init_process_group("gloo");
   const int rank = world->rank();
   const int world_size = f.dp * f.tp * f.pp;
@@ -163,6 +163,7 @@ int run(const Flags& f) {
   LOOM_CHECK(f.pp == 1 || f.grad_accum == 1,
              "train_gpt: with --pp {} the batch is already split into --microbatches; use --grad-accum 1 (got {})", f.pp,
              f.grad_accum);
+  if (f.microbatches == 0) f.microbatches = f.pp > 1 ? f.pp * f.virtual_stages : 1;
   LOOM_CHECK(f.pp > 1 || (f.microbatches == 1 && f.virtual_stages == 1),
              "train_gpt: --microbatches and --virtual-stages apply to pipelines (--pp > 1); for micro-batches "
              "without one use --grad-accum");
@@ -300,7 +301,8 @@ int main(int argc, char** argv) {
   app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--tp", f.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--pp", f.pp, "pipeline-parallel degree (stages over ranks)")->check(CLI::PositiveNumber);
-  app.add_option("--microbatches", f.microbatches, "with --pp: microbatches per step (split of each dp rank's batch)")
+  app.add_option("--microbatches", f.microbatches,
+                 "with --pp: microbatches per step (split of each dp rank's batch); default pp x virtual stages")
       ->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
@@ -338,7 +340,8 @@ int main(int argc, char** argv) {
     }
     return run(f);
   } catch (const Error& error) {
-    fmt::print(stderr, "train_gpt: {}\n", error.what());
+    // The messages name train_gpt (or the library function that failed) themselves.
+    fmt::print(stderr, "{}\n", error.what());
     return 1;
   }
 }
