@@ -67,6 +67,7 @@ struct Flags {
   std::string schedule = "1f1b";   // with pp > 1
   int microbatches = 0;  // 0: pp x virtual stages (every stage busy once the pipeline fills)
   int virtual_stages = 1;
+  std::string mixed_precision = "none";  // bf16: bf16 compute over f32 master weights
 };
 
 // Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
@@ -187,7 +188,11 @@ int run(Flags f) {
                                              .tp_plan = {.sequence_parallel = f.sequence_parallel},
                                              .schedule = f.schedule,
                                              .microbatches = f.microbatches,
-                                             .virtual_stages = f.virtual_stages});
+                                             .virtual_stages = f.virtual_stages,
+                                             .mixed_precision = f.mixed_precision == "bf16"
+                                                                    ? std::optional<nn::MixedPrecisionPolicy>(
+                                                                          nn::MixedPrecisionPolicy{})
+                                                                    : std::nullopt});
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     model->load(f.init_from);
@@ -306,6 +311,9 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--mixed-precision", f.mixed_precision,
+                 "bf16: compute in bf16 over f32 master weights (optimizer, clipping and DDP stay f32); none: f32")
+      ->check(CLI::IsMember({"none", "bf16"}));
   app.add_option("--virtual-stages", f.virtual_stages, "with --schedule interleaved: stages per rank")
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);

@@ -24,6 +24,7 @@ class DataTensorParallelGPT : public TrainableGPT {
     if (mesh->size("tp") > 1) {
       models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.tp_plan);
     }
+    if (layout.mixed_precision) nn::apply_mixed_precision(*model_, *layout.mixed_precision);
     ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, mesh->group("dp"));
   }
 
@@ -75,7 +76,8 @@ class PipelinedGPT : public TrainableGPT {
                {.schedule = layout.schedule,
                 .microbatches = layout.microbatches,
                 .virtual_stages = layout.virtual_stages,
-                .tp_plan = layout.tp_plan}) {}
+                .tp_plan = layout.tp_plan,
+                .mixed_precision = layout.mixed_precision}) {}
 
   void zero_grad() override { model_.zero_grad(); }
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "mesh/device_mesh.h"
 #include "models/gpt/config.h"
 #include "models/gpt/plans.h"
+#include "nn/mixed_precision.h"
 
 namespace loom::examples {
 
@@ -25,6 +27,8 @@ struct ModelLayout {
   std::string schedule = "1f1b";  // with pipelining
   int microbatches = 1;
   int virtual_stages = 1;
+  // bf16 compute over f32 master weights (optimizer, clipping and DDP stay f32); none: all f32.
+  std::optional<nn::MixedPrecisionPolicy> mixed_precision;
 };
 
 class TrainableGPT {

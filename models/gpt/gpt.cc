@@ -150,6 +150,7 @@ Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
                             : cross_entropy(flat_logits, flat_targets);
 }
 
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) { return gpt_loss(forward(idx), targets); }
+// Through operator(), so hooks on the model (mixed precision) run.
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) { return gpt_loss((*this)(idx), targets); }
 
 }  // namespace loom::models

@@ -53,6 +53,9 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr
   for (int s : schedule_.stages_of_rank(pp_rank)) {
     auto module = std::make_shared<GPTStage>(config, seed, ranges_[s]);
     if (tp_mesh->size(0) > 1) parallelize_gpt(*module, tp_mesh, options.tp_plan);
+    // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
+    // param_dtype.
+    if (options.mixed_precision) nn::apply_mixed_precision(*module, *options.mixed_precision);
     pipeline::StageOptions stage_options;
     if (mesh_->size("dp") > 1) {
       auto ddp = std::make_shared<ddp::DistributedDataParallel>(module, mesh_->group("dp"));

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "mesh/device_mesh.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
+#include "nn/mixed_precision.h"
 #include "parallel/ddp/ddp.h"
 #include "parallel/pipeline/executor.h"
 
@@ -34,6 +36,8 @@ struct GPTPipelineOptions {
   int virtual_stages = 1;               // stages per rank (interleaved)
   std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
   GPTPlanOptions tp_plan;
+  // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
+  std::optional<nn::MixedPrecisionPolicy> mixed_precision;
 };
 
 class GPTPipeline {

@@ -15,6 +15,7 @@
 #include "dtensor/dtensor.h"
 #include "models/gpt/pipeline.h"
 #include "tensor/ops.h"
+#include "tests/models/random_tokens.h"
 
 namespace loom::models {
 namespace {
@@ -24,11 +25,7 @@ using ::testing::HasSubstr;
 GPTConfig config() { return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37}; }
 constexpr int64_t kBatch = 8, kSeqLen = 8;
 
-Tensor tokens(uint64_t seed) {
-  std::vector<int64_t> ids;
-  for (double v : ops::to_vector(ops::uniform({kBatch, kSeqLen}, seed, 0.0, 37.0))) ids.push_back(static_cast<int64_t>(v));
-  return ops::from_vector_i64(ids, {kBatch, kSeqLen});
-}
+Tensor tokens(uint64_t seed) { return testing::random_tokens({kBatch, kSeqLen}, seed, config().vocab_size); }
 
 struct Reference {
   double loss;

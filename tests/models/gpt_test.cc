@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "optim/optimizer.h"
 #include "tensor/ops.h"
+#include "tests/models/random_tokens.h"
 
 namespace loom::models {
 namespace {
@@ -22,11 +23,7 @@ int64_t count_parameters(const nn::Module& m) {
   return n;
 }
 
-Tensor tokens(const Shape& shape, uint64_t seed, int64_t vocab) {
-  std::vector<int64_t> ids;
-  for (double v : ops::to_vector(ops::uniform(shape, seed, 0.0, static_cast<double>(vocab)))) ids.push_back(static_cast<int64_t>(v));
-  return ops::from_vector_i64(ids, shape);
-}
+using testing::random_tokens;
 
 TEST(GPTTest, UsesGPT2TensorNamesAndParameterCount) {
   GPT model(GPTConfig::preset("tiny"));
@@ -69,7 +66,7 @@ TEST(GPTTest, InitializationFollowsGPT2) {
 
 TEST(GPTTest, ForwardIsCausal) {
   GPT model(GPTConfig::preset("tiny"), 1);
-  Tensor a = tokens({1, 16}, 5, 256);
+  Tensor a = random_tokens({1, 16}, 5, 256);
   std::vector<double> ids = ops::to_vector(a);
   ids[10] = std::fmod(ids[10] + 1, 256);
   std::vector<int64_t> changed(ids.begin(), ids.end());
@@ -85,7 +82,7 @@ TEST(GPTTest, ForwardIsCausal) {
 
 TEST(GPTTest, InitialLossIsNearUniformAndTrainingLowersIt) {
   GPT model(GPTConfig::preset("tiny"), 2);
-  const Tensor x = tokens({4, 32}, 7, 256);
+  const Tensor x = random_tokens({4, 32}, 7, 256);
   const Tensor y = ops::contiguous(ops::slice(ops::cat(std::vector<Tensor>{x, x}, 1), 1, 1, 33));  // shifted copy
   Tensor loss = model.loss(x, y);
   // Small init: logits near 0, so the loss is near ln(256) = 5.545.
@@ -105,7 +102,7 @@ TEST(GPTTest, InitialLossIsNearUniformAndTrainingLowersIt) {
 TEST(GPTTest, BadInputNamesShapes) {
   GPT model(GPTConfig::preset("tiny"));
   try {
-    model(tokens({1, 65}, 1, 256));
+    model(random_tokens({1, 65}, 1, 256));
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("sequence length 65 exceeds block_size 64"));

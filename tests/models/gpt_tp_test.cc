@@ -12,19 +12,14 @@
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
+#include "tests/models/random_tokens.h"
 
 namespace loom::models {
 namespace {
 
 using ::testing::HasSubstr;
 
-Tensor tokens(const Shape& shape, uint64_t seed, int64_t vocab) {
-  std::vector<int64_t> ids;
-  for (double v : ops::to_vector(ops::uniform(shape, seed, 0.0, static_cast<double>(vocab)))) {
-    ids.push_back(static_cast<int64_t>(v));
-  }
-  return ops::from_vector_i64(ids, shape);
-}
+using testing::random_tokens;
 
 // Sharded GEMMs and all-reduces sum in another order than one rank: f32 rounding, relative
 // 1e-5 of the values (the equivalence tolerance).
@@ -79,7 +74,7 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
   GPTConfig config = GPTConfig::preset("tiny");
   config.vocab_size = c.vocab_size;
   config.dropout = c.dropout;
-  const Tensor x = tokens({2, 16}, 3, c.vocab_size), y = tokens({2, 16}, 4, c.vocab_size);
+  const Tensor x = random_tokens({2, 16}, 3, c.vocab_size), y = random_tokens({2, 16}, 4, c.vocab_size);
   GPT reference(config, 7);
   Tensor ref_loss = reference.loss(x, y);
   backward(ref_loss);
