@@ -2,11 +2,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <cstdlib>
 #include <string>
 
 #include "base/error.h"
+#include "tensor/cuda/human_bytes.h"
 
 namespace loom::cuda {
 namespace {
@@ -60,28 +60,6 @@ std::string driver_note() {
   return fmt::format("; driver: {}, runtime: CUDA {}",
                      driver == 0 ? std::string("none loaded") : "CUDA " + version_string(driver),
                      version_string(runtime));
-}
-
-// 1152921504606846976 -> "1.00 EiB"
-std::string human_bytes(std::size_t bytes) {
-  static constexpr std::array<const char*, 7> kUnits = {"B",   "KiB", "MiB", "GiB",
-                                                        "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, kUnits[unit]);
-}
-
-// Throws unless `device` names a device of this process; `what` is the caller's name.
-void check_device(int device, const char* what) {
-  const int count = device_count();
-  LOOM_CHECK(device >= 0 && device < count,
-             "{}: there is no CUDA device cuda:{}; this process sees {} CUDA device{}{}", what,
-             device, count, count == 1 ? "" : "s",
-             count == 0 ? " (" + unavailable_reason() + ")" : std::string());
 }
 
 }  // namespace
@@ -142,6 +120,15 @@ std::string unavailable_reason() {
   return fmt::format("CUDA unavailable: cudaGetDeviceCount returned {}{}{}", describe(p.status),
                      driver_note(), visible_devices_note());
 }
+
+void check_device(int device, const char* what) {
+  const int count = device_count();
+  LOOM_CHECK(device >= 0 && device < count,
+             "{}: there is no CUDA device cuda:{}; this process sees {} CUDA device{}{}", what,
+             device, count, count == 1 ? "" : "s",
+             count == 0 ? " (" + unavailable_reason() + ")" : std::string());
+}
+
 
 DeviceGuard::DeviceGuard(int device) {
   check_device(device, "DeviceGuard");

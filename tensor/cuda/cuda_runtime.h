@@ -36,6 +36,10 @@ bool available();
 // (no CUDA-capable device is detected)"; empty when CUDA is available.
 std::string unavailable_reason();
 
+// Throws loom::Error unless `device` names a device of this process ("{what}: there is no CUDA
+// device cuda:3; this process sees 1 CUDA device"), with unavailable_reason() when it sees none.
+void check_device(int device, const char* what);
+
 // cudaMalloc on `device` (0 <= device < device_count()). Throws loom::Error naming the size and
 // the device when the device does not exist or the allocation fails. 0 bytes returns nullptr.
 // The calling thread's current device is left as it was.
