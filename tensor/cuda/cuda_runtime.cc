@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "tensor/cuda/human_bytes.h"
+#include "tensor/cuda/stream.h"
 
 namespace loom::cuda {
 namespace {
@@ -174,23 +175,31 @@ void device_free(void* ptr, int device) {
   LOOM_CUDA_CHECK_ON(cudaFree(ptr), device);
 }
 
+// Copies run on the device's compute stream (stream.h), after every kernel queued before them.
 void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes, int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), device);
+  // From pageable memory this returns once the source is staged, so the caller may reuse it.
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                     compute_stream(device)),
+                     device);
 }
 
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), device);
+  const cudaStream_t stream = compute_stream(device);
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream),
+                     device);
+  LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(stream), device);  // the host reads it next
 }
 
 void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes,
                            int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice),
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice,
+                                     compute_stream(device)),
                      device);
 }
 
