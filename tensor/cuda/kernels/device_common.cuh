@@ -127,6 +127,11 @@ inline unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > 65535 * 4 ? 65535 * 4 : blocks));
 }
 
+// Grid for one block per row (kernels loop when rows exceed it).
+inline unsigned grid_for_rows(int64_t rows) {
+  return static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 * 8 ? 65535 * 8 : rows));
+}
+
 // Throws loom::Error if the last launch failed (bad configuration); asynchronous faults surface
 // at the next synchronizing call.
 inline void check_launch(const char* kernel, int device) {

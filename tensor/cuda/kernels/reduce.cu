@@ -81,9 +81,6 @@ __global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_
   }
 }
 
-unsigned row_grid(int64_t rows) {
-  return static_cast<unsigned>(rows < 1 ? 1 : (rows > 65535 * 8 ? 65535 * 8 : rows));
-}
 
 }  // namespace
 
@@ -93,7 +90,7 @@ void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, d
   const int threads = n >= 256 ? 256 : (n <= 32 ? 32 : static_cast<int>((n + 31) / 32 * 32));
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    sum_rows_kernel<T><<<row_grid(rows), threads, 0, compute_stream(device)>>>(
+    sum_rows_kernel<T><<<grid_for_rows(rows), threads, 0, compute_stream(device)>>>(
         static_cast<T*>(out), static_cast<const T*>(in), rows, n, scale);
   });
   check_launch("sum_rows_kernel", device);
@@ -117,7 +114,7 @@ void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    max_rows_kernel<T><<<row_grid(blocks), kThreads, 0, compute_stream(device)>>>(
+    max_rows_kernel<T><<<grid_for_rows(blocks), kThreads, 0, compute_stream(device)>>>(
         static_cast<T*>(values), indices, static_cast<const T*>(in), rows, n);
   });
   check_launch("max_rows_kernel", device);
