@@ -17,10 +17,7 @@
 namespace loom {
 namespace {
 
-using testing::expect_close;
-using testing::gpu;
-using testing::kKernelDTypes;
-using testing::random_tensor;
+using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
 
 using Binary = std::function<Tensor(const Tensor&, const Tensor&)>;
 using Unary = std::function<Tensor(const Tensor&)>;

@@ -14,10 +14,7 @@
 namespace loom {
 namespace {
 
-using testing::expect_close;
-using testing::gpu;
-using testing::kKernelDTypes;
-using testing::random_tensor;
+using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
 
 class CudaNnTest : public ::testing::TestWithParam<DType> {
  protected:
@@ -77,7 +74,7 @@ TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
 TEST_P(CudaNnTest, EmbeddingIndexOutOfRangeNamesIt) {
   const Tensor weight = gpu(random_tensor({5, 4}, 9, GetParam()));
   const Tensor idx = gpu(ops::from_vector_i64({1, 5}, {2}));
-  EXPECT_NE(testing::error_of([&] { ops::embedding(weight, idx); })
+  EXPECT_NE(error_of([&] { ops::embedding(weight, idx); })
                 .find("index 5 at position (1) of indices shape (2,) is out of range for 5 embeddings"),
             std::string::npos);
 }
