@@ -7,38 +7,51 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
 
 namespace {
 
-void copy_across_devices(const Tensor& dst, const Tensor& src) {
-  LOOM_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape() && dst.is_contiguous() &&
-                 src.is_contiguous(),
-             "copy_: copies between {} and {} need contiguous tensors of one shape and dtype, got "
-             "{} and {}",
-             src.device().str(), dst.device().str(), src.description(), dst.description());
+// Bytes of two contiguous tensors of one shape and dtype, across devices.
+void move_bytes(const Tensor& dst, const Tensor& src) {
   const size_t bytes = static_cast<size_t>(src.numel()) * element_size(src.dtype());
   if (bytes == 0) return;
-  if (src.device().is_cpu() && dst.device().is_cuda()) {
+  if (src.device().is_cpu()) {
     cuda::copy_host_to_device(dst.raw_data(), src.raw_data(), bytes, dst.device().index);
-  } else if (src.device().is_cuda() && dst.device().is_cpu()) {
+  } else if (dst.device().is_cpu()) {
     cuda::copy_device_to_host(dst.raw_data(), src.raw_data(), bytes, src.device().index);
   } else {
+    // Between two GPUs: cudaMemcpy infers the direction from unified addressing.
     cuda::copy_device_to_device(dst.raw_data(), src.raw_data(), bytes, dst.device().index);
   }
+}
+
+// Any layout and dtype: broadcast and convert on the source's device into a contiguous staging
+// tensor, move the bytes, then lay them out on the destination's device if dst is strided.
+void copy_across_devices(const Tensor& dst, const Tensor& src) {
+  const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
+  const Tensor staged = contiguous(to(source, dst.dtype()));
+  const Tensor landing =
+      dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
+  move_bytes(landing, staged);
+  if (!landing.is_same(dst)) copy_(dst, landing);
 }
 
 }  // namespace
 
 void copy_(const Tensor& dst, const Tensor& src) {
   if (dispatch_extension("copy_", {dst, src})) return;
-  if (!dst.device().is_cpu() || !src.device().is_cpu()) {
+  if (dst.device() != src.device()) {
     copy_across_devices(dst, src);
     return;
   }
   const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
+  if (dst.device().is_cuda()) {
+    cuda_backend::copy(dst, source);
+    return;
+  }
   cpu::visit_dtype(dst.dtype(), [&](auto dst_tag) {
     using D = decltype(dst_tag);
     cpu::visit_dtype(source.dtype(), [&](auto src_tag) {
@@ -79,8 +92,6 @@ Tensor clone(const Tensor& self) {
 Tensor to(const Tensor& self, DType dtype) {
   if (auto out = dispatch_extension("to_dtype", {self}, {dtype})) return (*out)[0];
   if (self.dtype() == dtype) return self;
-  LOOM_CHECK(self.device().is_cpu(), "to: dtype conversion on {} is not supported yet",
-             self.device().str());
   Tensor out = Tensor::empty(self.shape(), dtype, self.device());
   copy_(out, self);
   return out;

@@ -8,8 +8,8 @@
 
 namespace loom::ops {
 
-// Copies `src` into `dst` elementwise, broadcasting src to dst's shape and converting dtype.
-// CPU<->CUDA copies need both sides contiguous with the same dtype (for now).
+// Copies `src` into `dst` elementwise, broadcasting src to dst's shape and converting dtype, on
+// one device or across devices (any layouts; staged through a contiguous copy when needed).
 void copy_(const Tensor& dst, const Tensor& src);
 // `self` when already contiguous, else a contiguous copy.
 Tensor contiguous(const Tensor& self);

@@ -6,6 +6,7 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/element.h"
 #include "tensor/ops_copy.h"
 
@@ -17,8 +18,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 
 void fill_(const Tensor& self, double value) {
   if (dispatch_extension("fill_", {self}, {value})) return;
-  if (!self.device().is_cpu()) {
-    copy_(self, full(self.shape(), value, self.dtype()));
+  if (self.device().is_cuda()) {
+    cuda_backend::fill(self, value);
     return;
   }
   cpu::visit_dtype(self.dtype(), [&](auto tag) {
@@ -33,9 +34,9 @@ void fill_(const Tensor& self, double value) {
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
-  Tensor out = Tensor::empty(shape, dtype, device.is_cpu() ? device : Device::cpu());
+  Tensor out = Tensor::empty(shape, dtype, device);
   fill_(out, value);
-  return device.is_cpu() ? out : to(out, device);
+  return out;
 }
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }

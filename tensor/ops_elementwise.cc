@@ -6,6 +6,8 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_device.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_views.h"
@@ -22,18 +24,22 @@ DType promote(DType a, DType b) {
   return kInt64;
 }
 
-void check_cpu(const Tensor& t, std::string_view op) {
+using BinaryOp = cuda::kernels::BinaryOp;
+using UnaryOp = cuda::kernels::UnaryOp;
+
+void check_defined(const Tensor& t, std::string_view op) {
   LOOM_CHECK(t.defined(), "{}: got an undefined tensor", op);
-  LOOM_CHECK(t.device().is_cpu(), "{}: CUDA kernels for this op are not built yet (got {})", op,
-             t.description());
 }
 
-// out[i] = f(a[i], b[i]) over the broadcast shape, computing in ComputeType.
+// out[i] = f(a[i], b[i]) over the broadcast shape, computing in ComputeType; on CUDA the kernel
+// of `code` computes the same.
 template <typename F>
-Tensor binary(const Tensor& a_in, const Tensor& b_in, std::string_view op, F f,
+Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, BinaryOp code, F f,
               bool floating_only = false) {
-  check_cpu(a_in, op);
-  check_cpu(b_in, op);
+  check_defined(a_dev, op);
+  check_defined(b_dev, op);
+  const Device device = op_device(op, {a_dev, b_dev});
+  const Tensor a_in = on_device(a_dev, device), b_in = on_device(b_dev, device);
   const DType dtype = promote(a_in.dtype(), b_in.dtype());
   LOOM_CHECK(!floating_only || is_floating(dtype), "{}: expected floating tensors, got {} and {}",
              op, dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
@@ -42,7 +48,11 @@ Tensor binary(const Tensor& a_in, const Tensor& b_in, std::string_view op, F f,
   const Shape shape = a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), op);
   const Tensor ax = a.shape() == shape ? a : expand(a, shape);
   const Tensor bx = b.shape() == shape ? b : expand(b, shape);
-  Tensor out = Tensor::empty(shape, dtype);
+  Tensor out = Tensor::empty(shape, dtype, device);
+  if (device.is_cuda()) {
+    cuda_backend::binary(code, out, ax, bx);
+    return out;
+  }
   cpu::visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out.raw_data());
@@ -68,12 +78,19 @@ Tensor binary(const Tensor& a_in, const Tensor& b_in, std::string_view op, F f,
   return out;
 }
 
-// out[i] = f(a[i]), computing in ComputeType. kFloatingOnly restricts `a` to the floating dtypes
-// (computed in f32; integer dtypes fail naming `op`), otherwise any dtype is accepted.
+// out[i] = f(a[i]), computing in ComputeType (on CUDA: the kernel of `code`, with `scalar`).
+// kFloatingOnly restricts `a` to the floating dtypes (computed in f32; integer dtypes fail naming
+// `op`), otherwise any dtype is accepted.
 template <bool kFloatingOnly, typename F>
-Tensor unary(const Tensor& a, std::string_view op, F f) {
-  check_cpu(a, op);
-  Tensor out = Tensor::empty(a.shape(), a.dtype());
+Tensor unary(const Tensor& a, std::string_view op, UnaryOp code, float scalar, F f) {
+  check_defined(a, op);
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (a.device().is_cuda()) {
+    LOOM_CHECK(!kFloatingOnly || is_floating(a.dtype()),
+               "{}: expected a floating dtype (f32, bf16, f16), got {}", op, dtype_name(a.dtype()));
+    cuda_backend::unary(code, out, a, scalar);
+    return out;
+  }
   const auto kernel = [&](auto tag) {
     using T = decltype(tag);
     T* o = static_cast<T*>(out.raw_data());
@@ -95,13 +112,13 @@ Tensor unary(const Tensor& a, std::string_view op, F f) {
 }
 
 template <typename F>
-Tensor unary_floating(const Tensor& a, std::string_view op, F f) {
-  return unary</*kFloatingOnly=*/true>(a, op, f);
+Tensor unary_floating(const Tensor& a, std::string_view op, UnaryOp code, F f, float scalar = 0.0f) {
+  return unary</*kFloatingOnly=*/true>(a, op, code, scalar, f);
 }
 
 template <typename F>
-Tensor unary_any(const Tensor& a, std::string_view op, F f) {
-  return unary</*kFloatingOnly=*/false>(a, op, f);
+Tensor unary_any(const Tensor& a, std::string_view op, UnaryOp code, F f) {
+  return unary</*kFloatingOnly=*/false>(a, op, code, 0.0f, f);
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -114,114 +131,114 @@ constexpr float kGeluCubic = 0.044715f;
 
 Tensor add(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("add", {a, b});
-  return binary(a, b, "add", [](auto x, auto y) { return x + y; });
+  return binary(a, b, "add", BinaryOp::kAdd, [](auto x, auto y) { return x + y; });
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("sub", {a, b});
-  return binary(a, b, "sub", [](auto x, auto y) { return x - y; });
+  return binary(a, b, "sub", BinaryOp::kSub, [](auto x, auto y) { return x - y; });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("mul", {a, b});
-  return binary(a, b, "mul", [](auto x, auto y) { return x * y; });
+  return binary(a, b, "mul", BinaryOp::kMul, [](auto x, auto y) { return x * y; });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("div", {a, b});
-  return binary(a, b, "div", [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
+  return binary(a, b, "div", BinaryOp::kDiv, [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("maximum", {a, b});
-  return binary(a, b, "maximum", [](auto x, auto y) { return x > y || x != x ? x : y; });
+  return binary(a, b, "maximum", BinaryOp::kMaximum, [](auto x, auto y) { return x > y || x != x ? x : y; });
 }
 Tensor eq(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("eq", {a, b});
-  return binary(a, b, "eq", [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
+  return binary(a, b, "eq", BinaryOp::kEq, [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("gt", {a, b});
-  return binary(a, b, "gt", [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
+  return binary(a, b, "gt", BinaryOp::kGt, [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
 }
 
 // Scalar forms: the scalar is applied in f32 for floating tensors (as PyTorch does for a
 // Python float with a float tensor) and promotes integer tensors to f32.
 namespace {
 template <typename F>
-Tensor scalar_op(const Tensor& a, double b, std::string_view op, F f) {
-  check_cpu(a, op);
+Tensor scalar_op(const Tensor& a, double b, std::string_view op, UnaryOp code, F f) {
+  check_defined(a, op);
   const Tensor x = is_floating(a.dtype()) ? a : to(a, kFloat32);
   const float s = static_cast<float>(b);
-  return unary_floating(x, op, [&](float v) { return f(v, s); });
+  return unary_floating(x, op, code, [&](float v) { return f(v, s); }, s);
 }
 }  // namespace
 
 Tensor add(const Tensor& a, double b) {
   LOOM_DISPATCH_OR_RETURN("add_scalar", {a}, {b});
-  return scalar_op(a, b, "add", [](float x, float s) { return x + s; });
+  return scalar_op(a, b, "add", UnaryOp::kAddScalar, [](float x, float s) { return x + s; });
 }
 Tensor sub(const Tensor& a, double b) {
   LOOM_DISPATCH_OR_RETURN("sub_scalar", {a}, {b});
-  return scalar_op(a, b, "sub", [](float x, float s) { return x - s; });
+  return scalar_op(a, b, "sub", UnaryOp::kSubScalar, [](float x, float s) { return x - s; });
 }
 Tensor rsub(const Tensor& a, double b) {
   LOOM_DISPATCH_OR_RETURN("rsub_scalar", {a}, {b});
-  return scalar_op(a, b, "rsub", [](float x, float s) { return s - x; });
+  return scalar_op(a, b, "rsub", UnaryOp::kRsubScalar, [](float x, float s) { return s - x; });
 }
 Tensor mul(const Tensor& a, double b) {
   LOOM_DISPATCH_OR_RETURN("mul_scalar", {a}, {b});
-  return scalar_op(a, b, "mul", [](float x, float s) { return x * s; });
+  return scalar_op(a, b, "mul", UnaryOp::kMulScalar, [](float x, float s) { return x * s; });
 }
 Tensor div(const Tensor& a, double b) {
   LOOM_DISPATCH_OR_RETURN("div_scalar", {a}, {b});
-  return scalar_op(a, b, "div", [](float x, float s) { return x / s; });
+  return scalar_op(a, b, "div", UnaryOp::kDivScalar, [](float x, float s) { return x / s; });
 }
 
 Tensor neg(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("neg", {a});
-  return unary_any(a, "neg", [](auto x) { return -x; });
+  return unary_any(a, "neg", UnaryOp::kNeg, [](auto x) { return -x; });
 }
 Tensor abs(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("abs", {a});
-  return unary_any(a, "abs", [](auto x) { return x < 0 ? -x : x; });
+  return unary_any(a, "abs", UnaryOp::kAbs, [](auto x) { return x < 0 ? -x : x; });
 }
 Tensor exp(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("exp", {a});
-  return unary_floating(a, "exp", [](float x) { return std::exp(x); });
+  return unary_floating(a, "exp", UnaryOp::kExp, [](float x) { return std::exp(x); });
 }
 Tensor log(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("log", {a});
-  return unary_floating(a, "log", [](float x) { return std::log(x); });
+  return unary_floating(a, "log", UnaryOp::kLog, [](float x) { return std::log(x); });
 }
 Tensor tanh(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("tanh", {a});
-  return unary_floating(a, "tanh", [](float x) { return std::tanh(x); });
+  return unary_floating(a, "tanh", UnaryOp::kTanh, [](float x) { return std::tanh(x); });
 }
 Tensor sqrt(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("sqrt", {a});
-  return unary_floating(a, "sqrt", [](float x) { return std::sqrt(x); });
+  return unary_floating(a, "sqrt", UnaryOp::kSqrt, [](float x) { return std::sqrt(x); });
 }
 Tensor rsqrt(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("rsqrt", {a});
-  return unary_floating(a, "rsqrt", [](float x) { return 1.0f / std::sqrt(x); });
+  return unary_floating(a, "rsqrt", UnaryOp::kRsqrt, [](float x) { return 1.0f / std::sqrt(x); });
 }
 Tensor pow(const Tensor& a, double exponent) {
   LOOM_DISPATCH_OR_RETURN("pow", {a}, {exponent});
   const float e = static_cast<float>(exponent);
-  if (exponent == 2.0) return unary_floating(a, "pow", [](float x) { return x * x; });
-  return unary_floating(a, "pow", [e](float x) { return std::pow(x, e); });
+  if (exponent == 2.0) return unary_floating(a, "pow", UnaryOp::kSquare, [](float x) { return x * x; });
+  return unary_floating(a, "pow", UnaryOp::kPow, [e](float x) { return std::pow(x, e); }, e);
 }
 Tensor relu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("relu", {a});
   // NaN propagates (x != x), as in torch.relu and this file's maximum.
-  return unary_floating(a, "relu", [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
+  return unary_floating(a, "relu", UnaryOp::kRelu, [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
 }
 Tensor gelu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN("gelu", {a});
-  return unary_floating(a, "gelu", [](float x) {
+  return unary_floating(a, "gelu", UnaryOp::kGelu, [](float x) {
     return 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
   });
 }
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   LOOM_DISPATCH_OR_RETURN("gelu_backward", {grad, x});
-  return binary(grad, x, "gelu_backward", [](float g, float v) {
+  return binary(grad, x, "gelu_backward", BinaryOp::kGeluBackward, [](float g, float v) {
     const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
     const float t = std::tanh(inner);
     const float d_inner = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
@@ -231,15 +248,22 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN("where", {cond, a, b});
-  check_cpu(cond, "where");
+  check_defined(cond, "where");
+  check_defined(a, "where");
+  check_defined(b, "where");
+  const Device device = op_device("where", {cond, a, b});
   const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"),
                                        "where");
-  const Tensor c = to(expand(cond, shape), kFloat32);
+  const Tensor c = to(expand(on_device(cond, device), shape), kFloat32);
   // cond != 0 ? a : b == b + (a - b) * [cond != 0] would lose NaN/inf exactness; select instead.
   const DType dtype = promote(a.dtype(), b.dtype());
-  const Tensor ax = expand(to(a, dtype), shape);
-  const Tensor bx = expand(to(b, dtype), shape);
-  Tensor out = Tensor::empty(shape, dtype);
+  const Tensor ax = expand(to(on_device(a, device), dtype), shape);
+  const Tensor bx = expand(to(on_device(b, device), dtype), shape);
+  Tensor out = Tensor::empty(shape, dtype, device);
+  if (device.is_cuda()) {
+    cuda_backend::where(out, c, ax, bx);
+    return out;
+  }
   cpu::visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const float* pc = static_cast<const float*>(c.raw_data());
@@ -260,7 +284,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 
 Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
   LOOM_DISPATCH_OR_RETURN("masked_fill", {self, mask}, {value});
-  check_cpu(self, "masked_fill");
+  check_defined(self, "masked_fill");
   LOOM_CHECK(broadcast_shapes(self.shape(), mask.shape(), "masked_fill") == self.shape(),
              "masked_fill: mask of shape {} does not broadcast to self's shape {}",
              shape_str(mask.shape()), shape_str(self.shape()));

@@ -2,7 +2,9 @@
 
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
+#include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_views.h"
 
@@ -49,6 +51,25 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
   return true;
 }
 
+// One batched GEMM on the operands' device: cuBLASLt in their dtype (f32 accumulation) on CUDA,
+// oneDNN in f32 on CPU (the caller converted the operands).
+void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                  const Tensor& a, int64_t lda, int64_t stride_a, const Tensor& b, int64_t ldb,
+                  int64_t stride_b, const Tensor& out) {
+  const int64_t ldc = std::max<int64_t>(n, 1);
+  if (out.device().is_cuda()) {
+    cuda::GemmProblem p{.dtype = out.dtype(), .transpose_a = transpose_a, .transpose_b = transpose_b,
+                        .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
+                        .stride_a = stride_a, .stride_b = stride_b, .stride_c = m * n, .batch = batch};
+    cuda::gemm(p, a.raw_data(), b.raw_data(), out.raw_data(), out.device().index);
+    return;
+  }
+  cpu::sgemm_batched(batch, transpose_a, transpose_b, m, n, k, 1.0f,
+                     static_cast<const float*>(a.raw_data()), lda, stride_a,
+                     static_cast<const float*>(b.raw_data()), ldb, stride_b, 0.0f,
+                     static_cast<float*>(out.raw_data()), ldc, m * n);
+}
+
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -56,9 +77,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   LOOM_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1,
              "matmul: both operands need at least 1 dim, got shapes {} and {}",
              shape_str(a_in.shape()), shape_str(b_in.shape()));
-  LOOM_CHECK(a_in.device().is_cpu() && b_in.device().is_cpu(),
-             "matmul: CUDA GEMMs are not built yet (got {} and {})", a_in.description(),
-             b_in.description());
+  const Device device = op_device("matmul", {a_in, b_in});
   LOOM_CHECK(is_floating(a_in.dtype()) && a_in.dtype() == b_in.dtype(),
              "matmul: expected two floating tensors of one dtype, got {} and {}",
              dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
@@ -75,7 +94,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Shape a_full = batch, b_full = batch;
   a_full.insert(a_full.end(), {m, k});
   b_full.insert(b_full.end(), {k, n});
-  if (a.dtype() != kFloat32) {
+  // The CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
+  const DType gemm_dtype = device.is_cuda() ? a.dtype() : kFloat32;
+  if (a.dtype() != gemm_dtype) {
     a = to(a, kFloat32);
     b = to(b, kFloat32);
   }
@@ -83,27 +104,23 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   b = b.shape() == b_full ? b : expand(b, b_full);
   Shape out_shape = batch;
   out_shape.insert(out_shape.end(), {m, n});
-  Tensor out = Tensor::empty(out_shape, kFloat32);
+  Tensor out = Tensor::empty(out_shape, gemm_dtype, device);
   const int64_t batch_count = shape_numel(batch);
 
   GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
   int64_t stride_a = 0, stride_b = 0;
   if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
       uniform_batch_stride(gb.tensor, &stride_b)) {
-    cpu::sgemm_batched(batch_count, ga.transposed, gb.transposed, m, n, k, 1.0f,
-                       static_cast<const float*>(ga.tensor.raw_data()), ga.leading, stride_a,
-                       static_cast<const float*>(gb.tensor.raw_data()), gb.leading, stride_b, 0.0f,
-                       static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), m * n);
+    batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading, stride_a,
+                 gb.tensor, gb.leading, stride_b, out);
   } else if (batch_count > 0) {
     // Irregular batch layout: one GEMM per matrix, walking the batch index.
     const Tensor a3 = reshape(contiguous(ga.tensor), {batch_count, m, k});
     const Tensor b3 = reshape(contiguous(gb.tensor), {batch_count, k, n});
-    cpu::sgemm_batched(batch_count, false, false, m, n, k, 1.0f,
-                       static_cast<const float*>(a3.raw_data()), std::max<int64_t>(k, 1), m * k,
-                       static_cast<const float*>(b3.raw_data()), std::max<int64_t>(n, 1), k * n, 0.0f,
-                       static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), m * n);
+    batched_gemm(batch_count, false, false, m, n, k, a3, std::max<int64_t>(k, 1), m * k, b3,
+                 std::max<int64_t>(n, 1), k * n, out);
   }
-  if (a_in.dtype() != kFloat32) out = to(out, a_in.dtype());
+  if (out.dtype() != a_in.dtype()) out = to(out, a_in.dtype());
   if (a_vector) out = squeeze(out, -2);
   if (b_vector) out = squeeze(out, -1);
   return out;

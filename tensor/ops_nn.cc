@@ -10,7 +10,10 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_device.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_nn_internal.h"
@@ -79,6 +82,13 @@ std::vector<float> row_logsumexp(const float* x, int64_t n, int64_t v) {
 
 // x * mask * scale elementwise (x any floating dtype, mask f32 of x's shape), in x's dtype.
 Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
+  if (op_device("dropout", {x_in, mask_in}).is_cuda()) {
+    // f32 arithmetic, one rounding to x's dtype (the 0/1 mask converts exactly).
+    Tensor out = Tensor::empty(x_in.shape(), x_in.dtype(), x_in.device());
+    cuda_backend::binary(cuda::kernels::BinaryOp::kMulScaled, out, x_in, to(mask_in, x_in.dtype()),
+                         scale);
+    return out;
+  }
   const Tensor x = as_f32(x_in);
   const Tensor mask = as_f32(mask_in);
   Tensor out = Tensor::empty(x.shape(), kFloat32);
@@ -88,6 +98,27 @@ Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
   const int64_t count = x.numel();
   for (int64_t i = 0; i < count; ++i) po[i] = px[i] * pm[i] * scale;
   return to(out, x_in.dtype());
+}
+
+// Cross entropy of f32 logits `x` (n, v) on a GPU; `t` are the targets, already checked on the
+// host; the loss is rounded to `loss_dtype`. Sums and the mean's division run on the device.
+CrossEntropyResult cuda_cross_entropy(const Tensor& x, const Tensor& targets,
+                                      const std::vector<int64_t>& t, int64_t ignore_index,
+                                      Reduction reduction, DType loss_dtype) {
+  const int64_t n = x.size(0), v = x.size(1);
+  const Tensor targets_dev = contiguous(to(targets, kInt64));
+  Tensor lse = Tensor::empty({n}, kFloat32, x.device());
+  Tensor losses = Tensor::empty({n}, kFloat32, x.device());
+  cuda::kernels::cross_entropy_forward(lse.data<float>(), losses.data<float>(), x.data<float>(),
+                                       targets_dev.data<int64_t>(), n, v, ignore_index,
+                                       x.device().index);
+  if (reduction == Reduction::kNone) return {to(losses, loss_dtype), lse};
+  int64_t count = 0;
+  for (int64_t target : t) count += target != ignore_index;
+  // kMean with every row ignored is 0 * inf = NaN, as 0 / 0 on the CPU and in PyTorch.
+  const double scale = reduction == Reduction::kSum ? 1.0 : 1.0 / static_cast<double>(count);
+  const Tensor loss = cuda_backend::sum(losses, {true}, /*keepdim=*/false, scale);
+  return {to(loss, loss_dtype), lse};
 }
 
 void check_dropout_p(double p, const Tensor& t, std::string_view op) {
@@ -107,10 +138,21 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   LOOM_CHECK(weight.dim() == 2, "{}: expected weight of shape (V, C), got shape {}", op,
              shape_str(weight.shape()));
   const int64_t v = weight.size(0), c = weight.size(1);
+  const Device device = op_device(op, {weight, indices});
   const std::vector<int64_t> idx = index_values(indices);
   Shape out_shape = indices.shape();
   out_shape.push_back(c);
-  Tensor out = Tensor::empty(out_shape, weight.dtype());
+  Tensor out = Tensor::empty(out_shape, weight.dtype(), device);
+  if (device.is_cuda()) {
+    for (size_t i = 0; i < idx.size(); ++i) {
+      check_embedding_index(idx[i], static_cast<int64_t>(i), indices, v, op);
+    }
+    const Tensor idx_dev = contiguous(to(indices, kInt64));
+    cuda::kernels::embedding_forward(weight.dtype(), out.raw_data(), weight.raw_data(),
+                                     weight.stride(0), weight.stride(1), idx_dev.data<int64_t>(),
+                                     idx_dev.numel(), c, device.index);
+    return out;
+  }
   // A byte copy per row: the values keep their dtype, so no conversion is involved.
   const size_t elem = element_size(weight.dtype());
   const char* w = static_cast<const char*>(weight.raw_data());
@@ -142,11 +184,21 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   LOOM_CHECK(fits, "{}: grad_out shape {} is not (*indices.shape, C) for indices shape {}", op,
              shape_str(grad_out.shape()), shape_str(indices.shape()));
   const int64_t c = grad_out.size(-1);
+  const Device device = op_device(op, {grad_out, indices});
   const std::vector<int64_t> idx = index_values(indices);
   const Tensor g = as_f32(grad_out);
-  Tensor grad_w = zeros({num_embeddings, c}, kFloat32);
+  Tensor grad_w = zeros({num_embeddings, c}, kFloat32, device);
   const float* pg = g.data<float>();
   float* pw = grad_w.data<float>();
+  if (device.is_cuda()) {
+    for (size_t i = 0; i < idx.size(); ++i) {
+      check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
+    }
+    const Tensor idx_dev = contiguous(to(indices, kInt64));
+    cuda::kernels::embedding_backward(pw, pg, idx_dev.data<int64_t>(), idx_dev.numel(), c,
+                                      device.index);
+    return to(grad_w, grad_out.dtype());
+  }
   for (size_t i = 0; i < idx.size(); ++i) {
     check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
     float* dst = pw + idx[i] * c;
@@ -166,10 +218,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   }
   constexpr std::string_view op = "cross_entropy";
   check_reduction(reduction, op);
+  const Device device = op_device(op, {logits, targets});
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const int64_t n = logits.size(0), v = logits.size(1);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
+  if (device.is_cuda()) return cuda_cross_entropy(x, targets, t, ignore_index, reduction, logits.dtype());
   const std::vector<float> lse = row_logsumexp(px, n, v);
   Tensor lse_out = Tensor::empty({n}, kFloat32);
   std::copy(lse.begin(), lse.end(), lse_out.data<float>());
@@ -215,8 +269,28 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                "(logits shape {})",
                op, shape_str(grad_loss.shape()), shape_str(logits.shape()));
   }
+  const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
+  if (device.is_cuda()) {
+    if (logsumexp.defined()) {
+      LOOM_CHECK(logsumexp.shape() == Shape{n},
+                 "{}: logsumexp shape {} does not match logits shape {} (expected ({},))", op,
+                 shape_str(logsumexp.shape()), shape_str(logits.shape()), n);
+    }
+    int64_t count = 0;
+    for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
+    const Tensor lse = logsumexp.defined() ? as_f32(logsumexp)
+                                           : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone, kFloat32).logsumexp;
+    const Tensor targets_dev = contiguous(to(targets, kInt64));
+    const Tensor gl = as_f32(on_device(grad_loss, device));
+    Tensor grad = Tensor::empty({n, v}, kFloat32, device);
+    cuda::kernels::cross_entropy_backward(grad.data<float>(), px, lse.data<float>(),
+                                          targets_dev.data<int64_t>(), gl.data<float>(), n, v,
+                                          ignore_index, static_cast<int>(reduction), count,
+                                          device.index);
+    return to(grad, logits.dtype());
+  }
   std::vector<float> lse;
   if (logsumexp.defined()) {
     check_floating(logsumexp, op, "logsumexp");
@@ -263,8 +337,8 @@ DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training, c
   check_floating(x, op, "x");
   check_dropout_p(p, x, op);
   if (!training || p == 0.0) return {x, Tensor()};
-  Tensor mask = bernoulli_keep_mask(x.shape(), seed, p, region);
-  if (p == 1.0) return {zeros(x.shape(), x.dtype()), mask};
+  Tensor mask = bernoulli_keep_mask(x.shape(), seed, p, region, x.device());
+  if (p == 1.0) return {zeros(x.shape(), x.dtype(), x.device()), mask};
   return {masked_scale(x, mask, static_cast<float>(1.0 / (1.0 - p))), mask};
 }
 
@@ -277,7 +351,7 @@ Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p) {
   check_floating(mask, op, "mask");
   LOOM_CHECK(mask.shape() == grad.shape(), "{}: mask shape {} does not match grad shape {}", op,
              shape_str(mask.shape()), shape_str(grad.shape()));
-  if (p == 1.0) return zeros(grad.shape(), grad.dtype());
+  if (p == 1.0) return zeros(grad.shape(), grad.dtype(), grad.device());
   return masked_scale(grad, mask, static_cast<float>(1.0 / (1.0 - p)));
 }
 

@@ -3,8 +3,9 @@
 // autograd/ calls; forwards return what their backward needs (mean/rstd, logsumexp, masks).
 //
 // Common rules:
-//   - CPU only for now; floating dtypes f32/bf16/f16. bf16/f16 are loaded into f32, computed in
-//     f32 (sums accumulate in f64) and rounded once on store. Statistics a backward needs
+//   - CPU and CUDA (operands on one device, tensor/op_device.h; CUDA kernels in
+//     tensor/cuda/kernels/nn.h); floating dtypes f32/bf16/f16. bf16/f16 are loaded into f32, computed in
+//     f32 (CPU sums accumulate in f64, CUDA ones in f32) and rounded once on store. Statistics a backward needs
 //     (layer norm mean/rstd, logsumexp) are always f32, whatever the input dtype.
 //   - Inputs may have any strides (transposed or sliced views); outputs are contiguous.
 //   - Every op first offers itself to dispatch_extension() under the name of its entry in

@@ -7,7 +7,9 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_matmul.h"
 #include "tensor/ops_nn.h"
@@ -80,16 +82,20 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   }
   constexpr std::string_view op = "scaled_dot_product_attention";
   const AttentionDims dims = check_attention(q, k, v, scale, op);
+  const Device device = op_device(op, {q, k, v});
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
   Tensor probs = mm_nt(qf, kf);
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
-  Tensor lse = Tensor::empty(lse_shape, kFloat32);
+  Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
   float* p = probs.data<float>();
   float* pl = lse.data<float>();
   const float s = dims.scale;
-  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+  if (device.is_cuda()) {
+    cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, s, is_causal,
+                                   /*from_lse=*/false, device.index);
+  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
     float* pr = p + row * dims.tk;
     const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
     float m = -std::numeric_limits<float>::infinity();
@@ -133,6 +139,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   LOOM_CHECK(logsumexp.shape() == lse_shape,
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
+  const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   const Tensor gf = to(grad_out, kFloat32);
   const Tensor lse = nn_internal::as_f32(logsumexp);
@@ -141,7 +148,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   float* p = probs.data<float>();
   const float* pl = lse.data<float>();
   const float s = dims.scale;
-  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+  if (device.is_cuda()) {
+    cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, s,
+                                   is_causal, /*from_lse=*/true, device.index);
+  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
     float* pr = p + row * dims.tk;
     const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
                                 ? 0
@@ -152,7 +162,9 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   Tensor dv = mm_tn(probs, gf);       // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);     // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
-  for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+  if (device.is_cuda()) {
+    cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, s, device.index);
+  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
     const float* pr = p + row * dims.tk;
     float* dr = pd + row * dims.tk;
     double dot = 0.0;

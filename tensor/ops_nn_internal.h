@@ -11,36 +11,35 @@
 
 namespace loom::ops::nn_internal {
 
-// `t` is defined and on CPU (the only device these kernels exist for so far).
-inline void check_cpu(const Tensor& t, std::string_view op, std::string_view name) {
+// `t` is defined (on any device: each op checks its operands share one, tensor/op_device.h).
+inline void check_defined(const Tensor& t, std::string_view op, std::string_view name) {
   LOOM_CHECK(t.defined(), "{}: {} is an undefined tensor", op, name);
-  LOOM_CHECK(t.device().is_cpu(), "{}: CUDA kernels for this op are not built yet ({} is {})", op,
-             name, t.description());
 }
 
-// `t` is a defined CPU tensor of a floating dtype.
+// `t` is a defined tensor of a floating dtype.
 inline void check_floating(const Tensor& t, std::string_view op, std::string_view name) {
-  check_cpu(t, op, name);
+  check_defined(t, op, name);
   LOOM_CHECK(is_floating(t.dtype()),
              "{}: expected {} to have a floating dtype (f32, bf16, f16), got {} of shape {}", op,
              name, dtype_name(t.dtype()), shape_str(t.shape()));
 }
 
-// `t` is a defined CPU tensor of dtype i64 or i32 (class or row indices).
+// `t` is a defined tensor of dtype i64 or i32 (class or row indices).
 inline void check_index(const Tensor& t, std::string_view op, std::string_view name) {
-  check_cpu(t, op, name);
+  check_defined(t, op, name);
   LOOM_CHECK(t.dtype() == kInt64 || t.dtype() == kInt32,
              "{}: expected {} to have dtype i64 or i32, got {} of shape {}", op, name,
              dtype_name(t.dtype()), shape_str(t.shape()));
 }
 
-// The kernels' working form: contiguous f32 (a no-op for contiguous f32 input). bf16/f16 values
+// The kernels' working form, on the tensor's device: contiguous f32 (a no-op for contiguous f32). bf16/f16 values
 // convert exactly; results round once when converted back with `to`.
 inline Tensor as_f32(const Tensor& t) { return contiguous(to(t, kFloat32)); }
 
-// Index values of an i64/i32 tensor in row-major order.
+// Index values of an i64/i32 tensor in row-major order, on the host (for CUDA tensors this copies
+// them over and waits: the range checks with their precise messages run on the CPU).
 inline std::vector<int64_t> index_values(const Tensor& t) {
-  const Tensor c = contiguous(to(t, kInt64));
+  const Tensor c = contiguous(to(to(t, kInt64), Device::cpu()));
   const int64_t* p = c.data<int64_t>();
   return std::vector<int64_t>(p, p + c.numel());
 }

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
+#include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_nn_internal.h"
@@ -50,9 +52,13 @@ Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, std::string_view 
   check_floating(x_in, op, "x");
   const RowLayout l = row_layout(x_in.shape(), dim, op);
   const Tensor x = as_f32(x_in);
-  Tensor out = Tensor::empty(x.shape(), kFloat32);
+  Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
   const float* px = x.data<float>();
   float* po = out.data<float>();
+  if (x.device().is_cuda()) {
+    cuda::kernels::softmax_forward(po, px, {l.outer, l.n, l.inner}, log, x.device().index);
+    return to(out, x_in.dtype());
+  }
   for_each_row(l, [&](int64_t start, int64_t stride) {
     const float* xr = px + start;
     float* orow = po + start;
@@ -84,12 +90,17 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& out_in, int64
              "{}: grad_out shape {} does not match out shape {}", op, shape_str(grad_out.shape()),
              shape_str(out_in.shape()));
   const RowLayout l = row_layout(out_in.shape(), dim, op);
+  const Device device = op_device(op, {grad_out, out_in});
   const Tensor g = as_f32(grad_out);
   const Tensor y = as_f32(out_in);
-  Tensor grad_x = Tensor::empty(y.shape(), kFloat32);
+  Tensor grad_x = Tensor::empty(y.shape(), kFloat32, device);
   const float* pg = g.data<float>();
   const float* py = y.data<float>();
   float* pd = grad_x.data<float>();
+  if (device.is_cuda()) {
+    cuda::kernels::softmax_backward(pd, pg, py, {l.outer, l.n, l.inner}, log, device.index);
+    return to(grad_x, out_in.dtype());
+  }
   for_each_row(l, [&](int64_t start, int64_t stride) {
     const float* gr = pg + start;
     const float* yr = py + start;
@@ -175,12 +186,13 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
   LOOM_CHECK(eps >= 0.0, "layer_norm: eps must be >= 0, got {} (input shape {})", eps,
              shape_str(x_in.shape()));
   const NormLayout l = norm_layout(x_in, normalized_shape, op);
+  const Device device = op_device(op, {x_in, weight, bias});
   const Tensor x = as_f32(x_in);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
   const Tensor b = bias.defined() ? as_f32(bias) : Tensor();
-  Tensor out = Tensor::empty(x.shape(), kFloat32);
-  Tensor mean = Tensor::empty(l.stats_shape, kFloat32);
-  Tensor rstd = Tensor::empty(l.stats_shape, kFloat32);
+  Tensor out = Tensor::empty(x.shape(), kFloat32, device);
+  Tensor mean = Tensor::empty(l.stats_shape, kFloat32, device);
+  Tensor rstd = Tensor::empty(l.stats_shape, kFloat32, device);
   const float* px = x.data<float>();
   const float* pw = w.defined() ? w.data<float>() : nullptr;
   const float* pb = b.defined() ? b.data<float>() : nullptr;
@@ -188,6 +200,11 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
   float* pm = mean.data<float>();
   float* pr = rstd.data<float>();
   const int64_t n = l.n;
+  if (device.is_cuda()) {
+    cuda::kernels::layer_norm_forward(po, pm, pr, px, pw, pb, l.rows, n, static_cast<float>(eps),
+                                      device.index);
+    return {to(out, x_in.dtype()), mean, rstd};
+  }
   for (int64_t r = 0; r < l.rows; ++r) {
     const float* xr = px + r * n;
     float* orow = po + r * n;
@@ -236,6 +253,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
              "shape {}",
              op, shape_str(mean.shape()), shape_str(rstd.shape()), shape_str(l.stats_shape),
              shape_str(x_in.shape()), shape_str(normalized_shape));
+  const Device device = op_device(op, {grad_out, x_in, mean, rstd, weight});
   const Tensor g = as_f32(grad_out);
   const Tensor x = as_f32(x_in);
   const Tensor mu = as_f32(mean);
@@ -247,8 +265,25 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
   const float* pr = rs.data<float>();
   const float* pw = w.defined() ? w.data<float>() : nullptr;
   const int64_t n = l.n;
-  Tensor grad_x = Tensor::empty(x.shape(), kFloat32);
+  Tensor grad_x = Tensor::empty(x.shape(), kFloat32, device);
   float* pd = grad_x.data<float>();
+  if (device.is_cuda()) {
+    LayerNormGrads grads;
+    Tensor gw_out, gb_out;
+    if (pw) {
+      gw_out = Tensor::empty(normalized_shape, kFloat32, device);
+      gb_out = Tensor::empty(normalized_shape, kFloat32, device);
+    }
+    cuda::kernels::layer_norm_backward(pd, pw ? gw_out.data<float>() : nullptr,
+                                       pw ? gb_out.data<float>() : nullptr, pg, px, pm, pr, pw,
+                                       l.rows, n, device.index);
+    grads.grad_x = to(grad_x, x_in.dtype());
+    if (pw) {
+      grads.grad_weight = to(gw_out, weight.dtype());
+      grads.grad_bias = to(gb_out, weight.dtype());
+    }
+    return grads;
+  }
   std::vector<double> acc_w(pw ? n : 0, 0.0), acc_b(pw ? n : 0, 0.0);
   std::vector<float> xhat(n), gw(n);
   for (int64_t r = 0; r < l.rows; ++r) {

@@ -9,6 +9,7 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
@@ -43,8 +44,8 @@ Shape reduced_shape(const Shape& shape, const std::vector<bool>& mask, bool keep
 
 Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
   if (auto out = dispatch_extension("sum", {self}, {dims, keepdim})) return (*out)[0];
-  LOOM_CHECK(self.device().is_cpu(), "sum: CUDA kernels are not built yet (got {})", self.description());
   const auto mask = reduced_mask(self, dims, "sum");
+  if (self.device().is_cuda()) return cuda_backend::sum(self, mask, keepdim, 1.0);
   const Shape kept = reduced_shape(self.shape(), mask, /*keepdim=*/true);
   // Accumulator strides: contiguous over kept dims, 0 over reduced ones.
   Strides acc_strides = contiguous_strides(kept);
@@ -86,6 +87,9 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) 
   for (size_t d = 0; d < mask.size(); ++d) {
     if (mask[d]) count *= self.shape()[d];
   }
+  if (self.device().is_cuda()) {
+    return cuda_backend::sum(self, mask, keepdim, 1.0 / static_cast<double>(count));
+  }
   const Tensor total = sum(self, dims, keepdim);
   // Divide in f64 before rounding to the output dtype.
   Tensor out = Tensor::empty(total.shape(), total.dtype());
@@ -102,7 +106,6 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) 
 
 std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
   if (auto out = dispatch_extension("max_dim", {self}, {dim, keepdim})) return {(*out)[0], (*out)[1]};
-  LOOM_CHECK(self.device().is_cpu(), "max: CUDA kernels are not built yet (got {})", self.description());
   dim = normalize_dim(dim, self.dim(), "max");
   LOOM_CHECK(self.dim() == 0 || self.shape()[dim] > 0,
              "max: cannot reduce over dim {} of size 0 (tensor shape {})", dim, shape_str(self.shape()));
@@ -117,9 +120,10 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
   // Results come out in the moved layout (dim last); build them there, then move back.
   Shape moved_out = moved.shape();
   moved_out.back() = 1;
-  Tensor values = Tensor::empty(moved_out, self.dtype());
-  Tensor indices = Tensor::empty(moved_out, kInt64);
-  cpu::visit_dtype(self.dtype(), [&](auto tag) {
+  Tensor values = Tensor::empty(moved_out, self.dtype(), self.device());
+  Tensor indices = Tensor::empty(moved_out, kInt64, self.device());
+  if (self.device().is_cuda()) cuda_backend::max_rows(values, indices, moved, rows, row);
+  else cpu::visit_dtype(self.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* in = static_cast<const T*>(moved.raw_data());
     T* v = static_cast<T*>(values.raw_data());
@@ -163,7 +167,7 @@ Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& 
   const Tensor index = keepdim ? indices : unsqueeze(indices, dim);
   Shape positions_shape(ndim, 1);
   positions_shape[dim] = input_shape[dim];
-  const Tensor positions = reshape(arange(input_shape[dim]), positions_shape);
+  const Tensor positions = to(reshape(arange(input_shape[dim]), positions_shape), grad.device());
   const Tensor hit = eq(expand(index, input_shape), positions);
   return mul(to(hit, grad.dtype()), keepdim ? grad : unsqueeze(grad, dim));
 }

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cuda/kernels/nn.h"
 
 namespace loom {
 
@@ -36,9 +37,14 @@ double unit_open_right(uint32_t word) { return (word >> 8) * 0x1.0p-24; }
 // -> (0, 1], safe for log().
 double unit_open_left(uint32_t word) { return ((word >> 8) + 1) * 0x1.0p-24; }
 
-// Calls fill(local_linear_index, global_linear_index) for each element of `out`.
-template <typename Fill>
-void for_each_global_index(const Tensor& out, const RngRegion& region, const char* op, Fill&& fill) {
+// Where `out`'s elements sit in the global tensor: global index of local row-major element i is
+// base + sum_d coord_d(i) * global_strides[d].
+struct GlobalIndexMap {
+  int64_t base = 0;
+  Strides global_strides;
+};
+
+GlobalIndexMap global_index_map(const Tensor& out, const RngRegion& region, const char* op) {
   const Shape& local = out.shape();
   const Shape& global = region.global_shape.empty() ? local : region.global_shape;
   Shape offset = region.global_offset;
@@ -51,21 +57,46 @@ void for_each_global_index(const Tensor& out, const RngRegion& region, const cha
                "{}: local shape {} at offset {} does not fit in global shape {}", op,
                shape_str(local), shape_str(offset), shape_str(global));
   }
-  const Strides global_strides = contiguous_strides(global);
-  int64_t base = 0;
-  for (size_t d = 0; d < local.size(); ++d) base += offset[d] * global_strides[d];
+  GlobalIndexMap map;
+  map.global_strides = contiguous_strides(global);
+  for (size_t d = 0; d < local.size(); ++d) map.base += offset[d] * map.global_strides[d];
+  return map;
+}
+
+// Calls fill(local_linear_index, global_linear_index) for each element of `out`.
+template <typename Fill>
+void for_each_global_index(const Tensor& out, const RngRegion& region, const char* op, Fill&& fill) {
+  const GlobalIndexMap map = global_index_map(out, region, op);
+  const int64_t base = map.base;
   // Iterate local elements in row-major order, tracking the global linear index alongside.
   int64_t local_index = 0;
-  cpu::for_each_run<1>(local, {global_strides}, [&](const auto& offsets, int64_t count,
+  cpu::for_each_run<1>(out.shape(), {map.global_strides}, [&](const auto& offsets, int64_t count,
                                                     const auto& inner) {
     for (int64_t j = 0; j < count; ++j) fill(local_index++, base + offsets[0] + j * inner[0]);
   });
 }
 
+// `kind` and (a, b) say the same distribution as `sample` does, for the CUDA kernel.
 template <typename Sample>
-void fill_floating(const Tensor& out, const RngRegion& region, const char* op, Sample&& sample) {
-  LOOM_CHECK(out.device().is_cpu(), "{}: only cpu tensors for now, got {}", op, out.device().str());
+void fill_floating(const Tensor& out, const RngRegion& region, const char* op, uint64_t seed,
+                   cuda::kernels::RandomKind kind, double a, double b, Sample&& sample) {
   LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op, out.description());
+  if (out.device().is_cuda()) {
+    LOOM_CHECK(is_floating(out.dtype()), "{}: expected a floating dtype (f32, bf16, f16), got {}", op,
+               dtype_name(out.dtype()));
+    LOOM_CHECK(out.dim() <= cuda::kernels::kMaxDims, "{}: CUDA takes at most {} dims, got {}", op,
+               cuda::kernels::kMaxDims, out.description());
+    const GlobalIndexMap map = global_index_map(out, region, op);
+    cuda::kernels::StridedArg global;
+    global.ndim = static_cast<int>(out.dim());
+    for (int64_t d = 0; d < out.dim(); ++d) {
+      global.sizes[d] = out.shape()[d];
+      global.strides[d] = map.global_strides[d];
+    }
+    cuda::kernels::philox_fill(out.dtype(), out.raw_data(), global, map.base, seed, kind, a,
+                               b, out.device().index);
+    return;
+  }
   cpu::visit_floating_dtype(out.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     T* data = static_cast<T*>(out.raw_data());
@@ -80,7 +111,8 @@ void fill_floating(const Tensor& out, const RngRegion& region, const char* op, S
 namespace ops {
 
 void normal_(const Tensor& out, uint64_t seed, double mean, double std, const RngRegion& region) {
-  fill_floating(out, region, "normal_", [&](uint64_t index) {
+  fill_floating(out, region, "normal_", seed, cuda::kernels::RandomKind::kNormal, mean, std,
+                [&](uint64_t index) {
     const auto words = element_words(seed, index, /*stream=*/1);
     // Box-Muller, one normal per element so each element depends on its own index only.
     const double radius = std::sqrt(-2.0 * std::log(unit_open_left(words[0])));
@@ -90,7 +122,8 @@ void normal_(const Tensor& out, uint64_t seed, double mean, double std, const Rn
 }
 
 void uniform_(const Tensor& out, uint64_t seed, double low, double high, const RngRegion& region) {
-  fill_floating(out, region, "uniform_", [&](uint64_t index) {
+  fill_floating(out, region, "uniform_", seed, cuda::kernels::RandomKind::kUniform, low, high,
+                [&](uint64_t index) {
     const auto words = element_words(seed, index, /*stream=*/2);
     return static_cast<float>(low + (high - low) * unit_open_right(words[0]));
   });
@@ -108,10 +141,12 @@ Tensor uniform(const Shape& shape, uint64_t seed, double low, double high, DType
   return out;
 }
 
-Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region) {
+Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region,
+                           Device device) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
-  Tensor out = Tensor::empty(shape, kFloat32);
-  fill_floating(out, region, "bernoulli", [&](uint64_t index) {
+  Tensor out = Tensor::empty(shape, kFloat32, device);
+  fill_floating(out, region, "bernoulli", seed, cuda::kernels::RandomKind::kBernoulliKeep, p, 0.0,
+                [&](uint64_t index) {
     const auto words = element_words(seed, index, /*stream=*/3);
     return unit_open_right(words[0]) >= p ? 1.0f : 0.0f;
   });

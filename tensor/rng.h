@@ -24,7 +24,8 @@ struct RngRegion {
 };
 
 namespace ops {
-// Fills `out` (CPU, floating) in place.
+// Fill `out` (contiguous, floating; CPU or CUDA) in place. On CUDA uniform_ is bit-identical to the
+// CPU; normal_ agrees to an f32 ulp (its double log/cos come from CUDA's libdevice, not glibc).
 void normal_(const Tensor& out, uint64_t seed, double mean = 0.0, double std = 1.0,
              const RngRegion& region = {});
 void uniform_(const Tensor& out, uint64_t seed, double low = 0.0, double high = 1.0,
@@ -33,8 +34,10 @@ Tensor normal(const Shape& shape, uint64_t seed, double mean = 0.0, double std =
               DType dtype = kFloat32);
 Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high = 1.0,
                DType dtype = kFloat32);
-// Keep-mask for dropout: element is 1 with probability 1 - p.
-Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region = {});
+// Keep-mask for dropout (f32 on `device`): element is 1 with probability 1 - p. On CUDA the mask
+// is bit-identical to the CPU's (same Philox counters), so a GPU rank drops what a CPU rank drops.
+Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region = {},
+                           Device device = Device::cpu());
 }  // namespace ops
 
 }  // namespace loom

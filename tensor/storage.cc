@@ -4,7 +4,7 @@
 #include <new>
 
 #include "base/error.h"
-#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/caching_allocator.h"
 
 namespace loom {
 
@@ -19,7 +19,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
     data = std::aligned_alloc(kCpuAlignment, rounded);
     LOOM_CHECK(data != nullptr, "Storage: failed to allocate {} bytes on cpu", bytes);
   } else {
-    data = bytes == 0 ? nullptr : cuda::device_malloc(bytes, device.index);
+    data = bytes == 0 ? nullptr : cuda::cached_malloc(bytes, device.index);
   }
   return std::shared_ptr<Storage>(new Storage(data, bytes, device));
 }
@@ -27,8 +27,8 @@ std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
 Storage::~Storage() {
   if (device_.is_cpu()) {
     std::free(data_);
-  } else if (data_ != nullptr) {
-    cuda::device_free(data_, device_.index);
+  } else {
+    cuda::cached_free(data_, device_.index);  // back to the device's pool; never throws
   }
 }
 

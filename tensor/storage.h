@@ -11,7 +11,8 @@ namespace loom {
 
 class Storage {
  public:
-  // Allocates `bytes` on `device` (64-byte aligned on CPU, cudaMalloc on CUDA). Contents are
+  // Allocates `bytes` on `device` (64-byte aligned on CPU; on CUDA from the device's caching
+  // allocator, tensor/cuda/caching_allocator.h, so no cudaMalloc per tensor). Contents are
   // uninitialized.
   static std::shared_ptr<Storage> allocate(size_t bytes, Device device);
 

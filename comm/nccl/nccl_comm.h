@@ -125,9 +125,10 @@ class NcclComm {
   std::string failure_;
 };
 
-// The stream whose work an operation is ordered after ("the caller's current stream"). Loom has
-// no current-stream API yet and its CUDA copies and kernels run on the legacy default stream, so
-// this is cudaStreamLegacy.
+// The stream whose work an operation is ordered after ("the caller's current stream"). The tensor
+// layer queues its kernels and copies on a per-device compute stream (tensor/cuda/stream.h) that
+// is a blocking stream, so the legacy default stream is ordered after it: recording the ready
+// event on cudaStreamLegacy covers every kernel queued before the collective.
 inline cudaStream_t caller_stream() { return cudaStreamLegacy; }
 
 }  // namespace loom::comm::nccl

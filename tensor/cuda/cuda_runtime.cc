@@ -2,11 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
 #include <cstdlib>
 #include <string>
 
 #include "base/error.h"
+#include "tensor/cuda/human_bytes.h"
+#include "tensor/cuda/stream.h"
 
 namespace loom::cuda {
 namespace {
@@ -60,28 +61,6 @@ std::string driver_note() {
   return fmt::format("; driver: {}, runtime: CUDA {}",
                      driver == 0 ? std::string("none loaded") : "CUDA " + version_string(driver),
                      version_string(runtime));
-}
-
-// 1152921504606846976 -> "1.00 EiB"
-std::string human_bytes(std::size_t bytes) {
-  static constexpr std::array<const char*, 7> kUnits = {"B",   "KiB", "MiB", "GiB",
-                                                        "TiB", "PiB", "EiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < kUnits.size()) {
-    value /= 1024.0;
-    ++unit;
-  }
-  return unit == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.2f} {}", value, kUnits[unit]);
-}
-
-// Throws unless `device` names a device of this process; `what` is the caller's name.
-void check_device(int device, const char* what) {
-  const int count = device_count();
-  LOOM_CHECK(device >= 0 && device < count,
-             "{}: there is no CUDA device cuda:{}; this process sees {} CUDA device{}{}", what,
-             device, count, count == 1 ? "" : "s",
-             count == 0 ? " (" + unavailable_reason() + ")" : std::string());
 }
 
 }  // namespace
@@ -143,6 +122,15 @@ std::string unavailable_reason() {
                      driver_note(), visible_devices_note());
 }
 
+void check_device(int device, const char* what) {
+  const int count = device_count();
+  LOOM_CHECK(device >= 0 && device < count,
+             "{}: there is no CUDA device cuda:{}; this process sees {} CUDA device{}{}", what,
+             device, count, count == 1 ? "" : "s",
+             count == 0 ? " (" + unavailable_reason() + ")" : std::string());
+}
+
+
 DeviceGuard::DeviceGuard(int device) {
   check_device(device, "DeviceGuard");
   LOOM_CUDA_CHECK_ON(cudaGetDevice(&previous_), device);
@@ -187,23 +175,31 @@ void device_free(void* ptr, int device) {
   LOOM_CUDA_CHECK_ON(cudaFree(ptr), device);
 }
 
+// Copies run on the device's compute stream (stream.h), after every kernel queued before them.
 void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes, int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), device);
+  // From pageable memory this returns once the source is staged, so the caller may reuse it.
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                     compute_stream(device)),
+                     device);
 }
 
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), device);
+  const cudaStream_t stream = compute_stream(device);
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream),
+                     device);
+  LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(stream), device);  // the host reads it next
 }
 
 void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes,
                            int device) {
   if (bytes == 0) return;
   DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpy(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice),
+  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(device_dst, device_src, bytes, cudaMemcpyDeviceToDevice,
+                                     compute_stream(device)),
                      device);
 }
 

@@ -9,8 +9,8 @@
 // returns 0 and available() is false, with unavailable_reason() saying why. Tests use that to
 // GTEST_SKIP(), so the suite passes on CPU-only machines.
 //
-// The copies are synchronous (cudaMemcpy) and the allocator is plain cudaMalloc/cudaFree; a
-// caching allocator and stream-ordered copies belong to later tensor/cuda/ files.
+// device_malloc/device_free are plain cudaMalloc/cudaFree: tensors allocate through the caching
+// allocator (caching_allocator.h) instead; copies are ordered on the compute stream (stream.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -36,6 +36,10 @@ bool available();
 // (no CUDA-capable device is detected)"; empty when CUDA is available.
 std::string unavailable_reason();
 
+// Throws loom::Error unless `device` names a device of this process ("{what}: there is no CUDA
+// device cuda:3; this process sees 1 CUDA device"), with unavailable_reason() when it sees none.
+void check_device(int device, const char* what);
+
 // cudaMalloc on `device` (0 <= device < device_count()). Throws loom::Error naming the size and
 // the device when the device does not exist or the allocation fails. 0 bytes returns nullptr.
 // The calling thread's current device is left as it was.
@@ -45,8 +49,10 @@ void* device_malloc(std::size_t bytes, int device);
 // a destructor calling it should catch.
 void device_free(void* ptr, int device);
 
-// Synchronous copies of `bytes` bytes; `device` is the device that holds the device-side pointer(s)
-// (both of them for device_to_device). Throw loom::Error naming the call and the device.
+// Copies of `bytes` bytes on the device's compute stream (stream.h), ordered after the kernels
+// queued there. device_to_host returns when the data is on the host; host_to_device returns when
+// the source may be reused; device_to_device returns at once. `device` holds the device-side
+// pointer(s) (both of them for device_to_device). Throw loom::Error naming the call and device.
 void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes, int device);
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device);
 void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes,

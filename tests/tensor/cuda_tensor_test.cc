@@ -1,4 +1,4 @@
-// CUDA storage for Tensor: allocation and host<->device copies (kernels come later). The
+// CUDA storage for Tensor: allocation and host<->device copies (kernels: cuda_*_test.cc). The
 // round trips run on a GPU and skip with the reason elsewhere; the error paths run everywhere.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -34,12 +34,6 @@ TEST(CudaTensorTest, NonContiguousHostTensorIsMadeContiguousBeforeUpload) {
   EXPECT_EQ(ops::to_vector(back), ops::to_vector(host));
 }
 
-TEST(CudaTensorTest, OpsWithoutCudaKernelsNameThemselves) {
-  LOOM_SKIP_WITHOUT_CUDA();
-  const Tensor a = ops::to(ops::ones({4}), Device::cuda(0));
-  EXPECT_THAT(error_of([&] { ops::add(a, a); }),
-              HasSubstr("add: CUDA kernels for this op are not built yet"));
-}
 
 TEST(CudaTensorTest, AllocatingWithoutAGpuFailsWithTheReason) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; this checks the no-GPU error path";

@@ -1,0 +1,74 @@
+#include "tensor/cuda/kernels/device_common.cuh"
+#include "tensor/cuda/kernels/nn.h"
+
+namespace loom::cuda::kernels {
+namespace {
+
+// Keys query i may see: all, or j <= i when causal (top-left aligned, as the CPU kernel).
+__device__ __forceinline__ int64_t visible_keys(int64_t i, int64_t tk, bool causal) {
+  return causal ? (i + 1 < tk ? i + 1 : tk) : tk;
+}
+
+// One block per score row: probabilities in place and the row's logsumexp, or (from_lse) the
+// probabilities recomputed from a saved logsumexp. Masked keys get 0.
+__global__ void attention_probs_kernel(float* p, float* lse, int64_t total_rows, int64_t tq,
+                                       int64_t tk, float scale, bool causal, bool from_lse) {
+  for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
+    float* pr = p + r * tk;
+    int64_t visible = visible_keys(r % tq, tk, causal);
+    if (from_lse) {
+      const float l = lse[r];
+      if (l == -INFINITY) visible = 0;
+      for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) {
+        pr[j] = j < visible ? expf(pr[j] * scale - l) : 0.0f;
+      }
+      continue;
+    }
+    float m = -INFINITY;
+    for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) m = fmaxf(m, pr[j] * scale);
+    m = block_max(m);
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < visible; j += blockDim.x) {
+      const float e = expf(pr[j] * scale - m);
+      pr[j] = e;
+      sum += e;
+    }
+    sum = block_sum(sum);
+    const float inv = visible > 0 ? 1.0f / sum : 0.0f;
+    for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) pr[j] = j < visible ? pr[j] * inv : 0.0f;
+    if (threadIdx.x == 0) lse[r] = visible > 0 ? m + logf(sum) : -INFINITY;
+  }
+}
+
+__global__ void attention_grad_scores_kernel(float* dp, const float* p, int64_t total_rows,
+                                             int64_t tk, float scale) {
+  for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
+    const float* pr = p + r * tk;
+    float* dr = dp + r * tk;
+    float dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += pr[j] * dr[j];
+    dot = block_sum(dot);
+    for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) dr[j] = pr[j] * (dr[j] - dot) * scale;
+  }
+}
+
+}  // namespace
+
+void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
+                     bool causal, bool from_lse, int device) {
+  const int64_t total = rows * tq;
+  if (total == 0) return;
+  attention_probs_kernel<<<grid_for_rows(total), kThreads, 0, compute_stream(device)>>>(
+      scores, lse, total, tq, tk, scale, causal, from_lse);
+  check_launch("attention_probs_kernel", device);
+}
+
+void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
+                           int device) {
+  if (rows == 0 || tk == 0) return;
+  attention_grad_scores_kernel<<<grid_for_rows(rows), kThreads, 0, compute_stream(device)>>>(
+      dp, probs, rows, tk, scale);
+  check_launch("attention_grad_scores_kernel", device);
+}
+
+}  // namespace loom::cuda::kernels

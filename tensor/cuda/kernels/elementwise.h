@@ -1,0 +1,25 @@
+// Elementwise CUDA kernels over strided operands of one shape (broadcasting is done by the caller
+// through stride-0 views). Floating dtypes compute in f32 and round once on store; integer
+// dtypes compute in i64.
+#pragma once
+
+#include "tensor/cuda/kernels/kernel_args.h"
+
+namespace loom::cuda::kernels {
+
+// out = op(in) (same dtype, same sizes). Floating-only ops must not be given integer dtypes.
+void unary(UnaryOp op, DType dtype, const StridedArg& out, const StridedArg& in, float scalar,
+           int device);
+// out = op(a, b), all of `dtype` and of out's sizes.
+void binary(BinaryOp op, DType dtype, const StridedArg& out, const StridedArg& a,
+            const StridedArg& b, float scalar, int device);
+// out = cond != 0 ? a : b; cond is f32, a/b/out of `dtype`.
+void where(DType dtype, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
+           const StridedArg& b, int device);
+// out = in converted from in_dtype to out_dtype (round to nearest even).
+void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedArg& in,
+          int device);
+// Every element of out = value converted to dtype.
+void fill(DType dtype, const StridedArg& out, double value, int device);
+
+}  // namespace loom::cuda::kernels

@@ -1,0 +1,68 @@
+// CUDA kernels of the neural-network ops (tensor/ops_nn.h). All take contiguous f32 data: the
+// tensor layer converts bf16/f16 inputs to f32 on the device first and rounds results back once,
+// exactly as the CPU kernels do, so both devices share one numerical recipe (f32 arithmetic, f32
+// accumulation in the kernels; only the summation order differs).
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/cuda/kernels/kernel_args.h"
+
+namespace loom::cuda::kernels {
+
+// A contiguous tensor seen as (outer, n, inner) around a reduced dim (ops_nn_norm.cc's RowLayout).
+struct RowShape {
+  int64_t outer = 1;
+  int64_t n = 1;
+  int64_t inner = 1;
+};
+
+// softmax (log = false) or log_softmax (log = true) along the middle dim.
+void softmax_forward(float* out, const float* x, RowShape shape, bool log, int device);
+// grad_x from grad_out and the forward's output (see ops::softmax_backward / log_softmax_backward).
+void softmax_backward(float* grad_x, const float* grad_out, const float* out, RowShape shape,
+                      bool log, int device);
+
+// Rows of n: out = (x - mean) * rstd * w + b (w, b may be null); mean and rstd per row.
+void layer_norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                        const float* b, int64_t rows, int64_t n, float eps, int device);
+// grad_x per row; grad_w and grad_b (sums over rows) when w is not null.
+void layer_norm_backward(float* grad_x, float* grad_w, float* grad_b, const float* grad_out,
+                         const float* x, const float* mean, const float* rstd, const float* w,
+                         int64_t rows, int64_t n, int device);
+
+// out[i, :] = weight[idx[i], :] for i < count (weight strided, any floating dtype, out contiguous).
+void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_stride,
+                       int64_t col_stride, const int64_t* idx, int64_t count, int64_t c,
+                       int device);
+// grad_w[idx[i], :] += grad_out[i, :] (grad_w zeroed by the caller; f32 atomics, so repeated
+// indices add in an unspecified order).
+void embedding_backward(float* grad_w, const float* grad_out, const int64_t* idx, int64_t count,
+                        int64_t c, int device);
+
+// Per row of logits (n, v): lse[r] = logsumexp, losses[r] = lse - logits[r, t] (0 if ignored).
+void cross_entropy_forward(float* lse, float* losses, const float* logits, const int64_t* targets,
+                           int64_t n, int64_t v, int64_t ignore_index, int device);
+// grad[r, :] = (softmax - onehot) * scale_r; reduction 0 none (grad_loss[r]), 1 mean
+// (grad_loss[0] / count), 2 sum (grad_loss[0]); ignored rows are 0.
+void cross_entropy_backward(float* grad, const float* logits, const float* lse,
+                            const int64_t* targets, const float* grad_loss, int64_t n, int64_t v,
+                            int64_t ignore_index, int reduction, int64_t count, int device);
+
+// Counter-based random fills, bit-identical to tensor/rng.cc for bernoulli and uniform (normal
+// goes through double log/cos, whose last bits may differ from the host's libm; the f32 results
+// agree to an ulp). Element i of `out` (contiguous, numel elements) draws with global index
+// base + sum_d coord_d(i) * global.strides[d], coords in `global.sizes` (the local shape).
+enum class RandomKind : int { kNormal = 1, kUniform = 2, kBernoulliKeep = 3 };
+void philox_fill(DType dtype, void* out, const StridedArg& global, int64_t base, uint64_t seed,
+                 RandomKind kind, double a, double b, int device);
+
+// Attention's row work on f32 scores (rows * tq rows of tk): probs in place, with lse per row.
+// from_lse: recompute probs from a saved lse instead (the backward), -inf lse rows are all zero.
+void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
+                     bool causal, bool from_lse, int device);
+// dS = P * (dP - rowsum(P * dP)) * scale, in place over dP.
+void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
+                           int device);
+
+}  // namespace loom::cuda::kernels

@@ -1,0 +1,123 @@
+#include "tensor/cuda/kernels/reduce.h"
+
+#include "tensor/cuda/kernels/device_common.cuh"
+
+namespace loom::cuda::kernels {
+namespace {
+
+template <typename T>
+using Acc = std::conditional_t<std::is_integral_v<T>, long long, double>;
+
+// One block per row (grid-stride over rows).
+template <typename T>
+__global__ void sum_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, double scale) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* x = in + r * n;
+    Acc<T> acc = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += static_cast<Acc<T>>(load(x + j));
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) {
+      if constexpr (std::is_integral_v<T>) {
+        out[r] = static_cast<T>(acc);
+      } else {
+        out[r] = convert<T>(acc * scale);
+      }
+    }
+  }
+}
+
+// One thread per column, walking down the rows: neighbouring threads read neighbouring columns.
+template <typename T>
+__global__ void sum_cols_kernel(T* out, const T* in, int64_t n, int64_t cols, double scale) {
+  LOOM_GRID_STRIDE(c, cols) {
+    Acc<T> acc = 0;
+    for (int64_t i = 0; i < n; ++i) acc += static_cast<Acc<T>>(load(in + i * cols + c));
+    if constexpr (std::is_integral_v<T>) {
+      out[c] = static_cast<T>(acc);
+    } else {
+      out[c] = convert<T>(acc * scale);
+    }
+  }
+}
+
+// Is (v, i) a better maximum than (best, best_i)? NaN beats numbers; ties keep the lower index.
+template <typename V>
+__device__ __forceinline__ bool better(V v, int64_t i, V best, int64_t best_i) {
+  const bool v_nan = v != v, best_nan = best != best;
+  if (v_nan != best_nan) return v_nan;
+  if (!v_nan && v != best) return v > best;
+  return i < best_i;
+}
+
+// One warp per row; each lane scans its strided share, then the lanes combine.
+template <typename T>
+__global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_t rows, int64_t n) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
+       r += warps_total) {
+    const T* x = in + r * n;
+    Compute<T> best = load(x);
+    int64_t best_i = 0;
+    for (int64_t j = lane; j < n; j += 32) {
+      const Compute<T> v = load(x + j);
+      if (better(v, j, best, best_i)) {
+        best = v;
+        best_i = j;
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const Compute<T> v = __shfl_down_sync(0xffffffffu, best, offset);
+      const int64_t i = __shfl_down_sync(0xffffffffu, best_i, offset);
+      if (better(v, i, best, best_i)) {
+        best = v;
+        best_i = i;
+      }
+    }
+    if (lane == 0) {
+      values[r] = x[best_i];
+      indices[r] = best_i;
+    }
+  }
+}
+
+
+}  // namespace
+
+void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, double scale,
+              int device) {
+  if (rows == 0) return;
+  const int threads = n >= 256 ? 256 : (n <= 32 ? 32 : static_cast<int>((n + 31) / 32 * 32));
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sum_rows_kernel<T><<<grid_for_rows(rows), threads, 0, compute_stream(device)>>>(
+        static_cast<T*>(out), static_cast<const T*>(in), rows, n, scale);
+  });
+  check_launch("sum_rows_kernel", device);
+}
+
+void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, double scale,
+              int device) {
+  if (cols == 0) return;
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    sum_cols_kernel<T><<<grid_for(cols), kThreads, 0, compute_stream(device)>>>(
+        static_cast<T*>(out), static_cast<const T*>(in), n, cols, scale);
+  });
+  check_launch("sum_cols_kernel", device);
+}
+
+void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64_t rows, int64_t n,
+              int device) {
+  if (rows == 0) return;
+  constexpr int kWarpsPerBlock = kThreads / 32;
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    max_rows_kernel<T><<<grid_for_rows(blocks), kThreads, 0, compute_stream(device)>>>(
+        static_cast<T*>(values), indices, static_cast<const T*>(in), rows, n);
+  });
+  check_launch("max_rows_kernel", device);
+}
+
+}  // namespace loom::cuda::kernels

@@ -1,0 +1,21 @@
+// Reductions over contiguous data. Floating sums accumulate in f64 (as the CPU kernels do) and
+// round once to the dtype; integer sums accumulate in i64.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/cuda/kernels/kernel_args.h"
+
+namespace loom::cuda::kernels {
+
+// out[r] = scale * sum_j in[r * n + j] for r < rows; out and in of `dtype`, contiguous.
+void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, double scale,
+              int device);
+// out[c] = scale * sum_i in[i * cols + c] for c < cols: reducing the leading dim, coalesced.
+void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, double scale,
+              int device);
+// values[r] = max_j in[r * n + j], indices[r] = the first j holding it; NaN wins (PyTorch). n > 0.
+void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64_t rows, int64_t n,
+              int device);
+
+}  // namespace loom::cuda::kernels

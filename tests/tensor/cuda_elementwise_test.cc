@@ -1,0 +1,159 @@
+// CUDA kernels of the core ops against the CPU kernels on random inputs: elementwise (with
+// broadcasting and non-contiguous views), copies and casts, reductions and matmul, in f32 and
+// bf16 with the tolerances of cuda_test_util.h. Every case skips without a GPU.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/cuda/gemm_cublaslt.h"
+#include "tensor/ops.h"
+#include "tests/tensor/cuda_test_util.h"
+
+namespace loom {
+namespace {
+
+using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
+
+using Binary = std::function<Tensor(const Tensor&, const Tensor&)>;
+using Unary = std::function<Tensor(const Tensor&)>;
+
+class CudaElementwiseTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
+};
+
+TEST_P(CudaElementwiseTest, BinaryOpsBroadcastAndTakeViews) {
+  const DType dtype = GetParam();
+  const std::vector<std::pair<std::string, Binary>> ops_list = {
+      {"add", [](auto& a, auto& b) { return ops::add(a, b); }},
+      {"sub", [](auto& a, auto& b) { return ops::sub(a, b); }},
+      {"mul", [](auto& a, auto& b) { return ops::mul(a, b); }},
+      {"div", [](auto& a, auto& b) { return ops::div(a, b); }},
+      {"maximum", [](auto& a, auto& b) { return ops::maximum(a, b); }},
+      {"eq", [](auto& a, auto& b) { return ops::eq(a, ops::maximum(a, b)); }},
+      {"gt", [](auto& a, auto& b) { return ops::gt(a, b); }},
+      {"gelu_backward", [](auto& a, auto& b) { return ops::gelu_backward(a, b); }},
+  };
+  // (5, 1, 7) with (3, 7) broadcasts; the transposed (7, 3) view of b is non-contiguous.
+  const Tensor a = random_tensor({5, 1, 7}, 1, dtype);
+  const Tensor b = ops::transpose(random_tensor({7, 3}, 2, dtype), 0, 1);
+  for (const auto& [name, f] : ops_list) {
+    expect_close(f(a, b), f(gpu(a), gpu(b)), name + " " + std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_P(CudaElementwiseTest, UnaryAndScalarOps) {
+  const DType dtype = GetParam();
+  const std::vector<std::pair<std::string, Unary>> ops_list = {
+      {"neg", [](auto& x) { return ops::neg(x); }},
+      {"abs", [](auto& x) { return ops::abs(x); }},
+      {"exp", [](auto& x) { return ops::exp(x); }},
+      {"log", [](auto& x) { return ops::log(ops::abs(x)); }},
+      {"tanh", [](auto& x) { return ops::tanh(x); }},
+      {"sqrt", [](auto& x) { return ops::sqrt(ops::abs(x)); }},
+      {"rsqrt", [](auto& x) { return ops::rsqrt(ops::add(ops::abs(x), 0.5)); }},
+      {"pow3", [](auto& x) { return ops::pow(x, 3.0); }},
+      {"pow2", [](auto& x) { return ops::pow(x, 2.0); }},
+      {"relu", [](auto& x) { return ops::relu(x); }},
+      {"gelu", [](auto& x) { return ops::gelu(x); }},
+      {"add_scalar", [](auto& x) { return ops::add(x, 0.25); }},
+      {"sub_scalar", [](auto& x) { return ops::sub(x, 1.5); }},
+      {"rsub_scalar", [](auto& x) { return ops::rsub(x, 1.5); }},
+      {"mul_scalar", [](auto& x) { return ops::mul(x, -3.0); }},
+      {"div_scalar", [](auto& x) { return ops::div(x, 7.0); }},
+  };
+  // Odd sizes and a sliced, transposed view.
+  const Tensor base = random_tensor({37, 53}, 3, dtype);
+  const Tensor x = ops::transpose(ops::slice(base, 1, 1, 50, 2), 0, 1);
+  for (const auto& [name, f] : ops_list) {
+    expect_close(f(x), f(gpu(x)), name + " " + std::string(dtype_name(dtype)));
+  }
+}
+
+TEST_P(CudaElementwiseTest, WhereMaskedFillCopyCastAndCat) {
+  const DType dtype = GetParam();
+  const Tensor cond = ops::gt(random_tensor({4, 1, 6}, 4), random_tensor({6}, 5));
+  const Tensor a = random_tensor({3, 6}, 6, dtype), b = random_tensor({4, 3, 1}, 7, dtype);
+  expect_close(ops::where(cond, a, b), ops::where(gpu(cond), gpu(a), gpu(b)), "where");
+  const Tensor mask = ops::gt(random_tensor({3, 1}, 8), ops::zeros({1}));
+  expect_close(ops::masked_fill(a, mask, -9.0), ops::masked_fill(gpu(a), gpu(mask), -9.0), "masked_fill");
+  for (DType to : {kFloat32, kBFloat16, kFloat16, kInt32, kInt64}) {
+    expect_close(ops::to(a, to), ops::to(gpu(a), to), "cast to " + std::string(dtype_name(to)));
+  }
+  // copy_ into a strided destination, from a broadcast source of another dtype.
+  const Tensor dst_cpu = ops::zeros({6, 3}, dtype), dst_gpu = gpu(dst_cpu);
+  const Tensor src = random_tensor({6, 1}, 9, kFloat32);
+  ops::copy_(ops::transpose(dst_cpu, 0, 1), ops::transpose(src, 0, 1));
+  ops::copy_(ops::transpose(dst_gpu, 0, 1), gpu(ops::transpose(src, 0, 1)));
+  expect_close(dst_cpu, dst_gpu, "strided copy_");
+  // Across devices into a strided destination: staged through a contiguous copy.
+  const Tensor dst2 = gpu(ops::zeros({3, 6}, dtype));
+  ops::copy_(ops::transpose(dst2, 0, 1), ops::transpose(a, 0, 1));
+  expect_close(a, dst2, "host-to-device copy_ into a view");
+  const Tensor c1 = random_tensor({2, 6}, 10, dtype);
+  expect_close(ops::cat(std::vector<Tensor>{a, c1}, 0), ops::cat(std::vector<Tensor>{gpu(a), gpu(c1)}, 0), "cat");
+  Tensor filled = gpu(ops::zeros({5, 7}, dtype));
+  ops::fill_(ops::slice(filled, 1, 0, 7, 3), 2.5);
+  Tensor filled_cpu = ops::zeros({5, 7}, dtype);
+  ops::fill_(ops::slice(filled_cpu, 1, 0, 7, 3), 2.5);
+  expect_close(filled_cpu, filled, "fill_ of a view");
+  expect_close(ops::full({3, 2}, -1.25, dtype), ops::full({3, 2}, -1.25, dtype, Device::cuda(0)), "full");
+}
+
+TEST_P(CudaElementwiseTest, Reductions) {
+  const DType dtype = GetParam();
+  const Tensor x = random_tensor({7, 129, 5}, 11, dtype);
+  const std::vector<std::vector<int64_t>> dim_sets = {{}, {0}, {1}, {2}, {0, 2}, {0, 1}, {-1, 1}};
+  for (const auto& dims : dim_sets) {
+    for (bool keepdim : {false, true}) {
+      const std::string what = fmt::format("dims ({}) keepdim {}", fmt::join(dims, ","), keepdim);
+      // Sums of up to ~4500 terms: a few ulp per term of summation-order difference.
+      expect_close(ops::sum(x, dims, keepdim), ops::sum(gpu(x), dims, keepdim), "sum " + what, 10.0);
+      expect_close(ops::mean(x, dims, keepdim), ops::mean(gpu(x), dims, keepdim), "mean " + what, 10.0);
+    }
+  }
+  const Tensor view = ops::transpose(x, 0, 2);
+  expect_close(ops::sum(view, {1}), ops::sum(gpu(view), {1}), "sum of a view", 10.0);
+  for (int64_t dim : {0, 1, 2}) {
+    auto [values, indices] = ops::max(x, dim, dim == 1);
+    auto [gv, gi] = ops::max(gpu(x), dim, dim == 1);
+    expect_close(values, gv, "max values");
+    EXPECT_EQ(ops::to_vector(indices), ops::to_vector(gi)) << "max indices over dim " << dim;
+  }
+  const Tensor ints = ops::to(ops::mul(random_tensor({9, 31}, 12), 100.0), kInt64);
+  EXPECT_EQ(ops::to_vector(ops::sum(ints, {1})), ops::to_vector(ops::sum(gpu(ints), {1})));
+}
+
+TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
+  const DType dtype = GetParam();
+  const auto check = [&](const Tensor& a, const Tensor& b, const std::string& what) {
+    // bf16 products round the output once on both devices (the CPU converts its f32 result).
+    expect_close(ops::matmul(a, b), ops::matmul(gpu(a), gpu(b)), what, 4.0);
+  };
+  check(random_tensor({33, 17}, 20, dtype), random_tensor({17, 29}, 21, dtype), "2-D odd sizes");
+  check(random_tensor({33, 17}, 22, dtype), ops::transpose(random_tensor({29, 17}, 23, dtype), 0, 1),
+        "B transposed (Linear's weight)");
+  check(ops::transpose(random_tensor({17, 33}, 24, dtype), 0, 1), random_tensor({17, 29}, 25, dtype),
+        "A transposed");
+  check(random_tensor({4, 1, 9, 13}, 26, dtype), random_tensor({3, 13, 7}, 27, dtype),
+        "batched with broadcast");
+  check(random_tensor({2, 3, 5, 8}, 28, dtype),
+        ops::transpose(random_tensor({2, 3, 6, 8}, 29, dtype), -1, -2), "batched, B^T (attention)");
+  check(random_tensor({13}, 30, dtype), random_tensor({13, 5}, 31, dtype), "vector @ matrix");
+  check(random_tensor({5, 13}, 32, dtype), random_tensor({13}, 33, dtype), "matrix @ vector");
+  check(random_tensor({4, 0}, 34, dtype), random_tensor({0, 3}, 35, dtype), "K = 0 gives zeros");
+  const size_t plans = cuda::gemm_plan_cache_size(0);
+  ops::matmul(gpu(random_tensor({33, 17}, 20, dtype)), gpu(random_tensor({17, 29}, 21, dtype)));
+  EXPECT_EQ(cuda::gemm_plan_cache_size(0), plans) << "a repeated shape reuses its cached plan";
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaElementwiseTest, ::testing::ValuesIn(kKernelDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace loom

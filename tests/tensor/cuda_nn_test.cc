@@ -1,0 +1,158 @@
+// CUDA kernels of the nn ops against the CPU kernels on random inputs, forward and backward, in
+// f32 and bf16 (tolerances in cuda_test_util.h); dropout and the RNG fills must match the CPU's
+// bits. Every case skips without a GPU.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "tensor/ops.h"
+#include "tests/tensor/cuda_test_util.h"
+
+namespace loom {
+namespace {
+
+using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
+
+class CudaNnTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
+  std::string tag(const std::string& what) const { return what + " " + std::string(dtype_name(GetParam())); }
+};
+
+TEST_P(CudaNnTest, SoftmaxAndLogSoftmaxWithBackwardOverAnyDim) {
+  const DType dtype = GetParam();
+  const Tensor x = random_tensor({3, 67, 5}, 1, dtype, -4.0f, 4.0f);
+  const Tensor g = random_tensor({3, 67, 5}, 2, dtype);
+  for (int64_t dim : {-1, 1, 0}) {
+    const Tensor y = ops::softmax(x, dim), ly = ops::log_softmax(x, dim);
+    expect_close(y, ops::softmax(gpu(x), dim), tag("softmax"));
+    expect_close(ly, ops::log_softmax(gpu(x), dim), tag("log_softmax"));
+    expect_close(ops::softmax_backward(g, y, dim), ops::softmax_backward(gpu(g), gpu(y), dim),
+                 tag("softmax_backward"), 4.0);
+    expect_close(ops::log_softmax_backward(g, ly, dim),
+                 ops::log_softmax_backward(gpu(g), gpu(ly), dim), tag("log_softmax_backward"), 4.0);
+  }
+}
+
+TEST_P(CudaNnTest, LayerNormWithAndWithoutAffine) {
+  const DType dtype = GetParam();
+  const Tensor x = ops::transpose(random_tensor({97, 4, 3}, 3, dtype), 0, 2);  // (3, 4, 97) view
+  const Tensor w = random_tensor({97}, 4, dtype), b = random_tensor({97}, 5, dtype);
+  const Tensor g = random_tensor({3, 4, 97}, 6, dtype);
+  for (bool affine : {true, false}) {
+    const Tensor wt = affine ? w : Tensor(), bt = affine ? b : Tensor();
+    const auto cpu = ops::layer_norm(x, {97}, wt, bt, 1e-5);
+    const auto dev = ops::layer_norm(gpu(x), {97}, affine ? gpu(w) : Tensor(), affine ? gpu(b) : Tensor(), 1e-5);
+    expect_close(cpu.out, dev.out, tag("layer_norm out"), 4.0);
+    expect_close(cpu.mean, dev.mean, tag("layer_norm mean"), 4.0);
+    expect_close(cpu.rstd, dev.rstd, tag("layer_norm rstd"), 4.0);
+    const auto cg = ops::layer_norm_backward(g, x, cpu.mean, cpu.rstd, wt, {97});
+    const auto dg = ops::layer_norm_backward(gpu(g), gpu(x), gpu(cpu.mean), gpu(cpu.rstd),
+                                             affine ? gpu(w) : Tensor(), {97});
+    expect_close(cg.grad_x, dg.grad_x, tag("layer_norm grad_x"), 10.0);
+    ASSERT_EQ(cg.grad_weight.defined(), dg.grad_weight.defined());
+    if (affine) {
+      expect_close(cg.grad_weight, dg.grad_weight, tag("layer_norm grad_weight"), 10.0);
+      expect_close(cg.grad_bias, dg.grad_bias, tag("layer_norm grad_bias"), 10.0);
+    }
+  }
+}
+
+TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
+  const DType dtype = GetParam();
+  const Tensor weight = ops::transpose(random_tensor({16, 11}, 7, dtype), 0, 1);  // (11, 16) strided
+  const Tensor idx = ops::from_vector_i64({3, 0, 10, 3, 3, 7, 0, 1, 9, 10, 3, 2}, {3, 4});
+  expect_close(ops::embedding(weight, idx), ops::embedding(gpu(weight), gpu(idx)), tag("embedding"));
+  const Tensor g = random_tensor({3, 4, 16}, 8, dtype);
+  expect_close(ops::embedding_backward(g, idx, 11), ops::embedding_backward(gpu(g), gpu(idx), 11),
+               tag("embedding_backward (repeated indices add up)"), 4.0);
+}
+
+TEST_P(CudaNnTest, EmbeddingIndexOutOfRangeNamesIt) {
+  const Tensor weight = gpu(random_tensor({5, 4}, 9, GetParam()));
+  const Tensor idx = gpu(ops::from_vector_i64({1, 5}, {2}));
+  EXPECT_NE(error_of([&] { ops::embedding(weight, idx); })
+                .find("index 5 at position (1) of indices shape (2,) is out of range for 5 embeddings"),
+            std::string::npos);
+}
+
+TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
+  const DType dtype = GetParam();
+  const Tensor logits = random_tensor({9, 257}, 10, dtype, -5.0f, 5.0f);
+  const Tensor targets = ops::from_vector_i64({0, 256, -100, 17, 3, -100, 128, 255, 1}, {9});
+  for (Reduction r : {Reduction::kNone, Reduction::kMean, Reduction::kSum}) {
+    const auto cpu = ops::cross_entropy(logits, targets, -100, r);
+    const auto dev = ops::cross_entropy(gpu(logits), gpu(targets), -100, r);
+    const std::string what = tag("cross_entropy reduction " + std::to_string(static_cast<int>(r)));
+    expect_close(cpu.loss, dev.loss, what, 4.0);
+    expect_close(cpu.logsumexp, dev.logsumexp, what + " logsumexp", 4.0);
+    const Tensor grad_loss = r == Reduction::kNone ? random_tensor({9}, 11, dtype) : ops::scalar_tensor(0.7, dtype);
+    expect_close(ops::cross_entropy_backward(grad_loss, logits, targets, -100, r, cpu.logsumexp),
+                 ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets), -100, r, dev.logsumexp),
+                 what + " backward", 4.0);
+    expect_close(ops::cross_entropy_backward(grad_loss, logits, targets, -100, r),
+                 ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets), -100, r),
+                 what + " backward, logsumexp recomputed", 4.0);
+  }
+  const Tensor all_ignored = ops::full({9}, -100.0, kInt64);
+  EXPECT_TRUE(std::isnan(ops::to_vector(ops::cross_entropy(gpu(logits), gpu(all_ignored)).loss)[0]))
+      << "a mean over no rows is NaN, as on the CPU";
+}
+
+TEST_P(CudaNnTest, DropoutMaskIsBitIdenticalToTheCpuMask) {
+  const DType dtype = GetParam();
+  const Tensor x = random_tensor({7, 33, 5}, 12, dtype);
+  const auto cpu = ops::dropout(x, 0.3, 1234);
+  const auto dev = ops::dropout(gpu(x), 0.3, 1234);
+  EXPECT_EQ(ops::to_vector(cpu.mask), ops::to_vector(dev.mask));
+  expect_close(cpu.out, dev.out, tag("dropout out"));
+  const Tensor g = random_tensor({7, 33, 5}, 13, dtype);
+  expect_close(ops::dropout_backward(g, cpu.mask, 0.3), ops::dropout_backward(gpu(g), dev.mask, 0.3),
+               tag("dropout_backward"));
+  // A shard draws its slice of the whole tensor's mask (sequence-parallel dropout).
+  const RngRegion region{{7, 66, 5}, {0, 33, 0}};
+  EXPECT_EQ(ops::to_vector(ops::bernoulli_keep_mask({7, 33, 5}, 99, 0.5, region)),
+            ops::to_vector(ops::bernoulli_keep_mask({7, 33, 5}, 99, 0.5, region, Device::cuda(0))));
+}
+
+TEST_P(CudaNnTest, RandomFillsMatchTheCpu) {
+  const DType dtype = GetParam();
+  Tensor cpu_u = ops::empty({1001}, dtype), dev_u = ops::empty({1001}, dtype, Device::cuda(0));
+  ops::uniform_(cpu_u, 5, -0.5, 0.5);
+  ops::uniform_(dev_u, 5, -0.5, 0.5);
+  EXPECT_EQ(ops::to_vector(cpu_u), ops::to_vector(dev_u)) << "uniform_ is bit-identical";
+  Tensor cpu_n = ops::empty({1001}, dtype), dev_n = ops::empty({1001}, dtype, Device::cuda(0));
+  ops::normal_(cpu_n, 6, 0.0, 0.02);
+  ops::normal_(dev_n, 6, 0.0, 0.02);
+  expect_close(cpu_n, dev_n, tag("normal_ (libm vs libdevice: an ulp)"));
+}
+
+TEST_P(CudaNnTest, AttentionForwardAndBackward) {
+  const DType dtype = GetParam();
+  for (bool causal : {false, true}) {
+    for (auto [tq, tk] : {std::pair<int64_t, int64_t>{13, 13}, {5, 9}}) {
+      const Tensor q = random_tensor({2, 3, tq, 8}, 14, dtype), k = random_tensor({2, 3, tk, 8}, 15, dtype);
+      const Tensor v = random_tensor({2, 3, tk, 6}, 16, dtype), g = random_tensor({2, 3, tq, 6}, 17, dtype);
+      const std::string what = tag(fmt::format("attention causal {} tq {} tk {}", causal, tq, tk));
+      const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
+      const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
+      expect_close(cpu.out, dev.out, what, 4.0);
+      expect_close(cpu.logsumexp, dev.logsumexp, what + " logsumexp", 4.0);
+      const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp, causal);
+      const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v), dev.out,
+                                                                 dev.logsumexp, causal);
+      expect_close(cg.dq, dg.dq, what + " dq", 10.0);
+      expect_close(cg.dk, dg.dk, what + " dk", 10.0);
+      expect_close(cg.dv, dg.dv, what + " dv", 10.0);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaNnTest, ::testing::ValuesIn(kKernelDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace loom
