@@ -34,6 +34,8 @@
 #include "models/data/token_data.h"
 #include "models/gpt/gpt.h"
 #include "examples/train_gpt_model.h"
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/cuda_runtime.h"
 #include "models/gpt/config.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
@@ -68,6 +70,7 @@ struct Flags {
   int microbatches = 0;  // 0: pp x virtual stages (every stage busy once the pipeline fills)
   int virtual_stages = 1;
   std::string mixed_precision = "none";  // bf16: bf16 compute over f32 master weights
+  std::string device = "auto";           // auto: cuda when a GPU is visible, else cpu
 };
 
 // Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
@@ -107,10 +110,28 @@ class ProgressBar {
   std::FILE* tty_;
 };
 
-int64_t peak_memory_bytes() {
+// The device's peak: the caching allocator's on a GPU, the process's resident set on CPU.
+int64_t peak_memory_bytes(Device device) {
+  if (device.is_cuda()) return static_cast<int64_t>(cuda::allocator_stats(device.index).peak_allocated_bytes);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// --device auto|cpu|cuda -> this rank's device, cuda:LOCAL_RANK (one GPU per rank). auto picks
+// cuda when every rank on this node gets its own GPU, else cpu.
+Device resolve_device(const std::string& flag) {
+  auto env_int = [](const char* name, int fallback) {
+    const char* value = std::getenv(name);
+    return value ? std::atoi(value) : fallback;
+  };
+  const int local_rank = env_int("LOCAL_RANK", 0), local_ranks = env_int("LOCAL_WORLD_SIZE", 1);
+  const int gpus = cuda::available() ? cuda::device_count() : 0;
+  if (flag == "cpu" || (flag == "auto" && gpus < local_ranks)) return Device::cpu();
+  LOOM_CHECK(cuda::available(), "train_gpt: --device cuda but {}", cuda::unavailable_reason());
+  LOOM_CHECK(local_rank < gpus, "train_gpt: --device cuda: local rank {} needs cuda:{} but {} GPU(s) are visible",
+             local_rank, local_rank, gpus);
+  return Device::cuda(local_rank);
 }
 
 [[noreturn]] void relaunch(const Flags& f, int argc, char** argv) {
@@ -150,7 +171,9 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
 }
 
 int run(Flags f) {
-  auto world = comm::init_process_group("gloo");
+  const Device device = resolve_device(f.device);
+  // GPU ranks talk over NCCL, CPU ranks over Gloo.
+  auto world = comm::init_process_group(device.is_cuda() ? "nccl" : "gloo");
   const int rank = world->rank();
   const int world_size = f.dp * f.tp * f.pp;
   LOOM_CHECK(world->size() == world_size, "train_gpt: {} ranks but pp={} x dp={} x tp={} = {}", world->size(), f.pp,
@@ -192,7 +215,8 @@ int run(Flags f) {
                                              .mixed_precision = f.mixed_precision == "bf16"
                                                                     ? std::optional<nn::MixedPrecisionPolicy>(
                                                                           nn::MixedPrecisionPolicy{})
-                                                                    : std::nullopt});
+                                                                    : std::nullopt,
+                                             .device = device});
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     model->load(f.init_from);
@@ -223,7 +247,8 @@ int run(Flags f) {
     opt_no_decay.set_lr(lr);
     model->zero_grad();
     const auto batch = data::batch_slice(tokens, f.seed, step, dp_rank * per_rank, per_rank, f.seq_len);
-    Tensor step_loss = ops::full({1}, model->forward_backward(batch.inputs, batch.targets));
+    Tensor step_loss = ops::full({1}, model->forward_backward(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
+                                 kFloat32, device);
     const double grad_norm = model->clip_grad_norm(f.clip);
     opt_decay.step();
     opt_no_decay.step();
@@ -236,13 +261,13 @@ int run(Flags f) {
     const double tokens_per_s = f.batch_size * f.seq_len / (ms / 1000.0);
     if (rank == 0) {
       nlohmann::json line{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
-                          {"ms_per_step", ms}, {"peak_mem_bytes", peak_memory_bytes()},
+                          {"ms_per_step", ms}, {"peak_mem_bytes", peak_memory_bytes(device)},
                           {"grad_norm", grad_norm}};
       metrics << line.dump() << "\n" << std::flush;
       if (step % f.log_every == 0 || step + 1 == f.steps) {
         progress.clear();
         fmt::print("step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n", step,
-                   last_loss, lr, tokens_per_s, ms, peak_memory_bytes() / 1048576.0);
+                   last_loss, lr, tokens_per_s, ms, peak_memory_bytes(device) / 1048576.0);
         std::fflush(stdout);
       }
       progress.update(step, f.steps, last_loss, tokens_per_s);
@@ -266,7 +291,8 @@ int run(Flags f) {
       // Sequence parallelism needs a length that divides by tp: pad on the right, which causal
       // attention keeps from affecting the positions before it.
       window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
-      const Tensor logits = model->logits(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}));
+      const Tensor logits =
+          model->logits(ops::to(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}), device));
       const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).
@@ -311,6 +337,8 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
+  app.add_option("--device", f.device, "auto (cuda when a GPU is visible), cpu or cuda (one GPU per rank)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--mixed-precision", f.mixed_precision,
                  "bf16: compute in bf16 over f32 master weights (optimizer, clipping and DDP stay f32); none: f32")
       ->check(CLI::IsMember({"none", "bf16"}));

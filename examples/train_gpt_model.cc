@@ -21,6 +21,7 @@ class DataTensorParallelGPT : public TrainableGPT {
   DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
                         const ModelLayout& layout)
       : model_(std::make_shared<models::GPT>(config, seed)), grad_accum_(layout.grad_accum) {
+    model_->to(layout.device);  // before the TP plan and DDP take hold of the parameters
     if (mesh->size("tp") > 1) {
       models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.tp_plan);
     }
@@ -104,7 +105,13 @@ class PipelinedGPT : public TrainableGPT {
 
 std::unique_ptr<TrainableGPT> make_trainable_gpt(const models::GPTConfig& config, uint64_t seed,
                                                  std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout) {
-  if (mesh->size("pp") > 1) return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), layout);
+  if (mesh->size("pp") > 1) {
+    // The stages' send/recv buffers and shape metadata are host tensors (Gloo); NCCL needs them
+    // on the GPU.
+    LOOM_CHECK(layout.device.is_cpu(), "train_gpt: --pp {} runs on CPU ranks only for now, not on {}",
+               mesh->size("pp"), layout.device.str());
+    return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), layout);
+  }
   return std::make_unique<DataTensorParallelGPT>(config, seed, std::move(mesh), layout);
 }
 

@@ -29,6 +29,7 @@ struct ModelLayout {
   int virtual_stages = 1;
   // bf16 compute over f32 master weights (optimizer, clipping and DDP stay f32); none: all f32.
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
+  Device device = Device::cpu();  // where parameters live and compute runs
 };
 
 class TrainableGPT {

@@ -132,6 +132,18 @@ void Module::set_parameter(const std::string& name, Tensor value) {
   it->value = std::move(value);
 }
 
+void Module::to(Device device) {
+  for (std::deque<Slot>* slots : {&parameters_, &buffers_}) {
+    for (Slot& slot : *slots) {
+      if (slot.value.device() == device) continue;
+      const bool requires_grad = slot.value.requires_grad();
+      slot.value = ops::to(slot.value, device);
+      if (requires_grad) slot.value.set_requires_grad(true);
+    }
+  }
+  for (auto& [name, child] : children_) child->to(device);
+}
+
 const Tensor& Module::parameter(const std::string& name) const {
   auto it = std::find_if(parameters_.begin(), parameters_.end(),
                          [&](const Slot& s) { return s.name == name; });

@@ -58,6 +58,10 @@ class Module : public std::enable_shared_from_this<Module> {
 
   // Sets every parameter's grad to undefined (PyTorch's set_to_none=True).
   void zero_grad();
+  // Moves every parameter and buffer of the tree to `device` (torch's module.to(device)):
+  // parameters stay leaves with their requires_grad. Call it before parallelize_module and DDP,
+  // which hold on to the parameters they find.
+  void to(Device device);
   void train(bool training = true);
   void eval() { train(false); }
   bool is_training() const { return training_; }

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "tensor/element.h"
+#include "tensor/ops_copy.h"
 
 namespace loom {
 
@@ -87,7 +88,8 @@ template <typename T>
 T Tensor::item() const {
   LOOM_CHECK(defined() && numel() == 1, "item: expected a tensor with one element, got shape {}",
              defined() ? shape_str(shape()) : "undefined");
-  LOOM_CHECK(device().is_cpu(), "item: tensor is on {}; copy it to cpu first", device().str());
+  // A device tensor is copied to the host first (which waits for the device), as torch does.
+  if (!device().is_cpu()) return ops::to(*this, Device::cpu()).item<T>();
   // i64 is read directly: a double holds only 53 bits of it.
   if (dtype() == kInt64) return static_cast<T>(*static_cast<const int64_t*>(raw_data()));
   return static_cast<T>(load_element(raw_data(), dtype()));

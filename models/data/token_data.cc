@@ -19,6 +19,7 @@ bool ends_with(const std::string& text, const std::string& suffix) {
 }
 
 constexpr int32_t kLlmcMagic = 20240520;
+constexpr uint16_t kGpt2Vocab = 50257;
 
 }  // namespace
 
@@ -42,9 +43,11 @@ TokenData load_tokens(const std::string& path) {
     for (size_t i = offset; i + 1 < bytes.size(); i += 2) {
       uint16_t token;
       std::memcpy(&token, bytes.data() + i, 2);
+      LOOM_CHECK(token < kGpt2Vocab, "load_tokens: '{}' holds token {} at position {}, outside GPT-2's vocabulary of {}",
+                 path, token, (i - offset) / 2, kGpt2Vocab);
       data.tokens.push_back(token);
     }
-    data.vocab_size = 50257;
+    data.vocab_size = kGpt2Vocab;
     data.description = fmt::format("{} ({} GPT-2 tokens)", path, data.tokens.size());
   } else {
     for (char c : bytes) data.tokens.push_back(static_cast<unsigned char>(c));

@@ -134,7 +134,8 @@ Tensor GPTStage::forward(const Tensor& input) {
     LOOM_CHECK(input.dim() == 2, "GPT: expected token ids of shape (B, T), got {}", shape_str(input.shape()));
     const int64_t time = input.size(1);
     LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time, config_.block_size);
-    x = (*drop_)(add((*wte)(input), (*wpe)(ops::arange(time))));
+    // Positions on the ids' device (a CUDA model gets CUDA ids).
+    x = (*drop_)(add((*wte)(input), (*wpe)(ops::to(ops::arange(time), input.device()))));
   }
   for (const auto& block : h) x = (*block)(x);
   return range_.last ? (*lm_head)((*ln_f)(x)) : x;

@@ -1,6 +1,5 @@
 #include "tensor/cuda/gemm_cublaslt.h"
 
-#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -11,6 +10,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/cuda/cublaslt_library.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/stream.h"
 
@@ -26,7 +26,7 @@ std::string describe(const GemmProblem& p) {
 
 void check_lt(cublasStatus_t status, const char* call, const GemmProblem& p, int device) {
   LOOM_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt call {} failed on cuda:{}: {} ({}) for {}",
-             call, device, cublasLtGetStatusName(status), cublasLtGetStatusString(status),
+             call, device, cublaslt().GetStatusName(status), cublaslt().GetStatusString(status),
              describe(p));
 }
 
@@ -79,7 +79,7 @@ DeviceState& state(int device, const GemmProblem& p) {
   if (!slot) {
     auto s = std::make_unique<DeviceState>();
     DeviceGuard guard(device);
-    check_lt(cublasLtCreate(&s->handle), "cublasLtCreate", p, device);
+    check_lt(cublaslt().Create(&s->handle), "cublasLtCreate", p, device);
     s->workspace = device_malloc(kWorkspaceBytes, device);
     slot = std::move(s);
   }
@@ -90,15 +90,15 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
                                    int64_t batch, int64_t stride, const GemmProblem& p,
                                    int device) {
   cublasLtMatrixLayout_t layout = nullptr;
-  check_lt(cublasLtMatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
+  check_lt(cublaslt().MatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
                                       static_cast<uint64_t>(cols), ld),
            "cublasLtMatrixLayoutCreate", p, device);
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+    check_lt(cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
                                               sizeof(count)),
              "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", p, device);
-    check_lt(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+    check_lt(cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
                                               &stride, sizeof(stride)),
              "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", p, device);
   }
@@ -111,14 +111,14 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
                                 uint32_t align_b, uint32_t align_c, int device) {
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t type = cuda_type(p.dtype);
-  check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  check_lt(cublaslt().MatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
            "cublasLtMatmulDescCreate", p, device);
   const cublasOperation_t op_first = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
+  check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
                                           sizeof(op_first)),
            "cublasLtMatmulDescSetAttribute(TRANSA)", p, device);
-  check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
+  check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                           sizeof(op_second)),
            "cublasLtMatmulDescSetAttribute(TRANSB)", p, device);
   // Stored shapes, column-major: B is (N, K) or, transposed, (K, N); A is (K, M) or (M, K).
@@ -129,23 +129,23 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
   plan->c = make_layout(type, p.n, p.m, p.ldc, p.batch, p.stride_c, p, device);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", p, device);
+  check_lt(cublaslt().MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", p, device);
   const uint64_t workspace = kWorkspaceBytes;
-  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+  (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                              &workspace, sizeof(workspace));
-  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+  (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                              &align_b, sizeof(align_b));
-  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+  (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                                              &align_a, sizeof(align_a));
-  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+  (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                                              &align_c, sizeof(align_c));
-  (void)cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+  (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                              &align_c, sizeof(align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+  const cublasStatus_t status = cublaslt().MatmulAlgoGetHeuristic(
       s.handle, plan->desc, plan->a, plan->b, plan->c, plan->c, pref, 1, &result, &found);
-  (void)cublasLtMatmulPreferenceDestroy(pref);
+  (void)cublaslt().MatmulPreferenceDestroy(pref);
   check_lt(status, "cublasLtMatmulAlgoGetHeuristic", p, device);
   LOOM_CHECK(found > 0, "gemm on cuda:{}: cuBLASLt has no algorithm for {}", device, describe(p));
   plan->algo = result.algo;
@@ -184,7 +184,7 @@ void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int devic
     plan = slot.get();
   }
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublasLtMatmul(s.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c,
+  check_lt(cublaslt().Matmul(s.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c,
                           c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream),
            "cublasLtMatmul", p, device);
 }

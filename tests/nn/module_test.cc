@@ -8,6 +8,8 @@
 #include "base/error.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/ops.h"
 
 namespace loom::nn {
 namespace {
@@ -145,6 +147,32 @@ TEST(ModuleTest, TrainAndEvalPropagate) {
   for (const auto& [name, m] : block.named_modules()) EXPECT_FALSE(m->is_training()) << name;
   block.train();
   for (const auto& [name, m] : block.named_modules()) EXPECT_TRUE(m->is_training()) << name;
+}
+
+}  // namespace
+}  // namespace loom::nn
+
+namespace loom::nn {
+namespace {
+
+// module.to(device): a no-op on the device the parameters are on; with a GPU the tree moves and
+// its parameters stay trainable leaves; without one the error names the device.
+TEST(ModuleToDeviceTest, MovesParametersOrNamesTheMissingDevice) {
+  Linear linear(3, 2, LinearOptions{.seed = 1});
+  const Tensor weight = linear.weight();
+  linear.to(Device::cpu());
+  EXPECT_EQ(linear.weight().impl(), weight.impl());
+  if (!cuda::available()) {
+    EXPECT_THAT([&] { linear.to(Device::cuda(0)); }, ::testing::ThrowsMessage<Error>(HasSubstr("cuda")));
+    return;
+  }
+  linear.to(Device::cuda(0));
+  for (const auto& [name, p] : linear.named_parameters()) {
+    EXPECT_EQ(p.device(), Device::cuda(0)) << name;
+    EXPECT_TRUE(p.requires_grad()) << name;
+    EXPECT_TRUE(p.is_leaf()) << name;
+  }
+  EXPECT_EQ(ops::to_vector(linear.weight()), ops::to_vector(weight));
 }
 
 }  // namespace
