@@ -1,7 +1,11 @@
 #include "tools/loomrun/rank_env.h"
 
 #include <gmock/gmock.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <thread>
 
 #include <cstdlib>
 
@@ -51,8 +55,25 @@ TEST(RankEnvTest, KeepsTheParentsVariablesAndReplacesStaleRankVariables) {
   EXPECT_THAT(environment,
               ElementsAre("PATH=/usr/bin", "HOME=/root", "RANKING=x", "EMPTY=", "RANK=1",
                           "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
-                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4321", "LOOM_AGENT_STORE=1"));
+                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4321", "LOOM_AGENT_STORE=1",
+                          fmt::format("OMP_NUM_THREADS={}",
+                                      default_omp_threads(2, std::thread::hardware_concurrency()))));
   EXPECT_THAT(environment, Not(Contains("RANK=99")));
+}
+
+TEST(RankEnvTest, OmpThreadsDefaultToTheNodesThreadsPerRankUnlessSet) {
+  EXPECT_EQ(default_omp_threads(4, 16), 4);
+  EXPECT_EQ(default_omp_threads(4, 2), 1);  // more ranks than threads: still 1
+  EXPECT_EQ(default_omp_threads(3, 8), 2);
+  EXPECT_EQ(default_omp_threads(2, 0), 1);  // hardware unknown
+  LaunchOptions options;
+  options.nproc_per_node = 2;
+  options.command = {"prog"};
+  const auto environment = build_rank_environment(options, 0, 4321, {"OMP_NUM_THREADS=7"});
+  EXPECT_THAT(environment, Contains("OMP_NUM_THREADS=7"));
+  EXPECT_EQ(std::count_if(environment.begin(), environment.end(),
+                          [](const std::string& e) { return e.rfind("OMP_NUM_THREADS=", 0) == 0; }),
+            1);
 }
 
 TEST(RankEnvTest, CurrentEnvironmentSeesSetenv) {

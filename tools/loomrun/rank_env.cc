@@ -1,5 +1,8 @@
 #include "tools/loomrun/rank_env.h"
 
+#include <algorithm>
+#include <thread>
+
 #include <fmt/format.h>
 
 #include <string_view>
@@ -47,7 +50,19 @@ std::vector<std::string> build_rank_environment(const LaunchOptions& options, in
   for (const auto& [variable, value] : variables) {
     environment.push_back(fmt::format("{}={}", variable, value));
   }
+  const bool user_set_threads = std::any_of(parent.begin(), parent.end(), [](const std::string& entry) {
+    return entry.rfind("OMP_NUM_THREADS=", 0) == 0;
+  });
+  if (!user_set_threads) {
+    environment.push_back(fmt::format(
+        "OMP_NUM_THREADS={}", default_omp_threads(options.nproc_per_node, std::thread::hardware_concurrency())));
+  }
   return environment;
+}
+
+int default_omp_threads(int ranks_per_node, unsigned hardware_threads) {
+  if (hardware_threads == 0 || ranks_per_node <= 0) return 1;
+  return std::max(1, static_cast<int>(hardware_threads) / ranks_per_node);
 }
 
 std::vector<std::string> current_environment() {
