@@ -38,6 +38,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "models/gpt/config.h"
 #include "optim/clip_grad.h"
+#include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp/ddp.h"
 #include "tensor/ops.h"
@@ -73,12 +74,9 @@ struct Flags {
   std::string device = "auto";           // auto: cuda when a GPU is visible, else cpu
 };
 
-// Warmup then cosine decay to 10% of the peak (nanoGPT's schedule).
-double learning_rate(const Flags& f, int step) {
-  const int warmup = std::max(1, f.steps / 20);
-  if (step < warmup) return f.lr * (step + 1) / warmup;
-  const double progress = static_cast<double>(step - warmup) / std::max(1, f.steps - warmup);
-  return f.lr * (0.1 + 0.9 * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+// Warmup over the first 5% of the steps, then cosine decay to 10% of the peak (nanoGPT's).
+optim::WarmupCosine lr_schedule(const Flags& f) {
+  return {.peak_lr = f.lr, .warmup_steps = std::min(std::max(1, f.steps / 20), f.steps - 1), .total_steps = f.steps, .min_ratio = 0.1};
 }
 
 // A one-line progress bar on the user's terminal. It writes to /dev/tty rather than stdout, so
@@ -240,9 +238,10 @@ int run(Flags f) {
   double last_loss = 0;
   std::vector<double> losses;
   ProgressBar progress(rank == 0 && f.progress);
+  const optim::WarmupCosine schedule = lr_schedule(f);
   for (int step = 0; step < f.steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
-    const double lr = learning_rate(f, step);
+    const double lr = schedule(step);
     opt_decay.set_lr(lr);
     opt_no_decay.set_lr(lr);
     model->zero_grad();
