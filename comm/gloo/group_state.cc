@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "base/error.h"
@@ -218,7 +220,43 @@ std::string GroupState::arrival_report(const OpSpec& op, bool connection_failure
       report += fmt::format("; rank {} left the group: {}", p.rank, short_text(p.state));
     }
   }
-  return report;
+  return report + blame_chain(peers, failed_peer, behind);
+}
+
+// A failure spreads: a killed rank breaks its neighbours' connections, they fail and leave,
+// which breaks their other connections. The rank this one lost may only be a link of that chain,
+// so follow each record's "connection to rank N" back towards the rank that started it.
+std::string GroupState::blame_chain(const std::vector<ProgressBoard::Peer>& peers, int failed_peer,
+                                    const std::vector<int>& reported) const {
+  static const std::regex kLostPeer("connection to rank ([0-9]+)");
+  auto state_of = [&](int rank) -> const std::string* {
+    for (const auto& p : peers) {
+      if (p.rank == rank) return &p.state;
+    }
+    return nullptr;
+  };
+  std::string chain;
+  std::set<int> seen{mesh_.rank(), failed_peer};
+  int current = failed_peer;
+  for (;;) {
+    const std::string* state = state_of(current);
+    std::smatch match;
+    if (state == nullptr || !std::regex_search(*state, match, kLostPeer)) break;
+    const int next = std::stoi(match[1].str());
+    if (!seen.insert(next).second) break;
+    const std::string* next_state = state_of(next);
+    if (next_state == nullptr) break;
+    if (next_state->empty()) {
+      // Killed or stopped, or a survivor whose record is still on its way: say only what is known.
+      chain += fmt::format("; rank {}, whose connection rank {} lost, has written no record", next, current);
+      break;
+    }
+    if (std::find(reported.begin(), reported.end(), next) == reported.end()) {
+      chain += fmt::format("; rank {} left the group: {}", next, short_text(*next_state));
+    }
+    current = next;
+  }
+  return chain;
 }
 
 }  // namespace loom::comm::gloo_detail

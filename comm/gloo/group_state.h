@@ -64,6 +64,10 @@ class GroupState {
  private:
   std::string describe(const OpSpec& op, std::exception_ptr error);
   std::string arrival_report(const OpSpec& op, bool connection_failure, int failed_peer);
+  // The records behind failed_peer's: each "connection to rank N" followed to the rank that started
+  // the failure (see the .cc); ranks in `reported` are not repeated.
+  std::string blame_chain(const std::vector<ProgressBoard::Peer>& peers, int failed_peer,
+                          const std::vector<int>& reported) const;
   std::string rank_list(const std::vector<int>& ranks) const;
   void poison(const std::string& message, const std::string& state,
               const std::string& close_reason);
