@@ -1,6 +1,8 @@
-// Scaled dot-product attention and its backward (tensor/ops_nn.h). The four products per
-// direction go through ops::matmul (the CPU GEMM, transposes passed as flags); only the row-wise
-// softmax and its backward are loops here.
+// Scaled dot-product attention and its backward (tensor/ops_nn.h). On CUDA, head dims up to
+// cuda::kernels::kFlashMaxHeadDim run the fused FlashAttention-2 style kernels
+// (kernels/flash_attention.cu: no (Tq, Tk) matrix in memory). Otherwise (the CPU, and CUDA with
+// larger head dims) the four products per direction go through ops::matmul (transposes passed as
+// flags) and only the row-wise softmax and its backward are loops (or attention.cu's kernels).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -69,6 +71,16 @@ int64_t visible_keys(const AttentionDims& dims, int64_t i, bool is_causal) {
   return is_causal ? std::min(dims.tk, i + 1) : dims.tk;
 }
 
+// The fused CUDA kernels take these sizes (head dims up to kFlashMaxHeadDim).
+bool use_flash(const AttentionDims& dims, const Device& device) {
+  return device.is_cuda() && dims.d <= cuda::kernels::kFlashMaxHeadDim &&
+         dims.dv <= cuda::kernels::kFlashMaxHeadDim;
+}
+
+cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims, bool is_causal) {
+  return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
+}
+
 // Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
@@ -83,11 +95,22 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   constexpr std::string_view op = "scaled_dot_product_attention";
   const AttentionDims dims = check_attention(q, k, v, scale, op);
   const Device device = op_device(op, {q, k, v});
+  Shape lse_shape = dims.batch;
+  lse_shape.push_back(dims.tq);
+  if (use_flash(dims, device)) {
+    Shape out_shape = dims.batch;
+    out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
+    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
+    Tensor out = Tensor::empty(out_shape, q.dtype(), device);
+    Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
+    cuda::kernels::flash_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
+                                           qc.raw_data(), kc.raw_data(), vc.raw_data(),
+                                           flash_shape(dims, is_causal), device.index);
+    return {out, lse};
+  }
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
   Tensor probs = mm_nt(qf, kf);
-  Shape lse_shape = dims.batch;
-  lse_shape.push_back(dims.tq);
   Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
   float* p = probs.data<float>();
   float* pl = lse.data<float>();
@@ -140,6 +163,22 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
+  // The fused kernels read grad_out in q's dtype; another dtype (an f32 gradient of bf16
+  // attention) takes the composed path, which uses it unrounded as the CPU does.
+  if (use_flash(dims, device) && grad_out.dtype() == q.dtype()) {
+    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
+    const Tensor gc = contiguous(grad_out);
+    const Tensor lse = nn_internal::as_f32(logsumexp);
+    Tensor dq = Tensor::empty(q.shape(), q.dtype(), device);
+    Tensor dk = Tensor::empty(k.shape(), k.dtype(), device);
+    Tensor dv = Tensor::empty(v.shape(), v.dtype(), device);
+    Tensor delta = Tensor::empty(lse_shape, kFloat32, device);  // rowsum(P * dP), scratch
+    cuda::kernels::flash_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
+                                            delta.data<float>(), gc.raw_data(), qc.raw_data(),
+                                            kc.raw_data(), vc.raw_data(), lse.data<float>(),
+                                            flash_shape(dims, is_causal), device.index);
+    return {dq, dk, dv};
+  }
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   const Tensor gf = to(grad_out, kFloat32);
   const Tensor lse = nn_internal::as_f32(logsumexp);

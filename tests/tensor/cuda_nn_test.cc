@@ -1,12 +1,10 @@
 // CUDA kernels of the nn ops against the CPU kernels on random inputs, forward and backward, in
 // f32 and bf16 (tolerances in cuda_test_util.h); dropout and the RNG fills must match the CPU's
-// bits. Every case skips without a GPU.
-#include <fmt/format.h>
+// bits. Attention has its own file (cuda_attention_test.cc). Every case skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
-#include <utility>
 
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_test_util.h"
@@ -128,27 +126,6 @@ TEST_P(CudaNnTest, RandomFillsMatchTheCpu) {
   ops::normal_(cpu_n, 6, 0.0, 0.02);
   ops::normal_(dev_n, 6, 0.0, 0.02);
   expect_close(cpu_n, dev_n, tag("normal_ (libm vs libdevice: an ulp)"));
-}
-
-TEST_P(CudaNnTest, AttentionForwardAndBackward) {
-  const DType dtype = GetParam();
-  for (bool causal : {false, true}) {
-    for (auto [tq, tk] : {std::pair<int64_t, int64_t>{13, 13}, {5, 9}}) {
-      const Tensor q = random_tensor({2, 3, tq, 8}, 14, dtype), k = random_tensor({2, 3, tk, 8}, 15, dtype);
-      const Tensor v = random_tensor({2, 3, tk, 6}, 16, dtype), g = random_tensor({2, 3, tq, 6}, 17, dtype);
-      const std::string what = tag(fmt::format("attention causal {} tq {} tk {}", causal, tq, tk));
-      const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
-      const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
-      expect_close(cpu.out, dev.out, what, 4.0);
-      expect_close(cpu.logsumexp, dev.logsumexp, what + " logsumexp", 4.0);
-      const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp, causal);
-      const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v), dev.out,
-                                                                 dev.logsumexp, causal);
-      expect_close(cg.dq, dg.dq, what + " dq", 10.0);
-      expect_close(cg.dk, dg.dk, what + " dk", 10.0);
-      expect_close(cg.dv, dg.dv, what + " dv", 10.0);
-    }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaNnTest, ::testing::ValuesIn(kKernelDTypes),

@@ -57,8 +57,33 @@ enum class RandomKind : int { kNormal = 1, kUniform = 2, kBernoulliKeep = 3 };
 void philox_fill(DType dtype, void* out, const StridedArg& global, int64_t base, uint64_t seed,
                  RandomKind kind, double a, double b, int device);
 
+// Fused (FlashAttention-2 style) attention over contiguous q (rows, tq, d), k (rows, tk, d),
+// v (rows, tk, dv) of one floating dtype, never materializing a (tq, tk) matrix in global memory:
+// 64-row query and key tiles in shared memory (f32), online softmax with f32 running max and sum.
+// Same semantics as ops::scaled_dot_product_attention: causal masks key j for query i when j > i
+// (top-left aligned), tk == 0 gives zero outputs and -inf logsumexp. Head dims d, dv up to
+// kFlashMaxHeadDim (the launchers throw loom::Error naming the sizes beyond it; ops_nn_attention.cc
+// falls back to the composed path there).
+inline constexpr int64_t kFlashMaxHeadDim = 128;
+struct FlashAttentionShape {
+  int64_t rows = 1;  // batch * heads
+  int64_t tq = 0, tk = 0, d = 0, dv = 0;
+  float scale = 1.0f;
+  bool causal = false;
+};
+// out (rows, tq, dv) in `dtype`, lse (rows, tq) f32.
+void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
+                             const void* v, const FlashAttentionShape& shape, int device);
+// dq, dk, dv (q's, k's, v's shapes) in `dtype` from grad_out (rows, tq, dv) and the forward's lse.
+// `delta` is scratch of rows * tq f32: delta_i = rowsum(P * dP)_i, computed tile-wise by the dq
+// pass (one block per query tile) before the dk/dv pass (one block per key tile) reads it.
+void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
+                              const void* grad_out, const void* q, const void* k, const void* v,
+                              const float* lse, const FlashAttentionShape& shape, int device);
+
 // Attention's row work on f32 scores (rows * tq rows of tk): probs in place, with lse per row.
 // from_lse: recompute probs from a saved lse instead (the backward), -inf lse rows are all zero.
+// The composed path's, used for head dims beyond kFlashMaxHeadDim.
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
                      bool causal, bool from_lse, int device);
 // dS = P * (dP - rowsum(P * dP)) * scale, in place over dP.

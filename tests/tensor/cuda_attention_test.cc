@@ -1,0 +1,131 @@
+// The fused CUDA attention (tensor/cuda/kernels/flash_attention.cu) against the CPU op on seeded
+// random inputs, forward (out, logsumexp) and backward (dq, dk, dv), in f32 and bf16, causal and
+// not, Tq == Tk and Tq != Tk, odd sizes across tile edges (tiles are 64 rows), several (batch,
+// head) rows, Tk == 0, non-contiguous inputs, and head dims above the fused kernel's 128 (the
+// composed fallback). Every case skips without a GPU.
+//
+// Tolerances (cuda_test_util.h): f32 1e-5 relative and absolute, bf16 1e-2, times a slack of 4
+// for out and logsumexp (the online softmax rescales partial sums, so terms add in another
+// order than the CPU's row softmax) and 10 for the gradients (sums over up to 130 keys or
+// queries of products of recomputed P and dP).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/ops.h"
+#include "tests/tensor/cuda_test_util.h"
+
+namespace loom {
+namespace {
+
+using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
+
+struct Case {
+  Shape batch;
+  int64_t tq, tk, d, dv;
+};
+
+Shape with(Shape batch, int64_t t, int64_t n) {
+  batch.insert(batch.end(), {t, n});
+  return batch;
+}
+
+class CudaAttentionTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
+
+  // Forward and backward of q, k, v (CPU tensors, any layout) on both devices, compared.
+  void compare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+               const std::string& what) {
+    const DType dtype = GetParam();
+    const std::string tag = fmt::format("{} causal {} {}", what, causal, dtype_name(dtype));
+    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
+    const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
+    const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
+    expect_close(cpu.out, dev.out, tag + " out", 4.0);
+    expect_close(cpu.logsumexp, dev.logsumexp, tag + " logsumexp", 4.0);
+    const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
+                                                               causal);
+    const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
+                                                               dev.out, dev.logsumexp, causal);
+    expect_close(cg.dq, dg.dq, tag + " dq", 10.0);
+    expect_close(cg.dk, dg.dk, tag + " dk", 10.0);
+    expect_close(cg.dv, dg.dv, tag + " dv", 10.0);
+  }
+
+  void compare_case(const Case& c, uint32_t seed) {
+    const DType dtype = GetParam();
+    const Tensor q = random_tensor(with(c.batch, c.tq, c.d), seed, dtype);
+    const Tensor k = random_tensor(with(c.batch, c.tk, c.d), seed + 1, dtype);
+    const Tensor v = random_tensor(with(c.batch, c.tk, c.dv), seed + 2, dtype);
+    const std::string what = fmt::format("batch {} tq {} tk {} d {} dv {}", shape_str(c.batch),
+                                         c.tq, c.tk, c.d, c.dv);
+    for (bool causal : {false, true}) compare(q, k, v, causal, what);
+  }
+};
+
+TEST_P(CudaAttentionTest, MatchesTheCpuAcrossTileEdgesAndSequenceLengths) {
+  const std::vector<Case> cases = {
+      {{2, 3}, 1, 1, 8, 8},        // one query, one key
+      {{2, 3}, 37, 37, 64, 64},    // one partial tile
+      {{1, 2}, 130, 130, 80, 80},  // three tiles, the last of 2 rows
+      {{2, 2}, 37, 130, 8, 64},    // Tq < Tk: causal rows see keys 0..i only (top-left)
+      {{2, 1}, 130, 37, 64, 8},    // Tq > Tk: causal rows past Tk see every key
+      {{3}, 1, 130, 80, 80},       // one batch dim, a single query over three key tiles
+      {{1, 1}, 64, 128, 128, 128}, // the largest head dims of the fused kernel, whole tiles
+  };
+  uint32_t seed = 10;
+  for (const Case& c : cases) compare_case(c, seed += 3);
+}
+
+TEST_P(CudaAttentionTest, NoKeysGivesZerosAndMinusInfinityLogsumexp) {
+  compare_case({{2, 3}, 5, 0, 8, 8}, 40);
+  const DType dtype = GetParam();
+  const auto dev = ops::scaled_dot_product_attention(
+      gpu(random_tensor({2, 5, 8}, 41, dtype)), gpu(ops::zeros({2, 0, 8}, dtype)),
+      gpu(ops::zeros({2, 0, 4}, dtype)));
+  for (double x : ops::to_vector(dev.out)) EXPECT_EQ(x, 0.0);
+  for (double x : ops::to_vector(dev.logsumexp)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
+}
+
+TEST_P(CudaAttentionTest, NonContiguousInputsAreMadeContiguous) {
+  // (batch, T, heads, D) laid out, seen as (batch, heads, T, D), as a fused QKV projection gives.
+  const DType dtype = GetParam();
+  const Tensor q = ops::transpose(random_tensor({2, 45, 3, 16}, 50, dtype), 1, 2);
+  const Tensor k = ops::transpose(random_tensor({2, 70, 3, 16}, 51, dtype), 1, 2);
+  const Tensor v = ops::transpose(random_tensor({2, 70, 3, 24}, 52, dtype), 1, 2);
+  for (bool causal : {false, true}) compare(q, k, v, causal, "transposed (b, t, h, d) inputs");
+}
+
+TEST_P(CudaAttentionTest, HeadDimsAbove128UseTheComposedPath) {
+  compare_case({{1, 2}, 9, 11, 160, 16}, 60);
+  compare_case({{1, 2}, 9, 11, 16, 136}, 63);
+}
+
+TEST_P(CudaAttentionTest, NeverAllocatesTheScoreMatrix) {
+  // T = 2048, D = 64, one head: the (T, T) f32 scores alone would be 16 MiB; q, k, v, out and
+  // the gradients are 0.5 MiB each in f32.
+  const DType dtype = GetParam();
+  const int64_t t = 2048;
+  const Tensor q = gpu(random_tensor({1, 1, t, 64}, 70, dtype));
+  const Tensor k = gpu(random_tensor({1, 1, t, 64}, 71, dtype));
+  const Tensor v = gpu(random_tensor({1, 1, t, 64}, 72, dtype));
+  const Tensor g = gpu(random_tensor({1, 1, t, 64}, 73, dtype));
+  const size_t before = cuda::allocator_stats(0).allocated_bytes;
+  cuda::reset_peak_stats(0);
+  const auto fwd = ops::scaled_dot_product_attention(q, k, v, true);
+  const auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, fwd.out, fwd.logsumexp, true);
+  const size_t peak = cuda::allocator_stats(0).peak_allocated_bytes - before;
+  EXPECT_EQ(shape_str(grads.dq.shape()), shape_str(q.shape()));
+  EXPECT_LT(peak, size_t{8} << 20) << "peak " << peak << " bytes above the inputs";
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, CudaAttentionTest, ::testing::ValuesIn(kKernelDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace loom
