@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <malloc.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -166,6 +167,18 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
   } else {
     fmt::print("loss curve: gnuplot failed or is missing (./loom setup installs it); the losses are in {}\n", data);
   }
+}
+
+// Tensors of a training step are freed and allocated again at the same sizes every step. glibc
+// serves blocks over its mmap threshold (128 KiB, adapting up to 32 MiB) with fresh mmaps and
+// returns freed heap tops to the kernel, so each step page-faults and zeroes its activations anew
+// (perf: a quarter of `small`'s time in the kernel, clear_page). Keeping freed memory in the
+// heap for reuse makes `--model small` on 1 rank ~30% faster (64-78 -> 80-102 tokens/s, A/B runs
+// alternated); peak memory is unchanged because the step's peak is what the heap grows to anyway.
+// An application's choice, like PyTorch's advice to preload jemalloc for CPU training.
+void keep_freed_tensor_memory() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 int run(Flags f) {
@@ -326,6 +339,7 @@ int run(Flags f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_tensor_memory();
   Flags f;
   CLI::App app{"Train a GPT with data and tensor parallelism on CPU ranks"};
   app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
