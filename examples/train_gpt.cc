@@ -34,6 +34,7 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/gpt.h"
+#include "comm/launch_env.h"
 #include "examples/train_gpt_model.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -120,11 +121,9 @@ int64_t peak_memory_bytes(Device device) {
 // --device auto|cpu|cuda -> this rank's device, cuda:LOCAL_RANK (one GPU per rank). auto picks
 // cuda when every rank on this node gets its own GPU, else cpu.
 Device resolve_device(const std::string& flag) {
-  auto env_int = [](const char* name, int fallback) {
-    const char* value = std::getenv(name);
-    return value ? std::atoi(value) : fallback;
-  };
-  const int local_rank = env_int("LOCAL_RANK", 0), local_ranks = env_int("LOCAL_WORLD_SIZE", 1);
+  // The launcher's variables (torchrun/loomrun, mpirun or srun), as init_process_group reads them.
+  const comm::LaunchEnv env = comm::read_launch_env();
+  const int local_rank = env.local_rank, local_ranks = env.local_world_size;
   const int gpus = cuda::available() ? cuda::device_count() : 0;
   if (flag == "cpu" || (flag == "auto" && gpus < local_ranks)) return Device::cpu();
   LOOM_CHECK(cuda::available(), "train_gpt: --device cuda but {}", cuda::unavailable_reason());
