@@ -121,8 +121,12 @@ void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fing
 
 namespace {
 
-void check_tensor(const Tensor& t, const std::string& what, std::string_view op, const std::string& group) {
+void check_tensor(const Tensor& t, const std::string& what, std::string_view op, const ProcessGroup& pg) {
+  const std::string& group = pg.name();
   LOOM_CHECK(t.defined(), "{} on group '{}': {} is undefined", op, group, what);
+  LOOM_CHECK(t.device() == pg.device(),
+             "{} on group '{}': {} is on {} but this {} group works on {}; move it there first (ops::to)", op, group,
+             what, t.device().str(), pg.backend_name(), pg.device().str());
   LOOM_CHECK(t.is_contiguous(), "{} on group '{}': {} must be contiguous, got {} with strides {}",
              op, group, what, tensor_brief(t), fmt::join(t.strides(), ", "));
   LOOM_CHECK(!t.extension(), "{} on group '{}': {} is a DTensor; pass its local tensor", op, group, what);
@@ -144,7 +148,7 @@ std::string numels(const std::vector<Tensor>& tensors) {
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "the tensor", "all_reduce", name());
+  check_tensor(tensor, "the tensor", "all_reduce", *this);
   auto info = begin(CollectiveKind::kAllReduce, bytes_of(tensor),
                     fmt::format("{}, {}, {} elements", reduce_op_name(op), dtype_name(tensor.dtype()),
                                 tensor.numel()));
@@ -152,7 +156,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
-  check_tensor(tensor, "the tensor", "broadcast", name());
+  check_tensor(tensor, "the tensor", "broadcast", *this);
   LOOM_CHECK(root >= 0 && root < size_, "broadcast on group '{}': root {} is not a rank of a group of size {}",
              name(), root, size_);
   auto info = begin(CollectiveKind::kBroadcast, bytes_of(tensor),
@@ -161,11 +165,11 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
-  check_tensor(input, "the input", "all_gather", name());
+  check_tensor(input, "the input", "all_gather", *this);
   LOOM_CHECK(static_cast<int>(outputs.size()) == size_,
              "all_gather on group '{}': got {} outputs for a group of size {}", name(), outputs.size(), size_);
   for (int r = 0; r < size_; ++r) {
-    check_tensor(outputs[r], fmt::format("output {}", r), "all_gather", name());
+    check_tensor(outputs[r], fmt::format("output {}", r), "all_gather", *this);
     check_same_dtype(input, outputs[r], fmt::format("output {}", r), "all_gather", name());
   }
   LOOM_CHECK(outputs[rank_].numel() == input.numel(),
@@ -194,12 +198,12 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output,
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
                                                    ReduceOp op) {
-  check_tensor(output, "the output", "reduce_scatter", name());
+  check_tensor(output, "the output", "reduce_scatter", *this);
   LOOM_CHECK(static_cast<int>(inputs.size()) == size_,
              "reduce_scatter on group '{}': got {} inputs for a group of size {}", name(), inputs.size(), size_);
   int64_t total = 0;
   for (int r = 0; r < size_; ++r) {
-    check_tensor(inputs[r], fmt::format("input {}", r), "reduce_scatter", name());
+    check_tensor(inputs[r], fmt::format("input {}", r), "reduce_scatter", *this);
     check_same_dtype(output, inputs[r], fmt::format("input {}", r), "reduce_scatter", name());
     total += bytes_of(inputs[r]);
   }
@@ -233,8 +237,8 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
              outputs.size(), inputs.size(), size_);
   int64_t total = 0;
   for (int r = 0; r < size_; ++r) {
-    check_tensor(inputs[r], fmt::format("input {}", r), "all_to_all", name());
-    check_tensor(outputs[r], fmt::format("output {}", r), "all_to_all", name());
+    check_tensor(inputs[r], fmt::format("input {}", r), "all_to_all", *this);
+    check_tensor(outputs[r], fmt::format("output {}", r), "all_to_all", *this);
     check_same_dtype(inputs[0], inputs[r], fmt::format("input {}", r), "all_to_all", name());
     check_same_dtype(inputs[0], outputs[r], fmt::format("output {}", r), "all_to_all", name());
     total += bytes_of(inputs[r]);
@@ -247,14 +251,14 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input, int root) {
-  check_tensor(input, "the input", "gather", name());
+  check_tensor(input, "the input", "gather", *this);
   LOOM_CHECK(root >= 0 && root < size_, "gather on group '{}': root {} is not a rank of a group of size {}",
              name(), root, size_);
   if (rank_ == root) {
     LOOM_CHECK(static_cast<int>(outputs.size()) == size_,
                "gather on group '{}': root got {} outputs for a group of size {}", name(), outputs.size(), size_);
     for (int r = 0; r < size_; ++r) {
-      check_tensor(outputs[r], fmt::format("output {}", r), "gather", name());
+      check_tensor(outputs[r], fmt::format("output {}", r), "gather", *this);
       check_same_dtype(input, outputs[r], fmt::format("output {}", r), "gather", name());
     }
   } else {
@@ -267,7 +271,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, c
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
-  check_tensor(output, "the output", "scatter", name());
+  check_tensor(output, "the output", "scatter", *this);
   LOOM_CHECK(root >= 0 && root < size_, "scatter on group '{}': root {} is not a rank of a group of size {}",
              name(), root, size_);
   int64_t total = 0;
@@ -275,7 +279,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vec
     LOOM_CHECK(static_cast<int>(inputs.size()) == size_,
                "scatter on group '{}': root got {} inputs for a group of size {}", name(), inputs.size(), size_);
     for (int r = 0; r < size_; ++r) {
-      check_tensor(inputs[r], fmt::format("input {}", r), "scatter", name());
+      check_tensor(inputs[r], fmt::format("input {}", r), "scatter", *this);
       check_same_dtype(output, inputs[r], fmt::format("input {}", r), "scatter", name());
       total += bytes_of(inputs[r]);
     }
@@ -288,7 +292,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vec
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
-  check_tensor(tensor, "the tensor", "send", name());
+  check_tensor(tensor, "the tensor", "send", *this);
   LOOM_CHECK(dst >= 0 && dst < size_ && dst != rank_,
              "send on group '{}': destination {} is not another rank of a group of size {} (this is rank {})",
              name(), dst, size_, rank_);
@@ -298,7 +302,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
-  check_tensor(tensor, "the tensor", "recv", name());
+  check_tensor(tensor, "the tensor", "recv", *this);
   LOOM_CHECK(src >= 0 && src < size_ && src != rank_,
              "recv on group '{}': source {} is not another rank of a group of size {} (this is rank {})",
              name(), src, size_, rank_);

@@ -66,6 +66,10 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   Duration timeout() const { return options_.timeout; }
   void set_timeout(Duration timeout) { options_.timeout = timeout; }
   virtual std::string backend_name() const = 0;
+  // Where this group's tensors live: the CPU for Gloo, this rank's GPU for NCCL. Every tensor
+  // given to an operation must be on it (checked, naming both devices). Layers above allocate
+  // their communication buffers here (DDP buckets, pipeline receive buffers, DTensor factories).
+  virtual Device device() const = 0;
   const std::shared_ptr<Store>& store() const { return store_; }
 
   // ---- collectives (contiguous tensors on this group's device) ----

@@ -21,6 +21,13 @@ class Work {
   // Blocks until the operation finished; rethrows its error (a loom::Error naming the group, op,
   // sequence number and, where known, the missing ranks).
   virtual void wait();
+  // Orders everything the caller queues next after this operation, blocking the host only where
+  // the backend must (torch's Work.wait() on NCCL). CPU backends block like wait(). The NCCL
+  // backend makes this rank's compute stream (tensor/cuda/stream.h, where every tensor op runs)
+  // wait on the device for the op's completion event and returns at once, so the host can keep
+  // queueing work (DDP's optimizer step, a pipeline stage's forward). An error already known is
+  // rethrown; one found later fails the group, and the next operation on it names that failure.
+  virtual void block_current_stream() { wait(); }
   virtual bool is_completed() const;
   // The error, when completed with one (nullptr otherwise).
   std::exception_ptr exception() const;

@@ -17,7 +17,7 @@ Tensor make_filled(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh, P
   LOOM_CHECK(mesh != nullptr, "{}: the mesh is null", op);
   placements = normalize_placements(placements, *mesh, static_cast<int64_t>(shape.size()), op);
   DTensorSpec spec{mesh, placements, shape, dtype};
-  Tensor local = ops::empty(spec.local_shape(), dtype);
+  Tensor local = ops::empty(spec.local_shape(), dtype, mesh->device());
   fill(local, RngRegion{shape, spec.local_offset()});
   for (size_t md = 0; md < placements.size(); ++md) {
     if (placements[md].is_partial() && placements[md].reduce_op() == comm::ReduceOp::kSum &&

@@ -106,10 +106,10 @@ class PipelinedGPT : public TrainableGPT {
 std::unique_ptr<TrainableGPT> make_trainable_gpt(const models::GPTConfig& config, uint64_t seed,
                                                  std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout) {
   if (mesh->size("pp") > 1) {
-    // The stages' send/recv buffers and shape metadata are host tensors (Gloo); NCCL needs them
-    // on the GPU.
-    LOOM_CHECK(layout.device.is_cpu(), "train_gpt: --pp {} runs on CPU ranks only for now, not on {}",
-               mesh->size("pp"), layout.device.str());
+    // GPTPipeline places its stages on the mesh's device: the process groups' (Gloo: CPU, NCCL:
+    // this rank's GPU), which train_gpt chose from --device.
+    LOOM_CHECK(mesh->device() == layout.device, "train_gpt: the mesh's groups work on {} but --device gave {}",
+               mesh->device().str(), layout.device.str());
     return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), layout);
   }
   return std::make_unique<DataTensorParallelGPT>(config, seed, std::move(mesh), layout);

@@ -59,13 +59,6 @@ void ProcessGroupGloo::abort(const std::string& reason) { state_->abort(reason);
 
 std::string ProcessGroupGloo::failure() const { return state_->failure().value_or(""); }
 
-void ProcessGroupGloo::check_cpu(const OpInfo& info, const std::vector<Tensor>& tensors) const {
-  for (const Tensor& t : tensors) {
-    LOOM_CHECK(t.device().is_cpu(), "{}: the Gloo backend takes CPU tensors, got one on {}",
-               info.description, t.device().str());
-  }
-}
-
 std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/true, collectives_issued_++, timeout(), -1};
@@ -86,14 +79,12 @@ std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, B
 
 std::shared_ptr<Work> ProcessGroupGloo::run_all_reduce(const OpInfo& info, const Tensor& tensor,
                                                        ReduceOp op) {
-  check_cpu(info, {tensor});
   return enqueue(info,
                  [tensor, op](const OpEnv& env) { gloo_detail::all_reduce(env, tensor, op); });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(const OpInfo& info, const Tensor& tensor,
                                                       int root) {
-  check_cpu(info, {tensor});
   return enqueue(info,
                  [tensor, root](const OpEnv& env) { gloo_detail::broadcast(env, tensor, root); });
 }
@@ -101,8 +92,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(const OpInfo& info, const 
 std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
                                                        const std::vector<Tensor>& outputs,
                                                        const Tensor& input) {
-  check_cpu(info, outputs);
-  check_cpu(info, {input});
   return enqueue(
       info, [outputs, input](const OpEnv& env) { gloo_detail::all_gather(env, outputs, input); });
 }
@@ -110,8 +99,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
 std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(const OpInfo& info, const Tensor& output,
                                                            const std::vector<Tensor>& inputs,
                                                            ReduceOp op) {
-  check_cpu(info, inputs);
-  check_cpu(info, {output});
   return enqueue(info, [output, inputs, op](const OpEnv& env) {
     gloo_detail::reduce_scatter(env, output, inputs, op);
   });
@@ -120,8 +107,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(const OpInfo& info, c
 std::shared_ptr<Work> ProcessGroupGloo::run_all_to_all(const OpInfo& info,
                                                        const std::vector<Tensor>& outputs,
                                                        const std::vector<Tensor>& inputs) {
-  check_cpu(info, outputs);
-  check_cpu(info, inputs);
   return enqueue(
       info, [outputs, inputs](const OpEnv& env) { gloo_detail::all_to_all(env, outputs, inputs); });
 }
@@ -129,8 +114,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_all_to_all(const OpInfo& info,
 std::shared_ptr<Work> ProcessGroupGloo::run_gather(const OpInfo& info,
                                                    const std::vector<Tensor>& outputs,
                                                    const Tensor& input, int root) {
-  check_cpu(info, outputs);
-  check_cpu(info, {input});
   return enqueue(info, [outputs, input, root](const OpEnv& env) {
     gloo_detail::gather(env, outputs, input, root);
   });
@@ -138,8 +121,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_gather(const OpInfo& info,
 
 std::shared_ptr<Work> ProcessGroupGloo::run_scatter(const OpInfo& info, const Tensor& output,
                                                     const std::vector<Tensor>& inputs, int root) {
-  check_cpu(info, inputs);
-  check_cpu(info, {output});
   return enqueue(info, [output, inputs, root](const OpEnv& env) {
     gloo_detail::scatter(env, output, inputs, root);
   });
@@ -151,7 +132,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpInfo& info) {
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tensor& tensor, int dst,
                                                  int tag) {
-  check_cpu(info, {tensor});
   const uint32_t message = sends_issued_[dst][tag]++;
   return post_p2p(info, dst, [tensor, dst, tag, message](const OpEnv& env) {
     gloo_detail::send(env, tensor, dst, tag, message);
@@ -160,7 +140,6 @@ std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tenso
 
 std::shared_ptr<Work> ProcessGroupGloo::run_recv(const OpInfo& info, const Tensor& tensor, int src,
                                                  int tag) {
-  check_cpu(info, {tensor});
   const uint32_t message = recvs_issued_[src][tag]++;
   return post_p2p(info, src, [tensor, src, tag, message](const OpEnv& env) {
     gloo_detail::recv(env, tensor, src, tag, message);

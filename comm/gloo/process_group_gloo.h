@@ -96,6 +96,7 @@ class ProcessGroupGloo : public ProcessGroup {
   ~ProcessGroupGloo() override;
 
   std::string backend_name() const override { return "gloo"; }
+  Device device() const override { return Device::cpu(); }
 
   // Poisons the group with `reason`: queued and later ops fail at once naming it, transfers in
   // flight are interrupted, and the connections are closed so peers fail fast (their errors name
@@ -141,7 +142,6 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> enqueue(const OpInfo& info, Body body);
   // send/recv: run at once on a helper thread.
   std::shared_ptr<Work> post_p2p(const OpInfo& info, int peer, Body body);
-  void check_cpu(const OpInfo& info, const std::vector<Tensor>& tensors) const;
 
   GlooOptions gloo_options_;
   std::shared_ptr<gloo::transport::Device> device_;

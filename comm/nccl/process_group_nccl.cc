@@ -98,11 +98,6 @@ std::string ProcessGroupNccl::failure() const { return comm_->failure(); }
 
 std::shared_ptr<Work> ProcessGroupNccl::issue(const OpInfo& info, std::vector<Tensor> tensors,
                                               const std::function<void(Launch&)>& body) {
-  for (const Tensor& t : tensors) {
-    LOOM_CHECK(t.device() == Device::cuda(device_),
-               "{}: a tensor ({}) is on {} but this NCCL group runs on cuda:{}; move it to cuda:{}",
-               info.description, t.description(), t.device().str(), device_, device_);
-  }
   comm_->throw_if_failed(info.description);
   cuda::DeviceGuard on_device(device_);
   const Duration op_timeout = timeout();

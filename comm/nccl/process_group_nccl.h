@@ -72,6 +72,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   ~ProcessGroupNccl() override;
 
   std::string backend_name() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
   int device_index() const { return device_; }
   // The group's NCCL stream (for callers that order their own work after the group's).
   cudaStream_t stream() const;
@@ -110,7 +111,7 @@ class ProcessGroupNccl final : public ProcessGroup {
                                                              ProcessGroupOptions options,
                                                              int device);
 
-  // Checks every tensor is on this group's device, then launches `body` ordered after the
+  // Launches `body` (the front end checked every tensor is on device()) ordered after the
   // caller's stream, records the completion event and hands the Work to the watchdog.
   std::shared_ptr<Work> issue(const OpInfo& info, std::vector<Tensor> tensors,
                               const std::function<void(Launch&)>& body);

@@ -7,6 +7,8 @@
 #include "base/error.h"
 #include "base/logging.h"
 #include "comm/nccl/nccl_utils.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/stream.h"
 
 namespace loom::comm::nccl {
 
@@ -92,6 +94,17 @@ bool WorkNccl::poll() noexcept {
     comm_->fail(message);
     finish(message);
     return true;
+  }
+}
+
+void WorkNccl::block_current_stream() {
+  if (poll()) return wait();  // already finished, either way: wait() returns or rethrows at once
+  cuda::DeviceGuard on_device(comm_->device());
+  const cudaError_t result = cudaStreamWaitEvent(cuda::compute_stream(comm_->device()), end_event_, 0);
+  if (result != cudaSuccess) {
+    (void)cudaGetLastError();
+    LOOM_FAIL("{}", cuda_error_message(description_, comm_->device(),
+                                       "cudaStreamWaitEvent(compute stream, completion event)", result));
   }
 }
 

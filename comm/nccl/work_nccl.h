@@ -9,8 +9,10 @@
 // Every failure poisons the group and aborts its communicator (NcclComm::fail).
 //
 // wait() blocks the calling thread, polling, until poll() decides (a host-side wait, like Gloo's:
-// when it returns, the outputs are ready for any stream and for the host). It does not merely
-// make a stream wait, as PyTorch's WorkNCCL::wait() does; Loom has no current-stream API yet.
+// when it returns, the outputs are ready for any stream and for the host). block_current_stream()
+// is what PyTorch's WorkNCCL::wait() does: the device's compute stream waits for the completion
+// event and the host goes on (the Work keeps the op's tensors alive until the watchdog sees the
+// event, so the caching allocator cannot hand their memory out while NCCL still uses it).
 // Work::is_completed() is not virtual, so it turns true when the watchdog (every kPollInterval)
 // or a wait() observes the event: it can lag the GPU by about a millisecond.
 #pragma once
@@ -42,6 +44,8 @@ class WorkNccl final : public Work {
   ~WorkNccl() override;
 
   void wait() override;
+  // The compute stream waits for end_event() on the device; the host returns at once.
+  void block_current_stream() override;
   // Checks the op's state once (see the file comment); true once it finished, either way.
   // Thread-safe; never throws.
   bool poll() noexcept;

@@ -1,6 +1,5 @@
 #include "models/gpt/pipeline.h"
 
-#include <climits>
 #include <map>
 
 #include "autograd/grad_mode.h"
@@ -15,11 +14,8 @@ namespace loom::models {
 
 namespace {
 
-// Tags on the pp group beyond any pipeline message's: the tied-embedding gradient exchange, and
-// inference activations (one per stage boundary).
-constexpr int kTiedEmbeddingTag = INT_MAX - 1;
-constexpr int kInferenceTag = INT_MAX / 2;
-constexpr int kGatherTag = INT_MAX - 2;
+// Messages on the pp group carry no tag (NCCL has none): between two ranks they pair up in the
+// order both issue them, which every exchange below fixes (stage order, parameter order).
 
 std::vector<pipeline::LayerRange> stage_layers(const GPTConfig& config, const GPTPipelineOptions& options,
                                                int num_stages) {
@@ -52,6 +48,7 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr
   std::vector<std::shared_ptr<pipeline::PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
     auto module = std::make_shared<GPTStage>(config, seed, ranges_[s]);
+    module->to(mesh_->device());  // the groups' device, before the TP plan and DDP take the parameters
     if (tp_mesh->size(0) > 1) parallelize_gpt(*module, tp_mesh, options.tp_plan);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
     // param_dtype.
@@ -115,9 +112,13 @@ void GPTPipeline::sum_tied_embedding_gradients() {
   const int peer = mesh_->group_ranks_by_coordinate(pp_dim)[peer_coordinate];
   const auto& group = mesh_->group(pp_dim);
   const Tensor mine = ops::contiguous(ops::clone(copies[0]));
-  Tensor theirs = ops::empty(mine.shape(), mine.dtype());
-  auto sent = group->send(mine, peer, kTiedEmbeddingTag);
-  group->recv(theirs, peer, kTiedEmbeddingTag)->wait();
+  Tensor theirs = ops::empty(mine.shape(), mine.dtype(), mine.device());
+  // The first stage's rank sends first and the last's receives first: never two sends facing
+  // each other, which would deadlock a transport whose sends wait for the receiver (NCCL).
+  std::shared_ptr<comm::Work> sent;
+  if (holds_first) sent = group->send(mine, peer);
+  group->recv(theirs, peer)->wait();
+  if (!holds_first) sent = group->send(mine, peer);
   sent->wait();
   ops::add_(copies[0], theirs);
 }
@@ -143,16 +144,16 @@ Tensor GPTPipeline::logits(const Tensor& ids) {
     if (s > 0 && schedule_.rank_of_stage(s - 1) == my_pp) {
       input = x;
     } else if (s > 0) {
-      input = ops::empty(hidden, kFloat32);
-      group->recv(input, group_rank(s - 1), kInferenceTag + s)->wait();
+      input = ops::empty(hidden, kFloat32, group->device());
+      group->recv(input, group_rank(s - 1))->wait();
     }
     x = (*modules_[local++])(input);
     if (s + 1 < num_stages && schedule_.rank_of_stage(s + 1) != my_pp) {
-      group->send(ops::contiguous(x), group_rank(s + 1), kInferenceTag + s + 1)->wait();
+      group->send(ops::contiguous(x), group_rank(s + 1))->wait();
     }
     if (s + 1 == num_stages) logits = is_dtensor(x) ? full_tensor(x) : x;
   }
-  if (!logits.defined()) logits = ops::empty({ids.size(0), ids.size(1), config.vocab_size}, kFloat32);
+  if (!logits.defined()) logits = ops::empty({ids.size(0), ids.size(1), config.vocab_size}, kFloat32, group->device());
   logits = ops::contiguous(logits);
   group->broadcast(logits, group_rank(num_stages - 1))->wait();
   return logits;
@@ -189,7 +190,7 @@ std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
         if (root) {
           ops::copy_(destination.at(name), full);
         } else if (on_first_line) {
-          group->send(full, group_rank(0), kGatherTag)->wait();
+          group->send(full, group_rank(0))->wait();
         }
       }
       ++local;
@@ -199,7 +200,11 @@ std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
           GPTConfig{.n_layer = config.n_layer, .n_head = 1, .n_embd = 1, .block_size = 1, .vocab_size = 1}, 0,
           ranges_[s]);
       for (const auto& [name, p] : names_only.named_parameters()) {
-        if (!skip(name)) group->recv(destination.at(name), group_rank(s), kGatherTag)->wait();
+        if (skip(name)) continue;
+        const Tensor& into = destination.at(name);  // on the CPU; the message arrives on the group's device
+        const Tensor buffer = ops::empty(into.shape(), into.dtype(), group->device());
+        group->recv(buffer, group_rank(s))->wait();
+        ops::copy_(into, buffer);
       }
     }
   }

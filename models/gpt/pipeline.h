@@ -42,6 +42,8 @@ struct GPTPipelineOptions {
 
 class GPTPipeline {
  public:
+  // The stages' parameters live on the mesh's device (DeviceMesh::device(): the CPU over Gloo,
+  // this rank's GPU over NCCL); inputs and targets given to step() must be there too.
   GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
               GPTPipelineOptions options = {});
 

@@ -29,6 +29,10 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
     LOOM_CHECK(param.defined() && param.requires_grad() && param.is_leaf(),
                "DistributedDataParallel: parameter '{}' must be a leaf that requires grad", name);
     const Tensor& local = local_of(param);
+    LOOM_CHECK(local.device() == group_->device(),
+               "DistributedDataParallel: parameter '{}' is on {} but group '{}' ({}) works on {}; move the model "
+               "there first (Module::to)",
+               name, local.device().str(), group_->name(), group_->backend_name(), group_->device().str());
     infos.push_back({local.numel(), local.dtype()});
     total += local.numel();
     slots_.push_back({name, param, 0, Tensor()});
@@ -36,9 +40,9 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
   // Every rank must hold the same parameters: compare counts and sizes across the group.
   {
     NoGradGuard no_grad;
-    Tensor mine = ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2});
+    Tensor mine = ops::to(ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2}), group_->device());
     std::vector<Tensor> all;
-    for (int r = 0; r < group_->size(); ++r) all.push_back(ops::zeros({2}, kInt64));
+    for (int r = 0; r < group_->size(); ++r) all.push_back(ops::zeros({2}, kInt64, group_->device()));
     group_->all_gather(all, mine)->wait();
     for (int r = 0; r < group_->size(); ++r) {
       const auto theirs = ops::to_vector(all[r]);
@@ -60,7 +64,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
       size += infos[i].numel;
       bucket_of_slot_[i] = b;
     }
-    bucket.buffer = ops::zeros({size}, infos[assignment[b].front()].dtype);
+    bucket.buffer = ops::zeros({size}, infos[assignment[b].front()].dtype, group_->device());
     bucket.slots = assignment[b];
     for (size_t i : assignment[b]) {
       const Tensor& local = local_of(slots_[i].param);
@@ -178,7 +182,9 @@ void Reducer::finalize() {
     }
   }
   while (next_bucket_ < buckets_.size()) launch(next_bucket_++);  // buckets with unused parameters
-  for (auto& bucket : buckets_) bucket.work->wait();
+  // On GPU ranks the compute stream waits for each all-reduce (the host goes on to queue the
+  // optimizer step); on CPU ranks this blocks until they finished.
+  for (auto& bucket : buckets_) bucket.work->block_current_stream();
   reset_iteration();
 }
 

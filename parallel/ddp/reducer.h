@@ -6,6 +6,12 @@
 // bucket is ready, the bucket's all-reduce(avg) is launched asynchronously on the group, during
 // backward. finalize() (called by DistributedDataParallel after backward) waits for all of them.
 //
+// Devices: parameters must be on the group's device, where the buckets are allocated. On NCCL
+// the all-reduces run on the group's own stream, each ordered after the gradients written
+// before it by an event on the compute stream, so they overlap the rest of backward; finalize()
+// makes the compute stream wait for their completion events instead of blocking the host
+// (Work::block_current_stream).
+//
 // Collective contract: every rank of the group builds the reducer with the same parameters and
 // runs the same number of backward passes.
 #pragma once

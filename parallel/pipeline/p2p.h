@@ -1,13 +1,14 @@
-// Messages between adjacent stages (private to parallel/pipeline): tags, and the shape
-// metadata a receiver needs before it can allocate a buffer.
+// Messages between adjacent stages (private to parallel/pipeline): the shape metadata a receiver
+// needs before it can allocate a buffer.
 //
-// Tags: every (channel, boundary, microbatch) has its own tag, so a receive can only match the
-// send meant for it whatever order the two ranks post them in (the Gloo backend matches sends
-// and receives with equal tags in issue order). The boundary between stages s and s+1 is s.
+// No tags: the stages send and receive with tag 0 on every backend, so messages between two
+// ranks pair up in the order each issues them — what NCCL (which has no tags) does, and what the
+// Gloo backend does for equal tags. validate_schedule (rule 4b) proves both ranks issue them in
+// the same order, so the CPU tests run exactly the message order GPU ranks run.
 //
 // Metadata: a receiver learns the shape and dtype of a stage boundary's activations from one
-// small message (kMetaElements i64: dtype, ndim, dims..., zero-padded) sent before the first
-// activation crossing that boundary in each step. Gradients need none: the gradient of a
+// small message (kMetaElements i64: dtype, ndim, dims..., zero-padded) sent right before the
+// first activation crossing that boundary in each step. Gradients need none: the gradient of a
 // stage's output has the output's shape, which the receiving stage computed itself.
 #pragma once
 
@@ -17,18 +18,13 @@
 
 namespace loom::pipeline::detail {
 
-enum class Channel : int { kActivation = 0, kGradient = 1, kMetadata = 2 };
-
-// Throws when the tag would not fit an int (huge stage or microbatch counts).
-int p2p_tag(Channel channel, int boundary, int microbatch, int num_stages);
-
 inline constexpr int64_t kMaxMetaDims = 8;
 inline constexpr int64_t kMetaElements = 2 + kMaxMetaDims;
 
-// (kMetaElements,) i64 describing `tensor`; throws for more than kMaxMetaDims dims.
-Tensor encode_metadata(const Tensor& tensor);
-// An empty contiguous CPU tensor of the shape and dtype `metadata` describes; throws naming the
-// values when they are not metadata.
-Tensor allocate_from_metadata(const Tensor& metadata);
+// (kMetaElements,) i64 on `device` describing `tensor`; throws for more than kMaxMetaDims dims.
+Tensor encode_metadata(const Tensor& tensor, Device device);
+// An empty contiguous tensor on `device` of the shape and dtype `metadata` (on any device)
+// describes; throws naming the values when they are not metadata.
+Tensor allocate_from_metadata(const Tensor& metadata, Device device);
 
 }  // namespace loom::pipeline::detail

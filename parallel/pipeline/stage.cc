@@ -12,9 +12,6 @@
 
 namespace loom::pipeline {
 
-using detail::Channel;
-using detail::p2p_tag;
-
 namespace {
 
 std::vector<int> identity(int size) {
@@ -77,15 +74,18 @@ void PipelineStage::begin_step(int num_microbatches) {
   pending_grads_.clear();
   input_grads_.clear();
   sends_.clear();
-  metadata_ = {};
-  input_prototype_ = Tensor();
+  input_known_ = false;
   sent_metadata_ = false;
   recv_wait_seconds_ = 0;
 }
 
-void PipelineStage::wait_timed(comm::Work& work) {
+void PipelineStage::wait_timed(comm::Work& work, bool on_host) {
   const auto start = std::chrono::steady_clock::now();
-  work.wait();
+  if (on_host) {
+    work.wait();
+  } else {
+    work.block_current_stream();
+  }
   recv_wait_seconds_ +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -95,19 +95,14 @@ Tensor PipelineStage::wait_for(std::map<int, Pending>& pending, int mb, const ch
   LOOM_CHECK(it != pending.end(),
              "stage {}: microbatch {}'s {} was never received (no RECV before it)", stage_, mb,
              what);
-  if (!it->second.work) {
-    // Posted before the boundary's shape was known: learn it now, then receive.
-    wait_timed(*metadata_.work);
-    post_deferred_inputs();
-  }
-  wait_timed(*it->second.work);
+  wait_timed(*it->second.work, /*on_host=*/false);
   Tensor buffer = it->second.buffer;
   pending.erase(it);
   return buffer;
 }
 
-void PipelineStage::isend(const Tensor& tensor, int stage, int tag) {
-  sends_.push_back(group_->send(tensor, group_rank_of_stage(stage), tag));
+void PipelineStage::isend(const Tensor& tensor, int stage) {
+  sends_.push_back(group_->send(tensor, group_rank_of_stage(stage)));
 }
 
 const PipelineStage::Saved& PipelineStage::saved(int mb, const char* what) const {
@@ -119,29 +114,21 @@ const PipelineStage::Saved& PipelineStage::saved(int mb, const char* what) const
 
 void PipelineStage::post_recv_input(int mb) {
   LOOM_CHECK(!is_first(), "stage 0 has no previous stage to receive from");
-  if (!metadata_.work) {
-    // The step's first activation across this boundary: its shape comes first.
-    metadata_.buffer = ops::empty({detail::kMetaElements}, kInt64);
-    metadata_.work = group_->recv(metadata_.buffer, group_rank_of_stage(stage_ - 1),
-                                  p2p_tag(Channel::kMetadata, stage_ - 1, 0, num_stages_));
+  const int peer = group_rank_of_stage(stage_ - 1);
+  const Device device = group_->device();
+  if (!input_known_) {
+    // The step's first activation across this boundary: its shape comes first, and is waited
+    // for here, so every receive is issued at its RECV action, in schedule order (p2p.h). The
+    // schedule puts this RECV where the peer's send happens, so the wait is short.
+    Tensor metadata = ops::empty({detail::kMetaElements}, kInt64, device);
+    wait_timed(*group_->recv(metadata, peer), /*on_host=*/true);
+    const Tensor prototype = detail::allocate_from_metadata(metadata, device);
+    input_shape_ = prototype.shape();
+    input_dtype_ = prototype.dtype();
+    input_known_ = true;
   }
-  // Until the shape is known the receive is deferred rather than waited for here: blocking at
-  // a RECV would stall computes the schedule puts before the matching one (the wait moves to
-  // the forward that needs the activation, as for every receive).
-  pending_inputs_[mb] = {};
-  if (metadata_.work->is_completed()) post_deferred_inputs();
-}
-
-void PipelineStage::post_deferred_inputs() {
-  metadata_.work->wait();  // completed: rethrows its error, if any
-  if (!input_prototype_.defined())
-    input_prototype_ = detail::allocate_from_metadata(metadata_.buffer);
-  for (auto& [mb, pending] : pending_inputs_) {
-    if (pending.work) continue;
-    pending.buffer = ops::empty(input_prototype_.shape(), input_prototype_.dtype());
-    pending.work = group_->recv(pending.buffer, group_rank_of_stage(stage_ - 1),
-                                p2p_tag(Channel::kActivation, stage_ - 1, mb, num_stages_));
-  }
+  Tensor buffer = ops::empty(input_shape_, input_dtype_, device);
+  pending_inputs_[mb] = {buffer, group_->recv(buffer, peer)};
 }
 
 Tensor PipelineStage::forward(int mb, const Tensor& input) {
@@ -174,18 +161,16 @@ Tensor PipelineStage::output_to_send(int mb) const { return saved(mb, "send").se
 void PipelineStage::send_output(int mb) {
   const Tensor payload = ops::contiguous(output_to_send(mb));
   if (!sent_metadata_) {
-    isend(detail::encode_metadata(payload), stage_ + 1,
-          p2p_tag(Channel::kMetadata, stage_, 0, num_stages_));
+    isend(detail::encode_metadata(payload, group_->device()), stage_ + 1);
     sent_metadata_ = true;
   }
-  isend(payload, stage_ + 1, p2p_tag(Channel::kActivation, stage_, mb, num_stages_));
+  isend(payload, stage_ + 1);
 }
 
 void PipelineStage::post_recv_grad(int mb) {
   const Tensor& sent = saved(mb, "receive the gradient").sent;
-  Tensor buffer = ops::empty(sent.shape(), sent.dtype());
-  auto work = group_->recv(buffer, group_rank_of_stage(stage_ + 1),
-                           p2p_tag(Channel::kGradient, stage_, mb, num_stages_));
+  Tensor buffer = ops::empty(sent.shape(), sent.dtype(), group_->device());
+  auto work = group_->recv(buffer, group_rank_of_stage(stage_ + 1));
   pending_grads_[mb] = {buffer, std::move(work)};
 }
 
@@ -224,8 +209,7 @@ Tensor PipelineStage::take_input_grad(int mb) {
 }
 
 void PipelineStage::send_input_grad(int mb) {
-  isend(ops::contiguous(take_input_grad(mb)), stage_ - 1,
-        p2p_tag(Channel::kGradient, stage_ - 1, mb, num_stages_));
+  isend(ops::contiguous(take_input_grad(mb)), stage_ - 1);
 }
 
 void PipelineStage::finish_step() {

@@ -20,9 +20,13 @@
 // allocates before the data arrives and batch shapes may change between steps. Gradient
 // buffers take the shape of the stage's own output.
 //
+// Messages carry no tag: each is issued at its schedule action, so two ranks pair them up in
+// issue order (p2p.h), on Gloo as on NCCL. Buffers live on the pp group's device.
+//
 // Sends are asynchronous (ProcessGroup::send returns a Work); finish_step() waits for them.
-// Receives are posted at RECV actions and waited for by the compute that needs them; the time
-// spent waiting is counted in recv_wait_seconds().
+// Receives are posted at RECV actions and waited for by the compute that needs them (on GPU
+// ranks the compute stream waits, not the host: Work::block_current_stream); the time spent
+// waiting on the host is counted in recv_wait_seconds().
 #pragma once
 
 #include <functional>
@@ -73,8 +77,8 @@ class PipelineStage {
   // Forgets the last step's activation shapes, receive timings and anything a failed step
   // left; call at the start of a step of `num_microbatches`.
   void begin_step(int num_microbatches);
-  // RECV_F: posts the receive of microbatch `mb`'s input (deferred, without blocking, while the
-  // boundary's shape metadata for this step has not arrived).
+  // RECV_F: posts the receive of microbatch `mb`'s input (the step's first one first receives
+  // and waits for the boundary's shape metadata).
   void post_recv_input(int mb);
   // F: `input` is the microbatch (first stage), the previous stage's sent tensor when that stage
   // is on this rank, or undefined to take the posted receive (waits for it). Returns the module
@@ -112,17 +116,15 @@ class PipelineStage {
   };
   struct Pending {
     Tensor buffer;
-    std::shared_ptr<comm::Work> work;  // null: deferred until the boundary's shape is known
+    std::shared_ptr<comm::Work> work;
   };
   PipelineStage(std::shared_ptr<nn::Module> module, int stage_index, int num_stages,
                 std::shared_ptr<comm::ProcessGroup> group, int pp_rank,
                 std::vector<int> group_rank_by_pp_rank, StageOptions options);
-  // Waits for a posted receive, counting the time.
+  // Waits for a posted receive (on the device where the backend can), counting the time.
   Tensor wait_for(std::map<int, Pending>& pending, int mb, const char* what);
-  void wait_timed(comm::Work& work);
-  // Once the metadata has arrived: allocates and posts the deferred activation receives.
-  void post_deferred_inputs();
-  void isend(const Tensor& tensor, int stage, int tag);
+  void wait_timed(comm::Work& work, bool on_host);
+  void isend(const Tensor& tensor, int stage);
   const Saved& saved(int mb, const char* what) const;
 
   std::shared_ptr<nn::Module> module_;
@@ -138,8 +140,9 @@ class PipelineStage {
   std::map<int, Pending> pending_grads_;
   std::map<int, Tensor> input_grads_;
   std::vector<std::shared_ptr<comm::Work>> sends_;
-  Pending metadata_;        // this step's shape metadata receive
-  Tensor input_prototype_;  // shape and dtype of this step's received activations
+  bool input_known_ = false;  // this step's activation shape arrived (input_shape_, input_dtype_)
+  Shape input_shape_;
+  DType input_dtype_ = kFloat32;
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;

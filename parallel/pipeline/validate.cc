@@ -102,6 +102,40 @@ void check_matching(const Schedule& schedule, const Positions& positions) {
   }
 }
 
+// Rule 4b: between two ranks, the k-th send one lists is the message the other's k-th receive
+// from it names. Transports without tags (NCCL) match messages in issue order, and the stages use
+// no tags on any backend, so this order is what pairs them.
+void check_issue_order(const Schedule& schedule) {
+  // (from, to) -> indices of `from`'s sends to `to` in list order; likewise `to`'s receives.
+  std::map<std::pair<int, int>, std::vector<int>> sends, recvs;
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    const auto& actions = schedule.actions[rank];
+    for (int index = 0; index < static_cast<int>(actions.size()); ++index) {
+      const Action& action = actions[index];
+      if (is_compute(action.kind)) continue;
+      const int peer = schedule.rank_of_stage(matching_action(action).stage);
+      if (is_send(action.kind)) {
+        sends[{rank, peer}].push_back(index);
+      } else {
+        recvs[{peer, rank}].push_back(index);
+      }
+    }
+  }
+  for (const auto& [pair, receive_indices] : recvs) {
+    const auto [from, to] = pair;
+    const std::vector<int>& send_indices = sends[pair];  // as many (rule 4)
+    for (size_t k = 0; k < receive_indices.size() && k < send_indices.size(); ++k) {
+      const Action& recv = schedule.actions[to][receive_indices[k]];
+      const Action& send = schedule.actions[from][send_indices[k]];
+      LOOM_CHECK(matching_action(send) == recv,
+                 "{} is rank {}'s receive #{} from rank {}, but rank {}'s send #{} to rank {} is action {} {}; "
+                 "messages between two ranks pair up in the order they are issued (no tags, as on NCCL), so "
+                 "both ranks must list them in the same order",
+                 where(to, receive_indices[k], recv), to, k, from, from, k, to, send_indices[k], describe(send));
+    }
+  }
+}
+
 // Rule 5: `action` (at `index`) must come after `before`, which `why` explains.
 void check_after(const Schedule& schedule, const Positions& positions, int rank, int index,
                  const Action& action, const Action& before, const char* why) {
@@ -157,6 +191,7 @@ void validate_schedule(const Schedule& schedule, ValidateOptions options) {
   const Positions positions = index_actions(schedule);
   check_complete(schedule, positions);
   check_matching(schedule, positions);
+  check_issue_order(schedule);
   check_order(schedule, positions);
   detail::check_no_deadlock(schedule, options.sends);
 }

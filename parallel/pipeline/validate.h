@@ -11,6 +11,8 @@
 //  3. Every stage runs F and B of every microbatch.
 //  4. Every SEND has its RECV on the peer's rank (same boundary, microbatch and direction:
 //     SEND_F(s, i) <-> RECV_F(s+1, i), SEND_B(s, i) <-> RECV_B(s-1, i)), and vice versa.
+//     Between two ranks, the k-th SEND one lists to the other is the message the other's k-th
+//     RECV from it names: messages carry no tag (NCCL has none), so they pair up in issue order.
 //  5. Order on each rank:
 //     F(s, i)      after RECV_F(s, i) (s > 0; or after F(s-1, i) when stage s-1 is local);
 //     B(s, i)      after F(s, i), and after RECV_B(s, i) (s < last; or B(s+1, i) when local);

@@ -7,9 +7,11 @@
 #include <chrono>
 #include <thread>
 
+#include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/testing/multi_rank.h"
 #include "tests/comm/comm_test_util.h"
+#include "tests/comm/other_device_group.h"
 
 namespace loom::comm {
 namespace {
@@ -162,10 +164,24 @@ TEST(GroupsTest, WorkCompletesWithoutWait) {
   });
 }
 
-TEST(GroupsTest, RejectsNonCpuTensorsByName) {
-  // Only checks the CPU path here: every tensor in these suites is on the CPU. The CUDA check
-  // is a LOOM_CHECK in each run_* of process_group_gloo.cc.
-  run_on_ranks(1, [](ProcessGroup& pg) { EXPECT_EQ(pg.backend_name(), "gloo"); });
+TEST(GroupsTest, ATensorOffTheGroupsDeviceIsRejectedNamingBoth) {
+  run_on_ranks(1, [](ProcessGroup& pg) { EXPECT_EQ(pg.device(), Device::cpu()); });
+  test::OtherDeviceGroup group;
+  const Tensor t = ops::ones({4});
+  const auto expect_rejected = [](const std::function<void()>& call, const std::string& op, const std::string& what) {
+    try {
+      call();
+      ADD_FAILURE() << op << " accepted a CPU tensor on a cuda:0 group";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format(
+                                "{} on group 'elsewhere': {} is on cpu but this fake group works on cuda:0", op, what)));
+    }
+  };
+  expect_rejected([&] { group.all_reduce(t); }, "all_reduce", "the tensor");
+  expect_rejected([&] { group.broadcast(t, 0); }, "broadcast", "the tensor");
+  expect_rejected([&] { group.all_gather({t}, t); }, "all_gather", "the input");
+  expect_rejected([&] { group.send(t, 0); }, "send", "the tensor");
+  expect_rejected([&] { group.recv(t, 0); }, "recv", "the tensor");
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "optim/optimizer.h"
 #include "parallel/tp/parallelize.h"
 #include "tensor/ops.h"
+#include "tests/comm/other_device_group.h"
 
 namespace loom {
 namespace {
@@ -173,6 +174,18 @@ TEST(DDPTest, DifferentModelsAcrossRanksFailAtConstruction) {
       EXPECT_THAT(e.what(), HasSubstr("has 8"));
     }
   });
+}
+
+TEST(DDPTest, ParametersOffTheGroupsDeviceAreNamedAtConstruction) {
+  // A CPU model on a group whose tensors live on cuda:0 (as a model left on the CPU under NCCL).
+  auto model = std::make_shared<Mlp>();
+  try {
+    ddp::DistributedDataParallel ddp(model, std::make_shared<comm::test::OtherDeviceGroup>());
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("DistributedDataParallel: parameter 'fc1.weight' is on cpu but group "
+                                    "'elsewhere' (fake) works on cuda:0; move the model there first (Module::to)"));
+  }
 }
 
 TEST(DDPTest, TwoDimensionalDataAndTensorParallelMatchesOneRank) {

@@ -13,14 +13,7 @@
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
-
-// Skips the current test, with the reason, on a machine without a usable CUDA device.
-#define LOOM_SKIP_WITHOUT_CUDA()                          \
-  do {                                                    \
-    if (!::loom::cuda::available()) {                     \
-      GTEST_SKIP() << ::loom::cuda::unavailable_reason(); \
-    }                                                     \
-  } while (0)
+#include "tests/tensor/cuda_skip.h"
 
 namespace loom::testing {
 

@@ -1,0 +1,57 @@
+// One training run of a tiny GPT under any parallel layout, for the equivalence tests: 4 AdamW
+// steps (gradient norm clipped) on fixed global batches, returning the global losses, gradient
+// norms and final parameters, which must not depend on the layout (tolerances in expect_same).
+// The run lives on the mesh's device (DeviceMesh::device()): the CPU over Gloo
+// (gpt_equivalence_test), the GPU over NCCL (gpt_cuda_equivalence_test); without a mesh, one CPU
+// rank, the reference.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "mesh/device_mesh.h"
+#include "models/gpt/config.h"
+#include "models/gpt/plans.h"
+
+namespace loom::models::gpt_run {
+
+inline constexpr int kSteps = 4;
+inline constexpr int64_t kGlobalBatch = 8, kSeqLen = 32;
+inline constexpr double kClip = 0.5;  // below the tiny model's early gradient norms, so clipping acts
+
+// 2 layers, 4 heads, width 32, and an odd vocabulary (257, as GPT-2's 50257), so the
+// vocab-parallel embedding and the loss-parallel head split it unevenly.
+GPTConfig config();
+
+struct Result {
+  std::vector<double> losses;
+  std::vector<double> grad_norms;  // before clipping
+  std::map<std::string, std::vector<double>> params;
+};
+
+// How the run is parallelized: a mesh ("pp", "dp", "tp") or none (one rank), gradient
+// accumulation (without pipelining), the TP plan, and the pipeline's schedule.
+struct Layout {
+  int accum = 1;
+  GPTPlanOptions plan = {};
+  std::string schedule = "1f1b";
+  int microbatches = 1;
+  int virtual_stages = 1;
+};
+
+// One training run on `mesh` with `layout`; every rank returns the global losses and gradient
+// norms, and the full final values of the parameters it holds (all of them without pipeline
+// parallelism; its stages' with it).
+Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {});
+
+// Losses and gradient norms within 1e-5 relative, parameters within 1e-5 of the model's largest
+// parameter magnitude (why not per tensor: in the .cc).
+void expect_same(const Result& actual, const Result& expected, const std::string& layout);
+
+// A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`.
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp, int64_t pp = 1);
+
+}  // namespace loom::models::gpt_run
