@@ -73,5 +73,8 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims = {}, bool keep
 // Values are differentiable (the gradient goes to the first maximum); indices are not.
 std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim = false);
 Tensor matmul(const Tensor& a, const Tensor& b);
+// torch.nn.functional.linear: input (..., K) @ weight (N, K)^T + bias (N,) (bias optional) as one
+// op with the bias fused into the GEMM (ops::linear); DTensors go through matmul and add.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
 
 }  // namespace loom

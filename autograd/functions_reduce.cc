@@ -81,4 +81,32 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   });
 }
 
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  if (input.extension() || weight.extension() || (bias.defined() && bias.extension())) {
+    // DTensors: the composed ops, whose sharding rules exist (ops::linear would compose too, but
+    // under one backward node that sharding propagation could not see into).
+    const Tensor out = matmul(input, transpose(weight, 0, 1));
+    return bias.defined() ? add(out, bias) : out;
+  }
+  std::vector<Tensor> inputs{input, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  Tensor out = ops::linear(input, weight, bias);
+  if (!any_requires_grad(inputs)) return out;
+  return record("LinearBackward", inputs, {out}, [input, weight, has_bias = bias.defined(),
+                                                        bias_grad = bias.defined() && bias.requires_grad()](
+                                                           const Grads& g) {
+    // Over the rows of the flattened (M, N) output: dX = dY W, dW = dY^T X, db = column sums of
+    // dY. The transposes are views the GEMM takes as flags.
+    const int64_t n = weight.size(0), k = weight.size(1);
+    const Tensor rows = ops::reshape(g[0], {g[0].numel() / std::max<int64_t>(n, 1), n});
+    Grads grads(has_bias ? 3 : 2);
+    if (input.requires_grad()) grads[0] = ops::matmul(g[0], weight);
+    if (weight.requires_grad()) {
+      grads[1] = ops::matmul(ops::transpose(rows, 0, 1), ops::reshape(input, {rows.size(0), k}));
+    }
+    if (bias_grad) grads[2] = ops::sum(rows, {0});
+    return grads;
+  })[0];
+}
+
 }  // namespace loom

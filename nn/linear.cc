@@ -31,9 +31,8 @@ Tensor Linear::forward(const Tensor& input) {
   LOOM_CHECK(input.dim() >= 1 && input.size(-1) == weight_.size(-1),
              "Linear: input of shape {} does not end in in_features={} (weight shape {})",
              shape_str(input.shape()), weight_.size(-1), shape_str(weight_.shape()));
-  // The transposed weight is a view; the GEMM takes it as a flag.
-  Tensor out = matmul(input, transpose(weight_, 0, 1));
-  return bias_.defined() ? add(out, bias_) : out;
+  // One GEMM with the bias fused into it (loom::linear); the transposed weight is a flag.
+  return linear(input, weight_, bias_);
 }
 
 }  // namespace loom::nn

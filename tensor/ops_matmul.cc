@@ -6,6 +6,7 @@
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_elementwise.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
@@ -124,6 +125,50 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (a_vector) out = squeeze(out, -2);
   if (b_vector) out = squeeze(out, -1);
   return out;
+}
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  LOOM_CHECK(input.defined() && weight.defined(), "linear: the input and the weight must be defined");
+  LOOM_CHECK(input.dim() >= 1 && weight.dim() == 2 && input.size(-1) == weight.size(1),
+             "linear: input of shape {} does not end in in_features={} (weight shape {}, expected (out, in))",
+             shape_str(input.shape()), weight.dim() == 2 ? weight.size(1) : -1, shape_str(weight.shape()));
+  const Tensor weight_t = transpose(weight, 0, 1);  // a view the GEMM takes as a flag
+  if (!bias.defined()) return matmul(input, weight_t);
+  const int64_t n = weight.size(0), k = weight.size(1);
+  LOOM_CHECK(bias.dim() == 1 && bias.size(0) == n, "linear: the bias must have shape ({}), got {}", n,
+             shape_str(bias.shape()));
+  const bool extended = input.extension() || weight.extension() || bias.extension();
+  const Device device = extended ? Device::cpu() : op_device("linear", {input, weight, bias});
+  LOOM_CHECK(is_floating(input.dtype()) && input.dtype() == weight.dtype() && input.dtype() == bias.dtype(),
+             "linear: expected floating input, weight and bias of one dtype, got {}, {} and {}",
+             dtype_name(input.dtype()), dtype_name(weight.dtype()), dtype_name(bias.dtype()));
+  const bool misaligned_bias =
+      device.is_cuda() && reinterpret_cast<uintptr_t>(bias.raw_data()) % cuda::kBiasAlignment != 0;
+  if (extended || k == 0 || !bias.is_contiguous() || misaligned_bias) return add(matmul(input, weight_t), bias);
+
+  Shape out_shape = input.shape();
+  out_shape.back() = n;
+  const int64_t m = shape_numel(input.shape()) / std::max<int64_t>(k, 1);
+  // The CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
+  const DType gemm_dtype = device.is_cuda() ? input.dtype() : kFloat32;
+  const GemmOperand x = as_gemm_operand(reshape(to(input, gemm_dtype), {m, k}));
+  const GemmOperand w = as_gemm_operand(to(weight_t, gemm_dtype));
+  const Tensor b = to(bias, gemm_dtype);
+  Tensor out = Tensor::empty({m, n}, gemm_dtype, device);
+  const int64_t ldc = std::max<int64_t>(n, 1);
+  if (device.is_cuda()) {
+    cuda::GemmProblem p{.dtype = gemm_dtype, .transpose_a = x.transposed, .transpose_b = w.transposed,
+                        .m = m, .n = n, .k = k, .lda = x.leading, .ldb = w.leading, .ldc = ldc,
+                        .stride_a = 0, .stride_b = 0, .stride_c = m * n, .batch = 1};
+    cuda::gemm(p, x.tensor.raw_data(), w.tensor.raw_data(), out.raw_data(), device.index, b.raw_data());
+  } else {
+    copy_(out, b);  // every row starts as the bias; the GEMM adds the product (beta = 1)
+    cpu::sgemm(x.transposed, w.transposed, m, n, k, 1.0f, static_cast<const float*>(x.tensor.raw_data()), x.leading,
+               static_cast<const float*>(w.tensor.raw_data()), w.leading, 1.0f, static_cast<float*>(out.raw_data()),
+               ldc);
+  }
+  if (out.dtype() != input.dtype()) out = to(out, input.dtype());
+  return reshape(out, out_shape);
 }
 
 }  // namespace loom::ops

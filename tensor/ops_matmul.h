@@ -12,4 +12,11 @@ namespace loom::ops {
 // (batch) dims broadcast. Shapes (..., M, K) @ (..., K, N) -> (..., M, N).
 Tensor matmul(const Tensor& a, const Tensor& b);
 
+// torch.nn.functional.linear: input (..., K) @ weight (N, K)^T + bias (N,), bias optional.
+// The bias is fused into the one GEMM: on CUDA through cuBLASLt's bias epilogue, on CPU by
+// starting the output as the bias rows and letting the GEMM accumulate into it (beta = 1). Either
+// way the separate add's pass over the (..., N) output is gone. Tensors with an extension
+// (DTensors) take the composed path, matmul then add, which their sharding rules cover.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = Tensor());
+
 }  // namespace loom::ops

@@ -36,7 +36,15 @@ struct GemmProblem {
 };
 
 // C = op(A) @ op(B) (alpha 1, beta 0: C is overwritten). K == 0 gives zeros.
-void gemm(const GemmProblem& problem, const void* a, const void* b, void* c, int device);
+// With `bias` (N elements of the problem's dtype, 16-byte aligned; batch 1 and K > 0 only),
+// C = op(A) @ op(B) + bias broadcast over the rows, added by cuBLASLt's bias epilogue
+// (CUBLASLT_EPILOGUE_BIAS) as each tile is written: no second pass over C (torch's addmm on CUDA
+// does the same).
+void gemm(const GemmProblem& problem, const void* a, const void* b, void* c, int device,
+          const void* bias = nullptr);
+
+// The alignment `bias` of gemm() must have.
+inline constexpr std::size_t kBiasAlignment = 16;
 
 // Number of distinct problems whose plan (descriptors + algorithm) is cached on `device`.
 std::size_t gemm_plan_cache_size(int device);

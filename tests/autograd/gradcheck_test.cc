@@ -125,6 +125,16 @@ TEST(GradcheckTest, Matmul) {
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 22), ops::uniform({4, 2}, 23)}));
 }
 
+TEST(GradcheckTest, Linear) {
+  // One node for input @ weight^T + bias: all three gradients, batch dims flattened into rows.
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(x[0], x[1], x[2]); },
+                               {leaf({2, 3, 4}, 40), leaf({5, 4}, 41), leaf({5}, 42)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(x[0], x[1]); }, {leaf({3, 4}, 43), leaf({2, 4}, 44)}));
+  // Only the weight requires grad; a transposed (non-contiguous) input.
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(transpose(x[1], 0, 1), x[0], x[2]); },
+                               {leaf({2, 4}, 45), ops::uniform({4, 3}, 46), ops::uniform({2}, 47)}));
+}
+
 TEST(GradcheckTest, DtypeConversionPassesGradientBackInOriginalDtype) {
   // Finite differences through bf16 rounding are meaningless, so check the formula directly:
   // to(bf16) backward converts the gradient back to f32.

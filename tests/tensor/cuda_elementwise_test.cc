@@ -152,6 +152,24 @@ TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
   EXPECT_EQ(cuda::gemm_plan_cache_size(0), plans) << "a repeated shape reuses its cached plan";
 }
 
+TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
+  const DType dtype = GetParam();
+  const auto check = [&](const Tensor& x, const Tensor& w, const Tensor& b, const std::string& what) {
+    expect_close(ops::linear(x, w, b), ops::linear(gpu(x), gpu(w), b.defined() ? gpu(b) : Tensor()), what, 4.0);
+  };
+  check(random_tensor({33, 17}, 40, dtype), random_tensor({29, 17}, 41, dtype), random_tensor({29}, 42, dtype),
+        "2-D, cuBLASLt bias epilogue");
+  check(random_tensor({2, 16, 64}, 43, dtype), random_tensor({96, 64}, 44, dtype), random_tensor({96}, 45, dtype),
+        "batch dims flattened into rows");
+  check(random_tensor({5, 8}, 46, dtype), random_tensor({3, 8}, 47, dtype), Tensor(), "no bias");
+  // A bias at an odd element offset is not 16-byte aligned: the composed path (matmul, add).
+  const Tensor storage = gpu(random_tensor({30}, 48, dtype));
+  const Tensor odd_bias = ops::narrow(storage, 0, 1, 29);
+  const Tensor x = random_tensor({7, 17}, 49, dtype), w = random_tensor({29, 17}, 50, dtype);
+  expect_close(ops::linear(x, w, ops::to(odd_bias, Device::cpu())), ops::linear(gpu(x), gpu(w), odd_bias),
+               "misaligned bias (composed)", 4.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaElementwiseTest, ::testing::ValuesIn(kKernelDTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

@@ -269,5 +269,62 @@ TEST(MatmulTest, OutputIsFreshAndContiguous) {
   EXPECT_EQ(to_vector(a), before);
 }
 
+// ops::linear = input @ weight^T + bias with the bias fused into the GEMM (the CPU GEMM
+// accumulates into rows that start as the bias): against the same f64 reference, the bias
+// counted in the bound's magnitude.
+Tensor check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const Reference r = reference_matmul(x, transpose(w, 0, 1));
+  const Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.shape(), r.shape);
+  EXPECT_EQ(y.dtype(), x.dtype());
+  const Values yv = to_vector(y), bv = b.defined() ? to_vector(b) : Values(w.size(0), 0.0);
+  EXPECT_EQ(yv.size(), r.values.size());
+  const double out_ulp = x.dtype() == kBFloat16 ? 0x1.0p-8 : x.dtype() == kFloat16 ? 0x1.0p-11 : 0.0;
+  for (size_t i = 0; i < std::min(yv.size(), r.values.size()); ++i) {
+    const double bias = bv[i % bv.size()], expected = r.values[i] + bias;
+    const double tol =
+        (r.k + 3) * FLT_EPSILON * (r.magnitude[i] + std::abs(bias)) + out_ulp * std::abs(expected);
+    EXPECT_NEAR(yv[i], expected, tol) << "element " << i << " of " << shape_str(r.shape);
+  }
+  return y;
+}
+
+TEST(LinearTest, FusedBiasMatchesTheReference) {
+  check_linear(random_tensor({5, 7}, 60), random_tensor({3, 7}, 61), random_tensor({3}, 62));
+  // Batch dims flatten into the GEMM's rows; sizes past any blocking.
+  check_linear(random_tensor({2, 33, 129}, 63), random_tensor({67, 129}, 64), random_tensor({67}, 65));
+  // A non-contiguous input (a transposed view) and no bias.
+  check_linear(transpose(random_tensor({7, 5}, 66), 0, 1), random_tensor({4, 7}, 67), random_tensor({4}, 68));
+  check_linear(random_tensor({5, 7}, 69), random_tensor({3, 7}, 70), Tensor());
+  // A bias that is not contiguous takes the composed path (matmul, then add).
+  check_linear(random_tensor({5, 7}, 71), random_tensor({3, 7}, 72), view(narrow(random_tensor({3, 2}, 73), 1, 0, 1), {3}));
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(std::string(dtype_name(dtype)));
+    check_linear(random_tensor({2, 3, 5}, 74, dtype), random_tensor({4, 5}, 75, dtype), random_tensor({4}, 76, dtype));
+  }
+}
+
+TEST(LinearTest, FusedAndComposedAgree) {
+  // The fused GEMM adds the bias where the composed path adds it after: equal to rounding.
+  const Tensor x = random_tensor({8, 16, 32}, 77), w = random_tensor({48, 32}, 78), b = random_tensor({48}, 79);
+  const Values fused = to_vector(linear(x, w, b));
+  const Values composed = to_vector(add(matmul(x, transpose(w, 0, 1)), b));
+  ASSERT_EQ(fused.size(), composed.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_NEAR(fused[i], composed[i], 1e-5 * (std::abs(composed[i]) + 1)) << i;
+}
+
+TEST(LinearTest, ZeroSizesAndErrors) {
+  // K = 0: the empty product is zeros, so every row is the bias.
+  EXPECT_EQ(to_vector(linear(zeros({2, 0}), zeros({3, 0}), from_vector({1.f, 2.f, 3.f}, {3}))),
+            (Values{1, 2, 3, 1, 2, 3}));
+  EXPECT_EQ(linear(zeros({0, 4}), zeros({3, 4}), zeros({3})).shape(), (Shape{0, 3}));
+  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 5}), zeros({3})); }),
+            "linear: input of shape (2, 4) does not end in in_features=5 (weight shape (3, 5), expected (out, in))");
+  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }),
+            "linear: the bias must have shape (3), got (4,)");
+  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({3}, kBFloat16)); }),
+            "linear: expected floating input, weight and bias of one dtype, got f32, f32 and bf16");
+}
+
 }  // namespace
 }  // namespace loom::ops

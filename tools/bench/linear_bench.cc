@@ -1,0 +1,40 @@
+// Does fusing Linear's bias into the GEMM pay on CPU? ops::linear (the bias rows are the GEMM's
+// starting C, beta = 1) against the composed matmul then add, forward only, on GPT-2 small's
+// Linear shapes for one 1024-token microbatch (M = 1024): c_attn 768 -> 2304, attn.c_proj
+// 768 -> 768, mlp.c_fc 768 -> 3072, mlp.c_proj 3072 -> 768. The figure is the time per call and
+// the fused path's saving (the add's extra pass over the (M, N) output and its allocation).
+// The CUDA path (cuBLASLt's bias epilogue) is measured by tools/gpu_check.sh's training run.
+//
+//   OMP_NUM_THREADS=1 bazel run -c opt //tools/bench:linear_bench
+#include <benchmark/benchmark.h>
+
+#include "tensor/ops.h"
+
+namespace {
+
+using namespace loom;
+
+constexpr int64_t kTokens = 1024;
+
+void run(benchmark::State& state, bool fused) {
+  const int64_t in = state.range(0), out = state.range(1);
+  const Tensor x = ops::uniform({kTokens, in}, 1, -1.0, 1.0);
+  const Tensor w = ops::uniform({out, in}, 2, -0.05, 0.05);
+  const Tensor b = ops::uniform({out}, 3, -0.05, 0.05);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(fused ? ops::linear(x, w, b) : ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), b));
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * in * out, benchmark::Counter::kIsIterationInvariantRate,
+                                                 benchmark::Counter::kIs1000);
+}
+
+void BM_LinearFusedBias(benchmark::State& state) { run(state, true); }
+void BM_MatmulThenAdd(benchmark::State& state) { run(state, false); }
+
+#define GPT2_SMALL_SHAPES ->Args({768, 2304})->Args({768, 768})->Args({768, 3072})->Args({3072, 768})->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_LinearFusedBias) GPT2_SMALL_SHAPES;
+BENCHMARK(BM_MatmulThenAdd) GPT2_SMALL_SHAPES;
+
+}  // namespace
+
+BENCHMARK_MAIN();
