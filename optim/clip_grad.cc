@@ -65,12 +65,13 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
   }
   double total = replicated;
   for (const ShardedSum& entry : sharded) {
-    Tensor sum = ops::reshape(ops::scalar_tensor(entry.sum, kFloat32), {1});
-    entry.owner->group(entry.mesh_dim)->all_reduce(sum)->wait();
+    const auto& group = entry.owner->group(entry.mesh_dim);
+    Tensor sum = ops::to(ops::reshape(ops::scalar_tensor(entry.sum, kFloat32), {1}), group->device());
+    group->all_reduce(sum)->wait();
     total += sum.item<double>();
   }
   for (const auto& group : options.sum_over) {
-    Tensor sum = ops::reshape(ops::scalar_tensor(total, kFloat32), {1});
+    Tensor sum = ops::to(ops::reshape(ops::scalar_tensor(total, kFloat32), {1}), group->device());
     group->all_reduce(sum)->wait();
     total = sum.item<double>();
   }

@@ -50,7 +50,8 @@ int64_t mesh_dim_sharding(const DTensorSpec& spec, int64_t tensor_dim, std::stri
 
 // One-hot (rows, width) of `targets - offset` (f32; rows whose target falls outside are zero).
 Tensor local_one_hot(const Tensor& targets, int64_t offset, int64_t width) {
-  const Tensor columns = ops::add(ops::to(ops::arange(width), kInt64), static_cast<double>(offset));
+  const Tensor columns =
+      ops::add(ops::to(ops::to(ops::arange(width), kInt64), targets.device()), static_cast<double>(offset));
   return ops::eq(ops::to(ops::unsqueeze(targets, 1), kFloat32), ops::to(ops::unsqueeze(columns, 0), kFloat32));
 }
 
