@@ -144,7 +144,11 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
              dtype_name(input.dtype()), dtype_name(weight.dtype()), dtype_name(bias.dtype()));
   const bool misaligned_bias =
       device.is_cuda() && reinterpret_cast<uintptr_t>(bias.raw_data()) % cuda::kBiasAlignment != 0;
-  if (extended || k == 0 || !bias.is_contiguous() || misaligned_bias) return add(matmul(input, weight_t), bias);
+  // cuBLASLt's heuristic rejects bias-epilogue problems with one row or column in the weight
+  // (torch's addmm avoids them for that reason): K or N of 1 compose too, as does K == 0.
+  if (extended || k <= 1 || n <= 1 || !bias.is_contiguous() || misaligned_bias) {
+    return add(matmul(input, weight_t), bias);
+  }
 
   Shape out_shape = input.shape();
   out_shape.back() = n;

@@ -56,7 +56,7 @@ struct Plan {
 };
 
 using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, bool>;
+                           int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
@@ -108,7 +108,7 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
 // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLASLt (column-major) gets
 // B as its first operand and A as its second, with the same transpose flags.
 std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t align_a,
-                                uint32_t align_b, uint32_t align_c, bool with_bias, int device) {
+                                uint32_t align_b, uint32_t align_c, const void* bias, int device) {
   auto plan = std::make_unique<Plan>();
   const cudaDataType_t type = cuda_type(p.dtype);
   check_lt(cublaslt().MatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
@@ -121,17 +121,17 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
   check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                           sizeof(op_second)),
            "cublasLtMatmulDescSetAttribute(TRANSB)", p, device);
-  if (with_bias) {
+  if (bias != nullptr) {
     // Column-major D is (N, M): the epilogue's bias has one value per row of D, i.e. per output
-    // column of the row-major C. Its pointer is set per call (gemm()).
+    // column of the row-major C, in D's dtype (cuBLASLt's default). The heuristic reads the
+    // pointer's alignment (cublasLt.h: BIAS_POINTER), so it is set before the heuristic runs;
+    // plans are keyed by that alignment and later calls only swap the pointer (gemm()).
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
                                             sizeof(epilogue)),
              "cublasLtMatmulDescSetAttribute(EPILOGUE_BIAS)", p, device);
-    const cudaDataType_t bias_type = type;
-    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-                                            &bias_type, sizeof(bias_type)),
-             "cublasLtMatmulDescSetAttribute(BIAS_DATA_TYPE)", p, device);
+    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+             "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p, device);
   }
   // Stored shapes, column-major: B is (N, K) or, transposed, (K, N); A is (K, M) or (M, K).
   plan->a = p.transpose_b ? make_layout(type, p.k, p.n, p.ldb, p.batch, p.stride_b, p, device)
@@ -191,14 +191,20 @@ void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int devic
   const uint32_t align_b = alignment(b, p.stride_b, p.dtype);
   const uint32_t align_c = alignment(c, p.stride_c, p.dtype);
   const bool with_bias = bias != nullptr;
+  const uint32_t align_bias = with_bias ? alignment(bias, 0, p.dtype) : 0;  // 0: no epilogue
   const PlanKey key{static_cast<int>(p.dtype), p.transpose_a, p.transpose_b, p.m, p.n, p.k, p.lda,
                     p.ldb, p.ldc, p.stride_a, p.stride_b, p.stride_c, p.batch, align_a, align_b,
-                    align_c, with_bias};
+                    align_c, align_bias};
   // The lock also covers the call when the plan's descriptor takes this call's bias pointer.
   std::unique_lock<std::mutex> lock(s.mutex);
-  auto& slot = s.plans[key];
-  if (!slot) slot = make_plan(p, s, align_a, align_b, align_c, with_bias, device);
-  Plan* plan = slot.get();
+  Plan* plan = nullptr;
+  if (auto it = s.plans.find(key); it != s.plans.end()) {
+    plan = it->second.get();
+  } else {  // inserted only once built: a failed plan leaves no empty entry behind
+    auto made = make_plan(p, s, align_a, align_b, align_c, bias, device);
+    plan = made.get();
+    s.plans.emplace(key, std::move(made));
+  }
   if (with_bias) {
     check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p, device);

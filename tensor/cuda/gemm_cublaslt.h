@@ -10,8 +10,9 @@
 //
 // Per device: one cuBLASLt handle and one workspace (kWorkspaceBytes), created on first use and
 // reused by every call. Per problem (dtype, flags, sizes, leading dims, strides, pointer
-// alignment): the matmul descriptor, the three layouts and the heuristic's algorithm, cached, so
-// a training step's repeated shapes pay for cublasLtMatmulAlgoGetHeuristic once.
+// alignment, and the bias's alignment when there is one): the matmul descriptor, the three
+// layouts and the heuristic's algorithm, cached, so a training step's repeated shapes pay for
+// cublasLtMatmulAlgoGetHeuristic once.
 // Runs on the device's compute stream (stream.h). Failures throw loom::Error naming the call,
 // cuBLAS's status and the problem.
 #pragma once

@@ -162,6 +162,17 @@ TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
   check(random_tensor({2, 16, 64}, 43, dtype), random_tensor({96, 64}, 44, dtype), random_tensor({96}, 45, dtype),
         "batch dims flattened into rows");
   check(random_tensor({5, 8}, 46, dtype), random_tensor({3, 8}, 47, dtype), Tensor(), "no bias");
+  // One output or one input feature: composed (cuBLASLt's heuristic rejects these with a bias).
+  check(random_tensor({9, 8}, 51, dtype), random_tensor({1, 8}, 52, dtype), random_tensor({1}, 53, dtype), "N = 1");
+  check(random_tensor({9, 1}, 54, dtype), random_tensor({6, 1}, 55, dtype), random_tensor({6}, 56, dtype), "K = 1");
+  // A bias 16-byte aligned but not 256-byte aligned gets its own plan (the heuristic reads the
+  // bias pointer's alignment), after the same shape ran with a 256-byte aligned bias.
+  const int64_t sixteen_bytes = 16 / static_cast<int64_t>(element_size(dtype));
+  const Tensor bias_storage = gpu(random_tensor({29 + sixteen_bytes}, 57, dtype));
+  const Tensor shifted_bias = ops::narrow(bias_storage, 0, sixteen_bytes, 29);
+  const Tensor x16 = random_tensor({33, 17}, 40, dtype), w16 = random_tensor({29, 17}, 41, dtype);
+  expect_close(ops::linear(x16, w16, ops::to(shifted_bias, Device::cpu())), ops::linear(gpu(x16), gpu(w16), shifted_bias),
+               "bias at a 16-byte offset", 4.0);
   // A bias at an odd element offset is not 16-byte aligned: the composed path (matmul, add).
   const Tensor storage = gpu(random_tensor({30}, 48, dtype));
   const Tensor odd_bias = ops::narrow(storage, 0, 1, 29);
