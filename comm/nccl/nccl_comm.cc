@@ -17,12 +17,18 @@ namespace {
 int64_t to_ms(Duration d) { return static_cast<int64_t>(d.count()); }
 
 // Polls a non-blocking communicator until it leaves ncclInProgress. Returns its final state, or
-// ncclInProgress when `deadline` passed first.
-ncclResult_t poll_until_ready(ncclComm_t comm, Clock::time_point deadline) {
+// ncclInProgress when `deadline` passed first. `query_mutex` serializes ncclCommGetAsyncError
+// on one communicator: during an in-progress group it completes the group's job, which NCCL
+// does not guard against two threads (the launcher and the watchdog) doing at once.
+ncclResult_t poll_until_ready(ncclComm_t comm, Clock::time_point deadline, std::mutex& query_mutex) {
   auto sleep = std::chrono::microseconds(10);
   while (true) {
     ncclResult_t state = ncclSuccess;
-    const ncclResult_t query = ncclCommGetAsyncError(comm, &state);
+    ncclResult_t query;
+    {
+      std::lock_guard<std::mutex> serialized(query_mutex);
+      query = ncclCommGetAsyncError(comm, &state);
+    }
     if (query != ncclSuccess) return query;
     if (state != ncclInProgress) return state;
     if (Clock::now() >= deadline) return ncclInProgress;
@@ -93,7 +99,7 @@ std::shared_ptr<NcclComm> NcclComm::create(Store& store, int rank, int size,
   const Clock::time_point deadline = Clock::now() + timeout;
   ncclComm_t comm = nullptr;
   ncclResult_t result = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  if (result == ncclInProgress) result = poll_until_ready(comm, deadline);
+  if (result == ncclInProgress) result = poll_until_ready(comm, deadline, self->async_query_mutex_);
   if (result != ncclSuccess) {
     std::string message =
         result == ncclInProgress
@@ -124,7 +130,7 @@ NcclComm::~NcclComm() {
       ncclResult_t finalized = ncclInternalError;
       if (drained == cudaSuccess) {
         finalized = ncclCommFinalize(comm_);
-        if (finalized == ncclInProgress) finalized = poll_until_ready(comm_, deadline);
+        if (finalized == ncclInProgress) finalized = poll_until_ready(comm_, deadline, async_query_mutex_);
       }
       if (finalized == ncclSuccess) {
         (void)ncclCommDestroy(comm_);
@@ -149,7 +155,7 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::Launch::nccl(ncclResult_t result, std::string_view call) {
-  if (result == ncclInProgress) result = poll_until_ready(comm_, deadline_);
+  if (result == ncclInProgress) result = poll_until_ready(comm_, deadline_, owner_.async_query_mutex_);
   if (result == ncclSuccess) return;
   if (result == ncclInProgress) {
     LOOM_FAIL("{} on cuda:{}: NCCL did not finish enqueuing {} before the group's timeout",
@@ -245,7 +251,11 @@ std::string NcclComm::async_error(std::string_view context) {
   std::shared_lock lock(comm_mutex_);
   if (comm_ == nullptr) return "";
   ncclResult_t state = ncclSuccess;
-  const ncclResult_t query = ncclCommGetAsyncError(comm_, &state);
+  ncclResult_t query;
+  {
+    std::lock_guard<std::mutex> serialized(async_query_mutex_);  // see poll_until_ready
+    query = ncclCommGetAsyncError(comm_, &state);
+  }
   if (query != ncclSuccess) {
     return nccl_error_message(context, device_, "ncclCommGetAsyncError", query, comm_);
   }

@@ -16,7 +16,8 @@
 // is not reusable; build a new one.
 //
 // Thread safety: launches and error queries hold `comm_mutex_` shared; abort and destruction hold
-// it exclusively, so the communicator handle is never freed under a running call.
+// it exclusively, so the communicator handle is never freed under a running call. Calls of
+// ncclCommGetAsyncError are also serialized among themselves (async_query_mutex_).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -123,6 +124,8 @@ class NcclComm {
 
   mutable std::mutex failure_mutex_;
   std::string failure_;
+  // Serializes ncclCommGetAsyncError calls (launching thread and watchdog; nccl_comm.cc).
+  std::mutex async_query_mutex_;
 };
 
 // The stream whose work an operation is ordered after ("the caller's current stream"). The tensor

@@ -6,12 +6,14 @@
 // does the same in the new group's own key space (a PrefixStore).
 //
 // Streams. Each group has its own non-blocking CUDA stream. Every operation records an event on
-// the caller's stream (the legacy default stream: Loom has no current-stream API yet, and its
-// copies and kernels run there) and makes the group's stream wait for it, so the operation sees
-// every write queued before it was issued. It then launches the NCCL call(s) and records a
-// completion event. Operations of one group run one at a time in issue order; operations of
-// different groups may overlap. Work::wait() blocks the host until the completion event fired
-// (see comm/nccl/work_nccl.h); after it, the outputs may be used anywhere. Until then, neither
+// the caller's stream (the legacy default stream, which follows every kernel queued on the
+// tensor layer's blocking compute stream, tensor/cuda/stream.h) and makes the group's stream
+// wait for it, so the operation sees every write queued before it was issued. It then launches
+// the NCCL call(s) and records a completion event. Operations of one group run one at a time in
+// issue order; operations of different groups may overlap, and all of them overlap the compute
+// stream's later work. Work::wait() blocks the host until the completion event fired (see
+// comm/nccl/work_nccl.h); after it, the outputs may be used anywhere. Work::block_current_stream()
+// makes the compute stream wait for that event instead, and returns at once. Until then, neither
 // read nor write the op's tensors (the Work keeps them alive).
 //
 // Operations (all tensors contiguous, on cuda:<device_index()>; dtypes f32, bf16, f16, i32, i64;

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <exception>
+
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
@@ -111,6 +113,15 @@ void Reducer::reset_iteration() {
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& bucket : buckets_) {
     bucket.pending = bucket.slots.size();
+    if (bucket.work) {
+      // Normally ordered already (finalize); on an error path, what comes next (zero_grad, the
+      // next backward) must still follow the in-place all-reduce rather than race it.
+      try {
+        bucket.work->block_current_stream();
+      } catch (...) {
+        // Its error was or will be reported; the group is unusable either way.
+      }
+    }
     bucket.work = nullptr;
   }
   next_bucket_ = 0;
@@ -183,12 +194,23 @@ void Reducer::finalize() {
   }
   while (next_bucket_ < buckets_.size()) launch(next_bucket_++);  // buckets with unused parameters
   // On GPU ranks the compute stream waits for each all-reduce (the host goes on to queue the
-  // optimizer step); on CPU ranks this blocks until they finished.
-  for (auto& bucket : buckets_) bucket.work->block_current_stream();
+  // optimizer step); on CPU ranks this blocks until they finished. Every bucket is ordered and
+  // the iteration reset even when one failed; the first error is rethrown after.
+  std::exception_ptr first_error;
+  for (auto& bucket : buckets_) {
+    try {
+      bucket.work->block_current_stream();
+    } catch (...) {
+      if (!first_error) first_error = std::current_exception();
+    }
+  }
   reset_iteration();
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 void Reducer::zero_grad() {
+  // A backward that threw never reached finalize(): order its launched buckets before zeroing.
+  if (in_backward_) reset_iteration();
   NoGradGuard no_grad;
   for (auto& bucket : buckets_) ops::fill_(bucket.buffer, 0.0);
   for (size_t i = 0; i < slots_.size(); ++i) bind_grad(i);

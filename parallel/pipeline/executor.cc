@@ -18,10 +18,14 @@ PipelineExecutor::PipelineExecutor(Schedule schedule,
                                    std::vector<std::shared_ptr<PipelineStage>> stages,
                                    LossFn loss_fn)
     : schedule_(std::move(schedule)), stages_(std::move(stages)), loss_fn_(std::move(loss_fn)) {
-  validate_schedule(schedule_);
   LOOM_CHECK(!stages_.empty() && std::none_of(stages_.begin(), stages_.end(),
                                               [](const auto& s) { return s == nullptr; }),
              "PipelineExecutor: give this rank's stages (none, or a null one, given)");
+  // On GPU groups (NCCL) a send holds its stream until the peer receives it: the schedule must
+  // be deadlock-free under that rule too, not only with buffered sends (Gloo).
+  const bool sends_wait_for_receiver = stages_.front()->group().device().is_cuda();
+  validate_schedule(schedule_,
+                    {.sends = sends_wait_for_receiver ? SendSemantics::kRendezvous : SendSemantics::kAsync});
   LOOM_CHECK(loss_fn_ != nullptr, "PipelineExecutor: the loss function is empty");
   const PipelineStage& first = *stages_.front();
   pp_rank_ = first.pp_rank();

@@ -57,8 +57,9 @@ struct StepStats {
 
 class PipelineExecutor {
  public:
-  // Validates the schedule (validate_schedule) and that `stages` are exactly the stages the
-  // schedule places on this pp rank, all on one pp group of schedule.num_ranks ranks.
+  // Validates the schedule (validate_schedule; on a GPU pp group with rendezvous sends, as NCCL's
+  // sends wait for the receiver) and that `stages` are exactly the stages the schedule places on
+  // this pp rank, all on one pp group of schedule.num_ranks ranks.
   PipelineExecutor(Schedule schedule, std::vector<std::shared_ptr<PipelineStage>> stages,
                    LossFn loss_fn);
 

@@ -3,6 +3,7 @@
 #include "parallel/ddp/ddp.h"
 
 #include <gmock/gmock.h>
+#include <map>
 #include <gtest/gtest.h>
 
 #include "autograd/engine.h"
@@ -92,6 +93,29 @@ TEST(DDPTest, FirstBucketAllReduceStartsBeforeBackwardReachesTheFirstLayer) {
     backward(loss);
     EXPECT_GE(all_reduces_when_first_layer_reached - before, 1) << "no bucket was launched during backward";
     EXPECT_EQ(ddp.reducer().buckets_launched_during_backward(), static_cast<int64_t>(ddp.reducer().bucket_count()));
+  });
+}
+
+TEST(DDPTest, ABackwardThatThrowsLeavesTheNextStepCorrect) {
+  // The backward throws after fc3's and fc2's buckets were launched, so finalize() never runs;
+  // zero_grad() must order those all-reduces and reset the iteration, and the next step must
+  // equal one rank's (not fail with "received its gradient twice").
+  const Tensor batch = ops::uniform({8, 8}, 12, -1.0, 1.0);
+  auto reference = std::make_shared<Mlp>();
+  backward(loss_of((*reference)(batch)));
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto model = std::make_shared<Mlp>();
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
+    const Tensor mine = ops::narrow(batch, 0, 4 * pg.rank(), 4);
+    Tensor loss = loss_of(ddp(mine));
+    autograd::register_hook(model->hidden, [](const Tensor&) -> Tensor { LOOM_FAIL("deliberate failure in backward"); });
+    EXPECT_THROW(backward(loss), Error);
+    EXPECT_GE(ddp.reducer().buckets_launched_during_backward(), 1) << "the failure must come after a launch";
+    ddp.zero_grad();
+    backward(loss_of(ddp(mine)));
+    std::map<std::string, Tensor> expected;
+    for (const auto& [name, p] : reference->named_parameters()) expected[name] = p.grad();
+    for (const auto& [name, p] : model->named_parameters()) expect_close(p.grad(), expected.at(name), name + " grad");
   });
 }
 
