@@ -120,13 +120,13 @@ NcclComm::~NcclComm() {
   try {
     cuda::DeviceGuard on_device(device_);
     std::unique_lock lock(comm_mutex_);
+    const Clock::time_point deadline = Clock::now() + timeout_;
+    cudaError_t drained = stream_ != nullptr ? cudaStreamQuery(stream_) : cudaSuccess;
+    while (drained == cudaErrorNotReady && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      drained = cudaStreamQuery(stream_);
+    }
     if (comm_ != nullptr) {
-      const Clock::time_point deadline = Clock::now() + timeout_;
-      cudaError_t drained = cudaStreamQuery(stream_);
-      while (drained == cudaErrorNotReady && Clock::now() < deadline) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        drained = cudaStreamQuery(stream_);
-      }
       ncclResult_t finalized = ncclInternalError;
       if (drained == cudaSuccess) {
         finalized = ncclCommFinalize(comm_);
@@ -144,6 +144,18 @@ NcclComm::~NcclComm() {
         abort_locked();
       }
       comm_ = nullptr;
+    }
+    {
+      std::lock_guard<std::mutex> graveyard_lock(graveyard_mutex_);
+      if (drained == cudaSuccess) {
+        graveyard_.clear();
+      } else if (!graveyard_.empty()) {
+        LOOM_LOG(warn,
+                 "NCCL group '{}' (rank {}) on cuda:{}: its stream did not drain ({}); the memory of {} tensors "
+                 "its unfinished operations used is left allocated rather than reused under them",
+                 group_, rank_, device_, cudaGetErrorName(drained), graveyard_.size());
+        new std::vector<Tensor>(std::move(graveyard_));  // deliberately leaked
+      }
     }
     if (barrier_buffer_ != nullptr) (void)cudaFree(barrier_buffer_);
     if (ready_event_ != nullptr) (void)cudaEventDestroy(ready_event_);
@@ -245,6 +257,12 @@ void NcclComm::abort_locked() {
              nccl_result_name(result), ncclGetErrorString(result));
   }
   comm_ = nullptr;
+}
+
+void NcclComm::keep_until_drained(std::vector<Tensor> tensors) {
+  if (tensors.empty()) return;
+  std::lock_guard<std::mutex> lock(graveyard_mutex_);
+  for (Tensor& t : tensors) graveyard_.push_back(std::move(t));
 }
 
 std::string NcclComm::async_error(std::string_view context) {

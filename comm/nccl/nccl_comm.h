@@ -30,8 +30,10 @@
 #include <shared_mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "comm/store.h"
+#include "tensor/tensor.h"
 
 namespace loom::comm::nccl {
 
@@ -50,7 +52,8 @@ class NcclComm {
   static std::shared_ptr<NcclComm> create(Store& store, int rank, int size,
                                           const std::string& group, int device, Duration timeout);
   // Waits (up to the creation timeout) for the stream to drain, then ncclCommFinalize +
-  // ncclCommDestroy; aborts instead when the group failed or the drain timed out. Never throws.
+  // ncclCommDestroy; aborts instead when the group failed or the drain timed out. The kept
+  // tensors (keep_until_drained) go only if the stream drained. Never throws.
   ~NcclComm();
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -104,6 +107,11 @@ class NcclComm {
   void fail(const std::string& message);
   // An asynchronous NCCL error (ncclCommGetAsyncError), described for `context`; empty when none.
   std::string async_error(std::string_view context);
+  // Keeps the tensors of an operation that may still run on the stream although its Work is gone
+  // or failed (a Work dropped unfinished; a failure while the kernel drains after an abort), so
+  // the caching allocator cannot hand their memory out under NCCL. Released by ~NcclComm once the
+  // stream drained, never when it did not (torch's ProcessGroupNCCL keeps such a graveyard too).
+  void keep_until_drained(std::vector<Tensor> tensors);
 
  private:
   NcclComm(int rank, int size, std::string group, int device, Duration timeout)
@@ -126,6 +134,8 @@ class NcclComm {
   std::string failure_;
   // Serializes ncclCommGetAsyncError calls (launching thread and watchdog; nccl_comm.cc).
   std::mutex async_query_mutex_;
+  std::mutex graveyard_mutex_;
+  std::vector<Tensor> graveyard_;  // keep_until_drained
 };
 
 // The stream whose work an operation is ordered after ("the caller's current stream"). The tensor

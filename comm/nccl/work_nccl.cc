@@ -28,12 +28,24 @@ WorkNccl::WorkNccl(std::shared_ptr<NcclComm> comm, std::string description, Dura
   }
 }
 
+bool WorkNccl::may_still_run() const {
+  return end_event_ != nullptr && cudaEventQuery(end_event_) != cudaSuccess;
+}
+
 WorkNccl::~WorkNccl() {
+  // Dropped before anyone saw it finish (a step abandoned after an error, a group destroyed with
+  // work queued): its tensors stay with the communicator until the stream drains.
+  if (!claimed_.load(std::memory_order_acquire) && may_still_run()) {
+    comm_->keep_until_drained(std::move(keep_alive_));
+  }
   if (end_event_ != nullptr) (void)cudaEventDestroy(end_event_);
 }
 
 void WorkNccl::finish(const std::string& error) {
   if (claimed_.exchange(true, std::memory_order_acq_rel)) return;
+  // Failed while the kernel may still write (an abort drains in the background): keep the
+  // tensors with the communicator instead of handing their memory back.
+  if (!error.empty() && may_still_run()) comm_->keep_until_drained(std::move(keep_alive_));
   keep_alive_.clear();
   if (error.empty()) {
     mark_completed();

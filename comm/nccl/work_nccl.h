@@ -55,6 +55,8 @@ class WorkNccl final : public Work {
 
  private:
   void finish(const std::string& error);
+  // True unless the completion event is known to have fired (its query succeeded).
+  bool may_still_run() const;
   std::string failed_group_message() const;
 
   std::shared_ptr<NcclComm> comm_;
