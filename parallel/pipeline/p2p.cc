@@ -19,15 +19,15 @@ Tensor encode_metadata(const Tensor& tensor, Device device) {
   return ops::to(ops::from_vector_i64(values, {kMetaElements}), device);
 }
 
-Tensor allocate_from_metadata(const Tensor& metadata, Device device) {
-  const Tensor host = ops::to(metadata, Device::cpu());  // a GPU rank reads it back once a step
+BoundaryShape decode_metadata(const Tensor& metadata) {
+  const Tensor host = ops::to(metadata, Device::cpu());
   const int64_t* values = host.data<int64_t>();
   const int64_t dtype = values[0], ndim = values[1];
   LOOM_CHECK(dtype >= 0 && dtype <= static_cast<int64_t>(DType::kInt64) && ndim >= 0 &&
                  ndim <= kMaxMetaDims,
              "pipeline: received malformed shape metadata [{}]",
              fmt::join(values, values + kMetaElements, ", "));
-  return ops::empty(Shape(values + 2, values + 2 + ndim), static_cast<DType>(dtype), device);
+  return {Shape(values + 2, values + 2 + ndim), static_cast<DType>(dtype)};
 }
 
 }  // namespace loom::pipeline::detail

@@ -21,10 +21,16 @@ namespace loom::pipeline::detail {
 inline constexpr int64_t kMaxMetaDims = 8;
 inline constexpr int64_t kMetaElements = 2 + kMaxMetaDims;
 
+// What crosses a stage boundary: every microbatch's activation has this shape and dtype.
+struct BoundaryShape {
+  Shape shape;
+  DType dtype;
+};
+
 // (kMetaElements,) i64 on `device` describing `tensor`; throws for more than kMaxMetaDims dims.
 Tensor encode_metadata(const Tensor& tensor, Device device);
-// An empty contiguous tensor on `device` of the shape and dtype `metadata` (on any device)
-// describes; throws naming the values when they are not metadata.
-Tensor allocate_from_metadata(const Tensor& metadata, Device device);
+// The shape and dtype `metadata` (on any device; a GPU rank copies it back) describes; throws
+// naming the values when they are not metadata.
+BoundaryShape decode_metadata(const Tensor& metadata);
 
 }  // namespace loom::pipeline::detail

@@ -74,7 +74,7 @@ void PipelineStage::begin_step(int num_microbatches) {
   pending_grads_.clear();
   input_grads_.clear();
   sends_.clear();
-  input_known_ = false;
+  input_shape_.reset();
   sent_metadata_ = false;
   recv_wait_seconds_ = 0;
 }
@@ -116,18 +116,15 @@ void PipelineStage::post_recv_input(int mb) {
   LOOM_CHECK(!is_first(), "stage 0 has no previous stage to receive from");
   const int peer = group_rank_of_stage(stage_ - 1);
   const Device device = group_->device();
-  if (!input_known_) {
+  if (!input_shape_) {
     // The step's first activation across this boundary: its shape comes first, and is waited
     // for here, so every receive is issued at its RECV action, in schedule order (p2p.h). The
     // schedule puts this RECV where the peer's send happens, so the wait is short.
     Tensor metadata = ops::empty({detail::kMetaElements}, kInt64, device);
     wait_timed(*group_->recv(metadata, peer), /*on_host=*/true);
-    const Tensor prototype = detail::allocate_from_metadata(metadata, device);
-    input_shape_ = prototype.shape();
-    input_dtype_ = prototype.dtype();
-    input_known_ = true;
+    input_shape_ = detail::decode_metadata(metadata);
   }
-  Tensor buffer = ops::empty(input_shape_, input_dtype_, device);
+  Tensor buffer = ops::empty(input_shape_->shape, input_shape_->dtype, device);
   pending_inputs_[mb] = {buffer, group_->recv(buffer, peer)};
 }
 

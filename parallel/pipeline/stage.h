@@ -32,11 +32,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
 #include "nn/module.h"
+#include "parallel/pipeline/p2p.h"
 
 namespace loom::pipeline {
 
@@ -140,9 +142,7 @@ class PipelineStage {
   std::map<int, Pending> pending_grads_;
   std::map<int, Tensor> input_grads_;
   std::vector<std::shared_ptr<comm::Work>> sends_;
-  bool input_known_ = false;  // this step's activation shape arrived (input_shape_, input_dtype_)
-  Shape input_shape_;
-  DType input_dtype_ = kFloat32;
+  std::optional<detail::BoundaryShape> input_shape_;  // this step's, once its metadata arrived
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;
