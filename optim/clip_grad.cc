@@ -12,9 +12,11 @@ namespace loom::optim {
 
 namespace {
 
-double local_square_sum(const Tensor& t) {
+// One gradient's sum of squares as a (1,) f32 tensor where the gradient lives: read back with
+// the others in one copy (on a GPU one synchronization per call, not one per parameter).
+Tensor local_square_sum(const Tensor& t) {
   const Tensor local = ops::to(t, kFloat32);
-  return ops::sum(ops::mul(local, local)).item<double>();
+  return ops::reshape(ops::sum(ops::mul(local, local)), {1});
 }
 
 }  // namespace
@@ -33,6 +35,9 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
     double sum;
   };
   std::vector<ShardedSum> sharded;
+  // Each gradient's sum and where it adds up: -1 the replicated total, else sharded[slot].
+  std::vector<Tensor> sums;
+  std::vector<int> slots;
   for (const Tensor& p : parameters) {
     const Tensor grad = p.grad();
     if (!grad.defined()) continue;
@@ -40,7 +45,8 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
                                       [&](const Tensor& excluded) { return excluded.is_same(p); });
     if (!counted) continue;
     if (!is_dtensor(grad)) {
-      replicated += local_square_sum(grad);
+      sums.push_back(local_square_sum(grad));
+      slots.push_back(-1);
       continue;
     }
     const DTensorSpec& spec = dtensor_spec(grad);
@@ -58,10 +64,17 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
         return e.mesh == spec.mesh.get() && e.mesh_dim == split_dim;
       });
       if (it == sharded.end()) it = sharded.insert(sharded.end(), {spec.mesh.get(), split_dim, spec.mesh, 0.0});
-      it->sum += local_square_sum(local_shard(grad));
+      sums.push_back(local_square_sum(local_shard(grad)));
+      slots.push_back(static_cast<int>(it - sharded.begin()));
     } else {
-      replicated += local_square_sum(local_shard(grad));
+      sums.push_back(local_square_sum(local_shard(grad)));
+      slots.push_back(-1);
     }
+  }
+  if (!sums.empty()) {
+    // Added in f64, in parameter order, as each accumulator always was.
+    const std::vector<double> values = ops::to_vector(ops::cat(sums, 0));
+    for (size_t i = 0; i < values.size(); ++i) (slots[i] < 0 ? replicated : sharded[slots[i]].sum) += values[i];
   }
   double total = replicated;
   for (const ShardedSum& entry : sharded) {

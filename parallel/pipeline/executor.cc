@@ -140,7 +140,7 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
         LOOM_CHECK(loss.defined() && loss.numel() == 1,
                    "the loss function returned {} for microbatch {}; it must return a scalar",
                    loss.defined() ? loss.description() : "an undefined tensor", mb);
-        loss_sum_ += loss.item<double>();
+        losses_.at(mb) = detach(loss);  // read at the step's end: no host sync per microbatch
         scaled_losses_.at(mb) = div(loss, static_cast<double>(schedule_.num_microbatches));
       }
       track_memory();
@@ -173,8 +173,12 @@ double PipelineExecutor::broadcast_mean_loss() {
   PipelineStage& any = *stages_.front();
   const int last = schedule_.num_stages - 1;
   // The double's bits travel as an i64, so every rank returns exactly the last stage's value.
+  double loss_sum = 0;  // f64, in microbatch order
+  if (is_local(last)) {
+    for (const Tensor& loss : losses_) loss_sum += loss.item<double>();
+  }
   const int64_t mine =
-      is_local(last) ? std::bit_cast<int64_t>(loss_sum_ / static_cast<double>(schedule_.num_microbatches)) : 0;
+      is_local(last) ? std::bit_cast<int64_t>(loss_sum / static_cast<double>(schedule_.num_microbatches)) : 0;
   const Tensor bits = ops::to(ops::from_vector_i64({mine}, {1}), any.group().device());
   any.group().broadcast(bits, any.group_rank_of_stage(last))->wait();
   return std::bit_cast<double>(ops::to(bits, Device::cpu()).data<int64_t>()[0]);
@@ -183,7 +187,7 @@ double PipelineExecutor::broadcast_mean_loss() {
 double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
   const auto start = std::chrono::steady_clock::now();
   stats_ = {};
-  loss_sum_ = 0;
+  losses_.assign(schedule_.num_microbatches, Tensor());
   scaled_losses_.assign(schedule_.num_microbatches, Tensor());
   for (const auto& stage : stages_) stage->begin_step(schedule_.num_microbatches);
   const std::vector<Tensor> input_mbs =

@@ -86,7 +86,7 @@ class PipelineExecutor {
   LossFn loss_fn_;
   int pp_rank_;
   std::vector<Tensor> scaled_losses_;  // per microbatch, on the last stage's rank
-  double loss_sum_ = 0;
+  std::vector<Tensor> losses_;         // per microbatch, detached, on the last stage's rank
   StepStats stats_;
 };
 
