@@ -68,11 +68,12 @@ TEST_P(PipelineEquivalenceTest, LossAndGradientsEqualOneRank) {
   }
   const Schedule schedule = make_schedule(kind, p, m);
   // Two steps on different batches: the second checks that a step leaves nothing behind
-  // (messages, shape metadata, saved activations) and that zeroed gradients start afresh.
+  // (messages, shape metadata, saved activations), that zeroed gradients start afresh, and that
+  // activations may change shape between steps (twice the rows: new metadata per boundary).
   const Tensor inputs[2] = {ops::uniform({kBatch, kWidth}, 1, -1.0, 1.0),
-                            ops::uniform({kBatch, kWidth}, 2, -1.0, 1.0)};
+                            ops::uniform({2 * kBatch, kWidth}, 2, -1.0, 1.0)};
   const Tensor targets[2] = {ops::uniform({kBatch, kWidth}, 3, -0.5, 0.5),
-                             ops::uniform({kBatch, kWidth}, 4, -0.5, 0.5)};
+                             ops::uniform({2 * kBatch, kWidth}, 4, -0.5, 0.5)};
   const Reference first = reference_step(inputs[0], targets[0]);
   const Reference second = reference_step(inputs[1], targets[1]);
   comm::testing::run_on_ranks(p, [&](comm::ProcessGroup& pg) {
