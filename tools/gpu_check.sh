@@ -98,7 +98,7 @@ for t in "${tests[@]}"; do
 done
 # On one GPU only the no-GPU error cases and the multi-GPU cases may skip; anything else skipping
 # means a GPU case did not run: named here (a warning, so the figures below still print).
-skipped=$(cat "${logs}"/*.log | grep "SKIPPED \] [A-Za-z]" | sort -u |
+skipped=$(cat "${logs}"/*.log | grep "SKIPPED \] [A-Za-z]" | sed 's/ ([0-9]* ms)$//' | sort -u |
   grep -v -e NoGpu -e AllocatingWithoutAGpu -e TwoRank -e OnTwoGpus -e OnEightGpus || true)
 if [[ -n "${skipped}" ]]; then
   echo "WARNING: these GPU test cases skipped on a GPU machine:"
@@ -108,8 +108,11 @@ else
 fi
 [[ ${#failed[@]} -eq 0 ]] || echo "WARNING: ${#failed[@]} GPU test binaries failed: ${failed[*]}"
 
+# Each figure is tried even when one before it failed; the failures are counted for the end.
+problems=${#failed[@]}
+
 section "bf16 GEMM through cuBLASLt (dense peak ${peak} TFLOP/s)"
-"${bin}/tools/bench/cuda_gemm_bench" --peak "${peak}"
+"${bin}/tools/bench/cuda_gemm_bench" --peak "${peak}" || { echo "WARNING: cuda_gemm_bench failed"; problems=$((problems + 1)); }
 
 section "GPT-2 small (124M) on one GPU: batch 16 x 1024 tokens, bf16 compute, f32 master weights"
 work=$(mktemp -d)
@@ -117,23 +120,33 @@ work=$(mktemp -d)
 # (the loss stays near ln(50257); this measures speed, not learning). perl is in every Debian.
 perl -e 'srand(1); print pack("v*", map { int(rand(50257)) } 1 .. 4000000)' > "${work}/tokens.bin"
 steps=12
-"${bin}/examples/train_gpt" --device cuda --dp 1 --tp 1 --model small --batch-size 16 --seq-len 1024 \
+if "${bin}/examples/train_gpt" --device cuda --dp 1 --tp 1 --model small --batch-size 16 --seq-len 1024 \
   --steps "${steps}" --log-every 1 --mixed-precision bf16 --data "${work}/tokens.bin" --sample-tokens 1 \
-  --metrics-out "${work}/metrics.jsonl" --plot-out "${work}/loss.png" --no-progress | tee "${work}/train.log"
-params=$(sed -n 's/.*train_gpt: \([0-9]*\) params.*/\1/p' "${work}/train.log" | head -1)
-# Steady state: the median over steps 2.. (step 0 builds cuBLASLt plans and fills the allocator).
-median=$(sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p' "${work}/metrics.jsonl" | tail -n +3 | sort -g |
-  awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-memory=$(sed -n 's/.*"peak_mem_bytes":\([0-9]*\).*/\1/p' "${work}/metrics.jsonl" | tail -1)
-awk -v params="${params}" -v rate="${median}" -v peak="${peak}" -v memory="${memory}" \
-  -v layers=12 -v width=768 -v seq=1024 'BEGIN {
-    flops = 6 * params + 12 * layers * width * seq  # per token, forward + backward (nanoGPT/PaLM)
-    printf "%d params; tokens/s %.0f (median, steps 2..); %.1f TFLOP/s; MFU %.1f%% of %d TFLOP/s; peak memory %.2f GiB\n",
-      params, rate, rate * flops / 1e12, 100 * rate * flops / (peak * 1e12), peak, memory / 2^30
-  }'
+  --metrics-out "${work}/metrics.jsonl" --plot-out "${work}/loss.png" --no-progress | tee "${work}/train.log"; then
+  params=$(sed -n 's/.*train_gpt: \([0-9]*\) params.*/\1/p' "${work}/train.log" | head -1)
+  # Steady state: the median over steps 2.. (step 0 builds cuBLASLt plans and fills the allocator).
+  median=$(sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p' "${work}/metrics.jsonl" | tail -n +3 | sort -g |
+    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+  memory=$(sed -n 's/.*"peak_mem_bytes":\([0-9]*\).*/\1/p' "${work}/metrics.jsonl" | tail -1)
+  awk -v params="${params}" -v rate="${median}" -v peak="${peak}" -v memory="${memory}" \
+    -v layers=12 -v width=768 -v seq=1024 'BEGIN {
+      flops = 6 * params + 12 * layers * width * seq  # per token, forward + backward (nanoGPT/PaLM)
+      printf "%d params; tokens/s %.0f (median, steps 2..); %.1f TFLOP/s; MFU %.1f%% of %d TFLOP/s; peak memory %.2f GiB\n",
+        params, rate, rate * flops / 1e12, 100 * rate * flops / (peak * 1e12), peak, memory / 2^30
+    }'
+else
+  echo "WARNING: the GPT-2 small training run failed"
+  problems=$((problems + 1))
+fi
 
 section "NCCL world of size 1: every collective"
-"${bin}/tests/comm/nccl_test" --gtest_filter='SingleRankTest.*' --gtest_brief=1
+"${bin}/tests/comm/nccl_test" --gtest_filter='SingleRankTest.*' --gtest_brief=1 ||
+  { echo "WARNING: the NCCL world of 1 failed"; problems=$((problems + 1)); }
 
 section "done"
-echo "gpu_check passed in $(( $(date +%s) - start )) s"
+if [[ ${problems} -eq 0 ]]; then
+  echo "gpu_check passed in $(( $(date +%s) - start )) s"
+else
+  echo "gpu_check: ${problems} problem(s) above, in $(( $(date +%s) - start )) s"
+  exit 1
+fi
