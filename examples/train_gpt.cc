@@ -303,7 +303,7 @@ int run(Flags f) {
       // attention keeps from affecting the positions before it.
       window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
       const Tensor logits =
-          model->logits(ops::to(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}), device));
+          model->logits(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}, device));
       const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).

@@ -79,12 +79,12 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
   double total = replicated;
   for (const ShardedSum& entry : sharded) {
     const auto& group = entry.owner->group(entry.mesh_dim);
-    Tensor sum = ops::to(ops::reshape(ops::scalar_tensor(entry.sum, kFloat32), {1}), group->device());
+    Tensor sum = ops::full({1}, entry.sum, kFloat32, group->device());
     group->all_reduce(sum)->wait();
     total += sum.item<double>();
   }
   for (const auto& group : options.sum_over) {
-    Tensor sum = ops::to(ops::reshape(ops::scalar_tensor(total, kFloat32), {1}), group->device());
+    Tensor sum = ops::full({1}, total, kFloat32, group->device());
     group->all_reduce(sum)->wait();
     total = sum.item<double>();
   }

@@ -77,13 +77,13 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType d
   return out;
 }
 
-Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape) {
+Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape, Device device) {
   LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
              "from_vector_i64: {} values cannot fill shape {} ({} elements)", values.size(),
              shape_str(shape), shape_numel(shape));
   Tensor out = Tensor::empty(shape, kInt64);
   std::copy(values.begin(), values.end(), out.data<int64_t>());
-  return out;
+  return to(out, device);
 }
 
 Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }

@@ -18,8 +18,9 @@ Tensor arange(double start, double end, double step = 1.0, DType dtype = kInt64)
 Tensor arange(int64_t end, DType dtype = kInt64);
 // A tensor holding `values` (row-major) with `shape`; the count must match.
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = kFloat32);
-// i64 values (indices, targets); a separate name so brace lists of numbers are not ambiguous.
-Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape);
+// i64 values (indices, targets, small messages); a separate name so brace lists of numbers are
+// not ambiguous. Filled on the host, then copied to `device`.
+Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape, Device device = Device::cpu());
 Tensor scalar_tensor(double value, DType dtype = kFloat32);
 // Fills every element of `self` (in place, any layout).
 void fill_(const Tensor& self, double value);

@@ -42,7 +42,7 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
   // Every rank must hold the same parameters: compare counts and sizes across the group.
   {
     NoGradGuard no_grad;
-    Tensor mine = ops::to(ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2}), group_->device());
+    Tensor mine = ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2}, group_->device());
     std::vector<Tensor> all;
     for (int r = 0; r < group_->size(); ++r) all.push_back(ops::zeros({2}, kInt64, group_->device()));
     group_->all_gather(all, mine)->wait();

@@ -173,13 +173,13 @@ double PipelineExecutor::broadcast_mean_loss() {
   PipelineStage& any = *stages_.front();
   const int last = schedule_.num_stages - 1;
   // The double's bits travel as an i64, so every rank returns exactly the last stage's value.
-  double loss_sum = 0;  // f64, in microbatch order
+  int64_t mine = 0;
   if (is_local(last)) {
+    double loss_sum = 0;  // f64, in microbatch order
     for (const Tensor& loss : losses_) loss_sum += loss.item<double>();
+    mine = std::bit_cast<int64_t>(loss_sum / static_cast<double>(schedule_.num_microbatches));
   }
-  const int64_t mine =
-      is_local(last) ? std::bit_cast<int64_t>(loss_sum / static_cast<double>(schedule_.num_microbatches)) : 0;
-  const Tensor bits = ops::to(ops::from_vector_i64({mine}, {1}), any.group().device());
+  const Tensor bits = ops::from_vector_i64({mine}, {1}, any.group().device());
   any.group().broadcast(bits, any.group_rank_of_stage(last))->wait();
   return std::bit_cast<double>(ops::to(bits, Device::cpu()).data<int64_t>()[0]);
 }

@@ -16,7 +16,7 @@ Tensor encode_metadata(const Tensor& tensor, Device device) {
   values[0] = static_cast<int64_t>(tensor.dtype());
   values[1] = tensor.dim();
   for (int64_t d = 0; d < tensor.dim(); ++d) values[2 + d] = tensor.size(d);
-  return ops::to(ops::from_vector_i64(values, {kMetaElements}), device);
+  return ops::from_vector_i64(values, {kMetaElements}, device);
 }
 
 BoundaryShape decode_metadata(const Tensor& metadata) {
