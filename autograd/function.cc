@@ -6,7 +6,7 @@
 namespace loom::autograd {
 
 bool any_requires_grad(std::span<const Tensor> inputs) {
-  if (!GradMode::is_enabled()) return false;
+  if (!recording_enabled()) return false;
   for (const Tensor& t : inputs) {
     if (t.requires_grad()) return true;
   }

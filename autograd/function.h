@@ -1,9 +1,11 @@
 // Recording ops into the graph, and user-defined differentiable functions.
 //
-// Every differentiable op in Loom is written the same way: compute the outputs with plain
-// ops (loom::ops), then record() them with a backward closure. The closure may capture inputs
-// and the raw outputs freely: record() hands back *new* handles for the outputs, so the graph
-// never owns a tensor that owns the graph.
+// Loom's own ops record through the op dispatch (tensor/dispatch.h, autograd/formulas_*.cc).
+// record() is how a new differentiable computation is added: compute the outputs, then record()
+// them with a backward closure. Compute them under BelowAutogradGuard (or NoGradGuard) when they
+// are built from ops that would record on their own, so the graph gets one node, not two. The
+// closure may capture inputs and the raw outputs freely: record() hands back *new* handles for the
+// outputs, so the graph never owns a tensor that owns the graph.
 #pragma once
 
 #include <memory>
@@ -15,7 +17,8 @@
 
 namespace loom::autograd {
 
-// True when grad mode is on and some input requires grad.
+// True when an op would record now (grad mode on, no BelowAutogradGuard) and some input
+// requires grad.
 bool any_requires_grad(std::span<const Tensor> inputs);
 bool any_requires_grad(std::initializer_list<Tensor> inputs);
 

@@ -1,17 +1,21 @@
-// Differentiable neural-network ops (the kernels and their backward kernels are in
-// tensor/ops_nn.h). Same names as torch.nn.functional.
+// The neural-network ops as torch.nn.functional spells them: each returns the op's main output.
+// softmax, log_softmax and embedding are the ops of tensor/ops_nn.h themselves; layer_norm,
+// cross_entropy, scaled_dot_product_attention and dropout return the first field of the op's
+// result (loom::ops::layer_norm also returns mean and rstd, ...). Either spelling records
+// autograd the same way (tensor/dispatch.h).
 #pragma once
 
 #include "tensor/ops_nn.h"
 
 namespace loom {
 
-Tensor softmax(const Tensor& x, int64_t dim);
-Tensor log_softmax(const Tensor& x, int64_t dim);
+using ops::embedding;
+using ops::log_softmax;
+using ops::softmax;
+
 // weight/bias may be undefined (no affine transform).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps = 1e-5);
-Tensor embedding(const Tensor& weight, const Tensor& indices);
 // logits (N, V), targets (N,) i64; rows whose target is ignore_index contribute nothing.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);

@@ -32,7 +32,7 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   // Work on private leaves so the caller's tensors keep their grads and data.
   std::vector<Tensor> leaves;
   for (const Tensor& input : inputs) {
-    Tensor copy = ops::clone(input);
+    Tensor copy = ops::clone(detach(input));
     if (input.requires_grad()) copy.set_requires_grad(true);
     leaves.push_back(copy);
   }

@@ -2,7 +2,7 @@
 //
 // A DTensor *is* a loom::Tensor: its TensorImpl carries the global shape and a
 // DTensorExtension holding the spec and this rank's local shard. Ops on it dispatch (via
-// tensor/dispatch.h) to sharding propagation (dtensor/dispatch.h), so modules, autograd and
+// tensor/dispatch.h) to sharding propagation (dtensor/sharding/propagator.h), so modules, autograd and
 // optimizers take DTensors as they are.
 //
 // Collective contract: functions that communicate (distribute_tensor, redistribute,

@@ -133,6 +133,7 @@ void Module::set_parameter(const std::string& name, Tensor value) {
 }
 
 void Module::to(Device device) {
+  NoGradGuard no_grad;  // parameters stay leaves: the copy is not part of any graph
   for (std::deque<Slot>* slots : {&parameters_, &buffers_}) {
     for (Slot& slot : *slots) {
       if (slot.value.device() == device) continue;

@@ -1,16 +1,17 @@
 #include "tensor/dispatch.h"
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
 #include "base/error.h"
+#include "tensor/grad_mode.h"
 
 namespace loom {
 
 namespace {
 
-// Handlers by extension kind. Registration happens at set-up, lookups on every extended op;
-// a small vector indexed by kind keeps the lookup lock-free after registration.
+// Handlers by extension kind. Registration happens at set-up, lookups on every extended op.
 struct HandlerRegistry {
   std::mutex mutex;
   std::unordered_map<int, std::shared_ptr<const DispatchHandler>> handlers;
@@ -21,6 +22,9 @@ HandlerRegistry& registry() {
   return instance;
 }
 
+// Constant-initialized: safe to set from another library's static initializer.
+std::atomic<AutogradHandler> autograd_handler{nullptr};
+
 std::shared_ptr<const DispatchHandler> find_handler(int kind) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
@@ -29,22 +33,39 @@ std::shared_ptr<const DispatchHandler> find_handler(int kind) {
 }
 
 template <typename Range>
-std::optional<std::vector<Tensor>> dispatch_range(std::string_view op, const Range& inputs,
+std::optional<std::vector<Tensor>> dispatch_range(OpId op, const Range& inputs,
                                                   std::vector<OpAttr>& attrs) {
+  const OpInfo& info = op_info(op);
+  const bool recording = recording_enabled();
+  bool needs_grad = false;
   const TensorExtension* extension = nullptr;
   for (const Tensor& t : inputs) {
-    if (t.defined() && t.extension()) {
-      extension = t.extension().get();
-      break;
-    }
+    if (!t.defined()) continue;
+    needs_grad = needs_grad || (recording && t.requires_grad());
+    if (extension == nullptr && t.extension()) extension = t.extension().get();
   }
-  if (extension == nullptr) return std::nullopt;
+  if (needs_grad) {
+    OpCall call(op, std::vector<Tensor>(inputs.begin(), inputs.end()), std::move(attrs));
+    if (info.grad == OpGrad::kDifferentiable) {
+      const AutogradHandler handler = autograd_handler.load(std::memory_order_acquire);
+      LOOM_CHECK(handler != nullptr,
+                 "{}: an input requires grad but autograd is not linked into this program; "
+                 "depend on //autograd (or run the op under NoGradGuard)",
+                 info.name);
+      return handler(call);
+    }
+    // A no-grad op on inputs that require grad: its outputs do not, and nothing it calls on
+    // the way may record either.
+    BelowAutogradGuard below;
+    return call_op(call);
+  }
+  if (extension == nullptr || info.extensions == OpExtensions::kPlainOnly) return std::nullopt;
   auto handler = find_handler(extension->kind());
   LOOM_CHECK(handler != nullptr,
              "{}: an input carries a tensor extension of kind {} but no dispatch handler is "
              "registered for it",
-             op, extension->kind());
-  OpCall call{op, std::vector<Tensor>(inputs.begin(), inputs.end()), std::move(attrs)};
+             info.name, extension->kind());
+  OpCall call(op, std::vector<Tensor>(inputs.begin(), inputs.end()), std::move(attrs));
   return (*handler)(call);
 }
 
@@ -60,16 +81,29 @@ void register_dispatch_handler(int kind, DispatchHandler handler) {
   }
 }
 
-std::optional<std::vector<Tensor>> dispatch_extension(std::string_view op,
-                                                      std::initializer_list<Tensor> inputs,
-                                                      std::vector<OpAttr> attrs) {
+void register_autograd_handler(AutogradHandler handler) {
+  autograd_handler.store(handler, std::memory_order_release);
+}
+
+bool autograd_handler_registered() {
+  return autograd_handler.load(std::memory_order_acquire) != nullptr;
+}
+
+std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::initializer_list<Tensor> inputs,
+                                               std::vector<OpAttr> attrs) {
   return dispatch_range(op, inputs, attrs);
 }
 
-std::optional<std::vector<Tensor>> dispatch_extension(std::string_view op,
-                                                      std::span<const Tensor> inputs,
-                                                      std::vector<OpAttr> attrs) {
+std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::span<const Tensor> inputs,
+                                               std::vector<OpAttr> attrs) {
   return dispatch_range(op, inputs, attrs);
+}
+
+std::optional<OpId> find_op(std::string_view name) {
+  for (const OpInfo& info : all_ops()) {
+    if (info.name == name) return info.id;
+  }
+  return std::nullopt;
 }
 
 }  // namespace loom

@@ -1,13 +1,22 @@
-// The op-dispatch extension point.
+// Op dispatch: where autograd and tensor extensions (DTensor) take over an op.
 //
-// Every op in tensor/ops*.h first asks `dispatch_extension()` whether any input carries a
-// TensorExtension (tensor.h). If one does, the op is described as an OpCall (name, inputs,
-// attributes) and handed to the handler registered for that extension's kind; the handler
-// returns the outputs and the CPU/CUDA kernel is never reached. This is how dtensor/ takes over
-// ops on DTensors (sharding propagation, then the local op on each shard) while tensor/ never
-// includes dtensor/. A handler re-enters the plain op on local tensors with `call_op`.
+// Every op declared in tensor/op_list.h begins with `dispatch_op(OpId::name, inputs, attrs)`.
+// When that returns outputs, the op returns them; when it returns nullopt, the op runs its own
+// CPU/CUDA kernel. The order is torch's dispatcher's, in miniature:
 //
-// Cost when no input is extended: one pointer test per input.
+//   1. Autograd. If grad mode is on, no BelowAutogradGuard is active and an input requires grad,
+//      a kDifferentiable op goes to the autograd handler (installed by autograd/, which computes
+//      the op below autograd and records it once with the op's formula); a kNoGrad op is run
+//      below autograd, so nothing it calls records either.
+//   2. Extensions. If an input carries a TensorExtension (tensor.h) and the op is kExtended, the
+//      op becomes an OpCall and goes to the handler registered for that extension's kind: this
+//      is how dtensor/ takes over ops on DTensors (sharding propagation, then the local op on
+//      each shard through call_op) while tensor/ never includes dtensor/.
+//   3. Otherwise nullopt: the op's kernel runs.
+//
+// So one spelling of each op, loom::ops::add or loom::add, records when it should: there is no
+// plain variant that silently drops a gradient. Cost when nothing applies: a thread-local read
+// and one pointer test per input.
 #pragma once
 
 #include <functional>
@@ -18,6 +27,7 @@
 #include <variant>
 #include <vector>
 
+#include "tensor/op_list.h"
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -26,9 +36,13 @@ namespace loom {
 using OpAttr = std::variant<int64_t, double, bool, std::vector<int64_t>, DType>;
 
 struct OpCall {
-  std::string_view op;  // the op's name as in tensor/op_table.cc ("add", "matmul", ...)
+  OpId id;
+  std::string_view op;  // op_name(id), for messages
   std::vector<Tensor> inputs;
   std::vector<OpAttr> attrs;
+
+  OpCall(OpId id, std::vector<Tensor> inputs, std::vector<OpAttr> attrs = {})
+      : id(id), op(op_name(id)), inputs(std::move(inputs)), attrs(std::move(attrs)) {}
 
   int64_t int_attr(size_t i) const { return std::get<int64_t>(attrs.at(i)); }
   double double_attr(size_t i) const { return std::get<double>(attrs.at(i)); }
@@ -45,21 +59,24 @@ using DispatchHandler = std::function<std::vector<Tensor>(const OpCall&)>;
 // Called explicitly by the layer that defines the extension, never from a static initializer.
 void register_dispatch_handler(int kind, DispatchHandler handler);
 
-// If any defined input carries an extension, runs the registered handler on the call and
-// returns its outputs; otherwise returns nullopt and the caller runs its kernel. Throws if an
-// input's extension kind has no handler (naming the op and the kind).
-std::optional<std::vector<Tensor>> dispatch_extension(std::string_view op,
-                                                      std::initializer_list<Tensor> inputs,
-                                                      std::vector<OpAttr> attrs = {});
-// Same, for ops with a variable number of inputs (cat, stack).
-std::optional<std::vector<Tensor>> dispatch_extension(std::string_view op,
-                                                      std::span<const Tensor> inputs,
-                                                      std::vector<OpAttr> attrs = {});
+// The autograd handler: records a kDifferentiable op (see 1. above). A plain function pointer,
+// so that setting it from autograd's static registration (autograd/autograd_dispatch.cc) does
+// not depend on the order in which static objects are constructed.
+using AutogradHandler = std::vector<Tensor> (*)(const OpCall&);
+void register_autograd_handler(AutogradHandler handler);
+bool autograd_handler_registered();
 
-// Runs the plain op named by `call.op` (as if called directly). Throws naming the op if it is
-// unknown. Handlers use it to run the local computation on unwrapped shards.
+// Routes the op (see above). Returns the outputs when autograd or an extension handled the op,
+// nullopt when its kernel should run. Throws naming the op when an input's extension kind has no
+// handler, or when an input requires grad and autograd is not linked into the program.
+std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::initializer_list<Tensor> inputs,
+                                               std::vector<OpAttr> attrs = {});
+// Same, for ops with a variable number of inputs (cat).
+std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::span<const Tensor> inputs,
+                                               std::vector<OpAttr> attrs = {});
+
+// Runs the plain op `call.id` (as if called directly; it dispatches again from the top).
+// Handlers use it to run the local computation on unwrapped shards.
 std::vector<Tensor> call_op(const OpCall& call);
-// The names call_op knows, sorted.
-std::vector<std::string> op_names();
 
 }  // namespace loom

@@ -1,5 +1,6 @@
-// Everything in loom::ops: the plain (non-differentiable) tensor ops. Differentiable versions
-// with the same names live in loom:: (autograd/functions.h).
+// Everything in loom::ops: the tensor ops. Each dispatched op is declared once in
+// tensor/op_list.h and records autograd when grad mode is on and an input requires grad
+// (tensor/dispatch.h); autograd/functions.h names the same functions in loom::.
 #pragma once
 
 #include "tensor/ops_copy.h"

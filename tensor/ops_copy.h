@@ -1,4 +1,5 @@
-// Copies and conversions (loom::ops, not recorded by autograd).
+// Copies and conversions (loom::ops). clone, to and cat record autograd (tensor/dispatch.h);
+// the in-place copy_ does not.
 #pragma once
 
 #include <span>

@@ -17,7 +17,7 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 }
 
 void fill_(const Tensor& self, double value) {
-  if (dispatch_extension("fill_", {self}, {value})) return;
+  if (dispatch_op(OpId::fill_, {self}, {value})) return;
   if (self.device().is_cuda()) {
     cuda_backend::fill(self, value);
     return;
@@ -43,11 +43,11 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape
 Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
 // The *_like factories dispatch, so a DTensor `like` gives a DTensor with its layout.
 Tensor zeros_like(const Tensor& like) {
-  if (auto out = dispatch_extension("zeros_like", {like})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::zeros_like, {like})) return (*out)[0];
   return zeros(like.shape(), like.dtype(), like.device());
 }
 Tensor ones_like(const Tensor& like) {
-  if (auto out = dispatch_extension("ones_like", {like})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::ones_like, {like})) return (*out)[0];
   return ones(like.shape(), like.dtype(), like.device());
 }
 

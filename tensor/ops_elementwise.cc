@@ -126,35 +126,35 @@ constexpr float kGeluCubic = 0.044715f;
 
 }  // namespace
 
-#define LOOM_DISPATCH_OR_RETURN(name, ...) \
-  if (auto out = dispatch_extension(name, __VA_ARGS__)) return (*out)[0]
+#define LOOM_DISPATCH_OR_RETURN(op, ...) \
+  if (auto out = dispatch_op(op, __VA_ARGS__)) return (*out)[0]
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("add", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::add, {a, b});
   return binary(a, b, "add", BinaryOp::kAdd, [](auto x, auto y) { return x + y; });
 }
 Tensor sub(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("sub", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::sub, {a, b});
   return binary(a, b, "sub", BinaryOp::kSub, [](auto x, auto y) { return x - y; });
 }
 Tensor mul(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("mul", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::mul, {a, b});
   return binary(a, b, "mul", BinaryOp::kMul, [](auto x, auto y) { return x * y; });
 }
 Tensor div(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("div", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::div, {a, b});
   return binary(a, b, "div", BinaryOp::kDiv, [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("maximum", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::maximum, {a, b});
   return binary(a, b, "maximum", BinaryOp::kMaximum, [](auto x, auto y) { return x > y || x != x ? x : y; });
 }
 Tensor eq(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("eq", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::eq, {a, b});
   return binary(a, b, "eq", BinaryOp::kEq, [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("gt", {a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::gt, {a, b});
   return binary(a, b, "gt", BinaryOp::kGt, [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
 }
 
@@ -171,73 +171,73 @@ Tensor scalar_op(const Tensor& a, double b, std::string_view op, UnaryOp code, F
 }  // namespace
 
 Tensor add(const Tensor& a, double b) {
-  LOOM_DISPATCH_OR_RETURN("add_scalar", {a}, {b});
+  LOOM_DISPATCH_OR_RETURN(OpId::add_scalar, {a}, {b});
   return scalar_op(a, b, "add", UnaryOp::kAddScalar, [](float x, float s) { return x + s; });
 }
 Tensor sub(const Tensor& a, double b) {
-  LOOM_DISPATCH_OR_RETURN("sub_scalar", {a}, {b});
+  LOOM_DISPATCH_OR_RETURN(OpId::sub_scalar, {a}, {b});
   return scalar_op(a, b, "sub", UnaryOp::kSubScalar, [](float x, float s) { return x - s; });
 }
 Tensor rsub(const Tensor& a, double b) {
-  LOOM_DISPATCH_OR_RETURN("rsub_scalar", {a}, {b});
+  LOOM_DISPATCH_OR_RETURN(OpId::rsub_scalar, {a}, {b});
   return scalar_op(a, b, "rsub", UnaryOp::kRsubScalar, [](float x, float s) { return s - x; });
 }
 Tensor mul(const Tensor& a, double b) {
-  LOOM_DISPATCH_OR_RETURN("mul_scalar", {a}, {b});
+  LOOM_DISPATCH_OR_RETURN(OpId::mul_scalar, {a}, {b});
   return scalar_op(a, b, "mul", UnaryOp::kMulScalar, [](float x, float s) { return x * s; });
 }
 Tensor div(const Tensor& a, double b) {
-  LOOM_DISPATCH_OR_RETURN("div_scalar", {a}, {b});
+  LOOM_DISPATCH_OR_RETURN(OpId::div_scalar, {a}, {b});
   return scalar_op(a, b, "div", UnaryOp::kDivScalar, [](float x, float s) { return x / s; });
 }
 
 Tensor neg(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("neg", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::neg, {a});
   return unary_any(a, "neg", UnaryOp::kNeg, [](auto x) { return -x; });
 }
 Tensor abs(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("abs", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::abs, {a});
   return unary_any(a, "abs", UnaryOp::kAbs, [](auto x) { return x < 0 ? -x : x; });
 }
 Tensor exp(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("exp", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::exp, {a});
   return unary_floating(a, "exp", UnaryOp::kExp, [](float x) { return std::exp(x); });
 }
 Tensor log(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("log", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::log, {a});
   return unary_floating(a, "log", UnaryOp::kLog, [](float x) { return std::log(x); });
 }
 Tensor tanh(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("tanh", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::tanh, {a});
   return unary_floating(a, "tanh", UnaryOp::kTanh, [](float x) { return std::tanh(x); });
 }
 Tensor sqrt(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("sqrt", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::sqrt, {a});
   return unary_floating(a, "sqrt", UnaryOp::kSqrt, [](float x) { return std::sqrt(x); });
 }
 Tensor rsqrt(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("rsqrt", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::rsqrt, {a});
   return unary_floating(a, "rsqrt", UnaryOp::kRsqrt, [](float x) { return 1.0f / std::sqrt(x); });
 }
 Tensor pow(const Tensor& a, double exponent) {
-  LOOM_DISPATCH_OR_RETURN("pow", {a}, {exponent});
+  LOOM_DISPATCH_OR_RETURN(OpId::pow, {a}, {exponent});
   const float e = static_cast<float>(exponent);
   if (exponent == 2.0) return unary_floating(a, "pow", UnaryOp::kSquare, [](float x) { return x * x; });
   return unary_floating(a, "pow", UnaryOp::kPow, [e](float x) { return std::pow(x, e); }, e);
 }
 Tensor relu(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("relu", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::relu, {a});
   // NaN propagates (x != x), as in torch.relu and this file's maximum.
   return unary_floating(a, "relu", UnaryOp::kRelu, [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
 }
 Tensor gelu(const Tensor& a) {
-  LOOM_DISPATCH_OR_RETURN("gelu", {a});
+  LOOM_DISPATCH_OR_RETURN(OpId::gelu, {a});
   return unary_floating(a, "gelu", UnaryOp::kGelu, [](float x) {
     return 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
   });
 }
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
-  LOOM_DISPATCH_OR_RETURN("gelu_backward", {grad, x});
+  LOOM_DISPATCH_OR_RETURN(OpId::gelu_backward, {grad, x});
   return binary(grad, x, "gelu_backward", BinaryOp::kGeluBackward, [](float g, float v) {
     const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
     const float t = std::tanh(inner);
@@ -247,7 +247,7 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
-  LOOM_DISPATCH_OR_RETURN("where", {cond, a, b});
+  LOOM_DISPATCH_OR_RETURN(OpId::where, {cond, a, b});
   check_defined(cond, "where");
   check_defined(a, "where");
   check_defined(b, "where");
@@ -283,7 +283,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
-  LOOM_DISPATCH_OR_RETURN("masked_fill", {self, mask}, {value});
+  LOOM_DISPATCH_OR_RETURN(OpId::masked_fill, {self, mask}, {value});
   check_defined(self, "masked_fill");
   LOOM_CHECK(broadcast_shapes(self.shape(), mask.shape(), "masked_fill") == self.shape(),
              "masked_fill: mask of shape {} does not broadcast to self's shape {}",
@@ -292,7 +292,7 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
 }
 
 void add_(const Tensor& self, const Tensor& other) {
-  if (dispatch_extension("add_", {self, other})) return;
+  if (dispatch_op(OpId::add_, {self, other})) return;
   copy_(self, add(self, other));
 }
 

@@ -1,4 +1,5 @@
-// Elementwise ops with NumPy broadcasting (loom::ops, not recorded by autograd).
+// Elementwise ops with NumPy broadcasting (loom::ops, also spelled loom::add etc.; they record
+// autograd through tensor/dispatch.h like every op).
 // Mixed dtypes promote: any floating operand makes the result floating (f32 when two different
 // floating dtypes meet), otherwise i64 when i32 meets i64.
 #pragma once

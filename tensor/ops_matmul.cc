@@ -74,7 +74,7 @@ void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, 
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  if (auto out = dispatch_extension("matmul", {a_in, b_in})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::matmul, {a_in, b_in})) return (*out)[0];
   LOOM_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1,
              "matmul: both operands need at least 1 dim, got shapes {} and {}",
              shape_str(a_in.shape()), shape_str(b_in.shape()));
@@ -132,13 +132,19 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   LOOM_CHECK(input.dim() >= 1 && weight.dim() == 2 && input.size(-1) == weight.size(1),
              "linear: input of shape {} does not end in in_features={} (weight shape {}, expected (out, in))",
              shape_str(input.shape()), weight.dim() == 2 ? weight.size(1) : -1, shape_str(weight.shape()));
+  const int64_t n = weight.size(0), k = weight.size(1);
+  LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n),
+             "linear: the bias must have shape ({}), got {}", n, shape_str(bias.shape()));
+  // DTensors: the composed ops, whose sharding rules exist; each dispatches (and records) itself,
+  // so sharding propagation sees the matmul and the add rather than one opaque node.
+  if (input.extension() || weight.extension() || (bias.defined() && bias.extension())) {
+    const Tensor out = matmul(input, transpose(weight, 0, 1));
+    return bias.defined() ? add(out, bias) : out;
+  }
+  if (auto out = dispatch_op(OpId::linear, {input, weight, bias})) return (*out)[0];
   const Tensor weight_t = transpose(weight, 0, 1);  // a view the GEMM takes as a flag
   if (!bias.defined()) return matmul(input, weight_t);
-  const int64_t n = weight.size(0), k = weight.size(1);
-  LOOM_CHECK(bias.dim() == 1 && bias.size(0) == n, "linear: the bias must have shape ({}), got {}", n,
-             shape_str(bias.shape()));
-  const bool extended = input.extension() || weight.extension() || bias.extension();
-  const Device device = extended ? Device::cpu() : op_device("linear", {input, weight, bias});
+  const Device device = op_device("linear", {input, weight, bias});
   LOOM_CHECK(is_floating(input.dtype()) && input.dtype() == weight.dtype() && input.dtype() == bias.dtype(),
              "linear: expected floating input, weight and bias of one dtype, got {}, {} and {}",
              dtype_name(input.dtype()), dtype_name(weight.dtype()), dtype_name(bias.dtype()));
@@ -146,7 +152,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
       device.is_cuda() && reinterpret_cast<uintptr_t>(bias.raw_data()) % cuda::kBiasAlignment != 0;
   // cuBLASLt's heuristic rejects bias-epilogue problems with one row or column in the weight
   // (torch's addmm avoids them for that reason): K or N of 1 compose too, as does K == 0.
-  if (extended || k <= 1 || n <= 1 || !bias.is_contiguous() || misaligned_bias) {
+  if (k <= 1 || n <= 1 || !bias.is_contiguous() || misaligned_bias) {
     return add(matmul(input, weight_t), bias);
   }
 

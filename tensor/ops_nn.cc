@@ -131,7 +131,7 @@ void check_dropout_p(double p, const Tensor& t, std::string_view op) {
 // ---- embedding --------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  if (auto out = dispatch_extension("embedding", {weight, indices})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::embedding, {weight, indices})) return (*out)[0];
   constexpr std::string_view op = "embedding";
   check_floating(weight, op, "weight");
   check_index(indices, op, "indices");
@@ -172,7 +172,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 }
 
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
-  if (auto out = dispatch_extension("embedding_backward", {grad_out, indices}, {num_embeddings})) {
+  if (auto out = dispatch_op(OpId::embedding_backward, {grad_out, indices}, {num_embeddings})) {
     return (*out)[0];
   }
   constexpr std::string_view op = "embedding_backward";
@@ -212,7 +212,7 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                  Reduction reduction) {
-  if (auto r = dispatch_extension("cross_entropy", {logits, targets},
+  if (auto r = dispatch_op(OpId::cross_entropy, {logits, targets},
                                   {ignore_index, static_cast<int64_t>(reduction)})) {
     return {(*r)[0], (*r)[1]};
   }
@@ -250,7 +250,7 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index, Reduction reduction, const Tensor& logsumexp) {
-  if (auto r = dispatch_extension("cross_entropy_backward", {grad_loss, logits, targets, logsumexp},
+  if (auto r = dispatch_op(OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
                                   {ignore_index, static_cast<int64_t>(reduction)})) {
     return (*r)[0];
   }
@@ -330,7 +330,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 // ---- dropout ----------------------------------------------------------------------------------
 
 DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training, const RngRegion& region) {
-  if (auto r = dispatch_extension("dropout", {x}, {p, static_cast<int64_t>(seed), training})) {
+  if (auto r = dispatch_op(OpId::dropout, {x}, {p, static_cast<int64_t>(seed), training})) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "dropout";
@@ -343,7 +343,7 @@ DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training, c
 }
 
 Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p) {
-  if (auto r = dispatch_extension("dropout_backward", {grad, mask}, {p})) return (*r)[0];
+  if (auto r = dispatch_op(OpId::dropout_backward, {grad, mask}, {p})) return (*r)[0];
   constexpr std::string_view op = "dropout_backward";
   check_floating(grad, op, "grad");
   check_dropout_p(p, grad, op);

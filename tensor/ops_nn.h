@@ -1,6 +1,7 @@
-// Neural-network kernels (loom::ops, not recorded by autograd): softmax, layer norm, embedding,
-// cross entropy, attention, dropout. Each forward has an explicit backward kernel that
-// autograd/ calls; forwards return what their backward needs (mean/rstd, logsumexp, masks).
+// Neural-network ops (loom::ops): softmax, layer norm, embedding, cross entropy, attention,
+// dropout. Each forward records autograd (tensor/dispatch.h) and has an explicit backward kernel
+// that its formula (autograd/formulas_nn.cc) calls; forwards return what their backward needs
+// (mean/rstd, logsumexp, masks). autograd/functions_nn.h spells them as torch.nn.functional does.
 //
 // Common rules:
 //   - CPU and CUDA (operands on one device, tensor/op_device.h; CUDA kernels in
@@ -8,10 +9,9 @@
 //     f32 (CPU sums accumulate in f64, CUDA ones in f32) and rounded once on store. Statistics a backward needs
 //     (layer norm mean/rstd, logsumexp) are always f32, whatever the input dtype.
 //   - Inputs may have any strides (transposed or sliced views); outputs are contiguous.
-//   - Every op first offers itself to dispatch_extension() under the name of its entry in
-//     tensor/ops_nn_table.cc, with tensors and attributes in declaration order (undefined
-//     optional tensors are passed as undefined). Multi-output ops return the handler's outputs
-//     in the order of the result struct's fields.
+//   - Every op first calls dispatch_op() with its OpId (tensor/op_list.h), tensors and
+//     attributes in declaration order (undefined optional tensors are passed as undefined).
+//     Multi-output ops return the handler's outputs in the order of the result struct's fields.
 //   - Wrong rank, shape, dtype or device throws loom::Error naming the op and the shapes.
 #pragma once
 

@@ -89,7 +89,7 @@ Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, 
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              bool is_causal, double scale) {
-  if (auto r = dispatch_extension("scaled_dot_product_attention", {q, k, v}, {is_causal, scale})) {
+  if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v}, {is_causal, scale})) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention";
@@ -142,7 +142,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
                                                      bool is_causal, double scale) {
-  if (auto r = dispatch_extension("scaled_dot_product_attention_backward",
+  if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
                                   {grad_out, q, k, v, out, logsumexp}, {is_causal, scale})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }

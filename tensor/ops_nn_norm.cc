@@ -155,28 +155,28 @@ NormLayout norm_layout(const Tensor& x, const Shape& normalized_shape, std::stri
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  if (auto out = dispatch_extension("softmax", {x}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::softmax, {x}, {dim})) return (*out)[0];
   return softmax_impl(x, dim, /*log=*/false, "softmax");
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (auto out = dispatch_extension("log_softmax", {x}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::log_softmax, {x}, {dim})) return (*out)[0];
   return softmax_impl(x, dim, /*log=*/true, "log_softmax");
 }
 
 Tensor softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim) {
-  if (auto r = dispatch_extension("softmax_backward", {grad_out, out}, {dim})) return (*r)[0];
+  if (auto r = dispatch_op(OpId::softmax_backward, {grad_out, out}, {dim})) return (*r)[0];
   return softmax_backward_impl(grad_out, out, dim, /*log=*/false, "softmax_backward");
 }
 
 Tensor log_softmax_backward(const Tensor& grad_out, const Tensor& out, int64_t dim) {
-  if (auto r = dispatch_extension("log_softmax_backward", {grad_out, out}, {dim})) return (*r)[0];
+  if (auto r = dispatch_op(OpId::log_softmax_backward, {grad_out, out}, {dim})) return (*r)[0];
   return softmax_backward_impl(grad_out, out, dim, /*log=*/true, "log_softmax_backward");
 }
 
 LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, const Tensor& weight,
                            const Tensor& bias, double eps) {
-  if (auto r = dispatch_extension("layer_norm", {x_in, weight, bias}, {normalized_shape, eps})) {
+  if (auto r = dispatch_op(OpId::layer_norm, {x_in, weight, bias}, {normalized_shape, eps})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "layer_norm";
@@ -235,7 +235,7 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
 LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, const Tensor& mean,
                                    const Tensor& rstd, const Tensor& weight,
                                    const Shape& normalized_shape) {
-  if (auto r = dispatch_extension("layer_norm_backward", {grad_out, x_in, mean, rstd, weight},
+  if (auto r = dispatch_op(OpId::layer_norm_backward, {grad_out, x_in, mean, rstd, weight},
                                   {normalized_shape})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }

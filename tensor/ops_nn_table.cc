@@ -11,63 +11,63 @@ void register_nn_ops(OpTable& t) {
   using C = const OpCall&;
   using V = std::vector<Tensor>;
   // Softmax.
-  t["softmax"] = [](C c) { return V{ops::softmax(c.inputs[0], c.int_attr(0))}; };
-  t["log_softmax"] = [](C c) { return V{ops::log_softmax(c.inputs[0], c.int_attr(0))}; };
-  t["softmax_backward"] = [](C c) {
+  t[OpId::softmax] = [](C c) { return V{ops::softmax(c.inputs[0], c.int_attr(0))}; };
+  t[OpId::log_softmax] = [](C c) { return V{ops::log_softmax(c.inputs[0], c.int_attr(0))}; };
+  t[OpId::softmax_backward] = [](C c) {
     return V{ops::softmax_backward(c.inputs[0], c.inputs[1], c.int_attr(0))};
   };
-  t["log_softmax_backward"] = [](C c) {
+  t[OpId::log_softmax_backward] = [](C c) {
     return V{ops::log_softmax_backward(c.inputs[0], c.inputs[1], c.int_attr(0))};
   };
   // Layer norm: inputs (x, weight, bias), attrs (normalized_shape, eps).
-  t["layer_norm"] = [](C c) {
+  t[OpId::layer_norm] = [](C c) {
     auto r = ops::layer_norm(c.inputs[0], c.ints_attr(0), c.inputs[1], c.inputs[2],
                              c.double_attr(1));
     return V{r.out, r.mean, r.rstd};
   };
   // Inputs (grad_out, x, mean, rstd, weight), attrs (normalized_shape).
-  t["layer_norm_backward"] = [](C c) {
+  t[OpId::layer_norm_backward] = [](C c) {
     auto r = ops::layer_norm_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3],
                                       c.inputs[4], c.ints_attr(0));
     return V{r.grad_x, r.grad_weight, r.grad_bias};
   };
   // Embedding.
-  t["embedding"] = [](C c) { return V{ops::embedding(c.inputs[0], c.inputs[1])}; };
-  t["embedding_backward"] = [](C c) {
+  t[OpId::embedding] = [](C c) { return V{ops::embedding(c.inputs[0], c.inputs[1])}; };
+  t[OpId::embedding_backward] = [](C c) {
     return V{ops::embedding_backward(c.inputs[0], c.inputs[1], c.int_attr(0))};
   };
   // Cross entropy: attrs (ignore_index, reduction).
-  t["cross_entropy"] = [](C c) {
+  t[OpId::cross_entropy] = [](C c) {
     auto r = ops::cross_entropy(c.inputs[0], c.inputs[1], c.int_attr(0),
                                 static_cast<ops::Reduction>(c.int_attr(1)));
     return V{r.loss, r.logsumexp};
   };
   // Inputs (grad_loss, logits, targets, logsumexp — may be undefined).
-  t["cross_entropy_backward"] = [](C c) {
+  t[OpId::cross_entropy_backward] = [](C c) {
     const Tensor lse = c.inputs.size() > 3 ? c.inputs[3] : Tensor();
     return V{ops::cross_entropy_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
                                          static_cast<ops::Reduction>(c.int_attr(1)), lse)};
   };
   // Attention: attrs (is_causal, scale).
-  t["scaled_dot_product_attention"] = [](C c) {
+  t[OpId::scaled_dot_product_attention] = [](C c) {
     auto r = ops::scaled_dot_product_attention(c.inputs[0], c.inputs[1], c.inputs[2],
                                                c.bool_attr(0), c.double_attr(1));
     return V{r.out, r.logsumexp};
   };
   // Inputs (grad_out, q, k, v, out, logsumexp).
-  t["scaled_dot_product_attention_backward"] = [](C c) {
+  t[OpId::scaled_dot_product_attention_backward] = [](C c) {
     auto r = ops::scaled_dot_product_attention_backward(c.inputs[0], c.inputs[1], c.inputs[2],
                                                         c.inputs[3], c.inputs[4], c.inputs[5],
                                                         c.bool_attr(0), c.double_attr(1));
     return V{r.dq, r.dk, r.dv};
   };
   // Dropout: attrs (p, seed, training).
-  t["dropout"] = [](C c) {
+  t[OpId::dropout] = [](C c) {
     auto r = ops::dropout(c.inputs[0], c.double_attr(0), static_cast<uint64_t>(c.int_attr(1)),
                           c.bool_attr(2));
     return V{r.out, r.mask};
   };
-  t["dropout_backward"] = [](C c) {
+  t[OpId::dropout_backward] = [](C c) {
     return V{ops::dropout_backward(c.inputs[0], c.inputs[1], c.double_attr(0))};
   };
 }

@@ -43,7 +43,7 @@ Shape reduced_shape(const Shape& shape, const std::vector<bool>& mask, bool keep
 }  // namespace
 
 Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
-  if (auto out = dispatch_extension("sum", {self}, {dims, keepdim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::sum, {self}, {dims, keepdim})) return (*out)[0];
   const auto mask = reduced_mask(self, dims, "sum");
   if (self.device().is_cuda()) return cuda_backend::sum(self, mask, keepdim, 1.0);
   const Shape kept = reduced_shape(self.shape(), mask, /*keepdim=*/true);
@@ -79,7 +79,7 @@ Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
-  if (auto out = dispatch_extension("mean", {self}, {dims, keepdim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::mean, {self}, {dims, keepdim})) return (*out)[0];
   LOOM_CHECK(is_floating(self.dtype()), "mean: expected a floating tensor, got dtype {}",
              dtype_name(self.dtype()));
   const auto mask = reduced_mask(self, dims, "mean");
@@ -105,7 +105,7 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) 
 }
 
 std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
-  if (auto out = dispatch_extension("max_dim", {self}, {dim, keepdim})) return {(*out)[0], (*out)[1]};
+  if (auto out = dispatch_op(OpId::max_dim, {self}, {dim, keepdim})) return {(*out)[0], (*out)[1]};
   dim = normalize_dim(dim, self.dim(), "max");
   LOOM_CHECK(self.dim() == 0 || self.shape()[dim] > 0,
              "max: cannot reduce over dim {} of size 0 (tensor shape {})", dim, shape_str(self.shape()));
@@ -157,7 +157,7 @@ Tensor max(const Tensor& self) {
 
 Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int64_t dim,
                         bool keepdim) {
-  if (auto out = dispatch_extension("max_dim_backward", {grad, indices}, {input_shape, dim, keepdim})) {
+  if (auto out = dispatch_op(OpId::max_dim_backward, {grad, indices}, {input_shape, dim, keepdim})) {
     return (*out)[0];
   }
   const int64_t ndim = static_cast<int64_t>(input_shape.size());

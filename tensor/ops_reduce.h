@@ -1,4 +1,4 @@
-// Reductions (loom::ops, not recorded by autograd). Floating results accumulate in f64.
+// Reductions (loom::ops; they record autograd through tensor/dispatch.h like every op). Floating results accumulate in f64.
 #pragma once
 
 #include <utility>

@@ -1,5 +1,5 @@
-// Views: new shape/strides/offset over the same storage, no copy (loom::ops, not recorded by
-// autograd; autograd/ has the differentiable versions under the same names in loom::).
+// Views: new shape/strides/offset over the same storage, no copy (loom::ops, also spelled
+// loom::view etc.; they record autograd through tensor/dispatch.h like every op).
 // `reshape` copies only when no view is possible, as torch.reshape does.
 #pragma once
 

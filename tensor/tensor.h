@@ -1,7 +1,7 @@
 // Tensor: a handle to shared storage viewed through shape, strides and an element offset.
 //
 // Copying a Tensor copies the handle (like torch.Tensor in Python): both names see the same
-// data and the same autograd state. Views (tensor/views.h) share storage without copying.
+// data and the same autograd state. Views (tensor/ops_views.h) share storage without copying.
 //
 // This layer knows nothing of autograd's graph or of DTensor; it only holds their state:
 //   - requires_grad / grad / grad_fn: data the autograd engine (autograd/) reads and writes.

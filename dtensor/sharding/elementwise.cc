@@ -90,28 +90,30 @@ StrategyFn in_place(bool allow_partial_self) {
 }  // namespace
 
 void register_elementwise_strategies(StrategyTable& t) {
-  for (const char* op : {"neg", "mul_scalar", "div_scalar", "clone", "to_dtype"}) t[op] = unary(/*linear=*/true);
-  for (const char* op : {"abs", "exp", "log", "tanh", "sqrt", "rsqrt", "pow", "relu", "gelu", "add_scalar",
-                         "sub_scalar", "rsub_scalar"}) {
+  for (OpId op : {OpId::neg, OpId::mul_scalar, OpId::div_scalar, OpId::clone, OpId::to_dtype}) {
+    t[op] = unary(/*linear=*/true);
+  }
+  for (OpId op : {OpId::abs, OpId::exp, OpId::log, OpId::tanh, OpId::sqrt, OpId::rsqrt, OpId::pow,
+                  OpId::relu, OpId::gelu, OpId::add_scalar, OpId::sub_scalar, OpId::rsub_scalar}) {
     t[op] = unary(/*linear=*/false);
   }
   // add/sub: linear when both are Partial; mul/div: when exactly the one side is Partial.
-  t["add"] = nary({{true, true}});
-  t["sub"] = nary({{true, true}});
-  t["mul"] = nary({{true, false}, {false, true}});
-  t["div"] = nary({{true, false}});
-  t["maximum"] = nary({});
-  t["eq"] = nary({});
-  t["gt"] = nary({});
-  t["gelu_backward"] = nary({{true, false}});  // linear in the incoming gradient
-  t["where"] = nary({{false, true, true}});
-  t["masked_fill"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::add] = nary({{true, true}});
+  t[OpId::sub] = nary({{true, true}});
+  t[OpId::mul] = nary({{true, false}, {false, true}});
+  t[OpId::div] = nary({{true, false}});
+  t[OpId::maximum] = nary({});
+  t[OpId::eq] = nary({});
+  t[OpId::gt] = nary({});
+  t[OpId::gelu_backward] = nary({{true, false}});  // linear in the incoming gradient
+  t[OpId::where] = nary({{false, true, true}});
+  t[OpId::masked_fill] = [](const OpCall& call, const InputSpecs& in) {
     // Filling with 0 keeps a sum linear; any other value does not.
     const bool zero = call.double_attr(0) == 0.0;
     return elementwise_sharding(call, in, 1, zero ? std::vector<std::vector<bool>>{{true, false}}
                                                   : std::vector<std::vector<bool>>{});
   };
-  t["copy_"] = in_place(/*allow_partial_self=*/true);
+  t[OpId::copy_] = in_place(/*allow_partial_self=*/true);
   // Factories shaped like a DTensor keep its layout; a Partial `like` gives Replicate (a
   // constant is not a partial sum).
   const auto like = [](const OpCall&, const InputSpecs& in) {
@@ -121,13 +123,13 @@ void register_elementwise_strategies(StrategyTable& t) {
     s.fixed_inputs = {0};
     return s;
   };
-  t["zeros_like"] = like;
-  t["ones_like"] = like;
+  t[OpId::zeros_like] = like;
+  t[OpId::ones_like] = like;
   // (value, like) -> value with like's placements: `like` never moves, `value` follows it.
   // Where `like` is Partial, `value` becomes Replicate: autograd uses this for a leaf's
   // gradient, and the gradient of a Partial value is Replicate (every contribution has the same
   // derivative; the adjoint rule of redistribute/to_local in dtensor.cc).
-  t["match_layout"] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::match_layout] = [](const OpCall&, const InputSpecs& in) {
     OpSharding s;
     s.output_shapes = {in[1]->shape};
     for (const Placement& p : in[1]->placements) {
@@ -138,8 +140,8 @@ void register_elementwise_strategies(StrategyTable& t) {
     s.fixed_inputs = {1};
     return s;
   };
-  t["add_"] = in_place(/*allow_partial_self=*/true);
-  t["fill_"] = in_place(/*allow_partial_self=*/false);
+  t[OpId::add_] = in_place(/*allow_partial_self=*/true);
+  t[OpId::fill_] = in_place(/*allow_partial_self=*/false);
 }
 
 }  // namespace loom::sharding

@@ -59,7 +59,7 @@ Labels matmul_labels(const Shape& a, const Shape& b, std::string_view op) {
 }  // namespace
 
 void register_matmul_strategies(StrategyTable& t) {
-  t["matmul"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::matmul] = [](const OpCall& call, const InputSpecs& in) {
     const Shape& a = in[0]->shape;
     const Shape& b = in[1]->shape;
     const Labels l = matmul_labels(a, b, call.op);

@@ -180,14 +180,14 @@ StrategyFn embedding_strategy() {
 }  // namespace
 
 void register_nn_strategies(StrategyTable& t) {
-  t["softmax"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::softmax] = [](const OpCall& call, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     const int64_t dim = normalize_dim(call.int_attr(0), ndim, call.op);
     OpSharding s = leading_dims(1, {true}, ndim, {in[0]->shape});
     s.options.erase(s.options.begin() + 1 + dim);  // the normalized dim cannot stay sharded
     return s;
   };
-  t["log_softmax"] = t["softmax"];
+  t[OpId::log_softmax] = t[OpId::softmax];
   const auto softmax_backward = [](const OpCall& call, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     const int64_t dim = normalize_dim(call.int_attr(0), ndim, call.op);
@@ -195,15 +195,15 @@ void register_nn_strategies(StrategyTable& t) {
     s.options.erase(s.options.begin() + 1 + dim);
     return s;
   };
-  t["softmax_backward"] = softmax_backward;
-  t["log_softmax_backward"] = softmax_backward;
-  t["layer_norm"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::softmax_backward] = softmax_backward;
+  t[OpId::log_softmax_backward] = softmax_backward;
+  t[OpId::layer_norm] = [](const OpCall& call, const InputSpecs& in) {
     const Shape& x = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(x.size() - call.ints_attr(0).size());
     const Shape stats(x.begin(), x.begin() + lead);
     return leading_dims(3, {true, false, false}, lead, {x, stats, stats});
   };
-  t["layer_norm_backward"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::layer_norm_backward] = [](const OpCall& call, const InputSpecs& in) {
     // Inputs: (grad_out, x, mean, rstd, weight); outputs: (grad_x, grad_weight, grad_bias).
     const Shape& x = in[1]->shape;
     const Shape normalized = call.ints_attr(0);
@@ -211,19 +211,19 @@ void register_nn_strategies(StrategyTable& t) {
     return leading_dims(5, {true, true, true, true, false}, lead, {x, normalized, normalized},
                         {Replicate(), Partial(), Partial()});
   };
-  t["scaled_dot_product_attention"] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;
     Shape out = q;
     out.back() = in[2]->shape.back();
     return leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
   };
-  t["scaled_dot_product_attention_backward"] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::scaled_dot_product_attention_backward] = [](const OpCall&, const InputSpecs& in) {
     // Inputs: (grad_out, q, k, v, out, logsumexp); outputs (dq, dk, dv).
     const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
     return leading_dims(6, {true, true, true, true, true, true}, lead, {in[1]->shape, in[2]->shape, in[3]->shape});
   };
-  t["dropout"] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::dropout] = [](const OpCall&, const InputSpecs& in) {
     // The keep-mask is a pure function of (seed, global element index), so a shard draws exactly
     // its slice of the whole tensor's mask: dropout runs on any Shard (sequence-parallel
     // activations) with no communication. It is linear for a fixed mask, so Partial(sum|avg)
@@ -240,14 +240,14 @@ void register_nn_strategies(StrategyTable& t) {
     };
     return s;
   };
-  t["dropout_backward"] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::dropout_backward] = [](const OpCall&, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     OpSharding s = leading_dims(2, {true, true}, ndim, {in[0]->shape});
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
     return s;
   };
-  t["embedding"] = embedding_strategy();
-  t["embedding_backward"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::embedding] = embedding_strategy();
+  t[OpId::embedding_backward] = [](const OpCall& call, const InputSpecs& in) {
     // Inputs (grad_out (..., C), indices); output (V, C). Rows split across ranks sum up.
     const Shape& grad = in[0]->shape;
     const int64_t index_dims = static_cast<int64_t>(in[1]->shape.size());
@@ -259,8 +259,8 @@ void register_nn_strategies(StrategyTable& t) {
     s.options.push_back({{Partial(), Replicate()}, {Partial()}});
     return s;
   };
-  t["cross_entropy"] = cross_entropy_strategy();
-  t["cross_entropy_backward"] = cross_entropy_backward_strategy();
+  t[OpId::cross_entropy] = cross_entropy_strategy();
+  t[OpId::cross_entropy_backward] = cross_entropy_backward_strategy();
 }
 
 }  // namespace loom::sharding

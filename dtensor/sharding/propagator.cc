@@ -134,11 +134,10 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     ++stats.cache_misses;
-    const StrategyTable& table = strategy_table();
-    auto strategy = table.find(std::string(call.op));
-    LOOM_CHECK(strategy != table.end(), "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
+    const StrategyFn& strategy = strategy_table()[call.id];
+    LOOM_CHECK(strategy != nullptr, "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
                call.op, describe_inputs(specs));
-    Decision decision{strategy->second(call, specs), {}};
+    Decision decision{strategy(call, specs), {}};
     LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})", call.op,
                describe_inputs(specs));
     const std::vector<int64_t> first_coordinate(mesh->ndim(), 0);
@@ -194,7 +193,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   }
 
   // 4. The local op, then wrap the outputs.
-  OpCall local_call{call.op, locals, call.attrs};
+  OpCall local_call(call.id, locals, call.attrs);
   std::vector<Tensor> outputs = decision.sharding.local ? decision.sharding.local(local_call, after) : call_op(local_call);
   LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(), "{}: {} local outputs for {} shapes",
                        call.op, outputs.size(), decision.sharding.output_shapes.size());

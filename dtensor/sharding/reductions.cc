@@ -55,10 +55,10 @@ OpSharding reduce_sharding(const DTensorSpec& in, const std::vector<int64_t>& di
 }  // namespace
 
 void register_reduction_strategies(StrategyTable& t) {
-  t["sum"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::sum] = [](const OpCall& call, const InputSpecs& in) {
     return reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
   };
-  t["mean"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::mean] = [](const OpCall& call, const InputSpecs& in) {
     OpSharding s = reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
     const Shape global = in[0]->shape;
     s.local = [global](const OpCall& local, const InputSpecs&) {
@@ -75,7 +75,7 @@ void register_reduction_strategies(StrategyTable& t) {
   };
   // (grad, indices) -> grad scattered to the chosen positions of the input's shape: the reduced
   // dim must be whole; kept dims keep their shards; linear in grad.
-  t["max_dim_backward"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::max_dim_backward] = [](const OpCall& call, const InputSpecs& in) {
     const Shape input_shape = call.ints_attr(0);
     const int64_t ndim = static_cast<int64_t>(input_shape.size());
     const int64_t dim = normalize_dim(call.int_attr(1), std::max<int64_t>(ndim, 1), call.op);
@@ -98,7 +98,7 @@ void register_reduction_strategies(StrategyTable& t) {
     };
     return s;
   };
-  t["max_dim"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::max_dim] = [](const OpCall& call, const InputSpecs& in) {
     OpSharding s = reduce_sharding(*in[0], {call.int_attr(0)}, call.bool_attr(1), call.op, /*linear=*/false);
     s.output_shapes.push_back(s.output_shapes[0]);  // values and indices
     for (auto& option : s.options) option.outputs.push_back(option.outputs[0]);

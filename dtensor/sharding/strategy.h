@@ -10,8 +10,6 @@
 
 #include <functional>
 #include <optional>
-#include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "dtensor/placement.h"
@@ -44,7 +42,7 @@ struct OpSharding {
 // A strategy may read integer, bool and dtype attributes freely, but of a floating attribute
 // only whether it is zero: decisions are cached without the value (see propagator.cc).
 using StrategyFn = std::function<OpSharding(const OpCall& call, const InputSpecs& inputs)>;
-using StrategyTable = std::unordered_map<std::string, StrategyFn>;
+using StrategyTable = PerOp<StrategyFn>;  // indexed by OpId (tensor/op_list.h)
 
 // Registration entry points, one per file under dtensor/sharding/; index.cc calls them all.
 void register_elementwise_strategies(StrategyTable& table);
@@ -53,7 +51,8 @@ void register_reduction_strategies(StrategyTable& table);
 void register_view_strategies(StrategyTable& table);
 void register_nn_strategies(StrategyTable& table);
 
-// The full table (built once, on first use, from the calls above).
+// The full table (built once, on first use, from the calls above; every kExtended op of
+// tensor/op_list.h has an entry).
 const StrategyTable& strategy_table();
 
 }  // namespace loom::sharding

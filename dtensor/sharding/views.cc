@@ -105,9 +105,9 @@ OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_vi
 }  // namespace
 
 void register_view_strategies(StrategyTable& t) {
-  t["view"] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, true); };
-  t["reshape"] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, false); };
-  t["transpose"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::view] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, true); };
+  t[OpId::reshape] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, false); };
+  t[OpId::transpose] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t ndim = static_cast<int64_t>(spec.shape.size());
     const int64_t d0 = normalize_dim(call.int_attr(0), ndim, call.op), d1 = normalize_dim(call.int_attr(1), ndim, call.op);
@@ -117,7 +117,7 @@ void register_view_strategies(StrategyTable& t) {
     if (ndim > 0) std::swap(out[d0], out[d1]);
     return mapped(spec, map, out, true);
   };
-  t["permute"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::permute] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const auto& dims = call.ints_attr(0);
     const int64_t ndim = static_cast<int64_t>(spec.shape.size());
@@ -130,7 +130,7 @@ void register_view_strategies(StrategyTable& t) {
     }
     return mapped(spec, map, out, true);
   };
-  t["unsqueeze"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::unsqueeze] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t ndim = static_cast<int64_t>(spec.shape.size());
     const int64_t at = normalize_dim(call.int_attr(0), ndim + 1, call.op);
@@ -140,7 +140,7 @@ void register_view_strategies(StrategyTable& t) {
     out.insert(out.begin() + at, 1);
     return mapped(spec, map, out, true);
   };
-  t["squeeze"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::squeeze] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t ndim = static_cast<int64_t>(spec.shape.size());
     const int64_t at = normalize_dim(call.int_attr(0), ndim, call.op);
@@ -157,7 +157,7 @@ void register_view_strategies(StrategyTable& t) {
     }
     return mapped(spec, map, out, true);
   };
-  t["expand"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::expand] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     Shape out = call.ints_attr(0);
     const int64_t lead = static_cast<int64_t>(out.size() - spec.shape.size());
@@ -187,8 +187,8 @@ void register_view_strategies(StrategyTable& t) {
     out[dim] = new_size;
     return mapped(spec, map, out, true);
   };
-  t["narrow"] = [cut](const OpCall& call, const InputSpecs& in) { return cut(call, in, call.int_attr(0), call.int_attr(2)); };
-  t["slice"] = [cut](const OpCall& call, const InputSpecs& in) {
+  t[OpId::narrow] = [cut](const OpCall& call, const InputSpecs& in) { return cut(call, in, call.int_attr(0), call.int_attr(2)); };
+  t[OpId::slice] = [cut](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t dim = normalize_dim(call.int_attr(0), spec.shape.size(), call.op);
     // Same size arithmetic as ops::slice.
@@ -203,7 +203,7 @@ void register_view_strategies(StrategyTable& t) {
   };
   // (grad) -> zeros of the input's shape with grad in the sliced positions: like slice, any dim
   // but the cut one may stay sharded (it has the same size in grad and output), and it is linear.
-  t["slice_backward"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::slice_backward] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& grad = *in[0];
     const Shape input_shape = call.ints_attr(0);
     const int64_t ndim = static_cast<int64_t>(input_shape.size());
@@ -219,7 +219,7 @@ void register_view_strategies(StrategyTable& t) {
     };
     return s;
   };
-  t["cat"] = [](const OpCall& call, const InputSpecs& in) {
+  t[OpId::cat] = [](const OpCall& call, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     const int64_t dim = normalize_dim(call.int_attr(0), ndim, call.op);
     Shape out = in[0]->shape;

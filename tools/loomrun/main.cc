@@ -1,5 +1,5 @@
-// loomrun: starts the ranks of a Loom job on this node, like torchrun. See launcher.h and
-// docs/loomrun.md.
+// loomrun: starts the ranks of a Loom job on this node, like torchrun. See launcher.h and the
+// README's "Launching ranks".
 #include <exception>
 
 #include "tools/loomrun/launcher.h"

@@ -1,0 +1,76 @@
+// Formulas of the neural-network ops: each saves what its backward kernel (tensor/ops_nn.h)
+// needs. Their extra outputs (layer norm's mean and rstd, the logsumexps, dropout's mask) are
+// saved for backward and returned unrecorded.
+#include "autograd/formulas.h"
+
+namespace loom::autograd {
+
+namespace {
+using C = const OpCall&;
+using Outs = std::vector<Tensor>;
+}  // namespace
+
+void register_nn_formulas(FormulaTable& f) {
+  // Attrs (dim).
+  f[OpId::softmax] = [](C c, Outs out) {
+    return record_first("SoftmaxBackward", c, out,
+                        [y = out[0], dim = c.int_attr(0)](const Grads& g) {
+                          return Grads{ops::softmax_backward(g[0], y, dim)};
+                        });
+  };
+  f[OpId::log_softmax] = [](C c, Outs out) {
+    return record_first("LogSoftmaxBackward", c, out,
+                        [y = out[0], dim = c.int_attr(0)](const Grads& g) {
+                          return Grads{ops::log_softmax_backward(g[0], y, dim)};
+                        });
+  };
+  // Inputs (x, weight, bias), attrs (normalized_shape, eps); outputs (out, mean, rstd).
+  f[OpId::layer_norm] = [](C c, Outs out) {
+    return record_first("LayerNormBackward", c, out,
+                        [x = c.inputs[0], weight = c.inputs[1], shape = c.ints_attr(0),
+                         mean = out[1], rstd = out[2]](const Grads& g) {
+                          ops::LayerNormGrads grads =
+                              ops::layer_norm_backward(g[0], x, mean, rstd, weight, shape);
+                          return Grads{grads.grad_x, grads.grad_weight, grads.grad_bias};
+                        });
+  };
+  // Inputs (weight, indices).
+  f[OpId::embedding] = [](C c, Outs out) {
+    return record_first("EmbeddingBackward", c, std::move(out),
+                        [indices = c.inputs[1], rows = c.inputs[0].size(0)](const Grads& g) {
+                          return Grads{ops::embedding_backward(g[0], indices, rows), Tensor()};
+                        });
+  };
+  // Inputs (logits, targets), attrs (ignore_index, reduction); outputs (loss, logsumexp).
+  f[OpId::cross_entropy] = [](C c, Outs out) {
+    return record_first(
+        "CrossEntropyBackward", c, out,
+        [logits = c.inputs[0], targets = c.inputs[1], ignore_index = c.int_attr(0),
+         reduction = static_cast<Reduction>(c.int_attr(1)), lse = out[1]](const Grads& g) {
+          return Grads{ops::cross_entropy_backward(g[0], logits, targets, ignore_index,
+                                                   reduction, lse),
+                       Tensor()};
+        });
+  };
+  // Inputs (q, k, v), attrs (is_causal, scale); outputs (out, logsumexp).
+  f[OpId::scaled_dot_product_attention] = [](C c, Outs out) {
+    return record_first("ScaledDotProductAttentionBackward", c, out,
+                        [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0],
+                         lse = out[1], is_causal = c.bool_attr(0),
+                         scale = c.double_attr(1)](const Grads& g) {
+                          ops::AttentionGrads grads = ops::scaled_dot_product_attention_backward(
+                              g[0], q, k, v, y, lse, is_causal, scale);
+                          return Grads{grads.dq, grads.dk, grads.dv};
+                        });
+  };
+  // Attrs (p, seed, training); outputs (out, mask). No mask: x came back unchanged.
+  f[OpId::dropout] = [](C c, Outs out) {
+    if (!out[1].defined()) return out;
+    return record_first("DropoutBackward", c, out,
+                        [mask = out[1], p = c.double_attr(0)](const Grads& g) {
+                          return Grads{ops::dropout_backward(g[0], mask, p)};
+                        });
+  };
+}
+
+}  // namespace loom::autograd
