@@ -1,5 +1,7 @@
 // The pieces every tensor-parallel style is made of: distributing a module's parameters, and
 // converting a module's input or output between plain local tensors and DTensors of a layout.
+// Reachable from //parallel/tp for users writing their own ParallelStyle (style.h); the names
+// stay in tp::detail until they are made stable public API.
 #pragma once
 
 #include <memory>
