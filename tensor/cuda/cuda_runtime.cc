@@ -90,7 +90,16 @@ void throw_cuda_error(cudaError_t status, const char* call, int device, const ch
 
 }  // namespace detail
 
+bool kernels_built() {
+#ifdef LOOM_CUDA_DISABLED
+  return false;
+#else
+  return true;
+#endif
+}
+
 int device_count() {
+  if (!kernels_built()) return 0;
   const Probe& p = probe();
   if (p.status == cudaSuccess) return p.count;
   if (means_no_cuda(p.status)) return 0;
@@ -99,11 +108,13 @@ int device_count() {
 }
 
 bool available() {
+  if (!kernels_built()) return false;
   const Probe& p = probe();
   return p.status == cudaSuccess && p.count > 0;
 }
 
 std::string unavailable_reason() {
+  if (!kernels_built()) return kCpuOnlyBuild;
   const Probe& p = probe();
   if (p.status == cudaSuccess) {
     if (p.count > 0) return "";

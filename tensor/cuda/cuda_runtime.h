@@ -22,6 +22,15 @@
 
 namespace loom::cuda {
 
+// Why a CPU-only build (--config=cpu) has no CUDA device; the kernel stubs throw it too.
+inline constexpr const char* kCpuOnlyBuild =
+    "Loom was built CPU-only (--config=cpu, i.e. --define=loom_cuda=false): its CUDA kernels were "
+    "not compiled; rebuild without that flag to use GPUs";
+
+// False in a CPU-only build: then device_count() is 0 and unavailable_reason() is kCpuOnlyBuild,
+// so every GPU entry point (a CUDA tensor, an NCCL group, --device cuda) fails naming the flag.
+bool kernels_built();
+
 // Number of CUDA devices this process can see (after CUDA_VISIBLE_DEVICES). 0, not an error,
 // when there is no device (cudaErrorNoDevice) or no usable driver (cudaErrorInsufficientDriver,
 // cudaErrorStubLibrary, cudaErrorSystemDriverMismatch). Any other failure of cudaGetDeviceCount

@@ -99,6 +99,21 @@ TEST(GPTTest, InitialLossIsNearUniformAndTrainingLowersIt) {
   EXPECT_LT(last, first - 1.0) << "loss " << first << " -> " << last;
 }
 
+// A forward that lost a parameter's gradient (an op that did not record, a detach, a write under
+// NoGradGuard) leaves that parameter without one: every parameter must get a non-zero gradient.
+TEST(GPTTest, EveryParameterGetsAGradient) {
+  GPT model(GPTConfig::preset("tiny"), 3);
+  const Tensor x = random_tokens({2, 16}, 8, 256);
+  const Tensor y = random_tokens({2, 16}, 9, 256);
+  backward(model.loss(x, y));
+  for (const auto& [name, p] : model.named_parameters()) {
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    double norm = 0;
+    for (double g : ops::to_vector(p.grad())) norm += g * g;
+    EXPECT_GT(norm, 0.0) << name << "'s gradient is all zeros";
+  }
+}
+
 TEST(GPTTest, BadInputNamesShapes) {
   GPT model(GPTConfig::preset("tiny"));
   try {

@@ -14,6 +14,7 @@
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/smoke_kernel.h"
+#include "tensor/tensor.h"
 #include "tests/tensor/tensor_test_util.h"
 
 namespace loom::cuda {
@@ -49,6 +50,8 @@ TEST(CudaRuntimeTest, DeviceCountAgreesWithAvailability) {
   EXPECT_EQ(available(), count > 0);
   if (available()) {
     EXPECT_EQ(unavailable_reason(), "");
+  } else if (!kernels_built()) {
+    EXPECT_EQ(unavailable_reason(), kCpuOnlyBuild);  // --config=cpu: no probe at all
   } else {
     // Names the probe and what it said, e.g. "no CUDA device: cudaGetDeviceCount returned
     // cudaErrorNoDevice (no CUDA-capable device is detected)".
@@ -80,12 +83,24 @@ TEST(CudaRuntimeTest, CheckMacroNamesTheCallTheErrorAndTheDevice) {
 
 TEST(CudaRuntimeTest, NullAndEmptyOperationsAreNoOps) {
   EXPECT_NO_THROW(device_free(nullptr, 0));
+  if (!kernels_built()) GTEST_SKIP() << kCpuOnlyBuild;
   EXPECT_NO_THROW(axpy_on_device(2.0f, nullptr, nullptr, 0, nullptr));
 }
 
 TEST(CudaSmokeKernelTest, NegativeLengthThrowsBeforeTouchingTheDevice) {
+  if (!kernels_built()) GTEST_SKIP() << kCpuOnlyBuild;
   EXPECT_THAT(error_of([] { axpy_on_device(1.0f, nullptr, nullptr, -3, nullptr); }),
               HasSubstr("axpy_on_device: n must be >= 0, got -3"));
+}
+
+// In a CPU-only build (--config=cpu) every GPU entry point fails naming the flag: a CUDA tensor,
+// and a kernel reached some other way.
+TEST(CudaRuntimeTest, CpuOnlyBuildNamesTheFlag) {
+  if (kernels_built()) GTEST_SKIP() << "this build has CUDA kernels (built without --config=cpu)";
+  EXPECT_THAT(error_of([] { Tensor::empty({4}, kFloat32, Device::cuda()); }),
+              HasSubstr(kCpuOnlyBuild));
+  EXPECT_THAT(error_of([] { axpy_on_device(1.0f, nullptr, nullptr, 4, nullptr); }),
+              AllOf(HasSubstr("CUDA kernel axpy_on_device"), HasSubstr("--config=cpu")));
 }
 
 // ---- on a GPU ---------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ toolkit's headers (nvcc adds them itself). Paths come from the dependencies' CcI
 ctx.label.workspace_root, so the rule works unchanged from Loom's workspace and from one that uses
 Loom as @loom (sources under external/loom/...).
 
+CPU-only builds: with `--define=loom_cuda=false` (`--config=cpu` in .bazelrc; PyTorch's USE_CUDA=0)
+no .cu file is compiled. A cuda_library then builds its `stubs` instead: plain C++ definitions of
+the same functions that throw loom::Error naming the flag. The CUDA runtime wrappers report no
+device in such a build (tensor/cuda/cuda_runtime.cc), so GPU entry points fail with that reason
+before any stub is reached.
+
 Flags (see docs/cuda_build.md): -std=c++20, -O3, -Xcompiler -fPIC, device code for sm_80 and sm_90
 (CUDA_ARCHS below), -DFMT_USE_CONSTEXPR=1 (see _NVCC_FLAGS), then the target's `copts`. The host
 half of each .cu is compiled by the C++ toolchain's own compiler (-ccbin), the same g++ Bazel uses.
@@ -45,6 +51,10 @@ _NVCC_FLAGS = [
 ]
 
 _CUDA_RUNTIME = "@cuda//:cudart"
+
+# --define=loom_cuda=false (tools/build/BUILD). A Label, so that the select() below means Loom's
+# setting from whichever repository calls the macro.
+_CUDA_DISABLED = str(Label("//tools/build:cuda_disabled"))
 
 def _stem(src, package):
     """The source path under its package, without extension: kernels/axpy.cu -> kernels/axpy."""
@@ -119,7 +129,7 @@ def _cuda_objects_impl(ctx):
 _cuda_objects = rule(
     implementation = _cuda_objects_impl,
     attrs = {
-        "srcs": attr.label_list(allow_files = [".cu"], mandatory = True),
+        "srcs": attr.label_list(allow_files = [".cu"]),
         "hdrs": attr.label_list(allow_files = [".h", ".hpp", ".cuh", ".inl"]),
         "deps": attr.label_list(providers = [CcInfo]),
         "copts": attr.string_list(),
@@ -137,7 +147,7 @@ _cuda_objects = rule(
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
 )
 
-def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
+def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], stubs = [], **kwargs):
     """A cc_library whose sources are .cu files, compiled by nvcc for CUDA_ARCHS.
 
     Args:
@@ -148,6 +158,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
       deps: cc_library targets whose headers the .cu files include and whose code they call.
         @cuda//:cudart is always added.
       copts: extra nvcc flags, after the defaults (e.g. ["-lineinfo"], ["-Xptxas", "-v"]).
+      stubs: .cc files compiled instead of `srcs` in a CPU-only build (--define=loom_cuda=false):
+        definitions of the functions of `hdrs` that throw loom::Error naming the flag.
       **kwargs: passed to the cc_library (visibility, tags, testonly, alwayslink, ...).
     """
     all_deps = list(deps)
@@ -155,7 +167,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
         all_deps.append(_CUDA_RUNTIME)
     _cuda_objects(
         name = name + "_cuda_objects",
-        srcs = srcs,
+        srcs = select({
+            _CUDA_DISABLED: [],
+            "//conditions:default": srcs,
+        }),
         hdrs = hdrs,
         deps = all_deps,
         copts = copts,
@@ -165,7 +180,10 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], **kwargs):
     )
     native.cc_library(
         name = name,
-        srcs = [":" + name + "_cuda_objects"],
+        srcs = select({
+            _CUDA_DISABLED: stubs,
+            "//conditions:default": [":" + name + "_cuda_objects"],
+        }),
         hdrs = hdrs,
         deps = all_deps,
         **kwargs

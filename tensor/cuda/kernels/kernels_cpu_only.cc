@@ -1,0 +1,89 @@
+// The kernels of kernels/*.h in a CPU-only build (--config=cpu): no .cu file is compiled, and each
+// launcher throws naming the flag. They are never reached in practice: such a build reports no
+// CUDA device (cuda_runtime.h, kernels_built()), so no CUDA tensor exists to launch them on.
+#include "base/error.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/kernels/elementwise.h"
+#include "tensor/cuda/kernels/nn.h"
+#include "tensor/cuda/kernels/reduce.h"
+
+namespace loom::cuda::kernels {
+
+namespace {
+[[noreturn]] void unavailable(const char* kernel) {
+  LOOM_FAIL("CUDA kernel {}: {}", kernel, kCpuOnlyBuild);
+}
+}  // namespace
+
+void unary(UnaryOp, DType, const StridedArg&, const StridedArg&, float, int) {
+  unavailable("unary");
+}
+void binary(BinaryOp, DType, const StridedArg&, const StridedArg&, const StridedArg&, float, int) {
+  unavailable("binary");
+}
+void where(DType, const StridedArg&, const StridedArg&, const StridedArg&, const StridedArg&, int) {
+  unavailable("where");
+}
+void copy(DType, const StridedArg&, DType, const StridedArg&, int) { unavailable("copy"); }
+void fill(DType, const StridedArg&, double, int) { unavailable("fill"); }
+
+void softmax_forward(float*, const float*, RowShape, bool, int) {
+  unavailable("softmax_forward");
+}
+void softmax_backward(float*, const float*, const float*, RowShape, bool, int) {
+  unavailable("softmax_backward");
+}
+void layer_norm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t,
+                        int64_t, float, int) {
+  unavailable("layer_norm_forward");
+}
+void layer_norm_backward(float*, float*, float*, const float*, const float*, const float*,
+                         const float*, const float*, int64_t, int64_t, int) {
+  unavailable("layer_norm_backward");
+}
+void embedding_forward(DType, void*, const void*, int64_t, int64_t, const int64_t*, int64_t,
+                       int64_t, int) {
+  unavailable("embedding_forward");
+}
+void embedding_backward(float*, const float*, const int64_t*, int64_t, int64_t, int) {
+  unavailable("embedding_backward");
+}
+void cross_entropy_forward(float*, float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
+                           int) {
+  unavailable("cross_entropy_forward");
+}
+void cross_entropy_backward(float*, const float*, const float*, const int64_t*, const float*,
+                            int64_t, int64_t, int64_t, int, int64_t, int) {
+  unavailable("cross_entropy_backward");
+}
+void philox_fill(DType, void*, const StridedArg&, int64_t, uint64_t, RandomKind, double, double,
+                 int) {
+  unavailable("philox_fill");
+}
+void flash_attention_forward(DType, void*, float*, const void*, const void*, const void*,
+                             const FlashAttentionShape&, int) {
+  unavailable("flash_attention_forward");
+}
+void flash_attention_backward(DType, void*, void*, void*, float*, const void*, const void*,
+                              const void*, const void*, const float*, const FlashAttentionShape&,
+                              int) {
+  unavailable("flash_attention_backward");
+}
+void attention_probs(float*, float*, int64_t, int64_t, int64_t, float, bool, bool, int) {
+  unavailable("attention_probs");
+}
+void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {
+  unavailable("attention_grad_scores");
+}
+
+void sum_rows(DType, void*, const void*, int64_t, int64_t, double, int) {
+  unavailable("sum_rows");
+}
+void sum_cols(DType, void*, const void*, int64_t, int64_t, double, int) {
+  unavailable("sum_cols");
+}
+void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
+  unavailable("max_rows");
+}
+
+}  // namespace loom::cuda::kernels
