@@ -1,4 +1,4 @@
-// Shared helpers for DTensor tests: meshes over the harness's world group, exact comparisons.
+// Shared helpers for DTensor tests: meshes over the harness's world group, integer-valued data.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -25,11 +25,6 @@ inline Tensor integer_tensor(const Shape& shape, uint64_t seed) {
   std::vector<float> rounded;
   for (double v : values) rounded.push_back(static_cast<float>(static_cast<int>(v)));
   return ops::from_vector(rounded, shape);
-}
-
-inline void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what = "") {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  EXPECT_EQ(ops::to_vector(actual), ops::to_vector(expected)) << what;
 }
 
 }  // namespace loom::testing

@@ -18,6 +18,7 @@
 #include "dtensor/sharding/strategy.h"
 #include "tensor/dispatch.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -27,7 +28,7 @@ using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
-using loom::testing::expect_close;
+using loom::testing::expect_equal;
 using loom::testing::float_tensor;
 using loom::testing::integer_tensor;
 using loom::testing::kExact;
@@ -66,7 +67,7 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
       // Division with a broadcast divisor: the divisor's gradient sums -g*a/b^2 (not integers)
       // over the sharded rows, locally per shard and then across ranks, in another order than
       // the single-rank sum: f32 rounding, ~1e-6 relative.
-      const Tolerance summed{1e-5, 1e-5};
+      const Tolerance summed{.rtol = 1e-5, .atol = 1e-5};
       check_op(mesh, {"div S(0)/bias R", {{x, {Shard(0)}}, {positive_tensor({cols}, 6), {Replicate()}}}, div_op,
                       Placements{Shard(0)}, kExact, summed});
       // (B, T, C) + (C,) with C sharded.
@@ -141,14 +142,14 @@ void check_partial(ProcessGroup& pg, const std::string& name, const std::vector<
     EXPECT_FALSE(got.is_partial()) << "a non-linear op must not leave a Partial result, got " << got.str();
   }
   const Tensor full = full_tensor(out);
-  expect_close(full, expected_out, kExact, name + " forward");
+  expect_equal({.actual = full, .expected = expected_out, .what = name + " forward"});
   backward(sum(mul(full, weights)));
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string what = name + " grad of input " + std::to_string(i);
     // A Partial input's parts each receive the whole gradient (d(sum of parts)/d(part) = 1).
     const Tensor grad = specs[i].partial ? locals[i].grad() : full_tensor(inputs[i].grad());
     ASSERT_TRUE(grad.defined()) << what;
-    expect_close(grad, reference[i].grad(), kExact, what);
+    expect_equal({.actual = grad, .expected = reference[i].grad(), .what = what});
   }
 }
 
@@ -191,7 +192,8 @@ TEST(OpsElementwiseTest, AveragePartialsStayAverage) {
     Tensor x = from_local(a, mesh, {Partial(ReduceOp::kAvg)}), y = from_local(b, mesh, {Partial(ReduceOp::kAvg)});
     Tensor z = add(x, y);
     EXPECT_EQ(dtensor_spec(z).placements, (Placements{Partial(ReduceOp::kAvg)}));
-    expect_close(full_tensor(z), ops::full({4}, 3.0 + 6.0), kExact, "P(avg)+P(avg)");
+    expect_equal({.actual = full_tensor(z), .expected = ops::full({4}, 3.0 + 6.0),
+                  .what = "P(avg)+P(avg)"});
   });
 }
 
@@ -318,7 +320,8 @@ TEST(OpsPropagationTest, ARepeatedOpHitsTheDecisionCache) {
     const Tensor second = add(x, y);
     EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
     EXPECT_EQ(sharding::propagation_stats().cache_hits, 1);
-    expect_close(full_tensor(second), full_tensor(first), kExact, "cached decision");
+    expect_equal({.actual = full_tensor(second), .expected = full_tensor(first),
+                  .what = "cached decision"});
     // Other placements, other attributes: new decisions.
     add(y, x);
     sum(x, {0});
@@ -343,14 +346,14 @@ TEST(OpsPropagationTest, CachedDecisionsAreNotSharedBetweenMeshesOfDifferentSize
       first_address = tp.get();
       const Tensor y = reshape(distribute_tensor(x, tp, {Shard(2)}, std::nullopt), {2, 3, 2, 6});
       EXPECT_EQ(dtensor_spec(y).placements, (Placements{Shard(2)}));
-      expect_close(full_tensor(y), expected, kExact, "reshape on 2 ranks");
+      expect_equal({.actual = full_tensor(y), .expected = expected, .what = "reshape on 2 ranks"});
     }
     // Over 4 ranks the 2 heads cannot be split: the reshape must gather.
     auto line = make_mesh(pg, {"world"}, {4});
     SCOPED_TRACE(first_address == line.get() ? "the second mesh reuses the first one's address"
                                               : "the second mesh has another address");
     const Tensor z = reshape(distribute_tensor(x, line, {Shard(2)}, std::nullopt), {2, 3, 2, 6});
-    expect_close(full_tensor(z), expected, kExact, "reshape on 4 ranks");
+    expect_equal({.actual = full_tensor(z), .expected = expected, .what = "reshape on 4 ranks"});
   });
 }
 

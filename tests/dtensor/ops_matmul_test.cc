@@ -16,6 +16,7 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -84,12 +85,15 @@ TEST(OpsMatmulTest, MegatronMlpNeedsOneAllReduceForward) {
     EXPECT_EQ(comm.total_count(), 1) << comm.summary();
     // The second GEMM sums non-integer gelu outputs, split over two ranks: f32 rounding in
     // another order, ~1e-6 relative.
-    const Tolerance gemm{1e-5, 1e-5};
-    expect_close(full, expected, gemm, "mlp forward");
+    const Tolerance gemm{.rtol = 1e-5, .atol = 1e-5};
+    expect_close({.actual = full, .expected = expected, .tol = gemm, .what = "mlp forward"});
     backward(sum(full));
-    expect_close(full_tensor(dx.grad()), rx.grad(), gemm, "grad x");
-    expect_close(full_tensor(dfc.grad()), rfc.grad(), gemm, "grad w_fc");
-    expect_close(full_tensor(dproj.grad()), rproj.grad(), gemm, "grad w_proj");
+    expect_close({.actual = full_tensor(dx.grad()), .expected = rx.grad(), .tol = gemm,
+                  .what = "grad x"});
+    expect_close({.actual = full_tensor(dfc.grad()), .expected = rfc.grad(), .tol = gemm,
+                  .what = "grad w_fc"});
+    expect_close({.actual = full_tensor(dproj.grad()), .expected = rproj.grad(), .tol = gemm,
+                  .what = "grad w_proj"});
     EXPECT_EQ(dtensor_spec(dfc.grad()).placements, (Placements{Shard(0)}));
     EXPECT_EQ(dtensor_spec(dproj.grad()).placements, (Placements{Shard(1)}));
     EXPECT_EQ(dtensor_spec(dx.grad()).placements, (Placements{Replicate()}));

@@ -18,6 +18,7 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -36,7 +37,7 @@ using loom::testing::mesh_2x2;
 using loom::testing::Tolerance;
 using Inputs = std::vector<Tensor>;
 
-constexpr Tolerance kSplitSum{1e-5, 1e-6};
+constexpr Tolerance kSplitSum{.rtol = 1e-5, .atol = 1e-6};
 
 TEST(OpsNnTest, SoftmaxOnANonNormalizedShardedDim) {
   for (int world : {2, 3}) {
@@ -207,7 +208,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.bytes(CollectiveKind::kAllReduce), 3 * n * 4) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(loss).placements, (Placements{Replicate()}));
-        expect_close(full_tensor(loss), ref_loss, kSplitSum, "loss");
+        expect_close({.actual = full_tensor(loss), .expected = ref_loss, .tol = kSplitSum,
+                      .what = "loss"});
         {
           // The gradient stays vocabulary-sharded: no communication at all.
           CommDebugMode comm;
@@ -215,7 +217,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.total_count(), 0) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(logits.grad()).placements, (Placements{Shard(1)}));
-        expect_close(full_tensor(logits.grad()), ref_logits.grad(), kSplitSum, "grad logits");
+        expect_close({.actual = full_tensor(logits.grad()), .expected = ref_logits.grad(),
+                      .tol = kSplitSum, .what = "grad logits"});
       }
     });
   }
@@ -309,11 +312,13 @@ TEST(OpsNnTest, AttentionBlockWithHeadsShardedFromColwiseProjections) {
     }
     EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
     // Products of non-integers summed over split features: kSplitSum.
-    expect_close(full_tensor(y), expected, kSplitSum, "attention block");
+    expect_close({.actual = full_tensor(y), .expected = expected, .tol = kSplitSum,
+                  .what = "attention block"});
     backward(sum(full_tensor(y)));
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ(dtensor_spec(inputs[i].grad()).placements, dtensor_spec(inputs[i]).placements) << i;
-      expect_close(full_tensor(inputs[i].grad()), reference[i].grad(), kSplitSum, "grad " + std::to_string(i));
+      expect_close({.actual = full_tensor(inputs[i].grad()), .expected = reference[i].grad(),
+                    .tol = kSplitSum, .what = "grad " + std::to_string(i)});
     }
   });
 }

@@ -14,6 +14,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -22,7 +23,7 @@ using ::testing::HasSubstr;
 using comm::ProcessGroup;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
-using loom::testing::expect_close;
+using loom::testing::expect_equal;
 using loom::testing::integer_tensor;
 using loom::testing::kExact;
 using loom::testing::mesh_1d;
@@ -70,7 +71,7 @@ TEST(OpsReductionTest, MeanOverUnevenShardedDimIsExact) {
     }
     // 7 rows over 3 ranks (3, 3, 1): the local sums divided by 7 are not exact in f32 and add up
     // in another order than the single-rank sum: ~1 ulp.
-    const Tolerance ulp{1e-6, 1e-6};
+    const Tolerance ulp{.rtol = 1e-6, .atol = 1e-6};
     check_op(mesh, {"mean dim 0 of S(0), rows 7", {{integer_tensor({7, 3}, 4), {Shard(0)}}}, mean_op({0}),
                     Placements{Partial()}, ulp, ulp});
   });
@@ -117,7 +118,8 @@ TEST(OpsReductionTest, MaxOverDimGivesValuesIndicesAndGradient) {
           // Indices, not differentiable, must match too.
           const Tensor d = distribute_tensor(x, mesh, placements, std::nullopt);
           const Tensor indices = max(d, dim).second;
-          expect_close(full_tensor(indices), ops::max(x, dim).second, kExact, name + " indices");
+          expect_equal({.actual = full_tensor(indices), .expected = ops::max(x, dim).second,
+                        .what = name + " indices"});
         }
       }
     });

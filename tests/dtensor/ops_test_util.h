@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -16,32 +15,9 @@
 #include "autograd/functions.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/dtensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::testing {
-
-// |actual - expected| <= atol + rtol * |expected| elementwise; {0, 0} means bit for bit.
-struct Tolerance {
-  double rtol = 0;
-  double atol = 0;
-};
-inline constexpr Tolerance kExact{};
-
-inline void expect_close(const Tensor& actual, const Tensor& expected, Tolerance tol, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const std::vector<double> a = ops::to_vector(actual), e = ops::to_vector(expected);
-  if (tol.rtol == 0 && tol.atol == 0) {
-    EXPECT_EQ(a, e) << what;
-    return;
-  }
-  int reported = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double limit = tol.atol + tol.rtol * std::abs(e[i]);
-    if (!(std::abs(a[i] - e[i]) <= limit) && reported++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << a[i] << ", expected " << e[i] << " (limit " << limit
-                    << ")";
-    }
-  }
-}
 
 // A float tensor with values in [-1, 1) (for ops whose results are not integers anyway).
 inline Tensor float_tensor(const Shape& shape, uint64_t seed) { return ops::uniform(shape, seed, -1.0, 1.0); }
@@ -92,7 +68,8 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
     EXPECT_EQ(placements_str(dtensor_spec(out).placements), placements_str(*check.expected_output)) << check.name;
   }
   const Tensor full = full_tensor(out);
-  expect_close(full, reference, check.forward, check.name + " forward");
+  expect_close({.actual = full, .expected = reference, .tol = check.forward,
+                .what = check.name + " forward"});
   if (!reference.requires_grad()) return;
   backward(sum(mul(full, weights)));
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -111,7 +88,8 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
       EXPECT_EQ(placements_str(dtensor_spec(grad).placements), placements_str(dtensor_spec(inputs[i]).placements))
           << what;
     }
-    expect_close(full_tensor(grad), reference_inputs[i].grad(), check.backward, what);
+    expect_close({.actual = full_tensor(grad), .expected = reference_inputs[i].grad(),
+                  .tol = check.backward, .what = what});
   }
 }
 
