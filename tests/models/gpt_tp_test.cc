@@ -13,23 +13,22 @@
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
 #include "tests/models/random_tokens.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
 
 using ::testing::HasSubstr;
 
+using loom::testing::expect_close;
 using testing::random_tokens;
+using loom::testing::RelativeTo;
+using loom::testing::Tolerance;
 
 // Sharded GEMMs and all-reduces sum in another order than one rank: f32 rounding, relative
-// 1e-5 of the values (the equivalence tolerance).
-void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  ASSERT_EQ(a.size(), e.size()) << what;
-  double scale = 0;
-  for (double v : e) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * scale + 1e-7) << what << " at " << i;
-}
+// 1e-5 of the values (the equivalence tolerance): 1e-5 of each tensor's largest
+// magnitude, plus 1e-7.
+constexpr Tolerance kTol{.rtol = 1e-5, .atol = 1e-7, .relative_to = RelativeTo::kLargest};
 
 struct PlanCase {
   std::string name;
@@ -103,7 +102,8 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
         EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << "grad of " << name;
       }
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
-      expect_close(grad, ref_state.at(name).grad(), "grad of " + name);
+      expect_close({.actual = grad, .expected = ref_state.at(name).grad(), .tol = kTol,
+                    .what = "grad of " + name});
     }
     // The embedding is vocab-parallel: each rank holds its range of rows (uneven for odd V).
     const Tensor& wte = model.wte->weight();
