@@ -41,6 +41,13 @@ std::optional<std::string> layout_mismatch(const Operand& actual, const Operand&
   for (const Operand* side : {&actual, &expected}) {
     if (side->is_tensor() && !side->tensor().defined()) return mismatch("definedness");
   }
+  for (const Operand* side : {&actual, &expected}) {
+    if (side->is_tensor() && side->tensor().extension()) {
+      return fmt::format("{} is a distributed tensor ({}): compare its full_tensor",
+                         side == &actual ? "actual" : "expected",
+                         side->tensor().description());
+    }
+  }
   if (actual.is_tensor() && expected.is_tensor()) {
     if (actual.tensor().shape() != expected.tensor().shape()) return mismatch("shape");
     if (actual.tensor().dtype() != expected.tensor().dtype()) return mismatch("dtype");

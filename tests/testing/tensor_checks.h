@@ -8,7 +8,7 @@
 //   expect_close({.actual = t, .expected = {0.5, 1.5}, .tol = {.atol = 1e-6}, .what = "t"});
 //
 // Operands are tensors (any dtype, any device: values are copied to the host and read as f64 by
-// ops::to_vector; a DTensor must be turned into its full_tensor first) or flat lists of values.
+// ops::to_vector; a DTensor fails the check, compare its full_tensor) or flat lists of values.
 // Between two tensors the shapes and the dtypes must be equal; against a list only the number of
 // elements must match. A mismatch fails the check with both sides named, never crashes. A failed
 // check is one non-fatal failure reported at the caller's line: how many elements fail, the worst

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,20 @@ TEST(ExpectCloseTest, ShapeDtypeAndCountMismatchesFailWithoutComparing) {
                         "expected a list of 3 values"));
   EXPECT_THAT(message_of([&] { expect_equal({.actual = Tensor(), .expected = a}); }),
               HasSubstr("actual is a undefined tensor"));
+}
+
+TEST(ExpectCloseTest, AnExtendedTensorIsNotReadAsItsLocalValues) {
+  // What a DTensor is to this layer: a tensor carrying an extension (here a stand-in).
+  struct Extension : TensorExtension {
+    int kind() const override { return 99; }
+  };
+  const Tensor plain = f32({1, 2}, {2});
+  auto impl = std::make_shared<TensorImpl>(*plain.impl());
+  impl->extension = std::make_shared<Extension>();
+  const Tensor extended(impl);
+  EXPECT_THAT(message_of([&] { expect_equal({.actual = extended, .expected = plain}); }),
+              HasSubstr("actual is a distributed tensor (Tensor(shape=(2,), dtype=f32, device=cpu)"
+                        "): compare its full_tensor"));
 }
 
 TEST(ExpectCloseTest, ListsOfValues) {
