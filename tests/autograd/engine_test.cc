@@ -7,12 +7,14 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "tests/autograd/test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::expect_values_near;
+using testing::expect_close;
+using testing::expect_equal;
 
 TEST(EngineTest, ChainRuleThroughSeveralOps) {
   // y = sum((a * b + a)^2); dy/da = 2 (ab + a)(b + 1), dy/db = 2 (ab + a) a.
@@ -22,8 +24,10 @@ TEST(EngineTest, ChainRuleThroughSeveralOps) {
   b.set_requires_grad(true);
   Tensor y = sum(pow(a * b + a, 2.0));
   backward(y);
-  expect_values_near(a.grad(), {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7}, 1e-4);
-  expect_values_near(b.grad(), {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3}, 1e-4);
+  expect_close({.actual = a.grad(), .expected = {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7},
+                .tol = {.atol = 1e-4}});
+  expect_close({.actual = b.grad(), .expected = {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3},
+                .tol = {.atol = 1e-4}});
 }
 
 TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {
@@ -31,14 +35,14 @@ TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {
   a.set_requires_grad(true);
   backward(sum(a * 3.0));
   backward(sum(a * 3.0));
-  expect_values_near(a.grad(), {6, 6}, 0);
+  expect_equal({.actual = a.grad(), .expected = {6, 6}});
 }
 
 TEST(EngineTest, TensorUsedTwiceGetsSummedGradient) {
   Tensor a = ops::from_vector({2}, {1});
   a.set_requires_grad(true);
   backward(sum(a * a + a));  // d/da = 2a + 1
-  expect_values_near(a.grad(), {5}, 0);
+  expect_equal({.actual = a.grad(), .expected = {5}});
 }
 
 TEST(EngineTest, NonScalarRootNeedsSeed) {
@@ -51,7 +55,7 @@ TEST(EngineTest, NonScalarRootNeedsSeed) {
     EXPECT_THAT(e.what(), HasSubstr("a seed gradient is required for a root with more than one element (root shape (2, 2))"));
   }
   backward(y, ops::full({2, 2}, 0.5));
-  expect_values_near(a.grad(), {1, 1, 1, 1}, 0);
+  expect_equal({.actual = a.grad(), .expected = {1, 1, 1, 1}});
 }
 
 TEST(EngineTest, SecondBackwardThroughFreedGraphThrows) {
@@ -72,7 +76,8 @@ TEST(EngineTest, RetainGraphAllowsSecondBackward) {
   Tensor y = sum(exp(a));
   backward(y, Tensor(), /*retain_graph=*/true);
   backward(y);
-  expect_values_near(a.grad(), {2 * 1.0, 2 * std::exp(1.0)}, 1e-5);
+  expect_close({.actual = a.grad(), .expected = {2 * 1.0, 2 * std::exp(1.0)},
+                .tol = {.atol = 1e-5}});
 }
 
 TEST(EngineTest, NoGradRecordsNothing) {
@@ -94,8 +99,8 @@ TEST(EngineTest, DetachCutsTheGraph) {
   EXPECT_FALSE(d.requires_grad());
   d.set_requires_grad(true);  // a detached tensor is a new leaf
   backward(sum(d * a));       // only a's direct use contributes: d/da = d = 6
-  expect_values_near(a.grad(), {6}, 0);
-  expect_values_near(d.grad(), {3}, 0);
+  expect_equal({.actual = a.grad(), .expected = {6}});
+  expect_equal({.actual = d.grad(), .expected = {3}});
 }
 
 TEST(EngineTest, InputsNotRequiringGradGetNoGradient) {
@@ -110,7 +115,7 @@ TEST(EngineTest, UnusedOutputOfMultiOutputOpGetsZeroGradient) {
   Tensor a = testing::leaf({4}, 5);
   std::vector<Tensor> pieces = chunk(a, 2);
   backward(sum(pieces[1] * 2.0));
-  expect_values_near(a.grad(), {0, 0, 2, 2}, 0);
+  expect_equal({.actual = a.grad(), .expected = {0, 0, 2, 2}});
 }
 
 TEST(EngineTest, SetRequiresGradOnNonLeafOrIntegerThrows) {
@@ -152,8 +157,8 @@ TEST(EngineTest, LeafGradientsDoNotAliasEachOther) {
     NoGradGuard no_grad;
     ops::copy_(a.grad(), ops::mul(a.grad(), 0.5));
   }
-  expect_values_near(a.grad(), {0.5, 0.5}, 0);
-  expect_values_near(b.grad(), {1, 1}, 0);
+  expect_equal({.actual = a.grad(), .expected = {0.5, 0.5}});
+  expect_equal({.actual = b.grad(), .expected = {1, 1}});
 }
 
 }  // namespace

@@ -9,12 +9,13 @@
 #include "autograd/gradcheck.h"
 #include "base/error.h"
 #include "tests/autograd/test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::expect_values_near;
+using testing::expect_equal;
 
 // y = x^3 with a hand-written backward that saves its input.
 class Cube : public autograd::Function {
@@ -40,12 +41,12 @@ TEST(FunctionTest, CustomFunctionForwardAndBackward) {
   x.set_requires_grad(true);
   auto cube = std::make_shared<Cube>();
   Tensor y = autograd::Function::apply(cube, {x})[0];
-  expect_values_near(y, {1, 8, -1}, 0);
+  expect_equal({.actual = y, .expected = {1, 8, -1}});
   ASSERT_NE(y.grad_fn(), nullptr);
   EXPECT_EQ(y.grad_fn()->name(), "Cube");
   backward(sum(y));
   EXPECT_EQ(cube->backward_calls, 1);
-  expect_values_near(x.grad(), {3, 12, 3}, 0);
+  expect_equal({.actual = x.grad(), .expected = {3, 12, 3}});
 }
 
 TEST(FunctionTest, CustomFunctionPassesGradcheck) {

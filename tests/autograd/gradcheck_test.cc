@@ -9,10 +9,12 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "tests/autograd/test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
+using testing::expect_equal;
 using testing::passes_gradcheck;
 using testing::leaf;
 
@@ -144,7 +146,7 @@ TEST(GradcheckTest, DtypeConversionPassesGradientBackInOriginalDtype) {
   backward(sum(to(y, kFloat32)));
   ASSERT_TRUE(a.grad().defined());
   EXPECT_EQ(a.grad().dtype(), kFloat32);
-  testing::expect_values_near(a.grad(), {1, 1, 1}, 0);
+  expect_equal({.actual = a.grad(), .expected = {1, 1, 1}});
 }
 
 }  // namespace

@@ -7,13 +7,14 @@
 #include "autograd/functions.h"
 #include "base/error.h"
 #include "tests/autograd/test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::expect_values_near;
+using testing::expect_equal;
 
 TEST(HooksTest, PostAccumulateHooksFireDuringBackwardInReadinessOrder) {
   // A three-layer chain x -> w0 -> w1 -> w2 -> loss. The last layer's gradient is ready
@@ -49,7 +50,7 @@ TEST(HooksTest, TensorHookCanRewriteGradient) {
   Tensor b = a * 3.0;
   autograd::register_hook(b, [](const Tensor& g) { return ops::mul(g, 10.0); });
   backward(sum(b));
-  expect_values_near(a.grad(), {30, 30}, 0);
+  expect_equal({.actual = a.grad(), .expected = {30, 30}});
 }
 
 TEST(HooksTest, LeafHookRewritesBeforeAccumulation) {
@@ -59,9 +60,9 @@ TEST(HooksTest, LeafHookRewritesBeforeAccumulation) {
   Tensor seen;
   autograd::register_post_accumulate_grad_hook(a, [&](const Tensor& leaf) { seen = leaf.grad(); });
   backward(sum(a * 2.0));
-  expect_values_near(a.grad(), {-2, -2}, 0);
+  expect_equal({.actual = a.grad(), .expected = {-2, -2}});
   ASSERT_TRUE(seen.defined());
-  expect_values_near(seen, {-2, -2}, 0);
+  expect_equal({.actual = seen, .expected = {-2, -2}});
 }
 
 TEST(HooksTest, HookOnTensorWithoutGradThrows) {

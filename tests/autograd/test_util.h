@@ -18,15 +18,6 @@ inline Tensor leaf(const Shape& shape, uint64_t seed, double low = -1.0, double 
   return t;
 }
 
-inline void expect_values_near(const Tensor& actual, const std::vector<double>& expected,
-                               double tolerance) {
-  const std::vector<double> values = ops::to_vector(actual);
-  ASSERT_EQ(values.size(), expected.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    EXPECT_NEAR(values[i], expected[i], tolerance) << "at element " << i;
-  }
-}
-
 // Expects autograd::gradcheck (default tolerances) to accept `fn`'s gradients at `inputs`.
 // EXPECT_TRUE(passes_gradcheck(fn, inputs)) reports the first mismatch on failure.
 inline ::testing::AssertionResult passes_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,

@@ -10,16 +10,18 @@
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/testing/multi_rank.h"
 #include "tests/comm/comm_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::comm {
 namespace {
 
 using test::all_reduce_ops;
-using test::expect_values;
 using test::input_value;
 using test::make_tensor;
 using test::reduce_expected;
 using testing::run_on_ranks;
+using loom::testing::expect_equal;
+using loom::testing::rounded_to;
 
 // Element i of rank `src`'s message for rank `dst` in the data-movement tests.
 double message_value(int src, int dst, int64_t i) { return src * 100 + dst * 10 + (i % 10); }
@@ -51,8 +53,8 @@ TEST_P(CollectivesTest, AllReduceEveryOpEvenAndUneven) {
           for (int r = 0; r < world; ++r) per_rank.push_back(input_value(op, r, slot, i));
           expected[i] = reduce_expected(dtype, op, per_rank);
         }
-        expect_values(t, expected,
-                      fmt::format("all_reduce {} of {} elements", reduce_op_name(op), n));
+        expect_equal({.actual = t, .expected = rounded_to(t.dtype(), expected),
+                      .what = fmt::format("all_reduce {} of {} elements", reduce_op_name(op), n)});
       }
     }
   });
@@ -66,7 +68,8 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
       pg.broadcast(t, root)->wait();
       std::vector<double> expected(7);
       for (int64_t i = 0; i < 7; ++i) expected[i] = message_value(root, 0, i);
-      expect_values(t, expected, fmt::format("broadcast from {}", root));
+      expect_equal({.actual = t, .expected = rounded_to(t.dtype(), expected),
+                    .what = fmt::format("broadcast from {}", root)});
     }
   });
 }
@@ -83,7 +86,8 @@ TEST_P(CollectivesTest, AllGatherUnevenAndIntoTensor) {
     for (int r = 0; r < world; ++r) {
       std::vector<double> expected(uneven(r));
       for (int64_t i = 0; i < uneven(r); ++i) expected[i] = message_value(r, 0, i);
-      expect_values(outputs[r], expected, fmt::format("all_gather piece of rank {}", r));
+      expect_equal({.actual = outputs[r], .expected = rounded_to(outputs[r].dtype(), expected),
+                    .what = fmt::format("all_gather piece of rank {}", r)});
     }
     // Even: one output tensor of world * 5 elements.
     Tensor piece = make_tensor(dtype, 5, [&](int64_t i) { return message_value(pg.rank(), 1, i); });
@@ -93,7 +97,8 @@ TEST_P(CollectivesTest, AllGatherUnevenAndIntoTensor) {
     for (int r = 0; r < world; ++r) {
       for (int64_t i = 0; i < 5; ++i) expected.push_back(message_value(r, 1, i));
     }
-    expect_values(gathered, expected, "all_gather_into_tensor");
+    expect_equal({.actual = gathered, .expected = rounded_to(gathered.dtype(), expected),
+                  .what = "all_gather_into_tensor"});
   });
 }
 
@@ -120,8 +125,8 @@ TEST_P(CollectivesTest, ReduceScatterUnevenAndEvenEveryOp) {
         for (int r = 0; r < world; ++r) per_rank.push_back(input_value(op, r, slot * 10 + me, i));
         expected[i] = reduce_expected(dtype, op, per_rank);
       }
-      expect_values(output, expected,
-                    fmt::format("reduce_scatter {} (uneven)", reduce_op_name(op)));
+      expect_equal({.actual = output, .expected = rounded_to(output.dtype(), expected),
+                    .what = fmt::format("reduce_scatter {} (uneven)", reduce_op_name(op))});
 
       // Even: a (world * 4) input, chunk j goes to rank j.
       Tensor input = make_tensor(dtype, world * 4,
@@ -135,8 +140,8 @@ TEST_P(CollectivesTest, ReduceScatterUnevenAndEvenEveryOp) {
           per_rank.push_back(input_value(op, r, slot + 50, me * 4 + i));
         expected_chunk[i] = reduce_expected(dtype, op, per_rank);
       }
-      expect_values(chunk, expected_chunk,
-                    fmt::format("reduce_scatter_tensor {} (even)", reduce_op_name(op)));
+      expect_equal({.actual = chunk, .expected = rounded_to(chunk.dtype(), expected_chunk),
+                    .what = fmt::format("reduce_scatter_tensor {} (even)", reduce_op_name(op))});
     }
   });
 }
@@ -160,8 +165,10 @@ TEST_P(CollectivesTest, AllToAllEvenAndUneven) {
       for (int j = 0; j < world; ++j) {
         std::vector<double> expected(size(j, me));
         for (int64_t i = 0; i < size(j, me); ++i) expected[i] = message_value(j, me, i);
-        expect_values(outputs[j], expected,
-                      fmt::format("all_to_all ({}) from rank {}", even ? "even" : "uneven", j));
+        expect_equal(
+            {.actual = outputs[j],
+             .expected = rounded_to(outputs[j].dtype(), expected),
+             .what = fmt::format("all_to_all ({}) from rank {}", even ? "even" : "uneven", j)});
       }
     }
   });
@@ -183,7 +190,8 @@ TEST_P(CollectivesTest, GatherAndScatterUnevenEveryRoot) {
       for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
         std::vector<double> expected(uneven(r));
         for (int64_t i = 0; i < uneven(r); ++i) expected[i] = message_value(r, root, i);
-        expect_values(outputs[r], expected, fmt::format("gather to {} from {}", root, r));
+        expect_equal({.actual = outputs[r], .expected = rounded_to(outputs[r].dtype(), expected),
+                      .what = fmt::format("gather to {} from {}", root, r)});
       }
 
       std::vector<Tensor> pieces;
@@ -197,7 +205,8 @@ TEST_P(CollectivesTest, GatherAndScatterUnevenEveryRoot) {
       pg.scatter(output, pieces, root)->wait();
       std::vector<double> expected(uneven(me));
       for (int64_t i = 0; i < uneven(me); ++i) expected[i] = message_value(root, me, i);
-      expect_values(output, expected, fmt::format("scatter from {}", root));
+      expect_equal({.actual = output, .expected = rounded_to(output.dtype(), expected),
+                    .what = fmt::format("scatter from {}", root)});
     }
     pg.barrier()->wait();
   });
@@ -247,15 +256,18 @@ TEST(CollectivesInPlaceTest, ChunkViewsOfTheOtherBuffer) {
     Tensor mine = ops::narrow(gathered, 0, me * 4, 4);
     ops::fill_(mine, me + 1);
     pg.all_gather_into_tensor(gathered, mine)->wait();
-    expect_values(gathered, {1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3},
-                  "in-place all_gather_into_tensor");
+    expect_equal({.actual = gathered,
+                  .expected = rounded_to(gathered.dtype(), {1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3}),
+                  .what = "in-place all_gather_into_tensor"});
 
     Tensor input = make_tensor(kFloat32, 3 * 2, [&](int64_t i) { return me * 100 + i; });
     Tensor chunk = ops::narrow(input, 0, me * 2, 2);
     pg.reduce_scatter_tensor(chunk, input)->wait();
     const double base = 0 + 100 + 200;
-    expect_values(chunk, {base + 3 * (me * 2), base + 3 * (me * 2 + 1)},
-                  "in-place reduce_scatter_tensor");
+    expect_equal({.actual = chunk,
+                  .expected = rounded_to(chunk.dtype(),
+                                         {base + 3 * (me * 2), base + 3 * (me * 2 + 1)}),
+                  .what = "in-place reduce_scatter_tensor"});
   });
 }
 

@@ -91,17 +91,4 @@ inline double reduce_expected(DType dtype, ReduceOp op, const std::vector<double
   return round(acc);
 }
 
-// Values of `t` as doubles, compared exactly with `expected` (after rounding to t's dtype).
-inline void expect_values(const Tensor& t, const std::vector<double>& expected,
-                          const std::string& what) {
-  const std::vector<double> got = ops::to_vector(t);
-  ASSERT_EQ(got.size(), expected.size()) << what;
-  std::vector<float> as_float(expected.begin(), expected.end());
-  const std::vector<double> rounded = ops::to_vector(
-      ops::to(ops::from_vector(as_float, {static_cast<int64_t>(as_float.size())}), t.dtype()));
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i], rounded[i]) << what << " at element " << i;
-  }
-}
-
 }  // namespace loom::comm::test

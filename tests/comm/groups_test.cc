@@ -12,13 +12,15 @@
 #include "comm/testing/multi_rank.h"
 #include "tests/comm/comm_test_util.h"
 #include "tests/comm/other_device_group.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::comm {
 namespace {
 
-using test::expect_values;
 using test::make_tensor;
 using testing::run_on_ranks;
+using loom::testing::expect_equal;
+using loom::testing::rounded_to;
 using namespace std::chrono_literals;
 
 ProcessGroupOptions sub_options(const ProcessGroup& parent, std::string name) {
@@ -41,17 +43,23 @@ TEST(GroupsTest, SubgroupsOfFourWithCollectivesInside) {
     Tensor t = make_tensor(kFloat32, 3, [&](int64_t i) { return pg.rank() + i; });
     mine.all_reduce(t)->wait();
     const double base = is_even ? 0 + 2 : 1 + 3;
-    expect_values(t, {base, base + 2, base + 4}, "subgroup all_reduce");
+    expect_equal({.actual = t, .expected = rounded_to(t.dtype(), {base, base + 2, base + 4}),
+                  .what = "subgroup all_reduce"});
 
     std::vector<Tensor> gathered = {ops::zeros({1}), ops::zeros({1})};
     mine.all_gather(gathered, ops::full({1}, pg.rank()))->wait();
-    expect_values(gathered[0], {is_even ? 0.0 : 1.0}, "all_gather 0");
-    expect_values(gathered[1], {is_even ? 2.0 : 3.0}, "all_gather 1");
+    expect_equal({.actual = gathered[0],
+                  .expected = rounded_to(gathered[0].dtype(), {is_even ? 0.0 : 1.0}),
+                  .what = "all_gather 0"});
+    expect_equal({.actual = gathered[1],
+                  .expected = rounded_to(gathered[1].dtype(), {is_even ? 2.0 : 3.0}),
+                  .what = "all_gather 1"});
 
     // The parent group still works, interleaved with the subgroups.
     Tensor all = ops::ones({1});
     pg.all_reduce(all)->wait();
-    expect_values(all, {4.0}, "parent all_reduce");
+    expect_equal({.actual = all, .expected = rounded_to(all.dtype(), {4.0}),
+                  .what = "parent all_reduce"});
   });
 }
 
@@ -68,11 +76,14 @@ TEST(GroupsTest, GroupsOfOneAndNestedGroups) {
     EXPECT_EQ(alone->size(), 1);
     Tensor t = make_tensor(kBFloat16, 4, [&](int64_t i) { return pg.rank() + i; });
     alone->all_reduce(t, ReduceOp::kAvg)->wait();
-    expect_values(t, {pg.rank() + 0.0, pg.rank() + 1.0, pg.rank() + 2.0, pg.rank() + 3.0},
-                  "solo all_reduce");
+    expect_equal({.actual = t,
+                  .expected = rounded_to(t.dtype(), {pg.rank() + 0.0, pg.rank() + 1.0,
+                                                     pg.rank() + 2.0, pg.rank() + 3.0}),
+                  .what = "solo all_reduce"});
     std::vector<Tensor> one = {ops::zeros({2})};
     alone->all_gather(one, ops::full({2}, 5))->wait();
-    expect_values(one[0], {5, 5}, "solo all_gather");
+    expect_equal({.actual = one[0], .expected = rounded_to(one[0].dtype(), {5, 5}),
+                  .what = "solo all_gather"});
     alone->barrier()->wait();
 
     // {1, 2, 3}, then its ranks {0, 2} = global {1, 3}.
@@ -83,7 +94,8 @@ TEST(GroupsTest, GroupsOfOneAndNestedGroups) {
     EXPECT_EQ(outer->global_ranks(), (std::vector<int>{1, 3}));
     Tensor x = ops::full({2}, pg.rank(), kInt64);
     outer->all_reduce(x, ReduceOp::kMax)->wait();
-    expect_values(x, {3, 3}, "nested all_reduce");
+    expect_equal({.actual = x, .expected = rounded_to(x.dtype(), {3, 3}),
+                  .what = "nested all_reduce"});
   });
 }
 
@@ -142,11 +154,15 @@ TEST(GroupsTest, AsyncOperationsOverlapAndRunInIssueOrder) {
     for (int k = 0; k < 8; ++k) {
       std::vector<double> expected(1000);
       for (int64_t i = 0; i < 1000; ++i) expected[i] = 0 + 1 + 2 + 3 + 4 * (k + (i % 5));
-      expect_values(tensors[k], expected, fmt::format("all_reduce {}", k));
+      expect_equal({.actual = tensors[k], .expected = rounded_to(tensors[k].dtype(), expected),
+                    .what = fmt::format("all_reduce {}", k)});
     }
-    expect_values(chained, {1e4, 1e4, 1e4}, "chained");
+    expect_equal({.actual = chained, .expected = rounded_to(chained.dtype(), {1e4, 1e4, 1e4}),
+                  .what = "chained"});
     for (int r = 0; r < 4; ++r)
-      expect_values(gathered[r], {1e4, 1e4, 1e4}, "gathered after the chain");
+      expect_equal({.actual = gathered[r],
+                    .expected = rounded_to(gathered[r].dtype(), {1e4, 1e4, 1e4}),
+                    .what = "gathered after the chain"});
   });
 }
 
@@ -159,7 +175,8 @@ TEST(GroupsTest, WorkCompletesWithoutWait) {
       std::this_thread::sleep_for(1ms);
     EXPECT_TRUE(work->is_completed());
     EXPECT_EQ(work->exception(), nullptr);
-    expect_values(t, {2, 2, 2, 2}, "all_reduce");
+    expect_equal({.actual = t, .expected = rounded_to(t.dtype(), {2, 2, 2, 2}),
+                  .what = "all_reduce"});
     EXPECT_EQ(dynamic_cast<ProcessGroupGloo&>(pg).failure(), "");
   });
 }

@@ -11,6 +11,7 @@
 #include "dtensor/factories.h"
 #include "dtensor/sharding/propagator.h"
 #include "tests/dtensor/dtensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -31,8 +32,9 @@ TEST(DTensorApiTest, DistributeTensorKeepsEachRanksSliceAndFullTensorRestoresIt)
     EXPECT_EQ(x.shape(), (Shape{10, 4}));
     const int64_t rows[] = {4, 4, 2};
     EXPECT_EQ(local_shard(x).shape(), (Shape{rows[pg.rank()], 4}));
-    expect_equal(local_shard(x), ops::narrow(full, 0, 4 * pg.rank(), rows[pg.rank()]));
-    expect_equal(full_tensor(x), full);
+    expect_equal({.actual = local_shard(x),
+                  .expected = ops::narrow(full, 0, 4 * pg.rank(), rows[pg.rank()])});
+    expect_equal({.actual = full_tensor(x), .expected = full});
   });
 }
 
@@ -41,12 +43,12 @@ TEST(DTensorApiTest, DistributeTensorTakesRankZerosData) {
     auto mesh = make_mesh(pg, {"dp"}, {2});
     const Tensor mine = ops::full({4}, pg.rank() + 1.0);
     Tensor x = distribute_tensor(mine, mesh, {Replicate()});
-    expect_equal(local_shard(x), ops::full({4}, 1.0));
+    expect_equal({.actual = local_shard(x), .expected = ops::full({4}, 1.0)});
     // Without src_data_rank no communication happens and each rank keeps its own values.
     CommDebugMode comm;
     Tensor y = distribute_tensor(mine, mesh, {Replicate()}, std::nullopt);
     EXPECT_EQ(comm.total_count(), 0);
-    expect_equal(local_shard(y), mine);
+    expect_equal({.actual = local_shard(y), .expected = mine});
   });
 }
 
@@ -57,7 +59,7 @@ TEST(DTensorApiTest, FromLocalInfersEvenShapesAndTakesExplicitUnevenOnes) {
     EXPECT_EQ(even.shape(), (Shape{3, 4}));
     Tensor uneven = from_local(ops::full({pg.rank() == 0 ? 3 : 2, 2}, 1.0), mesh, {Shard(0)}, Shape{5, 2});
     EXPECT_EQ(uneven.shape(), (Shape{5, 2}));
-    expect_equal(full_tensor(uneven), ops::ones({5, 2}));
+    expect_equal({.actual = full_tensor(uneven), .expected = ops::ones({5, 2})});
     try {
       from_local(ops::ones({3, 2}), mesh, {Shard(0)}, Shape{5, 2});  // rank 1 should hold 2 rows
       if (pg.rank() == 1) ADD_FAILURE() << "expected an error on rank 1";
@@ -111,7 +113,7 @@ TEST(DTensorApiTest, GradientFlowsBackThroughRedistributeAsTheAdjoint) {
     backward(sum(mul(y, weights)));
     ASSERT_TRUE(x.grad().defined());
     EXPECT_EQ(dtensor_spec(x.grad()).placements, (Placements{Shard(0)}));
-    expect_equal(full_tensor(x.grad()), weights);
+    expect_equal({.actual = full_tensor(x.grad()), .expected = weights});
   });
 }
 
@@ -129,7 +131,8 @@ TEST(DTensorApiTest, ShardedRandomInitEqualsTheSliceOfTheFullInitBitForBit) {
         const DTensorSpec& spec = dtensor_spec(x);
         Tensor expected = reference;
         for (int64_t d = 0; d < 2; ++d) expected = ops::narrow(expected, d, spec.local_offset()[d], spec.local_shape()[d]);
-        expect_equal(local_shard(x), expected, placements_str(placements));
+        expect_equal({.actual = local_shard(x), .expected = expected,
+                      .what = placements_str(placements)});
       }
     });
   }
@@ -144,7 +147,7 @@ TEST(DTensorApiTest, ScalarArgumentsDoNotGrowTheDecisionCache) {
     sharding::clear_propagation_cache();
     for (int i = 0; i < 50; ++i) {
       Tensor y = ops::mul(x, 1.0 + i);
-      expect_equal(local_shard(y), ops::mul(local_shard(x), 1.0 + i));
+      expect_equal({.actual = local_shard(y), .expected = ops::mul(local_shard(x), 1.0 + i)});
     }
     EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
     EXPECT_EQ(sharding::propagation_stats().cache_hits, 49);

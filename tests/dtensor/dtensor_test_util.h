@@ -1,21 +1,16 @@
-// Shared helpers for DTensor tests: meshes over the harness's world group, exact comparisons.
+// Shared helpers for DTensor tests: meshes over the harness's world group (make_mesh, from
+// tests/mesh), integer-valued data.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <memory>
+#include <cstdint>
 #include <vector>
 
-#include "comm/process_group.h"
-#include "mesh/device_mesh.h"
 #include "tensor/ops.h"
+#include "tests/mesh/mesh_test_util.h"
 
 namespace loom::testing {
-
-inline std::shared_ptr<const DeviceMesh> make_mesh(comm::ProcessGroup& world, std::vector<std::string> names,
-                                                   std::vector<int64_t> shape) {
-  return std::make_shared<const DeviceMesh>(world.shared_from_this(), std::move(names), std::move(shape));
-}
 
 // A deterministic full tensor with small integer values, so sums and averages over ranks are
 // exact in f32 and comparisons can be bit for bit.
@@ -25,11 +20,6 @@ inline Tensor integer_tensor(const Shape& shape, uint64_t seed) {
   std::vector<float> rounded;
   for (double v : values) rounded.push_back(static_cast<float>(static_cast<int>(v)));
   return ops::from_vector(rounded, shape);
-}
-
-inline void expect_equal(const Tensor& actual, const Tensor& expected, const std::string& what = "") {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  EXPECT_EQ(ops::to_vector(actual), ops::to_vector(expected)) << what;
 }
 
 }  // namespace loom::testing

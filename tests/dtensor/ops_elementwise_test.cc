@@ -18,6 +18,7 @@
 #include "dtensor/sharding/strategy.h"
 #include "tensor/dispatch.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -27,10 +28,12 @@ using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
-using loom::testing::expect_close;
+using loom::testing::expect_equal;
 using loom::testing::float_tensor;
 using loom::testing::integer_tensor;
+using loom::testing::kGatherGrad;
 using loom::testing::kExact;
+using loom::testing::kReduceGrad;
 using loom::testing::make_mesh;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
@@ -53,12 +56,15 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
       const auto mul_op = [](const Inputs& in) { return mul(in[0], in[1]); };
       const auto div_op = [](const Inputs& in) { return div(in[0], in[1]); };
       check_op(mesh, {"add S(0)+S(0)", {{x, {Shard(0)}}, {y, {Shard(0)}}}, add_op, Placements{Shard(0)}});
-      check_op(mesh, {"sub S(1)-R", {{x, {Shard(1)}}, {y, {Replicate()}}}, sub_op, Placements{Shard(1)}});
-      check_op(mesh, {"mul R*S(0)", {{x, {Replicate()}}, {y, {Shard(0)}}}, mul_op, Placements{Shard(0)}});
+      check_op(mesh, {"sub S(1)-R", {{x, {Shard(1)}}, {y, {Replicate()}}}, sub_op,
+                      Placements{Shard(1)}, kGatherGrad});
+      check_op(mesh, {"mul R*S(0)", {{x, {Replicate()}}, {y, {Shard(0)}}}, mul_op,
+                      Placements{Shard(0)}, kGatherGrad});
       check_op(mesh, {"div S(0)/S(0)", {{x, {Shard(0)}}, {d, {Shard(0)}}}, div_op, Placements{Shard(0)}});
       // Broadcast operands: a bias (cols,) that lacks dim 0 stays Replicate; sharded along the
       // output's dim 1 it follows the shard.
-      check_op(mesh, {"add S(0)+bias R", {{x, {Shard(0)}}, {bias, {Replicate()}}}, add_op, Placements{Shard(0)}});
+      check_op(mesh, {"add S(0)+bias R", {{x, {Shard(0)}}, {bias, {Replicate()}}}, add_op,
+                      Placements{Shard(0)}, kReduceGrad});
       check_op(mesh, {"mul S(1)*bias S(0)", {{x, {Shard(1)}}, {bias, {Shard(0)}}}, mul_op, Placements{Shard(1)}});
       check_op(mesh, {"sub bias S(0)-S(1)", {{bias, {Shard(0)}}, {x, {Shard(1)}}}, sub_op, Placements{Shard(1)}});
       // A size-1 dim broadcasts: (rows, 1) S(0) * (rows, cols) S(0) -> S(0).
@@ -66,9 +72,10 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
       // Division with a broadcast divisor: the divisor's gradient sums -g*a/b^2 (not integers)
       // over the sharded rows, locally per shard and then across ranks, in another order than
       // the single-rank sum: f32 rounding, ~1e-6 relative.
-      const Tolerance summed{1e-5, 1e-5};
-      check_op(mesh, {"div S(0)/bias R", {{x, {Shard(0)}}, {positive_tensor({cols}, 6), {Replicate()}}}, div_op,
-                      Placements{Shard(0)}, kExact, summed});
+      const Tolerance summed{.rtol = 1e-5, .atol = 1e-5};
+      check_op(mesh, {"div S(0)/bias R",
+                      {{x, {Shard(0)}}, {positive_tensor({cols}, 6), {Replicate()}}}, div_op,
+                      Placements{Shard(0)}, kReduceGrad, kExact, summed});
       // (B, T, C) + (C,) with C sharded.
       const Tensor x3 = integer_tensor({2, 3, 2 * world + 1}, 7), b3 = integer_tensor({2 * world + 1}, 8);
       check_op(mesh, {"add (B,T,C) S(2) + (C) S(0)", {{x3, {Shard(2)}}, {b3, {Shard(0)}}}, add_op, Placements{Shard(2)}});
@@ -84,13 +91,17 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn2x2Mesh) {
     const auto mul_op = [](const Inputs& in) { return mul(in[0], in[1]); };
     check_op(mesh, {"add [S(0),S(1)]+[S(0),S(1)]", {{x, {Shard(0), Shard(1)}}, {y, {Shard(0), Shard(1)}}}, add_op,
                     Placements{Shard(0), Shard(1)}});
-    check_op(mesh, {"mul [S(0),S(1)]*[R,S(1)]", {{x, {Shard(0), Shard(1)}}, {y, {Replicate(), Shard(1)}}}, mul_op,
-                    Placements{Shard(0), Shard(1)}});
-    check_op(mesh, {"mul [S(0),S(1)]*bias [R,S(0)]", {{x, {Shard(0), Shard(1)}}, {bias, {Replicate(), Shard(0)}}},
-                    mul_op, Placements{Shard(0), Shard(1)}});
-    // Both mesh dims on one tensor dim (nested): 5 rows over 4 ranks -> 2, 1, 1, 1.
-    check_op(mesh, {"add [S(0),S(0)]+R bias", {{x, {Shard(0), Shard(0)}}, {bias, {Replicate(), Replicate()}}}, add_op,
-                    Placements{Shard(0), Shard(0)}});
+    check_op(mesh, {"mul [S(0),S(1)]*[R,S(1)]",
+                    {{x, {Shard(0), Shard(1)}}, {y, {Replicate(), Shard(1)}}}, mul_op,
+                    Placements{Shard(0), Shard(1)}, kGatherGrad});
+    check_op(mesh, {"mul [S(0),S(1)]*bias [R,S(0)]",
+                    {{x, {Shard(0), Shard(1)}}, {bias, {Replicate(), Shard(0)}}}, mul_op,
+                    Placements{Shard(0), Shard(1)}, kReduceGrad});
+    // Both mesh dims on one tensor dim (nested): 5 rows over 4 ranks -> 2, 1, 1, 1. The bias
+    // gradient is Partial on both mesh dims: one all-reduce per mesh dim.
+    check_op(mesh, {"add [S(0),S(0)]+R bias",
+                    {{x, {Shard(0), Shard(0)}}, {bias, {Replicate(), Replicate()}}}, add_op,
+                    Placements{Shard(0), Shard(0)}, {.backward = {.all_reduce = 2}}});
   });
 }
 
@@ -141,14 +152,14 @@ void check_partial(ProcessGroup& pg, const std::string& name, const std::vector<
     EXPECT_FALSE(got.is_partial()) << "a non-linear op must not leave a Partial result, got " << got.str();
   }
   const Tensor full = full_tensor(out);
-  expect_close(full, expected_out, kExact, name + " forward");
+  expect_equal({.actual = full, .expected = expected_out, .what = name + " forward"});
   backward(sum(mul(full, weights)));
   for (size_t i = 0; i < specs.size(); ++i) {
     const std::string what = name + " grad of input " + std::to_string(i);
     // A Partial input's parts each receive the whole gradient (d(sum of parts)/d(part) = 1).
     const Tensor grad = specs[i].partial ? locals[i].grad() : full_tensor(inputs[i].grad());
     ASSERT_TRUE(grad.defined()) << what;
-    expect_close(grad, reference[i].grad(), kExact, what);
+    expect_equal({.actual = grad, .expected = reference[i].grad(), .what = what});
   }
 }
 
@@ -191,7 +202,8 @@ TEST(OpsElementwiseTest, AveragePartialsStayAverage) {
     Tensor x = from_local(a, mesh, {Partial(ReduceOp::kAvg)}), y = from_local(b, mesh, {Partial(ReduceOp::kAvg)});
     Tensor z = add(x, y);
     EXPECT_EQ(dtensor_spec(z).placements, (Placements{Partial(ReduceOp::kAvg)}));
-    expect_close(full_tensor(z), ops::full({4}, 3.0 + 6.0), kExact, "P(avg)+P(avg)");
+    expect_equal({.actual = full_tensor(z), .expected = ops::full({4}, 3.0 + 6.0),
+                  .what = "P(avg)+P(avg)"});
   });
 }
 
@@ -238,8 +250,9 @@ TEST(OpsElementwiseTest, WhereAndMaskedFillFollowTheShards) {
       const auto where_op = [](const Inputs& in) { return where(in[0], in[1], in[2]); };
       check_op(mesh, {"where S(0)", {{cond, {Shard(0)}}, {a, {Shard(0)}}, {b, {Shard(0)}}}, where_op,
                       Placements{Shard(0)}});
-      check_op(mesh, {"where cond R, a S(1), b R", {{cond, {Replicate()}}, {a, {Shard(1)}}, {b, {Replicate()}}},
-                      where_op, Placements{Shard(1)}});
+      check_op(mesh, {"where cond R, a S(1), b R",
+                      {{cond, {Replicate()}}, {a, {Shard(1)}}, {b, {Replicate()}}}, where_op,
+                      Placements{Shard(1)}, kGatherGrad});
       // The mask is a tensor input too (no gradient); a broadcast row mask.
       check_op(mesh, {"masked_fill S(0), mask R", {{a, {Shard(0)}}, {row_mask, {Replicate()}}},
                       [](const Inputs& in) { return masked_fill(in[0], in[1], -5.0); }, Placements{Shard(0)}});
@@ -268,12 +281,14 @@ TEST(OpsElementwiseTest, MaskedFillKeepsPartialOnlyWhenFillingZeros) {
 
 TEST(OpsElementwiseTest, ZeroDimPartialOperandsAreReducedWhenTheOpNeedsIt) {
   // sum over a sharded dim leaves a 0-dim Partial(sum); a product of two of them must reduce
-  // at least one first.
+  // at least one first. Backward, each sum's gradient is the other sum as it was (Partial)
+  // times the replicated incoming gradient: Partial, reduce-scattered into the S(0) input.
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
     const Tensor a = integer_tensor({7}, 1), b = integer_tensor({7}, 2);
     check_op(mesh, {"sum(S(0)) * sum(S(0))", {{a, {Shard(0)}}, {b, {Shard(0)}}},
-                    [](const Inputs& in) { return mul(sum(in[0]), sum(in[1])); }, std::nullopt});
+                    [](const Inputs& in) { return mul(sum(in[0]), sum(in[1])); }, std::nullopt,
+                    {.forward = {.all_reduce = 1}, .backward = {.reduce_scatter = 2}}});
     check_op(mesh, {"sum(S(0)) + 0-dim R", {{a, {Shard(0)}}, {integer_tensor({}, 3), {Replicate()}}},
                     [](const Inputs& in) { return add(sum(in[0]), in[1]); }, std::nullopt});
     // A plain 0-dim tensor stands for a replicated scalar: added to a Partial it counts once.
@@ -318,7 +333,8 @@ TEST(OpsPropagationTest, ARepeatedOpHitsTheDecisionCache) {
     const Tensor second = add(x, y);
     EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
     EXPECT_EQ(sharding::propagation_stats().cache_hits, 1);
-    expect_close(full_tensor(second), full_tensor(first), kExact, "cached decision");
+    expect_equal({.actual = full_tensor(second), .expected = full_tensor(first),
+                  .what = "cached decision"});
     // Other placements, other attributes: new decisions.
     add(y, x);
     sum(x, {0});
@@ -343,14 +359,14 @@ TEST(OpsPropagationTest, CachedDecisionsAreNotSharedBetweenMeshesOfDifferentSize
       first_address = tp.get();
       const Tensor y = reshape(distribute_tensor(x, tp, {Shard(2)}, std::nullopt), {2, 3, 2, 6});
       EXPECT_EQ(dtensor_spec(y).placements, (Placements{Shard(2)}));
-      expect_close(full_tensor(y), expected, kExact, "reshape on 2 ranks");
+      expect_equal({.actual = full_tensor(y), .expected = expected, .what = "reshape on 2 ranks"});
     }
     // Over 4 ranks the 2 heads cannot be split: the reshape must gather.
     auto line = make_mesh(pg, {"world"}, {4});
     SCOPED_TRACE(first_address == line.get() ? "the second mesh reuses the first one's address"
                                               : "the second mesh has another address");
     const Tensor z = reshape(distribute_tensor(x, line, {Shard(2)}, std::nullopt), {2, 3, 2, 6});
-    expect_close(full_tensor(z), expected, kExact, "reshape on 4 ranks");
+    expect_equal({.actual = full_tensor(z), .expected = expected, .what = "reshape on 4 ranks"});
   });
 }
 

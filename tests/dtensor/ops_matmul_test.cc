@@ -16,17 +16,21 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/collectives.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
-using comm::CollectiveKind;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
 using loom::testing::expect_close;
+using loom::testing::expect_collectives;
 using loom::testing::integer_tensor;
+using loom::testing::kGatherGrad;
+using loom::testing::kReduceGrad;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
 using loom::testing::Tolerance;
@@ -45,12 +49,14 @@ TEST(OpsMatmulTest, MegatronColwiseAndRowwiseLinear) {
       const Tensor w_up = integer_tensor({features, features}, 2);
       const Tensor w_down = integer_tensor({5, features}, 3);
       // Colwise: W sharded by output features (S(0)), x replicated -> y sharded on its last dim.
-      check_op(mesh, {"colwise x R @ W^T, W S(0)", {{x, {Replicate()}}, {w_up, {Shard(0)}}}, linear, Placements{Shard(2)}});
+      check_op(mesh, {"colwise x R @ W^T, W S(0)", {{x, {Replicate()}}, {w_up, {Shard(0)}}}, linear,
+                      Placements{Shard(2)}, kReduceGrad});
       // Rowwise: W sharded by input features (S(1)), x sharded on its last dim -> Partial(sum).
       check_op(mesh, {"rowwise x S(-1) @ W^T, W S(1)", {{x, {Shard(-1)}}, {w_down, {Shard(1)}}}, linear,
                       Placements{Partial(ReduceOp::kSum)}});
       // Data parallel: x sharded by batch, W replicated.
-      check_op(mesh, {"x S(0) @ W^T, W R", {{x, {Shard(0)}}, {w_down, {Replicate()}}}, linear, Placements{Shard(0)}});
+      check_op(mesh, {"x S(0) @ W^T, W R", {{x, {Shard(0)}}, {w_down, {Replicate()}}}, linear,
+                      Placements{Shard(0)}, kReduceGrad});
     });
   }
 }
@@ -75,21 +81,23 @@ TEST(OpsMatmulTest, MegatronMlpNeedsOneAllReduceForward) {
     {
       CommDebugMode comm;
       y = mlp(dx, dfc, dproj);
-      EXPECT_EQ(comm.total_count(), 0) << comm.summary();
+      expect_collectives(comm, {}, "mlp forward");
     }
     EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
     CommDebugMode comm;
     const Tensor full = full_tensor(y);
-    EXPECT_EQ(comm.count(CollectiveKind::kAllReduce), 1) << comm.summary();
-    EXPECT_EQ(comm.total_count(), 1) << comm.summary();
+    expect_collectives(comm, {.all_reduce = 1}, "full_tensor of the Partial output");
     // The second GEMM sums non-integer gelu outputs, split over two ranks: f32 rounding in
     // another order, ~1e-6 relative.
-    const Tolerance gemm{1e-5, 1e-5};
-    expect_close(full, expected, gemm, "mlp forward");
+    const Tolerance gemm{.rtol = 1e-5, .atol = 1e-5};
+    expect_close({.actual = full, .expected = expected, .tol = gemm, .what = "mlp forward"});
     backward(sum(full));
-    expect_close(full_tensor(dx.grad()), rx.grad(), gemm, "grad x");
-    expect_close(full_tensor(dfc.grad()), rfc.grad(), gemm, "grad w_fc");
-    expect_close(full_tensor(dproj.grad()), rproj.grad(), gemm, "grad w_proj");
+    expect_close({.actual = full_tensor(dx.grad()), .expected = rx.grad(), .tol = gemm,
+                  .what = "grad x"});
+    expect_close({.actual = full_tensor(dfc.grad()), .expected = rfc.grad(), .tol = gemm,
+                  .what = "grad w_fc"});
+    expect_close({.actual = full_tensor(dproj.grad()), .expected = rproj.grad(), .tol = gemm,
+                  .what = "grad w_proj"});
     EXPECT_EQ(dtensor_spec(dfc.grad()).placements, (Placements{Shard(0)}));
     EXPECT_EQ(dtensor_spec(dproj.grad()).placements, (Placements{Shard(1)}));
     EXPECT_EQ(dtensor_spec(dx.grad()).placements, (Placements{Replicate()}));
@@ -102,13 +110,17 @@ TEST(OpsMatmulTest, BasicPairsOf2DOperands) {
       auto mesh = mesh_1d(pg);
       const int64_t m = 3 * world + 1, k = 3 * world + 2, n = 3 * world + 1;
       const Tensor a = integer_tensor({m, k}, 1), b = integer_tensor({k, n}, 2);
-      check_op(mesh, {"S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm, Placements{Shard(0)}});
-      check_op(mesh, {"R @ S(1)", {{a, {Replicate()}}, {b, {Shard(1)}}}, mm, Placements{Shard(1)}});
+      check_op(mesh, {"S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm, Placements{Shard(0)},
+                      kReduceGrad});
+      check_op(mesh, {"R @ S(1)", {{a, {Replicate()}}, {b, {Shard(1)}}}, mm, Placements{Shard(1)},
+                      kReduceGrad});
       check_op(mesh, {"S(1) @ S(0)", {{a, {Shard(1)}}, {b, {Shard(0)}}}, mm, Placements{Partial(ReduceOp::kSum)}});
       check_op(mesh, {"R @ R", {{a, {Replicate()}}, {b, {Replicate()}}}, mm, Placements{Replicate()}});
       // Bilinear: a Partial operand times a replicated one stays Partial.
-      check_op(mesh, {"P @ R", {{a, {Partial()}}, {b, {Replicate()}}}, mm, Placements{Partial(ReduceOp::kSum)}});
-      check_op(mesh, {"R @ P", {{a, {Replicate()}}, {b, {Partial()}}}, mm, Placements{Partial(ReduceOp::kSum)}});
+      check_op(mesh, {"P @ R", {{a, {Partial()}}, {b, {Replicate()}}}, mm,
+                      Placements{Partial(ReduceOp::kSum)}, kReduceGrad});
+      check_op(mesh, {"R @ P", {{a, {Replicate()}}, {b, {Partial()}}}, mm,
+                      Placements{Partial(ReduceOp::kSum)}, kReduceGrad});
     });
   }
 }
@@ -118,15 +130,20 @@ TEST(OpsMatmulTest, BatchedAndBroadcastBatch) {
     auto mesh = mesh_1d(pg);
     const Tensor a = integer_tensor({7, 2, 5}, 1), b = integer_tensor({7, 5, 3}, 2), w = integer_tensor({5, 3}, 3);
     check_op(mesh, {"bmm batch S(0)", {{a, {Shard(0)}}, {b, {Shard(0)}}}, mm, Placements{Shard(0)}});
-    check_op(mesh, {"bmm batch S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm, Placements{Shard(0)}});
+    check_op(mesh, {"bmm batch S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm,
+                    Placements{Shard(0)}, {.backward = {.all_gather = 1}}});
     check_op(mesh, {"bmm contraction", {{a, {Shard(2)}}, {b, {Shard(1)}}}, mm, Placements{Partial(ReduceOp::kSum)}});
     // (B, M, K) @ (K, N): the 2-D operand broadcasts over the batch and stays replicated.
-    check_op(mesh, {"broadcast batch S(0) @ R", {{a, {Shard(0)}}, {w, {Replicate()}}}, mm, Placements{Shard(0)}});
-    check_op(mesh, {"broadcast batch S(1) @ R", {{a, {Shard(1)}}, {w, {Replicate()}}}, mm, Placements{Shard(1)}});
-    check_op(mesh, {"broadcast batch R @ S(1)", {{a, {Replicate()}}, {w, {Shard(1)}}}, mm, Placements{Shard(2)}});
+    check_op(mesh, {"broadcast batch S(0) @ R", {{a, {Shard(0)}}, {w, {Replicate()}}}, mm,
+                    Placements{Shard(0)}, kReduceGrad});
+    check_op(mesh, {"broadcast batch S(1) @ R", {{a, {Shard(1)}}, {w, {Replicate()}}}, mm,
+                    Placements{Shard(1)}, kReduceGrad});
+    check_op(mesh, {"broadcast batch R @ S(1)", {{a, {Replicate()}}, {w, {Shard(1)}}}, mm,
+                    Placements{Shard(2)}, kReduceGrad});
     // Size-1 batch dim broadcast against 7: (1, 2, 5) stays replicated, (7, 5, 3) keeps S(0).
-    check_op(mesh, {"size-1 batch R @ S(0)", {{integer_tensor({1, 2, 5}, 4), {Replicate()}}, {b, {Shard(0)}}}, mm,
-                    Placements{Shard(0)}});
+    check_op(mesh, {"size-1 batch R @ S(0)",
+                    {{integer_tensor({1, 2, 5}, 4), {Replicate()}}, {b, {Shard(0)}}}, mm,
+                    Placements{Shard(0)}, kReduceGrad});
   });
 }
 
@@ -136,8 +153,10 @@ TEST(OpsMatmulTest, OneDimensionalOperands) {
     const Tensor v = integer_tensor({7}, 1), u = integer_tensor({7}, 2);
     const Tensor mat = integer_tensor({7, 5}, 3), mat_t = integer_tensor({5, 7}, 4);
     check_op(mesh, {"vec S(0) @ mat S(0)", {{v, {Shard(0)}}, {mat, {Shard(0)}}}, mm, Placements{Partial()}});
-    check_op(mesh, {"vec R @ mat S(1)", {{v, {Replicate()}}, {mat, {Shard(1)}}}, mm, Placements{Shard(0)}});
-    check_op(mesh, {"mat S(0) @ vec R", {{mat_t, {Shard(0)}}, {v, {Replicate()}}}, mm, Placements{Shard(0)}});
+    check_op(mesh, {"vec R @ mat S(1)", {{v, {Replicate()}}, {mat, {Shard(1)}}}, mm,
+                    Placements{Shard(0)}, kReduceGrad});
+    check_op(mesh, {"mat S(0) @ vec R", {{mat_t, {Shard(0)}}, {v, {Replicate()}}}, mm,
+                    Placements{Shard(0)}, kReduceGrad});
     check_op(mesh, {"mat S(1) @ vec S(0)", {{mat_t, {Shard(1)}}, {v, {Shard(0)}}}, mm, Placements{Partial()}});
     check_op(mesh, {"dot S(0) . S(0)", {{v, {Shard(0)}}, {u, {Shard(0)}}}, mm, Placements{Partial()}});
   });
@@ -148,10 +167,12 @@ TEST(OpsMatmulTest, TwoDimensionalMesh) {
     auto mesh = mesh_2x2(pg);
     const Tensor x = integer_tensor({5, 3, 7}, 1), w_up = integer_tensor({9, 7}, 2), w_down = integer_tensor({4, 7}, 3);
     // dp on the batch, tp on features.
-    check_op(mesh, {"dp x tp colwise", {{x, {Shard(0), Replicate()}}, {w_up, {Replicate(), Shard(0)}}}, linear,
-                    Placements{Shard(0), Shard(2)}});
-    check_op(mesh, {"dp x tp rowwise", {{x, {Shard(0), Shard(2)}}, {w_down, {Replicate(), Shard(1)}}}, linear,
-                    Placements{Shard(0), Partial()}});
+    check_op(mesh, {"dp x tp colwise",
+                    {{x, {Shard(0), Replicate()}}, {w_up, {Replicate(), Shard(0)}}}, linear,
+                    Placements{Shard(0), Shard(2)}, {.backward = {.all_reduce = 2}}});
+    check_op(mesh, {"dp x tp rowwise",
+                    {{x, {Shard(0), Shard(2)}}, {w_down, {Replicate(), Shard(1)}}}, linear,
+                    Placements{Shard(0), Partial()}, kReduceGrad});
     // Both mesh dims on the contraction: Partial on both.
     check_op(mesh, {"2-D contraction", {{x, {Shard(2), Shard(2)}}, {w_down, {Shard(1), Shard(1)}}}, linear,
                     Placements{Partial(), Partial()}});

@@ -18,6 +18,7 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -33,10 +34,11 @@ using loom::testing::integer_tensor;
 using loom::testing::kExact;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
+using loom::testing::OpCollectives;
 using loom::testing::Tolerance;
 using Inputs = std::vector<Tensor>;
 
-constexpr Tolerance kSplitSum{1e-5, 1e-6};
+constexpr Tolerance kSplitSum{.rtol = 1e-5, .atol = 1e-6};
 
 TEST(OpsNnTest, SoftmaxOnANonNormalizedShardedDim) {
   for (int world : {2, 3}) {
@@ -51,8 +53,13 @@ TEST(OpsNnTest, SoftmaxOnANonNormalizedShardedDim) {
                         [](const Inputs& in) { return log_softmax(in[0], -1); }, placements});
       }
       // Normalizing over the sharded dim needs the whole dim: the output is not sharded there.
-      check_op(mesh, {"softmax(1) of S(1)", {{x, {Shard(1)}}}, [](const Inputs& in) { return softmax(in[0], 1); },
-                      std::nullopt});
+      // Gathered on 2 ranks; on 3 the shard moves to dim 0, and the gradient moves back.
+      const OpCollectives softmax_whole_dim =
+          world == 2 ? OpCollectives{.forward = {.all_gather = 1}}
+                     : OpCollectives{.forward = {.all_to_all = 1}, .backward = {.all_to_all = 1}};
+      check_op(mesh, {"softmax(1) of S(1)", {{x, {Shard(1)}}},
+                      [](const Inputs& in) { return softmax(in[0], 1); }, std::nullopt,
+                      softmax_whole_dim});
     });
   }
   run_on_ranks(4, [](ProcessGroup& pg) {
@@ -74,12 +81,19 @@ TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
       // each rank's rows, all-reduced into the replicated parameters' layout (kSplitSum).
       for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
         check_op(mesh, {"layer_norm x " + placements_str(placements) + ", weight/bias R",
-                        {{x, placements}, {weight, {Replicate()}}, {bias, {Replicate()}}},
-                        ln, placements, kExact, kSplitSum});
+                        {{x, placements}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
+                        placements, {.backward = {.all_reduce = 2}}, kExact, kSplitSum});
       }
-      // Normalizing over a sharded dim gathers it first.
-      check_op(mesh, {"layer_norm x S(2)", {{x, {Shard(2)}}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
-                      std::nullopt, kExact, kSplitSum});
+      // Normalizing over a sharded dim gathers it first (on 3 ranks: moves the shard to dim 0).
+      // The backward kernel gets x as it was, S(2), and moves it again; on 3 ranks grad_x moves
+      // back and the parameter gradients, Partial over the rows, are all-reduced.
+      const OpCollectives layer_norm_whole_dim =
+          world == 2 ? OpCollectives{.forward = {.all_gather = 1}, .backward = {.all_gather = 1}}
+                     : OpCollectives{.forward = {.all_to_all = 1},
+                                     .backward = {.all_reduce = 2, .all_to_all = 2}};
+      check_op(mesh, {"layer_norm x S(2)",
+                      {{x, {Shard(2)}}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
+                      std::nullopt, layer_norm_whole_dim, kExact, kSplitSum});
     });
   }
   run_on_ranks(4, [ln](ProcessGroup& pg) {
@@ -87,7 +101,10 @@ TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
     check_op(mesh_2x2(pg), {"layer_norm [S(0),S(1)]",
                             {{x, {Shard(0), Shard(1)}}, {weight, {Replicate(), Replicate()}},
                              {bias, {Replicate(), Replicate()}}},
-                            ln, Placements{Shard(0), Shard(1)}, kExact, kSplitSum});
+                            ln, Placements{Shard(0), Shard(1)},
+                            // Each parameter gradient is Partial on both mesh dims: one
+                            // all-reduce per mesh dim.
+                            {.backward = {.all_reduce = 4}}, kExact, kSplitSum});
   });
 }
 
@@ -156,8 +173,9 @@ TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
       // Feature parallel: each rank holds some columns of every row -> sharded on the last dim.
       check_op(mesh, {"embedding table S(1), indices R", {{table, {Shard(1)}}, {indices, {Replicate()}}}, lookup,
                       Placements{Shard(2)}});
-      check_op(mesh, {"embedding table R, indices S(0)", {{table, {Replicate()}}, {indices, {Shard(0)}}}, lookup,
-                      Placements{Shard(0)}});
+      check_op(mesh, {"embedding table R, indices S(0)",
+                      {{table, {Replicate()}}, {indices, {Shard(0)}}}, lookup, Placements{Shard(0)},
+                      {.backward = {.all_reduce = 1}}});
     });
   }
   run_on_ranks(4, [](ProcessGroup& pg) {
@@ -166,7 +184,7 @@ TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
     check_op(mesh_2x2(pg), {"embedding table [R,S(0)], indices [S(0),R]",
                             {{table, {Replicate(), Shard(0)}}, {indices, {Shard(0), Replicate()}}},
                             [](const Inputs& in) { return embedding(in[0], in[1]); },
-                            Placements{Shard(0), Partial()}});
+                            Placements{Shard(0), Partial()}, {.backward = {.all_reduce = 1}}});
   });
 }
 
@@ -207,7 +225,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.bytes(CollectiveKind::kAllReduce), 3 * n * 4) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(loss).placements, (Placements{Replicate()}));
-        expect_close(full_tensor(loss), ref_loss, kSplitSum, "loss");
+        expect_close({.actual = full_tensor(loss), .expected = ref_loss, .tol = kSplitSum,
+                      .what = "loss"});
         {
           // The gradient stays vocabulary-sharded: no communication at all.
           CommDebugMode comm;
@@ -215,7 +234,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.total_count(), 0) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(logits.grad()).placements, (Placements{Shard(1)}));
-        expect_close(full_tensor(logits.grad()), ref_logits.grad(), kSplitSum, "grad logits");
+        expect_close({.actual = full_tensor(logits.grad()), .expected = ref_logits.grad(),
+                      .tol = kSplitSum, .what = "grad logits"});
       }
     });
   }
@@ -229,20 +249,34 @@ TEST(OpsNnTest, CrossEntropyWithRowShardedLogitsAndOn2x2Mesh) {
       return [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); };
     };
     check_op(mesh, {"cross_entropy sum, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}}, ce(Reduction::kSum),
-                    Placements{Partial()}, kSplitSum, kSplitSum});
+                    Placements{Partial()}, {}, kSplitSum, kSplitSum});
     check_op(mesh, {"cross_entropy none, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
-                    ce(Reduction::kNone), Placements{Shard(0)}, kExact, kExact});
+                    ce(Reduction::kNone), Placements{Shard(0)}, {}, kExact, kExact});
+    // A mean has no row-sharded option (it divides by the count of every row's valid target):
+    // the logits move to the vocabulary (an all-to-all) for loss parallel (its 3 all-reduces)
+    // and the targets are gathered; the backward kernel moves both again, and its
+    // vocabulary-sharded gradient moves back to rows.
     check_op(mesh, {"cross_entropy mean, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
-                    ce(Reduction::kMean), std::nullopt, kSplitSum, kSplitSum});
+                    ce(Reduction::kMean), std::nullopt,
+                    {.forward = {.all_reduce = 3, .all_gather = 1, .all_to_all = 1},
+                     .backward = {.all_gather = 1, .all_to_all = 2}},
+                    kSplitSum, kSplitSum});
   });
   run_on_ranks(4, [](ProcessGroup& pg) {
     const Tensor logits = float_tensor({6, 11}, 3), targets = ce_targets(6, 11);
     // dp shards the rows, tp the vocabulary (loss parallel inside each tp group).
     for (Reduction r : {Reduction::kNone, Reduction::kMean}) {
+      // kNone keeps the rows on dp; kMean cannot (above), so dp gathers the logits and the
+      // targets, in forward and again for the backward kernel.
+      const OpCollectives collectives =
+          r == Reduction::kNone
+              ? OpCollectives{.forward = {.all_reduce = 3}}
+              : OpCollectives{.forward = {.all_reduce = 3, .all_gather = 2},
+                              .backward = {.all_gather = 2}};
+      const auto ce = [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); };
       check_op(mesh_2x2(pg), {"cross_entropy [S(0),S(1)] reduction " + std::to_string(static_cast<int>(r)),
                               {{logits, {Shard(0), Shard(1)}}, {targets, {Shard(0), Replicate()}}},
-                              [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); }, std::nullopt,
-                              kSplitSum, kSplitSum});
+                              ce, std::nullopt, collectives, kSplitSum, kSplitSum});
     }
   });
 }
@@ -260,9 +294,14 @@ TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
                       Placements{Shard(1)}});
       check_op(mesh, {"attention q,k,v S(0)", {{q, {Shard(0)}}, {k, {Shard(0)}}, {v, {Shard(0)}}}, attention,
                       Placements{Shard(0)}});
-      // Sharded along the sequence: attention needs every key, so this gathers.
-      check_op(mesh, {"attention q,k,v S(2)", {{q, {Shard(2)}}, {k, {Shard(2)}}, {v, {Shard(2)}}}, attention,
-                      std::nullopt});
+      // Sharded along the sequence: attention needs every key, so this gathers q, k and v (on 3
+      // ranks: moves them to S(0)), and again for the backward kernel, which gets them as they
+      // were; on 3 ranks their gradients move back.
+      const OpCollectives attention_whole_sequence =
+          world == 2 ? OpCollectives{.forward = {.all_gather = 3}, .backward = {.all_gather = 3}}
+                     : OpCollectives{.forward = {.all_to_all = 3}, .backward = {.all_to_all = 6}};
+      check_op(mesh, {"attention q,k,v S(2)", {{q, {Shard(2)}}, {k, {Shard(2)}}, {v, {Shard(2)}}},
+                      attention, std::nullopt, attention_whole_sequence});
     });
   }
   run_on_ranks(4, [attention](ProcessGroup& pg) {
@@ -309,11 +348,13 @@ TEST(OpsNnTest, AttentionBlockWithHeadsShardedFromColwiseProjections) {
     }
     EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
     // Products of non-integers summed over split features: kSplitSum.
-    expect_close(full_tensor(y), expected, kSplitSum, "attention block");
+    expect_close({.actual = full_tensor(y), .expected = expected, .tol = kSplitSum,
+                  .what = "attention block"});
     backward(sum(full_tensor(y)));
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ(dtensor_spec(inputs[i].grad()).placements, dtensor_spec(inputs[i]).placements) << i;
-      expect_close(full_tensor(inputs[i].grad()), reference[i].grad(), kSplitSum, "grad " + std::to_string(i));
+      expect_close({.actual = full_tensor(inputs[i].grad()), .expected = reference[i].grad(),
+                    .tol = kSplitSum, .what = "grad " + std::to_string(i)});
     }
   });
 }

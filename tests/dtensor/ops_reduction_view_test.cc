@@ -14,6 +14,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -22,11 +23,12 @@ using ::testing::HasSubstr;
 using comm::ProcessGroup;
 using comm::testing::run_on_ranks;
 using loom::testing::check_op;
-using loom::testing::expect_close;
+using loom::testing::expect_equal;
 using loom::testing::integer_tensor;
 using loom::testing::kExact;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
+using loom::testing::OpCollectives;
 using loom::testing::Tolerance;
 using Inputs = std::vector<Tensor>;
 
@@ -70,9 +72,9 @@ TEST(OpsReductionTest, MeanOverUnevenShardedDimIsExact) {
     }
     // 7 rows over 3 ranks (3, 3, 1): the local sums divided by 7 are not exact in f32 and add up
     // in another order than the single-rank sum: ~1 ulp.
-    const Tolerance ulp{1e-6, 1e-6};
+    const Tolerance ulp{.rtol = 1e-6, .atol = 1e-6};
     check_op(mesh, {"mean dim 0 of S(0), rows 7", {{integer_tensor({7, 3}, 4), {Shard(0)}}}, mean_op({0}),
-                    Placements{Partial()}, ulp, ulp});
+                    Placements{Partial()}, {}, ulp, ulp});
   });
 }
 
@@ -107,17 +109,26 @@ TEST(OpsReductionTest, MaxOverDimGivesValuesIndicesAndGradient) {
         for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
           const std::string name = "max dim " + std::to_string(dim) + " of " + placements_str(placements);
           // The kept dim keeps its shard; a sharded reduced dim must be gathered first (max is
-          // not linear: no Partial).
+          // not linear: no Partial); on 3 ranks the shard moves to the other dim instead, and the
+          // gradient moves back.
           std::optional<Placements> expected;
+          OpCollectives collectives;
           if (!placements[0].is_shard(dim)) {
             const int64_t kept = placements[0].dim();
             expected = Placements{Shard(kept > dim ? kept - 1 : kept)};
+          } else if (world == 2) {
+            collectives = {.forward = {.all_gather = 1}};
+          } else {
+            collectives = {.forward = {.all_to_all = 1}, .backward = {.all_to_all = 1}};
           }
-          check_op(mesh, {name, {{x, placements}}, [dim](const Inputs& in) { return max(in[0], dim).first; }, expected});
+          check_op(mesh, {name, {{x, placements}},
+                          [dim](const Inputs& in) { return max(in[0], dim).first; }, expected,
+                          collectives});
           // Indices, not differentiable, must match too.
           const Tensor d = distribute_tensor(x, mesh, placements, std::nullopt);
           const Tensor indices = max(d, dim).second;
-          expect_close(full_tensor(indices), ops::max(x, dim).second, kExact, name + " indices");
+          expect_equal({.actual = full_tensor(indices), .expected = ops::max(x, dim).second,
+                        .what = name + " indices"});
         }
       }
     });
@@ -188,7 +199,9 @@ TEST(OpsViewTest, ViewAcrossShardBoundariesThrowsWhileReshapeRedistributes) {
                                       "use reshape, which redistributes"));
     }
     const auto to_heads = [](const Inputs& in) { return reshape(in[0], {2, 3, 3, 4}); };
-    check_op(mesh, {"reshape across the shard boundary", {{x, {Shard(2)}}}, to_heads, std::nullopt});
+    // Moving the shard to dim 0 or 1 costs what gathering does on 2 ranks: gathered.
+    check_op(mesh, {"reshape across the shard boundary", {{x, {Shard(2)}}}, to_heads, std::nullopt,
+                    {.forward = {.all_gather = 1}}});
     // An uneven shard merged with the next dim: (7, 4) S(0) -> (28,) would cut rank 0's 16 of 28.
     const Tensor uneven = integer_tensor({7, 4}, 2);
     try {
@@ -197,8 +210,10 @@ TEST(OpsViewTest, ViewAcrossShardBoundariesThrowsWhileReshapeRedistributes) {
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("view: a DTensor of shape (7, 4) with placements [S(0)] cannot be viewed as (28,)"));
     }
+    // (28,) has no dim to keep the shard on: gathered.
     check_op(mesh, {"reshape uneven (7,4) S(0) -> (28)", {{uneven, {Shard(0)}}},
-                    [](const Inputs& in) { return reshape(in[0], {28}); }, std::nullopt});
+                    [](const Inputs& in) { return reshape(in[0], {28}); }, std::nullopt,
+                    {.forward = {.all_gather = 1}}});
   });
 }
 
@@ -225,9 +240,14 @@ TEST(OpsViewTest, TransposePermuteAndFriendsMoveTheShard) {
                       Placements{Shard(2)}});
       check_op(mesh, {"slice dim 1 of S(2)", {{x, {Shard(2)}}},
                       [](const Inputs& in) { return slice(in[0], 1, 0, 3, 2); }, Placements{Shard(2)}});
-      // Cutting the sharded dim itself needs it whole.
-      check_op(mesh, {"narrow dim 2 of S(2)", {{x, {Shard(2)}}}, [](const Inputs& in) { return narrow(in[0], 2, 1, 3); },
-                      std::nullopt});
+      // Cutting the sharded dim itself needs it whole: gathered on 2 ranks; on 3 the shard moves
+      // to dim 0, and the gradient moves back.
+      const OpCollectives cut_whole_dim =
+          world == 2 ? OpCollectives{.forward = {.all_gather = 1}}
+                     : OpCollectives{.forward = {.all_to_all = 1}, .backward = {.all_to_all = 1}};
+      check_op(mesh, {"narrow dim 2 of S(2)", {{x, {Shard(2)}}},
+                      [](const Inputs& in) { return narrow(in[0], 2, 1, 3); }, std::nullopt,
+                      cut_whole_dim});
       check_op(mesh, {"chunk dim 3 of S(2)", {{x, {Shard(2)}}},
                       [](const Inputs& in) { return chunk(in[0], 2, 3)[1]; }, Placements{Shard(2)}});
       check_op(mesh, {"cat dim 3 of S(2), S(2)", {{x, {Shard(2)}}, {integer_tensor(x.shape(), 4), {Shard(2)}}},

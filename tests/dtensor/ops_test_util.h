@@ -1,12 +1,11 @@
 // Helpers for the per-op sharding tests (ops_*_test.cc): run a differentiable op once on plain
 // tensors (the single-rank reference, the same values on every rank) and once on DTensors
-// distributed with given placements, then compare the forward output, its placements and every
-// input's gradient.
+// distributed with given placements, then compare the forward output, its placements, every
+// input's gradient and the collectives each direction issued.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <functional>
 #include <optional>
 #include <string>
@@ -14,34 +13,13 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/dtensor_test_util.h"
+#include "tests/testing/collectives.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::testing {
-
-// |actual - expected| <= atol + rtol * |expected| elementwise; {0, 0} means bit for bit.
-struct Tolerance {
-  double rtol = 0;
-  double atol = 0;
-};
-inline constexpr Tolerance kExact{};
-
-inline void expect_close(const Tensor& actual, const Tensor& expected, Tolerance tol, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
-  const std::vector<double> a = ops::to_vector(actual), e = ops::to_vector(expected);
-  if (tol.rtol == 0 && tol.atol == 0) {
-    EXPECT_EQ(a, e) << what;
-    return;
-  }
-  int reported = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double limit = tol.atol + tol.rtol * std::abs(e[i]);
-    if (!(std::abs(a[i] - e[i]) <= limit) && reported++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << a[i] << ", expected " << e[i] << " (limit " << limit
-                    << ")";
-    }
-  }
-}
 
 // A float tensor with values in [-1, 1) (for ops whose results are not integers anyway).
 inline Tensor float_tensor(const Shape& shape, uint64_t seed) { return ops::uniform(shape, seed, -1.0, 1.0); }
@@ -52,6 +30,25 @@ struct OpInput {
   Placements placements;
 };
 
+// The collectives one rank issues running the op on DTensors (forward: the op's redistributes
+// and any collective inside it) and backpropagating through it (backward: its backward
+// formulas, and each input gradient taking its input's placements). Counted around op(inputs)
+// and around backward() only: the checks' own full_tensor calls are not in them.
+//
+// Two things shape the counts. The propagator prices gathering a shard (all-gather: local bytes
+// times mesh size - 1) and moving it to another dim (all-to-all: local bytes) alike on 2 ranks
+// and then takes its first option, Replicate; on 3 ranks it moves the shard. And a backward
+// formula gets the op's inputs as they were, not as the forward redistributed them, so it
+// redistributes them again.
+struct OpCollectives {
+  Collectives forward;
+  Collectives backward;
+};
+// The most common: a replicated input whose gradient comes back sharded (all-gathered into its
+// layout) or Partial (all-reduced).
+inline constexpr OpCollectives kGatherGrad{.backward = {.all_gather = 1}};
+inline constexpr OpCollectives kReduceGrad{.backward = {.all_reduce = 1}};
+
 struct OpCheck {
   std::string name;
   std::vector<OpInput> inputs;
@@ -59,6 +56,8 @@ struct OpCheck {
   std::function<Tensor(const std::vector<Tensor>&)> op;
   // The placements a PyTorch DTensor user expects on the output (unchecked when nullopt).
   std::optional<Placements> expected_output;
+  // Derived from the op's sharding strategy; {} is none in either direction.
+  OpCollectives collectives;
   Tolerance forward = kExact;
   Tolerance backward = kExact;
 };
@@ -86,15 +85,29 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
     if (is_floating(t.dtype())) t.set_requires_grad(true);
     inputs.push_back(t);
   }
-  const Tensor out = check.op(inputs);
+  Tensor out;
+  {
+    CommDebugMode comm;
+    out = check.op(inputs);
+    expect_collectives(comm, check.collectives.forward, check.name + " forward");
+  }
   ASSERT_TRUE(is_dtensor(out)) << check.name;
   if (check.expected_output) {
     EXPECT_EQ(placements_str(dtensor_spec(out).placements), placements_str(*check.expected_output)) << check.name;
   }
   const Tensor full = full_tensor(out);
-  expect_close(full, reference, check.forward, check.name + " forward");
-  if (!reference.requires_grad()) return;
-  backward(sum(mul(full, weights)));
+  expect_close({.actual = full, .expected = reference, .tol = check.forward,
+                .what = check.name + " forward"});
+  if (!reference.requires_grad()) {
+    EXPECT_EQ(collectives_str(check.collectives.backward), "none")
+        << check.name << ": the output has no gradient, so no backward runs";
+    return;
+  }
+  {
+    CommDebugMode comm;
+    backward(sum(mul(full, weights)));
+    expect_collectives(comm, check.collectives.backward, check.name + " backward");
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].requires_grad()) continue;
     const std::string what = check.name + " grad of input " + std::to_string(i);
@@ -111,7 +124,8 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
       EXPECT_EQ(placements_str(dtensor_spec(grad).placements), placements_str(dtensor_spec(inputs[i]).placements))
           << what;
     }
-    expect_close(full_tensor(grad), reference_inputs[i].grad(), check.backward, what);
+    expect_close({.actual = full_tensor(grad), .expected = reference_inputs[i].grad(),
+                  .tol = check.backward, .what = what});
   }
 }
 

@@ -25,6 +25,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute_plan.h"
 #include "tests/dtensor/dtensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -132,9 +133,11 @@ int64_t check_every_pair(const std::shared_ptr<const DeviceMesh>& mesh, const Te
       // (b) values.
       if (has_partial(tgt)) {
         EXPECT_EQ(local_shard(y).shape(), spec.local_shape());
-        expect_equal(full_tensor(y), full, "full_tensor of the Partial target");
+        expect_equal({.actual = full_tensor(y), .expected = full,
+                      .what = "full_tensor of the Partial target"});
       } else {
-        expect_equal(local_shard(y), expected_local(full, spec), "local shard");
+        expect_equal({.actual = local_shard(y), .expected = expected_local(full, spec),
+                      .what = "local shard"});
       }
     }
   }
@@ -185,16 +188,20 @@ TEST(RedistributeTest, MeshWithExplicitReversedRanks) {
                                                        std::vector<int64_t>{4}, std::vector<int>{3, 2, 1, 0});
     // distribute_tensor takes the data of coordinate 0: rank 3.
     const Tensor mine = distribute_tensor(ops::full({2}, pg.rank() + 1.0), reversed, {Replicate()});
-    expect_equal(local_shard(mine), ops::full({2}, 4.0), "data of coordinate 0");
+    expect_equal({.actual = local_shard(mine), .expected = ops::full({2}, 4.0),
+                  .what = "data of coordinate 0"});
     const Tensor full = integer_tensor({13, 5}, 13);
     const Tensor x = distribute_tensor(full, reversed, {Shard(0)});
     EXPECT_EQ(dtensor_spec(x).local_offset()[0], 4 * (3 - pg.rank()));
-    expect_equal(local_shard(x), expected_local(full, dtensor_spec(x)), "distribute");
-    expect_equal(full_tensor(x), full, "S(0) -> R");
+    expect_equal({.actual = local_shard(x), .expected = expected_local(full, dtensor_spec(x)),
+                  .what = "distribute"});
+    expect_equal({.actual = full_tensor(x), .expected = full, .what = "S(0) -> R"});
     const Tensor y = redistribute(x, {Shard(1)});
-    expect_equal(local_shard(y), expected_local(full, dtensor_spec(y)), "S(0) -> S(1)");
+    expect_equal({.actual = local_shard(y), .expected = expected_local(full, dtensor_spec(y)),
+                  .what = "S(0) -> S(1)"});
     const Tensor p = redistribute(y, {Partial()});
-    expect_equal(local_shard(redistribute(p, {Shard(0)})), local_shard(x), "P -> S(0)");
+    expect_equal({.actual = local_shard(redistribute(p, {Shard(0)})), .expected = local_shard(x),
+                  .what = "P -> S(0)"});
 
     auto grid = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
                                                    std::vector<int64_t>{2, 2}, std::vector<int>{3, 2, 1, 0});
@@ -223,7 +230,7 @@ void check_gradient(const std::shared_ptr<const DeviceMesh>& mesh, const Shape& 
     if (p.is_partial()) p = Replicate();
   }
   EXPECT_EQ(dtensor_spec(x.grad()).placements, expected) << placements_str(dtensor_spec(x.grad()).placements);
-  expect_equal(full_tensor(x.grad()), weights, "full gradient");
+  expect_equal({.actual = full_tensor(x.grad()), .expected = weights, .what = "full gradient"});
 }
 
 TEST(RedistributeGradTest, OneDimMeshes) {

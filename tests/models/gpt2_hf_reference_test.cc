@@ -18,9 +18,14 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
+
+using loom::testing::expect_close;
+using loom::testing::RelativeTo;
+using loom::testing::Tolerance;
 
 constexpr const char* kCheckpoint = "tests/models/fixtures/hf_gpt2_tiny.safetensors";
 constexpr const char* kExpected = "tests/models/fixtures/hf_gpt2_tiny_logits.json";
@@ -49,20 +54,17 @@ Reference read_reference() {
   return r;
 }
 
-void expect_logits(const Tensor& logits, const Reference& ref) {
-  ASSERT_EQ(logits.shape(), ref.logits_shape);
-  const auto actual = ops::to_vector(logits);
-  double scale = 0;
-  for (double v : ref.logits) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < actual.size(); ++i) ASSERT_NEAR(actual[i], ref.logits[i], 1e-5 * scale) << "logit " << i;
-}
+// 1e-5 of the logits' largest magnitude (see the top).
+constexpr Tolerance kTol{.rtol = 1e-5, .relative_to = RelativeTo::kLargest};
 
 TEST(GPT2HFReferenceTest, TransformersCheckpointGivesTransformersLogits) {
   const Reference ref = read_reference();
   GPT model(ref.config, /*seed=*/99);
   load_gpt2_hf(model, kCheckpoint);
   NoGradGuard no_grad;
-  expect_logits(model(ref.ids), ref);
+  const Tensor logits = model(ref.ids);
+  ASSERT_EQ(logits.shape(), ref.logits_shape);
+  expect_close({.actual = logits, .expected = ref.logits, .tol = kTol, .what = "logits"});
 }
 
 TEST(GPT2HFReferenceTest, TransformersCheckpointOnTensorParallelRanks) {
@@ -74,7 +76,9 @@ TEST(GPT2HFReferenceTest, TransformersCheckpointOnTensorParallelRanks) {
     parallelize_gpt(model, mesh, {.sequence_parallel = true});
     load_gpt2_hf(model, kCheckpoint);  // each rank keeps its shards (vocabulary 67 splits 34 + 33)
     NoGradGuard no_grad;
-    expect_logits(full_tensor(model(ref.ids)), ref);
+    const Tensor logits = full_tensor(model(ref.ids));
+    ASSERT_EQ(logits.shape(), ref.logits_shape);
+    expect_close({.actual = logits, .expected = ref.logits, .tol = kTol, .what = "logits"});
   });
 }
 

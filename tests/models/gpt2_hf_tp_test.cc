@@ -14,6 +14,7 @@
 #include "tests/models/gpt2_hf_test_config.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
@@ -49,12 +50,12 @@ TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
     // The logits come out sharded by vocabulary (the plan's loss-parallel head).
     const Tensor logits = model(tokens(config));
     ASSERT_TRUE(is_dtensor(logits));
-    const std::vector<double> actual = ops::to_vector(full_tensor(logits));
-    ASSERT_EQ(actual.size(), expected.size());
     // Sharded GEMMs and the all-reduce sum in another order: f32 rounding, 1e-5 of the scale.
-    double scale = 0;
-    for (double v : expected) scale = std::max(scale, std::abs(v));
-    for (size_t i = 0; i < actual.size(); ++i) ASSERT_NEAR(actual[i], expected[i], 1e-5 * scale + 1e-7) << i;
+    loom::testing::expect_close(
+        {.actual = full_tensor(logits),
+         .expected = expected,
+         .tol = {.rtol = 1e-5, .atol = 1e-7, .relative_to = loom::testing::RelativeTo::kLargest},
+         .what = "logits"});
     save_gpt2_hf(model, out_path, /*write=*/pg.rank() == 0);
   });
 

@@ -71,21 +71,25 @@ TEST(GPTCudaEquivalenceTest, OneGpuRunsTheWholeStepAsOneCpuRank) {
   const Result& ref = cpu_reference();
   run_on_gpus(1, [&](comm::ProcessGroup& pg) {
     ASSERT_EQ(pg.device(), Device::cuda(0));
-    expect_same(train(mesh_of(pg, 1, 1)), ref, "1 GPU (NCCL world of 1, DDP over it)");
+    expect_same({.actual = train(mesh_of(pg, 1, 1)), .expected = ref,
+                 .layout = "1 GPU (NCCL world of 1, DDP over it)"});
   });
 }
 
 TEST(GPTCudaEquivalenceTest, DataParallelOnTwoGpus) {
   LOOM_SKIP_WITHOUT_GPUS(2);
   const Result& ref = cpu_reference();
-  run_on_gpus(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1)), ref, "dp2 on GPUs"); });
+  run_on_gpus(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 2, 1)), .expected = ref, .layout = "dp2 on GPUs"});
+  });
 }
 
 TEST(GPTCudaEquivalenceTest, TensorParallelOnTwoGpus) {
   LOOM_SKIP_WITHOUT_GPUS(2);
   const Result& ref = cpu_reference();
   run_on_gpus(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}), ref, "tp2 + SP on GPUs");
+    expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}),
+                 .expected = ref, .layout = "tp2 + SP on GPUs"});
   });
 }
 
@@ -93,7 +97,8 @@ TEST(GPTCudaEquivalenceTest, PipelineParallelOnTwoGpus) {
   LOOM_SKIP_WITHOUT_GPUS(2);
   const Result& ref = cpu_reference();
   run_on_gpus(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}), ref, "pp2 1f1b m4 on GPUs");
+    expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
+                 .expected = ref, .layout = "pp2 1f1b m4 on GPUs"});
   });
 }
 
@@ -101,7 +106,8 @@ TEST(GPTCudaEquivalenceTest, DataTensorAndPipelineParallelOnEightGpus) {
   LOOM_SKIP_WITHOUT_GPUS(8);
   const Result& ref = cpu_reference();
   run_on_gpus(8, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}), ref, "dp2 x tp2 x pp2 on GPUs");
+    expect_same({.actual = train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}),
+                 .expected = ref, .layout = "dp2 x tp2 x pp2 on GPUs"});
   });
 }
 

@@ -30,42 +30,56 @@ TEST(GPTEquivalenceTest, ReferenceLearns) {
 }
 
 TEST(GPTEquivalenceTest, GradientAccumulationOnOneRank) {
-  comm::testing::run_on_ranks(1, [](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 1, 1), {.accum = 2}), reference(), "accum2"); });
+  comm::testing::run_on_ranks(1, [](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 1, 1), {.accum = 2}), .expected = reference(),
+                 .layout = "accum2"});
+  });
 }
 
 TEST(GPTEquivalenceTest, DataParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1)), ref, "dp2"); });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 2, 1)), .expected = ref, .layout = "dp2"});
+  });
 }
 
 TEST(GPTEquivalenceTest, DataParallelWithGradientAccumulation) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 1), {.accum = 2}), ref, "dp2 accum2"); });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 2, 1), {.accum = 2}), .expected = ref,
+                 .layout = "dp2 accum2"});
+  });
 }
 
 TEST(GPTEquivalenceTest, TensorParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = false}}), ref, "tp2");
+    expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = false}}),
+                 .expected = ref, .layout = "tp2"});
   });
 }
 
 TEST(GPTEquivalenceTest, TensorParallelWithSequenceParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}), ref, "tp2 + sequence parallel");
+    expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}),
+                 .expected = ref, .layout = "tp2 + sequence parallel"});
   });
 }
 
 TEST(GPTEquivalenceTest, DataAndTensorParallel) {
   const Result& ref = reference();
-  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) { expect_same(train(mesh_of(pg, 2, 2)), ref, "dp2 x tp2 (sequence parallel)"); });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 2, 2)), .expected = ref,
+                 .layout = "dp2 x tp2 (sequence parallel)"});
+  });
 }
 
 TEST(GPTEquivalenceTest, PipelineParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}), ref, "pp2 1f1b m4");
+    expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
+                 .expected = ref, .layout = "pp2 1f1b m4"});
   });
 }
 
@@ -74,7 +88,8 @@ TEST(GPTEquivalenceTest, PipelineParallel) {
 TEST(GPTEquivalenceTest, DataTensorAndPipelineParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(8, [&](comm::ProcessGroup& pg) {
-    expect_same(train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}), ref, "dp2 x tp2 x pp2");
+    expect_same({.actual = train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}),
+                 .expected = ref, .layout = "dp2 x tp2 x pp2"});
   });
 }
 

@@ -25,6 +25,7 @@
 #include "tensor/ops.h"
 #include "tests/models/random_tokens.h"
 #include "tensor/rng.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
@@ -59,13 +60,11 @@ void expect_matches(const Result& want, double loss, const std::vector<std::pair
     const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
     EXPECT_EQ(grad.dtype(), DType::kFloat32) << what << ": " << name;
     EXPECT_EQ(p.dtype(), DType::kFloat32) << what << ": master " << name;
-    const auto got = ops::to_vector(grad), expected = ops::to_vector(want.grads.at(name));
-    ASSERT_EQ(got.size(), expected.size()) << what << ": " << name;
-    double scale = 0;
-    for (double v : expected) scale = std::max(scale, std::abs(v));
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], expected[i], kGradTolerance * scale) << what << ": grad of " << name << " at " << i;
-    }
+    loom::testing::expect_close(
+        {.actual = grad,
+         .expected = want.grads.at(name),
+         .tol = {.rtol = kGradTolerance, .relative_to = loom::testing::RelativeTo::kLargest},
+         .what = what + ": grad of " + name});
   }
 }
 

@@ -16,11 +16,14 @@
 #include "models/gpt/pipeline.h"
 #include "tensor/ops.h"
 #include "tests/models/random_tokens.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
 
 using ::testing::HasSubstr;
+using loom::testing::expect_close;
+using loom::testing::RelativeTo;
 
 GPTConfig config() { return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37}; }
 constexpr int64_t kBatch = 8, kSeqLen = 8;
@@ -56,13 +59,10 @@ void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string&
   ASSERT_FALSE(named.empty()) << what;
   for (const auto& [name, p] : named) {
     ASSERT_TRUE(p.grad().defined()) << what << ": " << name;
-    const auto got = ops::to_vector(p.grad()), want = ops::to_vector(ref.grads.at(name));
-    ASSERT_EQ(got.size(), want.size()) << what << ": " << name;
-    double scale = 0;
-    for (double v : want) scale = std::max(scale, std::abs(v));
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], 1e-5 * scale) << what << ": grad of " << name << " at " << i;
-    }
+    expect_close({.actual = p.grad(),
+                  .expected = ref.grads.at(name),
+                  .tol = {.rtol = 1e-5, .relative_to = RelativeTo::kLargest},
+                  .what = what + ": grad of " + name});
   }
 }
 
@@ -123,15 +123,13 @@ TEST(GPTPipelineInference, LogitsAndGatheredModelMatchOneRank) {
   GPT whole(config(), 3);
   NoGradGuard no_grad;
   const Tensor want = whole(tokens(1));
-  const auto want_values = ops::to_vector(want);
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     GPTPipeline model(config(), 3, pp_mesh(pg), {.schedule = "interleaved", .microbatches = 2, .virtual_stages = 2});
     const Tensor got = model.logits(tokens(1));
-    ASSERT_EQ(got.shape(), want.shape()) << "rank " << pg.rank();
-    const auto got_values = ops::to_vector(got);
-    for (size_t i = 0; i < got_values.size(); ++i) {
-      ASSERT_NEAR(got_values[i], want_values[i], 1e-5) << "rank " << pg.rank() << " logit " << i;
-    }
+    expect_close({.actual = got,
+                  .expected = want,
+                  .tol = {.atol = 1e-5},
+                  .what = fmt::format("logits on rank {}", pg.rank())});
     std::unique_ptr<GPT> gathered = model.whole_model_on_first_rank();
     ASSERT_EQ(gathered != nullptr, pg.rank() == 0);
     if (!gathered) return;

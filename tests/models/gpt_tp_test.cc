@@ -13,23 +13,25 @@
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
 #include "tests/models/random_tokens.h"
+#include "tests/testing/collectives.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
 
 using ::testing::HasSubstr;
 
+using loom::testing::Collectives;
+using loom::testing::expect_close;
+using loom::testing::expect_collectives;
 using testing::random_tokens;
+using loom::testing::RelativeTo;
+using loom::testing::Tolerance;
 
 // Sharded GEMMs and all-reduces sum in another order than one rank: f32 rounding, relative
-// 1e-5 of the values (the equivalence tolerance).
-void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  ASSERT_EQ(a.size(), e.size()) << what;
-  double scale = 0;
-  for (double v : e) scale = std::max(scale, std::abs(v));
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * scale + 1e-7) << what << " at " << i;
-}
+// 1e-5 of the values (the equivalence tolerance): 1e-5 of each tensor's largest
+// magnitude, plus 1e-7.
+constexpr Tolerance kTol{.rtol = 1e-5, .atol = 1e-7, .relative_to = RelativeTo::kLargest};
 
 struct PlanCase {
   std::string name;
@@ -41,9 +43,6 @@ struct PlanCase {
 // Collectives of one forward and one backward, per the plan's documentation
 // (models/gpt/plans.h), with L blocks: the counts are part of the plan's contract, so a change
 // that adds a collective fails.
-struct Collectives {
-  int64_t all_reduce, all_gather, reduce_scatter;
-};
 Collectives expected_forward(const GPTPlanOptions& plan, int64_t layers) {
   constexpr int64_t kLossAllReduces = 3;  // row max, sum of exponentials, target logit
   if (!plan.sequence_parallel) return {1 + 2 * layers + kLossAllReduces, 0, 0};
@@ -58,13 +57,6 @@ Collectives expected_backward(const GPTPlanOptions& plan, int64_t layers) {
   // replicated weight and bias of each of the 2L + 1 norms get their Partial gradients
   // all-reduced.
   return {2 * (2 * layers + 1), 2 * layers + 2, 2 * layers + 1};
-}
-
-void expect_collectives(const CommDebugMode& comm, const Collectives& want) {
-  EXPECT_EQ(comm.count(comm::CollectiveKind::kAllReduce), want.all_reduce) << comm.summary();
-  EXPECT_EQ(comm.count(comm::CollectiveKind::kAllGather), want.all_gather) << comm.summary();
-  EXPECT_EQ(comm.count(comm::CollectiveKind::kReduceScatter), want.reduce_scatter) << comm.summary();
-  EXPECT_EQ(comm.total_count(), want.all_reduce + want.all_gather + want.reduce_scatter) << comm.summary();
 }
 
 class GPTTensorParallelTest : public ::testing::TestWithParam<PlanCase> {};
@@ -88,14 +80,14 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
     {
       CommDebugMode comm;
       loss = model.loss(x, y);
-      expect_collectives(comm, expected_forward(c.plan, config.n_layer));
+      expect_collectives(comm, expected_forward(c.plan, config.n_layer), "forward");
     }
     EXPECT_FALSE(is_dtensor(loss));
     EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5 * std::abs(ref_loss.item<double>()));
     {
       CommDebugMode comm;
       backward(loss);
-      expect_collectives(comm, expected_backward(c.plan, config.n_layer));
+      expect_collectives(comm, expected_backward(c.plan, config.n_layer), "backward");
     }
     for (const auto& [name, p] : model.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
@@ -103,7 +95,8 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
         EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << "grad of " << name;
       }
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
-      expect_close(grad, ref_state.at(name).grad(), "grad of " + name);
+      expect_close({.actual = grad, .expected = ref_state.at(name).grad(), .tol = kTol,
+                    .what = "grad of " + name});
     }
     // The embedding is vocab-parallel: each rank holds its range of rows (uneven for odd V).
     const Tensor& wte = model.wte->weight();

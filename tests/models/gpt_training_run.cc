@@ -14,6 +14,7 @@
 #include "optim/optimizer.h"
 #include "parallel/ddp/ddp.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models::gpt_run {
 
@@ -95,13 +96,15 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   return result;
 }
 
-void expect_same(const Result& actual, const Result& expected, const std::string& layout) {
-  ASSERT_EQ(actual.losses.size(), expected.losses.size());
-  for (size_t s = 0; s < expected.losses.size(); ++s) {
-    EXPECT_NEAR(actual.losses[s], expected.losses[s], 1e-5 * std::abs(expected.losses[s])) << layout << " step " << s;
-    EXPECT_NEAR(actual.grad_norms[s], expected.grad_norms[s], 1e-5 * expected.grad_norms[s])
-        << layout << " gradient norm, step " << s;
-  }
+void expect_same(const Runs& runs) {
+  using loom::testing::expect_close;
+  const Result &actual = runs.actual, &expected = runs.expected;
+  const std::string& layout = runs.layout;
+  // Per step, 1e-5 relative.
+  expect_close({.actual = actual.losses, .expected = expected.losses, .tol = {.rtol = 1e-5},
+                .what = layout + " losses"});
+  expect_close({.actual = actual.grad_norms, .expected = expected.grad_norms,
+                .tol = {.rtol = 1e-5}, .what = layout + " gradient norms"});
   // Parameters: 1e-5 relative to the model's largest parameter magnitude (the LayerNorm weights,
   // ~1). Not per tensor: AdamW divides each gradient by its own running RMS, so a parameter
   // whose gradient is tiny — the attention key bias's is mathematically zero (adding b to every
@@ -115,11 +118,8 @@ void expect_same(const Result& actual, const Result& expected, const std::string
   ASSERT_FALSE(actual.params.empty()) << layout;
   for (const auto& [name, got] : actual.params) {  // a pipeline rank holds its stages' only
     ASSERT_TRUE(expected.params.count(name)) << layout << " " << name;
-    const auto& values = expected.params.at(name);
-    ASSERT_EQ(got.size(), values.size()) << layout << " " << name;
-    for (size_t i = 0; i < values.size(); ++i) {
-      ASSERT_NEAR(got[i], values[i], 1e-5 * model_scale) << layout << " " << name << " at " << i;
-    }
+    expect_close({.actual = got, .expected = expected.params.at(name),
+                  .tol = {.atol = 1e-5 * model_scale}, .what = layout + " " + name});
   }
 }
 

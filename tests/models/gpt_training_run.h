@@ -47,9 +47,15 @@ struct Layout {
 // parallelism; its stages' with it).
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {});
 
+// A run under `layout` and the run it must match (the one-rank reference).
+struct Runs {
+  Result actual;
+  Result expected;
+  std::string layout;
+};
 // Losses and gradient norms within 1e-5 relative, parameters within 1e-5 of the model's largest
-// parameter magnitude (why not per tensor: in the .cc).
-void expect_same(const Result& actual, const Result& expected, const std::string& layout);
+// parameter magnitude (why not per tensor: in the .cc); checks from tests/testing/tensor_checks.h.
+void expect_same(const Runs& runs);
 
 // A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`.
 std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp, int64_t pp = 1);

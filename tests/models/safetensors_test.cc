@@ -5,19 +5,20 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using loom::testing::expect_bitwise_equal;
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
@@ -44,13 +45,6 @@ std::string load_error(const std::string& path) {
   return "";
 }
 
-void expect_same_bytes(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  const Tensor ca = ops::contiguous(a), cb = ops::contiguous(b);
-  EXPECT_EQ(std::memcmp(ca.raw_data(), cb.raw_data(), ca.numel() * element_size(ca.dtype())), 0) << what;
-}
-
 TEST(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
   const Tensor f32 = ops::normal({3, 5}, 1, 0.0, 1.0);
   TensorMap tensors{
@@ -68,7 +62,9 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
   const SafetensorsFile file = load_safetensors(path);
   ASSERT_EQ(file.tensors.size(), tensors.size());
-  for (const auto& [name, tensor] : tensors) expect_same_bytes(file.tensors.at(name), tensor, name);
+  for (const auto& [name, tensor] : tensors) {
+    expect_bitwise_equal({.actual = file.tensors.at(name), .expected = tensor, .what = name});
+  }
   EXPECT_EQ(file.metadata, (SafetensorsMetadata{{"format", "pt"}, {"note", "loom"}}));
 }
 

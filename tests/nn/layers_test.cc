@@ -4,16 +4,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "base/error.h"
 #include "nn/linear.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::nn {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::expect_close;
 
 // Tolerance for f32 results compared with an f64 reference over a handful of terms.
 constexpr double kTol = 1e-5;
@@ -28,14 +31,14 @@ TEST(LinearTest, ForwardAndGradientsMatchManualComputation) {
   Tensor y = linear(x);
   ASSERT_EQ(y.shape(), (Shape{2, 2}));
   const auto xv = ops::to_vector(x);
-  const auto yv = ops::to_vector(y);
+  std::vector<double> expected;
   for (int n = 0; n < 2; ++n) {
     for (int o = 0; o < 2; ++o) {
-      double expected = b[o];
-      for (int i = 0; i < 3; ++i) expected += xv[n * 3 + i] * w[o * 3 + i];
-      EXPECT_NEAR(yv[n * 2 + o], expected, kTol);
+      expected.push_back(b[o]);
+      for (int i = 0; i < 3; ++i) expected.back() += xv[n * 3 + i] * w[o * 3 + i];
     }
   }
+  expect_close({.actual = y, .expected = expected, .tol = {.atol = kTol}});
   backward(sum(y));
   // d sum(y) / dW[o, i] = sum_n x[n, i]; d / db[o] = N.
   EXPECT_EQ(ops::to_vector(linear.weight().grad()), (std::vector<double>{0, 2, 7, 0, 2, 7}));
@@ -75,8 +78,9 @@ TEST(LayerNormTest, NormalizesLastDim) {
   Tensor y = ln(ops::from_vector({1, 2, 3, 4}, {1, 4}));
   // mean 2.5, biased variance 1.25.
   const double rstd = 1.0 / std::sqrt(1.25 + 1e-5);
-  const auto v = ops::to_vector(y);
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(v[i], (i + 1 - 2.5) * rstd, kTol);
+  expect_close({.actual = y,
+                .expected = {-1.5 * rstd, -0.5 * rstd, 0.5 * rstd, 1.5 * rstd},
+                .tol = {.atol = kTol}});
 }
 
 TEST(DropoutTest, EvalIsIdentityAndTrainIsReproducible) {
@@ -100,11 +104,10 @@ TEST(DropoutTest, EvalIsIdentityAndTrainIsReproducible) {
 
 TEST(GeluTest, MatchesTanhApproximation) {
   GELU gelu_module;
-  const auto v = ops::to_vector(gelu_module(ops::from_vector({-1, 0, 2}, {3})));
   auto ref = [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); };
-  EXPECT_NEAR(v[0], ref(-1), kTol);
-  EXPECT_NEAR(v[1], 0.0, kTol);
-  EXPECT_NEAR(v[2], ref(2), kTol);
+  expect_close({.actual = gelu_module(ops::from_vector({-1, 0, 2}, {3})),
+                .expected = {ref(-1), 0.0, ref(2)},
+                .tol = {.atol = kTol}});
 }
 
 }  // namespace

@@ -16,11 +16,15 @@
 #include "nn/linear.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::nn {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::expect_close;
+using testing::RelativeTo;
+using testing::Tolerance;
 
 class Mlp : public Module {
  public:
@@ -35,14 +39,8 @@ class Mlp : public Module {
   std::shared_ptr<Linear> fc1, fc2;
 };
 
-void expect_close(const Tensor& got, const Tensor& want, double relative, const std::string& what) {
-  const auto g = ops::to_vector(got), w = ops::to_vector(want);
-  ASSERT_EQ(g.size(), w.size()) << what;
-  double scale = 0;
-  for (double v : w) scale = std::max(scale, std::abs(v));
-  ASSERT_GT(scale, 0) << what;
-  for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], w[i], relative * scale) << what << " at " << i;
-}
+// bf16 keeps 8 bits: 3e-2 of each tensor's largest magnitude.
+constexpr Tolerance kBf16Tol{.rtol = 3e-2, .relative_to = RelativeTo::kLargest};
 
 TEST(MixedPrecisionTest, Bf16ComputeMatchesF32WithinBf16Precision) {
   const Tensor x = ops::normal({4, 16}, 7);
@@ -51,7 +49,7 @@ TEST(MixedPrecisionTest, Bf16ComputeMatchesF32WithinBf16Precision) {
   const Tensor want = reference(x);
   const Tensor got = mixed(x);
   EXPECT_EQ(got.dtype(), DType::kFloat32);
-  expect_close(got, want, 3e-2, "output");
+  expect_close({.actual = got, .expected = want, .tol = kBf16Tol, .what = "output"});
   backward(sum(want));
   backward(sum(got));
   std::map<std::string, Tensor> reference_grads;
@@ -60,7 +58,8 @@ TEST(MixedPrecisionTest, Bf16ComputeMatchesF32WithinBf16Precision) {
     EXPECT_EQ(p.dtype(), DType::kFloat32) << name;
     ASSERT_TRUE(p.grad().defined()) << name;
     EXPECT_EQ(p.grad().dtype(), DType::kFloat32) << name;
-    expect_close(p.grad(), reference_grads.at(name), 3e-2, "grad of " + name);
+    expect_close({.actual = p.grad(), .expected = reference_grads.at(name), .tol = kBf16Tol,
+                  .what = "grad of " + name});
   }
 }
 

@@ -7,6 +7,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::optim {
 namespace {
@@ -49,9 +50,10 @@ TEST(ClipGradTest, ShardedAndReplicatedGradientsGiveTheSingleRankNorm) {
     const double norm = clip_grad_norm_({p1, p2}, 0.5 * expected);
     EXPECT_NEAR(norm, expected, 1e-5 * expected);
     // After clipping, the full gradient is half the original.
-    const auto clipped = ops::to_vector(full_tensor(p1.grad()));
-    const auto original = ops::to_vector(g1);
-    for (size_t i = 0; i < clipped.size(); ++i) EXPECT_NEAR(clipped[i], 0.5 * original[i], 1e-5);
+    testing::expect_close({.actual = full_tensor(p1.grad()),
+                           .expected = ops::mul(g1, 0.5),
+                           .tol = {.atol = 1e-5},
+                           .what = "clipped gradient"});
   });
 }
 

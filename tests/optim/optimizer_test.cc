@@ -4,12 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::optim {
 namespace {
+
+using testing::expect_close;
 
 Tensor param(std::vector<float> values) {
   Tensor p = ops::from_vector(values, {static_cast<int64_t>(values.size())});
@@ -33,9 +37,8 @@ TEST(SGDTest, MomentumAndWeightDecayFollowTorchRecurrence) {
       buf[i] = step == 0 ? g : 0.9 * buf[i] + g;
       ref[i] -= 0.1 * buf[i];
     }
-    const auto v = ops::to_vector(p);
-    EXPECT_NEAR(v[0], ref[0], kTol);
-    EXPECT_NEAR(v[1], ref[1], kTol);
+    expect_close({.actual = p, .expected = {ref[0], ref[1]}, .tol = {.atol = kTol},
+                  .what = "step " + std::to_string(step)});
   }
 }
 
@@ -55,9 +58,8 @@ TEST(AdamWTest, MatchesReferenceRecurrence) {
       const double v_hat = v[i] / (1 - std::pow(0.999, step));
       ref[i] = ref[i] * (1 - 0.01 * 0.1) - 0.01 * m_hat / (std::sqrt(v_hat) + 1e-8);
     }
-    const auto values = ops::to_vector(p);
-    EXPECT_NEAR(values[0], ref[0], kTol);
-    EXPECT_NEAR(values[1], ref[1], kTol);
+    expect_close({.actual = p, .expected = {ref[0], ref[1]}, .tol = {.atol = kTol},
+                  .what = "step " + std::to_string(step)});
   }
 }
 

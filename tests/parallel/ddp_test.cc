@@ -17,6 +17,7 @@
 #include "optim/optimizer.h"
 #include "parallel/tp/parallelize.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 #include "tests/comm/other_device_group.h"
 
 namespace loom {
@@ -24,6 +25,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using comm::CollectiveKind;
+using testing::expect_close;
+using testing::Tolerance;
 
 class Mlp : public nn::Module {
  public:
@@ -45,12 +48,9 @@ class Mlp : public nn::Module {
 // full-batch loss when every rank holds the same number of rows.
 Tensor loss_of(const Tensor& out) { return mean(mul(out, out)); }
 
-// f32 sums in another order (per-rank halves, then averaging): relative 1e-5.
-void expect_close(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  ASSERT_EQ(a.size(), e.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * (std::abs(e[i]) + 1e-2)) << what << " at " << i;
-}
+// f32 sums in another order (per-rank halves, then averaging): relative 1e-5,
+// |actual - expected| <= 1e-5 * (|expected| + 1e-2).
+constexpr Tolerance kTol{.rtol = 1e-5, .atol = 1e-7};
 
 TEST(DDPTest, GradientsAndStepsMatchOneRankOnTheWholeBatch) {
   const Tensor batch = ops::uniform({8, 8}, 9, -1.0, 1.0);
@@ -73,7 +73,10 @@ TEST(DDPTest, GradientsAndStepsMatchOneRankOnTheWholeBatch) {
       backward(loss_of(ddp(mine)));
       opt.step();
     }
-    for (const auto& [name, p] : model->named_parameters()) expect_close(p, reference->state_dict().at(name), name);
+    for (const auto& [name, p] : model->named_parameters()) {
+      expect_close({.actual = p, .expected = reference->state_dict().at(name), .tol = kTol,
+                    .what = name});
+    }
   });
 }
 
@@ -115,7 +118,10 @@ TEST(DDPTest, ABackwardThatThrowsLeavesTheNextStepCorrect) {
     backward(loss_of(ddp(mine)));
     std::map<std::string, Tensor> expected;
     for (const auto& [name, p] : reference->named_parameters()) expected[name] = p.grad();
-    for (const auto& [name, p] : model->named_parameters()) expect_close(p.grad(), expected.at(name), name + " grad");
+    for (const auto& [name, p] : model->named_parameters()) {
+      expect_close({.actual = p.grad(), .expected = expected.at(name), .tol = kTol,
+                    .what = name + " grad"});
+    }
   });
 }
 
@@ -138,7 +144,8 @@ TEST(DDPTest, NoSyncAccumulatesWithoutCommunication) {
     }
     backward(loss_of(ddp(second)));
     for (const auto& [name, p] : model->named_parameters()) {
-      expect_close(p.grad(), reference->state_dict().at(name).grad(), "grad of " + name);
+      expect_close({.actual = p.grad(), .expected = reference->state_dict().at(name).grad(),
+                    .tol = kTol, .what = "grad of " + name});
     }
   });
 }
@@ -182,7 +189,8 @@ TEST(DDPTest, LocallyUnusedParameterAfterOptimizerZeroGradCountsAsZero) {
     backward(loss_of((*reference->unused)(u)));
     const Tensor expected = ops::mul(reference->unused->bias().grad(), 0.5);
     ASSERT_TRUE(model->unused->bias().grad().defined()) << "rank " << pg.rank();
-    expect_close(model->unused->bias().grad(), expected, "unused.bias grad");
+    expect_close({.actual = model->unused->bias().grad(), .expected = expected, .tol = kTol,
+                  .what = "unused.bias grad"});
   });
 }
 
@@ -237,7 +245,8 @@ TEST(DDPTest, TwoDimensionalDataAndTensorParallelMatchesOneRank) {
     backward(loss_of(ddp(mine)));
     for (const auto& [name, p] : model->named_parameters()) {
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
-      expect_close(grad, reference->state_dict().at(name).grad(), "grad of " + name);
+      expect_close({.actual = grad, .expected = reference->state_dict().at(name).grad(),
+                    .tol = kTol, .what = "grad of " + name});
     }
   });
 }

@@ -14,12 +14,15 @@
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
 using ::testing::HasSubstr;
 using comm::CollectiveKind;
+using testing::expect_close;
+using testing::Tolerance;
 
 class Mlp : public nn::Module {
  public:
@@ -32,14 +35,8 @@ class Mlp : public nn::Module {
 };
 
 // Sharded matmuls sum in a different order than the full one: allow f32 rounding (1e-5
-// relative on values of order 1).
-constexpr double kTol = 1e-5;
-
-void expect_near(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  ASSERT_EQ(a.size(), e.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], e[i], kTol * (1 + std::abs(e[i]))) << what << " at " << i;
-}
+// relative on values of order 1): |actual - expected| <= 1e-5 * (1 + |expected|).
+constexpr Tolerance kTol{.rtol = 1e-5, .atol = 1e-5};
 
 TEST(TensorParallelTest, ColwiseThenRowwiseMlpMatchesOneRank) {
   const Tensor x = ops::uniform({4, 8}, 5, -1.0, 1.0);
@@ -64,12 +61,14 @@ TEST(TensorParallelTest, ColwiseThenRowwiseMlpMatchesOneRank) {
         EXPECT_EQ(comm.total_count(), 1) << comm.summary();
       }
       EXPECT_FALSE(is_dtensor(out)) << "use_local_output returns plain tensors";
-      expect_near(out, ref_out, "output");
+      expect_close({.actual = out, .expected = ref_out, .tol = kTol, .what = "output"});
       backward(sum(mul(out, out)));
       for (const auto& [name, p] : model.named_parameters()) {
         ASSERT_TRUE(p.grad().defined()) << name;
         EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << name;
-        expect_near(full_tensor(p.grad()), reference.state_dict().at(name).grad(), "grad of " + name);
+        expect_close({.actual = full_tensor(p.grad()),
+                      .expected = reference.state_dict().at(name).grad(), .tol = kTol,
+                      .what = "grad of " + name});
       }
     });
   }
@@ -87,7 +86,8 @@ TEST(TensorParallelTest, ColwiseInputShardedOnRowsMatchesOneRank) {
     tp::parallelize_module(model, mesh,
                            {{"fc1", std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.input_layouts = Shard(0)})},
                             {"fc2", std::make_shared<tp::RowwiseParallel>()}});
-    expect_near(model(ops::narrow(x, 0, 2 * pg.rank(), 2)), ref_out, "output");
+    expect_close({.actual = model(ops::narrow(x, 0, 2 * pg.rank(), 2)), .expected = ref_out,
+                  .tol = kTol, .what = "output"});
   });
 }
 
@@ -158,13 +158,16 @@ TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
       EXPECT_EQ(comm.total_count(), 2) << comm.summary();
     }
     EXPECT_FALSE(is_dtensor(out));
-    expect_near(out, ops::narrow(ref_out, 1, 3 * pg.rank(), 3), "this rank's tokens of the output");
+    expect_close({.actual = out, .expected = ops::narrow(ref_out, 1, 3 * pg.rank(), 3), .tol = kTol,
+                  .what = "this rank's tokens of the output"});
     // Each rank's loss is its tokens' share: the gradients' collectives sum the shares.
     backward(sum(mul(out, out)));
     for (const auto& [name, p] : model.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
       EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << name;
-      expect_near(full_tensor(p.grad()), reference.state_dict().at(name).grad(), "grad of " + name);
+      expect_close({.actual = full_tensor(p.grad()),
+                    .expected = reference.state_dict().at(name).grad(), .tol = kTol,
+                    .what = "grad of " + name});
     }
   });
 }
@@ -199,7 +202,7 @@ TEST(TensorParallelTest, PrepareModuleOutputAndDTensorOutputs) {
     EXPECT_EQ(comm.count(CollectiveKind::kReduceScatter), 1) << comm.summary();
     EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 1) << comm.summary();
     EXPECT_FALSE(is_dtensor(out));
-    expect_near(out, ref_out, "output");
+    expect_close({.actual = out, .expected = ref_out, .tol = kTol, .what = "output"});
   });
 }
 
@@ -219,10 +222,11 @@ TEST(TensorParallelTest, VocabParallelEmbeddingWithOddVocabularyMatchesOneRank) 
     tp::parallelize_module(model, mesh, {{"emb", std::make_shared<tp::RowwiseParallel>()}});
     EXPECT_EQ(local_shard(model.emb->weight()).size(0), pg.rank() == 0 ? 4 : 3);  // rows 0-3 | 4-6
     const Tensor out = (*model.emb)(ids);
-    expect_near(out, ref_out, "lookup");
+    expect_close({.actual = out, .expected = ref_out, .tol = kTol, .what = "lookup"});
     backward(sum(mul(out, out)));
     EXPECT_EQ(dtensor_spec(model.emb->weight().grad()).placements, (Placements{Shard(0)}));
-    expect_near(full_tensor(model.emb->weight().grad()), reference.weight().grad(), "grad");
+    expect_close({.actual = full_tensor(model.emb->weight().grad()),
+                  .expected = reference.weight().grad(), .tol = kTol, .what = "grad"});
   });
 }
 

@@ -46,15 +46,20 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
     const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
     const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
-    expect_close(cpu.out, dev.out, tag + " out", 4.0);
-    expect_close(cpu.logsumexp, dev.logsumexp, tag + " logsumexp", 4.0);
+    expect_close({.actual = dev.out, .expected = cpu.out,
+                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0), .what = tag + " out"});
+    expect_close({.actual = dev.logsumexp, .expected = cpu.logsumexp,
+                  .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0), .what = tag + " logsumexp"});
     const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
                                                                causal);
     const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
                                                                dev.out, dev.logsumexp, causal);
-    expect_close(cg.dq, dg.dq, tag + " dq", 10.0);
-    expect_close(cg.dk, dg.dk, tag + " dk", 10.0);
-    expect_close(cg.dv, dg.dv, tag + " dv", 10.0);
+    expect_close({.actual = dg.dq, .expected = cg.dq, .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
+                  .what = tag + " dq"});
+    expect_close({.actual = dg.dk, .expected = cg.dk, .tol = kernel_tolerance(cg.dk.dtype(), 10.0),
+                  .what = tag + " dk"});
+    expect_close({.actual = dg.dv, .expected = cg.dv, .tol = kernel_tolerance(cg.dv.dtype(), 10.0),
+                  .what = tag + " dv"});
   }
 
   void compare_case(const Case& c, uint32_t seed) {

@@ -1,14 +1,12 @@
-// Helpers for the CPU-vs-CUDA kernel tests: moving tensors, random inputs and the comparison with
-// each dtype's stated tolerance.
+// Helpers for the CPU-vs-CUDA kernel tests: moving tensors, random inputs and each dtype's
+// tolerance.
 #pragma once
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-#include <string>
-
 #include "tensor/ops.h"
 #include "tests/tensor/tensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::testing {
 
@@ -20,39 +18,21 @@ inline Tensor random_tensor(const Shape& shape, uint32_t seed, DType dtype = kFl
   return ops::from_vector(random_floats(shape_numel(shape), seed, low, high), shape, dtype);
 }
 
-// Tolerances: both devices compute in f32 and round once, so f32 results differ only by
-// summation order and libm vs CUDA math (a few ulp): 1e-5 relative (1e-5 absolute near 0).
-// bf16 keeps 8 bits, so one rounding step apart is 2^-8 relative: 1e-2.
-struct Tolerance {
-  double rtol;
-  double atol;
-};
-inline Tolerance tolerance(DType dtype) {
+// The tolerance of a CUDA result against the CPU's, by the result's dtype (value checks:
+// tests/testing/tensor_checks.h, |actual - expected| <= atol + rtol * |expected|; NaN must match
+// NaN): both devices compute in f32 and round once, so f32 results differ only by summation order
+// and libm vs CUDA math (a few ulp): 1e-5 relative (1e-5 absolute near 0). bf16 keeps 8 bits, so
+// one rounding step apart is 2^-8 relative: 1e-2. Integers: exact. `slack` scales both for ops
+// that sum long rows.
+inline Tolerance kernel_tolerance(DType dtype, double slack = 1.0) {
+  double tol = 0;
   switch (dtype) {
-    case kFloat32: return {1e-5, 1e-5};
-    case kBFloat16: return {1e-2, 1e-2};
-    case kFloat16: return {2e-3, 2e-3};
-    default: return {0.0, 0.0};  // integers: exact
+    case kFloat32: tol = 1e-5; break;
+    case kBFloat16: tol = 1e-2; break;
+    case kFloat16: tol = 2e-3; break;
+    default: break;  // integers: exact
   }
-}
-
-// Expects `actual` (any device) to equal `expected` (CPU) in shape and dtype and in every value
-// within tolerance(dtype) (scaled by `slack` for ops that sum long rows); NaNs must match NaNs.
-inline void expect_close(const Tensor& expected, const Tensor& actual, const std::string& what,
-                         double slack = 1.0) {
-  ASSERT_EQ(shape_str(actual.shape()), shape_str(expected.shape())) << what;
-  ASSERT_EQ(dtype_name(actual.dtype()), dtype_name(expected.dtype())) << what;
-  const Values e = ops::to_vector(expected), a = ops::to_vector(actual);
-  const Tolerance tol = tolerance(expected.dtype());
-  int reported = 0;
-  for (size_t i = 0; i < e.size(); ++i) {
-    const bool both_nan = std::isnan(e[i]) && std::isnan(a[i]);
-    const double bound = slack * (tol.atol + tol.rtol * std::abs(e[i]));
-    if (!both_nan && !(std::abs(a[i] - e[i]) <= bound) && reported++ < 5) {
-      ADD_FAILURE() << what << ": element " << i << " is " << a[i] << " on CUDA, " << e[i]
-                    << " on CPU (bound " << bound << ")";
-    }
-  }
+  return {.rtol = slack * tol, .atol = slack * tol, .equal_nan = true};
 }
 
 // The floating dtypes the CUDA kernels are tested in.

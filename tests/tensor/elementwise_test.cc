@@ -21,33 +21,18 @@
 #include "base/error.h"
 #include "tensor/ops.h"
 #include "tests/tensor/tensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::ops {
 namespace {
 
 using testing::error_of;
+using testing::expect_close;
 using testing::fv;
 using testing::iota;
 using testing::Values;
 
 constexpr double kF32Ulp = 0x1.0p-23;
-
-void expect_close_to(const Tensor& got, const Values& want, double rel, const char* what,
-                     double abs_tol = 0.0) {
-  const Values g = to_vector(got);
-  ASSERT_EQ(g.size(), want.size()) << what;
-  for (size_t i = 0; i < g.size(); ++i) {
-    if (std::isnan(want[i])) {
-      EXPECT_TRUE(std::isnan(g[i])) << what << " at " << i;
-      continue;
-    }
-    if (std::isinf(want[i])) {
-      EXPECT_EQ(g[i], want[i]) << what << " at " << i;
-      continue;
-    }
-    EXPECT_NEAR(g[i], want[i], rel * std::abs(want[i]) + abs_tol) << what << " at " << i;
-  }
-}
 
 // ---- binary ops: values and broadcasting ----
 
@@ -222,7 +207,8 @@ TEST(UnaryTest, MatchesStdMathInDouble) {
     const bool is_gelu = std::string(c.name) == "gelu";
     const double rel = is_gelu ? 32 * kF32Ulp : 4 * kF32Ulp;
     const double abs_tol = is_gelu ? 1e-5 : 0.0;
-    expect_close_to(c.op(fv(c.inputs, shape)), want, rel, c.name, abs_tol);
+    expect_close({.actual = c.op(fv(c.inputs, shape)), .expected = want,
+                  .tol = {.rtol = rel, .atol = abs_tol, .equal_nan = true}, .what = c.name});
     // bf16 / f16: the input is rounded first, so compare with the reference at the rounded
     // input, allowing one output rounding (2^-8, 2^-11 relative) on top.
     for (DType dtype : {kBFloat16, kFloat16}) {
@@ -232,7 +218,9 @@ TEST(UnaryTest, MatchesStdMathInDouble) {
       const double out_ulp = dtype == kBFloat16 ? 0x1.0p-8 : 0x1.0p-11;
       const Tensor got = c.op(x);
       EXPECT_EQ(got.dtype(), dtype);
-      expect_close_to(got, want_rounded, out_ulp + rel, c.name, abs_tol);
+      expect_close({.actual = got, .expected = want_rounded,
+                    .tol = {.rtol = out_ulp + rel, .atol = abs_tol, .equal_nan = true},
+                    .what = c.name});
     }
   }
 }
@@ -241,17 +229,26 @@ TEST(UnaryTest, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Tensor x = fv({0.0f, -0.0f, inf, -inf, nan}, {5});
-  expect_close_to(exp(x), {1, 1, INFINITY, 0, NAN}, 0, "exp");
-  expect_close_to(log(fv({0.0f, -1.0f, inf}, {3})), {-INFINITY, NAN, INFINITY}, 0, "log");
-  expect_close_to(sqrt(fv({0.0f, -1.0f, inf}, {3})), {0, NAN, INFINITY}, 0, "sqrt");
-  expect_close_to(rsqrt(fv({0.0f, inf}, {2})), {INFINITY, 0}, 0, "rsqrt");
-  expect_close_to(tanh(fv({inf, -inf, 30.0f}, {3})), {1, -1, 1}, 0, "tanh");
+  expect_close({.actual = exp(x), .expected = {1, 1, INFINITY, 0, NAN}, .tol = {.equal_nan = true},
+                .what = "exp"});
+  expect_close({.actual = log(fv({0.0f, -1.0f, inf}, {3})), .expected = {-INFINITY, NAN, INFINITY},
+                .tol = {.equal_nan = true}, .what = "log"});
+  expect_close({.actual = sqrt(fv({0.0f, -1.0f, inf}, {3})), .expected = {0, NAN, INFINITY},
+                .tol = {.equal_nan = true}, .what = "sqrt"});
+  expect_close({.actual = rsqrt(fv({0.0f, inf}, {2})), .expected = {INFINITY, 0},
+                .tol = {.equal_nan = true}, .what = "rsqrt"});
+  expect_close({.actual = tanh(fv({inf, -inf, 30.0f}, {3})), .expected = {1, -1, 1},
+                .tol = {.equal_nan = true}, .what = "tanh"});
   // relu propagates NaN like torch.relu (and like maximum / max in this layer): a NaN
   // activation must not be silently turned into 0.
-  expect_close_to(relu(fv({-inf, inf, nan, -0.0f}, {4})), {0, INFINITY, NAN, 0}, 0, "relu");
-  expect_close_to(abs(fv({-inf, -0.0f, nan}, {3})), {INFINITY, 0, NAN}, 0, "abs");
-  expect_close_to(neg(fv({inf, nan}, {2})), {-INFINITY, NAN}, 0, "neg");
-  expect_close_to(gelu(fv({inf, nan}, {2})), {INFINITY, NAN}, 0, "gelu");
+  expect_close({.actual = relu(fv({-inf, inf, nan, -0.0f}, {4})), .expected = {0, INFINITY, NAN, 0},
+                .tol = {.equal_nan = true}, .what = "relu"});
+  expect_close({.actual = abs(fv({-inf, -0.0f, nan}, {3})), .expected = {INFINITY, 0, NAN},
+                .tol = {.equal_nan = true}, .what = "abs"});
+  expect_close({.actual = neg(fv({inf, nan}, {2})), .expected = {-INFINITY, NAN},
+                .tol = {.equal_nan = true}, .what = "neg"});
+  expect_close({.actual = gelu(fv({inf, nan}, {2})), .expected = {INFINITY, NAN},
+                .tol = {.equal_nan = true}, .what = "gelu"});
 }
 
 TEST(UnaryTest, IntegerSupport) {
@@ -273,19 +270,22 @@ TEST(UnaryTest, Pow) {
   EXPECT_EQ(to_vector(pow(x, 1.0)), to_vector(x));
   EXPECT_EQ(to_vector(pow(x, 0.0)), (Values{1, 1, 1, 1, 1}));
   const Tensor p = pow(narrow(x, 0, 0, 4), 0.5);
-  expect_close_to(p, {std::sqrt(0.5), 1, std::sqrt(2.0), std::sqrt(3.0)}, 4 * kF32Ulp, "pow 0.5");
-  expect_close_to(pow(narrow(x, 0, 0, 4), -1.5),
-                  {std::pow(0.5, -1.5), 1, std::pow(2.0, -1.5), std::pow(3.0, -1.5)}, 4 * kF32Ulp,
-                  "pow -1.5");
-  expect_close_to(pow(x, 3.0), {0.125, 1, 8, 27, -8}, 4 * kF32Ulp, "pow 3");
+  expect_close({.actual = p, .expected = {std::sqrt(0.5), 1, std::sqrt(2.0), std::sqrt(3.0)},
+                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow 0.5"});
+  expect_close({.actual = pow(narrow(x, 0, 0, 4), -1.5),
+                .expected = {std::pow(0.5, -1.5), 1, std::pow(2.0, -1.5), std::pow(3.0, -1.5)},
+                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow -1.5"});
+  expect_close({.actual = pow(x, 3.0), .expected = {0.125, 1, 8, 27, -8},
+                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow 3"});
   EXPECT_TRUE(std::isnan(to_vector(pow(fv({-2.0f}, {1}), 0.5))[0]));
 }
 
 TEST(UnaryTest, NonContiguousInput) {
   Tensor t = transpose(fv({1, 2, 3, 4, 5, 6}, {2, 3}), 0, 1);  // 1 4 / 2 5 / 3 6
-  expect_close_to(exp(t), {std::exp(1.0), std::exp(4.0), std::exp(2.0), std::exp(5.0), std::exp(3.0),
-                           std::exp(6.0)},
-                  4 * kF32Ulp, "exp transposed");
+  expect_close({.actual = exp(t),
+                .expected = {std::exp(1.0), std::exp(4.0), std::exp(2.0), std::exp(5.0),
+                             std::exp(3.0), std::exp(6.0)},
+                .tol = {.rtol = 4 * kF32Ulp}, .what = "exp transposed"});
   EXPECT_EQ(to_vector(neg(t)), (Values{-1, -4, -2, -5, -3, -6}));
   EXPECT_EQ(to_vector(relu(sub(t, 3.0))), (Values{0, 1, 0, 2, 0, 3}));
   EXPECT_EQ(exp(t).shape(), (Shape{3, 2}));
@@ -302,13 +302,15 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
   const Shape shape{static_cast<int64_t>(xs.size())};
   std::vector<float> grads(xs.size());
   for (size_t i = 0; i < xs.size(); ++i) grads[i] = 0.5f + 0.25f * static_cast<float>(i % 5);
-  const Values got = to_vector(gelu_backward(fv(grads, shape), fv(xs, shape)));
   const double h = 1e-4;
+  Values want;
   for (size_t i = 0; i < xs.size(); ++i) {
     const double x = xs[i];
     const double fd = (gelu_ref(x + h) - gelu_ref(x - h)) / (2 * h);
-    EXPECT_NEAR(got[i], grads[i] * fd, 1e-5) << "x = " << x;
+    want.push_back(grads[i] * fd);
   }
+  expect_close({.actual = gelu_backward(fv(grads, shape), fv(xs, shape)), .expected = want,
+                .tol = {.atol = 1e-5}, .what = "gelu_backward against central differences"});
   // Broadcasting grad, and the classic values: gelu'(0) = 0.5.
   Tensor g = gelu_backward(scalar_tensor(2.0), fv({0.0f}, {1}));
   EXPECT_EQ(g.shape(), Shape{1});
@@ -319,8 +321,9 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
 
 TEST(GeluTest, KnownValues) {
   // gelu(1) with the tanh approximation = 0.841191990..., gelu(-1) = -0.158808009...
-  expect_close_to(gelu(fv({1.0f, -1.0f, 0.0f}, {3})), {gelu_ref(1.0), gelu_ref(-1.0), 0}, 32 * kF32Ulp,
-                  "gelu", 1e-6);
+  expect_close({.actual = gelu(fv({1.0f, -1.0f, 0.0f}, {3})),
+                .expected = {gelu_ref(1.0), gelu_ref(-1.0), 0},
+                .tol = {.rtol = 32 * kF32Ulp, .atol = 1e-6}, .what = "gelu"});
   EXPECT_NEAR(gelu_ref(1.0), 0.8411919906, 1e-9);
 }
 

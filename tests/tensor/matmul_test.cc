@@ -18,11 +18,13 @@
 #include "base/error.h"
 #include "tensor/ops.h"
 #include "tests/tensor/tensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::ops {
 namespace {
 
 using testing::error_of;
+using testing::expect_close;
 using testing::random_floats;
 using testing::Values;
 
@@ -307,10 +309,9 @@ TEST(LinearTest, FusedBiasMatchesTheReference) {
 TEST(LinearTest, FusedAndComposedAgree) {
   // The fused GEMM adds the bias where the composed path adds it after: equal to rounding.
   const Tensor x = random_tensor({8, 16, 32}, 77), w = random_tensor({48, 32}, 78), b = random_tensor({48}, 79);
-  const Values fused = to_vector(linear(x, w, b));
-  const Values composed = to_vector(add(matmul(x, transpose(w, 0, 1)), b));
-  ASSERT_EQ(fused.size(), composed.size());
-  for (size_t i = 0; i < fused.size(); ++i) EXPECT_NEAR(fused[i], composed[i], 1e-5 * (std::abs(composed[i]) + 1)) << i;
+  expect_close({.actual = linear(x, w, b),
+                .expected = add(matmul(x, transpose(w, 0, 1)), b),
+                .tol = {.rtol = 1e-5, .atol = 1e-5}});
 }
 
 TEST(LinearTest, ZeroSizesAndErrors) {

@@ -29,6 +29,7 @@
 #include "tensor/ops.h"
 #include "tensor/ops_nn.h"
 #include "tests/tensor/tensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
@@ -36,6 +37,8 @@ namespace {
 using ::testing::HasSubstr;
 using Vec = std::vector<double>;
 using testing::error_of;
+using testing::expect_close;
+using testing::Tolerance;
 
 constexpr double kF32Tol = 1e-5;
 constexpr double kBf16Tol = 1e-2;
@@ -48,18 +51,8 @@ Tensor randn(const Shape& shape, uint64_t seed, DType dtype = kFloat32) {
 
 Vec vals(const Tensor& t) { return ops::to_vector(t); }
 
-// |a - e| <= tol * (1 + |e|) elementwise; NaN only where expected is NaN.
-void expect_close(const Vec& actual, const Vec& expected, double tol, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  for (size_t i = 0; i < actual.size(); ++i) {
-    if (std::isnan(expected[i])) {
-      EXPECT_TRUE(std::isnan(actual[i])) << what << " [" << i << "]";
-      continue;
-    }
-    EXPECT_NEAR(actual[i], expected[i], tol * (1.0 + std::abs(expected[i])))
-        << what << " [" << i << "]";
-  }
-}
+// |a - e| <= tol * (1 + |e|) elementwise (tol + tol * |e|); NaN only where NaN is expected.
+Tolerance abs_and_rel(double tol) { return {.rtol = tol, .atol = tol, .equal_nan = true}; }
 
 // ---- references (f64, naive loops over row-major values) ----
 
@@ -293,11 +286,13 @@ TEST(Softmax, ForwardAndBackwardMatchReference) {
       const int64_t dim = c.dim < 0 ? c.dim + static_cast<int64_t>(c.shape.size()) : c.dim;
       const Tensor y = log ? ops::log_softmax(x, c.dim) : ops::softmax(x, c.dim);
       EXPECT_EQ(y.shape(), c.shape);
-      expect_close(vals(y), ref_softmax(vals(x), c.shape, dim, log), kF32Tol, what);  // f32
+      expect_close({.actual = y, .expected = ref_softmax(vals(x), c.shape, dim, log),
+                    .tol = abs_and_rel(kF32Tol), .what = what});  // f32
       const Tensor dx =
           log ? ops::log_softmax_backward(g, y, c.dim) : ops::softmax_backward(g, y, c.dim);
-      expect_close(vals(dx), ref_softmax_backward(vals(g), vals(x), c.shape, dim, log), kF32Tol,
-                   what + " backward");  // f32
+      expect_close({.actual = dx,
+                    .expected = ref_softmax_backward(vals(g), vals(x), c.shape, dim, log),
+                    .tol = abs_and_rel(kF32Tol), .what = what + " backward"});  // f32
     }
   }
 }
@@ -309,9 +304,11 @@ TEST(Softmax, IsStableForLargeLogits) {
   // No inf/NaN: the max is subtracted before exp.
   for (double value : y) EXPECT_TRUE(std::isfinite(value));
   for (double value : ly) EXPECT_TRUE(std::isfinite(value));
-  expect_close(y, ref_softmax(vals(x), {1, 4}, 1, false), kF32Tol, "softmax");  // f32
+  expect_close({.actual = y, .expected = ref_softmax(vals(x), {1, 4}, 1, false),
+                .tol = abs_and_rel(kF32Tol), .what = "softmax"});  // f32
   // log_softmax = x - lse with |x| ~ 1e3: f32's ulp there is 6e-5, so 1e-4 (rel + abs).
-  expect_close(ly, ref_softmax(vals(x), {1, 4}, 1, true), 1e-4, "log_softmax");
+  expect_close({.actual = ly, .expected = ref_softmax(vals(x), {1, 4}, 1, true),
+                .tol = abs_and_rel(1e-4), .what = "log_softmax"});
 }
 
 TEST(Softmax, NonContiguousInput) {
@@ -321,11 +318,12 @@ TEST(Softmax, NonContiguousInput) {
   const Tensor g = ops::transpose(randn({5, 3}, 12), 0, 1);
   for (bool log : {false, true}) {
     const Tensor y = log ? ops::log_softmax(x, 1) : ops::softmax(x, 1);
-    expect_close(vals(y), ref_softmax(vals(x), {3, 5}, 1, log), kF32Tol, "forward");  // f32
+    expect_close({.actual = y, .expected = ref_softmax(vals(x), {3, 5}, 1, log),
+                  .tol = abs_and_rel(kF32Tol), .what = "forward"});  // f32
     const Tensor yt = ops::transpose(ops::contiguous(ops::transpose(y, 0, 1)), 0, 1);  // strided out
     const Tensor dx = log ? ops::log_softmax_backward(g, yt, 1) : ops::softmax_backward(g, yt, 1);
-    expect_close(vals(dx), ref_softmax_backward(vals(g), vals(x), {3, 5}, 1, log), kF32Tol,
-                 "backward");  // f32
+    expect_close({.actual = dx, .expected = ref_softmax_backward(vals(g), vals(x), {3, 5}, 1, log),
+                  .tol = abs_and_rel(kF32Tol), .what = "backward"});  // f32
   }
 }
 
@@ -336,12 +334,14 @@ TEST(Softmax, Bf16) {
     const Tensor y = log ? ops::log_softmax(x, 2) : ops::softmax(x, 2);
     EXPECT_EQ(y.dtype(), kBFloat16);
     // bf16: one rounding of the f32 result, tolerance kBf16Tol.
-    expect_close(vals(y), ref_softmax(vals(x), {2, 3, 7}, 2, log), kBf16Tol, "forward");
+    expect_close({.actual = y, .expected = ref_softmax(vals(x), {2, 3, 7}, 2, log),
+                  .tol = abs_and_rel(kBf16Tol), .what = "forward"});
     const Tensor dx = log ? ops::log_softmax_backward(g, y, 2) : ops::softmax_backward(g, y, 2);
     EXPECT_EQ(dx.dtype(), kBFloat16);
     // The backward reads the bf16-rounded y as well, hence a reference on the exact x and kBf16Tol.
-    expect_close(vals(dx), ref_softmax_backward(vals(g), vals(x), {2, 3, 7}, 2, log), kBf16Tol,
-                 "backward");
+    expect_close({.actual = dx,
+                  .expected = ref_softmax_backward(vals(g), vals(x), {2, 3, 7}, 2, log),
+                  .tol = abs_and_rel(kBf16Tol), .what = "backward"});
   }
 }
 
@@ -355,7 +355,8 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
     };
     const Tensor y = log ? ops::log_softmax(x, 1) : ops::softmax(x, 1);
     const Tensor dx = log ? ops::log_softmax_backward(g, y, 1) : ops::softmax_backward(g, y, 1);
-    expect_close(vals(dx), numeric_grad(x, f, vals(g)), kFdTol, "fd");  // central diff, see top
+    expect_close({.actual = dx, .expected = numeric_grad(x, f, vals(g)), .tol = abs_and_rel(kFdTol),
+                  .what = "fd"});  // central diff, see top
   }
 }
 
@@ -390,15 +391,21 @@ TEST(LayerNorm, ForwardAndBackwardMatchReference) {
     Shape stats(c.x.begin(), c.x.end() - c.normalized.size());
     EXPECT_EQ(r.mean.shape(), stats) << what;
     EXPECT_EQ(r.rstd.dtype(), kFloat32) << what;
-    expect_close(vals(r.out), ref.out, kF32Tol, what + " out");  // f32
-    expect_close(vals(r.mean), ref.mean, kF32Tol, what + " mean");
-    expect_close(vals(r.rstd), ref.rstd, kF32Tol, what + " rstd");
+    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kF32Tol),
+                  .what = what + " out"});  // f32
+    expect_close({.actual = r.mean, .expected = ref.mean, .tol = abs_and_rel(kF32Tol),
+                  .what = what + " mean"});
+    expect_close({.actual = r.rstd, .expected = ref.rstd, .tol = abs_and_rel(kF32Tol),
+                  .what = what + " rstd"});
     auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, c.normalized);
-    expect_close(vals(grads.grad_x), ref.dx, kF32Tol, what + " dx");  // f32
+    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kF32Tol),
+                  .what = what + " dx"});  // f32
     if (c.affine) {
       EXPECT_EQ(grads.grad_weight.shape(), c.normalized);
-      expect_close(vals(grads.grad_weight), ref.dw, kF32Tol, what + " dw");
-      expect_close(vals(grads.grad_bias), ref.db, kF32Tol, what + " db");
+      expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kF32Tol),
+                    .what = what + " dw"});
+      expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kF32Tol),
+                    .what = what + " db"});
     } else {
       EXPECT_FALSE(grads.grad_weight.defined()) << what;
       EXPECT_FALSE(grads.grad_bias.defined()) << what;
@@ -418,11 +425,15 @@ TEST(LayerNorm, NonContiguousAndBf16) {
   {
     auto r = ops::layer_norm(x, {7}, w, b, 1e-5);
     const auto ref = ref_layer_norm(vals(x), 3, 7, &wv, &bv, 1e-5, &gv);
-    expect_close(vals(r.out), ref.out, kF32Tol, "out");  // f32
+    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kF32Tol),
+                  .what = "out"});  // f32
     auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, {7});
-    expect_close(vals(grads.grad_x), ref.dx, kF32Tol, "dx");
-    expect_close(vals(grads.grad_weight), ref.dw, kF32Tol, "dw");
-    expect_close(vals(grads.grad_bias), ref.db, kF32Tol, "db");
+    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kF32Tol),
+                  .what = "dx"});
+    expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kF32Tol),
+                  .what = "dw"});
+    expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kF32Tol),
+                  .what = "db"});
   }
   {
     const Tensor xb = ops::to(x, kBFloat16), wb = ops::to(w, kBFloat16), bb = ops::to(b, kBFloat16);
@@ -433,12 +444,16 @@ TEST(LayerNorm, NonContiguousAndBf16) {
     EXPECT_EQ(r.mean.dtype(), kFloat32);
     const auto ref = ref_layer_norm(vals(xb), 3, 7, &wbv, &bbv, 1e-5, &gbv);
     // bf16: inputs exact, one rounding of each result: kBf16Tol.
-    expect_close(vals(r.out), ref.out, kBf16Tol, "bf16 out");
+    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kBf16Tol),
+                  .what = "bf16 out"});
     auto grads = ops::layer_norm_backward(gb, xb, r.mean, r.rstd, wb, {7});
     EXPECT_EQ(grads.grad_weight.dtype(), kBFloat16);
-    expect_close(vals(grads.grad_x), ref.dx, kBf16Tol, "bf16 dx");
-    expect_close(vals(grads.grad_weight), ref.dw, kBf16Tol, "bf16 dw");
-    expect_close(vals(grads.grad_bias), ref.db, kBf16Tol, "bf16 db");
+    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kBf16Tol),
+                  .what = "bf16 dx"});
+    expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kBf16Tol),
+                  .what = "bf16 dw"});
+    expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kBf16Tol),
+                  .what = "bf16 db"});
   }
 }
 
@@ -451,18 +466,24 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   auto r = ops::layer_norm(x, {5}, w, b, 1e-5);
   auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, {5});
   // Central differences, kFdTol (see top), with respect to x, weight and bias.
-  expect_close(vals(grads.grad_x),
-               numeric_grad(x, [&](const Tensor& t) { return vals(ops::layer_norm(t, {5}, w, b, 1e-5).out); },
-                            vals(g)),
-               kFdTol, "dx");
-  expect_close(vals(grads.grad_weight),
-               numeric_grad(w, [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, t, b, 1e-5).out); },
-                            vals(g)),
-               kFdTol, "dw");
-  expect_close(vals(grads.grad_bias),
-               numeric_grad(b, [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, w, t, 1e-5).out); },
-                            vals(g)),
-               kFdTol, "db");
+  expect_close({.actual = grads.grad_x,
+                .expected = numeric_grad(
+                    x,
+                    [&](const Tensor& t) { return vals(ops::layer_norm(t, {5}, w, b, 1e-5).out); },
+                    vals(g)),
+                .tol = abs_and_rel(kFdTol), .what = "dx"});
+  expect_close({.actual = grads.grad_weight,
+                .expected = numeric_grad(
+                    w,
+                    [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, t, b, 1e-5).out); },
+                    vals(g)),
+                .tol = abs_and_rel(kFdTol), .what = "dw"});
+  expect_close({.actual = grads.grad_bias,
+                .expected = numeric_grad(
+                    b,
+                    [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, w, t, 1e-5).out); },
+                    vals(g)),
+                .tol = abs_and_rel(kFdTol), .what = "db"});
 }
 
 // ================================ embedding ================================
@@ -490,7 +511,8 @@ TEST(Embedding, ForwardAndBackwardMatchReference) {
     const Tensor grad_w = ops::embedding_backward(g, indices, v);
     EXPECT_EQ(grad_w.shape(), (Shape{v, c}));
     // f32 sums of at most two terms: kF32Tol.
-    expect_close(vals(grad_w), dw, kF32Tol, "scatter-add");
+    expect_close({.actual = grad_w, .expected = dw, .tol = abs_and_rel(kF32Tol),
+                  .what = "scatter-add"});
   }
 }
 
@@ -517,7 +539,8 @@ TEST(Embedding, NonContiguousWeightAndBf16) {
   }
   const Tensor gw = ops::embedding_backward(g, indices, 5);
   EXPECT_EQ(gw.dtype(), kBFloat16);
-  expect_close(vals(gw), dw, kBf16Tol, "bf16 scatter-add");
+  expect_close({.actual = gw, .expected = dw, .tol = abs_and_rel(kBf16Tol),
+                .what = "bf16 scatter-add"});
 }
 
 // ================================ cross entropy ================================
@@ -535,30 +558,35 @@ TEST(CrossEntropy, ForwardAndBackwardMatchReference) {
     for (auto red : {ops::Reduction::kNone, ops::Reduction::kMean, ops::Reduction::kSum}) {
       const std::string what = fmt::format("ignore {} reduction {}", ignore, static_cast<int>(red));
       auto r = ops::cross_entropy(logits, targets, ignore, red);
-      expect_close(vals(r.logsumexp), ref.lse, kF32Tol, what + " lse");  // f32
+      expect_close({.actual = r.logsumexp, .expected = ref.lse, .tol = abs_and_rel(kF32Tol),
+                    .what = what + " lse"});  // f32
       Vec row_scale(n, 0.0);
       Tensor grad_loss;
       if (red == ops::Reduction::kNone) {
         EXPECT_EQ(r.loss.shape(), Shape{n});
-        expect_close(vals(r.loss), ref.losses, kF32Tol, what);
+        expect_close({.actual = r.loss, .expected = ref.losses, .tol = abs_and_rel(kF32Tol),
+                      .what = what});
         grad_loss = randn({n}, 502);
         row_scale = vals(grad_loss);
       } else {
         EXPECT_EQ(r.loss.shape(), Shape{});
         const double expected =
             red == ops::Reduction::kSum ? ref.sum : ref.sum / static_cast<double>(ref.count);
-        expect_close(vals(r.loss), {expected}, kF32Tol, what);
+        expect_close({.actual = r.loss, .expected = {expected}, .tol = abs_and_rel(kF32Tol),
+                      .what = what});
         grad_loss = ops::scalar_tensor(0.7);
         const double s = red == ops::Reduction::kSum ? 0.7 : 0.7 / static_cast<double>(ref.count);
         row_scale.assign(n, s);
       }
       const Vec expected_grad = ref_cross_entropy_backward(x, t, v, ignore, row_scale);
       // f32 softmax minus one-hot, times the scale: kF32Tol; with and without the saved lse.
-      expect_close(vals(ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red,
-                                                    r.logsumexp)),
-                   expected_grad, kF32Tol, what + " backward");
-      expect_close(vals(ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red)),
-                   expected_grad, kF32Tol, what + " backward (lse recomputed)");
+      expect_close({.actual = ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red,
+                                                          r.logsumexp),
+                    .expected = expected_grad, .tol = abs_and_rel(kF32Tol),
+                    .what = what + " backward"});
+      expect_close({.actual = ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red),
+                    .expected = expected_grad, .tol = abs_and_rel(kF32Tol),
+                    .what = what + " backward (lse recomputed)"});
     }
   }
 }
@@ -583,22 +611,25 @@ TEST(CrossEntropy, NonContiguousBf16AndInt32Targets) {
   const Tensor targets = ops::to(ops::from_vector_i64(t, {5}), kInt32);
   auto r = ops::cross_entropy(logits, targets);
   const auto ref = ref_cross_entropy(vals(logits), t, 7, -100);
-  expect_close(vals(r.loss), {ref.sum / ref.count}, kF32Tol, "f32 strided");  // f32
+  expect_close({.actual = r.loss, .expected = {ref.sum / ref.count}, .tol = abs_and_rel(kF32Tol),
+                .what = "f32 strided"});  // f32
   const Vec dref = ref_cross_entropy_backward(vals(logits), t, 7, -100, Vec(5, 1.0 / ref.count));
-  expect_close(vals(ops::cross_entropy_backward(ops::scalar_tensor(1.0), logits, targets)), dref,
-               kF32Tol, "f32 strided backward");
+  expect_close({.actual = ops::cross_entropy_backward(ops::scalar_tensor(1.0), logits, targets),
+                .expected = dref, .tol = abs_and_rel(kF32Tol), .what = "f32 strided backward"});
 
   const Tensor lb = ops::to(logits, kBFloat16);
   auto rb = ops::cross_entropy(lb, targets);
   EXPECT_EQ(rb.loss.dtype(), kBFloat16);
   const auto refb = ref_cross_entropy(vals(lb), t, 7, -100);
   // bf16: exact inputs, one rounding of the result: kBf16Tol.
-  expect_close(vals(rb.loss), {refb.sum / refb.count}, kBf16Tol, "bf16");
+  expect_close({.actual = rb.loss, .expected = {refb.sum / refb.count},
+                .tol = abs_and_rel(kBf16Tol), .what = "bf16"});
   const Vec drefb = ref_cross_entropy_backward(vals(lb), t, 7, -100, Vec(5, 1.0 / refb.count));
   const Tensor db = ops::cross_entropy_backward(ops::scalar_tensor(1.0), lb, targets, -100,
                                                 ops::Reduction::kMean, rb.logsumexp);
   EXPECT_EQ(db.dtype(), kBFloat16);
-  expect_close(vals(db), drefb, kBf16Tol, "bf16 backward");
+  expect_close({.actual = db, .expected = drefb, .tol = abs_and_rel(kBf16Tol),
+                .what = "bf16 backward"});
 }
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
@@ -609,8 +640,9 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
     auto f = [&](const Tensor& t) { return vals(ops::cross_entropy(t, targets, -100, red).loss); };
     const Tensor d = ops::cross_entropy_backward(grad_loss, logits, targets, -100, red);
     // Central differences, kFdTol (see top).
-    expect_close(vals(d), numeric_grad(logits, f, vals(grad_loss)), kFdTol,
-                 fmt::format("reduction {}", static_cast<int>(red)));
+    expect_close({.actual = d, .expected = numeric_grad(logits, f, vals(grad_loss)),
+                  .tol = abs_and_rel(kFdTol),
+                  .what = fmt::format("reduction {}", static_cast<int>(red))});
   }
 }
 
@@ -638,14 +670,19 @@ void check_attention_case(const AttnCase& c, uint64_t seed, DType dtype, double 
   auto r = ops::scaled_dot_product_attention(q, k, v, c.causal, c.scale);
   EXPECT_EQ(r.out.shape(), out_shape) << what;
   EXPECT_EQ(r.out.dtype(), dtype) << what;
-  expect_close(vals(r.out), ref.out, tol, what + " out");
-  expect_close(vals(r.logsumexp), ref.lse, tol, what + " lse");
+  expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(tol),
+                .what = what + " out"});
+  expect_close({.actual = r.logsumexp, .expected = ref.lse, .tol = abs_and_rel(tol),
+                .what = what + " lse"});
   auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, r.out, r.logsumexp, c.causal,
                                                           c.scale);
   EXPECT_EQ(grads.dk.shape(), c.k) << what;
-  expect_close(vals(grads.dq), ref.dq, tol, what + " dq");
-  expect_close(vals(grads.dk), ref.dk, tol, what + " dk");
-  expect_close(vals(grads.dv), ref.dv, tol, what + " dv");
+  expect_close({.actual = grads.dq, .expected = ref.dq, .tol = abs_and_rel(tol),
+                .what = what + " dq"});
+  expect_close({.actual = grads.dk, .expected = ref.dk, .tol = abs_and_rel(tol),
+                .what = what + " dk"});
+  expect_close({.actual = grads.dv, .expected = ref.dv, .tol = abs_and_rel(tol),
+                .what = what + " dv"});
 }
 
 const std::vector<AttnCase>& attention_cases() {
@@ -690,11 +727,12 @@ TEST(Attention, NonContiguousInputs) {
   for (bool causal : {false, true}) {
     const auto ref = ref_attention(vals(q), vals(k), vals(v), 4, 5, 5, 4, 4, causal, 0.5, &gv);
     auto r = ops::scaled_dot_product_attention(q, k, v, causal);
-    expect_close(vals(r.out), ref.out, 2e-5, "out");  // f32, as above
+    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(2e-5),
+                  .what = "out"});  // f32, as above
     auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, r.out, r.logsumexp, causal);
-    expect_close(vals(grads.dq), ref.dq, 2e-5, "dq");
-    expect_close(vals(grads.dk), ref.dk, 2e-5, "dk");
-    expect_close(vals(grads.dv), ref.dv, 2e-5, "dv");
+    expect_close({.actual = grads.dq, .expected = ref.dq, .tol = abs_and_rel(2e-5), .what = "dq"});
+    expect_close({.actual = grads.dk, .expected = ref.dk, .tol = abs_and_rel(2e-5), .what = "dk"});
+    expect_close({.actual = grads.dv, .expected = ref.dv, .tol = abs_and_rel(2e-5), .what = "dv"});
   }
 }
 
@@ -719,12 +757,15 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       return vals(ops::scaled_dot_product_attention(a, b, c, causal).out);
     };
     // Central differences, kFdTol (see top).
-    expect_close(vals(grads.dq), numeric_grad(q, [&](const Tensor& t) { return sdpa(t, k, v); }, w),
-                 kFdTol, "dq");
-    expect_close(vals(grads.dk), numeric_grad(k, [&](const Tensor& t) { return sdpa(q, t, v); }, w),
-                 kFdTol, "dk");
-    expect_close(vals(grads.dv), numeric_grad(v, [&](const Tensor& t) { return sdpa(q, k, t); }, w),
-                 kFdTol, "dv");
+    expect_close({.actual = grads.dq,
+                  .expected = numeric_grad(q, [&](const Tensor& t) { return sdpa(t, k, v); }, w),
+                  .tol = abs_and_rel(kFdTol), .what = "dq"});
+    expect_close({.actual = grads.dk,
+                  .expected = numeric_grad(k, [&](const Tensor& t) { return sdpa(q, t, v); }, w),
+                  .tol = abs_and_rel(kFdTol), .what = "dk"});
+    expect_close({.actual = grads.dv,
+                  .expected = numeric_grad(v, [&](const Tensor& t) { return sdpa(q, k, t); }, w),
+                  .tol = abs_and_rel(kFdTol), .what = "dv"});
   }
 }
 
@@ -744,7 +785,8 @@ TEST(Dropout, MasksAndScalesDeterministically) {
     kept += mv[i];
     expected[i] = xv[i] * mv[i] / (1.0 - p);
   }
-  expect_close(ov, expected, kF32Tol, "out");  // one f32 multiply: kF32Tol
+  // One f32 multiply: kF32Tol.
+  expect_close({.actual = ov, .expected = expected, .tol = abs_and_rel(kF32Tol), .what = "out"});
   // 2000 Bernoulli(0.7) draws: std of the mean is 0.01, so +-0.05 is a 5-sigma bound.
   EXPECT_NEAR(kept / xv.size(), 1.0 - p, 0.05);
   // Same seed, same mask; another seed, another mask.
@@ -755,7 +797,8 @@ TEST(Dropout, MasksAndScalesDeterministically) {
   const Vec gv = vals(g);
   Vec dg(gv.size());
   for (size_t i = 0; i < gv.size(); ++i) dg[i] = gv[i] * mv[i] / (1.0 - p);
-  expect_close(vals(ops::dropout_backward(g, r.mask, p)), dg, kF32Tol, "backward");
+  expect_close({.actual = ops::dropout_backward(g, r.mask, p), .expected = dg,
+                .tol = abs_and_rel(kF32Tol), .what = "backward"});
 }
 
 TEST(Dropout, IdentityAndZeroCasesAndBf16) {
@@ -776,7 +819,8 @@ TEST(Dropout, IdentityAndZeroCasesAndBf16) {
   const Vec xv = vals(xb), mv = vals(rb.mask);
   Vec expected(xv.size());
   for (size_t i = 0; i < xv.size(); ++i) expected[i] = xv[i] * mv[i] / 0.75;
-  expect_close(vals(rb.out), expected, kBf16Tol, "bf16");  // one bf16 rounding: kBf16Tol
+  expect_close({.actual = rb.out, .expected = expected, .tol = abs_and_rel(kBf16Tol),
+                .what = "bf16"});  // one bf16 rounding: kBf16Tol
 }
 
 // ================================ table and dispatch ================================

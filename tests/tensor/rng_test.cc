@@ -14,11 +14,13 @@
 #include "base/error.h"
 #include "tensor/ops.h"
 #include "tests/tensor/tensor_test_util.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
 using testing::error_of;
+using testing::expect_close;
 
 using Block = std::array<uint32_t, 4>;
 
@@ -77,8 +79,10 @@ TEST(RngTest, DeterministicAndSeedDependent) {
   const std::vector<double> longer = ops::to_vector(ops::normal({2000}, 1));
   EXPECT_EQ(std::vector<double>(longer.begin(), longer.begin() + 1000), a);
   // mean/std are applied after sampling: normal(m, s) == m + s * normal(0, 1), to f32 rounding.
-  const std::vector<double> shifted = ops::to_vector(ops::normal({1000}, 1, 3.0, 0.5));
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(shifted[i], 3.0 + 0.5 * a[i], 1e-5) << i;
+  std::vector<double> expected;
+  for (double v : a) expected.push_back(3.0 + 0.5 * v);
+  expect_close({.actual = ops::normal({1000}, 1, 3.0, 0.5), .expected = expected,
+                .tol = {.atol = 1e-5}, .what = "normal(3, 0.5)"});
 }
 
 struct SliceCase {

@@ -6,7 +6,6 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -19,6 +18,7 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/split.h"
 #include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom::pipeline::testing {
 
@@ -65,17 +65,6 @@ inline Reference reference_step(const Tensor& inputs, const Tensor& targets) {
   return ref;
 }
 
-// Largest |actual - expected| over the tensor, relative to the tensor's largest |expected|.
-inline double relative_error(const Tensor& actual, const Tensor& expected) {
-  const auto a = ops::to_vector(actual), e = ops::to_vector(expected);
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(a[i] - e[i]));
-    scale = std::max(scale, std::abs(e[i]));
-  }
-  return diff / scale;
-}
-
 // This rank's stages of `schedule`, the layers split evenly over its stages; `make_stage` wraps
 // a stage's module (default: a PipelineStage on `pg`).
 using StageFactory =
@@ -92,7 +81,8 @@ inline std::vector<std::shared_ptr<PipelineStage>> build_stages(const Schedule& 
 
 // Runs one step (gradients zeroed first; the inputs given to the first stage's rank and the
 // targets to the last's only) and checks the loss and this rank's gradients against `ref`:
-// f32 sums in another order (per microbatch, then accumulated), so 1e-5 relative.
+// f32 sums in another order (per microbatch, then accumulated), so 1e-5 relative (to each
+// gradient's largest magnitude).
 inline void expect_step_matches(PipelineExecutor& executor,
                                 const std::vector<std::shared_ptr<PipelineStage>>& stages,
                                 int pp_rank, const Tensor& inputs, const Tensor& targets,
@@ -106,7 +96,11 @@ inline void expect_step_matches(PipelineExecutor& executor,
   for (const auto& stage : stages) {
     for (const auto& [name, param] : stage->module().named_parameters()) {
       ASSERT_TRUE(param.grad().defined()) << name;
-      EXPECT_LE(relative_error(param.grad(), ref.grads.at(name)), 1e-5) << "grad of " << name;
+      loom::testing::expect_close(
+          {.actual = param.grad(),
+           .expected = ref.grads.at(name),
+           .tol = {.rtol = 1e-5, .relative_to = loom::testing::RelativeTo::kLargest},
+           .what = "grad of " + name});
     }
   }
 }

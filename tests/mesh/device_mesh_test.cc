@@ -14,7 +14,7 @@
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "tensor/ops.h"
-#include "tests/dtensor/dtensor_test_util.h"
+#include "tests/mesh/mesh_test_util.h"
 
 namespace loom {
 namespace {
