@@ -21,8 +21,10 @@ const FormulaTable& formulas() {
     register_nn_formulas(t);
     const auto missing =
         t.missing([](const OpInfo& info) { return info.grad == OpGrad::kDifferentiable; });
-    LOOM_INTERNAL_ASSERT(!missing, "op '{}' is kDifferentiable (tensor/op_list.h) but has no "
-                         "autograd formula", op_name(*missing));
+    LOOM_INTERNAL_ASSERT(!missing,
+                         "op '{}' is kDifferentiable (tensor/op_list.h) but has no "
+                         "autograd formula",
+                         op_name(*missing));
     for (const OpInfo& info : all_ops()) {
       LOOM_INTERNAL_ASSERT(info.grad == OpGrad::kDifferentiable || !t[info.id],
                            "op '{}' is kNoGrad (tensor/op_list.h) but has an autograd formula",

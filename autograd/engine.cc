@@ -48,12 +48,14 @@ thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 
 namespace autograd {
 void queue_backward_callback(std::function<void()> callback) {
-  LOOM_CHECK(pending_callbacks != nullptr, "queue_backward_callback: no backward pass is running on this thread");
+  LOOM_CHECK(pending_callbacks != nullptr,
+             "queue_backward_callback: no backward pass is running on this thread");
   pending_callbacks->push_back(std::move(callback));
 }
 }  // namespace autograd
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads, bool retain_graph) {
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
   LOOM_CHECK(roots.size() == grads.size(), "backward: got {} roots but {} seed gradients",
              roots.size(), grads.size());
   // Backward formulas run plain ops; nothing inside records a graph.

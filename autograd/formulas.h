@@ -30,8 +30,8 @@ void register_nn_formulas(FormulaTable& table);
 inline std::vector<Tensor> record_first(const char* name, const OpCall& call,
                                         std::vector<Tensor> outputs,
                                         FunctionNode::Backward backward) {
-  outputs[0] = record(name, std::span<const Tensor>(call.inputs), {outputs[0]},
-                      std::move(backward))[0];
+  outputs[0] =
+      record(name, std::span<const Tensor>(call.inputs), {outputs[0]}, std::move(backward))[0];
   return outputs;
 }
 

@@ -28,34 +28,30 @@ void register_elementwise_formulas(FormulaTable& f) {
                         });
   };
   f[OpId::mul] = [](C c, Outs out) {
-    return record_first("MulBackward", c, std::move(out),
-                        [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
-                          return Grads{
-                              a.requires_grad() ? ops::sum_to(ops::mul(g[0], b), a.shape()) : Tensor(),
-                              b.requires_grad() ? ops::sum_to(ops::mul(g[0], a), b.shape()) : Tensor()};
-                        });
+    return record_first(
+        "MulBackward", c, std::move(out), [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
+          return Grads{a.requires_grad() ? ops::sum_to(ops::mul(g[0], b), a.shape()) : Tensor(),
+                       b.requires_grad() ? ops::sum_to(ops::mul(g[0], a), b.shape()) : Tensor()};
+        });
   };
   f[OpId::div] = [](C c, Outs out) {
-    return record_first("DivBackward", c, std::move(out),
-                        [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
-                          Tensor grad_a = ops::div(g[0], b);
-                          Tensor grad_b = b.requires_grad()
-                                              ? ops::neg(ops::div(ops::mul(grad_a, a), b))
-                                              : Tensor();
-                          return Grads{ops::sum_to(grad_a, a.shape()),
-                                       grad_b.defined() ? ops::sum_to(grad_b, b.shape()) : Tensor()};
-                        });
+    return record_first(
+        "DivBackward", c, std::move(out), [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
+          Tensor grad_a = ops::div(g[0], b);
+          Tensor grad_b = b.requires_grad() ? ops::neg(ops::div(ops::mul(grad_a, a), b)) : Tensor();
+          return Grads{ops::sum_to(grad_a, a.shape()),
+                       grad_b.defined() ? ops::sum_to(grad_b, b.shape()) : Tensor()};
+        });
   };
   // torch's rule: the larger input takes the gradient; on a tie each takes half.
   f[OpId::maximum] = [](C c, Outs out) {
-    return record_first("MaximumBackward", c, std::move(out),
-                        [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
-                          const Tensor zero = zero_like_scalar(g[0]);
-                          const Tensor tie = ops::where(ops::eq(a, b), ops::mul(g[0], 0.5), g[0]);
-                          return Grads{
-                              ops::sum_to(ops::where(ops::gt(b, a), zero, tie), a.shape()),
-                              ops::sum_to(ops::where(ops::gt(a, b), zero, tie), b.shape())};
-                        });
+    return record_first(
+        "MaximumBackward", c, std::move(out), [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
+          const Tensor zero = zero_like_scalar(g[0]);
+          const Tensor tie = ops::where(ops::eq(a, b), ops::mul(g[0], 0.5), g[0]);
+          return Grads{ops::sum_to(ops::where(ops::gt(b, a), zero, tie), a.shape()),
+                       ops::sum_to(ops::where(ops::gt(a, b), zero, tie), b.shape())};
+        });
   };
   f[OpId::add_scalar] = [](C c, Outs out) {
     return record_first("AddBackward", c, std::move(out),
@@ -115,12 +111,12 @@ void register_elementwise_formulas(FormulaTable& f) {
     });
   };
   f[OpId::pow] = [](C c, Outs out) {
-    return record_first("PowBackward", c, std::move(out),
-                        [a = c.inputs[0], exponent = c.double_attr(0)](const Grads& g) {
-                          if (exponent == 0.0) return Grads{ops::zeros_like(g[0])};
-                          return Grads{ops::mul(ops::mul(g[0], ops::pow(a, exponent - 1.0)),
-                                                exponent)};
-                        });
+    return record_first(
+        "PowBackward", c, std::move(out),
+        [a = c.inputs[0], exponent = c.double_attr(0)](const Grads& g) {
+          if (exponent == 0.0) return Grads{ops::zeros_like(g[0])};
+          return Grads{ops::mul(ops::mul(g[0], ops::pow(a, exponent - 1.0)), exponent)};
+        });
   };
   f[OpId::relu] = [](C c, Outs out) {
     return record_first("ReluBackward", c, out, [y = out[0]](const Grads& g) {
@@ -134,13 +130,13 @@ void register_elementwise_formulas(FormulaTable& f) {
   };
   // Inputs (cond, a, b): cond takes no gradient.
   f[OpId::where] = [](C c, Outs out) {
-    return record_first("WhereBackward", c, std::move(out),
-                        [cond = c.inputs[0], sa = c.inputs[1].shape(),
-                         sb = c.inputs[2].shape()](const Grads& g) {
-                          const Tensor zero = zero_like_scalar(g[0]);
-                          return Grads{Tensor(), ops::sum_to(ops::where(cond, g[0], zero), sa),
-                                       ops::sum_to(ops::where(cond, zero, g[0]), sb)};
-                        });
+    return record_first(
+        "WhereBackward", c, std::move(out),
+        [cond = c.inputs[0], sa = c.inputs[1].shape(), sb = c.inputs[2].shape()](const Grads& g) {
+          const Tensor zero = zero_like_scalar(g[0]);
+          return Grads{Tensor(), ops::sum_to(ops::where(cond, g[0], zero), sa),
+                       ops::sum_to(ops::where(cond, zero, g[0]), sb)};
+        });
   };
   // Inputs (self, mask): the mask takes no gradient.
   f[OpId::masked_fill] = [](C c, Outs out) {

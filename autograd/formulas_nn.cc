@@ -47,21 +47,21 @@ void register_nn_formulas(FormulaTable& f) {
         "CrossEntropyBackward", c, out,
         [logits = c.inputs[0], targets = c.inputs[1], ignore_index = c.int_attr(0),
          reduction = static_cast<Reduction>(c.int_attr(1)), lse = out[1]](const Grads& g) {
-          return Grads{ops::cross_entropy_backward(g[0], logits, targets, ignore_index,
-                                                   reduction, lse),
-                       Tensor()};
+          return Grads{
+              ops::cross_entropy_backward(g[0], logits, targets, ignore_index, reduction, lse),
+              Tensor()};
         });
   };
   // Inputs (q, k, v), attrs (is_causal, scale); outputs (out, logsumexp).
   f[OpId::scaled_dot_product_attention] = [](C c, Outs out) {
-    return record_first("ScaledDotProductAttentionBackward", c, out,
-                        [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0],
-                         lse = out[1], is_causal = c.bool_attr(0),
-                         scale = c.double_attr(1)](const Grads& g) {
-                          ops::AttentionGrads grads = ops::scaled_dot_product_attention_backward(
-                              g[0], q, k, v, y, lse, is_causal, scale);
-                          return Grads{grads.dq, grads.dk, grads.dv};
-                        });
+    return record_first(
+        "ScaledDotProductAttentionBackward", c, out,
+        [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0], lse = out[1],
+         is_causal = c.bool_attr(0), scale = c.double_attr(1)](const Grads& g) {
+          ops::AttentionGrads grads =
+              ops::scaled_dot_product_attention_backward(g[0], q, k, v, y, lse, is_causal, scale);
+          return Grads{grads.dq, grads.dk, grads.dv};
+        });
   };
   // Attrs (p, seed, training); outputs (out, mask). No mask: x came back unchanged.
   f[OpId::dropout] = [](C c, Outs out) {

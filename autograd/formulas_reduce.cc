@@ -64,41 +64,38 @@ void register_reduction_formulas(FormulaTable& f) {
     return record_first("MaxBackward", c, out,
                         [dim, keepdim = c.bool_attr(1), indices = out[1],
                          shape = c.inputs[0].shape()](const Grads& g) {
-                          return Grads{
-                              ops::max_dim_backward(g[0], indices, shape, dim, keepdim)};
+                          return Grads{ops::max_dim_backward(g[0], indices, shape, dim, keepdim)};
                         });
   };
   // dA = dC @ B^T, dB = A^T @ dC (the transposes are views the GEMM takes as flags), summed
   // over broadcast batch dims. A 1-D operand is treated as the matrix matmul promotes it to, and
   // its gradient reshaped back.
   f[OpId::matmul] = [](C c, Outs out) {
-    return record_first("MatmulBackward", c, std::move(out),
-                        [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
-                          const bool promoted = a.dim() == 1 || b.dim() == 1;
-                          const Tensor a2 = as_matrix(a, true), b2 = as_matrix(b, false);
-                          Tensor g2 = g[0];
-                          if (promoted) {
-                            // The promoted product's shape: broadcast batch dims, then (M, N).
-                            Shape product = broadcast_shapes(
-                                Shape(a2.shape().begin(), a2.shape().end() - 2),
-                                Shape(b2.shape().begin(), b2.shape().end() - 2), "matmul");
-                            product.push_back(a2.size(-2));
-                            product.push_back(b2.size(-1));
-                            g2 = ops::reshape(g2, product);
-                          }
-                          Tensor grad_a, grad_b;
-                          if (a.requires_grad()) {
-                            grad_a = ops::sum_to(ops::matmul(g2, ops::transpose(b2, -1, -2)),
-                                                 a2.shape());
-                            if (promoted) grad_a = ops::reshape(grad_a, a.shape());
-                          }
-                          if (b.requires_grad()) {
-                            grad_b = ops::sum_to(ops::matmul(ops::transpose(a2, -1, -2), g2),
-                                                 b2.shape());
-                            if (promoted) grad_b = ops::reshape(grad_b, b.shape());
-                          }
-                          return Grads{grad_a, grad_b};
-                        });
+    return record_first(
+        "MatmulBackward", c, std::move(out), [a = c.inputs[0], b = c.inputs[1]](const Grads& g) {
+          const bool promoted = a.dim() == 1 || b.dim() == 1;
+          const Tensor a2 = as_matrix(a, true), b2 = as_matrix(b, false);
+          Tensor g2 = g[0];
+          if (promoted) {
+            // The promoted product's shape: broadcast batch dims, then (M, N).
+            Shape product =
+                broadcast_shapes(Shape(a2.shape().begin(), a2.shape().end() - 2),
+                                 Shape(b2.shape().begin(), b2.shape().end() - 2), "matmul");
+            product.push_back(a2.size(-2));
+            product.push_back(b2.size(-1));
+            g2 = ops::reshape(g2, product);
+          }
+          Tensor grad_a, grad_b;
+          if (a.requires_grad()) {
+            grad_a = ops::sum_to(ops::matmul(g2, ops::transpose(b2, -1, -2)), a2.shape());
+            if (promoted) grad_a = ops::reshape(grad_a, a.shape());
+          }
+          if (b.requires_grad()) {
+            grad_b = ops::sum_to(ops::matmul(ops::transpose(a2, -1, -2), g2), b2.shape());
+            if (promoted) grad_b = ops::reshape(grad_b, b.shape());
+          }
+          return Grads{grad_a, grad_b};
+        });
   };
   // Inputs (input, weight, bias — may be undefined). Over the rows of the flattened (M, N)
   // output: dX = dY W, dW = dY^T X, db = column sums of dY.
@@ -113,8 +110,8 @@ void register_reduction_formulas(FormulaTable& f) {
           Grads grads(3);
           if (input.requires_grad()) grads[0] = ops::matmul(g[0], weight);
           if (weight.requires_grad()) {
-            grads[1] = ops::matmul(ops::transpose(rows, 0, 1),
-                                   ops::reshape(input, {rows.size(0), k}));
+            grads[1] =
+                ops::matmul(ops::transpose(rows, 0, 1), ops::reshape(input, {rows.size(0), k}));
           }
           if (bias_grad) grads[2] = ops::sum(rows, {0});
           return grads;

@@ -52,9 +52,8 @@ void register_view_formulas(FormulaTable& f) {
     for (size_t i = 0; i < dims.size(); ++i) {
       inverse[normalize_dim(dims[i], ndim, "permute")] = static_cast<int64_t>(i);
     }
-    return record_first("PermuteBackward", c, std::move(out), [inverse](const Grads& g) {
-      return Grads{ops::permute(g[0], inverse)};
-    });
+    return record_first("PermuteBackward", c, std::move(out),
+                        [inverse](const Grads& g) { return Grads{ops::permute(g[0], inverse)}; });
   };
   // Attrs (dim, start, length); a negative start counts from the end.
   f[OpId::narrow] = [](C c, Outs out) {
@@ -70,10 +69,9 @@ void register_view_formulas(FormulaTable& f) {
                           c.int_attr(2), c.int_attr(3));
   };
   f[OpId::expand] = [](C c, Outs out) {
-    return record_first("ExpandBackward", c, std::move(out),
-                        [shape = c.inputs[0].shape()](const Grads& g) {
-                          return Grads{ops::sum_to(g[0], shape)};
-                        });
+    return record_first(
+        "ExpandBackward", c, std::move(out),
+        [shape = c.inputs[0].shape()](const Grads& g) { return Grads{ops::sum_to(g[0], shape)}; });
   };
   f[OpId::clone] = [](C c, Outs out) {
     return record_first("CloneBackward", c, std::move(out),
@@ -82,17 +80,15 @@ void register_view_formulas(FormulaTable& f) {
   // Attrs (dtype). Conversions to an integer dtype end the graph, as in torch.
   f[OpId::to_dtype] = [](C c, Outs out) {
     if (returned_input(c, out) || !is_floating(c.dtype_attr(0))) return out;
-    return record_first("ToDtypeBackward", c, std::move(out),
-                        [from = c.inputs[0].dtype()](const Grads& g) {
-                          return Grads{ops::to(g[0], from)};
-                        });
+    return record_first(
+        "ToDtypeBackward", c, std::move(out),
+        [from = c.inputs[0].dtype()](const Grads& g) { return Grads{ops::to(g[0], from)}; });
   };
   f[OpId::to_device] = [](C c, Outs out) {
     if (returned_input(c, out)) return out;
-    return record_first("ToDeviceBackward", c, std::move(out),
-                        [from = c.inputs[0].device()](const Grads& g) {
-                          return Grads{ops::to(g[0], from)};
-                        });
+    return record_first(
+        "ToDeviceBackward", c, std::move(out),
+        [from = c.inputs[0].device()](const Grads& g) { return Grads{ops::to(g[0], from)}; });
   };
   // Inputs: the tensors; attrs (dim). The gradient splits back into their sizes along dim.
   f[OpId::cat] = [](C c, Outs out) {

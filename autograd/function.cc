@@ -39,7 +39,8 @@ std::vector<Tensor> record(std::string name, std::span<const Tensor> inputs,
     LOOM_INTERNAL_ASSERT(out.defined(), "{} produced an undefined output", name);
     infos.push_back({out.shape(), out.dtype(), out.device()});
   }
-  auto node = std::make_shared<FunctionNode>(std::move(name), std::move(backward), std::move(infos));
+  auto node =
+      std::make_shared<FunctionNode>(std::move(name), std::move(backward), std::move(infos));
   std::vector<Edge> edges;
   edges.reserve(inputs.size());
   for (const Tensor& in : inputs) edges.push_back(gradient_edge(in));

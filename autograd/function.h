@@ -34,8 +34,9 @@ Tensor record(std::string name, std::initializer_list<Tensor> inputs, Tensor out
 // A user-defined differentiable function, like torch.autograd.Function:
 //
 //   class ScaleByTwo : public autograd::Function {
-//     std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return {ops::mul(in[0], 2.0)}; }
-//     std::vector<Tensor> backward(const std::vector<Tensor>& g) override { return {ops::mul(g[0], 2.0)}; }
+//     std::vector<Tensor> forward(const std::vector<Tensor>& in) override { return
+//     {ops::mul(in[0], 2.0)}; } std::vector<Tensor> backward(const std::vector<Tensor>& g) override
+//     { return {ops::mul(g[0], 2.0)}; }
 //   };
 //   Tensor y = autograd::Function::apply(std::make_shared<ScaleByTwo>(), {x})[0];
 //

@@ -55,7 +55,9 @@ class Node {
   void set_num_outputs(size_t n) { output_hooks_.resize(n); }
   // Hooks on output `output_nr` (a non-leaf tensor's register_hook).
   void add_output_hook(uint32_t output_nr, GradHook hook);
-  const std::vector<GradHook>& output_hooks(uint32_t output_nr) const { return output_hooks_[output_nr]; }
+  const std::vector<GradHook>& output_hooks(uint32_t output_nr) const {
+    return output_hooks_[output_nr];
+  }
 
  private:
   std::vector<Edge> next_edges_;

@@ -40,20 +40,21 @@ namespace detail {
 
 // Throws loom::Error(fmt::format(...)) when `cond` is false. The format arguments are evaluated
 // only on failure, so checks on hot paths cost one branch.
-#define LOOM_CHECK(cond, ...)                                          \
-  do {                                                                 \
-    if (!(cond)) [[unlikely]] {                                        \
-      ::loom::detail::throw_error(::fmt::format(__VA_ARGS__));         \
-    }                                                                  \
+#define LOOM_CHECK(cond, ...)                                  \
+  do {                                                         \
+    if (!(cond)) [[unlikely]] {                                \
+      ::loom::detail::throw_error(::fmt::format(__VA_ARGS__)); \
+    }                                                          \
   } while (0)
 
-// Throws loom::Error unconditionally; for the branch of a switch that cannot be taken by valid input.
+// Throws loom::Error unconditionally; for the branch of a switch that cannot be taken by valid
+// input.
 #define LOOM_FAIL(...) ::loom::detail::throw_error(::fmt::format(__VA_ARGS__))
 
-#define LOOM_INTERNAL_ASSERT(cond, ...)                                                      \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
-      ::loom::detail::throw_internal_error(__FILE__, __LINE__, #cond,                        \
-                                           ::fmt::format("" __VA_ARGS__));                   \
-    }                                                                                        \
+#define LOOM_INTERNAL_ASSERT(cond, ...)                                    \
+  do {                                                                     \
+    if (!(cond)) [[unlikely]] {                                            \
+      ::loom::detail::throw_internal_error(__FILE__, __LINE__, #cond,      \
+                                           ::fmt::format("" __VA_ARGS__)); \
+    }                                                                      \
   } while (0)

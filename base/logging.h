@@ -21,9 +21,9 @@ void log_line(LogLevel level, std::string_view message);
 #define LOOM_LOG_LEVEL_warn ::loom::LogLevel::kWarn
 #define LOOM_LOG_LEVEL_error ::loom::LogLevel::kError
 
-#define LOOM_LOG(level, ...)                                                   \
-  do {                                                                         \
-    if (LOOM_LOG_LEVEL_##level >= ::loom::log_threshold()) {                   \
-      ::loom::log_line(LOOM_LOG_LEVEL_##level, ::fmt::format(__VA_ARGS__));    \
-    }                                                                          \
+#define LOOM_LOG(level, ...)                                                \
+  do {                                                                      \
+    if (LOOM_LOG_LEVEL_##level >= ::loom::log_threshold()) {                \
+      ::loom::log_line(LOOM_LOG_LEVEL_##level, ::fmt::format(__VA_ARGS__)); \
+    }                                                                       \
   } while (0)

@@ -69,7 +69,8 @@ class FileStore::Lock {
  public:
   Lock(const FileStore& store, bool exclusive) : fd_(store.fd_) {
     while (::flock(fd_, exclusive ? LOCK_EX : LOCK_SH) != 0) {
-      LOOM_CHECK(errno == EINTR, "FileStore '{}': flock failed: {}", store.path_, errno_text(errno));
+      LOOM_CHECK(errno == EINTR, "FileStore '{}': flock failed: {}", store.path_,
+                 errno_text(errno));
     }
   }
   ~Lock() { ::flock(fd_, LOCK_UN); }
@@ -83,34 +84,40 @@ class FileStore::Lock {
 FileStore::FileStore(std::string path, int world_size, Duration timeout)
     : path_(std::move(path)), world_size_(world_size) {
   timeout_ = timeout;
-  LOOM_CHECK(!path_.empty(), "FileStore: the path is empty; pass a file path every process can reach");
+  LOOM_CHECK(!path_.empty(),
+             "FileStore: the path is empty; pass a file path every process can reach");
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  LOOM_CHECK(fd_ >= 0, "FileStore: cannot open '{}': {}; its directory must exist and be writable", path_,
-             errno_text(errno));
+  LOOM_CHECK(fd_ >= 0, "FileStore: cannot open '{}': {}; its directory must exist and be writable",
+             path_, errno_text(errno));
   try {
     std::lock_guard<std::mutex> guard(mutex_);
     Lock lock(*this, /*exclusive=*/true);
     struct stat st {};
-    LOOM_CHECK(::fstat(fd_, &st) == 0, "FileStore '{}': fstat failed: {}", path_, errno_text(errno));
+    LOOM_CHECK(::fstat(fd_, &st) == 0, "FileStore '{}': fstat failed: {}", path_,
+               errno_text(errno));
     uint8_t header[kFileHeaderBytes] = {};
     const off_t have = std::min<off_t>(st.st_size, kFileHeaderBytes);
     pread_all(fd_, header, static_cast<size_t>(have), 0, path_);
     const bool header_ok = std::memcmp(header, kFileHeader, static_cast<size_t>(have)) == 0;
-    LOOM_CHECK(header_ok, "FileStore: '{}' exists and is not a FileStore file (it starts with {:?} instead of "
-               "{:?}); pass another path or delete the file", path_,
-               std::string(reinterpret_cast<const char*>(header), static_cast<size_t>(have)),
+    LOOM_CHECK(header_ok,
+               "FileStore: '{}' exists and is not a FileStore file (it starts with {:?} instead of "
+               "{:?}); pass another path or delete the file",
+               path_, std::string(reinterpret_cast<const char*>(header), static_cast<size_t>(have)),
                std::string(kFileHeader, kFileHeaderBytes));
     if (have < kFileHeaderBytes) {  // new (or a creator died before finishing the header)
-      LOOM_CHECK(::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, kFileHeader, kFileHeaderBytes, 0) == kFileHeaderBytes,
+      LOOM_CHECK(::ftruncate(fd_, 0) == 0 &&
+                     ::pwrite(fd_, kFileHeader, kFileHeaderBytes, 0) == kFileHeaderBytes,
                  "FileStore '{}': cannot write the header: {}", path_, errno_text(errno));
     }
     synced_ = kFileHeaderBytes;
     sync_locked();
     if (world_size_ > 0) {
       const int64_t joined = add_locked(kJoinedKey, 1);
-      LOOM_CHECK(joined <= world_size_, "FileStore '{}': this is instance {} to open the file, but world_size is {}; "
-                 "the file is probably left over from an earlier run: delete it or pass a fresh path",
-                 path_, joined, world_size_);
+      LOOM_CHECK(
+          joined <= world_size_,
+          "FileStore '{}': this is instance {} to open the file, but world_size is {}; "
+          "the file is probably left over from an earlier run: delete it or pass a fresh path",
+          path_, joined, world_size_);
     }
   } catch (...) {
     ::close(fd_);
@@ -149,7 +156,8 @@ off_t FileStore::sync_locked() {
     const uint64_t key_bytes = load_le(p + 1, 4);
     const uint64_t value_bytes = load_le(p + 5, 8);
     LOOM_CHECK(kind == kSetRecord || kind == kDeleteRecord,
-               "FileStore '{}': corrupt record at byte {} (kind {}); was the file written by something else?",
+               "FileStore '{}': corrupt record at byte {} (kind {}); was the file written by "
+               "something else?",
                path_, synced_ + static_cast<off_t>(offset), kind);
     const uint64_t left = buffer.size() - offset - kRecordHeaderBytes;
     if (key_bytes > left || value_bytes > left - key_bytes) break;  // cut short by a crashed writer
@@ -171,9 +179,12 @@ void FileStore::append_locked(uint8_t kind, const std::string& key, const Bytes&
   struct stat st {};
   LOOM_CHECK(::fstat(fd_, &st) == 0, "FileStore '{}': fstat failed: {}", path_, errno_text(errno));
   if (st.st_size > synced_) {
-    LOOM_LOG(warn, "FileStore '{}': dropping an incomplete record of {} bytes at the end (a writer died mid-write)",
+    LOOM_LOG(warn,
+             "FileStore '{}': dropping an incomplete record of {} bytes at the end (a writer died "
+             "mid-write)",
              path_, st.st_size - synced_);
-    LOOM_CHECK(::ftruncate(fd_, synced_) == 0, "FileStore '{}': ftruncate failed: {}", path_, errno_text(errno));
+    LOOM_CHECK(::ftruncate(fd_, synced_) == 0, "FileStore '{}': ftruncate failed: {}", path_,
+               errno_text(errno));
   }
   Bytes record;
   record.reserve(kRecordHeaderBytes + key.size() + value.size());
@@ -184,7 +195,8 @@ void FileStore::append_locked(uint8_t kind, const std::string& key, const Bytes&
   record.insert(record.end(), value.begin(), value.end());
   size_t done = 0;
   while (done < record.size()) {
-    const ssize_t n = ::pwrite(fd_, record.data() + done, record.size() - done, synced_ + static_cast<off_t>(done));
+    const ssize_t n = ::pwrite(fd_, record.data() + done, record.size() - done,
+                               synced_ + static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = errno;
@@ -212,13 +224,14 @@ int64_t FileStore::add_locked(const std::string& key, int64_t delta) {
     const char* end = begin + it->second.size();
     const auto [ptr, ec] = std::from_chars(begin, end, current);
     LOOM_CHECK(ec == std::errc() && ptr == end && begin != end,
-               "FileStore add('{}') on '{}': the stored value '{}' is not an integer; add needs a key that is "
+               "FileStore add('{}') on '{}': the stored value '{}' is not an integer; add needs a "
+               "key that is "
                "absent or was written by add",
                key, path_, std::string(begin, std::min<size_t>(it->second.size(), 64)));
   }
   int64_t result = 0;
-  LOOM_CHECK(!__builtin_add_overflow(current, delta, &result), "FileStore add('{}') on '{}': {} + {} overflows int64",
-             key, path_, current, delta);
+  LOOM_CHECK(!__builtin_add_overflow(current, delta, &result),
+             "FileStore add('{}') on '{}': {} + {} overflows int64", key, path_, current, delta);
   const std::string text = std::to_string(result);
   append_locked(kSetRecord, key, Bytes(text.begin(), text.end()));
   return result;
@@ -251,9 +264,11 @@ Bytes FileStore::get(const std::string& key) {
       if (auto it = cache_.find(key); it != cache_.end()) return it->second;
     }
     const auto now = std::chrono::steady_clock::now();
-    LOOM_CHECK(now < deadline, "FileStore get('{}') on '{}': key '{}' was not set within the timeout of {} ms", key,
+    LOOM_CHECK(now < deadline,
+               "FileStore get('{}') on '{}': key '{}' was not set within the timeout of {} ms", key,
                path_, key, timeout.count());
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }
@@ -282,9 +297,11 @@ void FileStore::wait(const std::vector<std::string>& keys, Duration timeout) {
     }
     if (missing.empty()) return;
     const auto now = std::chrono::steady_clock::now();
-    LOOM_CHECK(now < deadline, "FileStore wait({}) on '{}': keys {} were not set within the timeout of {} ms",
+    LOOM_CHECK(now < deadline,
+               "FileStore wait({}) on '{}': keys {} were not set within the timeout of {} ms",
                quoted_keys(keys), path_, quoted_keys(missing), timeout.count());
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::steady_clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
 }

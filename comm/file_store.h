@@ -36,7 +36,8 @@ class FileStore : public Store {
  public:
   // Opens (creating if needed) the store file at `path`; its directory must exist. Throws
   // loom::Error naming the path when it cannot be opened or is not a FileStore file.
-  explicit FileStore(std::string path, int world_size = -1, Duration timeout = kDefaultStoreTimeout);
+  explicit FileStore(std::string path, int world_size = -1,
+                     Duration timeout = kDefaultStoreTimeout);
   ~FileStore() override;
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;

@@ -10,7 +10,8 @@ namespace loom::comm {
 
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, InitOptions options) {
   LOOM_CHECK(backend == "gloo" || backend == "nccl",
-             "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or \"nccl\" for GPU ranks)",
+             "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or "
+             "\"nccl\" for GPU ranks)",
              backend);
   const LaunchEnv env = read_launch_env();
   auto store = make_rendezvous_store(env, options.timeout);

@@ -22,6 +22,7 @@ struct InitOptions {
 
 // backend: "gloo" (CPU) or "nccl" (GPU). Throws naming the backend when unknown, and the
 // environment problem when variables are missing or contradictory.
-std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, InitOptions options = {});
+std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend,
+                                                 InitOptions options = {});
 
 }  // namespace loom::comm

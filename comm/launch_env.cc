@@ -13,9 +13,22 @@ namespace {
 
 // Every variable an error may list, in the order it lists them.
 const char* const kRelevantVariables[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOOM_AGENT_STORE",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "LOOM_AGENT_STORE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
     "SLURM_NODEID",
 };
 
@@ -28,9 +41,10 @@ struct Source {
   const char* local_size;
 };
 constexpr Source kTorchrun{"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-constexpr Source kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-                          "OMPI_COMM_WORLD_LOCAL_SIZE"};
-constexpr Source kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"};
+constexpr Source kOpenMpi{"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                          "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr Source kSlurm{"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                        "SLURM_NTASKS_PER_NODE"};
 
 class EnvReader {
  public:
@@ -50,8 +64,10 @@ class EnvReader {
 
   [[noreturn]] void fail(const std::string& problem, const std::string& need) const {
     std::string found;
-    for (const auto& [n, v] : found_) found += fmt::format("{}{}={}", found.empty() ? "" : ", ", n, v);
-    if (found.empty()) found = "none of RANK, WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, MASTER_ADDR, MASTER_PORT";
+    for (const auto& [n, v] : found_)
+      found += fmt::format("{}{}={}", found.empty() ? "" : ", ", n, v);
+    if (found.empty())
+      found = "none of RANK, WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, MASTER_ADDR, MASTER_PORT";
     LOOM_FAIL("read_launch_env: {}; found {}; need {}", problem, found, need);
   }
 
@@ -105,7 +121,8 @@ std::optional<int> slurm_tasks_on_node(const EnvReader& env) {
     first_node += repeat;
     pos = end + 1;
   }
-  env.fail(fmt::format("SLURM_NODEID={} is beyond the {} nodes of SLURM_TASKS_PER_NODE={}", node, first_node, *spec),
+  env.fail(fmt::format("SLURM_NODEID={} is beyond the {} nodes of SLURM_TASKS_PER_NODE={}", node,
+                       first_node, *spec),
            "SLURM_NODEID to index SLURM_TASKS_PER_NODE");
 }
 
@@ -115,8 +132,9 @@ void read_ranks(const EnvReader& env, const Source& source, LaunchEnv* out) {
   if (!rank || !size) {
     const char* missing = rank ? source.size : source.rank;
     const char* present = rank ? source.rank : source.size;
-    env.fail(fmt::format("{} is set but {} is missing ({} variables)", present, missing, source.name),
-             fmt::format("both {} and {}", source.rank, source.size));
+    env.fail(
+        fmt::format("{} is set but {} is missing ({} variables)", present, missing, source.name),
+        fmt::format("both {} and {}", source.rank, source.size));
   }
   out->rank = *rank;
   out->world_size = *size;
@@ -125,7 +143,8 @@ void read_ranks(const EnvReader& env, const Source& source, LaunchEnv* out) {
   auto local_size = env.number(source.local_size);
   if (&source == &kSlurm && !local_size) local_size = slurm_tasks_on_node(env);
   if (&source == &kSlurm && !local_rank) {
-    env.fail("SLURM_PROCID is set but SLURM_LOCALID is missing", "SLURM_LOCALID (set by srun for each task)");
+    env.fail("SLURM_PROCID is set but SLURM_LOCALID is missing",
+             "SLURM_LOCALID (set by srun for each task)");
   }
   if (&source == &kSlurm && !local_size) {
     env.fail("cannot tell how many tasks run on this node (Slurm variables)",
@@ -134,23 +153,26 @@ void read_ranks(const EnvReader& env, const Source& source, LaunchEnv* out) {
   if (local_rank.has_value() != local_size.has_value()) {
     const char* missing = local_rank ? source.local_size : source.local_rank;
     const char* present = local_rank ? source.local_rank : source.local_size;
-    env.fail(fmt::format("{} is set but {} is missing", present, missing),
-             fmt::format("both {} and {}, or neither (one node)", source.local_rank, source.local_size));
+    env.fail(
+        fmt::format("{} is set but {} is missing", present, missing),
+        fmt::format("both {} and {}, or neither (one node)", source.local_rank, source.local_size));
   }
   out->local_rank = local_rank.value_or(out->rank);
   out->local_world_size = local_size.value_or(out->world_size);
 
   if (out->world_size < 1) {
-    env.fail(fmt::format("{}={} is not a positive number of processes", source.size, out->world_size),
-             fmt::format("{} >= 1", source.size));
+    env.fail(
+        fmt::format("{}={} is not a positive number of processes", source.size, out->world_size),
+        fmt::format("{} >= 1", source.size));
   }
   if (out->rank >= out->world_size) {
-    env.fail(fmt::format("{}={} is not below {}={}", source.rank, out->rank, source.size, out->world_size),
+    env.fail(fmt::format("{}={} is not below {}={}", source.rank, out->rank, source.size,
+                         out->world_size),
              fmt::format("0 <= {} < {}", source.rank, source.size));
   }
   if (out->local_world_size < 1 || out->local_world_size > out->world_size) {
-    env.fail(fmt::format("local world size {} is not in 1..{}={}", out->local_world_size, source.size,
-                         out->world_size),
+    env.fail(fmt::format("local world size {} is not in 1..{}={}", out->local_world_size,
+                         source.size, out->world_size),
              fmt::format("1 <= {} <= {}", source.local_size, source.size));
   }
   if (out->local_rank >= out->local_world_size) {
@@ -173,9 +195,10 @@ void check_agreement(const EnvReader& env, const LaunchEnv& out) {
     const auto torch_value = env.number(torch_name);
     const auto mpi_value = env.number(mpi_name);
     if (torch_value && mpi_value && *torch_value != *mpi_value) {
-      env.fail(fmt::format("torchrun and OpenMPI variables disagree: {}={} but {}={}", torch_name, *torch_value,
-                           mpi_name, *mpi_value),
-               "one launcher's variables, or both agreeing (unset the ones the other launcher did not set)");
+      env.fail(fmt::format("torchrun and OpenMPI variables disagree: {}={} but {}={}", torch_name,
+                           *torch_value, mpi_name, *mpi_value),
+               "one launcher's variables, or both agreeing (unset the ones the other launcher did "
+               "not set)");
     }
   }
   (void)out;
@@ -184,15 +207,18 @@ void check_agreement(const EnvReader& env, const LaunchEnv& out) {
 void read_master(const EnvReader& env, const Source& source, LaunchEnv* out) {
   const std::string* addr = env.raw("MASTER_ADDR");
   const auto port = env.number("MASTER_PORT");
-  const std::string need = "MASTER_ADDR and MASTER_PORT: the address and port where rank 0 serves the rendezvous store";
+  const std::string need =
+      "MASTER_ADDR and MASTER_PORT: the address and port where rank 0 serves the rendezvous store";
   if (out->world_size > 1) {
     if (addr == nullptr || !port) {
-      env.fail(fmt::format("{} is not set ({}={} processes)", addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT",
-                           source.size, out->world_size),
+      env.fail(fmt::format("{} is not set ({}={} processes)",
+                           addr == nullptr ? "MASTER_ADDR" : "MASTER_PORT", source.size,
+                           out->world_size),
                need);
     }
     if (*port == 0) {
-      env.fail(fmt::format("MASTER_PORT=0 cannot be found by the other ranks ({}={})", source.size, out->world_size),
+      env.fail(fmt::format("MASTER_PORT=0 cannot be found by the other ranks ({}={})", source.size,
+                           out->world_size),
                "MASTER_PORT in 1..65535");
     }
   }
@@ -204,7 +230,8 @@ void read_master(const EnvReader& env, const Source& source, LaunchEnv* out) {
   }
   out->master_port = port.value_or(0);
   if (out->master_port > 65535) {
-    env.fail(fmt::format("MASTER_PORT={} is not a TCP port", out->master_port), "MASTER_PORT in 1..65535");
+    env.fail(fmt::format("MASTER_PORT={} is not a TCP port", out->master_port),
+             "MASTER_PORT in 1..65535");
   }
 }
 
@@ -231,8 +258,10 @@ LaunchEnv read_launch_env(const GetEnv& getenv) {
   }
   if (source == nullptr) {
     env.fail("no launcher variables are set",
-             "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as torchrun or loomrun set them), or a run under "
-             "mpirun (OMPI_COMM_WORLD_*) or srun (SLURM_*); for one process RANK=0 WORLD_SIZE=1 is enough");
+             "RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (as torchrun or loomrun set them), or "
+             "a run under "
+             "mpirun (OMPI_COMM_WORLD_*) or srun (SLURM_*); for one process RANK=0 WORLD_SIZE=1 is "
+             "enough");
   }
   LaunchEnv out;
   read_ranks(env, *source, &out);
@@ -241,7 +270,8 @@ LaunchEnv read_launch_env(const GetEnv& getenv) {
   if (const std::string* agent = env.raw("LOOM_AGENT_STORE")) {
     if (*agent != "0" && *agent != "1") {
       env.fail(fmt::format("LOOM_AGENT_STORE={} is neither 0 nor 1", *agent),
-               "LOOM_AGENT_STORE=1 when the launcher serves the rendezvous store, 0 or unset when rank 0 does");
+               "LOOM_AGENT_STORE=1 when the launcher serves the rendezvous store, 0 or unset when "
+               "rank 0 does");
     }
     out.agent_store = *agent == "1";
   }
@@ -249,8 +279,9 @@ LaunchEnv read_launch_env(const GetEnv& getenv) {
 }
 
 std::string to_string(const LaunchEnv& env) {
-  return fmt::format("rank {}/{} (local {}/{}) via {}, master {}:{}{}", env.rank, env.world_size, env.local_rank,
-                     env.local_world_size, env.source.empty() ? "?" : env.source, env.master_addr, env.master_port,
+  return fmt::format("rank {}/{} (local {}/{}) via {}, master {}:{}{}", env.rank, env.world_size,
+                     env.local_rank, env.local_world_size, env.source.empty() ? "?" : env.source,
+                     env.master_addr, env.master_port,
                      env.agent_store ? " (store served by the launcher)" : "");
 }
 
@@ -260,11 +291,13 @@ std::string rendezvous_bind_host(const std::string& master_addr) {
 
 std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration timeout) {
   LOOM_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size,
-             "make_rendezvous_store: rank {} is not in 0..{} (world_size {})", env.rank, env.world_size - 1,
-             env.world_size);
-  LOOM_CHECK(!env.master_addr.empty(), "make_rendezvous_store: master_addr is empty ({})", to_string(env));
+             "make_rendezvous_store: rank {} is not in 0..{} (world_size {})", env.rank,
+             env.world_size - 1, env.world_size);
+  LOOM_CHECK(!env.master_addr.empty(), "make_rendezvous_store: master_addr is empty ({})",
+             to_string(env));
   LOOM_CHECK(env.master_port > 0 || (env.master_port == 0 && env.world_size == 1),
-             "make_rendezvous_store: master_port {} is not usable for {} ranks; need a port in 1..65535 ({})",
+             "make_rendezvous_store: master_port {} is not usable for {} ranks; need a port in "
+             "1..65535 ({})",
              env.master_port, env.world_size, to_string(env));
   TcpStoreOptions options;
   options.is_server = env.rank == 0 && !env.agent_store;

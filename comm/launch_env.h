@@ -63,6 +63,7 @@ std::string rendezvous_bind_host(const std::string& master_addr);
 // agent_store, in the launcher) at master_addr:master_port, with every rank (rank 0 included)
 // connected as a client; the server listens on rendezvous_bind_host(master_addr).
 // Connecting retries until `timeout`, so ranks may start before rank 0.
-std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env, Duration timeout = kDefaultStoreTimeout);
+std::shared_ptr<Store> make_rendezvous_store(const LaunchEnv& env,
+                                             Duration timeout = kDefaultStoreTimeout);
 
 }  // namespace loom::comm

@@ -10,10 +10,16 @@ PrefixStore::PrefixStore(std::string prefix, std::shared_ptr<Store> base)
   timeout_ = base_->timeout();
 }
 
-void PrefixStore::set(const std::string& key, const Bytes& value) { base_->set(with_prefix(key), value); }
+void PrefixStore::set(const std::string& key, const Bytes& value) {
+  base_->set(with_prefix(key), value);
+}
 Bytes PrefixStore::get(const std::string& key) { return base_->get(with_prefix(key)); }
-int64_t PrefixStore::add(const std::string& key, int64_t delta) { return base_->add(with_prefix(key), delta); }
-bool PrefixStore::check(const std::vector<std::string>& keys) { return base_->check(with_prefix(keys)); }
+int64_t PrefixStore::add(const std::string& key, int64_t delta) {
+  return base_->add(with_prefix(key), delta);
+}
+bool PrefixStore::check(const std::vector<std::string>& keys) {
+  return base_->check(with_prefix(keys));
+}
 void PrefixStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   base_->wait(with_prefix(keys), timeout);
 }

@@ -19,7 +19,9 @@ bool debug_collectives_enabled() {
   return value != nullptr && std::string_view(value).find("collectives") != std::string_view::npos;
 }
 
-int64_t bytes_of(const Tensor& t) { return t.numel() * static_cast<int64_t>(element_size(t.dtype())); }
+int64_t bytes_of(const Tensor& t) {
+  return t.numel() * static_cast<int64_t>(element_size(t.dtype()));
+}
 
 std::string tensor_brief(const Tensor& t) {
   return fmt::format("{} {}", dtype_name(t.dtype()), shape_str(t.shape()));
@@ -75,8 +77,8 @@ void ProcessGroup::remove_observer(int id) {
 ProcessGroup::OpInfo ProcessGroup::begin(CollectiveKind kind, int64_t bytes, std::string detail) {
   const uint64_t sequence = sequence_++;
   OpInfo info{kind, sequence,
-              fmt::format("{} #{} ({}) on group '{}' (rank {} of {})", collective_name(kind), sequence,
-                          detail, options_.name, rank_, size_)};
+              fmt::format("{} #{} ({}) on group '{}' (rank {} of {})", collective_name(kind),
+                          sequence, detail, options_.name, rank_, size_)};
   counters_.calls[static_cast<int>(kind)] += 1;
   counters_.bytes[static_cast<int>(kind)] += bytes;
   {
@@ -106,9 +108,10 @@ void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fing
     for (int r = 0; r < size_; ++r) {
       if (!store_->check({keys[r]})) missing.push_back(r);
     }
-    LOOM_FAIL("{}: timed out after {} ms waiting for ranks [{}] to reach this collective "
-              "(LOOM_DEBUG=collectives)",
-              info.description, options_.timeout.count(), fmt::join(missing, ", "));
+    LOOM_FAIL(
+        "{}: timed out after {} ms waiting for ranks [{}] to reach this collective "
+        "(LOOM_DEBUG=collectives)",
+        info.description, options_.timeout.count(), fmt::join(missing, ", "));
   }
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -121,19 +124,22 @@ void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fing
 
 namespace {
 
-void check_tensor(const Tensor& t, const std::string& what, std::string_view op, const ProcessGroup& pg) {
+void check_tensor(const Tensor& t, const std::string& what, std::string_view op,
+                  const ProcessGroup& pg) {
   const std::string& group = pg.name();
   LOOM_CHECK(t.defined(), "{} on group '{}': {} is undefined", op, group, what);
-  LOOM_CHECK(t.device() == pg.device(),
-             "{} on group '{}': {} is on {} but this {} group works on {}; move it there first (ops::to)", op, group,
-             what, t.device().str(), pg.backend_name(), pg.device().str());
+  LOOM_CHECK(
+      t.device() == pg.device(),
+      "{} on group '{}': {} is on {} but this {} group works on {}; move it there first (ops::to)",
+      op, group, what, t.device().str(), pg.backend_name(), pg.device().str());
   LOOM_CHECK(t.is_contiguous(), "{} on group '{}': {} must be contiguous, got {} with strides {}",
              op, group, what, tensor_brief(t), fmt::join(t.strides(), ", "));
-  LOOM_CHECK(!t.extension(), "{} on group '{}': {} is a DTensor; pass its local tensor", op, group, what);
+  LOOM_CHECK(!t.extension(), "{} on group '{}': {} is a DTensor; pass its local tensor", op, group,
+             what);
 }
 
-void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& what, std::string_view op,
-                      const std::string& group) {
+void check_same_dtype(const Tensor& a, const Tensor& b, const std::string& what,
+                      std::string_view op, const std::string& group) {
   LOOM_CHECK(a.dtype() == b.dtype() && a.device() == b.device(),
              "{} on group '{}': {} is {} on {} but the input is {} on {}", op, group, what,
              dtype_name(b.dtype()), b.device().str(), dtype_name(a.dtype()), a.device().str());
@@ -150,24 +156,28 @@ std::string numels(const std::vector<Tensor>& tensors) {
 std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   check_tensor(tensor, "the tensor", "all_reduce", *this);
   auto info = begin(CollectiveKind::kAllReduce, bytes_of(tensor),
-                    fmt::format("{}, {}, {} elements", reduce_op_name(op), dtype_name(tensor.dtype()),
-                                tensor.numel()));
+                    fmt::format("{}, {}, {} elements", reduce_op_name(op),
+                                dtype_name(tensor.dtype()), tensor.numel()));
   return run_all_reduce(info, tensor, op);
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
   check_tensor(tensor, "the tensor", "broadcast", *this);
-  LOOM_CHECK(root >= 0 && root < size_, "broadcast on group '{}': root {} is not a rank of a group of size {}",
-             name(), root, size_);
-  auto info = begin(CollectiveKind::kBroadcast, bytes_of(tensor),
-                    fmt::format("root {}, {}, {} elements", root, dtype_name(tensor.dtype()), tensor.numel()));
+  LOOM_CHECK(root >= 0 && root < size_,
+             "broadcast on group '{}': root {} is not a rank of a group of size {}", name(), root,
+             size_);
+  auto info = begin(
+      CollectiveKind::kBroadcast, bytes_of(tensor),
+      fmt::format("root {}, {}, {} elements", root, dtype_name(tensor.dtype()), tensor.numel()));
   return run_broadcast(info, tensor, root);
 }
 
-std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs, const Tensor& input) {
+std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs,
+                                               const Tensor& input) {
   check_tensor(input, "the input", "all_gather", *this);
   LOOM_CHECK(static_cast<int>(outputs.size()) == size_,
-             "all_gather on group '{}': got {} outputs for a group of size {}", name(), outputs.size(), size_);
+             "all_gather on group '{}': got {} outputs for a group of size {}", name(),
+             outputs.size(), size_);
   for (int r = 0; r < size_; ++r) {
     check_tensor(outputs[r], fmt::format("output {}", r), "all_gather", *this);
     check_same_dtype(input, outputs[r], fmt::format("output {}", r), "all_gather", name());
@@ -180,27 +190,33 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& output
   return run_all_gather(info, outputs, input);
 }
 
-std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output, const Tensor& input) {
+std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output,
+                                                           const Tensor& input) {
   LOOM_CHECK(output.defined() && input.defined() && output.numel() == input.numel() * size_,
              "all_gather_into_tensor on group '{}': output {} must hold {} inputs of {}", name(),
              output.defined() ? tensor_brief(output) : "undefined", size_,
              input.defined() ? tensor_brief(input) : "undefined");
-  LOOM_CHECK(output.is_contiguous(), "all_gather_into_tensor on group '{}': output must be contiguous", name());
+  LOOM_CHECK(output.is_contiguous(),
+             "all_gather_into_tensor on group '{}': output must be contiguous", name());
   std::vector<Tensor> pieces;
   const int64_t n = input.numel();
   for (int r = 0; r < size_; ++r) {
-    pieces.push_back(Tensor::from_storage(output.storage(), {n}, {1}, output.offset() + r * n, output.dtype()));
+    pieces.push_back(
+        Tensor::from_storage(output.storage(), {n}, {1}, output.offset() + r * n, output.dtype()));
   }
-  const Tensor flat = Tensor::from_storage(input.storage(), {n}, {1}, input.offset(), input.dtype());
-  LOOM_CHECK(input.is_contiguous(), "all_gather_into_tensor on group '{}': input must be contiguous", name());
+  const Tensor flat =
+      Tensor::from_storage(input.storage(), {n}, {1}, input.offset(), input.dtype());
+  LOOM_CHECK(input.is_contiguous(),
+             "all_gather_into_tensor on group '{}': input must be contiguous", name());
   return all_gather(pieces, flat);
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs,
-                                                   ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
+                                                   const std::vector<Tensor>& inputs, ReduceOp op) {
   check_tensor(output, "the output", "reduce_scatter", *this);
   LOOM_CHECK(static_cast<int>(inputs.size()) == size_,
-             "reduce_scatter on group '{}': got {} inputs for a group of size {}", name(), inputs.size(), size_);
+             "reduce_scatter on group '{}': got {} inputs for a group of size {}", name(),
+             inputs.size(), size_);
   int64_t total = 0;
   for (int r = 0; r < size_; ++r) {
     check_tensor(inputs[r], fmt::format("input {}", r), "reduce_scatter", *this);
@@ -211,30 +227,37 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output, const s
              "reduce_scatter on group '{}': input {} has {} elements but rank {}'s output has {}",
              name(), rank_, inputs[rank_].numel(), rank_, output.numel());
   auto info = begin(CollectiveKind::kReduceScatter, total,
-                    fmt::format("{}, {}, sizes {}", reduce_op_name(op), dtype_name(output.dtype()), numels(inputs)));
+                    fmt::format("{}, {}, sizes {}", reduce_op_name(op), dtype_name(output.dtype()),
+                                numels(inputs)));
   return run_reduce_scatter(info, output, inputs, op);
 }
 
-std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op) {
+std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input,
+                                                          ReduceOp op) {
   LOOM_CHECK(output.defined() && input.defined() && input.numel() == output.numel() * size_,
              "reduce_scatter_tensor on group '{}': input {} must hold {} outputs of {}", name(),
              input.defined() ? tensor_brief(input) : "undefined", size_,
              output.defined() ? tensor_brief(output) : "undefined");
-  LOOM_CHECK(input.is_contiguous(), "reduce_scatter_tensor on group '{}': input must be contiguous", name());
+  LOOM_CHECK(input.is_contiguous(), "reduce_scatter_tensor on group '{}': input must be contiguous",
+             name());
   std::vector<Tensor> pieces;
   const int64_t n = output.numel();
   for (int r = 0; r < size_; ++r) {
-    pieces.push_back(Tensor::from_storage(input.storage(), {n}, {1}, input.offset() + r * n, input.dtype()));
+    pieces.push_back(
+        Tensor::from_storage(input.storage(), {n}, {1}, input.offset() + r * n, input.dtype()));
   }
-  LOOM_CHECK(output.is_contiguous(), "reduce_scatter_tensor on group '{}': output must be contiguous", name());
-  const Tensor flat = Tensor::from_storage(output.storage(), {n}, {1}, output.offset(), output.dtype());
+  LOOM_CHECK(output.is_contiguous(),
+             "reduce_scatter_tensor on group '{}': output must be contiguous", name());
+  const Tensor flat =
+      Tensor::from_storage(output.storage(), {n}, {1}, output.offset(), output.dtype());
   return reduce_scatter(flat, pieces, op);
 }
 
-std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs) {
+std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& outputs,
+                                               const std::vector<Tensor>& inputs) {
   LOOM_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
-             "all_to_all on group '{}': got {} outputs and {} inputs for a group of size {}", name(),
-             outputs.size(), inputs.size(), size_);
+             "all_to_all on group '{}': got {} outputs and {} inputs for a group of size {}",
+             name(), outputs.size(), inputs.size(), size_);
   int64_t total = 0;
   for (int r = 0; r < size_; ++r) {
     check_tensor(inputs[r], fmt::format("input {}", r), "all_to_all", *this);
@@ -244,25 +267,30 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
     total += bytes_of(inputs[r]);
   }
   LOOM_CHECK(inputs[rank_].numel() == outputs[rank_].numel(),
-             "all_to_all on group '{}': rank {} sends itself {} elements but expects {}", name(), rank_,
-             inputs[rank_].numel(), outputs[rank_].numel());
-  auto info = begin(CollectiveKind::kAllToAll, total, fmt::format("{}", dtype_name(inputs[0].dtype())));
+             "all_to_all on group '{}': rank {} sends itself {} elements but expects {}", name(),
+             rank_, inputs[rank_].numel(), outputs[rank_].numel());
+  auto info =
+      begin(CollectiveKind::kAllToAll, total, fmt::format("{}", dtype_name(inputs[0].dtype())));
   return run_all_to_all(info, outputs, inputs);
 }
 
-std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input, int root) {
+std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input,
+                                           int root) {
   check_tensor(input, "the input", "gather", *this);
-  LOOM_CHECK(root >= 0 && root < size_, "gather on group '{}': root {} is not a rank of a group of size {}",
-             name(), root, size_);
+  LOOM_CHECK(root >= 0 && root < size_,
+             "gather on group '{}': root {} is not a rank of a group of size {}", name(), root,
+             size_);
   if (rank_ == root) {
     LOOM_CHECK(static_cast<int>(outputs.size()) == size_,
-               "gather on group '{}': root got {} outputs for a group of size {}", name(), outputs.size(), size_);
+               "gather on group '{}': root got {} outputs for a group of size {}", name(),
+               outputs.size(), size_);
     for (int r = 0; r < size_; ++r) {
       check_tensor(outputs[r], fmt::format("output {}", r), "gather", *this);
       check_same_dtype(input, outputs[r], fmt::format("output {}", r), "gather", name());
     }
   } else {
-    LOOM_CHECK(outputs.empty(), "gather on group '{}': only the root (rank {}) passes outputs; rank {} passed {}",
+    LOOM_CHECK(outputs.empty(),
+               "gather on group '{}': only the root (rank {}) passes outputs; rank {} passed {}",
                name(), root, rank_, outputs.size());
   }
   auto info = begin(CollectiveKind::kGather, bytes_of(input),
@@ -270,31 +298,37 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, c
   return run_gather(info, outputs, input, root);
 }
 
-std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs, int root) {
+std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs,
+                                            int root) {
   check_tensor(output, "the output", "scatter", *this);
-  LOOM_CHECK(root >= 0 && root < size_, "scatter on group '{}': root {} is not a rank of a group of size {}",
-             name(), root, size_);
+  LOOM_CHECK(root >= 0 && root < size_,
+             "scatter on group '{}': root {} is not a rank of a group of size {}", name(), root,
+             size_);
   int64_t total = 0;
   if (rank_ == root) {
     LOOM_CHECK(static_cast<int>(inputs.size()) == size_,
-               "scatter on group '{}': root got {} inputs for a group of size {}", name(), inputs.size(), size_);
+               "scatter on group '{}': root got {} inputs for a group of size {}", name(),
+               inputs.size(), size_);
     for (int r = 0; r < size_; ++r) {
       check_tensor(inputs[r], fmt::format("input {}", r), "scatter", *this);
       check_same_dtype(output, inputs[r], fmt::format("input {}", r), "scatter", name());
       total += bytes_of(inputs[r]);
     }
   } else {
-    LOOM_CHECK(inputs.empty(), "scatter on group '{}': only the root (rank {}) passes inputs; rank {} passed {}",
+    LOOM_CHECK(inputs.empty(),
+               "scatter on group '{}': only the root (rank {}) passes inputs; rank {} passed {}",
                name(), root, rank_, inputs.size());
   }
-  auto info = begin(CollectiveKind::kScatter, total, fmt::format("root {}, {}", root, dtype_name(output.dtype())));
+  auto info = begin(CollectiveKind::kScatter, total,
+                    fmt::format("root {}, {}", root, dtype_name(output.dtype())));
   return run_scatter(info, output, inputs, root);
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
   check_tensor(tensor, "the tensor", "send", *this);
   LOOM_CHECK(dst >= 0 && dst < size_ && dst != rank_,
-             "send on group '{}': destination {} is not another rank of a group of size {} (this is rank {})",
+             "send on group '{}': destination {} is not another rank of a group of size {} (this "
+             "is rank {})",
              name(), dst, size_, rank_);
   auto info = begin(CollectiveKind::kSend, bytes_of(tensor),
                     fmt::format("to {}, tag {}, {}", dst, tag, tensor_brief(tensor)));
@@ -303,9 +337,10 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
 
 std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
   check_tensor(tensor, "the tensor", "recv", *this);
-  LOOM_CHECK(src >= 0 && src < size_ && src != rank_,
-             "recv on group '{}': source {} is not another rank of a group of size {} (this is rank {})",
-             name(), src, size_, rank_);
+  LOOM_CHECK(
+      src >= 0 && src < size_ && src != rank_,
+      "recv on group '{}': source {} is not another rank of a group of size {} (this is rank {})",
+      name(), src, size_, rank_);
   auto info = begin(CollectiveKind::kRecv, bytes_of(tensor),
                     fmt::format("from {}, tag {}, {}", src, tag, tensor_brief(tensor)));
   return run_recv(info, tensor, src, tag);
@@ -316,23 +351,28 @@ std::shared_ptr<Work> ProcessGroup::barrier() {
   return run_barrier(info);
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks, ProcessGroupOptions options) {
+std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks,
+                                                      ProcessGroupOptions options) {
   const uint64_t id = new_group_calls_++;
-  LOOM_CHECK(!ranks.empty(), "new_group '{}' from group '{}': the rank list is empty", options.name, name());
+  LOOM_CHECK(!ranks.empty(), "new_group '{}' from group '{}': the rank list is empty", options.name,
+             name());
   std::vector<int> sorted = ranks;
   std::sort(sorted.begin(), sorted.end());
   for (size_t i = 0; i < sorted.size(); ++i) {
     LOOM_CHECK(sorted[i] >= 0 && sorted[i] < size_,
-               "new_group '{}' from group '{}': rank {} is not in [0, {})", options.name, name(), sorted[i], size_);
-    LOOM_CHECK(i == 0 || sorted[i] != sorted[i - 1], "new_group '{}' from group '{}': rank {} listed twice",
-               options.name, name(), sorted[i]);
+               "new_group '{}' from group '{}': rank {} is not in [0, {})", options.name, name(),
+               sorted[i], size_);
+    LOOM_CHECK(i == 0 || sorted[i] != sorted[i - 1],
+               "new_group '{}' from group '{}': rank {} listed twice", options.name, name(),
+               sorted[i]);
   }
   auto it = std::find(sorted.begin(), sorted.end(), rank_);
   if (it == sorted.end()) return nullptr;
   std::vector<int> global;
   for (int r : sorted) global.push_back(global_ranks_[r]);
   auto store = std::make_shared<PrefixStore>(fmt::format("group{}/", id), store_);
-  return make_group(std::move(store), static_cast<int>(it - sorted.begin()), std::move(global), std::move(options));
+  return make_group(std::move(store), static_cast<int>(it - sorted.begin()), std::move(global),
+                    std::move(options));
 }
 
 }  // namespace loom::comm

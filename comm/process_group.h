@@ -47,7 +47,8 @@ struct CollectiveCounters {
 
 // A listener told of every operation a group issues (after validation, before it runs); what a
 // DTensor CommDebugMode scope hooks into. Called on the issuing thread.
-using CollectiveObserver = std::function<void(CollectiveKind kind, int64_t bytes, const std::string& group)>;
+using CollectiveObserver =
+    std::function<void(CollectiveKind kind, int64_t bytes, const std::string& group)>;
 
 class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
  public:
@@ -90,7 +91,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   std::shared_ptr<Work> reduce_scatter_tensor(const Tensor& output, const Tensor& input,
                                               ReduceOp op = ReduceOp::kSum);
   // outputs[i] receives rank i's inputs[rank()]; sizes may differ per pair (uneven).
-  std::shared_ptr<Work> all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs);
+  std::shared_ptr<Work> all_to_all(const std::vector<Tensor>& outputs,
+                                   const std::vector<Tensor>& inputs);
   // Root's outputs[i] receives rank i's input; other ranks pass an empty list.
   std::shared_ptr<Work> gather(const std::vector<Tensor>& outputs, const Tensor& input, int root);
   // Rank i's output receives root's inputs[i]; other ranks pass an empty list.
@@ -103,7 +105,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // A group of the given ranks of this group (group ranks, ascending order defines the new
   // ranks). Collective: every rank of this group calls it with the same list, in the same order
   // relative to other new_group calls. Ranks not in the list get nullptr.
-  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks, ProcessGroupOptions options);
+  std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                          ProcessGroupOptions options);
 
   const CollectiveCounters& counters() const { return counters_; }
   void reset_counters() { counters_ = {}; }
@@ -121,20 +124,27 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     std::string description;  // "all_reduce #12 (sum, f32, 1024 elements) on group 'tp'"
   };
 
-  virtual std::shared_ptr<Work> run_all_reduce(const OpInfo& info, const Tensor& tensor, ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> run_broadcast(const OpInfo& info, const Tensor& tensor, int root) = 0;
-  virtual std::shared_ptr<Work> run_all_gather(const OpInfo& info, const std::vector<Tensor>& outputs,
+  virtual std::shared_ptr<Work> run_all_reduce(const OpInfo& info, const Tensor& tensor,
+                                               ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> run_broadcast(const OpInfo& info, const Tensor& tensor,
+                                              int root) = 0;
+  virtual std::shared_ptr<Work> run_all_gather(const OpInfo& info,
+                                               const std::vector<Tensor>& outputs,
                                                const Tensor& input) = 0;
   virtual std::shared_ptr<Work> run_reduce_scatter(const OpInfo& info, const Tensor& output,
-                                                   const std::vector<Tensor>& inputs, ReduceOp op) = 0;
-  virtual std::shared_ptr<Work> run_all_to_all(const OpInfo& info, const std::vector<Tensor>& outputs,
+                                                   const std::vector<Tensor>& inputs,
+                                                   ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> run_all_to_all(const OpInfo& info,
+                                               const std::vector<Tensor>& outputs,
                                                const std::vector<Tensor>& inputs) = 0;
   virtual std::shared_ptr<Work> run_gather(const OpInfo& info, const std::vector<Tensor>& outputs,
                                            const Tensor& input, int root) = 0;
   virtual std::shared_ptr<Work> run_scatter(const OpInfo& info, const Tensor& output,
                                             const std::vector<Tensor>& inputs, int root) = 0;
-  virtual std::shared_ptr<Work> run_send(const OpInfo& info, const Tensor& tensor, int dst, int tag) = 0;
-  virtual std::shared_ptr<Work> run_recv(const OpInfo& info, const Tensor& tensor, int src, int tag) = 0;
+  virtual std::shared_ptr<Work> run_send(const OpInfo& info, const Tensor& tensor, int dst,
+                                         int tag) = 0;
+  virtual std::shared_ptr<Work> run_recv(const OpInfo& info, const Tensor& tensor, int src,
+                                         int tag) = 0;
   virtual std::shared_ptr<Work> run_barrier(const OpInfo& info) = 0;
   // Builds the backend's group for `ranks` (already validated) over `store`.
   virtual std::shared_ptr<ProcessGroup> make_group(std::shared_ptr<Store> store, int rank,

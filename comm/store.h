@@ -40,7 +40,9 @@ class Store {
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 
   // Convenience for text values.
-  void set(const std::string& key, const std::string& value) { set(key, Bytes(value.begin(), value.end())); }
+  void set(const std::string& key, const std::string& value) {
+    set(key, Bytes(value.begin(), value.end()));
+  }
   std::string get_string(const std::string& key) {
     Bytes value = get(key);
     return std::string(value.begin(), value.end());

@@ -200,12 +200,14 @@ Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  LOOM_FAIL("could not connect to {} within {} ms ({} attempts; last error: {}); is the server "
-            "(rank 0, is_server=true) listening there?",
-            where, timeout_for_message.count(), attempts, last_error);
+  LOOM_FAIL(
+      "could not connect to {} within {} ms ({} attempts; last error: {}); is the server "
+      "(rank 0, is_server=true) listening there?",
+      where, timeout_for_message.count(), attempts, last_error);
 }
 
-IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point deadline, std::string* error) {
+IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point deadline,
+                  std::string* error) {
   size_t sent = 0;
   while (sent < size) {
     const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -226,7 +228,8 @@ IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point de
   return IoStatus::kOk;
 }
 
-IoStatus recv_all(int fd, uint8_t* data, size_t size, Clock::time_point deadline, std::string* error) {
+IoStatus recv_all(int fd, uint8_t* data, size_t size, Clock::time_point deadline,
+                  std::string* error) {
   size_t received = 0;
   while (received < size) {
     const ssize_t n = ::recv(fd, data + received, size - received, MSG_DONTWAIT);

@@ -62,7 +62,9 @@ enum class IoStatus { kOk, kTimeout, kClosed, kError };
 
 // Sends/receives exactly `size` bytes on a non-blocking socket before `deadline`. On kError,
 // `error` holds the reason; kClosed means the peer closed (mid-message for recv).
-IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point deadline, std::string* error);
-IoStatus recv_all(int fd, uint8_t* data, size_t size, Clock::time_point deadline, std::string* error);
+IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point deadline,
+                  std::string* error);
+IoStatus recv_all(int fd, uint8_t* data, size_t size, Clock::time_point deadline,
+                  std::string* error);
 
 }  // namespace loom::comm::net

@@ -25,25 +25,34 @@ std::string quoted_keys(const std::vector<std::string>& keys) {
   return out + "]";
 }
 
-uint64_t to_wire_ms(Duration timeout) { return static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0)); }
+uint64_t to_wire_ms(Duration timeout) {
+  return static_cast<uint64_t>(std::max<int64_t>(timeout.count(), 0));
+}
 
 }  // namespace
 
 TcpStore::TcpStore(std::string host, int port, TcpStoreOptions options)
     : host_(std::move(host)), port_(port), options_(std::move(options)) {
   timeout_ = options_.timeout;
-  LOOM_CHECK(!host_.empty(), "TcpStore: the host is empty; pass the server's address (MASTER_ADDR)");
-  LOOM_CHECK(port_ >= 0 && port_ <= 65535, "TcpStore {}: port {} is outside 0..65535", address(), port_);
+  LOOM_CHECK(!host_.empty(),
+             "TcpStore: the host is empty; pass the server's address (MASTER_ADDR)");
+  LOOM_CHECK(port_ >= 0 && port_ <= 65535, "TcpStore {}: port {} is outside 0..65535", address(),
+             port_);
   if (options_.is_server) {
     TcpStoreServerOptions server_options;
-    server_options.bind_host = options_.bind_host.empty() ? host_ : options_.bind_host == "*" ? "" : options_.bind_host;
+    server_options.bind_host = options_.bind_host.empty()  ? host_
+                               : options_.bind_host == "*" ? ""
+                                                           : options_.bind_host;
     server_options.port = port_;
     server_options.limits = options_.limits;
     server_ = std::make_unique<TcpStoreServer>(std::move(server_options));
     port_ = server_->port();
   } else {
-    LOOM_CHECK(port_ != 0, "TcpStore {}: a client needs the server's port, got 0 (port 0 only means 'pick a free "
-               "port' for the server, is_server=true)", address());
+    LOOM_CHECK(
+        port_ != 0,
+        "TcpStore {}: a client needs the server's port, got 0 (port 0 only means 'pick a free "
+        "port' for the server, is_server=true)",
+        address());
   }
   // Connect now, so an unreachable server is reported by the constructor.
   return_connection(borrow_connection());
@@ -87,7 +96,8 @@ Bytes TcpStore::encode(const ts::Request& request, const std::string& what) cons
   }
 }
 
-TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::string& what, Duration reply_within) {
+TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::string& what,
+                                       Duration reply_within) {
   const Bytes frame = encode(request, what);
   net::Socket socket = borrow_connection();
   const auto deadline = Clock::now() + reply_within;
@@ -95,12 +105,17 @@ TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::st
   auto fail = [&](net::IoStatus status, const char* stage) {
     // The socket is dropped (closed) here, never returned to the pool.
     if (status == net::IoStatus::kTimeout) {
-      LOOM_FAIL("TcpStore {} on {}: no reply from the server within {} ms (while {}); the connection was closed",
-                what, address(), reply_within.count(), stage);
+      LOOM_FAIL(
+          "TcpStore {} on {}: no reply from the server within {} ms (while {}); the connection was "
+          "closed",
+          what, address(), reply_within.count(), stage);
     }
     if (status == net::IoStatus::kClosed) {
-      LOOM_FAIL("TcpStore {} on {}: the server closed the connection while {}; is the server (rank 0) still "
-                "running?", what, address(), stage);
+      LOOM_FAIL(
+          "TcpStore {} on {}: the server closed the connection while {}; is the server (rank 0) "
+          "still "
+          "running?",
+          what, address(), stage);
     }
     LOOM_FAIL("TcpStore {} on {}: {} while {}", what, address(), error, stage);
   };
@@ -110,11 +125,14 @@ TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::st
   status = net::recv_all(socket.fd(), header_bytes, sizeof(header_bytes), deadline, &error);
   if (status != net::IoStatus::kOk) fail(status, "waiting for the reply");
   const ts::Header header = ts::decode_header(header_bytes);
-  LOOM_CHECK(header.magic == ts::kMagic, "TcpStore {} on {}: the reply starts with byte 0x{:02x}, not the TcpStore "
-             "magic 0x{:02x}; is something else listening on that port?", what, address(), header.magic, ts::kMagic);
+  LOOM_CHECK(header.magic == ts::kMagic,
+             "TcpStore {} on {}: the reply starts with byte 0x{:02x}, not the TcpStore "
+             "magic 0x{:02x}; is something else listening on that port?",
+             what, address(), header.magic, ts::kMagic);
   const uint64_t limit = ts::max_response_body(options_.limits);
-  LOOM_CHECK(header.body_bytes <= limit, "TcpStore {} on {}: the reply claims {} bytes, over the limit of {} bytes",
-             what, address(), header.body_bytes, limit);
+  LOOM_CHECK(header.body_bytes <= limit,
+             "TcpStore {} on {}: the reply claims {} bytes, over the limit of {} bytes", what,
+             address(), header.body_bytes, limit);
   Response response;
   response.status = static_cast<ts::Status>(header.code);
   response.body.resize(header.body_bytes);
@@ -123,8 +141,10 @@ TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::st
   if (header.version == ts::kVersion) return_connection(std::move(socket));
   if (response.status == ts::Status::kError) throw_server_error(response, what);
   LOOM_CHECK(header.version == ts::kVersion && header.code <= 2,
-             "TcpStore {} on {}: the server replied with protocol version {} status {}; this client speaks "
-             "version {}", what, address(), header.version, header.code, ts::kVersion);
+             "TcpStore {} on {}: the server replied with protocol version {} status {}; this "
+             "client speaks "
+             "version {}",
+             what, address(), header.version, header.code, ts::kVersion);
   return response;
 }
 
@@ -145,8 +165,8 @@ void TcpStore::set(const std::string& key, const Bytes& value) {
   request.value = value;
   const std::string what = fmt::format("set('{}')", key);
   const Response response = roundtrip(request, what, timeout());
-  LOOM_CHECK(response.status == ts::Status::kOk, "TcpStore {} on {}: unexpected status {}", what, address(),
-             static_cast<int>(response.status));
+  LOOM_CHECK(response.status == ts::Status::kOk, "TcpStore {} on {}: unexpected status {}", what,
+             address(), static_cast<int>(response.status));
 }
 
 Bytes TcpStore::get(const std::string& key) {
@@ -158,8 +178,8 @@ Bytes TcpStore::get(const std::string& key) {
   const std::string what = fmt::format("get('{}')", key);
   Response response = roundtrip(request, what, timeout + kReplyGrace);
   LOOM_CHECK(response.status != ts::Status::kTimeout,
-             "TcpStore {} on {}: key '{}' was not set within the timeout of {} ms", what, address(), key,
-             timeout.count());
+             "TcpStore {} on {}: key '{}' was not set within the timeout of {} ms", what, address(),
+             key, timeout.count());
   ts::Reader r(response.body.data(), response.body.size());
   try {
     Bytes value = r.value(response.body.size());

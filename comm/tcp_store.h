@@ -77,7 +77,8 @@ class TcpStore : public Store {
   };
   // Sends `request` and reads the response; `what` describes the call for errors ("get('k')").
   // `reply_within` bounds the wait for the response (on top of the server-side timeout).
-  Response roundtrip(const tcp_store::Request& request, const std::string& what, Duration reply_within);
+  Response roundtrip(const tcp_store::Request& request, const std::string& what,
+                     Duration reply_within);
   net::Socket borrow_connection();
   void return_connection(net::Socket socket);
   Bytes encode(const tcp_store::Request& request, const std::string& what) const;

@@ -9,12 +9,18 @@ namespace loom::comm::tcp_store {
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kSet: return "SET";
-    case Op::kGet: return "GET";
-    case Op::kAdd: return "ADD";
-    case Op::kCheck: return "CHECK";
-    case Op::kWait: return "WAIT";
-    case Op::kDelete: return "DELETE";
+    case Op::kSet:
+      return "SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kDelete:
+      return "DELETE";
   }
   return "?";
 }
@@ -78,8 +84,8 @@ Bytes Writer::finish(uint8_t code) {
 
 void Reader::need(uint64_t bytes, const char* what) const {
   if (bytes > size_ - offset_) {
-    throw ProtocolError(fmt::format("{} of {} bytes at offset {} overruns the {}-byte body", what, bytes,
-                                    offset_, size_));
+    throw ProtocolError(fmt::format("{} of {} bytes at offset {} overruns the {}-byte body", what,
+                                    bytes, offset_, size_));
   }
 }
 uint8_t Reader::u8() {
@@ -101,7 +107,8 @@ uint64_t Reader::u64() {
 std::string Reader::key(size_t max_bytes) {
   const uint32_t length = u32();
   if (length > max_bytes) {
-    throw ProtocolError(fmt::format("key of {} bytes exceeds the limit of {} bytes", length, max_bytes));
+    throw ProtocolError(
+        fmt::format("key of {} bytes exceeds the limit of {} bytes", length, max_bytes));
   }
   need(length, "key");
   std::string k(reinterpret_cast<const char*>(data_ + offset_), length);
@@ -111,7 +118,8 @@ std::string Reader::key(size_t max_bytes) {
 Bytes Reader::value(size_t max_bytes) {
   const uint64_t length = u64();
   if (length > max_bytes) {
-    throw ProtocolError(fmt::format("value of {} bytes exceeds the limit of {} bytes", length, max_bytes));
+    throw ProtocolError(
+        fmt::format("value of {} bytes exceeds the limit of {} bytes", length, max_bytes));
   }
   need(length, "value");
   Bytes v(data_ + offset_, data_ + offset_ + length);
@@ -127,14 +135,14 @@ void Reader::expect_end() const {
 namespace {
 void check_key(const std::string& key, const Limits& limits) {
   if (key.size() > limits.max_key_bytes) {
-    throw ProtocolError(fmt::format("key of {} bytes exceeds the limit of {} bytes (starts '{}')", key.size(),
-                                    limits.max_key_bytes, key.substr(0, 32)));
+    throw ProtocolError(fmt::format("key of {} bytes exceeds the limit of {} bytes (starts '{}')",
+                                    key.size(), limits.max_key_bytes, key.substr(0, 32)));
   }
 }
 void check_key_count(size_t n, const Limits& limits) {
   if (n > limits.max_keys_per_request) {
-    throw ProtocolError(
-        fmt::format("{} keys in one request exceed the limit of {}", n, limits.max_keys_per_request));
+    throw ProtocolError(fmt::format("{} keys in one request exceed the limit of {}", n,
+                                    limits.max_keys_per_request));
   }
 }
 }  // namespace
@@ -144,14 +152,16 @@ Bytes encode_request(const Request& request, const Limits& limits) {
   for (const auto& key : request.keys) check_key(key, limits);
   const bool multi = request.op == Op::kCheck || request.op == Op::kWait;
   if (!multi && request.keys.size() != 1) {
-    throw ProtocolError(fmt::format("{} takes one key, got {}", op_name(request.op), request.keys.size()));
+    throw ProtocolError(
+        fmt::format("{} takes one key, got {}", op_name(request.op), request.keys.size()));
   }
   if (multi) check_key_count(request.keys.size(), limits);
   switch (request.op) {
     case Op::kSet:
       if (request.value.size() > limits.max_value_bytes) {
-        throw ProtocolError(fmt::format("value of {} bytes for key '{}' exceeds the limit of {} bytes",
-                                        request.value.size(), request.keys[0], limits.max_value_bytes));
+        throw ProtocolError(
+            fmt::format("value of {} bytes for key '{}' exceeds the limit of {} bytes",
+                        request.value.size(), request.keys[0], limits.max_value_bytes));
       }
       w.key(request.keys[0]);
       w.value(request.value);

@@ -15,8 +15,8 @@
 //   GET       u64 timeout_ms, key                    value            (TIMEOUT: empty)
 //   ADD       key, i64 delta                         i64 new value    (ERROR: message)
 //   CHECK     u32 n, n keys                          u8 all present
-//   WAIT      u64 timeout_ms, u32 n, n keys          (empty)          (TIMEOUT: u32 n, missing keys)
-//   DELETE    key                                    u8 existed
+//   WAIT      u64 timeout_ms, u32 n, n keys          (empty)          (TIMEOUT: u32 n, missing
+//   keys) DELETE    key                                    u8 existed
 //
 // The client sends one request per connection at a time and reads its response. GET and WAIT
 // are answered by the server when the keys exist or when timeout_ms has passed (TIMEOUT), so a

@@ -23,8 +23,8 @@ TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : impl_(std::make_
   s.port = net::local_port(s.listener.fd());
   s.address = net::format_host_port(s.options.bind_host, s.port);
   int pipe_fds[2];
-  LOOM_CHECK(::pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) == 0, "TcpStore server {}: pipe2 failed: {}", s.address,
-             net::errno_string(errno));
+  LOOM_CHECK(::pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC) == 0, "TcpStore server {}: pipe2 failed: {}",
+             s.address, net::errno_string(errno));
   s.wake_read.reset(pipe_fds[0]);
   s.wake_write.reset(pipe_fds[1]);
   s.thread = std::thread([&s] { s.run(); });
@@ -46,7 +46,8 @@ void TcpStoreServer::Impl::run() {
   try {
     while (!stop.load()) loop_once();
   } catch (const std::exception& e) {
-    LOOM_LOG(error, "TcpStore server {}: stopped serving after an unexpected error: {}", address, e.what());
+    LOOM_LOG(error, "TcpStore server {}: stopped serving after an unexpected error: {}", address,
+             e.what());
   }
   for (auto& [id, c] : connections) {
     if (c->open()) close(*c);
@@ -68,7 +69,8 @@ void TcpStoreServer::Impl::loop_once() {
   }
   int timeout_ms = -1;
   if (!deadlines.empty()) {
-    const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadlines.begin()->first - Clock::now());
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(deadlines.begin()->first - Clock::now());
     timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
   }
   const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -114,7 +116,8 @@ void TcpStoreServer::Impl::accept_all() {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if ((errno == EMFILE || errno == ENFILE) && !fd_exhaustion_logged) {
         fd_exhaustion_logged = true;
-        LOOM_LOG(error, "TcpStore server {}: cannot accept more clients ({} open): {}; raise `ulimit -n`",
+        LOOM_LOG(error,
+                 "TcpStore server {}: cannot accept more clients ({} open): {}; raise `ulimit -n`",
                  address, connections.size(), net::errno_string(errno));
       } else if (errno != EMFILE && errno != ENFILE) {
         LOOM_LOG(warn, "TcpStore server {}: accept failed: {}", address, net::errno_string(errno));
@@ -133,10 +136,12 @@ void TcpStoreServer::Impl::accept_all() {
 }
 
 void TcpStoreServer::Impl::read_input(Connection& c) {
-  const uint64_t max_buffered = ts::kHeaderBytes + ts::max_request_body(options.limits) + kReadChunk;
+  const uint64_t max_buffered =
+      ts::kHeaderBytes + ts::max_request_body(options.limits) + kReadChunk;
   while (c.open()) {
     if (c.pending_input() > max_buffered) {
-      return reject(c, fmt::format("sent {} bytes of requests without waiting for replies", c.pending_input()));
+      return reject(c, fmt::format("sent {} bytes of requests without waiting for replies",
+                                   c.pending_input()));
     }
     const size_t old_size = c.in.size();
     c.in.resize(old_size + kReadChunk);
@@ -153,14 +158,19 @@ void TcpStoreServer::Impl::read_input(Connection& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    const std::string how = n == 0 ? "closed the connection" : "reset the connection (" + net::errno_string(errno) + ")";
+    const std::string how = n == 0 ? "closed the connection"
+                                   : "reset the connection (" + net::errno_string(errno) + ")";
     if (c.pending_input() > 0 && !c.draining) {
       std::string expected = "a 12-byte header";
       if (c.pending_input() >= ts::kHeaderBytes) {
-        expected = fmt::format("{} bytes", ts::kHeaderBytes + ts::decode_header(c.in.data() + c.in_offset).body_bytes);
+        expected = fmt::format(
+            "{} bytes", ts::kHeaderBytes + ts::decode_header(c.in.data() + c.in_offset).body_bytes);
       }
-      LOOM_LOG(warn, "TcpStore server {}: client {} {} in the middle of a request ({} bytes received of {}); "
-               "dropped it", address, c.peer, how, c.pending_input(), expected);
+      LOOM_LOG(
+          warn,
+          "TcpStore server {}: client {} {} in the middle of a request ({} bytes received of {}); "
+          "dropped it",
+          address, c.peer, how, c.pending_input(), expected);
     } else if (c.parked != 0) {
       LOOM_LOG(debug, "TcpStore server {}: client {} {} while waiting", address, c.peer, how);
     } else {
@@ -198,14 +208,16 @@ void TcpStoreServer::Impl::process_input(Connection& c) {
 
 bool TcpStoreServer::Impl::check_header(Connection& c, const ts::Header& header) {
   if (header.magic != ts::kMagic) {
-    reject(c, fmt::format("bad magic byte 0x{:02x} (expected 0x{:02x}); not a TcpStore client?", header.magic,
-                          ts::kMagic));
+    reject(c, fmt::format("bad magic byte 0x{:02x} (expected 0x{:02x}); not a TcpStore client?",
+                          header.magic, ts::kMagic));
     return false;
   }
   if (header.version != ts::kVersion) {
-    const std::string problem = fmt::format("the client speaks TcpStore protocol version {}, this server version {}",
-                                            header.version, ts::kVersion);
-    LOOM_LOG(warn, "TcpStore server {}: closing the connection from {}: {}", address, c.peer, problem);
+    const std::string problem =
+        fmt::format("the client speaks TcpStore protocol version {}, this server version {}",
+                    header.version, ts::kVersion);
+    LOOM_LOG(warn, "TcpStore server {}: closing the connection from {}: {}", address, c.peer,
+             problem);
     ts::Writer w;
     w.key(problem);
     reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
@@ -223,10 +235,13 @@ bool TcpStoreServer::Impl::check_header(Connection& c, const ts::Header& header)
   }
   const uint64_t limit = ts::max_request_body(options.limits);
   if (header.body_bytes > limit) {
-    reject(c, fmt::format("{} request claims a body of {} bytes, over the limit of {} bytes (max_value_bytes={}, "
-                          "max_key_bytes={})",
-                          ts::op_name(static_cast<ts::Op>(header.code)), header.body_bytes, limit,
-                          options.limits.max_value_bytes, options.limits.max_key_bytes));
+    reject(
+        c,
+        fmt::format(
+            "{} request claims a body of {} bytes, over the limit of {} bytes (max_value_bytes={}, "
+            "max_key_bytes={})",
+            ts::op_name(static_cast<ts::Op>(header.code)), header.body_bytes, limit,
+            options.limits.max_value_bytes, options.limits.max_key_bytes));
     return false;
   }
   return true;
@@ -252,8 +267,9 @@ void TcpStoreServer::Impl::flush(Connection& c) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    LOOM_LOG(warn, "TcpStore server {}: client {} went away before reading its reply ({}); dropped it", address,
-             c.peer, n < 0 ? net::errno_string(errno) : "send returned 0");
+    LOOM_LOG(warn,
+             "TcpStore server {}: client {} went away before reading its reply ({}); dropped it",
+             address, c.peer, n < 0 ? net::errno_string(errno) : "send returned 0");
     return close(c);
   }
   if (c.pending_output() == 0) {
@@ -264,7 +280,8 @@ void TcpStoreServer::Impl::flush(Connection& c) {
 }
 
 void TcpStoreServer::Impl::reject(Connection& c, const std::string& problem) {
-  LOOM_LOG(warn, "TcpStore server {}: closing the connection from {}: {}", address, c.peer, problem);
+  LOOM_LOG(warn, "TcpStore server {}: closing the connection from {}: {}", address, c.peer,
+           problem);
   close(c);
 }
 

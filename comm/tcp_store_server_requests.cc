@@ -55,9 +55,10 @@ void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request)
     const char* end = begin + it->second.size();
     const auto [ptr, ec] = std::from_chars(begin, end, current);
     if (ec != std::errc() || ptr != end || begin == end) {
-      w.key(fmt::format("add('{}'): the stored value '{}' is not an integer; add needs a key that is absent or "
-                        "was written by add",
-                        key, std::string(begin, std::min<size_t>(it->second.size(), 64))));
+      w.key(fmt::format(
+          "add('{}'): the stored value '{}' is not an integer; add needs a key that is absent or "
+          "was written by add",
+          key, std::string(begin, std::min<size_t>(it->second.size(), 64))));
       return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
     }
   }
@@ -73,7 +74,8 @@ void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request)
   notify(key);
 }
 
-std::vector<std::string> TcpStoreServer::Impl::missing_keys(const std::vector<std::string>& keys) const {
+std::vector<std::string> TcpStoreServer::Impl::missing_keys(
+    const std::vector<std::string>& keys) const {
   std::vector<std::string> missing;
   for (const auto& k : keys) {
     if (data.find(k) == data.end()) missing.push_back(k);
@@ -85,7 +87,8 @@ void TcpStoreServer::Impl::park(Connection& c, ts::Request request) {
   const uint64_t id = next_id++;
   Waiter waiter;
   waiter.connection = c.id;
-  waiter.deadline = Clock::now() + std::chrono::milliseconds(std::min(request.timeout_ms, kMaxTimeoutMs));
+  waiter.deadline =
+      Clock::now() + std::chrono::milliseconds(std::min(request.timeout_ms, kMaxTimeoutMs));
   waiter.request = std::move(request);
   for (const auto& k : missing_keys(waiter.request.keys)) {
     if (waiter.registered.insert(k).second) waiters_by_key[k].push_back(id);
@@ -138,7 +141,8 @@ void TcpStoreServer::Impl::remove_waiter(uint64_t waiter_id) {
     if (list->second.empty()) waiters_by_key.erase(list);
   }
   deadlines.erase({it->second.deadline, waiter_id});
-  if (auto c = connections.find(it->second.connection); c != connections.end()) c->second->parked = 0;
+  if (auto c = connections.find(it->second.connection); c != connections.end())
+    c->second->parked = 0;
   waiters.erase(it);
 }
 
@@ -154,8 +158,8 @@ void TcpStoreServer::Impl::expire_waiters() {
       for (const auto& k : missing) w.key(k);
     }
     const uint64_t connection = waiter.connection;
-    LOOM_LOG(debug, "TcpStore server {}: {} of {} timed out", address, ts::op_name(waiter.request.op),
-             quoted_keys(waiter.request.keys));
+    LOOM_LOG(debug, "TcpStore server {}: {} of {} timed out", address,
+             ts::op_name(waiter.request.op), quoted_keys(waiter.request.keys));
     remove_waiter(id);
     if (Connection* c = find(connection)) {
       reply(*c, w.finish(static_cast<uint8_t>(ts::Status::kTimeout)));

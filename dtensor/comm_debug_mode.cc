@@ -5,12 +5,13 @@
 namespace loom {
 
 CommDebugMode::CommDebugMode() : thread_(std::this_thread::get_id()) {
-  observer_id_ = comm::ProcessGroup::add_observer([this](comm::CollectiveKind kind, int64_t bytes, const std::string&) {
-    if (std::this_thread::get_id() != thread_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    counts_[static_cast<int>(kind)] += 1;
-    bytes_[static_cast<int>(kind)] += bytes;
-  });
+  observer_id_ = comm::ProcessGroup::add_observer(
+      [this](comm::CollectiveKind kind, int64_t bytes, const std::string&) {
+        if (std::this_thread::get_id() != thread_) return;
+        std::lock_guard<std::mutex> lock(mutex_);
+        counts_[static_cast<int>(kind)] += 1;
+        bytes_[static_cast<int>(kind)] += bytes;
+      });
 }
 
 CommDebugMode::~CommDebugMode() { comm::ProcessGroup::remove_observer(observer_id_); }
@@ -38,7 +39,8 @@ std::string CommDebugMode::summary() const {
   for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
     if (counts_[k] == 0) continue;
     if (!out.empty()) out += ", ";
-    out += fmt::format("{}: {} ({} B)", comm::collective_name(static_cast<comm::CollectiveKind>(k)), counts_[k], bytes_[k]);
+    out += fmt::format("{}: {} ({} B)", comm::collective_name(static_cast<comm::CollectiveKind>(k)),
+                       counts_[k], bytes_[k]);
   }
   return out.empty() ? "none" : out;
 }

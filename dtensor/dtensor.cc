@@ -14,7 +14,9 @@ namespace {
 using Grads = std::vector<Tensor>;
 
 const DTensorExtension* extension_of(const Tensor& tensor) {
-  if (!tensor.defined() || !tensor.extension() || tensor.extension()->kind() != kDTensorExtensionKind) return nullptr;
+  if (!tensor.defined() || !tensor.extension() ||
+      tensor.extension()->kind() != kDTensorExtensionKind)
+    return nullptr;
   return static_cast<const DTensorExtension*>(tensor.extension().get());
 }
 
@@ -57,20 +59,23 @@ const DTensorSpec& dtensor_spec(const Tensor& tensor, std::string_view op) {
 
 const Tensor& local_shard(const Tensor& tensor) {
   const DTensorExtension* ext = extension_of(tensor);
-  LOOM_CHECK(ext != nullptr, "local_shard: expected a DTensor, got a plain {}", tensor.description());
+  LOOM_CHECK(ext != nullptr, "local_shard: expected a DTensor, got a plain {}",
+             tensor.description());
   return ext->local();
 }
 
 Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
-  LOOM_CHECK(local.defined() && !local.extension(), "make_dtensor: the local tensor must be a plain tensor, got {}",
-             local.description());
+  LOOM_CHECK(local.defined() && !local.extension(),
+             "make_dtensor: the local tensor must be a plain tensor, got {}", local.description());
   spec.validate("make_dtensor");
   const Shape expected = spec.local_shape();
   LOOM_CHECK(local.shape() == expected,
-             "make_dtensor: local shard of shape {} on rank {} does not match {} (expected local shape {})",
+             "make_dtensor: local shard of shape {} on rank {} does not match {} (expected local "
+             "shape {})",
              shape_str(local.shape()), spec.mesh->rank(), spec.str(), shape_str(expected));
-  LOOM_CHECK(local.dtype() == spec.dtype, "make_dtensor: local dtype {} does not match spec dtype {}",
-             dtype_name(local.dtype()), dtype_name(spec.dtype));
+  LOOM_CHECK(local.dtype() == spec.dtype,
+             "make_dtensor: local dtype {} does not match spec dtype {}", dtype_name(local.dtype()),
+             dtype_name(spec.dtype));
   // Any DTensor in existence implies its ops can dispatch (an explicit, idempotent call).
   sharding::install_dtensor_dispatch();
   auto impl = std::make_shared<TensorImpl>();
@@ -82,8 +87,8 @@ Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
   return Tensor(std::move(impl));
 }
 
-Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
-                         std::optional<int> src_data_rank) {
+Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh,
+                         Placements placements, std::optional<int> src_data_rank) {
   LOOM_CHECK(mesh != nullptr, "distribute_tensor: the mesh is null");
   LOOM_CHECK(tensor.defined() && !is_dtensor(tensor),
              "distribute_tensor: expected a plain tensor, got {}", tensor.description());
@@ -91,10 +96,11 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   NoGradGuard no_grad;
   Tensor full = ops::contiguous(tensor);
   if (src_data_rank.has_value()) {
-    LOOM_CHECK(*src_data_rank == 0,
-               "distribute_tensor: src_data_rank {} is not supported; use 0 (the mesh's first rank) or "
-               "std::nullopt (no communication)",
-               *src_data_rank);
+    LOOM_CHECK(
+        *src_data_rank == 0,
+        "distribute_tensor: src_data_rank {} is not supported; use 0 (the mesh's first rank) or "
+        "std::nullopt (no communication)",
+        *src_data_rank);
     full = ops::clone(full);
     // Along each mesh dim from its coordinate 0 (whose group rank is 0 unless the rank array
     // is not ascending).
@@ -102,7 +108,8 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
       mesh->group(md)->broadcast(full, mesh->group_ranks_by_coordinate(md)[0])->wait();
     }
   }
-  DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(), tensor.dtype()};
+  DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(),
+                         tensor.dtype()};
   Tensor local = redistribute_local(full, replicated, placements);
   DTensorSpec spec{std::move(mesh), std::move(placements), tensor.shape(), tensor.dtype()};
   Tensor out = make_dtensor(ops::contiguous(local), std::move(spec));
@@ -110,11 +117,11 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   return out;
 }
 
-Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
-                  std::optional<Shape> shape) {
+Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
+                  Placements placements, std::optional<Shape> shape) {
   LOOM_CHECK(mesh != nullptr, "from_local: the mesh is null");
-  LOOM_CHECK(local.defined() && !is_dtensor(local), "from_local: expected a plain local tensor, got {}",
-             local.description());
+  LOOM_CHECK(local.defined() && !is_dtensor(local),
+             "from_local: expected a plain local tensor, got {}", local.description());
   placements = normalize_placements(placements, *mesh, local.dim(), "from_local");
   Shape global = local.shape();
   if (shape.has_value()) {
@@ -139,27 +146,30 @@ Tensor to_local(const Tensor& dtensor) {
   if (!autograd::any_requires_grad({dtensor})) return local;
   DTensorSpec grad_spec = spec;
   grad_spec.placements = gradient_placements(spec.placements);
-  return autograd::record("ToLocalBackward", {dtensor}, ops::alias(local), [grad_spec](const Grads& g) {
-    return Grads{make_dtensor(ops::contiguous(g[0]), grad_spec)};
-  });
+  return autograd::record("ToLocalBackward", {dtensor}, ops::alias(local),
+                          [grad_spec](const Grads& g) {
+                            return Grads{make_dtensor(ops::contiguous(g[0]), grad_spec)};
+                          });
 }
 
 Tensor redistribute(const Tensor& dtensor, Placements placements) {
   const DTensorSpec& spec = dtensor_spec(dtensor, "redistribute");
-  const Placements target = normalize_placements(placements, *spec.mesh, static_cast<int64_t>(spec.shape.size()),
-                                                 "redistribute");
+  const Placements target = normalize_placements(
+      placements, *spec.mesh, static_cast<int64_t>(spec.shape.size()), "redistribute");
   Tensor out;
   {
     NoGradGuard no_grad;
     out = redistribute_no_grad(dtensor, target);
-    if (out.is_same(dtensor)) out = make_dtensor(local_shard(dtensor), spec);  // a new handle for the graph
+    if (out.is_same(dtensor))
+      out = make_dtensor(local_shard(dtensor), spec);  // a new handle for the graph
   }
   if (!autograd::any_requires_grad({dtensor})) return out;
   const DTensorSpec out_spec = dtensor_spec(out);
-  return autograd::record("RedistributeBackward", {dtensor}, out,
-                          [back = gradient_placements(spec.placements), out_spec](const Grads& g) {
-                            return Grads{redistribute_no_grad(as_dtensor_like(g[0], out_spec), back)};
-                          });
+  return autograd::record(
+      "RedistributeBackward", {dtensor}, out,
+      [back = gradient_placements(spec.placements), out_spec](const Grads& g) {
+        return Grads{redistribute_no_grad(as_dtensor_like(g[0], out_spec), back)};
+      });
 }
 
 Tensor full_tensor(const Tensor& dtensor) {

@@ -2,8 +2,8 @@
 //
 // A DTensor *is* a loom::Tensor: its TensorImpl carries the global shape and a
 // DTensorExtension holding the spec and this rank's local shard. Ops on it dispatch (via
-// tensor/dispatch.h) to sharding propagation (dtensor/sharding/propagator.h), so modules, autograd and
-// optimizers take DTensors as they are.
+// tensor/dispatch.h) to sharding propagation (dtensor/sharding/propagator.h), so modules, autograd
+// and optimizers take DTensors as they are.
 //
 // Collective contract: functions that communicate (distribute_tensor, redistribute,
 // full_tensor, and ops whose strategy needs a redistribute) must be called by every rank of the
@@ -25,7 +25,8 @@ inline constexpr int kDTensorExtensionKind = 1;
 
 class DTensorExtension final : public TensorExtension {
  public:
-  DTensorExtension(DTensorSpec spec, Tensor local) : spec_(std::move(spec)), local_(std::move(local)) {}
+  DTensorExtension(DTensorSpec spec, Tensor local)
+      : spec_(std::move(spec)), local_(std::move(local)) {}
   int kind() const override { return kDTensorExtensionKind; }
   const DTensorSpec& spec() const { return spec_; }
   // The local shard: a plain tensor (never a DTensor), shape spec().local_shape().
@@ -52,13 +53,13 @@ Tensor make_dtensor(const Tensor& local, DTensorSpec spec);
 // data of the mesh's coordinate-0 rank is broadcast first, so ranks need not agree; with
 // std::nullopt no communication happens and every rank must pass the same values. The result
 // is a leaf that requires grad when `tensor` does.
-Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
-                         std::optional<int> src_data_rank = 0);
+Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh,
+                         Placements placements, std::optional<int> src_data_rank = 0);
 // This rank's shard as a DTensor with `placements`. `shape` gives the global shape (required
 // when shards are uneven; by default it is computed assuming even shards). Differentiable: the
 // gradient of the local tensor is the local shard of the DTensor's gradient.
-Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
-                  std::optional<Shape> shape = std::nullopt);
+Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
+                  Placements placements, std::optional<Shape> shape = std::nullopt);
 // The local shard, differentiable (its gradient becomes a DTensor with the same placements,
 // Partial treated as Replicate).
 Tensor to_local(const Tensor& dtensor);

@@ -12,8 +12,8 @@ namespace {
 // A DTensor whose shard is filled by `fill(local, region)`; Partial mesh dims hold the value
 // on their coordinate 0 (sum) or everywhere (avg/max/min), like replicate_to_partial.
 template <typename Fill>
-Tensor make_filled(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh, Placements placements, DType dtype,
-                   std::string_view op, Fill&& fill) {
+Tensor make_filled(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh,
+                   Placements placements, DType dtype, std::string_view op, Fill&& fill) {
   LOOM_CHECK(mesh != nullptr, "{}: the mesh is null", op);
   placements = normalize_placements(placements, *mesh, static_cast<int64_t>(shape.size()), op);
   DTensorSpec spec{mesh, placements, shape, dtype};
@@ -30,26 +30,31 @@ Tensor make_filled(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh, P
 
 }  // namespace
 
-Tensor dtensor_full(const Shape& shape, double value, std::shared_ptr<const DeviceMesh> mesh, Placements placements,
-                    DType dtype) {
+Tensor dtensor_full(const Shape& shape, double value, std::shared_ptr<const DeviceMesh> mesh,
+                    Placements placements, DType dtype) {
   return make_filled(shape, std::move(mesh), std::move(placements), dtype, "dtensor_full",
                      [value](const Tensor& local, const RngRegion&) { ops::fill_(local, value); });
 }
 
-Tensor dtensor_zeros(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh, Placements placements, DType dtype) {
+Tensor dtensor_zeros(const Shape& shape, std::shared_ptr<const DeviceMesh> mesh,
+                     Placements placements, DType dtype) {
   return dtensor_full(shape, 0.0, std::move(mesh), std::move(placements), dtype);
 }
 
-Tensor dtensor_normal(const Shape& shape, uint64_t seed, double mean, double std, std::shared_ptr<const DeviceMesh> mesh,
-                      Placements placements, DType dtype) {
+Tensor dtensor_normal(const Shape& shape, uint64_t seed, double mean, double std,
+                      std::shared_ptr<const DeviceMesh> mesh, Placements placements, DType dtype) {
   return make_filled(shape, std::move(mesh), std::move(placements), dtype, "dtensor_normal",
-                     [&](const Tensor& local, const RngRegion& region) { ops::normal_(local, seed, mean, std, region); });
+                     [&](const Tensor& local, const RngRegion& region) {
+                       ops::normal_(local, seed, mean, std, region);
+                     });
 }
 
-Tensor dtensor_uniform(const Shape& shape, uint64_t seed, double low, double high, std::shared_ptr<const DeviceMesh> mesh,
-                       Placements placements, DType dtype) {
+Tensor dtensor_uniform(const Shape& shape, uint64_t seed, double low, double high,
+                       std::shared_ptr<const DeviceMesh> mesh, Placements placements, DType dtype) {
   return make_filled(shape, std::move(mesh), std::move(placements), dtype, "dtensor_uniform",
-                     [&](const Tensor& local, const RngRegion& region) { ops::uniform_(local, seed, low, high, region); });
+                     [&](const Tensor& local, const RngRegion& region) {
+                       ops::uniform_(local, seed, low, high, region);
+                     });
 }
 
 }  // namespace loom

@@ -31,9 +31,12 @@ Placement Placement::normalized(int64_t ndim) const {
 
 std::string Placement::str() const {
   switch (kind_) {
-    case Kind::kShard: return fmt::format("S({})", dim_);
-    case Kind::kReplicate: return "R";
-    case Kind::kPartial: return fmt::format("P({})", comm::reduce_op_name(reduce_op_));
+    case Kind::kShard:
+      return fmt::format("S({})", dim_);
+    case Kind::kReplicate:
+      return "R";
+    case Kind::kPartial:
+      return fmt::format("P({})", comm::reduce_op_name(reduce_op_));
   }
   return "?";
 }

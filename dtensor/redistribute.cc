@@ -9,7 +9,8 @@ namespace loom {
 namespace {
 
 // Size of `tensor_dim` at `mesh_dim` under `placements`: the chunk the outer mesh dims leave.
-int64_t dim_size_at(const DTensorSpec& spec, const Placements& placements, int64_t tensor_dim, int64_t mesh_dim) {
+int64_t dim_size_at(const DTensorSpec& spec, const Placements& placements, int64_t tensor_dim,
+                    int64_t mesh_dim) {
   int64_t size = spec.shape[tensor_dim];
   for (int64_t md = 0; md < mesh_dim; ++md) {
     if (placements[md].is_shard(tensor_dim)) {
@@ -28,12 +29,12 @@ Tensor redistribute_local(const Tensor& local, const DTensorSpec& spec, const Pl
   Placements placements = spec.placements;
   for (const RedistributeStep& step : plan.steps) {
     const int64_t md = step.mesh_dim;
-    transitions::MeshDimContext ctx{*spec.mesh->group(md), spec.mesh->coordinate(md), spec.mesh->size(md),
-                                    spec.mesh->group_ranks_by_coordinate(md)};
+    transitions::MeshDimContext ctx{*spec.mesh->group(md), spec.mesh->coordinate(md),
+                                    spec.mesh->size(md), spec.mesh->group_ranks_by_coordinate(md)};
     switch (step.kind) {
       case Kind::kAllGather:
-        current = transitions::shard_to_replicate(current, ctx, step.from.dim(),
-                                                  dim_size_at(spec, placements, step.from.dim(), md));
+        current = transitions::shard_to_replicate(
+            current, ctx, step.from.dim(), dim_size_at(spec, placements, step.from.dim(), md));
         break;
       case Kind::kAllReduce:
         current = transitions::partial_to_replicate(current, ctx, step.from.reduce_op());
@@ -43,9 +44,9 @@ Tensor redistribute_local(const Tensor& local, const DTensorSpec& spec, const Pl
                                                 dim_size_at(spec, placements, step.to.dim(), md));
         break;
       case Kind::kAllToAll:
-        current = transitions::shard_to_shard(current, ctx, step.from.dim(),
-                                              dim_size_at(spec, placements, step.from.dim(), md), step.to.dim(),
-                                              dim_size_at(spec, placements, step.to.dim(), md));
+        current = transitions::shard_to_shard(
+            current, ctx, step.from.dim(), dim_size_at(spec, placements, step.from.dim(), md),
+            step.to.dim(), dim_size_at(spec, placements, step.to.dim(), md));
         break;
       case Kind::kLocalChunk:
         current = transitions::replicate_to_shard(current, ctx, step.to.dim(),

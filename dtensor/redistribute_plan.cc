@@ -9,7 +9,8 @@ namespace {
 using Kind = RedistributeStep::Kind;
 
 // Whether any mesh dim other than `except` shards `tensor_dim` in `a` or `b`.
-bool sharded_elsewhere(const Placements& a, const Placements& b, size_t except, int64_t tensor_dim) {
+bool sharded_elsewhere(const Placements& a, const Placements& b, size_t except,
+                       int64_t tensor_dim) {
   for (size_t i = 0; i < a.size(); ++i) {
     if (i == except) continue;
     if (a[i].is_shard(tensor_dim) || b[i].is_shard(tensor_dim)) return true;
@@ -21,12 +22,18 @@ bool sharded_elsewhere(const Placements& a, const Placements& b, size_t except, 
 
 const char* step_kind_name(Kind kind) {
   switch (kind) {
-    case Kind::kAllGather: return "all_gather";
-    case Kind::kAllReduce: return "all_reduce";
-    case Kind::kReduceScatter: return "reduce_scatter";
-    case Kind::kAllToAll: return "all_to_all";
-    case Kind::kLocalChunk: return "local_chunk";
-    case Kind::kLocalPartial: return "local_partial";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllToAll:
+      return "all_to_all";
+    case Kind::kLocalChunk:
+      return "local_chunk";
+    case Kind::kLocalPartial:
+      return "local_partial";
   }
   return "?";
 }
@@ -39,12 +46,14 @@ std::string RedistributePlan::str() const {
 
 int64_t RedistributePlan::collective_count() const {
   int64_t n = 0;
-  for (const auto& step : steps) n += step.kind != Kind::kLocalChunk && step.kind != Kind::kLocalPartial;
+  for (const auto& step : steps)
+    n += step.kind != Kind::kLocalChunk && step.kind != Kind::kLocalPartial;
   return n;
 }
 
 RedistributePlan plan_redistribute(const Placements& from, const Placements& to) {
-  LOOM_INTERNAL_ASSERT(from.size() == to.size(), "{} vs {}", placements_str(from), placements_str(to));
+  LOOM_INTERNAL_ASSERT(from.size() == to.size(), "{} vs {}", placements_str(from),
+                       placements_str(to));
   const size_t n = from.size();
   RedistributePlan plan{from, to, {}};
 
@@ -55,7 +64,8 @@ RedistributePlan plan_redistribute(const Placements& from, const Placements& to)
     if (!marked[i]) continue;
     for (size_t j = i + 1; j < n; ++j) {
       for (const Placement& outer : {from[i], to[i]}) {
-        if (outer.is_shard() && (from[j].is_shard(outer.dim()) || to[j].is_shard(outer.dim()))) marked[j] = true;
+        if (outer.is_shard() && (from[j].is_shard(outer.dim()) || to[j].is_shard(outer.dim())))
+          marked[j] = true;
       }
     }
   }
@@ -79,7 +89,8 @@ RedistributePlan plan_redistribute(const Placements& from, const Placements& to)
       continue;
     }
     if (src.is_shard()) {
-      if (dst.is_shard() && dst.dim() != src.dim() && !sharded_elsewhere(current, to, k, src.dim()) &&
+      if (dst.is_shard() && dst.dim() != src.dim() &&
+          !sharded_elsewhere(current, to, k, src.dim()) &&
           !sharded_elsewhere(current, to, k, dst.dim())) {
         emit(Kind::kAllToAll, k, dst);
         done[k] = true;
@@ -98,10 +109,12 @@ RedistributePlan plan_redistribute(const Placements& from, const Placements& to)
   // 3. First to last: from Replicate up to the target.
   for (size_t k = 0; k < n; ++k) {
     if (!marked[k] || done[k] || current[k] == to[k]) continue;
-    LOOM_INTERNAL_ASSERT(current[k].is_replicate(), "mesh dim {} is {} in phase 2", k, current[k].str());
+    LOOM_INTERNAL_ASSERT(current[k].is_replicate(), "mesh dim {} is {} in phase 2", k,
+                         current[k].str());
     emit(to[k].is_shard() ? Kind::kLocalChunk : Kind::kLocalPartial, k, to[k]);
   }
-  LOOM_INTERNAL_ASSERT(current == to, "plan ends at {} instead of {}", placements_str(current), placements_str(to));
+  LOOM_INTERNAL_ASSERT(current == to, "plan ends at {} instead of {}", placements_str(current),
+                       placements_str(to));
   return plan;
 }
 

@@ -7,19 +7,19 @@
 
 namespace loom {
 
-Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t tensor_ndim,
-                                std::string_view op) {
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh,
+                                int64_t tensor_ndim, std::string_view op) {
   LOOM_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(),
              "{}: got {} placement{} {} for {} with {} dims; pass one placement per mesh dim", op,
-             placements.size(), placements.size() == 1 ? "" : "s", placements_str(placements), mesh.str(),
-             mesh.ndim());
+             placements.size(), placements.size() == 1 ? "" : "s", placements_str(placements),
+             mesh.str(), mesh.ndim());
   Placements out;
   for (size_t i = 0; i < placements.size(); ++i) {
     const Placement& p = placements[i];
     if (p.is_shard()) {
       LOOM_CHECK(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim,
-                 "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dims", op,
-                 p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim);
+                 "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dims",
+                 op, p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim);
     }
     out.push_back(p.normalized(tensor_ndim));
   }

@@ -40,7 +40,7 @@ struct DTensorSpec {
 // Normalizes placements against a tensor rank and checks them for `mesh`:
 // "distribute_tensor: got 1 placement [S(0)] for DeviceMesh(dp=2, tp=4) with 2 dims; pass one
 // placement per mesh dim".
-Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh, int64_t tensor_ndim,
-                                std::string_view op);
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh,
+                                int64_t tensor_ndim, std::string_view op);
 
 }  // namespace loom

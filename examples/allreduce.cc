@@ -20,7 +20,8 @@ int main() {
     world->all_reduce(t, comm::ReduceOp::kSum)->wait();
     const double expected = world->size() * (world->size() + 1) / 2.0;
     const double got = ops::to_vector(t)[0];
-    fmt::print("rank {} of {}: all_reduce(sum) = {} (expected {})\n", world->rank(), world->size(), got, expected);
+    fmt::print("rank {} of {}: all_reduce(sum) = {} (expected {})\n", world->rank(), world->size(),
+               got, expected);
     std::fflush(stdout);
     return got == expected ? 0 : 1;
   } catch (const Error& error) {

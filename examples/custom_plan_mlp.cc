@@ -27,7 +27,8 @@ class Mlp : public nn::Module {
  public:
   Mlp() : Module("Mlp") {
     up = register_module("up", std::make_shared<nn::Linear>(16, 64, nn::LinearOptions{.seed = 1}));
-    down = register_module("down", std::make_shared<nn::Linear>(64, 16, nn::LinearOptions{.seed = 3}));
+    down =
+        register_module("down", std::make_shared<nn::Linear>(64, 16, nn::LinearOptions{.seed = 3}));
   }
   Tensor forward(const Tensor& x) override { return (*down)(gelu((*up)(x))); }
   std::shared_ptr<nn::Linear> up, down;
@@ -54,9 +55,10 @@ int main() {
     double max_diff = 0;
     const auto a = ops::to_vector(y), b = ops::to_vector(expected);
     for (size_t i = 0; i < a.size(); ++i) max_diff = std::max(max_diff, std::abs(a[i] - b[i]));
-    fmt::print("rank {}: up.weight local {} of {}, forward collectives: {}, max |tp - single| = {:.2e}\n",
-               world->rank(), shape_str(local_shard(model.up->weight()).shape()),
-               shape_str(model.up->weight().shape()), comm.summary(), max_diff);
+    fmt::print(
+        "rank {}: up.weight local {} of {}, forward collectives: {}, max |tp - single| = {:.2e}\n",
+        world->rank(), shape_str(local_shard(model.up->weight()).shape()),
+        shape_str(model.up->weight().shape()), comm.summary(), max_diff);
     std::fflush(stdout);
     return max_diff < 1e-5 ? 0 : 1;
   } catch (const Error& error) {

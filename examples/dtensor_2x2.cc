@@ -28,8 +28,8 @@ void show(const std::string& label, const Tensor& x) {
     std::vector<double> row(values.begin() + r * cols, values.begin() + (r + 1) * cols);
     rows += fmt::format(" [{}]", fmt::join(row, " "));
   }
-  fmt::print("{:<28} coord ({}) local {}:{}\n", label, fmt::join(spec.mesh->coordinate(), ","), shape_str(local.shape()),
-             rows.empty() ? " (empty)" : rows);
+  fmt::print("{:<28} coord ({}) local {}:{}\n", label, fmt::join(spec.mesh->coordinate(), ","),
+             shape_str(local.shape()), rows.empty() ? " (empty)" : rows);
   std::fflush(stdout);
 }
 
@@ -38,15 +38,20 @@ void show(const std::string& label, const Tensor& x) {
 int main() {
   try {
     auto world = comm::init_process_group("gloo");
-    LOOM_CHECK(world->size() == 4, "dtensor_2x2: run with 4 ranks (loomrun --nproc-per-node 4), got {}", world->size());
-    auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"dp", "tp"}, std::vector<int64_t>{2, 2});
+    LOOM_CHECK(world->size() == 4,
+               "dtensor_2x2: run with 4 ranks (loomrun --nproc-per-node 4), got {}", world->size());
+    auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"dp", "tp"},
+                                                   std::vector<int64_t>{2, 2});
     const Tensor matrix = ops::reshape(ops::arange(0.0, 24.0, 1.0, kFloat32), {4, 6});
     if (world->rank() == 0) fmt::print("{} over a 4x6 matrix 0..23\n", mesh->str());
 
     Tensor x = distribute_tensor(matrix, mesh, {Shard(0), Shard(1)});
     show("[S(0), S(1)]", x);
-    const std::vector<Placements> walk{{Replicate(), Shard(1)}, {Shard(1), Shard(0)}, {Shard(0), Shard(0)},
-                                       {Partial(), Replicate()}, {Replicate(), Replicate()}};
+    const std::vector<Placements> walk{{Replicate(), Shard(1)},
+                                       {Shard(1), Shard(0)},
+                                       {Shard(0), Shard(0)},
+                                       {Partial(), Replicate()},
+                                       {Replicate(), Replicate()}};
     Placements current{Shard(0), Shard(1)};
     for (const Placements& next : walk) {
       const auto plan = plan_redistribute(current, next);
@@ -56,7 +61,8 @@ int main() {
       current = next;
     }
     const bool same = ops::to_vector(full_tensor(x)) == ops::to_vector(matrix);
-    if (world->rank() == 0) fmt::print("full_tensor equals the original: {}\n", same ? "yes" : "NO");
+    if (world->rank() == 0)
+      fmt::print("full_tensor equals the original: {}\n", same ? "yes" : "NO");
     return same ? 0 : 1;
   } catch (const Error& error) {
     fmt::print(stderr, "dtensor_2x2: {}\n", error.what());

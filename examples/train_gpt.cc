@@ -10,16 +10,16 @@
 // program re-launches itself under loomrun (--launcher), one process per rank. Rank 0 prints
 // one line per step (loss, lr, tokens/s, ms/step, peak memory), writes the metrics as JSONL, a
 // loss-curve PNG (gnuplot) and a generated sample at the end.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <malloc.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -29,20 +29,20 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "dtensor/dtensor.h"
+#include "examples/train_gpt_model.h"
 #include "mesh/device_mesh.h"
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
-#include "models/gpt/gpt.h"
-#include "comm/launch_env.h"
-#include "examples/train_gpt_model.h"
-#include "tensor/cuda/caching_allocator.h"
-#include "tensor/cuda/cuda_runtime.h"
 #include "models/gpt/config.h"
+#include "models/gpt/gpt.h"
 #include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
 #include "parallel/ddp/ddp.h"
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
 
 namespace {
@@ -67,9 +67,9 @@ struct Flags {
   double clip = 1.0;  // gradient-norm clip
   int sample_tokens = 200;
   int log_every = 10;
-  bool progress = true;  // a progress bar on the terminal (/dev/tty), when there is one
+  bool progress = true;           // a progress bar on the terminal (/dev/tty), when there is one
   bool sequence_parallel = true;  // with tp > 1: norms and dropout on sequence shards
-  std::string schedule = "1f1b";   // with pp > 1
+  std::string schedule = "1f1b";  // with pp > 1
   int microbatches = 0;  // 0: pp x virtual stages (every stage busy once the pipeline fills)
   int virtual_stages = 1;
   std::string mixed_precision = "none";  // bf16: bf16 compute over f32 master weights
@@ -78,7 +78,10 @@ struct Flags {
 
 // Warmup over the first 5% of the steps, then cosine decay to 10% of the peak (nanoGPT's).
 optim::WarmupCosine lr_schedule(const Flags& f) {
-  return {.peak_lr = f.lr, .warmup_steps = std::min(std::max(1, f.steps / 20), f.steps - 1), .total_steps = f.steps, .min_ratio = 0.1};
+  return {.peak_lr = f.lr,
+          .warmup_steps = std::min(std::max(1, f.steps / 20), f.steps - 1),
+          .total_steps = f.steps,
+          .min_ratio = 0.1};
 }
 
 // A one-line progress bar on the user's terminal. It writes to /dev/tty rather than stdout, so
@@ -112,7 +115,8 @@ class ProgressBar {
 
 // The device's peak: the caching allocator's on a GPU, the process's resident set on CPU.
 int64_t peak_memory_bytes(Device device) {
-  if (device.is_cuda()) return static_cast<int64_t>(cuda::allocator_stats(device.index).peak_allocated_bytes);
+  if (device.is_cuda())
+    return static_cast<int64_t>(cuda::allocator_stats(device.index).peak_allocated_bytes);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
@@ -127,7 +131,8 @@ Device resolve_device(const std::string& flag) {
   const int gpus = cuda::available() ? cuda::device_count() : 0;
   if (flag == "cpu" || (flag == "auto" && gpus < local_ranks)) return Device::cpu();
   LOOM_CHECK(cuda::available(), "train_gpt: --device cuda but {}", cuda::unavailable_reason());
-  LOOM_CHECK(local_rank < gpus, "train_gpt: --device cuda: local rank {} needs cuda:{} but {} GPU(s) are visible",
+  LOOM_CHECK(local_rank < gpus,
+             "train_gpt: --device cuda: local rank {} needs cuda:{} but {} GPU(s) are visible",
              local_rank, local_rank, gpus);
   return Device::cuda(local_rank);
 }
@@ -135,7 +140,8 @@ Device resolve_device(const std::string& flag) {
 [[noreturn]] void relaunch(const Flags& f, int argc, char** argv) {
   const int world = f.dp * f.tp * f.pp;
   LOOM_CHECK(!f.launcher.empty(),
-             "train_gpt: {} ranks requested (dp={} tp={} pp={}) but no launcher: run under loomrun, or pass "
+             "train_gpt: {} ranks requested (dp={} tp={} pp={}) but no launcher: run under "
+             "loomrun, or pass "
              "--launcher PATH_TO_LOOMRUN (./loom train does)",
              world, f.dp, f.tp, f.pp);
   std::vector<std::string> args{f.launcher, "--nproc-per-node", std::to_string(world), "--"};
@@ -157,14 +163,19 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
   for (size_t step = 0; step < losses.size(); ++step) points << step << " " << losses[step] << "\n";
   points.close();
   std::ofstream out(script);
-  out << "set terminal pngcairo size 800,500\nset output '" << png << "'\nset xlabel 'step'\nset ylabel 'loss (nats)'\n"
-      << "set title 'train_gpt' noenhanced\nset grid\nplot '" << data << "' using 1:2 with lines title 'loss', "
-      << entropy << " with lines dashtype 2 title 'unigram entropy of the data'\n";
+  out << "set terminal pngcairo size 800,500\nset output '" << png
+      << "'\nset xlabel 'step'\nset ylabel 'loss (nats)'\n"
+      << "set title 'train_gpt' noenhanced\nset grid\nplot '" << data
+      << "' using 1:2 with lines title 'loss', " << entropy
+      << " with lines dashtype 2 title 'unigram entropy of the data'\n";
   out.close();
   if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
     fmt::print("loss curve: {}\n", png);
   } else {
-    fmt::print("loss curve: gnuplot failed or is missing (./loom setup installs it); the losses are in {}\n", data);
+    fmt::print(
+        "loss curve: gnuplot failed or is missing (./loom setup installs it); the losses are in "
+        "{}\n",
+        data);
   }
 }
 
@@ -186,26 +197,30 @@ int run(Flags f) {
   auto world = comm::init_process_group(device.is_cuda() ? "nccl" : "gloo");
   const int rank = world->rank();
   const int world_size = f.dp * f.tp * f.pp;
-  LOOM_CHECK(world->size() == world_size, "train_gpt: {} ranks but pp={} x dp={} x tp={} = {}", world->size(), f.pp,
-             f.dp, f.tp, world_size);
+  LOOM_CHECK(world->size() == world_size, "train_gpt: {} ranks but pp={} x dp={} x tp={} = {}",
+             world->size(), f.pp, f.dp, f.tp, world_size);
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
   auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"pp", "dp", "tp"},
                                                  std::vector<int64_t>{f.pp, f.dp, f.tp});
   const int64_t dp_rank = mesh->coordinate(mesh->dim_index("dp"));
   LOOM_CHECK(f.batch_size % (f.dp * f.grad_accum) == 0,
-             "train_gpt: --batch-size {} must divide by dp x grad-accum = {}", f.batch_size, f.dp * f.grad_accum);
+             "train_gpt: --batch-size {} must divide by dp x grad-accum = {}", f.batch_size,
+             f.dp * f.grad_accum);
   LOOM_CHECK(f.pp == 1 || f.grad_accum == 1,
-             "train_gpt: with --pp {} the batch is already split into --microbatches; use --grad-accum 1 (got {})", f.pp,
-             f.grad_accum);
+             "train_gpt: with --pp {} the batch is already split into --microbatches; use "
+             "--grad-accum 1 (got {})",
+             f.pp, f.grad_accum);
   if (f.microbatches == 0) f.microbatches = f.pp > 1 ? f.pp * f.virtual_stages : 1;
   LOOM_CHECK(f.pp > 1 || (f.microbatches == 1 && f.virtual_stages == 1),
-             "train_gpt: --microbatches and --virtual-stages apply to pipelines (--pp > 1); for micro-batches "
+             "train_gpt: --microbatches and --virtual-stages apply to pipelines (--pp > 1); for "
+             "micro-batches "
              "without one use --grad-accum");
   LOOM_CHECK((f.batch_size / f.dp) % f.microbatches == 0,
-             "train_gpt: each dp rank's {} sequences do not split into --microbatches {}", f.batch_size / f.dp,
-             f.microbatches);
+             "train_gpt: each dp rank's {} sequences do not split into --microbatches {}",
+             f.batch_size / f.dp, f.microbatches);
   LOOM_CHECK(f.tp == 1 || !f.sequence_parallel || f.seq_len % f.tp == 0,
-             "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} must divide by --tp {} "
+             "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} "
+             "must divide by --tp {} "
              "(or pass --no-sequence-parallel)",
              f.seq_len, f.tp);
 
@@ -216,25 +231,27 @@ int run(Flags f) {
   if (f.n_embd) config.n_embd = f.n_embd;
   config.vocab_size = tokens.vocab_size;
   config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
-  auto model = examples::make_trainable_gpt(config, f.seed, mesh,
-                                            {.grad_accum = f.grad_accum,
-                                             .tp_plan = {.sequence_parallel = f.sequence_parallel},
-                                             .schedule = f.schedule,
-                                             .microbatches = f.microbatches,
-                                             .virtual_stages = f.virtual_stages,
-                                             .mixed_precision = f.mixed_precision == "bf16"
-                                                                    ? std::optional<nn::MixedPrecisionPolicy>(
-                                                                          nn::MixedPrecisionPolicy{})
-                                                                    : std::nullopt,
-                                             .device = device});
+  auto model = examples::make_trainable_gpt(
+      config, f.seed, mesh,
+      {.grad_accum = f.grad_accum,
+       .tp_plan = {.sequence_parallel = f.sequence_parallel},
+       .schedule = f.schedule,
+       .microbatches = f.microbatches,
+       .virtual_stages = f.virtual_stages,
+       .mixed_precision = f.mixed_precision == "bf16"
+                              ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
+                              : std::nullopt,
+       .device = device});
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     model->load(f.init_from);
     if (rank == 0) fmt::print("train_gpt: initialized from {}\n", f.init_from);
   }
-  // Decoupled weight decay on matrices only; biases, norms and embeddings' rows too small to matter.
+  // Decoupled weight decay on matrices only; biases, norms and embeddings' rows too small to
+  // matter.
   std::vector<Tensor> decay, no_decay;
-  for (const auto& [name, p] : model->named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  for (const auto& [name, p] : model->named_parameters())
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
   optim::AdamW opt_decay(decay, {.lr = f.lr, .weight_decay = 0.1});
   optim::AdamW opt_no_decay(no_decay, {.lr = f.lr, .weight_decay = 0.0});
 
@@ -242,8 +259,8 @@ int run(Flags f) {
   const int64_t parameters = config.parameter_count();
   std::ofstream metrics;
   if (rank == 0) {
-    fmt::print("train_gpt: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", parameters, f.model,
-               mesh->str(), tokens.description, entropy);
+    fmt::print("train_gpt: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", parameters,
+               f.model, mesh->str(), tokens.description, entropy);
     metrics.open(f.metrics_out);
   }
   const int64_t per_rank = f.batch_size / f.dp;
@@ -257,9 +274,11 @@ int run(Flags f) {
     opt_decay.set_lr(lr);
     opt_no_decay.set_lr(lr);
     model->zero_grad();
-    const auto batch = data::batch_slice(tokens, f.seed, step, dp_rank * per_rank, per_rank, f.seq_len);
-    Tensor step_loss = ops::full({1}, model->forward_backward(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
-                                 kFloat32, device);
+    const auto batch =
+        data::batch_slice(tokens, f.seed, step, dp_rank * per_rank, per_rank, f.seq_len);
+    Tensor step_loss = ops::full(
+        {1}, model->forward_backward(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
+        kFloat32, device);
     const double grad_norm = model->clip_grad_norm(f.clip);
     opt_decay.step();
     opt_no_decay.step();
@@ -268,17 +287,23 @@ int run(Flags f) {
     mesh->group("dp")->all_reduce(reported, comm::ReduceOp::kAvg)->wait();
     last_loss = reported.item<double>();
     losses.push_back(last_loss);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     const double tokens_per_s = f.batch_size * f.seq_len / (ms / 1000.0);
     if (rank == 0) {
-      nlohmann::json line{{"step", step}, {"loss", last_loss}, {"lr", lr}, {"tokens_per_s", tokens_per_s},
-                          {"ms_per_step", ms}, {"peak_mem_bytes", peak_memory_bytes(device)},
+      nlohmann::json line{{"step", step},
+                          {"loss", last_loss},
+                          {"lr", lr},
+                          {"tokens_per_s", tokens_per_s},
+                          {"ms_per_step", ms},
+                          {"peak_mem_bytes", peak_memory_bytes(device)},
                           {"grad_norm", grad_norm}};
       metrics << line.dump() << "\n" << std::flush;
       if (step % f.log_every == 0 || step + 1 == f.steps) {
         progress.clear();
-        fmt::print("step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n", step,
-                   last_loss, lr, tokens_per_s, ms, peak_memory_bytes(device) / 1048576.0);
+        fmt::print(
+            "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n",
+            step, last_loss, lr, tokens_per_s, ms, peak_memory_bytes(device) / 1048576.0);
         std::fflush(stdout);
       }
       progress.update(step, f.steps, last_loss, tokens_per_s);
@@ -302,9 +327,10 @@ int run(Flags f) {
       // Sequence parallelism needs a length that divides by tp: pad on the right, which causal
       // attention keeps from affecting the positions before it.
       window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
-      const Tensor logits =
-          model->logits(ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}, device));
-      const Tensor last = ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
+      const Tensor logits = model->logits(
+          ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}, device));
+      const Tensor last =
+          ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).
       const double u = ops::to_vector(ops::uniform({1}, f.seed + 7919 * i, 0.0, 1.0))[0];
@@ -327,7 +353,8 @@ int run(Flags f) {
   }
   if (rank == 0) {
     metrics.close();
-    fmt::print("final loss {:.4f} (unigram entropy {:.3f}); metrics: {}\n", last_loss, entropy, f.metrics_out);
+    fmt::print("final loss {:.4f} (unigram entropy {:.3f}); metrics: {}\n", last_loss, entropy,
+               f.metrics_out);
     write_plot(losses, entropy, f.plot_out);
   }
   // Rank 0 serves the store every group reports to: it leaves last, after every rank is done.
@@ -343,34 +370,45 @@ int main(int argc, char** argv) {
   CLI::App app{"Train a GPT with data and tensor parallelism on CPU ranks"};
   app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--tp", f.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--pp", f.pp, "pipeline-parallel degree (stages over ranks)")->check(CLI::PositiveNumber);
+  app.add_option("--pp", f.pp, "pipeline-parallel degree (stages over ranks)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--microbatches", f.microbatches,
-                 "with --pp: microbatches per step (split of each dp rank's batch); default pp x virtual stages")
+                 "with --pp: microbatches per step (split of each dp rank's batch); default pp x "
+                 "virtual stages")
       ->check(CLI::PositiveNumber);
   app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--device", f.device, "auto (cuda when a GPU is visible), cpu or cuda (one GPU per rank)")
+  app.add_option("--device", f.device,
+                 "auto (cuda when a GPU is visible), cpu or cuda (one GPU per rank)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   app.add_option("--mixed-precision", f.mixed_precision,
-                 "bf16: compute in bf16 over f32 master weights (optimizer, clipping and DDP stay f32); none: f32")
+                 "bf16: compute in bf16 over f32 master weights (optimizer, clipping and DDP stay "
+                 "f32); none: f32")
       ->check(CLI::IsMember({"none", "bf16"}));
-  app.add_option("--virtual-stages", f.virtual_stages, "with --schedule interleaved: stages per rank")
+  app.add_option("--virtual-stages", f.virtual_stages,
+                 "with --schedule interleaved: stages per rank")
       ->check(CLI::PositiveNumber);
   app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", f.batch_size, "global batch in sequences per step")->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", f.batch_size, "global batch in sequences per step")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--grad-accum", f.grad_accum, "micro-batches per step")->check(CLI::PositiveNumber);
+  app.add_option("--grad-accum", f.grad_accum, "micro-batches per step")
+      ->check(CLI::PositiveNumber);
   app.add_option("--model", f.model, "tiny or small (GPT-2 124M)");
   app.add_option("--n-layer", f.n_layer, "override the preset's layers");
   app.add_option("--n-head", f.n_head, "override the preset's heads");
   app.add_option("--n-embd", f.n_embd, "override the preset's width");
-  app.add_option("--lr", f.lr, "peak learning rate (warmup, then cosine)")->check(CLI::PositiveNumber);
+  app.add_option("--lr", f.lr, "peak learning rate (warmup, then cosine)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--seed", f.seed, "seed for initialization and batches");
-  app.add_option("--clip", f.clip, "clip the global gradient norm to this")->check(CLI::PositiveNumber);
+  app.add_option("--clip", f.clip, "clip the global gradient norm to this")
+      ->check(CLI::PositiveNumber);
   app.add_option("--data", f.data, "a text file (byte tokens) or a GPT-2 token .bin file");
   app.add_option("--metrics-out", f.metrics_out, "JSONL metrics, one object per step");
   app.add_option("--plot-out", f.plot_out, "loss-curve PNG");
-  app.add_option("--init-from", f.init_from, "Hugging Face GPT-2 safetensors checkpoint to start from (shapes must match the model)");
+  app.add_option(
+      "--init-from", f.init_from,
+      "Hugging Face GPT-2 safetensors checkpoint to start from (shapes must match the model)");
   app.add_option("--save", f.save, "Hugging Face GPT-2 safetensors file to write after training");
   app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end");
   app.add_flag("--sequence-parallel,!--no-sequence-parallel", f.sequence_parallel,

@@ -18,12 +18,13 @@ namespace {
 
 class DataTensorParallelGPT : public TrainableGPT {
  public:
-  DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
-                        const ModelLayout& layout)
+  DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed,
+                        std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout)
       : model_(std::make_shared<models::GPT>(config, seed)), grad_accum_(layout.grad_accum) {
     model_->to(layout.device);  // before the TP plan and DDP take hold of the parameters
     if (mesh->size("tp") > 1) {
-      models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.tp_plan);
+      models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
+                              layout.tp_plan);
     }
     if (layout.mixed_precision) nn::apply_mixed_precision(*model_, *layout.mixed_precision);
     ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, mesh->group("dp"));
@@ -35,7 +36,8 @@ class DataTensorParallelGPT : public TrainableGPT {
     const int64_t micro = inputs.size(0) / grad_accum_;
     double total = 0;
     for (int m = 0; m < grad_accum_; ++m) {
-      const Tensor x = ops::narrow(inputs, 0, m * micro, micro), y = ops::narrow(targets, 0, m * micro, micro);
+      const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
+                   y = ops::narrow(targets, 0, m * micro, micro);
       Tensor loss = div(model_->loss(x, y), static_cast<double>(grad_accum_));
       if (m + 1 < grad_accum_) {
         auto guard = ddp_->no_sync();
@@ -48,7 +50,9 @@ class DataTensorParallelGPT : public TrainableGPT {
     return total;
   }
 
-  double clip_grad_norm(double max_norm) override { return optim::clip_grad_norm_(model_->parameters(), max_norm); }
+  double clip_grad_norm(double max_norm) override {
+    return optim::clip_grad_norm_(model_->parameters(), max_norm);
+  }
 
   std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
     return model_->named_parameters();
@@ -61,7 +65,9 @@ class DataTensorParallelGPT : public TrainableGPT {
   }
 
   void load(const std::string& path) override { models::load_gpt2_hf(*model_, path); }
-  void save(const std::string& path, bool write) override { models::save_gpt2_hf(*model_, path, write); }
+  void save(const std::string& path, bool write) override {
+    models::save_gpt2_hf(*model_, path, write);
+  }
 
  private:
   std::shared_ptr<models::GPT> model_;
@@ -71,8 +77,8 @@ class DataTensorParallelGPT : public TrainableGPT {
 
 class PipelinedGPT : public TrainableGPT {
  public:
-  PipelinedGPT(const models::GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
-               const ModelLayout& layout)
+  PipelinedGPT(const models::GPTConfig& config, uint64_t seed,
+               std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout)
       : model_(config, seed, std::move(mesh),
                {.schedule = layout.schedule,
                 .microbatches = layout.microbatches,
@@ -104,12 +110,14 @@ class PipelinedGPT : public TrainableGPT {
 }  // namespace
 
 std::unique_ptr<TrainableGPT> make_trainable_gpt(const models::GPTConfig& config, uint64_t seed,
-                                                 std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout) {
+                                                 std::shared_ptr<const DeviceMesh> mesh,
+                                                 const ModelLayout& layout) {
   if (mesh->size("pp") > 1) {
     // GPTPipeline places its stages on the mesh's device: the process groups' (Gloo: CPU, NCCL:
     // this rank's GPU), which train_gpt chose from --device.
-    LOOM_CHECK(mesh->device() == layout.device, "train_gpt: the mesh's groups work on {} but --device gave {}",
-               mesh->device().str(), layout.device.str());
+    LOOM_CHECK(mesh->device() == layout.device,
+               "train_gpt: the mesh's groups work on {} but --device gave {}", mesh->device().str(),
+               layout.device.str());
     return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), layout);
   }
   return std::make_unique<DataTensorParallelGPT>(config, seed, std::move(mesh), layout);

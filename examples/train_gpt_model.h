@@ -53,6 +53,7 @@ class TrainableGPT {
 
 // A GPT on `mesh` (dims "pp", "dp", "tp"), initialized from `seed`.
 std::unique_ptr<TrainableGPT> make_trainable_gpt(const models::GPTConfig& config, uint64_t seed,
-                                                 std::shared_ptr<const DeviceMesh> mesh, const ModelLayout& layout);
+                                                 std::shared_ptr<const DeviceMesh> mesh,
+                                                 const ModelLayout& layout);
 
 }  // namespace loom::examples

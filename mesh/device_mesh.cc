@@ -20,14 +20,16 @@ std::vector<int64_t> row_major_strides(const std::vector<int64_t>& shape) {
 
 std::string mesh_desc(const std::vector<std::string>& names, const std::vector<int64_t>& shape) {
   std::vector<std::string> parts;
-  for (size_t i = 0; i < names.size() && i < shape.size(); ++i) parts.push_back(fmt::format("{}={}", names[i], shape[i]));
+  for (size_t i = 0; i < names.size() && i < shape.size(); ++i)
+    parts.push_back(fmt::format("{}={}", names[i], shape[i]));
   return fmt::format("({})", fmt::join(parts, ", "));
 }
 
 }  // namespace
 
-DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
-                       std::vector<int64_t> shape, DeviceType device_type)
+DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
+                       std::vector<std::string> dim_names, std::vector<int64_t> shape,
+                       DeviceType device_type)
     : world_(std::move(world)), device_type_(device_type) {
   LOOM_CHECK(world_ != nullptr, "DeviceMesh: the world process group is null");
   int64_t count = 1;
@@ -42,18 +44,21 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<st
   create_groups();
 }
 
-DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
-                       std::vector<int64_t> shape, std::vector<int> ranks, DeviceType device_type)
+DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
+                       std::vector<std::string> dim_names, std::vector<int64_t> shape,
+                       std::vector<int> ranks, DeviceType device_type)
     : world_(std::move(world)), device_type_(device_type) {
   LOOM_CHECK(world_ != nullptr, "DeviceMesh: the world process group is null");
   init(std::move(dim_names), std::move(shape), std::move(ranks));
   create_groups();
 }
 
-void DeviceMesh::init(std::vector<std::string> dim_names, std::vector<int64_t> shape, std::vector<int> ranks) {
-  LOOM_CHECK(!shape.empty() && dim_names.size() == shape.size(),
-             "DeviceMesh: got {} dim names [{}] for a mesh shape with {} dims; pass one name per dim",
-             dim_names.size(), fmt::join(dim_names, ", "), shape.size());
+void DeviceMesh::init(std::vector<std::string> dim_names, std::vector<int64_t> shape,
+                      std::vector<int> ranks) {
+  LOOM_CHECK(
+      !shape.empty() && dim_names.size() == shape.size(),
+      "DeviceMesh: got {} dim names [{}] for a mesh shape with {} dims; pass one name per dim",
+      dim_names.size(), fmt::join(dim_names, ", "), shape.size());
   std::set<std::string> seen;
   for (const auto& name : dim_names) {
     LOOM_CHECK(!name.empty(), "DeviceMesh: empty dim name in [{}]", fmt::join(dim_names, ", "));
@@ -62,16 +67,19 @@ void DeviceMesh::init(std::vector<std::string> dim_names, std::vector<int64_t> s
   }
   int64_t count = 1;
   for (int64_t s : shape) {
-    LOOM_CHECK(s >= 1, "DeviceMesh: mesh shape {} has a dim of size {}", mesh_desc(dim_names, shape), s);
+    LOOM_CHECK(s >= 1, "DeviceMesh: mesh shape {} has a dim of size {}",
+               mesh_desc(dim_names, shape), s);
     count *= s;
   }
   LOOM_CHECK(count == static_cast<int64_t>(ranks.size()),
-             "DeviceMesh: mesh shape {} needs {} ranks but {} were given", mesh_desc(dim_names, shape), count,
-             ranks.size());
+             "DeviceMesh: mesh shape {} needs {} ranks but {} were given",
+             mesh_desc(dim_names, shape), count, ranks.size());
   std::set<int> unique(ranks.begin(), ranks.end());
-  LOOM_CHECK(unique.size() == ranks.size(), "DeviceMesh: ranks [{}] contain duplicates", fmt::join(ranks, ", "));
+  LOOM_CHECK(unique.size() == ranks.size(), "DeviceMesh: ranks [{}] contain duplicates",
+             fmt::join(ranks, ", "));
   for (int r : ranks) {
-    LOOM_CHECK(r >= 0 && r < world_->size(), "DeviceMesh: rank {} is not in the world of size {}", r, world_->size());
+    LOOM_CHECK(r >= 0 && r < world_->size(), "DeviceMesh: rank {} is not in the world of size {}",
+               r, world_->size());
   }
   rank_ = world_->rank();
   auto it = std::find(ranks.begin(), ranks.end(), rank_);
@@ -100,7 +108,8 @@ void DeviceMesh::create_groups() {
   }
 }
 
-DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>& span, const std::string& name) const {
+DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>& span,
+                                                     const std::string& name) const {
   // Every rank takes part in creating every line of the root along `span` (new_group is
   // collective over the world), keeping the one it belongs to. A line starts at each root
   // position whose coordinates along `span` are all 0, in ascending order.
@@ -119,10 +128,12 @@ DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>&
     std::vector<int> line;
     for (int64_t i = 0; i < line_size; ++i) {
       int64_t position = start;
-      for (size_t k = 0; k < span.size(); ++k) position += ((i / span_strides[k]) % span_shape[k]) * strides[span[k]];
+      for (size_t k = 0; k < span.size(); ++k)
+        position += ((i / span_strides[k]) % span_shape[k]) * strides[span[k]];
       line.push_back(root_->ranks[position]);
     }
-    comm::ProcessGroupOptions options{.name = fmt::format("mesh/{}", name), .timeout = world_->timeout()};
+    comm::ProcessGroupOptions options{.name = fmt::format("mesh/{}", name),
+                                      .timeout = world_->timeout()};
     auto group = world_->new_group(line, options);
     if (!group) continue;
     // new_group numbers group ranks in ascending rank order, whatever the line's order.
@@ -130,7 +141,8 @@ DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>&
     std::sort(sorted.begin(), sorted.end());
     mine.group_ranks.clear();
     for (int r : line) {
-      mine.group_ranks.push_back(static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin()));
+      mine.group_ranks.push_back(
+          static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), r) - sorted.begin()));
     }
     mine.group = std::move(group);
     mine.line = std::move(line);
@@ -140,21 +152,21 @@ DeviceMesh::LineGroup DeviceMesh::create_line_groups(const std::vector<int64_t>&
 }
 
 const std::vector<int>& DeviceMesh::group_ranks_by_coordinate(int64_t mesh_dim) const {
-  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh: mesh_dim {} out of range for {} with {} dims",
-             mesh_dim, str(), ndim());
+  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(),
+             "DeviceMesh: mesh_dim {} out of range for {} with {} dims", mesh_dim, str(), ndim());
   return group_ranks_by_coordinate_[mesh_dim];
 }
 
 int64_t DeviceMesh::dim_index(const std::string& name) const {
   auto it = std::find(dim_names_.begin(), dim_names_.end(), name);
-  LOOM_CHECK(it != dim_names_.end(), "DeviceMesh: no dim named '{}' in {}; its dims are [{}]", name, str(),
-             fmt::join(dim_names_, ", "));
+  LOOM_CHECK(it != dim_names_.end(), "DeviceMesh: no dim named '{}' in {}; its dims are [{}]", name,
+             str(), fmt::join(dim_names_, ", "));
   return it - dim_names_.begin();
 }
 
 int64_t DeviceMesh::size(int64_t mesh_dim) const {
-  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh: mesh_dim {} out of range for {} with {} dims",
-             mesh_dim, str(), ndim());
+  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(),
+             "DeviceMesh: mesh_dim {} out of range for {} with {} dims", mesh_dim, str(), ndim());
   return shape_[mesh_dim];
 }
 
@@ -165,8 +177,8 @@ int64_t DeviceMesh::numel() const {
 }
 
 const std::shared_ptr<comm::ProcessGroup>& DeviceMesh::group(int64_t mesh_dim) const {
-  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(), "DeviceMesh: mesh_dim {} out of range for {} with {} dims",
-             mesh_dim, str(), ndim());
+  LOOM_CHECK(mesh_dim >= 0 && mesh_dim < ndim(),
+             "DeviceMesh: mesh_dim {} out of range for {} with {} dims", mesh_dim, str(), ndim());
   return groups_[mesh_dim];
 }
 
@@ -175,8 +187,8 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   std::vector<int64_t> dims;
   for (const auto& name : names) {
     const int64_t d = dim_index(name);
-    LOOM_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), "DeviceMesh: dim '{}' named twice in slice of {}",
-               name, str());
+    LOOM_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(),
+               "DeviceMesh: dim '{}' named twice in slice of {}", name, str());
     dims.push_back(d);
   }
   const auto strides = row_major_strides(shape_);
@@ -204,20 +216,23 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   for (int64_t s : sub_shape) count *= s;
   for (int64_t flat = 0; flat < count; ++flat) {
     int64_t position = base;
-    for (size_t i = 0; i < dims.size(); ++i) position += ((flat / sub_strides[i]) % sub_shape[i]) * strides[dims[i]];
+    for (size_t i = 0; i < dims.size(); ++i)
+      position += ((flat / sub_strides[i]) % sub_shape[i]) * strides[dims[i]];
     out.ranks_.push_back(ranks_[position]);
   }
   out.shape_ = std::move(sub_shape);
   return out;
 }
 
-DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, const std::string& new_name) const {
+DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names,
+                               const std::string& new_name) const {
   LOOM_CHECK(!names.empty(), "DeviceMesh: flatten of {} needs at least one dim name", str());
   std::vector<int64_t> dims;
   for (const auto& name : names) dims.push_back(dim_index(name));
   for (size_t i = 1; i < dims.size(); ++i) {
-    LOOM_CHECK(dims[i] == dims[i - 1] + 1, "DeviceMesh: flatten of {} needs adjacent dims in mesh order, got [{}]",
-               str(), fmt::join(names, ", "));
+    LOOM_CHECK(dims[i] == dims[i - 1] + 1,
+               "DeviceMesh: flatten of {} needs adjacent dims in mesh order, got [{}]", str(),
+               fmt::join(names, ", "));
   }
   std::vector<std::string> new_names;
   std::vector<int64_t> new_shape;
@@ -230,7 +245,8 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, const std:
     } else if (d > dims.front() && d <= dims.back()) {
       continue;
     } else {
-      LOOM_CHECK(dim_names_[d] != new_name, "DeviceMesh: flatten name '{}' already names a dim of {}", new_name, str());
+      LOOM_CHECK(dim_names_[d] != new_name,
+                 "DeviceMesh: flatten name '{}' already names a dim of {}", new_name, str());
       new_names.push_back(dim_names_[d]);
       new_shape.push_back(shape_[d]);
     }
@@ -250,7 +266,8 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, const std:
     if (d > flat_dim && d <= dims.back()) continue;
     out.root_dims_.push_back(d == flat_dim ? span : root_dims_[d]);
     out.groups_.push_back(d == flat_dim ? nullptr : groups_[d]);
-    out.group_ranks_by_coordinate_.push_back(d == flat_dim ? std::vector<int>{} : group_ranks_by_coordinate_[d]);
+    out.group_ranks_by_coordinate_.push_back(d == flat_dim ? std::vector<int>{}
+                                                           : group_ranks_by_coordinate_[d]);
   }
   LineGroup mine = out.create_line_groups(span, new_name);
   // This rank's line along the flattened dim, from the rank array.
@@ -260,8 +277,10 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names, const std:
     if (d != flat_dim) start += out.coordinate_[d] * strides[d];
   }
   std::vector<int> line;
-  for (int64_t i = 0; i < out.shape_[flat_dim]; ++i) line.push_back(out.ranks_[start + i * strides[flat_dim]]);
-  LOOM_INTERNAL_ASSERT(line == mine.line, "flatten of {}: rank {}'s line [{}] is [{}] in the root layout", str(),
+  for (int64_t i = 0; i < out.shape_[flat_dim]; ++i)
+    line.push_back(out.ranks_[start + i * strides[flat_dim]]);
+  LOOM_INTERNAL_ASSERT(line == mine.line,
+                       "flatten of {}: rank {}'s line [{}] is [{}] in the root layout", str(),
                        rank_, fmt::join(line, ", "), fmt::join(mine.line, ", "));
   out.groups_[flat_dim] = std::move(mine.group);
   out.group_ranks_by_coordinate_[flat_dim] = std::move(mine.group_ranks);
@@ -275,7 +294,8 @@ bool DeviceMesh::operator==(const DeviceMesh& other) const {
 
 std::string DeviceMesh::str() const {
   std::vector<std::string> parts;
-  for (size_t i = 0; i < dim_names_.size(); ++i) parts.push_back(fmt::format("{}={}", dim_names_[i], shape_[i]));
+  for (size_t i = 0; i < dim_names_.size(); ++i)
+    parts.push_back(fmt::format("{}={}", dim_names_[i], shape_[i]));
   parts.push_back(device_type_ == DeviceType::kCPU ? "cpu" : "cuda");
   return fmt::format("DeviceMesh({})", fmt::join(parts, ", "));
 }

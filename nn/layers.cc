@@ -9,7 +9,8 @@ namespace loom::nn {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed, double init_std)
     : Module("Embedding"),
-      weight_(register_parameter("weight", ops::normal({num_embeddings, embedding_dim}, seed, 0.0, init_std))) {}
+      weight_(register_parameter(
+          "weight", ops::normal({num_embeddings, embedding_dim}, seed, 0.0, init_std))) {}
 
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight_, indices); }
 
@@ -17,8 +18,10 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
     : Module("LayerNorm"),
       normalized_shape_(normalized_shape),
       eps_(eps),
-      weight_(elementwise_affine ? register_parameter("weight", ops::ones(normalized_shape)) : absent_parameter()),
-      bias_(elementwise_affine ? register_parameter("bias", ops::zeros(normalized_shape)) : absent_parameter()) {}
+      weight_(elementwise_affine ? register_parameter("weight", ops::ones(normalized_shape))
+                                 : absent_parameter()),
+      bias_(elementwise_affine ? register_parameter("bias", ops::zeros(normalized_shape))
+                               : absent_parameter()) {}
 
 Tensor LayerNorm::forward(const Tensor& input) {
   return layer_norm(input, normalized_shape_, weight_, bias_, eps_);

@@ -8,7 +8,8 @@ namespace loom::nn {
 // Lookup table (num_embeddings, embedding_dim), initialized N(0, std) from `seed`.
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0, double init_std = 1.0);
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed = 0,
+            double init_std = 1.0);
   // indices (any shape, i64/i32) -> (*indices.shape, embedding_dim)
   Tensor forward(const Tensor& indices) override;
   const Tensor& weight() const { return weight_; }

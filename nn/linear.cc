@@ -13,14 +13,17 @@ Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
       in_features_(in_features),
       out_features_(out_features),
       weight_(register_parameter(
-          "weight", ops::uniform({out_features, in_features}, options.seed,
-                                 -1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1))),
-                                 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1)))))),
+          "weight",
+          ops::uniform({out_features, in_features}, options.seed,
+                       -1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1))),
+                       1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1)))))),
       bias_(options.bias
                 ? register_parameter(
-                      "bias", ops::uniform({out_features}, options.seed + 1,
-                                           -1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1))),
-                                           1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1)))))
+                      "bias",
+                      ops::uniform(
+                          {out_features}, options.seed + 1,
+                          -1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1))),
+                          1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(in_features, 1)))))
                 : absent_parameter()) {
   LOOM_CHECK(in_features > 0 && out_features > 0,
              "Linear: features must be positive, got in_features={} out_features={}", in_features,

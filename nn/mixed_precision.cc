@@ -37,16 +37,17 @@ Tensor cast_floating(const Tensor& t, DType dtype) {
 }  // namespace
 
 void apply_mixed_precision(Module& root, MixedPrecisionPolicy policy) {
-  LOOM_CHECK(is_floating(policy.param_dtype) && is_floating(policy.output_dtype),
-             "apply_mixed_precision: param_dtype {} and output_dtype {} must be floating-point dtypes",
-             dtype_name(policy.param_dtype), dtype_name(policy.output_dtype));
+  LOOM_CHECK(
+      is_floating(policy.param_dtype) && is_floating(policy.output_dtype),
+      "apply_mixed_precision: param_dtype {} and output_dtype {} must be floating-point dtypes",
+      dtype_name(policy.param_dtype), dtype_name(policy.output_dtype));
   auto swap = std::make_shared<Swap>();
   for (const auto& [path, module] : root.named_modules()) {
     for (const auto& [name, p] : module->named_parameters(/*recurse=*/false)) {
       const std::string full = path.empty() ? name : path + "." + name;
       LOOM_CHECK(p.dtype() == DType::kFloat32,
-                 "apply_mixed_precision: parameter '{}' is {}; the master weights must be f32", full,
-                 dtype_name(p.dtype()));
+                 "apply_mixed_precision: parameter '{}' is {}; the master weights must be f32",
+                 full, dtype_name(p.dtype()));
       swap->entries.push_back({module, name, Tensor()});
     }
   }

@@ -113,11 +113,13 @@ Module& Module::submodule(const std::string& path) {
   size_t start = 0;
   while (start <= path.size()) {
     const size_t dot = path.find('.', start);
-    const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    const std::string part =
+        path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     auto it = std::find_if(current->children_.begin(), current->children_.end(),
                            [&](const auto& c) { return c.first == part; });
-    LOOM_CHECK(it != current->children_.end(), "submodule: '{}' has no submodule '{}' (in path '{}')",
-               current->type_name_, part, path);
+    LOOM_CHECK(it != current->children_.end(),
+               "submodule: '{}' has no submodule '{}' (in path '{}')", current->type_name_, part,
+               path);
     current = it->second.get();
     if (dot == std::string::npos) break;
     start = dot + 1;

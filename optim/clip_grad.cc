@@ -1,7 +1,7 @@
 #include "optim/clip_grad.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -21,7 +21,8 @@ Tensor local_square_sum(const Tensor& t) {
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, const ClipOptions& options) {
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
+                       const ClipOptions& options) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   double replicated = 0;
@@ -53,17 +54,21 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
     int64_t split_dim = -1;
     for (size_t md = 0; md < spec.placements.size(); ++md) {
       const Placement& placement = spec.placements[md];
-      LOOM_CHECK(!placement.is_partial(), "clip_grad_norm_: a gradient is Partial ({}); reduce it first", spec.str());
+      LOOM_CHECK(!placement.is_partial(),
+                 "clip_grad_norm_: a gradient is Partial ({}); reduce it first", spec.str());
       if (!placement.is_shard()) continue;
-      LOOM_CHECK(split_dim < 0, "clip_grad_norm_: gradients sharded over several mesh dims are not supported yet ({})",
-                 spec.str());
+      LOOM_CHECK(
+          split_dim < 0,
+          "clip_grad_norm_: gradients sharded over several mesh dims are not supported yet ({})",
+          spec.str());
       split_dim = static_cast<int64_t>(md);
     }
     if (split_dim >= 0) {
       auto it = std::find_if(sharded.begin(), sharded.end(), [&](const ShardedSum& e) {
         return e.mesh == spec.mesh.get() && e.mesh_dim == split_dim;
       });
-      if (it == sharded.end()) it = sharded.insert(sharded.end(), {spec.mesh.get(), split_dim, spec.mesh, 0.0});
+      if (it == sharded.end())
+        it = sharded.insert(sharded.end(), {spec.mesh.get(), split_dim, spec.mesh, 0.0});
       sums.push_back(local_square_sum(local_shard(grad)));
       slots.push_back(static_cast<int>(it - sharded.begin()));
     } else {
@@ -74,7 +79,8 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, c
   if (!sums.empty()) {
     // Added in f64, in parameter order, as each accumulator always was.
     const std::vector<double> values = ops::to_vector(ops::cat(sums, 0));
-    for (size_t i = 0; i < values.size(); ++i) (slots[i] < 0 ? replicated : sharded[slots[i]].sum) += values[i];
+    for (size_t i = 0; i < values.size(); ++i)
+      (slots[i] < 0 ? replicated : sharded[slots[i]].sum) += values[i];
   }
   double total = replicated;
   for (const ShardedSum& entry : sharded) {

@@ -25,6 +25,7 @@ struct ClipOptions {
 };
 
 // Returns the total norm before clipping. Parameters without a gradient are skipped.
-double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, const ClipOptions& options = {});
+double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
+                       const ClipOptions& options = {});
 
 }  // namespace loom::optim

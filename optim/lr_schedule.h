@@ -9,8 +9,9 @@ namespace loom::optim {
 
 // Linear warmup to peak_lr over warmup_steps (step 0 gets peak_lr / warmup_steps, step
 // warmup_steps - 1 the peak), then cosine decay from the peak at step warmup_steps to
-// min_ratio * peak_lr at step total_steps, constant after (nanoGPT's and torchtitan's shape). Throws naming the field when the fields do not fit
-// (peak_lr <= 0, warmup_steps < 0, total_steps <= warmup_steps, min_ratio outside [0, 1]).
+// min_ratio * peak_lr at step total_steps, constant after (nanoGPT's and torchtitan's shape).
+// Throws naming the field when the fields do not fit (peak_lr <= 0, warmup_steps < 0, total_steps
+// <= warmup_steps, min_ratio outside [0, 1]).
 struct WarmupCosine {
   double peak_lr = 0;
   int warmup_steps = 0;

@@ -36,7 +36,8 @@ void SGD::step() {
     if (options_.weight_decay != 0) grad = ops::add(grad, ops::mul(p, options_.weight_decay));
     if (options_.momentum != 0) {
       Tensor& buffer = momentum_buffers_[i];
-      buffer = buffer.defined() ? ops::add(ops::mul(buffer, options_.momentum), grad) : ops::clone(grad);
+      buffer =
+          buffer.defined() ? ops::add(ops::mul(buffer, options_.momentum), grad) : ops::clone(grad);
       grad = buffer;
     }
     ops::copy_(p, ops::sub(p, ops::mul(grad, lr_)));
@@ -70,13 +71,15 @@ void AdamW::step() {
       exp_avg_sq_[i] = ops::zeros_like(p);
     }
     // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
-    exp_avg_[i] = ops::add(ops::mul(exp_avg_[i], options_.beta1), ops::mul(grad, 1.0 - options_.beta1));
+    exp_avg_[i] =
+        ops::add(ops::mul(exp_avg_[i], options_.beta1), ops::mul(grad, 1.0 - options_.beta1));
     exp_avg_sq_[i] = ops::add(ops::mul(exp_avg_sq_[i], options_.beta2),
                               ops::mul(ops::mul(grad, grad), 1.0 - options_.beta2));
     // p = p (1 - lr wd) - lr * m_hat / (sqrt(v_hat) + eps)
     const Tensor denom = ops::add(ops::sqrt(ops::div(exp_avg_sq_[i], bias2)), options_.eps);
     const Tensor update = ops::div(ops::div(exp_avg_[i], bias1), denom);
-    Tensor decayed = options_.weight_decay != 0 ? ops::mul(p, 1.0 - lr_ * options_.weight_decay) : p;
+    Tensor decayed =
+        options_.weight_decay != 0 ? ops::mul(p, 1.0 - lr_ * options_.weight_decay) : p;
     ops::copy_(p, ops::sub(decayed, ops::mul(update, lr_)));
   }
 }

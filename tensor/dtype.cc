@@ -4,22 +4,32 @@ namespace loom {
 
 size_t element_size(DType dtype) {
   switch (dtype) {
-    case kFloat32: return 4;
-    case kBFloat16: return 2;
-    case kFloat16: return 2;
-    case kInt32: return 4;
-    case kInt64: return 8;
+    case kFloat32:
+      return 4;
+    case kBFloat16:
+      return 2;
+    case kFloat16:
+      return 2;
+    case kInt32:
+      return 4;
+    case kInt64:
+      return 8;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {
-    case kFloat32: return "f32";
-    case kBFloat16: return "bf16";
-    case kFloat16: return "f16";
-    case kInt32: return "i32";
-    case kInt64: return "i64";
+    case kFloat32:
+      return "f32";
+    case kBFloat16:
+      return "bf16";
+    case kFloat16:
+      return "f16";
+    case kInt32:
+      return "i32";
+    case kInt64:
+      return "i64";
   }
   return "?";
 }

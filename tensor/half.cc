@@ -7,10 +7,10 @@ uint16_t float_to_f16(float value) {
   const uint32_t bits = float_bits(value);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs_bits = bits & 0x7fffffffu;
-  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;                  // NaN
-  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;                  // >= 65520 rounds to inf
-  if (abs_bits < 0x38800000u) {                                         // subnormal or zero in f16
-    if (abs_bits < 0x33000000u) return sign;                            // < 2^-25 rounds to zero
+  if (abs_bits > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
+  if (abs_bits < 0x38800000u) {                        // subnormal or zero in f16
+    if (abs_bits < 0x33000000u) return sign;           // < 2^-25 rounds to zero
     const uint32_t exponent = abs_bits >> 23;
     const uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;
     const uint32_t shift = 126 - exponent;  // bring into units of 2^-24

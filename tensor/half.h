@@ -21,12 +21,15 @@ inline float bits_float(uint32_t bits) {
 
 inline uint16_t float_to_bf16(float value) {
   const uint32_t bits = float_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
+  if ((bits & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
   const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
-inline float bf16_to_float(uint16_t value) { return bits_float(static_cast<uint32_t>(value) << 16); }
+inline float bf16_to_float(uint16_t value) {
+  return bits_float(static_cast<uint32_t>(value) << 16);
+}
 
 uint16_t float_to_f16(float value);
 float f16_to_float(uint16_t value);

@@ -23,9 +23,10 @@ Device op_device(std::string_view op, std::span<const Tensor> operands) {
   for (size_t i = 0; i < operands.size(); ++i) {
     const Tensor& t = operands[i];
     if (!t.defined() || t.device() == device || is_cpu_scalar(t)) continue;
-    LOOM_FAIL("{}: expected all tensors on one device, got {} (operand {}: {}) and {} (operand {}: {})",
-              op, device.str(), decider, operands[decider].description(), t.device().str(), i,
-              t.description());
+    LOOM_FAIL(
+        "{}: expected all tensors on one device, got {} (operand {}: {}) and {} (operand {}: {})",
+        op, device.str(), decider, operands[decider].description(), t.device().str(), i,
+        t.description());
   }
   return device;
 }

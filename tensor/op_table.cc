@@ -34,7 +34,9 @@ void register_core_ops(OpTable& t) {
   // Views.
   t[OpId::view] = [](C c) { return one(ops::view(c.inputs[0], c.ints_attr(0))); };
   t[OpId::reshape] = [](C c) { return one(ops::reshape(c.inputs[0], c.ints_attr(0))); };
-  t[OpId::transpose] = [](C c) { return one(ops::transpose(c.inputs[0], c.int_attr(0), c.int_attr(1))); };
+  t[OpId::transpose] = [](C c) {
+    return one(ops::transpose(c.inputs[0], c.int_attr(0), c.int_attr(1)));
+  };
   t[OpId::permute] = [](C c) { return one(ops::permute(c.inputs[0], c.ints_attr(0))); };
   t[OpId::narrow] = [](C c) {
     return one(ops::narrow(c.inputs[0], c.int_attr(0), c.int_attr(1), c.int_attr(2)));
@@ -109,11 +111,12 @@ void register_core_ops(OpTable& t) {
   t[OpId::linear] = [](C c) { return one(ops::linear(c.inputs[0], c.inputs[1], c.inputs[2])); };
   // Backward kernels with an op of their own (so DTensors dispatch them).
   t[OpId::max_dim_backward] = [](C c) {
-    return one(ops::max_dim_backward(c.inputs[0], c.inputs[1], c.ints_attr(0), c.int_attr(1), c.bool_attr(2)));
+    return one(ops::max_dim_backward(c.inputs[0], c.inputs[1], c.ints_attr(0), c.int_attr(1),
+                                     c.bool_attr(2)));
   };
   t[OpId::slice_backward] = [](C c) {
-    return one(ops::slice_backward(c.inputs[0], c.ints_attr(0), c.int_attr(1), c.int_attr(2), c.int_attr(3),
-                                   c.int_attr(4)));
+    return one(ops::slice_backward(c.inputs[0], c.ints_attr(0), c.int_attr(1), c.int_attr(2),
+                                   c.int_attr(3), c.int_attr(4)));
   };
 }
 

@@ -141,7 +141,8 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
 
 Tensor match_layout(const Tensor& value, const Tensor& like) {
   if (auto out = dispatch_op(OpId::match_layout, {value, like})) return (*out)[0];
-  LOOM_CHECK(value.shape() == like.shape(), "match_layout: value of shape {} cannot take the layout of shape {}",
+  LOOM_CHECK(value.shape() == like.shape(),
+             "match_layout: value of shape {} cannot take the layout of shape {}",
              shape_str(value.shape()), shape_str(like.shape()));
   return value;
 }

@@ -6,9 +6,9 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
-#include "tensor/ops_cuda.h"
 #include "tensor/element.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_cuda.h"
 
 namespace loom::ops {
 
@@ -28,7 +28,8 @@ void fill_(const Tensor& self, double value) {
     T* data = static_cast<T*>(self.raw_data());
     cpu::for_each_run<1>(self.shape(), {self.strides()},
                          [&](const auto& offsets, int64_t count, const auto& inner) {
-                           for (int64_t j = 0; j < count; ++j) data[offsets[0] + j * inner[0]] = stored;
+                           for (int64_t j = 0; j < count; ++j)
+                             data[offsets[0] + j * inner[0]] = stored;
                          });
   });
 }
@@ -39,8 +40,12 @@ Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   return out;
 }
 
-Tensor zeros(const Shape& shape, DType dtype, Device device) { return full(shape, 0.0, dtype, device); }
-Tensor ones(const Shape& shape, DType dtype, Device device) { return full(shape, 1.0, dtype, device); }
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 0.0, dtype, device);
+}
+Tensor ones(const Shape& shape, DType dtype, Device device) {
+  return full(shape, 1.0, dtype, device);
+}
 // The *_like factories dispatch, so a DTensor `like` gives a DTensor with its layout.
 Tensor zeros_like(const Tensor& like) {
   if (auto out = dispatch_op(OpId::zeros_like, {like})) return (*out)[0];
@@ -53,8 +58,8 @@ Tensor ones_like(const Tensor& like) {
 
 Tensor arange(double start, double end, double step, DType dtype) {
   LOOM_CHECK(step != 0, "arange: step must be non-zero");
-  LOOM_CHECK((end - start) / step >= 0,
-             "arange: range [{}, {}) with step {} goes the wrong way", start, end, step);
+  LOOM_CHECK((end - start) / step >= 0, "arange: range [{}, {}) with step {} goes the wrong way",
+             start, end, step);
   const int64_t count = static_cast<int64_t>(std::ceil((end - start) / step));
   Tensor out = Tensor::empty({count}, dtype);
   for (int64_t i = 0; i < count; ++i) {
@@ -64,7 +69,9 @@ Tensor arange(double start, double end, double step, DType dtype) {
   return out;
 }
 
-Tensor arange(int64_t end, DType dtype) { return arange(0.0, static_cast<double>(end), 1.0, dtype); }
+Tensor arange(int64_t end, DType dtype) {
+  return arange(0.0, static_cast<double>(end), 1.0, dtype);
+}
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype) {
   LOOM_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
@@ -93,9 +100,10 @@ std::vector<double> to_vector(const Tensor& self) {
   std::vector<double> values(host.numel());
   const size_t size = element_size(host.dtype());
   for (size_t i = 0; i < values.size(); ++i) {
-    values[i] = host.dtype() == kInt64
-                    ? static_cast<double>(static_cast<const int64_t*>(host.raw_data())[i])
-                    : load_element(static_cast<const char*>(host.raw_data()) + i * size, host.dtype());
+    values[i] =
+        host.dtype() == kInt64
+            ? static_cast<double>(static_cast<const int64_t*>(host.raw_data())[i])
+            : load_element(static_cast<const char*>(host.raw_data()) + i * size, host.dtype());
   }
   return values;
 }

@@ -10,7 +10,8 @@ namespace loom::ops {
 Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
 Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
 Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
-Tensor full(const Shape& shape, double value, DType dtype = kFloat32, Device device = Device::cpu());
+Tensor full(const Shape& shape, double value, DType dtype = kFloat32,
+            Device device = Device::cpu());
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
 // [start, end) by step, like torch.arange; i64 by default.
@@ -20,7 +21,8 @@ Tensor arange(int64_t end, DType dtype = kInt64);
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, DType dtype = kFloat32);
 // i64 values (indices, targets, small messages); a separate name so brace lists of numbers are
 // not ambiguous. Filled on the host, then copied to `device`.
-Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape, Device device = Device::cpu());
+Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape,
+                       Device device = Device::cpu());
 Tensor scalar_tensor(double value, DType dtype = kFloat32);
 // Fills every element of `self` (in place, any layout).
 void fill_(const Tensor& self, double value);

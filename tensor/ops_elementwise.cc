@@ -7,9 +7,9 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
-#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
@@ -45,7 +45,8 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
              op, dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
   const Tensor a = to(a_in, dtype);
   const Tensor b = to(b_in, dtype);
-  const Shape shape = a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), op);
+  const Shape shape =
+      a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), op);
   const Tensor ax = a.shape() == shape ? a : expand(a, shape);
   const Tensor bx = b.shape() == shape ? b : expand(b, shape);
   Tensor out = Tensor::empty(shape, dtype, device);
@@ -58,22 +59,23 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
     T* o = static_cast<T*>(out.raw_data());
     const T* pa = static_cast<const T*>(ax.raw_data());
     const T* pb = static_cast<const T*>(bx.raw_data());
-    cpu::for_each_run<3>(shape, {out.strides(), ax.strides(), bx.strides()},
-                         [&](const auto& off, int64_t count, const auto& in) {
-                           T* oo = o + off[0];
-                           const T* aa = pa + off[1];
-                           const T* bb = pb + off[2];
-                           if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
-                             for (int64_t j = 0; j < count; ++j) {
-                               oo[j] = cpu::from_compute<T>(f(cpu::to_compute(aa[j]), cpu::to_compute(bb[j])));
-                             }
-                           } else {
-                             for (int64_t j = 0; j < count; ++j) {
-                               oo[j * in[0]] = cpu::from_compute<T>(
-                                   f(cpu::to_compute(aa[j * in[1]]), cpu::to_compute(bb[j * in[2]])));
-                             }
-                           }
-                         });
+    cpu::for_each_run<3>(
+        shape, {out.strides(), ax.strides(), bx.strides()},
+        [&](const auto& off, int64_t count, const auto& in) {
+          T* oo = o + off[0];
+          const T* aa = pa + off[1];
+          const T* bb = pb + off[2];
+          if (in[0] == 1 && in[1] == 1 && in[2] == 1) {
+            for (int64_t j = 0; j < count; ++j) {
+              oo[j] = cpu::from_compute<T>(f(cpu::to_compute(aa[j]), cpu::to_compute(bb[j])));
+            }
+          } else {
+            for (int64_t j = 0; j < count; ++j) {
+              oo[j * in[0]] = cpu::from_compute<T>(
+                  f(cpu::to_compute(aa[j * in[1]]), cpu::to_compute(bb[j * in[2]])));
+            }
+          }
+        });
   });
   return out;
 }
@@ -112,7 +114,8 @@ Tensor unary(const Tensor& a, std::string_view op, UnaryOp code, float scalar, F
 }
 
 template <typename F>
-Tensor unary_floating(const Tensor& a, std::string_view op, UnaryOp code, F f, float scalar = 0.0f) {
+Tensor unary_floating(const Tensor& a, std::string_view op, UnaryOp code, F f,
+                      float scalar = 0.0f) {
   return unary</*kFloatingOnly=*/true>(a, op, code, scalar, f);
 }
 
@@ -143,19 +146,23 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 Tensor div(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::div, {a, b});
-  return binary(a, b, "div", BinaryOp::kDiv, [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
+  return binary(
+      a, b, "div", BinaryOp::kDiv, [](auto x, auto y) { return x / y; }, /*floating_only=*/true);
 }
 Tensor maximum(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::maximum, {a, b});
-  return binary(a, b, "maximum", BinaryOp::kMaximum, [](auto x, auto y) { return x > y || x != x ? x : y; });
+  return binary(a, b, "maximum", BinaryOp::kMaximum,
+                [](auto x, auto y) { return x > y || x != x ? x : y; });
 }
 Tensor eq(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::eq, {a, b});
-  return binary(a, b, "eq", BinaryOp::kEq, [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
+  return binary(a, b, "eq", BinaryOp::kEq,
+                [](auto x, auto y) { return x == y ? decltype(x){1} : decltype(x){0}; });
 }
 Tensor gt(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::gt, {a, b});
-  return binary(a, b, "gt", BinaryOp::kGt, [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
+  return binary(a, b, "gt", BinaryOp::kGt,
+                [](auto x, auto y) { return x > y ? decltype(x){1} : decltype(x){0}; });
 }
 
 // Scalar forms: the scalar is applied in f32 for floating tensors (as PyTorch does for a
@@ -166,7 +173,8 @@ Tensor scalar_op(const Tensor& a, double b, std::string_view op, UnaryOp code, F
   check_defined(a, op);
   const Tensor x = is_floating(a.dtype()) ? a : to(a, kFloat32);
   const float s = static_cast<float>(b);
-  return unary_floating(x, op, code, [&](float v) { return f(v, s); }, s);
+  return unary_floating(
+      x, op, code, [&](float v) { return f(v, s); }, s);
 }
 }  // namespace
 
@@ -222,13 +230,16 @@ Tensor rsqrt(const Tensor& a) {
 Tensor pow(const Tensor& a, double exponent) {
   LOOM_DISPATCH_OR_RETURN(OpId::pow, {a}, {exponent});
   const float e = static_cast<float>(exponent);
-  if (exponent == 2.0) return unary_floating(a, "pow", UnaryOp::kSquare, [](float x) { return x * x; });
-  return unary_floating(a, "pow", UnaryOp::kPow, [e](float x) { return std::pow(x, e); }, e);
+  if (exponent == 2.0)
+    return unary_floating(a, "pow", UnaryOp::kSquare, [](float x) { return x * x; });
+  return unary_floating(
+      a, "pow", UnaryOp::kPow, [e](float x) { return std::pow(x, e); }, e);
 }
 Tensor relu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN(OpId::relu, {a});
   // NaN propagates (x != x), as in torch.relu and this file's maximum.
-  return unary_floating(a, "relu", UnaryOp::kRelu, [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
+  return unary_floating(a, "relu", UnaryOp::kRelu,
+                        [](float x) { return x > 0.0f || x != x ? x : 0.0f; });
 }
 Tensor gelu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN(OpId::gelu, {a});
@@ -238,12 +249,15 @@ Tensor gelu(const Tensor& a) {
 }
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   LOOM_DISPATCH_OR_RETURN(OpId::gelu_backward, {grad, x});
-  return binary(grad, x, "gelu_backward", BinaryOp::kGeluBackward, [](float g, float v) {
-    const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
-    const float t = std::tanh(inner);
-    const float d_inner = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
-    return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * d_inner);
-  }, /*floating_only=*/true);
+  return binary(
+      grad, x, "gelu_backward", BinaryOp::kGeluBackward,
+      [](float g, float v) {
+        const float inner = kGeluScale * (v + kGeluCubic * v * v * v);
+        const float t = std::tanh(inner);
+        const float d_inner = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+        return g * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * d_inner);
+      },
+      /*floating_only=*/true);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -252,8 +266,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(a, "where");
   check_defined(b, "where");
   const Device device = op_device("where", {cond, a, b});
-  const Shape shape = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"),
-                                       "where");
+  const Shape shape =
+      broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape(), "where"), "where");
   const Tensor c = to(expand(on_device(cond, device), shape), kFloat32);
   // cond != 0 ? a : b == b + (a - b) * [cond != 0] would lose NaN/inf exactness; select instead.
   const DType dtype = promote(a.dtype(), b.dtype());

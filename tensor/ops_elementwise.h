@@ -13,7 +13,7 @@ Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);
-Tensor sub(const Tensor& a, double b);  // a - b
+Tensor sub(const Tensor& a, double b);   // a - b
 Tensor rsub(const Tensor& a, double b);  // b - a
 Tensor mul(const Tensor& a, double b);
 Tensor div(const Tensor& a, double b);

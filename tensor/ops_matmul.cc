@@ -15,9 +15,9 @@ namespace {
 
 // How a 2-D (last two dims) operand reaches the GEMM: the pointer-free part of a BLAS call.
 struct GemmOperand {
-  Tensor tensor;      // possibly a contiguous copy, when the layout fit neither form
-  bool transposed;    // true: column-major, passed with the transpose flag
-  int64_t leading;    // leading dimension in elements
+  Tensor tensor;    // possibly a contiguous copy, when the layout fit neither form
+  bool transposed;  // true: column-major, passed with the transpose flag
+  int64_t leading;  // leading dimension in elements
 };
 
 GemmOperand as_gemm_operand(const Tensor& t) {
@@ -54,14 +54,24 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
 
 // One batched GEMM on the operands' device: cuBLASLt in their dtype (f32 accumulation) on CUDA,
 // oneDNN in f32 on CPU (the caller converted the operands).
-void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
-                  const Tensor& a, int64_t lda, int64_t stride_a, const Tensor& b, int64_t ldb,
-                  int64_t stride_b, const Tensor& out) {
+void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                  int64_t k, const Tensor& a, int64_t lda, int64_t stride_a, const Tensor& b,
+                  int64_t ldb, int64_t stride_b, const Tensor& out) {
   const int64_t ldc = std::max<int64_t>(n, 1);
   if (out.device().is_cuda()) {
-    cuda::GemmProblem p{.dtype = out.dtype(), .transpose_a = transpose_a, .transpose_b = transpose_b,
-                        .m = m, .n = n, .k = k, .lda = lda, .ldb = ldb, .ldc = ldc,
-                        .stride_a = stride_a, .stride_b = stride_b, .stride_c = m * n, .batch = batch};
+    cuda::GemmProblem p{.dtype = out.dtype(),
+                        .transpose_a = transpose_a,
+                        .transpose_b = transpose_b,
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = lda,
+                        .ldb = ldb,
+                        .ldc = ldc,
+                        .stride_a = stride_a,
+                        .stride_b = stride_b,
+                        .stride_c = m * n,
+                        .batch = batch};
     cuda::gemm(p, a.raw_data(), b.raw_data(), out.raw_data(), out.device().index);
     return;
   }
@@ -112,8 +122,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   int64_t stride_a = 0, stride_b = 0;
   if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
       uniform_batch_stride(gb.tensor, &stride_b)) {
-    batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading, stride_a,
-                 gb.tensor, gb.leading, stride_b, out);
+    batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading,
+                 stride_a, gb.tensor, gb.leading, stride_b, out);
   } else if (batch_count > 0) {
     // Irregular batch layout: one GEMM per matrix, walking the batch index.
     const Tensor a3 = reshape(contiguous(ga.tensor), {batch_count, m, k});
@@ -128,10 +138,13 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
-  LOOM_CHECK(input.defined() && weight.defined(), "linear: the input and the weight must be defined");
+  LOOM_CHECK(input.defined() && weight.defined(),
+             "linear: the input and the weight must be defined");
   LOOM_CHECK(input.dim() >= 1 && weight.dim() == 2 && input.size(-1) == weight.size(1),
-             "linear: input of shape {} does not end in in_features={} (weight shape {}, expected (out, in))",
-             shape_str(input.shape()), weight.dim() == 2 ? weight.size(1) : -1, shape_str(weight.shape()));
+             "linear: input of shape {} does not end in in_features={} (weight shape {}, expected "
+             "(out, in))",
+             shape_str(input.shape()), weight.dim() == 2 ? weight.size(1) : -1,
+             shape_str(weight.shape()));
   const int64_t n = weight.size(0), k = weight.size(1);
   LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n),
              "linear: the bias must have shape ({}), got {}", n, shape_str(bias.shape()));
@@ -145,7 +158,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   const Tensor weight_t = transpose(weight, 0, 1);  // a view the GEMM takes as a flag
   if (!bias.defined()) return matmul(input, weight_t);
   const Device device = op_device("linear", {input, weight, bias});
-  LOOM_CHECK(is_floating(input.dtype()) && input.dtype() == weight.dtype() && input.dtype() == bias.dtype(),
+  LOOM_CHECK(is_floating(input.dtype()) && input.dtype() == weight.dtype() &&
+                 input.dtype() == bias.dtype(),
              "linear: expected floating input, weight and bias of one dtype, got {}, {} and {}",
              dtype_name(input.dtype()), dtype_name(weight.dtype()), dtype_name(bias.dtype()));
   const bool misaligned_bias =
@@ -167,15 +181,27 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty({m, n}, gemm_dtype, device);
   const int64_t ldc = std::max<int64_t>(n, 1);
   if (device.is_cuda()) {
-    cuda::GemmProblem p{.dtype = gemm_dtype, .transpose_a = x.transposed, .transpose_b = w.transposed,
-                        .m = m, .n = n, .k = k, .lda = x.leading, .ldb = w.leading, .ldc = ldc,
-                        .stride_a = 0, .stride_b = 0, .stride_c = m * n, .batch = 1};
-    cuda::gemm(p, x.tensor.raw_data(), w.tensor.raw_data(), out.raw_data(), device.index, b.raw_data());
+    cuda::GemmProblem p{.dtype = gemm_dtype,
+                        .transpose_a = x.transposed,
+                        .transpose_b = w.transposed,
+                        .m = m,
+                        .n = n,
+                        .k = k,
+                        .lda = x.leading,
+                        .ldb = w.leading,
+                        .ldc = ldc,
+                        .stride_a = 0,
+                        .stride_b = 0,
+                        .stride_c = m * n,
+                        .batch = 1};
+    cuda::gemm(p, x.tensor.raw_data(), w.tensor.raw_data(), out.raw_data(), device.index,
+               b.raw_data());
   } else {
     copy_(out, b);  // every row starts as the bias; the GEMM adds the product (beta = 1)
-    cpu::sgemm(x.transposed, w.transposed, m, n, k, 1.0f, static_cast<const float*>(x.tensor.raw_data()), x.leading,
-               static_cast<const float*>(w.tensor.raw_data()), w.leading, 1.0f, static_cast<float*>(out.raw_data()),
-               ldc);
+    cpu::sgemm(x.transposed, w.transposed, m, n, k, 1.0f,
+               static_cast<const float*>(x.tensor.raw_data()), x.leading,
+               static_cast<const float*>(w.tensor.raw_data()), w.leading, 1.0f,
+               static_cast<float*>(out.raw_data()), ldc);
   }
   if (out.dtype() != input.dtype()) out = to(out, input.dtype());
   return reshape(out, out_shape);

@@ -1,7 +1,8 @@
-// Matrix products (loom::ops; recorded by autograd through tensor/dispatch.h), through the CPU GEMM chosen in
-// tensor/cpu/gemm.h (f32; bf16/f16 operands are converted) or, for CUDA operands, cuBLASLt
-// (tensor/cuda/gemm_cublaslt.h: f32/bf16/f16 in and out, f32 accumulation). A transposed operand
-// (a view whose last two dims are swapped) is passed to the GEMM as a transpose flag, never copied.
+// Matrix products (loom::ops; recorded by autograd through tensor/dispatch.h), through the CPU GEMM
+// chosen in tensor/cpu/gemm.h (f32; bf16/f16 operands are converted) or, for CUDA operands,
+// cuBLASLt (tensor/cuda/gemm_cublaslt.h: f32/bf16/f16 in and out, f32 accumulation). A transposed
+// operand (a view whose last two dims are swapped) is passed to the GEMM as a transpose flag, never
+// copied.
 #pragma once
 
 #include "tensor/tensor.h"

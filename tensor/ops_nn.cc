@@ -13,9 +13,9 @@
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
-#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_nn_internal.h"
 #include "tensor/rng.h"
 
@@ -30,8 +30,8 @@ using nn_internal::position_str;
 namespace {
 
 // Throws unless `index` is a valid row of a (V, C) embedding table.
-void check_embedding_index(int64_t index, int64_t flat, const Tensor& indices, int64_t num_embeddings,
-                           std::string_view op) {
+void check_embedding_index(int64_t index, int64_t flat, const Tensor& indices,
+                           int64_t num_embeddings, std::string_view op) {
   LOOM_CHECK(index >= 0 && index < num_embeddings,
              "{}: index {} at position {} of indices shape {} is out of range for {} embeddings "
              "(expected 0..{})",
@@ -165,7 +165,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
     if (col_stride == 1 || c == 1) {
       std::memcpy(dst, src, c * elem);
     } else {
-      for (int64_t j = 0; j < c; ++j) std::memcpy(dst + j * elem, src + j * col_stride * elem, elem);
+      for (int64_t j = 0; j < c; ++j)
+        std::memcpy(dst + j * elem, src + j * col_stride * elem, elem);
     }
   }
   return out;
@@ -179,8 +180,9 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   check_floating(grad_out, op, "grad_out");
   check_index(indices, op, "indices");
   LOOM_CHECK(num_embeddings >= 0, "{}: num_embeddings must be >= 0, got {}", op, num_embeddings);
-  const bool fits = grad_out.dim() == indices.dim() + 1 &&
-                    std::equal(indices.shape().begin(), indices.shape().end(), grad_out.shape().begin());
+  const bool fits =
+      grad_out.dim() == indices.dim() + 1 &&
+      std::equal(indices.shape().begin(), indices.shape().end(), grad_out.shape().begin());
   LOOM_CHECK(fits, "{}: grad_out shape {} is not (*indices.shape, C) for indices shape {}", op,
              shape_str(grad_out.shape()), shape_str(indices.shape()));
   const int64_t c = grad_out.size(-1);
@@ -213,7 +215,7 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                                  Reduction reduction) {
   if (auto r = dispatch_op(OpId::cross_entropy, {logits, targets},
-                                  {ignore_index, static_cast<int64_t>(reduction)})) {
+                           {ignore_index, static_cast<int64_t>(reduction)})) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "cross_entropy";
@@ -223,7 +225,8 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   const int64_t n = logits.size(0), v = logits.size(1);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
-  if (device.is_cuda()) return cuda_cross_entropy(x, targets, t, ignore_index, reduction, logits.dtype());
+  if (device.is_cuda())
+    return cuda_cross_entropy(x, targets, t, ignore_index, reduction, logits.dtype());
   const std::vector<float> lse = row_logsumexp(px, n, v);
   Tensor lse_out = Tensor::empty({n}, kFloat32);
   std::copy(lse.begin(), lse.end(), lse_out.data<float>());
@@ -251,7 +254,7 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index, Reduction reduction, const Tensor& logsumexp) {
   if (auto r = dispatch_op(OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
-                                  {ignore_index, static_cast<int64_t>(reduction)})) {
+                           {ignore_index, static_cast<int64_t>(reduction)})) {
     return (*r)[0];
   }
   constexpr std::string_view op = "cross_entropy_backward";
@@ -280,15 +283,16 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     }
     int64_t count = 0;
     for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
-    const Tensor lse = logsumexp.defined() ? as_f32(logsumexp)
-                                           : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone, kFloat32).logsumexp;
+    const Tensor lse =
+        logsumexp.defined()
+            ? as_f32(logsumexp)
+            : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone, kFloat32).logsumexp;
     const Tensor targets_dev = contiguous(to(targets, kInt64));
     const Tensor gl = as_f32(on_device(grad_loss, device));
     Tensor grad = Tensor::empty({n, v}, kFloat32, device);
-    cuda::kernels::cross_entropy_backward(grad.data<float>(), px, lse.data<float>(),
-                                          targets_dev.data<int64_t>(), gl.data<float>(), n, v,
-                                          ignore_index, static_cast<int>(reduction), count,
-                                          device.index);
+    cuda::kernels::cross_entropy_backward(
+        grad.data<float>(), px, lse.data<float>(), targets_dev.data<int64_t>(), gl.data<float>(), n,
+        v, ignore_index, static_cast<int>(reduction), count, device.index);
     return to(grad, logits.dtype());
   }
   std::vector<float> lse;
@@ -316,9 +320,15 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     }
     float scale = 0.0f;
     switch (reduction) {
-      case Reduction::kNone: scale = pgl[row]; break;
-      case Reduction::kSum: scale = pgl[0]; break;
-      case Reduction::kMean: scale = static_cast<float>(pgl[0] / static_cast<double>(count)); break;
+      case Reduction::kNone:
+        scale = pgl[row];
+        break;
+      case Reduction::kSum:
+        scale = pgl[0];
+        break;
+      case Reduction::kMean:
+        scale = static_cast<float>(pgl[0] / static_cast<double>(count));
+        break;
     }
     const float* xr = px + row * v;
     for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(xr[j] - lse[row]) * scale;
@@ -329,7 +339,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 
 // ---- dropout ----------------------------------------------------------------------------------
 
-DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training, const RngRegion& region) {
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training,
+                      const RngRegion& region) {
   if (auto r = dispatch_op(OpId::dropout, {x}, {p, static_cast<int64_t>(seed), training})) {
     return {(*r)[0], (*r)[1]};
   }

@@ -5,9 +5,10 @@
 //
 // Common rules:
 //   - CPU and CUDA (operands on one device, tensor/op_device.h; CUDA kernels in
-//     tensor/cuda/kernels/nn.h); floating dtypes f32/bf16/f16. bf16/f16 are loaded into f32, computed in
-//     f32 (CPU sums accumulate in f64, CUDA ones in f32) and rounded once on store. Statistics a backward needs
-//     (layer norm mean/rstd, logsumexp) are always f32, whatever the input dtype.
+//     tensor/cuda/kernels/nn.h); floating dtypes f32/bf16/f16. bf16/f16 are loaded into f32,
+//     computed in f32 (CPU sums accumulate in f64, CUDA ones in f32) and rounded once on store.
+//     Statistics a backward needs (layer norm mean/rstd, logsumexp) are always f32, whatever the
+//     input dtype.
 //   - Inputs may have any strides (transposed or sliced views); outputs are contiguous.
 //   - Every op first calls dispatch_op() with its OpId (tensor/op_list.h), tensors and
 //     attributes in declaration order (undefined optional tensors are passed as undefined).
@@ -144,7 +145,8 @@ struct DropoutResult {
 // undefined mask; p == 1 gives zeros. p must be in [0, 1]. `region` says which block of a larger
 // logical tensor x is (tensor/rng.h): a shard then draws exactly its slice of the whole tensor's
 // mask, which is how sequence-parallel dropout matches one rank.
-DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training = true, const RngRegion& region = {});
+DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training = true,
+                      const RngRegion& region = {});
 // grad * mask / (1 - p) (zeros when p == 1); an undefined mask returns grad unchanged.
 Tensor dropout_backward(const Tensor& grad, const Tensor& mask, double p);
 

@@ -57,11 +57,13 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   dims.tk = k.size(-2);
   dims.d = q.size(-1);
   dims.dv = v.size(-1);
-  LOOM_CHECK(k.size(-1) == dims.d, "{}: q and k must have the same last dim (D), got shapes {}",
-             op, shapes());
+  LOOM_CHECK(k.size(-1) == dims.d, "{}: q and k must have the same last dim (D), got shapes {}", op,
+             shapes());
   LOOM_CHECK(v.size(-2) == dims.tk,
-             "{}: k and v must have the same sequence length (dim -2), got shapes {}", op, shapes());
-  const double s = scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(dims.d, 1)));
+             "{}: k and v must have the same sequence length (dim -2), got shapes {}", op,
+             shapes());
+  const double s =
+      scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(dims.d, 1)));
   dims.scale = static_cast<float>(s);
   return dims;
 }
@@ -118,22 +120,23 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   if (device.is_cuda()) {
     cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, s, is_causal,
                                    /*from_lse=*/false, device.index);
-  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
-    float* pr = p + row * dims.tk;
-    const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t j = 0; j < visible; ++j) m = std::max(m, pr[j] * s);
-    double sum = 0.0;
-    for (int64_t j = 0; j < visible; ++j) {
-      pr[j] = std::exp(pr[j] * s - m);
-      sum += pr[j];
+  } else
+    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+      float* pr = p + row * dims.tk;
+      const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < visible; ++j) m = std::max(m, pr[j] * s);
+      double sum = 0.0;
+      for (int64_t j = 0; j < visible; ++j) {
+        pr[j] = std::exp(pr[j] * s - m);
+        sum += pr[j];
+      }
+      const float inv = visible > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
+      for (int64_t j = 0; j < visible; ++j) pr[j] *= inv;
+      for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
+      pl[row] = visible > 0 ? m + static_cast<float>(std::log(sum))
+                            : -std::numeric_limits<float>::infinity();
     }
-    const float inv = visible > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-    for (int64_t j = 0; j < visible; ++j) pr[j] *= inv;
-    for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
-    pl[row] = visible > 0 ? m + static_cast<float>(std::log(sum))
-                          : -std::numeric_limits<float>::infinity();
-  }
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -143,7 +146,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                                      const Tensor& out, const Tensor& logsumexp,
                                                      bool is_causal, double scale) {
   if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
-                                  {grad_out, q, k, v, out, logsumexp}, {is_causal, scale})) {
+                           {grad_out, q, k, v, out, logsumexp}, {is_causal, scale})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention_backward";
@@ -190,30 +193,32 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   if (device.is_cuda()) {
     cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, s,
                                    is_causal, /*from_lse=*/true, device.index);
-  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
-    float* pr = p + row * dims.tk;
-    const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
-                                ? 0
-                                : visible_keys(dims, row % dims.tq, is_causal);
-    for (int64_t j = 0; j < visible; ++j) pr[j] = std::exp(pr[j] * s - pl[row]);
-    for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
-  }
-  Tensor dv = mm_tn(probs, gf);       // (..., tk, dv)
-  Tensor dscores = mm_nt(gf, vf);     // dP (..., tq, tk), becomes dS in place
+  } else
+    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+      float* pr = p + row * dims.tk;
+      const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
+                                  ? 0
+                                  : visible_keys(dims, row % dims.tq, is_causal);
+      for (int64_t j = 0; j < visible; ++j) pr[j] = std::exp(pr[j] * s - pl[row]);
+      for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
+    }
+  Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
+  Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
   if (device.is_cuda()) {
     cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, s, device.index);
-  } else for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
-    const float* pr = p + row * dims.tk;
-    float* dr = pd + row * dims.tk;
-    double dot = 0.0;
-    for (int64_t j = 0; j < dims.tk; ++j) dot += static_cast<double>(pr[j]) * dr[j];
-    const float d = static_cast<float>(dot);
-    // dS = P * (dP - rowsum(P * dP)), times scale for the scores' own scaling.
-    for (int64_t j = 0; j < dims.tk; ++j) dr[j] = pr[j] * (dr[j] - d) * s;
-  }
-  Tensor dq = matmul(dscores, kf);    // (..., tq, d)
-  Tensor dk = mm_tn(dscores, qf);     // (..., tk, d)
+  } else
+    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+      const float* pr = p + row * dims.tk;
+      float* dr = pd + row * dims.tk;
+      double dot = 0.0;
+      for (int64_t j = 0; j < dims.tk; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+      const float d = static_cast<float>(dot);
+      // dS = P * (dP - rowsum(P * dP)), times scale for the scores' own scaling.
+      for (int64_t j = 0; j < dims.tk; ++j) dr[j] = pr[j] * (dr[j] - d) * s;
+    }
+  Tensor dq = matmul(dscores, kf);  // (..., tq, d)
+  Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
   return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
 }
 

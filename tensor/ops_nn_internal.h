@@ -32,8 +32,8 @@ inline void check_index(const Tensor& t, std::string_view op, std::string_view n
              dtype_name(t.dtype()), shape_str(t.shape()));
 }
 
-// The kernels' working form, on the tensor's device: contiguous f32 (a no-op for contiguous f32). bf16/f16 values
-// convert exactly; results round once when converted back with `to`.
+// The kernels' working form, on the tensor's device: contiguous f32 (a no-op for contiguous f32).
+// bf16/f16 values convert exactly; results round once when converted back with `to`.
 inline Tensor as_f32(const Tensor& t) { return contiguous(to(t, kFloat32)); }
 
 // Index values of an i64/i32 tensor in row-major order, on the host (for CUDA tensors this copies

@@ -110,7 +110,8 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& out_in, int64
       // d/dx_j of sum_i g_i (x_i - lse) = g_j - softmax_j * sum_i g_i, softmax = exp(out).
       for (int64_t j = 0; j < l.n; ++j) acc += gr[j * stride];
       const float s = static_cast<float>(acc);
-      for (int64_t j = 0; j < l.n; ++j) dr[j * stride] = gr[j * stride] - std::exp(yr[j * stride]) * s;
+      for (int64_t j = 0; j < l.n; ++j)
+        dr[j * stride] = gr[j * stride] - std::exp(yr[j * stride]) * s;
     } else {
       for (int64_t j = 0; j < l.n; ++j) acc += static_cast<double>(gr[j * stride]) * yr[j * stride];
       const float s = static_cast<float>(acc);
@@ -141,8 +142,9 @@ NormLayout norm_layout(const Tensor& x, const Shape& normalized_shape, std::stri
   const size_t k = normalized_shape.size();
   LOOM_CHECK(k >= 1, "{}: normalized shape must have at least one dim, got () for input shape {}",
              op, shape_str(x.shape()));
-  const bool fits = x.shape().size() >= k &&
-                    std::equal(normalized_shape.begin(), normalized_shape.end(), x.shape().end() - k);
+  const bool fits =
+      x.shape().size() >= k &&
+      std::equal(normalized_shape.begin(), normalized_shape.end(), x.shape().end() - k);
   LOOM_CHECK(fits, "{}: normalized shape {} does not match the last dims of input shape {}", op,
              shape_str(normalized_shape), shape_str(x.shape()));
   NormLayout l;
@@ -236,7 +238,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
                                    const Tensor& rstd, const Tensor& weight,
                                    const Shape& normalized_shape) {
   if (auto r = dispatch_op(OpId::layer_norm_backward, {grad_out, x_in, mean, rstd, weight},
-                                  {normalized_shape})) {
+                           {normalized_shape})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "layer_norm_backward";

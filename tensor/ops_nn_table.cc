@@ -21,8 +21,8 @@ void register_nn_ops(OpTable& t) {
   };
   // Layer norm: inputs (x, weight, bias), attrs (normalized_shape, eps).
   t[OpId::layer_norm] = [](C c) {
-    auto r = ops::layer_norm(c.inputs[0], c.ints_attr(0), c.inputs[1], c.inputs[2],
-                             c.double_attr(1));
+    auto r =
+        ops::layer_norm(c.inputs[0], c.ints_attr(0), c.inputs[1], c.inputs[2], c.double_attr(1));
     return V{r.out, r.mean, r.rstd};
   };
   // Inputs (grad_out, x, mean, rstd, weight), attrs (normalized_shape).

@@ -9,9 +9,9 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/dispatch.h"
-#include "tensor/ops_cuda.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
+#include "tensor/ops_cuda.h"
 #include "tensor/ops_elementwise.h"
 #include "tensor/ops_views.h"
 
@@ -20,7 +20,8 @@ namespace loom::ops {
 namespace {
 
 // Normalized, deduplicated reduction mask over self's dims (all dims when `dims` is empty).
-std::vector<bool> reduced_mask(const Tensor& self, const std::vector<int64_t>& dims, std::string_view op) {
+std::vector<bool> reduced_mask(const Tensor& self, const std::vector<int64_t>& dims,
+                               std::string_view op) {
   std::vector<bool> mask(self.dim(), dims.empty());
   for (int64_t d : dims) {
     const int64_t n = normalize_dim(d, self.dim(), op);
@@ -34,8 +35,10 @@ std::vector<bool> reduced_mask(const Tensor& self, const std::vector<int64_t>& d
 Shape reduced_shape(const Shape& shape, const std::vector<bool>& mask, bool keepdim) {
   Shape out;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (!mask[d]) out.push_back(shape[d]);
-    else if (keepdim) out.push_back(1);
+    if (!mask[d])
+      out.push_back(shape[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -66,10 +69,12 @@ Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
                            const T* x = in + off[1];
                            if (st[0] == 0) {
                              Acc s = 0;
-                             for (int64_t j = 0; j < count; ++j) s += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
+                             for (int64_t j = 0; j < count; ++j)
+                               s += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
                              *a += s;
                            } else {
-                             for (int64_t j = 0; j < count; ++j) a[j * st[0]] += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
+                             for (int64_t j = 0; j < count; ++j)
+                               a[j * st[0]] += static_cast<Acc>(cpu::to_compute(x[j * st[1]]));
                            }
                          });
     T* o = static_cast<T*>(out.raw_data());
@@ -98,7 +103,8 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) 
     const T* s = static_cast<const T*>(total.raw_data());
     T* o = static_cast<T*>(out.raw_data());
     for (int64_t i = 0; i < total.numel(); ++i) {
-      o[i] = cpu::from_compute<T>(static_cast<double>(cpu::to_compute(s[i])) / static_cast<double>(count));
+      o[i] = cpu::from_compute<T>(static_cast<double>(cpu::to_compute(s[i])) /
+                                  static_cast<double>(count));
     }
   });
   return out;
@@ -108,41 +114,46 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
   if (auto out = dispatch_op(OpId::max_dim, {self}, {dim, keepdim})) return {(*out)[0], (*out)[1]};
   dim = normalize_dim(dim, self.dim(), "max");
   LOOM_CHECK(self.dim() == 0 || self.shape()[dim] > 0,
-             "max: cannot reduce over dim {} of size 0 (tensor shape {})", dim, shape_str(self.shape()));
+             "max: cannot reduce over dim {} of size 0 (tensor shape {})", dim,
+             shape_str(self.shape()));
   const Tensor moved = self.dim() == 0 ? reshape(self, {1}) : contiguous(transpose(self, dim, -1));
   const int64_t row = moved.shape().back();
   const int64_t rows = moved.numel() / std::max<int64_t>(row, 1);
   Shape out_shape = self.shape();
   if (self.dim() > 0) {
-    if (keepdim) out_shape[dim] = 1;
-    else out_shape.erase(out_shape.begin() + dim);
+    if (keepdim)
+      out_shape[dim] = 1;
+    else
+      out_shape.erase(out_shape.begin() + dim);
   }
   // Results come out in the moved layout (dim last); build them there, then move back.
   Shape moved_out = moved.shape();
   moved_out.back() = 1;
   Tensor values = Tensor::empty(moved_out, self.dtype(), self.device());
   Tensor indices = Tensor::empty(moved_out, kInt64, self.device());
-  if (self.device().is_cuda()) cuda_backend::max_rows(values, indices, moved, rows, row);
-  else cpu::visit_dtype(self.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* in = static_cast<const T*>(moved.raw_data());
-    T* v = static_cast<T*>(values.raw_data());
-    int64_t* ix = indices.data<int64_t>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* x = in + r * row;
-      auto best = cpu::to_compute(x[0]);
-      int64_t best_index = 0;
-      for (int64_t j = 1; j < row; ++j) {
-        const auto value = cpu::to_compute(x[j]);
-        if (value > best || (value != value && best == best)) {  // NaN wins, as in PyTorch
-          best = value;
-          best_index = j;
+  if (self.device().is_cuda())
+    cuda_backend::max_rows(values, indices, moved, rows, row);
+  else
+    cpu::visit_dtype(self.dtype(), [&](auto tag) {
+      using T = decltype(tag);
+      const T* in = static_cast<const T*>(moved.raw_data());
+      T* v = static_cast<T*>(values.raw_data());
+      int64_t* ix = indices.data<int64_t>();
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* x = in + r * row;
+        auto best = cpu::to_compute(x[0]);
+        int64_t best_index = 0;
+        for (int64_t j = 1; j < row; ++j) {
+          const auto value = cpu::to_compute(x[j]);
+          if (value > best || (value != value && best == best)) {  // NaN wins, as in PyTorch
+            best = value;
+            best_index = j;
+          }
         }
+        v[r] = x[best_index];
+        ix[r] = best_index;
       }
-      v[r] = x[best_index];
-      ix[r] = best_index;
-    }
-  });
+    });
   if (self.dim() == 0) return {reshape(values, {}), reshape(indices, {})};
   values = transpose(values, dim, -1);
   indices = transpose(indices, dim, -1);
@@ -155,9 +166,10 @@ Tensor max(const Tensor& self) {
   return max(reshape(self, {-1}), 0, false).first;
 }
 
-Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int64_t dim,
-                        bool keepdim) {
-  if (auto out = dispatch_op(OpId::max_dim_backward, {grad, indices}, {input_shape, dim, keepdim})) {
+Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape,
+                        int64_t dim, bool keepdim) {
+  if (auto out =
+          dispatch_op(OpId::max_dim_backward, {grad, indices}, {input_shape, dim, keepdim})) {
     return (*out)[0];
   }
   const int64_t ndim = static_cast<int64_t>(input_shape.size());
@@ -184,8 +196,8 @@ Tensor sum_to(const Tensor& grad, const Shape& shape) {
     } else if (shape[d - lead] == 1 && grad.shape()[d] != 1) {
       dims.push_back(d);
     } else {
-      LOOM_CHECK(shape[d - lead] == grad.shape()[d],
-                 "sum_to: shape {} is not a broadcast of {}", shape_str(grad.shape()), shape_str(shape));
+      LOOM_CHECK(shape[d - lead] == grad.shape()[d], "sum_to: shape {} is not a broadcast of {}",
+                 shape_str(grad.shape()), shape_str(shape));
     }
   }
   Tensor reduced = dims.empty() ? grad : sum(grad, dims, /*keepdim=*/true);

@@ -1,4 +1,5 @@
-// Reductions (loom::ops; they record autograd through tensor/dispatch.h like every op). Floating results accumulate in f64.
+// Reductions (loom::ops; they record autograd through tensor/dispatch.h like every op). Floating
+// results accumulate in f64.
 #pragma once
 
 #include <utility>
@@ -17,8 +18,8 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim = fa
 Tensor max(const Tensor& self);
 // Gradient of max(self, dim, keepdim) for a `self` of `input_shape`: `grad` at the positions
 // `indices` (max's second output) along `dim`, zeros elsewhere.
-Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape, int64_t dim,
-                        bool keepdim);
+Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& input_shape,
+                        int64_t dim, bool keepdim);
 // Sums a broadcast gradient back to `shape` (the inverse of broadcasting `shape` to
 // grad.shape()): the reduction every broadcasting op's backward needs.
 Tensor sum_to(const Tensor& grad, const Shape& shape);

@@ -66,9 +66,8 @@ std::optional<Strides> view_strides(const Tensor& self, const Shape& shape) {
   int64_t view_numel = 1;
   for (int64_t tensor_d = static_cast<int64_t>(old_shape.size()) - 1; tensor_d >= 0; --tensor_d) {
     tensor_numel *= old_shape[tensor_d];
-    if (tensor_d == 0 ||
-        (old_shape[tensor_d - 1] != 1 &&
-         old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+    if (tensor_d == 0 || (old_shape[tensor_d - 1] != 1 &&
+                          old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
       while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
         strides[view_d] = view_numel * chunk_base_stride;
         view_numel *= shape[view_d];
@@ -124,8 +123,8 @@ Tensor permute(const Tensor& self, const std::vector<int64_t>& dims) {
   if (auto out = dispatch_op(OpId::permute, {self}, {dims})) return (*out)[0];
   const int64_t ndim = self.dim();
   LOOM_CHECK(static_cast<int64_t>(dims.size()) == ndim,
-             "permute: got {} dims ({}) for a tensor of rank {}", dims.size(), fmt::join(dims, ", "),
-             ndim);
+             "permute: got {} dims ({}) for a tensor of rank {}", dims.size(),
+             fmt::join(dims, ", "), ndim);
   Shape shape(ndim);
   Strides strides(ndim);
   std::vector<bool> seen(ndim, false);
@@ -150,7 +149,8 @@ Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
              start + length, dim, size, shape_str(self.shape()));
   Shape shape = self.shape();
   shape[dim] = length;
-  return restride(self, std::move(shape), self.strides(), self.offset() + start * self.strides()[dim]);
+  return restride(self, std::move(shape), self.strides(),
+                  self.offset() + start * self.strides()[dim]);
 }
 
 Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step) {
@@ -171,9 +171,10 @@ Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_
   return restride(self, std::move(shape), std::move(strides), offset);
 }
 
-Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start, int64_t end,
-                      int64_t step) {
-  if (auto out = dispatch_op(OpId::slice_backward, {grad}, {input_shape, dim, start, end, step})) return (*out)[0];
+Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start,
+                      int64_t end, int64_t step) {
+  if (auto out = dispatch_op(OpId::slice_backward, {grad}, {input_shape, dim, start, end, step}))
+    return (*out)[0];
   Tensor out = zeros(input_shape, grad.dtype(), grad.device());
   copy_(slice(out, dim, start, end, step), grad);
   return out;

@@ -18,13 +18,14 @@ Tensor transpose(const Tensor& self, int64_t dim0, int64_t dim1);
 Tensor permute(const Tensor& self, const std::vector<int64_t>& dims);
 // Elements [start, start + length) of `dim`.
 Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length);
-// Python-style slice [start:end:step] of `dim`; start/end are clamped, negative ones count from the end.
+// Python-style slice [start:end:step] of `dim`; start/end are clamped, negative ones count from the
+// end.
 Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step = 1);
 // Gradient of slice(self, dim, start, end, step) for a `self` of `input_shape`: a new tensor of
 // zeros with `grad` written where the slice took its elements (torch's slice_backward). An op of
 // its own (not zeros + copy_ into a view) so that extended tensors (DTensors) can dispatch it.
-Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start, int64_t end,
-                      int64_t step = 1);
+Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start,
+                      int64_t end, int64_t step = 1);
 // torch.chunk: `chunks` pieces of size ceil(n / chunks); trailing pieces may be smaller, and
 // fewer than `chunks` pieces come back when n is small.
 std::vector<Tensor> chunk(const Tensor& self, int64_t chunks, int64_t dim = 0);

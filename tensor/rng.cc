@@ -65,25 +65,28 @@ GlobalIndexMap global_index_map(const Tensor& out, const RngRegion& region, cons
 
 // Calls fill(local_linear_index, global_linear_index) for each element of `out`.
 template <typename Fill>
-void for_each_global_index(const Tensor& out, const RngRegion& region, const char* op, Fill&& fill) {
+void for_each_global_index(const Tensor& out, const RngRegion& region, const char* op,
+                           Fill&& fill) {
   const GlobalIndexMap map = global_index_map(out, region, op);
   const int64_t base = map.base;
   // Iterate local elements in row-major order, tracking the global linear index alongside.
   int64_t local_index = 0;
-  cpu::for_each_run<1>(out.shape(), {map.global_strides}, [&](const auto& offsets, int64_t count,
-                                                    const auto& inner) {
-    for (int64_t j = 0; j < count; ++j) fill(local_index++, base + offsets[0] + j * inner[0]);
-  });
+  cpu::for_each_run<1>(out.shape(), {map.global_strides},
+                       [&](const auto& offsets, int64_t count, const auto& inner) {
+                         for (int64_t j = 0; j < count; ++j)
+                           fill(local_index++, base + offsets[0] + j * inner[0]);
+                       });
 }
 
 // `kind` and (a, b) say the same distribution as `sample` does, for the CUDA kernel.
 template <typename Sample>
 void fill_floating(const Tensor& out, const RngRegion& region, const char* op, uint64_t seed,
                    cuda::kernels::RandomKind kind, double a, double b, Sample&& sample) {
-  LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op, out.description());
+  LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op,
+             out.description());
   if (out.device().is_cuda()) {
-    LOOM_CHECK(is_floating(out.dtype()), "{}: expected a floating dtype (f32, bf16, f16), got {}", op,
-               dtype_name(out.dtype()));
+    LOOM_CHECK(is_floating(out.dtype()), "{}: expected a floating dtype (f32, bf16, f16), got {}",
+               op, dtype_name(out.dtype()));
     LOOM_CHECK(out.dim() <= cuda::kernels::kMaxDims, "{}: CUDA takes at most {} dims, got {}", op,
                cuda::kernels::kMaxDims, out.description());
     const GlobalIndexMap map = global_index_map(out, region, op);
@@ -93,8 +96,8 @@ void fill_floating(const Tensor& out, const RngRegion& region, const char* op, u
       global.sizes[d] = out.shape()[d];
       global.strides[d] = map.global_strides[d];
     }
-    cuda::kernels::philox_fill(out.dtype(), out.raw_data(), global, map.base, seed, kind, a,
-                               b, out.device().index);
+    cuda::kernels::philox_fill(out.dtype(), out.raw_data(), global, map.base, seed, kind, a, b,
+                               out.device().index);
     return;
   }
   cpu::visit_floating_dtype(out.dtype(), op, [&](auto tag) {
@@ -113,20 +116,21 @@ namespace ops {
 void normal_(const Tensor& out, uint64_t seed, double mean, double std, const RngRegion& region) {
   fill_floating(out, region, "normal_", seed, cuda::kernels::RandomKind::kNormal, mean, std,
                 [&](uint64_t index) {
-    const auto words = element_words(seed, index, /*stream=*/1);
-    // Box-Muller, one normal per element so each element depends on its own index only.
-    const double radius = std::sqrt(-2.0 * std::log(unit_open_left(words[0])));
-    const double angle = 2.0 * std::numbers::pi * unit_open_right(words[1]);
-    return static_cast<float>(mean + std * radius * std::cos(angle));
-  });
+                  const auto words = element_words(seed, index, /*stream=*/1);
+                  // Box-Muller, one normal per element so each element depends on its own index
+                  // only.
+                  const double radius = std::sqrt(-2.0 * std::log(unit_open_left(words[0])));
+                  const double angle = 2.0 * std::numbers::pi * unit_open_right(words[1]);
+                  return static_cast<float>(mean + std * radius * std::cos(angle));
+                });
 }
 
 void uniform_(const Tensor& out, uint64_t seed, double low, double high, const RngRegion& region) {
   fill_floating(out, region, "uniform_", seed, cuda::kernels::RandomKind::kUniform, low, high,
                 [&](uint64_t index) {
-    const auto words = element_words(seed, index, /*stream=*/2);
-    return static_cast<float>(low + (high - low) * unit_open_right(words[0]));
-  });
+                  const auto words = element_words(seed, index, /*stream=*/2);
+                  return static_cast<float>(low + (high - low) * unit_open_right(words[0]));
+                });
 }
 
 Tensor normal(const Shape& shape, uint64_t seed, double mean, double std, DType dtype) {
@@ -147,9 +151,9 @@ Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const Rn
   Tensor out = Tensor::empty(shape, kFloat32, device);
   fill_floating(out, region, "bernoulli", seed, cuda::kernels::RandomKind::kBernoulliKeep, p, 0.0,
                 [&](uint64_t index) {
-    const auto words = element_words(seed, index, /*stream=*/3);
-    return unit_open_right(words[0]) >= p ? 1.0f : 0.0f;
-  });
+                  const auto words = element_words(seed, index, /*stream=*/3);
+                  return unit_open_right(words[0]) >= p ? 1.0f : 0.0f;
+                });
   return out;
 }
 

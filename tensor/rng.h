@@ -36,8 +36,8 @@ Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high 
                DType dtype = kFloat32);
 // Keep-mask for dropout (f32 on `device`): element is 1 with probability 1 - p. On CUDA the mask
 // is bit-identical to the CPU's (same Philox counters), so a GPU rank drops what a CPU rank drops.
-Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region = {},
-                           Device device = Device::cpu());
+Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p,
+                           const RngRegion& region = {}, Device device = Device::cpu());
 }  // namespace ops
 
 }  // namespace loom

@@ -32,8 +32,8 @@ int64_t normalize_dim(int64_t dim, int64_t ndim, std::string_view op) {
   const int64_t lo = ndim == 0 ? -1 : -ndim;
   const int64_t hi = ndim == 0 ? 0 : ndim - 1;
   LOOM_CHECK(dim >= lo && dim <= hi,
-             "{}: dim {} out of range for a tensor of rank {} (expected {}..{})", op, dim, ndim,
-             lo, hi);
+             "{}: dim {} out of range for a tensor of rank {} (expected {}..{})", op, dim, ndim, lo,
+             hi);
   return dim < 0 ? dim + std::max<int64_t>(ndim, 1) : dim;
 }
 

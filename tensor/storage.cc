@@ -15,7 +15,8 @@ constexpr size_t kCpuAlignment = 64;  // one cache line / one AVX-512 vector
 std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
   void* data = nullptr;
   if (device.is_cpu()) {
-    const size_t rounded = (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    const size_t rounded =
+        (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     data = std::aligned_alloc(kCpuAlignment, rounded);
     LOOM_CHECK(data != nullptr, "Storage: failed to allocate {} bytes on cpu", bytes);
   } else {

@@ -13,7 +13,8 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
     LOOM_CHECK(size >= 0, "empty: negative size in shape {}", shape_str(shape));
   }
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = Storage::allocate(static_cast<size_t>(shape_numel(shape)) * element_size(dtype), device);
+  impl->storage =
+      Storage::allocate(static_cast<size_t>(shape_numel(shape)) * element_size(dtype), device);
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
@@ -35,8 +36,8 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, Strid
 int64_t Tensor::size(int64_t dim) const {
   const int64_t d = normalize_dim(dim, this->dim(), "size");
   // normalize_dim accepts dim 0 / -1 on a scalar (wrap_scalar), but there is no size to read.
-  LOOM_CHECK(this->dim() > 0, "size: dim {} out of range for a tensor of rank 0 (a scalar has no dims)",
-             dim);
+  LOOM_CHECK(this->dim() > 0,
+             "size: dim {} out of range for a tensor of rank 0 (a scalar has no dims)", dim);
   return impl_->shape[d];
 }
 

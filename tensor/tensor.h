@@ -125,7 +125,9 @@ inline bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad
 inline Tensor Tensor::grad() const { return impl_->grad; }
 inline void Tensor::set_grad(const Tensor& grad) const { impl_->grad = grad; }
 inline const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const { return impl_->grad_fn; }
-inline const std::shared_ptr<TensorExtension>& Tensor::extension() const { return impl_->extension; }
+inline const std::shared_ptr<TensorExtension>& Tensor::extension() const {
+  return impl_->extension;
+}
 
 void check_data_dtype(const Tensor& tensor, DType requested);
 

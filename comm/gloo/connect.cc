@@ -61,7 +61,8 @@ void store_barrier(Store& store, const std::string& prefix, int rank, int size, 
     for (int r = 0; r < size; ++r) {
       if (!store.check({keys[r]})) missing.push_back(r);
     }
-    LOOM_FAIL("{}: ranks [{}] did not {} within {} ms", what, fmt::join(missing, ", "), verb, timeout.count());
+    LOOM_FAIL("{}: ranks [{}] did not {} within {} ms", what, fmt::join(missing, ", "), verb,
+              timeout.count());
   }
 }
 

@@ -248,7 +248,8 @@ std::string GroupState::blame_chain(const std::vector<ProgressBoard::Peer>& peer
     if (next_state == nullptr) break;
     if (next_state->empty()) {
       // Killed or stopped, or a survivor whose record is still on its way: say only what is known.
-      chain += fmt::format("; rank {}, whose connection rank {} lost, has written no record", next, current);
+      chain += fmt::format("; rank {}, whose connection rank {} lost, has written no record", next,
+                           current);
       break;
     }
     if (std::find(reported.begin(), reported.end(), next) == reported.end()) {

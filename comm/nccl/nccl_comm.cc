@@ -20,7 +20,8 @@ int64_t to_ms(Duration d) { return static_cast<int64_t>(d.count()); }
 // ncclInProgress when `deadline` passed first. `query_mutex` serializes ncclCommGetAsyncError
 // on one communicator: during an in-progress group it completes the group's job, which NCCL
 // does not guard against two threads (the launcher and the watchdog) doing at once.
-ncclResult_t poll_until_ready(ncclComm_t comm, Clock::time_point deadline, std::mutex& query_mutex) {
+ncclResult_t poll_until_ready(ncclComm_t comm, Clock::time_point deadline,
+                              std::mutex& query_mutex) {
   auto sleep = std::chrono::microseconds(10);
   while (true) {
     ncclResult_t state = ncclSuccess;
@@ -130,7 +131,8 @@ NcclComm::~NcclComm() {
       ncclResult_t finalized = ncclInternalError;
       if (drained == cudaSuccess) {
         finalized = ncclCommFinalize(comm_);
-        if (finalized == ncclInProgress) finalized = poll_until_ready(comm_, deadline, async_query_mutex_);
+        if (finalized == ncclInProgress)
+          finalized = poll_until_ready(comm_, deadline, async_query_mutex_);
       }
       if (finalized == ncclSuccess) {
         (void)ncclCommDestroy(comm_);
@@ -151,7 +153,8 @@ NcclComm::~NcclComm() {
         graveyard_.clear();
       } else if (!graveyard_.empty()) {
         LOOM_LOG(warn,
-                 "NCCL group '{}' (rank {}) on cuda:{}: its stream did not drain ({}); the memory of {} tensors "
+                 "NCCL group '{}' (rank {}) on cuda:{}: its stream did not drain ({}); the memory "
+                 "of {} tensors "
                  "its unfinished operations used is left allocated rather than reused under them",
                  group_, rank_, device_, cudaGetErrorName(drained), graveyard_.size());
         new std::vector<Tensor>(std::move(graveyard_));  // deliberately leaked
@@ -167,7 +170,8 @@ NcclComm::~NcclComm() {
 }
 
 void NcclComm::Launch::nccl(ncclResult_t result, std::string_view call) {
-  if (result == ncclInProgress) result = poll_until_ready(comm_, deadline_, owner_.async_query_mutex_);
+  if (result == ncclInProgress)
+    result = poll_until_ready(comm_, deadline_, owner_.async_query_mutex_);
   if (result == ncclSuccess) return;
   if (result == ncclInProgress) {
     LOOM_FAIL("{} on cuda:{}: NCCL did not finish enqueuing {} before the group's timeout",

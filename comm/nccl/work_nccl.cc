@@ -112,11 +112,13 @@ bool WorkNccl::poll() noexcept {
 void WorkNccl::block_current_stream() {
   if (poll()) return wait();  // already finished, either way: wait() returns or rethrows at once
   cuda::DeviceGuard on_device(comm_->device());
-  const cudaError_t result = cudaStreamWaitEvent(cuda::compute_stream(comm_->device()), end_event_, 0);
+  const cudaError_t result =
+      cudaStreamWaitEvent(cuda::compute_stream(comm_->device()), end_event_, 0);
   if (result != cudaSuccess) {
     (void)cudaGetLastError();
-    LOOM_FAIL("{}", cuda_error_message(description_, comm_->device(),
-                                       "cudaStreamWaitEvent(compute stream, completion event)", result));
+    LOOM_FAIL("{}",
+              cuda_error_message(description_, comm_->device(),
+                                 "cudaStreamWaitEvent(compute stream, completion event)", result));
   }
 }
 

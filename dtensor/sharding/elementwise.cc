@@ -25,7 +25,8 @@ OpSharding elementwise_sharding(const OpCall& call, const InputSpecs& inputs, si
   const Shape out = broadcast_all(inputs, call.op);
   const int64_t ndim = static_cast<int64_t>(out.size());
   s.output_shapes.assign(num_outputs, out);
-  s.options.push_back({Placements(inputs.size(), Replicate()), Placements(num_outputs, Replicate())});
+  s.options.push_back(
+      {Placements(inputs.size(), Replicate()), Placements(num_outputs, Replicate())});
   for (int64_t d = 0; d < ndim; ++d) {
     DimOption option{Placements(inputs.size(), Replicate()), Placements(num_outputs, Shard(d))};
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -38,7 +39,8 @@ OpSharding elementwise_sharding(const OpCall& call, const InputSpecs& inputs, si
   }
   for (const auto& pattern : partial_patterns) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-      DimOption option{Placements(inputs.size(), Replicate()), Placements(num_outputs, Partial(op))};
+      DimOption option{Placements(inputs.size(), Replicate()),
+                       Placements(num_outputs, Partial(op))};
       for (size_t i = 0; i < inputs.size(); ++i) {
         if (pattern[i]) option.inputs[i] = Partial(op);
       }
@@ -50,7 +52,9 @@ OpSharding elementwise_sharding(const OpCall& call, const InputSpecs& inputs, si
 
 StrategyFn unary(bool linear) {
   return [linear](const OpCall& call, const InputSpecs& in) {
-    return elementwise_sharding(call, in, 1, linear ? std::vector<std::vector<bool>>{{true}} : std::vector<std::vector<bool>>{});
+    return elementwise_sharding(
+        call, in, 1,
+        linear ? std::vector<std::vector<bool>>{{true}} : std::vector<std::vector<bool>>{});
   };
 }
 
@@ -66,8 +70,8 @@ StrategyFn in_place(bool allow_partial_self) {
     OpSharding s;
     const DTensorSpec& self = *in[0];
     for (const Placement& p : self.placements) {
-      LOOM_CHECK(allow_partial_self || !p.is_partial(), "{}: cannot write in place into a Partial DTensor ({})",
-                 call.op, self.str());
+      LOOM_CHECK(allow_partial_self || !p.is_partial(),
+                 "{}: cannot write in place into a Partial DTensor ({})", call.op, self.str());
     }
     // One option per distinct placement of self (each mesh dim picks its own).
     for (const Placement& p : self.placements) {
@@ -77,7 +81,8 @@ StrategyFn in_place(bool allow_partial_self) {
           // A broadcast operand: its dim for p, or Replicate when it lacks it.
           const int64_t lead = static_cast<int64_t>(self.shape.size() - in[i]->shape.size());
           const int64_t di = p.dim() - lead;
-          option.inputs[i] = di >= 0 && in[i]->shape[di] == self.shape[p.dim()] ? Shard(di) : Replicate();
+          option.inputs[i] =
+              di >= 0 && in[i]->shape[di] == self.shape[p.dim()] ? Shard(di) : Replicate();
         }
       }
       s.options.push_back(std::move(option));
@@ -110,8 +115,9 @@ void register_elementwise_strategies(StrategyTable& t) {
   t[OpId::masked_fill] = [](const OpCall& call, const InputSpecs& in) {
     // Filling with 0 keeps a sum linear; any other value does not.
     const bool zero = call.double_attr(0) == 0.0;
-    return elementwise_sharding(call, in, 1, zero ? std::vector<std::vector<bool>>{{true, false}}
-                                                  : std::vector<std::vector<bool>>{});
+    return elementwise_sharding(
+        call, in, 1,
+        zero ? std::vector<std::vector<bool>>{{true, false}} : std::vector<std::vector<bool>>{});
   };
   t[OpId::copy_] = in_place(/*allow_partial_self=*/true);
   // Factories shaped like a DTensor keep its layout; a Partial `like` gives Replicate (a
@@ -119,7 +125,8 @@ void register_elementwise_strategies(StrategyTable& t) {
   const auto like = [](const OpCall&, const InputSpecs& in) {
     OpSharding s;
     s.output_shapes = {in[0]->shape};
-    for (const Placement& p : in[0]->placements) s.options.push_back({{p}, {p.is_partial() ? Replicate() : p}});
+    for (const Placement& p : in[0]->placements)
+      s.options.push_back({{p}, {p.is_partial() ? Replicate() : p}});
     s.fixed_inputs = {0};
     return s;
   };
@@ -136,7 +143,9 @@ void register_elementwise_strategies(StrategyTable& t) {
       const Placement q = p.is_partial() ? Replicate() : p;
       s.options.push_back({{q, p}, {q}});
     }
-    s.local = [](const OpCall& local, const InputSpecs&) { return std::vector<Tensor>{local.inputs[0]}; };
+    s.local = [](const OpCall& local, const InputSpecs&) {
+      return std::vector<Tensor>{local.inputs[0]};
+    };
     s.fixed_inputs = {1};
     return s;
   };

@@ -15,8 +15,10 @@ const StrategyTable& strategy_table() {
     register_nn_strategies(t);
     const auto missing =
         t.missing([](const OpInfo& info) { return info.extensions == OpExtensions::kExtended; });
-    LOOM_INTERNAL_ASSERT(!missing, "op '{}' is kExtended (tensor/op_list.h) but has no sharding "
-                         "strategy in dtensor/sharding/", op_name(*missing));
+    LOOM_INTERNAL_ASSERT(!missing,
+                         "op '{}' is kExtended (tensor/op_list.h) but has no sharding "
+                         "strategy in dtensor/sharding/",
+                         op_name(*missing));
     return t;
   }();
   return table;

@@ -20,7 +20,8 @@ struct Labels {
 };
 
 Labels matmul_labels(const Shape& a, const Shape& b, std::string_view op) {
-  LOOM_CHECK(!a.empty() && !b.empty(), "{}: both operands need at least 1 dim, got shapes {} and {}", op, shape_str(a),
+  LOOM_CHECK(!a.empty() && !b.empty(),
+             "{}: both operands need at least 1 dim, got shapes {} and {}", op, shape_str(a),
              shape_str(b));
   Labels l;
   const bool a_vec = a.size() == 1, b_vec = b.size() == 1;
@@ -84,7 +85,8 @@ void register_matmul_strategies(StrategyTable& t) {
       if (!any) continue;
       const size_t out_pos = l.out.find(label);
       if (out_pos == std::string::npos) {
-        if (!option.inputs[0].is_shard() || !option.inputs[1].is_shard()) continue;  // contraction needs both
+        if (!option.inputs[0].is_shard() || !option.inputs[1].is_shard())
+          continue;  // contraction needs both
         option.outputs[0] = Partial(ReduceOp::kSum);
       } else {
         option.outputs[0] = Shard(static_cast<int64_t>(out_pos));

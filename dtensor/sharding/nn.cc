@@ -17,7 +17,8 @@ using comm::ReduceOp;
 
 // Options sharding leading dims [0, count) of all `inputs` flagged in `sharded` together,
 // outputs sharded the same way (or as `output_for` says), plus all-Replicate.
-OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int64_t count, std::vector<Shape> outputs,
+OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int64_t count,
+                        std::vector<Shape> outputs,
                         const std::vector<Placement>& output_when_sharded_override = {}) {
   OpSharding s;
   s.output_shapes = std::move(outputs);
@@ -29,7 +30,8 @@ OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int
       if (sharded[i]) option.inputs[i] = Shard(d);
     }
     for (size_t j = 0; j < output_when_sharded_override.size(); ++j) {
-      if (!output_when_sharded_override[j].is_replicate()) option.outputs[j] = output_when_sharded_override[j];
+      if (!output_when_sharded_override[j].is_replicate())
+        option.outputs[j] = output_when_sharded_override[j];
     }
     s.options.push_back(std::move(option));
   }
@@ -41,8 +43,8 @@ int64_t mesh_dim_sharding(const DTensorSpec& spec, int64_t tensor_dim, std::stri
   int64_t found = -1;
   for (size_t md = 0; md < spec.placements.size(); ++md) {
     if (!spec.placements[md].is_shard(tensor_dim)) continue;
-    LOOM_CHECK(found < 0, "{}: dim {} sharded by two mesh dims ({}) is not supported here", op, tensor_dim,
-               placements_str(spec.placements));
+    LOOM_CHECK(found < 0, "{}: dim {} sharded by two mesh dims ({}) is not supported here", op,
+               tensor_dim, placements_str(spec.placements));
     found = static_cast<int64_t>(md);
   }
   return found;
@@ -50,25 +52,29 @@ int64_t mesh_dim_sharding(const DTensorSpec& spec, int64_t tensor_dim, std::stri
 
 // One-hot (rows, width) of `targets - offset` (f32; rows whose target falls outside are zero).
 Tensor local_one_hot(const Tensor& targets, int64_t offset, int64_t width) {
-  const Tensor columns =
-      ops::add(ops::to(ops::to(ops::arange(width), kInt64), targets.device()), static_cast<double>(offset));
-  return ops::eq(ops::to(ops::unsqueeze(targets, 1), kFloat32), ops::to(ops::unsqueeze(columns, 0), kFloat32));
+  const Tensor columns = ops::add(ops::to(ops::to(ops::arange(width), kInt64), targets.device()),
+                                  static_cast<double>(offset));
+  return ops::eq(ops::to(ops::unsqueeze(targets, 1), kFloat32),
+                 ops::to(ops::unsqueeze(columns, 0), kFloat32));
 }
 
 // Per-row loss and logsumexp for logits sharded by vocabulary on `group`.
-std::pair<Tensor, Tensor> loss_parallel_rows(const Tensor& logits_local, const Tensor& targets, int64_t vocab_offset,
-                                             int64_t ignore_index, comm::ProcessGroup& group) {
+std::pair<Tensor, Tensor> loss_parallel_rows(const Tensor& logits_local, const Tensor& targets,
+                                             int64_t vocab_offset, int64_t ignore_index,
+                                             comm::ProcessGroup& group) {
   const Tensor x = ops::to(logits_local, kFloat32);
   Tensor row_max = ops::contiguous(ops::max(x, 1, /*keepdim=*/true).first);
   group.all_reduce(row_max, ReduceOp::kMax)->wait();
   Tensor sum_exp = ops::contiguous(ops::sum(ops::exp(ops::sub(x, row_max)), {1}, /*keepdim=*/true));
   group.all_reduce(sum_exp, ReduceOp::kSum)->wait();
   const Tensor lse = ops::add(ops::log(sum_exp), row_max);  // (N, 1)
-  Tensor target_logit = ops::contiguous(ops::sum(ops::mul(x, local_one_hot(targets, vocab_offset, x.size(1))), {1}, true));
+  Tensor target_logit = ops::contiguous(
+      ops::sum(ops::mul(x, local_one_hot(targets, vocab_offset, x.size(1))), {1}, true));
   group.all_reduce(target_logit, ReduceOp::kSum)->wait();
-  const Tensor valid = ops::to(ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
-                                       ops::full({}, 0.5)),
-                               kFloat32);
+  const Tensor valid = ops::to(
+      ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
+              ops::full({}, 0.5)),
+      kFloat32);
   const Tensor rows = ops::mul(ops::reshape(ops::sub(lse, target_logit), {-1}), valid);
   return {rows, ops::reshape(lse, {-1})};
 }
@@ -88,20 +94,24 @@ StrategyFn cross_entropy_strategy() {
     s.output_shapes = {reduction == Reduction::kNone ? Shape{n} : Shape{}, Shape{n}};
     s.options.push_back({{Replicate(), Replicate()}, {Replicate(), Replicate()}});
     s.options.push_back({{Shard(1), Replicate()}, {Replicate(), Replicate()}});  // loss parallel
-    if (reduction == Reduction::kNone) s.options.push_back({{Shard(0), Shard(0)}, {Shard(0), Shard(0)}});
-    if (reduction == Reduction::kSum) s.options.push_back({{Shard(0), Shard(0)}, {Partial(), Shard(0)}});
+    if (reduction == Reduction::kNone)
+      s.options.push_back({{Shard(0), Shard(0)}, {Shard(0), Shard(0)}});
+    if (reduction == Reduction::kSum)
+      s.options.push_back({{Shard(0), Shard(0)}, {Partial(), Shard(0)}});
     s.local = [](const OpCall& local, const InputSpecs& specs) {
       const DTensorSpec& spec = *specs[0];
       const int64_t vocab_md = mesh_dim_sharding(spec, 1, "cross_entropy");
       if (vocab_md < 0) return call_op(local);
       const int64_t ignore_index = local.int_attr(0);
       const auto reduction = static_cast<Reduction>(local.int_attr(1));
-      auto [rows, lse] = loss_parallel_rows(local.inputs[0], local.inputs[1], spec.local_offset()[1], ignore_index,
-                                            *spec.mesh->group(vocab_md));
+      auto [rows, lse] =
+          loss_parallel_rows(local.inputs[0], local.inputs[1], spec.local_offset()[1], ignore_index,
+                             *spec.mesh->group(vocab_md));
       Tensor loss = rows;
       if (reduction == Reduction::kSum) loss = ops::sum(rows);
       if (reduction == Reduction::kMean) {
-        loss = ops::div(ops::sum(rows), static_cast<double>(valid_count(local.inputs[1], ignore_index)));
+        loss = ops::div(ops::sum(rows),
+                        static_cast<double>(valid_count(local.inputs[1], ignore_index)));
       }
       return std::vector<Tensor>{ops::to(loss, local.inputs[0].dtype()), lse};
     };
@@ -130,17 +140,22 @@ StrategyFn cross_entropy_backward_strategy() {
       const auto reduction = static_cast<Reduction>(local.int_attr(1));
       const Tensor& grad_loss = local.inputs[0];
       const Tensor& targets = local.inputs[2];
-      LOOM_CHECK(local.inputs[3].defined(), "cross_entropy_backward: loss parallel needs the forward's logsumexp");
+      LOOM_CHECK(local.inputs[3].defined(),
+                 "cross_entropy_backward: loss parallel needs the forward's logsumexp");
       const Tensor x = ops::to(local.inputs[1], kFloat32);
-      const Tensor softmax = ops::exp(ops::sub(x, ops::unsqueeze(ops::to(local.inputs[3], kFloat32), 1)));
+      const Tensor softmax =
+          ops::exp(ops::sub(x, ops::unsqueeze(ops::to(local.inputs[3], kFloat32), 1)));
       const Tensor one_hot = local_one_hot(targets, spec.local_offset()[1], x.size(1));
-      const Tensor valid = ops::to(ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
-                                           ops::full({}, 0.5)),
-                                   kFloat32);
+      const Tensor valid = ops::to(
+          ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
+                  ops::full({}, 0.5)),
+          kFloat32);
       Tensor scale = ops::to(grad_loss, kFloat32);  // (N,) for kNone, () otherwise
-      if (reduction == Reduction::kMean) scale = ops::div(scale, static_cast<double>(valid_count(targets, ignore_index)));
+      if (reduction == Reduction::kMean)
+        scale = ops::div(scale, static_cast<double>(valid_count(targets, ignore_index)));
       const Tensor row_scale = ops::unsqueeze(ops::mul(valid, scale), 1);
-      return std::vector<Tensor>{ops::to(ops::mul(ops::sub(softmax, one_hot), row_scale), local.inputs[1].dtype())};
+      return std::vector<Tensor>{
+          ops::to(ops::mul(ops::sub(softmax, one_hot), row_scale), local.inputs[1].dtype())};
     };
     return s;
   };
@@ -157,7 +172,8 @@ StrategyFn embedding_strategy() {
     OpSharding s;
     s.output_shapes = {out};
     s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
-    for (int64_t d = 0; d < index_dims; ++d) s.options.push_back({{Replicate(), Shard(d)}, {Shard(d)}});
+    for (int64_t d = 0; d < index_dims; ++d)
+      s.options.push_back({{Replicate(), Shard(d)}, {Shard(d)}});
     s.options.push_back({{Shard(1), Replicate()}, {Shard(index_dims)}});
     s.options.push_back({{Shard(0), Replicate()}, {Partial()}});  // vocabulary parallel
     s.local = [](const OpCall& local, const InputSpecs& specs) {
@@ -166,12 +182,15 @@ StrategyFn embedding_strategy() {
       // Masked lookup: rows outside this rank's vocabulary slice contribute zeros.
       const int64_t offset = spec.local_offset()[0];
       const int64_t rows = local.inputs[0].size(0);
-      const Tensor shifted = ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
-      const Tensor inside = ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
-                                     ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
+      const Tensor shifted =
+          ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
+      const Tensor inside =
+          ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
+                   ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
       const Tensor safe = ops::to(ops::mul(shifted, inside), kInt64);
       const Tensor looked_up = ops::embedding(local.inputs[0], safe);
-      return std::vector<Tensor>{ops::mul(looked_up, ops::to(ops::unsqueeze(inside, -1), looked_up.dtype()))};
+      return std::vector<Tensor>{
+          ops::mul(looked_up, ops::to(ops::unsqueeze(inside, -1), looked_up.dtype()))};
     };
     return s;
   };
@@ -221,7 +240,8 @@ void register_nn_strategies(StrategyTable& t) {
   t[OpId::scaled_dot_product_attention_backward] = [](const OpCall&, const InputSpecs& in) {
     // Inputs: (grad_out, q, k, v, out, logsumexp); outputs (dq, dk, dv).
     const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
-    return leading_dims(6, {true, true, true, true, true, true}, lead, {in[1]->shape, in[2]->shape, in[3]->shape});
+    return leading_dims(6, {true, true, true, true, true, true}, lead,
+                        {in[1]->shape, in[2]->shape, in[3]->shape});
   };
   t[OpId::dropout] = [](const OpCall&, const InputSpecs& in) {
     // The keep-mask is a pure function of (seed, global element index), so a shard draws exactly
@@ -230,12 +250,13 @@ void register_nn_strategies(StrategyTable& t) {
     // inputs stay Partial (the mask itself, 0/1, is then Replicate).
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     OpSharding s = leading_dims(1, {true}, ndim, {in[0]->shape, in[0]->shape});
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op)}, {Partial(op), Replicate()}});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({{Partial(op)}, {Partial(op), Replicate()}});
     s.local = [](const OpCall& local, const InputSpecs& specs) {
       const DTensorSpec& spec = *specs[0];
       const RngRegion region{spec.shape, spec.local_offset()};
-      auto r = ops::dropout(local.inputs[0], local.double_attr(0), static_cast<uint64_t>(local.int_attr(1)),
-                            local.bool_attr(2), region);
+      auto r = ops::dropout(local.inputs[0], local.double_attr(0),
+                            static_cast<uint64_t>(local.int_attr(1)), local.bool_attr(2), region);
       return std::vector<Tensor>{r.out, r.mask};
     };
     return s;
@@ -243,7 +264,8 @@ void register_nn_strategies(StrategyTable& t) {
   t[OpId::dropout_backward] = [](const OpCall&, const InputSpecs& in) {
     const int64_t ndim = static_cast<int64_t>(in[0]->shape.size());
     OpSharding s = leading_dims(2, {true, true}, ndim, {in[0]->shape});
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
     return s;
   };
   t[OpId::embedding] = embedding_strategy();
@@ -254,7 +276,8 @@ void register_nn_strategies(StrategyTable& t) {
     OpSharding s;
     s.output_shapes = {{call.int_attr(0), grad.back()}};
     s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
-    for (int64_t d = 0; d < index_dims; ++d) s.options.push_back({{Shard(d), Shard(d)}, {Partial()}});
+    for (int64_t d = 0; d < index_dims; ++d)
+      s.options.push_back({{Shard(d), Shard(d)}, {Partial()}});
     s.options.push_back({{Shard(index_dims), Replicate()}, {Shard(1)}});
     s.options.push_back({{Partial(), Replicate()}, {Partial()}});
     return s;

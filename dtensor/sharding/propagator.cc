@@ -65,14 +65,16 @@ std::string cache_key(const OpCall& call, const InputSpecs& specs, const DeviceM
 }
 
 // Bytes a transition on one mesh dim moves, roughly (what the choice minimizes).
-double transition_bytes(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
+double transition_bytes(const Placement& from, const Placement& to, double local_bytes,
+                        int64_t count) {
   if (to.is_replicate()) return from.is_shard() ? local_bytes * (count - 1) : 2 * local_bytes;
   if (to.is_shard()) return from.is_replicate() ? 0.001 * local_bytes : local_bytes;
   // -> Partial
   return from.is_replicate() ? 0.001 * local_bytes : 2 * local_bytes * count;
 }
 
-double transition_cost(const Placement& from, const Placement& to, double local_bytes, int64_t count) {
+double transition_cost(const Placement& from, const Placement& to, double local_bytes,
+                       int64_t count) {
   if (from == to) return 0;
   // Any change costs at least 1, so ties (e.g. on a mesh dim of size 1) keep inputs as they are.
   return 1 + transition_bytes(from, to, local_bytes, count);
@@ -81,7 +83,9 @@ double transition_cost(const Placement& from, const Placement& to, double local_
 std::string describe_inputs(const InputSpecs& specs) {
   std::vector<std::string> parts;
   for (const auto& spec : specs) {
-    parts.push_back(spec ? fmt::format("{} {}", shape_str(spec->shape), placements_str(spec->placements)) : "none");
+    parts.push_back(
+        spec ? fmt::format("{} {}", shape_str(spec->shape), placements_str(spec->placements))
+             : "none");
   }
   return fmt::format("{}", fmt::join(parts, ", "));
 }
@@ -106,11 +110,13 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
       mesh = spec.mesh.get();
       mesh_ptr = spec.mesh;
     } else {
-      LOOM_CHECK(mesh == spec.mesh.get() || *mesh == *spec.mesh, "{}: DTensor inputs live on different meshes: {} and {}",
-                 call.op, mesh->str(), spec.mesh->str());
+      LOOM_CHECK(mesh == spec.mesh.get() || *mesh == *spec.mesh,
+                 "{}: DTensor inputs live on different meshes: {} and {}", call.op, mesh->str(),
+                 spec.mesh->str());
     }
   }
-  LOOM_INTERNAL_ASSERT(mesh != nullptr, "{} dispatched to DTensor without a DTensor input", call.op);
+  LOOM_INTERNAL_ASSERT(mesh != nullptr, "{} dispatched to DTensor without a DTensor input",
+                       call.op);
   InputSpecs specs(call.inputs.size());
   std::vector<Tensor> locals(call.inputs.size());
   for (size_t i = 0; i < call.inputs.size(); ++i) {
@@ -121,7 +127,8 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
       locals[i] = local_shard(t);
     } else {
       LOOM_CHECK(t.dim() == 0,
-                 "{}: input {} is a plain tensor {} while other inputs are DTensors on {}; make it a DTensor "
+                 "{}: input {} is a plain tensor {} while other inputs are DTensors on {}; make it "
+                 "a DTensor "
                  "with distribute_tensor or from_local",
                  call.op, i, t.description(), mesh->str());
       specs[i] = DTensorSpec{mesh_ptr, Placements(mesh->ndim(), Replicate()), {}, t.dtype()};
@@ -135,11 +142,13 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   if (it == cache.end()) {
     ++stats.cache_misses;
     const StrategyFn& strategy = strategy_table()[call.id];
-    LOOM_CHECK(strategy != nullptr, "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
-               call.op, describe_inputs(specs));
+    LOOM_CHECK(
+        strategy != nullptr,
+        "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
+        call.op, describe_inputs(specs));
     Decision decision{strategy(call, specs), {}};
-    LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})", call.op,
-               describe_inputs(specs));
+    LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})",
+               call.op, describe_inputs(specs));
     const std::vector<int64_t> first_coordinate(mesh->ndim(), 0);
     for (int64_t md = 0; md < mesh->ndim(); ++md) {
       double best = -1;
@@ -148,7 +157,8 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
         const DimOption& option = decision.sharding.options[o];
         bool moves_fixed = false;
         for (size_t i : decision.sharding.fixed_inputs) {
-          moves_fixed |= specs[i] && !specs[i]->shape.empty() && !(option.inputs[i] == specs[i]->placements[md]);
+          moves_fixed |= specs[i] && !specs[i]->shape.empty() &&
+                         !(option.inputs[i] == specs[i]->placements[md]);
         }
         if (moves_fixed) continue;
         double cost = 0;
@@ -157,17 +167,19 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
           // The shard at mesh coordinate 0 (the largest), not this rank's: every rank must make the
           // same choice, and with uneven shards a rank holding an empty shard would find moving
           // it free.
-          const double bytes = static_cast<double>(shape_numel(specs[i]->local_shape_at(first_coordinate))) *
-                               element_size(specs[i]->dtype);
-          cost += transition_cost(specs[i]->placements[md], option.inputs[i], bytes, mesh->size(md));
+          const double bytes =
+              static_cast<double>(shape_numel(specs[i]->local_shape_at(first_coordinate))) *
+              element_size(specs[i]->dtype);
+          cost +=
+              transition_cost(specs[i]->placements[md], option.inputs[i], bytes, mesh->size(md));
         }
         if (best < 0 || cost < best) {
           best = cost;
           best_index = o;
         }
       }
-      LOOM_CHECK(best >= 0, "{}: no sharding strategy accepts inputs ({}) on mesh dim {} ('{}')", call.op,
-                 describe_inputs(specs), md, mesh->dim_names()[md]);
+      LOOM_CHECK(best >= 0, "{}: no sharding strategy accepts inputs ({}) on mesh dim {} ('{}')",
+                 call.op, describe_inputs(specs), md, mesh->dim_names()[md]);
       decision.chosen.push_back(best_index);
     }
     it = cache.emplace(key, std::move(decision)).first;
@@ -185,7 +197,8 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
     // (or plain 0-dim tensor) taken as Partial must be counted once, not once per rank.
     if (!specs[i]) continue;
     Placements target;
-    for (int64_t md = 0; md < mesh->ndim(); ++md) target.push_back(decision.sharding.options[decision.chosen[md]].inputs[i]);
+    for (int64_t md = 0; md < mesh->ndim(); ++md)
+      target.push_back(decision.sharding.options[decision.chosen[md]].inputs[i]);
     if (target != specs[i]->placements) {
       locals[i] = redistribute_local(locals[i], *specs[i], target);
       after[i]->placements = target;
@@ -194,14 +207,19 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
 
   // 4. The local op, then wrap the outputs.
   OpCall local_call(call.id, locals, call.attrs);
-  std::vector<Tensor> outputs = decision.sharding.local ? decision.sharding.local(local_call, after) : call_op(local_call);
-  LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(), "{}: {} local outputs for {} shapes",
-                       call.op, outputs.size(), decision.sharding.output_shapes.size());
+  std::vector<Tensor> outputs =
+      decision.sharding.local ? decision.sharding.local(local_call, after) : call_op(local_call);
+  LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(),
+                       "{}: {} local outputs for {} shapes", call.op, outputs.size(),
+                       decision.sharding.output_shapes.size());
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (!outputs[j].defined()) continue;  // an optional output the op did not produce
     Placements placements;
-    for (int64_t md = 0; md < mesh->ndim(); ++md) placements.push_back(decision.sharding.options[decision.chosen[md]].outputs[j]);
-    outputs[j] = make_dtensor(outputs[j], DTensorSpec{mesh_ptr, placements, decision.sharding.output_shapes[j], outputs[j].dtype()});
+    for (int64_t md = 0; md < mesh->ndim(); ++md)
+      placements.push_back(decision.sharding.options[decision.chosen[md]].outputs[j]);
+    outputs[j] = make_dtensor(
+        outputs[j],
+        DTensorSpec{mesh_ptr, placements, decision.sharding.output_shapes[j], outputs[j].dtype()});
   }
   return outputs;
 }

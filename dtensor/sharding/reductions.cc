@@ -26,14 +26,16 @@ int64_t output_dim(const std::vector<bool>& mask, int64_t d, bool keepdim) {
   return static_cast<int64_t>(std::count(mask.begin(), mask.begin() + d, false));
 }
 
-OpSharding reduce_sharding(const DTensorSpec& in, const std::vector<int64_t>& dims, bool keepdim, std::string_view op,
-                           bool linear) {
+OpSharding reduce_sharding(const DTensorSpec& in, const std::vector<int64_t>& dims, bool keepdim,
+                           std::string_view op, bool linear) {
   const int64_t ndim = static_cast<int64_t>(in.shape.size());
   const auto mask = reduced(dims, ndim, op);
   Shape out;
   for (int64_t d = 0; d < ndim; ++d) {
-    if (!mask[d]) out.push_back(in.shape[d]);
-    else if (keepdim) out.push_back(1);
+    if (!mask[d])
+      out.push_back(in.shape[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   OpSharding s;
   s.output_shapes = {out};
@@ -47,7 +49,8 @@ OpSharding reduce_sharding(const DTensorSpec& in, const std::vector<int64_t>& di
     }
   }
   if (linear) {
-    for (ReduceOp p : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(p)}, {Partial(p)}});
+    for (ReduceOp p : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({{Partial(p)}, {Partial(p)}});
   }
   return s;
 }
@@ -59,7 +62,8 @@ void register_reduction_strategies(StrategyTable& t) {
     return reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
   };
   t[OpId::mean] = [](const OpCall& call, const InputSpecs& in) {
-    OpSharding s = reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
+    OpSharding s =
+        reduce_sharding(*in[0], call.ints_attr(0), call.bool_attr(1), call.op, /*linear=*/true);
     const Shape global = in[0]->shape;
     s.local = [global](const OpCall& local, const InputSpecs&) {
       const auto& dims = local.ints_attr(0);
@@ -67,9 +71,11 @@ void register_reduction_strategies(StrategyTable& t) {
       if (dims.empty()) {
         count = static_cast<double>(shape_numel(global));
       } else {
-        for (int64_t d : dims) count *= static_cast<double>(global[normalize_dim(d, global.size(), "mean")]);
+        for (int64_t d : dims)
+          count *= static_cast<double>(global[normalize_dim(d, global.size(), "mean")]);
       }
-      return std::vector<Tensor>{ops::div(ops::sum(local.inputs[0], dims, local.bool_attr(1)), count)};
+      return std::vector<Tensor>{
+          ops::div(ops::sum(local.inputs[0], dims, local.bool_attr(1)), count)};
     };
     return s;
   };
@@ -88,18 +94,21 @@ void register_reduction_strategies(StrategyTable& t) {
     for (int64_t d = 0; d < ndim; ++d) {
       if (d != dim) s.options.push_back({{Shard(grad_dim(d)), Shard(grad_dim(d))}, {Shard(d)}});
     }
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({{Partial(op), Replicate()}, {Partial(op)}});
     s.local = [dim, keepdim, ndim, grad_dim](const OpCall& local, const InputSpecs&) {
       Shape local_shape = local.ints_attr(0);
       for (int64_t d = 0; d < ndim; ++d) {
         if (d != dim) local_shape[d] = local.inputs[0].shape()[grad_dim(d)];
       }
-      return std::vector<Tensor>{ops::max_dim_backward(local.inputs[0], local.inputs[1], local_shape, dim, keepdim)};
+      return std::vector<Tensor>{
+          ops::max_dim_backward(local.inputs[0], local.inputs[1], local_shape, dim, keepdim)};
     };
     return s;
   };
   t[OpId::max_dim] = [](const OpCall& call, const InputSpecs& in) {
-    OpSharding s = reduce_sharding(*in[0], {call.int_attr(0)}, call.bool_attr(1), call.op, /*linear=*/false);
+    OpSharding s =
+        reduce_sharding(*in[0], {call.int_attr(0)}, call.bool_attr(1), call.op, /*linear=*/false);
     s.output_shapes.push_back(s.output_shapes[0]);  // values and indices
     for (auto& option : s.options) option.outputs.push_back(option.outputs[0]);
     return s;

@@ -28,10 +28,11 @@ using InputSpecs = std::vector<std::optional<DTensorSpec>>;
 
 // Runs the op on local shards. `local_call` is the original call with inputs replaced by their
 // (redistributed) local shards; `specs` are the inputs' specs after redistribution.
-using LocalFn = std::function<std::vector<Tensor>(const OpCall& local_call, const InputSpecs& specs)>;
+using LocalFn =
+    std::function<std::vector<Tensor>(const OpCall& local_call, const InputSpecs& specs)>;
 
 struct OpSharding {
-  std::vector<DimOption> options;  // candidates for each mesh dim
+  std::vector<DimOption> options;    // candidates for each mesh dim
   std::vector<Shape> output_shapes;  // global shapes of the outputs
   LocalFn local;                     // default: call_op(local_call)
   // Inputs that must keep their placements (in-place targets, layout templates): options that

@@ -23,7 +23,8 @@ void add_partial_passthrough(OpSharding& s, size_t num_inputs) {
 }
 
 // Options where input dim d maps to output dim map[d] (-1: must be Replicate).
-OpSharding mapped(const DTensorSpec& in, const std::vector<int64_t>& map, Shape out_shape, bool linear) {
+OpSharding mapped(const DTensorSpec& in, const std::vector<int64_t>& map, Shape out_shape,
+                  bool linear) {
   OpSharding s;
   s.output_shapes = {std::move(out_shape)};
   s.options.push_back({{Replicate()}, {Replicate()}});
@@ -57,12 +58,23 @@ ViewMap view_map(const Shape& in, const Shape& out, int64_t divisor) {
     }
     std::vector<size_t> gi, go;
     int64_t pi = 1, po = 1;
-    if (i < in.size()) { pi *= in[i]; gi.push_back(i++); }
-    if (j < out.size()) { po *= out[j]; go.push_back(j++); }
+    if (i < in.size()) {
+      pi *= in[i];
+      gi.push_back(i++);
+    }
+    if (j < out.size()) {
+      po *= out[j];
+      go.push_back(j++);
+    }
     while (pi != po) {
-      if (pi < po && i < in.size()) { pi *= in[i]; gi.push_back(i++); }
-      else if (j < out.size()) { po *= out[j]; go.push_back(j++); }
-      else break;
+      if (pi < po && i < in.size()) {
+        pi *= in[i];
+        gi.push_back(i++);
+      } else if (j < out.size()) {
+        po *= out[j];
+        go.push_back(j++);
+      } else
+        break;
     }
     if (gi.empty() || go.empty()) continue;
     const size_t d = gi.front(), c = go.front();
@@ -75,13 +87,15 @@ ViewMap view_map(const Shape& in, const Shape& out, int64_t divisor) {
 
 OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_view) {
   const DTensorSpec& spec = *in[0];
-  const Shape out = ops::infer_shape(call.ints_attr(0), shape_numel(spec.shape), spec.shape, call.op);
+  const Shape out =
+      ops::infer_shape(call.ints_attr(0), shape_numel(spec.shape), spec.shape, call.op);
   const ViewMap vm = view_map(spec.shape, out, mesh_numel(spec));
   if (is_view) {
     for (size_t md = 0; md < spec.placements.size(); ++md) {
       const Placement& p = spec.placements[md];
       LOOM_CHECK(!p.is_shard() || vm.map[p.dim()] >= 0,
-                 "view: a DTensor of shape {} with placements {} cannot be viewed as {}: its shard on dim {} "
+                 "view: a DTensor of shape {} with placements {} cannot be viewed as {}: its shard "
+                 "on dim {} "
                  "(mesh dim '{}') would cross shard boundaries; use reshape, which redistributes",
                  shape_str(spec.shape), placements_str(spec.placements), shape_str(out), p.dim(),
                  spec.mesh->dim_names()[md]);
@@ -95,7 +109,8 @@ OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_vi
     const Shape& local_in = local.inputs[0].shape();
     for (size_t d = 0; d < map.size(); ++d) {
       // Multiply first: when a dim splits (C -> H, D), out[map[d]] / global_in[d] is a fraction.
-      if (map[d] >= 0 && local_in[d] != global_in[d]) local_out[map[d]] = out[map[d]] * local_in[d] / global_in[d];
+      if (map[d] >= 0 && local_in[d] != global_in[d])
+        local_out[map[d]] = out[map[d]] * local_in[d] / global_in[d];
     }
     return std::vector<Tensor>{ops::reshape(local.inputs[0], local_out)};
   };
@@ -105,12 +120,17 @@ OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_vi
 }  // namespace
 
 void register_view_strategies(StrategyTable& t) {
-  t[OpId::view] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, true); };
-  t[OpId::reshape] = [](const OpCall& call, const InputSpecs& in) { return reshape_sharding(call, in, false); };
+  t[OpId::view] = [](const OpCall& call, const InputSpecs& in) {
+    return reshape_sharding(call, in, true);
+  };
+  t[OpId::reshape] = [](const OpCall& call, const InputSpecs& in) {
+    return reshape_sharding(call, in, false);
+  };
   t[OpId::transpose] = [](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t ndim = static_cast<int64_t>(spec.shape.size());
-    const int64_t d0 = normalize_dim(call.int_attr(0), ndim, call.op), d1 = normalize_dim(call.int_attr(1), ndim, call.op);
+    const int64_t d0 = normalize_dim(call.int_attr(0), ndim, call.op),
+                  d1 = normalize_dim(call.int_attr(1), ndim, call.op);
     std::vector<int64_t> map(ndim);
     for (int64_t d = 0; d < ndim; ++d) map[d] = d == d0 ? d1 : d == d1 ? d0 : d;
     Shape out = spec.shape;
@@ -187,7 +207,9 @@ void register_view_strategies(StrategyTable& t) {
     out[dim] = new_size;
     return mapped(spec, map, out, true);
   };
-  t[OpId::narrow] = [cut](const OpCall& call, const InputSpecs& in) { return cut(call, in, call.int_attr(0), call.int_attr(2)); };
+  t[OpId::narrow] = [cut](const OpCall& call, const InputSpecs& in) {
+    return cut(call, in, call.int_attr(0), call.int_attr(2));
+  };
   t[OpId::slice] = [cut](const OpCall& call, const InputSpecs& in) {
     const DTensorSpec& spec = *in[0];
     const int64_t dim = normalize_dim(call.int_attr(0), spec.shape.size(), call.op);
@@ -214,8 +236,9 @@ void register_view_strategies(StrategyTable& t) {
     s.local = [dim](const OpCall& local, const InputSpecs&) {
       Shape local_shape = local.inputs[0].shape();  // the local grad; only `dim` differs
       local_shape[dim] = local.ints_attr(0)[dim];
-      return std::vector<Tensor>{ops::slice_backward(local.inputs[0], local_shape, dim, local.int_attr(2),
-                                                     local.int_attr(3), local.int_attr(4))};
+      return std::vector<Tensor>{ops::slice_backward(local.inputs[0], local_shape, dim,
+                                                     local.int_attr(2), local.int_attr(3),
+                                                     local.int_attr(4))};
     };
     return s;
   };
@@ -231,7 +254,8 @@ void register_view_strategies(StrategyTable& t) {
     for (int64_t d = 0; d < ndim; ++d) {
       if (d != dim) s.options.push_back({Placements(in.size(), Shard(d)), {Shard(d)}});
     }
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) s.options.push_back({Placements(in.size(), Partial(op)), {Partial(op)}});
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({Placements(in.size(), Partial(op)), {Partial(op)}});
     return s;
   };
 }

@@ -5,7 +5,8 @@
 
 namespace loom::transitions {
 
-Tensor replicate_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t tensor_dim, int64_t dim_size) {
+Tensor replicate_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t tensor_dim,
+                          int64_t dim_size) {
   const ShardRange mine = shard_range(dim_size, ctx.count, ctx.coordinate);
   return ops::contiguous(ops::narrow(local, tensor_dim, mine.offset, mine.size));
 }

@@ -5,8 +5,8 @@
 
 namespace loom::transitions {
 
-Tensor partial_to_shard(const Tensor& local, const MeshDimContext& ctx, comm::ReduceOp op, int64_t tensor_dim,
-                        int64_t dim_size) {
+Tensor partial_to_shard(const Tensor& local, const MeshDimContext& ctx, comm::ReduceOp op,
+                        int64_t tensor_dim, int64_t dim_size) {
   const Tensor front = dim_to_front(local, tensor_dim);
   std::vector<Tensor> inputs;
   for (int64_t c = 0; c < ctx.count; ++c) {
@@ -14,7 +14,8 @@ Tensor partial_to_shard(const Tensor& local, const MeshDimContext& ctx, comm::Re
     inputs.push_back(ops::narrow(front, 0, range.offset, range.size));  // contiguous: leading dim
   }
   const ShardRange mine = shard_range(dim_size, ctx.count, ctx.coordinate);
-  Tensor output = ops::empty(front_shape(local.shape(), tensor_dim, mine.size), local.dtype(), local.device());
+  Tensor output =
+      ops::empty(front_shape(local.shape(), tensor_dim, mine.size), local.dtype(), local.device());
   ctx.group.reduce_scatter(output, in_group_rank_order(inputs, ctx), op)->wait();
   return dim_from_front(output, tensor_dim);
 }

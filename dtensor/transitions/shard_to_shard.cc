@@ -5,11 +5,11 @@
 
 namespace loom::transitions {
 
-// The rank at coordinate c holds chunk c of `from_dim` (whole `to_dim`); it sends rank j the piece of its chunk
-// that falls in chunk j of `to_dim`, and receives from every rank c the piece (chunk c of
-// from_dim) x (its own chunk of to_dim), which it concatenates along from_dim.
-Tensor shard_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t from_dim, int64_t from_size,
-                      int64_t to_dim, int64_t to_size) {
+// The rank at coordinate c holds chunk c of `from_dim` (whole `to_dim`); it sends rank j the piece
+// of its chunk that falls in chunk j of `to_dim`, and receives from every rank c the piece (chunk c
+// of from_dim) x (its own chunk of to_dim), which it concatenates along from_dim.
+Tensor shard_to_shard(const Tensor& local, const MeshDimContext& ctx, int64_t from_dim,
+                      int64_t from_size, int64_t to_dim, int64_t to_size) {
   std::vector<Tensor> inputs, outputs;
   const ShardRange mine = shard_range(to_size, ctx.count, ctx.coordinate);
   for (int64_t j = 0; j < ctx.count; ++j) {

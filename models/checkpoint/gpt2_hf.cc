@@ -18,7 +18,8 @@ constexpr std::string_view kPrefix = "transformer.";
 constexpr std::string_view kLmHead = "lm_head.weight";
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // How a Loom parameter is laid out in the HF file.
@@ -32,12 +33,14 @@ enum class Layout {
 Layout layout_of(const std::string& loom_name) {
   if (ends_with(loom_name, ".attn.c_attn.weight")) return Layout::kCAttnWeight;
   if (ends_with(loom_name, ".attn.c_attn.bias")) return Layout::kCAttnBias;
-  if (ends_with(loom_name, ".c_proj.weight") || ends_with(loom_name, ".c_fc.weight")) return Layout::kTransposed;
+  if (ends_with(loom_name, ".c_proj.weight") || ends_with(loom_name, ".c_fc.weight"))
+    return Layout::kTransposed;
   return Layout::kAsIs;
 }
 
 Shape hf_shape(const Shape& loom_shape, Layout layout) {
-  if (layout == Layout::kTransposed || layout == Layout::kCAttnWeight) return {loom_shape.at(1), loom_shape.at(0)};
+  if (layout == Layout::kTransposed || layout == Layout::kCAttnWeight)
+    return {loom_shape.at(1), loom_shape.at(0)};
   return loom_shape;
 }
 
@@ -46,11 +49,15 @@ Tensor transposed(const Tensor& t) { return ops::contiguous(ops::transpose(t, 0,
 // Full Loom-layout tensor -> HF layout.
 Tensor to_hf(const Tensor& loom, Layout layout, const GPTConfig& config) {
   switch (layout) {
-    case Layout::kAsIs: return ops::contiguous(loom);
-    case Layout::kTransposed: return transposed(loom);
+    case Layout::kAsIs:
+      return ops::contiguous(loom);
+    case Layout::kTransposed:
+      return transposed(loom);
     case Layout::kCAttnWeight:
-      return transposed(gather_rows(loom, c_attn_qkv_major_source(config.n_head, config.head_dim())));
-    case Layout::kCAttnBias: return gather_rows(loom, c_attn_qkv_major_source(config.n_head, config.head_dim()));
+      return transposed(
+          gather_rows(loom, c_attn_qkv_major_source(config.n_head, config.head_dim())));
+    case Layout::kCAttnBias:
+      return gather_rows(loom, c_attn_qkv_major_source(config.n_head, config.head_dim()));
   }
   LOOM_INTERNAL_ASSERT(false, "unknown layout");
   return {};
@@ -59,11 +66,15 @@ Tensor to_hf(const Tensor& loom, Layout layout, const GPTConfig& config) {
 // Full HF-layout tensor -> Loom layout.
 Tensor from_hf(const Tensor& hf, Layout layout, const GPTConfig& config) {
   switch (layout) {
-    case Layout::kAsIs: return ops::contiguous(hf);
-    case Layout::kTransposed: return transposed(hf);
+    case Layout::kAsIs:
+      return ops::contiguous(hf);
+    case Layout::kTransposed:
+      return transposed(hf);
     case Layout::kCAttnWeight:
-      return gather_rows(transposed(hf), c_attn_head_major_source(config.n_head, config.head_dim()));
-    case Layout::kCAttnBias: return gather_rows(hf, c_attn_head_major_source(config.n_head, config.head_dim()));
+      return gather_rows(transposed(hf),
+                         c_attn_head_major_source(config.n_head, config.head_dim()));
+    case Layout::kCAttnBias:
+      return gather_rows(hf, c_attn_head_major_source(config.n_head, config.head_dim()));
   }
   LOOM_INTERNAL_ASSERT(false, "unknown layout");
   return {};
@@ -71,13 +82,16 @@ Tensor from_hf(const Tensor& hf, Layout layout, const GPTConfig& config) {
 
 // HF's attention-mask buffers ("h.{i}.attn.bias", "h.{i}.attn.masked_bias"): not parameters.
 bool is_hf_buffer(const std::string& key) {
-  return key.starts_with("h.") && (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias"));
+  return key.starts_with("h.") &&
+         (ends_with(key, ".attn.bias") || ends_with(key, ".attn.masked_bias"));
 }
 
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
-  const Tensor fa = ops::contiguous(ops::to(a, kFloat32)), fb = ops::contiguous(ops::to(b, kFloat32));
-  return std::memcmp(fa.raw_data(), fb.raw_data(), static_cast<size_t>(fa.numel()) * sizeof(float)) == 0;
+  const Tensor fa = ops::contiguous(ops::to(a, kFloat32)),
+               fb = ops::contiguous(ops::to(b, kFloat32));
+  return std::memcmp(fa.raw_data(), fb.raw_data(),
+                     static_cast<size_t>(fa.numel()) * sizeof(float)) == 0;
 }
 
 }  // namespace
@@ -100,18 +114,20 @@ std::vector<int64_t> c_attn_qkv_major_source(int64_t n_head, int64_t head_dim) {
 }
 
 Tensor gather_rows(const Tensor& tensor, const std::vector<int64_t>& source) {
-  LOOM_CHECK(tensor.dim() >= 1, "gather_rows: expected a tensor with at least one dim, got {}", tensor.description());
+  LOOM_CHECK(tensor.dim() >= 1, "gather_rows: expected a tensor with at least one dim, got {}",
+             tensor.description());
   const int64_t rows = tensor.size(0);
-  LOOM_CHECK(static_cast<int64_t>(source.size()) == rows, "gather_rows: {} source indices for {} rows",
-             source.size(), rows);
+  LOOM_CHECK(static_cast<int64_t>(source.size()) == rows,
+             "gather_rows: {} source indices for {} rows", source.size(), rows);
   const Tensor in = ops::contiguous(tensor);
   Tensor out = Tensor::empty(in.shape(), in.dtype());
-  const size_t row_bytes = rows == 0 ? 0 : static_cast<size_t>(in.numel() / rows) * element_size(in.dtype());
+  const size_t row_bytes =
+      rows == 0 ? 0 : static_cast<size_t>(in.numel() / rows) * element_size(in.dtype());
   const char* src = static_cast<const char*>(in.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
   for (int64_t j = 0; j < rows; ++j) {
-    LOOM_CHECK(source[j] >= 0 && source[j] < rows, "gather_rows: source index {} out of range [0, {})", source[j],
-               rows);
+    LOOM_CHECK(source[j] >= 0 && source[j] < rows,
+               "gather_rows: source index {} out of range [0, {})", source[j], rows);
     std::memcpy(dst + j * row_bytes, src + source[j] * row_bytes, row_bytes);
   }
   return out;
@@ -152,7 +168,9 @@ void load_gpt2_hf(GPTStage& model, const std::string& path) {
     }
     if (is_hf_buffer(key)) continue;
     const auto [it, inserted] = by_key.emplace(key, Found{name, tensor});
-    if (!inserted) problems.push_back(fmt::format("tensors '{}' and '{}' are the same parameter", it->second.file_name, name));
+    if (!inserted)
+      problems.push_back(
+          fmt::format("tensors '{}' and '{}' are the same parameter", it->second.file_name, name));
   }
 
   // Check every parameter before converting anything.
@@ -163,27 +181,34 @@ void load_gpt2_hf(GPTStage& model, const std::string& path) {
     const Shape expected = hf_shape(p.shape(), layout);  // a DTensor's shape() is its global shape
     const auto it = by_key.find(name);
     if (it == by_key.end()) {
-      problems.push_back(fmt::format("missing tensor '{}{}' (shape {})", kPrefix, name, shape_str(expected)));
+      problems.push_back(
+          fmt::format("missing tensor '{}{}' (shape {})", kPrefix, name, shape_str(expected)));
       continue;
     }
     used.insert(name);
     const Tensor& t = it->second.tensor;
     if (t.shape() != expected) {
-      problems.push_back(fmt::format("tensor '{}' has shape {} in the file but the model expects {}{}",
-                                     it->second.file_name, shape_str(t.shape()), shape_str(expected),
-                                     layout == Layout::kAsIs ? "" : " (HF Conv1D layout: (in, out))"));
+      problems.push_back(
+          fmt::format("tensor '{}' has shape {} in the file but the model expects {}{}",
+                      it->second.file_name, shape_str(t.shape()), shape_str(expected),
+                      layout == Layout::kAsIs ? "" : " (HF Conv1D layout: (in, out))"));
     }
     if (is_floating(p.dtype()) != is_floating(t.dtype())) {
-      problems.push_back(fmt::format("tensor '{}' is {} in the file but the parameter is {}", it->second.file_name,
-                                     dtype_name(t.dtype()), dtype_name(p.dtype())));
+      problems.push_back(fmt::format("tensor '{}' is {} in the file but the parameter is {}",
+                                     it->second.file_name, dtype_name(t.dtype()),
+                                     dtype_name(p.dtype())));
     }
   }
   // A pipeline stage takes its own tensors from a whole model's file: the others' names are
   // expected there, just not used (the names of a GPT with the same blocks, sized to nothing).
   std::set<std::string> whole_model;
   const GPTStageRange& range = model.range();
-  if (!(range.first && range.last && range.first_block == 0 && range.end_block == model.config().n_layer)) {
-    const GPT names_only(GPTConfig{.n_layer = model.config().n_layer, .n_head = 1, .n_embd = 1, .block_size = 1,
+  if (!(range.first && range.last && range.first_block == 0 &&
+        range.end_block == model.config().n_layer)) {
+    const GPT names_only(GPTConfig{.n_layer = model.config().n_layer,
+                                   .n_head = 1,
+                                   .n_embd = 1,
+                                   .block_size = 1,
                                    .vocab_size = 1});
     for (const auto& [name, p] : names_only.named_parameters()) whole_model.insert(name);
   }
@@ -192,13 +217,16 @@ void load_gpt2_hf(GPTStage& model, const std::string& path) {
       problems.push_back(fmt::format("unexpected tensor '{}'", found.file_name));
     }
   }
-  if (lm_head && by_key.count("wte.weight") && !same_values(lm_head->tensor, by_key.at("wte.weight").tensor)) {
-    problems.push_back(fmt::format("tensor '{}' differs from '{}': Loom ties lm_head to wte and cannot load an "
-                                   "untied head",
-                                   lm_head->file_name, by_key.at("wte.weight").file_name));
+  if (lm_head && by_key.count("wte.weight") &&
+      !same_values(lm_head->tensor, by_key.at("wte.weight").tensor)) {
+    problems.push_back(
+        fmt::format("tensor '{}' differs from '{}': Loom ties lm_head to wte and cannot load an "
+                    "untied head",
+                    lm_head->file_name, by_key.at("wte.weight").file_name));
   }
   if (!problems.empty()) {
-    std::string message = fmt::format("{}: {} problem(s); the model is unchanged:", where, problems.size());
+    std::string message =
+        fmt::format("{}: {} problem(s); the model is unchanged:", where, problems.size());
     for (const auto& problem : problems) message += "\n  " + problem;
     LOOM_FAIL("{}", message);
   }
@@ -206,17 +234,20 @@ void load_gpt2_hf(GPTStage& model, const std::string& path) {
   // Convert everything (and take this rank's slice of DTensor parameters) into temporaries.
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
   for (const auto& [name, p] : params) {
-    Tensor value = ops::to(from_hf(by_key.at(name).tensor, layout_of(name), model.config()), p.dtype());
+    Tensor value =
+        ops::to(from_hf(by_key.at(name).tensor, layout_of(name), model.config()), p.dtype());
     Tensor destination = p;
     if (is_dtensor(p)) {
       const DTensorSpec& spec = dtensor_spec(p, "load_gpt2_hf");
       const Shape offset = spec.local_offset(), local = spec.local_shape();
-      for (int64_t dim = 0; dim < value.dim(); ++dim) value = ops::narrow(value, dim, offset[dim], local[dim]);
+      for (int64_t dim = 0; dim < value.dim(); ++dim)
+        value = ops::narrow(value, dim, offset[dim], local[dim]);
       value = ops::contiguous(value);
       destination = local_shard(p);
     }
-    LOOM_INTERNAL_ASSERT(value.shape() == destination.shape(), "{}: {} converted to {} for a destination of {}", where,
-                         name, shape_str(value.shape()), shape_str(destination.shape()));
+    LOOM_INTERNAL_ASSERT(value.shape() == destination.shape(),
+                         "{}: {} converted to {} for a destination of {}", where, name,
+                         shape_str(value.shape()), shape_str(destination.shape()));
     if (!destination.device().is_cpu()) value = ops::to(value, destination.device());
     copies.emplace_back(destination, value);
   }

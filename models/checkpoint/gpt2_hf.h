@@ -7,7 +7,8 @@
 //
 // Layouts:
 //   - HF's Conv1D stores Linear weights (in, out); Loom's Linear stores (out, in): c_attn,
-//     c_proj and c_fc weights are transposed both ways. Embeddings, LayerNorms and biases are as is.
+//     c_proj and c_fc weights are transposed both ways. Embeddings, LayerNorms and biases are as
+//     is.
 //   - c_attn's 3C output features are [all q][all k][all v] in HF and head-major
 //     ([head 0: q k v][head 1: q k v]...) in Loom (see gpt.h): c_attn's weight and bias are
 //     permuted with the index maps below.

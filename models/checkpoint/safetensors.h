@@ -35,7 +35,8 @@ struct SafetensorsFile {
 };
 
 // Writes `tensors` (and `metadata` as "__metadata__") to `path` atomically.
-void save_safetensors(const std::string& path, const TensorMap& tensors, const SafetensorsMetadata& metadata = {});
+void save_safetensors(const std::string& path, const TensorMap& tensors,
+                      const SafetensorsMetadata& metadata = {});
 
 // Reads and validates the whole file; throws loom::Error naming the file (and tensor) when
 // anything is wrong. Nothing is returned unless the whole file is valid.

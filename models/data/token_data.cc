@@ -15,7 +15,8 @@ namespace loom::data {
 namespace {
 
 bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 constexpr int32_t kLlmcMagic = 20240520;
@@ -26,7 +27,8 @@ constexpr uint16_t kGpt2Vocab = 50257;
 TokenData load_tokens(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   LOOM_CHECK(file.good(), "load_tokens: cannot open '{}'", path);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
+                                std::istreambuf_iterator<char>());
   LOOM_CHECK(!bytes.empty(), "load_tokens: '{}' is empty", path);
   TokenData data;
   if (ends_with(path, ".bin")) {
@@ -37,14 +39,18 @@ TokenData load_tokens(const std::string& path) {
       offset = sizeof(header);
       const int64_t count = header[2];
       LOOM_CHECK(static_cast<int64_t>((bytes.size() - offset) / 2) >= count,
-                 "load_tokens: '{}' declares {} tokens but holds {}", path, count, (bytes.size() - offset) / 2);
+                 "load_tokens: '{}' declares {} tokens but holds {}", path, count,
+                 (bytes.size() - offset) / 2);
     }
-    LOOM_CHECK((bytes.size() - offset) % 2 == 0, "load_tokens: '{}' is not a whole number of uint16 tokens", path);
+    LOOM_CHECK((bytes.size() - offset) % 2 == 0,
+               "load_tokens: '{}' is not a whole number of uint16 tokens", path);
     for (size_t i = offset; i + 1 < bytes.size(); i += 2) {
       uint16_t token;
       std::memcpy(&token, bytes.data() + i, 2);
-      LOOM_CHECK(token < kGpt2Vocab, "load_tokens: '{}' holds token {} at position {}, outside GPT-2's vocabulary of {}",
-                 path, token, (i - offset) / 2, kGpt2Vocab);
+      LOOM_CHECK(
+          token < kGpt2Vocab,
+          "load_tokens: '{}' holds token {} at position {}, outside GPT-2's vocabulary of {}", path,
+          token, (i - offset) / 2, kGpt2Vocab);
       data.tokens.push_back(token);
     }
     data.vocab_size = kGpt2Vocab;
@@ -57,22 +63,26 @@ TokenData load_tokens(const std::string& path) {
   return data;
 }
 
-Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count, int64_t seq_len) {
+Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count,
+                  int64_t seq_len) {
   const int64_t span = static_cast<int64_t>(data.tokens.size()) - seq_len - 1;
-  LOOM_CHECK(span > 0, "batch_slice: {} holds {} tokens, too few for sequences of {} (+1)", data.description,
-             data.tokens.size(), seq_len);
+  LOOM_CHECK(span > 0, "batch_slice: {} holds {} tokens, too few for sequences of {} (+1)",
+             data.description, data.tokens.size(), seq_len);
   std::vector<int64_t> inputs, targets;
   for (int64_t s = first; s < first + count; ++s) {
     // Start of sequence s of this step: a counter-based draw keyed by (seed, step, s).
-    const auto words = philox4x32({static_cast<uint32_t>(s), static_cast<uint32_t>(step), 0x5eed, 0},
-                                  {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
-    const int64_t start = static_cast<int64_t>((static_cast<uint64_t>(words[0]) << 32 | words[1]) % span);
+    const auto words =
+        philox4x32({static_cast<uint32_t>(s), static_cast<uint32_t>(step), 0x5eed, 0},
+                   {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+    const int64_t start =
+        static_cast<int64_t>((static_cast<uint64_t>(words[0]) << 32 | words[1]) % span);
     for (int64_t t = 0; t < seq_len; ++t) {
       inputs.push_back(data.tokens[start + t]);
       targets.push_back(data.tokens[start + t + 1]);
     }
   }
-  return {ops::from_vector_i64(inputs, {count, seq_len}), ops::from_vector_i64(targets, {count, seq_len})};
+  return {ops::from_vector_i64(inputs, {count, seq_len}),
+          ops::from_vector_i64(targets, {count, seq_len})};
 }
 
 double unigram_entropy(const TokenData& data) {

@@ -33,7 +33,8 @@ struct Batch {
 };
 
 // Sequences [first, first + count) of step `step`'s global batch.
-Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count, int64_t seq_len);
+Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count,
+                  int64_t seq_len);
 
 // Entropy (nats per token) of the data's unigram distribution: the loss a model that ignores
 // context can reach, so a trained model's loss should fall well below it.

@@ -5,24 +5,30 @@
 namespace loom::models {
 
 GPTConfig GPTConfig::preset(const std::string& name) {
-  if (name == "tiny") return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 64, .block_size = 64, .vocab_size = 256};
+  if (name == "tiny")
+    return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 64, .block_size = 64, .vocab_size = 256};
   if (name == "small") {
-    return GPTConfig{.n_layer = 12, .n_head = 12, .n_embd = 768, .block_size = 1024, .vocab_size = 50257};
+    return GPTConfig{
+        .n_layer = 12, .n_head = 12, .n_embd = 768, .block_size = 1024, .vocab_size = 50257};
   }
   LOOM_FAIL("GPTConfig: unknown preset '{}' (expected tiny or small)", name);
 }
 
 void GPTConfig::validate() const {
   LOOM_CHECK(n_layer > 0 && n_head > 0 && n_embd > 0 && block_size > 0 && vocab_size > 0,
-             "GPTConfig: sizes must be positive, got n_layer={} n_head={} n_embd={} block_size={} vocab_size={}",
+             "GPTConfig: sizes must be positive, got n_layer={} n_head={} n_embd={} block_size={} "
+             "vocab_size={}",
              n_layer, n_head, n_embd, block_size, vocab_size);
-  LOOM_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd={} is not divisible by n_head={}", n_embd, n_head);
-  LOOM_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}", dropout);
+  LOOM_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd={} is not divisible by n_head={}", n_embd,
+             n_head);
+  LOOM_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}",
+             dropout);
 }
 
 int64_t GPTConfig::parameter_count() const {
   const int64_t c = n_embd;
-  // Per block: 2 norms (4C), c_attn (3C^2 + 3C), c_proj (C^2 + C), c_fc (4C^2 + 4C), c_proj (4C^2 + C).
+  // Per block: 2 norms (4C), c_attn (3C^2 + 3C), c_proj (C^2 + C), c_fc (4C^2 + 4C), c_proj (4C^2 +
+  // C).
   return vocab_size * c + block_size * c + n_layer * (12 * c * c + 13 * c) + 2 * c;
 }
 

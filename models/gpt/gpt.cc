@@ -26,7 +26,8 @@ uint64_t parameter_seed(uint64_t seed, const std::string& name) {
 }
 
 bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The seeds a GPT built from `seed` gives its submodules (dropout masks depend on them); a
@@ -44,10 +45,12 @@ struct GPTModuleSeeds {
 CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
     : Module("CausalSelfAttention"), head_dim_(config.head_dim()) {
   c_attn = register_module("c_attn", std::make_shared<nn::Linear>(config.n_embd, 3 * config.n_embd,
-                                                                   nn::LinearOptions{.seed = seed}));
-  c_proj = register_module("c_proj", std::make_shared<nn::Linear>(config.n_embd, config.n_embd,
-                                                                   nn::LinearOptions{.seed = seed + 2}));
-  resid_dropout_ = register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
+                                                                  nn::LinearOptions{.seed = seed}));
+  c_proj =
+      register_module("c_proj", std::make_shared<nn::Linear>(config.n_embd, config.n_embd,
+                                                             nn::LinearOptions{.seed = seed + 2}));
+  resid_dropout_ =
+      register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
@@ -55,17 +58,21 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv = (*c_attn)(x);  // (B, T, 3C), head-major: [h0: q k v][h1: q k v]...
   // (B, T, H, 3, D); H is -1 so the same code runs on a tensor-parallel rank's local heads.
   const Tensor heads = reshape(qkv, {batch, time, -1, 3, head_dim_});
-  auto take = [&](int64_t which) { return transpose(squeeze(narrow(heads, 3, which, 1), 3), 1, 2); };
-  const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);  // (B, H, T, D)
+  auto take = [&](int64_t which) {
+    return transpose(squeeze(narrow(heads, 3, which, 1), 3), 1, 2);
+  };
+  const Tensor y =
+      scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);  // (B, H, T, D)
   const Tensor merged = reshape(transpose(y, 1, 2), {batch, time, -1});
   return (*resid_dropout_)((*c_proj)(merged));
 }
 
 MLP::MLP(const GPTConfig& config, uint64_t seed) : Module("MLP") {
   c_fc = register_module("c_fc", std::make_shared<nn::Linear>(config.n_embd, 4 * config.n_embd,
-                                                               nn::LinearOptions{.seed = seed}));
-  c_proj = register_module("c_proj", std::make_shared<nn::Linear>(4 * config.n_embd, config.n_embd,
-                                                                   nn::LinearOptions{.seed = seed + 2}));
+                                                              nn::LinearOptions{.seed = seed}));
+  c_proj =
+      register_module("c_proj", std::make_shared<nn::Linear>(4 * config.n_embd, config.n_embd,
+                                                             nn::LinearOptions{.seed = seed + 2}));
   dropout_ = register_module("dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
 }
 
@@ -86,18 +93,22 @@ Tensor Block::forward(const Tensor& x) {
 GPTStage::GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::string type_name)
     : Module(std::move(type_name)), config_(std::move(config)), range_(range) {
   config_.validate();
-  LOOM_CHECK(0 <= range_.first_block && range_.first_block <= range_.end_block && range_.end_block <= config_.n_layer,
-             "GPTStage: blocks [{}, {}) are not a range of the model's {} blocks", range_.first_block,
-             range_.end_block, config_.n_layer);
+  LOOM_CHECK(0 <= range_.first_block && range_.first_block <= range_.end_block &&
+                 range_.end_block <= config_.n_layer,
+             "GPTStage: blocks [{}, {}) are not a range of the model's {} blocks",
+             range_.first_block, range_.end_block, config_.n_layer);
   const GPTModuleSeeds seeds{seed};
   if (range_.first || range_.last) {
-    wte = register_module("wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, seeds.wte()));
+    wte = register_module(
+        "wte", std::make_shared<nn::Embedding>(config_.vocab_size, config_.n_embd, seeds.wte()));
   }
   if (range_.first) {
-    wpe = register_module("wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, seeds.wpe()));
+    wpe = register_module(
+        "wpe", std::make_shared<nn::Embedding>(config_.block_size, config_.n_embd, seeds.wpe()));
     drop_ = register_module("drop", std::make_shared<nn::Dropout>(config_.dropout, seeds.drop()));
   }
-  auto blocks = register_module("h", std::make_shared<nn::ModuleList>(static_cast<size_t>(range_.first_block)));
+  auto blocks = register_module(
+      "h", std::make_shared<nn::ModuleList>(static_cast<size_t>(range_.first_block)));
   for (int64_t i = range_.first_block; i < range_.end_block; ++i) {
     h.push_back(blocks->append(std::make_shared<Block>(config_, seeds.block(i))));
   }
@@ -131,9 +142,11 @@ void init_gpt_weights(nn::Module& module, int64_t n_layer, uint64_t seed) {
 Tensor GPTStage::forward(const Tensor& input) {
   Tensor x = input;
   if (range_.first) {
-    LOOM_CHECK(input.dim() == 2, "GPT: expected token ids of shape (B, T), got {}", shape_str(input.shape()));
+    LOOM_CHECK(input.dim() == 2, "GPT: expected token ids of shape (B, T), got {}",
+               shape_str(input.shape()));
     const int64_t time = input.size(1);
-    LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time, config_.block_size);
+    LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time,
+               config_.block_size);
     // Positions on the ids' device (a CUDA model gets CUDA ids).
     x = (*drop_)(add((*wte)(input), (*wpe)(ops::to(ops::arange(time), input.device()))));
   }
@@ -152,6 +165,8 @@ Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
 }
 
 // Through operator(), so hooks on the model (mixed precision) run.
-Tensor GPT::loss(const Tensor& idx, const Tensor& targets) { return gpt_loss((*this)(idx), targets); }
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
+  return gpt_loss((*this)(idx), targets);
+}
 
 }  // namespace loom::models

@@ -9,9 +9,9 @@
 // transposed, which the safetensors loader handles. c_attn's 3C output features are stored
 // head-major — [head 0: q k v][head 1: q k v]... — rather than GPT-2's [all q][all k][all v], so
 // that sharding c_attn's rows over tensor-parallel ranks gives each rank whole heads with their
-// q, k and v (the import/export of Hugging Face checkpoints permutes between the two). GELU is the tanh approximation; attention
-// is causal. init_weights() follows GPT-2: N(0, 0.02), residual projections (c_proj) scaled by
-// 1/sqrt(2 n_layer), biases zero, LayerNorm weight one.
+// q, k and v (the import/export of Hugging Face checkpoints permutes between the two). GELU is the
+// tanh approximation; attention is causal. init_weights() follows GPT-2: N(0, 0.02), residual
+// projections (c_proj) scaled by 1/sqrt(2 n_layer), biases zero, LayerNorm weight one.
 #pragma once
 
 #include <memory>
@@ -64,7 +64,8 @@ class Block : public nn::Module {
 // loss parallel cross entropy (models/gpt/plans.h).
 class TiedLMHead : public nn::Module {
  public:
-  explicit TiedLMHead(std::shared_ptr<nn::Embedding> wte) : Module("TiedLMHead"), wte_(std::move(wte)) {}
+  explicit TiedLMHead(std::shared_ptr<nn::Embedding> wte)
+      : Module("TiedLMHead"), wte_(std::move(wte)) {}
   Tensor forward(const Tensor& x) override;
 
  private:
@@ -96,7 +97,8 @@ struct GPTStageRange {
 // -> logits (B, T, V); a single stage: ids -> logits.
 class GPTStage : public nn::Module {
  public:
-  GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::string type_name = "GPTStage");
+  GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range,
+           std::string type_name = "GPTStage");
   Tensor forward(const Tensor& input) override;
   // GPT-2 initialization from `seed`; each parameter's values depend only on (seed, its name).
   void init_weights(uint64_t seed);

@@ -17,13 +17,15 @@ namespace {
 // Messages on the pp group carry no tag (NCCL has none): between two ranks they pair up in the
 // order both issue them, which every exchange below fixes (stage order, parameter order).
 
-std::vector<pipeline::LayerRange> stage_layers(const GPTConfig& config, const GPTPipelineOptions& options,
-                                               int num_stages) {
+std::vector<pipeline::LayerRange> stage_layers(const GPTConfig& config,
+                                               const GPTPipelineOptions& options, int num_stages) {
   if (options.layers_per_stage.empty()) return pipeline::split_layers(config.n_layer, num_stages);
   LOOM_CHECK(static_cast<int>(options.layers_per_stage.size()) == num_stages,
-             "GPTPipeline: the split gives {} stages' layer counts but the schedule has {} stages ({} ranks x {} "
+             "GPTPipeline: the split gives {} stages' layer counts but the schedule has {} stages "
+             "({} ranks x {} "
              "virtual stages)",
-             options.layers_per_stage.size(), num_stages, num_stages / options.virtual_stages, options.virtual_stages);
+             options.layers_per_stage.size(), num_stages, num_stages / options.virtual_stages,
+             options.virtual_stages);
   return pipeline::split_layers(config.n_layer, options.layers_per_stage);
 }
 
@@ -31,8 +33,8 @@ Tensor local_of(const Tensor& t) { return is_dtensor(t) ? local_shard(t) : t; }
 
 }  // namespace
 
-GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
-                         GPTPipelineOptions options)
+GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed,
+                         std::shared_ptr<const DeviceMesh> mesh, GPTPipelineOptions options)
     : mesh_(std::move(mesh)),
       sequence_parallel_(options.tp_plan.sequence_parallel && mesh_->size("tp") > 1),
       schedule_(pipeline::schedule_by_name(options.schedule, static_cast<int>(mesh_->size("pp")),
@@ -48,7 +50,8 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr
   std::vector<std::shared_ptr<pipeline::PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
     auto module = std::make_shared<GPTStage>(config, seed, ranges_[s]);
-    module->to(mesh_->device());  // the groups' device, before the TP plan and DDP take the parameters
+    module->to(
+        mesh_->device());  // the groups' device, before the TP plan and DDP take the parameters
     if (tp_mesh->size(0) > 1) parallelize_gpt(*module, tp_mesh, options.tp_plan);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
     // param_dtype.
@@ -57,7 +60,8 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr
     if (mesh_->size("dp") > 1) {
       auto ddp = std::make_shared<ddp::DistributedDataParallel>(module, mesh_->group("dp"));
       ddps_.push_back(ddp);
-      stage_options.around_backward = [ddp](bool last_microbatch, const std::function<void()>& run) {
+      stage_options.around_backward = [ddp](bool last_microbatch,
+                                            const std::function<void()>& run) {
         if (last_microbatch) return run();
         auto guard = ddp->no_sync();
         run();
@@ -66,10 +70,12 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr
       ddps_.push_back(nullptr);
     }
     modules_.push_back(module);
-    stages.push_back(std::make_shared<pipeline::PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
+    stages.push_back(
+        std::make_shared<pipeline::PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
   }
   executor_ = std::make_unique<pipeline::PipelineExecutor>(
-      schedule_, std::move(stages), [](const Tensor& logits, const Tensor& targets) { return gpt_loss(logits, targets); });
+      schedule_, std::move(stages),
+      [](const Tensor& logits, const Tensor& targets) { return gpt_loss(logits, targets); });
 }
 
 double GPTPipeline::step(const Tensor& inputs, const Tensor& targets) {
@@ -135,7 +141,9 @@ Tensor GPTPipeline::logits(const Tensor& ids) {
   const GPTConfig& config = modules_.front()->config();
   // What crosses a stage boundary: the hidden states, this rank's sequence shard under sequence
   // parallelism (the length divides by tp, as in training).
-  const Shape hidden{ids.size(0), sequence_parallel_ ? ids.size(1) / mesh_->size("tp") : ids.size(1), config.n_embd};
+  const Shape hidden{ids.size(0),
+                     sequence_parallel_ ? ids.size(1) / mesh_->size("tp") : ids.size(1),
+                     config.n_embd};
   Tensor x, logits;
   size_t local = 0;  // index into modules_ (this rank's stages, in order)
   for (int s = 0; s < num_stages; ++s) {
@@ -153,7 +161,8 @@ Tensor GPTPipeline::logits(const Tensor& ids) {
     }
     if (s + 1 == num_stages) logits = is_dtensor(x) ? full_tensor(x) : x;
   }
-  if (!logits.defined()) logits = ops::empty({ids.size(0), ids.size(1), config.vocab_size}, kFloat32, group->device());
+  if (!logits.defined())
+    logits = ops::empty({ids.size(0), ids.size(1), config.vocab_size}, kFloat32, group->device());
   logits = ops::contiguous(logits);
   group->broadcast(logits, group_rank(num_stages - 1))->wait();
   return logits;
@@ -164,7 +173,8 @@ std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
   const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
   const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
   bool on_first_line = true;  // dp and tp coordinates 0: the ranks that talk over pp
-  for (int64_t d = 0; d < mesh_->ndim(); ++d) on_first_line = on_first_line && (d == pp_dim || mesh_->coordinate(d) == 0);
+  for (int64_t d = 0; d < mesh_->ndim(); ++d)
+    on_first_line = on_first_line && (d == pp_dim || mesh_->coordinate(d) == 0);
   const bool root = on_first_line && my_pp == 0;
   const GPTConfig& config = modules_.front()->config();
   std::unique_ptr<GPT> whole;
@@ -186,7 +196,8 @@ std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
     if (schedule_.rank_of_stage(s) == my_pp) {
       for (const auto& [name, p] : modules_[local]->named_parameters()) {
         if (skip(name)) continue;
-        const Tensor full = ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);  // every tp rank joins
+        const Tensor full =
+            ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);  // every tp rank joins
         if (root) {
           ops::copy_(destination.at(name), full);
         } else if (on_first_line) {
@@ -196,12 +207,16 @@ std::unique_ptr<GPT> GPTPipeline::whole_model_on_first_rank() {
       ++local;
     } else if (root) {
       // The remote stage's names in its order: a stage of the same blocks, sized to nothing.
-      const GPTStage names_only(
-          GPTConfig{.n_layer = config.n_layer, .n_head = 1, .n_embd = 1, .block_size = 1, .vocab_size = 1}, 0,
-          ranges_[s]);
+      const GPTStage names_only(GPTConfig{.n_layer = config.n_layer,
+                                          .n_head = 1,
+                                          .n_embd = 1,
+                                          .block_size = 1,
+                                          .vocab_size = 1},
+                                0, ranges_[s]);
       for (const auto& [name, p] : names_only.named_parameters()) {
         if (skip(name)) continue;
-        const Tensor& into = destination.at(name);  // on the CPU; the message arrives on the group's device
+        const Tensor& into =
+            destination.at(name);  // on the CPU; the message arrives on the group's device
         const Tensor buffer = ops::empty(into.shape(), into.dtype(), group->device());
         group->recv(buffer, group_rank(s))->wait();
         ops::copy_(into, buffer);
@@ -216,7 +231,8 @@ double GPTPipeline::clip_grad_norm(double max_norm) {
   if (mesh_->size("pp") > 1) options.sum_over.push_back(mesh_->group("pp"));
   for (const auto& module : modules_) {
     // The head's copy of wte: the first stage counts the (equal, summed) gradient.
-    if (module->wte && module->range().last && !module->range().first) options.not_counted.push_back(module->wte->weight());
+    if (module->wte && module->range().last && !module->range().first)
+      options.not_counted.push_back(module->wte->weight());
   }
   return optim::clip_grad_norm_(parameters(), max_norm, options);
 }

@@ -33,7 +33,7 @@ namespace loom::models {
 struct GPTPipelineOptions {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
   int microbatches = 1;
-  int virtual_stages = 1;               // stages per rank (interleaved)
+  int virtual_stages = 1;                 // stages per rank (interleaved)
   std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
   GPTPlanOptions tp_plan;
   // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.

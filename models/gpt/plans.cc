@@ -21,14 +21,16 @@ tp::ParallelizePlan whole_model_plan(const GPTPlanOptions& options) {
       tp::PrepareModuleOutput;
   if (!options.sequence_parallel) {
     return {
-        {"wte", style<RowwiseParallel>(tp::LayoutOptions{.input_layouts = Replicate(), .output_layouts = Replicate()})},
+        {"wte", style<RowwiseParallel>(tp::LayoutOptions{.input_layouts = Replicate(),
+                                                         .output_layouts = Replicate()})},
         {"h.*.attn.c_attn", style<ColwiseParallel>()},
         {"h.*.attn.c_proj", style<RowwiseParallel>()},
         {"h.*.mlp.c_fc", style<ColwiseParallel>()},
         {"h.*.mlp.c_proj", style<RowwiseParallel>()},
         // The head's input becomes a Replicate DTensor, so x @ wte^T (wte vocab-sharded) gives
         // vocabulary-sharded logits.
-        {"lm_head", style<PrepareModuleInput>(tp::PrepareInputOptions{Replicate(), Replicate(), false})},
+        {"lm_head",
+         style<PrepareModuleInput>(tp::PrepareInputOptions{Replicate(), Replicate(), false})},
     };
   }
   // Sequence-parallel activations: local (B, T/tp, C) tensors between the styles below.
@@ -38,7 +40,8 @@ tp::ParallelizePlan whole_model_plan(const GPTPlanOptions& options) {
   const tp::PrepareInputOptions gather_sequence{Shard(1), Replicate(), /*use_local_output=*/false};
   const tp::LayoutOptions scatter_sequence{.output_layouts = Shard(1)};
   return {
-      {"wte", style<RowwiseParallel>(tp::LayoutOptions{.input_layouts = Replicate(), .output_layouts = Shard(1)})},
+      {"wte", style<RowwiseParallel>(
+                  tp::LayoutOptions{.input_layouts = Replicate(), .output_layouts = Shard(1)})},
       // Each rank adds the position embeddings of its own positions.
       {"wpe", style<PrepareModuleOutput>(tp::PrepareOutputOptions{Replicate(), Shard(0), true})},
       {"drop", style<SequenceParallel>(local_out)},
@@ -57,32 +60,38 @@ tp::ParallelizePlan whole_model_plan(const GPTPlanOptions& options) {
   };
 }
 
-bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
 
 }  // namespace
 
-tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options, const GPTStageRange& range) {
+tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options,
+                                             const GPTStageRange& range) {
   tp::ParallelizePlan plan;
   const bool has_blocks = range.end_block > range.first_block;
   for (auto& entry : whole_model_plan(options)) {
     const std::string& key = entry.first;
-    const bool wanted = starts_with(key, "h.")                        ? has_blocks
-                        : key == "wte"                                ? range.first || range.last
-                        : key == "wpe" || key == "drop"               ? range.first
-                        : key == "ln_f" || key == "lm_head"           ? range.last
-                                                                      : true;
+    const bool wanted = starts_with(key, "h.")              ? has_blocks
+                        : key == "wte"                      ? range.first || range.last
+                        : key == "wpe" || key == "drop"     ? range.first
+                        : key == "ln_f" || key == "lm_head" ? range.last
+                                                            : true;
     if (wanted) plan.push_back(std::move(entry));
   }
   return plan;
 }
 
-void parallelize_gpt(GPTStage& model, std::shared_ptr<const DeviceMesh> tp_mesh, const GPTPlanOptions& options) {
-  LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1, "parallelize_gpt: expected a 1-D tp mesh, got {}",
-             tp_mesh ? tp_mesh->str() : "null");
+void parallelize_gpt(GPTStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+                     const GPTPlanOptions& options) {
+  LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1,
+             "parallelize_gpt: expected a 1-D tp mesh, got {}", tp_mesh ? tp_mesh->str() : "null");
   const int64_t tp = tp_mesh->size(0);
-  LOOM_CHECK(model.config().n_head % tp == 0, "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}",
+  LOOM_CHECK(model.config().n_head % tp == 0,
+             "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}",
              model.config().n_head, tp);
-  tp::parallelize_module(model, std::move(tp_mesh), gpt_tensor_parallel_plan(options, model.range()));
+  tp::parallelize_module(model, std::move(tp_mesh),
+                         gpt_tensor_parallel_plan(options, model.range()));
 }
 
 }  // namespace loom::models

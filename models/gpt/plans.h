@@ -34,10 +34,12 @@ struct GPTPlanOptions {
 // The plan for a whole GPT, or for the modules a pipeline stage holds (`range`): entries for
 // modules the stage lacks are left out (a middle stage has no embeddings or head). Between
 // pipeline stages, sequence-parallel activations travel as each rank's local sequence shard.
-tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options = {}, const GPTStageRange& range = {});
+tp::ParallelizePlan gpt_tensor_parallel_plan(const GPTPlanOptions& options = {},
+                                             const GPTStageRange& range = {});
 
 // Applies the plan on a 1-D `tp` mesh after checking that heads split evenly:
 // "parallelize_gpt: n_head=4 is not divisible by the tp mesh size 3".
-void parallelize_gpt(GPTStage& model, std::shared_ptr<const DeviceMesh> tp_mesh, const GPTPlanOptions& options = {});
+void parallelize_gpt(GPTStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+                     const GPTPlanOptions& options = {});
 
 }  // namespace loom::models

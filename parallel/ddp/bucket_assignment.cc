@@ -6,10 +6,11 @@
 
 namespace loom::ddp {
 
-std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterInfo>& parameters, BucketCaps caps) {
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterInfo>& parameters,
+                                                BucketCaps caps) {
   LOOM_CHECK(caps.first_bucket_bytes > 0 && caps.bucket_bytes > 0,
-             "assign_buckets: bucket caps must be positive, got first {} and {} bytes", caps.first_bucket_bytes,
-             caps.bucket_bytes);
+             "assign_buckets: bucket caps must be positive, got first {} and {} bytes",
+             caps.first_bucket_bytes, caps.bucket_bytes);
   std::vector<std::vector<size_t>> buckets;
   // One open bucket per dtype.
   std::map<DType, std::pair<size_t, int64_t>> open;  // dtype -> (bucket index, bytes so far)

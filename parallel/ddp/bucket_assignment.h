@@ -25,6 +25,7 @@ struct ParameterInfo {
 };
 
 // Bucket i lists indices into `parameters`, in the order they were placed.
-std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterInfo>& parameters, BucketCaps caps = {});
+std::vector<std::vector<size_t>> assign_buckets(const std::vector<ParameterInfo>& parameters,
+                                                BucketCaps caps = {});
 
 }  // namespace loom::ddp

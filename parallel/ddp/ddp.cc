@@ -7,7 +7,8 @@
 namespace loom::ddp {
 
 DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
-                                                 std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options)
+                                                 std::shared_ptr<comm::ProcessGroup> group,
+                                                 ReducerOptions options)
     : module_(std::move(module)) {
   LOOM_CHECK(module_ != nullptr, "DistributedDataParallel: the module is null");
   LOOM_CHECK(group != nullptr, "DistributedDataParallel: the process group is null");

@@ -21,8 +21,8 @@ namespace loom::ddp {
 
 class DistributedDataParallel {
  public:
-  DistributedDataParallel(std::shared_ptr<nn::Module> module, std::shared_ptr<comm::ProcessGroup> group,
-                          ReducerOptions options = {});
+  DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                          std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options = {});
 
   Tensor operator()(const Tensor& input) { return (*module_)(input); }
   nn::Module& module() { return *module_; }
@@ -40,7 +40,9 @@ class DistributedDataParallel {
    private:
     Reducer& reducer_;
   };
-  [[nodiscard]] std::unique_ptr<NoSyncGuard> no_sync() { return std::make_unique<NoSyncGuard>(*reducer_); }
+  [[nodiscard]] std::unique_ptr<NoSyncGuard> no_sync() {
+    return std::make_unique<NoSyncGuard>(*reducer_);
+  }
 
  private:
   std::shared_ptr<nn::Module> module_;

@@ -32,9 +32,11 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
                "DistributedDataParallel: parameter '{}' must be a leaf that requires grad", name);
     const Tensor& local = local_of(param);
     LOOM_CHECK(local.device() == group_->device(),
-               "DistributedDataParallel: parameter '{}' is on {} but group '{}' ({}) works on {}; move the model "
+               "DistributedDataParallel: parameter '{}' is on {} but group '{}' ({}) works on {}; "
+               "move the model "
                "there first (Module::to)",
-               name, local.device().str(), group_->name(), group_->backend_name(), group_->device().str());
+               name, local.device().str(), group_->name(), group_->backend_name(),
+               group_->device().str());
     infos.push_back({local.numel(), local.dtype()});
     total += local.numel();
     slots_.push_back({name, param, 0, Tensor()});
@@ -42,18 +44,21 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
   // Every rank must hold the same parameters: compare counts and sizes across the group.
   {
     NoGradGuard no_grad;
-    Tensor mine = ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2}, group_->device());
+    Tensor mine =
+        ops::from_vector_i64({static_cast<int64_t>(slots_.size()), total}, {2}, group_->device());
     std::vector<Tensor> all;
-    for (int r = 0; r < group_->size(); ++r) all.push_back(ops::zeros({2}, kInt64, group_->device()));
+    for (int r = 0; r < group_->size(); ++r)
+      all.push_back(ops::zeros({2}, kInt64, group_->device()));
     group_->all_gather(all, mine)->wait();
     for (int r = 0; r < group_->size(); ++r) {
       const auto theirs = ops::to_vector(all[r]);
       LOOM_CHECK(static_cast<int64_t>(theirs[0]) == static_cast<int64_t>(slots_.size()) &&
                      static_cast<int64_t>(theirs[1]) == total,
-                 "DistributedDataParallel on group '{}': rank {} has {} parameters ({} elements) but rank {} has {} "
+                 "DistributedDataParallel on group '{}': rank {} has {} parameters ({} elements) "
+                 "but rank {} has {} "
                  "({} elements); every rank must build the same model",
-                 group_->name(), group_->rank(), slots_.size(), total, r, static_cast<int64_t>(theirs[0]),
-                 static_cast<int64_t>(theirs[1]));
+                 group_->name(), group_->rank(), slots_.size(), total, r,
+                 static_cast<int64_t>(theirs[0]), static_cast<int64_t>(theirs[1]));
     }
   }
   const auto assignment = assign_buckets(infos, options_.caps);
@@ -70,8 +75,9 @@ Reducer::Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
     bucket.slots = assignment[b];
     for (size_t i : assignment[b]) {
       const Tensor& local = local_of(slots_[i].param);
-      slots_[i].view = Tensor::from_storage(bucket.buffer.storage(), local.shape(), contiguous_strides(local.shape()),
-                                            slots_[i].offset, local.dtype());
+      slots_[i].view =
+          Tensor::from_storage(bucket.buffer.storage(), local.shape(),
+                               contiguous_strides(local.shape()), slots_[i].offset, local.dtype());
     }
     buckets_.push_back(std::move(bucket));
   }
@@ -141,7 +147,8 @@ void Reducer::mark_ready(size_t i) {
   }
   if (!sync_enabled_) return;
   LOOM_CHECK(!ready_[i],
-             "DistributedDataParallel: parameter '{}' received its gradient twice in one synchronized backward; "
+             "DistributedDataParallel: parameter '{}' received its gradient twice in one "
+             "synchronized backward; "
              "accumulate gradients under no_sync() instead",
              slot.name);
   if (!in_backward_) {
@@ -162,7 +169,9 @@ void Reducer::mark_ready(size_t i) {
   }
 }
 
-void Reducer::launch(size_t b) { buckets_[b].work = group_->all_reduce(buckets_[b].buffer, comm::ReduceOp::kAvg); }
+void Reducer::launch(size_t b) {
+  buckets_[b].work = group_->all_reduce(buckets_[b].buffer, comm::ReduceOp::kAvg);
+}
 
 void Reducer::finalize() {
   if (!sync_enabled_ || !in_backward_) return;
@@ -172,9 +181,11 @@ void Reducer::finalize() {
   }
   if (!unused.empty() && !options_.find_unused_parameters) {
     reset_iteration();
-    LOOM_FAIL("DistributedDataParallel: parameters [{}] received no gradient in this backward; every parameter must "
-              "take part in the loss, or construct with find_unused_parameters = true",
-              fmt::join(unused, ", "));
+    LOOM_FAIL(
+        "DistributedDataParallel: parameters [{}] received no gradient in this backward; every "
+        "parameter must "
+        "take part in the loss, or construct with find_unused_parameters = true",
+        fmt::join(unused, ", "));
   }
   // An unused parameter contributes zeros (or a gradient set outside backward), never the stale
   // bucket contents left under a .grad the optimizer reset; and .grad views the averaged result.

@@ -35,8 +35,8 @@ struct ReducerOptions {
 
 class Reducer {
  public:
-  Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters, std::shared_ptr<comm::ProcessGroup> group,
-          ReducerOptions options = {});
+  Reducer(std::vector<std::pair<std::string, Tensor>> named_parameters,
+          std::shared_ptr<comm::ProcessGroup> group, ReducerOptions options = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;

@@ -24,8 +24,8 @@ PipelineExecutor::PipelineExecutor(Schedule schedule,
   // On GPU groups (NCCL) a send holds its stream until the peer receives it: the schedule must
   // be deadlock-free under that rule too, not only with buffered sends (Gloo).
   const bool sends_wait_for_receiver = stages_.front()->group().device().is_cuda();
-  validate_schedule(schedule_,
-                    {.sends = sends_wait_for_receiver ? SendSemantics::kRendezvous : SendSemantics::kAsync});
+  validate_schedule(schedule_, {.sends = sends_wait_for_receiver ? SendSemantics::kRendezvous
+                                                                 : SendSemantics::kAsync});
   LOOM_CHECK(loss_fn_ != nullptr, "PipelineExecutor: the loss function is empty");
   const PipelineStage& first = *stages_.front();
   pp_rank_ = first.pp_rank();

@@ -29,6 +29,7 @@ Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, i
 
 // The schedule a command line names: "gpipe", "1f1b" or "interleaved" (which takes
 // stages_per_rank; the others need it to be 1). Throws naming the choices otherwise.
-Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches, int stages_per_rank = 1);
+Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
+                          int stages_per_rank = 1);
 
 }  // namespace loom::pipeline

@@ -128,10 +128,13 @@ void check_issue_order(const Schedule& schedule) {
       const Action& recv = schedule.actions[to][receive_indices[k]];
       const Action& send = schedule.actions[from][send_indices[k]];
       LOOM_CHECK(matching_action(send) == recv,
-                 "{} is rank {}'s receive #{} from rank {}, but rank {}'s send #{} to rank {} is action {} {}; "
-                 "messages between two ranks pair up in the order they are issued (no tags, as on NCCL), so "
+                 "{} is rank {}'s receive #{} from rank {}, but rank {}'s send #{} to rank {} is "
+                 "action {} {}; "
+                 "messages between two ranks pair up in the order they are issued (no tags, as on "
+                 "NCCL), so "
                  "both ranks must list them in the same order",
-                 where(to, receive_indices[k], recv), to, k, from, from, k, to, send_indices[k], describe(send));
+                 where(to, receive_indices[k], recv), to, k, from, from, k, to, send_indices[k],
+                 describe(send));
     }
   }
 }

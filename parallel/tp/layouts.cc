@@ -7,18 +7,22 @@
 namespace loom::tp::detail {
 
 void check_one_dim(const DeviceMesh& mesh, const std::string& style) {
-  LOOM_CHECK(mesh.ndim() == 1, "parallelize_module: {} needs a 1-D mesh (e.g. mesh[\"tp\"]), got {}", style, mesh.str());
+  LOOM_CHECK(mesh.ndim() == 1,
+             "parallelize_module: {} needs a 1-D mesh (e.g. mesh[\"tp\"]), got {}", style,
+             mesh.str());
 }
 
 void distribute_parameter(nn::Module& module, const std::string& fqn, const std::string& name,
-                          const std::shared_ptr<const DeviceMesh>& mesh, const Placement& placement) {
+                          const std::shared_ptr<const DeviceMesh>& mesh,
+                          const Placement& placement) {
   const Tensor& current = module.parameter(name);
   if (!current.defined()) return;
   const Placements wanted{placement};
   if (is_dtensor(current)) {
     const DTensorSpec& spec = dtensor_spec(current);
     LOOM_CHECK(spec.mesh->ranks() == mesh->ranks() && spec.placements == wanted,
-               "parallelize_module: parameter '{}.{}' is already a DTensor {} (shared with a module parallelized "
+               "parallelize_module: parameter '{}.{}' is already a DTensor {} (shared with a "
+               "module parallelized "
                "earlier?); this style needs {} on {}",
                fqn, name, spec.str(), placements_str(wanted), mesh->str());
     return;
@@ -34,8 +38,9 @@ void distribute_parameter(nn::Module& module, const std::string& fqn, const std:
   module.set_parameter(name, distributed);
 }
 
-Tensor prepare_input(const Tensor& input, const std::shared_ptr<const DeviceMesh>& mesh, const Placement& layout,
-                     const Placement& desired, std::optional<int64_t> global_last_dim) {
+Tensor prepare_input(const Tensor& input, const std::shared_ptr<const DeviceMesh>& mesh,
+                     const Placement& layout, const Placement& desired,
+                     std::optional<int64_t> global_last_dim) {
   Tensor x = input;
   if (!is_dtensor(input)) {
     const int64_t ndim = input.dim();
@@ -43,9 +48,11 @@ Tensor prepare_input(const Tensor& input, const std::shared_ptr<const DeviceMesh
     if (global_last_dim.has_value() && ndim > 0) global.back() = *global_last_dim;
     if (layout.is_shard() && ndim > 0) {
       const int64_t d = layout.dim() < 0 ? layout.dim() + ndim : layout.dim();
-      LOOM_CHECK(d >= 0 && d < ndim, "parallelize_module: input layout {} does not fit an input of shape {}",
+      LOOM_CHECK(d >= 0 && d < ndim,
+                 "parallelize_module: input layout {} does not fit an input of shape {}",
                  layout.str(), shape_str(input.shape()));
-      // Any sharded dim other than a fixed last one is taken to be split evenly, as from_local does.
+      // Any sharded dim other than a fixed last one is taken to be split evenly, as from_local
+      // does.
       if (!(global_last_dim.has_value() && d == ndim - 1)) global[d] *= mesh->size(0);
     }
     x = from_local(input, mesh, {layout}, global);
@@ -53,8 +60,8 @@ Tensor prepare_input(const Tensor& input, const std::shared_ptr<const DeviceMesh
   return dtensor_spec(x).placements == Placements{desired} ? x : redistribute(x, {desired});
 }
 
-Tensor prepare_output(const Tensor& output, const std::shared_ptr<const DeviceMesh>& mesh, const Placement& layout,
-                      const Placement& desired, bool use_local_output) {
+Tensor prepare_output(const Tensor& output, const std::shared_ptr<const DeviceMesh>& mesh,
+                      const Placement& layout, const Placement& desired, bool use_local_output) {
   const Tensor y = prepare_input(output, mesh, layout, desired);
   return use_local_output ? to_local(y) : y;
 }

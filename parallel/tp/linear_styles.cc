@@ -18,14 +18,15 @@ enum class Kind { kLinear, kEmbedding };
 Kind kind_of(nn::Module& module, const std::string& fqn, const std::string& style) {
   if (dynamic_cast<nn::Linear*>(&module) != nullptr) return Kind::kLinear;
   if (dynamic_cast<nn::Embedding*>(&module) != nullptr) return Kind::kEmbedding;
-  LOOM_FAIL("parallelize_module: {} applies to Linear and Embedding modules, but '{}' is a {}", style, fqn,
-            module.type_name());
+  LOOM_FAIL("parallelize_module: {} applies to Linear and Embedding modules, but '{}' is a {}",
+            style, fqn, module.type_name());
 }
 
 // Installs the input and output conversions. A Linear's input keeps its global last dim
 // (in_features) so uneven feature shards come out right; token ids have no such dim.
-void install_hooks(nn::Module& module, const std::shared_ptr<const DeviceMesh>& mesh, Placement input_layout,
-                   Placement desired_input, Placement output_layout, bool use_local_output) {
+void install_hooks(nn::Module& module, const std::shared_ptr<const DeviceMesh>& mesh,
+                   Placement input_layout, Placement desired_input, Placement output_layout,
+                   bool use_local_output) {
   std::optional<int64_t> in_features;
   if (auto* linear = dynamic_cast<nn::Linear*>(&module)) in_features = linear->in_features();
   module.register_forward_pre_hook([=](nn::Module&, const Tensor& input) {
@@ -38,7 +39,8 @@ void install_hooks(nn::Module& module, const std::shared_ptr<const DeviceMesh>& 
 
 }  // namespace
 
-void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const {
+void ColwiseParallel::apply(nn::Module& module, const std::string& fqn,
+                            std::shared_ptr<const DeviceMesh> mesh) const {
   detail::check_one_dim(*mesh, name());
   const Placement input_layout = options_.input_layouts.value_or(Replicate());
   if (kind_of(module, fqn, name()) == Kind::kLinear) {
@@ -48,11 +50,12 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn, std::sha
     // Each rank holds a slice of every embedding vector: its lookups give Shard(-1) outputs.
     distribute_parameter(module, fqn, "weight", mesh, Shard(1));
   }
-  install_hooks(module, mesh, input_layout, Replicate(), options_.output_layouts.value_or(Shard(-1)),
-                options_.use_local_output);
+  install_hooks(module, mesh, input_layout, Replicate(),
+                options_.output_layouts.value_or(Shard(-1)), options_.use_local_output);
 }
 
-void RowwiseParallel::apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const {
+void RowwiseParallel::apply(nn::Module& module, const std::string& fqn,
+                            std::shared_ptr<const DeviceMesh> mesh) const {
   detail::check_one_dim(*mesh, name());
   if (kind_of(module, fqn, name()) == Kind::kLinear) {
     distribute_parameter(module, fqn, "weight", mesh, Shard(1));

@@ -14,6 +14,7 @@ namespace loom::tp {
 // logits (N, V) a DTensor (any placements; Shard(1) is the no-gather path), targets (N,) plain
 // int64 class ids, the same on every rank. Returns the mean loss over targets != ignore_index
 // as a plain scalar, differentiable (the gradient reaches the logits with their placements).
-Tensor loss_parallel_cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+Tensor loss_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                   int64_t ignore_index = -100);
 
 }  // namespace loom::tp

@@ -7,10 +7,12 @@
 
 namespace loom::tp {
 
-void SequenceParallel::apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const {
+void SequenceParallel::apply(nn::Module& module, const std::string& fqn,
+                             std::shared_ptr<const DeviceMesh> mesh) const {
   detail::check_one_dim(*mesh, name());
   LOOM_CHECK(module.named_children().empty(),
-             "parallelize_module: SequenceParallel applies to leaf modules (norms, dropout), but '{}' ({}) has "
+             "parallelize_module: SequenceParallel applies to leaf modules (norms, dropout), but "
+             "'{}' ({}) has "
              "submodules",
              fqn, module.type_name());
   for (const auto& [param, value] : module.named_parameters(/*recurse=*/false)) {
@@ -20,13 +22,14 @@ void SequenceParallel::apply(nn::Module& module, const std::string& fqn, std::sh
   module.register_forward_pre_hook([mesh, sequence](nn::Module&, const Tensor& input) {
     return detail::prepare_input(input, mesh, sequence, sequence);
   });
-  module.register_forward_hook([mesh, sequence, local = options_.use_local_output](nn::Module&, const Tensor&,
-                                                                                  const Tensor& output) {
+  module.register_forward_hook([mesh, sequence, local = options_.use_local_output](
+                                   nn::Module&, const Tensor&, const Tensor& output) {
     return detail::prepare_output(output, mesh, sequence, sequence, local);
   });
 }
 
-void PrepareModuleInput::apply(nn::Module& module, const std::string&, std::shared_ptr<const DeviceMesh> mesh) const {
+void PrepareModuleInput::apply(nn::Module& module, const std::string&,
+                               std::shared_ptr<const DeviceMesh> mesh) const {
   detail::check_one_dim(*mesh, name());
   module.register_forward_pre_hook([mesh, o = options_](nn::Module&, const Tensor& input) {
     const Tensor x = detail::prepare_input(input, mesh, o.input_layouts, o.desired_input_layouts);
@@ -34,11 +37,14 @@ void PrepareModuleInput::apply(nn::Module& module, const std::string&, std::shar
   });
 }
 
-void PrepareModuleOutput::apply(nn::Module& module, const std::string&, std::shared_ptr<const DeviceMesh> mesh) const {
+void PrepareModuleOutput::apply(nn::Module& module, const std::string&,
+                                std::shared_ptr<const DeviceMesh> mesh) const {
   detail::check_one_dim(*mesh, name());
-  module.register_forward_hook([mesh, o = options_](nn::Module&, const Tensor&, const Tensor& output) {
-    return detail::prepare_output(output, mesh, o.output_layouts, o.desired_output_layouts, o.use_local_output);
-  });
+  module.register_forward_hook(
+      [mesh, o = options_](nn::Module&, const Tensor&, const Tensor& output) {
+        return detail::prepare_output(output, mesh, o.output_layouts, o.desired_output_layouts,
+                                      o.use_local_output);
+      });
 }
 
 }  // namespace loom::tp

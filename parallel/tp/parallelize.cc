@@ -10,7 +10,8 @@ bool fqn_matches(const std::string& pattern, const std::string& fqn) {
   return fnmatch(pattern.c_str(), fqn.c_str(), 0) == 0;
 }
 
-void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, const ParallelizePlan& plan) {
+void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh,
+                        const ParallelizePlan& plan) {
   LOOM_CHECK(mesh != nullptr, "parallelize_module: the mesh is null");
   const auto modules = module.named_modules();
   for (const auto& [pattern, style] : plan) {
@@ -21,8 +22,8 @@ void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> me
       style->apply(*submodule, fqn, mesh);
       matched = true;
     }
-    LOOM_CHECK(matched, "parallelize_module: plan entry '{}' ({}) matches no submodule of {}", pattern, style->name(),
-               module.type_name());
+    LOOM_CHECK(matched, "parallelize_module: plan entry '{}' ({}) matches no submodule of {}",
+               pattern, style->name(), module.type_name());
   }
 }
 

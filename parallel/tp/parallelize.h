@@ -22,7 +22,8 @@ namespace loom::tp {
 
 using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>>;
 
-void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, const ParallelizePlan& plan);
+void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh,
+                        const ParallelizePlan& plan);
 
 // fnmatch-style matching of a module name against a plan key.
 bool fqn_matches(const std::string& pattern, const std::string& fqn);

@@ -36,7 +36,8 @@ class ParallelStyle {
   virtual ~ParallelStyle() = default;
   // Shards `module`'s parameters and installs its input/output hooks. `fqn` names the module in
   // errors. Throws when the style does not fit the module.
-  virtual void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const = 0;
+  virtual void apply(nn::Module& module, const std::string& fqn,
+                     std::shared_ptr<const DeviceMesh> mesh) const = 0;
   virtual std::string name() const = 0;
 };
 
@@ -49,7 +50,8 @@ struct LayoutOptions {
 class ColwiseParallel : public ParallelStyle {
  public:
   explicit ColwiseParallel(LayoutOptions options = {}) : options_(options) {}
-  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "ColwiseParallel"; }
 
  private:
@@ -59,7 +61,8 @@ class ColwiseParallel : public ParallelStyle {
 class RowwiseParallel : public ParallelStyle {
  public:
   explicit RowwiseParallel(LayoutOptions options = {}) : options_(options) {}
-  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "RowwiseParallel"; }
 
  private:
@@ -74,7 +77,8 @@ struct SequenceParallelOptions {
 class SequenceParallel : public ParallelStyle {
  public:
   explicit SequenceParallel(SequenceParallelOptions options = {}) : options_(options) {}
-  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "SequenceParallel"; }
 
  private:
@@ -90,7 +94,8 @@ struct PrepareInputOptions {
 class PrepareModuleInput : public ParallelStyle {
  public:
   explicit PrepareModuleInput(PrepareInputOptions options) : options_(options) {}
-  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleInput"; }
 
  private:
@@ -106,7 +111,8 @@ struct PrepareOutputOptions {
 class PrepareModuleOutput : public ParallelStyle {
  public:
   explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(options) {}
-  void apply(nn::Module& module, const std::string& fqn, std::shared_ptr<const DeviceMesh> mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleOutput"; }
 
  private:

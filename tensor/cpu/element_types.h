@@ -43,11 +43,16 @@ inline T from_compute(V v) {
 template <typename F>
 decltype(auto) visit_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case kFloat32: return f(float{});
-    case kBFloat16: return f(BFloat16{});
-    case kFloat16: return f(Float16{});
-    case kInt32: return f(int32_t{});
-    case kInt64: return f(int64_t{});
+    case kFloat32:
+      return f(float{});
+    case kBFloat16:
+      return f(BFloat16{});
+    case kFloat16:
+      return f(Float16{});
+    case kInt32:
+      return f(int32_t{});
+    case kInt64:
+      return f(int64_t{});
   }
   LOOM_INTERNAL_ASSERT(false, "unknown dtype");
   return f(float{});
@@ -57,10 +62,14 @@ decltype(auto) visit_dtype(DType dtype, F&& f) {
 template <typename F>
 decltype(auto) visit_floating_dtype(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case kFloat32: return f(float{});
-    case kBFloat16: return f(BFloat16{});
-    case kFloat16: return f(Float16{});
-    default: break;
+    case kFloat32:
+      return f(float{});
+    case kBFloat16:
+      return f(BFloat16{});
+    case kFloat16:
+      return f(Float16{});
+    default:
+      break;
   }
   LOOM_FAIL("{}: expected a floating dtype (f32, bf16, f16), got {}", op, dtype_name(dtype));
 }

@@ -128,18 +128,18 @@ BlockPool::Block* BlockPool::new_segment(std::size_t rounded, bool small) {
     // Cached segments may be what fills the device: give them back and try once more.
     ++stats_.cache_flushes;
     if (release_cached_locked() == 0) {
-      LOOM_FAIL("caching allocator on {}: cannot allocate a segment of {} for a request of {}: "
-                "{}; nothing cached to release ({})",
-                raw_.name(), human_bytes(bytes), human_bytes(rounded), first.what(),
-                stats_str(stats_));
+      LOOM_FAIL(
+          "caching allocator on {}: cannot allocate a segment of {} for a request of {}: "
+          "{}; nothing cached to release ({})",
+          raw_.name(), human_bytes(bytes), human_bytes(rounded), first.what(), stats_str(stats_));
     }
     try {
       ptr = raw_.allocate(bytes);
     } catch (const Error& second) {
-      LOOM_FAIL("caching allocator on {}: cannot allocate a segment of {} for a request of {} "
-                "even after releasing the cache: {} ({})",
-                raw_.name(), human_bytes(bytes), human_bytes(rounded), second.what(),
-                stats_str(stats_));
+      LOOM_FAIL(
+          "caching allocator on {}: cannot allocate a segment of {} for a request of {} "
+          "even after releasing the cache: {} ({})",
+          raw_.name(), human_bytes(bytes), human_bytes(rounded), second.what(), stats_str(stats_));
     }
   }
   auto* block = new Block;

@@ -111,7 +111,8 @@ std::size_t empty_cache() {
   std::size_t released = 0;
   const std::size_t count = pools().count();
   for (std::size_t device = 0; device < count; ++device) {
-    if (BlockPool* pool = pools().find(static_cast<int>(device))) released += pool->release_cached();
+    if (BlockPool* pool = pools().find(static_cast<int>(device)))
+      released += pool->release_cached();
   }
   return released;
 }

@@ -17,7 +17,9 @@ void* open_library(const std::string& name) {
     if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
     errors += fmt::format("{}{}", errors.empty() ? "" : "; ", dlerror());
   }
-  LOOM_FAIL("cuBLASLt: cannot load {} (tried the loader's search path and /usr/local/cuda/lib64): {}", name, errors);
+  LOOM_FAIL(
+      "cuBLASLt: cannot load {} (tried the loader's search path and /usr/local/cuda/lib64): {}",
+      name, errors);
 }
 
 template <typename F>

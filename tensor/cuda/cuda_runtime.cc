@@ -141,7 +141,6 @@ void check_device(int device, const char* what) {
              count == 0 ? " (" + unavailable_reason() + ")" : std::string());
 }
 
-
 DeviceGuard::DeviceGuard(int device) {
   check_device(device, "DeviceGuard");
   LOOM_CUDA_CHECK_ON(cudaGetDevice(&previous_), device);
@@ -191,9 +190,9 @@ void copy_host_to_device(void* device_dst, const void* host_src, std::size_t byt
   if (bytes == 0) return;
   DeviceGuard guard(device);
   // From pageable memory this returns once the source is staged, so the caller may reuse it.
-  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                                     compute_stream(device)),
-                     device);
+  LOOM_CUDA_CHECK_ON(
+      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, compute_stream(device)),
+      device);
 }
 
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device) {

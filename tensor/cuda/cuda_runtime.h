@@ -64,8 +64,7 @@ void device_free(void* ptr, int device);
 // pointer(s) (both of them for device_to_device). Throw loom::Error naming the call and device.
 void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes, int device);
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device);
-void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes,
-                           int device);
+void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes, int device);
 
 // Makes `device` current for the calling thread for one scope and restores the previous device.
 // Throws loom::Error when the device does not exist.
@@ -93,21 +92,20 @@ namespace detail {
 
 // Evaluates `expr` (a CUDA runtime call returning cudaError_t) once; on anything but cudaSuccess
 // throws loom::Error naming the call, the error name and text, and the current device.
-#define LOOM_CUDA_CHECK(expr)                                                        \
-  do {                                                                               \
-    const cudaError_t loom_cuda_status_ = (expr);                                    \
-    if (loom_cuda_status_ != cudaSuccess) [[unlikely]] {                             \
-      ::loom::cuda::detail::throw_cuda_error(loom_cuda_status_, #expr, -1, __FILE__, \
-                                             __LINE__);                              \
-    }                                                                                \
+#define LOOM_CUDA_CHECK(expr)                                                                   \
+  do {                                                                                          \
+    const cudaError_t loom_cuda_status_ = (expr);                                               \
+    if (loom_cuda_status_ != cudaSuccess) [[unlikely]] {                                        \
+      ::loom::cuda::detail::throw_cuda_error(loom_cuda_status_, #expr, -1, __FILE__, __LINE__); \
+    }                                                                                           \
   } while (0)
 
 // Same, for a call made on a known device (reported as cuda:<device>).
-#define LOOM_CUDA_CHECK_ON(expr, device)                                                  \
-  do {                                                                                    \
-    const cudaError_t loom_cuda_status_ = (expr);                                         \
-    if (loom_cuda_status_ != cudaSuccess) [[unlikely]] {                                  \
+#define LOOM_CUDA_CHECK_ON(expr, device)                                                   \
+  do {                                                                                     \
+    const cudaError_t loom_cuda_status_ = (expr);                                          \
+    if (loom_cuda_status_ != cudaSuccess) [[unlikely]] {                                   \
       ::loom::cuda::detail::throw_cuda_error(loom_cuda_status_, #expr, (device), __FILE__, \
-                                             __LINE__);                                   \
-    }                                                                                     \
+                                             __LINE__);                                    \
+    }                                                                                      \
   } while (0)

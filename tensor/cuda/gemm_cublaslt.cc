@@ -18,10 +18,10 @@ namespace loom::cuda {
 namespace {
 
 std::string describe(const GemmProblem& p) {
-  return fmt::format("gemm({}, {}{}, M={} N={} K={}, lda={} ldb={} ldc={}, batch={} strides {}/{}/{})",
-                     dtype_name(p.dtype), p.transpose_a ? "A^T" : "A", p.transpose_b ? " B^T" : " B",
-                     p.m, p.n, p.k, p.lda, p.ldb, p.ldc, p.batch, p.stride_a, p.stride_b,
-                     p.stride_c);
+  return fmt::format(
+      "gemm({}, {}{}, M={} N={} K={}, lda={} ldb={} ldc={}, batch={} strides {}/{}/{})",
+      dtype_name(p.dtype), p.transpose_a ? "A^T" : "A", p.transpose_b ? " B^T" : " B", p.m, p.n,
+      p.k, p.lda, p.ldb, p.ldc, p.batch, p.stride_a, p.stride_b, p.stride_c);
 }
 
 void check_lt(cublasStatus_t status, const char* call, const GemmProblem& p, int device) {
@@ -32,10 +32,14 @@ void check_lt(cublasStatus_t status, const char* call, const GemmProblem& p, int
 
 cudaDataType_t cuda_type(DType dtype) {
   switch (dtype) {
-    case DType::kFloat32: return CUDA_R_32F;
-    case DType::kBFloat16: return CUDA_R_16BF;
-    case DType::kFloat16: return CUDA_R_16F;
-    default: break;
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat16:
+      return CUDA_R_16F;
+    default:
+      break;
   }
   LOOM_FAIL("gemm: cuBLASLt GEMMs take f32, bf16 or f16, got {}", dtype_name(dtype));
 }
@@ -55,8 +59,9 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-using PlanKey = std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           int64_t, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t>;
+using PlanKey =
+    std::tuple<int, bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+               int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t, uint32_t>;
 
 struct DeviceState {
   cublasLtHandle_t handle = nullptr;
@@ -91,15 +96,15 @@ cublasLtMatrixLayout_t make_layout(cudaDataType_t type, int64_t rows, int64_t co
                                    int device) {
   cublasLtMatrixLayout_t layout = nullptr;
   check_lt(cublaslt().MatrixLayoutCreate(&layout, type, static_cast<uint64_t>(rows),
-                                      static_cast<uint64_t>(cols), ld),
+                                         static_cast<uint64_t>(cols), ld),
            "cublasLtMatrixLayoutCreate", p, device);
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
     check_lt(cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
-                                              sizeof(count)),
+                                                 sizeof(count)),
              "cublasLtMatrixLayoutSetAttribute(BATCH_COUNT)", p, device);
-    check_lt(cublaslt().MatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                              &stride, sizeof(stride)),
+    check_lt(cublaslt().MatrixLayoutSetAttribute(
+                 layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)),
              "cublasLtMatrixLayoutSetAttribute(STRIDED_BATCH_OFFSET)", p, device);
   }
   return layout;
@@ -116,10 +121,10 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
   const cublasOperation_t op_first = p.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_second = p.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first,
-                                          sizeof(op_first)),
+                                             sizeof(op_first)),
            "cublasLtMatmulDescSetAttribute(TRANSA)", p, device);
   check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
-                                          sizeof(op_second)),
+                                             sizeof(op_second)),
            "cublasLtMatmulDescSetAttribute(TRANSB)", p, device);
   if (bias != nullptr) {
     // Column-major D is (N, M): the epilogue's bias has one value per row of D, i.e. per output
@@ -128,9 +133,10 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
     // plans are keyed by that alignment and later calls only swap the pointer (gemm()).
     const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
     check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
-                                            sizeof(epilogue)),
+                                               sizeof(epilogue)),
              "cublasLtMatmulDescSetAttribute(EPILOGUE_BIAS)", p, device);
-    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof(bias)),
              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p, device);
   }
   // Stored shapes, column-major: B is (N, K) or, transposed, (K, N); A is (K, M) or (M, K).
@@ -144,15 +150,15 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
   check_lt(cublaslt().MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate", p, device);
   const uint64_t workspace = kWorkspaceBytes;
   (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &workspace, sizeof(workspace));
+                                                &workspace, sizeof(workspace));
   (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                             &align_b, sizeof(align_b));
+                                                &align_b, sizeof(align_b));
   (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                             &align_a, sizeof(align_a));
+                                                &align_a, sizeof(align_a));
   (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                             &align_c, sizeof(align_c));
+                                                &align_c, sizeof(align_c));
   (void)cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                             &align_c, sizeof(align_c));
+                                                &align_c, sizeof(align_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublaslt().MatmulAlgoGetHeuristic(
@@ -166,12 +172,14 @@ std::unique_ptr<Plan> make_plan(const GemmProblem& p, DeviceState& s, uint32_t a
 
 }  // namespace
 
-void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int device, const void* bias) {
-  LOOM_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0,
-             "gemm: sizes must be >= 0, got {}", describe(p));
-  LOOM_CHECK(bias == nullptr ||
-                 (p.batch == 1 && p.k > 0 && reinterpret_cast<uintptr_t>(bias) % kBiasAlignment == 0),
-             "gemm: a bias epilogue needs batch 1, K > 0 and a {}-byte aligned bias, got batch {}, K {} and "
+void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int device,
+          const void* bias) {
+  LOOM_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 0, "gemm: sizes must be >= 0, got {}",
+             describe(p));
+  LOOM_CHECK(bias == nullptr || (p.batch == 1 && p.k > 0 &&
+                                 reinterpret_cast<uintptr_t>(bias) % kBiasAlignment == 0),
+             "gemm: a bias epilogue needs batch 1, K > 0 and a {}-byte aligned bias, got batch {}, "
+             "K {} and "
              "address {} for {}",
              kBiasAlignment, p.batch, p.k, bias, describe(p));
   if (p.m == 0 || p.n == 0 || p.batch == 0) return;
@@ -192,9 +200,23 @@ void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int devic
   const uint32_t align_c = alignment(c, p.stride_c, p.dtype);
   const bool with_bias = bias != nullptr;
   const uint32_t align_bias = with_bias ? alignment(bias, 0, p.dtype) : 0;  // 0: no epilogue
-  const PlanKey key{static_cast<int>(p.dtype), p.transpose_a, p.transpose_b, p.m, p.n, p.k, p.lda,
-                    p.ldb, p.ldc, p.stride_a, p.stride_b, p.stride_c, p.batch, align_a, align_b,
-                    align_c, align_bias};
+  const PlanKey key{static_cast<int>(p.dtype),
+                    p.transpose_a,
+                    p.transpose_b,
+                    p.m,
+                    p.n,
+                    p.k,
+                    p.lda,
+                    p.ldb,
+                    p.ldc,
+                    p.stride_a,
+                    p.stride_b,
+                    p.stride_c,
+                    p.batch,
+                    align_a,
+                    align_b,
+                    align_c,
+                    align_bias};
   // The lock also covers the call when the plan's descriptor takes this call's bias pointer.
   std::unique_lock<std::mutex> lock(s.mutex);
   Plan* plan = nullptr;
@@ -206,15 +228,17 @@ void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int devic
     s.plans.emplace(key, std::move(made));
   }
   if (with_bias) {
-    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+    check_lt(cublaslt().MatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof(bias)),
              "cublasLtMatmulDescSetAttribute(BIAS_POINTER)", p, device);
   } else {
     lock.unlock();
   }
   const float alpha = 1.0f, beta = 0.0f;
-  check_lt(cublaslt().Matmul(s.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c,
-                          c, plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream),
-           "cublasLtMatmul", p, device);
+  check_lt(
+      cublaslt().Matmul(s.handle, plan->desc, &alpha, b, plan->a, a, plan->b, &beta, c, plan->c, c,
+                        plan->c, &plan->algo, s.workspace, kWorkspaceBytes, stream),
+      "cublasLtMatmul", p, device);
 }
 
 std::size_t gemm_plan_cache_size(int device) {

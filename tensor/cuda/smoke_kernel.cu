@@ -1,10 +1,9 @@
-#include "tensor/cuda/smoke_kernel.h"
-
 #include <algorithm>
 #include <cstdint>
 
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/smoke_kernel.h"
 
 namespace loom::cuda {
 namespace {

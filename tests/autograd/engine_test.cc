@@ -12,9 +12,9 @@
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::expect_close;
 using testing::expect_equal;
+using ::testing::HasSubstr;
 
 TEST(EngineTest, ChainRuleThroughSeveralOps) {
   // y = sum((a * b + a)^2); dy/da = 2 (ab + a)(b + 1), dy/db = 2 (ab + a) a.
@@ -24,10 +24,10 @@ TEST(EngineTest, ChainRuleThroughSeveralOps) {
   b.set_requires_grad(true);
   Tensor y = sum(pow(a * b + a, 2.0));
   backward(y);
-  expect_close({.actual = a.grad(), .expected = {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7},
-                .tol = {.atol = 1e-4}});
-  expect_close({.actual = b.grad(), .expected = {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3},
-                .tol = {.atol = 1e-4}});
+  expect_close(
+      {.actual = a.grad(), .expected = {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7}, .tol = {.atol = 1e-4}});
+  expect_close(
+      {.actual = b.grad(), .expected = {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3}, .tol = {.atol = 1e-4}});
 }
 
 TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {
@@ -52,7 +52,8 @@ TEST(EngineTest, NonScalarRootNeedsSeed) {
     backward(y);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("a seed gradient is required for a root with more than one element (root shape (2, 2))"));
+    EXPECT_THAT(e.what(), HasSubstr("a seed gradient is required for a root with more than one "
+                                    "element (root shape (2, 2))"));
   }
   backward(y, ops::full({2, 2}, 0.5));
   expect_equal({.actual = a.grad(), .expected = {1, 1, 1, 1}});
@@ -76,8 +77,8 @@ TEST(EngineTest, RetainGraphAllowsSecondBackward) {
   Tensor y = sum(exp(a));
   backward(y, Tensor(), /*retain_graph=*/true);
   backward(y);
-  expect_close({.actual = a.grad(), .expected = {2 * 1.0, 2 * std::exp(1.0)},
-                .tol = {.atol = 1e-5}});
+  expect_close(
+      {.actual = a.grad(), .expected = {2 * 1.0, 2 * std::exp(1.0)}, .tol = {.atol = 1e-5}});
 }
 
 TEST(EngineTest, NoGradRecordsNothing) {

@@ -61,18 +61,28 @@ std::optional<Sample> sample_for(OpId op) {
   const Tensor x23 = leaf({2, 3}, 11);
   const Tensor positive = leaf({2, 3}, 12, 0.5, 2.0);
   switch (op) {
-    case OpId::view: return Sample{{x23}, {ints({3, 2})}};
-    case OpId::reshape: return Sample{{x23}, {ints({6})}};
-    case OpId::transpose: return Sample{{x23}, {int64_t{0}, int64_t{1}}};
-    case OpId::permute: return Sample{{leaf({2, 3, 4}, 13)}, {ints({2, 0, 1})}};
-    case OpId::narrow: return Sample{{leaf({4, 3}, 14)}, {int64_t{0}, int64_t{1}, int64_t{2}}};
+    case OpId::view:
+      return Sample{{x23}, {ints({3, 2})}};
+    case OpId::reshape:
+      return Sample{{x23}, {ints({6})}};
+    case OpId::transpose:
+      return Sample{{x23}, {int64_t{0}, int64_t{1}}};
+    case OpId::permute:
+      return Sample{{leaf({2, 3, 4}, 13)}, {ints({2, 0, 1})}};
+    case OpId::narrow:
+      return Sample{{leaf({4, 3}, 14)}, {int64_t{0}, int64_t{1}, int64_t{2}}};
     case OpId::slice:
       return Sample{{leaf({5, 3}, 15)}, {int64_t{0}, int64_t{0}, int64_t{5}, int64_t{2}}};
-    case OpId::expand: return Sample{{leaf({3, 1}, 16)}, {ints({2, 3, 4})}};
-    case OpId::unsqueeze: return Sample{{x23}, {int64_t{1}}};
-    case OpId::squeeze: return Sample{{leaf({2, 1, 3}, 17)}, {int64_t{1}}};
-    case OpId::copy_: return Sample{{plain({2, 3}, 18), x23}, {}};
-    case OpId::clone: return Sample{{x23}, {}};
+    case OpId::expand:
+      return Sample{{leaf({3, 1}, 16)}, {ints({2, 3, 4})}};
+    case OpId::unsqueeze:
+      return Sample{{x23}, {int64_t{1}}};
+    case OpId::squeeze:
+      return Sample{{leaf({2, 1, 3}, 17)}, {int64_t{1}}};
+    case OpId::copy_:
+      return Sample{{plain({2, 3}, 18), x23}, {}};
+    case OpId::clone:
+      return Sample{{x23}, {}};
     case OpId::to_dtype: {
       // k/8 in [-1, 1]: exact in bf16, and so are x +- eps with eps = 1/8.
       Tensor grid = ops::div(ops::sub(ops::arange(6, kFloat32), 3.0), 8.0);
@@ -80,52 +90,75 @@ std::optional<Sample> sample_for(OpId op) {
       return Sample{{ops::reshape(grid, {2, 3})}, {kBFloat16}, {.eps = 0.125}};
     }
     case OpId::to_device:
-      return Sample{{x23}, {int64_t{static_cast<int64_t>(DeviceType::kCUDA)}, int64_t{0}}, {},
+      return Sample{{x23},
+                    {int64_t{static_cast<int64_t>(DeviceType::kCUDA)}, int64_t{0}},
+                    {},
                     "a copy between devices needs a GPU (cuda_*_test runs it on one)"};
-    case OpId::cat: return Sample{{x23, leaf({1, 3}, 19)}, {int64_t{0}}};
-    case OpId::match_layout: return Sample{{x23, plain({2, 3}, 20)}, {}};
+    case OpId::cat:
+      return Sample{{x23, leaf({1, 3}, 19)}, {int64_t{0}}};
+    case OpId::match_layout:
+      return Sample{{x23, plain({2, 3}, 20)}, {}};
     case OpId::zeros_like:
-    case OpId::ones_like: return Sample{{x23}, {}};
-    case OpId::fill_: return Sample{{leaf({2, 3}, 21)}, {0.5}};  // in place, below autograd
+    case OpId::ones_like:
+      return Sample{{x23}, {}};
+    case OpId::fill_:
+      return Sample{{leaf({2, 3}, 21)}, {0.5}};  // in place, below autograd
     case OpId::add:
     case OpId::sub:
-    case OpId::mul: return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 23)}, {}};
-    case OpId::div: return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 24, 0.5, 1.5)}, {}};
-    case OpId::maximum: return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 25)}, {}};
+    case OpId::mul:
+      return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 23)}, {}};
+    case OpId::div:
+      return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 24, 0.5, 1.5)}, {}};
+    case OpId::maximum:
+      return Sample{{leaf({3, 1, 4}, 22), leaf({2, 4}, 25)}, {}};
     case OpId::eq:
-    case OpId::gt: return Sample{{x23, leaf({2, 3}, 26)}, {}};
+    case OpId::gt:
+      return Sample{{x23, leaf({2, 3}, 26)}, {}};
     case OpId::add_scalar:
     case OpId::sub_scalar:
     case OpId::rsub_scalar:
     case OpId::mul_scalar:
-    case OpId::div_scalar: return Sample{{x23}, {-1.5}};
+    case OpId::div_scalar:
+      return Sample{{x23}, {-1.5}};
     case OpId::neg:
     case OpId::exp:
     case OpId::tanh:
-    case OpId::gelu: return Sample{{x23}, {}};
+    case OpId::gelu:
+      return Sample{{x23}, {}};
     case OpId::abs:
-    case OpId::relu: return Sample{{away_from_zero()}, {}};
+    case OpId::relu:
+      return Sample{{away_from_zero()}, {}};
     case OpId::log:
     case OpId::sqrt:
-    case OpId::rsqrt: return Sample{{positive}, {}};
-    case OpId::pow: return Sample{{positive}, {-0.5}};
-    case OpId::gelu_backward: return Sample{{x23, leaf({2, 3}, 27)}, {}};
+    case OpId::rsqrt:
+      return Sample{{positive}, {}};
+    case OpId::pow:
+      return Sample{{positive}, {-0.5}};
+    case OpId::gelu_backward:
+      return Sample{{x23, leaf({2, 3}, 27)}, {}};
     case OpId::where:
       return Sample{{ops::from_vector({1, 0, 0, 1, 0, 1}, {2, 3}), x23, leaf({3}, 28)}, {}};
     case OpId::masked_fill:
       return Sample{{x23, ops::from_vector({1, 0, 0, 1, 0, 1}, {2, 3})}, {-2.0}};
-    case OpId::add_: return Sample{{plain({2, 3}, 29), x23}, {}};
-    case OpId::sum: return Sample{{leaf({2, 3, 4}, 30)}, {ints({1}), false}};
-    case OpId::mean: return Sample{{leaf({2, 3, 4}, 31)}, {ints({0, 2}), true}};
-    case OpId::max_dim: return Sample{{x23}, {int64_t{1}, false}};
+    case OpId::add_:
+      return Sample{{plain({2, 3}, 29), x23}, {}};
+    case OpId::sum:
+      return Sample{{leaf({2, 3, 4}, 30)}, {ints({1}), false}};
+    case OpId::mean:
+      return Sample{{leaf({2, 3, 4}, 31)}, {ints({0, 2}), true}};
+    case OpId::max_dim:
+      return Sample{{x23}, {int64_t{1}, false}};
     case OpId::max_dim_backward:
       return Sample{{leaf({2}, 32), indices({0, 2}, {2})}, {ints({2, 3}), int64_t{1}, false}};
-    case OpId::matmul: return Sample{{leaf({2, 2, 3}, 33), leaf({3, 4}, 34)}, {}};
-    case OpId::linear: return Sample{{leaf({2, 2, 3}, 35), leaf({4, 3}, 36), leaf({4}, 37)}, {}};
+    case OpId::matmul:
+      return Sample{{leaf({2, 2, 3}, 33), leaf({3, 4}, 34)}, {}};
+    case OpId::linear:
+      return Sample{{leaf({2, 2, 3}, 35), leaf({4, 3}, 36), leaf({4}, 37)}, {}};
     case OpId::slice_backward:
       return Sample{{x23}, {ints({5, 3}), int64_t{0}, int64_t{1}, int64_t{5}, int64_t{2}}};
     case OpId::softmax:
-    case OpId::log_softmax: return Sample{{leaf({3, 5}, 38, -2.0, 2.0)}, {int64_t{1}}};
+    case OpId::log_softmax:
+      return Sample{{leaf({3, 5}, 38, -2.0, 2.0)}, {int64_t{1}}};
     case OpId::softmax_backward:
     case OpId::log_softmax_backward:
       return Sample{{x23, ops::softmax(plain({2, 3}, 39), 1)}, {int64_t{1}}};
@@ -137,7 +170,8 @@ std::optional<Sample> sample_for(OpId op) {
       const ops::LayerNormResult r = ops::layer_norm(ops::alias(x), {4}, ops::alias(w), {}, 1e-5);
       return Sample{{leaf({2, 4}, 45), x, r.mean, r.rstd, w}, {ints({4})}};
     }
-    case OpId::embedding: return Sample{{leaf({5, 3}, 46), indices({4, 0, 4, 2}, {2, 2})}, {}};
+    case OpId::embedding:
+      return Sample{{leaf({5, 3}, 46), indices({4, 0, 4, 2}, {2, 2})}, {}};
     case OpId::embedding_backward:
       return Sample{{leaf({2, 3}, 47), indices({4, 0}, {2})}, {int64_t{5}}};
     case OpId::cross_entropy:
@@ -154,7 +188,8 @@ std::optional<Sample> sample_for(OpId op) {
           ops::scaled_dot_product_attention(ops::alias(q), ops::alias(q), ops::alias(q), true);
       return Sample{{leaf({1, 3, 4}, 55), q, q, q, r.out, r.logsumexp}, {true, 0.0}};
     }
-    case OpId::dropout: return Sample{{leaf({4, 5}, 56)}, {0.5, int64_t{77}, true}};
+    case OpId::dropout:
+      return Sample{{leaf({4, 5}, 56)}, {0.5, int64_t{77}, true}};
     case OpId::dropout_backward:
       return Sample{{x23, ops::dropout(plain({2, 3}, 57), 0.5, 78).mask}, {0.5}};
   }
@@ -188,8 +223,8 @@ TEST(EveryOpRecordsTest, DifferentiableOpsRecordAndPassGradcheck) {
     ASSERT_NE(out.grad_fn(), nullptr) << "the op did not record";
     EXPECT_TRUE(out.requires_grad());
     const auto result = autograd::gradcheck(
-        [&](const std::vector<Tensor>& in) { return ops::to(run(in), kFloat32); },
-        sample->inputs, sample->options);
+        [&](const std::vector<Tensor>& in) { return ops::to(run(in), kFloat32); }, sample->inputs,
+        sample->options);
     EXPECT_TRUE(result.ok) << result.message << " (max abs error " << result.max_abs_error << ")";
   }
 }

@@ -14,8 +14,8 @@
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::expect_equal;
+using ::testing::HasSubstr;
 
 // y = x^3 with a hand-written backward that saves its input.
 class Cube : public autograd::Function {
@@ -61,8 +61,12 @@ TEST(FunctionTest, CustomFunctionPassesGradcheck) {
 
 class WrongArity : public autograd::Function {
  public:
-  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override { return {ops::clone(inputs[0])}; }
-  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override { return {grads[0], grads[0]}; }
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+    return {ops::clone(inputs[0])};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return {grads[0], grads[0]};
+  }
   std::string name() const override { return "WrongArity"; }
 };
 

@@ -10,47 +10,64 @@
 namespace loom {
 namespace {
 
-using testing::passes_gradcheck;
 using testing::leaf;
+using testing::passes_gradcheck;
 
 TEST(GradcheckNnTest, SoftmaxAndLogSoftmax) {
   const auto a = leaf({3, 5}, 1, -2.0, 2.0);
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return softmax(x[0], -1); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return softmax(x[0], 0); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return log_softmax(x[0], 1); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return log_softmax(transpose(x[0], 0, 1), 1); }, {a}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return log_softmax(transpose(x[0], 0, 1), 1); }, {a}));
 }
 
 TEST(GradcheckNnTest, LayerNormWithAndWithoutAffine) {
   const auto x = leaf({2, 3, 6}, 2, -2.0, 2.0);
   const auto w = leaf({6}, 3, 0.5, 1.5), b = leaf({6}, 4);
-  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return layer_norm(in[0], {6}, in[1], in[2]); }, {x, w, b}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return layer_norm(in[0], {3, 6}, Tensor(), Tensor()); }, {x}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return layer_norm(in[0], {6}, in[1], in[2]); },
+                               {x, w, b}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& in) {
+        return layer_norm(in[0], {3, 6}, Tensor(), Tensor());
+      },
+      {x}));
 }
 
 TEST(GradcheckNnTest, EmbeddingWithRepeatedIndices) {
   const auto table = leaf({5, 3}, 5);
   const Tensor indices = ops::from_vector_i64({4, 0, 4, 2, 4, 1}, {2, 3});
-  EXPECT_TRUE(passes_gradcheck([indices](const auto& in) { return tanh(embedding(in[0], indices)); }, {table}));
+  EXPECT_TRUE(passes_gradcheck(
+      [indices](const auto& in) { return tanh(embedding(in[0], indices)); }, {table}));
 }
 
 TEST(GradcheckNnTest, CrossEntropyWithIgnoredTargets) {
   const auto logits = leaf({4, 6}, 6, -2.0, 2.0);
   const Tensor targets = ops::from_vector_i64({5, -100, 0, 3}, {4});
-  EXPECT_TRUE(passes_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets); }, {logits}));
-  EXPECT_TRUE(passes_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kSum); }, {logits}));
-  EXPECT_TRUE(passes_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kNone); }, {logits}));
+  EXPECT_TRUE(passes_gradcheck([targets](const auto& in) { return cross_entropy(in[0], targets); },
+                               {logits}));
+  EXPECT_TRUE(passes_gradcheck(
+      [targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kSum); },
+      {logits}));
+  EXPECT_TRUE(passes_gradcheck(
+      [targets](const auto& in) { return cross_entropy(in[0], targets, -100, Reduction::kNone); },
+      {logits}));
 }
 
 TEST(GradcheckNnTest, CausalAndFullAttention) {
   const auto q = leaf({2, 2, 5, 4}, 7), k = leaf({2, 2, 5, 4}, 8), v = leaf({2, 2, 5, 4}, 9);
-  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); }, {q, k, v}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], false, 0.3); }, {q, k, v}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); },
+      {q, k, v}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], false, 0.3); },
+      {q, k, v}));
 }
 
 TEST(GradcheckNnTest, DropoutScalesKeptElements) {
   const auto x = leaf({4, 8}, 10);
-  EXPECT_TRUE(passes_gradcheck([](const auto& in) { return dropout(in[0], 0.25, /*seed=*/99); }, {x}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& in) { return dropout(in[0], 0.25, /*seed=*/99); }, {x}));
 }
 
 }  // namespace

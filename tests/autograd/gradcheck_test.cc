@@ -15,8 +15,8 @@ namespace loom {
 namespace {
 
 using testing::expect_equal;
-using testing::passes_gradcheck;
 using testing::leaf;
+using testing::passes_gradcheck;
 
 TEST(GradcheckTest, BinaryOpsWithBroadcasting) {
   // (3, 1, 4) op (2, 4): both operands broadcast.
@@ -59,41 +59,65 @@ TEST(GradcheckTest, SelectionOps) {
   const auto a = leaf({3, 4}, 6), b = leaf({4}, 7);
   const Tensor cond = ops::from_vector({1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0, 0}, {3, 4});
   EXPECT_TRUE(passes_gradcheck([cond](const auto& x) { return where(cond, x[0], x[1]); }, {a, b}));
-  EXPECT_TRUE(passes_gradcheck([cond](const auto& x) { return masked_fill(x[0], cond, -2.0); }, {a}));
+  EXPECT_TRUE(
+      passes_gradcheck([cond](const auto& x) { return masked_fill(x[0], cond, -2.0); }, {a}));
 }
 
 TEST(GradcheckTest, ViewsOnNonContiguousInputs) {
   const auto a = leaf({4, 6}, 8);
   // Each function starts from a transposed (non-contiguous) view of its input.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(reshape(transpose(x[0], 0, 1), {3, 8}), 2.0); }, {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        return mul(reshape(transpose(x[0], 0, 1), {3, 8}), 2.0);
+      },
+      {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(view(x[0], {2, 12})); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(permute(reshape(x[0], {2, 3, 4}), {2, 0, 1})); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(narrow(transpose(x[0], 0, 1), 0, 1, 3)); }, {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        return tanh(permute(reshape(x[0], {2, 3, 4}), {2, 0, 1}));
+      },
+      {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) { return exp(narrow(transpose(x[0], 0, 1), 0, 1, 3)); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(slice(x[0], 1, 1, 6, 2)); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return mul(expand(unsqueeze(x[0], 0), {3, 4, 6}), 1.5); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(squeeze(unsqueeze(x[0], 1), 1)); }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(contiguous(transpose(x[0], 0, 1))); }, {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        return mul(expand(unsqueeze(x[0], 0), {3, 4, 6}), 1.5);
+      },
+      {a}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return exp(squeeze(unsqueeze(x[0], 1), 1)); }, {a}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return exp(contiguous(transpose(x[0], 0, 1))); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(clone(x[0])); }, {a}));
 }
 
 TEST(GradcheckTest, SplittingAndJoining) {
   const auto a = leaf({5, 3}, 9), b = leaf({2, 3}, 10);
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
-    auto pieces = chunk(x[0], 2, 0);  // uneven: 3 + 2 rows
-    return add(mul(pieces[0], 2.0), sum(exp(pieces[1]), {0}, true));
-  }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
-    auto pieces = split(x[0], 2, 0);  // 2 + 2 + 1 rows
-    return mul(pieces[2], sum(pieces[0]));
-  }, {a}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
-    const std::vector<Tensor> parts{x[0], exp(x[1])};
-    return cat(parts, 0);
-  }, {a, b}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) {
-    const std::vector<Tensor> parts{x[0], mul(x[0], x[0])};
-    return stack(parts, 1);
-  }, {b}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        auto pieces = chunk(x[0], 2, 0);  // uneven: 3 + 2 rows
+        return add(mul(pieces[0], 2.0), sum(exp(pieces[1]), {0}, true));
+      },
+      {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        auto pieces = split(x[0], 2, 0);  // 2 + 2 + 1 rows
+        return mul(pieces[2], sum(pieces[0]));
+      },
+      {a}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        const std::vector<Tensor> parts{x[0], exp(x[1])};
+        return cat(parts, 0);
+      },
+      {a, b}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        const std::vector<Tensor> parts{x[0], mul(x[0], x[0])};
+        return stack(parts, 1);
+      },
+      {b}));
 }
 
 TEST(GradcheckTest, Reductions) {
@@ -110,31 +134,40 @@ TEST(GradcheckTest, Reductions) {
   Tensor distinct = ops::from_vector(spaced, {2, 3, 4});
   distinct.set_requires_grad(true);
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return max(x[0], 1).first; }, {distinct}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return max(x[0], -1, true).first; }, {distinct}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return max(x[0], -1, true).first; }, {distinct}));
 }
 
 TEST(GradcheckTest, Matmul) {
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 12), leaf({4, 5}, 13)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({3, 4}, 12), leaf({4, 5}, 13)}));
   // Transposed operands reach the GEMM as flags; their gradients must still land right.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
-                   {leaf({4, 3}, 14), leaf({5, 4}, 15)}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) { return matmul(transpose(x[0], 0, 1), transpose(x[1], 0, 1)); },
+      {leaf({4, 3}, 14), leaf({5, 4}, 15)}));
   // Batched with a broadcast batch dim.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({2, 1, 3, 4}, 16), leaf({5, 4, 2}, 17)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({2, 1, 3, 4}, 16), leaf({5, 4, 2}, 17)}));
   // 1-D operands.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({4}, 18), leaf({4, 3}, 19)}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 20), leaf({4}, 21)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({4}, 18), leaf({4, 3}, 19)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({3, 4}, 20), leaf({4}, 21)}));
   // Only one operand requiring grad.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); }, {leaf({3, 4}, 22), ops::uniform({4, 2}, 23)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({3, 4}, 22), ops::uniform({4, 2}, 23)}));
 }
 
 TEST(GradcheckTest, Linear) {
   // One node for input @ weight^T + bias: all three gradients, batch dims flattened into rows.
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(x[0], x[1], x[2]); },
                                {leaf({2, 3, 4}, 40), leaf({5, 4}, 41), leaf({5}, 42)}));
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(x[0], x[1]); }, {leaf({3, 4}, 43), leaf({2, 4}, 44)}));
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(x[0], x[1]); },
+                               {leaf({3, 4}, 43), leaf({2, 4}, 44)}));
   // Only the weight requires grad; a transposed (non-contiguous) input.
-  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return linear(transpose(x[1], 0, 1), x[0], x[2]); },
-                               {leaf({2, 4}, 45), ops::uniform({4, 3}, 46), ops::uniform({2}, 47)}));
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return linear(transpose(x[1], 0, 1), x[0], x[2]); },
+                       {leaf({2, 4}, 45), ops::uniform({4, 3}, 46), ops::uniform({2}, 47)}));
 }
 
 TEST(GradcheckTest, DtypeConversionPassesGradientBackInOriginalDtype) {

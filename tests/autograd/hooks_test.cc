@@ -13,14 +13,15 @@ namespace loom {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using testing::expect_equal;
+using ::testing::HasSubstr;
 
 TEST(HooksTest, PostAccumulateHooksFireDuringBackwardInReadinessOrder) {
   // A three-layer chain x -> w0 -> w1 -> w2 -> loss. The last layer's gradient is ready
   // first; each hook must fire before the earlier layers' backward has run, which we observe
   // through a tensor hook on the activation that feeds the layer.
-  Tensor w0 = testing::leaf({4, 4}, 1), w1 = testing::leaf({4, 4}, 2), w2 = testing::leaf({4, 4}, 3);
+  Tensor w0 = testing::leaf({4, 4}, 1), w1 = testing::leaf({4, 4}, 2),
+         w2 = testing::leaf({4, 4}, 3);
   Tensor x = ops::uniform({2, 4}, 4);
   std::vector<std::string> events;
   autograd::register_post_accumulate_grad_hook(w0, [&](const Tensor&) { events.push_back("w0"); });

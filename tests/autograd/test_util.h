@@ -20,11 +20,13 @@ inline Tensor leaf(const Shape& shape, uint64_t seed, double low = -1.0, double 
 
 // Expects autograd::gradcheck (default tolerances) to accept `fn`'s gradients at `inputs`.
 // EXPECT_TRUE(passes_gradcheck(fn, inputs)) reports the first mismatch on failure.
-inline ::testing::AssertionResult passes_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                                                   const std::vector<Tensor>& inputs) {
+inline ::testing::AssertionResult passes_gradcheck(
+    const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+    const std::vector<Tensor>& inputs) {
   const auto result = autograd::gradcheck(fn, inputs);
   if (result.ok) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << result.message << " (max abs error " << result.max_abs_error << ")";
+  return ::testing::AssertionFailure()
+         << result.message << " (max abs error " << result.max_abs_error << ")";
 }
 
 }  // namespace loom::testing

@@ -15,13 +15,13 @@
 namespace loom::comm {
 namespace {
 
+using loom::testing::expect_equal;
+using loom::testing::rounded_to;
 using test::all_reduce_ops;
 using test::input_value;
 using test::make_tensor;
 using test::reduce_expected;
 using testing::run_on_ranks;
-using loom::testing::expect_equal;
-using loom::testing::rounded_to;
 
 // Element i of rank `src`'s message for rank `dst` in the data-movement tests.
 double message_value(int src, int dst, int64_t i) { return src * 100 + dst * 10 + (i % 10); }
@@ -53,7 +53,8 @@ TEST_P(CollectivesTest, AllReduceEveryOpEvenAndUneven) {
           for (int r = 0; r < world; ++r) per_rank.push_back(input_value(op, r, slot, i));
           expected[i] = reduce_expected(dtype, op, per_rank);
         }
-        expect_equal({.actual = t, .expected = rounded_to(t.dtype(), expected),
+        expect_equal({.actual = t,
+                      .expected = rounded_to(t.dtype(), expected),
                       .what = fmt::format("all_reduce {} of {} elements", reduce_op_name(op), n)});
       }
     }
@@ -68,7 +69,8 @@ TEST_P(CollectivesTest, BroadcastFromEveryRoot) {
       pg.broadcast(t, root)->wait();
       std::vector<double> expected(7);
       for (int64_t i = 0; i < 7; ++i) expected[i] = message_value(root, 0, i);
-      expect_equal({.actual = t, .expected = rounded_to(t.dtype(), expected),
+      expect_equal({.actual = t,
+                    .expected = rounded_to(t.dtype(), expected),
                     .what = fmt::format("broadcast from {}", root)});
     }
   });
@@ -86,7 +88,8 @@ TEST_P(CollectivesTest, AllGatherUnevenAndIntoTensor) {
     for (int r = 0; r < world; ++r) {
       std::vector<double> expected(uneven(r));
       for (int64_t i = 0; i < uneven(r); ++i) expected[i] = message_value(r, 0, i);
-      expect_equal({.actual = outputs[r], .expected = rounded_to(outputs[r].dtype(), expected),
+      expect_equal({.actual = outputs[r],
+                    .expected = rounded_to(outputs[r].dtype(), expected),
                     .what = fmt::format("all_gather piece of rank {}", r)});
     }
     // Even: one output tensor of world * 5 elements.
@@ -97,7 +100,8 @@ TEST_P(CollectivesTest, AllGatherUnevenAndIntoTensor) {
     for (int r = 0; r < world; ++r) {
       for (int64_t i = 0; i < 5; ++i) expected.push_back(message_value(r, 1, i));
     }
-    expect_equal({.actual = gathered, .expected = rounded_to(gathered.dtype(), expected),
+    expect_equal({.actual = gathered,
+                  .expected = rounded_to(gathered.dtype(), expected),
                   .what = "all_gather_into_tensor"});
   });
 }
@@ -125,7 +129,8 @@ TEST_P(CollectivesTest, ReduceScatterUnevenAndEvenEveryOp) {
         for (int r = 0; r < world; ++r) per_rank.push_back(input_value(op, r, slot * 10 + me, i));
         expected[i] = reduce_expected(dtype, op, per_rank);
       }
-      expect_equal({.actual = output, .expected = rounded_to(output.dtype(), expected),
+      expect_equal({.actual = output,
+                    .expected = rounded_to(output.dtype(), expected),
                     .what = fmt::format("reduce_scatter {} (uneven)", reduce_op_name(op))});
 
       // Even: a (world * 4) input, chunk j goes to rank j.
@@ -140,7 +145,8 @@ TEST_P(CollectivesTest, ReduceScatterUnevenAndEvenEveryOp) {
           per_rank.push_back(input_value(op, r, slot + 50, me * 4 + i));
         expected_chunk[i] = reduce_expected(dtype, op, per_rank);
       }
-      expect_equal({.actual = chunk, .expected = rounded_to(chunk.dtype(), expected_chunk),
+      expect_equal({.actual = chunk,
+                    .expected = rounded_to(chunk.dtype(), expected_chunk),
                     .what = fmt::format("reduce_scatter_tensor {} (even)", reduce_op_name(op))});
     }
   });
@@ -190,7 +196,8 @@ TEST_P(CollectivesTest, GatherAndScatterUnevenEveryRoot) {
       for (int r = 0; r < static_cast<int>(outputs.size()); ++r) {
         std::vector<double> expected(uneven(r));
         for (int64_t i = 0; i < uneven(r); ++i) expected[i] = message_value(r, root, i);
-        expect_equal({.actual = outputs[r], .expected = rounded_to(outputs[r].dtype(), expected),
+        expect_equal({.actual = outputs[r],
+                      .expected = rounded_to(outputs[r].dtype(), expected),
                       .what = fmt::format("gather to {} from {}", root, r)});
       }
 
@@ -205,7 +212,8 @@ TEST_P(CollectivesTest, GatherAndScatterUnevenEveryRoot) {
       pg.scatter(output, pieces, root)->wait();
       std::vector<double> expected(uneven(me));
       for (int64_t i = 0; i < uneven(me); ++i) expected[i] = message_value(root, me, i);
-      expect_equal({.actual = output, .expected = rounded_to(output.dtype(), expected),
+      expect_equal({.actual = output,
+                    .expected = rounded_to(output.dtype(), expected),
                     .what = fmt::format("scatter from {}", root)});
     }
     pg.barrier()->wait();
@@ -264,10 +272,10 @@ TEST(CollectivesInPlaceTest, ChunkViewsOfTheOtherBuffer) {
     Tensor chunk = ops::narrow(input, 0, me * 2, 2);
     pg.reduce_scatter_tensor(chunk, input)->wait();
     const double base = 0 + 100 + 200;
-    expect_equal({.actual = chunk,
-                  .expected = rounded_to(chunk.dtype(),
-                                         {base + 3 * (me * 2), base + 3 * (me * 2 + 1)}),
-                  .what = "in-place reduce_scatter_tensor"});
+    expect_equal(
+        {.actual = chunk,
+         .expected = rounded_to(chunk.dtype(), {base + 3 * (me * 2), base + 3 * (me * 2 + 1)}),
+         .what = "in-place reduce_scatter_tensor"});
   });
 }
 

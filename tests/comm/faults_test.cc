@@ -21,9 +21,9 @@ namespace loom::comm {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::intercept_failures;
 using testing::MultiRankOptions;
 using ::testing::Not;
-using testing::intercept_failures;
 using testing::run_on_ranks;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;

@@ -29,7 +29,8 @@ constexpr Duration kLong = std::chrono::seconds(20);
 std::string fresh_path(const std::string& stem) {
   static std::atomic<int> counter{0};
   const char* dir = std::getenv("TEST_TMPDIR");
-  return fmt::format("{}/{}-{}-{}", dir != nullptr ? dir : "/tmp", stem, ::getpid(), counter.fetch_add(1));
+  return fmt::format("{}/{}-{}-{}", dir != nullptr ? dir : "/tmp", stem, ::getpid(),
+                     counter.fetch_add(1));
 }
 
 bool exists(const std::string& path) {
@@ -41,7 +42,9 @@ class FileStoreHarness : public StoreHarness {
  public:
   FileStoreHarness() : path_(fresh_path("conformance")) {}
   ~FileStoreHarness() override { std::remove(path_.c_str()); }
-  std::shared_ptr<Store> make_client() override { return std::make_shared<FileStore>(path_, -1, kLong); }
+  std::shared_ptr<Store> make_client() override {
+    return std::make_shared<FileStore>(path_, -1, kLong);
+  }
 
  private:
   std::string path_;
@@ -150,7 +153,8 @@ TEST(FileStoreTest, ATornRecordAtTheEndIsIgnoredThenTruncated) {
   EXPECT_EQ(store.get_string("whole"), "kept");
   EXPECT_FALSE(store.check({"abcde"}));
   store.set("next", "written");  // the writer drops the torn bytes first
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("dropping an incomplete record of 15 bytes"));
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
+              HasSubstr("dropping an incomplete record of 15 bytes"));
   FileStore reader(path);
   EXPECT_EQ(reader.get_string("next"), "written");
   EXPECT_EQ(reader.get_string("whole"), "kept");
@@ -159,17 +163,18 @@ TEST(FileStoreTest, ATornRecordAtTheEndIsIgnoredThenTruncated) {
 
 TEST(FileStoreTest, ErrorsNameThePath) {
   EXPECT_THAT([] { FileStore("/nonexistent-dir/loom/store"); },
-              ::testing::ThrowsMessage<Error>(
-                  HasSubstr("cannot open '/nonexistent-dir/loom/store': No such file or directory")));
+              ::testing::ThrowsMessage<Error>(HasSubstr(
+                  "cannot open '/nonexistent-dir/loom/store': No such file or directory")));
   const std::string path = fresh_path("foreign");
   { std::ofstream(path) << "not a store file"; }
-  EXPECT_THAT([&] { FileStore{path}; },
-              ::testing::ThrowsMessage<Error>(HasSubstr("'" + path + "' exists and is not a FileStore file")));
+  EXPECT_THAT([&] { FileStore{path}; }, ::testing::ThrowsMessage<Error>(HasSubstr(
+                                            "'" + path + "' exists and is not a FileStore file")));
   std::remove(path.c_str());
   FileStore store(fresh_path("timeout"), -1, 200ms);
-  EXPECT_THAT([&] { store.get("absent"); },
-              ::testing::ThrowsMessage<Error>(HasSubstr(fmt::format("on '{}': key 'absent' was not set within the "
-                                                                    "timeout of 200 ms", store.path()))));
+  EXPECT_THAT([&] { store.get("absent"); }, ::testing::ThrowsMessage<Error>(HasSubstr(fmt::format(
+                                                "on '{}': key 'absent' was not set within the "
+                                                "timeout of 200 ms",
+                                                store.path()))));
   std::remove(store.path().c_str());
 }
 

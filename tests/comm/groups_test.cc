@@ -17,10 +17,10 @@
 namespace loom::comm {
 namespace {
 
-using test::make_tensor;
-using testing::run_on_ranks;
 using loom::testing::expect_equal;
 using loom::testing::rounded_to;
+using test::make_tensor;
+using testing::run_on_ranks;
 using namespace std::chrono_literals;
 
 ProcessGroupOptions sub_options(const ProcessGroup& parent, std::string name) {
@@ -43,7 +43,8 @@ TEST(GroupsTest, SubgroupsOfFourWithCollectivesInside) {
     Tensor t = make_tensor(kFloat32, 3, [&](int64_t i) { return pg.rank() + i; });
     mine.all_reduce(t)->wait();
     const double base = is_even ? 0 + 2 : 1 + 3;
-    expect_equal({.actual = t, .expected = rounded_to(t.dtype(), {base, base + 2, base + 4}),
+    expect_equal({.actual = t,
+                  .expected = rounded_to(t.dtype(), {base, base + 2, base + 4}),
                   .what = "subgroup all_reduce"});
 
     std::vector<Tensor> gathered = {ops::zeros({1}), ops::zeros({1})};
@@ -58,8 +59,8 @@ TEST(GroupsTest, SubgroupsOfFourWithCollectivesInside) {
     // The parent group still works, interleaved with the subgroups.
     Tensor all = ops::ones({1});
     pg.all_reduce(all)->wait();
-    expect_equal({.actual = all, .expected = rounded_to(all.dtype(), {4.0}),
-                  .what = "parent all_reduce"});
+    expect_equal(
+        {.actual = all, .expected = rounded_to(all.dtype(), {4.0}), .what = "parent all_reduce"});
   });
 }
 
@@ -82,7 +83,8 @@ TEST(GroupsTest, GroupsOfOneAndNestedGroups) {
                   .what = "solo all_reduce"});
     std::vector<Tensor> one = {ops::zeros({2})};
     alone->all_gather(one, ops::full({2}, 5))->wait();
-    expect_equal({.actual = one[0], .expected = rounded_to(one[0].dtype(), {5, 5}),
+    expect_equal({.actual = one[0],
+                  .expected = rounded_to(one[0].dtype(), {5, 5}),
                   .what = "solo all_gather"});
     alone->barrier()->wait();
 
@@ -94,8 +96,8 @@ TEST(GroupsTest, GroupsOfOneAndNestedGroups) {
     EXPECT_EQ(outer->global_ranks(), (std::vector<int>{1, 3}));
     Tensor x = ops::full({2}, pg.rank(), kInt64);
     outer->all_reduce(x, ReduceOp::kMax)->wait();
-    expect_equal({.actual = x, .expected = rounded_to(x.dtype(), {3, 3}),
-                  .what = "nested all_reduce"});
+    expect_equal(
+        {.actual = x, .expected = rounded_to(x.dtype(), {3, 3}), .what = "nested all_reduce"});
   });
 }
 
@@ -154,10 +156,12 @@ TEST(GroupsTest, AsyncOperationsOverlapAndRunInIssueOrder) {
     for (int k = 0; k < 8; ++k) {
       std::vector<double> expected(1000);
       for (int64_t i = 0; i < 1000; ++i) expected[i] = 0 + 1 + 2 + 3 + 4 * (k + (i % 5));
-      expect_equal({.actual = tensors[k], .expected = rounded_to(tensors[k].dtype(), expected),
+      expect_equal({.actual = tensors[k],
+                    .expected = rounded_to(tensors[k].dtype(), expected),
                     .what = fmt::format("all_reduce {}", k)});
     }
-    expect_equal({.actual = chained, .expected = rounded_to(chained.dtype(), {1e4, 1e4, 1e4}),
+    expect_equal({.actual = chained,
+                  .expected = rounded_to(chained.dtype(), {1e4, 1e4, 1e4}),
                   .what = "chained"});
     for (int r = 0; r < 4; ++r)
       expect_equal({.actual = gathered[r],
@@ -175,8 +179,8 @@ TEST(GroupsTest, WorkCompletesWithoutWait) {
       std::this_thread::sleep_for(1ms);
     EXPECT_TRUE(work->is_completed());
     EXPECT_EQ(work->exception(), nullptr);
-    expect_equal({.actual = t, .expected = rounded_to(t.dtype(), {2, 2, 2, 2}),
-                  .what = "all_reduce"});
+    expect_equal(
+        {.actual = t, .expected = rounded_to(t.dtype(), {2, 2, 2, 2}), .what = "all_reduce"});
     EXPECT_EQ(dynamic_cast<ProcessGroupGloo&>(pg).failure(), "");
   });
 }
@@ -185,13 +189,16 @@ TEST(GroupsTest, ATensorOffTheGroupsDeviceIsRejectedNamingBoth) {
   run_on_ranks(1, [](ProcessGroup& pg) { EXPECT_EQ(pg.device(), Device::cpu()); });
   test::OtherDeviceGroup group;
   const Tensor t = ops::ones({4});
-  const auto expect_rejected = [](const std::function<void()>& call, const std::string& op, const std::string& what) {
+  const auto expect_rejected = [](const std::function<void()>& call, const std::string& op,
+                                  const std::string& what) {
     try {
       call();
       ADD_FAILURE() << op << " accepted a CPU tensor on a cuda:0 group";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), ::testing::HasSubstr(fmt::format(
-                                "{} on group 'elsewhere': {} is on cpu but this fake group works on cuda:0", op, what)));
+      EXPECT_THAT(e.what(),
+                  ::testing::HasSubstr(fmt::format(
+                      "{} on group 'elsewhere': {} is on cpu but this fake group works on cuda:0",
+                      op, what)));
     }
   };
   expect_rejected([&] { group.all_reduce(t); }, "all_reduce", "the tensor");

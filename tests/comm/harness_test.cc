@@ -19,8 +19,8 @@ namespace loom::comm {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::MultiRankOptions;
 using testing::intercept_failures;
+using testing::MultiRankOptions;
 using testing::run_on_ranks;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;

@@ -36,8 +36,8 @@ std::string error_of(const Env& env) {
   return "";
 }
 
-void expect_env(const LaunchEnv& env, int rank, int world, int local_rank, int local_world, const std::string& addr,
-                int port, const std::string& source) {
+void expect_env(const LaunchEnv& env, int rank, int world, int local_rank, int local_world,
+                const std::string& addr, int port, const std::string& source) {
   EXPECT_EQ(env.rank, rank);
   EXPECT_EQ(env.world_size, world);
   EXPECT_EQ(env.local_rank, local_rank);
@@ -55,19 +55,21 @@ Env with(Env base, const Env& extra) {
 }
 
 TEST(LaunchEnvTest, Torchrun) {
-  const LaunchEnv env = read_launch_env(
-      from(with(kMaster, {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}})));
+  const LaunchEnv env = read_launch_env(from(
+      with(kMaster,
+           {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}})));
   expect_env(env, 5, 8, 1, 4, "10.0.0.1", 29500, "torchrun");
   EXPECT_EQ(to_string(env), "rank 5/8 (local 1/4) via torchrun, master 10.0.0.1:29500");
 }
 
 TEST(LaunchEnvTest, TorchrunWithoutLocalVariablesMeansOneNode) {
-  expect_env(read_launch_env(from(with(kMaster, {{"RANK", "2"}, {"WORLD_SIZE", "4"}}))), 2, 4, 2, 4, "10.0.0.1",
-             29500, "torchrun");
+  expect_env(read_launch_env(from(with(kMaster, {{"RANK", "2"}, {"WORLD_SIZE", "4"}}))), 2, 4, 2, 4,
+             "10.0.0.1", 29500, "torchrun");
 }
 
 TEST(LaunchEnvTest, OneProcessNeedsNoMaster) {
-  expect_env(read_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}})), 0, 1, 0, 1, "127.0.0.1", 0, "torchrun");
+  expect_env(read_launch_env(from({{"RANK", "0"}, {"WORLD_SIZE", "1"}})), 0, 1, 0, 1, "127.0.0.1",
+             0, "torchrun");
 }
 
 TEST(LaunchEnvTest, OpenMpiFallback) {
@@ -79,7 +81,9 @@ TEST(LaunchEnvTest, OpenMpiFallback) {
 }
 
 TEST(LaunchEnvTest, TorchrunAndOpenMpiAgreeing) {
-  const Env env = with(kMaster, {{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "3"},
+  const Env env = with(kMaster, {{"RANK", "3"},
+                                 {"WORLD_SIZE", "4"},
+                                 {"OMPI_COMM_WORLD_RANK", "3"},
                                  {"OMPI_COMM_WORLD_SIZE", "4"}});
   expect_env(read_launch_env(from(env)), 3, 4, 3, 4, "10.0.0.1", 29500, "torchrun");
 }
@@ -95,21 +99,31 @@ TEST(LaunchEnvTest, SlurmFallbackWithNtasksPerNode) {
 TEST(LaunchEnvTest, SlurmLocalSizeDerivedFromTasksPerNode) {
   // Nodes 0-2 run 2 tasks each, node 3 runs 1.
   const Env base = with(kMaster, {{"SLURM_NTASKS", "7"}, {"SLURM_TASKS_PER_NODE", "2(x3),1"}});
-  expect_env(read_launch_env(from(with(base, {{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"}}))),
+  expect_env(read_launch_env(from(with(
+                 base, {{"SLURM_PROCID", "6"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "3"}}))),
              6, 7, 0, 1, "10.0.0.1", 29500, "slurm");
-  expect_env(read_launch_env(from(with(base, {{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}}))),
+  expect_env(read_launch_env(from(with(
+                 base, {{"SLURM_PROCID", "3"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"}}))),
              3, 7, 1, 2, "10.0.0.1", 29500, "slurm");
-  EXPECT_THAT(error_of(with(base, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "4"}})),
-              HasSubstr("SLURM_NODEID=4 is beyond the 4 nodes of SLURM_TASKS_PER_NODE=2(x3),1"));
-  EXPECT_THAT(error_of(with(base, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"},
+  EXPECT_THAT(
+      error_of(with(base, {{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "4"}})),
+      HasSubstr("SLURM_NODEID=4 is beyond the 4 nodes of SLURM_TASKS_PER_NODE=2(x3),1"));
+  EXPECT_THAT(error_of(with(base, {{"SLURM_PROCID", "0"},
+                                   {"SLURM_LOCALID", "0"},
+                                   {"SLURM_NODEID", "0"},
                                    {"SLURM_TASKS_PER_NODE", "2(y3)"}})),
               HasSubstr("SLURM_TASKS_PER_NODE=2(y3) is not a list like '4(x2),3'"));
 }
 
 TEST(LaunchEnvTest, TorchrunTakesPrecedenceOverSlurm) {
   // srun starting one torchrun per node: workers see their node's SLURM_PROCID.
-  const Env env = with(kMaster, {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"},
-                                 {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}});
+  const Env env = with(kMaster, {{"RANK", "5"},
+                                 {"WORLD_SIZE", "8"},
+                                 {"LOCAL_RANK", "1"},
+                                 {"LOCAL_WORLD_SIZE", "4"},
+                                 {"SLURM_PROCID", "1"},
+                                 {"SLURM_NTASKS", "2"},
+                                 {"SLURM_LOCALID", "0"}});
   expect_env(read_launch_env(from(env)), 5, 8, 1, 4, "10.0.0.1", 29500, "torchrun");
 }
 
@@ -131,14 +145,17 @@ TEST(LaunchEnvTest, RankWithoutWorldSize) {
 TEST(LaunchEnvTest, WorldSizeWithoutRank) {
   EXPECT_THAT(error_of(with(kMaster, {{"WORLD_SIZE", "2"}})),
               HasSubstr("WORLD_SIZE is set but RANK is missing"));
-  EXPECT_THAT(error_of(with(kMaster, {{"OMPI_COMM_WORLD_SIZE", "2"}})),
-              HasSubstr("OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is missing (openmpi variables)"));
+  EXPECT_THAT(
+      error_of(with(kMaster, {{"OMPI_COMM_WORLD_SIZE", "2"}})),
+      HasSubstr(
+          "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is missing (openmpi variables)"));
 }
 
 TEST(LaunchEnvTest, RankNotBelowWorldSize) {
   const std::string message = error_of(with(kMaster, {{"RANK", "4"}, {"WORLD_SIZE", "4"}}));
   EXPECT_THAT(message, HasSubstr("RANK=4 is not below WORLD_SIZE=4"));
-  EXPECT_THAT(message, HasSubstr("found RANK=4, WORLD_SIZE=4, MASTER_ADDR=10.0.0.1, MASTER_PORT=29500"));
+  EXPECT_THAT(message,
+              HasSubstr("found RANK=4, WORLD_SIZE=4, MASTER_ADDR=10.0.0.1, MASTER_PORT=29500"));
   EXPECT_THAT(message, HasSubstr("need 0 <= RANK < WORLD_SIZE"));
 }
 
@@ -149,52 +166,73 @@ TEST(LaunchEnvTest, NonNumericValues) {
               HasSubstr("WORLD_SIZE=2x is not a non-negative integer"));
   EXPECT_THAT(error_of(with(kMaster, {{"RANK", "-1"}, {"WORLD_SIZE", "2"}})),
               HasSubstr("RANK=-1 is not a non-negative integer"));
-  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "http"}}),
-              HasSubstr("MASTER_PORT=http is not a non-negative integer"));
-  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), HasSubstr("WORLD_SIZE=0 is not a positive number"));
+  EXPECT_THAT(
+      error_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "http"}}),
+      HasSubstr("MASTER_PORT=http is not a non-negative integer"));
+  EXPECT_THAT(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}),
+              HasSubstr("WORLD_SIZE=0 is not a positive number"));
 }
 
 TEST(LaunchEnvTest, LocalVariables) {
   EXPECT_THAT(error_of(with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}})),
               HasSubstr("LOCAL_RANK is set but LOCAL_WORLD_SIZE is missing"));
   EXPECT_THAT(
-      error_of(with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
+      error_of(with(
+          kMaster,
+          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}})),
       HasSubstr("local rank 2 is not below the local world size 2"));
   EXPECT_THAT(
-      error_of(with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"}})),
+      error_of(with(
+          kMaster,
+          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"}})),
       HasSubstr("local world size 3 is not in 1..WORLD_SIZE=2"));
 }
 
 TEST(LaunchEnvTest, TorchrunAndOpenMpiDisagreeing) {
-  const std::string message = error_of(
-      with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}}));
-  EXPECT_THAT(message, HasSubstr("torchrun and OpenMPI variables disagree: RANK=1 but OMPI_COMM_WORLD_RANK=2"));
-  EXPECT_THAT(message, HasSubstr("found RANK=1, WORLD_SIZE=4, MASTER_ADDR=10.0.0.1, MASTER_PORT=29500, "
-                                 "OMPI_COMM_WORLD_RANK=2, OMPI_COMM_WORLD_SIZE=4"));
-  EXPECT_THAT(error_of(with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_SIZE", "8"}})),
-              HasSubstr("WORLD_SIZE=4 but OMPI_COMM_WORLD_SIZE=8"));
+  const std::string message = error_of(with(kMaster, {{"RANK", "1"},
+                                                      {"WORLD_SIZE", "4"},
+                                                      {"OMPI_COMM_WORLD_RANK", "2"},
+                                                      {"OMPI_COMM_WORLD_SIZE", "4"}}));
+  EXPECT_THAT(
+      message,
+      HasSubstr("torchrun and OpenMPI variables disagree: RANK=1 but OMPI_COMM_WORLD_RANK=2"));
+  EXPECT_THAT(message,
+              HasSubstr("found RANK=1, WORLD_SIZE=4, MASTER_ADDR=10.0.0.1, MASTER_PORT=29500, "
+                        "OMPI_COMM_WORLD_RANK=2, OMPI_COMM_WORLD_SIZE=4"));
+  EXPECT_THAT(
+      error_of(with(kMaster, {{"RANK", "1"}, {"WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_SIZE", "8"}})),
+      HasSubstr("WORLD_SIZE=4 but OMPI_COMM_WORLD_SIZE=8"));
 }
 
 TEST(LaunchEnvTest, SlurmMissingPieces) {
-  EXPECT_THAT(error_of(with(kMaster, {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}})),
-              HasSubstr("SLURM_PROCID is set but SLURM_LOCALID is missing"));
-  const std::string message = error_of(with(kMaster, {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}}));
+  EXPECT_THAT(
+      error_of(with(
+          kMaster, {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "2"}})),
+      HasSubstr("SLURM_PROCID is set but SLURM_LOCALID is missing"));
+  const std::string message = error_of(
+      with(kMaster, {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"}}));
   EXPECT_THAT(message, HasSubstr("cannot tell how many tasks run on this node"));
-  EXPECT_THAT(message, HasSubstr("need SLURM_NTASKS_PER_NODE, or SLURM_TASKS_PER_NODE with SLURM_NODEID"));
+  EXPECT_THAT(message,
+              HasSubstr("need SLURM_NTASKS_PER_NODE, or SLURM_TASKS_PER_NODE with SLURM_NODEID"));
 }
 
 TEST(LaunchEnvTest, MasterAddressAndPort) {
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}),
-              HasSubstr("MASTER_ADDR is not set (WORLD_SIZE=2 processes); found RANK=1, WORLD_SIZE=2, "
-                        "MASTER_PORT=29500; need MASTER_ADDR and MASTER_PORT"));
+  EXPECT_THAT(
+      error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}),
+      HasSubstr("MASTER_ADDR is not set (WORLD_SIZE=2 processes); found RANK=1, WORLD_SIZE=2, "
+                "MASTER_PORT=29500; need MASTER_ADDR and MASTER_PORT"));
   EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}}),
               HasSubstr("MASTER_PORT is not set (WORLD_SIZE=2 processes)"));
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}}),
-              HasSubstr("MASTER_PORT=0 cannot be found by the other ranks"));
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
-              HasSubstr("MASTER_PORT=70000 is not a TCP port"));
-  EXPECT_THAT(error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}, {"MASTER_PORT", "1"}}),
-              HasSubstr("MASTER_ADDR is empty"));
+  EXPECT_THAT(
+      error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "0"}}),
+      HasSubstr("MASTER_PORT=0 cannot be found by the other ranks"));
+  EXPECT_THAT(
+      error_of(
+          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}),
+      HasSubstr("MASTER_PORT=70000 is not a TCP port"));
+  EXPECT_THAT(
+      error_of({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}, {"MASTER_PORT", "1"}}),
+      HasSubstr("MASTER_ADDR is empty"));
 }
 
 TEST(LaunchEnvTest, RendezvousStoreForOneProcess) {
@@ -212,8 +250,10 @@ TEST(LaunchEnvTest, RendezvousStoreAcrossRanksInThreads) {
   // Highest rank first: the clients start before rank 0's server and retry.
   for (int r = kRanks - 1; r >= 0; --r) {
     ranks.emplace_back([&, r] {
-      const LaunchEnv env = read_launch_env(from(
-          {{"RANK", std::to_string(r)}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}}));
+      const LaunchEnv env = read_launch_env(from({{"RANK", std::to_string(r)},
+                                                  {"WORLD_SIZE", "3"},
+                                                  {"MASTER_ADDR", "127.0.0.1"},
+                                                  {"MASTER_PORT", port}}));
       auto store = make_rendezvous_store(env, std::chrono::seconds(20));
       store->set("rank/" + std::to_string(r), "here");
       store->wait({"rank/0", "rank/1", "rank/2"});
@@ -221,7 +261,8 @@ TEST(LaunchEnvTest, RendezvousStoreAcrossRanksInThreads) {
       store->add("done", 1);
       if (r == 0) {  // rank 0 serves: it leaves last
         store->wait({"done"});
-        while (store->get_string("done") != "3") std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        while (store->get_string("done") != "3")
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
@@ -231,7 +272,8 @@ TEST(LaunchEnvTest, RendezvousStoreAcrossRanksInThreads) {
 }
 
 TEST(LaunchEnvTest, AgentStoreFlag) {
-  const Env base = {{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+  const Env base = {
+      {"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
   EXPECT_FALSE(read_launch_env(from(base)).agent_store);
   Env agent = base;
   agent["LOOM_AGENT_STORE"] = "1";
@@ -246,8 +288,11 @@ TEST(LaunchEnvTest, AgentStoreOutlivesRankZero) {
   TcpStoreServer launcher({.bind_host = "127.0.0.1", .port = 0});
   const std::string port = std::to_string(launcher.port());
   auto env_of = [&](int rank) {
-    return read_launch_env(from({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
-                                 {"MASTER_PORT", port}, {"LOOM_AGENT_STORE", "1"}}));
+    return read_launch_env(from({{"RANK", std::to_string(rank)},
+                                 {"WORLD_SIZE", "2"},
+                                 {"MASTER_ADDR", "127.0.0.1"},
+                                 {"MASTER_PORT", port},
+                                 {"LOOM_AGENT_STORE", "1"}}));
   };
   {
     auto rank0 = make_rendezvous_store(env_of(0), std::chrono::seconds(5));
@@ -265,8 +310,9 @@ TEST(LaunchEnvTest, RendezvousStoreRejectsAnUnusableEnv) {
               ::testing::ThrowsMessage<Error>(HasSubstr("rank 2 is not in 0..1")));
   env.rank = 1;
   env.master_port = 0;
-  EXPECT_THAT([&] { make_rendezvous_store(env, std::chrono::seconds(1)); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("master_port 0 is not usable for 2 ranks")));
+  EXPECT_THAT(
+      [&] { make_rendezvous_store(env, std::chrono::seconds(1)); },
+      ::testing::ThrowsMessage<Error>(HasSubstr("master_port 0 is not usable for 2 ranks")));
 }
 
 }  // namespace

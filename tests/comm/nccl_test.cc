@@ -254,9 +254,10 @@ TEST_F(SingleRankTest, GatherScatterFamilyCopiesTheOwnPiece) {
 
 TEST_F(SingleRankTest, ATensorOnAnotherDeviceIsRejectedNamingBoth) {
   Tensor cpu = ops::ones({4});
-  EXPECT_THAT(error_message([&] { group_->all_reduce(cpu); }),
-              HasSubstr("all_reduce on group 'solo': the tensor is on cpu but this nccl group works on "
-                        "cuda:0; move it there first"));
+  EXPECT_THAT(
+      error_message([&] { group_->all_reduce(cpu); }),
+      HasSubstr("all_reduce on group 'solo': the tensor is on cpu but this nccl group works on "
+                "cuda:0; move it there first"));
   EXPECT_TRUE(group_->failure().empty());  // an argument error does not poison the group
   Tensor t = on_gpu({1}, kFloat32, 0);
   group_->all_reduce(t)->wait();

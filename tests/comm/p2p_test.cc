@@ -15,11 +15,11 @@
 namespace loom::comm {
 namespace {
 
+using loom::testing::expect_equal;
+using loom::testing::rounded_to;
 using test::make_tensor;
 using ::testing::HasSubstr;
 using testing::run_on_ranks;
-using loom::testing::expect_equal;
-using loom::testing::rounded_to;
 using namespace std::chrono_literals;
 
 std::vector<double> filled(int64_t n, double base) {
@@ -36,7 +36,8 @@ TEST(P2PTest, SendRecvEveryDtype) {
       } else {
         Tensor t = ops::zeros({5}, dtype);
         pg.recv(t, 0)->wait();
-        expect_equal({.actual = t, .expected = rounded_to(t.dtype(), filled(5, 10.0)),
+        expect_equal({.actual = t,
+                      .expected = rounded_to(t.dtype(), filled(5, 10.0)),
                       .what = fmt::format("recv {}", dtype_name(dtype))});
       }
     }
@@ -79,11 +80,11 @@ TEST(P2PTest, OutOfOrderTagsDoNotBlockEachOther) {
       auto first = pg.recv(one, 0, /*tag=*/1);
       auto second = pg.recv(two, 0, /*tag=*/2);
       second->wait();
-      expect_equal({.actual = two, .expected = rounded_to(two.dtype(), filled(2, 20.0)),
-                    .what = "tag 2"});
+      expect_equal(
+          {.actual = two, .expected = rounded_to(two.dtype(), filled(2, 20.0)), .what = "tag 2"});
       first->wait();
-      expect_equal({.actual = one, .expected = rounded_to(one.dtype(), filled(2, 10.0)),
-                    .what = "tag 1"});
+      expect_equal(
+          {.actual = one, .expected = rounded_to(one.dtype(), filled(2, 10.0)), .what = "tag 1"});
     }
   });
 }
@@ -101,9 +102,10 @@ TEST(P2PTest, RingExchangeWithCollectivesInBetween) {
     send->wait();
     recv->wait();
     reduce->wait();
-    expect_equal({.actual = in, .expected = rounded_to(in.dtype(), filled(4, prev * 10.0)),
-                  .what = "ring"});
-    expect_equal({.actual = sum, .expected = rounded_to(sum.dtype(), {4.0}),
+    expect_equal(
+        {.actual = in, .expected = rounded_to(in.dtype(), filled(4, prev * 10.0)), .what = "ring"});
+    expect_equal({.actual = sum,
+                  .expected = rounded_to(sum.dtype(), {4.0}),
                   .what = "all_reduce between p2p"});
     EXPECT_TRUE(send->is_completed());
     EXPECT_TRUE(recv->is_completed());

@@ -176,7 +176,9 @@ TEST_P(StoreConformanceTest, WaitTimesOutNamingTheMissingKeys) {
   auto a = client();
   a->set("present", "x");
   const auto start = Clock::now();
-  const std::string message = error_of([&] { a->wait({"present", "missing/a", "missing/b"}, kShort); });
+  const std::string message = error_of([&] {
+    a->wait({"present", "missing/a", "missing/b"}, kShort);
+  });
   EXPECT_GE(ms_since(start), 190);
   EXPECT_THAT(message, HasSubstr("keys ['missing/a', 'missing/b'] were not set"));
   EXPECT_THAT(message, HasSubstr("200 ms"));

@@ -10,12 +10,12 @@
 // or ranks would hold. Tests use several clients from several threads.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <functional>
 #include <memory>
 #include <ostream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "comm/store.h"
 
@@ -30,7 +30,9 @@ class StoreHarness {
 struct StoreHarnessFactory {
   std::string name;
   std::function<std::unique_ptr<StoreHarness>()> make;
-  friend std::ostream& operator<<(std::ostream& os, const StoreHarnessFactory& f) { return os << f.name; }
+  friend std::ostream& operator<<(std::ostream& os, const StoreHarnessFactory& f) {
+    return os << f.name;
+  }
 };
 
 inline std::string StoreHarnessName(const ::testing::TestParamInfo<StoreHarnessFactory>& info) {

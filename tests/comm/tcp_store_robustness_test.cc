@@ -42,7 +42,8 @@ class TcpStoreRobustnessTest : public ::testing::Test {
     good_->set("before", "ok");
     // A second client parked in a wait across the whole test.
     waiter_ = std::make_unique<TcpStore>("127.0.0.1", server_->port(), client_options());
-    waiter_thread_ = std::thread([this] { waited_value_ = waiter_->get_string("released-at-the-end"); });
+    waiter_thread_ =
+        std::thread([this] { waited_value_ = waiter_->get_string("released-at-the-end"); });
     std::this_thread::sleep_for(50ms);
   }
 
@@ -70,7 +71,8 @@ class TcpStoreRobustnessTest : public ::testing::Test {
       }
     }
     // The server logs before it closes; give it a moment when the client closed first.
-    for (int i = 0; i < 100 && server_->num_connections() > before; ++i) std::this_thread::sleep_for(10ms);
+    for (int i = 0; i < 100 && server_->num_connections() > before; ++i)
+      std::this_thread::sleep_for(10ms);
     const std::string log = ::testing::internal::GetCapturedStderr();
     EXPECT_THAT(log, HasSubstr(peer));
     EXPECT_THAT(log, HasSubstr(problem));
@@ -112,7 +114,10 @@ TEST_F(TcpStoreRobustnessTest, TruncatedRequestThenClose) {
 
 TEST_F(TcpStoreRobustnessTest, LengthHeaderClaimingOneGiB) {
   expect_dropped(
-      [](RawClient& bad) { bad.send(raw_header(ts::kMagic, ts::kVersion, static_cast<uint8_t>(ts::Op::kSet), 1ull << 30)); },
+      [](RawClient& bad) {
+        bad.send(
+            raw_header(ts::kMagic, ts::kVersion, static_cast<uint8_t>(ts::Op::kSet), 1ull << 30));
+      },
       "SET request claims a body of 1073741824 bytes, over the limit of");
 }
 
@@ -170,10 +175,12 @@ TEST_F(TcpStoreRobustnessTest, WrongProtocolVersionGetsAnErrorReply) {
         bad.send(std::vector<uint8_t>{0, 0, 0, 0});
         EXPECT_TRUE(bad.wait_for_close(kCloseWithin, &reply));
       },
-      "the client speaks TcpStore protocol version 7, this server version 1", /*server_closes=*/false);
+      "the client speaks TcpStore protocol version 7, this server version 1",
+      /*server_closes=*/false);
   ASSERT_GE(reply.size(), ts::kHeaderBytes);
   EXPECT_EQ(reply[2], static_cast<uint8_t>(ts::Status::kError));
-  EXPECT_THAT(std::string(reply.begin() + ts::kHeaderBytes + 4, reply.end()), HasSubstr("protocol version 7"));
+  EXPECT_THAT(std::string(reply.begin() + ts::kHeaderBytes + 4, reply.end()),
+              HasSubstr("protocol version 7"));
 }
 
 TEST_F(TcpStoreRobustnessTest, ClientLeavingBeforeItsLargeReplyDoesNotKillTheServer) {
@@ -198,7 +205,8 @@ TEST_F(TcpStoreRobustnessTest, ManyBadClientsInARow) {
     bad.close();
   }
   expect_others_unharmed();
-  EXPECT_EQ(waiter_->check({"before"}), true);  // the waiter's client serves other threads meanwhile
+  EXPECT_EQ(waiter_->check({"before"}),
+            true);  // the waiter's client serves other threads meanwhile
 }
 
 TEST_F(TcpStoreRobustnessTest, TheParkedWaiterIsAnsweredAfterAllThat) {

@@ -104,7 +104,8 @@ TEST(TcpStoreTest, AClientMayStartBeforeTheServer) {
     server = std::make_unique<TcpStoreServer>(loopback_server(port));
   });
   const auto start = Clock::now();
-  TcpStore client("127.0.0.1", port, client_options(std::chrono::seconds(10)));  // retries until the server is up
+  TcpStore client("127.0.0.1", port,
+                  client_options(std::chrono::seconds(10)));  // retries until the server is up
   EXPECT_GE(ms_since(start), 250);
   client.set("k", "v");
   EXPECT_EQ(client.get_string("k"), "v");
@@ -187,7 +188,8 @@ TEST(TcpStoreTest, ClientRejectsOversizedKeysAndValuesBeforeSending) {
     client.set("k", Bytes(2048));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("value of 2048 bytes for key 'k' exceeds the limit of 1024 bytes"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("value of 2048 bytes for key 'k' exceeds the limit of 1024 bytes"));
   }
   try {
     client.set(std::string(17, 'x'), "v");
@@ -210,7 +212,8 @@ TEST(TcpStoreTest, ClientErrorsNameTheProblem) {
   options.is_server = true;
   options.timeout = 200ms;
   EXPECT_THAT([&] { TcpStore("127.0.0.1", server.port(), options); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("listen on 127.0.0.1:" + std::to_string(server.port()))));
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("listen on 127.0.0.1:" + std::to_string(server.port()))));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -12,8 +13,6 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace loom::comm::testing {
 
@@ -46,7 +45,8 @@ class RawClient {
   ~RawClient() { close(); }
 
   void send(const std::vector<uint8_t>& bytes) {
-    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL), static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
   }
   void send(const std::string& text) { send(std::vector<uint8_t>(text.begin(), text.end())); }
   void close() {
@@ -82,7 +82,8 @@ class RawClient {
 };
 
 // A 12-byte TcpStore header with the given fields (see comm/tcp_store_protocol.h).
-inline std::vector<uint8_t> raw_header(uint8_t magic, uint8_t version, uint8_t code, uint64_t body_bytes) {
+inline std::vector<uint8_t> raw_header(uint8_t magic, uint8_t version, uint8_t code,
+                                       uint64_t body_bytes) {
   std::vector<uint8_t> h = {magic, version, code, 0};
   for (int i = 0; i < 8; ++i) h.push_back(static_cast<uint8_t>(body_bytes >> (8 * i)));
   return h;

@@ -1,5 +1,3 @@
-#include "dtensor/dtensor.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -8,6 +6,7 @@
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
+#include "dtensor/dtensor.h"
 #include "dtensor/factories.h"
 #include "dtensor/sharding/propagator.h"
 #include "tests/dtensor/dtensor_test_util.h"
@@ -16,13 +15,13 @@
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::CollectiveKind;
 using comm::ProcessGroup;
 using comm::testing::run_on_ranks;
 using loom::testing::expect_equal;
 using loom::testing::integer_tensor;
 using loom::testing::make_mesh;
+using ::testing::HasSubstr;
 
 TEST(DTensorApiTest, DistributeTensorKeepsEachRanksSliceAndFullTensorRestoresIt) {
   run_on_ranks(3, [](ProcessGroup& pg) {
@@ -57,7 +56,8 @@ TEST(DTensorApiTest, FromLocalInfersEvenShapesAndTakesExplicitUnevenOnes) {
     auto mesh = make_mesh(pg, {"tp"}, {2});
     Tensor even = from_local(ops::full({3, 2}, pg.rank()), mesh, {Shard(1)});
     EXPECT_EQ(even.shape(), (Shape{3, 4}));
-    Tensor uneven = from_local(ops::full({pg.rank() == 0 ? 3 : 2, 2}, 1.0), mesh, {Shard(0)}, Shape{5, 2});
+    Tensor uneven =
+        from_local(ops::full({pg.rank() == 0 ? 3 : 2, 2}, 1.0), mesh, {Shard(0)}, Shape{5, 2});
     EXPECT_EQ(uneven.shape(), (Shape{5, 2}));
     expect_equal({.actual = full_tensor(uneven), .expected = ops::ones({5, 2})});
     try {
@@ -77,14 +77,18 @@ TEST(DTensorApiTest, PlacementErrorsNameMeshAndPlacements) {
       distribute_tensor(ops::ones({4, 4}), mesh, {Shard(0)});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("distribute_tensor: got 1 placement [S(0)] for DeviceMesh(dp=2, tp=2, cpu) "
-                                      "with 2 dims; pass one placement per mesh dim"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("distribute_tensor: got 1 placement [S(0)] for DeviceMesh(dp=2, tp=2, cpu) "
+                    "with 2 dims; pass one placement per mesh dim"));
     }
     try {
       distribute_tensor(ops::ones({4, 4}), mesh, {Shard(2), Replicate()});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("placement S(2) on mesh dim 0 ('dp') shards dim 2 of a tensor with 2 dims"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("placement S(2) on mesh dim 0 ('dp') shards dim 2 of a tensor with 2 dims"));
     }
   });
 }
@@ -123,16 +127,20 @@ TEST(DTensorApiTest, ShardedRandomInitEqualsTheSliceOfTheFullInitBitForBit) {
       const Shape shape{7, 5};
       const Tensor reference = ops::normal(shape, 42, 0.0, 0.02);
       auto mesh = world == 4 ? make_mesh(pg, {"dp", "tp"}, {2, 2}) : make_mesh(pg, {"tp"}, {2});
-      std::vector<Placements> layouts = world == 4 ? std::vector<Placements>{{Shard(0), Shard(1)}, {Shard(1), Shard(0)},
-                                                                             {Shard(0), Shard(0)}, {Replicate(), Shard(1)}}
-                                                   : std::vector<Placements>{{Shard(0)}, {Shard(1)}, {Replicate()}};
+      std::vector<Placements> layouts =
+          world == 4 ? std::vector<Placements>{{Shard(0), Shard(1)},
+                                               {Shard(1), Shard(0)},
+                                               {Shard(0), Shard(0)},
+                                               {Replicate(), Shard(1)}}
+                     : std::vector<Placements>{{Shard(0)}, {Shard(1)}, {Replicate()}};
       for (const auto& placements : layouts) {
         Tensor x = dtensor_normal(shape, 42, 0.0, 0.02, mesh, placements);
         const DTensorSpec& spec = dtensor_spec(x);
         Tensor expected = reference;
-        for (int64_t d = 0; d < 2; ++d) expected = ops::narrow(expected, d, spec.local_offset()[d], spec.local_shape()[d]);
-        expect_equal({.actual = local_shard(x), .expected = expected,
-                      .what = placements_str(placements)});
+        for (int64_t d = 0; d < 2; ++d)
+          expected = ops::narrow(expected, d, spec.local_offset()[d], spec.local_shape()[d]);
+        expect_equal(
+            {.actual = local_shard(x), .expected = expected, .what = placements_str(placements)});
       }
     });
   }

@@ -23,7 +23,6 @@
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::ProcessGroup;
 using comm::ReduceOp;
 using comm::testing::run_on_ranks;
@@ -31,17 +30,20 @@ using loom::testing::check_op;
 using loom::testing::expect_equal;
 using loom::testing::float_tensor;
 using loom::testing::integer_tensor;
-using loom::testing::kGatherGrad;
 using loom::testing::kExact;
+using loom::testing::kGatherGrad;
 using loom::testing::kReduceGrad;
 using loom::testing::make_mesh;
 using loom::testing::mesh_1d;
 using loom::testing::mesh_2x2;
 using loom::testing::Tolerance;
+using ::testing::HasSubstr;
 using Inputs = std::vector<Tensor>;
 
 // Values in [1, 9) with no zeros: safe divisors.
-Tensor positive_tensor(const Shape& shape, uint64_t seed) { return ops::add(ops::abs(integer_tensor(shape, seed)), 1.0); }
+Tensor positive_tensor(const Shape& shape, uint64_t seed) {
+  return ops::add(ops::abs(integer_tensor(shape, seed)), 1.0);
+}
 
 TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
   for (int world : {2, 3}) {
@@ -55,30 +57,58 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
       const auto sub_op = [](const Inputs& in) { return sub(in[0], in[1]); };
       const auto mul_op = [](const Inputs& in) { return mul(in[0], in[1]); };
       const auto div_op = [](const Inputs& in) { return div(in[0], in[1]); };
-      check_op(mesh, {"add S(0)+S(0)", {{x, {Shard(0)}}, {y, {Shard(0)}}}, add_op, Placements{Shard(0)}});
-      check_op(mesh, {"sub S(1)-R", {{x, {Shard(1)}}, {y, {Replicate()}}}, sub_op,
-                      Placements{Shard(1)}, kGatherGrad});
-      check_op(mesh, {"mul R*S(0)", {{x, {Replicate()}}, {y, {Shard(0)}}}, mul_op,
-                      Placements{Shard(0)}, kGatherGrad});
-      check_op(mesh, {"div S(0)/S(0)", {{x, {Shard(0)}}, {d, {Shard(0)}}}, div_op, Placements{Shard(0)}});
+      check_op(mesh,
+               {"add S(0)+S(0)", {{x, {Shard(0)}}, {y, {Shard(0)}}}, add_op, Placements{Shard(0)}});
+      check_op(mesh, {"sub S(1)-R",
+                      {{x, {Shard(1)}}, {y, {Replicate()}}},
+                      sub_op,
+                      Placements{Shard(1)},
+                      kGatherGrad});
+      check_op(mesh, {"mul R*S(0)",
+                      {{x, {Replicate()}}, {y, {Shard(0)}}},
+                      mul_op,
+                      Placements{Shard(0)},
+                      kGatherGrad});
+      check_op(mesh,
+               {"div S(0)/S(0)", {{x, {Shard(0)}}, {d, {Shard(0)}}}, div_op, Placements{Shard(0)}});
       // Broadcast operands: a bias (cols,) that lacks dim 0 stays Replicate; sharded along the
       // output's dim 1 it follows the shard.
-      check_op(mesh, {"add S(0)+bias R", {{x, {Shard(0)}}, {bias, {Replicate()}}}, add_op,
-                      Placements{Shard(0)}, kReduceGrad});
-      check_op(mesh, {"mul S(1)*bias S(0)", {{x, {Shard(1)}}, {bias, {Shard(0)}}}, mul_op, Placements{Shard(1)}});
-      check_op(mesh, {"sub bias S(0)-S(1)", {{bias, {Shard(0)}}, {x, {Shard(1)}}}, sub_op, Placements{Shard(1)}});
+      check_op(mesh, {"add S(0)+bias R",
+                      {{x, {Shard(0)}}, {bias, {Replicate()}}},
+                      add_op,
+                      Placements{Shard(0)},
+                      kReduceGrad});
+      check_op(mesh, {"mul S(1)*bias S(0)",
+                      {{x, {Shard(1)}}, {bias, {Shard(0)}}},
+                      mul_op,
+                      Placements{Shard(1)}});
+      check_op(mesh, {"sub bias S(0)-S(1)",
+                      {{bias, {Shard(0)}}, {x, {Shard(1)}}},
+                      sub_op,
+                      Placements{Shard(1)}});
       // A size-1 dim broadcasts: (rows, 1) S(0) * (rows, cols) S(0) -> S(0).
-      check_op(mesh, {"mul column S(0)*S(0)", {{column, {Shard(0)}}, {y, {Shard(0)}}}, mul_op, Placements{Shard(0)}});
+      check_op(mesh, {"mul column S(0)*S(0)",
+                      {{column, {Shard(0)}}, {y, {Shard(0)}}},
+                      mul_op,
+                      Placements{Shard(0)}});
       // Division with a broadcast divisor: the divisor's gradient sums -g*a/b^2 (not integers)
       // over the sharded rows, locally per shard and then across ranks, in another order than
       // the single-rank sum: f32 rounding, ~1e-6 relative.
       const Tolerance summed{.rtol = 1e-5, .atol = 1e-5};
       check_op(mesh, {"div S(0)/bias R",
-                      {{x, {Shard(0)}}, {positive_tensor({cols}, 6), {Replicate()}}}, div_op,
-                      Placements{Shard(0)}, kReduceGrad, kExact, summed});
+                      {{x, {Shard(0)}}, {positive_tensor({cols}, 6), {Replicate()}}},
+                      div_op,
+                      Placements{Shard(0)},
+                      kReduceGrad,
+                      kExact,
+                      summed});
       // (B, T, C) + (C,) with C sharded.
-      const Tensor x3 = integer_tensor({2, 3, 2 * world + 1}, 7), b3 = integer_tensor({2 * world + 1}, 8);
-      check_op(mesh, {"add (B,T,C) S(2) + (C) S(0)", {{x3, {Shard(2)}}, {b3, {Shard(0)}}}, add_op, Placements{Shard(2)}});
+      const Tensor x3 = integer_tensor({2, 3, 2 * world + 1}, 7),
+                   b3 = integer_tensor({2 * world + 1}, 8);
+      check_op(mesh, {"add (B,T,C) S(2) + (C) S(0)",
+                      {{x3, {Shard(2)}}, {b3, {Shard(0)}}},
+                      add_op,
+                      Placements{Shard(2)}});
     });
   }
 }
@@ -86,22 +116,31 @@ TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn1DMeshes) {
 TEST(OpsElementwiseTest, BinaryOpsWithBroadcastingOn2x2Mesh) {
   run_on_ranks(4, [](ProcessGroup& pg) {
     auto mesh = mesh_2x2(pg);
-    const Tensor x = integer_tensor({5, 7}, 1), y = integer_tensor({5, 7}, 2), bias = integer_tensor({7}, 3);
+    const Tensor x = integer_tensor({5, 7}, 1), y = integer_tensor({5, 7}, 2),
+                 bias = integer_tensor({7}, 3);
     const auto add_op = [](const Inputs& in) { return add(in[0], in[1]); };
     const auto mul_op = [](const Inputs& in) { return mul(in[0], in[1]); };
-    check_op(mesh, {"add [S(0),S(1)]+[S(0),S(1)]", {{x, {Shard(0), Shard(1)}}, {y, {Shard(0), Shard(1)}}}, add_op,
+    check_op(mesh, {"add [S(0),S(1)]+[S(0),S(1)]",
+                    {{x, {Shard(0), Shard(1)}}, {y, {Shard(0), Shard(1)}}},
+                    add_op,
                     Placements{Shard(0), Shard(1)}});
     check_op(mesh, {"mul [S(0),S(1)]*[R,S(1)]",
-                    {{x, {Shard(0), Shard(1)}}, {y, {Replicate(), Shard(1)}}}, mul_op,
-                    Placements{Shard(0), Shard(1)}, kGatherGrad});
+                    {{x, {Shard(0), Shard(1)}}, {y, {Replicate(), Shard(1)}}},
+                    mul_op,
+                    Placements{Shard(0), Shard(1)},
+                    kGatherGrad});
     check_op(mesh, {"mul [S(0),S(1)]*bias [R,S(0)]",
-                    {{x, {Shard(0), Shard(1)}}, {bias, {Replicate(), Shard(0)}}}, mul_op,
-                    Placements{Shard(0), Shard(1)}, kReduceGrad});
+                    {{x, {Shard(0), Shard(1)}}, {bias, {Replicate(), Shard(0)}}},
+                    mul_op,
+                    Placements{Shard(0), Shard(1)},
+                    kReduceGrad});
     // Both mesh dims on one tensor dim (nested): 5 rows over 4 ranks -> 2, 1, 1, 1. The bias
     // gradient is Partial on both mesh dims: one all-reduce per mesh dim.
     check_op(mesh, {"add [S(0),S(0)]+R bias",
-                    {{x, {Shard(0), Shard(0)}}, {bias, {Replicate(), Replicate()}}}, add_op,
-                    Placements{Shard(0), Shard(0)}, {.backward = {.all_reduce = 2}}});
+                    {{x, {Shard(0), Shard(0)}}, {bias, {Replicate(), Replicate()}}},
+                    add_op,
+                    Placements{Shard(0), Shard(0)},
+                    {.backward = {.all_reduce = 2}}});
   });
 }
 
@@ -112,8 +151,10 @@ struct PartialInput {
   bool partial;
 };
 
-void check_partial(ProcessGroup& pg, const std::string& name, const std::vector<PartialInput>& specs,
-                   const std::function<Tensor(const Inputs&)>& op, std::optional<Placement> expected) {
+void check_partial(ProcessGroup& pg, const std::string& name,
+                   const std::vector<PartialInput>& specs,
+                   const std::function<Tensor(const Inputs&)>& op,
+                   std::optional<Placement> expected) {
   SCOPED_TRACE(name);
   auto mesh = mesh_1d(pg);
   Inputs fulls, reference, locals, inputs;
@@ -149,7 +190,8 @@ void check_partial(ProcessGroup& pg, const std::string& name, const std::vector<
   if (expected) {
     EXPECT_EQ(got.str(), expected->str());
   } else {
-    EXPECT_FALSE(got.is_partial()) << "a non-linear op must not leave a Partial result, got " << got.str();
+    EXPECT_FALSE(got.is_partial())
+        << "a non-linear op must not leave a Partial result, got " << got.str();
   }
   const Tensor full = full_tensor(out);
   expect_equal({.actual = full, .expected = expected_out, .what = name + " forward"});
@@ -167,20 +209,32 @@ TEST(OpsElementwiseTest, PartialPassesThroughLinearOpsAndIsReducedBeforeNonLinea
   run_on_ranks(2, [](ProcessGroup& pg) {
     const Shape s{4, 3};
     const Placement p = Partial(ReduceOp::kSum);
-    check_partial(pg, "P+P", {{s, true}, {s, true}}, [](const Inputs& in) { return add(in[0], in[1]); }, p);
-    check_partial(pg, "P-P", {{s, true}, {s, true}}, [](const Inputs& in) { return sub(in[0], in[1]); }, p);
-    check_partial(pg, "P*R", {{s, true}, {s, false}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
-    check_partial(pg, "R*P", {{s, false}, {s, true}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
-    check_partial(pg, "P*R broadcast", {{s, true}, {{3}, false}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
-    check_partial(pg, "-P", {{s, true}}, [](const Inputs& in) { return neg(in[0]); }, p);
-    check_partial(pg, "P*2", {{s, true}}, [](const Inputs& in) { return mul(in[0], 2.0); }, p);
+    check_partial(
+        pg, "P+P", {{s, true}, {s, true}}, [](const Inputs& in) { return add(in[0], in[1]); }, p);
+    check_partial(
+        pg, "P-P", {{s, true}, {s, true}}, [](const Inputs& in) { return sub(in[0], in[1]); }, p);
+    check_partial(
+        pg, "P*R", {{s, true}, {s, false}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
+    check_partial(
+        pg, "R*P", {{s, false}, {s, true}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
+    check_partial(
+        pg, "P*R broadcast", {{s, true}, {{3}, false}},
+        [](const Inputs& in) { return mul(in[0], in[1]); }, p);
+    check_partial(
+        pg, "-P", {{s, true}}, [](const Inputs& in) { return neg(in[0]); }, p);
+    check_partial(
+        pg, "P*2", {{s, true}}, [](const Inputs& in) { return mul(in[0], 2.0); }, p);
     // Bilinear: one operand is reduced, the other may stay Partial (P * R -> P).
-    check_partial(pg, "P*P", {{s, true}, {s, true}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
+    check_partial(
+        pg, "P*P", {{s, true}, {s, true}}, [](const Inputs& in) { return mul(in[0], in[1]); }, p);
     // Not linear in the Partial operand: the strategy reduces it first.
-    check_partial(pg, "P+1", {{s, true}}, [](const Inputs& in) { return add(in[0], 1.0); }, std::nullopt);
-    check_partial(pg, "relu(P)", {{s, true}}, [](const Inputs& in) { return relu(in[0]); }, std::nullopt);
-    check_partial(pg, "exp(P)*R", {{s, true}, {s, false}},
-                  [](const Inputs& in) { return mul(exp(div(in[0], 8.0)), in[1]); }, std::nullopt);
+    check_partial(
+        pg, "P+1", {{s, true}}, [](const Inputs& in) { return add(in[0], 1.0); }, std::nullopt);
+    check_partial(
+        pg, "relu(P)", {{s, true}}, [](const Inputs& in) { return relu(in[0]); }, std::nullopt);
+    check_partial(
+        pg, "exp(P)*R", {{s, true}, {s, false}},
+        [](const Inputs& in) { return mul(exp(div(in[0], 8.0)), in[1]); }, std::nullopt);
   });
 }
 
@@ -189,8 +243,9 @@ TEST(OpsElementwiseTest, PartialPlusReplicateAddsTheReplicatedValueOnce) {
     const Shape s{5};
     // R -> P is a local step (zeros on all but the first rank), so the sum may stay Partial; what
     // matters is that the replicated operand is counted once, not once per rank.
-    check_partial(pg, "P+R", {{s, true}, {s, false}}, [](const Inputs& in) { return add(in[0], in[1]); },
-                  Partial(ReduceOp::kSum));
+    check_partial(
+        pg, "P+R", {{s, true}, {s, false}}, [](const Inputs& in) { return add(in[0], in[1]); },
+        Partial(ReduceOp::kSum));
   });
 }
 
@@ -198,12 +253,14 @@ TEST(OpsElementwiseTest, AveragePartialsStayAverage) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
     // P(avg): every rank holds a value; the logical tensor is their mean.
-    const Tensor a = ops::full({4}, 2.0 * (pg.rank() + 1)), b = ops::full({4}, 4.0 * (pg.rank() + 1));
-    Tensor x = from_local(a, mesh, {Partial(ReduceOp::kAvg)}), y = from_local(b, mesh, {Partial(ReduceOp::kAvg)});
+    const Tensor a = ops::full({4}, 2.0 * (pg.rank() + 1)),
+                 b = ops::full({4}, 4.0 * (pg.rank() + 1));
+    Tensor x = from_local(a, mesh, {Partial(ReduceOp::kAvg)}),
+           y = from_local(b, mesh, {Partial(ReduceOp::kAvg)});
     Tensor z = add(x, y);
     EXPECT_EQ(dtensor_spec(z).placements, (Placements{Partial(ReduceOp::kAvg)}));
-    expect_equal({.actual = full_tensor(z), .expected = ops::full({4}, 3.0 + 6.0),
-                  .what = "P(avg)+P(avg)"});
+    expect_equal(
+        {.actual = full_tensor(z), .expected = ops::full({4}, 3.0 + 6.0), .what = "P(avg)+P(avg)"});
   });
 }
 
@@ -225,14 +282,17 @@ TEST(OpsElementwiseTest, UnaryOpsKeepShardsForwardAndBackward) {
       {"mul3", [](const Tensor& t) { return mul(t, 3.0); }},
       {"div4", [](const Tensor& t) { return div(t, 4.0); }},
   };
-  const auto check_all = [&](const std::shared_ptr<const DeviceMesh>& mesh, const Placements& placements,
-                             const Shape& shape) {
+  const auto check_all = [&](const std::shared_ptr<const DeviceMesh>& mesh,
+                             const Placements& placements, const Shape& shape) {
     for (const auto& [name, fn] : unary) {
       // log/sqrt/rsqrt need positive inputs; the others get both signs.
       const bool positive = name == "log" || name == "sqrt" || name == "rsqrt";
-      const Tensor x = positive ? ops::add(ops::abs(float_tensor(shape, 11)), 0.5) : float_tensor(shape, 11);
-      check_op(mesh, {name + " " + placements_str(placements), {{x, placements}},
-                      [fn](const Inputs& in) { return fn(in[0]); }, placements});
+      const Tensor x =
+          positive ? ops::add(ops::abs(float_tensor(shape, 11)), 0.5) : float_tensor(shape, 11);
+      check_op(mesh, {name + " " + placements_str(placements),
+                      {{x, placements}},
+                      [fn](const Inputs& in) { return fn(in[0]); },
+                      placements});
     }
   };
   run_on_ranks(3, [&](ProcessGroup& pg) { check_all(mesh_1d(pg), {Shard(0)}, {10, 3}); });
@@ -248,16 +308,24 @@ TEST(OpsElementwiseTest, WhereAndMaskedFillFollowTheShards) {
       const Tensor cond = ops::gt(integer_tensor({rows, cols}, 3), ops::zeros({}));  // 1.0 / 0.0
       const Tensor row_mask = ops::gt(integer_tensor({cols}, 4), ops::zeros({}));
       const auto where_op = [](const Inputs& in) { return where(in[0], in[1], in[2]); };
-      check_op(mesh, {"where S(0)", {{cond, {Shard(0)}}, {a, {Shard(0)}}, {b, {Shard(0)}}}, where_op,
+      check_op(mesh, {"where S(0)",
+                      {{cond, {Shard(0)}}, {a, {Shard(0)}}, {b, {Shard(0)}}},
+                      where_op,
                       Placements{Shard(0)}});
       check_op(mesh, {"where cond R, a S(1), b R",
-                      {{cond, {Replicate()}}, {a, {Shard(1)}}, {b, {Replicate()}}}, where_op,
-                      Placements{Shard(1)}, kGatherGrad});
+                      {{cond, {Replicate()}}, {a, {Shard(1)}}, {b, {Replicate()}}},
+                      where_op,
+                      Placements{Shard(1)},
+                      kGatherGrad});
       // The mask is a tensor input too (no gradient); a broadcast row mask.
-      check_op(mesh, {"masked_fill S(0), mask R", {{a, {Shard(0)}}, {row_mask, {Replicate()}}},
-                      [](const Inputs& in) { return masked_fill(in[0], in[1], -5.0); }, Placements{Shard(0)}});
-      check_op(mesh, {"masked_fill S(1), mask S(0)", {{a, {Shard(1)}}, {row_mask, {Shard(0)}}},
-                      [](const Inputs& in) { return masked_fill(in[0], in[1], 0.0); }, Placements{Shard(1)}});
+      check_op(mesh, {"masked_fill S(0), mask R",
+                      {{a, {Shard(0)}}, {row_mask, {Replicate()}}},
+                      [](const Inputs& in) { return masked_fill(in[0], in[1], -5.0); },
+                      Placements{Shard(0)}});
+      check_op(mesh, {"masked_fill S(1), mask S(0)",
+                      {{a, {Shard(1)}}, {row_mask, {Shard(0)}}},
+                      [](const Inputs& in) { return masked_fill(in[0], in[1], 0.0); },
+                      Placements{Shard(1)}});
     });
   }
 }
@@ -265,12 +333,15 @@ TEST(OpsElementwiseTest, WhereAndMaskedFillFollowTheShards) {
 TEST(OpsElementwiseTest, MaskedFillKeepsPartialOnlyWhenFillingZeros) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     const Shape s{3, 4};
-    auto mask_of = [](const Tensor& like) { return ops::gt(integer_tensor(like.shape(), 9), ops::zeros({})); };
+    auto mask_of = [](const Tensor& like) {
+      return ops::gt(integer_tensor(like.shape(), 9), ops::zeros({}));
+    };
     // The mask is built inside the op from the (replicated) seed, on the same mesh.
     const auto fill = [&pg, mask_of](double value) {
       return [&pg, mask_of, value](const Inputs& in) {
         Tensor mask = mask_of(in[0]);
-        if (is_dtensor(in[0])) mask = distribute_tensor(mask, mesh_1d(pg), {Replicate()}, std::nullopt);
+        if (is_dtensor(in[0]))
+          mask = distribute_tensor(mask, mesh_1d(pg), {Replicate()}, std::nullopt);
         return masked_fill(in[0], mask, value);
       };
     };
@@ -286,16 +357,24 @@ TEST(OpsElementwiseTest, ZeroDimPartialOperandsAreReducedWhenTheOpNeedsIt) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
     const Tensor a = integer_tensor({7}, 1), b = integer_tensor({7}, 2);
-    check_op(mesh, {"sum(S(0)) * sum(S(0))", {{a, {Shard(0)}}, {b, {Shard(0)}}},
-                    [](const Inputs& in) { return mul(sum(in[0]), sum(in[1])); }, std::nullopt,
+    check_op(mesh, {"sum(S(0)) * sum(S(0))",
+                    {{a, {Shard(0)}}, {b, {Shard(0)}}},
+                    [](const Inputs& in) { return mul(sum(in[0]), sum(in[1])); },
+                    std::nullopt,
                     {.forward = {.all_reduce = 1}, .backward = {.reduce_scatter = 2}}});
-    check_op(mesh, {"sum(S(0)) + 0-dim R", {{a, {Shard(0)}}, {integer_tensor({}, 3), {Replicate()}}},
-                    [](const Inputs& in) { return add(sum(in[0]), in[1]); }, std::nullopt});
+    check_op(mesh, {"sum(S(0)) + 0-dim R",
+                    {{a, {Shard(0)}}, {integer_tensor({}, 3), {Replicate()}}},
+                    [](const Inputs& in) { return add(sum(in[0]), in[1]); },
+                    std::nullopt});
     // A plain 0-dim tensor stands for a replicated scalar: added to a Partial it counts once.
-    check_op(mesh, {"S(0) sum + plain scalar", {{a, {Shard(0)}}},
-                    [](const Inputs& in) { return add(sum(in[0]), ops::scalar_tensor(5.0)); }, std::nullopt});
-    check_op(mesh, {"P * plain scalar", {{a, {Shard(0)}}},
-                    [](const Inputs& in) { return mul(sum(in[0]), ops::scalar_tensor(5.0)); }, std::nullopt});
+    check_op(mesh, {"S(0) sum + plain scalar",
+                    {{a, {Shard(0)}}},
+                    [](const Inputs& in) { return add(sum(in[0]), ops::scalar_tensor(5.0)); },
+                    std::nullopt});
+    check_op(mesh, {"P * plain scalar",
+                    {{a, {Shard(0)}}},
+                    [](const Inputs& in) { return mul(sum(in[0]), ops::scalar_tensor(5.0)); },
+                    std::nullopt});
   });
 }
 
@@ -309,8 +388,10 @@ TEST(OpsElementwiseTest, MixingDTensorAndPlainTensorOrMeshesIsRejected) {
       add(x, y);
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("add: DTensor inputs live on different meshes: DeviceMesh(dp=2, tp=2, cpu) and "
-                                      "DeviceMesh(dp_tp=4, cpu)"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("add: DTensor inputs live on different meshes: DeviceMesh(dp=2, tp=2, cpu) and "
+                    "DeviceMesh(dp_tp=4, cpu)"));
     }
     try {
       mul(x, ops::ones({4}));
@@ -325,7 +406,8 @@ TEST(OpsPropagationTest, ARepeatedOpHitsTheDecisionCache) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
     const Tensor x = distribute_tensor(integer_tensor({5, 3}, 1), mesh, {Shard(0)}, std::nullopt);
-    const Tensor y = distribute_tensor(integer_tensor({5, 3}, 2), mesh, {Replicate()}, std::nullopt);
+    const Tensor y =
+        distribute_tensor(integer_tensor({5, 3}, 2), mesh, {Replicate()}, std::nullopt);
     sharding::clear_propagation_cache();
     const Tensor first = add(x, y);
     EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
@@ -333,8 +415,8 @@ TEST(OpsPropagationTest, ARepeatedOpHitsTheDecisionCache) {
     const Tensor second = add(x, y);
     EXPECT_EQ(sharding::propagation_stats().cache_misses, 1);
     EXPECT_EQ(sharding::propagation_stats().cache_hits, 1);
-    expect_equal({.actual = full_tensor(second), .expected = full_tensor(first),
-                  .what = "cached decision"});
+    expect_equal(
+        {.actual = full_tensor(second), .expected = full_tensor(first), .what = "cached decision"});
     // Other placements, other attributes: new decisions.
     add(y, x);
     sum(x, {0});
@@ -364,7 +446,7 @@ TEST(OpsPropagationTest, CachedDecisionsAreNotSharedBetweenMeshesOfDifferentSize
     // Over 4 ranks the 2 heads cannot be split: the reshape must gather.
     auto line = make_mesh(pg, {"world"}, {4});
     SCOPED_TRACE(first_address == line.get() ? "the second mesh reuses the first one's address"
-                                              : "the second mesh has another address");
+                                             : "the second mesh has another address");
     const Tensor z = reshape(distribute_tensor(x, line, {Shard(2)}, std::nullopt), {2, 3, 2, 6});
     expect_equal({.actual = full_tensor(z), .expected = expected, .what = "reshape on 4 ranks"});
   });
@@ -385,8 +467,10 @@ TEST(OpsPropagationTest, EveryOpHasAStrategyAndAnUnknownOneIsNamedInTheError) {
       sharding::dispatch_dtensor_op(OpCall(OpId::to_device, {x, y}));
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("to_device: no sharding strategy for DTensor inputs ((4, 3) [S(0)], (3,) [R]); "
-                                      "this op is not supported on DTensors"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("to_device: no sharding strategy for DTensor inputs ((4, 3) [S(0)], (3,) [R]); "
+                    "this op is not supported on DTensors"));
     }
   });
 }

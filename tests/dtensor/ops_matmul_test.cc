@@ -49,14 +49,22 @@ TEST(OpsMatmulTest, MegatronColwiseAndRowwiseLinear) {
       const Tensor w_up = integer_tensor({features, features}, 2);
       const Tensor w_down = integer_tensor({5, features}, 3);
       // Colwise: W sharded by output features (S(0)), x replicated -> y sharded on its last dim.
-      check_op(mesh, {"colwise x R @ W^T, W S(0)", {{x, {Replicate()}}, {w_up, {Shard(0)}}}, linear,
-                      Placements{Shard(2)}, kReduceGrad});
+      check_op(mesh, {"colwise x R @ W^T, W S(0)",
+                      {{x, {Replicate()}}, {w_up, {Shard(0)}}},
+                      linear,
+                      Placements{Shard(2)},
+                      kReduceGrad});
       // Rowwise: W sharded by input features (S(1)), x sharded on its last dim -> Partial(sum).
-      check_op(mesh, {"rowwise x S(-1) @ W^T, W S(1)", {{x, {Shard(-1)}}, {w_down, {Shard(1)}}}, linear,
+      check_op(mesh, {"rowwise x S(-1) @ W^T, W S(1)",
+                      {{x, {Shard(-1)}}, {w_down, {Shard(1)}}},
+                      linear,
                       Placements{Partial(ReduceOp::kSum)}});
       // Data parallel: x sharded by batch, W replicated.
-      check_op(mesh, {"x S(0) @ W^T, W R", {{x, {Shard(0)}}, {w_down, {Replicate()}}}, linear,
-                      Placements{Shard(0)}, kReduceGrad});
+      check_op(mesh, {"x S(0) @ W^T, W R",
+                      {{x, {Shard(0)}}, {w_down, {Replicate()}}},
+                      linear,
+                      Placements{Shard(0)},
+                      kReduceGrad});
     });
   }
 }
@@ -64,7 +72,8 @@ TEST(OpsMatmulTest, MegatronColwiseAndRowwiseLinear) {
 TEST(OpsMatmulTest, MegatronMlpNeedsOneAllReduceForward) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
-    const Tensor x = integer_tensor({2, 3, 4}, 1), w_fc = integer_tensor({7, 4}, 2), w_proj = integer_tensor({4, 7}, 3);
+    const Tensor x = integer_tensor({2, 3, 4}, 1), w_fc = integer_tensor({7, 4}, 2),
+                 w_proj = integer_tensor({4, 7}, 3);
     const auto mlp = [](const Tensor& in, const Tensor& fc, const Tensor& proj) {
       return matmul(gelu(div(matmul(in, transpose(fc, 0, 1)), 16.0)), transpose(proj, 0, 1));
     };
@@ -92,11 +101,15 @@ TEST(OpsMatmulTest, MegatronMlpNeedsOneAllReduceForward) {
     const Tolerance gemm{.rtol = 1e-5, .atol = 1e-5};
     expect_close({.actual = full, .expected = expected, .tol = gemm, .what = "mlp forward"});
     backward(sum(full));
-    expect_close({.actual = full_tensor(dx.grad()), .expected = rx.grad(), .tol = gemm,
-                  .what = "grad x"});
-    expect_close({.actual = full_tensor(dfc.grad()), .expected = rfc.grad(), .tol = gemm,
+    expect_close(
+        {.actual = full_tensor(dx.grad()), .expected = rx.grad(), .tol = gemm, .what = "grad x"});
+    expect_close({.actual = full_tensor(dfc.grad()),
+                  .expected = rfc.grad(),
+                  .tol = gemm,
                   .what = "grad w_fc"});
-    expect_close({.actual = full_tensor(dproj.grad()), .expected = rproj.grad(), .tol = gemm,
+    expect_close({.actual = full_tensor(dproj.grad()),
+                  .expected = rproj.grad(),
+                  .tol = gemm,
                   .what = "grad w_proj"});
     EXPECT_EQ(dtensor_spec(dfc.grad()).placements, (Placements{Shard(0)}));
     EXPECT_EQ(dtensor_spec(dproj.grad()).placements, (Placements{Shard(1)}));
@@ -110,17 +123,33 @@ TEST(OpsMatmulTest, BasicPairsOf2DOperands) {
       auto mesh = mesh_1d(pg);
       const int64_t m = 3 * world + 1, k = 3 * world + 2, n = 3 * world + 1;
       const Tensor a = integer_tensor({m, k}, 1), b = integer_tensor({k, n}, 2);
-      check_op(mesh, {"S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm, Placements{Shard(0)},
+      check_op(mesh, {"S(0) @ R",
+                      {{a, {Shard(0)}}, {b, {Replicate()}}},
+                      mm,
+                      Placements{Shard(0)},
                       kReduceGrad});
-      check_op(mesh, {"R @ S(1)", {{a, {Replicate()}}, {b, {Shard(1)}}}, mm, Placements{Shard(1)},
+      check_op(mesh, {"R @ S(1)",
+                      {{a, {Replicate()}}, {b, {Shard(1)}}},
+                      mm,
+                      Placements{Shard(1)},
                       kReduceGrad});
-      check_op(mesh, {"S(1) @ S(0)", {{a, {Shard(1)}}, {b, {Shard(0)}}}, mm, Placements{Partial(ReduceOp::kSum)}});
-      check_op(mesh, {"R @ R", {{a, {Replicate()}}, {b, {Replicate()}}}, mm, Placements{Replicate()}});
+      check_op(mesh, {"S(1) @ S(0)",
+                      {{a, {Shard(1)}}, {b, {Shard(0)}}},
+                      mm,
+                      Placements{Partial(ReduceOp::kSum)}});
+      check_op(mesh,
+               {"R @ R", {{a, {Replicate()}}, {b, {Replicate()}}}, mm, Placements{Replicate()}});
       // Bilinear: a Partial operand times a replicated one stays Partial.
-      check_op(mesh, {"P @ R", {{a, {Partial()}}, {b, {Replicate()}}}, mm,
-                      Placements{Partial(ReduceOp::kSum)}, kReduceGrad});
-      check_op(mesh, {"R @ P", {{a, {Replicate()}}, {b, {Partial()}}}, mm,
-                      Placements{Partial(ReduceOp::kSum)}, kReduceGrad});
+      check_op(mesh, {"P @ R",
+                      {{a, {Partial()}}, {b, {Replicate()}}},
+                      mm,
+                      Placements{Partial(ReduceOp::kSum)},
+                      kReduceGrad});
+      check_op(mesh, {"R @ P",
+                      {{a, {Replicate()}}, {b, {Partial()}}},
+                      mm,
+                      Placements{Partial(ReduceOp::kSum)},
+                      kReduceGrad});
     });
   }
 }
@@ -128,22 +157,41 @@ TEST(OpsMatmulTest, BasicPairsOf2DOperands) {
 TEST(OpsMatmulTest, BatchedAndBroadcastBatch) {
   run_on_ranks(3, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
-    const Tensor a = integer_tensor({7, 2, 5}, 1), b = integer_tensor({7, 5, 3}, 2), w = integer_tensor({5, 3}, 3);
-    check_op(mesh, {"bmm batch S(0)", {{a, {Shard(0)}}, {b, {Shard(0)}}}, mm, Placements{Shard(0)}});
-    check_op(mesh, {"bmm batch S(0) @ R", {{a, {Shard(0)}}, {b, {Replicate()}}}, mm,
-                    Placements{Shard(0)}, {.backward = {.all_gather = 1}}});
-    check_op(mesh, {"bmm contraction", {{a, {Shard(2)}}, {b, {Shard(1)}}}, mm, Placements{Partial(ReduceOp::kSum)}});
+    const Tensor a = integer_tensor({7, 2, 5}, 1), b = integer_tensor({7, 5, 3}, 2),
+                 w = integer_tensor({5, 3}, 3);
+    check_op(mesh,
+             {"bmm batch S(0)", {{a, {Shard(0)}}, {b, {Shard(0)}}}, mm, Placements{Shard(0)}});
+    check_op(mesh, {"bmm batch S(0) @ R",
+                    {{a, {Shard(0)}}, {b, {Replicate()}}},
+                    mm,
+                    Placements{Shard(0)},
+                    {.backward = {.all_gather = 1}}});
+    check_op(mesh, {"bmm contraction",
+                    {{a, {Shard(2)}}, {b, {Shard(1)}}},
+                    mm,
+                    Placements{Partial(ReduceOp::kSum)}});
     // (B, M, K) @ (K, N): the 2-D operand broadcasts over the batch and stays replicated.
-    check_op(mesh, {"broadcast batch S(0) @ R", {{a, {Shard(0)}}, {w, {Replicate()}}}, mm,
-                    Placements{Shard(0)}, kReduceGrad});
-    check_op(mesh, {"broadcast batch S(1) @ R", {{a, {Shard(1)}}, {w, {Replicate()}}}, mm,
-                    Placements{Shard(1)}, kReduceGrad});
-    check_op(mesh, {"broadcast batch R @ S(1)", {{a, {Replicate()}}, {w, {Shard(1)}}}, mm,
-                    Placements{Shard(2)}, kReduceGrad});
+    check_op(mesh, {"broadcast batch S(0) @ R",
+                    {{a, {Shard(0)}}, {w, {Replicate()}}},
+                    mm,
+                    Placements{Shard(0)},
+                    kReduceGrad});
+    check_op(mesh, {"broadcast batch S(1) @ R",
+                    {{a, {Shard(1)}}, {w, {Replicate()}}},
+                    mm,
+                    Placements{Shard(1)},
+                    kReduceGrad});
+    check_op(mesh, {"broadcast batch R @ S(1)",
+                    {{a, {Replicate()}}, {w, {Shard(1)}}},
+                    mm,
+                    Placements{Shard(2)},
+                    kReduceGrad});
     // Size-1 batch dim broadcast against 7: (1, 2, 5) stays replicated, (7, 5, 3) keeps S(0).
     check_op(mesh, {"size-1 batch R @ S(0)",
-                    {{integer_tensor({1, 2, 5}, 4), {Replicate()}}, {b, {Shard(0)}}}, mm,
-                    Placements{Shard(0)}, kReduceGrad});
+                    {{integer_tensor({1, 2, 5}, 4), {Replicate()}}, {b, {Shard(0)}}},
+                    mm,
+                    Placements{Shard(0)},
+                    kReduceGrad});
   });
 }
 
@@ -152,29 +200,47 @@ TEST(OpsMatmulTest, OneDimensionalOperands) {
     auto mesh = mesh_1d(pg);
     const Tensor v = integer_tensor({7}, 1), u = integer_tensor({7}, 2);
     const Tensor mat = integer_tensor({7, 5}, 3), mat_t = integer_tensor({5, 7}, 4);
-    check_op(mesh, {"vec S(0) @ mat S(0)", {{v, {Shard(0)}}, {mat, {Shard(0)}}}, mm, Placements{Partial()}});
-    check_op(mesh, {"vec R @ mat S(1)", {{v, {Replicate()}}, {mat, {Shard(1)}}}, mm,
-                    Placements{Shard(0)}, kReduceGrad});
-    check_op(mesh, {"mat S(0) @ vec R", {{mat_t, {Shard(0)}}, {v, {Replicate()}}}, mm,
-                    Placements{Shard(0)}, kReduceGrad});
-    check_op(mesh, {"mat S(1) @ vec S(0)", {{mat_t, {Shard(1)}}, {v, {Shard(0)}}}, mm, Placements{Partial()}});
-    check_op(mesh, {"dot S(0) . S(0)", {{v, {Shard(0)}}, {u, {Shard(0)}}}, mm, Placements{Partial()}});
+    check_op(
+        mesh,
+        {"vec S(0) @ mat S(0)", {{v, {Shard(0)}}, {mat, {Shard(0)}}}, mm, Placements{Partial()}});
+    check_op(mesh, {"vec R @ mat S(1)",
+                    {{v, {Replicate()}}, {mat, {Shard(1)}}},
+                    mm,
+                    Placements{Shard(0)},
+                    kReduceGrad});
+    check_op(mesh, {"mat S(0) @ vec R",
+                    {{mat_t, {Shard(0)}}, {v, {Replicate()}}},
+                    mm,
+                    Placements{Shard(0)},
+                    kReduceGrad});
+    check_op(
+        mesh,
+        {"mat S(1) @ vec S(0)", {{mat_t, {Shard(1)}}, {v, {Shard(0)}}}, mm, Placements{Partial()}});
+    check_op(mesh,
+             {"dot S(0) . S(0)", {{v, {Shard(0)}}, {u, {Shard(0)}}}, mm, Placements{Partial()}});
   });
 }
 
 TEST(OpsMatmulTest, TwoDimensionalMesh) {
   run_on_ranks(4, [](ProcessGroup& pg) {
     auto mesh = mesh_2x2(pg);
-    const Tensor x = integer_tensor({5, 3, 7}, 1), w_up = integer_tensor({9, 7}, 2), w_down = integer_tensor({4, 7}, 3);
+    const Tensor x = integer_tensor({5, 3, 7}, 1), w_up = integer_tensor({9, 7}, 2),
+                 w_down = integer_tensor({4, 7}, 3);
     // dp on the batch, tp on features.
     check_op(mesh, {"dp x tp colwise",
-                    {{x, {Shard(0), Replicate()}}, {w_up, {Replicate(), Shard(0)}}}, linear,
-                    Placements{Shard(0), Shard(2)}, {.backward = {.all_reduce = 2}}});
+                    {{x, {Shard(0), Replicate()}}, {w_up, {Replicate(), Shard(0)}}},
+                    linear,
+                    Placements{Shard(0), Shard(2)},
+                    {.backward = {.all_reduce = 2}}});
     check_op(mesh, {"dp x tp rowwise",
-                    {{x, {Shard(0), Shard(2)}}, {w_down, {Replicate(), Shard(1)}}}, linear,
-                    Placements{Shard(0), Partial()}, kReduceGrad});
+                    {{x, {Shard(0), Shard(2)}}, {w_down, {Replicate(), Shard(1)}}},
+                    linear,
+                    Placements{Shard(0), Partial()},
+                    kReduceGrad});
     // Both mesh dims on the contraction: Partial on both.
-    check_op(mesh, {"2-D contraction", {{x, {Shard(2), Shard(2)}}, {w_down, {Shard(1), Shard(1)}}}, linear,
+    check_op(mesh, {"2-D contraction",
+                    {{x, {Shard(2), Shard(2)}}, {w_down, {Shard(1), Shard(1)}}},
+                    linear,
                     Placements{Partial(), Partial()}});
   });
 }

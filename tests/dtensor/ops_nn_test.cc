@@ -47,30 +47,40 @@ TEST(OpsNnTest, SoftmaxOnANonNormalizedShardedDim) {
       const Tensor x = float_tensor({2, 3 * world + 1, 6}, 1);
       for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
         const std::string p = placements_str(placements);
-        check_op(mesh, {"softmax(-1) of " + p, {{x, placements}}, [](const Inputs& in) { return softmax(in[0], -1); },
+        check_op(mesh, {"softmax(-1) of " + p,
+                        {{x, placements}},
+                        [](const Inputs& in) { return softmax(in[0], -1); },
                         placements});
-        check_op(mesh, {"log_softmax(-1) of " + p, {{x, placements}},
-                        [](const Inputs& in) { return log_softmax(in[0], -1); }, placements});
+        check_op(mesh, {"log_softmax(-1) of " + p,
+                        {{x, placements}},
+                        [](const Inputs& in) { return log_softmax(in[0], -1); },
+                        placements});
       }
       // Normalizing over the sharded dim needs the whole dim: the output is not sharded there.
       // Gathered on 2 ranks; on 3 the shard moves to dim 0, and the gradient moves back.
       const OpCollectives softmax_whole_dim =
           world == 2 ? OpCollectives{.forward = {.all_gather = 1}}
                      : OpCollectives{.forward = {.all_to_all = 1}, .backward = {.all_to_all = 1}};
-      check_op(mesh, {"softmax(1) of S(1)", {{x, {Shard(1)}}},
-                      [](const Inputs& in) { return softmax(in[0], 1); }, std::nullopt,
+      check_op(mesh, {"softmax(1) of S(1)",
+                      {{x, {Shard(1)}}},
+                      [](const Inputs& in) { return softmax(in[0], 1); },
+                      std::nullopt,
                       softmax_whole_dim});
     });
   }
   run_on_ranks(4, [](ProcessGroup& pg) {
     const Tensor x = float_tensor({3, 5, 7}, 2);
-    check_op(mesh_2x2(pg), {"softmax(-1) of [S(0),S(1)]", {{x, {Shard(0), Shard(1)}}},
-                            [](const Inputs& in) { return softmax(in[0], -1); }, Placements{Shard(0), Shard(1)}});
+    check_op(mesh_2x2(pg), {"softmax(-1) of [S(0),S(1)]",
+                            {{x, {Shard(0), Shard(1)}}},
+                            [](const Inputs& in) { return softmax(in[0], -1); },
+                            Placements{Shard(0), Shard(1)}});
   });
 }
 
 TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
-  const auto ln = [](const Inputs& in) { return layer_norm(in[0], {in[0].size(-1)}, in[1], in[2]); };
+  const auto ln = [](const Inputs& in) {
+    return layer_norm(in[0], {in[0].size(-1)}, in[1], in[2]);
+  };
   for (int world : {2, 3}) {
     run_on_ranks(world, [world, ln](ProcessGroup& pg) {
       auto mesh = mesh_1d(pg);
@@ -81,8 +91,12 @@ TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
       // each rank's rows, all-reduced into the replicated parameters' layout (kSplitSum).
       for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
         check_op(mesh, {"layer_norm x " + placements_str(placements) + ", weight/bias R",
-                        {{x, placements}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
-                        placements, {.backward = {.all_reduce = 2}}, kExact, kSplitSum});
+                        {{x, placements}, {weight, {Replicate()}}, {bias, {Replicate()}}},
+                        ln,
+                        placements,
+                        {.backward = {.all_reduce = 2}},
+                        kExact,
+                        kSplitSum});
       }
       // Normalizing over a sharded dim gathers it first (on 3 ranks: moves the shard to dim 0).
       // The backward kernel gets x as it was, S(2), and moves it again; on 3 ranks grad_x moves
@@ -92,19 +106,28 @@ TEST(OpsNnTest, LayerNormWithShardedRowsAndReplicatedParameters) {
                      : OpCollectives{.forward = {.all_to_all = 1},
                                      .backward = {.all_reduce = 2, .all_to_all = 2}};
       check_op(mesh, {"layer_norm x S(2)",
-                      {{x, {Shard(2)}}, {weight, {Replicate()}}, {bias, {Replicate()}}}, ln,
-                      std::nullopt, layer_norm_whole_dim, kExact, kSplitSum});
+                      {{x, {Shard(2)}}, {weight, {Replicate()}}, {bias, {Replicate()}}},
+                      ln,
+                      std::nullopt,
+                      layer_norm_whole_dim,
+                      kExact,
+                      kSplitSum});
     });
   }
   run_on_ranks(4, [ln](ProcessGroup& pg) {
-    const Tensor x = float_tensor({4, 5, 6}, 4), weight = float_tensor({6}, 5), bias = float_tensor({6}, 6);
+    const Tensor x = float_tensor({4, 5, 6}, 4), weight = float_tensor({6}, 5),
+                 bias = float_tensor({6}, 6);
     check_op(mesh_2x2(pg), {"layer_norm [S(0),S(1)]",
-                            {{x, {Shard(0), Shard(1)}}, {weight, {Replicate(), Replicate()}},
+                            {{x, {Shard(0), Shard(1)}},
+                             {weight, {Replicate(), Replicate()}},
                              {bias, {Replicate(), Replicate()}}},
-                            ln, Placements{Shard(0), Shard(1)},
+                            ln,
+                            Placements{Shard(0), Shard(1)},
                             // Each parameter gradient is Partial on both mesh dims: one
                             // all-reduce per mesh dim.
-                            {.backward = {.all_reduce = 4}}, kExact, kSplitSum});
+                            {.backward = {.all_reduce = 4}},
+                            kExact,
+                            kSplitSum});
   });
 }
 
@@ -136,8 +159,10 @@ TEST(OpsNnTest, DropoutOnShardsDrawsTheirSliceOfTheGlobalMask) {
     run_on_ranks(world, [world, drop](ProcessGroup& pg) {
       auto mesh = mesh_1d(pg);
       const Tensor x = float_tensor({2, 3 * world + 1, 5}, 1);  // uneven along dim 1
-      for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Shard(2)}}) {
-        check_op(mesh, {"dropout of " + placements_str(placements), {{x, placements}}, drop, placements});
+      for (const Placements& placements :
+           {Placements{Shard(0)}, Placements{Shard(1)}, Placements{Shard(2)}}) {
+        check_op(mesh,
+                 {"dropout of " + placements_str(placements), {{x, placements}}, drop, placements});
         const Tensor sharded = distribute_tensor(x, mesh, placements, std::nullopt);
         CommDebugMode comm;
         dropout(sharded, 0.3, 1234);
@@ -152,7 +177,9 @@ TEST(OpsNnTest, DropoutOnShardsDrawsTheirSliceOfTheGlobalMask) {
     });
   }
   run_on_ranks(4, [drop](ProcessGroup& pg) {
-    check_op(mesh_2x2(pg), {"dropout of [S(1),S(0)]", {{float_tensor({5, 6}, 2), {Shard(1), Shard(0)}}}, drop,
+    check_op(mesh_2x2(pg), {"dropout of [S(1),S(0)]",
+                            {{float_tensor({5, 6}, 2), {Shard(1), Shard(0)}}},
+                            drop,
                             Placements{Shard(1), Shard(0)}});
   });
 }
@@ -168,13 +195,19 @@ TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
       const Tensor indices = ops::from_vector_i64(ids, {3, 4});
       const auto lookup = [](const Inputs& in) { return embedding(in[0], in[1]); };
       // Vocabulary parallel: each rank looks up the rows it owns (zeros elsewhere) -> Partial(sum).
-      check_op(mesh, {"embedding table S(0), indices R", {{table, {Shard(0)}}, {indices, {Replicate()}}}, lookup,
+      check_op(mesh, {"embedding table S(0), indices R",
+                      {{table, {Shard(0)}}, {indices, {Replicate()}}},
+                      lookup,
                       Placements{Partial(ReduceOp::kSum)}});
       // Feature parallel: each rank holds some columns of every row -> sharded on the last dim.
-      check_op(mesh, {"embedding table S(1), indices R", {{table, {Shard(1)}}, {indices, {Replicate()}}}, lookup,
+      check_op(mesh, {"embedding table S(1), indices R",
+                      {{table, {Shard(1)}}, {indices, {Replicate()}}},
+                      lookup,
                       Placements{Shard(2)}});
       check_op(mesh, {"embedding table R, indices S(0)",
-                      {{table, {Replicate()}}, {indices, {Shard(0)}}}, lookup, Placements{Shard(0)},
+                      {{table, {Replicate()}}, {indices, {Shard(0)}}},
+                      lookup,
+                      Placements{Shard(0)},
                       {.backward = {.all_reduce = 1}}});
     });
   }
@@ -184,7 +217,8 @@ TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
     check_op(mesh_2x2(pg), {"embedding table [R,S(0)], indices [S(0),R]",
                             {{table, {Replicate(), Shard(0)}}, {indices, {Shard(0), Replicate()}}},
                             [](const Inputs& in) { return embedding(in[0], in[1]); },
-                            Placements{Shard(0), Partial()}, {.backward = {.all_reduce = 1}}});
+                            Placements{Shard(0), Partial()},
+                            {.backward = {.all_reduce = 1}}});
   });
 }
 
@@ -225,8 +259,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.bytes(CollectiveKind::kAllReduce), 3 * n * 4) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(loss).placements, (Placements{Replicate()}));
-        expect_close({.actual = full_tensor(loss), .expected = ref_loss, .tol = kSplitSum,
-                      .what = "loss"});
+        expect_close(
+            {.actual = full_tensor(loss), .expected = ref_loss, .tol = kSplitSum, .what = "loss"});
         {
           // The gradient stays vocabulary-sharded: no communication at all.
           CommDebugMode comm;
@@ -234,8 +268,10 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
           EXPECT_EQ(comm.total_count(), 0) << comm.summary();
         }
         EXPECT_EQ(dtensor_spec(logits.grad()).placements, (Placements{Shard(1)}));
-        expect_close({.actual = full_tensor(logits.grad()), .expected = ref_logits.grad(),
-                      .tol = kSplitSum, .what = "grad logits"});
+        expect_close({.actual = full_tensor(logits.grad()),
+                      .expected = ref_logits.grad(),
+                      .tol = kSplitSum,
+                      .what = "grad logits"});
       }
     });
   }
@@ -248,19 +284,32 @@ TEST(OpsNnTest, CrossEntropyWithRowShardedLogitsAndOn2x2Mesh) {
     const auto ce = [](Reduction r) {
       return [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); };
     };
-    check_op(mesh, {"cross_entropy sum, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}}, ce(Reduction::kSum),
-                    Placements{Partial()}, {}, kSplitSum, kSplitSum});
-    check_op(mesh, {"cross_entropy none, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
-                    ce(Reduction::kNone), Placements{Shard(0)}, {}, kExact, kExact});
+    check_op(mesh, {"cross_entropy sum, rows S(0)",
+                    {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
+                    ce(Reduction::kSum),
+                    Placements{Partial()},
+                    {},
+                    kSplitSum,
+                    kSplitSum});
+    check_op(mesh, {"cross_entropy none, rows S(0)",
+                    {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
+                    ce(Reduction::kNone),
+                    Placements{Shard(0)},
+                    {},
+                    kExact,
+                    kExact});
     // A mean has no row-sharded option (it divides by the count of every row's valid target):
     // the logits move to the vocabulary (an all-to-all) for loss parallel (its 3 all-reduces)
     // and the targets are gathered; the backward kernel moves both again, and its
     // vocabulary-sharded gradient moves back to rows.
-    check_op(mesh, {"cross_entropy mean, rows S(0)", {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
-                    ce(Reduction::kMean), std::nullopt,
+    check_op(mesh, {"cross_entropy mean, rows S(0)",
+                    {{logits, {Shard(0)}}, {targets, {Shard(0)}}},
+                    ce(Reduction::kMean),
+                    std::nullopt,
                     {.forward = {.all_reduce = 3, .all_gather = 1, .all_to_all = 1},
                      .backward = {.all_gather = 1, .all_to_all = 2}},
-                    kSplitSum, kSplitSum});
+                    kSplitSum,
+                    kSplitSum});
   });
   run_on_ranks(4, [](ProcessGroup& pg) {
     const Tensor logits = float_tensor({6, 11}, 3), targets = ce_targets(6, 11);
@@ -269,20 +318,26 @@ TEST(OpsNnTest, CrossEntropyWithRowShardedLogitsAndOn2x2Mesh) {
       // kNone keeps the rows on dp; kMean cannot (above), so dp gathers the logits and the
       // targets, in forward and again for the backward kernel.
       const OpCollectives collectives =
-          r == Reduction::kNone
-              ? OpCollectives{.forward = {.all_reduce = 3}}
-              : OpCollectives{.forward = {.all_reduce = 3, .all_gather = 2},
-                              .backward = {.all_gather = 2}};
+          r == Reduction::kNone ? OpCollectives{.forward = {.all_reduce = 3}}
+                                : OpCollectives{.forward = {.all_reduce = 3, .all_gather = 2},
+                                                .backward = {.all_gather = 2}};
       const auto ce = [r](const Inputs& in) { return cross_entropy(in[0], in[1], -100, r); };
-      check_op(mesh_2x2(pg), {"cross_entropy [S(0),S(1)] reduction " + std::to_string(static_cast<int>(r)),
-                              {{logits, {Shard(0), Shard(1)}}, {targets, {Shard(0), Replicate()}}},
-                              ce, std::nullopt, collectives, kSplitSum, kSplitSum});
+      check_op(mesh_2x2(pg),
+               {"cross_entropy [S(0),S(1)] reduction " + std::to_string(static_cast<int>(r)),
+                {{logits, {Shard(0), Shard(1)}}, {targets, {Shard(0), Replicate()}}},
+                ce,
+                std::nullopt,
+                collectives,
+                kSplitSum,
+                kSplitSum});
     }
   });
 }
 
 TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
-  const auto attention = [](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); };
+  const auto attention = [](const Inputs& in) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], true);
+  };
   for (int world : {2, 3}) {
     run_on_ranks(world, [world, attention](ProcessGroup& pg) {
       auto mesh = mesh_1d(pg);
@@ -290,9 +345,13 @@ TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
       const Tensor q = float_tensor({2, heads, 5, 4}, 1), k = float_tensor({2, heads, 5, 4}, 2),
                    v = float_tensor({2, heads, 5, 4}, 3);
       // Each (batch, head) is computed whole on one rank, exactly as on a single rank.
-      check_op(mesh, {"attention q,k,v S(1)", {{q, {Shard(1)}}, {k, {Shard(1)}}, {v, {Shard(1)}}}, attention,
+      check_op(mesh, {"attention q,k,v S(1)",
+                      {{q, {Shard(1)}}, {k, {Shard(1)}}, {v, {Shard(1)}}},
+                      attention,
                       Placements{Shard(1)}});
-      check_op(mesh, {"attention q,k,v S(0)", {{q, {Shard(0)}}, {k, {Shard(0)}}, {v, {Shard(0)}}}, attention,
+      check_op(mesh, {"attention q,k,v S(0)",
+                      {{q, {Shard(0)}}, {k, {Shard(0)}}, {v, {Shard(0)}}},
+                      attention,
                       Placements{Shard(0)}});
       // Sharded along the sequence: attention needs every key, so this gathers q, k and v (on 3
       // ranks: moves them to S(0)), and again for the backward kernel, which gets them as they
@@ -300,14 +359,19 @@ TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
       const OpCollectives attention_whole_sequence =
           world == 2 ? OpCollectives{.forward = {.all_gather = 3}, .backward = {.all_gather = 3}}
                      : OpCollectives{.forward = {.all_to_all = 3}, .backward = {.all_to_all = 6}};
-      check_op(mesh, {"attention q,k,v S(2)", {{q, {Shard(2)}}, {k, {Shard(2)}}, {v, {Shard(2)}}},
-                      attention, std::nullopt, attention_whole_sequence});
+      check_op(mesh, {"attention q,k,v S(2)",
+                      {{q, {Shard(2)}}, {k, {Shard(2)}}, {v, {Shard(2)}}},
+                      attention,
+                      std::nullopt,
+                      attention_whole_sequence});
     });
   }
   run_on_ranks(4, [attention](ProcessGroup& pg) {
-    const Tensor q = float_tensor({2, 4, 3, 2}, 4), k = float_tensor({2, 4, 3, 2}, 5), v = float_tensor({2, 4, 3, 2}, 6);
+    const Tensor q = float_tensor({2, 4, 3, 2}, 4), k = float_tensor({2, 4, 3, 2}, 5),
+                 v = float_tensor({2, 4, 3, 2}, 6);
     const Placements dp_tp{Shard(0), Shard(1)};
-    check_op(mesh_2x2(pg), {"attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
+    check_op(mesh_2x2(pg),
+             {"attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
   });
 }
 
@@ -319,17 +383,19 @@ TEST(OpsNnTest, AttentionBlockWithHeadsShardedFromColwiseProjections) {
     auto mesh = mesh_1d(pg);
     const int64_t b = 2, t = 3, h = 4, d = 2, c = h * d;
     const Tensor x_full = float_tensor({b, t, c}, 1);
-    const Tensor wq = float_tensor({c, c}, 2), wk = float_tensor({c, c}, 3), wv = float_tensor({c, c}, 4),
-                 wo = float_tensor({c, c}, 5);
+    const Tensor wq = float_tensor({c, c}, 2), wk = float_tensor({c, c}, 3),
+                 wv = float_tensor({c, c}, 4), wo = float_tensor({c, c}, 5);
     const auto block = [&](const Inputs& in) {
       const auto heads = [&](const Tensor& w) {
-        return transpose(reshape(matmul(in[0], transpose(w, 0, 1)), {b, t, h, d}), 1, 2);  // (B, H, T, D)
+        return transpose(reshape(matmul(in[0], transpose(w, 0, 1)), {b, t, h, d}), 1,
+                         2);  // (B, H, T, D)
       };
       Tensor y = scaled_dot_product_attention(heads(in[1]), heads(in[2]), heads(in[3]), true);
       y = reshape(transpose(y, 1, 2), {b, t, c});
       return matmul(y, transpose(in[4], 0, 1));
     };
-    Inputs reference{ops::clone(x_full), ops::clone(wq), ops::clone(wk), ops::clone(wv), ops::clone(wo)};
+    Inputs reference{ops::clone(x_full), ops::clone(wq), ops::clone(wk), ops::clone(wv),
+                     ops::clone(wo)};
     for (Tensor& r : reference) r.set_requires_grad(true);
     const Tensor expected = block(reference);
     backward(sum(expected));
@@ -348,13 +414,17 @@ TEST(OpsNnTest, AttentionBlockWithHeadsShardedFromColwiseProjections) {
     }
     EXPECT_EQ(dtensor_spec(y).placements, (Placements{Partial()}));
     // Products of non-integers summed over split features: kSplitSum.
-    expect_close({.actual = full_tensor(y), .expected = expected, .tol = kSplitSum,
+    expect_close({.actual = full_tensor(y),
+                  .expected = expected,
+                  .tol = kSplitSum,
                   .what = "attention block"});
     backward(sum(full_tensor(y)));
     for (size_t i = 0; i < inputs.size(); ++i) {
       EXPECT_EQ(dtensor_spec(inputs[i].grad()).placements, dtensor_spec(inputs[i]).placements) << i;
-      expect_close({.actual = full_tensor(inputs[i].grad()), .expected = reference[i].grad(),
-                    .tol = kSplitSum, .what = "grad " + std::to_string(i)});
+      expect_close({.actual = full_tensor(inputs[i].grad()),
+                    .expected = reference[i].grad(),
+                    .tol = kSplitSum,
+                    .what = "grad " + std::to_string(i)});
     }
   });
 }

@@ -22,7 +22,9 @@
 namespace loom::testing {
 
 // A float tensor with values in [-1, 1) (for ops whose results are not integers anyway).
-inline Tensor float_tensor(const Shape& shape, uint64_t seed) { return ops::uniform(shape, seed, -1.0, 1.0); }
+inline Tensor float_tensor(const Shape& shape, uint64_t seed) {
+  return ops::uniform(shape, seed, -1.0, 1.0);
+}
 
 // (full tensor, how to distribute it). Floating inputs get requires_grad on both sides.
 struct OpInput {
@@ -93,10 +95,13 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
   }
   ASSERT_TRUE(is_dtensor(out)) << check.name;
   if (check.expected_output) {
-    EXPECT_EQ(placements_str(dtensor_spec(out).placements), placements_str(*check.expected_output)) << check.name;
+    EXPECT_EQ(placements_str(dtensor_spec(out).placements), placements_str(*check.expected_output))
+        << check.name;
   }
   const Tensor full = full_tensor(out);
-  expect_close({.actual = full, .expected = reference, .tol = check.forward,
+  expect_close({.actual = full,
+                .expected = reference,
+                .tol = check.forward,
                 .what = check.name + " forward"});
   if (!reference.requires_grad()) {
     EXPECT_EQ(collectives_str(check.collectives.backward), "none")
@@ -121,16 +126,23 @@ inline void check_op(const std::shared_ptr<const DeviceMesh>& mesh, const OpChec
     // A gradient takes its parameter's placements (autograd's match_layout); a Partial input's
     // gradient is left unchecked here (the adjoint of Partial is Replicate).
     if (!dtensor_spec(inputs[i]).has_partial()) {
-      EXPECT_EQ(placements_str(dtensor_spec(grad).placements), placements_str(dtensor_spec(inputs[i]).placements))
+      EXPECT_EQ(placements_str(dtensor_spec(grad).placements),
+                placements_str(dtensor_spec(inputs[i]).placements))
           << what;
     }
-    expect_close({.actual = full_tensor(grad), .expected = reference_inputs[i].grad(),
-                  .tol = check.backward, .what = what});
+    expect_close({.actual = full_tensor(grad),
+                  .expected = reference_inputs[i].grad(),
+                  .tol = check.backward,
+                  .what = what});
   }
 }
 
 // The meshes most checks run on: 1-D over 2 and 3 ranks, and 2x2.
-inline std::shared_ptr<const DeviceMesh> mesh_1d(comm::ProcessGroup& pg) { return make_mesh(pg, {"tp"}, {pg.size()}); }
-inline std::shared_ptr<const DeviceMesh> mesh_2x2(comm::ProcessGroup& pg) { return make_mesh(pg, {"dp", "tp"}, {2, 2}); }
+inline std::shared_ptr<const DeviceMesh> mesh_1d(comm::ProcessGroup& pg) {
+  return make_mesh(pg, {"tp"}, {pg.size()});
+}
+inline std::shared_ptr<const DeviceMesh> mesh_2x2(comm::ProcessGroup& pg) {
+  return make_mesh(pg, {"dp", "tp"}, {2, 2});
+}
 
 }  // namespace loom::testing

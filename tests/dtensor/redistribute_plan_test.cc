@@ -7,7 +7,9 @@ namespace {
 
 using comm::ReduceOp;
 
-std::string plan(const Placements& from, const Placements& to) { return plan_redistribute(from, to).str(); }
+std::string plan(const Placements& from, const Placements& to) {
+  return plan_redistribute(from, to).str();
+}
 
 TEST(RedistributePlanTest, OneDimTransitionsUseOneCollectiveOrNone) {
   EXPECT_EQ(plan({Shard(0)}, {Replicate()}), "S(0) -> R");
@@ -30,13 +32,15 @@ TEST(RedistributePlanTest, OneDimTransitionsUseOneCollectiveOrNone) {
 TEST(RedistributePlanTest, TwoDimPlansPrintEachIntermediateState) {
   EXPECT_EQ(plan({Shard(0), Replicate()}, {Replicate(), Shard(1)}), "S(0)R -> RR -> RS(1)");
   EXPECT_EQ(plan({Partial(), Shard(0)}, {Replicate(), Shard(0)}), "P(sum)S(0) -> RS(0)");
-  EXPECT_EQ(plan({Shard(0), Shard(1)}, {Shard(1), Shard(0)}), "S(0)S(1) -> S(0)R -> RR -> S(1)R -> S(1)S(0)");
+  EXPECT_EQ(plan({Shard(0), Shard(1)}, {Shard(1), Shard(0)}),
+            "S(0)S(1) -> S(0)R -> RR -> S(1)R -> S(1)S(0)");
 }
 
 TEST(RedistributePlanTest, NestedShardOfOneTensorDimRespectsMeshOrder) {
   // [R, S(0)] -> [S(0), S(0)]: mesh dim 1's S(0) means a different chunk before and after
   // (after, it splits mesh dim 0's chunk), so it must be gathered and re-chunked.
-  EXPECT_EQ(plan({Replicate(), Shard(0)}, {Shard(0), Shard(0)}), "RS(0) -> RR -> S(0)R -> S(0)S(0)");
+  EXPECT_EQ(plan({Replicate(), Shard(0)}, {Shard(0), Shard(0)}),
+            "RS(0) -> RR -> S(0)R -> S(0)S(0)");
   // The outer one unchanged: inner transitions run alone.
   EXPECT_EQ(plan({Shard(0), Shard(0)}, {Shard(0), Replicate()}), "S(0)S(0) -> S(0)R");
   // Partial -> Shard on a tensor dim another mesh dim shards cannot reduce-scatter directly.
@@ -48,7 +52,8 @@ TEST(RedistributePlanTest, NestedShardOfOneTensorDimRespectsMeshOrder) {
 TEST(RedistributePlanTest, EveryPairOnThreeDimMeshReachesItsTarget) {
   // plan_redistribute asserts internally that each plan ends at its target; run it on every
   // pair of placements of a 3-D mesh over a 2-D tensor, and check step bookkeeping.
-  std::vector<Placement> choices{Replicate(), Shard(0), Shard(1), Partial(), Partial(ReduceOp::kMax)};
+  std::vector<Placement> choices{Replicate(), Shard(0), Shard(1), Partial(),
+                                 Partial(ReduceOp::kMax)};
   int pairs = 0;
   for (const auto& a0 : choices)
     for (const auto& a1 : choices)
@@ -65,7 +70,9 @@ TEST(RedistributePlanTest, EveryPairOnThreeDimMeshReachesItsTarget) {
                 ASSERT_EQ(state, step.after);
               }
               ASSERT_EQ(state, to) << p.str();
-              if (from == to) { EXPECT_TRUE(p.steps.empty()); }
+              if (from == to) {
+                EXPECT_TRUE(p.steps.empty());
+              }
               ++pairs;
             }
   EXPECT_EQ(pairs, 15625);

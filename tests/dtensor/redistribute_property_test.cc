@@ -34,8 +34,8 @@ using comm::testing::run_on_ranks;
 
 struct Case {
   Shape shape;
-  size_t mesh;                     // index into the world's meshes
-  std::vector<Placements> chain;   // chain[0]: distribute_tensor; then redistribute to each
+  size_t mesh;                    // index into the world's meshes
+  std::vector<Placements> chain;  // chain[0]: distribute_tensor; then redistribute to each
   uint64_t seed;
 };
 
@@ -56,15 +56,18 @@ Placement random_placement(std::mt19937& rng, int64_t tensor_ndim) {
   return pick == tensor_ndim + 1 ? Partial(ReduceOp::kSum) : Partial(ReduceOp::kMax);
 }
 
-Case random_case(std::mt19937& rng, size_t mesh_count, const std::vector<std::vector<int64_t>>& shapes) {
+Case random_case(std::mt19937& rng, size_t mesh_count,
+                 const std::vector<std::vector<int64_t>>& shapes) {
   Case c;
   const int64_t ndim = std::uniform_int_distribution<int64_t>(1, 3)(rng);
-  for (int64_t d = 0; d < ndim; ++d) c.shape.push_back(std::uniform_int_distribution<int64_t>(0, 13)(rng));
+  for (int64_t d = 0; d < ndim; ++d)
+    c.shape.push_back(std::uniform_int_distribution<int64_t>(0, 13)(rng));
   c.mesh = std::uniform_int_distribution<size_t>(0, mesh_count - 1)(rng);
   const int64_t length = std::uniform_int_distribution<int64_t>(1, 4)(rng);
   for (int64_t k = 0; k < length; ++k) {
     Placements placements;
-    for (size_t md = 0; md < shapes[c.mesh].size(); ++md) placements.push_back(random_placement(rng, ndim));
+    for (size_t md = 0; md < shapes[c.mesh].size(); ++md)
+      placements.push_back(random_placement(rng, ndim));
     c.chain.push_back(std::move(placements));
   }
   c.seed = rng();
@@ -74,7 +77,8 @@ Case random_case(std::mt19937& rng, size_t mesh_count, const std::vector<std::ve
 std::string describe(int64_t index, const Case& c, const DeviceMesh& mesh) {
   std::vector<std::string> chain;
   for (const auto& p : c.chain) chain.push_back(placements_str(p));
-  return fmt::format("case {}: shape {} on {}: {}", index, shape_str(c.shape), mesh.str(), fmt::join(chain, " -> "));
+  return fmt::format("case {}: shape {} on {}: {}", index, shape_str(c.shape), mesh.str(),
+                     fmt::join(chain, " -> "));
 }
 
 bool has_partial(const Placements& placements) {
@@ -94,7 +98,8 @@ std::vector<uint64_t> bits(const Tensor& t) {
 Tensor slice_of(const Tensor& full, const DTensorSpec& spec) {
   const Shape offset = spec.local_offset(), shape = spec.local_shape();
   Tensor out = full;
-  for (size_t d = 0; d < shape.size(); ++d) out = ops::narrow(out, static_cast<int64_t>(d), offset[d], shape[d]);
+  for (size_t d = 0; d < shape.size(); ++d)
+    out = ops::narrow(out, static_cast<int64_t>(d), offset[d], shape[d]);
   return out;
 }
 
@@ -126,13 +131,15 @@ int64_t run_cases(int world, int64_t count) {
               if (k > 0) x = redistribute(x, c.chain[k]);
               const DTensorSpec& spec = dtensor_spec(x);
               ok = ok && spec.placements == c.chain[k] && spec.shape == c.shape;
-              if (!has_partial(spec.placements)) ok = ok && bits(local_shard(x)) == bits(slice_of(original, spec));
+              if (!has_partial(spec.placements))
+                ok = ok && bits(local_shard(x)) == bits(slice_of(original, spec));
             }
             ok = ok && bits(full_tensor(x)) == bits(original);
           } catch (const std::exception& e) {
             throw std::runtime_error(fmt::format("{}: {}", describe(i, c, *mesh), e.what()));
           }
-          if (!ok && ++failures <= 5) ADD_FAILURE() << describe(i, c, *mesh) << ": values or placements differ";
+          if (!ok && ++failures <= 5)
+            ADD_FAILURE() << describe(i, c, *mesh) << ": values or placements differ";
           if (pg.rank() == 0) ++ran;
         }
         EXPECT_EQ(failures, 0) << "failed cases on rank " << pg.rank();
@@ -150,7 +157,8 @@ TEST(RedistributePropertyTest, RandomChainsComeBackBitForBit) {
     SCOPED_TRACE(fmt::format("world {}", world));
     const auto start = std::chrono::steady_clock::now();
     const int64_t ran = run_cases(world, count);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << fmt::format("world {}: {} cases in {:.1f} s", world, ran, seconds) << std::endl;
     EXPECT_EQ(ran, count);
     total += ran;

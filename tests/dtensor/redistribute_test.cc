@@ -41,9 +41,12 @@ using StepKind = RedistributeStep::Kind;
 
 // Every placement list of an `ndim`-D mesh over a 2-D tensor.
 std::vector<Placements> all_placements(int64_t mesh_ndim) {
-  const std::vector<Placement> choices{Replicate(),          Shard(0),
-                                       Shard(1),             Partial(ReduceOp::kSum),
-                                       Partial(ReduceOp::kAvg), Partial(ReduceOp::kMax)};
+  const std::vector<Placement> choices{Replicate(),
+                                       Shard(0),
+                                       Shard(1),
+                                       Partial(ReduceOp::kSum),
+                                       Partial(ReduceOp::kAvg),
+                                       Partial(ReduceOp::kMax)};
   std::vector<Placements> out{{}};
   for (int64_t md = 0; md < mesh_ndim; ++md) {
     std::vector<Placements> next;
@@ -70,7 +73,8 @@ bool has_partial(const Placements& placements) {
 Tensor expected_local(const Tensor& full, const DTensorSpec& spec) {
   const Shape offset = spec.local_offset(), shape = spec.local_shape();
   Tensor out = full;
-  for (size_t d = 0; d < shape.size(); ++d) out = ops::narrow(out, static_cast<int64_t>(d), offset[d], shape[d]);
+  for (size_t d = 0; d < shape.size(); ++d)
+    out = ops::narrow(out, static_cast<int64_t>(d), offset[d], shape[d]);
   return ops::contiguous(out);
 }
 
@@ -79,12 +83,21 @@ std::map<CollectiveKind, int64_t> plan_collectives(const RedistributePlan& plan)
   std::map<CollectiveKind, int64_t> out;
   for (const auto& step : plan.steps) {
     switch (step.kind) {
-      case StepKind::kAllGather: ++out[CollectiveKind::kAllGather]; break;
-      case StepKind::kAllReduce: ++out[CollectiveKind::kAllReduce]; break;
-      case StepKind::kReduceScatter: ++out[CollectiveKind::kReduceScatter]; break;
-      case StepKind::kAllToAll: ++out[CollectiveKind::kAllToAll]; break;
+      case StepKind::kAllGather:
+        ++out[CollectiveKind::kAllGather];
+        break;
+      case StepKind::kAllReduce:
+        ++out[CollectiveKind::kAllReduce];
+        break;
+      case StepKind::kReduceScatter:
+        ++out[CollectiveKind::kReduceScatter];
+        break;
+      case StepKind::kAllToAll:
+        ++out[CollectiveKind::kAllToAll];
+        break;
       case StepKind::kLocalChunk:
-      case StepKind::kLocalPartial: break;
+      case StepKind::kLocalPartial:
+        break;
     }
   }
   return out;
@@ -101,7 +114,8 @@ std::map<CollectiveKind, int64_t> observed_collectives(const CommDebugMode& comm
 
 std::string kinds_str(const std::map<CollectiveKind, int64_t>& kinds) {
   std::string out;
-  for (const auto& [kind, n] : kinds) out += fmt::format("{}{}x{}", out.empty() ? "" : ", ", n, comm::collective_name(kind));
+  for (const auto& [kind, n] : kinds)
+    out += fmt::format("{}{}x{}", out.empty() ? "" : ", ", n, comm::collective_name(kind));
   return out.empty() ? "none" : out;
 }
 
@@ -129,14 +143,17 @@ int64_t check_every_pair(const std::shared_ptr<const DeviceMesh>& mesh, const Te
       EXPECT_EQ(spec.shape, full.shape());
       // (c) collectives, per kind.
       const auto expected = plan_collectives(plan);
-      EXPECT_EQ(observed, expected) << "issued " << kinds_str(observed) << ", plan has " << kinds_str(expected);
+      EXPECT_EQ(observed, expected)
+          << "issued " << kinds_str(observed) << ", plan has " << kinds_str(expected);
       // (b) values.
       if (has_partial(tgt)) {
         EXPECT_EQ(local_shard(y).shape(), spec.local_shape());
-        expect_equal({.actual = full_tensor(y), .expected = full,
+        expect_equal({.actual = full_tensor(y),
+                      .expected = full,
                       .what = "full_tensor of the Partial target"});
       } else {
-        expect_equal({.actual = local_shard(y), .expected = expected_local(full, spec),
+        expect_equal({.actual = local_shard(y),
+                      .expected = expected_local(full, spec),
                       .what = "local shard"});
       }
     }
@@ -162,60 +179,80 @@ comm::testing::MultiRankOptions long_run() {
 }
 
 TEST(RedistributeTest, EveryPairOnOneDimMeshOfTwo) {
-  run_on_ranks(2, [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"x"}, {2})); });
+  run_on_ranks(2,
+               [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"x"}, {2})); });
 }
 
 TEST(RedistributeTest, EveryPairOnOneDimMeshOfThree) {
-  run_on_ranks(3, [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"x"}, {3})); });
+  run_on_ranks(3,
+               [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"x"}, {3})); });
 }
 
 TEST(RedistributeTest, EveryPairOnOneDimMeshOfFourAndTwoByTwo) {
-  run_on_ranks(4, [](ProcessGroup& pg) {
-    check_every_pair_both_shapes(make_mesh(pg, {"x"}, {4}));
-    check_every_pair_both_shapes(make_mesh(pg, {"dp", "tp"}, {2, 2}));
-  }, long_run());
+  run_on_ranks(
+      4,
+      [](ProcessGroup& pg) {
+        check_every_pair_both_shapes(make_mesh(pg, {"x"}, {4}));
+        check_every_pair_both_shapes(make_mesh(pg, {"dp", "tp"}, {2, 2}));
+      },
+      long_run());
 }
 
 TEST(RedistributeTest, EveryPairOnTwoByThree) {
   run_on_ranks(
-      6, [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"dp", "tp"}, {2, 3})); }, long_run());
+      6,
+      [](ProcessGroup& pg) {
+        check_every_pair_both_shapes(make_mesh(pg, {"dp", "tp"}, {2, 3}));
+      },
+      long_run());
 }
 
 TEST(RedistributeTest, MeshWithExplicitReversedRanks) {
   // Ranks [3, 2, 1, 0]: chunk c of a shard lives at mesh coordinate c, whatever its global rank.
-  run_on_ranks(4, [](ProcessGroup& pg) {
-    auto reversed = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"x"},
-                                                       std::vector<int64_t>{4}, std::vector<int>{3, 2, 1, 0});
-    // distribute_tensor takes the data of coordinate 0: rank 3.
-    const Tensor mine = distribute_tensor(ops::full({2}, pg.rank() + 1.0), reversed, {Replicate()});
-    expect_equal({.actual = local_shard(mine), .expected = ops::full({2}, 4.0),
-                  .what = "data of coordinate 0"});
-    const Tensor full = integer_tensor({13, 5}, 13);
-    const Tensor x = distribute_tensor(full, reversed, {Shard(0)});
-    EXPECT_EQ(dtensor_spec(x).local_offset()[0], 4 * (3 - pg.rank()));
-    expect_equal({.actual = local_shard(x), .expected = expected_local(full, dtensor_spec(x)),
-                  .what = "distribute"});
-    expect_equal({.actual = full_tensor(x), .expected = full, .what = "S(0) -> R"});
-    const Tensor y = redistribute(x, {Shard(1)});
-    expect_equal({.actual = local_shard(y), .expected = expected_local(full, dtensor_spec(y)),
-                  .what = "S(0) -> S(1)"});
-    const Tensor p = redistribute(y, {Partial()});
-    expect_equal({.actual = local_shard(redistribute(p, {Shard(0)})), .expected = local_shard(x),
-                  .what = "P -> S(0)"});
+  run_on_ranks(
+      4,
+      [](ProcessGroup& pg) {
+        auto reversed = std::make_shared<const DeviceMesh>(
+            pg.shared_from_this(), std::vector<std::string>{"x"}, std::vector<int64_t>{4},
+            std::vector<int>{3, 2, 1, 0});
+        // distribute_tensor takes the data of coordinate 0: rank 3.
+        const Tensor mine =
+            distribute_tensor(ops::full({2}, pg.rank() + 1.0), reversed, {Replicate()});
+        expect_equal({.actual = local_shard(mine),
+                      .expected = ops::full({2}, 4.0),
+                      .what = "data of coordinate 0"});
+        const Tensor full = integer_tensor({13, 5}, 13);
+        const Tensor x = distribute_tensor(full, reversed, {Shard(0)});
+        EXPECT_EQ(dtensor_spec(x).local_offset()[0], 4 * (3 - pg.rank()));
+        expect_equal({.actual = local_shard(x),
+                      .expected = expected_local(full, dtensor_spec(x)),
+                      .what = "distribute"});
+        expect_equal({.actual = full_tensor(x), .expected = full, .what = "S(0) -> R"});
+        const Tensor y = redistribute(x, {Shard(1)});
+        expect_equal({.actual = local_shard(y),
+                      .expected = expected_local(full, dtensor_spec(y)),
+                      .what = "S(0) -> S(1)"});
+        const Tensor p = redistribute(y, {Partial()});
+        expect_equal({.actual = local_shard(redistribute(p, {Shard(0)})),
+                      .expected = local_shard(x),
+                      .what = "P -> S(0)"});
 
-    auto grid = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
-                                                   std::vector<int64_t>{2, 2}, std::vector<int>{3, 2, 1, 0});
-    check_every_pair(grid, full);
-  }, long_run());
+        auto grid = std::make_shared<const DeviceMesh>(
+            pg.shared_from_this(), std::vector<std::string>{"dp", "tp"}, std::vector<int64_t>{2, 2},
+            std::vector<int>{3, 2, 1, 0});
+        check_every_pair(grid, full);
+      },
+      long_run());
 }
 
 // ---- gradients ----
 
 // x = distribute(X, src) requiring grad; y = redistribute(x, tgt); loss = sum(full_tensor(y) * W).
 // Then x.grad() is a DTensor whose full tensor is W, placed as src with Partial -> Replicate.
-void check_gradient(const std::shared_ptr<const DeviceMesh>& mesh, const Shape& shape, const Placements& src,
-                    const Placements& tgt) {
-  SCOPED_TRACE(fmt::format("{} {}: gradient of {}", mesh->str(), shape_str(shape), plan_redistribute(src, tgt).str()));
+void check_gradient(const std::shared_ptr<const DeviceMesh>& mesh, const Shape& shape,
+                    const Placements& src, const Placements& tgt) {
+  SCOPED_TRACE(fmt::format("{} {}: gradient of {}", mesh->str(), shape_str(shape),
+                           plan_redistribute(src, tgt).str()));
   const Tensor full = integer_tensor(shape, 21);
   const Tensor weights = integer_tensor(shape, 22);
   Tensor x = distribute_tensor(full, mesh, src, std::nullopt);
@@ -229,7 +266,8 @@ void check_gradient(const std::shared_ptr<const DeviceMesh>& mesh, const Shape& 
   for (auto& p : expected) {
     if (p.is_partial()) p = Replicate();
   }
-  EXPECT_EQ(dtensor_spec(x.grad()).placements, expected) << placements_str(dtensor_spec(x.grad()).placements);
+  EXPECT_EQ(dtensor_spec(x.grad()).placements, expected)
+      << placements_str(dtensor_spec(x.grad()).placements);
   expect_equal({.actual = full_tensor(x.grad()), .expected = weights, .what = "full gradient"});
 }
 

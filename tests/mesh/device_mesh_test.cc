@@ -19,11 +19,11 @@
 namespace loom {
 namespace {
 
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using comm::ProcessGroup;
 using comm::testing::run_on_ranks;
 using loom::testing::make_mesh;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 // The sum of `value` over the ranks of `group` (an all-reduce).
 double group_sum(comm::ProcessGroup& group, double value) {
@@ -176,17 +176,27 @@ TEST(DeviceMeshTest, FlattenKeepsTheOtherDimsAndTheirGroups) {
     EXPECT_EQ(flat.str(), "DeviceMesh(pp=2, dp_tp=2, cpu)");
     EXPECT_THAT(flat.coordinate(), ElementsAre(rank / 2, rank % 2));
     EXPECT_EQ(flat.group("pp").get(), mesh->group("pp").get());
-    EXPECT_EQ(flat.group("dp_tp")->global_ranks(), (std::vector<int>{rank / 2 * 2, rank / 2 * 2 + 1}));
+    EXPECT_EQ(flat.group("dp_tp")->global_ranks(),
+              (std::vector<int>{rank / 2 * 2, rank / 2 * 2 + 1}));
     EXPECT_EQ(group_sum(*flat.group("dp_tp"), rank), rank / 2 * 4 + 1);
     EXPECT_EQ(group_sum(*flat.group("pp"), rank), 2 + 2 * (rank % 2));
     // Flattening needs adjacent dims, in mesh order (checked before any communication).
-    EXPECT_THAT(error_of([&] { mesh->flatten({"pp", "tp"}, "x"); }),
-                HasSubstr("DeviceMesh: flatten of DeviceMesh(pp=2, dp=1, tp=2, cpu) needs adjacent dims in mesh "
-                          "order, got [pp, tp]"));
-    EXPECT_THAT(error_of([&] { mesh->flatten({"tp", "dp"}, "x"); }),
+    EXPECT_THAT(
+        error_of([&] {
+          mesh->flatten({"pp", "tp"}, "x");
+        }),
+        HasSubstr(
+            "DeviceMesh: flatten of DeviceMesh(pp=2, dp=1, tp=2, cpu) needs adjacent dims in mesh "
+            "order, got [pp, tp]"));
+    EXPECT_THAT(error_of([&] {
+                  mesh->flatten({"tp", "dp"}, "x");
+                }),
                 HasSubstr("needs adjacent dims in mesh order, got [tp, dp]"));
-    EXPECT_THAT(error_of([&] { mesh->flatten({"dp", "tp"}, "pp"); }),
-                HasSubstr("DeviceMesh: flatten name 'pp' already names a dim of DeviceMesh(pp=2, dp=1, tp=2, cpu)"));
+    EXPECT_THAT(error_of([&] {
+                  mesh->flatten({"dp", "tp"}, "pp");
+                }),
+                HasSubstr("DeviceMesh: flatten name 'pp' already names a dim of DeviceMesh(pp=2, "
+                          "dp=1, tp=2, cpu)"));
   });
 }
 
@@ -196,7 +206,8 @@ TEST(DeviceMeshTest, FlattenOfASliceMakesOneGroupPerSlice) {
   run_on_ranks(4, [](ProcessGroup& pg) {
     auto mesh = make_mesh(pg, {"pp", "dp", "tp"}, {2, 1, 2});
     const int rank = pg.rank();
-    const DeviceMesh flat = (*mesh)[std::vector<std::string>{"dp", "tp"}].flatten({"dp", "tp"}, "dp_tp");
+    const DeviceMesh flat =
+        (*mesh)[std::vector<std::string>{"dp", "tp"}].flatten({"dp", "tp"}, "dp_tp");
     EXPECT_EQ(flat.str(), "DeviceMesh(dp_tp=2, cpu)");
     EXPECT_EQ(flat.ranks(), (std::vector<int>{rank / 2 * 2, rank / 2 * 2 + 1}));
     EXPECT_THAT(flat.coordinate(), ElementsAre(rank % 2));
@@ -227,7 +238,8 @@ TEST(DeviceMeshTest, ExplicitRankArraysDefineTheLayout) {
     EXPECT_THAT(mesh.coordinate(), ElementsAre(position / 2, position % 2));
     // Rows of the grid are {3, 2} and {1, 0}; columns {3, 1} and {2, 0}.
     EXPECT_EQ(mesh["tp"].ranks(), rank >= 2 ? (std::vector<int>{3, 2}) : (std::vector<int>{1, 0}));
-    EXPECT_EQ(mesh["dp"].ranks(), rank % 2 == 1 ? (std::vector<int>{3, 1}) : (std::vector<int>{2, 0}));
+    EXPECT_EQ(mesh["dp"].ranks(),
+              rank % 2 == 1 ? (std::vector<int>{3, 1}) : (std::vector<int>{2, 0}));
     EXPECT_EQ(group_sum(*mesh.group("tp"), rank), rank >= 2 ? 5 : 1);
     EXPECT_EQ(group_sum(*mesh.group("dp"), rank), rank % 2 == 1 ? 4 : 2);
     // new_group numbers group ranks in ascending rank order, so along every line here the
@@ -236,7 +248,8 @@ TEST(DeviceMeshTest, ExplicitRankArraysDefineTheLayout) {
     EXPECT_THAT(mesh.group_ranks_by_coordinate(1), ElementsAre(1, 0));
     EXPECT_EQ(mesh.group("dp")->rank(), mesh.group_ranks_by_coordinate(0)[mesh.coordinate(0)]);
     EXPECT_EQ(mesh.group("tp")->rank(), mesh.group_ranks_by_coordinate(1)[mesh.coordinate(1)]);
-    EXPECT_THAT((mesh[std::vector<std::string>{"tp", "dp"}].group_ranks_by_coordinate(0)), ElementsAre(1, 0));
+    EXPECT_THAT((mesh[std::vector<std::string>{"tp", "dp"}].group_ranks_by_coordinate(0)),
+                ElementsAre(1, 0));
     const DeviceMesh flat = mesh.flatten({"dp", "tp"}, "all");
     EXPECT_THAT(flat.ranks(), ElementsAre(3, 2, 1, 0));
     EXPECT_THAT(flat.coordinate(), ElementsAre(position));
@@ -254,7 +267,8 @@ TEST(DeviceMeshTest, ExplicitRankArraysDefineTheLayout) {
       EXPECT_EQ(group_sum(*part.group("x"), 1), 3);
     } catch (const Error& e) {
       EXPECT_EQ(rank, 3) << e.what();
-      EXPECT_THAT(e.what(), HasSubstr("DeviceMesh: rank 3 is not in the mesh (x=3) over ranks [0, 1, 2]"));
+      EXPECT_THAT(e.what(),
+                  HasSubstr("DeviceMesh: rank 3 is not in the mesh (x=3) over ranks [0, 1, 2]"));
     }
   });
 }
@@ -263,35 +277,60 @@ TEST(DeviceMeshTest, InvalidMeshesAreRejectedWithTheReason) {
   // Every check fails on every rank before any group is created, so no rank waits on another.
   run_on_ranks(4, [](ProcessGroup& pg) {
     auto world = pg.shared_from_this();
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "tp"}, {2, 3}); }),
-                HasSubstr("DeviceMesh: mesh shape (dp=2, tp=3) has 6 ranks but the world has 4; the product of "
-                          "the mesh shape must equal the world size"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "dp"}, {2, 2}); }),
+    EXPECT_THAT(
+        error_of([&] {
+          DeviceMesh(world, {"dp", "tp"}, {2, 3});
+        }),
+        HasSubstr(
+            "DeviceMesh: mesh shape (dp=2, tp=3) has 6 ranks but the world has 4; the product of "
+            "the mesh shape must equal the world size"));
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", "dp"}, {2, 2});
+                }),
                 HasSubstr("DeviceMesh: dim name 'dp' appears twice in [dp, dp]"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp"}, {2, 2}); }),
-                HasSubstr("DeviceMesh: got 1 dim names [dp] for a mesh shape with 2 dims; pass one name per dim"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", ""}, {2, 2}); }),
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp"}, {2, 2});
+                }),
+                HasSubstr("DeviceMesh: got 1 dim names [dp] for a mesh shape with 2 dims; pass one "
+                          "name per dim"));
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", ""}, {2, 2});
+                }),
                 HasSubstr("DeviceMesh: empty dim name in [dp, ]"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 2}); }),
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 2});
+                }),
                 HasSubstr("DeviceMesh: mesh shape (dp=2, tp=2) needs 4 ranks but 3 were given"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 1, 2}); }),
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 1, 2});
+                }),
                 HasSubstr("DeviceMesh: ranks [0, 1, 1, 2] contain duplicates"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 2, 7}); }),
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", "tp"}, {2, 2}, {0, 1, 2, 7});
+                }),
                 HasSubstr("DeviceMesh: rank 7 is not in the world of size 4"));
-    EXPECT_THAT(error_of([&] { DeviceMesh(world, {"dp", "tp"}, {0, 2}, std::vector<int>{}); }),
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh(world, {"dp", "tp"}, {0, 2}, std::vector<int>{});
+                }),
                 HasSubstr("DeviceMesh: mesh shape (dp=0, tp=2) has a dim of size 0"));
 
     // Unknown names and dims on a valid mesh.
     auto mesh = make_mesh(pg, {"dp", "tp"}, {2, 2});
-    const std::string unknown = "DeviceMesh: no dim named 'pp' in DeviceMesh(dp=2, tp=2, cpu); its dims are [dp, tp]";
+    const std::string unknown =
+        "DeviceMesh: no dim named 'pp' in DeviceMesh(dp=2, tp=2, cpu); its dims are [dp, tp]";
     EXPECT_THAT(error_of([&] { mesh->size("pp"); }), HasSubstr(unknown));
     EXPECT_THAT(error_of([&] { mesh->group("pp"); }), HasSubstr(unknown));
     EXPECT_THAT(error_of([&] { (*mesh)["pp"]; }), HasSubstr(unknown));
     EXPECT_THAT(error_of([&] { mesh->flatten({"dp", "pp"}, "x"); }), HasSubstr(unknown));
-    EXPECT_THAT(error_of([&] { mesh->group(2); }),
-                HasSubstr("DeviceMesh: mesh_dim 2 out of range for DeviceMesh(dp=2, tp=2, cpu) with 2 dims"));
-    EXPECT_THAT(error_of([&] { (*mesh)[std::vector<std::string>{"tp", "tp"}]; }),
-                HasSubstr("DeviceMesh: dim 'tp' named twice in slice of DeviceMesh(dp=2, tp=2, cpu)"));
+    EXPECT_THAT(
+        error_of([&] { mesh->group(2); }),
+        HasSubstr(
+            "DeviceMesh: mesh_dim 2 out of range for DeviceMesh(dp=2, tp=2, cpu) with 2 dims"));
+    EXPECT_THAT(
+        error_of([&] {
+          (*mesh)[std::vector<std::string>{"tp", "tp"}];
+        }),
+        HasSubstr("DeviceMesh: dim 'tp' named twice in slice of DeviceMesh(dp=2, tp=2, cpu)"));
   });
 }
 

@@ -43,12 +43,16 @@ Reference read_reference() {
   const nlohmann::json j = nlohmann::json::parse(in);
   Reference r;
   const auto& c = j.at("config");
-  r.config = GPTConfig{.n_layer = c.at("n_layer"), .n_head = c.at("n_head"), .n_embd = c.at("n_embd"),
-                       .block_size = c.at("block_size"), .vocab_size = c.at("vocab_size")};
+  r.config = GPTConfig{.n_layer = c.at("n_layer"),
+                       .n_head = c.at("n_head"),
+                       .n_embd = c.at("n_embd"),
+                       .block_size = c.at("block_size"),
+                       .vocab_size = c.at("vocab_size")};
   const auto rows = j.at("ids").get<std::vector<std::vector<int64_t>>>();
   std::vector<int64_t> flat;
   for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
-  r.ids = ops::from_vector_i64(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+  r.ids = ops::from_vector_i64(
+      flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
   r.logits = j.at("logits").get<std::vector<double>>();
   r.logits_shape = j.at("logits_shape").get<Shape>();
   return r;
@@ -70,8 +74,8 @@ TEST(GPT2HFReferenceTest, TransformersCheckpointGivesTransformersLogits) {
 TEST(GPT2HFReferenceTest, TransformersCheckpointOnTensorParallelRanks) {
   const Reference ref = read_reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     GPT model(ref.config, /*seed=*/99);
     parallelize_gpt(model, mesh, {.sequence_parallel = true});
     load_gpt2_hf(model, kCheckpoint);  // each rank keeps its shards (vocabulary 67 splits 34 + 33)

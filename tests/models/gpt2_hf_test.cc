@@ -11,8 +11,8 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "models/checkpoint/safetensors.h"
-#include "tests/models/gpt2_hf_test_config.h"
 #include "tensor/ops.h"
+#include "tests/models/gpt2_hf_test_config.h"
 
 namespace loom::models {
 namespace {
@@ -26,7 +26,8 @@ GPTConfig small_config() { return gpt2_hf_test_config(); }
 
 Tensor tokens(const GPTConfig& config) {
   std::vector<int64_t> ids;
-  for (int64_t i = 0; i < 2 * config.block_size; ++i) ids.push_back((i * 7 + 3) % config.vocab_size);
+  for (int64_t i = 0; i < 2 * config.block_size; ++i)
+    ids.push_back((i * 7 + 3) % config.vocab_size);
   return ops::from_vector_i64(ids, {2, config.block_size});
 }
 
@@ -42,7 +43,8 @@ std::map<std::string, std::vector<double>> snapshot(const GPT& model) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The reference model's parameters in HF GPT-2's layout, by explicit index math.
@@ -61,16 +63,19 @@ TensorMap hf_tensors_by_hand(const GPT& reference, const std::string& prefix) {
         for (int64_t w = 0; w < 3; ++w)
           for (int64_t d = 0; d < D; ++d)
             for (int64_t in = 0; in < C; ++in)
-              hf[in * 3 * C + (w * C + h * D + d)] = static_cast<float>(loom[(h * 3 * D + w * D + d) * C + in]);
+              hf[in * 3 * C + (w * C + h * D + d)] =
+                  static_cast<float>(loom[(h * 3 * D + w * D + d) * C + in]);
     } else if (ends_with(name, "attn.c_attn.bias")) {
       for (int64_t h = 0; h < H; ++h)
         for (int64_t w = 0; w < 3; ++w)
-          for (int64_t d = 0; d < D; ++d) hf[w * C + h * D + d] = static_cast<float>(loom[h * 3 * D + w * D + d]);
+          for (int64_t d = 0; d < D; ++d)
+            hf[w * C + h * D + d] = static_cast<float>(loom[h * 3 * D + w * D + d]);
     } else if (ends_with(name, "c_proj.weight") || ends_with(name, "c_fc.weight")) {
       const int64_t rows = p.size(0), cols = p.size(1);  // Loom (out, in) -> HF (in, out)
       shape = {cols, rows};
       for (int64_t o = 0; o < rows; ++o)
-        for (int64_t in = 0; in < cols; ++in) hf[in * rows + o] = static_cast<float>(loom[o * cols + in]);
+        for (int64_t in = 0; in < cols; ++in)
+          hf[in * rows + o] = static_cast<float>(loom[o * cols + in]);
     } else {
       for (size_t i = 0; i < loom.size(); ++i) hf[i] = static_cast<float>(loom[i]);
     }
@@ -100,16 +105,19 @@ TEST(CAttnPermutationTest, SmallCaseByHand) {
 
 TEST(CAttnPermutationTest, MapsAreInversePermutations) {
   for (auto [heads, dim] : {std::pair<int64_t, int64_t>{1, 4}, {3, 2}, {12, 64}}) {
-    const auto to_loom = c_attn_head_major_source(heads, dim), to_hf = c_attn_qkv_major_source(heads, dim);
+    const auto to_loom = c_attn_head_major_source(heads, dim),
+               to_hf = c_attn_qkv_major_source(heads, dim);
     ASSERT_EQ(to_loom.size(), static_cast<size_t>(3 * heads * dim));
     std::vector<int64_t> sorted = to_loom;
     std::sort(sorted.begin(), sorted.end());
     std::vector<int64_t> iota(sorted.size());
     std::iota(iota.begin(), iota.end(), 0);
     EXPECT_EQ(sorted, iota);
-    for (size_t j = 0; j < to_loom.size(); ++j) EXPECT_EQ(to_hf[to_loom[j]], static_cast<int64_t>(j));
+    for (size_t j = 0; j < to_loom.size(); ++j)
+      EXPECT_EQ(to_hf[to_loom[j]], static_cast<int64_t>(j));
   }
-  if (c_attn_head_major_source(1, 4) != c_attn_qkv_major_source(1, 4)) ADD_FAILURE() << "one head: identity both ways";
+  if (c_attn_head_major_source(1, 4) != c_attn_qkv_major_source(1, 4))
+    ADD_FAILURE() << "one head: identity both ways";
 }
 
 TEST(CAttnPermutationTest, GatherRowsPicksRows) {
@@ -129,7 +137,8 @@ TEST(GPT2HFTest, RoundTripGivesIdenticalParametersAndLogits) {
   EXPECT_EQ(file.tensors.at("transformer.h.0.attn.c_attn.weight").shape(), (Shape{16, 48}));
   EXPECT_EQ(file.tensors.at("transformer.h.1.mlp.c_fc.weight").shape(), (Shape{16, 64}));
   EXPECT_EQ(file.tensors.at("transformer.h.1.mlp.c_proj.weight").shape(), (Shape{64, 16}));
-  EXPECT_EQ(ops::to_vector(file.tensors.at("lm_head.weight")), ops::to_vector(source.wte->weight()));
+  EXPECT_EQ(ops::to_vector(file.tensors.at("lm_head.weight")),
+            ops::to_vector(source.wte->weight()));
 
   GPT loaded(config, 2);
   ASSERT_NE(logits(loaded, config), logits(source, config));
@@ -154,7 +163,8 @@ TEST(GPT2HFTest, HandBuiltHFFileGivesTheReferenceLogits) {
   // GPT2Model: bare names, no lm_head, and HF's attention-mask buffers (skipped).
   TensorMap bare_model = hf_tensors_by_hand(reference, "");
   for (int64_t i = 0; i < config.n_layer; ++i) {
-    bare_model[fmt::format("h.{}.attn.bias", i)] = ops::ones({1, 1, config.block_size, config.block_size});
+    bare_model[fmt::format("h.{}.attn.bias", i)] =
+        ops::ones({1, 1, config.block_size, config.block_size});
     bare_model[fmt::format("h.{}.attn.masked_bias", i)] = ops::scalar_tensor(-1e4);
   }
   save_safetensors(temp_path("hf_bare.safetensors"), bare_model);
@@ -174,7 +184,8 @@ TEST(GPT2HFTest, BF16FileIsConvertedToTheParameterDType) {
   load_gpt2_hf(model, temp_path("bf16.safetensors"));
   const Tensor wte = model.wte->weight();
   EXPECT_EQ(wte.dtype(), kFloat32);
-  EXPECT_EQ(ops::to_vector(wte), ops::to_vector(ops::to(ops::to(reference.wte->weight(), kBFloat16), kFloat32)));
+  EXPECT_EQ(ops::to_vector(wte),
+            ops::to_vector(ops::to(ops::to(reference.wte->weight(), kBFloat16), kFloat32)));
 }
 
 class GPT2HFAllOrNothingTest : public ::testing::Test {
@@ -206,9 +217,11 @@ TEST_F(GPT2HFAllOrNothingTest, MissingTensorIsNamedAndNothingLoads) {
 }
 
 TEST_F(GPT2HFAllOrNothingTest, WrongShapeNamesBothShapes) {
-  tensors_["transformer.h.1.attn.c_attn.weight"] = ops::zeros({48, 16});  // Loom's layout, not Conv1D's
+  tensors_["transformer.h.1.attn.c_attn.weight"] =
+      ops::zeros({48, 16});  // Loom's layout, not Conv1D's
   EXPECT_THAT(load_expecting_failure("shape.safetensors"),
-              HasSubstr("tensor 'transformer.h.1.attn.c_attn.weight' has shape (48, 16) in the file but the model "
+              HasSubstr("tensor 'transformer.h.1.attn.c_attn.weight' has shape (48, 16) in the "
+                        "file but the model "
                         "expects (16, 48)"));
 }
 
@@ -221,13 +234,15 @@ TEST_F(GPT2HFAllOrNothingTest, UnexpectedTensorIsNamed) {
 TEST_F(GPT2HFAllOrNothingTest, UntiedLmHeadIsRejected) {
   tensors_["lm_head.weight"] = ops::zeros({37, 16});
   EXPECT_THAT(load_expecting_failure("untied.safetensors"),
-              AllOf(HasSubstr("'lm_head.weight' differs from 'transformer.wte.weight'"), HasSubstr("untied")));
+              AllOf(HasSubstr("'lm_head.weight' differs from 'transformer.wte.weight'"),
+                    HasSubstr("untied")));
 }
 
 TEST_F(GPT2HFAllOrNothingTest, IntegerTensorForAFloatParameterIsRejected) {
   tensors_["transformer.ln_f.bias"] = ops::to(ops::zeros({16}), kInt32);
-  EXPECT_THAT(load_expecting_failure("int.safetensors"),
-              HasSubstr("tensor 'transformer.ln_f.bias' is i32 in the file but the parameter is f32"));
+  EXPECT_THAT(
+      load_expecting_failure("int.safetensors"),
+      HasSubstr("tensor 'transformer.ln_f.bias' is i32 in the file but the parameter is f32"));
 }
 
 }  // namespace

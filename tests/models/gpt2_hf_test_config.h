@@ -8,7 +8,8 @@ namespace loom::models {
 // Several heads, so head-major and q|k|v-major orders really differ; a vocabulary (37) that no
 // mesh size divides.
 inline GPTConfig gpt2_hf_test_config() {
-  return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 16, .block_size = 8, .vocab_size = 37, .dropout = 0.0};
+  return GPTConfig{
+      .n_layer = 2, .n_head = 4, .n_embd = 16, .block_size = 8, .vocab_size = 37, .dropout = 0.0};
 }
 
 }  // namespace loom::models

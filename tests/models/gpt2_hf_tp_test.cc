@@ -11,9 +11,9 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/checkpoint/safetensors.h"
 #include "models/gpt/gpt.h"
-#include "tests/models/gpt2_hf_test_config.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
+#include "tests/models/gpt2_hf_test_config.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
@@ -23,7 +23,8 @@ GPTConfig small_config() { return gpt2_hf_test_config(); }
 
 Tensor tokens(const GPTConfig& config) {
   std::vector<int64_t> ids;
-  for (int64_t i = 0; i < 2 * config.block_size; ++i) ids.push_back((i * 5 + 1) % config.vocab_size);
+  for (int64_t i = 0; i < 2 * config.block_size; ++i)
+    ids.push_back((i * 5 + 1) % config.vocab_size);
   return ops::from_vector_i64(ids, {2, config.block_size});
 }
 
@@ -40,8 +41,8 @@ TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
   save_gpt2_hf(reference, in_path);
 
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     GPT model(config, 42 + pg.rank());  // different values on each rank before loading
     parallelize_gpt(model, mesh);
     ASSERT_TRUE(is_dtensor(model.h[0]->attn->c_attn->weight()));

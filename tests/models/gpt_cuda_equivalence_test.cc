@@ -49,7 +49,8 @@ void run_on_gpus(int world, const std::function<void(comm::ProcessGroup&)>& body
       try {
         cuda::DeviceGuard on_device(rank);
         auto group = comm::ProcessGroupNccl::create(
-            store, rank, world, comm::ProcessGroupOptions{.name = "world", .timeout = std::chrono::seconds(60)}, rank);
+            store, rank, world,
+            comm::ProcessGroupOptions{.name = "world", .timeout = std::chrono::seconds(60)}, rank);
         body(*group);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -71,7 +72,8 @@ TEST(GPTCudaEquivalenceTest, OneGpuRunsTheWholeStepAsOneCpuRank) {
   const Result& ref = cpu_reference();
   run_on_gpus(1, [&](comm::ProcessGroup& pg) {
     ASSERT_EQ(pg.device(), Device::cuda(0));
-    expect_same({.actual = train(mesh_of(pg, 1, 1)), .expected = ref,
+    expect_same({.actual = train(mesh_of(pg, 1, 1)),
+                 .expected = ref,
                  .layout = "1 GPU (NCCL world of 1, DDP over it)"});
   });
 }
@@ -89,7 +91,8 @@ TEST(GPTCudaEquivalenceTest, TensorParallelOnTwoGpus) {
   const Result& ref = cpu_reference();
   run_on_gpus(2, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}),
-                 .expected = ref, .layout = "tp2 + SP on GPUs"});
+                 .expected = ref,
+                 .layout = "tp2 + SP on GPUs"});
   });
 }
 
@@ -98,7 +101,8 @@ TEST(GPTCudaEquivalenceTest, PipelineParallelOnTwoGpus) {
   const Result& ref = cpu_reference();
   run_on_gpus(2, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
-                 .expected = ref, .layout = "pp2 1f1b m4 on GPUs"});
+                 .expected = ref,
+                 .layout = "pp2 1f1b m4 on GPUs"});
   });
 }
 
@@ -107,7 +111,8 @@ TEST(GPTCudaEquivalenceTest, DataTensorAndPipelineParallelOnEightGpus) {
   const Result& ref = cpu_reference();
   run_on_gpus(8, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}),
-                 .expected = ref, .layout = "dp2 x tp2 x pp2 on GPUs"});
+                 .expected = ref,
+                 .layout = "dp2 x tp2 x pp2 on GPUs"});
   });
 }
 

@@ -26,12 +26,14 @@ const Result& reference() {
 
 TEST(GPTEquivalenceTest, ReferenceLearns) {
   EXPECT_LT(reference().losses.back(), reference().losses.front());
-  EXPECT_GT(reference().grad_norms.front(), kClip) << "the clip must act for the norm checks to mean something";
+  EXPECT_GT(reference().grad_norms.front(), kClip)
+      << "the clip must act for the norm checks to mean something";
 }
 
 TEST(GPTEquivalenceTest, GradientAccumulationOnOneRank) {
   comm::testing::run_on_ranks(1, [](comm::ProcessGroup& pg) {
-    expect_same({.actual = train(mesh_of(pg, 1, 1), {.accum = 2}), .expected = reference(),
+    expect_same({.actual = train(mesh_of(pg, 1, 1), {.accum = 2}),
+                 .expected = reference(),
                  .layout = "accum2"});
   });
 }
@@ -46,7 +48,8 @@ TEST(GPTEquivalenceTest, DataParallel) {
 TEST(GPTEquivalenceTest, DataParallelWithGradientAccumulation) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    expect_same({.actual = train(mesh_of(pg, 2, 1), {.accum = 2}), .expected = ref,
+    expect_same({.actual = train(mesh_of(pg, 2, 1), {.accum = 2}),
+                 .expected = ref,
                  .layout = "dp2 accum2"});
   });
 }
@@ -55,7 +58,8 @@ TEST(GPTEquivalenceTest, TensorParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = false}}),
-                 .expected = ref, .layout = "tp2"});
+                 .expected = ref,
+                 .layout = "tp2"});
   });
 }
 
@@ -63,14 +67,16 @@ TEST(GPTEquivalenceTest, TensorParallelWithSequenceParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 1, 2), {.plan = {.sequence_parallel = true}}),
-                 .expected = ref, .layout = "tp2 + sequence parallel"});
+                 .expected = ref,
+                 .layout = "tp2 + sequence parallel"});
   });
 }
 
 TEST(GPTEquivalenceTest, DataAndTensorParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
-    expect_same({.actual = train(mesh_of(pg, 2, 2)), .expected = ref,
+    expect_same({.actual = train(mesh_of(pg, 2, 2)),
+                 .expected = ref,
                  .layout = "dp2 x tp2 (sequence parallel)"});
   });
 }
@@ -79,7 +85,8 @@ TEST(GPTEquivalenceTest, PipelineParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
-                 .expected = ref, .layout = "pp2 1f1b m4"});
+                 .expected = ref,
+                 .layout = "pp2 1f1b m4"});
   });
 }
 
@@ -89,7 +96,8 @@ TEST(GPTEquivalenceTest, DataTensorAndPipelineParallel) {
   const Result& ref = reference();
   comm::testing::run_on_ranks(8, [&](comm::ProcessGroup& pg) {
     expect_same({.actual = train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}),
-                 .expected = ref, .layout = "dp2 x tp2 x pp2"});
+                 .expected = ref,
+                 .layout = "dp2 x tp2 x pp2"});
   });
 }
 
@@ -104,8 +112,9 @@ TEST(GPTEquivalenceTest, BitIdenticalAcrossRerunsAndRankOrders) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
     const Result first = train(mesh_of(pg, 2, 2));
     const Result again = train(mesh_of(pg, 2, 2));
-    auto reversed = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
-                                                       std::vector<int64_t>{1, 2, 2}, std::vector<int>{3, 2, 1, 0});
+    auto reversed = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+        std::vector<int64_t>{1, 2, 2}, std::vector<int>{3, 2, 1, 0});
     const Result other_order = train(reversed);
     EXPECT_EQ(again.losses, first.losses) << "rerun";
     EXPECT_EQ(other_order.losses, first.losses) << "ranks in reverse order";

@@ -23,18 +23,22 @@
 #include "models/gpt/plans.h"
 #include "nn/mixed_precision.h"
 #include "tensor/ops.h"
-#include "tests/models/random_tokens.h"
 #include "tensor/rng.h"
+#include "tests/models/random_tokens.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
 namespace {
 
-GPTConfig config() { return GPTConfig{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37}; }
+GPTConfig config() {
+  return GPTConfig{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37};
+}
 constexpr int64_t kBatch = 4, kSeqLen = 8;
 constexpr double kLossTolerance = 2e-3, kGradTolerance = 2e-2;
 
-Tensor tokens(uint64_t seed) { return testing::random_tokens({kBatch, kSeqLen}, seed, config().vocab_size); }
+Tensor tokens(uint64_t seed) {
+  return testing::random_tokens({kBatch, kSeqLen}, seed, config().vocab_size);
+}
 
 struct Result {
   double loss;
@@ -51,7 +55,8 @@ Result one_rank(bool mixed) {
   return out;
 }
 
-void expect_matches(const Result& want, double loss, const std::vector<std::pair<std::string, Tensor>>& params,
+void expect_matches(const Result& want, double loss,
+                    const std::vector<std::pair<std::string, Tensor>>& params,
                     const std::string& what) {
   EXPECT_NEAR(loss, want.loss, kLossTolerance * want.loss) << what;
   ASSERT_FALSE(params.empty()) << what;
@@ -78,15 +83,16 @@ TEST(GPTMixedPrecision, OneRankMatchesF32ToBf16Precision) {
   nn::apply_mixed_precision(model);
   Tensor loss = model.loss(tokens(1), tokens(2));
   backward(loss);
-  expect_matches(one_rank(/*mixed=*/false), loss.item<double>(), model.named_parameters(), "bf16 vs f32");
+  expect_matches(one_rank(/*mixed=*/false), loss.item<double>(), model.named_parameters(),
+                 "bf16 vs f32");
   // And it really computed in bf16: not the f32 loss to f32 precision.
   EXPECT_NE(loss.item<double>(), one_rank(/*mixed=*/false).loss);
 }
 
 TEST(GPTMixedPrecision, TensorAndSequenceParallelMatchOneRank) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     GPT model(config(), 3);
     parallelize_gpt(model, mesh, {.sequence_parallel = true});
     nn::apply_mixed_precision(model);
@@ -99,11 +105,14 @@ TEST(GPTMixedPrecision, TensorAndSequenceParallelMatchOneRank) {
 
 TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(),
+                                                   std::vector<std::string>{"pp", "dp", "tp"},
                                                    std::vector<int64_t>{2, 1, 1});
-    GPTPipeline model(config(), 3, mesh, {.microbatches = 2, .mixed_precision = nn::MixedPrecisionPolicy{}});
+    GPTPipeline model(config(), 3, mesh,
+                      {.microbatches = 2, .mixed_precision = nn::MixedPrecisionPolicy{}});
     model.zero_grad();
-    const double loss = model.step(pg.rank() == 0 ? tokens(1) : Tensor(), pg.rank() == 1 ? tokens(2) : Tensor());
+    const double loss =
+        model.step(pg.rank() == 0 ? tokens(1) : Tensor(), pg.rank() == 1 ? tokens(2) : Tensor());
     expect_matches(mixed_reference(), loss, model.named_parameters(), "pp2 bf16");
   });
 }

@@ -21,14 +21,18 @@
 namespace loom::models {
 namespace {
 
-using ::testing::HasSubstr;
 using loom::testing::expect_close;
 using loom::testing::RelativeTo;
+using ::testing::HasSubstr;
 
-GPTConfig config() { return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37}; }
+GPTConfig config() {
+  return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37};
+}
 constexpr int64_t kBatch = 8, kSeqLen = 8;
 
-Tensor tokens(uint64_t seed) { return testing::random_tokens({kBatch, kSeqLen}, seed, config().vocab_size); }
+Tensor tokens(uint64_t seed) {
+  return testing::random_tokens({kBatch, kSeqLen}, seed, config().vocab_size);
+}
 
 struct Reference {
   double loss;
@@ -48,7 +52,8 @@ const Reference& reference() {
 }
 
 std::shared_ptr<const DeviceMesh> pp_mesh(comm::ProcessGroup& pg) {
-  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+  return std::make_shared<const DeviceMesh>(pg.shared_from_this(),
+                                            std::vector<std::string>{"pp", "dp", "tp"},
                                             std::vector<int64_t>{pg.size(), 1, 1});
 }
 
@@ -75,14 +80,18 @@ class GPTPipelineTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(GPTPipelineTest, LossAndGradientsMatchOneRank) {
   const Case c = GetParam();
-  const std::string what = fmt::format("{} pp{} m{} v{}", c.schedule, c.pp, c.microbatches, c.virtual_stages);
+  const std::string what =
+      fmt::format("{} pp{} m{} v{}", c.schedule, c.pp, c.microbatches, c.virtual_stages);
   comm::testing::run_on_ranks(c.pp, [&](comm::ProcessGroup& pg) {
     GPTPipeline model(config(), 3, pp_mesh(pg),
-                      {.schedule = c.schedule, .microbatches = c.microbatches, .virtual_stages = c.virtual_stages});
+                      {.schedule = c.schedule,
+                       .microbatches = c.microbatches,
+                       .virtual_stages = c.virtual_stages});
     EXPECT_EQ(static_cast<int>(model.stages().size()), c.virtual_stages);
     model.zero_grad();
     // Only the first stage reads the inputs and the last the targets.
-    const bool first = model.stages().front()->range().first, last = model.stages().back()->range().last;
+    const bool first = model.stages().front()->range().first,
+               last = model.stages().back()->range().last;
     const double loss = model.step(first ? tokens(1) : Tensor(), last ? tokens(2) : Tensor());
     expect_matches_one_rank(model, loss, what);
   });
@@ -99,10 +108,11 @@ std::vector<Case> cases() {
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Schedules, GPTPipelineTest, ::testing::ValuesIn(cases()), [](const auto& info) {
-  return fmt::format("{}_pp{}_m{}_v{}", info.param.schedule, info.param.pp, info.param.microbatches,
-                     info.param.virtual_stages);
-});
+INSTANTIATE_TEST_SUITE_P(Schedules, GPTPipelineTest, ::testing::ValuesIn(cases()),
+                         [](const auto& info) {
+                           return fmt::format("{}_pp{}_m{}_v{}", info.param.schedule, info.param.pp,
+                                              info.param.microbatches, info.param.virtual_stages);
+                         });
 
 // 1F1B holds at most p microbatches' activations on the first rank; GPipe holds all m.
 TEST(GPTPipelineMemory, OneFOneBHoldsAtMostPipelineDepthMicrobatches) {
@@ -112,7 +122,8 @@ TEST(GPTPipelineMemory, OneFOneBHoldsAtMostPipelineDepthMicrobatches) {
       model.zero_grad();
       model.step(tokens(1), tokens(2));
       const int expected = schedule == "gpipe" ? 8 : 2 - pg.rank();
-      EXPECT_EQ(model.last_stats().peak_microbatches_in_flight, expected) << schedule << " rank " << pg.rank();
+      EXPECT_EQ(model.last_stats().peak_microbatches_in_flight, expected)
+          << schedule << " rank " << pg.rank();
     });
   }
 }
@@ -124,7 +135,8 @@ TEST(GPTPipelineInference, LogitsAndGatheredModelMatchOneRank) {
   NoGradGuard no_grad;
   const Tensor want = whole(tokens(1));
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    GPTPipeline model(config(), 3, pp_mesh(pg), {.schedule = "interleaved", .microbatches = 2, .virtual_stages = 2});
+    GPTPipeline model(config(), 3, pp_mesh(pg),
+                      {.schedule = "interleaved", .microbatches = 2, .virtual_stages = 2});
     const Tensor got = model.logits(tokens(1));
     expect_close({.actual = got,
                   .expected = want,
@@ -152,10 +164,14 @@ TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
       }
       return "no error";
     };
-    EXPECT_THAT(error_of({.schedule = "zigzag"}), HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b or interleaved)"));
-    EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}), HasSubstr("3 microbatches"));
-    EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}), HasSubstr("need --schedule interleaved"));
-    EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 1, 2}}), HasSubstr("gives 3 stages' layer counts"));
+    EXPECT_THAT(error_of({.schedule = "zigzag"}),
+                HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b or interleaved)"));
+    EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}),
+                HasSubstr("3 microbatches"));
+    EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}),
+                HasSubstr("need --schedule interleaved"));
+    EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 1, 2}}),
+                HasSubstr("gives 3 stages' layer counts"));
     EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 2}}), HasSubstr("4"));
   });
 }

@@ -29,14 +29,16 @@ TEST(GPTTest, UsesGPT2TensorNamesAndParameterCount) {
   GPT model(GPTConfig::preset("tiny"));
   std::vector<std::string> names;
   for (const auto& [name, p] : model.named_parameters()) names.push_back(name);
-  EXPECT_THAT(names, ::testing::ElementsAre(
-                         "wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias", "h.0.attn.c_attn.weight",
-                         "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight", "h.0.attn.c_proj.bias", "h.0.ln_2.weight",
-                         "h.0.ln_2.bias", "h.0.mlp.c_fc.weight", "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.weight",
-                         "h.0.mlp.c_proj.bias", "h.1.ln_1.weight", "h.1.ln_1.bias", "h.1.attn.c_attn.weight",
-                         "h.1.attn.c_attn.bias", "h.1.attn.c_proj.weight", "h.1.attn.c_proj.bias", "h.1.ln_2.weight",
-                         "h.1.ln_2.bias", "h.1.mlp.c_fc.weight", "h.1.mlp.c_fc.bias", "h.1.mlp.c_proj.weight",
-                         "h.1.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"));
+  EXPECT_THAT(names,
+              ::testing::ElementsAre(
+                  "wte.weight", "wpe.weight", "h.0.ln_1.weight", "h.0.ln_1.bias",
+                  "h.0.attn.c_attn.weight", "h.0.attn.c_attn.bias", "h.0.attn.c_proj.weight",
+                  "h.0.attn.c_proj.bias", "h.0.ln_2.weight", "h.0.ln_2.bias", "h.0.mlp.c_fc.weight",
+                  "h.0.mlp.c_fc.bias", "h.0.mlp.c_proj.weight", "h.0.mlp.c_proj.bias",
+                  "h.1.ln_1.weight", "h.1.ln_1.bias", "h.1.attn.c_attn.weight",
+                  "h.1.attn.c_attn.bias", "h.1.attn.c_proj.weight", "h.1.attn.c_proj.bias",
+                  "h.1.ln_2.weight", "h.1.ln_2.bias", "h.1.mlp.c_fc.weight", "h.1.mlp.c_fc.bias",
+                  "h.1.mlp.c_proj.weight", "h.1.mlp.c_proj.bias", "ln_f.weight", "ln_f.bias"));
   EXPECT_EQ(count_parameters(model), model.config().parameter_count());
   EXPECT_EQ(GPTConfig::preset("small").parameter_count(), 124439808);  // GPT-2 124M, head tied
   EXPECT_EQ(model.submodule("h.1.attn.c_attn").parameter("weight").shape(), (Shape{192, 64}));
@@ -54,8 +56,10 @@ TEST(GPTTest, InitializationFollowsGPT2) {
     for (double x : v) sq += (x - mean) * (x - mean);
     return std::sqrt(sq / v.size());
   };
-  EXPECT_NEAR(stddev(state.at("h.0.attn.c_attn.weight")), 0.02, 0.002);  // 12k samples: ~1% sampling error
-  EXPECT_NEAR(stddev(state.at("h.0.mlp.c_proj.weight")), 0.02 / std::sqrt(2.0 * config.n_layer), 0.0015);
+  EXPECT_NEAR(stddev(state.at("h.0.attn.c_attn.weight")), 0.02,
+              0.002);  // 12k samples: ~1% sampling error
+  EXPECT_NEAR(stddev(state.at("h.0.mlp.c_proj.weight")), 0.02 / std::sqrt(2.0 * config.n_layer),
+              0.0015);
   EXPECT_EQ(ops::to_vector(state.at("h.0.attn.c_attn.bias")), std::vector<double>(192, 0.0));
   EXPECT_EQ(ops::to_vector(state.at("ln_f.weight")), std::vector<double>(64, 1.0));
   // Same seed, same weights; a parameter's values depend on its name only.
@@ -83,7 +87,8 @@ TEST(GPTTest, ForwardIsCausal) {
 TEST(GPTTest, InitialLossIsNearUniformAndTrainingLowersIt) {
   GPT model(GPTConfig::preset("tiny"), 2);
   const Tensor x = random_tokens({4, 32}, 7, 256);
-  const Tensor y = ops::contiguous(ops::slice(ops::cat(std::vector<Tensor>{x, x}, 1), 1, 1, 33));  // shifted copy
+  const Tensor y = ops::contiguous(
+      ops::slice(ops::cat(std::vector<Tensor>{x, x}, 1), 1, 1, 33));  // shifted copy
   Tensor loss = model.loss(x, y);
   // Small init: logits near 0, so the loss is near ln(256) = 5.545.
   EXPECT_NEAR(loss.item<double>(), std::log(256.0), 0.1);

@@ -24,9 +24,9 @@ using ::testing::HasSubstr;
 using loom::testing::Collectives;
 using loom::testing::expect_close;
 using loom::testing::expect_collectives;
-using testing::random_tokens;
 using loom::testing::RelativeTo;
 using loom::testing::Tolerance;
+using testing::random_tokens;
 
 // Sharded GEMMs and all-reduces sum in another order than one rank: f32 rounding, relative
 // 1e-5 of the values (the equivalence tolerance): 1e-5 of each tensor's largest
@@ -66,14 +66,15 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
   GPTConfig config = GPTConfig::preset("tiny");
   config.vocab_size = c.vocab_size;
   config.dropout = c.dropout;
-  const Tensor x = random_tokens({2, 16}, 3, c.vocab_size), y = random_tokens({2, 16}, 4, c.vocab_size);
+  const Tensor x = random_tokens({2, 16}, 3, c.vocab_size),
+               y = random_tokens({2, 16}, 4, c.vocab_size);
   GPT reference(config, 7);
   Tensor ref_loss = reference.loss(x, y);
   backward(ref_loss);
   const auto ref_state = reference.state_dict();
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     GPT model(config, 7);
     parallelize_gpt(model, mesh, c.plan);
     Tensor loss;
@@ -83,7 +84,8 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
       expect_collectives(comm, expected_forward(c.plan, config.n_layer), "forward");
     }
     EXPECT_FALSE(is_dtensor(loss));
-    EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5 * std::abs(ref_loss.item<double>()));
+    EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(),
+                1e-5 * std::abs(ref_loss.item<double>()));
     {
       CommDebugMode comm;
       backward(loss);
@@ -92,10 +94,13 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
     for (const auto& [name, p] : model.named_parameters()) {
       ASSERT_TRUE(p.grad().defined()) << name;
       if (is_dtensor(p)) {
-        EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << "grad of " << name;
+        EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements)
+            << "grad of " << name;
       }
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
-      expect_close({.actual = grad, .expected = ref_state.at(name).grad(), .tol = kTol,
+      expect_close({.actual = grad,
+                    .expected = ref_state.at(name).grad(),
+                    .tol = kTol,
                     .what = "grad of " + name});
     }
     // The embedding is vocab-parallel: each rank holds its range of rows (uneven for odd V).
@@ -107,20 +112,21 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Plans, GPTTensorParallelTest,
-    ::testing::Values(PlanCase{"replicated_stream", {.sequence_parallel = false}, 256, 0.0},
-                      PlanCase{"sequence_parallel", {.sequence_parallel = true}, 256, 0.0},
-                      // GPT-2's vocabulary (50257) is odd: the embedding's rows split unevenly.
-                      PlanCase{"odd_vocab", {.sequence_parallel = false}, 67, 0.0},
-                      PlanCase{"sequence_parallel_odd_vocab", {.sequence_parallel = true}, 67, 0.0},
-                      // Dropout masks are drawn per global element, so shards drop what one rank does.
-                      PlanCase{"dropout", {.sequence_parallel = false}, 67, 0.1},
-                      PlanCase{"sequence_parallel_dropout", {.sequence_parallel = true}, 67, 0.1}),
+    ::testing::Values(
+        PlanCase{"replicated_stream", {.sequence_parallel = false}, 256, 0.0},
+        PlanCase{"sequence_parallel", {.sequence_parallel = true}, 256, 0.0},
+        // GPT-2's vocabulary (50257) is odd: the embedding's rows split unevenly.
+        PlanCase{"odd_vocab", {.sequence_parallel = false}, 67, 0.0},
+        PlanCase{"sequence_parallel_odd_vocab", {.sequence_parallel = true}, 67, 0.0},
+        // Dropout masks are drawn per global element, so shards drop what one rank does.
+        PlanCase{"dropout", {.sequence_parallel = false}, 67, 0.1},
+        PlanCase{"sequence_parallel_dropout", {.sequence_parallel = true}, 67, 0.1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(GPTTensorParallelErrors, HeadsMustSplitEvenly) {
   comm::testing::run_on_ranks(3, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{3});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{3});
     GPT model(GPTConfig::preset("tiny"));
     try {
       parallelize_gpt(model, mesh);

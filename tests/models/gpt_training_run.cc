@@ -24,7 +24,8 @@ data::TokenData corpus() {
   d.vocab_size = 256;
   d.description = "synthetic";
   // A repetitive byte text with some structure to learn.
-  const std::string text = "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
+  const std::string text =
+      "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
   for (int i = 0; i < 40; ++i) {
     for (char c : text) d.tokens.push_back(static_cast<unsigned char>(c));
   }
@@ -33,26 +34,32 @@ data::TokenData corpus() {
 
 }  // namespace
 
-GPTConfig config() { return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 257}; }
+GPTConfig config() {
+  return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 257};
+}
 
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
-  const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1, pp = mesh ? mesh->size("pp") : 1;
+  const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1,
+                pp = mesh ? mesh->size("pp") : 1;
   const int64_t dp_rank = mesh ? mesh->coordinate(mesh->dim_index("dp")) : 0;
-  const Device device = mesh ? mesh->device() : Device::cpu();  // the groups' device (NCCL: this rank's GPU)
+  const Device device =
+      mesh ? mesh->device() : Device::cpu();  // the groups' device (NCCL: this rank's GPU)
   const auto data = corpus();
   std::shared_ptr<GPT> model;
   std::unique_ptr<GPTPipeline> pipelined;
   std::unique_ptr<ddp::DistributedDataParallel> ddp;
   if (pp > 1) {
-    pipelined = std::make_unique<GPTPipeline>(config(), /*seed=*/5, mesh,
-                                              GPTPipelineOptions{.schedule = layout.schedule,
-                                                                 .microbatches = layout.microbatches,
-                                                                 .virtual_stages = layout.virtual_stages,
-                                                                 .tp_plan = layout.plan});
+    pipelined =
+        std::make_unique<GPTPipeline>(config(), /*seed=*/5, mesh,
+                                      GPTPipelineOptions{.schedule = layout.schedule,
+                                                         .microbatches = layout.microbatches,
+                                                         .virtual_stages = layout.virtual_stages,
+                                                         .tp_plan = layout.plan});
   } else {
     model = std::make_shared<GPT>(config(), /*seed=*/5);
     model->to(device);
-    if (mesh && tp > 1) parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.plan);
+    if (mesh && tp > 1)
+      parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.plan);
     if (mesh) ddp = std::make_unique<ddp::DistributedDataParallel>(model, mesh->group("dp"));
   }
   const auto named = pipelined ? pipelined->named_parameters() : model->named_parameters();
@@ -69,11 +76,16 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
       step_loss = pipelined->step(ops::to(batch.inputs, device), ops::to(batch.targets, device));
       result.grad_norms.push_back(pipelined->clip_grad_norm(kClip));
     } else {
-      if (ddp) ddp->zero_grad(); else opt.zero_grad();
+      if (ddp)
+        ddp->zero_grad();
+      else
+        opt.zero_grad();
       for (int m = 0; m < layout.accum; ++m) {
-        const auto batch = data::batch_slice(data, 11, step, dp_rank * per_rank + m * micro, micro, kSeqLen);
-        Tensor loss = div(model->loss(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
-                          static_cast<double>(layout.accum));
+        const auto batch =
+            data::batch_slice(data, 11, step, dp_rank * per_rank + m * micro, micro, kSeqLen);
+        Tensor loss =
+            div(model->loss(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
+                static_cast<double>(layout.accum));
         if (ddp && m + 1 < layout.accum) {
           auto guard = ddp->no_sync();
           backward(loss);
@@ -92,7 +104,8 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
     }
     result.losses.push_back(step_loss);
   }
-  for (const auto& [name, p] : named) result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+  for (const auto& [name, p] : named)
+    result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
   return result;
 }
 
@@ -101,10 +114,14 @@ void expect_same(const Runs& runs) {
   const Result &actual = runs.actual, &expected = runs.expected;
   const std::string& layout = runs.layout;
   // Per step, 1e-5 relative.
-  expect_close({.actual = actual.losses, .expected = expected.losses, .tol = {.rtol = 1e-5},
+  expect_close({.actual = actual.losses,
+                .expected = expected.losses,
+                .tol = {.rtol = 1e-5},
                 .what = layout + " losses"});
-  expect_close({.actual = actual.grad_norms, .expected = expected.grad_norms,
-                .tol = {.rtol = 1e-5}, .what = layout + " gradient norms"});
+  expect_close({.actual = actual.grad_norms,
+                .expected = expected.grad_norms,
+                .tol = {.rtol = 1e-5},
+                .what = layout + " gradient norms"});
   // Parameters: 1e-5 relative to the model's largest parameter magnitude (the LayerNorm weights,
   // ~1). Not per tensor: AdamW divides each gradient by its own running RMS, so a parameter
   // whose gradient is tiny — the attention key bias's is mathematically zero (adding b to every
@@ -118,14 +135,17 @@ void expect_same(const Runs& runs) {
   ASSERT_FALSE(actual.params.empty()) << layout;
   for (const auto& [name, got] : actual.params) {  // a pipeline rank holds its stages' only
     ASSERT_TRUE(expected.params.count(name)) << layout << " " << name;
-    expect_close({.actual = got, .expected = expected.params.at(name),
-                  .tol = {.atol = 1e-5 * model_scale}, .what = layout + " " + name});
+    expect_close({.actual = got,
+                  .expected = expected.params.at(name),
+                  .tol = {.atol = 1e-5 * model_scale},
+                  .what = layout + " " + name});
   }
 }
 
-
-std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp, int64_t pp) {
-  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
+                                          int64_t pp) {
+  return std::make_shared<const DeviceMesh>(pg.shared_from_this(),
+                                            std::vector<std::string>{"pp", "dp", "tp"},
                                             std::vector<int64_t>{pp, dp, tp});
 }
 

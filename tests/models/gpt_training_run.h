@@ -20,7 +20,8 @@ namespace loom::models::gpt_run {
 
 inline constexpr int kSteps = 4;
 inline constexpr int64_t kGlobalBatch = 8, kSeqLen = 32;
-inline constexpr double kClip = 0.5;  // below the tiny model's early gradient norms, so clipping acts
+inline constexpr double kClip =
+    0.5;  // below the tiny model's early gradient norms, so clipping acts
 
 // 2 layers, 4 heads, width 32, and an odd vocabulary (257, as GPT-2's 50257), so the
 // vocab-parallel embedding and the loss-parallel head split it unevenly.
@@ -58,6 +59,7 @@ struct Runs {
 void expect_same(const Runs& runs);
 
 // A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`.
-std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp, int64_t pp = 1);
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
+                                          int64_t pp = 1);
 
 }  // namespace loom::models::gpt_run

@@ -16,9 +16,9 @@
 namespace loom::models {
 namespace {
 
+using loom::testing::expect_bitwise_equal;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using loom::testing::expect_bitwise_equal;
 
 std::string temp_path(const std::string& name) { return ::testing::TempDir() + "/" + name; }
 
@@ -49,7 +49,8 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
   const Tensor f32 = ops::normal({3, 5}, 1, 0.0, 1.0);
   TensorMap tensors{
       {"a.f32", f32},
-      {"b.bf16", ops::to(ops::normal({7}, 2, 0.0, 1.0), kBFloat16)},  // 14 bytes: the next tensor is padded
+      {"b.bf16",
+       ops::to(ops::normal({7}, 2, 0.0, 1.0), kBFloat16)},  // 14 bytes: the next tensor is padded
       {"c.f16", ops::to(ops::normal({2, 3, 1}, 3, 0.0, 1.0), kFloat16)},
       {"d.i32", ops::to(ops::from_vector_i64({1, -2, 3}, {3}), kInt32)},
       {"e.i64", ops::from_vector_i64({-5, 1LL << 40}, {2})},
@@ -71,7 +72,8 @@ TEST(SafetensorsTest, RoundTripsEveryDTypeAndMetadata) {
 TEST(SafetensorsTest, ReadsAHandWrittenFile) {
   // The format as the spec describes it, written without the code under test.
   const std::string path = temp_path("hand.safetensors");
-  write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})",
+  write_raw(path,
+            R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"k":"v"}})",
             bytes_of({1.5f, -2.0f}));
   const SafetensorsFile file = load_safetensors(path);
   EXPECT_EQ(ops::to_vector(file.tensors.at("w")), (std::vector<double>{1.5, -2.0}));
@@ -115,13 +117,15 @@ TEST(SafetensorsTest, RejectsTruncatedData) {
   const std::string path = temp_path("truncated.safetensors");
   save_safetensors(path, {{"a", ops::ones({4})}, {"b", ops::ones({16})}});
   std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
-  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'b'"), HasSubstr("out of range")));
+  EXPECT_THAT(load_error(path),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'b'"), HasSubstr("out of range")));
 }
 
 TEST(SafetensorsTest, RejectsOffsetsOutOfRange) {
   const std::string path = temp_path("range.safetensors");
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", bytes_of({1, 2}));
-  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'w'"), HasSubstr("out of range")));
+  EXPECT_THAT(load_error(path),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'w'"), HasSubstr("out of range")));
   write_raw(path, R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,4]}})", bytes_of({1, 2}));
   EXPECT_THAT(load_error(path), AllOf(HasSubstr("tensor 'w'"), HasSubstr("end before they begin")));
   write_raw(path, R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-1,7]}})", bytes_of({1, 2}));
@@ -134,14 +138,16 @@ TEST(SafetensorsTest, RejectsOverlappingTensors) {
             R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
             R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
             bytes_of({1, 2, 3}));
-  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'b'"), HasSubstr("overlaps tensor 'a'")));
+  EXPECT_THAT(load_error(path),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'b'"), HasSubstr("overlaps tensor 'a'")));
 }
 
 TEST(SafetensorsTest, RejectsSizesInconsistentWithShapeAndDType) {
   const std::string path = temp_path("size.safetensors");
   write_raw(path, R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", bytes_of({1, 2}));
-  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'w'"), HasSubstr("span 8 bytes"),
-                                      HasSubstr("shape (3,) of F32 needs 12 bytes")));
+  EXPECT_THAT(load_error(path),
+              AllOf(HasSubstr(path), HasSubstr("tensor 'w'"), HasSubstr("span 8 bytes"),
+                    HasSubstr("shape (3,) of F32 needs 12 bytes")));
   write_raw(path, R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,8]}})", bytes_of({1, 2}));
   EXPECT_THAT(load_error(path), AllOf(HasSubstr("tensor 'w'"), HasSubstr("needs 4 bytes")));
 }
@@ -149,7 +155,8 @@ TEST(SafetensorsTest, RejectsSizesInconsistentWithShapeAndDType) {
 TEST(SafetensorsTest, RejectsUnknownDTypesAndMalformedEntries) {
   const std::string path = temp_path("dtype.safetensors");
   write_raw(path, R"({"w":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", bytes_of({1, 2}));
-  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'w'"), HasSubstr("\"F64\" is not supported")));
+  EXPECT_THAT(load_error(path), AllOf(HasSubstr(path), HasSubstr("tensor 'w'"),
+                                      HasSubstr("\"F64\" is not supported")));
   write_raw(path, R"({"w":{"dtype":"F32","data_offsets":[0,4]}})", bytes_of({1}));
   EXPECT_THAT(load_error(path), AllOf(HasSubstr("tensor 'w'"), HasSubstr("no \"shape\"")));
   write_raw(path, R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", bytes_of({1}));
@@ -159,7 +166,9 @@ TEST(SafetensorsTest, RejectsUnknownDTypesAndMalformedEntries) {
 }
 
 TEST(SafetensorsTest, WriterRejectsReservedNames) {
-  EXPECT_THROW(save_safetensors(temp_path("reserved.safetensors"), {{"__metadata__", ops::ones({1})}}), Error);
+  EXPECT_THROW(
+      save_safetensors(temp_path("reserved.safetensors"), {{"__metadata__", ops::ones({1})}}),
+      Error);
   EXPECT_FALSE(std::filesystem::exists(temp_path("reserved.safetensors.tmp")));
 }
 

@@ -62,7 +62,8 @@ TEST(TokenDataTest, Gpt2TokenFilesWithAndWithoutHeader) {
 TEST(TokenDataTest, BadFilesAreNamed) {
   EXPECT_THAT(error_of("/nonexistent/x.txt"), HasSubstr("cannot open '/nonexistent/x.txt'"));
   EXPECT_THAT(error_of(write_file("empty.txt", "")), HasSubstr("is empty"));
-  EXPECT_THAT(error_of(write_file("odd.bin", "abc")), HasSubstr("not a whole number of uint16 tokens"));
+  EXPECT_THAT(error_of(write_file("odd.bin", "abc")),
+              HasSubstr("not a whole number of uint16 tokens"));
   EXPECT_THAT(error_of(write_file("short.bin", llmc_header(5) + uint16s({1, 2}))),
               HasSubstr("declares 5 tokens but holds 2"));
   EXPECT_THAT(error_of(write_file("vocab.bin", uint16s({1, 50257}))),

@@ -15,8 +15,8 @@
 namespace loom::nn {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::expect_close;
+using ::testing::HasSubstr;
 
 // Tolerance for f32 results compared with an f64 reference over a handful of terms.
 constexpr double kTol = 1e-5;
@@ -46,7 +46,8 @@ TEST(LinearTest, ForwardAndGradientsMatchManualComputation) {
 }
 
 TEST(LinearTest, SameSeedSameWeights) {
-  Linear a(4, 3, LinearOptions{.seed = 9}), b(4, 3, LinearOptions{.seed = 9}), c(4, 3, LinearOptions{.seed = 10});
+  Linear a(4, 3, LinearOptions{.seed = 9}), b(4, 3, LinearOptions{.seed = 9}),
+      c(4, 3, LinearOptions{.seed = 10});
   EXPECT_EQ(ops::to_vector(a.weight()), ops::to_vector(b.weight()));
   EXPECT_NE(ops::to_vector(a.weight()), ops::to_vector(c.weight()));
 }
@@ -57,7 +58,10 @@ TEST(LinearTest, WrongInputWidthNamesShapes) {
     linear(ops::zeros({4, 5}));
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("Linear: input of shape (4, 5) does not end in in_features=3 (weight shape (2, 3))"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr(
+            "Linear: input of shape (4, 5) does not end in in_features=3 (weight shape (2, 3))"));
   }
 }
 
@@ -70,7 +74,8 @@ TEST(EmbeddingTest, LooksUpRowsAndAccumulatesGradients) {
   EXPECT_EQ(rows[0], table[2]);
   EXPECT_EQ(rows[3], table[9]);
   backward(sum(out));
-  EXPECT_EQ(ops::to_vector(emb.weight().grad()), (std::vector<double>{0, 0, 2, 2, 0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(ops::to_vector(emb.weight().grad()),
+            (std::vector<double>{0, 0, 2, 2, 0, 0, 0, 0, 1, 1}));
 }
 
 TEST(LayerNormTest, NormalizesLastDim) {
@@ -104,7 +109,9 @@ TEST(DropoutTest, EvalIsIdentityAndTrainIsReproducible) {
 
 TEST(GeluTest, MatchesTanhApproximation) {
   GELU gelu_module;
-  auto ref = [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); };
+  auto ref = [](double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  };
   expect_close({.actual = gelu_module(ops::from_vector({-1, 0, 2}, {3})),
                 .expected = {ref(-1), 0.0, ref(2)},
                 .tol = {.atol = kTol}});

@@ -21,8 +21,8 @@
 namespace loom::nn {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::expect_close;
+using ::testing::HasSubstr;
 using testing::RelativeTo;
 using testing::Tolerance;
 
@@ -58,7 +58,9 @@ TEST(MixedPrecisionTest, Bf16ComputeMatchesF32WithinBf16Precision) {
     EXPECT_EQ(p.dtype(), DType::kFloat32) << name;
     ASSERT_TRUE(p.grad().defined()) << name;
     EXPECT_EQ(p.grad().dtype(), DType::kFloat32) << name;
-    expect_close({.actual = p.grad(), .expected = reference_grads.at(name), .tol = kBf16Tol,
+    expect_close({.actual = p.grad(),
+                  .expected = reference_grads.at(name),
+                  .tol = kBf16Tol,
                   .what = "grad of " + name});
   }
 }
@@ -85,7 +87,11 @@ TEST(MixedPrecisionTest, MastersAreBackAfterForwardEvenWhenItThrows) {
   apply_mixed_precision(mixed);
   mixed(ops::normal({2, 16}, 1));
   EXPECT_EQ(mixed.fc1->parameter("weight").impl(), master.impl());
-  EXPECT_THAT([&] { mixed(ops::normal({2, 5}, 1)); }, ::testing::ThrowsMessage<Error>(HasSubstr("16 features")));
+  EXPECT_THAT(
+      [&] {
+        mixed(ops::normal({2, 5}, 1));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("16 features")));
   // The failed forward left the casts in the slots; the next forward puts the masters back.
   mixed(ops::normal({2, 16}, 1));
   EXPECT_EQ(mixed.fc1->parameter("weight").impl(), master.impl());
@@ -96,7 +102,8 @@ TEST(MixedPrecisionTest, RejectsNonF32Masters) {
   Mlp mixed;
   mixed.fc2->set_parameter("bias", ops::to(mixed.fc2->parameter("bias"), DType::kBFloat16));
   EXPECT_THAT([&] { apply_mixed_precision(mixed); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("parameter 'fc2.bias' is bf16; the master weights must be f32")));
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("parameter 'fc2.bias' is bf16; the master weights must be f32")));
 }
 
 }  // namespace

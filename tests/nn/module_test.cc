@@ -49,7 +49,8 @@ TEST(ModuleTest, DottedNamesInRegistrationOrder) {
               ElementsAre("ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
                           "attn.c_proj.weight", "attn.c_proj.bias"));
   std::vector<std::string> module_names;
-  for (const auto& [name, m] : block.named_modules()) module_names.push_back(name + ":" + m->type_name());
+  for (const auto& [name, m] : block.named_modules())
+    module_names.push_back(name + ":" + m->type_name());
   EXPECT_THAT(module_names, ElementsAre(":Block", "ln_1:LayerNorm", "attn:Attention",
                                         "attn.c_attn:Linear", "attn.c_proj:Linear"));
   EXPECT_EQ(&block.submodule("attn.c_proj"), block.attn->c_proj.get());
@@ -112,7 +113,10 @@ TEST(ModuleTest, StrictLoadListsMissingAndUnexpectedKeys) {
     block.load_state_dict(state);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("'attn.c_proj.weight' has shape (4, 5) in the checkpoint but (4, 4) in the module"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr(
+            "'attn.c_proj.weight' has shape (4, 5) in the checkpoint but (4, 4) in the module"));
   }
 }
 
@@ -137,7 +141,8 @@ TEST(ModuleTest, ForwardHooksCanReplaceInputAndOutput) {
   Linear linear(2, 2, LinearOptions{.bias = false});
   linear.set_parameter("weight", ops::from_vector({1, 0, 0, 1}, {2, 2}));
   linear.register_forward_pre_hook([](Module&, const Tensor& x) { return ops::mul(x, 2.0); });
-  linear.register_forward_hook([](Module&, const Tensor&, const Tensor& y) { return ops::add(y, 1.0); });
+  linear.register_forward_hook(
+      [](Module&, const Tensor&, const Tensor& y) { return ops::add(y, 1.0); });
   EXPECT_EQ(ops::to_vector(linear(ops::from_vector({1, 2}, {1, 2}))), (std::vector<double>{3, 5}));
 }
 
@@ -163,7 +168,8 @@ TEST(ModuleToDeviceTest, MovesParametersOrNamesTheMissingDevice) {
   linear.to(Device::cpu());
   EXPECT_EQ(linear.weight().impl(), weight.impl());
   if (!cuda::available()) {
-    EXPECT_THAT([&] { linear.to(Device::cuda(0)); }, ::testing::ThrowsMessage<Error>(HasSubstr("cuda")));
+    EXPECT_THAT([&] { linear.to(Device::cuda(0)); },
+                ::testing::ThrowsMessage<Error>(HasSubstr("cuda")));
     return;
   }
   linear.to(Device::cuda(0));

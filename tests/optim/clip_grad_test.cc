@@ -40,8 +40,8 @@ TEST(ClipGradTest, ShardedAndReplicatedGradientsGiveTheSingleRankNorm) {
   for (double v : ops::to_vector(g2)) expected += v * v;
   expected = std::sqrt(expected);
   comm::testing::run_on_ranks(3, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{3});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{3});
     // g1 sharded unevenly (rows 2, 2, 1), g2 replicated as a DTensor.
     Tensor p1 = with_grad(distribute_tensor(ops::zeros({5, 3}), mesh, {Shard(0)}),
                           distribute_tensor(g1, mesh, {Shard(0)}));

@@ -30,14 +30,17 @@ TEST(SGDTest, MomentumAndWeightDecayFollowTorchRecurrence) {
   double ref[2] = {1.0, -2.0}, buf[2] = {0, 0};
   const double grads[3][2] = {{0.5, -1.0}, {0.25, 0.75}, {-1.0, 2.0}};
   for (int step = 0; step < 3; ++step) {
-    p.set_grad(ops::from_vector({static_cast<float>(grads[step][0]), static_cast<float>(grads[step][1])}, {2}));
+    p.set_grad(ops::from_vector(
+        {static_cast<float>(grads[step][0]), static_cast<float>(grads[step][1])}, {2}));
     sgd.step();
     for (int i = 0; i < 2; ++i) {
       const double g = grads[step][i] + 0.01 * ref[i];
       buf[i] = step == 0 ? g : 0.9 * buf[i] + g;
       ref[i] -= 0.1 * buf[i];
     }
-    expect_close({.actual = p, .expected = {ref[0], ref[1]}, .tol = {.atol = kTol},
+    expect_close({.actual = p,
+                  .expected = {ref[0], ref[1]},
+                  .tol = {.atol = kTol},
                   .what = "step " + std::to_string(step)});
   }
 }
@@ -48,7 +51,8 @@ TEST(AdamWTest, MatchesReferenceRecurrence) {
   double ref[2] = {0.5, -0.25}, m[2] = {0, 0}, v[2] = {0, 0};
   const double grads[3][2] = {{0.1, -0.2}, {0.3, 0.0}, {-0.5, 0.4}};
   for (int step = 1; step <= 3; ++step) {
-    p.set_grad(ops::from_vector({static_cast<float>(grads[step - 1][0]), static_cast<float>(grads[step - 1][1])}, {2}));
+    p.set_grad(ops::from_vector(
+        {static_cast<float>(grads[step - 1][0]), static_cast<float>(grads[step - 1][1])}, {2}));
     adam.step();
     for (int i = 0; i < 2; ++i) {
       const double g = grads[step - 1][i];
@@ -58,7 +62,9 @@ TEST(AdamWTest, MatchesReferenceRecurrence) {
       const double v_hat = v[i] / (1 - std::pow(0.999, step));
       ref[i] = ref[i] * (1 - 0.01 * 0.1) - 0.01 * m_hat / (std::sqrt(v_hat) + 1e-8);
     }
-    expect_close({.actual = p, .expected = {ref[0], ref[1]}, .tol = {.atol = kTol},
+    expect_close({.actual = p,
+                  .expected = {ref[0], ref[1]},
+                  .tol = {.atol = kTol},
                   .what = "step " + std::to_string(step)});
   }
 }

@@ -27,7 +27,8 @@ TEST(BucketAssignmentTest, ReverseOrderWithSmallFirstBucket) {
 }
 
 TEST(BucketAssignmentTest, DtypesNeverShareABucket) {
-  const std::vector<ParameterInfo> params{{10, kFloat32}, {10, kBFloat16}, {10, kFloat32}, {10, kBFloat16}};
+  const std::vector<ParameterInfo> params{
+      {10, kFloat32}, {10, kBFloat16}, {10, kFloat32}, {10, kBFloat16}};
   const auto buckets = assign_buckets(params);
   ASSERT_EQ(buckets.size(), 2u);
   EXPECT_THAT(buckets[0], ElementsAre(3, 1));

@@ -3,8 +3,9 @@
 #include "parallel/ddp/ddp.h"
 
 #include <gmock/gmock.h>
-#include <map>
 #include <gtest/gtest.h>
+
+#include <map>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
@@ -17,24 +18,27 @@
 #include "optim/optimizer.h"
 #include "parallel/tp/parallelize.h"
 #include "tensor/ops.h"
-#include "tests/testing/tensor_checks.h"
 #include "tests/comm/other_device_group.h"
+#include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::CollectiveKind;
 using testing::expect_close;
+using ::testing::HasSubstr;
 using testing::Tolerance;
 
 class Mlp : public nn::Module {
  public:
   explicit Mlp(bool with_unused = false) : Module("Mlp") {
     fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 32, nn::LinearOptions{.seed = 1}));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(32, 32, nn::LinearOptions{.seed = 3}));
+    fc2 =
+        register_module("fc2", std::make_shared<nn::Linear>(32, 32, nn::LinearOptions{.seed = 3}));
     fc3 = register_module("fc3", std::make_shared<nn::Linear>(32, 4, nn::LinearOptions{.seed = 5}));
-    if (with_unused) unused = register_module("unused", std::make_shared<nn::Linear>(4, 4, nn::LinearOptions{.seed = 7}));
+    if (with_unused)
+      unused = register_module("unused",
+                               std::make_shared<nn::Linear>(4, 4, nn::LinearOptions{.seed = 7}));
   }
   Tensor forward(const Tensor& x) override {
     hidden = tanh((*fc1)(x));
@@ -64,7 +68,8 @@ TEST(DDPTest, GradientsAndStepsMatchOneRankOnTheWholeBatch) {
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>();
     // Small buckets so the three layers land in separate buckets.
-    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(),
+                                     {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
     EXPECT_GE(ddp.reducer().bucket_count(), 3u);
     optim::AdamW opt(model->parameters(), {.lr = 0.01});
     const Tensor mine = ops::narrow(batch, 0, 4 * pg.rank(), 4);
@@ -74,8 +79,8 @@ TEST(DDPTest, GradientsAndStepsMatchOneRankOnTheWholeBatch) {
       opt.step();
     }
     for (const auto& [name, p] : model->named_parameters()) {
-      expect_close({.actual = p, .expected = reference->state_dict().at(name), .tol = kTol,
-                    .what = name});
+      expect_close(
+          {.actual = p, .expected = reference->state_dict().at(name), .tol = kTol, .what = name});
     }
   });
 }
@@ -83,7 +88,8 @@ TEST(DDPTest, GradientsAndStepsMatchOneRankOnTheWholeBatch) {
 TEST(DDPTest, FirstBucketAllReduceStartsBeforeBackwardReachesTheFirstLayer) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>();
-    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(),
+                                     {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
     const Tensor x = ops::uniform({4, 8}, 10 + pg.rank(), -1.0, 1.0);
     Tensor loss = loss_of(ddp(x));
     int64_t all_reduces_when_first_layer_reached = -1;
@@ -94,8 +100,10 @@ TEST(DDPTest, FirstBucketAllReduceStartsBeforeBackwardReachesTheFirstLayer) {
     });
     const int64_t before = pg.counters().calls_of(CollectiveKind::kAllReduce);
     backward(loss);
-    EXPECT_GE(all_reduces_when_first_layer_reached - before, 1) << "no bucket was launched during backward";
-    EXPECT_EQ(ddp.reducer().buckets_launched_during_backward(), static_cast<int64_t>(ddp.reducer().bucket_count()));
+    EXPECT_GE(all_reduces_when_first_layer_reached - before, 1)
+        << "no bucket was launched during backward";
+    EXPECT_EQ(ddp.reducer().buckets_launched_during_backward(),
+              static_cast<int64_t>(ddp.reducer().bucket_count()));
   });
 }
 
@@ -108,19 +116,23 @@ TEST(DDPTest, ABackwardThatThrowsLeavesTheNextStepCorrect) {
   backward(loss_of((*reference)(batch)));
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>();
-    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(),
+                                     {.caps = {.first_bucket_bytes = 1, .bucket_bytes = 1}});
     const Tensor mine = ops::narrow(batch, 0, 4 * pg.rank(), 4);
     Tensor loss = loss_of(ddp(mine));
-    autograd::register_hook(model->hidden, [](const Tensor&) -> Tensor { LOOM_FAIL("deliberate failure in backward"); });
+    autograd::register_hook(model->hidden, [](const Tensor&) -> Tensor {
+      LOOM_FAIL("deliberate failure in backward");
+    });
     EXPECT_THROW(backward(loss), Error);
-    EXPECT_GE(ddp.reducer().buckets_launched_during_backward(), 1) << "the failure must come after a launch";
+    EXPECT_GE(ddp.reducer().buckets_launched_during_backward(), 1)
+        << "the failure must come after a launch";
     ddp.zero_grad();
     backward(loss_of(ddp(mine)));
     std::map<std::string, Tensor> expected;
     for (const auto& [name, p] : reference->named_parameters()) expected[name] = p.grad();
     for (const auto& [name, p] : model->named_parameters()) {
-      expect_close({.actual = p.grad(), .expected = expected.at(name), .tol = kTol,
-                    .what = name + " grad"});
+      expect_close(
+          {.actual = p.grad(), .expected = expected.at(name), .tol = kTol, .what = name + " grad"});
     }
   });
 }
@@ -135,7 +147,8 @@ TEST(DDPTest, NoSyncAccumulatesWithoutCommunication) {
     auto model = std::make_shared<Mlp>();
     ddp::DistributedDataParallel ddp(model, pg.shared_from_this());
     // Rank r sees rows {r*2, r*2+1} of each micro-batch.
-    const Tensor first = ops::narrow(batch, 0, 2 * pg.rank(), 2), second = ops::narrow(batch, 0, 4 + 2 * pg.rank(), 2);
+    const Tensor first = ops::narrow(batch, 0, 2 * pg.rank(), 2),
+                 second = ops::narrow(batch, 0, 4 + 2 * pg.rank(), 2);
     {
       auto guard = ddp.no_sync();
       CommDebugMode comm;
@@ -144,8 +157,10 @@ TEST(DDPTest, NoSyncAccumulatesWithoutCommunication) {
     }
     backward(loss_of(ddp(second)));
     for (const auto& [name, p] : model->named_parameters()) {
-      expect_close({.actual = p.grad(), .expected = reference->state_dict().at(name).grad(),
-                    .tol = kTol, .what = "grad of " + name});
+      expect_close({.actual = p.grad(),
+                    .expected = reference->state_dict().at(name).grad(),
+                    .tol = kTol,
+                    .what = "grad of " + name});
     }
   });
 }
@@ -159,11 +174,13 @@ TEST(DDPTest, UnusedParametersAreNamedOrAccepted) {
         backward(loss_of(ddp(ops::ones({2, 8}))));
         FAIL() << "expected an error";
       } catch (const Error& e) {
-        EXPECT_THAT(e.what(), HasSubstr("parameters [unused.weight, unused.bias] received no gradient"));
+        EXPECT_THAT(e.what(),
+                    HasSubstr("parameters [unused.weight, unused.bias] received no gradient"));
       }
     }
     auto model = std::make_shared<Mlp>(/*with_unused=*/true);
-    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.find_unused_parameters = true});
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(),
+                                     {.find_unused_parameters = true});
     backward(loss_of(ddp(ops::ones({2, 8}))));
     EXPECT_EQ(ops::to_vector(model->unused->weight().grad()), std::vector<double>(16, 0.0));
   });
@@ -175,7 +192,8 @@ TEST(DDPTest, LocallyUnusedParameterAfterOptimizerZeroGradCountsAsZero) {
   // and both ranks must end with the same averaged gradient.
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     auto model = std::make_shared<Mlp>(/*with_unused=*/true);
-    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(), {.find_unused_parameters = true});
+    ddp::DistributedDataParallel ddp(model, pg.shared_from_this(),
+                                     {.find_unused_parameters = true});
     optim::SGD opt(model->parameters(), {.lr = 0.0});
     const Tensor x = ops::ones({2, 8});
     const Tensor u = ops::ones({2, 4});
@@ -189,7 +207,9 @@ TEST(DDPTest, LocallyUnusedParameterAfterOptimizerZeroGradCountsAsZero) {
     backward(loss_of((*reference->unused)(u)));
     const Tensor expected = ops::mul(reference->unused->bias().grad(), 0.5);
     ASSERT_TRUE(model->unused->bias().grad().defined()) << "rank " << pg.rank();
-    expect_close({.actual = model->unused->bias().grad(), .expected = expected, .tol = kTol,
+    expect_close({.actual = model->unused->bias().grad(),
+                  .expected = expected,
+                  .tol = kTol,
                   .what = "unused.bias grad"});
   });
 }
@@ -215,8 +235,10 @@ TEST(DDPTest, ParametersOffTheGroupsDeviceAreNamedAtConstruction) {
     ddp::DistributedDataParallel ddp(model, std::make_shared<comm::test::OtherDeviceGroup>());
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("DistributedDataParallel: parameter 'fc1.weight' is on cpu but group "
-                                    "'elsewhere' (fake) works on cuda:0; move the model there first (Module::to)"));
+    EXPECT_THAT(
+        e.what(),
+        HasSubstr("DistributedDataParallel: parameter 'fc1.weight' is on cpu but group "
+                  "'elsewhere' (fake) works on cuda:0; move the model there first (Module::to)"));
   }
 }
 
@@ -225,8 +247,10 @@ TEST(DDPTest, TwoDimensionalDataAndTensorParallelMatchesOneRank) {
   class TwoLayer : public nn::Module {
    public:
     TwoLayer() : Module("TwoLayer") {
-      fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 16, nn::LinearOptions{.seed = 21}));
-      fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 8, nn::LinearOptions{.seed = 23}));
+      fc1 = register_module("fc1",
+                            std::make_shared<nn::Linear>(8, 16, nn::LinearOptions{.seed = 21}));
+      fc2 = register_module("fc2",
+                            std::make_shared<nn::Linear>(16, 8, nn::LinearOptions{.seed = 23}));
     }
     Tensor forward(const Tensor& x) override { return (*fc2)(tanh((*fc1)(x))); }
     std::shared_ptr<nn::Linear> fc1, fc2;
@@ -235,18 +259,21 @@ TEST(DDPTest, TwoDimensionalDataAndTensorParallelMatchesOneRank) {
   auto reference = std::make_shared<TwoLayer>();
   backward(loss_of((*reference)(batch)));
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"dp", "tp"},
-                                                   std::vector<int64_t>{2, 2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"dp", "tp"}, std::vector<int64_t>{2, 2});
     auto model = std::make_shared<TwoLayer>();
     tp::parallelize_module(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
-                           {{"fc1", std::make_shared<tp::ColwiseParallel>()}, {"fc2", std::make_shared<tp::RowwiseParallel>()}});
+                           {{"fc1", std::make_shared<tp::ColwiseParallel>()},
+                            {"fc2", std::make_shared<tp::RowwiseParallel>()}});
     ddp::DistributedDataParallel ddp(model, mesh->group("dp"));
     const Tensor mine = ops::narrow(batch, 0, 4 * mesh->coordinate(0), 4);
     backward(loss_of(ddp(mine)));
     for (const auto& [name, p] : model->named_parameters()) {
       const Tensor grad = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
-      expect_close({.actual = grad, .expected = reference->state_dict().at(name).grad(),
-                    .tol = kTol, .what = "grad of " + name});
+      expect_close({.actual = grad,
+                    .expected = reference->state_dict().at(name).grad(),
+                    .tol = kTol,
+                    .what = "grad of " + name});
     }
   });
 }

@@ -1,7 +1,5 @@
 // Tensor parallelism against one rank: the same MLP, same seeds, same input, on tp = 2 and 3
 // (3 splits the hidden width 16 unevenly: 6, 6, 4).
-#include "parallel/tp/parallelize.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -13,22 +11,25 @@
 #include "dtensor/dtensor.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
+#include "parallel/tp/parallelize.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
 namespace {
 
-using ::testing::HasSubstr;
 using comm::CollectiveKind;
 using testing::expect_close;
+using ::testing::HasSubstr;
 using testing::Tolerance;
 
 class Mlp : public nn::Module {
  public:
   Mlp() : Module("Mlp") {
-    fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 16, nn::LinearOptions{.seed = 11}));
-    fc2 = register_module("fc2", std::make_shared<nn::Linear>(16, 8, nn::LinearOptions{.seed = 13}));
+    fc1 =
+        register_module("fc1", std::make_shared<nn::Linear>(8, 16, nn::LinearOptions{.seed = 11}));
+    fc2 =
+        register_module("fc2", std::make_shared<nn::Linear>(16, 8, nn::LinearOptions{.seed = 13}));
   }
   Tensor forward(const Tensor& x) override { return (*fc2)(gelu((*fc1)(x))); }
   std::shared_ptr<nn::Linear> fc1, fc2;
@@ -45,11 +46,12 @@ TEST(TensorParallelTest, ColwiseThenRowwiseMlpMatchesOneRank) {
   backward(sum(mul(ref_out, ref_out)));
   for (int world : {2, 3}) {
     comm::testing::run_on_ranks(world, [&](comm::ProcessGroup& pg) {
-      auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                     std::vector<int64_t>{pg.size()});
+      auto mesh = std::make_shared<const DeviceMesh>(
+          pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{pg.size()});
       Mlp model;
       tp::parallelize_module(model, mesh,
-                             {{"fc1", std::make_shared<tp::ColwiseParallel>()}, {"fc2", std::make_shared<tp::RowwiseParallel>()}});
+                             {{"fc1", std::make_shared<tp::ColwiseParallel>()},
+                              {"fc2", std::make_shared<tp::RowwiseParallel>()}});
       EXPECT_EQ(dtensor_spec(model.fc1->weight()).placements, (Placements{Shard(0)}));
       EXPECT_EQ(dtensor_spec(model.fc2->weight()).placements, (Placements{Shard(1)}));
       Tensor out;
@@ -67,7 +69,8 @@ TEST(TensorParallelTest, ColwiseThenRowwiseMlpMatchesOneRank) {
         ASSERT_TRUE(p.grad().defined()) << name;
         EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << name;
         expect_close({.actual = full_tensor(p.grad()),
-                      .expected = reference.state_dict().at(name).grad(), .tol = kTol,
+                      .expected = reference.state_dict().at(name).grad(),
+                      .tol = kTol,
                       .what = "grad of " + name});
       }
     });
@@ -80,37 +83,46 @@ TEST(TensorParallelTest, ColwiseInputShardedOnRowsMatchesOneRank) {
   Mlp reference;
   const Tensor ref_out = reference(x);
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{pg.size()});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{pg.size()});
     Mlp model;
     tp::parallelize_module(model, mesh,
-                           {{"fc1", std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.input_layouts = Shard(0)})},
+                           {{"fc1", std::make_shared<tp::ColwiseParallel>(
+                                        tp::LayoutOptions{.input_layouts = Shard(0)})},
                             {"fc2", std::make_shared<tp::RowwiseParallel>()}});
-    expect_close({.actual = model(ops::narrow(x, 0, 2 * pg.rank(), 2)), .expected = ref_out,
-                  .tol = kTol, .what = "output"});
+    expect_close({.actual = model(ops::narrow(x, 0, 2 * pg.rank(), 2)),
+                  .expected = ref_out,
+                  .tol = kTol,
+                  .what = "output"});
   });
 }
 
 TEST(TensorParallelTest, PlanErrorsNameTheEntryAndModule) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     Mlp model;
     try {
       tp::parallelize_module(model, mesh, {{"fc3", std::make_shared<tp::ColwiseParallel>()}});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("plan entry 'fc3' (ColwiseParallel) matches no submodule of Mlp"));
+      EXPECT_THAT(e.what(),
+                  HasSubstr("plan entry 'fc3' (ColwiseParallel) matches no submodule of Mlp"));
     }
     class WithNorm : public nn::Module {
      public:
-      WithNorm() : Module("WithNorm") { register_module("ln", std::make_shared<nn::LayerNorm>(Shape{4})); }
+      WithNorm() : Module("WithNorm") {
+        register_module("ln", std::make_shared<nn::LayerNorm>(Shape{4}));
+      }
     } with_norm;
     try {
       tp::parallelize_module(with_norm, mesh, {{"ln", std::make_shared<tp::RowwiseParallel>()}});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("RowwiseParallel applies to Linear and Embedding modules, but 'ln' is a LayerNorm"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr(
+              "RowwiseParallel applies to Linear and Embedding modules, but 'ln' is a LayerNorm"));
     }
   });
 }
@@ -136,16 +148,18 @@ TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
   const Tensor ref_out = reference(x);
   backward(sum(mul(ref_out, ref_out)));
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     ResidualBlock model;
-    tp::parallelize_module(
-        model, mesh,
-        {{"ln", std::make_shared<tp::SequenceParallel>()},
-         {"mlp", std::make_shared<tp::PrepareModuleInput>(tp::PrepareInputOptions{Shard(1), Replicate(), false})},
-         {"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
-         {"mlp.fc2", std::make_shared<tp::RowwiseParallel>(tp::LayoutOptions{.output_layouts = Shard(1)})},
-         {"drop", std::make_shared<tp::SequenceParallel>(tp::SequenceParallelOptions{.use_local_output = true})}});
+    tp::parallelize_module(model, mesh,
+                           {{"ln", std::make_shared<tp::SequenceParallel>()},
+                            {"mlp", std::make_shared<tp::PrepareModuleInput>(
+                                        tp::PrepareInputOptions{Shard(1), Replicate(), false})},
+                            {"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
+                            {"mlp.fc2", std::make_shared<tp::RowwiseParallel>(
+                                            tp::LayoutOptions{.output_layouts = Shard(1)})},
+                            {"drop", std::make_shared<tp::SequenceParallel>(
+                                         tp::SequenceParallelOptions{.use_local_output = true})}});
     EXPECT_EQ(dtensor_spec(model.ln->weight()).placements, (Placements{Replicate()}));
     const Tensor local_x = ops::narrow(x, 1, 3 * pg.rank(), 3);  // this rank's tokens
     Tensor out;
@@ -158,7 +172,9 @@ TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
       EXPECT_EQ(comm.total_count(), 2) << comm.summary();
     }
     EXPECT_FALSE(is_dtensor(out));
-    expect_close({.actual = out, .expected = ops::narrow(ref_out, 1, 3 * pg.rank(), 3), .tol = kTol,
+    expect_close({.actual = out,
+                  .expected = ops::narrow(ref_out, 1, 3 * pg.rank(), 3),
+                  .tol = kTol,
                   .what = "this rank's tokens of the output"});
     // Each rank's loss is its tokens' share: the gradients' collectives sum the shares.
     backward(sum(mul(out, out)));
@@ -166,7 +182,8 @@ TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
       ASSERT_TRUE(p.grad().defined()) << name;
       EXPECT_EQ(dtensor_spec(p.grad()).placements, dtensor_spec(p).placements) << name;
       expect_close({.actual = full_tensor(p.grad()),
-                    .expected = reference.state_dict().at(name).grad(), .tol = kTol,
+                    .expected = reference.state_dict().at(name).grad(),
+                    .tol = kTol,
                     .what = "grad of " + name});
     }
   });
@@ -183,8 +200,8 @@ TEST(TensorParallelTest, PrepareModuleOutputAndDTensorOutputs) {
   Wrapper reference;
   const Tensor ref_out = reference(x);
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     Wrapper model;
     // fc2 hands a row-sharded DTensor (use_local_output = false) to the wrapper's output hook,
     // which keeps its placements and gathers it for the caller.
@@ -193,7 +210,8 @@ TEST(TensorParallelTest, PrepareModuleOutputAndDTensorOutputs) {
         {{"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
          {"mlp.fc2", std::make_shared<tp::RowwiseParallel>(
                          tp::LayoutOptions{.output_layouts = Shard(0), .use_local_output = false})},
-         {"mlp", std::make_shared<tp::PrepareModuleOutput>(tp::PrepareOutputOptions{Replicate(), Replicate(), true})}});
+         {"mlp", std::make_shared<tp::PrepareModuleOutput>(
+                     tp::PrepareOutputOptions{Replicate(), Replicate(), true})}});
     const Tensor inner = (*model.mlp->fc2)((*model.mlp->fc1)(x));
     ASSERT_TRUE(is_dtensor(inner));
     EXPECT_EQ(dtensor_spec(inner).placements, (Placements{Shard(0)}));
@@ -212,11 +230,13 @@ TEST(TensorParallelTest, VocabParallelEmbeddingWithOddVocabularyMatchesOneRank) 
   const Tensor ref_out = reference(ids);
   backward(sum(mul(ref_out, ref_out)));
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     class Holder : public nn::Module {
      public:
-      Holder() : Module("Holder") { emb = register_module("emb", std::make_shared<nn::Embedding>(7, 4, 3)); }
+      Holder() : Module("Holder") {
+        emb = register_module("emb", std::make_shared<nn::Embedding>(7, 4, 3));
+      }
       std::shared_ptr<nn::Embedding> emb;
     } model;
     tp::parallelize_module(model, mesh, {{"emb", std::make_shared<tp::RowwiseParallel>()}});
@@ -226,21 +246,25 @@ TEST(TensorParallelTest, VocabParallelEmbeddingWithOddVocabularyMatchesOneRank) 
     backward(sum(mul(out, out)));
     EXPECT_EQ(dtensor_spec(model.emb->weight().grad()).placements, (Placements{Shard(0)}));
     expect_close({.actual = full_tensor(model.emb->weight().grad()),
-                  .expected = reference.weight().grad(), .tol = kTol, .what = "grad"});
+                  .expected = reference.weight().grad(),
+                  .tol = kTol,
+                  .what = "grad"});
   });
 }
 
 TEST(TensorParallelTest, SequenceParallelNeedsALeafModule) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::vector<std::string>{"tp"},
-                                                   std::vector<int64_t>{2});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
     ResidualBlock model;
     try {
       tp::parallelize_module(model, mesh, {{"mlp", std::make_shared<tp::SequenceParallel>()}});
       FAIL() << "expected an error";
     } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr("SequenceParallel applies to leaf modules (norms, dropout), but 'mlp' (Mlp) "
-                                      "has submodules"));
+      EXPECT_THAT(
+          e.what(),
+          HasSubstr("SequenceParallel applies to leaf modules (norms, dropout), but 'mlp' (Mlp) "
+                    "has submodules"));
     }
   });
 }

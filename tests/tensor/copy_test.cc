@@ -1,8 +1,6 @@
 // Copies, conversions and factories (tensor/ops_copy.h, tensor/ops_create.h).
 // Values are small integers or dyadic fractions, exact in every dtype used, so comparisons are
 // exact unless a comment says otherwise.
-#include "tensor/ops_copy.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,6 +10,7 @@
 #include "base/error.h"
 #include "tensor/half.h"
 #include "tensor/ops.h"
+#include "tensor/ops_copy.h"
 #include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
@@ -68,7 +67,8 @@ TEST(CloneTest, SharesNothing) {
   EXPECT_EQ(cv.storage()->bytes(), 3 * sizeof(float));
   EXPECT_EQ(to_vector(cv), (Values{2, 5, 8}));
   // i64 beyond 2^53 survives a clone bit for bit.
-  Tensor big = from_vector_i64(std::vector<int64_t>{(int64_t{1} << 62) + 1, -(int64_t{1} << 53) - 1}, {2});
+  Tensor big =
+      from_vector_i64(std::vector<int64_t>{(int64_t{1} << 62) + 1, -(int64_t{1} << 53) - 1}, {2});
   Tensor bc = clone(transpose(unsqueeze(big, 0), 0, 1));
   EXPECT_EQ(bc.data<int64_t>()[0], (int64_t{1} << 62) + 1);
   EXPECT_EQ(bc.data<int64_t>()[1], -(int64_t{1} << 53) - 1);
@@ -133,7 +133,9 @@ TEST(CopyTest, BroadcastsTheSource) {
   EXPECT_EQ(to_vector(dst), (Values{4, 4, 4, 4, 4, 4}));
   EXPECT_EQ(error_of([&] { copy_(dst, zeros({4})); }),
             "expand: shape (4,) cannot be expanded to (2, 3) (size 4 at dim 0 is not 1)");
-  EXPECT_EQ(error_of([&] { copy_(dst, zeros({3, 2, 3})); }),
+  EXPECT_EQ(error_of([&] {
+              copy_(dst, zeros({3, 2, 3}));
+            }),
             "expand: cannot expand shape (3, 2, 3) to fewer dims (2, 3)");
 }
 
@@ -190,8 +192,8 @@ TEST(CatTest, AlongEachDim) {
 }
 
 TEST(CatTest, NonContiguousInputsAndOtherDTypes) {
-  Tensor t = transpose(iota({3, 2}), 0, 1);          // (2, 3): 0 2 4 / 1 3 5
-  Tensor s = slice(iota({2, 6}), 1, 0, 6, 2);        // (2, 3): 0 2 4 / 6 8 10
+  Tensor t = transpose(iota({3, 2}), 0, 1);               // (2, 3): 0 2 4 / 1 3 5
+  Tensor s = slice(iota({2, 6}), 1, 0, 6, 2);             // (2, 3): 0 2 4 / 6 8 10
   Tensor e = expand(from_vector({9.f}, {1, 1}), {2, 2});  // stride 0
   Tensor c = cat(std::vector<Tensor>{t, s, e}, 1);
   EXPECT_EQ(c.shape(), (Shape{2, 8}));
@@ -211,24 +213,36 @@ TEST(CatTest, NonContiguousInputsAndOtherDTypes) {
 
 TEST(CatTest, Errors) {
   Tensor a = zeros({2, 3});
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{a, zeros({2, 4})}, 0); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{a, zeros({2, 4})}, 0);
+            }),
             "cat: tensor 1 has shape (2, 4) but tensor 0 has shape (2, 3) (they may differ only "
             "in dim 0)");
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{a, a, zeros({3, 3})}, 1); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{a, a, zeros({3, 3})}, 1);
+            }),
             "cat: tensor 2 has shape (3, 3) but tensor 0 has shape (2, 3) (they may differ only "
             "in dim 1)");
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{a, zeros({2, 3}, kInt64)}, 0); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{a, zeros({2, 3}, kInt64)}, 0);
+            }),
             "cat: tensor 1 is Tensor(shape=(2, 3), dtype=i64, device=cpu) but tensor 0 is "
             "Tensor(shape=(2, 3), dtype=f32, device=cpu)");
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{a, zeros({6})}, 0); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{a, zeros({6})}, 0);
+            }),
             "cat: tensor 1 is Tensor(shape=(6,), dtype=f32, device=cpu) but tensor 0 is "
             "Tensor(shape=(2, 3), dtype=f32, device=cpu)");
   EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{}, 0); }), "cat: expected at least one tensor");
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{a, a}, 2); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{a, a}, 2);
+            }),
             "cat: dim 2 out of range for a tensor of rank 2 (expected -2..1)");
   // Scalars have no dim to concatenate along (torch: "zero-dimensional tensor ... cannot be
   // concatenated"); this must throw, not index an empty shape.
-  EXPECT_EQ(error_of([&] { cat(std::vector<Tensor>{scalar_tensor(1), scalar_tensor(2)}, 0); }),
+  EXPECT_EQ(error_of([&] {
+              cat(std::vector<Tensor>{scalar_tensor(1), scalar_tensor(2)}, 0);
+            }),
             "cat: tensor 0 is a scalar (shape ()) and cannot be concatenated; use stack");
 }
 
@@ -250,9 +264,12 @@ TEST(StackTest, AlongANewDim) {
   Tensor sc = stack(std::vector<Tensor>{scalar_tensor(1), scalar_tensor(2), scalar_tensor(3)}, 0);
   EXPECT_EQ(sc.shape(), Shape{3});
   EXPECT_EQ(to_vector(sc), (Values{1, 2, 3}));
-  EXPECT_EQ(error_of([&] { stack(std::vector<Tensor>{zeros({2}), zeros({3})}, 0); }),
+  EXPECT_EQ(error_of([&] {
+              stack(std::vector<Tensor>{zeros({2}), zeros({3})}, 0);
+            }),
             "stack: tensor 1 has shape (3,) but tensor 0 has shape (2,)");
-  EXPECT_EQ(error_of([&] { stack(std::vector<Tensor>{}, 0); }), "stack: expected at least one tensor");
+  EXPECT_EQ(error_of([&] { stack(std::vector<Tensor>{}, 0); }),
+            "stack: expected at least one tensor");
   EXPECT_EQ(error_of([&] { stack(std::vector<Tensor>{a}, 3); }),
             "stack: dim 3 out of range for a tensor of rank 3 (expected -3..2)");
 }
@@ -276,7 +293,8 @@ TEST(FactoryTest, FullZerosOnesArange) {
   // ceil((1 - 0) / 0.25) = 4 elements; 0.25 steps are exact in f32.
   EXPECT_EQ(to_vector(arange(0, 1, 0.25, kFloat32)), (Values{0, 0.25, 0.5, 0.75}));
   EXPECT_EQ(arange(0, 1, 0.3, kFloat32).numel(), 4);
-  EXPECT_EQ(error_of([] { arange(0, 5, -1); }), "arange: range [0, 5) with step -1 goes the wrong way");
+  EXPECT_EQ(error_of([] { arange(0, 5, -1); }),
+            "arange: range [0, 5) with step -1 goes the wrong way");
   EXPECT_EQ(error_of([] { arange(0, 5, 0); }), "arange: step must be non-zero");
 }
 
@@ -287,7 +305,9 @@ TEST(FactoryTest, FromVectorScalarAndFill) {
   Tensor i = from_vector_i64(std::vector<int64_t>{(int64_t{1} << 53) + 1, 2}, {2, 1});
   EXPECT_EQ(i.dtype(), kInt64);
   EXPECT_EQ(i.data<int64_t>()[0], (int64_t{1} << 53) + 1);
-  EXPECT_EQ(error_of([] { from_vector({1.f, 2.f, 3.f}, {2, 2}); }),
+  EXPECT_EQ(error_of([] {
+              from_vector({1.f, 2.f, 3.f}, {2, 2});
+            }),
             "from_vector: 3 values cannot fill shape (2, 2) (4 elements)");
   EXPECT_EQ(error_of([] { from_vector_i64(std::vector<int64_t>{1}, {2}); }),
             "from_vector_i64: 1 values cannot fill shape (2,) (2 elements)");

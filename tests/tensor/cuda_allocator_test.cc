@@ -164,8 +164,8 @@ TEST(BlockPoolTest, SmallRemainderBelowOneMebibyteStaysWithTheLargeBlock) {
 TEST(BlockPoolTest, ReleaseCachedReturnsOnlyWholeFreeSegments) {
   FakeAllocator raw;
   BlockPool pool(raw);
-  void* keep = pool.allocate(1000);        // small segment stays in use
-  void* gone = pool.allocate(12 * kMiB);   // own 12 MiB segment
+  void* keep = pool.allocate(1000);       // small segment stays in use
+  void* gone = pool.allocate(12 * kMiB);  // own 12 MiB segment
   pool.free(gone);
   EXPECT_EQ(pool.release_cached(), 12 * kMiB);
   EXPECT_EQ(raw.live_bytes(), 2 * kMiB);
@@ -210,7 +210,8 @@ TEST(BlockPoolTest, OutOfMemoryWithNothingCachedNamesRequestAndState) {
   BlockPool pool(raw);
   void* held = pool.allocate(12 * kMiB);
   const std::string message = error_of([&] { pool.allocate(12 * kMiB); });
-  EXPECT_THAT(message, HasSubstr("caching allocator on fake:0: cannot allocate a segment of 12.00 MiB"));
+  EXPECT_THAT(message,
+              HasSubstr("caching allocator on fake:0: cannot allocate a segment of 12.00 MiB"));
   EXPECT_THAT(message, HasSubstr("fake: out of memory"));
   EXPECT_THAT(message, HasSubstr("allocated 12.00 MiB"));
   pool.free(held);
@@ -221,7 +222,8 @@ TEST(BlockPoolTest, FreeOfAForeignOrFreedPointerIsAnError) {
   BlockPool pool(raw);
   void* a = pool.allocate(512);
   pool.free(a);
-  EXPECT_THAT(error_of([&] { pool.free(a); }), HasSubstr("did not hand out (or already took back)"));
+  EXPECT_THAT(error_of([&] { pool.free(a); }),
+              HasSubstr("did not hand out (or already took back)"));
   int local = 0;
   EXPECT_THAT(error_of([&] { pool.free(&local); }), HasSubstr("caching allocator on fake:0"));
 }

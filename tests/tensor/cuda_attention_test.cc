@@ -46,19 +46,29 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
     const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
     const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
-    expect_close({.actual = dev.out, .expected = cpu.out,
-                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0), .what = tag + " out"});
-    expect_close({.actual = dev.logsumexp, .expected = cpu.logsumexp,
-                  .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0), .what = tag + " logsumexp"});
-    const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
-                                                               causal);
+    expect_close({.actual = dev.out,
+                  .expected = cpu.out,
+                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
+                  .what = tag + " out"});
+    expect_close({.actual = dev.logsumexp,
+                  .expected = cpu.logsumexp,
+                  .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
+                  .what = tag + " logsumexp"});
+    const auto cg =
+        ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp, causal);
     const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
                                                                dev.out, dev.logsumexp, causal);
-    expect_close({.actual = dg.dq, .expected = cg.dq, .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
+    expect_close({.actual = dg.dq,
+                  .expected = cg.dq,
+                  .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
                   .what = tag + " dq"});
-    expect_close({.actual = dg.dk, .expected = cg.dk, .tol = kernel_tolerance(cg.dk.dtype(), 10.0),
+    expect_close({.actual = dg.dk,
+                  .expected = cg.dk,
+                  .tol = kernel_tolerance(cg.dk.dtype(), 10.0),
                   .what = tag + " dk"});
-    expect_close({.actual = dg.dv, .expected = cg.dv, .tol = kernel_tolerance(cg.dv.dtype(), 10.0),
+    expect_close({.actual = dg.dv,
+                  .expected = cg.dv,
+                  .tol = kernel_tolerance(cg.dv.dtype(), 10.0),
                   .what = tag + " dv"});
   }
 
@@ -67,21 +77,21 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
     const Tensor q = random_tensor(with(c.batch, c.tq, c.d), seed, dtype);
     const Tensor k = random_tensor(with(c.batch, c.tk, c.d), seed + 1, dtype);
     const Tensor v = random_tensor(with(c.batch, c.tk, c.dv), seed + 2, dtype);
-    const std::string what = fmt::format("batch {} tq {} tk {} d {} dv {}", shape_str(c.batch),
-                                         c.tq, c.tk, c.d, c.dv);
+    const std::string what =
+        fmt::format("batch {} tq {} tk {} d {} dv {}", shape_str(c.batch), c.tq, c.tk, c.d, c.dv);
     for (bool causal : {false, true}) compare(q, k, v, causal, what);
   }
 };
 
 TEST_P(CudaAttentionTest, MatchesTheCpuAcrossTileEdgesAndSequenceLengths) {
   const std::vector<Case> cases = {
-      {{2, 3}, 1, 1, 8, 8},        // one query, one key
-      {{2, 3}, 37, 37, 64, 64},    // one partial tile
-      {{1, 2}, 130, 130, 80, 80},  // three tiles, the last of 2 rows
-      {{2, 2}, 37, 130, 8, 64},    // Tq < Tk: causal rows see keys 0..i only (top-left)
-      {{2, 1}, 130, 37, 64, 8},    // Tq > Tk: causal rows past Tk see every key
-      {{3}, 1, 130, 80, 80},       // one batch dim, a single query over three key tiles
-      {{1, 1}, 64, 128, 128, 128}, // the largest head dims of the fused kernel, whole tiles
+      {{2, 3}, 1, 1, 8, 8},         // one query, one key
+      {{2, 3}, 37, 37, 64, 64},     // one partial tile
+      {{1, 2}, 130, 130, 80, 80},   // three tiles, the last of 2 rows
+      {{2, 2}, 37, 130, 8, 64},     // Tq < Tk: causal rows see keys 0..i only (top-left)
+      {{2, 1}, 130, 37, 64, 8},     // Tq > Tk: causal rows past Tk see every key
+      {{3}, 1, 130, 80, 80},        // one batch dim, a single query over three key tiles
+      {{1, 1}, 64, 128, 128, 128},  // the largest head dims of the fused kernel, whole tiles
   };
   uint32_t seed = 10;
   for (const Case& c : cases) compare_case(c, seed += 3);
@@ -90,11 +100,12 @@ TEST_P(CudaAttentionTest, MatchesTheCpuAcrossTileEdgesAndSequenceLengths) {
 TEST_P(CudaAttentionTest, NoKeysGivesZerosAndMinusInfinityLogsumexp) {
   compare_case({{2, 3}, 5, 0, 8, 8}, 40);
   const DType dtype = GetParam();
-  const auto dev = ops::scaled_dot_product_attention(
-      gpu(random_tensor({2, 5, 8}, 41, dtype)), gpu(ops::zeros({2, 0, 8}, dtype)),
-      gpu(ops::zeros({2, 0, 4}, dtype)));
+  const auto dev = ops::scaled_dot_product_attention(gpu(random_tensor({2, 5, 8}, 41, dtype)),
+                                                     gpu(ops::zeros({2, 0, 8}, dtype)),
+                                                     gpu(ops::zeros({2, 0, 4}, dtype)));
   for (double x : ops::to_vector(dev.out)) EXPECT_EQ(x, 0.0);
-  for (double x : ops::to_vector(dev.logsumexp)) EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
+  for (double x : ops::to_vector(dev.logsumexp))
+    EXPECT_EQ(x, -std::numeric_limits<double>::infinity());
 }
 
 TEST_P(CudaAttentionTest, NonContiguousInputsAreMadeContiguous) {
@@ -123,7 +134,8 @@ TEST_P(CudaAttentionTest, NeverAllocatesTheScoreMatrix) {
   const size_t before = cuda::allocator_stats(0).allocated_bytes;
   cuda::reset_peak_stats(0);
   const auto fwd = ops::scaled_dot_product_attention(q, k, v, true);
-  const auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, fwd.out, fwd.logsumexp, true);
+  const auto grads =
+      ops::scaled_dot_product_attention_backward(g, q, k, v, fwd.out, fwd.logsumexp, true);
   const size_t peak = cuda::allocator_stats(0).peak_allocated_bytes - before;
   EXPECT_EQ(shape_str(grads.dq.shape()), shape_str(q.shape()));
   EXPECT_LT(peak, size_t{8} << 20) << "peak " << peak << " bytes above the inputs";

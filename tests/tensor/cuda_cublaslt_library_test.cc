@@ -1,12 +1,12 @@
 // cuBLASLt is loaded on first use, not at process start: a binary that links the tensor layer
 // does not map the library until a CUDA GEMM asks for it, and then every entry point resolves.
 // Loading needs the toolkit's library, not a GPU, so this runs on CPU machines too.
-#include "tensor/cuda/cublaslt_library.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <string>
+
+#include "tensor/cuda/cublaslt_library.h"
 
 namespace loom::cuda {
 namespace {

@@ -23,7 +23,8 @@ TEST(CudaDispatchTest, MixedDevicesNameTheOpAndBothDevices) {
   EXPECT_THAT(message, HasSubstr("add: expected all tensors on one device, got cpu (operand 0: "
                                  "Tensor(shape=(0,), dtype=f32, device=cpu)) and cuda:0 (operand "
                                  "1: Tensor(shape=(0,), dtype=f32, device=cuda:0))"));
-  EXPECT_THAT(error_of([&] { ops::where(cpu, gpu, gpu); }), HasSubstr("where: expected all tensors on one device"));
+  EXPECT_THAT(error_of([&] { ops::where(cpu, gpu, gpu); }),
+              HasSubstr("where: expected all tensors on one device"));
   EXPECT_THAT(error_of([&] { ops::mul(gpu, cpu); }), HasSubstr("got cuda:0 (operand 0"));
 }
 
@@ -42,7 +43,9 @@ TEST(CudaDispatchTest, CpuScalarsFollowTheOtherOperands) {
   EXPECT_EQ(op_device("add", {scalar, scalar}), Device::cpu());
   EXPECT_EQ(op_device("add", {Tensor(), gpu}), Device::cuda(0));  // undefined operands skipped
   // A 1-element (not 0-dim) CPU tensor is not a scalar.
-  EXPECT_THAT(error_of([&] { op_device("add", {ops::ones({1}), gpu}); }),
+  EXPECT_THAT(error_of([&] {
+                op_device("add", {ops::ones({1}), gpu});
+              }),
               HasSubstr("add: expected all tensors on one device"));
 }
 
@@ -52,7 +55,8 @@ TEST(CudaDispatchTest, CpuScalarIsCopiedToTheGpu) {
   const Tensor sum = ops::add(gpu, ops::scalar_tensor(10.0));
   EXPECT_TRUE(sum.device().is_cuda());
   EXPECT_EQ(ops::to_vector(sum), (testing::Values{11, 12, 13}));
-  EXPECT_EQ(ops::to_vector(ops::masked_fill(gpu, ops::to(ops::from_vector({1, 0, 1}, {3}), Device::cuda(0)), -1.0)),
+  EXPECT_EQ(ops::to_vector(ops::masked_fill(
+                gpu, ops::to(ops::from_vector({1, 0, 1}, {3}), Device::cuda(0)), -1.0)),
             (testing::Values{-1, 2, -1}));
 }
 

@@ -76,7 +76,9 @@ TEST_P(CudaElementwiseTest, UnaryAndScalarOps) {
   const Tensor x = ops::transpose(ops::slice(base, 1, 1, 50, 2), 0, 1);
   for (const auto& [name, f] : ops_list) {
     const Tensor want = f(x);
-    expect_close({.actual = f(gpu(x)), .expected = want, .tol = kernel_tolerance(want.dtype()),
+    expect_close({.actual = f(gpu(x)),
+                  .expected = want,
+                  .tol = kernel_tolerance(want.dtype()),
                   .what = name + " " + std::string(dtype_name(dtype))});
   }
 }
@@ -86,8 +88,10 @@ TEST_P(CudaElementwiseTest, WhereMaskedFillCopyCastAndCat) {
   const Tensor cond = ops::gt(random_tensor({4, 1, 6}, 4), random_tensor({6}, 5));
   const Tensor a = random_tensor({3, 6}, 6, dtype), b = random_tensor({4, 3, 1}, 7, dtype);
   const Tolerance tol = kernel_tolerance(dtype);
-  expect_close({.actual = ops::where(gpu(cond), gpu(a), gpu(b)), .expected = ops::where(cond, a, b),
-                .tol = tol, .what = "where"});
+  expect_close({.actual = ops::where(gpu(cond), gpu(a), gpu(b)),
+                .expected = ops::where(cond, a, b),
+                .tol = tol,
+                .what = "where"});
   const Tensor mask = ops::gt(random_tensor({3, 1}, 8), ops::zeros({1}));
   expect_close({.actual = ops::masked_fill(gpu(a), gpu(mask), -9.0),
                 .expected = ops::masked_fill(a, mask, -9.0),
@@ -104,24 +108,34 @@ TEST_P(CudaElementwiseTest, WhereMaskedFillCopyCastAndCat) {
   const Tensor src = random_tensor({6, 1}, 9, kFloat32);
   ops::copy_(ops::transpose(dst_cpu, 0, 1), ops::transpose(src, 0, 1));
   ops::copy_(ops::transpose(dst_gpu, 0, 1), gpu(ops::transpose(src, 0, 1)));
-  expect_close({.actual = dst_gpu, .expected = dst_cpu, .tol = kernel_tolerance(dst_cpu.dtype()),
+  expect_close({.actual = dst_gpu,
+                .expected = dst_cpu,
+                .tol = kernel_tolerance(dst_cpu.dtype()),
                 .what = "strided copy_"});
   // Across devices into a strided destination: staged through a contiguous copy.
   const Tensor dst2 = gpu(ops::zeros({3, 6}, dtype));
   ops::copy_(ops::transpose(dst2, 0, 1), ops::transpose(a, 0, 1));
-  expect_close({.actual = dst2, .expected = a, .tol = kernel_tolerance(a.dtype()),
+  expect_close({.actual = dst2,
+                .expected = a,
+                .tol = kernel_tolerance(a.dtype()),
                 .what = "host-to-device copy_ into a view"});
   const Tensor c1 = random_tensor({2, 6}, 10, dtype);
   expect_close({.actual = ops::cat(std::vector<Tensor>{gpu(a), gpu(c1)}, 0),
-                .expected = ops::cat(std::vector<Tensor>{a, c1}, 0), .tol = tol, .what = "cat"});
+                .expected = ops::cat(std::vector<Tensor>{a, c1}, 0),
+                .tol = tol,
+                .what = "cat"});
   Tensor filled = gpu(ops::zeros({5, 7}, dtype));
   ops::fill_(ops::slice(filled, 1, 0, 7, 3), 2.5);
   Tensor filled_cpu = ops::zeros({5, 7}, dtype);
   ops::fill_(ops::slice(filled_cpu, 1, 0, 7, 3), 2.5);
-  expect_close({.actual = filled, .expected = filled_cpu,
-                .tol = kernel_tolerance(filled_cpu.dtype()), .what = "fill_ of a view"});
+  expect_close({.actual = filled,
+                .expected = filled_cpu,
+                .tol = kernel_tolerance(filled_cpu.dtype()),
+                .what = "fill_ of a view"});
   expect_close({.actual = ops::full({3, 2}, -1.25, dtype, Device::cuda(0)),
-                .expected = ops::full({3, 2}, -1.25, dtype), .tol = tol, .what = "full"});
+                .expected = ops::full({3, 2}, -1.25, dtype),
+                .tol = tol,
+                .what = "full"});
 }
 
 TEST_P(CudaElementwiseTest, Reductions) {
@@ -133,20 +147,28 @@ TEST_P(CudaElementwiseTest, Reductions) {
       const std::string what = fmt::format("dims ({}) keepdim {}", fmt::join(dims, ","), keepdim);
       // Sums of up to ~4500 terms: a few ulp per term of summation-order difference.
       const Tensor sum = ops::sum(x, dims, keepdim), mean = ops::mean(x, dims, keepdim);
-      expect_close({.actual = ops::sum(gpu(x), dims, keepdim), .expected = sum,
-                    .tol = kernel_tolerance(sum.dtype(), 10.0), .what = "sum " + what});
-      expect_close({.actual = ops::mean(gpu(x), dims, keepdim), .expected = mean,
-                    .tol = kernel_tolerance(mean.dtype(), 10.0), .what = "mean " + what});
+      expect_close({.actual = ops::sum(gpu(x), dims, keepdim),
+                    .expected = sum,
+                    .tol = kernel_tolerance(sum.dtype(), 10.0),
+                    .what = "sum " + what});
+      expect_close({.actual = ops::mean(gpu(x), dims, keepdim),
+                    .expected = mean,
+                    .tol = kernel_tolerance(mean.dtype(), 10.0),
+                    .what = "mean " + what});
     }
   }
   const Tensor view = ops::transpose(x, 0, 2);
   const Tensor view_sum = ops::sum(view, {1});
-  expect_close({.actual = ops::sum(gpu(view), {1}), .expected = view_sum,
-                .tol = kernel_tolerance(view_sum.dtype(), 10.0), .what = "sum of a view"});
+  expect_close({.actual = ops::sum(gpu(view), {1}),
+                .expected = view_sum,
+                .tol = kernel_tolerance(view_sum.dtype(), 10.0),
+                .what = "sum of a view"});
   for (int64_t dim : {0, 1, 2}) {
     auto [values, indices] = ops::max(x, dim, dim == 1);
     auto [gv, gi] = ops::max(gpu(x), dim, dim == 1);
-    expect_close({.actual = gv, .expected = values, .tol = kernel_tolerance(values.dtype()),
+    expect_close({.actual = gv,
+                  .expected = values,
+                  .tol = kernel_tolerance(values.dtype()),
                   .what = "max values"});
     EXPECT_EQ(ops::to_vector(indices), ops::to_vector(gi)) << "max indices over dim " << dim;
   }
@@ -159,14 +181,16 @@ TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
   const auto check = [&](const Tensor& a, const Tensor& b, const std::string& what) {
     // bf16 products round the output once on both devices (the CPU converts its f32 result).
     const Tensor want = ops::matmul(a, b);
-    expect_close({.actual = ops::matmul(gpu(a), gpu(b)), .expected = want,
-                  .tol = kernel_tolerance(want.dtype(), 4.0), .what = what});
+    expect_close({.actual = ops::matmul(gpu(a), gpu(b)),
+                  .expected = want,
+                  .tol = kernel_tolerance(want.dtype(), 4.0),
+                  .what = what});
   };
   check(random_tensor({33, 17}, 20, dtype), random_tensor({17, 29}, 21, dtype), "2-D odd sizes");
-  check(random_tensor({33, 17}, 22, dtype), ops::transpose(random_tensor({29, 17}, 23, dtype), 0, 1),
-        "B transposed (Linear's weight)");
-  check(ops::transpose(random_tensor({17, 33}, 24, dtype), 0, 1), random_tensor({17, 29}, 25, dtype),
-        "A transposed");
+  check(random_tensor({33, 17}, 22, dtype),
+        ops::transpose(random_tensor({29, 17}, 23, dtype), 0, 1), "B transposed (Linear's weight)");
+  check(ops::transpose(random_tensor({17, 33}, 24, dtype), 0, 1),
+        random_tensor({17, 29}, 25, dtype), "A transposed");
   check(random_tensor({4, 1, 9, 13}, 26, dtype), random_tensor({3, 13, 7}, 27, dtype),
         "batched with broadcast");
   check(random_tensor({2, 3, 5, 8}, 28, dtype),
@@ -181,20 +205,24 @@ TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
 
 TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
   const DType dtype = GetParam();
-  const auto check = [&](const Tensor& x, const Tensor& w, const Tensor& b, const std::string& what) {
+  const auto check = [&](const Tensor& x, const Tensor& w, const Tensor& b,
+                         const std::string& what) {
     const Tensor want = ops::linear(x, w, b);
     expect_close({.actual = ops::linear(gpu(x), gpu(w), b.defined() ? gpu(b) : Tensor()),
                   .expected = want,
-                  .tol = kernel_tolerance(want.dtype(), 4.0), .what = what});
+                  .tol = kernel_tolerance(want.dtype(), 4.0),
+                  .what = what});
   };
-  check(random_tensor({33, 17}, 40, dtype), random_tensor({29, 17}, 41, dtype), random_tensor({29}, 42, dtype),
-        "2-D, cuBLASLt bias epilogue");
-  check(random_tensor({2, 16, 64}, 43, dtype), random_tensor({96, 64}, 44, dtype), random_tensor({96}, 45, dtype),
-        "batch dims flattened into rows");
+  check(random_tensor({33, 17}, 40, dtype), random_tensor({29, 17}, 41, dtype),
+        random_tensor({29}, 42, dtype), "2-D, cuBLASLt bias epilogue");
+  check(random_tensor({2, 16, 64}, 43, dtype), random_tensor({96, 64}, 44, dtype),
+        random_tensor({96}, 45, dtype), "batch dims flattened into rows");
   check(random_tensor({5, 8}, 46, dtype), random_tensor({3, 8}, 47, dtype), Tensor(), "no bias");
   // One output or one input feature: composed (cuBLASLt's heuristic rejects these with a bias).
-  check(random_tensor({9, 8}, 51, dtype), random_tensor({1, 8}, 52, dtype), random_tensor({1}, 53, dtype), "N = 1");
-  check(random_tensor({9, 1}, 54, dtype), random_tensor({6, 1}, 55, dtype), random_tensor({6}, 56, dtype), "K = 1");
+  check(random_tensor({9, 8}, 51, dtype), random_tensor({1, 8}, 52, dtype),
+        random_tensor({1}, 53, dtype), "N = 1");
+  check(random_tensor({9, 1}, 54, dtype), random_tensor({6, 1}, 55, dtype),
+        random_tensor({6}, 56, dtype), "K = 1");
   // A bias 16-byte aligned but not 256-byte aligned gets its own plan (the heuristic reads the
   // bias pointer's alignment), after the same shape ran with a 256-byte aligned bias.
   const int64_t sixteen_bytes = 16 / static_cast<int64_t>(element_size(dtype));
@@ -202,15 +230,19 @@ TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
   const Tensor shifted_bias = ops::narrow(bias_storage, 0, sixteen_bytes, 29);
   const Tensor x16 = random_tensor({33, 17}, 40, dtype), w16 = random_tensor({29, 17}, 41, dtype);
   const Tensor want16 = ops::linear(x16, w16, ops::to(shifted_bias, Device::cpu()));
-  expect_close({.actual = ops::linear(gpu(x16), gpu(w16), shifted_bias), .expected = want16,
-                .tol = kernel_tolerance(want16.dtype(), 4.0), .what = "bias at a 16-byte offset"});
+  expect_close({.actual = ops::linear(gpu(x16), gpu(w16), shifted_bias),
+                .expected = want16,
+                .tol = kernel_tolerance(want16.dtype(), 4.0),
+                .what = "bias at a 16-byte offset"});
   // A bias at an odd element offset is not 16-byte aligned: the composed path (matmul, add).
   const Tensor storage = gpu(random_tensor({30}, 48, dtype));
   const Tensor odd_bias = ops::narrow(storage, 0, 1, 29);
   const Tensor x = random_tensor({7, 17}, 49, dtype), w = random_tensor({29, 17}, 50, dtype);
   const Tensor want = ops::linear(x, w, ops::to(odd_bias, Device::cpu()));
-  expect_close({.actual = ops::linear(gpu(x), gpu(w), odd_bias), .expected = want,
-                .tol = kernel_tolerance(want.dtype(), 4.0), .what = "misaligned bias (composed)"});
+  expect_close({.actual = ops::linear(gpu(x), gpu(w), odd_bias),
+                .expected = want,
+                .tol = kernel_tolerance(want.dtype(), 4.0),
+                .what = "misaligned bias (composed)"});
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaElementwiseTest, ::testing::ValuesIn(kKernelDTypes),

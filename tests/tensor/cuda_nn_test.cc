@@ -17,7 +17,9 @@ using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison he
 class CudaNnTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
-  std::string tag(const std::string& what) const { return what + " " + std::string(dtype_name(GetParam())); }
+  std::string tag(const std::string& what) const {
+    return what + " " + std::string(dtype_name(GetParam()));
+  }
 };
 
 TEST_P(CudaNnTest, SoftmaxAndLogSoftmaxWithBackwardOverAnyDim) {
@@ -26,16 +28,24 @@ TEST_P(CudaNnTest, SoftmaxAndLogSoftmaxWithBackwardOverAnyDim) {
   const Tensor g = random_tensor({3, 67, 5}, 2, dtype);
   for (int64_t dim : {-1, 1, 0}) {
     const Tensor y = ops::softmax(x, dim), ly = ops::log_softmax(x, dim);
-    expect_close({.actual = ops::softmax(gpu(x), dim), .expected = y,
-                  .tol = kernel_tolerance(y.dtype()), .what = tag("softmax")});
-    expect_close({.actual = ops::log_softmax(gpu(x), dim), .expected = ly,
-                  .tol = kernel_tolerance(ly.dtype()), .what = tag("log_softmax")});
+    expect_close({.actual = ops::softmax(gpu(x), dim),
+                  .expected = y,
+                  .tol = kernel_tolerance(y.dtype()),
+                  .what = tag("softmax")});
+    expect_close({.actual = ops::log_softmax(gpu(x), dim),
+                  .expected = ly,
+                  .tol = kernel_tolerance(ly.dtype()),
+                  .what = tag("log_softmax")});
     const Tensor dy = ops::softmax_backward(g, y, dim);
     const Tensor dly = ops::log_softmax_backward(g, ly, dim);
-    expect_close({.actual = ops::softmax_backward(gpu(g), gpu(y), dim), .expected = dy,
-                  .tol = kernel_tolerance(dy.dtype(), 4.0), .what = tag("softmax_backward")});
-    expect_close({.actual = ops::log_softmax_backward(gpu(g), gpu(ly), dim), .expected = dly,
-                  .tol = kernel_tolerance(dly.dtype(), 4.0), .what = tag("log_softmax_backward")});
+    expect_close({.actual = ops::softmax_backward(gpu(g), gpu(y), dim),
+                  .expected = dy,
+                  .tol = kernel_tolerance(dy.dtype(), 4.0),
+                  .what = tag("softmax_backward")});
+    expect_close({.actual = ops::log_softmax_backward(gpu(g), gpu(ly), dim),
+                  .expected = dly,
+                  .tol = kernel_tolerance(dly.dtype(), 4.0),
+                  .what = tag("log_softmax_backward")});
   }
 }
 
@@ -47,25 +57,35 @@ TEST_P(CudaNnTest, LayerNormWithAndWithoutAffine) {
   for (bool affine : {true, false}) {
     const Tensor wt = affine ? w : Tensor(), bt = affine ? b : Tensor();
     const auto cpu = ops::layer_norm(x, {97}, wt, bt, 1e-5);
-    const auto dev = ops::layer_norm(gpu(x), {97}, affine ? gpu(w) : Tensor(), affine ? gpu(b) : Tensor(), 1e-5);
-    expect_close({.actual = dev.out, .expected = cpu.out,
-                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0), .what = tag("layer_norm out")});
-    expect_close({.actual = dev.mean, .expected = cpu.mean,
-                  .tol = kernel_tolerance(cpu.mean.dtype(), 4.0), .what = tag("layer_norm mean")});
-    expect_close({.actual = dev.rstd, .expected = cpu.rstd,
-                  .tol = kernel_tolerance(cpu.rstd.dtype(), 4.0), .what = tag("layer_norm rstd")});
+    const auto dev =
+        ops::layer_norm(gpu(x), {97}, affine ? gpu(w) : Tensor(), affine ? gpu(b) : Tensor(), 1e-5);
+    expect_close({.actual = dev.out,
+                  .expected = cpu.out,
+                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
+                  .what = tag("layer_norm out")});
+    expect_close({.actual = dev.mean,
+                  .expected = cpu.mean,
+                  .tol = kernel_tolerance(cpu.mean.dtype(), 4.0),
+                  .what = tag("layer_norm mean")});
+    expect_close({.actual = dev.rstd,
+                  .expected = cpu.rstd,
+                  .tol = kernel_tolerance(cpu.rstd.dtype(), 4.0),
+                  .what = tag("layer_norm rstd")});
     const auto cg = ops::layer_norm_backward(g, x, cpu.mean, cpu.rstd, wt, {97});
     const auto dg = ops::layer_norm_backward(gpu(g), gpu(x), gpu(cpu.mean), gpu(cpu.rstd),
                                              affine ? gpu(w) : Tensor(), {97});
-    expect_close({.actual = dg.grad_x, .expected = cg.grad_x,
+    expect_close({.actual = dg.grad_x,
+                  .expected = cg.grad_x,
                   .tol = kernel_tolerance(cg.grad_x.dtype(), 10.0),
                   .what = tag("layer_norm grad_x")});
     ASSERT_EQ(cg.grad_weight.defined(), dg.grad_weight.defined());
     if (affine) {
-      expect_close({.actual = dg.grad_weight, .expected = cg.grad_weight,
+      expect_close({.actual = dg.grad_weight,
+                    .expected = cg.grad_weight,
                     .tol = kernel_tolerance(cg.grad_weight.dtype(), 10.0),
                     .what = tag("layer_norm grad_weight")});
-      expect_close({.actual = dg.grad_bias, .expected = cg.grad_bias,
+      expect_close({.actual = dg.grad_bias,
+                    .expected = cg.grad_bias,
                     .tol = kernel_tolerance(cg.grad_bias.dtype(), 10.0),
                     .what = tag("layer_norm grad_bias")});
     }
@@ -74,14 +94,18 @@ TEST_P(CudaNnTest, LayerNormWithAndWithoutAffine) {
 
 TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
   const DType dtype = GetParam();
-  const Tensor weight = ops::transpose(random_tensor({16, 11}, 7, dtype), 0, 1);  // (11, 16) strided
+  const Tensor weight =
+      ops::transpose(random_tensor({16, 11}, 7, dtype), 0, 1);  // (11, 16) strided
   const Tensor idx = ops::from_vector_i64({3, 0, 10, 3, 3, 7, 0, 1, 9, 10, 3, 2}, {3, 4});
   const Tensor rows = ops::embedding(weight, idx);
-  expect_close({.actual = ops::embedding(gpu(weight), gpu(idx)), .expected = rows,
-                .tol = kernel_tolerance(rows.dtype()), .what = tag("embedding")});
+  expect_close({.actual = ops::embedding(gpu(weight), gpu(idx)),
+                .expected = rows,
+                .tol = kernel_tolerance(rows.dtype()),
+                .what = tag("embedding")});
   const Tensor g = random_tensor({3, 4, 16}, 8, dtype);
   const Tensor grad = ops::embedding_backward(g, idx, 11);
-  expect_close({.actual = ops::embedding_backward(gpu(g), gpu(idx), 11), .expected = grad,
+  expect_close({.actual = ops::embedding_backward(gpu(g), gpu(idx), 11),
+                .expected = grad,
                 .tol = kernel_tolerance(grad.dtype(), 4.0),
                 .what = tag("embedding_backward (repeated indices add up)")});
 }
@@ -89,9 +113,11 @@ TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
 TEST_P(CudaNnTest, EmbeddingIndexOutOfRangeNamesIt) {
   const Tensor weight = gpu(random_tensor({5, 4}, 9, GetParam()));
   const Tensor idx = gpu(ops::from_vector_i64({1, 5}, {2}));
-  EXPECT_NE(error_of([&] { ops::embedding(weight, idx); })
-                .find("index 5 at position (1) of indices shape (2,) is out of range for 5 embeddings"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] {
+        ops::embedding(weight, idx);
+      }).find("index 5 at position (1) of indices shape (2,) is out of range for 5 embeddings"),
+      std::string::npos);
 }
 
 TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
@@ -102,12 +128,16 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
     const auto cpu = ops::cross_entropy(logits, targets, -100, r);
     const auto dev = ops::cross_entropy(gpu(logits), gpu(targets), -100, r);
     const std::string what = tag("cross_entropy reduction " + std::to_string(static_cast<int>(r)));
-    expect_close({.actual = dev.loss, .expected = cpu.loss,
-                  .tol = kernel_tolerance(cpu.loss.dtype(), 4.0), .what = what});
-    expect_close({.actual = dev.logsumexp, .expected = cpu.logsumexp,
+    expect_close({.actual = dev.loss,
+                  .expected = cpu.loss,
+                  .tol = kernel_tolerance(cpu.loss.dtype(), 4.0),
+                  .what = what});
+    expect_close({.actual = dev.logsumexp,
+                  .expected = cpu.logsumexp,
                   .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
                   .what = what + " logsumexp"});
-    const Tensor grad_loss = r == Reduction::kNone ? random_tensor({9}, 11, dtype) : ops::scalar_tensor(0.7, dtype);
+    const Tensor grad_loss =
+        r == Reduction::kNone ? random_tensor({9}, 11, dtype) : ops::scalar_tensor(0.7, dtype);
     const Tensor grad =
         ops::cross_entropy_backward(grad_loss, logits, targets, -100, r, cpu.logsumexp);
     expect_close({.actual = ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets),
@@ -116,11 +146,11 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
                   .tol = kernel_tolerance(grad.dtype(), 4.0),
                   .what = what + " backward"});
     const Tensor recomputed = ops::cross_entropy_backward(grad_loss, logits, targets, -100, r);
-    expect_close({.actual = ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets),
-                                                        -100, r),
-                  .expected = recomputed,
-                  .tol = kernel_tolerance(recomputed.dtype(), 4.0),
-                  .what = what + " backward, logsumexp recomputed"});
+    expect_close(
+        {.actual = ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets), -100, r),
+         .expected = recomputed,
+         .tol = kernel_tolerance(recomputed.dtype(), 4.0),
+         .what = what + " backward, logsumexp recomputed"});
   }
   const Tensor all_ignored = ops::full({9}, -100.0, kInt64);
   EXPECT_TRUE(std::isnan(ops::to_vector(ops::cross_entropy(gpu(logits), gpu(all_ignored)).loss)[0]))
@@ -133,12 +163,16 @@ TEST_P(CudaNnTest, DropoutMaskIsBitIdenticalToTheCpuMask) {
   const auto cpu = ops::dropout(x, 0.3, 1234);
   const auto dev = ops::dropout(gpu(x), 0.3, 1234);
   EXPECT_EQ(ops::to_vector(cpu.mask), ops::to_vector(dev.mask));
-  expect_close({.actual = dev.out, .expected = cpu.out, .tol = kernel_tolerance(cpu.out.dtype()),
+  expect_close({.actual = dev.out,
+                .expected = cpu.out,
+                .tol = kernel_tolerance(cpu.out.dtype()),
                 .what = tag("dropout out")});
   const Tensor g = random_tensor({7, 33, 5}, 13, dtype);
   const Tensor grad = ops::dropout_backward(g, cpu.mask, 0.3);
-  expect_close({.actual = ops::dropout_backward(gpu(g), dev.mask, 0.3), .expected = grad,
-                .tol = kernel_tolerance(grad.dtype()), .what = tag("dropout_backward")});
+  expect_close({.actual = ops::dropout_backward(gpu(g), dev.mask, 0.3),
+                .expected = grad,
+                .tol = kernel_tolerance(grad.dtype()),
+                .what = tag("dropout_backward")});
   // A shard draws its slice of the whole tensor's mask (sequence-parallel dropout).
   const RngRegion region{{7, 66, 5}, {0, 33, 0}};
   EXPECT_EQ(ops::to_vector(ops::bernoulli_keep_mask({7, 33, 5}, 99, 0.5, region)),
@@ -154,7 +188,9 @@ TEST_P(CudaNnTest, RandomFillsMatchTheCpu) {
   Tensor cpu_n = ops::empty({1001}, dtype), dev_n = ops::empty({1001}, dtype, Device::cuda(0));
   ops::normal_(cpu_n, 6, 0.0, 0.02);
   ops::normal_(dev_n, 6, 0.0, 0.02);
-  expect_close({.actual = dev_n, .expected = cpu_n, .tol = kernel_tolerance(cpu_n.dtype()),
+  expect_close({.actual = dev_n,
+                .expected = cpu_n,
+                .tol = kernel_tolerance(cpu_n.dtype()),
                 .what = tag("normal_ (libm vs libdevice: an ulp)")});
 }
 

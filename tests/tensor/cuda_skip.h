@@ -15,11 +15,12 @@
   } while (0)
 
 // Skips unless this process sees `gpus` CUDA devices (NCCL runs one rank per GPU).
-#define LOOM_SKIP_WITHOUT_GPUS(gpus)                                                                       \
-  do {                                                                                                     \
-    LOOM_SKIP_WITHOUT_CUDA();                                                                              \
-    if (::loom::cuda::device_count() < (gpus)) {                                                           \
-      GTEST_SKIP() << "needs " << (gpus) << " CUDA devices (NCCL runs one rank per GPU); this process sees " \
-                   << ::loom::cuda::device_count();                                                        \
-    }                                                                                                      \
+#define LOOM_SKIP_WITHOUT_GPUS(gpus)                                                   \
+  do {                                                                                 \
+    LOOM_SKIP_WITHOUT_CUDA();                                                          \
+    if (::loom::cuda::device_count() < (gpus)) {                                       \
+      GTEST_SKIP() << "needs " << (gpus)                                               \
+                   << " CUDA devices (NCCL runs one rank per GPU); this process sees " \
+                   << ::loom::cuda::device_count();                                    \
+    }                                                                                  \
   } while (0)

@@ -23,17 +23,18 @@ TEST(CudaTensorTest, RoundTripThroughDeviceIsExact) {
     EXPECT_TRUE(device.device().is_cuda());
     EXPECT_EQ(device.dtype(), dtype);
     const Tensor device_copy = ops::clone(device);  // device-to-device
-    EXPECT_EQ(ops::to_vector(ops::to(device_copy, Device::cpu())), ops::to_vector(host)) << dtype_name(dtype);
+    EXPECT_EQ(ops::to_vector(ops::to(device_copy, Device::cpu())), ops::to_vector(host))
+        << dtype_name(dtype);
   }
 }
 
 TEST(CudaTensorTest, NonContiguousHostTensorIsMadeContiguousBeforeUpload) {
   LOOM_SKIP_WITHOUT_CUDA();
-  const Tensor host = ops::transpose(ops::reshape(ops::arange(0.0, 12.0, 1.0, kFloat32), {3, 4}), 0, 1);
+  const Tensor host =
+      ops::transpose(ops::reshape(ops::arange(0.0, 12.0, 1.0, kFloat32), {3, 4}), 0, 1);
   const Tensor back = ops::to(ops::to(host, Device::cuda(0)), Device::cpu());
   EXPECT_EQ(ops::to_vector(back), ops::to_vector(host));
 }
-
 
 TEST(CudaTensorTest, AllocatingWithoutAGpuFailsWithTheReason) {
   if (cuda::available()) GTEST_SKIP() << "a GPU is present; this checks the no-GPU error path";

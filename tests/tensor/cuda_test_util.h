@@ -27,10 +27,17 @@ inline Tensor random_tensor(const Shape& shape, uint32_t seed, DType dtype = kFl
 inline Tolerance kernel_tolerance(DType dtype, double slack = 1.0) {
   double tol = 0;
   switch (dtype) {
-    case kFloat32: tol = 1e-5; break;
-    case kBFloat16: tol = 1e-2; break;
-    case kFloat16: tol = 2e-3; break;
-    default: break;  // integers: exact
+    case kFloat32:
+      tol = 1e-5;
+      break;
+    case kBFloat16:
+      tol = 1e-2;
+      break;
+    case kFloat16:
+      tol = 2e-3;
+      break;
+    default:
+      break;  // integers: exact
   }
   return {.rtol = slack * tol, .atol = slack * tol, .equal_nan = true};
 }

@@ -33,7 +33,8 @@ constexpr int kTestKind = 9001;
 
 class TestExtension : public TensorExtension {
  public:
-  explicit TestExtension(Tensor local, int kind = kTestKind) : local_(std::move(local)), kind_(kind) {}
+  explicit TestExtension(Tensor local, int kind = kTestKind)
+      : local_(std::move(local)), kind_(kind) {}
   int kind() const override { return kind_; }
   const Tensor& local() const { return local_; }
 
@@ -71,7 +72,8 @@ class DispatchTest : public ::testing::Test {
       Recorded r;
       r.op = std::string(call.op);
       r.num_inputs = call.inputs.size();
-      for (const Tensor& t : call.inputs) r.extended.push_back(t.defined() && t.extension() != nullptr);
+      for (const Tensor& t : call.inputs)
+        r.extended.push_back(t.defined() && t.extension() != nullptr);
       r.attrs = call.attrs;
       OpCall local(call.id, {}, call.attrs);
       for (const Tensor& t : call.inputs) local.inputs.push_back(unwrap(t));
@@ -273,7 +275,9 @@ TEST(DispatchErrorTest, MissingHandlerNamesTheOpAndKind) {
   EXPECT_EQ(error_of([&] { ops::add(t, t); }),
             "add: an input carries a tensor extension of kind 4242 but no dispatch handler is "
             "registered for it");
-  EXPECT_EQ(error_of([&] { ops::matmul(ops::zeros({2, 2}), wrap(ops::zeros({2, 2}), 4242)); }),
+  EXPECT_EQ(error_of([&] {
+              ops::matmul(ops::zeros({2, 2}), wrap(ops::zeros({2, 2}), 4242));
+            }),
             "matmul: an input carries a tensor extension of kind 4242 but no dispatch handler is "
             "registered for it");
   EXPECT_EQ(error_of([&] { ops::sum(t); }),

@@ -8,8 +8,6 @@
 // 1e-5 absolute: for negative x, 1 + tanh(z) cancels, so tanh's f32 error (~1 ulp of 1) is
 // multiplied by |x| / 2 <= 5 in the result. bf16/f16 compare with the reference at the rounded
 // input and allow one more rounding of the output (2^-8 / 2^-11 relative: half an ulp).
-#include "tensor/ops_elementwise.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +18,7 @@
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tensor/ops_elementwise.h"
 #include "tests/tensor/tensor_test_util.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -78,11 +77,17 @@ TEST(BinaryTest, BroadcastsLikeNumPy) {
 TEST(BinaryTest, BroadcastErrorMessage) {
   // Checked against tensor/shape.cc's broadcast_shapes: dims are counted in the broadcast
   // (right-aligned) shape.
-  EXPECT_EQ(error_of([] { add(zeros({2, 3}), zeros({4})); }),
+  EXPECT_EQ(error_of([] {
+              add(zeros({2, 3}), zeros({4}));
+            }),
             "add: shapes (2, 3) and (4,) cannot be broadcast (3 != 4 at dim 1)");
-  EXPECT_EQ(error_of([] { mul(zeros({5, 2, 3}), zeros({4, 3})); }),
+  EXPECT_EQ(error_of([] {
+              mul(zeros({5, 2, 3}), zeros({4, 3}));
+            }),
             "mul: shapes (5, 2, 3) and (4, 3) cannot be broadcast (2 != 4 at dim 1)");
-  EXPECT_EQ(error_of([] { sub(zeros({2}), zeros({3, 3})); }),
+  EXPECT_EQ(error_of([] {
+              sub(zeros({2}), zeros({3, 3}));
+            }),
             "sub: shapes (2,) and (3, 3) cannot be broadcast (2 != 3 at dim 1)");
   EXPECT_EQ(error_of([] { maximum(zeros({0}), zeros({2})); }),
             "maximum: shapes (0,) and (2,) cannot be broadcast (0 != 2 at dim 0)");
@@ -181,7 +186,8 @@ struct UnaryCase {
 };
 
 double gelu_ref(double x) {
-  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x *
+         (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
 }
 
 TEST(UnaryTest, MatchesStdMathInDouble) {
@@ -207,8 +213,10 @@ TEST(UnaryTest, MatchesStdMathInDouble) {
     const bool is_gelu = std::string(c.name) == "gelu";
     const double rel = is_gelu ? 32 * kF32Ulp : 4 * kF32Ulp;
     const double abs_tol = is_gelu ? 1e-5 : 0.0;
-    expect_close({.actual = c.op(fv(c.inputs, shape)), .expected = want,
-                  .tol = {.rtol = rel, .atol = abs_tol, .equal_nan = true}, .what = c.name});
+    expect_close({.actual = c.op(fv(c.inputs, shape)),
+                  .expected = want,
+                  .tol = {.rtol = rel, .atol = abs_tol, .equal_nan = true},
+                  .what = c.name});
     // bf16 / f16: the input is rounded first, so compare with the reference at the rounded
     // input, allowing one output rounding (2^-8, 2^-11 relative) on top.
     for (DType dtype : {kBFloat16, kFloat16}) {
@@ -218,7 +226,8 @@ TEST(UnaryTest, MatchesStdMathInDouble) {
       const double out_ulp = dtype == kBFloat16 ? 0x1.0p-8 : 0x1.0p-11;
       const Tensor got = c.op(x);
       EXPECT_EQ(got.dtype(), dtype);
-      expect_close({.actual = got, .expected = want_rounded,
+      expect_close({.actual = got,
+                    .expected = want_rounded,
                     .tol = {.rtol = out_ulp + rel, .atol = abs_tol, .equal_nan = true},
                     .what = c.name});
     }
@@ -229,26 +238,44 @@ TEST(UnaryTest, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   Tensor x = fv({0.0f, -0.0f, inf, -inf, nan}, {5});
-  expect_close({.actual = exp(x), .expected = {1, 1, INFINITY, 0, NAN}, .tol = {.equal_nan = true},
+  expect_close({.actual = exp(x),
+                .expected = {1, 1, INFINITY, 0, NAN},
+                .tol = {.equal_nan = true},
                 .what = "exp"});
-  expect_close({.actual = log(fv({0.0f, -1.0f, inf}, {3})), .expected = {-INFINITY, NAN, INFINITY},
-                .tol = {.equal_nan = true}, .what = "log"});
-  expect_close({.actual = sqrt(fv({0.0f, -1.0f, inf}, {3})), .expected = {0, NAN, INFINITY},
-                .tol = {.equal_nan = true}, .what = "sqrt"});
-  expect_close({.actual = rsqrt(fv({0.0f, inf}, {2})), .expected = {INFINITY, 0},
-                .tol = {.equal_nan = true}, .what = "rsqrt"});
-  expect_close({.actual = tanh(fv({inf, -inf, 30.0f}, {3})), .expected = {1, -1, 1},
-                .tol = {.equal_nan = true}, .what = "tanh"});
+  expect_close({.actual = log(fv({0.0f, -1.0f, inf}, {3})),
+                .expected = {-INFINITY, NAN, INFINITY},
+                .tol = {.equal_nan = true},
+                .what = "log"});
+  expect_close({.actual = sqrt(fv({0.0f, -1.0f, inf}, {3})),
+                .expected = {0, NAN, INFINITY},
+                .tol = {.equal_nan = true},
+                .what = "sqrt"});
+  expect_close({.actual = rsqrt(fv({0.0f, inf}, {2})),
+                .expected = {INFINITY, 0},
+                .tol = {.equal_nan = true},
+                .what = "rsqrt"});
+  expect_close({.actual = tanh(fv({inf, -inf, 30.0f}, {3})),
+                .expected = {1, -1, 1},
+                .tol = {.equal_nan = true},
+                .what = "tanh"});
   // relu propagates NaN like torch.relu (and like maximum / max in this layer): a NaN
   // activation must not be silently turned into 0.
-  expect_close({.actual = relu(fv({-inf, inf, nan, -0.0f}, {4})), .expected = {0, INFINITY, NAN, 0},
-                .tol = {.equal_nan = true}, .what = "relu"});
-  expect_close({.actual = abs(fv({-inf, -0.0f, nan}, {3})), .expected = {INFINITY, 0, NAN},
-                .tol = {.equal_nan = true}, .what = "abs"});
-  expect_close({.actual = neg(fv({inf, nan}, {2})), .expected = {-INFINITY, NAN},
-                .tol = {.equal_nan = true}, .what = "neg"});
-  expect_close({.actual = gelu(fv({inf, nan}, {2})), .expected = {INFINITY, NAN},
-                .tol = {.equal_nan = true}, .what = "gelu"});
+  expect_close({.actual = relu(fv({-inf, inf, nan, -0.0f}, {4})),
+                .expected = {0, INFINITY, NAN, 0},
+                .tol = {.equal_nan = true},
+                .what = "relu"});
+  expect_close({.actual = abs(fv({-inf, -0.0f, nan}, {3})),
+                .expected = {INFINITY, 0, NAN},
+                .tol = {.equal_nan = true},
+                .what = "abs"});
+  expect_close({.actual = neg(fv({inf, nan}, {2})),
+                .expected = {-INFINITY, NAN},
+                .tol = {.equal_nan = true},
+                .what = "neg"});
+  expect_close({.actual = gelu(fv({inf, nan}, {2})),
+                .expected = {INFINITY, NAN},
+                .tol = {.equal_nan = true},
+                .what = "gelu"});
 }
 
 TEST(UnaryTest, IntegerSupport) {
@@ -270,13 +297,18 @@ TEST(UnaryTest, Pow) {
   EXPECT_EQ(to_vector(pow(x, 1.0)), to_vector(x));
   EXPECT_EQ(to_vector(pow(x, 0.0)), (Values{1, 1, 1, 1, 1}));
   const Tensor p = pow(narrow(x, 0, 0, 4), 0.5);
-  expect_close({.actual = p, .expected = {std::sqrt(0.5), 1, std::sqrt(2.0), std::sqrt(3.0)},
-                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow 0.5"});
+  expect_close({.actual = p,
+                .expected = {std::sqrt(0.5), 1, std::sqrt(2.0), std::sqrt(3.0)},
+                .tol = {.rtol = 4 * kF32Ulp},
+                .what = "pow 0.5"});
   expect_close({.actual = pow(narrow(x, 0, 0, 4), -1.5),
                 .expected = {std::pow(0.5, -1.5), 1, std::pow(2.0, -1.5), std::pow(3.0, -1.5)},
-                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow -1.5"});
-  expect_close({.actual = pow(x, 3.0), .expected = {0.125, 1, 8, 27, -8},
-                .tol = {.rtol = 4 * kF32Ulp}, .what = "pow 3"});
+                .tol = {.rtol = 4 * kF32Ulp},
+                .what = "pow -1.5"});
+  expect_close({.actual = pow(x, 3.0),
+                .expected = {0.125, 1, 8, 27, -8},
+                .tol = {.rtol = 4 * kF32Ulp},
+                .what = "pow 3"});
   EXPECT_TRUE(std::isnan(to_vector(pow(fv({-2.0f}, {1}), 0.5))[0]));
 }
 
@@ -285,7 +317,8 @@ TEST(UnaryTest, NonContiguousInput) {
   expect_close({.actual = exp(t),
                 .expected = {std::exp(1.0), std::exp(4.0), std::exp(2.0), std::exp(5.0),
                              std::exp(3.0), std::exp(6.0)},
-                .tol = {.rtol = 4 * kF32Ulp}, .what = "exp transposed"});
+                .tol = {.rtol = 4 * kF32Ulp},
+                .what = "exp transposed"});
   EXPECT_EQ(to_vector(neg(t)), (Values{-1, -4, -2, -5, -3, -6}));
   EXPECT_EQ(to_vector(relu(sub(t, 3.0))), (Values{0, 1, 0, 2, 0, 3}));
   EXPECT_EQ(exp(t).shape(), (Shape{3, 2}));
@@ -309,8 +342,10 @@ TEST(GeluTest, BackwardMatchesFiniteDifferences) {
     const double fd = (gelu_ref(x + h) - gelu_ref(x - h)) / (2 * h);
     want.push_back(grads[i] * fd);
   }
-  expect_close({.actual = gelu_backward(fv(grads, shape), fv(xs, shape)), .expected = want,
-                .tol = {.atol = 1e-5}, .what = "gelu_backward against central differences"});
+  expect_close({.actual = gelu_backward(fv(grads, shape), fv(xs, shape)),
+                .expected = want,
+                .tol = {.atol = 1e-5},
+                .what = "gelu_backward against central differences"});
   // Broadcasting grad, and the classic values: gelu'(0) = 0.5.
   Tensor g = gelu_backward(scalar_tensor(2.0), fv({0.0f}, {1}));
   EXPECT_EQ(g.shape(), Shape{1});
@@ -323,7 +358,8 @@ TEST(GeluTest, KnownValues) {
   // gelu(1) with the tanh approximation = 0.841191990..., gelu(-1) = -0.158808009...
   expect_close({.actual = gelu(fv({1.0f, -1.0f, 0.0f}, {3})),
                 .expected = {gelu_ref(1.0), gelu_ref(-1.0), 0},
-                .tol = {.rtol = 32 * kF32Ulp, .atol = 1e-6}, .what = "gelu"});
+                .tol = {.rtol = 32 * kF32Ulp, .atol = 1e-6},
+                .what = "gelu"});
   EXPECT_NEAR(gelu_ref(1.0), 0.8411919906, 1e-9);
 }
 
@@ -366,7 +402,9 @@ TEST(MaskedFillTest, FillsWhereMaskIsSet) {
   Tensor m = masked_fill(scores, causal, -INFINITY);
   EXPECT_EQ(m.dtype(), kBFloat16);
   EXPECT_EQ(to_vector(m), (Values{0, -INFINITY, 0, 0}));
-  EXPECT_EQ(error_of([&] { masked_fill(zeros({3}), zeros({2, 3}), 0); }),
+  EXPECT_EQ(error_of([&] {
+              masked_fill(zeros({3}), zeros({2, 3}), 0);
+            }),
             "masked_fill: mask of shape (2, 3) does not broadcast to self's shape (3,)");
 }
 

@@ -155,8 +155,8 @@ TEST(HalfTest, NaNStaysNaNWithItsSign) {
 // The exact value of an f16 bit pattern, from the IEEE definition (independent of half.cc).
 double f16_reference(uint16_t h) {
   const int sign = h >> 15, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  const double magnitude = exponent == 0 ? std::ldexp(mantissa, -24)
-                                         : std::ldexp(1024 + mantissa, exponent - 25);
+  const double magnitude =
+      exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1024 + mantissa, exponent - 25);
   return sign ? -magnitude : magnitude;
 }
 
@@ -224,11 +224,10 @@ TEST(HalfTest, F16RoundsToNearestEvenAtEveryBoundary) {
 TEST(HalfTest, Bf16RoundsToNearestEvenAtEveryBoundary) {
   for (uint32_t h = 0; h < 0x7f80u; ++h) {
     const float lo = bits_float(h << 16);
-    const float hi = bits_float((h + 1) << 16);  // 0x7f80 << 16 is inf: midpoint below
+    const float hi = bits_float((h + 1) << 16);         // 0x7f80 << 16 is inf: midpoint below
     const float mid = bits_float((h << 16) | 0x8000u);  // exact midpoint of lo and hi
     if (h + 1 < 0x7f80u) {
-      ASSERT_EQ(static_cast<double>(mid),
-                (static_cast<double>(lo) + static_cast<double>(hi)) / 2);
+      ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(lo) + static_cast<double>(hi)) / 2);
     }
     const uint16_t even = (h & 1u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h);
     ASSERT_EQ(float_to_bf16(lo), h) << std::hex << h;

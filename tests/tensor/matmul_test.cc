@@ -6,8 +6,6 @@
 // can make the result itself tiny. The reference runs on the exact f32 (or bf16/f16) input
 // values. bf16/f16 results are the f32 product rounded once, so they add half an ulp of the
 // result (2^-8 / 2^-11 relative).
-#include "tensor/ops_matmul.h"
-
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -17,6 +15,7 @@
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tensor/ops_matmul.h"
 #include "tests/tensor/tensor_test_util.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -106,7 +105,9 @@ Tensor check_matmul(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(c.dtype(), a.dtype());
   const Values cv = to_vector(c);
   EXPECT_EQ(cv.size(), r.values.size());
-  const double out_ulp = a.dtype() == kBFloat16 ? 0x1.0p-8 : a.dtype() == kFloat16 ? 0x1.0p-11 : 0.0;
+  const double out_ulp = a.dtype() == kBFloat16  ? 0x1.0p-8
+                         : a.dtype() == kFloat16 ? 0x1.0p-11
+                                                 : 0.0;
   for (size_t i = 0; i < std::min(cv.size(), r.values.size()); ++i) {
     const double tol = (r.k + 2) * FLT_EPSILON * r.magnitude[i] + out_ulp * std::abs(r.values[i]);
     EXPECT_NEAR(cv[i], r.values[i], tol) << "element " << i << " of " << shape_str(r.shape);
@@ -161,8 +162,9 @@ TEST(MatmulTest, OneDOperands) {
   EXPECT_EQ(dot.shape(), Shape{});
   EXPECT_EQ(check_matmul(random_tensor({2, 3, 4}, 21), v).shape(), (Shape{2, 3}));
   EXPECT_EQ(check_matmul(v, random_tensor({2, 4, 5}, 22)).shape(), (Shape{2, 5}));
-  EXPECT_EQ(matmul(from_vector({1.f, 2.f, 3.f}, {3}), from_vector({4.f, 5.f, 6.f}, {3})).item<float>(),
-            32.0f);
+  EXPECT_EQ(
+      matmul(from_vector({1.f, 2.f, 3.f}, {3}), from_vector({4.f, 5.f, 6.f}, {3})).item<float>(),
+      32.0f);
   // A strided vector.
   const Tensor sv = slice(random_tensor({8}, 23), 0, 0, 8, 2);
   check_matmul(random_tensor({3, 4}, 24), sv);
@@ -215,7 +217,8 @@ TEST(MatmulTest, NonContiguousNonTransposedOperands) {
 TEST(MatmulTest, LowPrecision) {
   for (DType dtype : {kBFloat16, kFloat16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
-    const Tensor c = check_matmul(random_tensor({3, 5}, 49, dtype), random_tensor({5, 4}, 50, dtype));
+    const Tensor c =
+        check_matmul(random_tensor({3, 5}, 49, dtype), random_tensor({5, 4}, 50, dtype));
     EXPECT_EQ(c.dtype(), dtype);
     check_matmul(transpose(random_tensor({2, 6, 3}, 51, dtype), 1, 2),
                  random_tensor({2, 6, 2}, 52, dtype));
@@ -243,19 +246,29 @@ TEST(MatmulTest, ZeroSizeDims) {
 }
 
 TEST(MatmulTest, Errors) {
-  EXPECT_EQ(error_of([] { matmul(zeros({4, 3}), zeros({5, 2})); }),
+  EXPECT_EQ(error_of([] {
+              matmul(zeros({4, 3}), zeros({5, 2}));
+            }),
             "matmul: shapes (4, 3) and (5, 2) cannot be multiplied (3 != 5)");
   EXPECT_EQ(error_of([] { matmul(zeros({3}), zeros({4})); }),
             "matmul: shapes (3,) and (4,) cannot be multiplied (3 != 4)");
-  EXPECT_EQ(error_of([] { matmul(zeros({2, 3, 4}), zeros({3, 5})); }),
+  EXPECT_EQ(error_of([] {
+              matmul(zeros({2, 3, 4}), zeros({3, 5}));
+            }),
             "matmul: shapes (2, 3, 4) and (3, 5) cannot be multiplied (4 != 3)");
-  EXPECT_EQ(error_of([] { matmul(zeros({2, 3, 4}), zeros({3, 4, 5})); }),
+  EXPECT_EQ(error_of([] {
+              matmul(zeros({2, 3, 4}), zeros({3, 4, 5}));
+            }),
             "matmul: shapes (2,) and (3,) cannot be broadcast (2 != 3 at dim 0)");
   EXPECT_EQ(error_of([] { matmul(zeros({}), zeros({3})); }),
             "matmul: both operands need at least 1 dim, got shapes () and (3,)");
-  EXPECT_EQ(error_of([] { matmul(zeros({2, 2}), zeros({2, 2}, kBFloat16)); }),
+  EXPECT_EQ(error_of([] {
+              matmul(zeros({2, 2}), zeros({2, 2}, kBFloat16));
+            }),
             "matmul: expected two floating tensors of one dtype, got f32 and bf16");
-  EXPECT_EQ(error_of([] { matmul(zeros({2, 2}, kInt64), zeros({2, 2}, kInt64)); }),
+  EXPECT_EQ(error_of([] {
+              matmul(zeros({2, 2}, kInt64), zeros({2, 2}, kInt64));
+            }),
             "matmul: expected two floating tensors of one dtype, got i64 and i64");
 }
 
@@ -281,7 +294,9 @@ Tensor check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   EXPECT_EQ(y.dtype(), x.dtype());
   const Values yv = to_vector(y), bv = b.defined() ? to_vector(b) : Values(w.size(0), 0.0);
   EXPECT_EQ(yv.size(), r.values.size());
-  const double out_ulp = x.dtype() == kBFloat16 ? 0x1.0p-8 : x.dtype() == kFloat16 ? 0x1.0p-11 : 0.0;
+  const double out_ulp = x.dtype() == kBFloat16  ? 0x1.0p-8
+                         : x.dtype() == kFloat16 ? 0x1.0p-11
+                                                 : 0.0;
   for (size_t i = 0; i < std::min(yv.size(), r.values.size()); ++i) {
     const double bias = bv[i % bv.size()], expected = r.values[i] + bias;
     const double tol =
@@ -294,21 +309,26 @@ Tensor check_linear(const Tensor& x, const Tensor& w, const Tensor& b) {
 TEST(LinearTest, FusedBiasMatchesTheReference) {
   check_linear(random_tensor({5, 7}, 60), random_tensor({3, 7}, 61), random_tensor({3}, 62));
   // Batch dims flatten into the GEMM's rows; sizes past any blocking.
-  check_linear(random_tensor({2, 33, 129}, 63), random_tensor({67, 129}, 64), random_tensor({67}, 65));
+  check_linear(random_tensor({2, 33, 129}, 63), random_tensor({67, 129}, 64),
+               random_tensor({67}, 65));
   // A non-contiguous input (a transposed view) and no bias.
-  check_linear(transpose(random_tensor({7, 5}, 66), 0, 1), random_tensor({4, 7}, 67), random_tensor({4}, 68));
+  check_linear(transpose(random_tensor({7, 5}, 66), 0, 1), random_tensor({4, 7}, 67),
+               random_tensor({4}, 68));
   check_linear(random_tensor({5, 7}, 69), random_tensor({3, 7}, 70), Tensor());
   // A bias that is not contiguous takes the composed path (matmul, then add).
-  check_linear(random_tensor({5, 7}, 71), random_tensor({3, 7}, 72), view(narrow(random_tensor({3, 2}, 73), 1, 0, 1), {3}));
+  check_linear(random_tensor({5, 7}, 71), random_tensor({3, 7}, 72),
+               view(narrow(random_tensor({3, 2}, 73), 1, 0, 1), {3}));
   for (DType dtype : {kBFloat16, kFloat16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
-    check_linear(random_tensor({2, 3, 5}, 74, dtype), random_tensor({4, 5}, 75, dtype), random_tensor({4}, 76, dtype));
+    check_linear(random_tensor({2, 3, 5}, 74, dtype), random_tensor({4, 5}, 75, dtype),
+                 random_tensor({4}, 76, dtype));
   }
 }
 
 TEST(LinearTest, FusedAndComposedAgree) {
   // The fused GEMM adds the bias where the composed path adds it after: equal to rounding.
-  const Tensor x = random_tensor({8, 16, 32}, 77), w = random_tensor({48, 32}, 78), b = random_tensor({48}, 79);
+  const Tensor x = random_tensor({8, 16, 32}, 77), w = random_tensor({48, 32}, 78),
+               b = random_tensor({48}, 79);
   expect_close({.actual = linear(x, w, b),
                 .expected = add(matmul(x, transpose(w, 0, 1)), b),
                 .tol = {.rtol = 1e-5, .atol = 1e-5}});
@@ -319,11 +339,18 @@ TEST(LinearTest, ZeroSizesAndErrors) {
   EXPECT_EQ(to_vector(linear(zeros({2, 0}), zeros({3, 0}), from_vector({1.f, 2.f, 3.f}, {3}))),
             (Values{1, 2, 3, 1, 2, 3}));
   EXPECT_EQ(linear(zeros({0, 4}), zeros({3, 4}), zeros({3})).shape(), (Shape{0, 3}));
-  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 5}), zeros({3})); }),
-            "linear: input of shape (2, 4) does not end in in_features=5 (weight shape (3, 5), expected (out, in))");
-  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({4})); }),
+  EXPECT_EQ(error_of([] {
+              linear(zeros({2, 4}), zeros({3, 5}), zeros({3}));
+            }),
+            "linear: input of shape (2, 4) does not end in in_features=5 (weight shape (3, 5), "
+            "expected (out, in))");
+  EXPECT_EQ(error_of([] {
+              linear(zeros({2, 4}), zeros({3, 4}), zeros({4}));
+            }),
             "linear: the bias must have shape (3), got (4,)");
-  EXPECT_EQ(error_of([] { linear(zeros({2, 4}), zeros({3, 4}), zeros({3}, kBFloat16)); }),
+  EXPECT_EQ(error_of([] {
+              linear(zeros({2, 4}), zeros({3, 4}), zeros({3}, kBFloat16));
+            }),
             "linear: expected floating input, weight and bias of one dtype, got f32, f32 and bf16");
 }
 

@@ -275,8 +275,8 @@ struct SoftmaxCase {
 };
 
 TEST(Softmax, ForwardAndBackwardMatchReference) {
-  const std::vector<SoftmaxCase> cases = {{{3, 5}, 1}, {{3, 5}, 0}, {{2, 3, 7}, -1},
-                                          {{2, 3, 7}, 1}, {{7}, 0}};
+  const std::vector<SoftmaxCase> cases = {
+      {{3, 5}, 1}, {{3, 5}, 0}, {{2, 3, 7}, -1}, {{2, 3, 7}, 1}, {{7}, 0}};
   uint64_t seed = 1;
   for (const auto& c : cases) {
     for (bool log : {false, true}) {
@@ -286,13 +286,16 @@ TEST(Softmax, ForwardAndBackwardMatchReference) {
       const int64_t dim = c.dim < 0 ? c.dim + static_cast<int64_t>(c.shape.size()) : c.dim;
       const Tensor y = log ? ops::log_softmax(x, c.dim) : ops::softmax(x, c.dim);
       EXPECT_EQ(y.shape(), c.shape);
-      expect_close({.actual = y, .expected = ref_softmax(vals(x), c.shape, dim, log),
-                    .tol = abs_and_rel(kF32Tol), .what = what});  // f32
+      expect_close({.actual = y,
+                    .expected = ref_softmax(vals(x), c.shape, dim, log),
+                    .tol = abs_and_rel(kF32Tol),
+                    .what = what});  // f32
       const Tensor dx =
           log ? ops::log_softmax_backward(g, y, c.dim) : ops::softmax_backward(g, y, c.dim);
       expect_close({.actual = dx,
                     .expected = ref_softmax_backward(vals(g), vals(x), c.shape, dim, log),
-                    .tol = abs_and_rel(kF32Tol), .what = what + " backward"});  // f32
+                    .tol = abs_and_rel(kF32Tol),
+                    .what = what + " backward"});  // f32
     }
   }
 }
@@ -304,11 +307,15 @@ TEST(Softmax, IsStableForLargeLogits) {
   // No inf/NaN: the max is subtracted before exp.
   for (double value : y) EXPECT_TRUE(std::isfinite(value));
   for (double value : ly) EXPECT_TRUE(std::isfinite(value));
-  expect_close({.actual = y, .expected = ref_softmax(vals(x), {1, 4}, 1, false),
-                .tol = abs_and_rel(kF32Tol), .what = "softmax"});  // f32
+  expect_close({.actual = y,
+                .expected = ref_softmax(vals(x), {1, 4}, 1, false),
+                .tol = abs_and_rel(kF32Tol),
+                .what = "softmax"});  // f32
   // log_softmax = x - lse with |x| ~ 1e3: f32's ulp there is 6e-5, so 1e-4 (rel + abs).
-  expect_close({.actual = ly, .expected = ref_softmax(vals(x), {1, 4}, 1, true),
-                .tol = abs_and_rel(1e-4), .what = "log_softmax"});
+  expect_close({.actual = ly,
+                .expected = ref_softmax(vals(x), {1, 4}, 1, true),
+                .tol = abs_and_rel(1e-4),
+                .what = "log_softmax"});
 }
 
 TEST(Softmax, NonContiguousInput) {
@@ -318,12 +325,17 @@ TEST(Softmax, NonContiguousInput) {
   const Tensor g = ops::transpose(randn({5, 3}, 12), 0, 1);
   for (bool log : {false, true}) {
     const Tensor y = log ? ops::log_softmax(x, 1) : ops::softmax(x, 1);
-    expect_close({.actual = y, .expected = ref_softmax(vals(x), {3, 5}, 1, log),
-                  .tol = abs_and_rel(kF32Tol), .what = "forward"});  // f32
-    const Tensor yt = ops::transpose(ops::contiguous(ops::transpose(y, 0, 1)), 0, 1);  // strided out
+    expect_close({.actual = y,
+                  .expected = ref_softmax(vals(x), {3, 5}, 1, log),
+                  .tol = abs_and_rel(kF32Tol),
+                  .what = "forward"});  // f32
+    const Tensor yt =
+        ops::transpose(ops::contiguous(ops::transpose(y, 0, 1)), 0, 1);  // strided out
     const Tensor dx = log ? ops::log_softmax_backward(g, yt, 1) : ops::softmax_backward(g, yt, 1);
-    expect_close({.actual = dx, .expected = ref_softmax_backward(vals(g), vals(x), {3, 5}, 1, log),
-                  .tol = abs_and_rel(kF32Tol), .what = "backward"});  // f32
+    expect_close({.actual = dx,
+                  .expected = ref_softmax_backward(vals(g), vals(x), {3, 5}, 1, log),
+                  .tol = abs_and_rel(kF32Tol),
+                  .what = "backward"});  // f32
   }
 }
 
@@ -334,14 +346,17 @@ TEST(Softmax, Bf16) {
     const Tensor y = log ? ops::log_softmax(x, 2) : ops::softmax(x, 2);
     EXPECT_EQ(y.dtype(), kBFloat16);
     // bf16: one rounding of the f32 result, tolerance kBf16Tol.
-    expect_close({.actual = y, .expected = ref_softmax(vals(x), {2, 3, 7}, 2, log),
-                  .tol = abs_and_rel(kBf16Tol), .what = "forward"});
+    expect_close({.actual = y,
+                  .expected = ref_softmax(vals(x), {2, 3, 7}, 2, log),
+                  .tol = abs_and_rel(kBf16Tol),
+                  .what = "forward"});
     const Tensor dx = log ? ops::log_softmax_backward(g, y, 2) : ops::softmax_backward(g, y, 2);
     EXPECT_EQ(dx.dtype(), kBFloat16);
     // The backward reads the bf16-rounded y as well, hence a reference on the exact x and kBf16Tol.
     expect_close({.actual = dx,
                   .expected = ref_softmax_backward(vals(g), vals(x), {2, 3, 7}, 2, log),
-                  .tol = abs_and_rel(kBf16Tol), .what = "backward"});
+                  .tol = abs_and_rel(kBf16Tol),
+                  .what = "backward"});
   }
 }
 
@@ -355,7 +370,9 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
     };
     const Tensor y = log ? ops::log_softmax(x, 1) : ops::softmax(x, 1);
     const Tensor dx = log ? ops::log_softmax_backward(g, y, 1) : ops::softmax_backward(g, y, 1);
-    expect_close({.actual = dx, .expected = numeric_grad(x, f, vals(g)), .tol = abs_and_rel(kFdTol),
+    expect_close({.actual = dx,
+                  .expected = numeric_grad(x, f, vals(g)),
+                  .tol = abs_and_rel(kFdTol),
                   .what = "fd"});  // central diff, see top
   }
 }
@@ -375,7 +392,8 @@ TEST(LayerNorm, ForwardAndBackwardMatchReference) {
                                    {{4}, {4}, true}};
   uint64_t seed = 100;
   for (const auto& c : cases) {
-    const std::string what = fmt::format("x {} normalized {}", shape_str(c.x), shape_str(c.normalized));
+    const std::string what =
+        fmt::format("x {} normalized {}", shape_str(c.x), shape_str(c.normalized));
     const Tensor x = ops::add(ops::mul(randn(c.x, seed++), 2.0), 0.5);
     const Tensor g = randn(c.x, seed++);
     const Tensor w = c.affine ? randn(c.normalized, seed++) : Tensor();
@@ -391,20 +409,32 @@ TEST(LayerNorm, ForwardAndBackwardMatchReference) {
     Shape stats(c.x.begin(), c.x.end() - c.normalized.size());
     EXPECT_EQ(r.mean.shape(), stats) << what;
     EXPECT_EQ(r.rstd.dtype(), kFloat32) << what;
-    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kF32Tol),
+    expect_close({.actual = r.out,
+                  .expected = ref.out,
+                  .tol = abs_and_rel(kF32Tol),
                   .what = what + " out"});  // f32
-    expect_close({.actual = r.mean, .expected = ref.mean, .tol = abs_and_rel(kF32Tol),
+    expect_close({.actual = r.mean,
+                  .expected = ref.mean,
+                  .tol = abs_and_rel(kF32Tol),
                   .what = what + " mean"});
-    expect_close({.actual = r.rstd, .expected = ref.rstd, .tol = abs_and_rel(kF32Tol),
+    expect_close({.actual = r.rstd,
+                  .expected = ref.rstd,
+                  .tol = abs_and_rel(kF32Tol),
                   .what = what + " rstd"});
     auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, c.normalized);
-    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kF32Tol),
+    expect_close({.actual = grads.grad_x,
+                  .expected = ref.dx,
+                  .tol = abs_and_rel(kF32Tol),
                   .what = what + " dx"});  // f32
     if (c.affine) {
       EXPECT_EQ(grads.grad_weight.shape(), c.normalized);
-      expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kF32Tol),
+      expect_close({.actual = grads.grad_weight,
+                    .expected = ref.dw,
+                    .tol = abs_and_rel(kF32Tol),
                     .what = what + " dw"});
-      expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kF32Tol),
+      expect_close({.actual = grads.grad_bias,
+                    .expected = ref.db,
+                    .tol = abs_and_rel(kF32Tol),
                     .what = what + " db"});
     } else {
       EXPECT_FALSE(grads.grad_weight.defined()) << what;
@@ -425,15 +455,17 @@ TEST(LayerNorm, NonContiguousAndBf16) {
   {
     auto r = ops::layer_norm(x, {7}, w, b, 1e-5);
     const auto ref = ref_layer_norm(vals(x), 3, 7, &wv, &bv, 1e-5, &gv);
-    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kF32Tol),
-                  .what = "out"});  // f32
+    expect_close(
+        {.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kF32Tol), .what = "out"});  // f32
     auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, {7});
-    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kF32Tol),
-                  .what = "dx"});
-    expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kF32Tol),
+    expect_close(
+        {.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kF32Tol), .what = "dx"});
+    expect_close({.actual = grads.grad_weight,
+                  .expected = ref.dw,
+                  .tol = abs_and_rel(kF32Tol),
                   .what = "dw"});
-    expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kF32Tol),
-                  .what = "db"});
+    expect_close(
+        {.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kF32Tol), .what = "db"});
   }
   {
     const Tensor xb = ops::to(x, kBFloat16), wb = ops::to(w, kBFloat16), bb = ops::to(b, kBFloat16);
@@ -444,15 +476,21 @@ TEST(LayerNorm, NonContiguousAndBf16) {
     EXPECT_EQ(r.mean.dtype(), kFloat32);
     const auto ref = ref_layer_norm(vals(xb), 3, 7, &wbv, &bbv, 1e-5, &gbv);
     // bf16: inputs exact, one rounding of each result: kBf16Tol.
-    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kBf16Tol),
-                  .what = "bf16 out"});
+    expect_close(
+        {.actual = r.out, .expected = ref.out, .tol = abs_and_rel(kBf16Tol), .what = "bf16 out"});
     auto grads = ops::layer_norm_backward(gb, xb, r.mean, r.rstd, wb, {7});
     EXPECT_EQ(grads.grad_weight.dtype(), kBFloat16);
-    expect_close({.actual = grads.grad_x, .expected = ref.dx, .tol = abs_and_rel(kBf16Tol),
+    expect_close({.actual = grads.grad_x,
+                  .expected = ref.dx,
+                  .tol = abs_and_rel(kBf16Tol),
                   .what = "bf16 dx"});
-    expect_close({.actual = grads.grad_weight, .expected = ref.dw, .tol = abs_and_rel(kBf16Tol),
+    expect_close({.actual = grads.grad_weight,
+                  .expected = ref.dw,
+                  .tol = abs_and_rel(kBf16Tol),
                   .what = "bf16 dw"});
-    expect_close({.actual = grads.grad_bias, .expected = ref.db, .tol = abs_and_rel(kBf16Tol),
+    expect_close({.actual = grads.grad_bias,
+                  .expected = ref.db,
+                  .tol = abs_and_rel(kBf16Tol),
                   .what = "bf16 db"});
   }
 }
@@ -466,24 +504,27 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferences) {
   auto r = ops::layer_norm(x, {5}, w, b, 1e-5);
   auto grads = ops::layer_norm_backward(g, x, r.mean, r.rstd, w, {5});
   // Central differences, kFdTol (see top), with respect to x, weight and bias.
-  expect_close({.actual = grads.grad_x,
-                .expected = numeric_grad(
-                    x,
-                    [&](const Tensor& t) { return vals(ops::layer_norm(t, {5}, w, b, 1e-5).out); },
-                    vals(g)),
-                .tol = abs_and_rel(kFdTol), .what = "dx"});
-  expect_close({.actual = grads.grad_weight,
-                .expected = numeric_grad(
-                    w,
-                    [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, t, b, 1e-5).out); },
-                    vals(g)),
-                .tol = abs_and_rel(kFdTol), .what = "dw"});
-  expect_close({.actual = grads.grad_bias,
-                .expected = numeric_grad(
-                    b,
-                    [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, w, t, 1e-5).out); },
-                    vals(g)),
-                .tol = abs_and_rel(kFdTol), .what = "db"});
+  expect_close(
+      {.actual = grads.grad_x,
+       .expected = numeric_grad(
+           x, [&](const Tensor& t) { return vals(ops::layer_norm(t, {5}, w, b, 1e-5).out); },
+           vals(g)),
+       .tol = abs_and_rel(kFdTol),
+       .what = "dx"});
+  expect_close(
+      {.actual = grads.grad_weight,
+       .expected = numeric_grad(
+           w, [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, t, b, 1e-5).out); },
+           vals(g)),
+       .tol = abs_and_rel(kFdTol),
+       .what = "dw"});
+  expect_close(
+      {.actual = grads.grad_bias,
+       .expected = numeric_grad(
+           b, [&](const Tensor& t) { return vals(ops::layer_norm(x, {5}, w, t, 1e-5).out); },
+           vals(g)),
+       .tol = abs_and_rel(kFdTol),
+       .what = "db"});
 }
 
 // ================================ embedding ================================
@@ -511,8 +552,8 @@ TEST(Embedding, ForwardAndBackwardMatchReference) {
     const Tensor grad_w = ops::embedding_backward(g, indices, v);
     EXPECT_EQ(grad_w.shape(), (Shape{v, c}));
     // f32 sums of at most two terms: kF32Tol.
-    expect_close({.actual = grad_w, .expected = dw, .tol = abs_and_rel(kF32Tol),
-                  .what = "scatter-add"});
+    expect_close(
+        {.actual = grad_w, .expected = dw, .tol = abs_and_rel(kF32Tol), .what = "scatter-add"});
   }
 }
 
@@ -539,12 +580,11 @@ TEST(Embedding, NonContiguousWeightAndBf16) {
   }
   const Tensor gw = ops::embedding_backward(g, indices, 5);
   EXPECT_EQ(gw.dtype(), kBFloat16);
-  expect_close({.actual = gw, .expected = dw, .tol = abs_and_rel(kBf16Tol),
-                .what = "bf16 scatter-add"});
+  expect_close(
+      {.actual = gw, .expected = dw, .tol = abs_and_rel(kBf16Tol), .what = "bf16 scatter-add"});
 }
 
 // ================================ cross entropy ================================
-
 
 TEST(CrossEntropy, ForwardAndBackwardMatchReference) {
   const int64_t n = 5, v = 7;
@@ -558,22 +598,24 @@ TEST(CrossEntropy, ForwardAndBackwardMatchReference) {
     for (auto red : {ops::Reduction::kNone, ops::Reduction::kMean, ops::Reduction::kSum}) {
       const std::string what = fmt::format("ignore {} reduction {}", ignore, static_cast<int>(red));
       auto r = ops::cross_entropy(logits, targets, ignore, red);
-      expect_close({.actual = r.logsumexp, .expected = ref.lse, .tol = abs_and_rel(kF32Tol),
+      expect_close({.actual = r.logsumexp,
+                    .expected = ref.lse,
+                    .tol = abs_and_rel(kF32Tol),
                     .what = what + " lse"});  // f32
       Vec row_scale(n, 0.0);
       Tensor grad_loss;
       if (red == ops::Reduction::kNone) {
         EXPECT_EQ(r.loss.shape(), Shape{n});
-        expect_close({.actual = r.loss, .expected = ref.losses, .tol = abs_and_rel(kF32Tol),
-                      .what = what});
+        expect_close(
+            {.actual = r.loss, .expected = ref.losses, .tol = abs_and_rel(kF32Tol), .what = what});
         grad_loss = randn({n}, 502);
         row_scale = vals(grad_loss);
       } else {
         EXPECT_EQ(r.loss.shape(), Shape{});
         const double expected =
             red == ops::Reduction::kSum ? ref.sum : ref.sum / static_cast<double>(ref.count);
-        expect_close({.actual = r.loss, .expected = {expected}, .tol = abs_and_rel(kF32Tol),
-                      .what = what});
+        expect_close(
+            {.actual = r.loss, .expected = {expected}, .tol = abs_and_rel(kF32Tol), .what = what});
         grad_loss = ops::scalar_tensor(0.7);
         const double s = red == ops::Reduction::kSum ? 0.7 : 0.7 / static_cast<double>(ref.count);
         row_scale.assign(n, s);
@@ -582,10 +624,12 @@ TEST(CrossEntropy, ForwardAndBackwardMatchReference) {
       // f32 softmax minus one-hot, times the scale: kF32Tol; with and without the saved lse.
       expect_close({.actual = ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red,
                                                           r.logsumexp),
-                    .expected = expected_grad, .tol = abs_and_rel(kF32Tol),
+                    .expected = expected_grad,
+                    .tol = abs_and_rel(kF32Tol),
                     .what = what + " backward"});
       expect_close({.actual = ops::cross_entropy_backward(grad_loss, logits, targets, ignore, red),
-                    .expected = expected_grad, .tol = abs_and_rel(kF32Tol),
+                    .expected = expected_grad,
+                    .tol = abs_and_rel(kF32Tol),
                     .what = what + " backward (lse recomputed)"});
     }
   }
@@ -611,36 +655,44 @@ TEST(CrossEntropy, NonContiguousBf16AndInt32Targets) {
   const Tensor targets = ops::to(ops::from_vector_i64(t, {5}), kInt32);
   auto r = ops::cross_entropy(logits, targets);
   const auto ref = ref_cross_entropy(vals(logits), t, 7, -100);
-  expect_close({.actual = r.loss, .expected = {ref.sum / ref.count}, .tol = abs_and_rel(kF32Tol),
+  expect_close({.actual = r.loss,
+                .expected = {ref.sum / ref.count},
+                .tol = abs_and_rel(kF32Tol),
                 .what = "f32 strided"});  // f32
   const Vec dref = ref_cross_entropy_backward(vals(logits), t, 7, -100, Vec(5, 1.0 / ref.count));
   expect_close({.actual = ops::cross_entropy_backward(ops::scalar_tensor(1.0), logits, targets),
-                .expected = dref, .tol = abs_and_rel(kF32Tol), .what = "f32 strided backward"});
+                .expected = dref,
+                .tol = abs_and_rel(kF32Tol),
+                .what = "f32 strided backward"});
 
   const Tensor lb = ops::to(logits, kBFloat16);
   auto rb = ops::cross_entropy(lb, targets);
   EXPECT_EQ(rb.loss.dtype(), kBFloat16);
   const auto refb = ref_cross_entropy(vals(lb), t, 7, -100);
   // bf16: exact inputs, one rounding of the result: kBf16Tol.
-  expect_close({.actual = rb.loss, .expected = {refb.sum / refb.count},
-                .tol = abs_and_rel(kBf16Tol), .what = "bf16"});
+  expect_close({.actual = rb.loss,
+                .expected = {refb.sum / refb.count},
+                .tol = abs_and_rel(kBf16Tol),
+                .what = "bf16"});
   const Vec drefb = ref_cross_entropy_backward(vals(lb), t, 7, -100, Vec(5, 1.0 / refb.count));
   const Tensor db = ops::cross_entropy_backward(ops::scalar_tensor(1.0), lb, targets, -100,
                                                 ops::Reduction::kMean, rb.logsumexp);
   EXPECT_EQ(db.dtype(), kBFloat16);
-  expect_close({.actual = db, .expected = drefb, .tol = abs_and_rel(kBf16Tol),
-                .what = "bf16 backward"});
+  expect_close(
+      {.actual = db, .expected = drefb, .tol = abs_and_rel(kBf16Tol), .what = "bf16 backward"});
 }
 
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   const Tensor logits = randn({4, 6}, 531);
   const Tensor targets = ops::from_vector_i64(std::vector<int64_t>{5, -100, 0, 3}, {4});
   for (auto red : {ops::Reduction::kNone, ops::Reduction::kMean, ops::Reduction::kSum}) {
-    const Tensor grad_loss = red == ops::Reduction::kNone ? randn({4}, 532) : ops::scalar_tensor(0.7);
+    const Tensor grad_loss =
+        red == ops::Reduction::kNone ? randn({4}, 532) : ops::scalar_tensor(0.7);
     auto f = [&](const Tensor& t) { return vals(ops::cross_entropy(t, targets, -100, red).loss); };
     const Tensor d = ops::cross_entropy_backward(grad_loss, logits, targets, -100, red);
     // Central differences, kFdTol (see top).
-    expect_close({.actual = d, .expected = numeric_grad(logits, f, vals(grad_loss)),
+    expect_close({.actual = d,
+                  .expected = numeric_grad(logits, f, vals(grad_loss)),
                   .tol = abs_and_rel(kFdTol),
                   .what = fmt::format("reduction {}", static_cast<int>(red))});
   }
@@ -655,10 +707,11 @@ struct AttnCase {
 };
 
 void check_attention_case(const AttnCase& c, uint64_t seed, DType dtype, double tol) {
-  const std::string what = fmt::format("q {} k {} v {} causal {} scale {} dtype {}", shape_str(c.q),
-                                       shape_str(c.k), shape_str(c.v), c.causal, c.scale,
-                                       dtype_name(dtype));
-  const Tensor q = randn(c.q, seed, dtype), k = randn(c.k, seed + 1, dtype), v = randn(c.v, seed + 2, dtype);
+  const std::string what =
+      fmt::format("q {} k {} v {} causal {} scale {} dtype {}", shape_str(c.q), shape_str(c.k),
+                  shape_str(c.v), c.causal, c.scale, dtype_name(dtype));
+  const Tensor q = randn(c.q, seed, dtype), k = randn(c.k, seed + 1, dtype),
+               v = randn(c.v, seed + 2, dtype);
   const int64_t tq = c.q[c.q.size() - 2], d = c.q.back(), tk = c.k[c.k.size() - 2], dv = c.v.back();
   const int64_t rows = q.numel() / (tq * d);
   const double scale = c.scale > 0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(d));
@@ -666,33 +719,34 @@ void check_attention_case(const AttnCase& c, uint64_t seed, DType dtype, double 
   out_shape.push_back(dv);
   const Tensor g = randn(out_shape, seed + 3, dtype);
   const Vec gv = vals(g);
-  const auto ref = ref_attention(vals(q), vals(k), vals(v), rows, tq, tk, d, dv, c.causal, scale, &gv);
+  const auto ref =
+      ref_attention(vals(q), vals(k), vals(v), rows, tq, tk, d, dv, c.causal, scale, &gv);
   auto r = ops::scaled_dot_product_attention(q, k, v, c.causal, c.scale);
   EXPECT_EQ(r.out.shape(), out_shape) << what;
   EXPECT_EQ(r.out.dtype(), dtype) << what;
-  expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(tol),
-                .what = what + " out"});
-  expect_close({.actual = r.logsumexp, .expected = ref.lse, .tol = abs_and_rel(tol),
-                .what = what + " lse"});
-  auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, r.out, r.logsumexp, c.causal,
-                                                          c.scale);
+  expect_close(
+      {.actual = r.out, .expected = ref.out, .tol = abs_and_rel(tol), .what = what + " out"});
+  expect_close(
+      {.actual = r.logsumexp, .expected = ref.lse, .tol = abs_and_rel(tol), .what = what + " lse"});
+  auto grads =
+      ops::scaled_dot_product_attention_backward(g, q, k, v, r.out, r.logsumexp, c.causal, c.scale);
   EXPECT_EQ(grads.dk.shape(), c.k) << what;
-  expect_close({.actual = grads.dq, .expected = ref.dq, .tol = abs_and_rel(tol),
-                .what = what + " dq"});
-  expect_close({.actual = grads.dk, .expected = ref.dk, .tol = abs_and_rel(tol),
-                .what = what + " dk"});
-  expect_close({.actual = grads.dv, .expected = ref.dv, .tol = abs_and_rel(tol),
-                .what = what + " dv"});
+  expect_close(
+      {.actual = grads.dq, .expected = ref.dq, .tol = abs_and_rel(tol), .what = what + " dq"});
+  expect_close(
+      {.actual = grads.dk, .expected = ref.dk, .tol = abs_and_rel(tol), .what = what + " dk"});
+  expect_close(
+      {.actual = grads.dv, .expected = ref.dv, .tol = abs_and_rel(tol), .what = what + " dv"});
 }
 
 const std::vector<AttnCase>& attention_cases() {
   static const std::vector<AttnCase> cases = {
       {{2, 2, 5, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, false, 0.0},
       {{2, 2, 5, 4}, {2, 2, 5, 4}, {2, 2, 5, 4}, true, 0.0},
-      {{2, 3, 4}, {2, 6, 4}, {2, 6, 3}, false, 0.0},       // Tq < Tk, Dv != D, one batch dim
-      {{2, 3, 4}, {2, 6, 4}, {2, 6, 3}, true, 0.3},        // top-left causal, explicit scale
+      {{2, 3, 4}, {2, 6, 4}, {2, 6, 3}, false, 0.0},          // Tq < Tk, Dv != D, one batch dim
+      {{2, 3, 4}, {2, 6, 4}, {2, 6, 3}, true, 0.3},           // top-left causal, explicit scale
       {{1, 2, 7, 4}, {1, 2, 3, 4}, {1, 2, 3, 5}, true, 0.0},  // Tq > Tk causal
-      {{5, 3}, {4, 3}, {4, 2}, true, 0.0},                  // no batch dims
+      {{5, 3}, {4, 3}, {4, 2}, true, 0.0},                    // no batch dims
   };
   return cases;
 }
@@ -727,7 +781,9 @@ TEST(Attention, NonContiguousInputs) {
   for (bool causal : {false, true}) {
     const auto ref = ref_attention(vals(q), vals(k), vals(v), 4, 5, 5, 4, 4, causal, 0.5, &gv);
     auto r = ops::scaled_dot_product_attention(q, k, v, causal);
-    expect_close({.actual = r.out, .expected = ref.out, .tol = abs_and_rel(2e-5),
+    expect_close({.actual = r.out,
+                  .expected = ref.out,
+                  .tol = abs_and_rel(2e-5),
                   .what = "out"});  // f32, as above
     auto grads = ops::scaled_dot_product_attention_backward(g, q, k, v, r.out, r.logsumexp, causal);
     expect_close({.actual = grads.dq, .expected = ref.dq, .tol = abs_and_rel(2e-5), .what = "dq"});
@@ -758,14 +814,20 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
     };
     // Central differences, kFdTol (see top).
     expect_close({.actual = grads.dq,
-                  .expected = numeric_grad(q, [&](const Tensor& t) { return sdpa(t, k, v); }, w),
-                  .tol = abs_and_rel(kFdTol), .what = "dq"});
+                  .expected = numeric_grad(
+                      q, [&](const Tensor& t) { return sdpa(t, k, v); }, w),
+                  .tol = abs_and_rel(kFdTol),
+                  .what = "dq"});
     expect_close({.actual = grads.dk,
-                  .expected = numeric_grad(k, [&](const Tensor& t) { return sdpa(q, t, v); }, w),
-                  .tol = abs_and_rel(kFdTol), .what = "dk"});
+                  .expected = numeric_grad(
+                      k, [&](const Tensor& t) { return sdpa(q, t, v); }, w),
+                  .tol = abs_and_rel(kFdTol),
+                  .what = "dk"});
     expect_close({.actual = grads.dv,
-                  .expected = numeric_grad(v, [&](const Tensor& t) { return sdpa(q, k, t); }, w),
-                  .tol = abs_and_rel(kFdTol), .what = "dv"});
+                  .expected = numeric_grad(
+                      v, [&](const Tensor& t) { return sdpa(q, k, t); }, w),
+                  .tol = abs_and_rel(kFdTol),
+                  .what = "dv"});
   }
 }
 
@@ -797,8 +859,10 @@ TEST(Dropout, MasksAndScalesDeterministically) {
   const Vec gv = vals(g);
   Vec dg(gv.size());
   for (size_t i = 0; i < gv.size(); ++i) dg[i] = gv[i] * mv[i] / (1.0 - p);
-  expect_close({.actual = ops::dropout_backward(g, r.mask, p), .expected = dg,
-                .tol = abs_and_rel(kF32Tol), .what = "backward"});
+  expect_close({.actual = ops::dropout_backward(g, r.mask, p),
+                .expected = dg,
+                .tol = abs_and_rel(kF32Tol),
+                .what = "backward"});
 }
 
 TEST(Dropout, IdentityAndZeroCasesAndBf16) {
@@ -819,7 +883,9 @@ TEST(Dropout, IdentityAndZeroCasesAndBf16) {
   const Vec xv = vals(xb), mv = vals(rb.mask);
   Vec expected(xv.size());
   for (size_t i = 0; i < xv.size(); ++i) expected[i] = xv[i] * mv[i] / 0.75;
-  expect_close({.actual = rb.out, .expected = expected, .tol = abs_and_rel(kBf16Tol),
+  expect_close({.actual = rb.out,
+                .expected = expected,
+                .tol = abs_and_rel(kBf16Tol),
                 .what = "bf16"});  // one bf16 rounding: kBf16Tol
 }
 
@@ -873,7 +939,9 @@ TEST(NnOpTable, DispatchHookSeesNameInputsAndAttrs) {
   const Tensor plain = ops::alias(x);
   EXPECT_EQ(vals(ln.out), vals(ops::layer_norm(plain, {5}, Tensor(), Tensor(), 1e-5).out));
   EXPECT_EQ(vals(ln.rstd), vals(ops::layer_norm(plain, {5}, Tensor(), Tensor(), 1e-5).rstd));
-  EXPECT_EQ(vals(ce.logsumexp), vals(ops::cross_entropy(plain, ops::from_vector_i64(std::vector<int64_t>{1, 2, 3}, {3})).logsumexp));
+  EXPECT_EQ(vals(ce.logsumexp),
+            vals(ops::cross_entropy(plain, ops::from_vector_i64(std::vector<int64_t>{1, 2, 3}, {3}))
+                     .logsumexp));
   EXPECT_EQ(vals(dr.mask), vals(ops::dropout(plain, 0.5, 3).mask));
 }
 
@@ -888,10 +956,14 @@ TEST(NnErrors, MessagesNameOpAndShapes) {
               HasSubstr("layer_norm: weight shape (3,) does not match normalized shape (4,)"));
   EXPECT_THAT(error_of([&] { ops::softmax(x24, 2); }),
               HasSubstr("softmax: dim 2 out of range for a tensor of rank 2"));
-  EXPECT_THAT(error_of([&] { ops::softmax(ops::from_vector_i64(std::vector<int64_t>{1, 2}, {2}), 0); }),
+  EXPECT_THAT(error_of([&] {
+                ops::softmax(ops::from_vector_i64(std::vector<int64_t>{1, 2}, {2}), 0);
+              }),
               HasSubstr("softmax: expected x to have a floating dtype (f32, bf16, f16), got i64 of "
                         "shape (2,)"));
-  EXPECT_THAT(error_of([&] { ops::softmax_backward(randn({2, 3}, 1), x24, 1); }),
+  EXPECT_THAT(error_of([&] {
+                ops::softmax_backward(randn({2, 3}, 1), x24, 1);
+              }),
               HasSubstr("softmax_backward: grad_out shape (2, 3) does not match out shape (2, 4)"));
 
   const Tensor w = randn({5, 3}, 1402);
@@ -900,11 +972,15 @@ TEST(NnErrors, MessagesNameOpAndShapes) {
               }),
               HasSubstr("embedding: index 7 at position (1, 1) of indices shape (2, 2) is out of "
                         "range for 5 embeddings"));
-  EXPECT_THAT(error_of([&] { ops::embedding(w, ops::from_vector_i64(std::vector<int64_t>{-1}, {1})); }),
-              HasSubstr("index -1 at position (0,)"));
-  EXPECT_THAT(error_of([&] { ops::embedding(w, randn({2}, 1)); }),
-              HasSubstr("embedding: expected indices to have dtype i64 or i32, got f32 of shape (2,)"));
-  EXPECT_THAT(error_of([&] { ops::embedding(randn({5}, 1), ops::from_vector_i64(std::vector<int64_t>{0}, {1})); }),
+  EXPECT_THAT(
+      error_of([&] { ops::embedding(w, ops::from_vector_i64(std::vector<int64_t>{-1}, {1})); }),
+      HasSubstr("index -1 at position (0,)"));
+  EXPECT_THAT(
+      error_of([&] { ops::embedding(w, randn({2}, 1)); }),
+      HasSubstr("embedding: expected indices to have dtype i64 or i32, got f32 of shape (2,)"));
+  EXPECT_THAT(error_of([&] {
+                ops::embedding(randn({5}, 1), ops::from_vector_i64(std::vector<int64_t>{0}, {1}));
+              }),
               HasSubstr("embedding: expected weight of shape (V, C), got shape (5,)"));
   EXPECT_THAT(error_of([&] {
                 ops::embedding_backward(randn({2, 3}, 1),
@@ -913,13 +989,15 @@ TEST(NnErrors, MessagesNameOpAndShapes) {
               HasSubstr("embedding_backward: index 9 at position (1,)"));
 
   const Tensor logits = randn({3, 4}, 1403);
+  EXPECT_THAT(
+      error_of([&] {
+        ops::cross_entropy(logits, ops::from_vector_i64(std::vector<int64_t>{0, 1, 9}, {3}));
+      }),
+      HasSubstr("cross_entropy: target 9 at position 2 is out of range for 4 classes "
+                "(logits shape (3, 4))"));
   EXPECT_THAT(error_of([&] {
-                ops::cross_entropy(logits, ops::from_vector_i64(std::vector<int64_t>{0, 1, 9}, {3}));
-              }),
-              HasSubstr("cross_entropy: target 9 at position 2 is out of range for 4 classes "
-                        "(logits shape (3, 4))"));
-  EXPECT_THAT(error_of([&] {
-                ops::cross_entropy(randn({2, 3, 4}, 1), ops::from_vector_i64(std::vector<int64_t>{0, 1}, {2}));
+                ops::cross_entropy(randn({2, 3, 4}, 1),
+                                   ops::from_vector_i64(std::vector<int64_t>{0, 1}, {2}));
               }),
               HasSubstr("cross_entropy: expected logits of shape (N, V), got shape (2, 3, 4)"));
   EXPECT_THAT(error_of([&] {
@@ -927,26 +1005,36 @@ TEST(NnErrors, MessagesNameOpAndShapes) {
               }),
               HasSubstr("cross_entropy: targets shape (2,) does not match logits shape (3, 4)"));
   EXPECT_THAT(error_of([&] {
-                ops::cross_entropy_backward(randn({3}, 1), logits,
-                                            ops::from_vector_i64(std::vector<int64_t>{0, 1, 2}, {3}));
+                ops::cross_entropy_backward(
+                    randn({3}, 1), logits,
+                    ops::from_vector_i64(std::vector<int64_t>{0, 1, 2}, {3}));
               }),
               HasSubstr("cross_entropy_backward: with reduction mean/sum grad_loss must have one "
                         "element, got shape (3,)"));
 
   const Tensor q = randn({1, 2, 5, 4}, 1404);
-  EXPECT_THAT(error_of([&] { ops::scaled_dot_product_attention(q, randn({1, 2, 5, 3}, 1), q); }),
-              HasSubstr("scaled_dot_product_attention: q and k must have the same last dim (D), got "
-                        "shapes q (1, 2, 5, 4), k (1, 2, 5, 3), v (1, 2, 5, 4)"));
-  EXPECT_THAT(error_of([&] { ops::scaled_dot_product_attention(q, q, randn({1, 2, 6, 4}, 1)); }),
+  EXPECT_THAT(
+      error_of([&] {
+        ops::scaled_dot_product_attention(q, randn({1, 2, 5, 3}, 1), q);
+      }),
+      HasSubstr("scaled_dot_product_attention: q and k must have the same last dim (D), got "
+                "shapes q (1, 2, 5, 4), k (1, 2, 5, 3), v (1, 2, 5, 4)"));
+  EXPECT_THAT(error_of([&] {
+                ops::scaled_dot_product_attention(q, q, randn({1, 2, 6, 4}, 1));
+              }),
               HasSubstr("k and v must have the same sequence length"));
-  EXPECT_THAT(error_of([&] { ops::scaled_dot_product_attention(q, randn({1, 3, 5, 4}, 1), q); }),
+  EXPECT_THAT(error_of([&] {
+                ops::scaled_dot_product_attention(q, randn({1, 3, 5, 4}, 1), q);
+              }),
               HasSubstr("same leading (batch) dims"));
   EXPECT_THAT(error_of([&] { ops::scaled_dot_product_attention(q, ops::to(q, kBFloat16), q); }),
               HasSubstr("q, k and v must have one dtype, got f32, bf16 and f32"));
 
   EXPECT_THAT(error_of([&] { ops::dropout(x24, 1.5, 0); }),
               HasSubstr("dropout: p must be in [0, 1], got 1.5 (input shape (2, 4))"));
-  EXPECT_THAT(error_of([&] { ops::dropout_backward(x24, randn({4, 2}, 1), 0.5); }),
+  EXPECT_THAT(error_of([&] {
+                ops::dropout_backward(x24, randn({4, 2}, 1), 0.5);
+              }),
               HasSubstr("dropout_backward: mask shape (4, 2) does not match grad shape (2, 4)"));
 }
 

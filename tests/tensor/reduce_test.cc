@@ -4,8 +4,6 @@
 // them are compared exactly unless a comment says otherwise; random inputs are compared with a
 // naive f64 loop within 1e-6 relative (the kernel accumulates in f64 and rounds once to f32,
 // so the only error is that final rounding, 2^-24 relative).
-#include "tensor/ops_reduce.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +15,7 @@
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tensor/ops_reduce.h"
 #include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
@@ -128,7 +127,8 @@ TEST(SumTest, IntegerSumsAreExact) {
   Tensor s = sum(x);
   EXPECT_EQ(s.dtype(), kInt64);
   EXPECT_EQ(s.item<int64_t>(), p53 + 2);
-  Tensor big = from_vector_i64(std::vector<int64_t>{(int64_t{1} << 62) + 1, 3, -7, (int64_t{1} << 61) - 5}, {2, 2});
+  Tensor big = from_vector_i64(
+      std::vector<int64_t>{(int64_t{1} << 62) + 1, 3, -7, (int64_t{1} << 61) - 5}, {2, 2});
   EXPECT_EQ(sum(big, {1}).data<int64_t>()[0], (int64_t{1} << 62) + 4);
   EXPECT_EQ(sum(big, {1}).data<int64_t>()[1], (int64_t{1} << 61) - 12);
   EXPECT_EQ(sum(big, {0}).data<int64_t>()[0], (int64_t{1} << 62) - 6);
@@ -170,7 +170,8 @@ TEST(MeanTest, Values) {
   EXPECT_EQ(to_vector(mean(x, {0, 1})), (Values{10, 11, 12, 13}));
   EXPECT_EQ(mean(x).item<double>(), 11.5);
   EXPECT_EQ(mean(x, {}, true).shape(), (Shape{1, 1, 1}));
-  EXPECT_EQ(to_vector(mean(transpose(x, 0, 2), {-1})), (Values{6, 10, 14, 7, 11, 15, 8, 12, 16, 9, 13, 17}));
+  EXPECT_EQ(to_vector(mean(transpose(x, 0, 2), {-1})),
+            (Values{6, 10, 14, 7, 11, 15, 8, 12, 16, 9, 13, 17}));
   // Divided in f64 before rounding: 1/3 of 1 in f32 is the nearest float to 1/3.
   EXPECT_EQ(mean(fv({1, 0, 0}, {3})).item<float>(), 1.0f / 3.0f);
 }
@@ -257,9 +258,13 @@ TEST(MaxTest, AllElementsAndErrors) {
   EXPECT_EQ(sv.shape(), Shape{});
   EXPECT_EQ(sv.item<float>(), 2.5f);
   EXPECT_EQ(si.item<int64_t>(), 0);
-  EXPECT_EQ(error_of([] { max(zeros({2, 0})); }),
+  EXPECT_EQ(error_of([] {
+              max(zeros({2, 0}));
+            }),
             "max: cannot reduce a tensor with no elements (shape (2, 0))");
-  EXPECT_EQ(error_of([] { max(zeros({2, 0}), 1); }),
+  EXPECT_EQ(error_of([] {
+              max(zeros({2, 0}), 1);
+            }),
             "max: cannot reduce over dim 1 of size 0 (tensor shape (2, 0))");
   // Reducing a non-empty dim of a tensor with another empty dim is fine.
   EXPECT_EQ(max(zeros({2, 0}), 0).first.shape(), Shape{0});
@@ -292,9 +297,14 @@ TEST(SumToTest, ReducesBroadcastDims) {
   // It inverts broadcasting: sum_to(expand(x) * 1, x.shape) == x * (broadcast factor).
   Tensor x = fv({1, 2, 3}, {3, 1});
   EXPECT_EQ(to_vector(sum_to(contiguous(expand(x, {2, 3, 5})), {3, 1})), (Values{10, 20, 30}));
-  EXPECT_EQ(error_of([&] { sum_to(g, {2, 2, 3, 4}); }),
+  EXPECT_EQ(error_of([&] {
+              sum_to(g, {2, 2, 3, 4});
+            }),
             "sum_to: cannot reduce shape (2, 3, 4) to the larger shape (2, 2, 3, 4)");
-  EXPECT_EQ(error_of([&] { sum_to(g, {5, 4}); }), "sum_to: shape (2, 3, 4) is not a broadcast of (5, 4)");
+  EXPECT_EQ(error_of([&] {
+              sum_to(g, {5, 4});
+            }),
+            "sum_to: shape (2, 3, 4) is not a broadcast of (5, 4)");
 }
 
 }  // namespace

@@ -27,11 +27,14 @@ using Block = std::array<uint32_t, 4>;
 // Known-answer vectors of Random123 1.09 (kat_vectors, "philox4x32 10 ..."): counter, key,
 // expected output. The third uses the hex digits of pi as its input, as in the original file.
 TEST(PhiloxTest, Random123KnownAnswers) {
-  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}), (Block{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  EXPECT_EQ(philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
-            (Block{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
-            (Block{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}),
+            (Block{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
+      (Block{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(
+      philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+      (Block{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(PhiloxTest, EveryInputWordMatters) {
@@ -56,14 +59,16 @@ std::vector<uint8_t> bytes_of(const Tensor& t) {
 TEST(RngTest, DeterministicAndSeedDependent) {
   for (DType dtype : {kFloat32, kBFloat16, kFloat16}) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));
-    EXPECT_EQ(bytes_of(ops::normal({7, 5}, 42, 0, 1, dtype)), bytes_of(ops::normal({7, 5}, 42, 0, 1, dtype)));
+    EXPECT_EQ(bytes_of(ops::normal({7, 5}, 42, 0, 1, dtype)),
+              bytes_of(ops::normal({7, 5}, 42, 0, 1, dtype)));
     EXPECT_EQ(bytes_of(ops::uniform({7, 5}, 42, -1, 1, dtype)),
               bytes_of(ops::uniform({7, 5}, 42, -1, 1, dtype)));
   }
   // Different seeds differ (almost every element: a collision of two f32 normals is ~2^-24).
   const std::vector<double> a = ops::to_vector(ops::normal({1000}, 1));
   const std::vector<double> b = ops::to_vector(ops::normal({1000}, 2));
-  const std::vector<double> c = ops::to_vector(ops::normal({1000}, uint64_t{1} << 32 | 1));  // high seed bits
+  const std::vector<double> c =
+      ops::to_vector(ops::normal({1000}, uint64_t{1} << 32 | 1));  // high seed bits
   int same_ab = 0, same_ac = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     same_ab += a[i] == b[i];
@@ -81,8 +86,10 @@ TEST(RngTest, DeterministicAndSeedDependent) {
   // mean/std are applied after sampling: normal(m, s) == m + s * normal(0, 1), to f32 rounding.
   std::vector<double> expected;
   for (double v : a) expected.push_back(3.0 + 0.5 * v);
-  expect_close({.actual = ops::normal({1000}, 1, 3.0, 0.5), .expected = expected,
-                .tol = {.atol = 1e-5}, .what = "normal(3, 0.5)"});
+  expect_close({.actual = ops::normal({1000}, 1, 3.0, 0.5),
+                .expected = expected,
+                .tol = {.atol = 1e-5},
+                .what = "normal(3, 0.5)"});
 }
 
 struct SliceCase {
@@ -160,14 +167,22 @@ TEST(RngTest, ShardsTileTheFullTensor) {
 
 TEST(RngTest, RegionErrors) {
   Tensor t = Tensor::empty({3, 4});
-  EXPECT_EQ(error_of([&] { ops::normal_(t, 1, 0, 1, RngRegion{{6, 4}, {4, 0}}); }),
+  EXPECT_EQ(error_of([&] {
+              ops::normal_(t, 1, 0, 1, RngRegion{{6, 4}, {4, 0}});
+            }),
             "normal_: local shape (3, 4) at offset (4, 0) does not fit in global shape (6, 4)");
-  EXPECT_EQ(error_of([&] { ops::uniform_(t, 1, 0, 1, RngRegion{{12}, {0}}); }),
-            "uniform_: region of global shape (12,) and offset (0,) does not match the local shape (3, 4)");
+  EXPECT_EQ(error_of([&] {
+              ops::uniform_(t, 1, 0, 1, RngRegion{{12}, {0}});
+            }),
+            "uniform_: region of global shape (12,) and offset (0,) does not match the local shape "
+            "(3, 4)");
   EXPECT_EQ(error_of([] { ops::normal_(Tensor::empty({2}, kInt64), 1); }),
             "normal_: expected a floating dtype (f32, bf16, f16), got i64");
-  EXPECT_EQ(error_of([] { ops::normal_(ops::transpose(Tensor::empty({2, 3}), 0, 1), 1); }),
-            "normal_: expected a contiguous tensor, got Tensor(shape=(3, 2), dtype=f32, device=cpu)");
+  EXPECT_EQ(
+      error_of([] {
+        ops::normal_(ops::transpose(Tensor::empty({2, 3}), 0, 1), 1);
+      }),
+      "normal_: expected a contiguous tensor, got Tensor(shape=(3, 2), dtype=f32, device=cpu)");
   EXPECT_EQ(error_of([] { ops::bernoulli_keep_mask({2}, 1, 1.5); }),
             "dropout: probability must be in [0, 1], got 1.5");
 }

@@ -209,7 +209,9 @@ TEST(TensorTest, ItemOfLargeInt64IsExact) {
 TEST(TensorTest, ItemErrors) {
   EXPECT_EQ(error_of([] { ops::zeros({2}).item<float>(); }),
             "item: expected a tensor with one element, got shape (2,)");
-  EXPECT_EQ(error_of([] { ops::zeros({0, 1}).item<float>(); }),
+  EXPECT_EQ(error_of([] {
+              ops::zeros({0, 1}).item<float>();
+            }),
             "item: expected a tensor with one element, got shape (0, 1)");
 }
 
@@ -217,8 +219,10 @@ TEST(TensorTest, DataChecksTheDType) {
   Tensor f = ops::zeros({2, 2}, kFloat32);
   EXPECT_NE(f.data<float>(), nullptr);
   EXPECT_EQ(f.data<const float>(), f.data<float>());
-  EXPECT_EQ(error_of([&] { f.data<int64_t>(); }), "data: tensor has dtype f32 but i64 was requested");
-  EXPECT_EQ(error_of([&] { f.data<int32_t>(); }), "data: tensor has dtype f32 but i32 was requested");
+  EXPECT_EQ(error_of([&] { f.data<int64_t>(); }),
+            "data: tensor has dtype f32 but i64 was requested");
+  EXPECT_EQ(error_of([&] { f.data<int32_t>(); }),
+            "data: tensor has dtype f32 but i32 was requested");
   EXPECT_EQ(error_of([] { ops::zeros({2}, kBFloat16).data<float>(); }),
             "data: tensor has dtype bf16 but f32 was requested");
   EXPECT_EQ(error_of([] { ops::zeros({2}, kFloat16).data<float>(); }),

@@ -1,13 +1,12 @@
 // View ops (tensor/ops_views.h): values, shapes, strides, storage sharing, and error messages.
 // All values are small integers held exactly in f32, so comparisons are exact.
-#include "tensor/ops_views.h"
-
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "base/error.h"
 #include "tensor/ops.h"
+#include "tensor/ops_views.h"
 #include "tests/tensor/tensor_test_util.h"
 
 namespace loom::ops {
@@ -42,9 +41,13 @@ TEST(ViewTest, InfersMinusOne) {
   EXPECT_EQ(view(iota({}), {1, 1}).strides(), (Strides{1, 1}));
   EXPECT_EQ(view(Tensor::empty({0, 3}), {-1, 3}).shape(), (Shape{0, 3}));
   EXPECT_EQ(error_of([&] { view(x, {-1, -1}); }), "view: only one dim can be -1, got (-1, -1)");
-  EXPECT_EQ(error_of([&] { view(x, {5, -1}); }),
+  EXPECT_EQ(error_of([&] {
+              view(x, {5, -1});
+            }),
             "view: shape (5, -1) is invalid for a tensor of shape (2, 3, 4) (24 elements)");
-  EXPECT_EQ(error_of([&] { view(x, {5, 5}); }),
+  EXPECT_EQ(error_of([&] {
+              view(x, {5, 5});
+            }),
             "view: shape (5, 5) is invalid for a tensor of shape (2, 3, 4) (24 elements)");
   EXPECT_EQ(error_of([&] { view(x, {-2, 12}); }), "view: invalid size -2 in shape (-2, 12)");
 }
@@ -90,7 +93,9 @@ TEST(ReshapeTest, NonViewableReshapeCopies) {
   r.data<float>()[0] = 42.0f;
   EXPECT_EQ(to_vector(x)[0], 0.0);
   EXPECT_EQ(reshape(t, {2, -1}).shape(), (Shape{2, 3}));
-  EXPECT_EQ(error_of([&] { reshape(t, {4, 2}); }),
+  EXPECT_EQ(error_of([&] {
+              reshape(t, {4, 2});
+            }),
             "reshape: shape (4, 2) is invalid for a tensor of shape (3, 2) (6 elements)");
 }
 
@@ -125,7 +130,9 @@ TEST(PermuteTest, ReordersDims) {
   EXPECT_EQ(permute(x, {-1, 0, -2}).shape(), (Shape{4, 2, 3}));
   EXPECT_EQ(error_of([&] { permute(x, {0, 1, 0}); }), "permute: dim 0 repeated in (0, 1, 0)");
   EXPECT_EQ(error_of([&] { permute(x, {0, -3, 1}); }), "permute: dim 0 repeated in (0, -3, 1)");
-  EXPECT_EQ(error_of([&] { permute(x, {0, 1}); }),
+  EXPECT_EQ(error_of([&] {
+              permute(x, {0, 1});
+            }),
             "permute: got 2 dims (0, 1) for a tensor of rank 3");
 }
 
@@ -159,10 +166,10 @@ TEST(SliceTest, StepsClampingAndNegativeBounds) {
   EXPECT_EQ(s.offset(), 1);
   EXPECT_EQ(to_vector(s), (Values{1, 4, 7}));
   EXPECT_EQ(to_vector(slice(x, 0, 0, 10, 4)), (Values{0, 4, 8}));
-  EXPECT_EQ(to_vector(slice(x, 0, -3, 100)), (Values{7, 8, 9}));   // end clamped
-  EXPECT_EQ(to_vector(slice(x, 0, -100, 2)), (Values{0, 1}));      // start clamped
-  EXPECT_EQ(to_vector(slice(x, 0, 2, -5, 2)), (Values{2, 4}));     // [2:5:2]
-  EXPECT_EQ(slice(x, 0, 6, 3).shape(), Shape{0});                  // empty, not negative
+  EXPECT_EQ(to_vector(slice(x, 0, -3, 100)), (Values{7, 8, 9}));  // end clamped
+  EXPECT_EQ(to_vector(slice(x, 0, -100, 2)), (Values{0, 1}));     // start clamped
+  EXPECT_EQ(to_vector(slice(x, 0, 2, -5, 2)), (Values{2, 4}));    // [2:5:2]
+  EXPECT_EQ(slice(x, 0, 6, 3).shape(), Shape{0});                 // empty, not negative
   EXPECT_EQ(slice(x, 0, 20, 30).shape(), Shape{0});
   Tensor m = iota({4, 6});
   Tensor ms = slice(slice(m, 1, 1, 6, 2), 0, 1, 4, 2);  // rows 1,3; cols 1,3,5
@@ -200,7 +207,8 @@ TEST(ChunkTest, UnevenChunks) {
   EXPECT_EQ(shapes_of(cols), (std::vector<Shape>{{2, 3}, {2, 2}}));
   EXPECT_EQ(to_vector(cols[1]), (Values{3, 4, 8, 9}));
   // An empty dim gives `chunks` empty pieces, as torch.chunk does.
-  EXPECT_EQ(shapes_of(chunk(Tensor::empty({0, 2}), 3)), (std::vector<Shape>{{0, 2}, {0, 2}, {0, 2}}));
+  EXPECT_EQ(shapes_of(chunk(Tensor::empty({0, 2}), 3)),
+            (std::vector<Shape>{{0, 2}, {0, 2}, {0, 2}}));
   EXPECT_EQ(shapes_of(chunk(Tensor::empty({2, 0}), 2, 1)), (std::vector<Shape>{{2, 0}, {2, 0}}));
   EXPECT_EQ(error_of([&] { chunk(x, 0); }), "chunk: chunks must be positive, got 0");
 }
@@ -220,7 +228,9 @@ TEST(SplitTest, SplitAndSplitWithSizes) {
   EXPECT_EQ(shapes_of(w), (std::vector<Shape>{{1, 2}, {0, 2}, {4, 2}, {2, 2}}));
   EXPECT_EQ(to_vector(w[2]), (Values{2, 3, 4, 5, 6, 7, 8, 9}));
   EXPECT_EQ(w[3].offset(), 10);
-  EXPECT_EQ(error_of([&] { split_with_sizes(x, {3, 3}); }),
+  EXPECT_EQ(error_of([&] {
+              split_with_sizes(x, {3, 3});
+            }),
             "split_with_sizes: sizes (3, 3) add up to 6 but dim 0 has size 7");
 }
 
@@ -240,10 +250,15 @@ TEST(ExpandTest, BroadcastsWithStrideZero) {
 
 TEST(ExpandTest, Errors) {
   Tensor x = iota({3, 1});
-  EXPECT_EQ(error_of([&] { expand(x, {4, 4}); }),
+  EXPECT_EQ(error_of([&] {
+              expand(x, {4, 4});
+            }),
             "expand: shape (3, 1) cannot be expanded to (4, 4) (size 3 at dim 0 is not 1)");
-  EXPECT_EQ(error_of([&] { expand(x, {3}); }), "expand: cannot expand shape (3, 1) to fewer dims (3,)");
-  EXPECT_EQ(error_of([&] { expand(x, {-1, 3, 1}); }),
+  EXPECT_EQ(error_of([&] { expand(x, {3}); }),
+            "expand: cannot expand shape (3, 1) to fewer dims (3,)");
+  EXPECT_EQ(error_of([&] {
+              expand(x, {-1, 3, 1});
+            }),
             "expand: size -1 not allowed for a new leading dim in (-1, 3, 1)");
 }
 
@@ -307,8 +322,10 @@ TEST(ScalarTest, ViewsThatIndexADimRejectScalars) {
   // A scalar accepts dim 0 in normalize_dim (PyTorch's wrap_scalar), but it has no dim to
   // narrow, slice or split: these must throw rather than read shape()[0] of an empty shape.
   Tensor s = iota({});
-  EXPECT_EQ(error_of([&] { narrow(s, 0, 0, 1); }), "narrow: cannot be applied to a scalar (shape ())");
-  EXPECT_EQ(error_of([&] { slice(s, 0, 0, 1); }), "slice: cannot be applied to a scalar (shape ())");
+  EXPECT_EQ(error_of([&] { narrow(s, 0, 0, 1); }),
+            "narrow: cannot be applied to a scalar (shape ())");
+  EXPECT_EQ(error_of([&] { slice(s, 0, 0, 1); }),
+            "slice: cannot be applied to a scalar (shape ())");
   EXPECT_EQ(error_of([&] { split(s, 1); }), "split: cannot be applied to a scalar (shape ())");
   EXPECT_EQ(error_of([&] { chunk(s, 2); }), "chunk: cannot be applied to a scalar (shape ())");
   EXPECT_EQ(error_of([&] { split_with_sizes(s, {1}); }),

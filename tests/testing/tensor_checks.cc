@@ -44,8 +44,7 @@ std::optional<std::string> layout_mismatch(const Operand& actual, const Operand&
   for (const Operand* side : {&actual, &expected}) {
     if (side->is_tensor() && side->tensor().extension()) {
       return fmt::format("{} is a distributed tensor ({}): compare its full_tensor",
-                         side == &actual ? "actual" : "expected",
-                         side->tensor().description());
+                         side == &actual ? "actual" : "expected", side->tensor().description());
     }
   }
   if (actual.is_tensor() && expected.is_tensor()) {
@@ -108,7 +107,7 @@ std::optional<std::string> close_failure(const CloseCheck& check) {
   if (failing == 0) return std::nullopt;
   const double wa = a[worst], we = e[worst], error = std::abs(wa - we);
   const double scale = tol.relative_to == RelativeTo::kElement ? std::abs(we) : largest;
-  const Shape* shape = check.expected.is_tensor()  ? &check.expected.tensor().shape()
+  const Shape* shape = check.expected.is_tensor() ? &check.expected.tensor().shape()
                        : check.actual.is_tensor() ? &check.actual.tensor().shape()
                                                   : nullptr;
   return fmt::format(

@@ -47,8 +47,8 @@ inline constexpr Tolerance kExact{};
 class Operand {
  public:
   Operand(const Tensor& tensor) : tensor_(tensor), is_tensor_(true) {}  // NOLINT: implicit
-  Operand(std::vector<double> values) : values_(std::move(values)) {}  // NOLINT: implicit
-  Operand(std::initializer_list<double> values) : values_(values) {}  // NOLINT: implicit
+  Operand(std::vector<double> values) : values_(std::move(values)) {}   // NOLINT: implicit
+  Operand(std::initializer_list<double> values) : values_(values) {}    // NOLINT: implicit
 
   bool is_tensor() const { return is_tensor_; }
   const Tensor& tensor() const { return tensor_; }

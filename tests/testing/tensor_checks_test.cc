@@ -70,7 +70,9 @@ TEST(ExpectCloseTest, ReportsTheWorstElementAndTheTolerance) {
   const Tensor expected = f32({1, 2, 3, 4, 5, 6}, {2, 3});
   const Tensor actual = f32({1, 2.1f, 3, 4, 5, 9}, {2, 3});
   const std::string message = message_of([&] {
-    expect_close({.actual = actual, .expected = expected, .tol = {.rtol = 1e-3, .atol = 1e-6},
+    expect_close({.actual = actual,
+                  .expected = expected,
+                  .tol = {.rtol = 1e-3, .atol = 1e-6},
                   .what = "forward"});
   });
   EXPECT_THAT(message, HasSubstr("forward: 2 of 6 elements out of tolerance"));
@@ -112,10 +114,9 @@ TEST(ExpectCloseTest, RelativeToTheLargestExpectedValue) {
 TEST(ExpectCloseTest, NaNAndInfinities) {
   const Tensor nan = f32({NAN}, {1}), inf = f32({INFINITY}, {1}), one = f32({1}, {1});
   // NaN matches NaN only when asked.
-  EXPECT_THAT(message_of([&] {
-                expect_close({.actual = nan, .expected = nan, .tol = {.atol = 1}});
-              }),
-              HasSubstr("actual nan, expected nan"));
+  EXPECT_THAT(
+      message_of([&] { expect_close({.actual = nan, .expected = nan, .tol = {.atol = 1}}); }),
+      HasSubstr("actual nan, expected nan"));
   expect_close({.actual = nan, .expected = nan, .tol = {.equal_nan = true}});
   EXPECT_EQ(failures_of([&] {
               expect_close({.actual = one, .expected = nan, .tol = {.equal_nan = true}});
@@ -142,7 +143,9 @@ TEST(ExpectCloseTest, ShapeDtypeAndCountMismatchesFailWithoutComparing) {
       message_of([&] { expect_equal({.actual = ops::to(a, kBFloat16), .expected = a}); }),
       HasSubstr("dtype differs: actual is a tensor (2, 2) bf16 on cpu, expected a tensor (2, 2) "
                 "f32 on cpu"));
-  EXPECT_THAT(message_of([&] { expect_equal({.actual = a, .expected = {1, 2, 3}}); }),
+  EXPECT_THAT(message_of([&] {
+                expect_equal({.actual = a, .expected = {1, 2, 3}});
+              }),
               HasSubstr("number of elements differs: actual is a tensor (2, 2) f32 on cpu, "
                         "expected a list of 3 values"));
   EXPECT_THAT(message_of([&] { expect_equal({.actual = Tensor(), .expected = a}); }),
@@ -166,9 +169,12 @@ TEST(ExpectCloseTest, AnExtendedTensorIsNotReadAsItsLocalValues) {
 TEST(ExpectCloseTest, ListsOfValues) {
   const Tensor a = f32({0.5f, 1.5f, -2}, {3});
   expect_equal({.actual = a, .expected = {0.5, 1.5, -2}});
-  expect_close({.actual = std::vector<double>{1.0, 2.0}, .expected = {1.0, 2.0 + 1e-9},
+  expect_close({.actual = std::vector<double>{1.0, 2.0},
+                .expected = {1.0, 2.0 + 1e-9},
                 .tol = {.atol = 1e-8}});
-  EXPECT_THAT(message_of([&] { expect_equal({.actual = a, .expected = {0.5, 1.5, 2}}); }),
+  EXPECT_THAT(message_of([&] {
+                expect_equal({.actual = a, .expected = {0.5, 1.5, 2}});
+              }),
               HasSubstr("1 of 3 elements out of tolerance; worst at [2]: actual -2, expected 2"));
 }
 

@@ -1,13 +1,12 @@
 #include "tools/loomrun/rank_env.h"
 
-#include <gmock/gmock.h>
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <thread>
-
 #include <cstdlib>
+#include <thread>
 
 namespace loom::loomrun {
 namespace {
@@ -52,12 +51,13 @@ TEST(RankEnvTest, KeepsTheParentsVariablesAndReplacesStaleRankVariables) {
   options.nproc_per_node = 2;
   options.command = {"prog"};
   const std::vector<std::string> environment = build_rank_environment(options, 1, 4321, parent);
-  EXPECT_THAT(environment,
-              ElementsAre("PATH=/usr/bin", "HOME=/root", "RANKING=x", "EMPTY=", "RANK=1",
-                          "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0",
-                          "MASTER_ADDR=127.0.0.1", "MASTER_PORT=4321", "LOOM_AGENT_STORE=1",
-                          fmt::format("OMP_NUM_THREADS={}",
-                                      default_omp_threads(2, std::thread::hardware_concurrency()))));
+  EXPECT_THAT(
+      environment,
+      ElementsAre("PATH=/usr/bin", "HOME=/root", "RANKING=x", "EMPTY=", "RANK=1", "WORLD_SIZE=2",
+                  "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2", "GROUP_RANK=0", "MASTER_ADDR=127.0.0.1",
+                  "MASTER_PORT=4321", "LOOM_AGENT_STORE=1",
+                  fmt::format("OMP_NUM_THREADS={}",
+                              default_omp_threads(2, std::thread::hardware_concurrency()))));
   EXPECT_THAT(environment, Not(Contains("RANK=99")));
 }
 

@@ -20,9 +20,9 @@
 // all_reduce and x (n-1)/n for the others (the bytes a rank's link carries). memcpy is one
 // thread's std::memcpy of `size` bytes (size / time) in this run, the ceiling a ring-style
 // implementation that copies each byte once would approach.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -144,8 +144,9 @@ Row measure(ProcessGroup& pg, Collective kind, const char* name, int64_t bytes, 
   const auto warm_start = Clock::now();
   for (int i = 0; i < s.warmup; ++i) run_once(pg, kind, b);
   const double warm_per_op = seconds_since(warm_start) / std::max(s.warmup, 1);
-  Tensor iters_t = ops::full({1}, std::clamp(static_cast<int>(std::ceil(s.target_s / std::max(warm_per_op, 1e-7))),
-                                             s.min_iters, s.max_iters));
+  Tensor iters_t = ops::full(
+      {1}, std::clamp(static_cast<int>(std::ceil(s.target_s / std::max(warm_per_op, 1e-7))),
+                      s.min_iters, s.max_iters));
   pg.broadcast(iters_t, 0)->wait();
   const int iters = static_cast<int>(ops::to_vector(iters_t)[0]);
   pg.barrier()->wait();
@@ -195,15 +196,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(2, 64));
   app.add_option("--collectives", s.collectives, "all_reduce all_gather reduce_scatter all_to_all")
       ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}));
-  app.add_option("--min-bytes", s.min_bytes, "smallest size (bytes)")->check(CLI::Range(int64_t{64}, int64_t{1} << 32));
-  app.add_option("--max-bytes", s.max_bytes, "largest size (bytes)")->check(CLI::Range(int64_t{64}, int64_t{1} << 32));
+  app.add_option("--min-bytes", s.min_bytes, "smallest size (bytes)")
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 32));
+  app.add_option("--max-bytes", s.max_bytes, "largest size (bytes)")
+      ->check(CLI::Range(int64_t{64}, int64_t{1} << 32));
   app.add_option("--step", s.step, "size multiplier between rows")->check(CLI::Range(2, 1024));
   app.add_option("--warmup", s.warmup, "warm-up iterations per row")->check(CLI::Range(0, 1000));
-  app.add_option("--target-s", s.target_s, "timed seconds per row (iterations = target / warm-up time)")
+  app.add_option("--target-s", s.target_s,
+                 "timed seconds per row (iterations = target / warm-up time)")
       ->check(CLI::Range(0.001, 60.0));
-  app.add_option("--min-iters", s.min_iters, "fewest timed iterations per row")->check(CLI::Range(1, 1000000));
-  app.add_option("--max-iters", s.max_iters, "most timed iterations per row")->check(CLI::Range(1, 1000000));
-  app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")->check(CLI::Range(1, 3600));
+  app.add_option("--min-iters", s.min_iters, "fewest timed iterations per row")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-iters", s.max_iters, "most timed iterations per row")
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")
+      ->check(CLI::Range(1, 3600));
   CLI11_PARSE(app, argc, argv);
   if (s.max_iters < s.min_iters) s.max_iters = s.min_iters;
 
@@ -211,14 +218,18 @@ int main(int argc, char** argv) {
   for (int64_t bytes = s.min_bytes; bytes <= s.max_bytes; bytes *= s.step) sizes.push_back(bytes);
   std::vector<CollectiveInfo> chosen;
   for (const auto& info : kCollectives) {
-    if (std::find(s.collectives.begin(), s.collectives.end(), info.name) != s.collectives.end()) chosen.push_back(info);
+    if (std::find(s.collectives.begin(), s.collectives.end(), info.name) != s.collectives.end())
+      chosen.push_back(info);
   }
   const auto run_start = Clock::now();
-  fmt::print("comm_bench: ProcessGroupGloo over loopback TCP; ranks are threads of one process "
-             "(InMemoryStore rendezvous); f32, sum; {} hardware threads\n",
-             std::thread::hardware_concurrency());
-  fmt::print("time: slowest rank's average over the timed iterations after {} warm-up; GB/s = 1e9 B/s; "
-             "busbw: all_reduce 2(n-1)/n, others (n-1)/n\n", s.warmup);
+  fmt::print(
+      "comm_bench: ProcessGroupGloo over loopback TCP; ranks are threads of one process "
+      "(InMemoryStore rendezvous); f32, sum; {} hardware threads\n",
+      std::thread::hardware_concurrency());
+  fmt::print(
+      "time: slowest rank's average over the timed iterations after {} warm-up; GB/s = 1e9 B/s; "
+      "busbw: all_reduce 2(n-1)/n, others (n-1)/n\n",
+      s.warmup);
 
   std::map<int64_t, double> memcpy_bw;
   for (int64_t bytes : sizes) memcpy_bw[bytes] = memcpy_bandwidth(bytes, 0.1);
@@ -229,8 +240,8 @@ int main(int argc, char** argv) {
                  "comm_bench: size {} is not a multiple of 4 bytes x world {}", bytes, world);
     }
     fmt::print("\n# world {} ({} ranks)\n", world, world);
-    fmt::print("# {:<15} {:>8} {:>6} {:>11} {:>11} {:>11} {:>12}\n", "collective", "size", "iters", "time(us)",
-               "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)");
+    fmt::print("# {:<15} {:>8} {:>6} {:>11} {:>11} {:>11} {:>12}\n", "collective", "size", "iters",
+               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)");
     std::fflush(stdout);
     auto store = std::make_shared<comm::InMemoryStore>();
     std::mutex print_mutex;
@@ -247,8 +258,8 @@ int main(int argc, char** argv) {
               const Row row = measure(*pg, info.kind, info.name, bytes, s);
               if (rank != 0) continue;
               const double algbw = static_cast<double>(bytes) / row.seconds / 1e9;
-              fmt::print("  {:<15} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>12.2f}\n", row.collective,
-                         human_bytes(bytes), row.iters, row.seconds * 1e6, algbw,
+              fmt::print("  {:<15} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>12.2f}\n",
+                         row.collective, human_bytes(bytes), row.iters, row.seconds * 1e6, algbw,
                          algbw * bus_factor(info.kind, world), memcpy_bw[bytes] / 1e9);
               std::fflush(stdout);
             }

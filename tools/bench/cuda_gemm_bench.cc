@@ -4,9 +4,9 @@
 // the plan). Prints one line per shape:
 //   bf16 4096x4096x4096: 1.23 ms, 112.0 TFLOP/s = 0.11 of 989 TFLOP/s peak
 // Exits 1 with the reason when there is no GPU.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -33,8 +33,15 @@ double time_gemm(const Shape3& s, loom::DType dtype, int warmup, int iterations)
   Tensor c = Tensor::empty({s.m, s.n}, dtype, Device::cuda(0));
   ops::uniform_(a, 1, -1.0, 1.0);  // random values: zeros would let the tensor cores idle
   ops::uniform_(b, 2, -1.0, 1.0);
-  const cuda::GemmProblem p{.dtype = dtype, .m = s.m, .n = s.n, .k = s.k, .lda = s.k,
-                            .ldb = s.n, .ldc = s.n, .stride_c = s.m * s.n, .batch = 1};
+  const cuda::GemmProblem p{.dtype = dtype,
+                            .m = s.m,
+                            .n = s.n,
+                            .k = s.k,
+                            .lda = s.k,
+                            .ldb = s.n,
+                            .ldc = s.n,
+                            .stride_c = s.m * s.n,
+                            .batch = 1};
   for (int i = 0; i < warmup; ++i) cuda::gemm(p, a.raw_data(), b.raw_data(), c.raw_data(), 0);
   cuda::Event start(0, /*timing=*/true), stop(0, /*timing=*/true);
   start.record();
@@ -61,7 +68,8 @@ int main(int argc, char** argv) {
   try {
     cudaDeviceProp prop{};
     LOOM_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    fmt::print("device: {} ({} SMs), cuBLASLt, f32 accumulation\n", prop.name, prop.multiProcessorCount);
+    fmt::print("device: {} ({} SMs), cuBLASLt, f32 accumulation\n", prop.name,
+               prop.multiProcessorCount);
     const std::vector<Shape3> shapes = {{4096, 4096, 4096}, {8192, 8192, 2048}};
     for (const Shape3& s : shapes) {
       const double ms = time_gemm(s, loom::kBFloat16, warmup, iterations);

@@ -17,9 +17,9 @@
 // rank has a compute thread plus the group's worker and Gloo's I/O thread, so on a machine with
 // fewer cores than busy threads "overlap" is time-slicing, and the hidden share is a lower bound
 // on what separate cores (or a GPU and a NIC) would give.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -136,7 +136,8 @@ RankResult run_rank(comm::ProcessGroup& pg, const Settings& s) {
     pg.barrier()->wait();
     start = Clock::now();
     std::vector<std::shared_ptr<comm::Work>> works;
-    for (const auto& buffer : comm_buffers) works.push_back(pg.all_reduce(buffer, comm::ReduceOp::kAvg));
+    for (const auto& buffer : comm_buffers)
+      works.push_back(pg.all_reduce(buffer, comm::ReduceOp::kAvg));
     for (auto& w : works) w->wait();
     if (timed) comm_alone.push_back(ms_since(start));
   }
@@ -154,7 +155,8 @@ double hidden_share(const RankResult& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Share of DDP all-reduce time hidden behind backward, dp = 2 threads over loopback Gloo"};
+  CLI::App app{
+      "Share of DDP all-reduce time hidden behind backward, dp = 2 threads over loopback Gloo"};
   Settings s;
   app.add_option("--n-layer", s.n_layer, "GPT layers")->check(CLI::Range(1, 64));
   app.add_option("--n-embd", s.n_embd, "GPT width")->check(CLI::Range(8, 4096));
@@ -166,7 +168,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1e-6, 1024.0));
   app.add_option("--warmup", s.warmup, "untimed iterations")->check(CLI::Range(0, 1000));
   app.add_option("--iters", s.iters, "timed iterations (medians)")->check(CLI::Range(1, 100000));
-  app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")->check(CLI::Range(1, 3600));
+  app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")
+      ->check(CLI::Range(1, 3600));
   CLI11_PARSE(app, argc, argv);
 
   constexpr int kWorld = 2;
@@ -178,9 +181,9 @@ int main(int argc, char** argv) {
   for (int rank = 0; rank < kWorld; ++rank) {
     ranks.emplace_back([&, rank] {
       try {
-        auto pg = comm::ProcessGroupGloo::create(store, rank, kWorld,
-                                                 {.name = "dp", .timeout = std::chrono::seconds(s.timeout_s)},
-                                                 comm::GlooOptions::loopback());
+        auto pg = comm::ProcessGroupGloo::create(
+            store, rank, kWorld, {.name = "dp", .timeout = std::chrono::seconds(s.timeout_s)},
+            comm::GlooOptions::loopback());
         results[rank] = run_rank(*pg, s);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mutex);
@@ -195,24 +198,30 @@ int main(int argc, char** argv) {
   }
 
   const RankResult& r0 = results[0];
-  fmt::print("ddp_overlap_bench: dp={} (threads, ProcessGroupGloo over loopback TCP); {} hardware threads\n", kWorld,
-             std::thread::hardware_concurrency());
-  fmt::print("GPT n_layer={} n_embd={} n_head={} vocab={}; {} params; batch {} x seq {} per rank\n", s.n_layer,
-             s.n_embd, s.n_head, s.vocab, r0.params, s.batch, s.seq);
+  fmt::print(
+      "ddp_overlap_bench: dp={} (threads, ProcessGroupGloo over loopback TCP); {} hardware "
+      "threads\n",
+      kWorld, std::thread::hardware_concurrency());
+  fmt::print("GPT n_layer={} n_embd={} n_head={} vocab={}; {} params; batch {} x seq {} per rank\n",
+             s.n_layer, s.n_embd, s.n_head, s.vocab, r0.params, s.batch, s.seq);
   std::string sizes;
-  for (int64_t b : r0.bucket_bytes) sizes += fmt::format("{}{:.0f}", sizes.empty() ? "" : " ", b / 1024.0);
-  fmt::print("buckets: {} (cap {} MiB; KiB: {}); launched during backward: {}\n", r0.buckets, s.bucket_mib, sizes,
-             r0.launched_during_backward);
+  for (int64_t b : r0.bucket_bytes)
+    sizes += fmt::format("{}{:.0f}", sizes.empty() ? "" : " ", b / 1024.0);
+  fmt::print("buckets: {} (cap {} MiB; KiB: {}); launched during backward: {}\n", r0.buckets,
+             s.bucket_mib, sizes, r0.launched_during_backward);
   fmt::print("medians over {} iterations after {} warm-up (ms):\n", s.iters, s.warmup);
   fmt::print("  {:<36} {:>9} {:>9}\n", "", "rank 0", "rank 1");
-  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_local  fwd+bwd, no_sync", results[0].local_ms, results[1].local_ms);
-  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_ddp    fwd+bwd, DDP", results[0].ddp_ms, results[1].ddp_ms);
-  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_comm   bucket all-reduces alone", results[0].comm_ms,
-             results[1].comm_ms);
-  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_ddp - T_local (exposed comm)", results[0].ddp_ms - results[0].local_ms,
-             results[1].ddp_ms - results[1].local_ms);
-  fmt::print("  {:<36} {:>8.0f}% {:>8.0f}%\n", "hidden = 1 - exposed / T_comm", 100 * hidden_share(results[0]),
-             100 * hidden_share(results[1]));
-  fmt::print("hidden share (mean of ranks): {:.0f}%\n", 50 * (hidden_share(results[0]) + hidden_share(results[1])));
+  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_local  fwd+bwd, no_sync", results[0].local_ms,
+             results[1].local_ms);
+  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_ddp    fwd+bwd, DDP", results[0].ddp_ms,
+             results[1].ddp_ms);
+  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_comm   bucket all-reduces alone",
+             results[0].comm_ms, results[1].comm_ms);
+  fmt::print("  {:<36} {:>9.2f} {:>9.2f}\n", "T_ddp - T_local (exposed comm)",
+             results[0].ddp_ms - results[0].local_ms, results[1].ddp_ms - results[1].local_ms);
+  fmt::print("  {:<36} {:>8.0f}% {:>8.0f}%\n", "hidden = 1 - exposed / T_comm",
+             100 * hidden_share(results[0]), 100 * hidden_share(results[1]));
+  fmt::print("hidden share (mean of ranks): {:.0f}%\n",
+             50 * (hidden_share(results[0]) + hidden_share(results[1])));
   return 0;
 }

@@ -21,8 +21,10 @@ using namespace loom;
 std::shared_ptr<const DeviceMesh> one_rank_mesh() {
   static std::shared_ptr<const DeviceMesh> mesh = [] {
     auto store = std::make_shared<comm::InMemoryStore>();
-    auto world = comm::ProcessGroupGloo::create(store, 0, 1, {.name = "bench"}, comm::GlooOptions::loopback());
-    return std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"tp"}, std::vector<int64_t>{1});
+    auto world = comm::ProcessGroupGloo::create(store, 0, 1, {.name = "bench"},
+                                                comm::GlooOptions::loopback());
+    return std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"tp"},
+                                              std::vector<int64_t>{1});
   }();
   return mesh;
 }

@@ -22,16 +22,23 @@ void run(benchmark::State& state, bool fused) {
   const Tensor w = ops::uniform({out, in}, 2, -0.05, 0.05);
   const Tensor b = ops::uniform({out}, 3, -0.05, 0.05);
   for (auto _ : state) {
-    benchmark::DoNotOptimize(fused ? ops::linear(x, w, b) : ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), b));
+    benchmark::DoNotOptimize(fused ? ops::linear(x, w, b)
+                                   : ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), b));
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * kTokens * in * out, benchmark::Counter::kIsIterationInvariantRate,
-                                                 benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * kTokens * in * out, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void BM_LinearFusedBias(benchmark::State& state) { run(state, true); }
 void BM_MatmulThenAdd(benchmark::State& state) { run(state, false); }
 
-#define GPT2_SMALL_SHAPES ->Args({768, 2304})->Args({768, 768})->Args({768, 3072})->Args({3072, 768})->Unit(benchmark::kMillisecond)
+#define GPT2_SMALL_SHAPES \
+  ->Args({768, 2304})     \
+      ->Args({768, 768})  \
+      ->Args({768, 3072}) \
+      ->Args({3072, 768}) \
+      ->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_LinearFusedBias) GPT2_SMALL_SHAPES;
 BENCHMARK(BM_MatmulThenAdd) GPT2_SMALL_SHAPES;
 

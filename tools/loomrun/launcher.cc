@@ -36,8 +36,9 @@ int run_loomrun(int argc, const char* const* argv) {
   int master_port = options.master_port;
   if (options.node_rank == 0) {
     try {
-      store = std::make_unique<comm::TcpStoreServer>(comm::TcpStoreServerOptions{
-          .bind_host = comm::rendezvous_bind_host(options.master_addr), .port = options.master_port});
+      store = std::make_unique<comm::TcpStoreServer>(
+          comm::TcpStoreServerOptions{.bind_host = comm::rendezvous_bind_host(options.master_addr),
+                                      .port = options.master_port});
       master_port = store->port();
     } catch (const Error& error) {
       log_line("cannot serve the rendezvous store: {}", error.what());

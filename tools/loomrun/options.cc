@@ -15,7 +15,8 @@ constexpr std::string_view kDescription =
     "loomrun [flags] [--] PROGRAM [ARGS...]\n\n"
     "Starts one process per rank of a Loom job on this node, with RANK, WORLD_SIZE, LOCAL_RANK,\n"
     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT and LOOM_AGENT_STORE=1 in each one's\n"
-    "environment (the master node's loomrun serves the rendezvous store, so it outlives every rank);\n"
+    "environment (the master node's loomrun serves the rendezvous store, so it outlives every "
+    "rank);\n"
     "prefixes their output with \"[rank R] \", forwards SIGINT/SIGTERM/SIGHUP to them, and stops\n"
     "all ranks when one fails (exiting with that rank's status).";
 

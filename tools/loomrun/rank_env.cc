@@ -1,11 +1,10 @@
 #include "tools/loomrun/rank_env.h"
 
-#include <algorithm>
-#include <thread>
-
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <string_view>
+#include <thread>
 
 #include "base/error.h"
 
@@ -50,12 +49,13 @@ std::vector<std::string> build_rank_environment(const LaunchOptions& options, in
   for (const auto& [variable, value] : variables) {
     environment.push_back(fmt::format("{}={}", variable, value));
   }
-  const bool user_set_threads = std::any_of(parent.begin(), parent.end(), [](const std::string& entry) {
-    return entry.rfind("OMP_NUM_THREADS=", 0) == 0;
-  });
+  const bool user_set_threads =
+      std::any_of(parent.begin(), parent.end(),
+                  [](const std::string& entry) { return entry.rfind("OMP_NUM_THREADS=", 0) == 0; });
   if (!user_set_threads) {
     environment.push_back(fmt::format(
-        "OMP_NUM_THREADS={}", default_omp_threads(options.nproc_per_node, std::thread::hardware_concurrency())));
+        "OMP_NUM_THREADS={}",
+        default_omp_threads(options.nproc_per_node, std::thread::hardware_concurrency())));
   }
   return environment;
 }

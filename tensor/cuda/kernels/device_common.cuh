@@ -48,11 +48,21 @@ __device__ __forceinline__ T convert(V v) {
 template <typename F>
 void visit_dtype(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: f(float{}); return;
-    case DType::kBFloat16: f(__nv_bfloat16{}); return;
-    case DType::kFloat16: f(__half{}); return;
-    case DType::kInt32: f(int32_t{}); return;
-    case DType::kInt64: f(int64_t{}); return;
+    case DType::kFloat32:
+      f(float{});
+      return;
+    case DType::kBFloat16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::kFloat16:
+      f(__half{});
+      return;
+    case DType::kInt32:
+      f(int32_t{});
+      return;
+    case DType::kInt64:
+      f(int64_t{});
+      return;
   }
   LOOM_FAIL("cuda kernels: unknown dtype {}", static_cast<int>(dtype));
 }
@@ -61,10 +71,17 @@ void visit_dtype(DType dtype, F&& f) {
 template <typename F>
 void visit_floating(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::kFloat32: f(float{}); return;
-    case DType::kBFloat16: f(__nv_bfloat16{}); return;
-    case DType::kFloat16: f(__half{}); return;
-    default: break;
+    case DType::kFloat32:
+      f(float{});
+      return;
+    case DType::kBFloat16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::kFloat16:
+      f(__half{});
+      return;
+    default:
+      break;
   }
   LOOM_FAIL("{}: expected a floating dtype (f32, bf16, f16), got {}", op, dtype_name(dtype));
 }
@@ -107,7 +124,8 @@ Collapsed<N> collapse(const StridedArg* const (&args)[N]) {
 
 // Element offsets of row-major element `index` in each operand.
 template <int N>
-__device__ __forceinline__ void offsets_of(const Collapsed<N>& c, int64_t index, int64_t (&off)[N]) {
+__device__ __forceinline__ void offsets_of(const Collapsed<N>& c, int64_t index,
+                                           int64_t (&off)[N]) {
   for (int k = 0; k < N; ++k) off[k] = 0;
   for (int d = c.ndim - 1; d >= 0; --d) {
     const int64_t size = c.sizes[d];
@@ -141,7 +159,7 @@ inline void check_launch(const char* kernel, int device) {
   }
 }
 
-#define LOOM_GRID_STRIDE(i, n)                                                          \
+#define LOOM_GRID_STRIDE(i, n)                                                           \
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -155,7 +173,8 @@ __device__ __forceinline__ V warp_sum(V v) {
 
 template <typename V>
 __device__ __forceinline__ V warp_max(V v) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmax(v, __shfl_down_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmax(v, __shfl_down_sync(0xffffffffu, v, offset));
   return v;
 }
 

@@ -1,6 +1,5 @@
-#include "tensor/cuda/kernels/elementwise.h"
-
 #include "tensor/cuda/kernels/device_common.cuh"
+#include "tensor/cuda/kernels/elementwise.h"
 
 namespace loom::cuda::kernels {
 namespace {
@@ -13,30 +12,49 @@ template <typename V>
 __device__ __forceinline__ V apply_unary(UnaryOp op, V x, float s) {
   if constexpr (std::is_integral_v<V>) {
     switch (op) {
-      case UnaryOp::kNeg: return -x;
-      case UnaryOp::kAbs: return x < 0 ? -x : x;
-      default: return x;  // kCopy; floating-only ops never reach integer dtypes
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kAbs:
+        return x < 0 ? -x : x;
+      default:
+        return x;  // kCopy; floating-only ops never reach integer dtypes
     }
   } else {
     switch (op) {
-      case UnaryOp::kCopy: return x;
-      case UnaryOp::kNeg: return -x;
-      case UnaryOp::kAbs: return fabsf(x);
-      case UnaryOp::kExp: return expf(x);
-      case UnaryOp::kLog: return logf(x);
-      case UnaryOp::kTanh: return tanhf(x);
-      case UnaryOp::kSqrt: return sqrtf(x);
-      case UnaryOp::kRsqrt: return 1.0f / sqrtf(x);
-      case UnaryOp::kPow: return powf(x, s);
-      case UnaryOp::kSquare: return x * x;
-      case UnaryOp::kRelu: return x > 0.0f || x != x ? x : 0.0f;
+      case UnaryOp::kCopy:
+        return x;
+      case UnaryOp::kNeg:
+        return -x;
+      case UnaryOp::kAbs:
+        return fabsf(x);
+      case UnaryOp::kExp:
+        return expf(x);
+      case UnaryOp::kLog:
+        return logf(x);
+      case UnaryOp::kTanh:
+        return tanhf(x);
+      case UnaryOp::kSqrt:
+        return sqrtf(x);
+      case UnaryOp::kRsqrt:
+        return 1.0f / sqrtf(x);
+      case UnaryOp::kPow:
+        return powf(x, s);
+      case UnaryOp::kSquare:
+        return x * x;
+      case UnaryOp::kRelu:
+        return x > 0.0f || x != x ? x : 0.0f;
       case UnaryOp::kGelu:
         return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + kGeluCubic * x * x * x)));
-      case UnaryOp::kAddScalar: return x + s;
-      case UnaryOp::kSubScalar: return x - s;
-      case UnaryOp::kRsubScalar: return s - x;
-      case UnaryOp::kMulScalar: return x * s;
-      case UnaryOp::kDivScalar: return x / s;
+      case UnaryOp::kAddScalar:
+        return x + s;
+      case UnaryOp::kSubScalar:
+        return x - s;
+      case UnaryOp::kRsubScalar:
+        return s - x;
+      case UnaryOp::kMulScalar:
+        return x * s;
+      case UnaryOp::kDivScalar:
+        return x / s;
     }
     return x;
   }
@@ -45,13 +63,20 @@ __device__ __forceinline__ V apply_unary(UnaryOp op, V x, float s) {
 template <typename V>
 __device__ __forceinline__ V apply_binary(BinaryOp op, V x, V y, float s) {
   switch (op) {
-    case BinaryOp::kAdd: return x + y;
-    case BinaryOp::kSub: return x - y;
-    case BinaryOp::kMul: return x * y;
-    case BinaryOp::kDiv: return x / y;
-    case BinaryOp::kMaximum: return x > y || x != x ? x : y;
-    case BinaryOp::kEq: return x == y ? V(1) : V(0);
-    case BinaryOp::kGt: return x > y ? V(1) : V(0);
+    case BinaryOp::kAdd:
+      return x + y;
+    case BinaryOp::kSub:
+      return x - y;
+    case BinaryOp::kMul:
+      return x * y;
+    case BinaryOp::kDiv:
+      return x / y;
+    case BinaryOp::kMaximum:
+      return x > y || x != x ? x : y;
+    case BinaryOp::kEq:
+      return x == y ? V(1) : V(0);
+    case BinaryOp::kGt:
+      return x > y ? V(1) : V(0);
     case BinaryOp::kGeluBackward:
       if constexpr (!std::is_integral_v<V>) {
         const float inner = kGeluScale * (y + kGeluCubic * y * y * y);
@@ -77,7 +102,8 @@ __global__ void unary_kernel(UnaryOp op, Collapsed<2> c, T* out, const T* in, fl
 }
 
 template <typename T>
-__global__ void binary_kernel(BinaryOp op, Collapsed<3> c, T* out, const T* a, const T* b, float s) {
+__global__ void binary_kernel(BinaryOp op, Collapsed<3> c, T* out, const T* a, const T* b,
+                              float s) {
   LOOM_GRID_STRIDE(i, c.numel) {
     int64_t off[3];
     offsets_of(c, i, off);

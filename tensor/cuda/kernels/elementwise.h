@@ -17,8 +17,7 @@ void binary(BinaryOp op, DType dtype, const StridedArg& out, const StridedArg& a
 void where(DType dtype, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
            const StridedArg& b, int device);
 // out = in converted from in_dtype to out_dtype (round to nearest even).
-void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedArg& in,
-          int device);
+void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedArg& in, int device);
 // Every element of out = value converted to dtype.
 void fill(DType dtype, const StridedArg& out, double value, int device);
 

@@ -18,10 +18,10 @@
 namespace loom::cuda::kernels {
 namespace {
 
-constexpr int kTile = 64;                                     // query and key rows per tile
-constexpr int kFlashThreads = 256;                            // 4 threads per tile row
-constexpr int kLanes = kFlashThreads / kTile;                 // threads per tile row
-constexpr int kScoreCols = kTile / kLanes;                    // score columns per thread
+constexpr int kTile = 64;                      // query and key rows per tile
+constexpr int kFlashThreads = 256;             // 4 threads per tile row
+constexpr int kLanes = kFlashThreads / kTile;  // threads per tile row
+constexpr int kScoreCols = kTile / kLanes;     // score columns per thread
 constexpr int kOutCols = static_cast<int>(kFlashMaxHeadDim) / kLanes;  // output columns per thread
 
 // kTile rows of n f32 values in shared memory, row stride n + 1.
@@ -96,7 +96,9 @@ __device__ void store_row(T* dst, const float (&acc)[kOutCols], int n, int lane,
   }
 }
 
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 // Keys the query tile starting at q0 may see: all, or (causal) those up to its last query.
 __device__ __forceinline__ int64_t key_end(const FlashAttentionShape& s, int64_t q0) {
@@ -216,9 +218,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kFlashThreads)
-    flash_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out,
-                               const T* q, const T* k, const T* v, const float* lse,
-                               FlashAttentionShape s) {
+    flash_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out, const T* q,
+                               const T* k, const T* v, const float* lse, FlashAttentionShape s) {
   extern __shared__ float smem[];
   const int d = static_cast<int>(s.d), dv = static_cast<int>(s.dv);
   const int64_t k_tiles = ceil_div(s.tk, kTile);
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     }
     __syncthreads();
     float p[kScoreCols], dp[kScoreCols];
-    dot_rows(p, ks, qs, d, r, lane);   // scores^T
+    dot_rows(p, ks, qs, d, r, lane);    // scores^T
     dot_rows(dp, vs, gs, dv, r, lane);  // dP^T
 #pragma unroll
     for (int c = 0; c < kScoreCols; ++c) {
@@ -281,7 +282,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 // Shared-memory bytes of a kernel holding `d_tiles` tiles of d columns, `dv_tiles` of dv, one
 // (kTile, kTile) P/dS tile and `extra` floats.
 size_t smem_bytes(const FlashAttentionShape& s, int d_tiles, int dv_tiles, int extra) {
-  const int64_t floats = kTile * (d_tiles * (s.d + 1) + dv_tiles * (s.dv + 1) + (kTile + 1)) + extra;
+  const int64_t floats =
+      kTile * (d_tiles * (s.d + 1) + dv_tiles * (s.dv + 1) + (kTile + 1)) + extra;
   return static_cast<size_t>(floats) * sizeof(float);
 }
 
@@ -339,8 +341,8 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
       // With tq == 0 every key's gradient is 0: the loop over query tiles is empty.
       launch(flash_backward_dkdv_kernel<T>, "flash_backward_dkdv_kernel",
              s.rows * ceil_div(s.tk, kTile), bytes + 2 * kTile * sizeof(float), device,
-             static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const float*>(delta), g, qt,
-             kt, vt, lse, s);
+             static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt,
+             vt, lse, s);
     }
   });
 }

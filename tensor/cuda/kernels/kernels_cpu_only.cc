@@ -27,9 +27,7 @@ void where(DType, const StridedArg&, const StridedArg&, const StridedArg&, const
 void copy(DType, const StridedArg&, DType, const StridedArg&, int) { unavailable("copy"); }
 void fill(DType, const StridedArg&, double, int) { unavailable("fill"); }
 
-void softmax_forward(float*, const float*, RowShape, bool, int) {
-  unavailable("softmax_forward");
-}
+void softmax_forward(float*, const float*, RowShape, bool, int) { unavailable("softmax_forward"); }
 void softmax_backward(float*, const float*, const float*, RowShape, bool, int) {
   unavailable("softmax_backward");
 }
@@ -76,12 +74,8 @@ void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {
   unavailable("attention_grad_scores");
 }
 
-void sum_rows(DType, void*, const void*, int64_t, int64_t, double, int) {
-  unavailable("sum_rows");
-}
-void sum_cols(DType, void*, const void*, int64_t, int64_t, double, int) {
-  unavailable("sum_cols");
-}
+void sum_rows(DType, void*, const void*, int64_t, int64_t, double, int) { unavailable("sum_rows"); }
+void sum_cols(DType, void*, const void*, int64_t, int64_t, double, int) { unavailable("sum_cols"); }
 void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
   unavailable("max_rows");
 }

@@ -60,8 +60,8 @@ __global__ void layer_norm_grad_x_kernel(float* grad_x, const float* g, const fl
 
 // grad_w[j] = sum_r g[r, j] * xhat[r, j], grad_b[j] = sum_r g[r, j]: one thread per column.
 __global__ void layer_norm_grad_affine_kernel(float* grad_w, float* grad_b, const float* g,
-                                              const float* x, const float* mean,
-                                              const float* rstd, int64_t rows, int64_t n) {
+                                              const float* x, const float* mean, const float* rstd,
+                                              int64_t rows, int64_t n) {
   LOOM_GRID_STRIDE(j, n) {
     float acc_w = 0.0f, acc_b = 0.0f;
     for (int64_t r = 0; r < rows; ++r) {
@@ -89,13 +89,13 @@ void layer_norm_backward(float* grad_x, float* grad_w, float* grad_b, const floa
                          int64_t rows, int64_t n, int device) {
   const cudaStream_t stream = compute_stream(device);
   if (rows > 0) {
-    layer_norm_grad_x_kernel<<<grid_for_rows(rows), kThreads, 0, stream>>>(grad_x, grad_out, x, mean,
-                                                                         rstd, w, rows, n);
+    layer_norm_grad_x_kernel<<<grid_for_rows(rows), kThreads, 0, stream>>>(grad_x, grad_out, x,
+                                                                           mean, rstd, w, rows, n);
     check_launch("layer_norm_grad_x_kernel", device);
   }
   if (w != nullptr && n > 0) {
     layer_norm_grad_affine_kernel<<<grid_for(n), kThreads, 0, stream>>>(grad_w, grad_b, grad_out, x,
-                                                                       mean, rstd, rows, n);
+                                                                        mean, rstd, rows, n);
     check_launch("layer_norm_grad_affine_kernel", device);
   }
 }

@@ -26,9 +26,10 @@ __global__ void philox_kernel(T* out, Collapsed<1> global, int64_t base, uint64_
     int64_t off[1];
     offsets_of(global, i, off);
     const uint64_t index = static_cast<uint64_t>(base + off[0]);
-    const uint4 w = philox(make_uint4(static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                                      static_cast<uint32_t>(kind), 0u),
-                           key);
+    const uint4 w =
+        philox(make_uint4(static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                          static_cast<uint32_t>(kind), 0u),
+               key);
     const double u0 = (w.x >> 8) * 0x1.0p-24;  // [0, 1)
     float value;
     if (kind == RandomKind::kBernoulliKeep) {

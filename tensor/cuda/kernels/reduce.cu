@@ -1,6 +1,5 @@
-#include "tensor/cuda/kernels/reduce.h"
-
 #include "tensor/cuda/kernels/device_common.cuh"
+#include "tensor/cuda/kernels/reduce.h"
 
 namespace loom::cuda::kernels {
 namespace {
@@ -54,8 +53,8 @@ template <typename T>
 __global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_t rows, int64_t n) {
   const int lane = threadIdx.x % 32;
   const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; r < rows;
-       r += warps_total) {
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += warps_total) {
     const T* x = in + r * n;
     Compute<T> best = load(x);
     int64_t best_i = 0;
@@ -80,7 +79,6 @@ __global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_
     }
   }
 }
-
 
 }  // namespace
 

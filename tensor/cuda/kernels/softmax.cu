@@ -21,7 +21,8 @@ __global__ void softmax_kernel(float* out, const float* x, RowShape s, bool log)
     sum = block_sum(sum);
     if (log) {
       const float lse = m + logf(sum);
-      for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) orow[j * s.inner] = xr[j * s.inner] - lse;
+      for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x)
+        orow[j * s.inner] = xr[j * s.inner] - lse;
     } else {
       const float inv = 1.0f / sum;
       for (int64_t j = threadIdx.x; j < s.n; j += blockDim.x) {
@@ -48,21 +49,20 @@ __global__ void softmax_backward_kernel(float* grad_x, const float* g, const flo
   }
 }
 
-
 }  // namespace
 
 void softmax_forward(float* out, const float* x, RowShape s, bool log, int device) {
   if (s.outer * s.inner == 0 || s.n == 0) return;
-  softmax_kernel<<<grid_for_rows(s.outer * s.inner), kThreads, 0, compute_stream(device)>>>(out, x, s,
-                                                                                      log);
+  softmax_kernel<<<grid_for_rows(s.outer * s.inner), kThreads, 0, compute_stream(device)>>>(out, x,
+                                                                                            s, log);
   check_launch("softmax_kernel", device);
 }
 
 void softmax_backward(float* grad_x, const float* grad_out, const float* out, RowShape s, bool log,
                       int device) {
   if (s.outer * s.inner == 0 || s.n == 0) return;
-  softmax_backward_kernel<<<grid_for_rows(s.outer * s.inner), kThreads, 0, compute_stream(device)>>>(
-      grad_x, grad_out, out, s, log);
+  softmax_backward_kernel<<<grid_for_rows(s.outer * s.inner), kThreads, 0,
+                            compute_stream(device)>>>(grad_x, grad_out, out, s, log);
   check_launch("softmax_backward_kernel", device);
 }
 

@@ -21,11 +21,10 @@
 // all_reduces; if none fails it prints "no error" and exits 0. Other exits: 2 bad flags,
 // 3 init_process_group failed, 4 wrong warm-up sums, 5 another exception type.
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
-
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -66,7 +65,8 @@ void write_pid_file(const std::string& dir, int rank) {
 // Prints to stderr with the rank, unbuffered (the process may be killed right after).
 template <typename... Args>
 void say(int rank, fmt::format_string<Args...> format, Args&&... args) {
-  fmt::print(stderr, "fault_rank: rank {} {}\n", rank, fmt::format(format, std::forward<Args>(args)...));
+  fmt::print(stderr, "fault_rank: rank {} {}\n", rank,
+             fmt::format(format, std::forward<Args>(args)...));
   std::fflush(stderr);
 }
 
@@ -82,10 +82,12 @@ int main(int argc, char** argv) {
   int64_t large_elements = 16 << 20;
   std::string pid_dir;
   app.add_option("--fault", fault, "which fault rank --victim injects")
-      ->check(CLI::IsMember({"none", "kill_in_op", "kill_mid_large", "stop_before_op", "exit_between",
-                             "mismatch_op", "mismatch_size"}));
-  app.add_option("--victim", victim, "the rank that injects the fault")->check(CLI::NonNegativeNumber);
-  app.add_option("--timeout-ms", timeout_ms, "InitOptions::timeout (rendezvous and every operation)")
+      ->check(CLI::IsMember({"none", "kill_in_op", "kill_mid_large", "stop_before_op",
+                             "exit_between", "mismatch_op", "mismatch_size"}));
+  app.add_option("--victim", victim, "the rank that injects the fault")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--timeout-ms", timeout_ms,
+                 "InitOptions::timeout (rendezvous and every operation)")
       ->check(CLI::Range(100, 600000));
   app.add_option("--warmup", warmup, "all_reduces before the fault op")->check(CLI::Range(0, 1000));
   app.add_option("--large-elements", large_elements, "f32 elements of kill_mid_large's all_reduce")
@@ -98,9 +100,12 @@ int main(int argc, char** argv) {
     return kBadFlags;
   }
   const char* debug = std::getenv("LOOM_DEBUG");
-  const bool debug_collectives = debug != nullptr && std::string(debug).find("collectives") != std::string::npos;
+  const bool debug_collectives =
+      debug != nullptr && std::string(debug).find("collectives") != std::string::npos;
   if ((fault == "mismatch_op" || fault == "mismatch_size") && !debug_collectives) {
-    fmt::print(stderr, "fault_rank: --fault {} needs LOOM_DEBUG=collectives (without it Gloo aborts the process)\n",
+    fmt::print(stderr,
+               "fault_rank: --fault {} needs LOOM_DEBUG=collectives (without it Gloo aborts the "
+               "process)\n",
                fault);
     return kBadFlags;
   }
@@ -175,7 +180,8 @@ int main(int argc, char** argv) {
     say(rank, "caught loom::Error after {} ms: {}", ms_since(start), e.what());
     return kCaughtError;
   } catch (const std::exception& e) {
-    say(rank, "caught a std::exception that is not a loom::Error after {} ms: {}", ms_since(start), e.what());
+    say(rank, "caught a std::exception that is not a loom::Error after {} ms: {}", ms_since(start),
+        e.what());
     return kOtherException;
   }
 }

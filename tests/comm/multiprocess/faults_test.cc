@@ -9,18 +9,14 @@
 //
 // Usage (from BUILD): faults_test <fault_rank> <loomrun> [gtest flags]
 #include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <gtest/gtest.h>
-
-#include "comm/tcp_store_server.h"
-
 #include <algorithm>
-
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -32,6 +28,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "comm/tcp_store_server.h"
 
 namespace {
 
@@ -71,7 +69,9 @@ std::string scratch_dir(const std::string& name) {
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return fmt::format("was killed by signal {} ({})", WTERMSIG(status), strsignal(WTERMSIG(status)));
+  if (WIFSIGNALED(status))
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       strsignal(WTERMSIG(status)));
   if (WIFSTOPPED(status)) return fmt::format("was stopped by signal {}", WSTOPSIG(status));
   return fmt::format("status {:#x}", status);
 }
@@ -79,13 +79,21 @@ std::string describe_status(int status) {
 // Forks and execs `argv` with `env` added to this process's environment (and the variables of
 // other launchers removed), stdout/stderr into files, in process group `pgid` (0: a new one
 // led by the child).
-pid_t spawn(const std::vector<std::string>& argv, const std::vector<std::pair<std::string, std::string>>& env,
+pid_t spawn(const std::vector<std::string>& argv,
+            const std::vector<std::pair<std::string, std::string>>& env,
             const std::string& out_path, const std::string& err_path, pid_t pgid) {
   // Everything the child needs is built before fork.
   std::vector<std::string> env_strings;
-  const std::vector<std::string> removed = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                                            "MASTER_PORT", "LOOM_DEBUG", "OMPI_COMM_WORLD_RANK",
-                                            "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+  const std::vector<std::string> removed = {"RANK",
+                                            "WORLD_SIZE",
+                                            "LOCAL_RANK",
+                                            "LOCAL_WORLD_SIZE",
+                                            "MASTER_ADDR",
+                                            "MASTER_PORT",
+                                            "LOOM_DEBUG",
+                                            "OMPI_COMM_WORLD_RANK",
+                                            "OMPI_COMM_WORLD_SIZE",
+                                            "OMPI_COMM_WORLD_LOCAL_RANK",
                                             "OMPI_COMM_WORLD_LOCAL_SIZE"};
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
@@ -127,9 +135,13 @@ struct Case {
   int victim;
 };
 
-std::string case_name(const Case& c) { return fmt::format("{}_world{}_victim{}", c.fault, c.world, c.victim); }
+std::string case_name(const Case& c) {
+  return fmt::format("{}_world{}_victim{}", c.fault, c.world, c.victim);
+}
 
-bool victim_fails_too(const std::string& fault) { return fault == "mismatch_op" || fault == "mismatch_size"; }
+bool victim_fails_too(const std::string& fault) {
+  return fault == "mismatch_op" || fault == "mismatch_size";
+}
 
 struct RankRun {
   pid_t pid = -1;
@@ -162,17 +174,18 @@ CaseRun run_case(const Case& c) {
   run.spawned = Clock::now();
   for (int r = 0; r < c.world; ++r) {
     std::vector<std::pair<std::string, std::string>> env = {
-        {"RANK", std::to_string(r)},         {"WORLD_SIZE", std::to_string(c.world)},
-        {"LOCAL_RANK", std::to_string(r)},   {"LOCAL_WORLD_SIZE", std::to_string(c.world)},
-        {"MASTER_ADDR", "127.0.0.1"},        {"MASTER_PORT", std::to_string(port)},
+        {"RANK", std::to_string(r)},       {"WORLD_SIZE", std::to_string(c.world)},
+        {"LOCAL_RANK", std::to_string(r)}, {"LOCAL_WORLD_SIZE", std::to_string(c.world)},
+        {"MASTER_ADDR", "127.0.0.1"},      {"MASTER_PORT", std::to_string(port)},
         {"LOOM_AGENT_STORE", "1"}};
     if (victim_fails_too(c.fault)) env.emplace_back("LOOM_DEBUG", "collectives");
     RankRun& rank = run.ranks[r];
     rank.out_path = fmt::format("{}/rank-{}.out", dir, r);
     rank.err_path = fmt::format("{}/rank-{}.err", dir, r);
-    rank.pid = spawn({g_fault_rank, "--fault", c.fault, "--victim", std::to_string(c.victim), "--timeout-ms",
-                      std::to_string(kTimeout.count()), "--warmup", std::to_string(kWarmup)},
-                     env, rank.out_path, rank.err_path, pgid);
+    rank.pid = spawn(
+        {g_fault_rank, "--fault", c.fault, "--victim", std::to_string(c.victim), "--timeout-ms",
+         std::to_string(kTimeout.count()), "--warmup", std::to_string(kWarmup)},
+        env, rank.out_path, rank.err_path, pgid);
     if (rank.pid < 0) {
       ADD_FAILURE() << "fork failed: " << strerror(errno);
       break;
@@ -223,7 +236,8 @@ CaseRun run_case(const Case& c) {
     rank.ended = true;
   }
   if (pgid > 0) {
-    EXPECT_EQ(kill(-pgid, 0), -1) << "processes of " << case_name(c) << " are still running after cleanup";
+    EXPECT_EQ(kill(-pgid, 0), -1) << "processes of " << case_name(c)
+                                  << " are still running after cleanup";
   }
   return run;
 }
@@ -249,8 +263,10 @@ bool names_rank(const std::string& message, int rank) {
 // may be blamed.
 void expect_only_victim_missing(const std::string& message, int victim, int rank) {
   const std::regex lists(R"(ranks \[([0-9, ]*)\] did not arrive)");
-  for (auto it = std::sregex_iterator(message.begin(), message.end(), lists); it != std::sregex_iterator(); ++it) {
-    EXPECT_EQ((*it)[1].str(), std::to_string(victim)) << "rank " << rank << " blames the wrong ranks: " << message;
+  for (auto it = std::sregex_iterator(message.begin(), message.end(), lists);
+       it != std::sregex_iterator(); ++it) {
+    EXPECT_EQ((*it)[1].str(), std::to_string(victim))
+        << "rank " << rank << " blames the wrong ranks: " << message;
   }
 }
 
@@ -261,17 +277,20 @@ TEST_P(FaultTest, EverySurvivorFailsFastNamingOpGroupSequenceAndVictim) {
   const CaseRun run = run_case(c);
   const std::string context = all_stderr(run);
   ASSERT_TRUE(run.hung.empty()) << "ranks still running at the limit (killed): "
-                                << fmt::format("{}", fmt::join(run.hung, ", ")) << "\n" << context;
+                                << fmt::format("{}", fmt::join(run.hung, ", ")) << "\n"
+                                << context;
   ASSERT_TRUE(run.fault.has_value()) << "the victim never stopped or exited\n" << context;
   const RankRun& victim = run.ranks[c.victim];
   if (c.fault == "stop_before_op") {
     EXPECT_TRUE(victim.stopped) << context;
   } else if (c.fault == "exit_between") {
     EXPECT_TRUE(WIFEXITED(victim.status) && WEXITSTATUS(victim.status) == 0)
-        << "victim " << describe_status(victim.status) << "\n" << context;
+        << "victim " << describe_status(victim.status) << "\n"
+        << context;
   } else if (!victim_fails_too(c.fault)) {
     EXPECT_TRUE(WIFSIGNALED(victim.status) && WTERMSIG(victim.status) == SIGKILL)
-        << "victim " << describe_status(victim.status) << "\n" << context;
+        << "victim " << describe_status(victim.status) << "\n"
+        << context;
   }
 
   const std::string op = fmt::format("all_reduce #{}", kWarmup);
@@ -283,20 +302,26 @@ TEST_P(FaultTest, EverySurvivorFailsFastNamingOpGroupSequenceAndVictim) {
     const std::string err = rank.err();
     const int64_t after_fault_ms = ms_between(*run.fault, rank.end);
     const size_t caught = err.find("caught ");
-    const std::string line = caught == std::string::npos ? "" : err.substr(caught, err.find('\n', caught) - caught);
+    const std::string line =
+        caught == std::string::npos ? "" : err.substr(caught, err.find('\n', caught) - caught);
     std::printf("  %s rank %d: %s %lld ms after the fault: %s\n", case_name(c).c_str(), r,
-                describe_status(rank.status).c_str(), static_cast<long long>(after_fault_ms), line.c_str());
+                describe_status(rank.status).c_str(), static_cast<long long>(after_fault_ms),
+                line.c_str());
     EXPECT_TRUE(WIFEXITED(rank.status) && WEXITSTATUS(rank.status) == kCaughtError)
         << "rank " << r << " " << describe_status(rank.status) << " (expected exit " << kCaughtError
-        << ": caught a loom::Error)\n" << context;
+        << ": caught a loom::Error)\n"
+        << context;
     EXPECT_LE(after_fault_ms, (kTimeout + kSlack).count()) << context;
     EXPECT_NE(err.find("caught loom::Error"), std::string::npos) << err;
     EXPECT_NE(err.find("group 'default'"), std::string::npos) << err;
     if (victim_fails_too(c.fault)) {
-      EXPECT_NE(err.find(fmt::format("collective mismatch at #{} on group 'default'", kWarmup)), std::string::npos)
+      EXPECT_NE(err.find(fmt::format("collective mismatch at #{} on group 'default'", kWarmup)),
+                std::string::npos)
           << err;
       EXPECT_NE(err.find("all_reduce("), std::string::npos) << err;
-      EXPECT_NE(err.find(c.fault == "mismatch_op" ? "broadcast(" : "2048 elements"), std::string::npos) << err;
+      EXPECT_NE(err.find(c.fault == "mismatch_op" ? "broadcast(" : "2048 elements"),
+                std::string::npos)
+          << err;
       // The victim names the first rank that disagrees with it; the others name the victim.
       const int culprit = survivor ? c.victim : (c.victim == 0 ? 1 : 0);
       EXPECT_NE(err.find(fmt::format("but rank {} called", culprit)), std::string::npos) << err;
@@ -306,7 +331,8 @@ TEST_P(FaultTest, EverySurvivorFailsFastNamingOpGroupSequenceAndVictim) {
       expect_only_victim_missing(err, c.victim, r);
       // A rank that never started the fault op must be reported as not arrived.
       if (c.fault == "stop_before_op" || c.fault == "exit_between") {
-        EXPECT_NE(err.find(fmt::format("ranks [{}] did not arrive at this all_reduce", c.victim)), std::string::npos)
+        EXPECT_NE(err.find(fmt::format("ranks [{}] did not arrive at this all_reduce", c.victim)),
+                  std::string::npos)
             << err;
       }
     }
@@ -321,8 +347,8 @@ TEST_P(FaultTest, EverySurvivorFailsFastNamingOpGroupSequenceAndVictim) {
 // saw the broken connection first).
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (const char* fault :
-       {"kill_in_op", "kill_mid_large", "stop_before_op", "exit_between", "mismatch_op", "mismatch_size"}) {
+  for (const char* fault : {"kill_in_op", "kill_mid_large", "stop_before_op", "exit_between",
+                            "mismatch_op", "mismatch_size"}) {
     for (int world : {2, 3, 4}) cases.push_back({fault, world, world / 2});
     // Rank 0 as the victim: the store is the launcher's, so its peers still learn who is missing.
     cases.push_back({fault, 3, 0});
@@ -331,7 +357,9 @@ std::vector<Case> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, FaultTest, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return case_name(info.param);
+                         });
 
 // Without a fault every rank succeeds: the checks above cannot pass by accident.
 TEST(FaultRankTest, NoFaultEveryRankSucceeds) {
@@ -340,7 +368,8 @@ TEST(FaultRankTest, NoFaultEveryRankSucceeds) {
   ASSERT_TRUE(run.hung.empty()) << context;
   for (int r = 0; r < 4; ++r) {
     EXPECT_TRUE(WIFEXITED(run.ranks[r].status) && WEXITSTATUS(run.ranks[r].status) == 0)
-        << "rank " << r << " " << describe_status(run.ranks[r].status) << "\n" << context;
+        << "rank " << r << " " << describe_status(run.ranks[r].status) << "\n"
+        << context;
   }
 }
 
@@ -348,7 +377,8 @@ TEST(FaultRankTest, NoFaultEveryRankSucceeds) {
 
 bool fault_rank_alive(pid_t pid) {
   const std::string cmdline = read_file(fmt::format("/proc/{}/cmdline", pid));
-  if (cmdline.find("fault_rank") == std::string::npos) return false;  // gone (or the pid was reused)
+  if (cmdline.find("fault_rank") == std::string::npos)
+    return false;  // gone (or the pid was reused)
   const std::string stat = read_file(fmt::format("/proc/{}/stat", pid));
   const size_t paren = stat.rfind(')');
   return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
@@ -359,9 +389,9 @@ TEST(LoomrunFaultTest, RankCrashStopsTheJobNamingIt) {
   const std::string pid_dir = dir + "/pids";
   ASSERT_EQ(std::system(fmt::format("mkdir -p '{}'", pid_dir).c_str()), 0);
   const auto start = Clock::now();
-  const pid_t pid = spawn({g_loomrun, "--nproc-per-node", "4", "--grace-s", "2", "--", g_fault_rank, "--fault",
-                           "kill_in_op", "--victim", "2", "--timeout-ms", std::to_string(kTimeout.count()),
-                           "--pid-dir", pid_dir},
+  const pid_t pid = spawn({g_loomrun, "--nproc-per-node", "4", "--grace-s", "2", "--", g_fault_rank,
+                           "--fault", "kill_in_op", "--victim", "2", "--timeout-ms",
+                           std::to_string(kTimeout.count()), "--pid-dir", pid_dir},
                           {}, dir + "/out", dir + "/err", 0);
   ASSERT_GT(pid, 0);
   int status = 0;
@@ -380,9 +410,10 @@ TEST(LoomrunFaultTest, RankCrashStopsTheJobNamingIt) {
     waitpid(pid, &status, 0);
   }
   const std::string err = read_file(dir + "/err");
-  const std::string context = fmt::format("--- loomrun stderr:\n{}--- stdout:\n{}", err, read_file(dir + "/out"));
-  std::printf("  loomrun: %s after %lld ms\n%s", describe_status(status).c_str(), static_cast<long long>(elapsed_ms),
-              context.c_str());
+  const std::string context =
+      fmt::format("--- loomrun stderr:\n{}--- stdout:\n{}", err, read_file(dir + "/out"));
+  std::printf("  loomrun: %s after %lld ms\n%s", describe_status(status).c_str(),
+              static_cast<long long>(elapsed_ms), context.c_str());
 
   std::vector<pid_t> pids;
   for (int r = 0; r < 4; ++r) {
@@ -396,14 +427,16 @@ TEST(LoomrunFaultTest, RankCrashStopsTheJobNamingIt) {
   for (pid_t p : alive) kill(p, SIGKILL);  // cleanup before failing
 
   ASSERT_TRUE(ended) << "loomrun did not exit within " << elapsed_ms << " ms\n" << context;
-  EXPECT_TRUE(alive.empty()) << "ranks still running after loomrun exited: " << fmt::format("{}", fmt::join(alive, ", "))
-                             << "\n" << context;
+  EXPECT_TRUE(alive.empty()) << "ranks still running after loomrun exited: "
+                             << fmt::format("{}", fmt::join(alive, ", ")) << "\n"
+                             << context;
   EXPECT_EQ(pids.size(), 4u) << "pid files written\n" << context;
   ASSERT_TRUE(WIFEXITED(status)) << "loomrun " << describe_status(status) << "\n" << context;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL) << context;
   const std::string rank2_pid = read_file(fmt::format("{}/rank-2.pid", pid_dir));
-  const std::string expected = fmt::format("loomrun: rank 2 (pid {}) was killed by signal 9 (SIGKILL); stopping the other 3 ranks",
-                                           rank2_pid.empty() ? 0 : std::stoi(rank2_pid));
+  const std::string expected = fmt::format(
+      "loomrun: rank 2 (pid {}) was killed by signal 9 (SIGKILL); stopping the other 3 ranks",
+      rank2_pid.empty() ? 0 : std::stoi(rank2_pid));
   EXPECT_NE(err.find(expected), std::string::npos) << "no '" << expected << "'\n" << context;
   EXPECT_LE(elapsed_ms, (kStartupLimit / 2 + kTimeout + kSlack).count()) << context;
 }

@@ -43,7 +43,8 @@ class GatedMlp : public nn::Module {
   GatedMlp() : Module("GatedMlp") {
     up = register_module("up", std::make_shared<nn::Linear>(8, 32, nn::LinearOptions{.seed = 3}));
     gate = register_module("gate", std::make_shared<Gate>(32));
-    down = register_module("down", std::make_shared<nn::Linear>(32, 8, nn::LinearOptions{.seed = 5}));
+    down =
+        register_module("down", std::make_shared<nn::Linear>(32, 8, nn::LinearOptions{.seed = 5}));
   }
   Tensor forward(const Tensor& x) override { return (*down)((*gate)(gelu((*up)(x)))); }
   std::shared_ptr<nn::Linear> up, down;
@@ -82,11 +83,11 @@ TEST(UserPlanTest, GatedMlpWithAUserStyleMatchesOneRank) {
     auto mesh = std::make_shared<const DeviceMesh>(
         pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{pg.size()});
     GatedMlp model;
-    tp::parallelize_module(
-        model, mesh,
-        {{"up", std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.use_local_output = false})},
-         {"gate", std::make_shared<ShardedGate>()},
-         {"down", std::make_shared<tp::RowwiseParallel>()}});
+    tp::parallelize_module(model, mesh,
+                           {{"up", std::make_shared<tp::ColwiseParallel>(
+                                       tp::LayoutOptions{.use_local_output = false})},
+                            {"gate", std::make_shared<ShardedGate>()},
+                            {"down", std::make_shared<tp::RowwiseParallel>()}});
     EXPECT_EQ(dtensor_spec(model.gate->parameter("weight")).placements, (Placements{Shard(0)}));
     Tensor out;
     {

@@ -56,8 +56,10 @@ TEST(ValidateTest, ReceivesInAnotherOrderThanTheSendsAreRejected) {
   // on NCCL) it would pair with microbatch 0's activation.
   EXPECT_EQ(
       error_of(two_ranks(kRank0, "RECV_F1s1 RECV_F0s1 F0s1 B0s1 SEND_B0s1 F1s1 B1s1 SEND_B1s1")),
-      "schedule: rank 1 action 0 RECV_F mb 1 stage 1 is rank 1's receive #0 from rank 0, but rank 0's send #0 "
-      "to rank 1 is action 1 SEND_F mb 0 stage 0; messages between two ranks pair up in the order they are "
+      "schedule: rank 1 action 0 RECV_F mb 1 stage 1 is rank 1's receive #0 from rank 0, but rank "
+      "0's send #0 "
+      "to rank 1 is action 1 SEND_F mb 0 stage 0; messages between two ranks pair up in the order "
+      "they are "
       "issued (no tags, as on NCCL), so both ranks must list them in the same order");
 }
 
