@@ -24,26 +24,19 @@
 #include <nlohmann/json.hpp>
 #include <numbers>
 
-#include "autograd/engine.h"
-#include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
-#include "dtensor/dtensor.h"
-#include "examples/train_gpt_model.h"
 #include "mesh/device_mesh.h"
-#include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/config.h"
-#include "models/gpt/gpt.h"
-#include "optim/clip_grad.h"
 #include "optim/lr_schedule.h"
-#include "optim/optimizer.h"
-#include "parallel/ddp/ddp.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
+#include "train/parallel_gpt.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -191,38 +184,28 @@ void keep_freed_tensor_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// The job's parallel layout from the flags (validated against the world and the batch in run).
+train::ParallelConfig parallel_config(const Flags& f) {
+  return {.dims = {.pp = f.pp, .dp = f.dp, .tp = f.tp},
+          .tp_plan = {.sequence_parallel = f.sequence_parallel},
+          .grad_accum = f.grad_accum,
+          .pipeline = {.schedule = f.schedule,
+                       .microbatches = f.microbatches,
+                       .virtual_stages = f.virtual_stages},
+          .mixed_precision = f.mixed_precision == "bf16" ? std::optional<nn::MixedPrecisionPolicy>(
+                                                               nn::MixedPrecisionPolicy{})
+                                                         : std::nullopt};
+}
+
 int run(Flags f) {
   const Device device = resolve_device(f.device);
   // GPU ranks talk over NCCL, CPU ranks over Gloo.
   auto world = comm::init_process_group(device.is_cuda() ? "nccl" : "gloo");
   const int rank = world->rank();
-  const int world_size = f.dp * f.tp * f.pp;
-  LOOM_CHECK(world->size() == world_size, "train_gpt: {} ranks but pp={} x dp={} x tp={} = {}",
-             world->size(), f.pp, f.dp, f.tp, world_size);
+  const train::ParallelConfig parallel = parallel_config(f);
+  parallel.validate(world->size(), f.batch_size, f.seq_len);
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
-  auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<std::string>{"pp", "dp", "tp"},
-                                                 std::vector<int64_t>{f.pp, f.dp, f.tp});
-  const int64_t dp_rank = mesh->coordinate(mesh->dim_index("dp"));
-  LOOM_CHECK(f.batch_size % (f.dp * f.grad_accum) == 0,
-             "train_gpt: --batch-size {} must divide by dp x grad-accum = {}", f.batch_size,
-             f.dp * f.grad_accum);
-  LOOM_CHECK(f.pp == 1 || f.grad_accum == 1,
-             "train_gpt: with --pp {} the batch is already split into --microbatches; use "
-             "--grad-accum 1 (got {})",
-             f.pp, f.grad_accum);
-  if (f.microbatches == 0) f.microbatches = f.pp > 1 ? f.pp * f.virtual_stages : 1;
-  LOOM_CHECK(f.pp > 1 || (f.microbatches == 1 && f.virtual_stages == 1),
-             "train_gpt: --microbatches and --virtual-stages apply to pipelines (--pp > 1); for "
-             "micro-batches "
-             "without one use --grad-accum");
-  LOOM_CHECK((f.batch_size / f.dp) % f.microbatches == 0,
-             "train_gpt: each dp rank's {} sequences do not split into --microbatches {}",
-             f.batch_size / f.dp, f.microbatches);
-  LOOM_CHECK(f.tp == 1 || !f.sequence_parallel || f.seq_len % f.tp == 0,
-             "train_gpt: sequence parallelism splits each sequence over tp ranks: --seq-len {} "
-             "must divide by --tp {} "
-             "(or pass --no-sequence-parallel)",
-             f.seq_len, f.tp);
+  const auto mesh = parallel.dims.build_mesh(world);
 
   const data::TokenData tokens = data::load_tokens(f.data);
   models::GPTConfig config = models::GPTConfig::preset(f.model);
@@ -231,29 +214,13 @@ int run(Flags f) {
   if (f.n_embd) config.n_embd = f.n_embd;
   config.vocab_size = tokens.vocab_size;
   config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
-  auto model = examples::make_trainable_gpt(
-      config, f.seed, mesh,
-      {.grad_accum = f.grad_accum,
-       .tp_plan = {.sequence_parallel = f.sequence_parallel},
-       .schedule = f.schedule,
-       .microbatches = f.microbatches,
-       .virtual_stages = f.virtual_stages,
-       .mixed_precision = f.mixed_precision == "bf16"
-                              ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
-                              : std::nullopt,
-       .device = device});
+  const auto model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     model->load(f.init_from);
     if (rank == 0) fmt::print("train_gpt: initialized from {}\n", f.init_from);
   }
-  // Decoupled weight decay on matrices only; biases, norms and embeddings' rows too small to
-  // matter.
-  std::vector<Tensor> decay, no_decay;
-  for (const auto& [name, p] : model->named_parameters())
-    (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  optim::AdamW opt_decay(decay, {.lr = f.lr, .weight_decay = 0.1});
-  optim::AdamW opt_no_decay(no_decay, {.lr = f.lr, .weight_decay = 0.0});
+  train::Trainer trainer(*model, mesh, {.lr = lr_schedule(f), .weight_decay = 0.1, .clip = f.clip});
 
   const double entropy = data::unigram_entropy(tokens);
   const int64_t parameters = config.parameter_count();
@@ -263,51 +230,35 @@ int run(Flags f) {
                f.model, mesh->str(), tokens.description, entropy);
     metrics.open(f.metrics_out);
   }
-  const int64_t per_rank = f.batch_size / f.dp;
   double last_loss = 0;
   std::vector<double> losses;
   ProgressBar progress(rank == 0 && f.progress);
-  const optim::WarmupCosine schedule = lr_schedule(f);
-  for (int step = 0; step < f.steps; ++step) {
-    const auto start = std::chrono::steady_clock::now();
-    const double lr = schedule(step);
-    opt_decay.set_lr(lr);
-    opt_no_decay.set_lr(lr);
-    model->zero_grad();
-    const auto batch =
-        data::batch_slice(tokens, f.seed, step, dp_rank * per_rank, per_rank, f.seq_len);
-    Tensor step_loss = ops::full(
-        {1}, model->forward_backward(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
-        kFloat32, device);
-    const double grad_norm = model->clip_grad_norm(f.clip);
-    opt_decay.step();
-    opt_no_decay.step();
-    // The loss reported is the global batch's: average over dp.
-    Tensor reported = ops::contiguous(step_loss);
-    mesh->group("dp")->all_reduce(reported, comm::ReduceOp::kAvg)->wait();
-    last_loss = reported.item<double>();
-    losses.push_back(last_loss);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const double tokens_per_s = f.batch_size * f.seq_len / (ms / 1000.0);
-    if (rank == 0) {
-      nlohmann::json line{{"step", step},
-                          {"loss", last_loss},
-                          {"lr", lr},
-                          {"tokens_per_s", tokens_per_s},
-                          {"ms_per_step", ms},
-                          {"peak_mem_bytes", peak_memory_bytes(device)},
-                          {"grad_norm", grad_norm}};
-      metrics << line.dump() << "\n" << std::flush;
-      if (step % f.log_every == 0 || step + 1 == f.steps) {
-        progress.clear();
-        fmt::print(
-            "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n",
-            step, last_loss, lr, tokens_per_s, ms, peak_memory_bytes(device) / 1048576.0);
-        std::fflush(stdout);
-      }
-      progress.update(step, f.steps, last_loss, tokens_per_s);
+  trainer.add_step_hook([&](const train::StepResult& r) {
+    last_loss = r.loss;
+    losses.push_back(r.loss);
+    if (rank != 0) return;
+    const double tokens_per_s = f.batch_size * f.seq_len / (r.ms / 1000.0);
+    nlohmann::json line{{"step", r.step},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"tokens_per_s", tokens_per_s},
+                        {"ms_per_step", r.ms},
+                        {"peak_mem_bytes", peak_memory_bytes(device)},
+                        {"grad_norm", r.grad_norm}};
+    metrics << line.dump() << "\n" << std::flush;
+    if (r.step % f.log_every == 0 || r.step + 1 == f.steps) {
+      progress.clear();
+      fmt::print(
+          "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n",
+          r.step, r.loss, r.lr, tokens_per_s, r.ms, peak_memory_bytes(device) / 1048576.0);
+      std::fflush(stdout);
     }
+    progress.update(r.step, f.steps, r.loss, tokens_per_s);
+  });
+  for (int step = 0; step < f.steps; ++step) {
+    const data::Batch batch =
+        train::local_batch(tokens, f.seed, step, *mesh, f.batch_size, f.seq_len);
+    trainer.step(batch.inputs, batch.targets);
   }
   progress.clear();
   // Every rank gathers (full_tensor over tp); rank 0 writes.

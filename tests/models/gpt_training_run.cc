@@ -9,12 +9,13 @@
 #include "dtensor/dtensor.h"
 #include "models/data/token_data.h"
 #include "models/gpt/gpt.h"
-#include "models/gpt/pipeline.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
-#include "parallel/ddp/ddp.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
+#include "train/parallel_dims.h"
+#include "train/parallel_gpt.h"
+#include "train/trainer.h"
 
 namespace loom::models::gpt_run {
 
@@ -38,74 +39,67 @@ GPTConfig config() {
   return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 257};
 }
 
-Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
-  const int64_t dp = mesh ? mesh->size("dp") : 1, tp = mesh ? mesh->size("tp") : 1,
-                pp = mesh ? mesh->size("pp") : 1;
-  const int64_t dp_rank = mesh ? mesh->coordinate(mesh->dim_index("dp")) : 0;
-  const Device device =
-      mesh ? mesh->device() : Device::cpu();  // the groups' device (NCCL: this rank's GPU)
+namespace {
+
+constexpr uint64_t kModelSeed = 5, kDataSeed = 11;
+constexpr double kLr = 3e-3, kWeightDecay = 0.1;
+
+// The oracle: the same computation on one rank, written as plainly as possible (no mesh, no
+// DDP, no library composition), so the layouts under test are checked against an independent
+// loop. AdamW groups as the Trainer's: weight decay on matrices only.
+Result train_one_rank() {
   const auto data = corpus();
-  std::shared_ptr<GPT> model;
-  std::unique_ptr<GPTPipeline> pipelined;
-  std::unique_ptr<ddp::DistributedDataParallel> ddp;
-  if (pp > 1) {
-    pipelined =
-        std::make_unique<GPTPipeline>(config(), /*seed=*/5, mesh,
-                                      GPTPipelineOptions{.schedule = layout.schedule,
-                                                         .microbatches = layout.microbatches,
-                                                         .virtual_stages = layout.virtual_stages,
-                                                         .tp_plan = layout.plan});
-  } else {
-    model = std::make_shared<GPT>(config(), /*seed=*/5);
-    model->to(device);
-    if (mesh && tp > 1)
-      parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]), layout.plan);
-    if (mesh) ddp = std::make_unique<ddp::DistributedDataParallel>(model, mesh->group("dp"));
+  GPT model(config(), kModelSeed);
+  std::vector<Tensor> decay, no_decay, parameters;
+  for (const auto& [name, p] : model.named_parameters()) {
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    parameters.push_back(p);
   }
-  const auto named = pipelined ? pipelined->named_parameters() : model->named_parameters();
-  std::vector<Tensor> parameters;
-  for (const auto& [name, p] : named) parameters.push_back(p);
-  optim::AdamW opt(parameters, {.lr = 3e-3, .weight_decay = 0.1});
+  optim::AdamW opt_decay(decay, {.lr = kLr, .weight_decay = kWeightDecay});
+  optim::AdamW opt_no_decay(no_decay, {.lr = kLr, .weight_decay = 0.0});
   Result result;
-  const int64_t per_rank = kGlobalBatch / dp, micro = per_rank / layout.accum;
   for (int step = 0; step < kSteps; ++step) {
-    double step_loss = 0;
-    if (pipelined) {
-      pipelined->zero_grad();
-      const auto batch = data::batch_slice(data, 11, step, dp_rank * per_rank, per_rank, kSeqLen);
-      step_loss = pipelined->step(ops::to(batch.inputs, device), ops::to(batch.targets, device));
-      result.grad_norms.push_back(pipelined->clip_grad_norm(kClip));
-    } else {
-      if (ddp)
-        ddp->zero_grad();
-      else
-        opt.zero_grad();
-      for (int m = 0; m < layout.accum; ++m) {
-        const auto batch =
-            data::batch_slice(data, 11, step, dp_rank * per_rank + m * micro, micro, kSeqLen);
-        Tensor loss =
-            div(model->loss(ops::to(batch.inputs, device), ops::to(batch.targets, device)),
-                static_cast<double>(layout.accum));
-        if (ddp && m + 1 < layout.accum) {
-          auto guard = ddp->no_sync();
-          backward(loss);
-        } else {
-          backward(loss);
-        }
-        step_loss += loss.item<double>();
-      }
-      result.grad_norms.push_back(optim::clip_grad_norm_(parameters, kClip));
-    }
-    opt.step();
-    if (mesh) {
-      Tensor t = ops::full({1}, step_loss, kFloat32, device);
-      mesh->group("dp")->all_reduce(t, comm::ReduceOp::kAvg)->wait();
-      step_loss = ops::to_vector(t)[0];
-    }
-    result.losses.push_back(step_loss);
+    opt_decay.zero_grad();
+    opt_no_decay.zero_grad();
+    const auto batch = data::batch_slice(data, kDataSeed, step, 0, kGlobalBatch, kSeqLen);
+    Tensor loss = model.loss(batch.inputs, batch.targets);
+    backward(loss);
+    result.losses.push_back(loss.item<double>());
+    result.grad_norms.push_back(optim::clip_grad_norm_(parameters, kClip));
+    opt_decay.step();
+    opt_no_decay.step();
   }
-  for (const auto& [name, p] : named)
+  for (const auto& [name, p] : model.named_parameters()) result.params[name] = ops::to_vector(p);
+  return result;
+}
+
+}  // namespace
+
+Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
+  if (!mesh) return train_one_rank();
+  // The job's own code: the library composition and step driver (train/), as train_gpt runs it.
+  const train::ParallelConfig parallel{
+      .dims = {.pp = mesh->size("pp"), .dp = mesh->size("dp"), .tp = mesh->size("tp")},
+      .tp_plan = layout.plan,
+      .grad_accum = layout.accum,
+      .pipeline = {.schedule = layout.schedule,
+                   .microbatches = layout.microbatches,
+                   .virtual_stages = layout.virtual_stages}};
+  parallel.validate(parallel.dims.world_size(), kGlobalBatch, kSeqLen);
+  const auto data = corpus();
+  const auto model = train::build_parallel_gpt(config(), kModelSeed, mesh, parallel);
+  train::Trainer trainer(
+      *model, mesh, {.lr = [](int) { return kLr; }, .weight_decay = kWeightDecay, .clip = kClip});
+  Result result;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kGlobalBatch, kSeqLen);
+    const train::StepResult r = trainer.step(batch.inputs, batch.targets);
+    result.losses.push_back(r.loss);
+    result.grad_norms.push_back(r.grad_norm);
+  }
+  for (const auto& [name, p] : model->named_parameters()) {
     result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+  }
   return result;
 }
 
@@ -144,9 +138,7 @@ void expect_same(const Runs& runs) {
 
 std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
                                           int64_t pp) {
-  return std::make_shared<const DeviceMesh>(pg.shared_from_this(),
-                                            std::vector<std::string>{"pp", "dp", "tp"},
-                                            std::vector<int64_t>{pp, dp, tp});
+  return train::ParallelDims{.pp = pp, .dp = dp, .tp = tp}.build_mesh(pg.shared_from_this());
 }
 
 }  // namespace loom::models::gpt_run

@@ -1,6 +1,8 @@
 // One training run of a tiny GPT under any parallel layout, for the equivalence tests: 4 AdamW
 // steps (gradient norm clipped) on fixed global batches, returning the global losses, gradient
 // norms and final parameters, which must not depend on the layout (tolerances in expect_same).
+// A run on a mesh is the job's own code (train/: build_parallel_gpt and Trainer, as train_gpt
+// runs it); the one-rank reference is a plain loop written independently of it.
 // The run lives on the mesh's device (DeviceMesh::device()): the CPU over Gloo
 // (gpt_equivalence_test), the GPU over NCCL (gpt_cuda_equivalence_test); without a mesh, one CPU
 // rank, the reference.
@@ -33,8 +35,8 @@ struct Result {
   std::map<std::string, std::vector<double>> params;
 };
 
-// How the run is parallelized: a mesh ("pp", "dp", "tp") or none (one rank), gradient
-// accumulation (without pipelining), the TP plan, and the pipeline's schedule.
+// How the run is parallelized beyond the mesh's degrees (train::ParallelConfig's fields):
+// gradient accumulation (without pipelining), the TP plan, and the pipeline's schedule.
 struct Layout {
   int accum = 1;
   GPTPlanOptions plan = {};
@@ -58,7 +60,8 @@ struct Runs {
 // parameter magnitude (why not per tensor: in the .cc); checks from tests/testing/tensor_checks.h.
 void expect_same(const Runs& runs);
 
-// A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`.
+// A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`
+// (train::ParallelDims::build_mesh).
 std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
                                           int64_t pp = 1);
 

@@ -49,6 +49,21 @@ LAYERS = {
         packages = ["//models/..."],
         uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor", "optim", "parallel"],
     ),
+    "train": struct(
+        packages = ["//train/..."],
+        uses = [
+            "base",
+            "tensor",
+            "autograd",
+            "comm",
+            "nn",
+            "mesh",
+            "dtensor",
+            "optim",
+            "parallel",
+            "models",
+        ],
+    ),
 }
 
 # Folders that may use every layer: programs, tests and tooling.

@@ -1,0 +1,87 @@
+// ParallelDims and ParallelConfig: every layout the job cannot run is rejected once, up front,
+// naming the field and the values; the mesh is (pp, dp, tp) in that order.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "train/parallel_dims.h"
+#include "train/parallel_gpt.h"
+
+namespace loom::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ParallelDimsTest, DegreesMultiplyToTheWorld) {
+  const ParallelDims dims{.pp = 2, .dp = 2, .tp = 2};
+  EXPECT_EQ(dims.world_size(), 8);
+  EXPECT_EQ(dims.names(), (std::vector<std::string>{"pp", "dp", "tp"}));
+  EXPECT_EQ(dims.sizes(), (std::vector<int64_t>{2, 2, 2}));
+  EXPECT_NO_THROW(dims.validate(8));
+  EXPECT_EQ(error_of([&] { dims.validate(6); }),
+            "ParallelDims: pp=2 x dp=2 x tp=2 = 8 ranks, but the world has 6; the degrees must "
+            "multiply to the number of ranks");
+  EXPECT_EQ(error_of([] { ParallelDims{.dp = 0}.validate(0); }),
+            "ParallelDims: dp must be at least 1, got 0");
+}
+
+TEST(ParallelDimsTest, BuildsThePpDpTpMesh) {
+  comm::testing::run_on_ranks(4, [](comm::ProcessGroup& pg) {
+    const auto mesh = ParallelDims{.dp = 2, .tp = 2}.build_mesh(pg.shared_from_this());
+    EXPECT_EQ(mesh->dim_names(), (std::vector<std::string>{"pp", "dp", "tp"}));
+    EXPECT_EQ(mesh->shape(), (std::vector<int64_t>{1, 2, 2}));
+    // tp innermost: tensor-parallel peers are neighbouring ranks.
+    EXPECT_EQ(mesh->coordinate(mesh->dim_index("tp")), pg.rank() % 2);
+    EXPECT_THAT(error_of([&] { ParallelDims{.dp = 3}.build_mesh(pg.shared_from_this()); }),
+                HasSubstr("= 3 ranks, but the world has 4"));
+  });
+}
+
+TEST(ParallelConfigTest, RejectsLayoutsTheBatchCannotRun) {
+  const auto error = [](ParallelConfig c, int64_t world, int64_t batch, int64_t seq) {
+    return error_of([&] { c.validate(world, batch, seq); });
+  };
+  EXPECT_EQ(error({.dims = {.dp = 2, .tp = 2}}, 4, 16, 64), "(no error)");
+  EXPECT_THAT(error({.dims = {.dp = 2}}, 2, 15, 64),
+              HasSubstr("a global batch of 15 sequences does not split over dp x grad_accum = "
+                        "2 x 1"));
+  EXPECT_THAT(error({.dims = {.dp = 2}, .grad_accum = 3}, 2, 16, 64),
+              HasSubstr("does not split over dp x grad_accum = 2 x 3"));
+  EXPECT_THAT(error({.dims = {.pp = 2}, .grad_accum = 2}, 2, 16, 64),
+              HasSubstr("with pp 2 the batch is already split into microbatches; use "
+                        "grad_accum 1 (got 2)"));
+  EXPECT_THAT(error({.dims = {.pp = 2}, .pipeline = {.schedule = "zigzag"}}, 2, 16, 64),
+              HasSubstr("zigzag"));
+  EXPECT_THAT(error({.dims = {.pp = 2}, .pipeline = {.microbatches = 3}}, 2, 16, 64),
+              HasSubstr("each dp rank's 16 sequences do not split into 3 microbatches"));
+  EXPECT_THAT(error({.pipeline = {.microbatches = 4}}, 1, 16, 64),
+              HasSubstr("microbatches and virtual_stages apply to pipelines (pp > 1)"));
+  EXPECT_THAT(error({.dims = {.tp = 2}}, 2, 16, 63),
+              HasSubstr("a sequence length of 63 does not divide by tp 2"));
+  EXPECT_EQ(error({.dims = {.tp = 2}, .tp_plan = {.sequence_parallel = false}}, 2, 16, 63),
+            "(no error)");
+  EXPECT_THAT(error({.dims = {.dp = 2}}, 4, 16, 64), HasSubstr("but the world has 4"));
+}
+
+TEST(ParallelConfigTest, MicrobatchesDefaultToEveryStageBusy) {
+  EXPECT_EQ((ParallelConfig{.dims = {.pp = 4}}).microbatches(), 4);
+  EXPECT_EQ((ParallelConfig{.dims = {.pp = 2}, .pipeline = {.virtual_stages = 2}}).microbatches(),
+            4);
+  EXPECT_EQ((ParallelConfig{.dims = {.pp = 2}, .pipeline = {.microbatches = 8}}).microbatches(), 8);
+  EXPECT_EQ(ParallelConfig{}.microbatches(), 1);
+}
+
+}  // namespace
+}  // namespace loom::train

@@ -1,0 +1,180 @@
+#include "train/parallel_gpt.h"
+
+#include <fmt/ranges.h>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "models/checkpoint/gpt2_hf.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/pipeline.h"
+#include "optim/clip_grad.h"
+#include "parallel/ddp/ddp.h"
+#include "parallel/pipeline/schedules.h"
+#include "tensor/ops.h"
+
+namespace loom::train {
+
+namespace {
+
+// pp = 1: one GPT, the TP plan over "tp", mixed precision, DDP over "dp"; gradient accumulation
+// over micro-batches (no_sync on all but the last).
+class DataTensorParallelGPT : public ParallelModel {
+ public:
+  DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed,
+                        const std::shared_ptr<const DeviceMesh>& mesh,
+                        const ParallelConfig& parallel)
+      : model_(std::make_shared<models::GPT>(config, seed)), grad_accum_(parallel.grad_accum) {
+    model_->to(mesh->device());  // before the TP plan and DDP take hold of the parameters
+    if (mesh->size("tp") > 1) {
+      models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
+                              parallel.tp_plan);
+    }
+    if (parallel.mixed_precision) nn::apply_mixed_precision(*model_, *parallel.mixed_precision);
+    ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, mesh->group("dp"));
+  }
+
+  void zero_grad() override { ddp_->zero_grad(); }
+
+  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
+               "forward_backward: {} sequences do not split into grad_accum {} micro-batches",
+               inputs.size(0), grad_accum_);
+    const int64_t micro = inputs.size(0) / grad_accum_;
+    double total = 0;
+    for (int m = 0; m < grad_accum_; ++m) {
+      const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
+                   y = ops::narrow(targets, 0, m * micro, micro);
+      Tensor loss = div(model_->loss(x, y), static_cast<double>(grad_accum_));
+      if (m + 1 < grad_accum_) {
+        auto guard = ddp_->no_sync();
+        backward(loss);
+      } else {
+        backward(loss);
+      }
+      total += loss.item<double>();
+    }
+    return total;
+  }
+
+  double clip_grad_norm(double max_norm) override {
+    return optim::clip_grad_norm_(model_->parameters(), max_norm);
+  }
+
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
+    return model_->named_parameters();
+  }
+
+  Tensor logits(const Tensor& ids) override {
+    NoGradGuard no_grad;
+    const Tensor out = (*model_)(ids);
+    return is_dtensor(out) ? full_tensor(out) : out;  // vocab-sharded under tp
+  }
+
+  void load(const std::string& path) override { models::load_gpt2_hf(*model_, path); }
+  void save(const std::string& path, bool write) override {
+    models::save_gpt2_hf(*model_, path, write);
+  }
+
+ private:
+  std::shared_ptr<models::GPT> model_;
+  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  int grad_accum_;
+};
+
+// pp > 1: GPTPipeline, this rank's stages, each with the TP plan, mixed precision and DDP,
+// driven by the pipeline schedule over microbatches.
+class PipelinedGPT : public ParallelModel {
+ public:
+  PipelinedGPT(const models::GPTConfig& config, uint64_t seed,
+               std::shared_ptr<const DeviceMesh> mesh, const ParallelConfig& parallel)
+      : model_(config, seed, std::move(mesh),
+               {.schedule = parallel.pipeline.schedule,
+                .microbatches = parallel.microbatches(),
+                .virtual_stages = parallel.pipeline.virtual_stages,
+                .tp_plan = parallel.tp_plan,
+                .mixed_precision = parallel.mixed_precision}) {}
+
+  void zero_grad() override { model_.zero_grad(); }
+  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    return model_.step(inputs, targets);
+  }
+  double clip_grad_norm(double max_norm) override { return model_.clip_grad_norm(max_norm); }
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
+    return model_.named_parameters();
+  }
+  Tensor logits(const Tensor& ids) override { return model_.logits(ids); }
+  void load(const std::string& path) override {
+    for (const auto& stage : model_.stages()) models::load_gpt2_hf(*stage, path);
+  }
+  void save(const std::string& path, bool write) override {
+    const auto whole = model_.whole_model_on_first_rank();  // collective; the model on rank 0
+    if (whole && write) models::save_gpt2_hf(*whole, path);
+  }
+
+ private:
+  models::GPTPipeline model_;
+};
+
+}  // namespace
+
+int ParallelConfig::microbatches() const {
+  if (pipeline.microbatches > 0) return pipeline.microbatches;
+  return dims.pp > 1 ? static_cast<int>(dims.pp) * pipeline.virtual_stages : 1;
+}
+
+void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t seq_len) const {
+  dims.validate(world_size);
+  LOOM_CHECK(grad_accum >= 1, "ParallelConfig: grad_accum must be at least 1, got {}", grad_accum);
+  LOOM_CHECK(pipeline.microbatches >= 0 && pipeline.virtual_stages >= 1,
+             "ParallelConfig: microbatches must be >= 0 (0: the default) and virtual_stages >= 1, "
+             "got {} and {}",
+             pipeline.microbatches, pipeline.virtual_stages);
+  LOOM_CHECK(global_batch >= 1 && seq_len >= 1,
+             "ParallelConfig: the batch size and the sequence length must be at least 1, got {} "
+             "and {}",
+             global_batch, seq_len);
+  LOOM_CHECK(global_batch % (dims.dp * grad_accum) == 0,
+             "ParallelConfig: a global batch of {} sequences does not split over dp x grad_accum "
+             "= {} x {}",
+             global_batch, dims.dp, grad_accum);
+  if (dims.pp > 1) {
+    LOOM_CHECK(grad_accum == 1,
+               "ParallelConfig: with pp {} the batch is already split into microbatches; use "
+               "grad_accum 1 (got {})",
+               dims.pp, grad_accum);
+    ::loom::pipeline::schedule_by_name(
+        pipeline.schedule, static_cast<int>(dims.pp), microbatches(),
+        pipeline.virtual_stages);  // throws naming an unknown schedule
+    LOOM_CHECK((global_batch / dims.dp) % microbatches() == 0,
+               "ParallelConfig: each dp rank's {} sequences do not split into {} microbatches",
+               global_batch / dims.dp, microbatches());
+  } else {
+    LOOM_CHECK(pipeline.microbatches <= 1 && pipeline.virtual_stages == 1,
+               "ParallelConfig: microbatches and virtual_stages apply to pipelines (pp > 1); for "
+               "micro-batches without one use grad_accum (got microbatches {}, virtual_stages {})",
+               pipeline.microbatches, pipeline.virtual_stages);
+  }
+  LOOM_CHECK(dims.tp == 1 || !tp_plan.sequence_parallel || seq_len % dims.tp == 0,
+             "ParallelConfig: sequence parallelism splits each sequence over tp ranks: a "
+             "sequence length of {} does not divide by tp {} (or turn sequence_parallel off)",
+             seq_len, dims.tp);
+}
+
+std::unique_ptr<ParallelModel> build_parallel_gpt(const models::GPTConfig& config, uint64_t seed,
+                                                  std::shared_ptr<const DeviceMesh> mesh,
+                                                  const ParallelConfig& parallel) {
+  LOOM_CHECK(mesh != nullptr, "build_parallel_gpt: the mesh is null");
+  LOOM_CHECK(mesh->dim_names() == parallel.dims.names() && mesh->shape() == parallel.dims.sizes(),
+             "build_parallel_gpt: the mesh {} is not the ({}) mesh of {}; build it with "
+             "ParallelDims::build_mesh",
+             mesh->str(), fmt::join(parallel.dims.names(), ", "), parallel.dims.str());
+  if (parallel.dims.pp > 1) {
+    return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), parallel);
+  }
+  return std::make_unique<DataTensorParallelGPT>(config, seed, mesh, parallel);
+}
+
+}  // namespace loom::train

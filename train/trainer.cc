@@ -1,0 +1,73 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <limits>
+
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::train {
+
+Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
+                 TrainerOptions options)
+    : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
+  LOOM_CHECK(mesh_ != nullptr, "Trainer: the mesh is null");
+  LOOM_CHECK(options_.lr != nullptr,
+             "Trainer: TrainerOptions.lr (the learning-rate schedule) is "
+             "required, e.g. an optim::WarmupCosine");
+  std::vector<Tensor> decay, no_decay;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  }
+  const auto adamw = [&](double weight_decay) {
+    return optim::AdamWOptions{.lr = options_.lr(0),
+                               .beta1 = options_.beta1,
+                               .beta2 = options_.beta2,
+                               .eps = options_.eps,
+                               .weight_decay = weight_decay};
+  };
+  decay_ = std::make_unique<optim::AdamW>(decay, adamw(options_.weight_decay));
+  no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
+}
+
+StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
+  const auto start = std::chrono::steady_clock::now();
+  StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
+  decay_->set_lr(result.lr);
+  no_decay_->set_lr(result.lr);
+  model_.zero_grad();
+  const double local_loss = model_.forward_backward(inputs, targets);
+  result.grad_norm =
+      model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
+  decay_->step();
+  no_decay_->step();
+  // The global batch's loss: the mean over dp of each replica's mean.
+  Tensor loss = ops::full({1}, local_loss, kFloat32, mesh_->device());
+  mesh_->group("dp")->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
+  result.loss = loss.item<double>();
+  result.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++next_step_;
+  for (const StepHook& hook : hooks_) hook(result);
+  return result;
+}
+
+void Trainer::add_step_hook(StepHook hook) {
+  LOOM_CHECK(hook != nullptr, "Trainer::add_step_hook: the hook is empty");
+  hooks_.push_back(std::move(hook));
+}
+
+data::Batch local_batch(const data::TokenData& data, uint64_t seed, int step,
+                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len) {
+  const int64_t dp = mesh.size("dp");
+  LOOM_CHECK(global_batch % dp == 0,
+             "local_batch: a global batch of {} sequences does not split over dp {}", global_batch,
+             dp);
+  const int64_t per_rank = global_batch / dp;
+  const int64_t dp_rank = mesh.coordinate(mesh.dim_index("dp"));
+  data::Batch batch = data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len);
+  const Device device = mesh.device();
+  return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
+}
+
+}  // namespace loom::train

@@ -1,0 +1,71 @@
+// The training step driver every GPT job uses: one optimizer step of a ParallelModel.
+//
+// Trainer::step(inputs, targets) on this dp rank's batch:
+//   1. zero the gradients;
+//   2. forward and backward (gradient accumulation or the pipeline schedule: the model knows);
+//   3. clip the global gradient norm, over every dim of the mesh;
+//   4. AdamW at the schedule's learning rate: decoupled weight decay on matrices (dim >= 2)
+//      only, none on biases, norms' weights and other vectors (nanoGPT's and torchtitan's
+//      grouping);
+//   5. the loss averaged over dp (the global batch's mean loss, the same on every rank);
+// then runs the step hooks (metrics, checkpoints) with the step's figures.
+//
+// Batches are a pure function of (data, seed, step): local_batch() cuts this dp rank's share of
+// the global batch, so changing only the layout leaves the math unchanged.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "models/data/token_data.h"
+#include "optim/optimizer.h"
+#include "train/parallel_gpt.h"
+
+namespace loom::train {
+
+struct TrainerOptions {
+  // Learning rate of step `step` (e.g. an optim::WarmupCosine); required.
+  std::function<double(int step)> lr;
+  double weight_decay = 0.1;                      // on matrices only
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch.optim.AdamW's defaults
+  double clip = 1.0;  // max global gradient norm; <= 0: no clipping (the norm is still reported)
+};
+
+struct StepResult {
+  int step = 0;
+  double loss = 0;       // the global batch's mean loss
+  double grad_norm = 0;  // before clipping
+  double lr = 0;
+  double ms = 0;  // wall time of the step on this rank
+};
+
+class Trainer {
+ public:
+  using StepHook = std::function<void(const StepResult&)>;
+
+  // Collective over `mesh` in step(): every rank constructs its Trainer and steps together.
+  Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh, TrainerOptions options);
+
+  // One optimizer step on this dp rank's batch (B, T), on the mesh's device. Steps count from 0.
+  StepResult step(const Tensor& inputs, const Tensor& targets);
+  // Called after every step, in the order added (all ranks run them; hooks decide who writes).
+  void add_step_hook(StepHook hook);
+  int steps_done() const { return next_step_; }
+
+ private:
+  ParallelModel& model_;
+  std::shared_ptr<const DeviceMesh> mesh_;
+  TrainerOptions options_;
+  std::unique_ptr<optim::AdamW> decay_, no_decay_;
+  std::vector<StepHook> hooks_;
+  int next_step_ = 0;
+};
+
+// This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`
+// tokens, on the mesh's device.
+data::Batch local_batch(const data::TokenData& data, uint64_t seed, int step,
+                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len);
+
+}  // namespace loom::train
