@@ -36,6 +36,7 @@ _SYSTEM_LIBRARIES = [
     ("google_benchmark", "/usr", "benchmark.BUILD"),
     ("nlohmann_json", "/usr", "nlohmann_json.BUILD"),
     ("cli11", "/usr", "cli11.BUILD"),
+    ("tomlplusplus", "/usr", "tomlplusplus.BUILD"),
     ("cuda", "/usr/local/cuda", "cuda.BUILD"),
 ]
 

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -35,6 +36,8 @@
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
+#include "train/job_config.h"
+#include "train/output_files.h"
 #include "train/parallel_gpt.h"
 #include "train/trainer.h"
 
@@ -42,38 +45,16 @@ namespace {
 
 using namespace loom;
 
-struct Flags {
-  int dp = 2, tp = 2, pp = 1;
-  int steps = 300;
-  int batch_size = 16;  // global batch, in sequences per optimizer step
-  int seq_len = 64;
-  int grad_accum = 1;
-  std::string model = "tiny";
-  int n_layer = 0, n_head = 0, n_embd = 0;
-  double lr = 3e-3;
-  uint64_t seed = 1337;
-  std::string data = "/usr/share/common-licenses/GPL-3";
-  std::string metrics_out = "train_gpt_metrics.jsonl";
-  std::string plot_out = "train_gpt_loss.png";
-  std::string init_from, save;
-  std::string launcher;
-  double clip = 1.0;  // gradient-norm clip
-  int sample_tokens = 200;
-  int log_every = 10;
-  bool progress = true;           // a progress bar on the terminal (/dev/tty), when there is one
-  bool sequence_parallel = true;  // with tp > 1: norms and dropout on sequence shards
-  std::string schedule = "1f1b";  // with pp > 1
-  int microbatches = 0;  // 0: pp x virtual stages (every stage busy once the pipeline fills)
-  int virtual_stages = 1;
-  std::string mixed_precision = "none";  // bf16: bf16 compute over f32 master weights
-  std::string device = "auto";           // auto: cuda when a GPU is visible, else cpu
-};
+// Every setting of the job (train/job_config.h): flags, the --config file and the effective
+// config all come from one table of options.
+using Flags = train::JobConfig;
 
 // Warmup over the first 5% of the steps, then cosine decay to 10% of the peak (nanoGPT's).
 optim::WarmupCosine lr_schedule(const Flags& f) {
+  const int steps = static_cast<int>(f.steps);
   return {.peak_lr = f.lr,
-          .warmup_steps = std::min(std::max(1, f.steps / 20), f.steps - 1),
-          .total_steps = f.steps,
+          .warmup_steps = std::min(std::max(1, steps / 20), steps - 1),
+          .total_steps = steps,
           .min_ratio = 0.1};
 }
 
@@ -130,14 +111,14 @@ Device resolve_device(const std::string& flag) {
   return Device::cuda(local_rank);
 }
 
-[[noreturn]] void relaunch(const Flags& f, int argc, char** argv) {
-  const int world = f.dp * f.tp * f.pp;
-  LOOM_CHECK(!f.launcher.empty(),
+[[noreturn]] void relaunch(const Flags& f, const std::string& launcher, int argc, char** argv) {
+  const int64_t world = f.dp * f.tp * f.pp;
+  LOOM_CHECK(!launcher.empty(),
              "train_gpt: {} ranks requested (dp={} tp={} pp={}) but no launcher: run under "
              "loomrun, or pass "
              "--launcher PATH_TO_LOOMRUN (./loom train does)",
              world, f.dp, f.tp, f.pp);
-  std::vector<std::string> args{f.launcher, "--nproc-per-node", std::to_string(world), "--"};
+  std::vector<std::string> args{launcher, "--nproc-per-node", std::to_string(world), "--"};
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   args.push_back(n > 0 ? std::string(self, n) : argv[0]);
@@ -147,22 +128,29 @@ Device resolve_device(const std::string& flag) {
   c_args.push_back(nullptr);
   std::fflush(stdout);
   execv(c_args[0], c_args.data());
-  LOOM_FAIL("train_gpt: could not start the launcher '{}': {}", f.launcher, std::strerror(errno));
+  LOOM_FAIL("train_gpt: could not start the launcher '{}': {}", launcher, std::strerror(errno));
 }
 
+// The loss curve: its points and gnuplot script beside the PNG, then gnuplot. A point file or
+// script that cannot be written is an error; a missing or failing gnuplot leaves the points and
+// says so.
 void write_plot(const std::vector<double>& losses, double entropy, const std::string& png) {
   const std::string data = png + ".dat", script = png + ".gnuplot";
-  std::ofstream points(data);
-  for (size_t step = 0; step < losses.size(); ++step) points << step << " " << losses[step] << "\n";
-  points.close();
-  std::ofstream out(script);
-  out << "set terminal pngcairo size 800,500\nset output '" << png
-      << "'\nset xlabel 'step'\nset ylabel 'loss (nats)'\n"
-      << "set title 'train_gpt' noenhanced\nset grid\nplot '" << data
-      << "' using 1:2 with lines title 'loss', " << entropy
-      << " with lines dashtype 2 title 'unigram entropy of the data'\n";
-  out.close();
-  if (std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str()) == 0) {
+  std::string points;
+  for (size_t step = 0; step < losses.size(); ++step) {
+    points += fmt::format("{} {}\n", step, losses[step]);
+  }
+  train::write_file(data, points, "--plot-out");
+  train::write_file(script,
+                    fmt::format("set terminal pngcairo size 800,500\nset output '{}'\n"
+                                "set xlabel 'step'\nset ylabel 'loss (nats)'\n"
+                                "set title 'train_gpt' noenhanced\nset grid\n"
+                                "plot '{}' using 1:2 with lines title 'loss', {} with lines "
+                                "dashtype 2 title 'unigram entropy of the data'\n",
+                                png, data, entropy),
+                    "--plot-out");
+  const int status = std::system(fmt::format("gnuplot '{}' 2>/dev/null", script).c_str());
+  if (status == 0 && std::filesystem::exists(png)) {
     fmt::print("loss curve: {}\n", png);
   } else {
     fmt::print(
@@ -184,14 +172,20 @@ void keep_freed_tensor_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
+// The path the effective config is written to, beside the metrics: m.jsonl -> m.config.toml.
+std::string config_path_beside(const std::string& metrics) {
+  const std::filesystem::path path(metrics);
+  return (path.parent_path() / (path.stem().string() + ".config.toml")).string();
+}
+
 // The job's parallel layout from the flags (validated against the world and the batch in run).
 train::ParallelConfig parallel_config(const Flags& f) {
   return {.dims = {.pp = f.pp, .dp = f.dp, .tp = f.tp},
           .tp_plan = {.sequence_parallel = f.sequence_parallel},
-          .grad_accum = f.grad_accum,
+          .grad_accum = static_cast<int>(f.grad_accum),
           .pipeline = {.schedule = f.schedule,
-                       .microbatches = f.microbatches,
-                       .virtual_stages = f.virtual_stages},
+                       .microbatches = static_cast<int>(f.microbatches),
+                       .virtual_stages = static_cast<int>(f.virtual_stages)},
           .mixed_precision = f.mixed_precision == "bf16" ? std::optional<nn::MixedPrecisionPolicy>(
                                                                nn::MixedPrecisionPolicy{})
                                                          : std::nullopt};
@@ -204,6 +198,7 @@ int run(Flags f) {
   const int rank = world->rank();
   const train::ParallelConfig parallel = parallel_config(f);
   parallel.validate(world->size(), f.batch_size, f.seq_len);
+
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
   const auto mesh = parallel.dims.build_mesh(world);
 
@@ -224,11 +219,17 @@ int run(Flags f) {
 
   const double entropy = data::unigram_entropy(tokens);
   const int64_t parameters = config.parameter_count();
-  std::ofstream metrics;
+  train::LineWriter metrics;
   if (rank == 0) {
+    // The effective config, once: printed, and written beside the metrics so that
+    // `--config <that file>` repeats the run exactly.
+    const std::string effective = train::to_toml(f);
+    const std::string effective_path = config_path_beside(f.metrics_out);
+    fmt::print("train_gpt: effective config (also in {}):\n{}", effective_path, effective);
+    train::write_file(effective_path, effective, "--metrics-out (the effective config beside it)");
     fmt::print("train_gpt: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", parameters,
                f.model, mesh->str(), tokens.description, entropy);
-    metrics.open(f.metrics_out);
+    metrics = train::LineWriter(f.metrics_out, "--metrics-out");
   }
   double last_loss = 0;
   std::vector<double> losses;
@@ -245,7 +246,7 @@ int run(Flags f) {
                         {"ms_per_step", r.ms},
                         {"peak_mem_bytes", peak_memory_bytes(device)},
                         {"grad_norm", r.grad_norm}};
-    metrics << line.dump() << "\n" << std::flush;
+    metrics.write_line(line.dump());
     if (r.step % f.log_every == 0 || r.step + 1 == f.steps) {
       progress.clear();
       fmt::print(
@@ -315,62 +316,98 @@ int run(Flags f) {
 
 }  // namespace
 
+// The paths a job reads and writes, checked before anything starts: a missing input or an output
+// that cannot be written is a bad flag (exit 2), not a failure after the training.
+void check_paths(const Flags& f) {
+  const auto readable_file = [](const std::string& path, std::string_view flag) {
+    std::error_code ec;
+    LOOM_CHECK(std::filesystem::exists(path, ec), "{}: '{}' does not exist", flag, path);
+    LOOM_CHECK(std::filesystem::is_regular_file(path, ec), "{}: '{}' is not a file", flag, path);
+    LOOM_CHECK(::access(path.c_str(), R_OK) == 0, "{}: cannot read '{}': {}", flag, path,
+               std::strerror(errno));
+  };
+  readable_file(f.data, "--data");
+  if (!f.init_from.empty()) readable_file(f.init_from, "--init-from");
+  train::check_writable(f.metrics_out, "--metrics-out");
+  train::check_writable(config_path_beside(f.metrics_out), "--metrics-out");
+  train::check_writable(f.plot_out, "--plot-out");
+  if (!f.save.empty()) train::check_writable(f.save, "--save");
+}
+
+// Flags and the --config file -> the job's settings. Exits 0 after --help; throws CLI::ParseError
+// for flags CLI11 rejects (unknown, missing value) and loom::Error for a bad value or file.
+struct Parsed {
+  Flags flags;
+  std::string launcher;
+  bool help = false;
+};
+
+Parsed parse_command_line(int argc, char** argv) {
+  CLI::App app{
+      "Train a GPT with data, tensor and pipeline parallelism (./loom train). Settings come from "
+      "the defaults, then --config FILE (TOML, sections as below), then the flags given."};
+  std::string config_file;
+  app.add_option("--config", config_file,
+                 "TOML job file: [model], [parallel], [training], [data], [checkpoint], "
+                 "[output]; flags on the command line override it");
+  Parsed parsed;
+  app.add_option("--launcher", parsed.launcher,
+                 "loomrun, used to start the ranks when not launched");
+  const auto options = train::job_options();
+  const train::JobConfig defaults;
+  std::vector<std::string> raw(options.size());
+  for (size_t i = 0; i < options.size(); ++i) {
+    const train::JobOption& o = options[i];
+    const std::string help = fmt::format("{}; default {} ([{}] {})", o.help,
+                                         train::option_toml(defaults, o), o.section, o.key);
+    if (o.is_bool()) {
+      app.add_flag_callback(
+          o.flag(), [&raw, i] { raw[i] = "true"; }, help);
+      std::string no = "--no-" + o.flag().substr(2);
+      app.add_flag_callback(
+          no, [&raw, i] { raw[i] = "false"; }, "turn " + o.flag() + " off");
+    } else {
+      const char* type = std::holds_alternative<int64_t train::JobConfig::*>(o.field)  ? "INT"
+                         : std::holds_alternative<double train::JobConfig::*>(o.field) ? "FLOAT"
+                                                                                       : "TEXT";
+      app.add_option(o.flag(), raw[i], help)
+          ->type_name(type)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    parsed.help = true;
+    return parsed;
+  }
+  if (!config_file.empty()) train::load_job_toml(parsed.flags, config_file);
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (!raw[i].empty()) train::set_option(parsed.flags, options[i], raw[i], options[i].flag());
+  }
+  check_paths(parsed.flags);
+  return parsed;
+}
+
 int main(int argc, char** argv) {
   keep_freed_tensor_memory();
-  Flags f;
-  CLI::App app{"Train a GPT with data and tensor parallelism on CPU ranks"};
-  app.add_option("--dp", f.dp, "data-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--tp", f.tp, "tensor-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--pp", f.pp, "pipeline-parallel degree (stages over ranks)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--microbatches", f.microbatches,
-                 "with --pp: microbatches per step (split of each dp rank's batch); default pp x "
-                 "virtual stages")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--schedule", f.schedule, "with --pp: gpipe, 1f1b or interleaved")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved"}));
-  app.add_option("--device", f.device,
-                 "auto (cuda when a GPU is visible), cpu or cuda (one GPU per rank)")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--mixed-precision", f.mixed_precision,
-                 "bf16: compute in bf16 over f32 master weights (optimizer, clipping and DDP stay "
-                 "f32); none: f32")
-      ->check(CLI::IsMember({"none", "bf16"}));
-  app.add_option("--virtual-stages", f.virtual_stages,
-                 "with --schedule interleaved: stages per rank")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", f.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", f.batch_size, "global batch in sequences per step")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seq-len", f.seq_len, "tokens per sequence")->check(CLI::PositiveNumber);
-  app.add_option("--grad-accum", f.grad_accum, "micro-batches per step")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--model", f.model, "tiny or small (GPT-2 124M)");
-  app.add_option("--n-layer", f.n_layer, "override the preset's layers");
-  app.add_option("--n-head", f.n_head, "override the preset's heads");
-  app.add_option("--n-embd", f.n_embd, "override the preset's width");
-  app.add_option("--lr", f.lr, "peak learning rate (warmup, then cosine)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", f.seed, "seed for initialization and batches");
-  app.add_option("--clip", f.clip, "clip the global gradient norm to this")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--data", f.data, "a text file (byte tokens) or a GPT-2 token .bin file");
-  app.add_option("--metrics-out", f.metrics_out, "JSONL metrics, one object per step");
-  app.add_option("--plot-out", f.plot_out, "loss-curve PNG");
-  app.add_option(
-      "--init-from", f.init_from,
-      "Hugging Face GPT-2 safetensors checkpoint to start from (shapes must match the model)");
-  app.add_option("--save", f.save, "Hugging Face GPT-2 safetensors file to write after training");
-  app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end");
-  app.add_flag("--sequence-parallel,!--no-sequence-parallel", f.sequence_parallel,
-               "with --tp > 1, run norms and dropout on sequence shards (default: on)");
-  app.add_option("--log-every", f.log_every, "print every N steps")->check(CLI::PositiveNumber);
-  app.add_flag("!--no-progress", f.progress, "no progress bar on the terminal");
-  app.add_option("--launcher", f.launcher, "loomrun, used to start the ranks when not launched");
-  CLI11_PARSE(app, argc, argv);
+  // Bad flags and config files exit 2, like loomrun's; a failure while training exits 1.
+  Parsed parsed;
   try {
+    parsed = parse_command_line(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    fmt::print(stderr, "train_gpt: {}\n", error.what());
+    return 2;
+  } catch (const Error& error) {
+    fmt::print(stderr, "train_gpt: {}\n", error.what());
+    return 2;
+  }
+  if (parsed.help) return 0;
+  try {
+    const Flags& f = parsed.flags;
     if (std::getenv("RANK") == nullptr) {
-      if (f.dp * f.tp * f.pp > 1) relaunch(f, argc, argv);
+      if (f.dp * f.tp * f.pp > 1) relaunch(f, parsed.launcher, argc, argv);
       // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
       setenv("RANK", "0", 1);
       setenv("WORLD_SIZE", "1", 1);
@@ -379,6 +416,12 @@ int main(int argc, char** argv) {
   } catch (const Error& error) {
     // The messages name train_gpt (or the library function that failed) themselves.
     fmt::print(stderr, "{}\n", error.what());
+    return 1;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "train_gpt: unexpected error: {}\n", error.what());
+    return 1;
+  } catch (...) {
+    fmt::print(stderr, "train_gpt: unexpected error of an unknown type\n");
     return 1;
   }
 }

@@ -1,7 +1,9 @@
 #include "models/data/token_data.h"
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -25,10 +27,20 @@ constexpr uint16_t kGpt2Vocab = 50257;
 }  // namespace
 
 TokenData load_tokens(const std::string& path) {
+  std::error_code ec;
+  LOOM_CHECK(std::filesystem::exists(path, ec), "load_tokens: '{}' does not exist", path);
+  LOOM_CHECK(!std::filesystem::is_directory(path, ec),
+             "load_tokens: '{}' is a folder; expected a text file or a GPT-2 token .bin file",
+             path);
   std::ifstream file(path, std::ios::binary);
-  LOOM_CHECK(file.good(), "load_tokens: cannot open '{}'", path);
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
-                                std::istreambuf_iterator<char>());
+  LOOM_CHECK(file.good(), "load_tokens: cannot open '{}': {}", path, std::strerror(errno));
+  std::vector<char> bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  } catch (const std::ios_base::failure& e) {
+    LOOM_FAIL("load_tokens: reading '{}' failed: {}", path, e.what());
+  }
+  LOOM_CHECK(!file.bad(), "load_tokens: reading '{}' failed: {}", path, std::strerror(errno));
   LOOM_CHECK(!bytes.empty(), "load_tokens: '{}' is empty", path);
   TokenData data;
   if (ends_with(path, ".bin")) {
@@ -65,7 +77,9 @@ TokenData load_tokens(const std::string& path) {
 
 Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count,
                   int64_t seq_len) {
-  const int64_t span = static_cast<int64_t>(data.tokens.size()) - seq_len - 1;
+  // Start positions 0 .. tokens - seq_len - 1: a window of seq_len inputs and the target after
+  // each, so a file of exactly seq_len + 1 tokens holds one sequence.
+  const int64_t span = static_cast<int64_t>(data.tokens.size()) - seq_len;
   LOOM_CHECK(span > 0, "batch_slice: {} holds {} tokens, too few for sequences of {} (+1)",
              data.description, data.tokens.size(), seq_len);
   std::vector<int64_t> inputs, targets;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 
 #include "base/error.h"
 #include "tensor/ops.h"
@@ -60,7 +61,12 @@ TEST(TokenDataTest, Gpt2TokenFilesWithAndWithoutHeader) {
 }
 
 TEST(TokenDataTest, BadFilesAreNamed) {
-  EXPECT_THAT(error_of("/nonexistent/x.txt"), HasSubstr("cannot open '/nonexistent/x.txt'"));
+  EXPECT_THAT(error_of("/nonexistent/x.txt"), HasSubstr("'/nonexistent/x.txt' does not exist"));
+  // A folder once escaped as std::ios_base::failure and aborted every rank.
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string folder = tmp ? tmp : "/tmp";
+  EXPECT_EQ(error_of(folder), "load_tokens: '" + folder +
+                                  "' is a folder; expected a text file or a GPT-2 token .bin file");
   EXPECT_THAT(error_of(write_file("empty.txt", "")), HasSubstr("is empty"));
   EXPECT_THAT(error_of(write_file("odd.bin", "abc")),
               HasSubstr("not a whole number of uint16 tokens"));
@@ -85,6 +91,37 @@ TEST(TokenDataTest, BatchesArePureFunctionsOfSeedAndStepAndRanksSliceThem) {
   for (int b = 0; b < 4; ++b) {
     for (int t = 0; t + 1 < 8; ++t) EXPECT_EQ(target[b * 8 + t], in[b * 8 + t + 1]);
   }
+}
+
+// seq_len + 1 tokens hold exactly one sequence (its inputs and the target after each), and the
+// last window of a longer file is one the sampler can draw.
+TEST(TokenDataTest, TheLastWindowIsReachable) {
+  const TokenData exact = load_tokens(write_file("exact.txt", "abcdefghi"));  // 9 tokens
+  const Batch one = batch_slice(exact, 7, 0, 0, 3, 8);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_EQ(ops::to_vector(ops::narrow(one.inputs, 0, b, 1)),
+              (std::vector<double>{'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'}));
+    EXPECT_EQ(ops::to_vector(ops::narrow(one.targets, 0, b, 1)),
+              (std::vector<double>{'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i'}));
+  }
+  EXPECT_THAT(error_of(write_file("short.txt", "abcdefgh")), HasSubstr("accepted"));
+  EXPECT_THAT(
+      [&] {
+        try {
+          batch_slice(load_tokens(write_file("eight.txt", "abcdefgh")), 7, 0, 0, 1, 8);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string("accepted");
+      }(),
+      HasSubstr("holds 8 tokens, too few for sequences of 8 (+1)"));
+  // 10 tokens, windows of 8 (+1 target): starts 0 and 1, the last one included, both drawn.
+  const TokenData ten = load_tokens(write_file("ten.txt", "abcdefghij"));
+  std::set<double> firsts;
+  for (int step = 0; step < 64; ++step) {
+    firsts.insert(ops::to_vector(batch_slice(ten, 3, step, 0, 1, 8).inputs)[0]);
+  }
+  EXPECT_EQ(firsts, (std::set<double>{'a', 'b'}));
 }
 
 TEST(TokenDataTest, UnigramEntropy) {

@@ -1,0 +1,341 @@
+#include "train/job_config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "base/error.h"
+
+namespace loom::train {
+
+namespace {
+
+using Range = JobOption::Range;
+using C = JobConfig;
+
+const std::vector<JobOption>& options() {
+  static const std::vector<JobOption> table = {
+      {"model",
+       "model",
+       "GPT preset: tiny or small (GPT-2 124M)",
+       &C::model,
+       Range::kAny,
+       {"tiny", "small"}},
+      {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
+      {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
+      {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},
+      {"parallel", "dp", "data-parallel degree (DDP replicas)", &C::dp, Range::kPositive},
+      {"parallel", "tp", "tensor-parallel degree", &C::tp, Range::kPositive},
+      {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},
+      {"parallel", "sequence_parallel",
+       "with tp > 1, norms and dropout on sequence shards (--no-sequence-parallel: off)",
+       &C::sequence_parallel},
+      {"parallel", "grad_accum", "micro-batches per step without a pipeline", &C::grad_accum,
+       Range::kPositive},
+      {"parallel",
+       "schedule",
+       "with pp > 1: gpipe, 1f1b or interleaved",
+       &C::schedule,
+       Range::kAny,
+       {"gpipe", "1f1b", "interleaved"}},
+      {"parallel", "microbatches", "with pp > 1: microbatches per step (0: pp x virtual stages)",
+       &C::microbatches, Range::kNonNegative},
+      {"parallel", "virtual_stages", "with the interleaved schedule: stages per rank",
+       &C::virtual_stages, Range::kPositive},
+      {"training", "steps", "optimizer steps", &C::steps, Range::kPositive},
+      {"training", "batch_size", "global batch in sequences per step", &C::batch_size,
+       Range::kPositive},
+      {"training", "seq_len", "tokens per sequence", &C::seq_len, Range::kPositive},
+      {"training", "lr", "peak learning rate (warmup, then cosine)", &C::lr, Range::kPositive},
+      {"training", "clip", "clip the global gradient norm to this", &C::clip, Range::kPositive},
+      {"training", "seed", "seed for initialization and batches", &C::seed, Range::kNonNegative},
+      {"training",
+       "mixed_precision",
+       "bf16: bf16 compute over f32 master weights; none: all f32",
+       &C::mixed_precision,
+       Range::kAny,
+       {"none", "bf16"}},
+      {"training",
+       "device",
+       "auto (cuda when every local rank has a GPU), cpu or cuda",
+       &C::device,
+       Range::kAny,
+       {"auto", "cpu", "cuda"}},
+      {"data", "data", "a text file (byte tokens) or a GPT-2 token .bin file", &C::data},
+      {"checkpoint", "init_from", "Hugging Face GPT-2 safetensors checkpoint to start from",
+       &C::init_from},
+      {"checkpoint", "save", "Hugging Face GPT-2 safetensors file to write after training",
+       &C::save},
+      {"output", "metrics_out", "JSONL metrics, one object per step", &C::metrics_out},
+      {"output", "plot_out", "loss-curve PNG", &C::plot_out},
+      {"output", "sample_tokens", "tokens to generate at the end", &C::sample_tokens,
+       Range::kNonNegative},
+      {"output", "log_every", "print every N steps", &C::log_every, Range::kPositive},
+      {"output", "progress", "a progress bar on the terminal (--no-progress: off)", &C::progress},
+  };
+  return table;
+}
+
+std::string_view range_words(Range range) {
+  switch (range) {
+    case Range::kPositive:
+      return "positive ";
+    case Range::kNonNegative:
+      return "non-negative ";
+    case Range::kAny:
+      return "";
+  }
+  return "";
+}
+
+std::string describe(const OptionValue& value) {
+  return std::visit(
+      [](const auto& v) -> std::string {
+        using V = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<V, std::string>) return fmt::format("'{}'", v);
+        if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
+        if constexpr (!std::is_same_v<V, std::string> && !std::is_same_v<V, bool>) {
+          return fmt::format("{}", v);
+        }
+      },
+      value);
+}
+
+std::string_view type_name(const OptionValue& value) {
+  switch (value.index()) {
+    case 0:
+      return "an integer";
+    case 1:
+      return "a float";
+    case 2:
+      return "a boolean";
+    default:
+      return "a string";
+  }
+}
+
+template <typename Number>
+void check_range(const JobOption& option, Number value, const std::string& where,
+                 const OptionValue& given) {
+  const bool ok = option.range == Range::kAny || (option.range == Range::kPositive && value > 0) ||
+                  (option.range == Range::kNonNegative && value >= 0);
+  LOOM_CHECK(ok, "{}: expected a {}{}, got {}", where, range_words(option.range),
+             std::is_integral_v<Number> ? "integer" : "number", describe(given));
+}
+
+int64_t to_int(const JobOption& option, const OptionValue& value, const std::string& where) {
+  int64_t out = 0;
+  if (const auto* text = std::get_if<std::string>(&value)) {
+    const char* end = text->data() + text->size();
+    const auto [ptr, ec] = std::from_chars(text->data(), end, out);
+    LOOM_CHECK(!text->empty() && ec == std::errc() && ptr == end,
+               "{}: expected a {}integer, got {}", where, range_words(option.range),
+               describe(value));
+  } else {
+    LOOM_CHECK(std::holds_alternative<int64_t>(value), "{}: expected a {}integer, got {} ({})",
+               where, range_words(option.range), type_name(value), describe(value));
+    out = std::get<int64_t>(value);
+  }
+  check_range(option, out, where, value);
+  return out;
+}
+
+double to_double(const JobOption& option, const OptionValue& value, const std::string& where) {
+  double out = 0;
+  if (const auto* text = std::get_if<std::string>(&value)) {
+    char* end = nullptr;
+    errno = 0;
+    out = std::strtod(text->c_str(), &end);
+    LOOM_CHECK(
+        !text->empty() && end == text->c_str() + text->size() && errno == 0 && std::isfinite(out),
+        "{}: expected a {}number, got {}", where, range_words(option.range), describe(value));
+  } else if (const auto* i = std::get_if<int64_t>(&value)) {
+    out = static_cast<double>(*i);
+  } else {
+    LOOM_CHECK(std::holds_alternative<double>(value), "{}: expected a {}number, got {} ({})", where,
+               range_words(option.range), type_name(value), describe(value));
+    out = std::get<double>(value);
+    LOOM_CHECK(std::isfinite(out), "{}: expected a finite number, got {}", where, out);
+  }
+  check_range(option, out, where, value);
+  return out;
+}
+
+bool to_bool(const OptionValue& value, const std::string& where) {
+  if (const auto* text = std::get_if<std::string>(&value)) {
+    LOOM_CHECK(*text == "true" || *text == "false", "{}: expected true or false, got {}", where,
+               describe(value));
+    return *text == "true";
+  }
+  LOOM_CHECK(std::holds_alternative<bool>(value), "{}: expected true or false, got {} ({})", where,
+             type_name(value), describe(value));
+  return std::get<bool>(value);
+}
+
+std::string to_string(const JobOption& option, const OptionValue& value, const std::string& where) {
+  LOOM_CHECK(std::holds_alternative<std::string>(value), "{}: expected a string, got {} ({})",
+             where, type_name(value), describe(value));
+  const std::string& text = std::get<std::string>(value);
+  LOOM_CHECK(
+      option.choices.empty() ||
+          std::find(option.choices.begin(), option.choices.end(), text) != option.choices.end(),
+      "{}: expected one of {}, got {}", where, fmt::join(option.choices, ", "), describe(value));
+  return text;
+}
+
+// A TOML string with the escapes TOML requires.
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::vector<std::string_view> keys_of(std::string_view section) {
+  std::vector<std::string_view> keys;
+  for (const JobOption& o : options()) {
+    if (o.section == section) keys.push_back(o.key);
+  }
+  return keys;
+}
+
+std::vector<std::string_view> sections() {
+  std::vector<std::string_view> out;
+  for (const JobOption& o : options()) {
+    if (std::find(out.begin(), out.end(), o.section) == out.end()) out.push_back(o.section);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string JobOption::flag() const {
+  std::string name(key);
+  std::replace(name.begin(), name.end(), '_', '-');
+  return "--" + name;
+}
+
+std::span<const JobOption> job_options() { return options(); }
+
+void set_option(JobConfig& config, const JobOption& option, const OptionValue& value,
+                const std::string& where) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(config.*member)>;
+        if constexpr (std::is_same_v<T, int64_t>) config.*member = to_int(option, value, where);
+        if constexpr (std::is_same_v<T, double>) config.*member = to_double(option, value, where);
+        if constexpr (std::is_same_v<T, bool>) config.*member = to_bool(value, where);
+        if constexpr (std::is_same_v<T, std::string>) {
+          config.*member = to_string(option, value, where);
+        }
+      },
+      option.field);
+}
+
+std::string option_toml(const JobConfig& config, const JobOption& option) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        const auto& v = config.*member;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::string>) return toml_string(v);
+        if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+        if constexpr (std::is_same_v<T, int64_t>) return fmt::format("{}", v);
+        if constexpr (std::is_same_v<T, double>) {
+          // The shortest text that reads back to the same double, as a TOML float.
+          std::string text = fmt::format("{}", v);
+          if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
+          return text;
+        }
+      },
+      option.field);
+}
+
+void load_job_toml(JobConfig& config, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in.good(), "--config: cannot read the job file '{}': {}", path, std::strerror(errno));
+  std::stringstream text;
+  text << in.rdbuf();
+  LOOM_CHECK(!in.bad(), "--config: cannot read the job file '{}'", path);
+  toml::table root;
+  try {
+    root = toml::parse(text.str(), path);
+  } catch (const toml::parse_error& e) {
+    LOOM_FAIL("{}:{}:{}: not valid TOML: {}", path, e.source().begin.line, e.source().begin.column,
+              e.description());
+  }
+  const std::vector<std::string_view> known_sections = sections();
+  for (const auto& [section_key, section_node] : root) {
+    const std::string section(section_key.str());
+    LOOM_CHECK(
+        std::find(known_sections.begin(), known_sections.end(), section) != known_sections.end(),
+        "{}: unknown {} '{}'; the sections are [{}]", path,
+        section_node.is_table() ? "section" : "top-level key", section,
+        fmt::join(known_sections, "], ["));
+    const toml::table* table = section_node.as_table();
+    LOOM_CHECK(table != nullptr, "{}: '{}' must be a section ([{}]), got a value", path, section,
+               section);
+    for (const auto& [key_node, node] : *table) {
+      const std::string key(key_node.str());
+      const auto option = std::find_if(options().begin(), options().end(), [&](const JobOption& o) {
+        return o.section == section && o.key == key;
+      });
+      LOOM_CHECK(option != options().end(), "{}: unknown key '{}' in [{}]; its keys are {}", path,
+                 key, section, fmt::join(keys_of(section), ", "));
+      const std::string where = fmt::format("{}: [{}] {}", path, section, key);
+      OptionValue value;
+      if (const auto i = node.value_exact<int64_t>()) {
+        value = *i;
+      } else if (const auto d = node.value_exact<double>()) {
+        value = *d;
+      } else if (const auto b = node.value_exact<bool>()) {
+        value = *b;
+      } else if (const auto s = node.value_exact<std::string>()) {
+        value = *s;
+      } else {
+        LOOM_FAIL("{}: expected a single value, got {}", where,
+                  node.is_table()   ? "a table"
+                  : node.is_array() ? "an array"
+                                    : "a date or time");
+      }
+      if (std::holds_alternative<std::string>(value) &&
+          !std::holds_alternative<std::string JobConfig::*>(option->field)) {
+        // A quoted number or boolean in a file is a type error, not text to parse.
+        LOOM_FAIL("{}: expected {}, got a string ({})", where,
+                  option->is_bool()                                            ? "true or false"
+                  : std::holds_alternative<double JobConfig::*>(option->field) ? "a number"
+                                                                               : "an integer",
+                  describe(value));
+      }
+      set_option(config, *option, value, where);
+    }
+  }
+}
+
+std::string to_toml(const JobConfig& config) {
+  std::string out;
+  for (std::string_view section : sections()) {
+    out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", section);
+    for (const JobOption& o : options()) {
+      if (o.section == section) out += fmt::format("{} = {}\n", o.key, option_toml(config, o));
+    }
+  }
+  return out;
+}
+
+}  // namespace loom::train

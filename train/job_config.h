@@ -1,0 +1,97 @@
+// A GPT training job's settings (torchtitan's JobConfig): one struct, and one table of options
+// that gives each setting its TOML section and key, its command-line flag, its help and its
+// valid values. The job's flags, its config file (`--config job.toml`), the effective config it
+// prints and writes, and every value check come from that table, so a setting is declared once.
+//
+//   [parallel]            <->  --dp 2, --tp 2, --sequence-parallel / --no-sequence-parallel
+//   dp = 2
+//   tp = 2
+//
+// Values are checked where they come from, naming it: "job.toml: [training] steps: expected a
+// positive integer, got 0" or "--steps: expected a positive integer, got '0'". Unknown keys and
+// sections are errors naming them (and the keys that exist).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace loom::train {
+
+struct JobConfig {
+  // [model]
+  std::string model = "tiny";                   // preset: tiny | small (GPT-2 124M)
+  int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the preset's
+  // [parallel]
+  int64_t dp = 2, tp = 2, pp = 1;
+  bool sequence_parallel = true;
+  int64_t grad_accum = 1;
+  std::string schedule = "1f1b";
+  int64_t microbatches = 0;  // 0: pp x virtual_stages
+  int64_t virtual_stages = 1;
+  // [training]
+  int64_t steps = 300;
+  int64_t batch_size = 16;  // global, in sequences per optimizer step
+  int64_t seq_len = 64;
+  double lr = 3e-3;
+  double clip = 1.0;
+  int64_t seed = 1337;
+  std::string mixed_precision = "none";  // none | bf16
+  std::string device = "auto";           // auto | cpu | cuda
+  // [data]
+  std::string data = "/usr/share/common-licenses/GPL-3";
+  // [checkpoint]
+  std::string init_from;  // Hugging Face GPT-2 safetensors to start from
+  std::string save;       // ... to write after training
+  // [output]
+  std::string metrics_out = "train_gpt_metrics.jsonl";
+  std::string plot_out = "train_gpt_loss.png";
+  int64_t sample_tokens = 200;
+  int64_t log_every = 10;
+  bool progress = true;
+};
+
+// A value as a source gives it: TOML's own types, or a command line's text.
+using OptionValue = std::variant<int64_t, double, bool, std::string>;
+
+struct JobOption {
+  enum class Range { kAny, kPositive, kNonNegative };
+  using Field = std::variant<int64_t JobConfig::*, double JobConfig::*, bool JobConfig::*,
+                             std::string JobConfig::*>;
+  std::string_view section;
+  std::string_view key;  // also the flag: --key with '-' for '_'
+  std::string_view help;
+  Field field;
+  Range range = Range::kAny;
+  std::vector<std::string_view> choices = {};  // a string option's allowed values (empty: any)
+
+  std::string flag() const;  // "--batch-size"
+  bool is_bool() const { return std::holds_alternative<bool JobConfig::*>(field); }
+};
+
+// Every option, in the order the config prints them (by section).
+std::span<const JobOption> job_options();
+
+// Sets `option`'s field of `config` from a value. `where` names the source in errors
+// ("job.toml: [training] steps" or "--steps"). A string value is parsed to the option's kind
+// (the command line's case); a TOML value must have the option's type (an integer is accepted
+// for a float). Throws loom::Error naming `where`, what was expected and what was given.
+void set_option(JobConfig& config, const JobOption& option, const OptionValue& value,
+                const std::string& where);
+
+// The option's value in `config`, as TOML text ("2", "3.0e-03", "true", "\"1f1b\"").
+std::string option_toml(const JobConfig& config, const JobOption& option);
+
+// Reads a TOML job file into `config` (keys it lacks keep their values). Throws loom::Error
+// naming the path for a missing or unreadable file or a TOML syntax error (with line and column),
+// and naming the section and key for an unknown one or a bad value.
+void load_job_toml(JobConfig& config, const std::string& path);
+
+// The whole config as a TOML document, one section per group, every key present: what the job
+// prints at start and writes beside its metrics, and what `--config` reads back to repeat a run.
+std::string to_toml(const JobConfig& config);
+
+}  // namespace loom::train
