@@ -178,6 +178,21 @@ std::string config_path_beside(const std::string& metrics) {
   return (path.parent_path() / (path.stem().string() + ".config.toml")).string();
 }
 
+// The model the flags describe: the preset with the sizes given (the vocabulary comes from the
+// data). A sequence longer than the context is an error, never a silently larger model.
+models::GPTConfig model_config(const Flags& f) {
+  models::GPTConfig config = models::GPTConfig::preset(f.model);
+  if (f.n_layer) config.n_layer = f.n_layer;
+  if (f.n_head) config.n_head = f.n_head;
+  if (f.n_embd) config.n_embd = f.n_embd;
+  if (f.block_size) config.block_size = f.block_size;
+  LOOM_CHECK(f.seq_len <= config.block_size,
+             "--seq-len: {} tokens per sequence is more than the model's context of {} "
+             "(--block-size{}); pass a larger --block-size or a shorter --seq-len",
+             f.seq_len, config.block_size, f.block_size ? "" : ", the preset's");
+  return config;
+}
+
 // The job's parallel layout from the flags (validated against the world and the batch in run).
 train::ParallelConfig parallel_config(const Flags& f) {
   return {.dims = {.pp = f.pp, .dp = f.dp, .tp = f.tp},
@@ -203,12 +218,8 @@ int run(Flags f) {
   const auto mesh = parallel.dims.build_mesh(world);
 
   const data::TokenData tokens = data::load_tokens(f.data);
-  models::GPTConfig config = models::GPTConfig::preset(f.model);
-  if (f.n_layer) config.n_layer = f.n_layer;
-  if (f.n_head) config.n_head = f.n_head;
-  if (f.n_embd) config.n_embd = f.n_embd;
+  models::GPTConfig config = model_config(f);
   config.vocab_size = tokens.vocab_size;
-  config.block_size = std::max<int64_t>(config.block_size, f.seq_len);
   const auto model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
@@ -387,6 +398,7 @@ Parsed parse_command_line(int argc, char** argv) {
     if (!raw[i].empty()) train::set_option(parsed.flags, options[i], raw[i], options[i].flag());
   }
   check_paths(parsed.flags);
+  model_config(parsed.flags).validate();  // the sizes and the context, before anything starts
   return parsed;
 }
 
@@ -407,6 +419,13 @@ int main(int argc, char** argv) {
   try {
     const Flags& f = parsed.flags;
     if (std::getenv("RANK") == nullptr) {
+      // Not launched. A WORLD_SIZE left in the environment means a launcher was meant to run
+      // this: never a silent one-rank run of a job meant to be several.
+      const char* world_size = std::getenv("WORLD_SIZE");
+      LOOM_CHECK(world_size == nullptr,
+                 "train_gpt: WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) "
+                 "sets both for each rank. Unset WORLD_SIZE to let train_gpt start its own ranks",
+                 world_size ? world_size : "");
       if (f.dp * f.tp * f.pp > 1) relaunch(f, parsed.launcher, argc, argv);
       // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
       setenv("RANK", "0", 1);

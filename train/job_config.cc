@@ -32,6 +32,10 @@ const std::vector<JobOption>& options() {
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
       {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},
+      {"model", "block_size",
+       "context length, the most tokens a sequence may have (0: the "
+       "preset's)",
+       &C::block_size, Range::kNonNegative},
       {"parallel", "dp", "data-parallel degree (DDP replicas)", &C::dp, Range::kPositive},
       {"parallel", "tp", "tensor-parallel degree", &C::tp, Range::kPositive},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},

@@ -50,6 +50,11 @@ expect_error 2 "train_gpt: typed.toml: [training] steps: expected an integer, go
 printf '[training\n' >broken.toml
 expect_error 2 "train_gpt: broken.toml:1:" --config broken.toml
 
+expect_error 2 "train_gpt: --seq-len: 128 tokens per sequence is more than the model's context of 64 (--block-size, the preset's)" \
+  --seq-len 128
+expect_error 2 "train_gpt: GPTConfig: n_embd=64 is not divisible by n_head=5" --n-head 5 --dp 1 --tp 1
+WORLD_SIZE=4 expect_error 1 "train_gpt: WORLD_SIZE=4 is set but RANK is not" --dp 1 --tp 1
+
 # A config file sets the job; a flag overrides it; the effective config repeats it.
 "$train" --no-progress --config "$configs/default.toml" --dp 1 --tp 1 --steps 3 \
   --sample-tokens 0 --metrics-out first.jsonl --plot-out first.png >first.log 2>&1 ||
