@@ -30,6 +30,7 @@
 #include "comm/init.h"
 #include "comm/launch_env.h"
 #include "mesh/device_mesh.h"
+#include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/config.h"
 #include "optim/lr_schedule.h"
@@ -178,19 +179,56 @@ std::string config_path_beside(const std::string& metrics) {
   return (path.parent_path() / (path.stem().string() + ".config.toml")).string();
 }
 
-// The model the flags describe: the preset with the sizes given (the vocabulary comes from the
-// data). A sequence longer than the context is an error, never a silently larger model.
+// The model the flags describe: the preset with the sizes given, or, when --init-from has a
+// config.json beside it (Hugging Face's save_pretrained), that checkpoint's sizes, which the
+// flags given must not contradict. The vocabulary is set from the data in run() unless it comes
+// from the checkpoint or --vocab-size. A sequence longer than the context is an error, never a
+// silently larger model.
 models::GPTConfig model_config(const Flags& f) {
   models::GPTConfig config = models::GPTConfig::preset(f.model);
-  if (f.n_layer) config.n_layer = f.n_layer;
-  if (f.n_head) config.n_head = f.n_head;
-  if (f.n_embd) config.n_embd = f.n_embd;
-  if (f.block_size) config.block_size = f.block_size;
+  const std::optional<models::GPTConfig> saved =
+      f.init_from.empty() ? std::nullopt : models::read_gpt2_hf_config(f.init_from);
+  if (saved) {
+    const auto agree = [&](int64_t flag, int64_t value, const char* name, const char* key) {
+      LOOM_CHECK(flag == 0 || flag == value,
+                 "--{}: {} contradicts the checkpoint '{}', whose config.json has {} = {}; drop "
+                 "the flag (the checkpoint's sizes are used) or pick another checkpoint",
+                 name, flag, f.init_from, key, value);
+    };
+    agree(f.n_layer, saved->n_layer, "n-layer", "n_layer");
+    agree(f.n_head, saved->n_head, "n-head", "n_head");
+    agree(f.n_embd, saved->n_embd, "n-embd", "n_embd");
+    agree(f.block_size, saved->block_size, "block-size", "n_positions");
+    agree(f.vocab_size, saved->vocab_size, "vocab-size", "vocab_size");
+    config = *saved;
+  } else {
+    if (f.n_layer) config.n_layer = f.n_layer;
+    if (f.n_head) config.n_head = f.n_head;
+    if (f.n_embd) config.n_embd = f.n_embd;
+    if (f.block_size) config.block_size = f.block_size;
+    if (f.vocab_size) config.vocab_size = f.vocab_size;
+  }
   LOOM_CHECK(f.seq_len <= config.block_size,
-             "--seq-len: {} tokens per sequence is more than the model's context of {} "
-             "(--block-size{}); pass a larger --block-size or a shorter --seq-len",
-             f.seq_len, config.block_size, f.block_size ? "" : ", the preset's");
+             "--seq-len: {} tokens per sequence is more than the model's context of {} ({}); "
+             "pass a larger --block-size or a shorter --seq-len",
+             f.seq_len, config.block_size,
+             saved          ? "n_positions of the checkpoint's config.json"
+             : f.block_size ? "--block-size"
+                            : "--block-size, the preset's");
   return config;
+}
+
+// The vocabulary: the data's, unless the checkpoint or --vocab-size sets a larger one (padding).
+int64_t vocab_size(const Flags& f, const models::GPTConfig& config, const data::TokenData& data) {
+  const bool fixed = f.vocab_size != 0 ||
+                     (!f.init_from.empty() && models::read_gpt2_hf_config(f.init_from).has_value());
+  if (!fixed) return data.vocab_size;
+  LOOM_CHECK(data.vocab_size <= config.vocab_size,
+             "--data: {} has a vocabulary of {} tokens, more than the model's {} ({}); its "
+             "tokens would not fit the embedding",
+             data.description, data.vocab_size, config.vocab_size,
+             f.vocab_size ? "--vocab-size" : "the checkpoint's config.json");
+  return config.vocab_size;
 }
 
 // The job's parallel layout from the flags (validated against the world and the batch in run).
@@ -219,7 +257,7 @@ int run(Flags f) {
 
   const data::TokenData tokens = data::load_tokens(f.data);
   models::GPTConfig config = model_config(f);
-  config.vocab_size = tokens.vocab_size;
+  config.vocab_size = vocab_size(f, config, tokens);
   const auto model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
@@ -310,7 +348,7 @@ int run(Flags f) {
     }
     if (rank == 0 && tokens.vocab_size == 256) {
       std::string text;
-      for (int64_t t : context) text += static_cast<char>(t);
+      for (int64_t t : context) text += t < 256 ? static_cast<char>(t) : '?';  // padding ids
       fmt::print("sample:\n{}\n", text);
     }
   }

@@ -33,9 +33,10 @@ const std::vector<JobOption>& options() {
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
       {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},
       {"model", "block_size",
-       "context length, the most tokens a sequence may have (0: the "
-       "preset's)",
-       &C::block_size, Range::kNonNegative},
+       "context length, the most tokens a sequence may have (0: the preset's)", &C::block_size,
+       Range::kNonNegative},
+      {"model", "vocab_size", "vocabulary size (0: the data's; larger pads the embedding)",
+       &C::vocab_size, Range::kNonNegative},
       {"parallel", "dp", "data-parallel degree (DDP replicas)", &C::dp, Range::kPositive},
       {"parallel", "tp", "tensor-parallel degree", &C::tp, Range::kPositive},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},

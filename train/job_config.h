@@ -26,6 +26,7 @@ struct JobConfig {
   std::string model = "tiny";                   // preset: tiny | small (GPT-2 124M)
   int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the preset's
   int64_t block_size = 0;                       // the context; 0: the preset's
+  int64_t vocab_size = 0;  // 0: the data's; larger pads the embedding (as nanoGPT's 50304)
   // [parallel]
   int64_t dp = 2, tp = 2, pp = 1;
   bool sequence_parallel = true;

@@ -1,7 +1,10 @@
 #include "models/checkpoint/gpt2_hf.h"
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 
@@ -253,6 +256,38 @@ void load_gpt2_hf(GPTStage& model, const std::string& path) {
   }
   NoGradGuard no_grad;
   for (const auto& [destination, value] : copies) ops::copy_(destination, value);
+}
+
+std::optional<GPTConfig> read_gpt2_hf_config(const std::string& checkpoint_path) {
+  const std::filesystem::path path =
+      std::filesystem::path(checkpoint_path).parent_path() / "config.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  LOOM_CHECK(in.good(), "read_gpt2_hf_config: cannot read '{}': {}", path.string(),
+             std::strerror(errno));
+  nlohmann::json json;
+  try {
+    in >> json;
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("read_gpt2_hf_config: '{}' is not valid JSON: {}", path.string(), e.what());
+  }
+  LOOM_CHECK(json.is_object(), "read_gpt2_hf_config: '{}' must hold a JSON object", path.string());
+  const auto positive = [&](const char* key) -> int64_t {
+    LOOM_CHECK(json.contains(key), "read_gpt2_hf_config: '{}' has no \"{}\"", path.string(), key);
+    const nlohmann::json& value = json.at(key);
+    LOOM_CHECK(value.is_number_integer() && value.get<int64_t>() > 0,
+               "read_gpt2_hf_config: '{}': \"{}\" must be a positive integer, got {}",
+               path.string(), key, value.dump());
+    return value.get<int64_t>();
+  };
+  GPTConfig config{.n_layer = positive("n_layer"),
+                   .n_head = positive("n_head"),
+                   .n_embd = positive("n_embd"),
+                   .block_size = positive("n_positions"),
+                   .vocab_size = positive("vocab_size")};
+  config.validate();
+  return config;
 }
 
 }  // namespace loom::models

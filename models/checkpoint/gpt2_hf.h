@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,13 @@
 namespace loom::models {
 
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write = true);
+
+// The model a Hugging Face checkpoint was saved from, from the config.json beside it (as
+// save_pretrained writes it): n_layer, n_head, n_embd, n_positions (the context, Loom's
+// block_size) and vocab_size (padded sizes such as 50304 included). nullopt when there is no
+// config.json beside `checkpoint_path`. Throws naming the file and the key for JSON that does not
+// parse or lacks a key, and for a value that is not a positive integer.
+std::optional<GPTConfig> read_gpt2_hf_config(const std::string& checkpoint_path);
 // `model` may be a pipeline stage (GPTStage): it loads the tensors it holds from a whole
 // model's file (the last stage's head copy of wte included) and ignores the other stages'.
 void load_gpt2_hf(GPTStage& model, const std::string& path);

@@ -55,6 +55,27 @@ expect_error 2 "train_gpt: --seq-len: 128 tokens per sequence is more than the m
 expect_error 2 "train_gpt: GPTConfig: n_embd=64 is not divisible by n_head=5" --n-head 5 --dp 1 --tp 1
 WORLD_SIZE=4 expect_error 1 "train_gpt: WORLD_SIZE=4 is set but RANK is not" --dp 1 --tp 1
 
+# A checkpoint with a config.json beside it (Hugging Face's save_pretrained) loads with its own
+# sizes, a context of 128 and a vocabulary padded to 300 included, and a flag that contradicts
+# it is named.
+mkdir -p ckpt
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --block-size 128 --vocab-size 300 --sample-tokens 0 \
+  --save ckpt/model.safetensors --metrics-out ckpt.jsonl --plot-out ckpt.png >ckpt.log 2>&1 ||
+  { cat ckpt.log; fail "saving a checkpoint with --block-size 128 --vocab-size 300"; }
+printf '{"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 300}\n' \
+  >ckpt/config.json
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 3 --init-from ckpt/model.safetensors \
+  --metrics-out loaded.jsonl --plot-out loaded.png >loaded.log 2>&1 ||
+  { cat loaded.log; fail "loading a checkpoint with its config.json"; }
+grep -q 'initialized from ckpt/model.safetensors' loaded.log || { cat loaded.log; fail "not loaded"; }
+grep -q '^block_size = 0$' loaded.config.toml || fail "block_size should stay as given (0)"
+expect_error 2 "train_gpt: --n-head: 2 contradicts the checkpoint 'ckpt/model.safetensors', whose config.json has n_head = 4" \
+  --dp 1 --tp 1 --init-from ckpt/model.safetensors --n-head 2
+expect_error 2 "more than the model's context of 128 (n_positions of the checkpoint's config.json)" \
+  --dp 1 --tp 1 --init-from ckpt/model.safetensors --seq-len 256
+echo '{"n_layer": 2' >ckpt/config.json
+expect_error 2 "config.json' is not valid JSON" --dp 1 --tp 1 --init-from ckpt/model.safetensors
+
 # A config file sets the job; a flag overrides it; the effective config repeats it.
 "$train" --no-progress --config "$configs/default.toml" --dp 1 --tp 1 --steps 3 \
   --sample-tokens 0 --metrics-out first.jsonl --plot-out first.png >first.log 2>&1 ||
