@@ -1,5 +1,9 @@
 #include "comm/init.h"
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
 #include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/launch_env.h"
@@ -8,15 +12,28 @@
 
 namespace loom::comm {
 
+Duration timeout_from_env() {
+  const char* text = std::getenv("LOOM_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultTimeout;
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(text, &end);
+  LOOM_CHECK(end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
+             "LOOM_TIMEOUT_S: expected a positive number of seconds, got '{}'", text);
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
+}
+
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, InitOptions options) {
   LOOM_CHECK(backend == "gloo" || backend == "nccl",
              "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or "
              "\"nccl\" for GPU ranks)",
              backend);
+  const Duration timeout = options.timeout.value_or(timeout_from_env());
+  LOOM_CHECK(timeout > Duration::zero(), "init_process_group: the timeout must be positive");
   const LaunchEnv env = read_launch_env();
-  auto store = make_rendezvous_store(env, options.timeout);
+  auto store = make_rendezvous_store(env, timeout);
   auto world_store = std::make_shared<PrefixStore>("world/", store);
-  ProcessGroupOptions group{.name = "default", .timeout = options.timeout};
+  ProcessGroupOptions group{.name = "default", .timeout = timeout};
   if (backend == "gloo") {
     return ProcessGroupGloo::create(world_store, env.rank, env.world_size, group);
   }

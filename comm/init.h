@@ -8,14 +8,22 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "comm/process_group.h"
 
 namespace loom::comm {
 
+// The timeout of the rendezvous store and of every collective of the world group (and of the
+// groups made from it), torch's `timeout=`: a rank waiting longer on a peer fails naming the
+// peer. Unset: the environment's LOOM_TIMEOUT_S (seconds, a positive number), else
+// kDefaultTimeout. A bad LOOM_TIMEOUT_S is an error naming it.
+inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
+Duration timeout_from_env();
+
 struct InitOptions {
-  Duration timeout = std::chrono::minutes(5);
+  std::optional<Duration> timeout;  // nullopt: timeout_from_env()
   // CUDA device for "nccl" (default: LOCAL_RANK).
   int device_index = -1;
 };

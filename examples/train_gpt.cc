@@ -247,7 +247,12 @@ train::ParallelConfig parallel_config(const Flags& f) {
 int run(Flags f) {
   const Device device = resolve_device(f.device);
   // GPU ranks talk over NCCL, CPU ranks over Gloo.
-  auto world = comm::init_process_group(device.is_cuda() ? "nccl" : "gloo");
+  comm::InitOptions init;
+  if (f.collective_timeout_s > 0) {
+    init.timeout = std::chrono::duration_cast<comm::Duration>(
+        std::chrono::duration<double>(f.collective_timeout_s));
+  }
+  auto world = comm::init_process_group(device.is_cuda() ? "nccl" : "gloo", init);
   const int rank = world->rank();
   const train::ParallelConfig parallel = parallel_config(f);
   parallel.validate(world->size(), f.batch_size, f.seq_len);

@@ -74,6 +74,10 @@ const std::vector<JobOption>& options() {
        &C::device,
        Range::kAny,
        {"auto", "cpu", "cuda"}},
+      {"comm", "collective_timeout_s",
+       "seconds a rank waits on a peer (rendezvous, every collective) before failing naming it; "
+       "0: $LOOM_TIMEOUT_S, else 300",
+       &C::collective_timeout_s, Range::kNonNegative},
       {"data", "data", "a text file (byte tokens) or a GPT-2 token .bin file", &C::data},
       {"checkpoint", "init_from", "Hugging Face GPT-2 safetensors checkpoint to start from",
        &C::init_from},

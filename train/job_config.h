@@ -43,6 +43,8 @@ struct JobConfig {
   int64_t seed = 1337;
   std::string mixed_precision = "none";  // none | bf16
   std::string device = "auto";           // auto | cpu | cuda
+  // [comm]
+  double collective_timeout_s = 0;  // store and collective timeout; 0: $LOOM_TIMEOUT_S, else 300 s
   // [data]
   std::string data = "/usr/share/common-licenses/GPL-3";
   // [checkpoint]

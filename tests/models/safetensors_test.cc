@@ -90,6 +90,16 @@ TEST(SafetensorsTest, OverwriteIsAtomicAndReplacesTheFile) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
+// A save killed mid-write leaves <path>.tmp behind; the next successful save writes the same
+// temporary name and renames it, so nothing stale outlives it.
+TEST(SafetensorsTest, AKilledSavesTemporaryDoesNotOutliveTheNextSave) {
+  const std::string path = temp_path("killed.safetensors");
+  std::ofstream(path + ".tmp") << "half a file from a save that was killed";
+  save_safetensors(path, {{"x", ops::ones({4})}});
+  EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
+  EXPECT_TRUE(load_safetensors(path).tensors.count("x"));
+}
+
 TEST(SafetensorsTest, RejectsAFileTooShortForTheLength) {
   const std::string path = temp_path("short.safetensors");
   std::ofstream(path, std::ios::binary) << "abc";

@@ -38,8 +38,9 @@ SignalPipe::SignalPipe(std::vector<int> signals) : signals_(std::move(signals)) 
     struct sigaction action {};
     action.sa_handler = on_signal;
     sigemptyset(&action.sa_mask);
+    // SIGCHLD also when a child stops or continues (no SA_NOCLDSTOP): a rank stopped by
+    // SIGSTOP is reported, and named when its peers time out waiting for it.
     action.sa_flags = SA_RESTART;
-    if (signals_[i] == SIGCHLD) action.sa_flags |= SA_NOCLDSTOP;
     sigaction(signals_[i], &action, &previous_[i]);
   }
 }

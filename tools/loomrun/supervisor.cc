@@ -67,6 +67,7 @@ struct Supervisor::RankState {
   bool running = true;
   Stream out;
   Stream err;
+  int stopped_by = 0;  // the signal that stopped it (SIGSTOP, SIGTSTP, ...) while stopped, else 0
 };
 
 Supervisor::Supervisor(SupervisorConfig config, SignalPipe& signals)
@@ -99,7 +100,10 @@ void Supervisor::start_stopping(int signal_number, int exit_code) {
   if (!stopping_) stop_signal_ = signal_number;
   stopping_ = true;
   for (const auto& state : ranks_) {
-    if (state->running) signal_process_group(state->pid, signal_number);
+    if (!state->running) continue;
+    signal_process_group(state->pid, signal_number);
+    // A stopped rank would hold the signal until SIGKILL: let it run to receive it.
+    if (state->stopped_by != 0) signal_process_group(state->pid, SIGCONT);
   }
   if (!kill_deadline_) kill_deadline_ = Clock::now() + seconds(config_.grace_s);
 }
@@ -132,6 +136,14 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
   state.out.close();
   state.err.close();
   if (!is_failure(wait_status) || stopping_) return;
+  // A rank stopped while the others run is what they were waiting for when they timed out:
+  // remember it, to name it last.
+  for (const auto& other : ranks_) {
+    if (other->running && other->stopped_by != 0) {
+      stalled_.push_back(fmt::format("rank {} (pid {}), stopped by {}", other->rank, other->pid,
+                                     signal_name(other->stopped_by)));
+    }
+  }
   const int others = running_ranks();
   if (others == 0) {
     log_line("rank {} (pid {}) {}", state.rank, state.pid, describe_wait_status(wait_status));
@@ -145,11 +157,20 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
 void Supervisor::reap() {
   for (;;) {
     int wait_status = 0;
-    const pid_t pid = waitpid(-1, &wait_status, WNOHANG);
+    const pid_t pid = waitpid(-1, &wait_status, WNOHANG | WUNTRACED | WCONTINUED);
     if (pid < 0 && errno == EINTR) continue;
-    if (pid <= 0) return;  // none exited (0) or no children left (ECHILD)
+    if (pid <= 0) return;  // none changed (0) or no children left (ECHILD)
     for (const auto& state : ranks_) {
-      if (state->pid == pid && state->running) on_rank_exit(*state, wait_status);
+      if (state->pid != pid || !state->running) continue;
+      if (WIFSTOPPED(wait_status)) {
+        state->stopped_by = WSTOPSIG(wait_status);
+        log_line("rank {} (pid {}) was stopped by {}; its peers wait for it until their timeout",
+                 state->rank, state->pid, signal_name(state->stopped_by));
+      } else if (WIFCONTINUED(wait_status)) {
+        state->stopped_by = 0;
+      } else {
+        on_rank_exit(*state, wait_status);
+      }
     }
   }
 }
@@ -223,6 +244,11 @@ int Supervisor::run() {
         if (signal_number != SIGCHLD) on_launcher_signal(signal_number);
       }
     }
+  }
+  // The last word: when ranks failed while another was stopped, the stopped one is the cause
+  // (the failures are their timeouts waiting for it), whichever rank exited first.
+  for (const std::string& rank : stalled_) {
+    log_line("{} when the first rank failed: the others were waiting for it", rank);
   }
   return exit_code_.value_or(0);
 }

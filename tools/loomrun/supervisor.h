@@ -66,6 +66,7 @@ class Supervisor {
   SupervisorConfig config_;
   SignalPipe& signals_;
   std::vector<std::unique_ptr<RankState>> ranks_;
+  std::vector<std::string> stalled_;  // ranks that were stopped when the first one failed
   Clock::time_point start_;
   bool stopping_ = false;
   int stop_signal_ = 0;           // the signal that began stopping (SIGTERM, or a forwarded one)
