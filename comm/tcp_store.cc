@@ -138,7 +138,11 @@ TcpStore::Response TcpStore::roundtrip(const ts::Request& request, const std::st
   response.body.resize(header.body_bytes);
   status = net::recv_all(socket.fd(), response.body.data(), response.body.size(), deadline, &error);
   if (status != net::IoStatus::kOk) fail(status, "reading the reply");
-  if (header.version == ts::kVersion) return_connection(std::move(socket));
+  // A refused request may leave the server discarding the rest of this connection's input:
+  // only a connection that got a normal answer goes back to the pool.
+  if (header.version == ts::kVersion && response.status != ts::Status::kError) {
+    return_connection(std::move(socket));
+  }
   if (response.status == ts::Status::kError) throw_server_error(response, what);
   LOOM_CHECK(header.version == ts::kVersion && header.code <= 2,
              "TcpStore {} on {}: the server replied with protocol version {} status {}; this "

@@ -143,6 +143,14 @@ void TcpStoreServer::Impl::read_input(Connection& c) {
       return reject(c, fmt::format("sent {} bytes of requests without waiting for replies",
                                    c.pending_input()));
     }
+    // Across connections too: the chunk read next must fit beside everything held.
+    const uint64_t held = stored_bytes + buffered_bytes();
+    if (held + kReadChunk > options.max_memory_bytes) {
+      return reject(c, fmt::format("its request would take the server over its limit of {} bytes "
+                                   "(TcpStoreServerOptions::max_memory_bytes; {} bytes held: {} "
+                                   "stored, the rest requests being received)",
+                                   options.max_memory_bytes, held, stored_bytes));
+    }
     const size_t old_size = c.in.size();
     c.in.resize(old_size + kReadChunk);
     const ssize_t n = ::recv(c.socket.fd(), c.in.data() + old_size, kReadChunk, MSG_DONTWAIT);
@@ -244,6 +252,24 @@ bool TcpStoreServer::Impl::check_header(Connection& c, const ts::Header& header)
             options.limits.max_value_bytes, options.limits.max_key_bytes));
     return false;
   }
+  // Room for the whole request beside what the server holds for everyone else: otherwise refuse
+  // it with the reason (the client throws it) and discard its body as it arrives.
+  const uint64_t others = stored_bytes + buffered_bytes() - c.in.size();
+  if (others + ts::kHeaderBytes + header.body_bytes > options.max_memory_bytes) {
+    const std::string problem = fmt::format(
+        "a {} request of {} bytes would take the server over its limit of {} bytes "
+        "(TcpStoreServerOptions::max_memory_bytes; {} bytes held: {} stored, the rest other "
+        "clients' requests being received)",
+        ts::op_name(static_cast<ts::Op>(header.code)), ts::kHeaderBytes + header.body_bytes,
+        options.max_memory_bytes, others, stored_bytes);
+    LOOM_LOG(warn, "TcpStore server {}: refusing a request from {}: {}", address, c.peer, problem);
+    ts::Writer w;
+    w.key(problem);
+    reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+    c.draining = true;
+    flush(c);
+    return false;
+  }
   return true;
 }
 
@@ -289,8 +315,8 @@ void TcpStoreServer::Impl::close(Connection& c) {
   if (!c.open()) return;
   if (c.parked != 0) remove_waiter(c.parked);
   c.socket.reset();
-  c.in.clear();
-  c.out.clear();
+  Bytes().swap(c.in);  // free the buffers now: they count against max_memory_bytes
+  Bytes().swap(c.out);
   c.in_offset = c.out_offset = 0;
   connection_count.fetch_sub(1);
 }

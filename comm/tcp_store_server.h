@@ -32,6 +32,11 @@ struct TcpStoreServerOptions {
   int port = 0;
   tcp_store::Limits limits;
   int backlog = 2048;
+  // The most the server holds at once, across every connection: requests being received plus
+  // the stored keys and values. A connection whose next bytes would go over it is dropped with
+  // a warning naming the limit, and a SET or ADD that would is refused (the client throws with
+  // the reason), so no set of clients can grow the server (the launcher) without bound.
+  size_t max_memory_bytes = 256 * 1024 * 1024;
 };
 
 class TcpStoreServer {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -79,6 +80,13 @@ struct TcpStoreServer::Impl {
   // Everything below belongs to the server thread.
   std::unordered_map<std::string, Bytes> data;
   std::map<uint64_t, std::unique_ptr<Connection>> connections;
+  uint64_t stored_bytes = 0;  // keys and values in `data`
+  // Bytes of requests being received, over every connection.
+  uint64_t buffered_bytes() const;
+  // Replaces (or inserts) `key`'s value, keeping stored_bytes; refuses (returns the reason) when
+  // the server would go over options.max_memory_bytes. The requesting connection's own input
+  // (the request being handled, about to be freed) does not count.
+  std::optional<std::string> store(const std::string& key, Bytes value, const Connection& from);
   uint64_t next_id = 1;
   std::unordered_map<uint64_t, Waiter> waiters;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_by_key;

@@ -17,12 +17,42 @@ std::string tcp_store_server::quoted_keys(const std::vector<std::string>& keys) 
   return out + "]";
 }
 
+uint64_t TcpStoreServer::Impl::buffered_bytes() const {
+  uint64_t total = 0;
+  for (const auto& [id, connection] : connections) total += connection->in.size();
+  return total;
+}
+
+std::optional<std::string> TcpStoreServer::Impl::store(const std::string& key, Bytes value,
+                                                       const Connection& from) {
+  const auto it = data.find(key);
+  const uint64_t old_bytes = it == data.end() ? 0 : key.size() + it->second.size();
+  const uint64_t new_bytes = key.size() + value.size();
+  const uint64_t total = stored_bytes - old_bytes + new_bytes + buffered_bytes() - from.in.size();
+  if (new_bytes > old_bytes && total > options.max_memory_bytes) {
+    return fmt::format(
+        "storing {} bytes would take the server to {} bytes, over its limit of {} bytes "
+        "(TcpStoreServerOptions::max_memory_bytes; {} bytes are stored)",
+        new_bytes, total, options.max_memory_bytes, stored_bytes);
+  }
+  stored_bytes = stored_bytes - old_bytes + new_bytes;
+  if (it == data.end()) {
+    data.emplace(key, std::move(value));
+  } else {
+    it->second = std::move(value);
+  }
+  return std::nullopt;
+}
+
 void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
   ts::Writer w;
   const std::string& key = request.keys.empty() ? std::string() : request.keys[0];
   switch (request.op) {
     case ts::Op::kSet: {
-      data[key] = std::move(request.value);
+      if (auto refused = store(key, std::move(request.value), c)) {
+        w.key(fmt::format("set('{}'): {}", key, *refused));
+        return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+      }
       reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
       notify(key);
       return;
@@ -39,9 +69,15 @@ void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
     case ts::Op::kCheck:
       w.u8(missing_keys(request.keys).empty() ? 1 : 0);
       return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
-    case ts::Op::kDelete:
-      w.u8(data.erase(key) > 0 ? 1 : 0);
+    case ts::Op::kDelete: {
+      const auto it = data.find(key);
+      if (it != data.end()) {
+        stored_bytes -= it->first.size() + it->second.size();
+        data.erase(it);
+      }
+      w.u8(it != data.end() ? 1 : 0);
       return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+    }
   }
 }
 
@@ -68,7 +104,10 @@ void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request)
     return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
   }
   const std::string text = std::to_string(result);
-  data[key] = Bytes(text.begin(), text.end());
+  if (auto refused = store(key, Bytes(text.begin(), text.end()), c)) {
+    w.key(fmt::format("add('{}'): {}", key, *refused));
+    return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+  }
   w.i64(result);
   reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
   notify(key);

@@ -12,28 +12,37 @@ common=(--steps 6 --log-every 1 --sample-tokens 0 --no-progress)
 "$train" --launcher "$loomrun" --dp 1 --tp 1 "${common[@]}" --metrics-out single.jsonl \
   --plot-out single.png >single.log 2>&1 || { cat single.log; exit 1; }
 
-# A port nobody listens on: node 0's loomrun serves the rendezvous store there. A collision
-# with another program makes node 0 exit 1 naming the port; try another.
-for attempt in 1 2 3; do
+# A port nobody listens on: node 0's loomrun serves the rendezvous store there. Node 0 starts
+# first; if the port was taken (it exits at once naming the port), try another before node 1
+# waits on it. A short collective timeout ends a broken run well within the test's.
+export LOOM_TIMEOUT_S=60
+node() {  # node RANK PORT: one loomrun node of the two
+  timeout 240 "$loomrun" --nnodes 2 --node-rank "$1" --nproc-per-node 2 \
+    --master-addr 127.0.0.1 --master-port "$2" -- \
+    "$train" --dp 2 --tp 2 "${common[@]}" --metrics-out "node$1.jsonl" --plot-out "node$1.png"
+}
+for attempt in 1 2 3 4 5; do
   port=$(( 20000 + RANDOM % 30000 ))
-  node() {  # node RANK: one loomrun node of the two
-    timeout 300 "$loomrun" --nnodes 2 --node-rank "$1" --nproc-per-node 2 \
-      --master-addr 127.0.0.1 --master-port "$port" -- \
-      "$train" --dp 2 --tp 2 "${common[@]}" --metrics-out "node$1.jsonl" --plot-out "node$1.png"
-  }
-  node 0 >node0.log 2>&1 &
+  node 0 "$port" >node0.log 2>&1 &
   first=$!
-  node 1 >node1.log 2>&1 &
+  sleep 1
+  if ! kill -0 "$first" 2>/dev/null; then
+    s0=0
+    wait "$first" || s0=$?
+    (( s0 != 0 )) && (( attempt < 5 )) && continue  # the port was taken
+  fi
+  node 1 "$port" >node1.log 2>&1 &
   second=$!
   s0=0 s1=0
   wait "$first" || s0=$?
   wait "$second" || s1=$?
-  if (( s0 == 0 && s1 == 0 )); then break; fi
-  if grep -q "bind" node0.log && (( attempt < 3 )); then continue; fi
+  break
+done
+if (( s0 != 0 || s1 != 0 )); then
   cat node0.log node1.log
   echo "FAIL: node 0 exited $s0, node 1 exited $s1"
   exit 1
-done
+fi
 grep -q "DeviceMesh(pp=1, dp=2, tp=2" node0.log || { cat node0.log; echo "FAIL: not one world of 4"; exit 1; }
 
 loss() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
