@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <exception>
 
 #include "base/error.h"
 #include "comm/init.h"
@@ -50,7 +51,7 @@ int main() {
     }
     world->barrier()->wait();
     return last < first ? 0 : 1;
-  } catch (const Error& error) {
+  } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "my_gpt_job: {}\n", error.what());
     return 1;
   }

@@ -12,10 +12,12 @@
 
 #include "base/error.h"
 #include "comm/prefix_store.h"
+#include "tests/testing/errors.h"
 
 namespace loom::comm::testing {
 namespace {
 
+using loom::testing::error_of;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using namespace std::chrono_literals;
@@ -28,18 +30,6 @@ constexpr Duration kShort = std::chrono::milliseconds(200);
 
 int64_t ms_since(Clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
-
-// Runs `fn` and returns the loom::Error message it throws (fails the test if it does not).
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const loom::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
 }
 
 TEST_P(StoreConformanceTest, SetThenGetFromAnotherClient) {

@@ -16,10 +16,12 @@
 #include "comm/tcp_store_protocol.h"
 #include "comm/tcp_store_server.h"
 #include "tests/comm/tcp_test_util.h"
+#include "tests/testing/errors.h"
 
 namespace loom::comm {
 namespace {
 
+using loom::testing::error_of;
 using ::testing::HasSubstr;
 using testing::RawClient;
 namespace ts = tcp_store;
@@ -32,15 +34,6 @@ std::unique_ptr<TcpStoreServer> small_server() {
   options.limits.max_value_bytes = 2 * kMiB;
   options.max_memory_bytes = 3 * kMiB;
   return std::make_unique<TcpStoreServer>(options);
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 TEST(TcpStoreMemoryTest, StoredValuesStayUnderTheLimit) {

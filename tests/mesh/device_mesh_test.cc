@@ -15,9 +15,12 @@
 #include "comm/testing/multi_rank.h"
 #include "tensor/ops.h"
 #include "tests/mesh/mesh_test_util.h"
+#include "tests/testing/errors.h"
 
 namespace loom {
 namespace {
+
+using testing::error_of;
 
 using comm::ProcessGroup;
 using comm::testing::run_on_ranks;
@@ -30,18 +33,6 @@ double group_sum(comm::ProcessGroup& group, double value) {
   Tensor t = ops::full({1}, value);
   group.all_reduce(t)->wait();
   return ops::to_vector(t)[0];
-}
-
-// The message of the loom::Error `fn` throws; a test failure when it throws nothing.
-template <typename Fn>
-std::string error_of(Fn&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error";
-  return "";
 }
 
 TEST(DeviceMeshTest, OneDimMeshCoversTheWorld) {

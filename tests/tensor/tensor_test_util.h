@@ -14,6 +14,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_skip.h"
+#include "tests/testing/errors.h"
 
 namespace loom::testing {
 
@@ -22,19 +23,6 @@ using Values = std::vector<double>;
 
 // Every dtype, for tests that loop over all of them.
 inline constexpr DType kAllDTypes[] = {kFloat32, kBFloat16, kFloat16, kInt32, kInt64};
-
-// The message of the loom::Error `f` throws. If it throws nothing the test fails and the result
-// is "<no error>", which no expected message matches.
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a loom::Error, nothing was thrown";
-  return "<no error>";
-}
 
 // 0, 1, 2, ... in `shape` (contiguous).
 inline Tensor iota(const Shape& shape, DType dtype = kFloat32) {

@@ -12,20 +12,13 @@
 #include <string>
 
 #include "base/error.h"
+#include "tests/testing/errors.h"
 
 namespace loom::train {
 namespace {
 
+using loom::testing::error_of;
 using ::testing::HasSubstr;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 std::string write_file(const std::string& name, const std::string& text) {
   const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
