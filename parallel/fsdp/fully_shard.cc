@@ -1,0 +1,324 @@
+#include "parallel/fsdp/fully_shard.h"
+
+#include <fmt/format.h>
+
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "autograd/hooks.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "parallel/fsdp/flat_layout.h"
+#include "tensor/ops.h"
+
+namespace loom::fsdp {
+
+namespace {
+
+// Which unit holds which parameter, and which modules are units: for the errors fully_shard
+// promises. Entries of a unit that was destroyed (with its module) are expired weak pointers.
+struct ParamEntry {
+  std::weak_ptr<TensorImpl> tensor;  // the parameter (whole before sharding, or its shard)
+  std::weak_ptr<const std::string> unit;
+};
+
+struct Registry {
+  std::mutex mutex;
+  // Parameters -> the unit holding them. An entry counts only while both the tensor and the
+  // unit live, so a freed tensor's address reused by another is never mistaken for it.
+  std::unordered_map<const TensorImpl*, ParamEntry> params;
+  std::unordered_map<const nn::Module*, std::weak_ptr<const std::string>> units;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+std::optional<std::string> param_holder(const Registry& reg, const Tensor& param) {
+  const auto it = reg.params.find(param.impl());
+  if (it == reg.params.end() || it->second.tensor.lock().get() != param.impl()) {
+    return std::nullopt;
+  }
+  const auto name = it->second.unit.lock();
+  return name ? std::optional<std::string>(*name) : std::nullopt;
+}
+
+std::optional<std::string> unit_holder(const Registry& reg, const nn::Module* module) {
+  const auto it = reg.units.find(module);
+  if (it == reg.units.end()) return std::nullopt;
+  const auto name = it->second.lock();
+  return name ? std::optional<std::string>(*name) : std::nullopt;
+}
+
+// One parameter of a unit: the module slots that hold it and its shard.
+struct HeldParam {
+  std::string fqn;  // the name under the unit ("h.0.attn.c_attn.weight")
+  std::vector<std::pair<nn::Module*, std::string>> slots;  // (owner, name in owner)
+  Tensor sharded;  // DTensor Shard(0) on the unit's mesh: the leaf the optimizer sees
+};
+
+class Unit : public std::enable_shared_from_this<Unit> {
+ public:
+  Unit(std::shared_ptr<const std::string> name, std::shared_ptr<const DeviceMesh> mesh,
+       std::vector<HeldParam> params, FSDPOptions options)
+      : name_(std::move(name)),
+        mesh_(std::move(mesh)),
+        params_(std::move(params)),
+        options_(options) {
+    std::vector<Shape> shapes;
+    for (const HeldParam& p : params_) shapes.push_back(dtensor_spec(p.sharded).shape);
+    layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(0)));
+    rank_ = static_cast<int>(mesh_->coordinate(0));
+    if (!params_.empty()) {
+      dtype_ = params_[0].sharded.dtype();
+      device_ = mesh_->device();
+    }
+  }
+
+  // All-gathers the unit's parameters and puts the whole ones into the module's slots; in grad
+  // mode they are fresh leaves whose gradients reduce_gradients() collects.
+  void before_forward() {
+    if (params_.empty()) return;
+    const bool recording = GradMode::is_enabled();
+    NoGradGuard no_grad;  // the communication and copies are not part of any graph
+    const std::vector<Tensor> whole = gather();
+    std::shared_ptr<Call> call;
+    if (recording) {
+      call = std::make_shared<Call>();
+      call->grads.resize(params_.size());
+    }
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor w = whole[i];
+      if (call && params_[i].sharded.requires_grad()) {
+        w.set_requires_grad(true);
+        ++call->pending;
+        autograd::register_post_accumulate_grad_hook(
+            w, [unit = shared_from_this(), call, i](const Tensor& leaf) {
+              unit->on_gradient(call, i, leaf);
+            });
+      }
+      for (const auto& [owner, name] : params_[i].slots) owner->set_parameter(name, w);
+    }
+  }
+
+  // The module's slots hold the shards again.
+  void after_forward() {
+    for (const HeldParam& p : params_) {
+      for (const auto& [owner, name] : p.slots) owner->set_parameter(name, p.sharded);
+    }
+  }
+
+ private:
+  // One forward call's gradients, collected as backward produces them.
+  struct Call {
+    std::vector<Tensor> grads;  // per parameter; undefined until it arrives
+    size_t pending = 0;         // gradients still to come
+    bool queued = false;        // the end-of-backward check is queued
+    bool reduced = false;
+  };
+
+  std::vector<Tensor> gather() {
+    Tensor send = ops::zeros({layout_.segment_numel}, dtype_, device_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ParamSlot& slot = layout_.params[i];
+      const int64_t rows = slot.rows_of(rank_);
+      if (rows == 0) continue;
+      ops::copy_(ops::narrow(send, 0, slot.offset, rows * slot.row_numel),
+                 ops::reshape(local_shard(params_[i].sharded), {-1}));
+    }
+    Tensor received = ops::empty({layout_.total_numel()}, dtype_, device_);
+    mesh_->group(0)->all_gather_into_tensor(received, send)->wait();
+    std::vector<Tensor> whole;
+    for (const ParamSlot& slot : layout_.params) {
+      Tensor w = ops::empty(slot.shape, dtype_, device_);
+      const Tensor rows_view = ops::reshape(w, {slot.rows, slot.row_numel});
+      for (int r = 0; r < layout_.world; ++r) {
+        const int64_t rows = slot.rows_of(r);
+        if (rows == 0) continue;
+        const Tensor chunk = ops::narrow(received, 0, r * layout_.segment_numel + slot.offset,
+                                         rows * slot.row_numel);
+        ops::copy_(ops::narrow(rows_view, 0, slot.first_row(r), rows),
+                   ops::reshape(chunk, {rows, slot.row_numel}));
+      }
+      whole.push_back(w);
+    }
+    return whole;
+  }
+
+  void on_gradient(const std::shared_ptr<Call>& call, size_t i, const Tensor& leaf) {
+    if (call->reduced) return;
+    call->grads[i] = leaf.grad();
+    leaf.set_grad(Tensor());  // the whole gradient is only needed until it is reduced
+    if (!call->queued) {
+      // Parameters the forward did not use get no gradient: reduce with zeros for them once
+      // backward is over, so that every rank runs the same collective.
+      call->queued = true;
+      autograd::queue_backward_callback(
+          [unit = shared_from_this(), call] { unit->reduce_gradients(*call); });
+    }
+    if (--call->pending == 0) reduce_gradients(*call);
+  }
+
+  // Reduce-scatters (average over the mesh) the call's gradients and adds each shard into the
+  // sharded parameter's .grad.
+  void reduce_gradients(Call& call) {
+    if (call.reduced) return;
+    call.reduced = true;
+    NoGradGuard no_grad;
+    Tensor send = ops::zeros({layout_.total_numel()}, dtype_, device_);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const Tensor& grad = call.grads[i];
+      if (!grad.defined()) continue;
+      const ParamSlot& slot = layout_.params[i];
+      const Tensor rows_view = ops::reshape(grad, {slot.rows, slot.row_numel});
+      for (int r = 0; r < layout_.world; ++r) {
+        const int64_t rows = slot.rows_of(r);
+        if (rows == 0) continue;
+        ops::copy_(ops::reshape(ops::narrow(send, 0, r * layout_.segment_numel + slot.offset,
+                                            rows * slot.row_numel),
+                                {rows, slot.row_numel}),
+                   ops::narrow(rows_view, 0, slot.first_row(r), rows));
+      }
+    }
+    Tensor received = ops::empty({layout_.segment_numel}, dtype_, device_);
+    mesh_->group(0)->reduce_scatter_tensor(received, send, comm::ReduceOp::kAvg)->wait();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& sharded = params_[i].sharded;
+      if (!sharded.requires_grad()) continue;
+      const ParamSlot& slot = layout_.params[i];
+      const DTensorSpec& spec = dtensor_spec(sharded);
+      const Tensor local = ops::reshape(
+          ops::clone(ops::narrow(received, 0, slot.offset, slot.rows_of(rank_) * slot.row_numel)),
+          spec.local_shape());
+      const Tensor grad = make_dtensor(local, spec);
+      sharded.set_grad(sharded.grad().defined() ? ops::add(sharded.grad(), grad) : grad);
+    }
+    call.grads.clear();
+  }
+
+  std::shared_ptr<const std::string> name_;
+  std::shared_ptr<const DeviceMesh> mesh_;
+  std::vector<HeldParam> params_;
+  FSDPOptions options_;
+  FlatLayout layout_;
+  int rank_ = 0;
+  DType dtype_ = kFloat32;
+  Device device_ = Device::cpu();
+};
+
+// The parameters `module` holds for a new unit: its own and its submodules', minus those of
+// submodules that are units already. Checks each, naming the unit and the parameter.
+std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
+                               const DeviceMesh& mesh) {
+  std::vector<HeldParam> params;
+  std::unordered_map<const TensorImpl*, size_t> index;  // a parameter shared by two slots
+  std::unordered_set<const nn::Module*> skipped;        // nested units' subtrees
+  Registry& reg = registry();
+  for (const auto& [prefix, sub] : module.named_modules()) {
+    if (sub != &module && (skipped.count(sub) || is_fully_sharded(*sub))) {
+      for (const auto& [unused, inner] : sub->named_modules()) skipped.insert(inner);
+      continue;
+    }
+    for (const auto& [name, value] : sub->named_parameters(/*recurse=*/false)) {
+      if (!value.defined()) continue;
+      const std::string fqn = prefix.empty() ? name : prefix + "." + name;
+      {
+        std::lock_guard<std::mutex> lock(reg.mutex);
+        if (auto other = param_holder(reg, value)) {
+          LOOM_FAIL(
+              "fully_shard({}): parameter '{}' is already in FSDP unit '{}'; a parameter "
+              "belongs to one unit: shard a module that holds every user of it",
+              unit, fqn, *other);
+        }
+      }
+      const auto it = index.find(value.impl());
+      if (it != index.end()) {
+        params[it->second].slots.emplace_back(sub, name);
+        continue;
+      }
+      LOOM_CHECK(!is_dtensor(value),
+                 "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "
+                 "plain parameters for now (its composition with tensor parallelism comes next)",
+                 unit, fqn, dtensor_spec(value).str());
+      LOOM_CHECK(value.dim() >= 1,
+                 "fully_shard({}): parameter '{}' is 0-dim; FSDP shards dim 0 (give it shape (1))",
+                 unit, fqn);
+      LOOM_CHECK(value.device() == mesh.device(),
+                 "fully_shard({}): parameter '{}' is on {} but the mesh's groups work on {}; move "
+                 "the module there first (Module::to)",
+                 unit, fqn, value.device().str(), mesh.device().str());
+      if (!params.empty()) {
+        const Tensor& first = params[0].sharded;
+        LOOM_CHECK(value.dtype() == first.dtype(),
+                   "fully_shard({}): parameter '{}' is {} but '{}' is {}; a unit's parameters "
+                   "share one flat buffer and so one dtype",
+                   unit, fqn, dtype_name(value.dtype()), params[0].fqn, dtype_name(first.dtype()));
+      }
+      index.emplace(value.impl(), params.size());
+      params.push_back({fqn, {{sub, name}}, value});
+    }
+  }
+  return params;
+}
+
+}  // namespace
+
+bool is_fully_sharded(const nn::Module& module) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  return unit_holder(reg, &module).has_value();
+}
+
+void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSDPOptions options,
+                 std::string name) {
+  if (name.empty()) name = module.type_name();
+  LOOM_CHECK(mesh != nullptr, "fully_shard({}): the mesh is null", name);
+  LOOM_CHECK(mesh->ndim() == 1,
+             "fully_shard({}): needs a 1-D mesh (e.g. mesh[\"dp_shard\"]), got {}; HSDP's 2-D "
+             "mesh comes next",
+             name, mesh->str());
+  LOOM_CHECK(!is_fully_sharded(module), "fully_shard({}): the module is already fully sharded",
+             name);
+  std::vector<HeldParam> params = collect(module, name, *mesh);
+  // The whole parameters, registered too: a module outside the unit that still holds one (a
+  // shared slot) is named if it is sharded into another unit.
+  std::vector<Tensor> originals;
+  // Shard: every rank holds the same whole parameter (same seeds), so each keeps its chunk with
+  // no communication.
+  {
+    NoGradGuard no_grad;
+    for (HeldParam& p : params) {
+      const Tensor whole = p.sharded;
+      originals.push_back(whole);
+      Tensor shard = distribute_tensor(detach(whole), mesh, {Shard(0)}, std::nullopt);
+      shard.set_requires_grad(whole.requires_grad());
+      p.sharded = shard;
+      for (const auto& [owner, slot] : p.slots) owner->set_parameter(slot, shard);
+    }
+  }
+  auto unit_name = std::make_shared<const std::string>(name);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    reg.units[&module] = unit_name;
+    for (const HeldParam& p : params)
+      reg.params[p.sharded.impl()] = {p.sharded.impl_ptr(), unit_name};
+    for (const Tensor& whole : originals) reg.params[whole.impl()] = {whole.impl_ptr(), unit_name};
+  }
+  auto unit = std::make_shared<Unit>(unit_name, std::move(mesh), std::move(params), options);
+  module.register_forward_pre_hook([unit](nn::Module&, const Tensor& input) {
+    unit->before_forward();
+    return input;
+  });
+  module.register_forward_hook([unit](nn::Module&, const Tensor&, const Tensor& output) {
+    unit->after_forward();
+    return output;
+  });
+}
+
+}  // namespace loom::fsdp

@@ -1,0 +1,52 @@
+// Fully sharded data parallelism: FSDP2's fully_shard, on DTensor.
+//
+//   for (auto& block : model.blocks) fsdp::fully_shard(*block, dp_shard_mesh);
+//   fsdp::fully_shard(model, dp_shard_mesh);   // the root: the parameters left (embeddings, ...)
+//
+// A unit is the module fully_shard was applied to, holding its parameters that no unit applied
+// earlier (a submodule) already holds. Between steps each of those parameters is a DTensor
+// Shard(0) on the 1-D `mesh` (uneven first dims as torch.chunk: the last ranks may hold fewer
+// rows, or none), a leaf requiring grad: the optimizer, gradient clipping and checkpoints see only
+// shards, so AdamW's moments are sharded too (ZeRO-3).
+//
+// Collective contract, per call of the unit's forward (every rank of `mesh` calls it, in the
+// same order):
+//   - before forward: one all_gather_into_tensor of the unit's flat buffer (every parameter's
+//     chunk, padded to the largest rank's); the module computes with whole, plain parameters;
+//   - after forward: the module's slots hold the shards again (state_dict, optimizers and
+//     clipping never see whole parameters);
+//   - in backward, once every whole parameter of the call has its gradient: one
+//     reduce_scatter_tensor (average over the mesh) of the flat gradient buffer, whose shards
+//     are added into the sharded parameters' .grad (DTensor Shard(0), as the parameters). A
+//     parameter the forward did not use contributes zeros, so every rank reduces alike.
+// The whole parameters live on until backward has used them (autograd keeps what it saved).
+//
+// Errors name the unit and the parameter: a parameter that another unit already holds through a
+// different module, a mesh that is not 1-D, fully_shard on a unit twice, parameters of a unit on
+// different devices or dtypes (one flat buffer each), a 0-dim parameter, and a parameter that is
+// already a DTensor (tensor parallelism composes in a later step).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mesh/device_mesh.h"
+#include "nn/module.h"
+
+namespace loom::fsdp {
+
+struct FSDPOptions {
+  // FSDP2's reshard_after_forward. Today the whole parameters always leave the module's slots
+  // after forward; freeing their memory before backward (and gathering again) comes next.
+  bool reshard_after_forward = true;
+};
+
+// Shards `module`'s parameters (those no earlier unit holds) over the 1-D `mesh` and installs
+// the hooks above. `name` names the unit in errors (default: the module's type name).
+void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh,
+                 FSDPOptions options = {}, std::string name = "");
+
+// Whether fully_shard was applied to `module` itself.
+bool is_fully_sharded(const nn::Module& module);
+
+}  // namespace loom::fsdp

@@ -1,0 +1,199 @@
+// Fully sharded data parallelism (parallel/fsdp) against one rank: the same MLP, the same seeds
+// and the same global batch, trained 3 AdamW steps with gradient clipping on 1 rank and with
+// every unit fully sharded over dp_shard = 2, 3 and 4 ranks (3 and 4 split the first dims
+// unevenly: 13 rows over 4 ranks are 4, 4, 4, 1). Checked together: losses, the gathered
+// parameters, the shards' placements, and the collectives of one step (one all-gather per unit
+// in forward, one reduce-scatter per unit in backward, with the bytes the padded shapes imply).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "dtensor/comm_debug_mode.h"
+#include "dtensor/dtensor.h"
+#include "nn/linear.h"
+#include "optim/clip_grad.h"
+#include "optim/optimizer.h"
+#include "parallel/fsdp/flat_layout.h"
+#include "parallel/fsdp/fully_shard.h"
+#include "tensor/ops.h"
+#include "tests/testing/errors.h"
+#include "tests/testing/tensor_checks.h"
+
+namespace loom {
+namespace {
+
+using comm::CollectiveKind;
+using loom::testing::error_of;
+using loom::testing::expect_close;
+using ::testing::HasSubstr;
+
+// Two Linears with first dims 13 and 8 (uneven over 3 and 4 ranks) and a root parameter of its
+// own, so the root is a unit with something to shard too.
+class Mlp : public nn::Module {
+ public:
+  Mlp() : Module("Mlp") {
+    fc1 = register_module("fc1", std::make_shared<nn::Linear>(8, 13, nn::LinearOptions{.seed = 3}));
+    fc2 = register_module("fc2", std::make_shared<nn::Linear>(13, 8, nn::LinearOptions{.seed = 5}));
+    scale_ = &register_parameter("scale", ops::uniform({8}, 7, 0.5, 1.5));
+  }
+  Tensor forward(const Tensor& x) override { return mul((*fc2)(gelu((*fc1)(x))), *scale_); }
+  std::shared_ptr<nn::Linear> fc1, fc2;
+
+ private:
+  Tensor* scale_;
+};
+
+constexpr int kSteps = 3;
+constexpr int64_t kBatch = 12;  // divides over 2, 3 and 4 ranks
+
+Tensor batch_of(int step) { return ops::uniform({kBatch, 8}, 100 + step, -1.0, 1.0); }
+
+// The loss of rows [first, first + count) of step's batch: the mean of y^2.
+Tensor loss_of(nn::Module& model, int step, int64_t first, int64_t count) {
+  const Tensor y = model(ops::narrow(batch_of(step), 0, first, count));
+  return mean(mul(y, y));
+}
+
+struct TrainingRun {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<double>> params;
+};
+
+TrainingRun train_one_rank() {
+  Mlp model;
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  TrainingRun run;
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    Tensor loss = loss_of(model, step, 0, kBatch);
+    backward(loss);
+    optim::clip_grad_norm_(model.parameters(), 0.5);
+    opt.step();
+    run.losses.push_back(loss.item<double>());
+  }
+  for (const auto& [name, p] : model.named_parameters()) run.params[name] = ops::to_vector(p);
+  return run;
+}
+
+std::shared_ptr<const DeviceMesh> shard_mesh(comm::ProcessGroup& pg) {
+  return std::make_shared<const DeviceMesh>(
+      pg.shared_from_this(), std::vector<std::string>{"dp_shard"}, std::vector<int64_t>{pg.size()});
+}
+
+void shard_every_unit(Mlp& model, const std::shared_ptr<const DeviceMesh>& mesh) {
+  fsdp::fully_shard(*model.fc1, mesh, {}, "fc1");
+  fsdp::fully_shard(*model.fc2, mesh, {}, "fc2");
+  fsdp::fully_shard(model, mesh, {}, "root");
+}
+
+TEST(FlatLayoutTest, ChunksAreTorchChunksPaddedToOneSegment) {
+  const auto layout = fsdp::FlatLayout::make({{13, 8}, {13}, {8, 13}, {8}}, 4);
+  ASSERT_EQ(layout.params.size(), 4u);
+  EXPECT_EQ(layout.params[0].chunk_rows, 4);
+  EXPECT_EQ(layout.params[0].rows_of(3), 1);  // 13 = 4 + 4 + 4 + 1
+  EXPECT_EQ(layout.params[0].rows_of(0), 4);
+  EXPECT_EQ(layout.params[1].offset, 4 * 8);
+  EXPECT_EQ(layout.params[2].offset, 4 * 8 + 4);
+  EXPECT_EQ(layout.params[3].offset, 4 * 8 + 4 + 2 * 13);
+  EXPECT_EQ(layout.segment_numel, 4 * 8 + 4 + 2 * 13 + 2);
+  EXPECT_EQ(layout.total_numel(), 4 * layout.segment_numel);
+  // 2 rows over 4 ranks: 1, 1, 0, 0.
+  const auto small = fsdp::FlatLayout::make({{2, 3}}, 4);
+  EXPECT_EQ(small.params[0].rows_of(1), 1);
+  EXPECT_EQ(small.params[0].rows_of(2), 0);
+}
+
+TEST(FullyShardTest, TrainsLikeOneRank) {
+  const TrainingRun expected = train_one_rank();
+  for (int world : {2, 3, 4}) {
+    SCOPED_TRACE("dp_shard " + std::to_string(world));
+    comm::testing::run_on_ranks(world, [&](comm::ProcessGroup& pg) {
+      const auto mesh = shard_mesh(pg);
+      Mlp model;
+      shard_every_unit(model, mesh);
+      for (const auto& [name, p] : model.named_parameters()) {
+        ASSERT_TRUE(is_dtensor(p)) << name;
+        EXPECT_EQ(dtensor_spec(p).placements, (Placements{Shard(0)})) << name;
+        EXPECT_TRUE(p.requires_grad()) << name;
+      }
+      optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+      const int64_t per_rank = kBatch / world;
+      TrainingRun run;
+      for (int step = 0; step < kSteps; ++step) {
+        opt.zero_grad();
+        Tensor loss;
+        {
+          CommDebugMode forward;
+          loss = loss_of(model, step, pg.rank() * per_rank, per_rank);
+          // One all-gather per unit (fc1, fc2, root), and the shards back in the slots.
+          EXPECT_EQ(forward.count(CollectiveKind::kAllGather), 3) << forward.summary();
+          EXPECT_EQ(forward.total_count(), 3) << forward.summary();
+        }
+        for (const auto& [name, p] : model.named_parameters()) ASSERT_TRUE(is_dtensor(p)) << name;
+        {
+          CommDebugMode backward_comm;
+          backward(loss);
+          // One reduce-scatter per unit, of the unit's padded flat buffer: fc1 holds 13 x 8 + 13
+          // and fc2 8 x 13 + 8 elements, padded to ceil(rows / N) rows per rank.
+          EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3)
+              << backward_comm.summary();
+          EXPECT_EQ(backward_comm.total_count(), 3) << backward_comm.summary();
+          const int64_t c13 = (13 + world - 1) / world, c8 = (8 + world - 1) / world;
+          const int64_t padded = world * (c13 * 8 + c13 + c8 * 13 + c8 + c8);
+          EXPECT_EQ(backward_comm.bytes(CollectiveKind::kReduceScatter), padded * 4)
+              << backward_comm.summary();
+        }
+        for (const auto& [name, p] : model.named_parameters()) {
+          ASSERT_TRUE(p.grad().defined()) << name;
+          EXPECT_EQ(dtensor_spec(p.grad()).placements, (Placements{Shard(0)})) << name;
+        }
+        optim::clip_grad_norm_(model.parameters(), 0.5);
+        opt.step();
+        Tensor global = ops::full({1}, loss.item<double>());
+        pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+        run.losses.push_back(global.item<double>());
+      }
+      // f32 rounding of differently ordered sums: 1e-5 relative on losses; parameters within
+      // 1e-5 of their tensor's largest magnitude (AdamW normalizes tiny gradients to unit steps).
+      expect_close({.actual = run.losses,
+                    .expected = expected.losses,
+                    .tol = {.rtol = 1e-5},
+                    .what = "losses"});
+      for (const auto& [name, p] : model.named_parameters()) {
+        expect_close({.actual = ops::to_vector(full_tensor(p)),
+                      .expected = expected.params.at(name),
+                      .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
+                      .what = name});
+      }
+    });
+  }
+}
+
+TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
+  comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
+    const auto mesh = shard_mesh(pg);
+    Mlp model;
+    fsdp::fully_shard(*model.fc1, mesh, {}, "fc1");
+    EXPECT_EQ(error_of([&] { fsdp::fully_shard(*model.fc1, mesh, {}, "fc1"); }),
+              "fully_shard(fc1): the module is already fully sharded");
+    EXPECT_TRUE(fsdp::is_fully_sharded(*model.fc1));
+    EXPECT_FALSE(fsdp::is_fully_sharded(*model.fc2));
+    const auto square = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"dp_replicate", "dp_shard"},
+        std::vector<int64_t>{1, 2});
+    EXPECT_THAT(error_of([&] { fsdp::fully_shard(*model.fc2, square, {}, "fc2"); }),
+                HasSubstr("fully_shard(fc2): needs a 1-D mesh"));
+    // A module outside fc1 that shares fc1's weight through a slot of its own.
+    nn::Linear other(8, 13, nn::LinearOptions{.seed = 9});
+    other.set_parameter("weight", model.fc1->parameter("weight"));
+    EXPECT_THAT(error_of([&] { fsdp::fully_shard(other, mesh, {}, "other"); }),
+                HasSubstr("fully_shard(other): parameter 'weight' is already in FSDP unit "
+                          "'fc1'"));
+  });
+}
+
+}  // namespace
+}  // namespace loom
