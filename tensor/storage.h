@@ -24,9 +24,20 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
 
+  // Frees the buffer but keeps the Storage, and every tensor viewing it, in place; refill()
+  // allocates it again (contents uninitialized). What FSDP does between a unit's forward and its
+  // backward (torch's storage().resize_(0)): autograd keeps the tensors, the memory goes.
+  // Reading a released storage's data is a bug of the caller; released() tells.
+  void release();
+  void refill();
+  bool released() const { return released_; }
+
  private:
   Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
+  static void* allocate_bytes(size_t bytes, Device device);
+  void free_bytes();
   void* data_;
+  bool released_ = false;
   size_t bytes_;
   Device device_;
 };

@@ -91,7 +91,11 @@ class Unit : public std::enable_shared_from_this<Unit> {
     if (recording) {
       call = std::make_shared<Call>();
       call->grads.resize(params_.size());
+      // Handles without autograd state onto the whole parameters' memory, to release and refill
+      // it (the whole leaves themselves hold the hooks that hold the call: no cycle).
+      for (const Tensor& w : whole) call->memory.push_back(ops::alias(w));
     }
+    current_call_ = call;
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor w = whole[i];
       if (call && params_[i].sharded.requires_grad()) {
@@ -106,21 +110,45 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
   }
 
-  // The module's slots hold the shards again.
-  void after_forward() {
+  // The module's slots hold the shards again. With reshard_after_forward, the whole
+  // parameters' memory is released too, and gathered again when backward reaches the unit: a
+  // hook on the output's gradient runs just before the unit's own backward.
+  void after_forward(const Tensor& output) {
     for (const HeldParam& p : params_) {
       for (const auto& [owner, name] : p.slots) owner->set_parameter(name, p.sharded);
     }
+    std::shared_ptr<Call> call = std::move(current_call_);
+    if (!options_.reshard_after_forward || !call || call->pending == 0 || !output.defined() ||
+        !output.requires_grad()) {
+      return;
+    }
+    for (const Tensor& m : call->memory) m.storage()->release();
+    autograd::register_hook(output, [unit = shared_from_this(), call](const Tensor&) {
+      unit->refill(*call);
+      return Tensor();
+    });
   }
 
  private:
-  // One forward call's gradients, collected as backward produces them.
+  // One forward call's whole parameters and gradients, collected as backward produces them.
   struct Call {
-    std::vector<Tensor> grads;  // per parameter; undefined until it arrives
-    size_t pending = 0;         // gradients still to come
-    bool queued = false;        // the end-of-backward check is queued
+    std::vector<Tensor> memory;  // aliases of the whole parameters (no autograd state)
+    std::vector<Tensor> grads;   // per parameter; undefined until it arrives
+    size_t pending = 0;          // gradients still to come
+    bool queued = false;         // the end-of-backward check is queued
     bool reduced = false;
   };
+
+  // Gathers the whole parameters into the call's released memory again, before its backward.
+  void refill(Call& call) {
+    if (call.memory.empty() || !call.memory[0].storage()->released()) return;
+    NoGradGuard no_grad;
+    const std::vector<Tensor> whole = gather();
+    for (size_t i = 0; i < whole.size(); ++i) {
+      call.memory[i].storage()->refill();
+      ops::copy_(call.memory[i], whole[i]);
+    }
+  }
 
   std::vector<Tensor> gather() {
     Tensor send = ops::zeros({layout_.segment_numel}, dtype_, device_);
@@ -205,6 +233,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::shared_ptr<const DeviceMesh> mesh_;
   std::vector<HeldParam> params_;
   FSDPOptions options_;
+  std::shared_ptr<Call> current_call_;  // between before_forward and after_forward
   FlatLayout layout_;
   int rank_ = 0;
   DType dtype_ = kFloat32;
@@ -316,7 +345,7 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     return input;
   });
   module.register_forward_hook([unit](nn::Module&, const Tensor&, const Tensor& output) {
-    unit->after_forward();
+    unit->after_forward(output);
     return output;
   });
 }

@@ -14,12 +14,15 @@
 //   - before forward: one all_gather_into_tensor of the unit's flat buffer (every parameter's
 //     chunk, padded to the largest rank's); the module computes with whole, plain parameters;
 //   - after forward: the module's slots hold the shards again (state_dict, optimizers and
-//     clipping never see whole parameters);
+//     clipping never see whole parameters); with reshard_after_forward (the default) the whole
+//     parameters' memory is released, and when backward reaches the unit (a hook on its
+//     output's gradient) one more all_gather_into_tensor fills it again;
 //   - in backward, once every whole parameter of the call has its gradient: one
 //     reduce_scatter_tensor (average over the mesh) of the flat gradient buffer, whose shards
 //     are added into the sharded parameters' .grad (DTensor Shard(0), as the parameters). A
 //     parameter the forward did not use contributes zeros, so every rank reduces alike.
-// The whole parameters live on until backward has used them (autograd keeps what it saved).
+// Without reshard_after_forward the whole parameters stay in memory until backward has used
+// them (autograd keeps what it saved): no second all-gather, more memory.
 //
 // Errors name the unit and the parameter: a parameter that another unit already holds through a
 // different module, a mesh that is not 1-D, fully_shard on a unit twice, parameters of a unit on
@@ -36,8 +39,8 @@
 namespace loom::fsdp {
 
 struct FSDPOptions {
-  // FSDP2's reshard_after_forward. Today the whole parameters always leave the module's slots
-  // after forward; freeing their memory before backward (and gathering again) comes next.
+  // FSDP2's reshard_after_forward: free the whole parameters after forward and gather them
+  // again for backward (ZeRO-3), or keep them until backward (ZeRO-2's memory, one all-gather).
   bool reshard_after_forward = true;
 };
 

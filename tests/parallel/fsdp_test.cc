@@ -4,6 +4,7 @@
 // unevenly: 13 rows over 4 ranks are 4, 4, 4, 1). Checked together: losses, the gathered
 // parameters, the shards' placements, and the collectives of one step (one all-gather per unit
 // in forward, one reduce-scatter per unit in backward, with the bytes the padded shapes imply).
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -83,10 +84,11 @@ std::shared_ptr<const DeviceMesh> shard_mesh(comm::ProcessGroup& pg) {
       pg.shared_from_this(), std::vector<std::string>{"dp_shard"}, std::vector<int64_t>{pg.size()});
 }
 
-void shard_every_unit(Mlp& model, const std::shared_ptr<const DeviceMesh>& mesh) {
-  fsdp::fully_shard(*model.fc1, mesh, {}, "fc1");
-  fsdp::fully_shard(*model.fc2, mesh, {}, "fc2");
-  fsdp::fully_shard(model, mesh, {}, "root");
+void shard_every_unit(Mlp& model, const std::shared_ptr<const DeviceMesh>& mesh,
+                      fsdp::FSDPOptions options) {
+  fsdp::fully_shard(*model.fc1, mesh, options, "fc1");
+  fsdp::fully_shard(*model.fc2, mesh, options, "fc2");
+  fsdp::fully_shard(model, mesh, options, "root");
 }
 
 TEST(FlatLayoutTest, ChunksAreTorchChunksPaddedToOneSegment) {
@@ -108,67 +110,74 @@ TEST(FlatLayoutTest, ChunksAreTorchChunksPaddedToOneSegment) {
 
 TEST(FullyShardTest, TrainsLikeOneRank) {
   const TrainingRun expected = train_one_rank();
-  for (int world : {2, 3, 4}) {
-    SCOPED_TRACE("dp_shard " + std::to_string(world));
-    comm::testing::run_on_ranks(world, [&](comm::ProcessGroup& pg) {
-      const auto mesh = shard_mesh(pg);
-      Mlp model;
-      shard_every_unit(model, mesh);
-      for (const auto& [name, p] : model.named_parameters()) {
-        ASSERT_TRUE(is_dtensor(p)) << name;
-        EXPECT_EQ(dtensor_spec(p).placements, (Placements{Shard(0)})) << name;
-        EXPECT_TRUE(p.requires_grad()) << name;
-      }
-      optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
-      const int64_t per_rank = kBatch / world;
-      TrainingRun run;
-      for (int step = 0; step < kSteps; ++step) {
-        opt.zero_grad();
-        Tensor loss;
-        {
-          CommDebugMode forward;
-          loss = loss_of(model, step, pg.rank() * per_rank, per_rank);
-          // One all-gather per unit (fc1, fc2, root), and the shards back in the slots.
-          EXPECT_EQ(forward.count(CollectiveKind::kAllGather), 3) << forward.summary();
-          EXPECT_EQ(forward.total_count(), 3) << forward.summary();
-        }
-        for (const auto& [name, p] : model.named_parameters()) ASSERT_TRUE(is_dtensor(p)) << name;
-        {
-          CommDebugMode backward_comm;
-          backward(loss);
-          // One reduce-scatter per unit, of the unit's padded flat buffer: fc1 holds 13 x 8 + 13
-          // and fc2 8 x 13 + 8 elements, padded to ceil(rows / N) rows per rank.
-          EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3)
-              << backward_comm.summary();
-          EXPECT_EQ(backward_comm.total_count(), 3) << backward_comm.summary();
-          const int64_t c13 = (13 + world - 1) / world, c8 = (8 + world - 1) / world;
-          const int64_t padded = world * (c13 * 8 + c13 + c8 * 13 + c8 + c8);
-          EXPECT_EQ(backward_comm.bytes(CollectiveKind::kReduceScatter), padded * 4)
-              << backward_comm.summary();
-        }
-        for (const auto& [name, p] : model.named_parameters()) {
-          ASSERT_TRUE(p.grad().defined()) << name;
-          EXPECT_EQ(dtensor_spec(p.grad()).placements, (Placements{Shard(0)})) << name;
-        }
-        optim::clip_grad_norm_(model.parameters(), 0.5);
-        opt.step();
-        Tensor global = ops::full({1}, loss.item<double>());
-        pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
-        run.losses.push_back(global.item<double>());
-      }
-      // f32 rounding of differently ordered sums: 1e-5 relative on losses; parameters within
-      // 1e-5 of their tensor's largest magnitude (AdamW normalizes tiny gradients to unit steps).
-      expect_close({.actual = run.losses,
-                    .expected = expected.losses,
-                    .tol = {.rtol = 1e-5},
-                    .what = "losses"});
-      for (const auto& [name, p] : model.named_parameters()) {
-        expect_close({.actual = ops::to_vector(full_tensor(p)),
-                      .expected = expected.params.at(name),
-                      .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
-                      .what = name});
-      }
-    });
+  for (const auto& [world, reshard] :
+       std::vector<std::pair<int, bool>>{{2, true}, {3, true}, {4, true}, {2, false}}) {
+    SCOPED_TRACE(fmt::format("dp_shard {}, reshard_after_forward {}", world, reshard));
+    comm::testing::run_on_ranks(
+        world, [&, world = world, reshard = reshard](comm::ProcessGroup& pg) {
+          const auto mesh = shard_mesh(pg);
+          Mlp model;
+          shard_every_unit(model, mesh, {.reshard_after_forward = reshard});
+          for (const auto& [name, p] : model.named_parameters()) {
+            ASSERT_TRUE(is_dtensor(p)) << name;
+            EXPECT_EQ(dtensor_spec(p).placements, (Placements{Shard(0)})) << name;
+            EXPECT_TRUE(p.requires_grad()) << name;
+          }
+          optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+          const int64_t per_rank = kBatch / world;
+          TrainingRun run;
+          for (int step = 0; step < kSteps; ++step) {
+            opt.zero_grad();
+            Tensor loss;
+            {
+              CommDebugMode forward;
+              loss = loss_of(model, step, pg.rank() * per_rank, per_rank);
+              // One all-gather per unit (fc1, fc2, root), and the shards back in the slots.
+              EXPECT_EQ(forward.count(CollectiveKind::kAllGather), 3) << forward.summary();
+              EXPECT_EQ(forward.total_count(), 3) << forward.summary();
+            }
+            for (const auto& [name, p] : model.named_parameters())
+              ASSERT_TRUE(is_dtensor(p)) << name;
+            {
+              CommDebugMode backward_comm;
+              backward(loss);
+              // One reduce-scatter per unit, of the unit's padded flat buffer: fc1 holds 13 x 8 +
+              // 13 and fc2 8 x 13 + 8 elements, padded to ceil(rows / N) rows per rank; after a
+              // resharding forward, one all-gather per unit too, before its backward.
+              EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3)
+                  << backward_comm.summary();
+              EXPECT_EQ(backward_comm.count(CollectiveKind::kAllGather), reshard ? 3 : 0)
+                  << backward_comm.summary();
+              EXPECT_EQ(backward_comm.total_count(), reshard ? 6 : 3) << backward_comm.summary();
+              const int64_t c13 = (13 + world - 1) / world, c8 = (8 + world - 1) / world;
+              const int64_t padded = world * (c13 * 8 + c13 + c8 * 13 + c8 + c8);
+              EXPECT_EQ(backward_comm.bytes(CollectiveKind::kReduceScatter), padded * 4)
+                  << backward_comm.summary();
+            }
+            for (const auto& [name, p] : model.named_parameters()) {
+              ASSERT_TRUE(p.grad().defined()) << name;
+              EXPECT_EQ(dtensor_spec(p.grad()).placements, (Placements{Shard(0)})) << name;
+            }
+            optim::clip_grad_norm_(model.parameters(), 0.5);
+            opt.step();
+            Tensor global = ops::full({1}, loss.item<double>());
+            pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+            run.losses.push_back(global.item<double>());
+          }
+          // f32 rounding of differently ordered sums: 1e-5 relative on losses; parameters within
+          // 1e-5 of their tensor's largest magnitude (AdamW normalizes tiny gradients to unit
+          // steps).
+          expect_close({.actual = run.losses,
+                        .expected = expected.losses,
+                        .tol = {.rtol = 1e-5},
+                        .what = "losses"});
+          for (const auto& [name, p] : model.named_parameters()) {
+            expect_close({.actual = ops::to_vector(full_tensor(p)),
+                          .expected = expected.params.at(name),
+                          .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
+                          .what = name});
+          }
+        });
   }
 }
 

@@ -271,3 +271,28 @@ TEST(TensorTest, GradSlot) {
 
 }  // namespace
 }  // namespace loom
+
+namespace loom {
+namespace {
+
+// FSDP frees a whole parameter's memory between forward and backward while autograd keeps the
+// tensors: the storage releases its buffer and refills it, and every view sees the new memory.
+TEST(StorageTest, ReleaseFreesTheBufferAndRefillBringsItBack) {
+  Tensor t = ops::arange(6, kFloat32);
+  const Tensor view = ops::narrow(t, 0, 2, 3);
+  const std::shared_ptr<Storage>& storage = t.storage();
+  EXPECT_FALSE(storage->released());
+  storage->release();
+  EXPECT_TRUE(storage->released());
+  EXPECT_EQ(storage->data(), nullptr);
+  EXPECT_EQ(storage->bytes(), 6 * sizeof(float));
+  storage->release();  // twice is fine
+  storage->refill();
+  EXPECT_FALSE(storage->released());
+  ASSERT_NE(storage->data(), nullptr);
+  ops::copy_(t, ops::arange(6, kFloat32));
+  EXPECT_EQ(ops::to_vector(view), (std::vector<double>{2, 3, 4}));
+}
+
+}  // namespace
+}  // namespace loom
