@@ -75,7 +75,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
     layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(0)));
     rank_ = static_cast<int>(mesh_->coordinate(0));
     if (!params_.empty()) {
-      dtype_ = params_[0].sharded.dtype();
+      const DType master = params_[0].sharded.dtype();
+      dtype_ = options_.mp_policy.param_dtype.value_or(master);
+      reduce_dtype_ = options_.mp_policy.reduce_dtype.value_or(dtype_);
       device_ = mesh_->device();
     }
   }
@@ -198,7 +200,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
     if (call.reduced) return;
     call.reduced = true;
     NoGradGuard no_grad;
-    Tensor send = ops::zeros({layout_.total_numel()}, dtype_, device_);
+    Tensor send = ops::zeros({layout_.total_numel()}, reduce_dtype_, device_);
     for (size_t i = 0; i < params_.size(); ++i) {
       const Tensor& grad = call.grads[i];
       if (!grad.defined()) continue;
@@ -213,7 +215,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
                    ops::narrow(rows_view, 0, slot.first_row(r), rows));
       }
     }
-    Tensor received = ops::empty({layout_.segment_numel}, dtype_, device_);
+    Tensor received = ops::empty({layout_.segment_numel}, reduce_dtype_, device_);
     mesh_->group(0)->reduce_scatter_tensor(received, send, comm::ReduceOp::kAvg)->wait();
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& sharded = params_[i].sharded;
@@ -236,7 +238,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   std::shared_ptr<Call> current_call_;  // between before_forward and after_forward
   FlatLayout layout_;
   int rank_ = 0;
-  DType dtype_ = kFloat32;
+  DType dtype_ = kFloat32;         // the whole parameters' and the all-gather's (param_dtype)
+  DType reduce_dtype_ = kFloat32;  // the reduce-scatter's
   Device device_ = Device::cpu();
 };
 
@@ -340,8 +343,13 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     for (const Tensor& whole : originals) reg.params[whole.impl()] = {whole.impl_ptr(), unit_name};
   }
   auto unit = std::make_shared<Unit>(unit_name, std::move(mesh), std::move(params), options);
-  module.register_forward_pre_hook([unit](nn::Module&, const Tensor& input) {
+  const MixedPrecisionPolicy mp = options.mp_policy;
+  module.register_forward_pre_hook([unit, mp](nn::Module&, const Tensor& input) {
     unit->before_forward();
+    if (mp.param_dtype && mp.cast_forward_inputs && input.defined() && is_floating(input.dtype()) &&
+        input.dtype() != *mp.param_dtype) {
+      return to(input, *mp.param_dtype);  // differentiable: the input's gradient comes back
+    }
     return input;
   });
   module.register_forward_hook([unit](nn::Module&, const Tensor&, const Tensor& output) {

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "mesh/device_mesh.h"
@@ -38,10 +39,21 @@
 
 namespace loom::fsdp {
 
+// FSDP2's MixedPrecisionPolicy: the sharded master parameters stay in their dtype (f32); the
+// whole parameters a unit computes with, and the all-gather, are param_dtype; gradients are
+// reduce-scattered in reduce_dtype (default: param_dtype) and added to the masters' gradients in
+// the masters' dtype. A unit casts its floating-point input to param_dtype (cast_forward_inputs).
+struct MixedPrecisionPolicy {
+  std::optional<DType> param_dtype;   // none: the parameters' own dtype
+  std::optional<DType> reduce_dtype;  // none: param_dtype
+  bool cast_forward_inputs = true;
+};
+
 struct FSDPOptions {
   // FSDP2's reshard_after_forward: free the whole parameters after forward and gather them
   // again for backward (ZeRO-3), or keep them until backward (ZeRO-2's memory, one all-gather).
   bool reshard_after_forward = true;
+  MixedPrecisionPolicy mp_policy;
 };
 
 // Shards `module`'s parameters (those no earlier unit holds) over the 1-D `mesh` and installs

@@ -181,6 +181,52 @@ TEST(FullyShardTest, TrainsLikeOneRank) {
   }
 }
 
+// bf16 compute and all-gathers over f32 masters, f32 reduce-scatters: the run follows the f32
+// one to bf16 precision (8 bits of mantissa: ~1e-2 relative after the roundings of 3 steps), and
+// the collectives carry the dtypes the policy names.
+TEST(FullyShardTest, MixedPrecisionPolicyFollowsF32ToBf16Precision) {
+  const TrainingRun expected = train_one_rank();
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const auto mesh = shard_mesh(pg);
+    Mlp model;
+    shard_every_unit(model, mesh,
+                     {.mp_policy = {.param_dtype = kBFloat16, .reduce_dtype = kFloat32}});
+    for (const auto& [name, p] : model.named_parameters()) EXPECT_EQ(p.dtype(), kFloat32) << name;
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+    std::vector<double> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      CommDebugMode comm;
+      Tensor loss = loss_of(model, step, pg.rank() * kBatch / 2, kBatch / 2);
+      backward(to(loss, kFloat32));
+      // Per rank (the counters count what a rank sends): its padded segment of every unit in
+      // bf16, twice (forward, and backward after resharding); the whole padded buffer in f32.
+      const int64_t c13 = 7, c8 = 4;  // rows per rank over 2
+      const int64_t segment = c13 * 8 + c13 + c8 * 13 + c8 + c8;
+      EXPECT_EQ(comm.bytes(CollectiveKind::kAllGather), 2 * segment * 2) << comm.summary();
+      EXPECT_EQ(comm.bytes(CollectiveKind::kReduceScatter), 2 * segment * 4) << comm.summary();
+      for (const auto& [name, p] : model.named_parameters()) {
+        EXPECT_EQ(p.grad().dtype(), kFloat32) << name;
+      }
+      optim::clip_grad_norm_(model.parameters(), 0.5);
+      opt.step();
+      Tensor global = ops::full({1}, loss.item<double>());
+      pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+      losses.push_back(global.item<double>());
+    }
+    expect_close({.actual = losses,
+                  .expected = expected.losses,
+                  .tol = {.rtol = 2e-2},
+                  .what = "bf16 losses"});
+    for (const auto& [name, p] : model.named_parameters()) {
+      expect_close({.actual = ops::to_vector(full_tensor(p)),
+                    .expected = expected.params.at(name),
+                    .tol = {.rtol = 2e-2, .relative_to = testing::RelativeTo::kLargest},
+                    .what = "bf16 " + name});
+    }
+  });
+}
+
 TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     const auto mesh = shard_mesh(pg);
