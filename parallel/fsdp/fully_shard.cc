@@ -72,8 +72,10 @@ class Unit : public std::enable_shared_from_this<Unit> {
         options_(options) {
     std::vector<Shape> shapes;
     for (const HeldParam& p : params_) shapes.push_back(dtensor_spec(p.sharded).shape);
-    layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(0)));
-    rank_ = static_cast<int>(mesh_->coordinate(0));
+    // The last mesh dim shards (dp_shard); a first one, on a 2-D mesh, replicates (HSDP).
+    shard_dim_ = mesh_->ndim() - 1;
+    layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(shard_dim_)));
+    rank_ = static_cast<int>(mesh_->coordinate(shard_dim_));
     if (!params_.empty()) {
       const DType master = params_[0].sharded.dtype();
       dtype_ = options_.mp_policy.param_dtype.value_or(master);
@@ -162,7 +164,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
                  ops::reshape(local_shard(params_[i].sharded), {-1}));
     }
     Tensor received = ops::empty({layout_.total_numel()}, dtype_, device_);
-    mesh_->group(0)->all_gather_into_tensor(received, send)->wait();
+    mesh_->group(shard_dim_)->all_gather_into_tensor(received, send)->wait();
     std::vector<Tensor> whole;
     for (const ParamSlot& slot : layout_.params) {
       Tensor w = ops::empty(slot.shape, dtype_, device_);
@@ -216,7 +218,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
       }
     }
     Tensor received = ops::empty({layout_.segment_numel}, reduce_dtype_, device_);
-    mesh_->group(0)->reduce_scatter_tensor(received, send, comm::ReduceOp::kAvg)->wait();
+    mesh_->group(shard_dim_)->reduce_scatter_tensor(received, send, comm::ReduceOp::kAvg)->wait();
+    // HSDP: the replicas of each shard average their reduced shards.
+    if (shard_dim_ > 0) mesh_->group(0)->all_reduce(received, comm::ReduceOp::kAvg)->wait();
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& sharded = params_[i].sharded;
       if (!sharded.requires_grad()) continue;
@@ -237,7 +241,8 @@ class Unit : public std::enable_shared_from_this<Unit> {
   FSDPOptions options_;
   std::shared_ptr<Call> current_call_;  // between before_forward and after_forward
   FlatLayout layout_;
-  int rank_ = 0;
+  int64_t shard_dim_ = 0;          // the mesh dim that shards
+  int rank_ = 0;                   // this rank's coordinate on it
   DType dtype_ = kFloat32;         // the whole parameters' and the all-gather's (param_dtype)
   DType reduce_dtype_ = kFloat32;  // the reduce-scatter's
   Device device_ = Device::cpu();
@@ -310,9 +315,9 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
                  std::string name) {
   if (name.empty()) name = module.type_name();
   LOOM_CHECK(mesh != nullptr, "fully_shard({}): the mesh is null", name);
-  LOOM_CHECK(mesh->ndim() == 1,
-             "fully_shard({}): needs a 1-D mesh (e.g. mesh[\"dp_shard\"]), got {}; HSDP's 2-D "
-             "mesh comes next",
+  LOOM_CHECK(mesh->ndim() == 1 || mesh->ndim() == 2,
+             "fully_shard({}): needs a 1-D mesh (dp_shard, e.g. mesh[\"dp_shard\"]) or a 2-D one "
+             "(dp_replicate, dp_shard: HSDP), got {}",
              name, mesh->str());
   LOOM_CHECK(!is_fully_sharded(module), "fully_shard({}): the module is already fully sharded",
              name);
@@ -327,7 +332,9 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     for (HeldParam& p : params) {
       const Tensor whole = p.sharded;
       originals.push_back(whole);
-      Tensor shard = distribute_tensor(detach(whole), mesh, {Shard(0)}, std::nullopt);
+      const Placements placements =
+          mesh->ndim() == 1 ? Placements{Shard(0)} : Placements{Replicate(), Shard(0)};
+      Tensor shard = distribute_tensor(detach(whole), mesh, placements, std::nullopt);
       shard.set_requires_grad(whole.requires_grad());
       p.sharded = shard;
       for (const auto& [owner, slot] : p.slots) owner->set_parameter(slot, shard);

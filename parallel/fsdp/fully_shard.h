@@ -6,8 +6,10 @@
 // A unit is the module fully_shard was applied to, holding its parameters that no unit applied
 // earlier (a submodule) already holds. Between steps each of those parameters is a DTensor
 // Shard(0) on the 1-D `mesh` (uneven first dims as torch.chunk: the last ranks may hold fewer
-// rows, or none), a leaf requiring grad: the optimizer, gradient clipping and checkpoints see only
-// shards, so AdamW's moments are sharded too (ZeRO-3).
+// rows, or none), a leaf requiring grad. On a 2-D mesh (dp_replicate, dp_shard) it is
+// (Replicate, Shard(0)): HSDP, sharded within dp_shard and replicated across dp_replicate. the
+// optimizer, gradient clipping and checkpoints see only shards, so AdamW's moments are sharded too
+// (ZeRO-3).
 //
 // Collective contract, per call of the unit's forward (every rank of `mesh` calls it, in the
 // same order):
@@ -18,16 +20,17 @@
 //     parameters' memory is released, and when backward reaches the unit (a hook on its
 //     output's gradient) one more all_gather_into_tensor fills it again;
 //   - in backward, once every whole parameter of the call has its gradient: one
-//     reduce_scatter_tensor (average over the mesh) of the flat gradient buffer, whose shards
-//     are added into the sharded parameters' .grad (DTensor Shard(0), as the parameters). A
+//     reduce_scatter_tensor (average over dp_shard) of the flat gradient buffer, with HSDP one
+//     all_reduce (average over dp_replicate) of the reduced shard, and the shards are added into
+//     the sharded parameters' .grad (DTensors laid out as the parameters). A
 //     parameter the forward did not use contributes zeros, so every rank reduces alike.
 // Without reshard_after_forward the whole parameters stay in memory until backward has used
 // them (autograd keeps what it saved): no second all-gather, more memory.
 //
 // Errors name the unit and the parameter: a parameter that another unit already holds through a
-// different module, a mesh that is not 1-D, fully_shard on a unit twice, parameters of a unit on
-// different devices or dtypes (one flat buffer each), a 0-dim parameter, and a parameter that is
-// already a DTensor (tensor parallelism composes in a later step).
+// different module, a mesh that is neither 1-D nor 2-D, fully_shard on a unit twice, parameters of
+// a unit on different devices or dtypes (one flat buffer each), a 0-dim parameter, and a parameter
+// that is already a DTensor (tensor parallelism composes in a later step).
 #pragma once
 
 #include <memory>

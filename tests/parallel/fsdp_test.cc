@@ -181,6 +181,48 @@ TEST(FullyShardTest, TrainsLikeOneRank) {
   }
 }
 
+// HSDP on 4 ranks, (dp_replicate 2, dp_shard 2): each shard's replicas average their reduced
+// shards, one all-reduce per unit beside the reduce-scatter.
+TEST(FullyShardTest, HsdpTrainsLikeOneRank) {
+  const TrainingRun expected = train_one_rank();
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    const auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"dp_replicate", "dp_shard"},
+        std::vector<int64_t>{2, 2});
+    Mlp model;
+    shard_every_unit(model, mesh, {});
+    for (const auto& [name, p] : model.named_parameters()) {
+      EXPECT_EQ(dtensor_spec(p).placements, (Placements{Replicate(), Shard(0)})) << name;
+    }
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+    std::vector<double> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      Tensor loss = loss_of(model, step, pg.rank() * kBatch / 4, kBatch / 4);
+      CommDebugMode backward_comm;
+      backward(loss);
+      EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3) << backward_comm.summary();
+      EXPECT_EQ(backward_comm.count(CollectiveKind::kAllReduce), 3) << backward_comm.summary();
+      EXPECT_EQ(backward_comm.count(CollectiveKind::kAllGather), 3) << backward_comm.summary();
+      optim::clip_grad_norm_(model.parameters(), 0.5);
+      opt.step();
+      Tensor global = ops::full({1}, loss.item<double>());
+      pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+      losses.push_back(global.item<double>());
+    }
+    expect_close({.actual = losses,
+                  .expected = expected.losses,
+                  .tol = {.rtol = 1e-5},
+                  .what = "HSDP losses"});
+    for (const auto& [name, p] : model.named_parameters()) {
+      expect_close({.actual = ops::to_vector(full_tensor(p)),
+                    .expected = expected.params.at(name),
+                    .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
+                    .what = "HSDP " + name});
+    }
+  });
+}
+
 // bf16 compute and all-gathers over f32 masters, f32 reduce-scatters: the run follows the f32
 // one to bf16 precision (8 bits of mantissa: ~1e-2 relative after the roundings of 3 steps), and
 // the collectives carry the dtypes the policy names.
@@ -236,11 +278,11 @@ TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
               "fully_shard(fc1): the module is already fully sharded");
     EXPECT_TRUE(fsdp::is_fully_sharded(*model.fc1));
     EXPECT_FALSE(fsdp::is_fully_sharded(*model.fc2));
-    const auto square = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"dp_replicate", "dp_shard"},
-        std::vector<int64_t>{1, 2});
-    EXPECT_THAT(error_of([&] { fsdp::fully_shard(*model.fc2, square, {}, "fc2"); }),
-                HasSubstr("fully_shard(fc2): needs a 1-D mesh"));
+    const auto cube = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard"},
+        std::vector<int64_t>{1, 1, 2});
+    EXPECT_THAT(error_of([&] { fsdp::fully_shard(*model.fc2, cube, {}, "fc2"); }),
+                HasSubstr("fully_shard(fc2): needs a 1-D mesh (dp_shard"));
     // A module outside fc1 that shares fc1's weight through a slot of its own.
     nn::Linear other(8, 13, nn::LinearOptions{.seed = 9});
     other.set_parameter("weight", model.fc1->parameter("weight"));
