@@ -152,12 +152,12 @@ void TcpStoreServer::Impl::read_input(Connection& c) {
                                    options.max_memory_bytes, held, stored_bytes));
     }
     const size_t old_size = c.in.size();
-    c.in.resize(old_size + kReadChunk);
+    resize_input(c, old_size + kReadChunk);
     const ssize_t n = ::recv(c.socket.fd(), c.in.data() + old_size, kReadChunk, MSG_DONTWAIT);
-    c.in.resize(old_size + std::max<ssize_t>(n, 0));
+    resize_input(c, old_size + std::max<ssize_t>(n, 0));
     if (n > 0) {
       if (c.draining) {
-        c.in.clear();  // a rejected client: discard whatever else it sends
+        resize_input(c, 0);  // a rejected client: discard whatever else it sends
         c.in_offset = 0;
       } else {
         process_input(c);
@@ -206,9 +206,10 @@ void TcpStoreServer::Impl::process_input(Connection& c) {
     handle(c, std::move(request));
   }
   if (c.in_offset == c.in.size()) {
-    c.in.clear();
+    resize_input(c, 0);
     c.in_offset = 0;
   } else if (c.in_offset > (1u << 20)) {
+    buffered_bytes_ -= c.in_offset;
     c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(c.in_offset));
     c.in_offset = 0;
   }
@@ -315,6 +316,7 @@ void TcpStoreServer::Impl::close(Connection& c) {
   if (!c.open()) return;
   if (c.parked != 0) remove_waiter(c.parked);
   c.socket.reset();
+  resize_input(c, 0);
   Bytes().swap(c.in);  // free the buffers now: they count against max_memory_bytes
   Bytes().swap(c.out);
   c.in_offset = c.out_offset = 0;

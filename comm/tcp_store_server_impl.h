@@ -81,8 +81,13 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, Bytes> data;
   std::map<uint64_t, std::unique_ptr<Connection>> connections;
   uint64_t stored_bytes = 0;  // keys and values in `data`
-  // Bytes of requests being received, over every connection.
-  uint64_t buffered_bytes() const;
+  // Bytes of requests being received, over every connection: the sum of every connection's
+  // `in`, kept as they change (resize_input), so that checking the memory bound on each read
+  // costs nothing per connection.
+  uint64_t buffered_bytes() const { return buffered_bytes_; }
+  uint64_t buffered_bytes_ = 0;
+  // Sets c.in's size (keeping buffered_bytes_).
+  void resize_input(Connection& c, size_t size);
   // Replaces (or inserts) `key`'s value, keeping stored_bytes; refuses (returns the reason) when
   // the server would go over options.max_memory_bytes. The requesting connection's own input
   // (the request being handled, about to be freed) does not count.

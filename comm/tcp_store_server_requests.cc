@@ -17,10 +17,9 @@ std::string tcp_store_server::quoted_keys(const std::vector<std::string>& keys) 
   return out + "]";
 }
 
-uint64_t TcpStoreServer::Impl::buffered_bytes() const {
-  uint64_t total = 0;
-  for (const auto& [id, connection] : connections) total += connection->in.size();
-  return total;
+void TcpStoreServer::Impl::resize_input(Connection& c, size_t size) {
+  buffered_bytes_ = buffered_bytes_ - c.in.size() + size;
+  c.in.resize(size);
 }
 
 std::optional<std::string> TcpStoreServer::Impl::store(const std::string& key, Bytes value,

@@ -184,7 +184,14 @@ std::string config_path_beside(const std::string& metrics) {
 // flags given must not contradict. The vocabulary is set from the data in run() unless it comes
 // from the checkpoint or --vocab-size. A sequence longer than the context is an error, never a
 // silently larger model.
-models::GPTConfig model_config(const Flags& f) {
+struct ModelChoice {
+  models::GPTConfig config;
+  // Who fixed config.vocab_size ("--vocab-size", "the checkpoint's config.json"); empty: the
+  // vocabulary is the data's (the preset's stands in until run() knows it).
+  std::string vocab_from;
+};
+
+ModelChoice model_config(const Flags& f) {
   models::GPTConfig config = models::GPTConfig::preset(f.model);
   const std::optional<models::GPTConfig> saved =
       f.init_from.empty() ? std::nullopt : models::read_gpt2_hf_config(f.init_from);
@@ -215,20 +222,17 @@ models::GPTConfig model_config(const Flags& f) {
              saved          ? "n_positions of the checkpoint's config.json"
              : f.block_size ? "--block-size"
                             : "--block-size, the preset's");
-  return config;
+  return {config, saved ? "the checkpoint's config.json" : f.vocab_size ? "--vocab-size" : ""};
 }
 
 // The vocabulary: the data's, unless the checkpoint or --vocab-size sets a larger one (padding).
-int64_t vocab_size(const Flags& f, const models::GPTConfig& config, const data::TokenData& data) {
-  const bool fixed = f.vocab_size != 0 ||
-                     (!f.init_from.empty() && models::read_gpt2_hf_config(f.init_from).has_value());
-  if (!fixed) return data.vocab_size;
-  LOOM_CHECK(data.vocab_size <= config.vocab_size,
+int64_t vocab_size(const ModelChoice& model, const data::TokenData& data) {
+  if (model.vocab_from.empty()) return data.vocab_size;
+  LOOM_CHECK(data.vocab_size <= model.config.vocab_size,
              "--data: {} has a vocabulary of {} tokens, more than the model's {} ({}); its "
              "tokens would not fit the embedding",
-             data.description, data.vocab_size, config.vocab_size,
-             f.vocab_size ? "--vocab-size" : "the checkpoint's config.json");
-  return config.vocab_size;
+             data.description, data.vocab_size, model.config.vocab_size, model.vocab_from);
+  return model.config.vocab_size;
 }
 
 // The job's parallel layout from the flags (validated against the world and the batch in run).
@@ -261,8 +265,9 @@ int run(Flags f) {
   const auto mesh = parallel.dims.build_mesh(world);
 
   const data::TokenData tokens = data::load_tokens(f.data);
-  models::GPTConfig config = model_config(f);
-  config.vocab_size = vocab_size(f, config, tokens);
+  const ModelChoice model_choice = model_config(f);
+  models::GPTConfig config = model_choice.config;
+  config.vocab_size = vocab_size(model_choice, tokens);
   const auto model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
@@ -441,7 +446,8 @@ Parsed parse_command_line(int argc, char** argv) {
     if (!raw[i].empty()) train::set_option(parsed.flags, options[i], raw[i], options[i].flag());
   }
   check_paths(parsed.flags);
-  model_config(parsed.flags).validate();  // the sizes and the context, before anything starts
+  model_config(parsed.flags)
+      .config.validate();  // the sizes and the context, before anything starts
   return parsed;
 }
 

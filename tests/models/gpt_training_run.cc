@@ -85,7 +85,7 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
       .pipeline = {.schedule = layout.schedule,
                    .microbatches = layout.microbatches,
                    .virtual_stages = layout.virtual_stages}};
-  parallel.validate(parallel.dims.world_size(), kGlobalBatch, kSeqLen);
+  parallel.validate(mesh->numel(), kGlobalBatch, kSeqLen);
   const auto data = corpus();
   const auto model = train::build_parallel_gpt(config(), kModelSeed, mesh, parallel);
   train::Trainer trainer(

@@ -8,6 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "base/error.h"
@@ -108,11 +110,69 @@ TEST(FlatLayoutTest, ChunksAreTorchChunksPaddedToOneSegment) {
   EXPECT_EQ(small.params[0].rows_of(2), 0);
 }
 
+// What a test checks of each step: the collectives its forward issued, and its backward's (with
+// the gradients then in place).
+struct StepChecks {
+  std::function<void(const CommDebugMode&)> forward = [](const CommDebugMode&) {};
+  std::function<void(const CommDebugMode&)> backward = [](const CommDebugMode&) {};
+};
+
+// kSteps clipped AdamW steps of a fully sharded `model`, this rank taking its share of each
+// global batch among `data_ranks`; every rank returns the global losses and the gathered
+// parameters.
+TrainingRun train_sharded(Mlp& model, comm::ProcessGroup& pg, int64_t data_ranks,
+                          const StepChecks& checks) {
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+  const int64_t per_rank = kBatch / data_ranks;
+  TrainingRun run;
+  for (int step = 0; step < kSteps; ++step) {
+    opt.zero_grad();
+    Tensor loss;
+    {
+      CommDebugMode comm;
+      loss = loss_of(model, step, pg.rank() * per_rank, per_rank);
+      checks.forward(comm);
+    }
+    // The shards are back in the slots after forward.
+    for (const auto& [name, p] : model.named_parameters()) EXPECT_TRUE(is_dtensor(p)) << name;
+    {
+      CommDebugMode comm;
+      backward(to(loss, kFloat32));
+      checks.backward(comm);
+    }
+    optim::clip_grad_norm_(model.parameters(), 0.5);
+    opt.step();
+    Tensor global = ops::full({1}, loss.item<double>());
+    pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+    run.losses.push_back(global.item<double>());
+  }
+  for (const auto& [name, p] : model.named_parameters()) {
+    run.params[name] = ops::to_vector(full_tensor(p));
+  }
+  return run;
+}
+
+// Losses within `rtol` relative; parameters within `rtol` of their tensor's largest magnitude
+// (AdamW normalizes tiny gradients to unit steps, so per-element relative is meaningless).
+void expect_run_matches(const TrainingRun& actual, const TrainingRun& expected, double rtol,
+                        const std::string& what) {
+  expect_close({.actual = actual.losses,
+                .expected = expected.losses,
+                .tol = {.rtol = rtol},
+                .what = what + " losses"});
+  for (const auto& [name, values] : actual.params) {
+    expect_close({.actual = values,
+                  .expected = expected.params.at(name),
+                  .tol = {.rtol = rtol, .relative_to = testing::RelativeTo::kLargest},
+                  .what = what + " " + name});
+  }
+}
+
 TEST(FullyShardTest, TrainsLikeOneRank) {
   const TrainingRun expected = train_one_rank();
   for (const auto& [world, reshard] :
        std::vector<std::pair<int, bool>>{{2, true}, {3, true}, {4, true}, {2, false}}) {
-    SCOPED_TRACE(fmt::format("dp_shard {}, reshard_after_forward {}", world, reshard));
+    const std::string what = fmt::format("dp_shard {}, reshard_after_forward {}", world, reshard);
     comm::testing::run_on_ranks(
         world, [&, world = world, reshard = reshard](comm::ProcessGroup& pg) {
           const auto mesh = shard_mesh(pg);
@@ -123,60 +183,35 @@ TEST(FullyShardTest, TrainsLikeOneRank) {
             EXPECT_EQ(dtensor_spec(p).placements, (Placements{Shard(0)})) << name;
             EXPECT_TRUE(p.requires_grad()) << name;
           }
-          optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
-          const int64_t per_rank = kBatch / world;
-          TrainingRun run;
-          for (int step = 0; step < kSteps; ++step) {
-            opt.zero_grad();
-            Tensor loss;
-            {
-              CommDebugMode forward;
-              loss = loss_of(model, step, pg.rank() * per_rank, per_rank);
-              // One all-gather per unit (fc1, fc2, root), and the shards back in the slots.
-              EXPECT_EQ(forward.count(CollectiveKind::kAllGather), 3) << forward.summary();
-              EXPECT_EQ(forward.total_count(), 3) << forward.summary();
-            }
-            for (const auto& [name, p] : model.named_parameters())
-              ASSERT_TRUE(is_dtensor(p)) << name;
-            {
-              CommDebugMode backward_comm;
-              backward(loss);
-              // One reduce-scatter per unit, of the unit's padded flat buffer: fc1 holds 13 x 8 +
-              // 13 and fc2 8 x 13 + 8 elements, padded to ceil(rows / N) rows per rank; after a
-              // resharding forward, one all-gather per unit too, before its backward.
-              EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3)
-                  << backward_comm.summary();
-              EXPECT_EQ(backward_comm.count(CollectiveKind::kAllGather), reshard ? 3 : 0)
-                  << backward_comm.summary();
-              EXPECT_EQ(backward_comm.total_count(), reshard ? 6 : 3) << backward_comm.summary();
-              const int64_t c13 = (13 + world - 1) / world, c8 = (8 + world - 1) / world;
-              const int64_t padded = world * (c13 * 8 + c13 + c8 * 13 + c8 + c8);
-              EXPECT_EQ(backward_comm.bytes(CollectiveKind::kReduceScatter), padded * 4)
-                  << backward_comm.summary();
-            }
-            for (const auto& [name, p] : model.named_parameters()) {
-              ASSERT_TRUE(p.grad().defined()) << name;
-              EXPECT_EQ(dtensor_spec(p.grad()).placements, (Placements{Shard(0)})) << name;
-            }
-            optim::clip_grad_norm_(model.parameters(), 0.5);
-            opt.step();
-            Tensor global = ops::full({1}, loss.item<double>());
-            pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
-            run.losses.push_back(global.item<double>());
-          }
-          // f32 rounding of differently ordered sums: 1e-5 relative on losses; parameters within
-          // 1e-5 of their tensor's largest magnitude (AdamW normalizes tiny gradients to unit
-          // steps).
-          expect_close({.actual = run.losses,
-                        .expected = expected.losses,
-                        .tol = {.rtol = 1e-5},
-                        .what = "losses"});
-          for (const auto& [name, p] : model.named_parameters()) {
-            expect_close({.actual = ops::to_vector(full_tensor(p)),
-                          .expected = expected.params.at(name),
-                          .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
-                          .what = name});
-          }
+          const TrainingRun run = train_sharded(
+              model, pg, world,
+              {.forward =
+                   [](const CommDebugMode& forward) {
+                     // One all-gather per unit (fc1, fc2, root) in forward.
+                     EXPECT_EQ(forward.count(CollectiveKind::kAllGather), 3) << forward.summary();
+                     EXPECT_EQ(forward.total_count(), 3) << forward.summary();
+                   },
+               .backward =
+                   [&](const CommDebugMode& back) {
+                     // One reduce-scatter per unit, of the unit's padded flat buffer: fc1 holds
+                     // 13 x 8 + 13 and fc2 8 x 13 + 8 elements, padded to ceil(rows / N) rows per
+                     // rank; after a resharding forward, one all-gather per unit too, before its
+                     // backward.
+                     EXPECT_EQ(back.count(CollectiveKind::kReduceScatter), 3) << back.summary();
+                     EXPECT_EQ(back.count(CollectiveKind::kAllGather), reshard ? 3 : 0)
+                         << back.summary();
+                     EXPECT_EQ(back.total_count(), reshard ? 6 : 3) << back.summary();
+                     const int64_t c13 = (13 + world - 1) / world, c8 = (8 + world - 1) / world;
+                     const int64_t padded = world * (c13 * 8 + c13 + c8 * 13 + c8 + c8);
+                     EXPECT_EQ(back.bytes(CollectiveKind::kReduceScatter), padded * 4)
+                         << back.summary();
+                     for (const auto& [name, p] : model.named_parameters()) {
+                       ASSERT_TRUE(p.grad().defined()) << name;
+                       EXPECT_EQ(dtensor_spec(p.grad()).placements, (Placements{Shard(0)})) << name;
+                     }
+                   }});
+          // f32 rounding of differently ordered sums: 1e-5.
+          expect_run_matches(run, expected, 1e-5, what);
         });
   }
 }
@@ -194,32 +229,13 @@ TEST(FullyShardTest, HsdpTrainsLikeOneRank) {
     for (const auto& [name, p] : model.named_parameters()) {
       EXPECT_EQ(dtensor_spec(p).placements, (Placements{Replicate(), Shard(0)})) << name;
     }
-    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
-    std::vector<double> losses;
-    for (int step = 0; step < kSteps; ++step) {
-      opt.zero_grad();
-      Tensor loss = loss_of(model, step, pg.rank() * kBatch / 4, kBatch / 4);
-      CommDebugMode backward_comm;
-      backward(loss);
-      EXPECT_EQ(backward_comm.count(CollectiveKind::kReduceScatter), 3) << backward_comm.summary();
-      EXPECT_EQ(backward_comm.count(CollectiveKind::kAllReduce), 3) << backward_comm.summary();
-      EXPECT_EQ(backward_comm.count(CollectiveKind::kAllGather), 3) << backward_comm.summary();
-      optim::clip_grad_norm_(model.parameters(), 0.5);
-      opt.step();
-      Tensor global = ops::full({1}, loss.item<double>());
-      pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
-      losses.push_back(global.item<double>());
-    }
-    expect_close({.actual = losses,
-                  .expected = expected.losses,
-                  .tol = {.rtol = 1e-5},
-                  .what = "HSDP losses"});
-    for (const auto& [name, p] : model.named_parameters()) {
-      expect_close({.actual = ops::to_vector(full_tensor(p)),
-                    .expected = expected.params.at(name),
-                    .tol = {.rtol = 1e-5, .relative_to = testing::RelativeTo::kLargest},
-                    .what = "HSDP " + name});
-    }
+    const TrainingRun run =
+        train_sharded(model, pg, 4, {.backward = [](const CommDebugMode& back) {
+                        EXPECT_EQ(back.count(CollectiveKind::kReduceScatter), 3) << back.summary();
+                        EXPECT_EQ(back.count(CollectiveKind::kAllReduce), 3) << back.summary();
+                        EXPECT_EQ(back.count(CollectiveKind::kAllGather), 3) << back.summary();
+                      }});
+    expect_run_matches(run, expected, 1e-5, "HSDP");
   });
 }
 
@@ -234,38 +250,27 @@ TEST(FullyShardTest, MixedPrecisionPolicyFollowsF32ToBf16Precision) {
     shard_every_unit(model, mesh,
                      {.mp_policy = {.param_dtype = kBFloat16, .reduce_dtype = kFloat32}});
     for (const auto& [name, p] : model.named_parameters()) EXPECT_EQ(p.dtype(), kFloat32) << name;
-    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
-    std::vector<double> losses;
-    for (int step = 0; step < kSteps; ++step) {
-      opt.zero_grad();
-      CommDebugMode comm;
-      Tensor loss = loss_of(model, step, pg.rank() * kBatch / 2, kBatch / 2);
-      backward(to(loss, kFloat32));
-      // Per rank (the counters count what a rank sends): its padded segment of every unit in
-      // bf16, twice (forward, and backward after resharding); the whole padded buffer in f32.
-      const int64_t c13 = 7, c8 = 4;  // rows per rank over 2
-      const int64_t segment = c13 * 8 + c13 + c8 * 13 + c8 + c8;
-      EXPECT_EQ(comm.bytes(CollectiveKind::kAllGather), 2 * segment * 2) << comm.summary();
-      EXPECT_EQ(comm.bytes(CollectiveKind::kReduceScatter), 2 * segment * 4) << comm.summary();
-      for (const auto& [name, p] : model.named_parameters()) {
-        EXPECT_EQ(p.grad().dtype(), kFloat32) << name;
-      }
-      optim::clip_grad_norm_(model.parameters(), 0.5);
-      opt.step();
-      Tensor global = ops::full({1}, loss.item<double>());
-      pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
-      losses.push_back(global.item<double>());
-    }
-    expect_close({.actual = losses,
-                  .expected = expected.losses,
-                  .tol = {.rtol = 2e-2},
-                  .what = "bf16 losses"});
-    for (const auto& [name, p] : model.named_parameters()) {
-      expect_close({.actual = ops::to_vector(full_tensor(p)),
-                    .expected = expected.params.at(name),
-                    .tol = {.rtol = 2e-2, .relative_to = testing::RelativeTo::kLargest},
-                    .what = "bf16 " + name});
-    }
+    // Per rank (the counters count what a rank sends): its padded segment of every unit in
+    // bf16, in forward and again in backward after resharding; the whole padded buffer in f32.
+    const int64_t c13 = 7, c8 = 4;  // rows per rank over 2
+    const int64_t segment = c13 * 8 + c13 + c8 * 13 + c8 + c8;
+    const TrainingRun run = train_sharded(
+        model, pg, 2,
+        {.forward =
+             [&](const CommDebugMode& forward) {
+               EXPECT_EQ(forward.bytes(CollectiveKind::kAllGather), segment * 2)
+                   << forward.summary();
+             },
+         .backward =
+             [&](const CommDebugMode& back) {
+               EXPECT_EQ(back.bytes(CollectiveKind::kAllGather), segment * 2) << back.summary();
+               EXPECT_EQ(back.bytes(CollectiveKind::kReduceScatter), 2 * segment * 4)
+                   << back.summary();
+               for (const auto& [name, p] : model.named_parameters()) {
+                 EXPECT_EQ(p.grad().dtype(), kFloat32) << name;
+               }
+             }});
+    expect_run_matches(run, expected, 2e-2, "bf16");
   });
 }
 
