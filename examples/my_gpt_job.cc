@@ -24,7 +24,7 @@ int main() {
   try {
     auto world = comm::init_process_group("gloo");
     const int64_t tp = world->size() % 2 == 0 ? 2 : 1;
-    const train::ParallelConfig parallel{.dims = {.dp = world->size() / tp, .tp = tp}};
+    const train::ParallelConfig parallel{.dims = {.dp_replicate = world->size() / tp, .tp = tp}};
     const int64_t batch = 8, seq_len = 32, steps = 30;
     parallel.validate(world->size(), batch, seq_len);
     const auto mesh = parallel.dims.build_mesh(world);

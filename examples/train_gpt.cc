@@ -1,9 +1,11 @@
-// `./loom train`: train a GPT on CPU ranks with data parallelism (DDP over "dp"), tensor
-// parallelism (Megatron-style over "tp") and pipeline parallelism (stages over "pp"), on text
-// that needs no download.
+// `./loom train`: train a GPT on CPU ranks with data parallelism (DDP over "dp_replicate", FSDP
+// over "dp_shard", HSDP with both), tensor parallelism (Megatron-style over "tp") and pipeline
+// parallelism (stages over "pp"), on text that needs no download.
 //
 //   ./loom train                         # tiny GPT, dp=2 x tp=2 = 4 ranks, GPL-3 text
 //   ./loom train --dp 2 --tp 2 --pp 2    # 3-D: 8 ranks, 1F1B over pp = 2 microbatches
+//   ./loom train --dp-shard 2 --tp 2     # FSDP x TP: 4 ranks
+//   ./loom train --dp-shard -1 --tp 2 --nproc 8   # FSDP over what tp leaves: dp_shard 4
 //   ./loom train --dp 1 --tp 1 --steps 50 --data my.txt
 //
 // Started without a launcher (no RANK in the environment) and with more than one rank, the
@@ -112,13 +114,17 @@ Device resolve_device(const std::string& flag) {
   return Device::cuda(local_rank);
 }
 
+// The job's degrees (flags resolved: --dp-shard -1, the default dp).
+train::ParallelDims job_dims(const Flags& f) {
+  return {.pp = f.pp, .dp_replicate = f.dp_replicate, .dp_shard = f.dp_shard, .tp = f.tp};
+}
+
 [[noreturn]] void relaunch(const Flags& f, const std::string& launcher, int argc, char** argv) {
-  const int64_t world = f.dp * f.tp * f.pp;
+  const int64_t world = job_dims(f).world_size();
   LOOM_CHECK(!launcher.empty(),
-             "train_gpt: {} ranks requested (dp={} tp={} pp={}) but no launcher: run under "
-             "loomrun, or pass "
+             "train_gpt: {} ranks requested ({}) but no launcher: run under loomrun, or pass "
              "--launcher PATH_TO_LOOMRUN (./loom train does)",
-             world, f.dp, f.tp, f.pp);
+             world, job_dims(f).str());
   std::vector<std::string> args{launcher, "--nproc-per-node", std::to_string(world), "--"};
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
@@ -235,9 +241,25 @@ int64_t vocab_size(const ModelChoice& model, const data::TokenData& data) {
   return model.config.vocab_size;
 }
 
+// The data-parallel degrees resolved into the flags (so the effective config repeats the run):
+// --dp as dp_replicate, the default dp 2, --dp-shard -1 against the launcher's WORLD_SIZE or
+// --nproc. A --nproc that is not the degrees' product is an error naming both.
+void resolve_parallel_degrees(Flags& f) {
+  const char* launched_world = std::getenv("RANK") ? std::getenv("WORLD_SIZE") : nullptr;
+  const int64_t world = launched_world ? std::atoll(launched_world) : f.nproc;
+  const train::ParallelDims dims = train::data_parallel_dims(f, world);
+  f.dp = 0;
+  f.dp_replicate = dims.dp_replicate;
+  f.dp_shard = dims.dp_shard;
+  LOOM_CHECK(f.nproc == 0 || f.nproc == dims.world_size(),
+             "--nproc {}: the degrees {} make {} ranks; give degrees whose product is {} (or "
+             "--dp-shard -1 to take what the others leave)",
+             f.nproc, dims.str(), dims.world_size(), f.nproc);
+}
+
 // The job's parallel layout from the flags (validated against the world and the batch in run).
 train::ParallelConfig parallel_config(const Flags& f) {
-  return {.dims = {.pp = f.pp, .dp = f.dp, .tp = f.tp},
+  return {.dims = job_dims(f),
           .tp_plan = {.sequence_parallel = f.sequence_parallel},
           .grad_accum = static_cast<int>(f.grad_accum),
           .pipeline = {.schedule = f.schedule,
@@ -445,6 +467,7 @@ Parsed parse_command_line(int argc, char** argv) {
   for (size_t i = 0; i < options.size(); ++i) {
     if (!raw[i].empty()) train::set_option(parsed.flags, options[i], raw[i], options[i].flag());
   }
+  resolve_parallel_degrees(parsed.flags);
   check_paths(parsed.flags);
   model_config(parsed.flags)
       .config.validate();  // the sizes and the context, before anything starts
@@ -475,7 +498,7 @@ int main(int argc, char** argv) {
                  "train_gpt: WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) "
                  "sets both for each rank. Unset WORLD_SIZE to let train_gpt start its own ranks",
                  world_size ? world_size : "");
-      if (f.dp * f.tp * f.pp > 1) relaunch(f, parsed.launcher, argc, argv);
+      if (job_dims(f).world_size() > 1) relaunch(f, parsed.launcher, argc, argv);
       // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
       setenv("RANK", "0", 1);
       setenv("WORLD_SIZE", "1", 1);

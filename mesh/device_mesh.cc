@@ -287,6 +287,64 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names,
   return out;
 }
 
+DeviceMesh DeviceMesh::concatenate(const std::vector<DeviceMesh>& meshes) {
+  LOOM_CHECK(!meshes.empty(), "DeviceMesh::concatenate: needs at least one mesh");
+  const DeviceMesh& first = meshes.front();
+  DeviceMesh out;
+  out.world_ = first.world_;
+  out.device_type_ = first.device_type_;
+  out.rank_ = first.rank_;
+  out.root_ = first.root_;
+  std::set<int64_t> used_root_dims;
+  for (const DeviceMesh& mesh : meshes) {
+    LOOM_CHECK(mesh.root_ == first.root_ && mesh.world_ == first.world_,
+               "DeviceMesh::concatenate: {} and {} are not slices of one root mesh; slice both "
+               "from the mesh the job built",
+               first.str(), mesh.str());
+    for (int64_t d = 0; d < mesh.ndim(); ++d) {
+      for (int64_t r : mesh.root_dims_[d]) {
+        LOOM_CHECK(used_root_dims.insert(r).second,
+                   "DeviceMesh::concatenate: dim '{}' of {} overlaps a dim of an earlier mesh; "
+                   "the meshes must span disjoint dims",
+                   mesh.dim_names_[d], mesh.str());
+      }
+      out.dim_names_.push_back(mesh.dim_names_[d]);
+      out.shape_.push_back(mesh.shape_[d]);
+      out.coordinate_.push_back(mesh.coordinate_[d]);
+      out.groups_.push_back(mesh.groups_[d]);
+      out.group_ranks_by_coordinate_.push_back(mesh.group_ranks_by_coordinate_[d]);
+      out.root_dims_.push_back(mesh.root_dims_[d]);
+    }
+  }
+  std::set<std::string> names(out.dim_names_.begin(), out.dim_names_.end());
+  LOOM_CHECK(names.size() == out.dim_names_.size(),
+             "DeviceMesh::concatenate: dim names [{}] repeat a name",
+             fmt::join(out.dim_names_, ", "));
+  // The ranks: this rank's root position with the spanned root dims moved along, row-major over
+  // the new dims, each new dim's index spread over its root dims row-major.
+  const RootLayout& root = *out.root_;
+  const auto root_strides = row_major_strides(root.shape);
+  const auto mine = std::find(root.ranks.begin(), root.ranks.end(), out.rank_);
+  LOOM_INTERNAL_ASSERT(mine != root.ranks.end(), "rank {} is not in its root mesh", out.rank_);
+  int64_t base = mine - root.ranks.begin();
+  for (int64_t r : used_root_dims)
+    base -= ((base / root_strides[r]) % root.shape[r]) * root_strides[r];
+  const auto strides = row_major_strides(out.shape_);
+  for (int64_t flat = 0; flat < out.numel(); ++flat) {
+    int64_t position = base;
+    for (int64_t d = 0; d < out.ndim(); ++d) {
+      int64_t index = (flat / strides[d]) % out.shape_[d];
+      const std::vector<int64_t>& span = out.root_dims_[d];
+      for (size_t k = span.size(); k-- > 0;) {
+        position += (index % root.shape[span[k]]) * root_strides[span[k]];
+        index /= root.shape[span[k]];
+      }
+    }
+    out.ranks_.push_back(root.ranks[position]);
+  }
+  return out;
+}
+
 bool DeviceMesh::operator==(const DeviceMesh& other) const {
   return dim_names_ == other.dim_names_ && shape_ == other.shape_ && ranks_ == other.ranks_ &&
          device_type_ == other.device_type_;

@@ -69,6 +69,12 @@ class DeviceMesh {
   // over the world group: every rank creates the flattened dim's group of every slice of the
   // root mesh, so it works on slices too (each rank calling it on its own slice).
   DeviceMesh flatten(const std::vector<std::string>& names, const std::string& new_name) const;
+  // The mesh whose dims are every dim of `meshes`, in the order given (torch's
+  // DeviceMesh._concatenate): e.g. mesh["tp"] and mesh["dp_shard"] make the (tp, dp_shard) mesh
+  // of a parameter FSDP shards on top of tensor parallelism. The meshes must be slices (or
+  // flattenings) of one root mesh containing this rank, over disjoint dims of it. Not collective:
+  // it reuses their groups.
+  static DeviceMesh concatenate(const std::vector<DeviceMesh>& meshes);
 
   // Meshes are equal when they have the same dims, shape and ranks.
   bool operator==(const DeviceMesh& other) const;

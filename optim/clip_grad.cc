@@ -26,13 +26,12 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
   LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
   NoGradGuard no_grad;
   double replicated = 0;
-  // Per (mesh, mesh dim): the sum of squares of shards split across that mesh dim's ranks, in the
-  // order the parameters first name them — the same on every rank, so the all-reduces below are
-  // issued in the same order everywhere (a map keyed by address would not be).
+  // Per set of mesh-dim groups a gradient is split over (one for TP or FSDP, two for FSDP on top
+  // of TP): the sum of squares of its shards, summed over those groups' ranks. In the order the
+  // parameters first name them — the same on every rank, so the all-reduces below are issued in
+  // the same order everywhere (a map keyed by address would not be).
   struct ShardedSum {
-    const DeviceMesh* mesh;
-    int64_t mesh_dim;
-    std::shared_ptr<const DeviceMesh> owner;
+    std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
     double sum;
   };
   std::vector<ShardedSum> sharded;
@@ -51,30 +50,22 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
       continue;
     }
     const DTensorSpec& spec = dtensor_spec(grad);
-    int64_t split_dim = -1;
+    std::vector<std::shared_ptr<comm::ProcessGroup>> split;
     for (size_t md = 0; md < spec.placements.size(); ++md) {
       const Placement& placement = spec.placements[md];
       LOOM_CHECK(!placement.is_partial(),
                  "clip_grad_norm_: a gradient is Partial ({}); reduce it first", spec.str());
-      if (!placement.is_shard()) continue;
-      LOOM_CHECK(
-          split_dim < 0,
-          "clip_grad_norm_: gradients sharded over several mesh dims are not supported yet ({})",
-          spec.str());
-      split_dim = static_cast<int64_t>(md);
+      if (placement.is_shard()) split.push_back(spec.mesh->group(static_cast<int64_t>(md)));
     }
-    if (split_dim >= 0) {
-      auto it = std::find_if(sharded.begin(), sharded.end(), [&](const ShardedSum& e) {
-        return e.mesh == spec.mesh.get() && e.mesh_dim == split_dim;
-      });
-      if (it == sharded.end())
-        it = sharded.insert(sharded.end(), {spec.mesh.get(), split_dim, spec.mesh, 0.0});
-      sums.push_back(local_square_sum(local_shard(grad)));
-      slots.push_back(static_cast<int>(it - sharded.begin()));
-    } else {
-      sums.push_back(local_square_sum(local_shard(grad)));
+    sums.push_back(local_square_sum(local_shard(grad)));
+    if (split.empty()) {
       slots.push_back(-1);
+      continue;
     }
+    auto it = std::find_if(sharded.begin(), sharded.end(),
+                           [&](const ShardedSum& e) { return e.groups == split; });
+    if (it == sharded.end()) it = sharded.insert(sharded.end(), {std::move(split), 0.0});
+    slots.push_back(static_cast<int>(it - sharded.begin()));
   }
   if (!sums.empty()) {
     // Added in f64, in parameter order, as each accumulator always was.
@@ -84,9 +75,9 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
   }
   double total = replicated;
   for (const ShardedSum& entry : sharded) {
-    const auto& group = entry.owner->group(entry.mesh_dim);
-    Tensor sum = ops::full({1}, entry.sum, kFloat32, group->device());
-    group->all_reduce(sum)->wait();
+    // Summed over each group in turn: over the whole grid of shards they span.
+    Tensor sum = ops::full({1}, entry.sum, kFloat32, entry.groups.front()->device());
+    for (const auto& group : entry.groups) group->all_reduce(sum)->wait();
     total += sum.item<double>();
   }
   for (const auto& group : options.sum_over) {

@@ -37,9 +37,21 @@ const std::vector<JobOption>& options() {
        Range::kNonNegative},
       {"model", "vocab_size", "vocabulary size (0: the data's; larger pads the embedding)",
        &C::vocab_size, Range::kNonNegative},
-      {"parallel", "dp", "data-parallel degree (DDP replicas)", &C::dp, Range::kPositive},
+      {"parallel", "dp", "data-parallel replicas (DDP): dp_replicate's shorthand (0: not given)",
+       &C::dp, Range::kNonNegative},
+      {"parallel", "dp_replicate",
+       "data-parallel replicas (DDP, or HSDP's replicate dim; 0: --dp's, else 1, and 2 when no "
+       "data-parallel degree is given)",
+       &C::dp_replicate, Range::kNonNegative},
+      {"parallel", "dp_shard",
+       "fully sharded data-parallel degree (FSDP; -1: the ranks the others leave of the world)",
+       &C::dp_shard, Range::kAny},
       {"parallel", "tp", "tensor-parallel degree", &C::tp, Range::kPositive},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},
+      {"parallel", "nproc",
+       "ranks to start without a launcher (0: the product of the degrees; needed for dp_shard "
+       "-1)",
+       &C::nproc, Range::kNonNegative},
       {"parallel", "sequence_parallel",
        "with tp > 1, norms and dropout on sequence shards (--no-sequence-parallel: off)",
        &C::sequence_parallel},
@@ -241,6 +253,35 @@ std::string JobOption::flag() const {
 }
 
 std::span<const JobOption> job_options() { return options(); }
+
+ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
+  LOOM_CHECK(config.dp == 0 || config.dp_replicate == 0 || config.dp == config.dp_replicate,
+             "--dp is --dp-replicate's shorthand, but they differ: --dp {} and --dp-replicate {}; "
+             "give one",
+             config.dp, config.dp_replicate);
+  LOOM_CHECK(config.dp_shard == -1 || config.dp_shard >= 1,
+             "--dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), "
+             "got {}",
+             config.dp_shard);
+  ParallelDims dims{.pp = config.pp, .tp = config.tp};
+  const bool none_given = config.dp == 0 && config.dp_replicate == 0 && config.dp_shard == 1;
+  dims.dp_replicate = config.dp_replicate > 0 ? config.dp_replicate
+                      : config.dp > 0         ? config.dp
+                      : none_given            ? 2
+                                              : 1;
+  dims.dp_shard = config.dp_shard;
+  if (dims.dp_shard == -1) {
+    LOOM_CHECK(world_size > 0,
+               "--dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is "
+               "not known: give --nproc N (or run under a launcher, which sets WORLD_SIZE)");
+    const int64_t others = dims.pp * dims.dp_replicate * dims.tp;
+    LOOM_CHECK(world_size % others == 0 && world_size / others >= 1,
+               "--dp-shard -1: {} ranks do not split over pp {} x dp_replicate {} x tp {} = {}",
+               world_size, dims.pp, dims.dp_replicate, dims.tp, others);
+    dims.dp_shard = world_size / others;
+  }
+  return dims;
+}
 
 void set_option(JobConfig& config, const JobOption& option, const OptionValue& value,
                 const std::string& where) {

@@ -19,6 +19,8 @@
 #include <variant>
 #include <vector>
 
+#include "train/parallel_dims.h"
+
 namespace loom::train {
 
 struct JobConfig {
@@ -27,8 +29,12 @@ struct JobConfig {
   int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the preset's
   int64_t block_size = 0;                       // the context; 0: the preset's
   int64_t vocab_size = 0;  // 0: the data's; larger pads the embedding (as nanoGPT's 50304)
-  // [parallel]
-  int64_t dp = 2, tp = 2, pp = 1;
+  // [parallel] (data_parallel_dims() resolves the data-parallel degrees)
+  int64_t dp = 0;            // DDP's shorthand for dp_replicate; 0: not given
+  int64_t dp_replicate = 0;  // 0: --dp's, else 1 (2 when no data-parallel degree is given at all)
+  int64_t dp_shard = 1;      // FSDP's shards; -1: the ranks the other degrees leave of nproc
+  int64_t tp = 2, pp = 1;
+  int64_t nproc = 0;  // ranks to start without a launcher; 0: the product of the degrees
   bool sequence_parallel = true;
   int64_t grad_accum = 1;
   std::string schedule = "1f1b";
@@ -75,6 +81,15 @@ struct JobOption {
   std::string flag() const;  // "--batch-size"
   bool is_bool() const { return std::holds_alternative<bool JobConfig::*>(field); }
 };
+
+// The job's parallel degrees (torchtitan's data_parallel_replicate_degree / _shard_degree):
+//   - dp is dp_replicate's shorthand (giving both, differently, is an error naming both);
+//   - no data-parallel degree given at all (dp, dp_replicate 0 and dp_shard 1): dp_replicate 2,
+//     the default job's dp 2 x tp 2;
+//   - dp_shard -1: the ranks the others leave of `world_size` (the launcher's WORLD_SIZE, or
+//     nproc; 0 when neither is known, an error naming --nproc).
+// Throws loom::Error naming the flag and the value for degrees below 1 (dp_shard -1 aside).
+ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size);
 
 // Every option, in the order the config prints them (by section).
 std::span<const JobOption> job_options();

@@ -8,10 +8,10 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "models/checkpoint/gpt2_hf.h"
+#include "models/gpt/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"
 #include "optim/clip_grad.h"
-#include "parallel/ddp/ddp.h"
 #include "parallel/pipeline/schedules.h"
 #include "tensor/ops.h"
 
@@ -19,24 +19,24 @@ namespace loom::train {
 
 namespace {
 
-// pp = 1: one GPT, the TP plan over "tp", mixed precision, DDP over "dp"; gradient accumulation
-// over micro-batches (no_sync on all but the last).
+// pp = 1: one GPT, the TP plan over "tp", then data parallelism (DDP or FSDP, with mixed
+// precision); gradient accumulation over micro-batches (synchronizing on the last only).
 class DataTensorParallelGPT : public ParallelModel {
  public:
   DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed,
                         const std::shared_ptr<const DeviceMesh>& mesh,
                         const ParallelConfig& parallel)
       : model_(std::make_shared<models::GPT>(config, seed)), grad_accum_(parallel.grad_accum) {
-    model_->to(mesh->device());  // before the TP plan and DDP take hold of the parameters
+    model_->to(mesh->device());  // before the TP plan and data parallelism take the parameters
     if (mesh->size("tp") > 1) {
       models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
                               parallel.tp_plan);
     }
-    if (parallel.mixed_precision) nn::apply_mixed_precision(*model_, *parallel.mixed_precision);
-    ddp_ = std::make_unique<ddp::DistributedDataParallel>(model_, mesh->group("dp"));
+    data_parallel_ =
+        std::make_unique<models::GPTDataParallel>(model_, *mesh, parallel.mixed_precision);
   }
 
-  void zero_grad() override { ddp_->zero_grad(); }
+  void zero_grad() override { data_parallel_->zero_grad(); }
 
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
     LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
@@ -48,12 +48,7 @@ class DataTensorParallelGPT : public ParallelModel {
       const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
                    y = ops::narrow(targets, 0, m * micro, micro);
       Tensor loss = div(model_->loss(x, y), static_cast<double>(grad_accum_));
-      if (m + 1 < grad_accum_) {
-        auto guard = ddp_->no_sync();
-        backward(loss);
-      } else {
-        backward(loss);
-      }
+      data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
       total += loss.item<double>();
     }
     return total;
@@ -80,7 +75,7 @@ class DataTensorParallelGPT : public ParallelModel {
 
  private:
   std::shared_ptr<models::GPT> model_;
-  std::unique_ptr<ddp::DistributedDataParallel> ddp_;
+  std::unique_ptr<models::GPTDataParallel> data_parallel_;
   int grad_accum_;
 };
 
@@ -136,10 +131,10 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
              "ParallelConfig: the batch size and the sequence length must be at least 1, got {} "
              "and {}",
              global_batch, seq_len);
-  LOOM_CHECK(global_batch % (dims.dp * grad_accum) == 0,
+  LOOM_CHECK(global_batch % (dims.dp() * grad_accum) == 0,
              "ParallelConfig: a global batch of {} sequences does not split over dp x grad_accum "
-             "= {} x {}",
-             global_batch, dims.dp, grad_accum);
+             "= {} x {} (dp = dp_replicate x dp_shard)",
+             global_batch, dims.dp(), grad_accum);
   if (dims.pp > 1) {
     LOOM_CHECK(grad_accum == 1,
                "ParallelConfig: with pp {} the batch is already split into microbatches; use "
@@ -148,9 +143,9 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
     ::loom::pipeline::schedule_by_name(
         pipeline.schedule, static_cast<int>(dims.pp), microbatches(),
         pipeline.virtual_stages);  // throws naming an unknown schedule
-    LOOM_CHECK((global_batch / dims.dp) % microbatches() == 0,
+    LOOM_CHECK((global_batch / dims.dp()) % microbatches() == 0,
                "ParallelConfig: each dp rank's {} sequences do not split into {} microbatches",
-               global_batch / dims.dp, microbatches());
+               global_batch / dims.dp(), microbatches());
   } else {
     LOOM_CHECK(pipeline.microbatches <= 1 && pipeline.virtual_stages == 1,
                "ParallelConfig: microbatches and virtual_stages apply to pipelines (pp > 1); for "

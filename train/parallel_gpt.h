@@ -1,5 +1,5 @@
-// A GPT laid out over a (pp, dp, tp) mesh: the composition every GPT job, test and example uses
-// (torchtitan's parallelize_llama + pipeline_llama).
+// A GPT laid out over a (pp, dp_replicate, dp_shard, tp) mesh: the composition every GPT job, test
+// and example uses (torchtitan's parallelize_llama + pipeline_llama).
 //
 // build_parallel_gpt applies, in this order:
 //   pp > 1:  the pipeline split first (models/gpt/pipeline.h: this rank's stages, each holding
@@ -7,8 +7,9 @@
 //   1. the model moves to its device;
 //   2. tensor parallelism over "tp": the GPT plan (models/gpt/plans.h), with sequence
 //      parallelism unless turned off;
-//   3. mixed precision: bf16 compute over f32 master weights (nn/mixed_precision.h);
-//   4. data parallelism over "dp": DDP (parallel/ddp), whose all-reduces stay f32.
+//   3. data parallelism (models/gpt/data_parallel.h): DDP over "dp_replicate", or FSDP per block
+//      and root over "dp_shard" (HSDP with both), with mixed precision (bf16 compute over f32
+//      master weights; gradient reductions stay f32).
 // The result is a ParallelModel: one interface over the two ways a step runs (gradient
 // accumulation over micro-batches, or a pipeline schedule over microbatches), so the training
 // loop (train/trainer.h) never asks which.
@@ -79,8 +80,8 @@ class ParallelModel {
 };
 
 // A GPT of `config` initialized from `seed` (identical on every layout), laid out on `mesh`
-// (dims "pp", "dp", "tp", as ParallelDims::build_mesh makes it) by `parallel`, on the mesh's
-// device (its groups': the CPU for Gloo, this rank's GPU for NCCL).
+// (dims "pp", "dp_replicate", "dp_shard", "tp", as ParallelDims::build_mesh makes it) by
+// `parallel`, on the mesh's device (its groups': the CPU for Gloo, this rank's GPU for NCCL).
 std::unique_ptr<ParallelModel> build_parallel_gpt(const models::GPTConfig& config, uint64_t seed,
                                                   std::shared_ptr<const DeviceMesh> mesh,
                                                   const ParallelConfig& parallel);

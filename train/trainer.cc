@@ -41,9 +41,12 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();
   no_decay_->step();
-  // The global batch's loss: the mean over dp of each replica's mean.
+  // The global batch's loss: the mean over dp (dp_shard, then dp_replicate: equal groups, so the
+  // mean of means) of each data-parallel rank's mean.
   Tensor loss = ops::full({1}, local_loss, kFloat32, mesh_->device());
-  mesh_->group("dp")->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
+  for (const char* dim : {"dp_shard", "dp_replicate"}) {
+    if (mesh_->size(dim) > 1) mesh_->group(dim)->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
+  }
   result.loss = loss.item<double>();
   result.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -59,12 +62,12 @@ void Trainer::add_step_hook(StepHook hook) {
 
 data::Batch local_batch(const data::TokenData& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len) {
-  const int64_t dp = mesh.size("dp");
+  const int64_t dp = data_parallel_size(mesh);
   LOOM_CHECK(global_batch % dp == 0,
              "local_batch: a global batch of {} sequences does not split over dp {}", global_batch,
              dp);
   const int64_t per_rank = global_batch / dp;
-  const int64_t dp_rank = mesh.coordinate(mesh.dim_index("dp"));
+  const int64_t dp_rank = data_parallel_rank(mesh);
   data::Batch batch = data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len);
   const Device device = mesh.device();
   return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};

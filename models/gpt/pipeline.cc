@@ -54,21 +54,14 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed,
         mesh_->device());  // the groups' device, before the TP plan and DDP take the parameters
     if (tp_mesh->size(0) > 1) parallelize_gpt(*module, tp_mesh, options.tp_plan);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
-    // param_dtype.
-    if (options.mixed_precision) nn::apply_mixed_precision(*module, *options.mixed_precision);
+    // param_dtype. Data parallelism (DDP or FSDP) synchronizes on the last microbatch only.
+    auto data_parallel = std::make_shared<GPTDataParallel>(module, *mesh_, options.mixed_precision);
+    data_parallels_.push_back(data_parallel);
     pipeline::StageOptions stage_options;
-    if (mesh_->size("dp") > 1) {
-      auto ddp = std::make_shared<ddp::DistributedDataParallel>(module, mesh_->group("dp"));
-      ddps_.push_back(ddp);
-      stage_options.around_backward = [ddp](bool last_microbatch,
-                                            const std::function<void()>& run) {
-        if (last_microbatch) return run();
-        auto guard = ddp->no_sync();
-        run();
-      };
-    } else {
-      ddps_.push_back(nullptr);
-    }
+    stage_options.around_backward = [data_parallel](bool last_microbatch,
+                                                    const std::function<void()>& run) {
+      data_parallel->backward(last_microbatch, run);
+    };
     modules_.push_back(module);
     stages.push_back(
         std::make_shared<pipeline::PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
@@ -85,13 +78,7 @@ double GPTPipeline::step(const Tensor& inputs, const Tensor& targets) {
 }
 
 void GPTPipeline::zero_grad() {
-  for (size_t i = 0; i < modules_.size(); ++i) {
-    if (ddps_[i]) {
-      ddps_[i]->zero_grad();
-    } else {
-      modules_[i]->zero_grad();
-    }
-  }
+  for (const auto& data_parallel : data_parallels_) data_parallel->zero_grad();
 }
 
 void GPTPipeline::sum_tied_embedding_gradients() {

@@ -1,7 +1,8 @@
 // A GPT trained with pipeline parallelism composed with tensor and data parallelism on one
-// DeviceMesh with dims "pp", "dp" and "tp" (any of size 1): this rank's pipeline stages
-// (GPTStage modules: only their own layers and parameters), each parallelized over `tp` with
-// the GPT plan and wrapped in DDP over `dp`, driven by a validated schedule.
+// DeviceMesh with dims "pp", "dp_replicate", "dp_shard" and "tp" (any of size 1): this rank's
+// pipeline stages (GPTStage modules: only their own layers and parameters), each parallelized
+// over `tp` with the GPT plan and made data parallel by GPTDataParallel (DDP over dp_replicate,
+// or FSDP / HSDP over dp_shard), driven by a validated schedule.
 //
 //   GPTPipeline model(config, seed, mesh, {.schedule = "1f1b", .microbatches = 8});
 //   model.zero_grad();
@@ -9,10 +10,11 @@
 //   model.clip_grad_norm(1.0);
 //   optimizer.step();                             // over model.parameters()
 //
-// step() runs the schedule (DDP syncs each stage's gradients during its last microbatch's
-// backward, the others run under no_sync), then sums the tied embedding's gradient between the
-// first stage (wte) and the last (its copy for the head), as Megatron-LM does, so the two copies
-// take identical optimizer steps and stay equal — and the whole equals one rank's model.
+// step() runs the schedule (DDP or FSDP reduces each stage's gradients during its last
+// microbatch's backward, the others run without gradient sync: one reduction per step), then sums
+// the tied embedding's gradient between the first stage (wte) and the last (its copy for the head),
+// as Megatron-LM does, so the two copies take identical optimizer steps and stay equal — and the
+// whole equals one rank's model.
 #pragma once
 
 #include <memory>
@@ -22,10 +24,10 @@
 #include <vector>
 
 #include "mesh/device_mesh.h"
+#include "models/gpt/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
 #include "nn/mixed_precision.h"
-#include "parallel/ddp/ddp.h"
 #include "parallel/pipeline/executor.h"
 
 namespace loom::models {
@@ -81,7 +83,7 @@ class GPTPipeline {
   pipeline::Schedule schedule_;
   std::vector<GPTStageRange> ranges_;  // every stage's, by stage index
   std::vector<std::shared_ptr<GPTStage>> modules_;
-  std::vector<std::shared_ptr<ddp::DistributedDataParallel>> ddps_;  // per module; null without dp
+  std::vector<std::shared_ptr<GPTDataParallel>> data_parallels_;  // per module
   std::unique_ptr<pipeline::PipelineExecutor> executor_;
 };
 

@@ -12,6 +12,7 @@
 #include "autograd/hooks.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "dtensor/shard_math.h"
 #include "parallel/fsdp/flat_layout.h"
 #include "tensor/ops.h"
 
@@ -26,8 +27,12 @@ struct ParamEntry {
   std::weak_ptr<const std::string> unit;
 };
 
+class Unit;
+
 struct Registry {
   std::mutex mutex;
+  // Modules that are units -> their Unit (for set_requires_gradient_sync).
+  std::unordered_map<const nn::Module*, std::weak_ptr<Unit>> unit_objects;
   // Parameters -> the unit holding them. An entry counts only while both the tensor and the
   // unit live, so a freed tensor's address reused by another is never mistaken for it.
   std::unordered_map<const TensorImpl*, ParamEntry> params;
@@ -60,6 +65,11 @@ struct HeldParam {
   std::string fqn;  // the name under the unit ("h.0.attn.c_attn.weight")
   std::vector<std::pair<nn::Module*, std::string>> slots;  // (owner, name in owner)
   Tensor sharded;  // DTensor Shard(0) on the unit's mesh: the leaf the optimizer sees
+  // With tensor parallelism: the parameter's own DTensor layout (on the tp mesh). FSDP then
+  // shards its local (TP) shard, and the whole parameter a unit computes with is that local
+  // shard gathered, wrapped in this spec again.
+  std::optional<DTensorSpec> tp_spec;
+  Shape unit_shape;  // what the flat buffers hold whole: the shape, or the TP-local shape
 };
 
 class Unit : public std::enable_shared_from_this<Unit> {
@@ -71,7 +81,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
         params_(std::move(params)),
         options_(options) {
     std::vector<Shape> shapes;
-    for (const HeldParam& p : params_) shapes.push_back(dtensor_spec(p.sharded).shape);
+    for (const HeldParam& p : params_) shapes.push_back(p.unit_shape);
     // The last mesh dim shards (dp_shard); a first one, on a 2-D mesh, replicates (HSDP).
     shard_dim_ = mesh_->ndim() - 1;
     layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(shard_dim_)));
@@ -101,7 +111,9 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
     current_call_ = call;
     for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor w = whole[i];
+      // Under TP the whole parameter is the gathered TP shard, as a DTensor on the tp mesh.
+      Tensor w =
+          params_[i].tp_spec ? make_dtensor(whole[i], with_dtype(*params_[i].tp_spec)) : whole[i];
       if (call && params_[i].sharded.requires_grad()) {
         w.set_requires_grad(true);
         ++call->pending;
@@ -154,6 +166,21 @@ class Unit : public std::enable_shared_from_this<Unit> {
     }
   }
 
+  // The TP spec with the whole parameters' dtype (param_dtype under mixed precision).
+  DTensorSpec with_dtype(DTensorSpec spec) const {
+    spec.dtype = dtype_;
+    return spec;
+  }
+
+  // A whole parameter's gradient as the flat buffers hold it: itself, or under TP its local
+  // shard once laid out as the parameter (a gradient still Partial over tp is reduced first).
+  Tensor plain_gradient(size_t i, const Tensor& grad) const {
+    if (!params_[i].tp_spec || !grad.defined()) return grad;
+    const Placements& want = params_[i].tp_spec->placements;
+    const Tensor laid_out = dtensor_spec(grad).placements == want ? grad : redistribute(grad, want);
+    return local_shard(laid_out);
+  }
+
   std::vector<Tensor> gather() {
     Tensor send = ops::zeros({layout_.segment_numel}, dtype_, device_);
     for (size_t i = 0; i < params_.size(); ++i) {
@@ -167,7 +194,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
     mesh_->group(shard_dim_)->all_gather_into_tensor(received, send)->wait();
     std::vector<Tensor> whole;
     for (const ParamSlot& slot : layout_.params) {
-      Tensor w = ops::empty(slot.shape, dtype_, device_);
+      Tensor w = ops::empty(slot.shape, dtype_, device_);  // the TP-local shape under TP
       const Tensor rows_view = ops::reshape(w, {slot.rows, slot.row_numel});
       for (int r = 0; r < layout_.world; ++r) {
         const int64_t rows = slot.rows_of(r);
@@ -184,7 +211,7 @@ class Unit : public std::enable_shared_from_this<Unit> {
 
   void on_gradient(const std::shared_ptr<Call>& call, size_t i, const Tensor& leaf) {
     if (call->reduced) return;
-    call->grads[i] = leaf.grad();
+    call->grads[i] = plain_gradient(i, leaf.grad());
     leaf.set_grad(Tensor());  // the whole gradient is only needed until it is reduced
     if (!call->queued) {
       // Parameters the forward did not use get no gradient: reduce with zeros for them once
@@ -197,14 +224,28 @@ class Unit : public std::enable_shared_from_this<Unit> {
   }
 
   // Reduce-scatters (average over the mesh) the call's gradients and adds each shard into the
-  // sharded parameter's .grad.
+  // sharded parameter's .grad. Without gradient sync the whole gradients are kept instead, and
+  // the next synchronizing backward reduces their sum with its own: one reduce-scatter per step
+  // however many microbatches ran (more memory until then: FSDP2's
+  // set_requires_gradient_sync(false)).
   void reduce_gradients(Call& call) {
     if (call.reduced) return;
     call.reduced = true;
     NoGradGuard no_grad;
+    if (accumulated_.empty()) accumulated_.resize(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Tensor& sum = accumulated_[i];
+      const Tensor& grad = call.grads[i];
+      if (!grad.defined()) continue;
+      sum = sum.defined() ? ops::add(sum, grad) : grad;
+    }
+    call.grads.clear();
+    if (!sync_gradients_) return;
+    std::vector<Tensor> grads = std::move(accumulated_);
+    accumulated_.clear();
     Tensor send = ops::zeros({layout_.total_numel()}, reduce_dtype_, device_);
     for (size_t i = 0; i < params_.size(); ++i) {
-      const Tensor& grad = call.grads[i];
+      const Tensor& grad = grads[i];
       if (!grad.defined()) continue;
       const ParamSlot& slot = layout_.params[i];
       const Tensor rows_view = ops::reshape(grad, {slot.rows, slot.row_numel});
@@ -232,14 +273,19 @@ class Unit : public std::enable_shared_from_this<Unit> {
       const Tensor grad = make_dtensor(local, spec);
       sharded.set_grad(sharded.grad().defined() ? ops::add(sharded.grad(), grad) : grad);
     }
-    call.grads.clear();
   }
 
+ public:
+  void set_requires_gradient_sync(bool sync) { sync_gradients_ = sync; }
+
+ private:
   std::shared_ptr<const std::string> name_;
   std::shared_ptr<const DeviceMesh> mesh_;
   std::vector<HeldParam> params_;
   FSDPOptions options_;
   std::shared_ptr<Call> current_call_;  // between before_forward and after_forward
+  bool sync_gradients_ = true;
+  std::vector<Tensor> accumulated_;  // whole gradients of backwards run without sync
   FlatLayout layout_;
   int64_t shard_dim_ = 0;          // the mesh dim that shards
   int rank_ = 0;                   // this rank's coordinate on it
@@ -278,11 +324,16 @@ std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
         params[it->second].slots.emplace_back(sub, name);
         continue;
       }
-      LOOM_CHECK(!is_dtensor(value),
-                 "fully_shard({}): parameter '{}' is already a DTensor ({}); fully_shard takes "
-                 "plain parameters for now (its composition with tensor parallelism comes next)",
-                 unit, fqn, dtensor_spec(value).str());
-      LOOM_CHECK(value.dim() >= 1,
+      std::optional<DTensorSpec> tp_spec;
+      if (is_dtensor(value)) {
+        tp_spec = dtensor_spec(value);
+        LOOM_CHECK(!tp_spec->has_partial(),
+                   "fully_shard({}): parameter '{}' is Partial ({}); a parameter must be Shard or "
+                   "Replicate on its mesh",
+                   unit, fqn, tp_spec->str());
+      }
+      const Shape unit_shape = tp_spec ? tp_spec->local_shape() : value.shape();
+      LOOM_CHECK(!unit_shape.empty(),
                  "fully_shard({}): parameter '{}' is 0-dim; FSDP shards dim 0 (give it shape (1))",
                  unit, fqn);
       LOOM_CHECK(value.device() == mesh.device(),
@@ -297,7 +348,7 @@ std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
                    unit, fqn, dtype_name(value.dtype()), params[0].fqn, dtype_name(first.dtype()));
       }
       index.emplace(value.impl(), params.size());
-      params.push_back({fqn, {{sub, name}}, value});
+      params.push_back({fqn, {{sub, name}}, value, tp_spec, unit_shape});
     }
   }
   return params;
@@ -329,12 +380,43 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
   // no communication.
   {
     NoGradGuard no_grad;
+    const Placements fsdp_placements =
+        mesh->ndim() == 1 ? Placements{Shard(0)} : Placements{Replicate(), Shard(0)};
+    const int64_t shard_dim = mesh->ndim() - 1;
+    // One (tp..., dp...) mesh per TP mesh, shared by its parameters.
+    std::unordered_map<const DeviceMesh*, std::shared_ptr<const DeviceMesh>> joined;
     for (HeldParam& p : params) {
       const Tensor whole = p.sharded;
       originals.push_back(whole);
-      const Placements placements =
-          mesh->ndim() == 1 ? Placements{Shard(0)} : Placements{Replicate(), Shard(0)};
-      Tensor shard = distribute_tensor(detach(whole), mesh, placements, std::nullopt);
+      // The sharded parameter's layout. Under TP it lives on the (tp..., dp...) mesh: placements
+      // apply in mesh-dim order, so Shard(0) on dp_shard after the TP placement splits the TP
+      // shard's rows again, exactly as the flat buffers do (torch's _StridedShard, in plain
+      // placements).
+      DTensorSpec spec{mesh, fsdp_placements, whole.shape(), whole.dtype()};
+      if (p.tp_spec) {
+        try {
+          auto& m = joined[p.tp_spec->mesh.get()];
+          if (!m)
+            m = std::make_shared<const DeviceMesh>(
+                DeviceMesh::concatenate({*p.tp_spec->mesh, *mesh}));
+          spec.mesh = m;
+        } catch (const Error& e) {
+          LOOM_FAIL(
+              "fully_shard({}): parameter '{}' is a DTensor on {}, which does not combine with "
+              "the FSDP mesh {} ({}); slice both meshes from the job's mesh",
+              name, p.fqn, p.tp_spec->mesh->str(), mesh->str(), e.what());
+        }
+        spec.placements = p.tp_spec->placements;
+        spec.placements.insert(spec.placements.end(), fsdp_placements.begin(),
+                               fsdp_placements.end());
+      }
+      // Every rank holds the same whole (or TP-local) parameter (same seeds), so each keeps its
+      // rows with no communication.
+      const Tensor unit_local = p.tp_spec ? local_shard(whole) : whole;
+      const ShardRange rows =
+          shard_range(p.unit_shape[0], mesh->size(shard_dim), mesh->coordinate(shard_dim));
+      Tensor shard = make_dtensor(
+          ops::clone(ops::narrow(detach(unit_local), 0, rows.offset, rows.size)), spec);
       shard.set_requires_grad(whole.requires_grad());
       p.sharded = shard;
       for (const auto& [owner, slot] : p.slots) owner->set_parameter(slot, shard);
@@ -350,6 +432,11 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     for (const Tensor& whole : originals) reg.params[whole.impl()] = {whole.impl_ptr(), unit_name};
   }
   auto unit = std::make_shared<Unit>(unit_name, std::move(mesh), std::move(params), options);
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    reg.unit_objects[&module] = unit;
+  }
   const MixedPrecisionPolicy mp = options.mp_policy;
   module.register_forward_pre_hook([unit, mp](nn::Module&, const Tensor& input) {
     unit->before_forward();
@@ -359,10 +446,32 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     }
     return input;
   });
-  module.register_forward_hook([unit](nn::Module&, const Tensor&, const Tensor& output) {
+  module.register_forward_hook([unit, mp](nn::Module&, const Tensor&, const Tensor& output) {
     unit->after_forward(output);
+    if (mp.output_dtype && output.defined() && is_floating(output.dtype()) &&
+        output.dtype() != *mp.output_dtype) {
+      return to(output, *mp.output_dtype);
+    }
     return output;
   });
+}
+
+void set_requires_gradient_sync(nn::Module& module, bool sync) {
+  std::vector<std::shared_ptr<Unit>> units;
+  {
+    Registry& reg = registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    for (const auto& [unused, sub] : module.named_modules()) {
+      const auto it = reg.unit_objects.find(sub);
+      if (it == reg.unit_objects.end()) continue;
+      if (auto unit = it->second.lock()) units.push_back(std::move(unit));
+    }
+  }
+  LOOM_CHECK(!units.empty(),
+             "set_requires_gradient_sync({}): neither the module nor any submodule is fully "
+             "sharded; call fully_shard first",
+             module.type_name());
+  for (const auto& unit : units) unit->set_requires_gradient_sync(sync);
 }
 
 }  // namespace loom::fsdp

@@ -27,10 +27,18 @@
 // Without reshard_after_forward the whole parameters stay in memory until backward has used
 // them (autograd keeps what it saved): no second all-gather, more memory.
 //
+// Tensor parallelism composes (FSDP2 + TP as torchtitan applies it: TP first, then fully_shard on
+// the dp mesh): a parameter that is a DTensor on a slice of the same root mesh (mesh["tp"]) is
+// sharded by its local TP shard's rows. Its sharded form lives on the (tp, [dp_replicate,]
+// dp_shard) mesh with placements (its TP placement, [Replicate,] Shard(0)) — placements apply in
+// mesh-dim order, so that is exactly the TP shard split again over dp_shard (torch's
+// _StridedShard in plain placements) — and the unit computes with the gathered TP shard, as a
+// DTensor with the parameter's TP layout again.
+//
 // Errors name the unit and the parameter: a parameter that another unit already holds through a
 // different module, a mesh that is neither 1-D nor 2-D, fully_shard on a unit twice, parameters of
-// a unit on different devices or dtypes (one flat buffer each), a 0-dim parameter, and a parameter
-// that is already a DTensor (tensor parallelism composes in a later step).
+// a unit on different devices or dtypes (one flat buffer each), a 0-dim parameter, and a DTensor
+// parameter that is Partial or on a mesh that is not a slice of the FSDP mesh's root.
 #pragma once
 
 #include <memory>
@@ -49,6 +57,7 @@ namespace loom::fsdp {
 struct MixedPrecisionPolicy {
   std::optional<DType> param_dtype;   // none: the parameters' own dtype
   std::optional<DType> reduce_dtype;  // none: param_dtype
+  std::optional<DType> output_dtype;  // none: the unit's output as computed
   bool cast_forward_inputs = true;
 };
 
@@ -63,6 +72,13 @@ struct FSDPOptions {
 // the hooks above. `name` names the unit in errors (default: the module's type name).
 void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh,
                  FSDPOptions options = {}, std::string name = "");
+
+// FSDP2's set_requires_gradient_sync, for gradient accumulation and pipeline microbatches: with
+// `sync` false, the backward of every unit in `module`'s tree (itself included) keeps its whole
+// gradients instead of reduce-scattering them; the next backward with sync true reduces their
+// sum with its own, so a step issues one reduce-scatter per unit whatever the microbatches (at
+// the memory of one unsharded gradient per unit meanwhile). Throws when no unit is in the tree.
+void set_requires_gradient_sync(nn::Module& module, bool sync);
 
 // Whether fully_shard was applied to `module` itself.
 bool is_fully_sharded(const nn::Module& module);

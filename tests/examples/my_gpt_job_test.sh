@@ -12,7 +12,7 @@ for ranks in 4 1; do
   grep -q 'loss [0-9.]* -> [0-9.]*' "job$ranks.log" || { cat "job$ranks.log"; exit 1; }
   grep 'loss .* ->' "job$ranks.log"
 done
-grep -q 'pp=1 x dp=2 x tp=2' job4.log || { cat job4.log; echo "4 ranks should be dp=2 x tp=2"; exit 1; }
+grep -q 'dp_replicate=2 x tp=2' job4.log || { cat job4.log; echo "4 ranks should be dp_replicate=2 x tp=2"; exit 1; }
 # The layout leaves the math unchanged: the same final loss on 4 ranks as on 1 (printed to 1e-4;
 # f32 rounding differs far below that).
 final() { sed -n 's/.*-> \([0-9.]*\)$/\1/p' "$1"; }

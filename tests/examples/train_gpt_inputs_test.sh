@@ -22,7 +22,16 @@ expect_error() {
   echo "ok ($code): train_gpt $*"
 }
 
-expect_error 2 "train_gpt: --dp: expected a positive integer, got 'abc'" --dp abc
+expect_error 2 "train_gpt: --dp: expected a non-negative integer, got 'abc'" --dp abc
+expect_error 2 "train_gpt: --dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), got 0" \
+  --dp-shard 0
+expect_error 2 "train_gpt: --dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is not known: give --nproc N" \
+  --dp-shard -1
+expect_error 2 "train_gpt: --dp-shard -1: 6 ranks do not split over pp 1 x dp_replicate 1 x tp 4 = 4" \
+  --dp-shard -1 --tp 4 --nproc 6
+expect_error 2 "train_gpt: --dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3" \
+  --dp 2 --dp-replicate 3
+expect_error 2 "train_gpt: --nproc 8: the degrees dp_replicate=2 x tp=2 make 4 ranks" --nproc 8
 expect_error 2 "train_gpt: --lr: expected a positive number, got 'abc'" --lr abc
 expect_error 2 "train_gpt: --lr: expected a positive number, got '0'" --lr 0
 expect_error 2 "train_gpt: --seed: expected a non-negative integer, got '-5'" --seed -5

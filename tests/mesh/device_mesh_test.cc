@@ -219,6 +219,40 @@ TEST(DeviceMeshTest, FlattenOfASliceMakesOneGroupPerSlice) {
   });
 }
 
+TEST(DeviceMeshTest, ConcatenateJoinsSlicesOfOneRootInTheOrderGiven) {
+  // (pp=2, dp=2, tp=2) on 8 ranks: mesh["tp"] + mesh["dp"] is the (tp, dp) grid of this rank's
+  // pp slice (what FSDP on top of TP shards a parameter on), reusing both groups.
+  run_on_ranks(8, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"pp", "dp", "tp"}, {2, 2, 2});
+    const int rank = pg.rank();
+    const int pp = rank / 4, dp = rank / 2 % 2, tp = rank % 2;
+    const DeviceMesh joined = DeviceMesh::concatenate({(*mesh)["tp"], (*mesh)["dp"]});
+    EXPECT_EQ(joined.str(), "DeviceMesh(tp=2, dp=2, cpu)");
+    EXPECT_THAT(joined.coordinate(), ElementsAre(tp, dp));
+    // Row-major over (tp, dp): tp outer.
+    EXPECT_THAT(joined.ranks(), ElementsAre(pp * 4, pp * 4 + 2, pp * 4 + 1, pp * 4 + 3));
+    EXPECT_EQ(joined.group("tp").get(), mesh->group("tp").get());
+    EXPECT_EQ(joined.group("dp").get(), mesh->group("dp").get());
+    EXPECT_TRUE((joined == (*mesh)[std::vector<std::string>{"tp", "dp"}]));
+    // A flattened dim joins too: (pp, dp_tp) from pp and the flattened (dp, tp).
+    const DeviceMesh flat =
+        (*mesh)[std::vector<std::string>{"dp", "tp"}].flatten({"dp", "tp"}, "dp_tp");
+    const DeviceMesh with_pp = DeviceMesh::concatenate({(*mesh)["pp"], flat});
+    EXPECT_THAT(with_pp.coordinate(), ElementsAre(pp, dp * 2 + tp));
+    EXPECT_EQ(with_pp.ranks(), mesh->ranks());
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh::concatenate({(*mesh)["dp"], flat});
+                }),
+                HasSubstr("dim 'dp_tp' of DeviceMesh(dp_tp=4, cpu) overlaps a dim of an earlier "
+                          "mesh"));
+    auto other = make_mesh(pg, {"a"}, {8});
+    EXPECT_THAT(error_of([&] {
+                  DeviceMesh::concatenate({(*mesh)["tp"], *other});
+                }),
+                HasSubstr("are not slices of one root mesh"));
+  });
+}
+
 TEST(DeviceMeshTest, ExplicitRankArraysDefineTheLayout) {
   run_on_ranks(4, [](ProcessGroup& pg) {
     const int rank = pg.rank();

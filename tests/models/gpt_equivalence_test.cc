@@ -16,13 +16,9 @@ using gpt_run::expect_same;
 using gpt_run::kClip;
 using gpt_run::Layout;
 using gpt_run::mesh_of;
+using gpt_run::reference;
 using gpt_run::Result;
 using gpt_run::train;
-
-const Result& reference() {
-  static const Result r = train(nullptr);
-  return r;
-}
 
 TEST(GPTEquivalenceTest, ReferenceLearns) {
   EXPECT_LT(reference().losses.back(), reference().losses.front());
@@ -113,8 +109,8 @@ TEST(GPTEquivalenceTest, BitIdenticalAcrossRerunsAndRankOrders) {
     const Result first = train(mesh_of(pg, 2, 2));
     const Result again = train(mesh_of(pg, 2, 2));
     auto reversed = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"pp", "dp", "tp"},
-        std::vector<int64_t>{1, 2, 2}, std::vector<int>{3, 2, 1, 0});
+        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
+        std::vector<int64_t>{1, 2, 1, 2}, std::vector<int>{3, 2, 1, 0});
     const Result other_order = train(reversed);
     EXPECT_EQ(again.losses, first.losses) << "rerun";
     EXPECT_EQ(other_order.losses, first.losses) << "ranks in reverse order";

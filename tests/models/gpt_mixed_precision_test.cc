@@ -105,9 +105,9 @@ TEST(GPTMixedPrecision, TensorAndSequenceParallelMatchOneRank) {
 
 TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(pg.shared_from_this(),
-                                                   std::vector<std::string>{"pp", "dp", "tp"},
-                                                   std::vector<int64_t>{2, 1, 1});
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
+        std::vector<int64_t>{2, 1, 1, 1});
     GPTPipeline model(config(), 3, mesh,
                       {.microbatches = 2, .mixed_precision = nn::MixedPrecisionPolicy{}});
     model.zero_grad();

@@ -52,9 +52,9 @@ const Reference& reference() {
 }
 
 std::shared_ptr<const DeviceMesh> pp_mesh(comm::ProcessGroup& pg) {
-  return std::make_shared<const DeviceMesh>(pg.shared_from_this(),
-                                            std::vector<std::string>{"pp", "dp", "tp"},
-                                            std::vector<int64_t>{pg.size(), 1, 1});
+  return std::make_shared<const DeviceMesh>(
+      pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
+      std::vector<int64_t>{pg.size(), 1, 1, 1});
 }
 
 void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string& what) {

@@ -1,5 +1,6 @@
 #include "tests/models/gpt_training_run.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -78,13 +79,15 @@ Result train_one_rank() {
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   if (!mesh) return train_one_rank();
   // The job's own code: the library composition and step driver (train/), as train_gpt runs it.
-  const train::ParallelConfig parallel{
-      .dims = {.pp = mesh->size("pp"), .dp = mesh->size("dp"), .tp = mesh->size("tp")},
-      .tp_plan = layout.plan,
-      .grad_accum = layout.accum,
-      .pipeline = {.schedule = layout.schedule,
-                   .microbatches = layout.microbatches,
-                   .virtual_stages = layout.virtual_stages}};
+  const train::ParallelConfig parallel{.dims = {.pp = mesh->size("pp"),
+                                                .dp_replicate = mesh->size("dp_replicate"),
+                                                .dp_shard = mesh->size("dp_shard"),
+                                                .tp = mesh->size("tp")},
+                                       .tp_plan = layout.plan,
+                                       .grad_accum = layout.accum,
+                                       .pipeline = {.schedule = layout.schedule,
+                                                    .microbatches = layout.microbatches,
+                                                    .virtual_stages = layout.virtual_stages}};
   parallel.validate(mesh->numel(), kGlobalBatch, kSeqLen);
   const auto data = corpus();
   const auto model = train::build_parallel_gpt(config(), kModelSeed, mesh, parallel);
@@ -99,8 +102,16 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   }
   for (const auto& [name, p] : model->named_parameters()) {
     result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+    result.layouts[name] = is_dtensor(p) ? fmt::format("{} {}", dtensor_spec(p).mesh->str(),
+                                                       placements_str(dtensor_spec(p).placements))
+                                         : "plain";
   }
   return result;
+}
+
+const Result& reference() {
+  static const Result r = train(nullptr);
+  return r;
 }
 
 void expect_same(const Runs& runs) {
@@ -138,7 +149,11 @@ void expect_same(const Runs& runs) {
 
 std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
                                           int64_t pp) {
-  return train::ParallelDims{.pp = pp, .dp = dp, .tp = tp}.build_mesh(pg.shared_from_this());
+  return mesh_of(pg, {.pp = pp, .dp_replicate = dp, .tp = tp});
+}
+
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, const train::ParallelDims& dims) {
+  return dims.build_mesh(pg.shared_from_this());
 }
 
 }  // namespace loom::models::gpt_run

@@ -17,6 +17,7 @@
 #include "mesh/device_mesh.h"
 #include "models/gpt/config.h"
 #include "models/gpt/plans.h"
+#include "train/parallel_dims.h"
 
 namespace loom::models::gpt_run {
 
@@ -33,6 +34,9 @@ struct Result {
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
   std::map<std::string, std::vector<double>> params;
+  // How each parameter is held on the mesh: "DeviceMesh(tp=2, dp_shard=2, cpu) [S(0), S(0)]",
+  // or "plain".
+  std::map<std::string, std::string> layouts;
 };
 
 // How the run is parallelized beyond the mesh's degrees (train::ParallelConfig's fields):
@@ -50,6 +54,9 @@ struct Layout {
 // parallelism; its stages' with it).
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {});
 
+// The one-rank reference run (train(nullptr)), computed once per test binary.
+const Result& reference();
+
 // A run under `layout` and the run it must match (the one-rank reference).
 struct Runs {
   Result actual;
@@ -60,8 +67,9 @@ struct Runs {
 // parameter magnitude (why not per tensor: in the .cc); checks from tests/testing/tensor_checks.h.
 void expect_same(const Runs& runs);
 
-// A ("pp", "dp", "tp") mesh of shape (pp, dp, tp) over every rank of `pg`
-// (train::ParallelDims::build_mesh).
+// The job's ("pp", "dp_replicate", "dp_shard", "tp") mesh of `dims` over every rank of `pg`
+// (train::ParallelDims::build_mesh); the short form takes DDP's dp (dp_replicate).
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, const train::ParallelDims& dims);
 std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, int64_t dp, int64_t tp,
                                           int64_t pp = 1);
 

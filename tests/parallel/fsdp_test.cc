@@ -274,6 +274,46 @@ TEST(FullyShardTest, MixedPrecisionPolicyFollowsF32ToBf16Precision) {
   });
 }
 
+// Gradient accumulation over two microbatches: the first backward runs without gradient sync
+// (no reduce-scatter: the whole gradients wait), the second reduces their sum, one
+// reduce-scatter per unit per step; the run matches one rank's.
+TEST(FullyShardTest, GradientSyncOffDefersTheReduceScatterToTheLastMicrobatch) {
+  const TrainingRun expected = train_one_rank();
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    Mlp model;
+    shard_every_unit(model, shard_mesh(pg), {});
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+    const int64_t per_rank = kBatch / 2, micro = per_rank / 2;
+    TrainingRun run;
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      double loss_sum = 0;
+      for (int m = 0; m < 2; ++m) {
+        const bool last = m == 1;
+        Tensor loss = div(loss_of(model, step, pg.rank() * per_rank + m * micro, micro), 2.0);
+        fsdp::set_requires_gradient_sync(model, last);
+        CommDebugMode comm;
+        backward(loss);
+        EXPECT_EQ(comm.count(CollectiveKind::kReduceScatter), last ? 3 : 0) << comm.summary();
+        loss_sum += loss.item<double>();
+      }
+      optim::clip_grad_norm_(model.parameters(), 0.5);
+      opt.step();
+      Tensor global = ops::full({1}, loss_sum);
+      pg.all_reduce(global, comm::ReduceOp::kAvg)->wait();
+      run.losses.push_back(global.item<double>());
+    }
+    for (const auto& [name, p] : model.named_parameters()) {
+      run.params[name] = ops::to_vector(full_tensor(p));
+    }
+    expect_run_matches(run, expected, 1e-5, "two microbatches");
+    nn::Linear plain(2, 2);
+    EXPECT_THAT(error_of([&] { fsdp::set_requires_gradient_sync(plain, false); }),
+                HasSubstr("set_requires_gradient_sync(Linear): neither the module nor any "
+                          "submodule is fully sharded"));
+  });
+}
+
 TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     const auto mesh = shard_mesh(pg);

@@ -42,6 +42,31 @@ TEST(JobConfigTest, EveryOptionHasAUniqueKeyAndFlag) {
   EXPECT_EQ(option("batch_size").flag(), "--batch-size");
 }
 
+TEST(JobConfigTest, DataParallelDegreesResolve) {
+  const auto dims = [](JobConfig c, int64_t world = 0) { return data_parallel_dims(c, world); };
+  // Nothing given: the default job's dp 2 (DDP).
+  EXPECT_EQ(dims({}).dp_replicate, 2);
+  EXPECT_EQ(dims({}).dp_shard, 1);
+  // --dp is dp_replicate's shorthand; --dp-shard alone means no replicas.
+  EXPECT_EQ(dims({.dp = 3}).dp_replicate, 3);
+  EXPECT_EQ(dims({.dp_shard = 2}).dp_replicate, 1);
+  EXPECT_EQ(dims({.dp = 2, .dp_shard = 2}).dp_replicate, 2);  // HSDP
+  EXPECT_EQ(dims({.dp_replicate = 2, .dp_shard = 2}).world_size(), 8);
+  // -1: what the others leave of the world.
+  EXPECT_EQ(dims({.dp_shard = -1, .tp = 2, .pp = 2}, 16).dp_shard, 4);
+  EXPECT_EQ(error_of([&] { dims({.dp_shard = -1}); }),
+            "--dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is "
+            "not known: give --nproc N (or run under a launcher, which sets WORLD_SIZE)");
+  EXPECT_EQ(error_of([&] { dims({.dp_shard = -1, .tp = 3}, 8); }),
+            "--dp-shard -1: 8 ranks do not split over pp 1 x dp_replicate 1 x tp 3 = 3");
+  EXPECT_EQ(error_of([&] { dims({.dp = 2, .dp_replicate = 3}); }),
+            "--dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3; "
+            "give one");
+  EXPECT_EQ(error_of([&] { dims({.dp_shard = 0}); }),
+            "--dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), "
+            "got 0");
+}
+
 TEST(JobConfigTest, FileSetsItsKeysAndLeavesTheOthers) {
   JobConfig config;
   load_job_toml(config, write_file("job.toml", R"(
@@ -121,7 +146,7 @@ TEST(JobConfigTest, CommandLineTextIsParsedAndNamedByFlag) {
   set_option(config, option("lr"), std::string("6e-4"), "--lr");
   EXPECT_DOUBLE_EQ(config.lr, 6e-4);
   EXPECT_EQ(error_of([&] { set_option(config, option("dp"), std::string("abc"), "--dp"); }),
-            "--dp: expected a positive integer, got 'abc'");
+            "--dp: expected a non-negative integer, got 'abc'");
   EXPECT_EQ(error_of([&] { set_option(config, option("lr"), std::string("0"), "--lr"); }),
             "--lr: expected a positive number, got '0'");
   EXPECT_EQ(error_of([&] { set_option(config, option("lr"), std::string("1e999"), "--lr"); }),

@@ -1,0 +1,57 @@
+// Data parallelism for a GPT (or one pipeline stage of it) over a mesh's "dp_replicate" and
+// "dp_shard" dims, as torchtitan's parallelize chooses it:
+//   - dp_shard 1, dp_replicate > 1: DDP over dp_replicate (parallel/ddp);
+//   - dp_shard > 1: FSDP2's fully_shard per transformer block, then the module itself (the
+//     embeddings, the final norm), over dp_shard, or HSDP over (dp_replicate, dp_shard) when
+//     dp_replicate > 1 too (parallel/fsdp). The last block and the root keep their parameters
+//     gathered after forward (their backward follows at once); every other block reshards.
+//   - both 1: nothing.
+// Mixed precision comes with it: bf16 compute over f32 masters is nn::apply_mixed_precision
+// under DDP, and the FSDP units' own policy (bf16 all-gathers, f32 reduce-scatters) under FSDP.
+//
+// Gradient accumulation (micro-batches, pipeline microbatches): run every backward through
+// backward(last, run); only the last synchronizes (DDP's no_sync, FSDP's
+// set_requires_gradient_sync(false)), so a step reduces each gradient once.
+//
+// Collective contract: construction communicates nothing (FSDP shards what every rank holds);
+// the collectives are DDP's or FSDP's, in forward and backward, on every rank of the dp dims.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mesh/device_mesh.h"
+#include "models/gpt/gpt.h"
+#include "nn/mixed_precision.h"
+
+namespace loom::ddp {
+class DistributedDataParallel;
+}
+
+namespace loom::models {
+
+class GPTDataParallel {
+ public:
+  // `mesh` has dims "dp_replicate" and "dp_shard" (and any others: "pp", "tp"); call after the
+  // TP plan. `module` is on the mesh's device.
+  GPTDataParallel(std::shared_ptr<GPTStage> module, const DeviceMesh& mesh,
+                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
+  ~GPTDataParallel();
+
+  void zero_grad();
+  // Runs `run` (one backward); the gradients are reduced across dp only when `last`.
+  void backward(bool last, const std::function<void()>& run);
+  // "none", "ddp (dp_replicate=2)", "fsdp (dp_shard=2)", "hsdp (dp_replicate=2, dp_shard=2)".
+  const std::string& kind() const { return kind_; }
+  bool fully_sharded() const { return fully_sharded_; }
+
+ private:
+  std::shared_ptr<GPTStage> module_;
+  std::shared_ptr<ddp::DistributedDataParallel> ddp_;
+  bool fully_sharded_ = false;
+  std::string kind_ = "none";
+};
+
+}  // namespace loom::models
