@@ -13,7 +13,6 @@
 // one line per step (loss, lr, tokens/s, ms/step, peak memory), writes the metrics as JSONL, a
 // loss-curve PNG (gnuplot) and a generated sample at the end.
 #include <fmt/format.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -38,6 +37,7 @@
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/host_memory.h"
 #include "tensor/ops.h"
 #include "train/job_config.h"
 #include "train/output_files.h"
@@ -165,18 +165,6 @@ void write_plot(const std::vector<double>& losses, double entropy, const std::st
         "{}\n",
         data);
   }
-}
-
-// Tensors of a training step are freed and allocated again at the same sizes every step. glibc
-// serves blocks over its mmap threshold (128 KiB, adapting up to 32 MiB) with fresh mmaps and
-// returns freed heap tops to the kernel, so each step page-faults and zeroes its activations anew
-// (perf: a quarter of `small`'s time in the kernel, clear_page). Keeping freed memory in the
-// heap for reuse makes `--model small` on 1 rank ~30% faster (64-78 -> 80-102 tokens/s, A/B runs
-// alternated); peak memory is unchanged because the step's peak is what the heap grows to anyway.
-// An application's choice, like PyTorch's advice to preload jemalloc for CPU training.
-void keep_freed_tensor_memory() {
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
 }
 
 // The path the effective config is written to, beside the metrics: m.jsonl -> m.config.toml.
@@ -475,7 +463,7 @@ Parsed parse_command_line(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  keep_freed_tensor_memory();
+  keep_freed_host_memory();  // tensor/host_memory.h: why
   // Bad flags and config files exit 2, like loomrun's; a failure while training exits 1.
   Parsed parsed;
   try {

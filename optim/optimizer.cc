@@ -84,4 +84,14 @@ void AdamW::step() {
   }
 }
 
+std::vector<Tensor> AdamW::state_tensors() const {
+  std::vector<Tensor> state;
+  for (const auto* moments : {&exp_avg_, &exp_avg_sq_}) {
+    for (const Tensor& m : *moments) {
+      if (m.defined()) state.push_back(m);
+    }
+  }
+  return state;
+}
+
 }  // namespace loom::optim

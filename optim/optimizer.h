@@ -52,6 +52,9 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<Tensor> params, AdamWOptions options);
   void step() override;
+  // The moments (torch's state["exp_avg"], state["exp_avg_sq"]) of every parameter, laid out as
+  // the parameters (a sharded parameter's are sharded alike); empty before the first step.
+  std::vector<Tensor> state_tensors() const;
 
  private:
   AdamWOptions options_;

@@ -13,7 +13,7 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/shard_math.h"
-#include "parallel/fsdp/flat_layout.h"
+#include "parallel/fsdp/unit.h"
 #include "tensor/ops.h"
 
 namespace loom::fsdp {
@@ -26,8 +26,6 @@ struct ParamEntry {
   std::weak_ptr<TensorImpl> tensor;  // the parameter (whole before sharding, or its shard)
   std::weak_ptr<const std::string> unit;
 };
-
-class Unit;
 
 struct Registry {
   std::mutex mutex;
@@ -59,240 +57,6 @@ std::optional<std::string> unit_holder(const Registry& reg, const nn::Module* mo
   const auto name = it->second.lock();
   return name ? std::optional<std::string>(*name) : std::nullopt;
 }
-
-// One parameter of a unit: the module slots that hold it and its shard.
-struct HeldParam {
-  std::string fqn;  // the name under the unit ("h.0.attn.c_attn.weight")
-  std::vector<std::pair<nn::Module*, std::string>> slots;  // (owner, name in owner)
-  Tensor sharded;  // DTensor Shard(0) on the unit's mesh: the leaf the optimizer sees
-  // With tensor parallelism: the parameter's own DTensor layout (on the tp mesh). FSDP then
-  // shards its local (TP) shard, and the whole parameter a unit computes with is that local
-  // shard gathered, wrapped in this spec again.
-  std::optional<DTensorSpec> tp_spec;
-  Shape unit_shape;  // what the flat buffers hold whole: the shape, or the TP-local shape
-};
-
-class Unit : public std::enable_shared_from_this<Unit> {
- public:
-  Unit(std::shared_ptr<const std::string> name, std::shared_ptr<const DeviceMesh> mesh,
-       std::vector<HeldParam> params, FSDPOptions options)
-      : name_(std::move(name)),
-        mesh_(std::move(mesh)),
-        params_(std::move(params)),
-        options_(options) {
-    std::vector<Shape> shapes;
-    for (const HeldParam& p : params_) shapes.push_back(p.unit_shape);
-    // The last mesh dim shards (dp_shard); a first one, on a 2-D mesh, replicates (HSDP).
-    shard_dim_ = mesh_->ndim() - 1;
-    layout_ = FlatLayout::make(shapes, static_cast<int>(mesh_->size(shard_dim_)));
-    rank_ = static_cast<int>(mesh_->coordinate(shard_dim_));
-    if (!params_.empty()) {
-      const DType master = params_[0].sharded.dtype();
-      dtype_ = options_.mp_policy.param_dtype.value_or(master);
-      reduce_dtype_ = options_.mp_policy.reduce_dtype.value_or(dtype_);
-      device_ = mesh_->device();
-    }
-  }
-
-  // All-gathers the unit's parameters and puts the whole ones into the module's slots; in grad
-  // mode they are fresh leaves whose gradients reduce_gradients() collects.
-  void before_forward() {
-    if (params_.empty()) return;
-    const bool recording = GradMode::is_enabled();
-    NoGradGuard no_grad;  // the communication and copies are not part of any graph
-    const std::vector<Tensor> whole = gather();
-    std::shared_ptr<Call> call;
-    if (recording) {
-      call = std::make_shared<Call>();
-      call->grads.resize(params_.size());
-      // Handles without autograd state onto the whole parameters' memory, to release and refill
-      // it (the whole leaves themselves hold the hooks that hold the call: no cycle).
-      for (const Tensor& w : whole) call->memory.push_back(ops::alias(w));
-    }
-    current_call_ = call;
-    for (size_t i = 0; i < params_.size(); ++i) {
-      // Under TP the whole parameter is the gathered TP shard, as a DTensor on the tp mesh.
-      Tensor w =
-          params_[i].tp_spec ? make_dtensor(whole[i], with_dtype(*params_[i].tp_spec)) : whole[i];
-      if (call && params_[i].sharded.requires_grad()) {
-        w.set_requires_grad(true);
-        ++call->pending;
-        autograd::register_post_accumulate_grad_hook(
-            w, [unit = shared_from_this(), call, i](const Tensor& leaf) {
-              unit->on_gradient(call, i, leaf);
-            });
-      }
-      for (const auto& [owner, name] : params_[i].slots) owner->set_parameter(name, w);
-    }
-  }
-
-  // The module's slots hold the shards again. With reshard_after_forward, the whole
-  // parameters' memory is released too, and gathered again when backward reaches the unit: a
-  // hook on the output's gradient runs just before the unit's own backward.
-  void after_forward(const Tensor& output) {
-    for (const HeldParam& p : params_) {
-      for (const auto& [owner, name] : p.slots) owner->set_parameter(name, p.sharded);
-    }
-    std::shared_ptr<Call> call = std::move(current_call_);
-    if (!options_.reshard_after_forward || !call || call->pending == 0 || !output.defined() ||
-        !output.requires_grad()) {
-      return;
-    }
-    for (const Tensor& m : call->memory) m.storage()->release();
-    autograd::register_hook(output, [unit = shared_from_this(), call](const Tensor&) {
-      unit->refill(*call);
-      return Tensor();
-    });
-  }
-
- private:
-  // One forward call's whole parameters and gradients, collected as backward produces them.
-  struct Call {
-    std::vector<Tensor> memory;  // aliases of the whole parameters (no autograd state)
-    std::vector<Tensor> grads;   // per parameter; undefined until it arrives
-    size_t pending = 0;          // gradients still to come
-    bool queued = false;         // the end-of-backward check is queued
-    bool reduced = false;
-  };
-
-  // Gathers the whole parameters into the call's released memory again, before its backward.
-  void refill(Call& call) {
-    if (call.memory.empty() || !call.memory[0].storage()->released()) return;
-    NoGradGuard no_grad;
-    const std::vector<Tensor> whole = gather();
-    for (size_t i = 0; i < whole.size(); ++i) {
-      call.memory[i].storage()->refill();
-      ops::copy_(call.memory[i], whole[i]);
-    }
-  }
-
-  // The TP spec with the whole parameters' dtype (param_dtype under mixed precision).
-  DTensorSpec with_dtype(DTensorSpec spec) const {
-    spec.dtype = dtype_;
-    return spec;
-  }
-
-  // A whole parameter's gradient as the flat buffers hold it: itself, or under TP its local
-  // shard once laid out as the parameter (a gradient still Partial over tp is reduced first).
-  Tensor plain_gradient(size_t i, const Tensor& grad) const {
-    if (!params_[i].tp_spec || !grad.defined()) return grad;
-    const Placements& want = params_[i].tp_spec->placements;
-    const Tensor laid_out = dtensor_spec(grad).placements == want ? grad : redistribute(grad, want);
-    return local_shard(laid_out);
-  }
-
-  std::vector<Tensor> gather() {
-    Tensor send = ops::zeros({layout_.segment_numel}, dtype_, device_);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const ParamSlot& slot = layout_.params[i];
-      const int64_t rows = slot.rows_of(rank_);
-      if (rows == 0) continue;
-      ops::copy_(ops::narrow(send, 0, slot.offset, rows * slot.row_numel),
-                 ops::reshape(local_shard(params_[i].sharded), {-1}));
-    }
-    Tensor received = ops::empty({layout_.total_numel()}, dtype_, device_);
-    mesh_->group(shard_dim_)->all_gather_into_tensor(received, send)->wait();
-    std::vector<Tensor> whole;
-    for (const ParamSlot& slot : layout_.params) {
-      Tensor w = ops::empty(slot.shape, dtype_, device_);  // the TP-local shape under TP
-      const Tensor rows_view = ops::reshape(w, {slot.rows, slot.row_numel});
-      for (int r = 0; r < layout_.world; ++r) {
-        const int64_t rows = slot.rows_of(r);
-        if (rows == 0) continue;
-        const Tensor chunk = ops::narrow(received, 0, r * layout_.segment_numel + slot.offset,
-                                         rows * slot.row_numel);
-        ops::copy_(ops::narrow(rows_view, 0, slot.first_row(r), rows),
-                   ops::reshape(chunk, {rows, slot.row_numel}));
-      }
-      whole.push_back(w);
-    }
-    return whole;
-  }
-
-  void on_gradient(const std::shared_ptr<Call>& call, size_t i, const Tensor& leaf) {
-    if (call->reduced) return;
-    call->grads[i] = plain_gradient(i, leaf.grad());
-    leaf.set_grad(Tensor());  // the whole gradient is only needed until it is reduced
-    if (!call->queued) {
-      // Parameters the forward did not use get no gradient: reduce with zeros for them once
-      // backward is over, so that every rank runs the same collective.
-      call->queued = true;
-      autograd::queue_backward_callback(
-          [unit = shared_from_this(), call] { unit->reduce_gradients(*call); });
-    }
-    if (--call->pending == 0) reduce_gradients(*call);
-  }
-
-  // Reduce-scatters (average over the mesh) the call's gradients and adds each shard into the
-  // sharded parameter's .grad. Without gradient sync the whole gradients are kept instead, and
-  // the next synchronizing backward reduces their sum with its own: one reduce-scatter per step
-  // however many microbatches ran (more memory until then: FSDP2's
-  // set_requires_gradient_sync(false)).
-  void reduce_gradients(Call& call) {
-    if (call.reduced) return;
-    call.reduced = true;
-    NoGradGuard no_grad;
-    if (accumulated_.empty()) accumulated_.resize(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor& sum = accumulated_[i];
-      const Tensor& grad = call.grads[i];
-      if (!grad.defined()) continue;
-      sum = sum.defined() ? ops::add(sum, grad) : grad;
-    }
-    call.grads.clear();
-    if (!sync_gradients_) return;
-    std::vector<Tensor> grads = std::move(accumulated_);
-    accumulated_.clear();
-    Tensor send = ops::zeros({layout_.total_numel()}, reduce_dtype_, device_);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const Tensor& grad = grads[i];
-      if (!grad.defined()) continue;
-      const ParamSlot& slot = layout_.params[i];
-      const Tensor rows_view = ops::reshape(grad, {slot.rows, slot.row_numel});
-      for (int r = 0; r < layout_.world; ++r) {
-        const int64_t rows = slot.rows_of(r);
-        if (rows == 0) continue;
-        ops::copy_(ops::reshape(ops::narrow(send, 0, r * layout_.segment_numel + slot.offset,
-                                            rows * slot.row_numel),
-                                {rows, slot.row_numel}),
-                   ops::narrow(rows_view, 0, slot.first_row(r), rows));
-      }
-    }
-    Tensor received = ops::empty({layout_.segment_numel}, reduce_dtype_, device_);
-    mesh_->group(shard_dim_)->reduce_scatter_tensor(received, send, comm::ReduceOp::kAvg)->wait();
-    // HSDP: the replicas of each shard average their reduced shards.
-    if (shard_dim_ > 0) mesh_->group(0)->all_reduce(received, comm::ReduceOp::kAvg)->wait();
-    for (size_t i = 0; i < params_.size(); ++i) {
-      Tensor& sharded = params_[i].sharded;
-      if (!sharded.requires_grad()) continue;
-      const ParamSlot& slot = layout_.params[i];
-      const DTensorSpec& spec = dtensor_spec(sharded);
-      const Tensor local = ops::reshape(
-          ops::clone(ops::narrow(received, 0, slot.offset, slot.rows_of(rank_) * slot.row_numel)),
-          spec.local_shape());
-      const Tensor grad = make_dtensor(local, spec);
-      sharded.set_grad(sharded.grad().defined() ? ops::add(sharded.grad(), grad) : grad);
-    }
-  }
-
- public:
-  void set_requires_gradient_sync(bool sync) { sync_gradients_ = sync; }
-
- private:
-  std::shared_ptr<const std::string> name_;
-  std::shared_ptr<const DeviceMesh> mesh_;
-  std::vector<HeldParam> params_;
-  FSDPOptions options_;
-  std::shared_ptr<Call> current_call_;  // between before_forward and after_forward
-  bool sync_gradients_ = true;
-  std::vector<Tensor> accumulated_;  // whole gradients of backwards run without sync
-  FlatLayout layout_;
-  int64_t shard_dim_ = 0;          // the mesh dim that shards
-  int rank_ = 0;                   // this rank's coordinate on it
-  DType dtype_ = kFloat32;         // the whole parameters' and the all-gather's (param_dtype)
-  DType reduce_dtype_ = kFloat32;  // the reduce-scatter's
-  Device device_ = Device::cpu();
-};
 
 // The parameters `module` holds for a new unit: its own and its submodules', minus those of
 // submodules that are units already. Checks each, naming the unit and the parameter.
@@ -432,11 +196,26 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
     for (const Tensor& whole : originals) reg.params[whole.impl()] = {whole.impl_ptr(), unit_name};
   }
   auto unit = std::make_shared<Unit>(unit_name, std::move(mesh), std::move(params), options);
+  // The units inside this module join its group, which this unit owns (the root: its forward
+  // starts each pass), so their gathers prefetch in forward order.
+  auto group = std::make_shared<UnitGroup>();
   {
     Registry& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
+    for (const auto& [unused, sub] : module.named_modules()) {
+      if (sub == &module) continue;
+      const auto it = reg.unit_objects.find(sub);
+      if (it == reg.unit_objects.end()) continue;
+      if (auto inner = it->second.lock()) {
+        inner->join(group);
+        group->members.push_back(inner);
+      }
+    }
+    group->members.push_back(unit);
+    group->owner = unit.get();
     reg.unit_objects[&module] = unit;
   }
+  unit->join(group);
   const MixedPrecisionPolicy mp = options.mp_policy;
   module.register_forward_pre_hook([unit, mp](nn::Module&, const Tensor& input) {
     unit->before_forward();

@@ -7,7 +7,7 @@
 // earlier (a submodule) already holds. Between steps each of those parameters is a DTensor
 // Shard(0) on the 1-D `mesh` (uneven first dims as torch.chunk: the last ranks may hold fewer
 // rows, or none), a leaf requiring grad. On a 2-D mesh (dp_replicate, dp_shard) it is
-// (Replicate, Shard(0)): HSDP, sharded within dp_shard and replicated across dp_replicate. the
+// (Replicate, Shard(0)): HSDP, sharded within dp_shard and replicated across dp_replicate. The
 // optimizer, gradient clipping and checkpoints see only shards, so AdamW's moments are sharded too
 // (ZeRO-3).
 //
@@ -26,6 +26,11 @@
 //     parameter the forward did not use contributes zeros, so every rank reduces alike.
 // Without reshard_after_forward the whole parameters stay in memory until backward has used
 // them (autograd keeps what it saved): no second all-gather, more memory.
+// Timing (parallel/fsdp/unit.h): the units inside a root are prefetched in the last pass's
+// forward order — unit i+1's all-gather is issued when unit i's forward starts, unit i-1's when
+// unit i's backward starts — and reduce-scatters are asynchronous, finished (HSDP's all-reduce
+// included) when backward ends, so backward() returns with every sharded .grad in place. The
+// collectives and their order are the same on every rank; only when they are issued changes.
 //
 // Tensor parallelism composes (FSDP2 + TP as torchtitan applies it: TP first, then fully_shard on
 // the dp mesh): a parameter that is a DTensor on a slice of the same root mesh (mesh["tp"]) is
@@ -66,6 +71,10 @@ struct FSDPOptions {
   // again for backward (ZeRO-3), or keep them until backward (ZeRO-2's memory, one all-gather).
   bool reshard_after_forward = true;
   MixedPrecisionPolicy mp_policy;
+  // Issue the next unit's all-gather before this unit computes, in forward and (reverse order)
+  // in backward (FSDP1's forward_prefetch / backward_prefetch; FSDP2 always does). Off: each unit
+  // gathers when it runs (less memory in flight, no overlap; for A/B measurements).
+  bool prefetch = true;
 };
 
 // Shards `module`'s parameters (those no earlier unit holds) over the 1-D `mesh` and installs

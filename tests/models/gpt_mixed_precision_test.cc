@@ -18,6 +18,7 @@
 #include "autograd/engine.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
+#include "models/gpt/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"
 #include "models/gpt/plans.h"
@@ -114,6 +115,33 @@ TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
     const double loss =
         model.step(pg.rank() == 0 ? tokens(1) : Tensor(), pg.rank() == 1 ? tokens(2) : Tensor());
     expect_matches(mixed_reference(), loss, model.named_parameters(), "pp2 bf16");
+  });
+}
+
+// FSDP's own policy (models/gpt/data_parallel.h maps the job's bf16 onto it): bf16 all-gathers
+// and compute over f32 sharded masters, f32 reduce-scatters. Each of 2 ranks takes half the
+// batch; the mean loss and the gathered gradients follow the bf16 model on one rank, and the
+// gradients stay f32 shards.
+TEST(GPTMixedPrecision, FullyShardedMatchesOneRank) {
+  comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
+        std::vector<int64_t>{1, 1, 2, 1});
+    auto model = std::make_shared<GPT>(config(), 3);
+    GPTDataParallel data_parallel(model, *mesh, nn::MixedPrecisionPolicy{});
+    ASSERT_TRUE(data_parallel.fully_sharded());
+    const int64_t half = kBatch / 2;
+    Tensor loss = model->loss(ops::narrow(tokens(1), 0, pg.rank() * half, half),
+                              ops::narrow(tokens(2), 0, pg.rank() * half, half));
+    EXPECT_EQ(loss.dtype(), DType::kFloat32);  // the root's output_dtype
+    data_parallel.backward(/*last=*/true, [&] { backward(loss); });
+    Tensor mean = ops::full({1}, loss.item<double>());
+    pg.all_reduce(mean, comm::ReduceOp::kAvg)->wait();
+    for (const auto& [name, p] : model->named_parameters()) {
+      EXPECT_TRUE(is_dtensor(p)) << name;
+    }
+    expect_matches(mixed_reference(), mean.item<double>(), model->named_parameters(),
+                   "dp_shard2 bf16");
   });
 }
 

@@ -16,6 +16,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
+#include "nn/layers.h"
 #include "nn/linear.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
@@ -312,6 +313,66 @@ TEST(FullyShardTest, GradientSyncOffDefersTheReduceScatterToTheLastMicrobatch) {
                 HasSubstr("set_requires_gradient_sync(Linear): neither the module nor any "
                           "submodule is fully sharded"));
   });
+}
+
+// GPT-2's vocabulary, 50257 rows, over 2 (25129 + 25128) and 4 (12565 x 3 + 12562) shards: an
+// embedding unit and a head unit train like one rank.
+class TokenModel : public nn::Module {
+ public:
+  TokenModel() : Module("TokenModel") {
+    wte = register_module("wte", std::make_shared<nn::Embedding>(50257, 4, /*seed=*/11, 0.02));
+    head = register_module("head",
+                           std::make_shared<nn::Linear>(4, 50257, nn::LinearOptions{.seed = 13}));
+  }
+  Tensor forward(const Tensor& ids) override { return (*head)((*wte)(ids)); }
+  std::shared_ptr<nn::Embedding> wte;
+  std::shared_ptr<nn::Linear> head;
+};
+
+TEST(FullyShardTest, VocabularyOf50257SplitsUnevenly) {
+  const auto ids_of = [](int step) {
+    return ops::from_vector_i64({3, 50256, 25128 + step, 25129, 12565, 12564 - step, 777, 50000},
+                                {8});
+  };
+  const auto loss_of_rows = [&](TokenModel& model, int step, int64_t first, int64_t count) {
+    const Tensor y = model(ops::narrow(ids_of(step), 0, first, count));
+    return mean(mul(y, y));
+  };
+  // Every rank's run: the global losses (averaged over `pg`, when given) and parameters.
+  const auto train = [&](TokenModel& model, comm::ProcessGroup* pg) {
+    const int rank = pg ? pg->rank() : 0, world = pg ? pg->size() : 1;
+    optim::AdamW opt(model.parameters(), {.lr = 1e-2, .weight_decay = 0.1});
+    TrainingRun run;
+    for (int step = 0; step < kSteps; ++step) {
+      opt.zero_grad();
+      const Tensor loss = loss_of_rows(model, step, rank * 8 / world, 8 / world);
+      backward(loss);
+      optim::clip_grad_norm_(model.parameters(), 0.5);
+      opt.step();
+      Tensor global = ops::full({1}, loss.item<double>());
+      if (pg) pg->all_reduce(global, comm::ReduceOp::kAvg)->wait();
+      run.losses.push_back(global.item<double>());
+    }
+    for (const auto& [name, p] : model.named_parameters()) {
+      run.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+    }
+    return run;
+  };
+  TokenModel reference;
+  const TrainingRun expected = train(reference, nullptr);
+  for (int world : {2, 4}) {
+    comm::testing::run_on_ranks(world, [&, world](comm::ProcessGroup& pg) {
+      const auto mesh = shard_mesh(pg);
+      TokenModel model;
+      fsdp::fully_shard(*model.wte, mesh, {}, "wte");
+      fsdp::fully_shard(*model.head, mesh, {}, "head");
+      const int64_t rows = dtensor_spec(model.wte->weight()).local_shape()[0];
+      const int64_t chunk = (50257 + world - 1) / world;
+      EXPECT_EQ(rows, pg.rank() + 1 < world ? chunk : 50257 - chunk * (world - 1));
+      const TrainingRun run = train(model, &pg);
+      expect_run_matches(run, expected, 1e-5, fmt::format("vocabulary 50257 over {}", world));
+    });
+  }
 }
 
 TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {

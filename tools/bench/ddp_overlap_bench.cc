@@ -25,46 +25,27 @@
 #include <cmath>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "autograd/engine.h"
-#include "comm/gloo/process_group_gloo.h"
-#include "comm/in_memory_store.h"
 #include "models/gpt/gpt.h"
 #include "parallel/ddp/ddp.h"
+#include "tensor/host_memory.h"
 #include "tensor/ops.h"
+#include "tools/bench/gloo_threads.h"
 
 namespace {
 
 using namespace loom;
-using Clock = std::chrono::steady_clock;
+using bench::Clock;
+using bench::median;
+using bench::ms_since;
 
-struct Settings {
-  int64_t n_layer = 4;
-  int64_t n_embd = 128;
-  int64_t n_head = 4;
-  int64_t vocab = 256;
-  int64_t seq = 64;
-  int64_t batch = 4;
+struct Settings : bench::GPTRunSettings {
   double bucket_mib = 0.25;
-  int warmup = 3;
-  int iters = 10;
-  int timeout_s = 300;
 };
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 struct RankResult {
   double local_ms = 0, ddp_ms = 0, comm_ms = 0;
@@ -75,13 +56,7 @@ struct RankResult {
 };
 
 RankResult run_rank(comm::ProcessGroup& pg, const Settings& s) {
-  models::GPTConfig config;
-  config.n_layer = s.n_layer;
-  config.n_embd = s.n_embd;
-  config.n_head = s.n_head;
-  config.vocab_size = s.vocab;
-  config.block_size = s.seq;
-  config.validate();
+  const models::GPTConfig config = s.config();
   auto gpt = std::make_shared<models::GPT>(config, /*seed=*/0);
   const auto cap = static_cast<int64_t>(s.bucket_mib * (1 << 20));
   ddp::DistributedDataParallel ddp(gpt, pg.shared_from_this(),
@@ -104,13 +79,8 @@ RankResult run_rank(comm::ProcessGroup& pg, const Settings& s) {
   r.buckets = ddp.reducer().bucket_count();
 
   // Each rank its own random batch (data parallel).
-  std::mt19937_64 rng(1234 + pg.rank());
-  std::uniform_int_distribution<int64_t> token(0, s.vocab - 1);
-  std::vector<int64_t> xs(s.batch * s.seq), ys(s.batch * s.seq);
-  for (auto& v : xs) v = token(rng);
-  for (auto& v : ys) v = token(rng);
-  const Tensor x = ops::from_vector_i64(xs, {s.batch, s.seq});
-  const Tensor y = ops::from_vector_i64(ys, {s.batch, s.seq});
+  const Tensor x = bench::random_batch(1234 + pg.rank(), s.batch, s.seq, s.vocab);
+  const Tensor y = bench::random_batch(5678 + pg.rank(), s.batch, s.seq, s.vocab);
 
   auto fwd_bwd = [&] { backward(gpt->loss(x, y)); };
   std::vector<double> local, with_ddp, comm_alone;
@@ -148,54 +118,25 @@ RankResult run_rank(comm::ProcessGroup& pg, const Settings& s) {
 }
 
 double hidden_share(const RankResult& r) {
-  if (r.comm_ms <= 0) return 1.0;
-  return std::clamp(1.0 - (r.ddp_ms - r.local_ms) / r.comm_ms, 0.0, 1.0);
+  return bench::hidden_share(r.ddp_ms, r.local_ms, r.comm_ms);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  keep_freed_host_memory();  // as train_gpt: tensor/host_memory.h
   CLI::App app{
       "Share of DDP all-reduce time hidden behind backward, dp = 2 threads over loopback Gloo"};
   Settings s;
-  app.add_option("--n-layer", s.n_layer, "GPT layers")->check(CLI::Range(1, 64));
-  app.add_option("--n-embd", s.n_embd, "GPT width")->check(CLI::Range(8, 4096));
-  app.add_option("--n-head", s.n_head, "GPT heads")->check(CLI::Range(1, 64));
-  app.add_option("--vocab", s.vocab, "vocabulary size")->check(CLI::Range(2, 100000));
-  app.add_option("--seq", s.seq, "sequence length (= block_size)")->check(CLI::Range(1, 4096));
-  app.add_option("--batch", s.batch, "sequences per rank")->check(CLI::Range(1, 1024));
   app.add_option("--bucket-mib", s.bucket_mib, "DDP bucket cap (first and later buckets), MiB")
       ->check(CLI::Range(1e-6, 1024.0));
-  app.add_option("--warmup", s.warmup, "untimed iterations")->check(CLI::Range(0, 1000));
-  app.add_option("--iters", s.iters, "timed iterations (medians)")->check(CLI::Range(1, 100000));
-  app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")
-      ->check(CLI::Range(1, 3600));
+  s.add_options(app);
   CLI11_PARSE(app, argc, argv);
 
   constexpr int kWorld = 2;
-  auto store = std::make_shared<comm::InMemoryStore>();
-  std::mutex mutex;
-  std::vector<std::string> errors;
-  std::vector<RankResult> results(kWorld);
-  std::vector<std::thread> ranks;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    ranks.emplace_back([&, rank] {
-      try {
-        auto pg = comm::ProcessGroupGloo::create(
-            store, rank, kWorld, {.name = "dp", .timeout = std::chrono::seconds(s.timeout_s)},
-            comm::GlooOptions::loopback());
-        results[rank] = run_rank(*pg, s);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(mutex);
-        errors.push_back(fmt::format("rank {}: {}", rank, e.what()));
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  if (!errors.empty()) {
-    for (const auto& e : errors) fmt::print(stderr, "ddp_overlap_bench: {}\n", e);
-    return 1;
-  }
+  const std::vector<RankResult> results = bench::run_on_gloo_threads<RankResult>(
+      "ddp_overlap_bench", kWorld, "dp", s.timeout_s,
+      [&](comm::ProcessGroup& pg) { return run_rank(pg, s); });
 
   const RankResult& r0 = results[0];
   fmt::print(
