@@ -62,10 +62,8 @@ void run_on_gpus(int world, const std::function<void(comm::ProcessGroup&)>& body
   for (const auto& failure : failures) ADD_FAILURE() << failure;
 }
 
-const Result& cpu_reference() {
-  static const Result r = train(nullptr);
-  return r;
-}
+// The one-rank CPU run.
+const Result& cpu_reference() { return gpt_run::reference(); }
 
 TEST(GPTCudaEquivalenceTest, OneGpuRunsTheWholeStepAsOneCpuRank) {
   LOOM_SKIP_WITHOUT_GPUS(1);
@@ -103,6 +101,27 @@ TEST(GPTCudaEquivalenceTest, PipelineParallelOnTwoGpus) {
     expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
                  .expected = ref,
                  .layout = "pp2 1f1b m4 on GPUs"});
+  });
+}
+
+// FSDP on GPUs: the all-gathers and reduce-scatters on NCCL's stream, ordered by events.
+TEST(GPTCudaEquivalenceTest, FullyShardedOnTwoGpus) {
+  LOOM_SKIP_WITHOUT_GPUS(2);
+  const Result& ref = cpu_reference();
+  run_on_gpus(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, {.dp_shard = 2})),
+                 .expected = ref,
+                 .layout = "dp_shard2 on GPUs"});
+  });
+}
+
+TEST(GPTCudaEquivalenceTest, FullyShardedAndTensorParallelOnFourGpus) {
+  LOOM_SKIP_WITHOUT_GPUS(4);
+  const Result& ref = cpu_reference();
+  run_on_gpus(4, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, {.dp_shard = 2, .tp = 2})),
+                 .expected = ref,
+                 .layout = "dp_shard2 x tp2 on GPUs"});
   });
 }
 

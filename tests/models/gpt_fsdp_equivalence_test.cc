@@ -4,10 +4,13 @@
 // tolerances (gpt_training_run.h), under dp_shard 2 and 4, HSDP 2x2, dp_shard 2 with gradient
 // accumulation, dp_shard 2 x tp 2 and pp 2 x dp_shard 2 x tp 2. The vocabulary (257) splits
 // unevenly over 2 and 4 shards (129 + 128 rows, 65 x 3 + 62), and under tp its halves again.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "comm/testing/multi_rank.h"
+#include "models/gpt/data_parallel.h"
 #include "tests/models/gpt_training_run.h"
+#include "tests/testing/errors.h"
 
 namespace loom::models {
 namespace {
@@ -76,6 +79,19 @@ TEST(GPTFsdpEquivalenceTest, PipelineFullyShardedAndTensorParallel) {
                                  {.schedule = "1f1b", .microbatches = 2}),
                  .expected = ref,
                  .layout = "pp2 x dp_shard2 x tp2"});
+  });
+}
+
+// The composition reads the data-parallel dims by name: a mesh without them is named, with the
+// dims it has.
+TEST(GPTFsdpEquivalenceTest, AMeshWithoutTheDataParallelDimsIsNamed) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const DeviceMesh mesh(pg.shared_from_this(), {"dp_shard"}, {2});
+    auto gpt = std::make_shared<GPT>(
+        GPTConfig{.n_layer = 1, .n_head = 1, .n_embd = 4, .block_size = 4, .vocab_size = 8}, 1);
+    EXPECT_THAT(loom::testing::error_of([&] { GPTDataParallel(gpt, mesh, std::nullopt); }),
+                ::testing::HasSubstr("no dim named 'dp_replicate' in DeviceMesh(dp_shard=2, "
+                                     "cpu); its dims are [dp_shard]"));
   });
 }
 

@@ -395,6 +395,11 @@ TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
     EXPECT_THAT(error_of([&] { fsdp::fully_shard(other, mesh, {}, "other"); }),
                 HasSubstr("fully_shard(other): parameter 'weight' is already in FSDP unit "
                           "'fc1'"));
+    // One flat buffer per unit, so one dtype.
+    model.fc2->set_parameter("bias", ops::to(model.fc2->parameter("bias"), kBFloat16));
+    EXPECT_EQ(error_of([&] { fsdp::fully_shard(*model.fc2, mesh, {}, "fc2"); }),
+              "fully_shard(fc2): parameter 'bias' is bf16 but 'weight' is f32; a unit's "
+              "parameters share one flat buffer and so one dtype");
   });
 }
 
