@@ -70,7 +70,10 @@ Result train_one_rank() {
     opt_decay.step();
     opt_no_decay.step();
   }
-  for (const auto& [name, p] : model.named_parameters()) result.params[name] = ops::to_vector(p);
+  for (const auto& [name, p] : model.named_parameters()) {
+    result.params[name] = ops::to_vector(p);
+    result.grads[name] = ops::to_vector(p.grad());
+  }
   return result;
 }
 
@@ -102,6 +105,9 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   }
   for (const auto& [name, p] : model->named_parameters()) {
     result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+    const Tensor grad = p.grad();
+    if (grad.defined())
+      result.grads[name] = ops::to_vector(is_dtensor(grad) ? full_tensor(grad) : grad);
     result.layouts[name] = is_dtensor(p) ? fmt::format("{} {}", dtensor_spec(p).mesh->str(),
                                                        placements_str(dtensor_spec(p).placements))
                                          : "plain";
@@ -144,6 +150,19 @@ void expect_same(const Runs& runs) {
                   .expected = expected.params.at(name),
                   .tol = {.atol = 1e-5 * model_scale},
                   .what = layout + " " + name});
+  }  // The last step's gradients, gathered (clipped: the norm's check above covers the scale),
+     // within
+  // 1e-5 of the model's largest gradient: the same rounding-order noise, on values of one step.
+  double grad_scale = 0;
+  for (const auto& [name, values] : expected.grads) {
+    for (double v : values) grad_scale = std::max(grad_scale, std::abs(v));
+  }
+  ASSERT_EQ(actual.grads.size(), actual.params.size()) << layout << ": a parameter has no gradient";
+  for (const auto& [name, got] : actual.grads) {
+    expect_close({.actual = got,
+                  .expected = expected.grads.at(name),
+                  .tol = {.atol = 1e-5 * grad_scale},
+                  .what = layout + " gradient of " + name});
   }
 }
 

@@ -1,6 +1,7 @@
 // One training run of a tiny GPT under any parallel layout, for the equivalence tests: 4 AdamW
 // steps (gradient norm clipped) on fixed global batches, returning the global losses, gradient
-// norms and final parameters, which must not depend on the layout (tolerances in expect_same).
+// norms, final parameters and the last step's gradients (gathered), which must not depend on the
+// layout (tolerances in expect_same).
 // A run on a mesh is the job's own code (train/: build_parallel_gpt and Trainer, as train_gpt
 // runs it); the one-rank reference is a plain loop written independently of it.
 // The run lives on the mesh's device (DeviceMesh::device()): the CPU over Gloo
@@ -34,6 +35,8 @@ struct Result {
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
   std::map<std::string, std::vector<double>> params;
+  // The last step's gradients (clipped), gathered whole.
+  std::map<std::string, std::vector<double>> grads;
   // How each parameter is held on the mesh: "DeviceMesh(tp=2, dp_shard=2, cpu) [S(0), S(0)]",
   // or "plain".
   std::map<std::string, std::string> layouts;
@@ -64,7 +67,8 @@ struct Runs {
   std::string layout;
 };
 // Losses and gradient norms within 1e-5 relative, parameters within 1e-5 of the model's largest
-// parameter magnitude (why not per tensor: in the .cc); checks from tests/testing/tensor_checks.h.
+// parameter magnitude, gradients within 1e-5 of the largest gradient (why not per tensor: in the
+// .cc); checks from tests/testing/tensor_checks.h.
 void expect_same(const Runs& runs);
 
 // The job's ("pp", "dp_replicate", "dp_shard", "tp") mesh of `dims` over every rank of `pg`
