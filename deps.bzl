@@ -37,6 +37,7 @@ _SYSTEM_LIBRARIES = [
     ("nlohmann_json", "/usr", "nlohmann_json.BUILD"),
     ("cli11", "/usr", "cli11.BUILD"),
     ("tomlplusplus", "/usr", "tomlplusplus.BUILD"),
+    ("openssl", "/usr", "openssl.BUILD"),
     ("cuda", "/usr/local/cuda", "cuda.BUILD"),
 ]
 

@@ -34,6 +34,13 @@ std::string_view dtype_name(DType dtype) {
   return "?";
 }
 
+std::optional<DType> dtype_from_name(std::string_view name) {
+  for (DType d : {kFloat32, kBFloat16, kFloat16, kInt32, kInt64}) {
+    if (dtype_name(d) == name) return d;
+  }
+  return std::nullopt;
+}
+
 bool is_floating(DType dtype) {
   return dtype == kFloat32 || dtype == kBFloat16 || dtype == kFloat16;
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 namespace loom {
@@ -19,6 +20,8 @@ inline constexpr DType kInt64 = DType::kInt64;
 size_t element_size(DType dtype);
 // "f32", "bf16", "f16", "i32", "i64": the names used in every error message.
 std::string_view dtype_name(DType dtype);
+// The dtype `dtype_name` calls `name` ("f32", "bf16", ...); none for another name.
+std::optional<DType> dtype_from_name(std::string_view name);
 bool is_floating(DType dtype);
 
 // Maps a C++ element type to its DType (float -> kFloat32, int64_t -> kInt64, ...).

@@ -45,6 +45,10 @@ LAYERS = {
         packages = ["//parallel/..."],
         uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor"],
     ),
+    "checkpoint": struct(
+        packages = ["//checkpoint/..."],
+        uses = ["base", "tensor", "autograd", "comm", "mesh", "dtensor"],
+    ),
     "models": struct(
         packages = ["//models/..."],
         uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor", "optim", "parallel"],
@@ -62,6 +66,7 @@ LAYERS = {
             "optim",
             "parallel",
             "models",
+            "checkpoint",
         ],
     ),
 }

@@ -1,0 +1,350 @@
+#include "checkpoint/distributed_checkpoint.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <map>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "checkpoint/files.h"
+#include "checkpoint/planner.h"
+#include "checkpoint/sha256.h"
+#include "dtensor/dtensor.h"
+#include "tensor/ops.h"
+
+namespace loom::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kMarker = "COMMITTED";
+constexpr const char* kMetadataFile = "metadata.json";
+
+// The rank's local tensor of `t` and the box of the global tensor it holds.
+std::pair<Tensor, Box> local_part(const Tensor& t) {
+  if (!is_dtensor(t)) return {t, {Shape(t.dim(), 0), t.shape()}};
+  const DTensorSpec& spec = dtensor_spec(t);
+  LOOM_CHECK(!spec.has_partial(),
+             "checkpoint: a Partial DTensor ({}) has no value of its own to save; reduce it first",
+             spec.str());
+  return {local_shard(t), {spec.local_offset(), spec.local_shape()}};
+}
+
+Shape global_shape(const Tensor& t) { return is_dtensor(t) ? dtensor_spec(t).shape : t.shape(); }
+
+// `box` (global) of a tensor whose local part starts at `origin`: narrowed per dim.
+Tensor narrow_to(Tensor local, const Box& origin, const Box& box) {
+  for (size_t d = 0; d < box.sizes.size(); ++d) {
+    local = ops::narrow(local, static_cast<int64_t>(d), box.offsets[d] - origin.offsets[d],
+                        box.sizes[d]);
+  }
+  return local;
+}
+
+// Every rank's string, in rank order (all-gathers of the lengths, then of the padded bytes
+// packed in int64 elements).
+std::vector<std::string> all_gather_strings(comm::ProcessGroup& world, const std::string& mine) {
+  const int n = world.size();
+  Tensor length = ops::from_vector_i64({static_cast<int64_t>(mine.size())}, {1});
+  Tensor lengths = ops::empty({n}, kInt64);
+  world.all_gather_into_tensor(lengths, length)->wait();
+  int64_t longest = 0;
+  std::vector<int64_t> sizes(n);
+  for (int r = 0; r < n; ++r) longest = std::max(longest, sizes[r] = lengths.data<int64_t>()[r]);
+  const int64_t words = (longest + 7) / 8;
+  Tensor packed = ops::zeros({std::max<int64_t>(words, 1)}, kInt64);
+  std::memcpy(packed.raw_data(), mine.data(), mine.size());
+  Tensor all = ops::empty({n * std::max<int64_t>(words, 1)}, kInt64);
+  world.all_gather_into_tensor(all, packed)->wait();
+  std::vector<std::string> out(n);
+  const char* base = static_cast<const char*>(all.raw_data());
+  for (int r = 0; r < n; ++r) out[r].assign(base + r * std::max<int64_t>(words, 1) * 8, sizes[r]);
+  return out;
+}
+
+// Every rank learns whether every rank got here without an error: throws on every rank naming
+// the failing ranks and their messages.
+void agree_on_success(comm::ProcessGroup& world, const std::string& what,
+                      const std::string& my_error) {
+  const std::vector<std::string> errors = all_gather_strings(world, my_error);
+  std::string failures;
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r].empty()) failures += fmt::format("\n  rank {}: {}", r, errors[r]);
+  }
+  LOOM_CHECK(failures.empty(), "{} failed on some ranks:{}", what, failures);
+}
+
+// Runs `body`, returning its error message (empty when it succeeded).
+template <class Body>
+std::string error_of(Body&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what()[0] ? e.what() : "unknown error";
+  }
+  return "";
+}
+
+nlohmann::json items_to_json(const std::vector<LocalItem>& items) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const LocalItem& item : items) {
+    out.push_back({item.name, dtype_key(item.dtype), item.shape, item.box.offsets, item.box.sizes});
+  }
+  return out;
+}
+
+std::vector<LocalItem> items_from_json(const nlohmann::json& json) {
+  std::vector<LocalItem> items;
+  for (const auto& j : json) {
+    items.push_back({j[0].get<std::string>(),
+                     dtype_from_key(j[1].get<std::string>(), "plan"),
+                     j[2].get<Shape>(),
+                     {j[3].get<std::vector<int64_t>>(), j[4].get<std::vector<int64_t>>()}});
+  }
+  return items;
+}
+
+// The state's tensors by name, each once (a name listed twice must be the same piece).
+std::map<std::string, Tensor> by_name(const StateDict& state) {
+  std::map<std::string, Tensor> out;
+  for (const auto& [name, tensor] : state.tensors) {
+    LOOM_CHECK(tensor.defined(), "checkpoint: entry '{}' is an undefined tensor", name);
+    const auto [it, inserted] = out.emplace(name, tensor);
+    if (!inserted) {
+      LOOM_CHECK(local_part(it->second).second == local_part(tensor).second &&
+                     global_shape(it->second) == global_shape(tensor),
+                 "checkpoint: entry '{}' is listed twice with different pieces", name);
+    }
+  }
+  return out;
+}
+
+bool is_step_name(const std::string& name, int64_t* step) {
+  if (name.rfind("step_", 0) != 0 || name.size() != 13) return false;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  *step = std::stoll(name.substr(5));
+  return true;
+}
+
+// Removes what a crashed save left under `root`: partial directories and step directories
+// without the marker (rank 0, before a save).
+void remove_uncommitted(const std::string& root) {
+  for (const auto& dir : fs::directory_iterator(root)) {
+    const std::string name = dir.path().filename().string();
+    int64_t step = 0;
+    const bool partial = name.size() > 8 && name.substr(name.size() - 8) == ".partial";
+    const bool unmarked = is_step_name(name, &step) && !fs::exists(dir.path() / kMarker);
+    if (dir.is_directory() && (partial || unmarked)) fs::remove_all(dir.path());
+  }
+}
+
+}  // namespace
+
+std::string step_directory(const std::string& root, int64_t step) {
+  return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
+}
+
+std::vector<int64_t> committed_steps(const std::string& root) {
+  std::vector<int64_t> steps;
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return steps;
+  for (const auto& dir : fs::directory_iterator(root)) {
+    int64_t step = 0;
+    if (dir.is_directory() && is_step_name(dir.path().filename().string(), &step) &&
+        fs::exists(dir.path() / kMarker)) {
+      steps.push_back(step);
+    }
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+std::optional<int64_t> latest_committed_step(const std::string& root) {
+  const auto steps = committed_steps(root);
+  if (steps.empty()) return std::nullopt;
+  return steps.back();
+}
+
+std::string save(const StateDict& state, const std::string& root, int64_t step,
+                 comm::ProcessGroup& world, const SaveOptions& options) {
+  NoGradGuard no_grad;
+  const int rank = world.rank();
+  const std::string final_dir = step_directory(root, step);
+  const std::string partial_dir = final_dir + ".partial";
+  const std::string what = fmt::format("checkpoint save of step {} to '{}'", step, final_dir);
+  // 1. The plan: every rank's local items, gathered; every rank plans alike.
+  std::map<std::string, Tensor> tensors;
+  std::vector<LocalItem> mine;
+  std::string error = error_of([&] {
+    tensors = by_name(state);
+    for (const auto& [name, tensor] : tensors) {
+      mine.push_back({name, tensor.dtype(), global_shape(tensor), local_part(tensor).second});
+    }
+  });
+  agree_on_success(world, what, error);
+  std::vector<std::vector<LocalItem>> all;
+  for (const std::string& text : all_gather_strings(world, items_to_json(mine).dump())) {
+    all.push_back(items_from_json(nlohmann::json::parse(text)));
+  }
+  SavePlan plan = plan_save(all, options.block_bytes);
+  plan.metadata.step = step;
+  plan.metadata.extra = state.extra;
+  // 2. Rank 0 clears what crashed saves left and makes the partial directory.
+  error = error_of([&] {
+    if (rank != 0) return;
+    fs::create_directories(root);
+    remove_uncommitted(root);
+    fs::create_directories(partial_dir);
+  });
+  agree_on_success(world, what, error);
+  // 3. Every rank writes its blocks, hashing each and the whole file.
+  nlohmann::json my_hashes = nlohmann::json::object();
+  error = error_of([&] {
+    const std::vector<WriteItem>& writes = plan.writes[rank];
+    if (writes.empty()) return;
+    const std::string file = rank_file_name(rank);
+    FileWriter writer((fs::path(partial_dir) / file).string());
+    Sha256 whole;
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const WriteItem& item : writes) {
+      const auto [local, origin] = local_part(tensors.at(item.name));
+      const Tensor block =
+          ops::contiguous(ops::to(narrow_to(local, origin, item.box), Device::cpu()));
+      const size_t bytes = static_cast<size_t>(item.length);
+      LOOM_INTERNAL_ASSERT(
+          block.numel() * static_cast<int64_t>(element_size(block.dtype())) == item.length,
+          "block of '{}' has {} elements for {} bytes", item.name, block.numel(), item.length);
+      writer.write(block.raw_data(), bytes);
+      whole.update(block.raw_data(), bytes);
+      chunks.push_back(sha256_hex(block.raw_data(), bytes));
+    }
+    writer.close();
+    my_hashes = {{"file", whole.hex()}, {"chunks", chunks}};
+  });
+  agree_on_success(world, what, error);
+  // 4. The checksums, gathered into the metadata (the same on every rank).
+  const std::vector<std::string> hashes = all_gather_strings(world, my_hashes.dump());
+  std::map<std::string, std::vector<std::string>> chunk_hashes;  // per file, in write order
+  for (int r = 0; r < world.size(); ++r) {
+    const nlohmann::json h = nlohmann::json::parse(hashes[r]);
+    if (h.empty()) continue;
+    plan.metadata.files.at(rank_file_name(r)).sha256 = h.at("file").get<std::string>();
+    chunk_hashes[rank_file_name(r)] = h.at("chunks").get<std::vector<std::string>>();
+  }
+  std::map<std::string, size_t> next;  // per file: the next write's index
+  // Chunks were appended to each entry in write order per file; walk the writes again.
+  std::map<std::pair<std::string, int64_t>, std::string> hash_at;  // (file, offset) -> hash
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string file = rank_file_name(r);
+    for (size_t i = 0; i < plan.writes[r].size(); ++i) {
+      hash_at[{file, plan.writes[r][i].offset}] = chunk_hashes.at(file).at(i);
+    }
+  }
+  for (auto& [name, entry] : plan.metadata.entries) {
+    for (Chunk& chunk : entry.chunks) chunk.sha256 = hash_at.at({chunk.file, chunk.offset});
+  }
+  // 5. Rank 0 commits: metadata, fsync, one rename, the marker last; then keep_last.
+  error = error_of([&] {
+    if (rank != 0) return;
+    write_file_synced((fs::path(partial_dir) / kMetadataFile).string(),
+                      to_json(plan.metadata).dump(1));
+    sync_directory(partial_dir);
+    if (fs::exists(final_dir)) {
+      // A step saved again (a resumed run passing it): the old one goes once the new is whole.
+      const std::string old_dir = final_dir + ".old.partial";
+      fs::remove_all(old_dir);
+      fs::rename(final_dir, old_dir);
+    }
+    fs::rename(partial_dir, final_dir);
+    sync_directory(root);
+    write_file_synced((fs::path(final_dir) / kMarker).string(), fmt::format("{}\n", step));
+    sync_directory(final_dir);
+    fs::remove_all(final_dir + ".old.partial");
+    if (options.keep_last > 0) {
+      const std::vector<int64_t> steps = committed_steps(root);
+      for (size_t i = 0; i + options.keep_last < steps.size(); ++i) {
+        if (steps[i] != step) fs::remove_all(step_directory(root, steps[i]));
+      }
+    }
+  });
+  agree_on_success(world, what, error);
+  return final_dir;
+}
+
+Metadata read_metadata(const std::string& directory) {
+  LOOM_CHECK(fs::is_directory(directory), "checkpoint: '{}' is not a directory", directory);
+  LOOM_CHECK(fs::exists(fs::path(directory) / kMarker),
+             "checkpoint: '{}' has no {} marker: its save did not finish (a crash or a save in "
+             "progress); load an earlier committed step",
+             directory, kMarker);
+  const std::string path = (fs::path(directory) / kMetadataFile).string();
+  LOOM_CHECK(fs::exists(path), "checkpoint: '{}' has no {}", directory, kMetadataFile);
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(read_text(path));
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("checkpoint: '{}' is not valid JSON: {}", path, e.what());
+  }
+  return metadata_from_json(json, path);
+}
+
+Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup* world) {
+  NoGradGuard no_grad;
+  Metadata metadata;
+  const std::string error = error_of([&] {
+    metadata = read_metadata(directory);
+    const std::map<std::string, Tensor> tensors = by_name(state);
+    std::vector<LoadRequest> requests;
+    std::vector<const Tensor*> destinations;
+    for (const auto& [name, tensor] : tensors) {
+      requests.push_back({name, tensor.dtype(), global_shape(tensor), local_part(tensor).second});
+      destinations.push_back(&tensor);
+    }
+    const std::vector<ReadItem> reads = plan_load(metadata, requests, directory);
+    // Every file read: it exists with the size the metadata records.
+    std::map<std::string, bool> checked;
+    for (const ReadItem& read : reads) {
+      const std::string path = (fs::path(directory) / read.chunk.file).string();
+      if (checked[read.chunk.file]) continue;
+      checked[read.chunk.file] = true;
+      const FileInfo& info = metadata.files.at(read.chunk.file);
+      LOOM_CHECK(fs::exists(path),
+                 "checkpoint '{}': file {} (written by rank {}) is missing; entry '{}' needs it",
+                 directory, read.chunk.file, info.writer, requests[read.request].name);
+      LOOM_CHECK(static_cast<int64_t>(fs::file_size(path)) == info.bytes,
+                 "checkpoint '{}': file {} (written by rank {}) has {} bytes, the metadata "
+                 "records {}: it is truncated or was overwritten",
+                 directory, read.chunk.file, info.writer, fs::file_size(path), info.bytes);
+    }
+    for (const ReadItem& read : reads) {
+      const LoadRequest& request = requests[read.request];
+      const Chunk& chunk = read.chunk;
+      const std::vector<char> bytes =
+          read_range((fs::path(directory) / chunk.file).string(), chunk.offset, chunk.length);
+      LOOM_CHECK(sha256_hex(bytes.data(), bytes.size()) == chunk.sha256,
+                 "checkpoint '{}': entry '{}', block {} in {} (written by rank {}): SHA-256 "
+                 "mismatch, the bytes on disk are not the bytes saved",
+                 directory, request.name, chunk.box.str(), chunk.file, chunk.writer);
+      Tensor saved = ops::empty(chunk.box.sizes, request.dtype);
+      std::memcpy(saved.raw_data(), bytes.data(), bytes.size());
+      const auto [local, origin] = local_part(*destinations[read.request]);
+      ops::copy_(narrow_to(local, origin, read.overlap),
+                 ops::to(narrow_to(saved, chunk.box, read.overlap), local.device()));
+    }
+  });
+  if (world) {
+    agree_on_success(*world, fmt::format("checkpoint load of '{}'", directory), error);
+  } else if (!error.empty()) {
+    LOOM_FAIL("{}", error);
+  }
+  return metadata;
+}
+
+}  // namespace loom::checkpoint

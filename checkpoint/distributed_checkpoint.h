@@ -1,0 +1,69 @@
+// Distributed checkpoints (PyTorch DCP's save / load, with Megatron's atomic commit): every rank
+// writes only the pieces it owns and reads only the pieces that overlap what it holds, so a
+// checkpoint saved on one layout (any mesh, any plan, 1 rank) loads into any other.
+//
+//   checkpoint::StateDict state{{{"wte.weight", model.wte->weight()}, ...}, extra};
+//   checkpoint::save(state, "ckpt", step, *world);   // -> ckpt/step_00000008
+//   checkpoint::load(state, checkpoint::step_directory("ckpt", 8), world.get());
+//
+// On disk, a step directory holds metadata.json (checkpoint/metadata.h), one rank_NNNNN.bin per
+// rank that wrote something, and a COMMITTED marker. A save writes into step_N.partial/: each
+// rank writes and fsyncs its file; the checksums are gathered; rank 0 writes the metadata, fsyncs
+// the directory, renames it to step_N (one rename) and writes COMMITTED last. A crash at any
+// moment leaves every earlier committed step loadable; a directory without the marker is
+// ignored, and removed by the next save. Every chunk and file carries a SHA-256 in the metadata,
+// verified on load: a flipped byte, a truncated or missing file fails naming the entry, the file
+// and the rank that wrote it.
+//
+// Collective contract: save() is collective over `world` (every rank of the job, same order):
+// an all-gather of the local plans, one of the checksums, a barrier, and one more all-gather that
+// tells every rank whether every rank succeeded (a rank that cannot write makes all of them throw,
+// naming it). load() reads files only; with `world` it also agrees on success the same way.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/metadata.h"
+#include "comm/process_group.h"
+#include "tensor/tensor.h"
+
+namespace loom::checkpoint {
+
+// A named training state: tensors (plain, or DTensors: each rank its shards) and the job's own
+// fields (JSON, stored in the metadata's `extra`). A load writes into the tensors in place.
+struct StateDict {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  nlohmann::json extra = nlohmann::json::object();
+};
+
+struct SaveOptions {
+  int64_t block_bytes = 4 << 20;  // pieces are split into checksummed blocks of at most this
+  int keep_last = 0;              // after committing, keep this many newest steps (0: all)
+};
+
+// "root/step_00000008".
+std::string step_directory(const std::string& root, int64_t step);
+// The committed steps under `root`, ascending (an absent root has none).
+std::vector<int64_t> committed_steps(const std::string& root);
+std::optional<int64_t> latest_committed_step(const std::string& root);
+
+// Saves `state` as step `step` under `root` (created if needed); returns the step directory once
+// it is committed on every rank.
+std::string save(const StateDict& state, const std::string& root, int64_t step,
+                 comm::ProcessGroup& world, const SaveOptions& options = {});
+
+// Reads the metadata of a committed step directory (verifying the marker and the version).
+Metadata read_metadata(const std::string& directory);
+
+// Loads the committed checkpoint in `directory` into `state.tensors` in place and returns its
+// metadata (`extra` holds the job's fields). Each rank reads only the blocks overlapping what it
+// holds and verifies their checksums. With `world`, every rank learns whether every rank
+// succeeded.
+Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup* world = nullptr);
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,119 @@
+#include "checkpoint/metadata.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace loom::checkpoint {
+
+int64_t Box::numel() const {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+std::string Box::str() const {
+  std::vector<std::string> parts;
+  for (size_t d = 0; d < sizes.size(); ++d)
+    parts.push_back(fmt::format("{}:{}", offsets[d], offsets[d] + sizes[d]));
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
+Box intersect(const Box& a, const Box& b) {
+  LOOM_INTERNAL_ASSERT(a.sizes.size() == b.sizes.size(), "boxes of {} and {} dims", a.sizes.size(),
+                       b.sizes.size());
+  Box out;
+  for (size_t d = 0; d < a.sizes.size(); ++d) {
+    const int64_t begin = std::max(a.offsets[d], b.offsets[d]);
+    const int64_t end = std::min(a.offsets[d] + a.sizes[d], b.offsets[d] + b.sizes[d]);
+    out.offsets.push_back(begin);
+    out.sizes.push_back(std::max<int64_t>(0, end - begin));
+  }
+  return out;
+}
+
+std::string dtype_key(DType dtype) { return std::string(dtype_name(dtype)); }
+
+DType dtype_from_key(const std::string& key, const std::string& where) {
+  const std::optional<DType> dtype = dtype_from_name(key);
+  LOOM_CHECK(dtype.has_value(), "{}: unknown dtype '{}' (expected f32, bf16, f16, i32 or i64)",
+             where, key);
+  return *dtype;
+}
+
+nlohmann::json to_json(const Metadata& metadata) {
+  nlohmann::json entries = nlohmann::json::object();
+  for (const auto& [name, entry] : metadata.entries) {
+    nlohmann::json chunks = nlohmann::json::array();
+    for (const Chunk& c : entry.chunks) {
+      chunks.push_back({{"offsets", c.box.offsets},
+                        {"sizes", c.box.sizes},
+                        {"file", c.file},
+                        {"offset", c.offset},
+                        {"length", c.length},
+                        {"sha256", c.sha256},
+                        {"writer", c.writer}});
+    }
+    entries[name] = {{"dtype", dtype_key(entry.dtype)}, {"shape", entry.shape}, {"chunks", chunks}};
+  }
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [name, file] : metadata.files) {
+    files[name] = {{"bytes", file.bytes}, {"sha256", file.sha256}, {"writer", file.writer}};
+  }
+  return {{"format", "loom-distributed-checkpoint"},
+          {"version", metadata.version},
+          {"step", metadata.step},
+          {"entries", entries},
+          {"files", files},
+          {"extra", metadata.extra}};
+}
+
+Metadata metadata_from_json(const nlohmann::json& json, const std::string& where) {
+  Metadata m;
+  try {
+    LOOM_CHECK(json.is_object() && json.value("format", "") == "loom-distributed-checkpoint",
+               "{}: not a Loom distributed checkpoint's metadata (no \"format\": "
+               "\"loom-distributed-checkpoint\")",
+               where);
+    m.version = json.at("version").get<int>();
+    LOOM_CHECK(m.version == kMetadataVersion,
+               "{}: metadata version {}, but this build reads version {} only; load it with the "
+               "build that wrote it (or convert it to safetensors there)",
+               where, m.version, kMetadataVersion);
+    m.step = json.at("step").get<int64_t>();
+    for (const auto& [name, e] : json.at("entries").items()) {
+      Entry entry;
+      entry.dtype = dtype_from_key(e.at("dtype").get<std::string>(), where + ": " + name);
+      entry.shape = e.at("shape").get<Shape>();
+      for (const auto& c : e.at("chunks")) {
+        Chunk chunk;
+        chunk.box = {c.at("offsets").get<std::vector<int64_t>>(),
+                     c.at("sizes").get<std::vector<int64_t>>()};
+        chunk.file = c.at("file").get<std::string>();
+        chunk.offset = c.at("offset").get<int64_t>();
+        chunk.length = c.at("length").get<int64_t>();
+        chunk.sha256 = c.at("sha256").get<std::string>();
+        chunk.writer = c.at("writer").get<int>();
+        LOOM_CHECK(chunk.box.offsets.size() == entry.shape.size() &&
+                       chunk.box.sizes.size() == entry.shape.size(),
+                   "{}: entry '{}' has a chunk of {} dims for a shape of {}", where, name,
+                   chunk.box.sizes.size(), entry.shape.size());
+        entry.chunks.push_back(std::move(chunk));
+      }
+      m.entries.emplace(name, std::move(entry));
+    }
+    for (const auto& [name, f] : json.at("files").items()) {
+      m.files[name] = {f.at("bytes").get<int64_t>(), f.at("sha256").get<std::string>(),
+                       f.at("writer").get<int>()};
+    }
+    m.extra = json.value("extra", nlohmann::json::object());
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("{}: malformed checkpoint metadata: {}", where, e.what());
+  }
+  return m;
+}
+
+}  // namespace loom::checkpoint

@@ -1,0 +1,200 @@
+// Distributed checkpoints against the values saved: a state of DTensors (uneven shards, several
+// placements, bf16 and i64 entries) saved on one layout loads into another with every value
+// equal, each rank writing only pieces it owns; corrupt, truncated and missing files and an
+// unfinished save are detected and named; crashed saves are ignored and cleaned up.
+#include "checkpoint/distributed_checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "comm/testing/multi_rank.h"
+#include "dtensor/dtensor.h"
+#include "tensor/ops.h"
+#include "tensor/rng.h"
+#include "tests/testing/errors.h"
+
+namespace loom::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using loom::testing::error_of;
+using ::testing::HasSubstr;
+
+std::string fresh_root(const std::string& name) {
+  const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  fs::remove_all(root);
+  return root;
+}
+
+// The values every layout holds: whole tensors, the same on every rank.
+std::map<std::string, Tensor> reference() {
+  return {{"w", ops::uniform({9, 6}, 1, -1.0, 1.0)},
+          {"b", ops::uniform({5}, 2, -1.0, 1.0)},
+          {"emb", ops::to(ops::uniform({257, 4}, 3, -1.0, 1.0), kBFloat16)},
+          {"steps", ops::from_vector_i64({7, 7}, {2})}};
+}
+
+// A layout: a mesh and each entry's placements on it (none: a plain tensor).
+using Layout = std::map<std::string, std::optional<Placements>>;
+
+// The state on `mesh` laid out as `layout`, holding the reference values (or zeros).
+StateDict state_on(const std::shared_ptr<const DeviceMesh>& mesh, const Layout& layout,
+                   bool zeros) {
+  StateDict state;
+  for (const auto& [name, value] : reference()) {
+    const Tensor v = zeros ? ops::zeros(value.shape(), value.dtype()) : value;
+    const auto& placements = layout.at(name);
+    state.tensors.emplace_back(name, placements ? distribute_tensor(v, mesh, *placements) : v);
+  }
+  return state;
+}
+
+void expect_reference_values(const StateDict& state, const std::string& what) {
+  const auto want = reference();
+  for (const auto& [name, t] : state.tensors) {
+    const Tensor whole = is_dtensor(t) ? full_tensor(t) : t;
+    EXPECT_EQ(ops::to_vector(whole), ops::to_vector(want.at(name))) << what << ": " << name;
+  }
+}
+
+std::shared_ptr<const DeviceMesh> mesh_of(comm::ProcessGroup& pg, std::vector<std::string> names,
+                                          std::vector<int64_t> shape) {
+  return std::make_shared<const DeviceMesh>(pg.shared_from_this(), std::move(names),
+                                            std::move(shape));
+}
+
+const Layout kGrid = {{"w", Placements{Replicate(), Shard(0)}},
+                      {"b", Placements{Replicate(), Replicate()}},
+                      {"emb", Placements{Shard(0), Shard(1)}},
+                      {"steps", std::nullopt}};
+const Layout kTp = {{"w", Placements{Shard(1)}},
+                    {"b", Placements{Shard(0)}},
+                    {"emb", Placements{Shard(0)}},
+                    {"steps", std::nullopt}};
+const Layout kPlain = {
+    {"w", std::nullopt}, {"b", std::nullopt}, {"emb", std::nullopt}, {"steps", std::nullopt}};
+
+// Saves on dp2 x tp2 (4 ranks), then loads on 1 rank, on tp2 and on a 3-rank S(0) layout.
+TEST(DistributedCheckpointTest, SavedOnOneLayoutLoadsIntoAnother) {
+  const std::string root = fresh_root("grid");
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    const auto mesh = mesh_of(pg, {"dp", "tp"}, {2, 2});
+    const std::string dir = save(state_on(mesh, kGrid, false), root, 3, pg, {.block_bytes = 64});
+    EXPECT_EQ(dir, step_directory(root, 3));
+  });
+  const Metadata metadata = read_metadata(step_directory(root, 3));
+  // Each unique piece once: w's 2 row shards (replicated over dp), b once, emb's 4 pieces, steps
+  // once; several ranks wrote.
+  EXPECT_EQ(metadata.files.size(), 4u) << "every rank wrote a share";
+  for (const auto& [name, entry] : metadata.entries) {
+    int64_t covered = 0;
+    for (const Chunk& c : entry.chunks) covered += c.box.numel();
+    int64_t numel = 1;
+    for (int64_t s : entry.shape) numel *= s;
+    EXPECT_EQ(covered, numel) << name << ": every element written exactly once";
+  }
+  // 1 rank, plain tensors.
+  StateDict one = state_on(nullptr, kPlain, true);
+  load(one, step_directory(root, 3));
+  expect_reference_values(one, "1 rank");
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    StateDict state = state_on(mesh_of(pg, {"tp"}, {2}), kTp, true);
+    load(state, step_directory(root, 3), &pg);
+    expect_reference_values(state, "tp2");
+  });
+  comm::testing::run_on_ranks(3, [&](comm::ProcessGroup& pg) {
+    Layout rows = kPlain;
+    for (auto& [name, p] : rows) p = Placements{Shard(0)};
+    StateDict state = state_on(mesh_of(pg, {"dp_shard"}, {3}), rows, true);
+    load(state, step_directory(root, 3), &pg);
+    expect_reference_values(state, "dp_shard 3 (uneven)");
+  });
+}
+
+// The reverse: one rank saves whole tensors, four ranks load their shards.
+TEST(DistributedCheckpointTest, OneRankSavesFourLoad) {
+  const std::string root = fresh_root("single");
+  comm::testing::run_on_ranks(
+      1, [&](comm::ProcessGroup& pg) { save(state_on(nullptr, kPlain, false), root, 1, pg); });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    StateDict state = state_on(mesh_of(pg, {"dp", "tp"}, {2, 2}), kGrid, true);
+    load(state, step_directory(root, 1), &pg);
+    expect_reference_values(state, "dp2 x tp2");
+  });
+}
+
+// Saved on 2 ranks with small blocks: the files and their metadata, then damaged copies.
+class CorruptionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fresh_root("corrupt");
+    comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+      save(state_on(mesh_of(pg, {"tp"}, {2}), kTp, false), root_, 5, pg, {.block_bytes = 32});
+    });
+    dir_ = step_directory(root_, 5);
+  }
+  std::string load_error() {
+    StateDict state = state_on(nullptr, kPlain, true);
+    return error_of([&] { load(state, dir_); });
+  }
+  std::string root_, dir_;
+};
+
+TEST_F(CorruptionTest, AFlippedByteIsNamedWithEntryFileAndRank) {
+  const std::string file = dir_ + "/rank_00001.bin";
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(10);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x10;
+  f.seekp(10);
+  f.write(&c, 1);
+  f.close();
+  const std::string error = load_error();
+  EXPECT_THAT(error, HasSubstr("in rank_00001.bin (written by rank 1): SHA-256 mismatch"));
+  EXPECT_THAT(error, HasSubstr("entry '"));
+}
+
+TEST_F(CorruptionTest, TruncatedAndMissingFilesAreNamed) {
+  fs::resize_file(dir_ + "/rank_00000.bin", fs::file_size(dir_ + "/rank_00000.bin") - 3);
+  EXPECT_THAT(load_error(), HasSubstr("file rank_00000.bin (written by rank 0) has"));
+  EXPECT_THAT(load_error(), HasSubstr("it is truncated"));
+  fs::remove(dir_ + "/rank_00000.bin");
+  EXPECT_THAT(load_error(), HasSubstr("file rank_00000.bin (written by rank 0) is missing"));
+}
+
+TEST_F(CorruptionTest, AnUnfinishedSaveIsIgnoredAndCleanedUp) {
+  // A save that crashed before its marker: step 6 without COMMITTED, and a partial step 7.
+  fs::copy(dir_, step_directory(root_, 6));
+  fs::remove(step_directory(root_, 6) + "/COMMITTED");
+  fs::create_directories(step_directory(root_, 7) + ".partial");
+  EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{5}));
+  EXPECT_EQ(latest_committed_step(root_), 5);
+  EXPECT_THAT(error_of([&] { read_metadata(step_directory(root_, 6)); }),
+              HasSubstr("has no COMMITTED marker: its save did not finish"));
+  // The next save removes both and keeps the last 2 committed steps.
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    for (int64_t step : {8, 9}) {
+      save(state_on(mesh_of(pg, {"tp"}, {2}), kTp, false), root_, step, pg, {.keep_last = 2});
+    }
+  });
+  EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{8, 9}));
+  EXPECT_FALSE(fs::exists(step_directory(root_, 6)));
+  EXPECT_FALSE(fs::exists(step_directory(root_, 7) + ".partial"));
+}
+
+TEST_F(CorruptionTest, WhatDoesNotFitIsNamed) {
+  StateDict wrong;
+  wrong.tensors.emplace_back("w", ops::zeros({9, 7}));
+  EXPECT_THAT(error_of([&] { load(wrong, dir_); }),
+              HasSubstr("entry 'w' was saved with shape (9, 6) but is loaded into shape (9, 7)"));
+  StateDict missing;
+  missing.tensors.emplace_back("nope", ops::zeros({1}));
+  EXPECT_THAT(error_of([&] { load(missing, dir_); }), HasSubstr("no entry 'nope'"));
+}
+
+}  // namespace
+}  // namespace loom::checkpoint
