@@ -300,10 +300,12 @@ Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup
   Metadata metadata;
   const std::string error = error_of([&] {
     metadata = read_metadata(directory);
-    const std::map<std::string, Tensor> tensors = by_name(state);
+    by_name(state);  // checks that a name listed twice is the same piece
+    // Every listed tensor is a destination, a name listed twice included (a pipeline rank holding
+    // both copies of a tied embedding loads both).
     std::vector<LoadRequest> requests;
     std::vector<const Tensor*> destinations;
-    for (const auto& [name, tensor] : tensors) {
+    for (const auto& [name, tensor] : state.tensors) {
       requests.push_back({name, tensor.dtype(), global_shape(tensor), local_part(tensor).second});
       destinations.push_back(&tensor);
     }

@@ -28,6 +28,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
 #include "mesh/device_mesh.h"
@@ -39,6 +40,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/host_memory.h"
 #include "tensor/ops.h"
+#include "train/checkpoint_fields.h"
 #include "train/job_config.h"
 #include "train/output_files.h"
 #include "train/parallel_gpt.h"
@@ -285,6 +287,27 @@ int run(Flags f) {
     if (rank == 0) fmt::print("train_gpt: initialized from {}\n", f.init_from);
   }
   train::Trainer trainer(*model, mesh, {.lr = lr_schedule(f), .weight_decay = 0.1, .clip = f.clip});
+  // --resume: the latest committed checkpoint, saved on any layout.
+  if (f.resume) {
+    const auto latest = checkpoint::latest_committed_step(f.checkpoint_dir);
+    if (!latest) {
+      if (rank == 0) {
+        fmt::print("train_gpt: --resume: no committed checkpoint in {}; starting at step 0\n",
+                   f.checkpoint_dir);
+      }
+    } else {
+      const std::string dir = checkpoint::step_directory(f.checkpoint_dir, *latest);
+      train::check_same_model(checkpoint::read_metadata(dir), config, dir);
+      const checkpoint::Metadata saved = trainer.load_checkpoint(dir, *world);
+      const std::string layout = train::saved_layout(saved);
+      if (rank == 0) {
+        fmt::print("train_gpt: resumed from {} at step {}{}\n", dir, trainer.steps_done(),
+                   layout == mesh->str()
+                       ? fmt::format(" (same layout)")
+                       : fmt::format(" (saved on {}, now {})", layout, mesh->str()));
+      }
+    }
+  }
 
   const double entropy = data::unigram_entropy(tokens);
   const int64_t parameters = config.parameter_count();
@@ -325,7 +348,21 @@ int run(Flags f) {
     }
     progress.update(r.step, f.steps, r.loss, tokens_per_s);
   });
-  for (int step = 0; step < f.steps; ++step) {
+  // Distributed checkpoints: every --checkpoint-every steps and after the last.
+  if (!f.checkpoint_dir.empty()) {
+    trainer.add_step_hook([&](const train::StepResult& r) {
+      const bool last = r.step + 1 == f.steps;
+      if (!last && (f.checkpoint_every == 0 || (r.step + 1) % f.checkpoint_every != 0)) return;
+      const std::string dir = trainer.save_checkpoint(f.checkpoint_dir, *world,
+                                                      train::job_checkpoint_fields(config, *mesh),
+                                                      {.keep_last = static_cast<int>(f.keep_last)});
+      if (rank == 0) {
+        progress.clear();
+        fmt::print("train_gpt: checkpoint {} committed\n", dir);
+      }
+    });
+  }
+  for (int step = trainer.steps_done(); step < f.steps; ++step) {
     const data::Batch batch =
         train::local_batch(tokens, f.seed, step, *mesh, f.batch_size, f.seq_len);
     trainer.step(batch.inputs, batch.targets);
@@ -396,6 +433,15 @@ void check_paths(const Flags& f) {
                std::strerror(errno));
   };
   readable_file(f.data, "--data");
+  LOOM_CHECK(!f.resume || !f.checkpoint_dir.empty(),
+             "--resume: needs --checkpoint-dir (the directory whose latest committed step to "
+             "continue from)");
+  LOOM_CHECK(!f.checkpoint_dir.empty() || (f.checkpoint_every == 0 && f.keep_last == 0),
+             "--checkpoint-every and --keep-last: need --checkpoint-dir (where the checkpoints "
+             "go)");
+  LOOM_CHECK(f.checkpoint_dir.empty() || !std::filesystem::exists(f.checkpoint_dir) ||
+                 std::filesystem::is_directory(f.checkpoint_dir),
+             "--checkpoint-dir: '{}' exists and is not a directory", f.checkpoint_dir);
   if (!f.init_from.empty()) readable_file(f.init_from, "--init-from");
   train::check_writable(f.metrics_out, "--metrics-out");
   train::check_writable(config_path_beside(f.metrics_out), "--metrics-out");

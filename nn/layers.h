@@ -39,6 +39,10 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
   Tensor forward(const Tensor& input) override;
+  // How many masks it has drawn: its RNG state (each call's mask is a function of the seed and
+  // this count), saved and restored by checkpoints so a resumed run draws the same masks.
+  uint64_t calls() const { return calls_; }
+  void set_calls(uint64_t calls) { calls_ = calls; }
 
  private:
   double p_;

@@ -84,6 +84,15 @@ void AdamW::step() {
   }
 }
 
+void AdamW::init_state() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (exp_avg_[i].defined()) continue;
+    exp_avg_[i] = ops::zeros_like(params_[i]);
+    exp_avg_sq_[i] = ops::zeros_like(params_[i]);
+  }
+}
+
 std::vector<Tensor> AdamW::state_tensors() const {
   std::vector<Tensor> state;
   for (const auto* moments : {&exp_avg_, &exp_avg_sq_}) {

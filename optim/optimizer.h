@@ -3,6 +3,7 @@
 // parameters' data with grad mode off; parameters without a gradient are skipped.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -55,6 +56,15 @@ class AdamW : public Optimizer {
   // The moments (torch's state["exp_avg"], state["exp_avg_sq"]) of every parameter, laid out as
   // the parameters (a sharded parameter's are sharded alike); empty before the first step.
   std::vector<Tensor> state_tensors() const;
+
+  // The state of parameter i (torch's optimizer.state[p]): its moments, laid out as the
+  // parameter, and its step count. init_state() gives every parameter zero moments where it has
+  // none yet — exactly a fresh state — so a checkpoint can load into them in place.
+  void init_state();
+  size_t size() const { return params_.size(); }
+  Tensor& exp_avg(size_t i) { return exp_avg_.at(i); }
+  Tensor& exp_avg_sq(size_t i) { return exp_avg_sq_.at(i); }
+  int64_t& step_count(size_t i) { return steps_.at(i); }
 
  private:
   AdamWOptions options_;

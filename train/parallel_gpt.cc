@@ -61,6 +61,9 @@ class DataTensorParallelGPT : public ParallelModel {
   std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
     return model_->named_parameters();
   }
+  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
+    return model_->named_modules();
+  }
 
   Tensor logits(const Tensor& ids) override {
     NoGradGuard no_grad;
@@ -99,6 +102,13 @@ class PipelinedGPT : public ParallelModel {
   double clip_grad_norm(double max_norm) override { return model_.clip_grad_norm(max_norm); }
   std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
     return model_.named_parameters();
+  }
+  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
+    std::vector<std::pair<std::string, nn::Module*>> out;
+    for (const auto& stage : model_.stages()) {
+      for (const auto& named : stage->named_modules()) out.push_back(named);
+    }
+    return out;
   }
   Tensor logits(const Tensor& ids) override { return model_.logits(ids); }
   void load(const std::string& path) override {

@@ -71,6 +71,8 @@ class ParallelModel {
   virtual double clip_grad_norm(double max_norm) = 0;
   // This rank's parameters, under the whole model's names.
   virtual std::vector<std::pair<std::string, Tensor>> named_parameters() const = 0;
+  // This rank's modules, under the whole model's names (its stages' with a pipeline).
+  virtual std::vector<std::pair<std::string, nn::Module*>> named_modules() const = 0;
   // Logits (B, T, V) of ids (B, T) as a plain tensor on every rank.
   virtual Tensor logits(const Tensor& ids) = 0;
   // Hugging Face GPT-2 safetensors: every rank loads what it holds.

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "nn/layers.h"
 #include "tensor/ops.h"
 
 namespace loom::train {
@@ -53,6 +54,60 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   ++next_step_;
   for (const StepHook& hook : hooks_) hook(result);
   return result;
+}
+
+checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* after_load) {
+  checkpoint::StateDict state;
+  // The parameters in the order the constructor split them into the two AdamW groups.
+  size_t decay_index = 0, no_decay_index = 0;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    optim::AdamW& adamw = p.dim() >= 2 ? *decay_ : *no_decay_;
+    const size_t i = p.dim() >= 2 ? decay_index++ : no_decay_index++;
+    adamw.init_state();
+    state.tensors.emplace_back("model/" + name, p);
+    state.tensors.emplace_back("optim/" + name + "/exp_avg", adamw.exp_avg(i));
+    state.tensors.emplace_back("optim/" + name + "/exp_avg_sq", adamw.exp_avg_sq(i));
+    const Tensor step = ops::from_vector_i64({adamw.step_count(i)}, {1});
+    state.tensors.emplace_back("optim/" + name + "/step", step);
+    if (after_load) {
+      after_load->push_back([&adamw, i, step] { adamw.step_count(i) = step.data<int64_t>()[0]; });
+    }
+  }
+  for (const auto& [name, module] : model_.named_modules()) {
+    auto* dropout = dynamic_cast<nn::Dropout*>(module);
+    if (!dropout) continue;
+    const Tensor calls = ops::from_vector_i64({static_cast<int64_t>(dropout->calls())}, {1});
+    state.tensors.emplace_back("rng/" + name + "/calls", calls);
+    if (after_load) {
+      after_load->push_back([dropout, calls] {
+        dropout->set_calls(static_cast<uint64_t>(calls.data<int64_t>()[0]));
+      });
+    }
+  }
+  state.extra["trainer"] = {{"step", next_step_}};
+  return state;
+}
+
+std::string Trainer::save_checkpoint(const std::string& root, comm::ProcessGroup& world,
+                                     nlohmann::json extra, const checkpoint::SaveOptions& options) {
+  checkpoint::StateDict state = state_dict(nullptr);
+  for (auto& [key, value] : extra.items()) state.extra[key] = value;
+  return checkpoint::save(state, root, next_step_, world, options);
+}
+
+checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
+                                              comm::ProcessGroup& world) {
+  std::vector<std::function<void()>> after_load;
+  checkpoint::StateDict state = state_dict(&after_load);
+  checkpoint::Metadata metadata = checkpoint::load(state, directory, &world);
+  for (const auto& apply : after_load) apply();
+  const auto trainer = metadata.extra.find("trainer");
+  LOOM_CHECK(trainer != metadata.extra.end() && trainer->contains("step"),
+             "Trainer::load_checkpoint: '{}' has no trainer step in its metadata; it was not "
+             "saved by Trainer::save_checkpoint",
+             directory);
+  next_step_ = trainer->at("step").get<int>();
+  return metadata;
 }
 
 void Trainer::add_step_hook(StepHook hook) {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <vector>
 
+#include "checkpoint/distributed_checkpoint.h"
 #include "mesh/device_mesh.h"
 #include "models/data/token_data.h"
 #include "optim/optimizer.h"
@@ -54,7 +55,27 @@ class Trainer {
   void add_step_hook(StepHook hook);
   int steps_done() const { return next_step_; }
 
+  // Checkpoints (checkpoint/distributed_checkpoint.h) of the whole training state:
+  //   model/<param>                    the parameters as the model holds them (DTensors: shards)
+  //   optim/<param>/exp_avg, .../exp_avg_sq   AdamW's moments, laid out as their parameter
+  //   optim/<param>/step               its step count (i64, (1))
+  //   rng/<module>/calls               each dropout's mask count (i64, (1)): its RNG state
+  // and extra["trainer"]["step"], the steps done: the LR schedule's position and the data
+  // position (batches are a pure function of the step). A resumed run's losses are therefore
+  // bit-identical to an uninterrupted run's on the same layout.
+  // save_checkpoint: collective over `world`; saves as step steps_done() under `root`, with
+  // `extra` (the job's fields) beside the trainer's.
+  std::string save_checkpoint(const std::string& root, comm::ProcessGroup& world,
+                              nlohmann::json extra = nlohmann::json::object(),
+                              const checkpoint::SaveOptions& options = {});
+  // Loads a committed step directory, saved on any layout, and continues from its step; every
+  // rank of `world` calls it. Returns the metadata (extra: the job's fields).
+  checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
+
  private:
+  // The entries above, and what to apply once a load has filled them.
+  checkpoint::StateDict state_dict(std::vector<std::function<void()>>* after_load);
+
   ParallelModel& model_;
   std::shared_ptr<const DeviceMesh> mesh_;
   TrainerOptions options_;

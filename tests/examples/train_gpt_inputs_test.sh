@@ -32,6 +32,12 @@ expect_error 2 "train_gpt: --dp-shard -1: 6 ranks do not split over pp 1 x dp_re
 expect_error 2 "train_gpt: --dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3" \
   --dp 2 --dp-replicate 3
 expect_error 2 "train_gpt: --nproc 8: the degrees dp_replicate=2 x tp=2 make 4 ranks" --nproc 8
+expect_error 2 "train_gpt: --resume: needs --checkpoint-dir" --resume
+expect_error 2 "train_gpt: --checkpoint-every and --keep-last: need --checkpoint-dir" \
+  --checkpoint-every 4
+touch not_a_dir
+expect_error 2 "train_gpt: --checkpoint-dir: 'not_a_dir' exists and is not a directory" \
+  --checkpoint-dir not_a_dir
 expect_error 2 "train_gpt: --lr: expected a positive number, got 'abc'" --lr abc
 expect_error 2 "train_gpt: --lr: expected a positive number, got '0'" --lr 0
 expect_error 2 "train_gpt: --seed: expected a non-negative integer, got '-5'" --seed -5

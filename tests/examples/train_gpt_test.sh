@@ -4,7 +4,8 @@
 # loomrun; the loss falls, the
 # metrics file has one JSON object per step with the documented fields, changing only the
 # parallel layout leaves the losses equal (to f32 rounding: 1e-4 absolute on values ~3-6), the
-# same run twice is bit-identical, and a saved checkpoint resumes training.
+# same run twice is bit-identical, a saved checkpoint resumes training, and a distributed
+# checkpoint resumes exactly (bit-identical on the same layout) on any layout.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
@@ -17,12 +18,27 @@ run() {  # run NAME DP TP STEPS [extra flags]
     --metrics-out "$name.jsonl" --plot-out "$name.png" "$@" > "$name.log" 2>&1 || { cat "$name.log"; exit 1; }
 }
 run single 1 1 8
-run grid 2 2 8 --save trained.safetensors
+run grid 2 2 8 --save trained.safetensors --checkpoint-dir ckpt --checkpoint-every 4 --keep-last 2
 run grid_again 2 2 8
 run piped 2 2 8 --pp 2 --microbatches 2 --save piped.safetensors
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
 run sharded 0 2 8 --dp-shard 2 --save sharded.safetensors
 run sharded_piped 0 2 8 --dp-shard 2 --pp 2 --microbatches 2
+# Exact resume: the grid run's step-4 checkpoint (its step 8 removed) continues for steps 4-7,
+# on the same layout (bit-identical losses) and on FSDP x TP and 1 rank (within f32 rounding).
+for layout in same sharded single; do
+  rm -rf "ckpt_$layout" && cp -r ckpt "ckpt_$layout" && rm -rf "ckpt_$layout/step_00000008"
+done
+run resumed_same 2 2 8 --checkpoint-dir ckpt_same --resume
+run resumed_fsdp 0 2 8 --dp-shard 2 --checkpoint-dir ckpt_sharded --resume
+run resumed_single 1 1 8 --checkpoint-dir ckpt_single --resume
+# Another model's checkpoint is named, field by field.
+if "$train" --dp 1 --tp 1 --n-embd 48 --steps 8 --checkpoint-dir ckpt_same --resume --no-progress \
+    --metrics-out other.jsonl --plot-out other.png > other.log 2>&1; then
+  echo "a checkpoint of another model config loaded"; exit 1
+fi
+grep -q "was saved from another model config: n_embd 64 there, 48 here" other.log ||
+  { echo "the model mismatch is not named"; cat other.log; exit 1; }
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors
@@ -52,6 +68,23 @@ same_losses_as_one_rank piped "pp2 x dp2 x tp2"
 same_losses_as_one_rank sharded "dp_shard2 x tp2"
 same_losses_as_one_rank sharded_piped "pp2 x dp_shard2 x tp2"
 grep -q "dp_shard=2" sharded.log || { echo "the FSDP run's mesh has no dp_shard=2"; cat sharded.log; exit 1; }
+[[ -f ckpt/step_00000004/COMMITTED && -f ckpt/step_00000008/COMMITTED ]] ||
+  { echo "the grid run did not commit steps 4 and 8"; ls -R ckpt; cat grid.log; exit 1; }
+grep -q "resumed from ckpt_same/step_00000004 at step 4 (same layout)" resumed_same.log ||
+  { echo "no resume line"; cat resumed_same.log; exit 1; }
+grep -q "resumed from ckpt_sharded/step_00000004 at step 4 (saved on DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, tp=2, cpu), now DeviceMesh(pp=1, dp_replicate=1, dp_shard=2, tp=2, cpu))" resumed_fsdp.log ||
+  { echo "the layout change is not said"; cat resumed_fsdp.log; exit 1; }
+if ! diff <(python_free_field grid.jsonl loss | tail -4) <(python_free_field resumed_same.jsonl loss) > /dev/null; then
+  echo "the resumed run's losses are not bit-identical to the uninterrupted run's:"
+  paste <(python_free_field grid.jsonl loss | tail -4) <(python_free_field resumed_same.jsonl loss)
+  exit 1
+fi
+for resumed in resumed_fsdp resumed_single; do
+  [[ $(wc -l < "$resumed.jsonl") -eq 4 ]] || { echo "$resumed: expected steps 4-7"; cat "$resumed.log"; exit 1; }
+  paste <(python_free_field grid.jsonl loss | tail -4) <(python_free_field "$resumed.jsonl" loss) | awk -v run="$resumed" '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print run ": step " NR+3 ": " $1 " vs " $2; bad = 1 } }
+    END { exit bad }'
+done
 # Determinism: the same job twice gives bit-identical losses (Gloo reduces in rank order).
 if ! diff <(python_free_field grid.jsonl loss) <(python_free_field grid_again.jsonl loss) > /dev/null; then
   echo "two identical dp2 x tp2 runs gave different losses:"

@@ -1,0 +1,55 @@
+#include "train/checkpoint_fields.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <vector>
+
+#include "base/error.h"
+
+namespace loom::train {
+
+namespace {
+
+nlohmann::json model_fields(const models::GPTConfig& config) {
+  return {{"n_layer", config.n_layer},
+          {"n_head", config.n_head},
+          {"n_embd", config.n_embd},
+          {"block_size", config.block_size},
+          {"vocab_size", config.vocab_size}};
+}
+
+}  // namespace
+
+nlohmann::json job_checkpoint_fields(const models::GPTConfig& config, const DeviceMesh& mesh) {
+  return {{"model", model_fields(config)}, {"layout", mesh.str()}};
+}
+
+void check_same_model(const checkpoint::Metadata& metadata, const models::GPTConfig& config,
+                      const std::string& directory) {
+  const auto saved = metadata.extra.find("model");
+  LOOM_CHECK(saved != metadata.extra.end() && saved->is_object(),
+             "checkpoint '{}' does not record its model config; it was not saved by a GPT job",
+             directory);
+  std::vector<std::string> differences;
+  const nlohmann::json here = model_fields(config);
+  for (const auto& [key, value] : here.items()) {
+    const auto there = saved->find(key);
+    if (there == saved->end() || *there != value) {
+      differences.push_back(fmt::format("{} {} there, {} here", key,
+                                        there == saved->end() ? "missing" : there->dump(),
+                                        value.dump()));
+    }
+  }
+  LOOM_CHECK(differences.empty(),
+             "checkpoint '{}' was saved from another model config: {}; give the same model "
+             "flags (or --config the run's effective config)",
+             directory, fmt::join(differences, ", "));
+}
+
+std::string saved_layout(const checkpoint::Metadata& metadata) {
+  const auto layout = metadata.extra.find("layout");
+  return layout != metadata.extra.end() && layout->is_string() ? layout->get<std::string>() : "";
+}
+
+}  // namespace loom::train
