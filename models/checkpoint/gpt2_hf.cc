@@ -290,4 +290,18 @@ std::optional<GPTConfig> read_gpt2_hf_config(const std::string& checkpoint_path)
   return config;
 }
 
+void write_gpt2_hf_config(const GPTConfig& config, const std::string& checkpoint_path) {
+  const std::filesystem::path path =
+      std::filesystem::path(checkpoint_path).parent_path() / "config.json";
+  const nlohmann::json json{{"model_type", "gpt2"},       {"architectures", {"GPT2LMHeadModel"}},
+                            {"n_layer", config.n_layer},  {"n_head", config.n_head},
+                            {"n_embd", config.n_embd},    {"n_positions", config.block_size},
+                            {"n_ctx", config.block_size}, {"vocab_size", config.vocab_size},
+                            {"tie_word_embeddings", true}};
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  out.close();
+  LOOM_CHECK(out.good(), "write_gpt2_hf_config: cannot write '{}'", path.string());
+}
+
 }  // namespace loom::models

@@ -49,6 +49,10 @@ void save_gpt2_hf(const GPT& model, const std::string& path, bool write = true);
 // config.json beside `checkpoint_path`. Throws naming the file and the key for JSON that does not
 // parse or lacks a key, and for a value that is not a positive integer.
 std::optional<GPTConfig> read_gpt2_hf_config(const std::string& checkpoint_path);
+// Writes the config.json beside `checkpoint_path` that read_gpt2_hf_config (and transformers'
+// GPT2Config.from_pretrained) reads: model_type gpt2, GPT2LMHeadModel, the sizes. Throws naming
+// the path when it cannot be written.
+void write_gpt2_hf_config(const GPTConfig& config, const std::string& checkpoint_path);
 // `model` may be a pipeline stage (GPTStage): it loads the tensors it holds from a whole
 // model's file (the last stage's head copy of wte included) and ignores the other stages'.
 void load_gpt2_hf(GPTStage& model, const std::string& path);

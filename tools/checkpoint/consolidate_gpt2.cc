@@ -1,0 +1,88 @@
+// consolidate_gpt2: a GPT job's distributed checkpoint (saved on any layout) as one Hugging Face
+// GPT-2 safetensors file, with the config.json transformers reads beside it.
+//
+//   bazel run //tools/checkpoint:consolidate_gpt2 -- ckpt/step_00000008 out/model.safetensors
+//   bazel run //tools/checkpoint:consolidate_gpt2 -- ckpt out/model.safetensors   # the latest
+//
+// One process reads the model's entries whole (model/<name>, verified against their checksums)
+// into a GPT of the checkpoint's recorded sizes and writes them with save_gpt2_hf: the file
+// `train_gpt --save` writes at the same step, byte for byte. The optimizer state is left out
+// (Hugging Face files hold weights only). Exit 2 on bad arguments, 1 when the checkpoint cannot
+// be read.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+
+#include "base/error.h"
+#include "checkpoint/distributed_checkpoint.h"
+#include "models/checkpoint/gpt2_hf.h"
+#include "models/gpt/gpt.h"
+
+namespace {
+
+using namespace loom;
+
+// The step directory: `path` itself, or the latest committed step under it.
+std::string step_directory_of(const std::string& path) {
+  if (std::filesystem::exists(std::filesystem::path(path) / "metadata.json")) return path;
+  const auto latest = checkpoint::latest_committed_step(path);
+  LOOM_CHECK(latest.has_value(),
+             "consolidate_gpt2: '{}' is neither a step directory (no metadata.json) nor a "
+             "checkpoint directory with a committed step",
+             path);
+  return checkpoint::step_directory(path, *latest);
+}
+
+models::GPTConfig model_config(const checkpoint::Metadata& metadata, const std::string& dir) {
+  const auto model = metadata.extra.find("model");
+  LOOM_CHECK(model != metadata.extra.end(),
+             "consolidate_gpt2: '{}' does not record its model config (extra.model); it was not "
+             "saved by a GPT job",
+             dir);
+  models::GPTConfig config;
+  config.n_layer = model->at("n_layer").get<int64_t>();
+  config.n_head = model->at("n_head").get<int64_t>();
+  config.n_embd = model->at("n_embd").get<int64_t>();
+  config.block_size = model->at("block_size").get<int64_t>();
+  config.vocab_size = model->at("vocab_size").get<int64_t>();
+  config.validate();
+  return config;
+}
+
+void consolidate(const std::string& input, const std::string& output) {
+  const std::string dir = step_directory_of(input);
+  const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
+  const models::GPTConfig config = model_config(metadata, dir);
+  models::GPT model(config, /*seed=*/0);
+  checkpoint::StateDict state;
+  for (const auto& [name, p] : model.named_parameters())
+    state.tensors.emplace_back("model/" + name, p);
+  checkpoint::load(state, dir);
+  models::save_gpt2_hf(model, output);
+  models::write_gpt2_hf_config(config, output);
+  fmt::print("consolidate_gpt2: {} (step {}) -> {} and config.json beside it\n", dir, metadata.step,
+             output);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"A GPT job's distributed checkpoint as Hugging Face GPT-2 safetensors"};
+  std::string input, output;
+  app.add_option("checkpoint", input, "a step directory, or a checkpoint directory (its latest)")
+      ->required();
+  app.add_option("output", output, "the .safetensors file to write")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    consolidate(input, output);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
