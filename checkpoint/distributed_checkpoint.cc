@@ -172,13 +172,16 @@ std::optional<int64_t> latest_committed_step(const std::string& root) {
   return steps.back();
 }
 
-std::string save(const StateDict& state, const std::string& root, int64_t step,
-                 comm::ProcessGroup& world, const SaveOptions& options) {
+StagedSave stage_save(const StateDict& state, const std::string& root, int64_t step,
+                      comm::ProcessGroup& world, const SaveOptions& options) {
   NoGradGuard no_grad;
   const int rank = world.rank();
-  const std::string final_dir = step_directory(root, step);
-  const std::string partial_dir = final_dir + ".partial";
-  const std::string what = fmt::format("checkpoint save of step {} to '{}'", step, final_dir);
+  StagedSave staged;
+  staged.root = root;
+  staged.step = step;
+  staged.keep_last = options.keep_last;
+  const std::string what =
+      fmt::format("checkpoint save of step {} to '{}'", step, step_directory(root, step));
   // 1. The plan: every rank's local items, gathered; every rank plans alike.
   std::map<std::string, Tensor> tensors;
   std::vector<LocalItem> mine;
@@ -196,31 +199,52 @@ std::string save(const StateDict& state, const std::string& root, int64_t step,
   SavePlan plan = plan_save(all, options.block_bytes);
   plan.metadata.step = step;
   plan.metadata.extra = state.extra;
-  // 2. Rank 0 clears what crashed saves left and makes the partial directory.
+  // 2. This rank's blocks, copied to host memory: training may change the tensors from here on.
   error = error_of([&] {
+    for (const WriteItem& item : plan.writes[rank]) {
+      const auto [local, origin] = local_part(tensors.at(item.name));
+      const Tensor block = narrow_to(local, origin, item.box);
+      staged.blocks.push_back(block.device().is_cpu()
+                                  ? ops::contiguous(ops::clone(block))
+                                  : ops::contiguous(ops::to(block, Device::cpu())));
+    }
+  });
+  agree_on_success(world, what, error);
+  staged.plan = std::move(plan);
+  return staged;
+}
+
+std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
+  const int rank = group.rank();
+  const std::string root = staged.root;
+  const int64_t step = staged.step;
+  SavePlan& plan = staged.plan;
+  const std::string final_dir = step_directory(root, step);
+  const std::string partial_dir = final_dir + ".partial";
+  const std::string what = fmt::format("checkpoint save of step {} to '{}'", step, final_dir);
+  // 3. Rank 0 clears what crashed saves left and makes the partial directory.
+  std::string error = error_of([&] {
     if (rank != 0) return;
     fs::create_directories(root);
     remove_uncommitted(root);
     fs::create_directories(partial_dir);
   });
-  agree_on_success(world, what, error);
-  // 3. Every rank writes its blocks, hashing each and the whole file.
+  agree_on_success(group, what, error);
+  // 4. Every rank writes its blocks, hashing each and the whole file.
   nlohmann::json my_hashes = nlohmann::json::object();
   error = error_of([&] {
     const std::vector<WriteItem>& writes = plan.writes[rank];
     if (writes.empty()) return;
-    const std::string file = rank_file_name(rank);
-    FileWriter writer((fs::path(partial_dir) / file).string());
+    FileWriter writer((fs::path(partial_dir) / rank_file_name(rank)).string());
     Sha256 whole;
     nlohmann::json chunks = nlohmann::json::array();
-    for (const WriteItem& item : writes) {
-      const auto [local, origin] = local_part(tensors.at(item.name));
-      const Tensor block =
-          ops::contiguous(ops::to(narrow_to(local, origin, item.box), Device::cpu()));
-      const size_t bytes = static_cast<size_t>(item.length);
+    for (size_t i = 0; i < writes.size(); ++i) {
+      const Tensor& block = staged.blocks[i];
+      const size_t bytes = static_cast<size_t>(writes[i].length);
       LOOM_INTERNAL_ASSERT(
-          block.numel() * static_cast<int64_t>(element_size(block.dtype())) == item.length,
-          "block of '{}' has {} elements for {} bytes", item.name, block.numel(), item.length);
+          block.numel() * static_cast<int64_t>(element_size(block.dtype())) == writes[i].length,
+          "block of '{}' has {} elements for {} bytes", writes[i].name, block.numel(),
+          writes[i].length);
       writer.write(block.raw_data(), bytes);
       whole.update(block.raw_data(), bytes);
       chunks.push_back(sha256_hex(block.raw_data(), bytes));
@@ -228,29 +252,25 @@ std::string save(const StateDict& state, const std::string& root, int64_t step,
     writer.close();
     my_hashes = {{"file", whole.hex()}, {"chunks", chunks}};
   });
-  agree_on_success(world, what, error);
-  // 4. The checksums, gathered into the metadata (the same on every rank).
-  const std::vector<std::string> hashes = all_gather_strings(world, my_hashes.dump());
-  std::map<std::string, std::vector<std::string>> chunk_hashes;  // per file, in write order
-  for (int r = 0; r < world.size(); ++r) {
+  staged.blocks.clear();  // the host copies are on disk
+  agree_on_success(group, what, error);
+  // 5. The checksums, gathered into the metadata (the same on every rank).
+  const std::vector<std::string> hashes = all_gather_strings(group, my_hashes.dump());
+  std::map<std::pair<std::string, int64_t>, std::string> hash_at;  // (file, offset) -> hash
+  for (int r = 0; r < group.size(); ++r) {
     const nlohmann::json h = nlohmann::json::parse(hashes[r]);
     if (h.empty()) continue;
-    plan.metadata.files.at(rank_file_name(r)).sha256 = h.at("file").get<std::string>();
-    chunk_hashes[rank_file_name(r)] = h.at("chunks").get<std::vector<std::string>>();
-  }
-  std::map<std::string, size_t> next;  // per file: the next write's index
-  // Chunks were appended to each entry in write order per file; walk the writes again.
-  std::map<std::pair<std::string, int64_t>, std::string> hash_at;  // (file, offset) -> hash
-  for (int r = 0; r < world.size(); ++r) {
     const std::string file = rank_file_name(r);
+    plan.metadata.files.at(file).sha256 = h.at("file").get<std::string>();
+    const auto chunks = h.at("chunks").get<std::vector<std::string>>();
     for (size_t i = 0; i < plan.writes[r].size(); ++i) {
-      hash_at[{file, plan.writes[r][i].offset}] = chunk_hashes.at(file).at(i);
+      hash_at[{file, plan.writes[r][i].offset}] = chunks.at(i);
     }
   }
   for (auto& [name, entry] : plan.metadata.entries) {
     for (Chunk& chunk : entry.chunks) chunk.sha256 = hash_at.at({chunk.file, chunk.offset});
   }
-  // 5. Rank 0 commits: metadata, fsync, one rename, the marker last; then keep_last.
+  // 6. Rank 0 commits: metadata, fsync, one rename, the marker last; then keep_last.
   error = error_of([&] {
     if (rank != 0) return;
     write_file_synced((fs::path(partial_dir) / kMetadataFile).string(),
@@ -267,15 +287,51 @@ std::string save(const StateDict& state, const std::string& root, int64_t step,
     write_file_synced((fs::path(final_dir) / kMarker).string(), fmt::format("{}\n", step));
     sync_directory(final_dir);
     fs::remove_all(final_dir + ".old.partial");
-    if (options.keep_last > 0) {
+    if (staged.keep_last > 0) {
       const std::vector<int64_t> steps = committed_steps(root);
-      for (size_t i = 0; i + options.keep_last < steps.size(); ++i) {
+      for (size_t i = 0; i + staged.keep_last < steps.size(); ++i) {
         if (steps[i] != step) fs::remove_all(step_directory(root, steps[i]));
       }
     }
   });
-  agree_on_success(world, what, error);
+  agree_on_success(group, what, error);
   return final_dir;
+}
+
+std::string save(const StateDict& state, const std::string& root, int64_t step,
+                 comm::ProcessGroup& world, const SaveOptions& options) {
+  return commit_save(stage_save(state, root, step, world, options), world);
+}
+
+AsyncSaver::AsyncSaver(std::shared_ptr<comm::ProcessGroup> world) {
+  LOOM_CHECK(world != nullptr, "AsyncSaver: the world group is null");
+  std::vector<int> everyone(world->size());
+  for (int r = 0; r < world->size(); ++r) everyone[r] = r;
+  group_ = world->new_group(everyone, {.name = "checkpoint", .timeout = world->timeout()});
+  world_ = std::move(world);
+}
+
+AsyncSaver::~AsyncSaver() {
+  if (writer_.joinable()) writer_.join();  // an error nobody waited for is dropped here
+}
+
+void AsyncSaver::save(const StateDict& state, const std::string& root, int64_t step,
+                      const SaveOptions& options) {
+  wait();  // one save in flight: the previous one is committed (or its error thrown) first
+  StagedSave staged = stage_save(state, root, step, *world_, options);
+  writer_ = std::thread([this, staged = std::move(staged)]() mutable {
+    try {
+      committed_ = commit_save(std::move(staged), *group_);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+}
+
+std::string AsyncSaver::wait() {
+  if (writer_.joinable()) writer_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  return committed_;
 }
 
 Metadata read_metadata(const std::string& directory) {

@@ -22,13 +22,17 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "checkpoint/metadata.h"
+#include "checkpoint/planner.h"
 #include "comm/process_group.h"
 #include "tensor/tensor.h"
 
@@ -56,6 +60,44 @@ std::optional<int64_t> latest_committed_step(const std::string& root);
 // it is committed on every rank.
 std::string save(const StateDict& state, const std::string& root, int64_t step,
                  comm::ProcessGroup& world, const SaveOptions& options = {});
+
+// The two halves of save(): stage_save (collective over `world`: the plan, and this rank's
+// pieces copied to host memory, after which training may change the tensors) and commit_save
+// (collective over `group`, any group over the same ranks: files, checksums, the atomic commit).
+struct StagedSave {
+  std::string root;
+  int64_t step = 0;
+  int keep_last = 0;
+  SavePlan plan;
+  std::vector<Tensor> blocks;  // this rank's writes, in plan order, on the host
+};
+StagedSave stage_save(const StateDict& state, const std::string& root, int64_t step,
+                      comm::ProcessGroup& world, const SaveOptions& options = {});
+std::string commit_save(StagedSave staged, comm::ProcessGroup& group);
+
+// Asynchronous saves (DCP's async_save): save() stages on the caller's thread (the training
+// stalls for the copy to host memory only) and commits on a background thread over a group of
+// its own (made at construction, collectively over `world`), so the training's collectives and
+// the checkpoint's never share a group. One save is in flight at a time: the next save(), and
+// wait(), first wait for the previous one and rethrow its error.
+class AsyncSaver {
+ public:
+  explicit AsyncSaver(std::shared_ptr<comm::ProcessGroup> world);
+  ~AsyncSaver();
+  AsyncSaver(const AsyncSaver&) = delete;
+  AsyncSaver& operator=(const AsyncSaver&) = delete;
+
+  void save(const StateDict& state, const std::string& root, int64_t step,
+            const SaveOptions& options = {});
+  // Waits for the save in flight; returns the last committed directory ("" before any).
+  std::string wait();
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> world_, group_;
+  std::thread writer_;
+  std::string committed_;
+  std::exception_ptr error_;
+};
 
 // Reads the metadata of a committed step directory (verifying the marker and the version).
 Metadata read_metadata(const std::string& directory);

@@ -348,17 +348,40 @@ int run(Flags f) {
     }
     progress.update(r.step, f.steps, r.loss, tokens_per_s);
   });
-  // Distributed checkpoints: every --checkpoint-every steps and after the last.
+  // Distributed checkpoints: every --checkpoint-every steps and after the last; with
+  // --async-checkpoint the state is staged to host memory and committed in the background.
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+  if (!f.checkpoint_dir.empty() && f.async_checkpoint) {
+    async_saver = std::make_unique<checkpoint::AsyncSaver>(world);  // collective: its group
+  }
+  const auto report_committed = [&](const std::string& dir) {
+    if (rank != 0 || dir.empty()) return;
+    progress.clear();
+    fmt::print("train_gpt: checkpoint {} committed\n", dir);
+  };
   if (!f.checkpoint_dir.empty()) {
     trainer.add_step_hook([&](const train::StepResult& r) {
       const bool last = r.step + 1 == f.steps;
       if (!last && (f.checkpoint_every == 0 || (r.step + 1) % f.checkpoint_every != 0)) return;
-      const std::string dir = trainer.save_checkpoint(f.checkpoint_dir, *world,
-                                                      train::job_checkpoint_fields(config, *mesh),
-                                                      {.keep_last = static_cast<int>(f.keep_last)});
+      const auto start = std::chrono::steady_clock::now();
+      const nlohmann::json fields = train::job_checkpoint_fields(config, *mesh);
+      const checkpoint::SaveOptions options{.keep_last = static_cast<int>(f.keep_last)};
+      std::string committed;
+      if (async_saver) {
+        committed = async_saver->wait();  // the previous save, committed in the background
+        async_saver->save(trainer.checkpoint_state(fields), f.checkpoint_dir, trainer.steps_done(),
+                          options);
+      } else {
+        committed = trainer.save_checkpoint(f.checkpoint_dir, *world, fields, options);
+      }
+      const double stall_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
+      report_committed(committed);
       if (rank == 0) {
-        progress.clear();
-        fmt::print("train_gpt: checkpoint {} committed\n", dir);
+        fmt::print("train_gpt: checkpoint of step {}: training stalled {:.1f} ms{}\n",
+                   trainer.steps_done(), stall_ms,
+                   async_saver ? " (async: staged, committing in the background)" : "");
       }
     });
   }
@@ -368,6 +391,7 @@ int run(Flags f) {
     trainer.step(batch.inputs, batch.targets);
   }
   progress.clear();
+  if (async_saver) report_committed(async_saver->wait());
   // Every rank gathers (full_tensor over tp); rank 0 writes.
   if (!f.save.empty()) {
     model->save(f.save, /*write=*/rank == 0);
@@ -436,9 +460,10 @@ void check_paths(const Flags& f) {
   LOOM_CHECK(!f.resume || !f.checkpoint_dir.empty(),
              "--resume: needs --checkpoint-dir (the directory whose latest committed step to "
              "continue from)");
-  LOOM_CHECK(!f.checkpoint_dir.empty() || (f.checkpoint_every == 0 && f.keep_last == 0),
-             "--checkpoint-every and --keep-last: need --checkpoint-dir (where the checkpoints "
-             "go)");
+  LOOM_CHECK(!f.checkpoint_dir.empty() ||
+                 (f.checkpoint_every == 0 && f.keep_last == 0 && !f.async_checkpoint),
+             "--checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir "
+             "(where the checkpoints go)");
   LOOM_CHECK(f.checkpoint_dir.empty() || !std::filesystem::exists(f.checkpoint_dir) ||
                  std::filesystem::is_directory(f.checkpoint_dir),
              "--checkpoint-dir: '{}' exists and is not a directory", f.checkpoint_dir);

@@ -103,6 +103,10 @@ const std::vector<JobOption>& options() {
        &C::checkpoint_every, Range::kNonNegative},
       {"checkpoint", "keep_last", "with checkpoint_dir: keep the newest K checkpoints (0: all)",
        &C::keep_last, Range::kNonNegative},
+      {"checkpoint", "async_checkpoint",
+       "with checkpoint_dir: copy the state to host memory and write it in the background while "
+       "training goes on",
+       &C::async_checkpoint},
       {"checkpoint", "resume",
        "continue from the latest committed checkpoint in checkpoint_dir (any layout; none: "
        "start at step 0)",

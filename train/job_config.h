@@ -54,12 +54,13 @@ struct JobConfig {
   // [data]
   std::string data = "/usr/share/common-licenses/GPL-3";
   // [checkpoint]
-  std::string init_from;         // Hugging Face GPT-2 safetensors to start from
-  std::string save;              // ... to write after training
-  std::string checkpoint_dir;    // distributed checkpoints (checkpoint/); empty: none
-  int64_t checkpoint_every = 0;  // save every N steps and after the last (0: after the last)
-  int64_t keep_last = 0;         // keep the newest K (0: all)
-  bool resume = false;           // from the latest committed step in checkpoint_dir
+  std::string init_from;          // Hugging Face GPT-2 safetensors to start from
+  std::string save;               // ... to write after training
+  std::string checkpoint_dir;     // distributed checkpoints (checkpoint/); empty: none
+  int64_t checkpoint_every = 0;   // save every N steps and after the last (0: after the last)
+  int64_t keep_last = 0;          // keep the newest K (0: all)
+  bool resume = false;            // from the latest committed step in checkpoint_dir
+  bool async_checkpoint = false;  // stage to host memory, write and commit in the background
   // [output]
   std::string metrics_out = "train_gpt_metrics.jsonl";
   std::string plot_out = "train_gpt_loss.png";

@@ -88,11 +88,15 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
   return state;
 }
 
-std::string Trainer::save_checkpoint(const std::string& root, comm::ProcessGroup& world,
-                                     nlohmann::json extra, const checkpoint::SaveOptions& options) {
+checkpoint::StateDict Trainer::checkpoint_state(nlohmann::json extra) {
   checkpoint::StateDict state = state_dict(nullptr);
   for (auto& [key, value] : extra.items()) state.extra[key] = value;
-  return checkpoint::save(state, root, next_step_, world, options);
+  return state;
+}
+
+std::string Trainer::save_checkpoint(const std::string& root, comm::ProcessGroup& world,
+                                     nlohmann::json extra, const checkpoint::SaveOptions& options) {
+  return checkpoint::save(checkpoint_state(std::move(extra)), root, next_step_, world, options);
 }
 
 checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,

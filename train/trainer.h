@@ -68,6 +68,9 @@ class Trainer {
   std::string save_checkpoint(const std::string& root, comm::ProcessGroup& world,
                               nlohmann::json extra = nlohmann::json::object(),
                               const checkpoint::SaveOptions& options = {});
+  // The state save_checkpoint saves (its tensors are the live ones: stage or save it before the
+  // next step), for checkpoint::AsyncSaver.
+  checkpoint::StateDict checkpoint_state(nlohmann::json extra = nlohmann::json::object());
   // Loads a committed step directory, saved on any layout, and continues from its step; every
   // rank of `world` calls it. Returns the metadata (extra: the job's fields).
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);

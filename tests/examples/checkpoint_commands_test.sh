@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Distributed checkpoints from the command line: a 2-rank job saves on schedule (keeping the
-# last 2), consolidate_gpt2 turns its last checkpoint into the same Hugging Face file the job's
+# last 2), synchronously and asynchronously alike, consolidate_gpt2 turns its last checkpoint into the same Hugging Face file the job's
 # --save wrote (byte for byte), and that file seeds a 1-rank job.
 set -euo pipefail
 train="$(realpath "$1")"
@@ -15,6 +15,19 @@ mkdir -p saved
 [[ "$(ls ckpt)" == "$(printf 'step_00000004\nstep_00000006')" ]] ||
   { echo "keep-last 2 should leave steps 4 and 6:"; ls ckpt; exit 1; }
 grep -q "checkpoint ckpt/step_00000002 committed" run.log || { cat run.log; exit 1; }
+
+# The same job with --async-checkpoint: staged to host memory, committed in the background, the
+# same checkpoints (metadata, checksums included, byte for byte).
+"$train" --launcher "$loomrun" --dp 2 --tp 1 --steps 6 --sample-tokens 0 --no-progress \
+  --checkpoint-dir ckpt_async --checkpoint-every 2 --keep-last 2 --async-checkpoint \
+  --metrics-out async.jsonl --plot-out async.png > async.log 2>&1 || { cat async.log; exit 1; }
+grep -q "training stalled .* ms (async: staged, committing in the background)" async.log ||
+  { cat async.log; exit 1; }
+for step in step_00000004 step_00000006; do
+  cmp "ckpt/$step/metadata.json" "ckpt_async/$step/metadata.json" ||
+    { echo "async and sync checkpoints of $step differ"; exit 1; }
+done
+grep -q "checkpoint ckpt_async/step_00000006 committed" async.log || { cat async.log; exit 1; }
 
 mkdir -p hf
 "$consolidate" ckpt hf/model.safetensors > consolidate.log 2>&1 || { cat consolidate.log; exit 1; }

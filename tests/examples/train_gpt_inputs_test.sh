@@ -33,7 +33,7 @@ expect_error 2 "train_gpt: --dp is --dp-replicate's shorthand, but they differ: 
   --dp 2 --dp-replicate 3
 expect_error 2 "train_gpt: --nproc 8: the degrees dp_replicate=2 x tp=2 make 4 ranks" --nproc 8
 expect_error 2 "train_gpt: --resume: needs --checkpoint-dir" --resume
-expect_error 2 "train_gpt: --checkpoint-every and --keep-last: need --checkpoint-dir" \
+expect_error 2 "train_gpt: --checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir" \
   --checkpoint-every 4
 touch not_a_dir
 expect_error 2 "train_gpt: --checkpoint-dir: 'not_a_dir' exists and is not a directory" \
