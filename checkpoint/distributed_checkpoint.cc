@@ -133,6 +133,12 @@ bool is_step_name(const std::string& name, int64_t* step) {
   return true;
 }
 
+// The COMMITTED marker's exact text: the step and the metadata's SHA-256. A load accepts exactly
+// this text, so any change to the marker is detected too.
+std::string marker_text(int64_t step, const std::string& metadata_sha256) {
+  return nlohmann::json{{"step", step}, {"metadata_sha256", metadata_sha256}}.dump() + "\n";
+}
+
 // Removes what a crashed save left under `root`: partial directories and step directories
 // without the marker (rank 0, before a save).
 void remove_uncommitted(const std::string& root) {
@@ -146,6 +152,16 @@ void remove_uncommitted(const std::string& root) {
 }
 
 }  // namespace
+
+std::string resolve_step_directory(const std::string& path) {
+  if (fs::exists(fs::path(path) / kMetadataFile)) return path;
+  const auto latest = latest_committed_step(path);
+  LOOM_CHECK(latest.has_value(),
+             "checkpoint: '{}' is neither a step directory (no {}) nor a checkpoint directory "
+             "with a committed step",
+             path, kMetadataFile);
+  return step_directory(path, *latest);
+}
 
 std::string step_directory(const std::string& root, int64_t step) {
   return (fs::path(root) / fmt::format("step_{:08d}", step)).string();
@@ -273,8 +289,8 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
   // 6. Rank 0 commits: metadata, fsync, one rename, the marker last; then keep_last.
   error = error_of([&] {
     if (rank != 0) return;
-    write_file_synced((fs::path(partial_dir) / kMetadataFile).string(),
-                      to_json(plan.metadata).dump(1));
+    const std::string metadata_text = to_json(plan.metadata).dump(1);
+    write_file_synced((fs::path(partial_dir) / kMetadataFile).string(), metadata_text);
     sync_directory(partial_dir);
     if (fs::exists(final_dir)) {
       // A step saved again (a resumed run passing it): the old one goes once the new is whole.
@@ -284,7 +300,10 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     }
     fs::rename(partial_dir, final_dir);
     sync_directory(root);
-    write_file_synced((fs::path(final_dir) / kMarker).string(), fmt::format("{}\n", step));
+    // The marker, last, records the metadata's SHA-256: a metadata file changed after the
+    // commit (a flipped byte in a number, a name) is detected too.
+    write_file_synced((fs::path(final_dir) / kMarker).string(),
+                      marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())));
     sync_directory(final_dir);
     fs::remove_all(final_dir + ".old.partial");
     if (staged.keep_last > 0) {
@@ -342,13 +361,77 @@ Metadata read_metadata(const std::string& directory) {
              directory, kMarker);
   const std::string path = (fs::path(directory) / kMetadataFile).string();
   LOOM_CHECK(fs::exists(path), "checkpoint: '{}' has no {}", directory, kMetadataFile);
+  const std::string marker_path = (fs::path(directory) / kMarker).string();
+  const std::string marker = read_text(marker_path);
+  std::string recorded;
+  int64_t marked_step = -1;
+  try {
+    const nlohmann::json json = nlohmann::json::parse(marker);
+    recorded = json.at("metadata_sha256").get<std::string>();
+    marked_step = json.at("step").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("checkpoint: '{}' is damaged (expected the step and the metadata's SHA-256): {}",
+              marker_path, e.what());
+  }
+  LOOM_CHECK(marker == marker_text(marked_step, recorded),
+             "checkpoint: '{}' is damaged: it is not the marker a commit writes", marker_path);
+  const std::string text = read_text(path);
+  LOOM_CHECK(sha256_hex(text.data(), text.size()) == recorded,
+             "checkpoint: '{}' does not match the SHA-256 its {} marker records: the metadata "
+             "was changed after the commit",
+             path, kMarker);
   nlohmann::json json;
   try {
-    json = nlohmann::json::parse(read_text(path));
+    json = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     LOOM_FAIL("checkpoint: '{}' is not valid JSON: {}", path, e.what());
   }
-  return metadata_from_json(json, path);
+  Metadata metadata = metadata_from_json(json, path);
+  LOOM_CHECK(metadata.step == marked_step,
+             "checkpoint: '{}' marks step {} but its metadata is of step {}", marker_path,
+             marked_step, metadata.step);
+  return metadata;
+}
+
+VerifySummary verify(const std::string& directory) {
+  const Metadata metadata = read_metadata(directory);
+  VerifySummary summary{.entries = static_cast<int64_t>(metadata.entries.size())};
+  // Each file whole: its size and SHA-256, then every chunk in it.
+  std::map<std::string, std::vector<const Chunk*>> chunks_of;
+  std::map<const Chunk*, std::string> entry_of;
+  for (const auto& [name, entry] : metadata.entries) {
+    for (const Chunk& chunk : entry.chunks) {
+      LOOM_CHECK(metadata.files.count(chunk.file),
+                 "checkpoint '{}': entry '{}' has a chunk in {}, which the metadata does not list",
+                 directory, name, chunk.file);
+      chunks_of[chunk.file].push_back(&chunk);
+      entry_of[&chunk] = name;
+    }
+  }
+  for (const auto& [file, info] : metadata.files) {
+    const std::string path = (fs::path(directory) / file).string();
+    LOOM_CHECK(fs::exists(path), "checkpoint '{}': file {} (written by rank {}) is missing",
+               directory, file, info.writer);
+    LOOM_CHECK(static_cast<int64_t>(fs::file_size(path)) == info.bytes,
+               "checkpoint '{}': file {} (written by rank {}) has {} bytes, the metadata records "
+               "{}: it is truncated or was overwritten",
+               directory, file, info.writer, fs::file_size(path), info.bytes);
+    const std::vector<char> bytes = read_range(path, 0, info.bytes);
+    LOOM_CHECK(sha256_hex(bytes.data(), bytes.size()) == info.sha256,
+               "checkpoint '{}': file {} (written by rank {}): SHA-256 mismatch, the bytes on "
+               "disk are not the bytes saved",
+               directory, file, info.writer);
+    for (const Chunk* chunk : chunks_of[file]) {
+      LOOM_CHECK(chunk->offset >= 0 && chunk->offset + chunk->length <= info.bytes &&
+                     sha256_hex(bytes.data() + chunk->offset, chunk->length) == chunk->sha256,
+                 "checkpoint '{}': entry '{}', block {} in {} (written by rank {}): SHA-256 "
+                 "mismatch",
+                 directory, entry_of[chunk], chunk->box.str(), file, chunk->writer);
+    }
+    summary.files += 1;
+    summary.bytes += info.bytes;
+  }
+  return summary;
 }
 
 Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup* world) {

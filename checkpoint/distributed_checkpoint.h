@@ -55,6 +55,9 @@ std::string step_directory(const std::string& root, int64_t step);
 // The committed steps under `root`, ascending (an absent root has none).
 std::vector<int64_t> committed_steps(const std::string& root);
 std::optional<int64_t> latest_committed_step(const std::string& root);
+// `path` when it is a step directory (it has metadata.json), else the latest committed step
+// directory under it; throws naming `path` when it is neither.
+std::string resolve_step_directory(const std::string& path);
 
 // Saves `state` as step `step` under `root` (created if needed); returns the step directory once
 // it is committed on every rank.
@@ -101,6 +104,14 @@ class AsyncSaver {
 
 // Reads the metadata of a committed step directory (verifying the marker and the version).
 Metadata read_metadata(const std::string& directory);
+
+// Checks a committed step directory whole, reading every file once: the marker's metadata
+// SHA-256, each file's size and SHA-256, each chunk's SHA-256. Throws naming what is wrong (the
+// entry, the file, the rank that wrote it); returns what it checked.
+struct VerifySummary {
+  int64_t entries = 0, files = 0, bytes = 0;
+};
+VerifySummary verify(const std::string& directory);
 
 // Loads the committed checkpoint in `directory` into `state.tensors` in place and returns its
 // metadata (`extra` holds the job's fields). Each rank reads only the blocks overlapping what it

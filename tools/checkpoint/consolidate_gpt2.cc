@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <filesystem>
 
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
@@ -22,17 +21,6 @@
 namespace {
 
 using namespace loom;
-
-// The step directory: `path` itself, or the latest committed step under it.
-std::string step_directory_of(const std::string& path) {
-  if (std::filesystem::exists(std::filesystem::path(path) / "metadata.json")) return path;
-  const auto latest = checkpoint::latest_committed_step(path);
-  LOOM_CHECK(latest.has_value(),
-             "consolidate_gpt2: '{}' is neither a step directory (no metadata.json) nor a "
-             "checkpoint directory with a committed step",
-             path);
-  return checkpoint::step_directory(path, *latest);
-}
 
 models::GPTConfig model_config(const checkpoint::Metadata& metadata, const std::string& dir) {
   const auto model = metadata.extra.find("model");
@@ -51,7 +39,7 @@ models::GPTConfig model_config(const checkpoint::Metadata& metadata, const std::
 }
 
 void consolidate(const std::string& input, const std::string& output) {
-  const std::string dir = step_directory_of(input);
+  const std::string dir = checkpoint::resolve_step_directory(input);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   const models::GPTConfig config = model_config(metadata, dir);
   models::GPT model(config, /*seed=*/0);
