@@ -80,23 +80,36 @@ SavePlan plan_save(const std::vector<std::vector<LocalItem>>& items, int64_t blo
       if (!found) list.push_back({item.box, {static_cast<int>(r)}});
     }
   }
-  // The holder with the fewest bytes so far writes each piece (ties: the lowest rank).
-  std::vector<int64_t> bytes(items.size(), 0);
-  for (auto& [name, list] : pieces) {
-    Entry& entry = plan.metadata.entries.at(name);
-    const size_t element = element_size(entry.dtype);
+  // Largest pieces first, each to the holder with the fewest bytes so far (ties: the lowest
+  // rank): the longest-processing-time rule, so replicated state spreads evenly.
+  struct Assignment {
+    const std::string* name;
+    const Piece* piece;
+    int64_t bytes;
+  };
+  std::vector<Assignment> order;
+  for (const auto& [name, list] : pieces) {
+    const size_t element = element_size(plan.metadata.entries.at(name).dtype);
     for (const Piece& piece : list) {
-      int writer = piece.holders.front();
-      for (int h : piece.holders) {
-        if (bytes[h] < bytes[writer]) writer = h;
-      }
-      for (const Box& block : blocks_of(piece.box, element, block_bytes)) {
-        const int64_t length = block.numel() * static_cast<int64_t>(element);
-        plan.writes[writer].push_back({name, block, bytes[writer], length});
-        entry.chunks.push_back(
-            {block, rank_file_name(writer), bytes[writer], length, /*sha256=*/"", writer});
-        bytes[writer] += length;
-      }
+      order.push_back({&name, &piece, piece.box.numel() * static_cast<int64_t>(element)});
+    }
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [](const Assignment& a, const Assignment& b) { return a.bytes > b.bytes; });
+  std::vector<int64_t> bytes(items.size(), 0);
+  for (const Assignment& a : order) {
+    Entry& entry = plan.metadata.entries.at(*a.name);
+    const size_t element = element_size(entry.dtype);
+    int writer = a.piece->holders.front();
+    for (int h : a.piece->holders) {
+      if (bytes[h] < bytes[writer]) writer = h;
+    }
+    for (const Box& block : blocks_of(a.piece->box, element, block_bytes)) {
+      const int64_t length = block.numel() * static_cast<int64_t>(element);
+      plan.writes[writer].push_back({*a.name, block, bytes[writer], length});
+      entry.chunks.push_back(
+          {block, rank_file_name(writer), bytes[writer], length, /*sha256=*/"", writer});
+      bytes[writer] += length;
     }
   }
   for (size_t r = 0; r < items.size(); ++r) {

@@ -5,11 +5,11 @@
 // whole plain tensor) go in; out comes, for every rank, the blocks it writes and where, and the
 // checkpoint's metadata (checksums still empty). Each unique piece is written exactly once:
 // replicas (dp replicas, tp-replicated norms, a pipeline's tied embedding copies) hold identical
-// boxes, and the one holding the fewest bytes so far writes it, so writes spread over ranks
-// instead of all landing on rank 0. Pieces are split along dim 0 into blocks of at most
-// `block_bytes`, each with its own checksum, so a load reads (and verifies) only the blocks that
-// overlap what it needs. Every rank runs the planner on the same gathered input and gets the
-// same plan.
+// boxes; largest pieces first, the holder with the fewest bytes so far writes each, so writes
+// spread evenly over ranks instead of all landing on rank 0. Pieces are split along dim 0 into
+// blocks of at most `block_bytes`, each with its own checksum, so a load reads (and verifies) only
+// the blocks that overlap what it needs. Every rank runs the planner on the same gathered input and
+// gets the same plan.
 //
 // Load: the requests (what this rank holds of each entry, in the layout it loads into) are
 // matched against the saved chunks; out comes, per request, the chunks that overlap it and the

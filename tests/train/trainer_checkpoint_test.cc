@@ -1,8 +1,9 @@
 // The whole training state through a distributed checkpoint, across layouts: a GPT trained 2
 // steps on layout A is saved; layout B loads it and saves it again; both checkpoints, read whole
 // on one rank, hold bit-identical values for every entry (parameters, AdamW moments and step
-// counts, dropout counters). A -> B pairs: dp2 x tp2 to 1 rank, tp2, pp2 and pp2 x dp2 x tp2,
-// pp2 x dp2 x tp2 back to dp2 x tp2, dp_shard 4 (FSDP: sharded moments) to 1 rank.
+// counts, dropout counters). A -> B pairs: dp2 x tp2 to 1 rank, tp2, pp2 and pp2 x dp2 x tp2 and
+// each of those back to dp2 x tp2; dp_shard 4 (FSDP: sharded moments) to 1 rank, and
+// dp_shard2 x tp2 to pp2 x dp2 x tp2.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -106,10 +107,18 @@ TEST(TrainerCheckpointTest, GridToOtherLayouts) {
   expect_round_trip(grid, {.pp = 2, .dp_replicate = 2, .tp = 2}, "grid_to_3d");
 }
 
-TEST(TrainerCheckpointTest, BackFromThreeDAndFromFsdp) {
-  expect_round_trip({.pp = 2, .dp_replicate = 2, .tp = 2}, {.dp_replicate = 2, .tp = 2},
-                    "3d_to_grid");
+TEST(TrainerCheckpointTest, OtherLayoutsToGrid) {
+  const ParallelDims grid{.dp_replicate = 2, .tp = 2};
+  expect_round_trip({}, grid, "one_to_grid");
+  expect_round_trip({.tp = 2}, grid, "tp2_to_grid");
+  expect_round_trip({.pp = 2}, grid, "pp2_to_grid");
+  expect_round_trip({.pp = 2, .dp_replicate = 2, .tp = 2}, grid, "3d_to_grid");
+}
+
+TEST(TrainerCheckpointTest, FullyShardedStateToOtherLayouts) {
   expect_round_trip({.dp_shard = 4}, {}, "fsdp_to_one");
+  expect_round_trip({.dp_shard = 2, .tp = 2}, {.pp = 2, .dp_replicate = 2, .tp = 2},
+                    "fsdp_tp_to_3d");
 }
 
 }  // namespace
