@@ -99,6 +99,18 @@ void register_elementwise_formulas(FormulaTable& f) {
       return Grads{ops::mul(g[0], ops::rsub(ops::mul(y, y), 1.0))};
     });
   };
+  f[OpId::sigmoid] = [](C c, Outs out) {
+    return record_first("SigmoidBackward", c, out, [y = out[0]](const Grads& g) {
+      return Grads{ops::mul(g[0], ops::mul(y, ops::rsub(y, 1.0)))};  // y (1 - y)
+    });
+  };
+  f[OpId::silu] = [](C c, Outs out) {
+    return record_first("SiluBackward", c, out, [x = c.inputs[0]](const Grads& g) {
+      // d/dx x s(x) = s (1 + x (1 - s))
+      const Tensor s = ops::sigmoid(x);
+      return Grads{ops::mul(g[0], ops::mul(s, ops::add(ops::mul(x, ops::rsub(s, 1.0)), 1.0)))};
+    });
+  };
   f[OpId::sqrt] = [](C c, Outs out) {
     return record_first("SqrtBackward", c, out, [y = out[0]](const Grads& g) {
       return Grads{ops::div(ops::mul(g[0], 0.5), y)};

@@ -29,6 +29,8 @@ using ops::pow;
 using ops::relu;
 using ops::rsqrt;
 using ops::rsub;  // rsub(a, b) = b - a
+using ops::sigmoid;
+using ops::silu;
 using ops::sqrt;
 using ops::sub;
 using ops::tanh;

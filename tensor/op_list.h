@@ -70,6 +70,8 @@
   X(exp, kDifferentiable, kExtended)                                \
   X(log, kDifferentiable, kExtended)                                \
   X(tanh, kDifferentiable, kExtended)                               \
+  X(sigmoid, kDifferentiable, kExtended)                            \
+  X(silu, kDifferentiable, kExtended)                               \
   X(sqrt, kDifferentiable, kExtended)                               \
   X(rsqrt, kDifferentiable, kExtended)                              \
   X(pow, kDifferentiable, kExtended)                                \

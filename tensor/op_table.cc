@@ -90,6 +90,8 @@ void register_core_ops(OpTable& t) {
   t[OpId::pow] = [](C c) { return one(ops::pow(c.inputs[0], c.double_attr(0))); };
   t[OpId::relu] = [](C c) { return one(ops::relu(c.inputs[0])); };
   t[OpId::gelu] = [](C c) { return one(ops::gelu(c.inputs[0])); };
+  t[OpId::sigmoid] = [](C c) { return one(ops::sigmoid(c.inputs[0])); };
+  t[OpId::silu] = [](C c) { return one(ops::silu(c.inputs[0])); };
   t[OpId::gelu_backward] = [](C c) { return one(ops::gelu_backward(c.inputs[0], c.inputs[1])); };
   t[OpId::where] = [](C c) { return one(ops::where(c.inputs[0], c.inputs[1], c.inputs[2])); };
   t[OpId::masked_fill] = [](C c) {

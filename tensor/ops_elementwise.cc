@@ -219,6 +219,20 @@ Tensor tanh(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN(OpId::tanh, {a});
   return unary_floating(a, "tanh", UnaryOp::kTanh, [](float x) { return std::tanh(x); });
 }
+// Written so that exp never overflows: for x < 0, e^x / (1 + e^x).
+inline float sigmoid_f(float x) {
+  if (x >= 0.0f) return 1.0f / (1.0f + std::exp(-x));
+  const float e = std::exp(x);
+  return e / (1.0f + e);
+}
+Tensor sigmoid(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN(OpId::sigmoid, {a});
+  return unary_floating(a, "sigmoid", UnaryOp::kSigmoid, [](float x) { return sigmoid_f(x); });
+}
+Tensor silu(const Tensor& a) {
+  LOOM_DISPATCH_OR_RETURN(OpId::silu, {a});
+  return unary_floating(a, "silu", UnaryOp::kSilu, [](float x) { return x * sigmoid_f(x); });
+}
 Tensor sqrt(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN(OpId::sqrt, {a});
   return unary_floating(a, "sqrt", UnaryOp::kSqrt, [](float x) { return std::sqrt(x); });

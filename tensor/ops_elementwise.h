@@ -24,6 +24,10 @@ Tensor neg(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
 Tensor tanh(const Tensor& a);
+// 1 / (1 + exp(-x)).
+Tensor sigmoid(const Tensor& a);
+// x * sigmoid(x) (Llama's SwiGLU activation; torch.nn.functional.silu).
+Tensor silu(const Tensor& a);
 Tensor sqrt(const Tensor& a);
 Tensor rsqrt(const Tensor& a);
 Tensor pow(const Tensor& a, double exponent);

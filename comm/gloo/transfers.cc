@@ -89,11 +89,23 @@ void Transfers::recv(int peer, uint64_t slot, void* data, size_t nbytes) {
   post(peer, slot, data, nbytes, /*is_send=*/false);
 }
 
+// The slot a transfer of `nbytes` really uses: the size's fingerprint in bits 8..23 of the
+// slot's low field (phases use the bits below). A receive of another size than its send then
+// never matches it, and both sides fail by their deadline with a named error, instead of Gloo's
+// I/O thread meeting a message longer than the receive buffer and aborting the process
+// ("op.preamble.length <= op.nbytes" thrown where nothing can catch it).
+uint64_t sized_slot(uint64_t slot, size_t nbytes) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the size's bytes
+  for (int i = 0; i < 8; ++i) h = (h ^ ((nbytes >> (8 * i)) & 0xFF)) * 1099511628211ull;
+  return slot ^ (((h ^ (h >> 16) ^ (h >> 32) ^ (h >> 48)) & 0xFFFFull) << 8);
+}
+
 void Transfers::post(int peer, uint64_t slot, void* data, size_t nbytes, bool is_send) {
   if (nbytes == 0) return;
+  slot = sized_slot(slot, nbytes);
   std::lock_guard<std::mutex> lock(mesh_.mutex_);
   if (mesh_.closed_) throw_closed(peer, mesh_.reason_);
-  Pending pending{mesh_.context_->createUnboundBuffer(data, nbytes), peer, is_send};
+  Pending pending{mesh_.context_->createUnboundBuffer(data, nbytes), peer, is_send, nbytes};
   try {
     if (is_send) {
       pending.buffer->send(peer, slot);
@@ -135,9 +147,12 @@ void Transfers::wait() {
     } catch (const ::gloo::IoException& e) {
       const std::string text = gloo_message(e);
       if (text.find("Timed out") != std::string::npos) {
-        throw TransferError(TransferFailure::kTimeout, peer,
-                            fmt::format("no {} rank {} before the deadline",
-                                        is_send ? "receive by" : "data from", peer));
+        throw TransferError(
+            TransferFailure::kTimeout, peer,
+            fmt::format("no {} rank {} before the deadline ({} {} bytes; a peer posting another "
+                        "size, as from shapes that differ between ranks, never matches)",
+                        is_send ? "receive by" : "data from", peer,
+                        is_send ? "sending" : "expecting", pending_[waited_].nbytes));
       }
       if (mesh_.closed()) throw_closed(peer, mesh_.close_reason());
       throw TransferError(TransferFailure::kConnection, peer,

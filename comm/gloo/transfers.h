@@ -96,6 +96,7 @@ class Transfers {
     std::unique_ptr<::gloo::transport::UnboundBuffer> buffer;
     int peer;
     bool is_send;
+    size_t nbytes;
   };
   void post(int peer, uint64_t slot, void* data, size_t nbytes, bool is_send);
   [[noreturn]] static void throw_closed(int peer, const std::string& reason);

@@ -98,8 +98,9 @@ void register_elementwise_strategies(StrategyTable& t) {
   for (OpId op : {OpId::neg, OpId::mul_scalar, OpId::div_scalar, OpId::clone, OpId::to_dtype}) {
     t[op] = unary(/*linear=*/true);
   }
-  for (OpId op : {OpId::abs, OpId::exp, OpId::log, OpId::tanh, OpId::sqrt, OpId::rsqrt, OpId::pow,
-                  OpId::relu, OpId::gelu, OpId::add_scalar, OpId::sub_scalar, OpId::rsub_scalar}) {
+  for (OpId op : {OpId::abs, OpId::exp, OpId::log, OpId::tanh, OpId::sigmoid, OpId::silu,
+                  OpId::sqrt, OpId::rsqrt, OpId::pow, OpId::relu, OpId::gelu, OpId::add_scalar,
+                  OpId::sub_scalar, OpId::rsub_scalar}) {
     t[op] = unary(/*linear=*/false);
   }
   // add/sub: linear when both are Partial; mul/div: when exactly the one side is Partial.

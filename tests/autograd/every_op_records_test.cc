@@ -123,6 +123,8 @@ std::optional<Sample> sample_for(OpId op) {
     case OpId::neg:
     case OpId::exp:
     case OpId::tanh:
+    case OpId::sigmoid:
+    case OpId::silu:
     case OpId::gelu:
       return Sample{{x23}, {}};
     case OpId::abs:

@@ -193,6 +193,33 @@ TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
   }
 }
 
+// Without LOOM_DEBUG=collectives, sizes that differ between ranks are still a named error on
+// every rank, never an abort: a receive only matches a send of its own size (the size is in the
+// Gloo slot), so Gloo never meets a message longer than its buffer. All-gather of 4 elements on
+// rank 0 and 6 on rank 1 (the shapes of an uneven sequence shard handled as even), and an
+// all-reduce of 3 vs 4.
+TEST(FaultsTest, SizeMismatchWithoutDebugIsANamedErrorNotAnAbort) {
+  Caught caught;
+  run_on_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        const int64_t mine = 4 + 2 * pg.rank();
+        Tensor out = ops::empty({2 * mine});
+        try {
+          pg.all_gather_into_tensor(out, ops::ones({mine}))->wait();
+          ADD_FAILURE() << "expected a named error";
+        } catch (const Error& e) {
+          caught.record(pg.rank(), e.what(), 0);
+        }
+      },
+      with_timeout(2s));
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE(rank);
+    EXPECT_THAT(caught.message[rank], HasSubstr("all_gather"));
+    EXPECT_THAT(caught.message[rank], HasSubstr("bytes; a peer posting another size"));
+  }
+}
+
 TEST(FaultsTest, AbortInterruptsARunningOpAtOnce) {
   Caught caught;
   run_on_ranks(2, [&](ProcessGroup& pg) {

@@ -271,6 +271,8 @@ TEST(OpsElementwiseTest, UnaryOpsKeepShardsForwardAndBackward) {
       {"exp", [](const Tensor& t) { return exp(t); }},
       {"log", [](const Tensor& t) { return log(t); }},
       {"tanh", [](const Tensor& t) { return tanh(t); }},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); }},
+      {"silu", [](const Tensor& t) { return silu(t); }},
       {"sqrt", [](const Tensor& t) { return sqrt(t); }},
       {"rsqrt", [](const Tensor& t) { return rsqrt(t); }},
       {"pow3", [](const Tensor& t) { return pow(t, 3.0); }},

@@ -59,6 +59,8 @@ TEST_P(CudaElementwiseTest, UnaryAndScalarOps) {
       {"exp", [](auto& x) { return ops::exp(x); }},
       {"log", [](auto& x) { return ops::log(ops::abs(x)); }},
       {"tanh", [](auto& x) { return ops::tanh(x); }},
+      {"sigmoid", [](auto& x) { return ops::sigmoid(x); }},
+      {"silu", [](auto& x) { return ops::silu(x); }},
       {"sqrt", [](auto& x) { return ops::sqrt(ops::abs(x)); }},
       {"rsqrt", [](auto& x) { return ops::rsqrt(ops::add(ops::abs(x), 0.5)); }},
       {"pow3", [](auto& x) { return ops::pow(x, 3.0); }},

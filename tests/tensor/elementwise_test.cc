@@ -199,6 +199,8 @@ TEST(UnaryTest, MatchesStdMathInDouble) {
       {"exp", &exp, [](double x) { return std::exp(x); }, general},
       {"log", &log, [](double x) { return std::log(x); }, positive},
       {"tanh", &tanh, [](double x) { return std::tanh(x); }, general},
+      {"sigmoid", &sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); }, general},
+      {"silu", &silu, [](double x) { return x / (1.0 + std::exp(-x)); }, general},
       {"sqrt", &sqrt, [](double x) { return std::sqrt(x); }, positive},
       {"rsqrt", &rsqrt, [](double x) { return 1.0 / std::sqrt(x); }, positive},
       {"relu", &relu, [](double x) { return x > 0 ? x : 0.0; }, general},

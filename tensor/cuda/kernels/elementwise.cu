@@ -33,6 +33,10 @@ __device__ __forceinline__ V apply_unary(UnaryOp op, V x, float s) {
         return logf(x);
       case UnaryOp::kTanh:
         return tanhf(x);
+      case UnaryOp::kSigmoid:
+        return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+      case UnaryOp::kSilu:
+        return x * (x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x)));
       case UnaryOp::kSqrt:
         return sqrtf(x);
       case UnaryOp::kRsqrt:

@@ -28,6 +28,8 @@ enum class UnaryOp : int {
   kExp,
   kLog,
   kTanh,
+  kSigmoid,
+  kSilu,  // x * sigmoid(x)
   kSqrt,
   kRsqrt,
   kPow,     // x ^ scalar
