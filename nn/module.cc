@@ -154,6 +154,11 @@ const Tensor& Module::parameter(const std::string& name) const {
   return it->value;
 }
 
+bool Module::has_parameter(const std::string& name) const {
+  return std::any_of(parameters_.begin(), parameters_.end(),
+                     [&](const Slot& s) { return s.name == name && s.value.defined(); });
+}
+
 void Module::zero_grad() {
   for (auto& [name, p] : named_parameters()) p.set_grad(Tensor());
 }

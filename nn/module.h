@@ -55,6 +55,9 @@ class Module : public std::enable_shared_from_this<Module> {
   // change (a sharded DTensor's local shape differs) but the name must exist.
   void set_parameter(const std::string& name, Tensor value);
   const Tensor& parameter(const std::string& name) const;
+  // Whether this module has a direct parameter `name` (an optional one it lacks, e.g. a Linear
+  // built without bias, is not one).
+  bool has_parameter(const std::string& name) const;
 
   // Sets every parameter's grad to undefined (PyTorch's set_to_none=True).
   void zero_grad();

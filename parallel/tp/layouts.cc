@@ -4,7 +4,7 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 
-namespace loom::tp::detail {
+namespace loom::tp {
 
 void check_one_dim(const DeviceMesh& mesh, const std::string& style) {
   LOOM_CHECK(mesh.ndim() == 1,
@@ -12,11 +12,30 @@ void check_one_dim(const DeviceMesh& mesh, const std::string& style) {
              mesh.str());
 }
 
+void check_parameter(const nn::Module& module, const std::string& fqn, const std::string& name,
+                     const DeviceMesh& mesh, const Placement& placement, const std::string& style,
+                     bool required) {
+  if (!module.has_parameter(name)) {
+    LOOM_CHECK(!required,
+               "parallelize_module: {} on '{}' ({}) shards its '{}', which it does not "
+               "have",
+               style, fqn, module.type_name(), name);
+    return;
+  }
+  const Tensor& current = module.parameter(name);
+  if (!is_dtensor(current)) return;
+  const DTensorSpec& spec = dtensor_spec(current);
+  LOOM_CHECK(spec.mesh->ranks() == mesh.ranks() && spec.placements == Placements{placement},
+             "parallelize_module: {} on '{}': parameter '{}' is already a DTensor {} (shared with "
+             "a module parallelized earlier?); this style needs {} on {}",
+             style, fqn, name, spec.str(), placements_str({placement}), mesh.str());
+}
+
 void distribute_parameter(nn::Module& module, const std::string& fqn, const std::string& name,
                           const std::shared_ptr<const DeviceMesh>& mesh,
                           const Placement& placement) {
+  if (!module.has_parameter(name)) return;  // an optional parameter it lacks (no bias)
   const Tensor& current = module.parameter(name);
-  if (!current.defined()) return;
   const Placements wanted{placement};
   if (is_dtensor(current)) {
     const DTensorSpec& spec = dtensor_spec(current);
@@ -66,4 +85,4 @@ Tensor prepare_output(const Tensor& output, const std::shared_ptr<const DeviceMe
   return use_local_output ? to_local(y) : y;
 }
 
-}  // namespace loom::tp::detail
+}  // namespace loom::tp

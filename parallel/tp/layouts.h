@@ -1,7 +1,12 @@
-// The pieces every tensor-parallel style is made of: distributing a module's parameters, and
-// converting a module's input or output between plain local tensors and DTensors of a layout.
-// Reachable from //parallel/tp for users writing their own ParallelStyle (style.h); the names
-// stay in tp::detail until they are made stable public API.
+// Writing your own ParallelStyle (style.h), as torch users subclass ParallelStyle: the pieces
+// every built-in style is made of, public so that a user's style reuses them instead of
+// reimplementing them. A style is two methods:
+//   validate(module, fqn, mesh)  checks that it fits, changing nothing (parallelize_module calls
+//                                it for every entry of a plan before applying any);
+//   apply(module, fqn, mesh)     distributes the module's parameters (distribute_parameter) and
+//                                installs forward hooks that lay out its input and output
+//                                (prepare_input / prepare_output).
+// examples/gated_mlp_plan.cc writes one (a sequence-parallel RMSNorm style) with these.
 #pragma once
 
 #include <memory>
@@ -12,10 +17,17 @@
 #include "mesh/device_mesh.h"
 #include "nn/module.h"
 
-namespace loom::tp::detail {
+namespace loom::tp {
 
 // "parallelize_module: ColwiseParallel needs a 1-D mesh (e.g. mesh["tp"]), got ..." otherwise.
 void check_one_dim(const DeviceMesh& mesh, const std::string& style);
+
+// For validate(): throws naming the module, the style and the parameter when `module` lacks a
+// `required` parameter `name`, or holds it as a DTensor of another layout (shared with a module
+// parallelized earlier). An optional parameter the module lacks (a Linear without bias) is fine.
+void check_parameter(const nn::Module& module, const std::string& fqn, const std::string& name,
+                     const DeviceMesh& mesh, const Placement& placement, const std::string& style,
+                     bool required);
 
 // Replaces parameter `name` of `module` (if the module has it defined) by a DTensor with
 // `placement`, distributed from the mesh's first rank, keeping requires_grad. A parameter that
@@ -37,4 +49,12 @@ Tensor prepare_input(const Tensor& input, const std::shared_ptr<const DeviceMesh
 Tensor prepare_output(const Tensor& output, const std::shared_ptr<const DeviceMesh>& mesh,
                       const Placement& layout, const Placement& desired, bool use_local_output);
 
-}  // namespace loom::tp::detail
+// The names these had before they were public.
+namespace detail {
+using tp::check_one_dim;
+using tp::distribute_parameter;
+using tp::prepare_input;
+using tp::prepare_output;
+}  // namespace detail
+
+}  // namespace loom::tp

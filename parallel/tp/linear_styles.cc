@@ -15,9 +15,9 @@ using detail::prepare_output;
 
 enum class Kind { kLinear, kEmbedding };
 
-Kind kind_of(nn::Module& module, const std::string& fqn, const std::string& style) {
-  if (dynamic_cast<nn::Linear*>(&module) != nullptr) return Kind::kLinear;
-  if (dynamic_cast<nn::Embedding*>(&module) != nullptr) return Kind::kEmbedding;
+Kind kind_of(const nn::Module& module, const std::string& fqn, const std::string& style) {
+  if (dynamic_cast<const nn::Linear*>(&module) != nullptr) return Kind::kLinear;
+  if (dynamic_cast<const nn::Embedding*>(&module) != nullptr) return Kind::kEmbedding;
   LOOM_FAIL("parallelize_module: {} applies to Linear and Embedding modules, but '{}' is a {}",
             style, fqn, module.type_name());
 }
@@ -39,9 +39,20 @@ void install_hooks(nn::Module& module, const std::shared_ptr<const DeviceMesh>& 
 
 }  // namespace
 
+void ColwiseParallel::validate(const nn::Module& module, const std::string& fqn,
+                               const DeviceMesh& mesh) const {
+  check_one_dim(mesh, name());
+  if (kind_of(module, fqn, name()) == Kind::kLinear) {
+    check_parameter(module, fqn, "weight", mesh, Shard(0), name(), /*required=*/true);
+    check_parameter(module, fqn, "bias", mesh, Shard(0), name(), /*required=*/false);
+  } else {
+    check_parameter(module, fqn, "weight", mesh, Shard(1), name(), /*required=*/true);
+  }
+}
+
 void ColwiseParallel::apply(nn::Module& module, const std::string& fqn,
                             std::shared_ptr<const DeviceMesh> mesh) const {
-  detail::check_one_dim(*mesh, name());
+  validate(module, fqn, *mesh);
   const Placement input_layout = options_.input_layouts.value_or(Replicate());
   if (kind_of(module, fqn, name()) == Kind::kLinear) {
     distribute_parameter(module, fqn, "weight", mesh, Shard(0));
@@ -54,9 +65,20 @@ void ColwiseParallel::apply(nn::Module& module, const std::string& fqn,
                 options_.output_layouts.value_or(Shard(-1)), options_.use_local_output);
 }
 
+void RowwiseParallel::validate(const nn::Module& module, const std::string& fqn,
+                               const DeviceMesh& mesh) const {
+  check_one_dim(mesh, name());
+  if (kind_of(module, fqn, name()) == Kind::kLinear) {
+    check_parameter(module, fqn, "weight", mesh, Shard(1), name(), /*required=*/true);
+    check_parameter(module, fqn, "bias", mesh, Replicate(), name(), /*required=*/false);
+  } else {
+    check_parameter(module, fqn, "weight", mesh, Shard(0), name(), /*required=*/true);
+  }
+}
+
 void RowwiseParallel::apply(nn::Module& module, const std::string& fqn,
                             std::shared_ptr<const DeviceMesh> mesh) const {
-  detail::check_one_dim(*mesh, name());
+  validate(module, fqn, *mesh);
   if (kind_of(module, fqn, name()) == Kind::kLinear) {
     distribute_parameter(module, fqn, "weight", mesh, Shard(1));
     distribute_parameter(module, fqn, "bias", mesh, Replicate());

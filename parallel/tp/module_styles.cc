@@ -7,14 +7,21 @@
 
 namespace loom::tp {
 
-void SequenceParallel::apply(nn::Module& module, const std::string& fqn,
-                             std::shared_ptr<const DeviceMesh> mesh) const {
-  detail::check_one_dim(*mesh, name());
+void SequenceParallel::validate(const nn::Module& module, const std::string& fqn,
+                                const DeviceMesh& mesh) const {
+  check_one_dim(mesh, name());
   LOOM_CHECK(module.named_children().empty(),
              "parallelize_module: SequenceParallel applies to leaf modules (norms, dropout), but "
-             "'{}' ({}) has "
-             "submodules",
+             "'{}' ({}) has submodules",
              fqn, module.type_name());
+  for (const auto& [param, value] : module.named_parameters(/*recurse=*/false)) {
+    check_parameter(module, fqn, param, mesh, Replicate(), name(), /*required=*/true);
+  }
+}
+
+void SequenceParallel::apply(nn::Module& module, const std::string& fqn,
+                             std::shared_ptr<const DeviceMesh> mesh) const {
+  validate(module, fqn, *mesh);
   for (const auto& [param, value] : module.named_parameters(/*recurse=*/false)) {
     detail::distribute_parameter(module, fqn, param, mesh, Replicate());
   }
@@ -28,18 +35,28 @@ void SequenceParallel::apply(nn::Module& module, const std::string& fqn,
   });
 }
 
-void PrepareModuleInput::apply(nn::Module& module, const std::string&,
+void PrepareModuleInput::validate(const nn::Module&, const std::string&,
+                                  const DeviceMesh& mesh) const {
+  check_one_dim(mesh, name());
+}
+
+void PrepareModuleInput::apply(nn::Module& module, const std::string& fqn,
                                std::shared_ptr<const DeviceMesh> mesh) const {
-  detail::check_one_dim(*mesh, name());
+  validate(module, fqn, *mesh);
   module.register_forward_pre_hook([mesh, o = options_](nn::Module&, const Tensor& input) {
     const Tensor x = detail::prepare_input(input, mesh, o.input_layouts, o.desired_input_layouts);
     return o.use_local_output ? to_local(x) : x;
   });
 }
 
-void PrepareModuleOutput::apply(nn::Module& module, const std::string&,
+void PrepareModuleOutput::validate(const nn::Module&, const std::string&,
+                                   const DeviceMesh& mesh) const {
+  check_one_dim(mesh, name());
+}
+
+void PrepareModuleOutput::apply(nn::Module& module, const std::string& fqn,
                                 std::shared_ptr<const DeviceMesh> mesh) const {
-  detail::check_one_dim(*mesh, name());
+  validate(module, fqn, *mesh);
   module.register_forward_hook(
       [mesh, o = options_](nn::Module&, const Tensor&, const Tensor& output) {
         return detail::prepare_output(output, mesh, o.output_layouts, o.desired_output_layouts,

@@ -14,17 +14,32 @@ void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> me
                         const ParallelizePlan& plan) {
   LOOM_CHECK(mesh != nullptr, "parallelize_module: the mesh is null");
   const auto modules = module.named_modules();
+  // 1. Every entry matches, and every style fits every module it matches: checked before
+  //    anything changes, so a plan that does not fit leaves the model as it was.
+  std::vector<std::pair<std::shared_ptr<ParallelStyle>, std::pair<std::string, nn::Module*>>> work;
   for (const auto& [pattern, style] : plan) {
     LOOM_CHECK(style != nullptr, "parallelize_module: plan entry '{}' has no style", pattern);
     bool matched = false;
     for (const auto& [fqn, submodule] : modules) {
       if (fqn.empty() || !fqn_matches(pattern, fqn)) continue;
-      style->apply(*submodule, fqn, mesh);
+      style->validate(*submodule, fqn, *mesh);
+      work.push_back({style, {fqn, submodule}});
       matched = true;
     }
     LOOM_CHECK(matched, "parallelize_module: plan entry '{}' ({}) matches no submodule of {}",
                pattern, style->name(), module.type_name());
   }
+  // 2. Then each style in plan order.
+  for (const auto& [style, target] : work) style->apply(*target.second, target.first, mesh);
+}
+
+void parallelize_module(nn::Module& module, const DeviceMesh& mesh, const ParallelizePlan& plan) {
+  parallelize_module(module, std::make_shared<const DeviceMesh>(mesh), plan);
+}
+
+void parallelize_module(nn::Module& module, const DeviceMesh& mesh, const std::string& dim,
+                        const ParallelizePlan& plan) {
+  parallelize_module(module, std::make_shared<const DeviceMesh>(mesh[dim]), plan);
 }
 
 }  // namespace loom::tp

@@ -4,9 +4,11 @@
 //                                      {"fc2", std::make_shared<tp::RowwiseParallel>()}});
 //
 // Plan keys are fully-qualified module names with fnmatch-style wildcards ("h.*.attn.c_attn";
-// '*' matches any characters, dots included, as in PyTorch). A key that matches no module is
-// an error naming it; so is a style that does not fit its module. Collective: every rank of
-// the mesh calls it with the same plan (parameters are distributed from rank 0's values).
+// '*' matches any characters, dots included, as in PyTorch). The whole plan is validated before
+// anything changes: a key that matches no module is an error naming it, and so is a style that
+// does not fit a module it matches (ParallelStyle::validate); either leaves the model as it was.
+// Collective: every rank of the mesh calls it with the same plan (parameters are distributed
+// from rank 0's values).
 #pragma once
 
 #include <memory>
@@ -23,6 +25,11 @@ namespace loom::tp {
 using ParallelizePlan = std::vector<std::pair<std::string, std::shared_ptr<ParallelStyle>>>;
 
 void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh,
+                        const ParallelizePlan& plan);
+// The same on a mesh value (a slice: mesh["tp"]), or on one named dim of a larger mesh:
+//   tp::parallelize_module(model, *mesh, "tp", plan);
+void parallelize_module(nn::Module& module, const DeviceMesh& mesh, const ParallelizePlan& plan);
+void parallelize_module(nn::Module& module, const DeviceMesh& mesh, const std::string& dim,
                         const ParallelizePlan& plan);
 
 // fnmatch-style matching of a module name against a plan key.

@@ -34,6 +34,11 @@ namespace loom::tp {
 class ParallelStyle {
  public:
   virtual ~ParallelStyle() = default;
+  // Checks that the style fits `module`, changing nothing: parallelize_module validates every
+  // entry of a plan before applying any, so a plan that does not fit leaves the model as it was.
+  // Throws naming the module (`fqn`) and the style. Default: nothing to check.
+  virtual void validate(const nn::Module& module, const std::string& fqn,
+                        const DeviceMesh& mesh) const {}
   // Shards `module`'s parameters and installs its input/output hooks. `fqn` names the module in
   // errors. Throws when the style does not fit the module.
   virtual void apply(nn::Module& module, const std::string& fqn,
@@ -50,6 +55,8 @@ struct LayoutOptions {
 class ColwiseParallel : public ParallelStyle {
  public:
   explicit ColwiseParallel(LayoutOptions options = {}) : options_(options) {}
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "ColwiseParallel"; }
@@ -61,6 +68,8 @@ class ColwiseParallel : public ParallelStyle {
 class RowwiseParallel : public ParallelStyle {
  public:
   explicit RowwiseParallel(LayoutOptions options = {}) : options_(options) {}
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "RowwiseParallel"; }
@@ -77,6 +86,8 @@ struct SequenceParallelOptions {
 class SequenceParallel : public ParallelStyle {
  public:
   explicit SequenceParallel(SequenceParallelOptions options = {}) : options_(options) {}
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "SequenceParallel"; }
@@ -94,6 +105,8 @@ struct PrepareInputOptions {
 class PrepareModuleInput : public ParallelStyle {
  public:
   explicit PrepareModuleInput(PrepareInputOptions options) : options_(options) {}
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleInput"; }
@@ -111,6 +124,8 @@ struct PrepareOutputOptions {
 class PrepareModuleOutput : public ParallelStyle {
  public:
   explicit PrepareModuleOutput(PrepareOutputOptions options) : options_(options) {}
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleOutput"; }
