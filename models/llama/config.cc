@@ -1,0 +1,88 @@
+#include "models/llama/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "base/error.h"
+
+namespace loom::models {
+
+std::vector<std::string> LlamaConfig::preset_names() {
+  return {"llama-tiny", "llama3-8b", "llama3-70b"};
+}
+
+LlamaConfig LlamaConfig::preset(const std::string& name) {
+  if (name == "llama3-8b") return LlamaConfig{};
+  if (name == "llama3-70b") {
+    return LlamaConfig{.dim = 8192,
+                       .n_layers = 80,
+                       .n_heads = 64,
+                       .n_kv_heads = 8,
+                       .vocab_size = 128256,
+                       .multiple_of = 4096,
+                       .ffn_dim_multiplier = 1.3};
+  }
+  if (name == "llama-tiny") {
+    // Odd on purpose: a vocabulary no tp divides, GQA (4 heads over 2 kv heads), a short RoPE
+    // scaling window so the scaled frequencies are exercised.
+    return LlamaConfig{.dim = 64,
+                       .n_layers = 2,
+                       .n_heads = 4,
+                       .n_kv_heads = 2,
+                       .vocab_size = 257,
+                       .multiple_of = 16,
+                       .ffn_dim_multiplier = std::nullopt,
+                       .norm_eps = 1e-5,
+                       .rope_theta = 10000.0,
+                       .rope_scaling = RopeScaling{.factor = 4.0,
+                                                   .low_freq_factor = 1.0,
+                                                   .high_freq_factor = 4.0,
+                                                   .original_max_position_embeddings = 32},
+                       .max_seq_len = 128};
+  }
+  LOOM_FAIL("LlamaConfig: unknown preset '{}'; the presets are {}", name,
+            fmt::join(preset_names(), ", "));
+}
+
+int64_t LlamaConfig::ffn_hidden_dim() const {
+  int64_t hidden = 4 * dim;
+  hidden = 2 * hidden / 3;
+  if (ffn_dim_multiplier) hidden = static_cast<int64_t>(*ffn_dim_multiplier * hidden);
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+int64_t LlamaConfig::parameter_count() const {
+  const int64_t kv_dim = n_kv_heads * head_dim();
+  const int64_t attention = dim * dim /*q*/ + 2 * dim * kv_dim /*k, v*/ + dim * dim /*o*/;
+  const int64_t feed_forward = 3 * dim * ffn_hidden_dim();
+  const int64_t norms = 2 * dim;
+  return vocab_size * dim /*embeddings*/ + n_layers * (attention + feed_forward + norms) +
+         dim /*final norm*/ + vocab_size * dim /*output head*/;
+}
+
+void LlamaConfig::validate() const {
+  for (const auto& [value, field] :
+       std::vector<std::pair<int64_t, const char*>>{{dim, "dim"},
+                                                    {n_layers, "n_layers"},
+                                                    {n_heads, "n_heads"},
+                                                    {n_kv_heads, "n_kv_heads"},
+                                                    {vocab_size, "vocab_size"},
+                                                    {multiple_of, "multiple_of"},
+                                                    {max_seq_len, "max_seq_len"}}) {
+    LOOM_CHECK(value >= 1, "LlamaConfig: {} must be at least 1, got {}", field, value);
+  }
+  LOOM_CHECK(dim % n_heads == 0, "LlamaConfig: dim {} does not split into n_heads {}", dim,
+             n_heads);
+  LOOM_CHECK(n_heads % n_kv_heads == 0,
+             "LlamaConfig: n_heads {} do not group over n_kv_heads {} (grouped-query attention "
+             "needs n_heads to be a multiple of n_kv_heads)",
+             n_heads, n_kv_heads);
+  LOOM_CHECK(head_dim() % 2 == 0,
+             "LlamaConfig: head_dim {} (dim {} / n_heads {}) is odd; RoPE rotates pairs",
+             head_dim(), dim, n_heads);
+  LOOM_CHECK(norm_eps > 0 && rope_theta > 0,
+             "LlamaConfig: norm_eps and rope_theta must be positive, got {} and {}", norm_eps,
+             rope_theta);
+}
+
+}  // namespace loom::models

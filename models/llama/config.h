@@ -1,0 +1,56 @@
+// Llama-family model configuration (Meta's ModelArgs / torchtitan's TransformerModelArgs, with
+// Hugging Face LlamaConfig's names in comments), its presets and its sizes.
+//
+//   auto config = models::LlamaConfig::preset("llama3-8b");
+//   config.parameter_count();   // 8'030'261'248
+//
+// The presets are the published Llama 3 configs; "llama-tiny" is the CPU test and default-job
+// size (odd sizes on purpose: a vocabulary that does not divide tp, 2 kv heads under 4 heads).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace loom::models {
+
+// Llama 3's RoPE frequency scaling (HF rope_scaling {"rope_type": "llama3", ...}).
+struct RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position_embeddings = 8192;
+};
+
+struct LlamaConfig {
+  int64_t dim = 4096;      // hidden_size
+  int64_t n_layers = 32;   // num_hidden_layers
+  int64_t n_heads = 32;    // num_attention_heads
+  int64_t n_kv_heads = 8;  // num_key_value_heads (grouped-query attention; = n_heads: MHA)
+  int64_t vocab_size = 128256;
+  int64_t multiple_of = 1024;                      // the FFN width rounds up to a multiple of this
+  std::optional<double> ffn_dim_multiplier = 1.3;  // applied to 2/3 of 4 * dim
+  double norm_eps = 1e-5;                          // rms_norm_eps
+  double rope_theta = 500000.0;
+  std::optional<RopeScaling> rope_scaling = RopeScaling{};  // none: plain RoPE
+  int64_t max_seq_len = 8192;                               // max_position_embeddings
+
+  // The named configs: "llama-tiny", "llama3-8b", "llama3-70b". Throws listing them otherwise.
+  static LlamaConfig preset(const std::string& name);
+  static std::vector<std::string> preset_names();
+
+  int64_t head_dim() const { return dim / n_heads; }
+  // The SwiGLU width (intermediate_size): 4 * dim, times 2/3, times ffn_dim_multiplier, rounded
+  // up to a multiple of multiple_of (Meta's and torchtitan's rule).
+  int64_t ffn_hidden_dim() const;
+  // Every parameter: embeddings, per layer q/k/v/o, w1/w2/w3 and two RMSNorm weights, the final
+  // norm and the untied output head.
+  int64_t parameter_count() const;
+
+  // Throws loom::Error naming the field: sizes below 1, a dim that does not split into heads,
+  // heads that do not group over the kv heads, an odd head_dim (RoPE rotates pairs).
+  void validate() const;
+};
+
+}  // namespace loom::models
