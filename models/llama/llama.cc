@@ -1,0 +1,159 @@
+#include "models/llama/llama.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::models {
+
+RMSNorm::RMSNorm(int64_t dim, double eps)
+    : Module("RMSNorm"), eps_(eps), weight_(register_parameter("weight", ops::ones({dim}))) {}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  const Tensor mean_square = mean(mul(x, x), {-1}, /*keepdim=*/true);
+  return mul(mul(x, rsqrt(add(mean_square, eps_))), weight_);
+}
+
+RopeTables rope_tables(const LlamaConfig& config) {
+  const int64_t half = config.head_dim() / 2;
+  std::vector<double> freqs(half);
+  for (int64_t i = 0; i < half; ++i) {
+    freqs[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / config.head_dim());
+  }
+  if (config.rope_scaling) {
+    // Llama 3's scaling: long wavelengths slowed by `factor`, short ones kept, a smooth blend in
+    // between (Meta's apply_scaling, HF's rope_type "llama3").
+    const RopeScaling& s = *config.rope_scaling;
+    const double old_context = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_context / s.low_freq_factor;
+    const double high_wavelen = old_context / s.high_freq_factor;
+    for (double& f : freqs) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen < high_wavelen) continue;
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+        continue;
+      }
+      const double smooth =
+          (old_context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      f = (1 - smooth) * f / s.factor + smooth * f;
+    }
+  }
+  std::vector<float> cos(config.max_seq_len * half), sin(config.max_seq_len * half);
+  for (int64_t t = 0; t < config.max_seq_len; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(t) * freqs[i];
+      cos[t * half + i] = static_cast<float>(std::cos(angle));
+      sin[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return {ops::from_vector(cos, {config.max_seq_len, half}),
+          ops::from_vector(sin, {config.max_seq_len, half})};
+}
+
+Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
+  const int64_t batch = x.size(0), time = x.size(1), head_dim = x.size(3);
+  LOOM_CHECK(time <= tables.cos.size(0),
+             "apply_rope: a sequence of {} positions, but the tables cover {} (max_seq_len)", time,
+             tables.cos.size(0));
+  const Tensor pairs = reshape(x, {batch, time, -1, head_dim / 2, 2});
+  const Tensor even = narrow(pairs, 4, 0, 1), odd = narrow(pairs, 4, 1, 1);
+  // (T, D/2) -> (1, T, 1, D/2, 1), on the input's device.
+  const auto table = [&](const Tensor& t) {
+    return reshape(ops::to(narrow(t, 0, 0, time), x.device()), {1, time, 1, head_dim / 2, 1});
+  };
+  const Tensor c = table(tables.cos), s = table(tables.sin);
+  const Tensor rotated[] = {sub(mul(even, c), mul(odd, s)), add(mul(even, s), mul(odd, c))};
+  return reshape(cat(rotated, 4), {batch, time, -1, head_dim});
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed)
+    : Module("LlamaAttention"),
+      head_dim_(config.head_dim()),
+      group_(config.n_heads / config.n_kv_heads) {
+  const int64_t kv_dim = config.n_kv_heads * head_dim_;
+  const auto linear = [](int64_t in, int64_t out, uint64_t s) {
+    return std::make_shared<nn::Linear>(in, out, nn::LinearOptions{.bias = false, .seed = s});
+  };
+  wq = register_module("wq", linear(config.dim, config.dim, seed));
+  wk = register_module("wk", linear(config.dim, kv_dim, seed + 1));
+  wv = register_module("wv", linear(config.dim, kv_dim, seed + 2));
+  wo = register_module("wo", linear(config.dim, config.dim, seed + 3));
+}
+
+Tensor LlamaAttention::attend(const Tensor& x, const RopeTables& tables) {
+  const int64_t batch = x.size(0), time = x.size(1);
+  const Tensor q = apply_rope(reshape((*wq)(x), {batch, time, -1, head_dim_}), tables);
+  const Tensor k = apply_rope(reshape((*wk)(x), {batch, time, -1, head_dim_}), tables);
+  const Tensor v = reshape((*wv)(x), {batch, time, -1, head_dim_});
+  // Grouped-query attention: kv head j serves query heads [j * group, (j + 1) * group).
+  const auto repeat_kv = [&](const Tensor& t) {
+    if (group_ == 1) return t;
+    const Tensor grown = expand(unsqueeze(t, 3), {batch, time, t.size(2), group_, head_dim_});
+    return reshape(contiguous(grown), {batch, time, -1, head_dim_});
+  };
+  const Tensor y = scaled_dot_product_attention(transpose(q, 1, 2), transpose(repeat_kv(k), 1, 2),
+                                                transpose(repeat_kv(v), 1, 2),
+                                                /*is_causal=*/true);  // (B, H, T, D)
+  return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
+}
+
+LlamaFeedForward::LlamaFeedForward(const LlamaConfig& config, uint64_t seed)
+    : Module("LlamaFeedForward") {
+  const int64_t hidden = config.ffn_hidden_dim();
+  const auto linear = [](int64_t in, int64_t out, uint64_t s) {
+    return std::make_shared<nn::Linear>(in, out, nn::LinearOptions{.bias = false, .seed = s});
+  };
+  w1 = register_module("w1", linear(config.dim, hidden, seed));
+  w2 = register_module("w2", linear(hidden, config.dim, seed + 1));
+  w3 = register_module("w3", linear(config.dim, hidden, seed + 2));
+}
+
+Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(mul(silu((*w1)(x)), (*w3)(x))); }
+
+LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed) : Module("LlamaBlock") {
+  attention = register_module("attention", std::make_shared<LlamaAttention>(config, seed));
+  feed_forward =
+      register_module("feed_forward", std::make_shared<LlamaFeedForward>(config, seed + 8));
+  attention_norm =
+      register_module("attention_norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
+  ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
+}
+
+Tensor LlamaBlock::run(const Tensor& x, const RopeTables& tables) {
+  const Tensor h = add(x, attention->attend((*attention_norm)(x), tables));
+  return add(h, (*feed_forward)((*ffn_norm)(h)));
+}
+
+Llama::Llama(const LlamaConfig& config, uint64_t seed)
+    : Module("Llama"), config_(config), rope_((config.validate(), rope_tables(config))) {
+  tok_embeddings = register_module(
+      "tok_embeddings",
+      std::make_shared<nn::Embedding>(config.vocab_size, config.dim, seed, /*init_std=*/0.02));
+  auto list = register_module("layers", std::make_shared<nn::ModuleList>(0));
+  for (int64_t i = 0; i < config.n_layers; ++i) {
+    layers.push_back(list->append(
+        std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1))));
+  }
+  norm = register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
+  output = register_module(
+      "output", std::make_shared<nn::Linear>(config.dim, config.vocab_size,
+                                             nn::LinearOptions{.bias = false, .seed = seed + 7}));
+}
+
+Tensor Llama::forward(const Tensor& ids) {
+  Tensor h = (*tok_embeddings)(ids);
+  for (const auto& layer : layers) h = layer->run(h, rope_);
+  return (*output)((*norm)(h));
+}
+
+Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
+  const Tensor logits = (*this)(ids);
+  return cross_entropy(reshape(logits, {-1, config_.vocab_size}), reshape(targets, {-1}));
+}
+
+}  // namespace loom::models

@@ -1,0 +1,97 @@
+// A Llama-family model (Llama 3's architecture, torchtitan's module names): token embeddings,
+// pre-norm blocks of grouped-query attention with rotary position embeddings and a SwiGLU
+// feed-forward, a final RMSNorm and an untied output head.
+//
+//   models::Llama model(models::LlamaConfig::preset("llama-tiny"), /*seed=*/1);
+//   Tensor loss = model.loss(ids, targets);   // ids, targets: (B, T) int64
+//
+// Names: tok_embeddings.weight, layers.{i}.attention.{wq,wk,wv,wo}.weight,
+// layers.{i}.attention_norm.weight, layers.{i}.feed_forward.{w1,w2,w3}.weight,
+// layers.{i}.ffn_norm.weight, norm.weight, output.weight. Every projection is bias-free.
+//
+// RoPE follows Meta's convention: dims (2i, 2i+1) of each head rotate together by position x
+// frequency i (Hugging Face's checkpoints permute wq and wk for their rotate-half convention;
+// the import undoes it). Attention computes on -1 heads, so a tensor-parallel rank's local heads
+// (and local kv heads) run the same code. This first version composes existing ops; fused
+// rms_norm and rope ops come next.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "models/llama/config.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+
+namespace loom::models {
+
+// x * rsqrt(mean(x^2 over the last dim) + eps) * weight (weight ones at init).
+class RMSNorm : public nn::Module {
+ public:
+  RMSNorm(int64_t dim, double eps);
+  Tensor forward(const Tensor& x) override;
+  const Tensor& weight() const { return weight_; }
+
+ private:
+  double eps_;
+  const Tensor& weight_;
+};
+
+// The rotation angles' cosines and sines, (max_seq_len, head_dim / 2) each, with Llama 3's
+// frequency scaling when the config has it (computed in double, stored f32).
+struct RopeTables {
+  Tensor cos, sin;
+};
+RopeTables rope_tables(const LlamaConfig& config);
+// x: (B, T, H, D); rotates pairs (2i, 2i+1) of every head by position t (rows [0, T) of the
+// tables).
+Tensor apply_rope(const Tensor& x, const RopeTables& tables);
+
+class LlamaAttention : public nn::Module {
+ public:
+  LlamaAttention(const LlamaConfig& config, uint64_t seed);
+  // x: (B, T, dim); `tables` the model's.
+  Tensor attend(const Tensor& x, const RopeTables& tables);
+  std::shared_ptr<nn::Linear> wq, wk, wv, wo;
+
+ private:
+  int64_t head_dim_, group_;  // query heads per kv head
+};
+
+class LlamaFeedForward : public nn::Module {
+ public:
+  LlamaFeedForward(const LlamaConfig& config, uint64_t seed);
+  Tensor forward(const Tensor& x) override;  // w2(silu(w1 x) * w3 x)
+  std::shared_ptr<nn::Linear> w1, w2, w3;
+};
+
+class LlamaBlock : public nn::Module {
+ public:
+  LlamaBlock(const LlamaConfig& config, uint64_t seed);
+  Tensor run(const Tensor& x, const RopeTables& tables);
+  std::shared_ptr<RMSNorm> attention_norm, ffn_norm;
+  std::shared_ptr<LlamaAttention> attention;
+  std::shared_ptr<LlamaFeedForward> feed_forward;
+};
+
+class Llama : public nn::Module {
+ public:
+  Llama(const LlamaConfig& config, uint64_t seed);
+  // Logits (B, T, vocab) of token ids (B, T).
+  Tensor forward(const Tensor& ids) override;
+  // Mean cross entropy of the logits against targets (B, T).
+  Tensor loss(const Tensor& ids, const Tensor& targets);
+  const LlamaConfig& config() const { return config_; }
+
+  std::shared_ptr<nn::Embedding> tok_embeddings;
+  std::vector<std::shared_ptr<LlamaBlock>> layers;
+  std::shared_ptr<RMSNorm> norm;
+  std::shared_ptr<nn::Linear> output;
+
+ private:
+  LlamaConfig config_;
+  RopeTables rope_;
+};
+
+}  // namespace loom::models
