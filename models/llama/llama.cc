@@ -6,6 +6,8 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "parallel/tp/loss_parallel.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -71,10 +73,12 @@ Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
   return reshape(cat(rotated, 4), {batch, time, -1, head_dim});
 }
 
-LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed)
+LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed,
+                               std::shared_ptr<const RopeTables> rope)
     : Module("LlamaAttention"),
       head_dim_(config.head_dim()),
-      group_(config.n_heads / config.n_kv_heads) {
+      group_(config.n_heads / config.n_kv_heads),
+      rope_(std::move(rope)) {
   const int64_t kv_dim = config.n_kv_heads * head_dim_;
   const auto linear = [](int64_t in, int64_t out, uint64_t s) {
     return std::make_shared<nn::Linear>(in, out, nn::LinearOptions{.bias = false, .seed = s});
@@ -85,7 +89,8 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed)
   wo = register_module("wo", linear(config.dim, config.dim, seed + 3));
 }
 
-Tensor LlamaAttention::attend(const Tensor& x, const RopeTables& tables) {
+Tensor LlamaAttention::forward(const Tensor& x) {
+  const RopeTables& tables = *rope_;
   const int64_t batch = x.size(0), time = x.size(1);
   const Tensor q = apply_rope(reshape((*wq)(x), {batch, time, -1, head_dim_}), tables);
   const Tensor k = apply_rope(reshape((*wk)(x), {batch, time, -1, head_dim_}), tables);
@@ -115,8 +120,11 @@ LlamaFeedForward::LlamaFeedForward(const LlamaConfig& config, uint64_t seed)
 
 Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(mul(silu((*w1)(x)), (*w3)(x))); }
 
-LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed) : Module("LlamaBlock") {
-  attention = register_module("attention", std::make_shared<LlamaAttention>(config, seed));
+LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
+                       std::shared_ptr<const RopeTables> rope)
+    : Module("LlamaBlock") {
+  attention =
+      register_module("attention", std::make_shared<LlamaAttention>(config, seed, std::move(rope)));
   feed_forward =
       register_module("feed_forward", std::make_shared<LlamaFeedForward>(config, seed + 8));
   attention_norm =
@@ -124,20 +132,22 @@ LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed) : Module("Llama
   ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
 }
 
-Tensor LlamaBlock::run(const Tensor& x, const RopeTables& tables) {
-  const Tensor h = add(x, attention->attend((*attention_norm)(x), tables));
+Tensor LlamaBlock::forward(const Tensor& x) {
+  const Tensor h = add(x, (*attention)((*attention_norm)(x)));
   return add(h, (*feed_forward)((*ffn_norm)(h)));
 }
 
 Llama::Llama(const LlamaConfig& config, uint64_t seed)
-    : Module("Llama"), config_(config), rope_((config.validate(), rope_tables(config))) {
+    : Module("Llama"),
+      config_(config),
+      rope_(std::make_shared<const RopeTables>((config.validate(), rope_tables(config)))) {
   tok_embeddings = register_module(
       "tok_embeddings",
       std::make_shared<nn::Embedding>(config.vocab_size, config.dim, seed, /*init_std=*/0.02));
   auto list = register_module("layers", std::make_shared<nn::ModuleList>(0));
   for (int64_t i = 0; i < config.n_layers; ++i) {
     layers.push_back(list->append(
-        std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1))));
+        std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1), rope_)));
   }
   norm = register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
   output = register_module(
@@ -147,13 +157,17 @@ Llama::Llama(const LlamaConfig& config, uint64_t seed)
 
 Tensor Llama::forward(const Tensor& ids) {
   Tensor h = (*tok_embeddings)(ids);
-  for (const auto& layer : layers) h = layer->run(h, rope_);
+  for (const auto& layer : layers) h = (*layer)(h);
   return (*output)((*norm)(h));
 }
 
 Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
   const Tensor logits = (*this)(ids);
-  return cross_entropy(reshape(logits, {-1, config_.vocab_size}), reshape(targets, {-1}));
+  const Tensor flat_logits = reshape(logits, {-1, config_.vocab_size});
+  const Tensor flat_targets = reshape(targets, {-1});
+  // Vocabulary-sharded logits (the TP plan's loss parallel) take the loss-parallel cross entropy.
+  return is_dtensor(logits) ? tp::loss_parallel_cross_entropy(flat_logits, flat_targets)
+                            : cross_entropy(flat_logits, flat_targets);
 }
 
 }  // namespace loom::models

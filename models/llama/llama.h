@@ -50,13 +50,14 @@ Tensor apply_rope(const Tensor& x, const RopeTables& tables);
 
 class LlamaAttention : public nn::Module {
  public:
-  LlamaAttention(const LlamaConfig& config, uint64_t seed);
-  // x: (B, T, dim); `tables` the model's.
-  Tensor attend(const Tensor& x, const RopeTables& tables);
+  // `rope`: the model's tables, shared by every layer.
+  LlamaAttention(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
+  Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
   std::shared_ptr<nn::Linear> wq, wk, wv, wo;
 
  private:
   int64_t head_dim_, group_;  // query heads per kv head
+  std::shared_ptr<const RopeTables> rope_;
 };
 
 class LlamaFeedForward : public nn::Module {
@@ -68,8 +69,8 @@ class LlamaFeedForward : public nn::Module {
 
 class LlamaBlock : public nn::Module {
  public:
-  LlamaBlock(const LlamaConfig& config, uint64_t seed);
-  Tensor run(const Tensor& x, const RopeTables& tables);
+  LlamaBlock(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
+  Tensor forward(const Tensor& x) override;
   std::shared_ptr<RMSNorm> attention_norm, ffn_norm;
   std::shared_ptr<LlamaAttention> attention;
   std::shared_ptr<LlamaFeedForward> feed_forward;
@@ -91,7 +92,7 @@ class Llama : public nn::Module {
 
  private:
   LlamaConfig config_;
-  RopeTables rope_;
+  std::shared_ptr<const RopeTables> rope_;
 };
 
 }  // namespace loom::models

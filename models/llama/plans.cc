@@ -1,0 +1,51 @@
+#include "models/llama/plans.h"
+
+#include "base/error.h"
+#include "parallel/tp/parallelize.h"
+
+namespace loom::models {
+
+void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+                       const LlamaPlanOptions& options) {
+  LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1,
+             "parallelize_llama: needs the 1-D tp mesh (mesh[\"tp\"])");
+  const LlamaConfig& config = model.config();
+  const int64_t tp = tp_mesh->size(0);
+  LOOM_CHECK(config.n_heads % tp == 0 && config.n_kv_heads % tp == 0,
+             "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank takes "
+             "whole heads; replicating kv heads when tp > n_kv_heads is not supported yet)",
+             tp, config.n_heads, config.n_kv_heads);
+  using namespace tp;
+  const bool sp = options.sequence_parallel;
+  const Placement sequence = Shard(1);
+  // Between blocks the residual stream is sequence shards (SP) or replicated.
+  const Placement stream = sp ? sequence : Replicate();
+  ParallelizePlan plan = {
+      {"tok_embeddings", std::make_shared<RowwiseParallel>(LayoutOptions{
+                             .input_layouts = Replicate(), .output_layouts = stream})},
+      {"output",
+       std::make_shared<ColwiseParallel>(LayoutOptions{
+           .input_layouts = stream, .output_layouts = Shard(-1), .use_local_output = false})},
+      {"layers.*.attention.wq", std::make_shared<ColwiseParallel>()},
+      {"layers.*.attention.wk", std::make_shared<ColwiseParallel>()},
+      {"layers.*.attention.wv", std::make_shared<ColwiseParallel>()},
+      {"layers.*.attention.wo",
+       std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
+      {"layers.*.feed_forward.w1", std::make_shared<ColwiseParallel>()},
+      {"layers.*.feed_forward.w3", std::make_shared<ColwiseParallel>()},
+      {"layers.*.feed_forward.w2",
+       std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
+  };
+  if (sp) {
+    const auto gather_once = std::make_shared<PrepareModuleInput>(
+        PrepareInputOptions{sequence, Replicate(), /*use_local_output=*/false});
+    for (const char* name : {"norm", "layers.*.attention_norm", "layers.*.ffn_norm"}) {
+      plan.push_back({name, std::make_shared<SequenceParallel>()});
+    }
+    plan.push_back({"layers.*.attention", gather_once});
+    plan.push_back({"layers.*.feed_forward", gather_once});
+  }
+  parallelize_module(model, std::move(tp_mesh), plan);
+}
+
+}  // namespace loom::models

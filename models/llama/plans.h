@@ -1,0 +1,28 @@
+// The Llama tensor-parallel plan (torchtitan's parallelize_llama): q/k/v column-parallel and o
+// row-parallel, w1/w3 column-parallel and w2 row-parallel, the embedding table row-parallel
+// (vocabulary shards), the output head column-parallel with loss parallel (vocabulary-sharded
+// logits into the loss), and with sequence parallelism the norms on sequence shards and each
+// attention / feed-forward input gathered once for its projections (PrepareModuleInput).
+//
+//   models::parallelize_llama(model, std::make_shared<const DeviceMesh>((*mesh)["tp"]));
+//
+// Heads split over tp: n_heads and n_kv_heads must both divide by it (checked, naming them,
+// before anything changes); replicating kv heads when tp > n_kv_heads is not supported yet.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mesh/device_mesh.h"
+#include "models/llama/llama.h"
+
+namespace loom::models {
+
+struct LlamaPlanOptions {
+  bool sequence_parallel = true;
+};
+
+void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+                       const LlamaPlanOptions& options = {});
+
+}  // namespace loom::models
