@@ -18,6 +18,7 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
+#include "tests/models/hf_reference.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
@@ -30,31 +31,18 @@ using loom::testing::Tolerance;
 constexpr const char* kCheckpoint = "tests/models/fixtures/hf_gpt2_tiny.safetensors";
 constexpr const char* kExpected = "tests/models/fixtures/hf_gpt2_tiny_logits.json";
 
-struct Reference {
+struct Reference : testing::HfReference {
   GPTConfig config;
-  Tensor ids;
-  std::vector<double> logits;
-  Shape logits_shape;
 };
 
 Reference read_reference() {
-  std::ifstream in(kExpected);
-  EXPECT_TRUE(in.good()) << "cannot open " << kExpected;
-  const nlohmann::json j = nlohmann::json::parse(in);
-  Reference r;
-  const auto& c = j.at("config");
+  Reference r{testing::read_hf_reference(kExpected), {}};
+  const auto& c = r.json.at("config");
   r.config = GPTConfig{.n_layer = c.at("n_layer"),
                        .n_head = c.at("n_head"),
                        .n_embd = c.at("n_embd"),
                        .block_size = c.at("block_size"),
                        .vocab_size = c.at("vocab_size")};
-  const auto rows = j.at("ids").get<std::vector<std::vector<int64_t>>>();
-  std::vector<int64_t> flat;
-  for (const auto& row : rows) flat.insert(flat.end(), row.begin(), row.end());
-  r.ids = ops::from_vector_i64(
-      flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
-  r.logits = j.at("logits").get<std::vector<double>>();
-  r.logits_shape = j.at("logits_shape").get<Shape>();
   return r;
 }
 
