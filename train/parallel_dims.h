@@ -8,7 +8,7 @@
 // test and example builds its mesh through this struct.
 //
 // The data-parallel degree is dp_replicate x dp_shard: DDP over dp_replicate when dp_shard is 1,
-// FSDP over dp_shard when dp_replicate is 1, HSDP with both (models/gpt/data_parallel.h). The
+// FSDP over dp_shard when dp_replicate is 1, HSDP with both (models/data_parallel.h). The
 // data-parallel rank (which share of the batch a rank takes) is dp_replicate's coordinate x
 // dp_shard + dp_shard's.
 #pragma once

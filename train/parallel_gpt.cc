@@ -8,79 +8,40 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "models/checkpoint/gpt2_hf.h"
-#include "models/gpt/data_parallel.h"
+#include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"
 #include "optim/clip_grad.h"
 #include "parallel/pipeline/schedules.h"
 #include "tensor/ops.h"
+#include "train/one_stage_model.h"
 
 namespace loom::train {
 
 namespace {
 
 // pp = 1: one GPT, the TP plan over "tp", then data parallelism (DDP or FSDP, with mixed
-// precision); gradient accumulation over micro-batches (synchronizing on the last only).
-class DataTensorParallelGPT : public ParallelModel {
- public:
-  DataTensorParallelGPT(const models::GPTConfig& config, uint64_t seed,
-                        const std::shared_ptr<const DeviceMesh>& mesh,
-                        const ParallelConfig& parallel)
-      : model_(std::make_shared<models::GPT>(config, seed)), grad_accum_(parallel.grad_accum) {
-    model_->to(mesh->device());  // before the TP plan and data parallelism take the parameters
-    if (mesh->size("tp") > 1) {
-      models::parallelize_gpt(*model_, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
-                              parallel.tp_plan);
-    }
-    data_parallel_ =
-        std::make_unique<models::GPTDataParallel>(model_, *mesh, parallel.mixed_precision);
+// precision), run as a OneStageModel.
+std::unique_ptr<ParallelModel> one_stage_gpt(const models::GPTConfig& config, uint64_t seed,
+                                             const std::shared_ptr<const DeviceMesh>& mesh,
+                                             const ParallelConfig& parallel) {
+  auto model = std::make_shared<models::GPT>(config, seed);
+  model->to(mesh->device());  // before the TP plan and data parallelism take the parameters
+  if (mesh->size("tp") > 1) {
+    models::parallelize_gpt(*model, std::make_shared<const DeviceMesh>((*mesh)["tp"]),
+                            parallel.tp_plan);
   }
-
-  void zero_grad() override { data_parallel_->zero_grad(); }
-
-  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
-    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
-               "forward_backward: {} sequences do not split into grad_accum {} micro-batches",
-               inputs.size(0), grad_accum_);
-    const int64_t micro = inputs.size(0) / grad_accum_;
-    double total = 0;
-    for (int m = 0; m < grad_accum_; ++m) {
-      const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
-                   y = ops::narrow(targets, 0, m * micro, micro);
-      Tensor loss = div(model_->loss(x, y), static_cast<double>(grad_accum_));
-      data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
-      total += loss.item<double>();
-    }
-    return total;
-  }
-
-  double clip_grad_norm(double max_norm) override {
-    return optim::clip_grad_norm_(model_->parameters(), max_norm);
-  }
-
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
-    return model_->named_parameters();
-  }
-  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
-    return model_->named_modules();
-  }
-
-  Tensor logits(const Tensor& ids) override {
-    NoGradGuard no_grad;
-    const Tensor out = (*model_)(ids);
-    return is_dtensor(out) ? full_tensor(out) : out;  // vocab-sharded under tp
-  }
-
-  void load(const std::string& path) override { models::load_gpt2_hf(*model_, path); }
-  void save(const std::string& path, bool write) override {
-    models::save_gpt2_hf(*model_, path, write);
-  }
-
- private:
-  std::shared_ptr<models::GPT> model_;
-  std::unique_ptr<models::GPTDataParallel> data_parallel_;
-  int grad_accum_;
-};
+  OneStageModelParts parts;
+  parts.data_parallel =
+      std::make_unique<models::GPTDataParallel>(model, *mesh, parallel.mixed_precision);
+  parts.loss = [model](const Tensor& x, const Tensor& y) { return model->loss(x, y); };
+  parts.load = [model](const std::string& path) { models::load_gpt2_hf(*model, path); };
+  parts.save = [model](const std::string& path, bool write) {
+    models::save_gpt2_hf(*model, path, write);
+  };
+  parts.model = model;
+  return one_stage_model(std::move(parts), parallel.grad_accum);
+}
 
 // pp > 1: GPTPipeline, this rank's stages, each with the TP plan, mixed precision and DDP,
 // driven by the pipeline schedule over microbatches.
@@ -179,7 +140,7 @@ std::unique_ptr<ParallelModel> build_parallel_gpt(const models::GPTConfig& confi
   if (parallel.dims.pp > 1) {
     return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), parallel);
   }
-  return std::make_unique<DataTensorParallelGPT>(config, seed, mesh, parallel);
+  return one_stage_gpt(config, seed, mesh, parallel);
 }
 
 }  // namespace loom::train

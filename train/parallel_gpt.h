@@ -7,7 +7,7 @@
 //   1. the model moves to its device;
 //   2. tensor parallelism over "tp": the GPT plan (models/gpt/plans.h), with sequence
 //      parallelism unless turned off;
-//   3. data parallelism (models/gpt/data_parallel.h): DDP over "dp_replicate", or FSDP per block
+//   3. data parallelism (models/data_parallel.h): DDP over "dp_replicate", or FSDP per block
 //      and root over "dp_shard" (HSDP with both), with mixed precision (bf16 compute over f32
 //      master weights; gradient reductions stay f32).
 // The result is a ParallelModel: one interface over the two ways a step runs (gradient

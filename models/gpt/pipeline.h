@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "mesh/device_mesh.h"
-#include "models/gpt/data_parallel.h"
+#include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
 #include "nn/mixed_precision.h"

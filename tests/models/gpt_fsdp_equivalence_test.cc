@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/testing/multi_rank.h"
-#include "models/gpt/data_parallel.h"
+#include "models/data_parallel.h"
 #include "tests/models/gpt_training_run.h"
 #include "tests/testing/errors.h"
 

@@ -18,7 +18,7 @@
 #include "autograd/engine.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
-#include "models/gpt/data_parallel.h"
+#include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"
 #include "models/gpt/plans.h"
@@ -118,7 +118,7 @@ TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
   });
 }
 
-// FSDP's own policy (models/gpt/data_parallel.h maps the job's bf16 onto it): bf16 all-gathers
+// FSDP's own policy (models/data_parallel.h maps the job's bf16 onto it): bf16 all-gathers
 // and compute over f32 sharded masters, f32 reduce-scatters. Each of 2 ranks takes half the
 // batch; the mean loss and the gathered gradients follow the bf16 model on one rank, and the
 // gradients stay f32 shards.

@@ -1,4 +1,4 @@
-#include "models/gpt/data_parallel.h"
+#include "models/data_parallel.h"
 
 #include <fmt/format.h>
 
@@ -7,8 +7,26 @@
 
 namespace loom::models {
 
-GPTDataParallel::GPTDataParallel(std::shared_ptr<GPTStage> module, const DeviceMesh& mesh,
+namespace {
+
+std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module) {
+  std::vector<DataParallel::Block> blocks;
+  for (size_t i = 0; i < module.h.size(); ++i) {
+    blocks.push_back({fmt::format("h.{}", module.range().first_block + static_cast<int64_t>(i)),
+                      module.h[i].get()});
+  }
+  return blocks;
+}
+
+}  // namespace
+
+GPTDataParallel::GPTDataParallel(const std::shared_ptr<GPTStage>& module, const DeviceMesh& mesh,
                                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)
+    : DataParallel(module, gpt_blocks(*module), mesh, mixed_precision) {}
+
+DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
+                           const DeviceMesh& mesh,
+                           const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)
     : module_(std::move(module)) {
   const int64_t replicate = mesh.size("dp_replicate"), shard = mesh.size("dp_shard");
   if (shard == 1) {
@@ -31,25 +49,24 @@ GPTDataParallel::GPTDataParallel(std::shared_ptr<GPTStage> module, const DeviceM
               .reduce_dtype = kFloat32,
               .cast_forward_inputs = mixed_precision->cast_forward_inputs};
   }
-  for (size_t i = 0; i < module_->h.size(); ++i) {
-    const bool last = i + 1 == module_->h.size();
-    fsdp::fully_shard(*module_->h[i], dp_mesh,
-                      {.reshard_after_forward = !last, .mp_policy = policy},
-                      fmt::format("h.{}", module_->range().first_block + static_cast<int64_t>(i)));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool last = i + 1 == blocks.size();
+    fsdp::fully_shard(*blocks[i].module, dp_mesh,
+                      {.reshard_after_forward = !last, .mp_policy = policy}, blocks[i].name);
   }
   if (mixed_precision) policy.output_dtype = mixed_precision->output_dtype;
   fsdp::fully_shard(*module_, dp_mesh, {.reshard_after_forward = false, .mp_policy = policy},
                     "root");
 }
 
-GPTDataParallel::~GPTDataParallel() = default;
+DataParallel::~DataParallel() = default;
 
-void GPTDataParallel::zero_grad() {
+void DataParallel::zero_grad() {
   if (ddp_) return ddp_->zero_grad();
   module_->zero_grad();
 }
 
-void GPTDataParallel::backward(bool last, const std::function<void()>& run) {
+void DataParallel::backward(bool last, const std::function<void()>& run) {
   if (ddp_) {
     if (last) return run();
     auto guard = ddp_->no_sync();

@@ -1,10 +1,11 @@
-// Data parallelism for a GPT (or one pipeline stage of it) over a mesh's "dp_replicate" and
-// "dp_shard" dims, as torchtitan's parallelize chooses it:
+// Data parallelism for a model (a GPT, a Llama, or one pipeline stage of either) over a mesh's
+// "dp_replicate" and "dp_shard" dims, as torchtitan's parallelize chooses it:
 //   - dp_shard 1, dp_replicate > 1: DDP over dp_replicate (parallel/ddp);
-//   - dp_shard > 1: FSDP2's fully_shard per transformer block, then the module itself (the
-//     embeddings, the final norm), over dp_shard, or HSDP over (dp_replicate, dp_shard) when
-//     dp_replicate > 1 too (parallel/fsdp). The last block and the root keep their parameters
-//     gathered after forward (their backward follows at once); every other block reshards.
+//   - dp_shard > 1: FSDP2's fully_shard per transformer block (the blocks the caller names),
+//     then the module itself (the embeddings, the final norm, the head), over dp_shard, or HSDP
+//     over (dp_replicate, dp_shard) when dp_replicate > 1 too (parallel/fsdp). The last block and
+//     the root keep their parameters gathered after forward (their backward follows at once); every
+//     other block reshards.
 //   - both 1: nothing.
 // Mixed precision comes with it: bf16 compute over f32 masters is nn::apply_mixed_precision
 // under DDP, and the FSDP units' own policy (bf16 all-gathers, f32 reduce-scatters) under FSDP.
@@ -21,10 +22,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mesh/device_mesh.h"
 #include "models/gpt/gpt.h"
 #include "nn/mixed_precision.h"
+#include "nn/module.h"
 
 namespace loom::ddp {
 class DistributedDataParallel;
@@ -32,13 +35,19 @@ class DistributedDataParallel;
 
 namespace loom::models {
 
-class GPTDataParallel {
+class DataParallel {
  public:
+  // A transformer block: FSDP's unit, and its name in errors.
+  struct Block {
+    std::string name;
+    nn::Module* module;
+  };
   // `mesh` has dims "dp_replicate" and "dp_shard" (and any others: "pp", "tp"); call after the
-  // TP plan. `module` is on the mesh's device.
-  GPTDataParallel(std::shared_ptr<GPTStage> module, const DeviceMesh& mesh,
-                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
-  ~GPTDataParallel();
+  // TP plan. `module` is on the mesh's device; `blocks` are its transformer blocks in order.
+  DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
+               const DeviceMesh& mesh,
+               const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
+  virtual ~DataParallel();
 
   void zero_grad();
   // Runs `run` (one backward); the gradients are reduced across dp only when `last`.
@@ -48,10 +57,17 @@ class GPTDataParallel {
   bool fully_sharded() const { return fully_sharded_; }
 
  private:
-  std::shared_ptr<GPTStage> module_;
+  std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
   bool fully_sharded_ = false;
   std::string kind_ = "none";
+};
+
+// A GPT or one of its pipeline stages: its blocks h.i are the FSDP units.
+class GPTDataParallel : public DataParallel {
+ public:
+  GPTDataParallel(const std::shared_ptr<GPTStage>& module, const DeviceMesh& mesh,
+                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
 };
 
 }  // namespace loom::models

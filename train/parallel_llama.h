@@ -1,0 +1,21 @@
+// A Llama laid out over the job's (pp, dp_replicate, dp_shard, tp) mesh, as the training loop
+// sees it: torchtitan's parallelize_llama over "tp" (models/llama/plans.h), then data
+// parallelism (DDP, FSDP per layer then the root, or HSDP: models/data_parallel.h) with mixed
+// precision, run with gradient accumulation. Pipeline stages for Llama come next: pp > 1 is an
+// error naming it.
+#pragma once
+
+#include <memory>
+
+#include "mesh/device_mesh.h"
+#include "models/llama/config.h"
+#include "train/parallel_gpt.h"
+
+namespace loom::train {
+
+std::unique_ptr<ParallelModel> build_parallel_llama(const models::LlamaConfig& config,
+                                                    uint64_t seed,
+                                                    std::shared_ptr<const DeviceMesh> mesh,
+                                                    const ParallelConfig& parallel);
+
+}  // namespace loom::train
