@@ -35,6 +35,7 @@
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/config.h"
+#include "models/llama/config.h"
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -44,6 +45,7 @@
 #include "train/job_config.h"
 #include "train/output_files.h"
 #include "train/parallel_gpt.h"
+#include "train/parallel_llama.h"
 #include "train/trainer.h"
 
 namespace {
@@ -221,6 +223,24 @@ ModelChoice model_config(const Flags& f) {
   return {config, saved ? "the checkpoint's config.json" : f.vocab_size ? "--vocab-size" : ""};
 }
 
+// A Llama preset with the size flags applied (--n-layer, --n-head, --n-embd: dim, --block-size:
+// max_seq_len); --init-from takes GPT-2 files only for now.
+models::LlamaConfig llama_config(const Flags& f) {
+  models::LlamaConfig config = models::LlamaConfig::preset(f.model);
+  if (f.n_layer) config.n_layers = f.n_layer;
+  if (f.n_head) config.n_heads = f.n_head;
+  if (f.n_embd) config.dim = f.n_embd;
+  if (f.block_size) config.max_seq_len = f.block_size;
+  LOOM_CHECK(f.init_from.empty(),
+             "--init-from: Hugging Face Llama checkpoints load through models/llama/hf.h, but the "
+             "job takes GPT-2 files only for now; drop --init-from for --model {}",
+             f.model);
+  LOOM_CHECK(f.seq_len <= config.max_seq_len,
+             "--seq-len: {} tokens per sequence is more than the model's context of {}", f.seq_len,
+             config.max_seq_len);
+  return config;
+}
+
 // The vocabulary: the data's, unless the checkpoint or --vocab-size sets a larger one (padding).
 int64_t vocab_size(const ModelChoice& model, const data::TokenData& data) {
   if (model.vocab_from.empty()) return data.vocab_size;
@@ -229,6 +249,44 @@ int64_t vocab_size(const ModelChoice& model, const data::TokenData& data) {
              "tokens would not fit the embedding",
              data.description, data.vocab_size, model.config.vocab_size, model.vocab_from);
   return model.config.vocab_size;
+}
+
+// The job's model on its mesh: a GPT preset (tiny, small) or a Llama one (llama-tiny), the
+// vocabulary set from the data as vocab_size() says, and what the rest of the job needs to know
+// of it.
+struct JobModel {
+  std::unique_ptr<train::ParallelModel> model;
+  int64_t vocab_size = 0;
+  int64_t parameters = 0;
+  nlohmann::json fields;  // its sizes, as checkpoints record them
+};
+
+bool is_llama(const Flags& f) { return f.model.rfind("llama", 0) == 0; }
+
+JobModel build_job_model(const Flags& f, const data::TokenData& tokens,
+                         const std::shared_ptr<const DeviceMesh>& mesh,
+                         const train::ParallelConfig& parallel) {
+  JobModel job;
+  if (!is_llama(f)) {
+    const ModelChoice choice = model_config(f);
+    models::GPTConfig config = choice.config;
+    config.vocab_size = vocab_size(choice, tokens);
+    job.model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
+    job.vocab_size = config.vocab_size;
+    job.parameters = config.parameter_count();
+    job.fields = train::model_fields(config);
+    return job;
+  }
+  models::LlamaConfig config = llama_config(f);
+  config.vocab_size = f.vocab_size ? f.vocab_size : tokens.vocab_size;
+  LOOM_CHECK(tokens.vocab_size <= config.vocab_size,
+             "--data: {} has a vocabulary of {} tokens, more than --vocab-size {}",
+             tokens.description, tokens.vocab_size, config.vocab_size);
+  job.model = train::build_parallel_llama(config, f.seed, mesh, parallel);
+  job.vocab_size = config.vocab_size;
+  job.parameters = config.parameter_count();
+  job.fields = train::model_fields(config);
+  return job;
 }
 
 // The data-parallel degrees resolved into the flags (so the effective config repeats the run):
@@ -277,10 +335,8 @@ int run(Flags f) {
   const auto mesh = parallel.dims.build_mesh(world);
 
   const data::TokenData tokens = data::load_tokens(f.data);
-  const ModelChoice model_choice = model_config(f);
-  models::GPTConfig config = model_choice.config;
-  config.vocab_size = vocab_size(model_choice, tokens);
-  const auto model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
+  const JobModel job = build_job_model(f, tokens, mesh, parallel);
+  const auto& model = job.model;
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!f.init_from.empty()) {
     model->load(f.init_from);
@@ -297,7 +353,7 @@ int run(Flags f) {
       }
     } else {
       const std::string dir = checkpoint::step_directory(f.checkpoint_dir, *latest);
-      train::check_same_model(checkpoint::read_metadata(dir), config, dir);
+      train::check_same_model(checkpoint::read_metadata(dir), job.fields, dir);
       const checkpoint::Metadata saved = trainer.load_checkpoint(dir, *world);
       const std::string layout = train::saved_layout(saved);
       if (rank == 0) {
@@ -310,7 +366,7 @@ int run(Flags f) {
   }
 
   const double entropy = data::unigram_entropy(tokens);
-  const int64_t parameters = config.parameter_count();
+  const int64_t parameters = job.parameters;
   train::LineWriter metrics;
   if (rank == 0) {
     // The effective config, once: printed, and written beside the metrics so that
@@ -364,7 +420,7 @@ int run(Flags f) {
       const bool last = r.step + 1 == f.steps;
       if (!last && (f.checkpoint_every == 0 || (r.step + 1) % f.checkpoint_every != 0)) return;
       const auto start = std::chrono::steady_clock::now();
-      const nlohmann::json fields = train::job_checkpoint_fields(config, *mesh);
+      const nlohmann::json fields = train::job_checkpoint_fields(job.fields, *mesh);
       const checkpoint::SaveOptions options{.keep_last = static_cast<int>(f.keep_last)};
       std::string committed;
       if (async_saver) {
@@ -411,8 +467,7 @@ int run(Flags f) {
       window.resize((length + f.tp - 1) / f.tp * f.tp, 0);
       const Tensor logits = model->logits(
           ops::from_vector_i64(window, {1, static_cast<int64_t>(window.size())}, device));
-      const Tensor last =
-          ops::narrow(ops::reshape(logits, {-1, config.vocab_size}), 0, length - 1, 1);
+      const Tensor last = ops::narrow(ops::reshape(logits, {-1, job.vocab_size}), 0, length - 1, 1);
       const auto probs = ops::to_vector(ops::softmax(last, 1));
       // Sample with a counter-based draw (same on every rank).
       const double u = ops::to_vector(ops::uniform({1}, f.seed + 7919 * i, 0.0, 1.0))[0];
@@ -528,8 +583,12 @@ Parsed parse_command_line(int argc, char** argv) {
   }
   resolve_parallel_degrees(parsed.flags);
   check_paths(parsed.flags);
-  model_config(parsed.flags)
-      .config.validate();  // the sizes and the context, before anything starts
+  // The sizes and the context, before anything starts.
+  if (is_llama(parsed.flags)) {
+    llama_config(parsed.flags).validate();
+  } else {
+    model_config(parsed.flags).config.validate();
+  }
   return parsed;
 }
 

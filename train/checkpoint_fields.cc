@@ -9,8 +9,6 @@
 
 namespace loom::train {
 
-namespace {
-
 nlohmann::json model_fields(const models::GPTConfig& config) {
   return {{"n_layer", config.n_layer},
           {"n_head", config.n_head},
@@ -19,20 +17,28 @@ nlohmann::json model_fields(const models::GPTConfig& config) {
           {"vocab_size", config.vocab_size}};
 }
 
-}  // namespace
-
-nlohmann::json job_checkpoint_fields(const models::GPTConfig& config, const DeviceMesh& mesh) {
-  return {{"model", model_fields(config)}, {"layout", mesh.str()}};
+nlohmann::json model_fields(const models::LlamaConfig& config) {
+  return {{"family", "llama"},
+          {"dim", config.dim},
+          {"n_layers", config.n_layers},
+          {"n_heads", config.n_heads},
+          {"n_kv_heads", config.n_kv_heads},
+          {"ffn_hidden_dim", config.ffn_hidden_dim()},
+          {"max_seq_len", config.max_seq_len},
+          {"vocab_size", config.vocab_size}};
 }
 
-void check_same_model(const checkpoint::Metadata& metadata, const models::GPTConfig& config,
+nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh) {
+  return {{"model", model}, {"layout", mesh.str()}};
+}
+
+void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& here,
                       const std::string& directory) {
   const auto saved = metadata.extra.find("model");
   LOOM_CHECK(saved != metadata.extra.end() && saved->is_object(),
              "checkpoint '{}' does not record its model config; it was not saved by a GPT job",
              directory);
   std::vector<std::string> differences;
-  const nlohmann::json here = model_fields(config);
   for (const auto& [key, value] : here.items()) {
     const auto there = saved->find(key);
     if (there == saved->end() || *there != value) {

@@ -25,10 +25,10 @@ const std::vector<JobOption>& options() {
   static const std::vector<JobOption> table = {
       {"model",
        "model",
-       "GPT preset: tiny or small (GPT-2 124M)",
+       "model preset: tiny or small (GPT-2 124M), or llama-tiny (Llama 3's architecture)",
        &C::model,
        Range::kAny,
-       {"tiny", "small"}},
+       {"tiny", "small", "llama-tiny"}},
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
       {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},

@@ -21,6 +21,9 @@ run single 1 1 8
 run grid 2 2 8 --save trained.safetensors --checkpoint-dir ckpt --checkpoint-every 4 --keep-last 2
 run grid_again 2 2 8
 run piped 2 2 8 --pp 2 --microbatches 2 --save piped.safetensors
+# The Llama family: llama-tiny on 1 rank and on dp2 x tp2 (its TP plan, GQA, RoPE).
+run llama_single 1 1 8 --model llama-tiny
+run llama_grid 2 2 8 --model llama-tiny --checkpoint-dir ckpt_llama --checkpoint-every 4
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
 run sharded 0 2 8 --dp-shard 2 --save sharded.safetensors
 run sharded_piped 0 2 8 --dp-shard 2 --pp 2 --microbatches 2
@@ -67,6 +70,11 @@ same_losses_as_one_rank() {  # same_losses_as_one_rank NAME LAYOUT
 same_losses_as_one_rank piped "pp2 x dp2 x tp2"
 same_losses_as_one_rank sharded "dp_shard2 x tp2"
 same_losses_as_one_rank sharded_piped "pp2 x dp_shard2 x tp2"
+paste <(python_free_field llama_single.jsonl loss) <(python_free_field llama_grid.jsonl loss) | awk '
+  { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "llama step " NR-1 ": 1 rank " $1 " vs dp2 x tp2 " $2; bad = 1 } }
+  NR == 1 { first = $2 } { last = $2 }
+  END { if (last >= first) { print "llama loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
+grep -q "params, llama-tiny on" llama_grid.log || { echo "no llama run"; cat llama_grid.log; exit 1; }
 grep -q "dp_shard=2" sharded.log || { echo "the FSDP run's mesh has no dp_shard=2"; cat sharded.log; exit 1; }
 [[ -f ckpt/step_00000004/COMMITTED && -f ckpt/step_00000008/COMMITTED ]] ||
   { echo "the grid run did not commit steps 4 and 8"; ls -R ckpt; cat grid.log; exit 1; }

@@ -28,6 +28,9 @@ models::GPTConfig model_config(const checkpoint::Metadata& metadata, const std::
              "consolidate_gpt2: '{}' does not record its model config (extra.model); it was not "
              "saved by a GPT job",
              dir);
+  LOOM_CHECK(model->value("family", "gpt") == "gpt",
+             "consolidate_gpt2: '{}' holds a {} model; this command writes GPT-2 files", dir,
+             model->value("family", "gpt"));
   models::GPTConfig config;
   config.n_layer = model->at("n_layer").get<int64_t>();
   config.n_head = model->at("n_head").get<int64_t>();
