@@ -33,11 +33,8 @@ std::unique_ptr<ParallelModel> build_parallel_llama(const models::LlamaConfig& c
                                                                parallel.mixed_precision);
   parts.loss = [model](const Tensor& x, const Tensor& y) { return model->loss(x, y); };
   parts.load = [model](const std::string& path) { models::load_llama_hf(*model, path); };
-  parts.save = [](const std::string& path, bool) {
-    LOOM_FAIL(
-        "--save '{}': Hugging Face export of Llama is not built yet; checkpoint with "
-        "--checkpoint-dir instead",
-        path);
+  parts.save = [model](const std::string& path, bool write) {
+    models::save_llama_hf(*model, path, write);
   };
   parts.model = model;
   return one_stage_model(std::move(parts), parallel.grad_accum);

@@ -1,8 +1,8 @@
 // A Llama laid out over the job's (pp, dp_replicate, dp_shard, tp) mesh, as the training loop
 // sees it: torchtitan's parallelize_llama over "tp" (models/llama/plans.h), then data
 // parallelism (DDP, FSDP per layer then the root, or HSDP: models/data_parallel.h) with mixed
-// precision, run with gradient accumulation. Pipeline stages for Llama come next: pp > 1 is an
-// error naming it.
+// precision, run with gradient accumulation; --save writes Hugging Face LlamaForCausalLM files.
+// Pipeline stages for Llama come next: pp > 1 is an error naming it.
 #pragma once
 
 #include <memory>

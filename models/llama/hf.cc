@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "dtensor/dtensor.h"
 #include "models/checkpoint/gpt2_hf.h"
 #include "models/checkpoint/safetensors.h"
 #include "tensor/ops.h"
@@ -46,6 +48,47 @@ std::vector<int64_t> unpermute_rotary(int64_t heads, int64_t head_dim) {
     }
   }
   return source;
+}
+
+// Row sources of HF's layout from Loom's (the inverse of unpermute_rotary): HF row
+// h*D + c*D/2 + i <- Loom row h*D + 2i + c.
+std::vector<int64_t> permute_rotary(int64_t heads, int64_t head_dim) {
+  std::vector<int64_t> source;
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t c = 0; c < 2; ++c) {
+      for (int64_t i = 0; i < head_dim / 2; ++i) source.push_back(h * head_dim + 2 * i + c);
+    }
+  }
+  return source;
+}
+
+nlohmann::json hf_config_json(const LlamaConfig& config) {
+  nlohmann::json json{{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"hidden_size", config.dim},
+                      {"intermediate_size", config.ffn_hidden_dim()},
+                      {"num_hidden_layers", config.n_layers},
+                      {"num_attention_heads", config.n_heads},
+                      {"num_key_value_heads", config.n_kv_heads},
+                      {"head_dim", config.head_dim()},
+                      {"vocab_size", config.vocab_size},
+                      {"max_position_embeddings", config.max_seq_len},
+                      {"rms_norm_eps", config.norm_eps},
+                      {"rope_theta", config.rope_theta},
+                      {"hidden_act", "silu"},
+                      {"attention_bias", false},
+                      {"mlp_bias", false},
+                      {"tie_word_embeddings", false}};
+  if (config.rope_scaling) {
+    const RopeScaling& s = *config.rope_scaling;
+    json["rope_scaling"] = {
+        {"rope_type", "llama3"},
+        {"factor", s.factor},
+        {"low_freq_factor", s.low_freq_factor},
+        {"high_freq_factor", s.high_freq_factor},
+        {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  }
+  return json;
 }
 
 }  // namespace
@@ -131,6 +174,31 @@ void load_llama_hf(Llama& model, const std::string& path) {
   }
   NoGradGuard no_grad;
   for (const auto& [name, p] : model.named_parameters()) ops::copy_(p, converted.at(name));
+}
+
+void save_llama_hf(const Llama& model, const std::string& path, bool write) {
+  NoGradGuard no_grad;
+  const LlamaConfig& config = model.config();
+  TensorMap tensors;
+  // Every rank runs the same full_tensor collectives in named_parameters order.
+  for (const auto& [name, p] : model.named_parameters()) {
+    Tensor full = ops::contiguous(ops::to(is_dtensor(p) ? full_tensor(p) : p, Device::cpu()));
+    if (!write) continue;
+    if (name.find("attention.wq") != std::string::npos) {
+      full = gather_rows(full, permute_rotary(config.n_heads, config.head_dim()));
+    } else if (name.find("attention.wk") != std::string::npos) {
+      full = gather_rows(full, permute_rotary(config.n_kv_heads, config.head_dim()));
+    }
+    tensors.emplace(hf_name(name), full);
+  }
+  if (!write) return;
+  save_safetensors(path, tensors, {{"format", "pt"}});
+  const std::string config_path =
+      (std::filesystem::path(path).parent_path() / "config.json").string();
+  std::ofstream out(config_path);
+  out << hf_config_json(config).dump(2) << "\n";
+  out.close();
+  LOOM_CHECK(out.good(), "save_llama_hf: cannot write '{}'", config_path);
 }
 
 }  // namespace loom::models

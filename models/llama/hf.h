@@ -26,4 +26,9 @@ LlamaConfig read_llama_hf_config(const std::string& config_json);
 // the file's names and shapes checked, errors naming the tensor). All or nothing.
 void load_llama_hf(Llama& model, const std::string& path);
 
+// Writes `model` as a LlamaForCausalLM safetensors file (q_proj/k_proj permuted back to HF's
+// rotary layout) with the config.json transformers reads beside it. DTensor parameters are
+// gathered (full_tensor: every rank of their meshes calls it); only ranks with `write` write.
+void save_llama_hf(const Llama& model, const std::string& path, bool write = true);
+
 }  // namespace loom::models

@@ -5,6 +5,8 @@
 // another order). Also under tp = 2 with sequence parallelism after the load.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include "autograd/grad_mode.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
@@ -62,6 +64,32 @@ TEST(LlamaHFReferenceTest, TransformersCheckpointOnTensorParallelRanks) {
     const Tensor logits = full_tensor(model(ref.ids));
     expect_close({.actual = logits, .expected = ref.logits, .tol = kTol, .what = "tp2 logits"});
   });
+}
+
+// Export, then import: the same model (every parameter equal), and a config.json that reads back
+// to the same config. From tp2 ranks too (the export gathers). transformers reads the file:
+// checked by hand with make_hf_llama_fixture.py's environment, not in the suite.
+TEST(LlamaHFReferenceTest, ExportReadsBackAsTheSameModel) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/export";
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/model.safetensors";
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    Llama model(read_llama_hf_config(kConfig), /*seed=*/99);
+    load_llama_hf(model, kCheckpoint);
+    parallelize_llama(model, mesh);
+    save_llama_hf(model, file, /*write=*/pg.rank() == 0);
+  });
+  const LlamaConfig config = read_llama_hf_config(dir + "/config.json");
+  EXPECT_EQ(config.parameter_count(), LlamaConfig::preset("llama-tiny").parameter_count());
+  Llama original(config, 1), exported(config, 2);
+  load_llama_hf(original, kCheckpoint);
+  load_llama_hf(exported, file);
+  const auto want = original.state_dict();
+  for (const auto& [name, p] : exported.named_parameters()) {
+    EXPECT_EQ(ops::to_vector(p), ops::to_vector(want.at(name))) << name;
+  }
 }
 
 }  // namespace
