@@ -36,6 +36,7 @@
 #include "models/data/token_data.h"
 #include "models/gpt/config.h"
 #include "models/llama/config.h"
+#include "models/llama/hf.h"
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -224,17 +225,35 @@ ModelChoice model_config(const Flags& f) {
 }
 
 // A Llama preset with the size flags applied (--n-layer, --n-head, --n-embd: dim, --block-size:
-// max_seq_len); --init-from takes GPT-2 files only for now.
+// max_seq_len), or, with --init-from, the sizes of the Hugging Face checkpoint's config.json
+// (which the size flags given must not contradict).
 models::LlamaConfig llama_config(const Flags& f) {
   models::LlamaConfig config = models::LlamaConfig::preset(f.model);
-  if (f.n_layer) config.n_layers = f.n_layer;
-  if (f.n_head) config.n_heads = f.n_head;
-  if (f.n_embd) config.dim = f.n_embd;
-  if (f.block_size) config.max_seq_len = f.block_size;
-  LOOM_CHECK(f.init_from.empty(),
-             "--init-from: Hugging Face Llama checkpoints load through models/llama/hf.h, but the "
-             "job takes GPT-2 files only for now; drop --init-from for --model {}",
-             f.model);
+  if (!f.init_from.empty()) {
+    const std::string json =
+        (std::filesystem::path(f.init_from).parent_path() / "config.json").string();
+    LOOM_CHECK(std::filesystem::exists(json),
+               "--init-from: a Llama checkpoint needs its config.json beside it (as "
+               "save_pretrained writes it), but '{}' does not exist",
+               json);
+    config = models::read_llama_hf_config(json);
+    const auto agree = [&](int64_t flag, int64_t value, const char* name) {
+      LOOM_CHECK(flag == 0 || flag == value,
+                 "--{}: {} contradicts the checkpoint '{}', whose config.json gives {}; drop the "
+                 "flag (the checkpoint's sizes are used)",
+                 name, flag, f.init_from, value);
+    };
+    agree(f.n_layer, config.n_layers, "n-layer");
+    agree(f.n_head, config.n_heads, "n-head");
+    agree(f.n_embd, config.dim, "n-embd");
+    agree(f.block_size, config.max_seq_len, "block-size");
+    agree(f.vocab_size, config.vocab_size, "vocab-size");
+  } else {
+    if (f.n_layer) config.n_layers = f.n_layer;
+    if (f.n_head) config.n_heads = f.n_head;
+    if (f.n_embd) config.dim = f.n_embd;
+    if (f.block_size) config.max_seq_len = f.block_size;
+  }
   LOOM_CHECK(f.seq_len <= config.max_seq_len,
              "--seq-len: {} tokens per sequence is more than the model's context of {}", f.seq_len,
              config.max_seq_len);
@@ -278,9 +297,12 @@ JobModel build_job_model(const Flags& f, const data::TokenData& tokens,
     return job;
   }
   models::LlamaConfig config = llama_config(f);
-  config.vocab_size = f.vocab_size ? f.vocab_size : tokens.vocab_size;
+  // The vocabulary: the checkpoint's or --vocab-size when given, else the data's.
+  if (f.init_from.empty() && !f.vocab_size) config.vocab_size = tokens.vocab_size;
+  if (f.vocab_size) config.vocab_size = f.vocab_size;
   LOOM_CHECK(tokens.vocab_size <= config.vocab_size,
-             "--data: {} has a vocabulary of {} tokens, more than --vocab-size {}",
+             "--data: {} has a vocabulary of {} tokens, more than the model's {}; its tokens "
+             "would not fit the embedding",
              tokens.description, tokens.vocab_size, config.vocab_size);
   job.model = train::build_parallel_llama(config, f.seed, mesh, parallel);
   job.vocab_size = config.vocab_size;

@@ -23,7 +23,11 @@ run grid_again 2 2 8
 run piped 2 2 8 --pp 2 --microbatches 2 --save piped.safetensors
 # The Llama family: llama-tiny on 1 rank and on dp2 x tp2 (its TP plan, GQA, RoPE).
 run llama_single 1 1 8 --model llama-tiny
-run llama_grid 2 2 8 --model llama-tiny --checkpoint-dir ckpt_llama --checkpoint-every 4
+mkdir -p llama_hf
+run llama_grid 2 2 8 --model llama-tiny --checkpoint-dir ckpt_llama --checkpoint-every 4 \
+  --save llama_hf/model.safetensors
+# Its Hugging Face export (LlamaForCausalLM, config.json beside it) seeds a 1-rank Llama job.
+run llama_seeded 1 1 1 --model llama-tiny --init-from llama_hf/model.safetensors
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
 run sharded 0 2 8 --dp-shard 2 --save sharded.safetensors
 run sharded_piped 0 2 8 --dp-shard 2 --pp 2 --microbatches 2
@@ -75,6 +79,10 @@ paste <(python_free_field llama_single.jsonl loss) <(python_free_field llama_gri
   NR == 1 { first = $2 } { last = $2 }
   END { if (last >= first) { print "llama loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
 grep -q "params, llama-tiny on" llama_grid.log || { echo "no llama run"; cat llama_grid.log; exit 1; }
+llama_fresh=$(python_free_field llama_single.jsonl loss | head -1)
+llama_seeded=$(python_free_field llama_seeded.jsonl loss | head -1)
+awk -v f="$llama_fresh" -v s="$llama_seeded" 'BEGIN { exit !(s < f - 0.5) }' ||
+  { echo "the exported Llama seeds at loss $llama_seeded, a fresh one starts at $llama_fresh"; exit 1; }
 grep -q "dp_shard=2" sharded.log || { echo "the FSDP run's mesh has no dp_shard=2"; cat sharded.log; exit 1; }
 [[ -f ckpt/step_00000004/COMMITTED && -f ckpt/step_00000008/COMMITTED ]] ||
   { echo "the grid run did not commit steps 4 and 8"; ls -R ckpt; cat grid.log; exit 1; }
