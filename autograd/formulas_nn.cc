@@ -34,6 +34,14 @@ void register_nn_formulas(FormulaTable& f) {
                           return Grads{grads.grad_x, grads.grad_weight, grads.grad_bias};
                         });
   };
+  // Inputs (x, weight), attrs (eps); outputs (out, rstd).
+  f[OpId::rms_norm] = [](C c, Outs out) {
+    return record_first("RMSNormBackward", c, out,
+                        [x = c.inputs[0], weight = c.inputs[1], rstd = out[1]](const Grads& g) {
+                          ops::RMSNormGrads grads = ops::rms_norm_backward(g[0], x, rstd, weight);
+                          return Grads{grads.grad_x, grads.grad_weight};
+                        });
+  };
   // Inputs (weight, indices).
   f[OpId::embedding] = [](C c, Outs out) {
     return record_first("EmbeddingBackward", c, std::move(out),

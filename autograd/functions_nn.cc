@@ -7,6 +7,10 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& 
   return ops::layer_norm(x, normalized_shape, weight, bias, eps).out;
 }
 
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  return ops::rms_norm(x, weight, eps).out;
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
                      Reduction reduction) {
   return ops::cross_entropy(logits, targets, ignore_index, reduction).loss;

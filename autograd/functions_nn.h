@@ -16,6 +16,8 @@ using ops::softmax;
 // weight/bias may be undefined (no affine transform).
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
                   const Tensor& bias, double eps = 1e-5);
+// RMSNorm over the last dim (ops::rms_norm's out).
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
 // logits (N, V), targets (N,) i64; rows whose target is ignore_index contribute nothing.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);

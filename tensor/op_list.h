@@ -96,6 +96,8 @@
   X(log_softmax_backward, kNoGrad, kExtended)                       \
   X(layer_norm, kDifferentiable, kExtended)                         \
   X(layer_norm_backward, kNoGrad, kExtended)                        \
+  X(rms_norm, kDifferentiable, kExtended)                           \
+  X(rms_norm_backward, kNoGrad, kExtended)                          \
   X(embedding, kDifferentiable, kExtended)                          \
   X(embedding_backward, kNoGrad, kExtended)                         \
   X(cross_entropy, kDifferentiable, kExtended)                      \

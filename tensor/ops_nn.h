@@ -59,6 +59,23 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x, cons
                                    const Tensor& rstd, const Tensor& weight,
                                    const Shape& normalized_shape);
 
+// RMSNorm over the last dim (Llama's): out = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps)
+// per row, in f32. `weight` has shape (x.size(-1)) (x's dtype or f32) or is undefined.
+struct RMSNormResult {
+  Tensor out;   // x.shape, x.dtype
+  Tensor rstd;  // x.shape[:-1], f32
+};
+RMSNormResult rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
+
+struct RMSNormGrads {
+  Tensor grad_x;       // x.shape, x.dtype
+  Tensor grad_weight;  // (n), weight.dtype; undefined when weight is undefined
+};
+// Backward of rms_norm from its saved rstd: with xhat = x * rstd and g' = g * weight,
+// dx = rstd * (g' - xhat * mean(g' * xhat)), dweight = sum over rows of g * xhat.
+RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
+                               const Tensor& weight);
+
 // ---- embedding --------------------------------------------------------------------------------
 
 // Rows of `weight` (V, C) picked by `indices` (any shape, i64 or i32): shape (*indices.shape, C),

@@ -10,8 +10,11 @@
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_elementwise.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_nn_internal.h"
+#include "tensor/ops_reduce.h"
+#include "tensor/ops_views.h"
 
 namespace loom::ops {
 
@@ -322,6 +325,113 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
     }
     grads.grad_weight = to(gw_out, weight.dtype());
     grads.grad_bias = to(gb_out, weight.dtype());
+  }
+  return grads;
+}
+
+RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
+  if (auto r = dispatch_op(OpId::rms_norm, {x_in, weight}, {eps})) return {(*r)[0], (*r)[1]};
+  constexpr std::string_view op = "rms_norm";
+  check_floating(x_in, op, "x");
+  LOOM_CHECK(x_in.dim() >= 1, "rms_norm: x must have at least one dim, got shape {}",
+             shape_str(x_in.shape()));
+  const Shape normalized{x_in.size(-1)};
+  check_affine(weight, normalized, op, "weight");
+  LOOM_CHECK(eps >= 0.0, "rms_norm: eps must be >= 0, got {} (input shape {})", eps,
+             shape_str(x_in.shape()));
+  const NormLayout l = norm_layout(x_in, normalized, op);
+  const Device device = op_device(op, {x_in, weight});
+  const Tensor x = as_f32(x_in);
+  const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
+  if (device.is_cuda()) {
+    // Composed of the device's kernels until a fused one lands: the same f32 math.
+    const Tensor rstd_keep = rsqrt(add(mean(mul(x, x), {-1}, /*keepdim=*/true), eps));
+    Tensor out = mul(x, rstd_keep);
+    if (w.defined()) out = mul(out, w);
+    return {to(out, x_in.dtype()), reshape(rstd_keep, l.stats_shape)};
+  }
+  Tensor out = Tensor::empty(x.shape(), kFloat32, device);
+  Tensor rstd = Tensor::empty(l.stats_shape, kFloat32, device);
+  const float* px = x.data<float>();
+  const float* pw = w.defined() ? w.data<float>() : nullptr;
+  float* po = out.data<float>();
+  float* pr = rstd.data<float>();
+  const int64_t n = l.n;
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const float* xr = px + r * n;
+    double sq = 0.0;  // in f64, as layer_norm's statistics
+    for (int64_t j = 0; j < n; ++j) sq += static_cast<double>(xr[j]) * xr[j];
+    const float s = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
+    pr[r] = s;
+    float* orow = po + r * n;
+    for (int64_t j = 0; j < n; ++j) orow[j] = pw ? xr[j] * s * pw[j] : xr[j] * s;
+  }
+  return {to(out, x_in.dtype()), rstd};
+}
+
+RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const Tensor& rstd,
+                               const Tensor& weight) {
+  if (auto r = dispatch_op(OpId::rms_norm_backward, {grad_out, x_in, rstd, weight})) {
+    return {(*r)[0], (*r)[1]};
+  }
+  constexpr std::string_view op = "rms_norm_backward";
+  check_floating(grad_out, op, "grad_out");
+  check_floating(x_in, op, "x");
+  check_floating(rstd, op, "rstd");
+  const Shape normalized{x_in.size(-1)};
+  check_affine(weight, normalized, op, "weight");
+  const NormLayout l = norm_layout(x_in, normalized, op);
+  LOOM_CHECK(grad_out.shape() == x_in.shape() && rstd.shape() == l.stats_shape,
+             "{}: grad_out shape {} and rstd shape {} must be {} and {}", op,
+             shape_str(grad_out.shape()), shape_str(rstd.shape()), shape_str(x_in.shape()),
+             shape_str(l.stats_shape));
+  const Device device = op_device(op, {grad_out, x_in, rstd, weight});
+  const Tensor g = as_f32(grad_out), x = as_f32(x_in), rs = as_f32(rstd);
+  const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
+  if (device.is_cuda()) {
+    const Tensor s = unsqueeze(rs, -1);
+    const Tensor xhat = mul(x, s);
+    const Tensor gw = w.defined() ? mul(g, w) : g;
+    const Tensor dx = mul(s, sub(gw, mul(xhat, mean(mul(gw, xhat), {-1}, /*keepdim=*/true))));
+    RMSNormGrads grads{to(dx, x_in.dtype()), Tensor()};
+    if (w.defined()) {
+      grads.grad_weight =
+          to(reshape(sum(reshape(mul(g, xhat), {l.rows, l.n}), {0}), normalized), weight.dtype());
+    }
+    return grads;
+  }
+  Tensor grad_x = Tensor::empty(x.shape(), kFloat32, device);
+  const float* pg = g.data<float>();
+  const float* px = x.data<float>();
+  const float* pr = rs.data<float>();
+  const float* pw = w.defined() ? w.data<float>() : nullptr;
+  float* pd = grad_x.data<float>();
+  const int64_t n = l.n;
+  std::vector<double> acc_w(pw ? n : 0, 0.0);
+  for (int64_t r = 0; r < l.rows; ++r) {
+    const float* gr = pg + r * n;
+    const float* xr = px + r * n;
+    const float s = pr[r];
+    double dot = 0.0;  // sum of g' * xhat
+    for (int64_t j = 0; j < n; ++j) {
+      const float xhat = xr[j] * s;
+      const float gw = pw ? gr[j] * pw[j] : gr[j];
+      dot += static_cast<double>(gw) * xhat;
+      if (pw) acc_w[j] += static_cast<double>(gr[j]) * xhat;
+    }
+    const float m = static_cast<float>(dot / static_cast<double>(n));
+    for (int64_t j = 0; j < n; ++j) {
+      const float xhat = xr[j] * s;
+      const float gw = pw ? gr[j] * pw[j] : gr[j];
+      pd[r * n + j] = s * (gw - xhat * m);
+    }
+  }
+  RMSNormGrads grads{to(grad_x, x_in.dtype()), Tensor()};
+  if (pw) {
+    Tensor gw_out = Tensor::empty(normalized, kFloat32, device);
+    float* pgw = gw_out.data<float>();
+    for (int64_t j = 0; j < n; ++j) pgw[j] = static_cast<float>(acc_w[j]);
+    grads.grad_weight = to(gw_out, weight.dtype());
   }
   return grads;
 }

@@ -31,6 +31,15 @@ void register_nn_ops(OpTable& t) {
                                       c.inputs[4], c.ints_attr(0));
     return V{r.grad_x, r.grad_weight, r.grad_bias};
   };
+  // RMS norm: inputs (x, weight), attrs (eps); backward inputs (grad_out, x, rstd, weight).
+  t[OpId::rms_norm] = [](C c) {
+    auto r = ops::rms_norm(c.inputs[0], c.inputs[1], c.double_attr(0));
+    return V{r.out, r.rstd};
+  };
+  t[OpId::rms_norm_backward] = [](C c) {
+    auto r = ops::rms_norm_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3]);
+    return V{r.grad_x, r.grad_weight};
+  };
   // Embedding.
   t[OpId::embedding] = [](C c) { return V{ops::embedding(c.inputs[0], c.inputs[1])}; };
   t[OpId::embedding_backward] = [](C c) {

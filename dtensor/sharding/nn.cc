@@ -230,6 +230,19 @@ void register_nn_strategies(StrategyTable& t) {
     return leading_dims(5, {true, true, true, true, false}, lead, {x, normalized, normalized},
                         {Replicate(), Partial(), Partial()});
   };
+  // RMS norm over the last dim: rows shard freely, the normalized dim never.
+  t[OpId::rms_norm] = [](const OpCall&, const InputSpecs& in) {
+    const Shape& x = in[0]->shape;
+    const int64_t lead = static_cast<int64_t>(x.size()) - 1;
+    return leading_dims(2, {true, false}, lead, {x, Shape(x.begin(), x.end() - 1)});
+  };
+  t[OpId::rms_norm_backward] = [](const OpCall&, const InputSpecs& in) {
+    // Inputs: (grad_out, x, rstd, weight); outputs: (grad_x, grad_weight).
+    const Shape& x = in[1]->shape;
+    const int64_t lead = static_cast<int64_t>(x.size()) - 1;
+    return leading_dims(4, {true, true, true, false}, lead, {x, Shape{x.back()}},
+                        {Replicate(), Partial()});
+  };
   t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;

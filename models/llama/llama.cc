@@ -15,10 +15,7 @@ namespace loom::models {
 RMSNorm::RMSNorm(int64_t dim, double eps)
     : Module("RMSNorm"), eps_(eps), weight_(register_parameter("weight", ops::ones({dim}))) {}
 
-Tensor RMSNorm::forward(const Tensor& x) {
-  const Tensor mean_square = mean(mul(x, x), {-1}, /*keepdim=*/true);
-  return mul(mul(x, rsqrt(add(mean_square, eps_))), weight_);
-}
+Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
 
 RopeTables rope_tables(const LlamaConfig& config) {
   const int64_t half = config.head_dim() / 2;

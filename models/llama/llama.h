@@ -12,8 +12,8 @@
 // RoPE follows Meta's convention: dims (2i, 2i+1) of each head rotate together by position x
 // frequency i (Hugging Face's checkpoints permute wq and wk for their rotate-half convention;
 // the import undoes it). Attention computes on -1 heads, so a tensor-parallel rank's local heads
-// (and local kv heads) run the same code. This first version composes existing ops; fused
-// rms_norm and rope ops come next.
+// (and local kv heads) run the same code. RMSNorm is the fused rms_norm op; RoPE composes
+// existing ops (a fused rope op comes next).
 #pragma once
 
 #include <memory>
@@ -26,7 +26,8 @@
 
 namespace loom::models {
 
-// x * rsqrt(mean(x^2 over the last dim) + eps) * weight (weight ones at init).
+// x * rsqrt(mean(x^2 over the last dim) + eps) * weight (weight ones at init): the fused
+// rms_norm op.
 class RMSNorm : public nn::Module {
  public:
   RMSNorm(int64_t dim, double eps);

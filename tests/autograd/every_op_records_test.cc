@@ -172,6 +172,13 @@ std::optional<Sample> sample_for(OpId op) {
       const ops::LayerNormResult r = ops::layer_norm(ops::alias(x), {4}, ops::alias(w), {}, 1e-5);
       return Sample{{leaf({2, 4}, 45), x, r.mean, r.rstd, w}, {ints({4})}};
     }
+    case OpId::rms_norm:
+      return Sample{{leaf({2, 4}, 47, -2.0, 2.0), leaf({4}, 48, 0.5, 1.5)}, {1e-5}};
+    case OpId::rms_norm_backward: {
+      const Tensor x = leaf({2, 4}, 49), w = leaf({4}, 50);
+      const ops::RMSNormResult r = ops::rms_norm(ops::alias(x), ops::alias(w), 1e-5);
+      return Sample{{leaf({2, 4}, 51), x, r.rstd, w}, {}};
+    }
     case OpId::embedding:
       return Sample{{leaf({5, 3}, 46), indices({4, 0, 4, 2}, {2, 2})}, {}};
     case OpId::embedding_backward:

@@ -379,6 +379,42 @@ TEST(Softmax, BackwardMatchesFiniteDifferences) {
 
 // ================================ layer norm ================================
 
+// RMSNorm against its definition in double: out = x / sqrt(mean(x^2) + eps) * w; gradients
+// against the composed formula, and the no-weight form.
+TEST(RMSNorm, ForwardAndBackwardMatchReference) {
+  const Tensor x = ops::uniform({3, 5}, 61, -2.0, 2.0), w = ops::uniform({5}, 62, 0.5, 1.5);
+  const Tensor g = ops::uniform({3, 5}, 63, -1.0, 1.0);
+  const auto xv = ops::to_vector(x), wv = ops::to_vector(w), gv = ops::to_vector(g);
+  const double eps = 1e-5;
+  std::vector<double> out(15), dx(15), dw(5, 0.0);
+  for (int r = 0; r < 3; ++r) {
+    double ms = 0;
+    for (int j = 0; j < 5; ++j) ms += xv[r * 5 + j] * xv[r * 5 + j] / 5;
+    const double s = 1 / std::sqrt(ms + eps);
+    double dot = 0;
+    for (int j = 0; j < 5; ++j) dot += gv[r * 5 + j] * wv[j] * xv[r * 5 + j] * s / 5;
+    for (int j = 0; j < 5; ++j) {
+      const double xhat = xv[r * 5 + j] * s;
+      out[r * 5 + j] = xhat * wv[j];
+      dx[r * 5 + j] = s * (gv[r * 5 + j] * wv[j] - xhat * dot);
+      dw[j] += gv[r * 5 + j] * xhat;
+    }
+  }
+  const ops::RMSNormResult r = ops::rms_norm(x, w, eps);
+  EXPECT_EQ(r.rstd.shape(), (Shape{3}));
+  const auto got = ops::to_vector(r.out);
+  for (int i = 0; i < 15; ++i) EXPECT_NEAR(got[i], out[i], 1e-6) << i;
+  const ops::RMSNormGrads grads = ops::rms_norm_backward(g, x, r.rstd, w);
+  const auto gx = ops::to_vector(grads.grad_x), gw = ops::to_vector(grads.grad_weight);
+  for (int i = 0; i < 15; ++i) EXPECT_NEAR(gx[i], dx[i], 1e-6) << i;
+  for (int j = 0; j < 5; ++j) EXPECT_NEAR(gw[j], dw[j], 1e-6) << j;
+  // Without a weight: the normalized rows, and no weight gradient.
+  const ops::RMSNormResult plain = ops::rms_norm(x, Tensor(), eps);
+  const auto pv = ops::to_vector(plain.out);
+  for (int i = 0; i < 15; ++i) EXPECT_NEAR(pv[i], out[i] / wv[i % 5], 1e-6) << i;
+  EXPECT_FALSE(ops::rms_norm_backward(g, x, plain.rstd, Tensor()).grad_weight.defined());
+}
+
 TEST(LayerNorm, ForwardAndBackwardMatchReference) {
   struct Case {
     Shape x;
