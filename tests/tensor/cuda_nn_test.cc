@@ -92,6 +92,40 @@ TEST_P(CudaNnTest, LayerNormWithAndWithoutAffine) {
   }
 }
 
+TEST_P(CudaNnTest, RmsNormWithAndWithoutWeight) {
+  const DType dtype = GetParam();
+  const Tensor x = ops::transpose(random_tensor({97, 4, 3}, 13, dtype), 0, 2);  // (3, 4, 97) view
+  const Tensor w = random_tensor({97}, 14, dtype);
+  const Tensor g = random_tensor({3, 4, 97}, 15, dtype);
+  for (bool weighted : {true, false}) {
+    const Tensor wt = weighted ? w : Tensor();
+    const auto cpu = ops::rms_norm(x, wt, 1e-5);
+    const auto dev = ops::rms_norm(gpu(x), weighted ? gpu(w) : Tensor(), 1e-5);
+    expect_close({.actual = dev.out,
+                  .expected = cpu.out,
+                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
+                  .what = tag("rms_norm out")});
+    expect_close({.actual = dev.rstd,
+                  .expected = cpu.rstd,
+                  .tol = kernel_tolerance(cpu.rstd.dtype(), 4.0),
+                  .what = tag("rms_norm rstd")});
+    const auto cg = ops::rms_norm_backward(g, x, cpu.rstd, wt);
+    const auto dg =
+        ops::rms_norm_backward(gpu(g), gpu(x), gpu(cpu.rstd), weighted ? gpu(w) : Tensor());
+    expect_close({.actual = dg.grad_x,
+                  .expected = cg.grad_x,
+                  .tol = kernel_tolerance(cg.grad_x.dtype(), 10.0),
+                  .what = tag("rms_norm grad_x")});
+    ASSERT_EQ(cg.grad_weight.defined(), dg.grad_weight.defined());
+    if (weighted) {
+      expect_close({.actual = dg.grad_weight,
+                    .expected = cg.grad_weight,
+                    .tol = kernel_tolerance(cg.grad_weight.dtype(), 10.0),
+                    .what = tag("rms_norm grad_weight")});
+    }
+  }
+}
+
 TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
   const DType dtype = GetParam();
   const Tensor weight =
