@@ -6,10 +6,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "autograd/hooks.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/shard_math.h"

@@ -36,20 +36,16 @@ void distribute_parameter(nn::Module& module, const std::string& fqn, const std:
                           const Placement& placement) {
   if (!module.has_parameter(name)) return;  // an optional parameter it lacks (no bias)
   const Tensor& current = module.parameter(name);
-  const Placements wanted{placement};
   if (is_dtensor(current)) {
-    const DTensorSpec& spec = dtensor_spec(current);
-    LOOM_CHECK(spec.mesh->ranks() == mesh->ranks() && spec.placements == wanted,
-               "parallelize_module: parameter '{}.{}' is already a DTensor {} (shared with a "
-               "module parallelized "
-               "earlier?); this style needs {} on {}",
-               fqn, name, spec.str(), placements_str(wanted), mesh->str());
+    // Shared with a module parallelized earlier: it must already have this layout.
+    check_parameter(module, fqn, name, *mesh, placement, "distribute_parameter",
+                    /*required=*/true);
     return;
   }
   Tensor distributed;
   {
     NoGradGuard no_grad;
-    distributed = distribute_tensor(current, mesh, wanted);
+    distributed = distribute_tensor(current, mesh, {placement});
   }
   // Its gradient will take the same layout as it accumulates (autograd's AccumulateGrad matches
   // a distributed leaf's layout: a Partial gradient of a Replicate norm weight is all-reduced).

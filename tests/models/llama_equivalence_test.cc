@@ -1,9 +1,9 @@
 // Llama training under the job's composition (train/: build_parallel_llama and Trainer) against
 // one rank written plainly: 4 AdamW steps with clipping of llama-tiny (vocabulary 257, GQA with 2
 // kv heads over tp 2) give the same losses, gradient norms and final parameters under tp2 (with
-// and without sequence parallelism), dp2 x tp2 and dp_shard2 x tp2 (FSDP), within f32 rounding:
-// losses and norms 1e-5 relative, parameters 1e-5 of the model's largest (gpt_training_run.h says
-// why not per tensor).
+// and without sequence parallelism), dp2 x tp2 and dp_shard2 x tp2 (FSDP), within the GPT
+// equivalence suite's tolerances (gpt_run::expect_same: losses and norms 1e-5 relative,
+// parameters and the last step's gradients 1e-5 of the model's largest).
 #include <gtest/gtest.h>
 
 #include "autograd/engine.h"
@@ -14,14 +14,12 @@
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 #include "tensor/ops.h"
-#include "tests/testing/tensor_checks.h"
+#include "tests/models/gpt_training_run.h"
 #include "train/parallel_llama.h"
 #include "train/trainer.h"
 
 namespace loom::models {
 namespace {
-
-using loom::testing::expect_close;
 
 constexpr int kSteps = 4;
 constexpr int64_t kBatch = 4, kSeq = 16;
@@ -46,10 +44,8 @@ data::TokenData corpus() {
   return d;
 }
 
-struct Result {
-  std::vector<double> losses, norms;
-  std::map<std::string, std::vector<double>> params;
-};
+using gpt_run::expect_same;
+using gpt_run::Result;
 
 Result one_rank() {
   const auto data = corpus();
@@ -67,11 +63,14 @@ Result one_rank() {
     Tensor loss = model.loss(batch.inputs, batch.targets);
     backward(loss);
     r.losses.push_back(loss.item<double>());
-    r.norms.push_back(optim::clip_grad_norm_(model.parameters(), kClip));
+    r.grad_norms.push_back(optim::clip_grad_norm_(model.parameters(), kClip));
     a.step();
     b.step();
   }
-  for (const auto& [name, p] : model.named_parameters()) r.params[name] = ops::to_vector(p);
+  for (const auto& [name, p] : model.named_parameters()) {
+    r.params[name] = ops::to_vector(p);
+    r.grads[name] = ops::to_vector(p.grad());
+  }
   return r;
 }
 
@@ -87,34 +86,13 @@ Result on_layout(comm::ProcessGroup& pg, const train::ParallelDims& dims, bool s
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq);
     const auto result = trainer.step(batch.inputs, batch.targets);
     r.losses.push_back(result.loss);
-    r.norms.push_back(result.grad_norm);
+    r.grad_norms.push_back(result.grad_norm);
   }
   for (const auto& [name, p] : model->named_parameters()) {
     r.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+    r.grads[name] = ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
   }
   return r;
-}
-
-void expect_same(const Result& got, const Result& want, const std::string& what) {
-  expect_close({.actual = got.losses,
-                .expected = want.losses,
-                .tol = {.rtol = 1e-5},
-                .what = what + " losses"});
-  expect_close({.actual = got.norms,
-                .expected = want.norms,
-                .tol = {.rtol = 1e-5},
-                .what = what + " gradient norms"});
-  double scale = 0;
-  for (const auto& [name, values] : want.params) {
-    for (double v : values) scale = std::max(scale, std::abs(v));
-  }
-  ASSERT_EQ(got.params.size(), want.params.size()) << what;
-  for (const auto& [name, values] : got.params) {
-    expect_close({.actual = values,
-                  .expected = want.params.at(name),
-                  .tol = {.atol = 1e-5 * scale},
-                  .what = what + " " + name});
-  }
 }
 
 const Result& reference() {
@@ -124,26 +102,32 @@ const Result& reference() {
 
 TEST(LlamaEquivalenceTest, ReferenceLearnsAndClips) {
   EXPECT_LT(reference().losses.back(), reference().losses.front());
-  EXPECT_GT(reference().norms.front(), kClip) << "the clip must act";
+  EXPECT_GT(reference().grad_norms.front(), kClip) << "the clip must act";
 }
 
 TEST(LlamaEquivalenceTest, TensorParallel) {
   for (bool sp : {false, true}) {
     comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-      expect_same(on_layout(pg, {.tp = 2}, sp), reference(), sp ? "tp2 + SP" : "tp2");
+      expect_same({.actual = on_layout(pg, {.tp = 2}, sp),
+                   .expected = reference(),
+                   .layout = sp ? "tp2 + SP" : "tp2"});
     });
   }
 }
 
 TEST(LlamaEquivalenceTest, DataAndTensorParallel) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
-    expect_same(on_layout(pg, {.dp_replicate = 2, .tp = 2}, true), reference(), "dp2 x tp2");
+    expect_same({.actual = on_layout(pg, {.dp_replicate = 2, .tp = 2}, true),
+                 .expected = reference(),
+                 .layout = "dp2 x tp2"});
   });
 }
 
 TEST(LlamaEquivalenceTest, FullyShardedAndTensorParallel) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
-    expect_same(on_layout(pg, {.dp_shard = 2, .tp = 2}, true), reference(), "dp_shard2 x tp2");
+    expect_same({.actual = on_layout(pg, {.dp_shard = 2, .tp = 2}, true),
+                 .expected = reference(),
+                 .layout = "dp_shard2 x tp2"});
   });
 }
 
