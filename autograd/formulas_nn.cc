@@ -42,6 +42,14 @@ void register_nn_formulas(FormulaTable& f) {
                           return Grads{grads.grad_x, grads.grad_weight};
                         });
   };
+  // Inputs (x, cos, sin), attrs (inverse): the gradient rotates back by the opposite angle.
+  f[OpId::rope] = [](C c, Outs out) {
+    return record_first(
+        "RopeBackward", c, std::move(out),
+        [cos = c.inputs[1], sin = c.inputs[2], inverse = c.bool_attr(0)](const Grads& g) {
+          return Grads{ops::rope(g[0], cos, sin, !inverse), Tensor(), Tensor()};
+        });
+  };
   // Inputs (weight, indices).
   f[OpId::embedding] = [](C c, Outs out) {
     return record_first("EmbeddingBackward", c, std::move(out),

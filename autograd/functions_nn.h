@@ -11,6 +11,7 @@ namespace loom {
 
 using ops::embedding;
 using ops::log_softmax;
+using ops::rope;
 using ops::softmax;
 
 // weight/bias may be undefined (no affine transform).

@@ -98,6 +98,7 @@
   X(layer_norm_backward, kNoGrad, kExtended)                        \
   X(rms_norm, kDifferentiable, kExtended)                           \
   X(rms_norm_backward, kNoGrad, kExtended)                          \
+  X(rope, kDifferentiable, kExtended)                               \
   X(embedding, kDifferentiable, kExtended)                          \
   X(embedding_backward, kNoGrad, kExtended)                         \
   X(cross_entropy, kDifferentiable, kExtended)                      \

@@ -76,6 +76,14 @@ struct RMSNormGrads {
 RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x, const Tensor& rstd,
                                const Tensor& weight);
 
+// ---- rotary position embeddings ---------------------------------------------------------------
+
+// Rotary embedding (Meta's Llama convention): x is (..., T, heads, head_dim); dims (2i, 2i+1) of
+// every head at position t rotate together by the angle whose cosine and sine are cos[t, i] and
+// sin[t, i] (tables (T, head_dim / 2)). `inverse` rotates by minus the angle: the backward, since a
+// rotation's transpose is its inverse. In f32 (x's dtype out); cos and sin get no gradient.
+Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
+
 // ---- embedding --------------------------------------------------------------------------------
 
 // Rows of `weight` (V, C) picked by `indices` (any shape, i64 or i32): shape (*indices.shape, C),

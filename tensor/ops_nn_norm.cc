@@ -1,4 +1,4 @@
-// Softmax, log-softmax and layer norm, with their backward kernels (tensor/ops_nn.h).
+// Softmax, log-softmax, layer norm and RMS norm, with their backward kernels (tensor/ops_nn.h).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -10,11 +10,8 @@
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
-#include "tensor/ops_elementwise.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_nn_internal.h"
-#include "tensor/ops_reduce.h"
-#include "tensor/ops_views.h"
 
 namespace loom::ops {
 
@@ -343,13 +340,6 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
   const Device device = op_device(op, {x_in, weight});
   const Tensor x = as_f32(x_in);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
-  if (device.is_cuda()) {
-    // Composed of the device's kernels until a fused one lands: the same f32 math.
-    const Tensor rstd_keep = rsqrt(add(mean(mul(x, x), {-1}, /*keepdim=*/true), eps));
-    Tensor out = mul(x, rstd_keep);
-    if (w.defined()) out = mul(out, w);
-    return {to(out, x_in.dtype()), reshape(rstd_keep, l.stats_shape)};
-  }
   Tensor out = Tensor::empty(x.shape(), kFloat32, device);
   Tensor rstd = Tensor::empty(l.stats_shape, kFloat32, device);
   const float* px = x.data<float>();
@@ -357,6 +347,11 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
   float* po = out.data<float>();
   float* pr = rstd.data<float>();
   const int64_t n = l.n;
+  if (device.is_cuda()) {
+    cuda::kernels::rms_norm_forward(po, pr, px, pw, l.rows, n, static_cast<float>(eps),
+                                    device.index);
+    return {to(out, x_in.dtype()), rstd};
+  }
   for (int64_t r = 0; r < l.rows; ++r) {
     const float* xr = px + r * n;
     double sq = 0.0;  // in f64, as layer_norm's statistics
@@ -388,18 +383,6 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
   const Device device = op_device(op, {grad_out, x_in, rstd, weight});
   const Tensor g = as_f32(grad_out), x = as_f32(x_in), rs = as_f32(rstd);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
-  if (device.is_cuda()) {
-    const Tensor s = unsqueeze(rs, -1);
-    const Tensor xhat = mul(x, s);
-    const Tensor gw = w.defined() ? mul(g, w) : g;
-    const Tensor dx = mul(s, sub(gw, mul(xhat, mean(mul(gw, xhat), {-1}, /*keepdim=*/true))));
-    RMSNormGrads grads{to(dx, x_in.dtype()), Tensor()};
-    if (w.defined()) {
-      grads.grad_weight =
-          to(reshape(sum(reshape(mul(g, xhat), {l.rows, l.n}), {0}), normalized), weight.dtype());
-    }
-    return grads;
-  }
   Tensor grad_x = Tensor::empty(x.shape(), kFloat32, device);
   const float* pg = g.data<float>();
   const float* px = x.data<float>();
@@ -407,6 +390,15 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
   const float* pw = w.defined() ? w.data<float>() : nullptr;
   float* pd = grad_x.data<float>();
   const int64_t n = l.n;
+  if (device.is_cuda()) {
+    RMSNormGrads grads{Tensor(), Tensor()};
+    Tensor gw_out = pw ? Tensor::empty(normalized, kFloat32, device) : Tensor();
+    cuda::kernels::rms_norm_backward(pd, pw ? gw_out.data<float>() : nullptr, pg, px, pr, pw,
+                                     l.rows, n, device.index);
+    grads.grad_x = to(grad_x, x_in.dtype());
+    if (pw) grads.grad_weight = to(gw_out, weight.dtype());
+    return grads;
+  }
   std::vector<double> acc_w(pw ? n : 0, 0.0);
   for (int64_t r = 0; r < l.rows; ++r) {
     const float* gr = pg + r * n;

@@ -40,6 +40,10 @@ void register_nn_ops(OpTable& t) {
     auto r = ops::rms_norm_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3]);
     return V{r.grad_x, r.grad_weight};
   };
+  // Rotary embedding: inputs (x, cos, sin), attrs (inverse).
+  t[OpId::rope] = [](C c) {
+    return V{ops::rope(c.inputs[0], c.inputs[1], c.inputs[2], c.bool_attr(0))};
+  };
   // Embedding.
   t[OpId::embedding] = [](C c) { return V{ops::embedding(c.inputs[0], c.inputs[1])}; };
   t[OpId::embedding_backward] = [](C c) {

@@ -1,9 +1,9 @@
 // Strategies for the nn kernels (tensor/ops_nn.h): softmax and layer norm keep shards on the
-// dims they do not normalize; attention shards batch and head dims; the embedding table may
-// be sharded by vocabulary (masked lookup -> Partial(sum)) or by embedding dim; cross entropy
-// on vocabulary-sharded logits is loss parallel: three small all-reduces per call (row max,
-// sum of exponentials, target logit), never the full logits. Dropout draws each shard's slice of
-// the global mask, so it runs sharded.
+// dims they do not normalize; rope shards every dim but the rotated one; attention shards batch
+// and head dims; the embedding table may be sharded by vocabulary (masked lookup -> Partial(sum))
+// or by embedding dim; cross entropy on vocabulary-sharded logits is loss parallel: three small
+// all-reduces per call (row max, sum of exponentials, target logit), never the full logits.
+// Dropout draws each shard's slice of the global mask, so it runs sharded.
 #include "base/error.h"
 #include "comm/process_group.h"
 #include "dtensor/sharding/strategy.h"
@@ -242,6 +242,23 @@ void register_nn_strategies(StrategyTable& t) {
     const int64_t lead = static_cast<int64_t>(x.size()) - 1;
     return leading_dims(4, {true, true, true, false}, lead, {x, Shape{x.back()}},
                         {Replicate(), Partial()});
+  };
+  // Rotary embedding of x (..., T, heads, head_dim) by tables (T, head_dim / 2): batch and head
+  // dims shard freely (tables replicated), the sequence dim shards with the tables' rows, the
+  // rotated pairs never split. It is linear in x, so a Partial(sum|avg) x stays Partial.
+  t[OpId::rope] = [](const OpCall&, const InputSpecs& in) {
+    const Shape& x = in[0]->shape;
+    const int64_t ndim = static_cast<int64_t>(x.size()), time_dim = ndim - 3;
+    OpSharding s;
+    s.output_shapes = {x};
+    s.options.push_back({Placements(3, Replicate()), {Replicate()}});
+    for (int64_t d = 0; d < ndim - 1; ++d) {
+      const Placement table = d == time_dim ? Shard(0) : Replicate();
+      s.options.push_back({{Shard(d), table, table}, {Shard(d)}});
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
+      s.options.push_back({{Partial(op), Replicate(), Replicate()}, {Partial(op)}});
+    return s;
   };
   t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
     const Shape& q = in[0]->shape;

@@ -55,19 +55,13 @@ RopeTables rope_tables(const LlamaConfig& config) {
 }
 
 Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
-  const int64_t batch = x.size(0), time = x.size(1), head_dim = x.size(3);
+  const int64_t time = x.size(1);
   LOOM_CHECK(time <= tables.cos.size(0),
              "apply_rope: a sequence of {} positions, but the tables cover {} (max_seq_len)", time,
              tables.cos.size(0));
-  const Tensor pairs = reshape(x, {batch, time, -1, head_dim / 2, 2});
-  const Tensor even = narrow(pairs, 4, 0, 1), odd = narrow(pairs, 4, 1, 1);
-  // (T, D/2) -> (1, T, 1, D/2, 1), on the input's device.
-  const auto table = [&](const Tensor& t) {
-    return reshape(ops::to(narrow(t, 0, 0, time), x.device()), {1, time, 1, head_dim / 2, 1});
-  };
-  const Tensor c = table(tables.cos), s = table(tables.sin);
-  const Tensor rotated[] = {sub(mul(even, c), mul(odd, s)), add(mul(even, s), mul(odd, c))};
-  return reshape(cat(rotated, 4), {batch, time, -1, head_dim});
+  // Rows [0, T) of the tables, on the input's device: the fused rope op.
+  const auto rows = [&](const Tensor& t) { return ops::to(narrow(t, 0, 0, time), x.device()); };
+  return rope(x, rows(tables.cos), rows(tables.sin));
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed,

@@ -12,8 +12,7 @@
 // RoPE follows Meta's convention: dims (2i, 2i+1) of each head rotate together by position x
 // frequency i (Hugging Face's checkpoints permute wq and wk for their rotate-half convention;
 // the import undoes it). Attention computes on -1 heads, so a tensor-parallel rank's local heads
-// (and local kv heads) run the same code. RMSNorm is the fused rms_norm op; RoPE composes
-// existing ops (a fused rope op comes next).
+// (and local kv heads) run the same code. RMSNorm and RoPE are the fused rms_norm and rope ops.
 #pragma once
 
 #include <memory>

@@ -179,6 +179,8 @@ std::optional<Sample> sample_for(OpId op) {
       const ops::RMSNormResult r = ops::rms_norm(ops::alias(x), ops::alias(w), 1e-5);
       return Sample{{leaf({2, 4}, 51), x, r.rstd, w}, {}};
     }
+    case OpId::rope:
+      return Sample{{leaf({2, 3, 2, 4}, 52), plain({3, 2}, 53), plain({3, 2}, 54)}, {true}};
     case OpId::embedding:
       return Sample{{leaf({5, 3}, 46), indices({4, 0, 4, 2}, {2, 2})}, {}};
     case OpId::embedding_backward:

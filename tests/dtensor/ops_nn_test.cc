@@ -1,7 +1,8 @@
 // nn strategies (dtensor/sharding/nn.cc) against the single-rank result, forward and backward:
 // softmax/log_softmax, layer_norm (parameter gradients come back Partial and take the
-// parameter's layout), vocabulary- and feature-parallel embedding, loss-parallel cross entropy
-// (only all-reduces, never the logits gathered), attention with heads sharded.
+// parameter's layout), rope (batch, head or sequence shards), vocabulary- and feature-parallel
+// embedding, loss-parallel cross entropy (only all-reduces, never the logits gathered),
+// attention with heads sharded.
 //
 // Tolerances: a row-wise op (softmax, layer norm, attention per (batch, head)) whose rows stay
 // whole on a rank computes each row exactly as the single-rank kernel does, so those outputs
@@ -372,6 +373,46 @@ TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
     const Placements dp_tp{Shard(0), Shard(1)};
     check_op(mesh_2x2(pg),
              {"attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
+  });
+}
+
+// RoPE of (B, T, H, D) by replicated tables: batch and heads shard with no communication, the
+// sequence shards with the tables' rows (sliced locally), a Partial x stays Partial (rope is
+// linear); each pair rotates whole on one rank, so the values are exact.
+TEST(OpsNnTest, RopeShardsBatchHeadsAndSequenceWithoutCommunication) {
+  const auto rotate = [](const Inputs& in) { return rope(in[0], in[1], in[2]); };
+  for (int world : {2, 3}) {
+    run_on_ranks(world, [world, rotate](ProcessGroup& pg) {
+      auto mesh = mesh_1d(pg);
+      const int64_t time = 2 * world + 1, heads = world + 1;  // uneven shards
+      const Tensor x = float_tensor({world + 1, time, heads, 4}, 1);
+      const Tensor cos = float_tensor({time, 2}, 2), sin = float_tensor({time, 2}, 3);
+      for (int64_t dim : {0, 1, 2}) {
+        check_op(mesh, {"rope x S(" + std::to_string(dim) + "), tables R",
+                        {{x, {Shard(dim)}}, {cos, {Replicate()}}, {sin, {Replicate()}}},
+                        rotate,
+                        Placements{Shard(dim)}});
+      }
+      check_op(mesh, {"rope x P(sum), tables R",
+                      {{x, {Partial()}}, {cos, {Replicate()}}, {sin, {Replicate()}}},
+                      rotate,
+                      Placements{Partial()}});
+      // The rotated dim cannot split a pair: it is gathered first.
+      check_op(mesh, {"rope x S(3)",
+                      {{x, {Shard(3)}}, {cos, {Replicate()}}, {sin, {Replicate()}}},
+                      rotate,
+                      std::nullopt,
+                      world == 2 ? OpCollectives{.forward = {.all_gather = 1}}
+                                 : OpCollectives{.forward = {.all_to_all = 1},
+                                                 .backward = {.all_to_all = 1}}});
+    });
+  }
+  run_on_ranks(4, [rotate](ProcessGroup& pg) {
+    const Tensor x = float_tensor({2, 5, 4, 4}, 4), cos = float_tensor({5, 2}, 5),
+                 sin = float_tensor({5, 2}, 6);
+    const Placements dp_tp{Shard(0), Shard(2)};
+    const Placements r{Replicate(), Replicate()};
+    check_op(mesh_2x2(pg), {"rope [S(0),S(2)]", {{x, dp_tp}, {cos, r}, {sin, r}}, rotate, dp_tp});
   });
 }
 

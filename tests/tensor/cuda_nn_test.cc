@@ -126,6 +126,19 @@ TEST_P(CudaNnTest, RmsNormWithAndWithoutWeight) {
   }
 }
 
+TEST_P(CudaNnTest, RopeAndItsInverse) {
+  const DType dtype = GetParam();
+  const Tensor x = ops::transpose(random_tensor({2, 6, 5, 3}, 16, dtype), 1, 3);  // (2, 3, 5, 6)
+  const Tensor cos = random_tensor({3, 3}, 17, kFloat32), sin = random_tensor({3, 3}, 18, kFloat32);
+  for (bool inverse : {false, true}) {
+    const Tensor cpu = ops::rope(x, cos, sin, inverse);
+    expect_close({.actual = ops::rope(gpu(x), gpu(cos), gpu(sin), inverse),
+                  .expected = cpu,
+                  .tol = kernel_tolerance(cpu.dtype()),
+                  .what = tag(inverse ? "rope inverse" : "rope")});
+  }
+}
+
 TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
   const DType dtype = GetParam();
   const Tensor weight =

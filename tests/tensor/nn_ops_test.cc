@@ -415,6 +415,69 @@ TEST(RMSNorm, ForwardAndBackwardMatchReference) {
   EXPECT_FALSE(ops::rms_norm_backward(g, x, plain.rstd, Tensor()).grad_weight.defined());
 }
 
+// ================================ rope ================================
+
+// RoPE against its definition in double: pair (2i, 2i+1) of head h at position t rotates by
+// angle[t][i]; the inverse rotation undoes it (and is the backward: a rotation's transpose);
+// bf16 x computes in f32 and rounds once.
+TEST(Rope, RotatesPairsByPositionAndInverseUndoesIt) {
+  const int64_t batch = 2, time = 3, heads = 2, half = 3;
+  const Tensor x = ops::uniform({batch, time, heads, 2 * half}, 71, -2.0, 2.0);
+  std::vector<float> cos(time * half), sin(time * half);
+  std::vector<double> angle(time * half);
+  for (int64_t t = 0; t < time; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      angle[t * half + i] = static_cast<double>(t) * std::pow(10000.0, -2.0 * i / (2 * half));
+      cos[t * half + i] = static_cast<float>(std::cos(angle[t * half + i]));
+      sin[t * half + i] = static_cast<float>(std::sin(angle[t * half + i]));
+    }
+  }
+  const Tensor c = ops::from_vector(cos, {time, half}), sn = ops::from_vector(sin, {time, half});
+  const auto xv = ops::to_vector(x);
+  const auto got = ops::to_vector(ops::rope(x, c, sn));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < time; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        for (int64_t i = 0; i < half; ++i) {
+          const int64_t at = ((b * time + t) * heads + h) * 2 * half + 2 * i;
+          const double a = angle[t * half + i], x0 = xv[at], x1 = xv[at + 1];
+          EXPECT_NEAR(got[at], x0 * std::cos(a) - x1 * std::sin(a), 1e-6) << at;
+          EXPECT_NEAR(got[at + 1], x0 * std::sin(a) + x1 * std::cos(a), 1e-6) << at;
+        }
+      }
+    }
+  }
+  expect_close({.actual = ops::rope(ops::rope(x, c, sn), c, sn, /*inverse=*/true),
+                .expected = x,
+                .tol = {.rtol = 1e-6, .atol = 1e-6},
+                .what = "rope then its inverse"});
+  // Position 0 does not rotate.
+  expect_close({.actual = ops::narrow(ops::rope(x, c, sn), 1, 0, 1),
+                .expected = ops::narrow(x, 1, 0, 1),
+                .tol = {.rtol = 0, .atol = 0},
+                .what = "rope at position 0"});
+  const Tensor xb = ops::to(x, kBFloat16);
+  const Tensor yb = ops::rope(xb, c, sn);
+  EXPECT_EQ(yb.dtype(), kBFloat16);
+  expect_close({.actual = yb,
+                .expected = ops::to(ops::rope(ops::to(xb, kFloat32), c, sn), kBFloat16),
+                .tol = {.rtol = 0, .atol = 0},
+                .what = "rope of bf16 (f32 math, one rounding)"});
+}
+
+TEST(Rope, BadShapesNameWhatWasGivenAndExpected) {
+  const Tensor tables = ops::zeros({3, 2});
+  EXPECT_THAT(error_of([&] {
+                ops::rope(ops::zeros({3, 2, 5}), ops::zeros({3, 2}), tables);
+              }),
+              HasSubstr("even head_dim"));
+  EXPECT_THAT(error_of([&] {
+                ops::rope(ops::zeros({1, 4, 2, 4}), tables, tables);
+              }),
+              HasSubstr("cos and sin must be (T, head_dim / 2) = (4, 2) for x of shape (1, 4, 2, "
+                        "4), got (3, 2) and (3, 2)"));
+}
+
 TEST(LayerNorm, ForwardAndBackwardMatchReference) {
   struct Case {
     Shape x;

@@ -39,6 +39,17 @@ void layer_norm_backward(float*, float*, float*, const float*, const float*, con
                          const float*, const float*, int64_t, int64_t, int) {
   unavailable("layer_norm_backward");
 }
+void rms_norm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float, int) {
+  unavailable("rms_norm_forward");
+}
+void rms_norm_backward(float*, float*, const float*, const float*, const float*, const float*,
+                       int64_t, int64_t, int) {
+  unavailable("rms_norm_backward");
+}
+void rope_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+                  int64_t, bool, int) {
+  unavailable("rope_forward");
+}
 void embedding_forward(DType, void*, const void*, int64_t, int64_t, const int64_t*, int64_t,
                        int64_t, int) {
   unavailable("embedding_forward");

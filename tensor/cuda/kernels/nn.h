@@ -31,6 +31,19 @@ void layer_norm_backward(float* grad_x, float* grad_w, float* grad_b, const floa
                          const float* x, const float* mean, const float* rstd, const float* w,
                          int64_t rows, int64_t n, int device);
 
+// Rows of n: out = x * rstd * w (w may be null), rstd = 1 / sqrt(mean(x^2) + eps) per row.
+void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
+                      int64_t n, float eps, int device);
+// grad_x per row; grad_w (a sum over rows) when w is not null.
+void rms_norm_backward(float* grad_x, float* grad_w, const float* grad_out, const float* x,
+                       const float* rstd, const float* w, int64_t rows, int64_t n, int device);
+
+// Rotary embedding of x (outer, time, heads, 2 * half) contiguous: pair (2i, 2i+1) at position t
+// rotates by the angle whose cos and sin are cos[t, i], sin[t, i] (tables (time, half)); inverse
+// rotates by minus the angle (the backward).
+void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t outer,
+                  int64_t time, int64_t heads, int64_t half, bool inverse, int device);
+
 // out[i, :] = weight[idx[i], :] for i < count (weight strided, any floating dtype, out contiguous).
 void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_stride,
                        int64_t col_stride, const int64_t* idx, int64_t count, int64_t c,
