@@ -99,7 +99,7 @@ done
 # On one GPU only the no-GPU error cases and the multi-GPU cases may skip; anything else skipping
 # means a GPU case did not run: named here (a warning, so the figures below still print).
 skipped=$(cat "${logs}"/*.log | grep "SKIPPED \] [A-Za-z]" | sed 's/ ([0-9]* ms)$//' | sort -u |
-  grep -v -e NoGpu -e AllocatingWithoutAGpu -e TwoRank -e OnTwoGpus -e OnEightGpus || true)
+  grep -v -e NoGpu -e CpuOnlyBuild -e AllocatingWithoutAGpu -e TwoRank -e OnTwoGpus -e OnEightGpus || true)
 if [[ -n "${skipped}" ]]; then
   echo "WARNING: these GPU test cases skipped on a GPU machine:"
   echo "${skipped}"
