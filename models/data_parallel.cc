@@ -7,8 +7,6 @@
 
 namespace loom::models {
 
-namespace {
-
 std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module) {
   std::vector<DataParallel::Block> blocks;
   for (size_t i = 0; i < module.h.size(); ++i) {
@@ -17,8 +15,6 @@ std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module) {
   }
   return blocks;
 }
-
-}  // namespace
 
 GPTDataParallel::GPTDataParallel(const std::shared_ptr<GPTStage>& module, const DeviceMesh& mesh,
                                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)

@@ -63,6 +63,9 @@ class DataParallel {
   std::string kind_ = "none";
 };
 
+// A GPT's or a GPT stage's transformer blocks, named "h.{i}" by their index in the whole model.
+std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module);
+
 // A GPT or one of its pipeline stages: its blocks h.i are the FSDP units.
 class GPTDataParallel : public DataParallel {
  public:

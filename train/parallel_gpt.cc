@@ -15,6 +15,7 @@
 #include "parallel/pipeline/schedules.h"
 #include "tensor/ops.h"
 #include "train/one_stage_model.h"
+#include "train/pipelined_model.h"
 
 namespace loom::train {
 
@@ -42,47 +43,6 @@ std::unique_ptr<ParallelModel> one_stage_gpt(const models::GPTConfig& config, ui
   parts.model = model;
   return one_stage_model(std::move(parts), parallel.grad_accum);
 }
-
-// pp > 1: GPTPipeline, this rank's stages, each with the TP plan, mixed precision and DDP,
-// driven by the pipeline schedule over microbatches.
-class PipelinedGPT : public ParallelModel {
- public:
-  PipelinedGPT(const models::GPTConfig& config, uint64_t seed,
-               std::shared_ptr<const DeviceMesh> mesh, const ParallelConfig& parallel)
-      : model_(config, seed, std::move(mesh),
-               {.schedule = parallel.pipeline.schedule,
-                .microbatches = parallel.microbatches(),
-                .virtual_stages = parallel.pipeline.virtual_stages,
-                .tp_plan = parallel.tp_plan,
-                .mixed_precision = parallel.mixed_precision}) {}
-
-  void zero_grad() override { model_.zero_grad(); }
-  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
-    return model_.step(inputs, targets);
-  }
-  double clip_grad_norm(double max_norm) override { return model_.clip_grad_norm(max_norm); }
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
-    return model_.named_parameters();
-  }
-  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
-    std::vector<std::pair<std::string, nn::Module*>> out;
-    for (const auto& stage : model_.stages()) {
-      for (const auto& named : stage->named_modules()) out.push_back(named);
-    }
-    return out;
-  }
-  Tensor logits(const Tensor& ids) override { return model_.logits(ids); }
-  void load(const std::string& path) override {
-    for (const auto& stage : model_.stages()) models::load_gpt2_hf(*stage, path);
-  }
-  void save(const std::string& path, bool write) override {
-    const auto whole = model_.whole_model_on_first_rank();  // collective; the model on rank 0
-    if (whole && write) models::save_gpt2_hf(*whole, path);
-  }
-
- private:
-  models::GPTPipeline model_;
-};
 
 }  // namespace
 
@@ -138,7 +98,22 @@ std::unique_ptr<ParallelModel> build_parallel_gpt(const models::GPTConfig& confi
              "ParallelDims::build_mesh",
              mesh->str(), fmt::join(parallel.dims.names(), ", "), parallel.dims.str());
   if (parallel.dims.pp > 1) {
-    return std::make_unique<PipelinedGPT>(config, seed, std::move(mesh), parallel);
+    // pp > 1: this rank's GPT stages, each with the TP plan, mixed precision and data
+    // parallelism, driven by the pipeline schedule.
+    auto model = std::make_unique<models::PipelineModel>(
+        models::gpt_pipeline_spec(config, seed, parallel.tp_plan), std::move(mesh),
+        pipeline_model_options(parallel));
+    return pipelined_model(
+        std::move(model),
+        {.load_stage =
+             [](nn::Module& stage, const std::string& path) {
+               models::load_gpt2_hf(dynamic_cast<models::GPTStage&>(stage), path);
+             },
+         .make_whole = [config] { return std::make_unique<models::GPT>(config, /*seed=*/0); },
+         .save_whole =
+             [](const nn::Module& whole, const std::string& path) {
+               models::save_gpt2_hf(dynamic_cast<const models::GPT&>(whole), path);
+             }});
   }
   return one_stage_gpt(config, seed, mesh, parallel);
 }

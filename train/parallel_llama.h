@@ -1,8 +1,9 @@
 // A Llama laid out over the job's (pp, dp_replicate, dp_shard, tp) mesh, as the training loop
 // sees it: torchtitan's parallelize_llama over "tp" (models/llama/plans.h), then data
 // parallelism (DDP, FSDP per layer then the root, or HSDP: models/data_parallel.h) with mixed
-// precision, run with gradient accumulation; --save writes Hugging Face LlamaForCausalLM files.
-// Pipeline stages for Llama come next: pp > 1 is an error naming it.
+// precision, run with gradient accumulation; with pp > 1, this rank's pipeline stages
+// (models/llama/pipeline.h), each laid out so, driven by the pipeline schedule. --save writes
+// Hugging Face LlamaForCausalLM files (a pipeline gathers the whole model on the first rank).
 #pragma once
 
 #include <memory>

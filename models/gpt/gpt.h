@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/gpt/config.h"
+#include "models/stage_range.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -77,15 +78,9 @@ class TiedLMHead : public nn::Module {
 // initializes it exactly as the whole model does.
 void init_gpt_weights(nn::Module& module, int64_t n_layer, uint64_t seed);
 
-// Which part of a GPT a module holds: blocks [first_block, end_block), plus the embeddings when
-// it is the first stage and ln_f + the LM head when it is the last. The whole model is one stage
-// that is both.
-struct GPTStageRange {
-  int64_t first_block = 0;
-  int64_t end_block = 0;
-  bool first = true;
-  bool last = true;
-};
+// Which part of a GPT a module holds (models/stage_range.h: blocks h.[first_block, end_block),
+// wte and wpe on the first stage, ln_f and the tied head on the last).
+using GPTStageRange = StageRange;
 
 // A GPT's stage for pipeline parallelism (and, holding everything, the GPT itself): parameter
 // names are the whole model's ("h.5.attn.c_attn.weight" on the stage holding block 5), values

@@ -14,7 +14,9 @@
 // microbatch's backward, the others run without gradient sync: one reduction per step), then sums
 // the tied embedding's gradient between the first stage (wte) and the last (its copy for the head),
 // as Megatron-LM does, so the two copies take identical optimizer steps and stay equal — and the
-// whole equals one rank's model.
+// whole equals one rank's model. The machinery every model shares (split, schedule, per-stage
+// tp and data parallelism, inference, gathering the whole) is models/pipeline_model.h; this
+// adds GPT's stages, plan and tied embedding.
 #pragma once
 
 #include <memory>
@@ -27,8 +29,8 @@
 #include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
+#include "models/pipeline_model.h"
 #include "nn/mixed_precision.h"
-#include "parallel/pipeline/executor.h"
 
 namespace loom::models {
 
@@ -42,6 +44,11 @@ struct GPTPipelineOptions {
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
 };
 
+// GPT's stages, plan, loss and tied embedding, for models::PipelineModel.
+PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
+                                    const GPTPlanOptions& plan = {});
+
+// A PipelineModel of gpt_pipeline_spec, with the stages typed.
 class GPTPipeline {
  public:
   // The stages' parameters live on the mesh's device (DeviceMesh::device(): the CPU over Gloo,
@@ -52,15 +59,15 @@ class GPTPipeline {
   // One step's forward and backward on this dp rank's batch (B, T) — split into microbatches;
   // only the first stage's rank reads `inputs`, only the last's `targets`. Returns the mean loss
   // over the batch on every pp rank. Gradients accumulate: zero_grad() first.
-  double step(const Tensor& inputs, const Tensor& targets);
-  void zero_grad();
+  double step(const Tensor& inputs, const Tensor& targets) { return model_.step(inputs, targets); }
+  void zero_grad() { model_.zero_grad(); }
   // Global gradient norm over all stages and shards (the tied embedding counted once), clipped.
-  double clip_grad_norm(double max_norm);
+  double clip_grad_norm(double max_norm) { return model_.clip_grad_norm(max_norm); }
 
   // Inference: the logits (B, T, V) of token ids (B, T), as a plain tensor on every rank. The
   // stages run one after the other (no microbatches, no autograd); every rank of the mesh calls
   // it with the same ids.
-  Tensor logits(const Tensor& ids);
+  Tensor logits(const Tensor& ids) { return model_.logits(ids); }
 
   // The whole model, assembled on the mesh's first rank (coordinate 0 on every dim) from every
   // stage's parameters (gathered over tp, sent over pp); null on the other ranks. Every rank of
@@ -69,22 +76,17 @@ class GPTPipeline {
 
   // This rank's parameters with the whole model's names (its stages', in stage order; the last
   // stage's copy of the tied embedding is listed as "wte.weight" too).
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
-  std::vector<Tensor> parameters() const;
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const {
+    return model_.named_parameters();
+  }
+  std::vector<Tensor> parameters() const { return model_.parameters(); }
   const std::vector<std::shared_ptr<GPTStage>>& stages() const { return modules_; }
-  const pipeline::Schedule& schedule() const { return schedule_; }
-  const pipeline::StepStats& last_stats() const { return executor_->last_stats(); }
+  const pipeline::Schedule& schedule() const { return model_.schedule(); }
+  const pipeline::StepStats& last_stats() const { return model_.last_stats(); }
 
  private:
-  void sum_tied_embedding_gradients();
-
-  std::shared_ptr<const DeviceMesh> mesh_;
-  bool sequence_parallel_;  // activations between stages are sequence shards
-  pipeline::Schedule schedule_;
-  std::vector<GPTStageRange> ranges_;  // every stage's, by stage index
-  std::vector<std::shared_ptr<GPTStage>> modules_;
-  std::vector<std::shared_ptr<GPTDataParallel>> data_parallels_;  // per module
-  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+  PipelineModel model_;
+  std::vector<std::shared_ptr<GPTStage>> modules_;  // model_'s stages, typed
 };
 
 }  // namespace loom::models

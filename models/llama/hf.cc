@@ -152,7 +152,7 @@ LlamaConfig read_llama_hf_config(const std::string& config_json) {
   return config;
 }
 
-void load_llama_hf(Llama& model, const std::string& path) {
+void load_llama_hf(LlamaStage& model, const std::string& path) {
   SafetensorsFile file = load_safetensors(path);
   const LlamaConfig& config = model.config();
   std::map<std::string, Tensor> converted;

@@ -22,9 +22,10 @@ namespace loom::models {
 // the key for a missing key, and an intermediate_size Loom's width rule cannot give.
 LlamaConfig read_llama_hf_config(const std::string& config_json);
 
-// Loads every parameter of `model` from a LlamaForCausalLM safetensors file (plain parameters;
-// the file's names and shapes checked, errors naming the tensor). All or nothing.
-void load_llama_hf(Llama& model, const std::string& path);
+// Loads every parameter of `model` (a Llama, or a pipeline stage of one: the parameters it holds)
+// from a LlamaForCausalLM safetensors file (the file's names and shapes checked, errors naming
+// the tensor). All or nothing.
+void load_llama_hf(LlamaStage& model, const std::string& path);
 
 // Writes `model` as a LlamaForCausalLM safetensors file (q_proj/k_proj permuted back to HF's
 // rotary layout) with the config.json transformers reads beside it. DTensor parameters are

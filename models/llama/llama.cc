@@ -128,35 +128,55 @@ Tensor LlamaBlock::forward(const Tensor& x) {
   return add(h, (*feed_forward)((*ffn_norm)(h)));
 }
 
-Llama::Llama(const LlamaConfig& config, uint64_t seed)
-    : Module("Llama"),
+LlamaStage::LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange range,
+                       std::string type_name)
+    : Module(std::move(type_name)),
       config_(config),
+      range_(range),
       rope_(std::make_shared<const RopeTables>((config.validate(), rope_tables(config)))) {
-  tok_embeddings = register_module(
-      "tok_embeddings",
-      std::make_shared<nn::Embedding>(config.vocab_size, config.dim, seed, /*init_std=*/0.02));
-  auto list = register_module("layers", std::make_shared<nn::ModuleList>(0));
-  for (int64_t i = 0; i < config.n_layers; ++i) {
-    layers.push_back(list->append(
-        std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1), rope_)));
+  LOOM_CHECK(0 <= range.first_block && range.first_block <= range.end_block &&
+                 range.end_block <= config.n_layers,
+             "LlamaStage: blocks [{}, {}) are not a range of the model's {} layers",
+             range.first_block, range.end_block, config.n_layers);
+  // Every parameter's seed is a function of the model's seed and its place in the whole model,
+  // so a stage initializes its parameters exactly as the whole model does.
+  if (range.first) {
+    tok_embeddings = register_module(
+        "tok_embeddings",
+        std::make_shared<nn::Embedding>(config.vocab_size, config.dim, seed, /*init_std=*/0.02));
   }
-  norm = register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
-  output = register_module(
-      "output", std::make_shared<nn::Linear>(config.dim, config.vocab_size,
-                                             nn::LinearOptions{.bias = false, .seed = seed + 7}));
+  if (range.has_blocks()) {
+    auto list = register_module(
+        "layers", std::make_shared<nn::ModuleList>(static_cast<size_t>(range.first_block)));
+    for (int64_t i = range.first_block; i < range.end_block; ++i) {
+      layers.push_back(list->append(
+          std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1), rope_)));
+    }
+  }
+  if (range.last) {
+    norm = register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
+    output = register_module(
+        "output", std::make_shared<nn::Linear>(config.dim, config.vocab_size,
+                                               nn::LinearOptions{.bias = false, .seed = seed + 7}));
+  }
 }
 
-Tensor Llama::forward(const Tensor& ids) {
-  Tensor h = (*tok_embeddings)(ids);
+Tensor LlamaStage::forward(const Tensor& input) {
+  Tensor h = range_.first ? (*tok_embeddings)(input) : input;
   for (const auto& layer : layers) h = (*layer)(h);
-  return (*output)((*norm)(h));
+  return range_.last ? (*output)((*norm)(h)) : h;
 }
+
+Llama::Llama(const LlamaConfig& config, uint64_t seed)
+    : LlamaStage(config, seed, StageRange{0, config.n_layers, true, true}, "Llama") {}
 
 Tensor Llama::loss(const Tensor& ids, const Tensor& targets) {
-  const Tensor logits = (*this)(ids);
-  const Tensor flat_logits = reshape(logits, {-1, config_.vocab_size});
+  return llama_loss((*this)(ids), targets);
+}
+
+Tensor llama_loss(const Tensor& logits, const Tensor& targets) {
+  const Tensor flat_logits = reshape(logits, {-1, logits.size(-1)});
   const Tensor flat_targets = reshape(targets, {-1});
-  // Vocabulary-sharded logits (the TP plan's loss parallel) take the loss-parallel cross entropy.
   return is_dtensor(logits) ? tp::loss_parallel_cross_entropy(flat_logits, flat_targets)
                             : cross_entropy(flat_logits, flat_targets);
 }

@@ -16,9 +16,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "models/llama/config.h"
+#include "models/stage_range.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -76,23 +78,44 @@ class LlamaBlock : public nn::Module {
   std::shared_ptr<LlamaFeedForward> feed_forward;
 };
 
-class Llama : public nn::Module {
+// A Llama's stage for pipeline parallelism (and, holding everything, the Llama itself): the
+// blocks of `range` (models/stage_range.h), the token embeddings on the first stage, the final
+// norm and the output head on the last. Names, values and seeds are the whole model's
+// ("layers.5.attention.wq.weight" on the stage holding block 5, initialized as the whole model
+// initializes it), so a pipelined Llama equals the whole one.
+//
+// forward: first stage: token ids (B, T) -> hidden (B, T, dim); middle: hidden -> hidden; last:
+// -> logits (B, T, vocab); a single stage: ids -> logits.
+class LlamaStage : public nn::Module {
  public:
-  Llama(const LlamaConfig& config, uint64_t seed);
-  // Logits (B, T, vocab) of token ids (B, T).
-  Tensor forward(const Tensor& ids) override;
-  // Mean cross entropy of the logits against targets (B, T).
-  Tensor loss(const Tensor& ids, const Tensor& targets);
+  LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange range,
+             std::string type_name = "LlamaStage");
+  Tensor forward(const Tensor& input) override;
   const LlamaConfig& config() const { return config_; }
+  const StageRange& range() const { return range_; }
 
+  // Null when the stage does not hold them.
   std::shared_ptr<nn::Embedding> tok_embeddings;
-  std::vector<std::shared_ptr<LlamaBlock>> layers;
+  std::vector<std::shared_ptr<LlamaBlock>> layers;  // blocks [range.first_block, range.end_block)
   std::shared_ptr<RMSNorm> norm;
   std::shared_ptr<nn::Linear> output;
 
  private:
   LlamaConfig config_;
+  StageRange range_;
   std::shared_ptr<const RopeTables> rope_;
 };
+
+class Llama : public LlamaStage {
+ public:
+  Llama(const LlamaConfig& config, uint64_t seed);
+  // Mean cross entropy of the logits of ids (B, T) against targets (B, T): llama_loss.
+  Tensor loss(const Tensor& ids, const Tensor& targets);
+};
+
+// The mean next-token cross entropy of logits (B, T, V) against targets (B, T), a plain scalar.
+// Vocabulary-sharded logits (a DTensor: the TP plan's loss parallel) take the loss-parallel path,
+// never gathering the full logits. The pipeline's last stage calls it on its logits.
+Tensor llama_loss(const Tensor& logits, const Tensor& targets);
 
 }  // namespace loom::models

@@ -5,7 +5,7 @@
 
 namespace loom::models {
 
-void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
                        const LlamaPlanOptions& options) {
   LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1,
              "parallelize_llama: needs the 1-D tp mesh (mesh[\"tp\"])");
@@ -20,12 +20,27 @@ void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
   const Placement sequence = Shard(1);
   // Between blocks the residual stream is sequence shards (SP) or replicated.
   const Placement stream = sp ? sequence : Replicate();
-  ParallelizePlan plan = {
-      {"tok_embeddings", std::make_shared<RowwiseParallel>(LayoutOptions{
-                             .input_layouts = Replicate(), .output_layouts = stream})},
-      {"output",
-       std::make_shared<ColwiseParallel>(LayoutOptions{
-           .input_layouts = stream, .output_layouts = Shard(-1), .use_local_output = false})},
+  // A pipeline stage holds part of the model: its plan has the entries for what it holds (every
+  // pattern of a plan must match).
+  const StageRange& range = model.range();
+  ParallelizePlan plan;
+  if (range.first) {
+    plan.push_back(
+        {"tok_embeddings", std::make_shared<RowwiseParallel>(LayoutOptions{
+                               .input_layouts = Replicate(), .output_layouts = stream})});
+  }
+  if (range.last) {
+    plan.push_back(
+        {"output",
+         std::make_shared<ColwiseParallel>(LayoutOptions{
+             .input_layouts = stream, .output_layouts = Shard(-1), .use_local_output = false})});
+    if (sp) plan.push_back({"norm", std::make_shared<SequenceParallel>()});
+  }
+  if (!range.has_blocks()) {
+    parallelize_module(model, std::move(tp_mesh), plan);
+    return;
+  }
+  const ParallelizePlan blocks = {
       {"layers.*.attention.wq", std::make_shared<ColwiseParallel>()},
       {"layers.*.attention.wk", std::make_shared<ColwiseParallel>()},
       {"layers.*.attention.wv", std::make_shared<ColwiseParallel>()},
@@ -36,10 +51,11 @@ void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
       {"layers.*.feed_forward.w2",
        std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
   };
+  plan.insert(plan.end(), blocks.begin(), blocks.end());
   if (sp) {
     const auto gather_once = std::make_shared<PrepareModuleInput>(
         PrepareInputOptions{sequence, Replicate(), /*use_local_output=*/false});
-    for (const char* name : {"norm", "layers.*.attention_norm", "layers.*.ffn_norm"}) {
+    for (const char* name : {"layers.*.attention_norm", "layers.*.ffn_norm"}) {
       plan.push_back({name, std::make_shared<SequenceParallel>()});
     }
     plan.push_back({"layers.*.attention", gather_once});

@@ -6,6 +6,9 @@
 //
 //   models::parallelize_llama(model, std::make_shared<const DeviceMesh>((*mesh)["tp"]));
 //
+// `model` may be a pipeline stage (LlamaStage): the plan then covers what the stage holds (the
+// embeddings on the first, the norm and the head on the last, its blocks).
+//
 // Heads split over tp: n_heads and n_kv_heads must both divide by it (checked, naming them,
 // before anything changes); replicating kv heads when tp > n_kv_heads is not supported yet.
 #pragma once
@@ -22,7 +25,7 @@ struct LlamaPlanOptions {
   bool sequence_parallel = true;
 };
 
-void parallelize_llama(Llama& model, std::shared_ptr<const DeviceMesh> tp_mesh,
+void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
                        const LlamaPlanOptions& options = {});
 
 }  // namespace loom::models

@@ -26,6 +26,8 @@ run llama_single 1 1 8 --model llama-tiny
 mkdir -p llama_hf
 run llama_grid 2 2 8 --model llama-tiny --checkpoint-dir ckpt_llama --checkpoint-every 4 \
   --save llama_hf/model.safetensors
+# Llama's pipeline stages composed with dp and tp.
+run llama_piped 2 2 8 --model llama-tiny --pp 2 --microbatches 2
 # Its Hugging Face export (LlamaForCausalLM, config.json beside it) seeds a 1-rank Llama job.
 run llama_seeded 1 1 1 --model llama-tiny --init-from llama_hf/model.safetensors
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
@@ -74,10 +76,14 @@ same_losses_as_one_rank() {  # same_losses_as_one_rank NAME LAYOUT
 same_losses_as_one_rank piped "pp2 x dp2 x tp2"
 same_losses_as_one_rank sharded "dp_shard2 x tp2"
 same_losses_as_one_rank sharded_piped "pp2 x dp_shard2 x tp2"
-paste <(python_free_field llama_single.jsonl loss) <(python_free_field llama_grid.jsonl loss) | awk '
-  { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "llama step " NR-1 ": 1 rank " $1 " vs dp2 x tp2 " $2; bad = 1 } }
-  NR == 1 { first = $2 } { last = $2 }
-  END { if (last >= first) { print "llama loss did not fall: " first " -> " last; bad = 1 }; exit bad }'
+for layout in "llama_grid dp2 x tp2" "llama_piped pp2 x dp2 x tp2"; do
+  paste <(python_free_field llama_single.jsonl loss) <(python_free_field "${layout%% *}.jsonl" loss) |
+    awk -v layout="${layout#* }" '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "llama step " NR-1 ": 1 rank " $1 " vs " layout " " $2; bad = 1 } }
+    NR == 1 { first = $2 } { last = $2 }
+    END { if (NR == 0) { print "no llama losses for " layout; bad = 1 }
+          if (last >= first) { print "llama loss did not fall under " layout ": " first " -> " last; bad = 1 }; exit bad }'
+done
 grep -q "params, llama-tiny on" llama_grid.log || { echo "no llama run"; cat llama_grid.log; exit 1; }
 llama_fresh=$(python_free_field llama_single.jsonl loss | head -1)
 llama_seeded=$(python_free_field llama_seeded.jsonl loss | head -1)

@@ -1,0 +1,52 @@
+#include "models/llama/pipeline.h"
+
+#include <fmt/format.h>
+
+namespace loom::models {
+
+std::vector<DataParallel::Block> llama_blocks(const LlamaStage& stage) {
+  std::vector<DataParallel::Block> blocks;
+  for (size_t i = 0; i < stage.layers.size(); ++i) {
+    blocks.push_back({fmt::format("layers.{}", stage.range().first_block + static_cast<int64_t>(i)),
+                      stage.layers[i].get()});
+  }
+  return blocks;
+}
+
+PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint64_t seed,
+                                      const LlamaPlanOptions& plan) {
+  config.validate();
+  PipelineModelSpec spec;
+  spec.name = "Llama pipeline";
+  spec.n_layers = config.n_layers;
+  spec.hidden_size = config.dim;
+  spec.vocab_size = config.vocab_size;
+  spec.make_stage = [config, seed](const StageRange& range) {
+    return std::make_shared<LlamaStage>(config, seed, range);
+  };
+  spec.parallelize = [plan](nn::Module& stage, std::shared_ptr<const DeviceMesh> tp_mesh) {
+    parallelize_llama(dynamic_cast<LlamaStage&>(stage), std::move(tp_mesh), plan);
+  };
+  spec.blocks = [](nn::Module& stage) { return llama_blocks(dynamic_cast<LlamaStage&>(stage)); };
+  spec.loss = [](const Tensor& logits, const Tensor& targets) {
+    return llama_loss(logits, targets);
+  };
+  spec.parameter_names = [config](const StageRange& range) {
+    // A stage of the same blocks with every width at its smallest: the names in its order.
+    LlamaConfig tiny = config;
+    tiny.dim = 2;
+    tiny.n_heads = 1;
+    tiny.n_kv_heads = 1;
+    tiny.vocab_size = 1;
+    tiny.max_seq_len = 1;
+    tiny.multiple_of = 1;
+    tiny.ffn_dim_multiplier = std::nullopt;
+    const LlamaStage names_only(tiny, 0, range);
+    std::vector<std::string> names;
+    for (const auto& [name, p] : names_only.named_parameters()) names.push_back(name);
+    return names;
+  };
+  return spec;
+}
+
+}  // namespace loom::models

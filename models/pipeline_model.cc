@@ -1,0 +1,233 @@
+#include "models/pipeline_model.h"
+
+#include <map>
+#include <set>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "optim/clip_grad.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/split.h"
+#include "tensor/ops.h"
+
+namespace loom::models {
+
+namespace {
+
+// Messages on the pp group carry no tag (NCCL has none): between two ranks they pair up in the
+// order both issue them, which every exchange below fixes (stage order, parameter order).
+
+std::vector<pipeline::LayerRange> stage_layers(const PipelineModelSpec& spec,
+                                               const PipelineModelOptions& options,
+                                               int num_stages) {
+  if (options.layers_per_stage.empty()) return pipeline::split_layers(spec.n_layers, num_stages);
+  LOOM_CHECK(static_cast<int>(options.layers_per_stage.size()) == num_stages,
+             "{}: the split gives {} stages' layer counts but the schedule has {} stages ({} "
+             "ranks x {} virtual stages)",
+             spec.name, options.layers_per_stage.size(), num_stages,
+             num_stages / options.virtual_stages, options.virtual_stages);
+  return pipeline::split_layers(spec.n_layers, options.layers_per_stage);
+}
+
+void check_spec(const PipelineModelSpec& spec) {
+  LOOM_CHECK(
+      spec.make_stage && spec.parallelize && spec.blocks && spec.loss && spec.parameter_names,
+      "{}: the PipelineModelSpec lacks a function (make_stage, parallelize, blocks, loss "
+      "and parameter_names are all needed)",
+      spec.name.empty() ? "PipelineModel" : spec.name);
+  LOOM_CHECK(spec.n_layers >= 1 && spec.hidden_size >= 1 && spec.vocab_size >= 1,
+             "{}: n_layers, hidden_size and vocab_size must be positive, got {}, {} and {}",
+             spec.name, spec.n_layers, spec.hidden_size, spec.vocab_size);
+}
+
+}  // namespace
+
+PipelineModel::PipelineModel(PipelineModelSpec spec, std::shared_ptr<const DeviceMesh> mesh,
+                             PipelineModelOptions options)
+    : spec_((check_spec(spec), std::move(spec))),
+      mesh_(std::move(mesh)),
+      sequence_parallel_(options.sequence_parallel && mesh_->size("tp") > 1),
+      schedule_(pipeline::schedule_by_name(options.schedule, static_cast<int>(mesh_->size("pp")),
+                                           options.microbatches, options.virtual_stages)) {
+  const int num_stages = schedule_.num_stages;
+  const auto layers = stage_layers(spec_, options, num_stages);
+  for (int s = 0; s < num_stages; ++s) {
+    ranges_.push_back(StageRange{layers[s].begin, layers[s].end, s == 0, s == num_stages - 1});
+  }
+  const DeviceMesh pp_mesh = (*mesh_)["pp"];
+  const auto tp_mesh = std::make_shared<const DeviceMesh>((*mesh_)["tp"]);
+  const int pp_rank = static_cast<int>(mesh_->coordinate(mesh_->dim_index("pp")));
+  std::vector<std::shared_ptr<pipeline::PipelineStage>> stages;
+  for (int s : schedule_.stages_of_rank(pp_rank)) {
+    std::shared_ptr<nn::Module> module = spec_.make_stage(ranges_[s]);
+    // The groups' device, before the TP plan and data parallelism take the parameters.
+    module->to(mesh_->device());
+    if (tp_mesh->size(0) > 1) spec_.parallelize(*module, tp_mesh);
+    // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
+    // param_dtype. Data parallelism (DDP or FSDP) synchronizes on the last microbatch only.
+    auto data_parallel = std::make_shared<DataParallel>(module, spec_.blocks(*module), *mesh_,
+                                                        options.mixed_precision);
+    data_parallels_.push_back(data_parallel);
+    pipeline::StageOptions stage_options;
+    stage_options.around_backward = [data_parallel](bool last_microbatch,
+                                                    const std::function<void()>& run) {
+      data_parallel->backward(last_microbatch, run);
+    };
+    local_stages_.push_back(s);
+    modules_.push_back(module);
+    stages.push_back(
+        std::make_shared<pipeline::PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
+  }
+  executor_ =
+      std::make_unique<pipeline::PipelineExecutor>(schedule_, std::move(stages), spec_.loss);
+}
+
+double PipelineModel::step(const Tensor& inputs, const Tensor& targets) {
+  const double loss = executor_->step(inputs, targets);
+  if (spec_.after_step) spec_.after_step(*this);
+  return loss;
+}
+
+void PipelineModel::zero_grad() {
+  for (const auto& data_parallel : data_parallels_) data_parallel->zero_grad();
+}
+
+int PipelineModel::group_rank_of_stage(int stage) const {
+  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
+  return mesh_->group_ranks_by_coordinate(pp_dim)[schedule_.rank_of_stage(stage)];
+}
+
+Tensor PipelineModel::logits(const Tensor& ids) {
+  NoGradGuard no_grad;
+  const int num_stages = schedule_.num_stages;
+  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
+  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
+  const auto& group = mesh_->group(pp_dim);
+  // What crosses a stage boundary: the hidden states, this rank's sequence shard under sequence
+  // parallelism (the length divides by tp, as in training).
+  const Shape hidden{ids.size(0),
+                     sequence_parallel_ ? ids.size(1) / mesh_->size("tp") : ids.size(1),
+                     spec_.hidden_size};
+  Tensor x, logits;
+  size_t local = 0;  // index into modules_ (this rank's stages, in order)
+  for (int s = 0; s < num_stages; ++s) {
+    if (schedule_.rank_of_stage(s) != my_pp) continue;
+    Tensor input = ids;
+    if (s > 0 && schedule_.rank_of_stage(s - 1) == my_pp) {
+      input = x;
+    } else if (s > 0) {
+      input = ops::empty(hidden, kFloat32, group->device());
+      group->recv(input, group_rank_of_stage(s - 1))->wait();
+    }
+    x = (*modules_[local++])(input);
+    if (s + 1 < num_stages && schedule_.rank_of_stage(s + 1) != my_pp) {
+      group->send(ops::contiguous(x), group_rank_of_stage(s + 1))->wait();
+    }
+    if (s + 1 == num_stages) logits = is_dtensor(x) ? full_tensor(x) : x;
+  }
+  if (!logits.defined()) {
+    logits = ops::empty({ids.size(0), ids.size(1), spec_.vocab_size}, kFloat32, group->device());
+  }
+  logits = ops::contiguous(logits);
+  group->broadcast(logits, group_rank_of_stage(num_stages - 1))->wait();
+  return logits;
+}
+
+bool PipelineModel::on_first_rank() const {
+  for (int64_t d = 0; d < mesh_->ndim(); ++d) {
+    if (mesh_->coordinate(d) != 0) return false;
+  }
+  return true;
+}
+
+void PipelineModel::gather_whole(nn::Module* whole) {
+  NoGradGuard no_grad;
+  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
+  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
+  bool on_first_line = true;  // dp and tp coordinates 0: the ranks that talk over pp
+  for (int64_t d = 0; d < mesh_->ndim(); ++d)
+    on_first_line = on_first_line && (d == pp_dim || mesh_->coordinate(d) == 0);
+  const bool root = on_first_line && my_pp == 0;
+  LOOM_CHECK(root == (whole != nullptr),
+             "{}: gather_whole takes the whole model on the mesh's first rank and null on every "
+             "other (this rank is {} the first, and was given {})",
+             spec_.name, root ? "" : "not", whole ? "a model" : "null");
+  std::map<std::string, Tensor> destination;
+  if (root) {
+    for (auto& [name, p] : whole->named_parameters()) destination.emplace(name, p);
+  }
+  // Which stage each name comes from: the earliest that holds it (every rank computes the same).
+  std::set<std::string> taken;
+  std::vector<std::set<std::string>> sent_by(schedule_.num_stages);
+  for (int s = 0; s < schedule_.num_stages; ++s) {
+    for (const std::string& name : spec_.parameter_names(ranges_[s])) {
+      if (taken.insert(name).second) sent_by[s].insert(name);
+    }
+  }
+  const auto& group = mesh_->group(pp_dim);
+  // Stage by stage, parameter by parameter, in an order every rank knows (sends and receives
+  // between two ranks pair up in issue order).
+  size_t local = 0;
+  for (int s = 0; s < schedule_.num_stages; ++s) {
+    if (schedule_.rank_of_stage(s) == my_pp) {
+      for (const auto& [name, p] : modules_[local]->named_parameters()) {
+        if (!sent_by[s].contains(name)) continue;
+        // Every tp (and dp_shard) rank joins the gather.
+        const Tensor full = ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);
+        if (root) {
+          const auto into = destination.find(name);
+          LOOM_CHECK(into != destination.end(),
+                     "{}: stage {} holds '{}', which the whole model does not have", spec_.name, s,
+                     name);
+          ops::copy_(into->second, full);
+        } else if (on_first_line) {
+          group->send(full, group_rank_of_stage(0))->wait();
+        }
+      }
+      ++local;
+    } else if (root) {
+      for (const std::string& name : spec_.parameter_names(ranges_[s])) {
+        if (!sent_by[s].contains(name)) continue;
+        const auto into = destination.find(name);
+        LOOM_CHECK(into != destination.end(),
+                   "{}: stage {} holds '{}', which the whole model does not have", spec_.name, s,
+                   name);
+        // The whole model is on the CPU; the message arrives on the group's device.
+        const Tensor buffer =
+            ops::empty(into->second.shape(), into->second.dtype(), group->device());
+        group->recv(buffer, group_rank_of_stage(s))->wait();
+        ops::copy_(into->second, buffer);
+      }
+    }
+  }
+}
+
+double PipelineModel::clip_grad_norm(double max_norm) {
+  optim::ClipOptions options;
+  if (mesh_->size("pp") > 1) options.sum_over.push_back(mesh_->group("pp"));
+  if (spec_.not_counted) options.not_counted = spec_.not_counted(*this);
+  return optim::clip_grad_norm_(parameters(), max_norm, options);
+}
+
+std::vector<std::pair<std::string, Tensor>> PipelineModel::named_parameters() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& module : modules_) {
+    for (auto& entry : module->named_parameters()) out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+std::vector<Tensor> PipelineModel::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+std::vector<StageRange> PipelineModel::local_ranges() const {
+  std::vector<StageRange> out;
+  for (int s : local_stages_) out.push_back(ranges_[s]);
+  return out;
+}
+
+}  // namespace loom::models

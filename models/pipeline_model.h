@@ -1,0 +1,129 @@
+// A layered model (a GPT, a Llama, a user's own) trained with pipeline parallelism composed with
+// tensor and data parallelism on one DeviceMesh with dims "pp", "dp_replicate", "dp_shard" and
+// "tp" (any of size 1): this rank's pipeline stages (modules holding only their own blocks and
+// parameters, under the whole model's names), each parallelized over "tp" and made data parallel
+// (models/data_parallel.h: DDP over dp_replicate, or FSDP / HSDP over dp_shard), driven by a
+// validated schedule (torchtitan's pipeline_llama, for any model a PipelineModelSpec describes).
+//
+// What is model-specific comes in the spec: how to build a stage of a StageRange, its tensor
+// parallel plan, its transformer blocks (FSDP's units), its loss, its parameter names. What is
+// the same for every model is here: the split, the schedule, per-stage data parallelism, the
+// gradient norm over every stage, inference through the stages, and the whole model gathered on
+// one rank for a checkpoint.
+//
+// Collective contract: construction communicates nothing. step(), clip_grad_norm(), logits()
+// and gather_whole() are collective over the whole mesh (every rank calls them, in the same
+// order): the schedule's sends and receives over "pp", the data-parallel reductions over the dp
+// dims, the tp plan's collectives, and the gathers of gather_whole().
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mesh/device_mesh.h"
+#include "models/data_parallel.h"
+#include "models/stage_range.h"
+#include "nn/mixed_precision.h"
+#include "nn/module.h"
+#include "parallel/pipeline/executor.h"
+
+namespace loom::models {
+
+class PipelineModel;
+
+struct PipelineModelSpec {
+  std::string name;  // "GPTPipeline": in errors
+  int64_t n_layers = 0;
+  int64_t hidden_size = 0;  // what crosses a stage boundary: (B, T, hidden_size)
+  int64_t vocab_size = 0;   // the last stage's logits: (B, T, vocab_size)
+  // A stage holding `range`, on the CPU, initialized as the whole model initializes those
+  // parameters (each value a function of the seed and the parameter's name only).
+  std::function<std::shared_ptr<nn::Module>(const StageRange& range)> make_stage;
+  // The tensor-parallel plan of a stage over the 1-D tp mesh (called when tp > 1).
+  std::function<void(nn::Module& stage, std::shared_ptr<const DeviceMesh> tp_mesh)> parallelize;
+  // A stage's transformer blocks in order ("layers.3"): FSDP's units.
+  std::function<std::vector<DataParallel::Block>(nn::Module& stage)> blocks;
+  // The mean loss of the last stage's logits (B, T, V) against targets (B, T).
+  std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss;
+  // The parameter names of a stage holding `range`, in its named_parameters() order, without
+  // allocating its values (gather_whole() receives remote stages' parameters by name).
+  std::function<std::vector<std::string>(const StageRange& range)> parameter_names;
+
+  // Optional, for parameters two stages share (a tied embedding and head):
+  // after_step runs after every step's schedule (e.g. summing the copies' gradients between
+  // their stages); not_counted lists this rank's copies the gradient norm leaves out (another
+  // stage's copy counts the same gradient).
+  std::function<void(PipelineModel& model)> after_step;
+  std::function<std::vector<Tensor>(const PipelineModel& model)> not_counted;
+};
+
+struct PipelineModelOptions {
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  int microbatches = 1;
+  int virtual_stages = 1;                 // stages per rank (interleaved)
+  std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
+  // Activations between stages are sequence shards (the tp plan's sequence parallelism).
+  bool sequence_parallel = false;
+  // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
+  std::optional<nn::MixedPrecisionPolicy> mixed_precision;
+};
+
+class PipelineModel {
+ public:
+  // The stages' parameters live on the mesh's device (DeviceMesh::device(): the CPU over Gloo,
+  // this rank's GPU over NCCL); inputs and targets given to step() must be there too.
+  PipelineModel(PipelineModelSpec spec, std::shared_ptr<const DeviceMesh> mesh,
+                PipelineModelOptions options);
+
+  // One step's forward and backward on this dp rank's batch (B, T), split into microbatches;
+  // only the first stage's rank reads `inputs`, only the last's `targets`. Returns the mean loss
+  // over the batch on every pp rank. Gradients accumulate: zero_grad() first. The spec's
+  // after_step runs last.
+  double step(const Tensor& inputs, const Tensor& targets);
+  void zero_grad();
+  // Global gradient norm over all stages and shards, clipped (the spec's not_counted left out).
+  double clip_grad_norm(double max_norm);
+
+  // Inference: the logits (B, T, V) of token ids (B, T), as a plain tensor on every rank. The
+  // stages run one after the other (no microbatches, no autograd); every rank calls it with the
+  // same ids.
+  Tensor logits(const Tensor& ids);
+
+  // Whether this rank is the mesh's first (coordinate 0 on every dim): where gather_whole()
+  // assembles the whole model.
+  bool on_first_rank() const;
+  // Copies every stage's parameters (gathered over tp, sent over pp) into `whole` on the first
+  // rank; `whole` is null on every other rank, and every rank of the mesh calls it. A name that
+  // an earlier stage also holds (a tied copy) is taken from the earliest stage.
+  void gather_whole(nn::Module* whole);
+
+  // This rank's parameters with the whole model's names (its stages', in stage order).
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  const std::vector<std::shared_ptr<nn::Module>>& stages() const { return modules_; }
+  // The range of each of this rank's stages, in the order of stages().
+  std::vector<StageRange> local_ranges() const;
+  const std::shared_ptr<const DeviceMesh>& mesh() const { return mesh_; }
+  const pipeline::Schedule& schedule() const { return schedule_; }
+  const pipeline::StepStats& last_stats() const { return executor_->last_stats(); }
+
+ private:
+  // The pp group's rank of the rank holding stage `stage`.
+  int group_rank_of_stage(int stage) const;
+
+  PipelineModelSpec spec_;
+  std::shared_ptr<const DeviceMesh> mesh_;
+  bool sequence_parallel_;
+  pipeline::Schedule schedule_;
+  std::vector<StageRange> ranges_;  // every stage's, by stage index
+  std::vector<int> local_stages_;   // this rank's stage indices, in order
+  std::vector<std::shared_ptr<nn::Module>> modules_;
+  std::vector<std::shared_ptr<DataParallel>> data_parallels_;  // per module
+  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+};
+
+}  // namespace loom::models
