@@ -6,6 +6,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "base/error.h"
+#include "base/profiler.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
@@ -60,6 +61,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
              roots.size(), grads.size());
   // Backward formulas run plain ops; nothing inside records a graph.
   NoGradGuard no_grad;
+  profiler::Scope scope("autograd::backward");  // the ops it runs are timed inside it
 
   std::vector<Edge> root_edges;
   std::vector<Tensor> seeds;

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "base/profiler.h"
 #include "comm/prefix_store.h"
 
 namespace loom::comm {
@@ -154,6 +155,7 @@ std::string numels(const std::vector<Tensor>& tensors) {
 }  // namespace
 
 std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
+  profiler::Scope scope("comm::all_reduce");  // issuing it (waiting is comm::wait)
   check_tensor(tensor, "the tensor", "all_reduce", *this);
   auto info = begin(CollectiveKind::kAllReduce, bytes_of(tensor),
                     fmt::format("{}, {}, {} elements", reduce_op_name(op),
@@ -162,6 +164,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
+  profiler::Scope scope("comm::broadcast");  // issuing it (waiting is comm::wait)
   check_tensor(tensor, "the tensor", "broadcast", *this);
   LOOM_CHECK(root >= 0 && root < size_,
              "broadcast on group '{}': root {} is not a rank of a group of size {}", name(), root,
@@ -174,6 +177,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs,
                                                const Tensor& input) {
+  profiler::Scope scope("comm::all_gather");  // issuing it (waiting is comm::wait)
   check_tensor(input, "the input", "all_gather", *this);
   LOOM_CHECK(static_cast<int>(outputs.size()) == size_,
              "all_gather on group '{}': got {} outputs for a group of size {}", name(),
@@ -192,6 +196,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& output
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output,
                                                            const Tensor& input) {
+  profiler::Scope scope("comm::all_gather_into_tensor");  // issuing it (waiting is comm::wait)
   LOOM_CHECK(output.defined() && input.defined() && output.numel() == input.numel() * size_,
              "all_gather_into_tensor on group '{}': output {} must hold {} inputs of {}", name(),
              output.defined() ? tensor_brief(output) : "undefined", size_,
@@ -213,6 +218,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output,
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
                                                    const std::vector<Tensor>& inputs, ReduceOp op) {
+  profiler::Scope scope("comm::reduce_scatter");  // issuing it (waiting is comm::wait)
   check_tensor(output, "the output", "reduce_scatter", *this);
   LOOM_CHECK(static_cast<int>(inputs.size()) == size_,
              "reduce_scatter on group '{}': got {} inputs for a group of size {}", name(),
@@ -234,6 +240,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input,
                                                           ReduceOp op) {
+  profiler::Scope scope("comm::reduce_scatter_tensor");  // issuing it (waiting is comm::wait)
   LOOM_CHECK(output.defined() && input.defined() && input.numel() == output.numel() * size_,
              "reduce_scatter_tensor on group '{}': input {} must hold {} outputs of {}", name(),
              input.defined() ? tensor_brief(input) : "undefined", size_,
@@ -255,6 +262,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor& output, 
 
 std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& outputs,
                                                const std::vector<Tensor>& inputs) {
+  profiler::Scope scope("comm::all_to_all");  // issuing it (waiting is comm::wait)
   LOOM_CHECK(static_cast<int>(outputs.size()) == size_ && static_cast<int>(inputs.size()) == size_,
              "all_to_all on group '{}': got {} outputs and {} inputs for a group of size {}",
              name(), outputs.size(), inputs.size(), size_);
@@ -276,6 +284,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input,
                                            int root) {
+  profiler::Scope scope("comm::gather");  // issuing it (waiting is comm::wait)
   check_tensor(input, "the input", "gather", *this);
   LOOM_CHECK(root >= 0 && root < size_,
              "gather on group '{}': root {} is not a rank of a group of size {}", name(), root,
@@ -300,6 +309,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, c
 
 std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs,
                                             int root) {
+  profiler::Scope scope("comm::scatter");  // issuing it (waiting is comm::wait)
   check_tensor(output, "the output", "scatter", *this);
   LOOM_CHECK(root >= 0 && root < size_,
              "scatter on group '{}': root {} is not a rank of a group of size {}", name(), root,
@@ -325,6 +335,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vec
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
+  profiler::Scope scope("comm::send");  // issuing it (waiting is comm::wait)
   check_tensor(tensor, "the tensor", "send", *this);
   LOOM_CHECK(dst >= 0 && dst < size_ && dst != rank_,
              "send on group '{}': destination {} is not another rank of a group of size {} (this "
@@ -336,6 +347,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
+  profiler::Scope scope("comm::recv");  // issuing it (waiting is comm::wait)
   check_tensor(tensor, "the tensor", "recv", *this);
   LOOM_CHECK(
       src >= 0 && src < size_ && src != rank_,
@@ -347,6 +359,7 @@ std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag)
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
+  profiler::Scope scope("comm::barrier");  // issuing it (waiting is comm::wait)
   auto info = begin(CollectiveKind::kBarrier, 0, "");
   return run_barrier(info);
 }

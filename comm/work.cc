@@ -1,8 +1,11 @@
 #include "comm/work.h"
 
+#include "base/profiler.h"
+
 namespace loom::comm {
 
 void Work::wait() {
+  profiler::Scope scope("comm::wait");  // the caller blocked on a collective or a message
   std::unique_lock<std::mutex> lock(mutex_);
   done_cv_.wait(lock, [&] { return completed_; });
   if (error_) std::rethrow_exception(error_);

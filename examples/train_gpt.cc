@@ -28,6 +28,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "base/profiler.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
@@ -463,12 +464,27 @@ int run(Flags f) {
       }
     });
   }
-  for (int step = trainer.steps_done(); step < f.steps; ++step) {
+  const int first_step = trainer.steps_done();
+  for (int step = first_step; step < f.steps; ++step) {
+    // The op timer skips the first step (allocator, plans and caches warming up).
+    if (f.profile_ops && step == first_step + 1) {
+      profiler::enable({.synchronize = device.is_cuda()});
+    }
     const data::Batch batch =
         train::local_batch(tokens, f.seed, step, *mesh, f.batch_size, f.seq_len);
     trainer.step(batch.inputs, batch.targets);
   }
   progress.clear();
+  if (profiler::enabled()) {
+    profiler::disable();
+    if (rank == 0) {
+      fmt::print(
+          "train_gpt: op times on rank 0 over steps {}..{} (self: minus nested ops and "
+          "scopes{}):\n{}",
+          first_step + 1, f.steps - 1, device.is_cuda() ? "; each op waited for its kernels" : "",
+          profiler::table(40));
+    }
+  }
   if (async_saver) report_committed(async_saver->wait());
   // Every rank gathers (full_tensor over tp); rank 0 writes.
   if (!f.save.empty()) {

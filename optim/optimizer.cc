@@ -4,6 +4,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "base/profiler.h"
 #include "tensor/ops.h"
 
 namespace loom::optim {
@@ -28,6 +29,7 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions options)
 }
 
 void SGD::step() {
+  profiler::Scope scope("optim::SGD.step");
   NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
@@ -57,6 +59,7 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 
 void AdamW::step() {
   NoGradGuard no_grad;
+  profiler::Scope scope("optim::AdamW.step");
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     const Tensor grad = p.grad();

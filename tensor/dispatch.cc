@@ -5,6 +5,8 @@
 #include <unordered_map>
 
 #include "base/error.h"
+#include "base/profiler.h"
+#include "tensor/cuda/stream.h"
 #include "tensor/grad_mode.h"
 
 namespace loom {
@@ -32,10 +34,43 @@ std::shared_ptr<const DispatchHandler> find_handler(int kind) {
   return it == r.handlers.end() ? nullptr : it->second;
 }
 
+// The op the profiler is running through call_op on this thread: its re-dispatch goes on to run
+// it rather than timing it a second time.
+thread_local std::optional<OpId> profiled_op;
+
+// Times the op under its name (base/profiler.h): runs it through call_op, which dispatches it
+// again from the top, where profiled_op lets it through.
+template <typename Range>
+std::vector<Tensor> run_profiled(OpId op, const Range& inputs, std::vector<OpAttr>& attrs) {
+  profiler::Scope scope(op_name(op));
+  OpCall call(op, std::vector<Tensor>(inputs.begin(), inputs.end()), std::move(attrs));
+  struct Clear {
+    ~Clear() { profiled_op.reset(); }
+  } clear;
+  profiled_op = op;
+  std::vector<Tensor> out = call_op(call);
+  if (profiler::options().synchronize) {
+    // GPU kernels are asynchronous: the op's time is its kernels' once the device is done.
+    for (const auto& list : {call.inputs, out}) {
+      for (const Tensor& t : list) {
+        if (t.defined() && t.device().is_cuda()) {
+          cuda::synchronize(t.device().index);
+          return out;
+        }
+      }
+    }
+  }
+  return out;
+}
+
 template <typename Range>
 std::optional<std::vector<Tensor>> dispatch_range(OpId op, const Range& inputs,
                                                   std::vector<OpAttr>& attrs) {
   const OpInfo& info = op_info(op);
+  if (profiler::enabled()) [[unlikely]] {
+    if (profiled_op != op) return run_profiled(op, inputs, attrs);
+    profiled_op.reset();  // this is the profiled call itself: route it as usual
+  }
   const bool recording = recording_enabled();
   bool needs_grad = false;
   const TensorExtension* extension = nullptr;

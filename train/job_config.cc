@@ -117,6 +117,10 @@ const std::vector<JobOption>& options() {
        Range::kNonNegative},
       {"output", "log_every", "print every N steps", &C::log_every, Range::kPositive},
       {"output", "progress", "a progress bar on the terminal (--no-progress: off)", &C::progress},
+      {"output", "profile_ops",
+       "time every op over the steps after the first and print rank 0's table at the end (on a "
+       "GPU each op waits for its kernels)",
+       &C::profile_ops},
   };
   return table;
 }

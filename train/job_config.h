@@ -67,6 +67,9 @@ struct JobConfig {
   int64_t sample_tokens = 200;
   int64_t log_every = 10;
   bool progress = true;
+  // Time every op and scope (base/profiler.h) over the steps after the first; rank 0 prints
+  // the table at the end (on a GPU each op waits for its kernels).
+  bool profile_ops = false;
 };
 
 // A value as a source gives it: TOML's own types, or a command line's text.

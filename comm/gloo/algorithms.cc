@@ -67,14 +67,13 @@ void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
   // Step 1 (reduce-scatter): chunk j of every rank goes to rank j, which reduces them.
   const Chunk mine = chunk_of(count, world, me);
   const size_t mine_bytes = static_cast<size_t>(mine.count) * esize;
-  std::unique_ptr<char[]> received(
-      new char[mine_bytes * static_cast<size_t>(world)]);  // uninitialized
+  char* received = env.scratch.get(mine_bytes * static_cast<size_t>(world));
   {
     Transfers round(env.mesh, env.deadline);
     for (int peer = 0; peer < world; ++peer) {
       if (peer == me) continue;
       const Chunk theirs = chunk_of(count, world, peer);
-      round.recv(peer, slot(env, 0), received.get() + peer * mine_bytes, mine_bytes);
+      round.recv(peer, slot(env, 0), received + peer * mine_bytes, mine_bytes);
       round.send(peer, slot(env, 0), data + theirs.offset * esize,
                  static_cast<size_t>(theirs.count) * esize);
     }
@@ -82,7 +81,7 @@ void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
   }
   std::vector<const void*> pieces(world);
   for (int r = 0; r < world; ++r) {
-    pieces[r] = r == me ? data + mine.offset * esize : received.get() + r * mine_bytes;
+    pieces[r] = r == me ? data + mine.offset * esize : received + r * mine_bytes;
   }
   reduce_pieces(tensor.dtype(), op, pieces, data + mine.offset * esize, mine.count);
   // Step 2 (all-gather): every rank sends its reduced chunk to every other rank.
@@ -138,19 +137,18 @@ void reduce_scatter(const OpEnv& env, const Tensor& output, const std::vector<Te
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
   const size_t piece = nbytes(output);
-  std::unique_ptr<char[]> received(new char[piece * static_cast<size_t>(world)]);  // uninitialized
+  char* received = env.scratch.get(piece * static_cast<size_t>(world));
   {
     Transfers round(env.mesh, env.deadline);
     for (int peer = 0; peer < world; ++peer) {
       if (peer == me) continue;
-      round.recv(peer, slot(env, 0), received.get() + peer * piece, piece);
+      round.recv(peer, slot(env, 0), received + peer * piece, piece);
       round.send(peer, slot(env, 0), bytes(inputs[peer]), nbytes(inputs[peer]));
     }
     round.wait();
   }
   std::vector<const void*> pieces(world);
-  for (int r = 0; r < world; ++r)
-    pieces[r] = r == me ? bytes(inputs[me]) : received.get() + r * piece;
+  for (int r = 0; r < world; ++r) pieces[r] = r == me ? bytes(inputs[me]) : received + r * piece;
   reduce_pieces(output.dtype(), op, pieces, bytes(output), output.numel());
 }
 

@@ -40,6 +40,14 @@ GroupState::GroupState(std::shared_ptr<Store> store, std::shared_ptr<::gloo::Con
 
 GroupState::~GroupState() = default;
 
+char* ScratchBuffer::get(size_t bytes) {
+  if (bytes > size_) {
+    data_.reset(new char[bytes]);  // uninitialized: every byte is received before it is read
+    size_ = bytes;
+  }
+  return data_.get();
+}
+
 std::optional<std::string> GroupState::failure() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return failure_;
@@ -53,7 +61,7 @@ void GroupState::run(const OpSpec& op, Work& work, const std::function<void(cons
     return;
   }
   if (op.collective) board_.started(op.index + 1);
-  const OpEnv env{mesh_, Clock::now() + op.timeout, op.index, op.kind};
+  const OpEnv env{mesh_, Clock::now() + op.timeout, op.index, op.kind, scratch_};
   try {
     body(env);
   } catch (...) {
