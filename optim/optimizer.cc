@@ -73,6 +73,17 @@ void AdamW::step() {
       exp_avg_[i] = ops::zeros_like(p);
       exp_avg_sq_[i] = ops::zeros_like(p);
     }
+    // One fused pass where the tensors allow it (plain contiguous f32 on the CPU).
+    if (ops::adamw_update_fused_(p, grad, exp_avg_[i], exp_avg_sq_[i],
+                                 {.lr = lr_,
+                                  .beta1 = options_.beta1,
+                                  .beta2 = options_.beta2,
+                                  .eps = options_.eps,
+                                  .weight_decay = options_.weight_decay,
+                                  .bias1 = bias1,
+                                  .bias2 = bias2})) {
+      continue;
+    }
     // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     exp_avg_[i] =
         ops::add(ops::mul(exp_avg_[i], options_.beta1), ops::mul(grad, 1.0 - options_.beta1));

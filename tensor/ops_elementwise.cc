@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/vector_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
@@ -122,6 +123,15 @@ Tensor unary_floating(const Tensor& a, std::string_view op, UnaryOp code, F f,
 template <typename F>
 Tensor unary_any(const Tensor& a, std::string_view op, UnaryOp code, F f) {
   return unary</*kFloatingOnly=*/false>(a, op, code, 0.0f, f);
+}
+
+// Whether every tensor is a contiguous f32 CPU tensor: the vectorized kernels' case.
+bool fast_f32(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.dtype() != kFloat32 || !t.device().is_cpu() || !t.is_contiguous())
+      return false;
+  }
+  return true;
 }
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -257,12 +267,22 @@ Tensor relu(const Tensor& a) {
 }
 Tensor gelu(const Tensor& a) {
   LOOM_DISPATCH_OR_RETURN(OpId::gelu, {a});
+  if (fast_f32({a})) {  // the vectorized, threaded kernel (tensor/cpu/vector_math.h)
+    Tensor out = Tensor::empty(a.shape(), kFloat32);
+    cpu::gelu_f32(a.data<float>(), out.data<float>(), a.numel());
+    return out;
+  }
   return unary_floating(a, "gelu", UnaryOp::kGelu, [](float x) {
     return 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + kGeluCubic * x * x * x)));
   });
 }
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   LOOM_DISPATCH_OR_RETURN(OpId::gelu_backward, {grad, x});
+  if (fast_f32({grad, x}) && grad.shape() == x.shape()) {
+    Tensor out = Tensor::empty(x.shape(), kFloat32);
+    cpu::gelu_backward_f32(grad.data<float>(), x.data<float>(), out.data<float>(), x.numel());
+    return out;
+  }
   return binary(
       grad, x, "gelu_backward", BinaryOp::kGeluBackward,
       [](float g, float v) {
@@ -325,5 +345,22 @@ void add_(const Tensor& self, const Tensor& other) {
 }
 
 #undef LOOM_DISPATCH_OR_RETURN
+
+bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamWScalars& scalars) {
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!fast_f32({*t}) || t->extension() || t->shape() != param.shape()) return false;
+  }
+  cpu::adamw_f32(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
+                 exp_avg_sq.data<float>(), param.numel(),
+                 {.lr = static_cast<float>(scalars.lr),
+                  .beta1 = static_cast<float>(scalars.beta1),
+                  .beta2 = static_cast<float>(scalars.beta2),
+                  .eps = static_cast<float>(scalars.eps),
+                  .weight_decay = static_cast<float>(scalars.weight_decay),
+                  .bias1 = static_cast<float>(scalars.bias1),
+                  .bias2 = static_cast<float>(scalars.bias2)});
+  return true;
+}
 
 }  // namespace loom::ops

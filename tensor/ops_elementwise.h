@@ -50,4 +50,16 @@ Tensor gt(const Tensor& a, const Tensor& b);
 // In place: self += other (broadcast to self's shape). For gradient accumulation.
 void add_(const Tensor& self, const Tensor& other);
 
+// The AdamW update of one parameter in place, fused into one vectorized, threaded pass
+// (tensor/cpu/vector_math.h; torch.optim.AdamW's formula in f32, as optim::AdamW composes it)
+// when the four tensors are plain contiguous f32 CPU tensors of one shape. Returns false and
+// changes nothing otherwise (DTensors, CUDA, other dtypes): the caller composes the update from
+// ops. Not a dispatched op: nothing differentiates or shards it.
+struct AdamWScalars {
+  double lr, beta1, beta2, eps, weight_decay;
+  double bias1, bias2;  // 1 - beta^step
+};
+bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
+                         const Tensor& exp_avg_sq, const AdamWScalars& scalars);
+
 }  // namespace loom::ops

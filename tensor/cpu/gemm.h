@@ -44,5 +44,8 @@ const char* gemm_library_name();
 // Threads each later GEMM may use, process-wide (any calling thread); n >= 1. Without a call,
 // the backend's default applies.
 void set_gemm_threads(int n);
+// The thread count the GEMM uses on this thread (set_gemm_threads' setting, applied here, or
+// OpenMP's default): the element-wise kernels split over as many (vector_math.h).
+int kernel_threads();
 
 }  // namespace loom::cpu

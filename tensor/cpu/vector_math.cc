@@ -1,0 +1,127 @@
+#include "tensor/cpu/vector_math.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tensor/cpu/gemm.h"
+
+namespace loom::cpu {
+
+namespace {
+
+// Below this many elements one thread does it all (a parallel region costs a few µs).
+constexpr int64_t kParallelGrain = 1 << 15;
+
+// Chunk boundaries fall on multiples of this many elements (wider than any vector), so only the
+// array's last few elements ever take a loop's scalar tail: every other element is computed by
+// the vector body whatever the thread count.
+constexpr int64_t kChunkAlign = 64;
+
+// Runs body(begin, end) over [0, n) in contiguous chunks, on the GEMM's thread count.
+template <typename Body>
+void parallel_chunks(int64_t n, const Body& body) {
+  const int threads = static_cast<int>(
+      std::min<int64_t>(kernel_threads(), std::max<int64_t>(1, n / kParallelGrain)));
+  if (threads <= 1) {
+    body(int64_t{0}, n);
+    return;
+  }
+  const int64_t blocks = (n + kChunkAlign - 1) / kChunkAlign;
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), count = omp_get_num_threads();
+    const int64_t begin = std::min(n, blocks * t / count * kChunkAlign);
+    const int64_t end = std::min(n, blocks * (t + 1) / count * kChunkAlign);
+    body(begin, end);
+  }
+}
+
+inline float bits_to_float(int32_t i) {
+  float f;
+  std::memcpy(&f, &i, sizeof f);
+  return f;
+}
+
+// e^x for x in [-87, 88.7] (inf above, as expf; below, e^-87, which no caller tells from 0):
+// Cephes' expf. n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts for exactness), e^r by a degree-5
+// polynomial on [-ln2/2, ln2/2], times 2^n built in the exponent bits (rint: one vroundps).
+inline float fast_exp(float x) {
+  const float above = x > 88.72f ? __builtin_inff() : 0.0f;  // e^x overflows: inf, as expf
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = __builtin_rintf(x * 1.44269504088896341f);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float er = p * r * r + r + 1.0f;
+  return std::max(er * bits_to_float((static_cast<int32_t>(n) + 127) << 23), above);
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCubic = 0.044715f;
+
+// sigmoid(2u) of GELU's inner value u(x).
+inline float gelu_gate(float x) {
+  const float u = kGeluScale * (x + kGeluCubic * x * x * x);
+  return 1.0f / (1.0f + fast_exp(-2.0f * u));
+}
+
+__attribute__((target_clones("avx512f", "default"))) void gelu_range(const float* x, float* y,
+                                                                     int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) y[i] = x[i] * gelu_gate(x[i]);
+}
+
+__attribute__((target_clones("avx512f", "default"))) void gelu_backward_range(
+    const float* g, const float* x, float* out, int64_t begin, int64_t end) {
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float v = x[i];
+    const float s = gelu_gate(v);
+    const float du = kGeluScale * (1.0f + 3.0f * kGeluCubic * v * v);
+    // d/dx [x s(2u)] = s + x * 2 s (1 - s) u'
+    out[i] = g[i] * (s + 2.0f * v * s * (1.0f - s) * du);
+  }
+}
+
+__attribute__((target_clones("avx512f", "default"))) void adamw_range(
+    float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
+    const AdamWStep& s) {
+  const float one_minus_beta1 = 1.0f - s.beta1, one_minus_beta2 = 1.0f - s.beta2;
+  const float decay = 1.0f - s.lr * s.weight_decay;
+#pragma omp simd
+  for (int64_t i = begin; i < end; ++i) {
+    const float gi = g[i];
+    const float mi = s.beta1 * m[i] + one_minus_beta1 * gi;
+    const float vi = s.beta2 * v[i] + one_minus_beta2 * (gi * gi);
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = __builtin_sqrtf(vi / s.bias2) + s.eps;
+    p[i] = p[i] * decay - (mi / s.bias1) / denom * s.lr;
+  }
+}
+
+}  // namespace
+
+void gelu_f32(const float* x, float* y, int64_t n) {
+  parallel_chunks(n, [&](int64_t begin, int64_t end) { gelu_range(x, y, begin, end); });
+}
+
+void gelu_backward_f32(const float* grad, const float* x, float* out, int64_t n) {
+  parallel_chunks(
+      n, [&](int64_t begin, int64_t end) { gelu_backward_range(grad, x, out, begin, end); });
+}
+
+void adamw_f32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
+               const AdamWStep& step) {
+  parallel_chunks(n, [&](int64_t begin, int64_t end) {
+    adamw_range(param, grad, exp_avg, exp_avg_sq, begin, end, step);
+  });
+}
+
+}  // namespace loom::cpu
