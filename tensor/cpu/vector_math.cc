@@ -45,8 +45,9 @@ inline float bits_to_float(int32_t i) {
 }
 
 // e^x for x in [-87, 88.7] (inf above, as expf; below, e^-87, which no caller tells from 0):
-// Cephes' expf. n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts for exactness), e^r by a degree-5
-// polynomial on [-ln2/2, ln2/2], times 2^n built in the exponent bits (rint: one vroundps).
+// Cephes' expf. n = round(x / ln 2), r = x - n ln 2 (ln 2 in two parts for exactness), e^r by a
+// degree-5 polynomial on [-ln2/2, ln2/2], times 2^n built in the exponent bits (rint: one
+// vroundps).
 inline float fast_exp(float x) {
   const float above = x > 88.72f ? __builtin_inff() : 0.0f;  // e^x overflows: inf, as expf
   x = std::min(std::max(x, -87.0f), 88.0f);
@@ -89,20 +90,25 @@ __attribute__((target_clones("avx512f", "default"))) void gelu_backward_range(
   }
 }
 
-__attribute__((target_clones("avx512f", "default"))) void adamw_range(
-    float* p, const float* g, float* m, float* v, int64_t begin, int64_t end,
-    const AdamWStep& s) {
-  const float one_minus_beta1 = 1.0f - s.beta1, one_minus_beta2 = 1.0f - s.beta2;
-  const float decay = 1.0f - s.lr * s.weight_decay;
+__attribute__((target_clones("avx512f", "default"))) void adamw_range(float* p, const float* g,
+                                                                      float* m, float* v,
+                                                                      int64_t begin, int64_t end,
+                                                                      const AdamWStep& s) {
+  // Locals, not reads through `s` (which the stores below could alias, as far as the compiler
+  // knows), so the loop vectorizes.
+  const float beta1 = s.beta1, beta2 = s.beta2, lr = s.lr, eps = s.eps;
+  const float bias1 = s.bias1, bias2 = s.bias2;
+  const float one_minus_beta1 = 1.0f - beta1, one_minus_beta2 = 1.0f - beta2;
+  const float decay = 1.0f - lr * s.weight_decay;
 #pragma omp simd
   for (int64_t i = begin; i < end; ++i) {
     const float gi = g[i];
-    const float mi = s.beta1 * m[i] + one_minus_beta1 * gi;
-    const float vi = s.beta2 * v[i] + one_minus_beta2 * (gi * gi);
+    const float mi = beta1 * m[i] + one_minus_beta1 * gi;
+    const float vi = beta2 * v[i] + one_minus_beta2 * (gi * gi);
     m[i] = mi;
     v[i] = vi;
-    const float denom = __builtin_sqrtf(vi / s.bias2) + s.eps;
-    p[i] = p[i] * decay - (mi / s.bias1) / denom * s.lr;
+    const float denom = __builtin_sqrtf(vi / bias2) + eps;
+    p[i] = p[i] * decay - (mi / bias1) / denom * lr;
   }
 }
 

@@ -98,8 +98,12 @@ TEST(VectorMathTest, AdamWMatchesTorchsFormula) {
     m[i] = normal(rng) * 1e-3f;
     v[i] = std::abs(normal(rng)) * 1e-5f;
   }
-  const AdamWStep s{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                    .weight_decay = 0.1f, .bias1 = 1 - 0.9f * 0.9f * 0.9f,
+  const AdamWStep s{.lr = 3e-3f,
+                    .beta1 = 0.9f,
+                    .beta2 = 0.95f,
+                    .eps = 1e-8f,
+                    .weight_decay = 0.1f,
+                    .bias1 = 1 - 0.9f * 0.9f * 0.9f,
                     .bias2 = 1 - 0.95f * 0.95f * 0.95f};
   std::vector<float> p2 = p, m2 = m, v2 = v;
   adamw_f32(p2.data(), g.data(), m2.data(), v2.data(), n, s);
