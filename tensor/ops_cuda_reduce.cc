@@ -27,8 +27,8 @@ Tensor sum(const Tensor& self, const std::vector<bool>& reduced, bool keepdim, d
   std::vector<int64_t> kept_last = kept_dims, reduced_first = reduced_dims;
   kept_last.insert(kept_last.end(), reduced_dims.begin(), reduced_dims.end());
   reduced_first.insert(reduced_first.end(), kept_dims.begin(), kept_dims.end());
-  // Reduced dims innermost and contiguous: one block per output. Outermost: one thread per
-  // output, walking down. Neither: copy to (kept, reduced) first.
+  // Reduced dims innermost and contiguous: one block per output. Outermost: tiles of 32 outputs
+  // x 32 row groups per block (reduce.cu). Neither: copy to (kept, reduced) first.
   const Tensor rows_view = self.dim() == 0 ? self : permute(self, kept_last);
   if (count == 0) {
     fill(out, 0.0);

@@ -1,6 +1,7 @@
 #include "tensor/ops_elementwise.h"
 
 #include <cmath>
+#include <optional>
 
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
@@ -32,6 +33,48 @@ void check_defined(const Tensor& t, std::string_view op) {
   LOOM_CHECK(t.defined(), "{}: got an undefined tensor", op);
 }
 
+// Whether every tensor is a contiguous f32 CPU tensor: the vectorized kernels' case.
+bool fast_f32(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.dtype() != kFloat32 || !t.device().is_cpu() || !t.is_contiguous())
+      return false;
+  }
+  return true;
+}
+
+// The vectorized kernel of an arithmetic op (tensor/cpu/vector_math.h), if it has one.
+std::optional<cpu::Arith> vector_arith(BinaryOp code) {
+  switch (code) {
+    case BinaryOp::kAdd:
+      return cpu::Arith::kAdd;
+    case BinaryOp::kSub:
+      return cpu::Arith::kSub;
+    case BinaryOp::kMul:
+      return cpu::Arith::kMul;
+    case BinaryOp::kDiv:
+      return cpu::Arith::kDiv;
+    default:
+      return std::nullopt;
+  }
+}
+
+std::optional<cpu::Arith> vector_arith(UnaryOp code) {
+  switch (code) {
+    case UnaryOp::kAddScalar:
+      return cpu::Arith::kAdd;
+    case UnaryOp::kSubScalar:
+      return cpu::Arith::kSub;
+    case UnaryOp::kMulScalar:
+      return cpu::Arith::kMul;
+    case UnaryOp::kDivScalar:
+      return cpu::Arith::kDiv;
+    case UnaryOp::kRsubScalar:
+      return cpu::Arith::kRsub;
+    default:
+      return std::nullopt;
+  }
+}
+
 // out[i] = f(a[i], b[i]) over the broadcast shape, computing in ComputeType; on CUDA the kernel
 // of `code` computes the same.
 template <typename F>
@@ -53,6 +96,10 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
   Tensor out = Tensor::empty(shape, dtype, device);
   if (device.is_cuda()) {
     cuda_backend::binary(code, out, ax, bx);
+    return out;
+  }
+  if (const auto arith = vector_arith(code); arith && fast_f32({ax, bx})) {
+    cpu::arith_f32(*arith, ax.data<float>(), bx.data<float>(), out.data<float>(), out.numel());
     return out;
   }
   cpu::visit_dtype(dtype, [&](auto tag) {
@@ -125,15 +172,6 @@ Tensor unary_any(const Tensor& a, std::string_view op, UnaryOp code, F f) {
   return unary</*kFloatingOnly=*/false>(a, op, code, 0.0f, f);
 }
 
-// Whether every tensor is a contiguous f32 CPU tensor: the vectorized kernels' case.
-bool fast_f32(std::initializer_list<Tensor> tensors) {
-  for (const Tensor& t : tensors) {
-    if (!t.defined() || t.dtype() != kFloat32 || !t.device().is_cpu() || !t.is_contiguous())
-      return false;
-  }
-  return true;
-}
-
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
@@ -183,6 +221,11 @@ Tensor scalar_op(const Tensor& a, double b, std::string_view op, UnaryOp code, F
   check_defined(a, op);
   const Tensor x = is_floating(a.dtype()) ? a : to(a, kFloat32);
   const float s = static_cast<float>(b);
+  if (const auto arith = vector_arith(code); arith && fast_f32({x})) {
+    Tensor out = Tensor::empty(x.shape(), kFloat32);
+    cpu::arith_scalar_f32(*arith, x.data<float>(), s, out.data<float>(), x.numel());
+    return out;
+  }
   return unary_floating(
       x, op, code, [&](float v) { return f(v, s); }, s);
 }

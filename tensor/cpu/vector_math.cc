@@ -112,6 +112,54 @@ __attribute__((target_clones("avx512f", "default"))) void adamw_range(float* p, 
   }
 }
 
+#define LOOM_ARITH_LOOP(expr) \
+  _Pragma("omp simd") for (int64_t i = begin; i < end; ++i) out[i] = (expr)
+
+__attribute__((target_clones("avx512f", "default"))) void arith_range(Arith op, const float* a,
+                                                                      const float* b, float* out,
+                                                                      int64_t begin, int64_t end) {
+  switch (op) {
+    case Arith::kAdd:
+      LOOM_ARITH_LOOP(a[i] + b[i]);
+      break;
+    case Arith::kSub:
+      LOOM_ARITH_LOOP(a[i] - b[i]);
+      break;
+    case Arith::kMul:
+      LOOM_ARITH_LOOP(a[i] * b[i]);
+      break;
+    case Arith::kDiv:
+      LOOM_ARITH_LOOP(a[i] / b[i]);
+      break;
+    case Arith::kRsub:
+      LOOM_ARITH_LOOP(b[i] - a[i]);
+      break;
+  }
+}
+
+__attribute__((target_clones("avx512f", "default"))) void arith_scalar_range(
+    Arith op, const float* a, float s, float* out, int64_t begin, int64_t end) {
+  switch (op) {
+    case Arith::kAdd:
+      LOOM_ARITH_LOOP(a[i] + s);
+      break;
+    case Arith::kSub:
+      LOOM_ARITH_LOOP(a[i] - s);
+      break;
+    case Arith::kMul:
+      LOOM_ARITH_LOOP(a[i] * s);
+      break;
+    case Arith::kDiv:
+      LOOM_ARITH_LOOP(a[i] / s);
+      break;
+    case Arith::kRsub:
+      LOOM_ARITH_LOOP(s - a[i]);
+      break;
+  }
+}
+
+#undef LOOM_ARITH_LOOP
+
 }  // namespace
 
 void gelu_f32(const float* x, float* y, int64_t n) {
@@ -121,6 +169,15 @@ void gelu_f32(const float* x, float* y, int64_t n) {
 void gelu_backward_f32(const float* grad, const float* x, float* out, int64_t n) {
   parallel_chunks(
       n, [&](int64_t begin, int64_t end) { gelu_backward_range(grad, x, out, begin, end); });
+}
+
+void arith_f32(Arith op, const float* a, const float* b, float* out, int64_t n) {
+  parallel_chunks(n, [&](int64_t begin, int64_t end) { arith_range(op, a, b, out, begin, end); });
+}
+
+void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n) {
+  parallel_chunks(
+      n, [&](int64_t begin, int64_t end) { arith_scalar_range(op, a, s, out, begin, end); });
 }
 
 void adamw_f32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,

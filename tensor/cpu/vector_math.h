@@ -23,6 +23,12 @@ void gelu_f32(const float* x, float* y, int64_t n);
 // out = grad * gelu_tanh'(x)
 void gelu_backward_f32(const float* grad, const float* x, float* out, int64_t n);
 
+// out = a (op) b element by element, and out = a (op) s with a scalar (kRsub: s - a). IEEE's
+// operations, so the values are exactly the scalar loop's.
+enum class Arith { kAdd, kSub, kMul, kDiv, kRsub };
+void arith_f32(Arith op, const float* a, const float* b, float* out, int64_t n);
+void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n);
+
 // One AdamW update of n elements, in place (torch.optim.AdamW's order of operations, in f32):
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p = p (1 - lr wd) - lr * (m / bias1) / (sqrt(v / bias2) + eps)

@@ -178,6 +178,23 @@ TEST_P(CudaElementwiseTest, Reductions) {
   EXPECT_EQ(ops::to_vector(ops::sum(ints, {1})), ops::to_vector(ops::sum(gpu(ints), {1})));
 }
 
+// Column sums at a bias gradient's shape (many rows, a column count no tile divides): every row
+// group and a partial last tile of columns, against the CPU; integers exactly; twice the same
+// bits (no atomics).
+TEST_P(CudaElementwiseTest, ColumnSumsOfManyRows) {
+  const DType dtype = GetParam();
+  const Tensor x = random_tensor({4099, 771}, 13, dtype);
+  const Tensor expected = ops::sum(x, {0});
+  const Tensor got = ops::sum(gpu(x), {0});
+  expect_close({.actual = got,
+                .expected = expected,
+                .tol = kernel_tolerance(expected.dtype(), 10.0),
+                .what = "column sums of 4099 rows"});
+  EXPECT_EQ(ops::to_vector(got), ops::to_vector(ops::sum(gpu(x), {0}))) << "deterministic";
+  const Tensor ints = ops::to(ops::mul(random_tensor({1025, 67}, 14), 100.0), kInt64);
+  EXPECT_EQ(ops::to_vector(ops::sum(ints, {0})), ops::to_vector(ops::sum(gpu(ints), {0})));
+}
+
 TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
   const DType dtype = GetParam();
   const auto check = [&](const Tensor& a, const Tensor& b, const std::string& what) {

@@ -25,17 +25,38 @@ __global__ void sum_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, do
   }
 }
 
-// One thread per column, walking down the rows: neighbouring threads read neighbouring columns.
+// Column sums of an (n, cols) matrix, as the bias and norm-weight gradients take them over
+// batch x time rows. A block is 32 columns x 32 row groups: thread (x, y) sums rows y, y + 32,
+// ... of column x (a warp reads 32 neighbouring columns: coalesced), then the 32 partial sums of
+// each column add up in shared memory in a fixed order: deterministic, no atomics. (The first
+// version ran one thread per column down every row: 768 columns kept 3 of an H200's 132 SMs
+// busy, ~1 ms per bias gradient of GPT-2 small.)
+constexpr int kColumnTile = 32, kRowGroups = 32;
+
 template <typename T>
 __global__ void sum_cols_kernel(T* out, const T* in, int64_t n, int64_t cols, double scale) {
-  LOOM_GRID_STRIDE(c, cols) {
+  __shared__ Acc<T> partial[kRowGroups][kColumnTile + 1];  // +1: no bank conflicts
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kColumnTile; first < cols;
+       first += static_cast<int64_t>(gridDim.x) * kColumnTile) {
+    const int64_t c = first + threadIdx.x;
     Acc<T> acc = 0;
-    for (int64_t i = 0; i < n; ++i) acc += static_cast<Acc<T>>(load(in + i * cols + c));
-    if constexpr (std::is_integral_v<T>) {
-      out[c] = static_cast<T>(acc);
-    } else {
-      out[c] = convert<T>(acc * scale);
+    if (c < cols) {
+      for (int64_t i = threadIdx.y; i < n; i += kRowGroups) {
+        acc += static_cast<Acc<T>>(load(in + i * cols + c));
+      }
     }
+    partial[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < cols) {
+      Acc<T> total = 0;
+      for (int g = 0; g < kRowGroups; ++g) total += partial[g][threadIdx.x];
+      if constexpr (std::is_integral_v<T>) {
+        out[c] = static_cast<T>(total);
+      } else {
+        out[c] = convert<T>(total * scale);
+      }
+    }
+    __syncthreads();  // the tile's partial sums are read before the next tile writes them
   }
 }
 
@@ -99,7 +120,9 @@ void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, d
   if (cols == 0) return;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    sum_cols_kernel<T><<<grid_for(cols), kThreads, 0, compute_stream(device)>>>(
+    const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+    const auto blocks = static_cast<unsigned>(tiles > 65535 * 4 ? 65535 * 4 : tiles);
+    sum_cols_kernel<T><<<blocks, dim3(kColumnTile, kRowGroups), 0, compute_stream(device)>>>(
         static_cast<T*>(out), static_cast<const T*>(in), n, cols, scale);
   });
   check_launch("sum_cols_kernel", device);
