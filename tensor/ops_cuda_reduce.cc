@@ -36,8 +36,12 @@ Tensor sum(const Tensor& self, const std::vector<bool>& reduced, bool keepdim, d
     kernels::sum_rows(self.dtype(), out.raw_data(), rows_view.raw_data(), kept, count, scale,
                       device);
   } else if (const Tensor cols_view = permute(self, reduced_first); cols_view.is_contiguous()) {
+    // The chunks' 8-byte accumulators (double, or int64 for integers), on the device.
+    const int64_t chunks = kernels::sum_cols_chunks(count);
+    const Tensor workspace =
+        chunks > 1 ? Tensor::empty({chunks, kept}, kInt64, self.device()) : Tensor();
     kernels::sum_cols(self.dtype(), out.raw_data(), cols_view.raw_data(), count, kept, scale,
-                      device);
+                      workspace.defined() ? workspace.raw_data() : nullptr, device);
   } else {
     const Tensor packed = contiguous(rows_view);
     kernels::sum_rows(self.dtype(), out.raw_data(), packed.raw_data(), kept, count, scale, device);

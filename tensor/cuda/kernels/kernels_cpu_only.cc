@@ -86,7 +86,10 @@ void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {
 }
 
 void sum_rows(DType, void*, const void*, int64_t, int64_t, double, int) { unavailable("sum_rows"); }
-void sum_cols(DType, void*, const void*, int64_t, int64_t, double, int) { unavailable("sum_cols"); }
+int64_t sum_cols_chunks(int64_t) { return 1; }
+void sum_cols(DType, void*, const void*, int64_t, int64_t, double, void*, int) {
+  unavailable("sum_cols");
+}
 void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
   unavailable("max_rows");
 }

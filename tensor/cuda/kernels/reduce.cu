@@ -26,22 +26,39 @@ __global__ void sum_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, do
 }
 
 // Column sums of an (n, cols) matrix, as the bias and norm-weight gradients take them over
-// batch x time rows. A block is 32 columns x 32 row groups: thread (x, y) sums rows y, y + 32,
-// ... of column x (a warp reads 32 neighbouring columns: coalesced), then the 32 partial sums of
-// each column add up in shared memory in a fixed order: deterministic, no atomics. (The first
+// batch x time rows. A block is 32 columns x 32 row groups over one chunk of rows: thread (x, y)
+// sums rows y, y + 32, ... of the chunk in column x (a warp reads 32 neighbouring columns:
+// coalesced), then the 32 partial sums of each column add up in shared memory in a fixed order.
+// With one chunk that is the result; with several, each block writes its chunk's sums to the
+// workspace and sum_chunks_kernel adds them in chunk order: deterministic, no atomics. (The first
 // version ran one thread per column down every row: 768 columns kept 3 of an H200's 132 SMs
-// busy, ~1 ms per bias gradient of GPT-2 small.)
+// busy, ~1 ms per bias gradient of GPT-2 small; tiles alone still used only 24.)
 constexpr int kColumnTile = 32, kRowGroups = 32;
+constexpr int64_t kRowsPerChunk = 512;
+constexpr int64_t kMaxChunks = 64;
 
 template <typename T>
-__global__ void sum_cols_kernel(T* out, const T* in, int64_t n, int64_t cols, double scale) {
+__device__ __forceinline__ void store_sum(T* out, int64_t c, Acc<T> total, double scale) {
+  if constexpr (std::is_integral_v<T>) {
+    out[c] = static_cast<T>(total);
+  } else {
+    out[c] = convert<T>(total * scale);
+  }
+}
+
+template <typename T>
+__global__ void sum_cols_kernel(T* out, Acc<T>* partial_out, const T* in, int64_t n, int64_t cols,
+                                int64_t rows_per_chunk, double scale) {
   __shared__ Acc<T> partial[kRowGroups][kColumnTile + 1];  // +1: no bank conflicts
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * rows_per_chunk;
+  const int64_t end = begin + rows_per_chunk < n ? begin + rows_per_chunk : n;
   for (int64_t first = static_cast<int64_t>(blockIdx.x) * kColumnTile; first < cols;
        first += static_cast<int64_t>(gridDim.x) * kColumnTile) {
     const int64_t c = first + threadIdx.x;
     Acc<T> acc = 0;
     if (c < cols) {
-      for (int64_t i = threadIdx.y; i < n; i += kRowGroups) {
+      for (int64_t i = begin + threadIdx.y; i < end; i += kRowGroups) {
         acc += static_cast<Acc<T>>(load(in + i * cols + c));
       }
     }
@@ -50,13 +67,23 @@ __global__ void sum_cols_kernel(T* out, const T* in, int64_t n, int64_t cols, do
     if (threadIdx.y == 0 && c < cols) {
       Acc<T> total = 0;
       for (int g = 0; g < kRowGroups; ++g) total += partial[g][threadIdx.x];
-      if constexpr (std::is_integral_v<T>) {
-        out[c] = static_cast<T>(total);
+      if (partial_out != nullptr) {
+        partial_out[chunk * cols + c] = total;
       } else {
-        out[c] = convert<T>(total * scale);
+        store_sum(out, c, total, scale);
       }
     }
     __syncthreads();  // the tile's partial sums are read before the next tile writes them
+  }
+}
+
+template <typename T>
+__global__ void sum_chunks_kernel(T* out, const Acc<T>* partial, int64_t chunks, int64_t cols,
+                                  double scale) {
+  LOOM_GRID_STRIDE(c, cols) {
+    Acc<T> total = 0;
+    for (int64_t k = 0; k < chunks; ++k) total += partial[k * cols + c];
+    store_sum(out, c, total, scale);
   }
 }
 
@@ -115,15 +142,28 @@ void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, d
   check_launch("sum_rows_kernel", device);
 }
 
+int64_t sum_cols_chunks(int64_t n) {
+  const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+  return chunks < 1 ? 1 : (chunks > kMaxChunks ? kMaxChunks : chunks);
+}
+
 void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, double scale,
-              int device) {
+              void* workspace, int device) {
   if (cols == 0) return;
+  const int64_t chunks = sum_cols_chunks(n);
+  const int64_t rows_per_chunk = (n + chunks - 1) / chunks;
+  const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
+  const dim3 grid(static_cast<unsigned>(tiles > 65535 * 4 ? 65535 * 4 : tiles),
+                  static_cast<unsigned>(chunks));
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    const int64_t tiles = (cols + kColumnTile - 1) / kColumnTile;
-    const auto blocks = static_cast<unsigned>(tiles > 65535 * 4 ? 65535 * 4 : tiles);
-    sum_cols_kernel<T><<<blocks, dim3(kColumnTile, kRowGroups), 0, compute_stream(device)>>>(
-        static_cast<T*>(out), static_cast<const T*>(in), n, cols, scale);
+    auto* partial = chunks > 1 ? static_cast<Acc<T>*>(workspace) : nullptr;
+    sum_cols_kernel<T><<<grid, dim3(kColumnTile, kRowGroups), 0, compute_stream(device)>>>(
+        static_cast<T*>(out), partial, static_cast<const T*>(in), n, cols, rows_per_chunk, scale);
+    if (chunks > 1) {
+      sum_chunks_kernel<T><<<grid_for(cols), kThreads, 0, compute_stream(device)>>>(
+          static_cast<T*>(out), partial, chunks, cols, scale);
+    }
   });
   check_launch("sum_cols_kernel", device);
 }

@@ -12,8 +12,12 @@ namespace loom::cuda::kernels {
 void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, double scale,
               int device);
 // out[c] = scale * sum_i in[i * cols + c] for c < cols: reducing the leading dim, coalesced.
+// Many rows split into sum_cols_chunks(n) chunks summed by separate blocks into `workspace`
+// (chunks x cols 8-byte accumulators on the device; unused, may be null, for one chunk), then
+// added in chunk order: deterministic.
+int64_t sum_cols_chunks(int64_t n);
 void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, double scale,
-              int device);
+              void* workspace, int device);
 // values[r] = max_j in[r * n + j], indices[r] = the first j holding it; NaN wins (PyTorch). n > 0.
 void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64_t rows, int64_t n,
               int device);
