@@ -30,21 +30,26 @@ Tensor sum(const Tensor& self, const std::vector<bool>& reduced, bool keepdim, d
   // Reduced dims innermost and contiguous: one block per output. Outermost: tiles of 32 outputs
   // x 32 row groups per block (reduce.cu). Neither: copy to (kept, reduced) first.
   const Tensor rows_view = self.dim() == 0 ? self : permute(self, kept_last);
+  // Chunked sums' 8-byte accumulators (double, or int64 for integers), on the device.
+  const auto workspace = [&](int64_t chunks) {
+    return chunks > 1 ? Tensor::empty({chunks, kept}, kInt64, self.device()) : Tensor();
+  };
+  const auto data = [](const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; };
   if (count == 0) {
     fill(out, 0.0);
   } else if (rows_view.is_contiguous()) {
+    const Tensor partial = workspace(kernels::sum_rows_chunks(kept, count));
     kernels::sum_rows(self.dtype(), out.raw_data(), rows_view.raw_data(), kept, count, scale,
-                      device);
+                      data(partial), device);
   } else if (const Tensor cols_view = permute(self, reduced_first); cols_view.is_contiguous()) {
-    // The chunks' 8-byte accumulators (double, or int64 for integers), on the device.
-    const int64_t chunks = kernels::sum_cols_chunks(count);
-    const Tensor workspace =
-        chunks > 1 ? Tensor::empty({chunks, kept}, kInt64, self.device()) : Tensor();
+    const Tensor partial = workspace(kernels::sum_cols_chunks(count));
     kernels::sum_cols(self.dtype(), out.raw_data(), cols_view.raw_data(), count, kept, scale,
-                      workspace.defined() ? workspace.raw_data() : nullptr, device);
+                      data(partial), device);
   } else {
     const Tensor packed = contiguous(rows_view);
-    kernels::sum_rows(self.dtype(), out.raw_data(), packed.raw_data(), kept, count, scale, device);
+    const Tensor partial = workspace(kernels::sum_rows_chunks(kept, count));
+    kernels::sum_rows(self.dtype(), out.raw_data(), packed.raw_data(), kept, count, scale,
+                      data(partial), device);
   }
   return out;
 }

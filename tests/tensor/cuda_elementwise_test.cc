@@ -195,6 +195,25 @@ TEST_P(CudaElementwiseTest, ColumnSumsOfManyRows) {
   EXPECT_EQ(ops::to_vector(ops::sum(ints, {0})), ops::to_vector(ops::sum(gpu(ints), {0})));
 }
 
+// Full reductions and a few long rows, which split each row over many blocks: against the CPU,
+// the same bits twice, integers exactly.
+TEST_P(CudaElementwiseTest, SumsOfFewLongRows) {
+  const DType dtype = GetParam();
+  const Tensor x = random_tensor({3, 200003}, 15, dtype);
+  for (const std::vector<int64_t>& dims : {std::vector<int64_t>{}, std::vector<int64_t>{1}}) {
+    const Tensor expected = ops::sum(x, dims);
+    const Tensor got = ops::sum(gpu(x), dims);
+    expect_close({.actual = got,
+                  .expected = expected,
+                  .tol = kernel_tolerance(expected.dtype(), 10.0),
+                  .what = fmt::format("sum over {} dims of (3, 200003)", dims.size())});
+    EXPECT_EQ(ops::to_vector(got), ops::to_vector(ops::sum(gpu(x), dims))) << "deterministic";
+  }
+  const Tensor ints = ops::to(ops::mul(random_tensor({2, 70001}, 16), 100.0), kInt64);
+  EXPECT_EQ(ops::to_vector(ops::sum(ints, {1})), ops::to_vector(ops::sum(gpu(ints), {1})));
+  EXPECT_EQ(ops::to_vector(ops::sum(ints)), ops::to_vector(ops::sum(gpu(ints))));
+}
+
 TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
   const DType dtype = GetParam();
   const auto check = [&](const Tensor& a, const Tensor& b, const std::string& what) {

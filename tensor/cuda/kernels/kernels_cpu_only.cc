@@ -85,7 +85,10 @@ void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {
   unavailable("attention_grad_scores");
 }
 
-void sum_rows(DType, void*, const void*, int64_t, int64_t, double, int) { unavailable("sum_rows"); }
+int64_t sum_rows_chunks(int64_t, int64_t) { return 1; }
+void sum_rows(DType, void*, const void*, int64_t, int64_t, double, void*, int) {
+  unavailable("sum_rows");
+}
 int64_t sum_cols_chunks(int64_t) { return 1; }
 void sum_cols(DType, void*, const void*, int64_t, int64_t, double, void*, int) {
   unavailable("sum_cols");

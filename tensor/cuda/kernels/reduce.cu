@@ -7,16 +7,28 @@ namespace {
 template <typename T>
 using Acc = std::conditional_t<std::is_integral_v<T>, long long, double>;
 
-// One block per row (grid-stride over rows).
+// One block per row and chunk of the row (grid-stride over rows): a row of n elements splits into
+// `gridDim.y` chunks when there are few rows (a full reduction is one row: the squared-gradient
+// sums of clip_grad_norm, 38 M elements for GPT-2's embedding, once kept one block busy for
+// milliseconds). With one chunk the block's sum is the result; with several, each chunk's sum
+// goes to `partial` and sum_chunks_kernel adds them in chunk order: deterministic.
 template <typename T>
-__global__ void sum_rows_kernel(T* out, const T* in, int64_t rows, int64_t n, double scale) {
+__global__ void sum_rows_kernel(T* out, Acc<T>* partial, const T* in, int64_t rows, int64_t n,
+                                int64_t per_chunk, double scale) {
+  const int64_t chunk = blockIdx.y;
+  const int64_t begin = chunk * per_chunk;
+  const int64_t end = begin + per_chunk < n ? begin + per_chunk : n;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = in + r * n;
     Acc<T> acc = 0;
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += static_cast<Acc<T>>(load(x + j));
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      acc += static_cast<Acc<T>>(load(x + j));
+    }
     acc = block_sum(acc);
     if (threadIdx.x == 0) {
-      if constexpr (std::is_integral_v<T>) {
+      if (partial != nullptr) {
+        partial[chunk * rows + r] = acc;
+      } else if constexpr (std::is_integral_v<T>) {
         out[r] = static_cast<T>(acc);
       } else {
         out[r] = convert<T>(acc * scale);
@@ -130,14 +142,32 @@ __global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_
 
 }  // namespace
 
+int64_t sum_rows_chunks(int64_t rows, int64_t n) {
+  // Enough blocks to fill the GPU several times over, each chunk at least 16 Ki elements.
+  constexpr int64_t kMinChunk = 16384, kBlocksWanted = 1024;
+  if (rows >= kBlocksWanted) return 1;
+  int64_t chunks = (n + kMinChunk - 1) / kMinChunk;
+  const int64_t cap = kBlocksWanted / (rows < 1 ? 1 : rows);
+  if (chunks > cap) chunks = cap;
+  return chunks < 1 ? 1 : chunks;
+}
+
 void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, double scale,
-              int device) {
+              void* workspace, int device) {
   if (rows == 0) return;
   const int threads = n >= 256 ? 256 : (n <= 32 ? 32 : static_cast<int>((n + 31) / 32 * 32));
+  const int64_t chunks = sum_rows_chunks(rows, n);
+  const int64_t per_chunk = (n + chunks - 1) / chunks;
+  const dim3 grid(grid_for_rows(rows), static_cast<unsigned>(chunks));
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    sum_rows_kernel<T><<<grid_for_rows(rows), threads, 0, compute_stream(device)>>>(
-        static_cast<T*>(out), static_cast<const T*>(in), rows, n, scale);
+    auto* partial = chunks > 1 ? static_cast<Acc<T>*>(workspace) : nullptr;
+    sum_rows_kernel<T><<<grid, threads, 0, compute_stream(device)>>>(
+        static_cast<T*>(out), partial, static_cast<const T*>(in), rows, n, per_chunk, scale);
+    if (chunks > 1) {
+      sum_chunks_kernel<T><<<grid_for(rows), kThreads, 0, compute_stream(device)>>>(
+          static_cast<T*>(out), partial, chunks, rows, scale);
+    }
   });
   check_launch("sum_rows_kernel", device);
 }

@@ -9,8 +9,11 @@
 namespace loom::cuda::kernels {
 
 // out[r] = scale * sum_j in[r * n + j] for r < rows; out and in of `dtype`, contiguous.
+// Rows few and long split into sum_rows_chunks(rows, n) chunks each (`workspace`: chunks x rows
+// 8-byte accumulators on the device, unused for one chunk), added in chunk order.
+int64_t sum_rows_chunks(int64_t rows, int64_t n);
 void sum_rows(DType dtype, void* out, const void* in, int64_t rows, int64_t n, double scale,
-              int device);
+              void* workspace, int device);
 // out[c] = scale * sum_i in[i * cols + c] for c < cols: reducing the leading dim, coalesced.
 // Many rows split into sum_cols_chunks(n) chunks summed by separate blocks into `workspace`
 // (chunks x cols 8-byte accumulators on the device; unused, may be null, for one chunk), then
