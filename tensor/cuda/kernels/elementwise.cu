@@ -139,6 +139,60 @@ __global__ void copy_kernel(Collapsed<2> c, D* out, const S* in) {
   }
 }
 
+// Both sides contiguous (the common case: casts for mixed precision, clones): no index math.
+template <typename D, typename S>
+__global__ void copy_contiguous_kernel(int64_t n, D* out, const S* in) {
+  LOOM_GRID_STRIDE(i, n) {
+    if constexpr (std::is_same_v<D, S>) {
+      out[i] = in[i];
+    } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
+      out[i] = static_cast<D>(in[i]);
+    } else {
+      out[i] = convert<D>(static_cast<float>(load(in + i)));
+    }
+  }
+}
+
+// Strided, every index and offset below 2^31: the per-dim division and remainder in 32 bits,
+// several times cheaper on the GPU than in 64 (transposes of attention heads are the usual case).
+template <typename D, typename S>
+__global__ void copy_strided32_kernel(Collapsed<2> c, D* out, const S* in) {
+  const int n = static_cast<int>(c.numel);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    int index = i, off0 = 0, off1 = 0;
+    for (int d = c.ndim - 1; d >= 0; --d) {
+      const int size = static_cast<int>(c.sizes[d]);
+      const int coord = index % size;
+      index /= size;
+      off0 += coord * static_cast<int>(c.strides[0][d]);
+      off1 += coord * static_cast<int>(c.strides[1][d]);
+    }
+    if constexpr (std::is_same_v<D, S>) {
+      out[off0] = in[off1];
+    } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
+      out[off0] = static_cast<D>(in[off1]);
+    } else {
+      out[off0] = convert<D>(static_cast<float>(load(in + off1)));
+    }
+  }
+}
+
+// Whether every index and offset of `c` fits in 32 bits (strides non-negative, as copy_'s are
+// after collapse; a negative one takes the 64-bit kernel).
+bool fits_32_bits(const Collapsed<2>& c) {
+  constexpr int64_t kLimit = int64_t{1} << 31;
+  if (c.numel >= kLimit) return false;
+  for (int k = 0; k < 2; ++k) {
+    int64_t last = 0;
+    for (int d = 0; d < c.ndim; ++d) {
+      if (c.strides[k][d] < 0) return false;
+      last += (c.sizes[d] - 1) * c.strides[k][d];
+    }
+    if (last >= kLimit) return false;
+  }
+  return true;
+}
+
 template <typename T>
 __global__ void fill_kernel(Collapsed<1> c, T* out, T value) {
   LOOM_GRID_STRIDE(i, c.numel) {
@@ -196,8 +250,16 @@ void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedA
     using D = decltype(out_tag);
     visit_dtype(in_dtype, [&](auto in_tag) {
       using S = decltype(in_tag);
-      copy_kernel<D, S><<<grid_for(c.numel), kThreads, 0, compute_stream(device)>>>(
-          c, static_cast<D*>(out.data), static_cast<const S*>(in.data));
+      auto* o = static_cast<D*>(out.data);
+      const auto* i = static_cast<const S*>(in.data);
+      const cudaStream_t stream = compute_stream(device);
+      if (c.ndim == 1 && c.strides[0][0] == 1 && c.strides[1][0] == 1) {
+        copy_contiguous_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c.numel, o, i);
+      } else if (fits_32_bits(c)) {
+        copy_strided32_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c, o, i);
+      } else {
+        copy_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c, o, i);
+      }
     });
   });
   check_launch("copy_kernel", device);
