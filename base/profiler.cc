@@ -63,13 +63,33 @@ void reset() {
   t.totals.clear();
 }
 
+Options environment_options() {
+  Options out;
+  const char* value = std::getenv("LOOM_PROFILE");
+  if (value == nullptr) return out;
+  std::string_view rest(value);
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string_view word = rest.substr(0, comma);
+    if (word == "sync") {
+      out.synchronize = true;
+    } else if (word == "shapes") {
+      out.by_shape = true;
+    } else {
+      LOOM_CHECK(word == "ops" || word == "1",
+                 "LOOM_PROFILE='{}': '{}' is not a profiler setting (expected a comma-separated "
+                 "list of 'ops', 'sync' and 'shapes')",
+                 value, word);
+    }
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+  return out;
+}
+
 bool enable_from_environment() {
   const char* value = std::getenv("LOOM_PROFILE");
   if (value == nullptr || *value == '\0') return false;
-  const std::string_view v(value);
-  LOOM_CHECK(v == "ops" || v == "1" || v == "ops,sync",
-             "LOOM_PROFILE='{}' is not a profiler setting (expected 'ops' or 'ops,sync')", v);
-  enable({.synchronize = v == "ops,sync"});
+  enable(environment_options());
   return true;
 }
 

@@ -29,6 +29,10 @@ namespace loom::profiler {
 
 struct Options {
   bool synchronize = false;  // wait for the device at the end of each op (GPU attribution)
+  // Ops timed per input signature ("copy_ f32(16, 1024, 768) bf16(16, 1024, 768)*", * for a
+  // strided input) rather than per name: which calls of an op are the slow ones (torch's
+  // group_by_input_shape).
+  bool by_shape = false;
 };
 
 void enable(Options options = {});
@@ -37,8 +41,12 @@ bool enabled();
 const Options& options();
 // Forgets every entry (keeps the enabled state).
 void reset();
-// Enables the profiler when LOOM_PROFILE is set: "ops" (or "1"), "ops,sync" for Options::
-// synchronize. Returns whether it did. Throws naming the value when it is neither.
+// LOOM_PROFILE's options: a comma-separated list of "ops" (or "1"), "sync"
+// (Options::synchronize) and "shapes" (Options::by_shape); unset or empty: the defaults. Throws
+// naming the value and the word it does not know.
+Options environment_options();
+// Enables the profiler with environment_options() when LOOM_PROFILE is set and not empty.
+// Returns whether it did.
 bool enable_from_environment();
 
 // A timed range under `name` (a string with static storage, or one that outlives the profile:

@@ -468,7 +468,10 @@ int run(Flags f) {
   for (int step = first_step; step < f.steps; ++step) {
     // The op timer skips the first step (allocator, plans and caches warming up).
     if (f.profile_ops && step == first_step + 1) {
-      profiler::enable({.synchronize = device.is_cuda()});
+      // LOOM_PROFILE may add per-shape rows ("ops,shapes"); a GPU always synchronizes.
+      profiler::Options options = profiler::environment_options();
+      options.synchronize = options.synchronize || device.is_cuda();
+      profiler::enable(options);
     }
     const data::Batch batch =
         train::local_batch(tokens, f.seed, step, *mesh, f.batch_size, f.seq_len);

@@ -68,5 +68,22 @@ TEST_F(OpProfilerTest, RecordedOpsCountOnceAndBackwardIsOneScope) {
   testing::expect_close({.actual = loss, .expected = ops::full({}, 8 * 4 * 16 * 0.125f)});
 }
 
+TEST_F(OpProfilerTest, ByShapeSplitsAnOpByItsInputs) {
+  const Tensor a = ops::ones({64, 64}), b = ops::ones({64, 64}), c = ops::ones({8});
+  profiler::enable({.by_shape = true});
+  ops::add(a, b);
+  ops::add(a, b);
+  ops::add(c, c);
+  ops::add(ops::transpose(a, 0, 1), b);
+  profiler::disable();
+  const auto all = profiler::entries();
+  ASSERT_NE(find(all, "add f32(64, 64) f32(64, 64)"), nullptr);
+  EXPECT_EQ(find(all, "add f32(64, 64) f32(64, 64)")->calls, 2);
+  ASSERT_NE(find(all, "add f32(8,) f32(8,)"), nullptr);
+  EXPECT_EQ(find(all, "add f32(8,) f32(8,)")->calls, 1);
+  ASSERT_NE(find(all, "add f32(64, 64)* f32(64, 64)"), nullptr) << "* marks a strided input";
+  EXPECT_EQ(find(all, "add"), nullptr);
+}
+
 }  // namespace
 }  // namespace loom

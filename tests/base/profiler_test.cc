@@ -100,13 +100,17 @@ TEST_F(ProfilerTest, EnvironmentValues) {
   EXPECT_TRUE(enable_from_environment());
   EXPECT_TRUE(enabled());
   EXPECT_TRUE(options().synchronize);
-  ::setenv("LOOM_PROFILE", "everything", 1);
+  EXPECT_FALSE(options().by_shape);
+  ::setenv("LOOM_PROFILE", "ops,shapes", 1);
+  EXPECT_TRUE(environment_options().by_shape);
+  EXPECT_FALSE(environment_options().synchronize);
+  ::setenv("LOOM_PROFILE", "ops,everything", 1);
   try {
-    enable_from_environment();
+    environment_options();
     ADD_FAILURE() << "an unknown value must throw";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("LOOM_PROFILE='everything'"));
-    EXPECT_THAT(e.what(), HasSubstr("'ops' or 'ops,sync'"));
+    EXPECT_THAT(e.what(), HasSubstr("LOOM_PROFILE='ops,everything'"));
+    EXPECT_THAT(e.what(), HasSubstr("'everything' is not a profiler setting"));
   }
   ::unsetenv("LOOM_PROFILE");
 }
