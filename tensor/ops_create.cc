@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/vector_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/element.h"
 #include "tensor/ops_copy.h"
@@ -20,6 +21,10 @@ void fill_(const Tensor& self, double value) {
   if (dispatch_op(OpId::fill_, {self}, {value})) return;
   if (self.device().is_cuda()) {
     cuda_backend::fill(self, value);
+    return;
+  }
+  if (self.dtype() == kFloat32 && self.is_contiguous()) {  // vectorized, threaded
+    cpu::fill_f32(self.data<float>(), static_cast<float>(value), self.numel());
     return;
   }
   cpu::visit_dtype(self.dtype(), [&](auto tag) {

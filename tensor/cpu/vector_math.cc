@@ -180,6 +180,10 @@ void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n) 
       n, [&](int64_t begin, int64_t end) { arith_scalar_range(op, a, s, out, begin, end); });
 }
 
+void fill_f32(float* out, float value, int64_t n) {
+  parallel_chunks(n, [&](int64_t begin, int64_t end) { std::fill(out + begin, out + end, value); });
+}
+
 void adamw_f32(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, int64_t n,
                const AdamWStep& step) {
   parallel_chunks(n, [&](int64_t begin, int64_t end) {

@@ -29,6 +29,9 @@ enum class Arith { kAdd, kSub, kMul, kDiv, kRsub };
 void arith_f32(Arith op, const float* a, const float* b, float* out, int64_t n);
 void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n);
 
+// out[i] = value (zeroing gradients and fresh buffers).
+void fill_f32(float* out, float value, int64_t n);
+
 // One AdamW update of n elements, in place (torch.optim.AdamW's order of operations, in f32):
 //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
 //   p = p (1 - lr wd) - lr * (m / bias1) / (sqrt(v / bias2) + eps)

@@ -127,6 +127,16 @@ TEST(VectorMathTest, AdamWMatchesTorchsFormula) {
   }
 }
 
+TEST(VectorMathTest, FillWritesEveryElementOnAnyThreadCount) {
+  for (int threads : {1, 3}) {
+    set_gemm_threads(threads);
+    std::vector<float> out(300007, 1.0f);
+    fill_f32(out.data(), -2.5f, static_cast<int64_t>(out.size()));
+    EXPECT_EQ(out, std::vector<float>(out.size(), -2.5f)) << threads << " threads";
+  }
+  set_gemm_threads(1);
+}
+
 TEST(VectorMathTest, ResultsDoNotDependOnTheThreadCount) {
   const std::vector<float> x = inputs();
   const auto n = static_cast<int64_t>(x.size());
