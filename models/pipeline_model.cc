@@ -157,12 +157,13 @@ void PipelineModel::gather_whole(nn::Module* whole) {
   if (root) {
     for (auto& [name, p] : whole->named_parameters()) destination.emplace(name, p);
   }
-  // Which stage each name comes from: the earliest that holds it (every rank computes the same).
+  // Which stage each name comes from: the earliest that holds it (every rank computes the same),
+  // in each stage's parameter order.
   std::set<std::string> taken;
-  std::vector<std::set<std::string>> sent_by(schedule_.num_stages);
+  std::vector<std::vector<std::string>> sent_by(schedule_.num_stages);
   for (int s = 0; s < schedule_.num_stages; ++s) {
     for (const std::string& name : spec_.parameter_names(ranges_[s])) {
-      if (taken.insert(name).second) sent_by[s].insert(name);
+      if (taken.insert(name).second) sent_by[s].push_back(name);
     }
   }
   const auto& group = mesh_->group(pp_dim);
@@ -171,8 +172,9 @@ void PipelineModel::gather_whole(nn::Module* whole) {
   size_t local = 0;
   for (int s = 0; s < schedule_.num_stages; ++s) {
     if (schedule_.rank_of_stage(s) == my_pp) {
+      const std::set<std::string> sent(sent_by[s].begin(), sent_by[s].end());
       for (const auto& [name, p] : modules_[local]->named_parameters()) {
-        if (!sent_by[s].contains(name)) continue;
+        if (!sent.contains(name)) continue;
         // Every tp (and dp_shard) rank joins the gather.
         const Tensor full = ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);
         if (root) {
@@ -187,8 +189,7 @@ void PipelineModel::gather_whole(nn::Module* whole) {
       }
       ++local;
     } else if (root) {
-      for (const std::string& name : spec_.parameter_names(ranges_[s])) {
-        if (!sent_by[s].contains(name)) continue;
+      for (const std::string& name : sent_by[s]) {
         const auto into = destination.find(name);
         LOOM_CHECK(into != destination.end(),
                    "{}: stage {} holds '{}', which the whole model does not have", spec_.name, s,

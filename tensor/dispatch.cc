@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -68,14 +69,10 @@ std::vector<Tensor> run_profiled(OpId op, const Range& inputs, std::vector<OpAtt
   std::vector<Tensor> out = call_op(call);
   if (profiler::options().synchronize) {
     // GPU kernels are asynchronous: the op's time is its kernels' once the device is done.
-    for (const auto& list : {call.inputs, out}) {
-      for (const Tensor& t : list) {
-        if (t.defined() && t.device().is_cuda()) {
-          cuda::synchronize(t.device().index);
-          return out;
-        }
-      }
-    }
+    const auto on_cuda = [](const Tensor& t) { return t.defined() && t.device().is_cuda(); };
+    auto it = std::find_if(call.inputs.begin(), call.inputs.end(), on_cuda);
+    if (it == call.inputs.end()) it = std::find_if(out.begin(), out.end(), on_cuda);
+    if (it != out.end()) cuda::synchronize(it->device().index);
   }
   return out;
 }

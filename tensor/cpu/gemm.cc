@@ -23,15 +23,6 @@ void apply_thread_setting() {
   if (wanted > 0 && omp_get_max_threads() != wanted) omp_set_num_threads(wanted);
 }
 
-}  // namespace
-
-int kernel_threads() {
-  apply_thread_setting();
-  return omp_get_max_threads();
-}
-
-namespace {
-
 // Checks sizes and leading dims of one GEMM; `what` names the entry point in messages.
 void check_gemm_args(const char* what, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
                      int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -141,6 +132,11 @@ void set_gemm_threads(int n) {
   LOOM_CHECK(n >= 1, "set_gemm_threads: n must be >= 1, got {}", n);
   g_gemm_threads.store(n, std::memory_order_relaxed);
   omp_set_num_threads(n);
+}
+
+int kernel_threads() {
+  apply_thread_setting();
+  return omp_get_max_threads();
 }
 
 }  // namespace loom::cpu

@@ -124,73 +124,31 @@ __global__ void where_kernel(Collapsed<4> c, T* out, const float* cond, const T*
   }
 }
 
+// One element of a copy, converting between dtypes as `to` does (through f32 for floating ones).
+template <typename D, typename S>
+__device__ __forceinline__ void copy_element(D* out, const S* in) {
+  if constexpr (std::is_same_v<D, S>) {
+    *out = *in;
+  } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
+    *out = static_cast<D>(*in);
+  } else {
+    *out = convert<D>(static_cast<float>(load(in)));
+  }
+}
+
 template <typename D, typename S>
 __global__ void copy_kernel(Collapsed<2> c, D* out, const S* in) {
   LOOM_GRID_STRIDE(i, c.numel) {
     int64_t off[2];
     offsets_of(c, i, off);
-    if constexpr (std::is_same_v<D, S>) {
-      out[off[0]] = in[off[1]];
-    } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
-      out[off[0]] = static_cast<D>(in[off[1]]);
-    } else {
-      out[off[0]] = convert<D>(static_cast<float>(load(in + off[1])));
-    }
+    copy_element(out + off[0], in + off[1]);
   }
 }
 
 // Both sides contiguous (the common case: casts for mixed precision, clones): no index math.
 template <typename D, typename S>
 __global__ void copy_contiguous_kernel(int64_t n, D* out, const S* in) {
-  LOOM_GRID_STRIDE(i, n) {
-    if constexpr (std::is_same_v<D, S>) {
-      out[i] = in[i];
-    } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
-      out[i] = static_cast<D>(in[i]);
-    } else {
-      out[i] = convert<D>(static_cast<float>(load(in + i)));
-    }
-  }
-}
-
-// Strided, every index and offset below 2^31: the per-dim division and remainder in 32 bits,
-// several times cheaper on the GPU than in 64 (transposes of attention heads are the usual case).
-template <typename D, typename S>
-__global__ void copy_strided32_kernel(Collapsed<2> c, D* out, const S* in) {
-  const int n = static_cast<int>(c.numel);
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-    int index = i, off0 = 0, off1 = 0;
-    for (int d = c.ndim - 1; d >= 0; --d) {
-      const int size = static_cast<int>(c.sizes[d]);
-      const int coord = index % size;
-      index /= size;
-      off0 += coord * static_cast<int>(c.strides[0][d]);
-      off1 += coord * static_cast<int>(c.strides[1][d]);
-    }
-    if constexpr (std::is_same_v<D, S>) {
-      out[off0] = in[off1];
-    } else if constexpr (std::is_integral_v<D> && std::is_integral_v<S>) {
-      out[off0] = static_cast<D>(in[off1]);
-    } else {
-      out[off0] = convert<D>(static_cast<float>(load(in + off1)));
-    }
-  }
-}
-
-// Whether every index and offset of `c` fits in 32 bits (strides non-negative, as copy_'s are
-// after collapse; a negative one takes the 64-bit kernel).
-bool fits_32_bits(const Collapsed<2>& c) {
-  constexpr int64_t kLimit = int64_t{1} << 31;
-  if (c.numel >= kLimit) return false;
-  for (int k = 0; k < 2; ++k) {
-    int64_t last = 0;
-    for (int d = 0; d < c.ndim; ++d) {
-      if (c.strides[k][d] < 0) return false;
-      last += (c.sizes[d] - 1) * c.strides[k][d];
-    }
-    if (last >= kLimit) return false;
-  }
-  return true;
+  LOOM_GRID_STRIDE(i, n) { copy_element(out + i, in + i); }
 }
 
 template <typename T>
@@ -255,8 +213,6 @@ void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedA
       const cudaStream_t stream = compute_stream(device);
       if (c.ndim == 1 && c.strides[0][0] == 1 && c.strides[1][0] == 1) {
         copy_contiguous_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c.numel, o, i);
-      } else if (fits_32_bits(c)) {
-        copy_strided32_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c, o, i);
       } else {
         copy_kernel<D, S><<<grid_for(c.numel), kThreads, 0, stream>>>(c, o, i);
       }
