@@ -58,21 +58,21 @@ void copy_(const Tensor& dst, const Tensor& src) {
       using S = decltype(src_tag);
       D* out = static_cast<D*>(dst.raw_data());
       const S* in = static_cast<const S*>(source.raw_data());
-      cpu::for_each_run<2>(dst.shape(), {dst.strides(), source.strides()},
-                           [&](const auto& offsets, int64_t count, const auto& inner) {
-                             D* o = out + offsets[0];
-                             const S* i = in + offsets[1];
-                             if constexpr (std::is_same_v<D, S>) {
-                               if (inner[0] == 1 && inner[1] == 1) {
-                                 std::memcpy(o, i, count * sizeof(D));
-                                 return;
-                               }
-                             }
-                             for (int64_t j = 0; j < count; ++j) {
-                               o[j * inner[0]] =
-                                   cpu::from_compute<D>(cpu::to_compute(i[j * inner[1]]));
-                             }
-                           });
+      cpu::parallel_for_each_run<2>(dst.shape(), {dst.strides(), source.strides()},
+                                    [&](const auto& offsets, int64_t count, const auto& inner) {
+                                      D* o = out + offsets[0];
+                                      const S* i = in + offsets[1];
+                                      if constexpr (std::is_same_v<D, S>) {
+                                        if (inner[0] == 1 && inner[1] == 1) {
+                                          std::memcpy(o, i, count * sizeof(D));
+                                          return;
+                                        }
+                                      }
+                                      for (int64_t j = 0; j < count; ++j) {
+                                        o[j * inner[0]] =
+                                            cpu::from_compute<D>(cpu::to_compute(i[j * inner[1]]));
+                                      }
+                                    });
     });
   });
 }

@@ -31,11 +31,11 @@ void fill_(const Tensor& self, double value) {
     using T = decltype(tag);
     const T stored = cpu::from_compute<T>(value);
     T* data = static_cast<T*>(self.raw_data());
-    cpu::for_each_run<1>(self.shape(), {self.strides()},
-                         [&](const auto& offsets, int64_t count, const auto& inner) {
-                           for (int64_t j = 0; j < count; ++j)
-                             data[offsets[0] + j * inner[0]] = stored;
-                         });
+    cpu::parallel_for_each_run<1>(self.shape(), {self.strides()},
+                                  [&](const auto& offsets, int64_t count, const auto& inner) {
+                                    for (int64_t j = 0; j < count; ++j)
+                                      data[offsets[0] + j * inner[0]] = stored;
+                                  });
   });
 }
 

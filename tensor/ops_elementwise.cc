@@ -107,7 +107,7 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
     T* o = static_cast<T*>(out.raw_data());
     const T* pa = static_cast<const T*>(ax.raw_data());
     const T* pb = static_cast<const T*>(bx.raw_data());
-    cpu::for_each_run<3>(
+    cpu::parallel_for_each_run<3>(
         shape, {out.strides(), ax.strides(), bx.strides()},
         [&](const auto& off, int64_t count, const auto& in) {
           T* oo = o + off[0];
@@ -145,13 +145,13 @@ Tensor unary(const Tensor& a, std::string_view op, UnaryOp code, float scalar, F
     using T = decltype(tag);
     T* o = static_cast<T*>(out.raw_data());
     const T* pa = static_cast<const T*>(a.raw_data());
-    cpu::for_each_run<2>(a.shape(), {out.strides(), a.strides()},
-                         [&](const auto& off, int64_t count, const auto& in) {
-                           for (int64_t j = 0; j < count; ++j) {
-                             o[off[0] + j * in[0]] =
-                                 cpu::from_compute<T>(f(cpu::to_compute(pa[off[1] + j * in[1]])));
-                           }
-                         });
+    cpu::parallel_for_each_run<2>(a.shape(), {out.strides(), a.strides()},
+                                  [&](const auto& off, int64_t count, const auto& in) {
+                                    for (int64_t j = 0; j < count; ++j) {
+                                      o[off[0] + j * in[0]] = cpu::from_compute<T>(
+                                          f(cpu::to_compute(pa[off[1] + j * in[1]])));
+                                    }
+                                  });
   };
   if constexpr (kFloatingOnly) {
     cpu::visit_floating_dtype(a.dtype(), op.data(), kernel);
@@ -361,14 +361,14 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
     const T* pa = static_cast<const T*>(ax.raw_data());
     const T* pb = static_cast<const T*>(bx.raw_data());
     T* o = static_cast<T*>(out.raw_data());
-    cpu::for_each_run<4>(shape, {out.strides(), c.strides(), ax.strides(), bx.strides()},
-                         [&](const auto& off, int64_t count, const auto& in) {
-                           for (int64_t j = 0; j < count; ++j) {
-                             o[off[0] + j * in[0]] = pc[off[1] + j * in[1]] != 0.0f
-                                                         ? pa[off[2] + j * in[2]]
-                                                         : pb[off[3] + j * in[3]];
-                           }
-                         });
+    cpu::parallel_for_each_run<4>(shape, {out.strides(), c.strides(), ax.strides(), bx.strides()},
+                                  [&](const auto& off, int64_t count, const auto& in) {
+                                    for (int64_t j = 0; j < count; ++j) {
+                                      o[off[0] + j * in[0]] = pc[off[1] + j * in[1]] != 0.0f
+                                                                  ? pa[off[2] + j * in[2]]
+                                                                  : pb[off[3] + j * in[3]];
+                                    }
+                                  });
   });
   return out;
 }

@@ -52,6 +52,25 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
   return true;
 }
 
+// Element offset of each matrix of `t` from its first (all but the last two dims are batch
+// dims), in row-major batch order; broadcast dims have stride 0.
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
+  const int64_t batch_dims = t.dim() - 2;
+  std::vector<int64_t> offsets(static_cast<size_t>(count), 0);
+  std::vector<int64_t> index(static_cast<size_t>(batch_dims), 0);
+  for (int64_t i = 1; i < count; ++i) {
+    int64_t offset = offsets[i - 1];
+    for (int64_t d = batch_dims - 1; d >= 0; --d) {  // odometer over the batch dims
+      offset += t.stride(d);
+      if (++index[d] < t.size(d)) break;
+      offset -= t.stride(d) * t.size(d);
+      index[d] = 0;
+    }
+    offsets[i] = offset;
+  }
+  return offsets;
+}
+
 // One batched GEMM on the operands' device: cuBLASLt in their dtype (f32 accumulation) on CUDA,
 // oneDNN in f32 on CPU (the caller converted the operands).
 void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
@@ -120,8 +139,18 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
   GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
   int64_t stride_a = 0, stride_b = 0;
-  if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
-      uniform_batch_stride(gb.tensor, &stride_b)) {
+  if (device.is_cpu() && batch_count > 1) {
+    // Any batch layout as it lies (attention's heads are strided views of (B, T, H, D)).
+    std::vector<int64_t> c_offsets(static_cast<size_t>(batch_count));
+    for (int64_t i = 0; i < batch_count; ++i) c_offsets[i] = i * m * n;
+    cpu::sgemm_batched_at(batch_count, ga.transposed, gb.transposed, m, n, k, 1.0f,
+                          static_cast<const float*>(ga.tensor.raw_data()), ga.leading,
+                          batch_offsets(ga.tensor, batch_count),
+                          static_cast<const float*>(gb.tensor.raw_data()), gb.leading,
+                          batch_offsets(gb.tensor, batch_count), 0.0f,
+                          static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), c_offsets);
+  } else if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
+             uniform_batch_stride(gb.tensor, &stride_b)) {
     batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading,
                  stride_a, gb.tensor, gb.leading, stride_b, out);
   } else if (batch_count > 0) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/cpu/norm_kernels.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
@@ -207,30 +208,7 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
                                       device.index);
     return {to(out, x_in.dtype()), mean, rstd};
   }
-  for (int64_t r = 0; r < l.rows; ++r) {
-    const float* xr = px + r * n;
-    float* orow = po + r * n;
-    // Two passes in f64: the mean, then the biased variance around it (no cancellation).
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += xr[j];
-    const double mu = n > 0 ? sum / static_cast<double>(n) : 0.0;
-    double sq = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      const double d = xr[j] - mu;
-      sq += d * d;
-    }
-    const double var = n > 0 ? sq / static_cast<double>(n) : 0.0;
-    const float m = static_cast<float>(mu);
-    const float s = static_cast<float>(1.0 / std::sqrt(var + eps));
-    pm[r] = m;
-    pr[r] = s;
-    for (int64_t j = 0; j < n; ++j) {
-      float y = (xr[j] - m) * s;
-      if (pw) y *= pw[j];
-      if (pb) y += pb[j];
-      orow[j] = y;
-    }
-  }
+  cpu::layer_norm_forward_f32(px, pw, pb, po, pm, pr, l.rows, n, eps);
   return {to(out, x_in.dtype()), mean, rstd};
 }
 
@@ -286,40 +264,16 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
     }
     return grads;
   }
-  std::vector<double> acc_w(pw ? n : 0, 0.0), acc_b(pw ? n : 0, 0.0);
-  std::vector<float> xhat(n), gw(n);
-  for (int64_t r = 0; r < l.rows; ++r) {
-    const float* gr = pg + r * n;
-    const float* xr = px + r * n;
-    const float m = pm[r], s = pr[r];
-    // dx = rstd * (g' - mean(g') - xhat * mean(g' * xhat)), g' = g * weight.
-    double sum_gw = 0.0, sum_gw_xhat = 0.0;
-    for (int64_t j = 0; j < n; ++j) {
-      xhat[j] = (xr[j] - m) * s;
-      gw[j] = pw ? gr[j] * pw[j] : gr[j];
-      sum_gw += gw[j];
-      sum_gw_xhat += static_cast<double>(gw[j]) * xhat[j];
-      if (pw) {
-        acc_w[j] += static_cast<double>(gr[j]) * xhat[j];
-        acc_b[j] += gr[j];
-      }
-    }
-    const float a = static_cast<float>(sum_gw / static_cast<double>(n));
-    const float b = static_cast<float>(sum_gw_xhat / static_cast<double>(n));
-    float* dr = pd + r * n;
-    for (int64_t j = 0; j < n; ++j) dr[j] = s * (gw[j] - a - xhat[j] * b);
-  }
   LayerNormGrads grads;
+  Tensor gw_out, gb_out;
+  if (pw) {
+    gw_out = Tensor::empty(normalized_shape, kFloat32);
+    gb_out = Tensor::empty(normalized_shape, kFloat32);
+  }
+  cpu::layer_norm_backward_f32(pg, px, pm, pr, pw, pd, pw ? gw_out.data<float>() : nullptr,
+                               pw ? gb_out.data<float>() : nullptr, l.rows, n);
   grads.grad_x = to(grad_x, x_in.dtype());
   if (pw) {
-    Tensor gw_out = Tensor::empty(normalized_shape, kFloat32);
-    Tensor gb_out = Tensor::empty(normalized_shape, kFloat32);
-    float* pgw = gw_out.data<float>();
-    float* pgb = gb_out.data<float>();
-    for (int64_t j = 0; j < n; ++j) {
-      pgw[j] = static_cast<float>(acc_w[j]);
-      pgb[j] = static_cast<float>(acc_b[j]);
-    }
     grads.grad_weight = to(gw_out, weight.dtype());
     grads.grad_bias = to(gb_out, weight.dtype());
   }
@@ -352,15 +306,7 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
                                     device.index);
     return {to(out, x_in.dtype()), rstd};
   }
-  for (int64_t r = 0; r < l.rows; ++r) {
-    const float* xr = px + r * n;
-    double sq = 0.0;  // in f64, as layer_norm's statistics
-    for (int64_t j = 0; j < n; ++j) sq += static_cast<double>(xr[j]) * xr[j];
-    const float s = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(n) + eps));
-    pr[r] = s;
-    float* orow = po + r * n;
-    for (int64_t j = 0; j < n; ++j) orow[j] = pw ? xr[j] * s * pw[j] : xr[j] * s;
-  }
+  cpu::rms_norm_forward_f32(px, pw, po, pr, l.rows, n, eps);
   return {to(out, x_in.dtype()), rstd};
 }
 
@@ -399,32 +345,11 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
     if (pw) grads.grad_weight = to(gw_out, weight.dtype());
     return grads;
   }
-  std::vector<double> acc_w(pw ? n : 0, 0.0);
-  for (int64_t r = 0; r < l.rows; ++r) {
-    const float* gr = pg + r * n;
-    const float* xr = px + r * n;
-    const float s = pr[r];
-    double dot = 0.0;  // sum of g' * xhat
-    for (int64_t j = 0; j < n; ++j) {
-      const float xhat = xr[j] * s;
-      const float gw = pw ? gr[j] * pw[j] : gr[j];
-      dot += static_cast<double>(gw) * xhat;
-      if (pw) acc_w[j] += static_cast<double>(gr[j]) * xhat;
-    }
-    const float m = static_cast<float>(dot / static_cast<double>(n));
-    for (int64_t j = 0; j < n; ++j) {
-      const float xhat = xr[j] * s;
-      const float gw = pw ? gr[j] * pw[j] : gr[j];
-      pd[r * n + j] = s * (gw - xhat * m);
-    }
-  }
-  RMSNormGrads grads{to(grad_x, x_in.dtype()), Tensor()};
-  if (pw) {
-    Tensor gw_out = Tensor::empty(normalized, kFloat32, device);
-    float* pgw = gw_out.data<float>();
-    for (int64_t j = 0; j < n; ++j) pgw[j] = static_cast<float>(acc_w[j]);
-    grads.grad_weight = to(gw_out, weight.dtype());
-  }
+  RMSNormGrads grads{Tensor(), Tensor()};
+  Tensor gw_out = pw ? Tensor::empty(normalized, kFloat32, device) : Tensor();
+  cpu::rms_norm_backward_f32(pg, px, pr, pw, pd, pw ? gw_out.data<float>() : nullptr, l.rows, n);
+  grads.grad_x = to(grad_x, x_in.dtype());
+  if (pw) grads.grad_weight = to(gw_out, weight.dtype());
   return grads;
 }
 

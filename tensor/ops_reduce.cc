@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/sum_kernels.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
@@ -43,6 +44,39 @@ Shape reduced_shape(const Shape& shape, const std::vector<bool>& mask, bool keep
   return out;
 }
 
+// A contiguous f32 sum whose reduced dims are all leading (column sums), all trailing (row
+// sums) or all dims, into `acc` (f64, one per kept element): the vectorized, threaded kernels
+// (cpu/sum_kernels.h). False when the layout is another (the generic loop then runs).
+bool fast_f32_sum(const Tensor& self, const std::vector<bool>& mask, std::vector<double>& acc) {
+  if (self.dtype() != kFloat32 || !self.is_contiguous() || self.numel() == 0) return false;
+  // The non-unit dims as runs of reduced / kept dims: [R R K] is {(reduced, n0 n1), (kept, n2)}.
+  std::vector<std::pair<bool, int64_t>> runs;
+  for (size_t d = 0; d < mask.size(); ++d) {
+    const int64_t size = self.shape()[d];
+    if (size == 1) continue;
+    if (!runs.empty() && runs.back().first == mask[d]) {
+      runs.back().second *= size;
+    } else {
+      runs.emplace_back(mask[d], size);
+    }
+  }
+  const float* x = self.data<float>();
+  if (runs.size() == 1 && runs[0].first) {
+    acc.assign(1, cpu::sum_f32(x, self.numel()));
+    return true;
+  }
+  if (runs.size() != 2) return false;
+  const int64_t rows = runs[0].second, cols = runs[1].second;
+  if (runs[0].first) {
+    acc.resize(static_cast<size_t>(cols));
+    cpu::column_sums_f32(x, rows, cols, acc.data());
+  } else {
+    acc.resize(static_cast<size_t>(rows));
+    cpu::row_sums_f32(x, rows, cols, acc.data());
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
@@ -56,6 +90,11 @@ Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
     if (mask[d]) acc_strides[d] = 0;
   }
   Tensor out = Tensor::empty(reduced_shape(self.shape(), mask, keepdim), self.dtype());
+  if (std::vector<double> acc; fast_f32_sum(self, mask, acc)) {
+    float* o = out.data<float>();
+    for (size_t i = 0; i < acc.size(); ++i) o[i] = static_cast<float>(acc[i]);
+    return out;
+  }
   cpu::visit_dtype(self.dtype(), [&](auto tag) {
     using T = decltype(tag);
     // Floating sums accumulate in f64; integer sums in i64, exactly (a double would round i64

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 namespace loom::cpu {
 
@@ -37,6 +38,17 @@ void sgemm_batched(int64_t batch, bool transpose_a, bool transpose_b, int64_t m,
                    int64_t k, float alpha, const float* a, int64_t lda, int64_t stride_a,
                    const float* b, int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                    int64_t stride_c);
+
+// Batched over matrices at any offsets (in elements from a, b and c): entry i multiplies
+// a + a_offsets[i] by b + b_offsets[i] into c + c_offsets[i]. This takes the heads of a
+// (B, T, H, D) activation viewed as (B, H, T, D) as they lie, with no copy. The three spans have
+// `batch` entries, each >= 0; the C matrices must not overlap (not checked here: matmul's
+// outputs are fresh). The entries run one after another, each on every thread.
+void sgemm_batched_at(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                      int64_t k, float alpha, const float* a, int64_t lda,
+                      std::span<const int64_t> a_offsets, const float* b, int64_t ldb,
+                      std::span<const int64_t> b_offsets, float beta, float* c, int64_t ldc,
+                      std::span<const int64_t> c_offsets);
 
 // The backend, with its version, e.g. "oneDNN 2.6.3 (dnnl_sgemm)".
 const char* gemm_library_name();

@@ -1,18 +1,13 @@
 #include "tensor/cpu/vector_math.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 
-#include "tensor/cpu/gemm.h"
+#include "tensor/cpu/parallel.h"
 
 namespace loom::cpu {
 
 namespace {
-
-// Below this many elements one thread does it all (a parallel region costs a few µs).
-constexpr int64_t kParallelGrain = 1 << 15;
 
 // Chunk boundaries fall on multiples of this many elements (wider than any vector), so only the
 // array's last few elements ever take a loop's scalar tail: every other element is computed by
@@ -22,20 +17,7 @@ constexpr int64_t kChunkAlign = 64;
 // Runs body(begin, end) over [0, n) in contiguous chunks, on the GEMM's thread count.
 template <typename Body>
 void parallel_chunks(int64_t n, const Body& body) {
-  const int threads = static_cast<int>(
-      std::min<int64_t>(kernel_threads(), std::max<int64_t>(1, n / kParallelGrain)));
-  if (threads <= 1) {
-    body(int64_t{0}, n);
-    return;
-  }
-  const int64_t blocks = (n + kChunkAlign - 1) / kChunkAlign;
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num(), count = omp_get_num_threads();
-    const int64_t begin = std::min(n, blocks * t / count * kChunkAlign);
-    const int64_t end = std::min(n, blocks * (t + 1) / count * kChunkAlign);
-    body(begin, end);
-  }
+  parallel_for(n, kParallelGrain, kChunkAlign, body);
 }
 
 inline float bits_to_float(int32_t i) {

@@ -194,6 +194,62 @@ TEST(SgemmBatched, StrideZeroBroadcastsA) { check_batched(false, true, true, fal
 TEST(SgemmBatched, StrideZeroBroadcastsB) { check_batched(true, false, false, true); }
 TEST(SgemmBatched, StrideZeroBroadcastsBoth) { check_batched(false, false, true, true); }
 
+// Entries at arbitrary offsets, as attention's heads lie in a (B, T, H, D) activation: entry
+// (b, h) of A starts at b * T * H * D + h * D with row stride H * D. Values against the double
+// reference on one thread and on two.
+TEST(SgemmBatched, AtOffsetsHeadsAsTheyLie) {
+  const int64_t batches = 3, heads = 4, t = 10, d = 6;
+  const int64_t row = heads * d;
+  const std::vector<float> a = random_floats(static_cast<size_t>(batches * t * row), 21);
+  const std::vector<float> b = random_floats(static_cast<size_t>(batches * t * row), 22);
+  std::vector<int64_t> offsets, c_offsets;
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    for (int64_t h = 0; h < heads; ++h) {
+      offsets.push_back(bi * t * row + h * d);
+      c_offsets.push_back(static_cast<int64_t>(c_offsets.size()) * t * t);
+    }
+  }
+  const int64_t batch = batches * heads;
+  const std::vector<float> zeros(static_cast<size_t>(t * t), 0.0f);
+  for (int threads : {1, 2}) {
+    set_gemm_threads(threads);
+    std::vector<float> c(static_cast<size_t>(batch * t * t), kNaN);
+    // scores = q @ k^T per head: A (t, d) row stride `row`, B (t, d) transposed.
+    sgemm_batched_at(batch, false, true, t, t, d, 1.0f, a.data(), row, offsets, b.data(), row,
+                     offsets, 0.0f, c.data(), t, c_offsets);
+    for (int64_t i = 0; i < batch; ++i) {
+      Stored ai{
+          t, d, row,
+          std::vector<float>(a.begin() + offsets[i], a.begin() + offsets[i] + (t - 1) * row + d)};
+      Stored bi{
+          t, d, row,
+          std::vector<float>(b.begin() + offsets[i], b.begin() + offsets[i] + (t - 1) * row + d)};
+      ai.data.resize(static_cast<size_t>(t * row));
+      bi.data.resize(static_cast<size_t>(t * row));
+      expect_gemm_close(false, true, t, t, d, 1.0f, ai, bi, 0.0f, zeros.data(),
+                        c.data() + c_offsets[i], t,
+                        "head entry " + std::to_string(i) + ", threads " + std::to_string(threads));
+    }
+  }
+  set_gemm_threads(2);
+}
+
+TEST(SgemmBatched, AtOffsetsNamesAMissingOffset) {
+  std::vector<float> x(16, 1.0f), c(8);
+  const std::vector<int64_t> two = {0, 4}, one = {0};
+  EXPECT_THAT(error_of([&] {
+                sgemm_batched_at(2, false, false, 2, 2, 2, 1, x.data(), 2, two, x.data(), 2, one, 0,
+                                 c.data(), 2, two);
+              }),
+              HasSubstr("batch 2 needs 2 offsets per operand, got 2 (A), 1 (B), 2 (C)"));
+  const std::vector<int64_t> negative = {0, -4};
+  EXPECT_THAT(error_of([&] {
+                sgemm_batched_at(2, false, false, 2, 2, 2, 1, x.data(), 2, negative, x.data(), 2,
+                                 two, 0, c.data(), 2, two);
+              }),
+              HasSubstr("offsets must be >= 0, got A -4, B 4, C 4 at entry 1"));
+}
+
 TEST(SgemmBatched, KZeroAndEmptyBatch) {
   std::vector<float> c = {1, 2, 3, 4, kNaN, kNaN};
   // Two 1x2 matrices with a gap of one element between them... stride 3.

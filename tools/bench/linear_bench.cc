@@ -42,6 +42,33 @@ void BM_MatmulThenAdd(benchmark::State& state) { run(state, false); }
 BENCHMARK(BM_LinearFusedBias) GPT2_SMALL_SHAPES;
 BENCHMARK(BM_MatmulThenAdd) GPT2_SMALL_SHAPES;
 
+// The backward's products on the same shapes, by how the second operand lies: dX = dY @ W takes
+// W (out, in) as stored (N,N); the forward takes W^T as a transposed view (N,T); dW = dY^T @ X
+// takes a transposed first operand (T,N). Args: (M, K, N) of C[M,N] = A[M,K] @ B[K,N].
+void run_layout(benchmark::State& state, bool transpose_a, bool transpose_b) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const Tensor a = transpose_a ? ops::transpose(ops::uniform({k, m}, 1, -1.0, 1.0), 0, 1)
+                               : ops::uniform({m, k}, 1, -1.0, 1.0);
+  const Tensor b = transpose_b ? ops::transpose(ops::uniform({n, k}, 2, -0.05, 0.05), 0, 1)
+                               : ops::uniform({k, n}, 2, -0.05, 0.05);
+  for (auto _ : state) benchmark::DoNotOptimize(ops::matmul(a, b));
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * m * k * n, benchmark::Counter::kIsIterationInvariantRate, benchmark::Counter::kIs1000);
+}
+void BM_MatmulNN(benchmark::State& state) { run_layout(state, false, false); }
+void BM_MatmulNT(benchmark::State& state) { run_layout(state, false, true); }
+void BM_MatmulTN(benchmark::State& state) { run_layout(state, true, false); }
+#define GPT2_SMALL_PRODUCTS     \
+  ->Args({1024, 768, 3072})     \
+      ->Args({1024, 3072, 768}) \
+      ->Args({1024, 768, 2304}) \
+      ->Args({1024, 2304, 768}) \
+      ->Args({768, 1024, 3072}) \
+      ->Unit(benchmark::kMillisecond)
+BENCHMARK(BM_MatmulNN) GPT2_SMALL_PRODUCTS;
+BENCHMARK(BM_MatmulNT) GPT2_SMALL_PRODUCTS;
+BENCHMARK(BM_MatmulTN) GPT2_SMALL_PRODUCTS;
+
 }  // namespace
 
 BENCHMARK_MAIN();
