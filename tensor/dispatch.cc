@@ -6,6 +6,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "base/error.h"
 #include "base/profiler.h"
@@ -20,6 +21,11 @@ namespace {
 struct HandlerRegistry {
   std::mutex mutex;
   std::unordered_map<int, std::shared_ptr<const DispatchHandler>> handlers;
+  // Bumped on every registration: a thread's cached lookup is valid while it is unchanged.
+  std::atomic<uint64_t> version{0};
+  // Handlers replaced or removed stay alive: a call already inside one (or a thread's cached
+  // pointer) may still use it. Registrations are set-up time and few.
+  std::vector<std::shared_ptr<const DispatchHandler>> retired;
 };
 
 HandlerRegistry& registry() {
@@ -30,11 +36,24 @@ HandlerRegistry& registry() {
 // Constant-initialized: safe to set from another library's static initializer.
 std::atomic<AutogradHandler> autograd_handler{nullptr};
 
-std::shared_ptr<const DispatchHandler> find_handler(int kind) {
+// The handler of an extension kind. Every DTensor op asks, so each thread keeps its last answer
+// (no lock, no reference-count traffic shared between rank threads) until a registration.
+const DispatchHandler* find_handler(int kind) {
+  struct Cached {
+    uint64_t version = ~uint64_t{0};
+    int kind = 0;
+    const DispatchHandler* handler = nullptr;  // owned by the registry, never freed
+  };
+  thread_local Cached cached;
   auto& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.handlers.find(kind);
-  return it == r.handlers.end() ? nullptr : it->second;
+  const uint64_t version = r.version.load(std::memory_order_acquire);
+  if (cached.version != version || cached.kind != kind) {
+    std::lock_guard<std::mutex> lock(r.mutex);
+    auto it = r.handlers.find(kind);
+    cached = {r.version.load(std::memory_order_relaxed), kind,
+              it == r.handlers.end() ? nullptr : it->second.get()};
+  }
+  return cached.handler;
 }
 
 // The op the profiler is running through call_op on this thread: its re-dispatch goes on to run
@@ -123,11 +142,12 @@ std::optional<std::vector<Tensor>> dispatch_range(OpId op, const Range& inputs,
 void register_dispatch_handler(int kind, DispatchHandler handler) {
   auto& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  if (handler) {
-    r.handlers[kind] = std::make_shared<const DispatchHandler>(std::move(handler));
-  } else {
-    r.handlers.erase(kind);
+  if (auto it = r.handlers.find(kind); it != r.handlers.end()) {
+    r.retired.push_back(std::move(it->second));
+    r.handlers.erase(it);
   }
+  if (handler) r.handlers[kind] = std::make_shared<const DispatchHandler>(std::move(handler));
+  r.version.fetch_add(1, std::memory_order_release);
 }
 
 void register_autograd_handler(AutogradHandler handler) {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <optional>
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
@@ -18,50 +19,73 @@ namespace {
 struct Decision {
   OpSharding sharding;
   std::vector<size_t> chosen;  // option index per mesh dim
+  // What `chosen` means per input and per output: the placements over the mesh dims.
+  std::vector<Placements> input_placements, output_placements;
 };
 
 // Per thread: rank threads of one process each keep their own (their meshes differ).
 thread_local std::unordered_map<std::string, Decision> cache;
 thread_local PropagationStats stats;
 
+// The cache key is packed 64-bit words (no formatting: it is built on every DTensor op, and
+// formatting was most of a cached op's dispatch time). Each variable-length part starts with
+// its length, so two different calls never pack to the same words.
+void put(std::string& key, int64_t word) {
+  key.append(reinterpret_cast<const char*>(&word), sizeof word);
+}
+
+void put_all(std::string& key, const std::vector<int64_t>& words) {
+  put(key, static_cast<int64_t>(words.size()));
+  key.append(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+}
+
 void append_attr(std::string& key, const OpAttr& attr) {
+  put(key, static_cast<int64_t>(attr.index()));  // the alternative held
   std::visit(
       [&](const auto& value) {
         using V = std::decay_t<decltype(value)>;
         if constexpr (std::is_same_v<V, std::vector<int64_t>>) {
-          key += fmt::format("[{}]", fmt::join(value, ","));
+          put_all(key, value);
         } else if constexpr (std::is_same_v<V, DType>) {
-          key += dtype_name(value);
+          put(key, static_cast<int64_t>(value));
         } else if constexpr (std::is_same_v<V, double>) {
           // Scalars (learning rates, clip scales) change every step; strategies may branch only on
           // whether one is zero (masked_fill), so that is all the key keeps. Local ops still get
           // the real value from the call.
-          key += value == 0.0 ? "0" : "x";
+          put(key, value == 0.0 ? 0 : 1);
         } else {
-          key += fmt::format("{}", value);
+          put(key, static_cast<int64_t>(value));
         }
-        key += ';';
       },
       attr);
 }
 
-std::string cache_key(const OpCall& call, const InputSpecs& specs, const DeviceMesh& mesh) {
-  std::string key(call.op);
+// Packs the key into `key` (cleared first; a thread's buffer is reused, so a cached op allocates
+// nothing for its key).
+void cache_key(const OpCall& call, const std::vector<const DTensorSpec*>& specs,
+               const DeviceMesh& mesh, std::string& key) {
+  key.clear();
+  put(key, static_cast<int64_t>(call.id));
   // The mesh's sizes, not its address: decisions depend on nothing else about it, and a freed
   // mesh's address may come back for a mesh of other sizes.
-  key += fmt::format("@{}|", fmt::join(mesh.shape(), "x"));
+  put_all(key, mesh.shape());
+  put(key, static_cast<int64_t>(specs.size()));
   for (const auto& spec : specs) {
     if (!spec) {
-      key += "_|";
+      put(key, -1);
       continue;
     }
-    key += shape_str(spec->shape);
-    key += placements_compact(spec->placements);
-    key += dtype_name(spec->dtype);
-    key += '|';
+    put_all(key, spec->shape);
+    put(key, static_cast<int64_t>(spec->placements.size()));
+    for (const Placement& p : spec->placements) {
+      // Kind, then the shard dim or the reduction (what operator== compares).
+      put(key, static_cast<int64_t>(p.kind()));
+      put(key, p.is_shard() ? p.dim() : p.is_partial() ? static_cast<int64_t>(p.reduce_op()) : 0);
+    }
+    put(key, static_cast<int64_t>(spec->dtype));
   }
+  put(key, static_cast<int64_t>(call.attrs.size()));
   for (const OpAttr& attr : call.attrs) append_attr(key, attr);
-  return key;
 }
 
 // Bytes a transition on one mesh dim moves, roughly (what the choice minimizes).
@@ -117,13 +141,18 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   }
   LOOM_INTERNAL_ASSERT(mesh != nullptr, "{} dispatched to DTensor without a DTensor input",
                        call.op);
-  InputSpecs specs(call.inputs.size());
-  std::vector<Tensor> locals(call.inputs.size());
-  for (size_t i = 0; i < call.inputs.size(); ++i) {
+  // The inputs' specs by pointer (a cached op copies none); plain 0-dim inputs' replicated specs
+  // live in `scalar_specs` (reserved: the pointers stay valid).
+  const size_t count = call.inputs.size();
+  std::vector<const DTensorSpec*> spec_of(count, nullptr);
+  std::vector<DTensorSpec> scalar_specs;
+  scalar_specs.reserve(count);
+  std::vector<Tensor> locals(count);
+  for (size_t i = 0; i < count; ++i) {
     const Tensor& t = call.inputs[i];
     if (!t.defined()) continue;
     if (is_dtensor(t)) {
-      specs[i] = dtensor_spec(t);
+      spec_of[i] = &dtensor_spec(t);
       locals[i] = local_shard(t);
     } else {
       LOOM_CHECK(t.dim() == 0,
@@ -131,16 +160,28 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
                  "a DTensor "
                  "with distribute_tensor or from_local",
                  call.op, i, t.description(), mesh->str());
-      specs[i] = DTensorSpec{mesh_ptr, Placements(mesh->ndim(), Replicate()), {}, t.dtype()};
+      spec_of[i] = &scalar_specs.emplace_back(
+          DTensorSpec{mesh_ptr, Placements(mesh->ndim(), Replicate()), {}, t.dtype()});
       locals[i] = t;
     }
   }
+  // The specs as strategies take them (copies): on a cache miss, or for an op with its own
+  // local function.
+  const auto copy_specs = [&] {
+    InputSpecs specs(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (spec_of[i] != nullptr) specs[i] = *spec_of[i];
+    }
+    return specs;
+  };
 
   // 2. The decision: cached, or from the op's strategy.
-  const std::string key = cache_key(call, specs, *mesh);
+  thread_local std::string key;
+  cache_key(call, spec_of, *mesh, key);
   auto it = cache.find(key);
   if (it == cache.end()) {
     ++stats.cache_misses;
+    const InputSpecs specs = copy_specs();
     const StrategyFn& strategy = strategy_table()[call.id];
     LOOM_CHECK(
         strategy != nullptr,
@@ -182,6 +223,16 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
                  call.op, describe_inputs(specs), md, mesh->dim_names()[md]);
       decision.chosen.push_back(best_index);
     }
+    const auto placements_of = [&](auto member, size_t index) {
+      Placements placements;
+      for (int64_t md = 0; md < mesh->ndim(); ++md)
+        placements.push_back((decision.sharding.options[decision.chosen[md]].*member)[index]);
+      return placements;
+    };
+    for (size_t i = 0; i < specs.size(); ++i)
+      decision.input_placements.push_back(placements_of(&DimOption::inputs, i));
+    for (size_t j = 0; j < decision.sharding.output_shapes.size(); ++j)
+      decision.output_placements.push_back(placements_of(&DimOption::outputs, j));
     it = cache.emplace(key, std::move(decision)).first;
   } else {
     ++stats.cache_hits;
@@ -191,35 +242,36 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   // 3. Redistribute inputs to the chosen placements (plain: the differentiable op that called
   //    us records its own backward).
   NoGradGuard no_grad;
-  InputSpecs after = specs;
-  for (size_t i = 0; i < specs.size(); ++i) {
+  // The specs after redistribution: a copy only when some input moves.
+  std::optional<InputSpecs> moved;
+  for (size_t i = 0; i < count; ++i) {
     // 0-dim inputs move too: a Partial scalar may need its reduction, and a replicated scalar
     // (or plain 0-dim tensor) taken as Partial must be counted once, not once per rank.
-    if (!specs[i]) continue;
-    Placements target;
-    for (int64_t md = 0; md < mesh->ndim(); ++md)
-      target.push_back(decision.sharding.options[decision.chosen[md]].inputs[i]);
-    if (target != specs[i]->placements) {
-      locals[i] = redistribute_local(locals[i], *specs[i], target);
-      after[i]->placements = target;
+    if (spec_of[i] == nullptr) continue;
+    const Placements& target = decision.input_placements[i];
+    if (target != spec_of[i]->placements) {
+      locals[i] = redistribute_local(locals[i], *spec_of[i], target);
+      if (!moved) moved = copy_specs();
+      (*moved)[i]->placements = target;
     }
   }
 
   // 4. The local op, then wrap the outputs.
-  OpCall local_call(call.id, locals, call.attrs);
-  std::vector<Tensor> outputs =
-      decision.sharding.local ? decision.sharding.local(local_call, after) : call_op(local_call);
+  OpCall local_call(call.id, std::move(locals), call.attrs);
+  std::vector<Tensor> outputs;
+  if (decision.sharding.local) {
+    outputs = decision.sharding.local(local_call, moved ? *moved : copy_specs());
+  } else {
+    outputs = call_op(local_call);
+  }
   LOOM_INTERNAL_ASSERT(outputs.size() == decision.sharding.output_shapes.size(),
                        "{}: {} local outputs for {} shapes", call.op, outputs.size(),
                        decision.sharding.output_shapes.size());
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (!outputs[j].defined()) continue;  // an optional output the op did not produce
-    Placements placements;
-    for (int64_t md = 0; md < mesh->ndim(); ++md)
-      placements.push_back(decision.sharding.options[decision.chosen[md]].outputs[j]);
-    outputs[j] = make_dtensor(
-        outputs[j],
-        DTensorSpec{mesh_ptr, placements, decision.sharding.output_shapes[j], outputs[j].dtype()});
+    outputs[j] = make_dtensor(outputs[j],
+                              DTensorSpec{mesh_ptr, decision.output_placements[j],
+                                          decision.sharding.output_shapes[j], outputs[j].dtype()});
   }
   return outputs;
 }

@@ -11,7 +11,9 @@ namespace loom::cpu {
 namespace {
 
 // Rows per thread chunk: enough work per chunk that a parallel region pays.
-int64_t row_grain(int64_t n) { return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1)); }
+int64_t row_grain(int64_t n) {
+  return std::max<int64_t>(1, kParallelGrain / std::max<int64_t>(n, 1));
+}
 
 // Rows per block of the weight-gradient sums: at most 256 blocks, at least 16 rows each.
 int64_t rows_per_block(int64_t rows) { return std::max<int64_t>(16, (rows + 255) / 256); }
@@ -90,8 +92,8 @@ LOOM_CLONES void layer_norm_backward_rows(const float* g, const float* x, const 
   }
 }
 
-LOOM_CLONES void rms_norm_rows(const float* x, const float* w, float* y, float* rstd,
-                               int64_t begin, int64_t end, int64_t n, double eps) {
+LOOM_CLONES void rms_norm_rows(const float* x, const float* w, float* y, float* rstd, int64_t begin,
+                               int64_t end, int64_t n, double eps) {
   for (int64_t r = begin; r < end; ++r) {
     const float* xr = x + r * n;
     float* yr = y + r * n;

@@ -12,8 +12,8 @@ namespace loom::cpu {
 void parallel_for(int64_t n, int64_t grain, int64_t align,
                   const std::function<void(int64_t begin, int64_t end)>& body) {
   if (n <= 0) return;
-  const int threads = static_cast<int>(std::min<int64_t>(
-      kernel_threads(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1))));
+  const int threads = static_cast<int>(
+      std::min<int64_t>(kernel_threads(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1))));
   if (threads <= 1) {
     body(0, n);
     return;

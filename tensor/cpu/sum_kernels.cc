@@ -9,8 +9,7 @@ namespace loom::cpu {
 
 namespace {
 
-__attribute__((target_clones("avx512f", "default"))) double lanes_sum(const float* x,
-                                                                      int64_t n) {
+__attribute__((target_clones("avx512f", "default"))) double lanes_sum(const float* x, int64_t n) {
   double s = 0.0;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);

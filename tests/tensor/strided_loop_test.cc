@@ -34,7 +34,7 @@ struct Case {
 
 TEST(ForEachRunIn, EverySplitVisitsTheWholeLoopsElementsInOrder) {
   const std::vector<Case> cases = {
-      {{16, 12, 64}, {768, 64, 1}, {768, 1, 12}},  // a transpose of the last two dims
+      {{16, 12, 64}, {768, 64, 1}, {768, 1, 12}},    // a transpose of the last two dims
       {{3, 1, 5, 7}, {35, 35, 7, 1}, {0, 0, 1, 0}},  // broadcast operand, a unit dim
       {{2, 3, 4}, {12, 4, 1}, {12, 4, 1}},           // contiguous: one merged run
       {{}, {}, {}},                                  // a scalar: one element
