@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "base/error.h"
 #include "comm/gloo/reduce.h"
@@ -54,6 +56,11 @@ constexpr uint32_t kHeaderMagic = 0x4d4f4f4c;  // "LOOM"
 
 }  // namespace
 
+// Segments a rank's chunk splits into, so that reducing one overlaps the transfers of the next:
+// about kSegmentBytes each, at most kMaxSegments.
+constexpr size_t kSegmentBytes = size_t{1} << 20;
+constexpr int64_t kMaxSegments = 64;
+
 void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
@@ -64,36 +71,55 @@ void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
     reduce_pieces(tensor.dtype(), op, {data}, data, count);  // kAvg divides by 1
     return;
   }
-  // Step 1 (reduce-scatter): chunk j of every rank goes to rank j, which reduces them.
+  // Reduce-scatter then all-gather, direct to every peer: chunk j of every rank goes to rank j,
+  // which reduces the pieces in rank order (the same order whatever the timing) and sends the
+  // result to every rank. Each chunk goes in segments, all posted at once: segment s is reduced
+  // and sent back as soon as it has arrived, while later segments are still on the wire.
   const Chunk mine = chunk_of(count, world, me);
   const size_t mine_bytes = static_cast<size_t>(mine.count) * esize;
   char* received = env.scratch.get(mine_bytes * static_cast<size_t>(world));
-  {
-    Transfers round(env.mesh, env.deadline);
+  // Segments by the largest chunk (rank 0's), so every rank cuts every chunk the same way.
+  const int64_t largest = chunk_of(count, world, 0).count;
+  const int64_t segments = std::clamp<int64_t>(
+      static_cast<int64_t>(static_cast<size_t>(largest) * esize / kSegmentBytes), 1, kMaxSegments);
+  const auto segment_of = [&](const Chunk& chunk, int64_t s) {
+    const Chunk part = chunk_of(chunk.count, static_cast<int>(segments), static_cast<int>(s));
+    return Chunk{chunk.offset + part.offset, part.count};
+  };
+  std::vector<std::unique_ptr<Transfers>> scatter, gather;
+  for (int64_t s = 0; s < segments; ++s) {
+    auto& round = scatter.emplace_back(std::make_unique<Transfers>(env.mesh, env.deadline));
+    const Chunk local = segment_of({0, mine.count}, s);  // within my chunk
     for (int peer = 0; peer < world; ++peer) {
       if (peer == me) continue;
-      const Chunk theirs = chunk_of(count, world, peer);
-      round.recv(peer, slot(env, 0), received + peer * mine_bytes, mine_bytes);
-      round.send(peer, slot(env, 0), data + theirs.offset * esize,
-                 static_cast<size_t>(theirs.count) * esize);
+      const Chunk theirs = segment_of(chunk_of(count, world, peer), s);
+      round->recv(peer, slot(env, static_cast<uint32_t>(2 * s)),
+                  received + peer * mine_bytes + local.offset * esize,
+                  static_cast<size_t>(local.count) * esize);
+      round->send(peer, slot(env, static_cast<uint32_t>(2 * s)), data + theirs.offset * esize,
+                  static_cast<size_t>(theirs.count) * esize);
     }
-    round.wait();
   }
   std::vector<const void*> pieces(world);
-  for (int r = 0; r < world; ++r) {
-    pieces[r] = r == me ? data + mine.offset * esize : received + r * mine_bytes;
+  for (int64_t s = 0; s < segments; ++s) {
+    scatter[s]->wait();
+    const Chunk local = segment_of({0, mine.count}, s);
+    char* reduced = data + (mine.offset + local.offset) * esize;
+    for (int r = 0; r < world; ++r) {
+      pieces[r] = r == me ? reduced : received + r * mine_bytes + local.offset * esize;
+    }
+    reduce_pieces(tensor.dtype(), op, pieces, reduced, local.count);
+    auto& round = gather.emplace_back(std::make_unique<Transfers>(env.mesh, env.deadline));
+    for (int peer = 0; peer < world; ++peer) {
+      if (peer == me) continue;
+      const Chunk theirs = segment_of(chunk_of(count, world, peer), s);
+      round->recv(peer, slot(env, static_cast<uint32_t>(2 * s + 1)), data + theirs.offset * esize,
+                  static_cast<size_t>(theirs.count) * esize);
+      round->send(peer, slot(env, static_cast<uint32_t>(2 * s + 1)), reduced,
+                  static_cast<size_t>(local.count) * esize);
+    }
   }
-  reduce_pieces(tensor.dtype(), op, pieces, data + mine.offset * esize, mine.count);
-  // Step 2 (all-gather): every rank sends its reduced chunk to every other rank.
-  Transfers round(env.mesh, env.deadline);
-  for (int peer = 0; peer < world; ++peer) {
-    if (peer == me) continue;
-    const Chunk theirs = chunk_of(count, world, peer);
-    round.recv(peer, slot(env, 1), data + theirs.offset * esize,
-               static_cast<size_t>(theirs.count) * esize);
-    round.send(peer, slot(env, 1), data + mine.offset * esize, mine_bytes);
-  }
-  round.wait();
+  for (auto& round : gather) round->wait();
 }
 
 void broadcast(const OpEnv& env, const Tensor& tensor, int root) {

@@ -142,11 +142,10 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   LOOM_INTERNAL_ASSERT(mesh != nullptr, "{} dispatched to DTensor without a DTensor input",
                        call.op);
   // The inputs' specs by pointer (a cached op copies none); plain 0-dim inputs' replicated specs
-  // live in `scalar_specs` (reserved: the pointers stay valid).
+  // live in `scalar_specs` (reserved once for every input: the pointers stay valid).
   const size_t count = call.inputs.size();
   std::vector<const DTensorSpec*> spec_of(count, nullptr);
-  std::vector<DTensorSpec> scalar_specs;
-  scalar_specs.reserve(count);
+  std::vector<DTensorSpec> scalar_specs;  // reserved at its first use, before any pointer
   std::vector<Tensor> locals(count);
   for (size_t i = 0; i < count; ++i) {
     const Tensor& t = call.inputs[i];
@@ -160,6 +159,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
                  "a DTensor "
                  "with distribute_tensor or from_local",
                  call.op, i, t.description(), mesh->str());
+      if (scalar_specs.capacity() == 0) scalar_specs.reserve(count);
       spec_of[i] = &scalar_specs.emplace_back(
           DTensorSpec{mesh_ptr, Placements(mesh->ndim(), Replicate()), {}, t.dtype()});
       locals[i] = t;

@@ -255,6 +255,28 @@ TEST(CollectivesLargeTest, AllReduceAndAllToAllOfMegabytes) {
   });
 }
 
+// Chunks of several MiB go in segments (reduced while later ones travel): uneven chunks and
+// segments on 3 ranks, every element checked, for sum and max.
+TEST(CollectivesLargeTest, AllReduceInSegments) {
+  run_on_ranks(3, [](ProcessGroup& pg) {
+    const int64_t n = 6 * (int64_t{1} << 20) + 5;  // 8 MiB chunks: 8 segments each
+    Tensor sum = make_tensor(kFloat32, n, [&](int64_t i) { return (i % 977) + pg.rank(); });
+    Tensor max = make_tensor(kFloat32, n, [&](int64_t i) { return ((i + pg.rank()) % 3) * i % 5; });
+    pg.all_reduce(sum)->wait();
+    pg.all_reduce(max, ReduceOp::kMax)->wait();
+    const std::vector<double> got_sum = ops::to_vector(sum), got_max = ops::to_vector(max);
+    int64_t wrong_sum = 0, wrong_max = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      wrong_sum += got_sum[i] != 3.0 * (i % 977) + 3.0;
+      double expected = 0;
+      for (int r = 0; r < 3; ++r) expected = std::max<double>(expected, ((i + r) % 3) * i % 5);
+      wrong_max += got_max[i] != expected;
+    }
+    EXPECT_EQ(wrong_sum, 0) << "rank " << pg.rank();
+    EXPECT_EQ(wrong_max, 0) << "rank " << pg.rank();
+  });
+}
+
 // all_gather_into_tensor whose input is this rank's chunk of the output, and
 // reduce_scatter_tensor whose output is this rank's chunk of the input (PyTorch allows both).
 TEST(CollectivesInPlaceTest, ChunkViewsOfTheOtherBuffer) {
