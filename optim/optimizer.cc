@@ -1,13 +1,42 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "base/profiler.h"
+#include "dtensor/dtensor.h"
 #include "tensor/ops.h"
 
 namespace loom::optim {
+
+namespace {
+
+// The local shards of a DTensor parameter, its gradient and its moments when all four lie the
+// same way (one mesh, equal placements, none Partial): AdamW is element-wise, so its fused
+// kernel on the shards is the update of the whole. Plain tensors come back as they are; a
+// gradient laid out otherwise (a Partial one, or one not yet redistributed) returns false and
+// takes the composed ops, whose DTensor rules move it.
+bool same_layout_locals(std::array<Tensor, 4>& tensors) {
+  const bool any = std::any_of(tensors.begin(), tensors.end(), is_dtensor);
+  if (!any) return true;
+  for (const Tensor& t : tensors) {
+    if (!is_dtensor(t)) return false;
+  }
+  const DTensorSpec& first = dtensor_spec(tensors[0]);
+  for (const Placement& p : first.placements) {
+    if (p.is_partial()) return false;
+  }
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    if (!(dtensor_spec(tensors[i]) == first)) return false;
+  }
+  for (Tensor& t : tensors) t = local_shard(t);
+  return true;
+}
+
+}  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -73,8 +102,11 @@ void AdamW::step() {
       exp_avg_[i] = ops::zeros_like(p);
       exp_avg_sq_[i] = ops::zeros_like(p);
     }
-    // One fused pass where the tensors allow it (plain contiguous f32 on the CPU).
-    if (ops::adamw_update_fused_(p, grad, exp_avg_[i], exp_avg_sq_[i],
+    // One fused pass where the tensors allow it (plain contiguous f32 on the CPU, or such local
+    // shards of DTensors that lie alike).
+    std::array<Tensor, 4> fused{p, grad, exp_avg_[i], exp_avg_sq_[i]};
+    if (same_layout_locals(fused) &&
+        ops::adamw_update_fused_(fused[0], fused[1], fused[2], fused[3],
                                  {.lr = lr_,
                                   .beta1 = options_.beta1,
                                   .beta2 = options_.beta2,

@@ -16,15 +16,24 @@ __attribute__((target_clones("avx512f", "default"))) double lanes_sum(const floa
   return s;
 }
 
-// Columns [begin, end) of every row added into out (f64), row by row.
+// Columns [begin, end) of every row added into out (f64), row by row, a tile of columns at a
+// time: the tile's accumulators stay in L1 while every row passes (an (8, 1.2M) sum read its
+// f64 accumulators from memory once per row before).
+constexpr int64_t kColumnTile = 512;
+
 __attribute__((target_clones("avx512f", "default"))) void add_rows(const float* x, int64_t rows,
                                                                    int64_t cols, int64_t begin,
                                                                    int64_t end, double* out) {
-  for (int64_t c = begin; c < end; ++c) out[c] = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
+  double acc[kColumnTile];
+  for (int64_t tile = begin; tile < end; tile += kColumnTile) {
+    const int64_t width = std::min(kColumnTile, end - tile);
+    for (int64_t c = 0; c < width; ++c) acc[c] = 0.0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * cols + tile;
 #pragma omp simd
-    for (int64_t c = begin; c < end; ++c) out[c] += static_cast<double>(row[c]);
+      for (int64_t c = 0; c < width; ++c) acc[c] += static_cast<double>(row[c]);
+    }
+    for (int64_t c = 0; c < width; ++c) out[tile + c] = acc[c];
   }
 }
 
