@@ -181,6 +181,9 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     ++stats.cache_misses;
+    // The key is the thread's buffer, which a nested DTensor op would overwrite: keep a copy
+    // for the insertion below (misses are rare).
+    const std::string miss_key = key;
     const InputSpecs specs = copy_specs();
     const StrategyFn& strategy = strategy_table()[call.id];
     LOOM_CHECK(
@@ -233,7 +236,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
       decision.input_placements.push_back(placements_of(&DimOption::inputs, i));
     for (size_t j = 0; j < decision.sharding.output_shapes.size(); ++j)
       decision.output_placements.push_back(placements_of(&DimOption::outputs, j));
-    it = cache.emplace(key, std::move(decision)).first;
+    it = cache.emplace(miss_key, std::move(decision)).first;
   } else {
     ++stats.cache_hits;
   }
