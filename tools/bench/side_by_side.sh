@@ -6,7 +6,9 @@
 #
 # Installs PyTorch (tools/bench/pytorch/requirements.txt) into a private virtual environment
 # ($LOOM_BENCH_VENV, default ~/.cache/loom/torch-venv) on first use, builds Loom's programs, then
-# runs tools/bench/side_by_side.py, which prints the table. Run it on an idle machine.
+# runs tools/bench/side_by_side.py, which prints the table. Run it on an idle machine. The first
+# run downloads PyTorch's pip wheel and the CUDA libraries it depends on (several GB; only its CPU
+# side runs here); later runs reuse the environment while the requirements file is unchanged.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
