@@ -88,10 +88,14 @@ std::vector<Tensor> run_profiled(OpId op, const Range& inputs, std::vector<OpAtt
   std::vector<Tensor> out = call_op(call);
   if (profiler::options().synchronize) {
     // GPU kernels are asynchronous: the op's time is its kernels' once the device is done.
+    // The first CUDA tensor among the inputs, else among the outputs.
     const auto on_cuda = [](const Tensor& t) { return t.defined() && t.device().is_cuda(); };
-    auto it = std::find_if(call.inputs.begin(), call.inputs.end(), on_cuda);
-    if (it == call.inputs.end()) it = std::find_if(out.begin(), out.end(), on_cuda);
-    if (it != out.end()) cuda::synchronize(it->device().index);
+    for (const std::vector<Tensor>* list : {&call.inputs, &out}) {
+      const auto it = std::find_if(list->begin(), list->end(), on_cuda);
+      if (it == list->end()) continue;
+      cuda::synchronize(it->device().index);
+      break;
+    }
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
+#include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
@@ -53,21 +54,16 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
 }
 
 // Element offset of each matrix of `t` from its first (all but the last two dims are batch
-// dims), in row-major batch order; broadcast dims have stride 0.
+// dims), in row-major batch order; broadcast dims have stride 0. The strided loop's walk over
+// the batch dims.
 std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
-  const int64_t batch_dims = t.dim() - 2;
-  std::vector<int64_t> offsets(static_cast<size_t>(count), 0);
-  std::vector<int64_t> index(static_cast<size_t>(batch_dims), 0);
-  for (int64_t i = 1; i < count; ++i) {
-    int64_t offset = offsets[i - 1];
-    for (int64_t d = batch_dims - 1; d >= 0; --d) {  // odometer over the batch dims
-      offset += t.stride(d);
-      if (++index[d] < t.size(d)) break;
-      offset -= t.stride(d) * t.size(d);
-      index[d] = 0;
-    }
-    offsets[i] = offset;
-  }
+  const Shape batch(t.shape().begin(), t.shape().end() - 2);
+  const Strides strides(t.strides().begin(), t.strides().end() - 2);
+  std::vector<int64_t> offsets;
+  offsets.reserve(static_cast<size_t>(count));
+  cpu::for_each_run<1>(batch, {strides}, [&](const auto& off, int64_t run, const auto& step) {
+    for (int64_t j = 0; j < run; ++j) offsets.push_back(off[0] + j * step[0]);
+  });
   return offsets;
 }
 

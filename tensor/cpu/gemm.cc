@@ -78,16 +78,6 @@ void sgemm_unchecked(bool transpose_a, bool transpose_b, int64_t m, int64_t n, i
              static_cast<int>(status), transpose_a, transpose_b, m, n, k, lda, ldb, ldc);
 }
 
-// Entry i of a batch, one after another, each GEMM on every thread. (A batch of small GEMMs
-// split over the threads, one whole GEMM each, ran attention's products faster, but oneDNN
-// rounds a threaded GEMM of K >= 32 differently from a one-thread one, so the equivalence
-// suite's multi-rank runs drifted from one rank's past their bound: measured, not taken.)
-template <typename Entry>
-void run_batch(int64_t batch, const Entry& entry) {
-  apply_thread_setting();
-  for (int64_t i = 0; i < batch; ++i) entry(i);
-}
-
 }  // namespace
 
 void sgemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
@@ -122,10 +112,11 @@ void sgemm_batched(int64_t batch, bool transpose_a, bool transpose_b, int64_t m,
     for (int64_t i = 0; i < batch; ++i) scale_c(m, n, beta, c + i * stride_c, ldc);
     return;
   }
-  run_batch(batch, [&](int64_t i) {
+  apply_thread_setting();
+  for (int64_t i = 0; i < batch; ++i) {
     sgemm_unchecked(transpose_a, transpose_b, m, n, k, alpha, a + i * stride_a, lda,
                     b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
-  });
+  }
 }
 
 void sgemm_batched_at(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
@@ -151,10 +142,15 @@ void sgemm_batched_at(int64_t batch, bool transpose_a, bool transpose_b, int64_t
     for (int64_t i = 0; i < batch; ++i) scale_c(m, n, beta, c + c_offsets[i], ldc);
     return;
   }
-  run_batch(batch, [&](int64_t i) {
+  // One entry after another, each GEMM on every thread. (Entries split over the threads, one
+  // whole GEMM each, ran attention's small products faster, but oneDNN rounds a threaded GEMM of
+  // K >= 32 differently from a one-thread one, and the equivalence suite's multi-rank runs then
+  // drifted from one rank's past their bound: measured, not taken.)
+  apply_thread_setting();
+  for (int64_t i = 0; i < batch; ++i) {
     sgemm_unchecked(transpose_a, transpose_b, m, n, k, alpha, a + a_offsets[i], lda,
                     b + b_offsets[i], ldb, beta, c + c_offsets[i], ldc);
-  });
+  }
 }
 
 const char* gemm_library_name() {
