@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/gloo/chunks.h"
 #include "comm/gloo/reduce.h"
+#include "comm/gloo/shm_algorithms.h"
 
 namespace loom::comm::gloo_detail {
 
@@ -23,25 +25,6 @@ constexpr uint8_t kP2PPayloadPrefix = 0x61;
 uint64_t slot(const OpEnv& env, uint32_t phase) {
   return make_slot(static_cast<uint8_t>(kCollectivePrefix + static_cast<uint8_t>(env.kind)),
                    static_cast<uint32_t>(env.index), phase);
-}
-
-size_t nbytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * element_size(t.dtype()); }
-char* bytes(const Tensor& t) { return static_cast<char*>(t.raw_data()); }
-
-void copy_bytes(void* dst, const void* src, size_t n) {
-  if (n != 0 && dst != src) std::memmove(dst, src, n);
-}
-
-// Balanced split of `count` elements into `parts` chunks: the first count % parts get one more.
-struct Chunk {
-  int64_t offset;
-  int64_t count;
-};
-Chunk chunk_of(int64_t count, int parts, int index) {
-  const int64_t base = count / parts;
-  const int64_t extra = count % parts;
-  const int64_t offset = index * base + std::min<int64_t>(index, extra);
-  return {offset, base + (index < extra ? 1 : 0)};
 }
 
 // The message header of send/recv.
@@ -71,6 +54,7 @@ void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
     reduce_pieces(tensor.dtype(), op, {data}, data, count);  // kAvg divides by 1
     return;
   }
+  if (ShmChannel* shm = env.mesh.shared_memory()) return shm_all_reduce(*shm, env, tensor, op);
   // Reduce-scatter then all-gather, direct to every peer: chunk j of every rank goes to rank j,
   // which reduces the pieces in rank order (the same order whatever the timing) and sends the
   // result to every rank. Each chunk goes in segments, all posted at once: segment s is reduced
@@ -123,6 +107,7 @@ void all_reduce(const OpEnv& env, const Tensor& tensor, ReduceOp op) {
 }
 
 void broadcast(const OpEnv& env, const Tensor& tensor, int root) {
+  if (ShmChannel* shm = env.mesh.shared_memory()) return shm_broadcast(*shm, env, tensor, root);
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
   Transfers round(env.mesh, env.deadline);
@@ -155,11 +140,15 @@ void exchange(const OpEnv& env, const std::vector<Tensor>& outputs, InputFor inp
 }  // namespace
 
 void all_gather(const OpEnv& env, const std::vector<Tensor>& outputs, const Tensor& input) {
+  if (ShmChannel* shm = env.mesh.shared_memory()) return shm_all_gather(*shm, env, outputs, input);
   exchange(env, outputs, [&](int) -> const Tensor& { return input; });
 }
 
 void reduce_scatter(const OpEnv& env, const Tensor& output, const std::vector<Tensor>& inputs,
                     ReduceOp op) {
+  if (ShmChannel* shm = env.mesh.shared_memory()) {
+    return shm_reduce_scatter(*shm, env, output, inputs, op);
+  }
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
   const size_t piece = nbytes(output);
@@ -214,6 +203,7 @@ void scatter(const OpEnv& env, const Tensor& output, const std::vector<Tensor>& 
 }
 
 void barrier(const OpEnv& env) {
+  if (ShmChannel* shm = env.mesh.shared_memory()) return shm_barrier(*shm, env);
   const int world = env.mesh.size();
   const int me = env.mesh.rank();
   char token = 1;

@@ -47,13 +47,24 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   Duration timeout_;
 };
 
-// Every rank sets prefix + its rank and waits for all others; a timeout names the ranks that
-// did not `verb` ("ranks [2] did not join within 10000 ms").
+// Every rank sets prefix + its rank and waits for all others.
 void store_barrier(Store& store, const std::string& prefix, int rank, int size, Duration timeout,
                    const std::string& what, const char* verb) {
+  store.set(prefix + std::to_string(rank), std::string("1"));
+  wait_for_ranks(store, prefix, size, timeout, what, verb);
+}
+
+std::string env_or_empty(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? std::string(value) : std::string();
+}
+
+}  // namespace
+
+void wait_for_ranks(Store& store, const std::string& prefix, int size, Duration timeout,
+                    const std::string& what, const char* verb) {
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(prefix + std::to_string(r));
-  store.set(keys[rank], std::string("1"));
   try {
     store.wait(keys, timeout);
   } catch (const Error&) {
@@ -65,13 +76,6 @@ void store_barrier(Store& store, const std::string& prefix, int rank, int size, 
               timeout.count());
   }
 }
-
-std::string env_or_empty(const char* name) {
-  const char* value = std::getenv(name);
-  return value ? std::string(value) : std::string();
-}
-
-}  // namespace
 
 std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& options,
                                                        const std::string& group) {

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "comm/gloo/shm_channel.h"
 
 namespace loom::comm::gloo_detail {
 
@@ -30,10 +31,11 @@ std::string short_text(const std::string& text, size_t limit = 400) {
 }  // namespace
 
 GroupState::GroupState(std::shared_ptr<Store> store, std::shared_ptr<::gloo::Context> context,
-                       std::string name, std::vector<int> global_ranks)
+                       std::unique_ptr<ShmChannel> shared_memory, std::string name,
+                       std::vector<int> global_ranks)
     : name_(std::move(name)),
       global_ranks_(std::move(global_ranks)),
-      mesh_(std::move(context)),
+      mesh_(std::move(context), std::move(shared_memory)),
       board_(store, mesh_.rank(), mesh_.size()),
       store_(std::move(store)),
       linger_(kStateFlush) {}

@@ -58,7 +58,8 @@ struct OpSpec {
 class GroupState {
  public:
   GroupState(std::shared_ptr<Store> store, std::shared_ptr<::gloo::Context> context,
-             std::string name, std::vector<int> global_ranks);
+             std::unique_ptr<ShmChannel> shared_memory, std::string name,
+             std::vector<int> global_ranks);
   ~GroupState();
 
   // Runs one operation: fails `work` at once if the group is poisoned; otherwise records
@@ -76,6 +77,7 @@ class GroupState {
   void mark_destroyed();
   std::optional<std::string> failure() const;
   const std::string& name() const { return name_; }
+  bool uses_shared_memory() const { return mesh_.shared_memory() != nullptr; }
 
  private:
   std::string describe(const OpSpec& op, std::exception_ptr error);

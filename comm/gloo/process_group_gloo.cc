@@ -7,6 +7,7 @@
 #include "comm/gloo/connect.h"
 #include "comm/gloo/group_state.h"
 #include "comm/gloo/op_runner.h"
+#include "comm/gloo/shm_connect.h"
 
 namespace loom::comm {
 
@@ -43,8 +44,10 @@ ProcessGroupGloo::ProcessGroupGloo(const Token&, std::shared_ptr<Store> store, i
   const std::string what = fmt::format("ProcessGroupGloo: connecting group '{}' (rank {} of {})",
                                        options.name, rank, size);
   auto context = gloo_detail::connect_full_mesh(*store, rank, size, options.timeout, device_, what);
-  state_ = std::make_shared<gloo_detail::GroupState>(store, std::move(context), options.name,
-                                                     global_ranks);
+  auto shared_memory =
+      gloo_detail::connect_shared_memory(*store, rank, size, options.timeout, gloo_options_, what);
+  state_ = std::make_shared<gloo_detail::GroupState>(
+      store, std::move(context), std::move(shared_memory), options.name, global_ranks);
   runner_ = std::make_unique<gloo_detail::OpRunner>(options.name);
 }
 
@@ -58,6 +61,8 @@ ProcessGroupGloo::~ProcessGroupGloo() {
 void ProcessGroupGloo::abort(const std::string& reason) { state_->abort(reason); }
 
 std::string ProcessGroupGloo::failure() const { return state_->failure().value_or(""); }
+
+bool ProcessGroupGloo::uses_shared_memory() const { return state_->uses_shared_memory(); }
 
 std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
   auto work = std::make_shared<Work>();

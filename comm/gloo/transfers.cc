@@ -8,6 +8,8 @@
 
 #include <string_view>
 
+#include "comm/gloo/shm_channel.h"
+
 namespace loom::comm::gloo_detail {
 
 namespace {
@@ -29,8 +31,11 @@ uint64_t make_slot(uint8_t prefix, uint32_t a, uint32_t b) {
          static_cast<uint64_t>(b & 0xFFFFFFu);
 }
 
-Mesh::Mesh(std::shared_ptr<::gloo::Context> context)
-    : context_(std::move(context)), rank_(context_->rank), size_(context_->size) {}
+Mesh::Mesh(std::shared_ptr<::gloo::Context> context, std::unique_ptr<ShmChannel> shared_memory)
+    : context_(std::move(context)),
+      shm_(std::move(shared_memory)),
+      rank_(context_->rank),
+      size_(context_->size) {}
 
 // No close() here: destroying the context closes each connection gracefully (FIN after the
 // data), so a peer still reading this rank's last message gets it. close() resets connections.
@@ -43,6 +48,7 @@ void Mesh::close(const std::string& reason) {
   reason_ = reason;
   // Close first: afterwards no data can arrive, so waiters can be woken and their buffers freed.
   context_->closeConnections();
+  if (shm_) shm_->close(reason);
   for (Transfers* transfers : active_) {
     for (auto& pending : transfers->pending_) {
       if (pending.is_send) {

@@ -42,21 +42,25 @@ class TransferError : public std::runtime_error {
 };
 
 class Transfers;
+class ShmChannel;
 
-// A group's Gloo context (full mesh of TCP pairs) and what lets any thread close it.
+// A group's Gloo context (full mesh of TCP pairs), its shared-memory channel when every rank is
+// on one host (shm_connect.h), and what lets any thread close them.
 class Mesh {
  public:
-  explicit Mesh(std::shared_ptr<::gloo::Context> context);
+  Mesh(std::shared_ptr<::gloo::Context> context, std::unique_ptr<ShmChannel> shared_memory);
   ~Mesh();
   Mesh(const Mesh&) = delete;
   Mesh& operator=(const Mesh&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // The shared-memory channel, or nullptr (ranks on several hosts, or turned off).
+  ShmChannel* shared_memory() const { return shm_.get(); }
 
-  // Closes every connection (peers waiting on this rank fail at once) and wakes every transfer
-  // of this process that is waiting on the mesh; later transfers fail at once. Idempotent (the
-  // first reason is kept); thread-safe.
+  // Closes every connection (and the shared-memory channel) (peers waiting on this rank fail at
+  // once) and wakes every transfer of this process that is waiting on the mesh; later transfers
+  // fail at once. Idempotent (the first reason is kept); thread-safe.
   void close(const std::string& reason);
   bool closed() const;
   // The reason given to the first close() (empty while open).
@@ -65,6 +69,7 @@ class Mesh {
  private:
   friend class Transfers;
   std::shared_ptr<::gloo::Context> context_;
+  std::unique_ptr<ShmChannel> shm_;
   int rank_;
   int size_;
   mutable std::mutex mutex_;

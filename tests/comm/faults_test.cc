@@ -5,6 +5,7 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -194,12 +195,15 @@ TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
 }
 
 // Without LOOM_DEBUG=collectives, sizes that differ between ranks are still a named error on
-// every rank, never an abort: a receive only matches a send of its own size (the size is in the
-// Gloo slot), so Gloo never meets a message longer than its buffer. All-gather of 4 elements on
-// rank 0 and 6 on rank 1 (the shapes of an uneven sequence shard handled as even), and an
-// all-reduce of 3 vs 4.
-TEST(FaultsTest, SizeMismatchWithoutDebugIsANamedErrorNotAnAbort) {
+// every rank, never an abort: over TCP a receive only matches a send of its own size (the size is
+// in the Gloo slot), so Gloo never meets a message longer than its buffer and both ranks time
+// out saying so; over shared memory the first barrier compares sizes and both ranks fail at once
+// naming both sides. All-gather of 4 elements on rank 0 and 6 on rank 1 (the shapes of an uneven
+// sequence shard handled as even).
+std::array<std::string, 2> all_gather_of_mismatched_sizes(bool shared_memory) {
   Caught caught;
+  MultiRankOptions options = with_timeout(2s);
+  options.gloo.shared_memory = shared_memory;
   run_on_ranks(
       2,
       [&](ProcessGroup& pg) {
@@ -212,12 +216,27 @@ TEST(FaultsTest, SizeMismatchWithoutDebugIsANamedErrorNotAnAbort) {
           caught.record(pg.rank(), e.what(), 0);
         }
       },
-      with_timeout(2s));
+      options);
+  return {caught.message[0], caught.message[1]};
+}
+
+TEST(FaultsTest, SizeMismatchWithoutDebugIsANamedErrorNotAnAbort) {
+  const auto messages = all_gather_of_mismatched_sizes(/*shared_memory=*/false);
   for (int rank : {0, 1}) {
     SCOPED_TRACE(rank);
-    EXPECT_THAT(caught.message[rank], HasSubstr("all_gather"));
-    EXPECT_THAT(caught.message[rank], HasSubstr("bytes; a peer posting another size"));
+    EXPECT_THAT(messages[rank], HasSubstr("all_gather"));
+    EXPECT_THAT(messages[rank], HasSubstr("bytes; a peer posting another size"));
   }
+}
+
+TEST(FaultsTest, SizeMismatchOverSharedMemoryNamesBothSidesAtOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const auto messages = all_gather_of_mismatched_sizes(/*shared_memory=*/true);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << "waited for the 2 s timeout";
+  EXPECT_THAT(messages[0], HasSubstr("rank 1 is running all_gather #0 (48 bytes) while this "
+                                     "rank runs all_gather #0 (32 bytes)"));
+  EXPECT_THAT(messages[1], HasSubstr("rank 0 is running all_gather #0 (32 bytes) while this "
+                                     "rank runs all_gather #0 (48 bytes)"));
 }
 
 TEST(FaultsTest, AbortInterruptsARunningOpAtOnce) {

@@ -127,6 +127,7 @@ struct Settings {
   int max_iters = 1000;
   double target_s = 0.25;
   int timeout_s = 120;
+  std::vector<std::string> transports{"shm", "tcp"};
 };
 
 struct Row {
@@ -190,7 +191,9 @@ std::string human_bytes(int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Gloo collective bandwidth (nccl-tests style): ranks are threads over loopback TCP"};
+  CLI::App app{
+      "Gloo collective bandwidth (nccl-tests style): ranks are threads, over shared memory and "
+      "loopback TCP"};
   Settings s;
   app.add_option("--worlds", s.worlds, "world sizes (ranks = threads of this process)")
       ->check(CLI::Range(2, 64));
@@ -211,6 +214,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1000000));
   app.add_option("--timeout-s", s.timeout_s, "the groups' operation timeout")
       ->check(CLI::Range(1, 3600));
+  app.add_option(
+         "--transports", s.transports,
+         "shm (shared memory; all_to_all still TCP) and/or tcp (GlooOptions::shared_memory)")
+      ->check(CLI::IsMember({"shm", "tcp"}));
   CLI11_PARSE(app, argc, argv);
   if (s.max_iters < s.min_iters) s.max_iters = s.min_iters;
 
@@ -223,7 +230,8 @@ int main(int argc, char** argv) {
   }
   const auto run_start = Clock::now();
   fmt::print(
-      "comm_bench: ProcessGroupGloo over loopback TCP; ranks are threads of one process "
+      "comm_bench: ProcessGroupGloo over shared memory and/or loopback TCP; ranks are threads of "
+      "one process "
       "(InMemoryStore rendezvous); f32, sum; {} hardware threads\n",
       std::thread::hardware_concurrency());
   fmt::print(
@@ -234,46 +242,54 @@ int main(int argc, char** argv) {
   std::map<int64_t, double> memcpy_bw;
   for (int64_t bytes : sizes) memcpy_bw[bytes] = memcpy_bandwidth(bytes, 0.1);
 
-  for (int world : s.worlds) {
-    for (int64_t bytes : sizes) {
-      LOOM_CHECK(bytes % (static_cast<int64_t>(sizeof(float)) * world) == 0,
-                 "comm_bench: size {} is not a multiple of 4 bytes x world {}", bytes, world);
-    }
-    fmt::print("\n# world {} ({} ranks)\n", world, world);
-    fmt::print("# {:<15} {:>8} {:>6} {:>11} {:>11} {:>11} {:>12}\n", "collective", "size", "iters",
-               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)");
-    std::fflush(stdout);
-    auto store = std::make_shared<comm::InMemoryStore>();
-    std::mutex print_mutex;
-    std::vector<std::string> errors;
-    std::vector<std::thread> ranks;
-    for (int rank = 0; rank < world; ++rank) {
-      ranks.emplace_back([&, rank] {
-        try {
-          auto pg = comm::ProcessGroupGloo::create(
-              store, rank, world, {.name = "bench", .timeout = std::chrono::seconds(s.timeout_s)},
-              comm::GlooOptions::loopback());
-          for (const auto& info : chosen) {
-            for (int64_t bytes : sizes) {
-              const Row row = measure(*pg, info.kind, info.name, bytes, s);
-              if (rank != 0) continue;
-              const double algbw = static_cast<double>(bytes) / row.seconds / 1e9;
-              fmt::print("  {:<15} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>12.2f}\n",
-                         row.collective, human_bytes(bytes), row.iters, row.seconds * 1e6, algbw,
-                         algbw * bus_factor(info.kind, world), memcpy_bw[bytes] / 1e9);
-              std::fflush(stdout);
+  for (const std::string& transport : s.transports) {
+    for (int world : s.worlds) {
+      for (int64_t bytes : sizes) {
+        LOOM_CHECK(bytes % (static_cast<int64_t>(sizeof(float)) * world) == 0,
+                   "comm_bench: size {} is not a multiple of 4 bytes x world {}", bytes, world);
+      }
+      fmt::print("\n# world {} ({} ranks), {}\n", world, world,
+                 transport == "shm" ? "shared memory" : "TCP");
+      fmt::print("# {:<15} {:>8} {:>6} {:>11} {:>11} {:>11} {:>12}\n", "collective", "size",
+                 "iters", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "memcpy(GB/s)");
+      std::fflush(stdout);
+      auto store = std::make_shared<comm::InMemoryStore>();
+      std::mutex print_mutex;
+      std::vector<std::string> errors;
+      std::vector<std::thread> ranks;
+      for (int rank = 0; rank < world; ++rank) {
+        ranks.emplace_back([&, rank] {
+          try {
+            comm::GlooOptions gloo = comm::GlooOptions::loopback();
+            gloo.shared_memory = transport == "shm";
+            auto pg = comm::ProcessGroupGloo::create(
+                store, rank, world, {.name = "bench", .timeout = std::chrono::seconds(s.timeout_s)},
+                gloo);
+            LOOM_CHECK(pg->uses_shared_memory() == gloo.shared_memory,
+                       "comm_bench: asked for {} but the group uses the other transport",
+                       transport);
+            for (const auto& info : chosen) {
+              for (int64_t bytes : sizes) {
+                const Row row = measure(*pg, info.kind, info.name, bytes, s);
+                if (rank != 0) continue;
+                const double algbw = static_cast<double>(bytes) / row.seconds / 1e9;
+                fmt::print("  {:<15} {:>8} {:>6} {:>11.1f} {:>11.3f} {:>11.3f} {:>12.2f}\n",
+                           row.collective, human_bytes(bytes), row.iters, row.seconds * 1e6, algbw,
+                           algbw * bus_factor(info.kind, world), memcpy_bw[bytes] / 1e9);
+                std::fflush(stdout);
+              }
             }
+          } catch (const std::exception& e) {
+            std::lock_guard<std::mutex> lock(print_mutex);
+            errors.push_back(fmt::format("rank {}: {}", rank, e.what()));
           }
-        } catch (const std::exception& e) {
-          std::lock_guard<std::mutex> lock(print_mutex);
-          errors.push_back(fmt::format("rank {}: {}", rank, e.what()));
-        }
-      });
-    }
-    for (auto& t : ranks) t.join();
-    if (!errors.empty()) {
-      for (const auto& e : errors) fmt::print(stderr, "comm_bench: {}\n", e);
-      return 1;
+        });
+      }
+      for (auto& t : ranks) t.join();
+      if (!errors.empty()) {
+        for (const auto& e : errors) fmt::print(stderr, "comm_bench: {}\n", e);
+        return 1;
+      }
     }
   }
   fmt::print("\ncomm_bench: {:.1f} s in all\n", seconds_since(run_start));

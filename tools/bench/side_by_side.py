@@ -13,7 +13,9 @@ Rows (issue 18's table):
   MODEL dpDxtpT     a training step's median time after the first step, batch 16 x 64 tokens
                     (Loom: train_gpt's metrics, ms_per_step; threads: cores / ranks on both sides)
   all_reduce SIZE   2 ranks, f32 sum; Loom's ranks are threads of one process (comm_bench), each
-                    with its own Gloo TCP device; PyTorch's are 2 processes (torchrun)
+                    with its own Gloo group, once over loopback TCP (like for like with PyTorch's
+                    Gloo) and once over shared memory (what a same-host Loom job uses);
+                    PyTorch's are 2 processes (torchrun) over Gloo TCP
 """
 
 import argparse
@@ -138,8 +140,9 @@ def allreduce_rows(args):
 
     def measure(side):
         if side not in cache:
-            if side == "loom":
+            if side in ("tcp", "shm"):
                 out = run([os.path.join(args.bin, "tools/bench/comm_bench"), "--worlds", "2",
+                           "--transports", side,
                            "--collectives", "all_reduce", "--min-bytes", str(ALLREDUCE_SIZES[0]),
                            "--max-bytes", str(ALLREDUCE_SIZES[-1]), "--step", "4",
                            "--target-s", str(args.allreduce_s)])
@@ -158,20 +161,22 @@ def allreduce_rows(args):
         return cache[side]
 
     rows = []
-    for i, size in enumerate(ALLREDUCE_SIZES):
-        first = i == 0
+    for transport, label in (("tcp", "TCP"), ("shm", "shared memory")):
+        for i, size in enumerate(ALLREDUCE_SIZES):
+            first = i == 0
 
-        def loom(size=size, first=first):
-            if first:
-                cache.pop("loom", None)
-            return measure("loom")[size]
+            def loom(size=size, first=first, transport=transport):
+                if first:
+                    cache.pop(transport, None)
+                return measure(transport)[size]
 
-        def torch(size=size, first=first):
-            if first:
-                cache.pop("torch", None)
-            return measure("torch")[size]
+            def torch(size=size, first=first):
+                if first:
+                    cache.pop("torch", None)
+                return measure("torch")[size]
 
-        rows.append(Row(f"all_reduce, 2 ranks, {human(size)}", loom, torch, GOALS["all_reduce"]))
+            rows.append(Row(f"all_reduce, 2 ranks, {human(size)}, Loom over {label}", loom, torch,
+                            GOALS["all_reduce"]))
     return rows
 
 
