@@ -1,5 +1,6 @@
 // Formulas of the reductions and matrix products.
 #include <algorithm>
+#include <optional>
 
 #include "autograd/formulas.h"
 
@@ -34,6 +35,15 @@ int64_t reduced_count(const Tensor& self, const std::vector<int64_t>& dims) {
 Tensor as_matrix(const Tensor& t, bool left) {
   if (t.dim() != 1) return t;
   return ops::unsqueeze(t, left ? 0 : -1);
+}
+
+// `t` as (rows, its last dim), when that reshape moves no data between ranks: always for plain
+// tensors; a DTensor says (a shard on a merged dim other than the first would need a gather).
+std::optional<Shape> rows_shape(const Tensor& t) {
+  const int64_t last = t.size(-1);
+  const Shape rows{last == 0 ? 0 : t.numel() / last, last};
+  if (t.extension() && !t.extension()->reshapes_locally(rows)) return std::nullopt;
+  return rows;
 }
 
 }  // namespace
@@ -91,7 +101,18 @@ void register_reduction_formulas(FormulaTable& f) {
             if (promoted) grad_a = ops::reshape(grad_a, a.shape());
           }
           if (b.requires_grad()) {
-            grad_b = ops::sum_to(ops::matmul(ops::transpose(a2, -1, -2), g2), b2.shape());
+            const auto a_rows = !promoted && b2.dim() == 2 && a2.dim() > 2 && g2.dim() == a2.dim()
+                                    ? rows_shape(a2)
+                                    : std::nullopt;
+            const auto g_rows = a_rows ? rows_shape(g2) : std::nullopt;
+            if (a_rows && g_rows) {
+              // A weight shared by every batch entry: one GEMM over all rows, (K, rows) @
+              // (rows, N), as linear's backward does, instead of one per batch entry and a sum.
+              grad_b = ops::matmul(ops::transpose(ops::reshape(a2, *a_rows), 0, 1),
+                                   ops::reshape(g2, *g_rows));
+            } else {
+              grad_b = ops::sum_to(ops::matmul(ops::transpose(a2, -1, -2), g2), b2.shape());
+            }
             if (promoted) grad_b = ops::reshape(grad_b, b.shape());
           }
           return Grads{grad_a, grad_b};

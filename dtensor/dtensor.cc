@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding/propagator.h"
+#include "dtensor/sharding/strategy.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -62,6 +63,10 @@ const Tensor& local_shard(const Tensor& tensor) {
   LOOM_CHECK(ext != nullptr, "local_shard: expected a DTensor, got a plain {}",
              tensor.description());
   return ext->local();
+}
+
+bool DTensorExtension::reshapes_locally(const Shape& shape) const {
+  return sharding::reshape_keeps_shards(spec_, shape);
 }
 
 Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {

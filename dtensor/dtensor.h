@@ -28,6 +28,8 @@ class DTensorExtension final : public TensorExtension {
   DTensorExtension(DTensorSpec spec, Tensor local)
       : spec_(std::move(spec)), local_(std::move(local)) {}
   int kind() const override { return kDTensorExtensionKind; }
+  // True when every shard survives the reshape (see dtensor/sharding/views.cc): no redistribute.
+  bool reshapes_locally(const Shape& shape) const override;
   const DTensorSpec& spec() const { return spec_; }
   // The local shard: a plain tensor (never a DTensor), shape spec().local_shape().
   const Tensor& local() const { return local_; }

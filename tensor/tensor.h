@@ -90,6 +90,10 @@ class TensorExtension {
  public:
   virtual ~TensorExtension() = default;
   virtual int kind() const = 0;
+  // Whether ops::reshape of such a tensor to `shape` moves no data between the devices or ranks
+  // holding it. Autograd formulas ask before choosing a reshaped but equivalent form of a
+  // gradient (a DTensor sharded on a dim the reshape merges would have to be gathered first).
+  virtual bool reshapes_locally(const Shape& /*shape*/) const { return false; }
 };
 
 struct TensorImpl {

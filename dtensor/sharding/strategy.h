@@ -52,6 +52,10 @@ void register_reduction_strategies(StrategyTable& table);
 void register_view_strategies(StrategyTable& table);
 void register_nn_strategies(StrategyTable& table);
 
+// Whether reshaping a DTensor with `spec` to `shape` keeps every shard on a dim of the result
+// (reshape's strategy then needs no redistribute).
+bool reshape_keeps_shards(const DTensorSpec& spec, const Shape& shape);
+
 // The full table (built once, on first use, from the calls above; every kExtended op of
 // tensor/op_list.h has an entry).
 const StrategyTable& strategy_table();

@@ -85,6 +85,19 @@ ViewMap view_map(const Shape& in, const Shape& out, int64_t divisor) {
   return result;
 }
 
+}  // namespace
+
+bool reshape_keeps_shards(const DTensorSpec& spec, const Shape& shape) {
+  if (shape_numel(shape) != shape_numel(spec.shape)) return false;
+  const ViewMap vm = view_map(spec.shape, shape, mesh_numel(spec));
+  for (const Placement& p : spec.placements) {
+    if (p.is_shard() && vm.map[p.dim()] < 0) return false;
+  }
+  return true;
+}
+
+namespace {
+
 OpSharding reshape_sharding(const OpCall& call, const InputSpecs& in, bool is_view) {
   const DTensorSpec& spec = *in[0];
   const Shape out =
