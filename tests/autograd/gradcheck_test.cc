@@ -148,6 +148,13 @@ TEST(GradcheckTest, Matmul) {
   // Batched with a broadcast batch dim.
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
                                {leaf({2, 1, 3, 4}, 16), leaf({5, 4, 2}, 17)}));
+  // A 2-D weight shared over two batch dims (its gradient is one GEMM over the flattened rows),
+  // also with a transposed weight and a non-contiguous batched operand.
+  EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
+                               {leaf({2, 3, 2, 4}, 24), leaf({4, 3}, 25)}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) { return matmul(transpose(x[0], 1, 2), transpose(x[1], 0, 1)); },
+      {leaf({2, 5, 3, 4}, 26), leaf({3, 4}, 27)}));
   // 1-D operands.
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return matmul(x[0], x[1]); },
                                {leaf({4}, 18), leaf({4, 3}, 19)}));

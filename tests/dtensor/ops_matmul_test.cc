@@ -176,6 +176,14 @@ TEST(OpsMatmulTest, BatchedAndBroadcastBatch) {
                     mm,
                     Placements{Shard(0)},
                     kReduceGrad});
+    // A batch that divides by the mesh: the weight's gradient is one GEMM over the flattened
+    // rows of the local shard (MatmulBackward's fold), still no activation moves.
+    check_op(mesh, {"broadcast batch S(0), divisible, @ R",
+                    {{integer_tensor({6, 2, 5}, 5), {Shard(0)}}, {w, {Replicate()}}},
+                    mm,
+                    Placements{Shard(0)},
+                    kReduceGrad});
+    // Sharded on a dim the fold would merge: the fold is skipped rather than gathering `a`.
     check_op(mesh, {"broadcast batch S(1) @ R",
                     {{a, {Shard(1)}}, {w, {Replicate()}}},
                     mm,
