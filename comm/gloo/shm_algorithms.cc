@@ -28,8 +28,8 @@ void shm_all_reduce(ShmChannel& channel, const OpEnv& env, const Tensor& tensor,
   const size_t esize = element_size(tensor.dtype());
   const int64_t count = tensor.numel();
   const int64_t per_round = static_cast<int64_t>(channel.slot_bytes() / esize);
-  const ShmStamp mine = stamp(env, nbytes(tensor),
-                              static_cast<uint32_t>(tensor.dtype()) << 8 | static_cast<uint32_t>(op));
+  const ShmStamp mine = stamp(
+      env, nbytes(tensor), static_cast<uint32_t>(tensor.dtype()) << 8 | static_cast<uint32_t>(op));
   char* data = bytes(tensor);
   std::vector<const void*> pieces(world);
   for (int64_t start = 0; start < count; start += per_round) {
@@ -81,8 +81,8 @@ void shm_all_gather(ShmChannel& channel, const OpEnv& env, const std::vector<Ten
                 static_cast<size_t>(in_round(my_bytes, start, per_round)));
     channel.arrive_and_wait(mine, env.deadline);
     for (int r = 0; r < world; ++r) {
-      const auto n = static_cast<size_t>(
-          in_round(static_cast<int64_t>(nbytes(outputs[r])), start, per_round));
+      const auto n =
+          static_cast<size_t>(in_round(static_cast<int64_t>(nbytes(outputs[r])), start, per_round));
       copy_bytes(bytes(outputs[r]) + start, r == me ? bytes(input) + start : channel.slot(r), n);
     }
     channel.next_round();
@@ -102,8 +102,8 @@ void shm_reduce_scatter(ShmChannel& channel, const OpEnv& env, const Tensor& out
   }
   // A round carries the same element range of every rank's piece: piece j at j * per_round.
   const int64_t per_round = static_cast<int64_t>(channel.slot_bytes() / (esize * world));
-  const ShmStamp mine = stamp(
-      env, total, static_cast<uint32_t>(output.dtype()) << 8 | static_cast<uint32_t>(op));
+  const ShmStamp mine =
+      stamp(env, total, static_cast<uint32_t>(output.dtype()) << 8 | static_cast<uint32_t>(op));
   std::vector<const void*> pieces(world);
   for (int64_t start = 0; start < largest; start += per_round) {
     for (int j = 0; j < world; ++j) {

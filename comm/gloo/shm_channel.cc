@@ -83,7 +83,8 @@ struct alignas(64) ShmChannel::Header {
   std::atomic<int32_t> closed_by;    // 0: open; r + 1: rank r closed it
 };
 
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free to work across processes");
 
 namespace {
@@ -98,8 +99,7 @@ size_t ShmChannel::segment_bytes(int world, size_t slot_bytes) {
   return slots_offset(world) + 2 * static_cast<size_t>(world) * slot_bytes;
 }
 
-ShmChannel::ShmChannel(const std::string& name, int rank, int world, size_t slot_bytes,
-                       bool create)
+ShmChannel::ShmChannel(const std::string& name, int rank, int world, size_t slot_bytes, bool create)
     : name_(name),
       rank_(rank),
       world_(world),
@@ -142,7 +142,8 @@ ShmChannel::RankCell& ShmChannel::cell(int r) const {
 }
 
 char* ShmChannel::slot(int r) const {
-  return data_ + ((round_ % 2) * static_cast<size_t>(world_) + static_cast<size_t>(r)) * slot_bytes_;
+  return data_ +
+         ((round_ % 2) * static_cast<size_t>(world_) + static_cast<size_t>(r)) * slot_bytes_;
 }
 
 void ShmChannel::wake_all() {
@@ -189,7 +190,8 @@ void ShmChannel::arrive_and_wait(const ShmStamp& stamp, Clock::time_point deadli
     }
     if (now >= next_liveness) {
       for (int r = 0; r < world_; ++r) {
-        if (cell(r).arrived.load() < barrier && process_exited(cell(r).pid)) fail_waiting(r, deadline);
+        if (cell(r).arrived.load() < barrier && process_exited(cell(r).pid))
+          fail_waiting(r, deadline);
       }
       next_liveness = now + kLivenessEvery;
     }
@@ -209,8 +211,9 @@ void ShmChannel::arrive_and_wait(const ShmStamp& stamp, Clock::time_point deadli
 void ShmChannel::fail_waiting(int missing, Clock::time_point deadline) {
   if (closed_here_.load()) {
     std::lock_guard<std::mutex> lock(close_mutex_);
-    throw TransferError(TransferFailure::kAborted, missing,
-                        fmt::format("this rank closed the group's connections ({})", close_reason_));
+    throw TransferError(
+        TransferFailure::kAborted, missing,
+        fmt::format("this rank closed the group's connections ({})", close_reason_));
   }
   if (const int closer = header_->closed_by.load() - 1; closer >= 0) {
     throw TransferError(

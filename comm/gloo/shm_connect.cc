@@ -80,7 +80,8 @@ std::string host_identity() {
 // At least 8 bytes per rank, so a reduce_scatter round carries an element of every piece.
 size_t choose_slot_bytes(size_t asked, int world) {
   if (asked == 0) {
-    if (const char* env = std::getenv("LOOM_GLOO_SHM_SLOT")) asked = std::strtoull(env, nullptr, 10);
+    if (const char* env = std::getenv("LOOM_GLOO_SHM_SLOT"))
+      asked = std::strtoull(env, nullptr, 10);
   }
   if (asked == 0) asked = size_t{1} << 20;
   return std::max(asked, size_t{8} * static_cast<size_t>(world)) / 8 * 8;
@@ -96,9 +97,10 @@ std::unique_ptr<ShmChannel> connect_shared_memory(Store& store, int rank, int si
                                                  : options.host_identity);
   wait_for_ranks(store, "gloo/shm/host/", size, timeout, what, "say which host they run on");
   std::vector<std::string> hosts;
-  for (int r = 0; r < size; ++r) hosts.push_back(store.get_string(fmt::format("gloo/shm/host/{}", r)));
+  for (int r = 0; r < size; ++r)
+    hosts.push_back(store.get_string(fmt::format("gloo/shm/host/{}", r)));
   for (int r = 0; r < size; ++r) {
-    if (hosts[r] == kOff) return nullptr;  // some rank turned it off
+    if (hosts[r] == kOff) return nullptr;      // some rank turned it off
     if (hosts[r] != hosts[0]) return nullptr;  // not all on one host: TCP
   }
 

@@ -31,8 +31,8 @@ void run_groups(int world, const std::function<GlooOptions(int)>& options_of,
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto group = ProcessGroupGloo::create(store, r, world, {.name = "t", .timeout = 10s},
-                                              options_of(r));
+        auto group =
+            ProcessGroupGloo::create(store, r, world, {.name = "t", .timeout = 10s}, options_of(r));
         body(r, *group);
       } catch (const std::exception& e) {
         errors[r] = e.what();

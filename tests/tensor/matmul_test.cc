@@ -149,6 +149,11 @@ TEST(MatmulTest, BroadcastBatch) {
             (Shape{2, 3, 5}));
   EXPECT_EQ(check_matmul(random_tensor({2, 3, 4}, 13), random_tensor({4, 5}, 14)).shape(),
             (Shape{2, 3, 5}));
+  // A 2-D operand shared by the batch: rows stacked evenly (one GEMM over batch x rows), rows
+  // with padding between them (a narrowed view) and a transposed shared operand.
+  check_matmul(random_tensor({2, 3, 5, 4}, 30), random_tensor({4, 6}, 31));
+  check_matmul(narrow(random_tensor({3, 5, 6}, 32), 2, 1, 4), random_tensor({4, 2}, 33));
+  check_matmul(random_tensor({3, 70, 9}, 34), transpose(random_tensor({11, 9}, 35), 0, 1));
   // Size-1 batch dims on both sides.
   EXPECT_EQ(check_matmul(random_tensor({1, 3, 2, 4}, 15), random_tensor({2, 1, 4, 3}, 16)).shape(),
             (Shape{2, 3, 2, 3}));
