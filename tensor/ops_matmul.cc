@@ -2,6 +2,7 @@
 
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
+#include "tensor/cpu/gemm_bf16.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/dispatch.h"
@@ -33,6 +34,9 @@ GemmOperand as_gemm_operand(const Tensor& t) {
   Tensor copy = contiguous(t);
   return {copy, false, std::max<int64_t>(cols, 1)};
 }
+
+// A bf16 tensor's data as the raw bits the bf16 GEMM takes.
+const uint16_t* bf16_bits(const Tensor& t) { return static_cast<const uint16_t*>(t.raw_data()); }
 
 // Batch dims of `t` as (count, stride) when they collapse to one evenly strided run.
 bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
@@ -120,8 +124,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Shape a_full = batch, b_full = batch;
   a_full.insert(a_full.end(), {m, k});
   b_full.insert(b_full.end(), {k, n});
-  // The CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
-  const DType gemm_dtype = device.is_cuda() ? a.dtype() : kFloat32;
+  // cuBLASLt takes bf16/f16 as they are; on CPU bf16 runs natively where the CPU has bf16 dot
+  // products (gemm_bf16.h), everything else in f32.
+  const bool native_bf16 = device.is_cpu() && a.dtype() == kBFloat16 && cpu::bf16_gemm_native();
+  const DType gemm_dtype = device.is_cuda() || native_bf16 ? a.dtype() : kFloat32;
   if (a.dtype() != gemm_dtype) {
     a = to(a, kFloat32);
     b = to(b, kFloat32);
@@ -135,12 +141,29 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
   GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
   int64_t stride_a = 0, stride_b = 0;
-  if (device.is_cpu() && batch_count > 1 && shape_numel(b_batch) == 1 && !ga.transposed &&
-      uniform_batch_stride(ga.tensor, &stride_a) && stride_a == m * ga.leading) {
-    // One matrix for every batch entry and A's rows evenly spaced across the batch (linear's
-    // dX = dY @ W over (B, T, N)): one GEMM of batch * m rows. Rows of a product do not depend
-    // on each other, and one large GEMM runs much faster than `batch` small ones (16 x 64 rows
-    // of GPT-2's MLP projection: 79 instead of 100 ms).
+  // One matrix for every batch entry and A's rows evenly spaced across the batch (linear's
+  // dX = dY @ W over (B, T, N)): one GEMM of batch * m rows. Rows of a product do not depend
+  // on each other, and one large GEMM runs much faster than `batch` small ones (16 x 64 rows
+  // of GPT-2's MLP projection: 79 instead of 100 ms).
+  const bool rows_stack = device.is_cpu() && batch_count > 1 && shape_numel(b_batch) == 1 &&
+                          !ga.transposed && uniform_batch_stride(ga.tensor, &stride_a) &&
+                          stride_a == m * ga.leading;
+  if (native_bf16 && batch_count > 0) {
+    const int64_t ldc = std::max<int64_t>(n, 1);
+    if (batch_count == 1 || rows_stack) {
+      cpu::gemm_bf16(ga.transposed, gb.transposed, batch_count * m, n, k, bf16_bits(ga.tensor),
+                     ga.leading, bf16_bits(gb.tensor), gb.leading, out.raw_data(),
+                     /*c_bf16=*/true, ldc);
+    } else {
+      std::vector<int64_t> c_offsets(static_cast<size_t>(batch_count));
+      for (int64_t i = 0; i < batch_count; ++i) c_offsets[i] = i * m * n;
+      cpu::gemm_bf16_batched_at(batch_count, ga.transposed, gb.transposed, m, n, k,
+                                bf16_bits(ga.tensor), ga.leading,
+                                batch_offsets(ga.tensor, batch_count), bf16_bits(gb.tensor),
+                                gb.leading, batch_offsets(gb.tensor, batch_count), out.raw_data(),
+                                /*c_bf16=*/true, ldc, c_offsets);
+    }
+  } else if (rows_stack) {
     cpu::sgemm(false, gb.transposed, batch_count * m, n, k, 1.0f,
                static_cast<const float*>(ga.tensor.raw_data()), ga.leading,
                static_cast<const float*>(gb.tensor.raw_data()), gb.leading, 0.0f,
@@ -197,6 +220,20 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                  input.dtype() == bias.dtype(),
              "linear: expected floating input, weight and bias of one dtype, got {}, {} and {}",
              dtype_name(input.dtype()), dtype_name(weight.dtype()), dtype_name(bias.dtype()));
+  Shape out_shape = input.shape();
+  out_shape.back() = n;
+  const int64_t m = shape_numel(input.shape()) / std::max<int64_t>(k, 1);
+  if (device.is_cpu() && input.dtype() == kBFloat16 && cpu::bf16_gemm_native()) {
+    // bf16 in, bias added to the f32 accumulator, one rounding to bf16 (gemm_bf16.h).
+    const GemmOperand x = as_gemm_operand(reshape(input, {m, k}));
+    const GemmOperand w = as_gemm_operand(weight_t);
+    const Tensor b = contiguous(bias);
+    Tensor out = Tensor::empty({m, n}, kBFloat16, device);
+    cpu::gemm_bf16(x.transposed, w.transposed, m, n, k, bf16_bits(x.tensor), x.leading,
+                   bf16_bits(w.tensor), w.leading, out.raw_data(), /*c_bf16=*/true,
+                   std::max<int64_t>(n, 1), bf16_bits(b));
+    return reshape(out, out_shape);
+  }
   const bool misaligned_bias =
       device.is_cuda() && reinterpret_cast<uintptr_t>(bias.raw_data()) % cuda::kBiasAlignment != 0;
   // cuBLASLt's heuristic rejects bias-epilogue problems with one row or column in the weight
@@ -205,10 +242,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     return add(matmul(input, weight_t), bias);
   }
 
-  Shape out_shape = input.shape();
-  out_shape.back() = n;
-  const int64_t m = shape_numel(input.shape()) / std::max<int64_t>(k, 1);
-  // The CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
+  // Without native bf16 the CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
   const DType gemm_dtype = device.is_cuda() ? input.dtype() : kFloat32;
   const GemmOperand x = as_gemm_operand(reshape(to(input, gemm_dtype), {m, k}));
   const GemmOperand w = as_gemm_operand(to(weight_t, gemm_dtype));
