@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
@@ -83,6 +84,17 @@ cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims, bool i
   return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
 }
 
+// body(row) for every score row, split over the kernel threads. Each row is computed by one
+// thread start to end, so no value depends on the thread count.
+template <typename Body>
+void for_each_row(const AttentionDims& dims, const Body& body) {
+  const int64_t rows = dims.rows * dims.tq;
+  cpu::parallel_for(rows, std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(dims.tk, 1)),
+                    1, [&](int64_t begin, int64_t end) {
+                      for (int64_t row = begin; row < end; ++row) body(row);
+                    });
+}
+
 // Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
@@ -121,7 +133,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, s, is_causal,
                                    /*from_lse=*/false, device.index);
   } else
-    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    for_each_row(dims, [&](int64_t row) {
       float* pr = p + row * dims.tk;
       const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
       float m = -std::numeric_limits<float>::infinity();
@@ -136,7 +148,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
       for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
       pl[row] = visible > 0 ? m + static_cast<float>(std::log(sum))
                             : -std::numeric_limits<float>::infinity();
-    }
+    });
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -194,21 +206,21 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, s,
                                    is_causal, /*from_lse=*/true, device.index);
   } else
-    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    for_each_row(dims, [&](int64_t row) {
       float* pr = p + row * dims.tk;
       const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
                                   ? 0
                                   : visible_keys(dims, row % dims.tq, is_causal);
       for (int64_t j = 0; j < visible; ++j) pr[j] = std::exp(pr[j] * s - pl[row]);
       for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
-    }
+    });
   Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
   if (device.is_cuda()) {
     cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, s, device.index);
   } else
-    for (int64_t row = 0; row < dims.rows * dims.tq; ++row) {
+    for_each_row(dims, [&](int64_t row) {
       const float* pr = p + row * dims.tk;
       float* dr = pd + row * dims.tk;
       double dot = 0.0;
@@ -216,7 +228,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
       const float d = static_cast<float>(dot);
       // dS = P * (dP - rowsum(P * dP)), times scale for the scores' own scaling.
       for (int64_t j = 0; j < dims.tk; ++j) dr[j] = pr[j] * (dr[j] - d) * s;
-    }
+    });
   Tensor dq = matmul(dscores, kf);  // (..., tq, d)
   Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
   return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};

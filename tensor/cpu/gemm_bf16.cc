@@ -1,14 +1,13 @@
 #include "tensor/cpu/gemm_bf16.h"
 
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 #include <map>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
@@ -20,8 +19,8 @@ namespace {
 using Tag = dnnl::memory::data_type;
 
 // Everything a primitive depends on.
-using ProblemKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                              bool, bool>;
+using ProblemKey =
+    std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct Problem {
   dnnl::memory::desc a, b, c, bias;
@@ -53,8 +52,8 @@ const Problem& problem(bool transpose_a, bool transpose_b, int64_t m, int64_t n,
   p.c = matrix(m, n, ldc, false, c_bf16 ? Tag::bf16 : Tag::f32);
   if (with_bias) p.bias = dnnl::memory::desc({1, n}, Tag::bf16, {n, 1});
   try {
-    const dnnl::matmul::desc desc = with_bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c)
-                                              : dnnl::matmul::desc(p.a, p.b, p.c);
+    const dnnl::matmul::desc desc =
+        with_bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
     p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, cpu_engine()));
   } catch (const dnnl::error& e) {
     LOOM_FAIL(
@@ -87,7 +86,8 @@ void run(const Problem& p, dnnl::stream& stream, const uint16_t* a, const uint16
   dnnl::memory cm(p.c, engine, c);
   std::unordered_map<int, dnnl::memory> args{
       {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, engine, const_cast<uint16_t*>(bias)));
+  if (bias != nullptr)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, engine, const_cast<uint16_t*>(bias)));
   p.primitive.execute(stream, args);
 }
 
@@ -143,7 +143,8 @@ void batch_with_bias(int64_t batch, bool transpose_a, bool transpose_b, int64_t 
     return;
   }
   kernel_threads();  // applies set_gemm_threads on this thread (oneDNN runs OpenMP)
-  const Problem& p = problem(transpose_a, transpose_b, m, n, k, lda, ldb, ldc, c_bf16, bias != nullptr);
+  const Problem& p =
+      problem(transpose_a, transpose_b, m, n, k, lda, ldb, ldc, c_bf16, bias != nullptr);
   thread_local dnnl::stream stream(cpu_engine());
   try {
     for (int64_t i = 0; i < batch; ++i) {
@@ -158,8 +159,8 @@ void batch_with_bias(int64_t batch, bool transpose_a, bool transpose_b, int64_t 
 }  // namespace
 
 void gemm_bf16(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
-               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, void* c,
-               bool c_bf16, int64_t ldc, const uint16_t* bias) {
+               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, void* c, bool c_bf16,
+               int64_t ldc, const uint16_t* bias) {
   const int64_t zero = 0;
   batch_with_bias(1, transpose_a, transpose_b, m, n, k, a, lda, {&zero, 1}, b, ldb, {&zero, 1}, c,
                   c_bf16, ldc, {&zero, 1}, bias);
@@ -170,8 +171,8 @@ void gemm_bf16_batched_at(int64_t batch, bool transpose_a, bool transpose_b, int
                           std::span<const int64_t> a_offsets, const uint16_t* b, int64_t ldb,
                           std::span<const int64_t> b_offsets, void* c, bool c_bf16, int64_t ldc,
                           std::span<const int64_t> c_offsets) {
-  batch_with_bias(batch, transpose_a, transpose_b, m, n, k, a, lda, a_offsets, b, ldb, b_offsets,
-                  c, c_bf16, ldc, c_offsets, nullptr);
+  batch_with_bias(batch, transpose_a, transpose_b, m, n, k, a, lda, a_offsets, b, ldb, b_offsets, c,
+                  c_bf16, ldc, c_offsets, nullptr);
 }
 
 }  // namespace loom::cpu

@@ -21,8 +21,8 @@ bool bf16_gemm_native();
 // (raw uint16 bits); C is bf16 when c_bf16, else f32. Throws loom::Error on bad arguments or
 // when oneDNN refuses the problem.
 void gemm_bf16(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
-               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, void* c,
-               bool c_bf16, int64_t ldc, const uint16_t* bias = nullptr);
+               const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, void* c, bool c_bf16,
+               int64_t ldc, const uint16_t* bias = nullptr);
 
 // `batch` products at element offsets (as sgemm_batched_at), each with gemm_bf16's contract.
 void gemm_bf16_batched_at(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,

@@ -8,8 +8,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cfloat>
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <vector>
 
@@ -21,8 +21,8 @@ namespace {
 
 using testing::random_floats;
 
-#define SKIP_WITHOUT_NATIVE_BF16()                                                         \
-  if (!bf16_gemm_native())                                                                 \
+#define SKIP_WITHOUT_NATIVE_BF16()                                                            \
+  if (!bf16_gemm_native())                                                                    \
   GTEST_SKIP() << "this CPU has no AVX512_BF16 (or LOOM_BF16_GEMM=0): bf16 GEMMs run in f32 " \
                   "through sgemm, tested by gemm_test"
 
@@ -39,13 +39,13 @@ std::vector<uint16_t> bf16_values(size_t count, uint32_t seed) {
 }
 
 void check(const Case& c) {
-  SCOPED_TRACE(::testing::Message() << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m
-                                    << " n=" << c.n << " k=" << c.k << " pad=" << c.pad
-                                    << " c_bf16=" << c.c_bf16 << " bias=" << c.bias);
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m << " n=" << c.n << " k=" << c.k
+               << " pad=" << c.pad << " c_bf16=" << c.c_bf16 << " bias=" << c.bias);
   const int64_t a_rows = c.ta ? c.k : c.m, a_cols = c.ta ? c.m : c.k;
   const int64_t b_rows = c.tb ? c.n : c.k, b_cols = c.tb ? c.k : c.n;
-  const int64_t lda = std::max<int64_t>(a_cols, 1) + c.pad, ldb = std::max<int64_t>(b_cols, 1) + c.pad,
-                ldc = std::max<int64_t>(c.n, 1) + c.pad;
+  const int64_t lda = std::max<int64_t>(a_cols, 1) + c.pad,
+                ldb = std::max<int64_t>(b_cols, 1) + c.pad, ldc = std::max<int64_t>(c.n, 1) + c.pad;
   const auto a = bf16_values(static_cast<size_t>(a_rows * lda), 1);
   const auto b = bf16_values(static_cast<size_t>(b_rows * ldb), 2);
   const auto bias = bf16_values(static_cast<size_t>(c.n), 3);
@@ -114,16 +114,17 @@ TEST(GemmBf16Test, BatchedAtOffsetsEqualsOneByOne) {
   gemm_bf16_batched_at(batch, false, false, m, n, k, a.data(), k, a_off, b.data(), n, b_off,
                        batched.data(), true, n, c_off);
   for (int64_t i = 0; i < batch; ++i) {
-    gemm_bf16(false, false, m, n, k, a.data() + a_off[i], k, b.data(), n,
-              single.data() + c_off[i], true, n);
+    gemm_bf16(false, false, m, n, k, a.data() + a_off[i], k, b.data(), n, single.data() + c_off[i],
+              true, n);
   }
   EXPECT_EQ(batched, single);
 }
 
 TEST(GemmBf16Test, BadArgumentsAreNamed) {
   std::vector<uint16_t> x(64);
-  EXPECT_THAT([&] { gemm_bf16(false, false, 4, 4, 4, x.data(), 2, x.data(), 4, x.data(), true, 4); },
-              ::testing::ThrowsMessage<std::exception>(::testing::HasSubstr("lda=2 is too small")));
+  EXPECT_THAT(
+      [&] { gemm_bf16(false, false, 4, 4, 4, x.data(), 2, x.data(), 4, x.data(), true, 4); },
+      ::testing::ThrowsMessage<std::exception>(::testing::HasSubstr("lda=2 is too small")));
   EXPECT_THAT(
       [&] { gemm_bf16(false, false, -1, 4, 4, x.data(), 4, x.data(), 4, x.data(), true, 4); },
       ::testing::ThrowsMessage<std::exception>(::testing::HasSubstr("sizes must be >= 0")));
