@@ -16,11 +16,11 @@ using namespace loom;
 
 constexpr int64_t kTokens = 1024;
 
-void run(benchmark::State& state, bool fused) {
+void run(benchmark::State& state, bool fused, DType dtype = kFloat32) {
   const int64_t in = state.range(0), out = state.range(1);
-  const Tensor x = ops::uniform({kTokens, in}, 1, -1.0, 1.0);
-  const Tensor w = ops::uniform({out, in}, 2, -0.05, 0.05);
-  const Tensor b = ops::uniform({out}, 3, -0.05, 0.05);
+  const Tensor x = ops::to(ops::uniform({kTokens, in}, 1, -1.0, 1.0), dtype);
+  const Tensor w = ops::to(ops::uniform({out, in}, 2, -0.05, 0.05), dtype);
+  const Tensor b = ops::to(ops::uniform({out}, 3, -0.05, 0.05), dtype);
   for (auto _ : state) {
     benchmark::DoNotOptimize(fused ? ops::linear(x, w, b)
                                    : ops::add(ops::matmul(x, ops::transpose(w, 0, 1)), b));
@@ -32,6 +32,9 @@ void run(benchmark::State& state, bool fused) {
 
 void BM_LinearFusedBias(benchmark::State& state) { run(state, true); }
 void BM_MatmulThenAdd(benchmark::State& state) { run(state, false); }
+// Mixed precision's Linear: bf16 operands and result. Native bf16 GEMMs where the CPU has
+// AVX512_BF16 (tensor/cpu/gemm_bf16.h); elsewhere (or with LOOM_BF16_GEMM=0) converted to f32.
+void BM_LinearBf16(benchmark::State& state) { run(state, true, kBFloat16); }
 
 #define GPT2_SMALL_SHAPES \
   ->Args({768, 2304})     \
@@ -41,6 +44,7 @@ void BM_MatmulThenAdd(benchmark::State& state) { run(state, false); }
       ->Unit(benchmark::kMillisecond)
 BENCHMARK(BM_LinearFusedBias) GPT2_SMALL_SHAPES;
 BENCHMARK(BM_MatmulThenAdd) GPT2_SMALL_SHAPES;
+BENCHMARK(BM_LinearBf16) GPT2_SMALL_SHAPES;
 
 // The backward's products on the same shapes, by how the second operand lies: dX = dY @ W takes
 // W (out, in) as stored (N,N); the forward takes W^T as a transposed view (N,T); dW = dY^T @ X

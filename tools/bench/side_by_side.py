@@ -11,7 +11,9 @@ Rows (issue 18's table):
   gemm KxN          Linear with bias, one thread, (1024, K) @ (N, K)^T, GPT-2 small's shapes
                     (Loom: linear_bench BM_LinearFusedBias)
   MODEL dpDxtpT     a training step's median time after the first step, batch 16 x 64 tokens
-                    (Loom: train_gpt's metrics, ms_per_step; threads: cores / ranks on both sides)
+                    (Loom: train_gpt's metrics, ms_per_step; threads: cores / ranks on both sides);
+                    "bf16": bf16 compute over f32 master weights (Loom --mixed-precision bf16,
+                    PyTorch torch.autocast("cpu", torch.bfloat16))
   all_reduce SIZE   2 ranks, f32 sum; Loom's ranks are threads of one process (comm_bench), each
                     with its own Gloo group, once over loopback TCP (like for like with PyTorch's
                     Gloo) and once over shared memory (what a same-host Loom job uses);
@@ -30,7 +32,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 WORKLOADS = os.path.join(HERE, "pytorch", "workloads.py")
 
 GEMM_SHAPES = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
-TRAIN_ROWS = [("tiny", 1, 1), ("small", 1, 1), ("tiny", 2, 2), ("small", 2, 2)]
+# (model, dp, tp, precision): f32, or bf16 compute over f32 master weights (Loom's
+# --mixed-precision bf16, PyTorch's CPU autocast).
+TRAIN_ROWS = [("tiny", 1, 1, "f32"), ("small", 1, 1, "f32"), ("tiny", 2, 2, "f32"),
+              ("small", 2, 2, "f32"), ("small", 1, 1, "bf16")]
 ALLREDUCE_SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20]
 GOALS = {"dispatch": 0.05, "small dp1xtp1": 0.8, "small dp2xtp2": 0.7, "all_reduce": 1.0}
 
@@ -76,32 +81,33 @@ class Row:
 def train_rows(args):
     rows = []
     cores = os.cpu_count()
-    for model, dp, tp in TRAIN_ROWS:
+    for model, dp, tp, precision in TRAIN_ROWS:
         ranks = dp * tp
         threads = max(1, cores // ranks)
         steps = args.steps
 
-        def loom(model=model, dp=dp, tp=tp):
+        def loom(model=model, dp=dp, tp=tp, precision=precision):
             with tempfile.TemporaryDirectory() as out:
                 metrics = os.path.join(out, "metrics.jsonl")
                 run([os.path.join(args.bin, "examples/train_gpt"),
                      "--launcher", os.path.join(args.bin, "tools/loomrun/loomrun"),
                      "--model", model, "--dp", str(dp), "--tp", str(tp), "--steps", str(steps),
                      "--sample-tokens", "0", "--no-progress", "--log-every", "1000",
-                     "--metrics-out", metrics, "--plot-out", os.path.join(out, "loss.png")])
+                     "--metrics-out", metrics, "--plot-out", os.path.join(out, "loss.png")]
+                    + (["--mixed-precision", "bf16"] if precision == "bf16" else []))
                 with open(metrics) as f:
                     times = [json.loads(l)["ms_per_step"] / 1e3 for l in f if l.strip()]
                 return statistics.median(times[1:])
 
-        def torch(model=model, dp=dp, tp=tp, threads=threads):
+        def torch(model=model, dp=dp, tp=tp, threads=threads, precision=precision):
             return torch_result(
                 args,
                 ["train", "--model", model, "--dp", str(dp), "--tp", str(tp),
-                 "--steps", str(steps), "--threads", str(threads)],
+                 "--steps", str(steps), "--threads", str(threads), "--precision", precision],
                 nproc=dp * tp, threads=threads,
             )["seconds"]
 
-        name = f"{model} dp{dp}xtp{tp}"
+        name = f"{model} dp{dp}xtp{tp}" + (" bf16" if precision == "bf16" else "")
         rows.append(Row(f"`{name}` training step ({ranks} rank{'s' if ranks > 1 else ''}, "
                         f"{threads} thread{'s' if threads > 1 else ''} each)",
                         loom, torch, GOALS.get(name)))

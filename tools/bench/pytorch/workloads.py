@@ -169,7 +169,8 @@ def train(args):
     for step in range(args.steps):
         idx = torch.randint(0, 256, (micro, args.seq_len + 1), generator=generator)
         start = time.perf_counter()
-        loss = model(idx[:, :-1], idx[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = model(idx[:, :-1], idx[:, 1:])
         loss.backward()
         if dp_group is not None:  # DDP's all-reduce, as one bucket
             grads = [local(p.grad) for p in params]
@@ -271,6 +272,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--precision", choices=["f32", "bf16"], default="f32",
+                   help="bf16: CPU autocast (bf16 matmuls over f32 weights)")
     p = sub.add_parser("gemm")
     for name, default in (("m", 1024), ("k", 768), ("n", 768)):
         p.add_argument(f"--{name}", type=int, default=default)
