@@ -9,6 +9,7 @@
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_elementwise.h"
+#include "tensor/ops_nn_internal.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
@@ -57,20 +58,6 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
   return true;
 }
 
-// Element offset of each matrix of `t` from its first (all but the last two dims are batch
-// dims), in row-major batch order; broadcast dims have stride 0. The strided loop's walk over
-// the batch dims.
-std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
-  const Shape batch(t.shape().begin(), t.shape().end() - 2);
-  const Strides strides(t.strides().begin(), t.strides().end() - 2);
-  std::vector<int64_t> offsets;
-  offsets.reserve(static_cast<size_t>(count));
-  cpu::for_each_run<1>(batch, {strides}, [&](const auto& off, int64_t run, const auto& step) {
-    for (int64_t j = 0; j < run; ++j) offsets.push_back(off[0] + j * step[0]);
-  });
-  return offsets;
-}
-
 // One batched GEMM on the operands' device: cuBLASLt in their dtype (f32 accumulation) on CUDA,
 // oneDNN in f32 on CPU (the caller converted the operands).
 void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
@@ -101,6 +88,21 @@ void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, 
 }
 
 }  // namespace
+
+namespace nn_internal {
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
+  const Shape batch(t.shape().begin(), t.shape().end() - 2);
+  const Strides strides(t.strides().begin(), t.strides().end() - 2);
+  std::vector<int64_t> offsets;
+  offsets.reserve(static_cast<size_t>(count));
+  cpu::for_each_run<1>(batch, {strides}, [&](const auto& off, int64_t run, const auto& step) {
+    for (int64_t j = 0; j < run; ++j) offsets.push_back(off[0] + j * step[0]);
+  });
+  return offsets;
+}
+}  // namespace nn_internal
+
+using nn_internal::batch_offsets;
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (auto out = dispatch_op(OpId::matmul, {a_in, b_in})) return (*out)[0];

@@ -1,15 +1,15 @@
 // Scaled dot-product attention and its backward (tensor/ops_nn.h). On CUDA, head dims up to
 // cuda::kernels::kFlashMaxHeadDim run the fused FlashAttention-2 style kernels
-// (kernels/flash_attention.cu: no (Tq, Tk) matrix in memory). Otherwise (the CPU, and CUDA with
-// larger head dims) the four products per direction go through ops::matmul (transposes passed as
-// flags) and only the row-wise softmax and its backward are loops (or attention.cu's kernels).
+// (kernels/flash_attention.cu: no (Tq, Tk) matrix in memory). On the CPU the fused kernels of
+// tensor/cpu/attention_kernels.h do the same one query row at a time. CUDA with larger head dims
+// runs the four products per direction through ops::matmul (transposes passed as flags) and
+// attention.cu's row-wise softmax kernels.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <string_view>
 
 #include "base/error.h"
-#include "tensor/cpu/parallel.h"
+#include "tensor/cpu/attention_kernels.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
@@ -69,11 +69,6 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   return dims;
 }
 
-// Keys query i may see: all, or j <= i when causal (top-left aligned, as PyTorch's is_causal).
-int64_t visible_keys(const AttentionDims& dims, int64_t i, bool is_causal) {
-  return is_causal ? std::min(dims.tk, i + 1) : dims.tk;
-}
-
 // The fused CUDA kernels take these sizes (head dims up to kFlashMaxHeadDim).
 bool use_flash(const AttentionDims& dims, const Device& device) {
   return device.is_cuda() && dims.d <= cuda::kernels::kFlashMaxHeadDim &&
@@ -84,15 +79,24 @@ cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims, bool i
   return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
 }
 
-// body(row) for every score row, split over the kernel threads. Each row is computed by one
-// thread start to end, so no value depends on the thread count.
-template <typename Body>
-void for_each_row(const AttentionDims& dims, const Body& body) {
-  const int64_t rows = dims.rows * dims.tq;
-  cpu::parallel_for(rows, std::max<int64_t>(1, cpu::kParallelGrain / std::max<int64_t>(dims.tk, 1)),
-                    1, [&](int64_t begin, int64_t end) {
-                      for (int64_t row = begin; row < end; ++row) body(row);
-                    });
+// An operand as the CPU kernels take it: f32 with a contiguous last dim (a copy otherwise),
+// its matrices' offsets and row stride. `f32` keeps the tensor alive.
+struct CpuOperand {
+  Tensor f32;
+  std::vector<int64_t> offsets;
+  cpu::RowMatrices rows() const { return {f32.data<float>(), offsets, f32.stride(-2)}; }
+};
+
+CpuOperand cpu_operand(const Tensor& t, int64_t entries) {
+  Tensor f = to(t, kFloat32);
+  if (f.stride(-1) != 1 && f.size(-1) > 1) f = contiguous(f);
+  std::vector<int64_t> offsets =
+      f.dim() > 2 ? nn_internal::batch_offsets(f, entries) : std::vector<int64_t>{0};
+  return {f, std::move(offsets)};
+}
+
+cpu::AttentionShape cpu_shape(const AttentionDims& dims, bool is_causal) {
+  return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
 }
 
 // Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
@@ -122,33 +126,26 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                                            flash_shape(dims, is_causal), device.index);
     return {out, lse};
   }
+  if (device.is_cpu()) {
+    Shape out_shape = dims.batch;
+    out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
+    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
+                     vo = cpu_operand(v, dims.rows);
+    Tensor out = Tensor::empty(out_shape, kFloat32);
+    Tensor lse = Tensor::empty(lse_shape, kFloat32);
+    cpu::attention_forward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(),
+                           out.data<float>(), lse.data<float>());
+    return {to(out, q.dtype()), lse};
+  }
+  // CUDA with head dims above the fused kernels' limit: the composed products.
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
   Tensor probs = mm_nt(qf, kf);
   Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
   float* p = probs.data<float>();
   float* pl = lse.data<float>();
-  const float s = dims.scale;
-  if (device.is_cuda()) {
-    cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, s, is_causal,
-                                   /*from_lse=*/false, device.index);
-  } else
-    for_each_row(dims, [&](int64_t row) {
-      float* pr = p + row * dims.tk;
-      const int64_t visible = visible_keys(dims, row % dims.tq, is_causal);
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < visible; ++j) m = std::max(m, pr[j] * s);
-      double sum = 0.0;
-      for (int64_t j = 0; j < visible; ++j) {
-        pr[j] = std::exp(pr[j] * s - m);
-        sum += pr[j];
-      }
-      const float inv = visible > 0 ? static_cast<float>(1.0 / sum) : 0.0f;
-      for (int64_t j = 0; j < visible; ++j) pr[j] *= inv;
-      for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
-      pl[row] = visible > 0 ? m + static_cast<float>(std::log(sum))
-                            : -std::numeric_limits<float>::infinity();
-    });
+  cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, dims.scale, is_causal,
+                                 /*from_lse=*/false, device.index);
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -194,6 +191,21 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                             flash_shape(dims, is_causal), device.index);
     return {dq, dk, dv};
   }
+  if (device.is_cpu()) {
+    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
+                     vo = cpu_operand(v, dims.rows), go = cpu_operand(grad_out, dims.rows);
+    const Tensor lse = nn_internal::as_f32(logsumexp);
+    Shape dq_shape = dims.batch, dk_shape = dims.batch, dv_shape = dims.batch;
+    dq_shape.insert(dq_shape.end(), {dims.tq, dims.d});
+    dk_shape.insert(dk_shape.end(), {dims.tk, dims.d});
+    dv_shape.insert(dv_shape.end(), {dims.tk, dims.dv});
+    Tensor dq = Tensor::empty(dq_shape, kFloat32), dk = Tensor::empty(dk_shape, kFloat32),
+           dv = Tensor::empty(dv_shape, kFloat32);
+    cpu::attention_backward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(), go.rows(),
+                            lse.data<float>(), dq.data<float>(), dk.data<float>(),
+                            dv.data<float>());
+    return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
+  }
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
   const Tensor gf = to(grad_out, kFloat32);
   const Tensor lse = nn_internal::as_f32(logsumexp);
@@ -201,34 +213,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   Tensor probs = mm_nt(qf, kf);
   float* p = probs.data<float>();
   const float* pl = lse.data<float>();
-  const float s = dims.scale;
-  if (device.is_cuda()) {
-    cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, s,
-                                   is_causal, /*from_lse=*/true, device.index);
-  } else
-    for_each_row(dims, [&](int64_t row) {
-      float* pr = p + row * dims.tk;
-      const int64_t visible = pl[row] == -std::numeric_limits<float>::infinity()
-                                  ? 0
-                                  : visible_keys(dims, row % dims.tq, is_causal);
-      for (int64_t j = 0; j < visible; ++j) pr[j] = std::exp(pr[j] * s - pl[row]);
-      for (int64_t j = visible; j < dims.tk; ++j) pr[j] = 0.0f;
-    });
+  cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, dims.scale,
+                                 is_causal, /*from_lse=*/true, device.index);
   Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
-  if (device.is_cuda()) {
-    cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, s, device.index);
-  } else
-    for_each_row(dims, [&](int64_t row) {
-      const float* pr = p + row * dims.tk;
-      float* dr = pd + row * dims.tk;
-      double dot = 0.0;
-      for (int64_t j = 0; j < dims.tk; ++j) dot += static_cast<double>(pr[j]) * dr[j];
-      const float d = static_cast<float>(dot);
-      // dS = P * (dP - rowsum(P * dP)), times scale for the scores' own scaling.
-      for (int64_t j = 0; j < dims.tk; ++j) dr[j] = pr[j] * (dr[j] - d) * s;
-    });
+  cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, dims.scale,
+                                       device.index);
   Tensor dq = matmul(dscores, kf);  // (..., tq, d)
   Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
   return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};

@@ -36,6 +36,11 @@ inline void check_index(const Tensor& t, std::string_view op, std::string_view n
 // bf16/f16 values convert exactly; results round once when converted back with `to`.
 inline Tensor as_f32(const Tensor& t) { return contiguous(to(t, kFloat32)); }
 
+// Element offset of each matrix of `t` (its last two dims) from its first, for `count` = the
+// product of the batch dims, in row-major batch order; broadcast dims have stride 0. Defined in
+// ops_matmul.cc (the batched GEMM's walk over any batch layout).
+std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count);
+
 // Index values of an i64/i32 tensor in row-major order, on the host (for CUDA tensors this copies
 // them over and waits: the range checks with their precise messages run on the CPU).
 inline std::vector<int64_t> index_values(const Tensor& t) {

@@ -1,0 +1,42 @@
+// Fused causal/full attention on CPU, f32 (tensor/ops_nn_attention.cc calls these for every CPU
+// scaled_dot_product_attention). One query row at a time: scores against the visible keys into a
+// row-long scratch, softmax, then the weighted sum of values; no (Tq, Tk) matrix is ever stored,
+// so memory grows with T, not T^2. The backward recomputes each row's probabilities from the
+// saved logsumexp, as FlashAttention does.
+//
+// Threads: the batch entries (batch x heads) are split over the kernel threads; each entry is
+// computed start to end by one thread, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace loom::cpu {
+
+struct AttentionShape {
+  int64_t entries = 0;  // batch entries (product of the batch dims)
+  int64_t tq = 0, tk = 0, d = 0, dv = 0;
+  float scale = 1.0f;
+  bool causal = false;  // query i sees keys j <= i (top-left aligned)
+};
+
+// Matrices of one operand: entry e's row r starts at base + offsets[e] + r * row_stride; the
+// last dim is contiguous.
+struct RowMatrices {
+  const float* base;
+  std::span<const int64_t> offsets;
+  int64_t row_stride;
+};
+
+// out: (entries, tq, dv) contiguous; lse: (entries, tq), -inf for a row that sees no key (its
+// output row is 0).
+void attention_forward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
+                       const RowMatrices& v, float* out, float* lse);
+
+// dq (entries, tq, d), dk (entries, tk, d), dv (entries, tk, dv): contiguous, overwritten.
+// dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double.
+void attention_backward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
+                        const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
+                        float* dq, float* dk, float* dv);
+
+}  // namespace loom::cpu
