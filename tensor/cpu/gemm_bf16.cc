@@ -8,6 +8,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
@@ -23,7 +24,7 @@ using ProblemKey =
     std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>;
 
 struct Problem {
-  dnnl::memory::desc a, b, c, bias;
+  dnnl::memory::desc a, b, c, bias, scratchpad;
   dnnl::matmul primitive;
 };
 
@@ -54,7 +55,15 @@ const Problem& problem(bool transpose_a, bool transpose_b, int64_t m, int64_t n,
   try {
     const dnnl::matmul::desc desc =
         with_bias ? dnnl::matmul::desc(p.a, p.b, p.bias, p.c) : dnnl::matmul::desc(p.a, p.b, p.c);
-    p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, cpu_engine()));
+    // The caller's scratchpad: with the library's (the default) a primitive's scratch space is
+    // shared by every thread that runs it, and ranks that are threads of one process (tests,
+    // comm_bench) then overwrite each other's partial sums (seen: wrong bf16 gradients in a
+    // multi-rank test, once in several runs).
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
+    p.scratchpad = pd.scratchpad_desc();
+    p.primitive = dnnl::matmul(pd);
   } catch (const dnnl::error& e) {
     LOOM_FAIL(
         "gemm_bf16: oneDNN cannot build a bf16 matmul for m={}, n={}, k={} (transpose_a={}, "
@@ -84,8 +93,12 @@ void run(const Problem& p, dnnl::stream& stream, const uint16_t* a, const uint16
   dnnl::memory am(p.a, engine, const_cast<uint16_t*>(a));
   dnnl::memory bm(p.b, engine, const_cast<uint16_t*>(b));
   dnnl::memory cm(p.c, engine, c);
+  // Per thread, grown to the largest asked for.
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < p.scratchpad.get_size()) scratch.resize(p.scratchpad.get_size());
+  dnnl::memory sm(p.scratchpad, engine, scratch.data());
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}};
   if (bias != nullptr)
     args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, engine, const_cast<uint16_t*>(bias)));
   p.primitive.execute(stream, args);
