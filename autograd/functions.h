@@ -67,6 +67,11 @@ using ops::unsqueeze;
 using ops::view;
 // A new leaf sharing `self`'s data, cut from the graph (requires_grad false).
 Tensor detach(const Tensor& self);
+// torch.unbind: the slices of `self` along `dim`, that dim removed (views). One graph node for
+// all of them, whose backward stacks their gradients in one write (zeros for slices that got
+// none), where separate narrows would each start from a zero tensor of `self`'s size and then
+// be added up (the q/k/v split of attention: 3 fills, 3 copies and 2 adds of the qkv tensor).
+std::vector<Tensor> unbind(const Tensor& self, int64_t dim);
 
 // ---- reductions and products ----
 using ops::linear;  // input (..., K) @ weight (N, K)^T + bias (N,), bias fused into the GEMM

@@ -58,9 +58,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   const Tensor qkv = (*c_attn)(x);  // (B, T, 3C), head-major: [h0: q k v][h1: q k v]...
   // (B, T, H, 3, D); H is -1 so the same code runs on a tensor-parallel rank's local heads.
   const Tensor heads = reshape(qkv, {batch, time, -1, 3, head_dim_});
-  auto take = [&](int64_t which) {
-    return transpose(squeeze(narrow(heads, 3, which, 1), 3), 1, 2);
-  };
+  // One node for the three slices: their gradients are stacked back in one write.
+  const std::vector<Tensor> q_k_v = unbind(heads, 3);
+  auto take = [&](int64_t which) { return transpose(q_k_v[which], 1, 2); };
   const Tensor y =
       scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true);  // (B, H, T, D)
   const Tensor merged = reshape(transpose(y, 1, 2), {batch, time, -1});

@@ -8,6 +8,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "base/error.h"
 #include "tests/autograd/test_util.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -136,6 +137,27 @@ TEST(GradcheckTest, Reductions) {
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return max(x[0], 1).first; }, {distinct}));
   EXPECT_TRUE(
       passes_gradcheck([](const auto& x) { return max(x[0], -1, true).first; }, {distinct}));
+}
+
+// unbind: one node for every slice; slices that get no gradient count as zeros.
+TEST(GradcheckTest, Unbind) {
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        const auto parts = unbind(x[0], 1);
+        return add(mul(parts[0], parts[2]), parts[0]);  // parts[1] unused
+      },
+      {leaf({2, 3, 4}, 50)}));
+  EXPECT_TRUE(passes_gradcheck(
+      [](const auto& x) {
+        const auto parts = unbind(x[0], -1);
+        return add(parts[0], mul(parts[1], 3.0));
+      },
+      {leaf({3, 2}, 51)}));
+  const Tensor t = ops::zeros({2, 3});
+  const auto parts = unbind(t, 0);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(parts[1].shape(), (Shape{3}));
+  EXPECT_THROW(unbind(t, 2), loom::Error);
 }
 
 TEST(GradcheckTest, Matmul) {
