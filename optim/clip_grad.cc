@@ -90,7 +90,7 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     const double scale = max_norm / (norm + 1e-6);
     for (const Tensor& p : parameters) {
       const Tensor grad = p.grad();
-      if (grad.defined()) ops::copy_(grad, ops::mul(grad, scale));
+      if (grad.defined()) ops::mul_(grad, scale);
     }
   }
   return norm;

@@ -81,6 +81,7 @@
   X(where, kDifferentiable, kExtended)                              \
   X(masked_fill, kDifferentiable, kExtended)                        \
   X(add_, kNoGrad, kExtended)                                       \
+  X(mul_scalar_, kNoGrad, kExtended)                                \
   /* Reductions and products. */                                    \
   X(sum, kDifferentiable, kExtended)                                \
   X(mean, kDifferentiable, kExtended)                               \

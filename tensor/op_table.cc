@@ -101,6 +101,10 @@ void register_core_ops(OpTable& t) {
     ops::add_(c.inputs[0], c.inputs[1]);
     return std::vector<Tensor>{};
   };
+  t[OpId::mul_scalar_] = [](C c) {
+    ops::mul_(c.inputs[0], c.double_attr(0));
+    return std::vector<Tensor>{};
+  };
   // Reductions and products.
   t[OpId::sum] = [](C c) { return one(ops::sum(c.inputs[0], c.ints_attr(0), c.bool_attr(1))); };
   t[OpId::mean] = [](C c) { return one(ops::mean(c.inputs[0], c.ints_attr(0), c.bool_attr(1))); };

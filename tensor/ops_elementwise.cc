@@ -393,7 +393,24 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
 
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
+  if (fast_f32({self, other}) && self.shape() == other.shape()) {
+    // The vectorized kernel writing into self (each element read, then written: the values of
+    // add's loop, without its temporary and the copy back).
+    cpu::arith_f32(cpu::Arith::kAdd, self.data<float>(), other.data<float>(), self.data<float>(),
+                   self.numel());
+    return;
+  }
   copy_(self, add(self, other));
+}
+
+void mul_(const Tensor& self, double scalar) {
+  if (dispatch_op(OpId::mul_scalar_, {self}, {scalar})) return;
+  if (fast_f32({self})) {
+    cpu::arith_scalar_f32(cpu::Arith::kMul, self.data<float>(), static_cast<float>(scalar),
+                          self.data<float>(), self.numel());
+    return;
+  }
+  copy_(self, mul(self, scalar));
 }
 
 #undef LOOM_DISPATCH_OR_RETURN

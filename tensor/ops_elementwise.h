@@ -49,6 +49,8 @@ Tensor gt(const Tensor& a, const Tensor& b);
 
 // In place: self += other (broadcast to self's shape). For gradient accumulation.
 void add_(const Tensor& self, const Tensor& other);
+// In place: self *= scalar (gradient clipping's scale, without a temporary and a copy back).
+void mul_(const Tensor& self, double scalar);
 
 // The AdamW update of one parameter in place, fused into one vectorized, threaded pass
 // (tensor/cpu/vector_math.h; torch.optim.AdamW's formula in f32, as optim::AdamW composes it)

@@ -151,6 +151,8 @@ void register_elementwise_strategies(StrategyTable& t) {
     return s;
   };
   t[OpId::add_] = in_place(/*allow_partial_self=*/true);
+  // Scaling is linear: a Partial self scales its partial sums.
+  t[OpId::mul_scalar_] = in_place(/*allow_partial_self=*/true);
   t[OpId::fill_] = in_place(/*allow_partial_self=*/false);
 }
 

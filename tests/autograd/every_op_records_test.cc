@@ -144,6 +144,8 @@ std::optional<Sample> sample_for(OpId op) {
       return Sample{{x23, ops::from_vector({1, 0, 0, 1, 0, 1}, {2, 3})}, {-2.0}};
     case OpId::add_:
       return Sample{{plain({2, 3}, 29), x23}, {}};
+    case OpId::mul_scalar_:
+      return Sample{{leaf({2, 3}, 63)}, {0.5}};
     case OpId::sum:
       return Sample{{leaf({2, 3, 4}, 30)}, {ints({1}), false}};
     case OpId::mean:

@@ -456,6 +456,32 @@ TEST(AddInPlaceTest, AccumulatesWithBroadcasting) {
   add_(b, fv({1, 2}, {2}));
   EXPECT_EQ(b.dtype(), kBFloat16);
   EXPECT_EQ(to_vector(b), (Values{1, 2}));
+  // Large same-shape f32 operands take the vectorized kernel: add's values, into self's storage.
+  const Tensor x = uniform({3, 70001}, 7, -1.0, 1.0), y = uniform({3, 70001}, 8, -1.0, 1.0);
+  Tensor big = clone(x);
+  const auto* big_storage = big.storage().get();
+  add_(big, y);
+  EXPECT_EQ(big.storage().get(), big_storage);
+  EXPECT_EQ(to_vector(big), to_vector(add(x, y)));
+}
+
+TEST(MulInPlaceTest, ScalesEveryLayoutAsMulDoes) {
+  const Tensor x = uniform({3, 70001}, 9, -1.0, 1.0);
+  Tensor a = clone(x);
+  const auto* storage = a.storage().get();
+  mul_(a, 0.3);
+  EXPECT_EQ(a.storage().get(), storage);
+  EXPECT_EQ(to_vector(a), to_vector(mul(x, 0.3)));
+  // A strided view: only its elements change.
+  Tensor base = ones({2, 4});
+  mul_(slice(base, 1, 1, 4, 2), 3.0);
+  EXPECT_EQ(to_vector(base), (Values{1, 3, 1, 3, 1, 3, 1, 3}));
+  // bf16 keeps its dtype.
+  Tensor b = fv({1, 2}, {2});
+  b = to(b, kBFloat16);
+  mul_(b, 2.0);
+  EXPECT_EQ(b.dtype(), kBFloat16);
+  EXPECT_EQ(to_vector(b), (Values{2, 4}));
 }
 
 }  // namespace
