@@ -67,8 +67,12 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   // In place only into a gradient buffer the leaf owns (meta.accumulate_in_place).
   const Tensor current = leaf_.grad();
   if (!current.defined()) {
-    // A copy: `grad` may be the very tensor another leaf (add's backward) or the caller holds.
-    leaf_.set_grad(ops::clone(grad));
+    // A copy when `grad` may be the very tensor another leaf (add's backward) or the caller
+    // holds; adopted when nothing else can see it (as PyTorch's AccumulateGrad steals it): a
+    // fresh gradient the size of a weight costs a page-faulting copy otherwise.
+    const bool adopt = grad.sole_owner() && grad.is_contiguous() && !grad.extension() &&
+                       grad.dtype() == leaf_.dtype() && grad.device() == leaf_.device();
+    leaf_.set_grad(adopt ? grad : ops::clone(grad));
   } else if (meta.accumulate_in_place) {
     ops::add_(current, grad);
   } else {

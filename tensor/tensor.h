@@ -76,6 +76,10 @@ class Tensor {
   TensorImpl* impl() const { return impl_.get(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+  // True when this handle is the only one onto its TensorImpl and no other tensor (view) shares
+  // its storage: nothing else can read or write the data (autograd then adopts a gradient
+  // instead of copying it).
+  bool sole_owner() const;
 
   // "Tensor(shape=(2, 3), dtype=f32, device=cpu)"; values are printed by to_string() in format.h.
   std::string description() const;
@@ -122,6 +126,9 @@ inline int64_t Tensor::offset() const { return impl_->offset; }
 inline DType Tensor::dtype() const { return impl_->dtype; }
 inline Device Tensor::device() const { return impl_->storage->device(); }
 inline const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
+inline bool Tensor::sole_owner() const {
+  return impl_ != nullptr && impl_.use_count() == 1 && impl_->storage.use_count() == 1;
+}
 inline void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * element_size(impl_->dtype);
 }

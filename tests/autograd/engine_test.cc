@@ -45,6 +45,25 @@ TEST(EngineTest, TensorUsedTwiceGetsSummedGradient) {
   expect_equal({.actual = a.grad(), .expected = {5}});
 }
 
+// A leaf's first gradient is adopted only when nothing else can see it: two leaves fed the same
+// gradient tensor (add's backward), and a seed the caller still holds, each get their own .grad.
+TEST(EngineTest, FirstGradientIsNeverSharedWithAnotherLeafOrTheCaller) {
+  Tensor a = testing::leaf({3}, 1), b = testing::leaf({3}, 2);
+  const Tensor seed = ops::full({3}, 2.0);
+  backward(add(a, b), seed);
+  EXPECT_NE(a.grad().storage(), b.grad().storage());
+  EXPECT_NE(a.grad().storage(), seed.storage());
+  EXPECT_NE(b.grad().storage(), seed.storage());
+  ops::add_(a.grad(), ops::full({3}, 1.0));  // in place into one leaf's gradient
+  expect_equal({.actual = a.grad(), .expected = {3, 3, 3}});
+  expect_equal({.actual = b.grad(), .expected = {2, 2, 2}});
+  expect_equal({.actual = seed, .expected = {2, 2, 2}});
+  // A fresh, private gradient (mul's backward) is adopted: same values either way.
+  Tensor c = testing::leaf({3}, 3);
+  backward(sum(c * 4.0));
+  expect_equal({.actual = c.grad(), .expected = {4, 4, 4}});
+}
+
 TEST(EngineTest, NonScalarRootNeedsSeed) {
   Tensor a = testing::leaf({2, 2}, 1);
   Tensor y = a * 2.0;
