@@ -393,9 +393,11 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
 
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
-  if (fast_f32({self, other}) && self.shape() == other.shape()) {
-    // The vectorized kernel writing into self (each element read, then written: the values of
-    // add's loop, without its temporary and the copy back).
+  // The vectorized kernel writing into self (each element read, then written: the values of
+  // add's loop, without its temporary and the copy back), unless `other` overlaps self shifted.
+  const bool overlaps_shifted =
+      self.storage() == other.storage() && self.offset() != other.offset();
+  if (fast_f32({self, other}) && self.shape() == other.shape() && !overlaps_shifted) {
     cpu::arith_f32(cpu::Arith::kAdd, self.data<float>(), other.data<float>(), self.data<float>(),
                    self.numel());
     return;

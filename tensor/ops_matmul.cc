@@ -58,33 +58,68 @@ bool uniform_batch_stride(const Tensor& t, int64_t* stride) {
   return true;
 }
 
-// One batched GEMM on the operands' device: cuBLASLt in their dtype (f32 accumulation) on CUDA,
-// oneDNN in f32 on CPU (the caller converted the operands).
-void batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
-                  int64_t k, const Tensor& a, int64_t lda, int64_t stride_a, const Tensor& b,
-                  int64_t ldb, int64_t stride_b, const Tensor& out) {
+// One batched cuBLASLt GEMM in the operands' dtype (f32 accumulation).
+void cuda_batched_gemm(int64_t batch, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
+                       int64_t k, const Tensor& a, int64_t lda, int64_t stride_a, const Tensor& b,
+                       int64_t ldb, int64_t stride_b, const Tensor& out) {
+  cuda::GemmProblem p{.dtype = out.dtype(),
+                      .transpose_a = transpose_a,
+                      .transpose_b = transpose_b,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .lda = lda,
+                      .ldb = ldb,
+                      .ldc = std::max<int64_t>(n, 1),
+                      .stride_a = stride_a,
+                      .stride_b = stride_b,
+                      .stride_c = m * n,
+                      .batch = batch};
+  cuda::gemm(p, a.raw_data(), b.raw_data(), out.raw_data(), out.device().index);
+}
+
+// The products on CPU, into `out` (contiguous, bf16 or f32 like the operands: bf16 only where
+// the bf16 GEMM is native). One GEMM when there is one matrix pair, or when every entry shares
+// one B and A's rows are evenly spaced across the batch (linear's dX = dY @ W over (B, T, N)):
+// rows of a product do not depend on each other, and one GEMM of batch x m rows runs much faster
+// than `batch` small ones (GPT-2's MLP projection over 16 x 64 rows: 79 instead of 100 ms).
+// Otherwise one GEMM per entry, at the offsets the operands lie at (attention's heads are
+// strided views of (B, T, H, D)).
+void cpu_products(const GemmOperand& ga, const GemmOperand& gb, bool shared_b, int64_t batch,
+                  int64_t m, int64_t n, int64_t k, const Tensor& out) {
+  const bool bf16 = out.dtype() == kBFloat16;
   const int64_t ldc = std::max<int64_t>(n, 1);
-  if (out.device().is_cuda()) {
-    cuda::GemmProblem p{.dtype = out.dtype(),
-                        .transpose_a = transpose_a,
-                        .transpose_b = transpose_b,
-                        .m = m,
-                        .n = n,
-                        .k = k,
-                        .lda = lda,
-                        .ldb = ldb,
-                        .ldc = ldc,
-                        .stride_a = stride_a,
-                        .stride_b = stride_b,
-                        .stride_c = m * n,
-                        .batch = batch};
-    cuda::gemm(p, a.raw_data(), b.raw_data(), out.raw_data(), out.device().index);
+  int64_t stride_a = 0;
+  const bool one_gemm =
+      batch == 1 || (shared_b && !ga.transposed && uniform_batch_stride(ga.tensor, &stride_a) &&
+                     stride_a == m * ga.leading);
+  if (one_gemm) {
+    if (bf16) {
+      cpu::gemm_bf16(ga.transposed, gb.transposed, batch * m, n, k, bf16_bits(ga.tensor),
+                     ga.leading, bf16_bits(gb.tensor), gb.leading, out.raw_data(),
+                     /*c_bf16=*/true, ldc);
+    } else {
+      cpu::sgemm(ga.transposed, gb.transposed, batch * m, n, k, 1.0f,
+                 static_cast<const float*>(ga.tensor.raw_data()), ga.leading,
+                 static_cast<const float*>(gb.tensor.raw_data()), gb.leading, 0.0f,
+                 static_cast<float*>(out.raw_data()), ldc);
+    }
     return;
   }
-  cpu::sgemm_batched(batch, transpose_a, transpose_b, m, n, k, 1.0f,
-                     static_cast<const float*>(a.raw_data()), lda, stride_a,
-                     static_cast<const float*>(b.raw_data()), ldb, stride_b, 0.0f,
-                     static_cast<float*>(out.raw_data()), ldc, m * n);
+  std::vector<int64_t> c_offsets(static_cast<size_t>(batch));
+  for (int64_t i = 0; i < batch; ++i) c_offsets[i] = i * m * n;
+  const std::vector<int64_t> a_offsets = nn_internal::batch_offsets(ga.tensor, batch);
+  const std::vector<int64_t> b_offsets = nn_internal::batch_offsets(gb.tensor, batch);
+  if (bf16) {
+    cpu::gemm_bf16_batched_at(batch, ga.transposed, gb.transposed, m, n, k, bf16_bits(ga.tensor),
+                              ga.leading, a_offsets, bf16_bits(gb.tensor), gb.leading, b_offsets,
+                              out.raw_data(), /*c_bf16=*/true, ldc, c_offsets);
+  } else {
+    cpu::sgemm_batched_at(batch, ga.transposed, gb.transposed, m, n, k, 1.0f,
+                          static_cast<const float*>(ga.tensor.raw_data()), ga.leading, a_offsets,
+                          static_cast<const float*>(gb.tensor.raw_data()), gb.leading, b_offsets,
+                          0.0f, static_cast<float*>(out.raw_data()), ldc, c_offsets);
+  }
 }
 
 }  // namespace
@@ -101,8 +136,6 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
   return offsets;
 }
 }  // namespace nn_internal
-
-using nn_internal::batch_offsets;
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (auto out = dispatch_op(OpId::matmul, {a_in, b_in})) return (*out)[0];
@@ -143,53 +176,20 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
   GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
   int64_t stride_a = 0, stride_b = 0;
-  // One matrix for every batch entry and A's rows evenly spaced across the batch (linear's
-  // dX = dY @ W over (B, T, N)): one GEMM of batch * m rows. Rows of a product do not depend
-  // on each other, and one large GEMM runs much faster than `batch` small ones (16 x 64 rows
-  // of GPT-2's MLP projection: 79 instead of 100 ms).
-  const bool rows_stack = device.is_cpu() && batch_count > 1 && shape_numel(b_batch) == 1 &&
-                          !ga.transposed && uniform_batch_stride(ga.tensor, &stride_a) &&
-                          stride_a == m * ga.leading;
-  if (native_bf16 && batch_count > 0) {
-    const int64_t ldc = std::max<int64_t>(n, 1);
-    if (batch_count == 1 || rows_stack) {
-      cpu::gemm_bf16(ga.transposed, gb.transposed, batch_count * m, n, k, bf16_bits(ga.tensor),
-                     ga.leading, bf16_bits(gb.tensor), gb.leading, out.raw_data(),
-                     /*c_bf16=*/true, ldc);
-    } else {
-      std::vector<int64_t> c_offsets(static_cast<size_t>(batch_count));
-      for (int64_t i = 0; i < batch_count; ++i) c_offsets[i] = i * m * n;
-      cpu::gemm_bf16_batched_at(batch_count, ga.transposed, gb.transposed, m, n, k,
-                                bf16_bits(ga.tensor), ga.leading,
-                                batch_offsets(ga.tensor, batch_count), bf16_bits(gb.tensor),
-                                gb.leading, batch_offsets(gb.tensor, batch_count), out.raw_data(),
-                                /*c_bf16=*/true, ldc, c_offsets);
-    }
-  } else if (rows_stack) {
-    cpu::sgemm(false, gb.transposed, batch_count * m, n, k, 1.0f,
-               static_cast<const float*>(ga.tensor.raw_data()), ga.leading,
-               static_cast<const float*>(gb.tensor.raw_data()), gb.leading, 0.0f,
-               static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1));
-  } else if (device.is_cpu() && batch_count > 1) {
-    // Any batch layout as it lies (attention's heads are strided views of (B, T, H, D)).
-    std::vector<int64_t> c_offsets(static_cast<size_t>(batch_count));
-    for (int64_t i = 0; i < batch_count; ++i) c_offsets[i] = i * m * n;
-    cpu::sgemm_batched_at(batch_count, ga.transposed, gb.transposed, m, n, k, 1.0f,
-                          static_cast<const float*>(ga.tensor.raw_data()), ga.leading,
-                          batch_offsets(ga.tensor, batch_count),
-                          static_cast<const float*>(gb.tensor.raw_data()), gb.leading,
-                          batch_offsets(gb.tensor, batch_count), 0.0f,
-                          static_cast<float*>(out.raw_data()), std::max<int64_t>(n, 1), c_offsets);
-  } else if (batch_count > 0 && uniform_batch_stride(ga.tensor, &stride_a) &&
+  if (batch_count == 0) {
+    // Nothing to multiply.
+  } else if (device.is_cpu()) {
+    cpu_products(ga, gb, /*shared_b=*/shape_numel(b_batch) == 1, batch_count, m, n, k, out);
+  } else if (uniform_batch_stride(ga.tensor, &stride_a) &&
              uniform_batch_stride(gb.tensor, &stride_b)) {
-    batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading,
-                 stride_a, gb.tensor, gb.leading, stride_b, out);
-  } else if (batch_count > 0) {
-    // Irregular batch layout: one GEMM per matrix, walking the batch index.
+    cuda_batched_gemm(batch_count, ga.transposed, gb.transposed, m, n, k, ga.tensor, ga.leading,
+                      stride_a, gb.tensor, gb.leading, stride_b, out);
+  } else {
+    // Irregular batch layout for cuBLASLt's strided batch: contiguous copies.
     const Tensor a3 = reshape(contiguous(ga.tensor), {batch_count, m, k});
     const Tensor b3 = reshape(contiguous(gb.tensor), {batch_count, k, n});
-    batched_gemm(batch_count, false, false, m, n, k, a3, std::max<int64_t>(k, 1), m * k, b3,
-                 std::max<int64_t>(n, 1), k * n, out);
+    cuda_batched_gemm(batch_count, false, false, m, n, k, a3, std::max<int64_t>(k, 1), m * k, b3,
+                      std::max<int64_t>(n, 1), k * n, out);
   }
   if (out.dtype() != a_in.dtype()) out = to(out, a_in.dtype());
   if (a_vector) out = squeeze(out, -2);
