@@ -69,15 +69,15 @@ bool DTensorExtension::reshapes_locally(const Shape& shape) const {
   return sharding::reshape_keeps_shards(spec_, shape);
 }
 
-Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
+Tensor make_dtensor(Tensor local, DTensorSpec spec) {
   LOOM_CHECK(local.defined() && !local.extension(),
              "make_dtensor: the local tensor must be a plain tensor, got {}", local.description());
   spec.validate("make_dtensor");
-  const Shape expected = spec.local_shape();
-  LOOM_CHECK(local.shape() == expected,
+  LOOM_CHECK(spec.has_local_shape(local.shape()),
              "make_dtensor: local shard of shape {} on rank {} does not match {} (expected local "
              "shape {})",
-             shape_str(local.shape()), spec.mesh->rank(), spec.str(), shape_str(expected));
+             shape_str(local.shape()), spec.mesh->rank(), spec.str(),
+             shape_str(spec.local_shape()));
   LOOM_CHECK(local.dtype() == spec.dtype,
              "make_dtensor: local dtype {} does not match spec dtype {}", dtype_name(local.dtype()),
              dtype_name(spec.dtype));
@@ -88,7 +88,7 @@ Tensor make_dtensor(const Tensor& local, DTensorSpec spec) {
   impl->shape = spec.shape;
   impl->strides = contiguous_strides(spec.shape);
   impl->dtype = spec.dtype;
-  impl->extension = std::make_shared<DTensorExtension>(std::move(spec), local);
+  impl->extension = std::make_shared<DTensorExtension>(std::move(spec), std::move(local));
   return Tensor(std::move(impl));
 }
 

@@ -47,7 +47,7 @@ const Tensor& local_shard(const Tensor& tensor);
 
 // Wraps `local` (a plain tensor, this rank's shard) as a DTensor with `spec`, no communication
 // and no autograd recording. Checks local's shape against spec.local_shape().
-Tensor make_dtensor(const Tensor& local, DTensorSpec spec);
+Tensor make_dtensor(Tensor local, DTensorSpec spec);
 
 // ---- the public API (differentiable where it makes sense) ----
 

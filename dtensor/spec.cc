@@ -7,28 +7,63 @@
 
 namespace loom {
 
-Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh,
-                                int64_t tensor_ndim, std::string_view op) {
+namespace {
+
+// Checks placement `p` on mesh dim `i` for a tensor with `tensor_ndim` dims (what validate and
+// normalize_placements both require).
+void check_placement(const Placement& p, size_t i, const DeviceMesh& mesh, int64_t tensor_ndim,
+                     std::string_view op) {
+  if (!p.is_shard()) return;
+  LOOM_CHECK(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim,
+             "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dims", op,
+             p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim);
+}
+
+void check_placement_count(const Placements& placements, const DeviceMesh& mesh,
+                           std::string_view op) {
   LOOM_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(),
              "{}: got {} placement{} {} for {} with {} dims; pass one placement per mesh dim", op,
              placements.size(), placements.size() == 1 ? "" : "s", placements_str(placements),
              mesh.str(), mesh.ndim());
+}
+
+}  // namespace
+
+Placements normalize_placements(const Placements& placements, const DeviceMesh& mesh,
+                                int64_t tensor_ndim, std::string_view op) {
+  check_placement_count(placements, mesh, op);
   Placements out;
+  out.reserve(placements.size());
   for (size_t i = 0; i < placements.size(); ++i) {
-    const Placement& p = placements[i];
-    if (p.is_shard()) {
-      LOOM_CHECK(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim,
-                 "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dims",
-                 op, p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim);
-    }
-    out.push_back(p.normalized(tensor_ndim));
+    check_placement(placements[i], i, mesh, tensor_ndim, op);
+    out.push_back(placements[i].normalized(tensor_ndim));
   }
   return out;
 }
 
+// Allocates nothing: every DTensor op's outputs are validated.
 void DTensorSpec::validate(std::string_view op) const {
   LOOM_CHECK(mesh != nullptr, "{}: DTensorSpec has no mesh", op);
-  (void)normalize_placements(placements, *mesh, static_cast<int64_t>(shape.size()), op);
+  check_placement_count(placements, *mesh, op);
+  const auto ndim = static_cast<int64_t>(shape.size());
+  for (size_t i = 0; i < placements.size(); ++i) check_placement(placements[i], i, *mesh, ndim, op);
+}
+
+bool DTensorSpec::has_local_shape(const Shape& local) const {
+  if (local.size() != shape.size()) return false;
+  const std::vector<int64_t>& coordinate = mesh->coordinate();
+  for (size_t d = 0; d < shape.size(); ++d) {
+    // Nested in mesh-dim order, as local_shape_at splits it.
+    int64_t size = shape[d];
+    for (size_t md = 0; md < placements.size(); ++md) {
+      const Placement& p = placements[md];
+      if (p.is_shard() && p.dim() == static_cast<int64_t>(d)) {
+        size = shard_range(size, mesh->size(md), coordinate[md]).size;
+      }
+    }
+    if (size != local[d]) return false;
+  }
+  return true;
 }
 
 Shape DTensorSpec::local_shape_at(const std::vector<int64_t>& coordinate) const {

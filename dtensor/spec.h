@@ -26,6 +26,8 @@ struct DTensorSpec {
   // tensor dim sharded by several mesh dims is split in mesh-dim order (nested).
   Shape local_shape() const;
   Shape local_offset() const;
+  // local == local_shape(), without building it.
+  bool has_local_shape(const Shape& local) const;
   // Same, for any coordinate of the mesh (for planning and tests).
   Shape local_shape_at(const std::vector<int64_t>& coordinate) const;
   Shape local_offset_at(const std::vector<int64_t>& coordinate) const;

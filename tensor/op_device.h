@@ -17,6 +17,8 @@ namespace loom {
 
 Device op_device(std::string_view op, std::span<const Tensor> operands);
 Device op_device(std::string_view op, std::initializer_list<Tensor> operands);
+// Same, for operands by pointer (hot ops: no tensor handle is copied).
+Device op_device(std::string_view op, std::span<const Tensor* const> operands);
 
 // `t` on `device`: itself when already there (or undefined), else a copy (only 0-dim CPU
 // tensors reach this after op_device has checked the operands).

@@ -25,7 +25,13 @@ const OpTable& table() {
   return instance;
 }
 
-std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
+// Moves `t` in (a braced list would copy it: one reference-count round trip per op).
+std::vector<Tensor> one(Tensor t) {
+  std::vector<Tensor> out;
+  out.reserve(1);
+  out.push_back(std::move(t));
+  return out;
+}
 
 }  // namespace
 

@@ -83,14 +83,14 @@ Tensor contiguous(const Tensor& self) {
 }
 
 Tensor clone(const Tensor& self) {
-  if (auto out = dispatch_op(OpId::clone, {self})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::clone, {self})) return std::move((*out)[0]);
   Tensor out = Tensor::empty(self.shape(), self.dtype(), self.device());
   copy_(out, self);
   return out;
 }
 
 Tensor to(const Tensor& self, DType dtype) {
-  if (auto out = dispatch_op(OpId::to_dtype, {self}, {dtype})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::to_dtype, {self}, {dtype})) return std::move((*out)[0]);
   if (self.dtype() == dtype) return self;
   Tensor out = Tensor::empty(self.shape(), dtype, self.device());
   copy_(out, self);
@@ -101,7 +101,7 @@ Tensor to(const Tensor& self, Device device) {
   if (self.device() == device) return self;
   if (auto out = dispatch_op(OpId::to_device, {self},
                              {static_cast<int64_t>(device.type), int64_t{device.index}})) {
-    return (*out)[0];
+    return std::move((*out)[0]);
   }
   const Tensor source = contiguous(self);
   Tensor out = Tensor::empty(self.shape(), self.dtype(), device);
@@ -110,7 +110,7 @@ Tensor to(const Tensor& self, Device device) {
 }
 
 Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
-  if (auto out = dispatch_op(OpId::cat, tensors, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::cat, tensors, {dim})) return std::move((*out)[0]);
   LOOM_CHECK(!tensors.empty(), "cat: expected at least one tensor");
   const Tensor& first = tensors[0];
   LOOM_CHECK(first.dim() > 0,
@@ -140,7 +140,7 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
 }
 
 Tensor match_layout(const Tensor& value, const Tensor& like) {
-  if (auto out = dispatch_op(OpId::match_layout, {value, like})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::match_layout, {value, like})) return std::move((*out)[0]);
   LOOM_CHECK(value.shape() == like.shape(),
              "match_layout: value of shape {} cannot take the layout of shape {}",
              shape_str(value.shape()), shape_str(like.shape()));

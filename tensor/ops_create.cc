@@ -53,11 +53,11 @@ Tensor ones(const Shape& shape, DType dtype, Device device) {
 }
 // The *_like factories dispatch, so a DTensor `like` gives a DTensor with its layout.
 Tensor zeros_like(const Tensor& like) {
-  if (auto out = dispatch_op(OpId::zeros_like, {like})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::zeros_like, {like})) return std::move((*out)[0]);
   return zeros(like.shape(), like.dtype(), like.device());
 }
 Tensor ones_like(const Tensor& like) {
-  if (auto out = dispatch_op(OpId::ones_like, {like})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::ones_like, {like})) return std::move((*out)[0]);
   return ones(like.shape(), like.dtype(), like.device());
 }
 

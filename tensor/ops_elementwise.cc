@@ -1,7 +1,9 @@
 #include "tensor/ops_elementwise.h"
 
+#include <array>
 #include <cmath>
 #include <optional>
+#include <span>
 
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
@@ -82,17 +84,29 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
               bool floating_only = false) {
   check_defined(a_dev, op);
   check_defined(b_dev, op);
-  const Device device = op_device(op, {a_dev, b_dev});
-  const Tensor a_in = on_device(a_dev, device), b_in = on_device(b_dev, device);
-  const DType dtype = promote(a_in.dtype(), b_in.dtype());
+  const std::array<const Tensor*, 2> operands{&a_dev, &b_dev};
+  const Device device = op_device(op, std::span<const Tensor* const>(operands));
+  const DType dtype = promote(a_dev.dtype(), b_dev.dtype());
   LOOM_CHECK(!floating_only || is_floating(dtype), "{}: expected floating tensors, got {} and {}",
-             op, dtype_name(a_in.dtype()), dtype_name(b_in.dtype()));
-  const Tensor a = to(a_in, dtype);
-  const Tensor b = to(b_in, dtype);
-  const Shape shape =
-      a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape(), op);
-  const Tensor ax = a.shape() == shape ? a : expand(a, shape);
-  const Tensor bx = b.shape() == shape ? b : expand(b, shape);
+             op, dtype_name(a_dev.dtype()), dtype_name(b_dev.dtype()));
+  // Each operand by reference when it needs no move, conversion or expansion (the usual case:
+  // no tensor handle is copied); otherwise the converted tensor, held in `held`.
+  const auto prepare = [&](const Tensor& t, Tensor& held) -> const Tensor& {
+    if (t.device() == device && t.dtype() == dtype) return t;
+    held = to(on_device(t, device), dtype);
+    return held;
+  };
+  Tensor a_held, b_held;
+  const Tensor& a = prepare(a_dev, a_held);
+  const Tensor& b = prepare(b_dev, b_held);
+  // Same shapes need no broadcast shape built.
+  Shape broadcast;
+  if (a.shape() != b.shape()) broadcast = broadcast_shapes(a.shape(), b.shape(), op);
+  const Shape& shape = a.shape() == b.shape() ? a.shape() : broadcast;
+  if (a.shape() != shape) a_held = expand(a, shape);
+  if (b.shape() != shape) b_held = expand(b, shape);
+  const Tensor& ax = a.shape() == shape ? a : a_held;
+  const Tensor& bx = b.shape() == shape ? b : b_held;
   Tensor out = Tensor::empty(shape, dtype, device);
   if (device.is_cuda()) {
     cuda_backend::binary(code, out, ax, bx);
@@ -178,7 +192,7 @@ constexpr float kGeluCubic = 0.044715f;
 }  // namespace
 
 #define LOOM_DISPATCH_OR_RETURN(op, ...) \
-  if (auto out = dispatch_op(op, __VA_ARGS__)) return (*out)[0]
+  if (auto out = dispatch_op(op, __VA_ARGS__)) return std::move((*out)[0])
 
 Tensor add(const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::add, {a, b});

@@ -138,7 +138,7 @@ std::vector<int64_t> batch_offsets(const Tensor& t, int64_t count) {
 }  // namespace nn_internal
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  if (auto out = dispatch_op(OpId::matmul, {a_in, b_in})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::matmul, {a_in, b_in})) return std::move((*out)[0]);
   LOOM_CHECK(a_in.dim() >= 1 && b_in.dim() >= 1,
              "matmul: both operands need at least 1 dim, got shapes {} and {}",
              shape_str(a_in.shape()), shape_str(b_in.shape()));
@@ -214,7 +214,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     const Tensor out = matmul(input, transpose(weight, 0, 1));
     return bias.defined() ? add(out, bias) : out;
   }
-  if (auto out = dispatch_op(OpId::linear, {input, weight, bias})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::linear, {input, weight, bias})) return std::move((*out)[0]);
   const Tensor weight_t = transpose(weight, 0, 1);  // a view the GEMM takes as a flag
   if (!bias.defined()) return matmul(input, weight_t);
   const Device device = op_device("linear", {input, weight, bias});

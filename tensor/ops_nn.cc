@@ -131,7 +131,7 @@ void check_dropout_p(double p, const Tensor& t, std::string_view op) {
 // ---- embedding --------------------------------------------------------------------------------
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  if (auto out = dispatch_op(OpId::embedding, {weight, indices})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::embedding, {weight, indices})) return std::move((*out)[0]);
   constexpr std::string_view op = "embedding";
   check_floating(weight, op, "weight");
   check_index(indices, op, "indices");
@@ -174,7 +174,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
   if (auto out = dispatch_op(OpId::embedding_backward, {grad_out, indices}, {num_embeddings})) {
-    return (*out)[0];
+    return std::move((*out)[0]);
   }
   constexpr std::string_view op = "embedding_backward";
   check_floating(grad_out, op, "grad_out");

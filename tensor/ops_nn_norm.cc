@@ -158,12 +158,12 @@ NormLayout norm_layout(const Tensor& x, const Shape& normalized_shape, std::stri
 }  // namespace
 
 Tensor softmax(const Tensor& x, int64_t dim) {
-  if (auto out = dispatch_op(OpId::softmax, {x}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::softmax, {x}, {dim})) return std::move((*out)[0]);
   return softmax_impl(x, dim, /*log=*/false, "softmax");
 }
 
 Tensor log_softmax(const Tensor& x, int64_t dim) {
-  if (auto out = dispatch_op(OpId::log_softmax, {x}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::log_softmax, {x}, {dim})) return std::move((*out)[0]);
   return softmax_impl(x, dim, /*log=*/true, "log_softmax");
 }
 

@@ -80,7 +80,7 @@ bool fast_f32_sum(const Tensor& self, const std::vector<bool>& mask, std::vector
 }  // namespace
 
 Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
-  if (auto out = dispatch_op(OpId::sum, {self}, {dims, keepdim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::sum, {self}, {dims, keepdim})) return std::move((*out)[0]);
   const auto mask = reduced_mask(self, dims, "sum");
   if (self.device().is_cuda()) return cuda_backend::sum(self, mask, keepdim, 1.0);
   const Shape kept = reduced_shape(self.shape(), mask, /*keepdim=*/true);
@@ -123,7 +123,7 @@ Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
-  if (auto out = dispatch_op(OpId::mean, {self}, {dims, keepdim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::mean, {self}, {dims, keepdim})) return std::move((*out)[0]);
   LOOM_CHECK(is_floating(self.dtype()), "mean: expected a floating tensor, got dtype {}",
              dtype_name(self.dtype()));
   const auto mask = reduced_mask(self, dims, "mean");
@@ -209,7 +209,7 @@ Tensor max_dim_backward(const Tensor& grad, const Tensor& indices, const Shape& 
                         int64_t dim, bool keepdim) {
   if (auto out =
           dispatch_op(OpId::max_dim_backward, {grad, indices}, {input_shape, dim, keepdim})) {
-    return (*out)[0];
+    return std::move((*out)[0]);
   }
   const int64_t ndim = static_cast<int64_t>(input_shape.size());
   if (ndim == 0) return grad;

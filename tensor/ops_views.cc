@@ -86,7 +86,7 @@ std::optional<Strides> view_strides(const Tensor& self, const Shape& shape) {
 }
 
 Tensor view(const Tensor& self, Shape shape) {
-  if (auto out = dispatch_op(OpId::view, {self}, {shape})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::view, {self}, {shape})) return std::move((*out)[0]);
   shape = infer_shape(std::move(shape), self.numel(), self.shape(), "view");
   auto strides = view_strides(self, shape);
   LOOM_CHECK(strides.has_value(),
@@ -97,7 +97,7 @@ Tensor view(const Tensor& self, Shape shape) {
 }
 
 Tensor reshape(const Tensor& self, Shape shape) {
-  if (auto out = dispatch_op(OpId::reshape, {self}, {shape})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::reshape, {self}, {shape})) return std::move((*out)[0]);
   shape = infer_shape(std::move(shape), self.numel(), self.shape(), "reshape");
   if (auto strides = view_strides(self, shape)) {
     return restride(self, std::move(shape), std::move(*strides), self.offset());
@@ -106,7 +106,7 @@ Tensor reshape(const Tensor& self, Shape shape) {
 }
 
 Tensor transpose(const Tensor& self, int64_t dim0, int64_t dim1) {
-  if (auto out = dispatch_op(OpId::transpose, {self}, {dim0, dim1})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::transpose, {self}, {dim0, dim1})) return std::move((*out)[0]);
   const int64_t ndim = self.dim();
   dim0 = normalize_dim(dim0, ndim, "transpose");
   dim1 = normalize_dim(dim1, ndim, "transpose");
@@ -120,7 +120,7 @@ Tensor transpose(const Tensor& self, int64_t dim0, int64_t dim1) {
 }
 
 Tensor permute(const Tensor& self, const std::vector<int64_t>& dims) {
-  if (auto out = dispatch_op(OpId::permute, {self}, {dims})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::permute, {self}, {dims})) return std::move((*out)[0]);
   const int64_t ndim = self.dim();
   LOOM_CHECK(static_cast<int64_t>(dims.size()) == ndim,
              "permute: got {} dims ({}) for a tensor of rank {}", dims.size(),
@@ -139,7 +139,8 @@ Tensor permute(const Tensor& self, const std::vector<int64_t>& dims) {
 }
 
 Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
-  if (auto out = dispatch_op(OpId::narrow, {self}, {dim, start, length})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::narrow, {self}, {dim, start, length}))
+    return std::move((*out)[0]);
   check_not_scalar(self, "narrow");
   dim = normalize_dim(dim, self.dim(), "narrow");
   const int64_t size = self.shape()[dim];
@@ -154,7 +155,8 @@ Tensor narrow(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
 }
 
 Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_t step) {
-  if (auto out = dispatch_op(OpId::slice, {self}, {dim, start, end, step})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::slice, {self}, {dim, start, end, step}))
+    return std::move((*out)[0]);
   check_not_scalar(self, "slice");
   dim = normalize_dim(dim, self.dim(), "slice");
   LOOM_CHECK(step > 0, "slice: step must be positive, got {}", step);
@@ -174,7 +176,7 @@ Tensor slice(const Tensor& self, int64_t dim, int64_t start, int64_t end, int64_
 Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim, int64_t start,
                       int64_t end, int64_t step) {
   if (auto out = dispatch_op(OpId::slice_backward, {grad}, {input_shape, dim, start, end, step}))
-    return (*out)[0];
+    return std::move((*out)[0]);
   Tensor out = zeros(input_shape, grad.dtype(), grad.device());
   copy_(slice(out, dim, start, end, step), grad);
   return out;
@@ -222,7 +224,7 @@ std::vector<Tensor> chunk(const Tensor& self, int64_t chunks, int64_t dim) {
 }
 
 Tensor expand(const Tensor& self, Shape shape) {
-  if (auto out = dispatch_op(OpId::expand, {self}, {shape})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::expand, {self}, {shape})) return std::move((*out)[0]);
   const int64_t ndim = static_cast<int64_t>(shape.size());
   LOOM_CHECK(ndim >= self.dim(), "expand: cannot expand shape {} to fewer dims {}",
              shape_str(self.shape()), shape_str(shape));
@@ -246,7 +248,7 @@ Tensor expand(const Tensor& self, Shape shape) {
 }
 
 Tensor unsqueeze(const Tensor& self, int64_t dim) {
-  if (auto out = dispatch_op(OpId::unsqueeze, {self}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::unsqueeze, {self}, {dim})) return std::move((*out)[0]);
   dim = normalize_dim(dim, self.dim() + 1, "unsqueeze");
   Shape shape = self.shape();
   Strides strides = self.strides();
@@ -257,7 +259,7 @@ Tensor unsqueeze(const Tensor& self, int64_t dim) {
 }
 
 Tensor squeeze(const Tensor& self, int64_t dim) {
-  if (auto out = dispatch_op(OpId::squeeze, {self}, {dim})) return (*out)[0];
+  if (auto out = dispatch_op(OpId::squeeze, {self}, {dim})) return std::move((*out)[0]);
   dim = normalize_dim(dim, self.dim(), "squeeze");
   if (self.dim() == 0 || self.shape()[dim] != 1) return alias(self);
   Shape shape = self.shape();

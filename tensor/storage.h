@@ -33,7 +33,14 @@ class Storage {
   bool released() const { return released_; }
 
  private:
-  Storage(void* data, size_t bytes, Device device) : data_(data), bytes_(bytes), device_(device) {}
+  // Only allocate() constructs (make_shared needs a public constructor; the key keeps it ours).
+  struct Key {};
+
+ public:
+  Storage(Key, void* data, size_t bytes, Device device)
+      : data_(data), bytes_(bytes), device_(device) {}
+
+ private:
   static void* allocate_bytes(size_t bytes, Device device);
   void free_bytes();
   void* data_;

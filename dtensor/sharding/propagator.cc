@@ -3,7 +3,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <array>
+#include <cstring>
 #include <optional>
+#include <span>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 
 #include "autograd/grad_mode.h"
@@ -23,23 +28,49 @@ struct Decision {
   std::vector<Placements> input_placements, output_placements;
 };
 
+// Keys are byte strings; lookups pass a view of the thread's key words (no string is built for
+// a cached op).
+struct KeyHash {
+  using is_transparent = void;
+  // Keys are whole 64-bit words: two independent multiply lanes (the multiply's latency, not the
+  // key's length, bounds a serial hash), folded at the end.
+  size_t operator()(std::string_view key) const {
+    constexpr uint64_t kOdd = 0x9E3779B97F4A7C15ull;
+    const size_t words = key.size() / sizeof(uint64_t);
+    uint64_t lanes[2] = {key.size(), kOdd};
+    for (size_t i = 0; i < words; ++i) {
+      uint64_t word;
+      std::memcpy(&word, key.data() + i * sizeof word, sizeof word);
+      lanes[i & 1] = (lanes[i & 1] ^ word) * kOdd;
+    }
+    uint64_t h = lanes[0] ^ ((lanes[1] << 31) | (lanes[1] >> 33));
+    h ^= h >> 29;
+    h *= kOdd;
+    return h ^ (h >> 32);
+  }
+};
+
 // Per thread: rank threads of one process each keep their own (their meshes differ).
-thread_local std::unordered_map<std::string, Decision> cache;
+thread_local std::unordered_map<std::string, Decision, KeyHash, std::equal_to<>> cache;
 thread_local PropagationStats stats;
 
 // The cache key is packed 64-bit words (no formatting: it is built on every DTensor op, and
 // formatting was most of a cached op's dispatch time). Each variable-length part starts with
 // its length, so two different calls never pack to the same words.
-void put(std::string& key, int64_t word) {
-  key.append(reinterpret_cast<const char*>(&word), sizeof word);
-}
+using KeyWords = std::vector<int64_t>;
 
-void put_all(std::string& key, const std::vector<int64_t>& words) {
+void put(KeyWords& key, int64_t word) { key.push_back(word); }
+
+void put_all(KeyWords& key, const std::vector<int64_t>& words) {
   put(key, static_cast<int64_t>(words.size()));
-  key.append(reinterpret_cast<const char*>(words.data()), words.size() * sizeof(int64_t));
+  key.insert(key.end(), words.begin(), words.end());
 }
 
-void append_attr(std::string& key, const OpAttr& attr) {
+std::string_view key_bytes(const KeyWords& key) {
+  return {reinterpret_cast<const char*>(key.data()), key.size() * sizeof(int64_t)};
+}
+
+void append_attr(KeyWords& key, const OpAttr& attr) {
   put(key, static_cast<int64_t>(attr.index()));  // the alternative held
   std::visit(
       [&](const auto& value) {
@@ -62,8 +93,8 @@ void append_attr(std::string& key, const OpAttr& attr) {
 
 // Packs the key into `key` (cleared first; a thread's buffer is reused, so a cached op allocates
 // nothing for its key).
-void cache_key(const OpCall& call, const std::vector<const DTensorSpec*>& specs,
-               const DeviceMesh& mesh, std::string& key) {
+void cache_key(const OpCall& call, std::span<const DTensorSpec* const> specs,
+               const DeviceMesh& mesh, KeyWords& key) {
   key.clear();
   put(key, static_cast<int64_t>(call.id));
   // The mesh's sizes, not its address: decisions depend on nothing else about it, and a freed
@@ -144,7 +175,12 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   // The inputs' specs by pointer (a cached op copies none); plain 0-dim inputs' replicated specs
   // live in `scalar_specs` (reserved once for every input: the pointers stay valid).
   const size_t count = call.inputs.size();
-  std::vector<const DTensorSpec*> spec_of(count, nullptr);
+  // On the stack for the usual few inputs: a cached op should allocate little besides its outputs.
+  std::array<const DTensorSpec*, 8> few_specs{};
+  std::vector<const DTensorSpec*> many_specs(count > few_specs.size() ? count : 0, nullptr);
+  const std::span<const DTensorSpec*> spec_of =
+      count > few_specs.size() ? std::span<const DTensorSpec*>(many_specs)
+                               : std::span<const DTensorSpec*>(few_specs.data(), count);
   std::vector<DTensorSpec> scalar_specs;  // reserved at its first use, before any pointer
   std::vector<Tensor> locals(count);
   for (size_t i = 0; i < count; ++i) {
@@ -176,14 +212,14 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   };
 
   // 2. The decision: cached, or from the op's strategy.
-  thread_local std::string key;
+  thread_local KeyWords key;
   cache_key(call, spec_of, *mesh, key);
-  auto it = cache.find(key);
+  auto it = cache.find(key_bytes(key));
   if (it == cache.end()) {
     ++stats.cache_misses;
     // The key is the thread's buffer, which a nested DTensor op would overwrite: keep a copy
     // for the insertion below (misses are rare).
-    const std::string miss_key = key;
+    const std::string miss_key(key_bytes(key));
     const InputSpecs specs = copy_specs();
     const StrategyFn& strategy = strategy_table()[call.id];
     LOOM_CHECK(
@@ -272,7 +308,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
                        decision.sharding.output_shapes.size());
   for (size_t j = 0; j < outputs.size(); ++j) {
     if (!outputs[j].defined()) continue;  // an optional output the op did not produce
-    outputs[j] = make_dtensor(outputs[j],
+    outputs[j] = make_dtensor(std::move(outputs[j]),
                               DTensorSpec{mesh_ptr, decision.output_placements[j],
                                           decision.sharding.output_shapes[j], outputs[j].dtype()});
   }
