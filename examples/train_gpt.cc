@@ -45,6 +45,7 @@
 #include "tensor/ops.h"
 #include "train/checkpoint_fields.h"
 #include "train/job_config.h"
+#include "train/job_plan.h"
 #include "train/output_files.h"
 #include "train/parallel_gpt.h"
 #include "train/parallel_llama.h"
@@ -573,12 +574,31 @@ void check_paths(const Flags& f) {
   if (!f.save.empty()) train::check_writable(f.save, "--save");
 }
 
+// ./loom plan: the job validated and sized as build_parallel_gpt would lay it out (no rank, no
+// model tensor). The vocabulary is resolved as run() resolves it (the data's unless fixed).
+int print_plan(const Flags& f) {
+  try {
+    LOOM_CHECK(!is_llama(f), "--plan: Llama jobs are not planned yet (GPT only; issue 19)");
+    const ModelChoice choice = model_config(f);
+    models::GPTConfig config = choice.config;
+    config.vocab_size = vocab_size(choice, data::load_tokens(f.data));
+    const train::JobPlan plan =
+        train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len);
+    fmt::print("{}", train::format_job_plan(plan));
+    return 0;
+  } catch (const Error& error) {
+    fmt::print(stderr, "train_gpt --plan: {}\n", error.what());
+    return 1;
+  }
+}
+
 // Flags and the --config file -> the job's settings. Exits 0 after --help; throws CLI::ParseError
 // for flags CLI11 rejects (unknown, missing value) and loom::Error for a bad value or file.
 struct Parsed {
   Flags flags;
   std::string launcher;
   bool help = false;
+  bool plan = false;  // --plan (./loom plan): print the job's plan and exit, starting no rank
 };
 
 Parsed parse_command_line(int argc, char** argv) {
@@ -592,6 +612,9 @@ Parsed parse_command_line(int argc, char** argv) {
   Parsed parsed;
   app.add_option("--launcher", parsed.launcher,
                  "loomrun, used to start the ranks when not launched");
+  app.add_flag("--plan", parsed.plan,
+               "validate the job and print each rank's model-state memory, starting no rank "
+               "(./loom plan; train/job_plan.h)");
   const auto options = train::job_options();
   const train::JobConfig defaults;
   std::vector<std::string> raw(options.size());
@@ -650,6 +673,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (parsed.help) return 0;
+  if (parsed.plan) return print_plan(parsed.flags);
   try {
     const Flags& f = parsed.flags;
     if (std::getenv("RANK") == nullptr) {
