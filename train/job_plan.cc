@@ -44,7 +44,9 @@ int64_t held_elements(const std::vector<Shape>& shapes, int64_t dp_shard, int64_
   return n;
 }
 
-std::string mib(int64_t bytes) { return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20)); }
+std::string mib(int64_t bytes) {
+  return fmt::format("{:.1f}", static_cast<double>(bytes) / (1 << 20));
+}
 
 std::string ranks_str(const std::vector<int>& ranks) {
   // Runs of consecutive ranks as "a-b".
@@ -74,14 +76,15 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
              "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", model.n_head,
              dims.tp);
 
-  JobPlan plan{.model = model, .parallel = parallel, .global_batch = global_batch,
-               .seq_len = seq_len};
+  JobPlan plan{
+      .model = model, .parallel = parallel, .global_batch = global_batch, .seq_len = seq_len};
   // Stages: the schedule the job would run (validated there), and its even split of the blocks.
   std::vector<models::StageRange> ranges{models::StageRange{0, model.n_layer, true, true}};
   std::optional<pipeline::Schedule> schedule;
   if (dims.pp > 1) {
-    schedule = pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
-                                          parallel.microbatches(), parallel.pipeline.virtual_stages);
+    schedule =
+        pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
+                                   parallel.microbatches(), parallel.pipeline.virtual_stages);
     plan.num_stages = schedule->num_stages;
     const auto layers = pipeline::split_layers(model.n_layer, plan.num_stages);
     ranges.clear();
@@ -105,8 +108,8 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
       for (int64_t shard = 0; shard < dims.dp_shard; ++shard) {
         for (int64_t tp = 0; tp < dims.tp; ++tp, ++rank) {
           RankModelStates states{.rank = rank, .coordinate = {pp, rep, shard, tp}};
-          states.stages = schedule ? schedule->stages_of_rank(static_cast<int>(pp))
-                                   : std::vector<int>{0};
+          states.stages =
+              schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
           for (int s : states.stages) {
             // FSDP's units: each block, then the stage's remaining parameters ("root").
             std::map<int64_t, std::vector<Shape>> units;

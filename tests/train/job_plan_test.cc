@@ -53,7 +53,8 @@ void expect_plan_matches(const models::GPTConfig& model, const ParallelConfig& p
   const JobPlan plan = plan_gpt_job(model, parallel, batch, kSeq);
   const auto measured = measured_parameters(model, parallel);
   ASSERT_EQ(plan.ranks.size(), measured.size());
-  for (const auto& [rank, n] : measured) EXPECT_EQ(plan.rank(rank).parameters, n) << "rank " << rank;
+  for (const auto& [rank, n] : measured)
+    EXPECT_EQ(plan.rank(rank).parameters, n) << "rank " << rank;
   // Roles cover every rank once.
   size_t covered = 0;
   for (const RankRole& role : plan.roles) covered += role.ranks.size();
@@ -81,16 +82,15 @@ TEST(JobPlan, TensorParallelEvenAndUnevenVocabulary) {
   const JobPlan uneven = plan_gpt_job(config(41), {.dims = {.tp = 2}}, kBatch, kSeq);
   EXPECT_EQ(uneven.rank(0).parameters - uneven.rank(1).parameters, 8);
   ASSERT_EQ(uneven.notes.size(), 1u);
-  EXPECT_NE(uneven.notes[0].find("21 on the first tp ranks and 20 on the last"),
-            std::string::npos);
+  EXPECT_NE(uneven.notes[0].find("21 on the first tp ranks and 20 on the last"), std::string::npos);
   expect_plan_matches(config(41), {.dims = {.tp = 2}});
 }
 
 TEST(JobPlan, PipelineStages) {
   expect_plan_matches(config(), {.dims = {.pp = 2}, .pipeline = {.microbatches = 2}});
   expect_plan_matches(config(), {.dims = {.pp = 2, .tp = 2}, .pipeline = {.microbatches = 2}});
-  expect_plan_matches(config(), {.dims = {.pp = 2},
-                                 .pipeline = {.schedule = "interleaved", .virtual_stages = 2}});
+  expect_plan_matches(
+      config(), {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 2}});
 }
 
 TEST(JobPlan, DataParallel) {
@@ -112,19 +112,22 @@ TEST(JobPlan, RolesGroupIdenticalRanks) {
 }
 
 TEST(JobPlan, BadLayoutsFailAsTheJobWould) {
-  EXPECT_NE(error_of([] { plan_gpt_job(config(), {.dims = {.tp = 4}}, kBatch, kSeq); })
-                .find("n_head=2 is not divisible by the tp mesh size 4"),
+  EXPECT_NE(error_of([] {
+              plan_gpt_job(config(), {.dims = {.tp = 4}}, kBatch, kSeq);
+            }).find("n_head=2 is not divisible by the tp mesh size 4"),
             std::string::npos);
   // 4 blocks cannot fill 2 ranks x 3 virtual stages.
   EXPECT_NE(error_of([] {
-              plan_gpt_job(config(), {.dims = {.pp = 2},
-                                      .pipeline = {.schedule = "interleaved", .virtual_stages = 3}},
-                           12, kSeq);
+              plan_gpt_job(
+                  config(),
+                  {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 3}},
+                  12, kSeq);
             }).find("stage"),
             std::string::npos);
   // A batch of 8 does not split over dp=3.
-  EXPECT_NE(error_of([] { plan_gpt_job(config(), {.dims = {.dp_replicate = 3}}, kBatch, kSeq); })
-                .find("8"),
+  EXPECT_NE(error_of([] {
+              plan_gpt_job(config(), {.dims = {.dp_replicate = 3}}, kBatch, kSeq);
+            }).find("8"),
             std::string::npos);
 }
 
