@@ -49,30 +49,29 @@ void DTensorSpec::validate(std::string_view op) const {
   for (size_t i = 0; i < placements.size(); ++i) check_placement(placements[i], i, *mesh, ndim, op);
 }
 
+int64_t DTensorSpec::local_size_at(size_t dim, const std::vector<int64_t>& coordinate) const {
+  // Nested in mesh-dim order: each mesh dim sharding `dim` splits what the ones before it left.
+  int64_t size = shape[dim];
+  for (size_t md = 0; md < placements.size(); ++md) {
+    const Placement& p = placements[md];
+    if (p.is_shard() && p.dim() == static_cast<int64_t>(dim)) {
+      size = shard_range(size, mesh->size(md), coordinate[md]).size;
+    }
+  }
+  return size;
+}
+
 bool DTensorSpec::has_local_shape(const Shape& local) const {
   if (local.size() != shape.size()) return false;
-  const std::vector<int64_t>& coordinate = mesh->coordinate();
   for (size_t d = 0; d < shape.size(); ++d) {
-    // Nested in mesh-dim order, as local_shape_at splits it.
-    int64_t size = shape[d];
-    for (size_t md = 0; md < placements.size(); ++md) {
-      const Placement& p = placements[md];
-      if (p.is_shard() && p.dim() == static_cast<int64_t>(d)) {
-        size = shard_range(size, mesh->size(md), coordinate[md]).size;
-      }
-    }
-    if (size != local[d]) return false;
+    if (local_size_at(d, mesh->coordinate()) != local[d]) return false;
   }
   return true;
 }
 
 Shape DTensorSpec::local_shape_at(const std::vector<int64_t>& coordinate) const {
-  Shape local = shape;
-  for (size_t md = 0; md < placements.size(); ++md) {
-    const Placement& p = placements[md];
-    if (!p.is_shard()) continue;
-    local[p.dim()] = shard_range(local[p.dim()], mesh->size(md), coordinate[md]).size;
-  }
+  Shape local(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) local[d] = local_size_at(d, coordinate);
   return local;
 }
 

@@ -30,6 +30,8 @@ struct DTensorSpec {
   bool has_local_shape(const Shape& local) const;
   // Same, for any coordinate of the mesh (for planning and tests).
   Shape local_shape_at(const std::vector<int64_t>& coordinate) const;
+  // Dim `dim` of local_shape_at(coordinate), without building the shape.
+  int64_t local_size_at(size_t dim, const std::vector<int64_t>& coordinate) const;
   Shape local_offset_at(const std::vector<int64_t>& coordinate) const;
 
   bool has_partial() const;

@@ -89,24 +89,22 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
   const DType dtype = promote(a_dev.dtype(), b_dev.dtype());
   LOOM_CHECK(!floating_only || is_floating(dtype), "{}: expected floating tensors, got {} and {}",
              op, dtype_name(a_dev.dtype()), dtype_name(b_dev.dtype()));
+  // Same shapes (the usual case) need no broadcast shape built.
+  Shape broadcast;
+  const bool same_shape = a_dev.shape() == b_dev.shape();
+  if (!same_shape) broadcast = broadcast_shapes(a_dev.shape(), b_dev.shape(), op);
+  const Shape& shape = same_shape ? a_dev.shape() : broadcast;
   // Each operand by reference when it needs no move, conversion or expansion (the usual case:
-  // no tensor handle is copied); otherwise the converted tensor, held in `held`.
+  // no tensor handle is copied); otherwise the prepared tensor, held in `held`.
   const auto prepare = [&](const Tensor& t, Tensor& held) -> const Tensor& {
-    if (t.device() == device && t.dtype() == dtype) return t;
+    if (t.device() == device && t.dtype() == dtype && t.shape() == shape) return t;
     held = to(on_device(t, device), dtype);
+    if (held.shape() != shape) held = expand(held, shape);
     return held;
   };
   Tensor a_held, b_held;
-  const Tensor& a = prepare(a_dev, a_held);
-  const Tensor& b = prepare(b_dev, b_held);
-  // Same shapes need no broadcast shape built.
-  Shape broadcast;
-  if (a.shape() != b.shape()) broadcast = broadcast_shapes(a.shape(), b.shape(), op);
-  const Shape& shape = a.shape() == b.shape() ? a.shape() : broadcast;
-  if (a.shape() != shape) a_held = expand(a, shape);
-  if (b.shape() != shape) b_held = expand(b, shape);
-  const Tensor& ax = a.shape() == shape ? a : a_held;
-  const Tensor& bx = b.shape() == shape ? b : b_held;
+  const Tensor& ax = prepare(a_dev, a_held);
+  const Tensor& bx = prepare(b_dev, b_held);
   Tensor out = Tensor::empty(shape, dtype, device);
   if (device.is_cuda()) {
     cuda_backend::binary(code, out, ax, bx);

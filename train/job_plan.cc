@@ -100,6 +100,12 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
         shard_range(model.vocab_size, dims.tp, dims.tp - 1).size));
   }
 
+  // Each stage's parameters, listed once for every rank that runs it.
+  std::vector<std::vector<models::PlannedParameter>> stage_parameters;
+  for (const models::StageRange& range : ranges) {
+    stage_parameters.push_back(models::gpt_planned_parameters(model, range));
+  }
+
   // Every rank of the (pp, dp_replicate, dp_shard, tp) mesh, row-major.
   std::map<std::tuple<std::vector<int>, int64_t>, size_t> role_of;
   int rank = 0;
@@ -113,7 +119,7 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
           for (int s : states.stages) {
             // FSDP's units: each block, then the stage's remaining parameters ("root").
             std::map<int64_t, std::vector<Shape>> units;
-            for (const auto& p : models::gpt_planned_parameters(model, ranges[s])) {
+            for (const auto& p : stage_parameters[s]) {
               units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
             }
             for (const auto& [block, shapes] : units) {
@@ -125,7 +131,7 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
             plan.roles[it->second].ranks.push_back(rank);
           } else {
             role_of.emplace(key, plan.roles.size());
-            plan.roles.push_back({{rank}, states.stages, states.parameters});
+            plan.roles.push_back({{rank}});
           }
           plan.ranks.push_back(std::move(states));
         }
@@ -152,10 +158,8 @@ std::string format_job_plan(const JobPlan& plan) {
       "|\n|---|---|---:|---:|---:|---:|---:|\n";
   for (const RankRole& role : plan.roles) {
     const RankModelStates& r = plan.rank(role.ranks.front());
-    std::vector<std::string> stages;
-    for (int s : role.stages) stages.push_back(fmt::format("{}", s));
     out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ranks_str(role.ranks),
-                       fmt::join(stages, ","), role.parameters, mib(r.parameter_bytes()),
+                       fmt::join(r.stages, ","), r.parameters, mib(r.parameter_bytes()),
                        mib(r.gradient_bytes()), mib(r.optimizer_bytes()), mib(r.total_bytes()));
   }
   out +=

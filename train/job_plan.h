@@ -38,11 +38,10 @@ struct RankModelStates {
   int64_t total_bytes() const { return parameter_bytes() + gradient_bytes() + optimizer_bytes(); }
 };
 
-// Ranks whose model states are the same: one printed row.
+// Ranks whose model states are the same (stages and parameters): one printed row. The numbers
+// are any of its ranks', e.g. plan.rank(role.ranks.front()).
 struct RankRole {
   std::vector<int> ranks;
-  std::vector<int> stages;
-  int64_t parameters = 0;
 };
 
 struct JobPlan {
