@@ -578,12 +578,19 @@ void check_paths(const Flags& f) {
 // model tensor). The vocabulary is resolved as run() resolves it (the data's unless fixed).
 int print_plan(const Flags& f) {
   try {
-    LOOM_CHECK(!is_llama(f), "--plan: Llama jobs are not planned yet (GPT only; issue 19)");
-    const ModelChoice choice = model_config(f);
-    models::GPTConfig config = choice.config;
-    config.vocab_size = vocab_size(choice, data::load_tokens(f.data));
-    const train::JobPlan plan =
-        train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len);
+    const data::TokenData tokens = data::load_tokens(f.data);
+    train::JobPlan plan;
+    if (is_llama(f)) {
+      models::LlamaConfig config = llama_config(f);
+      if (f.init_from.empty() && !f.vocab_size) config.vocab_size = tokens.vocab_size;
+      if (f.vocab_size) config.vocab_size = f.vocab_size;
+      plan = train::plan_llama_job(config, parallel_config(f), f.batch_size, f.seq_len);
+    } else {
+      const ModelChoice choice = model_config(f);
+      models::GPTConfig config = choice.config;
+      config.vocab_size = vocab_size(choice, tokens);
+      plan = train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len);
+    }
     fmt::print("{}", train::format_job_plan(plan));
     return 0;
   } catch (const Error& error) {

@@ -354,7 +354,7 @@ std::string DeviceMesh::str() const {
   std::vector<std::string> parts;
   for (size_t i = 0; i < dim_names_.size(); ++i)
     parts.push_back(fmt::format("{}={}", dim_names_[i], shape_[i]));
-  parts.push_back(device_type_ == DeviceType::kCPU ? "cpu" : "cuda");
+  parts.push_back(device_type_ == DeviceType::kCUDA ? "cuda" : Device{device_type_, 0}.str());
   return fmt::format("DeviceMesh({})", fmt::join(parts, ", "));
 }
 

@@ -7,6 +7,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/dispatch.h"
+#include "tensor/ops_create.h"
 #include "tensor/ops_cuda.h"
 #include "tensor/ops_views.h"
 
@@ -39,19 +40,9 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
   if (!landing.is_same(dst)) copy_(dst, landing);
 }
 
-}  // namespace
-
-void copy_(const Tensor& dst, const Tensor& src) {
-  if (dispatch_op(OpId::copy_, {dst, src})) return;
-  if (dst.device() != src.device()) {
-    copy_across_devices(dst, src);
-    return;
-  }
-  const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
-  if (dst.device().is_cuda()) {
-    cuda_backend::copy(dst, source);
-    return;
-  }
+// Element by element on host memory (the CPU, or meta storage that keeps values), converting
+// dtypes; `source` already has dst's shape.
+void copy_on_host(const Tensor& dst, const Tensor& source) {
   cpu::visit_dtype(dst.dtype(), [&](auto dst_tag) {
     using D = decltype(dst_tag);
     cpu::visit_dtype(source.dtype(), [&](auto src_tag) {
@@ -75,6 +66,44 @@ void copy_(const Tensor& dst, const Tensor& src) {
                                     });
     });
   });
+}
+
+bool holds_values(const Tensor& t) { return !t.device().is_meta() || t.storage()->data(); }
+
+// Meta tensors hold values only in small storage (tensor/device.h): those copy as host bytes.
+// A source without values reads as zeros, as the values ops compute on meta do (a traced job's
+// gradient norms and losses are zero), so a job's host-side logic runs on unchanged.
+void copy_with_meta(const Tensor& dst, const Tensor& src) {
+  LOOM_CHECK(!dst.device().is_cuda() && !src.device().is_cuda(),
+             "copy_: cannot copy between {} and {}: meta tensors have no device memory; copy "
+             "through the CPU",
+             src.device().str(), dst.device().str());
+  if (!holds_values(dst)) return;
+  if (!holds_values(src)) {
+    fill_(dst, 0.0);
+    return;
+  }
+  copy_on_host(dst, src.shape() == dst.shape() ? src : expand(src, dst.shape()));
+}
+
+}  // namespace
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  if (dispatch_op(OpId::copy_, {dst, src})) return;
+  if (dst.device().is_meta() || src.device().is_meta()) {
+    copy_with_meta(dst, src);
+    return;
+  }
+  if (dst.device() != src.device()) {
+    copy_across_devices(dst, src);
+    return;
+  }
+  const Tensor source = src.shape() == dst.shape() ? src : expand(src, dst.shape());
+  if (dst.device().is_cuda()) {
+    cuda_backend::copy(dst, source);
+    return;
+  }
+  copy_on_host(dst, source);
 }
 
 Tensor contiguous(const Tensor& self) {

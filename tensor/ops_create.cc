@@ -19,6 +19,8 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
 
 void fill_(const Tensor& self, double value) {
   if (dispatch_op(OpId::fill_, {self}, {value})) return;
+  // Meta storage that keeps values is host memory (tensor/device.h); other meta storage has none.
+  if (self.device().is_meta() && self.storage()->data() == nullptr) return;
   if (self.device().is_cuda()) {
     cuda_backend::fill(self, value);
     return;

@@ -1,4 +1,5 @@
-// Factories (loom::ops). Results are contiguous, on CPU unless a device is given.
+// Factories (loom::ops). Results are contiguous, on default_device() (the CPU unless a
+// DefaultDeviceGuard says otherwise, tensor/device.h) when no device is given.
 #pragma once
 
 #include <vector>
@@ -7,11 +8,11 @@
 
 namespace loom::ops {
 
-Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
-Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
-Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = Device::cpu());
+Tensor empty(const Shape& shape, DType dtype = kFloat32, Device device = default_device());
+Tensor zeros(const Shape& shape, DType dtype = kFloat32, Device device = default_device());
+Tensor ones(const Shape& shape, DType dtype = kFloat32, Device device = default_device());
 Tensor full(const Shape& shape, double value, DType dtype = kFloat32,
-            Device device = Device::cpu());
+            Device device = default_device());
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
 // [start, end) by step, like torch.arange; i64 by default.

@@ -106,6 +106,7 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
   const Tensor& ax = prepare(a_dev, a_held);
   const Tensor& bx = prepare(b_dev, b_held);
   Tensor out = Tensor::empty(shape, dtype, device);
+  if (device.is_meta()) return out;  // shapes only (tensor/device.h)
   if (device.is_cuda()) {
     cuda_backend::binary(code, out, ax, bx);
     return out;
@@ -147,6 +148,7 @@ template <bool kFloatingOnly, typename F>
 Tensor unary(const Tensor& a, std::string_view op, UnaryOp code, float scalar, F f) {
   check_defined(a, op);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  if (a.device().is_meta()) return out;
   if (a.device().is_cuda()) {
     LOOM_CHECK(!kFloatingOnly || is_floating(a.dtype()),
                "{}: expected a floating dtype (f32, bf16, f16), got {}", op, dtype_name(a.dtype()));
@@ -372,6 +374,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Tensor ax = expand(to(on_device(a, device), dtype), shape);
   const Tensor bx = expand(to(on_device(b, device), dtype), shape);
   Tensor out = Tensor::empty(shape, dtype, device);
+  if (device.is_meta()) return out;
   if (device.is_cuda()) {
     cuda_backend::where(out, c, ax, bx);
     return out;

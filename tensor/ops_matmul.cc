@@ -6,6 +6,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/dispatch.h"
+#include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_elementwise.h"
@@ -162,7 +163,8 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   // cuBLASLt takes bf16/f16 as they are; on CPU bf16 runs natively where the CPU has bf16 dot
   // products (gemm_bf16.h), everything else in f32.
   const bool native_bf16 = device.is_cpu() && a.dtype() == kBFloat16 && cpu::bf16_gemm_native();
-  const DType gemm_dtype = device.is_cuda() || native_bf16 ? a.dtype() : kFloat32;
+  const DType gemm_dtype =
+      device.is_cuda() || device.is_meta() || native_bf16 ? a.dtype() : kFloat32;
   if (a.dtype() != gemm_dtype) {
     a = to(a, kFloat32);
     b = to(b, kFloat32);
@@ -173,11 +175,12 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   out_shape.insert(out_shape.end(), {m, n});
   Tensor out = Tensor::empty(out_shape, gemm_dtype, device);
   const int64_t batch_count = shape_numel(batch);
+  FlopCounter::record(2 * batch_count * m * n * k);
 
   GemmOperand ga = as_gemm_operand(a), gb = as_gemm_operand(b);
   int64_t stride_a = 0, stride_b = 0;
-  if (batch_count == 0) {
-    // Nothing to multiply.
+  if (batch_count == 0 || device.is_meta()) {
+    // Nothing to multiply (meta: shapes only).
   } else if (device.is_cpu()) {
     cpu_products(ga, gb, /*shared_b=*/shape_numel(b_batch) == 1, batch_count, m, n, k, out);
   } else if (uniform_batch_stride(ga.tensor, &stride_a) &&
@@ -231,6 +234,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     const GemmOperand w = as_gemm_operand(weight_t);
     const Tensor b = contiguous(bias);
     Tensor out = Tensor::empty({m, n}, kBFloat16, device);
+    FlopCounter::record(2 * m * n * k);
     cpu::gemm_bf16(x.transposed, w.transposed, m, n, k, bf16_bits(x.tensor), x.leading,
                    bf16_bits(w.tensor), w.leading, out.raw_data(), /*c_bf16=*/true,
                    std::max<int64_t>(n, 1), bf16_bits(b));
@@ -244,6 +248,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     return add(matmul(input, weight_t), bias);
   }
 
+  FlopCounter::record(2 * m * n * k);
+  if (device.is_meta()) return reshape(Tensor::empty({m, n}, input.dtype(), device), out_shape);
   // Without native bf16 the CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
   const DType gemm_dtype = device.is_cuda() ? input.dtype() : kFloat32;
   const GemmOperand x = as_gemm_operand(reshape(to(input, gemm_dtype), {m, k}));

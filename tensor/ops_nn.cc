@@ -82,7 +82,9 @@ std::vector<float> row_logsumexp(const float* x, int64_t n, int64_t v) {
 
 // x * mask * scale elementwise (x any floating dtype, mask f32 of x's shape), in x's dtype.
 Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
-  if (op_device("dropout", {x_in, mask_in}).is_cuda()) {
+  const Device device = op_device("dropout", {x_in, mask_in});
+  if (device.is_meta()) return Tensor::empty(x_in.shape(), x_in.dtype(), device);
+  if (device.is_cuda()) {
     // f32 arithmetic, one rounding to x's dtype (the 0/1 mask converts exactly).
     Tensor out = Tensor::empty(x_in.shape(), x_in.dtype(), x_in.device());
     cuda_backend::binary(cuda::kernels::BinaryOp::kMulScaled, out, x_in, to(mask_in, x_in.dtype()),
@@ -139,10 +141,11 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
              shape_str(weight.shape()));
   const int64_t v = weight.size(0), c = weight.size(1);
   const Device device = op_device(op, {weight, indices});
-  const std::vector<int64_t> idx = index_values(indices);
   Shape out_shape = indices.shape();
   out_shape.push_back(c);
   Tensor out = Tensor::empty(out_shape, weight.dtype(), device);
+  if (device.is_meta()) return out;  // the indices are not known: nothing to check
+  const std::vector<int64_t> idx = index_values(indices);
   if (device.is_cuda()) {
     for (size_t i = 0; i < idx.size(); ++i) {
       check_embedding_index(idx[i], static_cast<int64_t>(i), indices, v, op);
@@ -187,6 +190,9 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
              shape_str(grad_out.shape()), shape_str(indices.shape()));
   const int64_t c = grad_out.size(-1);
   const Device device = op_device(op, {grad_out, indices});
+  if (device.is_meta()) {  // the f32 accumulator, then the gradient's dtype, as on a GPU
+    return to(Tensor::empty({num_embeddings, c}, kFloat32, device), grad_out.dtype());
+  }
   const std::vector<int64_t> idx = index_values(indices);
   const Tensor g = as_f32(grad_out);
   Tensor grad_w = zeros({num_embeddings, c}, kFloat32, device);
@@ -221,6 +227,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   constexpr std::string_view op = "cross_entropy";
   check_reduction(reduction, op);
   const Device device = op_device(op, {logits, targets});
+  if (device.is_meta()) {  // the targets are not known: shapes only
+    const int64_t rows = logits.size(0);
+    const Tensor lse = Tensor::empty({rows}, kFloat32, device);
+    const Shape loss_shape = reduction == Reduction::kNone ? Shape{rows} : Shape{};
+    return {Tensor::empty(loss_shape, logits.dtype(), device), lse};
+  }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const int64_t n = logits.size(0), v = logits.size(1);
   const Tensor x = as_f32(logits);
@@ -260,6 +272,10 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   constexpr std::string_view op = "cross_entropy_backward";
   check_reduction(reduction, op);
   check_floating(grad_loss, op, "grad_loss");
+  if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
+      device.is_meta()) {  // f32 gradient, then the logits' dtype, as on a GPU
+    return to(Tensor::empty(logits.shape(), kFloat32, device), logits.dtype());
+  }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const int64_t n = logits.size(0), v = logits.size(1);
   if (reduction == Reduction::kNone) {

@@ -12,6 +12,7 @@
 #include "tensor/cpu/attention_kernels.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
+#include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_matmul.h"
@@ -99,6 +100,12 @@ cpu::AttentionShape cpu_shape(const AttentionDims& dims, bool is_causal) {
   return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
 }
 
+// FLOPs of attention's two products, QK^T and PV, over the whole (tq, tk) square (causal too, as
+// torch's FlopCounterMode counts); a backward is counted as two forwards (tensor/flop_counter.h).
+int64_t attention_flops(const AttentionDims& dims) {
+  return 2 * dims.rows * dims.tq * dims.tk * (dims.d + dims.dv);
+}
+
 // Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
@@ -115,7 +122,15 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
+  if (device.is_meta()) {  // shapes only, as the fused kernel makes them
+    FlopCounter::record(attention_flops(dims));
+    Shape out_shape = dims.batch;
+    out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
+    return {Tensor::empty(out_shape, q.dtype(), device),
+            Tensor::empty(lse_shape, kFloat32, device)};
+  }
   if (use_flash(dims, device)) {
+    FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
@@ -127,6 +142,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     return {out, lse};
   }
   if (device.is_cpu()) {
+    FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
     const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
@@ -175,9 +191,16 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
+  if (device.is_meta()) {
+    FlopCounter::record(2 * attention_flops(dims));
+    return {Tensor::empty(q.shape(), q.dtype(), device),
+            Tensor::empty(k.shape(), k.dtype(), device),
+            Tensor::empty(v.shape(), v.dtype(), device)};
+  }
   // The fused kernels read grad_out in q's dtype; another dtype (an f32 gradient of bf16
   // attention) takes the composed path, which uses it unrounded as the CPU does.
   if (use_flash(dims, device) && grad_out.dtype() == q.dtype()) {
+    FlopCounter::record(2 * attention_flops(dims));
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
     const Tensor gc = contiguous(grad_out);
     const Tensor lse = nn_internal::as_f32(logsumexp);
@@ -192,6 +215,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     return {dq, dk, dv};
   }
   if (device.is_cpu()) {
+    FlopCounter::record(2 * attention_flops(dims));
     const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
                      vo = cpu_operand(v, dims.rows), go = cpu_operand(grad_out, dims.rows);
     const Tensor lse = nn_internal::as_f32(logsumexp);

@@ -56,8 +56,9 @@ Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, std::string_view 
   Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  if (x.device().is_cuda()) {
-    cuda::kernels::softmax_forward(po, px, {l.outer, l.n, l.inner}, log, x.device().index);
+  if (!x.device().is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
+    if (x.device().is_cuda())
+      cuda::kernels::softmax_forward(po, px, {l.outer, l.n, l.inner}, log, x.device().index);
     return to(out, x_in.dtype());
   }
   for_each_row(l, [&](int64_t start, int64_t stride) {
@@ -98,8 +99,9 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& out_in, int64
   const float* pg = g.data<float>();
   const float* py = y.data<float>();
   float* pd = grad_x.data<float>();
-  if (device.is_cuda()) {
-    cuda::kernels::softmax_backward(pd, pg, py, {l.outer, l.n, l.inner}, log, device.index);
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
+    if (device.is_cuda())
+      cuda::kernels::softmax_backward(pd, pg, py, {l.outer, l.n, l.inner}, log, device.index);
     return to(grad_x, out_in.dtype());
   }
   for_each_row(l, [&](int64_t start, int64_t stride) {
@@ -203,9 +205,10 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
   float* pm = mean.data<float>();
   float* pr = rstd.data<float>();
   const int64_t n = l.n;
-  if (device.is_cuda()) {
-    cuda::kernels::layer_norm_forward(po, pm, pr, px, pw, pb, l.rows, n, static_cast<float>(eps),
-                                      device.index);
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
+    if (device.is_cuda())
+      cuda::kernels::layer_norm_forward(po, pm, pr, px, pw, pb, l.rows, n, static_cast<float>(eps),
+                                        device.index);
     return {to(out, x_in.dtype()), mean, rstd};
   }
   cpu::layer_norm_forward_f32(px, pw, pb, po, pm, pr, l.rows, n, eps);
@@ -247,18 +250,19 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
   const int64_t n = l.n;
   Tensor grad_x = Tensor::empty(x.shape(), kFloat32, device);
   float* pd = grad_x.data<float>();
-  if (device.is_cuda()) {
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
     LayerNormGrads grads;
     Tensor gw_out, gb_out;
-    if (pw) {
+    if (w.defined()) {
       gw_out = Tensor::empty(normalized_shape, kFloat32, device);
       gb_out = Tensor::empty(normalized_shape, kFloat32, device);
     }
-    cuda::kernels::layer_norm_backward(pd, pw ? gw_out.data<float>() : nullptr,
-                                       pw ? gb_out.data<float>() : nullptr, pg, px, pm, pr, pw,
-                                       l.rows, n, device.index);
+    if (device.is_cuda())
+      cuda::kernels::layer_norm_backward(pd, pw ? gw_out.data<float>() : nullptr,
+                                         pw ? gb_out.data<float>() : nullptr, pg, px, pm, pr, pw,
+                                         l.rows, n, device.index);
     grads.grad_x = to(grad_x, x_in.dtype());
-    if (pw) {
+    if (w.defined()) {
       grads.grad_weight = to(gw_out, weight.dtype());
       grads.grad_bias = to(gb_out, weight.dtype());
     }
@@ -266,14 +270,14 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
   }
   LayerNormGrads grads;
   Tensor gw_out, gb_out;
-  if (pw) {
+  if (w.defined()) {
     gw_out = Tensor::empty(normalized_shape, kFloat32);
     gb_out = Tensor::empty(normalized_shape, kFloat32);
   }
   cpu::layer_norm_backward_f32(pg, px, pm, pr, pw, pd, pw ? gw_out.data<float>() : nullptr,
                                pw ? gb_out.data<float>() : nullptr, l.rows, n);
   grads.grad_x = to(grad_x, x_in.dtype());
-  if (pw) {
+  if (w.defined()) {
     grads.grad_weight = to(gw_out, weight.dtype());
     grads.grad_bias = to(gb_out, weight.dtype());
   }
@@ -301,9 +305,10 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
   float* po = out.data<float>();
   float* pr = rstd.data<float>();
   const int64_t n = l.n;
-  if (device.is_cuda()) {
-    cuda::kernels::rms_norm_forward(po, pr, px, pw, l.rows, n, static_cast<float>(eps),
-                                    device.index);
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
+    if (device.is_cuda())
+      cuda::kernels::rms_norm_forward(po, pr, px, pw, l.rows, n, static_cast<float>(eps),
+                                      device.index);
     return {to(out, x_in.dtype()), rstd};
   }
   cpu::rms_norm_forward_f32(px, pw, po, pr, l.rows, n, eps);
@@ -336,20 +341,21 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
   const float* pw = w.defined() ? w.data<float>() : nullptr;
   float* pd = grad_x.data<float>();
   const int64_t n = l.n;
-  if (device.is_cuda()) {
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
     RMSNormGrads grads{Tensor(), Tensor()};
-    Tensor gw_out = pw ? Tensor::empty(normalized, kFloat32, device) : Tensor();
-    cuda::kernels::rms_norm_backward(pd, pw ? gw_out.data<float>() : nullptr, pg, px, pr, pw,
-                                     l.rows, n, device.index);
+    Tensor gw_out = w.defined() ? Tensor::empty(normalized, kFloat32, device) : Tensor();
+    if (device.is_cuda())
+      cuda::kernels::rms_norm_backward(pd, pw ? gw_out.data<float>() : nullptr, pg, px, pr, pw,
+                                       l.rows, n, device.index);
     grads.grad_x = to(grad_x, x_in.dtype());
-    if (pw) grads.grad_weight = to(gw_out, weight.dtype());
+    if (w.defined()) grads.grad_weight = to(gw_out, weight.dtype());
     return grads;
   }
   RMSNormGrads grads{Tensor(), Tensor()};
-  Tensor gw_out = pw ? Tensor::empty(normalized, kFloat32, device) : Tensor();
+  Tensor gw_out = w.defined() ? Tensor::empty(normalized, kFloat32, device) : Tensor();
   cpu::rms_norm_backward_f32(pg, px, pr, pw, pd, pw ? gw_out.data<float>() : nullptr, l.rows, n);
   grads.grad_x = to(grad_x, x_in.dtype());
-  if (pw) grads.grad_weight = to(gw_out, weight.dtype());
+  if (w.defined()) grads.grad_weight = to(gw_out, weight.dtype());
   return grads;
 }
 

@@ -41,8 +41,9 @@ Tensor rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inver
   const float* pc = c.data<float>();
   const float* ps = s.data<float>();
   float* po = out.data<float>();
-  if (device.is_cuda()) {
-    cuda::kernels::rope_forward(po, px, pc, ps, outer, time, heads, half, inverse, device.index);
+  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
+    if (device.is_cuda())
+      cuda::kernels::rope_forward(po, px, pc, ps, outer, time, heads, half, inverse, device.index);
     return to(out, x_in.dtype());
   }
   const float sign = inverse ? -1.0f : 1.0f;

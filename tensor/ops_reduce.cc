@@ -82,6 +82,9 @@ bool fast_f32_sum(const Tensor& self, const std::vector<bool>& mask, std::vector
 Tensor sum(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) {
   if (auto out = dispatch_op(OpId::sum, {self}, {dims, keepdim})) return std::move((*out)[0]);
   const auto mask = reduced_mask(self, dims, "sum");
+  if (self.device().is_meta()) {  // shapes only (tensor/device.h)
+    return Tensor::empty(reduced_shape(self.shape(), mask, keepdim), self.dtype(), self.device());
+  }
   if (self.device().is_cuda()) return cuda_backend::sum(self, mask, keepdim, 1.0);
   const Shape kept = reduced_shape(self.shape(), mask, /*keepdim=*/true);
   // Accumulator strides: contiguous over kept dims, 0 over reduced ones.
@@ -131,6 +134,9 @@ Tensor mean(const Tensor& self, const std::vector<int64_t>& dims, bool keepdim) 
   for (size_t d = 0; d < mask.size(); ++d) {
     if (mask[d]) count *= self.shape()[d];
   }
+  if (self.device().is_meta()) {
+    return Tensor::empty(reduced_shape(self.shape(), mask, keepdim), self.dtype(), self.device());
+  }
   if (self.device().is_cuda()) {
     return cuda_backend::sum(self, mask, keepdim, 1.0 / static_cast<double>(count));
   }
@@ -170,9 +176,11 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
   moved_out.back() = 1;
   Tensor values = Tensor::empty(moved_out, self.dtype(), self.device());
   Tensor indices = Tensor::empty(moved_out, kInt64, self.device());
-  if (self.device().is_cuda())
+  if (self.device().is_meta()) {
+    // shapes only
+  } else if (self.device().is_cuda()) {
     cuda_backend::max_rows(values, indices, moved, rows, row);
-  else
+  } else {
     cpu::visit_dtype(self.dtype(), [&](auto tag) {
       using T = decltype(tag);
       const T* in = static_cast<const T*>(moved.raw_data());
@@ -193,6 +201,7 @@ std::pair<Tensor, Tensor> max(const Tensor& self, int64_t dim, bool keepdim) {
         ix[r] = best_index;
       }
     });
+  }
   if (self.dim() == 0) return {reshape(values, {}), reshape(indices, {})};
   values = transpose(values, dim, -1);
   indices = transpose(indices, dim, -1);

@@ -84,6 +84,7 @@ void fill_floating(const Tensor& out, const RngRegion& region, const char* op, u
                    cuda::kernels::RandomKind kind, double a, double b, Sample&& sample) {
   LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op,
              out.description());
+  if (out.device().is_meta()) return;  // shapes only (tensor/device.h)
   if (out.device().is_cuda()) {
     LOOM_CHECK(is_floating(out.dtype()), "{}: expected a floating dtype (f32, bf16, f16), got {}",
                op, dtype_name(out.dtype()));
@@ -134,13 +135,13 @@ void uniform_(const Tensor& out, uint64_t seed, double low, double high, const R
 }
 
 Tensor normal(const Shape& shape, uint64_t seed, double mean, double std, DType dtype) {
-  Tensor out = Tensor::empty(shape, dtype);
+  Tensor out = Tensor::empty(shape, dtype, default_device());
   normal_(out, seed, mean, std);
   return out;
 }
 
 Tensor uniform(const Shape& shape, uint64_t seed, double low, double high, DType dtype) {
-  Tensor out = Tensor::empty(shape, dtype);
+  Tensor out = Tensor::empty(shape, dtype, default_device());
   uniform_(out, seed, low, high);
   return out;
 }

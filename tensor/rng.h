@@ -30,6 +30,7 @@ void normal_(const Tensor& out, uint64_t seed, double mean = 0.0, double std = 1
              const RngRegion& region = {});
 void uniform_(const Tensor& out, uint64_t seed, double low = 0.0, double high = 1.0,
               const RngRegion& region = {});
+// New tensors on default_device() (tensor/device.h).
 Tensor normal(const Shape& shape, uint64_t seed, double mean = 0.0, double std = 1.0,
               DType dtype = kFloat32);
 Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high = 1.0,

@@ -2,10 +2,12 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 
 #include "base/error.h"
 #include "tensor/cuda/caching_allocator.h"
+#include "tensor/memory_stats.h"
 
 namespace loom {
 
@@ -17,7 +19,9 @@ constexpr size_t kCpuAlignment = 64;  // one cache line / one AVX-512 vector
 // cache and splits chunks, which made a small tensor's buffer the dearest part of creating it.
 // The block's own address is kept just below the aligned data for free_bytes.
 void* Storage::allocate_bytes(size_t bytes, Device device) {
-  if (device.is_cpu()) {
+  // Meta storage has no buffer, except small ones: zeroed host bytes (tensor/device.h).
+  if (device.is_meta() && bytes > kMetaDataBytes) return nullptr;
+  if (device.is_cpu() || device.is_meta()) {
     const size_t rounded =
         (std::max<size_t>(bytes, 1) + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
     void* block = std::malloc(rounded + kCpuAlignment);
@@ -27,18 +31,24 @@ void* Storage::allocate_bytes(size_t bytes, Device device) {
     auto* data =
         reinterpret_cast<void**>((base + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment);
     data[-1] = block;
+    if (device.is_meta()) std::memset(data, 0, bytes);
     return data;
   }
   return bytes == 0 ? nullptr : cuda::cached_malloc(bytes, device.index);
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
+  MemoryTracker& tracker = current_memory_tracker();
   // One block for the Storage and its reference counts.
-  return std::make_shared<Storage>(Key{}, allocate_bytes(bytes, device), bytes, device);
+  auto storage =
+      std::make_shared<Storage>(Key{}, allocate_bytes(bytes, device), bytes, device, &tracker);
+  tracker.charge(static_cast<int64_t>(bytes));
+  return storage;
 }
 
 void Storage::free_bytes() {
-  if (device_.is_cpu()) {
+  tracker_->credit(static_cast<int64_t>(bytes_));
+  if (device_.is_cpu() || device_.is_meta()) {
     if (data_ != nullptr) std::free(static_cast<void**>(data_)[-1]);
   } else {
     cuda::cached_free(data_, device_.index);  // back to the device's pool; never throws
@@ -46,7 +56,9 @@ void Storage::free_bytes() {
   data_ = nullptr;
 }
 
-Storage::~Storage() { free_bytes(); }
+Storage::~Storage() {
+  if (!released_) free_bytes();
+}
 
 void Storage::release() {
   if (released_) return;
@@ -57,6 +69,7 @@ void Storage::release() {
 void Storage::refill() {
   if (!released_) return;
   data_ = allocate_bytes(bytes_, device_);
+  tracker_->charge(static_cast<int64_t>(bytes_));
   released_ = false;
 }
 

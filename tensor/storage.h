@@ -9,11 +9,18 @@
 
 namespace loom {
 
+class MemoryTracker;
+
+// Meta storage of at most this many bytes keeps real, zeroed host bytes (tensor/device.h).
+inline constexpr size_t kMetaDataBytes = 256;
+
 class Storage {
  public:
   // Allocates `bytes` on `device` (64-byte aligned on CPU; on CUDA from the device's caching
-  // allocator, tensor/cuda/caching_allocator.h, so no cudaMalloc per tensor). Contents are
-  // uninitialized.
+  // allocator, tensor/cuda/caching_allocator.h, so no cudaMalloc per tensor; on meta nothing,
+  // or zeroed host bytes up to kMetaDataBytes). Contents are uninitialized. The bytes are counted
+  // by the allocating thread's MemoryTracker (tensor/memory_stats.h) until they are freed, on
+  // whichever thread that happens.
   static std::shared_ptr<Storage> allocate(size_t bytes, Device device);
 
   Storage(const Storage&) = delete;
@@ -37,8 +44,8 @@ class Storage {
   struct Key {};
 
  public:
-  Storage(Key, void* data, size_t bytes, Device device)
-      : data_(data), bytes_(bytes), device_(device) {}
+  Storage(Key, void* data, size_t bytes, Device device, MemoryTracker* tracker)
+      : data_(data), bytes_(bytes), device_(device), tracker_(tracker) {}
 
  private:
   static void* allocate_bytes(size_t bytes, Device device);
@@ -47,6 +54,7 @@ class Storage {
   bool released_ = false;
   size_t bytes_;
   Device device_;
+  MemoryTracker* tracker_;  // charged while the bytes are held; trackers outlive their storage
 };
 
 }  // namespace loom

@@ -25,10 +25,11 @@ const std::vector<JobOption>& options() {
   static const std::vector<JobOption> table = {
       {"model",
        "model",
-       "model preset: tiny or small (GPT-2 124M), or llama-tiny (Llama 3's architecture)",
+       "model preset: tiny, small (GPT-2 124M) or gpt3-175b, or llama-tiny (Llama 3's "
+       "architecture), llama3-8b or llama3-70b (the large ones are for ./loom plan)",
        &C::model,
        Range::kAny,
-       {"tiny", "small", "llama-tiny"}},
+       {"tiny", "small", "gpt3-175b", "llama-tiny", "llama3-8b", "llama3-70b"}},
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
       {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},

@@ -13,6 +13,7 @@
 #include "parallel/fsdp/flat_layout.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/split.h"
+#include "train/parallel_llama.h"
 
 namespace loom::train {
 
@@ -61,23 +62,82 @@ std::string ranks_str(const std::vector<int>& ranks) {
   return out;
 }
 
+// The job's layout checks, and its sequence against the model's context.
+void validate_layout(const ParallelConfig& parallel, int64_t global_batch, int64_t seq_len,
+                     int64_t context) {
+  parallel.validate(parallel.dims.world_size(), global_batch, seq_len);
+  LOOM_CHECK(seq_len <= context,
+             "--seq-len: {} tokens per sequence is more than the model's context of {}", seq_len,
+             context);
+}
+
+// A vocabulary tp does not divide is split unevenly: said, with both shard sizes.
+void add_uneven_vocabulary_note(JobPlan& plan, int64_t vocab, const char* rows) {
+  const int64_t tp = plan.parallel.dims.tp;
+  if (tp == 1 || vocab % tp == 0) return;
+  plan.notes.push_back(fmt::format(
+      "the vocabulary ({} tokens) does not divide by tp={}: {} split unevenly, {} on the first tp "
+      "ranks and {} on the last",
+      vocab, tp, rows, shard_range(vocab, tp, 0).size, shard_range(vocab, tp, tp - 1).size));
+}
+
+// Traces the job's step (train/step_trace.h) and groups the traced ranks with equal figures.
+void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& build) {
+  const ParallelDims& dims = plan.parallel.dims;
+  plan.traced = trace_training_step(dims, build,
+                                    {.local_batch = plan.global_batch / dims.dp(),
+                                     .seq_len = plan.seq_len,
+                                     .ranks = ranks_to_trace(dims, options.max_traced_ranks)});
+  std::vector<size_t> representative;  // index in plan.traced of each role's first rank
+  for (size_t i = 0; i < plan.traced.size(); ++i) {
+    const TracedRank& t = plan.traced[i];
+    const auto same = [&](size_t j) {
+      const TracedRank& u = plan.traced[j];
+      if (u.parameters != t.parameters || u.held_bytes != t.held_bytes ||
+          u.peak_bytes != t.peak_bytes || u.flops != t.flops ||
+          u.collectives.size() != t.collectives.size()) {
+        return false;
+      }
+      for (const auto& [group, tallies] : t.collectives) {
+        const auto it = u.collectives.find(group);
+        if (it == u.collectives.end()) return false;
+        for (size_t k = 0; k < tallies.size(); ++k) {
+          if (it->second[k].calls != tallies[k].calls || it->second[k].bytes != tallies[k].bytes)
+            return false;
+        }
+      }
+      return true;
+    };
+    size_t role = 0;
+    while (role < representative.size() && !same(representative[role])) ++role;
+    if (role == representative.size()) {
+      representative.push_back(i);
+      plan.traced_roles.push_back({});
+    }
+    plan.traced_roles[role].ranks.push_back(t.rank);
+  }
+}
+
 }  // namespace
 
 JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& parallel,
-                     int64_t global_batch, int64_t seq_len) {
+                     int64_t global_batch, int64_t seq_len, const PlanOptions& options) {
   const ParallelDims& dims = parallel.dims;
   // The job's own checks, in the job's order and words.
   model.validate();
-  parallel.validate(dims.world_size(), global_batch, seq_len);
-  LOOM_CHECK(seq_len <= model.block_size,
-             "--seq-len: {} tokens per sequence is more than the model's context of {}", seq_len,
-             model.block_size);
+  validate_layout(parallel, global_batch, seq_len, model.block_size);
   LOOM_CHECK(model.n_head % dims.tp == 0,
              "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", model.n_head,
              dims.tp);
 
-  JobPlan plan{
-      .model = model, .parallel = parallel, .global_batch = global_batch, .seq_len = seq_len};
+  JobPlan plan{.model_summary = fmt::format(
+                   "GPT n_layer={} n_head={} n_embd={} block_size={} vocab_size={} ({} parameters)",
+                   model.n_layer, model.n_head, model.n_embd, model.block_size, model.vocab_size,
+                   model.parameter_count()),
+               .world_size = dims.world_size(),
+               .parallel = parallel,
+               .global_batch = global_batch,
+               .seq_len = seq_len};
   // Stages: the schedule the job would run (validated there), and its even split of the blocks.
   std::vector<models::StageRange> ranges{models::StageRange{0, model.n_layer, true, true}};
   std::optional<pipeline::Schedule> schedule;
@@ -92,13 +152,7 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
       ranges.push_back({layers[s].begin, layers[s].end, s == 0, s == plan.num_stages - 1});
     }
   }
-  if (dims.tp > 1 && model.vocab_size % dims.tp != 0) {
-    plan.notes.push_back(fmt::format(
-        "the vocabulary ({} tokens) does not divide by tp={}: wte's rows split unevenly, {} on "
-        "the first tp ranks and {} on the last",
-        model.vocab_size, dims.tp, shard_range(model.vocab_size, dims.tp, 0).size,
-        shard_range(model.vocab_size, dims.tp, dims.tp - 1).size));
-  }
+  add_uneven_vocabulary_note(plan, model.vocab_size, "wte's rows");
 
   // Each stage's parameters, listed once for every rank that runs it.
   std::vector<std::vector<models::PlannedParameter>> stage_parameters;
@@ -138,33 +192,105 @@ JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& paral
       }
     }
   }
+  if (options.trace) {
+    trace_job(plan, options, [model, parallel](std::shared_ptr<const DeviceMesh> mesh) {
+      return build_parallel_gpt(model, /*seed=*/0, std::move(mesh), parallel);
+    });
+  }
+  return plan;
+}
+
+JobPlan plan_llama_job(const models::LlamaConfig& model, const ParallelConfig& parallel,
+                       int64_t global_batch, int64_t seq_len, const PlanOptions& options) {
+  const ParallelDims& dims = parallel.dims;
+  model.validate();
+  validate_layout(parallel, global_batch, seq_len, model.max_seq_len);
+  JobPlan plan{.model_summary =
+                   fmt::format("Llama n_layers={} dim={} n_heads={} n_kv_heads={} max_seq_len={} "
+                               "vocab_size={} ({} parameters)",
+                               model.n_layers, model.dim, model.n_heads, model.n_kv_heads,
+                               model.max_seq_len, model.vocab_size, model.parameter_count()),
+               .world_size = dims.world_size(),
+               .parallel = parallel,
+               .global_batch = global_batch,
+               .seq_len = seq_len};
+  if (dims.pp > 1) {
+    plan.num_stages =
+        pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
+                                   parallel.microbatches(), parallel.pipeline.virtual_stages)
+            .num_stages;
+  }
+  add_uneven_vocabulary_note(plan, model.vocab_size, "the embedding's and the output's rows");
+  if (options.trace) {
+    trace_job(plan, options, [model, parallel](std::shared_ptr<const DeviceMesh> mesh) {
+      return build_parallel_llama(model, /*seed=*/0, std::move(mesh), parallel);
+    });
+  }
   return plan;
 }
 
 std::string format_job_plan(const JobPlan& plan) {
-  const models::GPTConfig& m = plan.model;
+  const ParallelDims& dims = plan.parallel.dims;
   std::string out = fmt::format(
-      "loom plan: GPT n_layer={} n_head={} n_embd={} block_size={} vocab_size={} ({} "
-      "parameters)\n  layout {} ({} ranks), {} pipeline stage{}, global batch {} x {} tokens\n"
+      "loom plan: {}\n  layout {} ({} ranks), {} pipeline stage{}, global batch {} x {} tokens{}\n"
       "  checks passed: degrees x world, batch x dp x grad_accum and microbatches, schedule, "
-      "model sizes, heads over tp, layers per stage\n",
-      m.n_layer, m.n_head, m.n_embd, m.block_size, m.vocab_size, m.parameter_count(),
-      plan.parallel.dims.str(), plan.parallel.dims.world_size(), plan.num_stages,
-      plan.num_stages == 1 ? "" : "s", plan.global_batch, plan.seq_len);
+      "model sizes, heads over tp, layers per stage{}\n",
+      plan.model_summary, dims.str(), plan.world_size, plan.num_stages,
+      plan.num_stages == 1 ? "" : "s", plan.global_batch, plan.seq_len,
+      plan.parallel.mixed_precision ? ", bf16 compute over f32 weights" : "",
+      plan.traced.empty() ? "" : ", a traced step of the job's own code");
   for (const std::string& note : plan.notes) out += fmt::format("  note: {}\n", note);
-  out +=
-      "\nModel states per rank (f32 parameters, their gradients, AdamW's two moments; MiB):\n\n"
-      "| ranks | stages | parameters | parameters MiB | gradients MiB | optimizer MiB | total MiB "
-      "|\n|---|---|---:|---:|---:|---:|---:|\n";
-  for (const RankRole& role : plan.roles) {
-    const RankModelStates& r = plan.rank(role.ranks.front());
-    out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ranks_str(role.ranks),
-                       fmt::join(r.stages, ","), r.parameters, mib(r.parameter_bytes()),
-                       mib(r.gradient_bytes()), mib(r.optimizer_bytes()), mib(r.total_bytes()));
+  if (!plan.roles.empty()) {
+    out +=
+        "\nModel states per rank, from shapes (f32 parameters, their gradients, AdamW's two "
+        "moments; MiB):\n\n"
+        "| ranks | stages | parameters | parameters MiB | gradients MiB | optimizer MiB | total "
+        "MiB |\n|---|---|---:|---:|---:|---:|---:|\n";
+    for (const RankRole& role : plan.roles) {
+      const RankModelStates& r = plan.rank(role.ranks.front());
+      out += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", ranks_str(role.ranks),
+                         fmt::join(r.stages, ","), r.parameters, mib(r.parameter_bytes()),
+                         mib(r.gradient_bytes()), mib(r.optimizer_bytes()), mib(r.total_bytes()));
+    }
+  }
+  if (plan.traced.empty()) return out;
+  const auto traced_rank = [&](int rank) -> const TracedRank& {
+    for (const TracedRank& t : plan.traced) {
+      if (t.rank == rank) return t;
+    }
+    throw Error(fmt::format("format_job_plan: rank {} was not traced", rank));
+  };
+  out += fmt::format(
+      "\nTraced step per rank (the job's code on the meta device, its second step; MiB, GFLOP){}:"
+      "\n\n| ranks | parameters | held between steps | peak in step | peak - held | GFLOP |\n"
+      "|---|---:|---:|---:|---:|---:|\n",
+      static_cast<int64_t>(plan.traced.size()) < plan.world_size
+          ? fmt::format(" — {} of {} ranks traced, the others' pipeline lines are like these",
+                        plan.traced.size(), plan.world_size)
+          : "");
+  for (const TracedRole& role : plan.traced_roles) {
+    const TracedRank& t = traced_rank(role.ranks.front());
+    out += fmt::format("| {} | {} | {} | {} | {} | {:.1f} |\n", ranks_str(role.ranks), t.parameters,
+                       mib(t.held_bytes), mib(t.peak_bytes), mib(t.peak_bytes - t.held_bytes),
+                       static_cast<double>(t.flops) / 1e9);
   }
   out +=
-      "\nNot predicted yet: activations, communication buffers and collectives, step time, "
-      "mixed precision's bf16 copies.\n";
+      "\nCommunication per step and rank (calls, MiB sent by the rank; p2p counts sends and "
+      "receives):\n\n| ranks | group | kind | calls | MiB |\n|---|---|---|---:|---:|\n";
+  for (const TracedRole& role : plan.traced_roles) {
+    const TracedRank& t = traced_rank(role.ranks.front());
+    bool any = false;
+    for (const auto& [group, tallies] : t.collectives) {
+      for (size_t k = 0; k < tallies.size(); ++k) {
+        if (tallies[k].calls == 0) continue;
+        any = true;
+        out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks_str(role.ranks), group,
+                           comm::collective_name(static_cast<comm::CollectiveKind>(k)),
+                           tallies[k].calls, mib(tallies[k].bytes));
+      }
+    }
+    if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks_str(role.ranks));
+  }
   return out;
 }
 

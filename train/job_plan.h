@@ -1,19 +1,20 @@
-// `loom plan`: a GPT job checked and sized before launch, from shapes alone (no process group, no
-// tensor of the model is made). torchtitan, Megatron and DeepSpeed users ask "will this fit?"
-// before a launch; this answers from the same layout the job would build.
+// `loom plan`: a job checked and sized before launch (no real process group; the model exists only
+// on the meta device). torchtitan, Megatron and DeepSpeed users ask "will this fit, and what will
+// it send?" before a launch; this answers from the job's own code.
 //
-// What it does today:
+// What it does:
 //   - validates the layout as the job does, with the job's own messages: the degrees against
 //     the world, the batch against dp x grad_accum and the microbatches, the schedule, the
 //     sequence under sequence parallelism (ParallelConfig::validate), the model's sizes, heads
-//     over tp (parallelize_gpt's check), and layers per pipeline stage (split_layers'); a
-//     vocabulary that tp does not divide is reported as the uneven split that will happen;
-//   - model states per rank: each rank's parameter elements (its pipeline stages' parameters,
-//     their tensor-parallel shard, and with FSDP its dp_shard chunk as fully_shard lays it out),
-//     and from them f32 parameter, gradient and AdamW state bytes; ranks with the same numbers
-//     are one row ("role").
-// Not yet (issue 19's rest): activations per microbatch, communication buffers, collectives per
-// mesh dim, the step-time model, mixed precision's bf16 copies, Llama, published presets.
+//     over tp, layers per pipeline stage; a vocabulary that tp does not divide is reported as the
+//     uneven split that will happen;
+//   - GPT: model states of every rank from shapes alone (its stages' parameters, their
+//     tensor-parallel shard, and with FSDP its dp_shard chunk as fully_shard lays it out; f32
+//     parameters, gradients and AdamW's moments), ranks with the same numbers as one row;
+//   - traces a training step of the job on the meta device (train/step_trace.h): what each rank
+//     holds between steps and at its peak (activations, communication buffers, mixed precision's
+//     copies included), its collectives per process group and kind (calls and bytes), and its
+//     matrix-product FLOPs. Any check the job's code makes fails the trace with the job's message.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,9 @@
 #include <vector>
 
 #include "models/gpt/config.h"
+#include "models/llama/config.h"
 #include "train/parallel_gpt.h"
+#include "train/step_trace.h"
 
 namespace loom::train {
 
@@ -44,15 +47,30 @@ struct RankRole {
   std::vector<int> ranks;
 };
 
+// Traced ranks with the same figures: one printed row.
+struct TracedRole {
+  std::vector<int> ranks;  // traced ranks
+};
+
+struct PlanOptions {
+  bool trace = true;          // trace a step on the meta device (seconds at any size)
+  int max_traced_ranks = 32;  // larger worlds trace representative pipeline lines only
+};
+
 struct JobPlan {
-  models::GPTConfig model;
+  std::string model_summary;  // "GPT n_layer=12 ... (124439808 parameters)"
+  int64_t world_size = 1;
   ParallelConfig parallel;
   int64_t global_batch = 0;
   int64_t seq_len = 0;
-  int num_stages = 1;                  // pipeline stages (pp x virtual stages)
-  std::vector<std::string> notes;      // what the job will do that a user may not expect
-  std::vector<RankModelStates> ranks;  // every rank, in rank order
-  std::vector<RankRole> roles;         // distinct rows, by first rank
+  int num_stages = 1;              // pipeline stages (pp x virtual stages)
+  std::vector<std::string> notes;  // what the job will do that a user may not expect
+  // GPT: every rank, in rank order, and the distinct rows (empty for Llama: see traced).
+  std::vector<RankModelStates> ranks;
+  std::vector<RankRole> roles;
+  // With options.trace: the traced ranks (ascending) and their distinct rows.
+  std::vector<TracedRank> traced;
+  std::vector<TracedRole> traced_roles;
 
   const RankModelStates& rank(int r) const { return ranks.at(static_cast<size_t>(r)); }
 };
@@ -61,9 +79,13 @@ struct JobPlan {
 // `global_batch` sequences of `seq_len` tokens. Throws loom::Error naming the field and values as
 // the job itself would (before any rank starts).
 JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& parallel,
-                     int64_t global_batch, int64_t seq_len);
+                     int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
+// The same for a Llama (its model states come from the trace only).
+JobPlan plan_llama_job(const models::LlamaConfig& model, const ParallelConfig& parallel,
+                       int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
 
-// The plan as text: the layout, the notes, and a table of model states per role.
+// The plan as text (markdown tables): the layout, the notes, model states per role, and the
+// traced memory, FLOPs and communication per role.
 std::string format_job_plan(const JobPlan& plan);
 
 }  // namespace loom::train

@@ -80,6 +80,8 @@ std::pair<Tensor, Tensor> loss_parallel_rows(const Tensor& logits_local, const T
 }
 
 int64_t valid_count(const Tensor& targets, int64_t ignore_index) {
+  // Meta targets have no values (tensor/device.h): every row is taken to count.
+  if (targets.device().is_meta()) return targets.numel();
   int64_t count = 0;
   for (double t : ops::to_vector(targets)) count += static_cast<int64_t>(t) != ignore_index;
   return count;

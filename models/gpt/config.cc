@@ -11,7 +11,11 @@ GPTConfig GPTConfig::preset(const std::string& name) {
     return GPTConfig{
         .n_layer = 12, .n_head = 12, .n_embd = 768, .block_size = 1024, .vocab_size = 50257};
   }
-  LOOM_FAIL("GPTConfig: unknown preset '{}' (expected tiny or small)", name);
+  if (name == "gpt3-175b") {  // Brown et al. 2020, Table 2.1 (for planning: loom plan)
+    return GPTConfig{
+        .n_layer = 96, .n_head = 96, .n_embd = 12288, .block_size = 2048, .vocab_size = 50257};
+  }
+  LOOM_FAIL("GPTConfig: unknown preset '{}' (expected tiny, small or gpt3-175b)", name);
 }
 
 void GPTConfig::validate() const {

@@ -1,0 +1,83 @@
+#include "comm/fake/fake_world.h"
+
+#include "base/error.h"
+#include "tensor/grad_mode.h"
+#include "tensor/ops.h"
+
+namespace loom::comm {
+
+namespace {
+
+// The message's values into the receive buffer (only small meta storage holds any).
+void deliver(const Tensor& into, const Tensor& message) {
+  if (into.shape() != message.shape() || into.dtype() != message.dtype()) return;
+  NoGradGuard no_grad;
+  ops::copy_(into, message);
+}
+
+}  // namespace
+
+void FakeRecvWork::wait() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  LOOM_CHECK(done_cv_.wait_for(lock, timeout_, [&] { return completed_; }),
+             "{}: no matching send within {} ms: the traced ranks' sends and receives do not "
+             "pair up",
+             description_, std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count());
+  if (error_) std::rethrow_exception(error_);
+}
+
+void FakeWorld::send(const std::string& group, int src, int dst, int tag, const Tensor& tensor) {
+  PendingRecv receiver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Key key{group, src, dst, tag};
+    auto it = waiting_.find(key);
+    if (it == waiting_.end() || it->second.empty()) {
+      sent_[key].push_back(tensor);
+      return;
+    }
+    receiver = std::move(it->second.front());
+    it->second.pop_front();
+  }
+  deliver(receiver.into, tensor);
+  receiver.work->mark_completed();
+}
+
+void FakeWorld::recv(const std::string& group, int src, int dst, int tag, const Tensor& into,
+                     std::shared_ptr<Work> work) {
+  Tensor message;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty()) {
+      work->mark_failed(std::make_exception_ptr(Error(aborted_)));
+      return;
+    }
+    const Key key{group, src, dst, tag};
+    auto it = sent_.find(key);
+    if (it == sent_.end() || it->second.empty()) {
+      waiting_[key].push_back({into, std::move(work)});
+      return;
+    }
+    message = std::move(it->second.front());
+    it->second.pop_front();
+  }
+  deliver(into, message);
+  work->mark_completed();
+}
+
+void FakeWorld::abort(const std::string& reason) {
+  std::map<Key, std::deque<PendingRecv>> waiting;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!aborted_.empty()) return;
+    aborted_ = reason;
+    waiting.swap(waiting_);
+  }
+  for (auto& [key, receivers] : waiting) {
+    for (PendingRecv& receiver : receivers) {
+      receiver.work->mark_failed(std::make_exception_ptr(Error(reason)));
+    }
+  }
+}
+
+}  // namespace loom::comm

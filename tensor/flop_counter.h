@@ -1,0 +1,33 @@
+// Counts the floating-point operations of the matrix products a thread runs inside a scope
+// (torch.utils.flop_counter.FlopCounterMode): 2 * m * n * k per GEMM (matmul, linear and their
+// batched forms) and attention's two products, forward and backward, on every device including
+// meta, so a traced step (train/job_plan.h) knows its compute without running it. Elementwise
+// ops, norms and softmax are not counted (as torch's counter: they are memory-bound).
+//
+//   FlopCounter flops;
+//   model.forward_backward(x, y);
+//   flops.total();
+#pragma once
+
+#include <cstdint>
+
+namespace loom {
+
+class FlopCounter {
+ public:
+  FlopCounter();  // counts this thread's products until destroyed (scopes nest; each counts)
+  ~FlopCounter();
+  FlopCounter(const FlopCounter&) = delete;
+  FlopCounter& operator=(const FlopCounter&) = delete;
+
+  int64_t total() const { return total_; }
+
+  // Adds `flops` to every counter open on this thread (what the ops call).
+  static void record(int64_t flops);
+
+ private:
+  int64_t total_ = 0;
+  FlopCounter* outer_;
+};
+
+}  // namespace loom

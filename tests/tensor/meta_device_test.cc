@@ -1,0 +1,99 @@
+// The meta device (tensor/device.h): ops give the shapes and dtypes a real device gives without
+// running a kernel; small storage keeps values; the memory tracker and the FLOP counter count.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tensor/flop_counter.h"
+#include "tensor/memory_stats.h"
+#include "tensor/ops.h"
+#include "tests/tensor/tensor_test_util.h"
+
+namespace loom {
+namespace {
+
+TEST(MetaDevice, OpsGiveTheShapesOfARealDevice) {
+  const Tensor a = ops::empty({4, 8}, kFloat32, Device::meta());
+  const Tensor w = ops::empty({8, 3}, kFloat32, Device::meta());
+  const Tensor y = ops::matmul(a, w);
+  EXPECT_EQ(y.shape(), (Shape{4, 3}));
+  EXPECT_TRUE(y.device().is_meta());
+  EXPECT_EQ(ops::add(a, ops::full({8}, 1.0, kFloat32, Device::meta())).shape(), (Shape{4, 8}));
+  EXPECT_EQ(ops::sum(a, {1}, false).shape(), (Shape{4}));
+  const auto ln = ops::layer_norm(a, {8}, Tensor(), Tensor(), 1e-5);
+  EXPECT_EQ(ln.out.shape(), (Shape{4, 8}));
+  EXPECT_EQ(ln.mean.shape(), (Shape{4}));
+  const Tensor ids = ops::empty({2, 5}, kInt64, Device::meta());
+  EXPECT_EQ(ops::embedding(w, ids).shape(), (Shape{2, 5, 3}));
+  const Tensor logits = ops::empty({10, 8}, kBFloat16, Device::meta());
+  const auto ce = ops::cross_entropy(logits, ops::empty({10}, kInt64, Device::meta()));
+  EXPECT_EQ(ce.loss.shape(), (Shape{}));
+  EXPECT_EQ(ce.loss.dtype(), kBFloat16);
+  EXPECT_EQ(ops::to(a, kBFloat16).dtype(), kBFloat16);
+  EXPECT_EQ(ops::transpose(a, 0, 1).shape(), (Shape{8, 4}));
+}
+
+TEST(MetaDevice, SmallStorageKeepsValuesLargeStorageHasNone) {
+  const Tensor small = ops::from_vector_i64({3, 1, 4}, {3}, Device::meta());
+  EXPECT_EQ(ops::to_vector(small), (std::vector<double>{3, 1, 4}));
+  EXPECT_EQ(ops::full({1}, 2.5, kFloat32, Device::meta()).item<double>(), 2.5);
+  // Computed values are not: what a kernel would write stays zero.
+  EXPECT_EQ(ops::add(small, small).storage()->data() != nullptr, true);
+  const Tensor big = ops::empty({1024}, kFloat32, Device::meta());
+  EXPECT_EQ(big.storage()->data(), nullptr);
+  // Without values a meta tensor reads as zeros (what ops compute on meta).
+  EXPECT_EQ(ops::to_vector(ops::sum(big, {0}, false)), (std::vector<double>{0}));
+  EXPECT_EQ(ops::to_vector(ops::narrow(big, 0, 0, 3)), (std::vector<double>{0, 0, 0}));
+  // Copies into big meta storage are shape-checked no-ops.
+  ops::copy_(big, ops::zeros({1024}));
+}
+
+TEST(MetaDevice, DefaultDeviceGuardPlacesFactories) {
+  EXPECT_TRUE(ops::zeros({2}).device().is_cpu());
+  {
+    DefaultDeviceGuard meta(Device::meta());
+    EXPECT_TRUE(ops::zeros({2}).device().is_meta());
+    EXPECT_TRUE(ops::normal({3, 3}, /*seed=*/1).device().is_meta());
+  }
+  EXPECT_TRUE(ops::ones({2}).device().is_cpu());
+  EXPECT_EQ(Device::meta().str(), "meta");
+}
+
+TEST(MemoryTracker, CountsStorageFromAllocationToFree) {
+  MemoryTracker tracker;
+  {
+    ScopedMemoryTracker scope(tracker);
+    Tensor a = ops::empty({1000}, kFloat32, Device::meta());  // 4000 bytes
+    {
+      Tensor b = ops::empty({500}, kFloat32);  // 2000 bytes on the CPU
+      EXPECT_EQ(tracker.stats().current_bytes, 6000);
+    }
+    EXPECT_EQ(tracker.stats().current_bytes, 4000);
+    EXPECT_EQ(tracker.stats().peak_bytes, 6000);
+    tracker.reset_peak();
+    EXPECT_EQ(tracker.stats().peak_bytes, 4000);
+    a.storage()->release();
+    EXPECT_EQ(tracker.stats().current_bytes, 0);
+    a.storage()->refill();
+    EXPECT_EQ(tracker.stats().current_bytes, 4000);
+  }
+  EXPECT_EQ(tracker.stats().current_bytes, 0);
+  EXPECT_EQ(tracker.stats().allocations, 3);  // a, b, a's refill
+}
+
+TEST(FlopCounter, CountsMatrixProductsOnEveryDevice) {
+  FlopCounter outer;
+  {
+    FlopCounter inner;
+    ops::matmul(ops::ones({2, 3, 4}), ops::ones({4, 5}));  // 2 * (2 * 3) * 5 * 4
+    EXPECT_EQ(inner.total(), 240);
+  }
+  ops::linear(ops::empty({6, 4}, kFloat32, Device::meta()),
+              ops::empty({5, 4}, kFloat32, Device::meta()),
+              ops::empty({5}, kFloat32, Device::meta()));  // 2 * 6 * 5 * 4
+  const Tensor q = ops::empty({1, 2, 8, 4}, kFloat32, Device::meta());
+  ops::scaled_dot_product_attention(q, q, q, /*is_causal=*/true);  // 2 * 2 * 8 * 8 * (4 + 4)
+  EXPECT_EQ(outer.total(), 240 + 240 + 2048);
+}
+
+}  // namespace
+}  // namespace loom

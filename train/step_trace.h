@@ -1,0 +1,80 @@
+// A training step traced on the meta device (tensor/device.h) over fake process groups
+// (comm/fake/fake_process_group.h): the job's own code — its mesh, its model builder, the Trainer's
+// step with clipping and AdamW — runs on every traced rank with shapes and no values, at any model
+// size, in seconds. What it measures is therefore what that code does, not a second description
+// of it:
+//   - memory: the bytes of tensor storage each rank holds between steps (parameters, gradients,
+//     optimizer moments, persistent buffers) and the most it holds during a step (plus the
+//     activations, communication buffers and temporaries alive at the worst moment), counted by a
+//     MemoryTracker per rank (tensor/memory_stats.h);
+//   - communication: each collective and point-to-point operation of one step, by process group
+//     (mesh dim: "mesh/tp", ...) and kind, with its bytes (this rank's input, as the groups'
+//     counters count);
+//   - compute: the step's matrix-product FLOPs (tensor/flop_counter.h).
+// The step measured is the second: the first creates the optimizer's moments (and anything else a
+// job makes lazily), as a real job's first step does.
+//
+// Meta tensors follow the GPU path's allocations (no CPU-only f32 staging copies of bf16 operands).
+// Not counted: kernel workspaces and backend buffers outside tensor storage
+// (tensor/memory_stats.h).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/types.h"
+#include "mesh/device_mesh.h"
+#include "train/parallel_dims.h"
+#include "train/parallel_gpt.h"
+
+namespace loom::train {
+
+struct CollectiveTally {
+  int64_t calls = 0;
+  int64_t bytes = 0;
+};
+using CollectiveTallies = std::array<CollectiveTally, comm::kNumCollectiveKinds>;
+
+struct TracedRank {
+  int rank = 0;
+  std::vector<int64_t> coordinate;  // on the (pp, dp_replicate, dp_shard, tp) mesh
+  int64_t parameters = 0;           // parameter elements it holds (its shards)
+  int64_t held_bytes = 0;           // storage held between steps
+  int64_t peak_bytes = 0;           // the most held at once during a step
+  int64_t flops = 0;                // matrix-product FLOPs of one step
+  // One step's operations by group name, then kind.
+  std::map<std::string, CollectiveTallies> collectives;
+};
+
+// Builds the job's model on `mesh` (the rank's device is the mesh's: meta here). Called on each
+// traced rank's thread with the meta device as the default device, so parameters are created
+// there.
+using ModelBuilder =
+    std::function<std::unique_ptr<ParallelModel>(std::shared_ptr<const DeviceMesh> mesh)>;
+
+struct StepTraceOptions {
+  int64_t local_batch = 1;  // sequences per dp rank per step
+  int64_t seq_len = 1;
+  // Global ranks to trace; every rank a traced rank exchanges point-to-point messages with should
+  // be traced too (its pipeline line), or those messages are dropped.
+  std::vector<int> ranks;
+  std::chrono::milliseconds timeout{60000};  // a receive whose send never comes fails after it
+};
+
+// Traces two steps on each rank of options.ranks (one thread each) and returns their figures in
+// that order. Throws loom::Error naming the rank and its coordinate when the job's code fails on
+// it (a layout the job rejects fails here with the job's message).
+std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const ModelBuilder& build,
+                                            const StepTraceOptions& options);
+
+// The ranks a plan traces: every rank of a world of at most `max_ranks`; otherwise, for the first
+// and the last coordinate of each of dp_shard and tp (where uneven shards differ) at dp_replicate
+// 0, the whole pipeline line through it.
+std::vector<int> ranks_to_trace(const ParallelDims& dims, int max_ranks = 32);
+
+}  // namespace loom::train
