@@ -115,9 +115,14 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   }
   DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(),
                          tensor.dtype()};
-  Tensor local = redistribute_local(full, replicated, placements);
+  Tensor local = ops::contiguous(redistribute_local(full, replicated, placements));
+  // The shard owns its bytes: a dim-0 shard is a contiguous view of the whole tensor, and
+  // keeping it would keep the whole tensor alive on every rank (found by `loom plan`: tp ranks
+  // held (tp - 1) / tp of every colwise weight twice over).
+  if (local.storage()->bytes() > static_cast<size_t>(local.numel()) * element_size(local.dtype()))
+    local = ops::clone(local);
   DTensorSpec spec{std::move(mesh), std::move(placements), tensor.shape(), tensor.dtype()};
-  Tensor out = make_dtensor(ops::contiguous(local), std::move(spec));
+  Tensor out = make_dtensor(std::move(local), std::move(spec));
   if (tensor.requires_grad()) out.set_requires_grad(true);
   return out;
 }

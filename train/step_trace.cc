@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <barrier>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -56,7 +57,8 @@ std::vector<int64_t> coordinate_of(const ParallelDims& dims, int rank) {
 
 TracedRank trace_rank(const ParallelDims& dims, const ModelBuilder& build,
                       const StepTraceOptions& options,
-                      const std::shared_ptr<comm::ProcessGroup>& world, MemoryTracker& memory) {
+                      const std::shared_ptr<comm::ProcessGroup>& world, MemoryTracker& memory,
+                      const std::function<void()>& after_first_step) {
   TracedRank out;
   out.rank = world->rank();
   out.coordinate = coordinate_of(dims, out.rank);
@@ -72,6 +74,10 @@ TracedRank trace_rank(const ParallelDims& dims, const ModelBuilder& build,
     const Tensor tokens =
         ops::zeros({options.local_batch, options.seq_len}, kInt64, Device::meta());
     trainer.step(tokens, tokens);  // creates the optimizer's moments
+    // Every traced rank done with the first step: no message of it is still in flight (a send
+    // the receiver has not taken yet is still the sender's memory), so what is held is the same
+    // on every run.
+    after_first_step();
     out.held_bytes = memory.stats().current_bytes;
     memory.reset_peak();
     std::map<std::string, CollectiveTallies> collectives;
@@ -109,12 +115,19 @@ std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const Mode
   // The first failure is the cause; the peers it leaves waiting fail after it.
   std::mutex failure_mutex;
   std::optional<std::pair<int, std::string>> first_failure;
+  std::barrier<> between_steps(static_cast<std::ptrdiff_t>(groups.size()));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < groups.size(); ++i) {
     threads.emplace_back([&, i] {
+      bool arrived = false;
       try {
-        results[i] = trace_rank(dims, build, options, groups[i], *trackers[i]);
+        results[i] = trace_rank(dims, build, options, groups[i], *trackers[i], [&] {
+          arrived = true;
+          between_steps.arrive_and_wait();
+        });
       } catch (const std::exception& e) {
+        // A rank that fails before the barrier leaves it, so the others do not wait for it.
+        if (!arrived) between_steps.arrive_and_drop();
         std::lock_guard<std::mutex> lock(failure_mutex);
         if (first_failure) return;
         first_failure.emplace(options.ranks[i], e.what());

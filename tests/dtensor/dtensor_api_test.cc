@@ -37,6 +37,21 @@ TEST(DTensorApiTest, DistributeTensorKeepsEachRanksSliceAndFullTensorRestoresIt)
   });
 }
 
+TEST(DTensorApiTest, DistributedShardsOwnOnlyTheirBytes) {
+  // A dim-0 shard is a contiguous view of the full tensor; kept as a view it would keep the
+  // whole tensor alive on every rank.
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    const Tensor full = integer_tensor({8, 4}, 1);
+    for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
+      for (const std::optional<int> src : {std::optional<int>(0), std::optional<int>()}) {
+        const Tensor local = local_shard(distribute_tensor(full, mesh, placements, src));
+        EXPECT_EQ(local.storage()->bytes(), 16 * sizeof(float)) << placements_str(placements);
+      }
+    }
+  });
+}
+
 TEST(DTensorApiTest, DistributeTensorTakesRankZerosData) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = make_mesh(pg, {"dp"}, {2});
