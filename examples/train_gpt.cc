@@ -576,22 +576,84 @@ void check_paths(const Flags& f) {
 
 // ./loom plan: the job validated and sized as build_parallel_gpt would lay it out (no rank, no
 // model tensor). The vocabulary is resolved as run() resolves it (the data's unless fixed).
-int print_plan(const Flags& f) {
+// The machine a plan predicts the step time on (--plan-*): this one's calibration by default.
+struct PlanMachineFlags {
+  double rank_tflops = 0;  // matrix-product TFLOP/s of one rank
+  double link_gbps = 0;    // GB/s of one link
+  double latency_us = 0;   // one collective step
+  double peak_tflops = 0;  // one rank's peak, for MFU
+  double memory_gbps = 0;  // one rank's memory bandwidth (memory-bound ops)
+};
+
+// The machine the plan predicts on: the flags' (another machine), else this one's calibration
+// shared by the job's ranks; nullopt (and why, in `missing`) when there is neither.
+std::optional<train::MachineModel> plan_machine(const PlanMachineFlags& m, int64_t ranks,
+                                                std::string* missing) {
+  std::optional<train::MachineModel> machine;
+  if (m.rank_tflops > 0) {
+    LOOM_CHECK(m.link_gbps > 0,
+               "--plan-rank-tflops {} needs --plan-link-gbps (the links' GB/s) as well",
+               m.rank_tflops);
+    machine = train::MachineModel{.rank_flops_per_s = m.rank_tflops * 1e12,
+                                  .seconds_per_written_byte = 0,
+                                  .seconds_per_op = 0,
+                                  .latency_s = (m.latency_us > 0 ? m.latency_us : 10.0) * 1e-6,
+                                  .bytes_per_s = m.link_gbps * 1e9,
+                                  .source = "given by --plan-rank-tflops, --plan-link-gbps"};
+    // An op's output byte costs two read and one written (as calibrate_machine measures).
+    if (m.memory_gbps > 0) machine->seconds_per_written_byte = 3.0 / (m.memory_gbps * 1e9);
+  } else if (const auto calibration = train::load_calibration()) {
+    machine = train::MachineModel::for_cpu_ranks(*calibration, ranks);
+  } else {
+    *missing = fmt::format(
+        "no step time: run `./loom plan --calibrate` once to measure this machine (stored in "
+        "{}), or give --plan-rank-tflops and --plan-link-gbps for another",
+        train::calibration_path());
+    return std::nullopt;
+  }
+  if (m.peak_tflops > 0) machine->peak_flops_per_s = m.peak_tflops * 1e12;
+  return machine;
+}
+
+int calibrate() {
+  try {
+    const nlohmann::json figures = train::calibrate_machine();
+    const std::string path = train::calibration_path();
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    std::ofstream(path) << figures.dump(2) << "\n";
+    fmt::print("{}\nwritten to {}\n", figures.dump(2), path);
+    return 0;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "train_gpt --calibrate: {}\n", error.what());
+    return 1;
+  }
+}
+
+int print_plan(const Flags& f, const PlanMachineFlags& machine_flags) {
   try {
     const data::TokenData tokens = data::load_tokens(f.data);
+    std::string missing;
+    train::PlanOptions options;
+    options.machine = plan_machine(machine_flags, job_dims(f).world_size(), &missing);
+    // A CPU job is traced allocating as the CPU's kernels do; --device cuda (or auto with a GPU
+    // here) as a GPU's.
+    options.target = f.device == "cpu" || (f.device == "auto" && !cuda::available())
+                         ? Device::cpu()
+                         : Device::cuda();
     train::JobPlan plan;
     if (is_llama(f)) {
       models::LlamaConfig config = llama_config(f);
       if (f.init_from.empty() && !f.vocab_size) config.vocab_size = tokens.vocab_size;
       if (f.vocab_size) config.vocab_size = f.vocab_size;
-      plan = train::plan_llama_job(config, parallel_config(f), f.batch_size, f.seq_len);
+      plan = train::plan_llama_job(config, parallel_config(f), f.batch_size, f.seq_len, options);
     } else {
       const ModelChoice choice = model_config(f);
       models::GPTConfig config = choice.config;
       config.vocab_size = vocab_size(choice, tokens);
-      plan = train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len);
+      plan = train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len, options);
     }
     fmt::print("{}", train::format_job_plan(plan));
+    if (!missing.empty()) fmt::print("\n{}\n", missing);
     return 0;
   } catch (const Error& error) {
     fmt::print(stderr, "train_gpt --plan: {}\n", error.what());
@@ -605,7 +667,9 @@ struct Parsed {
   Flags flags;
   std::string launcher;
   bool help = false;
-  bool plan = false;  // --plan (./loom plan): print the job's plan and exit, starting no rank
+  bool plan = false;       // --plan (./loom plan): print the job's plan and exit, starting no rank
+  bool calibrate = false;  // --calibrate (./loom plan --calibrate): measure this machine
+  PlanMachineFlags machine;
 };
 
 Parsed parse_command_line(int argc, char** argv) {
@@ -620,8 +684,24 @@ Parsed parse_command_line(int argc, char** argv) {
   app.add_option("--launcher", parsed.launcher,
                  "loomrun, used to start the ranks when not launched");
   app.add_flag("--plan", parsed.plan,
-               "validate the job and print each rank's model-state memory, starting no rank "
-               "(./loom plan; train/job_plan.h)");
+               "validate the job and trace a step of it on the meta device: each rank's memory, "
+               "FLOPs, communication and the step time, starting no rank (./loom plan; "
+               "train/job_plan.h)");
+  app.add_flag("--calibrate", parsed.calibrate,
+               "with --plan: measure this machine's GEMM rate and Gloo latency and bandwidth "
+               "for the step-time model, store them (train/step_time_model.h) and exit");
+  app.add_option("--plan-rank-tflops", parsed.machine.rank_tflops,
+                 "with --plan: predict the step on ranks of this many matrix-product TFLOP/s "
+                 "(another machine; default: this one's calibration)");
+  app.add_option("--plan-link-gbps", parsed.machine.link_gbps,
+                 "with --plan-rank-tflops: the links' GB/s");
+  app.add_option("--plan-latency-us", parsed.machine.latency_us,
+                 "with --plan-rank-tflops: one collective step's latency in microseconds "
+                 "(default 10)");
+  app.add_option("--plan-peak-tflops", parsed.machine.peak_tflops,
+                 "with --plan: one rank's peak TFLOP/s, to print the MFU");
+  app.add_option("--plan-memory-gbps", parsed.machine.memory_gbps,
+                 "with --plan-rank-tflops: one rank's memory GB/s (elementwise ops)");
   const auto options = train::job_options();
   const train::JobConfig defaults;
   std::vector<std::string> raw(options.size());
@@ -680,7 +760,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (parsed.help) return 0;
-  if (parsed.plan) return print_plan(parsed.flags);
+  if (parsed.calibrate) return calibrate();
+  if (parsed.plan) return print_plan(parsed.flags, parsed.machine);
   try {
     const Flags& f = parsed.flags;
     if (std::getenv("RANK") == nullptr) {

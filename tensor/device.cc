@@ -6,7 +6,8 @@ namespace loom {
 
 namespace {
 thread_local Device default_device_of_thread = Device::cpu();
-}
+thread_local Device meta_target_of_thread = Device::cuda();
+}  // namespace
 
 std::string Device::str() const {
   switch (type) {
@@ -21,6 +22,14 @@ std::string Device::str() const {
 }
 
 Device default_device() { return default_device_of_thread; }
+
+Device meta_target() { return meta_target_of_thread; }
+
+MetaTargetGuard::MetaTargetGuard(Device target) : previous_(meta_target_of_thread) {
+  meta_target_of_thread = target;
+}
+
+MetaTargetGuard::~MetaTargetGuard() { meta_target_of_thread = previous_; }
 
 DefaultDeviceGuard::DefaultDeviceGuard(Device device) : previous_(default_device_of_thread) {
   default_device_of_thread = device;

@@ -35,6 +35,29 @@ struct Device {
 // constructor: parameters are created there instead of on the CPU and moved.
 Device default_device();
 
+// The device whose kernels a meta op allocates like. Every device gives an op the same outputs,
+// but their staging copies and temporaries differ: a CPU kernel computes bf16 in f32 copies and
+// updates f32 in place, where a GPU kernel reads bf16 as it is and an in-place add makes a
+// temporary. CUDA unless a MetaTargetGuard on this thread says otherwise; a trace of a CPU job
+// sets the CPU (train/step_trace.h), so its memory is the CPU run's.
+Device meta_target();
+
+class MetaTargetGuard {
+ public:
+  explicit MetaTargetGuard(Device target);
+  ~MetaTargetGuard();
+  MetaTargetGuard(const MetaTargetGuard&) = delete;
+  MetaTargetGuard& operator=(const MetaTargetGuard&) = delete;
+
+ private:
+  Device previous_;
+};
+
+// Whether an op on `device` takes the CPU kernels' allocations: the CPU, or meta targeting it.
+inline bool allocates_like_cpu(Device device) {
+  return device.is_cpu() || (device.is_meta() && meta_target().is_cpu());
+}
+
 class DefaultDeviceGuard {
  public:
   explicit DefaultDeviceGuard(Device device);

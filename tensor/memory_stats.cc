@@ -4,7 +4,8 @@ namespace loom {
 
 MemoryStats MemoryTracker::stats() const {
   return {current_.load(std::memory_order_relaxed), peak_.load(std::memory_order_relaxed),
-          allocations_.load(std::memory_order_relaxed)};
+          allocations_.load(std::memory_order_relaxed),
+          allocated_bytes_.load(std::memory_order_relaxed)};
 }
 
 void MemoryTracker::reset_peak() {
@@ -13,6 +14,7 @@ void MemoryTracker::reset_peak() {
 
 void MemoryTracker::charge(int64_t bytes) {
   allocations_.fetch_add(1, std::memory_order_relaxed);
+  allocated_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   const int64_t now = current_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   int64_t peak = peak_.load(std::memory_order_relaxed);
   while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {

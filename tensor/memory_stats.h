@@ -21,9 +21,11 @@
 namespace loom {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;  // held now
-  int64_t peak_bytes = 0;     // the most held at once since construction or reset_peak()
-  int64_t allocations = 0;    // storage allocations so far
+  int64_t current_bytes = 0;    // held now
+  int64_t peak_bytes = 0;       // the most held at once since construction or reset_peak()
+  int64_t allocations = 0;      // storage allocations so far
+  int64_t allocated_bytes = 0;  // their bytes, summed (what ops wrote: the step-time model's
+                                // memory traffic)
 };
 
 class MemoryTracker {
@@ -43,6 +45,7 @@ class MemoryTracker {
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
   std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> allocated_bytes_{0};
 };
 
 // The tracker new storage on this thread is charged to: the innermost ScopedMemoryTracker's,

@@ -44,6 +44,17 @@ bool fast_f32(std::initializer_list<Tensor> tensors) {
   return true;
 }
 
+// Meta tensors that the CPU's fast_f32 kernels would take (tensor/device.h, meta_target): those
+// kernels write in place, so a trace of a CPU job allocates nothing for them.
+bool meta_like_fast_f32(std::initializer_list<Tensor> tensors) {
+  for (const Tensor& t : tensors) {
+    if (!t.defined() || t.dtype() != kFloat32 || !t.device().is_meta() ||
+        !allocates_like_cpu(t.device()) || !t.is_contiguous())
+      return false;
+  }
+  return true;
+}
+
 // The vectorized kernel of an arithmetic op (tensor/cpu/vector_math.h), if it has one.
 std::optional<cpu::Arith> vector_arith(BinaryOp code) {
   switch (code) {
@@ -329,7 +340,7 @@ Tensor gelu(const Tensor& a) {
     cpu::gelu_f32(a.data<float>(), out.data<float>(), a.numel());
     return out;
   }
-  if (a.device().is_cpu() && a.dtype() == kBFloat16) {
+  if (allocates_like_cpu(a.device()) && a.dtype() == kBFloat16) {
     // Mixed precision: the f32 kernel between two conversions (one rounding, as the scalar
     // loop's), ~8x faster than the scalar loop on bf16 elements.
     return to(gelu(to(a, kFloat32)), kBFloat16);
@@ -345,7 +356,7 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
     cpu::gelu_backward_f32(grad.data<float>(), x.data<float>(), out.data<float>(), x.numel());
     return out;
   }
-  if (x.device().is_cpu() && grad.dtype() == kBFloat16 && x.dtype() == kBFloat16 &&
+  if (allocates_like_cpu(x.device()) && grad.dtype() == kBFloat16 && x.dtype() == kBFloat16 &&
       grad.shape() == x.shape()) {
     return to(gelu_backward(to(grad, kFloat32), to(x, kFloat32)), kBFloat16);
   }
@@ -412,6 +423,7 @@ void add_(const Tensor& self, const Tensor& other) {
   // add's loop, without its temporary and the copy back), unless `other` overlaps self shifted.
   const bool overlaps_shifted =
       self.storage() == other.storage() && self.offset() != other.offset();
+  if (meta_like_fast_f32({self, other}) && self.shape() == other.shape()) return;
   if (fast_f32({self, other}) && self.shape() == other.shape() && !overlaps_shifted) {
     cpu::arith_f32(cpu::Arith::kAdd, self.data<float>(), other.data<float>(), self.data<float>(),
                    self.numel());
@@ -422,6 +434,7 @@ void add_(const Tensor& self, const Tensor& other) {
 
 void mul_(const Tensor& self, double scalar) {
   if (dispatch_op(OpId::mul_scalar_, {self}, {scalar})) return;
+  if (meta_like_fast_f32({self})) return;
   if (fast_f32({self})) {
     cpu::arith_scalar_f32(cpu::Arith::kMul, self.data<float>(), static_cast<float>(scalar),
                           self.data<float>(), self.numel());
@@ -434,8 +447,14 @@ void mul_(const Tensor& self, double scalar) {
 
 bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
                          const Tensor& exp_avg_sq, const AdamWScalars& scalars) {
+  bool meta = true;
   for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-    if (!fast_f32({*t}) || t->extension() || t->shape() != param.shape()) return false;
+    if (t->extension() || t->shape() != param.shape()) return false;
+    meta = meta && meta_like_fast_f32({*t});
+  }
+  if (meta) return true;  // the CPU's fused pass, which allocates nothing
+  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+    if (!fast_f32({*t})) return false;
   }
   cpu::adamw_f32(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
                  exp_avg_sq.data<float>(), param.numel(),

@@ -162,9 +162,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   b_full.insert(b_full.end(), {k, n});
   // cuBLASLt takes bf16/f16 as they are; on CPU bf16 runs natively where the CPU has bf16 dot
   // products (gemm_bf16.h), everything else in f32.
-  const bool native_bf16 = device.is_cpu() && a.dtype() == kBFloat16 && cpu::bf16_gemm_native();
-  const DType gemm_dtype =
-      device.is_cuda() || device.is_meta() || native_bf16 ? a.dtype() : kFloat32;
+  const bool like_cpu = allocates_like_cpu(device);
+  const bool native_bf16 = like_cpu && a.dtype() == kBFloat16 && cpu::bf16_gemm_native();
+  const DType gemm_dtype = !like_cpu || native_bf16 ? a.dtype() : kFloat32;
   if (a.dtype() != gemm_dtype) {
     a = to(a, kFloat32);
     b = to(b, kFloat32);
@@ -249,7 +249,16 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   }
 
   FlopCounter::record(2 * m * n * k);
-  if (device.is_meta()) return reshape(Tensor::empty({m, n}, input.dtype(), device), out_shape);
+  if (device.is_meta()) {
+    // As cuBLASLt or the CPU's f32 GEMM allocate (the native bf16 path above needs values).
+    if (!allocates_like_cpu(device) || input.dtype() == kFloat32) {
+      return reshape(Tensor::empty({m, n}, input.dtype(), device), out_shape);
+    }
+    const bool native = input.dtype() == kBFloat16 && cpu::bf16_gemm_native();
+    if (native) return reshape(Tensor::empty({m, n}, kBFloat16, device), out_shape);
+    const Tensor x = to(input, kFloat32), w = to(weight_t, kFloat32), b = to(bias, kFloat32);
+    return reshape(to(Tensor::empty({m, n}, kFloat32, device), input.dtype()), out_shape);
+  }
   // Without native bf16 the CPU GEMM is f32 only; cuBLASLt takes bf16/f16 as they are.
   const DType gemm_dtype = device.is_cuda() ? input.dtype() : kFloat32;
   const GemmOperand x = as_gemm_operand(reshape(to(input, gemm_dtype), {m, k}));

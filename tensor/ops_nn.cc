@@ -83,7 +83,9 @@ std::vector<float> row_logsumexp(const float* x, int64_t n, int64_t v) {
 // x * mask * scale elementwise (x any floating dtype, mask f32 of x's shape), in x's dtype.
 Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
   const Device device = op_device("dropout", {x_in, mask_in});
-  if (device.is_meta()) return Tensor::empty(x_in.shape(), x_in.dtype(), device);
+  if (device.is_meta() && !allocates_like_cpu(device)) {
+    return Tensor::empty(x_in.shape(), x_in.dtype(), device);
+  }
   if (device.is_cuda()) {
     // f32 arithmetic, one rounding to x's dtype (the 0/1 mask converts exactly).
     Tensor out = Tensor::empty(x_in.shape(), x_in.dtype(), x_in.device());
@@ -93,7 +95,8 @@ Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
   }
   const Tensor x = as_f32(x_in);
   const Tensor mask = as_f32(mask_in);
-  Tensor out = Tensor::empty(x.shape(), kFloat32);
+  Tensor out = Tensor::empty(x.shape(), kFloat32, device);
+  if (device.is_meta()) return to(out, x_in.dtype());  // the CPU's allocations, no values
   const float* px = x.data<float>();
   const float* pm = mask.data<float>();
   float* po = out.data<float>();
@@ -228,6 +231,8 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   check_reduction(reduction, op);
   const Device device = op_device(op, {logits, targets});
   if (device.is_meta()) {  // the targets are not known: shapes only
+    // A CPU computes in an f32 copy of bf16 logits.
+    const Tensor staged = allocates_like_cpu(device) ? as_f32(logits) : logits;
     const int64_t rows = logits.size(0);
     const Tensor lse = Tensor::empty({rows}, kFloat32, device);
     const Shape loss_shape = reduction == Reduction::kNone ? Shape{rows} : Shape{};
@@ -273,7 +278,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   check_reduction(reduction, op);
   check_floating(grad_loss, op, "grad_loss");
   if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
-      device.is_meta()) {  // f32 gradient, then the logits' dtype, as on a GPU
+      device.is_meta()) {  // f32 gradient, then the logits' dtype
+    const Tensor staged = allocates_like_cpu(device) ? as_f32(logits) : logits;
     return to(Tensor::empty(logits.shape(), kFloat32, device), logits.dtype());
   }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);

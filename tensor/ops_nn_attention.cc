@@ -122,7 +122,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
-  if (device.is_meta()) {  // shapes only, as the fused kernel makes them
+  if (device.is_meta() && !allocates_like_cpu(device)) {  // as the fused kernel allocates
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
@@ -141,14 +141,15 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                                            flash_shape(dims, is_causal), device.index);
     return {out, lse};
   }
-  if (device.is_cpu()) {
+  if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
     const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
                      vo = cpu_operand(v, dims.rows);
-    Tensor out = Tensor::empty(out_shape, kFloat32);
-    Tensor lse = Tensor::empty(lse_shape, kFloat32);
+    Tensor out = Tensor::empty(out_shape, kFloat32, device);
+    Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
+    if (device.is_meta()) return {to(out, q.dtype()), lse};
     cpu::attention_forward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(),
                            out.data<float>(), lse.data<float>());
     return {to(out, q.dtype()), lse};
@@ -191,7 +192,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
-  if (device.is_meta()) {
+  if (device.is_meta() && !allocates_like_cpu(device)) {
     FlopCounter::record(2 * attention_flops(dims));
     return {Tensor::empty(q.shape(), q.dtype(), device),
             Tensor::empty(k.shape(), k.dtype(), device),
@@ -214,7 +215,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                             flash_shape(dims, is_causal), device.index);
     return {dq, dk, dv};
   }
-  if (device.is_cpu()) {
+  if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
     FlopCounter::record(2 * attention_flops(dims));
     const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
                      vo = cpu_operand(v, dims.rows), go = cpu_operand(grad_out, dims.rows);
@@ -223,8 +224,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     dq_shape.insert(dq_shape.end(), {dims.tq, dims.d});
     dk_shape.insert(dk_shape.end(), {dims.tk, dims.d});
     dv_shape.insert(dv_shape.end(), {dims.tk, dims.dv});
-    Tensor dq = Tensor::empty(dq_shape, kFloat32), dk = Tensor::empty(dk_shape, kFloat32),
-           dv = Tensor::empty(dv_shape, kFloat32);
+    Tensor dq = Tensor::empty(dq_shape, kFloat32, device),
+           dk = Tensor::empty(dk_shape, kFloat32, device),
+           dv = Tensor::empty(dv_shape, kFloat32, device);
+    if (device.is_meta()) return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
     cpu::attention_backward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(), go.rows(),
                             lse.data<float>(), dq.data<float>(), dk.data<float>(),
                             dv.data<float>());

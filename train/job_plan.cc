@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <tuple>
@@ -84,29 +85,19 @@ void add_uneven_vocabulary_note(JobPlan& plan, int64_t vocab, const char* rows) 
 // Traces the job's step (train/step_trace.h) and groups the traced ranks with equal figures.
 void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& build) {
   const ParallelDims& dims = plan.parallel.dims;
+  plan.target = options.target;
   plan.traced = trace_training_step(dims, build,
                                     {.local_batch = plan.global_batch / dims.dp(),
                                      .seq_len = plan.seq_len,
-                                     .ranks = ranks_to_trace(dims, options.max_traced_ranks)});
+                                     .ranks = ranks_to_trace(dims, options.max_traced_ranks),
+                                     .target = options.target});
   std::vector<size_t> representative;  // index in plan.traced of each role's first rank
   for (size_t i = 0; i < plan.traced.size(); ++i) {
     const TracedRank& t = plan.traced[i];
     const auto same = [&](size_t j) {
       const TracedRank& u = plan.traced[j];
-      if (u.parameters != t.parameters || u.held_bytes != t.held_bytes ||
-          u.peak_bytes != t.peak_bytes || u.flops != t.flops ||
-          u.collectives.size() != t.collectives.size()) {
-        return false;
-      }
-      for (const auto& [group, tallies] : t.collectives) {
-        const auto it = u.collectives.find(group);
-        if (it == u.collectives.end()) return false;
-        for (size_t k = 0; k < tallies.size(); ++k) {
-          if (it->second[k].calls != tallies[k].calls || it->second[k].bytes != tallies[k].bytes)
-            return false;
-        }
-      }
-      return true;
+      return u.parameters == t.parameters && u.held_bytes == t.held_bytes &&
+             u.peak_bytes == t.peak_bytes && u.flops == t.flops && same_collectives(u, t);
     };
     size_t role = 0;
     while (role < representative.size() && !same(representative[role])) ++role;
@@ -115,6 +106,11 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
       plan.traced_roles.push_back({});
     }
     plan.traced_roles[role].ranks.push_back(t.rank);
+  }
+  if (options.machine) {
+    plan.machine = options.machine;
+    plan.time = estimate_step_time(plan.traced, plan.parallel, plan.global_batch * plan.seq_len,
+                                   plan.world_size, *options.machine);
   }
 }
 
@@ -238,7 +234,10 @@ std::string format_job_plan(const JobPlan& plan) {
       plan.model_summary, dims.str(), plan.world_size, plan.num_stages,
       plan.num_stages == 1 ? "" : "s", plan.global_batch, plan.seq_len,
       plan.parallel.mixed_precision ? ", bf16 compute over f32 weights" : "",
-      plan.traced.empty() ? "" : ", a traced step of the job's own code");
+      plan.traced.empty() ? ""
+                          : fmt::format(", a traced step of the job's own code (allocating as "
+                                        "the {} kernels do)",
+                                        plan.target.is_cpu() ? "CPU" : "GPU"));
   for (const std::string& note : plan.notes) out += fmt::format("  note: {}\n", note);
   if (!plan.roles.empty()) {
     out +=
@@ -277,19 +276,47 @@ std::string format_job_plan(const JobPlan& plan) {
   out +=
       "\nCommunication per step and rank (calls, MiB sent by the rank; p2p counts sends and "
       "receives):\n\n| ranks | group | kind | calls | MiB |\n|---|---|---|---:|---:|\n";
+  // Roles that differ in memory but not in communication share their rows.
+  std::vector<std::vector<int>> same_operations;  // traced ranks
+  std::vector<const TracedRank*> operations_of;
   for (const TracedRole& role : plan.traced_roles) {
     const TracedRank& t = traced_rank(role.ranks.front());
+    size_t i = 0;
+    while (i < operations_of.size() && !same_collectives(*operations_of[i], t)) ++i;
+    if (i == operations_of.size()) {
+      operations_of.push_back(&t);
+      same_operations.emplace_back();
+    }
+    auto& ranks = same_operations[i];
+    ranks.insert(ranks.end(), role.ranks.begin(), role.ranks.end());
+  }
+  for (size_t i = 0; i < operations_of.size(); ++i) {
+    std::sort(same_operations[i].begin(), same_operations[i].end());
+    const std::string ranks = ranks_str(same_operations[i]);
     bool any = false;
-    for (const auto& [group, tallies] : t.collectives) {
+    for (const auto& [group, tallies] : operations_of[i]->collectives) {
       for (size_t k = 0; k < tallies.size(); ++k) {
         if (tallies[k].calls == 0) continue;
         any = true;
-        out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks_str(role.ranks), group,
+        out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks, group,
                            comm::collective_name(static_cast<comm::CollectiveKind>(k)),
                            tallies[k].calls, mib(tallies[k].bytes));
       }
     }
-    if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks_str(role.ranks));
+    if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks);
+  }
+  if (plan.time) {
+    const StepTimeEstimate& t = *plan.time;
+    out += fmt::format(
+        "\nStep time (train/step_time_model.h; {}: {:.1f} GFLOP/s per rank, latency {:.1f} us, "
+        "{:.2f} GB/s):\n  compute {:.1f} ms + exposed communication {:.1f} ms{} = {:.1f} ms per "
+        "step, {:.0f} tokens/s",
+        plan.machine->source, plan.machine->rank_flops_per_s / 1e9, plan.machine->latency_s * 1e6,
+        plan.machine->bytes_per_s / 1e9, t.compute_ms, t.exposed_comm_ms,
+        t.bubble > 1 ? fmt::format(", x {:.3f} pipeline bubble", t.bubble) : std::string(),
+        t.step_ms, t.tokens_per_s);
+    if (t.mfu > 0) out += fmt::format(", MFU {:.1f} %", 100 * t.mfu);
+    out += "\n";
   }
   return out;
 }

@@ -18,12 +18,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/gpt/config.h"
 #include "models/llama/config.h"
 #include "train/parallel_gpt.h"
+#include "train/step_time_model.h"
 #include "train/step_trace.h"
 
 namespace loom::train {
@@ -55,6 +57,10 @@ struct TracedRole {
 struct PlanOptions {
   bool trace = true;          // trace a step on the meta device (seconds at any size)
   int max_traced_ranks = 32;  // larger worlds trace representative pipeline lines only
+  // The rates the step time is predicted with (train/step_time_model.h); none: no prediction.
+  std::optional<MachineModel> machine;
+  // The job's device: the trace allocates as its kernels do (tensor/device.h, meta_target).
+  Device target = Device::cuda();
 };
 
 struct JobPlan {
@@ -71,6 +77,10 @@ struct JobPlan {
   // With options.trace: the traced ranks (ascending) and their distinct rows.
   std::vector<TracedRank> traced;
   std::vector<TracedRole> traced_roles;
+  // With a trace and options.machine: the predicted step, and the machine's figures.
+  std::optional<StepTimeEstimate> time;
+  std::optional<MachineModel> machine;
+  Device target = Device::cuda();  // whose kernels' allocations the trace followed
 
   const RankModelStates& rank(int r) const { return ranks.at(static_cast<size_t>(r)); }
 };

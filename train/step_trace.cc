@@ -3,15 +3,20 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <barrier>
+#include <chrono>
 #include <exception>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
 
 #include "base/error.h"
 #include "comm/fake/fake_process_group.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/in_memory_store.h"
 #include "dtensor/dtensor.h"
 #include "tensor/flop_counter.h"
 #include "tensor/memory_stats.h"
@@ -55,24 +60,28 @@ std::vector<int64_t> coordinate_of(const ParallelDims& dims, int rank) {
   return coordinate;
 }
 
-TracedRank trace_rank(const ParallelDims& dims, const ModelBuilder& build,
-                      const StepTraceOptions& options,
-                      const std::shared_ptr<comm::ProcessGroup>& world, MemoryTracker& memory,
-                      const std::function<void()>& after_first_step) {
+// Two steps of the job on this rank's world group; the second measured.
+TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
+                        const StepTraceOptions& options,
+                        const std::shared_ptr<comm::ProcessGroup>& world, MemoryTracker& memory,
+                        const std::function<void()>& after_first_step) {
   TracedRank out;
   out.rank = world->rank();
   out.coordinate = coordinate_of(dims, out.rank);
   ScopedMemoryTracker scope(memory);
   {
-    DefaultDeviceGuard on_meta(Device::meta());
+    // The model is created where the group's tensors live (meta for a fake group).
+    DefaultDeviceGuard on_device(world->device());
+    MetaTargetGuard allocate_like(options.target);
     auto mesh = dims.build_mesh(world);
     std::unique_ptr<ParallelModel> model = build(mesh);
     for (const auto& [name, p] : model->named_parameters()) {
       out.parameters += is_dtensor(p) ? local_shard(p).numel() : p.numel();
     }
     Trainer trainer(*model, mesh, {.lr = [](int) { return 1e-4; }});
+    // Token 0 everywhere: a valid id of every vocabulary; values change no shape or collective.
     const Tensor tokens =
-        ops::zeros({options.local_batch, options.seq_len}, kInt64, Device::meta());
+        ops::zeros({options.local_batch, options.seq_len}, kInt64, world->device());
     trainer.step(tokens, tokens);  // creates the optimizer's moments
     // Every traced rank done with the first step: no message of it is still in flight (a send
     // the receiver has not taken yet is still the sender's memory), so what is held is the same
@@ -86,8 +95,14 @@ TracedRank trace_rank(const ParallelDims& dims, const ModelBuilder& build,
       ~StopRecording() { recording = nullptr; }
     } stop;
     FlopCounter flops;
+    const MemoryStats before = memory.stats();
+    const auto start = std::chrono::steady_clock::now();
     trainer.step(tokens, tokens);
+    out.step_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     out.flops = flops.total();
+    out.allocations = memory.stats().allocations - before.allocations;
+    out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
     out.peak_bytes = memory.stats().peak_bytes;
     out.collectives = std::move(collectives);
   }
@@ -96,32 +111,33 @@ TracedRank trace_rank(const ParallelDims& dims, const ModelBuilder& build,
 
 }  // namespace
 
-std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const ModelBuilder& build,
-                                            const StepTraceOptions& options) {
-  LOOM_CHECK(!options.ranks.empty(), "trace_training_step: no rank to trace");
+std::vector<TracedRank> measure_training_step(const ParallelDims& dims, const ModelBuilder& build,
+                                              const StepTraceOptions& options,
+                                              const WorldFactory& world_of,
+                                              const FailureHandler& on_failure) {
+  LOOM_CHECK(!options.ranks.empty(), "measure_training_step: no rank to run");
   LOOM_CHECK(options.local_batch >= 1 && options.seq_len >= 1,
-             "trace_training_step: the batch per dp rank and the sequence length must be at least "
-             "1, got {} and {}",
+             "measure_training_step: the batch per dp rank and the sequence length must be at "
+             "least 1, got {} and {}",
              options.local_batch, options.seq_len);
-  const int world_size = static_cast<int>(dims.world_size());
+  const size_t n = options.ranks.size();
   // Before the groups, so they outlive every tensor a message in flight still holds.
   std::vector<std::unique_ptr<MemoryTracker>> trackers;
-  for (size_t i = 0; i < options.ranks.size(); ++i)
-    trackers.push_back(std::make_unique<MemoryTracker>());
-  const auto groups = comm::FakeProcessGroup::create_world(
-      world_size, options.ranks, {.name = "default", .timeout = options.timeout});
+  for (size_t i = 0; i < n; ++i) trackers.push_back(std::make_unique<MemoryTracker>());
+  std::vector<std::shared_ptr<comm::ProcessGroup>> worlds(n);
   CollectiveRecorder recorder;
-  std::vector<TracedRank> results(groups.size());
+  std::vector<TracedRank> results(n);
   // The first failure is the cause; the peers it leaves waiting fail after it.
   std::mutex failure_mutex;
   std::optional<std::pair<int, std::string>> first_failure;
-  std::barrier<> between_steps(static_cast<std::ptrdiff_t>(groups.size()));
+  std::barrier<> between_steps(static_cast<std::ptrdiff_t>(n));
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < groups.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       bool arrived = false;
       try {
-        results[i] = trace_rank(dims, build, options, groups[i], *trackers[i], [&] {
+        worlds[i] = world_of(options.ranks[i]);
+        results[i] = measure_rank(dims, build, options, worlds[i], *trackers[i], [&] {
           arrived = true;
           between_steps.arrive_and_wait();
         });
@@ -131,18 +147,75 @@ std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const Mode
         std::lock_guard<std::mutex> lock(failure_mutex);
         if (first_failure) return;
         first_failure.emplace(options.ranks[i], e.what());
-        static_cast<comm::FakeProcessGroup&>(*groups[i])
-            .abort(fmt::format("traced rank {} failed", options.ranks[i]));
+        if (on_failure) on_failure(worlds[i], options.ranks[i]);
       }
     });
   }
   for (std::thread& t : threads) t.join();
   if (first_failure) {
     const auto& [rank, what] = *first_failure;
-    throw Error(fmt::format("tracing rank {} ({}: {}): {}", rank, fmt::join(dims.names(), ", "),
+    throw Error(fmt::format("rank {} ({}: {}): {}", rank, fmt::join(dims.names(), ", "),
                             fmt::join(coordinate_of(dims, rank), ", "), what));
   }
   return results;
+}
+
+std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const ModelBuilder& build,
+                                            const StepTraceOptions& options) {
+  const auto groups =
+      comm::FakeProcessGroup::create_world(static_cast<int>(dims.world_size()), options.ranks,
+                                           {.name = "default", .timeout = options.timeout});
+  try {
+    return measure_training_step(
+        dims, build, options,
+        [&](int rank) {
+          const auto it = std::find(options.ranks.begin(), options.ranks.end(), rank);
+          return groups[static_cast<size_t>(it - options.ranks.begin())];
+        },
+        [](const std::shared_ptr<comm::ProcessGroup>& world, int rank) {
+          if (world) {
+            static_cast<comm::FakeProcessGroup&>(*world).abort(
+                fmt::format("traced rank {} failed", rank));
+          }
+        });
+  } catch (const Error& e) {
+    throw Error(fmt::format("tracing {}", e.what()));
+  }
+}
+
+std::vector<TracedRank> measure_training_step_on_gloo_threads(const ParallelDims& dims,
+                                                              const ModelBuilder& build,
+                                                              StepTraceOptions options) {
+  const int world = static_cast<int>(dims.world_size());
+  options.ranks.resize(world);
+  std::iota(options.ranks.begin(), options.ranks.end(), 0);
+  const auto store = std::make_shared<comm::InMemoryStore>();
+  return measure_training_step(
+      dims, build, options,
+      [&](int rank) -> std::shared_ptr<comm::ProcessGroup> {
+        return comm::ProcessGroupGloo::create(store, rank, world,
+                                              {.name = "default", .timeout = options.timeout},
+                                              comm::GlooOptions::loopback());
+      },
+      [](const std::shared_ptr<comm::ProcessGroup>& group, int rank) {
+        if (group) {
+          static_cast<comm::ProcessGroupGloo&>(*group).abort(fmt::format("rank {} failed", rank));
+        }
+      });
+}
+
+bool same_collectives(const TracedRank& a, const TracedRank& b) {
+  const auto covered = [](const TracedRank& x, const TracedRank& y) {
+    for (const auto& [group, tallies] : x.collectives) {
+      const auto it = y.collectives.find(group);
+      for (size_t k = 0; k < tallies.size(); ++k) {
+        const CollectiveTally other = it == y.collectives.end() ? CollectiveTally{} : it->second[k];
+        if (other.calls != tallies[k].calls || other.bytes != tallies[k].bytes) return false;
+      }
+    }
+    return true;
+  };
+  return covered(a, b) && covered(b, a);
 }
 
 std::vector<int> ranks_to_trace(const ParallelDims& dims, int max_ranks) {

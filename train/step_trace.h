@@ -14,9 +14,9 @@
 // The step measured is the second: the first creates the optimizer's moments (and anything else a
 // job makes lazily), as a real job's first step does.
 //
-// Meta tensors follow the GPU path's allocations (no CPU-only f32 staging copies of bf16 operands).
-// Not counted: kernel workspaces and backend buffers outside tensor storage
-// (tensor/memory_stats.h).
+// Meta ops allocate as the job's device's kernels do (options.target: a CPU's f32 staging copies
+// of bf16 operands and in-place updates, or a GPU's temporaries). Not counted: kernel workspaces
+// and backend buffers outside tensor storage (tensor/memory_stats.h).
 #pragma once
 
 #include <array>
@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "comm/types.h"
 #include "mesh/device_mesh.h"
 #include "train/parallel_dims.h"
@@ -47,6 +48,9 @@ struct TracedRank {
   int64_t held_bytes = 0;           // storage held between steps
   int64_t peak_bytes = 0;           // the most held at once during a step
   int64_t flops = 0;                // matrix-product FLOPs of one step
+  int64_t allocations = 0;          // storage allocations of one step (about one per op output)
+  int64_t allocated_bytes = 0;      // their bytes: what the step's ops wrote
+  double step_ms = 0;               // the step's wall time (meaningful on real groups only)
   // One step's operations by group name, then kind.
   std::map<std::string, CollectiveTallies> collectives;
 };
@@ -64,6 +68,8 @@ struct StepTraceOptions {
   // be traced too (its pipeline line), or those messages are dropped.
   std::vector<int> ranks;
   std::chrono::milliseconds timeout{60000};  // a receive whose send never comes fails after it
+  // Whose kernels' allocations a trace follows (tensor/device.h, meta_target): the job's device.
+  Device target = Device::cuda();
 };
 
 // Traces two steps on each rank of options.ranks (one thread each) and returns their figures in
@@ -71,6 +77,29 @@ struct StepTraceOptions {
 // it (a layout the job rejects fails here with the job's message).
 std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const ModelBuilder& build,
                                             const StepTraceOptions& options);
+
+// The same two steps and measurements on real process groups: how a test or a benchmark checks
+// a trace against the run it predicts. `world_of(rank)` makes rank's world group and is called on
+// that rank's thread (a Gloo group's creation is collective: every rank's thread calls it at
+// once); the model is made on the group's device. `on_failure(world, rank)`, when given, is
+// called once, for the first rank that fails, with its world group (null when world_of failed),
+// e.g. to abort the group so the others stop waiting.
+using WorldFactory = std::function<std::shared_ptr<comm::ProcessGroup>(int rank)>;
+using FailureHandler =
+    std::function<void(const std::shared_ptr<comm::ProcessGroup>& world, int rank)>;
+std::vector<TracedRank> measure_training_step(const ParallelDims& dims, const ModelBuilder& build,
+                                              const StepTraceOptions& options,
+                                              const WorldFactory& world_of,
+                                              const FailureHandler& on_failure = {});
+
+// The same on Gloo thread ranks of this process (loopback), every rank of the world run: how
+// step_trace_test and //tools/bench:plan_grid_bench measure the real step a trace predicts.
+std::vector<TracedRank> measure_training_step_on_gloo_threads(const ParallelDims& dims,
+                                                              const ModelBuilder& build,
+                                                              StepTraceOptions options);
+
+// Whether two ranks issued the same operations: group by group, kind by kind, calls and bytes.
+bool same_collectives(const TracedRank& a, const TracedRank& b);
 
 // The ranks a plan traces: every rank of a world of at most `max_ranks`; otherwise, for the first
 // and the last coordinate of each of dp_shard and tp (where uneven shards differ) at dp_replicate

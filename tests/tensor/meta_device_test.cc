@@ -78,6 +78,7 @@ TEST(MemoryTracker, CountsStorageFromAllocationToFree) {
   }
   EXPECT_EQ(tracker.stats().current_bytes, 0);
   EXPECT_EQ(tracker.stats().allocations, 3);  // a, b, a's refill
+  EXPECT_EQ(tracker.stats().allocated_bytes, 4000 + 2000 + 4000);
 }
 
 TEST(FlopCounter, CountsMatrixProductsOnEveryDevice) {

@@ -9,15 +9,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <mutex>
-#include <random>
-
-#include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
-#include "tensor/flop_counter.h"
-#include "tensor/memory_stats.h"
-#include "tensor/ops.h"
-#include "train/trainer.h"
 
 namespace loom::train {
 namespace {
@@ -27,54 +19,12 @@ models::GPTConfig config() {
 }
 
 constexpr int64_t kBatch = 4, kSeq = 16;
+constexpr std::chrono::milliseconds kTimeout{20000};
 
 ModelBuilder gpt_builder(const ParallelConfig& parallel) {
   return [parallel](std::shared_ptr<const DeviceMesh> mesh) {
     return build_parallel_gpt(config(), /*seed=*/3, std::move(mesh), parallel);
   };
-}
-
-// The same two steps on Gloo thread ranks, measured as the trace measures.
-std::vector<TracedRank> run_for_real(const ParallelConfig& parallel) {
-  const int world = static_cast<int>(parallel.dims.world_size());
-  std::vector<TracedRank> out(world);
-  thread_local std::map<std::string, CollectiveTallies>* recording = nullptr;
-  const int observer = comm::ProcessGroup::add_observer(
-      [](comm::CollectiveKind kind, int64_t bytes, const std::string& group) {
-        if (recording == nullptr) return;
-        CollectiveTally& tally = (*recording)[group][static_cast<size_t>(kind)];
-        ++tally.calls;
-        tally.bytes += bytes;
-      });
-  comm::testing::run_on_ranks(world, [&](comm::ProcessGroup& pg) {
-    TracedRank& rank = out[pg.rank()];
-    rank.rank = pg.rank();
-    MemoryTracker memory;
-    ScopedMemoryTracker scope(memory);
-    const auto mesh = parallel.dims.build_mesh(pg.shared_from_this());
-    const int64_t local_batch = kBatch / parallel.dims.dp();
-    std::mt19937 rng(7);
-    std::vector<int64_t> ids(local_batch * kSeq);
-    for (int64_t& id : ids) id = static_cast<int64_t>(rng() % config().vocab_size);
-    const Tensor tokens = ops::from_vector_i64(ids, {local_batch, kSeq});
-    {
-      auto model = build_parallel_gpt(config(), 3, mesh, parallel);
-      for (const auto& [name, p] : model->named_parameters())
-        rank.parameters += is_dtensor(p) ? local_shard(p).numel() : p.numel();
-      Trainer trainer(*model, mesh, {.lr = [](int) { return 1e-4; }});
-      trainer.step(tokens, tokens);
-      rank.held_bytes = memory.stats().current_bytes;
-      memory.reset_peak();
-      recording = &rank.collectives;
-      FlopCounter flops;
-      trainer.step(tokens, tokens);
-      recording = nullptr;
-      rank.flops = flops.total();
-      rank.peak_bytes = memory.stats().peak_bytes;
-    }
-  });
-  comm::ProcessGroup::remove_observer(observer);
-  return out;
 }
 
 void expect_trace_matches(const ParallelConfig& parallel) {
@@ -83,8 +33,11 @@ void expect_trace_matches(const ParallelConfig& parallel) {
   const auto traced = trace_training_step(parallel.dims, gpt_builder(parallel),
                                           {.local_batch = kBatch / parallel.dims.dp(),
                                            .seq_len = kSeq,
-                                           .ranks = ranks_to_trace(parallel.dims)});
-  const auto measured = run_for_real(parallel);
+                                           .ranks = ranks_to_trace(parallel.dims),
+                                           .target = Device::cpu()});
+  const auto measured = measure_training_step_on_gloo_threads(
+      parallel.dims, gpt_builder(parallel),
+      {.local_batch = kBatch / parallel.dims.dp(), .seq_len = kSeq, .timeout = kTimeout});
   ASSERT_EQ(traced.size(), static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     SCOPED_TRACE(fmt::format("rank {}", r));
@@ -94,6 +47,7 @@ void expect_trace_matches(const ParallelConfig& parallel) {
     EXPECT_EQ(t.parameters, m.parameters);
     EXPECT_EQ(t.flops, m.flops);
     EXPECT_FALSE(m.collectives.empty() && world > 1);
+    EXPECT_TRUE(same_collectives(t, m));
     ASSERT_EQ(t.collectives.size(), m.collectives.size());
     for (const auto& [group, tallies] : m.collectives) {
       ASSERT_TRUE(t.collectives.count(group)) << group;

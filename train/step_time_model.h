@@ -1,0 +1,78 @@
+// Step time predicted from a traced step (train/step_trace.h): compute from the step's
+// matrix-product FLOPs at a measured rate, communication from an alpha-beta model per operation,
+// overlapped as the job's design allows, and the pipeline's bubble from its schedule.
+//
+//   compute        = FLOPs / GEMM rate per rank
+//                    + bytes the step's ops wrote x seconds per written byte (the memory-bound
+//                      ops: elementwise, norms, softmax, copies; measured on a large add, whose
+//                      output byte costs two read and one written)
+//                    + the step's storage allocations (about one per op) x seconds per op (the
+//                      dispatch, autograd and launch overhead of a small op)
+//   an operation   = latency x steps + bytes moved / bandwidth, with the ring algorithms' steps
+//                    and bytes for a group of n ranks (B: this rank's input bytes, as counted):
+//                    all_reduce 2(n-1) steps, 2(n-1)/n B; all_gather n-1, (n-1) B;
+//                    reduce_scatter n-1, (n-1)/n B; all_to_all n-1, (n-1)/n B; broadcast
+//                    ceil(log2 n), B; send 1, B; a recv costs its sender's time, a barrier 1 step
+//   exposed comm   = tp and pp operations in full (they sit between the ops that need them);
+//                    dp_replicate (DDP's buckets reduce while backward runs) and dp_shard (FSDP
+//                    prefetches the next unit's all-gather, reduce-scatters during backward)
+//                    beyond what compute hides: max(0, dp - compute)
+//   rank time      = compute + exposed comm
+//   step           = the slowest traced rank's time x the schedule's bubble: (m + p - 1) / m for
+//                    GPipe and 1F1B, (m v + p - 1) / (m v) interleaved (m microbatches, p
+//                    stages, v stages per rank)
+// The rates come from `loom plan --calibrate` on this machine (MachineModel::load), or from the
+// plan's flags for another (a GPU's TFLOP/s, a link's GB/s and latency).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "train/parallel_gpt.h"
+#include "train/step_trace.h"
+
+namespace loom::train {
+
+struct MachineModel {
+  double rank_flops_per_s = 0;          // matrix-product FLOP/s of one rank
+  double seconds_per_written_byte = 0;  // memory-bound ops, one rank (0: not modelled)
+  double seconds_per_op = 0;            // one small op's overhead on one rank (0: not modelled)
+  double latency_s = 0;                 // alpha: one step of a collective
+  double bytes_per_s = 0;               // 1 / beta: bandwidth of one link
+  double peak_flops_per_s = 0;          // one rank's peak (for MFU); 0: MFU not printed
+  std::string source;                   // where the figures came from
+
+  // This host's figures for a CPU job of `ranks` ranks sharing it: the calibrated host GEMM rate
+  // and memory bandwidth divided among the ranks, the op overhead stretched when there are more
+  // ranks than cores.
+  static MachineModel for_cpu_ranks(const nlohmann::json& calibration, int64_t ranks);
+};
+
+// Measures this machine (the project's GEMM on one core, Gloo all-reduces between two thread
+// ranks at a small and a large size, a large and a small add) and returns the figures as JSON:
+// gemm_flops_per_s, seconds_per_written_byte, seconds_per_op, cores, latency_s, bytes_per_s,
+// host, when.
+nlohmann::json calibrate_machine();
+// Where `loom plan --calibrate` keeps them: $LOOM_CACHE_DIR or ~/.cache/loom, plan_machine.json.
+std::string calibration_path();
+// The stored calibration, or nullopt when there is none.
+std::optional<nlohmann::json> load_calibration();
+
+struct StepTimeEstimate {
+  double compute_ms = 0;       // the slowest rank's
+  double exposed_comm_ms = 0;  // the slowest rank's
+  double bubble = 1;           // the schedule's factor (1 without a pipeline)
+  double step_ms = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;  // model FLOP/s over peak, when the peak is known
+};
+
+// The step time of `traced` (the plan's traced ranks) under `parallel`, for a global batch of
+// `tokens` tokens on `world_size` ranks.
+StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
+                                    const ParallelConfig& parallel, int64_t tokens,
+                                    int64_t world_size, const MachineModel& machine);
+
+}  // namespace loom::train
