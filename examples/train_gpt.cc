@@ -588,7 +588,7 @@ struct PlanMachineFlags {
 // The machine the plan predicts on: the flags' (another machine), else this one's calibration
 // shared by the job's ranks; nullopt (and why, in `missing`) when there is neither.
 std::optional<train::MachineModel> plan_machine(const PlanMachineFlags& m, int64_t ranks,
-                                                std::string* missing) {
+                                                bool gpu_job, std::string* missing) {
   std::optional<train::MachineModel> machine;
   if (m.rank_tflops > 0) {
     LOOM_CHECK(m.link_gbps > 0,
@@ -602,6 +602,11 @@ std::optional<train::MachineModel> plan_machine(const PlanMachineFlags& m, int64
                                   .source = "given by --plan-rank-tflops, --plan-link-gbps"};
     // An op's output byte costs two read and one written (as calibrate_machine measures).
     if (m.memory_gbps > 0) machine->seconds_per_written_byte = 3.0 / (m.memory_gbps * 1e9);
+  } else if (gpu_job) {
+    *missing =
+        "no step time: this machine's calibration is for CPU ranks; give the GPUs' figures "
+        "(--plan-rank-tflops, --plan-link-gbps, and --plan-memory-gbps, --plan-peak-tflops)";
+    return std::nullopt;
   } else if (const auto calibration = train::load_calibration()) {
     machine = train::MachineModel::for_cpu_ranks(*calibration, ranks);
   } else {
@@ -634,12 +639,13 @@ int print_plan(const Flags& f, const PlanMachineFlags& machine_flags) {
     const data::TokenData tokens = data::load_tokens(f.data);
     std::string missing;
     train::PlanOptions options;
-    options.machine = plan_machine(machine_flags, job_dims(f).world_size(), &missing);
     // A CPU job is traced allocating as the CPU's kernels do; --device cuda (or auto with a GPU
     // here) as a GPU's.
     options.target = f.device == "cpu" || (f.device == "auto" && !cuda::available())
                          ? Device::cpu()
                          : Device::cuda();
+    options.machine =
+        plan_machine(machine_flags, job_dims(f).world_size(), options.target.is_cuda(), &missing);
     train::JobPlan plan;
     if (is_llama(f)) {
       models::LlamaConfig config = llama_config(f);

@@ -165,8 +165,9 @@ std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const Mode
   const auto groups =
       comm::FakeProcessGroup::create_world(static_cast<int>(dims.world_size()), options.ranks,
                                            {.name = "default", .timeout = options.timeout});
+  std::vector<TracedRank> traced;
   try {
-    return measure_training_step(
+    traced = measure_training_step(
         dims, build, options,
         [&](int rank) {
           const auto it = std::find(options.ranks.begin(), options.ranks.end(), rank);
@@ -181,6 +182,12 @@ std::vector<TracedRank> trace_training_step(const ParallelDims& dims, const Mode
   } catch (const Error& e) {
     throw Error(fmt::format("tracing {}", e.what()));
   }
+  // Every send received and every receive sent, between the traced ranks.
+  const auto unmatched =
+      static_cast<const comm::FakeProcessGroup&>(*groups.front()).unmatched_messages();
+  LOOM_CHECK(unmatched.empty(), "tracing: the job's point-to-point messages do not pair up: {}",
+             fmt::join(unmatched, "; "));
+  return traced;
 }
 
 std::vector<TracedRank> measure_training_step_on_gloo_threads(const ParallelDims& dims,

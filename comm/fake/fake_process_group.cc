@@ -50,6 +50,10 @@ FakeProcessGroup::FakeProcessGroup(std::shared_ptr<FakeWorld> world, std::shared
 
 void FakeProcessGroup::abort(const std::string& reason) { world_->abort(reason); }
 
+std::vector<std::string> FakeProcessGroup::unmatched_messages() const {
+  return world_->unmatched();
+}
+
 std::shared_ptr<Work> FakeProcessGroup::run_all_reduce(const OpInfo&, const Tensor&, ReduceOp) {
   return completed();
 }

@@ -43,6 +43,10 @@ class FakeProcessGroup : public ProcessGroup {
   // Fails every receive pending or to come in this group's world with `reason`: what a tracing
   // harness calls when a traced rank fails, so its peers stop waiting at once.
   void abort(const std::string& reason);
+  // Point-to-point messages of this group's world that never paired (a send no rank received, a
+  // receive no rank sent), one line each; empty when all did. Meaningful once every traced rank
+  // is done: how a trace checks that the job's sends and receives pair up.
+  std::vector<std::string> unmatched_messages() const;
 
   std::string backend_name() const override { return "fake"; }
   Device device() const override { return Device::meta(); }

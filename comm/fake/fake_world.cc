@@ -1,5 +1,7 @@
 #include "comm/fake/fake_world.h"
 
+#include <fmt/format.h>
+
 #include "base/error.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
@@ -63,6 +65,26 @@ void FakeWorld::recv(const std::string& group, int src, int dst, int tag, const 
   }
   deliver(into, message);
   work->mark_completed();
+}
+
+std::vector<std::string> FakeWorld::unmatched() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& [key, messages] : sent_) {
+    if (messages.empty()) continue;
+    const auto& [group, src, dst, tag] = key;
+    out.push_back(
+        fmt::format("group '{}': {} send{} from rank {} to rank {} (tag {}) never received", group,
+                    messages.size(), messages.size() == 1 ? "" : "s", src, dst, tag));
+  }
+  for (const auto& [key, receivers] : waiting_) {
+    if (receivers.empty()) continue;
+    const auto& [group, src, dst, tag] = key;
+    out.push_back(fmt::format("group '{}': {} recv{} on rank {} from rank {} (tag {}) never sent",
+                              group, receivers.size(), receivers.size() == 1 ? "" : "s", dst, src,
+                              tag));
+  }
+  return out;
 }
 
 void FakeWorld::abort(const std::string& reason) {

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "comm/store.h"
 #include "comm/types.h"
@@ -47,6 +48,9 @@ class FakeWorld {
   // Fails every pending and later recv with `reason` (a traced rank failed: its peers must not
   // wait out the timeout).
   void abort(const std::string& reason);
+  // Sends no recv took and recvs no send matched, one line each ("group 'mesh/pp': 2 sends from
+  // rank 0 to rank 1 (tag 0) never received"); empty when every message paired.
+  std::vector<std::string> unmatched() const;
 
  private:
   using Key = std::tuple<std::string, int, int, int>;  // group, src, dst, tag
@@ -57,7 +61,7 @@ class FakeWorld {
 
   const int size_;
   const std::set<int> traced_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::map<Key, std::deque<Tensor>> sent_;
   std::map<Key, std::deque<PendingRecv>> waiting_;
   std::string aborted_;  // the reason, once aborted

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `loom plan` (train_gpt --plan) as a user runs it: the default job's plan traces every role's
+# memory, FLOPs and operations; without a calibration it says how to get a step time, with one
+# (--calibrate into a private cache) it prints it; a layout the job rejects fails with the job's
+# own message and exit 1, naming the rank; Llama and the large presets plan too; nothing aborts.
+set -euo pipefail
+train="$(realpath "$1")"
+cd "${TEST_TMPDIR:-$(mktemp -d)}"
+export LOOM_CACHE_DIR="$PWD/cache"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# plan EXPECTED_STATUS ARGS...: runs train_gpt --plan ARGS into out.log / err.log.
+plan() {
+  local want="$1"
+  shift
+  local status=0
+  "$train" --plan "$@" >out.log 2>err.log || status=$?
+  [[ $status -eq $want ]] || { cat out.log err.log; fail "train_gpt --plan $* exited $status, expected $want"; }
+  ! grep -q "terminate called" out.log err.log || fail "train_gpt --plan $* aborted"
+}
+expect_out() { grep -qF -- "$1" out.log || { cat out.log; fail "expected in the plan: $1"; }; }
+expect_err() { grep -qF -- "$1" err.log || { cat err.log; fail "expected the message: $1"; }; }
+
+plan 0
+expect_out "layout dp_replicate=2 x tp=2 (4 ranks)"
+expect_out "a traced step of the job's own code (allocating as the CPU kernels do)"
+expect_out "| ranks | parameters | held between steps | peak in step | peak - held | GFLOP |"
+expect_out "| 0-3 | mesh/dp_replicate | all_reduce | 2 |"
+expect_out "| 0-3 | mesh/tp | reduce_scatter | 10 |"
+expect_out "no step time: run \`./loom plan --calibrate\`"
+echo "ok: the default job, no calibration"
+
+"$train" --plan --calibrate >cal.log 2>&1 || { cat cal.log; fail "--calibrate failed"; }
+[[ -s cache/plan_machine.json ]] || fail "--calibrate wrote no cache/plan_machine.json"
+grep -q '"gemm_flops_per_s"' cache/plan_machine.json || fail "no GEMM rate in the calibration"
+plan 0
+expect_out "ms per step"
+expect_out "4 ranks share its"
+echo "ok: calibrated step time"
+
+plan 1 --tp 3 --dp-replicate 1
+expect_err "train_gpt --plan: ParallelConfig: sequence parallelism splits each sequence over tp ranks: a sequence length of 64 does not divide by tp 3"
+plan 1 --tp 3 --dp-replicate 1 --no-sequence-parallel
+expect_err "n_head=4 is not divisible by the tp mesh size 3"
+plan 1 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved --virtual-stages 2 \
+  --microbatches 4 --batch-size 8
+expect_err "tracing rank 0 (pp, dp_replicate, dp_shard, tp: 0, 0, 0, 0)"
+expect_err "cannot split 2 layers into 4 stages"
+echo "ok: layouts the job rejects"
+
+plan 0 --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 4 --batch-size 8
+expect_out "loom plan: Llama"
+expect_out "mesh/pp | send"
+plan 0 --model llama3-8b --vocab-size 128256 --tp 8 --dp-replicate 1 --dp-shard 2 --batch-size 2 \
+  --seq-len 8192 --mixed-precision bf16 --device cuda --plan-rank-tflops 700 --plan-link-gbps 400 \
+  --plan-peak-tflops 989
+expect_out "(8030261248 parameters)"
+expect_out "allocating as the GPU kernels do"
+expect_out "MFU"
+echo "ok: Llama, small and large"
