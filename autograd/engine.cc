@@ -159,7 +159,9 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   }
 
   if (!retain_graph) {
-    for (const auto& node : visited) node->release();
+    for (const auto& node : visited) {
+      if (!node->reusable()) node->release();
+    }
   }
   // Callbacks may queue more callbacks; run until none are left.
   for (size_t i = 0; i < callbacks.size(); ++i) {

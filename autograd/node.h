@@ -45,6 +45,11 @@ class Node {
   virtual std::string name() const = 0;
   // Frees saved tensors once backward no longer needs them (retain_graph = false).
   virtual void release() {}
+  // A node that saves nothing may run in several backward passes: mixed precision's weight
+  // casts (nn/mixed_precision.h), shared by the microbatches of a step. The engine never
+  // releases it; it goes with the last tensor that holds it.
+  void set_reusable() { reusable_ = true; }
+  bool reusable() const { return reusable_; }
 
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   void set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
@@ -63,6 +68,7 @@ class Node {
   std::vector<Edge> next_edges_;
   std::vector<std::vector<GradHook>> output_hooks_;
   uint64_t sequence_nr_;
+  bool reusable_ = false;
 };
 
 // A node whose backward is a function object — what every built-in op and custom Function

@@ -5,8 +5,12 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/hooks.h"
+#include "autograd/node.h"
 #include "base/error.h"
+#include "tensor/grad_mode.h"
 
 namespace loom::nn {
 
@@ -19,6 +23,15 @@ struct Swap {
     Module* owner;
     std::string name;
     Tensor master;
+    // The cast of `cast_of` the step's forwards share while a graph holds it (see
+    // cast_for_forward), and its storage's reference count when only this entry held it.
+    Tensor cast;
+    Tensor cast_of;
+    int64_t sole_count = 0;
+
+    bool cast_held_elsewhere() const {
+      return cast.defined() && cast.storage().use_count() > sole_count;
+    }
   };
   std::vector<Entry> entries;
   bool swapped = false;
@@ -32,6 +45,38 @@ struct Swap {
 
 Tensor cast_floating(const Tensor& t, DType dtype) {
   return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? to(t, dtype) : t;
+}
+
+// The master's cast for this forward. While an earlier forward's graph still holds the last cast
+// (the graph saves views of it: transposes, local shards), that cast is reused, so the
+// microbatches a pipeline keeps in flight share one low-precision copy of the weights instead
+// of holding one each until their backward. Its graph node saves nothing and runs in every
+// microbatch's backward (reusable), handing each microbatch's gradient to the master as separate
+// casts would. After each backward through it, once no graph holds it, the entry lets it go: no
+// copy stays between steps, and the next step casts the updated master.
+Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType dtype) {
+  Swap::Entry& e = swap->entries[index];
+  const bool records = GradMode::is_enabled() && e.master.requires_grad();
+  if (e.cast_held_elsewhere() && e.cast_of.is_same(e.master) && e.cast.requires_grad() == records) {
+    return e.cast;
+  }
+  e.cast = Tensor();  // not held: let it go before the new one exists
+  Tensor cast = to(e.master, dtype);
+  if (records && cast.grad_fn()) {
+    cast.grad_fn()->set_reusable();
+    std::weak_ptr<Swap> weak = swap;
+    autograd::register_hook(cast, [weak, index](const Tensor&) {
+      autograd::queue_backward_callback([weak, index] {
+        auto s = weak.lock();
+        if (s && !s->entries[index].cast_held_elsewhere()) s->entries[index].cast = Tensor();
+      });
+      return Tensor();
+    });
+  }
+  e.sole_count = cast.storage().use_count();
+  e.cast = cast;
+  e.cast_of = e.master;
+  return cast;
 }
 
 }  // namespace
@@ -54,9 +99,10 @@ void apply_mixed_precision(Module& root, MixedPrecisionPolicy policy) {
   root.register_forward_pre_hook([swap, policy](Module&, const Tensor& input) {
     // A forward that threw left the casts in place: put the masters back first.
     swap->restore();
-    for (Swap::Entry& e : swap->entries) {
+    for (size_t i = 0; i < swap->entries.size(); ++i) {
+      Swap::Entry& e = swap->entries[i];
       e.master = e.owner->parameter(e.name);
-      e.owner->set_parameter(e.name, to(e.master, policy.param_dtype));
+      e.owner->set_parameter(e.name, cast_for_forward(swap, i, policy.param_dtype));
     }
     swap->swapped = true;
     return policy.cast_forward_inputs ? cast_floating(input, policy.param_dtype) : input;

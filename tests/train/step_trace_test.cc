@@ -3,7 +3,8 @@
 // kind by kind: calls and bytes) must be equal exactly, its parameters too, and its storage held
 // between steps and peak during the step within 10 % of the allocator's counts (the CPU makes f32
 // staging copies and scratch tensors the meta trace, which follows the GPU path, does not).
-// Layouts: tp with sequence parallelism, DDP, a 1F1B pipeline, FSDP, and pp x dp x tp.
+// Layouts: tp with sequence parallelism, DDP, a 1F1B pipeline, FSDP, pp x dp x tp, and bf16 mixed
+// precision with tp and with pp x tp.
 #include "train/step_trace.h"
 
 #include <fmt/format.h>
@@ -87,6 +88,14 @@ TEST(StepTrace, FullyShardedDataParallel) { expect_trace_matches({.dims = {.dp_s
 TEST(StepTrace, PipelineDataAndTensorParallel) {
   expect_trace_matches({.dims = {.pp = 2, .dp_shard = 2, .tp = 2},
                         .pipeline = {.schedule = "gpipe", .microbatches = 2}});
+}
+
+TEST(StepTrace, MixedPrecisionPipelineSharesTheCasts) {
+  // 1F1B keeps microbatches in flight; they share one bf16 copy of the stage's weights
+  // (nn/mixed_precision.h), in the real run as in the trace.
+  expect_trace_matches({.dims = {.pp = 2, .tp = 2},
+                        .pipeline = {.schedule = "1f1b", .microbatches = 4},
+                        .mixed_precision = nn::MixedPrecisionPolicy{}});
 }
 
 TEST(StepTrace, MixedPrecisionTensorParallel) {
