@@ -25,6 +25,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
+#include <sstream>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -578,11 +579,12 @@ void check_paths(const Flags& f) {
 // model tensor). The vocabulary is resolved as run() resolves it (the data's unless fixed).
 // The machine a plan predicts the step time on (--plan-*): this one's calibration by default.
 struct PlanMachineFlags {
-  double rank_tflops = 0;  // matrix-product TFLOP/s of one rank
-  double link_gbps = 0;    // GB/s of one link
-  double latency_us = 0;   // one collective step
-  double peak_tflops = 0;  // one rank's peak, for MFU
-  double memory_gbps = 0;  // one rank's memory bandwidth (memory-bound ops)
+  double rank_tflops = 0;     // matrix-product TFLOP/s of one rank
+  double link_gbps = 0;       // GB/s of one link
+  double latency_us = 0;      // one collective step
+  double peak_tflops = 0;     // one rank's peak, for MFU
+  double memory_gbps = 0;     // one rank's memory bandwidth (memory-bound ops)
+  std::string dim_link_gbps;  // "dp_shard=25,pp=25": links of these mesh dims
 };
 
 // The machine the plan predicts on: the flags' (another machine), else this one's calibration
@@ -617,6 +619,25 @@ std::optional<train::MachineModel> plan_machine(const PlanMachineFlags& m, int64
     return std::nullopt;
   }
   if (m.peak_tflops > 0) machine->peak_flops_per_s = m.peak_tflops * 1e12;
+  // --plan-dim-link-gbps dim=GBPS[,dim=GBPS...]
+  std::stringstream items(m.dim_link_gbps);
+  const std::vector<std::string> names = train::ParallelDims{}.names();
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string dim = item.substr(0, eq);
+    double gbps = 0;
+    try {
+      gbps = eq == std::string::npos ? 0 : std::stod(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      gbps = 0;  // reported below
+    }
+    LOOM_CHECK(eq != std::string::npos && gbps > 0 &&
+                   std::find(names.begin(), names.end(), dim) != names.end(),
+               "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of "
+               "{}, GBPS a positive number; got '{}'",
+               fmt::join(names, ", "), item);
+    machine->dim_bytes_per_s[dim] = gbps * 1e9;
+  }
   return machine;
 }
 
@@ -708,6 +729,9 @@ Parsed parse_command_line(int argc, char** argv) {
                  "with --plan: one rank's peak TFLOP/s, to print the MFU");
   app.add_option("--plan-memory-gbps", parsed.machine.memory_gbps,
                  "with --plan-rank-tflops: one rank's memory GB/s (elementwise ops)");
+  app.add_option("--plan-dim-link-gbps", parsed.machine.dim_link_gbps,
+                 "with --plan: the links of some mesh dims, where not --plan-link-gbps, e.g. "
+                 "dp_shard=25,pp=25 (InfiniBand between hosts)");
   const auto options = train::job_options();
   const train::JobConfig defaults;
   std::vector<std::string> raw(options.size());

@@ -44,10 +44,22 @@ int64_t group_size(const std::string& group, const ParallelConfig& parallel, int
   return any ? size : world;
 }
 
-// Seconds of one operation of `kind` moving `bytes` (this rank's input) in a group of n ranks.
-double operation_seconds(comm::CollectiveKind kind, double bytes, int64_t n,
-                         const MachineModel& m) {
-  const double alpha = m.latency_s, beta = 1.0 / m.bytes_per_s;
+// The bandwidth of `group`'s links: the slowest per-dim figure among the dims its name
+// mentions, else the machine's.
+double group_bytes_per_s(const std::string& group, const MachineModel& m) {
+  double rate = 0;
+  for (const auto& [dim, bytes_per_s] : m.dim_bytes_per_s) {
+    if (group.find(dim) == std::string::npos) continue;
+    rate = rate == 0 ? bytes_per_s : std::min(rate, bytes_per_s);
+  }
+  return rate > 0 ? rate : m.bytes_per_s;
+}
+
+// Seconds of one operation of `kind` moving `bytes` (this rank's input) in a group of n ranks
+// whose links carry `bytes_per_s`.
+double operation_seconds(comm::CollectiveKind kind, double bytes, int64_t n, const MachineModel& m,
+                         double bytes_per_s) {
+  const double alpha = m.latency_s, beta = 1.0 / bytes_per_s;
   const double k = static_cast<double>(std::max<int64_t>(n, 1));
   switch (kind) {
     case comm::CollectiveKind::kAllReduce:
@@ -206,15 +218,17 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
     double critical = 0, data_parallel = 0;
     for (const auto& [group, tallies] : rank.collectives) {
       const int64_t n = group_size(group, parallel, world_size);
+      const double rate = group_bytes_per_s(group, machine);
       double seconds = 0;
       for (size_t k = 0; k < tallies.size(); ++k) {
         if (tallies[k].calls == 0) continue;
         // Each call's latency, the bytes at the bandwidth.
         const auto kind = static_cast<comm::CollectiveKind>(k);
-        const double one = operation_seconds(kind, 0, n, machine);
+        const double one = operation_seconds(kind, 0, n, machine, rate);
         seconds +=
             one * static_cast<double>(tallies[k].calls) +
-            (operation_seconds(kind, static_cast<double>(tallies[k].bytes), n, machine) - one);
+            (operation_seconds(kind, static_cast<double>(tallies[k].bytes), n, machine, rate) -
+             one);
       }
       (group.find("dp") != std::string::npos ? data_parallel : critical) += seconds;
     }

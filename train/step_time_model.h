@@ -25,6 +25,7 @@
 // plan's flags for another (a GPU's TFLOP/s, a link's GB/s and latency).
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -41,8 +42,12 @@ struct MachineModel {
   double seconds_per_op = 0;            // one small op's overhead on one rank (0: not modelled)
   double latency_s = 0;                 // alpha: one step of a collective
   double bytes_per_s = 0;               // 1 / beta: bandwidth of one link
-  double peak_flops_per_s = 0;          // one rank's peak (for MFU); 0: MFU not printed
-  std::string source;                   // where the figures came from
+  // Per mesh dim ("dp_shard", "pp", ...): the bandwidth of the links its groups use, where it is
+  // not bytes_per_s (NVLink within a host, InfiniBand between hosts). A group over several dims
+  // takes the slowest of theirs.
+  std::map<std::string, double> dim_bytes_per_s;
+  double peak_flops_per_s = 0;  // one rank's peak (for MFU); 0: MFU not printed
+  std::string source;           // where the figures came from
 
   // This host's figures for a CPU job of `ranks` ranks sharing it: the calibrated host GEMM rate
   // and memory bandwidth divided among the ranks, the op overhead stretched when there are more
