@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <barrier>
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <mutex>
@@ -48,6 +49,17 @@ class CollectiveRecorder {
  private:
   int id_;
 };
+
+// Whether a rank's error is another rank's failure reaching it ("... rank 3 failed"): what the
+// abort of the first failing rank's group makes its peers throw.
+bool failed_because_of_a_peer(const std::string& what) {
+  for (size_t at = what.find("rank "); at != std::string::npos; at = what.find("rank ", at + 1)) {
+    size_t end = at + 5;
+    while (end < what.size() && std::isdigit(static_cast<unsigned char>(what[end]))) ++end;
+    if (end > at + 5 && what.compare(end, 7, " failed") == 0) return true;
+  }
+  return false;
+}
 
 std::vector<int64_t> coordinate_of(const ParallelDims& dims, int rank) {
   const std::vector<int64_t> sizes = dims.sizes();
@@ -127,9 +139,10 @@ std::vector<TracedRank> measure_training_step(const ParallelDims& dims, const Mo
   std::vector<std::shared_ptr<comm::ProcessGroup>> worlds(n);
   CollectiveRecorder recorder;
   std::vector<TracedRank> results(n);
-  // The first failure is the cause; the peers it leaves waiting fail after it.
+  // Every rank's failure. The first aborts the others' waits (on_failure); the one reported is
+  // the lowest rank that failed on its own, so the same job gives the same message every run.
   std::mutex failure_mutex;
-  std::optional<std::pair<int, std::string>> first_failure;
+  std::map<int, std::string> failures;
   std::barrier<> between_steps(static_cast<std::ptrdiff_t>(n));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < n; ++i) {
@@ -145,15 +158,18 @@ std::vector<TracedRank> measure_training_step(const ParallelDims& dims, const Mo
         // A rank that fails before the barrier leaves it, so the others do not wait for it.
         if (!arrived) between_steps.arrive_and_drop();
         std::lock_guard<std::mutex> lock(failure_mutex);
-        if (first_failure) return;
-        first_failure.emplace(options.ranks[i], e.what());
-        if (on_failure) on_failure(worlds[i], options.ranks[i]);
+        const bool first = failures.empty();
+        failures.emplace(options.ranks[i], e.what());
+        if (first && on_failure) on_failure(worlds[i], options.ranks[i]);
       }
     });
   }
   for (std::thread& t : threads) t.join();
-  if (first_failure) {
-    const auto& [rank, what] = *first_failure;
+  if (!failures.empty()) {
+    auto cause = failures.begin();
+    while (cause != failures.end() && failed_because_of_a_peer(cause->second)) ++cause;
+    if (cause == failures.end()) cause = failures.begin();
+    const auto& [rank, what] = *cause;
     throw Error(fmt::format("rank {} ({}: {}): {}", rank, fmt::join(dims.names(), ", "),
                             fmt::join(coordinate_of(dims, rank), ", "), what));
   }

@@ -53,6 +53,20 @@ plan 1 --plan-rank-tflops 100
 expect_err "--plan-rank-tflops 100 needs --plan-link-gbps"
 echo "ok: layouts the job rejects, bad machine flags"
 
+# A job file plans as it trains (--config), flags overriding it.
+cat >job.toml <<'TOML'
+[parallel]
+pp = 2
+dp = 2
+tp = 2
+schedule = "1f1b"
+microbatches = 4
+TOML
+plan 0 --config job.toml --seq-len 32
+expect_out "layout pp=2 x dp_replicate=2 x tp=2 (8 ranks), 2 pipeline stages, global batch 16 x 32 tokens"
+expect_out "mesh/pp | send"
+echo "ok: a job file"
+
 plan 0 --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 4 --batch-size 8
 expect_out "loom plan: Llama"
 expect_out "mesh/pp | send"
