@@ -15,6 +15,7 @@
 //     holds between steps and at its peak (activations, communication buffers, mixed precision's
 //     copies included), its collectives per process group and kind (calls and bytes), and its
 //     matrix-product FLOPs. Any check the job's code makes fails the trace with the job's message.
+//   - with PlanOptions::machine, the step time, tokens/s and MFU (train/step_time_model.h).
 #pragma once
 
 #include <cstdint>

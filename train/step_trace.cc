@@ -10,7 +10,6 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
-#include <optional>
 #include <set>
 #include <thread>
 
