@@ -6,11 +6,14 @@ namespace loom {
 
 CommDebugMode::CommDebugMode() : thread_(std::this_thread::get_id()) {
   observer_id_ = comm::ProcessGroup::add_observer(
-      [this](comm::CollectiveKind kind, int64_t bytes, const std::string&) {
+      [this](comm::CollectiveKind kind, int64_t bytes, const std::string& group) {
         if (std::this_thread::get_id() != thread_) return;
         std::lock_guard<std::mutex> lock(mutex_);
         counts_[static_cast<int>(kind)] += 1;
         bytes_[static_cast<int>(kind)] += bytes;
+        comm::CollectiveCounters& of_group = groups_[group];
+        of_group.calls[static_cast<int>(kind)] += 1;
+        of_group.bytes[static_cast<int>(kind)] += bytes;
       });
 }
 
@@ -31,6 +34,11 @@ int64_t CommDebugMode::total_count() const {
   int64_t total = 0;
   for (int64_t c : counts_) total += c;
   return total;
+}
+
+std::map<std::string, comm::CollectiveCounters> CommDebugMode::by_group() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return groups_;
 }
 
 std::string CommDebugMode::summary() const {

@@ -30,12 +30,15 @@ class CommDebugMode {
   int64_t total_count() const;
   // "all_gather: 2 (96 B), all_reduce: 1 (32 B)"; "none" when empty.
   std::string summary() const;
+  // The same counts per process group, by the group's name ("mesh/tp", "default", ...).
+  std::map<std::string, comm::CollectiveCounters> by_group() const;
 
  private:
   mutable std::mutex mutex_;
   std::thread::id thread_;
   std::array<int64_t, comm::kNumCollectiveKinds> counts_{};
   std::array<int64_t, comm::kNumCollectiveKinds> bytes_{};
+  std::map<std::string, comm::CollectiveCounters> groups_;
   int observer_id_;
 };
 

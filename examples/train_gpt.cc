@@ -285,20 +285,16 @@ struct JobModel {
 
 bool is_llama(const Flags& f) { return f.model.rfind("llama", 0) == 0; }
 
-JobModel build_job_model(const Flags& f, const data::TokenData& tokens,
-                         const std::shared_ptr<const DeviceMesh>& mesh,
-                         const train::ParallelConfig& parallel) {
-  JobModel job;
-  if (!is_llama(f)) {
-    const ModelChoice choice = model_config(f);
-    models::GPTConfig config = choice.config;
-    config.vocab_size = vocab_size(choice, tokens);
-    job.model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
-    job.vocab_size = config.vocab_size;
-    job.parameters = config.parameter_count();
-    job.fields = train::model_fields(config);
-    return job;
-  }
+// The job's GPT or Llama config with its vocabulary resolved against the data: what training
+// builds and what --plan traces.
+models::GPTConfig gpt_job_config(const Flags& f, const data::TokenData& tokens) {
+  const ModelChoice choice = model_config(f);
+  models::GPTConfig config = choice.config;
+  config.vocab_size = vocab_size(choice, tokens);
+  return config;
+}
+
+models::LlamaConfig llama_job_config(const Flags& f, const data::TokenData& tokens) {
   models::LlamaConfig config = llama_config(f);
   // The vocabulary: the checkpoint's or --vocab-size when given, else the data's.
   if (f.init_from.empty() && !f.vocab_size) config.vocab_size = tokens.vocab_size;
@@ -307,6 +303,22 @@ JobModel build_job_model(const Flags& f, const data::TokenData& tokens,
              "--data: {} has a vocabulary of {} tokens, more than the model's {}; its tokens "
              "would not fit the embedding",
              tokens.description, tokens.vocab_size, config.vocab_size);
+  return config;
+}
+
+JobModel build_job_model(const Flags& f, const data::TokenData& tokens,
+                         const std::shared_ptr<const DeviceMesh>& mesh,
+                         const train::ParallelConfig& parallel) {
+  JobModel job;
+  if (!is_llama(f)) {
+    const models::GPTConfig config = gpt_job_config(f, tokens);
+    job.model = train::build_parallel_gpt(config, f.seed, mesh, parallel);
+    job.vocab_size = config.vocab_size;
+    job.parameters = config.parameter_count();
+    job.fields = train::model_fields(config);
+    return job;
+  }
+  const models::LlamaConfig config = llama_job_config(f, tokens);
   job.model = train::build_parallel_llama(config, f.seed, mesh, parallel);
   job.vocab_size = config.vocab_size;
   job.parameters = config.parameter_count();
@@ -667,18 +679,11 @@ int print_plan(const Flags& f, const PlanMachineFlags& machine_flags) {
                          : Device::cuda();
     options.machine =
         plan_machine(machine_flags, job_dims(f).world_size(), options.target.is_cuda(), &missing);
-    train::JobPlan plan;
-    if (is_llama(f)) {
-      models::LlamaConfig config = llama_config(f);
-      if (f.init_from.empty() && !f.vocab_size) config.vocab_size = tokens.vocab_size;
-      if (f.vocab_size) config.vocab_size = f.vocab_size;
-      plan = train::plan_llama_job(config, parallel_config(f), f.batch_size, f.seq_len, options);
-    } else {
-      const ModelChoice choice = model_config(f);
-      models::GPTConfig config = choice.config;
-      config.vocab_size = vocab_size(choice, tokens);
-      plan = train::plan_gpt_job(config, parallel_config(f), f.batch_size, f.seq_len, options);
-    }
+    const train::JobPlan plan =
+        is_llama(f) ? train::plan_llama_job(llama_job_config(f, tokens), parallel_config(f),
+                                            f.batch_size, f.seq_len, options)
+                    : train::plan_gpt_job(gpt_job_config(f, tokens), parallel_config(f),
+                                          f.batch_size, f.seq_len, options);
     fmt::print("{}", train::format_job_plan(plan));
     if (!missing.empty()) fmt::print("\n{}\n", missing);
     return 0;

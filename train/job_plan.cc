@@ -294,13 +294,13 @@ std::string format_job_plan(const JobPlan& plan) {
     std::sort(same_operations[i].begin(), same_operations[i].end());
     const std::string ranks = ranks_str(same_operations[i]);
     bool any = false;
-    for (const auto& [group, tallies] : operations_of[i]->collectives) {
-      for (size_t k = 0; k < tallies.size(); ++k) {
-        if (tallies[k].calls == 0) continue;
+    for (const auto& [group, counters] : operations_of[i]->collectives) {
+      for (size_t k = 0; k < counters.calls.size(); ++k) {
+        if (counters.calls[k] == 0) continue;
         any = true;
         out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks, group,
                            comm::collective_name(static_cast<comm::CollectiveKind>(k)),
-                           tallies[k].calls, mib(tallies[k].bytes));
+                           counters.calls[k], mib(counters.bytes[k]));
       }
     }
     if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks);

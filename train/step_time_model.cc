@@ -216,18 +216,18 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
         static_cast<double>(rank.allocated_bytes) * machine.seconds_per_written_byte +
         static_cast<double>(rank.allocations) * machine.seconds_per_op;
     double critical = 0, data_parallel = 0;
-    for (const auto& [group, tallies] : rank.collectives) {
+    for (const auto& [group, counters] : rank.collectives) {
       const int64_t n = group_size(group, parallel, world_size);
       const double rate = group_bytes_per_s(group, machine);
       double seconds = 0;
-      for (size_t k = 0; k < tallies.size(); ++k) {
-        if (tallies[k].calls == 0) continue;
+      for (size_t k = 0; k < counters.calls.size(); ++k) {
+        if (counters.calls[k] == 0) continue;
         // Each call's latency, the bytes at the bandwidth.
         const auto kind = static_cast<comm::CollectiveKind>(k);
         const double one = operation_seconds(kind, 0, n, machine, rate);
         seconds +=
-            one * static_cast<double>(tallies[k].calls) +
-            (operation_seconds(kind, static_cast<double>(tallies[k].bytes), n, machine, rate) -
+            one * static_cast<double>(counters.calls[k]) +
+            (operation_seconds(kind, static_cast<double>(counters.bytes[k]), n, machine, rate) -
              one);
       }
       (group.find("dp") != std::string::npos ? data_parallel : critical) += seconds;

@@ -17,6 +17,7 @@
 #include "comm/fake/fake_process_group.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
+#include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tensor/flop_counter.h"
 #include "tensor/memory_stats.h"
@@ -26,28 +27,6 @@
 namespace loom::train {
 
 namespace {
-
-// The collectives of the traced step, per rank thread: the observer is process-wide, the record
-// it adds to is the calling thread's.
-thread_local std::map<std::string, CollectiveTallies>* recording = nullptr;
-
-class CollectiveRecorder {
- public:
-  CollectiveRecorder()
-      : id_(comm::ProcessGroup::add_observer(
-            [](comm::CollectiveKind kind, int64_t bytes, const std::string& group) {
-              if (recording == nullptr) return;
-              CollectiveTally& tally = (*recording)[group][static_cast<size_t>(kind)];
-              ++tally.calls;
-              tally.bytes += bytes;
-            })) {}
-  ~CollectiveRecorder() { comm::ProcessGroup::remove_observer(id_); }
-  CollectiveRecorder(const CollectiveRecorder&) = delete;
-  CollectiveRecorder& operator=(const CollectiveRecorder&) = delete;
-
- private:
-  int id_;
-};
 
 // Whether a rank's error is another rank's failure reaching it ("... rank 3 failed"): what the
 // abort of the first failing rank's group makes its peers throw.
@@ -100,11 +79,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     after_first_step();
     out.held_bytes = memory.stats().current_bytes;
     memory.reset_peak();
-    std::map<std::string, CollectiveTallies> collectives;
-    recording = &collectives;
-    struct StopRecording {
-      ~StopRecording() { recording = nullptr; }
-    } stop;
+    CommDebugMode comm;  // this thread's operations, by group
     FlopCounter flops;
     const MemoryStats before = memory.stats();
     const auto start = std::chrono::steady_clock::now();
@@ -115,7 +90,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     out.allocations = memory.stats().allocations - before.allocations;
     out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
     out.peak_bytes = memory.stats().peak_bytes;
-    out.collectives = std::move(collectives);
+    out.collectives = comm.by_group();
   }
   return out;
 }
@@ -136,7 +111,6 @@ std::vector<TracedRank> measure_training_step(const ParallelDims& dims, const Mo
   std::vector<std::unique_ptr<MemoryTracker>> trackers;
   for (size_t i = 0; i < n; ++i) trackers.push_back(std::make_unique<MemoryTracker>());
   std::vector<std::shared_ptr<comm::ProcessGroup>> worlds(n);
-  CollectiveRecorder recorder;
   std::vector<TracedRank> results(n);
   // Every rank's failure. The first aborts the others' waits (on_failure); the one reported is
   // the lowest rank that failed on its own, so the same job gives the same message every run.
@@ -228,12 +202,11 @@ std::vector<TracedRank> measure_training_step_on_gloo_threads(const ParallelDims
 
 bool same_collectives(const TracedRank& a, const TracedRank& b) {
   const auto covered = [](const TracedRank& x, const TracedRank& y) {
-    for (const auto& [group, tallies] : x.collectives) {
+    for (const auto& [group, counters] : x.collectives) {
       const auto it = y.collectives.find(group);
-      for (size_t k = 0; k < tallies.size(); ++k) {
-        const CollectiveTally other = it == y.collectives.end() ? CollectiveTally{} : it->second[k];
-        if (other.calls != tallies[k].calls || other.bytes != tallies[k].bytes) return false;
-      }
+      const comm::CollectiveCounters other =
+          it == y.collectives.end() ? comm::CollectiveCounters{} : it->second;
+      if (other.calls != counters.calls || other.bytes != counters.bytes) return false;
     }
     return true;
   };

@@ -35,12 +35,6 @@
 
 namespace loom::train {
 
-struct CollectiveTally {
-  int64_t calls = 0;
-  int64_t bytes = 0;
-};
-using CollectiveTallies = std::array<CollectiveTally, comm::kNumCollectiveKinds>;
-
 struct TracedRank {
   int rank = 0;
   std::vector<int64_t> coordinate;  // on the (pp, dp_replicate, dp_shard, tp) mesh
@@ -51,8 +45,8 @@ struct TracedRank {
   int64_t allocations = 0;          // storage allocations of one step (about one per op output)
   int64_t allocated_bytes = 0;      // their bytes: what the step's ops wrote
   double step_ms = 0;               // the step's wall time (meaningful on real groups only)
-  // One step's operations by group name, then kind.
-  std::map<std::string, CollectiveTallies> collectives;
+  // One step's operations by group name (CommDebugMode::by_group).
+  std::map<std::string, comm::CollectiveCounters> collectives;
 };
 
 // Builds the job's model on `mesh` (the rank's device is the mesh's: meta here). Called on each

@@ -8,16 +8,11 @@
 
 namespace loom::comm {
 
-namespace {
-
-// The message's values into the receive buffer (only small meta storage holds any).
-void deliver(const Tensor& into, const Tensor& message) {
+void copy_values(const Tensor& into, const Tensor& message) {
   if (into.shape() != message.shape() || into.dtype() != message.dtype()) return;
   NoGradGuard no_grad;
   ops::copy_(into, message);
 }
-
-}  // namespace
 
 void FakeRecvWork::wait() {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -41,7 +36,7 @@ void FakeWorld::send(const std::string& group, int src, int dst, int tag, const 
     receiver = std::move(it->second.front());
     it->second.pop_front();
   }
-  deliver(receiver.into, tensor);
+  copy_values(receiver.into, tensor);
   receiver.work->mark_completed();
 }
 
@@ -63,7 +58,7 @@ void FakeWorld::recv(const std::string& group, int src, int dst, int tag, const 
     message = std::move(it->second.front());
     it->second.pop_front();
   }
-  deliver(into, message);
+  copy_values(into, message);
   work->mark_completed();
 }
 

@@ -19,6 +19,10 @@
 
 namespace loom::comm {
 
+// `message`'s values into `into` when both have one shape and dtype (only small meta storage holds
+// values, tensor/device.h): what a delivered message and an all_gather's outputs receive.
+void copy_values(const Tensor& into, const Tensor& message);
+
 // A Work that a later send completes; wait() gives up after the group's timeout.
 class FakeRecvWork : public Work {
  public:

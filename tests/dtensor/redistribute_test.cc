@@ -178,6 +178,25 @@ comm::testing::MultiRankOptions long_run() {
   return options;
 }
 
+TEST(CommDebugModeTest, CountsEachGroupApart) {
+  // A gather along "tp" of a 2 x 2 mesh runs on the tp group only, and the per-group counts add
+  // up to the totals.
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"dp", "tp"}, {2, 2});
+    const Tensor x =
+        distribute_tensor(integer_tensor({4, 2}, 1), mesh, {Replicate(), Shard(0)}, std::nullopt);
+    CommDebugMode comm;
+    redistribute(x, {Replicate(), Replicate()});
+    const auto groups = comm.by_group();
+    ASSERT_EQ(groups.size(), 1u);
+    EXPECT_EQ(groups.begin()->first, "mesh/tp");
+    EXPECT_EQ(groups.begin()->second.calls_of(CollectiveKind::kAllGather), 1);
+    EXPECT_EQ(groups.begin()->second.bytes_of(CollectiveKind::kAllGather),
+              comm.bytes(CollectiveKind::kAllGather));
+    EXPECT_EQ(groups.begin()->second.total_calls(), comm.total_count());
+  });
+}
+
 TEST(RedistributeTest, EveryPairOnOneDimMeshOfTwo) {
   run_on_ranks(2,
                [](ProcessGroup& pg) { check_every_pair_both_shapes(make_mesh(pg, {"x"}, {2})); });

@@ -50,19 +50,17 @@ void expect_trace_matches(const ParallelConfig& parallel) {
     EXPECT_FALSE(m.collectives.empty() && world > 1);
     EXPECT_TRUE(same_collectives(t, m));
     ASSERT_EQ(t.collectives.size(), m.collectives.size());
-    for (const auto& [group, tallies] : m.collectives) {
+    for (const auto& [group, counters] : m.collectives) {
       ASSERT_TRUE(t.collectives.count(group)) << group;
       for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
-        EXPECT_EQ(t.collectives.at(group)[k].calls, tallies[k].calls)
+        EXPECT_EQ(t.collectives.at(group).calls[k], counters.calls[k])
             << group << " " << comm::collective_name(static_cast<comm::CollectiveKind>(k));
-        EXPECT_EQ(t.collectives.at(group)[k].bytes, tallies[k].bytes)
+        EXPECT_EQ(t.collectives.at(group).bytes[k], counters.bytes[k])
             << group << " " << comm::collective_name(static_cast<comm::CollectiveKind>(k));
       }
     }
     int64_t calls = 0;
-    for (const auto& [group, tallies] : m.collectives) {
-      for (const CollectiveTally& tally : tallies) calls += tally.calls;
-    }
+    for (const auto& [group, counters] : m.collectives) calls += counters.total_calls();
     fmt::print(
         "{} rank {}: held {} / {} B, peak {} / {} B (traced / measured), {} operations, {} "
         "FLOP\n",

@@ -107,8 +107,8 @@ int main(int argc, char** argv) {
         if (error >= worst) worst = error, worst_rank = r;
         measured_ms = std::max(measured_ms, measured[r].step_ms);
         int64_t calls = 0;
-        for (const auto& [group, tallies] : measured[r].collectives) {
-          for (const auto& tally : tallies) calls += tally.calls;
+        for (const auto& [group, counters] : measured[r].collectives) {
+          calls += counters.total_calls();
         }
         operations = std::max(operations, calls);
       }
