@@ -1,7 +1,7 @@
 // GPT <-> Hugging Face GPT-2 safetensors: the c_attn permutation on its own, a Loom round trip,
 // a file in HF's layout built by hand in this test (explicit index math, independent of the code
 // under test) giving the reference model's logits, and all-or-nothing loading.
-#include "models/checkpoint/gpt2_hf.h"
+#include "models/hf/gpt2_hf.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
-#include "models/checkpoint/safetensors.h"
+#include "models/hf/safetensors.h"
 #include "tensor/ops.h"
 #include "tests/models/gpt2_hf_test_config.h"
 

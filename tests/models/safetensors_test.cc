@@ -1,6 +1,6 @@
 // safetensors: round trips of every dtype Loom has, and every kind of bad file rejected with a
 // message that names the file and the tensor.
-#include "models/checkpoint/safetensors.h"
+#include "models/hf/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

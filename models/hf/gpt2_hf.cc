@@ -1,4 +1,4 @@
-#include "models/checkpoint/gpt2_hf.h"
+#include "models/hf/gpt2_hf.h"
 
 #include <cstring>
 #include <filesystem>
@@ -11,7 +11,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
-#include "models/checkpoint/safetensors.h"
+#include "models/hf/safetensors.h"
 #include "tensor/ops.h"
 
 namespace loom::models {

@@ -1,4 +1,4 @@
-#include "models/checkpoint/safetensors.h"
+#include "models/hf/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>
