@@ -34,7 +34,7 @@
 #include "comm/init.h"
 #include "comm/launch_env.h"
 #include "mesh/device_mesh.h"
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
 #include "models/data/token_data.h"
 #include "models/gpt/config.h"
 #include "models/llama/config.h"

@@ -7,7 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
 #include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"

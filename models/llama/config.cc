@@ -45,6 +45,7 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
 }
 
 int64_t LlamaConfig::ffn_hidden_dim() const {
+  if (ffn_dim > 0) return ffn_dim;
   int64_t hidden = 4 * dim;
   hidden = 2 * hidden / 3;
   if (ffn_dim_multiplier) hidden = static_cast<int64_t>(*ffn_dim_multiplier * hidden);
@@ -68,6 +69,7 @@ void LlamaConfig::validate() const {
                                                     {n_kv_heads, "n_kv_heads"},
                                                     {vocab_size, "vocab_size"},
                                                     {multiple_of, "multiple_of"},
+                                                    {ffn_hidden_dim(), "ffn_dim"},
                                                     {max_seq_len, "max_seq_len"}}) {
     LOOM_CHECK(value >= 1, "LlamaConfig: {} must be at least 1, got {}", field, value);
   }

@@ -31,6 +31,7 @@ struct LlamaConfig {
   int64_t vocab_size = 128256;
   int64_t multiple_of = 1024;                      // the FFN width rounds up to a multiple of this
   std::optional<double> ffn_dim_multiplier = 1.3;  // applied to 2/3 of 4 * dim
+  int64_t ffn_dim = 0;  // intermediate_size given as is (Hugging Face, --ffn-dim); 0: the rule
   double norm_eps = 1e-5;                          // rms_norm_eps
   double rope_theta = 500000.0;
   std::optional<RopeScaling> rope_scaling = RopeScaling{};  // none: plain RoPE
@@ -41,8 +42,8 @@ struct LlamaConfig {
   static std::vector<std::string> preset_names();
 
   int64_t head_dim() const { return dim / n_heads; }
-  // The SwiGLU width (intermediate_size): 4 * dim, times 2/3, times ffn_dim_multiplier, rounded
-  // up to a multiple of multiple_of (Meta's and torchtitan's rule).
+  // The SwiGLU width (intermediate_size): ffn_dim when given, else 4 * dim, times 2/3, times
+  // ffn_dim_multiplier, rounded up to a multiple of multiple_of (Meta's and torchtitan's rule).
   int64_t ffn_hidden_dim() const;
   // Every parameter: embeddings, per layer q/k/v/o, w1/w2/w3 and two RMSNorm weights, the final
   // norm and the untied output head.

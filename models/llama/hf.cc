@@ -2,17 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
-
-#include "autograd/grad_mode.h"
 #include "base/error.h"
-#include "dtensor/dtensor.h"
-#include "models/hf/gpt2_hf.h"
-#include "models/hf/safetensors.h"
+#include "models/hf/checkpoint.h"
+#include "models/llama/pipeline.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -62,143 +54,150 @@ std::vector<int64_t> permute_rotary(int64_t heads, int64_t head_dim) {
   return source;
 }
 
-nlohmann::json hf_config_json(const LlamaConfig& config) {
-  nlohmann::json json{{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
-                      {"hidden_size", config.dim},
-                      {"intermediate_size", config.ffn_hidden_dim()},
-                      {"num_hidden_layers", config.n_layers},
-                      {"num_attention_heads", config.n_heads},
-                      {"num_key_value_heads", config.n_kv_heads},
-                      {"head_dim", config.head_dim()},
-                      {"vocab_size", config.vocab_size},
-                      {"max_position_embeddings", config.max_seq_len},
-                      {"rms_norm_eps", config.norm_eps},
-                      {"rope_theta", config.rope_theta},
-                      {"hidden_act", "silu"},
-                      {"attention_bias", false},
-                      {"mlp_bias", false},
-                      {"tie_word_embeddings", false}};
-  if (config.rope_scaling) {
-    const RopeScaling& s = *config.rope_scaling;
-    json["rope_scaling"] = {
-        {"rope_type", "llama3"},
-        {"factor", s.factor},
-        {"low_freq_factor", s.low_freq_factor},
-        {"high_freq_factor", s.high_freq_factor},
-        {"original_max_position_embeddings", s.original_max_position_embeddings}};
+class LlamaAdapter : public hf::StateDictAdapter {
+ public:
+  explicit LlamaAdapter(const LlamaConfig& config) : config_(config) {}
+
+  std::vector<std::string> hf_names(const std::string& name) const override {
+    return {hf_name(name)};
   }
-  return json;
-}
+  Tensor from_hf(const std::string& name, const Tensor& hf) const override {
+    if (const int64_t heads = rotary_heads(name)) {
+      return hf::gather_rows(hf, unpermute_rotary(heads, config_.head_dim()));
+    }
+    return hf;
+  }
+  Tensor to_hf(const std::string& name, const Tensor& loom) const override {
+    if (const int64_t heads = rotary_heads(name)) {
+      return hf::gather_rows(loom, permute_rotary(heads, config_.head_dim()));
+    }
+    return loom;
+  }
+  // Older transformers saved each layer's RoPE frequencies (a buffer Loom computes).
+  bool is_buffer(const std::string& name) const override {
+    return name.ends_with("rotary_emb.inv_freq");
+  }
+  nlohmann::json config_json() const override {
+    const LlamaConfig& c = config_;
+    nlohmann::json json{{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"hidden_size", c.dim},
+                        {"intermediate_size", c.ffn_hidden_dim()},
+                        {"num_hidden_layers", c.n_layers},
+                        {"num_attention_heads", c.n_heads},
+                        {"num_key_value_heads", c.n_kv_heads},
+                        {"head_dim", c.head_dim()},
+                        {"vocab_size", c.vocab_size},
+                        {"max_position_embeddings", c.max_seq_len},
+                        {"rms_norm_eps", c.norm_eps},
+                        {"rope_theta", c.rope_theta},
+                        {"hidden_act", "silu"},
+                        {"attention_bias", false},
+                        {"mlp_bias", false},
+                        {"tie_word_embeddings", false}};
+    if (c.rope_scaling) {
+      const RopeScaling& s = *c.rope_scaling;
+      json["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", s.factor},
+          {"low_freq_factor", s.low_freq_factor},
+          {"high_freq_factor", s.high_freq_factor},
+          {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    }
+    return json;
+  }
+
+ private:
+  // The heads of a q or k projection (whose rows HF permutes), 0 for any other parameter.
+  int64_t rotary_heads(const std::string& name) const {
+    if (name.find("attention.wq") != std::string::npos) return config_.n_heads;
+    if (name.find("attention.wk") != std::string::npos) return config_.n_kv_heads;
+    return 0;
+  }
+
+  LlamaConfig config_;
+};
 
 }  // namespace
 
-LlamaConfig read_llama_hf_config(const std::string& config_json) {
-  std::ifstream in(config_json);
-  LOOM_CHECK(in.good(), "read_llama_hf_config: cannot read '{}'", config_json);
-  nlohmann::json json;
-  try {
-    json = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    LOOM_FAIL("read_llama_hf_config: '{}' is not JSON: {}", config_json, e.what());
-  }
-  const auto need = [&](const char* key) -> const nlohmann::json& {
-    LOOM_CHECK(json.contains(key), "read_llama_hf_config: '{}' has no \"{}\"", config_json, key);
-    return json.at(key);
-  };
+std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config) {
+  return std::make_unique<LlamaAdapter>(config);
+}
+
+LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
+  const std::string type = json.string_or("model_type", "llama");
+  json.refuse_unless(type == "llama", "model_type",
+                     "not a Llama checkpoint (the Llama family reads model_type \"llama\")");
   LlamaConfig config;
-  config.dim = need("hidden_size").get<int64_t>();
-  config.n_layers = need("num_hidden_layers").get<int64_t>();
-  config.n_heads = need("num_attention_heads").get<int64_t>();
-  config.n_kv_heads = json.value("num_key_value_heads", config.n_heads);
-  config.vocab_size = need("vocab_size").get<int64_t>();
-  config.norm_eps = json.value("rms_norm_eps", 1e-5);
-  config.max_seq_len = need("max_position_embeddings").get<int64_t>();
+  config.dim = json.positive_int("hidden_size");
+  config.n_layers = json.positive_int("num_hidden_layers");
+  config.n_heads = json.positive_int("num_attention_heads");
+  config.n_kv_heads = json.positive_int_or("num_key_value_heads", config.n_heads);
+  config.vocab_size = json.positive_int("vocab_size");
+  config.norm_eps = json.number_or("rms_norm_eps", 1e-5);
+  config.max_seq_len = json.positive_int("max_position_embeddings");
+  config.ffn_dim = json.positive_int("intermediate_size");
+  config.ffn_dim_multiplier = std::nullopt;
   // RoPE: transformers 5 writes "rope_parameters" (rope_theta inside); 4 wrote "rope_theta" and
   // "rope_scaling".
-  const nlohmann::json* rope = nullptr;
-  for (const char* key : {"rope_parameters", "rope_scaling"}) {
-    if (json.contains(key) && json.at(key).is_object()) rope = &json.at(key);
-  }
-  config.rope_theta = rope && rope->contains("rope_theta") ? rope->at("rope_theta").get<double>()
-                                                           : json.value("rope_theta", 10000.0);
+  std::optional<hf::ConfigJson> rope = json.object_or_none("rope_parameters");
+  if (!rope) rope = json.object_or_none("rope_scaling");
+  config.rope_theta = rope && rope->has("rope_theta") ? rope->number("rope_theta")
+                                                      : json.number_or("rope_theta", 10000.0);
   config.rope_scaling = std::nullopt;
-  const std::string type =
-      rope ? rope->value("rope_type", rope->value("type", std::string("default"))) : "default";
-  if (type == "llama3") {
-    config.rope_scaling =
-        RopeScaling{rope->at("factor").get<double>(), rope->at("low_freq_factor").get<double>(),
-                    rope->at("high_freq_factor").get<double>(),
-                    rope->at("original_max_position_embeddings").get<int64_t>()};
-  } else {
-    LOOM_CHECK(type == "default",
-               "read_llama_hf_config: '{}': RoPE type '{}' is not supported (Loom implements the "
-               "default and Llama 3's, \"llama3\")",
-               config_json, type);
+  const std::string rope_type =
+      rope ? rope->string_or("rope_type", rope->string_or("type", "default")) : "default";
+  if (rope_type == "llama3") {
+    config.rope_scaling = RopeScaling{rope->number("factor"), rope->number("low_freq_factor"),
+                                      rope->number("high_freq_factor"),
+                                      rope->positive_int("original_max_position_embeddings")};
+  } else if (rope_type != "default") {
+    rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",
+                        "Loom implements the default RoPE and Llama 3's (\"llama3\")");
   }
-  // The SwiGLU width: Loom's rule with multiple_of = the width itself gives it exactly.
-  const int64_t width = need("intermediate_size").get<int64_t>();
-  config.ffn_dim_multiplier = std::nullopt;
-  config.multiple_of = width;
-  LOOM_CHECK(config.ffn_hidden_dim() == width,
-             "read_llama_hf_config: '{}': intermediate_size {} is smaller than 2/3 of 4 x "
-             "hidden_size; Loom's width rule cannot give it",
-             config_json, width);
-  LOOM_CHECK(!json.value("tie_word_embeddings", false),
-             "read_llama_hf_config: '{}' ties the output head to the embeddings; Llama's head is "
-             "untied here",
-             config_json);
-  config.validate();
+  // What LlamaConfig can say that Loom's Llama does not compute.
+  json.refuse_unless(!json.bool_or("attention_bias", false), "attention_bias",
+                     "Loom's Llama attention projections have no biases");
+  json.refuse_unless(!json.bool_or("mlp_bias", false), "mlp_bias",
+                     "Loom's Llama feed-forward projections have no biases");
+  json.refuse_unless(json.string_or("hidden_act", "silu") == "silu", "hidden_act",
+                     "Loom's Llama feed-forward is SwiGLU (silu)");
+  json.refuse_unless(json.number_or("attention_dropout", 0.0) == 0.0, "attention_dropout",
+                     "Loom's Llama has no attention dropout");
+  json.refuse_unless(!json.bool_or("tie_word_embeddings", false), "tie_word_embeddings",
+                     "Loom's Llama head is untied from the embeddings");
+  json.refuse_unless(
+      config.dim % config.n_heads != 0 ||
+          json.positive_int_or("head_dim", config.dim / config.n_heads) ==
+              config.dim / config.n_heads,
+      "head_dim",
+      fmt::format("Loom's Llama heads are hidden_size / num_attention_heads = {} wide",
+                  config.dim / config.n_heads));
+  try {
+    config.validate();
+  } catch (const Error& e) {
+    json.fail(e.what());
+  }
   return config;
 }
 
+LlamaConfig read_llama_hf_config(const std::string& config_json) {
+  return llama_config_from_hf(hf::ConfigJson::read(config_json));
+}
+
+std::vector<std::string> llama_parameter_names(const LlamaConfig& config) {
+  return llama_pipeline_spec(config, 0).parameter_names(
+      StageRange{0, config.n_layers, /*first=*/true, /*last=*/true});
+}
+
 void load_llama_hf(LlamaStage& model, const std::string& path) {
-  SafetensorsFile file = load_safetensors(path);
-  const LlamaConfig& config = model.config();
-  std::map<std::string, Tensor> converted;
-  for (const auto& [name, p] : model.named_parameters()) {
-    const std::string key = hf_name(name);
-    const auto it = file.tensors.find(key);
-    LOOM_CHECK(it != file.tensors.end(), "load_llama_hf: '{}' has no tensor '{}' (for {})", path,
-               key, name);
-    LOOM_CHECK(it->second.shape() == p.shape(),
-               "load_llama_hf: '{}': tensor '{}' has shape {} but {} is {}", path, key,
-               shape_str(it->second.shape()), name, shape_str(p.shape()));
-    Tensor value = ops::to(it->second, p.dtype());
-    if (name.find("attention.wq") != std::string::npos) {
-      value = gather_rows(value, unpermute_rotary(config.n_heads, config.head_dim()));
-    } else if (name.find("attention.wk") != std::string::npos) {
-      value = gather_rows(value, unpermute_rotary(config.n_kv_heads, config.head_dim()));
-    }
-    converted.emplace(name, value);
-  }
-  NoGradGuard no_grad;
-  for (const auto& [name, p] : model.named_parameters()) ops::copy_(p, converted.at(name));
+  hf::load(model, *llama_hf_adapter(model.config()), path, llama_parameter_names(model.config()),
+           "load_llama_hf");
 }
 
 void save_llama_hf(const Llama& model, const std::string& path, bool write) {
-  NoGradGuard no_grad;
-  const LlamaConfig& config = model.config();
-  TensorMap tensors;
-  // Every rank runs the same full_tensor collectives in named_parameters order.
-  for (const auto& [name, p] : model.named_parameters()) {
-    Tensor full = ops::contiguous(ops::to(is_dtensor(p) ? full_tensor(p) : p, Device::cpu()));
-    if (!write) continue;
-    if (name.find("attention.wq") != std::string::npos) {
-      full = gather_rows(full, permute_rotary(config.n_heads, config.head_dim()));
-    } else if (name.find("attention.wk") != std::string::npos) {
-      full = gather_rows(full, permute_rotary(config.n_kv_heads, config.head_dim()));
-    }
-    tensors.emplace(hf_name(name), full);
-  }
-  if (!write) return;
-  save_safetensors(path, tensors, {{"format", "pt"}});
-  const std::string config_path =
-      (std::filesystem::path(path).parent_path() / "config.json").string();
-  std::ofstream out(config_path);
-  out << hf_config_json(config).dump(2) << "\n";
-  out.close();
-  LOOM_CHECK(out.good(), "save_llama_hf: cannot write '{}'", config_path);
+  const auto parameters = hf::whole_parameters(model);  // collective
+  if (write) hf::save(parameters, *llama_hf_adapter(model.config()), path);
 }
 
 }  // namespace loom::models

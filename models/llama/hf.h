@@ -1,4 +1,6 @@
-// Llama <-> Hugging Face LlamaForCausalLM checkpoints (safetensors + config.json).
+// Llama <-> Hugging Face LlamaForCausalLM checkpoints (safetensors + config.json): the Llama
+// family's StateDictAdapter (models/hf/state_dict_adapter.h) and config.json. Loading into any
+// layout (tp, FSDP, pipeline stages) and saving are models/hf/checkpoint.h's.
 //
 // Names: HF's model.embed_tokens, model.layers.{i}.self_attn.{q,k,v,o}_proj,
 // model.layers.{i}.mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm,
@@ -7,29 +9,41 @@
 // Rotary: HF rotates half-dims (rotate_half), Meta and Loom rotate pairs (2i, 2i+1), so HF's
 // conversion script permutes q_proj and k_proj rows per head; the import undoes it: Loom row
 // h * D + 2i + c is HF row h * D + c * D/2 + i.
+//
+// config.json (transformers 4 and 5): hidden_size, num_hidden_layers, num_attention_heads,
+// num_key_value_heads, vocab_size, intermediate_size, rms_norm_eps, rope_theta or
+// rope_parameters, rope_scaling of type "llama3", max_position_embeddings. What LlamaConfig can
+// describe that Loom's Llama does not compute is refused by its key: attention_bias, mlp_bias, a
+// hidden_act other than silu, a head_dim other than hidden_size / num_attention_heads, attention
+// dropout, tied embeddings, other RoPE types, another model_type.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "models/hf/config_json.h"
+#include "models/hf/state_dict_adapter.h"
 #include "models/llama/config.h"
 #include "models/llama/llama.h"
 
 namespace loom::models {
 
-// The config in `config_json` (HF's LlamaConfig: hidden_size, num_hidden_layers,
-// num_attention_heads, num_key_value_heads, vocab_size, intermediate_size, rms_norm_eps,
-// rope_theta, rope_scaling of type "llama3", max_position_embeddings). Throws naming the file and
-// the key for a missing key, and an intermediate_size Loom's width rule cannot give.
+std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config);
+
+// The Llama a config.json describes (errors name the file and the key).
+LlamaConfig llama_config_from_hf(const hf::ConfigJson& json);
 LlamaConfig read_llama_hf_config(const std::string& config_json);
 
-// Loads every parameter of `model` (a Llama, or a pipeline stage of one: the parameters it holds)
-// from a LlamaForCausalLM safetensors file (the file's names and shapes checked, errors naming
-// the tensor). All or nothing.
+// The parameter names of a whole Llama of `config`'s blocks, in named_parameters order.
+std::vector<std::string> llama_parameter_names(const LlamaConfig& config);
+
+// Loads what `model` (a Llama, or a pipeline stage of one) holds from a LlamaForCausalLM
+// checkpoint; DTensor parameters take their own shard. All or nothing.
 void load_llama_hf(LlamaStage& model, const std::string& path);
 
-// Writes `model` as a LlamaForCausalLM safetensors file (q_proj/k_proj permuted back to HF's
-// rotary layout) with the config.json transformers reads beside it. DTensor parameters are
-// gathered (full_tensor: every rank of their meshes calls it); only ranks with `write` write.
+// Writes `model` as LlamaForCausalLM safetensors with config.json beside it. DTensor parameters
+// are gathered (full_tensor: every rank of their meshes calls it); only ranks with `write` write.
 void save_llama_hf(const Llama& model, const std::string& path, bool write = true);
 
 }  // namespace loom::models

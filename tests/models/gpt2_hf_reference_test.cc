@@ -15,7 +15,7 @@
 #include "autograd/grad_mode.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
 #include "models/gpt/plans.h"
 #include "tensor/ops.h"
 #include "tests/models/hf_reference.h"

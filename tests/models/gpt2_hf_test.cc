@@ -1,7 +1,8 @@
 // GPT <-> Hugging Face GPT-2 safetensors: the c_attn permutation on its own, a Loom round trip,
 // a file in HF's layout built by hand in this test (explicit index math, independent of the code
 // under test) giving the reference model's logits, and all-or-nothing loading.
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
+#include "models/hf/checkpoint.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -122,9 +123,9 @@ TEST(CAttnPermutationTest, MapsAreInversePermutations) {
 
 TEST(CAttnPermutationTest, GatherRowsPicksRows) {
   const Tensor t = ops::from_vector({0, 1, 10, 11, 20, 21}, {3, 2});
-  EXPECT_EQ(ops::to_vector(gather_rows(t, {2, 0, 1})), (std::vector<double>{20, 21, 0, 1, 10, 11}));
-  EXPECT_THROW(gather_rows(t, {0, 1}), Error);
-  EXPECT_THROW(gather_rows(t, {0, 1, 3}), Error);
+  EXPECT_EQ(ops::to_vector(hf::gather_rows(t, {2, 0, 1})), (std::vector<double>{20, 21, 0, 1, 10, 11}));
+  EXPECT_THROW(hf::gather_rows(t, {0, 1}), Error);
+  EXPECT_THROW(hf::gather_rows(t, {0, 1, 3}), Error);
 }
 
 TEST(GPT2HFTest, RoundTripGivesIdenticalParametersAndLogits) {

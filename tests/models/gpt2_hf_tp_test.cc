@@ -8,7 +8,7 @@
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
 #include "models/hf/safetensors.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"

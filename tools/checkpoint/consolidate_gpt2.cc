@@ -15,7 +15,7 @@
 
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
-#include "models/hf/gpt2_hf.h"
+#include "models/gpt/hf.h"
 #include "models/gpt/gpt.h"
 
 namespace {

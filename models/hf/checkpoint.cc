@@ -1,0 +1,214 @@
+#include "models/hf/checkpoint.h"
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "autograd/grad_mode.h"
+#include "base/durable_file.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "tensor/ops.h"
+
+namespace loom::models::hf {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+
+bool is_index(const std::string& path) { return path.ends_with(".json"); }
+
+// A sharded checkpoint: the index's weight map, each shard read once.
+TensorMap read_index(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  LOOM_CHECK(in.good(), "'{}': cannot read it: {}", path, std::strerror(errno));
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    LOOM_FAIL("'{}' is not valid JSON: {}", path, e.what());
+  }
+  LOOM_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+             "'{}': a sharded checkpoint's index needs a \"weight_map\" object (tensor name -> "
+             "shard file), as save_pretrained writes it",
+             path);
+  std::map<std::string, std::vector<std::string>> names_by_shard;
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    LOOM_CHECK(shard.is_string(), "'{}': \"weight_map\" entry '{}' must name a shard file, got {}",
+               path, name, shard.dump());
+    names_by_shard[shard.get<std::string>()].push_back(name);
+  }
+  TensorMap tensors;
+  const fs::path folder = fs::path(path).parent_path();
+  for (const auto& [shard, names] : names_by_shard) {
+    const std::string shard_path = (folder / shard).string();
+    LOOM_CHECK(fs::exists(shard_path), "'{}' names the shard '{}', which does not exist", path,
+               shard_path);
+    TensorMap file = load_safetensors(shard_path).tensors;
+    for (const std::string& name : names) {
+      const auto it = file.find(name);
+      LOOM_CHECK(it != file.end(), "'{}' puts tensor '{}' in '{}', which does not hold it", path,
+                 name, shard_path);
+      tensors.emplace(name, it->second);
+    }
+  }
+  return tensors;
+}
+
+// The box of a parameter this rank holds, cut out of the whole (converted) tensor.
+Tensor local_box(const Tensor& whole, const Tensor& parameter) {
+  if (!is_dtensor(parameter)) return whole;
+  const DTensorSpec& spec = dtensor_spec(parameter, "hf::load");
+  const Shape offset = spec.local_offset(), local = spec.local_shape();
+  Tensor box = whole;
+  for (int64_t dim = 0; dim < box.dim(); ++dim) box = ops::narrow(box, dim, offset[dim], local[dim]);
+  return ops::contiguous(box);
+}
+
+}  // namespace
+
+std::string resolve_checkpoint_path(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  for (const char* name : {kSingleFile, kIndexFile}) {
+    const fs::path candidate = fs::path(path) / name;
+    if (fs::exists(candidate, ec)) return candidate.string();
+  }
+  LOOM_FAIL("'{}' is a folder without {} or {} (a Hugging Face checkpoint folder holds one)", path,
+            kSingleFile, kIndexFile);
+}
+
+std::string config_json_path(const std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return (fs::path(path) / "config.json").string();
+  return (fs::path(path).parent_path() / "config.json").string();
+}
+
+TensorMap read_tensors(const std::string& path) {
+  const std::string file = resolve_checkpoint_path(path);
+  if (is_index(file)) return read_index(file);
+  return load_safetensors(file).tensors;
+}
+
+void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+          const std::vector<std::string>& model_names, const std::string& who) {
+  const TensorMap file = read_tensors(path);
+  std::vector<std::string> problems;
+
+  // Every parameter of the whole model -> the file's name for it (at most one may be present).
+  std::map<std::string, std::string> file_name_of;
+  std::set<std::string> taken;
+  for (const std::string& name : model_names) {
+    std::vector<std::string> present;
+    for (const std::string& candidate : adapter.hf_names(name)) {
+      if (file.count(candidate)) present.push_back(candidate);
+    }
+    if (present.size() > 1) {
+      problems.push_back(
+          fmt::format("tensors '{}' and '{}' are the same parameter", present[0], present[1]));
+    }
+    if (!present.empty()) file_name_of.emplace(name, present.front());
+    taken.insert(present.begin(), present.end());
+  }
+
+  // This module's parameters: present, of the right shape and kind.
+  const auto params = module.named_parameters();
+  for (const auto& [name, p] : params) {
+    const Shape expected = adapter.hf_shape(name, p.shape());  // a DTensor's shape is global
+    const auto found = file_name_of.find(name);
+    if (found == file_name_of.end()) {
+      problems.push_back(fmt::format("missing tensor '{}' (shape {})", adapter.hf_names(name).at(0),
+                                     shape_str(expected)));
+      continue;
+    }
+    const Tensor& t = file.at(found->second);
+    if (t.shape() != expected) {
+      problems.push_back(fmt::format("tensor '{}' has shape {} in the file but the model expects {}",
+                                     found->second, shape_str(t.shape()), shape_str(expected)));
+    }
+    if (is_floating(p.dtype()) != is_floating(t.dtype())) {
+      problems.push_back(fmt::format("tensor '{}' is {} in the file but the parameter is {}",
+                                     found->second, dtype_name(t.dtype()), dtype_name(p.dtype())));
+    }
+  }
+  for (const auto& [name, tensor] : file) {
+    if (!taken.count(name) && !adapter.is_buffer(name)) {
+      problems.push_back(fmt::format("unexpected tensor '{}' (no parameter of the model takes it)",
+                                     name));
+    }
+  }
+  adapter.check_file(file, problems);
+  if (!problems.empty()) {
+    std::string message =
+        fmt::format("{} '{}': {} problem(s); the model is unchanged:", who, path, problems.size());
+    for (const auto& problem : problems) message += "\n  " + problem;
+    LOOM_FAIL("{}", message);
+  }
+
+  // Convert everything into temporaries (each rank its boxes), then copy.
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
+  for (const auto& [name, p] : params) {
+    const Tensor whole = ops::to(adapter.from_hf(name, file.at(file_name_of.at(name))), p.dtype());
+    Tensor value = local_box(whole, p);
+    const Tensor destination = is_dtensor(p) ? local_shard(p) : p;
+    LOOM_INTERNAL_ASSERT(value.shape() == destination.shape(),
+                         "{}: {} converted to {} for a destination of {}", who, name,
+                         shape_str(value.shape()), shape_str(destination.shape()));
+    if (!destination.device().is_cpu()) value = ops::to(value, destination.device());
+    copies.emplace_back(destination, value);
+  }
+  NoGradGuard no_grad;
+  for (const auto& [destination, value] : copies) ops::copy_(destination, value);
+}
+
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module) {
+  NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> out;
+  // Every rank runs the same full_tensor collectives, in named_parameters order.
+  for (const auto& [name, p] : module.named_parameters()) {
+    const Tensor full = is_dtensor(p) ? full_tensor(p) : p;
+    out.emplace_back(name, ops::contiguous(ops::to(full, Device::cpu())));
+  }
+  return out;
+}
+
+void save(const std::vector<std::pair<std::string, Tensor>>& parameters,
+          const StateDictAdapter& adapter, const std::string& path) {
+  NoGradGuard no_grad;
+  TensorMap tensors;
+  for (const auto& [name, whole] : parameters) {
+    tensors.emplace(adapter.hf_names(name).at(0), ops::contiguous(adapter.to_hf(name, whole)));
+  }
+  adapter.add_saved(tensors);
+  save_safetensors(path, tensors, {{"format", "pt"}});
+  write_file_atomically(config_json_path(path), adapter.config_json().dump(2) + "\n",
+                        "config.json");
+}
+
+Tensor gather_rows(const Tensor& tensor, const std::vector<int64_t>& source) {
+  LOOM_CHECK(tensor.dim() >= 1, "gather_rows: expected a tensor with at least one dim, got {}",
+             tensor.description());
+  const int64_t rows = tensor.size(0);
+  LOOM_CHECK(static_cast<int64_t>(source.size()) == rows,
+             "gather_rows: {} source indices for {} rows", source.size(), rows);
+  const Tensor in = ops::contiguous(tensor);
+  Tensor out = Tensor::empty(in.shape(), in.dtype());
+  const size_t row_bytes =
+      rows == 0 ? 0 : static_cast<size_t>(in.numel() / rows) * element_size(in.dtype());
+  const char* src = static_cast<const char*>(in.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t j = 0; j < rows; ++j) {
+    LOOM_CHECK(source[j] >= 0 && source[j] < rows,
+               "gather_rows: source index {} out of range [0, {})", source[j], rows);
+    std::memcpy(dst + j * row_bytes, src + source[j] * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+}  // namespace loom::models::hf

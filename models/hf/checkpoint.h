@@ -1,0 +1,58 @@
+// Hugging Face checkpoints for any model family, through its StateDictAdapter: one loader and one
+// saver for every family and every layout.
+//
+// Files: `path` is a .safetensors file, a sharded checkpoint's index
+// (model.safetensors.index.json: its "weight_map" names a shard file per tensor, read beside it),
+// or a folder holding either (as save_pretrained writes it). config.json sits beside them.
+//
+// Load (no communication): every rank reads the file and, for each parameter it holds, converts
+// the whole tensor to Loom's layout (the adapter) and copies the box its shard holds by the
+// parameter's placements (DTensorSpec::local_offset / local_shape, the same boxes a distributed
+// checkpoint reads): plain parameters, tensor-parallel and FSDP shards (nested shards of one dim
+// included) and pipeline stages alike. All or nothing: every name, shape and dtype is checked
+// first, and any problem (a missing tensor, a shape, a tensor no parameter takes) is reported
+// together with the others, the model unchanged.
+//
+// Save: the caller gathers the whole parameters (whole_parameters: full_tensor on every rank of
+// their meshes, collective) and the ranks with `write` write the file atomically, and
+// config.json beside it.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/hf/state_dict_adapter.h"
+#include "nn/module.h"
+
+namespace loom::models::hf {
+
+// The tensors of a checkpoint (a file, an index and its shards, or a folder holding either).
+// Throws naming the file for anything unreadable or malformed.
+TensorMap read_tensors(const std::string& path);
+// The file the checkpoint's tensors are in, or its index, when `path` is a folder; else `path`.
+std::string resolve_checkpoint_path(const std::string& path);
+// config.json beside the checkpoint (in the folder when `path` is one).
+std::string config_json_path(const std::string& path);
+
+// Loads every parameter of `module` (a whole model or a pipeline stage, plain or DTensor
+// parameters) from the checkpoint at `path`. `model_names`: every parameter name of the whole
+// model, so a stage skips the tensors of other stages while a tensor no parameter of the model
+// takes is refused. `who` starts the error ("load_llama_hf").
+void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+          const std::vector<std::string>& model_names, const std::string& who);
+
+// Whole copies of `module`'s parameters on the CPU, in named_parameters order. Collective:
+// DTensor parameters are gathered (full_tensor), so every rank of their meshes calls it.
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module);
+
+// Writes whole parameters (Loom's layout, on the CPU) as a safetensors file at `path`, and the
+// adapter's config.json beside it, each atomically.
+void save(const std::vector<std::pair<std::string, Tensor>>& parameters,
+          const StateDictAdapter& adapter, const std::string& path);
+
+// A copy of `tensor` whose row j along dim 0 is row source[j] of `tensor` (index_select on dim 0):
+// the permutations adapters apply.
+Tensor gather_rows(const Tensor& tensor, const std::vector<int64_t>& source);
+
+}  // namespace loom::models::hf
