@@ -1,6 +1,8 @@
 #include "base/durable_file.h"
+
 #include <cstdio>
 #include <fstream>
+
 #include "base/error.h"
 namespace loom {
 void write_file_atomically(const std::string& path, std::string_view bytes, std::string_view what) {
@@ -12,6 +14,7 @@ void write_file_atomically(const std::string& path, std::string_view bytes, std:
     out.close();
     LOOM_CHECK(!out.fail(), "{}: writing '{}' failed", what, tmp);
   }
-  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot move '{}' to '{}'", what, tmp, path);
+  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot move '{}' to '{}'", what, tmp,
+             path);
 }
 }  // namespace loom

@@ -85,10 +85,9 @@ class GPT2Adapter : public hf::StateDictAdapter {
   // HF's attention-mask buffers ("h.{i}.attn.bias", "h.{i}.attn.masked_bias"), and lm_head,
   // which check_file compares with wte.
   bool is_buffer(const std::string& hf_name) const override {
-    const std::string key =
-        hf_name.starts_with(kPrefix) ? hf_name.substr(kPrefix.size()) : hf_name;
-    return key == kLmHead || (key.starts_with("h.") && (key.ends_with(".attn.bias") ||
-                                                        key.ends_with(".attn.masked_bias")));
+    const std::string key = hf_name.starts_with(kPrefix) ? hf_name.substr(kPrefix.size()) : hf_name;
+    return key == kLmHead || (key.starts_with("h.") &&
+                              (key.ends_with(".attn.bias") || key.ends_with(".attn.masked_bias")));
   }
   void check_file(const TensorMap& file, std::vector<std::string>& problems) const override {
     const auto head = file.find(std::string(kLmHead));
@@ -107,11 +106,16 @@ class GPT2Adapter : public hf::StateDictAdapter {
     file.emplace(std::string(kLmHead), file.at(std::string(kPrefix) + "wte.weight"));
   }
   nlohmann::json config_json() const override {
-    return {{"model_type", "gpt2"},        {"architectures", {"GPT2LMHeadModel"}},
-            {"n_layer", config_.n_layer},  {"n_head", config_.n_head},
-            {"n_embd", config_.n_embd},    {"n_positions", config_.block_size},
-            {"n_ctx", config_.block_size}, {"vocab_size", config_.vocab_size},
-            {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5},
+    return {{"model_type", "gpt2"},
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"n_layer", config_.n_layer},
+            {"n_head", config_.n_head},
+            {"n_embd", config_.n_embd},
+            {"n_positions", config_.block_size},
+            {"n_ctx", config_.block_size},
+            {"vocab_size", config_.vocab_size},
+            {"activation_function", "gelu_new"},
+            {"layer_norm_epsilon", 1e-5},
             {"tie_word_embeddings", true}};
   }
 
@@ -182,7 +186,8 @@ GPTConfig gpt2_config_from_hf(const hf::ConfigJson& json) {
                      "activation_function",
                      "Loom's GPT computes GELU's tanh approximation (\"gelu_new\") only");
   json.refuse_unless(json.positive_int_or("n_inner", 4 * config.n_embd) == 4 * config.n_embd,
-                     "n_inner", fmt::format("Loom's GPT MLP is 4 x n_embd = {} wide", 4 * config.n_embd));
+                     "n_inner",
+                     fmt::format("Loom's GPT MLP is 4 x n_embd = {} wide", 4 * config.n_embd));
   json.refuse_unless(json.number_or("layer_norm_epsilon", 1e-5) == 1e-5, "layer_norm_epsilon",
                      "Loom's GPT LayerNorms use epsilon 1e-5");
   json.refuse_unless(json.bool_or("scale_attn_weights", true), "scale_attn_weights",

@@ -67,7 +67,8 @@ Tensor local_box(const Tensor& whole, const Tensor& parameter) {
   const DTensorSpec& spec = dtensor_spec(parameter, "hf::load");
   const Shape offset = spec.local_offset(), local = spec.local_shape();
   Tensor box = whole;
-  for (int64_t dim = 0; dim < box.dim(); ++dim) box = ops::narrow(box, dim, offset[dim], local[dim]);
+  for (int64_t dim = 0; dim < box.dim(); ++dim)
+    box = ops::narrow(box, dim, offset[dim], local[dim]);
   return ops::contiguous(box);
 }
 
@@ -129,8 +130,9 @@ void load(nn::Module& module, const StateDictAdapter& adapter, const std::string
     }
     const Tensor& t = file.at(found->second);
     if (t.shape() != expected) {
-      problems.push_back(fmt::format("tensor '{}' has shape {} in the file but the model expects {}",
-                                     found->second, shape_str(t.shape()), shape_str(expected)));
+      problems.push_back(
+          fmt::format("tensor '{}' has shape {} in the file but the model expects {}",
+                      found->second, shape_str(t.shape()), shape_str(expected)));
     }
     if (is_floating(p.dtype()) != is_floating(t.dtype())) {
       problems.push_back(fmt::format("tensor '{}' is {} in the file but the parameter is {}",
@@ -139,8 +141,8 @@ void load(nn::Module& module, const StateDictAdapter& adapter, const std::string
   }
   for (const auto& [name, tensor] : file) {
     if (!taken.count(name) && !adapter.is_buffer(name)) {
-      problems.push_back(fmt::format("unexpected tensor '{}' (no parameter of the model takes it)",
-                                     name));
+      problems.push_back(
+          fmt::format("unexpected tensor '{}' (no parameter of the model takes it)", name));
     }
   }
   adapter.check_file(file, problems);

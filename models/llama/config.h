@@ -31,8 +31,8 @@ struct LlamaConfig {
   int64_t vocab_size = 128256;
   int64_t multiple_of = 1024;                      // the FFN width rounds up to a multiple of this
   std::optional<double> ffn_dim_multiplier = 1.3;  // applied to 2/3 of 4 * dim
-  int64_t ffn_dim = 0;  // intermediate_size given as is (Hugging Face, --ffn-dim); 0: the rule
-  double norm_eps = 1e-5;                          // rms_norm_eps
+  int64_t ffn_dim = 0;     // intermediate_size given as is (Hugging Face, --ffn-dim); 0: the rule
+  double norm_eps = 1e-5;  // rms_norm_eps
   double rope_theta = 500000.0;
   std::optional<RopeScaling> rope_scaling = RopeScaling{};  // none: plain RoPE
   int64_t max_seq_len = 8192;                               // max_position_embeddings

@@ -1,9 +1,6 @@
 // GPT <-> Hugging Face GPT-2 safetensors: the c_attn permutation on its own, a Loom round trip,
 // a file in HF's layout built by hand in this test (explicit index math, independent of the code
 // under test) giving the reference model's logits, and all-or-nothing loading.
-#include "models/gpt/hf.h"
-#include "models/hf/checkpoint.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +8,8 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "models/gpt/hf.h"
+#include "models/hf/checkpoint.h"
 #include "models/hf/safetensors.h"
 #include "tensor/ops.h"
 #include "tests/models/gpt2_hf_test_config.h"
@@ -123,7 +122,8 @@ TEST(CAttnPermutationTest, MapsAreInversePermutations) {
 
 TEST(CAttnPermutationTest, GatherRowsPicksRows) {
   const Tensor t = ops::from_vector({0, 1, 10, 11, 20, 21}, {3, 2});
-  EXPECT_EQ(ops::to_vector(hf::gather_rows(t, {2, 0, 1})), (std::vector<double>{20, 21, 0, 1, 10, 11}));
+  EXPECT_EQ(ops::to_vector(hf::gather_rows(t, {2, 0, 1})),
+            (std::vector<double>{20, 21, 0, 1, 10, 11}));
   EXPECT_THROW(hf::gather_rows(t, {0, 1}), Error);
   EXPECT_THROW(hf::gather_rows(t, {0, 1, 3}), Error);
 }

@@ -15,8 +15,8 @@
 
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
-#include "models/gpt/hf.h"
 #include "models/gpt/gpt.h"
+#include "models/gpt/hf.h"
 
 namespace {
 
