@@ -1,20 +1,146 @@
 #include "base/durable_file.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
+#include <filesystem>
+#include <utility>
 
 #include "base/error.h"
+
 namespace loom {
-void write_file_atomically(const std::string& path, std::string_view bytes, std::string_view what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    LOOM_CHECK(out.is_open(), "{}: cannot write '{}'", what, tmp);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    LOOM_CHECK(!out.fail(), "{}: writing '{}' failed", what, tmp);
-  }
-  LOOM_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "{}: cannot move '{}' to '{}'", what, tmp,
-             path);
+
+SyncedFileWriter::SyncedFileWriter(std::string path, std::string_view what)
+    : path_(std::move(path)), what_(what) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  LOOM_CHECK(fd_ >= 0, "{}: cannot create '{}': {}", what_, path_, std::strerror(errno));
 }
+
+SyncedFileWriter::SyncedFileWriter(SyncedFileWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      what_(std::move(other.what_)),
+      fd_(std::exchange(other.fd_, -1)) {}
+
+SyncedFileWriter& SyncedFileWriter::operator=(SyncedFileWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(other.path_);
+    what_ = std::move(other.what_);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+SyncedFileWriter::~SyncedFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SyncedFileWriter::write(const void* data, size_t bytes) {
+  LOOM_CHECK(fd_ >= 0,
+             "{}: cannot write '{}': it is not open (closed, or abandoned after an error)", what_,
+             path_);
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    LOOM_CHECK(n > 0, "{}: cannot write '{}': {}", what_, path_,
+               n < 0 ? std::strerror(errno) : "no progress");
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void SyncedFileWriter::close() {
+  LOOM_CHECK(fd_ >= 0, "{}: cannot close '{}': it is not open", what_, path_);
+  const int fd = std::exchange(fd_, -1);
+  if (::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    LOOM_FAIL("{}: cannot fsync '{}': {}", what_, path_, std::strerror(error));
+  }
+  // Linux closes the descriptor even when close() fails, so it is never retried.
+  LOOM_CHECK(::close(fd) == 0, "{}: cannot close '{}': {}", what_, path_, std::strerror(errno));
+}
+
+void write_file_synced(const std::string& path, std::string_view bytes, std::string_view what) {
+  SyncedFileWriter writer(path, what);
+  writer.write(bytes.data(), bytes.size());
+  writer.close();
+}
+
+void sync_directory(const std::string& path, std::string_view what) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  LOOM_CHECK(fd >= 0, "{}: cannot open the directory '{}': {}", what, path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  LOOM_CHECK(rc == 0, "{}: cannot fsync the directory '{}': {}", what, path, std::strerror(error));
+}
+
+void sync_parent_directory(const std::string& file_path, std::string_view what) {
+  const std::filesystem::path parent = std::filesystem::path(file_path).parent_path();
+  sync_directory(parent.empty() ? "." : parent.string(), what);
+}
+
+// The temporary file is registered for removal (cleanup_) before it is created (file_), so no
+// signal between the two can leave it behind.
+AtomicFileWriter::AtomicFileWriter(std::string path, std::string_view what)
+    : path_(std::move(path)),
+      temp_(path_ + ".tmp"),
+      what_(what),
+      cleanup_(temp_),
+      file_(temp_, what_) {}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) abandon();
+}
+
+// Once only: a second unlink could remove the temporary file of a later write of the same PATH.
+void AtomicFileWriter::abandon() noexcept {
+  if (abandoned_) return;
+  abandoned_ = true;
+  file_ = SyncedFileWriter();  // closes without syncing
+  ::unlink(temp_.c_str());
+  cleanup_.release();
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  try {
+    file_.write(data, bytes);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+}
+
+void AtomicFileWriter::commit() {
+  LOOM_CHECK(!committed_, "{}: '{}' was already committed", what_, path_);
+  try {
+    file_.close();
+    // The process survived a signal that removed the file (a chained handler returned).
+    const int signal = cleanup_.removed_by_signal();
+    LOOM_CHECK(signal == 0,
+               "{}: writing '{}' was interrupted by signal {} ({}), which removed '{}'", what_,
+               path_, signal, strsignal(signal), temp_);
+    if (::rename(temp_.c_str(), path_.c_str()) != 0) {
+      LOOM_FAIL("{}: cannot rename '{}' to '{}': {}", what_, temp_, path_, std::strerror(errno));
+    }
+  } catch (...) {
+    abandon();
+    throw;
+  }
+  committed_ = true;
+  cleanup_.release();  // the temporary name is free again: another write of PATH may reuse it
+  sync_parent_directory(path_, what_);
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes, std::string_view what) {
+  AtomicFileWriter writer(path, what);
+  writer.write(bytes.data(), bytes.size());
+  writer.commit();
+}
+
 }  // namespace loom

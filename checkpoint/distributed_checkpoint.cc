@@ -9,6 +9,7 @@
 #include <map>
 
 #include "autograd/grad_mode.h"
+#include "base/durable_file.h"
 #include "base/error.h"
 #include "checkpoint/files.h"
 #include "checkpoint/planner.h"
@@ -251,7 +252,7 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
   error = error_of([&] {
     const std::vector<WriteItem>& writes = plan.writes[rank];
     if (writes.empty()) return;
-    FileWriter writer((fs::path(partial_dir) / rank_file_name(rank)).string());
+    SyncedFileWriter writer((fs::path(partial_dir) / rank_file_name(rank)).string(), "checkpoint");
     Sha256 whole;
     nlohmann::json chunks = nlohmann::json::array();
     for (size_t i = 0; i < writes.size(); ++i) {
@@ -290,8 +291,9 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
   error = error_of([&] {
     if (rank != 0) return;
     const std::string metadata_text = to_json(plan.metadata).dump(1);
-    write_file_synced((fs::path(partial_dir) / kMetadataFile).string(), metadata_text);
-    sync_directory(partial_dir);
+    write_file_synced((fs::path(partial_dir) / kMetadataFile).string(), metadata_text,
+                      "checkpoint");
+    sync_directory(partial_dir, "checkpoint");
     if (fs::exists(final_dir)) {
       // A step saved again (a resumed run passing it): the old one goes once the new is whole.
       const std::string old_dir = final_dir + ".old.partial";
@@ -299,12 +301,13 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
       fs::rename(final_dir, old_dir);
     }
     fs::rename(partial_dir, final_dir);
-    sync_directory(root);
+    sync_directory(root, "checkpoint");
     // The marker, last, records the metadata's SHA-256: a metadata file changed after the
     // commit (a flipped byte in a number, a name) is detected too.
     write_file_synced((fs::path(final_dir) / kMarker).string(),
-                      marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())));
-    sync_directory(final_dir);
+                      marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())),
+                      "checkpoint");
+    sync_directory(final_dir, "checkpoint");
     fs::remove_all(final_dir + ".old.partial");
     if (staged.keep_last > 0) {
       const std::vector<int64_t> steps = committed_steps(root);

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
 
@@ -33,40 +32,23 @@ void check_writable(const std::string& path, std::string_view what) {
 }
 
 LineWriter::LineWriter(const std::string& path, std::string_view what)
-    : path_(path), out_(path, std::ios::trunc) {
-  LOOM_CHECK(out_.is_open(), "{}: cannot open '{}' for writing: {}", what, path,
-             std::strerror(errno));
-}
+    : file_(path, what), what_(what) {}
 
 void LineWriter::write_line(std::string_view line) {
-  LOOM_CHECK(out_.is_open(), "LineWriter: '{}' is not open", path_);
-  out_ << line << '\n' << std::flush;
-  LOOM_CHECK(out_.good(), "writing '{}' failed (disk full, or the file went away?)", path_);
+  LOOM_CHECK(file_.is_open(), "LineWriter: '{}' is not open", file_.path());
+  std::string text(line);
+  text += '\n';
+  file_.write(text.data(), text.size());
 }
 
 void LineWriter::close() {
-  if (!out_.is_open()) return;
-  out_.close();
-  LOOM_CHECK(!out_.fail(), "closing '{}' failed: the last lines may be lost", path_);
+  if (!file_.is_open()) return;
+  file_.close();
+  sync_parent_directory(file_.path(), what_);
 }
 
 void write_file(const std::string& path, std::string_view contents, std::string_view what) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    LOOM_CHECK(out.is_open(), "{}: cannot write '{}': {}", what, temporary, std::strerror(errno));
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
-    out.close();
-    if (out.fail()) {
-      std::remove(temporary.c_str());
-      LOOM_FAIL("{}: writing '{}' failed", what, temporary);
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temporary.c_str());
-    LOOM_FAIL("{}: cannot move '{}' to '{}': {}", what, temporary, path, std::strerror(error));
-  }
+  write_file_atomically(path, contents, what);
 }
 
 }  // namespace loom::train

@@ -2,9 +2,10 @@
 // error naming the file rather than a run that "succeeds" with nothing on disk.
 #pragma once
 
-#include <fstream>
 #include <string>
 #include <string_view>
+
+#include "base/durable_file.h"
 
 namespace loom::train {
 
@@ -13,26 +14,28 @@ namespace loom::train {
 // not a folder. Creates nothing.
 void check_writable(const std::string& path, std::string_view what);
 
-// A text file written line by line (the metrics' JSONL): each line is flushed, and a write that
-// fails throws naming the path.
+// A text file written line by line (the metrics' JSONL), in place: each line is one write, so a
+// reader (or a crash) sees whole lines up to the last written; close() fsyncs the file and its
+// folder. A write that fails throws naming `what` and the path.
 class LineWriter {
  public:
   LineWriter() = default;
   // Opens (truncates) `path`; throws naming `what` and the path when it cannot.
   LineWriter(const std::string& path, std::string_view what);
-  bool is_open() const { return out_.is_open(); }
+  bool is_open() const { return file_.is_open(); }
   void write_line(std::string_view line);
-  // Closes, throwing if the last bytes could not be written.
+  // fsyncs the file and its folder, then closes; throws if the last lines could not be written.
   void close();
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
 
  private:
-  std::string path_;
-  std::ofstream out_;
+  SyncedFileWriter file_;
+  std::string what_;
 };
 
-// Writes `contents` to `path` whole (through a temporary file beside it, renamed into place, so a
-// reader never sees half a file); throws naming `what` and the path when it cannot.
+// Replaces `path` with `contents` atomically and durably (loom::write_file_atomically: a
+// temporary file beside it, fsynced and renamed into place, so a reader never sees half a file);
+// throws naming `what` and the path when it cannot.
 void write_file(const std::string& path, std::string_view contents, std::string_view what);
 
 }  // namespace loom::train

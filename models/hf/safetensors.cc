@@ -1,19 +1,16 @@
 #include "models/hf/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
+#include "base/durable_file.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "tensor/ops.h"
@@ -97,16 +94,6 @@ Entry parse_entry(const std::string& path, const std::string& name, const nlohma
 
 std::string errno_text() { return std::strerror(errno); }
 
-void write_all(int fd, const char* data, size_t bytes, const std::string& path) {
-  while (bytes > 0) {
-    const ssize_t n = ::write(fd, data, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    LOOM_CHECK(n > 0, "safetensors '{}': write failed: {}", path, errno_text());
-    data += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 std::string safetensors_dtype_name(DType dtype) {
@@ -156,38 +143,17 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t header_bytes = text.size();
 
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  LOOM_CHECK(fd >= 0, "safetensors '{}': cannot create '{}': {}", path, tmp, errno_text());
-  try {
-    write_all(fd, reinterpret_cast<const char*>(&header_bytes), 8, path);
-    write_all(fd, text.data(), text.size(), path);
-    const std::string padding(8, '\0');
-    for (const Tensor& t : data) {
-      const size_t bytes = static_cast<size_t>(t.numel()) * element_size(t.dtype());
-      write_all(fd, static_cast<const char*>(t.raw_data()), bytes, path);
-      write_all(fd, padding.data(), (8 - bytes % 8) % 8, path);
-    }
-    LOOM_CHECK(::fsync(fd) == 0, "safetensors '{}': fsync failed: {}", path, errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  // Streamed into PATH.tmp (gigabytes are never one string), then renamed over PATH.
+  AtomicFileWriter out(path, fmt::format("safetensors '{}'", path));
+  out.write(&header_bytes, 8);
+  out.write(text.data(), text.size());
+  const std::string padding(8, '\0');
+  for (const Tensor& t : data) {
+    const size_t bytes = static_cast<size_t>(t.numel()) * element_size(t.dtype());
+    out.write(t.raw_data(), bytes);
+    out.write(padding.data(), (8 - bytes % 8) % 8);
   }
-  LOOM_CHECK(::close(fd) == 0, "safetensors '{}': close failed: {}", path, errno_text());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = errno_text();
-    ::unlink(tmp.c_str());
-    LOOM_FAIL("safetensors '{}': rename from '{}' failed: {}", path, tmp, why);
-  }
-  // Make the rename itself durable.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::filesystem::path folder = parent.empty() ? std::filesystem::path(".") : parent;
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  out.commit();
 }
 
 SafetensorsFile load_safetensors(const std::string& path) {

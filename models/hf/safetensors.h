@@ -13,8 +13,9 @@
 // numel * element size, offsets lie inside the buffer, and no two tensors overlap (gaps are
 // tolerated). Every error is a loom::Error naming the file and, where there is one, the tensor.
 //
-// The writer is atomic: it writes PATH.tmp, fsyncs it, renames it over PATH and fsyncs the
-// folder, so PATH is either the old file or the complete new one. Tensors are written in name
+// The writer is atomic (base/durable_file.h): it writes PATH.tmp, fsyncs it, renames it over PATH
+// and fsyncs the folder, so PATH is either the old file or the complete new one; SIGINT or SIGTERM
+// during the write removes PATH.tmp. Tensors are written in name
 // order, each at an 8-byte-aligned offset (the header is padded with spaces to a multiple of 8).
 #pragma once
 

@@ -90,8 +90,8 @@ TEST(SafetensorsTest, OverwriteIsAtomicAndReplacesTheFile) {
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 }
 
-// A save killed mid-write leaves <path>.tmp behind; the next successful save writes the same
-// temporary name and renames it, so nothing stale outlives it.
+// A save killed mid-write by SIGKILL (or a crash) leaves <path>.tmp behind; the next successful
+// save writes the same temporary name and renames it, so nothing stale outlives it.
 TEST(SafetensorsTest, AKilledSavesTemporaryDoesNotOutliveTheNextSave) {
   const std::string path = temp_path("killed.safetensors");
   std::ofstream(path + ".tmp") << "half a file from a save that was killed";
