@@ -1,6 +1,6 @@
 // An op-level timer, switchable at run time (torch.profiler's key_averages table, in miniature).
 //
-//   loom::profiler::enable();            // or LOOM_PROFILE=ops in the environment (train_gpt:
+//   loom::profiler::enable();            // or LOOM_PROFILE=ops in the environment (loom_train:
 //   ... run steps ...                    //   --profile-ops)
 //   std::cout << loom::profiler::table();
 //

@@ -140,15 +140,20 @@ std::string marker_text(int64_t step, const std::string& metadata_sha256) {
   return nlohmann::json{{"step", step}, {"metadata_sha256", metadata_sha256}}.dump() + "\n";
 }
 
-// Removes what a crashed save left under `root`: partial directories and step directories
-// without the marker (rank 0, before a save).
+// Whether `dir` is what a crashed save left: a partial directory, or a step directory without
+// the marker.
+bool is_uncommitted(const fs::directory_entry& dir) {
+  const std::string name = dir.path().filename().string();
+  int64_t step = 0;
+  const bool partial = name.size() > 8 && name.substr(name.size() - 8) == ".partial";
+  const bool unmarked = is_step_name(name, &step) && !fs::exists(dir.path() / kMarker);
+  return dir.is_directory() && (partial || unmarked);
+}
+
+// Removes what a crashed save left under `root` (rank 0, before a save).
 void remove_uncommitted(const std::string& root) {
   for (const auto& dir : fs::directory_iterator(root)) {
-    const std::string name = dir.path().filename().string();
-    int64_t step = 0;
-    const bool partial = name.size() > 8 && name.substr(name.size() - 8) == ".partial";
-    const bool unmarked = is_step_name(name, &step) && !fs::exists(dir.path() / kMarker);
-    if (dir.is_directory() && (partial || unmarked)) fs::remove_all(dir.path());
+    if (is_uncommitted(dir)) fs::remove_all(dir.path());
   }
 }
 
@@ -181,6 +186,17 @@ std::vector<int64_t> committed_steps(const std::string& root) {
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+std::vector<std::string> uncommitted_step_directories(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return out;
+  for (const auto& dir : fs::directory_iterator(root)) {
+    if (is_uncommitted(dir)) out.push_back(dir.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::optional<int64_t> latest_committed_step(const std::string& root) {

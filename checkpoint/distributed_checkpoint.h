@@ -55,6 +55,9 @@ std::string step_directory(const std::string& root, int64_t step);
 // The committed steps under `root`, ascending (an absent root has none).
 std::vector<int64_t> committed_steps(const std::string& root);
 std::optional<int64_t> latest_committed_step(const std::string& root);
+// What a crashed or interrupted save left under `root` (partial directories, step directories
+// without the marker), sorted: the next save removes them. An absent root has none.
+std::vector<std::string> uncommitted_step_directories(const std::string& root);
 // `path` when it is a step directory (it has metadata.json), else the latest committed step
 // directory under it; throws naming `path` when it is neither.
 std::string resolve_step_directory(const std::string& path);

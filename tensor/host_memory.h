@@ -13,7 +13,7 @@
 namespace loom {
 
 // Raises glibc's mmap and trim thresholds to 1 GiB: freed tensor memory stays in the heap. Call
-// once, first thing in main (train_gpt and the benchmarks do).
+// once, first thing in main (loom_train and the benchmarks do).
 void keep_freed_host_memory();
 
 }  // namespace loom

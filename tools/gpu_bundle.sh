@@ -3,7 +3,7 @@
 # has CUDA's driver and toolkit, PyTorch's NCCL and cuBLAS wheels, and nothing else Loom needs: no
 # Bazel, no Debian packages (Gloo, oneDNN, fmt, ...) and no network to fetch them. The bundle is
 # one .tar.xz of
-#   bin/  the GPU test binaries, cuda_gemm_bench and train_gpt at their bazel-bin paths, with
+#   bin/  the GPU test binaries, cuda_gemm_bench and loom_train at their bazel-bin paths, with
 #         bazel-bin/_solib_k8 (Loom's own shared libraries, which the binaries find through
 #         their RUNPATH $ORIGIN/../../_solib_k8);
 #   lib/  every shared library they load that the GPU machine does not provide (Gloo and its

@@ -120,10 +120,10 @@ work=$(mktemp -d)
 # (the loss stays near ln(50257); this measures speed, not learning). perl is in every Debian.
 perl -e 'srand(1); print pack("v*", map { int(rand(50257)) } 1 .. 4000000)' > "${work}/tokens.bin"
 steps=12
-if "${bin}/examples/train_gpt" --device cuda --dp 1 --tp 1 --model small --batch-size 16 --seq-len 1024 \
+if "${bin}/examples/loom_train" --device cuda --dp 1 --tp 1 --model small --batch-size 16 --seq-len 1024 \
   --steps "${steps}" --log-every 1 --mixed-precision bf16 --data "${work}/tokens.bin" --sample-tokens 1 \
   --metrics-out "${work}/metrics.jsonl" --plot-out "${work}/loss.png" --no-progress | tee "${work}/train.log"; then
-  params=$(sed -n 's/.*train_gpt: \([0-9]*\) params.*/\1/p' "${work}/train.log" | head -1)
+  params=$(sed -n 's/.*loom_train: \([0-9]*\) params.*/\1/p' "${work}/train.log" | head -1)
   # Steady state: the median over steps 2.. (step 0 builds cuBLASLt plans and fills the allocator).
   median=$(sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p' "${work}/metrics.jsonl" | tail -n +3 | sort -g |
     awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')

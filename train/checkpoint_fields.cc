@@ -3,40 +3,35 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <vector>
-
 #include "base/error.h"
+#include "checkpoint/sha256.h"
 
 namespace loom::train {
 
-nlohmann::json model_fields(const models::GPTConfig& config) {
-  return {{"n_layer", config.n_layer},
-          {"n_head", config.n_head},
-          {"n_embd", config.n_embd},
-          {"block_size", config.block_size},
-          {"vocab_size", config.vocab_size}};
+nlohmann::json run_fields(const JobConfig& job, const data::TokenData& data) {
+  return {{"data",
+           {{"tokens", data.tokens.size()},
+            {"vocab_size", data.vocab_size},
+            {"sha256", checkpoint::sha256_hex(data.tokens.data(),
+                                              data.tokens.size() * sizeof(data.tokens[0]))},
+            {"path", job.data}}},
+          {"seed", job.seed},
+          {"batch_size", job.batch_size},
+          {"seq_len", job.seq_len},
+          {"steps", job.steps},
+          {"lr", job.lr}};
 }
 
-nlohmann::json model_fields(const models::LlamaConfig& config) {
-  return {{"family", "llama"},
-          {"dim", config.dim},
-          {"n_layers", config.n_layers},
-          {"n_heads", config.n_heads},
-          {"n_kv_heads", config.n_kv_heads},
-          {"ffn_hidden_dim", config.ffn_hidden_dim()},
-          {"max_seq_len", config.max_seq_len},
-          {"vocab_size", config.vocab_size}};
-}
-
-nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh) {
-  return {{"model", model}, {"layout", mesh.str()}};
+nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
+                                     const nlohmann::json& run) {
+  return {{"model", model}, {"layout", mesh.str()}, {"run", run}};
 }
 
 void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& here,
                       const std::string& directory) {
   const auto saved = metadata.extra.find("model");
   LOOM_CHECK(saved != metadata.extra.end() && saved->is_object(),
-             "checkpoint '{}' does not record its model config; it was not saved by a GPT job",
+             "checkpoint '{}' does not record its model config; it was not saved by a Loom job",
              directory);
   std::vector<std::string> differences;
   for (const auto& [key, value] : here.items()) {
@@ -47,10 +42,61 @@ void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json
                                         value.dump()));
     }
   }
+  for (const auto& [key, value] : saved->items()) {
+    if (!here.contains(key))
+      differences.push_back(fmt::format("{} {} there, none here", key, value.dump()));
+  }
   LOOM_CHECK(differences.empty(),
              "checkpoint '{}' was saved from another model config: {}; give the same model "
              "flags (or --config the run's effective config)",
              directory, fmt::join(differences, ", "));
+}
+
+std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
+                                        const nlohmann::json& here, const std::string& directory) {
+  const auto saved = metadata.extra.find("run");
+  if (saved == metadata.extra.end() || !saved->is_object()) {
+    return {
+        fmt::format("checkpoint '{}' does not record its run (data, seed, batch: saved by an "
+                    "older Loom); they are not checked",
+                    directory)};
+  }
+  const auto value_of = [](const nlohmann::json& json, const std::string& key) {
+    return json.contains(key) ? json.at(key).dump() : std::string("none");
+  };
+  std::vector<std::string> refused;
+  const nlohmann::json& data_there = saved->value("data", nlohmann::json::object());
+  const nlohmann::json& data_here = here.at("data");
+  if (value_of(data_there, "sha256") != value_of(data_here, "sha256")) {
+    refused.push_back(fmt::format(
+        "--data: other data ({} tokens of {} there, {} tokens of {} here; their SHA-256 differ)",
+        value_of(data_there, "tokens"), value_of(data_there, "path"), value_of(data_here, "tokens"),
+        value_of(data_here, "path")));
+  }
+  for (const char* key : {"seed", "batch_size", "seq_len"}) {
+    if (value_of(*saved, key) != value_of(here, key)) {
+      std::string flag = fmt::format("--{}", key);
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      refused.push_back(
+          fmt::format("{} {} there, {} here", flag, value_of(*saved, key), value_of(here, key)));
+    }
+  }
+  LOOM_CHECK(refused.empty(),
+             "--resume: checkpoint '{}' was saved by another run: {}. Continuing would train on "
+             "other batches than that run's next ones; give the run's settings (--config its "
+             "effective config), or start a new --checkpoint-dir (--init-from takes its weights "
+             "once consolidated)",
+             directory, fmt::join(refused, "; "));
+  std::vector<std::string> warnings;
+  for (const char* key : {"steps", "lr"}) {
+    if (value_of(*saved, key) != value_of(here, key)) {
+      warnings.push_back(fmt::format(
+          "--resume: --{} {} here, {} in the saved run: the learning-rate schedule changes from "
+          "the saved step on",
+          key, value_of(here, key), value_of(*saved, key)));
+    }
+  }
+  return warnings;
 }
 
 std::string saved_layout(const checkpoint::Metadata& metadata) {

@@ -1,30 +1,41 @@
-// The job's own fields in a distributed checkpoint's metadata (its `extra`): the model's sizes
-// and the layout it was saved on, so a resume checks the model and says when the layout changed.
+// The job's own fields in a distributed checkpoint's metadata (its `extra`): the model's sizes,
+// the layout it was saved on, and what makes the run (its data, seed, batch and schedule), so a
+// resume checks the model and the run and says when the layout changed.
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "checkpoint/metadata.h"
 #include "mesh/device_mesh.h"
-#include "models/gpt/config.h"
-#include "models/llama/config.h"
+#include "models/data/token_data.h"
+#include "train/job_config.h"
 
 namespace loom::train {
 
-// A model's sizes as the checkpoint records them: {n_layer, n_head, n_embd, block_size,
-// vocab_size} for a GPT; {family: "llama", dim, n_layers, n_heads, n_kv_heads, ffn_hidden_dim,
-// max_seq_len, vocab_size} for a Llama.
-nlohmann::json model_fields(const models::GPTConfig& config);
-nlohmann::json model_fields(const models::LlamaConfig& config);
+// What makes a run besides its model and layout:
+//   {"data": {"tokens": N, "vocab_size": V, "sha256": "...", "path": "..."}, "seed": S,
+//    "batch_size": B, "seq_len": T, "steps": N, "lr": LR}
+// (the data by its content: a moved file is the same data).
+nlohmann::json run_fields(const JobConfig& job, const data::TokenData& data);
 
-// {"model": `model` (model_fields), "layout": "DeviceMesh(...)"}.
-nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh);
+// {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`}.
+nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
+                                     const nlohmann::json& run);
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
 // here") when `metadata` was saved from another model config.
 void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& model,
                       const std::string& directory);
+
+// Throws loom::Error naming the checkpoint and each difference when `metadata` was saved by a run
+// on other data, another seed, another batch size or sequence length: continuing would train on
+// other batches than the saved run's next ones. Returns warnings for what a run may change on
+// purpose (more steps, another peak learning rate: the schedule continues from the saved step),
+// and one when the checkpoint does not record its run (saved before runs were recorded).
+std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
+                                        const nlohmann::json& run, const std::string& directory);
 
 // The layout the checkpoint was saved on ("" when it does not say).
 std::string saved_layout(const checkpoint::Metadata& metadata);

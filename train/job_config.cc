@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -23,21 +24,28 @@ using C = JobConfig;
 
 const std::vector<JobOption>& options() {
   static const std::vector<JobOption> table = {
-      {"model",
-       "model",
-       "model preset: tiny, small (GPT-2 124M) or gpt3-175b, or llama-tiny (Llama 3's "
-       "architecture), llama3-8b or llama3-70b (the large ones are for ./loom plan)",
-       &C::model,
-       Range::kAny,
-       {"tiny", "small", "gpt3-175b", "llama-tiny", "llama3-8b", "llama3-70b"}},
+      {"model", "model",
+       "the model: a registered family's preset (gpt: tiny, small = GPT-2 124M, gpt3-175b; llama: "
+       "llama-tiny, llama3-8b, llama3-70b; the large ones are for ./loom plan)",
+       &C::model},
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
-      {"model", "n_embd", "width (0: the preset's)", &C::n_embd, Range::kNonNegative},
+      {"model", "n_kv_heads",
+       "key/value heads of grouped-query attention (Llama; 0: the preset's, or n_head when it "
+       "does not group)",
+       &C::n_kv_heads, Range::kNonNegative},
+      {"model", "n_embd", "width (Llama's dim; 0: the preset's)", &C::n_embd, Range::kNonNegative},
+      {"model", "ffn_dim", "feed-forward width (Llama's intermediate size; 0: the preset's rule)",
+       &C::ffn_dim, Range::kNonNegative},
       {"model", "block_size",
        "context length, the most tokens a sequence may have (0: the preset's)", &C::block_size,
        Range::kNonNegative},
-      {"model", "vocab_size", "vocabulary size (0: the data's; larger pads the embedding)",
+      {"model", "vocab_size",
+       "vocabulary size (0: the preset's, or the data's for tiny and llama-tiny; larger pads the "
+       "embedding)",
        &C::vocab_size, Range::kNonNegative},
+      {"model", "rope_theta", "RoPE base frequency (Llama; 0: the preset's)", &C::rope_theta,
+       Range::kNonNegative},
       {"parallel", "dp", "data-parallel replicas (DDP): dp_replicate's shorthand (0: not given)",
        &C::dp, Range::kNonNegative},
       {"parallel", "dp_replicate",
@@ -92,9 +100,13 @@ const std::vector<JobOption>& options() {
        "0: $LOOM_TIMEOUT_S, else 300",
        &C::collective_timeout_s, Range::kNonNegative},
       {"data", "data", "a text file (byte tokens) or a GPT-2 token .bin file", &C::data},
-      {"checkpoint", "init_from", "Hugging Face GPT-2 safetensors checkpoint to start from",
+      {"checkpoint", "init_from",
+       "a Hugging Face checkpoint of the model's family to start from (GPT-2 or Llama "
+       "safetensors, a sharded index, or a folder; its config.json gives the sizes)",
        &C::init_from},
-      {"checkpoint", "save", "Hugging Face GPT-2 safetensors file to write after training",
+      {"checkpoint", "save",
+       "a Hugging Face safetensors file of the model's family to write after training "
+       "(config.json beside it)",
        &C::save},
       {"checkpoint", "checkpoint_dir",
        "distributed checkpoints of the whole training state go here (step_N directories)",
@@ -112,8 +124,8 @@ const std::vector<JobOption>& options() {
        "continue from the latest committed checkpoint in checkpoint_dir (any layout; none: "
        "start at step 0)",
        &C::resume},
-      {"output", "metrics_out", "JSONL metrics, one object per step", &C::metrics_out},
-      {"output", "plot_out", "loss-curve PNG", &C::plot_out},
+      {"output", "metrics_out", "JSONL metrics, one object per step (\"\": none)", &C::metrics_out},
+      {"output", "plot_out", "loss-curve PNG (\"\": none)", &C::plot_out},
       {"output", "sample_tokens", "tokens to generate at the end", &C::sample_tokens,
        Range::kNonNegative},
       {"output", "log_every", "print every N steps", &C::log_every, Range::kPositive},
@@ -122,6 +134,24 @@ const std::vector<JobOption>& options() {
        "time every op over the steps after the first and print rank 0's table at the end (on a "
        "GPU each op waits for its kernels)",
        &C::profile_ops},
+      {"plan", "plan_rank_tflops",
+       "loom plan: predict the step on ranks of this many matrix-product TFLOP/s (another "
+       "machine; 0: this one's calibration)",
+       &C::plan_rank_tflops, Range::kNonNegative},
+      {"plan", "plan_link_gbps", "loom plan, with plan_rank_tflops: the links' GB/s",
+       &C::plan_link_gbps, Range::kNonNegative},
+      {"plan", "plan_latency_us",
+       "loom plan, with plan_rank_tflops: one collective step's latency in microseconds (0: 10)",
+       &C::plan_latency_us, Range::kNonNegative},
+      {"plan", "plan_peak_tflops", "loom plan: one rank's peak TFLOP/s, to print the MFU",
+       &C::plan_peak_tflops, Range::kNonNegative},
+      {"plan", "plan_memory_gbps",
+       "loom plan, with plan_rank_tflops: one rank's memory GB/s (elementwise ops)",
+       &C::plan_memory_gbps, Range::kNonNegative},
+      {"plan", "plan_dim_link_gbps",
+       "loom plan: the links of some mesh dims, where not plan_link_gbps, e.g. dp_shard=25,pp=25 "
+       "(InfiniBand between hosts)",
+       &C::plan_dim_link_gbps},
   };
   return table;
 }
@@ -275,6 +305,17 @@ std::string JobOption::flag() const {
 
 std::span<const JobOption> job_options() { return options(); }
 
+models::ModelSizes JobConfig::sizes() const {
+  return {.n_layer = n_layer,
+          .n_head = n_head,
+          .n_kv_heads = n_kv_heads,
+          .n_embd = n_embd,
+          .ffn_dim = ffn_dim,
+          .block_size = block_size,
+          .vocab_size = vocab_size,
+          .rope_theta = rope_theta};
+}
+
 ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
   LOOM_CHECK(config.dp == 0 || config.dp_replicate == 0 || config.dp == config.dp_replicate,
              "--dp is --dp-replicate's shorthand, but they differ: --dp {} and --dp-replicate {}; "
@@ -396,6 +437,11 @@ void load_job_toml(JobConfig& config, const std::string& path) {
       set_option(config, *option, value, where);
     }
   }
+}
+
+std::string effective_config_path(const std::string& metrics_out) {
+  const std::filesystem::path path(metrics_out);
+  return (path.parent_path() / (path.stem().string() + ".config.toml")).string();
 }
 
 std::string to_toml(const JobConfig& config) {

@@ -1,4 +1,4 @@
-// A GPT training job's settings (torchtitan's JobConfig): one struct, and one table of options
+// A training job's settings (torchtitan's JobConfig): one struct, and one table of options
 // that gives each setting its TOML section and key, its command-line flag, its help and its
 // valid values. The job's flags, its config file (`--config job.toml`), the effective config it
 // prints and writes, and every value check come from that table, so a setting is declared once.
@@ -19,16 +19,18 @@
 #include <variant>
 #include <vector>
 
+#include "models/family.h"
 #include "train/parallel_dims.h"
 
 namespace loom::train {
 
 struct JobConfig {
   // [model]
-  std::string model = "tiny";                   // preset: tiny | small (GPT-2 124M)
-  int64_t n_layer = 0, n_head = 0, n_embd = 0;  // 0: the preset's
-  int64_t block_size = 0;                       // the context; 0: the preset's
-  int64_t vocab_size = 0;  // 0: the data's; larger pads the embedding (as nanoGPT's 50304)
+  std::string model = "tiny";  // a registered family's preset (models/family.h)
+  int64_t n_layer = 0, n_head = 0, n_kv_heads = 0, n_embd = 0, ffn_dim = 0;  // 0: the preset's
+  int64_t block_size = 0;  // the context; 0: the preset's
+  int64_t vocab_size = 0;  // 0: the preset's (tiny, llama-tiny: the data's); larger pads
+  double rope_theta = 0;   // 0: the preset's
   // [parallel] (data_parallel_dims() resolves the data-parallel degrees)
   int64_t dp = 0;            // DDP's shorthand for dp_replicate; 0: not given
   int64_t dp_replicate = 0;  // 0: --dp's, else 1 (2 when no data-parallel degree is given at all)
@@ -54,22 +56,32 @@ struct JobConfig {
   // [data]
   std::string data = "/usr/share/common-licenses/GPL-3";
   // [checkpoint]
-  std::string init_from;          // Hugging Face GPT-2 safetensors to start from
+  std::string init_from;          // a Hugging Face checkpoint of the model's family to start from
   std::string save;               // ... to write after training
   std::string checkpoint_dir;     // distributed checkpoints (checkpoint/); empty: none
   int64_t checkpoint_every = 0;   // save every N steps and after the last (0: after the last)
   int64_t keep_last = 0;          // keep the newest K (0: all)
   bool resume = false;            // from the latest committed step in checkpoint_dir
   bool async_checkpoint = false;  // stage to host memory, write and commit in the background
-  // [output]
-  std::string metrics_out = "train_gpt_metrics.jsonl";
-  std::string plot_out = "train_gpt_loss.png";
+  // [output] (an empty path: not written)
+  std::string metrics_out = "loom_train_metrics.jsonl";
+  std::string plot_out = "loom_train_loss.png";
   int64_t sample_tokens = 200;
   int64_t log_every = 10;
   bool progress = true;
   // Time every op and scope (base/profiler.h) over the steps after the first; rank 0 prints
   // the table at the end (on a GPU each op waits for its kernels).
   bool profile_ops = false;
+  // [plan] the machine `loom plan` predicts the step time on (0: this one's calibration)
+  double plan_rank_tflops = 0;     // matrix-product TFLOP/s of one rank
+  double plan_link_gbps = 0;       // GB/s of one link
+  double plan_latency_us = 0;      // one collective step; 0: 10
+  double plan_peak_tflops = 0;     // one rank's peak, for MFU
+  double plan_memory_gbps = 0;     // one rank's memory bandwidth (elementwise ops)
+  std::string plan_dim_link_gbps;  // "dp_shard=25,pp=25": links of these mesh dims
+
+  // The [model] sizes as every family takes them.
+  models::ModelSizes sizes() const;
 };
 
 // A value as a source gives it: TOML's own types, or a command line's text.
@@ -116,6 +128,9 @@ std::string option_toml(const JobConfig& config, const JobOption& option);
 // naming the path for a missing or unreadable file or a TOML syntax error (with line and column),
 // and naming the section and key for an unknown one or a bad value.
 void load_job_toml(JobConfig& config, const std::string& path);
+
+// The path the effective config is written to, beside the metrics: m.jsonl -> m.config.toml.
+std::string effective_config_path(const std::string& metrics_out);
 
 // The whole config as a TOML document, one section per group, every key present: what the job
 // prints at start and writes beside its metrics, and what `--config` reads back to repeat a run.

@@ -10,11 +10,9 @@
 
 #include "base/error.h"
 #include "dtensor/shard_math.h"
-#include "models/gpt/parameter_layout.h"
 #include "parallel/fsdp/flat_layout.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/split.h"
-#include "train/parallel_llama.h"
 
 namespace loom::train {
 
@@ -116,110 +114,79 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
 
 }  // namespace
 
-JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& parallel,
-                     int64_t global_batch, int64_t seq_len, const PlanOptions& options) {
+JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
+                 int64_t global_batch, int64_t seq_len, const PlanOptions& options) {
   const ParallelDims& dims = parallel.dims;
   // The job's own checks, in the job's order and words.
   model.validate();
-  validate_layout(parallel, global_batch, seq_len, model.block_size);
-  LOOM_CHECK(model.n_head % dims.tp == 0,
-             "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", model.n_head,
-             dims.tp);
+  validate_layout(parallel, global_batch, seq_len, model.context());
+  if (dims.tp > 1) model.validate_tp(dims.tp);
 
-  JobPlan plan{.model_summary = fmt::format(
-                   "GPT n_layer={} n_head={} n_embd={} block_size={} vocab_size={} ({} parameters)",
-                   model.n_layer, model.n_head, model.n_embd, model.block_size, model.vocab_size,
-                   model.parameter_count()),
+  JobPlan plan{.model_summary = model.summary(),
                .world_size = dims.world_size(),
                .parallel = parallel,
                .global_batch = global_batch,
                .seq_len = seq_len};
-  // Stages: the schedule the job would run (validated there), and its even split of the blocks.
-  std::vector<models::StageRange> ranges{models::StageRange{0, model.n_layer, true, true}};
+  // Stages: the schedule the job would run (validated there), and its split of the blocks.
+  const std::vector<pipeline::StageRange> ranges = parallel.stage_ranges(model.n_layers());
+  plan.num_stages = static_cast<int>(ranges.size());
   std::optional<pipeline::Schedule> schedule;
   if (dims.pp > 1) {
     schedule =
         pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
                                    parallel.microbatches(), parallel.pipeline.virtual_stages);
-    plan.num_stages = schedule->num_stages;
-    const auto layers = pipeline::split_layers(model.n_layer, plan.num_stages);
-    ranges.clear();
-    for (int s = 0; s < plan.num_stages; ++s) {
-      ranges.push_back({layers[s].begin, layers[s].end, s == 0, s == plan.num_stages - 1});
-    }
   }
-  add_uneven_vocabulary_note(plan, model.vocab_size, "wte's rows");
+  add_uneven_vocabulary_note(plan, model.vocab_size(), "the vocabulary-sharded rows");
 
-  // Each stage's parameters, listed once for every rank that runs it.
+  // Each stage's parameters, listed once for every rank that runs it (none: the family does not
+  // list them, and the trace sizes the model states).
   std::vector<std::vector<models::PlannedParameter>> stage_parameters;
-  for (const models::StageRange& range : ranges) {
-    stage_parameters.push_back(models::gpt_planned_parameters(model, range));
+  for (const pipeline::StageRange& range : ranges) {
+    stage_parameters.push_back(model.planned_parameters(range));
   }
-
-  // Every rank of the (pp, dp_replicate, dp_shard, tp) mesh, row-major.
-  std::map<std::tuple<std::vector<int>, int64_t>, size_t> role_of;
-  int rank = 0;
-  for (int64_t pp = 0; pp < dims.pp; ++pp) {
-    for (int64_t rep = 0; rep < dims.dp_replicate; ++rep) {
-      for (int64_t shard = 0; shard < dims.dp_shard; ++shard) {
-        for (int64_t tp = 0; tp < dims.tp; ++tp, ++rank) {
-          RankModelStates states{.rank = rank, .coordinate = {pp, rep, shard, tp}};
-          states.stages =
-              schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
-          for (int s : states.stages) {
-            // FSDP's units: each block, then the stage's remaining parameters ("root").
-            std::map<int64_t, std::vector<Shape>> units;
-            for (const auto& p : stage_parameters[s]) {
-              units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
-            }
-            for (const auto& [block, shapes] : units) {
-              states.parameters += held_elements(shapes, dims.dp_shard, shard);
-            }
-          }
-          const auto key = std::make_tuple(states.stages, states.parameters);
-          if (auto it = role_of.find(key); it != role_of.end()) {
-            plan.roles[it->second].ranks.push_back(rank);
-          } else {
-            role_of.emplace(key, plan.roles.size());
-            plan.roles.push_back({{rank}});
-          }
-          plan.ranks.push_back(std::move(states));
+  if (!stage_parameters.front().empty()) {
+    // Every rank of the mesh, row-major: its coordinate on each dim.
+    const std::vector<std::string> names = dims.names();
+    const std::vector<int64_t> sizes = dims.sizes();
+    const auto at = [&](const std::vector<int64_t>& coordinate, const char* dim) {
+      return coordinate[std::find(names.begin(), names.end(), dim) - names.begin()];
+    };
+    std::map<std::tuple<std::vector<int>, int64_t>, size_t> role_of;
+    for (int rank = 0; rank < plan.world_size; ++rank) {
+      std::vector<int64_t> coordinate(sizes.size());
+      for (int64_t d = static_cast<int64_t>(sizes.size()) - 1, rest = rank; d >= 0; --d) {
+        coordinate[d] = rest % sizes[d];
+        rest /= sizes[d];
+      }
+      RankModelStates states{.rank = rank, .coordinate = coordinate};
+      const int64_t pp = at(coordinate, kPipelineDim), tp = at(coordinate, kTensorDim),
+                    shard = at(coordinate, kShardDim);
+      states.stages =
+          schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
+      for (int s : states.stages) {
+        // FSDP's units: each block, then the stage's remaining parameters ("root").
+        std::map<int64_t, std::vector<Shape>> units;
+        for (const auto& p : stage_parameters[s]) {
+          units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
+        }
+        for (const auto& [block, shapes] : units) {
+          states.parameters += held_elements(shapes, dims.dp_shard, shard);
         }
       }
+      const auto key = std::make_tuple(states.stages, states.parameters);
+      if (auto it = role_of.find(key); it != role_of.end()) {
+        plan.roles[it->second].ranks.push_back(rank);
+      } else {
+        role_of.emplace(key, plan.roles.size());
+        plan.roles.push_back({{rank}});
+      }
+      plan.ranks.push_back(std::move(states));
     }
   }
   if (options.trace) {
-    trace_job(plan, options, [model, parallel](std::shared_ptr<const DeviceMesh> mesh) {
-      return build_parallel_gpt(model, /*seed=*/0, std::move(mesh), parallel);
-    });
-  }
-  return plan;
-}
-
-JobPlan plan_llama_job(const models::LlamaConfig& model, const ParallelConfig& parallel,
-                       int64_t global_batch, int64_t seq_len, const PlanOptions& options) {
-  const ParallelDims& dims = parallel.dims;
-  model.validate();
-  validate_layout(parallel, global_batch, seq_len, model.max_seq_len);
-  JobPlan plan{.model_summary =
-                   fmt::format("Llama n_layers={} dim={} n_heads={} n_kv_heads={} max_seq_len={} "
-                               "vocab_size={} ({} parameters)",
-                               model.n_layers, model.dim, model.n_heads, model.n_kv_heads,
-                               model.max_seq_len, model.vocab_size, model.parameter_count()),
-               .world_size = dims.world_size(),
-               .parallel = parallel,
-               .global_batch = global_batch,
-               .seq_len = seq_len};
-  if (dims.pp > 1) {
-    plan.num_stages =
-        pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
-                                   parallel.microbatches(), parallel.pipeline.virtual_stages)
-            .num_stages;
-  }
-  add_uneven_vocabulary_note(plan, model.vocab_size, "the embedding's and the output's rows");
-  if (options.trace) {
-    trace_job(plan, options, [model, parallel](std::shared_ptr<const DeviceMesh> mesh) {
-      return build_parallel_llama(model, /*seed=*/0, std::move(mesh), parallel);
+    std::shared_ptr<const models::ModelArgs> args = model.clone();
+    trace_job(plan, options, [args, parallel](std::shared_ptr<const DeviceMesh> mesh) {
+      return build_parallel_model(*args, /*seed=*/0, std::move(mesh), parallel);
     });
   }
   return plan;

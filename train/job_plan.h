@@ -8,9 +8,10 @@
 //     sequence under sequence parallelism (ParallelConfig::validate), the model's sizes, heads
 //     over tp, layers per pipeline stage; a vocabulary that tp does not divide is reported as the
 //     uneven split that will happen;
-//   - GPT: model states of every rank from shapes alone (its stages' parameters, their
-//     tensor-parallel shard, and with FSDP its dp_shard chunk as fully_shard lays it out; f32
-//     parameters, gradients and AdamW's moments), ranks with the same numbers as one row;
+//   - model states of every rank from shapes alone, for families that list their parameters
+//     (models::ModelArgs::planned_parameters: its stages' parameters, their tensor-parallel
+//     shard, and with FSDP its dp_shard chunk as fully_shard lays it out; f32 parameters,
+//     gradients and AdamW's moments), ranks with the same numbers as one row;
 //   - traces a training step of the job on the meta device (train/step_trace.h): what each rank
 //     holds between steps and at its peak (activations, communication buffers, mixed precision's
 //     copies included), its collectives per process group and kind (calls and bytes), and its
@@ -23,9 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "models/gpt/config.h"
-#include "models/llama/config.h"
-#include "train/parallel_gpt.h"
+#include "models/family.h"
+#include "train/parallel_model.h"
 #include "train/step_time_model.h"
 #include "train/step_trace.h"
 
@@ -34,7 +34,7 @@ namespace loom::train {
 // One rank's model states.
 struct RankModelStates {
   int rank = 0;
-  std::vector<int64_t> coordinate;  // on the (pp, dp_replicate, dp_shard, tp) mesh
+  std::vector<int64_t> coordinate;  // on the mesh (ParallelDims::names() order)
   std::vector<int> stages;          // pipeline stages it runs (one without a pipeline: 0)
   int64_t parameters = 0;           // parameter elements it holds (its shards)
   // f32 master weights, their gradients (the same placements) and AdamW's two moments.
@@ -65,14 +65,15 @@ struct PlanOptions {
 };
 
 struct JobPlan {
-  std::string model_summary;  // "GPT n_layer=12 ... (124439808 parameters)"
+  std::string model_summary;  // models::ModelArgs::summary()
   int64_t world_size = 1;
   ParallelConfig parallel;
   int64_t global_batch = 0;
   int64_t seq_len = 0;
   int num_stages = 1;              // pipeline stages (pp x virtual stages)
   std::vector<std::string> notes;  // what the job will do that a user may not expect
-  // GPT: every rank, in rank order, and the distinct rows (empty for Llama: see traced).
+  // Every rank, in rank order, and the distinct rows (empty when the family does not list its
+  // parameters: see traced).
   std::vector<RankModelStates> ranks;
   std::vector<RankRole> roles;
   // With options.trace: the traced ranks (ascending) and their distinct rows.
@@ -86,14 +87,11 @@ struct JobPlan {
   const RankModelStates& rank(int r) const { return ranks.at(static_cast<size_t>(r)); }
 };
 
-// Validates and sizes the job: `parallel.dims` resolved (no dp_shard -1), a global batch of
-// `global_batch` sequences of `seq_len` tokens. Throws loom::Error naming the field and values as
-// the job itself would (before any rank starts).
-JobPlan plan_gpt_job(const models::GPTConfig& model, const ParallelConfig& parallel,
-                     int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
-// The same for a Llama (its model states come from the trace only).
-JobPlan plan_llama_job(const models::LlamaConfig& model, const ParallelConfig& parallel,
-                       int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
+// Validates and sizes the job of any family: `parallel.dims` resolved (no dp_shard -1), a global
+// batch of `global_batch` sequences of `seq_len` tokens. Throws loom::Error naming the field and
+// values as the job itself would (before any rank starts).
+JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
+                 int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
 
 // The plan as text (markdown tables): the layout, the notes, model states per role, and the
 // traced memory, FLOPs and communication per role.

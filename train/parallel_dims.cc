@@ -7,43 +7,68 @@
 
 namespace loom::train {
 
-std::vector<std::string> ParallelDims::names() const {
-  return {"pp", "dp_replicate", "dp_shard", "tp"};
+const std::vector<ParallelDims::Dim>& ParallelDims::dims() {
+  static const std::vector<Dim> kDims = {{kPipelineDim, &ParallelDims::pp},
+                                         {kReplicateDim, &ParallelDims::dp_replicate},
+                                         {kShardDim, &ParallelDims::dp_shard},
+                                         {kTensorDim, &ParallelDims::tp}};
+  return kDims;
 }
 
-std::vector<int64_t> ParallelDims::sizes() const { return {pp, dp_replicate, dp_shard, tp}; }
+std::vector<std::string> ParallelDims::names() const {
+  std::vector<std::string> out;
+  for (const Dim& dim : dims()) out.emplace_back(dim.name);
+  return out;
+}
 
-int64_t ParallelDims::world_size() const { return pp * dp_replicate * dp_shard * tp; }
+std::vector<int64_t> ParallelDims::sizes() const {
+  std::vector<int64_t> out;
+  for (const Dim& dim : dims()) out.push_back(this->*dim.degree);
+  return out;
+}
+
+int64_t ParallelDims::world_size() const {
+  int64_t world = 1;
+  for (const Dim& dim : dims()) world *= this->*dim.degree;
+  return world;
+}
 
 std::string ParallelDims::str() const {
   std::vector<std::string> parts;
-  const std::vector<std::string> dims = names();
-  const std::vector<int64_t> degrees = sizes();
-  for (size_t i = 0; i < dims.size(); ++i) {
-    if (degrees[i] != 1) parts.push_back(fmt::format("{}={}", dims[i], degrees[i]));
+  for (const Dim& dim : dims()) {
+    if (this->*dim.degree != 1) parts.push_back(fmt::format("{}={}", dim.name, this->*dim.degree));
   }
-  return parts.empty() ? "pp=1" : fmt::format("{}", fmt::join(parts, " x "));
+  return parts.empty() ? fmt::format("{}=1", kPipelineDim)
+                       : fmt::format("{}", fmt::join(parts, " x "));
 }
 
 ParallelDims ParallelDims::resolved(int64_t world_size) const {
   if (dp_shard != -1) return *this;
   ParallelDims out = *this;
-  const int64_t others = pp * dp_replicate * tp;
+  out.dp_shard = 1;
+  const int64_t others = out.world_size();
+  std::vector<std::string> degrees;  // every other dim's, e.g. "pp=1 x dp_replicate=1 x tp=3"
+  for (const Dim& dim : dims()) {
+    if (dim.degree != &ParallelDims::dp_shard) {
+      degrees.push_back(fmt::format("{}={}", dim.name, out.*dim.degree));
+    }
+  }
   LOOM_CHECK(others >= 1 && world_size % others == 0,
-             "ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp={} x "
-             "dp_replicate={} x tp={} = {} does not divide the world of {}",
-             pp, dp_replicate, tp, others, world_size);
+             "ParallelDims: {} -1 takes the ranks the other degrees leave, but {} = {} does not "
+             "divide the world of {}",
+             kShardDim, fmt::join(degrees, " x "), others, world_size);
   out.dp_shard = world_size / others;
   return out;
 }
 
 void ParallelDims::validate(int64_t world_size) const {
-  const std::vector<std::string> dims = names();
-  const std::vector<int64_t> degrees = sizes();
-  for (size_t i = 0; i < dims.size(); ++i) {
-    LOOM_CHECK(degrees[i] >= 1, "ParallelDims: {} must be at least 1{}, got {}", dims[i],
-               dims[i] == "dp_shard" ? " (or -1, resolved first: ParallelDims::resolved)" : "",
-               degrees[i]);
+  for (const Dim& dim : dims()) {
+    const int64_t degree = this->*dim.degree;
+    LOOM_CHECK(degree >= 1, "ParallelDims: {} must be at least 1{}, got {}", dim.name,
+               dim.degree == &ParallelDims::dp_shard
+                   ? " (or -1, resolved first: ParallelDims::resolved)"
+                   : "",
+               degree);
   }
   LOOM_CHECK(this->world_size() == world_size,
              "ParallelDims: {} = {} ranks, but the world has {}; the degrees must multiply to "
@@ -58,13 +83,35 @@ std::shared_ptr<const DeviceMesh> ParallelDims::build_mesh(
   return std::make_shared<const DeviceMesh>(std::move(world), names(), sizes());
 }
 
+parallel::ParallelMeshes ParallelDims::meshes(const std::shared_ptr<const DeviceMesh>& mesh) {
+  LOOM_CHECK(mesh != nullptr, "ParallelDims::meshes: the mesh is null");
+  const auto slice = [&](std::vector<std::string> names) {
+    return std::make_shared<const DeviceMesh>(mesh->slice(names));
+  };
+  parallel::ParallelMeshes out{.mesh = mesh,
+                               .pp = slice({kPipelineDim}),
+                               .tp = slice({kTensorDim}),
+                               .dp_replicate = slice({kReplicateDim}),
+                               .dp_shard = slice({kShardDim})};
+  out.fsdp = out.dp_replicate->size(0) > 1 ? slice({kReplicateDim, kShardDim}) : out.dp_shard;
+  return out;
+}
+
 int64_t data_parallel_size(const DeviceMesh& mesh) {
-  return mesh.size("dp_replicate") * mesh.size("dp_shard");
+  return mesh.size(kReplicateDim) * mesh.size(kShardDim);
 }
 
 int64_t data_parallel_rank(const DeviceMesh& mesh) {
-  return mesh.coordinate(mesh.dim_index("dp_replicate")) * mesh.size("dp_shard") +
-         mesh.coordinate(mesh.dim_index("dp_shard"));
+  return mesh.coordinate(mesh.dim_index(kReplicateDim)) * mesh.size(kShardDim) +
+         mesh.coordinate(mesh.dim_index(kShardDim));
+}
+
+std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const DeviceMesh& mesh) {
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
+  for (const char* dim : {kShardDim, kReplicateDim}) {
+    if (mesh.size(dim) > 1) groups.push_back(mesh.group(dim));
+  }
+  return groups;
 }
 
 }  // namespace loom::train

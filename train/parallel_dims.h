@@ -1,14 +1,17 @@
 // The parallel degrees of a job, one per named mesh dim (torchtitan's ParallelDims), validated
-// once, and the mesh they make.
+// once; the mesh they make; and the submeshes every layer below takes (meshes()): the one place
+// the dim names are spelled.
 //
 // Mesh order: pp outermost, then dp_replicate and dp_shard, tp innermost, so tensor-parallel
 // peers are neighbouring ranks (on one node, on one NVLink island), FSDP's all-gathers run
-// between near ranks, and pipeline stages are the farthest apart (torchtitan's order). A later
-// dimension (context parallel) is one more field here and one more name in names(): every job,
-// test and example builds its mesh through this struct.
+// between near ranks, and pipeline stages are the farthest apart (torchtitan's order).
+//
+// Adding a dim (context parallel, expert parallel): a degree field and its row in dims() (its
+// place in the mesh order), its role in parallel::ParallelMeshes when the layers below use it,
+// and the code of the dim itself. Every job, test and example builds its mesh through this.
 //
 // The data-parallel degree is dp_replicate x dp_shard: DDP over dp_replicate when dp_shard is 1,
-// FSDP over dp_shard when dp_replicate is 1, HSDP with both (models/data_parallel.h). The
+// FSDP over dp_shard when dp_replicate is 1, HSDP with both (parallel/data_parallel.h). The
 // data-parallel rank (which share of the batch a rank takes) is dp_replicate's coordinate x
 // dp_shard + dp_shard's.
 #pragma once
@@ -20,14 +23,29 @@
 
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
+#include "parallel/meshes.h"
 
 namespace loom::train {
+
+// The dims' names: the only spelling of them in the code.
+inline constexpr const char* kPipelineDim = "pp";
+inline constexpr const char* kReplicateDim = "dp_replicate";
+inline constexpr const char* kShardDim = "dp_shard";
+inline constexpr const char* kTensorDim = "tp";
 
 struct ParallelDims {
   int64_t pp = 1;            // pipeline stages
   int64_t dp_replicate = 1;  // data-parallel replicas (DDP, or HSDP's replicate dim)
   int64_t dp_shard = 1;      // data-parallel shards (FSDP); -1: whatever the world leaves
   int64_t tp = 1;            // tensor-parallel shards (Megatron-style, with sequence parallelism)
+
+  // A mesh dim: its name and its degree's field.
+  struct Dim {
+    const char* name;
+    int64_t ParallelDims::*degree;
+  };
+  // Every dim in mesh order, outermost first.
+  static const std::vector<Dim>& dims();
 
   // The data-parallel degree: dp_replicate x dp_shard.
   int64_t dp() const { return dp_replicate * dp_shard; }
@@ -39,7 +57,7 @@ struct ParallelDims {
   std::vector<std::string> names() const;
   // The degrees in the order of names().
   std::vector<int64_t> sizes() const;
-  // pp x dp_replicate x dp_shard x tp.
+  // The product of the degrees.
   int64_t world_size() const;
   // "pp=2 x dp_shard=2 x tp=2": the degrees above 1 (pp=1 when every one is 1).
   std::string str() const;
@@ -49,15 +67,20 @@ struct ParallelDims {
   // x tp=2 = 4 ranks, but the world has 3").
   void validate(int64_t world_size) const;
 
-  // The ("pp", "dp_replicate", "dp_shard", "tp") mesh over every rank of `world` (validates
-  // first).
+  // The mesh over every rank of `world`, dims in mesh order (validates first).
   std::shared_ptr<const DeviceMesh> build_mesh(std::shared_ptr<comm::ProcessGroup> world) const;
+
+  // The submeshes of a mesh build_mesh made, by role (collective only where a mesh slice creates
+  // groups: it does not, slices reuse the mesh's groups).
+  static parallel::ParallelMeshes meshes(const std::shared_ptr<const DeviceMesh>& mesh);
 };
 
-// The data-parallel degree and this rank's data-parallel index on a mesh with dims
-// "dp_replicate" and "dp_shard" (ParallelDims::build_mesh's): which share of a global batch the
-// rank takes.
+// The data-parallel degree and this rank's data-parallel index on a mesh build_mesh made: which
+// share of a global batch the rank takes.
 int64_t data_parallel_size(const DeviceMesh& mesh);
 int64_t data_parallel_rank(const DeviceMesh& mesh);
+// The data-parallel groups a step's loss is averaged over, innermost first (dp_shard, then
+// dp_replicate: equal groups, so the mean of means), those of size 1 left out.
+std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const DeviceMesh& mesh);
 
 }  // namespace loom::train

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 #include "train/step_trace.h"
 
 namespace loom::train {

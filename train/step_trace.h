@@ -31,7 +31,7 @@
 #include "comm/types.h"
 #include "mesh/device_mesh.h"
 #include "train/parallel_dims.h"
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 
 namespace loom::train {
 

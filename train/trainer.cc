@@ -45,8 +45,8 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   // The global batch's loss: the mean over dp (dp_shard, then dp_replicate: equal groups, so the
   // mean of means) of each data-parallel rank's mean.
   Tensor loss = ops::full({1}, local_loss, kFloat32, mesh_->device());
-  for (const char* dim : {"dp_shard", "dp_replicate"}) {
-    if (mesh_->size(dim) > 1) mesh_->group(dim)->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
+  for (const auto& group : data_parallel_groups(*mesh_)) {
+    group->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
   }
   result.loss = loss.item<double>();
   result.ms =

@@ -1,4 +1,4 @@
-// The training step driver every GPT job uses: one optimizer step of a ParallelModel.
+// The training step driver every job uses: one optimizer step of a ParallelModel.
 //
 // Trainer::step(inputs, targets) on this dp rank's batch:
 //   1. zero the gradients;
@@ -22,7 +22,7 @@
 #include "mesh/device_mesh.h"
 #include "models/data/token_data.h"
 #include "optim/optimizer.h"
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 
 namespace loom::train {
 

@@ -75,13 +75,19 @@ TokenData load_tokens(const std::string& path) {
   return data;
 }
 
+void check_sequences_fit(const TokenData& data, int64_t seq_len) {
+  LOOM_CHECK(static_cast<int64_t>(data.tokens.size()) > seq_len,
+             "--data: {} holds {} tokens, too few for sequences of {} (+1): give more data or a "
+             "shorter --seq-len",
+             data.description, data.tokens.size(), seq_len);
+}
+
 Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count,
                   int64_t seq_len) {
   // Start positions 0 .. tokens - seq_len - 1: a window of seq_len inputs and the target after
   // each, so a file of exactly seq_len + 1 tokens holds one sequence.
+  check_sequences_fit(data, seq_len);
   const int64_t span = static_cast<int64_t>(data.tokens.size()) - seq_len;
-  LOOM_CHECK(span > 0, "batch_slice: {} holds {} tokens, too few for sequences of {} (+1)",
-             data.description, data.tokens.size(), seq_len);
   std::vector<int64_t> inputs, targets;
   for (int64_t s = first; s < first + count; ++s) {
     // Start of sequence s of this step: a counter-based draw keyed by (seed, step, s).

@@ -32,6 +32,10 @@ struct Batch {
   Tensor targets;  // (b, T) i64, inputs shifted by one
 };
 
+// Throws naming the data unless it holds one sequence of `seq_len` tokens and its target (at
+// least seq_len + 1 tokens): what batch_slice needs, checked before a job starts.
+void check_sequences_fit(const TokenData& data, int64_t seq_len);
+
 // Sequences [first, first + count) of step `step`'s global batch.
 Batch batch_slice(const TokenData& data, uint64_t seed, int64_t step, int64_t first, int64_t count,
                   int64_t seq_len);

@@ -18,12 +18,14 @@
 #include <vector>
 
 #include "models/gpt/config.h"
-#include "models/stage_range.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "parallel/pipeline/stage_range.h"
 
 namespace loom::models {
+
+using pipeline::StageRange;
 
 class CausalSelfAttention : public nn::Module {
  public:
@@ -78,8 +80,8 @@ class TiedLMHead : public nn::Module {
 // initializes it exactly as the whole model does.
 void init_gpt_weights(nn::Module& module, int64_t n_layer, uint64_t seed);
 
-// Which part of a GPT a module holds (models/stage_range.h: blocks h.[first_block, end_block),
-// wte and wpe on the first stage, ln_f and the tied head on the last).
+// Which part of a GPT a module holds (parallel/pipeline/stage_range.h: blocks h.[first_block,
+// end_block), wte and wpe on the first stage, ln_f and the tied head on the last).
 using GPTStageRange = StageRange;
 
 // A GPT's stage for pipeline parallelism (and, holding everything, the GPT itself): parameter

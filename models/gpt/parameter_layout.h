@@ -15,18 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "models/family.h"
 #include "models/gpt/config.h"
-#include "models/stage_range.h"
+#include "parallel/pipeline/stage_range.h"
 #include "tensor/shape.h"
 
 namespace loom::models {
 
-struct PlannedParameter {
-  std::string name;
-  Shape shape;
-  std::optional<int64_t> tp_shard_dim;  // none: replicated over tp
-  int64_t block = -1;                   // the block holding it; -1: the embeddings or ln_f
-};
+using pipeline::StageRange;
 
 std::vector<PlannedParameter> gpt_planned_parameters(const GPTConfig& config,
                                                      const StageRange& range);

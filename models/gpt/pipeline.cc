@@ -1,11 +1,16 @@
 #include "models/gpt/pipeline.h"
 
+#include <fmt/format.h>
+
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
+
+using pipeline::PipelineModel;
+using pipeline::PipelineModelSpec;
 
 namespace {
 
@@ -34,12 +39,11 @@ void sum_tied_embedding_gradients(PipelineModel& model) {
   }
   // first + last on the first stage's rank, last + first on the last's: float addition of two
   // operands commutes, so both copies get the same bits.
-  const DeviceMesh& mesh = *model.mesh();
+  const DeviceMesh& pp_mesh = *model.meshes().pp;
   const bool holds_first = model.local_ranges().front().first;
-  const int pp_dim = static_cast<int>(mesh.dim_index("pp"));
   const int peer_coordinate = schedule.rank_of_stage(holds_first ? schedule.num_stages - 1 : 0);
-  const int peer = mesh.group_ranks_by_coordinate(pp_dim)[peer_coordinate];
-  const auto& group = mesh.group(pp_dim);
+  const int peer = pp_mesh.group_ranks_by_coordinate(0)[peer_coordinate];
+  const auto& group = pp_mesh.group(0);
   const Tensor mine = ops::contiguous(ops::clone(copies[0]));
   Tensor theirs = ops::empty(mine.shape(), mine.dtype(), mine.device());
   // The first stage's rank sends first and the last's receives first: never two sends facing
@@ -54,6 +58,15 @@ void sum_tied_embedding_gradients(PipelineModel& model) {
 
 }  // namespace
 
+std::vector<parallel::DataParallel::Block> gpt_blocks(const GPTStage& module) {
+  std::vector<parallel::DataParallel::Block> blocks;
+  for (size_t i = 0; i < module.h.size(); ++i) {
+    blocks.push_back({fmt::format("h.{}", module.range().first_block + static_cast<int64_t>(i)),
+                      module.h[i].get()});
+  }
+  return blocks;
+}
+
 PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
                                     const GPTPlanOptions& plan) {
   PipelineModelSpec spec;
@@ -61,7 +74,10 @@ PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
   spec.n_layers = config.n_layer;
   spec.hidden_size = config.n_embd;
   spec.vocab_size = config.vocab_size;
-  spec.make_stage = [config, seed](const StageRange& range) {
+  spec.make_stage = [config, seed](const StageRange& range) -> std::shared_ptr<nn::Module> {
+    if (range.first && range.last && range.first_block == 0 && range.end_block == config.n_layer) {
+      return std::make_shared<GPT>(config, seed);  // the whole model is its own class
+    }
     return std::make_shared<GPTStage>(config, seed, range);
   };
   spec.parallelize = [plan](nn::Module& stage, std::shared_ptr<const DeviceMesh> tp_mesh) {
@@ -92,14 +108,13 @@ PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
 }
 
 GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed,
-                         std::shared_ptr<const DeviceMesh> mesh, GPTPipelineOptions options)
-    : model_(gpt_pipeline_spec(config, seed, options.tp_plan), std::move(mesh),
-             {.schedule = options.schedule,
-              .microbatches = options.microbatches,
-              .virtual_stages = options.virtual_stages,
-              .layers_per_stage = options.layers_per_stage,
-              .sequence_parallel = options.tp_plan.sequence_parallel,
-              .mixed_precision = options.mixed_precision}) {
+                         const parallel::ParallelMeshes& meshes, pipeline::ScheduleOptions schedule,
+                         GPTPlanOptions plan,
+                         std::optional<nn::MixedPrecisionPolicy> mixed_precision)
+    : model_(gpt_pipeline_spec(config, seed, plan), meshes,
+             {.schedule = std::move(schedule),
+              .sequence_parallel = plan.sequence_parallel,
+              .mixed_precision = std::move(mixed_precision)}) {
   for (const auto& stage : model_.stages()) {
     modules_.push_back(std::dynamic_pointer_cast<GPTStage>(stage));
   }

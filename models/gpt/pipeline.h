@@ -1,10 +1,8 @@
-// A GPT trained with pipeline parallelism composed with tensor and data parallelism on one
-// DeviceMesh with dims "pp", "dp_replicate", "dp_shard" and "tp" (any of size 1): this rank's
-// pipeline stages (GPTStage modules: only their own layers and parameters), each parallelized
-// over `tp` with the GPT plan and made data parallel by GPTDataParallel (DDP over dp_replicate,
-// or FSDP / HSDP over dp_shard), driven by a validated schedule.
+// A GPT over the job's meshes (parallel/meshes.h: pipeline stages over pp, each stage's tensor
+// parallelism over tp with the GPT plan, data parallelism over the dp meshes): GPT's parts for
+// pipeline::PipelineModel (gpt_pipeline_spec), and GPTPipeline, the same with the stages typed.
 //
-//   GPTPipeline model(config, seed, mesh, {.schedule = "1f1b", .microbatches = 8});
+//   GPTPipeline model(config, seed, meshes, {.schedule = "1f1b", .microbatches = 8});
 //   model.zero_grad();
 //   double loss = model.step(inputs, targets);   // this dp rank's batch; same on every pp rank
 //   model.clip_grad_norm(1.0);
@@ -15,8 +13,8 @@
 // the tied embedding's gradient between the first stage (wte) and the last (its copy for the head),
 // as Megatron-LM does, so the two copies take identical optimizer steps and stay equal — and the
 // whole equals one rank's model. The machinery every model shares (split, schedule, per-stage
-// tp and data parallelism, inference, gathering the whole) is models/pipeline_model.h; this
-// adds GPT's stages, plan and tied embedding.
+// tp and data parallelism, inference, gathering the whole) is parallel/pipeline/pipeline_model.h;
+// this adds GPT's stages, plan and tied embedding.
 #pragma once
 
 #include <memory>
@@ -25,36 +23,31 @@
 #include <utility>
 #include <vector>
 
-#include "mesh/device_mesh.h"
-#include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/plans.h"
-#include "models/pipeline_model.h"
 #include "nn/mixed_precision.h"
+#include "parallel/data_parallel.h"
+#include "parallel/meshes.h"
+#include "parallel/pipeline/pipeline_model.h"
 
 namespace loom::models {
 
-struct GPTPipelineOptions {
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  int microbatches = 1;
-  int virtual_stages = 1;                 // stages per rank (interleaved)
-  std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
-  GPTPlanOptions tp_plan;
-  // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
-  std::optional<nn::MixedPrecisionPolicy> mixed_precision;
-};
+// A GPT's or a GPT stage's transformer blocks, named "h.{i}" by their index in the whole model:
+// FSDP's units.
+std::vector<parallel::DataParallel::Block> gpt_blocks(const GPTStage& module);
 
 // GPT's stages, plan, loss and tied embedding, for models::PipelineModel.
-PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
-                                    const GPTPlanOptions& plan = {});
+pipeline::PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
+                                              const GPTPlanOptions& plan = {});
 
 // A PipelineModel of gpt_pipeline_spec, with the stages typed.
 class GPTPipeline {
  public:
   // The stages' parameters live on the mesh's device (DeviceMesh::device(): the CPU over Gloo,
   // this rank's GPU over NCCL); inputs and targets given to step() must be there too.
-  GPTPipeline(const GPTConfig& config, uint64_t seed, std::shared_ptr<const DeviceMesh> mesh,
-              GPTPipelineOptions options = {});
+  GPTPipeline(const GPTConfig& config, uint64_t seed, const parallel::ParallelMeshes& meshes,
+              pipeline::ScheduleOptions schedule = {}, GPTPlanOptions plan = {},
+              std::optional<nn::MixedPrecisionPolicy> mixed_precision = std::nullopt);
 
   // One step's forward and backward on this dp rank's batch (B, T) — split into microbatches;
   // only the first stage's rank reads `inputs`, only the last's `targets`. Returns the mean loss
@@ -85,7 +78,7 @@ class GPTPipeline {
   const pipeline::StepStats& last_stats() const { return model_.last_stats(); }
 
  private:
-  PipelineModel model_;
+  pipeline::PipelineModel model_;
   std::vector<std::shared_ptr<GPTStage>> modules_;  // model_'s stages, typed
 };
 

@@ -23,13 +23,12 @@
 
 #include "mesh/device_mesh.h"
 #include "models/gpt/gpt.h"
+#include "models/tp_plan_options.h"
 #include "parallel/tp/parallelize.h"
 
 namespace loom::models {
 
-struct GPTPlanOptions {
-  bool sequence_parallel = true;
-};
+using GPTPlanOptions = TPPlanOptions;
 
 // The plan for a whole GPT, or for the modules a pipeline stage holds (`range`): entries for
 // modules the stage lacks are left out (a middle stage has no embeddings or head). Between

@@ -25,7 +25,7 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 bool is_index(const std::string& path) { return path.ends_with(".json"); }
 
 // A sharded checkpoint: the index's weight map, each shard read once.
-TensorMap read_index(const std::string& path) {
+TensorMap read_index(const std::string& path, bool values) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "'{}': cannot read it: {}", path, std::strerror(errno));
   nlohmann::json index;
@@ -50,7 +50,7 @@ TensorMap read_index(const std::string& path) {
     const std::string shard_path = (folder / shard).string();
     LOOM_CHECK(fs::exists(shard_path), "'{}' names the shard '{}', which does not exist", path,
                shard_path);
-    TensorMap file = load_safetensors(shard_path).tensors;
+    TensorMap file = load_safetensors(shard_path, values).tensors;
     for (const std::string& name : names) {
       const auto it = file.find(name);
       LOOM_CHECK(it != file.end(), "'{}' puts tensor '{}' in '{}', which does not hold it", path,
@@ -91,15 +91,20 @@ std::string config_json_path(const std::string& path) {
   return (fs::path(path).parent_path() / "config.json").string();
 }
 
-TensorMap read_tensors(const std::string& path) {
+TensorMap read_tensors(const std::string& path, bool values) {
   const std::string file = resolve_checkpoint_path(path);
-  if (is_index(file)) return read_index(file);
-  return load_safetensors(file).tensors;
+  if (is_index(file)) return read_index(file, values);
+  return load_safetensors(file, values).tensors;
 }
 
-void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
-          const std::vector<std::string>& model_names, const std::string& who) {
-  const TensorMap file = read_tensors(path);
+namespace {
+
+// The file's name of each of the whole model's parameters, every name, shape and dtype of
+// `module`'s checked first: throws listing every problem.
+std::map<std::string, std::string> match(const nn::Module& module, const StateDictAdapter& adapter,
+                                         const TensorMap& file, const std::string& path,
+                                         const std::vector<std::string>& model_names,
+                                         const std::string& who) {
   std::vector<std::string> problems;
 
   // Every parameter of the whole model -> the file's name for it (at most one may be present).
@@ -152,6 +157,22 @@ void load(nn::Module& module, const StateDictAdapter& adapter, const std::string
     for (const auto& problem : problems) message += "\n  " + problem;
     LOOM_FAIL("{}", message);
   }
+  return file_name_of;
+}
+
+}  // namespace
+
+void check(const nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+           const std::vector<std::string>& model_names, const std::string& who) {
+  match(module, adapter, read_tensors(path, /*values=*/false), path, model_names, who);
+}
+
+void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+          const std::vector<std::string>& model_names, const std::string& who) {
+  const TensorMap file = read_tensors(path);
+  const auto params = module.named_parameters();
+  const std::map<std::string, std::string> file_name_of =
+      match(module, adapter, file, path, model_names, who);
 
   // Convert everything into temporaries (each rank its boxes), then copy.
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)

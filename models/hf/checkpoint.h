@@ -28,8 +28,9 @@
 namespace loom::models::hf {
 
 // The tensors of a checkpoint (a file, an index and its shards, or a folder holding either).
-// Throws naming the file for anything unreadable or malformed.
-TensorMap read_tensors(const std::string& path);
+// Throws naming the file for anything unreadable or malformed. With `values` false, headers only
+// (meta tensors: names, shapes, dtypes).
+TensorMap read_tensors(const std::string& path, bool values = true);
 // The file the checkpoint's tensors are in, or its index, when `path` is a folder; else `path`.
 std::string resolve_checkpoint_path(const std::string& path);
 // config.json beside the checkpoint (in the folder when `path` is one).
@@ -41,6 +42,11 @@ std::string config_json_path(const std::string& path);
 // takes is refused. `who` starts the error ("load_llama_hf").
 void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
           const std::vector<std::string>& model_names, const std::string& who);
+
+// The checks of load() against the checkpoint's headers alone, reading no values: what a job
+// checks before it starts. `module` may be on the meta device.
+void check(const nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+           const std::vector<std::string>& model_names, const std::string& who);
 
 // Whole copies of `module`'s parameters on the CPU, in named_parameters order. Collective:
 // DTensor parameters are gathered (full_tensor), so every rank of their meshes calls it.

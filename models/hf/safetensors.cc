@@ -156,7 +156,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   out.commit();
 }
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsFile load_safetensors(const std::string& path, bool values) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "safetensors '{}': cannot open: {}", path, errno_text());
   in.seekg(0, std::ios::end);
@@ -220,6 +220,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
   }
   // Header valid: read the data.
   for (const Entry& e : entries) {
+    if (!values) {
+      file.tensors.emplace(e.name, Tensor::empty(e.shape, e.dtype, Device::meta()));
+      continue;
+    }
     Tensor t = Tensor::empty(e.shape, e.dtype);
     in.seekg(static_cast<std::streamoff>(8 + header_bytes + e.begin));
     in.read(static_cast<char*>(t.raw_data()), static_cast<std::streamsize>(e.end - e.begin));

@@ -40,8 +40,10 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const SafetensorsMetadata& metadata = {});
 
 // Reads and validates the whole file; throws loom::Error naming the file (and tensor) when
-// anything is wrong. Nothing is returned unless the whole file is valid.
-SafetensorsFile load_safetensors(const std::string& path);
+// anything is wrong. Nothing is returned unless the whole file is valid. With `values` false only
+// the header is read (validated the same): the tensors are on the meta device, shapes and dtypes
+// without values (what a check before a job starts reads of a checkpoint of any size).
+SafetensorsFile load_safetensors(const std::string& path, bool values = true);
 
 // "F32", "BF16", "F16", "I32", "I64".
 std::string safetensors_dtype_name(DType dtype);

@@ -20,12 +20,14 @@
 #include <vector>
 
 #include "models/llama/config.h"
-#include "models/stage_range.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "parallel/pipeline/stage_range.h"
 
 namespace loom::models {
+
+using pipeline::StageRange;
 
 // x * rsqrt(mean(x^2 over the last dim) + eps) * weight (weight ones at init): the fused
 // rms_norm op.
@@ -79,8 +81,8 @@ class LlamaBlock : public nn::Module {
 };
 
 // A Llama's stage for pipeline parallelism (and, holding everything, the Llama itself): the
-// blocks of `range` (models/stage_range.h), the token embeddings on the first stage, the final
-// norm and the output head on the last. Names, values and seeds are the whole model's
+// blocks of `range` (parallel/pipeline/stage_range.h), the token embeddings on the first stage, the
+// final norm and the output head on the last. Names, values and seeds are the whole model's
 // ("layers.5.attention.wq.weight" on the stage holding block 5, initialized as the whole model
 // initializes it), so a pipelined Llama equals the whole one.
 //

@@ -4,8 +4,8 @@
 
 namespace loom::models {
 
-std::vector<DataParallel::Block> llama_blocks(const LlamaStage& stage) {
-  std::vector<DataParallel::Block> blocks;
+std::vector<parallel::DataParallel::Block> llama_blocks(const LlamaStage& stage) {
+  std::vector<parallel::DataParallel::Block> blocks;
   for (size_t i = 0; i < stage.layers.size(); ++i) {
     blocks.push_back({fmt::format("layers.{}", stage.range().first_block + static_cast<int64_t>(i)),
                       stage.layers[i].get()});
@@ -13,15 +13,18 @@ std::vector<DataParallel::Block> llama_blocks(const LlamaStage& stage) {
   return blocks;
 }
 
-PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint64_t seed,
-                                      const LlamaPlanOptions& plan) {
+pipeline::PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint64_t seed,
+                                                const LlamaPlanOptions& plan) {
   config.validate();
-  PipelineModelSpec spec;
+  pipeline::PipelineModelSpec spec;
   spec.name = "Llama pipeline";
   spec.n_layers = config.n_layers;
   spec.hidden_size = config.dim;
   spec.vocab_size = config.vocab_size;
-  spec.make_stage = [config, seed](const StageRange& range) {
+  spec.make_stage = [config, seed](const StageRange& range) -> std::shared_ptr<nn::Module> {
+    if (range.first && range.last && range.first_block == 0 && range.end_block == config.n_layers) {
+      return std::make_shared<Llama>(config, seed);  // the whole model is its own class
+    }
     return std::make_shared<LlamaStage>(config, seed, range);
   };
   spec.parallelize = [plan](nn::Module& stage, std::shared_ptr<const DeviceMesh> tp_mesh) {

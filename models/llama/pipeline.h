@@ -1,10 +1,9 @@
-// A Llama over a (pp, dp_replicate, dp_shard, tp) mesh: the spec that makes models::PipelineModel
-// (models/pipeline_model.h) run Llama's stages (LlamaStage), its tensor-parallel plan
+// A Llama over the job's meshes: the spec that makes pipeline::PipelineModel
+// (parallel/pipeline/pipeline_model.h) run Llama's stages (LlamaStage), its tensor-parallel plan
 // (models/llama/plans.h) and its loss, and the blocks FSDP shards one by one.
 //
-//   models::PipelineModel model(models::llama_pipeline_spec(config, seed), mesh,
-//                               {.schedule = "1f1b", .microbatches = 4,
-//                                .sequence_parallel = true});
+//   pipeline::PipelineModel model(models::llama_pipeline_spec(config, seed), meshes,
+//                                 {.schedule = {.microbatches = 4}, .sequence_parallel = true});
 //   double loss = model.step(inputs, targets);
 //
 // Llama's head is untied from its embeddings, so no gradient crosses between stages after the
@@ -13,18 +12,18 @@
 
 #include <vector>
 
-#include "models/data_parallel.h"
 #include "models/llama/llama.h"
 #include "models/llama/plans.h"
-#include "models/pipeline_model.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pipeline/pipeline_model.h"
 
 namespace loom::models {
 
 // A Llama's or a Llama stage's transformer blocks, named "layers.{i}" by their index in the whole
 // model: FSDP's units.
-std::vector<DataParallel::Block> llama_blocks(const LlamaStage& stage);
+std::vector<parallel::DataParallel::Block> llama_blocks(const LlamaStage& stage);
 
-PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint64_t seed,
-                                      const LlamaPlanOptions& plan = {});
+pipeline::PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint64_t seed,
+                                                const LlamaPlanOptions& plan = {});
 
 }  // namespace loom::models

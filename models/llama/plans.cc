@@ -8,7 +8,8 @@ namespace loom::models {
 void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
                        const LlamaPlanOptions& options) {
   LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1,
-             "parallelize_llama: needs the 1-D tp mesh (mesh[\"tp\"])");
+             "parallelize_llama: needs a 1-D tensor-parallel mesh, got {}",
+             tp_mesh ? tp_mesh->str() : "null");
   const LlamaConfig& config = model.config();
   const int64_t tp = tp_mesh->size(0);
   LOOM_CHECK(config.n_heads % tp == 0 && config.n_kv_heads % tp == 0,

@@ -18,12 +18,11 @@
 
 #include "mesh/device_mesh.h"
 #include "models/llama/llama.h"
+#include "models/tp_plan_options.h"
 
 namespace loom::models {
 
-struct LlamaPlanOptions {
-  bool sequence_parallel = true;
-};
+using LlamaPlanOptions = TPPlanOptions;
 
 void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_mesh,
                        const LlamaPlanOptions& options = {});

@@ -21,7 +21,8 @@ std::vector<int> identity(int size) {
 }
 
 std::shared_ptr<comm::ProcessGroup> group_of(const DeviceMesh& mesh) {
-  LOOM_CHECK(mesh.ndim() == 1, "PipelineStage: the pp mesh must be 1-D, got {}; pass mesh[\"pp\"]",
+  LOOM_CHECK(mesh.ndim() == 1,
+             "PipelineStage: the pipeline mesh must be 1-D, got {}; pass the pipeline dim's slice",
              mesh.str());
   return mesh.group(0);
 }

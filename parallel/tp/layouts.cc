@@ -8,8 +8,8 @@ namespace loom::tp {
 
 void check_one_dim(const DeviceMesh& mesh, const std::string& style) {
   LOOM_CHECK(mesh.ndim() == 1,
-             "parallelize_module: {} needs a 1-D mesh (e.g. mesh[\"tp\"]), got {}", style,
-             mesh.str());
+             "parallelize_module: {} needs a 1-D mesh (the tensor-parallel dim's slice), got {}",
+             style, mesh.str());
 }
 
 void check_parameter(const nn::Module& module, const std::string& fqn, const std::string& name,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `loom plan` (train_gpt --plan) as a user runs it: the default job's plan traces every role's
+# `loom plan` (loom_train --plan) as a user runs it: the default job's plan traces every role's
 # memory, FLOPs and operations; without a calibration it says how to get a step time, with one
 # (--calibrate into a private cache) it prints it; a layout the job rejects fails with the job's
 # own message and exit 1, naming the rank; Llama and the large presets plan too; nothing aborts.
@@ -10,14 +10,14 @@ export LOOM_CACHE_DIR="$PWD/cache"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# plan EXPECTED_STATUS ARGS...: runs train_gpt --plan ARGS into out.log / err.log.
+# plan EXPECTED_STATUS ARGS...: runs loom_train --plan ARGS into out.log / err.log.
 plan() {
   local want="$1"
   shift
   local status=0
   "$train" --plan "$@" >out.log 2>err.log || status=$?
-  [[ $status -eq $want ]] || { cat out.log err.log; fail "train_gpt --plan $* exited $status, expected $want"; }
-  ! grep -q "terminate called" out.log err.log || fail "train_gpt --plan $* aborted"
+  [[ $status -eq $want ]] || { cat out.log err.log; fail "loom_train --plan $* exited $status, expected $want"; }
+  ! grep -q "terminate called" out.log err.log || fail "loom_train --plan $* aborted"
 }
 expect_out() { grep -qF -- "$1" out.log || { cat out.log; fail "expected in the plan: $1"; }; }
 expect_err() { grep -qF -- "$1" err.log || { cat err.log; fail "expected the message: $1"; }; }
@@ -40,12 +40,11 @@ expect_out "4 ranks share its"
 echo "ok: calibrated step time"
 
 plan 1 --tp 3 --dp-replicate 1
-expect_err "train_gpt --plan: ParallelConfig: sequence parallelism splits each sequence over tp ranks: a sequence length of 64 does not divide by tp 3"
+expect_err "loom_train --plan: ParallelConfig: sequence parallelism splits each sequence over tp ranks: a sequence length of 64 does not divide by tp 3"
 plan 1 --tp 3 --dp-replicate 1 --no-sequence-parallel
 expect_err "n_head=4 is not divisible by the tp mesh size 3"
 plan 1 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved --virtual-stages 2 \
   --microbatches 4 --batch-size 8
-expect_err "tracing rank 0 (pp, dp_replicate, dp_shard, tp: 0, 0, 0, 0)"
 expect_err "cannot split 2 layers into 4 stages"
 plan 1 --plan-rank-tflops 100 --plan-link-gbps 50 --plan-dim-link-gbps dp=3
 expect_err "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of pp, dp_replicate, dp_shard, tp, GBPS a positive number; got 'dp=3'"
@@ -70,10 +69,28 @@ echo "ok: a job file"
 plan 0 --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 4 --batch-size 8
 expect_out "loom plan: Llama"
 expect_out "mesh/pp | send"
-plan 0 --model llama3-8b --vocab-size 128256 --tp 8 --dp-replicate 1 --dp-shard 2 --batch-size 2 \
+plan 0 --model llama3-8b --tp 8 --dp-replicate 1 --dp-shard 2 --batch-size 2 \
   --seq-len 8192 --mixed-precision bf16 --device cuda --plan-rank-tflops 700 --plan-link-gbps 400 \
   --plan-peak-tflops 989
 expect_out "(8030261248 parameters)"
 expect_out "allocating as the GPU kernels do"
 expect_out "MFU"
-echo "ok: Llama, small and large"
+echo "ok: Llama, small and large (a preset carries its vocabulary)"
+
+# The plan runs every check the job runs before its first step, with the job's messages: data
+# shorter than a sequence, --resume from a checkpoint of another model, --init-from weights of
+# other shapes (read from the file's header).
+printf 'short text' >short.txt
+plan 1 --data short.txt
+expect_err "holds 10 tokens, too few for sequences of 64"
+mkdir -p saved
+"$train" --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress --checkpoint-dir ckpt \
+  --save saved/model.safetensors --metrics-out m.jsonl --plot-out m.png >saved.log 2>&1 ||
+  { cat saved.log; fail "saving a checkpoint"; }
+plan 1 --dp 1 --tp 1 --n-embd 32 --checkpoint-dir ckpt --resume
+expect_err "was saved from another model config: n_embd 64 there, 32 here"
+rm saved/config.json
+plan 1 --dp 1 --tp 1 --n-embd 32 --init-from saved/model.safetensors
+expect_err "tensor 'transformer.wte.weight' has shape (256, 64) in the file but the model expects (256, 32)"
+plan 0 --dp 1 --tp 1 --init-from saved/model.safetensors
+echo "ok: the job's own checks before its first step"

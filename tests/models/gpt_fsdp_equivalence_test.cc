@@ -1,4 +1,4 @@
-// Fully sharded data parallelism in the job's composition (train/: build_parallel_gpt and
+// Fully sharded data parallelism in the job's composition (train/: build_parallel_model and
 // Trainer) against one rank: 4 AdamW steps with clipping of the tiny GPT give the same losses,
 // gradient norms and final (gathered) parameters as one rank, within the equivalence suite's
 // tolerances (gpt_training_run.h), under dp_shard 2 and 4, HSDP 2x2, dp_shard 2 with gradient
@@ -8,9 +8,11 @@
 #include <gtest/gtest.h>
 
 #include "comm/testing/multi_rank.h"
-#include "models/data_parallel.h"
+#include "models/gpt/pipeline.h"
+#include "parallel/data_parallel.h"
 #include "tests/models/gpt_training_run.h"
 #include "tests/testing/errors.h"
+#include "train/parallel_dims.h"
 
 namespace loom::models {
 namespace {
@@ -82,16 +84,21 @@ TEST(GPTFsdpEquivalenceTest, PipelineFullyShardedAndTensorParallel) {
   });
 }
 
-// The composition reads the data-parallel dims by name: a mesh without them is named, with the
-// dims it has.
+// The composition takes its meshes by role from ParallelDims: a mesh without the job's dims is
+// named with the dims it has, and data parallelism without its meshes says where they come from.
 TEST(GPTFsdpEquivalenceTest, AMeshWithoutTheDataParallelDimsIsNamed) {
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    const DeviceMesh mesh(pg.shared_from_this(), {"dp_shard"}, {2});
+    const auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"dp_shard"}, std::vector<int64_t>{2});
+    EXPECT_THAT(loom::testing::error_of([&] { train::ParallelDims::meshes(mesh); }),
+                ::testing::HasSubstr("no dim named 'pp' in DeviceMesh(dp_shard=2, cpu); its dims "
+                                     "are [dp_shard]"));
     auto gpt = std::make_shared<GPT>(
         GPTConfig{.n_layer = 1, .n_head = 1, .n_embd = 4, .block_size = 4, .vocab_size = 8}, 1);
-    EXPECT_THAT(loom::testing::error_of([&] { GPTDataParallel(gpt, mesh, std::nullopt); }),
-                ::testing::HasSubstr("no dim named 'dp_replicate' in DeviceMesh(dp_shard=2, "
-                                     "cpu); its dims are [dp_shard]"));
+    EXPECT_THAT(loom::testing::error_of([&] {
+                  parallel::DataParallel(gpt, gpt_blocks(*gpt), {.mesh = mesh}, std::nullopt);
+                }),
+                ::testing::HasSubstr("train::ParallelDims::meshes"));
   });
 }
 

@@ -18,15 +18,16 @@
 #include "autograd/engine.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
-#include "models/data_parallel.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/pipeline.h"
 #include "models/gpt/plans.h"
 #include "nn/mixed_precision.h"
+#include "parallel/data_parallel.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
 #include "tests/models/random_tokens.h"
 #include "tests/testing/tensor_checks.h"
+#include "train/parallel_dims.h"
 
 namespace loom::models {
 namespace {
@@ -106,11 +107,9 @@ TEST(GPTMixedPrecision, TensorAndSequenceParallelMatchOneRank) {
 
 TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
-        std::vector<int64_t>{2, 1, 1, 1});
-    GPTPipeline model(config(), 3, mesh,
-                      {.microbatches = 2, .mixed_precision = nn::MixedPrecisionPolicy{}});
+    const auto meshes =
+        train::ParallelDims::meshes(train::ParallelDims{.pp = 2}.build_mesh(pg.shared_from_this()));
+    GPTPipeline model(config(), 3, meshes, {.microbatches = 2}, {}, nn::MixedPrecisionPolicy{});
     model.zero_grad();
     const double loss =
         model.step(pg.rank() == 0 ? tokens(1) : Tensor(), pg.rank() == 1 ? tokens(2) : Tensor());
@@ -118,17 +117,17 @@ TEST(GPTMixedPrecision, PipelineMatchesOneRank) {
   });
 }
 
-// FSDP's own policy (models/data_parallel.h maps the job's bf16 onto it): bf16 all-gathers
+// FSDP's own policy (parallel/data_parallel.h maps the job's bf16 onto it): bf16 all-gathers
 // and compute over f32 sharded masters, f32 reduce-scatters. Each of 2 ranks takes half the
 // batch; the mean loss and the gathered gradients follow the bf16 model on one rank, and the
 // gradients stay f32 shards.
 TEST(GPTMixedPrecision, FullyShardedMatchesOneRank) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto mesh = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
-        std::vector<int64_t>{1, 1, 2, 1});
+    const auto meshes = train::ParallelDims::meshes(
+        train::ParallelDims{.dp_shard = 2}.build_mesh(pg.shared_from_this()));
     auto model = std::make_shared<GPT>(config(), 3);
-    GPTDataParallel data_parallel(model, *mesh, nn::MixedPrecisionPolicy{});
+    parallel::DataParallel data_parallel(model, gpt_blocks(*model), meshes,
+                                         nn::MixedPrecisionPolicy{});
     ASSERT_TRUE(data_parallel.fully_sharded());
     const int64_t half = kBatch / 2;
     Tensor loss = model->loss(ops::narrow(tokens(1), 0, pg.rank() * half, half),

@@ -17,6 +17,7 @@
 #include "tensor/ops.h"
 #include "tests/models/random_tokens.h"
 #include "tests/testing/tensor_checks.h"
+#include "train/parallel_dims.h"
 
 namespace loom::models {
 namespace {
@@ -51,10 +52,9 @@ const Reference& reference() {
   return r;
 }
 
-std::shared_ptr<const DeviceMesh> pp_mesh(comm::ProcessGroup& pg) {
-  return std::make_shared<const DeviceMesh>(
-      pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
-      std::vector<int64_t>{pg.size(), 1, 1, 1});
+parallel::ParallelMeshes pp_mesh(comm::ProcessGroup& pg) {
+  return train::ParallelDims::meshes(
+      train::ParallelDims{.pp = pg.size()}.build_mesh(pg.shared_from_this()));
 }
 
 void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string& what) {
@@ -156,7 +156,7 @@ TEST(GPTPipelineInference, LogitsAndGatheredModelMatchOneRank) {
 
 TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
-    auto error_of = [&](GPTPipelineOptions options) -> std::string {
+    auto error_of = [&](pipeline::ScheduleOptions options) -> std::string {
       try {
         GPTPipeline model(config(), 3, pp_mesh(pg), options);
       } catch (const Error& e) {

@@ -9,13 +9,14 @@
 #include "autograd/functions.h"
 #include "dtensor/dtensor.h"
 #include "models/data/token_data.h"
+#include "models/gpt/family.h"
 #include "models/gpt/gpt.h"
 #include "optim/clip_grad.h"
 #include "optim/optimizer.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
 #include "train/parallel_dims.h"
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 #include "train/trainer.h"
 
 namespace loom::models::gpt_run {
@@ -81,7 +82,7 @@ Result train_one_rank() {
 
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   if (!mesh) return train_one_rank();
-  // The job's own code: the library composition and step driver (train/), as train_gpt runs it.
+  // The job's own code: the library composition and step driver (train/), as loom_train runs it.
   const train::ParallelConfig parallel{.dims = {.pp = mesh->size("pp"),
                                                 .dp_replicate = mesh->size("dp_replicate"),
                                                 .dp_shard = mesh->size("dp_shard"),
@@ -93,7 +94,8 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
                                                     .virtual_stages = layout.virtual_stages}};
   parallel.validate(mesh->numel(), kGlobalBatch, kSeqLen);
   const auto data = corpus();
-  const auto model = train::build_parallel_gpt(config(), kModelSeed, mesh, parallel);
+  const auto model =
+      train::build_parallel_model(*models::gpt_args(config()), kModelSeed, mesh, parallel);
   train::Trainer trainer(
       *model, mesh, {.lr = [](int) { return kLr; }, .weight_decay = kWeightDecay, .clip = kClip});
   Result result;

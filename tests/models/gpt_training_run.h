@@ -2,7 +2,7 @@
 // steps (gradient norm clipped) on fixed global batches, returning the global losses, gradient
 // norms, final parameters and the last step's gradients (gathered), which must not depend on the
 // layout (tolerances in expect_same).
-// A run on a mesh is the job's own code (train/: build_parallel_gpt and Trainer, as train_gpt
+// A run on a mesh is the job's own code (train/: build_parallel_model and Trainer, as loom_train
 // runs it); the one-rank reference is a plain loop written independently of it.
 // The run lives on the mesh's device (DeviceMesh::device()): the CPU over Gloo
 // (gpt_equivalence_test), the GPU over NCCL (gpt_cuda_equivalence_test); without a mesh, one CPU

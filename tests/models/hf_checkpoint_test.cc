@@ -26,9 +26,9 @@
 namespace loom::models {
 namespace {
 
+using loom::testing::error_of;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using loom::testing::error_of;
 
 constexpr const char* kLlamaCheckpoint = "tests/models/fixtures/hf_llama_tiny.safetensors";
 constexpr const char* kLlamaConfig = "tests/models/fixtures/hf_llama_tiny_config.json";
@@ -59,9 +59,9 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
                     HasSubstr("\"hidden_size\" must be a positive integer, got \"64\"")));
   json = llama_config_json();
   json["rope_parameters"].erase("factor");
-  EXPECT_THAT(llama_config_error(json, "nested"),
-              AllOf(HasSubstr("nested/config.json"),
-                    HasSubstr("\"rope_parameters\" has no \"factor\"")));
+  EXPECT_THAT(
+      llama_config_error(json, "nested"),
+      AllOf(HasSubstr("nested/config.json"), HasSubstr("\"rope_parameters\" has no \"factor\"")));
   json = llama_config_json();
   json.erase("num_hidden_layers");
   EXPECT_THAT(llama_config_error(json, "missing"), HasSubstr("has no \"num_hidden_layers\""));
@@ -77,8 +77,8 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
 
 TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   const std::vector<std::pair<std::string, nlohmann::json>> refused = {
-      {"attention_bias", true},   {"mlp_bias", true},          {"hidden_act", "gelu"},
-      {"head_dim", 32},           {"attention_dropout", 0.1},  {"tie_word_embeddings", true},
+      {"attention_bias", true}, {"mlp_bias", true},         {"hidden_act", "gelu"},
+      {"head_dim", 32},         {"attention_dropout", 0.1}, {"tie_word_embeddings", true},
       {"model_type", "mistral"}};
   for (const auto& [key, value] : refused) {
     nlohmann::json json = llama_config_json();
@@ -141,8 +141,8 @@ TEST(HFCheckpointTest, ShardedIndexAndFolderLoadAsTheSingleFile) {
   for (const auto& [name, tensor] : whole) {
     const bool in_first = first.size() < whole.size() / 2;
     (in_first ? first : second).emplace(name, tensor);
-    weight_map[name] = in_first ? "model-00001-of-00002.safetensors"
-                                : "model-00002-of-00002.safetensors";
+    weight_map[name] =
+        in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
   }
   save_safetensors(dir + "/model-00001-of-00002.safetensors", first);
   save_safetensors(dir + "/model-00002-of-00002.safetensors", second);
@@ -194,7 +194,8 @@ TEST(HFCheckpointTest, LlamaLoadsIntoTensorParallelAndFullyShardedLayouts) {
   Llama reference(config, 1);
   load_llama_hf(reference, kLlamaCheckpoint);
   // {dp_shard, tp} on 4 ranks: tp only, FSDP only, and FSDP over tp shards.
-  for (const auto& [dp_shard, tp] : std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 1}, {2, 2}}) {
+  for (const auto& [dp_shard, tp] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {2, 1}, {2, 2}}) {
     SCOPED_TRACE(fmt::format("dp_shard {} x tp {}", dp_shard, tp));
     comm::testing::run_on_ranks(static_cast<int>(dp_shard * tp), [&](comm::ProcessGroup& pg) {
       const auto mesh = std::make_shared<const DeviceMesh>(

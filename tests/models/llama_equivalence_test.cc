@@ -1,4 +1,4 @@
-// Llama training under the job's composition (train/: build_parallel_llama and Trainer) against
+// Llama training under the job's composition (train/: build_parallel_model and Trainer) against
 // one rank written plainly: 4 AdamW steps with clipping of llama-tiny (vocabulary 257, GQA with 2
 // kv heads over tp 2) give the same losses, gradient norms and final parameters under tp2 (with
 // and without sequence parallelism), dp2 x tp2, dp_shard2 x tp2 (FSDP), pp2 (1F1B and GPipe; the
@@ -15,6 +15,7 @@
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
 #include "models/data/token_data.h"
+#include "models/llama/family.h"
 #include "models/llama/hf.h"
 #include "models/llama/llama.h"
 #include "optim/clip_grad.h"
@@ -22,7 +23,7 @@
 #include "tensor/ops.h"
 #include "tests/models/gpt_training_run.h"
 #include "tests/testing/tensor_checks.h"
-#include "train/parallel_llama.h"
+#include "train/parallel_model.h"
 #include "train/trainer.h"
 
 namespace loom::models {
@@ -82,12 +83,12 @@ Result one_rank() {
 }
 
 Result on_layout(comm::ProcessGroup& pg, const train::ParallelDims& dims, bool sp,
-                 const train::PipelineConfig& pipeline = {}, const std::string& save_to = "") {
+                 const pipeline::ScheduleOptions& pipeline = {}, const std::string& save_to = "") {
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{
       .dims = dims, .tp_plan = {.sequence_parallel = sp}, .pipeline = pipeline};
-  auto model =
-      train::build_parallel_llama(LlamaConfig::preset("llama-tiny"), kSeed, mesh, parallel);
+  auto model = train::build_parallel_model(*llama_args(LlamaConfig::preset("llama-tiny")), kSeed,
+                                           mesh, parallel);
   train::Trainer trainer(*model, mesh, {.lr = [](int) { return kLr; }, .eps = kEps, .clip = kClip});
   const auto data = corpus();
   Result r;
@@ -101,7 +102,7 @@ Result on_layout(comm::ProcessGroup& pg, const train::ParallelDims& dims, bool s
     r.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
     r.grads[name] = ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
   }
-  if (!save_to.empty()) model->save(save_to, /*write=*/pg.rank() == 0);
+  if (!save_to.empty()) model->save_hf(save_to, /*write=*/pg.rank() == 0);
   return r;
 }
 

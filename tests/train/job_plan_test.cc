@@ -1,5 +1,5 @@
 // `loom plan` (train/job_plan.h) against the job it plans: on each layout the real GPT is built
-// on thread ranks (build_parallel_gpt, as the job builds it) and every rank's parameter elements
+// on thread ranks (build_parallel_model, as the job builds it) and every rank's parameter elements
 // (the local shards of its named_parameters) must equal the plan's, exactly. Layouts: tp with an
 // even and an uneven vocabulary, pipeline stages (1f1b and interleaved), DDP, FSDP (uneven
 // chunks), HSDP and pp x dp_shard x tp. The planned parameter list is checked name by name and
@@ -13,6 +13,7 @@
 
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
+#include "models/gpt/family.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/parameter_layout.h"
 #include "tests/testing/errors.h"
@@ -33,24 +34,24 @@ std::map<int, int64_t> measured_parameters(const models::GPTConfig& model,
                                            const ParallelConfig& parallel) {
   std::map<int, int64_t> out;
   std::mutex mutex;
-  comm::testing::run_on_ranks(static_cast<int>(parallel.dims.world_size()),
-                              [&](comm::ProcessGroup& pg) {
-                                const auto mesh = parallel.dims.build_mesh(pg.shared_from_this());
-                                const auto built = build_parallel_gpt(model, 3, mesh, parallel);
-                                int64_t n = 0;
-                                for (const auto& [name, p] : built->named_parameters()) {
-                                  n += is_dtensor(p) ? local_shard(p).numel() : p.numel();
-                                }
-                                std::lock_guard<std::mutex> lock(mutex);
-                                out[pg.rank()] = n;
-                              });
+  comm::testing::run_on_ranks(
+      static_cast<int>(parallel.dims.world_size()), [&](comm::ProcessGroup& pg) {
+        const auto mesh = parallel.dims.build_mesh(pg.shared_from_this());
+        const auto built = build_parallel_model(*models::gpt_args(model), 3, mesh, parallel);
+        int64_t n = 0;
+        for (const auto& [name, p] : built->named_parameters()) {
+          n += is_dtensor(p) ? local_shard(p).numel() : p.numel();
+        }
+        std::lock_guard<std::mutex> lock(mutex);
+        out[pg.rank()] = n;
+      });
   return out;
 }
 
 void expect_plan_matches(const models::GPTConfig& model, const ParallelConfig& parallel,
                          int64_t batch = kBatch) {
   SCOPED_TRACE(parallel.dims.str());
-  const JobPlan plan = plan_gpt_job(model, parallel, batch, kSeq);
+  const JobPlan plan = plan_job(*models::gpt_args(model), parallel, batch, kSeq);
   const auto measured = measured_parameters(model, parallel);
   ASSERT_EQ(plan.ranks.size(), measured.size());
   for (const auto& [rank, n] : measured)
@@ -79,7 +80,7 @@ TEST(JobPlan, PlannedParametersAreTheModelsOwn) {
 TEST(JobPlan, TensorParallelEvenAndUnevenVocabulary) {
   expect_plan_matches(config(), {.dims = {.tp = 2}});
   // 41 rows over tp=2: 21 and 20.
-  const JobPlan uneven = plan_gpt_job(config(41), {.dims = {.tp = 2}}, kBatch, kSeq);
+  const JobPlan uneven = plan_job(*models::gpt_args(config(41)), {.dims = {.tp = 2}}, kBatch, kSeq);
   EXPECT_EQ(uneven.rank(0).parameters - uneven.rank(1).parameters, 8);
   ASSERT_EQ(uneven.notes.size(), 1u);
   EXPECT_NE(uneven.notes[0].find("21 on the first tp ranks and 20 on the last"), std::string::npos);
@@ -103,7 +104,8 @@ TEST(JobPlan, DataParallel) {
 }
 
 TEST(JobPlan, RolesGroupIdenticalRanks) {
-  const JobPlan plan = plan_gpt_job(config(), {.dims = {.dp_replicate = 2, .tp = 2}}, kBatch, kSeq);
+  const JobPlan plan =
+      plan_job(*models::gpt_args(config()), {.dims = {.dp_replicate = 2, .tp = 2}}, kBatch, kSeq);
   // Every rank holds the same shares under DDP x tp with an even vocabulary: one role.
   ASSERT_EQ(plan.roles.size(), 1u);
   EXPECT_EQ(plan.roles[0].ranks, (std::vector<int>{0, 1, 2, 3}));
@@ -113,20 +115,20 @@ TEST(JobPlan, RolesGroupIdenticalRanks) {
 
 TEST(JobPlan, BadLayoutsFailAsTheJobWould) {
   EXPECT_NE(error_of([] {
-              plan_gpt_job(config(), {.dims = {.tp = 4}}, kBatch, kSeq);
+              plan_job(*models::gpt_args(config()), {.dims = {.tp = 4}}, kBatch, kSeq);
             }).find("n_head=2 is not divisible by the tp mesh size 4"),
             std::string::npos);
   // 4 blocks cannot fill 2 ranks x 3 virtual stages.
   EXPECT_NE(error_of([] {
-              plan_gpt_job(
-                  config(),
+              plan_job(
+                  *models::gpt_args(config()),
                   {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 3}},
                   12, kSeq);
             }).find("stage"),
             std::string::npos);
   // A batch of 8 does not split over dp=3.
   EXPECT_NE(error_of([] {
-              plan_gpt_job(config(), {.dims = {.dp_replicate = 3}}, kBatch, kSeq);
+              plan_job(*models::gpt_args(config()), {.dims = {.dp_replicate = 3}}, kBatch, kSeq);
             }).find("8"),
             std::string::npos);
 }

@@ -1,5 +1,7 @@
 // ParallelDims and ParallelConfig: every layout the job cannot run is rejected once, up front,
 // naming the field and the values; the mesh is (pp, dp, tp) in that order.
+#include "train/parallel_config.h"
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,7 +11,6 @@
 #include "comm/testing/multi_rank.h"
 #include "tests/testing/errors.h"
 #include "train/parallel_dims.h"
-#include "train/parallel_gpt.h"
 
 namespace loom::train {
 namespace {

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "dtensor/dtensor.h"
+#include "models/gpt/family.h"
 
 namespace loom::train {
 namespace {
@@ -24,7 +25,7 @@ constexpr std::chrono::milliseconds kTimeout{20000};
 
 ModelBuilder gpt_builder(const ParallelConfig& parallel) {
   return [parallel](std::shared_ptr<const DeviceMesh> mesh) {
-    return build_parallel_gpt(config(), /*seed=*/3, std::move(mesh), parallel);
+    return build_parallel_model(*models::gpt_args(config()), /*seed=*/3, std::move(mesh), parallel);
   };
 }
 

@@ -11,8 +11,9 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/testing/multi_rank.h"
 #include "models/data/token_data.h"
+#include "models/gpt/family.h"
 #include "tensor/ops.h"
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 #include "train/trainer.h"
 
 namespace loom::train {
@@ -38,7 +39,7 @@ std::unique_ptr<ParallelModel> model_on(const std::shared_ptr<const DeviceMesh>&
                                         const ParallelDims& dims) {
   ParallelConfig parallel{.dims = dims};
   if (dims.pp > 1) parallel.pipeline.microbatches = 2;
-  return build_parallel_gpt(config(), 5, mesh, parallel);
+  return build_parallel_model(*models::gpt_args(config()), 5, mesh, parallel);
 }
 
 TrainerOptions options() {

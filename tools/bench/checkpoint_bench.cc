@@ -16,9 +16,10 @@
 
 #include "checkpoint/distributed_checkpoint.h"
 #include "models/data/token_data.h"
+#include "models/gpt/family.h"
 #include "tensor/host_memory.h"
 #include "tools/bench/gloo_threads.h"
-#include "train/parallel_gpt.h"
+#include "train/parallel_model.h"
 #include "train/trainer.h"
 
 namespace {
@@ -39,7 +40,7 @@ RankFigures run_rank(comm::ProcessGroup& pg, const std::string& model, const std
   const train::ParallelDims dims = layout == "fsdp" ? train::ParallelDims{.dp_shard = 4}
                                                     : train::ParallelDims{.dp_replicate = 4};
   const auto mesh = dims.build_mesh(pg.shared_from_this());
-  auto gpt = train::build_parallel_gpt(config, 1, mesh, {.dims = dims});
+  auto gpt = train::build_parallel_model(*models::gpt_args(config), 1, mesh, {.dims = dims});
   train::Trainer trainer(*gpt, mesh, {.lr = [](int) { return 1e-4; }});
   data::TokenData data{.tokens = std::vector<int32_t>(4096, 1), .vocab_size = config.vocab_size};
   const auto batch = train::local_batch(data, 1, 0, *mesh, 4, 16);
@@ -70,7 +71,7 @@ RankFigures run_rank(comm::ProcessGroup& pg, const std::string& model, const std
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_host_memory();  // as train_gpt: tensor/host_memory.h
+  keep_freed_host_memory();  // as loom_train: tensor/host_memory.h
   CLI::App app{"Distributed checkpoint save and load on 4 ranks: time, bytes, async stall"};
   std::string model = "small", layout = "fsdp";
   std::string dir = (fs::temp_directory_path() / "loom_checkpoint_bench").string();

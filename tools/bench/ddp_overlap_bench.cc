@@ -124,7 +124,7 @@ double hidden_share(const RankResult& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_host_memory();  // as train_gpt: tensor/host_memory.h
+  keep_freed_host_memory();  // as loom_train: tensor/host_memory.h
   CLI::App app{
       "Share of DDP all-reduce time hidden behind backward, dp = 2 threads over loopback Gloo"};
   Settings s;

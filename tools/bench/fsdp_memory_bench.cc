@@ -72,7 +72,7 @@ double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_host_memory();  // as train_gpt: tensor/host_memory.h
+  keep_freed_host_memory();  // as loom_train: tensor/host_memory.h
   CLI::App app{"Per-rank parameters + gradients + AdamW moments under FSDP, beside 1/N"};
   std::string model = "small";
   std::string shards_text = "1,2,4";

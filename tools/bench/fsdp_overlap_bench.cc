@@ -146,7 +146,7 @@ double hidden_share(const RankResult& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  keep_freed_host_memory();  // as train_gpt: tensor/host_memory.h
+  keep_freed_host_memory();  // as loom_train: tensor/host_memory.h
   CLI::App app{"Share of FSDP all-gather and reduce-scatter time hidden behind compute"};
   Settings s;
   s.n_embd = 256;

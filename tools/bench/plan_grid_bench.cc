@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "models/gpt/family.h"
 #include "tensor/host_memory.h"
 #include "train/step_time_model.h"
 #include "train/step_trace.h"
@@ -86,7 +87,7 @@ int main(int argc, char** argv) {
     const models::GPTConfig config = model_of(model);
     const train::ParallelDims& dims = parallel.dims;
     const train::ModelBuilder build = [&](std::shared_ptr<const DeviceMesh> mesh) {
-      return train::build_parallel_gpt(config, 1, std::move(mesh), parallel);
+      return train::build_parallel_model(*models::gpt_args(config), 1, std::move(mesh), parallel);
     };
     const train::StepTraceOptions options{.local_batch = batch / dims.dp(),
                                           .seq_len = seq_len,

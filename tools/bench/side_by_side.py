@@ -11,7 +11,7 @@ Rows (issue 18's table):
   gemm KxN          Linear with bias, one thread, (1024, K) @ (N, K)^T, GPT-2 small's shapes
                     (Loom: linear_bench BM_LinearFusedBias)
   MODEL dpDxtpT     a training step's median time after the first step, batch 16 x 64 tokens
-                    (Loom: train_gpt's metrics, ms_per_step; threads: cores / ranks on both sides);
+                    (Loom: loom_train's metrics, ms_per_step; threads: cores / ranks on both sides);
                     "bf16": bf16 compute over f32 master weights (Loom --mixed-precision bf16,
                     PyTorch torch.autocast("cpu", torch.bfloat16))
   all_reduce SIZE   2 ranks, f32 sum; Loom's ranks are threads of one process (comm_bench), each
@@ -89,9 +89,11 @@ def train_rows(args):
         def loom(model=model, dp=dp, tp=tp, precision=precision):
             with tempfile.TemporaryDirectory() as out:
                 metrics = os.path.join(out, "metrics.jsonl")
-                run([os.path.join(args.bin, "examples/train_gpt"),
+                run([os.path.join(args.bin, "examples/loom_train"),
                      "--launcher", os.path.join(args.bin, "tools/loomrun/loomrun"),
-                     "--model", model, "--dp", str(dp), "--tp", str(tp), "--steps", str(steps),
+                     # The byte vocabulary on both sides (workloads.py's PRESETS).
+                     "--model", model, "--vocab-size", "256",
+                     "--dp", str(dp), "--tp", str(tp), "--steps", str(steps),
                      "--sample-tokens", "0", "--no-progress", "--log-every", "1000",
                      "--metrics-out", metrics, "--plot-out", os.path.join(out, "loss.png")]
                     + (["--mixed-precision", "bf16"] if precision == "bf16" else []))

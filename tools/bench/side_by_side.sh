@@ -24,7 +24,7 @@ fi
 
 cd "$ROOT"
 bazel build --ui_event_filters=-info,-stdout,-stderr --noshow_progress \
-  //examples:train_gpt //tools/loomrun //tools/bench:linear_bench \
+  //examples:loom_train //tools/loomrun //tools/bench:linear_bench \
   //tools/bench:dtensor_dispatch_bench //tools/bench:comm_bench
 exec "$VENV/bin/python" "$ROOT/tools/bench/side_by_side.py" \
   --bin "$(bazel info bazel-bin 2>/dev/null)" --python "$VENV/bin/python" "$@"

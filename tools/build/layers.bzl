@@ -43,7 +43,7 @@ LAYERS = {
     ),
     "parallel": struct(
         packages = ["//parallel/..."],
-        uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor"],
+        uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor", "optim"],
     ),
     "checkpoint": struct(
         packages = ["//checkpoint/..."],

@@ -6,7 +6,7 @@
 //
 // One process reads the model's entries whole (model/<name>, verified against their checksums)
 // into a GPT of the checkpoint's recorded sizes and writes them with save_gpt2_hf: the file
-// `train_gpt --save` writes at the same step, byte for byte. The optimizer state is left out
+// `loom_train --save` writes at the same step, byte for byte. The optimizer state is left out
 // (Hugging Face files hold weights only). Exit 2 on bad arguments, 1 when the checkpoint cannot
 // be read.
 #include <fmt/format.h>

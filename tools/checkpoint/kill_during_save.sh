@@ -14,7 +14,7 @@
 set -euo pipefail
 trials="${1:-50}"
 here="$(cd "$(dirname "$0")" && pwd)"
-train="${TRAIN_GPT:-$here/../../examples/train_gpt}"
+train="${TRAIN_GPT:-$here/../../examples/loom_train}"
 loomrun="${LOOMRUN:-$here/../loomrun/loomrun}"
 verify="${VERIFY_CHECKPOINT:-$here/verify_checkpoint}"
 for tool in "$train" "$loomrun" "$verify"; do

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-PRESETS = {  # Loom's models/gpt/config.cc, with the byte vocabulary of train_gpt's default data.
+PRESETS = {  # Loom's models/gpt/config.cc, with the byte vocabulary of loom_train's default data.
     "tiny": dict(n_layer=2, n_head=4, n_embd=64, block_size=64, vocab_size=256),
     "small": dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=256),
 }

@@ -1,5 +1,6 @@
-#include "models/pipeline_model.h"
+#include "parallel/pipeline/pipeline_model.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -11,23 +12,22 @@
 #include "parallel/pipeline/split.h"
 #include "tensor/ops.h"
 
-namespace loom::models {
+namespace loom::pipeline {
 
 namespace {
 
 // Messages on the pp group carry no tag (NCCL has none): between two ranks they pair up in the
 // order both issue them, which every exchange below fixes (stage order, parameter order).
 
-std::vector<pipeline::LayerRange> stage_layers(const PipelineModelSpec& spec,
-                                               const PipelineModelOptions& options,
-                                               int num_stages) {
-  if (options.layers_per_stage.empty()) return pipeline::split_layers(spec.n_layers, num_stages);
+std::vector<LayerRange> stage_layers(const PipelineModelSpec& spec, const ScheduleOptions& options,
+                                     int num_stages) {
+  if (options.layers_per_stage.empty()) return split_layers(spec.n_layers, num_stages);
   LOOM_CHECK(static_cast<int>(options.layers_per_stage.size()) == num_stages,
              "{}: the split gives {} stages' layer counts but the schedule has {} stages ({} "
              "ranks x {} virtual stages)",
              spec.name, options.layers_per_stage.size(), num_stages,
              num_stages / options.virtual_stages, options.virtual_stages);
-  return pipeline::split_layers(spec.n_layers, options.layers_per_stage);
+  return split_layers(spec.n_layers, options.layers_per_stage);
 }
 
 void check_spec(const PipelineModelSpec& spec) {
@@ -43,33 +43,34 @@ void check_spec(const PipelineModelSpec& spec) {
 
 }  // namespace
 
-PipelineModel::PipelineModel(PipelineModelSpec spec, std::shared_ptr<const DeviceMesh> mesh,
+PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMeshes& meshes,
                              PipelineModelOptions options)
     : spec_((check_spec(spec), std::move(spec))),
-      mesh_(std::move(mesh)),
-      sequence_parallel_(options.sequence_parallel && mesh_->size("tp") > 1),
-      schedule_(pipeline::schedule_by_name(options.schedule, static_cast<int>(mesh_->size("pp")),
-                                           options.microbatches, options.virtual_stages)) {
+      meshes_(meshes),
+      sequence_parallel_(options.sequence_parallel && meshes_.tp->size(0) > 1),
+      schedule_(schedule_by_name(options.schedule.schedule, static_cast<int>(meshes_.pp->size(0)),
+                                 options.schedule.microbatches_for(meshes_.pp->size(0)),
+                                 options.schedule.virtual_stages)) {
   const int num_stages = schedule_.num_stages;
-  const auto layers = stage_layers(spec_, options, num_stages);
+  const auto layers = stage_layers(spec_, options.schedule, num_stages);
   for (int s = 0; s < num_stages; ++s) {
     ranges_.push_back(StageRange{layers[s].begin, layers[s].end, s == 0, s == num_stages - 1});
   }
-  const DeviceMesh pp_mesh = (*mesh_)["pp"];
-  const auto tp_mesh = std::make_shared<const DeviceMesh>((*mesh_)["tp"]);
-  const int pp_rank = static_cast<int>(mesh_->coordinate(mesh_->dim_index("pp")));
-  std::vector<std::shared_ptr<pipeline::PipelineStage>> stages;
+  const DeviceMesh& pp_mesh = *meshes_.pp;
+  const auto& tp_mesh = meshes_.tp;
+  const int pp_rank = static_cast<int>(pp_mesh.coordinate(0));
+  std::vector<std::shared_ptr<PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
     std::shared_ptr<nn::Module> module = spec_.make_stage(ranges_[s]);
     // The groups' device, before the TP plan and data parallelism take the parameters.
-    module->to(mesh_->device());
+    module->to(meshes_.mesh->device());
     if (tp_mesh->size(0) > 1) spec_.parallelize(*module, tp_mesh);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
     // param_dtype. Data parallelism (DDP or FSDP) synchronizes on the last microbatch only.
-    auto data_parallel = std::make_shared<DataParallel>(module, spec_.blocks(*module), *mesh_,
-                                                        options.mixed_precision);
+    auto data_parallel = std::make_shared<parallel::DataParallel>(module, spec_.blocks(*module),
+                                                                  meshes_, options.mixed_precision);
     data_parallels_.push_back(data_parallel);
-    pipeline::StageOptions stage_options;
+    StageOptions stage_options;
     stage_options.around_backward = [data_parallel](bool last_microbatch,
                                                     const std::function<void()>& run) {
       data_parallel->backward(last_microbatch, run);
@@ -77,10 +78,9 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, std::shared_ptr<const Devic
     local_stages_.push_back(s);
     modules_.push_back(module);
     stages.push_back(
-        std::make_shared<pipeline::PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
+        std::make_shared<PipelineStage>(module, s, num_stages, pp_mesh, stage_options));
   }
-  executor_ =
-      std::make_unique<pipeline::PipelineExecutor>(schedule_, std::move(stages), spec_.loss);
+  executor_ = std::make_unique<PipelineExecutor>(schedule_, std::move(stages), spec_.loss);
 }
 
 double PipelineModel::step(const Tensor& inputs, const Tensor& targets) {
@@ -94,20 +94,18 @@ void PipelineModel::zero_grad() {
 }
 
 int PipelineModel::group_rank_of_stage(int stage) const {
-  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
-  return mesh_->group_ranks_by_coordinate(pp_dim)[schedule_.rank_of_stage(stage)];
+  return meshes_.pp->group_ranks_by_coordinate(0)[schedule_.rank_of_stage(stage)];
 }
 
 Tensor PipelineModel::logits(const Tensor& ids) {
   NoGradGuard no_grad;
   const int num_stages = schedule_.num_stages;
-  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
-  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
-  const auto& group = mesh_->group(pp_dim);
+  const int my_pp = static_cast<int>(meshes_.pp->coordinate(0));
+  const auto& group = meshes_.pp->group(0);
   // What crosses a stage boundary: the hidden states, this rank's sequence shard under sequence
   // parallelism (the length divides by tp, as in training).
   const Shape hidden{ids.size(0),
-                     sequence_parallel_ ? ids.size(1) / mesh_->size("tp") : ids.size(1),
+                     sequence_parallel_ ? ids.size(1) / meshes_.tp->size(0) : ids.size(1),
                      spec_.hidden_size};
   Tensor x, logits;
   size_t local = 0;  // index into modules_ (this rank's stages, in order)
@@ -135,19 +133,21 @@ Tensor PipelineModel::logits(const Tensor& ids) {
 }
 
 bool PipelineModel::on_first_rank() const {
-  for (int64_t d = 0; d < mesh_->ndim(); ++d) {
-    if (mesh_->coordinate(d) != 0) return false;
+  const DeviceMesh& mesh = *meshes_.mesh;
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    if (mesh.coordinate(d) != 0) return false;
   }
   return true;
 }
 
 void PipelineModel::gather_whole(nn::Module* whole) {
   NoGradGuard no_grad;
-  const int pp_dim = static_cast<int>(mesh_->dim_index("pp"));
-  const int my_pp = static_cast<int>(mesh_->coordinate(pp_dim));
-  bool on_first_line = true;  // dp and tp coordinates 0: the ranks that talk over pp
-  for (int64_t d = 0; d < mesh_->ndim(); ++d)
-    on_first_line = on_first_line && (d == pp_dim || mesh_->coordinate(d) == 0);
+  const int my_pp = static_cast<int>(meshes_.pp->coordinate(0));
+  // The ranks that talk over pp: the pp line through the mesh's first rank (coordinate 0 on every
+  // other dim).
+  const std::vector<int>& line = meshes_.pp->ranks();
+  const bool on_first_line =
+      std::find(line.begin(), line.end(), meshes_.mesh->ranks().front()) != line.end();
   const bool root = on_first_line && my_pp == 0;
   LOOM_CHECK(root == (whole != nullptr),
              "{}: gather_whole takes the whole model on the mesh's first rank and null on every "
@@ -166,7 +166,7 @@ void PipelineModel::gather_whole(nn::Module* whole) {
       if (taken.insert(name).second) sent_by[s].push_back(name);
     }
   }
-  const auto& group = mesh_->group(pp_dim);
+  const auto& group = meshes_.pp->group(0);
   // Stage by stage, parameter by parameter, in an order every rank knows (sends and receives
   // between two ranks pair up in issue order).
   size_t local = 0;
@@ -206,7 +206,7 @@ void PipelineModel::gather_whole(nn::Module* whole) {
 
 double PipelineModel::clip_grad_norm(double max_norm) {
   optim::ClipOptions options;
-  if (mesh_->size("pp") > 1) options.sum_over.push_back(mesh_->group("pp"));
+  if (meshes_.pp->size(0) > 1) options.sum_over.push_back(meshes_.pp->group(0));
   if (spec_.not_counted) options.not_counted = spec_.not_counted(*this);
   return optim::clip_grad_norm_(parameters(), max_norm, options);
 }
@@ -231,4 +231,4 @@ std::vector<StageRange> PipelineModel::local_ranges() const {
   return out;
 }
 
-}  // namespace loom::models
+}  // namespace loom::pipeline

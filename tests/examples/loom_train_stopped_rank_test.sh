@@ -12,11 +12,11 @@ cd "${TEST_TMPDIR:-$(mktemp -d)}"
 job=$!
 # Wait for both ranks to train (the metrics file grows), then stop rank 1.
 for _ in $(seq 100); do
-  [[ -s train_gpt_metrics.jsonl ]] && break
+  [[ -s loom_train_metrics.jsonl ]] && break
   sleep 0.2
 done
 stopped=""
-# train_gpt execs loomrun in place ($job), whose children are the ranks: only ours.
+# loom_train execs loomrun in place ($job), whose children are the ranks: only ours.
 for pid in $(pgrep -P "$job" || true); do
   if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=1'; then
     kill -STOP "$pid"

@@ -1,8 +1,8 @@
 // A layered model (a GPT, a Llama, a user's own) trained with pipeline parallelism composed with
-// tensor and data parallelism on one DeviceMesh with dims "pp", "dp_replicate", "dp_shard" and
-// "tp" (any of size 1): this rank's pipeline stages (modules holding only their own blocks and
-// parameters, under the whole model's names), each parallelized over "tp" and made data parallel
-// (models/data_parallel.h: DDP over dp_replicate, or FSDP / HSDP over dp_shard), driven by a
+// tensor and data parallelism over the job's meshes (parallel/meshes.h: pp, tp and the
+// data-parallel ones, any of size 1): this rank's pipeline stages (modules holding only their own
+// blocks and parameters, under the whole model's names), each parallelized over tp and made data
+// parallel (parallel/data_parallel.h: DDP over dp_replicate, or FSDP / HSDP), driven by a
 // validated schedule (torchtitan's pipeline_llama, for any model a PipelineModelSpec describes).
 //
 // What is model-specific comes in the spec: how to build a stage of a StageRange, its tensor
@@ -13,8 +13,8 @@
 //
 // Collective contract: construction communicates nothing. step(), clip_grad_norm(), logits()
 // and gather_whole() are collective over the whole mesh (every rank calls them, in the same
-// order): the schedule's sends and receives over "pp", the data-parallel reductions over the dp
-// dims, the tp plan's collectives, and the gathers of gather_whole().
+// order): the schedule's sends and receives over pp, the data-parallel reductions over the dp
+// meshes, the tp plan's collectives, and the gathers of gather_whole().
 #pragma once
 
 #include <functional>
@@ -25,13 +25,14 @@
 #include <vector>
 
 #include "mesh/device_mesh.h"
-#include "models/data_parallel.h"
-#include "models/stage_range.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
+#include "parallel/data_parallel.h"
+#include "parallel/meshes.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/stage_range.h"
 
-namespace loom::models {
+namespace loom::pipeline {
 
 class PipelineModel;
 
@@ -46,7 +47,7 @@ struct PipelineModelSpec {
   // The tensor-parallel plan of a stage over the 1-D tp mesh (called when tp > 1).
   std::function<void(nn::Module& stage, std::shared_ptr<const DeviceMesh> tp_mesh)> parallelize;
   // A stage's transformer blocks in order ("layers.3"): FSDP's units.
-  std::function<std::vector<DataParallel::Block>(nn::Module& stage)> blocks;
+  std::function<std::vector<parallel::DataParallel::Block>(nn::Module& stage)> blocks;
   // The mean loss of the last stage's logits (B, T, V) against targets (B, T).
   std::function<Tensor(const Tensor& logits, const Tensor& targets)> loss;
   // The parameter names of a stage holding `range`, in its named_parameters() order, without
@@ -61,11 +62,22 @@ struct PipelineModelSpec {
   std::function<std::vector<Tensor>(const PipelineModel& model)> not_counted;
 };
 
-struct PipelineModelOptions {
+// A pipeline's schedule: what a job's [parallel] section sets (train::ParallelConfig) and
+// what PipelineModel runs.
+struct ScheduleOptions {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  int microbatches = 1;
-  int virtual_stages = 1;                 // stages per rank (interleaved)
+  int microbatches = 0;           // per step; 0: pp x virtual_stages (every stage busy once full)
+  int virtual_stages = 1;         // stages per rank (interleaved)
   std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
+
+  // The microbatches over `pp` ranks, the default resolved.
+  int microbatches_for(int64_t pp) const {
+    return microbatches > 0 ? microbatches : static_cast<int>(pp) * virtual_stages;
+  }
+};
+
+struct PipelineModelOptions {
+  ScheduleOptions schedule;
   // Activations between stages are sequence shards (the tp plan's sequence parallelism).
   bool sequence_parallel = false;
   // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
@@ -76,7 +88,7 @@ class PipelineModel {
  public:
   // The stages' parameters live on the mesh's device (DeviceMesh::device(): the CPU over Gloo,
   // this rank's GPU over NCCL); inputs and targets given to step() must be there too.
-  PipelineModel(PipelineModelSpec spec, std::shared_ptr<const DeviceMesh> mesh,
+  PipelineModel(PipelineModelSpec spec, const parallel::ParallelMeshes& meshes,
                 PipelineModelOptions options);
 
   // One step's forward and backward on this dp rank's batch (B, T), split into microbatches;
@@ -107,23 +119,24 @@ class PipelineModel {
   const std::vector<std::shared_ptr<nn::Module>>& stages() const { return modules_; }
   // The range of each of this rank's stages, in the order of stages().
   std::vector<StageRange> local_ranges() const;
-  const std::shared_ptr<const DeviceMesh>& mesh() const { return mesh_; }
-  const pipeline::Schedule& schedule() const { return schedule_; }
-  const pipeline::StepStats& last_stats() const { return executor_->last_stats(); }
+  const std::shared_ptr<const DeviceMesh>& mesh() const { return meshes_.mesh; }
+  const parallel::ParallelMeshes& meshes() const { return meshes_; }
+  const Schedule& schedule() const { return schedule_; }
+  const StepStats& last_stats() const { return executor_->last_stats(); }
 
  private:
   // The pp group's rank of the rank holding stage `stage`.
   int group_rank_of_stage(int stage) const;
 
   PipelineModelSpec spec_;
-  std::shared_ptr<const DeviceMesh> mesh_;
+  parallel::ParallelMeshes meshes_;
   bool sequence_parallel_;
-  pipeline::Schedule schedule_;
+  Schedule schedule_;
   std::vector<StageRange> ranges_;  // every stage's, by stage index
   std::vector<int> local_stages_;   // this rank's stage indices, in order
   std::vector<std::shared_ptr<nn::Module>> modules_;
-  std::vector<std::shared_ptr<DataParallel>> data_parallels_;  // per module
-  std::unique_ptr<pipeline::PipelineExecutor> executor_;
+  std::vector<std::shared_ptr<parallel::DataParallel>> data_parallels_;  // per module
+  std::unique_ptr<PipelineExecutor> executor_;
 };
 
-}  // namespace loom::models
+}  // namespace loom::pipeline

@@ -1,11 +1,11 @@
-// Data parallelism for a model (a GPT, a Llama, or one pipeline stage of either) over a mesh's
-// "dp_replicate" and "dp_shard" dims, as torchtitan's parallelize chooses it:
+// Data parallelism for a model (a whole model or one pipeline stage) over the job's data-parallel
+// meshes, as torchtitan's parallelize chooses it:
 //   - dp_shard 1, dp_replicate > 1: DDP over dp_replicate (parallel/ddp);
 //   - dp_shard > 1: FSDP2's fully_shard per transformer block (the blocks the caller names),
-//     then the module itself (the embeddings, the final norm, the head), over dp_shard, or HSDP
-//     over (dp_replicate, dp_shard) when dp_replicate > 1 too (parallel/fsdp). The last block and
-//     the root keep their parameters gathered after forward (their backward follows at once); every
-//     other block reshards.
+//     then the module itself (the embeddings, the final norm, the head), over the fsdp mesh:
+//     dp_shard, or HSDP over (dp_replicate, dp_shard) when dp_replicate > 1 too (parallel/fsdp).
+//     The last block and the root keep their parameters gathered after forward (their backward
+//     follows at once); every other block reshards.
 //   - both 1: nothing.
 // Mixed precision comes with it: bf16 compute over f32 masters is nn::apply_mixed_precision
 // under DDP, and the FSDP units' own policy (bf16 all-gathers, f32 reduce-scatters) under FSDP.
@@ -15,7 +15,7 @@
 // set_requires_gradient_sync(false)), so a step reduces each gradient once.
 //
 // Collective contract: construction communicates nothing (FSDP shards what every rank holds);
-// the collectives are DDP's or FSDP's, in forward and backward, on every rank of the dp dims.
+// the collectives are DDP's or FSDP's, in forward and backward, on every rank of the dp meshes.
 #pragma once
 
 #include <functional>
@@ -24,16 +24,15 @@
 #include <string>
 #include <vector>
 
-#include "mesh/device_mesh.h"
-#include "models/gpt/gpt.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
+#include "parallel/meshes.h"
 
 namespace loom::ddp {
 class DistributedDataParallel;
 }
 
-namespace loom::models {
+namespace loom::parallel {
 
 class DataParallel {
  public:
@@ -42,12 +41,12 @@ class DataParallel {
     std::string name;
     nn::Module* module;
   };
-  // `mesh` has dims "dp_replicate" and "dp_shard" (and any others: "pp", "tp"); call after the
-  // TP plan. `module` is on the mesh's device; `blocks` are its transformer blocks in order.
+  // Call after the TP plan. `module` is on the meshes' device; `blocks` are its transformer
+  // blocks in order.
   DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
-               const DeviceMesh& mesh,
+               const ParallelMeshes& meshes,
                const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
-  virtual ~DataParallel();
+  ~DataParallel();
 
   void zero_grad();
   // Runs `run` (one backward); the gradients are reduced across dp only when `last`.
@@ -63,14 +62,4 @@ class DataParallel {
   std::string kind_ = "none";
 };
 
-// A GPT's or a GPT stage's transformer blocks, named "h.{i}" by their index in the whole model.
-std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module);
-
-// A GPT or one of its pipeline stages: its blocks h.i are the FSDP units.
-class GPTDataParallel : public DataParallel {
- public:
-  GPTDataParallel(const std::shared_ptr<GPTStage>& module, const DeviceMesh& mesh,
-                  const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
-};
-
-}  // namespace loom::models
+}  // namespace loom::parallel

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two loomrun "nodes" on this machine (--nnodes 2, node ranks 0 and 1, one master address and
 # port, 2 ranks each) form one world of 4 and train the default job's layout (dp=2 x tp=2) to the
-# one-rank losses (1e-4 absolute, as train_gpt_test). Both nodes reach each other over loopback
+# one-rank losses (1e-4 absolute, as loom_train_test). Both nodes reach each other over loopback
 # (a test cannot count on creating network namespaces for its own veth pair).
 set -euo pipefail
 train="$(realpath "$1")"

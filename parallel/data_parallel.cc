@@ -1,42 +1,30 @@
-#include "models/data_parallel.h"
+#include "parallel/data_parallel.h"
 
 #include <fmt/format.h>
 
+#include "base/error.h"
 #include "parallel/ddp/ddp.h"
 #include "parallel/fsdp/fully_shard.h"
 
-namespace loom::models {
-
-std::vector<DataParallel::Block> gpt_blocks(const GPTStage& module) {
-  std::vector<DataParallel::Block> blocks;
-  for (size_t i = 0; i < module.h.size(); ++i) {
-    blocks.push_back({fmt::format("h.{}", module.range().first_block + static_cast<int64_t>(i)),
-                      module.h[i].get()});
-  }
-  return blocks;
-}
-
-GPTDataParallel::GPTDataParallel(const std::shared_ptr<GPTStage>& module, const DeviceMesh& mesh,
-                                 const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)
-    : DataParallel(module, gpt_blocks(*module), mesh, mixed_precision) {}
+namespace loom::parallel {
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
-                           const DeviceMesh& mesh,
+                           const ParallelMeshes& meshes,
                            const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)
     : module_(std::move(module)) {
-  const int64_t replicate = mesh.size("dp_replicate"), shard = mesh.size("dp_shard");
+  LOOM_CHECK(meshes.dp_replicate && meshes.dp_shard && meshes.fsdp,
+             "DataParallel: the ParallelMeshes lack the data-parallel meshes (dp_replicate, "
+             "dp_shard, fsdp); make them with train::ParallelDims::meshes");
+  const int64_t replicate = meshes.dp_replicate->size(0), shard = meshes.dp_shard->size(0);
   if (shard == 1) {
     if (mixed_precision) nn::apply_mixed_precision(*module_, *mixed_precision);
     if (replicate > 1) {
-      ddp_ = std::make_shared<ddp::DistributedDataParallel>(module_, mesh.group("dp_replicate"));
+      ddp_ = std::make_shared<ddp::DistributedDataParallel>(module_, meshes.dp_replicate->group(0));
       kind_ = fmt::format("ddp (dp_replicate={})", replicate);
     }
     return;
   }
   fully_sharded_ = true;
-  const auto dp_mesh = std::make_shared<const DeviceMesh>(
-      replicate > 1 ? mesh[std::vector<std::string>{"dp_replicate", "dp_shard"}]
-                    : mesh["dp_shard"]);
   kind_ = replicate > 1 ? fmt::format("hsdp (dp_replicate={}, dp_shard={})", replicate, shard)
                         : fmt::format("fsdp (dp_shard={})", shard);
   fsdp::MixedPrecisionPolicy policy;
@@ -47,11 +35,11 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool last = i + 1 == blocks.size();
-    fsdp::fully_shard(*blocks[i].module, dp_mesh,
+    fsdp::fully_shard(*blocks[i].module, meshes.fsdp,
                       {.reshard_after_forward = !last, .mp_policy = policy}, blocks[i].name);
   }
   if (mixed_precision) policy.output_dtype = mixed_precision->output_dtype;
-  fsdp::fully_shard(*module_, dp_mesh, {.reshard_after_forward = false, .mp_policy = policy},
+  fsdp::fully_shard(*module_, meshes.fsdp, {.reshard_after_forward = false, .mp_policy = policy},
                     "root");
 }
 
@@ -74,4 +62,4 @@ void DataParallel::backward(bool last, const std::function<void()>& run) {
   if (!last) fsdp::set_requires_gradient_sync(*module_, true);
 }
 
-}  // namespace loom::models
+}  // namespace loom::parallel

@@ -1,0 +1,102 @@
+#include "models/family.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+
+#include "base/error.h"
+
+namespace loom::models {
+
+namespace {
+
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<ModelFamily>> families;
+  // A registration that failed during static initialization, reported at the first lookup.
+  std::string failed;
+};
+
+Registry& registry() {
+  static Registry instance;
+  return instance;
+}
+
+}  // namespace
+
+void register_model_family(std::unique_ptr<ModelFamily> family) {
+  LOOM_CHECK(family != nullptr, "register_model_family: the family is null");
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  const std::vector<std::string> presets = family->presets();
+  LOOM_CHECK(!presets.empty(), "register_model_family: family '{}' has no preset", family->name());
+  for (const auto& other : r.families) {
+    LOOM_CHECK(other->name() != family->name(),
+               "register_model_family: a family named '{}' is registered already", family->name());
+    for (const std::string& preset : other->presets()) {
+      LOOM_CHECK(std::find(presets.begin(), presets.end(), preset) == presets.end(),
+                 "register_model_family: model '{}' of family '{}' is family '{}''s already",
+                 preset, family->name(), other->name());
+    }
+  }
+  r.families.push_back(std::move(family));
+}
+
+std::vector<const ModelFamily*> model_families() {
+  Registry& r = registry();
+  std::lock_guard lock(r.mutex);
+  LOOM_CHECK(r.failed.empty(), "{}", r.failed);
+  std::vector<const ModelFamily*> out;
+  for (const auto& family : r.families) out.push_back(family.get());
+  return out;
+}
+
+std::string registered_models() {
+  std::vector<std::string> parts;
+  for (const ModelFamily* family : model_families()) {
+    parts.push_back(fmt::format("{}: {}", family->name(), fmt::join(family->presets(), ", ")));
+  }
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, "; "));
+}
+
+const ModelFamily& family_of_model(const std::string& model) {
+  for (const ModelFamily* family : model_families()) {
+    const std::vector<std::string> presets = family->presets();
+    if (std::find(presets.begin(), presets.end(), model) != presets.end()) return *family;
+  }
+  LOOM_FAIL("--model: unknown model '{}'; the registered models are {}", model,
+            registered_models());
+}
+
+void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes) {
+  for (const SizeAgreement& s : sizes) {
+    LOOM_CHECK(s.flag_value == 0 || s.flag_value == s.file_value,
+               "{}: {} contradicts the checkpoint: {} has {} = {}; drop the flag (the "
+               "checkpoint's sizes are used) or pick another checkpoint",
+               s.flag, s.flag_value, json.where(), s.key, s.file_value);
+  }
+}
+
+void refuse_size(int64_t value, const char* flag, const std::string& family) {
+  LOOM_CHECK(value == 0, "{}: the {} family has no such size (got {})", flag, family, value);
+}
+
+namespace detail {
+
+FamilyRegistrar::FamilyRegistrar(std::unique_ptr<ModelFamily> family) {
+  try {
+    register_model_family(std::move(family));
+  } catch (const std::exception& error) {
+    // Static initialization has no caller to throw to: every later lookup reports it.
+    Registry& r = registry();
+    std::lock_guard lock(r.mutex);
+    if (r.failed.empty()) r.failed = error.what();
+  }
+}
+
+}  // namespace detail
+
+}  // namespace loom::models

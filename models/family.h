@@ -1,0 +1,147 @@
+// A model family (torchtitan's TrainSpec) and one model of it with its sizes fixed
+// (torchtitan's ModelArgs): everything a job does with a model goes through these two
+// interfaces, so the job, `loom plan`, checkpoints and the Hugging Face loader are written once
+// for every family. A family registers itself with one line:
+//
+//   LOOM_REGISTER_MODEL_FAMILY(GPTFamily);   // in models/gpt/family.cc (alwayslink)
+//
+// and `--model NAME` finds it by one of its presets ("tiny", "llama3-8b"); an unknown name lists
+// every registered family's presets. A family provides:
+//   - its presets and sizes from flags (ModelSizes), or from a Hugging Face config.json;
+//   - per model (ModelArgs): the summary, parameter count, context and vocabulary, the fields a
+//     checkpoint records, its checks (sizes; what tp must divide), and its parts for every
+//     layout (pipeline::PipelineModelSpec: a stage of any StageRange — the whole model is the
+//     stage holding everything — its TP plan, its blocks, its loss), its Hugging Face adapter,
+//     and optionally its parameters from the config alone (for `loom plan`'s model-state table).
+// ARCHITECTURE.md, "How to add a model family", lists the files a new family touches.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/hf/config_json.h"
+#include "models/hf/state_dict_adapter.h"
+#include "models/tp_plan_options.h"
+#include "parallel/pipeline/pipeline_model.h"
+#include "parallel/pipeline/stage_range.h"
+#include "tensor/shape.h"
+
+namespace loom::models {
+
+// Sizes a job may give any family (flags, a job file's [model] section); 0 keeps the preset's
+// (or the checkpoint's, which they must then equal).
+struct ModelSizes {
+  int64_t n_layer = 0;
+  int64_t n_head = 0;
+  int64_t n_kv_heads = 0;  // grouped-query attention's key/value heads
+  int64_t n_embd = 0;      // the width (Llama's dim)
+  int64_t ffn_dim = 0;     // the feed-forward width
+  int64_t block_size = 0;  // the context: the most tokens a sequence may have
+  int64_t vocab_size = 0;
+  double rope_theta = 0;
+};
+
+// A parameter a stage holds, from the config alone (no tensor is made): its whole shape and the
+// dim its family's TP plan shards over tp.
+struct PlannedParameter {
+  std::string name;
+  Shape shape;
+  std::optional<int64_t> tp_shard_dim;  // none: replicated over tp
+  int64_t block = -1;                   // the block holding it (FSDP's unit); -1: the root's
+};
+
+class ModelArgs {
+ public:
+  virtual ~ModelArgs() = default;
+  virtual std::unique_ptr<ModelArgs> clone() const = 0;
+
+  virtual std::string family() const = 0;   // the registered name: "gpt"
+  virtual std::string summary() const = 0;  // "GPT n_layer=2 n_head=4 ... (120576 parameters)"
+  virtual int64_t parameter_count() const = 0;
+  virtual int64_t n_layers() const = 0;
+  virtual int64_t context() const = 0;  // the most tokens a sequence may have
+  virtual int64_t vocab_size() const = 0;
+  virtual void set_vocab_size(int64_t vocab_size) = 0;
+  // The sizes a checkpoint records ({"family": "llama", "dim": 64, ...}): a resume compares them.
+  virtual nlohmann::json fields() const = 0;
+  // Throws loom::Error naming the size when the model cannot be built.
+  virtual void validate() const = 0;
+  // Throws loom::Error naming the sizes a tp degree must divide (heads, kv heads) when `tp` does
+  // not divide them: before any rank starts.
+  virtual void validate_tp(int64_t tp) const = 0;
+  // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
+  // from `seed` the same on every layout.
+  virtual pipeline::PipelineModelSpec spec(uint64_t seed, const TPPlanOptions& plan) const = 0;
+  // How its parameters appear in Hugging Face checkpoints; null when the family has no such
+  // format (--init-from and --save are then refused naming the family).
+  virtual std::unique_ptr<hf::StateDictAdapter> hf_adapter() const { return nullptr; }
+  // The parameters a stage holds, from the config alone; empty when the family does not list
+  // them (`loom plan` then sizes model states from its traced step only).
+  virtual std::vector<PlannedParameter> planned_parameters(
+      const pipeline::StageRange& range) const {
+    (void)range;
+    return {};
+  }
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  virtual std::string name() const = 0;  // "gpt"
+  // Its model names for --model, the default first.
+  virtual std::vector<std::string> presets() const = 0;
+  // Whether the preset takes the data's vocabulary (test sizes) rather than its own (a published
+  // model's, which the data must fit).
+  virtual bool vocab_from_data(const std::string& preset) const = 0;
+  // The preset with `sizes` applied (0: the preset's). A size the family does not have
+  // (n_kv_heads on GPT) throws naming its flag.
+  virtual std::unique_ptr<ModelArgs> from_preset(const std::string& preset,
+                                                 const ModelSizes& sizes) const = 0;
+  // The model a Hugging Face config.json describes; `sizes` given must agree with it (a
+  // contradiction names the flag and the file's key). Null when the family reads no such file.
+  virtual std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
+                                                    const ModelSizes& sizes) const {
+    (void)json;
+    (void)sizes;
+    return nullptr;
+  }
+};
+
+// The registry. register_model_family throws naming a family or preset registered twice.
+void register_model_family(std::unique_ptr<ModelFamily> family);
+std::vector<const ModelFamily*> model_families();
+// The family with `model` among its presets; throws listing every family's presets otherwise.
+const ModelFamily& family_of_model(const std::string& model);
+// "gpt: tiny, small, gpt3-175b; llama: llama-tiny, llama3-8b, llama3-70b".
+std::string registered_models();
+
+// A flag that must agree with a checkpoint's config.json: its value (0: not given), its flag and
+// the file's key and value. Throws naming all three on the first that differs.
+struct SizeAgreement {
+  int64_t flag_value;
+  const char* flag;  // "--n-layer"
+  const char* key;   // "num_hidden_layers"
+  int64_t file_value;
+};
+void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes);
+// Throws naming `flag` when it was given (nonzero) to a family without such a size.
+void refuse_size(int64_t value, const char* flag, const std::string& family);
+
+namespace detail {
+struct FamilyRegistrar {
+  explicit FamilyRegistrar(std::unique_ptr<ModelFamily> family);
+};
+}  // namespace detail
+
+}  // namespace loom::models
+
+// Registers a ModelFamily subclass (default-constructible) at static initialization. The
+// library holding it must be linked whole (Bazel: alwayslink = True).
+#define LOOM_REGISTER_MODEL_FAMILY(Type)                                              \
+  static const ::loom::models::detail::FamilyRegistrar loom_family_registrar_##Type { \
+    std::make_unique<Type>()                                                          \
+  }

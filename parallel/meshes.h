@@ -1,0 +1,26 @@
+// The submeshes a model's parallel composition uses, one per role: what the layers below train/
+// take instead of a mesh and dim names. train::ParallelDims owns the names and the mesh order and
+// hands these out (ParallelDims::meshes), so models/ and parallel/ never spell a dim name; a new
+// dim is a new role here only when the layers below use it on their own.
+//
+// Every field is set (a dim of degree 1 gives a mesh of size 1), all slices of one root mesh, so
+// FSDP can concatenate a parameter's tp mesh with its dp_shard mesh.
+#pragma once
+
+#include <memory>
+
+#include "mesh/device_mesh.h"
+
+namespace loom::parallel {
+
+struct ParallelMeshes {
+  std::shared_ptr<const DeviceMesh> mesh;          // the whole mesh: its device, its first rank
+  std::shared_ptr<const DeviceMesh> pp;            // 1-D: pipeline stages
+  std::shared_ptr<const DeviceMesh> tp;            // 1-D: tensor parallelism
+  std::shared_ptr<const DeviceMesh> dp_replicate;  // 1-D: DDP, or HSDP's replicated dim
+  std::shared_ptr<const DeviceMesh> dp_shard;      // 1-D: FSDP's shards
+  // What fully_shard shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP.
+  std::shared_ptr<const DeviceMesh> fsdp;
+};
+
+}  // namespace loom::parallel

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# loom_train as a new user meets it: every bad flag, config file or path exits 2 with one line
+# naming the flag (or file, section and key), the value and what is expected, before anything
+# trains; nothing aborts ("terminate called"). A config file sets the job, flags override it, and
+# the effective config written beside the metrics repeats the run exactly.
+set -euo pipefail
+train="$(realpath "$1")"
+configs="$(realpath "$2")"
+cd "${TEST_TMPDIR:-$(mktemp -d)}"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect_error CODE MESSAGE ARGS...: loom_train ARGS exits CODE and its stderr holds MESSAGE.
+expect_error() {
+  local code="$1" message="$2"
+  shift 2
+  local status=0
+  "$train" --no-progress "$@" >out.log 2>err.log || status=$?
+  [[ $status -eq $code ]] || { cat out.log err.log; fail "loom_train $* exited $status, expected $code"; }
+  grep -qF -- "$message" err.log || { cat err.log; fail "loom_train $*: expected the message: $message"; }
+  ! grep -q "terminate called" out.log err.log || fail "loom_train $* aborted"
+  echo "ok ($code): loom_train $*"
+}
+
+expect_error 2 "loom_train: --dp: expected a non-negative integer, got 'abc'" --dp abc
+expect_error 2 "loom_train: --dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), got 0" \
+  --dp-shard 0
+expect_error 2 "loom_train: --dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is not known: give --nproc N" \
+  --dp-shard -1
+expect_error 2 "loom_train: --dp-shard -1: 6 ranks do not split over pp 1 x dp_replicate 1 x tp 4 = 4" \
+  --dp-shard -1 --tp 4 --nproc 6
+expect_error 2 "loom_train: --dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3" \
+  --dp 2 --dp-replicate 3
+expect_error 2 "loom_train: --nproc 8: the degrees dp_replicate=2 x tp=2 make 4 ranks" --nproc 8
+expect_error 2 "loom_train: --resume: needs --checkpoint-dir" --resume
+expect_error 2 "loom_train: --checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir" \
+  --checkpoint-every 4
+touch not_a_dir
+expect_error 2 "loom_train: --checkpoint-dir: 'not_a_dir' exists and is not a directory" \
+  --checkpoint-dir not_a_dir
+expect_error 2 "loom_train: --lr: expected a positive number, got 'abc'" --lr abc
+expect_error 2 "loom_train: --lr: expected a positive number, got '0'" --lr 0
+expect_error 2 "loom_train: --seed: expected a non-negative integer, got '-5'" --seed -5
+expect_error 2 "loom_train: --sample-tokens: expected a non-negative integer, got '-1'" \
+  --sample-tokens -1
+expect_error 2 "loom_train: --schedule: expected one of gpipe, 1f1b, interleaved, got 'zigzag'" \
+  --schedule zigzag
+expect_error 2 "loom_train: The following argument was not expected: --bogus" --bogus
+expect_error 2 "loom_train: --data: '$PWD' is not a file" --data "$PWD"
+expect_error 2 "loom_train: --data: '/no/such/file' does not exist" --data /no/such/file
+expect_error 2 "loom_train: --metrics-out: cannot write '/missing/dir/m.jsonl': the folder '/missing/dir' does not exist" \
+  --metrics-out /missing/dir/m.jsonl
+expect_error 2 "loom_train: --plot-out: cannot write '/missing/dir/p.png'" --plot-out /missing/dir/p.png
+expect_error 2 "loom_train: --save: cannot write '/missing/dir/m.safetensors'" \
+  --save /missing/dir/m.safetensors
+expect_error 2 "loom_train: --init-from: '/no/ckpt.safetensors' does not exist" \
+  --init-from /no/ckpt.safetensors
+expect_error 2 "loom_train: --config: cannot read the job file '/no/job.toml'" --config /no/job.toml
+printf '[training]\nstepz = 3\n' >typo.toml
+expect_error 2 "loom_train: typo.toml: unknown key 'stepz' in [training]; its keys are steps" \
+  --config typo.toml
+printf '[training]\nsteps = "ten"\n' >typed.toml
+expect_error 2 "loom_train: typed.toml: [training] steps: expected an integer, got a string ('ten')" \
+  --config typed.toml
+printf '[training\n' >broken.toml
+expect_error 2 "loom_train: broken.toml:1:" --config broken.toml
+
+expect_error 2 "loom_train: --seq-len: 128 tokens per sequence is more than the model's context of 64 (--block-size, the preset's)" \
+  --seq-len 128
+expect_error 2 "loom_train: GPTConfig: n_embd=64 is not divisible by n_head=5" --n-head 5 --dp 1 --tp 1
+WORLD_SIZE=4 expect_error 2 "loom_train: WORLD_SIZE=4 is set but RANK is not" --dp 1 --tp 1
+
+# A checkpoint with a config.json beside it (Hugging Face's save_pretrained) loads with its own
+# sizes, a context of 128 and a vocabulary padded to 300 included, and a flag that contradicts
+# it is named.
+mkdir -p ckpt
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --block-size 128 --vocab-size 300 --sample-tokens 0 \
+  --save ckpt/model.safetensors --metrics-out ckpt.jsonl --plot-out ckpt.png >ckpt.log 2>&1 ||
+  { cat ckpt.log; fail "saving a checkpoint with --block-size 128 --vocab-size 300"; }
+printf '{"n_layer": 2, "n_head": 4, "n_embd": 64, "n_positions": 128, "vocab_size": 300}\n' \
+  >ckpt/config.json
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 3 --init-from ckpt/model.safetensors \
+  --metrics-out loaded.jsonl --plot-out loaded.png >loaded.log 2>&1 ||
+  { cat loaded.log; fail "loading a checkpoint with its config.json"; }
+grep -q 'initialized from ckpt/model.safetensors' loaded.log || { cat loaded.log; fail "not loaded"; }
+grep -q '^block_size = 0$' loaded.config.toml || fail "block_size should stay as given (0)"
+expect_error 2 "loom_train: --n-head: 2 contradicts the checkpoint: 'ckpt/config.json' has n_head = 4" \
+  --dp 1 --tp 1 --init-from ckpt/model.safetensors --n-head 2
+expect_error 2 "more than the model's context of 128 (the checkpoint's config.json 'ckpt/config.json')" \
+  --dp 1 --tp 1 --init-from ckpt/model.safetensors --seq-len 256
+echo '{"n_layer": 2' >ckpt/config.json
+expect_error 2 "config.json' is not valid JSON" --dp 1 --tp 1 --init-from ckpt/model.safetensors
+
+# A config file sets the job; a flag overrides it; the effective config repeats it.
+"$train" --no-progress --config "$configs/default.toml" --dp 1 --tp 1 --steps 3 \
+  --sample-tokens 0 --metrics-out first.jsonl --plot-out first.png >first.log 2>&1 ||
+  { cat first.log; fail "training from default.toml"; }
+grep -q '^steps = 3$' first.config.toml || { cat first.config.toml; fail "the flag did not override the file"; }
+grep -q '^batch_size = 16$' first.config.toml || fail "the file's batch_size is not in the effective config"
+grep -q 'effective config (also in first.config.toml)' first.log || { cat first.log; fail "the effective config was not printed"; }
+"$train" --no-progress --config first.config.toml --metrics-out again.jsonl --plot-out again.png \
+  >again.log 2>&1 || { cat again.log; fail "training from the effective config"; }
+losses() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
+[[ "$(losses first.jsonl)" == "$(losses again.jsonl)" ]] ||
+  fail "the effective config did not repeat the run: $(losses first.jsonl) vs $(losses again.jsonl)"
+echo "ok: a config file, a flag over it, and the effective config repeating the run"
+
+# Issue 30's defects, found from outside, each named before anything trains (exit 2).
+# --checkpoint-dir is checked with the other outputs: under a file, not a folder.
+expect_error 2 "loom_train: --checkpoint-dir: cannot make the folder 'not_a_dir/sub': " \
+  --dp 1 --tp 1 --checkpoint-dir not_a_dir/sub
+# An unknown model lists the registered families' models.
+expect_error 2 "loom_train: --model: unknown model 'gpt5'; the registered models are gpt: tiny, small, gpt3-175b; llama: llama-tiny" \
+  --model gpt5
+# A tp that does not divide the kv heads is refused before any rank starts.
+expect_error 2 "loom_train: parallelize_llama: tp 4 must divide n_heads 4 and n_kv_heads 2" \
+  --model llama-tiny --dp 1 --tp 4
+# A size a family does not have.
+expect_error 2 "loom_train: --n-kv-heads: the gpt family has no such size" --n-kv-heads 2
+# Data shorter than one sequence.
+printf 'short text' >short.txt
+expect_error 2 "loom_train: --data: short.txt (10 bytes, byte-level tokens) holds 10 tokens, too few for sequences of 64" \
+  --data short.txt
+# A Llama checkpoint's config.json: wrong types and missing nested keys name the file and the key;
+# features Loom does not compute are refused by key, never loaded as another model.
+mkdir -p llama_ckpt
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --model llama-tiny --sample-tokens 0 \
+  --save llama_ckpt/model.safetensors --metrics-out l.jsonl --plot-out l.png >l.log 2>&1 ||
+  { cat l.log; fail "saving a Llama checkpoint"; }
+cp llama_ckpt/config.json llama_config.json
+edit_config() {  # edit_config SED_SCRIPT: config.json from the saved one (one key a line), edited
+  sed -e "$1" llama_config.json >llama_ckpt/config.json
+}
+llama_error() {  # llama_error MESSAGE: the saved Llama with the edited config.json exits 2 naming it
+  expect_error 2 "$1" --model llama-tiny --dp 1 --tp 1 --init-from llama_ckpt/model.safetensors
+}
+edit_config 's/"hidden_size": 64/"hidden_size": "64"/'
+llama_error "llama_ckpt/config.json': \"hidden_size\" must be a positive integer, got \"64\""
+edit_config '/"factor":/d'
+llama_error "llama_ckpt/config.json': \"rope_scaling\" has no \"factor\""
+edit_config 's/"attention_bias": false/"attention_bias": true/'
+llama_error "\"attention_bias\" = true: Loom's Llama attention projections have no biases"
+edit_config 's/"mlp_bias": false/"mlp_bias": true/'
+llama_error "\"mlp_bias\" = true"
+edit_config 's/"hidden_act": "silu"/"hidden_act": "gelu"/'
+llama_error "\"hidden_act\" = \"gelu\""
+edit_config 's/"head_dim": 16/"head_dim": 32/'
+llama_error "\"head_dim\" = 32: Loom's Llama heads are hidden_size / num_attention_heads = 16 wide"
+edit_config 's/"num_hidden_layers": 2/"num_hidden_layers": 3/'
+llama_error "--init-from 'llama_ckpt/model.safetensors': 9 problem(s); the model is unchanged"
+edit_config ''
+expect_error 2 "loom_train: --n-layer: 3 contradicts the checkpoint: 'llama_ckpt/config.json' has num_hidden_layers = 2" \
+  --model llama-tiny --dp 1 --tp 1 --init-from llama_ckpt/model.safetensors --n-layer 3
+# --sample-tokens 0 prints no sample.
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 0 --metrics-out s.jsonl \
+  --plot-out s.png >s.log 2>&1 || { cat s.log; fail "a one-step job"; }
+! grep -q '^sample:' s.log || fail "--sample-tokens 0 printed a sample"
+# --metrics-out "" and --plot-out "" write neither.
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 0 --metrics-out "" --plot-out "" \
+  >none.log 2>&1 || { cat none.log; fail "a job without output files"; }
+! grep -q 'loss curve' none.log || fail "--plot-out \"\" drew a plot"
+echo "ok: issue 30's defects are named before anything trains"

@@ -1,0 +1,150 @@
+#include "train/job_checks.h"
+
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "base/error.h"
+#include "checkpoint/distributed_checkpoint.h"
+#include "models/hf/checkpoint.h"
+#include "tensor/device.h"
+#include "train/checkpoint_fields.h"
+#include "train/output_files.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_readable_file(const std::string& path, std::string_view flag) {
+  std::error_code ec;
+  LOOM_CHECK(fs::exists(path, ec), "{}: '{}' does not exist", flag, path);
+  LOOM_CHECK(fs::is_regular_file(path, ec), "{}: '{}' is not a file", flag, path);
+  LOOM_CHECK(::access(path.c_str(), R_OK) == 0, "{}: cannot read '{}': {}", flag, path,
+             std::strerror(errno));
+}
+
+// The paths a job reads and writes.
+void check_paths(const JobConfig& job) {
+  check_readable_file(job.data, "--data");
+  LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
+             "--resume: needs --checkpoint-dir (the directory whose latest committed step to "
+             "continue from)");
+  LOOM_CHECK(!job.checkpoint_dir.empty() ||
+                 (job.checkpoint_every == 0 && job.keep_last == 0 && !job.async_checkpoint),
+             "--checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir "
+             "(where the checkpoints go)");
+  if (!job.checkpoint_dir.empty()) check_directory_writable(job.checkpoint_dir, "--checkpoint-dir");
+  if (!job.init_from.empty()) {
+    std::error_code ec;
+    if (fs::is_directory(job.init_from, ec)) {
+      models::hf::resolve_checkpoint_path(job.init_from);  // throws naming what it lacks
+    } else {
+      check_readable_file(job.init_from, "--init-from");
+    }
+  }
+  if (!job.metrics_out.empty()) {
+    check_writable(job.metrics_out, "--metrics-out");
+    check_writable(effective_config_path(job.metrics_out), "--metrics-out");
+  }
+  if (!job.plot_out.empty()) check_writable(job.plot_out, "--plot-out");
+  if (!job.save.empty()) check_writable(job.save, "--save");
+}
+
+// --init-from: the tensors' names, shapes and dtypes against the model, from headers only.
+void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
+  const auto adapter = args.hf_adapter();
+  LOOM_CHECK(adapter != nullptr, "--init-from: the {} family has no Hugging Face checkpoint format",
+             args.family());
+  const pipeline::PipelineModelSpec spec = args.spec(0, {});
+  const auto whole = pipeline::StageRange::whole(args.n_layers());
+  DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
+  const std::shared_ptr<nn::Module> model = spec.make_stage(whole);
+  models::hf::check(*model, *adapter, job.init_from, spec.parameter_names(whole), "--init-from");
+}
+
+// --resume: the latest committed step's model and run, and what no save committed.
+void check_resume(const JobConfig& job, const nlohmann::json& model_fields, CheckedJob& out) {
+  const std::vector<std::string> uncommitted =
+      checkpoint::uncommitted_step_directories(job.checkpoint_dir);
+  const auto latest = checkpoint::latest_committed_step(job.checkpoint_dir);
+  if (!uncommitted.empty()) {
+    out.warnings.push_back(fmt::format(
+        "WARNING: --checkpoint-dir '{}' holds {} step folder(s) no save committed ({}){}; the next "
+        "save deletes them",
+        job.checkpoint_dir, uncommitted.size(), fmt::join(uncommitted, ", "),
+        latest ? fmt::format(", resuming from the latest committed step {}", *latest)
+               : ", and NO committed step: starting from step 0"));
+  }
+  if (!latest) {
+    if (uncommitted.empty()) {
+      out.warnings.push_back(fmt::format(
+          "--resume: no committed checkpoint in '{}'; starting at step 0", job.checkpoint_dir));
+    }
+    return;
+  }
+  const std::string dir = checkpoint::step_directory(job.checkpoint_dir, *latest);
+  const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
+  check_same_model(metadata, model_fields, dir);
+  for (std::string& warning : check_same_run(metadata, out.run, dir)) {
+    out.warnings.push_back(std::move(warning));
+  }
+  out.resume_from = dir;
+}
+
+}  // namespace
+
+void check_directory_writable(const std::string& path, std::string_view what) {
+  LOOM_CHECK(!path.empty(), "{}: the path is empty", what);
+  std::error_code ec;
+  LOOM_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec),
+             "{}: '{}' exists and is not a directory", what, path);
+  fs::path existing = fs::absolute(path, ec);
+  while (!fs::exists(existing, ec) && existing.has_parent_path() &&
+         existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  LOOM_CHECK(fs::is_directory(existing, ec),
+             "{}: cannot make the folder '{}': '{}' is not a folder", what, path,
+             existing.string());
+  LOOM_CHECK(::access(existing.c_str(), W_OK | X_OK) == 0,
+             "{}: cannot write into '{}': the folder '{}' is not writable ({})", what, path,
+             existing.string(), std::strerror(errno));
+}
+
+ParallelConfig parallel_config(const JobConfig& job) {
+  return {
+      .dims = {.pp = job.pp,
+               .dp_replicate = job.dp_replicate,
+               .dp_shard = job.dp_shard,
+               .tp = job.tp},
+      .tp_plan = {.sequence_parallel = job.sequence_parallel},
+      .grad_accum = static_cast<int>(job.grad_accum),
+      .pipeline = {.schedule = job.schedule,
+                   .microbatches = static_cast<int>(job.microbatches),
+                   .virtual_stages = static_cast<int>(job.virtual_stages)},
+      .mixed_precision = job.mixed_precision == "bf16"
+                             ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
+                             : std::nullopt};
+}
+
+CheckedJob check_job(const JobConfig& job) {
+  check_paths(job);
+  CheckedJob out{.parallel = parallel_config(job)};
+  out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
+  out.model = resolve_job_model(job);
+  out.parallel.stage_ranges(out.model.args->n_layers());  // every stage gets a block
+  out.data = data::load_tokens(job.data);
+  fit_to_data(out.model, out.data);
+  data::check_sequences_fit(out.data, job.seq_len);
+  out.run = run_fields(job, out.data);
+  if (!job.init_from.empty()) check_init_from(job, *out.model.args);
+  if (job.resume) check_resume(job, out.model.args->fields(), out);
+  return out;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,49 @@
+// Everything a job checks before its first step, with no rank started: `./loom train` runs it
+// before it starts its ranks (a failure exits 2 naming the flag or file), every rank's runner
+// runs it again as it sets up, and `loom plan` runs it before its trace, so any check the job
+// makes fails the plan with the job's own message.
+//
+//   - the paths it reads and writes: --data, --init-from, the outputs, --checkpoint-dir (a folder
+//     it can create or write into);
+//   - the model: its family, sizes, the checkpoint's config.json, the context, heads over tp
+//     (train/job_model.h); the data: its vocabulary fits the model, it holds a sequence;
+//   - the layout against the world and the batch (ParallelConfig::validate);
+//   - --init-from: the checkpoint's tensor names, shapes and dtypes against the model, from the
+//     file's headers (no weights read);
+//   - --resume: the latest committed checkpoint's model and run (its metadata: data, seed, batch),
+//     and a warning for step folders no save committed (the next save deletes them).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/data/token_data.h"
+#include "train/job_config.h"
+#include "train/job_model.h"
+#include "train/parallel_config.h"
+
+namespace loom::train {
+
+struct CheckedJob {
+  JobModel model;  // the vocabulary fitted to the data
+  data::TokenData data;
+  ParallelConfig parallel;
+  nlohmann::json run;                      // run_fields: what the checkpoints record of the run
+  std::optional<std::string> resume_from;  // the step directory --resume continues from
+  std::vector<std::string> warnings;       // to print before training
+};
+
+// `job`'s degrees resolved (train/job_command_line.h: no dp_shard -1). Throws loom::Error naming
+// the flag, file or key.
+CheckedJob check_job(const JobConfig& job);
+
+// The job's parallel layout from its settings.
+ParallelConfig parallel_config(const JobConfig& job);
+
+// Throws naming `what` unless a folder can be made or written at `path`: every part of it that
+// exists is a folder, and the deepest one that exists is writable. Creates nothing.
+void check_directory_writable(const std::string& path, std::string_view what);
+
+}  // namespace loom::train

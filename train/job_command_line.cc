@@ -1,0 +1,83 @@
+#include "train/job_command_line.h"
+
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <optional>
+
+#include "base/error.h"
+
+namespace loom::train {
+
+void resolve_parallel_degrees(JobConfig& job) {
+  const char* launched_world = std::getenv("RANK") ? std::getenv("WORLD_SIZE") : nullptr;
+  const int64_t world = launched_world ? std::atoll(launched_world) : job.nproc;
+  const ParallelDims dims = data_parallel_dims(job, world);
+  job.dp = 0;
+  job.dp_replicate = dims.dp_replicate;
+  job.dp_shard = dims.dp_shard;
+  LOOM_CHECK(job.nproc == 0 || job.nproc == dims.world_size(),
+             "--nproc {}: the degrees {} make {} ranks; give degrees whose product is {} (or "
+             "--dp-shard -1 to take what the others leave)",
+             job.nproc, dims.str(), dims.world_size(), job.nproc);
+}
+
+CommandLine parse_command_line(int argc, char** argv, const std::string& description) {
+  CLI::App app{description +
+               " Settings come from the defaults, then --config FILE (TOML, sections as below), "
+               "then the flags given."};
+  std::string config_file;
+  app.add_option("--config", config_file,
+                 "TOML job file: [model], [parallel], [training], [comm], [data], [checkpoint], "
+                 "[output], [plan]; flags on the command line override it");
+  CommandLine parsed;
+  app.add_option("--launcher", parsed.launcher,
+                 "loomrun, used to start the ranks when not launched");
+  app.add_flag("--plan", parsed.plan,
+               "validate the job and trace a step of it on the meta device: each rank's memory, "
+               "FLOPs, communication and the step time, starting no rank (./loom plan; "
+               "train/job_plan.h)");
+  app.add_flag("--calibrate", parsed.calibrate,
+               "with --plan: measure this machine's GEMM rate and Gloo latency and bandwidth "
+               "for the step-time model, store them (train/step_time_model.h) and exit");
+  const auto options = job_options();
+  const JobConfig defaults;
+  std::vector<std::optional<std::string>> raw(options.size());  // nullopt: not given
+  for (size_t i = 0; i < options.size(); ++i) {
+    const JobOption& o = options[i];
+    const std::string help =
+        fmt::format("{}; default {} ([{}] {})", o.help, option_toml(defaults, o), o.section, o.key);
+    if (o.is_bool()) {
+      app.add_flag_callback(
+          o.flag(), [&raw, i] { raw[i] = "true"; }, help);
+      app.add_flag_callback(
+          "--no-" + o.flag().substr(2), [&raw, i] { raw[i] = "false"; },
+          "turn " + o.flag() + " off");
+    } else {
+      const char* type = std::holds_alternative<int64_t JobConfig::*>(o.field)  ? "INT"
+                         : std::holds_alternative<double JobConfig::*>(o.field) ? "FLOAT"
+                                                                                : "TEXT";
+      // An empty value is a value (--metrics-out "": none), the table checks it.
+      app.add_option_function<std::string>(
+             o.flag(), [&raw, i](const std::string& value) { raw[i] = value; }, help)
+          ->type_name(type)
+          ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    }
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fmt::print("{}", app.help());
+    parsed.help = true;
+    return parsed;
+  }
+  if (!config_file.empty()) load_job_toml(parsed.job, config_file);
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (raw[i]) set_option(parsed.job, options[i], *raw[i], options[i].flag());
+  }
+  resolve_parallel_degrees(parsed.job);
+  return parsed;
+}
+
+}  // namespace loom::train

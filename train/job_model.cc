@@ -1,0 +1,53 @@
+#include "train/job_model.h"
+
+#include <filesystem>
+
+#include "base/error.h"
+#include "models/hf/checkpoint.h"
+
+namespace loom::train {
+
+JobModel resolve_job_model(const JobConfig& job) {
+  JobModel out;
+  out.family = &models::family_of_model(job.model);
+  const models::ModelSizes sizes = job.sizes();
+  std::string context_from = job.block_size ? "--block-size" : "--block-size, the preset's";
+  std::error_code ec;
+  const std::string config_json =
+      job.init_from.empty() ? "" : models::hf::config_json_path(job.init_from);
+  if (!config_json.empty() && std::filesystem::exists(config_json, ec)) {
+    out.args = out.family->from_hf_config(models::hf::ConfigJson::read(config_json), sizes);
+    LOOM_CHECK(out.args != nullptr,
+               "--init-from: the {} family (--model {}) reads no Hugging Face checkpoints",
+               out.family->name(), job.model);
+    out.vocab_from = "the checkpoint's config.json";
+    context_from = fmt::format("the checkpoint's config.json '{}'", config_json);
+  } else {
+    out.args = out.family->from_preset(job.model, sizes);
+    if (job.vocab_size) {
+      out.vocab_from = "--vocab-size";
+    } else if (!out.family->vocab_from_data(job.model)) {
+      out.vocab_from = fmt::format("the preset {}", job.model);
+    }
+  }
+  out.args->validate();
+  LOOM_CHECK(job.seq_len <= out.args->context(),
+             "--seq-len: {} tokens per sequence is more than the model's context of {} ({}); "
+             "pass a larger --block-size or a shorter --seq-len",
+             job.seq_len, out.args->context(), context_from);
+  if (job.tp > 1) out.args->validate_tp(job.tp);
+  return out;
+}
+
+void fit_to_data(JobModel& model, const data::TokenData& data) {
+  if (model.vocab_from.empty()) {
+    model.args->set_vocab_size(data.vocab_size);
+    return;
+  }
+  LOOM_CHECK(data.vocab_size <= model.args->vocab_size(),
+             "--data: {} has a vocabulary of {} tokens, more than the model's {} ({}); its tokens "
+             "would not fit the embedding",
+             data.description, data.vocab_size, model.args->vocab_size(), model.vocab_from);
+}
+
+}  // namespace loom::train

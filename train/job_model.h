@@ -1,0 +1,34 @@
+// The job's model from its settings, for every registered family (models/family.h): the family
+// of --model, its preset with the size flags, or with --init-from the sizes of the checkpoint's
+// config.json (which the size flags given must not contradict); then the vocabulary against the
+// data. What training builds and what `loom plan` traces.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "models/data/token_data.h"
+#include "models/family.h"
+#include "train/job_config.h"
+
+namespace loom::train {
+
+struct JobModel {
+  const models::ModelFamily* family = nullptr;
+  std::unique_ptr<models::ModelArgs> args;
+  // Who fixed the vocabulary ("--vocab-size", "the checkpoint's config.json", "the preset
+  // llama3-8b"); empty: the data's (the preset's stands in until fit_to_data).
+  std::string vocab_from;
+};
+
+// The model of `job` (reading the checkpoint's config.json when --init-from has one). Throws
+// loom::Error naming the flag or the file and key: an unknown model (listing the registered
+// ones), sizes that contradict the checkpoint, a sequence longer than the context, heads tp does
+// not divide.
+JobModel resolve_job_model(const JobConfig& job);
+
+// Sets the vocabulary: the data's unless fixed; the data must fit a fixed one (throws naming
+// both and who fixed it).
+void fit_to_data(JobModel& model, const data::TokenData& data);
+
+}  // namespace loom::train

@@ -1,0 +1,278 @@
+#include "train/job_runner.h"
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/profiler.h"
+#include "checkpoint/distributed_checkpoint.h"
+#include "comm/init.h"
+#include "comm/launch_env.h"
+#include "optim/lr_schedule.h"
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "train/checkpoint_fields.h"
+#include "train/loss_plot.h"
+#include "train/output_files.h"
+#include "train/progress_bar.h"
+#include "train/sample.h"
+
+namespace loom::train {
+
+namespace {
+
+// Warmup over the first 5% of the steps, then cosine decay to 10% of the peak (nanoGPT's).
+optim::WarmupCosine lr_schedule(const JobConfig& job) {
+  const int steps = static_cast<int>(job.steps);
+  return {.peak_lr = job.lr,
+          .warmup_steps = std::min(std::max(1, steps / 20), steps - 1),
+          .total_steps = steps,
+          .min_ratio = 0.1};
+}
+
+// The device's peak: the caching allocator's on a GPU, the process's resident set on CPU.
+int64_t peak_memory_bytes(Device device) {
+  if (device.is_cuda())
+    return static_cast<int64_t>(cuda::allocator_stats(device.index).peak_allocated_bytes);
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
+Device resolve_device(const std::string& flag) {
+  // The launcher's variables (torchrun/loomrun, mpirun or srun), as init_process_group reads them.
+  const comm::LaunchEnv env = comm::read_launch_env();
+  const int local_rank = env.local_rank, local_ranks = env.local_world_size;
+  const int gpus = cuda::available() ? cuda::device_count() : 0;
+  if (flag == "cpu" || (flag == "auto" && gpus < local_ranks)) return Device::cpu();
+  LOOM_CHECK(cuda::available(), "--device cuda: {}", cuda::unavailable_reason());
+  LOOM_CHECK(local_rank < gpus,
+             "--device cuda: local rank {} needs cuda:{} but {} GPU(s) are visible", local_rank,
+             local_rank, gpus);
+  return Device::cuda(local_rank);
+}
+
+std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job) {
+  comm::InitOptions init;
+  if (job.collective_timeout_s > 0) {
+    init.timeout = std::chrono::duration_cast<comm::Duration>(
+        std::chrono::duration<double>(job.collective_timeout_s));
+  }
+  return comm::init_process_group(resolve_device(job.device).is_cuda() ? "nccl" : "gloo", init);
+}
+
+// Rank 0's outputs: the metrics file, the progress bar, the losses for the plot.
+struct JobRunner::Outputs {
+  explicit Outputs(bool progress) : bar(progress) {}
+  LineWriter metrics;
+  ProgressBar bar;
+  std::unique_ptr<checkpoint::AsyncSaver> async_saver;
+  std::vector<double> losses;
+  double last_loss = 0;
+};
+
+JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
+                     std::string program)
+    : job_(job),
+      program_(std::move(program)),
+      world_(std::move(world)),
+      device_(resolve_device(job.device)),
+      checked_(check_job(job)) {
+  LOOM_CHECK(world_ != nullptr, "JobRunner: the world group is null");
+  const int rank = world_->rank();
+  checked_.parallel.validate(world_->size(), job_.batch_size, job_.seq_len);
+  // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
+  mesh_ = checked_.parallel.dims.build_mesh(world_);
+  model_ = build_parallel_model(*checked_.model.args, static_cast<uint64_t>(job_.seed), mesh_,
+                                checked_.parallel);
+  // Every rank reads the checkpoint and keeps its own shards (no communication).
+  if (!job_.init_from.empty()) {
+    model_->load_hf(job_.init_from);
+    if (rank == 0) fmt::print("{}: initialized from {}\n", program_, job_.init_from);
+  }
+  trainer_ = std::make_unique<Trainer>(
+      *model_, mesh_,
+      TrainerOptions{.lr = lr_schedule(job_), .weight_decay = 0.1, .clip = job_.clip});
+  if (rank == 0) {
+    for (const std::string& warning : checked_.warnings) fmt::print("{}: {}\n", program_, warning);
+  }
+  // --resume: the latest committed checkpoint, saved on any layout.
+  if (checked_.resume_from) {
+    const std::string& dir = *checked_.resume_from;
+    const checkpoint::Metadata saved = trainer_->load_checkpoint(dir, *world_);
+    const std::string layout = saved_layout(saved);
+    if (rank == 0) {
+      fmt::print("{}: resumed from {} at step {}{}\n", program_, dir, trainer_->steps_done(),
+                 layout == mesh_->str()
+                     ? std::string(" (same layout)")
+                     : fmt::format(" (saved on {}, now {})", layout, mesh_->str()));
+    }
+  }
+  outputs_ = std::make_unique<Outputs>(rank == 0 && job_.progress);
+  if (rank == 0) {
+    // The effective config, once: printed, and written beside the metrics so that
+    // `--config <that file>` repeats the run exactly.
+    const std::string effective = to_toml(job_);
+    if (!job_.metrics_out.empty()) {
+      const std::string effective_path = effective_config_path(job_.metrics_out);
+      fmt::print("{}: effective config (also in {}):\n{}", program_, effective_path, effective);
+      write_file(effective_path, effective, "--metrics-out (the effective config beside it)");
+      outputs_->metrics = LineWriter(job_.metrics_out, "--metrics-out");
+    }
+    fmt::print("{}: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", program_,
+               checked_.model.args->parameter_count(), job_.model, mesh_->str(),
+               checked_.data.description, data::unigram_entropy(checked_.data));
+  }
+  add_metrics_hook();
+  add_checkpoint_hook();
+}
+
+JobRunner::~JobRunner() = default;
+
+void JobRunner::add_metrics_hook() {
+  const int rank = world_->rank();
+  trainer_->add_step_hook([this, rank](const StepResult& r) {
+    Outputs& out = *outputs_;
+    out.last_loss = r.loss;
+    out.losses.push_back(r.loss);
+    if (rank != 0) return;
+    const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
+    if (out.metrics.is_open()) {
+      const nlohmann::json line{{"step", r.step},
+                                {"loss", r.loss},
+                                {"lr", r.lr},
+                                {"tokens_per_s", tokens_per_s},
+                                {"ms_per_step", r.ms},
+                                {"peak_mem_bytes", peak_memory_bytes(device_)},
+                                {"grad_norm", r.grad_norm}};
+      out.metrics.write_line(line.dump());
+    }
+    if (r.step % job_.log_every == 0 || r.step + 1 == job_.steps) {
+      out.bar.clear();
+      fmt::print(
+          "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n",
+          r.step, r.loss, r.lr, tokens_per_s, r.ms, peak_memory_bytes(device_) / 1048576.0);
+      std::fflush(stdout);
+    }
+    out.bar.update(r.step, static_cast<int>(job_.steps), r.loss, tokens_per_s);
+  });
+}
+
+// Distributed checkpoints: every --checkpoint-every steps and after the last; with
+// --async-checkpoint the state is staged to host memory and committed in the background.
+void JobRunner::add_checkpoint_hook() {
+  if (job_.checkpoint_dir.empty()) return;
+  if (job_.async_checkpoint) {
+    outputs_->async_saver = std::make_unique<checkpoint::AsyncSaver>(world_);  // collective
+  }
+  const int rank = world_->rank();
+  trainer_->add_step_hook([this, rank](const StepResult& r) {
+    const bool last = r.step + 1 == job_.steps;
+    if (!last && (job_.checkpoint_every == 0 || (r.step + 1) % job_.checkpoint_every != 0)) return;
+    const auto start = std::chrono::steady_clock::now();
+    const nlohmann::json fields =
+        job_checkpoint_fields(checked_.model.args->fields(), *mesh_, checked_.run);
+    const checkpoint::SaveOptions options{.keep_last = static_cast<int>(job_.keep_last)};
+    std::string committed;
+    checkpoint::AsyncSaver* async_saver = outputs_->async_saver.get();
+    if (async_saver) {
+      committed = async_saver->wait();  // the previous save, committed in the background
+      async_saver->save(trainer_->checkpoint_state(fields), job_.checkpoint_dir,
+                        trainer_->steps_done(), options);
+    } else {
+      committed = trainer_->save_checkpoint(job_.checkpoint_dir, *world_, fields, options);
+    }
+    const double stall_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (rank != 0) return;
+    outputs_->bar.clear();
+    if (!committed.empty()) fmt::print("{}: checkpoint {} committed\n", program_, committed);
+    fmt::print("{}: checkpoint of step {}: training stalled {:.1f} ms{}\n", program_,
+               trainer_->steps_done(), stall_ms,
+               async_saver ? " (async: staged, committing in the background)" : "");
+  });
+}
+
+void JobRunner::train_steps(JobResult& result) {
+  result.first_step = trainer_->steps_done();
+  for (int step = result.first_step; step < job_.steps; ++step) {
+    // The op timer skips the first step (allocator, plans and caches warming up).
+    if (job_.profile_ops && step == result.first_step + 1) {
+      // LOOM_PROFILE may add per-shape rows ("ops,shapes"); a GPU always synchronizes.
+      profiler::Options options = profiler::environment_options();
+      options.synchronize = options.synchronize || device_.is_cuda();
+      profiler::enable(options);
+    }
+    const data::Batch batch =
+        local_batch(checked_.data, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len);
+    trainer_->step(batch.inputs, batch.targets);
+  }
+  outputs_->bar.clear();
+  if (profiler::enabled()) {
+    profiler::disable();
+    if (world_->rank() == 0) {
+      fmt::print(
+          "{}: op times on rank 0 over steps {}..{} (self: minus nested ops and "
+          "scopes{}):\n{}",
+          program_, result.first_step + 1, job_.steps - 1,
+          device_.is_cuda() ? "; each op waited for its kernels" : "", profiler::table(40));
+    }
+  }
+}
+
+void JobRunner::finish(JobResult& result) {
+  const int rank = world_->rank();
+  if (outputs_->async_saver) {
+    const std::string committed = outputs_->async_saver->wait();
+    if (rank == 0 && !committed.empty()) {
+      fmt::print("{}: checkpoint {} committed\n", program_, committed);
+    }
+  }
+  // Every rank gathers (full_tensor over tp, the stages over pp); rank 0 writes.
+  if (!job_.save.empty()) {
+    model_->save_hf(job_.save, /*write=*/rank == 0);
+    if (rank == 0) {
+      fmt::print("{}: saved {} (Hugging Face safetensors, config.json beside it)\n", program_,
+                 job_.save);
+    }
+  }
+  // A sample, generated by every rank together, printed by rank 0.
+  if (job_.sample_tokens > 0) {
+    const auto tokens =
+        generate_sample(*model_, checked_.data, checked_.model.args->vocab_size(), mesh_->device(),
+                        {.tokens = job_.sample_tokens,
+                         .window = job_.seq_len,
+                         .multiple = job_.tp,
+                         .seed = static_cast<uint64_t>(job_.seed)});
+    const std::string text = sample_text(tokens, checked_.data);
+    if (rank == 0 && !text.empty()) fmt::print("sample:\n{}\n", text);
+  }
+  result.losses = outputs_->losses;
+  result.final_loss = outputs_->last_loss;
+  if (rank == 0) {
+    outputs_->metrics.close();
+    fmt::print("final loss {:.4f} (unigram entropy {:.3f}){}\n", result.final_loss,
+               data::unigram_entropy(checked_.data),
+               job_.metrics_out.empty() ? "" : fmt::format("; metrics: {}", job_.metrics_out));
+    if (!job_.plot_out.empty()) {
+      fmt::print("{}\n", write_loss_plot(outputs_->losses, data::unigram_entropy(checked_.data),
+                                         job_.plot_out, program_));
+    }
+  }
+  // Rank 0 serves the store every group reports to: it leaves last, after every rank is done.
+  world_->barrier()->wait();
+}
+
+JobResult JobRunner::run() {
+  JobResult result;
+  train_steps(result);
+  finish(result);
+  return result;
+}
+
+}  // namespace loom::train

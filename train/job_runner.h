@@ -1,0 +1,86 @@
+// A training job as a library call (torchtitan's Trainer): what `./loom train` runs, and what a
+// user's own program runs with its own settings.
+//
+//   train::JobConfig job;                       // the defaults: tiny GPT, dp 2 x tp 2
+//   job.checkpoint_dir = "ckpt";                // switch on what the job should do
+//   job.resume = true;
+//   train::JobRunner runner(job, train::init_job_process_group(job));
+//   runner.run();
+//
+// Setup (the constructor, on every rank): the checks every job makes (train/job_checks.h), the
+// mesh (ParallelDims), the model of any registered family (build_parallel_model), --init-from,
+// the Trainer, --resume (any layout), and rank 0's outputs: the effective config, the metrics
+// (JSONL), the printed step lines and the progress bar, and checkpoints every N steps (async or
+// not). run() trains to job.steps, then writes --save, prints a sample and the final loss, and
+// draws the loss curve. An empty metrics_out or plot_out writes none.
+//
+// Collective contract: the constructor and run() are collective over the world (every rank
+// calls them); rank 0 serves the store, so run() ends with a barrier.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "mesh/device_mesh.h"
+#include "train/job_checks.h"
+#include "train/job_config.h"
+#include "train/parallel_model.h"
+#include "train/trainer.h"
+
+namespace loom::train {
+
+// --device auto|cpu|cuda -> this rank's device, cuda:LOCAL_RANK (one GPU per rank). auto picks
+// cuda when every rank on this node gets its own GPU, else cpu.
+Device resolve_device(const std::string& flag);
+
+// The world group of the job's ranks (the launcher's environment): NCCL for GPU ranks, Gloo for
+// CPU ranks, with the job's collective timeout.
+std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job);
+
+struct JobResult {
+  int first_step = 0;          // 0, or the step resumed from
+  std::vector<double> losses;  // of the steps this run trained
+  double final_loss = 0;
+};
+
+class JobRunner {
+ public:
+  // `program` names the job in its printed lines ("loom_train").
+  JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
+            std::string program = "loom_train");
+  ~JobRunner();
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  // Trains the remaining steps, then --save, the sample, the final line and the plot.
+  JobResult run();
+
+  // The pieces, for a program that drives its own loop.
+  const JobConfig& job() const { return job_; }
+  const CheckedJob& checked() const { return checked_; }
+  const std::shared_ptr<const DeviceMesh>& mesh() const { return mesh_; }
+  ParallelModel& model() { return *model_; }
+  Trainer& trainer() { return *trainer_; }
+  int rank() const { return world_->rank(); }
+
+ private:
+  struct Outputs;
+  void add_metrics_hook();
+  void add_checkpoint_hook();
+  void train_steps(JobResult& result);
+  void finish(JobResult& result);
+
+  JobConfig job_;
+  std::string program_;
+  std::shared_ptr<comm::ProcessGroup> world_;
+  Device device_;
+  CheckedJob checked_;
+  std::shared_ptr<const DeviceMesh> mesh_;
+  std::unique_ptr<ParallelModel> model_;
+  std::unique_ptr<Trainer> trainer_;
+  std::unique_ptr<Outputs> outputs_;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,50 @@
+#include "train/launch.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+
+namespace loom::train {
+
+bool launched_as_rank() {
+  if (std::getenv("RANK") != nullptr) return true;
+  const char* world_size = std::getenv("WORLD_SIZE");
+  LOOM_CHECK(world_size == nullptr,
+             "WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) sets both for "
+             "each rank. Unset WORLD_SIZE to let the job start its own ranks",
+             world_size ? world_size : "");
+  return false;
+}
+
+void become_world_of_one() {
+  // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+}
+
+void relaunch(const std::string& launcher, int64_t ranks, const std::string& layout, int argc,
+              char** argv) {
+  LOOM_CHECK(!launcher.empty(),
+             "{} ranks requested ({}) but no launcher: run under loomrun, or pass --launcher "
+             "PATH_TO_LOOMRUN (./loom train does)",
+             ranks, layout);
+  std::vector<std::string> args{launcher, "--nproc-per-node", std::to_string(ranks), "--"};
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  args.push_back(n > 0 ? std::string(self, n) : argv[0]);
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  std::vector<char*> c_args;
+  for (auto& a : args) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  std::fflush(stdout);
+  execv(c_args[0], c_args.data());
+  LOOM_FAIL("could not start the launcher '{}': {}", launcher, std::strerror(errno));
+}
+
+}  // namespace loom::train

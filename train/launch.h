@@ -1,0 +1,22 @@
+// Starting a job's ranks from a program that was not launched: the program re-executes itself
+// under loomrun, one process per rank (torchrun's role), with the same arguments.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom::train {
+
+// Whether this process is a rank a launcher started (RANK set). Throws loom::Error when
+// WORLD_SIZE is set without RANK: a launcher was meant to run this, never a silent one-rank run.
+bool launched_as_rank();
+
+// For a process not launched: sets the environment of a world of one (RANK 0, WORLD_SIZE 1).
+void become_world_of_one();
+
+// Re-executes this program (/proc/self/exe) under `launcher` with `ranks` processes and the same
+// arguments. Returns only by throwing loom::Error (no launcher given, or exec failed), naming why.
+[[noreturn]] void relaunch(const std::string& launcher, int64_t ranks, const std::string& layout,
+                           int argc, char** argv);
+
+}  // namespace loom::train

@@ -1,0 +1,71 @@
+#include "train/parallel_config.h"
+
+#include "base/error.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/split.h"
+
+namespace loom::train {
+
+int ParallelConfig::microbatches() const {
+  return dims.pp > 1 ? pipeline.microbatches_for(dims.pp) : std::max(1, pipeline.microbatches);
+}
+
+void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t seq_len) const {
+  dims.validate(world_size);
+  LOOM_CHECK(grad_accum >= 1, "ParallelConfig: grad_accum must be at least 1, got {}", grad_accum);
+  LOOM_CHECK(pipeline.microbatches >= 0 && pipeline.virtual_stages >= 1,
+             "ParallelConfig: microbatches must be >= 0 (0: the default) and virtual_stages >= 1, "
+             "got {} and {}",
+             pipeline.microbatches, pipeline.virtual_stages);
+  LOOM_CHECK(global_batch >= 1 && seq_len >= 1,
+             "ParallelConfig: the batch size and the sequence length must be at least 1, got {} "
+             "and {}",
+             global_batch, seq_len);
+  LOOM_CHECK(global_batch % (dims.dp() * grad_accum) == 0,
+             "ParallelConfig: a global batch of {} sequences does not split over dp x grad_accum "
+             "= {} x {} (dp = dp_replicate x dp_shard)",
+             global_batch, dims.dp(), grad_accum);
+  if (dims.pp > 1) {
+    LOOM_CHECK(grad_accum == 1,
+               "ParallelConfig: with pp {} the batch is already split into microbatches; use "
+               "grad_accum 1 (got {})",
+               dims.pp, grad_accum);
+    ::loom::pipeline::schedule_by_name(
+        pipeline.schedule, static_cast<int>(dims.pp), microbatches(),
+        pipeline.virtual_stages);  // throws naming an unknown schedule
+    LOOM_CHECK((global_batch / dims.dp()) % microbatches() == 0,
+               "ParallelConfig: each dp rank's {} sequences do not split into {} microbatches",
+               global_batch / dims.dp(), microbatches());
+  } else {
+    LOOM_CHECK(pipeline.microbatches <= 1 && pipeline.virtual_stages == 1,
+               "ParallelConfig: microbatches and virtual_stages apply to pipelines (pp > 1); for "
+               "micro-batches without one use grad_accum (got microbatches {}, virtual_stages {})",
+               pipeline.microbatches, pipeline.virtual_stages);
+    LOOM_CHECK(pipeline.layers_per_stage.empty(),
+               "ParallelConfig: layers_per_stage splits a pipeline's layers (pp > 1), got {} "
+               "stages' counts without one",
+               pipeline.layers_per_stage.size());
+  }
+  LOOM_CHECK(dims.tp == 1 || !tp_plan.sequence_parallel || seq_len % dims.tp == 0,
+             "ParallelConfig: sequence parallelism splits each sequence over tp ranks: a "
+             "sequence length of {} does not divide by tp {} (or turn sequence_parallel off)",
+             seq_len, dims.tp);
+}
+
+std::vector<pipeline::StageRange> ParallelConfig::stage_ranges(int64_t n_layers) const {
+  if (dims.pp == 1) return {pipeline::StageRange::whole(n_layers)};
+  const int stages =
+      ::loom::pipeline::schedule_by_name(pipeline.schedule, static_cast<int>(dims.pp),
+                                         microbatches(), pipeline.virtual_stages)
+          .num_stages;
+  const auto layers = pipeline.layers_per_stage.empty()
+                          ? ::loom::pipeline::split_layers(n_layers, stages)
+                          : ::loom::pipeline::split_layers(n_layers, pipeline.layers_per_stage);
+  std::vector<pipeline::StageRange> out;
+  for (int s = 0; s < stages; ++s) {
+    out.push_back({layers[s].begin, layers[s].end, s == 0, s == stages - 1});
+  }
+  return out;
+}
+
+}  // namespace loom::train

@@ -1,0 +1,180 @@
+#include "train/parallel_model.h"
+
+#include <fmt/ranges.h>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "models/hf/checkpoint.h"
+#include "optim/clip_grad.h"
+#include "parallel/data_parallel.h"
+#include "tensor/ops.h"
+
+namespace loom::train {
+
+namespace {
+
+// What both runners share: the family's Hugging Face adapter and the whole model's names.
+class HFFiles {
+ public:
+  explicit HFFiles(const models::ModelArgs& args)
+      : family_(args.family()),
+        adapter_(args.hf_adapter()),
+        names_(args.spec(0, {}).parameter_names(pipeline::StageRange::whole(args.n_layers()))) {}
+
+  void load(nn::Module& module, const std::string& path) const {
+    models::hf::load(module, adapter(), path, names_, fmt::format("load ({} family)", family_));
+  }
+  void save(const nn::Module& whole, const std::string& path, bool write) const {
+    const auto& a = adapter();
+    const auto parameters = models::hf::whole_parameters(whole);  // collective
+    if (write) models::hf::save(parameters, a, path);
+  }
+
+ private:
+  const models::hf::StateDictAdapter& adapter() const {
+    LOOM_CHECK(adapter_ != nullptr,
+               "the {} family has no Hugging Face checkpoint format (--init-from and --save need "
+               "one)",
+               family_);
+    return *adapter_;
+  }
+
+  std::string family_;
+  std::unique_ptr<models::hf::StateDictAdapter> adapter_;
+  std::vector<std::string> names_;
+};
+
+// pp = 1: the whole model as one stage, run with gradient accumulation over micro-batches
+// (data parallelism synchronizing on the last only).
+class OneStageModel : public ParallelModel {
+ public:
+  OneStageModel(const models::ModelArgs& args, pipeline::PipelineModelSpec spec,
+                std::shared_ptr<nn::Module> module,
+                std::unique_ptr<parallel::DataParallel> data_parallel, int grad_accum)
+      : files_(args),
+        spec_(std::move(spec)),
+        module_(std::move(module)),
+        data_parallel_(std::move(data_parallel)),
+        grad_accum_(grad_accum) {}
+
+  void zero_grad() override { data_parallel_->zero_grad(); }
+
+  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
+               "forward_backward: {} sequences do not split into grad_accum {} micro-batches",
+               inputs.size(0), grad_accum_);
+    const int64_t micro = inputs.size(0) / grad_accum_;
+    double total = 0;
+    for (int m = 0; m < grad_accum_; ++m) {
+      const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
+                   y = ops::narrow(targets, 0, m * micro, micro);
+      Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
+      data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
+      total += loss.item<double>();
+    }
+    return total;
+  }
+
+  double clip_grad_norm(double max_norm) override {
+    return optim::clip_grad_norm_(module_->parameters(), max_norm);
+  }
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
+    return module_->named_parameters();
+  }
+  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
+    return module_->named_modules();
+  }
+  Tensor logits(const Tensor& ids) override {
+    NoGradGuard no_grad;
+    const Tensor out = (*module_)(ids);
+    return is_dtensor(out) ? full_tensor(out) : out;  // vocab-sharded under tp
+  }
+  void load_hf(const std::string& path) override { files_.load(*module_, path); }
+  void save_hf(const std::string& path, bool write) override { files_.save(*module_, path, write); }
+
+ private:
+  HFFiles files_;
+  pipeline::PipelineModelSpec spec_;
+  std::shared_ptr<nn::Module> module_;
+  std::unique_ptr<parallel::DataParallel> data_parallel_;
+  int grad_accum_;
+};
+
+// pp > 1: this rank's stages, driven by the schedule; checkpoints load per stage and save the
+// whole model gathered on the mesh's first rank.
+class PipelinedModel : public ParallelModel {
+ public:
+  PipelinedModel(const models::ModelArgs& args, std::unique_ptr<pipeline::PipelineModel> model)
+      : files_(args), args_(args.clone()), model_(std::move(model)) {}
+
+  void zero_grad() override { model_->zero_grad(); }
+  double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    return model_->step(inputs, targets);
+  }
+  double clip_grad_norm(double max_norm) override { return model_->clip_grad_norm(max_norm); }
+  std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
+    return model_->named_parameters();
+  }
+  std::vector<std::pair<std::string, nn::Module*>> named_modules() const override {
+    std::vector<std::pair<std::string, nn::Module*>> out;
+    for (const auto& stage : model_->stages()) {
+      for (const auto& named : stage->named_modules()) out.push_back(named);
+    }
+    return out;
+  }
+  Tensor logits(const Tensor& ids) override { return model_->logits(ids); }
+  void load_hf(const std::string& path) override {
+    for (const auto& stage : model_->stages()) files_.load(*stage, path);
+  }
+  void save_hf(const std::string& path, bool write) override {
+    // The whole model on the CPU (any values) on the first rank, which gathers every stage.
+    std::shared_ptr<nn::Module> whole;
+    if (model_->on_first_rank()) {
+      whole = args_->spec(0, {}).make_stage(pipeline::StageRange::whole(args_->n_layers()));
+    }
+    model_->gather_whole(whole.get());  // collective
+    if (whole) files_.save(*whole, path, write);
+  }
+
+ private:
+  HFFiles files_;
+  std::unique_ptr<models::ModelArgs> args_;
+  std::unique_ptr<pipeline::PipelineModel> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& args, uint64_t seed,
+                                                    std::shared_ptr<const DeviceMesh> mesh,
+                                                    const ParallelConfig& parallel) {
+  LOOM_CHECK(mesh != nullptr, "build_parallel_model: the mesh is null");
+  LOOM_CHECK(mesh->dim_names() == parallel.dims.names() && mesh->shape() == parallel.dims.sizes(),
+             "build_parallel_model: the mesh {} is not the ({}) mesh of {}; build it with "
+             "ParallelDims::build_mesh",
+             mesh->str(), fmt::join(parallel.dims.names(), ", "), parallel.dims.str());
+  args.validate();
+  if (parallel.dims.tp > 1) args.validate_tp(parallel.dims.tp);
+  const parallel::ParallelMeshes meshes = ParallelDims::meshes(mesh);
+  pipeline::PipelineModelSpec spec = args.spec(seed, parallel.tp_plan);
+  if (parallel.dims.pp > 1) {
+    auto model = std::make_unique<pipeline::PipelineModel>(
+        std::move(spec), meshes,
+        pipeline::PipelineModelOptions{.schedule = parallel.pipeline,
+                                       .sequence_parallel = parallel.tp_plan.sequence_parallel,
+                                       .mixed_precision = parallel.mixed_precision});
+    return std::make_unique<PipelinedModel>(args, std::move(model));
+  }
+  std::shared_ptr<nn::Module> module =
+      spec.make_stage(pipeline::StageRange::whole(args.n_layers()));
+  module->to(mesh->device());  // before the TP plan and data parallelism take the parameters
+  if (parallel.dims.tp > 1) spec.parallelize(*module, meshes.tp);
+  auto data_parallel = std::make_unique<parallel::DataParallel>(module, spec.blocks(*module),
+                                                                meshes, parallel.mixed_precision);
+  return std::make_unique<OneStageModel>(args, std::move(spec), std::move(module),
+                                         std::move(data_parallel), parallel.grad_accum);
+}
+
+}  // namespace loom::train

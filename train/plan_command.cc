@@ -1,0 +1,100 @@
+#include "train/plan_command.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "base/durable_file.h"
+#include "base/error.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "train/job_checks.h"
+#include "train/job_plan.h"
+
+namespace loom::train {
+
+std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bool gpu_job,
+                                         std::string* missing) {
+  std::optional<MachineModel> machine;
+  if (job.plan_rank_tflops > 0) {
+    LOOM_CHECK(job.plan_link_gbps > 0,
+               "--plan-rank-tflops {} needs --plan-link-gbps (the links' GB/s) as well",
+               job.plan_rank_tflops);
+    machine =
+        MachineModel{.rank_flops_per_s = job.plan_rank_tflops * 1e12,
+                     .seconds_per_written_byte = 0,
+                     .seconds_per_op = 0,
+                     .latency_s = (job.plan_latency_us > 0 ? job.plan_latency_us : 10.0) * 1e-6,
+                     .bytes_per_s = job.plan_link_gbps * 1e9,
+                     .source = "given by --plan-rank-tflops, --plan-link-gbps"};
+    // An op's output byte costs two read and one written (as calibrate_machine measures).
+    if (job.plan_memory_gbps > 0) {
+      machine->seconds_per_written_byte = 3.0 / (job.plan_memory_gbps * 1e9);
+    }
+  } else if (gpu_job) {
+    *missing =
+        "no step time: this machine's calibration is for CPU ranks; give the GPUs' figures "
+        "(--plan-rank-tflops, --plan-link-gbps, and --plan-memory-gbps, --plan-peak-tflops)";
+    return std::nullopt;
+  } else if (const auto calibration = load_calibration()) {
+    machine = MachineModel::for_cpu_ranks(*calibration, ranks);
+  } else {
+    *missing = fmt::format(
+        "no step time: run `./loom plan --calibrate` once to measure this machine (stored in "
+        "{}), or give --plan-rank-tflops and --plan-link-gbps for another",
+        calibration_path());
+    return std::nullopt;
+  }
+  if (job.plan_peak_tflops > 0) machine->peak_flops_per_s = job.plan_peak_tflops * 1e12;
+  // --plan-dim-link-gbps dim=GBPS[,dim=GBPS...]
+  std::stringstream items(job.plan_dim_link_gbps);
+  const std::vector<std::string> names = ParallelDims{}.names();
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string dim = item.substr(0, eq);
+    double gbps = 0;
+    try {
+      gbps = eq == std::string::npos ? 0 : std::stod(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      gbps = 0;  // reported below
+    }
+    LOOM_CHECK(eq != std::string::npos && gbps > 0 &&
+                   std::find(names.begin(), names.end(), dim) != names.end(),
+               "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of "
+               "{}, GBPS a positive number; got '{}'",
+               fmt::join(names, ", "), item);
+    machine->dim_bytes_per_s[dim] = gbps * 1e9;
+  }
+  return machine;
+}
+
+std::string plan_report(const JobConfig& job) {
+  const CheckedJob checked = check_job(job);
+  PlanOptions options;
+  // A CPU job is traced allocating as the CPU's kernels do; --device cuda (or auto with a GPU
+  // here) as a GPU's.
+  options.target = job.device == "cpu" || (job.device == "auto" && !cuda::available())
+                       ? Device::cpu()
+                       : Device::cuda();
+  std::string missing;
+  options.machine =
+      plan_machine(job, checked.parallel.dims.world_size(), options.target.is_cuda(), &missing);
+  const JobPlan plan =
+      plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
+  std::string out;
+  for (const std::string& warning : checked.warnings) out += fmt::format("{}\n", warning);
+  out += format_job_plan(plan);
+  if (!missing.empty()) out += fmt::format("\n{}\n", missing);
+  return out;
+}
+
+std::string calibrate_and_store() {
+  const nlohmann::json figures = calibrate_machine();
+  const std::string path = calibration_path();
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  write_file_atomically(path, figures.dump(2) + "\n", "the calibration");
+  return fmt::format("{}\nwritten to {}", figures.dump(2), path);
+}
+
+}  // namespace loom::train
