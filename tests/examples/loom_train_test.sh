@@ -28,8 +28,12 @@ run llama_grid 2 2 8 --model llama-tiny --checkpoint-dir ckpt_llama --checkpoint
   --save llama_hf/model.safetensors
 # Llama's pipeline stages composed with dp and tp.
 run llama_piped 2 2 8 --model llama-tiny --pp 2 --microbatches 2
-# Its Hugging Face export (LlamaForCausalLM, config.json beside it) seeds a 1-rank Llama job.
+# Its Hugging Face export (LlamaForCausalLM, config.json beside it) seeds a 1-rank Llama job, and
+# sharded layouts: tp2 (GQA's kv heads split), FSDP over 2, and the default dp2 x tp2.
 run llama_seeded 1 1 1 --model llama-tiny --init-from llama_hf/model.safetensors
+run llama_seeded_tp 1 2 1 --model llama-tiny --init-from llama_hf/model.safetensors
+run llama_seeded_fsdp 0 1 1 --model llama-tiny --dp-shard 2 --init-from llama_hf/model.safetensors
+run llama_seeded_grid 2 2 1 --model llama-tiny --init-from llama_hf/model.safetensors
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
 run sharded 0 2 8 --dp-shard 2 --save sharded.safetensors
 run sharded_piped 0 2 8 --dp-shard 2 --pp 2 --microbatches 2
@@ -89,6 +93,10 @@ llama_fresh=$(python_free_field llama_single.jsonl loss | head -1)
 llama_seeded=$(python_free_field llama_seeded.jsonl loss | head -1)
 awk -v f="$llama_fresh" -v s="$llama_seeded" 'BEGIN { exit !(s < f - 0.5) }' ||
   { echo "the exported Llama seeds at loss $llama_seeded, a fresh one starts at $llama_fresh"; exit 1; }
+for seeded in llama_seeded_tp llama_seeded_fsdp llama_seeded_grid; do
+  awk -v a="$llama_seeded" -v b="$(python_free_field "$seeded.jsonl" loss | head -1)" -v run="$seeded" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; if (d > 1e-4) { print run " starts at " b ", 1 rank at " a; exit 1 } }'
+done
 grep -q "dp_shard=2" sharded.log || { echo "the FSDP run's mesh has no dp_shard=2"; cat sharded.log; exit 1; }
 [[ -f ckpt/step_00000004/COMMITTED && -f ckpt/step_00000008/COMMITTED ]] ||
   { echo "the grid run did not commit steps 4 and 8"; ls -R ckpt; cat grid.log; exit 1; }
@@ -125,4 +133,16 @@ awk -v s="$resumed_sharded" -v r="$resumed" 'BEGIN { d = s - r; if (d < 0) d = -
 grep -q "loss curve: grid.png" grid.log || { echo "no loss curve"; cat grid.log; exit 1; }
 grep -q "sample:" grid.log || { echo "no sample"; exit 1; }
 grep -q "sample:" piped.log || { echo "no sample from the pipeline"; cat piped.log; exit 1; }
+# Another run's checkpoint is refused by name before anything trains (exit 2): other seed.
+if "$train" --dp 2 --tp 2 --steps 8 --seed 7 --checkpoint-dir ckpt --resume --no-progress \
+    --metrics-out seed.jsonl --plot-out seed.png > seed.log 2>&1; then
+  echo "a checkpoint of another run (seed) resumed"; exit 1
+fi
+grep -q "checkpoint 'ckpt/step_00000008' was saved by another run: --seed 1337 there, 7 here" seed.log ||
+  { echo "the run mismatch is not named"; cat seed.log; exit 1; }
+# A step folder no save committed is said loudly before training resumes from the committed one.
+rm -rf ckpt_lost && cp -r ckpt ckpt_lost && rm ckpt_lost/step_00000008/COMMITTED
+run lost 2 2 8 --checkpoint-dir ckpt_lost --resume
+grep -q "WARNING: --checkpoint-dir 'ckpt_lost' holds 1 step folder(s) no save committed (ckpt_lost/step_00000008), resuming from the latest committed step 4" lost.log ||
+  { echo "the uncommitted step is not warned about"; cat lost.log; exit 1; }
 echo "ok: losses equal across layouts and falling"

@@ -16,6 +16,8 @@
 #include "models/gpt/family.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/parameter_layout.h"
+#include "models/llama/family.h"
+#include "models/llama/llama.h"
 #include "tests/testing/errors.h"
 
 namespace loom::train {
@@ -30,28 +32,28 @@ models::GPTConfig config(int64_t vocab = 40) {
 constexpr int64_t kBatch = 8, kSeq = 16;
 
 // Each rank's parameter elements on the real model.
-std::map<int, int64_t> measured_parameters(const models::GPTConfig& model,
+std::map<int, int64_t> measured_parameters(const models::ModelArgs& model,
                                            const ParallelConfig& parallel) {
   std::map<int, int64_t> out;
   std::mutex mutex;
-  comm::testing::run_on_ranks(
-      static_cast<int>(parallel.dims.world_size()), [&](comm::ProcessGroup& pg) {
-        const auto mesh = parallel.dims.build_mesh(pg.shared_from_this());
-        const auto built = build_parallel_model(*models::gpt_args(model), 3, mesh, parallel);
-        int64_t n = 0;
-        for (const auto& [name, p] : built->named_parameters()) {
-          n += is_dtensor(p) ? local_shard(p).numel() : p.numel();
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        out[pg.rank()] = n;
-      });
+  comm::testing::run_on_ranks(static_cast<int>(parallel.dims.world_size()),
+                              [&](comm::ProcessGroup& pg) {
+                                const auto mesh = parallel.dims.build_mesh(pg.shared_from_this());
+                                const auto built = build_parallel_model(model, 3, mesh, parallel);
+                                int64_t n = 0;
+                                for (const auto& [name, p] : built->named_parameters()) {
+                                  n += is_dtensor(p) ? local_shard(p).numel() : p.numel();
+                                }
+                                std::lock_guard<std::mutex> lock(mutex);
+                                out[pg.rank()] = n;
+                              });
   return out;
 }
 
-void expect_plan_matches(const models::GPTConfig& model, const ParallelConfig& parallel,
+void expect_plan_matches(const models::ModelArgs& model, const ParallelConfig& parallel,
                          int64_t batch = kBatch) {
   SCOPED_TRACE(parallel.dims.str());
-  const JobPlan plan = plan_job(*models::gpt_args(model), parallel, batch, kSeq);
+  const JobPlan plan = plan_job(model, parallel, batch, kSeq);
   const auto measured = measured_parameters(model, parallel);
   ASSERT_EQ(plan.ranks.size(), measured.size());
   for (const auto& [rank, n] : measured)
@@ -77,29 +79,55 @@ TEST(JobPlan, PlannedParametersAreTheModelsOwn) {
   }
 }
 
+// Llama's planned parameters (models/llama/family.h) are its stages' own, and its plan's
+// per-rank shares match the real model under tp (GQA: kv heads over tp), FSDP and a pipeline.
+TEST(JobPlan, LlamaPlannedParametersAreTheModelsOwn) {
+  models::LlamaConfig llama = models::LlamaConfig::preset("llama-tiny");
+  llama.n_layers = 4;
+  for (const pipeline::StageRange range :
+       {pipeline::StageRange{0, 4, true, true}, pipeline::StageRange{0, 2, true, false},
+        pipeline::StageRange{2, 4, false, true}}) {
+    const models::LlamaStage stage(llama, 1, range);
+    const auto planned = models::llama_planned_parameters(llama, range);
+    const auto actual = stage.named_parameters();
+    ASSERT_EQ(planned.size(), actual.size());
+    for (size_t i = 0; i < planned.size(); ++i) {
+      EXPECT_EQ(planned[i].name, actual[i].first);
+      EXPECT_EQ(planned[i].shape, actual[i].second.shape()) << planned[i].name;
+    }
+  }
+  const auto args = models::llama_args(llama);
+  expect_plan_matches(*args, {.dims = {.tp = 2}});
+  expect_plan_matches(*args, {.dims = {.dp_shard = 2, .tp = 2}});
+  expect_plan_matches(*args, {.dims = {.pp = 2}, .pipeline = {.microbatches = 2}});
+}
+
 TEST(JobPlan, TensorParallelEvenAndUnevenVocabulary) {
-  expect_plan_matches(config(), {.dims = {.tp = 2}});
+  expect_plan_matches(*models::gpt_args(config()), {.dims = {.tp = 2}});
   // 41 rows over tp=2: 21 and 20.
   const JobPlan uneven = plan_job(*models::gpt_args(config(41)), {.dims = {.tp = 2}}, kBatch, kSeq);
   EXPECT_EQ(uneven.rank(0).parameters - uneven.rank(1).parameters, 8);
   ASSERT_EQ(uneven.notes.size(), 1u);
   EXPECT_NE(uneven.notes[0].find("21 on the first tp ranks and 20 on the last"), std::string::npos);
-  expect_plan_matches(config(41), {.dims = {.tp = 2}});
+  expect_plan_matches(*models::gpt_args(config(41)), {.dims = {.tp = 2}});
 }
 
 TEST(JobPlan, PipelineStages) {
-  expect_plan_matches(config(), {.dims = {.pp = 2}, .pipeline = {.microbatches = 2}});
-  expect_plan_matches(config(), {.dims = {.pp = 2, .tp = 2}, .pipeline = {.microbatches = 2}});
+  expect_plan_matches(*models::gpt_args(config()),
+                      {.dims = {.pp = 2}, .pipeline = {.microbatches = 2}});
+  expect_plan_matches(*models::gpt_args(config()),
+                      {.dims = {.pp = 2, .tp = 2}, .pipeline = {.microbatches = 2}});
   expect_plan_matches(
-      config(), {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 2}});
+      *models::gpt_args(config()),
+      {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 2}});
 }
 
 TEST(JobPlan, DataParallel) {
-  expect_plan_matches(config(), {.dims = {.dp_replicate = 2, .tp = 2}});
+  expect_plan_matches(*models::gpt_args(config()), {.dims = {.dp_replicate = 2, .tp = 2}});
   // FSDP over 3 ranks: 40 vocabulary rows in chunks of 14, 14 and 12; widths 8 and 24 likewise.
-  expect_plan_matches(config(), {.dims = {.dp_shard = 3}}, /*batch=*/6);
-  expect_plan_matches(config(), {.dims = {.dp_replicate = 2, .dp_shard = 2}});
-  expect_plan_matches(config(),
+  expect_plan_matches(*models::gpt_args(config()), {.dims = {.dp_shard = 3}}, /*batch=*/6);
+  expect_plan_matches(*models::gpt_args(config()), {.dims = {.dp_replicate = 2, .dp_shard = 2}});
+  expect_plan_matches(*models::gpt_args(config()),
                       {.dims = {.pp = 2, .dp_shard = 2, .tp = 2}, .pipeline = {.microbatches = 2}});
 }
 

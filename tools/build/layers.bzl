@@ -16,7 +16,7 @@ and every library target says which it belongs to:
 
 So a target in a lower layer that adds a dependency on a higher one fails to build with Bazel's
 "target '//dtensor:dtensor' is not visible from target '//tensor:tensor'" (checked by
-//tests/tools:layering_test). A new folder must be added here before anything can use it.
+//tests/build:layering_test). A new folder must be added here before anything can use it.
 
 Inside Loom's own workspace the public targets are visible to the `_users` groups only. When Loom
 is an external repository (`@loom`, a downstream workspace), package groups cannot name the
