@@ -71,6 +71,36 @@ const ModelFamily& family_of_model(const std::string& model) {
             registered_models());
 }
 
+const ModelFamily& family_of_fields(const nlohmann::json& fields, const std::string& where) {
+  LOOM_CHECK(fields.is_object(), "{}: the model's fields must be an object, got {}", where,
+             fields.dump());
+  const nlohmann::json family = fields.value("family", nlohmann::json("gpt"));
+  LOOM_CHECK(family.is_string(), "{}: \"family\" must be a string, got {}", where, family.dump());
+  std::vector<std::string> names;
+  for (const ModelFamily* f : model_families()) {
+    if (f->name() == family.get<std::string>()) return *f;
+    names.push_back(f->name());
+  }
+  LOOM_FAIL("{}: the model is of the {} family, which this program does not register (it has {})",
+            where, family.dump(), fmt::join(names, ", "));
+}
+
+int64_t int_field(const nlohmann::json& fields, const char* key, const std::string& where) {
+  const auto it = fields.find(key);
+  LOOM_CHECK(it != fields.end() && it->is_number_integer(),
+             "{}: the model's field \"{}\" must be an integer, got {}", where, key,
+             it == fields.end() ? "none" : it->dump());
+  return it->get<int64_t>();
+}
+
+double number_field(const nlohmann::json& fields, const char* key, const std::string& where) {
+  const auto it = fields.find(key);
+  LOOM_CHECK(it != fields.end() && it->is_number(),
+             "{}: the model's field \"{}\" must be a number, got {}", where, key,
+             it == fields.end() ? "none" : it->dump());
+  return it->get<double>();
+}
+
 void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes) {
   for (const SizeAgreement& s : sizes) {
     LOOM_CHECK(s.flag_value == 0 || s.flag_value == s.file_value,

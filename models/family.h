@@ -9,10 +9,11 @@
 // every registered family's presets. A family provides:
 //   - its presets and sizes from flags (ModelSizes), or from a Hugging Face config.json;
 //   - per model (ModelArgs): the summary, parameter count, context and vocabulary, the fields a
-//     checkpoint records, its checks (sizes; what tp must divide), and its parts for every
-//     layout (pipeline::PipelineModelSpec: a stage of any StageRange — the whole model is the
-//     stage holding everything — its TP plan, its blocks, its loss), its Hugging Face adapter,
-//     and optionally its parameters from the config alone (for `loom plan`'s model-state table).
+//     checkpoint records (and the model back from them: ModelFamily::from_fields), its checks
+//     (sizes; what tp must divide), and its parts for every layout (pipeline::PipelineModelSpec: a
+//     stage of any StageRange — the whole model is the stage holding everything — its TP plan, its
+//     blocks, its loss), its Hugging Face adapter, and optionally its parameters from the config
+//     alone (for `loom plan`'s model-state table).
 // ARCHITECTURE.md, "How to add a model family", lists the files a new family touches.
 #pragma once
 
@@ -101,6 +102,10 @@ class ModelFamily {
   // (n_kv_heads on GPT) throws naming its flag.
   virtual std::unique_ptr<ModelArgs> from_preset(const std::string& preset,
                                                  const ModelSizes& sizes) const = 0;
+  // The model whose fields (ModelArgs::fields) a checkpoint recorded, e.g. to consolidate it;
+  // throws naming `where` and the field when one is missing or of another type.
+  virtual std::unique_ptr<ModelArgs> from_fields(const nlohmann::json& fields,
+                                                 const std::string& where) const = 0;
   // The model a Hugging Face config.json describes; `sizes` given must agree with it (a
   // contradiction names the flag and the file's key). Null when the family reads no such file.
   virtual std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
@@ -118,6 +123,12 @@ std::vector<const ModelFamily*> model_families();
 const ModelFamily& family_of_model(const std::string& model);
 // "gpt: tiny, small, gpt3-175b; llama: llama-tiny, llama3-8b, llama3-70b".
 std::string registered_models();
+// The family a checkpoint's model fields name ("family"; a GPT's recorded none before Looms
+// recorded it); throws naming `where` and the registered families otherwise.
+const ModelFamily& family_of_fields(const nlohmann::json& fields, const std::string& where);
+// A recorded field as an integer or a number; throws naming `where` and the field otherwise.
+int64_t int_field(const nlohmann::json& fields, const char* key, const std::string& where);
+double number_field(const nlohmann::json& fields, const char* key, const std::string& where);
 
 // A flag that must agree with a checkpoint's config.json: its value (0: not given), its flag and
 // the file's key and value. Throws naming all three on the first that differs.

@@ -33,19 +33,25 @@ void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json
   LOOM_CHECK(saved != metadata.extra.end() && saved->is_object(),
              "checkpoint '{}' does not record its model config; it was not saved by a Loom job",
              directory);
+  // A field this model has that the checkpoint lacks was recorded only by later Looms (a GPT's
+  // "family", a Llama's RoPE settings): not compared. A field the checkpoint has that this model
+  // lacks is another model; so is having no field in common.
   std::vector<std::string> differences;
+  size_t common = 0;
   for (const auto& [key, value] : here.items()) {
     const auto there = saved->find(key);
-    if (there == saved->end() || *there != value) {
-      differences.push_back(fmt::format("{} {} there, {} here", key,
-                                        there == saved->end() ? "missing" : there->dump(),
-                                        value.dump()));
+    if (there == saved->end()) continue;
+    ++common;
+    if (*there != value) {
+      differences.push_back(fmt::format("{} {} there, {} here", key, there->dump(), value.dump()));
     }
   }
   for (const auto& [key, value] : saved->items()) {
-    if (!here.contains(key))
+    if (!here.contains(key)) {
       differences.push_back(fmt::format("{} {} there, none here", key, value.dump()));
+    }
   }
+  if (common == 0 && differences.empty()) differences.push_back("no model field in common");
   LOOM_CHECK(differences.empty(),
              "checkpoint '{}' was saved from another model config: {}; give the same model "
              "flags (or --config the run's effective config)",
@@ -85,7 +91,7 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
              "--resume: checkpoint '{}' was saved by another run: {}. Continuing would train on "
              "other batches than that run's next ones; give the run's settings (--config its "
              "effective config), or start a new --checkpoint-dir (--init-from takes its weights "
-             "once consolidated)",
+             "once //tools/checkpoint:consolidate wrote them as a Hugging Face file)",
              directory, fmt::join(refused, "; "));
   std::vector<std::string> warnings;
   for (const char* key : {"steps", "lr"}) {

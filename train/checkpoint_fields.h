@@ -25,7 +25,8 @@ nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMe
                                      const nlohmann::json& run);
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
-// here") when `metadata` was saved from another model config.
+// here") when `metadata` was saved from another model config. Fields only later Looms record
+// (absent there) are not compared, so older checkpoints resume.
 void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& model,
                       const std::string& directory);
 

@@ -52,7 +52,10 @@ void check_paths(const JobConfig& job) {
     check_writable(effective_config_path(job.metrics_out), "--metrics-out");
   }
   if (!job.plot_out.empty()) check_writable(job.plot_out, "--plot-out");
-  if (!job.save.empty()) check_writable(job.save, "--save");
+  if (!job.save.empty()) {
+    check_writable(job.save, "--save");
+    check_writable(models::hf::config_json_path(job.save), "--save (config.json beside it)");
+  }
 }
 
 // --init-from: the tensors' names, shapes and dtypes against the model, from headers only.
@@ -116,7 +119,9 @@ void check_directory_writable(const std::string& path, std::string_view what) {
              existing.string(), std::strerror(errno));
 }
 
-ParallelConfig parallel_config(const JobConfig& job) {
+ParallelConfig parallel_config(const JobConfig& given) {
+  JobConfig job = given;
+  resolve_parallel_degrees(job);  // --dp, the default dp 2, --dp-shard -1
   return {
       .dims = {.pp = job.pp,
                .dp_replicate = job.dp_replicate,
@@ -143,6 +148,10 @@ CheckedJob check_job(const JobConfig& job) {
   data::check_sequences_fit(out.data, job.seq_len);
   out.run = run_fields(job, out.data);
   if (!job.init_from.empty()) check_init_from(job, *out.model.args);
+  LOOM_CHECK(job.save.empty() || out.model.args->hf_adapter() != nullptr,
+             "--save: the {} family (--model {}) has no Hugging Face checkpoint format; use "
+             "--checkpoint-dir for its checkpoints",
+             out.model.args->family(), job.model);
   if (job.resume) check_resume(job, out.model.args->fields(), out);
   return out;
 }

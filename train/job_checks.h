@@ -4,7 +4,7 @@
 // makes fails the plan with the job's own message.
 //
 //   - the paths it reads and writes: --data, --init-from, the outputs, --checkpoint-dir (a folder
-//     it can create or write into);
+//     it can create or write into), and --save's family format;
 //   - the model: its family, sizes, the checkpoint's config.json, the context, heads over tp
 //     (train/job_model.h); the data: its vocabulary fits the model, it holds a sequence;
 //   - the layout against the world and the batch (ParallelConfig::validate);
@@ -39,7 +39,8 @@ struct CheckedJob {
 // the flag, file or key.
 CheckedJob check_job(const JobConfig& job);
 
-// The job's parallel layout from its settings.
+// The job's parallel layout from its settings (the data-parallel degrees resolved as
+// resolve_parallel_degrees does).
 ParallelConfig parallel_config(const JobConfig& job);
 
 // Throws naming `what` unless a folder can be made or written at `path`: every part of it that

@@ -7,21 +7,9 @@
 #include <optional>
 
 #include "base/error.h"
+#include "models/family.h"
 
 namespace loom::train {
-
-void resolve_parallel_degrees(JobConfig& job) {
-  const char* launched_world = std::getenv("RANK") ? std::getenv("WORLD_SIZE") : nullptr;
-  const int64_t world = launched_world ? std::atoll(launched_world) : job.nproc;
-  const ParallelDims dims = data_parallel_dims(job, world);
-  job.dp = 0;
-  job.dp_replicate = dims.dp_replicate;
-  job.dp_shard = dims.dp_shard;
-  LOOM_CHECK(job.nproc == 0 || job.nproc == dims.world_size(),
-             "--nproc {}: the degrees {} make {} ranks; give degrees whose product is {} (or "
-             "--dp-shard -1 to take what the others leave)",
-             job.nproc, dims.str(), dims.world_size(), job.nproc);
-}
 
 CommandLine parse_command_line(int argc, char** argv, const std::string& description) {
   CLI::App app{description +
@@ -46,8 +34,11 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
   std::vector<std::optional<std::string>> raw(options.size());  // nullopt: not given
   for (size_t i = 0; i < options.size(); ++i) {
     const JobOption& o = options[i];
-    const std::string help =
-        fmt::format("{}; default {} ([{}] {})", o.help, option_toml(defaults, o), o.section, o.key);
+    // --model lists what this program registered (its families' presets).
+    const std::string registered =
+        o.key == "model" ? fmt::format(": {}", models::registered_models()) : "";
+    const std::string help = fmt::format("{}{}; default {} ([{}] {})", o.help, registered,
+                                         option_toml(defaults, o), o.section, o.key);
     if (o.is_bool()) {
       app.add_flag_callback(
           o.flag(), [&raw, i] { raw[i] = "true"; }, help);

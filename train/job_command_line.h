@@ -22,11 +22,6 @@ struct CommandLine {
 // value or file, naming it. The data-parallel degrees are resolved (resolve_parallel_degrees).
 CommandLine parse_command_line(int argc, char** argv, const std::string& description);
 
-// The data-parallel degrees resolved into the settings (so the effective config repeats the run):
-// --dp as dp_replicate, the default dp 2, --dp-shard -1 against the launcher's WORLD_SIZE or
-// --nproc. A --nproc that is not the degrees' product is an error naming both.
-void resolve_parallel_degrees(JobConfig& job);
-
 // Exit statuses every job program uses: a bad flag, file or layout exits 2 before anything
 // starts; a failure while training exits 1.
 inline constexpr int kExitBadInput = 2;

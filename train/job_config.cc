@@ -24,9 +24,7 @@ using C = JobConfig;
 
 const std::vector<JobOption>& options() {
   static const std::vector<JobOption> table = {
-      {"model", "model",
-       "the model: a registered family's preset (gpt: tiny, small = GPT-2 124M, gpt3-175b; llama: "
-       "llama-tiny, llama3-8b, llama3-70b; the large ones are for ./loom plan)",
+      {"model", "model", "the model: a preset of a family the program registers (models/family.h)",
        &C::model},
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},
@@ -336,13 +334,24 @@ ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
     LOOM_CHECK(world_size > 0,
                "--dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is "
                "not known: give --nproc N (or run under a launcher, which sets WORLD_SIZE)");
-    const int64_t others = dims.pp * dims.dp_replicate * dims.tp;
-    LOOM_CHECK(world_size % others == 0 && world_size / others >= 1,
-               "--dp-shard -1: {} ranks do not split over pp {} x dp_replicate {} x tp {} = {}",
-               world_size, dims.pp, dims.dp_replicate, dims.tp, others);
-    dims.dp_shard = world_size / others;
+    dims = dims.resolved(world_size);
   }
   return dims;
+}
+
+void resolve_parallel_degrees(JobConfig& config, int64_t world_size) {
+  if (world_size <= 0) {
+    const char* launched_world = std::getenv("RANK") ? std::getenv("WORLD_SIZE") : nullptr;
+    world_size = launched_world ? std::atoll(launched_world) : config.nproc;
+  }
+  const ParallelDims dims = data_parallel_dims(config, world_size);
+  config.dp = 0;
+  config.dp_replicate = dims.dp_replicate;
+  config.dp_shard = dims.dp_shard;
+  LOOM_CHECK(config.nproc == 0 || config.nproc == dims.world_size(),
+             "--nproc {}: the degrees {} make {} ranks; give degrees whose product is {} (or "
+             "--dp-shard -1 to take what the others leave)",
+             config.nproc, dims.str(), dims.world_size(), config.nproc);
 }
 
 void set_option(JobConfig& config, const JobOption& option, const OptionValue& value,

@@ -4,8 +4,10 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <string_view>
 
 #include "base/error.h"
+#include "tensor/cuda/cuda_runtime.h"
 #include "tensor/host_memory.h"
 #include "train/job_checks.h"
 #include "train/job_command_line.h"
@@ -17,45 +19,55 @@ namespace loom::train {
 
 namespace {
 
-// The command line, checked as the job checks itself before it starts (in the process the user
-// started; ranks a launcher started check again as they set up).
-CommandLine parse_and_check(int argc, char** argv) {
+// Everything before anything starts: the command line, the job's checks (train/job_checks.h), the
+// device, the plan's machine flags; then, for a job not launched, its ranks under loomrun (this
+// process becomes them, or the world of one). Throws on bad input, naming it.
+CommandLine start(int argc, char** argv) {
   CommandLine parsed = parse_command_line(
       argc, argv,
       "Train a model of any registered family with data, tensor and pipeline parallelism, or "
       "plan the job with --plan (./loom train, ./loom plan).");
-  if (parsed.help || parsed.calibrate || parsed.plan) return parsed;
-  if (!launched_as_rank()) check_job(parsed.job);  // its warnings print once the ranks start
-  return parsed;
-}
-
-int run_job(const CommandLine& parsed, int argc, char** argv, const std::string& program) {
-  if (!launched_as_rank()) {
-    const ParallelDims dims = parallel_config(parsed.job).dims;
-    if (dims.world_size() > 1) relaunch(parsed.launcher, dims.world_size(), dims.str(), argc, argv);
-    become_world_of_one();
+  if (parsed.help || parsed.calibrate) return parsed;
+  if (parsed.plan) {
+    const CheckedJob checked = check_job(parsed.job);
+    std::string missing;
+    plan_machine(parsed.job, checked.parallel.dims.world_size(), parsed.job.device == "cuda",
+                 &missing);
+    return parsed;
   }
-  JobRunner runner(parsed.job, init_job_process_group(parsed.job), program);
-  runner.run();
-  return 0;
+  if (launched_as_rank()) return parsed;  // each rank checks the job as it sets up
+  check_job(parsed.job);                  // its warnings print once the ranks start
+  // A plan may be for GPUs this machine lacks; a run is not.
+  LOOM_CHECK(parsed.job.device != "cuda" || cuda::available(), "--device cuda: {}",
+             cuda::unavailable_reason());
+  const ParallelDims dims = parallel_config(parsed.job).dims;
+  if (dims.world_size() > 1) relaunch(parsed.launcher, dims.world_size(), dims.str(), argc, argv);
+  become_world_of_one();
+  return parsed;
 }
 
 }  // namespace
 
 int job_main(int argc, char** argv, const std::string& program) {
   keep_freed_host_memory();  // tensor/host_memory.h: why
+  // Errors of `loom plan` say so (the flags are parsed below, perhaps failing).
+  bool planning = false;
+  for (int i = 1; i < argc; ++i) planning = planning || std::string_view(argv[i]) == "--plan";
+  const std::string who = planning ? fmt::format("{} --plan", program) : program;
   CommandLine parsed;
   try {
-    parsed = parse_and_check(argc, argv);
+    parsed = start(argc, argv);
   } catch (const CLI::ParseError& error) {
-    fmt::print(stderr, "{}: {}\n", program, error.what());
+    fmt::print(stderr, "{}: {}\n", who, error.what());
     return kExitBadInput;
   } catch (const std::exception& error) {
-    fmt::print(stderr, "{}: {}\n", program, error.what());
+    fmt::print(stderr, "{}: {}\n", who, error.what());
+    return kExitBadInput;
+  } catch (...) {
+    fmt::print(stderr, "{}: unexpected error of an unknown type\n", who);
     return kExitBadInput;
   }
   if (parsed.help) return 0;
-  const std::string who = parsed.plan ? fmt::format("{} --plan", program) : program;
   try {
     if (parsed.calibrate) {
       fmt::print("{}\n", calibrate_and_store());
@@ -65,7 +77,9 @@ int job_main(int argc, char** argv, const std::string& program) {
       fmt::print("{}", plan_report(parsed.job));
       return 0;
     }
-    return run_job(parsed, argc, argv, program);
+    JobRunner runner(parsed.job, init_job_process_group(parsed.job), program);
+    runner.run();
+    return 0;
   } catch (const std::exception& error) {
     // The messages name the flag, file or library function that failed themselves.
     fmt::print(stderr, "{}: {}\n", who, error.what());

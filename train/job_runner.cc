@@ -78,12 +78,13 @@ struct JobRunner::Outputs {
 
 JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
                      std::string program)
-    : job_(job),
-      program_(std::move(program)),
-      world_(std::move(world)),
-      device_(resolve_device(job.device)),
-      checked_(check_job(job)) {
+    : job_(job), program_(std::move(program)), world_(std::move(world)) {
   LOOM_CHECK(world_ != nullptr, "JobRunner: the world group is null");
+  // The degrees against this world (--dp-shard -1 takes what the others leave of it), and the
+  // device its groups work on (Gloo: the CPU, NCCL: this rank's GPU).
+  resolve_parallel_degrees(job_, world_->size());
+  device_ = world_->device();
+  checked_ = check_job(job_);
   const int rank = world_->rank();
   checked_.parallel.validate(world_->size(), job_.batch_size, job_.seq_len);
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.

@@ -8,7 +8,8 @@
 //   runner.run();
 //
 // Setup (the constructor, on every rank): the checks every job makes (train/job_checks.h), the
-// mesh (ParallelDims), the model of any registered family (build_parallel_model), --init-from,
+// mesh (ParallelDims), the model of any registered family (build_parallel_model; the program
+// links the families it trains: //models:families, //models:gpt_family, ...), --init-from,
 // the Trainer, --resume (any layout), and rank 0's outputs: the effective config, the metrics
 // (JSONL), the printed step lines and the progress bar, and checkpoints every N steps (async or
 // not). run() trains to job.steps, then writes --save, prints a sample and the final loss, and
@@ -75,7 +76,7 @@ class JobRunner {
   JobConfig job_;
   std::string program_;
   std::shared_ptr<comm::ProcessGroup> world_;
-  Device device_;
+  Device device_ = Device::cpu();
   CheckedJob checked_;
   std::shared_ptr<const DeviceMesh> mesh_;
   std::unique_ptr<ParallelModel> model_;

@@ -27,10 +27,11 @@ class HFFiles {
   void load(nn::Module& module, const std::string& path) const {
     models::hf::load(module, adapter(), path, names_, fmt::format("load ({} family)", family_));
   }
+  // Every rank checks the format first, before any collective: all fail alike, none waits.
+  void check_format() const { adapter(); }
   void save(const nn::Module& whole, const std::string& path, bool write) const {
-    const auto& a = adapter();
     const auto parameters = models::hf::whole_parameters(whole);  // collective
-    if (write) models::hf::save(parameters, a, path);
+    if (write) models::hf::save(parameters, adapter(), path);
   }
 
  private:
@@ -93,7 +94,10 @@ class OneStageModel : public ParallelModel {
     return is_dtensor(out) ? full_tensor(out) : out;  // vocab-sharded under tp
   }
   void load_hf(const std::string& path) override { files_.load(*module_, path); }
-  void save_hf(const std::string& path, bool write) override { files_.save(*module_, path, write); }
+  void save_hf(const std::string& path, bool write) override {
+    files_.check_format();
+    files_.save(*module_, path, write);
+  }
 
  private:
   HFFiles files_;
@@ -130,6 +134,7 @@ class PipelinedModel : public ParallelModel {
     for (const auto& stage : model_->stages()) files_.load(*stage, path);
   }
   void save_hf(const std::string& path, bool write) override {
+    files_.check_format();
     // The whole model on the CPU (any values) on the first rank, which gathers every stage.
     std::shared_ptr<nn::Module> whole;
     if (model_->on_first_rank()) {

@@ -29,9 +29,11 @@ class GPTArgs : public ModelArgs {
   int64_t context() const override { return config_.block_size; }
   int64_t vocab_size() const override { return config_.vocab_size; }
   void set_vocab_size(int64_t vocab_size) override { config_.vocab_size = vocab_size; }
-  // The fields GPT checkpoints have always recorded (no "family": a GPT is the default).
+  // The sizes GPT checkpoints have always recorded, and the family (checkpoints before it lack
+  // it: train::check_same_model compares what both record).
   nlohmann::json fields() const override {
-    return {{"n_layer", config_.n_layer},
+    return {{"family", "gpt"},
+            {"n_layer", config_.n_layer},
             {"n_head", config_.n_head},
             {"n_embd", config_.n_embd},
             {"block_size", config_.block_size},
@@ -76,11 +78,22 @@ class GPTFamily : public ModelFamily {
     if (sizes.vocab_size) config.vocab_size = sizes.vocab_size;
     return std::make_unique<GPTArgs>(config);
   }
+  std::unique_ptr<ModelArgs> from_fields(const nlohmann::json& fields,
+                                         const std::string& where) const override {
+    GPTConfig config{.n_layer = int_field(fields, "n_layer", where),
+                     .n_head = int_field(fields, "n_head", where),
+                     .n_embd = int_field(fields, "n_embd", where),
+                     .block_size = int_field(fields, "block_size", where),
+                     .vocab_size = int_field(fields, "vocab_size", where)};
+    config.validate();
+    return std::make_unique<GPTArgs>(config);
+  }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     const GPTConfig config = gpt2_config_from_hf(json);
     refuse_size(sizes.n_kv_heads, "--n-kv-heads", name());
     refuse_size(sizes.ffn_dim, "--ffn-dim", name());
+    LOOM_CHECK(sizes.rope_theta == 0, "--rope-theta: the gpt family has no rotary embeddings");
     check_sizes_agree(json, {{sizes.n_layer, "--n-layer", "n_layer", config.n_layer},
                              {sizes.n_head, "--n-head", "n_head", config.n_head},
                              {sizes.n_embd, "--n-embd", "n_embd", config.n_embd},

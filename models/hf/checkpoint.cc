@@ -25,7 +25,7 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 bool is_index(const std::string& path) { return path.ends_with(".json"); }
 
 // A sharded checkpoint: the index's weight map, each shard read once.
-TensorMap read_index(const std::string& path, bool values) {
+TensorMap read_index(const std::string& path, bool values, const std::set<std::string>* only) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "'{}': cannot read it: {}", path, std::strerror(errno));
   nlohmann::json index;
@@ -50,7 +50,7 @@ TensorMap read_index(const std::string& path, bool values) {
     const std::string shard_path = (folder / shard).string();
     LOOM_CHECK(fs::exists(shard_path), "'{}' names the shard '{}', which does not exist", path,
                shard_path);
-    TensorMap file = load_safetensors(shard_path, values).tensors;
+    TensorMap file = load_safetensors(shard_path, values, only).tensors;
     for (const std::string& name : names) {
       const auto it = file.find(name);
       LOOM_CHECK(it != file.end(), "'{}' puts tensor '{}' in '{}', which does not hold it", path,
@@ -91,10 +91,10 @@ std::string config_json_path(const std::string& path) {
   return (fs::path(path).parent_path() / "config.json").string();
 }
 
-TensorMap read_tensors(const std::string& path, bool values) {
+TensorMap read_tensors(const std::string& path, bool values, const std::set<std::string>* only) {
   const std::string file = resolve_checkpoint_path(path);
-  if (is_index(file)) return read_index(file, values);
-  return load_safetensors(file, values).tensors;
+  if (is_index(file)) return read_index(file, values, only);
+  return load_safetensors(file, values, only).tensors;
 }
 
 namespace {
@@ -169,7 +169,21 @@ void check(const nn::Module& module, const StateDictAdapter& adapter, const std:
 
 void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
           const std::vector<std::string>& model_names, const std::string& who) {
-  const TensorMap file = read_tensors(path);
+  // The headers first: which of the file's tensors this module's parameters are; then the values
+  // of those alone (and of what the adapter's checks compare).
+  std::set<std::string> wanted;
+  {
+    const TensorMap headers = read_tensors(path, /*values=*/false);
+    for (const auto& [name, p] : module.named_parameters()) {
+      for (const std::string& candidate : adapter.hf_names(name)) {
+        if (headers.count(candidate)) wanted.insert(candidate);
+      }
+    }
+    for (const std::string& name : adapter.checked_tensors()) {
+      if (headers.count(name)) wanted.insert(name);
+    }
+  }
+  const TensorMap file = read_tensors(path, /*values=*/true, &wanted);
   const auto params = module.named_parameters();
   const std::map<std::string, std::string> file_name_of =
       match(module, adapter, file, path, model_names, who);

@@ -5,7 +5,8 @@
 // (model.safetensors.index.json: its "weight_map" names a shard file per tensor, read beside it),
 // or a folder holding either (as save_pretrained writes it). config.json sits beside them.
 //
-// Load (no communication): every rank reads the file and, for each parameter it holds, converts
+// Load (no communication): every rank reads the file's headers, then the tensors of the
+// parameters it holds (a pipeline stage reads its own), and, for each, converts
 // the whole tensor to Loom's layout (the adapter) and copies the box its shard holds by the
 // parameter's placements (DTensorSpec::local_offset / local_shape, the same boxes a distributed
 // checkpoint reads): plain parameters, tensor-parallel and FSDP shards (nested shards of one dim
@@ -18,6 +19,7 @@
 // config.json beside it.
 #pragma once
 
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -30,7 +32,9 @@ namespace loom::models::hf {
 // The tensors of a checkpoint (a file, an index and its shards, or a folder holding either).
 // Throws naming the file for anything unreadable or malformed. With `values` false, headers only
 // (meta tensors: names, shapes, dtypes).
-TensorMap read_tensors(const std::string& path, bool values = true);
+// With `only`, values are read for the tensors it names alone.
+TensorMap read_tensors(const std::string& path, bool values = true,
+                       const std::set<std::string>* only = nullptr);
 // The file the checkpoint's tensors are in, or its index, when `path` is a folder; else `path`.
 std::string resolve_checkpoint_path(const std::string& path);
 // config.json beside the checkpoint (in the folder when `path` is one).

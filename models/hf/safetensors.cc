@@ -156,7 +156,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
   out.commit();
 }
 
-SafetensorsFile load_safetensors(const std::string& path, bool values) {
+SafetensorsFile load_safetensors(const std::string& path, bool values,
+                                 const std::set<std::string>* only) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "safetensors '{}': cannot open: {}", path, errno_text());
   in.seekg(0, std::ios::end);
@@ -220,7 +221,7 @@ SafetensorsFile load_safetensors(const std::string& path, bool values) {
   }
   // Header valid: read the data.
   for (const Entry& e : entries) {
-    if (!values) {
+    if (!values || (only != nullptr && !only->count(e.name))) {
       file.tensors.emplace(e.name, Tensor::empty(e.shape, e.dtype, Device::meta()));
       continue;
     }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "tensor/tensor.h"
@@ -43,7 +44,9 @@ void save_safetensors(const std::string& path, const TensorMap& tensors,
 // anything is wrong. Nothing is returned unless the whole file is valid. With `values` false only
 // the header is read (validated the same): the tensors are on the meta device, shapes and dtypes
 // without values (what a check before a job starts reads of a checkpoint of any size).
-SafetensorsFile load_safetensors(const std::string& path, bool values = true);
+// With `only`, values are read for the tensors it names alone (the others are meta tensors).
+SafetensorsFile load_safetensors(const std::string& path, bool values = true,
+                                 const std::set<std::string>* only = nullptr);
 
 // "F32", "BF16", "F16", "I32", "I64".
 std::string safetensors_dtype_name(DType dtype);

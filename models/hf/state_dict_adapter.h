@@ -45,8 +45,11 @@ class StateDictAdapter {
     (void)hf_name;
     return false;
   }
+  // The file's tensors check_file reads the values of, besides the parameters being loaded.
+  virtual std::vector<std::string> checked_tensors() const { return {}; }
   // Checks across the file's tensors before anything loads (GPT-2: an lm_head must equal wte,
-  // since Loom ties them); appends a line per problem.
+  // since Loom ties them); appends a line per problem. Tensors without values (meta: headers
+  // only) are not compared.
   virtual void check_file(const TensorMap& file, std::vector<std::string>& problems) const {
     (void)file;
     (void)problems;

@@ -37,7 +37,10 @@ class LlamaArgs : public ModelArgs {
             {"n_kv_heads", config_.n_kv_heads},
             {"ffn_hidden_dim", config_.ffn_hidden_dim()},
             {"max_seq_len", config_.max_seq_len},
-            {"vocab_size", config_.vocab_size}};
+            {"vocab_size", config_.vocab_size},
+            {"norm_eps", config_.norm_eps},
+            {"rope_theta", config_.rope_theta},
+            {"rope_scaling", rope_scaling()}};
   }
   void validate() const override { config_.validate(); }
   void validate_tp(int64_t tp) const override {
@@ -59,6 +62,16 @@ class LlamaArgs : public ModelArgs {
   }
 
  private:
+  // Llama 3's frequency scaling as recorded (null: plain RoPE).
+  nlohmann::json rope_scaling() const {
+    if (!config_.rope_scaling) return nullptr;
+    const RopeScaling& s = *config_.rope_scaling;
+    return {{"factor", s.factor},
+            {"low_freq_factor", s.low_freq_factor},
+            {"high_freq_factor", s.high_freq_factor},
+            {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  }
+
   LlamaConfig config_;
 };
 
@@ -83,6 +96,33 @@ class LlamaFamily : public ModelFamily {
     if (sizes.n_head && !sizes.n_kv_heads && config.n_heads % config.n_kv_heads != 0) {
       config.n_kv_heads = config.n_heads;
     }
+    return std::make_unique<LlamaArgs>(config);
+  }
+  std::unique_ptr<ModelArgs> from_fields(const nlohmann::json& fields,
+                                         const std::string& where) const override {
+    LOOM_CHECK(fields.contains("rope_theta") && fields.contains("rope_scaling"),
+               "{}: the checkpoint does not record the Llama's RoPE settings (saved before Loom "
+               "recorded them), so its model cannot be rebuilt from it alone",
+               where);
+    LlamaConfig config;
+    config.dim = int_field(fields, "dim", where);
+    config.n_layers = int_field(fields, "n_layers", where);
+    config.n_heads = int_field(fields, "n_heads", where);
+    config.n_kv_heads = int_field(fields, "n_kv_heads", where);
+    config.ffn_dim = int_field(fields, "ffn_hidden_dim", where);
+    config.max_seq_len = int_field(fields, "max_seq_len", where);
+    config.vocab_size = int_field(fields, "vocab_size", where);
+    config.norm_eps = number_field(fields, "norm_eps", where);
+    config.rope_theta = number_field(fields, "rope_theta", where);
+    config.ffn_dim_multiplier = std::nullopt;
+    config.rope_scaling = std::nullopt;
+    if (const nlohmann::json& s = fields.at("rope_scaling"); !s.is_null()) {
+      config.rope_scaling =
+          RopeScaling{number_field(s, "factor", where), number_field(s, "low_freq_factor", where),
+                      number_field(s, "high_freq_factor", where),
+                      int_field(s, "original_max_position_embeddings", where)};
+    }
+    config.validate();
     return std::make_unique<LlamaArgs>(config);
   }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,

@@ -173,6 +173,17 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
       "head_dim",
       fmt::format("Loom's Llama heads are hidden_size / num_attention_heads = {} wide",
                   config.dim / config.n_heads));
+  // The sizes' own checks, named by the file's keys.
+  json.refuse_unless(
+      config.dim % config.n_heads == 0, "hidden_size",
+      fmt::format("it does not split into num_attention_heads = {} heads", config.n_heads));
+  json.refuse_unless(config.n_heads % config.n_kv_heads == 0, "num_key_value_heads",
+                     fmt::format("num_attention_heads = {} do not group over it (grouped-query "
+                                 "attention needs a multiple)",
+                                 config.n_heads));
+  json.refuse_unless(
+      config.head_dim() % 2 == 0, "hidden_size",
+      fmt::format("its heads are {} wide, an odd number (RoPE rotates pairs)", config.head_dim()));
   try {
     config.validate();
   } catch (const Error& e) {

@@ -1,7 +1,7 @@
 // DistributedDataParallel: a module replicated over a data-parallel group, whose gradients are
 // averaged over the group during backward (torch.nn.parallel.DistributedDataParallel).
 //
-//   ddp::DistributedDataParallel model(gpt, mesh->group("dp"));
+//   ddp::DistributedDataParallel model(gpt, meshes.dp_replicate->group(0));
 //   Tensor loss = model.module().loss(x, y);   // or model(x)
 //   backward(loss);                            // buckets all-reduce as gradients become ready
 //   optimizer.step();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Distributed checkpoints from the command line: a 2-rank job saves on schedule (keeping the
-# last 2), synchronously and asynchronously alike, consolidate_gpt2 turns its last checkpoint into the same Hugging Face file the job's
+# last 2), synchronously and asynchronously alike, consolidate turns its last checkpoint into the same Hugging Face file the job's
 # --save wrote (byte for byte), and that file seeds a 1-rank job.
 set -euo pipefail
 train="$(realpath "$1")"
@@ -41,6 +41,19 @@ grep -q '"model_type": "gpt2"' hf/config.json || { cat hf/config.json; exit 1; }
 "$train" --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress --init-from hf/model.safetensors \
   --metrics-out seeded.jsonl --plot-out seeded.png > seeded.log 2>&1 || { cat seeded.log; exit 1; }
 grep -q "initialized from hf/model.safetensors" seeded.log || { cat seeded.log; exit 1; }
+
+# A Llama job's checkpoint consolidates the same way: the tool rebuilds the family the checkpoint
+# recorded, and writes what the job's --save wrote, byte for byte, with its config.json.
+mkdir -p saved_llama hf_llama
+"$train" --launcher "$loomrun" --model llama-tiny --dp 2 --tp 1 --steps 2 --sample-tokens 0 \
+  --no-progress --checkpoint-dir ckpt_llama --save saved_llama/model.safetensors \
+  --metrics-out llama.jsonl --plot-out llama.png > llama.log 2>&1 || { cat llama.log; exit 1; }
+"$consolidate" ckpt_llama hf_llama/model.safetensors > consolidate_llama.log 2>&1 ||
+  { cat consolidate_llama.log; exit 1; }
+cmp hf_llama/model.safetensors saved_llama/model.safetensors ||
+  { echo "the consolidated Llama differs from the job's own --save"; exit 1; }
+cmp hf_llama/config.json saved_llama/config.json || { echo "the Llama config.json differs"; exit 1; }
+grep -q '"model_type": "llama"' hf_llama/config.json || { cat hf_llama/config.json; exit 1; }
 
 # Bad input is named: not a checkpoint, a missing argument.
 if "$consolidate" run.log out.safetensors 2> bad.log; then echo "consolidated a log file"; exit 1; fi

@@ -2,7 +2,8 @@
 # `loom plan` (loom_train --plan) as a user runs it: the default job's plan traces every role's
 # memory, FLOPs and operations; without a calibration it says how to get a step time, with one
 # (--calibrate into a private cache) it prints it; a layout the job rejects fails with the job's
-# own message and exit 1, naming the rank; Llama and the large presets plan too; nothing aborts.
+# own message and exit 2 before any trace (as the job exits 2 before it starts); Llama and the
+# large presets plan too; nothing aborts.
 set -euo pipefail
 train="$(realpath "$1")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
@@ -39,16 +40,16 @@ expect_out "ms per step"
 expect_out "4 ranks share its"
 echo "ok: calibrated step time"
 
-plan 1 --tp 3 --dp-replicate 1
+plan 2 --tp 3 --dp-replicate 1
 expect_err "loom_train --plan: ParallelConfig: sequence parallelism splits each sequence over tp ranks: a sequence length of 64 does not divide by tp 3"
-plan 1 --tp 3 --dp-replicate 1 --no-sequence-parallel
+plan 2 --tp 3 --dp-replicate 1 --no-sequence-parallel
 expect_err "n_head=4 is not divisible by the tp mesh size 3"
-plan 1 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved --virtual-stages 2 \
+plan 2 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved --virtual-stages 2 \
   --microbatches 4 --batch-size 8
 expect_err "cannot split 2 layers into 4 stages"
-plan 1 --plan-rank-tflops 100 --plan-link-gbps 50 --plan-dim-link-gbps dp=3
+plan 2 --plan-rank-tflops 100 --plan-link-gbps 50 --plan-dim-link-gbps dp=3
 expect_err "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of pp, dp_replicate, dp_shard, tp, GBPS a positive number; got 'dp=3'"
-plan 1 --plan-rank-tflops 100
+plan 2 --plan-rank-tflops 100
 expect_err "--plan-rank-tflops 100 needs --plan-link-gbps"
 echo "ok: layouts the job rejects, bad machine flags"
 
@@ -81,16 +82,16 @@ echo "ok: Llama, small and large (a preset carries its vocabulary)"
 # shorter than a sequence, --resume from a checkpoint of another model, --init-from weights of
 # other shapes (read from the file's header).
 printf 'short text' >short.txt
-plan 1 --data short.txt
+plan 2 --data short.txt
 expect_err "holds 10 tokens, too few for sequences of 64"
 mkdir -p saved
 "$train" --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress --checkpoint-dir ckpt \
   --save saved/model.safetensors --metrics-out m.jsonl --plot-out m.png >saved.log 2>&1 ||
   { cat saved.log; fail "saving a checkpoint"; }
-plan 1 --dp 1 --tp 1 --n-embd 32 --checkpoint-dir ckpt --resume
+plan 2 --dp 1 --tp 1 --n-embd 32 --checkpoint-dir ckpt --resume
 expect_err "was saved from another model config: n_embd 64 there, 32 here"
 rm saved/config.json
-plan 1 --dp 1 --tp 1 --n-embd 32 --init-from saved/model.safetensors
+plan 2 --dp 1 --tp 1 --n-embd 32 --init-from saved/model.safetensors
 expect_err "tensor 'transformer.wte.weight' has shape (256, 64) in the file but the model expects (256, 32)"
 plan 0 --dp 1 --tp 1 --init-from saved/model.safetensors
 echo "ok: the job's own checks before its first step"

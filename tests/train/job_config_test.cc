@@ -58,7 +58,8 @@ TEST(JobConfigTest, DataParallelDegreesResolve) {
             "--dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is "
             "not known: give --nproc N (or run under a launcher, which sets WORLD_SIZE)");
   EXPECT_EQ(error_of([&] { dims({.dp_shard = -1, .tp = 3}, 8); }),
-            "--dp-shard -1: 8 ranks do not split over pp 1 x dp_replicate 1 x tp 3 = 3");
+            "ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp=1 x "
+            "dp_replicate=1 x tp=3 = 3 does not divide the world of 8");
   EXPECT_EQ(error_of([&] { dims({.dp = 2, .dp_replicate = 3}); }),
             "--dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3; "
             "give one");

@@ -164,11 +164,8 @@ class ToyArgs : public models::ModelArgs {
   int64_t vocab_size() const override { return c_.vocab_size; }
   void set_vocab_size(int64_t vocab) override { c_.vocab_size = vocab; }
   nlohmann::json fields() const override {
-    return {{"family", "toy"},
-            {"n_layer", c_.n_layer},
-            {"n_head", c_.n_head},
-            {"n_embd", c_.n_embd},
-            {"vocab_size", c_.vocab_size}};
+    return {{"family", "toy"},     {"n_layer", c_.n_layer}, {"n_head", c_.n_head},
+            {"n_embd", c_.n_embd}, {"context", c_.context}, {"vocab_size", c_.vocab_size}};
   }
   void validate() const override {
     LOOM_CHECK(c_.n_layer > 0 && c_.n_head > 0 && c_.n_embd % c_.n_head == 0,
@@ -226,6 +223,16 @@ class ToyFamily : public models::ModelFamily {
   std::string name() const override { return "toy"; }
   std::vector<std::string> presets() const override { return {"toy-tiny"}; }
   bool vocab_from_data(const std::string&) const override { return true; }
+  std::unique_ptr<models::ModelArgs> from_fields(const nlohmann::json& fields,
+                                                 const std::string& where) const override {
+    ToyConfig c;
+    c.n_layer = models::int_field(fields, "n_layer", where);
+    c.n_head = models::int_field(fields, "n_head", where);
+    c.n_embd = models::int_field(fields, "n_embd", where);
+    c.context = models::int_field(fields, "context", where);
+    c.vocab_size = models::int_field(fields, "vocab_size", where);
+    return std::make_unique<ToyArgs>(c);
+  }
   std::unique_ptr<models::ModelArgs> from_preset(const std::string&,
                                                  const models::ModelSizes& sizes) const override {
     ToyConfig c;

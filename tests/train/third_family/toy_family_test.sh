@@ -30,12 +30,13 @@ for layout in grid piped; do
     if (d > 1e-4) { print layout " step " NR - 1 ": " $2 " vs " $1 " on one rank"; bad = 1 } }
     END { exit bad }' || fail "$layout differs from one rank"
 done
-# The registry lists it beside the built-in families, and a Hugging Face file is refused by name.
+# The registry lists it (the program links this family alone), and --save, which needs a Hugging
+# Face format the family does not have, is refused by name before anything trains.
 if "$train" --model nope --no-progress 2>err.log; then fail "an unknown model trained"; fi
 grep -q "toy: toy-tiny" err.log || { cat err.log; fail "the registry does not list toy"; }
 if "$train" --model toy-tiny --dp 1 --tp 1 --save x.safetensors --steps 1 --no-progress \
     --sample-tokens 0 --metrics-out "" --plot-out "" >save.log 2>&1; then
   fail "--save of a family without a Hugging Face format succeeded"
 fi
-grep -q "the toy family has no Hugging Face checkpoint format" save.log || { cat save.log; fail "not named"; }
+grep -q -- "--save: the toy family (--model toy-tiny) has no Hugging Face checkpoint format" save.log || { cat save.log; fail "not named"; }
 echo "ok: a third family in 3 files of its own folder, on 1 rank, dp2 x tp2 and pp2"

@@ -1,0 +1,74 @@
+// consolidate: a job's distributed checkpoint (any registered family, saved on any layout) as
+// one Hugging Face safetensors file, with the config.json transformers reads beside it.
+//
+//   bazel run //tools/checkpoint:consolidate -- ckpt/step_00000008 out/model.safetensors
+//   bazel run //tools/checkpoint:consolidate -- ckpt out/model.safetensors   # the latest
+//
+// One process rebuilds the model from the fields the checkpoint recorded (its family and sizes,
+// models::ModelFamily::from_fields), reads the model's entries whole (model/<name>, verified
+// against their checksums) and writes them through the family's Hugging Face adapter: the file
+// `loom_train --save` writes at the same step, byte for byte. The optimizer state is left out
+// (Hugging Face files hold weights only). Exit 2 on bad arguments, 1 when the checkpoint cannot
+// be read or its family has no Hugging Face format.
+#include <fmt/format.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+
+#include "autograd/grad_mode.h"
+#include "base/error.h"
+#include "checkpoint/distributed_checkpoint.h"
+#include "models/family.h"
+#include "models/hf/checkpoint.h"
+
+namespace {
+
+using namespace loom;
+
+void consolidate(const std::string& input, const std::string& output) {
+  const std::string dir = checkpoint::resolve_step_directory(input);
+  const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
+  const auto fields = metadata.extra.find("model");
+  LOOM_CHECK(fields != metadata.extra.end(),
+             "'{}' does not record its model (extra.model); it was not saved by a Loom job", dir);
+  const std::string where = fmt::format("checkpoint '{}'", dir);
+  const models::ModelFamily& family = models::family_of_fields(*fields, where);
+  const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
+  const auto adapter = args->hf_adapter();
+  LOOM_CHECK(adapter != nullptr, "{}: the {} family has no Hugging Face checkpoint format", where,
+             family.name());
+  const std::shared_ptr<nn::Module> model =
+      args->spec(0, {}).make_stage(pipeline::StageRange::whole(args->n_layers()));
+  checkpoint::StateDict state;
+  for (const auto& [name, p] : model->named_parameters()) {
+    state.tensors.emplace_back("model/" + name, p);
+  }
+  checkpoint::load(state, dir);
+  models::hf::save(models::hf::whole_parameters(*model), *adapter, output);
+  fmt::print("consolidate: {} (step {}) -> {} and config.json beside it; {}\n", dir, metadata.step,
+             output, args->summary());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "A job's distributed checkpoint as Hugging Face safetensors (GPT-2, Llama: the family "
+      "the checkpoint recorded)"};
+  std::string input, output;
+  app.add_option("checkpoint", input, "a step directory, or a checkpoint directory (its latest)")
+      ->required();
+  app.add_option("output", output, "the .safetensors file to write")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    consolidate(input, output);
+    return 0;
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "consolidate: {}\n", error.what());
+    return 1;
+  }
+}
