@@ -1,6 +1,7 @@
 // Softmax, log-softmax, layer norm and RMS norm, with their backward kernels (tensor/ops_nn.h).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <string_view>
 #include <vector>
@@ -39,6 +40,24 @@ RowLayout row_layout(const Shape& shape, int64_t dim, std::string_view op) {
   for (int64_t d = dim + 1; d < ndim; ++d) layout.inner *= shape[d];
   return layout;
 }
+
+// Whether a norm can run on its tensors' own dtype (a GPU's kernels, or a meta trace of one):
+// every defined tensor of one floating dtype, and f32 statistics. Otherwise it computes on f32
+// copies and rounds back, as the CPU kernels always do.
+bool in_own_dtype(Device device, const Tensor& x, std::initializer_list<Tensor> same,
+                  std::initializer_list<Tensor> stats = {}) {
+  if (allocates_like_cpu(device)) return false;
+  for (const Tensor& t : same) {
+    if (t.defined() && t.dtype() != x.dtype()) return false;
+  }
+  for (const Tensor& t : stats) {
+    if (t.dtype() != kFloat32) return false;
+  }
+  return true;
+}
+
+const void* raw_or_null(const Tensor& t) { return t.defined() ? t.raw_data() : nullptr; }
+Tensor contiguous_or_none(const Tensor& t) { return t.defined() ? contiguous(t) : Tensor(); }
 
 // Calls f(start, stride) for every row of the layout.
 template <typename F>
@@ -192,6 +211,18 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
              shape_str(x_in.shape()));
   const NormLayout l = norm_layout(x_in, normalized_shape, op);
   const Device device = op_device(op, {x_in, weight, bias});
+  if (in_own_dtype(device, x_in, {weight, bias})) {
+    const Tensor x = contiguous(x_in), w = contiguous_or_none(weight), b = contiguous_or_none(bias);
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+    Tensor mean = Tensor::empty(l.stats_shape, kFloat32, device);
+    Tensor rstd = Tensor::empty(l.stats_shape, kFloat32, device);
+    if (device.is_cuda()) {
+      cuda::kernels::layer_norm_forward(
+          x.dtype(), out.raw_data(), mean.data<float>(), rstd.data<float>(), x.raw_data(),
+          raw_or_null(w), raw_or_null(b), l.rows, l.n, static_cast<float>(eps), device.index);
+    }
+    return {out, mean, rstd};
+  }
   const Tensor x = as_f32(x_in);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
   const Tensor b = bias.defined() ? as_f32(bias) : Tensor();
@@ -207,8 +238,8 @@ LayerNormResult layer_norm(const Tensor& x_in, const Shape& normalized_shape, co
   const int64_t n = l.n;
   if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
     if (device.is_cuda())
-      cuda::kernels::layer_norm_forward(po, pm, pr, px, pw, pb, l.rows, n, static_cast<float>(eps),
-                                        device.index);
+      cuda::kernels::layer_norm_forward(kFloat32, po, pm, pr, px, pw, pb, l.rows, n,
+                                        static_cast<float>(eps), device.index);
     return {to(out, x_in.dtype()), mean, rstd};
   }
   cpu::layer_norm_forward_f32(px, pw, pb, po, pm, pr, l.rows, n, eps);
@@ -237,6 +268,28 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
              op, shape_str(mean.shape()), shape_str(rstd.shape()), shape_str(l.stats_shape),
              shape_str(x_in.shape()), shape_str(normalized_shape));
   const Device device = op_device(op, {grad_out, x_in, mean, rstd, weight});
+  if (in_own_dtype(device, x_in, {grad_out, weight}, {mean, rstd})) {
+    const Tensor g = contiguous(grad_out), x = contiguous(x_in), mu = contiguous(mean),
+                 rs = contiguous(rstd), w = contiguous_or_none(weight);
+    LayerNormGrads grads;
+    grads.grad_x = Tensor::empty(x.shape(), x.dtype(), device);
+    Tensor gw, gb;  // f32 sums, rounded once to the weight's dtype
+    if (w.defined()) {
+      gw = Tensor::empty(normalized_shape, kFloat32, device);
+      gb = Tensor::empty(normalized_shape, kFloat32, device);
+    }
+    if (device.is_cuda()) {
+      cuda::kernels::layer_norm_backward(
+          x.dtype(), grads.grad_x.raw_data(), w.defined() ? gw.data<float>() : nullptr,
+          w.defined() ? gb.data<float>() : nullptr, g.raw_data(), x.raw_data(), mu.data<float>(),
+          rs.data<float>(), raw_or_null(w), l.rows, l.n, device.index);
+    }
+    if (w.defined()) {
+      grads.grad_weight = to(gw, weight.dtype());
+      grads.grad_bias = to(gb, weight.dtype());
+    }
+    return grads;
+  }
   const Tensor g = as_f32(grad_out);
   const Tensor x = as_f32(x_in);
   const Tensor mu = as_f32(mean);
@@ -258,7 +311,7 @@ LayerNormGrads layer_norm_backward(const Tensor& grad_out, const Tensor& x_in, c
       gb_out = Tensor::empty(normalized_shape, kFloat32, device);
     }
     if (device.is_cuda())
-      cuda::kernels::layer_norm_backward(pd, pw ? gw_out.data<float>() : nullptr,
+      cuda::kernels::layer_norm_backward(kFloat32, pd, pw ? gw_out.data<float>() : nullptr,
                                          pw ? gb_out.data<float>() : nullptr, pg, px, pm, pr, pw,
                                          l.rows, n, device.index);
     grads.grad_x = to(grad_x, x_in.dtype());
@@ -296,6 +349,17 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
              shape_str(x_in.shape()));
   const NormLayout l = norm_layout(x_in, normalized, op);
   const Device device = op_device(op, {x_in, weight});
+  if (in_own_dtype(device, x_in, {weight})) {
+    const Tensor x = contiguous(x_in), w = contiguous_or_none(weight);
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+    Tensor rstd = Tensor::empty(l.stats_shape, kFloat32, device);
+    if (device.is_cuda()) {
+      cuda::kernels::rms_norm_forward(x.dtype(), out.raw_data(), rstd.data<float>(), x.raw_data(),
+                                      raw_or_null(w), l.rows, l.n, static_cast<float>(eps),
+                                      device.index);
+    }
+    return {out, rstd};
+  }
   const Tensor x = as_f32(x_in);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
   Tensor out = Tensor::empty(x.shape(), kFloat32, device);
@@ -307,7 +371,7 @@ RMSNormResult rms_norm(const Tensor& x_in, const Tensor& weight, double eps) {
   const int64_t n = l.n;
   if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
     if (device.is_cuda())
-      cuda::kernels::rms_norm_forward(po, pr, px, pw, l.rows, n, static_cast<float>(eps),
+      cuda::kernels::rms_norm_forward(kFloat32, po, pr, px, pw, l.rows, n, static_cast<float>(eps),
                                       device.index);
     return {to(out, x_in.dtype()), rstd};
   }
@@ -332,6 +396,19 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
              shape_str(grad_out.shape()), shape_str(rstd.shape()), shape_str(x_in.shape()),
              shape_str(l.stats_shape));
   const Device device = op_device(op, {grad_out, x_in, rstd, weight});
+  if (in_own_dtype(device, x_in, {grad_out, weight}, {rstd})) {
+    const Tensor g = contiguous(grad_out), x = contiguous(x_in), rs = contiguous(rstd),
+                 w = contiguous_or_none(weight);
+    RMSNormGrads grads{Tensor::empty(x.shape(), x.dtype(), device), Tensor()};
+    Tensor gw = w.defined() ? Tensor::empty(normalized, kFloat32, device) : Tensor();
+    if (device.is_cuda()) {
+      cuda::kernels::rms_norm_backward(
+          x.dtype(), grads.grad_x.raw_data(), w.defined() ? gw.data<float>() : nullptr,
+          g.raw_data(), x.raw_data(), rs.data<float>(), raw_or_null(w), l.rows, l.n, device.index);
+    }
+    if (w.defined()) grads.grad_weight = to(gw, weight.dtype());
+    return grads;
+  }
   const Tensor g = as_f32(grad_out), x = as_f32(x_in), rs = as_f32(rstd);
   const Tensor w = weight.defined() ? as_f32(weight) : Tensor();
   Tensor grad_x = Tensor::empty(x.shape(), kFloat32, device);
@@ -345,8 +422,8 @@ RMSNormGrads rms_norm_backward(const Tensor& grad_out, const Tensor& x_in, const
     RMSNormGrads grads{Tensor(), Tensor()};
     Tensor gw_out = w.defined() ? Tensor::empty(normalized, kFloat32, device) : Tensor();
     if (device.is_cuda())
-      cuda::kernels::rms_norm_backward(pd, pw ? gw_out.data<float>() : nullptr, pg, px, pr, pw,
-                                       l.rows, n, device.index);
+      cuda::kernels::rms_norm_backward(kFloat32, pd, pw ? gw_out.data<float>() : nullptr, pg, px,
+                                       pr, pw, l.rows, n, device.index);
     grads.grad_x = to(grad_x, x_in.dtype());
     if (w.defined()) grads.grad_weight = to(gw_out, weight.dtype());
     return grads;

@@ -5,6 +5,7 @@
 
 #include "base/error.h"
 #include "tensor/cuda/kernels/nn.h"
+#include "tensor/device.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
@@ -34,6 +35,18 @@ Tensor rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inver
              shape_str(table), shape_str(x_in.shape()), shape_str(cos.shape()),
              shape_str(sin.shape()));
   const Device device = op_device(op, {x_in, cos, sin});
+  const int64_t pairs = time * heads * half;
+  if (!allocates_like_cpu(device)) {
+    // A GPU's kernel (or a meta trace of one) takes x in its own dtype, the tables in f32.
+    const Tensor x = contiguous(x_in), c = as_f32(cos), s = as_f32(sin);
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), device);
+    if (device.is_cuda()) {
+      cuda::kernels::rope_forward(x.dtype(), out.raw_data(), x.raw_data(), c.data<float>(),
+                                  s.data<float>(), pairs == 0 ? 0 : x.numel() / (pairs * 2), time,
+                                  heads, half, inverse, device.index);
+    }
+    return out;
+  }
   const Tensor x = as_f32(x_in), c = as_f32(cos), s = as_f32(sin);
   Tensor out = Tensor::empty(x.shape(), kFloat32, device);
   const int64_t outer = time * heads * half == 0 ? 0 : x.numel() / (time * heads * half * 2);
@@ -41,11 +54,7 @@ Tensor rope(const Tensor& x_in, const Tensor& cos, const Tensor& sin, bool inver
   const float* pc = c.data<float>();
   const float* ps = s.data<float>();
   float* po = out.data<float>();
-  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
-    if (device.is_cuda())
-      cuda::kernels::rope_forward(po, px, pc, ps, outer, time, heads, half, inverse, device.index);
-    return to(out, x_in.dtype());
-  }
+  if (!device.is_cpu()) return to(out, x_in.dtype());  // meta traced as a CPU: no kernel
   const float sign = inverse ? -1.0f : 1.0f;
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t t = 0; t < time; ++t) {

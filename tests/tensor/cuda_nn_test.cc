@@ -241,6 +241,26 @@ TEST_P(CudaNnTest, RandomFillsMatchTheCpu) {
                 .what = tag("normal_ (libm vs libdevice: an ulp)")});
 }
 
+// A bf16 input with f32 weights (dtypes the own-dtype kernels do not take together) computes on
+// f32 copies, as before; GPT-2's width and a thousand rows, so several blocks share the rows.
+TEST(CudaNnMixedDtypes, NormsOfBf16InputsWithF32Weights) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Tensor x = random_tensor({1000, 768}, 21, kBFloat16);
+  const Tensor w = random_tensor({768}, 22, kFloat32), b = random_tensor({768}, 23, kFloat32);
+  const auto cpu = ops::layer_norm(x, {768}, w, b, 1e-5);
+  const auto dev = ops::layer_norm(gpu(x), {768}, gpu(w), gpu(b), 1e-5);
+  expect_close({.actual = dev.out,
+                .expected = cpu.out,
+                .tol = kernel_tolerance(kBFloat16, 4.0),
+                .what = "layer_norm bf16 x, f32 weights"});
+  const auto rms_cpu = ops::rms_norm(x, w, 1e-5);
+  const auto rms_dev = ops::rms_norm(gpu(x), gpu(w), 1e-5);
+  expect_close({.actual = rms_dev.out,
+                .expected = rms_cpu.out,
+                .tol = kernel_tolerance(kBFloat16, 4.0),
+                .what = "rms_norm bf16 x, f32 weight"});
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaNnTest, ::testing::ValuesIn(kKernelDTypes),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 

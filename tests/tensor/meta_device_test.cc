@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tensor/device.h"
 #include "tensor/flop_counter.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
@@ -79,6 +80,70 @@ TEST(MemoryTracker, CountsStorageFromAllocationToFree) {
   EXPECT_EQ(tracker.stats().current_bytes, 0);
   EXPECT_EQ(tracker.stats().allocations, 3);  // a, b, a's refill
   EXPECT_EQ(tracker.stats().allocated_bytes, 4000 + 2000 + 4000);
+}
+
+// Norms on a GPU take bf16 directly (issue 31): traced for a GPU, a bf16 layer or RMS norm
+// allocates its bf16 output and f32 statistics only; traced for a CPU, it also stages f32 copies
+// of its input and output, as the CPU kernels do. Forward and backward both.
+TEST(MetaDevice, NormsOnAGpuAllocateNoF32CopiesOfBf16Tensors) {
+  const int64_t rows = 64, n = 256;
+  const int64_t bf16_rows = rows * n * 2, f32_rows = rows * n * 4, stats = rows * 4;
+  const auto allocated = [&](Device target, bool rms, bool backward) {
+    MetaTargetGuard follow(target);
+    const Tensor x = ops::empty({rows, n}, kBFloat16, Device::meta());
+    const Tensor w = ops::empty({n}, kBFloat16, Device::meta());
+    const Tensor b = ops::empty({n}, kBFloat16, Device::meta());
+    const Tensor g = ops::empty({rows, n}, kBFloat16, Device::meta());
+    const Tensor mean = ops::empty({rows}, kFloat32, Device::meta());
+    const Tensor rstd = ops::empty({rows}, kFloat32, Device::meta());
+    MemoryTracker tracker;
+    ScopedMemoryTracker scope(tracker);
+    if (!rms && !backward) {
+      const auto out = ops::layer_norm(x, {n}, w, b, 1e-5);
+      EXPECT_EQ(out.out.dtype(), kBFloat16);
+    } else if (!rms) {
+      const auto grads = ops::layer_norm_backward(g, x, mean, rstd, w, {n});
+      EXPECT_EQ(grads.grad_x.dtype(), kBFloat16);
+      EXPECT_EQ(grads.grad_weight.dtype(), kBFloat16);
+    } else if (!backward) {
+      const auto out = ops::rms_norm(x, w, 1e-5);
+      EXPECT_EQ(out.out.dtype(), kBFloat16);
+    } else {
+      const auto grads = ops::rms_norm_backward(g, x, rstd, w);
+      EXPECT_EQ(grads.grad_x.dtype(), kBFloat16);
+    }
+    return tracker.stats().allocated_bytes;
+  };
+  // The GPU's: the bf16 output (and for layer norm's forward its f32 mean and rstd; backward: the
+  // weight's f32 gradient sums and their bf16 rounding).
+  EXPECT_EQ(allocated(Device::cuda(), false, false), bf16_rows + 2 * stats);
+  EXPECT_EQ(allocated(Device::cuda(), true, false), bf16_rows + stats);
+  EXPECT_EQ(allocated(Device::cuda(), false, true), bf16_rows + 2 * (n * 4 + n * 2));
+  EXPECT_EQ(allocated(Device::cuda(), true, true), bf16_rows + n * 4 + n * 2);
+  // The CPU's stage f32 copies: more than the input's and the output's f32 rows on top.
+  for (bool rms : {false, true}) {
+    for (bool backward : {false, true}) {
+      EXPECT_GT(allocated(Device::cpu(), rms, backward),
+                allocated(Device::cuda(), rms, backward) + 2 * f32_rows)
+          << (rms ? "rms_norm" : "layer_norm") << (backward ? " backward" : "");
+    }
+  }
+}
+
+// RoPE likewise: on a GPU a bf16 x is rotated in place of dtype (its f32 tables as they are).
+TEST(MetaDevice, RopeOnAGpuAllocatesOnlyItsBf16Output) {
+  const auto allocated = [](Device target) {
+    MetaTargetGuard follow(target);
+    const Tensor x = ops::empty({2, 16, 4, 8}, kBFloat16, Device::meta());
+    const Tensor cos = ops::empty({16, 4}, kFloat32, Device::meta());
+    const Tensor sin = ops::empty({16, 4}, kFloat32, Device::meta());
+    MemoryTracker tracker;
+    ScopedMemoryTracker scope(tracker);
+    EXPECT_EQ(ops::rope(x, cos, sin, /*inverse=*/false).dtype(), kBFloat16);
+    return tracker.stats().allocated_bytes;
+  };
+  EXPECT_EQ(allocated(Device::cuda()), 2 * 16 * 4 * 8 * 2);
+  EXPECT_EQ(allocated(Device::cpu()), 2 * 16 * 4 * 8 * (2 + 4 + 4));  // + f32 x and out
 }
 
 TEST(FlopCounter, CountsMatrixProductsOnEveryDevice) {

@@ -31,22 +31,23 @@ void softmax_forward(float*, const float*, RowShape, bool, int) { unavailable("s
 void softmax_backward(float*, const float*, const float*, RowShape, bool, int) {
   unavailable("softmax_backward");
 }
-void layer_norm_forward(float*, float*, float*, const float*, const float*, const float*, int64_t,
-                        int64_t, float, int) {
+void layer_norm_forward(DType, void*, float*, float*, const void*, const void*, const void*,
+                        int64_t, int64_t, float, int) {
   unavailable("layer_norm_forward");
 }
-void layer_norm_backward(float*, float*, float*, const float*, const float*, const float*,
-                         const float*, const float*, int64_t, int64_t, int) {
+void layer_norm_backward(DType, void*, float*, float*, const void*, const void*, const float*,
+                         const float*, const void*, int64_t, int64_t, int) {
   unavailable("layer_norm_backward");
 }
-void rms_norm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float, int) {
+void rms_norm_forward(DType, void*, float*, const void*, const void*, int64_t, int64_t, float,
+                      int) {
   unavailable("rms_norm_forward");
 }
-void rms_norm_backward(float*, float*, const float*, const float*, const float*, const float*,
+void rms_norm_backward(DType, void*, float*, const void*, const void*, const float*, const void*,
                        int64_t, int64_t, int) {
   unavailable("rms_norm_backward");
 }
-void rope_forward(float*, const float*, const float*, const float*, int64_t, int64_t, int64_t,
+void rope_forward(DType, void*, const void*, const float*, const float*, int64_t, int64_t, int64_t,
                   int64_t, bool, int) {
   unavailable("rope_forward");
 }

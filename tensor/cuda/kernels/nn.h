@@ -1,7 +1,11 @@
-// CUDA kernels of the neural-network ops (tensor/ops_nn.h). All take contiguous f32 data: the
-// tensor layer converts bf16/f16 inputs to f32 on the device first and rounds results back once,
-// exactly as the CPU kernels do, so both devices share one numerical recipe (f32 arithmetic, f32
-// accumulation in the kernels; only the summation order differs).
+// CUDA kernels of the neural-network ops (tensor/ops_nn.h), on contiguous data. The norms take
+// their tensors in their own dtype (f32, bf16, f16: a DType and void pointers; activations,
+// weights and gradients of one dtype) and compute in f32, rounding each output once, so a bf16
+// model never copies an activation to f32 and back around a norm; statistics (mean, rstd) and
+// the weights' gradient sums are f32. RoPE likewise (its tables f32). The others still take f32
+// data, which the tensor layer
+// converts bf16/f16 to first and rounds back once. Both give the CPU kernels' numerical recipe
+// (f32 arithmetic, f32 accumulation; only the summation order differs).
 #pragma once
 
 #include <cstdint>
@@ -23,26 +27,31 @@ void softmax_forward(float* out, const float* x, RowShape shape, bool log, int d
 void softmax_backward(float* grad_x, const float* grad_out, const float* out, RowShape shape,
                       bool log, int device);
 
-// Rows of n: out = (x - mean) * rstd * w + b (w, b may be null); mean and rstd per row.
-void layer_norm_forward(float* out, float* mean, float* rstd, const float* x, const float* w,
-                        const float* b, int64_t rows, int64_t n, float eps, int device);
-// grad_x per row; grad_w and grad_b (sums over rows) when w is not null.
-void layer_norm_backward(float* grad_x, float* grad_w, float* grad_b, const float* grad_out,
-                         const float* x, const float* mean, const float* rstd, const float* w,
-                         int64_t rows, int64_t n, int device);
+// Rows of n of `dtype`: out = (x - mean) * rstd * w + b (w, b may be null); mean and rstd (f32)
+// per row.
+void layer_norm_forward(DType dtype, void* out, float* mean, float* rstd, const void* x,
+                        const void* w, const void* b, int64_t rows, int64_t n, float eps,
+                        int device);
+// grad_x per row (`dtype`); grad_w and grad_b (f32 sums over rows) when w is not null.
+void layer_norm_backward(DType dtype, void* grad_x, float* grad_w, float* grad_b,
+                         const void* grad_out, const void* x, const float* mean, const float* rstd,
+                         const void* w, int64_t rows, int64_t n, int device);
 
-// Rows of n: out = x * rstd * w (w may be null), rstd = 1 / sqrt(mean(x^2) + eps) per row.
-void rms_norm_forward(float* out, float* rstd, const float* x, const float* w, int64_t rows,
-                      int64_t n, float eps, int device);
-// grad_x per row; grad_w (a sum over rows) when w is not null.
-void rms_norm_backward(float* grad_x, float* grad_w, const float* grad_out, const float* x,
-                       const float* rstd, const float* w, int64_t rows, int64_t n, int device);
+// Rows of n of `dtype`: out = x * rstd * w (w may be null), rstd = 1 / sqrt(mean(x^2) + eps)
+// (f32) per row.
+void rms_norm_forward(DType dtype, void* out, float* rstd, const void* x, const void* w,
+                      int64_t rows, int64_t n, float eps, int device);
+// grad_x per row (`dtype`); grad_w (an f32 sum over rows) when w is not null.
+void rms_norm_backward(DType dtype, void* grad_x, float* grad_w, const void* grad_out,
+                       const void* x, const float* rstd, const void* w, int64_t rows, int64_t n,
+                       int device);
 
-// Rotary embedding of x (outer, time, heads, 2 * half) contiguous: pair (2i, 2i+1) at position t
-// rotates by the angle whose cos and sin are cos[t, i], sin[t, i] (tables (time, half)); inverse
-// rotates by minus the angle (the backward).
-void rope_forward(float* out, const float* x, const float* cos, const float* sin, int64_t outer,
-                  int64_t time, int64_t heads, int64_t half, bool inverse, int device);
+// Rotary embedding of x (outer, time, heads, 2 * half) contiguous, in its own `dtype`: pair
+// (2i, 2i+1) at position t rotates by the angle whose cos and sin are cos[t, i], sin[t, i] (f32
+// tables (time, half)); inverse rotates by minus the angle (the backward).
+void rope_forward(DType dtype, void* out, const void* x, const float* cos, const float* sin,
+                  int64_t outer, int64_t time, int64_t heads, int64_t half, bool inverse,
+                  int device);
 
 // out[i, :] = weight[idx[i], :] for i < count (weight strided, any floating dtype, out contiguous).
 void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_stride,
