@@ -14,6 +14,7 @@
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/memory_stats.h"
 #include "train/checkpoint_fields.h"
 #include "train/loss_plot.h"
 #include "train/output_files.h"
@@ -34,6 +35,7 @@ optim::WarmupCosine lr_schedule(const JobConfig& job) {
 }
 
 // The device's peak: the caching allocator's on a GPU, the process's resident set on CPU.
+// (The step's tensor peak, what `loom plan` predicts, is the process tracker's: tensor bytes.)
 int64_t peak_memory_bytes(Device device) {
   if (device.is_cuda())
     return static_cast<int64_t>(cuda::allocator_stats(device.index).peak_allocated_bytes);
@@ -143,12 +145,16 @@ void JobRunner::add_metrics_hook() {
     out.losses.push_back(r.loss);
     if (rank != 0) return;
     const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
+    // The step's tensor peak (torch.cuda.max_memory_allocated's figure, on any device): what
+    // `loom plan`'s "peak in step" predicts.
+    const int64_t tensor_peak = process_memory_tracker().stats().peak_bytes;
     if (out.metrics.is_open()) {
       const nlohmann::json line{{"step", r.step},
                                 {"loss", r.loss},
                                 {"lr", r.lr},
                                 {"tokens_per_s", tokens_per_s},
                                 {"ms_per_step", r.ms},
+                                {"tensor_peak_bytes", tensor_peak},
                                 {"peak_mem_bytes", peak_memory_bytes(device_)},
                                 {"grad_norm", r.grad_norm}};
       out.metrics.write_line(line.dump());
@@ -156,8 +162,10 @@ void JobRunner::add_metrics_hook() {
     if (r.step % job_.log_every == 0 || r.step + 1 == job_.steps) {
       out.bar.clear();
       fmt::print(
-          "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | peak {:.0f} MiB\n",
-          r.step, r.loss, r.lr, tokens_per_s, r.ms, peak_memory_bytes(device_) / 1048576.0);
+          "step {:5d} | loss {:.4f} | lr {:.2e} | {:8.0f} tok/s | {:7.1f} ms | tensors {:.1f} MiB "
+          "peak | {} {:.0f} MiB\n",
+          r.step, r.loss, r.lr, tokens_per_s, r.ms, tensor_peak / 1048576.0,
+          device_.is_cuda() ? "allocator" : "resident", peak_memory_bytes(device_) / 1048576.0);
       std::fflush(stdout);
     }
     out.bar.update(r.step, static_cast<int>(job_.steps), r.loss, tokens_per_s);
@@ -211,6 +219,7 @@ void JobRunner::train_steps(JobResult& result) {
     }
     const data::Batch batch =
         local_batch(checked_.data, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len);
+    process_memory_tracker().reset_peak();  // the step's own peak (its batch included)
     trainer_->step(batch.inputs, batch.targets);
   }
   outputs_->bar.clear();

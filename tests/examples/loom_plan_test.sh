@@ -95,3 +95,16 @@ plan 2 --dp 1 --tp 1 --n-embd 32 --init-from saved/model.safetensors
 expect_err "tensor 'transformer.wte.weight' has shape (256, 64) in the file but the model expects (256, 32)"
 plan 0 --dp 1 --tp 1 --init-from saved/model.safetensors
 echo "ok: the job's own checks before its first step"
+
+# The job's step line and metrics report the step's tensor peak, the figure the plan predicts: on
+# one rank, the plan's "peak in step" equals the run's second step to 2 %.
+plan 0 --dp 1 --tp 1
+planned=$(awk -F'|' '/held between steps/ { table = 1 } table && $2 ~ /^ 0 $/ { print $5; exit }' out.log)
+"$train" --dp 1 --tp 1 --steps 2 --sample-tokens 0 --no-progress --metrics-out peak.jsonl \
+  --plot-out "" >peak.log 2>&1 || { cat peak.log; fail "the one-rank job"; }
+grep -q "tensors [0-9.]* MiB peak" peak.log || { cat peak.log; fail "no tensor peak in the step line"; }
+measured=$(sed -n 's/.*"step":1,"tensor_peak_bytes":\([0-9]*\).*/\1/p' peak.jsonl)
+awk -v p="$planned" -v m="$measured" 'BEGIN { m /= 1048576; d = (p - m) / m; if (d < 0) d = -d;
+  if (p == "" || m == 0 || d > 0.02) { print "planned peak " p " MiB, measured " m " MiB"; exit 1 } }' ||
+  fail "the plan's peak is not the run's"
+echo "ok: the run's tensor peak is the plan's"
