@@ -20,8 +20,11 @@ using autograd::Node;
 
 struct NodeTask {
   Node* node;
+  // A max-heap: nodes that run first (AccumulateGrad), then the latest created.
   bool operator<(const NodeTask& other) const {
-    return node->sequence_nr() < other.node->sequence_nr();  // max-heap: latest node first
+    const bool first = node->runs_first(), other_first = other.node->runs_first();
+    if (first != other_first) return other_first;
+    return node->sequence_nr() < other.node->sequence_nr();
   }
 };
 

@@ -56,6 +56,10 @@ class Node {
   // Creation order: the engine runs later nodes first, as PyTorch does, so gradients of the
   // last layers become ready first (what DDP's bucket order assumes).
   uint64_t sequence_nr() const { return sequence_nr_; }
+  // Whether the engine runs this node as soon as it is ready, before any other ready node
+  // (AccumulateGrad, as PyTorch's: a gradient goes into .grad at once instead of living, with
+  // every other parameter's, until the end of the backward).
+  virtual bool runs_first() const { return false; }
   size_t num_outputs() const { return output_hooks_.size(); }
   void set_num_outputs(size_t n) { output_hooks_.resize(n); }
   // Hooks on output `output_nr` (a non-leaf tensor's register_hook).
@@ -102,6 +106,7 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(Tensor leaf);
   std::vector<Tensor> apply(std::vector<Tensor> grad_outputs) override;
   std::string name() const override { return "AccumulateGrad"; }
+  bool runs_first() const override { return true; }
   const Tensor& leaf() const { return leaf_; }
 
  private:

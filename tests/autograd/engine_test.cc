@@ -5,6 +5,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/hooks.h"
 #include "base/error.h"
 #include "tests/autograd/test_util.h"
 #include "tests/testing/tensor_checks.h"
@@ -28,6 +29,35 @@ TEST(EngineTest, ChainRuleThroughSeveralOps) {
       {.actual = a.grad(), .expected = {2 * 5 * 5, 2 * 12 * 6, 2 * 21 * 7}, .tol = {.atol = 1e-4}});
   expect_close(
       {.actual = b.grad(), .expected = {2 * 5 * 1, 2 * 12 * 2, 2 * 21 * 3}, .tol = {.atol = 1e-4}});
+}
+
+// A leaf's gradient goes into .grad as soon as it is computed (AccumulateGrad runs before any
+// other ready node, as PyTorch's), even when its AccumulateGrad node is older than the graph (a
+// parameter's is made once and reused by every later forward): the last layer's weight is
+// accumulated before the first layer's backward runs, instead of every parameter's fresh
+// gradient living until the end of the backward (a pipeline stage held one more microbatch's
+// worth of memory for it, issue 32).
+TEST(EngineTest, LeavesAccumulateAsSoonAsTheirGradientIsReady) {
+  Tensor x = ops::from_vector({1, 2}, {2});
+  Tensor w1 = ops::from_vector({3, 4}, {2}), w2 = ops::from_vector({5, 6}, {2});
+  w1.set_requires_grad(true);
+  w2.set_requires_grad(true);
+  std::vector<std::string> order;
+  autograd::register_post_accumulate_grad_hook(w1, [&](const Tensor&) { order.push_back("w1"); });
+  autograd::register_post_accumulate_grad_hook(w2, [&](const Tensor&) { order.push_back("w2"); });
+  // Microbatch 0's graph stays alive (as a pipeline keeps it until its backward), so microbatch
+  // 1's graph reuses the leaves' AccumulateGrad nodes, older than all of its own nodes.
+  const Tensor y0 = sum((x * w1) * w2);
+  const Tensor h1 = x * w1;
+  autograd::register_hook(h1, [&](const Tensor&) {
+    order.push_back("h");
+    return Tensor();
+  });
+  backward(sum(h1 * w2));
+  EXPECT_EQ(order, (std::vector<std::string>{"w2", "h", "w1"}));
+  backward(y0);
+  expect_equal({.actual = w1.grad(), .expected = {10, 24}});  // two microbatches of x * w2
+  expect_equal({.actual = w2.grad(), .expected = {6, 16}});   // two of x * w1
 }
 
 TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {
