@@ -120,9 +120,12 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     }
   }
 
+  // A backward run inside another's node (an activation checkpoint's recompute) queues its
+  // callbacks to the outer one: they run once, when the whole backward is done.
   std::vector<std::function<void()>> callbacks;
   auto* outer_callbacks = pending_callbacks;
-  pending_callbacks = &callbacks;
+  const bool nested = outer_callbacks != nullptr;
+  if (!nested) pending_callbacks = &callbacks;
   struct RestoreCallbacks {
     std::vector<std::function<void()>>* outer;
     ~RestoreCallbacks() { pending_callbacks = outer; }

@@ -7,6 +7,7 @@
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "nn/checkpoint.h"
 #include "tensor/ops_copy.h"
 
 namespace loom::nn {
@@ -22,7 +23,7 @@ Tensor Module::operator()(const Tensor& input) {
     Tensor replaced = hook(*this, x);
     if (replaced.defined()) x = replaced;
   }
-  Tensor out = forward(x);
+  Tensor out = checkpointed_ && recording_enabled() ? checkpointed_forward(*this, x) : forward(x);
   for (const auto& hook : post_hooks_) {
     Tensor replaced = hook(*this, x, out);
     if (replaced.defined()) out = replaced;

@@ -37,7 +37,12 @@ class Module : public std::enable_shared_from_this<Module> {
   virtual Tensor forward(const Tensor& input);
   // Runs forward-pre hooks (which may replace the input), forward, then forward hooks (which
   // may replace the output) — the points where parallel styles redistribute inputs and outputs.
+  // A checkpointed module (nn/checkpoint.h) keeps only its input when recording a graph.
   Tensor operator()(const Tensor& input);
+  // Activation checkpointing of this module's forward (nn/checkpoint.h): its activations are
+  // recomputed in backward instead of kept.
+  void set_checkpointed(bool checkpointed) { checkpointed_ = checkpointed; }
+  bool checkpointed() const { return checkpointed_; }
   void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
 
@@ -103,6 +108,7 @@ class Module : public std::enable_shared_from_this<Module> {
 
   std::string type_name_;
   std::deque<Slot> parameters_;  // deque: references to slots stay valid as more are added
+  bool checkpointed_ = false;
   std::deque<Slot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<ForwardPreHook> pre_hooks_;

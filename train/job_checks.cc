@@ -134,7 +134,9 @@ ParallelConfig parallel_config(const JobConfig& given) {
                    .virtual_stages = static_cast<int>(job.virtual_stages)},
       .mixed_precision = job.mixed_precision == "bf16"
                              ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
-                             : std::nullopt};
+                             : std::nullopt,
+      .activation_checkpoint = parallel::ActivationCheckpointing::parse(job.activation_checkpoint,
+                                                                        "--activation-checkpoint")};
 }
 
 CheckedJob check_job(const JobConfig& job) {

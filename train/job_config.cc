@@ -87,6 +87,10 @@ const std::vector<JobOption>& options() {
        &C::mixed_precision,
        Range::kAny,
        {"none", "bf16"}},
+      {"training", "activation_checkpoint",
+       "recompute activations in backward instead of keeping them: none, full (every block) or "
+       "selective-layer:N (every N-th block)",
+       &C::activation_checkpoint},
       {"training",
        "device",
        "auto (cuda when every local rank has a GPU), cpu or cuda",

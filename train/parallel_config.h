@@ -7,6 +7,7 @@
 
 #include "models/tp_plan_options.h"
 #include "nn/mixed_precision.h"
+#include "parallel/activation_checkpoint.h"
 #include "parallel/pipeline/pipeline_model.h"
 #include "train/parallel_dims.h"
 
@@ -19,6 +20,8 @@ struct ParallelConfig {
   pipeline::ScheduleOptions pipeline;  // with dims.pp > 1
   // bf16 compute over f32 master weights (optimizer, clipping and DDP stay f32); none: all f32.
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
+  // Which blocks recompute their activations in backward (none, full, every N-th).
+  parallel::ActivationCheckpointing activation_checkpoint;
 
   // Microbatches per step as the pipeline runs them (the default resolved; 1 without one).
   int microbatches() const;

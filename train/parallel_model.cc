@@ -169,12 +169,14 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
         std::move(spec), meshes,
         pipeline::PipelineModelOptions{.schedule = parallel.pipeline,
                                        .sequence_parallel = parallel.tp_plan.sequence_parallel,
-                                       .mixed_precision = parallel.mixed_precision});
+                                       .mixed_precision = parallel.mixed_precision,
+                                       .activation_checkpoint = parallel.activation_checkpoint});
     return std::make_unique<PipelinedModel>(args, std::move(model));
   }
   std::shared_ptr<nn::Module> module =
       spec.make_stage(pipeline::StageRange::whole(args.n_layers()));
   module->to(mesh->device());  // before the TP plan and data parallelism take the parameters
+  parallel.activation_checkpoint.apply(spec.blocks(*module), /*first_block=*/0);
   if (parallel.dims.tp > 1) spec.parallelize(*module, meshes.tp);
   auto data_parallel = std::make_unique<parallel::DataParallel>(module, spec.blocks(*module),
                                                                 meshes, parallel.mixed_precision);

@@ -64,6 +64,7 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
     std::shared_ptr<nn::Module> module = spec_.make_stage(ranges_[s]);
     // The groups' device, before the TP plan and data parallelism take the parameters.
     module->to(meshes_.mesh->device());
+    options.activation_checkpoint.apply(spec_.blocks(*module), ranges_[s].first_block);
     if (tp_mesh->size(0) > 1) spec_.parallelize(*module, tp_mesh);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
     // param_dtype. Data parallelism (DDP or FSDP) synchronizes on the last microbatch only.

@@ -27,6 +27,7 @@
 #include "mesh/device_mesh.h"
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
+#include "parallel/activation_checkpoint.h"
 #include "parallel/data_parallel.h"
 #include "parallel/meshes.h"
 #include "parallel/pipeline/executor.h"
@@ -82,6 +83,8 @@ struct PipelineModelOptions {
   bool sequence_parallel = false;
   // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
+  // Which blocks recompute their activations in backward (parallel/activation_checkpoint.h).
+  parallel::ActivationCheckpointing activation_checkpoint;
 };
 
 class PipelineModel {

@@ -1,0 +1,170 @@
+// Activation checkpointing (nn/checkpoint.h) against the same computation without it: losses and
+// every gradient bitwise equal (the recompute runs the same kernels on the same values), dropout
+// drawing the same masks on recompute, under mixed precision too, with an input that needs no
+// gradient, nested checkpointed modules, and activations not kept: the bytes held between
+// forward and backward drop to the checkpointed modules' inputs and outputs.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "autograd/engine.h"
+#include "autograd/functions.h"
+#include "autograd/grad_mode.h"
+#include "nn/checkpoint.h"
+#include "nn/layers.h"
+#include "nn/linear.h"
+#include "nn/mixed_precision.h"
+#include "tensor/memory_stats.h"
+#include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
+
+namespace loom::nn {
+namespace {
+
+using testing::expect_bitwise_equal;
+
+// A residual MLP block with dropout: x + fc2(dropout(gelu(fc1(x)))).
+class Block : public Module {
+ public:
+  Block(int64_t width, uint64_t seed) : Module("Block") {
+    fc1 = register_module("fc1", std::make_shared<Linear>(width, 4 * width,
+                                                          LinearOptions{.seed = seed}));
+    fc2 = register_module("fc2", std::make_shared<Linear>(4 * width, width,
+                                                          LinearOptions{.seed = seed + 1}));
+    gelu = register_module("gelu", std::make_shared<GELU>());
+    drop = register_module("drop", std::make_shared<Dropout>(0.2, seed + 2));
+  }
+  Tensor forward(const Tensor& x) override {
+    return add(x, (*fc2)((*drop)((*gelu)((*fc1)(x)))));
+  }
+  std::shared_ptr<Linear> fc1, fc2;
+  std::shared_ptr<GELU> gelu;
+  std::shared_ptr<Dropout> drop;
+};
+
+class Net : public Module {
+ public:
+  explicit Net(int64_t width) : Module("Net") {
+    for (int i = 0; i < 3; ++i) {
+      blocks.push_back(register_module("b" + std::to_string(i),
+                                       std::make_shared<Block>(width, 10 * (i + 1))));
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (const auto& block : blocks) h = (*block)(h);
+    return h;
+  }
+  std::vector<std::shared_ptr<Block>> blocks;
+};
+
+struct TrainedRun {
+  std::vector<Tensor> losses;
+  std::vector<std::pair<std::string, Tensor>> grads;
+  int64_t held_after_forward = 0;  // tensor bytes between the last forward and its backward
+};
+
+// Two steps (dropout draws anew each call), gradients accumulated over both; each step calls the
+// net once, as training calls each block once per (micro)batch.
+TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad) {
+  Net net(16);
+  for (const auto& block : net.blocks) block->set_checkpointed(checkpoint);
+  if (mixed) apply_mixed_precision(net);
+  TrainedRun run;
+  for (int step = 0; step < 2; ++step) {
+    Tensor x = ops::uniform({8, 16}, 100 + step, -1.0, 1.0);
+    if (input_requires_grad) x.set_requires_grad(true);
+    MemoryTracker tracker;
+    Tensor loss;
+    {
+      ScopedMemoryTracker scope(tracker);
+      const Tensor y = net(x);
+      loss = sum(mul(y, y));
+      run.held_after_forward = tracker.stats().current_bytes;
+    }
+    backward(loss);
+    run.losses.push_back(detach(loss));
+    if (input_requires_grad) run.grads.emplace_back("x", x.grad());
+  }
+  for (auto& [name, p] : net.named_parameters()) run.grads.emplace_back(name, p.grad());
+  return run;
+}
+
+void expect_same(const TrainedRun& checkpointed, const TrainedRun& plain, const std::string& what) {
+  ASSERT_EQ(checkpointed.losses.size(), plain.losses.size());
+  for (size_t i = 0; i < plain.losses.size(); ++i) {
+    expect_bitwise_equal({.actual = checkpointed.losses[i],
+                          .expected = plain.losses[i],
+                          .what = what + " loss " + std::to_string(i)});
+  }
+  ASSERT_EQ(checkpointed.grads.size(), plain.grads.size());
+  for (size_t i = 0; i < plain.grads.size(); ++i) {
+    ASSERT_EQ(checkpointed.grads[i].first, plain.grads[i].first);
+    ASSERT_TRUE(plain.grads[i].second.defined()) << plain.grads[i].first;
+    expect_bitwise_equal({.actual = checkpointed.grads[i].second,
+                          .expected = plain.grads[i].second,
+                          .what = what + " grad of " + plain.grads[i].first});
+  }
+}
+
+TEST(Checkpoint, GradientsAndDropoutMasksEqualThePlainRunBitwise) {
+  const TrainedRun plain = train(false, false, true), checkpointed = train(true, false, true);
+  expect_same(checkpointed, plain, "f32");
+  // Kept between forward and backward: the blocks' inputs and outputs, not their 4x-wide
+  // activations (GELU's input and output, the dropout mask and output of each block).
+  EXPECT_LT(checkpointed.held_after_forward * 3, plain.held_after_forward)
+      << "checkpointed " << checkpointed.held_after_forward << " bytes, plain "
+      << plain.held_after_forward;
+}
+
+TEST(Checkpoint, UnderMixedPrecisionTheRecomputeUsesTheForwardsCasts) {
+  expect_same(train(true, true, true), train(false, true, true), "bf16");
+}
+
+TEST(Checkpoint, AnInputThatNeedsNoGradientStillGivesTheParametersTheirs) {
+  expect_same(train(true, false, false), train(false, false, false), "no input grad");
+}
+
+// Where checkpointing is not bitwise: a checkpointed module whose input feeds it twice in one
+// graph. Its recompute sums each call's gradient contributions before handing them on, where the
+// plain graph sums all of them at the input in arrival order: the same terms, another
+// association, so the input's gradient differs by rounding only (bounded here to 1e-6 of its
+// largest element); the parameters' gradients stay bitwise.
+TEST(Checkpoint, AModuleCalledTwiceInOneGraphDiffersByTheSumsAssociationOnly) {
+  std::vector<Tensor> grads[2];
+  for (int checkpointed = 0; checkpointed < 2; ++checkpointed) {
+    Block block(16, 5);
+    block.drop->set_calls(0);
+    block.set_checkpointed(checkpointed == 1);
+    Tensor x = ops::uniform({8, 16}, 3, -1.0, 1.0);
+    x.set_requires_grad(true);
+    backward(sum(mul(block(x), block(x))));
+    grads[checkpointed] = {x.grad(), block.fc1->weight().grad(), block.fc2->weight().grad()};
+  }
+  testing::expect_close({.actual = grads[1][0],
+                         .expected = grads[0][0],
+                         .tol = {.rtol = 1e-6, .relative_to = testing::RelativeTo::kLargest},
+                         .what = "the input's gradient"});
+  expect_bitwise_equal({.actual = grads[1][1], .expected = grads[0][1], .what = "fc1.weight"});
+  expect_bitwise_equal({.actual = grads[1][2], .expected = grads[0][2], .what = "fc2.weight"});
+}
+
+TEST(Checkpoint, NestedCheckpointsAndInferenceRunPlainly) {
+  Net plain_net(16), nested(16);
+  nested.set_checkpointed(true);
+  for (const auto& block : nested.blocks) block->set_checkpointed(true);
+  const Tensor x = ops::uniform({4, 16}, 7, -1.0, 1.0);
+  backward(sum(plain_net(x)));
+  backward(sum(nested(x)));
+  const auto want = plain_net.named_parameters(), got = nested.named_parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    expect_bitwise_equal({.actual = got[i].second.grad(),
+                          .expected = want[i].second.grad(),
+                          .what = "nested: grad of " + want[i].first});
+  }
+  NoGradGuard no_grad;  // inference: nothing to recompute, the forward runs as usual
+  expect_bitwise_equal({.actual = nested(x), .expected = plain_net(x), .what = "inference"});
+}
+
+}  // namespace
+}  // namespace loom::nn
