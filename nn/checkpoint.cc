@@ -6,7 +6,9 @@
 #include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "base/error.h"
 #include "nn/layers.h"
+#include "tensor/dispatch.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
@@ -42,26 +44,88 @@ struct ForwardState {
   }
 };
 
-// Grad mode on for its scope, whatever the caller's (the engine runs backward under no-grad).
-class GradOn {
+// The outputs a policy keeps from a checkpointed forward, in call order.
+struct KeptOutputs {
+  struct Entry {
+    OpId op;
+    std::vector<Shape> input_shapes;
+    std::vector<Tensor> outputs;
+  };
+  std::vector<Entry> entries;
+  size_t next = 0;  // the recompute's position
+};
+
+std::vector<Shape> shapes_of(const OpCall& call) {
+  std::vector<Shape> shapes;
+  for (const Tensor& t : call.inputs) shapes.push_back(t.defined() ? t.shape() : Shape{});
+  return shapes;
+}
+
+// Forward: runs every op, keeping the outputs of those the policy keeps.
+class KeepMode : public DispatchMode {
  public:
-  GradOn() : previous_(GradMode::is_enabled()) { GradMode::set_enabled(true); }
-  ~GradOn() { GradMode::set_enabled(previous_); }
-  GradOn(const GradOn&) = delete;
-  GradOn& operator=(const GradOn&) = delete;
+  KeepMode(const CheckpointPolicy& policy, KeptOutputs& kept) : policy_(policy), kept_(kept) {}
+  std::vector<Tensor> dispatch(const OpCall& call) override {
+    std::vector<Tensor> outputs = call_op(call);
+    if (policy_.keep(call.id)) kept_.entries.push_back({call.id, shapes_of(call), outputs});
+    return outputs;
+  }
 
  private:
-  bool previous_;
+  const CheckpointPolicy& policy_;
+  KeptOutputs& kept_;
+};
+
+// Recompute: hands back the kept outputs in order instead of running those ops again.
+class ReplayMode : public DispatchMode {
+ public:
+  ReplayMode(const CheckpointPolicy& policy, KeptOutputs& kept, const std::string& module)
+      : policy_(policy), kept_(kept), module_(module) {}
+  std::vector<Tensor> dispatch(const OpCall& call) override {
+    if (!policy_.keep(call.id)) return call_op(call);
+    LOOM_INTERNAL_ASSERT(kept_.next < kept_.entries.size(),
+                         "checkpoint({}): the recompute ran {} more times than the forward",
+                         module_, op_name(call.id));
+    KeptOutputs::Entry& entry = kept_.entries[kept_.next++];
+    LOOM_INTERNAL_ASSERT(entry.op == call.id && entry.input_shapes == shapes_of(call),
+                         "checkpoint({}): the recompute's kept op {} is {} on other inputs than "
+                         "the forward's {}: the forward is not deterministic",
+                         module_, kept_.next - 1, op_name(call.id), op_name(entry.op));
+    return std::move(entry.outputs);  // handed back once: the entry lets go of them
+  }
+
+ private:
+  const CheckpointPolicy& policy_;
+  KeptOutputs& kept_;
+  const std::string& module_;
 };
 
 }  // namespace
 
+CheckpointPolicy CheckpointPolicy::full() { return {.name = "full", .keep = nullptr}; }
+
+CheckpointPolicy CheckpointPolicy::matmuls_and_attention() {
+  return {.name = "selective-op", .keep = [](OpId op) {
+            return op == OpId::matmul || op == OpId::linear ||
+                   op == OpId::scaled_dot_product_attention;
+          }};
+}
+
 Tensor checkpointed_forward(Module& module, const Tensor& input) {
   const ForwardState before = ForwardState::of(module);
+  const std::shared_ptr<const CheckpointPolicy> policy = module.checkpoint_policy();
+  const bool selective = policy != nullptr && policy->keep != nullptr;
+  auto kept = std::make_shared<KeptOutputs>();
   Tensor output;
   {
-    NoGradGuard no_grad;  // no graph: no activation is kept
-    output = module.forward(input);
+    NoGradGuard no_grad;  // no graph: no activation is kept (but the policy's outputs)
+    if (selective) {
+      KeepMode keep(*policy, *kept);
+      ScopedDispatchMode mode(keep);
+      output = module.forward(input);
+    } else {
+      output = module.forward(input);
+    }
   }
   // A graph node needs an input that requires grad; when the module's input does not (its
   // parameters still do), an anchor leaf stands in and receives no gradient.
@@ -75,23 +139,31 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
   const size_t count = inputs.size();
   return autograd::record(
       fmt::format("checkpoint({})", module.type_name()), inputs, std::vector<Tensor>{output},
-      [target, before, input, count](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+      [target, before, input, count, policy, selective,
+       kept](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
         // The recompute sees the forward's slots and RNG positions; everything is put back after.
         const ForwardState after = ForwardState::of(*target);
         Tensor leaf = detach(input);
         if (input.requires_grad()) leaf.set_requires_grad(true);
         Tensor recomputed;
         {
-          GradOn grad_on;
+          EnableGradGuard grad_on;
           before.apply();
           try {
-            recomputed = target->forward(leaf);
+            if (selective) {
+              ReplayMode replay(*policy, *kept, target->type_name());
+              ScopedDispatchMode mode(replay);
+              recomputed = target->forward(leaf);
+            } else {
+              recomputed = target->forward(leaf);
+            }
           } catch (...) {
             after.apply();
             throw;
           }
           after.apply();
         }
+        kept->entries.clear();  // nothing kept outlives the recompute
         std::vector<Tensor> result(count);
         if (recomputed.requires_grad()) {
           backward(std::vector<Tensor>{recomputed}, std::vector<Tensor>{grads.at(0)});

@@ -3,6 +3,14 @@
 // on, then backpropagates through the recomputed graph.
 //
 //   block.set_checkpointed(true);   // every later grad-recording call of block(x) is checkpointed
+//   block.set_checkpoint_policy(CheckpointPolicy::matmuls_and_attention());   // selective
+//
+// Selective checkpointing (torchtitan's op mode, Korthikanti et al.'s selective recomputation):
+// a policy names the ops whose outputs the forward keeps — matrix products and attention by
+// default, the expensive ones — and the recompute takes those outputs back instead of running
+// the ops again (a tensor/dispatch.h DispatchMode records them in forward, in call order, and
+// hands them back in the recompute, checking each is the same op on the same shapes); norms,
+// activations and elementwise ops are recomputed. Any predicate over OpId is a policy.
 //
 // What the recompute sees is what the forward saw:
 //   - the input, kept by the checkpoint's graph node (the only activation it holds);
@@ -23,9 +31,23 @@
 // of the plain run.
 #pragma once
 
+#include <functional>
+#include <string>
+
 #include "nn/module.h"
+#include "tensor/op_list.h"
 
 namespace loom::nn {
+
+// Which ops' outputs a checkpointed module keeps from its forward (the others are recomputed).
+struct CheckpointPolicy {
+  std::string name;                // "full", "selective-op": in messages
+  std::function<bool(OpId)> keep;  // empty: none kept (full recompute)
+
+  static CheckpointPolicy full();
+  // matmul, linear and scaled_dot_product_attention kept; everything else recomputed.
+  static CheckpointPolicy matmuls_and_attention();
+};
 
 // module.forward(input) under checkpointing (Module::operator() calls it for a checkpointed
 // module when grad mode is on).

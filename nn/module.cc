@@ -23,12 +23,17 @@ Tensor Module::operator()(const Tensor& input) {
     Tensor replaced = hook(*this, x);
     if (replaced.defined()) x = replaced;
   }
-  Tensor out = checkpointed_ && recording_enabled() ? checkpointed_forward(*this, x) : forward(x);
+  Tensor out = checkpoint_ && recording_enabled() ? checkpointed_forward(*this, x) : forward(x);
   for (const auto& hook : post_hooks_) {
     Tensor replaced = hook(*this, x, out);
     if (replaced.defined()) out = replaced;
   }
   return out;
+}
+
+void Module::set_checkpointed(bool checkpointed) {
+  checkpoint_ =
+      checkpointed ? std::make_shared<const CheckpointPolicy>(CheckpointPolicy::full()) : nullptr;
 }
 
 const Tensor& Module::absent_parameter() {

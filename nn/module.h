@@ -20,6 +20,8 @@
 
 namespace loom::nn {
 
+struct CheckpointPolicy;  // nn/checkpoint.h
+
 using StateDict = std::map<std::string, Tensor>;
 
 class Module : public std::enable_shared_from_this<Module> {
@@ -40,9 +42,14 @@ class Module : public std::enable_shared_from_this<Module> {
   // A checkpointed module (nn/checkpoint.h) keeps only its input when recording a graph.
   Tensor operator()(const Tensor& input);
   // Activation checkpointing of this module's forward (nn/checkpoint.h): its activations are
-  // recomputed in backward instead of kept.
-  void set_checkpointed(bool checkpointed) { checkpointed_ = checkpointed; }
-  bool checkpointed() const { return checkpointed_; }
+  // recomputed in backward instead of kept — all of them (set_checkpointed), or all but the
+  // outputs of the ops a policy keeps (set_checkpoint_policy).
+  void set_checkpointed(bool checkpointed);
+  void set_checkpoint_policy(std::shared_ptr<const CheckpointPolicy> policy) {
+    checkpoint_ = std::move(policy);
+  }
+  bool checkpointed() const { return checkpoint_ != nullptr; }
+  const std::shared_ptr<const CheckpointPolicy>& checkpoint_policy() const { return checkpoint_; }
   void register_forward_pre_hook(ForwardPreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { post_hooks_.push_back(std::move(hook)); }
 
@@ -108,7 +115,7 @@ class Module : public std::enable_shared_from_this<Module> {
 
   std::string type_name_;
   std::deque<Slot> parameters_;  // deque: references to slots stay valid as more are added
-  bool checkpointed_ = false;
+  std::shared_ptr<const CheckpointPolicy> checkpoint_;  // null: not checkpointed
   std::deque<Slot> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<ForwardPreHook> pre_hooks_;

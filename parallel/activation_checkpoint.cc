@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include "base/error.h"
+#include "nn/checkpoint.h"
 
 namespace loom::parallel {
 
@@ -12,6 +13,7 @@ ActivationCheckpointing ActivationCheckpointing::parse(std::string_view text,
                                                        std::string_view what) {
   if (text == "none") return {};
   if (text == "full") return {.mode = Mode::kFull};
+  if (text == "selective-op") return {.mode = Mode::kSelectiveOp};
   constexpr std::string_view kLayer = "selective-layer:";
   if (text.starts_with(kLayer)) {
     const std::string_view number = text.substr(kLayer.size());
@@ -21,8 +23,10 @@ ActivationCheckpointing ActivationCheckpointing::parse(std::string_view text,
       return {.mode = Mode::kSelectiveLayer, .every = every};
     }
   }
-  LOOM_FAIL("{}: expected none, full or selective-layer:N (N >= 1: every N-th block), got '{}'",
-            what, text);
+  LOOM_FAIL(
+      "{}: expected none, full, selective-op or selective-layer:N (N >= 1: every N-th block), "
+      "got '{}'",
+      what, text);
 }
 
 std::string ActivationCheckpointing::str() const {
@@ -33,6 +37,8 @@ std::string ActivationCheckpointing::str() const {
       return "full";
     case Mode::kSelectiveLayer:
       return fmt::format("selective-layer:{}", every);
+    case Mode::kSelectiveOp:
+      return "selective-op";
   }
   return "?";
 }
@@ -42,6 +48,7 @@ bool ActivationCheckpointing::checkpoints(int64_t index) const {
     case Mode::kNone:
       return false;
     case Mode::kFull:
+    case Mode::kSelectiveOp:
       return true;
     case Mode::kSelectiveLayer:
       return index % every == 0;
@@ -51,8 +58,12 @@ bool ActivationCheckpointing::checkpoints(int64_t index) const {
 
 void ActivationCheckpointing::apply(const std::vector<DataParallel::Block>& blocks,
                                     int64_t first_block) const {
+  const auto policy = std::make_shared<const nn::CheckpointPolicy>(
+      mode == Mode::kSelectiveOp ? nn::CheckpointPolicy::matmuls_and_attention()
+                                 : nn::CheckpointPolicy::full());
   for (size_t i = 0; i < blocks.size(); ++i) {
-    blocks[i].module->set_checkpointed(checkpoints(first_block + static_cast<int64_t>(i)));
+    const bool on = checkpoints(first_block + static_cast<int64_t>(i));
+    blocks[i].module->set_checkpoint_policy(on ? policy : nullptr);
   }
 }
 

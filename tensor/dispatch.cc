@@ -60,6 +60,21 @@ const DispatchHandler* find_handler(int kind) {
 // it rather than timing it a second time.
 thread_local std::optional<OpId> profiled_op;
 
+// This thread's dispatch mode, and whether a call it was shown is running (what runs inside is
+// not shown to it again).
+thread_local DispatchMode* current_mode = nullptr;
+thread_local bool inside_mode_call = false;
+
+template <typename Range>
+std::vector<Tensor> run_in_mode(OpId op, const Range& inputs, std::vector<OpAttr>& attrs) {
+  OpCall call(op, std::vector<Tensor>(inputs.begin(), inputs.end()), std::move(attrs));
+  struct Inside {
+    Inside() { inside_mode_call = true; }
+    ~Inside() { inside_mode_call = false; }
+  } inside;
+  return current_mode->dispatch(call);
+}
+
 // Times the op under its name (base/profiler.h): runs it through call_op, which dispatches it
 // again from the top, where profiled_op lets it through.
 // "copy_ f32(16, 1024, 768) bf16(16, 1024, 768)*": the op and its inputs' dtypes and shapes, *
@@ -131,6 +146,9 @@ std::optional<std::vector<Tensor>> dispatch_range(OpId op, const Range& inputs,
     BelowAutogradGuard below;
     return call_op(call);
   }
+  if (current_mode != nullptr && !inside_mode_call) [[unlikely]] {
+    return run_in_mode(op, inputs, attrs);
+  }
   if (extension == nullptr || info.extensions == OpExtensions::kPlainOnly) return std::nullopt;
   auto handler = find_handler(extension->kind());
   LOOM_CHECK(handler != nullptr,
@@ -142,6 +160,17 @@ std::optional<std::vector<Tensor>> dispatch_range(OpId op, const Range& inputs,
 }
 
 }  // namespace
+
+ScopedDispatchMode::ScopedDispatchMode(DispatchMode& mode)
+    : previous_(current_mode), previous_inside_(inside_mode_call) {
+  current_mode = &mode;
+  inside_mode_call = false;  // the new mode sees the calls from here on
+}
+
+ScopedDispatchMode::~ScopedDispatchMode() {
+  current_mode = previous_;
+  inside_mode_call = previous_inside_;
+}
 
 void register_dispatch_handler(int kind, DispatchHandler handler) {
   auto& r = registry();

@@ -75,6 +75,32 @@ std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::initializer_list<Te
 std::optional<std::vector<Tensor>> dispatch_op(OpId op, std::span<const Tensor> inputs,
                                                std::vector<OpAttr> attrs = {});
 
+// A thread's dispatch mode (torch's TorchDispatchMode, in miniature): sees every op call on its
+// way to an extension handler or a kernel — below autograd, so an op recorded by autograd shows
+// up once, when autograd runs its forward — outermost only: what it runs through call_op, and
+// what a handler runs inside the call, is not shown to it again. Selective activation
+// checkpointing (nn/checkpoint.h) keeps some ops' outputs in forward and hands them back in the
+// recompute through one.
+class DispatchMode {
+ public:
+  virtual ~DispatchMode() = default;
+  // The op's outputs: run it with call_op(call), or answer without running it.
+  virtual std::vector<Tensor> dispatch(const OpCall& call) = 0;
+};
+
+// Installs `mode` on this thread for its scope (the previous one comes back on exit).
+class ScopedDispatchMode {
+ public:
+  explicit ScopedDispatchMode(DispatchMode& mode);
+  ~ScopedDispatchMode();
+  ScopedDispatchMode(const ScopedDispatchMode&) = delete;
+  ScopedDispatchMode& operator=(const ScopedDispatchMode&) = delete;
+
+ private:
+  DispatchMode* previous_;
+  bool previous_inside_;
+};
+
 // Runs the plain op `call.id` (as if called directly; it dispatches again from the top).
 // Handlers use it to run the local computation on unwrapped shards.
 std::vector<Tensor> call_op(const OpCall& call);

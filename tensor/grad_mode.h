@@ -23,6 +23,19 @@ class NoGradGuard {
   bool previous_;
 };
 
+// Enables recording for its scope, whatever the caller's mode (torch.enable_grad): what an
+// activation checkpoint's recompute runs under inside a backward (which runs under no-grad).
+class EnableGradGuard {
+ public:
+  EnableGradGuard() : previous_(GradMode::is_enabled()) { GradMode::set_enabled(true); }
+  ~EnableGradGuard() { GradMode::set_enabled(previous_); }
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Marks the thread as running an op's own computation on behalf of autograd (torch's
 // AutoDispatchBelowAutograd): ops dispatched inside it go straight to their extension handler or
 // kernel without recording, while grad mode itself stays on. Autograd's dispatch sets it around

@@ -88,8 +88,9 @@ const std::vector<JobOption>& options() {
        Range::kAny,
        {"none", "bf16"}},
       {"training", "activation_checkpoint",
-       "recompute activations in backward instead of keeping them: none, full (every block) or "
-       "selective-layer:N (every N-th block)",
+       "recompute activations in backward instead of keeping them: none, full (every block), "
+       "selective-op (every block, keeping matrix products and attention) or selective-layer:N "
+       "(every N-th block)",
        &C::activation_checkpoint},
       {"training",
        "device",

@@ -51,7 +51,7 @@ struct JobConfig {
   int64_t seed = 1337;
   std::string mixed_precision = "none";  // none | bf16
   std::string device = "auto";           // auto | cpu | cuda
-  // none | full | selective-layer:N: which blocks recompute their activations in backward
+  // none | full | selective-op | selective-layer:N: what recomputes its activations in backward
   std::string activation_checkpoint = "none";
   // [comm]
   double collective_timeout_s = 0;  // store and collective timeout; 0: $LOOM_TIMEOUT_S, else 300 s

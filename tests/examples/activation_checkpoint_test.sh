@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Activation checkpointing through the job (--activation-checkpoint): full and selective-layer:2
-# give losses bitwise equal to none (the recompute runs the same kernels on the same values; each
+# Activation checkpointing through the job (--activation-checkpoint): full, selective-layer:2 and
+# selective-op give losses bitwise equal to none (the recompute runs the same kernels on the same values; each
 # block is called once per microbatch) for GPT and Llama on 1 rank, tp2 + SP, pp2 with 1F1B and
 # interleaved, dp2 x tp2 and dp_shard2 x tp2, and keep less: the step's tensor peak falls.
 set -euo pipefail
@@ -15,23 +15,26 @@ peak() { sed -n 's/.*"step":2,"tensor_peak_bytes":\([0-9]*\).*/\1/p' "$1"; }
 check() {  # check NAME FLAGS...
   local name="$1"
   shift
-  for mode in none full selective-layer:2; do
+  for mode in none full selective-layer:2 selective-op; do
     "$train" --launcher "$loomrun" --n-layer 4 --steps 4 --batch-size 8 --seq-len 32 \
       --sample-tokens 0 --no-progress --plot-out "" --metrics-out "$name.$mode.jsonl" \
       --activation-checkpoint "$mode" "$@" >"$name.$mode.log" 2>&1 ||
       { cat "$name.$mode.log"; fail "$name --activation-checkpoint $mode"; }
   done
-  for mode in full selective-layer:2; do
+  for mode in full selective-layer:2 selective-op; do
     [[ "$(losses "$name.none.jsonl")" == "$(losses "$name.$mode.jsonl")" ]] ||
       fail "$name: $mode's losses are not none's: $(losses "$name.$mode.jsonl" | tr '\n' ' ') vs $(losses "$name.none.jsonl" | tr '\n' ' ')"
   done
-  local none full layer
+  local none full layer op
   none=$(peak "$name.none.jsonl") full=$(peak "$name.full.jsonl") layer=$(peak "$name.selective-layer:2.jsonl")
+  op=$(peak "$name.selective-op.jsonl")
+  (( full <= op && op < none )) ||
+    fail "$name: tensor peaks full $full, selective-op $op, none $none do not fall in that order"
   # (Rank 0's peak: under interleaving it holds blocks 0 and 2 alone, both checkpointed by
   # selective-layer:2 too.)
   (( full <= layer && layer < none )) ||
     fail "$name: tensor peaks full $full, selective-layer:2 $layer, none $none do not fall in that order"
-  echo "ok: $name (tensor peak none $none, selective-layer:2 $layer, full $full bytes)"
+  echo "ok: $name (tensor peak none $none, selective-layer:2 $layer, selective-op $op, full $full bytes)"
 }
 
 for model in tiny llama-tiny; do

@@ -3,6 +3,8 @@
 // drawing the same masks on recompute, under mixed precision too, with an input that needs no
 // gradient, nested checkpointed modules, and activations not kept: the bytes held between
 // forward and backward drop to the checkpointed modules' inputs and outputs.
+#include "nn/checkpoint.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -10,7 +12,6 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
-#include "nn/checkpoint.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/mixed_precision.h"
@@ -27,16 +28,14 @@ using testing::expect_bitwise_equal;
 class Block : public Module {
  public:
   Block(int64_t width, uint64_t seed) : Module("Block") {
-    fc1 = register_module("fc1", std::make_shared<Linear>(width, 4 * width,
-                                                          LinearOptions{.seed = seed}));
-    fc2 = register_module("fc2", std::make_shared<Linear>(4 * width, width,
-                                                          LinearOptions{.seed = seed + 1}));
+    fc1 = register_module("fc1",
+                          std::make_shared<Linear>(width, 4 * width, LinearOptions{.seed = seed}));
+    fc2 = register_module(
+        "fc2", std::make_shared<Linear>(4 * width, width, LinearOptions{.seed = seed + 1}));
     gelu = register_module("gelu", std::make_shared<GELU>());
     drop = register_module("drop", std::make_shared<Dropout>(0.2, seed + 2));
   }
-  Tensor forward(const Tensor& x) override {
-    return add(x, (*fc2)((*drop)((*gelu)((*fc1)(x)))));
-  }
+  Tensor forward(const Tensor& x) override { return add(x, (*fc2)((*drop)((*gelu)((*fc1)(x))))); }
   std::shared_ptr<Linear> fc1, fc2;
   std::shared_ptr<GELU> gelu;
   std::shared_ptr<Dropout> drop;
@@ -46,8 +45,8 @@ class Net : public Module {
  public:
   explicit Net(int64_t width) : Module("Net") {
     for (int i = 0; i < 3; ++i) {
-      blocks.push_back(register_module("b" + std::to_string(i),
-                                       std::make_shared<Block>(width, 10 * (i + 1))));
+      blocks.push_back(
+          register_module("b" + std::to_string(i), std::make_shared<Block>(width, 10 * (i + 1))));
     }
   }
   Tensor forward(const Tensor& x) override {
@@ -66,9 +65,15 @@ struct TrainedRun {
 
 // Two steps (dropout draws anew each call), gradients accumulated over both; each step calls the
 // net once, as training calls each block once per (micro)batch.
-TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad) {
+TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad, bool selective = false) {
   Net net(16);
-  for (const auto& block : net.blocks) block->set_checkpointed(checkpoint);
+  for (const auto& block : net.blocks) {
+    block->set_checkpointed(checkpoint);
+    if (checkpoint && selective) {
+      block->set_checkpoint_policy(
+          std::make_shared<const CheckpointPolicy>(CheckpointPolicy::matmuls_and_attention()));
+    }
+  }
   if (mixed) apply_mixed_precision(net);
   TrainedRun run;
   for (int step = 0; step < 2; ++step) {
@@ -115,6 +120,31 @@ TEST(Checkpoint, GradientsAndDropoutMasksEqualThePlainRunBitwise) {
   EXPECT_LT(checkpointed.held_after_forward * 3, plain.held_after_forward)
       << "checkpointed " << checkpointed.held_after_forward << " bytes, plain "
       << plain.held_after_forward;
+}
+
+// Selective: the Linears' outputs kept from the forward and handed back in the recompute (GELU,
+// dropout and the residual add recomputed): bitwise again, holding more than full checkpointing
+// and less than none.
+TEST(Checkpoint, SelectiveKeepsTheMatrixProductsAndRecomputesTheRest) {
+  const TrainedRun plain = train(false, false, true), full = train(true, false, true);
+  const TrainedRun selective = train(true, false, true, /*selective=*/true);
+  expect_same(selective, plain, "selective-op");
+  EXPECT_GT(selective.held_after_forward, full.held_after_forward);
+  EXPECT_LT(selective.held_after_forward, plain.held_after_forward);
+  expect_same(train(true, true, true, true), train(false, true, true), "selective-op bf16");
+}
+
+// A policy is any predicate over ops: keeping the nonlinearity's output instead.
+TEST(Checkpoint, AUserPolicyKeepsWhatItNames) {
+  Block plain_block(16, 9), kept_block(16, 9);
+  kept_block.set_checkpoint_policy(std::make_shared<const CheckpointPolicy>(
+      CheckpointPolicy{.name = "gelu", .keep = [](OpId op) { return op == OpId::gelu; }}));
+  const Tensor x = ops::uniform({4, 16}, 2, -1.0, 1.0);
+  backward(sum(plain_block(x)));
+  backward(sum(kept_block(x)));
+  expect_bitwise_equal({.actual = kept_block.fc1->weight().grad(),
+                        .expected = plain_block.fc1->weight().grad(),
+                        .what = "fc1.weight with gelu kept"});
 }
 
 TEST(Checkpoint, UnderMixedPrecisionTheRecomputeUsesTheForwardsCasts) {
