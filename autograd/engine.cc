@@ -153,6 +153,10 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       }
     }
     std::vector<Tensor> input_grads = node->apply(std::move(buffer.grads));
+    // Its saved tensors are not needed again (each node runs once per backward): freed now, as
+    // PyTorch does, so a backward's memory falls as it goes instead of holding every
+    // activation until it ends.
+    if (!retain_graph && !node->reusable()) node->release();
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& edge = edges[i];

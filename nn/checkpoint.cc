@@ -112,15 +112,25 @@ CheckpointPolicy CheckpointPolicy::matmuls_and_attention() {
 }
 
 Tensor checkpointed_forward(Module& module, const Tensor& input) {
-  const ForwardState before = ForwardState::of(module);
-  const std::shared_ptr<const CheckpointPolicy> policy = module.checkpoint_policy();
-  const bool selective = policy != nullptr && policy->keep != nullptr;
-  auto kept = std::make_shared<KeptOutputs>();
+  // What the backward needs, given up as soon as it has run: the input (the one activation
+  // kept), the forward's slots (FSDP's gathered parameters among them: held past the unit's
+  // backward, every unit's would stay until the whole backward ends) and the kept outputs.
+  struct Saved {
+    Module* target;
+    ForwardState before;
+    Tensor input;
+    std::shared_ptr<const CheckpointPolicy> policy;
+    KeptOutputs kept;
+    bool used = false;
+  };
+  auto saved = std::make_shared<Saved>(
+      Saved{&module, ForwardState::of(module), input, module.checkpoint_policy(), {}});
+  const bool selective = saved->policy != nullptr && saved->policy->keep != nullptr;
   Tensor output;
   {
     NoGradGuard no_grad;  // no graph: no activation is kept (but the policy's outputs)
     if (selective) {
-      KeepMode keep(*policy, *kept);
+      KeepMode keep(*saved->policy, saved->kept);
       ScopedDispatchMode mode(keep);
       output = module.forward(input);
     } else {
@@ -135,27 +145,32 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
     anchor.set_requires_grad(true);
     inputs.push_back(anchor);
   }
-  Module* target = &module;
   const size_t count = inputs.size();
   return autograd::record(
       fmt::format("checkpoint({})", module.type_name()), inputs, std::vector<Tensor>{output},
-      [target, before, input, count, policy, selective,
-       kept](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+      [saved, count, selective](const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+        Module& target = *saved->target;
+        LOOM_CHECK(!saved->used,
+                   "checkpoint({}): a second backward through a checkpointed module (retain_graph) "
+                   "is not supported: its forward state went with the first",
+                   target.type_name());
+        saved->used = true;
         // The recompute sees the forward's slots and RNG positions; everything is put back after.
-        const ForwardState after = ForwardState::of(*target);
+        const ForwardState after = ForwardState::of(target);
+        const Tensor input = std::move(saved->input);
         Tensor leaf = detach(input);
         if (input.requires_grad()) leaf.set_requires_grad(true);
         Tensor recomputed;
         {
           EnableGradGuard grad_on;
-          before.apply();
+          saved->before.apply();
           try {
             if (selective) {
-              ReplayMode replay(*policy, *kept, target->type_name());
+              ReplayMode replay(*saved->policy, saved->kept, target.type_name());
               ScopedDispatchMode mode(replay);
-              recomputed = target->forward(leaf);
+              recomputed = target.forward(leaf);
             } else {
-              recomputed = target->forward(leaf);
+              recomputed = target.forward(leaf);
             }
           } catch (...) {
             after.apply();
@@ -163,7 +178,8 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
           }
           after.apply();
         }
-        kept->entries.clear();  // nothing kept outlives the recompute
+        saved->before = {};  // the forward's slots are let go before this backward
+        saved->kept = {};
         std::vector<Tensor> result(count);
         if (recomputed.requires_grad()) {
           backward(std::vector<Tensor>{recomputed}, std::vector<Tensor>{grads.at(0)});

@@ -55,8 +55,9 @@ std::optional<std::string> GroupState::failure() const {
   return failure_;
 }
 
-void GroupState::run(const OpSpec& op, Work& work, const std::function<void(const OpEnv&)>& body) {
+void GroupState::run(const OpSpec& op, Work& work, std::function<void(const OpEnv&)> body) {
   if (auto first = failure()) {
+    body = nullptr;
     work.mark_failed(std::make_exception_ptr(
         Error(fmt::format("{}: group '{}' is unusable after an earlier failure: {}", op.description,
                           name_, *first))));
@@ -66,7 +67,9 @@ void GroupState::run(const OpSpec& op, Work& work, const std::function<void(cons
   const OpEnv env{mesh_, Clock::now() + op.timeout, op.index, op.kind, scratch_};
   try {
     body(env);
+    body = nullptr;
   } catch (...) {
+    body = nullptr;
     const std::string message = describe(op, std::current_exception());
     {
       std::lock_guard<std::mutex> lock(mutex_);

@@ -65,7 +65,9 @@ class GroupState {
   // Runs one operation: fails `work` at once if the group is poisoned; otherwise records
   // progress (collectives), runs `body` and completes `work`. On an error, describes it (op,
   // cause, ranks that did not arrive), poisons the group and fails `work` with a loom::Error.
-  void run(const OpSpec& op, Work& work, const std::function<void(const OpEnv&)>& body);
+  // `body` (and the tensors it holds) is destroyed before `work` completes or fails: once a
+  // caller's wait returns, dropping its own handles frees the buffers.
+  void run(const OpSpec& op, Work& work, std::function<void(const OpEnv&)> body);
 
   void abort(const std::string& reason);
   // Records (asynchronously) that this rank's group is being destroyed, unless it failed: peers

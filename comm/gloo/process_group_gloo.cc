@@ -67,8 +67,8 @@ bool ProcessGroupGloo::uses_shared_memory() const { return state_->uses_shared_m
 std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/true, collectives_issued_++, timeout(), -1};
-  runner_->enqueue([state = state_, op = std::move(op), work, body = std::move(body)] {
-    state->run(op, *work, body);
+  runner_->enqueue([state = state_, op = std::move(op), work, body = std::move(body)]() mutable {
+    state->run(op, *work, std::move(body));
   });
   return work;
 }
@@ -76,9 +76,10 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
 std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, Body body) {
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/false, 0, timeout(), peer};
-  runner_->run_concurrently([state = state_, op = std::move(op), work, body = std::move(body)] {
-    state->run(op, *work, body);
-  });
+  runner_->run_concurrently(
+      [state = state_, op = std::move(op), work, body = std::move(body)]() mutable {
+        state->run(op, *work, std::move(body));
+      });
   return work;
 }
 

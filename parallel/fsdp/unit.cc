@@ -217,6 +217,12 @@ void Unit::reduce_gradients(Call& call) {
   if (call.reduced) return;
   call.reduced = true;
   NoGradGuard no_grad;
+  // Every gradient of the call is in: its whole parameters are no longer needed (FSDP2's reshard
+  // after backward), freed now rather than when the backward's graph goes at its end, which kept
+  // every unit's whole parameters at once.
+  if (!call.released) {
+    for (const Tensor& m : call.memory) m.storage()->release();
+  }
   // Without gradient sync the whole gradients add up here, and the next synchronizing backward
   // reduces their sum with its own: one reduce-scatter per step whatever the microbatches.
   if (accumulated_.empty()) accumulated_.resize(params_.size());

@@ -7,6 +7,7 @@
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "base/error.h"
+#include "tensor/memory_stats.h"
 #include "tests/autograd/test_util.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -58,6 +59,33 @@ TEST(EngineTest, LeavesAccumulateAsSoonAsTheirGradientIsReady) {
   backward(y0);
   expect_equal({.actual = w1.grad(), .expected = {10, 24}});  // two microbatches of x * w2
   expect_equal({.actual = w2.grad(), .expected = {6, 16}});   // two of x * w1
+}
+
+// A node's saved tensors go as soon as it has run (retain_graph off), not when the whole backward
+// ends: by the time the gradient reaches the first op of a chain, the later ops' saved
+// activations are freed, so a backward's memory falls as it goes (issue 32).
+TEST(EngineTest, ANodesSavedTensorsAreFreedOnceItHasRun) {
+  Tensor x = ops::uniform({256, 256}, 1, -1.0, 1.0);
+  x.set_requires_grad(true);
+  MemoryTracker tracker;
+  int64_t held_at_start = 0, held_at_first_op = 0;
+  Tensor loss;
+  {
+    ScopedMemoryTracker scope(tracker);
+    Tensor h = tanh(x);  // saves its output (256 KiB)
+    autograd::register_hook(h, [&](const Tensor&) {
+      held_at_first_op = tracker.stats().current_bytes;
+      return Tensor();
+    });
+    for (int i = 0; i < 8; ++i) h = tanh(h);  // each saves another 256 KiB
+    loss = sum(h);
+    held_at_start = tracker.stats().current_bytes;
+    backward(loss);
+  }
+  // At the start, the nine outputs the tanh nodes saved; at the first one, at most a few
+  // gradients in flight: the eight later nodes' saved outputs are gone.
+  EXPECT_GE(held_at_start, 9 * 256 * 256 * 4);
+  EXPECT_LT(held_at_first_op, 4 * 256 * 256 * 4);
 }
 
 TEST(EngineTest, GradientsAccumulateAcrossBackwardCalls) {

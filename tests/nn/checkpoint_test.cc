@@ -17,6 +17,7 @@
 #include "nn/mixed_precision.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::nn {
@@ -194,6 +195,20 @@ TEST(Checkpoint, NestedCheckpointsAndInferenceRunPlainly) {
   }
   NoGradGuard no_grad;  // inference: nothing to recompute, the forward runs as usual
   expect_bitwise_equal({.actual = nested(x), .expected = plain_net(x), .what = "inference"});
+}
+
+// A checkpoint's backward gives up what it saved (the input, the forward's parameter slots, the
+// kept outputs) as it runs, so a second backward through it is refused by name rather than
+// recomputing from state that is gone.
+TEST(Checkpoint, ASecondBackwardThroughACheckpointIsRefusedByName) {
+  Net net(16);
+  for (const auto& block : net.blocks) block->set_checkpointed(true);
+  const Tensor x = ops::uniform({4, 16}, 7, -1.0, 1.0);
+  const Tensor loss = sum(net(x));
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  const std::string message = testing::error_of([&] { backward(loss); });
+  EXPECT_NE(message.find("checkpoint(Block)"), std::string::npos) << message;
+  EXPECT_NE(message.find("second backward"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/hooks.h"
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
@@ -22,6 +23,7 @@
 #include "optim/optimizer.h"
 #include "parallel/fsdp/flat_layout.h"
 #include "parallel/fsdp/fully_shard.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
@@ -373,6 +375,61 @@ TEST(FullyShardTest, VocabularyOf50257SplitsUnevenly) {
       expect_run_matches(run, expected, 1e-5, fmt::format("vocabulary 50257 over {}", world));
     });
   }
+}
+
+constexpr int kUnits = 6;
+constexpr int64_t kWidth = 128;  // 64 KiB of whole f32 weights per unit
+class Stack : public nn::Module {
+ public:
+  Stack() : Module("Stack") {
+    for (int i = 0; i < kUnits; ++i) {
+      layers.push_back(
+          register_module("l" + std::to_string(i),
+                          std::make_shared<nn::Linear>(
+                              kWidth, kWidth, nn::LinearOptions{.bias = false, .seed = 10u + i})));
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (const auto& layer : layers) h = tanh((*layer)(h));
+    return h;
+  }
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+};
+
+// A unit's whole parameters go as soon as its gradients are all in (FSDP2's reshard after
+// backward), not when the backward's graph goes at its end (issue 32): with every unit keeping
+// its parameters gathered after forward, what is left when the gradient reaches the input is the
+// sharded gradients and the one reduce-scatter in flight, never the whole parameters.
+TEST(FullyShardTest, WholeParametersAreFreedOnceAUnitsGradientsAreIn) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    Stack model;
+    const auto mesh = shard_mesh(pg);
+    const fsdp::FSDPOptions keep_gathered{.reshard_after_forward = false, .prefetch = false};
+    for (const auto& layer : model.layers) fsdp::fully_shard(*layer, mesh, keep_gathered);
+    fsdp::fully_shard(model, mesh, keep_gathered);  // the group: one reduce-scatter in flight
+    Tensor x = ops::uniform({4, kWidth}, 3, -1.0, 1.0);
+    x.set_requires_grad(true);
+    MemoryTracker tracker;
+    int64_t after_forward = 0;
+    int64_t at_input = 0;
+    {
+      ScopedMemoryTracker scope(tracker);
+      const Tensor y = model(x);
+      after_forward = tracker.stats().current_bytes;
+      autograd::register_hook(x, [&](const Tensor&) {
+        at_input = tracker.stats().current_bytes;
+        return Tensor();
+      });
+      backward(sum(y));
+    }
+    const int64_t unit_bytes = kWidth * kWidth * 4;
+    EXPECT_GE(after_forward, kUnits * unit_bytes) << "rank " << pg.rank();  // all gathered
+    // Every unit's sharded gradient, one reduce-scatter's whole send and shard receive buffers,
+    // and a quarter unit for the activations; the whole parameters would add 6 units.
+    const int64_t bound = kUnits * unit_bytes / 2 + unit_bytes * 3 / 2 + unit_bytes / 4;
+    EXPECT_LT(at_input, bound) << "rank " << pg.rank();
+  });
 }
 
 TEST(FullyShardTest, ErrorsNameTheUnitAndTheParameter) {
