@@ -56,6 +56,8 @@ void queue_backward_callback(std::function<void()> callback) {
              "queue_backward_callback: no backward pass is running on this thread");
   pending_callbacks->push_back(std::move(callback));
 }
+
+bool backward_running() { return pending_callbacks != nullptr; }
 }  // namespace autograd
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,

@@ -26,6 +26,8 @@ namespace autograd {
 // thread, before backward() returns) — like torch's Variable._execution_engine.queue_callback.
 // DDP uses it to wait for its last all-reduces. Throws when no backward is running.
 void queue_backward_callback(std::function<void()> callback);
+// Whether a backward pass is running on this thread (a checkpoint's recompute runs inside one).
+bool backward_running();
 }  // namespace autograd
 
 }  // namespace loom

@@ -52,10 +52,14 @@ void register_nn_formulas(FormulaTable& f) {
   };
   // Inputs (weight, indices).
   f[OpId::embedding] = [](C c, Outs out) {
-    return record_first("EmbeddingBackward", c, std::move(out),
-                        [indices = c.inputs[1], rows = c.inputs[0].size(0)](const Grads& g) {
-                          return Grads{ops::embedding_backward(g[0], indices, rows), Tensor()};
-                        });
+    return record_first(
+        "EmbeddingBackward", c, std::move(out),
+        // The weight for its layout only (a vocabulary-sharded table gets its
+        // own rows); its gradient completes here, so holding it keeps nothing
+        // longer than its other uses do.
+        [indices = c.inputs[1], weight = c.inputs[0]](const Grads& g) {
+          return Grads{ops::embedding_backward(g[0], indices, weight.size(0), weight), Tensor()};
+        });
   };
   // Inputs (logits, targets), attrs (ignore_index, reduction); outputs (loss, logsumexp).
   f[OpId::cross_entropy] = [](C c, Outs out) {

@@ -45,7 +45,10 @@ void FunctionNode::release() {
   released_ = true;
 }
 
-AccumulateGrad::AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) { set_num_outputs(1); }
+AccumulateGrad::AccumulateGrad(Tensor leaf) : leaf_(std::move(leaf)) {
+  set_num_outputs(1);
+  set_runs_first();
+}
 
 std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   Tensor grad = std::move(grad_outputs.at(0));
@@ -70,8 +73,10 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
     // A copy when `grad` may be the very tensor another leaf (add's backward) or the caller
     // holds; adopted when nothing else can see it (as PyTorch's AccumulateGrad steals it): a
     // fresh gradient the size of a weight costs a page-faulting copy otherwise.
-    const bool adopt = grad.sole_owner() && grad.is_contiguous() && !grad.extension() &&
-                       grad.dtype() == leaf_.dtype() && grad.device() == leaf_.device();
+    // A distributed gradient is adopted likewise when its extension holds its data alone and
+    // contiguously (a tensor-parallel weight's fresh gradient, copied once per step otherwise).
+    const bool adopt = grad.sole_owner() && grad.is_contiguous() && grad.dtype() == leaf_.dtype() &&
+                       grad.device() == leaf_.device();
     leaf_.set_grad(adopt ? grad : ops::clone(grad));
   } else if (meta.accumulate_in_place) {
     ops::add_(current, grad);

@@ -58,8 +58,10 @@ class Node {
   uint64_t sequence_nr() const { return sequence_nr_; }
   // Whether the engine runs this node as soon as it is ready, before any other ready node
   // (AccumulateGrad, as PyTorch's: a gradient goes into .grad at once instead of living, with
-  // every other parameter's, until the end of the backward).
-  virtual bool runs_first() const { return false; }
+  // every other parameter's, until the end of the backward; and mixed precision's weight casts,
+  // created before the whole forward and so otherwise run last).
+  bool runs_first() const { return runs_first_; }
+  void set_runs_first() { runs_first_ = true; }
   size_t num_outputs() const { return output_hooks_.size(); }
   void set_num_outputs(size_t n) { output_hooks_.resize(n); }
   // Hooks on output `output_nr` (a non-leaf tensor's register_hook).
@@ -73,6 +75,7 @@ class Node {
   std::vector<std::vector<GradHook>> output_hooks_;
   uint64_t sequence_nr_;
   bool reusable_ = false;
+  bool runs_first_ = false;
 };
 
 // A node whose backward is a function object — what every built-in op and custom Function
@@ -106,7 +109,6 @@ class AccumulateGrad final : public Node {
   explicit AccumulateGrad(Tensor leaf);
   std::vector<Tensor> apply(std::vector<Tensor> grad_outputs) override;
   std::string name() const override { return "AccumulateGrad"; }
-  bool runs_first() const override { return true; }
   const Tensor& leaf() const { return leaf_; }
 
  private:

@@ -30,6 +30,10 @@ class DTensorExtension final : public TensorExtension {
   int kind() const override { return kDTensorExtensionKind; }
   // True when every shard survives the reshape (see dtensor/sharding/views.cc): no redistribute.
   bool reshapes_locally(const Shape& shape) const override;
+  // The wrapper and the local shard share one storage: alone when nothing else holds either.
+  bool holds_alone(long storage_references) const override {
+    return local_.handles() == 1 && local_.is_contiguous() && storage_references == 2;
+  }
   const DTensorSpec& spec() const { return spec_; }
   // The local shard: a plain tensor (never a DTensor), shape spec().local_shape().
   const Tensor& local() const { return local_; }

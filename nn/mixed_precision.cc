@@ -52,8 +52,9 @@ Tensor cast_floating(const Tensor& t, DType dtype) {
 // microbatches a pipeline keeps in flight share one low-precision copy of the weights instead
 // of holding one each until their backward. Its graph node saves nothing and runs in every
 // microbatch's backward (reusable), handing each microbatch's gradient to the master as separate
-// casts would. After each backward through it, once no graph holds it, the entry lets it go: no
-// copy stays between steps, and the next step casts the updated master.
+// casts would. Once its gradient is complete and no graph holds it, the entry lets it go (at
+// the latest when the backward ends): no copy stays between steps, and the next step casts the
+// updated master.
 Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType dtype) {
   Swap::Entry& e = swap->entries[index];
   const bool records = GradMode::is_enabled() && e.master.requires_grad();
@@ -64,8 +65,21 @@ Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType d
   Tensor cast = to(e.master, dtype);
   if (records && cast.grad_fn()) {
     cast.grad_fn()->set_reusable();
+    // Its gradient is converted and accumulated into the master as soon as it is complete:
+    // created before the whole forward, the cast would otherwise run last, keeping every
+    // layer's low-precision gradient (and cast) until the backward ends.
+    cast.grad_fn()->set_runs_first();
     std::weak_ptr<Swap> weak = swap;
     autograd::register_hook(cast, [weak, index](const Tensor&) {
+      // Its gradient is complete: this backward's nodes that read it have run and freed what
+      // they saved, so unless another graph (a microbatch still in flight) holds it, it goes
+      // now, layer by layer as backward passes, rather than every cast until backward ends.
+      auto s = weak.lock();
+      if (!s) return Tensor();
+      if (!s->entries[index].cast_held_elsewhere()) {
+        s->entries[index].cast = Tensor();
+        return Tensor();
+      }
       autograd::queue_backward_callback([weak, index] {
         auto s = weak.lock();
         if (s && !s->entries[index].cast_held_elsewhere()) s->entries[index].cast = Tensor();

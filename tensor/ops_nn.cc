@@ -178,8 +178,10 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   return out;
 }
 
-Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings) {
-  if (auto out = dispatch_op(OpId::embedding_backward, {grad_out, indices}, {num_embeddings})) {
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings,
+                          const Tensor& weight) {
+  if (auto out =
+          dispatch_op(OpId::embedding_backward, {grad_out, indices, weight}, {num_embeddings})) {
     return std::move((*out)[0]);
   }
   constexpr std::string_view op = "embedding_backward";

@@ -90,8 +90,11 @@ Tensor rope(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse 
 // weight's dtype. An index outside [0, V) throws naming the index, its position and V.
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 // Scatter-add of grad_out (*indices.shape, C) into a (V, C) gradient (grad_out's dtype;
-// bf16/f16 accumulate in f32). Repeated indices add up.
-Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings);
+// bf16/f16 accumulate in f32). Repeated indices add up. `weight`, when given, is the table the
+// gradient is for, read only for its layout: a vocabulary-sharded DTensor weight gets the rows
+// of its own shard, not every rank the whole (V, C) gradient (its values are never read).
+Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t num_embeddings,
+                          const Tensor& weight = Tensor());
 
 // ---- cross entropy ----------------------------------------------------------------------------
 

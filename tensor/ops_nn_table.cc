@@ -47,7 +47,8 @@ void register_nn_ops(OpTable& t) {
   // Embedding.
   t[OpId::embedding] = [](C c) { return V{ops::embedding(c.inputs[0], c.inputs[1])}; };
   t[OpId::embedding_backward] = [](C c) {
-    return V{ops::embedding_backward(c.inputs[0], c.inputs[1], c.int_attr(0))};
+    const Tensor weight = c.inputs.size() > 2 ? c.inputs[2] : Tensor();
+    return V{ops::embedding_backward(c.inputs[0], c.inputs[1], c.int_attr(0), weight)};
   };
   // Cross entropy: attrs (ignore_index, reduction).
   t[OpId::cross_entropy] = [](C c) {

@@ -73,4 +73,17 @@ void Storage::refill() {
   released_ = false;
 }
 
+void Storage::adopt(Storage& other) {
+  LOOM_INTERNAL_ASSERT(
+      released_ && !other.released_ && other.bytes_ == bytes_ && other.device_ == device_,
+      "Storage::adopt: needs a released storage and a held one of the same size "
+      "and device, got {} bytes ({}) and {} bytes ({})",
+      bytes_, released_ ? "released" : "held", other.bytes_, other.released_ ? "released" : "held");
+  data_ = other.data_;
+  tracker_ = other.tracker_;
+  released_ = false;
+  other.data_ = nullptr;
+  other.released_ = true;
+}
+
 }  // namespace loom

@@ -37,6 +37,9 @@ class Storage {
   // Reading a released storage's data is a bug of the caller; released() tells.
   void release();
   void refill();
+  // Refills a released storage with `other`'s bytes (same size and device), leaving `other`
+  // released: a result computed elsewhere moves in without a copy.
+  void adopt(Storage& other);
   bool released() const { return released_; }
 
  private:

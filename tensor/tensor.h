@@ -74,6 +74,8 @@ class Tensor {
   const std::shared_ptr<TensorExtension>& extension() const;
 
   TensorImpl* impl() const { return impl_.get(); }
+  // How many Tensor handles share this one's impl (1: only this handle).
+  long handles() const { return impl_.use_count(); }
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
   // True when this handle is the only one onto its TensorImpl and no other tensor (view) shares
@@ -98,6 +100,10 @@ class TensorExtension {
   // holding it. Autograd formulas ask before choosing a reshaped but equivalent form of a
   // gradient (a DTensor sharded on a dim the reshape merges would have to be gathered first).
   virtual bool reshapes_locally(const Shape& /*shape*/) const { return false; }
+  // Whether what the extension holds is seen by nobody else and laid out contiguously, given how
+  // many references the wrapper's storage has (Tensor::sole_owner of a wrapper asks it): a
+  // result nothing else holds may be adopted rather than copied.
+  virtual bool holds_alone(long /*storage_references*/) const { return false; }
 };
 
 struct TensorImpl {
@@ -127,7 +133,12 @@ inline DType Tensor::dtype() const { return impl_->dtype; }
 inline Device Tensor::device() const { return impl_->storage->device(); }
 inline const std::shared_ptr<Storage>& Tensor::storage() const { return impl_->storage; }
 inline bool Tensor::sole_owner() const {
-  return impl_ != nullptr && impl_.use_count() == 1 && impl_->storage.use_count() == 1;
+  if (impl_ == nullptr || impl_.use_count() != 1) return false;
+  if (impl_->extension) {
+    return impl_->extension.use_count() == 1 &&
+           impl_->extension->holds_alone(impl_->storage.use_count());
+  }
+  return impl_->storage.use_count() == 1;
 }
 inline void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * element_size(impl_->dtype);

@@ -62,6 +62,11 @@ const std::vector<JobOption>& options() {
       {"parallel", "sequence_parallel",
        "with tp > 1, norms and dropout on sequence shards (--no-sequence-parallel: off)",
        &C::sequence_parallel},
+      {"parallel", "sequence_parallel_regather",
+       "with sequence parallelism, attention and feed-forward keep their input's sequence shard "
+       "and gather it again in backward, as Megatron does (--no-sequence-parallel-regather: keep "
+       "the gathered input, one all-gather fewer per block and step)",
+       &C::sequence_parallel_regather},
       {"parallel", "grad_accum", "micro-batches per step without a pipeline", &C::grad_accum,
        Range::kPositive},
       {"parallel",

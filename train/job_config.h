@@ -38,6 +38,7 @@ struct JobConfig {
   int64_t tp = 2, pp = 1;
   int64_t nproc = 0;  // ranks to start without a launcher; 0: the product of the degrees
   bool sequence_parallel = true;
+  bool sequence_parallel_regather = true;
   int64_t grad_accum = 1;
   std::string schedule = "1f1b";
   int64_t microbatches = 0;  // 0: pp x virtual_stages

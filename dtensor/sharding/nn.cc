@@ -198,6 +198,49 @@ StrategyFn embedding_strategy() {
   };
 }
 
+StrategyFn embedding_backward_strategy() {
+  // Inputs (grad_out (..., C), indices, weight (V, C): its layout only); output (V, C). Rows
+  // split across ranks sum up. The weight is a template, never moved: the gradient takes its
+  // layout where it can, so a vocabulary-sharded table's gradient is computed for its own rows
+  // on each rank (Megatron's VocabParallelEmbedding) rather than whole and sliced.
+  return [](const OpCall& call, const InputSpecs& in) {
+    const Shape& grad = in[0]->shape;
+    const int64_t index_dims = static_cast<int64_t>(in[1]->shape.size());
+    const bool has_weight = in.size() > 2 && in[2].has_value();
+    OpSharding s;
+    s.output_shapes = {{call.int_attr(0), grad.back()}};
+    auto add = [&](Placement g, Placement indices, Placement weight, Placement out) {
+      s.options.push_back(has_weight ? DimOption{{g, indices, weight}, {out}}
+                                     : DimOption{{g, indices}, {out}});
+    };
+    add(Replicate(), Replicate(), Replicate(), Replicate());
+    for (int64_t d = 0; d < index_dims; ++d) add(Shard(d), Shard(d), Replicate(), Partial());
+    add(Shard(index_dims), Replicate(), Replicate(), Shard(1));
+    add(Shard(index_dims), Replicate(), Shard(1), Shard(1));
+    add(Partial(), Replicate(), Replicate(), Partial());
+    if (!has_weight) return s;
+    add(Replicate(), Replicate(), Shard(0), Shard(0));  // vocabulary parallel
+    s.fixed_inputs = {2};
+    s.local = [](const OpCall& local, const InputSpecs& specs) {
+      const DTensorSpec& weight = *specs[2];
+      if (mesh_dim_sharding(weight, 0, "embedding_backward") < 0) return call_op(local);
+      // This rank's rows: indices outside its slice add (zeros) to row 0.
+      const int64_t offset = weight.local_offset()[0];
+      const int64_t rows = local.inputs[2].size(0);
+      const Tensor shifted =
+          ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
+      const Tensor inside =
+          ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
+                   ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
+      const Tensor safe = ops::to(ops::mul(shifted, inside), kInt64);
+      const Tensor& g = local.inputs[0];
+      const Tensor kept = ops::mul(g, ops::to(ops::unsqueeze(inside, -1), g.dtype()));
+      return std::vector<Tensor>{ops::embedding_backward(kept, safe, rows)};
+    };
+    return s;
+  };
+}
+
 }  // namespace
 
 void register_nn_strategies(StrategyTable& t) {
@@ -301,19 +344,7 @@ void register_nn_strategies(StrategyTable& t) {
     return s;
   };
   t[OpId::embedding] = embedding_strategy();
-  t[OpId::embedding_backward] = [](const OpCall& call, const InputSpecs& in) {
-    // Inputs (grad_out (..., C), indices); output (V, C). Rows split across ranks sum up.
-    const Shape& grad = in[0]->shape;
-    const int64_t index_dims = static_cast<int64_t>(in[1]->shape.size());
-    OpSharding s;
-    s.output_shapes = {{call.int_attr(0), grad.back()}};
-    s.options.push_back({{Replicate(), Replicate()}, {Replicate()}});
-    for (int64_t d = 0; d < index_dims; ++d)
-      s.options.push_back({{Shard(d), Shard(d)}, {Partial()}});
-    s.options.push_back({{Shard(index_dims), Replicate()}, {Shard(1)}});
-    s.options.push_back({{Partial(), Replicate()}, {Partial()}});
-    return s;
-  };
+  t[OpId::embedding_backward] = embedding_backward_strategy();
   t[OpId::cross_entropy] = cross_entropy_strategy();
   t[OpId::cross_entropy_backward] = cross_entropy_backward_strategy();
 }

@@ -37,7 +37,8 @@ tp::ParallelizePlan whole_model_plan(const GPTPlanOptions& options) {
   const tp::SequenceParallelOptions local_out{.use_local_output = true};
   // The gathered input stays a DTensor into the column-parallel layer, so backward turns its
   // Partial gradient straight into sequence shards (a reduce-scatter, not an all-reduce).
-  const tp::PrepareInputOptions gather_sequence{Shard(1), Replicate(), /*use_local_output=*/false};
+  const tp::PrepareInputOptions gather_sequence{Shard(1), Replicate(), /*use_local_output=*/false,
+                                                options.regather_in_backward};
   const tp::LayoutOptions scatter_sequence{.output_layouts = Shard(1)};
   return {
       {"wte", style<RowwiseParallel>(

@@ -54,8 +54,8 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
   };
   plan.insert(plan.end(), blocks.begin(), blocks.end());
   if (sp) {
-    const auto gather_once = std::make_shared<PrepareModuleInput>(
-        PrepareInputOptions{sequence, Replicate(), /*use_local_output=*/false});
+    const auto gather_once = std::make_shared<PrepareModuleInput>(PrepareInputOptions{
+        sequence, Replicate(), /*use_local_output=*/false, options.regather_in_backward});
     for (const char* name : {"layers.*.attention_norm", "layers.*.ffn_norm"}) {
       plan.push_back({name, std::make_shared<SequenceParallel>()});
     }

@@ -100,6 +100,13 @@ struct PrepareInputOptions {
   Placement input_layouts;          // how a plain input is laid out (a DTensor keeps its own)
   Placement desired_input_layouts;  // what the module receives
   bool use_local_output = false;    // hand the module a local tensor instead of a DTensor
+  // Megatron's sequence parallelism: when the conversion gathers (Shard -> Replicate), the
+  // gathered input's memory is freed once the module's forward has run and gathered again from
+  // the kept shard when the gradient reaches the module's output, just before its backward. The
+  // module's layers then keep 1/tp of their input between forward and backward, for one more
+  // all-gather per call in backward. Not done inside a checkpoint's recompute (its backward
+  // follows at once). The gathered input must not be kept outside the module.
+  bool regather_in_backward = false;
 };
 
 class PrepareModuleInput : public ParallelStyle {

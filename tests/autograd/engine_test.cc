@@ -65,9 +65,9 @@ TEST(EngineTest, LeavesAccumulateAsSoonAsTheirGradientIsReady) {
 // ends: by the time the gradient reaches the first op of a chain, the later ops' saved
 // activations are freed, so a backward's memory falls as it goes (issue 32).
 TEST(EngineTest, ANodesSavedTensorsAreFreedOnceItHasRun) {
+  MemoryTracker tracker;  // outlives x's gradient, which it counts
   Tensor x = ops::uniform({256, 256}, 1, -1.0, 1.0);
   x.set_requires_grad(true);
-  MemoryTracker tracker;
   int64_t held_at_start = 0, held_at_first_op = 0;
   Tensor loss;
   {

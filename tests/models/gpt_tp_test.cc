@@ -55,8 +55,10 @@ Collectives expected_backward(const GPTPlanOptions& plan, int64_t layers) {
   // Each collective of the forward has its adjoint (gather <-> reduce-scatter; the embedding's
   // reduce-scatter becomes a gather, as does the cut of the position embeddings), and the
   // replicated weight and bias of each of the 2L + 1 norms get their Partial gradients
-  // all-reduced.
-  return {2 * (2 * layers + 1), 2 * layers + 2, 2 * layers + 1};
+  // all-reduced. Gathering each block's two inputs again for backward (Megatron's, the default)
+  // adds 2 all-gathers per block.
+  const int64_t regathers = plan.regather_in_backward ? 2 * layers : 0;
+  return {2 * (2 * layers + 1), 2 * layers + 2 + regathers, 2 * layers + 1};
 }
 
 class GPTTensorParallelTest : public ::testing::TestWithParam<PlanCase> {};
@@ -115,6 +117,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         PlanCase{"replicated_stream", {.sequence_parallel = false}, 256, 0.0},
         PlanCase{"sequence_parallel", {.sequence_parallel = true}, 256, 0.0},
+        PlanCase{"sequence_parallel_keeping_gathered_inputs",
+                 {.sequence_parallel = true, .regather_in_backward = false},
+                 256,
+                 0.0},
         // GPT-2's vocabulary (50257) is odd: the embedding's rows split unevenly.
         PlanCase{"odd_vocab", {.sequence_parallel = false}, 67, 0.0},
         PlanCase{"sequence_parallel_odd_vocab", {.sequence_parallel = true}, 67, 0.0},

@@ -80,14 +80,14 @@ TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad, bool sel
   for (int step = 0; step < 2; ++step) {
     Tensor x = ops::uniform({8, 16}, 100 + step, -1.0, 1.0);
     if (input_requires_grad) x.set_requires_grad(true);
-    MemoryTracker tracker;
-    Tensor loss;
+    MemoryTracker tracker;  // what it counts (the forward's tensors) goes before it does
+    Tensor y;
     {
       ScopedMemoryTracker scope(tracker);
-      const Tensor y = net(x);
-      loss = sum(mul(y, y));
+      y = net(x);
       run.held_after_forward = tracker.stats().current_bytes;
     }
+    const Tensor loss = sum(mul(y, y));  // kept past the tracker: not counted
     backward(loss);
     run.losses.push_back(detach(loss));
     if (input_requires_grad) run.grads.emplace_back("x", x.grad());

@@ -12,6 +12,7 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/hooks.h"
 #include "base/error.h"
 #include "nn/linear.h"
 #include "tensor/ops.h"
@@ -79,6 +80,38 @@ TEST(MixedPrecisionTest, ComputesInBf16) {
   const auto got = ops::to_vector(mixed(x)), want = ops::to_vector(reference(x));
   EXPECT_EQ(seen, DType::kBFloat16);
   EXPECT_NE(got, want);
+}
+
+// A layer's bf16 cast goes as soon as backward has passed it (its gradient is complete and no
+// other graph holds it), not when backward ends: a model's casts would otherwise all be alive
+// beside its growing f32 gradients (found by `loom plan`: 2.7 GB per rank on a 24-layer 22B
+// model at tp 8).
+TEST(MixedPrecisionTest, ACastIsFreedOnceBackwardHasPassedIt) {
+  Mlp mixed;
+  apply_mixed_precision(mixed);
+  std::weak_ptr<Storage> fc1_cast, fc2_cast;
+  bool fc2_freed = false, fc1_alive = false;
+  mixed.fc1->register_forward_pre_hook([&](Module& m, const Tensor& input) {
+    fc1_cast = m.parameter("weight").storage();
+    return input;
+  });
+  mixed.fc2->register_forward_pre_hook([&](Module& m, const Tensor& input) {
+    fc2_cast = m.parameter("weight").storage();
+    return input;
+  });
+  // Just before fc1's backward: fc2's backward has run.
+  mixed.fc1->register_forward_hook([&](Module&, const Tensor&, const Tensor& output) {
+    autograd::register_hook(output, [&](const Tensor&) {
+      fc2_freed = fc2_cast.expired();
+      fc1_alive = !fc1_cast.expired();
+      return Tensor();
+    });
+    return Tensor();
+  });
+  backward(sum(mixed(ops::normal({4, 16}, 7))));
+  EXPECT_TRUE(fc2_freed) << "fc2's bf16 weight outlived its backward";
+  EXPECT_TRUE(fc1_alive) << "fc1's bf16 weight went before its backward";
+  EXPECT_TRUE(fc1_cast.expired());  // and after the backward, none is kept
 }
 
 TEST(MixedPrecisionTest, MastersAreBackAfterForwardEvenWhenItThrows) {

@@ -403,6 +403,7 @@ class Stack : public nn::Module {
 // sharded gradients and the one reduce-scatter in flight, never the whole parameters.
 TEST(FullyShardTest, WholeParametersAreFreedOnceAUnitsGradientsAreIn) {
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    MemoryTracker tracker;  // outlives the gradients it counts
     Stack model;
     const auto mesh = shard_mesh(pg);
     const fsdp::FSDPOptions keep_gathered{.reshard_after_forward = false, .prefetch = false};
@@ -410,7 +411,6 @@ TEST(FullyShardTest, WholeParametersAreFreedOnceAUnitsGradientsAreIn) {
     fsdp::fully_shard(model, mesh, keep_gathered);  // the group: one reduce-scatter in flight
     Tensor x = ops::uniform({4, kWidth}, 3, -1.0, 1.0);
     x.set_requires_grad(true);
-    MemoryTracker tracker;
     int64_t after_forward = 0;
     int64_t at_input = 0;
     {

@@ -12,6 +12,7 @@
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "parallel/tp/parallelize.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -189,6 +190,66 @@ TEST(TensorParallelTest, SequenceParallelBlockMatchesOneRank) {
   });
 }
 
+// Megatron's sequence parallelism (PrepareInputOptions::regather_in_backward): between forward
+// and backward the MLP keeps its input's sequence shard instead of the gathered sequence, and
+// gathers it again when backward reaches it: exactly the gathered bytes less the shard's are
+// saved, backward issues one more all-gather, and every gradient is bitwise the same.
+TEST(TensorParallelTest, RegatherInBackwardKeepsTheShardAndGathersAgain) {
+  constexpr int64_t kBatch = 2, kSeq = 64, kWidth = 8;
+  const Tensor x = ops::uniform({kBatch, kSeq, kWidth}, 5, -1.0, 1.0);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    struct Run {
+      int64_t held_after_forward = 0;
+      int64_t backward_gathers = 0;
+      std::vector<std::pair<std::string, Tensor>> grads;
+    };
+    MemoryTracker tracker;  // outlives every tensor of both runs
+    auto run = [&](bool regather) {
+      ResidualBlock model;
+      tp::parallelize_module(
+          model, mesh,
+          {{"ln", std::make_shared<tp::SequenceParallel>()},
+           {"mlp", std::make_shared<tp::PrepareModuleInput>(
+                       tp::PrepareInputOptions{Shard(1), Replicate(), false, regather})},
+           {"mlp.fc1", std::make_shared<tp::ColwiseParallel>()},
+           {"mlp.fc2",
+            std::make_shared<tp::RowwiseParallel>(tp::LayoutOptions{.output_layouts = Shard(1)})},
+           {"drop", std::make_shared<tp::SequenceParallel>(
+                        tp::SequenceParallelOptions{.use_local_output = true})}});
+      Run r;
+      Tensor loss;
+      const Tensor local_x = ops::narrow(x, 1, kSeq / 2 * pg.rank(), kSeq / 2);
+      {
+        ScopedMemoryTracker scope(tracker);
+        const int64_t before = tracker.stats().current_bytes;
+        const Tensor out = model(local_x);
+        loss = sum(mul(out, out));
+        r.held_after_forward = tracker.stats().current_bytes - before;
+      }
+      CommDebugMode comm;
+      backward(loss);
+      r.backward_gathers = comm.count(CollectiveKind::kAllGather);
+      for (const auto& [name, p] : model.named_parameters()) {
+        r.grads.emplace_back(name, full_tensor(p.grad()));
+      }
+      return r;
+    };
+    const Run gathered = run(false), regathered = run(true);
+    const int64_t gathered_bytes = kBatch * kSeq * kWidth * 4;
+    EXPECT_EQ(gathered.held_after_forward - regathered.held_after_forward,
+              gathered_bytes - gathered_bytes / 2);
+    EXPECT_EQ(regathered.backward_gathers, gathered.backward_gathers + 1);
+    ASSERT_EQ(regathered.grads.size(), gathered.grads.size());
+    for (size_t i = 0; i < gathered.grads.size(); ++i) {
+      testing::expect_bitwise_equal({.actual = regathered.grads[i].second,
+                                     .expected = gathered.grads[i].second,
+                                     .what = "grad of " + gathered.grads[i].first});
+    }
+  });
+}
+
 TEST(TensorParallelTest, PrepareModuleOutputAndDTensorOutputs) {
   class Wrapper : public nn::Module {
    public:
@@ -249,6 +310,42 @@ TEST(TensorParallelTest, VocabParallelEmbeddingWithOddVocabularyMatchesOneRank) 
                   .expected = reference.weight().grad(),
                   .tol = kTol,
                   .what = "grad"});
+  });
+}
+
+// The vocabulary-parallel table's gradient is computed for each rank's own rows (Megatron's
+// VocabParallelEmbedding), not as the whole (V, C) gradient then sliced: backward never holds
+// the whole table's f32 accumulator, and the rows are bitwise one rank's.
+constexpr int64_t kVocab = 1000, kDim = 64;
+TEST(TensorParallelTest, VocabParallelEmbeddingBackwardComputesOnlyItsOwnRows) {
+  std::vector<int64_t> id_values;
+  for (int64_t i = 0; i < 64; ++i) id_values.push_back((i * 37) % kVocab);
+  const Tensor ids = ops::from_vector_i64(id_values, {4, 16});
+  nn::Embedding reference(kVocab, kDim, 3);
+  const Tensor ref_out = reference(ids);
+  backward(sum(mul(ref_out, ref_out)));
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    MemoryTracker tracker;  // outlives the gradient it counts
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    class Holder : public nn::Module {
+     public:
+      Holder() : Module("Holder") {
+        emb = register_module("emb", std::make_shared<nn::Embedding>(kVocab, kDim, 3));
+      }
+      std::shared_ptr<nn::Embedding> emb;
+    } model;
+    tp::parallelize_module(model, mesh, {{"emb", std::make_shared<tp::RowwiseParallel>()}});
+    const Tensor out = (*model.emb)(ids);
+    const Tensor loss = sum(mul(out, out));
+    {
+      ScopedMemoryTracker scope(tracker);
+      backward(loss);
+    }
+    EXPECT_LT(tracker.stats().peak_bytes, kVocab * kDim * 4) << "rank " << pg.rank();
+    testing::expect_bitwise_equal({.actual = full_tensor(model.emb->weight().grad()),
+                                   .expected = reference.weight().grad(),
+                                   .what = "grad of the table"});
   });
 }
 
