@@ -163,6 +163,23 @@ StrategyFn cross_entropy_backward_strategy() {
   };
 }
 
+// Indices into a vocabulary shard of `rows` rows starting at `offset`: `safe` is each index less
+// the offset, or 0 where it falls outside; masked(t) zeroes t's last-dim vectors at those.
+struct VocabularySlice {
+  Tensor inside;  // f32: 1 inside the shard, 0 outside
+  Tensor safe;    // i64, in [0, rows)
+
+  VocabularySlice(const Tensor& indices, int64_t offset, int64_t rows) {
+    const Tensor shifted = ops::sub(ops::to(indices, kFloat32), static_cast<double>(offset));
+    inside = ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
+                      ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
+    safe = ops::to(ops::mul(shifted, inside), kInt64);
+  }
+  Tensor masked(const Tensor& t) const {
+    return ops::mul(t, ops::to(ops::unsqueeze(inside, -1), t.dtype()));
+  }
+};
+
 StrategyFn embedding_strategy() {
   // Inputs: (weight (V, C), indices).
   return [](const OpCall&, const InputSpecs& in) {
@@ -182,17 +199,8 @@ StrategyFn embedding_strategy() {
       const DTensorSpec& spec = *specs[0];
       if (mesh_dim_sharding(spec, 0, "embedding") < 0) return call_op(local);
       // Masked lookup: rows outside this rank's vocabulary slice contribute zeros.
-      const int64_t offset = spec.local_offset()[0];
-      const int64_t rows = local.inputs[0].size(0);
-      const Tensor shifted =
-          ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
-      const Tensor inside =
-          ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
-                   ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
-      const Tensor safe = ops::to(ops::mul(shifted, inside), kInt64);
-      const Tensor looked_up = ops::embedding(local.inputs[0], safe);
-      return std::vector<Tensor>{
-          ops::mul(looked_up, ops::to(ops::unsqueeze(inside, -1), looked_up.dtype()))};
+      const VocabularySlice slice(local.inputs[1], spec.local_offset()[0], local.inputs[0].size(0));
+      return std::vector<Tensor>{slice.masked(ops::embedding(local.inputs[0], slice.safe))};
     };
     return s;
   };
@@ -225,17 +233,10 @@ StrategyFn embedding_backward_strategy() {
       const DTensorSpec& weight = *specs[2];
       if (mesh_dim_sharding(weight, 0, "embedding_backward") < 0) return call_op(local);
       // This rank's rows: indices outside its slice add (zeros) to row 0.
-      const int64_t offset = weight.local_offset()[0];
       const int64_t rows = local.inputs[2].size(0);
-      const Tensor shifted =
-          ops::sub(ops::to(local.inputs[1], kFloat32), static_cast<double>(offset));
-      const Tensor inside =
-          ops::mul(ops::gt(shifted, ops::full({}, -0.5)),
-                   ops::gt(ops::full({}, static_cast<double>(rows) - 0.5), shifted));
-      const Tensor safe = ops::to(ops::mul(shifted, inside), kInt64);
-      const Tensor& g = local.inputs[0];
-      const Tensor kept = ops::mul(g, ops::to(ops::unsqueeze(inside, -1), g.dtype()));
-      return std::vector<Tensor>{ops::embedding_backward(kept, safe, rows)};
+      const VocabularySlice slice(local.inputs[1], weight.local_offset()[0], rows);
+      return std::vector<Tensor>{
+          ops::embedding_backward(slice.masked(local.inputs[0]), slice.safe, rows)};
     };
     return s;
   };
