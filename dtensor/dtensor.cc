@@ -100,7 +100,9 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   placements = normalize_placements(placements, *mesh, tensor.dim(), "distribute_tensor");
   NoGradGuard no_grad;
   Tensor full = ops::contiguous(tensor);
-  if (src_data_rank.has_value()) {
+  // A meta tensor (a model built on the meta device, nn/meta_init.h) has no values to agree on:
+  // each rank takes its layout with no communication, and materializes and initializes it later.
+  if (src_data_rank.has_value() && !tensor.device().is_meta()) {
     LOOM_CHECK(
         *src_data_rank == 0,
         "distribute_tensor: src_data_rank {} is not supported; use 0 (the mesh's first rank) or "

@@ -34,6 +34,11 @@ class DTensorExtension final : public TensorExtension {
   bool holds_alone(long storage_references) const override {
     return local_.handles() == 1 && local_.is_contiguous() && storage_references == 2;
   }
+  // The local shard and its place in the global tensor (none for a Partial DTensor).
+  std::optional<LocalPiece> local_piece() const override {
+    if (spec_.has_partial()) return std::nullopt;
+    return LocalPiece{local_, spec_.shape, spec_.local_offset()};
+  }
   const DTensorSpec& spec() const { return spec_; }
   // The local shard: a plain tensor (never a DTensor), shape spec().local_shape().
   const Tensor& local() const { return local_; }
@@ -57,8 +62,9 @@ Tensor make_dtensor(Tensor local, DTensorSpec spec);
 
 // Every rank passes the full tensor; each keeps its shard. With src_data_rank (default 0) the
 // data of the mesh's coordinate-0 rank is broadcast first, so ranks need not agree; with
-// std::nullopt no communication happens and every rank must pass the same values. The result
-// is a leaf that requires grad when `tensor` does.
+// std::nullopt no communication happens and every rank must pass the same values. A meta tensor
+// (nn/meta_init.h) is never broadcast: it has no values yet. The result is a leaf that requires
+// grad when `tensor` does.
 Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh> mesh,
                          Placements placements, std::optional<int> src_data_rank = 0);
 // This rank's shard as a DTensor with `placements`. `shape` gives the global shape (required

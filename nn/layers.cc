@@ -9,8 +9,13 @@ namespace loom::nn {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, uint64_t seed, double init_std)
     : Module("Embedding"),
-      weight_(register_parameter(
-          "weight", ops::normal({num_embeddings, embedding_dim}, seed, 0.0, init_std))) {}
+      seed_(seed),
+      init_std_(init_std),
+      weight_(register_parameter("weight", ops::empty({num_embeddings, embedding_dim}))) {
+  reset_parameters();
+}
+
+void Embedding::reset_parameters() { ops::normal_(weight_, seed_, 0.0, init_std_); }
 
 Tensor Embedding::forward(const Tensor& indices) { return embedding(weight_, indices); }
 
@@ -18,10 +23,17 @@ LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine
     : Module("LayerNorm"),
       normalized_shape_(normalized_shape),
       eps_(eps),
-      weight_(elementwise_affine ? register_parameter("weight", ops::ones(normalized_shape))
+      weight_(elementwise_affine ? register_parameter("weight", ops::empty(normalized_shape))
                                  : absent_parameter()),
-      bias_(elementwise_affine ? register_parameter("bias", ops::zeros(normalized_shape))
-                               : absent_parameter()) {}
+      bias_(elementwise_affine ? register_parameter("bias", ops::empty(normalized_shape))
+                               : absent_parameter()) {
+  reset_parameters();
+}
+
+void LayerNorm::reset_parameters() {
+  if (weight_.defined()) ops::fill_(weight_, 1.0);
+  if (bias_.defined()) ops::fill_(bias_, 0.0);
+}
 
 Tensor LayerNorm::forward(const Tensor& input) {
   return layer_norm(input, normalized_shape_, weight_, bias_, eps_);

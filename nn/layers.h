@@ -13,8 +13,12 @@ class Embedding : public Module {
   // indices (any shape, i64/i32) -> (*indices.shape, embedding_dim)
   Tensor forward(const Tensor& indices) override;
   const Tensor& weight() const { return weight_; }
+  // weight ~ N(0, init_std) from the seed.
+  void reset_parameters() override;
 
  private:
+  uint64_t seed_;
+  double init_std_;
   const Tensor& weight_;
 };
 
@@ -25,6 +29,7 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& input) override;
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
+  void reset_parameters() override;  // weight ones, bias zeros
 
  private:
   Shape normalized_shape_;

@@ -23,9 +23,13 @@ class Linear : public Module {
   const Tensor& weight() const { return weight_; }
   const Tensor& bias() const { return bias_; }
 
+  // W and b ~ U(-1/sqrt(in), 1/sqrt(in)) from the options' seed.
+  void reset_parameters() override;
+
  private:
   int64_t in_features_;
   int64_t out_features_;
+  uint64_t seed_;
   const Tensor& weight_;  // (out_features, in_features)
   const Tensor& bias_;    // (out_features,), undefined without bias
 };

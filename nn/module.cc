@@ -31,6 +31,24 @@ Tensor Module::operator()(const Tensor& input) {
   return out;
 }
 
+void Module::reset_parameters() {
+  std::vector<std::string> own;
+  for (const Slot& slot : parameters_) {
+    if (slot.value.defined()) own.push_back(slot.name);
+  }
+  LOOM_CHECK(own.empty(),
+             "{}: holds parameters ({}) but does not override reset_parameters(), so they cannot "
+             "be initialized in place (a model built on the meta device gets its values from "
+             "it); override it to draw them as the constructor does",
+             type_name_, fmt::join(own, ", "));
+}
+
+void Module::init_weights() {
+  for (const auto& [name, child] : children_) child->init_weights();
+  NoGradGuard no_grad;
+  reset_parameters();
+}
+
 void Module::set_checkpointed(bool checkpointed) {
   checkpoint_ =
       checkpointed ? std::make_shared<const CheckpointPolicy>(CheckpointPolicy::full()) : nullptr;

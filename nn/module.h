@@ -71,6 +71,18 @@ class Module : public std::enable_shared_from_this<Module> {
   // built without bias, is not one).
   bool has_parameter(const std::string& name) const;
 
+  // Initializes this module's own parameters (not its submodules') in place, as its constructor
+  // does (torch's reset_parameters): the constructors call it, and a model built on the meta
+  // device gets its values from it once materialized (nn/meta_init.h), so both give the same
+  // values. Each value is a function of the module's seed and the element's global index, so a
+  // sharded parameter (a DTensor) draws exactly its slice. A module with parameters of its own
+  // overrides it; the default throws naming them (a module with none has nothing to do).
+  virtual void reset_parameters();
+  // Initializes the whole tree in place: every child's init_weights(), then this module's
+  // reset_parameters() (torchtitan's init_weights). A model initialized as a whole rather than
+  // module by module (GPT-2's, by parameter name) overrides it.
+  virtual void init_weights();
+
   // Sets every parameter's grad to undefined (PyTorch's set_to_none=True).
   void zero_grad();
   // Moves every parameter and buffer of the tree to `device` (torch's module.to(device)):

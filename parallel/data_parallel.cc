@@ -10,13 +10,15 @@ namespace loom::parallel {
 
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
                            const ParallelMeshes& meshes,
-                           const std::optional<nn::MixedPrecisionPolicy>& mixed_precision)
+                           const std::optional<nn::MixedPrecisionPolicy>& mixed_precision,
+                           const std::function<void()>& materialize)
     : module_(std::move(module)) {
   LOOM_CHECK(meshes.dp_replicate && meshes.dp_shard && meshes.fsdp,
              "DataParallel: the ParallelMeshes lack the data-parallel meshes (dp_replicate, "
              "dp_shard, fsdp); make them with train::ParallelDims::meshes");
   const int64_t replicate = meshes.dp_replicate->size(0), shard = meshes.dp_shard->size(0);
   if (shard == 1) {
+    if (materialize) materialize();
     if (mixed_precision) nn::apply_mixed_precision(*module_, *mixed_precision);
     if (replicate > 1) {
       ddp_ = std::make_shared<ddp::DistributedDataParallel>(module_, meshes.dp_replicate->group(0));
@@ -41,6 +43,7 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
   if (mixed_precision) policy.output_dtype = mixed_precision->output_dtype;
   fsdp::fully_shard(*module_, meshes.fsdp, {.reshard_after_forward = false, .mp_policy = policy},
                     "root");
+  if (materialize) materialize();
 }
 
 DataParallel::~DataParallel() = default;

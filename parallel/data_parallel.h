@@ -41,11 +41,14 @@ class DataParallel {
     std::string name;
     nn::Module* module;
   };
-  // Call after the TP plan. `module` is on the meshes' device; `blocks` are its transformer
-  // blocks in order.
+  // Call after the TP plan. `module` is on the meshes' device, or on the meta device when
+  // `materialize` is given; `blocks` are its transformer blocks in order. `materialize` runs once
+  // each rank's parameters have the layout it keeps (after FSDP's sharding, before DDP's replica
+  // check): a meta-built module gets its bytes and values there (parallel/build_stage.h).
   DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block> blocks,
                const ParallelMeshes& meshes,
-               const std::optional<nn::MixedPrecisionPolicy>& mixed_precision);
+               const std::optional<nn::MixedPrecisionPolicy>& mixed_precision,
+               const std::function<void()>& materialize = {});
   ~DataParallel();
 
   void zero_grad();

@@ -82,6 +82,18 @@ void for_each_global_index(const Tensor& out, const RngRegion& region, const cha
 template <typename Sample>
 void fill_floating(const Tensor& out, const RngRegion& region, const char* op, uint64_t seed,
                    cuda::kernels::RandomKind kind, double a, double b, Sample&& sample) {
+  if (out.extension()) {
+    // A distributed tensor: each process fills its own piece from the pieces' global indices,
+    // so every layout holds the values one process would draw for the whole tensor.
+    const std::optional<LocalPiece> piece = out.extension()->local_piece();
+    LOOM_CHECK(piece.has_value(), "{}: {} has no local piece of the global tensor to fill", op,
+               out.description());
+    LOOM_CHECK(region.global_shape.empty(),
+               "{}: a distributed tensor fills its own piece's region; pass no RngRegion", op);
+    fill_floating(piece->local, RngRegion{piece->global_shape, piece->global_offset}, op, seed,
+                  kind, a, b, std::forward<Sample>(sample));
+    return;
+  }
   LOOM_CHECK(out.is_contiguous(), "{}: expected a contiguous tensor, got {}", op,
              out.description());
   if (out.device().is_meta()) return;  // shapes only (tensor/device.h)

@@ -73,6 +73,18 @@ void Storage::refill() {
   released_ = false;
 }
 
+void Storage::materialize(Device device) {
+  LOOM_CHECK(device_.is_meta() && !released_,
+             "Storage::materialize: only a held meta storage gets bytes on a device; this one is "
+             "{} on {}",
+             released_ ? "released" : "held", device_.str());
+  free_bytes();  // the placeholder's (at most kMetaDataBytes of host bytes) and its count
+  data_ = allocate_bytes(bytes_, device);
+  device_ = device;
+  tracker_ = &current_memory_tracker();
+  tracker_->charge(static_cast<int64_t>(bytes_));
+}
+
 void Storage::adopt(Storage& other) {
   LOOM_INTERNAL_ASSERT(
       released_ && !other.released_ && other.bytes_ == bytes_ && other.device_ == device_,

@@ -37,6 +37,11 @@ class Storage {
   // Reading a released storage's data is a bug of the caller; released() tells.
   void release();
   void refill();
+  // Gives a meta storage bytes on `device` (contents uninitialized), in place: every tensor
+  // viewing it (a module's slot, FSDP's shard, a DTensor and its local shard) is on `device`
+  // from now on — torch's module.to_empty(), without replacing any tensor. The bytes are counted
+  // by the calling thread's tracker from now on, no longer by the placeholder's.
+  void materialize(Device device);
   // Refills a released storage with `other`'s bytes (same size and device), leaving `other`
   // released: a result computed elsewhere moves in without a copy.
   void adopt(Storage& other);

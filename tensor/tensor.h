@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tensor/device.h"
@@ -92,6 +93,14 @@ class Tensor {
 
 // Opaque state a higher layer attaches to a tensor. `kind()` selects the dispatch handler
 // (tensor/dispatch.h) that computes ops on such tensors.
+// A wrapper tensor's data on this process (tensor/dispatch.h's extensions: a DTensor's local
+// shard) and where it sits in the global tensor the wrapper stands for.
+struct LocalPiece {
+  Tensor local;
+  Shape global_shape;
+  Shape global_offset;  // the global index of local's first element along each dim
+};
+
 class TensorExtension {
  public:
   virtual ~TensorExtension() = default;
@@ -104,6 +113,10 @@ class TensorExtension {
   // many references the wrapper's storage has (Tensor::sole_owner of a wrapper asks it): a
   // result nothing else holds may be adopted rather than copied.
   virtual bool holds_alone(long /*storage_references*/) const { return false; }
+  // What an element-wise initializer (ops::normal_, uniform_: each value a function of its
+  // global index) fills in place, or nullopt when the data is not a piece of the global tensor
+  // (a Partial DTensor's addends).
+  virtual std::optional<LocalPiece> local_piece() const { return std::nullopt; }
 };
 
 struct TensorImpl {

@@ -137,7 +137,8 @@ ParallelConfig parallel_config(const JobConfig& given) {
                              ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
                              : std::nullopt,
       .activation_checkpoint = parallel::ActivationCheckpointing::parse(job.activation_checkpoint,
-                                                                        "--activation-checkpoint")};
+                                                                        "--activation-checkpoint"),
+      .meta_init = job.meta_init};
 }
 
 CheckedJob check_job(const JobConfig& job) {

@@ -97,6 +97,10 @@ const std::vector<JobOption>& options() {
        "selective-op (every block, keeping matrix products and attention) or selective-layer:N "
        "(every N-th block)",
        &C::activation_checkpoint},
+      {"training", "meta_init",
+       "build the model on the meta device and give each rank only its own shards' memory and "
+       "values (--no-meta-init: every rank builds the whole model first; the same values)",
+       &C::meta_init},
       {"training",
        "device",
        "auto (cuda when every local rank has a GPU), cpu or cuda",

@@ -54,6 +54,7 @@ struct JobConfig {
   std::string device = "auto";           // auto | cpu | cuda
   // none | full | selective-op | selective-layer:N: what recomputes its activations in backward
   std::string activation_checkpoint = "none";
+  bool meta_init = true;  // build on meta, materialize each rank's shards (parallel/build_stage.h)
   // [comm]
   double collective_timeout_s = 0;  // store and collective timeout; 0: $LOOM_TIMEOUT_S, else 300 s
   // [data]

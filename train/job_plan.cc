@@ -95,7 +95,8 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
     const auto same = [&](size_t j) {
       const TracedRank& u = plan.traced[j];
       return u.parameters == t.parameters && u.held_bytes == t.held_bytes &&
-             u.peak_bytes == t.peak_bytes && u.flops == t.flops && same_collectives(u, t);
+             u.peak_bytes == t.peak_bytes && u.flops == t.flops &&
+             u.construction_peak_bytes == t.construction_peak_bytes && same_collectives(u, t);
     };
     size_t role = 0;
     while (role < representative.size() && !same(representative[role])) ++role;
@@ -228,17 +229,18 @@ std::string format_job_plan(const JobPlan& plan) {
   };
   out += fmt::format(
       "\nTraced step per rank (the job's code on the meta device, its second step; MiB, GFLOP){}:"
-      "\n\n| ranks | parameters | held between steps | peak in step | peak - held | GFLOP |\n"
-      "|---|---:|---:|---:|---:|---:|\n",
+      "\n\n| ranks | parameters | held between steps | peak in step | peak - held | GFLOP | "
+      "peak building the model |\n|---|---:|---:|---:|---:|---:|---:|\n",
       static_cast<int64_t>(plan.traced.size()) < plan.world_size
           ? fmt::format(" — {} of {} ranks traced, the others' pipeline lines are like these",
                         plan.traced.size(), plan.world_size)
           : "");
   for (const TracedRole& role : plan.traced_roles) {
     const TracedRank& t = traced_rank(role.ranks.front());
-    out += fmt::format("| {} | {} | {} | {} | {} | {:.1f} |\n", ranks_str(role.ranks), t.parameters,
-                       mib(t.held_bytes), mib(t.peak_bytes), mib(t.peak_bytes - t.held_bytes),
-                       static_cast<double>(t.flops) / 1e9);
+    out += fmt::format("| {} | {} | {} | {} | {} | {:.1f} | {} |\n", ranks_str(role.ranks),
+                       t.parameters, mib(t.held_bytes), mib(t.peak_bytes),
+                       mib(t.peak_bytes - t.held_bytes), static_cast<double>(t.flops) / 1e9,
+                       mib(t.construction_peak_bytes));
   }
   out +=
       "\nCommunication per step and rank (calls, MiB sent by the rank; p2p counts sends and "

@@ -91,12 +91,31 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
   checked_.parallel.validate(world_->size(), job_.batch_size, job_.seq_len);
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
   mesh_ = checked_.parallel.dims.build_mesh(world_);
+  const int64_t tensors_before = process_memory_tracker().stats().current_bytes;
+  process_memory_tracker().reset_peak();
   model_ = build_parallel_model(*checked_.model.args, static_cast<uint64_t>(job_.seed), mesh_,
                                 checked_.parallel);
+  // What building the model held at most: this rank's shards when built on the meta device, the
+  // whole model (or stage) first when not.
+  const int64_t construction_peak = process_memory_tracker().stats().peak_bytes - tensors_before;
+  if (rank == 0) {
+    fmt::print(
+        "{}: model built holding at most {:.1f} MiB of tensors on rank 0 ({}; the whole "
+        "model's parameters are {:.1f} MiB)\n",
+        program_, static_cast<double>(construction_peak) / 1048576.0,
+        job_.meta_init ? "meta-device initialization" : "built whole, then sharded",
+        static_cast<double>(checked_.model.args->parameter_count()) * 4 / 1048576.0);
+  }
   // Every rank reads the checkpoint and keeps its own shards (no communication).
   if (!job_.init_from.empty()) {
-    model_->load_hf(job_.init_from);
-    if (rank == 0) fmt::print("{}: initialized from {}\n", program_, job_.init_from);
+    const models::hf::LoadStats read = model_->load_hf(job_.init_from);
+    if (rank == 0) {
+      fmt::print(
+          "{}: initialized from {} (rank 0 read {:.1f} MiB of the {:.1f} MiB of tensors its "
+          "parameters come from)\n",
+          program_, job_.init_from, static_cast<double>(read.bytes_read) / 1048576.0,
+          static_cast<double>(read.tensor_bytes) / 1048576.0);
+    }
   }
   trainer_ = std::make_unique<Trainer>(
       *model_, mesh_,

@@ -22,6 +22,8 @@ struct ParallelConfig {
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
   // Which blocks recompute their activations in backward (none, full, every N-th).
   parallel::ActivationCheckpointing activation_checkpoint;
+  // Build on the meta device and materialize only this rank's shards (parallel/build_stage.h).
+  bool meta_init = true;
 
   // Microbatches per step as the pipeline runs them (the default resolved; 1 without one).
   int microbatches() const;

@@ -24,8 +24,9 @@ class HFFiles {
         adapter_(args.hf_adapter()),
         names_(args.spec(0, {}).parameter_names(pipeline::StageRange::whole(args.n_layers()))) {}
 
-  void load(nn::Module& module, const std::string& path) const {
-    models::hf::load(module, adapter(), path, names_, fmt::format("load ({} family)", family_));
+  models::hf::LoadStats load(nn::Module& module, const std::string& path) const {
+    return models::hf::load(module, adapter(), path, names_,
+                            fmt::format("load ({} family)", family_));
   }
   // Every rank checks the format first, before any collective: all fail alike, none waits.
   void check_format() const { adapter(); }
@@ -54,7 +55,7 @@ class OneStageModel : public ParallelModel {
  public:
   OneStageModel(const models::ModelArgs& args, pipeline::PipelineModelSpec spec,
                 std::shared_ptr<nn::Module> module,
-                std::unique_ptr<parallel::DataParallel> data_parallel, int grad_accum)
+                std::shared_ptr<parallel::DataParallel> data_parallel, int grad_accum)
       : files_(args),
         spec_(std::move(spec)),
         module_(std::move(module)),
@@ -93,7 +94,9 @@ class OneStageModel : public ParallelModel {
     const Tensor out = (*module_)(ids);
     return is_dtensor(out) ? full_tensor(out) : out;  // vocab-sharded under tp
   }
-  void load_hf(const std::string& path) override { files_.load(*module_, path); }
+  models::hf::LoadStats load_hf(const std::string& path) override {
+    return files_.load(*module_, path);
+  }
   void save_hf(const std::string& path, bool write) override {
     files_.check_format();
     files_.save(*module_, path, write);
@@ -103,7 +106,7 @@ class OneStageModel : public ParallelModel {
   HFFiles files_;
   pipeline::PipelineModelSpec spec_;
   std::shared_ptr<nn::Module> module_;
-  std::unique_ptr<parallel::DataParallel> data_parallel_;
+  std::shared_ptr<parallel::DataParallel> data_parallel_;
   int grad_accum_;
 };
 
@@ -130,8 +133,14 @@ class PipelinedModel : public ParallelModel {
     return out;
   }
   Tensor logits(const Tensor& ids) override { return model_->logits(ids); }
-  void load_hf(const std::string& path) override {
-    for (const auto& stage : model_->stages()) files_.load(*stage, path);
+  models::hf::LoadStats load_hf(const std::string& path) override {
+    models::hf::LoadStats total;
+    for (const auto& stage : model_->stages()) {
+      const models::hf::LoadStats stats = files_.load(*stage, path);
+      total.bytes_read += stats.bytes_read;
+      total.tensor_bytes += stats.tensor_bytes;
+    }
+    return total;
   }
   void save_hf(const std::string& path, bool write) override {
     files_.check_format();
@@ -170,18 +179,20 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
         pipeline::PipelineModelOptions{.schedule = parallel.pipeline,
                                        .sequence_parallel = parallel.tp_plan.sequence_parallel,
                                        .mixed_precision = parallel.mixed_precision,
-                                       .activation_checkpoint = parallel.activation_checkpoint});
+                                       .activation_checkpoint = parallel.activation_checkpoint,
+                                       .meta_init = parallel.meta_init});
     return std::make_unique<PipelinedModel>(args, std::move(model));
   }
-  std::shared_ptr<nn::Module> module =
-      spec.make_stage(pipeline::StageRange::whole(args.n_layers()));
-  module->to(mesh->device());  // before the TP plan and data parallelism take the parameters
-  parallel.activation_checkpoint.apply(spec.blocks(*module), /*first_block=*/0);
-  if (parallel.dims.tp > 1) spec.parallelize(*module, meshes.tp);
-  auto data_parallel = std::make_unique<parallel::DataParallel>(module, spec.blocks(*module),
-                                                                meshes, parallel.mixed_precision);
-  return std::make_unique<OneStageModel>(args, std::move(spec), std::move(module),
-                                         std::move(data_parallel), parallel.grad_accum);
+  parallel::BuiltStage built = parallel::build_stage(
+      {.make = [&] { return spec.make_stage(pipeline::StageRange::whole(args.n_layers())); },
+       .blocks = spec.blocks,
+       .parallelize = spec.parallelize},
+      meshes,
+      {.activation_checkpoint = parallel.activation_checkpoint,
+       .mixed_precision = parallel.mixed_precision,
+       .meta_init = parallel.meta_init});
+  return std::make_unique<OneStageModel>(args, std::move(spec), std::move(built.module),
+                                         std::move(built.data_parallel), parallel.grad_accum);
 }
 
 }  // namespace loom::train

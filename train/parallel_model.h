@@ -23,6 +23,7 @@
 
 #include "mesh/device_mesh.h"
 #include "models/family.h"
+#include "models/hf/checkpoint.h"
 #include "nn/module.h"
 #include "train/parallel_config.h"
 
@@ -48,9 +49,10 @@ class ParallelModel {
   virtual std::vector<std::pair<std::string, nn::Module*>> named_modules() const = 0;
   // Logits (B, T, V) of ids (B, T) as a plain tensor on every rank.
   virtual Tensor logits(const Tensor& ids) = 0;
-  // A Hugging Face checkpoint (models/hf/checkpoint.h): every rank loads the boxes it holds.
+  // A Hugging Face checkpoint (models/hf/checkpoint.h): every rank loads the boxes it holds,
+  // reading only their bytes where the family states its file layout; returns what it read.
   // Throws naming the family when it has no Hugging Face format.
-  virtual void load_hf(const std::string& path) = 0;
+  virtual models::hf::LoadStats load_hf(const std::string& path) = 0;
   // Every rank takes part (gathers); ranks with `write` write the whole model and config.json.
   virtual void save_hf(const std::string& path, bool write) = 0;
 };

@@ -65,6 +65,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     MetaTargetGuard allocate_like(options.target);
     auto mesh = dims.build_mesh(world);
     std::unique_ptr<ParallelModel> model = build(mesh);
+    out.construction_peak_bytes = memory.stats().peak_bytes;
     for (const auto& [name, p] : model->named_parameters()) {
       out.parameters += is_dtensor(p) ? local_shard(p).numel() : p.numel();
     }

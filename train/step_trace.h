@@ -41,10 +41,13 @@ struct TracedRank {
   int64_t parameters = 0;           // parameter elements it holds (its shards)
   int64_t held_bytes = 0;           // storage held between steps
   int64_t peak_bytes = 0;           // the most held at once during a step
-  int64_t flops = 0;                // matrix-product FLOPs of one step
-  int64_t allocations = 0;          // storage allocations of one step (about one per op output)
-  int64_t allocated_bytes = 0;      // their bytes: what the step's ops wrote
-  double step_ms = 0;               // the step's wall time (meaningful on real groups only)
+  // The most held at once while the model was built (parallel/build_stage.h): its shards when
+  // built on the meta device, the whole stage first when not.
+  int64_t construction_peak_bytes = 0;
+  int64_t flops = 0;            // matrix-product FLOPs of one step
+  int64_t allocations = 0;      // storage allocations of one step (about one per op output)
+  int64_t allocated_bytes = 0;  // their bytes: what the step's ops wrote
+  double step_ms = 0;           // the step's wall time (meaningful on real groups only)
   // One step's operations by group name (CommDebugMode::by_group).
   std::map<std::string, comm::CollectiveCounters> collectives;
 };

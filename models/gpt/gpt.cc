@@ -91,7 +91,7 @@ Tensor Block::forward(const Tensor& x) {
 }
 
 GPTStage::GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::string type_name)
-    : Module(std::move(type_name)), config_(std::move(config)), range_(range) {
+    : Module(std::move(type_name)), config_(std::move(config)), range_(range), seed_(seed) {
   config_.validate();
   LOOM_CHECK(0 <= range_.first_block && range_.first_block <= range_.end_block &&
                  range_.end_block <= config_.n_layer,
@@ -116,10 +116,10 @@ GPTStage::GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::st
     ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
     lm_head = register_module("lm_head", std::make_shared<TiedLMHead>(wte));
   }
-  init_weights(seed);
+  init_weights();
 }
 
-void GPTStage::init_weights(uint64_t seed) { init_gpt_weights(*this, config_.n_layer, seed); }
+void GPTStage::init_weights() { init_gpt_weights(*this, config_.n_layer, seed_); }
 
 GPT::GPT(GPTConfig config, uint64_t seed)
     : GPTStage(config, seed, GPTStageRange{0, config.n_layer, true, true}, "GPT") {}

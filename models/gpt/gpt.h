@@ -97,8 +97,9 @@ class GPTStage : public nn::Module {
   GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range,
            std::string type_name = "GPTStage");
   Tensor forward(const Tensor& input) override;
-  // GPT-2 initialization from `seed`; each parameter's values depend only on (seed, its name).
-  void init_weights(uint64_t seed);
+  // GPT-2 initialization from the stage's seed (init_gpt_weights): each parameter's values depend
+  // only on (seed, its name), whatever its submodules' own initialization.
+  void init_weights() override;
 
   const GPTConfig& config() const { return config_; }
   const GPTStageRange& range() const { return range_; }
@@ -111,6 +112,7 @@ class GPTStage : public nn::Module {
  private:
   GPTConfig config_;
   GPTStageRange range_;
+  uint64_t seed_;
   std::shared_ptr<nn::Dropout> drop_;
 };
 

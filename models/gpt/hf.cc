@@ -31,8 +31,6 @@ Layout layout_of(const std::string& name) {
   return Layout::kAsIs;
 }
 
-Tensor transposed(const Tensor& t) { return ops::contiguous(ops::transpose(t, 0, 1)); }
-
 bool same_values(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape()) return false;
   const Tensor fa = ops::contiguous(ops::to(a, kFloat32)),
@@ -48,36 +46,16 @@ class GPT2Adapter : public hf::StateDictAdapter {
   std::vector<std::string> hf_names(const std::string& name) const override {
     return {std::string(kPrefix) + name, name};
   }
-  Shape hf_shape(const std::string& name, const Shape& shape) const override {
-    const Layout layout = layout_of(name);
-    if (layout == Layout::kTransposed || layout == Layout::kCAttnWeight)
-      return {shape.at(1), shape.at(0)};
-    return shape;
-  }
-  Tensor from_hf(const std::string& name, const Tensor& hf) const override {
+  std::optional<FileLayout> file_layout(const std::string& name) const override {
     switch (layout_of(name)) {
       case Layout::kAsIs:
-        return ops::contiguous(hf);
+        return FileLayout{};
       case Layout::kTransposed:
-        return transposed(hf);
+        return FileLayout{.transposed = true};
       case Layout::kCAttnWeight:
-        return hf::gather_rows(transposed(hf), head_major());
+        return FileLayout{.transposed = true, .row_source = head_major()};
       case Layout::kCAttnBias:
-        return hf::gather_rows(hf, head_major());
-    }
-    LOOM_INTERNAL_ASSERT(false, "unknown layout");
-    return {};
-  }
-  Tensor to_hf(const std::string& name, const Tensor& loom) const override {
-    switch (layout_of(name)) {
-      case Layout::kAsIs:
-        return ops::contiguous(loom);
-      case Layout::kTransposed:
-        return transposed(loom);
-      case Layout::kCAttnWeight:
-        return transposed(hf::gather_rows(loom, qkv_major()));
-      case Layout::kCAttnBias:
-        return hf::gather_rows(loom, qkv_major());
+        return FileLayout{.row_source = head_major()};
     }
     LOOM_INTERNAL_ASSERT(false, "unknown layout");
     return {};
@@ -130,9 +108,6 @@ class GPT2Adapter : public hf::StateDictAdapter {
   std::vector<int64_t> head_major() const {
     return c_attn_head_major_source(config_.n_head, config_.head_dim());
   }
-  std::vector<int64_t> qkv_major() const {
-    return c_attn_qkv_major_source(config_.n_head, config_.head_dim());
-  }
 
   GPTConfig config_;
 };
@@ -169,9 +144,9 @@ std::vector<std::string> gpt_parameter_names(int64_t n_layer) {
   return names;
 }
 
-void load_gpt2_hf(GPTStage& model, const std::string& path) {
-  hf::load(model, *gpt2_hf_adapter(model.config()), path,
-           gpt_parameter_names(model.config().n_layer), "load_gpt2_hf");
+hf::LoadStats load_gpt2_hf(GPTStage& model, const std::string& path) {
+  return hf::load(model, *gpt2_hf_adapter(model.config()), path,
+                  gpt_parameter_names(model.config().n_layer), "load_gpt2_hf");
 }
 
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write) {

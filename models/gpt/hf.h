@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "models/gpt/gpt.h"
+#include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
 #include "models/hf/state_dict_adapter.h"
 
@@ -48,7 +49,7 @@ void write_gpt2_hf_config(const GPTConfig& config, const std::string& checkpoint
 
 // Loads what `model` (a GPT or a pipeline stage of one) holds from a GPT-2 checkpoint (the
 // tensors of other stages are skipped); DTensor parameters take their own shard. All or nothing.
-void load_gpt2_hf(GPTStage& model, const std::string& path);
+hf::LoadStats load_gpt2_hf(GPTStage& model, const std::string& path);
 // Writes `model` as GPT-2 safetensors with its config.json beside it. DTensor parameters are
 // gathered (full_tensor: every rank of their meshes calls it); only ranks with `write` write.
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write = true);

@@ -5,6 +5,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "nn/meta_init.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -87,6 +88,7 @@ PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
   spec.loss = [](const Tensor& logits, const Tensor& targets) { return gpt_loss(logits, targets); };
   spec.parameter_names = [n_layer = config.n_layer](const StageRange& range) {
     // A stage of the same blocks, sized to nothing: the names in its order.
+    nn::MetaBuildScope shapes_only;  // no bytes, and none counted as this rank's
     const GPTStage names_only(
         GPTConfig{.n_layer = n_layer, .n_head = 1, .n_embd = 1, .block_size = 1, .vocab_size = 1},
         0, range);

@@ -1,5 +1,6 @@
 #include "models/hf/checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "base/durable_file.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "models/hf/file_boxes.h"
 #include "tensor/ops.h"
 
 namespace loom::models::hf {
@@ -25,7 +27,8 @@ constexpr const char* kIndexFile = "model.safetensors.index.json";
 bool is_index(const std::string& path) { return path.ends_with(".json"); }
 
 // A sharded checkpoint: the index's weight map, each shard read once.
-TensorMap read_index(const std::string& path, bool values, const std::set<std::string>* only) {
+SafetensorsFile read_index(const std::string& path, bool values,
+                           const std::set<std::string>* only) {
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "'{}': cannot read it: {}", path, std::strerror(errno));
   nlohmann::json index;
@@ -44,21 +47,32 @@ TensorMap read_index(const std::string& path, bool values, const std::set<std::s
                path, name, shard.dump());
     names_by_shard[shard.get<std::string>()].push_back(name);
   }
-  TensorMap tensors;
+  SafetensorsFile out;
+  TensorMap& tensors = out.tensors;
   const fs::path folder = fs::path(path).parent_path();
   for (const auto& [shard, names] : names_by_shard) {
     const std::string shard_path = (folder / shard).string();
     LOOM_CHECK(fs::exists(shard_path), "'{}' names the shard '{}', which does not exist", path,
                shard_path);
-    TensorMap file = load_safetensors(shard_path, values, only).tensors;
+    SafetensorsFile shard_file = load_safetensors(shard_path, values, only);
+    const TensorMap& file = shard_file.tensors;
     for (const std::string& name : names) {
       const auto it = file.find(name);
       LOOM_CHECK(it != file.end(), "'{}' puts tensor '{}' in '{}', which does not hold it", path,
                  name, shard_path);
       tensors.emplace(name, it->second);
+      out.sources.emplace(name, shard_file.sources.at(name));
     }
   }
-  return tensors;
+  return out;
+}
+
+// The checkpoint's tensors (a file, or an index and its shards) and where each one's bytes are.
+SafetensorsFile read_checkpoint(const std::string& path, bool values,
+                                const std::set<std::string>* only) {
+  const std::string file = resolve_checkpoint_path(path);
+  if (is_index(file)) return read_index(file, values, only);
+  return load_safetensors(file, values, only);
 }
 
 // The box of a parameter this rank holds, cut out of the whole (converted) tensor.
@@ -92,12 +106,20 @@ std::string config_json_path(const std::string& path) {
 }
 
 TensorMap read_tensors(const std::string& path, bool values, const std::set<std::string>* only) {
-  const std::string file = resolve_checkpoint_path(path);
-  if (is_index(file)) return read_index(file, values, only);
-  return load_safetensors(file, values, only).tensors;
+  return read_checkpoint(path, values, only).tensors;
 }
 
 namespace {
+
+// Throws listing every problem, when there is any.
+void fail_on(const std::vector<std::string>& problems, const std::string& who,
+             const std::string& path) {
+  if (problems.empty()) return;
+  std::string message =
+      fmt::format("{} '{}': {} problem(s); the model is unchanged:", who, path, problems.size());
+  for (const auto& problem : problems) message += "\n  " + problem;
+  LOOM_FAIL("{}", message);
+}
 
 // The file's name of each of the whole model's parameters, every name, shape and dtype of
 // `module`'s checked first: throws listing every problem.
@@ -151,12 +173,7 @@ std::map<std::string, std::string> match(const nn::Module& module, const StateDi
     }
   }
   adapter.check_file(file, problems);
-  if (!problems.empty()) {
-    std::string message =
-        fmt::format("{} '{}': {} problem(s); the model is unchanged:", who, path, problems.size());
-    for (const auto& problem : problems) message += "\n  " + problem;
-    LOOM_FAIL("{}", message);
-  }
+  fail_on(problems, who, path);
   return file_name_of;
 }
 
@@ -167,41 +184,86 @@ void check(const nn::Module& module, const StateDictAdapter& adapter, const std:
   match(module, adapter, read_tensors(path, /*values=*/false), path, model_names, who);
 }
 
-void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
-          const std::vector<std::string>& model_names, const std::string& who) {
-  // The headers first: which of the file's tensors this module's parameters are; then the values
-  // of those alone (and of what the adapter's checks compare).
-  std::set<std::string> wanted;
-  {
-    const TensorMap headers = read_tensors(path, /*values=*/false);
-    for (const auto& [name, p] : module.named_parameters()) {
-      for (const std::string& candidate : adapter.hf_names(name)) {
-        if (headers.count(candidate)) wanted.insert(candidate);
-      }
-    }
-    for (const std::string& name : adapter.checked_tensors()) {
-      if (headers.count(name)) wanted.insert(name);
-    }
-  }
-  const TensorMap file = read_tensors(path, /*values=*/true, &wanted);
+LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+               const std::vector<std::string>& model_names, const std::string& who) {
+  // The headers first (names, shapes, where each tensor's bytes are): every check of names and
+  // shapes before any value is read.
+  const SafetensorsFile headers = read_checkpoint(path, /*values=*/false, nullptr);
   const auto params = module.named_parameters();
   const std::map<std::string, std::string> file_name_of =
-      match(module, adapter, file, path, model_names, who);
+      match(module, adapter, headers.tensors, path, model_names, who);
 
-  // Convert everything into temporaries (each rank its boxes), then copy.
-  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, value)
+  // Each parameter's box, read alone where the family states its file layout, else cut out of
+  // the whole tensor; kept in the file's dtype for the adapter's checks, then converted.
+  LoadStats stats;
+  TensorMap boxes;                                    // file name -> this rank's box
+  std::map<std::string, std::pair<Shape, Shape>> at;  // file name -> (offset, shape), as laid out
+  std::vector<std::pair<Tensor, Tensor>> copies;      // (destination, value)
   for (const auto& [name, p] : params) {
-    const Tensor whole = ops::to(adapter.from_hf(name, file.at(file_name_of.at(name))), p.dtype());
-    Tensor value = local_box(whole, p);
+    const std::string& file_name = file_name_of.at(name);
+    const TensorSource& source = headers.sources.at(file_name);
+    stats.tensor_bytes +=
+        static_cast<int64_t>(shape_numel(source.shape) * element_size(source.dtype));
+    Shape offset(p.shape().size(), 0), shape = p.shape();
+    if (is_dtensor(p)) {
+      const DTensorSpec& spec = dtensor_spec(p, "hf::load");
+      offset = spec.local_offset();
+      shape = spec.local_shape();
+    }
+    const auto layout = adapter.file_layout(name);
+    Tensor value;
+    if (layout && (p.dim() == 1 || p.dim() == 2)) {
+      value = read_box(source, *layout, p.shape(), offset, shape, &stats.bytes_read);
+      if (!layout->transposed && layout->row_source.empty())
+        at.emplace(file_name, std::pair{offset, shape});
+    } else {
+      const std::set<std::string> only{file_name};
+      const Tensor whole = read_checkpoint(path, /*values=*/true, &only).tensors.at(file_name);
+      stats.bytes_read += static_cast<int64_t>(whole.numel() * element_size(whole.dtype()));
+      value = local_box(adapter.from_hf(name, whole), p);
+    }
+    boxes.emplace(file_name, value);
     const Tensor destination = is_dtensor(p) ? local_shard(p) : p;
+    value = ops::to(value, p.dtype());
     LOOM_INTERNAL_ASSERT(value.shape() == destination.shape(),
                          "{}: {} converted to {} for a destination of {}", who, name,
                          shape_str(value.shape()), shape_str(destination.shape()));
     if (!destination.device().is_cpu()) value = ops::to(value, destination.device());
     copies.emplace_back(destination, value);
   }
+
+  // The adapter's checks across the file's tensors, on this rank's boxes: a checked tensor no
+  // parameter takes (GPT-2's lm_head) is read in the box of a checked parameter's tensor of its
+  // shape stored as laid out (wte), else whole.
+  const std::vector<std::string> checked_names = adapter.checked_tensors();
+  TensorMap checked;
+  for (const std::string& name : checked_names) {
+    const auto header = headers.tensors.find(name);
+    if (header == headers.tensors.end()) continue;
+    if (const auto box = boxes.find(name); box != boxes.end()) {
+      checked.emplace(name, box->second);
+      continue;
+    }
+    const auto like = std::find_if(checked_names.begin(), checked_names.end(), [&](const auto& n) {
+      return at.count(n) && headers.tensors.at(n).shape() == header->second.shape();
+    });
+    if (like != checked_names.end()) {
+      const auto& [offset, shape] = at.at(*like);
+      checked.emplace(name, read_box(headers.sources.at(name), {}, header->second.shape(), offset,
+                                     shape, &stats.bytes_read));
+    } else {
+      const std::set<std::string> only{name};
+      const Tensor whole = read_checkpoint(path, /*values=*/true, &only).tensors.at(name);
+      stats.bytes_read += static_cast<int64_t>(whole.numel() * element_size(whole.dtype()));
+      checked.emplace(name, whole);
+    }
+  }
+  std::vector<std::string> problems;
+  adapter.check_file(checked, problems);
+  fail_on(problems, who, path);
   NoGradGuard no_grad;
   for (const auto& [destination, value] : copies) ops::copy_(destination, value);
+  return stats;
 }
 
 std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module) {

@@ -5,14 +5,16 @@
 // (model.safetensors.index.json: its "weight_map" names a shard file per tensor, read beside it),
 // or a folder holding either (as save_pretrained writes it). config.json sits beside them.
 //
-// Load (no communication): every rank reads the file's headers, then the tensors of the
-// parameters it holds (a pipeline stage reads its own), and, for each, converts
-// the whole tensor to Loom's layout (the adapter) and copies the box its shard holds by the
-// parameter's placements (DTensorSpec::local_offset / local_shape, the same boxes a distributed
-// checkpoint reads): plain parameters, tensor-parallel and FSDP shards (nested shards of one dim
-// included) and pipeline stages alike. All or nothing: every name, shape and dtype is checked
-// first, and any problem (a missing tensor, a shape, a tensor no parameter takes) is reported
-// together with the others, the model unchanged.
+// Load (no communication): every rank reads the file's headers, then, of each parameter it holds
+// (a pipeline stage its own), the box its shard holds by the parameter's placements
+// (DTensorSpec::local_offset / local_shape, the same boxes a distributed checkpoint reads):
+// plain parameters, tensor-parallel and FSDP shards (nested shards of one dim included) and
+// pipeline stages alike. Where the family states the parameter's file layout (a transpose and a
+// row gather: StateDictAdapter::file_layout) only the box's bytes are read (file_boxes.h), so N
+// ranks each read about 1/N of the file; otherwise the whole tensor is read, converted
+// (from_hf) and cut. All or nothing: every name, shape and dtype is checked first, and any
+// problem (a missing tensor, a shape, a tensor no parameter takes, the adapter's checks on the
+// boxes read) is reported together with the others, the model unchanged.
 //
 // Save: the caller gathers the whole parameters (whole_parameters: full_tensor on every rank of
 // their meshes, collective) and the ranks with `write` write the file atomically, and
@@ -40,12 +42,19 @@ std::string resolve_checkpoint_path(const std::string& path);
 // config.json beside the checkpoint (in the folder when `path` is one).
 std::string config_json_path(const std::string& path);
 
+// What a load read: the bytes of the tensors read (each rank only its boxes of the parameters
+// whose file layout its family states), of the file's tensors the parameters take in all.
+struct LoadStats {
+  int64_t bytes_read = 0;
+  int64_t tensor_bytes = 0;
+};
+
 // Loads every parameter of `module` (a whole model or a pipeline stage, plain or DTensor
 // parameters) from the checkpoint at `path`. `model_names`: every parameter name of the whole
 // model, so a stage skips the tensors of other stages while a tensor no parameter of the model
 // takes is refused. `who` starts the error ("load_llama_hf").
-void load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
-          const std::vector<std::string>& model_names, const std::string& who);
+LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
+               const std::vector<std::string>& model_names, const std::string& who);
 
 // The checks of load() against the checkpoint's headers alone, reading no values: what a job
 // checks before it starts. `module` may be on the meta device.

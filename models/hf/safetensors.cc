@@ -221,6 +221,7 @@ SafetensorsFile load_safetensors(const std::string& path, bool values,
   }
   // Header valid: read the data.
   for (const Entry& e : entries) {
+    file.sources.emplace(e.name, TensorSource{path, 8 + header_bytes + e.begin, e.dtype, e.shape});
     if (!values || (only != nullptr && !only->count(e.name))) {
       file.tensors.emplace(e.name, Tensor::empty(e.shape, e.dtype, Device::meta()));
       continue;

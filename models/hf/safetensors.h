@@ -19,6 +19,7 @@
 // order, each at an 8-byte-aligned offset (the header is padded with spaces to a multiple of 8).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <set>
 #include <string>
@@ -31,9 +32,19 @@ namespace loom::models {
 using TensorMap = std::map<std::string, Tensor>;
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
+// Where a tensor's bytes are: the file, the byte offset of its first element in it, its dtype and
+// shape (row-major, contiguous).
+struct TensorSource {
+  std::string file;
+  uint64_t offset = 0;
+  DType dtype = kFloat32;
+  Shape shape;
+};
+
 struct SafetensorsFile {
   TensorMap tensors;  // fresh contiguous CPU tensors
   SafetensorsMetadata metadata;
+  std::map<std::string, TensorSource> sources;  // every tensor's, values read or not
 };
 
 // Writes `tensors` (and `metadata` as "__metadata__") to `path` atomically.

@@ -4,12 +4,15 @@
 // tensor parallel, FSDP, a pipeline stage) and saving are models/hf/checkpoint.h's, the same for
 // every family.
 //
-// Every conversion is of whole tensors (the full parameter, whatever the layout): the loader cuts
-// each rank's box out of the converted whole tensor by the parameter's placements.
+// A family states where each parameter's elements sit in the file (file_layout: a transpose and a
+// gather of rows), and the loader reads only the rows and columns each rank's shard needs. A
+// family whose conversion is something else overrides from_hf / to_hf / hf_shape (whole tensors)
+// instead, and its parameters are read whole, each rank cutting its box out.
 #pragma once
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,20 +28,27 @@ class StateDictAdapter {
   // The names a Loom parameter may have in a file, the one save writes first
   // ("h.0.ln_1.weight" -> {"transformer.h.0.ln_1.weight", "h.0.ln_1.weight"}).
   virtual std::vector<std::string> hf_names(const std::string& name) const = 0;
+  // Where a parameter's elements sit in the file's tensor: Loom's row r (dim 0) is row
+  // row_source[r] (r when empty; a permutation) of the file's tensor, transposed first when
+  // `transposed` (2-D). Loom's element (r, c) is the file's (row_source[r], c), or
+  // (c, row_source[r]) transposed.
+  struct FileLayout {
+    bool transposed = false;
+    std::vector<int64_t> row_source;
+  };
+  // The parameter's layout, by which the loader reads only a rank's box; nullopt (the default):
+  // the conversion is from_hf's, of whole tensors, and the parameter is read whole.
+  virtual std::optional<FileLayout> file_layout(const std::string& name) const {
+    (void)name;
+    return std::nullopt;
+  }
   // The file's shape of a parameter whose (global) shape is `shape`: transposed layouts differ.
-  virtual Shape hf_shape(const std::string& name, const Shape& shape) const {
-    (void)name;
-    return shape;
-  }
+  // Default: by file_layout.
+  virtual Shape hf_shape(const std::string& name, const Shape& shape) const;
   // A whole tensor from the file's layout to Loom's (the file's shape already checked), and back.
-  virtual Tensor from_hf(const std::string& name, const Tensor& hf) const {
-    (void)name;
-    return hf;
-  }
-  virtual Tensor to_hf(const std::string& name, const Tensor& loom) const {
-    (void)name;
-    return loom;
-  }
+  // Default: by file_layout (the identity without one).
+  virtual Tensor from_hf(const std::string& name, const Tensor& hf) const;
+  virtual Tensor to_hf(const std::string& name, const Tensor& loom) const;
   // Tensors a file may hold that are no parameter and are skipped (GPT-2's attention masks,
   // older Llama files' rotary inv_freq): anything else no parameter takes is refused.
   virtual bool is_buffer(const std::string& hf_name) const {

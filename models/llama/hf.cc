@@ -42,18 +42,6 @@ std::vector<int64_t> unpermute_rotary(int64_t heads, int64_t head_dim) {
   return source;
 }
 
-// Row sources of HF's layout from Loom's (the inverse of unpermute_rotary): HF row
-// h*D + c*D/2 + i <- Loom row h*D + 2i + c.
-std::vector<int64_t> permute_rotary(int64_t heads, int64_t head_dim) {
-  std::vector<int64_t> source;
-  for (int64_t h = 0; h < heads; ++h) {
-    for (int64_t c = 0; c < 2; ++c) {
-      for (int64_t i = 0; i < head_dim / 2; ++i) source.push_back(h * head_dim + 2 * i + c);
-    }
-  }
-  return source;
-}
-
 class LlamaAdapter : public hf::StateDictAdapter {
  public:
   explicit LlamaAdapter(const LlamaConfig& config) : config_(config) {}
@@ -61,17 +49,11 @@ class LlamaAdapter : public hf::StateDictAdapter {
   std::vector<std::string> hf_names(const std::string& name) const override {
     return {hf_name(name)};
   }
-  Tensor from_hf(const std::string& name, const Tensor& hf) const override {
+  std::optional<FileLayout> file_layout(const std::string& name) const override {
     if (const int64_t heads = rotary_heads(name)) {
-      return hf::gather_rows(hf, unpermute_rotary(heads, config_.head_dim()));
+      return FileLayout{.row_source = unpermute_rotary(heads, config_.head_dim())};
     }
-    return hf;
-  }
-  Tensor to_hf(const std::string& name, const Tensor& loom) const override {
-    if (const int64_t heads = rotary_heads(name)) {
-      return hf::gather_rows(loom, permute_rotary(heads, config_.head_dim()));
-    }
-    return loom;
+    return FileLayout{};
   }
   // Older transformers saved each layer's RoPE frequencies (a buffer Loom computes).
   bool is_buffer(const std::string& name) const override {
@@ -201,9 +183,9 @@ std::vector<std::string> llama_parameter_names(const LlamaConfig& config) {
       StageRange{0, config.n_layers, /*first=*/true, /*last=*/true});
 }
 
-void load_llama_hf(LlamaStage& model, const std::string& path) {
-  hf::load(model, *llama_hf_adapter(model.config()), path, llama_parameter_names(model.config()),
-           "load_llama_hf");
+hf::LoadStats load_llama_hf(LlamaStage& model, const std::string& path) {
+  return hf::load(model, *llama_hf_adapter(model.config()), path,
+                  llama_parameter_names(model.config()), "load_llama_hf");
 }
 
 void save_llama_hf(const Llama& model, const std::string& path, bool write) {

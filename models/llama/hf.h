@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
 #include "models/hf/state_dict_adapter.h"
 #include "models/llama/config.h"
@@ -40,7 +41,7 @@ std::vector<std::string> llama_parameter_names(const LlamaConfig& config);
 
 // Loads what `model` (a Llama, or a pipeline stage of one) holds from a LlamaForCausalLM
 // checkpoint; DTensor parameters take their own shard. All or nothing.
-void load_llama_hf(LlamaStage& model, const std::string& path);
+hf::LoadStats load_llama_hf(LlamaStage& model, const std::string& path);
 
 // Writes `model` as LlamaForCausalLM safetensors with config.json beside it. DTensor parameters
 // are gathered (full_tensor: every rank of their meshes calls it); only ranks with `write` write.

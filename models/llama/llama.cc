@@ -13,7 +13,11 @@
 namespace loom::models {
 
 RMSNorm::RMSNorm(int64_t dim, double eps)
-    : Module("RMSNorm"), eps_(eps), weight_(register_parameter("weight", ops::ones({dim}))) {}
+    : Module("RMSNorm"), eps_(eps), weight_(register_parameter("weight", ops::empty({dim}))) {
+  reset_parameters();
+}
+
+void RMSNorm::reset_parameters() { ops::fill_(weight_, 1.0); }
 
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
 

@@ -36,6 +36,7 @@ class RMSNorm : public nn::Module {
   RMSNorm(int64_t dim, double eps);
   Tensor forward(const Tensor& x) override;
   const Tensor& weight() const { return weight_; }
+  void reset_parameters() override;  // ones
 
  private:
   double eps_;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "nn/meta_init.h"
+
 namespace loom::models {
 
 std::vector<parallel::DataParallel::Block> llama_blocks(const LlamaStage& stage) {
@@ -44,6 +46,7 @@ pipeline::PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint6
     tiny.max_seq_len = 1;
     tiny.multiple_of = 1;
     tiny.ffn_dim_multiplier = std::nullopt;
+    nn::MetaBuildScope shapes_only;  // no bytes, and none counted as this rank's
     const LlamaStage names_only(tiny, 0, range);
     std::vector<std::string> names;
     for (const auto& [name, p] : names_only.named_parameters()) names.push_back(name);

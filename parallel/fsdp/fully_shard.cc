@@ -98,7 +98,8 @@ std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
       LOOM_CHECK(!unit_shape.empty(),
                  "fully_shard({}): parameter '{}' is 0-dim; FSDP shards dim 0 (give it shape (1))",
                  unit, fqn);
-      LOOM_CHECK(value.device() == mesh.device(),
+      // A meta parameter (nn/meta_init.h) is sharded as a placeholder and materialized after.
+      LOOM_CHECK(value.device() == mesh.device() || value.device().is_meta(),
                  "fully_shard({}): parameter '{}' is on {} but the mesh's groups work on {}; move "
                  "the module there first (Module::to)",
                  unit, fqn, value.device().str(), mesh.device().str());

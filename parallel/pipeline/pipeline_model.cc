@@ -61,15 +61,20 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
   const int pp_rank = static_cast<int>(pp_mesh.coordinate(0));
   std::vector<std::shared_ptr<PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
-    std::shared_ptr<nn::Module> module = spec_.make_stage(ranges_[s]);
-    // The groups' device, before the TP plan and data parallelism take the parameters.
-    module->to(meshes_.mesh->device());
-    options.activation_checkpoint.apply(spec_.blocks(*module), ranges_[s].first_block);
-    if (tp_mesh->size(0) > 1) spec_.parallelize(*module, tp_mesh);
     // Per stage: activations cross stage boundaries in output_dtype (f32), each stage computes in
     // param_dtype. Data parallelism (DDP or FSDP) synchronizes on the last microbatch only.
-    auto data_parallel = std::make_shared<parallel::DataParallel>(module, spec_.blocks(*module),
-                                                                  meshes_, options.mixed_precision);
+    const StageRange range = ranges_[s];
+    parallel::BuiltStage built =
+        parallel::build_stage({.make = [&] { return spec_.make_stage(range); },
+                               .blocks = spec_.blocks,
+                               .parallelize = spec_.parallelize},
+                              meshes_,
+                              {.activation_checkpoint = options.activation_checkpoint,
+                               .first_block = range.first_block,
+                               .mixed_precision = options.mixed_precision,
+                               .meta_init = options.meta_init});
+    std::shared_ptr<nn::Module> module = built.module;
+    std::shared_ptr<parallel::DataParallel> data_parallel = built.data_parallel;
     data_parallels_.push_back(data_parallel);
     StageOptions stage_options;
     stage_options.around_backward = [data_parallel](bool last_microbatch,

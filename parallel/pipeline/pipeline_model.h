@@ -28,6 +28,7 @@
 #include "nn/mixed_precision.h"
 #include "nn/module.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/build_stage.h"
 #include "parallel/data_parallel.h"
 #include "parallel/meshes.h"
 #include "parallel/pipeline/executor.h"
@@ -85,6 +86,9 @@ struct PipelineModelOptions {
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
   // Which blocks recompute their activations in backward (parallel/activation_checkpoint.h).
   parallel::ActivationCheckpointing activation_checkpoint;
+  // Build each stage on the meta device and materialize only this rank's shards
+  // (parallel/build_stage.h); off: build whole stages eagerly (the same values).
+  bool meta_init = true;
 };
 
 class PipelineModel {

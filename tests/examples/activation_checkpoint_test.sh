@@ -28,21 +28,27 @@ check() {  # check NAME FLAGS...
   local none full layer op
   none=$(peak "$name.none.jsonl") full=$(peak "$name.full.jsonl") layer=$(peak "$name.selective-layer:2.jsonl")
   op=$(peak "$name.selective-op.jsonl")
-  (( full <= op && op < none )) ||
+  # A pipeline rank's peak may or may not hold one received activation (when the receive's buffer
+  # is freed against the rest is timing): $SLACK bytes, one microbatch's (B, T, C) in f32.
+  (( full <= op + SLACK && op < none )) ||
     fail "$name: tensor peaks full $full, selective-op $op, none $none do not fall in that order"
   # (Rank 0's peak: under interleaving it holds blocks 0 and 2 alone, both checkpointed by
   # selective-layer:2 too.)
-  (( full <= layer && layer < none )) ||
+  (( full <= layer + SLACK && layer < none )) ||
     fail "$name: tensor peaks full $full, selective-layer:2 $layer, none $none do not fall in that order"
   echo "ok: $name (tensor peak none $none, selective-layer:2 $layer, selective-op $op, full $full bytes)"
 }
 
+SLACK=0
 for model in tiny llama-tiny; do
   check "$model.one" --model "$model" --dp 1 --tp 1
   check "$model.tp2" --model "$model" --dp 1 --tp 2
+  # 8 sequences in 4 microbatches: (2, 32, 64) f32 cross each stage boundary.
+  SLACK=$((2 * 32 * 64 * 4))
   check "$model.pp2" --model "$model" --dp 1 --tp 1 --pp 2 --microbatches 4
   check "$model.interleaved" --model "$model" --dp 1 --tp 1 --pp 2 --schedule interleaved \
     --virtual-stages 2 --microbatches 4
+  SLACK=0
   check "$model.grid" --model "$model" --dp 2 --tp 2
   check "$model.fsdp" --model "$model" --dp 0 --dp-shard 2 --tp 2
 done

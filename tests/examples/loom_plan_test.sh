@@ -26,7 +26,7 @@ expect_err() { grep -qF -- "$1" err.log || { cat err.log; fail "expected the mes
 plan 0
 expect_out "layout dp_replicate=2 x tp=2 (4 ranks)"
 expect_out "a traced step of the job's own code (allocating as the CPU kernels do)"
-expect_out "| ranks | parameters | held between steps | peak in step | peak - held | GFLOP |"
+expect_out "| ranks | parameters | held between steps | peak in step | peak - held | GFLOP | peak building the model |"
 expect_out "| 0-3 | mesh/dp_replicate | all_reduce | 2 |"
 expect_out "| 0-3 | mesh/tp | reduce_scatter | 10 |"
 expect_out "no step time: run \`./loom plan --calibrate\`"
