@@ -16,8 +16,7 @@ MemoryTracker& placeholder_tracker() {
 
 }  // namespace
 
-MetaBuildScope::MetaBuildScope()
-    : device_(Device::meta()), placeholders_(placeholder_tracker()) {}
+MetaBuildScope::MetaBuildScope() : device_(Device::meta()), placeholders_(placeholder_tracker()) {}
 
 void materialize(Module& module, Device device) {
   std::unordered_set<const Storage*> done;

@@ -23,7 +23,8 @@ namespace loom::nn {
 
 // While alive, factories make meta tensors (DefaultDeviceGuard) and their placeholder bytes are
 // counted apart (by a process-wide tracker), not as this thread's memory: what a rank's tracker
-// sees of construction is what materialize() gives bytes.
+// sees of construction is what materialize() gives bytes, and whatever real tensors the model
+// computes (Llama's RoPE tables, on the host).
 class MetaBuildScope {
  public:
   MetaBuildScope();
@@ -32,7 +33,7 @@ class MetaBuildScope {
 
  private:
   DefaultDeviceGuard device_;
-  ScopedMemoryTracker placeholders_;
+  ScopedMetaPlaceholderTracker placeholders_;
 };
 
 // Gives every meta parameter and buffer of the tree bytes on `device` in place

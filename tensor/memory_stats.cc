@@ -42,4 +42,22 @@ ScopedMemoryTracker::ScopedMemoryTracker(MemoryTracker& tracker) : previous_(tra
 
 ScopedMemoryTracker::~ScopedMemoryTracker() { tracker_of_thread = previous_; }
 
+namespace {
+thread_local MemoryTracker* meta_placeholder_tracker = nullptr;
+}
+
+ScopedMetaPlaceholderTracker::ScopedMetaPlaceholderTracker(MemoryTracker& tracker)
+    : previous_(meta_placeholder_tracker) {
+  meta_placeholder_tracker = &tracker;
+}
+
+ScopedMetaPlaceholderTracker::~ScopedMetaPlaceholderTracker() {
+  meta_placeholder_tracker = previous_;
+}
+
+MemoryTracker& memory_tracker_for(Device device) {
+  if (device.is_meta() && meta_placeholder_tracker != nullptr) return *meta_placeholder_tracker;
+  return current_memory_tracker();
+}
+
 }  // namespace loom

@@ -18,6 +18,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "tensor/device.h"
+
 namespace loom {
 
 struct MemoryStats {
@@ -65,5 +67,23 @@ class ScopedMemoryTracker {
  private:
   MemoryTracker* previous_;
 };
+
+// While alive, storage allocated on the meta device on this thread is charged to `tracker`
+// rather than the current one; other devices' storage is unaffected. nn/meta_init.h counts a
+// model's meta placeholders apart this way, while what is real (host tables a model computes)
+// still counts as the thread's memory.
+class ScopedMetaPlaceholderTracker {
+ public:
+  explicit ScopedMetaPlaceholderTracker(MemoryTracker& tracker);
+  ~ScopedMetaPlaceholderTracker();
+  ScopedMetaPlaceholderTracker(const ScopedMetaPlaceholderTracker&) = delete;
+  ScopedMetaPlaceholderTracker& operator=(const ScopedMetaPlaceholderTracker&) = delete;
+
+ private:
+  MemoryTracker* previous_;
+};
+
+// The tracker new storage on `device` is charged to on this thread.
+MemoryTracker& memory_tracker_for(Device device);
 
 }  // namespace loom

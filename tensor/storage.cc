@@ -38,7 +38,7 @@ void* Storage::allocate_bytes(size_t bytes, Device device) {
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t bytes, Device device) {
-  MemoryTracker& tracker = current_memory_tracker();
+  MemoryTracker& tracker = memory_tracker_for(device);
   // One block for the Storage and its reference counts.
   auto storage =
       std::make_shared<Storage>(Key{}, allocate_bytes(bytes, device), bytes, device, &tracker);

@@ -111,10 +111,9 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     const models::hf::LoadStats read = model_->load_hf(job_.init_from);
     if (rank == 0) {
       fmt::print(
-          "{}: initialized from {} (rank 0 read {:.1f} MiB of the {:.1f} MiB of tensors its "
-          "parameters come from)\n",
+          "{}: initialized from {} (rank 0 read {:.1f} MiB of the checkpoint's {:.1f} MiB)\n",
           program_, job_.init_from, static_cast<double>(read.bytes_read) / 1048576.0,
-          static_cast<double>(read.tensor_bytes) / 1048576.0);
+          static_cast<double>(read.file_bytes) / 1048576.0);
     }
   }
   trainer_ = std::make_unique<Trainer>(

@@ -138,7 +138,7 @@ class PipelinedModel : public ParallelModel {
     for (const auto& stage : model_->stages()) {
       const models::hf::LoadStats stats = files_.load(*stage, path);
       total.bytes_read += stats.bytes_read;
-      total.tensor_bytes += stats.tensor_bytes;
+      total.file_bytes = stats.file_bytes;  // the same file for every stage
     }
     return total;
   }

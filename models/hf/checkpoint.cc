@@ -196,14 +196,16 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   // Each parameter's box, read alone where the family states its file layout, else cut out of
   // the whole tensor; kept in the file's dtype for the adapter's checks, then converted.
   LoadStats stats;
+  for (const auto& [name, source] : headers.sources) {
+    stats.file_bytes +=
+        shape_numel(source.shape) * static_cast<int64_t>(element_size(source.dtype));
+  }
   TensorMap boxes;                                    // file name -> this rank's box
   std::map<std::string, std::pair<Shape, Shape>> at;  // file name -> (offset, shape), as laid out
   std::vector<std::pair<Tensor, Tensor>> copies;      // (destination, value)
   for (const auto& [name, p] : params) {
     const std::string& file_name = file_name_of.at(name);
     const TensorSource& source = headers.sources.at(file_name);
-    stats.tensor_bytes +=
-        static_cast<int64_t>(shape_numel(source.shape) * element_size(source.dtype));
     Shape offset(p.shape().size(), 0), shape = p.shape();
     if (is_dtensor(p)) {
       const DTensorSpec& spec = dtensor_spec(p, "hf::load");

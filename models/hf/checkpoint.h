@@ -42,11 +42,11 @@ std::string resolve_checkpoint_path(const std::string& path);
 // config.json beside the checkpoint (in the folder when `path` is one).
 std::string config_json_path(const std::string& path);
 
-// What a load read: the bytes of the tensors read (each rank only its boxes of the parameters
-// whose file layout its family states), of the file's tensors the parameters take in all.
+// What a load read: the bytes of tensor data read (each rank only its boxes of the parameters
+// whose file layout its family states), of the checkpoint's tensor bytes in all.
 struct LoadStats {
   int64_t bytes_read = 0;
-  int64_t tensor_bytes = 0;
+  int64_t file_bytes = 0;
 };
 
 // Loads every parameter of `module` (a whole model or a pipeline stage, plain or DTensor

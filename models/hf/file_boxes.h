@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <string>
 
-#include "models/hf/state_dict_adapter.h"
 #include "models/hf/safetensors.h"
+#include "models/hf/state_dict_adapter.h"
 #include "tensor/tensor.h"
 
 namespace loom::models::hf {

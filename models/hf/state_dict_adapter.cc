@@ -16,8 +16,8 @@ std::vector<int64_t> inverse(const std::vector<int64_t>& source, const std::stri
   for (size_t r = 0; r < source.size(); ++r) {
     const int64_t s = source[r];
     LOOM_CHECK(s >= 0 && s < static_cast<int64_t>(source.size()) && out[s] < 0,
-               "StateDictAdapter: the row_source of '{}' is not a permutation of its {} rows",
-               name, source.size());
+               "StateDictAdapter: the row_source of '{}' is not a permutation of its {} rows", name,
+               source.size());
     out[s] = static_cast<int64_t>(r);
   }
   return out;

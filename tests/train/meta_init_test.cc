@@ -4,8 +4,9 @@
 //   - every rank's parameters (its local shards) equal the eager build's bit for bit (the eager
 //     build's shards are slices of the whole model every rank built: the one-rank values);
 //   - ten training steps give bitwise the same losses;
-//   - a rank's tensor memory during construction is exactly what it keeps of the model's
-//     parameters (its shards), where the eager build first holds the whole stage.
+//   - a rank's tensor memory during construction never exceeds what it keeps once built (its
+//     shards, and what the eager build keeps too), where the eager build first holds the whole
+//     stage.
 #include <gtest/gtest.h>
 
 #include <mutex>
@@ -49,7 +50,8 @@ int64_t local_bytes(const Tensor& p) {
 struct Built {
   std::unique_ptr<ParallelModel> model;
   int64_t construction_peak = 0;
-  int64_t kept_bytes = 0;  // the parameters the rank keeps (local shards)
+  int64_t held_after = 0;  // tensor bytes held once built
+  int64_t kept_bytes = 0;  // of them, the parameters (local shards)
 };
 
 Built build(const models::ModelArgs& args, std::shared_ptr<const DeviceMesh> mesh,
@@ -61,6 +63,7 @@ Built build(const models::ModelArgs& args, std::shared_ptr<const DeviceMesh> mes
     out.model = build_parallel_model(args, /*seed=*/3, std::move(mesh), parallel);
   }
   out.construction_peak = tracker.stats().peak_bytes;
+  out.held_after = tracker.stats().current_bytes;
   for (const auto& [name, p] : out.model->named_parameters()) out.kept_bytes += local_bytes(p);
   return out;
 }
@@ -70,7 +73,8 @@ std::vector<double> train(ParallelModel& model, const std::shared_ptr<const Devi
   Trainer trainer(model, mesh, {.lr = [](int) { return 1e-2; }});
   std::vector<double> losses;
   for (int64_t step = 0; step < kSteps; ++step) {
-    const Tensor tokens = models::testing::random_tokens({local_batch, kSeq + 1}, 100 + step, vocab);
+    const Tensor tokens =
+        models::testing::random_tokens({local_batch, kSeq + 1}, 100 + step, vocab);
     losses.push_back(trainer
                          .step(ops::contiguous(ops::narrow(tokens, 1, 0, kSeq)),
                                ops::contiguous(ops::narrow(tokens, 1, 1, kSeq)))
@@ -101,14 +105,16 @@ void expect_meta_equals_eager(const models::ModelArgs& args, const ParallelConfi
           }
           expect_bitwise_equal({.actual = is_dtensor(g) ? local_shard(g) : g,
                                 .expected = is_dtensor(w) ? local_shard(w) : w,
-                                .what = "rank " + std::to_string(pg.rank()) + " " +
-                                        want[i].first});
+                                .what = "rank " + std::to_string(pg.rank()) + " " + want[i].first});
         }
-        // Construction holds what the rank keeps, nothing of the rest of the model (and under
-        // DDP its gradient buckets, allocated with the replica: the parameters' size again).
-        const bool ddp = parallel.dims.dp_replicate > 1 && parallel.dims.dp_shard == 1;
-        EXPECT_EQ(meta.construction_peak, (ddp ? 2 : 1) * meta.kept_bytes) << "rank " << pg.rank();
-        if (sharded) EXPECT_GT(eager.construction_peak, meta.kept_bytes) << "rank " << pg.rank();
+        // Construction never holds more than the rank keeps once built (its shards, the tables
+        // the model computes, DDP's buckets), which is what the eager build keeps too; the eager
+        // build holds the whole stage first. (Besides: the 8 bytes of RoPE tables of the
+        // names-only Llama stage the model builds to list its parameters' names.)
+        EXPECT_LE(meta.construction_peak - meta.held_after, 8) << "rank " << pg.rank();
+        EXPECT_EQ(meta.held_after, eager.held_after) << "rank " << pg.rank();
+        EXPECT_GE(meta.held_after, meta.kept_bytes) << "rank " << pg.rank();
+        if (sharded) EXPECT_GT(eager.construction_peak, meta.held_after) << "rank " << pg.rank();
         const auto meta_losses = train(*meta.model, mesh, local_batch, args.vocab_size());
         const auto eager_losses = train(*eager.model, mesh, local_batch, args.vocab_size());
         EXPECT_EQ(meta_losses, eager_losses) << "rank " << pg.rank();
@@ -127,7 +133,8 @@ const std::vector<std::pair<ParallelConfig, bool>>& layouts() {
 }
 
 TEST(MetaInitTest, GPTEqualsTheEagerBuildOnEveryLayout) {
-  for (const auto& [parallel, sharded] : layouts()) expect_meta_equals_eager(*gpt(), parallel, sharded);
+  for (const auto& [parallel, sharded] : layouts())
+    expect_meta_equals_eager(*gpt(), parallel, sharded);
 }
 
 TEST(MetaInitTest, LlamaEqualsTheEagerBuildOnEveryLayout) {
