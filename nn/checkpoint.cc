@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <map>
+
 #include "autograd/engine.h"
 #include "autograd/function.h"
 #include "autograd/functions.h"
@@ -61,6 +63,18 @@ std::vector<Shape> shapes_of(const OpCall& call) {
   return shapes;
 }
 
+// The policy's decision for each call of a forward (or its recompute), numbering the calls of
+// each op: both see the same calls in the same order, so they decide alike.
+class PolicyCalls {
+ public:
+  explicit PolicyCalls(const CheckpointPolicy& policy) : policy_(policy) {}
+  bool keep(OpId op) { return policy_.keep(op, calls_[op]++); }
+
+ private:
+  const CheckpointPolicy& policy_;
+  std::map<OpId, int64_t> calls_;
+};
+
 // Forward: runs every op, keeping the outputs of those the policy keeps.
 class KeepMode : public DispatchMode {
  public:
@@ -72,7 +86,7 @@ class KeepMode : public DispatchMode {
   }
 
  private:
-  const CheckpointPolicy& policy_;
+  PolicyCalls policy_;
   KeptOutputs& kept_;
 };
 
@@ -95,7 +109,7 @@ class ReplayMode : public DispatchMode {
   }
 
  private:
-  const CheckpointPolicy& policy_;
+  PolicyCalls policy_;
   KeptOutputs& kept_;
   const std::string& module_;
 };
@@ -104,8 +118,15 @@ class ReplayMode : public DispatchMode {
 
 CheckpointPolicy CheckpointPolicy::full() { return {.name = "full", .keep = nullptr}; }
 
+CheckpointPolicy CheckpointPolicy::selective_op() {
+  return {.name = "selective-op", .keep = [](OpId op, int64_t nth) {
+            if (op == OpId::scaled_dot_product_attention) return true;
+            return (op == OpId::matmul || op == OpId::linear) && nth % 2 == 0;
+          }};
+}
+
 CheckpointPolicy CheckpointPolicy::matmuls_and_attention() {
-  return {.name = "selective-op", .keep = [](OpId op) {
+  return {.name = "matmuls-and-attention", .keep = [](OpId op, int64_t) {
             return op == OpId::matmul || op == OpId::linear ||
                    op == OpId::scaled_dot_product_attention;
           }};

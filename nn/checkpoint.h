@@ -3,14 +3,16 @@
 // on, then backpropagates through the recomputed graph.
 //
 //   block.set_checkpointed(true);   // every later grad-recording call of block(x) is checkpointed
-//   block.set_checkpoint_policy(CheckpointPolicy::matmuls_and_attention());   // selective
+//   block.set_checkpoint_policy(CheckpointPolicy::selective_op());   // selective
 //
 // Selective checkpointing (torchtitan's op mode, Korthikanti et al.'s selective recomputation):
-// a policy names the ops whose outputs the forward keeps — matrix products and attention by
-// default, the expensive ones — and the recompute takes those outputs back instead of running
-// the ops again (a tensor/dispatch.h DispatchMode records them in forward, in call order, and
-// hands them back in the recompute, checking each is the same op on the same shapes); norms,
-// activations and elementwise ops are recomputed. Any predicate over OpId is a policy.
+// a policy names the ops whose outputs the forward keeps and the recompute takes those outputs
+// back instead of running the ops again (a tensor/dispatch.h DispatchMode records them in
+// forward, in call order, and hands them back in the recompute, checking each is the same op on
+// the same shapes); everything else is recomputed. selective_op() is torchtitan's: attention's
+// output and every other matrix product (the first, third, ...: the products whose inputs are
+// cheap to recompute are run again); norms, activations and elementwise ops are recomputed. Any
+// predicate over (op, its ordinal among that op's calls in the forward) is a policy.
 //
 // What the recompute sees is what the forward saw:
 //   - the input, kept by the checkpoint's graph node (the only activation it holds);
@@ -41,11 +43,17 @@ namespace loom::nn {
 
 // Which ops' outputs a checkpointed module keeps from its forward (the others are recomputed).
 struct CheckpointPolicy {
-  std::string name;                // "full", "selective-op": in messages
-  std::function<bool(OpId)> keep;  // empty: none kept (full recompute)
+  std::string name;  // "full", "selective-op": in messages
+  // Whether the forward keeps the output of this call of `op`, the `nth` (from 0) call of that
+  // op in the checkpointed forward. Empty: none kept (full recompute).
+  std::function<bool(OpId op, int64_t nth)> keep;
 
   static CheckpointPolicy full();
-  // matmul, linear and scaled_dot_product_attention kept; everything else recomputed.
+  // torchtitan's op mode: scaled_dot_product_attention's outputs and those of the even-numbered
+  // (0th, 2nd, ...) linear and matmul calls kept; everything else recomputed.
+  static CheckpointPolicy selective_op();
+  // Every matmul, linear and scaled_dot_product_attention output kept (more memory, no matrix
+  // product recomputed).
   static CheckpointPolicy matmuls_and_attention();
 };
 

@@ -59,7 +59,7 @@ bool ActivationCheckpointing::checkpoints(int64_t index) const {
 void ActivationCheckpointing::apply(const std::vector<DataParallel::Block>& blocks,
                                     int64_t first_block) const {
   const auto policy = std::make_shared<const nn::CheckpointPolicy>(
-      mode == Mode::kSelectiveOp ? nn::CheckpointPolicy::matmuls_and_attention()
+      mode == Mode::kSelectiveOp ? nn::CheckpointPolicy::selective_op()
                                  : nn::CheckpointPolicy::full());
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool on = checkpoints(first_block + static_cast<int64_t>(i));

@@ -66,13 +66,13 @@ struct TrainedRun {
 
 // Two steps (dropout draws anew each call), gradients accumulated over both; each step calls the
 // net once, as training calls each block once per (micro)batch.
-TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad, bool selective = false) {
+TrainedRun train(bool checkpoint, bool mixed, bool input_requires_grad, bool selective = false,
+                 const CheckpointPolicy& policy = CheckpointPolicy::selective_op()) {
   Net net(16);
   for (const auto& block : net.blocks) {
     block->set_checkpointed(checkpoint);
     if (checkpoint && selective) {
-      block->set_checkpoint_policy(
-          std::make_shared<const CheckpointPolicy>(CheckpointPolicy::matmuls_and_attention()));
+      block->set_checkpoint_policy(std::make_shared<const CheckpointPolicy>(policy));
     }
   }
   if (mixed) apply_mixed_precision(net);
@@ -123,23 +123,28 @@ TEST(Checkpoint, GradientsAndDropoutMasksEqualThePlainRunBitwise) {
       << plain.held_after_forward;
 }
 
-// Selective: the Linears' outputs kept from the forward and handed back in the recompute (GELU,
-// dropout and the residual add recomputed): bitwise again, holding more than full checkpointing
-// and less than none.
-TEST(Checkpoint, SelectiveKeepsTheMatrixProductsAndRecomputesTheRest) {
+// Selective (torchtitan's op mode): fc1's output (each block's first matrix product) kept from
+// the forward and handed back in the recompute, fc2, GELU, dropout and the residual add
+// recomputed: bitwise again, holding more than full checkpointing and less than none; keeping
+// every matrix product holds more again.
+TEST(Checkpoint, SelectiveKeepsEveryOtherMatrixProductAndRecomputesTheRest) {
   const TrainedRun plain = train(false, false, true), full = train(true, false, true);
   const TrainedRun selective = train(true, false, true, /*selective=*/true);
   expect_same(selective, plain, "selective-op");
   EXPECT_GT(selective.held_after_forward, full.held_after_forward);
   EXPECT_LT(selective.held_after_forward, plain.held_after_forward);
   expect_same(train(true, true, true, true), train(false, true, true), "selective-op bf16");
+  const TrainedRun every_product =
+      train(true, false, true, /*selective=*/true, CheckpointPolicy::matmuls_and_attention());
+  expect_same(every_product, plain, "matmuls-and-attention");
+  EXPECT_GT(every_product.held_after_forward, selective.held_after_forward);
 }
 
 // A policy is any predicate over ops: keeping the nonlinearity's output instead.
 TEST(Checkpoint, AUserPolicyKeepsWhatItNames) {
   Block plain_block(16, 9), kept_block(16, 9);
   kept_block.set_checkpoint_policy(std::make_shared<const CheckpointPolicy>(
-      CheckpointPolicy{.name = "gelu", .keep = [](OpId op) { return op == OpId::gelu; }}));
+      CheckpointPolicy{.name = "gelu", .keep = [](OpId op, int64_t) { return op == OpId::gelu; }}));
   const Tensor x = ops::uniform({4, 16}, 2, -1.0, 1.0);
   backward(sum(plain_block(x)));
   backward(sum(kept_block(x)));
