@@ -57,7 +57,6 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
     ranges_.push_back(StageRange{layers[s].begin, layers[s].end, s == 0, s == num_stages - 1});
   }
   const DeviceMesh& pp_mesh = *meshes_.pp;
-  const auto& tp_mesh = meshes_.tp;
   const int pp_rank = static_cast<int>(pp_mesh.coordinate(0));
   std::vector<std::shared_ptr<PipelineStage>> stages;
   for (int s : schedule_.stages_of_rank(pp_rank)) {
