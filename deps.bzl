@@ -38,6 +38,7 @@ _SYSTEM_LIBRARIES = [
     ("cli11", "/usr", "cli11.BUILD"),
     ("tomlplusplus", "/usr", "tomlplusplus.BUILD"),
     ("openssl", "/usr", "openssl.BUILD"),
+    ("pcre2", "/usr", "pcre2.BUILD"),
     ("cuda", "/usr/local/cuda", "cuda.BUILD"),
 ]
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "checkpoint/metadata.h"
+#include "data/token_data.h"
 #include "mesh/device_mesh.h"
-#include "models/data/token_data.h"
 #include "train/job_config.h"
 
 namespace loom::train {

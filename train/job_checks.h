@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 #include "train/job_config.h"
 #include "train/job_model.h"
 #include "train/parallel_config.h"

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 #include "models/family.h"
 #include "train/job_config.h"
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 #include "train/parallel_model.h"
 
 namespace loom::train {

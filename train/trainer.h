@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "checkpoint/distributed_checkpoint.h"
+#include "data/token_data.h"
 #include "mesh/device_mesh.h"
-#include "models/data/token_data.h"
 #include "optim/optimizer.h"
 #include "train/parallel_model.h"
 

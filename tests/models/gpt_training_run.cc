@@ -7,8 +7,8 @@
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "data/token_data.h"
 #include "dtensor/dtensor.h"
-#include "models/data/token_data.h"
 #include "models/gpt/family.h"
 #include "models/gpt/gpt.h"
 #include "optim/clip_grad.h"

@@ -13,8 +13,8 @@
 
 #include "autograd/engine.h"
 #include "comm/testing/multi_rank.h"
+#include "data/token_data.h"
 #include "dtensor/dtensor.h"
-#include "models/data/token_data.h"
 #include "models/llama/family.h"
 #include "models/llama/hf.h"
 #include "models/llama/llama.h"

@@ -10,7 +10,7 @@
 
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/testing/multi_rank.h"
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 #include "models/gpt/family.h"
 #include "tensor/ops.h"
 #include "train/parallel_model.h"

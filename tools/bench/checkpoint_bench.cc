@@ -15,7 +15,7 @@
 #include <filesystem>
 
 #include "checkpoint/distributed_checkpoint.h"
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 #include "models/gpt/family.h"
 #include "tensor/host_memory.h"
 #include "tools/bench/gloo_threads.h"

@@ -45,6 +45,7 @@ LAYERS = {
         packages = ["//parallel/..."],
         uses = ["base", "tensor", "autograd", "comm", "nn", "mesh", "dtensor", "optim"],
     ),
+    "data": struct(packages = ["//data/..."], uses = ["base", "tensor"]),
     "checkpoint": struct(
         packages = ["//checkpoint/..."],
         uses = ["base", "tensor", "autograd", "comm", "mesh", "dtensor"],
@@ -67,6 +68,7 @@ LAYERS = {
             "parallel",
             "models",
             "checkpoint",
+            "data",
         ],
     ),
 }

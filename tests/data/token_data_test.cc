@@ -1,6 +1,6 @@
 // Token files: text as bytes, GPT-2 token files with and without llm.c's header, the errors a
 // bad file gets; batches as a pure function of (seed, step) that dp ranks slice.
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

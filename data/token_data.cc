@@ -1,4 +1,4 @@
-#include "models/data/token_data.h"
+#include "data/token_data.h"
 
 #include <cerrno>
 #include <cmath>
