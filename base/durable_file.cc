@@ -53,6 +53,22 @@ void SyncedFileWriter::write(const void* data, size_t bytes) {
   }
 }
 
+void SyncedFileWriter::write_at(size_t offset, const void* data, size_t bytes) {
+  LOOM_CHECK(fd_ >= 0,
+             "{}: cannot write '{}': it is not open (closed, or abandoned after an error)", what_,
+             path_);
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    LOOM_CHECK(n > 0, "{}: cannot write '{}' at byte {}: {}", what_, path_, offset,
+               n < 0 ? std::strerror(errno) : "no progress");
+    p += n;
+    offset += static_cast<size_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
 void SyncedFileWriter::close() {
   LOOM_CHECK(fd_ >= 0, "{}: cannot close '{}': it is not open", what_, path_);
   const int fd = std::exchange(fd_, -1);
@@ -110,6 +126,15 @@ void AtomicFileWriter::abandon() noexcept {
 void AtomicFileWriter::write(const void* data, size_t bytes) {
   try {
     file_.write(data, bytes);
+  } catch (...) {
+    abandon();
+    throw;
+  }
+}
+
+void AtomicFileWriter::write_at(size_t offset, const void* data, size_t bytes) {
+  try {
+    file_.write_at(offset, data, bytes);
   } catch (...) {
     abandon();
     throw;

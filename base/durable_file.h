@@ -49,6 +49,9 @@ class SyncedFileWriter {
 
   bool is_open() const { return fd_ >= 0; }
   void write(const void* data, size_t bytes);
+  // Overwrites bytes already written at `offset` (a header whose count is known only at the end);
+  // the append position stays where it was.
+  void write_at(size_t offset, const void* data, size_t bytes);
   // fsync, then close. Does not sync the folder: a new file's name needs sync_directory too.
   void close();
   const std::string& path() const { return path_; }
@@ -77,6 +80,7 @@ class AtomicFileWriter {
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
 
   void write(const void* data, size_t bytes);
+  void write_at(size_t offset, const void* data, size_t bytes);  // as SyncedFileWriter's
   // fsync, rename over PATH, fsync PATH's folder. Once only.
   void commit();
   const std::string& path() const { return path_; }

@@ -18,7 +18,7 @@ namespace loom::train {
 //   {"data": {"tokens": N, "vocab_size": V, "sha256": "...", "path": "..."}, "seed": S,
 //    "batch_size": B, "seq_len": T, "steps": N, "lr": LR}
 // (the data by its content: a moved file is the same data).
-nlohmann::json run_fields(const JobConfig& job, const data::TokenData& data);
+nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data);
 
 // {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`}.
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,

@@ -147,8 +147,8 @@ CheckedJob check_job(const JobConfig& job) {
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
   out.model = resolve_job_model(job);
   out.parallel.stage_ranges(out.model.args->n_layers());  // every stage gets a block
-  out.data = data::load_tokens(job.data);
-  fit_to_data(out.model, out.data);
+  out.data = data::TokenCorpus::open(job.data);
+  fit_to_data(out.model, out.data, "--data");
   data::check_sequences_fit(out.data, job.seq_len);
   out.run = run_fields(job, out.data);
   if (!job.init_from.empty()) check_init_from(job, *out.model.args);

@@ -28,7 +28,7 @@ namespace loom::train {
 
 struct CheckedJob {
   JobModel model;  // the vocabulary fitted to the data
-  data::TokenData data;
+  data::TokenCorpus data;
   ParallelConfig parallel;
   nlohmann::json run;                      // run_fields: what the checkpoints record of the run
   std::optional<std::string> resume_from;  // the step directory --resume continues from

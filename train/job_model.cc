@@ -39,15 +39,15 @@ JobModel resolve_job_model(const JobConfig& job) {
   return out;
 }
 
-void fit_to_data(JobModel& model, const data::TokenData& data) {
+void fit_to_data(JobModel& model, const data::TokenCorpus& data, std::string_view flag) {
   if (model.vocab_from.empty()) {
-    model.args->set_vocab_size(data.vocab_size);
-    return;
+    model.args->set_vocab_size(data.vocab_size());
   }
-  LOOM_CHECK(data.vocab_size <= model.args->vocab_size(),
-             "--data: {} has a vocabulary of {} tokens, more than the model's {} ({}); its tokens "
-             "would not fit the embedding",
-             data.description, data.vocab_size, model.args->vocab_size(), model.vocab_from);
+  // Every token read, before the first step: a shard's format implies a vocabulary (uint16:
+  // GPT-2's, uint32: Llama 3's) that its tokens need not fill, so the tokens themselves decide.
+  data.check_tokens_below(model.args->vocab_size(),
+                          fmt::format("{} (the model's vocabulary: {})", flag,
+                                      model.vocab_from.empty() ? "the data's" : model.vocab_from));
 }
 
 }  // namespace loom::train

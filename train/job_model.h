@@ -27,8 +27,8 @@ struct JobModel {
 // not divide.
 JobModel resolve_job_model(const JobConfig& job);
 
-// Sets the vocabulary: the data's unless fixed; the data must fit a fixed one (throws naming
-// both and who fixed it).
-void fit_to_data(JobModel& model, const data::TokenData& data);
+// Sets the vocabulary: the data's unless fixed; every token of the data must be below it (throws
+// naming the flag, the shard, the token and where it sits, and who fixed the vocabulary).
+void fit_to_data(JobModel& model, const data::TokenCorpus& data, std::string_view flag);
 
 }  // namespace loom::train

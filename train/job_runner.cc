@@ -147,7 +147,7 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     }
     fmt::print("{}: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", program_,
                checked_.model.args->parameter_count(), job_.model, mesh_->str(),
-               checked_.data.description, data::unigram_entropy(checked_.data));
+               checked_.data.description(), data::unigram_entropy(checked_.data));
   }
   add_metrics_hook();
   add_checkpoint_hook();

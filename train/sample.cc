@@ -7,11 +7,12 @@
 
 namespace loom::train {
 
-std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenData& data,
+std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorpus& data,
                                      int64_t vocab_size, Device device,
                                      const SampleOptions& options) {
   NoGradGuard no_grad;
-  std::vector<int64_t> context{data.tokens[0]};
+  std::vector<int64_t> context(1);
+  data.read(0, 1, context.data());
   for (int64_t i = 0; i < options.tokens; ++i) {
     const int64_t start =
         std::max<int64_t>(0, static_cast<int64_t>(context.size()) - options.window);
@@ -40,8 +41,8 @@ std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenData
   return context;
 }
 
-std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenData& data) {
-  if (data.vocab_size != 256) return "";
+std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data) {
+  if (data.vocab_size() != 256) return "";
   std::string text;
   for (int64_t t : tokens) text += t < 256 ? static_cast<char>(t) : '?';  // padding ids
   return text;

@@ -21,11 +21,11 @@ struct SampleOptions {
 
 // The data's first token, then `options.tokens` drawn from the model's next-token distribution.
 // Collective over the model's mesh.
-std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenData& data,
+std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorpus& data,
                                      int64_t vocab_size, Device device,
                                      const SampleOptions& options);
 
 // The tokens as text when they are bytes ('?' for padding ids), else empty.
-std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenData& data);
+std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data);
 
 }  // namespace loom::train

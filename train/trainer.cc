@@ -119,7 +119,7 @@ void Trainer::add_step_hook(StepHook hook) {
   hooks_.push_back(std::move(hook));
 }
 
-data::Batch local_batch(const data::TokenData& data, uint64_t seed, int step,
+data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len) {
   const int64_t dp = data_parallel_size(mesh);
   LOOM_CHECK(global_batch % dp == 0,

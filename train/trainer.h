@@ -89,7 +89,7 @@ class Trainer {
 
 // This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`
 // tokens, on the mesh's device.
-data::Batch local_batch(const data::TokenData& data, uint64_t seed, int step,
+data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len);
 
 }  // namespace loom::train

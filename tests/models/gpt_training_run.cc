@@ -22,17 +22,15 @@
 namespace loom::models::gpt_run {
 
 namespace {
-data::TokenData corpus() {
-  data::TokenData d;
-  d.vocab_size = 256;
-  d.description = "synthetic";
+data::TokenCorpus corpus() {
   // A repetitive byte text with some structure to learn.
   const std::string text =
       "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
+  std::vector<int32_t> tokens;
   for (int i = 0; i < 40; ++i) {
-    for (char c : text) d.tokens.push_back(static_cast<unsigned char>(c));
+    for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
   }
-  return d;
+  return data::TokenCorpus::from_tokens(std::move(tokens), 256, "synthetic");
 }
 
 }  // namespace

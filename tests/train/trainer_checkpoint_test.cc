@@ -25,12 +25,10 @@ models::GPTConfig config() {
   return {.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 16, .vocab_size = 37};
 }
 
-data::TokenData corpus() {
-  data::TokenData d;
-  d.vocab_size = 37;
-  d.description = "test tokens";
-  for (int i = 0; i < 4000; ++i) d.tokens.push_back((i * 7 + i / 13) % 37);
-  return d;
+data::TokenCorpus corpus() {
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 4000; ++i) tokens.push_back((i * 7 + i / 13) % 37);
+  return data::TokenCorpus::from_tokens(std::move(tokens), 37, "test tokens");
 }
 
 constexpr int64_t kBatch = 8, kSeq = 16;
@@ -54,7 +52,7 @@ void run(comm::ProcessGroup& pg, const ParallelDims& dims, const std::string& ro
   auto model = model_on(mesh, dims);
   Trainer trainer(*model, mesh, options());
   if (!from.empty()) trainer.load_checkpoint(from, pg);
-  const data::TokenData data = corpus();
+  const data::TokenCorpus data = corpus();
   for (int s = 0; s < steps; ++s) {
     const auto batch = local_batch(data, 3, trainer.steps_done(), *mesh, kBatch, kSeq);
     trainer.step(batch.inputs, batch.targets);

@@ -42,7 +42,8 @@ RankFigures run_rank(comm::ProcessGroup& pg, const std::string& model, const std
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   auto gpt = train::build_parallel_model(*models::gpt_args(config), 1, mesh, {.dims = dims});
   train::Trainer trainer(*gpt, mesh, {.lr = [](int) { return 1e-4; }});
-  data::TokenData data{.tokens = std::vector<int32_t>(4096, 1), .vocab_size = config.vocab_size};
+  const auto data =
+      data::TokenCorpus::from_tokens(std::vector<int32_t>(4096, 1), config.vocab_size, "ones");
   const auto batch = train::local_batch(data, 1, 0, *mesh, 4, 16);
   trainer.step(batch.inputs, batch.targets);  // the moments exist
   RankFigures f;
