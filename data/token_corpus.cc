@@ -3,11 +3,15 @@
 #include <glob.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
+#include <thread>
 
 #include "base/error.h"
 
@@ -17,7 +21,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int64_t kScanChunk = int64_t{1} << 22;  // tokens per range-check step
+// Tokens per range-check step: the pages one step maps (2 or 4 MiB) are released after it, so a
+// scan of any corpus adds at most that much to the resident set.
+constexpr int64_t kScanChunk = int64_t{1} << 20;
 
 bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
@@ -143,16 +149,16 @@ TokenCorpus TokenCorpus::open(const std::string& spec, const TextTokenization& t
   }
   const Source& first = corpus.sources_.front();
   if (corpus.sources_.size() == 1 && first.file) {
-    corpus.description_ = fmt::format("{} ({} tokens, {})", first.name, corpus.size_,
-                                      first.file->format_name());
+    corpus.description_ =
+        fmt::format("{} ({} tokens, {})", first.name, corpus.size_, first.file->format_name());
   } else if (corpus.sources_.size() == 1 && !text.encode) {
     corpus.description_ = fmt::format("{} ({} bytes, byte-level tokens)", first.name, text_bytes);
   } else if (corpus.sources_.size() == 1) {
-    corpus.description_ =
-        fmt::format("{} ({} bytes, {} tokens, {})", first.name, text_bytes, corpus.size_, text.name);
+    corpus.description_ = fmt::format("{} ({} bytes, {} tokens, {})", first.name, text_bytes,
+                                      corpus.size_, text.name);
   } else {
-    corpus.description_ = fmt::format("{} ({} files, {} tokens)", spec, corpus.sources_.size(),
-                                      corpus.size_);
+    corpus.description_ =
+        fmt::format("{} ({} files, {} tokens)", spec, corpus.sources_.size(), corpus.size_);
   }
   return corpus;
 }
@@ -183,8 +189,8 @@ size_t TokenCorpus::source_of(int64_t position) const {
 
 void TokenCorpus::read(int64_t start, int64_t count, int64_t* out) const {
   LOOM_CHECK(start >= 0 && count >= 0 && start + count <= size_,
-             "TokenCorpus::read: tokens [{}, {}) are outside {} ({} tokens)", start,
-             start + count, description_, size_);
+             "TokenCorpus::read: tokens [{}, {}) are outside {} ({} tokens)", start, start + count,
+             description_, size_);
   for (size_t s = count > 0 ? source_of(start) : sources_.size(); count > 0; ++s) {
     const Source& source = sources_[s];
     const int64_t offset = start - source.begin;
@@ -200,57 +206,111 @@ void TokenCorpus::read(int64_t start, int64_t count, int64_t* out) const {
   }
 }
 
-void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) const {
+std::vector<TokenCorpus::Chunk> TokenCorpus::chunks() const {
+  std::vector<Chunk> out;
   for (const Source& source : sources_) {
     for (int64_t begin = 0; begin < source.size; begin += kScanChunk) {
-      const int64_t n = std::min(kScanChunk, source.size - begin);
+      out.push_back({&source, begin, std::min(kScanChunk, source.size - begin)});
+    }
+  }
+  return out;
+}
+
+void TokenCorpus::for_each_chunk(const std::function<void(size_t, const Chunk&)>& fn) const {
+  // Every core reads its share of the chunks (a whole-corpus pass is bound by reading it).
+  const std::vector<Chunk> all = chunks();
+  const size_t threads =
+      std::min<size_t>(all.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&] {
+    for (size_t i = next++; i < all.size(); i = next++) {
+      try {
+        fn(i, all[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = all.size();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) const {
+  // The chunks holding a token out of range; the first of them is named.
+  std::mutex bad_mutex;
+  std::vector<size_t> bad;
+  for_each_chunk([&](size_t index, const Chunk& chunk) {
+    const Source& source = *chunk.source;
+    bool out_of_range = false;
+    if (source.file) {
+      out_of_range = source.file->max_token(chunk.begin, chunk.count).value >= vocab_size;
+    } else {
+      const int32_t* tokens = source.tokens->data() + chunk.begin;
+      out_of_range = std::any_of(tokens, tokens + chunk.count,
+                                 [&](int32_t t) { return t < 0 || t >= vocab_size; });
+    }
+    if (out_of_range) {
+      std::lock_guard<std::mutex> lock(bad_mutex);
+      bad.push_back(index);
+    }
+  });
+  if (bad.empty()) return;
+  const Chunk chunk = chunks()[*std::min_element(bad.begin(), bad.end())];
+  const Source& source = *chunk.source;
+  {
+    {
+      const int64_t begin = chunk.begin, n = chunk.count;
       int64_t value = 0, at = 0;
       if (source.file) {
-        const auto max = source.file->max_token(begin, n);
-        if (max.value < vocab_size) continue;
         // The first token out of range in this chunk, to name it.
         std::vector<int64_t> chunk(static_cast<size_t>(n));
         source.file->read(begin, n, chunk.data());
-        at = begin + (std::find_if(chunk.begin(), chunk.end(),
-                                   [&](int64_t t) { return t >= vocab_size; }) -
-                      chunk.begin());
+        at = begin +
+             (std::find_if(chunk.begin(), chunk.end(), [&](int64_t t) { return t >= vocab_size; }) -
+              chunk.begin());
         value = chunk[static_cast<size_t>(at - begin)];
         LOOM_FAIL(
             "{}: '{}' holds token {} at index {} (byte {}), outside the model's vocabulary of {} "
             "(tokens 0 to {}); was it tokenized for another model? (a larger --vocab-size pads "
             "the model's)",
-            what, source.name, value, at, source.file->byte_offset(at), vocab_size,
-            vocab_size - 1);
+            what, source.name, value, at, source.file->byte_offset(at), vocab_size, vocab_size - 1);
       }
       const int32_t* tokens = source.tokens->data() + begin;
-      const int32_t* bad = std::find_if(tokens, tokens + n, [&](int32_t t) {
-        return t < 0 || t >= vocab_size;
-      });
-      if (bad == tokens + n) continue;
-      LOOM_FAIL("{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 "
-                "to {})",
-                what, source.name, *bad, begin + (bad - tokens), vocab_size, vocab_size - 1);
+      const int32_t* first =
+          std::find_if(tokens, tokens + n, [&](int32_t t) { return t < 0 || t >= vocab_size; });
+      LOOM_FAIL(
+          "{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 "
+          "to {})",
+          what, source.name, *first, begin + (first - tokens), vocab_size, vocab_size - 1);
     }
   }
 }
 
 void TokenCorpus::index_documents(int32_t separator, int64_t seq_len) {
-  std::vector<int64_t> starts;
-  for (const Source& source : sources_) {
-    for (int64_t begin = 0; begin < source.size; begin += kScanChunk) {
-      const int64_t n = std::min(kScanChunk, source.size - begin);
-      if (source.file) {
-        source.file->for_each_equal(begin, n, static_cast<uint32_t>(separator),
-                                    [&](int64_t i) { starts.push_back(source.begin + i); });
-      } else {
-        for (int64_t i = begin; i < begin + n; ++i) {
-          if ((*source.tokens)[static_cast<size_t>(i)] == separator) {
-            starts.push_back(source.begin + i);
-          }
-        }
+  // Each chunk's separators, then all of them in stream order.
+  std::vector<std::vector<int64_t>> found(chunks().size());
+  for_each_chunk([&](size_t index, const Chunk& chunk) {
+    const Source& source = *chunk.source;
+    std::vector<int64_t>& out = found[index];
+    if (source.file) {
+      source.file->for_each_equal(chunk.begin, chunk.count, static_cast<uint32_t>(separator),
+                                  [&](int64_t i) { out.push_back(source.begin + i); });
+    } else {
+      for (int64_t i = chunk.begin; i < chunk.begin + chunk.count; ++i) {
+        if ((*source.tokens)[static_cast<size_t>(i)] == separator) out.push_back(source.begin + i);
       }
     }
-  }
+  });
+  std::vector<int64_t> starts;
+  for (const auto& chunk_starts : found)
+    starts.insert(starts.end(), chunk_starts.begin(), chunk_starts.end());
   documents_ = std::make_shared<const DocumentIndex>(std::move(starts), size_, seq_len);
 }
 

@@ -49,7 +49,7 @@ class DocumentIndex {
   int64_t seq_len() const { return seq_len_; }
 
  private:
-  std::vector<int64_t> starts_;        // each document's first position
+  std::vector<int64_t> starts_;          // each document's first position
   std::vector<int64_t> windows_before_;  // windows in documents before this one
   int64_t corpus_size_, seq_len_, total_windows_ = 0, skipped_tokens_ = 0;
 };
@@ -73,8 +73,8 @@ class TokenCorpus {
   // Tokens [start, start + count) of the stream, across shards.
   void read(int64_t start, int64_t count, int64_t* out) const;
   // Every token below `vocab_size`, else throws naming `what`, the shard, the token, its index
-  // in the shard and its byte offset. Reads the whole corpus once (chunk by chunk, releasing
-  // each chunk's pages).
+  // in the shard and its byte offset (the first such token in the stream). Reads the whole
+  // corpus once, in chunks on every core (data/token_file.h: pread, nothing kept resident).
   void check_tokens_below(int64_t vocab_size, std::string_view what) const;
   // Finds every `separator` and from then on samples only windows inside one document.
   void index_documents(int32_t separator, int64_t seq_len);
@@ -83,10 +83,17 @@ class TokenCorpus {
  private:
   struct Source {
     std::string name;
-    std::shared_ptr<const MappedTokenFile> file;            // a shard, or
-    std::shared_ptr<const std::vector<int32_t>> tokens;     // tokens in memory
-    int64_t begin = 0, size = 0;                            // its place in the stream
+    std::shared_ptr<const MappedTokenFile> file;         // a shard, or
+    std::shared_ptr<const std::vector<int32_t>> tokens;  // tokens in memory
+    int64_t begin = 0, size = 0;                         // its place in the stream
   };
+  // The corpus in chunks of a few MiB, for whole-corpus passes on every core.
+  struct Chunk {
+    const Source* source;
+    int64_t begin, count;  // within the source
+  };
+  std::vector<Chunk> chunks() const;
+  void for_each_chunk(const std::function<void(size_t index, const Chunk&)>& fn) const;
   void add(Source source);
   size_t source_of(int64_t position) const;  // the source holding stream position `position`
 

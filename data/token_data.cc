@@ -86,11 +86,15 @@ Batch validation_slice(const TokenCorpus& data, int64_t index, int64_t global_ba
 
 double unigram_entropy(const TokenCorpus& data) {
   const int64_t n = std::min<int64_t>(data.size(), int64_t{1} << 24);
-  std::vector<int64_t> tokens(static_cast<size_t>(n));
-  data.read(0, n, tokens.data());
   std::vector<int64_t> counts(static_cast<size_t>(data.vocab_size()) + 1);
-  for (int64_t t : tokens) {
-    ++counts[static_cast<size_t>(std::clamp<int64_t>(t, 0, data.vocab_size()))];
+  std::vector<int64_t> tokens;
+  constexpr int64_t kChunk = int64_t{1} << 16;  // a chunk at a time: memory stays flat
+  for (int64_t at = 0; at < n; at += kChunk) {
+    tokens.resize(static_cast<size_t>(std::min(kChunk, n - at)));
+    data.read(at, static_cast<int64_t>(tokens.size()), tokens.data());
+    for (int64_t t : tokens) {
+      ++counts[static_cast<size_t>(std::clamp<int64_t>(t, 0, data.vocab_size()))];
+    }
   }
   double entropy = 0;
   for (int64_t c : counts) {

@@ -32,6 +32,7 @@ long page_size() {
 
 MappedTokenFile::~MappedTokenFile() {
   if (map_ != nullptr) munmap(const_cast<unsigned char*>(map_), map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) {
@@ -52,11 +53,14 @@ std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) 
   }
   void* map = mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int map_error = errno;
-  ::close(fd);  // the mapping keeps the file
+  file->fd_ = fd;  // kept for the whole-file scans (pread)
   LOOM_CHECK(map != MAP_FAILED, "token file '{}': cannot map its {} bytes: {}", path, bytes,
              std::strerror(map_error));
   file->map_ = static_cast<const unsigned char*>(map);
   file->map_bytes_ = bytes;
+  // Batches read a few pages at random places: no read-around of the pages near each (the
+  // kernel's default for a mapping would read and map up to 128 KiB for every sequence).
+  madvise(map, bytes, MADV_RANDOM);
 
   int32_t header[256] = {};
   std::memcpy(header, file->map_, std::min(bytes, sizeof(header)));
@@ -68,8 +72,8 @@ std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) 
                path, header[0], kLlmcGpt2Magic, kLlmcLlama3Magic);
     const int32_t version = gpt2 ? 1 : 7;
     LOOM_CHECK(header[1] == version,
-               "token file '{}': version {} at byte 4; llm.c's magic {} goes with version {}",
-               path, header[1], header[0], version);
+               "token file '{}': version {} at byte 4; llm.c's magic {} goes with version {}", path,
+               header[1], header[0], version);
     file->format_ = gpt2 ? TokenFileFormat::kLlmcUint16 : TokenFileFormat::kLlmcUint32;
     file->width_ = gpt2 ? 2 : 4;
     file->data_offset_ = kLlmcHeaderBytes;
@@ -86,8 +90,7 @@ std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) 
                path, declared, held, bytes - kLlmcHeaderBytes, file->width_);
     LOOM_CHECK(static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * file->width_,
                "token file '{}': {} bytes follow its {} declared tokens; expected none", path,
-               static_cast<int64_t>(bytes - kLlmcHeaderBytes) - declared * file->width_,
-               declared);
+               static_cast<int64_t>(bytes - kLlmcHeaderBytes) - declared * file->width_, declared);
     file->count_ = declared;
   } else {
     LOOM_CHECK(bytes % 2 == 0,
@@ -118,19 +121,20 @@ std::string MappedTokenFile::format_name() const {
 }
 
 void MappedTokenFile::release(int64_t start, int64_t count) const {
-  // Whole pages inside the range only: a page shared with the next read stays mapped (one page
-  // at most per read, so resident memory stays bounded).
+  // A fault on a file mapping maps the neighbouring pages already in the page cache too (the
+  // kernel's fault-around: 64 KiB, aligned, by default), so the whole aligned windows around the
+  // range are released, not only the pages read: 1 MiB, well past any fault-around setting.
+  constexpr uintptr_t kWindow = uintptr_t{1} << 20;
+  const auto base = reinterpret_cast<uintptr_t>(map_);
   const auto first = reinterpret_cast<uintptr_t>(map_ + byte_offset(start));
   const auto last = reinterpret_cast<uintptr_t>(map_ + byte_offset(start + count));
   const auto page = static_cast<uintptr_t>(page_size());
-  const uintptr_t begin = first / page * page, end = (last + page - 1) / page * page;
-  const auto map_end = reinterpret_cast<uintptr_t>(map_) + map_bytes_;
-  if (end > begin) {
-    // Pages of a read-only shared file mapping: dropping them loses nothing (they are read back
-    // from the page cache on the next touch).
-    madvise(reinterpret_cast<void*>(begin), std::min(end, (map_end + page - 1) / page * page) - begin,
-            MADV_DONTNEED);
-  }
+  const uintptr_t map_end = (base + map_bytes_ + page - 1) / page * page;
+  const uintptr_t begin = std::max(base, first / kWindow * kWindow);
+  const uintptr_t end = std::min(map_end, (last + kWindow - 1) / kWindow * kWindow);
+  // Pages of a read-only shared file mapping: dropping them loses nothing (they are read back
+  // from the page cache on the next touch).
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 void MappedTokenFile::read(int64_t start, int64_t count, int64_t* out) const {
@@ -160,14 +164,33 @@ MappedTokenFile::MaxToken max_of(const T* tokens, int64_t count) {
 
 }  // namespace
 
+const unsigned char* MappedTokenFile::scan_read(int64_t start, int64_t count) const {
+  // Whole-file passes read with pread into one buffer rather than through the mapping: no page
+  // faults (a fault per 4 KiB page costs more than copying it) and nothing added to the
+  // resident set.
+  thread_local std::vector<unsigned char> buffer;
+  const size_t bytes = static_cast<size_t>(count * width_);
+  buffer.resize(bytes);
+  size_t done = 0;
+  while (done < bytes) {
+    const ssize_t n = ::pread(fd_, buffer.data() + done, bytes - done,
+                              static_cast<off_t>(byte_offset(start)) + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    LOOM_CHECK(n > 0, "token file '{}': reading bytes {} to {} failed: {}", path_,
+               byte_offset(start) + static_cast<int64_t>(done), byte_offset(start + count),
+               n < 0 ? std::strerror(errno) : "the file is shorter than when it was opened");
+    done += static_cast<size_t>(n);
+  }
+  return buffer.data();
+}
+
 MappedTokenFile::MaxToken MappedTokenFile::max_token(int64_t start, int64_t count) const {
   LOOM_INTERNAL_ASSERT(start >= 0 && count > 0 && start + count <= count_,
                        "MappedTokenFile::max_token out of range");
-  const unsigned char* base = map_ + data_offset_;
-  MaxToken result = width_ == 2 ? max_of(reinterpret_cast<const uint16_t*>(base) + start, count)
-                                : max_of(reinterpret_cast<const uint32_t*>(base) + start, count);
+  const unsigned char* base = scan_read(start, count);
+  MaxToken result = width_ == 2 ? max_of(reinterpret_cast<const uint16_t*>(base), count)
+                                : max_of(reinterpret_cast<const uint32_t*>(base), count);
   result.position += start;
-  release(start, count);
   return result;
 }
 

@@ -8,9 +8,11 @@
 // error, not raw tokens; so is a version other than the magic's, a count the file does not hold
 // (a truncated shard) and bytes after the declared tokens.
 //
-// Resident memory: the mapping is read only, and every read releases the pages it touched
-// (madvise MADV_DONTNEED: they stay in the page cache, shared, but leave this process's resident
-// set), so a rank's resident memory does not grow with the corpus or with the steps trained.
+// Resident memory: batches read through the read-only mapping (MADV_RANDOM: no read-around), and
+// every read releases the pages it touched (madvise MADV_DONTNEED: they stay in the page cache,
+// shared, but leave this process's resident set); whole-file passes (the range check, the
+// document index) pread chunk by chunk into one buffer. A rank's resident memory does not grow
+// with the corpus or with the steps trained.
 #pragma once
 
 #include <cstddef>
@@ -23,8 +25,8 @@
 
 namespace loom::data {
 
-inline constexpr int32_t kLlmcGpt2Magic = 20240520;   // uint16 tokens, version 1
-inline constexpr int32_t kLlmcLlama3Magic = 20240801; // uint32 tokens, version 7
+inline constexpr int32_t kLlmcGpt2Magic = 20240520;    // uint16 tokens, version 1
+inline constexpr int32_t kLlmcLlama3Magic = 20240801;  // uint32 tokens, version 7
 inline constexpr size_t kLlmcHeaderBytes = 256 * sizeof(int32_t);
 
 enum class TokenFileFormat { kLlmcUint16, kLlmcUint32, kRawUint16 };
@@ -42,8 +44,8 @@ class MappedTokenFile {
 
   const std::string& path() const { return path_; }
   TokenFileFormat format() const { return format_; }
-  int64_t size() const { return count_; }       // tokens
-  int token_bytes() const { return width_; }    // 2 or 4
+  int64_t size() const { return count_; }     // tokens
+  int token_bytes() const { return width_; }  // 2 or 4
   // The vocabulary the format implies: GPT-2's 50257 for uint16 files, Llama 3's 128256 for
   // uint32 ones (what a model without a stated vocabulary is given).
   int64_t implied_vocab_size() const;
@@ -51,8 +53,8 @@ class MappedTokenFile {
 
   // Tokens [start, start + count) into out (widened to int64), then releases the pages read.
   void read(int64_t start, int64_t count, int64_t* out) const;
-  // The largest token in [start, start + count) and the first position holding it; releases the
-  // pages read. For the range check of a whole shard, chunk by chunk.
+  // The largest token in [start, start + count) and the first position holding it, read with
+  // pread (not through the mapping). For the range check of a whole shard, chunk by chunk.
   struct MaxToken {
     uint32_t value = 0;
     int64_t position = 0;
@@ -67,10 +69,13 @@ class MappedTokenFile {
  private:
   MappedTokenFile() = default;
   void release(int64_t start, int64_t count) const;
+  // Tokens [start, start + count) read into a thread-local buffer (whole-file passes).
+  const unsigned char* scan_read(int64_t start, int64_t count) const;
 
   std::string path_;
   TokenFileFormat format_ = TokenFileFormat::kRawUint16;
   const unsigned char* map_ = nullptr;
+  int fd_ = -1;
   size_t map_bytes_ = 0;
   int64_t data_offset_ = 0;
   int64_t count_ = 0;
@@ -79,19 +84,18 @@ class MappedTokenFile {
 
 template <typename Fn>
 void MappedTokenFile::for_each_equal(int64_t start, int64_t count, uint32_t token, Fn&& fn) const {
-  const unsigned char* base = map_ + data_offset_;
+  const unsigned char* base = scan_read(start, count);
   if (width_ == 2) {
     const auto* tokens = reinterpret_cast<const uint16_t*>(base);
-    for (int64_t i = start; i < start + count; ++i) {
-      if (tokens[i] == token) fn(i);
+    for (int64_t i = 0; i < count; ++i) {
+      if (tokens[i] == token) fn(start + i);
     }
   } else {
     const auto* tokens = reinterpret_cast<const uint32_t*>(base);
-    for (int64_t i = start; i < start + count; ++i) {
-      if (tokens[i] == token) fn(i);
+    for (int64_t i = 0; i < count; ++i) {
+      if (tokens[i] == token) fn(start + i);
     }
   }
-  release(start, count);
 }
 
 // Writes one token shard in llm.c's format (uint16 with GPT-2's magic when every token fits,

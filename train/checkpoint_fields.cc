@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "base/error.h"
 #include "checkpoint/sha256.h"
 
@@ -14,22 +17,29 @@ namespace {
 // many shards, of either width, are the same data); a corpus of more than 64M tokens hashes 4096
 // evenly spaced runs of 4096 tokens and its size instead of reading all of it.
 std::string data_sha256(const data::TokenCorpus& data) {
-  constexpr int64_t kWhole = int64_t{1} << 26, kRuns = 4096, kRun = 4096;
+  constexpr int64_t kWhole = int64_t{1} << 26, kRuns = 4096, kRun = 4096, kChunk = 1 << 16;
+  checkpoint::Sha256 hash;
+  std::vector<int64_t> wide;
   std::vector<int32_t> tokens;
-  std::vector<int64_t> chunk;
+  // Streamed a chunk at a time: memory stays the same whatever the corpus's size.
   const auto take = [&](int64_t start, int64_t count) {
-    chunk.resize(static_cast<size_t>(count));
-    data.read(start, count, chunk.data());
-    tokens.insert(tokens.end(), chunk.begin(), chunk.end());
+    for (int64_t at = start; at < start + count; at += kChunk) {
+      const int64_t n = std::min(kChunk, start + count - at);
+      wide.resize(static_cast<size_t>(n));
+      data.read(at, n, wide.data());
+      tokens.assign(wide.begin(), wide.end());
+      hash.update(tokens.data(), tokens.size() * sizeof(tokens[0]));
+    }
   };
   if (data.size() <= kWhole) {
     take(0, data.size());
   } else {
     for (int64_t r = 0; r < kRuns; ++r) take((data.size() - kRun) / (kRuns - 1) * r, kRun);
-    tokens.push_back(static_cast<int32_t>(data.size() >> 32));
-    tokens.push_back(static_cast<int32_t>(data.size()));
+    const int32_t size[2] = {static_cast<int32_t>(data.size() >> 32),
+                             static_cast<int32_t>(data.size())};
+    hash.update(size, sizeof(size));
   }
-  return checkpoint::sha256_hex(tokens.data(), tokens.size() * sizeof(tokens[0]));
+  return hash.hex();
 }
 
 }  // namespace

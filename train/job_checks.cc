@@ -30,7 +30,8 @@ void check_readable_file(const std::string& path, std::string_view flag) {
 
 // The paths a job reads and writes.
 void check_paths(const JobConfig& job) {
-  check_readable_file(job.data, "--data");
+  // --data and --val-data: data::TokenCorpus::open names what they lack.
+  if (!job.tokenizer.empty()) check_readable_file(job.tokenizer, "--tokenizer");
   LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
              "--resume: needs --checkpoint-dir (the directory whose latest committed step to "
              "continue from)");
@@ -147,10 +148,8 @@ CheckedJob check_job(const JobConfig& job) {
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
   out.model = resolve_job_model(job);
   out.parallel.stage_ranges(out.model.args->n_layers());  // every stage gets a block
-  out.data = data::TokenCorpus::open(job.data);
-  fit_to_data(out.model, out.data, "--data");
-  data::check_sequences_fit(out.data, job.seq_len);
-  out.run = run_fields(job, out.data);
+  out.data = open_job_data(job, out.model);
+  out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) check_init_from(job, *out.model.args);
   LOOM_CHECK(job.save.empty() || out.model.args->hf_adapter() != nullptr,
              "--save: the {} family (--model {}) has no Hugging Face checkpoint format; use "

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "data/token_data.h"
 #include "train/job_config.h"
+#include "train/job_data.h"
 #include "train/job_model.h"
 #include "train/parallel_config.h"
 
@@ -28,7 +28,7 @@ namespace loom::train {
 
 struct CheckedJob {
   JobModel model;  // the vocabulary fitted to the data
-  data::TokenCorpus data;
+  JobData data;    // training and validation corpora, the tokenizer
   ParallelConfig parallel;
   nlohmann::json run;                      // run_fields: what the checkpoints record of the run
   std::optional<std::string> resume_from;  // the step directory --resume continues from

@@ -111,7 +111,33 @@ const std::vector<JobOption>& options() {
        "seconds a rank waits on a peer (rendezvous, every collective) before failing naming it; "
        "0: $LOOM_TIMEOUT_S, else 300",
        &C::collective_timeout_s, Range::kNonNegative},
-      {"data", "data", "a text file (byte tokens) or a GPT-2 token .bin file", &C::data},
+      {"data", "data",
+       "training tokens: llm.c token shards (.bin, uint16 or uint32), nanoGPT's raw uint16 .bin, "
+       "or text files (byte tokens, or --tokenizer's); a file, a folder, a glob, or several "
+       "separated by commas, read as one stream",
+       &C::data},
+      {"data", "tokenizer",
+       "a Hugging Face tokenizer.json (byte-level BPE: GPT-2's, Llama 3's) that tokenizes text "
+       "data as the job starts and decodes the sample; empty: one token per byte",
+       &C::tokenizer},
+      {"data", "document_boundaries",
+       "sample only sequences that lie inside one document (documents start at the "
+       "document token)",
+       &C::document_boundaries},
+      {"data", "document_token",
+       "the token each document starts with (-1: the tokenizer's end-of-text, or GPT-2's "
+       "<|endoftext|> 50256 for uint16 shards)",
+       &C::document_token, Range::kAny},
+      {"data", "val_data",
+       "held-out tokens for the validation loss, read as data is (\"\": no validation)",
+       &C::val_data},
+      {"data", "val_every",
+       "with val_data: validate every N steps and after the last (0: after "
+       "the last only)",
+       &C::val_every, Range::kNonNegative},
+      {"data", "val_steps",
+       "with val_data: batches per validation (0: as many as the val data holds, at most 20)",
+       &C::val_steps, Range::kNonNegative},
       {"checkpoint", "init_from",
        "a Hugging Face checkpoint of the model's family to start from (GPT-2 or Llama "
        "safetensors, a sharded index, or a folder; its config.json gives the sizes)",

@@ -58,7 +58,16 @@ struct JobConfig {
   // [comm]
   double collective_timeout_s = 0;  // store and collective timeout; 0: $LOOM_TIMEOUT_S, else 300 s
   // [data]
+  // Token shards and text files: a path, a folder, a glob, or several separated by commas
+  // (data/token_corpus.h).
   std::string data = "/usr/share/common-licenses/GPL-3";
+  std::string tokenizer;  // a Hugging Face tokenizer.json for text data; empty: byte tokens
+  // Sample only sequences inside one document (documents start at document_token).
+  bool document_boundaries = false;
+  int64_t document_token = -1;  // -1: the tokenizer's end-of-text, or GPT-2's 50256 for uint16
+  std::string val_data;         // held-out tokens, read as --data is; empty: no validation
+  int64_t val_every = 0;        // validate every N steps and after the last (0: after the last)
+  int64_t val_steps = 0;        // batches per validation (0: all the val data holds, at most 20)
   // [checkpoint]
   std::string init_from;          // a Hugging Face checkpoint of the model's family to start from
   std::string save;               // ... to write after training

@@ -80,6 +80,44 @@ void add_uneven_vocabulary_note(JobPlan& plan, int64_t vocab, const char* rows) 
       vocab, tp, rows, shard_range(vocab, tp, 0).size, shard_range(vocab, tp, tp - 1).size));
 }
 
+// --val-data: a validation batch's traced peak and FLOPs per role, and what the validations cost
+// over the run (their time predicted as the step's compute scaled by the FLOPs: forward only,
+// no gradient communication).
+std::string format_validation(const JobPlan& plan) {
+  const PlanOptions::Validation& v = plan.validation;
+  const int64_t runs =
+      (v.every > 0 ? v.steps / v.every : 0) + (v.every > 0 && v.steps % v.every == 0 ? 0 : 1);
+  std::string out = fmt::format(
+      "\nValidation (--val-data: {} batches of {} x {} tokens, {} times in {} steps; traced, "
+      "forward only; MiB, GFLOP):\n\n| ranks | peak in a batch | peak - held | GFLOP per batch "
+      "|\n|---|---:|---:|---:|\n",
+      v.batches, plan.global_batch, plan.seq_len, runs, v.steps);
+  int64_t step_flops = 0, validation_flops = 0;
+  for (const TracedRole& role : plan.traced_roles) {
+    const TracedRank* t = nullptr;
+    for (const TracedRank& r : plan.traced) {
+      if (r.rank == role.ranks.front()) t = &r;
+    }
+    if (t == nullptr) continue;
+    out += fmt::format("| {} | {} | {} | {:.1f} |\n", ranks_str(role.ranks),
+                       mib(t->validation_peak_bytes), mib(t->validation_peak_bytes - t->held_bytes),
+                       static_cast<double>(t->validation_flops) / 1e9);
+    step_flops = std::max(step_flops, t->flops);
+    validation_flops = std::max(validation_flops, t->validation_flops);
+  }
+  if (plan.time && step_flops > 0) {
+    const double batch_ms = plan.time->compute_ms * static_cast<double>(validation_flops) /
+                            static_cast<double>(step_flops);
+    const double run_ms = batch_ms * static_cast<double>(v.batches);
+    const double per_step = run_ms * static_cast<double>(runs) / static_cast<double>(v.steps);
+    out += fmt::format(
+        "\n  about {:.1f} ms per validation ({:.1f} ms a batch, the step's compute scaled by "
+        "FLOPs), {:.1f} ms per training step averaged over the run ({:.1f} % of the step)\n",
+        run_ms, batch_ms, per_step, 100 * per_step / plan.time->step_ms);
+  }
+  return out;
+}
+
 // Traces the job's step (train/step_trace.h) and groups the traced ranks with equal figures.
 void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& build) {
   const ParallelDims& dims = plan.parallel.dims;
@@ -88,7 +126,9 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
                                     {.local_batch = plan.global_batch / dims.dp(),
                                      .seq_len = plan.seq_len,
                                      .ranks = ranks_to_trace(dims, options.max_traced_ranks),
-                                     .target = options.target});
+                                     .target = options.target,
+                                     .validation = options.validation.batches > 0});
+  plan.validation = options.validation;
   std::vector<size_t> representative;  // index in plan.traced of each role's first rank
   for (size_t i = 0; i < plan.traced.size(); ++i) {
     const TracedRank& t = plan.traced[i];
@@ -274,6 +314,7 @@ std::string format_job_plan(const JobPlan& plan) {
     }
     if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks);
   }
+  if (plan.validation.batches > 0) out += format_validation(plan);
   if (plan.time) {
     const StepTimeEstimate& t = *plan.time;
     out += fmt::format(

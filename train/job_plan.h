@@ -62,6 +62,12 @@ struct PlanOptions {
   std::optional<MachineModel> machine;
   // The job's device: the trace allocates as its kernels do (tensor/device.h, meta_target).
   Device target = Device::cuda();
+  // --val-data: how much validation the job runs (0 batches: none), traced and timed too.
+  struct Validation {
+    int64_t batches = 0;  // per validation
+    int64_t every = 0;    // steps between validations (0: after the last only)
+    int64_t steps = 0;    // the job's steps
+  } validation;
 };
 
 struct JobPlan {
@@ -83,6 +89,7 @@ struct JobPlan {
   std::optional<StepTimeEstimate> time;
   std::optional<MachineModel> machine;
   Device target = Device::cuda();  // whose kernels' allocations the trace followed
+  PlanOptions::Validation validation;
 
   const RankModelStates& rank(int r) const { return ranks.at(static_cast<size_t>(r)); }
 };

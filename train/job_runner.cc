@@ -4,7 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "base/error.h"
 #include "base/profiler.h"
@@ -44,6 +46,19 @@ int64_t peak_memory_bytes(Device device) {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
+// The process's resident set now, in bytes: all of it, and the part that is pages of mapped
+// files (the binary, its libraries and any mapped token shards) — /proc/self/status's VmRSS and
+// RssFile; 0 where there is no such file.
+std::pair<int64_t, int64_t> resident_now() {
+  std::ifstream status("/proc/self/status");
+  int64_t total = 0, file = 0;
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) total = std::stoll(line.substr(6)) * 1024;
+    if (line.rfind("RssFile:", 0) == 0) file = std::stoll(line.substr(8)) * 1024;
+  }
+  return {total, file};
+}
+
 }  // namespace
 
 Device resolve_device(const std::string& flag) {
@@ -75,7 +90,11 @@ struct JobRunner::Outputs {
   ProgressBar bar;
   std::unique_ptr<checkpoint::AsyncSaver> async_saver;
   std::vector<double> losses;
+  LossCurve curve;
   double last_loss = 0;
+  double data_ms = 0;
+  double entropy = 0;  // the training data's unigram entropy (rank 0)  // reading this step's batch
+                       // (before the step: not in its ms)
 };
 
 JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
@@ -135,6 +154,8 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     }
   }
   outputs_ = std::make_unique<Outputs>(rank == 0 && job_.progress);
+  // Read once (a corpus's first 16M tokens): the reference the loss lines and plot show.
+  if (rank == 0) outputs_->entropy = outputs_->entropy;
   if (rank == 0) {
     // The effective config, once: printed, and written beside the metrics so that
     // `--config <that file>` repeats the run exactly.
@@ -145,9 +166,26 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
       write_file(effective_path, effective, "--metrics-out (the effective config beside it)");
       outputs_->metrics = LineWriter(job_.metrics_out, "--metrics-out");
     }
+    const JobData& data = checked_.data;
     fmt::print("{}: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", program_,
                checked_.model.args->parameter_count(), job_.model, mesh_->str(),
-               checked_.data.description(), data::unigram_entropy(checked_.data));
+               data.train.description(), outputs_->entropy);
+    if (!data.tokenizer_path.empty()) {
+      fmt::print("{}: tokenizer {}\n", program_, data.tokenizer->description());
+    }
+    if (const data::DocumentIndex* documents = data.train.documents()) {
+      fmt::print(
+          "{}: sequences inside one document: {} documents, {} windows of {} tokens; {} tokens "
+          "in documents too short to sample\n",
+          program_, documents->documents(), documents->windows(), job_.seq_len + 1,
+          documents->skipped_tokens());
+    }
+    if (data.val) {
+      fmt::print("{}: validation on {}: {} batches every {}\n", program_, data.val->description(),
+                 data.val_batches,
+                 job_.val_every > 0 ? fmt::format("{} steps and after the last", job_.val_every)
+                                    : std::string("run, after the last step"));
+    }
   }
   add_metrics_hook();
   add_checkpoint_hook();
@@ -161,6 +199,7 @@ void JobRunner::add_metrics_hook() {
     Outputs& out = *outputs_;
     out.last_loss = r.loss;
     out.losses.push_back(r.loss);
+    out.curve.train.emplace_back(r.step, r.loss);
     if (rank != 0) return;
     const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
     // The step's tensor peak (torch.cuda.max_memory_allocated's figure, on any device): what
@@ -172,8 +211,11 @@ void JobRunner::add_metrics_hook() {
                                 {"lr", r.lr},
                                 {"tokens_per_s", tokens_per_s},
                                 {"ms_per_step", r.ms},
+                                {"data_ms", out.data_ms},
                                 {"tensor_peak_bytes", tensor_peak},
                                 {"peak_mem_bytes", peak_memory_bytes(device_)},
+                                {"rss_bytes", resident_now().first},
+                                {"rss_file_bytes", resident_now().second},
                                 {"grad_norm", r.grad_norm}};
       out.metrics.write_line(line.dump());
     }
@@ -235,10 +277,18 @@ void JobRunner::train_steps(JobResult& result) {
       options.synchronize = options.synchronize || device_.is_cuda();
       profiler::enable(options);
     }
+    const auto fetch_start = std::chrono::steady_clock::now();
     const data::Batch batch =
-        local_batch(checked_.data, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len);
+        local_batch(checked_.data.train, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len);
+    outputs_->data_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fetch_start)
+            .count();
     process_memory_tracker().reset_peak();  // the step's own peak (its batch included)
     trainer_->step(batch.inputs, batch.targets);
+    const bool last = step + 1 == job_.steps;
+    if (checked_.data.val && (last || (job_.val_every > 0 && (step + 1) % job_.val_every == 0))) {
+      validate(step, result);
+    }
   }
   outputs_->bar.clear();
   if (profiler::enabled()) {
@@ -253,6 +303,34 @@ void JobRunner::train_steps(JobResult& result) {
   }
 }
 
+// The loss on the validation batches (the same ones every time), averaged over every dp rank.
+void JobRunner::validate(int step, JobResult& result) {
+  const auto start = std::chrono::steady_clock::now();
+  const data::TokenCorpus& val = *checked_.data.val;
+  const int64_t batches = checked_.data.val_batches;
+  double total = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    const data::Batch batch = validation_batch(val, i, *mesh_, job_.batch_size, job_.seq_len);
+    total += trainer_->evaluate(batch.inputs, batch.targets);
+  }
+  const double loss = total / static_cast<double>(batches);
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  result.validation.emplace_back(step, loss);
+  if (world_->rank() != 0) return;
+  outputs_->curve.validation.emplace_back(step, loss);
+  if (outputs_->metrics.is_open()) {
+    outputs_->metrics.write_line(nlohmann::json{
+        {"step", step},
+        {"val_loss", loss},
+        {"val_tokens", batches * job_.batch_size * job_.seq_len},
+        {"val_ms", ms}}.dump());
+  }
+  outputs_->bar.clear();
+  fmt::print("step {:5d} | val loss {:.4f} | {} batches, {:.1f} ms\n", step, loss, batches, ms);
+  std::fflush(stdout);
+}
+
 void JobRunner::finish(JobResult& result) {
   const int rank = world_->rank();
   if (outputs_->async_saver) {
@@ -264,32 +342,38 @@ void JobRunner::finish(JobResult& result) {
   // Every rank gathers (full_tensor over tp, the stages over pp); rank 0 writes.
   if (!job_.save.empty()) {
     model_->save_hf(job_.save, /*write=*/rank == 0);
+    const std::string& tokenizer = checked_.data.tokenizer_path;
+    if (rank == 0 && !tokenizer.empty()) copy_tokenizer_beside(tokenizer, job_.save);
     if (rank == 0) {
-      fmt::print("{}: saved {} (Hugging Face safetensors, config.json beside it)\n", program_,
-                 job_.save);
+      fmt::print("{}: saved {} (Hugging Face safetensors, config.json{} beside it)\n", program_,
+                 job_.save, tokenizer.empty() ? "" : " and tokenizer.json");
     }
   }
   // A sample, generated by every rank together, printed by rank 0.
   if (job_.sample_tokens > 0) {
-    const auto tokens =
-        generate_sample(*model_, checked_.data, checked_.model.args->vocab_size(), mesh_->device(),
-                        {.tokens = job_.sample_tokens,
-                         .window = job_.seq_len,
-                         .multiple = job_.tp,
-                         .seed = static_cast<uint64_t>(job_.seed)});
-    const std::string text = sample_text(tokens, checked_.data);
+    const auto tokens = generate_sample(*model_, checked_.data.train,
+                                        checked_.model.args->vocab_size(), mesh_->device(),
+                                        {.tokens = job_.sample_tokens,
+                                         .window = job_.seq_len,
+                                         .multiple = job_.tp,
+                                         .seed = static_cast<uint64_t>(job_.seed)});
+    const std::string text =
+        sample_text(tokens, checked_.data.train, checked_.data.tokenizer.get());
     if (rank == 0 && !text.empty()) fmt::print("sample:\n{}\n", text);
   }
   result.losses = outputs_->losses;
   result.final_loss = outputs_->last_loss;
   if (rank == 0) {
     outputs_->metrics.close();
-    fmt::print("final loss {:.4f} (unigram entropy {:.3f}){}\n", result.final_loss,
-               data::unigram_entropy(checked_.data),
+    fmt::print("final loss {:.4f}{} (unigram entropy {:.3f}){}\n", result.final_loss,
+               result.validation.empty()
+                   ? std::string()
+                   : fmt::format(", validation loss {:.4f}", result.validation.back().second),
+               outputs_->entropy,
                job_.metrics_out.empty() ? "" : fmt::format("; metrics: {}", job_.metrics_out));
     if (!job_.plot_out.empty()) {
-      fmt::print("{}\n", write_loss_plot(outputs_->losses, data::unigram_entropy(checked_.data),
-                                         job_.plot_out, program_));
+      fmt::print("{}\n",
+                 write_loss_plot(outputs_->curve, outputs_->entropy, job_.plot_out, program_));
     }
   }
   // Rank 0 serves the store every group reports to: it leaves last, after every rank is done.

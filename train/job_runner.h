@@ -41,8 +41,9 @@ Device resolve_device(const std::string& flag);
 std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job);
 
 struct JobResult {
-  int first_step = 0;          // 0, or the step resumed from
-  std::vector<double> losses;  // of the steps this run trained
+  int first_step = 0;                              // 0, or the step resumed from
+  std::vector<double> losses;                      // of the steps this run trained
+  std::vector<std::pair<int, double>> validation;  // (step, validation loss), every rank
   double final_loss = 0;
 };
 
@@ -72,6 +73,8 @@ class JobRunner {
   void add_checkpoint_hook();
   void train_steps(JobResult& result);
   void finish(JobResult& result);
+  // --val-data: the loss on the validation batches after step `step`, printed and recorded.
+  void validate(int step, JobResult& result);
 
   JobConfig job_;
   std::string program_;

@@ -2,15 +2,22 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom::train {
 
-// Writes `png`.dat (step, loss) and `png`.gnuplot, then runs gnuplot to draw `png` with the
-// data's unigram entropy as a dashed line. A point file or script that cannot be written is an
-// error naming it; a missing or failing gnuplot leaves the points and says so (returns the line
-// to print).
-std::string write_loss_plot(const std::vector<double>& losses, double entropy,
-                            const std::string& png, const std::string& title);
+struct LossCurve {
+  std::vector<std::pair<int, double>> train;       // (step, loss) of every step run
+  std::vector<std::pair<int, double>> validation;  // (step, loss) of every validation
+};
+
+// Writes `png`.dat (step, loss), `png`.val.dat (step, validation loss) when there is any, and
+// `png`.gnuplot, then runs gnuplot to draw `png`: the training loss, the validation loss as
+// points joined by a line, and the data's unigram entropy as a dashed line. A point file or
+// script that cannot be written is an error naming it; a missing or failing gnuplot leaves the
+// points and says so (returns the line to print).
+std::string write_loss_plot(const LossCurve& curve, double entropy, const std::string& png,
+                            const std::string& title);
 
 }  // namespace loom::train

@@ -65,19 +65,23 @@ class OneStageModel : public ParallelModel {
   void zero_grad() override { data_parallel_->zero_grad(); }
 
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
-    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
-               "forward_backward: {} sequences do not split into grad_accum {} micro-batches",
-               inputs.size(0), grad_accum_);
-    const int64_t micro = inputs.size(0) / grad_accum_;
     double total = 0;
-    for (int m = 0; m < grad_accum_; ++m) {
-      const Tensor x = ops::narrow(inputs, 0, m * micro, micro),
-                   y = ops::narrow(targets, 0, m * micro, micro);
-      Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
-      data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
-      total += loss.item<double>();
-    }
+    for_each_micro_batch(
+        inputs, targets, "forward_backward", [&](int m, const Tensor& x, const Tensor& y) {
+          Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
+          data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
+          total += loss.item<double>();
+        });
     return total;
+  }
+
+  double evaluate(const Tensor& inputs, const Tensor& targets) override {
+    NoGradGuard no_grad;
+    double total = 0;
+    for_each_micro_batch(inputs, targets, "evaluate", [&](int, const Tensor& x, const Tensor& y) {
+      total += spec_.loss((*module_)(x), y).item<double>();
+    });
+    return total / grad_accum_;
   }
 
   double clip_grad_norm(double max_norm) override {
@@ -103,6 +107,19 @@ class OneStageModel : public ParallelModel {
   }
 
  private:
+  // fn(m, inputs, targets) of each of the grad_accum micro-batches, in order.
+  template <typename Fn>
+  void for_each_micro_batch(const Tensor& inputs, const Tensor& targets, std::string_view what,
+                            Fn&& fn) {
+    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
+               "{}: {} sequences do not split into grad_accum {} micro-batches", what,
+               inputs.size(0), grad_accum_);
+    const int64_t micro = inputs.size(0) / grad_accum_;
+    for (int m = 0; m < grad_accum_; ++m) {
+      fn(m, ops::narrow(inputs, 0, m * micro, micro), ops::narrow(targets, 0, m * micro, micro));
+    }
+  }
+
   HFFiles files_;
   pipeline::PipelineModelSpec spec_;
   std::shared_ptr<nn::Module> module_;
@@ -120,6 +137,9 @@ class PipelinedModel : public ParallelModel {
   void zero_grad() override { model_->zero_grad(); }
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
     return model_->step(inputs, targets);
+  }
+  double evaluate(const Tensor& inputs, const Tensor& targets) override {
+    return model_->evaluate(inputs, targets);
   }
   double clip_grad_norm(double max_norm) override { return model_->clip_grad_norm(max_norm); }
   std::vector<std::pair<std::string, Tensor>> named_parameters() const override {

@@ -40,6 +40,11 @@ class ParallelModel {
   // over its microbatches. Returns this dp rank's mean loss (the same on every rank of its pp and
   // tp groups).
   virtual double forward_backward(const Tensor& inputs, const Tensor& targets) = 0;
+  // Validation: this dp rank's mean loss on (B, T), forward only (no autograd, no gradients),
+  // in the training step's micro-batches (grad_accum, or the pipeline's microbatches) so it
+  // never holds more activations than a training micro-batch. The same on every rank of its pp
+  // and tp groups.
+  virtual double evaluate(const Tensor& inputs, const Tensor& targets) = 0;
   // Clips the global gradient norm (over every dim of the mesh, a tied parameter counted once);
   // returns it before clipping.
   virtual double clip_grad_norm(double max_norm) = 0;

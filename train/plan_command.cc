@@ -80,6 +80,10 @@ std::string plan_report(const JobConfig& job) {
   std::string missing;
   options.machine =
       plan_machine(job, checked.parallel.dims.world_size(), options.target.is_cuda(), &missing);
+  if (checked.data.val) {
+    options.validation = {
+        .batches = checked.data.val_batches, .every = job.val_every, .steps = job.steps};
+  }
   const JobPlan plan =
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
   std::string out;

@@ -41,7 +41,15 @@ std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorp
   return context;
 }
 
-std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data) {
+std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data,
+                        const data::Tokenizer* tokenizer) {
+  if (tokenizer) {
+    std::vector<int32_t> ids;
+    for (int64_t t : tokens) {
+      if (t < tokenizer->vocab_size()) ids.push_back(static_cast<int32_t>(t));  // padding ids
+    }
+    return tokenizer->decode(ids);
+  }
   if (data.vocab_size() != 256) return "";
   std::string text;
   for (int64_t t : tokens) text += t < 256 ? static_cast<char>(t) : '?';  // padding ids

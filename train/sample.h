@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "data/token_data.h"
+#include "data/tokenizer.h"
 #include "train/parallel_model.h"
 
 namespace loom::train {
@@ -25,7 +26,9 @@ std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorp
                                      int64_t vocab_size, Device device,
                                      const SampleOptions& options);
 
-// The tokens as text when they are bytes ('?' for padding ids), else empty.
-std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data);
+// The tokens as text: decoded by the tokenizer when there is one (ids past its vocabulary, the
+// model's padding, left out), as bytes when the data is ('?' for padding ids), else empty.
+std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data,
+                        const data::Tokenizer* tokenizer);
 
 }  // namespace loom::train

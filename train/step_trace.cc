@@ -92,6 +92,13 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
     out.peak_bytes = memory.stats().peak_bytes;
     out.collectives = comm.by_group();
+    if (options.validation) {
+      memory.reset_peak();
+      FlopCounter validation_flops;
+      trainer.evaluate(tokens, tokens);
+      out.validation_flops = validation_flops.total();
+      out.validation_peak_bytes = memory.stats().peak_bytes;
+    }
   }
   return out;
 }

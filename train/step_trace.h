@@ -50,6 +50,9 @@ struct TracedRank {
   double step_ms = 0;           // the step's wall time (meaningful on real groups only)
   // One step's operations by group name (CommDebugMode::by_group).
   std::map<std::string, comm::CollectiveCounters> collectives;
+  // With StepTraceOptions::validation: one validation batch (Trainer::evaluate) after the steps.
+  int64_t validation_peak_bytes = 0;  // the most held at once during it
+  int64_t validation_flops = 0;       // its matrix-product FLOPs
 };
 
 // Builds the job's model on `mesh` (the rank's device is the mesh's: meta here). Called on each
@@ -67,6 +70,8 @@ struct StepTraceOptions {
   std::chrono::milliseconds timeout{60000};  // a receive whose send never comes fails after it
   // Whose kernels' allocations a trace follows (tensor/device.h, meta_target): the job's device.
   Device target = Device::cuda();
+  // Also trace one validation batch (forward only) after the measured step.
+  bool validation = false;
 };
 
 // Traces two steps on each rank of options.ranks (one thread each) and returns their figures in

@@ -42,13 +42,7 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();
   no_decay_->step();
-  // The global batch's loss: the mean over dp (dp_shard, then dp_replicate: equal groups, so the
-  // mean of means) of each data-parallel rank's mean.
-  Tensor loss = ops::full({1}, local_loss, kFloat32, mesh_->device());
-  for (const auto& group : data_parallel_groups(*mesh_)) {
-    group->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
-  }
-  result.loss = loss.item<double>();
+  result.loss = mean_over_data_parallel(local_loss);
   result.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   ++next_step_;
@@ -114,6 +108,35 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   return metadata;
 }
 
+double Trainer::mean_over_data_parallel(double local_loss) const {
+  // The global batch's loss: the mean over dp (dp_shard, then dp_replicate: equal groups, so the
+  // mean of means) of each data-parallel rank's mean.
+  Tensor loss = ops::full({1}, local_loss, kFloat32, mesh_->device());
+  for (const auto& group : data_parallel_groups(*mesh_)) {
+    group->all_reduce(loss, comm::ReduceOp::kAvg)->wait();
+  }
+  return loss.item<double>();
+}
+
+double Trainer::evaluate(const Tensor& inputs, const Tensor& targets) {
+  // Dropout draws masks in training mode; evaluation is the model's deterministic function of
+  // its input, as torch's model.eval(). The modules' call counts stay as they were.
+  std::vector<std::pair<nn::Module*, bool>> modes;
+  for (const auto& [name, module] : model_.named_modules()) {
+    modes.emplace_back(module, module->is_training());
+  }
+  for (auto& [module, training] : modes) module->train(false);
+  double local = 0;
+  try {
+    local = model_.evaluate(inputs, targets);
+  } catch (...) {
+    for (auto& [module, training] : modes) module->train(training);
+    throw;
+  }
+  for (auto& [module, training] : modes) module->train(training);
+  return mean_over_data_parallel(local);
+}
+
 void Trainer::add_step_hook(StepHook hook) {
   LOOM_CHECK(hook != nullptr, "Trainer::add_step_hook: the hook is empty");
   hooks_.push_back(std::move(hook));
@@ -128,6 +151,16 @@ data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
   const int64_t per_rank = global_batch / dp;
   const int64_t dp_rank = data_parallel_rank(mesh);
   data::Batch batch = data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len);
+  const Device device = mesh.device();
+  return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
+}
+
+data::Batch validation_batch(const data::TokenCorpus& data, int64_t index, const DeviceMesh& mesh,
+                             int64_t global_batch, int64_t seq_len) {
+  const int64_t per_rank = global_batch / data_parallel_size(mesh);
+  const int64_t dp_rank = data_parallel_rank(mesh);
+  data::Batch batch =
+      data::validation_slice(data, index, global_batch, dp_rank * per_rank, per_rank, seq_len);
   const Device device = mesh.device();
   return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
 }

@@ -53,6 +53,10 @@ class Trainer {
   StepResult step(const Tensor& inputs, const Tensor& targets);
   // Called after every step, in the order added (all ranks run them; hooks decide who writes).
   void add_step_hook(StepHook hook);
+  // Validation: the mean loss over the global batch whose dp-rank share is (inputs, targets),
+  // forward only (ParallelModel::evaluate), averaged over dp as step()'s loss is: the same on
+  // every rank. Changes no state (parameters, optimizer, step count, dropout's call counts).
+  double evaluate(const Tensor& inputs, const Tensor& targets);
   int steps_done() const { return next_step_; }
 
   // Checkpoints (checkpoint/distributed_checkpoint.h) of the whole training state:
@@ -76,6 +80,7 @@ class Trainer {
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
 
  private:
+  double mean_over_data_parallel(double local_loss) const;
   // The entries above, and what to apply once a load has filled them.
   checkpoint::StateDict state_dict(std::vector<std::function<void()>>* after_load);
 
@@ -91,5 +96,10 @@ class Trainer {
 // tokens, on the mesh's device.
 data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len);
+
+// This dp rank's share of validation batch `index` (data/token_data.h's fixed windows), on the
+// mesh's device.
+data::Batch validation_batch(const data::TokenCorpus& data, int64_t index, const DeviceMesh& mesh,
+                             int64_t global_batch, int64_t seq_len);
 
 }  // namespace loom::train

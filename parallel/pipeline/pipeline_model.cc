@@ -102,8 +102,7 @@ int PipelineModel::group_rank_of_stage(int stage) const {
   return meshes_.pp->group_ranks_by_coordinate(0)[schedule_.rank_of_stage(stage)];
 }
 
-Tensor PipelineModel::logits(const Tensor& ids) {
-  NoGradGuard no_grad;
+Tensor PipelineModel::forward_stages(const Tensor& ids) {
   const int num_stages = schedule_.num_stages;
   const int my_pp = static_cast<int>(meshes_.pp->coordinate(0));
   const auto& group = meshes_.pp->group(0);
@@ -127,14 +126,43 @@ Tensor PipelineModel::logits(const Tensor& ids) {
     if (s + 1 < num_stages && schedule_.rank_of_stage(s + 1) != my_pp) {
       group->send(ops::contiguous(x), group_rank_of_stage(s + 1))->wait();
     }
-    if (s + 1 == num_stages) logits = is_dtensor(x) ? full_tensor(x) : x;
+    if (s + 1 == num_stages) logits = x;
   }
+  return logits;
+}
+
+Tensor PipelineModel::logits(const Tensor& ids) {
+  NoGradGuard no_grad;
+  const int num_stages = schedule_.num_stages;
+  const auto& group = meshes_.pp->group(0);
+  Tensor logits = forward_stages(ids);
+  if (logits.defined() && is_dtensor(logits)) logits = full_tensor(logits);  // vocab-sharded
   if (!logits.defined()) {
     logits = ops::empty({ids.size(0), ids.size(1), spec_.vocab_size}, kFloat32, group->device());
   }
   logits = ops::contiguous(logits);
   group->broadcast(logits, group_rank_of_stage(num_stages - 1))->wait();
   return logits;
+}
+
+double PipelineModel::evaluate(const Tensor& inputs, const Tensor& targets) {
+  NoGradGuard no_grad;
+  const int64_t microbatches = schedule_.num_microbatches;
+  LOOM_CHECK(inputs.size(0) % microbatches == 0,
+             "PipelineModel::evaluate: {} sequences do not split into {} microbatches",
+             inputs.size(0), microbatches);
+  const int64_t per = inputs.size(0) / microbatches;
+  double total = 0;
+  for (int64_t m = 0; m < microbatches; ++m) {
+    const Tensor out = forward_stages(ops::narrow(inputs, 0, m * per, per));
+    if (out.defined())
+      total += spec_.loss(out, ops::narrow(targets, 0, m * per, per)).item<double>();
+  }
+  // The last stage's mean over the microbatches, on every pp rank.
+  Tensor loss = ops::full({1}, total / static_cast<double>(microbatches), kFloat32,
+                          meshes_.pp->group(0)->device());
+  meshes_.pp->group(0)->broadcast(loss, group_rank_of_stage(schedule_.num_stages - 1))->wait();
+  return loss.item<double>();
 }
 
 bool PipelineModel::on_first_rank() const {

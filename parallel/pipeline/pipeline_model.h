@@ -111,6 +111,10 @@ class PipelineModel {
   // stages run one after the other (no microbatches, no autograd); every rank calls it with the
   // same ids.
   Tensor logits(const Tensor& ids);
+  // Validation: the mean loss of this dp rank's batch (B, T) on every pp rank, forward only (no
+  // autograd), over the schedule's microbatches one after the other (a training microbatch's
+  // activations at most). Every rank calls it with the same batch.
+  double evaluate(const Tensor& inputs, const Tensor& targets);
 
   // Whether this rank is the mesh's first (coordinate 0 on every dim): where gather_whole()
   // assembles the whole model.
@@ -134,6 +138,9 @@ class PipelineModel {
  private:
   // The pp group's rank of the rank holding stage `stage`.
   int group_rank_of_stage(int stage) const;
+  // The stages over `ids` one after the other (the caller holds no autograd): the last stage's
+  // output on the rank holding it, undefined on the others.
+  Tensor forward_stages(const Tensor& ids);
 
   PipelineModelSpec spec_;
   parallel::ParallelMeshes meshes_;

@@ -46,7 +46,8 @@ expect_error 2 "loom_train: --sample-tokens: expected a non-negative integer, go
 expect_error 2 "loom_train: --schedule: expected one of gpipe, 1f1b, interleaved, got 'zigzag'" \
   --schedule zigzag
 expect_error 2 "loom_train: The following argument was not expected: --bogus" --bogus
-expect_error 2 "loom_train: --data: '$PWD' is not a file" --data "$PWD"
+mkdir -p empty_folder
+expect_error 2 "loom_train: --data: the folder 'empty_folder' holds no files" --data empty_folder
 expect_error 2 "loom_train: --data: '/no/such/file' does not exist" --data /no/such/file
 expect_error 2 "loom_train: --metrics-out: cannot write '/missing/dir/m.jsonl': the folder '/missing/dir' does not exist" \
   --metrics-out /missing/dir/m.jsonl

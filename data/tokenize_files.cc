@@ -1,0 +1,331 @@
+#include "data/tokenize_files.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string_view>
+#include <thread>
+
+#include "base/error.h"
+#include "data/token_file.h"
+
+namespace loom::data {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr std::string_view kWhat = "loom tokenize";
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// A text file mapped read-only (the input may be far larger than memory).
+class MappedText {
+ public:
+  explicit MappedText(std::string path) : path_(std::move(path)) {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    LOOM_CHECK(fd >= 0, "{}: cannot open '{}': {}", kWhat, path_, std::strerror(errno));
+    struct stat st {};
+    fstat(fd, &st);
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* map = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int error = errno;
+      ::close(fd);
+      LOOM_CHECK(map != MAP_FAILED, "{}: cannot map '{}': {}", kWhat, path_, std::strerror(error));
+      madvise(map, size_, MADV_SEQUENTIAL);
+      data_ = static_cast<const char*>(map);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~MappedText() {
+    if (data_ != nullptr) munmap(const_cast<char*>(data_), size_);
+  }
+  MappedText(const MappedText&) = delete;
+  MappedText& operator=(const MappedText&) = delete;
+
+  std::string_view text() const { return {data_, size_}; }
+  const std::string& path() const { return path_; }
+  bool jsonl() const { return ends_with(path_, ".jsonl"); }
+
+ private:
+  std::string path_;
+  const char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// A piece of one file to encode on a worker thread.
+struct Chunk {
+  const MappedText* file = nullptr;
+  size_t begin = 0, stop = 0;
+  // Results.
+  std::vector<int32_t> tokens;
+  size_t end = 0;  // text: where encoding stopped (a pre-token boundary at or past stop)
+  int64_t documents = 0;
+};
+
+std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    LOOM_CHECK(fs::exists(input, ec), "{}: '{}' does not exist", kWhat, input);
+    if (!fs::is_directory(input, ec)) {
+      files.push_back(input);
+      continue;
+    }
+    std::vector<std::string> more;
+    for (const auto& entry : fs::directory_iterator(input, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (!name.empty() && name[0] != '.' && entry.is_regular_file(ec)) {
+        more.push_back(entry.path().string());
+      }
+    }
+    LOOM_CHECK(!more.empty(), "{}: the folder '{}' holds no files", kWhat, input);
+    std::sort(more.begin(), more.end());
+    files.insert(files.end(), more.begin(), more.end());
+  }
+  LOOM_CHECK(!files.empty(), "{}: no input files (give text or .jsonl files or folders)", kWhat);
+  return files;
+}
+
+// Chunks of about `bytes`: a text file cut at line starts that begin a non-space (a likely
+// pre-token boundary: exactness never depends on it), a .jsonl file between lines.
+void cut(const MappedText& file, int64_t bytes, std::vector<Chunk>& out) {
+  const std::string_view text = file.text();
+  size_t begin = 0;
+  while (begin < text.size()) {
+    size_t stop = std::min(text.size(), begin + static_cast<size_t>(bytes));
+    while (stop < text.size()) {
+      const size_t newline = text.find('\n', stop);
+      if (newline == std::string_view::npos) {
+        stop = text.size();
+        break;
+      }
+      stop = newline + 1;
+      if (file.jsonl() || stop == text.size()) break;
+      const char next = text[stop];
+      if (next != ' ' && next != '\t' && next != '\n' && next != '\r') break;
+    }
+    out.push_back({.file = &file, .begin = begin, .stop = stop});
+    begin = stop;
+  }
+}
+
+class Encoder {
+ public:
+  Encoder(const Tokenizer& tokenizer, const TokenizeOptions& options) : tokenizer_(tokenizer) {
+    separator_ = options.document_separator;
+    if (!separator_ && !options.no_separator) separator_ = tokenizer.end_of_text();
+    if (options.no_separator) separator_.reset();
+    text_field_ = options.text_field;
+  }
+
+  // A chunk on a worker thread.
+  void encode(Chunk& chunk) const {
+    const std::string_view text = chunk.file->text();
+    if (chunk.file->jsonl()) {
+      encode_lines(chunk);
+      return;
+    }
+    if (chunk.begin == 0) {
+      if (separator_) chunk.tokens.push_back(*separator_);
+      chunk.documents = 1;
+    }
+    chunk.end = tokenizer_.encode_range(text, chunk.begin, chunk.stop, chunk.tokens);
+  }
+
+  // On the writer thread: the chunk after one that stopped at `previous_end` past this chunk's
+  // start is encoded again from there (rare: the cut was not a pre-token boundary).
+  void reencode_from(Chunk& chunk, size_t previous_end) const {
+    chunk.tokens.clear();
+    chunk.end = previous_end;
+    if (previous_end >= chunk.stop) return;  // the previous chunk's last piece covers this one
+    chunk.end = tokenizer_.encode_range(chunk.file->text(), previous_end, chunk.stop, chunk.tokens);
+  }
+
+ private:
+  void encode_lines(Chunk& chunk) const {
+    const std::string_view text = chunk.file->text();
+    size_t line = chunk.begin;
+    while (line < chunk.stop) {
+      size_t next = text.find('\n', line);
+      next = next == std::string_view::npos || next >= chunk.stop ? chunk.stop : next + 1;
+      const std::string_view body = text.substr(line, next - line);
+      if (body.find_first_not_of(" \t\r\n") != std::string_view::npos) {
+        nlohmann::json document;
+        try {
+          document = nlohmann::json::parse(body);
+        } catch (const nlohmann::json::exception& e) {
+          LOOM_FAIL("{}: '{}': the line at byte {} is not JSON: {}", kWhat, chunk.file->path(),
+                    line, e.what());
+        }
+        const auto field = document.is_object() ? document.find(text_field_) : document.end();
+        LOOM_CHECK(document.is_object() && field != document.end() && field->is_string(),
+                   "{}: '{}': the line at byte {} has no string field \"{}\" (--text-field)", kWhat,
+                   chunk.file->path(), line, text_field_);
+        if (separator_) chunk.tokens.push_back(*separator_);
+        const std::string& body_text = field->get_ref<const std::string&>();
+        tokenizer_.encode_range(body_text, 0, body_text.size(), chunk.tokens);
+        ++chunk.documents;
+      }
+      line = next;
+    }
+    chunk.end = chunk.stop;
+  }
+
+  const Tokenizer& tokenizer_;
+  std::optional<int32_t> separator_;
+  std::string text_field_;
+};
+
+// Shards in order: val first (val_tokens of them), then training shards of shard_tokens.
+class ShardSink {
+ public:
+  ShardSink(const TokenizeOptions& options, int token_bytes)
+      : options_(options), token_bytes_(token_bytes), val_left_(options.val_tokens) {}
+
+  void write(std::span<const int32_t> tokens) {
+    while (!tokens.empty()) {
+      const bool val = val_left_ > 0;
+      if (!writer_ || writer_val_ != val) open(val);
+      const int64_t room = val ? val_left_ : options_.shard_tokens - writer_->size();
+      const auto n =
+          static_cast<size_t>(std::min<int64_t>(room, static_cast<int64_t>(tokens.size())));
+      writer_->append(tokens.first(n));
+      tokens = tokens.subspan(n);
+      if (val) val_left_ -= static_cast<int64_t>(n);
+      if (val ? val_left_ == 0 : writer_->size() == options_.shard_tokens) close();
+    }
+  }
+  std::vector<std::string> finish() {
+    close();
+    return std::move(shards_);
+  }
+
+ private:
+  void open(bool val) {
+    close();
+    int& index = val ? val_index_ : train_index_;
+    path_ =
+        fmt::format("{}/{}_{:06d}.bin", options_.output, val ? "val" : options_.prefix, index++);
+    writer_ = std::make_unique<TokenFileWriter>(path_, token_bytes_, kWhat);
+    writer_val_ = val;
+  }
+  void close() {
+    if (!writer_) return;
+    if (writer_->size() > 0) {
+      writer_->commit();
+      shards_.push_back(path_);
+    }
+    writer_.reset();
+  }
+
+  const TokenizeOptions& options_;
+  int token_bytes_;
+  int64_t val_left_;
+  std::unique_ptr<TokenFileWriter> writer_;
+  bool writer_val_ = false;
+  std::string path_;
+  int val_index_ = 0, train_index_ = 0;
+  std::vector<std::string> shards_;
+};
+
+// Runs encode on every chunk of `chunks` over `threads` threads; rethrows the first error.
+void encode_all(const Encoder& encoder, std::vector<Chunk>& chunks, int threads) {
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  const auto work = [&] {
+    for (size_t i = next++; i < chunks.size(); i = next++) {
+      try {
+        encoder.encode(chunks[i]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = chunks.size();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions& options) {
+  LOOM_CHECK(!options.output.empty(), "{}: no output folder (--out)", kWhat);
+  LOOM_CHECK(options.shard_tokens > 0 && options.shard_tokens < (int64_t{1} << 31),
+             "{}: --shard-tokens {}: llm.c's header holds 1 to 2^31 - 1 tokens", kWhat,
+             options.shard_tokens);
+  LOOM_CHECK(options.val_tokens >= 0 && options.val_tokens < (int64_t{1} << 31),
+             "{}: --val-tokens {}: 0 to 2^31 - 1", kWhat, options.val_tokens);
+  const std::vector<std::string> files = input_files(options.inputs);
+  std::error_code ec;
+  fs::create_directories(options.output, ec);
+  LOOM_CHECK(!ec && fs::is_directory(options.output, ec), "{}: cannot create the folder '{}': {}",
+             kWhat, options.output, ec.message());
+
+  const int threads = options.threads > 0
+                          ? options.threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const Encoder encoder(tokenizer, options);
+  TokenizeResult result;
+  result.token_bytes = token_bytes_for_vocab(tokenizer.vocab_size());
+  ShardSink sink(options, result.token_bytes);
+  std::vector<std::unique_ptr<MappedText>> mapped;
+  for (const std::string& file : files) {
+    mapped.push_back(std::make_unique<MappedText>(file));
+    result.totals.bytes_total += static_cast<int64_t>(mapped.back()->text().size());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  // A few chunks per thread at a time: the threads stay busy and memory stays bounded.
+  const size_t window = static_cast<size_t>(threads) * 4;
+  for (const auto& file : mapped) {
+    std::vector<Chunk> chunks;
+    cut(*file, options.chunk_bytes, chunks);
+    size_t previous_end = 0;
+    for (size_t first = 0; first < chunks.size(); first += window) {
+      std::vector<Chunk> batch(
+          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(first)),
+          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(
+                                                       std::min(chunks.size(), first + window))));
+      encode_all(encoder, batch, threads);
+      for (Chunk& chunk : batch) {
+        if (!file->jsonl() && chunk.begin > 0 && previous_end != chunk.begin) {
+          encoder.reencode_from(chunk, previous_end);
+        }
+        previous_end = chunk.end;
+        sink.write(chunk.tokens);
+        result.totals.tokens += static_cast<int64_t>(chunk.tokens.size());
+        result.totals.documents += chunk.documents;
+        result.totals.bytes_done += static_cast<int64_t>(chunk.stop - chunk.begin);
+      }
+      result.totals.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (options.progress) options.progress(result.totals);
+    }
+  }
+  result.shards = sink.finish();
+  LOOM_CHECK(!result.shards.empty(), "{}: the inputs hold no text", kWhat);
+  return result;
+}
+
+}  // namespace loom::data

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Real data end to end: `loom tokenize` turns text into llm.c shards (in parallel, any chunking,
+# the same tokens); a job trains on many shards under dp2 x tp2 with the same losses as on the
+# same tokens in one file, and as on the text tokenized on the fly; a resume on shards is bitwise;
+# the validation loss is recorded, the same on 1 rank and dp2 x tp2; document boundaries; a shard
+# with a bad header, a truncated shard and an out-of-range token are each a named error before
+# training (exit 2).
+set -euo pipefail
+train="$(realpath "$1")"
+loomrun="$(realpath "$2")"
+tokenize="$(realpath "$3")"
+fixtures="$(realpath "$4")"
+cd "${TEST_TMPDIR:-$(mktemp -d)}"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+tokenizer="$fixtures/gpt2_style.json"
+# Several documents of mixed text: the fixture cut into pieces (each a file, so a document).
+mkdir -p text
+split -n l/6 -d "$fixtures/text.txt" text/doc_
+cat text/doc_* > all.txt
+
+# --- loom tokenize: chunking and threads never change the tokens --------------------------------
+"$tokenize" --tokenizer "$tokenizer" --out one --shard-tokens 100000000 --threads 1 \
+  --no-progress text > tok_one.log 2>&1 || { cat tok_one.log; fail "tokenize (one shard)"; }
+"$tokenize" --tokenizer "$tokenizer" --out many --shard-tokens 3001 --threads 2 \
+  --chunk-bytes 997 --val-tokens 4000 --no-progress text > tok_many.log 2>&1 ||
+  { cat tok_many.log; fail "tokenize (many shards)"; }
+grep -q "6 documents" tok_one.log || { cat tok_one.log; fail "expected 6 documents"; }
+[[ $(ls one | wc -l) -eq 1 ]] || { ls one; fail "expected one shard"; }
+[[ $(ls many/train_*.bin | wc -l) -gt 5 ]] || { ls many; fail "expected many shards"; }
+[[ -f many/val_000000.bin ]] || { ls many; fail "expected a val shard"; }
+# The val shard and the training shards together are the one shard's tokens, byte for byte.
+tail -c +1025 one/train_000000.bin > one.tokens
+for f in many/val_*.bin many/train_*.bin; do tail -c +1025 "$f"; done > many.tokens
+cmp one.tokens many.tokens || fail "many shards (2 threads, 997-byte chunks) differ from one shard"
+echo "ok: loom tokenize: 1 shard = $(ls many | wc -l) shards across 2 threads"
+
+common=(--launcher "$loomrun" --steps 6 --batch-size 4 --seq-len 32 --sample-tokens 0 --no-progress
+  --plot-out "")
+losses() { grep -o '"loss":[^,]*' "$1"; }
+
+# --- many shards = one file = text on the fly, under dp2 x tp2 ----------------------------------
+"$train" "${common[@]}" --dp 2 --tp 2 --data one/train_000000.bin --tokenizer "$tokenizer" \
+  --metrics-out one.jsonl > one.log 2>&1 || { cat one.log; fail "train on one shard"; }
+# The same tokens as many shards: the val shard first, then the training shards, in order.
+"$train" "${common[@]}" --dp 2 --tp 2 --data "many/val_000000.bin,many/train_*.bin" \
+  --tokenizer "$tokenizer" --metrics-out many.jsonl > many.log 2>&1 ||
+  { cat many.log; fail "train on many shards"; }
+grep -q "files, " many.log || { cat many.log; fail "expected the shards' description"; }
+[[ "$(losses one.jsonl)" == "$(losses many.jsonl)" ]] ||
+  { paste <(losses one.jsonl) <(losses many.jsonl); fail "many shards train differently"; }
+"$train" "${common[@]}" --dp 2 --tp 2 --data text --tokenizer "$tokenizer" \
+  --metrics-out fly.jsonl > fly.log 2>&1 || { cat fly.log; fail "train on text on the fly"; }
+[[ "$(losses one.jsonl)" == "$(losses fly.jsonl)" ]] ||
+  { paste <(losses one.jsonl) <(losses fly.jsonl); fail "text on the fly trains differently"; }
+echo "ok: dp2 x tp2 losses: one shard = $(ls many/train_*.bin | wc -l) shards = text on the fly"
+
+# --- resume on shards is bitwise ---------------------------------------------------------------
+"$train" "${common[@]}" --dp 2 --tp 2 --data "many/train_*.bin" --tokenizer "$tokenizer" \
+  --checkpoint-dir ckpt --checkpoint-every 3 --metrics-out whole.jsonl > whole.log 2>&1 ||
+  { cat whole.log; fail "train with checkpoints"; }
+rm -rf ckpt/step_00000006
+"$train" "${common[@]}" --dp 2 --tp 2 --data "many/train_*.bin" --tokenizer "$tokenizer" \
+  --checkpoint-dir ckpt --resume --metrics-out resumed.jsonl > resumed.log 2>&1 ||
+  { cat resumed.log; fail "resume"; }
+grep -q "resumed from ckpt/step_00000003 at step 3" resumed.log || { cat resumed.log; fail "resume"; }
+[[ "$(losses whole.jsonl | tail -3)" == "$(losses resumed.jsonl)" ]] ||
+  { paste <(losses whole.jsonl | tail -3) <(losses resumed.jsonl); fail "resume not bitwise"; }
+echo "ok: resume on shards is bitwise"
+
+# --- validation: recorded, and the same on 1 rank and on dp2 x tp2 ------------------------------
+for layout in "--dp 1 --tp 1" "--dp 2 --tp 2"; do
+  name="val_$(echo "$layout" | tr -d ' -')"
+  # shellcheck disable=SC2086
+  "$train" "${common[@]}" $layout --data "many/train_*.bin" --val-data many/val_000000.bin \
+    --val-every 3 --tokenizer "$tokenizer" --metrics-out "$name.jsonl" --plot-out "$name.png" \
+    > "$name.log" 2>&1 || { cat "$name.log"; fail "validation on $layout"; }
+  grep -q "val loss" "$name.log" || { cat "$name.log"; fail "no val loss printed"; }
+  [[ $(grep -c '"val_loss"' "$name.jsonl") -eq 2 ]] || { cat "$name.jsonl"; fail "2 validations"; }
+  [[ -s "$name.png.val.dat" ]] || fail "no validation points beside the plot"
+done
+val_losses() { grep -o '"val_loss":[^,]*' "$1" | cut -d: -f2; }
+paste <(val_losses val_dp1tp1.jsonl) <(val_losses val_dp2tp2.jsonl) | awk '
+  { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1; if (m < 1) m = 1
+    print "val loss, 1 rank:", $1, "dp2 x tp2:", $2; if (d > 2e-5 * m) bad = 1; n++ }
+  END { exit (bad || n != 2) }' || fail "validation losses differ by layout"
+echo "ok: validation loss on 1 rank = dp2 x tp2 (2e-5)"
+
+# --- document boundaries ------------------------------------------------------------------------
+"$train" "${common[@]}" --dp 1 --tp 1 --data one/train_000000.bin --tokenizer "$tokenizer" \
+  --document-boundaries --metrics-out docs.jsonl > docs.log 2>&1 || { cat docs.log; fail "documents"; }
+# Each of the 6 files is a document, and the text holds <|endoftext|> tokens of its own.
+separators=$(grep -o '<|endoftext|>' all.txt | wc -l)
+grep -q "sequences inside one document: $((6 + separators)) documents" docs.log ||
+  { cat docs.log; fail "expected $((6 + separators)) documents"; }
+echo "ok: --document-boundaries"
+
+# --- bad shards: named before training ----------------------------------------------------------
+expect_error() {
+  local message="$1"
+  shift
+  local status=0
+  "$train" --no-progress --sample-tokens 0 --plot-out "" --metrics-out "" "$@" >out.log 2>err.log || status=$?
+  [[ $status -eq 2 ]] || { cat out.log err.log; fail "loom_train $* exited $status, expected 2"; }
+  grep -qF -- "$message" err.log || { cat err.log; fail "expected the message: $message"; }
+  ! grep -q "^step" out.log || fail "loom_train $* trained before failing"
+  echo "ok (2): $message"
+}
+mkdir -p bad_magic truncated out_of_range
+cp many/train_00000[0-2].bin bad_magic/ && printf '\x21\xd8\x34\x01' | dd of=bad_magic/train_000001.bin bs=1 seek=0 conv=notrunc 2>/dev/null
+expect_error "'bad_magic/train_000001.bin': unknown magic 20240417 at byte 0" --data bad_magic
+cp many/train_00000[0-2].bin truncated/ && truncate -s -7 truncated/train_000002.bin
+expect_error "'truncated/train_000002.bin' is truncated: its header declares 3001 tokens but it holds 2997" \
+  --data truncated
+cp many/train_00000[0-2].bin out_of_range/ && printf '\xff\xff' | dd of=out_of_range/train_000001.bin bs=1 seek=1124 conv=notrunc 2>/dev/null
+expect_error "'out_of_range/train_000001.bin' holds token 65535 at index 50 (byte 1124), outside the model's vocabulary" \
+  --data out_of_range --tokenizer "$tokenizer"
+expect_error "--val-data: 'no_val' does not exist" --data "many/train_*.bin" --val-data no_val
+expect_error "--val-every and --val-steps: need --val-data" --val-every 2

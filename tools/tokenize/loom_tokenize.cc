@@ -1,0 +1,97 @@
+// `./loom tokenize`: text files (or folders of them; .jsonl: one document per line) in, llm.c
+// token shards out, with a Hugging Face tokenizer.json, in parallel over the cores
+// (data/tokenize_files.h). The shards are what `./loom train --data` reads:
+//
+//   ./loom tokenize --tokenizer tokenizer.json --out shards/ corpus/ --val-tokens 1000000
+//   ./loom train --data 'shards/train_*.bin' --val-data 'shards/val_*.bin' --tokenizer ...
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <thread>
+
+#include "base/error.h"
+#include "data/tokenize_files.h"
+#include "data/tokenizer.h"
+
+namespace {
+
+constexpr const char* kProgram = "loom_tokenize";
+
+int run(int argc, char** argv) {
+  loom::data::TokenizeOptions options;
+  std::string tokenizer_path;
+  int64_t separator = -1;
+  bool progress = isatty(STDERR_FILENO) != 0;
+  CLI::App app{
+      "Tokenize text files into llm.c token shards (uint16 tokens for vocabularies up to 65536, "
+      "else uint32) with a Hugging Face tokenizer.json; each document (a text file, or a line of "
+      "a .jsonl file) follows the tokenizer's end-of-text token.",
+      kProgram};
+  app.add_option("inputs", options.inputs, "text or .jsonl files, or folders of them")->required();
+  app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json (byte-level BPE)")->required();
+  app.add_option("--out", options.output, "the folder the shards go to (created)")->required();
+  app.add_option("--prefix", options.prefix, "training shards' names: PREFIX_NNNNNN.bin")
+      ->capture_default_str();
+  app.add_option("--shard-tokens", options.shard_tokens, "tokens per shard")->capture_default_str();
+  app.add_option("--val-tokens", options.val_tokens,
+                 "the first N tokens go to val_NNNNNN.bin (0: none)")
+      ->capture_default_str();
+  app.add_option("--threads", options.threads, "worker threads (0: every core)")
+      ->capture_default_str();
+  app.add_option("--chunk-bytes", options.chunk_bytes,
+                 "bytes of text per parallel piece (the tokens never depend on it)")
+      ->capture_default_str();
+  app.add_option("--text-field", options.text_field, "a .jsonl line's text field")
+      ->capture_default_str();
+  app.add_option("--document-token", separator,
+                 "the token before each document (-1: the tokenizer's end-of-text)")
+      ->capture_default_str();
+  app.add_flag("--no-document-token", options.no_separator, "put nothing between documents");
+  app.add_flag("--progress,!--no-progress", progress,
+               "progress on stderr (default: on a terminal)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  if (separator >= 0) options.document_separator = static_cast<int32_t>(separator);
+  const auto tokenizer = loom::data::Tokenizer::from_file(tokenizer_path);
+  LOOM_CHECK(separator < tokenizer.vocab_size(),
+             "--document-token {} is outside the tokenizer's {} tokens", separator,
+             tokenizer.vocab_size());
+  if (progress) {
+    options.progress = [](const loom::data::TokenizeProgress& p) {
+      std::fprintf(stderr, "\r%s: %.0f / %.0f MB, %.1f MB/s, %lld tokens, %lld documents   ",
+                   kProgram, p.bytes_done / 1e6, p.bytes_total / 1e6,
+                   p.seconds > 0 ? p.bytes_done / 1e6 / p.seconds : 0.0,
+                   static_cast<long long>(p.tokens), static_cast<long long>(p.documents));
+      std::fflush(stderr);
+    };
+  }
+  const loom::data::TokenizeResult result = loom::data::tokenize_files(tokenizer, options);
+  if (progress) std::fprintf(stderr, "\n");
+  const auto& t = result.totals;
+  fmt::print(
+      "{}: {} documents, {:.1f} MB of text -> {} tokens ({:.2f} bytes per token) in {} shards "
+      "of uint{} tokens in {}; {:.2f} s, {:.1f} MB/s on {} threads ({})\n",
+      kProgram, t.documents, t.bytes_total / 1e6, t.tokens,
+      t.tokens > 0 ? static_cast<double>(t.bytes_total) / static_cast<double>(t.tokens) : 0.0,
+      result.shards.size(), result.token_bytes * 8, options.output, t.seconds,
+      t.seconds > 0 ? t.bytes_total / 1e6 / t.seconds : 0.0,
+      options.threads > 0 ? options.threads : static_cast<int>(std::thread::hardware_concurrency()),
+      tokenizer.description());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
+    return 2;
+  }
+}
