@@ -38,6 +38,13 @@ grep -q '"gemm_flops_per_s"' cache/plan_machine.json || fail "no GEMM rate in th
 plan 0
 expect_out "ms per step"
 expect_out "4 ranks share its"
+# --val-data: a validation batch traced beside the step, and its time over the run.
+head -c 20000 /usr/share/common-licenses/GPL-3 > val.txt
+plan 0 --val-data val.txt --val-every 10 --steps 100
+expect_out "Validation (--val-data: 19 batches of 16 x 64 tokens, 10 times in 100 steps; traced, forward only"
+expect_out "| ranks | peak in a batch | peak - held | GFLOP per batch |"
+expect_out "ms per training step averaged over the run"
+echo "ok: validation planned"
 echo "ok: calibrated step time"
 
 plan 2 --tp 3 --dp-replicate 1

@@ -68,23 +68,25 @@ grep -q "resumed from ckpt/step_00000003 at step 3" resumed.log || { cat resumed
   { paste <(losses whole.jsonl | tail -3) <(losses resumed.jsonl); fail "resume not bitwise"; }
 echo "ok: resume on shards is bitwise"
 
-# --- validation: recorded, and the same on 1 rank and on dp2 x tp2 ------------------------------
-for layout in "--dp 1 --tp 1" "--dp 2 --tp 2"; do
-  name="val_$(echo "$layout" | tr -d ' -')"
-  # shellcheck disable=SC2086
-  "$train" "${common[@]}" $layout --data "many/train_*.bin" --val-data many/val_000000.bin \
-    --val-every 3 --tokenizer "$tokenizer" --metrics-out "$name.jsonl" --plot-out "$name.png" \
-    > "$name.log" 2>&1 || { cat "$name.log"; fail "validation on $layout"; }
-  grep -q "val loss" "$name.log" || { cat "$name.log"; fail "no val loss printed"; }
-  [[ $(grep -c '"val_loss"' "$name.jsonl") -eq 2 ]] || { cat "$name.jsonl"; fail "2 validations"; }
-  [[ -s "$name.png.val.dat" ]] || fail "no validation points beside the plot"
-done
+# --- validation: recorded, and the same on every layout (pp, FSDP, TP, and mixed) ---------------
+layouts=("--dp 1 --tp 1" "--dp 2 --tp 2" "--pp 2 --dp 1 --tp 1" "--dp 0 --dp-shard 2 --tp 1"
+  "--pp 2 --dp 0 --dp-shard 2 --tp 1 --microbatches 2")
 val_losses() { grep -o '"val_loss":[^,]*' "$1" | cut -d: -f2; }
-paste <(val_losses val_dp1tp1.jsonl) <(val_losses val_dp2tp2.jsonl) | awk '
-  { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1; if (m < 1) m = 1
-    print "val loss, 1 rank:", $1, "dp2 x tp2:", $2; if (d > 2e-5 * m) bad = 1; n++ }
-  END { exit (bad || n != 2) }' || fail "validation losses differ by layout"
-echo "ok: validation loss on 1 rank = dp2 x tp2 (2e-5)"
+for i in "${!layouts[@]}"; do
+  # shellcheck disable=SC2086
+  "$train" "${common[@]}" ${layouts[$i]} --data "many/train_*.bin" --val-data many/val_000000.bin \
+    --val-every 3 --tokenizer "$tokenizer" --metrics-out "val_$i.jsonl" --plot-out "val_$i.png" \
+    > "val_$i.log" 2>&1 || { cat "val_$i.log"; fail "validation on ${layouts[$i]}"; }
+  grep -q "val loss" "val_$i.log" || { cat "val_$i.log"; fail "no val loss printed"; }
+  [[ $(grep -c '"val_loss"' "val_$i.jsonl") -eq 2 ]] || { cat "val_$i.jsonl"; fail "2 validations"; }
+  [[ -s "val_$i.png.val.dat" ]] || fail "no validation points beside the plot"
+  # Every layout's validation losses equal one rank's to 1e-6 (relative): f32 sums in another order.
+  paste <(val_losses val_0.jsonl) <(val_losses "val_$i.jsonl") | awk -v layout="${layouts[$i]}" '
+    { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1; if (m < 1) m = 1
+      print "val loss, 1 rank:", $1, layout ":", $2; if (d > 1e-6 * m) bad = 1; n++ }
+    END { exit (bad || n != 2) }' || fail "validation losses differ on ${layouts[$i]}"
+done
+echo "ok: validation loss on 1 rank = dp2 x tp2 = pp2 = dp_shard2 = pp2 x dp_shard2 (1e-6, relative)"
 
 # --- document boundaries ------------------------------------------------------------------------
 "$train" "${common[@]}" --dp 1 --tp 1 --data one/train_000000.bin --tokenizer "$tokenizer" \
