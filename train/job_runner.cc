@@ -92,9 +92,8 @@ struct JobRunner::Outputs {
   std::vector<double> losses;
   LossCurve curve;
   double last_loss = 0;
-  double data_ms = 0;
-  double entropy = 0;  // the training data's unigram entropy (rank 0)  // reading this step's batch
-                       // (before the step: not in its ms)
+  double data_ms = 0;  // reading this step's batch (before the step: not in its ms)
+  double entropy = 0;  // the training data's unigram entropy (rank 0)
 };
 
 JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
@@ -155,7 +154,7 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
   }
   outputs_ = std::make_unique<Outputs>(rank == 0 && job_.progress);
   // Read once (a corpus's first 16M tokens): the reference the loss lines and plot show.
-  if (rank == 0) outputs_->entropy = outputs_->entropy;
+  if (rank == 0) outputs_->entropy = data::unigram_entropy(checked_.data.train);
   if (rank == 0) {
     // The effective config, once: printed, and written beside the metrics so that
     // `--config <that file>` repeats the run exactly.

@@ -47,6 +47,11 @@ losses() { grep -o '"loss":[^,]*' "$1"; }
   --tokenizer "$tokenizer" --metrics-out many.jsonl > many.log 2>&1 ||
   { cat many.log; fail "train on many shards"; }
 grep -q "files, " many.log || { cat many.log; fail "expected the shards' description"; }
+# The data's unigram entropy (the reference line of the loss plot): the same tokens, the same
+# figure, and not zero.
+entropy() { grep -o "unigram entropy [0-9.]* nats" "$1"; }
+[[ "$(entropy one.log)" == "$(entropy many.log)" && "$(entropy one.log)" != "unigram entropy 0.000 nats" ]] ||
+  { entropy one.log; entropy many.log; fail "unigram entropy"; }
 [[ "$(losses one.jsonl)" == "$(losses many.jsonl)" ]] ||
   { paste <(losses one.jsonl) <(losses many.jsonl); fail "many shards train differently"; }
 "$train" "${common[@]}" --dp 2 --tp 2 --data text --tokenizer "$tokenizer" \
@@ -54,6 +59,17 @@ grep -q "files, " many.log || { cat many.log; fail "expected the shards' descrip
 [[ "$(losses one.jsonl)" == "$(losses fly.jsonl)" ]] ||
   { paste <(losses one.jsonl) <(losses fly.jsonl); fail "text on the fly trains differently"; }
 echo "ok: dp2 x tp2 losses: one shard = $(ls many/train_*.bin | wc -l) shards = text on the fly"
+
+# --- the tokenizer travels with the checkpoint: --save writes it beside, --init-from finds it ----
+mkdir -p saved
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --tokenizer "$tokenizer" \
+  --save saved/model.safetensors --metrics-out "" > save.log 2>&1 || { cat save.log; fail "--save"; }
+cmp saved/tokenizer.json "$tokenizer" || fail "--save did not write the tokenizer beside the model"
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --init-from saved \
+  --metrics-out "" > init.log 2>&1 || { cat init.log; fail "--init-from saved"; }
+grep -q "tokenizer tokenizer.json at saved/tokenizer.json" init.log ||
+  { cat init.log; fail "--init-from's tokenizer.json was not used"; }
+echo "ok: --save writes tokenizer.json beside the model, --init-from uses it"
 
 # --- resume on shards is bitwise ---------------------------------------------------------------
 "$train" "${common[@]}" --dp 2 --tp 2 --data "many/train_*.bin" --tokenizer "$tokenizer" \
