@@ -72,14 +72,16 @@ void register_nn_formulas(FormulaTable& f) {
               Tensor()};
         });
   };
-  // Inputs (q, k, v), attrs (is_causal, scale); outputs (out, logsumexp).
+  // Inputs (q, k, v), attrs (is_causal, scale, causal_offset: absent means 0); outputs (out,
+  // logsumexp). The backward op gets the forward's mask: the same is_causal and offset.
   f[OpId::scaled_dot_product_attention] = [](C c, Outs out) {
     return record_first(
         "ScaledDotProductAttentionBackward", c, out,
         [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0], lse = out[1],
-         is_causal = c.bool_attr(0), scale = c.double_attr(1)](const Grads& g) {
-          ops::AttentionGrads grads =
-              ops::scaled_dot_product_attention_backward(g[0], q, k, v, y, lse, is_causal, scale);
+         is_causal = c.bool_attr(0), scale = c.double_attr(1),
+         causal_offset = c.attrs.size() > 2 ? c.int_attr(2) : int64_t{0}](const Grads& g) {
+          ops::AttentionGrads grads = ops::scaled_dot_product_attention_backward(
+              g[0], q, k, v, y, lse, is_causal, scale, causal_offset);
           return Grads{grads.dq, grads.dk, grads.dv};
         });
   };

@@ -1,5 +1,8 @@
 #include "autograd/functions_nn.h"
 
+#include "autograd/sequence_context.h"
+#include "base/error.h"
+
 namespace loom {
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
@@ -17,8 +20,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    bool is_causal, double scale) {
-  return ops::scaled_dot_product_attention(q, k, v, is_causal, scale).out;
+                                    bool is_causal, double scale, int64_t causal_offset) {
+  // Under a sequence context (context parallelism: a sharded sequence) attention spans every
+  // rank's tokens; the context calls back here with none installed.
+  if (SequenceContext* context = current_sequence_context(); context != nullptr) {
+    LOOM_CHECK(causal_offset == 0,
+               "scaled_dot_product_attention: a causal_offset ({}) under a sequence context: the "
+               "context places this rank's queries itself",
+               causal_offset);
+    return context->attention(q, k, v, is_causal, scale);
+  }
+  return ops::scaled_dot_product_attention(q, k, v, is_causal, scale, causal_offset).out;
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {

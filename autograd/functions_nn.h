@@ -22,9 +22,12 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-5);
 // logits (N, V), targets (N,) i64; rows whose target is ignore_index contribute nothing.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::kMean);
-// q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); scale <= 0 means 1/sqrt(D).
+// q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); scale <= 0 means 1/sqrt(D). is_causal masks
+// key j for query i when j > i + causal_offset (0: top-left aligned; context parallelism's query
+// chunk at global positions s.. against keys 0.. passes s); see ops::scaled_dot_product_attention.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    bool is_causal = false, double scale = 0.0);
+                                    bool is_causal = false, double scale = 0.0,
+                                    int64_t causal_offset = 0);
 // Deterministic by seed; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
 

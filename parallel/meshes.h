@@ -18,7 +18,10 @@ struct ParallelMeshes {
   std::shared_ptr<const DeviceMesh> pp;            // 1-D: pipeline stages
   std::shared_ptr<const DeviceMesh> tp;            // 1-D: tensor parallelism
   std::shared_ptr<const DeviceMesh> dp_replicate;  // 1-D: DDP, or HSDP's replicated dim
-  std::shared_ptr<const DeviceMesh> dp_shard;      // 1-D: FSDP's shards
+  // 1-D: FSDP's shards: dp_shard, or dp_shard x cp flattened (dp_shard_cp) with context
+  // parallelism, whose ranks reduce gradients together.
+  std::shared_ptr<const DeviceMesh> dp_shard;
+  std::shared_ptr<const DeviceMesh> cp;  // 1-D: context parallelism (the sequence's shards)
   // What fully_shard shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP.
   std::shared_ptr<const DeviceMesh> fsdp;
 };

@@ -141,12 +141,17 @@ struct AttentionResult {
 };
 // softmax(scale * q @ k^T + mask) @ v for q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); the
 // leading (batch, head) dims of the three must be equal. One dtype for q, k, v; products run
-// through ops::matmul in f32. scale <= 0 means 1/sqrt(D). is_causal masks key j for query i when
-// j > i (PyTorch's top-left aligned convention, also when Tq != Tk). The saved logsumexp (not the
-// probabilities) keeps the backward's memory at O(Tq) per row. Tk == 0 gives zeros (and -inf
-// logsumexp).
+// through ops::matmul in f32. scale <= 0 means 1/sqrt(D). is_causal with causal_offset o masks
+// key j for query i when j > i + o (o = 0: PyTorch's top-left alignment, also when Tq != Tk;
+// o = Tk - Tq: bottom-right, a chunk of queries at the end of the keys, as context parallelism's
+// chunk of queries at global positions s.. against keys 0.. takes o = s). Negative offsets are
+// allowed; a non-zero causal_offset without is_causal throws (it would do nothing). The saved
+// logsumexp (not the probabilities) keeps the backward's memory at O(Tq) per row. A query row
+// that sees no key (Tk == 0, or i + o < 0) gives zeros and -inf logsumexp, and no gradient.
+// FLOPs are counted over the whole (Tq, Tk) square, causal or not (tensor/flop_counter.h).
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             bool is_causal = false, double scale = 0.0);
+                                             bool is_causal = false, double scale = 0.0,
+                                             int64_t causal_offset = 0);
 
 struct AttentionGrads {
   Tensor dq;  // q.shape, q.dtype
@@ -156,11 +161,13 @@ struct AttentionGrads {
 // Backward from the forward's saved logsumexp: recomputes the probabilities P, then
 // dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(P * dP)), dq = scale dS k, dk = scale dS^T q.
 // `out` is the forward's output; it is shape-checked but the row sums use P * dP (exact in f32
-// even when out was rounded to bf16), not the FlashAttention form rowsum(dO * out).
+// even when out was rounded to bf16), not the FlashAttention form rowsum(dO * out). is_causal,
+// scale and causal_offset must be the forward's.
 AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
-                                                     bool is_causal = false, double scale = 0.0);
+                                                     bool is_causal = false, double scale = 0.0,
+                                                     int64_t causal_offset = 0);
 
 // ---- dropout ----------------------------------------------------------------------------------
 

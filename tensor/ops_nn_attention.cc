@@ -32,10 +32,16 @@ struct AttentionDims {
   int64_t rows = 1;  // product of the batch dims
   int64_t tq = 0, tk = 0, d = 0, dv = 0;
   float scale = 1.0f;
+  bool causal = false;
+  int64_t causal_offset = 0;  // query i sees key j <= i + causal_offset when causal
 };
 
-AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                              std::string_view op) {
+AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                              double scale, int64_t causal_offset, std::string_view op) {
+  LOOM_CHECK(is_causal || causal_offset == 0,
+             "{}: causal_offset {} needs is_causal = true (is_causal = false sees every key, so "
+             "the offset would do nothing)",
+             op, causal_offset);
   check_floating(q, op, "q");
   check_floating(k, op, "k");
   check_floating(v, op, "v");
@@ -67,6 +73,10 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   const double s =
       scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(std::max<int64_t>(dims.d, 1)));
   dims.scale = static_cast<float>(s);
+  dims.causal = is_causal;
+  // Offsets beyond [-tq, tk] mean the same as its ends (no query sees a key; every query sees
+  // every key): clamped, the kernels' i + 1 + offset cannot overflow.
+  dims.causal_offset = std::clamp(causal_offset, -dims.tq, dims.tk);
   return dims;
 }
 
@@ -76,8 +86,15 @@ bool use_flash(const AttentionDims& dims, const Device& device) {
          dims.dv <= cuda::kernels::kFlashMaxHeadDim;
 }
 
-cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims, bool is_causal) {
-  return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
+cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims) {
+  return {.rows = dims.rows,
+          .tq = dims.tq,
+          .tk = dims.tk,
+          .d = dims.d,
+          .dv = dims.dv,
+          .scale = dims.scale,
+          .causal = dims.causal,
+          .causal_offset = dims.causal_offset};
 }
 
 // An operand as the CPU kernels take it: f32 with a contiguous last dim (a copy otherwise),
@@ -96,8 +113,15 @@ CpuOperand cpu_operand(const Tensor& t, int64_t entries) {
   return {f, std::move(offsets)};
 }
 
-cpu::AttentionShape cpu_shape(const AttentionDims& dims, bool is_causal) {
-  return {dims.rows, dims.tq, dims.tk, dims.d, dims.dv, dims.scale, is_causal};
+cpu::AttentionShape cpu_shape(const AttentionDims& dims) {
+  return {.entries = dims.rows,
+          .tq = dims.tq,
+          .tk = dims.tk,
+          .d = dims.d,
+          .dv = dims.dv,
+          .scale = dims.scale,
+          .causal = dims.causal,
+          .causal_offset = dims.causal_offset};
 }
 
 // FLOPs of attention's two products, QK^T and PV, over the whole (tq, tk) square (causal too, as
@@ -113,12 +137,13 @@ Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, 
 }  // namespace
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             bool is_causal, double scale) {
-  if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v}, {is_causal, scale})) {
+                                             bool is_causal, double scale, int64_t causal_offset) {
+  if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v},
+                           {is_causal, scale, causal_offset})) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention";
-  const AttentionDims dims = check_attention(q, k, v, scale, op);
+  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op);
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
@@ -138,7 +163,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
     cuda::kernels::flash_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
                                            qc.raw_data(), kc.raw_data(), vc.raw_data(),
-                                           flash_shape(dims, is_causal), device.index);
+                                           flash_shape(dims), device.index);
     return {out, lse};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
@@ -150,8 +175,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     Tensor out = Tensor::empty(out_shape, kFloat32, device);
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
     if (device.is_meta()) return {to(out, q.dtype()), lse};
-    cpu::attention_forward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(),
-                           out.data<float>(), lse.data<float>());
+    cpu::attention_forward(cpu_shape(dims), qo.rows(), ko.rows(), vo.rows(), out.data<float>(),
+                           lse.data<float>());
     return {to(out, q.dtype()), lse};
   }
   // CUDA with head dims above the fused kernels' limit: the composed products.
@@ -161,8 +186,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
   float* p = probs.data<float>();
   float* pl = lse.data<float>();
-  cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, dims.scale, is_causal,
-                                 /*from_lse=*/false, device.index);
+  cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, dims.scale, dims.causal,
+                                 dims.causal_offset, /*from_lse=*/false, device.index);
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -170,13 +195,15 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
 AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
-                                                     bool is_causal, double scale) {
-  if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
-                           {grad_out, q, k, v, out, logsumexp}, {is_causal, scale})) {
+                                                     bool is_causal, double scale,
+                                                     int64_t causal_offset) {
+  if (auto r =
+          dispatch_op(OpId::scaled_dot_product_attention_backward,
+                      {grad_out, q, k, v, out, logsumexp}, {is_causal, scale, causal_offset})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention_backward";
-  const AttentionDims dims = check_attention(q, k, v, scale, op);
+  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op);
   check_floating(grad_out, op, "grad_out");
   check_floating(out, op, "out");
   check_floating(logsumexp, op, "logsumexp");
@@ -212,7 +239,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     cuda::kernels::flash_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
                                             delta.data<float>(), gc.raw_data(), qc.raw_data(),
                                             kc.raw_data(), vc.raw_data(), lse.data<float>(),
-                                            flash_shape(dims, is_causal), device.index);
+                                            flash_shape(dims), device.index);
     return {dq, dk, dv};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
@@ -228,7 +255,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
            dk = Tensor::empty(dk_shape, kFloat32, device),
            dv = Tensor::empty(dv_shape, kFloat32, device);
     if (device.is_meta()) return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
-    cpu::attention_backward(cpu_shape(dims, is_causal), qo.rows(), ko.rows(), vo.rows(), go.rows(),
+    cpu::attention_backward(cpu_shape(dims), qo.rows(), ko.rows(), vo.rows(), go.rows(),
                             lse.data<float>(), dq.data<float>(), dk.data<float>(),
                             dv.data<float>());
     return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
@@ -241,7 +268,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   float* p = probs.data<float>();
   const float* pl = lse.data<float>();
   cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, dims.scale,
-                                 is_causal, /*from_lse=*/true, device.index);
+                                 dims.causal, dims.causal_offset, /*from_lse=*/true, device.index);
   Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();

@@ -62,17 +62,19 @@ void register_nn_ops(OpTable& t) {
     return V{ops::cross_entropy_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
                                          static_cast<ops::Reduction>(c.int_attr(1)), lse)};
   };
-  // Attention: attrs (is_causal, scale).
-  t[OpId::scaled_dot_product_attention] = [](C c) {
+  // Attention: attrs (is_causal, scale, causal_offset); a call of two attrs (made before the
+  // offset existed) means offset 0.
+  const auto causal_offset = [](C c) { return c.attrs.size() > 2 ? c.int_attr(2) : int64_t{0}; };
+  t[OpId::scaled_dot_product_attention] = [causal_offset](C c) {
     auto r = ops::scaled_dot_product_attention(c.inputs[0], c.inputs[1], c.inputs[2],
-                                               c.bool_attr(0), c.double_attr(1));
+                                               c.bool_attr(0), c.double_attr(1), causal_offset(c));
     return V{r.out, r.logsumexp};
   };
   // Inputs (grad_out, q, k, v, out, logsumexp).
-  t[OpId::scaled_dot_product_attention_backward] = [](C c) {
-    auto r = ops::scaled_dot_product_attention_backward(c.inputs[0], c.inputs[1], c.inputs[2],
-                                                        c.inputs[3], c.inputs[4], c.inputs[5],
-                                                        c.bool_attr(0), c.double_attr(1));
+  t[OpId::scaled_dot_product_attention_backward] = [causal_offset](C c) {
+    auto r = ops::scaled_dot_product_attention_backward(
+        c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
+        c.bool_attr(0), c.double_attr(1), causal_offset(c));
     return V{r.dq, r.dk, r.dv};
   };
   // Dropout: attrs (p, seed, training).

@@ -127,6 +127,7 @@ ParallelConfig parallel_config(const JobConfig& given) {
       .dims = {.pp = job.pp,
                .dp_replicate = job.dp_replicate,
                .dp_shard = job.dp_shard,
+               .cp = job.cp,
                .tp = job.tp},
       .tp_plan = {.sequence_parallel = job.sequence_parallel,
                   .regather_in_backward = job.sequence_parallel_regather},
@@ -139,7 +140,8 @@ ParallelConfig parallel_config(const JobConfig& given) {
                              : std::nullopt,
       .activation_checkpoint = parallel::ActivationCheckpointing::parse(job.activation_checkpoint,
                                                                         "--activation-checkpoint"),
-      .meta_init = job.meta_init};
+      .meta_init = job.meta_init,
+      .cp = {.load_balance = job.cp_load_balance, .attention = job.cp_attention}};
 }
 
 CheckedJob check_job(const JobConfig& job) {

@@ -54,6 +54,20 @@ const std::vector<JobOption>& options() {
        "fully sharded data-parallel degree (FSDP; -1: the ranks the others leave of the world)",
        &C::dp_shard, Range::kAny},
       {"parallel", "tp", "tensor-parallel degree", &C::tp, Range::kPositive},
+      {"parallel", "cp",
+       "context-parallel degree: every sequence sharded over cp ranks for the whole model "
+       "(parallel/cp; with FSDP over dp_shard x cp)",
+       &C::cp, Range::kPositive},
+      {"parallel", "cp_load_balance",
+       "with cp > 1, each rank holds two chunks of every sequence, one from each end, so causal "
+       "attention's work is even (--no-cp-load-balance: one contiguous chunk per rank)",
+       &C::cp_load_balance},
+      {"parallel",
+       "cp_attention",
+       "with cp > 1, how attention reaches the other ranks' keys and values",
+       &C::cp_attention,
+       Range::kAny,
+       {"allgather"}},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},
       {"parallel", "nproc",
        "ranks to start without a launcher (0: the product of the degrees; needed for dp_shard "
@@ -363,7 +377,7 @@ ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
              "--dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), "
              "got {}",
              config.dp_shard);
-  ParallelDims dims{.pp = config.pp, .tp = config.tp};
+  ParallelDims dims{.pp = config.pp, .cp = config.cp, .tp = config.tp};
   const bool none_given = config.dp == 0 && config.dp_replicate == 0 && config.dp_shard == 1;
   dims.dp_replicate = config.dp_replicate > 0 ? config.dp_replicate
                       : config.dp > 0         ? config.dp

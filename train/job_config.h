@@ -36,6 +36,9 @@ struct JobConfig {
   int64_t dp_replicate = 0;  // 0: --dp's, else 1 (2 when no data-parallel degree is given at all)
   int64_t dp_shard = 1;      // FSDP's shards; -1: the ranks the other degrees leave of nproc
   int64_t tp = 2, pp = 1;
+  int64_t cp = 1;               // context parallelism: each sequence over cp ranks
+  bool cp_load_balance = true;  // the head-tail split of each sequence's chunks
+  std::string cp_attention = "allgather";
   int64_t nproc = 0;  // ranks to start without a launcher; 0: the product of the degrees
   bool sequence_parallel = true;
   bool sequence_parallel_regather = true;

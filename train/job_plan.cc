@@ -124,7 +124,7 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
   plan.target = options.target;
   plan.traced = trace_training_step(dims, build,
                                     {.local_batch = plan.global_batch / dims.dp(),
-                                     .seq_len = plan.seq_len,
+                                     .seq_len = plan.seq_len / dims.cp,  // this rank's tokens
                                      .ranks = ranks_to_trace(dims, options.max_traced_ranks),
                                      .target = options.target,
                                      .validation = options.validation.batches > 0});
@@ -200,8 +200,9 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
         rest /= sizes[d];
       }
       RankModelStates states{.rank = rank, .coordinate = coordinate};
+      // FSDP shards over dp_shard x cp (dp_shard_cp) with context parallelism.
       const int64_t pp = at(coordinate, kPipelineDim), tp = at(coordinate, kTensorDim),
-                    shard = at(coordinate, kShardDim);
+                    shard = at(coordinate, kShardDim) * dims.cp + at(coordinate, kContextDim);
       states.stages =
           schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
       for (int s : states.stages) {
@@ -211,7 +212,7 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
           units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
         }
         for (const auto& [block, shapes] : units) {
-          states.parameters += held_elements(shapes, dims.dp_shard, shard);
+          states.parameters += held_elements(shapes, dims.dp_shard * dims.cp, shard);
         }
       }
       const auto key = std::make_tuple(states.stages, states.parameters);

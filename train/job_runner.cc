@@ -277,8 +277,8 @@ void JobRunner::train_steps(JobResult& result) {
       profiler::enable(options);
     }
     const auto fetch_start = std::chrono::steady_clock::now();
-    const data::Batch batch =
-        local_batch(checked_.data.train, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len);
+    const data::Batch batch = local_batch(checked_.data.train, job_.seed, step, *mesh_,
+                                          job_.batch_size, job_.seq_len, checked_.parallel.cp);
     outputs_->data_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fetch_start)
             .count();
@@ -309,7 +309,8 @@ void JobRunner::validate(int step, JobResult& result) {
   const int64_t batches = checked_.data.val_batches;
   double total = 0;
   for (int64_t i = 0; i < batches; ++i) {
-    const data::Batch batch = validation_batch(val, i, *mesh_, job_.batch_size, job_.seq_len);
+    const data::Batch batch =
+        validation_batch(val, i, *mesh_, job_.batch_size, job_.seq_len, checked_.parallel.cp);
     total += trainer_->evaluate(batch.inputs, batch.targets);
   }
   const double loss = total / static_cast<double>(batches);

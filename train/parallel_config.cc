@@ -1,5 +1,7 @@
 #include "train/parallel_config.h"
 
+#include <fmt/format.h>
+
 #include "base/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/split.h"
@@ -46,10 +48,21 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
                "stages' counts without one",
                pipeline.layers_per_stage.size());
   }
-  LOOM_CHECK(dims.tp == 1 || !tp_plan.sequence_parallel || seq_len % dims.tp == 0,
-             "ParallelConfig: sequence parallelism splits each sequence over tp ranks: a "
+  int64_t local_len = seq_len;  // the tokens of a sequence one rank holds
+  if (dims.cp > 1) {
+    cp.validate();
+    parallel::cp::SequenceLayout{.cp = dims.cp, .seq_len = seq_len, .load_balance = cp.load_balance}
+        .check(
+            fmt::format("ParallelConfig: context parallelism over cp {}: a sequence of", dims.cp));
+    local_len = seq_len / dims.cp;
+  }
+  LOOM_CHECK(dims.tp == 1 || !tp_plan.sequence_parallel || local_len % dims.tp == 0,
+             "ParallelConfig: sequence parallelism splits each sequence{} over tp ranks: a "
              "sequence length of {} does not divide by tp {} (or turn sequence_parallel off)",
-             seq_len, dims.tp);
+             dims.cp > 1
+                 ? fmt::format(" (its {} tokens on each of the cp {} ranks)", local_len, dims.cp)
+                 : "",
+             local_len, dims.tp);
 }
 
 std::vector<pipeline::StageRange> ParallelConfig::stage_ranges(int64_t n_layers) const {

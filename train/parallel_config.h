@@ -8,6 +8,7 @@
 #include "models/tp_plan_options.h"
 #include "nn/mixed_precision.h"
 #include "parallel/activation_checkpoint.h"
+#include "parallel/cp/context_parallel.h"
 #include "parallel/pipeline/pipeline_model.h"
 #include "train/parallel_dims.h"
 
@@ -24,6 +25,8 @@ struct ParallelConfig {
   parallel::ActivationCheckpointing activation_checkpoint;
   // Build on the meta device and materialize only this rank's shards (parallel/build_stage.h).
   bool meta_init = true;
+  // With dims.cp > 1: how sequences split over cp and which attention joins them.
+  parallel::cp::ContextParallelOptions cp;
 
   // Microbatches per step as the pipeline runs them (the default resolved; 1 without one).
   int microbatches() const;

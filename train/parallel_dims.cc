@@ -11,6 +11,7 @@ const std::vector<ParallelDims::Dim>& ParallelDims::dims() {
   static const std::vector<Dim> kDims = {{kPipelineDim, &ParallelDims::pp},
                                          {kReplicateDim, &ParallelDims::dp_replicate},
                                          {kShardDim, &ParallelDims::dp_shard},
+                                         {kContextDim, &ParallelDims::cp},
                                          {kTensorDim, &ParallelDims::tp}};
   return kDims;
 }
@@ -92,7 +93,20 @@ parallel::ParallelMeshes ParallelDims::meshes(const std::shared_ptr<const Device
                                .pp = slice({kPipelineDim}),
                                .tp = slice({kTensorDim}),
                                .dp_replicate = slice({kReplicateDim}),
-                               .dp_shard = slice({kShardDim})};
+                               .dp_shard = slice({kShardDim}),
+                               .cp = slice({kContextDim})};
+  if (out.cp->size(0) > 1) {
+    // cp ranks reduce gradients with dp_shard's: FSDP shards over both flattened (collective:
+    // every rank of the mesh makes the flattened dim's groups, in the same order).
+    const auto flat = std::make_shared<const DeviceMesh>(
+        mesh->flatten({kShardDim, kContextDim}, kShardContextDim));
+    out.dp_shard = std::make_shared<const DeviceMesh>(flat->slice({kShardContextDim}));
+    out.fsdp =
+        out.dp_replicate->size(0) > 1
+            ? std::make_shared<const DeviceMesh>(flat->slice({kReplicateDim, kShardContextDim}))
+            : out.dp_shard;
+    return out;
+  }
   out.fsdp = out.dp_replicate->size(0) > 1 ? slice({kReplicateDim, kShardDim}) : out.dp_shard;
   return out;
 }
@@ -106,9 +120,15 @@ int64_t data_parallel_rank(const DeviceMesh& mesh) {
          mesh.coordinate(mesh.dim_index(kShardDim));
 }
 
+int64_t context_parallel_size(const DeviceMesh& mesh) { return mesh.size(kContextDim); }
+
+int64_t context_parallel_rank(const DeviceMesh& mesh) {
+  return mesh.coordinate(mesh.dim_index(kContextDim));
+}
+
 std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const DeviceMesh& mesh) {
   std::vector<std::shared_ptr<comm::ProcessGroup>> groups;
-  for (const char* dim : {kShardDim, kReplicateDim}) {
+  for (const char* dim : {kContextDim, kShardDim, kReplicateDim}) {
     if (mesh.size(dim) > 1) groups.push_back(mesh.group(dim));
   }
   return groups;

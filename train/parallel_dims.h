@@ -2,7 +2,7 @@
 // once; the mesh they make; and the submeshes every layer below takes (meshes()): the one place
 // the dim names are spelled.
 //
-// Mesh order: pp outermost, then dp_replicate and dp_shard, tp innermost, so tensor-parallel
+// Mesh order: pp outermost, then dp_replicate, dp_shard and cp, tp innermost, so tensor-parallel
 // peers are neighbouring ranks (on one node, on one NVLink island), FSDP's all-gathers run
 // between near ranks, and pipeline stages are the farthest apart (torchtitan's order).
 //
@@ -14,6 +14,11 @@
 // FSDP over dp_shard when dp_replicate is 1, HSDP with both (parallel/data_parallel.h). The
 // data-parallel rank (which share of the batch a rank takes) is dp_replicate's coordinate x
 // dp_shard + dp_shard's.
+//
+// Context parallelism (cp > 1) shards every sequence over cp ranks that hold the same parameters
+// and train on the same sequences: their gradients are reduced with the data-parallel ones, so
+// FSDP shards over dp_shard x cp flattened (dp_shard_cp; HSDP: dp_replicate x dp_shard_cp), as
+// torchtitan does, and the loss is averaged over cp as over dp.
 #pragma once
 
 #include <cstdint>
@@ -31,12 +36,17 @@ namespace loom::train {
 inline constexpr const char* kPipelineDim = "pp";
 inline constexpr const char* kReplicateDim = "dp_replicate";
 inline constexpr const char* kShardDim = "dp_shard";
+inline constexpr const char* kContextDim = "cp";
 inline constexpr const char* kTensorDim = "tp";
+// dp_shard and cp flattened: what FSDP shards over (and reduces gradients over) with context
+// parallelism, torchtitan's "dp_shard_cp".
+inline constexpr const char* kShardContextDim = "dp_shard_cp";
 
 struct ParallelDims {
   int64_t pp = 1;            // pipeline stages
   int64_t dp_replicate = 1;  // data-parallel replicas (DDP, or HSDP's replicate dim)
   int64_t dp_shard = 1;      // data-parallel shards (FSDP); -1: whatever the world leaves
+  int64_t cp = 1;            // context-parallel shards of every sequence (parallel/cp)
   int64_t tp = 1;            // tensor-parallel shards (Megatron-style, with sequence parallelism)
 
   // A mesh dim: its name and its degree's field.
@@ -79,8 +89,12 @@ struct ParallelDims {
 // share of a global batch the rank takes.
 int64_t data_parallel_size(const DeviceMesh& mesh);
 int64_t data_parallel_rank(const DeviceMesh& mesh);
-// The data-parallel groups a step's loss is averaged over, innermost first (dp_shard, then
-// dp_replicate: equal groups, so the mean of means), those of size 1 left out.
+// The context-parallel degree and this rank's index in its cp group (which chunks of every
+// sequence it holds: parallel/cp/context_parallel.h).
+int64_t context_parallel_size(const DeviceMesh& mesh);
+int64_t context_parallel_rank(const DeviceMesh& mesh);
+// The groups a step's loss is averaged over, innermost first (cp, dp_shard, then dp_replicate:
+// equal groups and equal token counts, so the mean of means), those of size 1 left out.
 std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const DeviceMesh& mesh);
 
 }  // namespace loom::train

@@ -5,10 +5,12 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "models/hf/checkpoint.h"
 #include "optim/clip_grad.h"
+#include "parallel/cp/context_parallel.h"
 #include "parallel/data_parallel.h"
 #include "tensor/ops.h"
 
@@ -55,16 +57,19 @@ class OneStageModel : public ParallelModel {
  public:
   OneStageModel(const models::ModelArgs& args, pipeline::PipelineModelSpec spec,
                 std::shared_ptr<nn::Module> module,
-                std::shared_ptr<parallel::DataParallel> data_parallel, int grad_accum)
+                std::shared_ptr<parallel::DataParallel> data_parallel, int grad_accum,
+                std::shared_ptr<SequenceContext> sequence)
       : files_(args),
         spec_(std::move(spec)),
         module_(std::move(module)),
         data_parallel_(std::move(data_parallel)),
-        grad_accum_(grad_accum) {}
+        grad_accum_(grad_accum),
+        sequence_(std::move(sequence)) {}
 
   void zero_grad() override { data_parallel_->zero_grad(); }
 
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    SequenceContextGuard sharded(sequence_.get());  // context parallelism, when on
     double total = 0;
     for_each_micro_batch(
         inputs, targets, "forward_backward", [&](int m, const Tensor& x, const Tensor& y) {
@@ -77,6 +82,7 @@ class OneStageModel : public ParallelModel {
 
   double evaluate(const Tensor& inputs, const Tensor& targets) override {
     NoGradGuard no_grad;
+    SequenceContextGuard sharded(sequence_.get());
     double total = 0;
     for_each_micro_batch(inputs, targets, "evaluate", [&](int, const Tensor& x, const Tensor& y) {
       total += spec_.loss((*module_)(x), y).item<double>();
@@ -125,20 +131,27 @@ class OneStageModel : public ParallelModel {
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<parallel::DataParallel> data_parallel_;
   int grad_accum_;
+  std::shared_ptr<SequenceContext> sequence_;  // context parallelism; null without
 };
 
 // pp > 1: this rank's stages, driven by the schedule; checkpoints load per stage and save the
 // whole model gathered on the mesh's first rank.
 class PipelinedModel : public ParallelModel {
  public:
-  PipelinedModel(const models::ModelArgs& args, std::unique_ptr<pipeline::PipelineModel> model)
-      : files_(args), args_(args.clone()), model_(std::move(model)) {}
+  PipelinedModel(const models::ModelArgs& args, std::unique_ptr<pipeline::PipelineModel> model,
+                 std::shared_ptr<SequenceContext> sequence)
+      : files_(args),
+        args_(args.clone()),
+        model_(std::move(model)),
+        sequence_(std::move(sequence)) {}
 
   void zero_grad() override { model_->zero_grad(); }
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
+    SequenceContextGuard sharded(sequence_.get());
     return model_->step(inputs, targets);
   }
   double evaluate(const Tensor& inputs, const Tensor& targets) override {
+    SequenceContextGuard sharded(sequence_.get());
     return model_->evaluate(inputs, targets);
   }
   double clip_grad_norm(double max_norm) override { return model_->clip_grad_norm(max_norm); }
@@ -177,6 +190,7 @@ class PipelinedModel : public ParallelModel {
   HFFiles files_;
   std::unique_ptr<models::ModelArgs> args_;
   std::unique_ptr<pipeline::PipelineModel> model_;
+  std::shared_ptr<SequenceContext> sequence_;  // context parallelism; null without
 };
 
 }  // namespace
@@ -193,6 +207,11 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
   if (parallel.dims.tp > 1) args.validate_tp(parallel.dims.tp);
   const parallel::ParallelMeshes meshes = ParallelDims::meshes(mesh);
   pipeline::PipelineModelSpec spec = args.spec(seed, parallel.tp_plan);
+  // Context parallelism: every forward and backward runs under it (autograd/sequence_context.h).
+  std::shared_ptr<SequenceContext> sequence;
+  if (parallel.dims.cp > 1) {
+    sequence = std::make_shared<parallel::cp::ContextParallel>(meshes.cp, parallel.cp);
+  }
   if (parallel.dims.pp > 1) {
     auto model = std::make_unique<pipeline::PipelineModel>(
         std::move(spec), meshes,
@@ -201,7 +220,7 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
                                        .mixed_precision = parallel.mixed_precision,
                                        .activation_checkpoint = parallel.activation_checkpoint,
                                        .meta_init = parallel.meta_init});
-    return std::make_unique<PipelinedModel>(args, std::move(model));
+    return std::make_unique<PipelinedModel>(args, std::move(model), std::move(sequence));
   }
   parallel::BuiltStage built = parallel::build_stage(
       {.make = [&] { return spec.make_stage(pipeline::StageRange::whole(args.n_layers())); },
@@ -212,7 +231,8 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
        .mixed_precision = parallel.mixed_precision,
        .meta_init = parallel.meta_init});
   return std::make_unique<OneStageModel>(args, std::move(spec), std::move(built.module),
-                                         std::move(built.data_parallel), parallel.grad_accum);
+                                         std::move(built.data_parallel), parallel.grad_accum,
+                                         std::move(sequence));
 }
 
 }  // namespace loom::train

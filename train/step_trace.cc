@@ -230,11 +230,13 @@ std::vector<int> ranks_to_trace(const ParallelDims& dims, int max_ranks) {
   }
   std::set<int> chosen;
   for (int64_t s : {int64_t{0}, dims.dp_shard - 1}) {
-    for (int64_t t : {int64_t{0}, dims.tp - 1}) {
-      for (int64_t p = 0; p < dims.pp; ++p) {
-        // Row-major over (pp, dp_replicate, dp_shard, tp), dp_replicate 0.
-        chosen.insert(
-            static_cast<int>(((p * dims.dp_replicate) * dims.dp_shard + s) * dims.tp + t));
+    for (int64_t c : {int64_t{0}, dims.cp - 1}) {
+      for (int64_t t : {int64_t{0}, dims.tp - 1}) {
+        for (int64_t p = 0; p < dims.pp; ++p) {
+          // Row-major over (pp, dp_replicate, dp_shard, cp, tp), dp_replicate 0.
+          chosen.insert(static_cast<int>(
+              (((p * dims.dp_replicate) * dims.dp_shard + s) * dims.cp + c) * dims.tp + t));
+        }
       }
     }
   }

@@ -142,27 +142,48 @@ void Trainer::add_step_hook(StepHook hook) {
   hooks_.push_back(std::move(hook));
 }
 
+namespace {
+
+// This rank's tokens of its sequences (its cp chunks: parallel/cp/sequence_layout.h), on the
+// mesh's device.
+data::Batch on_rank(data::Batch batch, const DeviceMesh& mesh, int64_t seq_len,
+                    const parallel::cp::ContextParallelOptions& cp) {
+  if (context_parallel_size(mesh) > 1) {
+    const parallel::cp::SequenceLayout layout{.cp = context_parallel_size(mesh),
+                                              .rank = context_parallel_rank(mesh),
+                                              .seq_len = seq_len,
+                                              .load_balance = cp.load_balance};
+    layout.check("local_batch: --seq-len");
+    batch = {ops::contiguous(layout.shard(batch.inputs, 1)),
+             ops::contiguous(layout.shard(batch.targets, 1))};
+  }
+  const Device device = mesh.device();
+  return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
+}
+
+}  // namespace
+
 data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
-                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len) {
+                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len,
+                        const parallel::cp::ContextParallelOptions& cp) {
   const int64_t dp = data_parallel_size(mesh);
   LOOM_CHECK(global_batch % dp == 0,
              "local_batch: a global batch of {} sequences does not split over dp {}", global_batch,
              dp);
   const int64_t per_rank = global_batch / dp;
   const int64_t dp_rank = data_parallel_rank(mesh);
-  data::Batch batch = data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len);
-  const Device device = mesh.device();
-  return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
+  return on_rank(data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len), mesh,
+                 seq_len, cp);
 }
 
 data::Batch validation_batch(const data::TokenCorpus& data, int64_t index, const DeviceMesh& mesh,
-                             int64_t global_batch, int64_t seq_len) {
+                             int64_t global_batch, int64_t seq_len,
+                             const parallel::cp::ContextParallelOptions& cp) {
   const int64_t per_rank = global_batch / data_parallel_size(mesh);
   const int64_t dp_rank = data_parallel_rank(mesh);
-  data::Batch batch =
-      data::validation_slice(data, index, global_batch, dp_rank * per_rank, per_rank, seq_len);
-  const Device device = mesh.device();
-  return {ops::to(batch.inputs, device), ops::to(batch.targets, device)};
+  return on_rank(
+      data::validation_slice(data, index, global_batch, dp_rank * per_rank, per_rank, seq_len),
+      mesh, seq_len, cp);
 }
 
 }  // namespace loom::train

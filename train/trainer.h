@@ -22,6 +22,8 @@
 #include "data/token_data.h"
 #include "mesh/device_mesh.h"
 #include "optim/optimizer.h"
+#include "parallel/cp/context_parallel.h"
+#include "parallel/cp/sequence_layout.h"
 #include "train/parallel_model.h"
 
 namespace loom::train {
@@ -94,12 +96,16 @@ class Trainer {
 
 // This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`
 // tokens, on the mesh's device.
+// With context parallelism (the mesh's cp > 1) each sequence is this rank's chunks of it
+// (parallel/cp/sequence_layout.h, split as `cp` says).
 data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
-                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len);
+                        const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len,
+                        const parallel::cp::ContextParallelOptions& cp = {});
 
 // This dp rank's share of validation batch `index` (data/token_data.h's fixed windows), on the
 // mesh's device.
 data::Batch validation_batch(const data::TokenCorpus& data, int64_t index, const DeviceMesh& mesh,
-                             int64_t global_batch, int64_t seq_len);
+                             int64_t global_batch, int64_t seq_len,
+                             const parallel::cp::ContextParallelOptions& cp = {});
 
 }  // namespace loom::train

@@ -306,6 +306,9 @@ void register_nn_strategies(StrategyTable& t) {
       s.options.push_back({{Partial(op), Replicate(), Replicate()}, {Partial(op)}});
     return s;
   };
+  // Attention shards only the leading (batch, head) dims: every shard holds whole sequences, so
+  // the attrs (is_causal, scale, causal_offset) reach each local call unchanged (propagator.cc
+  // passes call.attrs through) and mean there what they mean for the whole tensor.
   t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;

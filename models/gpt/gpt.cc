@@ -6,6 +6,7 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "autograd/grad_mode.h"
+#include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "parallel/tp/loss_parallel.h"
@@ -148,7 +149,9 @@ Tensor GPTStage::forward(const Tensor& input) {
     LOOM_CHECK(time <= config_.block_size, "GPT: sequence length {} exceeds block_size {}", time,
                config_.block_size);
     // Positions on the ids' device (a CUDA model gets CUDA ids).
-    x = (*drop_)(add((*wte)(input), (*wpe)(ops::to(ops::arange(time), input.device()))));
+    // Global positions: this rank's chunks' under context parallelism (sequence_context.h).
+    const Tensor positions = ops::from_vector_i64(sequence_positions(time), {time});
+    x = (*drop_)(add((*wte)(input), (*wpe)(ops::to(positions, input.device()))));
   }
   for (const auto& block : h) x = (*block)(x);
   return range_.last ? (*lm_head)((*ln_f)(x)) : x;

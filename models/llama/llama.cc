@@ -5,6 +5,7 @@
 
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
+#include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "parallel/tp/loss_parallel.h"
@@ -63,8 +64,11 @@ Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
   LOOM_CHECK(time <= tables.cos.size(0),
              "apply_rope: a sequence of {} positions, but the tables cover {} (max_seq_len)", time,
              tables.cos.size(0));
-  // Rows [0, T) of the tables, on the input's device: the fused rope op.
-  const auto rows = [&](const Tensor& t) { return ops::to(narrow(t, 0, 0, time), x.device()); };
+  // The rows of this rank's positions (0..T-1, or its chunks' under context parallelism:
+  // autograd/sequence_context.h), on the input's device: the fused rope op.
+  const auto rows = [&](const Tensor& t) {
+    return ops::to(ops::contiguous(sequence_rows(t, time)), x.device());
+  };
   return rope(x, rows(tables.cos), rows(tables.sin));
 }
 

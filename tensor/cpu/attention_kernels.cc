@@ -30,8 +30,9 @@ inline const float* row(const RowMatrices& m, int64_t entry, int64_t r) {
   return m.base + m.offsets[entry] + r * m.row_stride;
 }
 
+// Keys 0..visible_keys(i) - 1 are the ones query i sees: all, or (causal) j <= i + offset.
 int64_t visible_keys(const AttentionShape& s, int64_t i) {
-  return s.causal ? std::min(s.tk, i + 1) : s.tk;
+  return s.causal ? std::clamp<int64_t>(i + 1 + s.causal_offset, 0, s.tk) : s.tk;
 }
 
 // Splits the entries over the threads, one entry per call of body(entry, scratch).
@@ -88,8 +89,8 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
       float* dq_i = dq + (e * s.tq + i) * s.d;
       std::fill(dq_i, dq_i + s.d, 0.0f);
       const float l = lse[e * s.tq + i];
-      if (l == kNegInf) continue;  // a row that saw no key: its gradients are 0
       const int64_t visible = visible_keys(s, i);
+      if (l == kNegInf || visible == 0) continue;  // a row that saw no key: its gradients are 0
       const float* qi = row(q, e, i);
       const float* gi = row(grad_out, e, i);
       double rowsum = 0.0;

@@ -17,7 +17,8 @@ struct AttentionShape {
   int64_t entries = 0;  // batch entries (product of the batch dims)
   int64_t tq = 0, tk = 0, d = 0, dv = 0;
   float scale = 1.0f;
-  bool causal = false;  // query i sees keys j <= i (top-left aligned)
+  bool causal = false;        // query i sees keys j <= i + causal_offset
+  int64_t causal_offset = 0;  // 0: top-left aligned; tk - tq: bottom-right; may be negative
 };
 
 // Matrices of one operand: entry e's row r starts at base + offsets[e] + r * row_stride; the
@@ -28,13 +29,14 @@ struct RowMatrices {
   int64_t row_stride;
 };
 
-// out: (entries, tq, dv) contiguous; lse: (entries, tq), -inf for a row that sees no key (its
-// output row is 0).
+// out: (entries, tq, dv) contiguous; lse: (entries, tq), -inf for a row that sees no key (tk == 0,
+// or causal with i + causal_offset < 0): its output row is 0.
 void attention_forward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
                        const RowMatrices& v, float* out, float* lse);
 
 // dq (entries, tq, d), dk (entries, tk, d), dv (entries, tk, dv): contiguous, overwritten.
-// dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double.
+// dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double. A row that sees no
+// key (or whose lse is -inf) contributes nothing: its dq row is 0.
 void attention_backward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
                         const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
                         float* dq, float* dk, float* dv);

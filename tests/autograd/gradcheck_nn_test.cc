@@ -64,6 +64,20 @@ TEST(GradcheckNnTest, CausalAndFullAttention) {
       {q, k, v}));
 }
 
+TEST(GradcheckNnTest, CausalAttentionWithOffsets) {
+  // Query i sees key j <= i + offset: bottom-right (tk - tq = 3), past the keys, and negative
+  // offsets leaving rows 0..1 (and 0..4, all) without a key, whose outputs and gradients are 0.
+  const auto q = leaf({2, 2, 4, 3}, 11), k = leaf({2, 2, 7, 3}, 12), v = leaf({2, 2, 7, 2}, 13);
+  for (int64_t offset : {3, 1, 9, -2, -5}) {
+    EXPECT_TRUE(passes_gradcheck(
+        [offset](const auto& in) {
+          return scaled_dot_product_attention(in[0], in[1], in[2], true, 0.0, offset);
+        },
+        {q, k, v}))
+        << "causal_offset " << offset;
+  }
+}
+
 TEST(GradcheckNnTest, DropoutScalesKeptElements) {
   const auto x = leaf({4, 8}, 10);
   EXPECT_TRUE(

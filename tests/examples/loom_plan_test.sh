@@ -55,7 +55,7 @@ plan 2 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved 
   --microbatches 4 --batch-size 8
 expect_err "cannot split 2 layers into 4 stages"
 plan 2 --plan-rank-tflops 100 --plan-link-gbps 50 --plan-dim-link-gbps dp=3
-expect_err "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of pp, dp_replicate, dp_shard, tp, GBPS a positive number; got 'dp=3'"
+expect_err "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of pp, dp_replicate, dp_shard, cp, tp, GBPS a positive number; got 'dp=3'"
 plan 2 --plan-rank-tflops 100
 expect_err "--plan-rank-tflops 100 needs --plan-link-gbps"
 echo "ok: layouts the job rejects, bad machine flags"

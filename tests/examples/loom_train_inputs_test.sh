@@ -27,7 +27,7 @@ expect_error 2 "loom_train: --dp-shard: expected a positive integer or -1 (the r
   --dp-shard 0
 expect_error 2 "loom_train: --dp-shard -1 takes the ranks the other degrees leave, but the number of ranks is not known: give --nproc N" \
   --dp-shard -1
-expect_error 2 "loom_train: ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp=1 x dp_replicate=1 x tp=4 = 4 does not divide the world of 6" \
+expect_error 2 "loom_train: ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp=1 x dp_replicate=1 x cp=1 x tp=4 = 4 does not divide the world of 6" \
   --dp-shard -1 --tp 4 --nproc 6
 expect_error 2 "loom_train: --dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3" \
   --dp 2 --dp-replicate 3

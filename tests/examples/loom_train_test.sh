@@ -102,7 +102,7 @@ grep -q "dp_shard=2" sharded.log || { echo "the FSDP run's mesh has no dp_shard=
   { echo "the grid run did not commit steps 4 and 8"; ls -R ckpt; cat grid.log; exit 1; }
 grep -q "resumed from ckpt_same/step_00000004 at step 4 (same layout)" resumed_same.log ||
   { echo "no resume line"; cat resumed_same.log; exit 1; }
-grep -q "resumed from ckpt_sharded/step_00000004 at step 4 (saved on DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, tp=2, cpu), now DeviceMesh(pp=1, dp_replicate=1, dp_shard=2, tp=2, cpu))" resumed_fsdp.log ||
+grep -q "resumed from ckpt_sharded/step_00000004 at step 4 (saved on DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, cp=1, tp=2, cpu), now DeviceMesh(pp=1, dp_replicate=1, dp_shard=2, cp=1, tp=2, cpu))" resumed_fsdp.log ||
   { echo "the layout change is not said"; cat resumed_fsdp.log; exit 1; }
 if ! diff <(python_free_field grid.jsonl loss | tail -4) <(python_free_field resumed_same.jsonl loss) > /dev/null; then
   echo "the resumed run's losses are not bit-identical to the uninterrupted run's:"

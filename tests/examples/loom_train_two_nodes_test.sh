@@ -43,7 +43,7 @@ if (( s0 != 0 || s1 != 0 )); then
   echo "FAIL: node 0 exited $s0, node 1 exited $s1"
   exit 1
 fi
-grep -q "DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, tp=2" node0.log || { cat node0.log; echo "FAIL: not one world of 4"; exit 1; }
+grep -q "DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, cp=1, tp=2" node0.log || { cat node0.log; echo "FAIL: not one world of 4"; exit 1; }
 
 loss() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
 [[ $(wc -l <node0.jsonl) -eq 6 ]] || { cat node0.log; echo "FAIL: expected 6 metric lines"; exit 1; }

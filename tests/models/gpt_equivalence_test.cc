@@ -109,8 +109,9 @@ TEST(GPTEquivalenceTest, BitIdenticalAcrossRerunsAndRankOrders) {
     const Result first = train(mesh_of(pg, 2, 2));
     const Result again = train(mesh_of(pg, 2, 2));
     auto reversed = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"},
-        std::vector<int64_t>{1, 2, 1, 2}, std::vector<int>{3, 2, 1, 0});
+        pg.shared_from_this(),
+        std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "cp", "tp"},
+        std::vector<int64_t>{1, 2, 1, 1, 2}, std::vector<int>{3, 2, 1, 0});
     const Result other_order = train(reversed);
     EXPECT_EQ(again.losses, first.losses) << "rerun";
     EXPECT_EQ(other_order.losses, first.losses) << "ranks in reverse order";

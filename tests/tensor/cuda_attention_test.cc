@@ -1,8 +1,10 @@
 // The fused CUDA attention (tensor/cuda/kernels/flash_attention.cu) against the CPU op on seeded
 // random inputs, forward (out, logsumexp) and backward (dq, dk, dv), in f32 and bf16, causal and
 // not, Tq == Tk and Tq != Tk, odd sizes across tile edges (tiles are 64 rows), several (batch,
-// head) rows, Tk == 0, non-contiguous inputs, and head dims above the fused kernel's 128 (the
-// composed fallback). Every case skips without a GPU.
+// head) rows, Tk == 0, non-contiguous inputs, head dims above the fused kernel's 128 (the
+// composed fallback), and causal offsets (query i sees key j <= i + offset: tile-aligned and not,
+// negative ones leaving whole query tiles without a key, the chunk shapes of context
+// parallelism). Every case skips without a GPU.
 //
 // Tolerances (cuda_test_util.h): f32 1e-5 relative and absolute, bf16 1e-2, times a slack of 4
 // for out and logsumexp (the online softmax rescales partial sums, so terms add in another
@@ -40,12 +42,13 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
 
   // Forward and backward of q, k, v (CPU tensors, any layout) on both devices, compared.
   void compare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-               const std::string& what) {
+               const std::string& what, int64_t offset = 0) {
     const DType dtype = GetParam();
-    const std::string tag = fmt::format("{} causal {} {}", what, causal, dtype_name(dtype));
-    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal);
+    const std::string tag =
+        fmt::format("{} causal {} offset {} {}", what, causal, offset, dtype_name(dtype));
+    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
-    const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal);
+    const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset);
     expect_close({.actual = dev.out,
                   .expected = cpu.out,
                   .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
@@ -54,10 +57,10 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
                   .expected = cpu.logsumexp,
                   .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
                   .what = tag + " logsumexp"});
-    const auto cg =
-        ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp, causal);
-    const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
-                                                               dev.out, dev.logsumexp, causal);
+    const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
+                                                               causal, 0.0, offset);
+    const auto dg = ops::scaled_dot_product_attention_backward(
+        gpu(g), gpu(q), gpu(k), gpu(v), dev.out, dev.logsumexp, causal, 0.0, offset);
     expect_close({.actual = dg.dq,
                   .expected = cg.dq,
                   .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
@@ -72,13 +75,18 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
                   .what = tag + " dv"});
   }
 
-  void compare_case(const Case& c, uint32_t seed) {
+  // Both masks, or (a non-zero offset) causal with that offset only.
+  void compare_case(const Case& c, uint32_t seed, int64_t offset = 0) {
     const DType dtype = GetParam();
     const Tensor q = random_tensor(with(c.batch, c.tq, c.d), seed, dtype);
     const Tensor k = random_tensor(with(c.batch, c.tk, c.d), seed + 1, dtype);
     const Tensor v = random_tensor(with(c.batch, c.tk, c.dv), seed + 2, dtype);
     const std::string what =
         fmt::format("batch {} tq {} tk {} d {} dv {}", shape_str(c.batch), c.tq, c.tk, c.d, c.dv);
+    if (offset != 0) {
+      compare(q, k, v, /*causal=*/true, what, offset);
+      return;
+    }
     for (bool causal : {false, true}) compare(q, k, v, causal, what);
   }
 };
@@ -95,6 +103,51 @@ TEST_P(CudaAttentionTest, MatchesTheCpuAcrossTileEdgesAndSequenceLengths) {
   };
   uint32_t seed = 10;
   for (const Case& c : cases) compare_case(c, seed += 3);
+}
+
+TEST_P(CudaAttentionTest, CausalOffsetsMatchTheCpu) {
+  // Query i sees key j <= i + offset. The fused kernels' tile bounds move with the offset: the
+  // last key tile a query tile sees (forward, dq) and the first query tile a key tile is seen by
+  // (dk/dv), so offsets sit on, just before and just after 64-row tile edges.
+  struct OffsetCase {
+    Case c;
+    int64_t offset;
+  };
+  const std::vector<OffsetCase> cases = {
+      {{{2, 2}, 70, 200, 32, 32}, 130},   // bottom-right (tk - tq): context parallelism's chunk
+      {{{1, 2}, 130, 260, 64, 64}, 64},   // one whole tile
+      {{{1, 2}, 130, 260, 64, 64}, 65},   // a tile and one key
+      {{{1, 2}, 130, 200, 16, 24}, 63},   // a key short of a tile
+      {{{2, 1}, 130, 130, 16, 16}, 3},    // square, a few keys ahead
+      {{{2, 1}, 200, 130, 32, 32}, -70},  // query tile 0 and 6 rows of tile 1 see no key
+      {{{1, 1}, 130, 130, 8, 8}, -64},    // exactly query tile 0 sees no key
+      {{{1, 1}, 100, 80, 8, 8}, -150},    // no query sees a key: zeros, -inf logsumexp
+      {{{1, 1}, 37, 80, 8, 8}, 500},      // past the keys: every key visible
+      {{{1, 2}, 9, 30, 160, 16}, 21},     // composed path (D > 128), bottom-right
+      {{{1, 2}, 20, 11, 16, 136}, -5},    // composed path (Dv > 128), negative
+  };
+  uint32_t seed = 80;
+  for (const OffsetCase& oc : cases) compare_case(oc.c, seed += 3, oc.offset);
+}
+
+TEST_P(CudaAttentionTest, QueryChunkWithOffsetIsRowsOfFullCausalAttention) {
+  // Context parallelism on the device: queries [s, s + c) against keys [0, s + c) with offset s
+  // give rows s.. of the full causal attention (within the fused kernels' reordering: 4x).
+  const DType dtype = GetParam();
+  const int64_t s = 100, c = 70, t = s + c;
+  const Tensor q = gpu(random_tensor({1, 2, t, 32}, 90, dtype));
+  const Tensor k = gpu(random_tensor({1, 2, t, 32}, 91, dtype));
+  const Tensor v = gpu(random_tensor({1, 2, t, 32}, 92, dtype));
+  const auto full = ops::scaled_dot_product_attention(q, k, v, true);
+  const auto chunk = ops::scaled_dot_product_attention(ops::narrow(q, 2, s, c), k, v, true, 0.0, s);
+  expect_close({.actual = chunk.out,
+                .expected = ops::contiguous(ops::narrow(full.out, 2, s, c)),
+                .tol = kernel_tolerance(dtype, 4.0),
+                .what = "chunk out"});
+  expect_close({.actual = chunk.logsumexp,
+                .expected = ops::contiguous(ops::narrow(full.logsumexp, 2, s, c)),
+                .tol = kernel_tolerance(kFloat32, 4.0),
+                .what = "chunk logsumexp"});
 }
 
 TEST_P(CudaAttentionTest, NoKeysGivesZerosAndMinusInfinityLogsumexp) {

@@ -59,7 +59,7 @@ TEST(JobConfigTest, DataParallelDegreesResolve) {
             "not known: give --nproc N (or run under a launcher, which sets WORLD_SIZE)");
   EXPECT_EQ(error_of([&] { dims({.dp_shard = -1, .tp = 3}, 8); }),
             "ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp=1 x "
-            "dp_replicate=1 x tp=3 = 3 does not divide the world of 8");
+            "dp_replicate=1 x cp=1 x tp=3 = 3 does not divide the world of 8");
   EXPECT_EQ(error_of([&] { dims({.dp = 2, .dp_replicate = 3}); }),
             "--dp is --dp-replicate's shorthand, but they differ: --dp 2 and --dp-replicate 3; "
             "give one");

@@ -22,8 +22,8 @@ TEST(ParallelDimsTest, DegreesMultiplyToTheWorld) {
   const ParallelDims dims{.pp = 2, .dp_replicate = 2, .dp_shard = 2, .tp = 2};
   EXPECT_EQ(dims.world_size(), 16);
   EXPECT_EQ(dims.dp(), 4);
-  EXPECT_EQ(dims.names(), (std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"}));
-  EXPECT_EQ(dims.sizes(), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(dims.names(), (std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "cp", "tp"}));
+  EXPECT_EQ(dims.sizes(), (std::vector<int64_t>{2, 2, 2, 1, 2}));
   EXPECT_NO_THROW(dims.validate(16));
   EXPECT_EQ(error_of([&] { dims.validate(6); }),
             "ParallelDims: pp=2 x dp_replicate=2 x dp_shard=2 x tp=2 = 16 ranks, but the world "
@@ -42,15 +42,15 @@ TEST(ParallelDimsTest, DpShardMinusOneTakesWhatTheOthersLeave) {
   EXPECT_EQ(ParallelDims{.dp_shard = 3}.resolved(16).dp_shard, 3);  // nothing to resolve
   EXPECT_EQ(error_of([] { ParallelDims{.dp_shard = -1, .tp = 3}.resolved(8); }),
             "ParallelDims: dp_shard -1 takes the ranks the other degrees leave, but pp=1 x "
-            "dp_replicate=1 x tp=3 = 3 does not divide the world of 8");
+            "dp_replicate=1 x cp=1 x tp=3 = 3 does not divide the world of 8");
 }
 
 TEST(ParallelDimsTest, BuildsThePpDpTpMesh) {
   comm::testing::run_on_ranks(4, [](comm::ProcessGroup& pg) {
     const auto mesh = ParallelDims{.dp_shard = 2, .tp = 2}.build_mesh(pg.shared_from_this());
     EXPECT_EQ(mesh->dim_names(),
-              (std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "tp"}));
-    EXPECT_EQ(mesh->shape(), (std::vector<int64_t>{1, 1, 2, 2}));
+              (std::vector<std::string>{"pp", "dp_replicate", "dp_shard", "cp", "tp"}));
+    EXPECT_EQ(mesh->shape(), (std::vector<int64_t>{1, 1, 2, 1, 2}));
     // tp innermost: tensor-parallel peers are neighbouring ranks.
     EXPECT_EQ(mesh->coordinate(mesh->dim_index("tp")), pg.rank() % 2);
     EXPECT_EQ(data_parallel_size(*mesh), 2);

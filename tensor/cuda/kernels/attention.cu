@@ -4,18 +4,23 @@
 namespace loom::cuda::kernels {
 namespace {
 
-// Keys query i may see: all, or j <= i when causal (top-left aligned, as the CPU kernel).
-__device__ __forceinline__ int64_t visible_keys(int64_t i, int64_t tk, bool causal) {
-  return causal ? (i + 1 < tk ? i + 1 : tk) : tk;
+// Keys query i may see, 0..visible_keys - 1: all, or j <= i + offset when causal (as the CPU
+// kernel), clamped to [0, tk].
+__device__ __forceinline__ int64_t visible_keys(int64_t i, int64_t tk, bool causal,
+                                                int64_t offset) {
+  if (!causal) return tk;
+  const int64_t n = i + 1 + offset;
+  return n < 0 ? 0 : (n < tk ? n : tk);
 }
 
 // One block per score row: probabilities in place and the row's logsumexp, or (from_lse) the
 // probabilities recomputed from a saved logsumexp. Masked keys get 0.
 __global__ void attention_probs_kernel(float* p, float* lse, int64_t total_rows, int64_t tq,
-                                       int64_t tk, float scale, bool causal, bool from_lse) {
+                                       int64_t tk, float scale, bool causal, int64_t offset,
+                                       bool from_lse) {
   for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
     float* pr = p + r * tk;
-    int64_t visible = visible_keys(r % tq, tk, causal);
+    int64_t visible = visible_keys(r % tq, tk, causal, offset);
     if (from_lse) {
       const float l = lse[r];
       if (l == -INFINITY) visible = 0;
@@ -55,11 +60,11 @@ __global__ void attention_grad_scores_kernel(float* dp, const float* p, int64_t 
 }  // namespace
 
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
-                     bool causal, bool from_lse, int device) {
+                     bool causal, int64_t causal_offset, bool from_lse, int device) {
   const int64_t total = rows * tq;
   if (total == 0) return;
   attention_probs_kernel<<<grid_for_rows(total), kThreads, 0, compute_stream(device)>>>(
-      scores, lse, total, tq, tk, scale, causal, from_lse);
+      scores, lse, total, tq, tk, scale, causal, causal_offset, from_lse);
   check_launch("attention_probs_kernel", device);
 }
 

@@ -6,12 +6,14 @@
 // dtype is converted on load and outputs are rounded once on store.
 //
 // Forward: one block per (batch*head, query tile), looping over key tiles with an online softmax
-// (running max m and sum l per row in f32); causal blocks stop at the last key tile a row sees.
+// (running max m and sum l per row in f32); causal blocks stop at the last key tile a row sees
+// (key i + causal_offset for the tile's last query i).
 // Backward: the dq kernel (one block per query tile) first sums delta_i = rowsum(P * dP) over
 // the key tiles, as the CPU op does (not rowsum(dO * out)), stores it, then accumulates
 // dq = scale * dS k with dS = P (dP - delta); the dk/dv kernel (one block per key tile) loops over
-// the query tiles that can see it and accumulates dv = P^T dO and dk = scale * dS^T q. P is
-// recomputed from the saved logsumexp in both. Memory: O(T * D) per (batch, head).
+// the query tiles that can see it (causal: from the tile holding query k0 - causal_offset) and
+// accumulates dv = P^T dO and dk = scale * dS^T q. P is recomputed from the saved logsumexp in
+// both. Memory: O(T * D) per (batch, head).
 #include "tensor/cuda/kernels/device_common.cuh"
 #include "tensor/cuda/kernels/nn.h"
 
@@ -78,9 +80,10 @@ __device__ __forceinline__ float row_max(float v) {
   return v;
 }
 
-// Key j is visible to query i: in range and, when causal, j <= i (top-left aligned).
+// Key j is visible to query i: in range and, when causal, j <= i + causal_offset (0: top-left
+// aligned).
 __device__ __forceinline__ bool visible(int64_t i, int64_t j, const FlashAttentionShape& s) {
-  return i < s.tq && j < s.tk && (!s.causal || j <= i);
+  return i < s.tq && j < s.tk && (!s.causal || j <= i + s.causal_offset);
 }
 
 // P = exp(scale * score - lse) where visible, else 0 (and 0 everywhere when lse is -inf: no keys).
@@ -100,9 +103,22 @@ __host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-// Keys the query tile starting at q0 may see: all, or (causal) those up to its last query.
+// End of the keys the query tile starting at q0 may see: all, or (causal) those up to key
+// i + causal_offset of its last query i = q0 + kTile - 1 (rows past tq see nothing anyway), in
+// [0, tk]; 0 when no query of the tile sees a key.
 __device__ __forceinline__ int64_t key_end(const FlashAttentionShape& s, int64_t q0) {
-  return s.causal && q0 + kTile < s.tk ? q0 + kTile : s.tk;
+  if (!s.causal) return s.tk;
+  const int64_t end = q0 + kTile + s.causal_offset;
+  return end < 0 ? 0 : (end < s.tk ? end : s.tk);
+}
+
+// First query tile (its first row, a multiple of kTile) holding a query that sees a key of the
+// key tile starting at k0: 0, or (causal) the tile of query k0 - causal_offset, the first that
+// sees key k0 (a later query sees more keys, none sees fewer).
+__device__ __forceinline__ int64_t query_begin(const FlashAttentionShape& s, int64_t k0) {
+  if (!s.causal) return 0;
+  const int64_t first = k0 - s.causal_offset;
+  return first <= 0 ? 0 : first / kTile * kTile;
 }
 
 template <typename T>
@@ -243,8 +259,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   float acc_dk[kOutCols], acc_dv[kOutCols];
 #pragma unroll
   for (int c = 0; c < kOutCols; ++c) acc_dk[c] = acc_dv[c] = 0.0f;
-  // Causal: queries before k0 see none of this tile's keys (tiles are aligned, kTile both ways).
-  for (int64_t q0 = s.causal ? k0 : 0; q0 < s.tq; q0 += kTile) {
+  // Causal: queries before k0 - causal_offset see none of this tile's keys.
+  for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
     __syncthreads();
     load_tile(qs, q, q0, s.tq, d);
     load_tile(gs, grad_out, q0, s.tq, dv);

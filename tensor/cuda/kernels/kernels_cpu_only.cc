@@ -79,7 +79,7 @@ void flash_attention_backward(DType, void*, void*, void*, float*, const void*, c
                               int) {
   unavailable("flash_attention_backward");
 }
-void attention_probs(float*, float*, int64_t, int64_t, int64_t, float, bool, bool, int) {
+void attention_probs(float*, float*, int64_t, int64_t, int64_t, float, bool, int64_t, bool, int) {
   unavailable("attention_probs");
 }
 void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {

@@ -82,8 +82,9 @@ void philox_fill(DType dtype, void* out, const StridedArg& global, int64_t base,
 // Fused (FlashAttention-2 style) attention over contiguous q (rows, tq, d), k (rows, tk, d),
 // v (rows, tk, dv) of one floating dtype, never materializing a (tq, tk) matrix in global memory:
 // 64-row query and key tiles in shared memory (f32), online softmax with f32 running max and sum.
-// Same semantics as ops::scaled_dot_product_attention: causal masks key j for query i when j > i
-// (top-left aligned), tk == 0 gives zero outputs and -inf logsumexp. Head dims d, dv up to
+// Same semantics as ops::scaled_dot_product_attention: causal masks key j for query i when
+// j > i + causal_offset (0: top-left aligned); a row that sees no key (tk == 0, or
+// i + causal_offset < 0) gives zero outputs, -inf logsumexp and zero dq. Head dims d, dv up to
 // kFlashMaxHeadDim (the launchers throw loom::Error naming the sizes beyond it; ops_nn_attention.cc
 // falls back to the composed path there).
 inline constexpr int64_t kFlashMaxHeadDim = 128;
@@ -92,6 +93,7 @@ struct FlashAttentionShape {
   int64_t tq = 0, tk = 0, d = 0, dv = 0;
   float scale = 1.0f;
   bool causal = false;
+  int64_t causal_offset = 0;  // causal: query i sees keys j <= i + causal_offset
 };
 // out (rows, tq, dv) in `dtype`, lse (rows, tq) f32.
 void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
@@ -105,9 +107,10 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
 
 // Attention's row work on f32 scores (rows * tq rows of tk): probs in place, with lse per row.
 // from_lse: recompute probs from a saved lse instead (the backward), -inf lse rows are all zero.
-// The composed path's, used for head dims beyond kFlashMaxHeadDim.
+// causal: query i sees keys j <= i + causal_offset. The composed path's, used for head dims
+// beyond kFlashMaxHeadDim.
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
-                     bool causal, bool from_lse, int device);
+                     bool causal, int64_t causal_offset, bool from_lse, int device);
 // dS = P * (dP - rowsum(P * dP)) * scale, in place over dP.
 void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
                            int device);

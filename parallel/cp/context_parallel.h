@@ -1,0 +1,57 @@
+// Context parallelism: every sequence sharded over the cp ranks for the whole model (torchtitan's
+// context_parallel, Megatron's CP). Each rank holds its chunks of every sequence
+// (sequence_layout.h); everything but attention is per token and needs nothing more; attention
+// needs every earlier key and value, which the ranks exchange.
+//
+// ContextParallel is the SequenceContext (autograd/sequence_context.h) a model's forward and
+// backward run under: loom::scaled_dot_product_attention becomes its attention() and the model's
+// positions its global ones.
+//
+// Attention variants:
+//   allgather  keys and values are all-gathered over cp (one all-gather each per layer forward;
+//              their gradients reduce-scattered in backward), reordered into global order, and
+//              each of this rank's query chunks attends to the keys up to its end with the causal
+//              mask shifted to its position (scaled_dot_product_attention's causal_offset): no
+//              work on keys a chunk cannot see. torchtitan's default for causal attention.
+//
+// Collective contract (per attention call, cp > 1): forward: 2 all-gathers over the cp group
+// (K and V, each B·H·T_local·D elements in); backward: 2 reduce-scatters (dK, dV).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "autograd/sequence_context.h"
+#include "mesh/device_mesh.h"
+#include "parallel/cp/sequence_layout.h"
+
+namespace loom::parallel::cp {
+
+struct ContextParallelOptions {
+  bool load_balance = true;             // the head-tail split (sequence_layout.h)
+  std::string attention = "allgather";  // the variant (only allgather so far)
+
+  // Throws naming the flag and the variants when `attention` is unknown.
+  void validate() const;
+};
+
+class ContextParallel : public SequenceContext {
+ public:
+  // `mesh`: the 1-D cp mesh (ParallelMeshes::cp) of this rank.
+  ContextParallel(std::shared_ptr<const DeviceMesh> mesh, ContextParallelOptions options);
+
+  // The layout of a sequence of `seq_len` tokens over this rank's cp group.
+  SequenceLayout layout(int64_t seq_len) const;
+
+  std::vector<int64_t> positions(int64_t local_len) const override;
+  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                   double scale) override;
+
+  const ContextParallelOptions& options() const { return options_; }
+
+ private:
+  std::shared_ptr<const DeviceMesh> mesh_;
+  ContextParallelOptions options_;
+};
+
+}  // namespace loom::parallel::cp

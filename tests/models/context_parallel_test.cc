@@ -1,0 +1,167 @@
+// Context parallelism (parallel/cp) against one rank: GPT (learned positions) and Llama (RoPE,
+// GQA) trained 4 AdamW steps with every sequence sharded over cp ranks — load-balanced and
+// contiguous, cp 2 and 4, and composed with tp (+ SP), FSDP (dp_shard x cp) and a pp2 pipeline —
+// give the one-rank losses, gradient norms, parameters and gradients (expect_same: 1e-5). The
+// collectives of a step are counted exactly: per block, the all-gathers of K and V forward and
+// the reduce-scatters of their gradients backward, on the cp group.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "comm/testing/multi_rank.h"
+#include "data/token_data.h"
+#include "dtensor/comm_debug_mode.h"
+#include "dtensor/dtensor.h"
+#include "models/gpt/family.h"
+#include "models/llama/config.h"
+#include "models/llama/family.h"
+#include "tensor/ops.h"
+#include "tests/models/gpt_training_run.h"
+#include "train/parallel_model.h"
+#include "train/trainer.h"
+
+namespace loom {
+namespace {
+
+using models::gpt_run::expect_same;
+using models::gpt_run::Result;
+
+constexpr int kSteps = 4;
+constexpr int64_t kBatch = 4, kSeq = 32;
+constexpr uint64_t kSeed = 5, kDataSeed = 11;
+constexpr double kLr = 3e-3, kClip = 0.5;
+
+data::TokenCorpus corpus() {
+  const std::string text =
+      "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 40; ++i) {
+    for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
+  }
+  return data::TokenCorpus::from_tokens(std::move(tokens), 257, "test text");
+}
+
+enum class Family { kGpt, kLlama };
+
+std::unique_ptr<models::ModelArgs> args_of(Family family) {
+  return family == Family::kGpt ? models::gpt_args(models::gpt_run::config())
+                                : models::llama_args(models::LlamaConfig::preset("llama-tiny"));
+}
+
+struct CpRun {
+  Result result;
+  std::map<std::string, comm::CollectiveCounters> last_step_collectives;
+};
+
+// The job's code on `dims` (the one-rank reference too: every degree 1).
+CpRun train_on(comm::ProcessGroup& pg, Family family, const train::ParallelDims& dims,
+               parallel::cp::ContextParallelOptions cp = {}, int microbatches = 0) {
+  const auto mesh = dims.build_mesh(pg.shared_from_this());
+  const train::ParallelConfig parallel{
+      .dims = dims, .pipeline = {.microbatches = microbatches}, .cp = cp};
+  parallel.validate(pg.size(), kBatch, kSeq);
+  auto model = train::build_parallel_model(*args_of(family), kSeed, mesh, parallel);
+  train::Trainer trainer(*model, mesh, {.lr = [](int) { return kLr; }, .clip = kClip});
+  const auto data = corpus();
+  CpRun run;
+  for (int step = 0; step < kSteps; ++step) {
+    const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq, cp);
+    CommDebugMode comm;
+    const auto result = trainer.step(batch.inputs, batch.targets);
+    run.result.losses.push_back(result.loss);
+    run.result.grad_norms.push_back(result.grad_norm);
+    run.last_step_collectives = comm.by_group();
+  }
+  for (const auto& [name, p] : model->named_parameters()) {
+    run.result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
+    run.result.grads[name] =
+        ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
+  }
+  return run;
+}
+
+const Result& reference(Family family) {
+  static std::map<Family, Result> cache;
+  auto it = cache.find(family);
+  if (it == cache.end()) {
+    Result r;
+    comm::testing::run_on_ranks(
+        1, [&](comm::ProcessGroup& pg) { r = train_on(pg, family, {}).result; });
+    it = cache.emplace(family, std::move(r)).first;
+  }
+  return it->second;
+}
+
+void expect_like_one_rank(Family family, const train::ParallelDims& dims,
+                          parallel::cp::ContextParallelOptions cp, const std::string& layout,
+                          int microbatches = 0) {
+  const Result& expected = reference(family);
+  comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
+    const CpRun run = train_on(pg, family, dims, cp, microbatches);
+    expect_same({.actual = run.result, .expected = expected, .layout = layout});
+  });
+}
+
+TEST(ContextParallelTest, ReferenceLearns) {
+  for (Family family : {Family::kGpt, Family::kLlama}) {
+    EXPECT_LT(reference(family).losses.back(), reference(family).losses.front());
+  }
+}
+
+TEST(ContextParallelTest, GptCp2AndCp4WithAndWithoutLoadBalancing) {
+  for (bool balance : {true, false}) {
+    expect_like_one_rank(Family::kGpt, {.cp = 2}, {.load_balance = balance},
+                         balance ? "cp2 load-balanced" : "cp2 contiguous");
+  }
+  expect_like_one_rank(Family::kGpt, {.cp = 4}, {.load_balance = true}, "cp4 load-balanced");
+}
+
+TEST(ContextParallelTest, LlamaCp2AndCp4WithAndWithoutLoadBalancing) {
+  expect_like_one_rank(Family::kLlama, {.cp = 2}, {.load_balance = true}, "cp2 load-balanced");
+  expect_like_one_rank(Family::kLlama, {.cp = 4}, {.load_balance = false}, "cp4 contiguous");
+}
+
+TEST(ContextParallelTest, ComposesWithTensorParallelFsdpAndPipelines) {
+  for (Family family : {Family::kGpt, Family::kLlama}) {
+    const std::string name = family == Family::kGpt ? "GPT " : "Llama ";
+    expect_like_one_rank(family, {.cp = 2, .tp = 2}, {}, name + "tp2 (SP) x cp2");
+    expect_like_one_rank(family, {.dp_shard = 2, .cp = 2}, {}, name + "dp_shard2 x cp2");
+    expect_like_one_rank(family, {.pp = 2, .cp = 2}, {}, name + "pp2 x cp2", /*microbatches=*/2);
+  }
+}
+
+// Per step on cp2 (GPT, 2 blocks): forward, 2 all-gathers (K, V) per block; backward, 2
+// reduce-scatters per block; each of this rank's local K or V: B x H x T/2 x D floats in.
+TEST(ContextParallelTest, CollectivesPerStepAreTheAllGathersAndReduceScatters) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const CpRun run = train_on(pg, Family::kGpt, {.cp = 2});
+    const auto it = run.last_step_collectives.find("mesh/cp");
+    ASSERT_NE(it, run.last_step_collectives.end()) << "no collective on the cp group";
+    const auto& counters = it->second;
+    const auto config = models::gpt_run::config();
+    const int64_t blocks = config.n_layer;
+    const int64_t local_bytes = kBatch * config.n_embd * (kSeq / 2) * 4;  // B x H x T/2 x D f32
+    const auto kind = [](comm::CollectiveKind k) { return static_cast<size_t>(k); };
+    EXPECT_EQ(counters.calls[kind(comm::CollectiveKind::kAllGather)], 2 * blocks);
+    EXPECT_EQ(counters.bytes[kind(comm::CollectiveKind::kAllGather)], 2 * blocks * local_bytes);
+    EXPECT_EQ(counters.calls[kind(comm::CollectiveKind::kReduceScatter)], 2 * blocks);
+    EXPECT_EQ(counters.bytes[kind(comm::CollectiveKind::kReduceScatter)],
+              2 * blocks * 2 * local_bytes);  // the whole sequence's gradient in
+  });
+}
+
+TEST(ContextParallelTest, ASequenceThatDoesNotSplitIsRefusedNamingBoth) {
+  const train::ParallelConfig parallel{.dims = {.cp = 4}};
+  try {
+    parallel.validate(4, kBatch, 36);
+    FAIL() << "a sequence of 36 over cp 4 with load balancing was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("36 tokens do not split into 8 equal chunks"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom
