@@ -1,4 +1,4 @@
-// Any registered family's model laid out over a (pp, dp_replicate, dp_shard, tp) mesh: the one
+// Any registered family's model laid out over a (pp, dp_replicate, dp_shard, cp, tp) mesh: the one
 // composition every job, test and example uses (torchtitan's parallelize + pipeline functions),
 // for pp = 1 and pp > 1 alike, driven by the family's parts (models::ModelArgs::spec).
 //

@@ -37,7 +37,7 @@ namespace loom::train {
 
 struct TracedRank {
   int rank = 0;
-  std::vector<int64_t> coordinate;  // on the (pp, dp_replicate, dp_shard, tp) mesh
+  std::vector<int64_t> coordinate;  // on the (pp, dp_replicate, dp_shard, cp, tp) mesh
   int64_t parameters = 0;           // parameter elements it holds (its shards)
   int64_t held_bytes = 0;           // storage held between steps
   int64_t peak_bytes = 0;           // the most held at once during a step
