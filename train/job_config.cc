@@ -64,10 +64,11 @@ const std::vector<JobOption>& options() {
        &C::cp_load_balance},
       {"parallel",
        "cp_attention",
-       "with cp > 1, how attention reaches the other ranks' keys and values",
+       "with cp > 1, how attention reaches the other ranks' keys and values: allgather (K and V "
+       "gathered) or alltoall (Ulysses: sequence <-> heads)",
        &C::cp_attention,
        Range::kAny,
-       {"allgather"}},
+       {"allgather", "alltoall"}},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},
       {"parallel", "nproc",
        "ranks to start without a launcher (0: the product of the degrees; needed for dp_shard "

@@ -42,11 +42,65 @@ class AllGatherSequence : public autograd::Function {
   std::shared_ptr<comm::ProcessGroup> group_;
 };
 
+// All-to-all over the cp group: `split_dim` cut into cp pieces, piece j to rank j, the pieces
+// received from every rank concatenated along `cat_dim` in rank order; backward: the inverse
+// exchange (Ulysses' sequence <-> heads reshard).
+class AllToAll : public autograd::Function {
+ public:
+  AllToAll(std::shared_ptr<comm::ProcessGroup> group, int64_t split_dim, int64_t cat_dim)
+      : group_(std::move(group)), split_dim_(split_dim), cat_dim_(cat_dim) {}
+  std::string name() const override { return "ContextParallelAllToAll"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+    return {exchange(inputs[0], split_dim_, cat_dim_)};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return {exchange(grads[0], cat_dim_, split_dim_)};
+  }
+
+ private:
+  Tensor exchange(const Tensor& x, int64_t split_dim, int64_t cat_dim) const {
+    const int64_t n = group_->size();
+    LOOM_CHECK(x.size(split_dim) % n == 0,
+               "context-parallel all-to-all: dim {} of size {} does not split over cp {}",
+               split_dim, x.size(split_dim), n);
+    const int64_t piece = x.size(split_dim) / n;
+    std::vector<Tensor> send, receive;
+    for (int64_t j = 0; j < n; ++j) {
+      send.push_back(ops::contiguous(ops::narrow(x, split_dim, j * piece, piece)));
+      receive.push_back(ops::empty(send.back().shape(), x.dtype(), x.device()));
+    }
+    group_->all_to_all(receive, send)->wait();
+    return ops::cat(receive, cat_dim);
+  }
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  int64_t split_dim_, cat_dim_;
+};
+
+// Rank order (rank 0's chunks, rank 1's, ...) along dim 2 into global chunk order, or back.
+Tensor reorder(const Tensor& x, const SequenceLayout& seq, bool to_global) {
+  if (seq.chunks_per_rank() == 1) return x;
+  const int64_t len = seq.chunk_len();
+  std::vector<Tensor> pieces(static_cast<size_t>(2 * seq.cp));
+  for (int64_t r = 0; r < seq.cp; ++r) {
+    const std::vector<int64_t> held = seq.chunks_of(r);
+    for (size_t slot = 0; slot < held.size(); ++slot) {
+      const int64_t rank_at = r * seq.chunks_per_rank() + static_cast<int64_t>(slot);
+      const int64_t from = to_global ? rank_at : held[slot];
+      const int64_t to = to_global ? held[slot] : rank_at;
+      pieces[static_cast<size_t>(to)] = narrow(x, 2, from * len, len);
+    }
+  }
+  return cat(pieces, 2);
+}
+
 }  // namespace
 
 void ContextParallelOptions::validate() const {
-  LOOM_CHECK(attention == "allgather",
-             "--cp-attention: '{}' is not a context-parallel attention; expected allgather",
+  LOOM_CHECK(attention == "allgather" || attention == "alltoall",
+             "--cp-attention: '{}' is not a context-parallel attention; expected allgather or "
+             "alltoall",
              attention);
 }
 
@@ -77,26 +131,15 @@ Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor
              "{}, {} dims",
              q.dim(), k.dim(), v.dim());
   const SequenceLayout seq = layout(q.size(2) * mesh_->size(0));
+  if (options_.attention == "alltoall") return ulysses(q, k, v, is_causal, scale, seq);
   const auto gather = [&](const Tensor& x) {
     return autograd::Function::apply(std::make_shared<AllGatherSequence>(mesh_->group(0)), {x})[0];
   };
   Tensor keys = gather(k), values = gather(v);  // (B, H, T, D), rank order
   const int64_t len = seq.chunk_len();
-  if (seq.chunks_per_rank() > 1) {
-    // Rank order [r0's chunks, r1's chunks, ...] into global order.
-    std::vector<Tensor> k_chunks(static_cast<size_t>(2 * seq.cp)),
-        v_chunks(static_cast<size_t>(2 * seq.cp));
-    for (int64_t r = 0; r < seq.cp; ++r) {
-      const std::vector<int64_t> held = seq.chunks_of(r);
-      for (size_t slot = 0; slot < held.size(); ++slot) {
-        const int64_t at = (r * seq.chunks_per_rank() + static_cast<int64_t>(slot)) * len;
-        k_chunks[static_cast<size_t>(held[slot])] = narrow(keys, 2, at, len);
-        v_chunks[static_cast<size_t>(held[slot])] = narrow(values, 2, at, len);
-      }
-    }
-    keys = cat(k_chunks, 2);
-    values = cat(v_chunks, 2);
-  }
+  // Rank order [r0's chunks, r1's chunks, ...] into global order.
+  keys = reorder(keys, seq, /*to_global=*/true);
+  values = reorder(values, seq, /*to_global=*/true);
   // Each of this rank's query chunks against the keys up to its end, the causal mask shifted to
   // its first position.
   std::vector<Tensor> outputs;
@@ -113,6 +156,27 @@ Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor
                                                    /*causal_offset=*/first));
   }
   return outputs.size() == 1 ? outputs.front() : cat(outputs, 2);
+}
+
+Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
+                                double scale, const SequenceLayout& seq) {
+  const int64_t cp = seq.cp;
+  LOOM_CHECK(q.size(1) % cp == 0 && k.size(1) % cp == 0,
+             "--cp-attention alltoall: this rank's {} attention heads (after tp) do not split "
+             "over cp {}; use allgather, or a cp that divides the heads",
+             q.size(1), cp);
+  const auto& group = mesh_->group(0);
+  // Sequence-sharded, all heads -> all of the sequence, heads / cp (in global order).
+  const auto to_heads = [&](const Tensor& x) {
+    const Tensor whole = autograd::Function::apply(
+        std::make_shared<AllToAll>(group, /*split=*/1, /*cat=*/2), {x})[0];
+    return reorder(whole, seq, /*to_global=*/true);
+  };
+  const Tensor y =
+      scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), is_causal, scale);
+  // Back: this rank's tokens, all heads.
+  return autograd::Function::apply(std::make_shared<AllToAll>(group, /*split=*/2, /*cat=*/1),
+                                   {reorder(y, seq, /*to_global=*/false)})[0];
 }
 
 }  // namespace loom::parallel::cp

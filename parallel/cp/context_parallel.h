@@ -13,9 +13,14 @@
 //              each of this rank's query chunks attends to the keys up to its end with the causal
 //              mask shifted to its position (scaled_dot_product_attention's causal_offset): no
 //              work on keys a chunk cannot see. torchtitan's default for causal attention.
+//   alltoall   Ulysses (DeepSpeed): q, k and v resharded from sequence to heads by an all-to-all
+//              over cp (each rank then holds the whole sequence for heads / cp of its heads, which
+//              cp must divide), local causal attention in global order, and the output resharded
+//              back by a second all-to-all; backward: the inverse exchanges.
 //
-// Collective contract (per attention call, cp > 1): forward: 2 all-gathers over the cp group
-// (K and V, each B·H·T_local·D elements in); backward: 2 reduce-scatters (dK, dV).
+// Collective contract (per attention call, cp > 1), over the cp group: allgather: forward 2
+// all-gathers (K and V, each B·H·T_local·D elements in), backward 2 reduce-scatters (dK, dV);
+// alltoall: forward 4 all-to-alls (q, k, v in, the output back), backward 4.
 #pragma once
 
 #include <memory>
@@ -29,7 +34,7 @@ namespace loom::parallel::cp {
 
 struct ContextParallelOptions {
   bool load_balance = true;             // the head-tail split (sequence_layout.h)
-  std::string attention = "allgather";  // the variant (only allgather so far)
+  std::string attention = "allgather";  // the variant: allgather or alltoall
 
   // Throws naming the flag and the variants when `attention` is unknown.
   void validate() const;
@@ -50,6 +55,10 @@ class ContextParallel : public SequenceContext {
   const ContextParallelOptions& options() const { return options_; }
 
  private:
+  // The alltoall variant (Ulysses).
+  Tensor ulysses(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale,
+                 const SequenceLayout& seq);
+
   std::shared_ptr<const DeviceMesh> mesh_;
   ContextParallelOptions options_;
 };

@@ -1,4 +1,5 @@
-// Context parallelism (parallel/cp) against one rank: GPT (learned positions) and Llama (RoPE,
+// Context parallelism (parallel/cp) against one rank, both attention variants (allgather,
+// alltoall): GPT (learned positions) and Llama (RoPE,
 // GQA) trained 4 AdamW steps with every sequence sharded over cp ranks — load-balanced and
 // contiguous, cp 2 and 4, and composed with tp (+ SP), FSDP (dp_shard x cp) and a pp2 pipeline —
 // give the one-rank losses, gradient norms, parameters and gradients (expect_same: 1e-5). The
@@ -122,6 +123,18 @@ TEST(ContextParallelTest, LlamaCp2AndCp4WithAndWithoutLoadBalancing) {
   expect_like_one_rank(Family::kLlama, {.cp = 4}, {.load_balance = false}, "cp4 contiguous");
 }
 
+TEST(ContextParallelTest, UlyssesAllToAllForBothFamilies) {
+  for (Family family : {Family::kGpt, Family::kLlama}) {
+    const std::string name = family == Family::kGpt ? "GPT " : "Llama ";
+    expect_like_one_rank(family, {.cp = 2}, {.attention = "alltoall"},
+                         name + "cp2 alltoall load-balanced");
+    expect_like_one_rank(family, {.cp = 4}, {.load_balance = false, .attention = "alltoall"},
+                         name + "cp4 alltoall contiguous");
+    expect_like_one_rank(family, {.cp = 2, .tp = 2}, {.attention = "alltoall"},
+                         name + "tp2 (SP) x cp2 alltoall");
+  }
+}
+
 TEST(ContextParallelTest, ComposesWithTensorParallelFsdpAndPipelines) {
   for (Family family : {Family::kGpt, Family::kLlama}) {
     const std::string name = family == Family::kGpt ? "GPT " : "Llama ";
@@ -148,6 +161,23 @@ TEST(ContextParallelTest, CollectivesPerStepAreTheAllGathersAndReduceScatters) {
     EXPECT_EQ(counters.calls[kind(comm::CollectiveKind::kReduceScatter)], 2 * blocks);
     EXPECT_EQ(counters.bytes[kind(comm::CollectiveKind::kReduceScatter)],
               2 * blocks * 2 * local_bytes);  // the whole sequence's gradient in
+  });
+}
+
+// Ulysses per step on cp2 (GPT, 2 blocks): 4 all-to-alls per block forward (q, k, v, the
+// output) and 4 backward; each sends this rank's B x H x T/2 x D floats.
+TEST(ContextParallelTest, UlyssesCollectivesPerStepAreTheAllToAlls) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const CpRun run = train_on(pg, Family::kGpt, {.cp = 2}, {.attention = "alltoall"});
+    const auto it = run.last_step_collectives.find("mesh/cp");
+    ASSERT_NE(it, run.last_step_collectives.end()) << "no collective on the cp group";
+    const auto config = models::gpt_run::config();
+    const int64_t local_bytes = kBatch * config.n_embd * (kSeq / 2) * 4;
+    const auto kind = [](comm::CollectiveKind k) { return static_cast<size_t>(k); };
+    EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllToAll)], 8 * config.n_layer);
+    EXPECT_EQ(it->second.bytes[kind(comm::CollectiveKind::kAllToAll)],
+              8 * config.n_layer * local_bytes);
+    EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllGather)], 0);
   });
 }
 
