@@ -74,6 +74,12 @@ class ModelArgs {
   // Throws loom::Error naming the sizes a tp degree must divide (heads, kv heads) when `tp` does
   // not divide them: before any rank starts.
   virtual void validate_tp(int64_t tp) const = 0;
+  // Whether the model runs on a sequence sharded over cp ranks (parallel/cp): its attention goes
+  // through loom::scaled_dot_product_attention and its positions (if any) come from
+  // sequence_positions / sequence_rows (autograd/sequence_context.h). A family says so; the
+  // default is no, so a family computing positions its own way is refused by name, not trained
+  // silently wrong.
+  virtual bool supports_context_parallel() const { return false; }
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
   // from `seed` the same on every layout.
   virtual pipeline::PipelineModelSpec spec(uint64_t seed, const TPPlanOptions& plan) const = 0;

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "models/hf/checkpoint.h"
+#include "train/parallel_model.h"
 
 namespace loom::train {
 
@@ -36,6 +37,7 @@ JobModel resolve_job_model(const JobConfig& job) {
              "pass a larger --block-size or a shorter --seq-len",
              job.seq_len, out.args->context(), context_from);
   if (job.tp > 1) out.args->validate_tp(job.tp);
+  check_context_parallel(*out.args, job.cp);
   return out;
 }
 

@@ -162,6 +162,7 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
   model.validate();
   validate_layout(parallel, global_batch, seq_len, model.context());
   if (dims.tp > 1) model.validate_tp(dims.tp);
+  check_context_parallel(model, dims.cp);
 
   JobPlan plan{.model_summary = model.summary(),
                .world_size = dims.world_size(),

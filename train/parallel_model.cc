@@ -195,6 +195,15 @@ class PipelinedModel : public ParallelModel {
 
 }  // namespace
 
+void check_context_parallel(const models::ModelArgs& args, int64_t cp) {
+  LOOM_CHECK(cp == 1 || args.supports_context_parallel(),
+             "--cp {}: the {} family does not take context parallelism (its ModelArgs does not "
+             "declare supports_context_parallel: its positions must come from "
+             "sequence_positions / sequence_rows and its attention from "
+             "loom::scaled_dot_product_attention); use --cp 1",
+             cp, args.family());
+}
+
 std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& args, uint64_t seed,
                                                     std::shared_ptr<const DeviceMesh> mesh,
                                                     const ParallelConfig& parallel) {
@@ -205,6 +214,7 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
              mesh->str(), fmt::join(parallel.dims.names(), ", "), parallel.dims.str());
   args.validate();
   if (parallel.dims.tp > 1) args.validate_tp(parallel.dims.tp);
+  check_context_parallel(args, parallel.dims.cp);
   const parallel::ParallelMeshes meshes = ParallelDims::meshes(mesh);
   pipeline::PipelineModelSpec spec = args.spec(seed, parallel.tp_plan);
   // Context parallelism: every forward and backward runs under it (autograd/sequence_context.h).

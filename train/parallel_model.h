@@ -65,6 +65,10 @@ class ParallelModel {
 // A model of `args` initialized from `seed` (identical on every layout), laid out on `mesh`
 // (ParallelDims::build_mesh's) by `parallel`, on the mesh's device (its groups': the CPU for
 // Gloo, this rank's GPU for NCCL).
+// Throws naming the family unless cp is 1 or the family takes context parallelism
+// (models::ModelArgs::supports_context_parallel): the job's checks and the plan call it too.
+void check_context_parallel(const models::ModelArgs& args, int64_t cp);
+
 std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& args, uint64_t seed,
                                                     std::shared_ptr<const DeviceMesh> mesh,
                                                     const ParallelConfig& parallel);

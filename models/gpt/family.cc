@@ -40,6 +40,7 @@ class GPTArgs : public ModelArgs {
             {"vocab_size", config_.vocab_size}};
   }
   void validate() const override { config_.validate(); }
+  bool supports_context_parallel() const override { return true; }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(config_.n_head % tp == 0,
                "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", config_.n_head,

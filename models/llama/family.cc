@@ -43,6 +43,7 @@ class LlamaArgs : public ModelArgs {
             {"rope_scaling", rope_scaling()}};
   }
   void validate() const override { config_.validate(); }
+  bool supports_context_parallel() const override { return true; }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(config_.n_heads % tp == 0 && config_.n_kv_heads % tp == 0,
                "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank "

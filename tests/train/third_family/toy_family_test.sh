@@ -39,4 +39,11 @@ if "$train" --model toy-tiny --dp 1 --tp 1 --save x.safetensors --steps 1 --no-p
   fail "--save of a family without a Hugging Face format succeeded"
 fi
 grep -q -- "--save: the toy family (--model toy-tiny) has no Hugging Face checkpoint format" save.log || { cat save.log; fail "not named"; }
-echo "ok: a third family in 3 files of its own folder, on 1 rank, dp2 x tp2 and pp2"
+# A family that does not declare context parallelism (ModelArgs::supports_context_parallel) is
+# refused by name for --cp 2, before anything trains.
+if "$train" --model toy-tiny --dp 1 --tp 1 --cp 2 --steps 1 --no-progress --sample-tokens 0 \
+    --metrics-out "" --plot-out "" >cp.log 2>&1; then
+  fail "--cp 2 on a family without context parallelism succeeded"
+fi
+grep -q -- "--cp 2: the toy family does not take context parallelism" cp.log || { cat cp.log; fail "cp not named"; }
+echo "ok: a third family in 3 files of its own folder, on 1 rank, dp2 x tp2 and pp2; --cp refused by name"
