@@ -34,12 +34,14 @@ void expect_trace_matches(const ParallelConfig& parallel) {
   const int world = static_cast<int>(parallel.dims.world_size());
   const auto traced = trace_training_step(parallel.dims, gpt_builder(parallel),
                                           {.local_batch = kBatch / parallel.dims.dp(),
-                                           .seq_len = kSeq,
+                                           .seq_len = kSeq / parallel.dims.cp,
                                            .ranks = ranks_to_trace(parallel.dims),
                                            .target = Device::cpu()});
   const auto measured = measure_training_step_on_gloo_threads(
       parallel.dims, gpt_builder(parallel),
-      {.local_batch = kBatch / parallel.dims.dp(), .seq_len = kSeq, .timeout = kTimeout});
+      {.local_batch = kBatch / parallel.dims.dp(),
+       .seq_len = kSeq / parallel.dims.cp,  // this rank's tokens of each sequence
+       .timeout = kTimeout});
   ASSERT_EQ(traced.size(), static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
     SCOPED_TRACE(fmt::format("rank {}", r));
@@ -74,6 +76,14 @@ void expect_trace_matches(const ParallelConfig& parallel) {
 
 TEST(StepTrace, TensorParallelWithSequenceParallelism) {
   expect_trace_matches({.dims = {.tp = 2}});
+}
+
+// Context parallelism: the plan's collectives on the cp and dp_shard_cp groups are the real
+// run's, for both attention variants.
+TEST(StepTrace, ContextParallelAllGatherAndAllToAll) {
+  expect_trace_matches({.dims = {.cp = 2, .tp = 2}, .cp = {.attention = "allgather"}});
+  // Ulysses splits the rank's heads over cp: the 2 heads of this model, without tp.
+  expect_trace_matches({.dims = {.dp_shard = 2, .cp = 2}, .cp = {.attention = "alltoall"}});
 }
 
 TEST(StepTrace, DistributedDataParallel) { expect_trace_matches({.dims = {.dp_replicate = 2}}); }
