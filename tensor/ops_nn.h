@@ -163,11 +163,19 @@ struct AttentionGrads {
 // `out` is the forward's output; it is shape-checked but the row sums use P * dP (exact in f32
 // even when out was rounded to bf16), not the FlashAttention form rowsum(dO * out). is_causal,
 // scale and causal_offset must be the forward's.
+// delta_from_out: the row sums from grad_out · out, the whole row's when `out` and `logsumexp`
+// are a larger attention's over more keys than k and v hold — ring attention's per-block
+// backward. Then delta_i = sum_d grad_out[i,d] * out[i,d] in f32 (bf16 operands upcast) replaces
+// rowsum(P * dP) over this call's keys, so the gradients of the key blocks' calls sum (dq) and
+// concatenate (dk, dv) to the whole attention's; a row that sees none of k's keys still gets no
+// gradient. With out and logsumexp of this call's own forward it matches the default up to
+// rounding (exactly when out was not rounded below f32).
 AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
                                                      bool is_causal = false, double scale = 0.0,
-                                                     int64_t causal_offset = 0);
+                                                     int64_t causal_offset = 0,
+                                                     bool delta_from_out = false);
 
 // ---- dropout ----------------------------------------------------------------------------------
 

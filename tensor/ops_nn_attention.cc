@@ -15,9 +15,11 @@
 #include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_elementwise.h"
 #include "tensor/ops_matmul.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_nn_internal.h"
+#include "tensor/ops_reduce.h"
 #include "tensor/ops_views.h"
 
 namespace loom::ops {
@@ -134,6 +136,12 @@ int64_t attention_flops(const AttentionDims& dims) {
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
 
+// delta_from_out's row sums delta_i = sum_d grad_out[i,d] * out[i,d] in f32: (batch..., tq),
+// contiguous (the kernels index it as (rows, tq)).
+Tensor delta_from(const Tensor& grad_out, const Tensor& out) {
+  return contiguous(sum(mul(to(grad_out, kFloat32), to(out, kFloat32)), {-1}));
+}
+
 }  // namespace
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
@@ -196,10 +204,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
                                                      bool is_causal, double scale,
-                                                     int64_t causal_offset) {
-  if (auto r =
-          dispatch_op(OpId::scaled_dot_product_attention_backward,
-                      {grad_out, q, k, v, out, logsumexp}, {is_causal, scale, causal_offset})) {
+                                                     int64_t causal_offset, bool delta_from_out) {
+  if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
+                           {grad_out, q, k, v, out, logsumexp},
+                           {is_causal, scale, causal_offset, delta_from_out})) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention_backward";
@@ -235,11 +243,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     Tensor dq = Tensor::empty(q.shape(), q.dtype(), device);
     Tensor dk = Tensor::empty(k.shape(), k.dtype(), device);
     Tensor dv = Tensor::empty(v.shape(), v.dtype(), device);
-    Tensor delta = Tensor::empty(lse_shape, kFloat32, device);  // rowsum(P * dP), scratch
+    // rowsum(P * dP), scratch; or (delta_from_out) the given whole-row sums, read only.
+    Tensor delta =
+        delta_from_out ? delta_from(grad_out, out) : Tensor::empty(lse_shape, kFloat32, device);
     cuda::kernels::flash_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
                                             delta.data<float>(), gc.raw_data(), qc.raw_data(),
                                             kc.raw_data(), vc.raw_data(), lse.data<float>(),
-                                            flash_shape(dims), device.index);
+                                            flash_shape(dims), device.index, delta_from_out);
     return {dq, dk, dv};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
@@ -255,9 +265,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
            dk = Tensor::empty(dk_shape, kFloat32, device),
            dv = Tensor::empty(dv_shape, kFloat32, device);
     if (device.is_meta()) return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
+    const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
     cpu::attention_backward(cpu_shape(dims), qo.rows(), ko.rows(), vo.rows(), go.rows(),
-                            lse.data<float>(), dq.data<float>(), dk.data<float>(),
-                            dv.data<float>());
+                            lse.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(),
+                            delta_from_out ? delta.data<float>() : nullptr);
     return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
   }
   const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
@@ -272,8 +283,10 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
+  const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
   cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, dims.scale,
-                                       device.index);
+                                       device.index,
+                                       delta_from_out ? delta.data<float>() : nullptr);
   Tensor dq = matmul(dscores, kf);  // (..., tq, d)
   Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
   return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};

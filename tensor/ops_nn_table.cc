@@ -70,11 +70,13 @@ void register_nn_ops(OpTable& t) {
                                                c.bool_attr(0), c.double_attr(1), causal_offset(c));
     return V{r.out, r.logsumexp};
   };
-  // Inputs (grad_out, q, k, v, out, logsumexp).
+  // Inputs (grad_out, q, k, v, out, logsumexp); attrs (is_causal, scale, causal_offset,
+  // delta_from_out): a call of three attrs or fewer (made before the flag existed) means false.
   t[OpId::scaled_dot_product_attention_backward] = [causal_offset](C c) {
+    const bool delta_from_out = c.attrs.size() > 3 && c.bool_attr(3);
     auto r = ops::scaled_dot_product_attention_backward(
         c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
-        c.bool_attr(0), c.double_attr(1), causal_offset(c));
+        c.bool_attr(0), c.double_attr(1), causal_offset(c), delta_from_out);
     return V{r.dq, r.dk, r.dv};
   };
   // Dropout: attrs (p, seed, training).

@@ -307,8 +307,9 @@ void register_nn_strategies(StrategyTable& t) {
     return s;
   };
   // Attention shards only the leading (batch, head) dims: every shard holds whole sequences, so
-  // the attrs (is_causal, scale, causal_offset) reach each local call unchanged (propagator.cc
-  // passes call.attrs through) and mean there what they mean for the whole tensor.
+  // the attrs (is_causal, scale, causal_offset; the backward's delta_from_out, a per-row sum)
+  // reach each local call unchanged (propagator.cc passes call.attrs through) and mean there
+  // what they mean for the whole tensor.
   t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;

@@ -77,7 +77,7 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
 
 void attention_backward(const AttentionShape& s, const RowMatrices& q, const RowMatrices& k,
                         const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
-                        float* dq, float* dk, float* dv) {
+                        float* dq, float* dk, float* dv, const float* delta_in) {
   for_each_entry(s, [&](int64_t e, float* scratch) {
     float* p = scratch;
     float* dp = scratch + std::max<int64_t>(s.tk, 1);
@@ -99,7 +99,7 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
         dp[j] = dot(gi, row(v, e, j), s.dv);
         rowsum += static_cast<double>(p[j]) * dp[j];
       }
-      const auto delta = static_cast<float>(rowsum);
+      const float delta = delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
       for (int64_t j = 0; j < visible; ++j) {
         const float ds = p[j] * (dp[j] - delta) * s.scale;
         axpy(ds, row(k, e, j), dq_i, s.d);

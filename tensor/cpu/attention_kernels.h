@@ -36,9 +36,10 @@ void attention_forward(const AttentionShape& shape, const RowMatrices& q, const 
 
 // dq (entries, tq, d), dk (entries, tk, d), dv (entries, tk, dv): contiguous, overwritten.
 // dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double. A row that sees no
-// key (or whose lse is -inf) contributes nothing: its dq row is 0.
+// key (or whose lse is -inf) contributes nothing: its dq row is 0. `delta` (entries, tq)
+// contiguous, when not null, replaces the rowsum (ring attention's whole-row rowsum(dO * out)).
 void attention_backward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
                         const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
-                        float* dq, float* dk, float* dv);
+                        float* dq, float* dk, float* dv, const float* delta = nullptr);
 
 }  // namespace loom::cpu

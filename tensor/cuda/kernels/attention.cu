@@ -45,14 +45,19 @@ __global__ void attention_probs_kernel(float* p, float* lse, int64_t total_rows,
   }
 }
 
+// delta, when not null, gives each row's sum instead of rowsum(P * dP) over these keys.
 __global__ void attention_grad_scores_kernel(float* dp, const float* p, int64_t total_rows,
-                                             int64_t tk, float scale) {
+                                             int64_t tk, float scale, const float* delta) {
   for (int64_t r = blockIdx.x; r < total_rows; r += gridDim.x) {
     const float* pr = p + r * tk;
     float* dr = dp + r * tk;
     float dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += pr[j] * dr[j];
-    dot = block_sum(dot);
+    if (delta != nullptr) {
+      dot = delta[r];  // uniform over the block: every thread skips block_sum together
+    } else {
+      for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) dot += pr[j] * dr[j];
+      dot = block_sum(dot);
+    }
     for (int64_t j = threadIdx.x; j < tk; j += blockDim.x) dr[j] = pr[j] * (dr[j] - dot) * scale;
   }
 }
@@ -69,10 +74,10 @@ void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_
 }
 
 void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
-                           int device) {
+                           int device, const float* delta) {
   if (rows == 0 || tk == 0) return;
   attention_grad_scores_kernel<<<grid_for_rows(rows), kThreads, 0, compute_stream(device)>>>(
-      dp, probs, rows, tk, scale);
+      dp, probs, rows, tk, scale, delta);
   check_launch("attention_grad_scores_kernel", device);
 }
 

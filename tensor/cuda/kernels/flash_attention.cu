@@ -9,7 +9,8 @@
 // (running max m and sum l per row in f32); causal blocks stop at the last key tile a row sees
 // (key i + causal_offset for the tile's last query i).
 // Backward: the dq kernel (one block per query tile) first sums delta_i = rowsum(P * dP) over
-// the key tiles, as the CPU op does (not rowsum(dO * out)), stores it, then accumulates
+// the key tiles, as the CPU op does (not rowsum(dO * out); with delta_given it reads delta as
+// given instead, ring attention's whole-row rowsum(dO * out)), stores it, then accumulates
 // dq = scale * dS k with dS = P (dP - delta); the dk/dv kernel (one block per key tile) loops over
 // the query tiles that can see it (causal: from the tile holding query k0 - causal_offset) and
 // accumulates dv = P^T dO and dk = scale * dS^T q. P is recomputed from the saved logsumexp in
@@ -179,7 +180,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 template <typename T>
 __global__ void __launch_bounds__(kFlashThreads)
     flash_backward_dq_kernel(T* dq, float* delta, const T* grad_out, const T* q, const T* k,
-                             const T* v, const float* lse, FlashAttentionShape s) {
+                             const T* v, const float* lse, FlashAttentionShape s,
+                             bool delta_given) {
   extern __shared__ float smem[];
   const int d = static_cast<int>(s.d), dv = static_cast<int>(s.dv);
   const int64_t q_tiles = ceil_div(s.tq, kTile);
@@ -197,10 +199,11 @@ __global__ void __launch_bounds__(kFlashThreads)
   load_tile(qs, q, q0, s.tq, d);
   load_tile(gs, grad_out, q0, s.tq, dv);
   // Pass 1: delta_i = sum_j P_ij dP_ij with dP = dO v^T.  Pass 2: dq_i += sum_j dS_ij k_j.
-  float di = 0.0f, acc[kOutCols];
+  // delta_given: delta_i is read, pass 1 skipped (uniform over the block: every thread skips it).
+  float di = delta_given && i < s.tq ? delta[bh * s.tq + i] : 0.0f, acc[kOutCols];
 #pragma unroll
   for (int c = 0; c < kOutCols; ++c) acc[c] = 0.0f;
-  for (int pass = 0; pass < 2; ++pass) {
+  for (int pass = delta_given ? 1 : 0; pass < 2; ++pass) {
     float dsum = 0.0f;
     for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
       __syncthreads();
@@ -227,7 +230,7 @@ __global__ void __launch_bounds__(kFlashThreads)
     if (pass == 0) di = row_sum(dsum);
   }
   if (i < s.tq) {
-    if (lane == 0) delta[bh * s.tq + i] = di;
+    if (lane == 0 && !delta_given) delta[bh * s.tq + i] = di;
     store_row(dq + (bh * s.tq + i) * d, acc, d, lane, 1.0f);
   }
 }
@@ -339,7 +342,8 @@ void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, 
 
 void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
                               const void* grad_out, const void* q, const void* k, const void* v,
-                              const float* lse, const FlashAttentionShape& s, int device) {
+                              const float* lse, const FlashAttentionShape& s, int device,
+                              bool delta_given) {
   check_shape(s, "flash_attention_backward");
   if (s.rows == 0) return;
   visit_floating(dtype, "flash_attention_backward", [&](auto tag) {
@@ -351,7 +355,7 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
     if (s.tq > 0) {
       launch(flash_backward_dq_kernel<T>, "flash_backward_dq_kernel",
              s.rows * ceil_div(s.tq, kTile), bytes, device, static_cast<T*>(dq), delta, g, qt, kt,
-             vt, lse, s);
+             vt, lse, s, delta_given);
     }
     if (s.tk > 0) {
       // With tq == 0 every key's gradient is 0: the loop over query tiles is empty.

@@ -76,13 +76,13 @@ void flash_attention_forward(DType, void*, float*, const void*, const void*, con
 }
 void flash_attention_backward(DType, void*, void*, void*, float*, const void*, const void*,
                               const void*, const void*, const float*, const FlashAttentionShape&,
-                              int) {
+                              int, bool) {
   unavailable("flash_attention_backward");
 }
 void attention_probs(float*, float*, int64_t, int64_t, int64_t, float, bool, int64_t, bool, int) {
   unavailable("attention_probs");
 }
-void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int) {
+void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int, const float*) {
   unavailable("attention_grad_scores");
 }
 

@@ -101,9 +101,12 @@ void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, 
 // dq, dk, dv (q's, k's, v's shapes) in `dtype` from grad_out (rows, tq, dv) and the forward's lse.
 // `delta` is scratch of rows * tq f32: delta_i = rowsum(P * dP)_i, computed tile-wise by the dq
 // pass (one block per query tile) before the dk/dv pass (one block per key tile) reads it.
+// delta_given: `delta` already holds the row sums (ring attention's whole-row rowsum(dO * out));
+// the dq pass reads them instead of summing P * dP over these keys, and leaves them unchanged.
 void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
                               const void* grad_out, const void* q, const void* k, const void* v,
-                              const float* lse, const FlashAttentionShape& shape, int device);
+                              const float* lse, const FlashAttentionShape& shape, int device,
+                              bool delta_given = false);
 
 // Attention's row work on f32 scores (rows * tq rows of tk): probs in place, with lse per row.
 // from_lse: recompute probs from a saved lse instead (the backward), -inf lse rows are all zero.
@@ -111,8 +114,9 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
 // beyond kFlashMaxHeadDim.
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
                      bool causal, int64_t causal_offset, bool from_lse, int device);
-// dS = P * (dP - rowsum(P * dP)) * scale, in place over dP.
+// dS = P * (dP - rowsum(P * dP)) * scale, in place over dP; `delta` (rows f32), when not null,
+// replaces rowsum(P * dP) (ring attention's whole-row rowsum(dO * out)).
 void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
-                           int device);
+                           int device, const float* delta = nullptr);
 
 }  // namespace loom::cuda::kernels
