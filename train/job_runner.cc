@@ -105,6 +105,9 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
   resolve_parallel_degrees(job_, world_->size());
   device_ = world_->device();
   checked_ = check_job(job_);
+  // The resident set once the data is open and checked, before the model or any thread of the
+  // job's own exists: what the corpus costs a rank (a mapped corpus of any size costs the same).
+  const auto [resident_with_data, mapped_with_data] = resident_now();
   const int rank = world_->rank();
   checked_.parallel.validate(world_->size(), job_.batch_size, job_.seq_len);
   // pp outermost, tp innermost (torchtitan's order): tensor-parallel peers are neighbours.
@@ -169,6 +172,9 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     fmt::print("{}: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", program_,
                checked_.model.args->parameter_count(), job_.model, mesh_->str(),
                data.train.description(), outputs_->entropy);
+    fmt::print("{}: data ready, resident {:.1f} MiB ({:.1f} MiB of it pages of mapped files)\n",
+               program_, static_cast<double>(resident_with_data) / 1048576.0,
+               static_cast<double>(mapped_with_data) / 1048576.0);
     if (!data.tokenizer_path.empty()) {
       fmt::print("{}: tokenizer {}\n", program_, data.tokenizer->description());
     }
