@@ -48,14 +48,14 @@ void check(int cp, const std::string& attention, bool balance) {
     }
     backward(sum(mul(local, ops::contiguous(layout.shard(g, 2)))));
     const testing::Tolerance tol{.rtol = 1e-6, .atol = 1e-6};
-    testing::expect_close({.actual = local, .expected = layout.shard(whole, 2), .tol = tol,
-                           .what = "output"});
-    testing::expect_close({.actual = ql.grad(), .expected = layout.shard(qf.grad(), 2), .tol = tol,
-                           .what = "dq"});
-    testing::expect_close({.actual = kl.grad(), .expected = layout.shard(kf.grad(), 2), .tol = tol,
-                           .what = "dk"});
-    testing::expect_close({.actual = vl.grad(), .expected = layout.shard(vf.grad(), 2), .tol = tol,
-                           .what = "dv"});
+    testing::expect_close(
+        {.actual = local, .expected = layout.shard(whole, 2), .tol = tol, .what = "output"});
+    testing::expect_close(
+        {.actual = ql.grad(), .expected = layout.shard(qf.grad(), 2), .tol = tol, .what = "dq"});
+    testing::expect_close(
+        {.actual = kl.grad(), .expected = layout.shard(kf.grad(), 2), .tol = tol, .what = "dk"});
+    testing::expect_close(
+        {.actual = vl.grad(), .expected = layout.shard(vf.grad(), 2), .tol = tol, .what = "dv"});
   });
 }
 
