@@ -84,9 +84,10 @@ grep -q "resumed from ckpt/step_00000003 at step 3" resumed.log || { cat resumed
   { paste <(losses whole.jsonl | tail -3) <(losses resumed.jsonl); fail "resume not bitwise"; }
 echo "ok: resume on shards is bitwise"
 
-# --- validation: recorded, and the same on every layout (pp, FSDP, TP, and mixed) ---------------
+# --- validation: recorded, and the same on every layout (pp, FSDP, TP, CP, and mixed) -----------
 layouts=("--dp 1 --tp 1" "--dp 2 --tp 2" "--pp 2 --dp 1 --tp 1" "--dp 0 --dp-shard 2 --tp 1"
-  "--pp 2 --dp 0 --dp-shard 2 --tp 1 --microbatches 2")
+  "--pp 2 --dp 0 --dp-shard 2 --tp 1 --microbatches 2" "--dp 1 --tp 1 --cp 2"
+  "--dp 0 --dp-shard 2 --tp 1 --cp 2 --cp-attention alltoall")
 val_losses() { grep -o '"val_loss":[^,]*' "$1" | cut -d: -f2; }
 for i in "${!layouts[@]}"; do
   # shellcheck disable=SC2086
@@ -102,7 +103,7 @@ for i in "${!layouts[@]}"; do
       print "val loss, 1 rank:", $1, layout ":", $2; if (d > 1e-6 * m) bad = 1; n++ }
     END { exit (bad || n != 2) }' || fail "validation losses differ on ${layouts[$i]}"
 done
-echo "ok: validation loss on 1 rank = dp2 x tp2 = pp2 = dp_shard2 = pp2 x dp_shard2 (1e-6, relative)"
+echo "ok: validation loss on 1 rank = dp2 x tp2 = pp2 = dp_shard2 = pp2 x dp_shard2 = cp2 = dp_shard2 x cp2 (1e-6, relative)"
 
 # --- document boundaries ------------------------------------------------------------------------
 "$train" "${common[@]}" --dp 1 --tp 1 --data one/train_000000.bin --tokenizer "$tokenizer" \
