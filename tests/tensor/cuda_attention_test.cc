@@ -15,6 +15,7 @@
 
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensor/cuda/caching_allocator.h"
@@ -128,6 +129,45 @@ TEST_P(CudaAttentionTest, CausalOffsetsMatchTheCpu) {
   };
   uint32_t seed = 80;
   for (const OffsetCase& oc : cases) compare_case(oc.c, seed += 3, oc.offset);
+}
+
+TEST_P(CudaAttentionTest, BlockBackwardWithTheWholeRowsSumsMatchesTheCpu) {
+  // Ring attention's per-block backward (delta_from_out): keys [0, s) and [s, s + c) of one
+  // causal row block, each block's backward with the whole attention's out and logsumexp, on the
+  // fused path (D 32) and the composed one (D 136), against the CPU's.
+  const DType dtype = GetParam();
+  for (int64_t d : {int64_t{32}, int64_t{136}}) {
+    const int64_t s = 70, c = 66;
+    const Tensor q = random_tensor({2, 2, c, d}, 301, dtype);
+    const Tensor k = random_tensor({2, 2, s + c, d}, 302, dtype);
+    const Tensor v = random_tensor({2, 2, s + c, d}, 303, dtype);
+    const auto whole = ops::scaled_dot_product_attention(q, k, v, true, 0.0, s);
+    const Tensor g = random_tensor(whole.out.shape(), 304, dtype);
+    for (const auto& [begin, length, causal] :
+         {std::tuple<int64_t, int64_t, bool>{0, s, false}, {s, c, true}}) {
+      const Tensor kb = ops::contiguous(ops::narrow(k, 2, begin, length)),
+                   vb = ops::contiguous(ops::narrow(v, 2, begin, length));
+      const auto cpu = ops::scaled_dot_product_attention_backward(
+          g, q, kb, vb, whole.out, whole.logsumexp, causal, 0.0, 0, /*delta_from_out=*/true);
+      const auto dev = ops::scaled_dot_product_attention_backward(
+          gpu(g), gpu(q), gpu(kb), gpu(vb), gpu(whole.out), gpu(whole.logsumexp), causal, 0.0, 0,
+          /*delta_from_out=*/true);
+      const std::string tag =
+          fmt::format("d {} keys [{}, {}) {}", d, begin, begin + length, dtype_name(dtype));
+      expect_close({.actual = dev.dq,
+                    .expected = cpu.dq,
+                    .tol = kernel_tolerance(cpu.dq.dtype(), 10.0),
+                    .what = tag + " dq"});
+      expect_close({.actual = dev.dk,
+                    .expected = cpu.dk,
+                    .tol = kernel_tolerance(cpu.dk.dtype(), 10.0),
+                    .what = tag + " dk"});
+      expect_close({.actual = dev.dv,
+                    .expected = cpu.dv,
+                    .tol = kernel_tolerance(cpu.dv.dtype(), 10.0),
+                    .what = tag + " dv"});
+    }
+  }
 }
 
 TEST_P(CudaAttentionTest, QueryChunkWithOffsetIsRowsOfFullCausalAttention) {
