@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "base/error.h"
@@ -96,6 +97,7 @@ std::string read_text(const std::string& path, std::string_view flag) {
 
 DocumentIndex::DocumentIndex(std::vector<int64_t> starts, int64_t corpus_size, int64_t seq_len)
     : starts_(std::move(starts)), corpus_size_(corpus_size), seq_len_(seq_len) {
+  separators_ = static_cast<int64_t>(starts_.size());
   if (starts_.empty() || starts_.front() != 0) starts_.insert(starts_.begin(), 0);
   windows_before_.reserve(starts_.size());
   for (size_t d = 0; d < starts_.size(); ++d) {
@@ -236,7 +238,11 @@ void TokenCorpus::for_each_chunk(const std::function<void(size_t, const Chunk&)>
     }
   };
   std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // Fewer threads than cores: the ones started and this one do all the chunks.
+  }
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);

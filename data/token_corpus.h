@@ -45,13 +45,14 @@ class DocumentIndex {
   // The start of window `index` in [0, windows()).
   int64_t window_start(int64_t index) const;
   int64_t documents() const { return static_cast<int64_t>(starts_.size()); }
+  int64_t separators() const { return separators_; }          // separator tokens found
   int64_t skipped_tokens() const { return skipped_tokens_; }  // in documents of <= seq_len tokens
   int64_t seq_len() const { return seq_len_; }
 
  private:
   std::vector<int64_t> starts_;          // each document's first position
   std::vector<int64_t> windows_before_;  // windows in documents before this one
-  int64_t corpus_size_, seq_len_, total_windows_ = 0, skipped_tokens_ = 0;
+  int64_t corpus_size_, seq_len_, total_windows_ = 0, skipped_tokens_ = 0, separators_ = 0;
 };
 
 class TokenCorpus {

@@ -20,7 +20,7 @@ constexpr int32_t kGpt2Vocab = 50257;
 constexpr int32_t kLlama3Vocab = 128256;
 
 // A first int32 in 2024xxxx reads as an llm.c header: raw uint16 tokens make such a value only
-// when the second token is 308 and the first >= 54,248 (uncommon enough to name as an error).
+// when the second token is 308 and the first >= 54,912 (uncommon enough to name as an error).
 bool looks_like_llmc_magic(int32_t value) { return value / 10000 == 2024; }
 
 long page_size() {
@@ -206,6 +206,9 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int token_bytes, std::
 
 void TokenFileWriter::append(std::span<const int32_t> tokens) {
   if (width_ == 4) {
+    for (int32_t t : tokens) {
+      LOOM_CHECK(t >= 0, "token shard '{}': token {} is negative", path_, t);
+    }
     file_.write(tokens.data(), tokens.size_bytes());
   } else {
     std::vector<uint16_t> narrow(tokens.size());

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string_view>
+#include <system_error>
 #include <thread>
 
 #include "base/error.h"
@@ -40,7 +41,14 @@ class MappedText {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     LOOM_CHECK(fd >= 0, "{}: cannot open '{}': {}", kWhat, path_, std::strerror(errno));
     struct stat st {};
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      const int error = errno;
+      ::close(fd);
+      LOOM_FAIL(
+          "{}: '{}' is not a regular file ({}); give text files (a pipe or device cannot be "
+          "mapped: write it to a file first)",
+          kWhat, path_, S_ISREG(st.st_mode) ? std::strerror(error) : "not a regular file");
+    }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
       void* map = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -109,11 +117,24 @@ void cut(const MappedText& file, int64_t bytes, std::vector<Chunk>& out) {
   const std::string_view text = file.text();
   size_t begin = 0;
   while (begin < text.size()) {
-    size_t stop = std::min(text.size(), begin + static_cast<size_t>(bytes));
+    const size_t target = std::min(text.size(), begin + static_cast<size_t>(bytes));
+    // Past the target, look this far for a good cut before taking any character boundary.
+    const size_t give_up = std::min(text.size(), target + static_cast<size_t>(bytes));
+    size_t stop = target;
     while (stop < text.size()) {
       const size_t newline = text.find('\n', stop);
-      if (newline == std::string_view::npos) {
-        stop = text.size();
+      if (newline == std::string_view::npos || newline + 1 >= give_up) {
+        if (file.jsonl()) {  // a .jsonl chunk ends between lines, however long the line
+          stop = newline == std::string_view::npos ? text.size() : newline + 1;
+          break;
+        }
+        // No line start in reach (one huge line, or every line indented): any character
+        // boundary will do, since a chunk's tokens are kept only when the previous chunk
+        // stopped exactly there (never inside a UTF-8 character: patterns start on one).
+        stop = target;
+        while (stop < text.size() && (static_cast<unsigned char>(text[stop]) & 0xC0) == 0x80) {
+          ++stop;
+        }
         break;
       }
       stop = newline + 1;
@@ -262,7 +283,14 @@ void encode_all(const Encoder& encoder, std::vector<Chunk>& chunks, int threads)
     }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  try {
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+  } catch (const std::system_error& e) {
+    next = chunks.size();  // the started threads stop; none is left unjoined
+    for (std::thread& t : pool) t.join();
+    LOOM_FAIL("{}: cannot start {} worker threads ({}); give fewer --threads", kWhat, threads,
+              e.what());
+  }
   work();
   for (std::thread& t : pool) t.join();
   if (error) std::rethrow_exception(error);
@@ -277,8 +305,25 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
              options.shard_tokens);
   LOOM_CHECK(options.val_tokens >= 0 && options.val_tokens < (int64_t{1} << 31),
              "{}: --val-tokens {}: 0 to 2^31 - 1", kWhat, options.val_tokens);
+  LOOM_CHECK(options.threads >= 0 && options.threads <= 1024,
+             "{}: --threads {}: expected 0 (every core) to 1024", kWhat, options.threads);
+  LOOM_CHECK(options.val_tokens == 0 || options.prefix != "val",
+             "{}: --prefix val would write the training shards over the validation shards "
+             "(val_NNNNNN.bin); choose another prefix",
+             kWhat);
   const std::vector<std::string> files = input_files(options.inputs);
   std::error_code ec;
+  // Shards of an earlier run in the folder would be read with these by a glob: refused.
+  for (const auto& entry : fs::directory_iterator(options.output, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = ends_with(name, ".bin") &&
+                      (name.rfind(options.prefix + "_", 0) == 0 || name.rfind("val_", 0) == 0);
+    LOOM_CHECK(!ours,
+               "{}: '{}' already holds shards ('{}'); a glob over the folder would mix them with "
+               "this run's: give an empty or new --out folder",
+               kWhat, options.output, name);
+  }
+  ec.clear();
   fs::create_directories(options.output, ec);
   LOOM_CHECK(!ec && fs::is_directory(options.output, ec), "{}: cannot create the folder '{}': {}",
              kWhat, options.output, ec.message());

@@ -81,8 +81,15 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
   fit_to_data(model, out.train, "--data");
   const int64_t vocab_size = model.args->vocab_size();
   if (job.document_boundaries) {
-    out.train.index_documents(document_token(job, out.tokenizer.get(), out.train, vocab_size),
-                              job.seq_len);
+    const int32_t separator = document_token(job, out.tokenizer.get(), out.train, vocab_size);
+    out.train.index_documents(separator, job.seq_len);
+    // A separator that never occurs is the wrong token (shards from another tokenizer than the
+    // one assumed): no boundary would be respected, silently.
+    LOOM_CHECK(out.train.documents()->separators() > 0,
+               "--document-boundaries: the document token {} never occurs in {}; give the token "
+               "your data starts each document with (--document-token) or its tokenizer "
+               "(--tokenizer)",
+               separator, out.train.description());
   } else {
     LOOM_CHECK(job.document_token < 0,
                "--document-token: only used with --document-boundaries (pass both)");

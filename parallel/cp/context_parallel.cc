@@ -162,9 +162,9 @@ Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& 
                                 double scale, const SequenceLayout& seq) {
   const int64_t cp = seq.cp;
   LOOM_CHECK(q.size(1) % cp == 0 && k.size(1) % cp == 0,
-             "--cp-attention alltoall: this rank's {} attention heads (after tp) do not split "
-             "over cp {}; use allgather, or a cp that divides the heads",
-             q.size(1), cp);
+             "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
+             "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
+             q.size(1), k.size(1), cp);
   const auto& group = mesh_->group(0);
   // Sequence-sharded, all heads -> all of the sequence, heads / cp (in global order).
   const auto to_heads = [&](const Tensor& x) {

@@ -34,6 +34,14 @@ tail -c +1025 one/train_000000.bin > one.tokens
 for f in many/val_*.bin many/train_*.bin; do tail -c +1025 "$f"; done > many.tokens
 cmp one.tokens many.tokens || fail "many shards (2 threads, 997-byte chunks) differ from one shard"
 echo "ok: loom tokenize: 1 shard = $(ls many | wc -l) shards across 2 threads"
+# One line with no newline at all: cut at character boundaries, still the same tokens.
+mkdir -p oneline && tr '\n' ' ' < all.txt > oneline/doc.txt
+"$tokenize" --tokenizer "$tokenizer" --out line_whole --threads 1 --no-progress oneline > l1.log 2>&1 ||
+  { cat l1.log; fail "tokenize one line"; }
+"$tokenize" --tokenizer "$tokenizer" --out line_cut --threads 2 --chunk-bytes 501 --no-progress \
+  oneline > l2.log 2>&1 || { cat l2.log; fail "tokenize one line in chunks"; }
+cmp line_whole/train_000000.bin line_cut/train_000000.bin || fail "one line cut in chunks differs"
+echo "ok: a file of one line, cut into 501-byte chunks, gives the same tokens"
 
 common=(--launcher "$loomrun" --steps 6 --batch-size 4 --seq-len 32 --sample-tokens 0 --no-progress
   --plot-out "")
@@ -136,3 +144,18 @@ expect_error "'out_of_range/train_000001.bin' holds token 65535 at index 50 (byt
   --data out_of_range --tokenizer "$tokenizer"
 expect_error "--val-data: 'no_val' does not exist" --data "many/train_*.bin" --val-data no_val
 expect_error "--val-every and --val-steps: need --val-data" --val-every 2
+# Shards from another tokenizer than GPT-2's, read without it: GPT-2's separator never occurs.
+expect_error "--document-boundaries: the document token 50256 never occurs in" \
+  --data "many/train_*.bin" --document-boundaries
+
+# loom tokenize refuses a folder that already holds shards (a glob would mix two runs) and an
+# input it cannot map (a pipe), by name.
+if "$tokenize" --tokenizer "$tokenizer" --out many --no-progress text > again.log 2>&1; then
+  fail "tokenize into a folder of shards succeeded"
+fi
+grep -q "'many' already holds shards" again.log || { cat again.log; fail "stale shards not named"; }
+if "$tokenize" --tokenizer "$tokenizer" --out piped --no-progress <(cat all.txt) > pipe.log 2>&1; then
+  fail "tokenize of a pipe succeeded"
+fi
+grep -q "is not a regular file" pipe.log || { cat pipe.log; fail "a pipe not named"; }
+echo "ok: loom tokenize refuses a folder of old shards and a pipe, by name"
