@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "data/parallel_for_each.h"
 
 namespace loom::data {
 
@@ -218,41 +219,13 @@ std::vector<TokenCorpus::Chunk> TokenCorpus::chunks() const {
   return out;
 }
 
-void TokenCorpus::for_each_chunk(const std::function<void(size_t, const Chunk&)>& fn) const {
-  // Every core reads its share of the chunks (a whole-corpus pass is bound by reading it).
-  const std::vector<Chunk> all = chunks();
-  const size_t threads =
-      std::min<size_t>(all.size(), std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    for (size_t i = next++; i < all.size(); i = next++) {
-      try {
-        fn(i, all[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next = all.size();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // Fewer threads than cores: the ones started and this one do all the chunks.
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) const {
-  // The chunks holding a token out of range; the first of them is named.
+  // The chunks holding a token out of range (every core reads its share); the first is named.
+  const std::vector<Chunk> all = chunks();
   std::mutex bad_mutex;
   std::vector<size_t> bad;
-  for_each_chunk([&](size_t index, const Chunk& chunk) {
+  parallel_for_each(all.size(), 0, [&](size_t index) {
+    const Chunk& chunk = all[index];
     const Source& source = *chunk.source;
     bool out_of_range = false;
     if (source.file) {
@@ -268,41 +241,33 @@ void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) 
     }
   });
   if (bad.empty()) return;
-  const Chunk chunk = chunks()[*std::min_element(bad.begin(), bad.end())];
+  const Chunk& chunk = all[*std::min_element(bad.begin(), bad.end())];
   const Source& source = *chunk.source;
-  {
-    {
-      const int64_t begin = chunk.begin, n = chunk.count;
-      int64_t value = 0, at = 0;
-      if (source.file) {
-        // The first token out of range in this chunk, to name it.
-        std::vector<int64_t> chunk(static_cast<size_t>(n));
-        source.file->read(begin, n, chunk.data());
-        at = begin +
-             (std::find_if(chunk.begin(), chunk.end(), [&](int64_t t) { return t >= vocab_size; }) -
-              chunk.begin());
-        value = chunk[static_cast<size_t>(at - begin)];
-        LOOM_FAIL(
-            "{}: '{}' holds token {} at index {} (byte {}), outside the model's vocabulary of {} "
-            "(tokens 0 to {}); was it tokenized for another model? (a larger --vocab-size pads "
-            "the model's)",
-            what, source.name, value, at, source.file->byte_offset(at), vocab_size, vocab_size - 1);
-      }
-      const int32_t* tokens = source.tokens->data() + begin;
-      const int32_t* first =
-          std::find_if(tokens, tokens + n, [&](int32_t t) { return t < 0 || t >= vocab_size; });
-      LOOM_FAIL(
-          "{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 "
-          "to {})",
-          what, source.name, *first, begin + (first - tokens), vocab_size, vocab_size - 1);
-    }
+  // The first token out of range in that chunk, to name it.
+  std::vector<int64_t> tokens(static_cast<size_t>(chunk.count));
+  read(source.begin + chunk.begin, chunk.count, tokens.data());
+  const auto first = std::find_if(tokens.begin(), tokens.end(),
+                                  [&](int64_t t) { return t < 0 || t >= vocab_size; });
+  const int64_t at = chunk.begin + (first - tokens.begin());
+  if (source.file) {
+    LOOM_FAIL(
+        "{}: '{}' holds token {} at index {} (byte {}), outside the model's vocabulary of {} "
+        "(tokens 0 to {}); was it tokenized for another model? (a larger --vocab-size pads the "
+        "model's)",
+        what, source.name, *first, at, source.file->byte_offset(at), vocab_size, vocab_size - 1);
   }
+  LOOM_FAIL(
+      "{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 to "
+      "{})",
+      what, source.name, *first, at, vocab_size, vocab_size - 1);
 }
 
 void TokenCorpus::index_documents(int32_t separator, int64_t seq_len) {
-  // Each chunk's separators, then all of them in stream order.
-  std::vector<std::vector<int64_t>> found(chunks().size());
-  for_each_chunk([&](size_t index, const Chunk& chunk) {
+  // Each chunk's separators (every core reads its share), then all of them in stream order.
+  const std::vector<Chunk> all = chunks();
+  std::vector<std::vector<int64_t>> found(all.size());
+  parallel_for_each(all.size(), 0, [&](size_t index) {
+    const Chunk& chunk = all[index];
     const Source& source = *chunk.source;
     std::vector<int64_t>& out = found[index];
     if (source.file) {

@@ -94,7 +94,6 @@ class TokenCorpus {
     int64_t begin, count;  // within the source
   };
   std::vector<Chunk> chunks() const;
-  void for_each_chunk(const std::function<void(size_t index, const Chunk&)>& fn) const;
   void add(Source source);
   size_t source_of(int64_t position) const;  // the source holding stream position `position`
 

@@ -6,20 +6,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string_view>
-#include <system_error>
 #include <thread>
 
 #include "base/error.h"
+#include "data/parallel_for_each.h"
 #include "data/token_file.h"
 
 namespace loom::data {
@@ -266,36 +263,6 @@ class ShardSink {
   std::vector<std::string> shards_;
 };
 
-// Runs encode on every chunk of `chunks` over `threads` threads; rethrows the first error.
-void encode_all(const Encoder& encoder, std::vector<Chunk>& chunks, int threads) {
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::mutex error_mutex;
-  const auto work = [&] {
-    for (size_t i = next++; i < chunks.size(); i = next++) {
-      try {
-        encoder.encode(chunks[i]);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(error_mutex);
-        if (!error) error = std::current_exception();
-        next = chunks.size();
-      }
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  } catch (const std::system_error& e) {
-    next = chunks.size();  // the started threads stop; none is left unjoined
-    for (std::thread& t : pool) t.join();
-    LOOM_FAIL("{}: cannot start {} worker threads ({}); give fewer --threads", kWhat, threads,
-              e.what());
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 }  // namespace
 
 TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions& options) {
@@ -352,7 +319,8 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
           std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(first)),
           std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(
                                                        std::min(chunks.size(), first + window))));
-      encode_all(encoder, batch, threads);
+      parallel_for_each(batch.size(), static_cast<size_t>(threads),
+                        [&](size_t i) { encoder.encode(batch[i]); });
       for (Chunk& chunk : batch) {
         if (!file->jsonl() && chunk.begin > 0 && previous_end != chunk.begin) {
           encoder.reencode_from(chunk, previous_end);
