@@ -65,10 +65,11 @@ const std::vector<JobOption>& options() {
       {"parallel",
        "cp_attention",
        "with cp > 1, how attention reaches the other ranks' keys and values: allgather (K and V "
-       "gathered) or alltoall (Ulysses: sequence <-> heads)",
+       "gathered), ring (K and V passed around the ring, overlapped) or alltoall (Ulysses: "
+       "sequence <-> heads)",
        &C::cp_attention,
        Range::kAny,
-       {"allgather", "alltoall"}},
+       {"allgather", "alltoall", "ring"}},
       {"parallel", "pp", "pipeline-parallel degree (stages over ranks)", &C::pp, Range::kPositive},
       {"parallel", "nproc",
        "ranks to start without a launcher (0: the product of the degrees; needed for dp_shard "

@@ -6,6 +6,7 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "base/error.h"
+#include "parallel/cp/ring_attention.h"
 
 namespace loom::parallel::cp {
 
@@ -98,9 +99,9 @@ Tensor reorder(const Tensor& x, const SequenceLayout& seq, bool to_global) {
 }  // namespace
 
 void ContextParallelOptions::validate() const {
-  LOOM_CHECK(attention == "allgather" || attention == "alltoall",
-             "--cp-attention: '{}' is not a context-parallel attention; expected allgather or "
-             "alltoall",
+  LOOM_CHECK(attention == "allgather" || attention == "alltoall" || attention == "ring",
+             "--cp-attention: '{}' is not a context-parallel attention; expected allgather, "
+             "alltoall or ring",
              attention);
 }
 
@@ -132,6 +133,9 @@ Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor
              q.dim(), k.dim(), v.dim());
   const SequenceLayout seq = layout(q.size(2) * mesh_->size(0));
   if (options_.attention == "alltoall") return ulysses(q, k, v, is_causal, scale, seq);
+  if (options_.attention == "ring") {
+    return ring_attention(q, k, v, is_causal, scale, seq, mesh_->group(0));
+  }
   const auto gather = [&](const Tensor& x) {
     return autograd::Function::apply(std::make_shared<AllGatherSequence>(mesh_->group(0)), {x})[0];
   };

@@ -13,6 +13,9 @@
 //              each of this rank's query chunks attends to the keys up to its end with the causal
 //              mask shifted to its position (scaled_dot_product_attention's causal_offset): no
 //              work on keys a chunk cannot see. torchtitan's default for causal attention.
+//   ring       keys and values passed around the ring of cp ranks, overlapped with the block's
+//              compute, partial results merged by the online softmax (ring_attention.h): 1/cp
+//              of the sequence's K and V held at a time.
 //   alltoall   Ulysses (DeepSpeed): q, k and v resharded from sequence to heads by an all-to-all
 //              over cp (each rank then holds the whole sequence for heads / cp of its heads, which
 //              cp must divide), local causal attention in global order, and the output resharded
@@ -20,7 +23,8 @@
 //
 // Collective contract (per attention call, cp > 1), over the cp group: allgather: forward 2
 // all-gathers (K and V, each B·H·T_local·D elements in), backward 2 reduce-scatters (dK, dV);
-// alltoall: forward 4 all-to-alls (q, k, v in, the output back), backward 4.
+// alltoall: forward 4 all-to-alls (q, k, v in, the output back), backward 4; ring: see
+// ring_attention.h (point to point).
 #pragma once
 
 #include <memory>
@@ -34,7 +38,7 @@ namespace loom::parallel::cp {
 
 struct ContextParallelOptions {
   bool load_balance = true;             // the head-tail split (sequence_layout.h)
-  std::string attention = "allgather";  // the variant: allgather or alltoall
+  std::string attention = "allgather";  // the variant: allgather, ring or alltoall
 
   // Throws naming the flag and the variants when `attention` is unknown.
   void validate() const;

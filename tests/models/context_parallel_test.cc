@@ -1,5 +1,5 @@
-// Context parallelism (parallel/cp) against one rank, both attention variants (allgather,
-// alltoall): GPT (learned positions) and Llama (RoPE,
+// Context parallelism (parallel/cp) against one rank, every attention variant (allgather,
+// ring, alltoall): GPT (learned positions) and Llama (RoPE,
 // GQA) trained 4 AdamW steps with every sequence sharded over cp ranks — load-balanced and
 // contiguous, cp 2 and 4, and composed with tp (+ SP), FSDP (dp_shard x cp) and a pp2 pipeline —
 // give the one-rank losses, gradient norms, parameters and gradients (expect_same: 1e-5). The
@@ -135,6 +135,23 @@ TEST(ContextParallelTest, UlyssesAllToAllForBothFamilies) {
   }
 }
 
+TEST(ContextParallelTest, RingAttentionForBothFamilies) {
+  for (Family family : {Family::kGpt, Family::kLlama}) {
+    const std::string name = family == Family::kGpt ? "GPT " : "Llama ";
+    expect_like_one_rank(family, {.cp = 2}, {.attention = "ring"}, name + "cp2 ring load-balanced");
+    expect_like_one_rank(family, {.cp = 4}, {.attention = "ring"}, name + "cp4 ring load-balanced");
+    expect_like_one_rank(family, {.cp = 4}, {.load_balance = false, .attention = "ring"},
+                         name + "cp4 ring contiguous");
+    expect_like_one_rank(family, {.dp_shard = 2, .cp = 2}, {.attention = "ring"},
+                         name + "dp_shard2 x cp2 ring");
+  }
+  expect_like_one_rank(Family::kLlama, {.cp = 2, .tp = 2}, {.attention = "ring"},
+                       "Llama tp2 (SP) x cp2 ring");
+  expect_like_one_rank(Family::kGpt, {.pp = 2, .cp = 2}, {.attention = "ring"},
+                       "GPT pp2 x cp2 ring",
+                       /*microbatches=*/2);
+}
+
 TEST(ContextParallelTest, ComposesWithTensorParallelFsdpAndPipelines) {
   for (Family family : {Family::kGpt, Family::kLlama}) {
     const std::string name = family == Family::kGpt ? "GPT " : "Llama ";
@@ -177,6 +194,25 @@ TEST(ContextParallelTest, UlyssesCollectivesPerStepAreTheAllToAlls) {
     EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllToAll)], 8 * config.n_layer);
     EXPECT_EQ(it->second.bytes[kind(comm::CollectiveKind::kAllToAll)],
               8 * config.n_layer * local_bytes);
+    EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllGather)], 0);
+  });
+}
+
+// Ring per step on cp2 (GPT, 2 blocks): forward 2 sends and 2 receives per block (K, V);
+// backward 4 + 2 (K, V and their gradients, then the gradients' last hop home), each this rank's
+// K or V: B x H x T/2 x D.
+TEST(ContextParallelTest, RingCollectivesPerStepAreThePointToPointHops) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const CpRun run = train_on(pg, Family::kGpt, {.cp = 2}, {.attention = "ring"});
+    const auto it = run.last_step_collectives.find("mesh/cp");
+    ASSERT_NE(it, run.last_step_collectives.end()) << "no collective on the cp group";
+    const auto config = models::gpt_run::config();
+    const int64_t local_bytes = kBatch * config.n_embd * (kSeq / 2) * 4;
+    const auto kind = [](comm::CollectiveKind k) { return static_cast<size_t>(k); };
+    for (comm::CollectiveKind k : {comm::CollectiveKind::kSend, comm::CollectiveKind::kRecv}) {
+      EXPECT_EQ(it->second.calls[kind(k)], 8 * config.n_layer);
+      EXPECT_EQ(it->second.bytes[kind(k)], 8 * config.n_layer * local_bytes);
+    }
     EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllGather)], 0);
   });
 }
