@@ -1,5 +1,5 @@
 // One context-parallel attention call against the whole sequence's attention on one rank, for
-// the variants on main (allgather, alltoall), balanced and contiguous, cp 2 and 4: this rank's
+// every variant (allgather, ring, alltoall), balanced and contiguous, cp 2 and 4: this rank's
 // output rows and the gradients of its q, k and v (an upstream gradient on every row) within
 // 1e-6 relative — the per-call check the model-level equivalence rests on.
 #include <fmt/format.h>
@@ -60,7 +60,7 @@ void check(int cp, const std::string& attention, bool balance) {
 }
 
 TEST(CpAttentionTest, EveryVariantEqualsTheWholeSequencesAttention) {
-  for (const char* attention : {"allgather", "alltoall"}) {
+  for (const char* attention : {"allgather", "ring", "alltoall"}) {
     for (int cp : {2, 4}) {
       for (bool balance : {true, false}) check(cp, attention, balance);
     }
