@@ -148,7 +148,7 @@ void expect_same(const Runs& runs) {
     ASSERT_TRUE(expected.params.count(name)) << layout << " " << name;
     expect_close({.actual = got,
                   .expected = expected.params.at(name),
-                  .tol = {.atol = 1e-5 * model_scale},
+                  .tol = {.atol = runs.param_rtol * model_scale},
                   .what = layout + " " + name});
   }  // The last step's gradients, gathered (clipped: the norm's check above covers the scale),
      // within
