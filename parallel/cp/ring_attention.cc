@@ -1,5 +1,6 @@
 #include "parallel/cp/ring_attention.h"
 
+#include <chrono>
 #include <limits>
 #include <optional>
 #include <vector>
@@ -12,6 +13,14 @@ namespace loom::parallel::cp {
 
 namespace {
 
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+constexpr int kBlockTag = 0;     // K, V: tags 0 and 1
+constexpr int kGradientTag = 2;  // dK, dV: tags 2 and 3
+
 // How query chunk `a` sees key chunk `b` (global chunk indices).
 enum class Visibility { kNone, kDiagonal, kFull };
 
@@ -21,24 +30,33 @@ Visibility visibility(int64_t a, int64_t b, bool is_causal) {
 }
 
 // Sends `out` to the next rank of the ring and receives `in` from the previous, started together
-// (each rank sends while it receives, so no order deadlocks); wait() finishes both.
+// (each rank sends while it receives, so no order deadlocks); wait() finishes both. Tags from
+// `first_tag`: K/V and gradient exchanges in flight at once between the same pair stay apart.
 class Exchange {
  public:
-  Exchange(comm::ProcessGroup& group, const std::vector<Tensor>& out, std::vector<Tensor>& in) {
+  Exchange(comm::ProcessGroup& group, const std::vector<Tensor>& out, std::vector<Tensor>& in,
+           int first_tag, RingAttentionProfile* profile)
+      : profile_(profile) {
     const int n = group.size(), r = group.rank();
     const int next = (r + 1) % n, previous = (r + n - 1) % n;
     for (size_t i = 0; i < out.size(); ++i) {
-      works_.push_back(group.send(out[i], next, static_cast<int>(i)));
-      works_.push_back(group.recv(in[i], previous, static_cast<int>(i)));
+      works_.push_back(group.send(out[i], next, first_tag + static_cast<int>(i)));
+      works_.push_back(group.recv(in[i], previous, first_tag + static_cast<int>(i)));
+      if (profile_ != nullptr)
+        profile_->sent_bytes += out[i].numel() * element_size(out[i].dtype());
     }
   }
+  // The time spent here is communication the compute did not hide.
   void wait() {
+    const auto start = std::chrono::steady_clock::now();
     for (auto& work : works_) work->wait();
     works_.clear();
+    if (profile_ != nullptr) profile_->wait_ms += ms_since(start);
   }
 
  private:
   std::vector<std::shared_ptr<comm::Work>> works_;
+  RingAttentionProfile* profile_;
 };
 
 std::vector<Tensor> empty_like_all(const std::vector<Tensor>& tensors) {
@@ -50,8 +68,12 @@ std::vector<Tensor> empty_like_all(const std::vector<Tensor>& tensors) {
 class RingAttention : public autograd::Function {
  public:
   RingAttention(bool is_causal, double scale, SequenceLayout layout,
-                std::shared_ptr<comm::ProcessGroup> group)
-      : is_causal_(is_causal), scale_(scale), layout_(layout), group_(std::move(group)) {}
+                std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile)
+      : is_causal_(is_causal),
+        scale_(scale),
+        layout_(layout),
+        group_(std::move(group)),
+        profile_(profile) {}
   std::string name() const override { return "RingAttention"; }
 
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
@@ -69,7 +91,10 @@ class RingAttention : public autograd::Function {
     for (int step = 0; step < n; ++step) {
       std::vector<Tensor> next = empty_like_all(block);
       std::optional<Exchange> exchange;
-      if (step + 1 < n) exchange.emplace(*group_, block, next);  // overlaps the compute below
+      if (step + 1 < n) {  // overlaps the compute below
+        exchange.emplace(*group_, block, next, kBlockTag, profile_);
+      }
+      const auto compute_start = std::chrono::steady_clock::now();
       const int64_t source = (layout_.rank - step + n) % n;
       const std::vector<int64_t> theirs = layout_.chunks_of(source);
       for (size_t a = 0; a < mine.size(); ++a) {
@@ -84,6 +109,7 @@ class RingAttention : public autograd::Function {
           merge(acc[a], den[a], top[a], ops::to(part.out, kFloat32), part.logsumexp);
         }
       }
+      if (profile_ != nullptr) profile_->compute_ms += ms_since(compute_start);
       if (exchange) {
         exchange->wait();
         block = std::move(next);
@@ -99,18 +125,30 @@ class RingAttention : public autograd::Function {
     return {out_};
   }
 
+  // Step s: this rank holds the block of rank (rank - s) and adds its queries' part of that
+  // block's dK and dV to the accumulators the previous rank passed on (its own part of the same
+  // block, one step earlier), then passes them to the next. The next block's K and V travel while
+  // this step computes, and the accumulators while the next step computes; after the last step
+  // one hop returns each block's accumulators to its owner.
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const Tensor grad = ops::contiguous(ops::to(grads[0], q_.dtype()));
     const int64_t len = layout_.chunk_len();
     const std::vector<int64_t> mine = layout_.chunks();
     Tensor dq = ops::zeros(q_.shape(), kFloat32, q_.device());
-    // The block held (K, V) and its gradient accumulators (f32), travelling together.
-    std::vector<Tensor> block = {k_, v_, ops::zeros(k_.shape(), kFloat32, k_.device()),
-                                 ops::zeros(v_.shape(), kFloat32, v_.device())};
+    std::vector<Tensor> block = {k_, v_};
+    std::vector<Tensor> passed;   // the accumulators (f32) of the block held, once received
+    std::vector<Tensor> sending;  // those in flight to the next rank, alive until they arrive
+    std::optional<Exchange> gradients;
     const int n = group_->size();
     for (int step = 0; step < n; ++step) {
+      std::vector<Tensor> next_block = empty_like_all(block);
+      std::optional<Exchange> exchange;
+      if (step + 1 < n) exchange.emplace(*group_, block, next_block, kBlockTag, profile_);
+      const auto compute_start = std::chrono::steady_clock::now();
       const int64_t source = (layout_.rank - step + n) % n;
       const std::vector<int64_t> theirs = layout_.chunks_of(source);
+      std::vector<Tensor> part = {ops::zeros(k_.shape(), kFloat32, k_.device()),
+                                  ops::zeros(v_.shape(), kFloat32, v_.device())};
       for (size_t a = 0; a < mine.size(); ++a) {
         const auto rows = [&](const Tensor& t) {
           return ops::narrow(t, 2, static_cast<int64_t>(a) * len, len);
@@ -126,24 +164,31 @@ class RingAttention : public autograd::Function {
               seen == Visibility::kDiagonal, scale_, /*causal_offset=*/0,
               /*delta_from_out=*/true);
           ops::add_(rows(dq), ops::to(g.dq, kFloat32));
-          ops::add_(cols(block[2]), ops::to(g.dk, kFloat32));
-          ops::add_(cols(block[3]), ops::to(g.dv, kFloat32));
+          ops::add_(cols(part[0]), ops::to(g.dk, kFloat32));
+          ops::add_(cols(part[1]), ops::to(g.dv, kFloat32));
         }
       }
-      // Pass the block on with its accumulators; after the last step only the gradients travel,
-      // one hop, back to the block's owner.
-      const bool last = step + 1 == n;
-      std::vector<Tensor> send = last ? std::vector<Tensor>{block[2], block[3]} : block;
-      std::vector<Tensor> receive = empty_like_all(send);
-      if (n > 1) Exchange(*group_, send, receive).wait();
-      if (last) {
-        block[2] = receive[0];
-        block[3] = receive[1];
-      } else {
-        block = std::move(receive);
+      if (profile_ != nullptr) profile_->compute_ms += ms_since(compute_start);
+      if (gradients) {  // the previous ranks' parts of this block, sent during this step
+        gradients->wait();
+        ops::add_(part[0], passed[0]);
+        ops::add_(part[1], passed[1]);
+      }
+      if (n == 1)
+        return {ops::to(dq, q_.dtype()), ops::to(part[0], k_.dtype()),
+                ops::to(part[1], v_.dtype())};
+      // On to the next rank (at the last step: the block's owner, the next rank too).
+      sending = std::move(part);
+      passed = empty_like_all(sending);
+      gradients.emplace(*group_, sending, passed, kGradientTag, profile_);
+      if (exchange) {
+        exchange->wait();
+        block = std::move(next_block);
       }
     }
-    return {ops::to(dq, q_.dtype()), ops::to(block[2], k_.dtype()), ops::to(block[3], v_.dtype())};
+    gradients->wait();  // the last hop: this rank's own block, complete
+    return {ops::to(dq, q_.dtype()), ops::to(passed[0], k_.dtype()),
+            ops::to(passed[1], v_.dtype())};
   }
 
  private:
@@ -168,6 +213,7 @@ class RingAttention : public autograd::Function {
   double scale_;
   SequenceLayout layout_;
   std::shared_ptr<comm::ProcessGroup> group_;
+  RingAttentionProfile* profile_;
   Tensor q_, k_, v_, out_, lse_;
 };
 
@@ -175,12 +221,13 @@ class RingAttention : public autograd::Function {
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                       double scale, const SequenceLayout& layout,
-                      std::shared_ptr<comm::ProcessGroup> group) {
+                      std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile) {
   LOOM_CHECK(group != nullptr && group->size() == layout.cp && group->rank() == layout.rank,
              "ring_attention: the group must be the cp group of the layout (cp {}, rank {})",
              layout.cp, layout.rank);
   return autograd::Function::apply(
-      std::make_shared<RingAttention>(is_causal, scale, layout, std::move(group)), {q, k, v})[0];
+      std::make_shared<RingAttention>(is_causal, scale, layout, std::move(group), profile),
+      {q, k, v})[0];
 }
 
 }  // namespace loom::parallel::cp

@@ -12,9 +12,11 @@
 // (sequence_layout.h): with the head-tail split every rank has the same number of visible
 // (query chunk, key chunk) pairs at every step.
 //
-// Collective contract (per attention call, cp > 1), point to point on the cp group: forward,
-// cp - 1 steps of 2 sends and 2 receives (K, V); backward, cp - 1 steps of 4 sends and 4 receives
-// (K, V, dK, dV) and a last hop of 2 (dK, dV).
+// Collective contract (per attention call, cp > 1), point to point on the cp group, every message
+// one of this rank's K or V (or their f32 gradients): forward, cp - 1 steps of 2 sends and 2
+// receives (K, V); backward, cp - 1 steps of 2 (K, V, sent while the step computes) and cp
+// exchanges of 2 (dK, dV accumulators, sent while the next step computes; the last one the hop
+// home).
 #pragma once
 
 #include <memory>
@@ -25,10 +27,19 @@
 
 namespace loom::parallel::cp {
 
+// Where a call's time went, summed over its forward and backward (tools/bench/ring_overlap_bench):
+// the block computes, and the waits for sends and receives that the compute did not hide.
+struct RingAttentionProfile {
+  double compute_ms = 0;
+  double wait_ms = 0;
+  int64_t sent_bytes = 0;
+};
+
 // q, k, v: (B, H, T_local, D), this rank's tokens as `layout` places them; `group`: the cp group
-// (its rank = layout.rank). Differentiable.
+// (its rank = layout.rank). Differentiable. `profile`, when given, must outlive the backward.
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                       double scale, const SequenceLayout& layout,
-                      std::shared_ptr<comm::ProcessGroup> group);
+                      std::shared_ptr<comm::ProcessGroup> group,
+                      RingAttentionProfile* profile = nullptr);
 
 }  // namespace loom::parallel::cp

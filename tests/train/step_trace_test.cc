@@ -79,9 +79,13 @@ TEST(StepTrace, TensorParallelWithSequenceParallelism) {
 }
 
 // Context parallelism: the plan's collectives on the cp and dp_shard_cp groups are the real
-// run's, for both attention variants.
-TEST(StepTrace, ContextParallelAllGatherAndAllToAll) {
+// run's, for every attention variant (ring's sends and receives included).
+TEST(StepTrace, ContextParallelAllGatherRingAndAllToAll) {
   expect_trace_matches({.dims = {.cp = 2, .tp = 2}, .cp = {.attention = "allgather"}});
+  expect_trace_matches({.dims = {.pp = 2, .cp = 2},
+                        .pipeline = {.schedule = "1f1b", .microbatches = 2},
+                        .cp = {.attention = "ring"}});
+  expect_trace_matches({.dims = {.dp_shard = 2, .cp = 2}, .cp = {.attention = "ring"}});
   // Ulysses splits the rank's heads over cp: the 2 heads of this model, without tp.
   expect_trace_matches({.dims = {.dp_shard = 2, .cp = 2}, .cp = {.attention = "alltoall"}});
 }
