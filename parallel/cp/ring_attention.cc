@@ -29,19 +29,25 @@ Visibility visibility(int64_t a, int64_t b, bool is_causal) {
   return b == a ? Visibility::kDiagonal : Visibility::kNone;
 }
 
-// Sends `out` to the next rank of the ring and receives `in` from the previous, started together
+// Which way a ring exchange goes: forward sends to the next rank and receives from the previous;
+// backward the other way round.
+enum class Direction { kForward, kBackward };
+
+// Sends `out` to the neighbour on one side and receives `in` from the other, started together
 // (each rank sends while it receives, so no order deadlocks); wait() finishes both. Tags from
 // `first_tag`: K/V and gradient exchanges in flight at once between the same pair stay apart.
 class Exchange {
  public:
-  Exchange(comm::ProcessGroup& group, const std::vector<Tensor>& out, std::vector<Tensor>& in,
-           int first_tag, RingAttentionProfile* profile)
+  Exchange(comm::ProcessGroup& group, Direction direction, const std::vector<Tensor>& out,
+           std::vector<Tensor>& in, int first_tag, RingAttentionProfile* profile)
       : profile_(profile) {
     const int n = group.size(), r = group.rank();
     const int next = (r + 1) % n, previous = (r + n - 1) % n;
+    const int to = direction == Direction::kForward ? next : previous;
+    const int from = direction == Direction::kForward ? previous : next;
     for (size_t i = 0; i < out.size(); ++i) {
-      works_.push_back(group.send(out[i], next, first_tag + static_cast<int>(i)));
-      works_.push_back(group.recv(in[i], previous, first_tag + static_cast<int>(i)));
+      works_.push_back(group.send(out[i], to, first_tag + static_cast<int>(i)));
+      works_.push_back(group.recv(in[i], from, first_tag + static_cast<int>(i)));
       if (profile_ != nullptr)
         profile_->sent_bytes += out[i].numel() * element_size(out[i].dtype());
     }
@@ -92,7 +98,7 @@ class RingAttention : public autograd::Function {
       std::vector<Tensor> next = empty_like_all(block);
       std::optional<Exchange> exchange;
       if (step + 1 < n) {  // overlaps the compute below
-        exchange.emplace(*group_, block, next, kBlockTag, profile_);
+        exchange.emplace(*group_, Direction::kForward, block, next, kBlockTag, profile_);
       }
       const auto compute_start = std::chrono::steady_clock::now();
       const int64_t source = (layout_.rank - step + n) % n;
@@ -122,30 +128,37 @@ class RingAttention : public autograd::Function {
     }
     out_ = ops::to(mine.size() == 1 ? out[0] : ops::cat(out, 2), q_.dtype());
     lse_ = mine.size() == 1 ? lse[0] : ops::cat(lse, 2);
+    last_block_ = std::move(block);  // the next rank's K and V (this rank's own when cp is 1)
     return {out_};
   }
 
-  // Step s: this rank holds the block of rank (rank - s) and adds its queries' part of that
-  // block's dK and dV to the accumulators the previous rank passed on (its own part of the same
-  // block, one step earlier), then passes them to the next. The next block's K and V travel while
-  // this step computes, and the accumulators while the next step computes; after the last step
-  // one hop returns each block's accumulators to its owner.
+  // The ring turned around, so that no exchange is left with nothing to hide behind. Step s:
+  // this rank holds the block of rank (rank + 1 + s) — the first the one forward ended with
+  // (kept), the last its own — and adds its queries' part of that block's dK and dV to the
+  // accumulators the next rank passed back (its part of the same block, one step earlier), then
+  // passes them to the previous rank. The next block's K and V travel while a step computes, the
+  // accumulators while the next step computes; the last step is the owner's, whose accumulators
+  // are then complete at home.
   std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
     const Tensor grad = ops::contiguous(ops::to(grads[0], q_.dtype()));
     const int64_t len = layout_.chunk_len();
     const std::vector<int64_t> mine = layout_.chunks();
     Tensor dq = ops::zeros(q_.shape(), kFloat32, q_.device());
-    std::vector<Tensor> block = {k_, v_};
+    std::vector<Tensor> block = std::move(last_block_);
     std::vector<Tensor> passed;   // the accumulators (f32) of the block held, once received
-    std::vector<Tensor> sending;  // those in flight to the next rank, alive until they arrive
+    std::vector<Tensor> sending;  // those in flight to the previous rank, alive until they arrive
     std::optional<Exchange> gradients;
     const int n = group_->size();
     for (int step = 0; step < n; ++step) {
-      std::vector<Tensor> next_block = empty_like_all(block);
+      // The block after the next-to-last is this rank's own, here already.
+      std::vector<Tensor> next_block;
       std::optional<Exchange> exchange;
-      if (step + 1 < n) exchange.emplace(*group_, block, next_block, kBlockTag, profile_);
+      if (step + 2 < n) {
+        next_block = empty_like_all(block);
+        exchange.emplace(*group_, Direction::kBackward, block, next_block, kBlockTag, profile_);
+      }
       const auto compute_start = std::chrono::steady_clock::now();
-      const int64_t source = (layout_.rank - step + n) % n;
+      const int64_t source = (layout_.rank + 1 + step) % n;
       const std::vector<int64_t> theirs = layout_.chunks_of(source);
       std::vector<Tensor> part = {ops::zeros(k_.shape(), kFloat32, k_.device()),
                                   ops::zeros(v_.shape(), kFloat32, v_.device())};
@@ -169,26 +182,26 @@ class RingAttention : public autograd::Function {
         }
       }
       if (profile_ != nullptr) profile_->compute_ms += ms_since(compute_start);
-      if (gradients) {  // the previous ranks' parts of this block, sent during this step
+      if (gradients) {  // the next ranks' parts of this block, sent during this step
         gradients->wait();
         ops::add_(part[0], passed[0]);
         ops::add_(part[1], passed[1]);
       }
-      if (n == 1)
+      if (step + 1 == n) {  // this rank's own block: complete
         return {ops::to(dq, q_.dtype()), ops::to(part[0], k_.dtype()),
                 ops::to(part[1], v_.dtype())};
-      // On to the next rank (at the last step: the block's owner, the next rank too).
+      }
       sending = std::move(part);
       passed = empty_like_all(sending);
-      gradients.emplace(*group_, sending, passed, kGradientTag, profile_);
+      gradients.emplace(*group_, Direction::kBackward, sending, passed, kGradientTag, profile_);
       if (exchange) {
         exchange->wait();
         block = std::move(next_block);
       }
+      if (step + 2 == n) block = {k_, v_};
     }
-    gradients->wait();  // the last hop: this rank's own block, complete
-    return {ops::to(dq, q_.dtype()), ops::to(passed[0], k_.dtype()),
-            ops::to(passed[1], v_.dtype())};
+    LOOM_CHECK(false, "ring_attention: backward ran {} steps without reaching its own block", n);
+    return {};
   }
 
  private:
@@ -215,6 +228,7 @@ class RingAttention : public autograd::Function {
   std::shared_ptr<comm::ProcessGroup> group_;
   RingAttentionProfile* profile_;
   Tensor q_, k_, v_, out_, lse_;
+  std::vector<Tensor> last_block_;  // K and V of the block forward ended with, backward's first
 };
 
 }  // namespace

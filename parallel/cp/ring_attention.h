@@ -2,21 +2,22 @@
 // queries; the keys and values travel around the ring of cp ranks, one block per step, sent to
 // the next rank while this rank attends to the block it holds, and the per-block partial results
 // merge by the online softmax (a running log-sum-exp per query row, in f32). Backward travels the
-// ring again with the blocks and their gradient accumulators (each rank adds its queries'
-// contribution to the block it holds; one last hop returns each block's dK and dV to its owner),
-// every block's backward using the whole row's output and log-sum-exp
-// (scaled_dot_product_attention_backward's delta_from_out).
+// ring the other way, starting from the block forward ended with (kept) and ending with the
+// rank's own: each rank adds its queries' part of the block it holds to that block's dK and dV
+// accumulators and passes them on, so they arrive complete at the owner's last step, with no hop
+// home. Every exchange is in flight while a block computes (the next block's K and V during this
+// step, the accumulators during the next). Every block's backward uses the whole row's output and
+// log-sum-exp (scaled_dot_product_attention_backward's delta_from_out).
 //
-// Memory: a rank holds its own K and V plus the one block in flight: 1/cp of the sequence, not
-// the whole of it as allgather does. Causal load balancing comes from the sequence layout
-// (sequence_layout.h): with the head-tail split every rank has the same number of visible
-// (query chunk, key chunk) pairs at every step.
+// Memory: a rank keeps its own K and V and the one block forward ended with for backward, and
+// holds one block in flight: 2/cp of the sequence's K and V (allgather keeps all of it).
+// Causal load balancing comes from the sequence layout (sequence_layout.h): with the head-tail
+// split every rank has the same number of visible (query chunk, key chunk) pairs at every step.
 //
 // Collective contract (per attention call, cp > 1), point to point on the cp group, every message
-// one of this rank's K or V (or their f32 gradients): forward, cp - 1 steps of 2 sends and 2
-// receives (K, V); backward, cp - 1 steps of 2 (K, V, sent while the step computes) and cp
-// exchanges of 2 (dK, dV accumulators, sent while the next step computes; the last one the hop
-// home).
+// one of this rank's K or V or their f32 gradients (the same elements): forward, cp - 1 exchanges
+// of 2 sends and 2 receives (K, V, to the next rank); backward, cp - 2 exchanges of K and V and
+// cp - 1 of the dK, dV accumulators (to the previous rank).
 #pragma once
 
 #include <memory>

@@ -6,6 +6,7 @@
 // (expect_same: 1e-5; ring's parameters 3e-5, why at kRingParamRtol). The collectives of a step
 // are counted exactly per variant on the cp group: allgather's all-gathers of K and V forward and
 // reduce-scatters of their gradients backward, Ulysses' all-to-alls, ring's sends and receives.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -170,11 +171,12 @@ TEST(ContextParallelTest, RingAttentionForBothFamilies) {
   }
 }
 
-// The other data-parallel forms with cp: DDP (dp_replicate, gradients all-reduced over
-// dp_replicate x cp) and HSDP (dp_replicate x dp_shard, sharded over dp_shard x cp), and Ulysses
-// under FSDP and in a pipeline stage.
+// With dp_replicate: HSDP (replicated over dp_replicate, sharded over dp_shard x cp: cp > 1
+// always shards, as torchtitan's), with and without dp_shard; and Ulysses under FSDP and in a
+// pipeline stage.
 TEST(ContextParallelTest, ComposesWithDdpHsdpAndEveryVariant) {
-  expect_like_one_rank(Family::kGpt, {.dp_replicate = 2, .cp = 2}, {}, "GPT dp_replicate2 x cp2");
+  expect_like_one_rank(Family::kGpt, {.dp_replicate = 2, .cp = 2}, {},
+                       "GPT dp_replicate2 x cp2 (HSDP)");
   expect_like_one_rank(Family::kLlama, {.dp_replicate = 2, .dp_shard = 2, .cp = 2},
                        {.attention = "ring"}, "Llama dp_replicate2 x dp_shard2 x cp2 ring");
   expect_like_one_rank(Family::kGpt, {.dp_shard = 2, .cp = 2}, {.attention = "alltoall"},
@@ -229,23 +231,29 @@ TEST(ContextParallelTest, UlyssesCollectivesPerStepAreTheAllToAlls) {
   });
 }
 
-// Ring per step on cp2 (GPT, 2 blocks): forward 2 sends and 2 receives per block (K, V);
-// backward 4 + 2 (K, V and their gradients, then the gradients' last hop home), each this rank's
-// K or V: B x H x T/2 x D.
+// Ring per step (GPT, 2 blocks), cp 2 and 4: per block, forward cp - 1 exchanges of K and V,
+// backward cp - 2 of K and V and cp - 1 of their f32 gradients' accumulators — 6 cp - 8 sends and
+// as many receives, each one of this rank's K or V: B x H x T/cp x D in f32.
 TEST(ContextParallelTest, RingCollectivesPerStepAreThePointToPointHops) {
-  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
-    const CpRun run = train_on(pg, Family::kGpt, {.cp = 2}, {.attention = "ring"});
-    const auto it = run.last_step_collectives.find("mesh/cp");
-    ASSERT_NE(it, run.last_step_collectives.end()) << "no collective on the cp group";
-    const auto config = models::gpt_run::config();
-    const int64_t local_bytes = kBatch * config.n_embd * (kSeq / 2) * 4;
-    const auto kind = [](comm::CollectiveKind k) { return static_cast<size_t>(k); };
-    for (comm::CollectiveKind k : {comm::CollectiveKind::kSend, comm::CollectiveKind::kRecv}) {
-      EXPECT_EQ(it->second.calls[kind(k)], 8 * config.n_layer);
-      EXPECT_EQ(it->second.bytes[kind(k)], 8 * config.n_layer * local_bytes);
-    }
-    EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllGather)], 0);
-  });
+  for (int cp : {2, 4}) {
+    comm::testing::run_on_ranks(cp, [&](comm::ProcessGroup& pg) {
+      SCOPED_TRACE(fmt::format("cp {}", cp));
+      const CpRun run = train_on(pg, Family::kGpt, {.cp = cp}, {.attention = "ring"});
+      const auto it = run.last_step_collectives.find("mesh/cp");
+      ASSERT_NE(it, run.last_step_collectives.end()) << "no collective on the cp group";
+      const auto config = models::gpt_run::config();
+      const int64_t local_bytes = kBatch * config.n_embd * (kSeq / cp) * 4;
+      const int64_t messages = (6 * cp - 8) * config.n_layer;
+      const auto kind = [](comm::CollectiveKind k) { return static_cast<size_t>(k); };
+      for (comm::CollectiveKind k : {comm::CollectiveKind::kSend, comm::CollectiveKind::kRecv}) {
+        EXPECT_EQ(it->second.calls[kind(k)], messages);
+        EXPECT_EQ(it->second.bytes[kind(k)], messages * local_bytes);
+      }
+      // Besides them only the reported loss's mean over cp (Trainer::mean_over_data_parallel).
+      EXPECT_EQ(it->second.calls[kind(comm::CollectiveKind::kAllReduce)], 1);
+      EXPECT_EQ(it->second.total_calls(), 2 * messages + 1);
+    });
+  }
 }
 
 TEST(ContextParallelTest, ASequenceThatDoesNotSplitIsRefusedNamingBoth) {

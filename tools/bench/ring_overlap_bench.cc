@@ -11,7 +11,7 @@
 //   ring     one causal ring_attention call, forward and backward, with its RingAttentionProfile:
 //            compute (the block computes) and exposed (the waits the compute did not hide);
 //   alone    the same messages with nothing to overlap: forward cp - 1 exchanges of K and V,
-//            backward cp - 1 of K and V and cp of the f32 dK, dV accumulators, each waited.
+//            backward cp - 2 of K and V and cp - 1 of the f32 dK, dV accumulators, each waited.
 // hidden = 1 - exposed / alone (each rank's medians, clamped to [0, 1], then the mean over
 // ranks); compute / alone > 1 is the regime the goal (>= 70 % hidden) is about. Compute and
 // communication share the machine's cores (Gloo's I/O threads beside each rank's compute): with
@@ -53,23 +53,25 @@ struct Point {
   int64_t sent_bytes = 0;
 };
 
-// The ring's messages alone: `steps` exchanges of `tensors` with the neighbours, each waited.
+// The ring's messages alone (ring_attention.h's contract), each exchange waited before the next.
 double transfer_alone_ms(comm::ProcessGroup& pg, const std::vector<Tensor>& kv,
                          const std::vector<Tensor>& grads) {
   const int n = pg.size(), r = pg.rank();
-  const auto exchange = [&](const std::vector<Tensor>& out) {
+  const auto exchange = [&](const std::vector<Tensor>& out, bool forward) {
+    const int to = forward ? (r + 1) % n : (r + n - 1) % n;
+    const int from = forward ? (r + n - 1) % n : (r + 1) % n;
     std::vector<std::shared_ptr<comm::Work>> works;
     for (size_t i = 0; i < out.size(); ++i) {
       const Tensor in = ops::empty(out[i].shape(), out[i].dtype());
-      works.push_back(pg.send(out[i], (r + 1) % n, static_cast<int>(i)));
-      works.push_back(pg.recv(in, (r + n - 1) % n, static_cast<int>(i)));
+      works.push_back(pg.send(out[i], to, static_cast<int>(i)));
+      works.push_back(pg.recv(in, from, static_cast<int>(i)));
     }
     for (auto& w : works) w->wait();
   };
   const auto start = Clock::now();
-  for (int step = 0; step + 1 < n; ++step) exchange(kv);  // forward
-  for (int step = 0; step + 1 < n; ++step) exchange(kv);  // backward's blocks
-  for (int step = 0; step < n; ++step) exchange(grads);   // backward's accumulators
+  for (int step = 0; step + 1 < n; ++step) exchange(kv, true);      // forward
+  for (int step = 0; step + 2 < n; ++step) exchange(kv, false);     // backward's blocks
+  for (int step = 0; step + 1 < n; ++step) exchange(grads, false);  // backward's accumulators
   return ms_since(start);
 }
 
