@@ -1,0 +1,219 @@
+#include "nn/moe/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "autograd/function.h"
+#include "autograd/grouped_mm.h"
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::nn {
+
+namespace {
+
+// out, with the auxiliary loss attached: forward passes out through; backward sends out's
+// gradient on and gives `aux` the gradient 1 (its share of the training loss).
+Tensor attach_aux_loss(const Tensor& out, const Tensor& aux) {
+  return autograd::record("MoEAuxLoss", {out, aux}, out, [aux](const std::vector<Tensor>& grads) {
+    return std::vector<Tensor>{grads[0], ops::full(aux.shape(), 1.0, aux.dtype(), aux.device())};
+  });
+}
+
+Tensor index_tensor(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
+  return ops::to(ops::from_vector_i64(values, shape), device);
+}
+
+}  // namespace
+
+GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, uint64_t seed)
+    : Module("GroupedExperts"),
+      seed_(seed),
+      w1_(register_parameter("w1", ops::empty({num_experts, hidden_dim, dim}))),
+      w2_(register_parameter("w2", ops::empty({num_experts, dim, hidden_dim}))),
+      w3_(register_parameter("w3", ops::empty({num_experts, hidden_dim, dim}))) {
+  reset_parameters();
+}
+
+void GroupedExperts::reset_parameters() {
+  // As each expert's Linear would be (nn::Linear: U(-1/sqrt(in), 1/sqrt(in))).
+  const auto init = [](const Tensor& w, uint64_t seed) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(w.size(2)));
+    ops::uniform_(w, seed, -bound, bound);
+  };
+  init(w1_, seed_);
+  init(w2_, seed_ + 1);
+  init(w3_, seed_ + 2);
+}
+
+Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& offsets) {
+  const Tensor h = ops::mul(ops::silu(grouped_mm(x, w1_, offsets)), grouped_mm(x, w3_, offsets));
+  return grouped_mm(h, w2_, offsets);
+}
+
+SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU") {
+  const auto linear = [](int64_t in, int64_t out, uint64_t s) {
+    return std::make_shared<Linear>(in, out, LinearOptions{.bias = false, .seed = s});
+  };
+  w1 = register_module("w1", linear(dim, hidden_dim, seed));
+  w2 = register_module("w2", linear(hidden_dim, dim, seed + 1));
+  w3 = register_module("w3", linear(dim, hidden_dim, seed + 2));
+}
+
+Tensor SwiGLU::forward(const Tensor& x) { return (*w2)(ops::mul(ops::silu((*w1)(x)), (*w3)(x))); }
+
+namespace {
+
+// The load `pick` chooses (the largest or the smallest) over the mean load; 0 without any.
+template <typename Pick>
+double over_mean(const std::vector<int64_t>& load, Pick pick) {
+  const double total = std::accumulate(load.begin(), load.end(), 0.0);
+  if (load.empty() || total == 0) return 0;
+  return static_cast<double>(*pick(load.begin(), load.end())) /
+         (total / static_cast<double>(load.size()));
+}
+
+}  // namespace
+
+double RouterStats::max_over_mean() const {
+  return over_mean(tokens_per_expert, [](auto a, auto b) { return std::max_element(a, b); });
+}
+
+double RouterStats::min_over_mean() const {
+  return over_mean(tokens_per_expert, [](auto a, auto b) { return std::min_element(a, b); });
+}
+
+MoE::MoE(int64_t dim, MoEOptions options, uint64_t seed)
+    : Module("MoE"),
+      options_((options.validate(), std::move(options))),
+      expert_bias_(register_buffer("expert_bias", ops::zeros({options_.num_experts}))) {
+  LOOM_CHECK(dim >= 1, "MoE: dim must be >= 1, got {}", dim);
+  gate =
+      register_module("gate", std::make_shared<Linear>(dim, options_.num_experts,
+                                                       LinearOptions{.bias = false, .seed = seed}));
+  experts = register_module(
+      "experts",
+      std::make_shared<GroupedExperts>(dim, options_.hidden_dim, options_.num_experts, seed + 1));
+  if (options_.num_shared_experts > 0) {
+    shared_experts = register_module(
+        "shared_experts",
+        std::make_shared<SwiGLU>(dim, options_.hidden_dim * options_.num_shared_experts, seed + 4));
+  }
+  stats_.tokens_per_expert.assign(options_.num_experts, 0);
+  load_since_update_.assign(options_.num_experts, 0);
+}
+
+void MoE::reset_parameters() { ops::fill_(expert_bias_, 0.0); }
+
+Routing MoE::route(const Tensor& scores) const {
+  const int64_t tokens = scores.size(0), e = options_.num_experts, k = options_.top_k;
+  const int64_t capacity = expert_capacity(options_.capacity_factor, tokens, k, e);
+  if (scores.device().is_meta()) {  // no values: the uniform routing
+    std::vector<float> uniform(tokens * e, 0.0f);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t c = 0; c < k; ++c) uniform[t * e + (t * k + c) % e] = static_cast<float>(k - c);
+    }
+    return route_top_k(uniform, tokens, e, k, {}, capacity);
+  }
+  const std::vector<double> values = ops::to_vector(scores);
+  const std::vector<float> host(values.begin(), values.end());
+  std::vector<float> bias;
+  if (options_.bias_update_rate > 0) {
+    const std::vector<double> b = ops::to_vector(expert_bias_);
+    bias.assign(b.begin(), b.end());
+  }
+  return route_top_k(host, tokens, e, k, bias, capacity);
+}
+
+Tensor MoE::forward(const Tensor& x) {
+  const int64_t dim = x.size(-1);
+  const Tensor flat = ops::reshape(x, {-1, dim});
+  const int64_t tokens = flat.size(0), e = options_.num_experts, k = options_.top_k;
+  const Tensor logits = ops::to(gate->forward(flat), kFloat32);
+  const Tensor scores =
+      options_.score_func == "sigmoid" ? ops::sigmoid(logits) : ops::softmax(logits, -1);
+  const Routing routing = route(scores);
+
+  // The chosen experts' scores: rows t * E + e of the scores as a column.
+  std::vector<int64_t> picked(tokens * k);
+  for (int64_t i = 0; i < tokens * k; ++i) picked[i] = (i / k) * e + routing.choice[i];
+  Tensor weights = ops::reshape(ops::embedding(ops::reshape(scores, {tokens * e, 1}),
+                                               index_tensor(picked, {tokens, k}, x.device())),
+                                {tokens, k});
+  if (options_.route_norm) weights = ops::div(weights, ops::sum(weights, {-1}, /*keepdim=*/true));
+  if (options_.route_scale != 1.0) weights = ops::mul(weights, options_.route_scale);
+
+  // Tokens in expert order, every expert's rows in one grouped GEMM per projection.
+  const Tensor sorted =
+      ops::embedding(flat, index_tensor(routing.slot_token, {routing.kept()}, x.device()));
+  const Tensor expert_out = experts->forward(sorted, routing.offsets);
+  // Back to (token, choice) order; a dropped choice reads the zero row after the kept ones.
+  const Tensor padded = ops::cat(
+      std::vector<Tensor>{expert_out, ops::zeros({1, dim}, expert_out.dtype(), x.device())}, 0);
+  const Tensor per_choice =
+      ops::embedding(padded, index_tensor(routing.slot_of, {tokens, k}, x.device()));
+  Tensor out =
+      ops::sum(ops::mul(per_choice, ops::unsqueeze(ops::to(weights, per_choice.dtype()), -1)), {1});
+  if (shared_experts) out = ops::add(out, shared_experts->forward(flat));
+
+  double aux_value = 0;
+  if (options_.aux_loss_coeff > 0) {
+    // coeff * E * sum_e f_e P_e: f_e the share of routed slots (a constant), P_e the mean over
+    // tokens of each token's scores normalized to sum 1.
+    const Tensor normalized = options_.score_func == "sigmoid"
+                                  ? ops::div(scores, ops::sum(scores, {-1}, /*keepdim=*/true))
+                                  : scores;
+    std::vector<float> share(e);
+    for (int64_t i = 0; i < e; ++i) {
+      share[i] = static_cast<float>(static_cast<double>(routing.routed[i]) /
+                                    static_cast<double>(tokens * k));
+    }
+    const Tensor f = ops::to(ops::from_vector(share, {1, e}), x.device());
+    const double scale =
+        options_.aux_loss_coeff * static_cast<double>(e) / static_cast<double>(tokens);
+    const Tensor aux = ops::mul(ops::sum(ops::mul(normalized, f)), scale);
+    if (!x.device().is_meta()) aux_value = aux.item<double>();
+    out = attach_aux_loss(out, aux);
+  }
+
+  for (int64_t i = 0; i < e; ++i) {
+    stats_.tokens_per_expert[i] += routing.routed[i];
+    load_since_update_[i] += routing.routed[i];
+  }
+  stats_.aux_loss += aux_value;
+  stats_.dropped += routing.dropped();
+  ++stats_.calls;
+  return ops::reshape(out, x.shape());
+}
+
+RouterStats MoE::take_stats() {
+  RouterStats taken = std::move(stats_);
+  stats_ = RouterStats{};
+  stats_.tokens_per_expert.assign(options_.num_experts, 0);
+  return taken;
+}
+
+void MoE::set_load_since_update(std::vector<int64_t> load) {
+  LOOM_CHECK(static_cast<int64_t>(load.size()) == options_.num_experts,
+             "MoE::set_load_since_update: {} loads for {} experts", load.size(),
+             options_.num_experts);
+  load_since_update_ = std::move(load);
+}
+
+void MoE::update_expert_bias() {
+  if (options_.bias_update_rate > 0) {
+    const double mean = std::accumulate(load_since_update_.begin(), load_since_update_.end(), 0.0) /
+                        static_cast<double>(options_.num_experts);
+    std::vector<float> step(options_.num_experts);
+    for (int64_t i = 0; i < options_.num_experts; ++i) {
+      const double gap = mean - static_cast<double>(load_since_update_[i]);
+      step[i] = static_cast<float>(options_.bias_update_rate * ((gap > 0) - (gap < 0)));
+    }
+    ops::add_(expert_bias_,
+              ops::to(ops::from_vector(step, {options_.num_experts}), expert_bias_.device()));
+  }
+  load_since_update_.assign(options_.num_experts, 0);
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,38 @@
+// A mixture-of-experts feed-forward's settings (torchtitan's MoEArgs, DeepSeek-V3's names in
+// comments): how many experts, how a token picks them, how the load is balanced, and what
+// happens when an expert is full.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace loom::nn {
+
+struct MoEOptions {
+  int64_t num_experts = 8;  // n_routed_experts
+  int64_t top_k = 2;        // num_experts_per_tok: experts each token goes to
+  int64_t hidden_dim = 0;   // each expert's SwiGLU width (moe_intermediate_size)
+  int64_t num_shared_experts =
+      0;  // n_shared_experts: a SwiGLU of num x hidden_dim every token passes
+  std::string score_func = "softmax";  // "softmax" or "sigmoid" (DeepSeek-V3) over the experts
+  bool route_norm = false;             // norm_topk_prob: the top-k weights rescaled to sum to 1
+  double route_scale = 1.0;            // routed_scaling_factor: the top-k weights times this
+  // Load balancing. aux_loss_coeff > 0: the auxiliary loss coeff * E * sum_e f_e * P_e (f_e the
+  // share of routed slots expert e got, P_e its mean normalized score), added to the training
+  // loss through the gradient (MoE.h). bias_update_rate > 0: DeepSeek-V3's auxiliary-loss-free
+  // balancing, a per-expert bias added to the scores for choosing (never for weighting), moved
+  // by rate * sign(mean load - load) after each optimizer step.
+  double aux_loss_coeff = 0.0;
+  double bias_update_rate = 0.0;
+  // 0: dropless (every routed slot computed). > 0: each expert takes at most
+  // ceil(capacity_factor * tokens * top_k / num_experts) slots, first come (token order) first
+  // served; a slot beyond that is dropped: it adds nothing to its token's output, which keeps its
+  // residual, its shared experts and its other experts.
+  double capacity_factor = 0.0;
+
+  // Throws loom::Error naming the field and its value: experts or top_k below 1, top_k above the
+  // experts, hidden_dim below 1, an unknown score_func, a negative coefficient or factor.
+  void validate() const;
+};
+
+}  // namespace loom::nn

@@ -1,0 +1,67 @@
+#include "nn/moe/routing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/error.h"
+
+namespace loom::nn {
+
+Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t experts, int64_t top_k,
+                    std::span<const float> bias, int64_t capacity) {
+  LOOM_CHECK(static_cast<int64_t>(scores.size()) == tokens * experts,
+             "route_top_k: {} scores for {} tokens x {} experts", scores.size(), tokens, experts);
+  LOOM_CHECK(bias.empty() || static_cast<int64_t>(bias.size()) == experts,
+             "route_top_k: {} bias entries for {} experts", bias.size(), experts);
+  LOOM_CHECK(top_k >= 1 && top_k <= experts, "route_top_k: top_k {} with {} experts", top_k,
+             experts);
+  Routing r{.tokens = tokens, .experts = experts, .top_k = top_k};
+  r.choice.resize(tokens * top_k);
+  r.routed.assign(experts, 0);
+  std::vector<int64_t> order(experts);
+  std::vector<float> key(experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t e = 0; e < experts; ++e) {
+      key[e] = scores[t * experts + e] + (bias.empty() ? 0.0f : bias[e]);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // The top_k largest; equal keys: the lower expert first (a total order, so repeatable).
+    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t a, int64_t b) {
+      return key[a] > key[b] || (key[a] == key[b] && a < b);
+    });
+    for (int64_t k = 0; k < top_k; ++k) {
+      r.choice[t * top_k + k] = order[k];
+      ++r.routed[order[k]];
+    }
+  }
+  // Counting sort by expert, slots in (token, choice) order within an expert; the first
+  // `capacity` of each kept.
+  std::vector<int64_t> kept(experts);
+  for (int64_t e = 0; e < experts; ++e) {
+    kept[e] = capacity < 0 ? r.routed[e] : std::min(r.routed[e], capacity);
+  }
+  r.offsets.assign(experts + 1, 0);
+  for (int64_t e = 0; e < experts; ++e) r.offsets[e + 1] = r.offsets[e] + kept[e];
+  r.slot_token.resize(r.offsets[experts]);
+  r.slot_of.assign(tokens * top_k, r.offsets[experts]);
+  std::vector<int64_t> filled(experts, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      const int64_t e = r.choice[t * top_k + k];
+      if (filled[e] == kept[e]) continue;  // full: dropped
+      const int64_t row = r.offsets[e] + filled[e]++;
+      r.slot_token[row] = t;
+      r.slot_of[t * top_k + k] = row;
+    }
+  }
+  return r;
+}
+
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  if (capacity_factor <= 0) return -1;
+  return static_cast<int64_t>(std::ceil(capacity_factor * static_cast<double>(tokens * top_k) /
+                                        static_cast<double>(experts)));
+}
+
+}  // namespace loom::nn

@@ -1,0 +1,36 @@
+// Token-choice top-k routing on the host, as plain arithmetic: which experts each token picks,
+// and where each (token, choice) slot goes in the expert-sorted order the grouped GEMMs run in.
+// Deterministic: ties between equal scores go to the lower expert index, and slots are ordered
+// by (expert, token, choice), so runs repeat bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace loom::nn {
+
+struct Routing {
+  int64_t tokens = 0, experts = 0, top_k = 0;
+  std::vector<int64_t> choice;      // (tokens, top_k): the experts picked, best first
+  std::vector<int64_t> routed;      // (experts): slots routed to each, before any capacity
+  std::vector<int64_t> offsets;     // (experts + 1): the kept slots of expert e are rows
+                                    // [offsets[e], offsets[e + 1]) of the sorted order
+  std::vector<int64_t> slot_token;  // (kept): the token of each kept slot, in sorted order
+  std::vector<int64_t> slot_of;     // (tokens, top_k): each choice's row in the sorted order,
+                                    // or `kept()` (a zero row) when it was dropped
+  int64_t kept() const { return static_cast<int64_t>(slot_token.size()); }
+  int64_t dropped() const { return tokens * top_k - kept(); }
+};
+
+// `scores`: (tokens, experts) row-major, the router's scores; `bias`: (experts) added to them for
+// choosing only (empty: none). `capacity`: the most slots an expert keeps (< 0: no limit), the
+// earliest tokens first.
+Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t experts, int64_t top_k,
+                    std::span<const float> bias, int64_t capacity);
+
+// The capacity of capacity_factor (MoEOptions): ceil(factor * tokens * top_k / experts); -1 when
+// the factor is 0 (dropless).
+int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);
+
+}  // namespace loom::nn
