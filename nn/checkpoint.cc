@@ -9,6 +9,7 @@
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "nn/auxiliary_loss.h"
 #include "nn/layers.h"
 #include "tensor/dispatch.h"
 #include "tensor/ops.h"
@@ -16,6 +17,20 @@
 namespace loom::nn {
 
 namespace {
+
+thread_local bool recomputing_now = false;
+
+// Marks this thread as recomputing for a scope (nested recomputes keep the mark).
+class Recomputing {
+ public:
+  Recomputing() : previous_(recomputing_now) { recomputing_now = true; }
+  ~Recomputing() { recomputing_now = previous_; }
+  Recomputing(const Recomputing&) = delete;
+  Recomputing& operator=(const Recomputing&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // What a module's forward reads besides its input: each module's parameter slots, and each
 // dropout's RNG position.
@@ -142,10 +157,15 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
     Tensor input;
     std::shared_ptr<const CheckpointPolicy> policy;
     KeptOutputs kept;
+    double auxiliary_loss_scale;
     bool used = false;
   };
-  auto saved = std::make_shared<Saved>(
-      Saved{&module, ForwardState::of(module), input, module.checkpoint_policy(), {}});
+  auto saved = std::make_shared<Saved>(Saved{&module,
+                                             ForwardState::of(module),
+                                             input,
+                                             module.checkpoint_policy(),
+                                             {},
+                                             AuxiliaryLossScale::current()});
   const bool selective = saved->policy != nullptr && saved->policy->keep != nullptr;
   Tensor output;
   {
@@ -184,6 +204,8 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
         Tensor recomputed;
         {
           EnableGradGuard grad_on;
+          AuxiliaryLossScale scale(saved->auxiliary_loss_scale);
+          const Recomputing recomputing;
           saved->before.apply();
           try {
             if (selective) {
@@ -209,5 +231,7 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
         return result;
       })[0];
 }
+
+bool in_checkpoint_recompute() { return recomputing_now; }
 
 }  // namespace loom::nn

@@ -58,7 +58,12 @@ struct CheckpointPolicy {
 };
 
 // module.forward(input) under checkpointing (Module::operator() calls it for a checkpointed
-// module when grad mode is on).
+// module when grad mode is on). The recompute also sees the forward's auxiliary-loss scale
+// (nn/auxiliary_loss.h).
 Tensor checkpointed_forward(Module& module, const Tensor& input);
+
+// Whether this thread is recomputing a checkpointed forward: what a module counts once per step
+// (a router's statistics) it does not count again here.
+bool in_checkpoint_recompute();
 
 }  // namespace loom::nn

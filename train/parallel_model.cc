@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "models/hf/checkpoint.h"
+#include "nn/auxiliary_loss.h"
 #include "optim/clip_grad.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/data_parallel.h"
@@ -73,6 +74,8 @@ class OneStageModel : public ParallelModel {
     double total = 0;
     for_each_micro_batch(
         inputs, targets, "forward_backward", [&](int m, const Tensor& x, const Tensor& y) {
+          // Auxiliary losses (MoE load balancing) enter as the micro-batch's loss does: / m.
+          nn::AuxiliaryLossScale scale(1.0 / grad_accum_);
           Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
           data_parallel_->backward(m + 1 == grad_accum_, [&] { backward(loss); });
           total += loss.item<double>();

@@ -7,19 +7,13 @@
 #include "autograd/function.h"
 #include "autograd/grouped_mm.h"
 #include "base/error.h"
+#include "nn/auxiliary_loss.h"
+#include "nn/checkpoint.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
 
 namespace {
-
-// out, with the auxiliary loss attached: forward passes out through; backward sends out's
-// gradient on and gives `aux` the gradient 1 (its share of the training loss).
-Tensor attach_aux_loss(const Tensor& out, const Tensor& aux) {
-  return autograd::record("MoEAuxLoss", {out, aux}, out, [aux](const std::vector<Tensor>& grads) {
-    return std::vector<Tensor>{grads[0], ops::full(aux.shape(), 1.0, aux.dtype(), aux.device())};
-  });
-}
 
 Tensor index_tensor(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
   return ops::to(ops::from_vector_i64(values, shape), device);
@@ -174,9 +168,10 @@ Tensor MoE::forward(const Tensor& x) {
         options_.aux_loss_coeff * static_cast<double>(e) / static_cast<double>(tokens);
     const Tensor aux = ops::mul(ops::sum(ops::mul(normalized, f)), scale);
     if (!x.device().is_meta()) aux_value = aux.item<double>();
-    out = attach_aux_loss(out, aux);
+    out = attach_auxiliary_loss(out, aux);
   }
 
+  if (in_checkpoint_recompute()) return ops::reshape(out, x.shape());  // counted in the forward
   for (int64_t i = 0; i < e; ++i) {
     stats_.tokens_per_expert[i] += routing.routed[i];
     load_since_update_[i] += routing.routed[i];

@@ -11,9 +11,8 @@
 // experts) scores per call. The top-k weights are the scores at the chosen experts (normalized
 // to sum 1 with route_norm, times route_scale); gradients reach the router through them, and
 // through the auxiliary loss. The auxiliary loss enters training through the gradient: the
-// output carries it (its gradient is 1 x the loss scale), so a pipeline stage or a layer deep
-// in the model adds it to the loss it trains without returning it (Megatron's
-// MoEAuxLossAutoScaler).
+// output carries it (nn/auxiliary_loss.h), so a pipeline stage or a layer deep in the model adds
+// it to the loss it trains without returning it.
 //
 // On the meta device (a traced step, `loom plan`) scores have no values: routing assumes the
 // uniform one, token t's choice k going to expert (t * top_k + k) mod num_experts.

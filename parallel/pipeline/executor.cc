@@ -9,6 +9,7 @@
 
 #include "autograd/functions.h"
 #include "base/error.h"
+#include "nn/auxiliary_loss.h"
 #include "parallel/pipeline/validate.h"
 #include "tensor/ops.h"
 
@@ -134,7 +135,12 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
         input = inputs.at(mb);
       else if (is_local(s - 1))
         input = stage(s - 1).output_to_send(mb);
-      const Tensor output = st.forward(mb, input);
+      // Auxiliary losses (MoE load balancing) on any stage enter as the loss does: / m.
+      Tensor output;
+      {
+        nn::AuxiliaryLossScale scale(1.0 / schedule_.num_microbatches);
+        output = st.forward(mb, input);
+      }
       if (st.is_last()) {
         const Tensor loss = loss_fn_(output, targets.at(mb));
         LOOM_CHECK(loss.defined() && loss.numel() == 1,

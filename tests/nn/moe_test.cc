@@ -18,6 +18,7 @@
 #include "autograd/functions_nn.h"
 #include "autograd/grouped_mm.h"
 #include "base/error.h"
+#include "nn/auxiliary_loss.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
@@ -233,6 +234,48 @@ TEST(MoETest, TheExpertBiasMovesTowardBalanceAndRoutesWithoutWeighting) {
   // and weights by the scores alone.
   expect_like_dense({.num_experts = 4, .top_k = 2, .hidden_dim = 8, .bias_update_rate = 0.125},
                     "with an expert bias");
+}
+
+// Under a micro-batch scale (gradient accumulation, a pipeline) the auxiliary loss enters as the
+// loss does; checkpointed, the block recomputes with the forward's scale and counts its routing
+// once.
+TEST(MoETest, AuxiliaryLossScaleAndCheckpointing) {
+  const MoEOptions options{.num_experts = 4, .top_k = 2, .hidden_dim = 8, .aux_loss_coeff = 0.5};
+  const Tensor x0 = ops::normal({2, kTokens / 2, kDim}, 21),
+               g = ops::normal({2, kTokens / 2, kDim}, 22);
+  const auto gate_grad = [&](bool checkpointed, double scale, RouterStats* stats) {
+    MoE moe(kDim, options, 3);
+    moe.set_checkpointed(checkpointed);
+    Tensor x = ops::clone(x0);
+    x.set_requires_grad(true);
+    Tensor loss;
+    {
+      AuxiliaryLossScale micro(scale);
+      loss = mul(sum(mul(moe(x), g)), scale);
+    }
+    backward(loss);
+    if (stats != nullptr) *stats = moe.take_stats();
+    return moe.gate->weight().grad();
+  };
+  // The reference: the same block's dense computation with its aux loss scaled by hand.
+  MoE moe(kDim, options, 3);
+  Tensor x = ops::clone(x0);
+  x.set_requires_grad(true);
+  const auto [out, aux] = dense_reference(moe, x);
+  backward(mul(add(sum(mul(out, g)), aux), 0.25));
+  const testing::Tolerance tol{.rtol = 1e-6, .atol = 1e-6};
+  RouterStats plain_stats, checkpointed_stats;
+  testing::expect_close({.actual = gate_grad(false, 0.25, &plain_stats),
+                         .expected = moe.gate->weight().grad(),
+                         .tol = tol,
+                         .what = "gate gradient at scale 1/4"});
+  testing::expect_close({.actual = gate_grad(true, 0.25, &checkpointed_stats),
+                         .expected = moe.gate->weight().grad(),
+                         .tol = tol,
+                         .what = "checkpointed gate gradient at scale 1/4"});
+  EXPECT_EQ(checkpointed_stats.tokens_per_expert, plain_stats.tokens_per_expert);
+  EXPECT_EQ(checkpointed_stats.calls, 1);
+  EXPECT_DOUBLE_EQ(checkpointed_stats.aux_loss, plain_stats.aux_loss);
 }
 
 TEST(MoETest, RepeatsBitForBit) {
