@@ -110,6 +110,19 @@ void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreeme
   }
 }
 
+std::string MoESizes::first_given() const {
+  if (experts != 0) return "--moe-experts";
+  if (top_k != 0) return "--moe-top-k";
+  if (hidden_dim != 0) return "--moe-hidden-dim";
+  if (shared_experts >= 0) return "--moe-shared-experts";
+  if (!score_func.empty()) return "--moe-score-func";
+  if (aux_loss_coeff >= 0) return "--moe-aux-loss-coeff";
+  if (bias_update_rate >= 0) return "--moe-bias-update-rate";
+  if (capacity_factor >= 0) return "--moe-capacity-factor";
+  if (dense_layers >= 0) return "--moe-dense-layers";
+  return "";
+}
+
 void refuse_size(int64_t value, const char* flag, const std::string& family) {
   LOOM_CHECK(value == 0, "{}: the {} family has no such size (got {})", flag, family, value);
 }

@@ -33,6 +33,23 @@
 
 namespace loom::models {
 
+// A mixture of experts' settings a job may give (--moe-*, the [model] section's moe_* keys); a
+// value "not given" (0, -1 or empty, as commented) keeps the preset's. --moe-experts on a preset
+// without MoE turns it on, with each expert as wide as the dense feed-forward, top-2, softmax.
+struct MoESizes {
+  int64_t experts = 0;          // 0: not given
+  int64_t top_k = 0;            // 0: not given
+  int64_t hidden_dim = 0;       // 0: not given
+  int64_t shared_experts = -1;  // -1: not given
+  std::string score_func;       // empty: not given
+  double aux_loss_coeff = -1;   // below 0: not given
+  double bias_update_rate = -1;
+  double capacity_factor = -1;
+  int64_t dense_layers = -1;  // -1: not given
+  // The flag of the first setting given ("--moe-top-k"), or empty when none is.
+  std::string first_given() const;
+};
+
 // Sizes a job may give any family (flags, a job file's [model] section); 0 keeps the preset's
 // (or the checkpoint's, which they must then equal).
 struct ModelSizes {
@@ -44,6 +61,7 @@ struct ModelSizes {
   int64_t block_size = 0;  // the context: the most tokens a sequence may have
   int64_t vocab_size = 0;
   double rope_theta = 0;
+  MoESizes moe;
 };
 
 // A parameter a stage holds, from the config alone (no tensor is made): its whole shape and the

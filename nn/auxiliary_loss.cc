@@ -15,12 +15,11 @@ Tensor attach_auxiliary_loss(const Tensor& out, const Tensor& loss) {
              "attach_auxiliary_loss: the loss must be a scalar, got {}",
              loss.defined() ? loss.description() : "an undefined tensor");
   const double scale = current_scale;
-  return autograd::record("AuxiliaryLoss", {out, loss}, out,
-                          [loss, scale](const std::vector<Tensor>& grads) {
-                            return std::vector<Tensor>{
-                                grads[0], ops::full(loss.shape(), scale, loss.dtype(),
-                                                    loss.device())};
-                          });
+  return autograd::record(
+      "AuxiliaryLoss", {out, loss}, out, [loss, scale](const std::vector<Tensor>& grads) {
+        return std::vector<Tensor>{grads[0],
+                                   ops::full(loss.shape(), scale, loss.dtype(), loss.device())};
+      });
 }
 
 AuxiliaryLossScale::AuxiliaryLossScale(double scale) : previous_(current_scale) {

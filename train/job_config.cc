@@ -44,6 +44,36 @@ const std::vector<JobOption>& options() {
        &C::vocab_size, Range::kNonNegative},
       {"model", "rope_theta", "RoPE base frequency (Llama; 0: the preset's)", &C::rope_theta,
        Range::kNonNegative},
+      {"model", "moe_experts",
+       "routed experts of each mixture-of-experts layer (Llama; 0: the preset's; on a dense "
+       "preset, turns MoE on)",
+       &C::moe_experts, Range::kNonNegative},
+      {"model", "moe_top_k", "experts each token goes to (0: the preset's, or 2)", &C::moe_top_k,
+       Range::kNonNegative},
+      {"model", "moe_hidden_dim",
+       "each expert's feed-forward width (0: the preset's, or the dense feed-forward's)",
+       &C::moe_hidden_dim, Range::kNonNegative},
+      {"model", "moe_shared_experts",
+       "shared experts every token passes through (-1: the preset's, or 0)", &C::moe_shared_experts,
+       Range::kAny},
+      {"model", "moe_score_func",
+       "the router's scores: softmax or sigmoid (DeepSeek-V3: the top-k weights then normalized "
+       "to sum 1); empty: the preset's",
+       &C::moe_score_func},
+      {"model", "moe_aux_loss_coeff",
+       "the load-balancing auxiliary loss's coefficient (0: off; -1: the preset's)",
+       &C::moe_aux_loss_coeff, Range::kAny},
+      {"model", "moe_bias_update_rate",
+       "auxiliary-loss-free balancing: each step moves every expert's routing bias by this "
+       "toward an even load (0: off; -1: the preset's)",
+       &C::moe_bias_update_rate, Range::kAny},
+      {"model", "moe_capacity_factor",
+       "each expert takes at most factor x tokens x top_k / experts slots, the rest dropped (0: "
+       "dropless; -1: the preset's)",
+       &C::moe_capacity_factor, Range::kAny},
+      {"model", "moe_dense_layers",
+       "the first layers that keep a dense feed-forward (-1: the preset's, or 0)",
+       &C::moe_dense_layers, Range::kAny},
       {"parallel", "dp", "data-parallel replicas (DDP): dp_replicate's shorthand (0: not given)",
        &C::dp, Range::kNonNegative},
       {"parallel", "dp_replicate",
@@ -367,7 +397,16 @@ models::ModelSizes JobConfig::sizes() const {
           .ffn_dim = ffn_dim,
           .block_size = block_size,
           .vocab_size = vocab_size,
-          .rope_theta = rope_theta};
+          .rope_theta = rope_theta,
+          .moe = {.experts = moe_experts,
+                  .top_k = moe_top_k,
+                  .hidden_dim = moe_hidden_dim,
+                  .shared_experts = moe_shared_experts,
+                  .score_func = moe_score_func,
+                  .aux_loss_coeff = moe_aux_loss_coeff,
+                  .bias_update_rate = moe_bias_update_rate,
+                  .capacity_factor = moe_capacity_factor,
+                  .dense_layers = moe_dense_layers}};
 }
 
 ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {

@@ -31,6 +31,11 @@ struct JobConfig {
   int64_t block_size = 0;  // the context; 0: the preset's
   int64_t vocab_size = 0;  // 0: the preset's (tiny, llama-tiny: the data's); larger pads
   double rope_theta = 0;   // 0: the preset's
+  // Mixture of experts (Llama; models::MoESizes: "not given" keeps the preset's).
+  int64_t moe_experts = 0, moe_top_k = 0, moe_hidden_dim = 0, moe_shared_experts = -1;
+  std::string moe_score_func;
+  double moe_aux_loss_coeff = -1, moe_bias_update_rate = -1, moe_capacity_factor = -1;
+  int64_t moe_dense_layers = -1;
   // [parallel] (data_parallel_dims() resolves the data-parallel degrees)
   int64_t dp = 0;            // DDP's shorthand for dp_replicate; 0: not given
   int64_t dp_replicate = 0;  // 0: --dp's, else 1 (2 when no data-parallel degree is given at all)

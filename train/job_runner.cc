@@ -21,6 +21,7 @@
 #include "train/loss_plot.h"
 #include "train/output_files.h"
 #include "train/progress_bar.h"
+#include "train/router_stats.h"
 #include "train/sample.h"
 
 namespace loom::train {
@@ -200,11 +201,15 @@ JobRunner::~JobRunner() = default;
 
 void JobRunner::add_metrics_hook() {
   const int rank = world_->rank();
-  trainer_->add_step_hook([this, rank](const StepResult& r) {
+  const bool moe = checked_.model.args->fields().contains("moe");
+  trainer_->add_step_hook([this, rank, moe](const StepResult& r) {
     Outputs& out = *outputs_;
     out.last_loss = r.loss;
     out.losses.push_back(r.loss);
     out.curve.train.emplace_back(r.step, r.loss);
+    // The routers' step, over the global batch (collective: before rank 0 alone goes on).
+    const std::optional<RouterSummary> router =
+        moe ? std::optional<RouterSummary>(take_router_summary(*model_, *mesh_)) : std::nullopt;
     if (rank != 0) return;
     const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
     // The step's tensor peak (torch.cuda.max_memory_allocated's figure, on any device): what
@@ -222,7 +227,14 @@ void JobRunner::add_metrics_hook() {
                                 {"rss_bytes", resident_now().first},
                                 {"rss_file_bytes", resident_now().second},
                                 {"grad_norm", r.grad_norm}};
-      out.metrics.write_line(line.dump());
+      nlohmann::json with_router = line;
+      if (router) {
+        with_router["moe_load_max_over_mean"] = router->max_over_mean;
+        with_router["moe_load_min_over_mean"] = router->min_over_mean;
+        with_router["moe_aux_loss"] = router->aux_loss;
+        with_router["moe_dropped"] = router->dropped;
+      }
+      out.metrics.write_line(with_router.dump());
     }
     if (r.step % job_.log_every == 0 || r.step + 1 == job_.steps) {
       out.bar.clear();
@@ -231,6 +243,12 @@ void JobRunner::add_metrics_hook() {
           "peak | {} {:.0f} MiB\n",
           r.step, r.loss, r.lr, tokens_per_s, r.ms, tensor_peak / 1048576.0,
           device_.is_cuda() ? "allocator" : "resident", peak_memory_bytes(device_) / 1048576.0);
+      if (router) {
+        fmt::print(
+            "           moe: expert load max/mean {:.2f} min/mean {:.2f} | aux loss {:.4g} | "
+            "dropped {}\n",
+            router->max_over_mean, router->min_over_mean, router->aux_loss, router->dropped);
+      }
       std::fflush(stdout);
     }
     out.bar.update(r.step, static_cast<int>(job_.steps), r.loss, tokens_per_s);

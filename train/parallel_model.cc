@@ -10,6 +10,7 @@
 #include "dtensor/dtensor.h"
 #include "models/hf/checkpoint.h"
 #include "nn/auxiliary_loss.h"
+#include "nn/moe/moe.h"
 #include "optim/clip_grad.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/data_parallel.h"
@@ -207,9 +208,51 @@ void check_context_parallel(const models::ModelArgs& args, int64_t cp) {
              cp, args.family());
 }
 
+namespace {
+
+// The model laid out (defined below); build_parallel_model adds the MoE layers' span.
+std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelArgs& args,
+                                                           uint64_t seed,
+                                                           std::shared_ptr<const DeviceMesh> mesh,
+                                                           const ParallelConfig& parallel);
+
+// Every MoE layer's auxiliary loss over the batch of all ranks that average gradients with this
+// one (nn::MoEDataParallel): their counts summed over the data-parallel groups.
+void span_moe_over_data_parallel(const ParallelModel& model,
+                                 std::shared_ptr<const DeviceMesh> mesh) {
+  const auto groups = data_parallel_groups(*mesh);
+  int64_t size = 1;
+  for (const auto& group : groups) size *= group->size();
+  if (size == 1) return;
+  const auto sum = [groups, mesh](const std::vector<double>& values) {
+    std::vector<int64_t> whole(values.begin(), values.end());  // counts: integers
+    Tensor t =
+        ops::to(ops::from_vector_i64(whole, {static_cast<int64_t>(whole.size())}), mesh->device());
+    for (const auto& group : groups) group->all_reduce(t, comm::ReduceOp::kSum)->wait();
+    const std::vector<double> summed = ops::to_vector(t);
+    return summed;
+  };
+  for (const auto& [name, module] : model.named_modules()) {
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) moe->set_data_parallel({sum, size});
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& args, uint64_t seed,
                                                     std::shared_ptr<const DeviceMesh> mesh,
                                                     const ParallelConfig& parallel) {
+  auto model = build_parallel_model_layout(args, seed, mesh, parallel);
+  span_moe_over_data_parallel(*model, mesh);
+  return model;
+}
+
+namespace {
+
+std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelArgs& args,
+                                                           uint64_t seed,
+                                                           std::shared_ptr<const DeviceMesh> mesh,
+                                                           const ParallelConfig& parallel) {
   LOOM_CHECK(mesh != nullptr, "build_parallel_model: the mesh is null");
   LOOM_CHECK(mesh->dim_names() == parallel.dims.names() && mesh->shape() == parallel.dims.sizes(),
              "build_parallel_model: the mesh {} is not the ({}) mesh of {}; build it with "
@@ -247,5 +290,7 @@ std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& arg
                                          std::move(built.data_parallel), parallel.grad_accum,
                                          std::move(sequence));
 }
+
+}  // namespace
 
 }  // namespace loom::train

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
+#include "train/router_stats.h"
 
 namespace loom::train {
 
@@ -42,6 +43,7 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();
   no_decay_->step();
+  update_expert_biases(model_, *mesh_);  // MoE's auxiliary-loss-free balancing, when on
   result.loss = mean_over_data_parallel(local_loss);
   result.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -68,6 +70,11 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
     }
   }
   for (const auto& [name, module] : model_.named_modules()) {
+    // A MoE's routing bias (a buffer the optimizer does not own) resumes with the run.
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) {
+      state.tensors.emplace_back("moe/" + name + "/expert_bias", moe->expert_bias());
+      continue;
+    }
     auto* dropout = dynamic_cast<nn::Dropout*>(module);
     if (!dropout) continue;
     const Tensor calls = ops::from_vector_i64({static_cast<int64_t>(dropout->calls())}, {1});

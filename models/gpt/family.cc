@@ -72,6 +72,10 @@ class GPTFamily : public ModelFamily {
     refuse_size(sizes.n_kv_heads, "--n-kv-heads", name());
     refuse_size(sizes.ffn_dim, "--ffn-dim", name());
     LOOM_CHECK(sizes.rope_theta == 0, "--rope-theta: the gpt family has no rotary embeddings");
+    LOOM_CHECK(sizes.moe.first_given().empty(),
+               "{}: the gpt family has no mixture of experts; use a llama preset "
+               "(llama-moe-tiny, or --moe-experts on any llama)",
+               sizes.moe.first_given());
     if (sizes.n_layer) config.n_layer = sizes.n_layer;
     if (sizes.n_head) config.n_head = sizes.n_head;
     if (sizes.n_embd) config.n_embd = sizes.n_embd;

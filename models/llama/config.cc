@@ -8,7 +8,7 @@
 namespace loom::models {
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"llama-tiny", "llama3-8b", "llama3-70b"};
+  return {"llama-tiny", "llama3-8b", "llama3-70b", "llama-moe-tiny"};
 }
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
@@ -40,6 +40,14 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
                                                    .original_max_position_embeddings = 32},
                        .max_seq_len = 128};
   }
+  if (name == "llama-moe-tiny") {
+    // llama-tiny with 8 experts, top-2, in every layer but the first (the CPU test size).
+    LlamaConfig config = preset("llama-tiny");
+    config.moe =
+        nn::MoEOptions{.num_experts = 8, .top_k = 2, .hidden_dim = 48, .aux_loss_coeff = 0.01};
+    config.moe_dense_layers = 1;
+    return config;
+  }
   LOOM_FAIL("LlamaConfig: unknown preset '{}'; the presets are {}", name,
             fmt::join(preset_names(), ", "));
 }
@@ -52,14 +60,35 @@ int64_t LlamaConfig::ffn_hidden_dim() const {
   return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
 }
 
-int64_t LlamaConfig::parameter_count() const {
-  const int64_t kv_dim = n_kv_heads * head_dim();
-  const int64_t attention = dim * dim /*q*/ + 2 * dim * kv_dim /*k, v*/ + dim * dim /*o*/;
-  const int64_t feed_forward = 3 * dim * ffn_hidden_dim();
-  const int64_t norms = 2 * dim;
-  return vocab_size * dim /*embeddings*/ + n_layers * (attention + feed_forward + norms) +
-         dim /*final norm*/ + vocab_size * dim /*output head*/;
+namespace {
+
+// One layer's feed-forward parameters: dense SwiGLU, or the MoE's router, `experts` of its
+// experts (all of them, or the top_k a token uses) and the shared experts.
+int64_t feed_forward_parameters(const LlamaConfig& c, int64_t layer, bool active) {
+  if (!c.is_moe_layer(layer)) return 3 * c.dim * c.ffn_hidden_dim();
+  const nn::MoEOptions& m = *c.moe;
+  const int64_t experts = active ? m.top_k : m.num_experts;
+  return c.dim * m.num_experts /*router*/ + experts * 3 * c.dim * m.hidden_dim +
+         m.num_shared_experts * 3 * c.dim * m.hidden_dim;
 }
+
+int64_t count_parameters(const LlamaConfig& c, bool active) {
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim();
+  const int64_t attention = c.dim * c.dim /*q*/ + 2 * c.dim * kv_dim /*k, v*/ + c.dim * c.dim /*o*/;
+  const int64_t norms = 2 * c.dim;
+  int64_t total = c.vocab_size * c.dim /*embeddings*/ + c.dim /*final norm*/ +
+                  c.vocab_size * c.dim /*output head*/;
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    total += attention + norms + feed_forward_parameters(c, layer, active);
+  }
+  return total;
+}
+
+}  // namespace
+
+int64_t LlamaConfig::parameter_count() const { return count_parameters(*this, false); }
+
+int64_t LlamaConfig::active_parameter_count() const { return count_parameters(*this, true); }
 
 void LlamaConfig::validate() const {
   for (const auto& [value, field] :
@@ -82,6 +111,14 @@ void LlamaConfig::validate() const {
   LOOM_CHECK(head_dim() % 2 == 0,
              "LlamaConfig: head_dim {} (dim {} / n_heads {}) is odd; RoPE rotates pairs",
              head_dim(), dim, n_heads);
+  if (moe) {
+    moe->validate();
+    LOOM_CHECK(
+        moe_dense_layers >= 0 && moe_dense_layers <= n_layers,
+        "LlamaConfig: moe_dense_layers must be between 0 and n_layers {} (--moe-dense-layers), "
+        "got {}",
+        n_layers, moe_dense_layers);
+  }
   LOOM_CHECK(norm_eps > 0 && rope_theta > 0,
              "LlamaConfig: norm_eps and rope_theta must be positive, got {} and {}", norm_eps,
              rope_theta);

@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "nn/moe/moe_options.h"
+
 namespace loom::models {
 
 // Llama 3's RoPE frequency scaling (HF rope_scaling {"rope_type": "llama3", ...}).
@@ -36,6 +38,10 @@ struct LlamaConfig {
   double rope_theta = 500000.0;
   std::optional<RopeScaling> rope_scaling = RopeScaling{};  // none: plain RoPE
   int64_t max_seq_len = 8192;                               // max_position_embeddings
+  // A mixture of experts in place of the SwiGLU feed-forward (nn/moe), from layer
+  // moe_dense_layers on (DeepSeek-V3's first_k_dense_replace: the first layers stay dense).
+  std::optional<nn::MoEOptions> moe;
+  int64_t moe_dense_layers = 0;
 
   // The named configs: "llama-tiny", "llama3-8b", "llama3-70b". Throws listing them otherwise.
   static LlamaConfig preset(const std::string& name);
@@ -45,12 +51,17 @@ struct LlamaConfig {
   // The SwiGLU width (intermediate_size): ffn_dim when given, else 4 * dim, times 2/3, times
   // ffn_dim_multiplier, rounded up to a multiple of multiple_of (Meta's and torchtitan's rule).
   int64_t ffn_hidden_dim() const;
-  // Every parameter: embeddings, per layer q/k/v/o, w1/w2/w3 and two RMSNorm weights, the final
-  // norm and the untied output head.
+  // Every parameter: embeddings, per layer q/k/v/o, w1/w2/w3 (or the MoE's router, experts and
+  // shared experts) and two RMSNorm weights, the final norm and the untied output head.
   int64_t parameter_count() const;
+  // The parameters one token passes through: every MoE layer counts its router, top_k experts
+  // and shared experts (the rest as parameter_count). Equal to it without MoE.
+  int64_t active_parameter_count() const;
+  bool is_moe_layer(int64_t layer) const { return moe.has_value() && layer >= moe_dense_layers; }
 
   // Throws loom::Error naming the field: sizes below 1, a dim that does not split into heads,
-  // heads that do not group over the kv heads, an odd head_dim (RoPE rotates pairs).
+  // heads that do not group over the kv heads, an odd head_dim (RoPE rotates pairs), MoE options
+  // out of range (nn::MoEOptions::validate) or moe_dense_layers outside [0, n_layers].
   void validate() const;
 };
 

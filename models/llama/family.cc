@@ -11,18 +11,83 @@
 namespace loom::models {
 namespace {
 
+// The recorded MoE settings, and back.
+nlohmann::json moe_fields(const nn::MoEOptions& m, int64_t dense_layers) {
+  return {{"num_experts", m.num_experts},
+          {"top_k", m.top_k},
+          {"hidden_dim", m.hidden_dim},
+          {"num_shared_experts", m.num_shared_experts},
+          {"score_func", m.score_func},
+          {"route_norm", m.route_norm},
+          {"route_scale", m.route_scale},
+          {"aux_loss_coeff", m.aux_loss_coeff},
+          {"bias_update_rate", m.bias_update_rate},
+          {"capacity_factor", m.capacity_factor},
+          {"dense_layers", dense_layers}};
+}
+
+void read_moe_fields(const nlohmann::json& f, const std::string& where, LlamaConfig& config) {
+  LOOM_CHECK(f.contains("score_func") && f.at("score_func").is_string() &&
+                 f.contains("route_norm") && f.at("route_norm").is_boolean(),
+             "{}: the recorded moe settings lack score_func or route_norm", where);
+  config.moe = nn::MoEOptions{.num_experts = int_field(f, "num_experts", where),
+                              .top_k = int_field(f, "top_k", where),
+                              .hidden_dim = int_field(f, "hidden_dim", where),
+                              .num_shared_experts = int_field(f, "num_shared_experts", where),
+                              .score_func = f.at("score_func").get<std::string>(),
+                              .route_norm = f.at("route_norm").get<bool>(),
+                              .route_scale = number_field(f, "route_scale", where),
+                              .aux_loss_coeff = number_field(f, "aux_loss_coeff", where),
+                              .bias_update_rate = number_field(f, "bias_update_rate", where),
+                              .capacity_factor = number_field(f, "capacity_factor", where)};
+  config.moe_dense_layers = int_field(f, "dense_layers", where);
+}
+
+// The job's --moe-* settings over the preset's (models/family.h: MoESizes).
+void apply_moe_sizes(const MoESizes& sizes, LlamaConfig& config) {
+  if (sizes.first_given().empty()) return;
+  if (!config.moe) {
+    LOOM_CHECK(sizes.experts > 0,
+               "{}: the preset has no mixture of experts; give --moe-experts N to make one",
+               sizes.first_given());
+    config.moe = nn::MoEOptions{.hidden_dim = config.ffn_hidden_dim()};
+  }
+  nn::MoEOptions& m = *config.moe;
+  if (sizes.experts) m.num_experts = sizes.experts;
+  if (sizes.top_k) m.top_k = sizes.top_k;
+  if (sizes.hidden_dim) m.hidden_dim = sizes.hidden_dim;
+  if (sizes.shared_experts >= 0) m.num_shared_experts = sizes.shared_experts;
+  if (!sizes.score_func.empty()) {
+    m.score_func = sizes.score_func;
+    m.route_norm = sizes.score_func == "sigmoid";  // DeepSeek-V3's pairing
+  }
+  if (sizes.aux_loss_coeff >= 0) m.aux_loss_coeff = sizes.aux_loss_coeff;
+  if (sizes.bias_update_rate >= 0) m.bias_update_rate = sizes.bias_update_rate;
+  if (sizes.capacity_factor >= 0) m.capacity_factor = sizes.capacity_factor;
+  if (sizes.dense_layers >= 0) config.moe_dense_layers = sizes.dense_layers;
+}
+
 class LlamaArgs : public ModelArgs {
  public:
   explicit LlamaArgs(const LlamaConfig& config) : config_(config) {}
   std::unique_ptr<ModelArgs> clone() const override { return std::make_unique<LlamaArgs>(*this); }
   std::string family() const override { return "llama"; }
   std::string summary() const override {
+    std::string moe;
+    if (config_.moe) {
+      const nn::MoEOptions& m = *config_.moe;
+      moe = fmt::format(
+          " moe: {} experts top-{} hidden {} shared {} {}{} from layer {} ({} active per token)",
+          m.num_experts, m.top_k, m.hidden_dim, m.num_shared_experts, m.score_func,
+          m.capacity_factor > 0 ? fmt::format(" capacity {}", m.capacity_factor) : "",
+          config_.moe_dense_layers, config_.active_parameter_count());
+    }
     return fmt::format(
         "Llama n_layers={} dim={} n_heads={} n_kv_heads={} ffn_dim={} max_seq_len={} "
-        "vocab_size={} ({} parameters)",
+        "vocab_size={} ({} parameters){}",
         config_.n_layers, config_.dim, config_.n_heads, config_.n_kv_heads,
         config_.ffn_hidden_dim(), config_.max_seq_len, config_.vocab_size,
-        config_.parameter_count());
+        config_.parameter_count(), moe);
   }
   int64_t parameter_count() const override { return config_.parameter_count(); }
   int64_t n_layers() const override { return config_.n_layers; }
@@ -30,21 +95,28 @@ class LlamaArgs : public ModelArgs {
   int64_t vocab_size() const override { return config_.vocab_size; }
   void set_vocab_size(int64_t vocab_size) override { config_.vocab_size = vocab_size; }
   nlohmann::json fields() const override {
-    return {{"family", "llama"},
-            {"dim", config_.dim},
-            {"n_layers", config_.n_layers},
-            {"n_heads", config_.n_heads},
-            {"n_kv_heads", config_.n_kv_heads},
-            {"ffn_hidden_dim", config_.ffn_hidden_dim()},
-            {"max_seq_len", config_.max_seq_len},
-            {"vocab_size", config_.vocab_size},
-            {"norm_eps", config_.norm_eps},
-            {"rope_theta", config_.rope_theta},
-            {"rope_scaling", rope_scaling()}};
+    nlohmann::json out = {{"family", "llama"},
+                          {"dim", config_.dim},
+                          {"n_layers", config_.n_layers},
+                          {"n_heads", config_.n_heads},
+                          {"n_kv_heads", config_.n_kv_heads},
+                          {"ffn_hidden_dim", config_.ffn_hidden_dim()},
+                          {"max_seq_len", config_.max_seq_len},
+                          {"vocab_size", config_.vocab_size},
+                          {"norm_eps", config_.norm_eps},
+                          {"rope_theta", config_.rope_theta},
+                          {"rope_scaling", rope_scaling()}};
+    if (config_.moe) out["moe"] = moe_fields(*config_.moe, config_.moe_dense_layers);
+    return out;
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
   void validate_tp(int64_t tp) const override {
+    LOOM_CHECK(tp == 1 || !config_.moe,
+               "parallelize_llama: tp {} with a mixture of experts is not supported yet (its "
+               "experts are not split over tp); use tp 1 with data, pipeline or context "
+               "parallelism",
+               tp);
     LOOM_CHECK(config_.n_heads % tp == 0 && config_.n_kv_heads % tp == 0,
                "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank "
                "takes whole heads; replicating kv heads when tp > n_kv_heads is not supported "
@@ -55,6 +127,7 @@ class LlamaArgs : public ModelArgs {
     return llama_pipeline_spec(config_, seed, plan);
   }
   std::unique_ptr<hf::StateDictAdapter> hf_adapter() const override {
+    if (config_.moe) return nullptr;  // no Hugging Face MoE layout read or written yet
     return llama_hf_adapter(config_);
   }
   std::vector<PlannedParameter> planned_parameters(
@@ -92,6 +165,7 @@ class LlamaFamily : public ModelFamily {
     if (sizes.block_size) config.max_seq_len = sizes.block_size;
     if (sizes.vocab_size) config.vocab_size = sizes.vocab_size;
     if (sizes.rope_theta > 0) config.rope_theta = sizes.rope_theta;
+    apply_moe_sizes(sizes.moe, config);
     // More heads than the preset's kv heads allow keeps grouped-query attention only when they
     // still group: a user giving --n-head alone on a preset gets multi-head attention otherwise.
     if (sizes.n_head && !sizes.n_kv_heads && config.n_heads % config.n_kv_heads != 0) {
@@ -123,12 +197,17 @@ class LlamaFamily : public ModelFamily {
                       number_field(s, "high_freq_factor", where),
                       int_field(s, "original_max_position_embeddings", where)};
     }
+    if (fields.contains("moe")) read_moe_fields(fields.at("moe"), where, config);
     config.validate();
     return std::make_unique<LlamaArgs>(config);
   }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     const LlamaConfig config = llama_config_from_hf(json);
+    LOOM_CHECK(sizes.moe.first_given().empty(),
+               "{}: {} describes a dense Llama; the MoE settings of a Hugging Face checkpoint "
+               "come from its config.json (not read yet)",
+               sizes.moe.first_given(), json.where());
     check_sizes_agree(
         json, {{sizes.n_layer, "--n-layer", "num_hidden_layers", config.n_layers},
                {sizes.n_head, "--n-head", "num_attention_heads", config.n_heads},
@@ -167,9 +246,23 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
     add(l + "attention.wk.weight", {config.n_kv_heads * hd, d}, 0, i);
     add(l + "attention.wv.weight", {config.n_kv_heads * hd, d}, 0, i);
     add(l + "attention.wo.weight", {d, config.n_heads * hd}, 1, i);
-    add(l + "feed_forward.w1.weight", {ffn, d}, 0, i);
-    add(l + "feed_forward.w2.weight", {d, ffn}, 1, i);
-    add(l + "feed_forward.w3.weight", {ffn, d}, 0, i);
+    if (config.is_moe_layer(i)) {
+      const nn::MoEOptions& m = *config.moe;
+      add(l + "moe.gate.weight", {m.num_experts, d}, std::nullopt, i);
+      add(l + "moe.experts.w1", {m.num_experts, m.hidden_dim, d}, std::nullopt, i);
+      add(l + "moe.experts.w2", {m.num_experts, d, m.hidden_dim}, std::nullopt, i);
+      add(l + "moe.experts.w3", {m.num_experts, m.hidden_dim, d}, std::nullopt, i);
+      if (m.num_shared_experts > 0) {
+        const int64_t shared = m.hidden_dim * m.num_shared_experts;
+        add(l + "moe.shared_experts.w1.weight", {shared, d}, std::nullopt, i);
+        add(l + "moe.shared_experts.w2.weight", {d, shared}, std::nullopt, i);
+        add(l + "moe.shared_experts.w3.weight", {shared, d}, std::nullopt, i);
+      }
+    } else {
+      add(l + "feed_forward.w1.weight", {ffn, d}, 0, i);
+      add(l + "feed_forward.w2.weight", {d, ffn}, 1, i);
+      add(l + "feed_forward.w3.weight", {ffn, d}, 0, i);
+    }
     add(l + "attention_norm.weight", {d}, std::nullopt, i);
     add(l + "ffn_norm.weight", {d}, std::nullopt, i);
   }

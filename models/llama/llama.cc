@@ -120,12 +120,16 @@ LlamaFeedForward::LlamaFeedForward(const LlamaConfig& config, uint64_t seed)
 Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(mul(silu((*w1)(x)), (*w3)(x))); }
 
 LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
-                       std::shared_ptr<const RopeTables> rope)
+                       std::shared_ptr<const RopeTables> rope, int64_t layer)
     : Module("LlamaBlock") {
   attention =
       register_module("attention", std::make_shared<LlamaAttention>(config, seed, std::move(rope)));
-  feed_forward =
-      register_module("feed_forward", std::make_shared<LlamaFeedForward>(config, seed + 8));
+  if (config.is_moe_layer(layer)) {
+    moe = register_module("moe", std::make_shared<nn::MoE>(config.dim, *config.moe, seed + 8));
+  } else {
+    feed_forward =
+        register_module("feed_forward", std::make_shared<LlamaFeedForward>(config, seed + 8));
+  }
   attention_norm =
       register_module("attention_norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
   ffn_norm = register_module("ffn_norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
@@ -133,7 +137,8 @@ LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
 
 Tensor LlamaBlock::forward(const Tensor& x) {
   const Tensor h = add(x, (*attention)((*attention_norm)(x)));
-  return add(h, (*feed_forward)((*ffn_norm)(h)));
+  const Tensor normed = (*ffn_norm)(h);
+  return add(h, moe ? (*moe)(normed) : (*feed_forward)(normed));
 }
 
 LlamaStage::LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange range,
@@ -157,8 +162,8 @@ LlamaStage::LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange rang
     auto list = register_module(
         "layers", std::make_shared<nn::ModuleList>(static_cast<size_t>(range.first_block)));
     for (int64_t i = range.first_block; i < range.end_block; ++i) {
-      layers.push_back(list->append(
-          std::make_shared<LlamaBlock>(config, seed + 16 * static_cast<uint64_t>(i + 1), rope_)));
+      layers.push_back(list->append(std::make_shared<LlamaBlock>(
+          config, seed + 16 * static_cast<uint64_t>(i + 1), rope_, i)));
     }
   }
   if (range.last) {

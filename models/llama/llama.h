@@ -7,7 +7,9 @@
 //
 // Names: tok_embeddings.weight, layers.{i}.attention.{wq,wk,wv,wo}.weight,
 // layers.{i}.attention_norm.weight, layers.{i}.feed_forward.{w1,w2,w3}.weight,
-// layers.{i}.ffn_norm.weight, norm.weight, output.weight. Every projection is bias-free.
+// layers.{i}.ffn_norm.weight, norm.weight, output.weight. Every projection is bias-free. A MoE
+// layer has layers.{i}.moe.{gate.weight, experts.w1, experts.w2, experts.w3,
+// shared_experts.*.weight} and the buffer layers.{i}.moe.expert_bias in place of feed_forward.
 //
 // RoPE follows Meta's convention: dims (2i, 2i+1) of each head rotate together by position x
 // frequency i (Hugging Face's checkpoints permute wq and wk for their rotate-half convention;
@@ -23,6 +25,7 @@
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "nn/moe/moe.h"
 #include "parallel/pipeline/stage_range.h"
 
 namespace loom::models {
@@ -72,13 +75,17 @@ class LlamaFeedForward : public nn::Module {
   std::shared_ptr<nn::Linear> w1, w2, w3;
 };
 
+// Layer `layer`'s block: attention, then the SwiGLU feed-forward or (LlamaConfig::is_moe_layer)
+// the mixture of experts, named "moe".
 class LlamaBlock : public nn::Module {
  public:
-  LlamaBlock(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
+  LlamaBlock(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope,
+             int64_t layer = 0);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<RMSNorm> attention_norm, ffn_norm;
   std::shared_ptr<LlamaAttention> attention;
-  std::shared_ptr<LlamaFeedForward> feed_forward;
+  std::shared_ptr<LlamaFeedForward> feed_forward;  // null in a MoE layer
+  std::shared_ptr<nn::MoE> moe;                    // null in a dense layer
 };
 
 // A Llama's stage for pipeline parallelism (and, holding everything, the Llama itself): the

@@ -158,14 +158,21 @@ Tensor MoE::forward(const Tensor& x) {
     const Tensor normalized = options_.score_func == "sigmoid"
                                   ? ops::div(scores, ops::sum(scores, {-1}, /*keepdim=*/true))
                                   : scores;
+    // Over the data-parallel ranks' tokens when they are set: their counts summed.
+    std::vector<double> counts(routing.routed.begin(), routing.routed.end());
+    counts.push_back(static_cast<double>(tokens));
+    const int64_t ranks = data_parallel_.sum ? data_parallel_.size : 1;
+    if (data_parallel_.sum) counts = data_parallel_.sum(counts);
+    const double all_tokens = counts[e];
     std::vector<float> share(e);
     for (int64_t i = 0; i < e; ++i) {
-      share[i] = static_cast<float>(static_cast<double>(routing.routed[i]) /
-                                    static_cast<double>(tokens * k));
+      share[i] = static_cast<float>(counts[i] / (all_tokens * static_cast<double>(k)));
     }
     const Tensor f = ops::to(ops::from_vector(share, {1, e}), x.device());
+    // Each rank's share of the mean over all tokens, times the ranks: the gradients' mean over
+    // the ranks (data parallelism averages them) is the whole batch's loss's.
     const double scale =
-        options_.aux_loss_coeff * static_cast<double>(e) / static_cast<double>(tokens);
+        options_.aux_loss_coeff * static_cast<double>(e) * static_cast<double>(ranks) / all_tokens;
     const Tensor aux = ops::mul(ops::sum(ops::mul(normalized, f)), scale);
     if (!x.device().is_meta()) aux_value = aux.item<double>();
     out = attach_auxiliary_loss(out, aux);
@@ -194,6 +201,12 @@ void MoE::set_load_since_update(std::vector<int64_t> load) {
              "MoE::set_load_since_update: {} loads for {} experts", load.size(),
              options_.num_experts);
   load_since_update_ = std::move(load);
+}
+
+void MoE::set_data_parallel(MoEDataParallel data_parallel) {
+  LOOM_CHECK(data_parallel.size >= 1, "MoE::set_data_parallel: size must be >= 1, got {}",
+             data_parallel.size);
+  data_parallel_ = std::move(data_parallel);
 }
 
 void MoE::update_expert_bias() {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -69,6 +70,15 @@ struct RouterStats {
   double min_over_mean() const;  // the idlest expert's
 };
 
+// The ranks a MoE's batch is split over (data parallelism, context parallelism: every rank
+// that averages gradients with this one), for the auxiliary loss over the whole batch: `sum`
+// adds a vector over those ranks (a collective), `size` is their number. Without one, the loss
+// is over this rank's tokens alone.
+struct MoEDataParallel {
+  std::function<std::vector<double>(const std::vector<double>&)> sum;
+  int64_t size = 1;
+};
+
 class MoE : public Module {
  public:
   MoE(int64_t dim, MoEOptions options, uint64_t seed);
@@ -86,6 +96,10 @@ class MoE : public Module {
   void update_expert_bias();
   const std::vector<int64_t>& load_since_update() const { return load_since_update_; }
   void set_load_since_update(std::vector<int64_t> load);
+  // The auxiliary loss over the batch of every data-parallel rank (coeff * E * sum_e f_e P_e with
+  // f and P over all of their tokens, each rank's term scaled so the gradients' mean over the
+  // ranks is that loss's): one all-reduce of E + 1 numbers per call.
+  void set_data_parallel(MoEDataParallel data_parallel);
 
   std::shared_ptr<Linear> gate;
   std::shared_ptr<GroupedExperts> experts;
@@ -95,6 +109,7 @@ class MoE : public Module {
   Routing route(const Tensor& scores) const;
 
   MoEOptions options_;
+  MoEDataParallel data_parallel_;
   Tensor& expert_bias_;
   RouterStats stats_;
   std::vector<int64_t> load_since_update_;

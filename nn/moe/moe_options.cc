@@ -10,15 +10,21 @@ void MoEOptions::validate() const {
   LOOM_CHECK(top_k >= 1 && top_k <= num_experts,
              "MoE: top_k must be between 1 and num_experts = {} (--moe-top-k), got {}", num_experts,
              top_k);
-  LOOM_CHECK(hidden_dim >= 1, "MoE: each expert's hidden_dim must be >= 1, got {}", hidden_dim);
-  LOOM_CHECK(num_shared_experts >= 0, "MoE: num_shared_experts must be >= 0, got {}",
+  LOOM_CHECK(hidden_dim >= 1,
+             "MoE: each expert's hidden_dim must be >= 1 (--moe-hidden-dim), got {}", hidden_dim);
+  LOOM_CHECK(num_shared_experts >= 0,
+             "MoE: num_shared_experts must be >= 0 (--moe-shared-experts), got {}",
              num_shared_experts);
   LOOM_CHECK(score_func == "softmax" || score_func == "sigmoid",
-             "MoE: score_func '{}' is not one of softmax, sigmoid", score_func);
+             "MoE: score_func '{}' (--moe-score-func) is not one of softmax, sigmoid", score_func);
   LOOM_CHECK(route_scale > 0, "MoE: route_scale must be > 0, got {}", route_scale);
-  LOOM_CHECK(aux_loss_coeff >= 0, "MoE: aux_loss_coeff must be >= 0, got {}", aux_loss_coeff);
-  LOOM_CHECK(bias_update_rate >= 0, "MoE: bias_update_rate must be >= 0, got {}", bias_update_rate);
-  LOOM_CHECK(capacity_factor >= 0, "MoE: capacity_factor must be >= 0 (0: dropless), got {}",
+  LOOM_CHECK(aux_loss_coeff >= 0, "MoE: aux_loss_coeff must be >= 0 (--moe-aux-loss-coeff), got {}",
+             aux_loss_coeff);
+  LOOM_CHECK(bias_update_rate >= 0,
+             "MoE: bias_update_rate must be >= 0 (--moe-bias-update-rate), got {}",
+             bias_update_rate);
+  LOOM_CHECK(capacity_factor >= 0,
+             "MoE: capacity_factor must be >= 0 (--moe-capacity-factor; 0: dropless), got {}",
              capacity_factor);
 }
 

@@ -35,15 +35,7 @@ constexpr int64_t kBatch = 4, kSeq = 32;
 constexpr uint64_t kSeed = 5, kDataSeed = 11;
 constexpr double kLr = 3e-3, kClip = 0.5;
 
-data::TokenCorpus corpus() {
-  const std::string text =
-      "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 40; ++i) {
-    for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
-  }
-  return data::TokenCorpus::from_tokens(std::move(tokens), 257, "test text");
-}
+data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 
 enum class Family { kGpt, kLlama };
 

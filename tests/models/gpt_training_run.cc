@@ -21,8 +21,7 @@
 
 namespace loom::models::gpt_run {
 
-namespace {
-data::TokenCorpus corpus() {
+data::TokenCorpus fox_corpus(int64_t vocab_size) {
   // A repetitive byte text with some structure to learn.
   const std::string text =
       "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
@@ -30,9 +29,11 @@ data::TokenCorpus corpus() {
   for (int i = 0; i < 40; ++i) {
     for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
   }
-  return data::TokenCorpus::from_tokens(std::move(tokens), 256, "synthetic");
+  return data::TokenCorpus::from_tokens(std::move(tokens), vocab_size, "test text");
 }
 
+namespace {
+data::TokenCorpus corpus() { return fox_corpus(256); }
 }  // namespace
 
 GPTConfig config() {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "data/token_corpus.h"
 #include "mesh/device_mesh.h"
 #include "models/gpt/config.h"
 #include "models/gpt/plans.h"
@@ -61,6 +62,10 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {});
 const Result& reference();
 
 // A run under `layout` and the run it must match (the one-rank reference).
+// A repetitive byte text the models learn in a few steps (the pangrams, 40 times), as tokens of a
+// `vocab_size` vocabulary (256 bytes, or 257 so that no tp divides it).
+data::TokenCorpus fox_corpus(int64_t vocab_size);
+
 struct Runs {
   Result actual;
   Result expected;

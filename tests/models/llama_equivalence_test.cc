@@ -42,15 +42,7 @@ constexpr double kEps = 1e-6;
 
 // Text the model can learn in a few steps (as the GPT equivalence runs use), in a vocabulary of
 // 257 (bytes and one more, so no tp divides it).
-data::TokenCorpus corpus() {
-  const std::string text =
-      "the quick brown fox jumps over the lazy dog; pack my box with five dozen liquor jugs. ";
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 40; ++i) {
-    for (char c : text) tokens.push_back(static_cast<unsigned char>(c));
-  }
-  return data::TokenCorpus::from_tokens(std::move(tokens), 257, "test text");
-}
+data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 
 using gpt_run::expect_same;
 using gpt_run::Result;

@@ -1,0 +1,103 @@
+#include "train/router_stats.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "tensor/ops.h"
+#include "train/parallel_dims.h"
+
+namespace loom::train {
+
+namespace {
+
+// Each layer's per-expert counts, summed over the data-parallel ranks (one all-reduce per group
+// for all layers together).
+std::vector<std::vector<int64_t>> summed_over_data_parallel(
+    const std::vector<std::vector<int64_t>>& counts, const DeviceMesh& mesh) {
+  std::vector<float> flat;
+  for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
+  if (flat.empty()) return counts;
+  Tensor t = ops::to(ops::from_vector(flat, {static_cast<int64_t>(flat.size())}), mesh.device());
+  for (const auto& group : data_parallel_groups(mesh)) {
+    group->all_reduce(t, comm::ReduceOp::kSum)->wait();
+  }
+  const std::vector<double> summed = ops::to_vector(t);
+  std::vector<std::vector<int64_t>> out;
+  size_t at = 0;
+  for (const auto& layer : counts) {
+    out.emplace_back();
+    for (size_t e = 0; e < layer.size(); ++e) out.back().push_back(std::llround(summed[at++]));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<nn::MoE*> moe_layers(const ParallelModel& model) {
+  std::vector<nn::MoE*> out;
+  for (const auto& [name, module] : model.named_modules()) {
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) out.push_back(moe);
+  }
+  return out;
+}
+
+RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& mesh) {
+  std::vector<std::vector<int64_t>> loads;
+  double aux = 0, dropped = 0;
+  for (nn::MoE* moe : moe_layers(model)) {
+    const nn::RouterStats stats = moe->take_stats();
+    loads.push_back(stats.tokens_per_expert);
+    aux += stats.aux_loss;
+    dropped += static_cast<double>(stats.dropped);
+  }
+  loads = summed_over_data_parallel(loads, mesh);
+  double worst_max = 0, worst_min = std::numeric_limits<double>::max();
+  for (const auto& load : loads) {
+    const nn::RouterStats layer{.tokens_per_expert = load};
+    worst_max = std::max(worst_max, layer.max_over_mean());
+    worst_min = std::min(worst_min, layer.min_over_mean());
+  }
+  // Over every rank: [max ratio, -min ratio] by max; [aux, dropped, layers] by sum.
+  Tensor maxima = ops::to(
+      ops::from_vector({static_cast<float>(worst_max), static_cast<float>(-worst_min)}, {2}),
+      mesh.device());
+  Tensor sums = ops::to(ops::from_vector({static_cast<float>(aux), static_cast<float>(dropped),
+                                          static_cast<float>(loads.size())},
+                                         {3}),
+                        mesh.device());
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    mesh.group(d)->all_reduce(maxima, comm::ReduceOp::kMax)->wait();
+    mesh.group(d)->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  }
+  const std::vector<double> m = ops::to_vector(maxima), s = ops::to_vector(sums);
+  // Each layer was counted once per rank holding it: every rank of its pipeline stage.
+  const auto& names = mesh.dim_names();
+  const bool pipelined = std::find(names.begin(), names.end(), "pp") != names.end();
+  const int64_t copies = mesh.numel() / (pipelined ? mesh.size("pp") : 1);
+  RouterSummary summary;
+  summary.layers = std::llround(s[2]) / copies;
+  if (summary.layers == 0) return summary;
+  summary.max_over_mean = m[0];
+  summary.min_over_mean = -m[1];
+  summary.aux_loss = s[0] / static_cast<double>(copies);
+  summary.dropped = std::llround(s[1]);
+  return summary;
+}
+
+void update_expert_biases(const ParallelModel& model, const DeviceMesh& mesh) {
+  std::vector<nn::MoE*> moving;
+  std::vector<std::vector<int64_t>> loads;
+  for (nn::MoE* moe : moe_layers(model)) {
+    if (moe->options().bias_update_rate <= 0) continue;
+    moving.push_back(moe);
+    loads.push_back(moe->load_since_update());
+  }
+  if (moving.empty()) return;
+  loads = summed_over_data_parallel(loads, mesh);
+  for (size_t i = 0; i < moving.size(); ++i) {
+    moving[i]->set_load_since_update(loads[i]);
+    moving[i]->update_expert_bias();
+  }
+}
+
+}  // namespace loom::train
