@@ -42,8 +42,13 @@ void GroupedExperts::reset_parameters() {
 }
 
 Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& offsets) {
-  const Tensor h = ops::mul(ops::silu(grouped_mm(x, w1_, offsets)), grouped_mm(x, w3_, offsets));
-  return grouped_mm(h, w2_, offsets);
+  return forward_with(x, offsets, w1_, w2_, w3_);
+}
+
+Tensor GroupedExperts::forward_with(const Tensor& x, const std::vector<int64_t>& offsets,
+                                    const Tensor& w1, const Tensor& w2, const Tensor& w3) {
+  const Tensor h = ops::mul(ops::silu(grouped_mm(x, w1, offsets)), grouped_mm(x, w3, offsets));
+  return grouped_mm(h, w2, offsets);
 }
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU") {
@@ -141,7 +146,8 @@ Tensor MoE::forward(const Tensor& x) {
   // Tokens in expert order, every expert's rows in one grouped GEMM per projection.
   const Tensor sorted =
       ops::embedding(flat, index_tensor(routing.slot_token, {routing.kept()}, x.device()));
-  const Tensor expert_out = experts->forward(sorted, routing.offsets);
+  const Tensor expert_out = dispatch_ ? dispatch_->run(*experts, sorted, routing.offsets)
+                                      : experts->forward(sorted, routing.offsets);
   // Back to (token, choice) order; a dropped choice reads the zero row after the kept ones.
   const Tensor padded = ops::cat(
       std::vector<Tensor>{expert_out, ops::zeros({1, dim}, expert_out.dtype(), x.device())}, 0);

@@ -41,6 +41,9 @@ class GroupedExperts : public Module {
   // x: (N, dim), rows sorted by expert, expert e's rows [offsets[e], offsets[e + 1]) ->
   // (N, dim): w2_e(silu(w1_e x) * w3_e x) per row.
   Tensor forward(const Tensor& x, const std::vector<int64_t>& offsets);
+  // The same with the given weights (plain tensors: expert parallelism's local experts).
+  static Tensor forward_with(const Tensor& x, const std::vector<int64_t>& offsets, const Tensor& w1,
+                             const Tensor& w2, const Tensor& w3);
   void reset_parameters() override;
   const Tensor& w1() const { return w1_; }
   const Tensor& w2() const { return w2_; }
@@ -57,6 +60,17 @@ class SwiGLU : public Module {
   SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Linear> w1, w2, w3;
+};
+
+// How the tokens sorted by expert reach their experts and come back: locally by default, or
+// over ranks (expert parallelism, parallel/ep). `sorted`: (N, dim), this rank's kept slots in
+// expert order, expert e's rows [offsets[e], offsets[e + 1]) of all num_experts. Returns the
+// experts' outputs in the same rows.
+class ExpertDispatch {
+ public:
+  virtual ~ExpertDispatch() = default;
+  virtual Tensor run(GroupedExperts& experts, const Tensor& sorted,
+                     const std::vector<int64_t>& offsets) = 0;
 };
 
 // What the router did since the last take_stats(): slots routed per expert (before capacity),
@@ -100,6 +114,10 @@ class MoE : public Module {
   // f and P over all of their tokens, each rank's term scaled so the gradients' mean over the
   // ranks is that loss's): one all-reduce of E + 1 numbers per call.
   void set_data_parallel(MoEDataParallel data_parallel);
+  // Where the experts run (null: here, every expert on this rank).
+  void set_expert_dispatch(std::shared_ptr<ExpertDispatch> dispatch) {
+    dispatch_ = std::move(dispatch);
+  }
 
   std::shared_ptr<Linear> gate;
   std::shared_ptr<GroupedExperts> experts;
@@ -110,6 +128,7 @@ class MoE : public Module {
 
   MoEOptions options_;
   MoEDataParallel data_parallel_;
+  std::shared_ptr<ExpertDispatch> dispatch_;
   Tensor& expert_bias_;
   RouterStats stats_;
   std::vector<int64_t> load_since_update_;

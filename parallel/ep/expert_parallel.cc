@@ -1,0 +1,146 @@
+#include "parallel/ep/expert_parallel.h"
+
+#include <numeric>
+#include <vector>
+
+#include "autograd/function.h"
+#include "autograd/functions.h"
+#include "autograd/functions_nn.h"
+#include "base/error.h"
+#include "dtensor/dtensor.h"
+#include "tensor/ops.h"
+
+namespace loom::parallel::ep {
+
+namespace {
+
+// Rows of `x` in pieces of `send` rows, piece j to rank j; the pieces received (`receive[j]` rows
+// from rank j) concatenated in rank order. Backward: the gradient's rows the other way.
+class AllToAllRows : public autograd::Function {
+ public:
+  AllToAllRows(std::shared_ptr<comm::ProcessGroup> group, std::vector<int64_t> send,
+               std::vector<int64_t> receive)
+      : group_(std::move(group)), send_(std::move(send)), receive_(std::move(receive)) {}
+  std::string name() const override { return "ExpertParallelAllToAll"; }
+
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+    return {exchange(inputs[0], send_, receive_)};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    return {exchange(grads[0], receive_, send_)};
+  }
+
+ private:
+  Tensor exchange(const Tensor& x, const std::vector<int64_t>& send,
+                  const std::vector<int64_t>& receive) const {
+    const Tensor rows = ops::contiguous(x);
+    const int64_t width = rows.size(1);
+    std::vector<Tensor> out, in;
+    int64_t at = 0;
+    for (size_t j = 0; j < send.size(); ++j) {
+      out.push_back(ops::contiguous(ops::narrow(rows, 0, at, send[j])));
+      at += send[j];
+      in.push_back(ops::empty({receive[j], width}, rows.dtype(), rows.device()));
+    }
+    group_->all_to_all(in, out)->wait();
+    return ops::cat(in, 0);
+  }
+
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::vector<int64_t> send_, receive_;
+};
+
+Tensor all_to_all_rows(const Tensor& x, std::shared_ptr<comm::ProcessGroup> group,
+                       std::vector<int64_t> send, std::vector<int64_t> receive) {
+  return autograd::Function::apply(
+      std::make_shared<AllToAllRows>(std::move(group), std::move(send), std::move(receive)),
+      {x})[0];
+}
+
+class ExpertParallelDispatch : public nn::ExpertDispatch {
+ public:
+  ExpertParallelDispatch(std::shared_ptr<const DeviceMesh> mesh, int64_t experts)
+      : mesh_(std::move(mesh)), experts_(experts) {}
+
+  Tensor run(nn::GroupedExperts& experts, const Tensor& sorted,
+             const std::vector<int64_t>& offsets) override {
+    const auto& group = mesh_->group(0);
+    const int64_t ep = group->size(), local = experts_ / ep;
+    // 1. Per-expert slot counts: to rank j, this rank's counts for j's experts.
+    std::vector<Tensor> counts_out, counts_in;
+    for (int64_t j = 0; j < ep; ++j) {
+      std::vector<int64_t> mine(local);
+      for (int64_t l = 0; l < local; ++l) {
+        mine[l] = offsets[j * local + l + 1] - offsets[j * local + l];
+      }
+      counts_out.push_back(ops::to(ops::from_vector_i64(mine, {local}), sorted.device()));
+      counts_in.push_back(ops::empty({local}, kInt64, sorted.device()));
+    }
+    group->all_to_all(counts_in, counts_out)->wait();
+    std::vector<std::vector<int64_t>> from(ep);  // from[j][l]: rank j's slots for local expert l
+    std::vector<int64_t> send(ep), receive(ep);
+    for (int64_t j = 0; j < ep; ++j) {
+      const std::vector<double> c = ops::to_vector(counts_in[j]);
+      from[j].assign(c.begin(), c.end());
+      receive[j] = std::accumulate(from[j].begin(), from[j].end(), int64_t{0});
+      send[j] = offsets[(j + 1) * local] - offsets[j * local];
+    }
+    // 2. Dispatch: rows to their experts' ranks; received in (source rank, local expert) order.
+    const Tensor received = all_to_all_rows(sorted, group, send, receive);
+    // 3. Into (local expert, source rank) order for the grouped GEMMs, and back afterwards.
+    std::vector<int64_t> source_start(ep + 1, 0);
+    for (int64_t j = 0; j < ep; ++j) source_start[j + 1] = source_start[j] + receive[j];
+    std::vector<int64_t> by_expert, local_offsets(local + 1, 0);
+    for (int64_t l = 0; l < local; ++l) {
+      for (int64_t j = 0; j < ep; ++j) {
+        int64_t row = source_start[j];
+        for (int64_t m = 0; m < l; ++m) row += from[j][m];
+        for (int64_t i = 0; i < from[j][l]; ++i) by_expert.push_back(row + i);
+        local_offsets[l + 1] += from[j][l];
+      }
+      local_offsets[l + 1] += local_offsets[l];
+    }
+    std::vector<int64_t> back(by_expert.size());
+    for (size_t i = 0; i < by_expert.size(); ++i) back[by_expert[i]] = static_cast<int64_t>(i);
+    const auto gather = [&](const Tensor& x, const std::vector<int64_t>& rows) {
+      return ops::embedding(x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}),
+                                       x.device()));
+    };
+    const Tensor expert_rows = gather(received, by_expert);
+    const Tensor out = nn::GroupedExperts::forward_with(
+        expert_rows, local_offsets, to_local(experts.w1()), to_local(experts.w2()),
+        to_local(experts.w3()));
+    // 4. Combine: each output row back to the rank its token lives on.
+    return all_to_all_rows(gather(out, back), group, receive, send);
+  }
+
+ private:
+  std::shared_ptr<const DeviceMesh> mesh_;
+  int64_t experts_;
+};
+
+}  // namespace
+
+void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh) {
+  LOOM_CHECK(ep_mesh != nullptr && ep_mesh->ndim() == 1,
+             "expert_parallel: needs a 1-D expert-parallel mesh, got {}",
+             ep_mesh ? ep_mesh->str() : "null");
+  const int64_t ep = ep_mesh->size(0), experts = moe.options().num_experts;
+  LOOM_CHECK(experts % ep == 0,
+             "expert_parallel: ep {} does not divide the {} experts (--moe-experts); each rank "
+             "holds experts / ep of them",
+             ep, experts);
+  if (ep == 1) return;
+  // Every rank built all E experts alike (the same seed): each keeps its own slice, no message.
+  const std::vector<std::pair<const char*, Tensor>> weights = {
+      {"w1", moe.experts->w1()}, {"w2", moe.experts->w2()}, {"w3", moe.experts->w3()}};
+  for (const auto& [name, whole] : weights) {
+    Tensor sharded = distribute_tensor(detach(whole), ep_mesh, {Shard(0)},
+                                       /*src_data_rank=*/std::nullopt);
+    sharded.set_requires_grad(true);
+    moe.experts->set_parameter(name, sharded);
+  }
+  moe.set_expert_dispatch(std::make_shared<ExpertParallelDispatch>(ep_mesh, experts));
+}
+
+}  // namespace loom::parallel::ep
