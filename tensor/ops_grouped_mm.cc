@@ -2,8 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <functional>
+#include <vector>
+
 #include "base/error.h"
 #include "tensor/cpu/gemm.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
@@ -51,6 +56,42 @@ void group_gemm(const Device& device, DType dtype, bool transpose_a, bool transp
              b.data<float>() + b_offset, ldb, 0.0f, c.data<float>() + c_offset, ldc);
 }
 
+// Runs the groups' GEMMs (`run(g)`, with `work[g]` its rows) on the CPU: a group bigger than one
+// thread's fair share runs alone on every thread (the GEMM's own threading), the others are dealt
+// to the threads by size (largest first, to the least loaded), each running single-threaded in
+// one parallel region: many small uneven experts keep every core busy, where one GEMM after
+// another would split each small product over the threads.
+void run_groups_on_cpu(const std::vector<int64_t>& work, const std::function<void(int64_t)>& run) {
+  const int64_t threads = cpu::kernel_threads();
+  int64_t total = 0;
+  for (int64_t w : work) total += w;
+  std::vector<int64_t> small;
+  for (int64_t g = 0; g < static_cast<int64_t>(work.size()); ++g) {
+    if (work[g] == 0) continue;
+    if (threads <= 1 || work[g] * threads >= total) {
+      run(g);
+    } else {
+      small.push_back(g);
+    }
+  }
+  if (small.empty()) return;
+  std::sort(small.begin(), small.end(), [&](int64_t a, int64_t b) {
+    return work[a] > work[b] || (work[a] == work[b] && a < b);
+  });
+  std::vector<std::vector<int64_t>> lists(threads);
+  std::vector<int64_t> load(threads, 0);
+  for (int64_t g : small) {
+    const auto t = std::min_element(load.begin(), load.end()) - load.begin();
+    lists[t].push_back(g);
+    load[t] += work[g];
+  }
+  cpu::parallel_for(threads, /*grain=*/1, /*align=*/1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      for (int64_t g : lists[t]) run(g);
+    }
+  });
+}
+
 }  // namespace
 
 void check_group_offsets(std::span<const int64_t> offsets, int64_t groups, int64_t rows,
@@ -84,14 +125,22 @@ Tensor grouped_mm(const Tensor& a_in, const Tensor& b_in, std::span<const int64_
   check_group_offsets(offsets, groups, rows, op);
   const DType dtype = compute_dtype(a_in);
   const Tensor a = contiguous(to(a_in, dtype)), b = contiguous(to(b_in, dtype));
-  Tensor out = zeros({rows, n}, dtype, device);
+  // Every row belongs to one group, so every row is written (k == 0: zeros).
+  Tensor out = k == 0 ? zeros({rows, n}, dtype, device) : Tensor::empty({rows, n}, dtype, device);
   if (device.is_meta()) return to(out, a_in.dtype());
   FlopCounter::record(2 * rows * n * k);
-  for (int64_t g = 0; g < groups; ++g) {
+  const auto run = [&](int64_t g) {
     const int64_t m = offsets[g + 1] - offsets[g];
-    if (m == 0 || n == 0) continue;
+    if (m == 0 || n == 0 || k == 0) return;
     group_gemm(device, dtype, false, transpose_b, m, n, k, a, offsets[g] * k, k, b,
                g * b.size(1) * b.size(2), b.size(2), out, offsets[g] * n, n);
+  };
+  std::vector<int64_t> work(groups);
+  for (int64_t g = 0; g < groups; ++g) work[g] = offsets[g + 1] - offsets[g];
+  if (device.is_cuda()) {
+    for (int64_t g = 0; g < groups; ++g) run(g);
+  } else {
+    run_groups_on_cpu(work, run);
   }
   return to(out, a_in.dtype());
 }
@@ -113,12 +162,19 @@ Tensor grouped_mm_weight_grad(const Tensor& dy_in, const Tensor& x_in,
   Tensor dw = zeros({groups, m, k}, dtype, device);
   if (device.is_meta()) return to(dw, x_in.dtype());
   FlopCounter::record(2 * rows * m * k);
-  for (int64_t g = 0; g < groups; ++g) {
+  const auto run = [&](int64_t g) {
     const int64_t count = offsets[g + 1] - offsets[g];
-    if (count == 0 || m == 0 || k == 0) continue;
+    if (count == 0 || m == 0 || k == 0) return;
     // dw[g] (M, K) = dy[g]^T (M, count) @ x[g] (count, K)
     group_gemm(device, dtype, /*transpose_a=*/true, false, m, k, count, dy, offsets[g] * m, m, x,
                offsets[g] * k, k, dw, g * m * k, k);
+  };
+  std::vector<int64_t> work(groups);
+  for (int64_t g = 0; g < groups; ++g) work[g] = offsets[g + 1] - offsets[g];
+  if (device.is_cuda()) {
+    for (int64_t g = 0; g < groups; ++g) run(g);
+  } else {
+    run_groups_on_cpu(work, run);
   }
   return to(dw, x_in.dtype());
 }

@@ -103,13 +103,13 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
     std::vector<int64_t> back(by_expert.size());
     for (size_t i = 0; i < by_expert.size(); ++i) back[by_expert[i]] = static_cast<int64_t>(i);
     const auto gather = [&](const Tensor& x, const std::vector<int64_t>& rows) {
-      return ops::embedding(x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}),
-                                       x.device()));
+      return ops::embedding(
+          x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}), x.device()));
     };
     const Tensor expert_rows = gather(received, by_expert);
-    const Tensor out = nn::GroupedExperts::forward_with(
-        expert_rows, local_offsets, to_local(experts.w1()), to_local(experts.w2()),
-        to_local(experts.w3()));
+    const Tensor out =
+        nn::GroupedExperts::forward_with(expert_rows, local_offsets, to_local(experts.w1()),
+                                         to_local(experts.w2()), to_local(experts.w3()));
     // 4. Combine: each output row back to the rank its token lives on.
     return all_to_all_rows(gather(out, back), group, receive, send);
   }

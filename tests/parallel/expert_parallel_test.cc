@@ -5,6 +5,8 @@
 // weights' gradients the reference's summed over every rank's tokens (their slice), the router's
 // and shared experts' the rank's own; the all-to-alls counted exactly: 3 forward (counts,
 // dispatch, combine), 2 backward, bytes from the routing's own slot counts.
+#include "parallel/ep/expert_parallel.h"
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -16,7 +18,6 @@
 #include "dtensor/dtensor.h"
 #include "mesh/device_mesh.h"
 #include "nn/moe/moe.h"
-#include "parallel/ep/expert_parallel.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
@@ -159,8 +160,7 @@ TEST(ExpertParallelTest, EpThatDoesNotDivideTheExpertsIsNamed) {
       expert_parallel(moe, mesh);
       ADD_FAILURE() << "ep 2 over 3 experts was accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("ep 2 does not divide the 3 experts"),
-                std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("ep 2 does not divide the 3 experts"), std::string::npos)
           << e.what();
     }
   });
