@@ -92,6 +92,19 @@ void run_groups_on_cpu(const std::vector<int64_t>& work, const std::function<voi
   });
 }
 
+// Every group's GEMM: on CUDA one after another on the stream, on the CPU as run_groups_on_cpu.
+void run_groups(const Device& device, std::span<const int64_t> offsets,
+                const std::function<void(int64_t)>& run) {
+  const int64_t groups = static_cast<int64_t>(offsets.size()) - 1;
+  if (device.is_cuda()) {
+    for (int64_t g = 0; g < groups; ++g) run(g);
+    return;
+  }
+  std::vector<int64_t> work(groups);
+  for (int64_t g = 0; g < groups; ++g) work[g] = offsets[g + 1] - offsets[g];
+  run_groups_on_cpu(work, run);
+}
+
 }  // namespace
 
 void check_group_offsets(std::span<const int64_t> offsets, int64_t groups, int64_t rows,
@@ -135,13 +148,7 @@ Tensor grouped_mm(const Tensor& a_in, const Tensor& b_in, std::span<const int64_
     group_gemm(device, dtype, false, transpose_b, m, n, k, a, offsets[g] * k, k, b,
                g * b.size(1) * b.size(2), b.size(2), out, offsets[g] * n, n);
   };
-  std::vector<int64_t> work(groups);
-  for (int64_t g = 0; g < groups; ++g) work[g] = offsets[g + 1] - offsets[g];
-  if (device.is_cuda()) {
-    for (int64_t g = 0; g < groups; ++g) run(g);
-  } else {
-    run_groups_on_cpu(work, run);
-  }
+  run_groups(device, offsets, run);
   return to(out, a_in.dtype());
 }
 
@@ -169,13 +176,7 @@ Tensor grouped_mm_weight_grad(const Tensor& dy_in, const Tensor& x_in,
     group_gemm(device, dtype, /*transpose_a=*/true, false, m, k, count, dy, offsets[g] * m, m, x,
                offsets[g] * k, k, dw, g * m * k, k);
   };
-  std::vector<int64_t> work(groups);
-  for (int64_t g = 0; g < groups; ++g) work[g] = offsets[g + 1] - offsets[g];
-  if (device.is_cuda()) {
-    for (int64_t g = 0; g < groups; ++g) run(g);
-  } else {
-    run_groups_on_cpu(work, run);
-  }
+  run_groups(device, offsets, run);
   return to(dw, x_in.dtype());
 }
 
