@@ -57,6 +57,8 @@ class DeviceMesh {
   // ranks [3, 2, 1, 0]); code that puts chunk c at coordinate c must map through it.
   const std::vector<int>& group_ranks_by_coordinate(int64_t mesh_dim) const;
   DeviceType device_type() const { return device_type_; }
+  // The group every rank of the mesh is in (the one the mesh was made over).
+  const std::shared_ptr<comm::ProcessGroup>& world() const { return world_; }
   // Where this rank's tensors on the mesh live: its process groups' device (the CPU on Gloo,
   // this rank's GPU on NCCL). DTensor factories allocate shards here.
   Device device() const { return world_->device(); }

@@ -98,6 +98,8 @@ class ModelArgs {
   // default is no, so a family computing positions its own way is refused by name, not trained
   // silently wrong.
   virtual bool supports_context_parallel() const { return false; }
+  // The routed experts of the model's MoE layers (0: a dense model): what --ep must divide.
+  virtual int64_t num_experts() const { return 0; }
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
   // from `seed` the same on every layout.
   virtual pipeline::PipelineModelSpec spec(uint64_t seed, const TPPlanOptions& plan) const = 0;

@@ -2,6 +2,8 @@
 
 #include "autograd/grad_mode.h"
 #include "nn/meta_init.h"
+#include "nn/moe/moe.h"
+#include "parallel/ep/expert_parallel.h"
 
 namespace loom::parallel {
 
@@ -12,6 +14,11 @@ BuiltStage build_stage(const StageFactory& factory, const ParallelMeshes& meshes
   const auto lay_out = [&](nn::Module& module) {
     layout.activation_checkpoint.apply(factory.blocks(module), layout.first_block);
     if (meshes.tp->size(0) > 1) factory.parallelize(module, meshes.tp);
+    if (meshes.ep) {  // every MoE's experts over ep, before data parallelism takes the rest
+      for (const auto& [name, sub] : module.named_modules()) {
+        if (auto* moe = dynamic_cast<nn::MoE*>(sub)) ep::expert_parallel(*moe, meshes.ep);
+      }
+    }
   };
   if (layout.meta_init) {
     // The TP plan's shards are placeholders too: nothing of the layout is this rank's memory

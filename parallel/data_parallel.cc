@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include "autograd/grad_mode.h"
 #include "base/error.h"
+#include "dtensor/dtensor.h"
 #include "parallel/ddp/ddp.h"
 #include "parallel/fsdp/fully_shard.h"
+#include "tensor/ops.h"
 
 namespace loom::parallel {
 
@@ -17,6 +20,17 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
              "DataParallel: the ParallelMeshes lack the data-parallel meshes (dp_replicate, "
              "dp_shard, fsdp); make them with train::ParallelDims::meshes");
   const int64_t replicate = meshes.dp_replicate->size(0), shard = meshes.dp_shard->size(0);
+  if (meshes.ep) {
+    for (const Tensor& p : module_->parameters()) {
+      if (is_dtensor(p) && *dtensor_spec(p).mesh == *meshes.ep) expert_params_.push_back(p);
+    }
+    for (const auto& mesh : {meshes.ep_shard, meshes.dp_replicate}) {
+      if (mesh->size(0) > 1) expert_groups_.push_back(mesh->group(0));
+    }
+    expert_scale_ = 1.0 / static_cast<double>(replicate * shard);
+    LOOM_CHECK(shard > 1, "DataParallel: expert parallelism needs dp_shard x cp > 1, got {}",
+               shard);
+  }
   if (shard == 1) {
     if (materialize) materialize();
     if (mixed_precision) nn::apply_mixed_precision(*module_, *mixed_precision);
@@ -37,12 +51,16 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool last = i + 1 == blocks.size();
-    fsdp::fully_shard(*blocks[i].module, meshes.fsdp,
-                      {.reshard_after_forward = !last, .mp_policy = policy}, blocks[i].name);
+    fsdp::fully_shard(
+        *blocks[i].module, meshes.fsdp,
+        {.reshard_after_forward = !last, .mp_policy = policy, .ignored_params = expert_params_},
+        blocks[i].name);
   }
   if (mixed_precision) policy.output_dtype = mixed_precision->output_dtype;
-  fsdp::fully_shard(*module_, meshes.fsdp, {.reshard_after_forward = false, .mp_policy = policy},
-                    "root");
+  fsdp::fully_shard(
+      *module_, meshes.fsdp,
+      {.reshard_after_forward = false, .mp_policy = policy, .ignored_params = expert_params_},
+      "root");
   if (materialize) materialize();
 }
 
@@ -63,6 +81,17 @@ void DataParallel::backward(bool last, const std::function<void()>& run) {
   fsdp::set_requires_gradient_sync(*module_, last);
   run();
   if (!last) fsdp::set_requires_gradient_sync(*module_, true);
+  if (last) reduce_expert_gradients();
+}
+
+void DataParallel::reduce_expert_gradients() {
+  NoGradGuard no_grad;
+  for (const Tensor& p : expert_params_) {
+    if (!p.grad().defined()) continue;
+    const Tensor local = local_shard(p.grad());
+    for (const auto& group : expert_groups_) group->all_reduce(local, comm::ReduceOp::kSum)->wait();
+    ops::mul_(local, expert_scale_);
+  }
 }
 
 }  // namespace loom::parallel

@@ -7,6 +7,10 @@
 //     The last block and the root keep their parameters gathered after forward (their backward
 //     follows at once); every other block reshards.
 //   - both 1: nothing.
+// Expert parallelism's experts (DTensors on meshes.ep, parallel/ep) are left out of DDP and FSDP:
+// each holds the gradient of every ep rank's tokens for its experts, and the last backward of a
+// step sums it over the ranks holding the same experts (ep_shard, dp_replicate) and divides by
+// the data-parallel degree, as the other gradients are averaged.
 // Mixed precision comes with it: bf16 compute over f32 masters is nn::apply_mixed_precision
 // under DDP, and the FSDP units' own policy (bf16 all-gathers, f32 reduce-scatters) under FSDP.
 //
@@ -60,7 +64,12 @@ class DataParallel {
 
  private:
   std::shared_ptr<nn::Module> module_;
+  void reduce_expert_gradients();
+
   std::shared_ptr<ddp::DistributedDataParallel> ddp_;
+  std::vector<Tensor> expert_params_;
+  std::vector<std::shared_ptr<comm::ProcessGroup>> expert_groups_;  // holding the same experts
+  double expert_scale_ = 1;                                         // 1 / the data-parallel degree
   bool fully_sharded_ = false;
   std::string kind_ = "none";
 };

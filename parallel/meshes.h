@@ -24,6 +24,11 @@ struct ParallelMeshes {
   std::shared_ptr<const DeviceMesh> cp;  // 1-D: context parallelism (the sequence's shards)
   // What fully_shard shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP.
   std::shared_ptr<const DeviceMesh> fsdp;
+  // Expert parallelism (parallel/ep), null unless ep > 1: ep ranks taken from the dp_shard
+  // (x cp) ranks, each holding experts / ep of every MoE's experts; ep_shard, the other
+  // dp_shard (x cp) ranks holding the same experts (with dp_replicate: every copy of them).
+  std::shared_ptr<const DeviceMesh> ep;
+  std::shared_ptr<const DeviceMesh> ep_shard;
 };
 
 }  // namespace loom::parallel

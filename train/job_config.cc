@@ -88,6 +88,11 @@ const std::vector<JobOption>& options() {
        "context-parallel degree: every sequence sharded over cp ranks for the whole model "
        "(parallel/cp; with FSDP over dp_shard x cp)",
        &C::cp, Range::kPositive},
+      {"parallel", "ep",
+       "expert-parallel degree: each mixture-of-experts layer's experts split over ep ranks "
+       "taken from the dp_shard x cp ranks (tokens reach their experts by all-to-all; ep must "
+       "divide dp_shard x cp and the experts)",
+       &C::ep, Range::kPositive},
       {"parallel", "cp_load_balance",
        "with cp > 1, each rank holds two chunks of every sequence, one from each end, so causal "
        "attention's work is even (--no-cp-load-balance: one contiguous chunk per rank)",
@@ -418,7 +423,7 @@ ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
              "--dp-shard: expected a positive integer or -1 (the ranks the other degrees leave), "
              "got {}",
              config.dp_shard);
-  ParallelDims dims{.pp = config.pp, .cp = config.cp, .tp = config.tp};
+  ParallelDims dims{.pp = config.pp, .cp = config.cp, .tp = config.tp, .ep = config.ep};
   const bool none_given = config.dp == 0 && config.dp_replicate == 0 && config.dp_shard == 1;
   dims.dp_replicate = config.dp_replicate > 0 ? config.dp_replicate
                       : config.dp > 0         ? config.dp

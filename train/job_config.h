@@ -42,6 +42,7 @@ struct JobConfig {
   int64_t dp_shard = 1;      // FSDP's shards; -1: the ranks the other degrees leave of nproc
   int64_t tp = 2, pp = 1;
   int64_t cp = 1;               // context parallelism: each sequence over cp ranks
+  int64_t ep = 1;               // expert parallelism: each MoE's experts over ep of dp_shard x cp
   bool cp_load_balance = true;  // the head-tail split of each sequence's chunks
   std::string cp_attention = "allgather";
   int64_t nproc = 0;  // ranks to start without a launcher; 0: the product of the degrees

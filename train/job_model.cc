@@ -38,6 +38,7 @@ JobModel resolve_job_model(const JobConfig& job) {
              job.seq_len, out.args->context(), context_from);
   if (job.tp > 1) out.args->validate_tp(job.tp);
   check_context_parallel(*out.args, job.cp);
+  check_expert_parallel(*out.args, job.ep);
   return out;
 }
 

@@ -163,6 +163,7 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
   validate_layout(parallel, global_batch, seq_len, model.context());
   if (dims.tp > 1) model.validate_tp(dims.tp);
   check_context_parallel(model, dims.cp);
+  check_expert_parallel(model, dims.ep);
 
   JobPlan plan{.model_summary = model.summary(),
                .world_size = dims.world_size(),

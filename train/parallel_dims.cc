@@ -39,6 +39,7 @@ std::string ParallelDims::str() const {
   for (const Dim& dim : dims()) {
     if (this->*dim.degree != 1) parts.push_back(fmt::format("{}={}", dim.name, this->*dim.degree));
   }
+  if (ep != 1) parts.push_back(fmt::format("{}={} (of dp_shard x cp)", kExpertDim, ep));
   return parts.empty() ? fmt::format("{}=1", kPipelineDim)
                        : fmt::format("{}", fmt::join(parts, " x "));
 }
@@ -71,6 +72,10 @@ void ParallelDims::validate(int64_t world_size) const {
                    : "",
                degree);
   }
+  LOOM_CHECK(ep >= 1 && (dp_shard * cp) % ep == 0,
+             "ParallelDims: ep {} must divide dp_shard x cp = {} x {} (expert parallelism takes "
+             "its ranks from the fully sharded data-parallel ones); raise --dp-shard or lower --ep",
+             ep, dp_shard, cp);
   LOOM_CHECK(this->world_size() == world_size,
              "ParallelDims: {} = {} ranks, but the world has {}; the degrees must multiply to "
              "the number of ranks",
@@ -108,6 +113,26 @@ parallel::ParallelMeshes ParallelDims::meshes(const std::shared_ptr<const Device
     return out;
   }
   out.fsdp = out.dp_replicate->size(0) > 1 ? slice({kReplicateDim, kShardDim}) : out.dp_shard;
+  return out;
+}
+
+parallel::ParallelMeshes ParallelDims::meshes_with_experts(
+    const std::shared_ptr<const DeviceMesh>& mesh) const {
+  parallel::ParallelMeshes out = meshes(mesh);
+  if (ep == 1) return out;
+  // The same ranks, row-major, with dp_shard x cp read as ep_shard x ep (ep innermost): the ep
+  // groups are runs of ep consecutive dp_shard x cp ranks.
+  const int64_t shard = mesh->size(kShardDim) * mesh->size(kContextDim);
+  LOOM_CHECK(shard % ep == 0, "ParallelDims: ep {} does not divide dp_shard x cp = {}", ep, shard);
+  const auto experts = std::make_shared<const DeviceMesh>(
+      mesh->world(),
+      std::vector<std::string>{kPipelineDim, kReplicateDim, kExpertShardDim, kExpertDim,
+                               kTensorDim},
+      std::vector<int64_t>{mesh->size(kPipelineDim), mesh->size(kReplicateDim), shard / ep, ep,
+                           mesh->size(kTensorDim)},
+      mesh->ranks(), mesh->device_type());
+  out.ep = std::make_shared<const DeviceMesh>(experts->slice({kExpertDim}));
+  out.ep_shard = std::make_shared<const DeviceMesh>(experts->slice({kExpertShardDim}));
   return out;
 }
 

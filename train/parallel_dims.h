@@ -41,6 +41,9 @@ inline constexpr const char* kTensorDim = "tp";
 // dp_shard and cp flattened: what FSDP shards over (and reduces gradients over) with context
 // parallelism, torchtitan's "dp_shard_cp".
 inline constexpr const char* kShardContextDim = "dp_shard_cp";
+// Expert parallelism's split of the dp_shard x cp ranks: ep_shard x ep, ep innermost.
+inline constexpr const char* kExpertDim = "ep";
+inline constexpr const char* kExpertShardDim = "ep_shard";
 
 struct ParallelDims {
   int64_t pp = 1;            // pipeline stages
@@ -48,6 +51,10 @@ struct ParallelDims {
   int64_t dp_shard = 1;      // data-parallel shards (FSDP); -1: whatever the world leaves
   int64_t cp = 1;            // context-parallel shards of every sequence (parallel/cp)
   int64_t tp = 1;            // tensor-parallel shards (Megatron-style, with sequence parallelism)
+  // Expert parallelism: each MoE's experts split over ep ranks taken from the dp_shard x cp ranks
+  // (torchtitan's: no mesh dim of its own, so the world is the product of the others). ep must
+  // divide dp_shard x cp.
+  int64_t ep = 1;
 
   // A mesh dim: its name and its degree's field.
   struct Dim {
@@ -83,6 +90,9 @@ struct ParallelDims {
   // The submeshes of a mesh build_mesh made, by role (collective only where a mesh slice creates
   // groups: it does not, slices reuse the mesh's groups).
   static parallel::ParallelMeshes meshes(const std::shared_ptr<const DeviceMesh>& mesh);
+  // meshes() with the expert-parallel meshes of this ep added (ep > 1: collective over the
+  // world, which makes their groups).
+  parallel::ParallelMeshes meshes_with_experts(const std::shared_ptr<const DeviceMesh>& mesh) const;
 };
 
 // The data-parallel degree and this rank's data-parallel index on a mesh build_mesh made: which

@@ -199,6 +199,18 @@ class PipelinedModel : public ParallelModel {
 
 }  // namespace
 
+void check_expert_parallel(const models::ModelArgs& args, int64_t ep) {
+  if (ep == 1) return;
+  LOOM_CHECK(args.num_experts() > 0,
+             "--ep {}: the model ({}) has no mixture-of-experts layers to split; use --ep 1, or a "
+             "MoE model (--moe-experts, llama-moe-tiny)",
+             ep, args.family());
+  LOOM_CHECK(args.num_experts() % ep == 0,
+             "--ep {} does not divide the {} experts (--moe-experts); each rank holds experts / "
+             "ep of them",
+             ep, args.num_experts());
+}
+
 void check_context_parallel(const models::ModelArgs& args, int64_t cp) {
   LOOM_CHECK(cp == 1 || args.supports_context_parallel(),
              "--cp {}: the {} family does not take context parallelism (its ModelArgs does not "
@@ -261,7 +273,8 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
   args.validate();
   if (parallel.dims.tp > 1) args.validate_tp(parallel.dims.tp);
   check_context_parallel(args, parallel.dims.cp);
-  const parallel::ParallelMeshes meshes = ParallelDims::meshes(mesh);
+  check_expert_parallel(args, parallel.dims.ep);
+  const parallel::ParallelMeshes meshes = parallel.dims.meshes_with_experts(mesh);
   pipeline::PipelineModelSpec spec = args.spec(seed, parallel.tp_plan);
   // Context parallelism: every forward and backward runs under it (autograd/sequence_context.h).
   std::shared_ptr<SequenceContext> sequence;

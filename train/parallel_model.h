@@ -68,6 +68,9 @@ class ParallelModel {
 // Throws naming the family unless cp is 1 or the family takes context parallelism
 // (models::ModelArgs::supports_context_parallel): the job's checks and the plan call it too.
 void check_context_parallel(const models::ModelArgs& args, int64_t cp);
+// Throws naming --ep and the experts unless ep is 1, or the model has MoE layers whose experts ep
+// divides: the job's checks and the plan call it too.
+void check_expert_parallel(const models::ModelArgs& args, int64_t ep);
 
 std::unique_ptr<ParallelModel> build_parallel_model(const models::ModelArgs& args, uint64_t seed,
                                                     std::shared_ptr<const DeviceMesh> mesh,

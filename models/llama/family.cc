@@ -111,6 +111,7 @@ class LlamaArgs : public ModelArgs {
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
+  int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(tp == 1 || !config_.moe,
                "parallelize_llama: tp {} with a mixture of experts is not supported yet (its "

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -58,8 +59,8 @@ std::optional<std::string> unit_holder(const Registry& reg, const nn::Module* mo
 
 // The parameters `module` holds for a new unit: its own and its submodules', minus those of
 // submodules that are units already. Checks each, naming the unit and the parameter.
-std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
-                               const DeviceMesh& mesh) {
+std::vector<HeldParam> collect(nn::Module& module, const std::string& unit, const DeviceMesh& mesh,
+                               const std::vector<Tensor>& ignored) {
   std::vector<HeldParam> params;
   std::unordered_map<const TensorImpl*, size_t> index;  // a parameter shared by two slots
   std::unordered_set<const nn::Module*> skipped;        // nested units' subtrees
@@ -71,6 +72,9 @@ std::vector<HeldParam> collect(nn::Module& module, const std::string& unit,
     }
     for (const auto& [name, value] : sub->named_parameters(/*recurse=*/false)) {
       if (!value.defined()) continue;
+      const bool skip = std::any_of(ignored.begin(), ignored.end(),
+                                    [&](const Tensor& t) { return t.impl() == value.impl(); });
+      if (skip) continue;
       const std::string fqn = prefix.empty() ? name : prefix + "." + name;
       {
         std::lock_guard<std::mutex> lock(reg.mutex);
@@ -135,7 +139,7 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
              name, mesh->str());
   LOOM_CHECK(!is_fully_sharded(module), "fully_shard({}): the module is already fully sharded",
              name);
-  std::vector<HeldParam> params = collect(module, name, *mesh);
+  std::vector<HeldParam> params = collect(module, name, *mesh, options.ignored_params);
   // The whole parameters, registered too: a module outside the unit that still holds one (a
   // shared slot) is named if it is sharded into another unit.
   std::vector<Tensor> originals;

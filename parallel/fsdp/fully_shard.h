@@ -75,6 +75,9 @@ struct FSDPOptions {
   // in backward (FSDP1's forward_prefetch / backward_prefetch; FSDP2 always does). Off: each unit
   // gathers when it runs (less memory in flight, no overlap; for A/B measurements).
   bool prefetch = true;
+  // Parameters the unit leaves alone (torch FSDP's ignored_params): neither sharded nor reduced
+  // here; whoever placed them reduces their gradients (expert parallelism's experts).
+  std::vector<Tensor> ignored_params;
 };
 
 // Shards `module`'s parameters (those no earlier unit holds) over the 1-D `mesh` and installs

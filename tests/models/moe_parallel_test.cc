@@ -1,10 +1,10 @@
 // A mixture-of-experts Llama (llama-moe-tiny: 8 experts, top-2, the first layer dense) trained 4
-// AdamW steps with the auxiliary loss and the expert bias on, on one rank and on data-, context-
-// and pipeline-parallel layouts: losses, gradient norms, parameters and gradients (expect_same:
-// 1e-5), the routing biases, and the router statistics of every step (load max/min over mean,
-// auxiliary loss, dropped slots) equal one rank's. The auxiliary loss spans the ranks' whole batch
-// (nn::MoEDataParallel); a pipeline's microbatches are compared with one rank accumulating the
-// same micro-batches (the loss is per micro-batch in both).
+// AdamW steps with the auxiliary loss and the expert bias on, on one rank and on data-, context-,
+// expert- and pipeline-parallel layouts: losses, gradient norms, parameters and gradients
+// (expect_same: 1e-5), the routing biases, and the router statistics of every step (load max/min
+// over mean, auxiliary loss, dropped slots) equal one rank's. The auxiliary loss spans the ranks'
+// whole batch (nn::MoEDataParallel); a pipeline's microbatches are compared with one rank
+// accumulating the same micro-batches (the loss is per micro-batch in both).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -34,9 +34,9 @@ constexpr double kLr = 3e-3, kClip = 0.5;
 
 data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 
-models::LlamaConfig config(double capacity_factor) {
+models::LlamaConfig config(double capacity_factor, double aux_loss_coeff) {
   models::LlamaConfig c = models::LlamaConfig::preset("llama-moe-tiny");
-  c.moe->aux_loss_coeff = 0.05;
+  c.moe->aux_loss_coeff = aux_loss_coeff;
   c.moe->bias_update_rate = 1e-3;
   c.moe->capacity_factor = capacity_factor;
   return c;
@@ -49,13 +49,13 @@ struct MoERun {
 };
 
 MoERun train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims, double capacity_factor,
-                int grad_accum = 1, int microbatches = 0) {
+                double aux_loss_coeff, int grad_accum = 1, int microbatches = 0) {
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{
       .dims = dims, .grad_accum = grad_accum, .pipeline = {.microbatches = microbatches}};
   parallel.validate(pg.size(), kBatch, kSeq);
-  auto model = train::build_parallel_model(*models::llama_args(config(capacity_factor)), kSeed,
-                                           mesh, parallel);
+  auto model = train::build_parallel_model(
+      *models::llama_args(config(capacity_factor, aux_loss_coeff)), kSeed, mesh, parallel);
   train::Trainer trainer(*model, mesh, {.lr = [](int) { return kLr; }, .clip = kClip});
   const auto data = corpus();
   MoERun run;
@@ -78,13 +78,15 @@ MoERun train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims, double 
 }
 
 void expect_like_one_rank(const train::ParallelDims& dims, const std::string& layout,
-                          double capacity_factor = 0, int microbatches = 0) {
+                          double capacity_factor = 0, int microbatches = 0,
+                          double aux_loss_coeff = 0.05) {
   SCOPED_TRACE(layout);
   // One rank: the same micro-batches a pipeline runs (its loss, and so its auxiliary loss, is per
   // micro-batch), or the whole batch.
   MoERun expected;
   comm::testing::run_on_ranks(1, [&](comm::ProcessGroup& pg) {
-    expected = train_on(pg, {}, capacity_factor, microbatches > 0 ? microbatches : 1);
+    expected =
+        train_on(pg, {}, capacity_factor, aux_loss_coeff, microbatches > 0 ? microbatches : 1);
   });
   ASSERT_EQ(expected.routers.front().layers, 1) << "llama-moe-tiny: layer 1 of 2 is MoE";
   EXPECT_GT(expected.routers.front().max_over_mean, 1.0) << "a balanced router tests little";
@@ -92,7 +94,7 @@ void expect_like_one_rank(const train::ParallelDims& dims, const std::string& la
   for (const auto& r : expected.routers) dropped += r.dropped;
   EXPECT_EQ(dropped > 0, capacity_factor > 0) << "capacity drops slots, and only capacity";
   comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
-    const MoERun run = train_on(pg, dims, capacity_factor, 1, microbatches);
+    const MoERun run = train_on(pg, dims, capacity_factor, aux_loss_coeff, 1, microbatches);
     expect_same({.actual = run.result, .expected = expected.result, .layout = layout});
     for (int step = 0; step < kSteps; ++step) {
       const train::RouterSummary &got = run.routers[step], &want = expected.routers[step];
@@ -120,6 +122,24 @@ TEST(MoEParallelTest, DataParallelLayoutsEqualOneRank) {
 }
 
 TEST(MoEParallelTest, ContextParallel) { expect_like_one_rank({.cp = 2}, "cp2"); }
+
+// Expert parallelism: experts split over ep ranks of dp_shard (x cp), tokens by all-to-all; the
+// experts' gradients summed over the ranks holding the same experts (ep_shard, dp_replicate).
+TEST(MoEParallelTest, ExpertParallelEqualsOneRank) {
+  expect_like_one_rank({.dp_shard = 2, .ep = 2}, "dp_shard2, ep2");
+  expect_like_one_rank({.dp_shard = 4, .ep = 4}, "dp_shard4, ep4");
+  expect_like_one_rank({.dp_shard = 4, .ep = 2}, "dp_shard4, ep2 (two copies of each expert)");
+  expect_like_one_rank({.dp_replicate = 2, .dp_shard = 2, .ep = 2}, "HSDP 2 x 2, ep2");
+  expect_like_one_rank({.cp = 2, .ep = 2}, "cp2, ep2 (experts over the cp ranks)");
+}
+
+// With data parallelism beside the pipeline, a dp rank's microbatch is not one rank's
+// micro-batch (one rank's first micro-batch is sequences 0 and 1, the dp ranks' first ones are 0
+// and 2), so the per-micro-batch auxiliary loss is off here: routing is then each token's own.
+TEST(MoEParallelTest, ExpertParallelInAPipelineStage) {
+  expect_like_one_rank({.pp = 2, .dp_shard = 2, .ep = 2}, "pp2 x dp_shard2, ep2", 0,
+                       /*microbatches=*/2, /*aux_loss_coeff=*/0);
+}
 
 // An expert's capacity counts the tokens a rank routes (per rank, as Megatron's and torchtitan's
 // are), so which slots drop depends on each rank's share: data and context parallelism drop

@@ -23,7 +23,8 @@ std::vector<int64_t> uneven_offsets(int64_t experts, int64_t slots) {
   for (int64_t e = 0; e < experts; ++e) total += 1.0 / static_cast<double>(e + 1);
   std::vector<int64_t> offsets(experts + 1, 0);
   for (int64_t e = 0; e < experts; ++e) {
-    const auto share = static_cast<int64_t>(std::floor(slots / (total * static_cast<double>(e + 1))));
+    const auto share =
+        static_cast<int64_t>(std::floor(slots / (total * static_cast<double>(e + 1))));
     offsets[e + 1] = std::min(slots, offsets[e] + share);
   }
   offsets[experts] = slots;  // the rounding's remainder to the last expert
@@ -50,9 +51,9 @@ void run(benchmark::State& state, bool grouped) {
     }
     benchmark::DoNotOptimize(ops::cat(parts, 0));
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(
-      2.0 * slots * dim * hidden, benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * slots * dim * hidden, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::kIs1000);
 }
 
 void BM_GroupedMm(benchmark::State& state) { run(state, true); }
@@ -60,12 +61,12 @@ void BM_PerExpertLoop(benchmark::State& state) { run(state, false); }
 
 // llama-moe-tiny's layer (8 experts of 48 over dim 64, 2 x 256 slots), then DeepSeek-like
 // fine-grained experts at a CPU-sized width (dim 512, hidden 256) with 8 to 64 experts.
-#define MOE_SHAPES                         \
-  ->Args({8, 512, 64, 48})                 \
-      ->Args({8, 4096, 512, 256})          \
-      ->Args({16, 4096, 512, 256})         \
-      ->Args({32, 4096, 512, 256})         \
-      ->Args({64, 4096, 512, 256})         \
+#define MOE_SHAPES                 \
+  ->Args({8, 512, 64, 48})         \
+      ->Args({8, 4096, 512, 256})  \
+      ->Args({16, 4096, 512, 256}) \
+      ->Args({32, 4096, 512, 256}) \
+      ->Args({64, 4096, 512, 256}) \
       ->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_GroupedMm) MOE_SHAPES;
 BENCHMARK(BM_PerExpertLoop) MOE_SHAPES;
