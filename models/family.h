@@ -71,6 +71,8 @@ struct PlannedParameter {
   Shape shape;
   std::optional<int64_t> tp_shard_dim;  // none: replicated over tp
   int64_t block = -1;                   // the block holding it (FSDP's unit); -1: the root's
+  // A MoE's experts (dim 0 the experts): split over ep by expert parallelism, outside FSDP.
+  bool expert = false;
 };
 
 class ModelArgs {

@@ -211,6 +211,10 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
         // FSDP's units: each block, then the stage's remaining parameters ("root").
         std::map<int64_t, std::vector<Shape>> units;
         for (const auto& p : stage_parameters[s]) {
+          if (p.expert && dims.ep > 1) {  // experts / ep of them, outside FSDP
+            states.parameters += shape_numel(p.shape) / dims.ep;
+            continue;
+          }
           units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
         }
         for (const auto& [block, shapes] : units) {

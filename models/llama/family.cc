@@ -237,8 +237,9 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
                                                        const pipeline::StageRange& range) {
   const int64_t d = config.dim, hd = config.head_dim(), ffn = config.ffn_hidden_dim();
   std::vector<PlannedParameter> out;
-  const auto add = [&](std::string name, Shape shape, std::optional<int64_t> dim, int64_t block) {
-    out.push_back({std::move(name), std::move(shape), dim, block});
+  const auto add = [&](std::string name, Shape shape, std::optional<int64_t> dim, int64_t block,
+                       bool expert = false) {
+    out.push_back({std::move(name), std::move(shape), dim, block, expert});
   };
   if (range.first) add("tok_embeddings.weight", {config.vocab_size, d}, 0, -1);
   for (int64_t i = range.first_block; i < range.end_block; ++i) {
@@ -250,9 +251,9 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
     if (config.is_moe_layer(i)) {
       const nn::MoEOptions& m = *config.moe;
       add(l + "moe.gate.weight", {m.num_experts, d}, std::nullopt, i);
-      add(l + "moe.experts.w1", {m.num_experts, m.hidden_dim, d}, std::nullopt, i);
-      add(l + "moe.experts.w2", {m.num_experts, d, m.hidden_dim}, std::nullopt, i);
-      add(l + "moe.experts.w3", {m.num_experts, m.hidden_dim, d}, std::nullopt, i);
+      add(l + "moe.experts.w1", {m.num_experts, m.hidden_dim, d}, std::nullopt, i, true);
+      add(l + "moe.experts.w2", {m.num_experts, d, m.hidden_dim}, std::nullopt, i, true);
+      add(l + "moe.experts.w3", {m.num_experts, m.hidden_dim, d}, std::nullopt, i, true);
       if (m.num_shared_experts > 0) {
         const int64_t shared = m.hidden_dim * m.num_shared_experts;
         add(l + "moe.shared_experts.w1.weight", {shared, d}, std::nullopt, i);

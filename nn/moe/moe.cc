@@ -47,8 +47,14 @@ Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& offs
 
 Tensor GroupedExperts::forward_with(const Tensor& x, const std::vector<int64_t>& offsets,
                                     const Tensor& w1, const Tensor& w2, const Tensor& w3) {
-  const Tensor h = ops::mul(ops::silu(grouped_mm(x, w1, offsets)), grouped_mm(x, w3, offsets));
-  return grouped_mm(h, w2, offsets);
+  // In the activations' dtype: mixed precision's bf16 compute over f32 masters reaches weights
+  // that no FSDP unit casts (expert parallelism's), as it reaches the others.
+  const auto as_x = [&](const Tensor& w) {
+    return w.dtype() == x.dtype() ? w : ops::to(w, x.dtype());
+  };
+  const Tensor h =
+      ops::mul(ops::silu(grouped_mm(x, as_x(w1), offsets)), grouped_mm(x, as_x(w3), offsets));
+  return grouped_mm(h, as_x(w2), offsets);
 }
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU") {

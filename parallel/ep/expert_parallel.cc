@@ -79,9 +79,18 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
     group->all_to_all(counts_in, counts_out)->wait();
     std::vector<std::vector<int64_t>> from(ep);  // from[j][l]: rank j's slots for local expert l
     std::vector<int64_t> send(ep), receive(ep);
+    const int64_t me = group->rank();
     for (int64_t j = 0; j < ep; ++j) {
-      const std::vector<double> c = ops::to_vector(counts_in[j]);
-      from[j].assign(c.begin(), c.end());
+      if (sorted.device().is_meta()) {
+        // A traced step (loom plan) has no counts: every rank is taken to route as this one
+        // does (the MoE's uniform routing on meta), so each sends this rank's own share.
+        for (int64_t l = 0; l < local; ++l) {
+          from[j].push_back(offsets[me * local + l + 1] - offsets[me * local + l]);
+        }
+      } else {
+        const std::vector<double> c = ops::to_vector(counts_in[j]);
+        from[j].assign(c.begin(), c.end());
+      }
       receive[j] = std::accumulate(from[j].begin(), from[j].end(), int64_t{0});
       send[j] = offsets[(j + 1) * local] - offsets[j * local];
     }
