@@ -113,11 +113,6 @@ class LlamaArgs : public ModelArgs {
   bool supports_context_parallel() const override { return true; }
   int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
   void validate_tp(int64_t tp) const override {
-    LOOM_CHECK(tp == 1 || !config_.moe,
-               "parallelize_llama: tp {} with a mixture of experts is not supported yet (its "
-               "experts are not split over tp); use tp 1 with data, pipeline or context "
-               "parallelism",
-               tp);
     LOOM_CHECK(config_.n_heads % tp == 0 && config_.n_kv_heads % tp == 0,
                "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank "
                "takes whole heads; replicating kv heads when tp > n_kv_heads is not supported "

@@ -41,17 +41,21 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
     parallelize_module(model, std::move(tp_mesh), plan);
     return;
   }
-  const ParallelizePlan blocks = {
+  bool dense = false, experts = false;  // which feed-forwards the stage's blocks have
+  for (const auto& layer : model.layers) (layer->moe ? experts : dense) = true;
+  ParallelizePlan blocks = {
       {"layers.*.attention.wq", std::make_shared<ColwiseParallel>()},
       {"layers.*.attention.wk", std::make_shared<ColwiseParallel>()},
       {"layers.*.attention.wv", std::make_shared<ColwiseParallel>()},
       {"layers.*.attention.wo",
        std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
-      {"layers.*.feed_forward.w1", std::make_shared<ColwiseParallel>()},
-      {"layers.*.feed_forward.w3", std::make_shared<ColwiseParallel>()},
-      {"layers.*.feed_forward.w2",
-       std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
   };
+  if (dense) {
+    blocks.push_back({"layers.*.feed_forward.w1", std::make_shared<ColwiseParallel>()});
+    blocks.push_back({"layers.*.feed_forward.w3", std::make_shared<ColwiseParallel>()});
+    blocks.push_back({"layers.*.feed_forward.w2",
+                      std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})});
+  }
   plan.insert(plan.end(), blocks.begin(), blocks.end());
   if (sp) {
     const auto gather_once = std::make_shared<PrepareModuleInput>(PrepareInputOptions{
@@ -60,7 +64,17 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
       plan.push_back({name, std::make_shared<SequenceParallel>()});
     }
     plan.push_back({"layers.*.attention", gather_once});
-    plan.push_back({"layers.*.feed_forward", gather_once});
+    if (dense) plan.push_back({"layers.*.feed_forward", gather_once});
+  }
+  // A MoE layer is replicated over tp: every tp rank routes the whole sequence and runs every
+  // expert it holds (expert parallelism splits them over ep, not tp). Under sequence parallelism
+  // its input is gathered to a plain tensor and its output taken back to this rank's sequence
+  // shard (plain, as the residual stream is between the TP styles).
+  if (experts && sp) {
+    plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
+                                        sequence, Replicate(), /*use_local_output=*/true})});
+    plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleOutput>(PrepareOutputOptions{
+                                        Replicate(), sequence, /*use_local_output=*/true})});
   }
   parallelize_module(model, std::move(tp_mesh), plan);
 }
