@@ -7,6 +7,7 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "base/error.h"
+#include "base/profiler.h"
 #include "dtensor/dtensor.h"
 #include "tensor/ops.h"
 
@@ -33,6 +34,9 @@ class AllToAllRows : public autograd::Function {
  private:
   Tensor exchange(const Tensor& x, const std::vector<int64_t>& send,
                   const std::vector<int64_t>& receive) const {
+    // The exchange with its wait, forward or backward: the step's expert-parallel traffic in the
+    // op profile (--profile-ops).
+    profiler::Scope scope("ep::all_to_all (rows, with wait)");
     const Tensor rows = ops::contiguous(x);
     const int64_t width = rows.size(1);
     std::vector<Tensor> out, in;
@@ -76,7 +80,10 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
       counts_out.push_back(ops::to(ops::from_vector_i64(mine, {local}), sorted.device()));
       counts_in.push_back(ops::empty({local}, kInt64, sorted.device()));
     }
-    group->all_to_all(counts_in, counts_out)->wait();
+    {
+      profiler::Scope scope("ep::all_to_all (counts, with wait)");
+      group->all_to_all(counts_in, counts_out)->wait();
+    }
     std::vector<std::vector<int64_t>> from(ep);  // from[j][l]: rank j's slots for local expert l
     std::vector<int64_t> send(ep), receive(ep);
     const int64_t me = group->rank();
