@@ -5,6 +5,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "nn/moe/moe.h"
 #include "parallel/ddp/ddp.h"
 #include "parallel/fsdp/fully_shard.h"
 #include "tensor/ops.h"
@@ -20,16 +21,27 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
              "DataParallel: the ParallelMeshes lack the data-parallel meshes (dp_replicate, "
              "dp_shard, fsdp); make them with train::ParallelDims::meshes");
   const int64_t replicate = meshes.dp_replicate->size(0), shard = meshes.dp_shard->size(0);
+  // Expert parallelism's experts: FSDP over the ranks holding the same experts when there are
+  // several (their gradients already sum the ep ranks' tokens: 1 / ep after FSDP's mean), else
+  // left out of FSDP and reduced by hand (reduce_expert_gradients).
+  std::vector<nn::GroupedExperts*> sharded_experts;
   if (meshes.ep) {
-    for (const Tensor& p : module_->parameters()) {
-      if (is_dtensor(p) && *dtensor_spec(p).mesh == *meshes.ep) expert_params_.push_back(p);
-    }
-    for (const auto& mesh : {meshes.ep_shard, meshes.dp_replicate}) {
-      if (mesh->size(0) > 1) expert_groups_.push_back(mesh->group(0));
-    }
-    expert_scale_ = 1.0 / static_cast<double>(replicate * shard);
     LOOM_CHECK(shard > 1, "DataParallel: expert parallelism needs dp_shard x cp > 1, got {}",
                shard);
+    const bool expert_fsdp = meshes.ep_shard->size(0) > 1;
+    for (const auto& [name, sub] : module_->named_modules()) {
+      auto* experts = dynamic_cast<nn::GroupedExperts*>(sub);
+      if (experts == nullptr) continue;
+      if (expert_fsdp) {
+        sharded_experts.push_back(experts);
+        continue;
+      }
+      for (const Tensor& p : experts->parameters()) {
+        if (is_dtensor(p) && *dtensor_spec(p).mesh == *meshes.ep) expert_params_.push_back(p);
+      }
+    }
+    if (meshes.dp_replicate->size(0) > 1) expert_groups_.push_back(meshes.dp_replicate->group(0));
+    expert_scale_ = 1.0 / static_cast<double>(replicate * shard);
   }
   if (shard == 1) {
     if (materialize) materialize();
@@ -48,6 +60,12 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Block
     policy = {.param_dtype = mixed_precision->param_dtype,
               .reduce_dtype = kFloat32,
               .cast_forward_inputs = mixed_precision->cast_forward_inputs};
+  }
+  for (nn::GroupedExperts* experts : sharded_experts) {
+    fsdp::fully_shard(
+        *experts, meshes.ep_fsdp,
+        {.mp_policy = policy, .gradient_scale = 1.0 / static_cast<double>(meshes.ep->size(0))},
+        "experts");
   }
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool last = i + 1 == blocks.size();

@@ -7,10 +7,11 @@
 //     The last block and the root keep their parameters gathered after forward (their backward
 //     follows at once); every other block reshards.
 //   - both 1: nothing.
-// Expert parallelism's experts (DTensors on meshes.ep, parallel/ep) are left out of DDP and FSDP:
-// each holds the gradient of every ep rank's tokens for its experts, and the last backward of a
-// step sums it over the ranks holding the same experts (ep_shard, dp_replicate) and divides by
-// the data-parallel degree, as the other gradients are averaged.
+// Expert parallelism's experts (DTensors on meshes.ep, parallel/ep) hold the gradient of every ep
+// rank's tokens: FSDP shards each MoE's experts over the ranks holding the same ones
+// (meshes.ep_fsdp: ep_shard, HSDP with dp_replicate) and scales their mean by 1 / ep; when no
+// other rank holds them (ep = dp_shard x cp) they stay whole, left out of FSDP, and the last
+// backward of a step sums them over dp_replicate and divides by the data-parallel degree.
 // Mixed precision comes with it: bf16 compute over f32 masters is nn::apply_mixed_precision
 // under DDP, and the FSDP units' own policy (bf16 all-gathers, f32 reduce-scatters) under FSDP.
 //

@@ -29,6 +29,8 @@ struct ParallelMeshes {
   // dp_shard (x cp) ranks holding the same experts (with dp_replicate: every copy of them).
   std::shared_ptr<const DeviceMesh> ep;
   std::shared_ptr<const DeviceMesh> ep_shard;
+  // What fully_shard shards the experts over: ep_shard, or (dp_replicate, ep_shard) for HSDP.
+  std::shared_ptr<const DeviceMesh> ep_fsdp;
 };
 
 }  // namespace loom::parallel

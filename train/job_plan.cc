@@ -209,16 +209,24 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
           schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
       for (int s : states.stages) {
         // FSDP's units: each block, then the stage's remaining parameters ("root").
-        std::map<int64_t, std::vector<Shape>> units;
+        // Expert parallelism: experts / ep of each MoE's, a unit of their own sharded over the
+        // ep_shard ranks holding the same experts (ep innermost in dp_shard x cp).
+        std::map<int64_t, std::vector<Shape>> units, expert_units;
         for (const auto& p : stage_parameters[s]) {
-          if (p.expert && dims.ep > 1) {  // experts / ep of them, outside FSDP
-            states.parameters += shape_numel(p.shape) / dims.ep;
+          if (p.expert && dims.ep > 1) {
+            Shape local = p.shape;
+            local[0] /= dims.ep;
+            expert_units[p.block].push_back(local);
             continue;
           }
           units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
         }
         for (const auto& [block, shapes] : units) {
           states.parameters += held_elements(shapes, dims.dp_shard * dims.cp, shard);
+        }
+        const int64_t ep_shard = dims.dp_shard * dims.cp / dims.ep;
+        for (const auto& [block, shapes] : expert_units) {
+          states.parameters += held_elements(shapes, ep_shard, shard / dims.ep);
         }
       }
       const auto key = std::make_tuple(states.stages, states.parameters);

@@ -133,6 +133,10 @@ parallel::ParallelMeshes ParallelDims::meshes_with_experts(
       mesh->ranks(), mesh->device_type());
   out.ep = std::make_shared<const DeviceMesh>(experts->slice({kExpertDim}));
   out.ep_shard = std::make_shared<const DeviceMesh>(experts->slice({kExpertShardDim}));
+  out.ep_fsdp =
+      out.dp_replicate->size(0) > 1
+          ? std::make_shared<const DeviceMesh>(experts->slice({kReplicateDim, kExpertShardDim}))
+          : out.ep_shard;
   return out;
 }
 

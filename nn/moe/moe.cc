@@ -41,20 +41,20 @@ void GroupedExperts::reset_parameters() {
   init(w3_, seed_ + 2);
 }
 
-Tensor GroupedExperts::forward(const Tensor& x, const std::vector<int64_t>& offsets) {
-  return forward_with(x, offsets, w1_, w2_, w3_);
-}
-
-Tensor GroupedExperts::forward_with(const Tensor& x, const std::vector<int64_t>& offsets,
-                                    const Tensor& w1, const Tensor& w2, const Tensor& w3) {
+Tensor GroupedExperts::forward(const Tensor& x) {
+  LOOM_CHECK(!offsets_.empty(),
+             "GroupedExperts: no group offsets for this call; set_group_offsets() first");
   // In the activations' dtype: mixed precision's bf16 compute over f32 masters reaches weights
-  // that no FSDP unit casts (expert parallelism's), as it reaches the others.
-  const auto as_x = [&](const Tensor& w) {
-    return w.dtype() == x.dtype() ? w : ops::to(w, x.dtype());
+  // that no FSDP unit casts, as it reaches the others.
+  const auto weight = [&](const Tensor& w) {
+    const Tensor seen = view_ ? view_(w) : w;
+    return seen.dtype() == x.dtype() ? seen : ops::to(seen, x.dtype());
   };
+  const std::vector<int64_t> offsets = std::move(offsets_);
+  offsets_.clear();
   const Tensor h =
-      ops::mul(ops::silu(grouped_mm(x, as_x(w1), offsets)), grouped_mm(x, as_x(w3), offsets));
-  return grouped_mm(h, as_x(w2), offsets);
+      ops::mul(ops::silu(grouped_mm(x, weight(w1_), offsets)), grouped_mm(x, weight(w3_), offsets));
+  return grouped_mm(h, weight(w2_), offsets);
 }
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU") {
@@ -152,8 +152,13 @@ Tensor MoE::forward(const Tensor& x) {
   // Tokens in expert order, every expert's rows in one grouped GEMM per projection.
   const Tensor sorted =
       ops::embedding(flat, index_tensor(routing.slot_token, {routing.kept()}, x.device()));
-  const Tensor expert_out = dispatch_ ? dispatch_->run(*experts, sorted, routing.offsets)
-                                      : experts->forward(sorted, routing.offsets);
+  Tensor expert_out;
+  if (dispatch_) {
+    expert_out = dispatch_->run(*experts, sorted, routing.offsets);
+  } else {
+    experts->set_group_offsets(routing.offsets);
+    expert_out = (*experts)(sorted);
+  }
   // Back to (token, choice) order; a dropped choice reads the zero row after the kept ones.
   const Tensor padded = ops::cat(
       std::vector<Tensor>{expert_out, ops::zeros({1, dim}, expert_out.dtype(), x.device())}, 0);

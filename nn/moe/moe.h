@@ -34,16 +34,20 @@
 
 namespace loom::nn {
 
-// Every expert's SwiGLU weights in three (experts, ·, ·) tensors.
+// Every expert's SwiGLU weights in three (experts, ·, ·) tensors. Called as a module (so the
+// hooks of whoever lays its weights out run: FSDP's gathers), on rows sorted by expert whose
+// offsets the caller sets first.
 class GroupedExperts : public Module {
  public:
   GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, uint64_t seed);
-  // x: (N, dim), rows sorted by expert, expert e's rows [offsets[e], offsets[e + 1]) ->
-  // (N, dim): w2_e(silu(w1_e x) * w3_e x) per row.
-  Tensor forward(const Tensor& x, const std::vector<int64_t>& offsets);
-  // The same with the given weights (plain tensors: expert parallelism's local experts).
-  static Tensor forward_with(const Tensor& x, const std::vector<int64_t>& offsets, const Tensor& w1,
-                             const Tensor& w2, const Tensor& w3);
+  // Expert e's rows of the next call: [offsets[e], offsets[e + 1]) (its experts' count + 1).
+  void set_group_offsets(std::vector<int64_t> offsets) { offsets_ = std::move(offsets); }
+  // x: (N, dim), rows sorted by expert -> (N, dim): w2_e(silu(w1_e x) * w3_e x) per row, in x's
+  // dtype.
+  Tensor forward(const Tensor& x) override;
+  // How forward reads a weight (identity by default; expert parallelism's local shard of a
+  // DTensor weight).
+  void set_weight_view(std::function<Tensor(const Tensor&)> view) { view_ = std::move(view); }
   void reset_parameters() override;
   const Tensor& w1() const { return w1_; }
   const Tensor& w2() const { return w2_; }
@@ -52,6 +56,8 @@ class GroupedExperts : public Module {
  private:
   uint64_t seed_;
   Tensor &w1_, &w2_, &w3_;
+  std::vector<int64_t> offsets_;
+  std::function<Tensor(const Tensor&)> view_;
 };
 
 // A dense SwiGLU feed-forward (the shared experts): w2(silu(w1 x) * w3 x).

@@ -123,9 +123,8 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
           x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}), x.device()));
     };
     const Tensor expert_rows = gather(received, by_expert);
-    const Tensor out =
-        nn::GroupedExperts::forward_with(expert_rows, local_offsets, to_local(experts.w1()),
-                                         to_local(experts.w2()), to_local(experts.w3()));
+    experts.set_group_offsets(local_offsets);
+    const Tensor out = experts(expert_rows);  // this rank's experts (their local shards)
     // 4. Combine: each output row back to the rank its token lives on.
     return all_to_all_rows(gather(out, back), group, receive, send);
   }
@@ -156,6 +155,7 @@ void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh) {
     sharded.set_requires_grad(true);
     moe.experts->set_parameter(name, sharded);
   }
+  moe.experts->set_weight_view([](const Tensor& w) { return is_dtensor(w) ? to_local(w) : w; });
   moe.set_expert_dispatch(std::make_shared<ExpertParallelDispatch>(ep_mesh, experts));
 }
 

@@ -78,6 +78,10 @@ struct FSDPOptions {
   // Parameters the unit leaves alone (torch FSDP's ignored_params): neither sharded nor reduced
   // here; whoever placed them reduces their gradients (expert parallelism's experts).
   std::vector<Tensor> ignored_params;
+  // The reduced gradients times this (torch's gradient_divide_factor, inverted): e.g. 1 / ep for
+  // expert-parallel experts, whose gradients already sum ep ranks' tokens before FSDP averages
+  // them over the ranks holding the same experts.
+  double gradient_scale = 1.0;
 };
 
 // Shards `module`'s parameters (those no earlier unit holds) over the 1-D `mesh` and installs

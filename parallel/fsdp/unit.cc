@@ -272,6 +272,7 @@ void Unit::finish_reductions() {
     if (shard_dim_ > 0) {
       mesh_->group(0)->all_reduce(received, comm::ReduceOp::kAvg)->block_current_stream();
     }
+    if (options_.gradient_scale != 1.0) ops::mul_(received, options_.gradient_scale);
     for (size_t i = 0; i < params_.size(); ++i) {
       Tensor& sharded = params_[i].sharded;
       if (!sharded.requires_grad()) continue;

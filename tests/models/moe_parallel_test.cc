@@ -131,7 +131,10 @@ TEST(MoEParallelTest, ContextParallel) { expect_like_one_rank({.cp = 2}, "cp2");
 TEST(MoEParallelTest, ExpertParallelEqualsOneRank) {
   expect_like_one_rank({.dp_shard = 2, .ep = 2}, "dp_shard2, ep2");
   expect_like_one_rank({.dp_shard = 4, .ep = 4}, "dp_shard4, ep4");
-  expect_like_one_rank({.dp_shard = 4, .ep = 2}, "dp_shard4, ep2 (two copies of each expert)");
+  expect_like_one_rank({.dp_shard = 4, .ep = 2}, "dp_shard4, ep2 (experts FSDP over 2 ranks)");
+  expect_like_one_rank({.dp_shard = 2, .cp = 2, .ep = 2}, "dp_shard2 x cp2, ep2 (experts FSDP)");
+  expect_like_one_rank({.dp_replicate = 2, .dp_shard = 2, .cp = 2, .ep = 2},
+                       "HSDP 2 x 2 x cp2, ep2 (experts HSDP)");
   expect_like_one_rank({.dp_replicate = 2, .dp_shard = 2, .ep = 2}, "HSDP 2 x 2, ep2");
   expect_like_one_rank({.cp = 2, .ep = 2}, "cp2, ep2 (experts over the cp ranks)");
 }
