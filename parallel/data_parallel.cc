@@ -105,7 +105,9 @@ void DataParallel::backward(bool last, const std::function<void()>& run) {
 void DataParallel::reduce_expert_gradients() {
   NoGradGuard no_grad;
   for (const Tensor& p : expert_params_) {
-    if (!p.grad().defined()) continue;
+    // Every rank reduces every expert weight, in order: one without a gradient takes part as
+    // zeros rather than leave its peers waiting.
+    if (!p.grad().defined()) p.set_grad(ops::zeros_like(p));
     const Tensor local = local_shard(p.grad());
     for (const auto& group : expert_groups_) group->all_reduce(local, comm::ReduceOp::kSum)->wait();
     ops::mul_(local, expert_scale_);

@@ -199,6 +199,17 @@ class PipelinedModel : public ParallelModel {
 
 }  // namespace
 
+EvalMode::EvalMode(const ParallelModel& model) {
+  for (const auto& [name, module] : model.named_modules()) {
+    modes_.emplace_back(module, module->is_training());
+    module->train(false);
+  }
+}
+
+EvalMode::~EvalMode() {
+  for (auto& [module, training] : modes_) module->train(training);
+}
+
 void check_expert_parallel(const models::ModelArgs& args, int64_t ep) {
   if (ep == 1) return;
   LOOM_CHECK(args.num_experts() > 0,

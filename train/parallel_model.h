@@ -62,6 +62,19 @@ class ParallelModel {
   virtual void save_hf(const std::string& path, bool write) = 0;
 };
 
+// torch's model.eval() for a scope: every module of `model` in evaluation mode (no dropout masks,
+// no router load counted), each put back as it was when the scope ends, however it ends.
+class EvalMode {
+ public:
+  explicit EvalMode(const ParallelModel& model);
+  ~EvalMode();
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  std::vector<std::pair<nn::Module*, bool>> modes_;
+};
+
 // A model of `args` initialized from `seed` (identical on every layout), laid out on `mesh`
 // (ParallelDims::build_mesh's) by `parallel`, on the mesh's device (its groups': the CPU for
 // Gloo, this rank's GPU for NCCL).

@@ -14,10 +14,11 @@ namespace {
 // for all layers together).
 std::vector<std::vector<int64_t>> summed_over_data_parallel(
     const std::vector<std::vector<int64_t>>& counts, const DeviceMesh& mesh) {
-  std::vector<float> flat;
+  std::vector<int64_t> flat;  // integers: exact at any batch
   for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
   if (flat.empty()) return counts;
-  Tensor t = ops::to(ops::from_vector(flat, {static_cast<int64_t>(flat.size())}), mesh.device());
+  Tensor t =
+      ops::to(ops::from_vector_i64(flat, {static_cast<int64_t>(flat.size())}), mesh.device());
   for (const auto& group : data_parallel_groups(mesh)) {
     group->all_reduce(t, comm::ReduceOp::kSum)->wait();
   }
@@ -51,7 +52,7 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
     dropped += static_cast<double>(stats.dropped);
   }
   loads = summed_over_data_parallel(loads, mesh);
-  double worst_max = 0, worst_min = std::numeric_limits<double>::max();
+  double worst_max = 0, worst_min = std::numeric_limits<double>::infinity();
   for (const auto& load : loads) {
     const nn::RouterStats layer{.tokens_per_expert = load};
     worst_max = std::max(worst_max, layer.max_over_mean());
@@ -70,17 +71,20 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
     mesh.group(d)->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   }
   const std::vector<double> m = ops::to_vector(maxima), s = ops::to_vector(sums);
-  // Each layer was counted once per rank holding it: every rank of its pipeline stage.
+  // Each layer was counted once per rank holding it: every rank of its pipeline stage. Drops,
+  // once per tp rank (tp ranks route the same tokens).
   const auto& names = mesh.dim_names();
-  const bool pipelined = std::find(names.begin(), names.end(), "pp") != names.end();
-  const int64_t copies = mesh.numel() / (pipelined ? mesh.size("pp") : 1);
+  const auto size_of = [&](const char* dim) {
+    return std::find(names.begin(), names.end(), dim) != names.end() ? mesh.size(dim) : 1;
+  };
+  const int64_t copies = mesh.numel() / size_of(kPipelineDim);
   RouterSummary summary;
   summary.layers = std::llround(s[2]) / copies;
   if (summary.layers == 0) return summary;
   summary.max_over_mean = m[0];
   summary.min_over_mean = -m[1];
   summary.aux_loss = s[0] / static_cast<double>(copies);
-  summary.dropped = std::llround(s[1]);
+  summary.dropped = std::llround(s[1]) / size_of(kTensorDim);
   return summary;
 }
 

@@ -11,6 +11,7 @@ std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorp
                                      int64_t vocab_size, Device device,
                                      const SampleOptions& options) {
   NoGradGuard no_grad;
+  const EvalMode eval(model);  // as Trainer::evaluate: no dropout, no router load counted
   std::vector<int64_t> context(1);
   data.read(0, 1, context.data());
   for (int64_t i = 0; i < options.tokens; ++i) {

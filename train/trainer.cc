@@ -128,19 +128,11 @@ double Trainer::mean_over_data_parallel(double local_loss) const {
 double Trainer::evaluate(const Tensor& inputs, const Tensor& targets) {
   // Dropout draws masks in training mode; evaluation is the model's deterministic function of
   // its input, as torch's model.eval(). The modules' call counts stay as they were.
-  std::vector<std::pair<nn::Module*, bool>> modes;
-  for (const auto& [name, module] : model_.named_modules()) {
-    modes.emplace_back(module, module->is_training());
-  }
-  for (auto& [module, training] : modes) module->train(false);
   double local = 0;
-  try {
+  {
+    const EvalMode eval(model_);
     local = model_.evaluate(inputs, targets);
-  } catch (...) {
-    for (auto& [module, training] : modes) module->train(training);
-    throw;
   }
-  for (auto& [module, training] : modes) module->train(training);
   return mean_over_data_parallel(local);
 }
 

@@ -49,12 +49,11 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
     return config;
   }
   if (name == "deepseek-v3-shape") {
-    // DeepSeek-V3's sizes in the Llama architecture (for `loom plan`): its 61 layers of width
-    // 7168 (the first 3 dense, 18432 wide), 256 routed experts of 2048 with top-8, one shared,
-    // sigmoid scores normalized and scaled by 2.5, the bias-based balancing and its 129280
-    // vocabulary. Its attention here is multi-head (128 heads of 56), not DeepSeek's multi-head
-    // latent attention: 205.5M parameters a layer against MLA's 187.1M, so the total is 0.2 %
-    // and the active count 4.5 % above the published 671B and 37B.
+    // DeepSeek-V3's sizes (for `loom plan`): 61 layers of width 7168 (the first 3 dense, 18432
+    // wide), multi-head latent attention (128 heads; q rank 1536, kv rank 512, 128 + 64 query
+    // and key dims, 128 value dims), 256 routed experts of 2048 with top-8 and one shared, sigmoid
+    // scores normalized and scaled by 2.5, the bias-based balancing, a 129280 vocabulary; no
+    // multi-token-prediction module (DeepSeek's 671B leaves its 14B out too) and plain RoPE.
     return LlamaConfig{.dim = 7168,
                        .n_layers = 61,
                        .n_heads = 128,
@@ -73,7 +72,12 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
                                              .route_scale = 2.5,
                                              .aux_loss_coeff = 1e-4,
                                              .bias_update_rate = 1e-3},
-                       .moe_dense_layers = 3};
+                       .moe_dense_layers = 3,
+                       .mla = MLAOptions{.q_lora_rank = 1536,
+                                         .kv_lora_rank = 512,
+                                         .qk_nope_head_dim = 128,
+                                         .qk_rope_head_dim = 64,
+                                         .v_head_dim = 128}};
   }
   LOOM_FAIL("LlamaConfig: unknown preset '{}'; the presets are {}", name,
             fmt::join(preset_names(), ", "));
@@ -100,8 +104,7 @@ int64_t feed_forward_parameters(const LlamaConfig& c, int64_t layer, bool active
 }
 
 int64_t count_parameters(const LlamaConfig& c, bool active) {
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim();
-  const int64_t attention = c.dim * c.dim /*q*/ + 2 * c.dim * kv_dim /*k, v*/ + c.dim * c.dim /*o*/;
+  const int64_t attention = c.attention_parameters();
   const int64_t norms = 2 * c.dim;
   int64_t total = c.vocab_size * c.dim /*embeddings*/ + c.dim /*final norm*/ +
                   c.vocab_size * c.dim /*output head*/;
@@ -112,6 +115,21 @@ int64_t count_parameters(const LlamaConfig& c, bool active) {
 }
 
 }  // namespace
+
+int64_t LlamaConfig::attention_parameters() const {
+  if (!mla) {
+    const int64_t kv_dim = n_kv_heads * head_dim();
+    return dim * dim /*q*/ + 2 * dim * kv_dim /*k, v*/ + dim * dim /*o*/;
+  }
+  const MLAOptions& m = *mla;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const int64_t q = m.q_lora_rank > 0 ? dim * m.q_lora_rank + m.q_lora_rank /*norm*/ +
+                                            m.q_lora_rank * n_heads * qk
+                                      : dim * n_heads * qk;
+  return q + dim * (m.kv_lora_rank + m.qk_rope_head_dim) /*wkv_a*/ + m.kv_lora_rank /*norm*/ +
+         m.kv_lora_rank * n_heads * (m.qk_nope_head_dim + m.v_head_dim) /*wkv_b*/ +
+         n_heads * m.v_head_dim * dim /*wo*/;
+}
 
 int64_t LlamaConfig::parameter_count() const { return count_parameters(*this, false); }
 
@@ -131,11 +149,20 @@ void LlamaConfig::validate() const {
   }
   LOOM_CHECK(dim % n_heads == 0, "LlamaConfig: dim {} does not split into n_heads {}", dim,
              n_heads);
+  if (mla) {
+    LOOM_CHECK(mla->q_lora_rank >= 0 && mla->kv_lora_rank >= 1 && mla->qk_nope_head_dim >= 1 &&
+                   mla->qk_rope_head_dim >= 2 && mla->qk_rope_head_dim % 2 == 0 &&
+                   mla->v_head_dim >= 1,
+               "LlamaConfig: MLA sizes q_lora_rank {} (>= 0), kv_lora_rank {}, qk_nope_head_dim "
+               "{}, v_head_dim {} (>= 1) and qk_rope_head_dim {} (even, >= 2) out of range",
+               mla->q_lora_rank, mla->kv_lora_rank, mla->qk_nope_head_dim, mla->v_head_dim,
+               mla->qk_rope_head_dim);
+  }
   LOOM_CHECK(n_heads % n_kv_heads == 0,
              "LlamaConfig: n_heads {} do not group over n_kv_heads {} (grouped-query attention "
              "needs n_heads to be a multiple of n_kv_heads)",
              n_heads, n_kv_heads);
-  LOOM_CHECK(head_dim() % 2 == 0,
+  LOOM_CHECK(mla || head_dim() % 2 == 0,
              "LlamaConfig: head_dim {} (dim {} / n_heads {}) is odd; RoPE rotates pairs",
              head_dim(), dim, n_heads);
   if (moe) {

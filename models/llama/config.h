@@ -25,6 +25,18 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// DeepSeek's multi-head latent attention (DeepSeek-V2/V3's q_lora_rank, kv_lora_rank, ...): keys
+// and values from one low-rank latent per token, queries optionally through another, each head's
+// query and key the concatenation of a part without position (nope) and a rotary part shared by
+// every head's key (rope).
+struct MLAOptions {
+  int64_t q_lora_rank = 0;  // 0: queries straight from the input (wq), no low-rank step
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+};
+
 struct LlamaConfig {
   int64_t dim = 4096;      // hidden_size
   int64_t n_layers = 32;   // num_hidden_layers
@@ -42,12 +54,18 @@ struct LlamaConfig {
   // moe_dense_layers on (DeepSeek-V3's first_k_dense_replace: the first layers stay dense).
   std::optional<nn::MoEOptions> moe;
   int64_t moe_dense_layers = 0;
+  // Multi-head latent attention in place of grouped-query attention (n_kv_heads then unused).
+  std::optional<MLAOptions> mla;
 
   // The named configs: "llama-tiny", "llama3-8b", "llama3-70b". Throws listing them otherwise.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 
   int64_t head_dim() const { return dim / n_heads; }
+  // The dims RoPE rotates per head: head_dim, or MLA's qk_rope_head_dim.
+  int64_t rotary_dim() const { return mla ? mla->qk_rope_head_dim : head_dim(); }
+  // One layer's attention parameters (q, k, v, o; or MLA's projections and norms).
+  int64_t attention_parameters() const;
   // The SwiGLU width (intermediate_size): ffn_dim when given, else 4 * dim, times 2/3, times
   // ffn_dim_multiplier, rounded up to a multiple of multiple_of (Meta's and torchtitan's rule).
   int64_t ffn_hidden_dim() const;

@@ -84,10 +84,16 @@ class LlamaArgs : public ModelArgs {
     }
     return fmt::format(
         "Llama n_layers={} dim={} n_heads={} n_kv_heads={} ffn_dim={} max_seq_len={} "
-        "vocab_size={} ({} parameters){}",
+        "vocab_size={} ({} parameters){}{}",
         config_.n_layers, config_.dim, config_.n_heads, config_.n_kv_heads,
         config_.ffn_hidden_dim(), config_.max_seq_len, config_.vocab_size,
-        config_.parameter_count(), moe);
+        config_.parameter_count(),
+        config_.mla
+            ? fmt::format(" mla: q rank {} kv rank {} qk {}+{} v {}", config_.mla->q_lora_rank,
+                          config_.mla->kv_lora_rank, config_.mla->qk_nope_head_dim,
+                          config_.mla->qk_rope_head_dim, config_.mla->v_head_dim)
+            : "",
+        moe);
   }
   int64_t parameter_count() const override { return config_.parameter_count(); }
   int64_t n_layers() const override { return config_.n_layers; }
@@ -107,12 +113,21 @@ class LlamaArgs : public ModelArgs {
                           {"rope_theta", config_.rope_theta},
                           {"rope_scaling", rope_scaling()}};
     if (config_.moe) out["moe"] = moe_fields(*config_.moe, config_.moe_dense_layers);
+    if (config_.mla) {
+      const MLAOptions& m = *config_.mla;
+      out["mla"] = {{"q_lora_rank", m.q_lora_rank},
+                    {"kv_lora_rank", m.kv_lora_rank},
+                    {"qk_nope_head_dim", m.qk_nope_head_dim},
+                    {"qk_rope_head_dim", m.qk_rope_head_dim},
+                    {"v_head_dim", m.v_head_dim}};
+    }
     return out;
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
   int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
   void validate_tp(int64_t tp) const override {
+    if (config_.mla) return;  // latent attention is replicated over tp (plans.cc)
     LOOM_CHECK(config_.n_heads % tp == 0 && config_.n_kv_heads % tp == 0,
                "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank "
                "takes whole heads; replicating kv heads when tp > n_kv_heads is not supported "
@@ -123,7 +138,8 @@ class LlamaArgs : public ModelArgs {
     return llama_pipeline_spec(config_, seed, plan);
   }
   std::unique_ptr<hf::StateDictAdapter> hf_adapter() const override {
-    if (config_.moe) return nullptr;  // no Hugging Face MoE layout read or written yet
+    // No Hugging Face MoE or MLA layout is read or written yet.
+    if (config_.moe || config_.mla) return nullptr;
     return llama_hf_adapter(config_);
   }
   std::vector<PlannedParameter> planned_parameters(
@@ -194,6 +210,14 @@ class LlamaFamily : public ModelFamily {
                       int_field(s, "original_max_position_embeddings", where)};
     }
     if (fields.contains("moe")) read_moe_fields(fields.at("moe"), where, config);
+    if (fields.contains("mla")) {
+      const nlohmann::json& m = fields.at("mla");
+      config.mla = MLAOptions{.q_lora_rank = int_field(m, "q_lora_rank", where),
+                              .kv_lora_rank = int_field(m, "kv_lora_rank", where),
+                              .qk_nope_head_dim = int_field(m, "qk_nope_head_dim", where),
+                              .qk_rope_head_dim = int_field(m, "qk_rope_head_dim", where),
+                              .v_head_dim = int_field(m, "v_head_dim", where)};
+    }
     config.validate();
     return std::make_unique<LlamaArgs>(config);
   }
@@ -239,10 +263,27 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
   if (range.first) add("tok_embeddings.weight", {config.vocab_size, d}, 0, -1);
   for (int64_t i = range.first_block; i < range.end_block; ++i) {
     const std::string l = fmt::format("layers.{}.", i);
-    add(l + "attention.wq.weight", {config.n_heads * hd, d}, 0, i);
-    add(l + "attention.wk.weight", {config.n_kv_heads * hd, d}, 0, i);
-    add(l + "attention.wv.weight", {config.n_kv_heads * hd, d}, 0, i);
-    add(l + "attention.wo.weight", {d, config.n_heads * hd}, 1, i);
+    if (config.mla) {
+      const MLAOptions& m = *config.mla;
+      const int64_t h = config.n_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+      if (m.q_lora_rank > 0) {
+        add(l + "attention.wq_a.weight", {m.q_lora_rank, d}, std::nullopt, i);
+        add(l + "attention.q_norm.weight", {m.q_lora_rank}, std::nullopt, i);
+        add(l + "attention.wq_b.weight", {h * qk, m.q_lora_rank}, std::nullopt, i);
+      } else {
+        add(l + "attention.wq.weight", {h * qk, d}, std::nullopt, i);
+      }
+      add(l + "attention.wkv_a.weight", {m.kv_lora_rank + m.qk_rope_head_dim, d}, std::nullopt, i);
+      add(l + "attention.kv_norm.weight", {m.kv_lora_rank}, std::nullopt, i);
+      add(l + "attention.wkv_b.weight", {h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank},
+          std::nullopt, i);  // MLA is replicated over tp (models/llama/plans.cc)
+      add(l + "attention.wo.weight", {d, h * m.v_head_dim}, std::nullopt, i);
+    } else {
+      add(l + "attention.wq.weight", {config.n_heads * hd, d}, 0, i);
+      add(l + "attention.wk.weight", {config.n_kv_heads * hd, d}, 0, i);
+      add(l + "attention.wv.weight", {config.n_kv_heads * hd, d}, 0, i);
+      add(l + "attention.wo.weight", {d, config.n_heads * hd}, 1, i);
+    }
     if (config.is_moe_layer(i)) {
       const nn::MoEOptions& m = *config.moe;
       add(l + "moe.gate.weight", {m.num_experts, d}, std::nullopt, i);

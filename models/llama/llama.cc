@@ -23,10 +23,10 @@ void RMSNorm::reset_parameters() { ops::fill_(weight_, 1.0); }
 Tensor RMSNorm::forward(const Tensor& x) { return rms_norm(x, weight_, eps_); }
 
 RopeTables rope_tables(const LlamaConfig& config) {
-  const int64_t half = config.head_dim() / 2;
+  const int64_t half = config.rotary_dim() / 2;
   std::vector<double> freqs(half);
   for (int64_t i = 0; i < half; ++i) {
-    freqs[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / config.head_dim());
+    freqs[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / config.rotary_dim());
   }
   if (config.rope_scaling) {
     // Llama 3's scaling: long wavelengths slowed by `factor`, short ones kept, a smooth blend in
@@ -106,6 +106,60 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
 }
 
+LatentAttention::LatentAttention(const LlamaConfig& config, uint64_t seed,
+                                 std::shared_ptr<const RopeTables> rope)
+    : Module("LatentAttention"), options_(*config.mla), rope_(std::move(rope)) {
+  const MLAOptions& m = options_;
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const auto linear = [](int64_t in, int64_t out, uint64_t s) {
+    return std::make_shared<nn::Linear>(in, out, nn::LinearOptions{.bias = false, .seed = s});
+  };
+  if (m.q_lora_rank > 0) {
+    wq_a = register_module("wq_a", linear(config.dim, m.q_lora_rank, seed));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(m.q_lora_rank, config.norm_eps));
+    wq_b = register_module("wq_b", linear(m.q_lora_rank, config.n_heads * qk, seed + 1));
+  } else {
+    wq = register_module("wq", linear(config.dim, config.n_heads * qk, seed + 1));
+  }
+  wkv_a =
+      register_module("wkv_a", linear(config.dim, m.kv_lora_rank + m.qk_rope_head_dim, seed + 2));
+  kv_norm = register_module("kv_norm", std::make_shared<RMSNorm>(m.kv_lora_rank, config.norm_eps));
+  wkv_b = register_module(
+      "wkv_b",
+      linear(m.kv_lora_rank, config.n_heads * (m.qk_nope_head_dim + m.v_head_dim), seed + 3));
+  wo = register_module("wo", linear(config.n_heads * m.v_head_dim, config.dim, seed + 4));
+}
+
+Tensor LatentAttention::forward(const Tensor& x) {
+  const MLAOptions& m = options_;
+  const int64_t batch = x.size(0), time = x.size(1);
+  const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  // Queries: (B, T, H, nope + rope), the rope part rotated. -1 heads: a tp rank's local heads.
+  const Tensor q_flat = wq ? (*wq)(x) : (*wq_b)((*q_norm)((*wq_a)(x)));
+  const Tensor q = reshape(q_flat, {batch, time, -1, qk});
+  const int64_t heads = q.size(2);
+  const Tensor q_rot =
+      apply_rope(contiguous(narrow(q, 3, m.qk_nope_head_dim, m.qk_rope_head_dim)), *rope_);
+  // The latent and the key's rotary part shared by every head.
+  const Tensor kv_a = (*wkv_a)(x);
+  const Tensor latent = narrow(kv_a, 2, 0, m.kv_lora_rank);
+  const Tensor k_rot =
+      apply_rope(reshape(contiguous(narrow(kv_a, 2, m.kv_lora_rank, m.qk_rope_head_dim)),
+                         {batch, time, 1, m.qk_rope_head_dim}),
+                 *rope_);
+  const Tensor kv = reshape((*wkv_b)((*kv_norm)(contiguous(latent))),
+                            {batch, time, -1, m.qk_nope_head_dim + m.v_head_dim});
+  const Tensor k_nope = narrow(kv, 3, 0, m.qk_nope_head_dim);
+  const Tensor v = narrow(kv, 3, m.qk_nope_head_dim, m.v_head_dim);
+  const Tensor q_all = cat(std::vector<Tensor>{narrow(q, 3, 0, m.qk_nope_head_dim), q_rot}, 3);
+  const Tensor k_all =
+      cat(std::vector<Tensor>{k_nope, expand(k_rot, {batch, time, heads, m.qk_rope_head_dim})}, 3);
+  const Tensor y = scaled_dot_product_attention(
+      transpose(q_all, 1, 2), transpose(k_all, 1, 2), transpose(v, 1, 2), /*is_causal=*/true,
+      1.0 / std::sqrt(static_cast<double>(qk)));  // (B, H, T, v_head_dim)
+  return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
+}
+
 LlamaFeedForward::LlamaFeedForward(const LlamaConfig& config, uint64_t seed)
     : Module("LlamaFeedForward") {
   const int64_t hidden = config.ffn_hidden_dim();
@@ -122,8 +176,13 @@ Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(mul(silu((*w1)(
 LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
                        std::shared_ptr<const RopeTables> rope, int64_t layer)
     : Module("LlamaBlock") {
-  attention =
-      register_module("attention", std::make_shared<LlamaAttention>(config, seed, std::move(rope)));
+  if (config.mla) {
+    latent_attention = register_module(
+        "attention", std::make_shared<LatentAttention>(config, seed, std::move(rope)));
+  } else {
+    attention = register_module("attention",
+                                std::make_shared<LlamaAttention>(config, seed, std::move(rope)));
+  }
   if (config.is_moe_layer(layer)) {
     moe = register_module("moe", std::make_shared<nn::MoE>(config.dim, *config.moe, seed + 8));
   } else {
@@ -136,7 +195,8 @@ LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
 }
 
 Tensor LlamaBlock::forward(const Tensor& x) {
-  const Tensor h = add(x, (*attention)((*attention_norm)(x)));
+  const Tensor normed_x = (*attention_norm)(x);
+  const Tensor h = add(x, attention ? (*attention)(normed_x) : (*latent_attention)(normed_x));
   const Tensor normed = (*ffn_norm)(h);
   return add(h, moe ? (*moe)(normed) : (*feed_forward)(normed));
 }

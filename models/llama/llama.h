@@ -11,6 +11,8 @@
 // layer has layers.{i}.moe.{gate.weight, experts.w1, experts.w2, experts.w3,
 // shared_experts.*.weight} and the buffer layers.{i}.moe.expert_bias in place of feed_forward.
 //
+// With config.mla, layers.{i}.attention holds MLA's wq (or wq_a, q_norm, wq_b), wkv_a, kv_norm,
+// wkv_b and wo.
 // RoPE follows Meta's convention: dims (2i, 2i+1) of each head rotate together by position x
 // frequency i (Hugging Face's checkpoints permute wq and wk for their rotate-half convention;
 // the import undoes it). Attention computes on -1 heads, so a tensor-parallel rank's local heads
@@ -68,6 +70,22 @@ class LlamaAttention : public nn::Module {
   std::shared_ptr<const RopeTables> rope_;
 };
 
+// DeepSeek's multi-head latent attention (config.mla): queries through wq (or wq_a, q_norm,
+// wq_b), keys and values from the latent wkv_a -> kv_norm -> wkv_b, each head's query and key
+// [nope part, RoPE part] with the key's RoPE part (from wkv_a) shared by every head, softmax scale
+// 1 / sqrt(nope + rope), values of v_head_dim, then wo. Replicated over tp (models/llama/plans.cc).
+class LatentAttention : public nn::Module {
+ public:
+  LatentAttention(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
+  Tensor forward(const Tensor& x) override;                      // (B, T, dim) -> (B, T, dim)
+  std::shared_ptr<nn::Linear> wq, wq_a, wq_b, wkv_a, wkv_b, wo;  // wq, or wq_a and wq_b
+  std::shared_ptr<RMSNorm> q_norm, kv_norm;                      // q_norm with wq_a only
+
+ private:
+  MLAOptions options_;
+  std::shared_ptr<const RopeTables> rope_;
+};
+
 class LlamaFeedForward : public nn::Module {
  public:
   LlamaFeedForward(const LlamaConfig& config, uint64_t seed);
@@ -83,9 +101,10 @@ class LlamaBlock : public nn::Module {
              int64_t layer = 0);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<RMSNorm> attention_norm, ffn_norm;
-  std::shared_ptr<LlamaAttention> attention;
-  std::shared_ptr<LlamaFeedForward> feed_forward;  // null in a MoE layer
-  std::shared_ptr<nn::MoE> moe;                    // null in a dense layer
+  std::shared_ptr<LlamaAttention> attention;          // null with MLA
+  std::shared_ptr<LatentAttention> latent_attention;  // config.mla: named "attention" too
+  std::shared_ptr<LlamaFeedForward> feed_forward;     // null in a MoE layer
+  std::shared_ptr<nn::MoE> moe;                       // null in a dense layer
 };
 
 // A Llama's stage for pipeline parallelism (and, holding everything, the Llama itself): the

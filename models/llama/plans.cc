@@ -12,7 +12,7 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
              tp_mesh ? tp_mesh->str() : "null");
   const LlamaConfig& config = model.config();
   const int64_t tp = tp_mesh->size(0);
-  LOOM_CHECK(config.n_heads % tp == 0 && config.n_kv_heads % tp == 0,
+  LOOM_CHECK(config.mla || (config.n_heads % tp == 0 && config.n_kv_heads % tp == 0),
              "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank takes "
              "whole heads; replicating kv heads when tp > n_kv_heads is not supported yet)",
              tp, config.n_heads, config.n_kv_heads);
@@ -43,13 +43,19 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
   }
   bool dense = false, experts = false;  // which feed-forwards the stage's blocks have
   for (const auto& layer : model.layers) (layer->moe ? experts : dense) = true;
-  ParallelizePlan blocks = {
-      {"layers.*.attention.wq", std::make_shared<ColwiseParallel>()},
-      {"layers.*.attention.wk", std::make_shared<ColwiseParallel>()},
-      {"layers.*.attention.wv", std::make_shared<ColwiseParallel>()},
-      {"layers.*.attention.wo",
-       std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
-  };
+  // Grouped-query attention splits heads over tp. Latent attention (MLA) is replicated over tp
+  // for now, as a MoE layer is: every head's key shares one rotary part computed from the
+  // replicated latent, whose gradient would need a sum over tp's heads that plain tensors do
+  // not carry.
+  ParallelizePlan blocks;
+  if (!config.mla) {
+    for (const char* name :
+         {"layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv"}) {
+      blocks.push_back({name, std::make_shared<ColwiseParallel>()});
+    }
+    blocks.push_back({"layers.*.attention.wo",
+                      std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})});
+  }
   if (dense) {
     blocks.push_back({"layers.*.feed_forward.w1", std::make_shared<ColwiseParallel>()});
     blocks.push_back({"layers.*.feed_forward.w3", std::make_shared<ColwiseParallel>()});
@@ -63,13 +69,20 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
     for (const char* name : {"layers.*.attention_norm", "layers.*.ffn_norm"}) {
       plan.push_back({name, std::make_shared<SequenceParallel>()});
     }
-    plan.push_back({"layers.*.attention", gather_once});
+    if (!config.mla) plan.push_back({"layers.*.attention", gather_once});
     if (dense) plan.push_back({"layers.*.feed_forward", gather_once});
   }
   // A MoE layer is replicated over tp: every tp rank routes the whole sequence and runs every
   // expert it holds (expert parallelism splits them over ep, not tp). Under sequence parallelism
   // its input is gathered to a plain tensor and its output taken back to this rank's sequence
   // shard (plain, as the residual stream is between the TP styles).
+  if (config.mla && sp) {  // replicated: the gathered sequence in, this rank's shard out
+    plan.push_back({"layers.*.attention", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
+                                              sequence, Replicate(), /*use_local_output=*/true})});
+    plan.push_back(
+        {"layers.*.attention", std::make_shared<PrepareModuleOutput>(PrepareOutputOptions{
+                                   Replicate(), sequence, /*use_local_output=*/true})});
+  }
   if (experts && sp) {
     plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
                                         sequence, Replicate(), /*use_local_output=*/true})});

@@ -181,6 +181,7 @@ Tensor MoE::forward(const Tensor& x) {
     const int64_t ranks = data_parallel_.sum ? data_parallel_.size : 1;
     if (data_parallel_.sum) counts = data_parallel_.sum(counts);
     const double all_tokens = counts[e];
+    if (all_tokens == 0) return ops::reshape(out, x.shape());  // no token anywhere: no loss
     std::vector<float> share(e);
     for (int64_t i = 0; i < e; ++i) {
       share[i] = static_cast<float>(counts[i] / (all_tokens * static_cast<double>(k)));
@@ -195,12 +196,14 @@ Tensor MoE::forward(const Tensor& x) {
     out = attach_auxiliary_loss(out, aux);
   }
 
-  if (in_checkpoint_recompute()) return ops::reshape(out, x.shape());  // counted in the forward
+  // Counted once per training forward: not in a checkpoint's recompute (counted in its forward),
+  // nor in evaluation (validation, sampling: train(false)), which must not move the bias.
+  if (in_checkpoint_recompute() || !is_training()) return ops::reshape(out, x.shape());
   for (int64_t i = 0; i < e; ++i) {
     stats_.tokens_per_expert[i] += routing.routed[i];
     load_since_update_[i] += routing.routed[i];
   }
-  stats_.aux_loss += aux_value;
+  stats_.aux_loss += aux_value * AuxiliaryLossScale::current();  // a micro-batch's share
   stats_.dropped += routing.dropped();
   ++stats_.calls;
   return ops::reshape(out, x.shape());

@@ -24,6 +24,10 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t e = 0; e < experts; ++e) {
       key[e] = scores[t * experts + e] + (bias.empty() ? 0.0f : bias[e]);
+      LOOM_CHECK(std::isfinite(key[e]),
+                 "route_top_k: token {}'s score for expert {} is {} (with its bias); the router's "
+                 "scores must be finite (a diverged run?)",
+                 t, e, key[e]);
     }
     std::iota(order.begin(), order.end(), 0);
     // The top_k largest; equal keys: the lower expert first (a total order, so repeatable).

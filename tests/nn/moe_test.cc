@@ -278,6 +278,20 @@ TEST(MoETest, AuxiliaryLossScaleAndCheckpointing) {
   EXPECT_DOUBLE_EQ(checkpointed_stats.aux_loss, plain_stats.aux_loss);
 }
 
+// Evaluation (validation, sampling: train(false)) routes as training does but counts nothing: the
+// next training step's bias update and statistics see the training tokens only.
+TEST(MoETest, EvaluationCountsNoLoad) {
+  MoE moe(kDim, {.num_experts = 4, .top_k = 2, .hidden_dim = 8, .bias_update_rate = 0.1}, 3);
+  moe.train(false);
+  moe(ops::normal({2, kTokens / 2, kDim}, 31));
+  EXPECT_EQ(moe.load_since_update(), (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(moe.take_stats().calls, 0);
+  moe.train(true);
+  moe(ops::normal({2, kTokens / 2, kDim}, 31));
+  const std::vector<int64_t>& load = moe.load_since_update();
+  EXPECT_EQ(std::accumulate(load.begin(), load.end(), int64_t{0}), kTokens * 2);
+}
+
 TEST(MoETest, RepeatsBitForBit) {
   const auto once = [] {
     MoE moe(kDim, {.num_experts = 8, .top_k = 2, .hidden_dim = 8, .capacity_factor = 1.0}, 7);
