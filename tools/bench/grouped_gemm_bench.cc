@@ -60,13 +60,15 @@ void BM_GroupedMm(benchmark::State& state) { run(state, true); }
 void BM_PerExpertLoop(benchmark::State& state) { run(state, false); }
 
 // llama-moe-tiny's layer (8 experts of 48 over dim 64, 2 x 256 slots), then DeepSeek-like
-// fine-grained experts at a CPU-sized width (dim 512, hidden 256) with 8 to 64 experts.
-#define MOE_SHAPES                 \
-  ->Args({8, 512, 64, 48})         \
-      ->Args({8, 4096, 512, 256})  \
-      ->Args({16, 4096, 512, 256}) \
-      ->Args({32, 4096, 512, 256}) \
-      ->Args({64, 4096, 512, 256}) \
+// fine-grained experts at a CPU-sized width (dim 512, hidden 256) with 8 to 256 experts.
+#define MOE_SHAPES                  \
+  ->Args({8, 512, 64, 48})          \
+      ->Args({8, 4096, 512, 256})   \
+      ->Args({16, 4096, 512, 256})  \
+      ->Args({32, 4096, 512, 256})  \
+      ->Args({64, 4096, 512, 256})  \
+      ->Args({128, 4096, 512, 256}) \
+      ->Args({256, 4096, 512, 256}) \
       ->Unit(benchmark::kMicrosecond)
 BENCHMARK(BM_GroupedMm) MOE_SHAPES;
 BENCHMARK(BM_PerExpertLoop) MOE_SHAPES;
