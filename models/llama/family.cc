@@ -127,7 +127,13 @@ class LlamaArgs : public ModelArgs {
   bool supports_context_parallel() const override { return true; }
   int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
   void validate_tp(int64_t tp) const override {
-    if (config_.mla) return;  // latent attention is replicated over tp (plans.cc)
+    if (config_.mla) {
+      LOOM_CHECK(config_.n_heads % tp == 0,
+                 "parallelize_llama: tp {} must divide n_heads {} (latent attention splits whole "
+                 "heads)",
+                 tp, config_.n_heads);
+      return;
+    }
     LOOM_CHECK(config_.n_heads % tp == 0 && config_.n_kv_heads % tp == 0,
                "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank "
                "takes whole heads; replicating kv heads when tp > n_kv_heads is not supported "
@@ -269,15 +275,15 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
       if (m.q_lora_rank > 0) {
         add(l + "attention.wq_a.weight", {m.q_lora_rank, d}, std::nullopt, i);
         add(l + "attention.q_norm.weight", {m.q_lora_rank}, std::nullopt, i);
-        add(l + "attention.wq_b.weight", {h * qk, m.q_lora_rank}, std::nullopt, i);
+        add(l + "attention.wq_b.weight", {h * qk, m.q_lora_rank}, 0, i);
       } else {
-        add(l + "attention.wq.weight", {h * qk, d}, std::nullopt, i);
+        add(l + "attention.wq.weight", {h * qk, d}, 0, i);
       }
       add(l + "attention.wkv_a.weight", {m.kv_lora_rank + m.qk_rope_head_dim, d}, std::nullopt, i);
       add(l + "attention.kv_norm.weight", {m.kv_lora_rank}, std::nullopt, i);
       add(l + "attention.wkv_b.weight", {h * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank},
-          std::nullopt, i);  // MLA is replicated over tp (models/llama/plans.cc)
-      add(l + "attention.wo.weight", {d, h * m.v_head_dim}, std::nullopt, i);
+          0, i);
+      add(l + "attention.wo.weight", {d, h * m.v_head_dim}, 1, i);
     } else {
       add(l + "attention.wq.weight", {config.n_heads * hd, d}, 0, i);
       add(l + "attention.wk.weight", {config.n_kv_heads * hd, d}, 0, i);

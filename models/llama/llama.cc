@@ -143,10 +143,10 @@ Tensor LatentAttention::forward(const Tensor& x) {
   // The latent and the key's rotary part shared by every head.
   const Tensor kv_a = (*wkv_a)(x);
   const Tensor latent = narrow(kv_a, 2, 0, m.kv_lora_rank);
-  const Tensor k_rot =
-      apply_rope(reshape(contiguous(narrow(kv_a, 2, m.kv_lora_rank, m.qk_rope_head_dim)),
-                         {batch, time, 1, m.qk_rope_head_dim}),
-                 *rope_);
+  Tensor k_rot = apply_rope(reshape(contiguous(narrow(kv_a, 2, m.kv_lora_rank, m.qk_rope_head_dim)),
+                                    {batch, time, 1, m.qk_rope_head_dim}),
+                            *rope_);
+  if (shared_key_region_) k_rot = shared_key_region_(k_rot);
   const Tensor kv = reshape((*wkv_b)((*kv_norm)(contiguous(latent))),
                             {batch, time, -1, m.qk_nope_head_dim + m.v_head_dim});
   const Tensor k_nope = narrow(kv, 3, 0, m.qk_nope_head_dim);

@@ -19,6 +19,7 @@
 // (and local kv heads) run the same code. RMSNorm and RoPE are the fused rms_norm and rope ops.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,17 +74,24 @@ class LlamaAttention : public nn::Module {
 // DeepSeek's multi-head latent attention (config.mla): queries through wq (or wq_a, q_norm,
 // wq_b), keys and values from the latent wkv_a -> kv_norm -> wkv_b, each head's query and key
 // [nope part, RoPE part] with the key's RoPE part (from wkv_a) shared by every head, softmax scale
-// 1 / sqrt(nope + rope), values of v_head_dim, then wo. Replicated over tp (models/llama/plans.cc).
+// 1 / sqrt(nope + rope), values of v_head_dim, then wo. Computes on -1 heads (a tp rank's).
 class LatentAttention : public nn::Module {
  public:
   LatentAttention(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
-  Tensor forward(const Tensor& x) override;                      // (B, T, dim) -> (B, T, dim)
+  Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
+  // How the key's rotary part, computed whole on every rank, reaches this rank's heads: as is,
+  // or (tensor parallelism: heads split over tp) through an identity whose backward sums the
+  // heads' partial gradients over tp (tp::copy_to_tensor_parallel_region).
+  void set_shared_key_region(std::function<Tensor(const Tensor&)> region) {
+    shared_key_region_ = std::move(region);
+  }
   std::shared_ptr<nn::Linear> wq, wq_a, wq_b, wkv_a, wkv_b, wo;  // wq, or wq_a and wq_b
   std::shared_ptr<RMSNorm> q_norm, kv_norm;                      // q_norm with wq_a only
 
  private:
   MLAOptions options_;
   std::shared_ptr<const RopeTables> rope_;
+  std::function<Tensor(const Tensor&)> shared_key_region_;
 };
 
 class LlamaFeedForward : public nn::Module {

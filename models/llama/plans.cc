@@ -1,6 +1,7 @@
 #include "models/llama/plans.h"
 
 #include "base/error.h"
+#include "parallel/tp/gradient_regions.h"
 #include "parallel/tp/parallelize.h"
 
 namespace loom::models {
@@ -12,7 +13,7 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
              tp_mesh ? tp_mesh->str() : "null");
   const LlamaConfig& config = model.config();
   const int64_t tp = tp_mesh->size(0);
-  LOOM_CHECK(config.mla || (config.n_heads % tp == 0 && config.n_kv_heads % tp == 0),
+  LOOM_CHECK(config.n_heads % tp == 0 && (config.mla || config.n_kv_heads % tp == 0),
              "parallelize_llama: tp {} must divide n_heads {} and n_kv_heads {} (each rank takes "
              "whole heads; replicating kv heads when tp > n_kv_heads is not supported yet)",
              tp, config.n_heads, config.n_kv_heads);
@@ -43,18 +44,28 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
   }
   bool dense = false, experts = false;  // which feed-forwards the stage's blocks have
   for (const auto& layer : model.layers) (layer->moe ? experts : dense) = true;
-  // Grouped-query attention splits heads over tp. Latent attention (MLA) is replicated over tp
-  // for now, as a MoE layer is: every head's key shares one rotary part computed from the
-  // replicated latent, whose gradient would need a sum over tp's heads that plain tensors do
-  // not carry.
-  ParallelizePlan blocks;
-  if (!config.mla) {
+  // Attention splits heads over tp. Latent attention (MLA): its per-head projections (wq or wq_b,
+  // wkv_b) colwise, wo rowwise; its low-rank ones (wq_a, wkv_a) and norms replicated, on the
+  // gathered input as a plain tensor (the colwise projections sum their input gradients over tp);
+  // the key's rotary part, shared by every head, through copy_to_tensor_parallel_region.
+  ParallelizePlan blocks = {
+      {"layers.*.attention.wo",
+       std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})},
+  };
+  if (config.mla) {
+    blocks.push_back(
+        {config.mla->q_lora_rank > 0 ? "layers.*.attention.wq_b" : "layers.*.attention.wq",
+         std::make_shared<ColwiseParallel>()});
+    blocks.push_back({"layers.*.attention.wkv_b", std::make_shared<ColwiseParallel>()});
+    for (const auto& layer : model.layers) {
+      layer->latent_attention->set_shared_key_region(
+          [tp_mesh](const Tensor& k) { return copy_to_tensor_parallel_region(k, tp_mesh); });
+    }
+  } else {
     for (const char* name :
          {"layers.*.attention.wq", "layers.*.attention.wk", "layers.*.attention.wv"}) {
       blocks.push_back({name, std::make_shared<ColwiseParallel>()});
     }
-    blocks.push_back({"layers.*.attention.wo",
-                      std::make_shared<RowwiseParallel>(LayoutOptions{.output_layouts = stream})});
   }
   if (dense) {
     blocks.push_back({"layers.*.feed_forward.w1", std::make_shared<ColwiseParallel>()});
@@ -69,20 +80,17 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
     for (const char* name : {"layers.*.attention_norm", "layers.*.ffn_norm"}) {
       plan.push_back({name, std::make_shared<SequenceParallel>()});
     }
-    if (!config.mla) plan.push_back({"layers.*.attention", gather_once});
+    plan.push_back({"layers.*.attention",
+                    config.mla ? std::make_shared<PrepareModuleInput>(PrepareInputOptions{
+                                     sequence, Replicate(), /*use_local_output=*/true,
+                                     options.regather_in_backward})
+                               : gather_once});
     if (dense) plan.push_back({"layers.*.feed_forward", gather_once});
   }
   // A MoE layer is replicated over tp: every tp rank routes the whole sequence and runs every
   // expert it holds (expert parallelism splits them over ep, not tp). Under sequence parallelism
   // its input is gathered to a plain tensor and its output taken back to this rank's sequence
   // shard (plain, as the residual stream is between the TP styles).
-  if (config.mla && sp) {  // replicated: the gathered sequence in, this rank's shard out
-    plan.push_back({"layers.*.attention", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
-                                              sequence, Replicate(), /*use_local_output=*/true})});
-    plan.push_back(
-        {"layers.*.attention", std::make_shared<PrepareModuleOutput>(PrepareOutputOptions{
-                                   Replicate(), sequence, /*use_local_output=*/true})});
-  }
   if (experts && sp) {
     plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
                                         sequence, Replicate(), /*use_local_output=*/true})});

@@ -2,7 +2,8 @@
 // formula computed here in f64 from the module's own weights — low-rank queries and latent keys
 // and values, RMSNorm on both ranks, RoPE on the rotary parts (the key's shared by every head),
 // causal softmax at 1 / sqrt(nope + rope) — within 1e-5; and a Llama with MLA (and MoE) trained 4
-// AdamW steps on tp2 (SP), cp2 (ring and Ulysses) and dp_shard2 equal to one rank (expect_same).
+// AdamW steps on tp2 (with and without SP, heads split over tp), dp_shard2 x tp2, dp_shard2 and
+// cp2 (allgather and Ulysses) equal to one rank (expect_same).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,13 +171,16 @@ constexpr int kSteps = 4;
 constexpr int64_t kBatch = 4, kSeq = 32;
 
 gpt_run::Result train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims,
-                         const std::string& attention = "allgather") {
+                         const std::string& attention = "allgather",
+                         bool sequence_parallel = true) {
   LlamaConfig c = mla_config(true);
   c.n_layers = 2;
   c.moe = nn::MoEOptions{.num_experts = 4, .top_k = 2, .hidden_dim = 16};
   c.moe_dense_layers = 1;
   const auto mesh = dims.build_mesh(pg.shared_from_this());
-  const train::ParallelConfig parallel{.dims = dims, .cp = {.attention = attention}};
+  const train::ParallelConfig parallel{.dims = dims,
+                                       .tp_plan = {.sequence_parallel = sequence_parallel},
+                                       .cp = {.attention = attention}};
   parallel.validate(pg.size(), kBatch, kSeq);
   auto model = train::build_parallel_model(*llama_args(c), 5, mesh, parallel);
   train::Trainer trainer(*model, mesh, {.lr = [](int) { return 3e-3; }, .clip = 0.5});
@@ -199,14 +203,18 @@ TEST(LatentAttentionTest, LayoutsEqualOneRank) {
   gpt_run::Result expected;
   comm::testing::run_on_ranks(1, [&](comm::ProcessGroup& pg) { expected = train_on(pg, {}); });
   const auto check = [&](const train::ParallelDims& dims, const std::string& attention,
-                         const std::string& layout) {
+                         const std::string& layout, bool sp = true) {
     SCOPED_TRACE(layout);
     comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
       gpt_run::expect_same(
-          {.actual = train_on(pg, dims, attention), .expected = expected, .layout = layout});
+          {.actual = train_on(pg, dims, attention, sp), .expected = expected, .layout = layout});
     });
   };
+  // tp splits the heads: the shared rotary key's gradient summed over tp (without that sum the
+  // low-rank weights train wrong; tried).
   check({.tp = 2}, "allgather", "tp2 (SP)");
+  check({.tp = 2}, "allgather", "tp2 without SP", /*sp=*/false);
+  check({.dp_shard = 2, .tp = 2}, "allgather", "dp_shard2 x tp2");
   check({.dp_shard = 2}, "allgather", "dp_shard2");
   check({.cp = 2}, "allgather", "cp2 allgather");
   check({.cp = 2}, "alltoall", "cp2 alltoall");

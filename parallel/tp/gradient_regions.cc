@@ -1,0 +1,40 @@
+#include "parallel/tp/gradient_regions.h"
+
+#include "autograd/function.h"
+#include "base/error.h"
+#include "tensor/ops.h"
+
+namespace loom::tp {
+
+namespace {
+
+class CopyToTensorParallelRegion : public autograd::Function {
+ public:
+  explicit CopyToTensorParallelRegion(std::shared_ptr<const DeviceMesh> mesh)
+      : mesh_(std::move(mesh)) {}
+  std::string name() const override { return "CopyToTensorParallelRegion"; }
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs) override {
+    return {ops::clone(inputs[0])};
+  }
+  std::vector<Tensor> backward(const std::vector<Tensor>& grads) override {
+    Tensor summed = ops::contiguous(ops::clone(grads[0]));
+    mesh_->group(0)->all_reduce(summed, comm::ReduceOp::kSum)->wait();
+    return {summed};
+  }
+
+ private:
+  std::shared_ptr<const DeviceMesh> mesh_;
+};
+
+}  // namespace
+
+Tensor copy_to_tensor_parallel_region(const Tensor& x,
+                                      std::shared_ptr<const DeviceMesh> tp_mesh) {
+  LOOM_CHECK(tp_mesh != nullptr && tp_mesh->ndim() == 1,
+             "copy_to_tensor_parallel_region: needs the 1-D tp mesh, got {}",
+             tp_mesh ? tp_mesh->str() : "null");
+  return autograd::Function::apply(std::make_shared<CopyToTensorParallelRegion>(std::move(tp_mesh)),
+                                   {x})[0];
+}
+
+}  // namespace loom::tp
