@@ -286,7 +286,9 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
   check_context_parallel(args, parallel.dims.cp);
   check_expert_parallel(args, parallel.dims.ep);
   const parallel::ParallelMeshes meshes = parallel.dims.meshes_with_experts(mesh);
-  pipeline::PipelineModelSpec spec = args.spec(seed, parallel.tp_plan);
+  models::TPPlanOptions tp_plan = parallel.tp_plan;
+  tp_plan.expert_tensor_parallel = parallel.dims.ep == 1;  // ep splits the experts instead
+  pipeline::PipelineModelSpec spec = args.spec(seed, tp_plan);
   // Context parallelism: every forward and backward runs under it (autograd/sequence_context.h).
   std::shared_ptr<SequenceContext> sequence;
   if (parallel.dims.cp > 1) {

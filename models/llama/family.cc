@@ -293,14 +293,15 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
     if (config.is_moe_layer(i)) {
       const nn::MoEOptions& m = *config.moe;
       add(l + "moe.gate.weight", {m.num_experts, d}, std::nullopt, i);
-      add(l + "moe.experts.w1", {m.num_experts, m.hidden_dim, d}, std::nullopt, i, true);
-      add(l + "moe.experts.w2", {m.num_experts, d, m.hidden_dim}, std::nullopt, i, true);
-      add(l + "moe.experts.w3", {m.num_experts, m.hidden_dim, d}, std::nullopt, i, true);
+      // Over tp (expert tensor parallelism, without ep): each expert's hidden width.
+      add(l + "moe.experts.w1", {m.num_experts, m.hidden_dim, d}, 1, i, true);
+      add(l + "moe.experts.w2", {m.num_experts, d, m.hidden_dim}, 2, i, true);
+      add(l + "moe.experts.w3", {m.num_experts, m.hidden_dim, d}, 1, i, true);
       if (m.num_shared_experts > 0) {
         const int64_t shared = m.hidden_dim * m.num_shared_experts;
-        add(l + "moe.shared_experts.w1.weight", {shared, d}, std::nullopt, i);
-        add(l + "moe.shared_experts.w2.weight", {d, shared}, std::nullopt, i);
-        add(l + "moe.shared_experts.w3.weight", {shared, d}, std::nullopt, i);
+        add(l + "moe.shared_experts.w1.weight", {shared, d}, 0, i);
+        add(l + "moe.shared_experts.w2.weight", {d, shared}, 1, i);
+        add(l + "moe.shared_experts.w3.weight", {shared, d}, 0, i);
       }
     } else {
       add(l + "feed_forward.w1.weight", {ffn, d}, 0, i);

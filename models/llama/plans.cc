@@ -1,6 +1,10 @@
 #include "models/llama/plans.h"
 
+#include <algorithm>
+
+#include "autograd/functions.h"
 #include "base/error.h"
+#include "dtensor/dtensor.h"
 #include "parallel/tp/gradient_regions.h"
 #include "parallel/tp/parallelize.h"
 
@@ -87,10 +91,39 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
                                : gather_once});
     if (dense) plan.push_back({"layers.*.feed_forward", gather_once});
   }
-  // A MoE layer is replicated over tp: every tp rank routes the whole sequence and runs every
-  // expert it holds (expert parallelism splits them over ep, not tp). Under sequence parallelism
-  // its input is gathered to a plain tensor and its output taken back to this rank's sequence
-  // shard (plain, as the residual stream is between the TP styles).
+  // A MoE layer routes the whole sequence on every tp rank (the router replicated). Under
+  // sequence parallelism its input is gathered to a plain tensor and its output taken back to
+  // this rank's sequence shard (plain, as the residual stream is between the TP styles).
+  // Expert tensor parallelism: every expert's hidden width split over tp (w1, w3 rows; w2
+  // columns), the partial outputs summed over tp; the shared experts as a dense layer's.
+  if (experts && options.expert_tensor_parallel) {
+    for (const auto& layer : model.layers) {
+      if (!layer->moe) continue;
+      nn::GroupedExperts& e = *layer->moe->experts;
+      const std::vector<std::pair<const char*, Placement>> splits = {
+          {"w1", Shard(1)}, {"w3", Shard(1)}, {"w2", Shard(2)}};
+      for (const auto& [name, placement] : splits) {
+        Tensor whole;
+        for (const auto& [n, p] : e.named_parameters(false)) {
+          if (n == name) whole = p;
+        }
+        Tensor split = distribute_tensor(detach(whole), tp_mesh, {placement},
+                                         /*src_data_rank=*/std::nullopt);
+        split.set_requires_grad(true);
+        e.set_parameter(name, split);
+      }
+      e.set_weight_view([](const Tensor& w) { return is_dtensor(w) ? to_local(w) : w; });
+      e.set_tensor_parallel_regions(
+          [tp_mesh](const Tensor& x) { return copy_to_tensor_parallel_region(x, tp_mesh); },
+          [tp_mesh](const Tensor& y) { return reduce_from_tensor_parallel_region(y, tp_mesh); });
+    }
+    if (std::any_of(model.layers.begin(), model.layers.end(),
+                    [](const auto& l) { return l->moe && l->moe->shared_experts; })) {
+      plan.push_back({"layers.*.moe.shared_experts.w1", std::make_shared<ColwiseParallel>()});
+      plan.push_back({"layers.*.moe.shared_experts.w3", std::make_shared<ColwiseParallel>()});
+      plan.push_back({"layers.*.moe.shared_experts.w2", std::make_shared<RowwiseParallel>()});
+    }
+  }
   if (experts && sp) {
     plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
                                         sequence, Replicate(), /*use_local_output=*/true})});

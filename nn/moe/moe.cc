@@ -52,9 +52,11 @@ Tensor GroupedExperts::forward(const Tensor& x) {
   };
   const std::vector<int64_t> offsets = std::move(offsets_);
   offsets_.clear();
-  const Tensor h =
-      ops::mul(ops::silu(grouped_mm(x, weight(w1_), offsets)), grouped_mm(x, weight(w3_), offsets));
-  return grouped_mm(h, weight(w2_), offsets);
+  const Tensor in = in_region_ ? in_region_(x) : x;
+  const Tensor h = ops::mul(ops::silu(grouped_mm(in, weight(w1_), offsets)),
+                            grouped_mm(in, weight(w3_), offsets));
+  const Tensor out = grouped_mm(h, weight(w2_), offsets);
+  return out_region_ ? out_region_(out) : out;
 }
 
 SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU") {

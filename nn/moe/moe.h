@@ -48,6 +48,14 @@ class GroupedExperts : public Module {
   // How forward reads a weight (identity by default; expert parallelism's local shard of a
   // DTensor weight).
   void set_weight_view(std::function<Tensor(const Tensor&)> view) { view_ = std::move(view); }
+  // Tensor parallelism of the experts (each tp rank a slice of every expert's hidden width): the
+  // input through `in` (its gradient summed over tp), the partial outputs through `out` (summed
+  // over tp). Identity when unset.
+  void set_tensor_parallel_regions(std::function<Tensor(const Tensor&)> in,
+                                   std::function<Tensor(const Tensor&)> out) {
+    in_region_ = std::move(in);
+    out_region_ = std::move(out);
+  }
   void reset_parameters() override;
   const Tensor& w1() const { return w1_; }
   const Tensor& w2() const { return w2_; }
@@ -57,7 +65,7 @@ class GroupedExperts : public Module {
   uint64_t seed_;
   Tensor &w1_, &w2_, &w3_;
   std::vector<int64_t> offsets_;
-  std::function<Tensor(const Tensor&)> view_;
+  std::function<Tensor(const Tensor&)> view_, in_region_, out_region_;
 };
 
 // A dense SwiGLU feed-forward (the shared experts): w2(silu(w1 x) * w3 x).

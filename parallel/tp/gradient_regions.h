@@ -2,7 +2,8 @@
 // value every tp rank holds whole (replicated) that each rank then uses for its own heads only,
 // so each rank's gradient of it is a partial sum. copy_to_tensor_parallel_region passes the value
 // through and, in backward, sums its gradient over the tp group (one all-reduce), giving every
-// rank the whole gradient (latent attention's rotary key, shared by every head).
+// rank the whole gradient (latent attention's rotary key, shared by every head; a tp-split
+// expert's input).
 #pragma once
 
 #include <memory>
@@ -14,5 +15,9 @@ namespace loom::tp {
 
 // Identity forward; backward all-reduces the gradient (sum) over the 1-D `tp_mesh`.
 Tensor copy_to_tensor_parallel_region(const Tensor& x, std::shared_ptr<const DeviceMesh> tp_mesh);
+// Megatron's "g": forward all-reduces (sum) the tp ranks' partial results, backward passes the
+// gradient through (every rank's partial result took part whole).
+Tensor reduce_from_tensor_parallel_region(const Tensor& x,
+                                          std::shared_ptr<const DeviceMesh> tp_mesh);
 
 }  // namespace loom::tp

@@ -166,7 +166,8 @@ TEST(LatentAttentionTest, ParameterCountIsTheModelsOwn) {
   }
 }
 
-// A Llama with MLA (and llama-moe-tiny's MoE layer) on layouts against one rank.
+// A Llama with MLA and a MoE layer with a shared expert on layouts against one rank (under tp the
+// experts' hidden width and the shared expert split over tp too).
 constexpr int kSteps = 4;
 constexpr int64_t kBatch = 4, kSeq = 32;
 
@@ -175,7 +176,7 @@ gpt_run::Result train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims
                          bool sequence_parallel = true) {
   LlamaConfig c = mla_config(true);
   c.n_layers = 2;
-  c.moe = nn::MoEOptions{.num_experts = 4, .top_k = 2, .hidden_dim = 16};
+  c.moe = nn::MoEOptions{.num_experts = 4, .top_k = 2, .hidden_dim = 16, .num_shared_experts = 1};
   c.moe_dense_layers = 1;
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{.dims = dims,
