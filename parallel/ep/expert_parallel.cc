@@ -70,12 +70,20 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
              const std::vector<int64_t>& offsets) override {
     const auto& group = mesh_->group(0);
     const int64_t ep = group->size(), local = experts_ / ep;
-    // 1. Per-expert slot counts: to rank j, this rank's counts for j's experts.
+    // The experts of coordinate c along ep (distribute_tensor's Shard(0)) live on group rank
+    // group_ranks_by_coordinate(0)[c]: the same unless the mesh's rank list runs backwards.
+    const std::vector<int>& rank_of = mesh_->group_ranks_by_coordinate(0);
+    std::vector<int64_t> coordinate_of(ep);
+    for (int64_t c = 0; c < ep; ++c) coordinate_of[rank_of[c]] = c;
+    const int64_t me = mesh_->coordinate(0);
+    const auto first_row = [&](int64_t c) { return offsets[c * local]; };
+    // 1. Per-expert slot counts: to group rank j, this rank's counts for j's experts.
     std::vector<Tensor> counts_out, counts_in;
     for (int64_t j = 0; j < ep; ++j) {
+      const int64_t c = coordinate_of[j];
       std::vector<int64_t> mine(local);
       for (int64_t l = 0; l < local; ++l) {
-        mine[l] = offsets[j * local + l + 1] - offsets[j * local + l];
+        mine[l] = offsets[c * local + l + 1] - offsets[c * local + l];
       }
       counts_out.push_back(ops::to(ops::from_vector_i64(mine, {local}), sorted.device()));
       counts_in.push_back(ops::empty({local}, kInt64, sorted.device()));
@@ -86,7 +94,6 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
     }
     std::vector<std::vector<int64_t>> from(ep);  // from[j][l]: rank j's slots for local expert l
     std::vector<int64_t> send(ep), receive(ep);
-    const int64_t me = group->rank();
     for (int64_t j = 0; j < ep; ++j) {
       if (sorted.device().is_meta()) {
         // A traced step (loom plan) has no counts: every rank is taken to route as this one
@@ -99,10 +106,30 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
         from[j].assign(c.begin(), c.end());
       }
       receive[j] = std::accumulate(from[j].begin(), from[j].end(), int64_t{0});
-      send[j] = offsets[(j + 1) * local] - offsets[j * local];
+      const int64_t c = coordinate_of[j];
+      send[j] = first_row(c + 1) - first_row(c);
     }
+    const auto gather = [&](const Tensor& x, const std::vector<int64_t>& rows) {
+      return ops::embedding(
+          x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}), x.device()));
+    };
+    // The rows in group-rank order of their experts' ranks (the expert order itself, unless the
+    // ranks run backwards along ep), and the way back.
+    bool in_order = true;
+    for (int64_t j = 0; j < ep; ++j) in_order = in_order && coordinate_of[j] == j;
+    std::vector<int64_t> to_group, from_group;
+    if (!in_order) {
+      for (int64_t j = 0; j < ep; ++j) {
+        const int64_t c = coordinate_of[j];
+        for (int64_t row = first_row(c); row < first_row(c + 1); ++row) to_group.push_back(row);
+      }
+      from_group.resize(to_group.size());
+      for (size_t i = 0; i < to_group.size(); ++i)
+        from_group[to_group[i]] = static_cast<int64_t>(i);
+    }
+    const Tensor outgoing = in_order ? sorted : gather(sorted, to_group);
     // 2. Dispatch: rows to their experts' ranks; received in (source rank, local expert) order.
-    const Tensor received = all_to_all_rows(sorted, group, send, receive);
+    const Tensor received = all_to_all_rows(outgoing, group, send, receive);
     // 3. Into (local expert, source rank) order for the grouped GEMMs, and back afterwards.
     std::vector<int64_t> source_start(ep + 1, 0);
     for (int64_t j = 0; j < ep; ++j) source_start[j + 1] = source_start[j] + receive[j];
@@ -118,15 +145,12 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
     }
     std::vector<int64_t> back(by_expert.size());
     for (size_t i = 0; i < by_expert.size(); ++i) back[by_expert[i]] = static_cast<int64_t>(i);
-    const auto gather = [&](const Tensor& x, const std::vector<int64_t>& rows) {
-      return ops::embedding(
-          x, ops::to(ops::from_vector_i64(rows, {static_cast<int64_t>(rows.size())}), x.device()));
-    };
     const Tensor expert_rows = gather(received, by_expert);
     experts.set_group_offsets(local_offsets);
     const Tensor out = experts(expert_rows);  // this rank's experts (their local shards)
     // 4. Combine: each output row back to the rank its token lives on.
-    return all_to_all_rows(gather(out, back), group, receive, send);
+    const Tensor returned = all_to_all_rows(gather(out, back), group, receive, send);
+    return in_order ? returned : gather(returned, from_group);
   }
 
  private:

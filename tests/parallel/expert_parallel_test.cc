@@ -45,11 +45,16 @@ MoERun run_moe(nn::MoE& moe, const Tensor& x0, const Tensor& g) {
   return r;
 }
 
-void check(int ep, const nn::MoEOptions& options, const std::string& what) {
+void check(int ep, const nn::MoEOptions& options, const std::string& what, bool backwards = false) {
   SCOPED_TRACE(what);
   comm::testing::run_on_ranks(ep, [&](comm::ProcessGroup& pg) {
+    // `backwards`: the mesh's rank list reversed, so coordinate c is world rank ep - 1 - c and
+    // the experts of coordinate c live on another group rank than c.
+    std::vector<int> ranks(ep);
+    for (int r = 0; r < ep; ++r) ranks[r] = backwards ? ep - 1 - r : r;
     const auto mesh = std::make_shared<const DeviceMesh>(
-        pg.shared_from_this(), std::vector<std::string>{"ep"}, std::vector<int64_t>{ep});
+        pg.shared_from_this(), std::vector<std::string>{"ep"}, std::vector<int64_t>{ep}, ranks);
+    const int64_t coordinate = mesh->coordinate(0);
     const auto input = [](int rank) { return ops::normal({1, kTokens, kDim}, 100 + rank); };
     const auto upstream = [](int rank) { return ops::normal({1, kTokens, kDim}, 200 + rank); };
     // The reference: the whole MoE on each rank's tokens; expert gradients summed over ranks.
@@ -77,7 +82,7 @@ void check(int ep, const nn::MoEOptions& options, const std::string& what) {
     for (const auto& [name, grad] : got.grads) {
       const bool expert = name.rfind("experts.", 0) == 0;
       const Tensor want =
-          expert ? ops::narrow(summed.at(name), 0, pg.rank() * local, local) : mine.grads.at(name);
+          expert ? ops::narrow(summed.at(name), 0, coordinate * local, local) : mine.grads.at(name);
       testing::expect_close(
           {.actual = grad, .expected = want, .tol = tol, .what = "gradient of " + name});
     }
@@ -107,6 +112,11 @@ TEST(ExpertParallelTest, Ep2AndEp4EqualOneRank) {
   const nn::MoEOptions options{.num_experts = 8, .top_k = 2, .hidden_dim = 8};
   check(2, options, "ep2 softmax top-2");
   check(4, options, "ep4 softmax top-2");
+}
+
+TEST(ExpertParallelTest, AMeshWhoseRanksRunBackwards) {
+  check(2, {.num_experts = 4, .top_k = 2, .hidden_dim = 8}, "ep2, ranks [1, 0]", true);
+  check(4, {.num_experts = 8, .top_k = 2, .hidden_dim = 8}, "ep4, ranks [3, 2, 1, 0]", true);
 }
 
 TEST(ExpertParallelTest, SigmoidSharedExpertsCapacityAndTopKOfAll) {
