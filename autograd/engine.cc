@@ -1,7 +1,9 @@
 #include "autograd/engine.h"
 
+#include <functional>
 #include <queue>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
@@ -60,14 +62,20 @@ void queue_backward_callback(std::function<void()> callback) {
 bool backward_running() { return pending_callbacks != nullptr; }
 }  // namespace autograd
 
-void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-              bool retain_graph) {
+namespace {
+
+// One backward's graph: every node reachable from the roots, how many edges still point at each,
+// and the gradients collected for each so far.
+struct Graph {
+  std::unordered_map<Node*, int> dependencies;
+  std::vector<std::shared_ptr<Node>> visited;  // keeps nodes alive, and lists them for release
+  std::unordered_map<Node*, InputBuffer> buffers;
+};
+
+std::shared_ptr<Graph> discover(const std::vector<Tensor>& roots,
+                                const std::vector<Tensor>& grads) {
   LOOM_CHECK(roots.size() == grads.size(), "backward: got {} roots but {} seed gradients",
              roots.size(), grads.size());
-  // Backward formulas run plain ops; nothing inside records a graph.
-  NoGradGuard no_grad;
-  profiler::Scope scope("autograd::backward");  // the ops it runs are timed inside it
-
   std::vector<Edge> root_edges;
   std::vector<Tensor> seeds;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -94,60 +102,62 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     root_edges.push_back(autograd::gradient_edge(root));
     seeds.push_back(seed);
   }
-
   // Count, for every reachable node, how many edges point at it.
-  std::unordered_map<Node*, int> dependencies;
-  std::vector<std::shared_ptr<Node>> visited;  // keeps nodes alive, and lists them for release
-  {
-    std::vector<Node*> stack;
-    for (const Edge& edge : root_edges) {
-      if (edge.valid() && !dependencies.count(edge.node.get())) {
-        dependencies[edge.node.get()] = 0;
-        visited.push_back(edge.node);
-        stack.push_back(edge.node.get());
-      }
+  auto graph = std::make_shared<Graph>();
+  std::vector<Node*> stack;
+  for (const Edge& edge : root_edges) {
+    if (edge.valid() && !graph->dependencies.count(edge.node.get())) {
+      graph->dependencies[edge.node.get()] = 0;
+      graph->visited.push_back(edge.node);
+      stack.push_back(edge.node.get());
     }
-    while (!stack.empty()) {
-      Node* node = stack.back();
-      stack.pop_back();
-      for (const Edge& next : node->next_edges()) {
-        if (!next.valid()) continue;
-        auto [it, inserted] = dependencies.try_emplace(next.node.get(), 0);
-        ++it->second;
-        if (inserted) {
-          visited.push_back(next.node);
-          stack.push_back(next.node.get());
-        }
+  }
+  while (!stack.empty()) {
+    Node* node = stack.back();
+    stack.pop_back();
+    for (const Edge& next : node->next_edges()) {
+      if (!next.valid()) continue;
+      auto [it, inserted] = graph->dependencies.try_emplace(next.node.get(), 0);
+      ++it->second;
+      if (inserted) {
+        graph->visited.push_back(next.node);
+        stack.push_back(next.node.get());
       }
     }
   }
+  for (size_t i = 0; i < root_edges.size(); ++i) {
+    if (!root_edges[i].valid()) continue;
+    graph->buffers[root_edges[i].node.get()].add(root_edges[i].input_nr, seeds[i]);
+  }
+  return graph;
+}
 
-  // A backward run inside another's node (an activation checkpoint's recompute) queues its
-  // callbacks to the outer one: they run once, when the whole backward is done.
+// Runs, as their inputs complete, the nodes of `graph` that `admitted` accepts (every node when it
+// is empty); a node it does not accept keeps its gradients and remaining count in `graph` for a
+// later run. Callbacks queued meanwhile run at the end (or go to the backward this one runs
+// inside: an activation checkpoint's recompute).
+void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool retain_graph) {
+  NoGradGuard no_grad;  // backward formulas run plain ops; nothing inside records a graph
+  profiler::Scope scope("autograd::backward");  // the ops it runs are timed inside it
   std::vector<std::function<void()>> callbacks;
   auto* outer_callbacks = pending_callbacks;
-  const bool nested = outer_callbacks != nullptr;
-  if (!nested) pending_callbacks = &callbacks;
+  if (outer_callbacks == nullptr) pending_callbacks = &callbacks;
   struct RestoreCallbacks {
     std::vector<std::function<void()>>* outer;
     ~RestoreCallbacks() { pending_callbacks = outer; }
   } restore{outer_callbacks};
 
-  std::unordered_map<Node*, InputBuffer> buffers;
+  const auto runs = [&](Node* node) { return !admitted || admitted(node); };
   std::priority_queue<NodeTask> ready;
-  for (size_t i = 0; i < root_edges.size(); ++i) {
-    if (!root_edges[i].valid()) continue;
-    buffers[root_edges[i].node.get()].add(root_edges[i].input_nr, seeds[i]);
+  for (const auto& [node, count] : graph.dependencies) {
+    if (count == 0 && runs(node)) ready.push({node});
   }
-  for (const auto& [node, count] : dependencies) {
-    if (count == 0) ready.push({node});
-  }
-
   while (!ready.empty()) {
     Node* node = ready.top().node;
     ready.pop();
-    InputBuffer buffer = std::move(buffers[node]);
-    buffers.erase(node);
+    InputBuffer buffer = std::move(graph.buffers[node]);
+    graph.buffers.erase(node);
+    graph.dependencies.erase(node);
     buffer.grads.resize(node->num_outputs());
     for (uint32_t slot = 0; slot < buffer.grads.size(); ++slot) {
       if (buffer.grads[slot].defined()) {
@@ -164,15 +174,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
       const Edge& edge = edges[i];
       if (!edge.valid()) continue;
       if (i < input_grads.size() && input_grads[i].defined()) {
-        buffers[edge.node.get()].add(edge.input_nr, input_grads[i]);
+        graph.buffers[edge.node.get()].add(edge.input_nr, input_grads[i]);
       }
-      if (--dependencies[edge.node.get()] == 0) ready.push({edge.node.get()});
-    }
-  }
-
-  if (!retain_graph) {
-    for (const auto& node : visited) {
-      if (!node->reusable()) node->release();
+      if (--graph.dependencies[edge.node.get()] == 0 && runs(edge.node.get())) {
+        ready.push({edge.node.get()});
+      }
     }
   }
   // Callbacks may queue more callbacks; run until none are left.
@@ -181,6 +187,93 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
     callback();
   }
 }
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+              bool retain_graph) {
+  std::shared_ptr<Graph> graph = discover(roots, grads);
+  execute(*graph, {}, retain_graph);
+  if (!retain_graph) {
+    for (const auto& node : graph->visited) {
+      if (!node->reusable()) node->release();
+    }
+  }
+}
+
+namespace autograd {
+
+struct WeightBackward::State {
+  std::shared_ptr<Graph> graph;
+  std::unordered_set<Node*> deferred;  // the nodes W runs
+  bool done = false;
+};
+
+WeightBackward::WeightBackward(std::shared_ptr<State> state) : state_(std::move(state)) {}
+WeightBackward::WeightBackward() = default;
+WeightBackward::~WeightBackward() = default;
+WeightBackward::WeightBackward(WeightBackward&&) noexcept = default;
+WeightBackward& WeightBackward::operator=(WeightBackward&&) noexcept = default;
+
+bool WeightBackward::done() const { return state_ == nullptr || state_->done; }
+
+void WeightBackward::run() {
+  LOOM_CHECK(state_ != nullptr, "WeightBackward::run: no deferred backward (default-constructed)");
+  LOOM_CHECK(!state_->done, "WeightBackward::run: the weights' backward already ran; it runs once");
+  state_->done = true;
+  State& s = *state_;
+  for (Node* node : s.deferred) {
+    LOOM_CHECK(!node->released(),
+               "WeightBackward::run: the graph's saved tensors were freed before W ran (a "
+               "backward through the same graph since backward_input?); W needs them");
+  }
+  execute(
+      *s.graph, [&s](Node* node) { return s.deferred.count(node) > 0; }, false);
+  for (const auto& node : s.graph->visited) {
+    if (s.deferred.count(node.get()) && !node->reusable()) node->release();
+  }
+  s.graph.reset();  // W's nodes and their inputs go now
+}
+
+WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                              const std::vector<Tensor>& inputs) {
+  std::shared_ptr<Graph> graph = discover(roots, grads);
+  // B: the nodes from which some input's gradient node is reachable (every path to an input runs
+  // now); W: the rest (only weights behind them).
+  std::unordered_set<Node*> targets;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& input = inputs[i];
+    LOOM_CHECK(input.defined() && input.requires_grad(),
+               "backward_input: input {} ({}) does not require grad; B computes the gradients "
+               "of inputs that do",
+               i, input.defined() ? input.description() : "undefined");
+    const Edge edge = gradient_edge(input);
+    if (edge.valid()) targets.insert(edge.node.get());
+  }
+  std::unordered_map<Node*, bool> leads;  // memo: does a path from this node reach a target?
+  std::function<bool(Node*)> reaches = [&](Node* node) {
+    if (auto it = leads.find(node); it != leads.end()) return it->second;
+    leads[node] = targets.count(node) > 0;  // (a graph is acyclic; this also stops revisits)
+    bool any = targets.count(node) > 0;
+    for (const Edge& next : node->next_edges()) {
+      if (next.valid() && reaches(next.node.get())) any = true;
+    }
+    return leads[node] = any;
+  };
+  auto state = std::make_shared<WeightBackward::State>();
+  for (const auto& node : graph->visited) {
+    if (!reaches(node.get())) state->deferred.insert(node.get());
+  }
+  execute(
+      *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false);
+  for (const auto& node : graph->visited) {
+    if (!state->deferred.count(node.get()) && !node->reusable()) node->release();
+  }
+  state->graph = std::move(graph);
+  return WeightBackward(std::move(state));
+}
+
+}  // namespace autograd
 
 void backward(const Tensor& root, const Tensor& grad, bool retain_graph) {
   backward(std::vector<Tensor>{root}, std::vector<Tensor>{grad}, retain_graph);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -28,6 +29,33 @@ namespace autograd {
 void queue_backward_callback(std::function<void()> callback);
 // Whether a backward pass is running on this thread (a checkpoint's recompute runs inside one).
 bool backward_running();
+
+// Split backward (zero-bubble pipelines' B and W, Qi et al. 2023): backward_input runs now only
+// the part of the roots' backward that leads to `inputs` (leaves that require grad; their
+// gradients accumulate into .grad as backward's do) — B — and returns the rest — W: the nodes
+// that lead to nothing but other leaves (the weights), with the gradients B sent them. W keeps
+// alive what those nodes saved (the activations their weight gradients need; B's own nodes are
+// freed as they run) and the gradients waiting for them; run() computes the weights' gradients
+// once, firing their hooks (DDP's buckets, FSDP's reduce-scatters) and the callbacks queued
+// meanwhile, then frees all of it. Together B then W give the gradients one backward gives.
+class WeightBackward {
+ public:
+  struct State;
+  WeightBackward();
+  explicit WeightBackward(std::shared_ptr<State> state);
+  ~WeightBackward();
+  WeightBackward(WeightBackward&&) noexcept;
+  WeightBackward& operator=(WeightBackward&&) noexcept;
+  // Runs W. Throws naming the cause when it ran already, or when the graph's saved tensors were
+  // freed since B (another backward through it).
+  void run();
+  bool done() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                              const std::vector<Tensor>& inputs);
 }  // namespace autograd
 
 }  // namespace loom

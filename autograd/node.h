@@ -45,6 +45,8 @@ class Node {
   virtual std::string name() const = 0;
   // Frees saved tensors once backward no longer needs them (retain_graph = false).
   virtual void release() {}
+  // Whether release() freed what apply needs (a second apply then throws).
+  virtual bool released() const { return false; }
   // A node that saves nothing may run in several backward passes: mixed precision's weight
   // casts (nn/mixed_precision.h), shared by the microbatches of a step. The engine never
   // releases it; it goes with the last tensor that holds it.
@@ -93,6 +95,7 @@ class FunctionNode final : public Node {
   std::vector<Tensor> apply(std::vector<Tensor> grad_outputs) override;
   std::string name() const override { return name_; }
   void release() override;
+  bool released() const override { return released_; }
 
  private:
   std::string name_;
