@@ -49,10 +49,16 @@ Tensor apply_output_hooks(Node* node, uint32_t slot, Tensor grad) {
 
 // Callbacks queued during the backward running on this thread (nullptr: none running).
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
+// The edges the node now running must produce (nullptr: all).
+thread_local const std::vector<bool>* wanted_edges = nullptr;
 
 }  // namespace
 
 namespace autograd {
+bool needs_input_grad(size_t i) {
+  return wanted_edges == nullptr || (i < wanted_edges->size() && (*wanted_edges)[i]);
+}
+
 void queue_backward_callback(std::function<void()> callback) {
   LOOM_CHECK(pending_callbacks != nullptr,
              "queue_backward_callback: no backward pass is running on this thread");
@@ -132,11 +138,20 @@ std::shared_ptr<Graph> discover(const std::vector<Tensor>& roots,
   return graph;
 }
 
+// A split backward's nodes that lead both to the chosen inputs and to weights: run in B for
+// their input edges and again in W for their weight edges, with the gradients they got once.
+struct TwoSided {
+  std::vector<bool> b_edges, w_edges;  // which next edges each run produces
+  std::vector<Tensor> grads;           // their incoming gradients, hooks applied (B keeps them)
+};
+
 // Runs, as their inputs complete, the nodes of `graph` that `admitted` accepts (every node when it
 // is empty); a node it does not accept keeps its gradients and remaining count in `graph` for a
-// later run. Callbacks queued meanwhile run at the end (or go to the backward this one runs
+// later run. `two_sided` nodes run for the edges of `side` (true: B's, false: W's) only, and in B
+// are kept for W. Callbacks queued meanwhile run at the end (or go to the backward this one runs
 // inside: an activation checkpoint's recompute).
-void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool retain_graph) {
+void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool retain_graph,
+             std::unordered_map<Node*, TwoSided>* two_sided = nullptr, bool b_side = true) {
   NoGradGuard no_grad;  // backward formulas run plain ops; nothing inside records a graph
   profiler::Scope scope("autograd::backward");  // the ops it runs are timed inside it
   std::vector<std::function<void()>> callbacks;
@@ -152,27 +167,54 @@ void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool reta
   for (const auto& [node, count] : graph.dependencies) {
     if (count == 0 && runs(node)) ready.push({node});
   }
+  if (two_sided != nullptr && !b_side) {  // W: the two-sided nodes again, their gradients kept
+    for (const auto& [node, sides] : *two_sided) ready.push({node});
+  }
   while (!ready.empty()) {
     Node* node = ready.top().node;
     ready.pop();
-    InputBuffer buffer = std::move(graph.buffers[node]);
-    graph.buffers.erase(node);
-    graph.dependencies.erase(node);
-    buffer.grads.resize(node->num_outputs());
-    for (uint32_t slot = 0; slot < buffer.grads.size(); ++slot) {
-      if (buffer.grads[slot].defined()) {
-        buffer.grads[slot] = apply_output_hooks(node, slot, std::move(buffer.grads[slot]));
-      }
+    TwoSided* sides = nullptr;
+    if (two_sided != nullptr) {
+      if (auto it = two_sided->find(node); it != two_sided->end()) sides = &it->second;
     }
-    std::vector<Tensor> input_grads = node->apply(std::move(buffer.grads));
-    // Its saved tensors are not needed again (each node runs once per backward): freed now, as
-    // PyTorch does, so a backward's memory falls as it goes instead of holding every
-    // activation until it ends.
-    if (!retain_graph && !node->reusable()) node->release();
+    std::vector<Tensor> grads;
+    if (sides != nullptr && !b_side) {
+      grads = std::move(sides->grads);
+    } else {
+      InputBuffer buffer = std::move(graph.buffers[node]);
+      graph.buffers.erase(node);
+      graph.dependencies.erase(node);
+      buffer.grads.resize(node->num_outputs());
+      for (uint32_t slot = 0; slot < buffer.grads.size(); ++slot) {
+        if (buffer.grads[slot].defined()) {
+          buffer.grads[slot] = apply_output_hooks(node, slot, std::move(buffer.grads[slot]));
+        }
+      }
+      grads = std::move(buffer.grads);
+      if (sides != nullptr) sides->grads = grads;  // W runs it again with these
+    }
+    const std::vector<bool>* edges_wanted =
+        sides == nullptr ? nullptr : (b_side ? &sides->b_edges : &sides->w_edges);
+    std::vector<Tensor> input_grads;
+    {
+      const std::vector<bool>* outer = wanted_edges;
+      wanted_edges = edges_wanted;
+      struct Restore {
+        const std::vector<bool>* outer;
+        ~Restore() { wanted_edges = outer; }
+      } restore_wanted{outer};
+      input_grads = node->apply(std::move(grads));
+    }
+    // Its saved tensors are not needed again (each node runs once per backward; a two-sided one
+    // once per side): freed now, as PyTorch does, so a backward's memory falls as it goes instead
+    // of holding every activation until it ends.
+    const bool kept_for_w = sides != nullptr && b_side;
+    if (!retain_graph && !node->reusable() && !kept_for_w) node->release();
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& edge = edges[i];
       if (!edge.valid()) continue;
+      if (edges_wanted != nullptr && !(*edges_wanted)[i]) continue;  // the other side's
       if (i < input_grads.size() && input_grads[i].defined()) {
         graph.buffers[edge.node.get()].add(edge.input_nr, input_grads[i]);
       }
@@ -205,7 +247,8 @@ namespace autograd {
 
 struct WeightBackward::State {
   std::shared_ptr<Graph> graph;
-  std::unordered_set<Node*> deferred;  // the nodes W runs
+  std::unordered_set<Node*> deferred;             // the nodes only W runs
+  std::unordered_map<Node*, TwoSided> two_sided;  // run by both, each for its own edges
   bool done = false;
 };
 
@@ -222,17 +265,22 @@ void WeightBackward::run() {
   LOOM_CHECK(!state_->done, "WeightBackward::run: the weights' backward already ran; it runs once");
   state_->done = true;
   State& s = *state_;
-  for (Node* node : s.deferred) {
+  std::vector<Node*> needed(s.deferred.begin(), s.deferred.end());
+  for (const auto& [node, sides] : s.two_sided) needed.push_back(node);
+  for (Node* node : needed) {
     LOOM_CHECK(!node->released(),
                "WeightBackward::run: the graph's saved tensors were freed before W ran (a "
                "backward through the same graph since backward_input?); W needs them");
   }
   execute(
-      *s.graph, [&s](Node* node) { return s.deferred.count(node) > 0; }, false);
+      *s.graph, [&s](Node* node) { return s.deferred.count(node) > 0; }, false, &s.two_sided,
+      /*b_side=*/false);
   for (const auto& node : s.graph->visited) {
-    if (s.deferred.count(node.get()) && !node->reusable()) node->release();
+    const bool w_ran = s.deferred.count(node.get()) || s.two_sided.count(node.get());
+    if (w_ran && !node->reusable()) node->release();
   }
   s.graph.reset();  // W's nodes and their inputs go now
+  s.two_sided.clear();
 }
 
 WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
@@ -264,10 +312,28 @@ WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vecto
   for (const auto& node : graph->visited) {
     if (!reaches(node.get())) state->deferred.insert(node.get());
   }
-  execute(
-      *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false);
+  // A B node with edges into W's nodes (a matmul's weight side): B runs its input edges, W its
+  // weight edges.
   for (const auto& node : graph->visited) {
-    if (!state->deferred.count(node.get()) && !node->reusable()) node->release();
+    if (state->deferred.count(node.get())) continue;
+    const auto& edges = node->next_edges();
+    TwoSided sides{
+        std::vector<bool>(edges.size(), false), std::vector<bool>(edges.size(), false), {}};
+    bool any_w = false;
+    for (size_t i = 0; i < edges.size(); ++i) {
+      if (!edges[i].valid()) continue;
+      const bool w = state->deferred.count(edges[i].node.get()) > 0;
+      (w ? sides.w_edges : sides.b_edges)[i] = true;
+      any_w = any_w || w;
+    }
+    if (any_w) state->two_sided.emplace(node.get(), std::move(sides));
+  }
+  execute(
+      *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false,
+      &state->two_sided, /*b_side=*/true);
+  for (const auto& node : graph->visited) {
+    const bool b_only = !state->deferred.count(node.get()) && !state->two_sided.count(node.get());
+    if (b_only && !node->reusable()) node->release();
   }
   state->graph = std::move(graph);
   return WeightBackward(std::move(state));

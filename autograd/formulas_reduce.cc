@@ -96,11 +96,11 @@ void register_reduction_formulas(FormulaTable& f) {
             g2 = ops::reshape(g2, product);
           }
           Tensor grad_a, grad_b;
-          if (a.requires_grad()) {
+          if (a.requires_grad() && needs_input_grad(0)) {
             grad_a = ops::sum_to(ops::matmul(g2, ops::transpose(b2, -1, -2)), a2.shape());
             if (promoted) grad_a = ops::reshape(grad_a, a.shape());
           }
-          if (b.requires_grad()) {
+          if (b.requires_grad() && needs_input_grad(1)) {
             const auto a_rows = !promoted && b2.dim() == 2 && a2.dim() > 2 && g2.dim() == a2.dim()
                                     ? rows_shape(a2)
                                     : std::nullopt;
@@ -129,12 +129,12 @@ void register_reduction_formulas(FormulaTable& f) {
           const int64_t n = weight.size(0), k = weight.size(1);
           const Tensor rows = ops::reshape(g[0], {g[0].numel() / std::max<int64_t>(n, 1), n});
           Grads grads(3);
-          if (input.requires_grad()) grads[0] = ops::matmul(g[0], weight);
-          if (weight.requires_grad()) {
+          if (input.requires_grad() && needs_input_grad(0)) grads[0] = ops::matmul(g[0], weight);
+          if (weight.requires_grad() && needs_input_grad(1)) {
             grads[1] =
                 ops::matmul(ops::transpose(rows, 0, 1), ops::reshape(input, {rows.size(0), k}));
           }
-          if (bias_grad) grads[2] = ops::sum(rows, {0});
+          if (bias_grad && needs_input_grad(2)) grads[2] = ops::sum(rows, {0});
           return grads;
         });
   };

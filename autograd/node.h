@@ -32,6 +32,12 @@ using GradHook = std::function<Tensor(const Tensor&)>;
 // Runs after a leaf's .grad has been updated, during backward.
 using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
+// Inside a node's apply: whether the engine wants the gradient of the node's input `i` (its next
+// edge i) from this run. Always true in a plain backward; a split backward (engine.h:
+// backward_input) runs a node whose inputs lead both to the chosen inputs and to weights twice,
+// once for each side. A formula may skip what is not wanted (the engine drops it anyway).
+bool needs_input_grad(size_t i);
+
 class Node {
  public:
   Node();

@@ -9,6 +9,7 @@
 #include "autograd/functions.h"
 #include "autograd/hooks.h"
 #include "base/error.h"
+#include "tensor/flop_counter.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
 #include "tests/testing/tensor_checks.h"
@@ -53,6 +54,29 @@ TEST(SplitBackwardTest, BThenWEqualsOneBackwardBitwise) {
       {.actual = split.w2.grad(), .expected = whole.w2.grad(), .what = "dw2"});
   testing::expect_bitwise_equal(
       {.actual = split.scale.grad(), .expected = whole.scale.grad(), .what = "dscale"});
+}
+
+// B computes only the products toward the input (each matmul's dX); W the weights' (dW): the
+// work W defers is what a zero-bubble schedule moves into the bubbles.
+TEST(SplitBackwardTest, BComputesTheInputSideOfEachProductAndWTheWeightSide) {
+  const Net n = make();
+  const Tensor loss = n.loss();
+  int64_t b_flops = 0, w_flops = 0;
+  autograd::WeightBackward w;
+  {
+    FlopCounter flops;
+    w = autograd::backward_input({loss}, {Tensor()}, {n.x});
+    b_flops = flops.total();
+  }
+  {
+    FlopCounter flops;
+    w.run();
+    w_flops = flops.total();
+  }
+  // x (4, 6) w1 (5, 6) -> h (4, 5); w2 (3, 5) -> (4, 3). B: dh = g w2 (4x3x5), dx = dh w1
+  // (4x5x6); W: dw2 = g^T h (3x4x5), dw1 = dh^T x (5x4x6). 2 FLOPs a multiply-add.
+  EXPECT_EQ(b_flops, 2 * (4 * 3 * 5 + 4 * 5 * 6));
+  EXPECT_EQ(w_flops, 2 * (3 * 4 * 5 + 5 * 4 * 6));
 }
 
 TEST(SplitBackwardTest, WFiresTheWeightsHooksAndItsCallbacksOnce) {
