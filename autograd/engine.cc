@@ -51,6 +51,9 @@ Tensor apply_output_hooks(Node* node, uint32_t slot, Tensor grad) {
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 // The edges the node now running must produce (nullptr: all).
 thread_local const std::vector<bool>* wanted_edges = nullptr;
+// Whether a split backward's B is running on this thread: a backward started inside it (an
+// activation checkpoint's recompute) would compute its block's weight gradients in B.
+thread_local bool in_split_input = false;
 
 }  // namespace
 
@@ -234,6 +237,10 @@ void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool reta
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {
+  LOOM_CHECK(!in_split_input,
+             "backward: a backward started inside a split backward's B (autograd::backward_input) "
+             "— an activation-checkpointed module's recompute; checkpointing inside a split "
+             "backward is not supported yet: turn activation checkpointing off for it");
   std::shared_ptr<Graph> graph = discover(roots, grads);
   execute(*graph, {}, retain_graph);
   if (!retain_graph) {
@@ -295,6 +302,11 @@ WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vecto
                "backward_input: input {} ({}) does not require grad; B computes the gradients "
                "of inputs that do",
                i, input.defined() ? input.description() : "undefined");
+    LOOM_CHECK(input.grad_fn() == nullptr,
+               "backward_input: input {} ({}) is not a leaf (it has a grad_fn); B accumulates "
+               "into leaves' .grad: pass a detached copy that requires grad, as a pipeline stage's "
+               "received input is",
+               i, input.description());
     const Edge edge = gradient_edge(input);
     if (edge.valid()) targets.insert(edge.node.get());
   }
@@ -328,9 +340,15 @@ WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vecto
     }
     if (any_w) state->two_sided.emplace(node.get(), std::move(sides));
   }
-  execute(
-      *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false,
-      &state->two_sided, /*b_side=*/true);
+  {
+    in_split_input = true;
+    struct Reset {
+      ~Reset() { in_split_input = false; }
+    } reset;
+    execute(
+        *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false,
+        &state->two_sided, /*b_side=*/true);
+  }
   for (const auto& node : graph->visited) {
     const bool b_only = !state->deferred.count(node.get()) && !state->two_sided.count(node.get());
     if (b_only && !node->reusable()) node->release();

@@ -95,7 +95,7 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
   // sequence parallelism its input is gathered to a plain tensor and its output taken back to
   // this rank's sequence shard (plain, as the residual stream is between the TP styles).
   // Expert tensor parallelism: every expert's hidden width split over tp (w1, w3 rows; w2
-  // columns), the partial outputs summed over tp; the shared experts as a dense layer's.
+  // columns), the partial outputs summed over tp.
   if (experts && options.expert_tensor_parallel) {
     for (const auto& layer : model.layers) {
       if (!layer->moe) continue;
@@ -117,12 +117,14 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
           [tp_mesh](const Tensor& x) { return copy_to_tensor_parallel_region(x, tp_mesh); },
           [tp_mesh](const Tensor& y) { return reduce_from_tensor_parallel_region(y, tp_mesh); });
     }
-    if (std::any_of(model.layers.begin(), model.layers.end(),
-                    [](const auto& l) { return l->moe && l->moe->shared_experts; })) {
-      plan.push_back({"layers.*.moe.shared_experts.w1", std::make_shared<ColwiseParallel>()});
-      plan.push_back({"layers.*.moe.shared_experts.w3", std::make_shared<ColwiseParallel>()});
-      plan.push_back({"layers.*.moe.shared_experts.w2", std::make_shared<RowwiseParallel>()});
-    }
+  }
+  // The shared experts are a dense SwiGLU every token passes: split over tp as one, with or
+  // without expert parallelism (which splits only the routed experts).
+  if (std::any_of(model.layers.begin(), model.layers.end(),
+                  [](const auto& l) { return l->moe && l->moe->shared_experts; })) {
+    plan.push_back({"layers.*.moe.shared_experts.w1", std::make_shared<ColwiseParallel>()});
+    plan.push_back({"layers.*.moe.shared_experts.w3", std::make_shared<ColwiseParallel>()});
+    plan.push_back({"layers.*.moe.shared_experts.w2", std::make_shared<RowwiseParallel>()});
   }
   if (experts && sp) {
     plan.push_back({"layers.*.moe", std::make_shared<PrepareModuleInput>(PrepareInputOptions{

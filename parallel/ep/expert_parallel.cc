@@ -170,6 +170,13 @@ void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh) {
              "holds experts / ep of them",
              ep, experts);
   if (ep == 1) return;
+  for (const Tensor& w : {moe.experts->w1(), moe.experts->w2(), moe.experts->w3()}) {
+    LOOM_CHECK(!is_dtensor(w),
+               "expert_parallel: the experts are already split ({}); expert parallelism takes "
+               "whole experts — lay out the model with expert tensor parallelism off "
+               "(TPPlanOptions::expert_tensor_parallel = false) when ep > 1",
+               w.description());
+  }
   // Every rank built all E experts alike (the same seed): each keeps its own slice, no message.
   const std::vector<std::pair<const char*, Tensor>> weights = {
       {"w1", moe.experts->w1()}, {"w2", moe.experts->w2()}, {"w3", moe.experts->w3()}};

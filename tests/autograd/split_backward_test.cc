@@ -119,6 +119,14 @@ TEST(SplitBackwardTest, AGraphFreedBeforeWAndAnInputWithoutGradAreNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("freed before W ran"), std::string::npos) << e.what();
   }
+  const Net k = make();
+  const Tensor inner = mul(k.x, 2.0);  // not a leaf
+  try {
+    autograd::backward_input({sum(inner)}, {Tensor()}, {inner});
+    ADD_FAILURE() << "a non-leaf input was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("is not a leaf"), std::string::npos) << e.what();
+  }
   const Net m = make();
   Tensor constant = ops::normal({4, 6}, 9);  // does not require grad
   try {

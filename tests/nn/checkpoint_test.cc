@@ -217,4 +217,22 @@ TEST(Checkpoint, ASecondBackwardThroughACheckpointIsRefusedByName) {
 }
 
 }  // namespace
+// A checkpointed module inside a split backward's B would recompute and run its own backward,
+// computing its weights' gradients in B: refused by name until the recompute splits too.
+TEST(Checkpoint, InsideASplitBackwardIsRefusedByName) {
+  auto linear = std::make_shared<Linear>(4, 3, LinearOptions{.seed = 1});
+  linear->set_checkpointed(true);
+  Tensor x = ops::normal({2, 4}, 2);
+  x.set_requires_grad(true);
+  const Tensor loss = sum((*linear)(x));
+  try {
+    autograd::backward_input({loss}, {Tensor()}, {x});
+    ADD_FAILURE() << "a checkpoint's recompute ran inside B";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpointing inside a split backward"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace loom::nn
