@@ -1,6 +1,7 @@
 #include "autograd/grouped_mm.h"
 
 #include "autograd/function.h"
+#include "autograd/node.h"
 #include "tensor/ops_grouped_mm.h"
 
 namespace loom {
