@@ -118,8 +118,10 @@ const std::vector<JobOption>& options() {
        "and gather it again in backward, as Megatron does (--no-sequence-parallel-regather: keep "
        "the gathered input, one all-gather fewer per block and step)",
        &C::sequence_parallel_regather},
-      {"parallel", "grad_accum", "micro-batches per step without a pipeline", &C::grad_accum,
-       Range::kPositive},
+      {"parallel", "grad_accum",
+       "micro-batches per optimizer step (with pp > 1: schedule runs per step, each splitting "
+       "its share into the microbatches)",
+       &C::grad_accum, Range::kPositive},
       {"parallel",
        "schedule",
        "with pp > 1: gpipe, 1f1b or interleaved",

@@ -28,16 +28,16 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
              "= {} x {} (dp = dp_replicate x dp_shard)",
              global_batch, dims.dp(), grad_accum);
   if (dims.pp > 1) {
-    LOOM_CHECK(grad_accum == 1,
-               "ParallelConfig: with pp {} the batch is already split into microbatches; use "
-               "grad_accum 1 (got {})",
-               dims.pp, grad_accum);
     ::loom::pipeline::schedule_by_name(
         pipeline.schedule, static_cast<int>(dims.pp), microbatches(),
         pipeline.virtual_stages);  // throws naming an unknown schedule
-    LOOM_CHECK((global_batch / dims.dp()) % microbatches() == 0,
-               "ParallelConfig: each dp rank's {} sequences do not split into {} microbatches",
-               global_batch / dims.dp(), microbatches());
+    // Each of the grad_accum pipeline steps of an optimizer step takes its share of the dp
+    // rank's sequences and splits it into the schedule's microbatches.
+    LOOM_CHECK(
+        (global_batch / dims.dp() / grad_accum) % microbatches() == 0,
+        "ParallelConfig: each dp rank's {} sequences over grad_accum {} do not split into {} "
+        "microbatches",
+        global_batch / dims.dp(), grad_accum, microbatches());
   } else {
     LOOM_CHECK(pipeline.microbatches <= 1 && pipeline.virtual_stages == 1,
                "ParallelConfig: microbatches and virtual_stages apply to pipelines (pp > 1); for "

@@ -16,8 +16,10 @@ namespace loom::train {
 
 struct ParallelConfig {
   ParallelDims dims;
-  models::TPPlanOptions tp_plan;       // sequence parallelism on by default (as torchtitan)
-  int grad_accum = 1;                  // micro-batches per step without a pipeline
+  models::TPPlanOptions tp_plan;  // sequence parallelism on by default (as torchtitan)
+  // Micro-batches per optimizer step without a pipeline; with one, schedule runs per step (each
+  // on its share of the batch, split into the schedule's microbatches).
+  int grad_accum = 1;
   pipeline::ScheduleOptions pipeline;  // with dims.pp > 1
   // bf16 compute over f32 master weights (optimizer, clipping and DDP stay f32); none: all f32.
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
@@ -34,7 +36,7 @@ struct ParallelConfig {
   // Throws loom::Error naming the field and the values when the layout cannot run a global batch
   // of `global_batch` sequences of `seq_len` tokens on `world_size` ranks: degrees that do not
   // multiply to the world, a batch that does not split over dp x grad_accum or into the
-  // microbatches, grad_accum with a pipeline, pipeline options without one, an unknown schedule,
+  // microbatches (per grad_accum share), pipeline options without one, an unknown schedule,
   // a sequence that does not split over tp under sequence parallelism.
   void validate(int64_t world_size, int64_t global_batch, int64_t seq_len) const;
 

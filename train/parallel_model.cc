@@ -143,20 +143,45 @@ class OneStageModel : public ParallelModel {
 class PipelinedModel : public ParallelModel {
  public:
   PipelinedModel(const models::ModelArgs& args, std::unique_ptr<pipeline::PipelineModel> model,
-                 std::shared_ptr<SequenceContext> sequence)
+                 std::shared_ptr<SequenceContext> sequence, int grad_accum)
       : files_(args),
         args_(args.clone()),
         model_(std::move(model)),
-        sequence_(std::move(sequence)) {}
+        sequence_(std::move(sequence)),
+        grad_accum_(grad_accum) {}
 
   void zero_grad() override { model_->zero_grad(); }
+  // grad_accum > 1: that many runs of the schedule, each on its share of the batch (in order),
+  // data parallelism and tied copies synchronizing after the last; the loss is their mean.
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
     SequenceContextGuard sharded(sequence_.get());
-    return model_->step(inputs, targets);
+    if (grad_accum_ == 1) return model_->step(inputs, targets);
+    LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
+               "forward_backward: {} sequences do not split into grad_accum {} pipeline steps",
+               inputs.size(0), grad_accum_);
+    const int64_t share = inputs.size(0) / grad_accum_;
+    double total = 0;
+    for (int k = 0; k < grad_accum_; ++k) {
+      total += model_->step(ops::narrow(inputs, 0, k * share, share),
+                            ops::narrow(targets, 0, k * share, share),
+                            {.sync_gradients = k + 1 == grad_accum_,
+                             .loss_scale = 1.0 / static_cast<double>(grad_accum_)});
+    }
+    return total / grad_accum_;
   }
   double evaluate(const Tensor& inputs, const Tensor& targets) override {
     SequenceContextGuard sharded(sequence_.get());
-    return model_->evaluate(inputs, targets);
+    if (grad_accum_ == 1 || inputs.size(0) % grad_accum_ != 0) {
+      return model_->evaluate(inputs, targets);
+    }
+    // In the training step's microbatches: the grad_accum shares, each split by the schedule.
+    const int64_t share = inputs.size(0) / grad_accum_;
+    double total = 0;
+    for (int k = 0; k < grad_accum_; ++k) {
+      total += model_->evaluate(ops::narrow(inputs, 0, k * share, share),
+                                ops::narrow(targets, 0, k * share, share));
+    }
+    return total / grad_accum_;
   }
   double clip_grad_norm(double max_norm) override { return model_->clip_grad_norm(max_norm); }
   std::vector<std::pair<std::string, Tensor>> named_parameters() const override {
@@ -195,6 +220,7 @@ class PipelinedModel : public ParallelModel {
   std::unique_ptr<models::ModelArgs> args_;
   std::unique_ptr<pipeline::PipelineModel> model_;
   std::shared_ptr<SequenceContext> sequence_;  // context parallelism; null without
+  int grad_accum_;
 };
 
 }  // namespace
@@ -302,7 +328,8 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
                                        .mixed_precision = parallel.mixed_precision,
                                        .activation_checkpoint = parallel.activation_checkpoint,
                                        .meta_init = parallel.meta_init});
-    return std::make_unique<PipelinedModel>(args, std::move(model), std::move(sequence));
+    return std::make_unique<PipelinedModel>(args, std::move(model), std::move(sequence),
+                                            parallel.grad_accum);
   }
   parallel::BuiltStage built = parallel::build_stage(
       {.make = [&] { return spec.make_stage(pipeline::StageRange::whole(args.n_layers())); },

@@ -138,7 +138,7 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
       // Auxiliary losses (MoE load balancing) on any stage enter as the loss does: / m.
       Tensor output;
       {
-        nn::AuxiliaryLossScale scale(1.0 / schedule_.num_microbatches);
+        nn::AuxiliaryLossScale scale(loss_scale_ / schedule_.num_microbatches);
         output = st.forward(mb, input);
       }
       if (st.is_last()) {
@@ -147,7 +147,8 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
                    "the loss function returned {} for microbatch {}; it must return a scalar",
                    loss.defined() ? loss.description() : "an undefined tensor", mb);
         losses_.at(mb) = detach(loss);  // read at the step's end: no host sync per microbatch
-        scaled_losses_.at(mb) = div(loss, static_cast<double>(schedule_.num_microbatches));
+        scaled_losses_.at(mb) =
+            mul(loss, loss_scale_ / static_cast<double>(schedule_.num_microbatches));
       }
       track_memory();
       break;
@@ -190,12 +191,17 @@ double PipelineExecutor::broadcast_mean_loss() {
   return std::bit_cast<double>(ops::to(bits, Device::cpu()).data<int64_t>()[0]);
 }
 
-double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets) {
+double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets, StepOptions options) {
+  LOOM_CHECK(options.loss_scale > 0, "PipelineExecutor::step: loss_scale must be positive, got {}",
+             options.loss_scale);
+  loss_scale_ = options.loss_scale;
   const auto start = std::chrono::steady_clock::now();
   stats_ = {};
   losses_.assign(schedule_.num_microbatches, Tensor());
   scaled_losses_.assign(schedule_.num_microbatches, Tensor());
-  for (const auto& stage : stages_) stage->begin_step(schedule_.num_microbatches);
+  for (const auto& stage : stages_) {
+    stage->begin_step(schedule_.num_microbatches, options.sync_gradients);
+  }
   const std::vector<Tensor> input_mbs =
       is_local(0) ? split(inputs, "inputs") : std::vector<Tensor>{};
   const std::vector<Tensor> target_mbs =

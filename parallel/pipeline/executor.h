@@ -63,7 +63,15 @@ class PipelineExecutor {
   PipelineExecutor(Schedule schedule, std::vector<std::shared_ptr<PipelineStage>> stages,
                    LossFn loss_fn);
 
-  double step(const Tensor& inputs, const Tensor& targets);
+  // One run of the schedule. With gradient accumulation over several runs per optimizer step,
+  // all but the last pass sync_gradients = false (data parallelism reduces on the last run's
+  // last microbatch only) and every run loss_scale = 1 / runs (the step's loss is their mean).
+  struct StepOptions {
+    bool sync_gradients = true;
+    double loss_scale = 1.0;
+  };
+  double step(const Tensor& inputs, const Tensor& targets, StepOptions options);
+  double step(const Tensor& inputs, const Tensor& targets) { return step(inputs, targets, {}); }
 
   const Schedule& schedule() const { return schedule_; }
   const StepStats& last_stats() const { return stats_; }
@@ -71,6 +79,7 @@ class PipelineExecutor {
  private:
   void run_action(const Action& action, const std::vector<Tensor>& inputs,
                   const std::vector<Tensor>& targets);
+  double loss_scale_ = 1.0;  // this run's share of the step's loss
   PipelineStage& stage(int index) const;
   bool is_local(int stage) const { return schedule_.rank_of_stage(stage) == pp_rank_; }
   std::vector<Tensor> split(const Tensor& batch, const char* what) const;

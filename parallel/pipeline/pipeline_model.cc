@@ -89,8 +89,14 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
 }
 
 double PipelineModel::step(const Tensor& inputs, const Tensor& targets) {
-  const double loss = executor_->step(inputs, targets);
-  if (spec_.after_step) spec_.after_step(*this);
+  return step(inputs, targets, PipelineExecutor::StepOptions{});
+}
+
+double PipelineModel::step(const Tensor& inputs, const Tensor& targets,
+                           PipelineExecutor::StepOptions options) {
+  const double loss = executor_->step(inputs, targets, options);
+  // Summing tied copies' gradients (after_step) once, on the accumulated gradients.
+  if (options.sync_gradients && spec_.after_step) spec_.after_step(*this);
   return loss;
 }
 

@@ -103,6 +103,9 @@ class PipelineModel {
   // over the batch on every pp rank. Gradients accumulate: zero_grad() first. The spec's
   // after_step runs last.
   double step(const Tensor& inputs, const Tensor& targets);
+  // One of several schedule runs of an optimizer step (gradient accumulation): after_step and
+  // data parallelism's reductions only when `options.sync_gradients` (the last run).
+  double step(const Tensor& inputs, const Tensor& targets, PipelineExecutor::StepOptions options);
   void zero_grad();
   // Global gradient norm over all stages and shards, clipped (the spec's not_counted left out).
   double clip_grad_norm(double max_norm);

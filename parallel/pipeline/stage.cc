@@ -65,8 +65,9 @@ int PipelineStage::group_rank_of_stage(int stage) const {
   return group_rank_by_pp_rank_.at(stage % pp_size());
 }
 
-void PipelineStage::begin_step(int num_microbatches) {
+void PipelineStage::begin_step(int num_microbatches, bool sync_gradients) {
   num_microbatches_ = num_microbatches;
+  sync_gradients_ = sync_gradients;
   backwards_done_ = 0;
   // Normally empty already; after a failed step, what it left behind is dropped (its sends'
   // Works keep their tensors alive until the group finishes or fails them).
@@ -185,7 +186,7 @@ void PipelineStage::backward(int mb, const Tensor& output_grad_or_loss) {
       if (state.sent.requires_grad()) loom::backward(state.sent, grad);
     };
   }
-  const bool last_microbatch = ++backwards_done_ == num_microbatches_;
+  const bool last_microbatch = ++backwards_done_ == num_microbatches_ && sync_gradients_;
   if (options_.around_backward) {
     options_.around_backward(last_microbatch, run);
   } else {

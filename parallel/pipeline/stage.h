@@ -78,7 +78,9 @@ class PipelineStage {
   // ---- the executor's per-action calls ----
   // Forgets the last step's activation shapes, receive timings and anything a failed step
   // left; call at the start of a step of `num_microbatches`.
-  void begin_step(int num_microbatches);
+  // `sync_gradients` false: this step's last microbatch does not synchronize data parallelism
+  // either (gradient accumulation over several steps; the last one does).
+  void begin_step(int num_microbatches, bool sync_gradients = true);
   // RECV_F: posts the receive of microbatch `mb`'s input (the step's first one first receives
   // and waits for the boundary's shape metadata).
   void post_recv_input(int mb);
@@ -146,6 +148,7 @@ class PipelineStage {
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;
+  bool sync_gradients_ = true;
   int backwards_done_ = 0;
 };
 

@@ -79,13 +79,17 @@ TEST(ParallelConfigTest, RejectsLayoutsTheBatchCannotRun) {
                         "4 x 1"));
   EXPECT_THAT(error({.dims = {.dp_replicate = 2}, .grad_accum = 3}, 2, 16, 64),
               HasSubstr("does not split over dp x grad_accum = 2 x 3"));
-  EXPECT_THAT(error({.dims = {.pp = 2}, .grad_accum = 2}, 2, 16, 64),
-              HasSubstr("with pp 2 the batch is already split into microbatches; use "
-                        "grad_accum 1 (got 2)"));
+  // Pipelines accumulate over several schedule runs: each run's share must split into the
+  // schedule's microbatches (pp 2: 2 by default).
+  EXPECT_NO_THROW((ParallelConfig{.dims = {.pp = 2}, .grad_accum = 2}).validate(2, 16, 64));
+  EXPECT_THAT(error({.dims = {.pp = 2}, .grad_accum = 3}, 2, 9, 64),
+              HasSubstr("each dp rank's 9 sequences over grad_accum 3 do not split into 2 "
+                        "microbatches"));
   EXPECT_THAT(error({.dims = {.pp = 2}, .pipeline = {.schedule = "zigzag"}}, 2, 16, 64),
               HasSubstr("zigzag"));
   EXPECT_THAT(error({.dims = {.pp = 2}, .pipeline = {.microbatches = 3}}, 2, 16, 64),
-              HasSubstr("each dp rank's 16 sequences do not split into 3 microbatches"));
+              HasSubstr("each dp rank's 16 sequences over grad_accum 1 do not split into 3 "
+                        "microbatches"));
   EXPECT_THAT(error({.pipeline = {.microbatches = 4}}, 1, 16, 64),
               HasSubstr("microbatches and virtual_stages apply to pipelines (pp > 1)"));
   EXPECT_THAT(error({.dims = {.tp = 2}}, 2, 16, 63),
