@@ -100,11 +100,24 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   Result result;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kGlobalBatch, kSeqLen);
-    const train::StepResult r = trainer.step(batch.inputs, batch.targets);
-    result.losses.push_back(r.loss);
-    result.grad_norms.push_back(r.grad_norm);
+    record_step(result, trainer.step(batch.inputs, batch.targets));
   }
-  for (const auto& [name, p] : model->named_parameters()) {
+  record_final_state(result, *model);
+  return result;
+}
+
+const Result& reference() {
+  static const Result r = train(nullptr);
+  return r;
+}
+
+void record_step(Result& result, const train::StepResult& step) {
+  result.losses.push_back(step.loss);
+  result.grad_norms.push_back(step.grad_norm);
+}
+
+void record_final_state(Result& result, const train::ParallelModel& model) {
+  for (const auto& [name, p] : model.named_parameters()) {
     result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
     const Tensor grad = p.grad();
     if (grad.defined())
@@ -113,12 +126,6 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
                                                        placements_str(dtensor_spec(p).placements))
                                          : "plain";
   }
-  return result;
-}
-
-const Result& reference() {
-  static const Result r = train(nullptr);
-  return r;
 }
 
 void expect_same(const Runs& runs) {

@@ -20,6 +20,8 @@
 #include "models/gpt/config.h"
 #include "models/gpt/plans.h"
 #include "train/parallel_dims.h"
+#include "train/parallel_model.h"
+#include "train/trainer.h"
 
 namespace loom::models::gpt_run {
 
@@ -42,6 +44,11 @@ struct Result {
   // or "plain".
   std::map<std::string, std::string> layouts;
 };
+
+// A step's loss and gradient norm appended to `result`; and the final parameters and gradients
+// `model` holds on this rank, gathered whole (DTensors' full values), with their layouts.
+void record_step(Result& result, const train::StepResult& step);
+void record_final_state(Result& result, const train::ParallelModel& model);
 
 // How the run is parallelized beyond the mesh's degrees (train::ParallelConfig's fields):
 // gradient accumulation (without pipelining), the TP plan, and the pipeline's schedule.

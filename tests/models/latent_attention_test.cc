@@ -189,14 +189,9 @@ gpt_run::Result train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims
   gpt_run::Result run;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, 11, step, *mesh, kBatch, kSeq, parallel.cp);
-    const auto result = trainer.step(batch.inputs, batch.targets);
-    run.losses.push_back(result.loss);
-    run.grad_norms.push_back(result.grad_norm);
+    models::gpt_run::record_step(run, trainer.step(batch.inputs, batch.targets));
   }
-  for (const auto& [name, p] : model->named_parameters()) {
-    run.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
-    run.grads[name] = ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
-  }
+  models::gpt_run::record_final_state(run, *model);
   return run;
 }
 

@@ -61,16 +61,10 @@ MoERun train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims, double 
   MoERun run;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq);
-    const auto result = trainer.step(batch.inputs, batch.targets);
-    run.result.losses.push_back(result.loss);
-    run.result.grad_norms.push_back(result.grad_norm);
+    models::gpt_run::record_step(run.result, trainer.step(batch.inputs, batch.targets));
     run.routers.push_back(train::take_router_summary(*model, *mesh));
   }
-  for (const auto& [name, p] : model->named_parameters()) {
-    run.result.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
-    run.result.grads[name] =
-        ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
-  }
+  models::gpt_run::record_final_state(run.result, *model);
   for (nn::MoE* moe : train::moe_layers(*model)) {
     run.biases.push_back(ops::to_vector(moe->expert_bias()));
   }

@@ -27,10 +27,9 @@ std::unique_ptr<models::ModelArgs> args_of(bool llama) {
                : models::gpt_args(models::gpt_run::config());
 }
 
-models::gpt_run::Result train_on(comm::ProcessGroup& pg, bool llama,
-                                 const train::ParallelDims& dims, int grad_accum,
-                                 int microbatches,
-                                 std::map<std::string, comm::CollectiveCounters>* last_step = nullptr) {
+models::gpt_run::Result train_on(
+    comm::ProcessGroup& pg, bool llama, const train::ParallelDims& dims, int grad_accum,
+    int microbatches, std::map<std::string, comm::CollectiveCounters>* last_step = nullptr) {
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{
       .dims = dims, .grad_accum = grad_accum, .pipeline = {.microbatches = microbatches}};
@@ -42,15 +41,10 @@ models::gpt_run::Result train_on(comm::ProcessGroup& pg, bool llama,
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, 11, step, *mesh, kBatch, kSeq);
     CommDebugMode comm;
-    const auto result = trainer.step(batch.inputs, batch.targets);
+    models::gpt_run::record_step(run, trainer.step(batch.inputs, batch.targets));
     if (last_step != nullptr) *last_step = comm.by_group();
-    run.losses.push_back(result.loss);
-    run.grad_norms.push_back(result.grad_norm);
   }
-  for (const auto& [name, p] : model->named_parameters()) {
-    run.params[name] = ops::to_vector(is_dtensor(p) ? full_tensor(p) : p);
-    run.grads[name] = ops::to_vector(is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad());
-  }
+  models::gpt_run::record_final_state(run, *model);
   return run;
 }
 
@@ -62,9 +56,8 @@ void expect_like_one_rank(bool llama, const train::ParallelDims& dims, const std
     expected = train_on(pg, llama, {}, static_cast<int>(4 * dims.dp()), 0);
   });
   comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
-    models::gpt_run::expect_same({.actual = train_on(pg, llama, dims, 2, 2),
-                                  .expected = expected,
-                                  .layout = layout});
+    models::gpt_run::expect_same(
+        {.actual = train_on(pg, llama, dims, 2, 2), .expected = expected, .layout = layout});
   });
 }
 
