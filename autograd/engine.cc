@@ -51,9 +51,9 @@ Tensor apply_output_hooks(Node* node, uint32_t slot, Tensor grad) {
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 // The edges the node now running must produce (nullptr: all).
 thread_local const std::vector<bool>* wanted_edges = nullptr;
-// Whether a split backward's B is running on this thread: a backward started inside it (an
-// activation checkpoint's recompute) would compute its block's weight gradients in B.
-thread_local bool in_split_input = false;
+// The split backward whose B is running on this thread (nullptr: none): a backward started
+// inside it (an activation checkpoint's recompute) must split too, its W deferred to this one's.
+thread_local autograd::WeightBackward::State* split_input_state = nullptr;
 
 }  // namespace
 
@@ -237,10 +237,11 @@ void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool reta
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
               bool retain_graph) {
-  LOOM_CHECK(!in_split_input,
-             "backward: a backward started inside a split backward's B (autograd::backward_input) "
-             "— an activation-checkpointed module's recompute; checkpointing inside a split "
-             "backward is not supported yet: turn activation checkpointing off for it");
+  LOOM_CHECK(split_input_state == nullptr,
+             "backward: a full backward started inside a split backward's B "
+             "(autograd::backward_input) would compute weight gradients in B; a nested backward "
+             "there must split too (autograd::backward_input and defer_to_weight_backward, as an "
+             "activation checkpoint's recompute does)");
   std::shared_ptr<Graph> graph = discover(roots, grads);
   execute(*graph, {}, retain_graph);
   if (!retain_graph) {
@@ -256,8 +257,17 @@ struct WeightBackward::State {
   std::shared_ptr<Graph> graph;
   std::unordered_set<Node*> deferred;             // the nodes only W runs
   std::unordered_map<Node*, TwoSided> two_sided;  // run by both, each for its own edges
+  std::vector<WeightBackward> nested;             // W's of backwards split inside B (recomputes)
   bool done = false;
 };
+
+bool split_input_running() { return split_input_state != nullptr; }
+
+void defer_to_weight_backward(WeightBackward weights) {
+  LOOM_CHECK(split_input_state != nullptr,
+             "defer_to_weight_backward: no split backward's B is running on this thread");
+  split_input_state->nested.push_back(std::move(weights));
+}
 
 WeightBackward::WeightBackward(std::shared_ptr<State> state) : state_(std::move(state)) {}
 WeightBackward::WeightBackward() = default;
@@ -286,6 +296,8 @@ void WeightBackward::run() {
     const bool w_ran = s.deferred.count(node.get()) || s.two_sided.count(node.get());
     if (w_ran && !node->reusable()) node->release();
   }
+  for (WeightBackward& nested : s.nested) nested.run();  // checkpointed blocks' weights
+  s.nested.clear();
   s.graph.reset();  // W's nodes and their inputs go now
   s.two_sided.clear();
 }
@@ -341,10 +353,12 @@ WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vecto
     if (any_w) state->two_sided.emplace(node.get(), std::move(sides));
   }
   {
-    in_split_input = true;
+    WeightBackward::State* outer = split_input_state;
+    split_input_state = state.get();
     struct Reset {
-      ~Reset() { in_split_input = false; }
-    } reset;
+      WeightBackward::State* outer;
+      ~Reset() { split_input_state = outer; }
+    } reset{outer};
     execute(
         *graph, [&state](Node* node) { return state->deferred.count(node) == 0; }, false,
         &state->two_sided, /*b_side=*/true);

@@ -56,6 +56,11 @@ class WeightBackward {
 };
 WeightBackward backward_input(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
                               const std::vector<Tensor>& inputs);
+// Whether a split backward's B is running on this thread. A backward started inside it (an
+// activation checkpoint's recompute) splits too: its B now, its W handed to
+// defer_to_weight_backward, which the running split's W runs (a plain backward there throws).
+bool split_input_running();
+void defer_to_weight_backward(WeightBackward weights);
 }  // namespace autograd
 
 }  // namespace loom

@@ -225,7 +225,15 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
         saved->kept = {};
         std::vector<Tensor> result(count);
         if (recomputed.requires_grad()) {
-          backward(std::vector<Tensor>{recomputed}, std::vector<Tensor>{grads.at(0)});
+          if (autograd::split_input_running()) {
+            // Inside a split backward's B: the block's input gradient now, its weights' with W.
+            std::vector<Tensor> inputs;
+            if (leaf.requires_grad()) inputs.push_back(leaf);
+            autograd::defer_to_weight_backward(autograd::backward_input(
+                std::vector<Tensor>{recomputed}, std::vector<Tensor>{grads.at(0)}, inputs));
+          } else {
+            backward(std::vector<Tensor>{recomputed}, std::vector<Tensor>{grads.at(0)});
+          }
         }
         if (input.requires_grad()) result[0] = leaf.grad();
         return result;
