@@ -124,10 +124,11 @@ const std::vector<JobOption>& options() {
        &C::grad_accum, Range::kPositive},
       {"parallel",
        "schedule",
-       "with pp > 1: gpipe, 1f1b or interleaved",
+       "with pp > 1: gpipe, 1f1b, zb-h1 (1F1B with the backward split into input and weight "
+       "parts, the weights' filling the cool-down) or interleaved",
        &C::schedule,
        Range::kAny,
-       {"gpipe", "1f1b", "interleaved"}},
+       {"gpipe", "1f1b", "zb-h1", "interleaved"}},
       {"parallel", "microbatches", "with pp > 1: microbatches per step (0: pp x virtual stages)",
        &C::microbatches, Range::kNonNegative},
       {"parallel", "virtual_stages", "with the interleaved schedule: stages per rank",

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
+#include "parallel/pipeline/schedules.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 
@@ -241,10 +242,12 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
     }
   }
   if (parallel.dims.pp > 1) {
-    const double m = parallel.microbatches();
-    const double v =
-        parallel.pipeline.schedule == "interleaved" ? parallel.pipeline.virtual_stages : 1;
-    out.bubble = (m * v + static_cast<double>(parallel.dims.pp) - 1) / (m * v);
+    // The job's own schedule on a timeline: B twice F, half of it the weights' (Qi et al.'s
+    // F = I = W), so every schedule's bubble, the split ones' included, comes the same way.
+    const pipeline::Schedule schedule =
+        pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(parallel.dims.pp),
+                                   parallel.microbatches(), parallel.pipeline.virtual_stages);
+    out.bubble = 1.0 / (1.0 - pipeline::simulated_idle_share(schedule, 1.0, 2.0, 1.0));
   }
   out.step_ms = (out.compute_ms + out.exposed_comm_ms) * out.bubble;
   out.tokens_per_s = out.step_ms > 0 ? static_cast<double>(tokens) / (out.step_ms / 1e3) : 0;

@@ -12,13 +12,15 @@ namespace loom::pipeline {
 
 namespace {
 
-constexpr std::array<std::pair<ActionKind, std::string_view>, 6> kNames = {{
+constexpr std::array<std::pair<ActionKind, std::string_view>, 8> kNames = {{
     {ActionKind::kForward, "F"},
     {ActionKind::kBackward, "B"},
     {ActionKind::kSendF, "SEND_F"},
     {ActionKind::kRecvF, "RECV_F"},
     {ActionKind::kSendB, "SEND_B"},
     {ActionKind::kRecvB, "RECV_B"},
+    {ActionKind::kBackwardInput, "I"},
+    {ActionKind::kBackwardWeight, "W"},
 }};
 
 // Parses a non-negative decimal number filling all of `text`.
@@ -61,7 +63,11 @@ std::string_view kind_name(ActionKind kind) {
 }
 
 bool is_compute(ActionKind kind) {
-  return kind == ActionKind::kForward || kind == ActionKind::kBackward;
+  return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
+         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight;
+}
+bool computes_input_grad(ActionKind kind) {
+  return kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput;
 }
 bool is_send(ActionKind kind) { return kind == ActionKind::kSendF || kind == ActionKind::kSendB; }
 bool is_recv(ActionKind kind) { return kind == ActionKind::kRecvF || kind == ActionKind::kRecvB; }

@@ -4,6 +4,8 @@
 // Notation (what Schedule::str() prints and parse_actions() reads): <KIND><mb>s<stage>, e.g.
 //   F3s1       forward of microbatch 3 on stage 1
 //   B3s1       backward of microbatch 3 on stage 1
+//   I3s1       the input part of that backward (the gradient stage 0 waits for)  } zero-bubble
+//   W3s1       its weight part, run later (autograd::backward_input)             } schedules
 //   SEND_F3s1  stage 1 sends its output for microbatch 3 to stage 2
 //   RECV_F3s2  stage 2 receives its input for microbatch 3 from stage 1
 //   SEND_B3s2  stage 2 sends the gradient of its input for microbatch 3 to stage 1
@@ -20,7 +22,16 @@
 
 namespace loom::pipeline {
 
-enum class ActionKind { kForward, kBackward, kSendF, kRecvF, kSendB, kRecvB };
+enum class ActionKind {
+  kForward,
+  kBackward,
+  kSendF,
+  kRecvF,
+  kSendB,
+  kRecvB,
+  kBackwardInput,   // B's input part (I): what the previous stage waits for
+  kBackwardWeight,  // B's weight part (W): after its I, when the schedule likes
+};
 
 struct Action {
   ActionKind kind;
@@ -31,9 +42,11 @@ struct Action {
   auto operator<=>(const Action&) const = default;
 };
 
-// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B".
+// "F", "B", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "I", "W".
 std::string_view kind_name(ActionKind kind);
 bool is_compute(ActionKind kind);
+// B, or I (the backward parts that produce the input's gradient).
+bool computes_input_grad(ActionKind kind);
 bool is_send(ActionKind kind);
 bool is_recv(ActionKind kind);
 

@@ -25,7 +25,7 @@ std::optional<Action> send_after(const Action& action, const Placement& placemen
       placement.rank_of(s + 1) != placement.rank_of(s)) {
     return Action{ActionKind::kSendF, s, action.microbatch};
   }
-  if (action.kind == ActionKind::kBackward && s > 0 &&
+  if (computes_input_grad(action.kind) && s > 0 &&
       placement.rank_of(s - 1) != placement.rank_of(s)) {
     return Action{ActionKind::kSendB, s, action.microbatch};
   }
@@ -40,9 +40,10 @@ bool input_ready(const Action& action, const std::set<Action>& done, const Place
     return done.contains({ActionKind::kRecvF, s, mb}) ||
            done.contains({ActionKind::kForward, s - 1, mb});
   }
-  if (action.kind == ActionKind::kBackward && s + 1 < placement.num_stages) {
+  if (computes_input_grad(action.kind) && s + 1 < placement.num_stages) {
     return done.contains({ActionKind::kRecvB, s, mb}) ||
-           done.contains({ActionKind::kBackward, s + 1, mb});
+           done.contains({ActionKind::kBackward, s + 1, mb}) ||
+           done.contains({ActionKind::kBackwardInput, s + 1, mb});
   }
   return true;
 }

@@ -98,9 +98,12 @@ std::string PipelineExecutor::peer_note(const Action& action) const {
       peer = s - 1, direction = "from";
       break;
     case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
     case ActionKind::kRecvB:
       peer = s + 1, direction = "from";
       break;
+    case ActionKind::kBackwardWeight:
+      return "";
     case ActionKind::kSendF:
       peer = s + 1, direction = "to";
       break;
@@ -154,12 +157,24 @@ void PipelineExecutor::run_action(const Action& action, const std::vector<Tensor
       break;
     }
     case ActionKind::kBackward:
+    case ActionKind::kBackwardInput: {
+      const bool split = action.kind == ActionKind::kBackwardInput;
+      Tensor seed;
       if (st.is_last()) {
-        st.backward(mb, scaled_losses_.at(mb));
-        scaled_losses_.at(mb) = Tensor();  // frees the loss's graph
+        seed = scaled_losses_.at(mb);
+        scaled_losses_.at(mb) = Tensor();  // the graph's root goes with its backward
       } else {
-        st.backward(mb, is_local(s + 1) ? stage(s + 1).take_input_grad(mb) : Tensor());
+        seed = is_local(s + 1) ? stage(s + 1).take_input_grad(mb) : Tensor();
       }
+      if (split) {
+        st.backward_input(mb, seed);
+      } else {
+        st.backward(mb, seed);
+      }
+      break;
+    }
+    case ActionKind::kBackwardWeight:
+      st.backward_weight(mb);
       break;
     case ActionKind::kSendF:
       st.send_output(mb);

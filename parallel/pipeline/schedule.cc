@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 
 #include "base/error.h"
 
@@ -38,9 +39,60 @@ int peak_microbatches_in_flight(const Schedule& schedule, int rank) {
   int in_flight = 0, peak = 0;
   for (const Action& action : schedule.actions.at(rank)) {
     if (action.kind == ActionKind::kForward) peak = std::max(peak, ++in_flight);
-    if (action.kind == ActionKind::kBackward) --in_flight;
+    // A microbatch's activations go with its whole backward: B, or W (after its I).
+    if (action.kind == ActionKind::kBackward || action.kind == ActionKind::kBackwardWeight) {
+      --in_flight;
+    }
   }
   return peak;
+}
+
+double simulated_idle_share(const Schedule& schedule, double tf, double tb, double tw) {
+  const int p = schedule.num_ranks;
+  std::map<Action, double> finished;  // compute action -> finish time
+  std::vector<size_t> next(p, 0);
+  std::vector<double> clock(p, 0), busy(p, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int rank = 0; rank < p; ++rank) {
+      for (; next[rank] < schedule.actions[rank].size(); ++next[rank]) {
+        const Action& a = schedule.actions[rank][next[rank]];
+        if (!is_compute(a.kind)) continue;
+        double ready = clock[rank];
+        const bool fwd = a.kind == ActionKind::kForward;
+        const bool weight = a.kind == ActionKind::kBackwardWeight;
+        const int from = fwd ? a.stage - 1 : a.stage + 1;
+        if (!weight && from >= 0 && from < schedule.num_stages) {
+          // The neighbour's F, or its B or I (whichever it runs), produced this one's input.
+          auto it = finished.find({a.kind, from, a.microbatch});
+          if (!fwd && it == finished.end()) {
+            it = finished.find({a.kind == ActionKind::kBackward ? ActionKind::kBackwardInput
+                                                                : ActionKind::kBackward,
+                                from, a.microbatch});
+          }
+          if (it == finished.end()) break;  // input not computed yet
+          ready = std::max(ready, it->second);
+        }
+        if (!fwd)
+          ready = std::max(ready, finished.at({ActionKind::kForward, a.stage, a.microbatch}));
+        if (weight) {
+          ready = std::max(ready, finished.at({ActionKind::kBackwardInput, a.stage, a.microbatch}));
+        }
+        const double duration = fwd                               ? tf
+                                : a.kind == ActionKind::kBackward ? tb
+                                : weight                          ? tw
+                                                                  : tb - tw;
+        clock[rank] = ready + duration;
+        busy[rank] += duration;
+        finished[a] = clock[rank];
+        progress = true;
+      }
+    }
+  }
+  const double step = *std::max_element(clock.begin(), clock.end());
+  double idle = 0;
+  for (int rank = 0; rank < p; ++rank) idle += (step - busy[rank]) / step / p;
+  return idle;
 }
 
 }  // namespace loom::pipeline

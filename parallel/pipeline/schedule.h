@@ -43,4 +43,10 @@ struct Schedule {
 // GPipe holds all m; 1F1B at most p on rank 0 (p - r on rank r).
 int peak_microbatches_in_flight(const Schedule& schedule, int rank);
 
+// The schedule's own idle share: a timeline of its compute actions with these durations (F `tf`,
+// a whole B `tb`, its weight part W `tw` and its input part I `tb - tw`) and free messages, each
+// action starting when its rank is free and its input is computed; 1 - busy / step, averaged
+// over ranks. GPipe and 1F1B give (p-1)/(m+p-1), ZB-H1 (p-1)(F+I-W)/(m(F+B)+(p-1)(F+I-W)).
+double simulated_idle_share(const Schedule& schedule, double tf, double tb, double tw);
+
 }  // namespace loom::pipeline

@@ -27,7 +27,13 @@ Schedule one_f_one_b_schedule(int num_ranks, int num_microbatches);
 // Requires m % p == 0 (whole rounds); throws naming m and p otherwise.
 Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, int stages_per_rank);
 
-// The schedule a command line names: "gpipe", "1f1b" or "interleaved" (which takes
+// ZB-H1 (zero-bubble, Qi et al. 2023; torch's ZB1P with one stage per rank): 1F1B with each
+// backward split into I (the input's gradient) and W (the weights', autograd::backward_input),
+// rank r running each W r microbatches after its I, so the W's fill the idle slots the
+// gradients' way back leaves. Every rank holds at most p microbatches (1F1B's peak, on rank 0).
+Schedule zb_h1_schedule(int num_ranks, int num_microbatches);
+
+// The schedule a command line names: "gpipe", "1f1b", "zb-h1" or "interleaved" (which takes
 // stages_per_rank; the others need it to be 1). Throws naming the choices otherwise.
 Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
                           int stages_per_rank = 1);

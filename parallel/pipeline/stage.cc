@@ -198,6 +198,44 @@ void PipelineStage::backward(int mb, const Tensor& output_grad_or_loss) {
   input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(state.input);
 }
 
+void PipelineStage::backward_input(int mb, const Tensor& output_grad_or_loss) {
+  const Saved state = saved(mb, "backward (I)");
+  Tensor root = state.sent, grad;
+  if (is_last()) {
+    root = output_grad_or_loss;  // the scaled loss
+  } else {
+    grad = output_grad_or_loss.defined() ? output_grad_or_loss
+                                         : wait_for(pending_grads_, mb, "output gradient");
+  }
+  std::vector<Tensor> inputs;
+  if (!is_first() && state.input.requires_grad()) inputs.push_back(state.input);
+  if (root.defined() && root.requires_grad()) {
+    weight_backwards_[mb] = autograd::backward_input({root}, {grad}, inputs);
+  }
+  if (is_first()) return;
+  const Tensor input_grad = state.input.requires_grad() ? state.input.grad() : Tensor();
+  input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(state.input);
+}
+
+void PipelineStage::backward_weight(int mb) {
+  auto it = weight_backwards_.find(mb);
+  autograd::WeightBackward weights;
+  if (it != weight_backwards_.end()) {
+    weights = std::move(it->second);
+    weight_backwards_.erase(it);
+  }
+  std::function<void()> run = [&weights] {
+    if (!weights.done()) weights.run();
+  };
+  const bool last_microbatch = ++backwards_done_ == num_microbatches_ && sync_gradients_;
+  if (options_.around_backward) {
+    options_.around_backward(last_microbatch, run);
+  } else {
+    run();
+  }
+  saved_.erase(mb);
+}
+
 Tensor PipelineStage::take_input_grad(int mb) {
   const auto it = input_grads_.find(mb);
   LOOM_CHECK(it != input_grads_.end(), "stage {}: microbatch {}'s input gradient is not ready",

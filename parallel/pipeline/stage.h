@@ -35,6 +35,7 @@
 #include <optional>
 #include <vector>
 
+#include "autograd/engine.h"
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
 #include "nn/module.h"
@@ -97,6 +98,11 @@ class PipelineStage {
   // B: `output_grad` is the gradient of this stage's sent output (from a next stage on this
   // rank), or undefined to take the posted receive; on the last stage, the (scaled) loss.
   void backward(int mb, const Tensor& output_grad_or_loss);
+  // I and W (zero-bubble schedules): the input's gradient now (autograd::backward_input: for a
+  // previous stage, or SEND_B), the weights' later — data parallelism's reduction, on the step's
+  // last microbatch, runs with W.
+  void backward_input(int mb, const Tensor& output_grad_or_loss);
+  void backward_weight(int mb);
   // SEND_B.
   void send_input_grad(int mb);
   // The gradient of microbatch mb's input after B (for a previous stage on this rank); taken
@@ -149,6 +155,7 @@ class PipelineStage {
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;
   bool sync_gradients_ = true;
+  std::map<int, autograd::WeightBackward> weight_backwards_;  // I's, waiting for their W
   int backwards_done_ = 0;
 };
 

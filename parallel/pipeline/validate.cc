@@ -77,13 +77,33 @@ void check_complete(const Schedule& schedule, const Positions& positions) {
   for (int stage = 0; stage < schedule.num_stages; ++stage) {
     const int rank = schedule.rank_of_stage(stage);
     for (int mb = 0; mb < schedule.num_microbatches; ++mb) {
-      for (ActionKind kind : {ActionKind::kForward, ActionKind::kBackward}) {
-        const Action action{kind, stage, mb};
-        LOOM_CHECK(positions[rank].contains(action),
-                   "schedule: rank {} never runs {} (every stage runs F and B of each of the {} "
-                   "microbatches)",
-                   rank, describe(action), schedule.num_microbatches);
-      }
+      const auto has = [&](ActionKind kind) {
+        return positions[rank].contains(Action{kind, stage, mb});
+      };
+      const Action forward{ActionKind::kForward, stage, mb};
+      LOOM_CHECK(has(ActionKind::kForward),
+                 "schedule: rank {} never runs {} (every stage runs F and B, or I and W, of each "
+                 "of the {} microbatches)",
+                 rank, describe(forward), schedule.num_microbatches);
+      const bool whole = has(ActionKind::kBackward), input = has(ActionKind::kBackwardInput),
+                 weight = has(ActionKind::kBackwardWeight);
+      LOOM_CHECK(!(whole && (input || weight)),
+                 "schedule: rank {} runs both B and I/W of microbatch {} on stage {}; a backward "
+                 "is whole (B) or split (I then W), once",
+                 rank, mb, stage);
+      LOOM_CHECK(whole || input,
+                 "schedule: rank {} never runs {} nor {} (every stage runs F and B, or I and W, "
+                 "of each of the {} microbatches)",
+                 rank, describe({ActionKind::kBackward, stage, mb}),
+                 describe({ActionKind::kBackwardInput, stage, mb}), schedule.num_microbatches);
+      LOOM_CHECK(!input || weight,
+                 "schedule: rank {} runs {} but never its {} (a split backward's weight part "
+                 "must run)",
+                 rank, describe({ActionKind::kBackwardInput, stage, mb}),
+                 describe({ActionKind::kBackwardWeight, stage, mb}));
+      LOOM_CHECK(!weight || input, "schedule: rank {} runs {} without its {}", rank,
+                 describe({ActionKind::kBackwardWeight, stage, mb}),
+                 describe({ActionKind::kBackwardInput, stage, mb}));
     }
   }
 }
@@ -165,11 +185,21 @@ void check_order(const Schedule& schedule, const Positions& positions) {
           if (s > 0 && !local(s - 1)) after(ActionKind::kRecvF, s, "which receives its input");
           break;
         case ActionKind::kBackward:
+        case ActionKind::kBackwardInput: {
           after(ActionKind::kForward, s, "its forward");
-          if (s < last && local(s + 1))
-            after(ActionKind::kBackward, s + 1, "which computes its output's gradient");
+          if (s < last && local(s + 1)) {
+            // The next stage's B, or its I, computes this one's output gradient.
+            const bool split_next =
+                positions[rank].contains(Action{ActionKind::kBackwardInput, s + 1, mb});
+            after(split_next ? ActionKind::kBackwardInput : ActionKind::kBackward, s + 1,
+                  "which computes its output's gradient");
+          }
           if (s < last && !local(s + 1))
             after(ActionKind::kRecvB, s, "which receives its output's gradient");
+          break;
+        }
+        case ActionKind::kBackwardWeight:
+          after(ActionKind::kBackwardInput, s, "its input part, which keeps what it needs");
           break;
         case ActionKind::kRecvB:
           after(ActionKind::kForward, s, "whose output's shape the gradient buffer takes");
@@ -177,9 +207,12 @@ void check_order(const Schedule& schedule, const Positions& positions) {
         case ActionKind::kSendF:
           after(ActionKind::kForward, s, "which computes what it sends");
           break;
-        case ActionKind::kSendB:
-          after(ActionKind::kBackward, s, "which computes what it sends");
+        case ActionKind::kSendB: {
+          const bool split = positions[rank].contains(Action{ActionKind::kBackwardInput, s, mb});
+          after(split ? ActionKind::kBackwardInput : ActionKind::kBackward, s,
+                "which computes what it sends");
           break;
+        }
         case ActionKind::kRecvF:
           break;  // may be posted as early as the schedule likes
       }

@@ -1,5 +1,6 @@
 // A GPT pipelined over pp ranks against the same GPT on one rank: one step's loss and every
-// parameter's gradient, for GPipe and 1F1B on pp 2 and 4 with 1, 2, 4 and 8 microbatches, and
+// parameter's gradient, for GPipe, 1F1B and ZB-H1 (the backward split into I and W) on pp 2 and 4
+// with 1, 2, 4 and 8 microbatches, and
 // interleaved 1F1B with 2 virtual stages per rank; plus the errors a bad configuration gets.
 //
 // Tolerance: 1e-5 relative to each gradient tensor's scale (the largest magnitude), 1e-5
@@ -7,6 +8,8 @@
 // partial sums, scaled by 1/m) than one rank's single backward: f32 rounding.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -99,7 +102,7 @@ TEST_P(GPTPipelineTest, LossAndGradientsMatchOneRank) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const std::string schedule : {"gpipe", "1f1b"}) {
+  for (const std::string schedule : {"gpipe", "1f1b", "zb-h1"}) {
     for (int pp : {2, 4}) {
       for (int m : {1, 2, 4, 8}) out.push_back({schedule, pp, m, 1});
     }
@@ -110,7 +113,9 @@ std::vector<Case> cases() {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, GPTPipelineTest, ::testing::ValuesIn(cases()),
                          [](const auto& info) {
-                           return fmt::format("{}_pp{}_m{}_v{}", info.param.schedule, info.param.pp,
+                           std::string schedule = info.param.schedule;  // a test name: no '-'
+                           std::replace(schedule.begin(), schedule.end(), '-', '_');
+                           return fmt::format("{}_pp{}_m{}_v{}", schedule, info.param.pp,
                                               info.param.microbatches, info.param.virtual_stages);
                          });
 
@@ -165,7 +170,8 @@ TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
       return "no error";
     };
     EXPECT_THAT(error_of({.schedule = "zigzag"}),
-                HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b or interleaved)"));
+                HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b, zb-h1 or "
+                          "interleaved)"));
     EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}),
                 HasSubstr("3 microbatches"));
     EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}),

@@ -29,10 +29,13 @@ std::unique_ptr<models::ModelArgs> args_of(bool llama) {
 
 models::gpt_run::Result train_on(
     comm::ProcessGroup& pg, bool llama, const train::ParallelDims& dims, int grad_accum,
-    int microbatches, std::map<std::string, comm::CollectiveCounters>* last_step = nullptr) {
+    int microbatches, std::map<std::string, comm::CollectiveCounters>* last_step = nullptr,
+    const std::string& schedule = "1f1b") {
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{
-      .dims = dims, .grad_accum = grad_accum, .pipeline = {.microbatches = microbatches}};
+      .dims = dims,
+      .grad_accum = grad_accum,
+      .pipeline = {.schedule = schedule, .microbatches = microbatches}};
   parallel.validate(pg.size(), kBatch, kSeq);
   auto model = train::build_parallel_model(*args_of(llama), 5, mesh, parallel);
   train::Trainer trainer(*model, mesh, {.lr = [](int) { return 3e-3; }, .clip = 0.5});
@@ -48,12 +51,13 @@ models::gpt_run::Result train_on(
   return run;
 }
 
-void expect_like_one_rank(bool llama, const train::ParallelDims& dims, const std::string& layout) {
+void expect_like_one_rank(bool llama, const train::ParallelDims& dims, const std::string& layout,
+                          const std::string& schedule = "1f1b", int grad_accum = 2) {
   SCOPED_TRACE(layout);
   models::gpt_run::Result expected;
   // One rank, the dp ranks' micro-batches in the same order: dp x 4 of them.
   comm::testing::run_on_ranks(1, [&](comm::ProcessGroup& pg) {
-    expected = train_on(pg, llama, {}, static_cast<int>(4 * dims.dp()), 0);
+    expected = train_on(pg, llama, {}, static_cast<int>(2 * grad_accum * dims.dp()), 0);
   });
   comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
     models::gpt_run::expect_same(
@@ -71,6 +75,19 @@ TEST(PipelineAccumulationTest, Pp2TimesGradAccum2EqualsOneRank) {
 TEST(PipelineAccumulationTest, WithDataParallelismBeside) {
   expect_like_one_rank(false, {.pp = 2, .dp_replicate = 2}, "GPT pp2 x dp2 (DDP) x grad_accum 2");
   expect_like_one_rank(true, {.pp = 2, .dp_shard = 2}, "Llama pp2 x dp_shard2 x grad_accum 2");
+}
+
+// ZB-H1 (the backward split into I and W, the W's filling the cool-down): GPT and Llama at pp2
+// (pp 4 in gpt_pipeline_test), with DDP and FSDP beside it, and with gradient accumulation, equal
+// one rank.
+TEST(PipelineAccumulationTest, ZeroBubbleH1EqualsOneRank) {
+  for (bool llama : {false, true}) {
+    const std::string family = llama ? "Llama " : "GPT ";
+    expect_like_one_rank(llama, {.pp = 2}, family + "pp2 zb-h1", "zb-h1", 1);
+    expect_like_one_rank(llama, {.pp = 2}, family + "pp2 zb-h1 x grad_accum 2", "zb-h1", 2);
+  }
+  expect_like_one_rank(false, {.pp = 2, .dp_replicate = 2}, "GPT pp2 x DDP zb-h1", "zb-h1", 1);
+  expect_like_one_rank(true, {.pp = 2, .dp_shard = 2}, "Llama pp2 x FSDP zb-h1", "zb-h1", 1);
 }
 
 // Data parallelism reduces once per optimizer step, not once per pipeline step: DDP's all-reduces

@@ -1,4 +1,5 @@
-// pipeline_bench: the pipeline bubble and activation memory of GPipe, 1F1B and interleaved 1F1B.
+// pipeline_bench: the pipeline bubble and activation memory of GPipe, 1F1B, ZB-H1 and
+// interleaved 1F1B.
 //
 //   bazel run -c opt //tools/bench:pipeline_bench
 //   bazel run -c opt //tools/bench:pipeline_bench -- --ranks 4 --microbatches 8 --stages-per-rank 2
@@ -55,8 +56,9 @@ struct Settings {
   int microbatches = 8;
   int stages_per_rank = 2;
   std::string compute = "sleep";
-  double forward_ms = 20;  // per rank and microbatch (all its layers)
-  double backward_ms = 40;
+  double forward_ms = 20;   // per rank and microbatch (all its layers)
+  double backward_ms = 40;  // of which weight_ms is the weights' part (W in zero-bubble schedules)
+  double weight_ms = 20;
   int64_t width = 64;
   int64_t rows_per_microbatch = 8;
   int layers_per_rank = 4;  // mlp mode
@@ -86,22 +88,28 @@ class Sleep : public autograd::Function {
   double forward_ms_, backward_ms_;
 };
 
-// A stage of the sleep model: one parameter (so there is a gradient to accumulate) and a sleep.
+// A stage of the sleep model: one parameter (so there is a gradient to accumulate) and two
+// sleeps: one on the input's path (forward, and the backward's input part), one on the
+// parameter's alone (the backward's weight part: W under a zero-bubble schedule, part of B
+// otherwise).
 class SleepStage : public nn::Module {
  public:
-  SleepStage(int64_t width, double forward_ms, double backward_ms)
+  SleepStage(int64_t width, double forward_ms, double input_ms, double weight_ms)
       : Module("SleepStage"),
         scale_(register_parameter("scale", ops::ones({width}))),
         forward_ms_(forward_ms),
-        backward_ms_(backward_ms) {}
+        input_ms_(input_ms),
+        weight_ms_(weight_ms) {}
   Tensor forward(const Tensor& x) override {
-    return autograd::Function::apply(std::make_shared<Sleep>(forward_ms_, backward_ms_),
-                                     {mul(x, scale_)})[0];
+    const Tensor weight =
+        autograd::Function::apply(std::make_shared<Sleep>(0.0, weight_ms_), {scale_})[0];
+    return autograd::Function::apply(std::make_shared<Sleep>(forward_ms_, input_ms_),
+                                     {mul(x, weight)})[0];
   }
 
  private:
   const Tensor& scale_;
-  double forward_ms_, backward_ms_;
+  double forward_ms_, input_ms_, weight_ms_;
 };
 
 class Block : public nn::Module {
@@ -123,7 +131,8 @@ std::shared_ptr<nn::Module> make_stage_module(const Settings& s, const Schedule&
                                               int stage) {
   const int v = schedule.num_stages / schedule.num_ranks;
   if (s.compute == "sleep")
-    return std::make_shared<SleepStage>(s.width, s.forward_ms / v, s.backward_ms / v);
+    return std::make_shared<SleepStage>(s.width, s.forward_ms / v,
+                                        (s.backward_ms - s.weight_ms) / v, s.weight_ms / v);
   const auto ranges =
       split_layers(static_cast<int64_t>(s.layers_per_rank) * s.ranks, schedule.num_stages);
   return LayerSequence::build(
@@ -133,41 +142,6 @@ std::shared_ptr<nn::Module> make_stage_module(const Settings& s, const Schedule&
 // The schedule's own idle share: every rank runs its list with forwards taking tf, backwards
 // tb and messages free, starting a compute once its input exists; mean over ranks of
 // (step - busy) / step, the step ending when the last rank finishes.
-double simulated_idle(const Schedule& schedule, double tf, double tb) {
-  const int p = schedule.num_ranks;
-  std::map<Action, double> finished;  // compute action -> finish time
-  std::vector<size_t> next(p, 0);
-  std::vector<double> clock(p, 0), busy(p, 0);
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int rank = 0; rank < p; ++rank) {
-      for (; next[rank] < schedule.actions[rank].size(); ++next[rank]) {
-        const Action& a = schedule.actions[rank][next[rank]];
-        if (!is_compute(a.kind)) continue;
-        double ready = clock[rank];
-        const bool fwd = a.kind == ActionKind::kForward;
-        const int from = fwd ? a.stage - 1 : a.stage + 1;
-        if (from >= 0 && from < schedule.num_stages) {
-          const auto it = finished.find({a.kind, from, a.microbatch});
-          if (it == finished.end()) break;  // input not computed yet
-          ready = std::max(ready, it->second);
-        }
-        if (!fwd)
-          ready = std::max(ready, finished.at({ActionKind::kForward, a.stage, a.microbatch}));
-        const double duration = fwd ? tf : tb;
-        clock[rank] = ready + duration;
-        busy[rank] += duration;
-        finished[a] = clock[rank];
-        progress = true;
-      }
-    }
-  }
-  const double step = *std::max_element(clock.begin(), clock.end());
-  double idle = 0;
-  for (int rank = 0; rank < p; ++rank) idle += (step - busy[rank]) / step / p;
-  return idle;
-}
-
 struct RankResult {
   double step_s = 0, compute_s = 0, recv_wait_s = 0;
   int peak_in_flight = 0;
@@ -245,6 +219,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"sleep", "mlp"}));
   app.add_option("--forward-ms", s.forward_ms, "sleep: forward time per rank and microbatch");
   app.add_option("--backward-ms", s.backward_ms, "sleep: backward time per rank and microbatch");
+  app.add_option("--weight-ms", s.weight_ms,
+                 "sleep: the backward's weight part (W of zero-bubble schedules), within it");
   app.add_option("--width", s.width, "activation width")->check(CLI::Range(1, 1 << 16));
   app.add_option("--rows", s.rows_per_microbatch, "rows per microbatch")
       ->check(CLI::Range(1, 1 << 16));
@@ -277,6 +253,12 @@ int main(int argc, char** argv) {
   std::vector<Entry> entries;
   entries.push_back({gpipe_schedule(p, m), pm1 / (m + pm1), pm1 / m});
   entries.push_back({one_f_one_b_schedule(p, m), pm1 / (m + pm1), pm1 / m});
+  // ZB-H1's (Qi et al.): bubble (p-1)(F+B-W) against 1F1B's (p-1)(F+B+W) (B the input part).
+  {
+    const double f = s.forward_ms, b = s.backward_ms - s.weight_ms, w = s.weight_ms;
+    const double bubble = pm1 * (f + b - w), work = m * (f + b + w);
+    entries.push_back({zb_h1_schedule(p, m), bubble / (work + bubble), bubble / work});
+  }
   if (m % p == 0) {
     entries.push_back(
         {interleaved_one_f_one_b_schedule(p, m, v), pm1 / (v * m + pm1), pm1 / (v * m)});
@@ -302,8 +284,9 @@ int main(int argc, char** argv) {
     const std::string sim =
         s.compute == "sleep"
             ? fmt::format("{:.1f}%",
-                          100 * simulated_idle(entry.schedule, s.forward_ms / stages_per_rank,
-                                               s.backward_ms / stages_per_rank))
+                          100 * simulated_idle_share(entry.schedule, s.forward_ms / stages_per_rank,
+                                                     s.backward_ms / stages_per_rank,
+                                                     s.weight_ms / stages_per_rank))
             : "-";
     const std::string name =
         fmt::format("{}{}", entry.schedule.name,

@@ -74,6 +74,7 @@ TEST(SchedulesTest, EveryGeneratedScheduleIsValidEvenWithRendezvousSends) {
       };
       valid(gpipe_schedule(p, m));
       valid(one_f_one_b_schedule(p, m));
+      valid(zb_h1_schedule(p, m));
       for (int v = 1; v <= 3 && m % p == 0; ++v) valid(interleaved_one_f_one_b_schedule(p, m, v));
     }
   }
@@ -86,6 +87,23 @@ TEST(SchedulesTest, OneFOneBHoldsAtMostPMicrobatchesGPipeHoldsAll) {
     EXPECT_EQ(peak_microbatches_in_flight(gpipe, rank), m) << "rank " << rank;
     EXPECT_EQ(peak_microbatches_in_flight(ofob, rank), p - rank) << "rank " << rank;
   }
+}
+
+// ZB-H1: 1F1B's order with each B split into I and W, rank r's W's r microbatches behind their
+// I's; every rank holds at most p microbatches, 1F1B's peak.
+TEST(SchedulesTest, ZeroBubbleH1DelaysRankRsWeightsByR) {
+  const Schedule four = zb_h1_schedule(4, 6);
+  EXPECT_EQ(compute_order(four, 0),
+            "F0s0 F1s0 F2s0 F3s0 I0s0 W0s0 F4s0 I1s0 W1s0 F5s0 I2s0 W2s0 I3s0 W3s0 I4s0 W4s0 "
+            "I5s0 W5s0");
+  EXPECT_EQ(compute_order(four, 2),
+            "F0s2 F1s2 I0s2 F2s2 I1s2 F3s2 I2s2 W0s2 F4s2 I3s2 W1s2 F5s2 I4s2 W2s2 I5s2 W3s2 "
+            "W4s2 W5s2");
+  const Schedule ofob = one_f_one_b_schedule(4, 8), zb = zb_h1_schedule(4, 8);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(peak_microbatches_in_flight(zb, rank), 4) << "rank " << rank;
+  }
+  EXPECT_EQ(peak_microbatches_in_flight(ofob, 0), 4);
 }
 
 TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {

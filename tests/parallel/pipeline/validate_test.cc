@@ -94,8 +94,43 @@ TEST(ValidateTest, BackwardWithoutItsGradient) {
 
 TEST(ValidateTest, MissingBackward) {
   EXPECT_EQ(error_of(two_ranks(kRank0, "RECV_F0s1 F0s1 B0s1 SEND_B0s1 RECV_F1s1 F1s1 SEND_B1s1")),
-            "schedule: rank 1 never runs B mb 1 stage 1 (every stage runs F and B of each of the "
-            "2 microbatches)");
+            "schedule: rank 1 never runs B mb 1 stage 1 nor I mb 1 stage 1 (every stage runs F "
+            "and B, or I and W, of each of the 2 microbatches)");
+}
+
+// Split backwards (zero-bubble schedules): I then W, each once, W after its I; I sends the
+// gradient as B does.
+const std::string kSplitRank1 =
+    "RECV_F0s1 F0s1 I0s1 SEND_B0s1 RECV_F1s1 F1s1 I1s1 SEND_B1s1 W0s1 W1s1";
+
+TEST(ValidateTest, SplitBackwardsAreValid) {
+  EXPECT_NO_THROW(validate_schedule(two_ranks(kRank0, kSplitRank1)));
+}
+
+TEST(ValidateTest, AWeightPartBeforeItsInputPart) {
+  EXPECT_THAT(error_of(two_ranks(
+                  kRank0, "RECV_F0s1 F0s1 W0s1 I0s1 SEND_B0s1 RECV_F1s1 F1s1 I1s1 SEND_B1s1 W1s1")),
+              HasSubstr("rank 1 action 2 W mb 0 stage 1 runs before I mb 0 stage 1 (action 3), "
+                        "its input part"));
+}
+
+TEST(ValidateTest, AnInputPartWhoseWeightPartNeverRuns) {
+  EXPECT_THAT(error_of(two_ranks(
+                  kRank0, "RECV_F0s1 F0s1 I0s1 SEND_B0s1 RECV_F1s1 F1s1 I1s1 SEND_B1s1 W0s1")),
+              HasSubstr("rank 1 runs I mb 1 stage 1 but never its W mb 1 stage 1"));
+}
+
+TEST(ValidateTest, BothAWholeAndASplitBackward) {
+  EXPECT_THAT(
+      error_of(two_ranks(
+          kRank0, "RECV_F0s1 F0s1 B0s1 I0s1 SEND_B0s1 RECV_F1s1 F1s1 I1s1 SEND_B1s1 W0s1 W1s1")),
+      HasSubstr("runs both B and I/W of microbatch 0 on stage 1"));
+}
+
+TEST(ValidateTest, AnInputPartBeforeItsForward) {
+  EXPECT_THAT(error_of(two_ranks(
+                  kRank0, "RECV_F0s1 I0s1 F0s1 SEND_B0s1 RECV_F1s1 F1s1 I1s1 SEND_B1s1 W0s1 W1s1")),
+              HasSubstr("I mb 0 stage 1 runs before F mb 0 stage 1"));
 }
 
 TEST(ValidateTest, ReceiveBeforeTheCyclicWaitDeadlocks) {
