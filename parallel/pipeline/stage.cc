@@ -173,67 +173,63 @@ void PipelineStage::post_recv_grad(int mb) {
   pending_grads_[mb] = {buffer, std::move(work)};
 }
 
+void PipelineStage::finish_weights(int mb, const std::function<void()>& run) {
+  // Data parallelism's reduction rides on the step's last weight gradients.
+  const bool last_microbatch = ++backwards_done_ == num_microbatches_ && sync_gradients_;
+  if (options_.around_backward) {
+    options_.around_backward(last_microbatch, run);
+  } else {
+    run();
+  }
+  saved_.erase(mb);
+}
+
+void PipelineStage::keep_input_grad(int mb, const Tensor& input) {
+  if (is_first()) return;
+  const Tensor input_grad = input.requires_grad() ? input.grad() : Tensor();
+  input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(input);
+}
+
+Tensor PipelineStage::output_grad(int mb, const Tensor& given) {
+  return given.defined() ? given : wait_for(pending_grads_, mb, "output gradient");
+}
+
 void PipelineStage::backward(int mb, const Tensor& output_grad_or_loss) {
   const Saved state = saved(mb, "backward");
   std::function<void()> run;
   if (is_last()) {
     run = [&] { loom::backward(output_grad_or_loss); };
   } else {
-    const Tensor grad = output_grad_or_loss.defined()
-                            ? output_grad_or_loss
-                            : wait_for(pending_grads_, mb, "output gradient");
+    const Tensor grad = output_grad(mb, output_grad_or_loss);
     run = [&state, grad] {
       if (state.sent.requires_grad()) loom::backward(state.sent, grad);
     };
   }
-  const bool last_microbatch = ++backwards_done_ == num_microbatches_ && sync_gradients_;
-  if (options_.around_backward) {
-    options_.around_backward(last_microbatch, run);
-  } else {
-    run();
-  }
-  saved_.erase(mb);
-  if (is_first()) return;
-  const Tensor input_grad = state.input.requires_grad() ? state.input.grad() : Tensor();
-  input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(state.input);
+  finish_weights(mb, run);
+  keep_input_grad(mb, state.input);
 }
 
 void PipelineStage::backward_input(int mb, const Tensor& output_grad_or_loss) {
   const Saved state = saved(mb, "backward (I)");
-  Tensor root = state.sent, grad;
-  if (is_last()) {
-    root = output_grad_or_loss;  // the scaled loss
-  } else {
-    grad = output_grad_or_loss.defined() ? output_grad_or_loss
-                                         : wait_for(pending_grads_, mb, "output gradient");
-  }
+  const Tensor root = is_last() ? output_grad_or_loss : state.sent;  // the scaled loss, or output
+  const Tensor grad = is_last() ? Tensor() : output_grad(mb, output_grad_or_loss);
   std::vector<Tensor> inputs;
   if (!is_first() && state.input.requires_grad()) inputs.push_back(state.input);
   if (root.defined() && root.requires_grad()) {
     weight_backwards_[mb] = autograd::backward_input({root}, {grad}, inputs);
   }
-  if (is_first()) return;
-  const Tensor input_grad = state.input.requires_grad() ? state.input.grad() : Tensor();
-  input_grads_[mb] = input_grad.defined() ? input_grad : ops::zeros_like(state.input);
+  keep_input_grad(mb, state.input);
 }
 
 void PipelineStage::backward_weight(int mb) {
-  auto it = weight_backwards_.find(mb);
   autograd::WeightBackward weights;
-  if (it != weight_backwards_.end()) {
+  if (auto it = weight_backwards_.find(mb); it != weight_backwards_.end()) {
     weights = std::move(it->second);
     weight_backwards_.erase(it);
   }
-  std::function<void()> run = [&weights] {
+  finish_weights(mb, [&weights] {
     if (!weights.done()) weights.run();
-  };
-  const bool last_microbatch = ++backwards_done_ == num_microbatches_ && sync_gradients_;
-  if (options_.around_backward) {
-    options_.around_backward(last_microbatch, run);
-  } else {
-    run();
-  }
-  saved_.erase(mb);
+  });
 }
 
 Tensor PipelineStage::take_input_grad(int mb) {

@@ -156,6 +156,12 @@ class PipelineStage {
   int num_microbatches_ = 0;
   bool sync_gradients_ = true;
   std::map<int, autograd::WeightBackward> weight_backwards_;  // I's, waiting for their W
+  // A backward's shared steps: the weights' gradients (B, or W) with data parallelism's
+  // reduction on the step's last; the input's gradient kept for SEND_B or the previous stage;
+  // the output's gradient, given or received.
+  void finish_weights(int mb, const std::function<void()>& run);
+  void keep_input_grad(int mb, const Tensor& input);
+  Tensor output_grad(int mb, const Tensor& given);
   int backwards_done_ = 0;
 };
 
