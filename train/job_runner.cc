@@ -216,25 +216,24 @@ void JobRunner::add_metrics_hook() {
     // `loom plan`'s "peak in step" predicts.
     const int64_t tensor_peak = process_memory_tracker().stats().peak_bytes;
     if (out.metrics.is_open()) {
-      const nlohmann::json line{{"step", r.step},
-                                {"loss", r.loss},
-                                {"lr", r.lr},
-                                {"tokens_per_s", tokens_per_s},
-                                {"ms_per_step", r.ms},
-                                {"data_ms", out.data_ms},
-                                {"tensor_peak_bytes", tensor_peak},
-                                {"peak_mem_bytes", peak_memory_bytes(device_)},
-                                {"rss_bytes", resident_now().first},
-                                {"rss_file_bytes", resident_now().second},
-                                {"grad_norm", r.grad_norm}};
-      nlohmann::json with_router = line;
+      nlohmann::json line{{"step", r.step},
+                          {"loss", r.loss},
+                          {"lr", r.lr},
+                          {"tokens_per_s", tokens_per_s},
+                          {"ms_per_step", r.ms},
+                          {"data_ms", out.data_ms},
+                          {"tensor_peak_bytes", tensor_peak},
+                          {"peak_mem_bytes", peak_memory_bytes(device_)},
+                          {"rss_bytes", resident_now().first},
+                          {"rss_file_bytes", resident_now().second},
+                          {"grad_norm", r.grad_norm}};
       if (router) {
-        with_router["moe_load_max_over_mean"] = router->max_over_mean;
-        with_router["moe_load_min_over_mean"] = router->min_over_mean;
-        with_router["moe_aux_loss"] = router->aux_loss;
-        with_router["moe_dropped"] = router->dropped;
+        line["moe_load_max_over_mean"] = router->max_over_mean;
+        line["moe_load_min_over_mean"] = router->min_over_mean;
+        line["moe_aux_loss"] = router->aux_loss;
+        line["moe_dropped"] = router->dropped;
       }
-      out.metrics.write_line(with_router.dump());
+      out.metrics.write_line(line.dump());
     }
     if (r.step % job_.log_every == 0 || r.step + 1 == job_.steps) {
       out.bar.clear();

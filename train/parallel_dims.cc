@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 #include "base/error.h"
+#include "tensor/ops.h"
 
 namespace loom::train {
 
@@ -161,6 +164,19 @@ std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const Devi
     if (mesh.size(dim) > 1) groups.push_back(mesh.group(dim));
   }
   return groups;
+}
+
+std::vector<int64_t> sum_over_data_parallel(const std::vector<int64_t>& counts,
+                                            const DeviceMesh& mesh) {
+  if (counts.empty()) return counts;
+  Tensor t =
+      ops::to(ops::from_vector_i64(counts, {static_cast<int64_t>(counts.size())}), mesh.device());
+  for (const auto& group : data_parallel_groups(mesh)) {
+    group->all_reduce(t, comm::ReduceOp::kSum)->wait();
+  }
+  std::vector<int64_t> out;
+  for (double v : ops::to_vector(t)) out.push_back(std::llround(v));
+  return out;
 }
 
 }  // namespace loom::train

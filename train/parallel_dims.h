@@ -106,5 +106,9 @@ int64_t context_parallel_rank(const DeviceMesh& mesh);
 // The groups a step's loss is averaged over, innermost first (cp, dp_shard, then dp_replicate:
 // equal groups and equal token counts, so the mean of means), those of size 1 left out.
 std::vector<std::shared_ptr<comm::ProcessGroup>> data_parallel_groups(const DeviceMesh& mesh);
+// `counts` summed over every data-parallel rank (data_parallel_groups, one all-reduce each) as
+// integers, exact at any size: MoE's routed-slot counts. Collective over those groups.
+std::vector<int64_t> sum_over_data_parallel(const std::vector<int64_t>& counts,
+                                            const DeviceMesh& mesh);
 
 }  // namespace loom::train

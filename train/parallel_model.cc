@@ -225,6 +225,14 @@ class PipelinedModel : public ParallelModel {
 
 }  // namespace
 
+std::vector<nn::MoE*> moe_layers(const ParallelModel& model) {
+  std::vector<nn::MoE*> out;
+  for (const auto& [name, module] : model.named_modules()) {
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) out.push_back(moe);
+  }
+  return out;
+}
+
 EvalMode::EvalMode(const ParallelModel& model) {
   for (const auto& [name, module] : model.named_modules()) {
     modes_.emplace_back(module, module->is_training());
@@ -273,17 +281,12 @@ void span_moe_over_data_parallel(const ParallelModel& model,
   int64_t size = 1;
   for (const auto& group : groups) size *= group->size();
   if (size == 1) return;
-  const auto sum = [groups, mesh](const std::vector<double>& values) {
-    std::vector<int64_t> whole(values.begin(), values.end());  // counts: integers
-    Tensor t =
-        ops::to(ops::from_vector_i64(whole, {static_cast<int64_t>(whole.size())}), mesh->device());
-    for (const auto& group : groups) group->all_reduce(t, comm::ReduceOp::kSum)->wait();
-    const std::vector<double> summed = ops::to_vector(t);
-    return summed;
+  const auto sum = [mesh](const std::vector<double>& values) {
+    const std::vector<int64_t> summed =
+        sum_over_data_parallel(std::vector<int64_t>(values.begin(), values.end()), *mesh);
+    return std::vector<double>(summed.begin(), summed.end());
   };
-  for (const auto& [name, module] : model.named_modules()) {
-    if (auto* moe = dynamic_cast<nn::MoE*>(module)) moe->set_data_parallel({sum, size});
-  }
+  for (nn::MoE* moe : moe_layers(model)) moe->set_data_parallel({sum, size});
 }
 
 }  // namespace

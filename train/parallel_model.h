@@ -25,6 +25,7 @@
 #include "models/family.h"
 #include "models/hf/checkpoint.h"
 #include "nn/module.h"
+#include "nn/moe/moe.h"
 #include "train/parallel_config.h"
 
 namespace loom::train {
@@ -61,6 +62,9 @@ class ParallelModel {
   // Every rank takes part (gathers); ranks with `write` write the whole model and config.json.
   virtual void save_hf(const std::string& path, bool write) = 0;
 };
+
+// This rank's MoE layers (none for a dense model or a stage without them).
+std::vector<nn::MoE*> moe_layers(const ParallelModel& model);
 
 // torch's model.eval() for a scope: every module of `model` in evaluation mode (no dropout masks,
 // no router load counted), each put back as it was when the scope ends, however it ends.

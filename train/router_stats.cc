@@ -14,33 +14,19 @@ namespace {
 // for all layers together).
 std::vector<std::vector<int64_t>> summed_over_data_parallel(
     const std::vector<std::vector<int64_t>>& counts, const DeviceMesh& mesh) {
-  std::vector<int64_t> flat;  // integers: exact at any batch
+  std::vector<int64_t> flat;
   for (const auto& layer : counts) flat.insert(flat.end(), layer.begin(), layer.end());
-  if (flat.empty()) return counts;
-  Tensor t =
-      ops::to(ops::from_vector_i64(flat, {static_cast<int64_t>(flat.size())}), mesh.device());
-  for (const auto& group : data_parallel_groups(mesh)) {
-    group->all_reduce(t, comm::ReduceOp::kSum)->wait();
-  }
-  const std::vector<double> summed = ops::to_vector(t);
+  const std::vector<int64_t> summed = sum_over_data_parallel(flat, mesh);
   std::vector<std::vector<int64_t>> out;
-  size_t at = 0;
+  auto at = summed.begin();
   for (const auto& layer : counts) {
-    out.emplace_back();
-    for (size_t e = 0; e < layer.size(); ++e) out.back().push_back(std::llround(summed[at++]));
+    out.emplace_back(at, at + static_cast<std::ptrdiff_t>(layer.size()));
+    at += static_cast<std::ptrdiff_t>(layer.size());
   }
   return out;
 }
 
 }  // namespace
-
-std::vector<nn::MoE*> moe_layers(const ParallelModel& model) {
-  std::vector<nn::MoE*> out;
-  for (const auto& [name, module] : model.named_modules()) {
-    if (auto* moe = dynamic_cast<nn::MoE*>(module)) out.push_back(moe);
-  }
-  return out;
-}
 
 RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& mesh) {
   std::vector<std::vector<int64_t>> loads;

@@ -12,9 +12,6 @@
 
 namespace loom::train {
 
-// This rank's MoE layers (none for a dense model or a stage without them).
-std::vector<nn::MoE*> moe_layers(const ParallelModel& model);
-
 // What the routers did since the last call, over the global batch: the busiest and idlest
 // expert's slots over the mean (the worst layer's), the auxiliary loss (summed over layers,
 // averaged over data-parallel ranks as the loss is), and slots dropped by capacity (all layers,

@@ -103,11 +103,7 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
       const std::vector<std::pair<const char*, Placement>> splits = {
           {"w1", Shard(1)}, {"w3", Shard(1)}, {"w2", Shard(2)}};
       for (const auto& [name, placement] : splits) {
-        Tensor whole;
-        for (const auto& [n, p] : e.named_parameters(false)) {
-          if (n == name) whole = p;
-        }
-        Tensor split = distribute_tensor(detach(whole), tp_mesh, {placement},
+        Tensor split = distribute_tensor(detach(e.parameter(name)), tp_mesh, {placement},
                                          /*src_data_rank=*/std::nullopt);
         split.set_requires_grad(true);
         e.set_parameter(name, split);
