@@ -179,6 +179,19 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
         pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(dims.pp),
                                    parallel.microbatches(), parallel.pipeline.virtual_stages);
   }
+  if (schedule) {
+    PipelinePlan pipeline{
+        .schedule = schedule->name,
+        .placement = pipeline::placement_rule(schedule->placement, schedule->num_ranks),
+        .num_stages = schedule->num_stages,
+        .microbatches = schedule->num_microbatches,
+        .idle_share = pipeline::simulated_idle_share(*schedule, 1.0, 2.0, 1.0)};
+    for (int rank = 0; rank < schedule->num_ranks; ++rank) {
+      pipeline.stages.push_back(schedule->stages_of_rank(rank));
+      pipeline.peak_microbatches.push_back(pipeline::peak_microbatches_in_flight(*schedule, rank));
+    }
+    plan.pipeline = std::move(pipeline);
+  }
   add_uneven_vocabulary_note(plan, model.vocab_size(), "the vocabulary-sharded rows");
 
   // Each stage's parameters, listed once for every rank that runs it (none: the family does not
@@ -248,6 +261,37 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
   return plan;
 }
 
+namespace {
+
+// The schedule's idle share and, per pp rank, its stages, the most microbatches it holds, and the
+// traced activation peak (peak - held) of a traced rank at that pp coordinate.
+std::string format_pipeline(const JobPlan& plan) {
+  const PipelinePlan& p = *plan.pipeline;
+  std::string out = fmt::format(
+      "\nPipeline schedule {} ({}; {} stages, {} microbatches): idle {:.1f} % of the step on its "
+      "own timeline (F : B : W = 1 : 2 : 1, messages free); per pp rank the most "
+      "stage-microbatches whose activations it holds, and the traced step's peak - held:\n\n"
+      "| pp rank | stages | peak microbatches held | traced peak - held MiB |\n"
+      "|---|---|---:|---:|\n",
+      p.schedule, p.placement, p.num_stages, p.microbatches, 100 * p.idle_share);
+  const std::vector<std::string> names = plan.parallel.dims.names();
+  const size_t pp_dim = std::find(names.begin(), names.end(), kPipelineDim) - names.begin();
+  for (size_t rank = 0; rank < p.stages.size(); ++rank) {
+    std::string traced = "-";
+    for (const TracedRank& t : plan.traced) {
+      if (pp_dim < t.coordinate.size() && t.coordinate[pp_dim] == static_cast<int64_t>(rank)) {
+        traced = mib(t.peak_bytes - t.held_bytes);
+        break;
+      }
+    }
+    out += fmt::format("| {} | {} | {} | {} |\n", rank, fmt::join(p.stages[rank], ","),
+                       p.peak_microbatches[rank], traced);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_job_plan(const JobPlan& plan) {
   const ParallelDims& dims = plan.parallel.dims;
   std::string out = fmt::format(
@@ -275,6 +319,7 @@ std::string format_job_plan(const JobPlan& plan) {
                          mib(r.gradient_bytes()), mib(r.optimizer_bytes()), mib(r.total_bytes()));
     }
   }
+  if (plan.pipeline) out += format_pipeline(plan);
   if (plan.traced.empty()) return out;
   const auto traced_rank = [&](int rank) -> const TracedRank& {
     for (const TracedRank& t : plan.traced) {

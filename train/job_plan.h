@@ -55,6 +55,21 @@ struct TracedRole {
   std::vector<int> ranks;  // traced ranks
 };
 
+// The pipeline's schedule as the job runs it (pp > 1): its own timeline's idle share and what
+// each pp rank holds at its peak.
+struct PipelinePlan {
+  std::string schedule;   // the Schedule's name ("ZBV")
+  std::string placement;  // placement_rule: which rank holds which stage
+  int num_stages = 0;
+  int microbatches = 0;
+  // simulated_idle_share with F : B : W = 1 : 2 : 1 (the step-time model's), free messages.
+  double idle_share = 0;
+  // Per pp rank: its stages and the most stage-microbatches whose activations it holds at once
+  // (peak_microbatches_in_flight; a V's stages are half as deep as one stage per rank).
+  std::vector<std::vector<int>> stages;
+  std::vector<int> peak_microbatches;
+};
+
 struct PlanOptions {
   bool trace = true;          // trace a step on the meta device (seconds at any size)
   int max_traced_ranks = 32;  // larger worlds trace representative pipeline lines only
@@ -82,6 +97,7 @@ struct JobPlan {
   // parameters: see traced).
   std::vector<RankModelStates> ranks;
   std::vector<RankRole> roles;
+  std::optional<PipelinePlan> pipeline;
   // With options.trace: the traced ranks (ascending) and their distinct rows.
   std::vector<TracedRank> traced;
   std::vector<TracedRole> traced_roles;
@@ -100,8 +116,9 @@ struct JobPlan {
 JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
                  int64_t global_batch, int64_t seq_len, const PlanOptions& options = {});
 
-// The plan as text (markdown tables): the layout, the notes, model states per role, and the
-// traced memory, FLOPs and communication per role.
+// The plan as text (markdown tables): the layout, the notes, model states per role, the
+// pipeline's schedule (idle share, peak microbatches and traced activation peak per pp rank), and
+// the traced memory, FLOPs and communication per role.
 std::string format_job_plan(const JobPlan& plan);
 
 }  // namespace loom::train

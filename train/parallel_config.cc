@@ -71,6 +71,11 @@ std::vector<pipeline::StageRange> ParallelConfig::stage_ranges(int64_t n_layers)
       ::loom::pipeline::schedule_by_name(pipeline.schedule, static_cast<int>(dims.pp),
                                          microbatches(), pipeline.virtual_stages)
           .num_stages;
+  LOOM_CHECK(!pipeline.layers_per_stage.empty() || n_layers >= stages,
+             "ParallelConfig: pp {} under schedule {} has {} stages ({} per rank), but the model "
+             "has {} layers; each stage needs at least one (fewer pp ranks, or a schedule with "
+             "fewer stages per rank)",
+             dims.pp, pipeline.schedule, stages, pipeline.stages_per_rank(), n_layers);
   const auto layers = pipeline.layers_per_stage.empty()
                           ? ::loom::pipeline::split_layers(n_layers, stages)
                           : ::loom::pipeline::split_layers(n_layers, pipeline.layers_per_stage);

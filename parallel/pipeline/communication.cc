@@ -15,7 +15,8 @@ namespace {
 struct Placement {
   int num_ranks;
   int num_stages;
-  int rank_of(int stage) const { return stage % num_ranks; }
+  StagePlacement style;
+  int rank_of(int stage) const { return rank_of_stage(style, stage, num_ranks, num_stages); }
 };
 
 // The send a compute action makes (if its neighbour stage is on another rank).
@@ -51,11 +52,15 @@ bool input_ready(const Action& action, const std::set<Action>& done, const Place
 }  // namespace
 
 Schedule add_communication(std::string name, int num_ranks, int num_stages, int num_microbatches,
-                           const std::vector<std::vector<Action>>& compute) {
+                           const std::vector<std::vector<Action>>& compute, StagePlacement style) {
   LOOM_INTERNAL_ASSERT(static_cast<int>(compute.size()) == num_ranks);
-  const Placement placement{num_ranks, num_stages};
-  Schedule schedule{std::move(name), num_ranks, num_stages, num_microbatches,
-                    std::vector<std::vector<Action>>(num_ranks)};
+  const Placement placement{num_ranks, num_stages, style};
+  Schedule schedule{std::move(name),
+                    num_ranks,
+                    num_stages,
+                    num_microbatches,
+                    std::vector<std::vector<Action>>(num_ranks),
+                    style};
   std::vector<std::deque<Action>> pending;
   for (const auto& actions : compute) pending.emplace_back(actions.begin(), actions.end());
   std::vector<std::set<Action>> done(num_ranks);

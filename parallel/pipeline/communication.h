@@ -21,7 +21,9 @@ namespace loom::pipeline {
 // Stages on the same rank hand tensors over locally: no SEND/RECV between them.
 // Throws when the compute order can never run (e.g. a forward that needs an input no rank
 // produces first), naming each rank's stuck action.
+// `placement` says which rank holds each stage (placement.h).
 Schedule add_communication(std::string name, int num_ranks, int num_stages, int num_microbatches,
-                           const std::vector<std::vector<Action>>& compute);
+                           const std::vector<std::vector<Action>>& compute,
+                           StagePlacement placement = StagePlacement::kLoop);
 
 }  // namespace loom::pipeline

@@ -43,14 +43,21 @@ PipelineExecutor::PipelineExecutor(Schedule schedule,
     LOOM_CHECK(stage->num_stages() == schedule_.num_stages,
                "PipelineExecutor: stage {} was built for {} stages but schedule '{}' has {}",
                stage->stage_index(), stage->num_stages(), schedule_.name, schedule_.num_stages);
+    LOOM_CHECK(stage->placement() == schedule_.placement,
+               "PipelineExecutor: stage {} was built for the {} placement but schedule '{}' places "
+               "its stages in the {} placement ({}); build the stages with "
+               "StageOptions::placement = the schedule's",
+               stage->stage_index(), placement_name(stage->placement()), schedule_.name,
+               placement_name(schedule_.placement),
+               placement_rule(schedule_.placement, schedule_.num_ranks));
     given.push_back(stage->stage_index());
   }
   const std::vector<int> expected = schedule_.stages_of_rank(pp_rank_);
   LOOM_CHECK(given == expected,
-             "PipelineExecutor: pp rank {} must hold stages [{}] under schedule '{}' (stage s on "
-             "rank s % {}), got stages [{}]",
-             pp_rank_, fmt::join(expected, ", "), schedule_.name, schedule_.num_ranks,
-             fmt::join(given, ", "));
+             "PipelineExecutor: pp rank {} must hold stages [{}] under schedule '{}' ({}), got "
+             "stages [{}]",
+             pp_rank_, fmt::join(expected, ", "), schedule_.name,
+             placement_rule(schedule_.placement, schedule_.num_ranks), fmt::join(given, ", "));
 }
 
 namespace {
@@ -66,7 +73,10 @@ double PipelineExecutor::recv_wait_seconds() const {
 }
 
 PipelineStage& PipelineExecutor::stage(int index) const {
-  return *stages_.at(index / schedule_.num_ranks);
+  for (const auto& held : stages_) {
+    if (held->stage_index() == index) return *held;
+  }
+  LOOM_FAIL("PipelineExecutor: pp rank {} does not hold stage {}", pp_rank_, index);
 }
 
 std::vector<Tensor> PipelineExecutor::split(const Tensor& batch, const char* what) const {

@@ -91,7 +91,7 @@ class PipelineExecutor {
   void track_memory();
 
   Schedule schedule_;
-  std::vector<std::shared_ptr<PipelineStage>> stages_;  // indexed by stage / num_ranks
+  std::vector<std::shared_ptr<PipelineStage>> stages_;  // ascending stage index
   LossFn loss_fn_;
   int pp_rank_;
   std::vector<Tensor> scaled_losses_;  // per microbatch, on the last stage's rank

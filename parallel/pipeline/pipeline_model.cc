@@ -26,7 +26,7 @@ std::vector<LayerRange> stage_layers(const PipelineModelSpec& spec, const Schedu
              "{}: the split gives {} stages' layer counts but the schedule has {} stages ({} "
              "ranks x {} virtual stages)",
              spec.name, options.layers_per_stage.size(), num_stages,
-             num_stages / options.virtual_stages, options.virtual_stages);
+             num_stages / options.stages_per_rank(), options.stages_per_rank());
   return split_layers(spec.n_layers, options.layers_per_stage);
 }
 
@@ -76,6 +76,7 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
     std::shared_ptr<parallel::DataParallel> data_parallel = built.data_parallel;
     data_parallels_.push_back(data_parallel);
     StageOptions stage_options;
+    stage_options.placement = schedule_.placement;
     stage_options.around_backward = [data_parallel](bool last_microbatch,
                                                     const std::function<void()>& run) {
       data_parallel->backward(last_microbatch, run);

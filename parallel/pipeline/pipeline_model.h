@@ -32,6 +32,7 @@
 #include "parallel/data_parallel.h"
 #include "parallel/meshes.h"
 #include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/stage_range.h"
 
 namespace loom::pipeline {
@@ -67,14 +68,15 @@ struct PipelineModelSpec {
 // A pipeline's schedule: what a job's [parallel] section sets (train::ParallelConfig) and
 // what PipelineModel runs.
 struct ScheduleOptions {
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
-  int microbatches = 0;           // per step; 0: pp x virtual_stages (every stage busy once full)
-  int virtual_stages = 1;         // stages per rank (interleaved)
+  std::string schedule = "1f1b";  // gpipe | 1f1b | zb-h1 | interleaved | zbv | dualpipev
+  int microbatches = 0;           // per step; 0: pp x stages per rank (every stage busy once full)
+  int virtual_stages = 1;         // stages per rank (interleaved; zbv and dualpipev place 2 in a V)
   std::vector<int64_t> layers_per_stage;  // explicit split; empty: even
 
+  int stages_per_rank() const { return stages_per_rank_of(schedule, virtual_stages); }
   // The microbatches over `pp` ranks, the default resolved.
   int microbatches_for(int64_t pp) const {
-    return microbatches > 0 ? microbatches : static_cast<int>(pp) * virtual_stages;
+    return microbatches > 0 ? microbatches : static_cast<int>(pp) * stages_per_rank();
   }
 };
 

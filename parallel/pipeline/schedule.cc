@@ -9,12 +9,6 @@
 
 namespace loom::pipeline {
 
-std::vector<int> Schedule::stages_of_rank(int rank) const {
-  std::vector<int> stages;
-  for (int stage = rank; stage < num_stages; stage += num_ranks) stages.push_back(stage);
-  return stages;
-}
-
 std::string Schedule::str() const {
   std::string out;
   for (size_t rank = 0; rank < actions.size(); ++rank) {
@@ -26,11 +20,12 @@ std::string Schedule::str() const {
 }
 
 Schedule Schedule::from_text(int num_ranks, int num_stages, int num_microbatches,
-                             const std::vector<std::string>& rank_lines, std::string name) {
+                             const std::vector<std::string>& rank_lines, std::string name,
+                             StagePlacement placement) {
   LOOM_CHECK(static_cast<int>(rank_lines.size()) == num_ranks,
              "Schedule::from_text: got {} lines of actions for {} ranks; give one line per rank",
              rank_lines.size(), num_ranks);
-  Schedule schedule{std::move(name), num_ranks, num_stages, num_microbatches, {}};
+  Schedule schedule{std::move(name), num_ranks, num_stages, num_microbatches, {}, placement};
   for (const std::string& line : rank_lines) schedule.actions.push_back(parse_actions(line));
   return schedule;
 }

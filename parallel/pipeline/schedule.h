@@ -2,9 +2,9 @@
 // actions per rank (action.h) — so it can be printed, validated (validate.h) and tested
 // without running a model. Generators for GPipe, 1F1B and interleaved 1F1B are in schedules.h.
 //
-// Stage placement: stage s lives on rank s % num_ranks (torch's "loop" placement). With one
-// stage per rank that is stage == rank; with v stages per rank (interleaved), rank r holds
-// stages r, r + p, r + 2p, ...
+// Stage placement (placement.h): stage s lives on rank s % num_ranks (torch's "loop" placement:
+// one stage per rank, or v per rank for interleaved 1F1B), or, for the V schedules (ZBV,
+// DualPipeV), rank r holds stages r and 2p - 1 - r.
 //
 // Printed (str()), one line per rank, actions in execution order:
 //   rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 ...
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallel/pipeline/action.h"
+#include "parallel/pipeline/placement.h"
 
 namespace loom::pipeline {
 
@@ -24,18 +25,23 @@ struct Schedule {
   int num_stages = 0;
   int num_microbatches = 0;
   std::vector<std::vector<Action>> actions;  // actions[rank], in execution order
+  StagePlacement placement = StagePlacement::kLoop;
 
-  int rank_of_stage(int stage) const { return stage % num_ranks; }
+  int rank_of_stage(int stage) const {
+    return pipeline::rank_of_stage(placement, stage, num_ranks, num_stages);
+  }
   // The stages rank `rank` holds, ascending.
-  std::vector<int> stages_of_rank(int rank) const;
+  std::vector<int> stages_of_rank(int rank) const {
+    return pipeline::stages_of_rank(placement, rank, num_ranks, num_stages);
+  }
   // One line per rank (see above).
   std::string str() const;
 
   // A schedule from one line of compact actions per rank ("F0s0 SEND_F0s0 ..."); for tests
   // and hand-written schedules. Does not validate (call validate_schedule).
   static Schedule from_text(int num_ranks, int num_stages, int num_microbatches,
-                            const std::vector<std::string>& rank_lines,
-                            std::string name = "custom");
+                            const std::vector<std::string>& rank_lines, std::string name = "custom",
+                            StagePlacement placement = StagePlacement::kLoop);
 };
 
 // The most microbatches whose forward has run on `rank` (on any of its stages) and whose

@@ -3,12 +3,30 @@
 
 namespace loom::pipeline {
 
+namespace {
+bool is_v(const std::string& name) { return name == "zbv" || name == "dualpipev"; }
+}  // namespace
+
+int stages_per_rank_of(const std::string& name, int virtual_stages) {
+  return is_v(name) ? 2 : virtual_stages;  // the others: as given (schedule_by_name checks it)
+}
+
 Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
                           int stages_per_rank) {
   if (name == "interleaved")
     return interleaved_one_f_one_b_schedule(num_ranks, num_microbatches, stages_per_rank);
+  if (is_v(name)) {
+    LOOM_CHECK(stages_per_rank == 1 || stages_per_rank == 2,
+               "pipeline: {} places two stages per rank in a V; got {} virtual stages per rank "
+               "(leave it unset, or 2)",
+               name, stages_per_rank);
+    return name == "zbv" ? zbv_schedule(num_ranks, num_microbatches)
+                         : dualpipev_schedule(num_ranks, num_microbatches);
+  }
   LOOM_CHECK(name == "gpipe" || name == "1f1b" || name == "zb-h1",
-             "pipeline: unknown schedule '{}' (expected gpipe, 1f1b, zb-h1 or interleaved)", name);
+             "pipeline: unknown schedule '{}' (expected gpipe, 1f1b, zb-h1, interleaved, zbv or "
+             "dualpipev)",
+             name);
   LOOM_CHECK(stages_per_rank == 1,
              "pipeline: {} places one stage per rank; {} virtual stages per rank need --schedule "
              "interleaved",

@@ -1,7 +1,8 @@
 // Schedule generators: GPipe, 1F1B and interleaved 1F1B, with the orders torch.distributed.
 // pipelining (and Megatron-LM) use. Each returns a complete schedule (compute order from the
 // generator, sends and receives from add_communication) for p = num_ranks ranks and
-// m = num_microbatches microbatches; stage s lives on rank s % p.
+// m = num_microbatches microbatches; stage s lives on rank s % p, except under ZBV and DualPipeV,
+// whose two stages per rank are placed in a V (placement.h).
 #pragma once
 
 #include <string>
@@ -33,8 +34,25 @@ Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, i
 // gradients' way back leaves. Every rank holds at most p microbatches (1F1B's peak, on rank 0).
 Schedule zb_h1_schedule(int num_ranks, int num_microbatches);
 
-// The schedule a command line names: "gpipe", "1f1b", "zb-h1" or "interleaved" (which takes
-// stages_per_rank; the others need it to be 1). Throws naming the choices otherwise.
+// ZBV (the zero-bubble V schedule; torch's ScheduleZBVZeroBubble): 2p stages in a V, rank r
+// holding r and 2p - 1 - r, every backward split into I and W. With F = I = W its bubble is
+// (near) zero once m >= 2p, for 1F1B's peak activation memory (2p half-size stages' microbatches
+// on rank 0, as 1F1B's p whole ones). Any m >= 1 runs (fewer than 2p - 1 leave bubbles).
+Schedule zbv_schedule(int num_ranks, int num_microbatches);
+
+// DualPipeV (DeepSeek's DualPipe in a V; torch's ScheduleDualPipeV): the same V placement, its
+// main phase pairing a forward on one stage with a whole backward on the other (the pairs whose
+// compute and all-to-alls overlap on GPUs; run in order here), split backwards only in warm-up
+// and cool-down. Needs m >= 2p (throws naming both otherwise).
+Schedule dualpipev_schedule(int num_ranks, int num_microbatches);
+
+// Stages per rank a named schedule places: 2 for "zbv" and "dualpipev", `virtual_stages` for the
+// others (1 unless interleaved; schedule_by_name refuses anything else).
+int stages_per_rank_of(const std::string& name, int virtual_stages);
+
+// The schedule a command line names: "gpipe", "1f1b", "zb-h1", "interleaved" (which takes
+// stages_per_rank; the others need it to be 1), "zbv" or "dualpipev" (two stages per rank:
+// stages_per_rank 1, the default, or 2). Throws naming the choices otherwise.
 Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
                           int stages_per_rank = 1);
 

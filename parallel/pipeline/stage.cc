@@ -55,14 +55,21 @@ PipelineStage::PipelineStage(std::shared_ptr<nn::Module> module, int stage_index
   LOOM_CHECK(group_ != nullptr, "PipelineStage: stage {}: the pp group is null", stage_index);
   LOOM_CHECK(num_stages >= 1 && stage_index >= 0 && stage_index < num_stages,
              "PipelineStage: stage index {} is not in [0, {})", stage_index, num_stages);
-  LOOM_CHECK(stage_index % pp_size() == pp_rank_,
-             "PipelineStage: stage {} belongs on pp rank {} (stage s lives on pp rank s % {}), but "
-             "this is pp rank {}",
-             stage_index, stage_index % pp_size(), pp_size(), pp_rank_);
+  LOOM_CHECK(options_.placement != StagePlacement::kV || num_stages == 2 * pp_size(),
+             "PipelineStage: the V placement holds two stages per rank: {} pp ranks need {} "
+             "stages, got {}",
+             pp_size(), 2 * pp_size(), num_stages);
+  const int owner = rank_of_stage(options_.placement, stage_index, pp_size(), num_stages);
+  LOOM_CHECK(owner == pp_rank_,
+             "PipelineStage: stage {} belongs on pp rank {} ({} placement: {}), but this is pp "
+             "rank {}",
+             stage_index, owner, placement_name(options_.placement),
+             placement_rule(options_.placement, pp_size()), pp_rank_);
 }
 
 int PipelineStage::group_rank_of_stage(int stage) const {
-  return group_rank_by_pp_rank_.at(stage % pp_size());
+  return group_rank_by_pp_rank_.at(
+      rank_of_stage(options_.placement, stage, pp_size(), num_stages_));
 }
 
 void PipelineStage::begin_step(int num_microbatches, bool sync_gradients) {

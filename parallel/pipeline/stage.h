@@ -2,8 +2,9 @@
 // layers and parameters), its index among num_stages, and the pp process group it talks to its
 // neighbour stages over (torch.distributed.pipelining.PipelineStage).
 //
-// Placement: stage s lives on pp rank s % pp_size (Schedule::rank_of_stage). With a 1-D
-// DeviceMesh "pp", pp rank = the mesh coordinate.
+// Placement: stage s lives on pp rank s % pp_size, or in a V for ZBV and DualPipeV
+// (StageOptions::placement, placement.h; the schedule's). With a 1-D DeviceMesh "pp", pp rank =
+// the mesh coordinate.
 //
 // Data flow for microbatch i on stage s (driven by PipelineExecutor, one action at a time):
 //   F: input (the microbatch on stage 0; else the received activation, as a fresh leaf that
@@ -40,10 +41,13 @@
 #include "mesh/device_mesh.h"
 #include "nn/module.h"
 #include "parallel/pipeline/p2p.h"
+#include "parallel/pipeline/placement.h"
 
 namespace loom::pipeline {
 
 struct StageOptions {
+  // Which pp rank holds which stage: the schedule's placement (Schedule::placement).
+  StagePlacement placement = StagePlacement::kLoop;
   // Received activation (plain tensor) -> the module's input, on every stage but the first
   // (whose input is the caller's microbatch, which the caller prepares). Default: as is.
   std::function<Tensor(const Tensor& received)> wrap_input;
@@ -67,6 +71,7 @@ class PipelineStage {
   nn::Module& module() const { return *module_; }
   const std::shared_ptr<nn::Module>& module_ptr() const { return module_; }
   int stage_index() const { return stage_; }
+  StagePlacement placement() const { return options_.placement; }
   int num_stages() const { return num_stages_; }
   bool is_first() const { return stage_ == 0; }
   bool is_last() const { return stage_ == num_stages_ - 1; }

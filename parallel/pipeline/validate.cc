@@ -30,6 +30,11 @@ void check_shape(const Schedule& schedule) {
   LOOM_CHECK(static_cast<int>(schedule.actions.size()) == schedule.num_ranks,
              "schedule '{}': has action lists for {} ranks but num_ranks is {}", schedule.name,
              schedule.actions.size(), schedule.num_ranks);
+  LOOM_CHECK(
+      schedule.placement != StagePlacement::kV || schedule.num_stages == 2 * schedule.num_ranks,
+      "schedule '{}': the V placement holds two stages per rank, so {} ranks need {} "
+      "stages; got {}",
+      schedule.name, schedule.num_ranks, 2 * schedule.num_ranks, schedule.num_stages);
 }
 
 // Rule 1.
@@ -43,9 +48,10 @@ void check_placement(const Schedule& schedule, int rank, int index, const Action
              where(rank, index, action), action.microbatch, schedule.num_microbatches,
              schedule.num_microbatches - 1);
   LOOM_CHECK(schedule.rank_of_stage(action.stage) == rank,
-             "{}: stage {} lives on rank {} (stage s runs on rank s % {}), not on rank {}",
+             "{}: stage {} lives on rank {} ({} placement: {}), not on rank {}",
              where(rank, index, action), action.stage, schedule.rank_of_stage(action.stage),
-             schedule.num_ranks, rank);
+             placement_name(schedule.placement),
+             placement_rule(schedule.placement, schedule.num_ranks), rank);
   if (is_compute(action.kind)) return;
   const int peer_stage = matching_action(action).stage;
   LOOM_CHECK(peer_stage >= 0 && peer_stage <= last,

@@ -5,8 +5,8 @@
 // action's position in that rank's list and the action, e.g.
 //   "schedule: rank 1 action 5 RECV_F mb 2 stage 1 has no matching SEND_F on rank 0"
 //  1. Placement: stage and microbatch are in range; the stage lives on this rank
-//     (Schedule::rank_of_stage); a send/recv has a neighbour stage, on another rank (stages on
-//     one rank hand tensors over locally, without SEND/RECV).
+//     (Schedule::rank_of_stage: the loop or V placement, placement.h); a send/recv has a neighbour
+//     stage, on another rank (stages on one rank hand tensors over locally, without SEND/RECV).
 //  2. No action appears twice.
 //  3. Every stage runs F and B of every microbatch.
 //  4. Every SEND has its RECV on the peer's rank (same boundary, microbatch and direction:

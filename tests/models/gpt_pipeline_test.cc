@@ -1,7 +1,8 @@
 // A GPT pipelined over pp ranks against the same GPT on one rank: one step's loss and every
 // parameter's gradient, for GPipe, 1F1B and ZB-H1 (the backward split into I and W) on pp 2 and 4
-// with 1, 2, 4 and 8 microbatches, and
-// interleaved 1F1B with 2 virtual stages per rank; plus the errors a bad configuration gets.
+// with 1, 2, 4 and 8 microbatches, interleaved 1F1B with 2 virtual stages per rank, and the V
+// schedules ZBV and DualPipeV (two stages per rank: rank 0 holds the embedding and the tied head)
+// on pp 2 and 4 with 4 and 8 microbatches; plus the errors a bad configuration gets.
 //
 // Tolerance: 1e-5 relative to each gradient tensor's scale (the largest magnitude), 1e-5
 // relative for the loss. Microbatching sums a batch's gradient in another order (per-microbatch
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -29,8 +31,10 @@ using loom::testing::expect_close;
 using loom::testing::RelativeTo;
 using ::testing::HasSubstr;
 
-GPTConfig config() {
-  return GPTConfig{.n_layer = 4, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37};
+// 4 layers; 8 where a V over 4 ranks needs a layer for each of its 8 stages.
+GPTConfig config(int64_t n_layer = 4) {
+  return GPTConfig{
+      .n_layer = n_layer, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 37};
 }
 constexpr int64_t kBatch = 8, kSeqLen = 8;
 
@@ -43,9 +47,11 @@ struct Reference {
   std::map<std::string, Tensor> grads;
 };
 
-const Reference& reference() {
-  static const Reference r = [] {
-    GPT model(config(), 3);
+const Reference& reference(int64_t n_layer = 4) {
+  static std::map<int64_t, Reference> cache;
+  if (const auto it = cache.find(n_layer); it != cache.end()) return it->second;
+  const Reference& r = cache[n_layer] = [n_layer] {
+    GPT model(config(n_layer), 3);
     Tensor loss = model.loss(tokens(1), tokens(2));
     backward(loss);
     Reference out{loss.item<double>(), {}};
@@ -60,8 +66,9 @@ parallel::ParallelMeshes pp_mesh(comm::ProcessGroup& pg) {
       train::ParallelDims{.pp = pg.size()}.build_mesh(pg.shared_from_this()));
 }
 
-void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string& what) {
-  const Reference& ref = reference();
+void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string& what,
+                             int64_t n_layer = 4) {
+  const Reference& ref = reference(n_layer);
   EXPECT_NEAR(loss, ref.loss, 1e-5 * ref.loss) << what;
   const auto named = model.named_parameters();
   ASSERT_FALSE(named.empty()) << what;
@@ -77,6 +84,7 @@ void expect_matches_one_rank(GPTPipeline& model, double loss, const std::string&
 struct Case {
   std::string schedule;
   int pp, microbatches, virtual_stages;
+  int64_t n_layer = 4;
 };
 
 class GPTPipelineTest : public ::testing::TestWithParam<Case> {};
@@ -85,18 +93,20 @@ TEST_P(GPTPipelineTest, LossAndGradientsMatchOneRank) {
   const Case c = GetParam();
   const std::string what =
       fmt::format("{} pp{} m{} v{}", c.schedule, c.pp, c.microbatches, c.virtual_stages);
+  (void)reference(c.n_layer);  // computed once, before the ranks' threads read it
   comm::testing::run_on_ranks(c.pp, [&](comm::ProcessGroup& pg) {
-    GPTPipeline model(config(), 3, pp_mesh(pg),
+    GPTPipeline model(config(c.n_layer), 3, pp_mesh(pg),
                       {.schedule = c.schedule,
                        .microbatches = c.microbatches,
                        .virtual_stages = c.virtual_stages});
-    EXPECT_EQ(static_cast<int>(model.stages().size()), c.virtual_stages);
+    const bool v = c.schedule == "zbv" || c.schedule == "dualpipev";
+    EXPECT_EQ(static_cast<int>(model.stages().size()), v ? 2 : c.virtual_stages);
     model.zero_grad();
     // Only the first stage reads the inputs and the last the targets.
     const bool first = model.stages().front()->range().first,
                last = model.stages().back()->range().last;
     const double loss = model.step(first ? tokens(1) : Tensor(), last ? tokens(2) : Tensor());
-    expect_matches_one_rank(model, loss, what);
+    expect_matches_one_rank(model, loss, what, c.n_layer);
   });
 }
 
@@ -108,6 +118,15 @@ std::vector<Case> cases() {
     }
   }
   for (int m : {2, 4, 8}) out.push_back({"interleaved", 2, m, 2});
+  for (const std::string schedule : {"zbv", "dualpipev"}) {
+    for (int pp : {2, 4}) {
+      for (int m : {4, 8}) {
+        if (schedule == "dualpipev" && m < 2 * pp) continue;  // needs 2 pp (BadConfigurations)
+        out.push_back({schedule, pp, m, 1, 2 * pp});
+      }
+    }
+  }
+  out.push_back({"zbv", 2, 1, 1});  // fewer microbatches than the V's warm-up
   return out;
 }
 
@@ -170,8 +189,13 @@ TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
       return "no error";
     };
     EXPECT_THAT(error_of({.schedule = "zigzag"}),
-                HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b, zb-h1 or "
-                          "interleaved)"));
+                HasSubstr("unknown schedule 'zigzag' (expected gpipe, 1f1b, zb-h1, "
+                          "interleaved, zbv or dualpipev)"));
+    EXPECT_THAT(error_of({.schedule = "dualpipev", .microbatches = 2}),
+                HasSubstr("got 2 microbatches for 2 ranks; DualPipeV's main phase needs at least "
+                          "2 x 2 = 4"));
+    EXPECT_THAT(error_of({.schedule = "zbv", .virtual_stages = 3}),
+                HasSubstr("zbv places two stages per rank in a V; got 3 virtual stages per rank"));
     EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}),
                 HasSubstr("3 microbatches"));
     EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}),

@@ -130,7 +130,8 @@ TEST(JobConfigTest, BadFilesAreNamedBySectionAndKey) {
               HasSubstr("[training] seed: expected a non-negative integer, got -1"));
   EXPECT_THAT(error("[training]\nlr = 1.5.0\n"), HasSubstr("bad.toml:2:"));
   EXPECT_THAT(error("[parallel]\nschedule = \"zigzag\"\n"),
-              HasSubstr("[parallel] schedule: expected one of gpipe, 1f1b, zb-h1, interleaved, got "
+              HasSubstr("[parallel] schedule: expected one of gpipe, 1f1b, zb-h1, interleaved, "
+                        "zbv, dualpipev, got "
                         "'zigzag'"));
   EXPECT_THAT(error("[parallel]\nsequence_parallel = 1\n"),
               HasSubstr("[parallel] sequence_parallel: expected true or false, got an integer"));

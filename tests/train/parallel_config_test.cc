@@ -104,6 +104,13 @@ TEST(ParallelConfigTest, MicrobatchesDefaultToEveryStageBusy) {
   EXPECT_EQ((ParallelConfig{.dims = {.pp = 2}, .pipeline = {.virtual_stages = 2}}).microbatches(),
             4);
   EXPECT_EQ((ParallelConfig{.dims = {.pp = 2}, .pipeline = {.microbatches = 8}}).microbatches(), 8);
+  // The V schedules hold two stages per rank without being told.
+  EXPECT_EQ((ParallelConfig{.dims = {.pp = 4}, .pipeline = {.schedule = "zbv"}}).microbatches(), 8);
+  EXPECT_EQ(
+      (ParallelConfig{.dims = {.pp = 2}, .pipeline = {.schedule = "dualpipev"}}).microbatches(), 4);
+  EXPECT_EQ(
+      ParallelConfig({.dims = {.pp = 2}, .pipeline = {.schedule = "zbv"}}).stage_ranges(4).size(),
+      4u);
   EXPECT_EQ(ParallelConfig{}.microbatches(), 1);
 }
 

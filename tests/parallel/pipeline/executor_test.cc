@@ -1,6 +1,7 @@
 // Pipelined training steps against the same model on one rank: every schedule (GPipe, 1F1B,
-// interleaved 1F1B with v = 2), pp 2 and 4, microbatches 1, 2, 4 and 8, give the same loss and
-// the same gradients; invalid combinations raise naming the numbers.
+// interleaved 1F1B with v = 2, ZB-H1, and the V schedules ZBV and DualPipeV), pp 2 and 4,
+// microbatches 1, 2, 4 and 8, give the same loss and the same gradients; invalid combinations raise
+// naming the numbers.
 #include "parallel/pipeline/executor.h"
 
 #include <gmock/gmock.h>
@@ -27,7 +28,7 @@ using testing::reference_step;
 
 constexpr int64_t kBatch = 8;
 
-enum class Kind { kGPipe, kOneFOneB, kInterleaved };
+enum class Kind { kGPipe, kOneFOneB, kInterleaved, kZeroBubbleH1, kZBV, kDualPipeV };
 constexpr int kInterleavedStagesPerRank = 2;
 
 Schedule make_schedule(Kind kind, int p, int m) {
@@ -38,6 +39,12 @@ Schedule make_schedule(Kind kind, int p, int m) {
       return one_f_one_b_schedule(p, m);
     case Kind::kInterleaved:
       return interleaved_one_f_one_b_schedule(p, m, kInterleavedStagesPerRank);
+    case Kind::kZeroBubbleH1:
+      return zb_h1_schedule(p, m);
+    case Kind::kZBV:
+      return zbv_schedule(p, m);
+    case Kind::kDualPipeV:
+      return dualpipev_schedule(p, m);
   }
   return {};
 }
@@ -49,9 +56,12 @@ struct Case {
 };
 
 std::string case_name(const Case& c) {
-  const char* kind = c.kind == Kind::kGPipe      ? "GPipe"
-                     : c.kind == Kind::kOneFOneB ? "OneFOneB"
-                                                 : "Interleaved";
+  const char* kind = c.kind == Kind::kGPipe          ? "GPipe"
+                     : c.kind == Kind::kOneFOneB     ? "OneFOneB"
+                     : c.kind == Kind::kInterleaved  ? "Interleaved"
+                     : c.kind == Kind::kZeroBubbleH1 ? "ZeroBubbleH1"
+                     : c.kind == Kind::kZBV          ? "ZBV"
+                                                     : "DualPipeV";
   return fmt::format("{}_pp{}_mb{}", kind, c.p, c.m);
 }
 void PrintTo(const Case& c, std::ostream* os) { *os << case_name(c); }
@@ -66,6 +76,14 @@ TEST_P(PipelineEquivalenceTest, LossAndGradientsEqualOneRank) {
                     fmt::format("{} microbatches is not a multiple of the {} ranks", m, p))));
     return;
   }
+  if (kind == Kind::kDualPipeV && m < 2 * p) {
+    EXPECT_THAT([&] { make_schedule(kind, p, m); },
+                ::testing::ThrowsMessage<Error>(HasSubstr(fmt::format(
+                    "got {} microbatches for {} ranks; DualPipeV's main phase needs at least 2 x "
+                    "{} = {}",
+                    m, p, p, 2 * p))));
+    return;
+  }
   const Schedule schedule = make_schedule(kind, p, m);
   // Two steps on different batches: the second checks that a step leaves nothing behind
   // (messages, shape metadata, saved activations), that zeroed gradients start afresh, and that
@@ -78,7 +96,8 @@ TEST_P(PipelineEquivalenceTest, LossAndGradientsEqualOneRank) {
   const Reference second = reference_step(inputs[1], targets[1]);
   comm::testing::run_on_ranks(p, [&](comm::ProcessGroup& pg) {
     const auto stages = build_stages(schedule, pg.rank(), [&](auto module, int s) {
-      return std::make_shared<PipelineStage>(module, s, schedule.num_stages, pg.shared_from_this());
+      return std::make_shared<PipelineStage>(module, s, schedule.num_stages, pg.shared_from_this(),
+                                             StageOptions{.placement = schedule.placement});
     });
     PipelineExecutor executor(schedule, stages, mse_loss);
     for (int i = 0; i < 2; ++i) {
@@ -91,7 +110,8 @@ TEST_P(PipelineEquivalenceTest, LossAndGradientsEqualOneRank) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (Kind kind : {Kind::kGPipe, Kind::kOneFOneB, Kind::kInterleaved})
+  for (Kind kind : {Kind::kGPipe, Kind::kOneFOneB, Kind::kInterleaved, Kind::kZeroBubbleH1,
+                    Kind::kZBV, Kind::kDualPipeV})
     for (int p : {2, 4})
       for (int m : {1, 2, 4, 8}) cases.push_back({kind, p, m});
   return cases;

@@ -76,6 +76,19 @@ TEST(SchedulesTest, EveryGeneratedScheduleIsValidEvenWithRendezvousSends) {
       valid(one_f_one_b_schedule(p, m));
       valid(zb_h1_schedule(p, m));
       for (int v = 1; v <= 3 && m % p == 0; ++v) valid(interleaved_one_f_one_b_schedule(p, m, v));
+      valid(zbv_schedule(p, m));
+      if (m >= 2 * p) valid(dualpipev_schedule(p, m));
+    }
+  }
+  // The V schedules' longer runs, and more ranks.
+  for (int p : {5, 6, 8}) {
+    for (int m : {1, p, 2 * p - 1, 2 * p, 3 * p + 1}) {
+      SCOPED_TRACE(testing::Message() << "p=" << p << " m=" << m);
+      EXPECT_NO_THROW(validate_schedule(zbv_schedule(p, m), {.sends = SendSemantics::kRendezvous}));
+      if (m >= 2 * p) {
+        EXPECT_NO_THROW(
+            validate_schedule(dualpipev_schedule(p, m), {.sends = SendSemantics::kRendezvous}));
+      }
     }
   }
 }

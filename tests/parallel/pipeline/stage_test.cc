@@ -107,8 +107,8 @@ TEST(PipelineStageTest, MisassembledPipelinesAreNamed) {
     auto module = testing::build_layers({0, 1});
     EXPECT_THAT([&] { PipelineStage(module, 1 - pg.rank(), 2, group); },
                 ThrowsMessage<Error>(HasSubstr(fmt::format(
-                    "stage {} belongs on pp rank {} (stage s lives on pp rank s % 2), but this is "
-                    "pp rank {}",
+                    "stage {} belongs on pp rank {} (loop placement: stage s on rank s % 2), but "
+                    "this is pp rank {}",
                     1 - pg.rank(), 1 - pg.rank(), pg.rank()))));
     EXPECT_THAT([&] { PipelineStage(module, 2, 2, group); },
                 ThrowsMessage<Error>(HasSubstr("stage index 2 is not in [0, 2)")));
@@ -122,6 +122,19 @@ TEST(PipelineStageTest, MisassembledPipelinesAreNamed) {
     EXPECT_THAT([&] { PipelineExecutor(one_f_one_b_schedule(2, 2), {mine}, mse_loss); },
                 ThrowsMessage<Error>(HasSubstr(fmt::format(
                     "stage {} was built for 4 stages but schedule '1F1B' has 2", pg.rank()))));
+    // Stages built for the loop placement under a V schedule: named, with the fix.
+    EXPECT_THAT([&] { PipelineExecutor(zbv_schedule(2, 4), {mine}, mse_loss); },
+                ThrowsMessage<Error>(HasSubstr(fmt::format(
+                    "stage {} was built for the loop placement but schedule 'ZBV' places its "
+                    "stages in the v placement (stage s on rank s for s < 2 and on rank 3 - s "
+                    "after (a V)); build the stages with StageOptions::placement = the schedule's",
+                    pg.rank()))));
+    EXPECT_THAT(
+        [&] { PipelineStage(module, 2 + pg.rank(), 4, group, {.placement = StagePlacement::kV}); },
+        ThrowsMessage<Error>(HasSubstr(fmt::format(
+            "stage {} belongs on pp rank {} (v placement: stage s on rank s for s < 2 and "
+            "on rank 3 - s after (a V)), but this is pp rank {}",
+            2 + pg.rank(), 1 - pg.rank(), pg.rank()))));
     EXPECT_THAT([&] { PipelineExecutor(one_f_one_b_schedule(4, 2), {mine}, mse_loss); },
                 ThrowsMessage<Error>(
                     HasSubstr("schedule '1F1B' is for 4 ranks but the pp group 'default' has 2")));

@@ -177,8 +177,39 @@ TEST(ValidateTest, ThreeRankCycleIsNamed) {
 
 TEST(ValidateTest, StageOnTheWrongRank) {
   EXPECT_EQ(error_of(two_ranks("F0s1 " + kRank0, kRank1)),
-            "schedule: rank 0 action 0 F mb 0 stage 1: stage 1 lives on rank 1 (stage s runs on "
-            "rank s % 2), not on rank 0");
+            "schedule: rank 0 action 0 F mb 0 stage 1: stage 1 lives on rank 1 (loop placement: "
+            "stage s on rank s % 2), not on rank 0");
+}
+
+// The V placement (ZBV, DualPipeV): rank r holds stages r and 2p - 1 - r; the last rank's two
+// middle stages hand over locally and rank 0 computes the loss.
+TEST(ValidateTest, TheVPlacement) {
+  const std::vector<std::string> v_lines = {
+      "F0s0 SEND_F0s0 RECV_F0s3 F0s3 I0s3 SEND_B0s3 W0s3 RECV_B0s0 I0s0 W0s0",
+      "RECV_F0s1 F0s1 F0s2 SEND_F0s2 RECV_B0s2 B0s2 B0s1 SEND_B0s1"};
+  const Schedule v = Schedule::from_text(2, 4, 1, v_lines, "v", StagePlacement::kV);
+  EXPECT_NO_THROW(validate_schedule(v));
+  EXPECT_NO_THROW(validate_schedule(v, {.sends = SendSemantics::kRendezvous}));
+  EXPECT_EQ(v.stages_of_rank(0), (std::vector<int>{0, 3}));
+  EXPECT_EQ(v.stages_of_rank(1), (std::vector<int>{1, 2}));
+  // The same lines under the loop placement put stage 3 on rank 1.
+  EXPECT_EQ(error_of(Schedule::from_text(2, 4, 1, v_lines)),
+            "schedule: rank 0 action 2 RECV_F mb 0 stage 3: stage 3 lives on rank 1 (loop "
+            "placement: stage s on rank s % 2), not on rank 0");
+  // A stage 3 on rank 1 under V is named with the V's rule.
+  EXPECT_EQ(error_of(Schedule::from_text(2, 4, 1, {v_lines[0], "F0s3 " + v_lines[1]}, "v",
+                                         StagePlacement::kV)),
+            "schedule: rank 1 action 0 F mb 0 stage 3: stage 3 lives on rank 0 (v placement: "
+            "stage s on rank s for s < 2 and on rank 3 - s after (a V)), not on rank 1");
+  EXPECT_THAT(error_of(Schedule::from_text(2, 3, 1, v_lines, "v3", StagePlacement::kV)),
+              HasSubstr("the V placement holds two stages per rank, so 2 ranks need 4 stages; got "
+                        "3"));
+  // A W that never runs, in a V.
+  EXPECT_THAT(
+      error_of(Schedule::from_text(
+          2, 4, 1, {"F0s0 SEND_F0s0 RECV_F0s3 F0s3 I0s3 SEND_B0s3 W0s3 RECV_B0s0 I0s0", v_lines[1]},
+          "v", StagePlacement::kV)),
+      HasSubstr("schedule: rank 0 runs I mb 0 stage 0 but never its W mb 0 stage 0"));
 }
 
 TEST(ValidateTest, OutOfRange) {
