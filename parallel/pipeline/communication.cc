@@ -3,8 +3,9 @@
 #include <fmt/format.h>
 
 #include <deque>
+#include <limits>
+#include <map>
 #include <optional>
-#include <set>
 
 #include "base/error.h"
 
@@ -33,21 +34,21 @@ std::optional<Action> send_after(const Action& action, const Placement& placemen
   return std::nullopt;
 }
 
-// Whether a compute action's input (activation or gradient) is already on this rank: received,
-// or produced by a local neighbour stage.
-bool input_ready(const Action& action, const std::set<Action>& done, const Placement& placement) {
+// The compute that produces a compute action's input (activation or gradient), if any: the
+// neighbour stage's F, or its B or I (whichever `done` has).
+std::optional<Action> producer(const Action& action, const std::map<Action, double>& done,
+                               const Placement& placement) {
   const int s = action.stage, mb = action.microbatch;
-  if (action.kind == ActionKind::kForward && s > 0) {
-    return done.contains({ActionKind::kRecvF, s, mb}) ||
-           done.contains({ActionKind::kForward, s - 1, mb});
-  }
+  if (action.kind == ActionKind::kForward && s > 0) return Action{ActionKind::kForward, s - 1, mb};
   if (computes_input_grad(action.kind) && s + 1 < placement.num_stages) {
-    return done.contains({ActionKind::kRecvB, s, mb}) ||
-           done.contains({ActionKind::kBackward, s + 1, mb}) ||
-           done.contains({ActionKind::kBackwardInput, s + 1, mb});
+    const Action whole{ActionKind::kBackward, s + 1, mb};
+    return done.contains(whole) ? whole : Action{ActionKind::kBackwardInput, s + 1, mb};
   }
-  return true;
+  return std::nullopt;
 }
+
+// Units of simulated time: a forward 1, a whole backward 2, its parts 1 each.
+double duration(ActionKind kind) { return kind == ActionKind::kBackward ? 2.0 : 1.0; }
 
 }  // namespace
 
@@ -63,39 +64,88 @@ Schedule add_communication(std::string name, int num_ranks, int num_stages, int 
                     style};
   std::vector<std::deque<Action>> pending;
   for (const auto& actions : compute) pending.emplace_back(actions.begin(), actions.end());
-  std::vector<std::set<Action>> done(num_ranks);
-  auto place = [&](int rank, const Action& action) {
-    schedule.actions[rank].push_back(action);
-    done[rank].insert(action);
+  std::map<Action, double> finished;  // compute -> its finish time
+  std::vector<double> clock(num_ranks, 0.0);
+  // Per rank: receives not yet placed, by (arrival time, order sent), with the sender's rank.
+  std::vector<std::multimap<std::pair<double, int>, std::pair<int, Action>>> inbox(num_ranks);
+  int sent = 0;
+  // Places `rank`'s receives that arrived before `until`, and those arriving at `until` from a
+  // rank below `from_below` (all of them with num_ranks).
+  const auto flush_inbox = [&](int rank, double until, int from_below) {
+    auto& box = inbox[rank];
+    for (auto it = box.begin(); it != box.end() && it->first.first <= until;) {
+      if (it->first.first == until && it->second.first >= from_below) {
+        ++it;
+        continue;
+      }
+      schedule.actions[rank].push_back(it->second.second);
+      it = box.erase(it);
+    }
   };
-  for (bool any_left = true; any_left;) {
-    any_left = false;
-    bool progress = false;
+  // Sends of computes that finish later: (finish time, rank) -> the send.
+  std::multimap<std::pair<double, int>, Action> sends;
+  // Discrete events in time order. At a time t: first every message sent at t arrives; then each
+  // sender posts the receives that arrived before t, and those arriving at t from lower ranks,
+  // before its send. So of two ranks sending to each other at once, the lower sends first and
+  // the higher receives first: no cycle of ranks each blocked in a receive before its send
+  // (blocking receives), nor each blocked in a send before its receive (sends that wait for the
+  // receiver, NCCL's). Then computes starting at t post every receive that arrived by t and run
+  // (ties to the lower rank). Starts never decrease: a compute becomes runnable only when its
+  // input's producer finishes.
+  while (true) {
+    int next = -1;
+    double next_start = 0;
     for (int rank = 0; rank < num_ranks; ++rank) {
       if (pending[rank].empty()) continue;
-      any_left = true;
-      const Action action = pending[rank].front();
-      if (!input_ready(action, done[rank], placement)) continue;
-      place(rank, action);
-      if (const auto send = send_after(action, placement)) {
-        place(rank, *send);
-        const Action recv = matching_action(*send);
-        place(placement.rank_of(recv.stage), recv);
+      const Action& action = pending[rank].front();
+      double start = clock[rank];
+      if (const auto from = producer(action, finished, placement)) {
+        const auto it = finished.find(*from);
+        if (it == finished.end()) continue;  // its input is not computed yet
+        start = std::max(start, it->second);
       }
-      pending[rank].pop_front();
-      progress = true;
+      if (next < 0 || start < next_start) next = rank, next_start = start;
     }
-    if (any_left && !progress) {
-      std::string stuck;
-      for (int rank = 0; rank < num_ranks; ++rank) {
-        if (!pending[rank].empty())
-          stuck += fmt::format("; rank {} at {}", rank, describe(pending[rank].front()));
+    if (!sends.empty() && (next < 0 || sends.begin()->first.first <= next_start)) {
+      const double t = sends.begin()->first.first;
+      std::vector<std::pair<int, Action>> now;
+      while (!sends.empty() && sends.begin()->first.first == t) {
+        now.emplace_back(sends.begin()->first.second, sends.begin()->second);
+        sends.erase(sends.begin());
       }
-      LOOM_FAIL(
-          "add_communication: schedule '{}' cannot run: no rank's next compute action has its "
-          "input{}",
-          schedule.name, stuck);
+      for (const auto& [rank, send] : now) {
+        const Action recv = matching_action(send);
+        inbox[placement.rank_of(recv.stage)].emplace(std::make_pair(t, sent++),
+                                                     std::make_pair(rank, recv));
+      }
+      for (const auto& [rank, send] : now) {
+        flush_inbox(rank, t, rank);
+        schedule.actions[rank].push_back(send);
+      }
+      continue;
     }
+    if (next < 0) break;
+    const Action action = pending[next].front();
+    pending[next].pop_front();
+    flush_inbox(next, next_start, num_ranks);
+    schedule.actions[next].push_back(action);
+    clock[next] = next_start + duration(action.kind);
+    finished[action] = clock[next];
+    if (const auto send = send_after(action, placement)) {
+      sends.emplace(std::make_pair(clock[next], next), *send);
+    }
+  }
+  std::string stuck;
+  for (int rank = 0; rank < num_ranks; ++rank) {
+    if (!pending[rank].empty())
+      stuck += fmt::format("; rank {} at {}", rank, describe(pending[rank].front()));
+  }
+  LOOM_CHECK(stuck.empty(),
+             "add_communication: schedule '{}' cannot run: no rank's next compute action has its "
+             "input{}",
+             schedule.name, stuck);
+  for (int rank = 0; rank < num_ranks; ++rank) {
+    flush_inbox(rank, std::numeric_limits<double>::infinity(), num_ranks);
   }
   return schedule;
 }

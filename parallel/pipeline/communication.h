@@ -13,11 +13,15 @@ namespace loom::pipeline {
 // compute[r] lists rank r's F and B actions in order. Returns the schedule with:
 //   - SEND_F right after every forward whose next stage is on another rank, SEND_B right after
 //     every backward whose previous stage is on another rank;
-//   - the matching RECV placed on the receiving rank at the point the send happens in a
-//     lockstep simulation (every rank takes its next compute action per round once its input
-//     has been received), so receives are posted as early as possible and each rank's list is
-//     in the order of that simulated timeline — which makes the result deadlock-free with
-//     blocking receives and asynchronous sends (what validate_schedule checks).
+//   - the matching RECV placed on the receiving rank at the point the send happens in a timed
+//     simulation (each rank runs its computes in order, each starting once the rank is free and
+//     its input computed; F 1, B 2, I and W 1 unit; messages free): right before the first
+//     compute that starts at or after the send. Receives are so posted as early as they can
+//     complete and no earlier — a receive that waits (the step's first activation across a
+//     boundary waits for its shape, p2p.h) does not hold back computes the rank could run
+//     before its data exists — and each rank's list is in the order of that timeline, which
+//     makes the result deadlock-free with blocking receives and asynchronous sends (what
+//     validate_schedule checks).
 // Stages on the same rank hand tensors over locally: no SEND/RECV between them.
 // Throws when the compute order can never run (e.g. a forward that needs an input no rank
 // produces first), naming each rank's stuck action.

@@ -120,6 +120,36 @@ TEST(JobPlan, PipelineStages) {
   expect_plan_matches(
       *models::gpt_args(config()),
       {.dims = {.pp = 2}, .pipeline = {.schedule = "interleaved", .virtual_stages = 2}});
+  // The V schedules: rank 0 holds the first and the last stage (the embedding and the head).
+  for (const std::string schedule : {"zbv", "dualpipev"}) {
+    expect_plan_matches(*models::gpt_args(config()),
+                        {.dims = {.pp = 2}, .pipeline = {.schedule = schedule, .microbatches = 4}});
+  }
+}
+
+// The pipeline section: the schedule's own timeline and peaks per pp rank, the traced activation
+// peak beside them (1F1B: p - r on rank r; ZBV: 2p on every rank of its half-depth stages).
+TEST(JobPlan, PipelineScheduleSection) {
+  const auto plan_of = [](const std::string& schedule) {
+    return plan_job(*models::gpt_args(config()),
+                    {.dims = {.pp = 2}, .pipeline = {.schedule = schedule, .microbatches = 4}},
+                    kBatch, kSeq);
+  };
+  const JobPlan ofob = plan_of("1f1b"), zbv = plan_of("zbv");
+  ASSERT_TRUE(ofob.pipeline && zbv.pipeline);
+  EXPECT_EQ(ofob.pipeline->schedule, "1F1B");
+  EXPECT_EQ(ofob.pipeline->peak_microbatches, (std::vector<int>{2, 1}));
+  EXPECT_NEAR(ofob.pipeline->idle_share, 1.0 / 5.0, 1e-12);  // (p-1)/(m+p-1)
+  EXPECT_EQ(zbv.pipeline->stages, (std::vector<std::vector<int>>{{0, 3}, {1, 2}}));
+  EXPECT_EQ(zbv.pipeline->peak_microbatches, (std::vector<int>{4, 4}));
+  EXPECT_LT(zbv.pipeline->idle_share, ofob.pipeline->idle_share / 3);
+  const std::string text = format_job_plan(zbv);
+  EXPECT_NE(text.find("Pipeline schedule ZBV (stage s on rank s for s < 2 and on rank 3 - s after "
+                      "(a V); 4 stages, 4 microbatches)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("| 0 | 0,3 | 4 | "), std::string::npos) << text;
+  EXPECT_FALSE(plan_job(*models::gpt_args(config()), {}, kBatch, kSeq).pipeline);
 }
 
 TEST(JobPlan, DataParallel) {

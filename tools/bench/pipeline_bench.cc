@@ -1,5 +1,5 @@
-// pipeline_bench: the pipeline bubble and activation memory of GPipe, 1F1B, ZB-H1 and
-// interleaved 1F1B.
+// pipeline_bench: the pipeline bubble and activation memory of GPipe, 1F1B, ZB-H1, interleaved
+// 1F1B, and the V schedules ZBV and DualPipeV (two stages per rank).
 //
 //   bazel run -c opt //tools/bench:pipeline_bench
 //   bazel run -c opt //tools/bench:pipeline_bench -- --ranks 4 --microbatches 8 --stages-per-rank 2
@@ -13,8 +13,12 @@
 //               it blocked in receives (sends are asynchronous). Beside it: "sim", the
 //               schedule's own idle share from a timeline of its actions with these compute
 //               times and free messages, and the textbook figure for uniform stages,
-//               (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) for interleaved; then
-//               Megatron's bubble/ideal ratio, (p-1)/m and (p-1)/(v m), beside idle / (1 - idle).
+//               (p-1)/(m+p-1) for GPipe and 1F1B, (p-1)/(v m+p-1) for interleaved, and for the
+//               split ones from their bubble per rank (chunk times f, b = i + w, w of a stage):
+//               ZB-H1 (p-1)(f+i-w) (Qi et al.); ZBV (p-1) f, the last rank's wait for its first
+//               input, which a V cannot fill (the rest it fills when f = i = w); DualPipeV
+//               (p-1)(f&b + b - 3w) (DeepSeek's DualPipe table with PP = 2p stages, f&b = f + b
+//               run in order); then Megatron's bubble/ideal ratio beside idle / (1 - idle).
 //   in flight = the most microbatches whose forward ran and backward had not on a rank (the
 //               activations it holds), measured and as the schedule predicts
 //               (peak_microbatches_in_flight), and the boundary tensors' bytes at that peak.
@@ -168,8 +172,9 @@ std::vector<RankResult> run(const Settings& s, const Schedule& schedule) {
             comm::GlooOptions::loopback());
         std::vector<std::shared_ptr<PipelineStage>> stages;
         for (int stage : schedule.stages_of_rank(rank))
-          stages.push_back(std::make_shared<PipelineStage>(make_stage_module(s, schedule, stage),
-                                                           stage, schedule.num_stages, pg));
+          stages.push_back(std::make_shared<PipelineStage>(
+              make_stage_module(s, schedule, stage), stage, schedule.num_stages, pg,
+              StageOptions{.placement = schedule.placement}));
         PipelineExecutor executor(schedule, stages, [](const Tensor& out, const Tensor& target) {
           const Tensor diff = sub(out, target);
           return mean(mul(diff, diff));
@@ -265,6 +270,19 @@ int main(int argc, char** argv) {
   } else {
     fmt::print("(interleaved skipped: m = {} is not a multiple of p = {})\n", m, p);
   }
+  // The V schedules: 2p stages, each half a rank's layers (chunk times half the rank's).
+  {
+    const double f = s.forward_ms / 2, b = s.backward_ms / 2, w = s.weight_ms / 2;
+    const double work = 2 * m * (f + b);
+    const double zbv_bubble = pm1 * f;
+    entries.push_back({zbv_schedule(p, m), zbv_bubble / (work + zbv_bubble), zbv_bubble / work});
+    if (m >= 2 * p) {
+      const double bubble = pm1 * ((f + b) + b - 3 * w);
+      entries.push_back({dualpipev_schedule(p, m), bubble / (work + bubble), bubble / work});
+    } else {
+      fmt::print("(dualpipev skipped: m = {} is under 2p = {})\n", m, 2 * p);
+    }
+  }
   for (const Entry& entry : entries) {
     const std::vector<RankResult> results = run(s, entry.schedule);
     double step = 0, idle = 0, in_recv = 0;
@@ -303,9 +321,10 @@ int main(int argc, char** argv) {
       "of it blocked in\n"
       "receives; sim: the schedule's own idle share with these compute times and free messages; "
       "formula:\n"
-      "(p-1)/(m+p-1), interleaved (p-1)/(v m+p-1). b/ideal: idle / (1 - idle) beside Megatron's "
-      "(p-1)/m,\n"
-      "interleaved (p-1)/(v m). in flight: most microbatches whose activations one rank held (max "
+      "(p-1)/(m+p-1), interleaved (p-1)/(v m+p-1), the split schedules' from their bubbles (see "
+      "the header).\n"
+      "b/ideal: idle / (1 - idle) beside Megatron's (p-1)/m, interleaved (p-1)/(v m), the others' "
+      "bubble / work. in flight: most microbatches whose activations one rank held (max "
       "over ranks;\n"
       "(sched): per rank, as the schedule predicts). peak KiB: those microbatches' stage-boundary "
       "tensors.\n");

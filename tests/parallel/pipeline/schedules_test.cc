@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "parallel/pipeline/validate.h"
 
@@ -34,7 +36,7 @@ TEST(SchedulesTest, OneFOneBWarmsUpThenAlternates) {
   EXPECT_EQ(schedule.str(),
             "rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_B0s0 B0s0 F2s0 SEND_F2s0 RECV_B1s0 B1s0 "
             "RECV_B2s0 B2s0\n"
-            "rank 1: RECV_F0s1 F0s1 RECV_F1s1 B0s1 SEND_B0s1 F1s1 RECV_F2s1 B1s1 SEND_B1s1 F2s1 "
+            "rank 1: RECV_F0s1 F0s1 RECV_F1s1 B0s1 SEND_B0s1 F1s1 B1s1 RECV_F2s1 SEND_B1s1 F2s1 "
             "B2s1 SEND_B2s1\n");
   // p = 4, m = 6: rank r warms up with 3 - r forwards.
   const Schedule four = one_f_one_b_schedule(4, 6);
@@ -47,11 +49,11 @@ TEST(SchedulesTest, InterleavedGoesThroughLocalStagesInRoundsOfP) {
   const Schedule schedule = interleaved_one_f_one_b_schedule(2, 2, 2);
   EXPECT_EQ(schedule.num_stages, 4);
   EXPECT_EQ(schedule.str(),
-            "rank 0: F0s0 SEND_F0s0 RECV_F0s2 F1s0 SEND_F1s0 RECV_F1s2 F0s2 SEND_F0s2 F1s2 "
+            "rank 0: F0s0 SEND_F0s0 F1s0 SEND_F1s0 RECV_F0s2 F0s2 SEND_F0s2 RECV_F1s2 F1s2 "
             "SEND_F1s2 RECV_B0s2 B0s2 SEND_B0s2 RECV_B1s2 B1s2 SEND_B1s2 RECV_B0s0 B0s0 RECV_B1s0 "
             "B1s0\n"
-            "rank 1: RECV_F0s1 F0s1 SEND_F0s1 RECV_F1s1 F1s1 SEND_F1s1 RECV_F0s3 F0s3 RECV_F1s3 "
-            "B0s3 SEND_B0s3 RECV_B0s1 F1s3 B1s3 SEND_B1s3 RECV_B1s1 B0s1 SEND_B0s1 B1s1 "
+            "rank 1: RECV_F0s1 F0s1 RECV_F1s1 SEND_F0s1 F1s1 RECV_F0s3 SEND_F1s1 F0s3 RECV_F1s3 "
+            "B0s3 SEND_B0s3 F1s3 B1s3 RECV_B0s1 SEND_B1s3 B0s1 RECV_B1s1 SEND_B0s1 B1s1 "
             "SEND_B1s1\n");
   // p = 2, m = 4, v = 2 (torch's order): rank 0 warms up with (v-1)p + 2(p-1) = 4 forwards;
   // rank 1 with 2.
@@ -117,6 +119,61 @@ TEST(SchedulesTest, ZeroBubbleH1DelaysRankRsWeightsByR) {
     EXPECT_EQ(peak_microbatches_in_flight(zb, rank), 4) << "rank " << rank;
   }
   EXPECT_EQ(peak_microbatches_in_flight(ofob, 0), 4);
+}
+
+// ZBV: rank r holds stages r and 2p-1-r; rank 0 runs 2p-1 forwards down before the first
+// microbatch comes back up to its stage 2p-1, then each up stage's F is followed by its I and W.
+TEST(SchedulesTest, ZeroBubbleVTurnsAtTheLastRank) {
+  const Schedule zbv = zbv_schedule(2, 4);
+  EXPECT_EQ(zbv.placement, StagePlacement::kV);
+  EXPECT_EQ(zbv.num_stages, 4);
+  EXPECT_EQ(compute_order(zbv, 0),
+            "F0s0 F1s0 F2s0 F0s3 I0s3 W0s3 F1s3 I1s3 W1s3 F3s0 I0s0 W0s0 F2s3 I2s3 W2s3 I1s0 W1s0 "
+            "F3s3 I3s3 W3s3 I2s0 W2s0 I3s0 W3s0");
+  EXPECT_EQ(compute_order(zbv, 1),
+            "F0s1 F0s2 F1s1 F1s2 I0s2 W0s2 F2s1 I0s1 W0s1 F2s2 I1s2 W1s2 F3s1 I1s1 W1s1 F3s2 I2s2 "
+            "W2s2 I2s1 I3s2 I3s1 W2s1 W3s2 W3s1");
+  // Every rank holds 2p stage-microbatches at its peak (1F1B's p whole ones, at half depth).
+  const Schedule eight = zbv_schedule(4, 8);
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(peak_microbatches_in_flight(eight, rank), 8);
+  // Its timeline's idle share is the V's start alone, (p-1) f of each rank's (p-1) f + 2m(f+b)
+  // (F = I = W = 1 per stage), below a third of 1F1B's.
+  EXPECT_NEAR(simulated_idle_share(eight, 1, 2, 1), 3.0 / (3 + 2 * 8 * 3), 1e-12);
+  EXPECT_LT(simulated_idle_share(eight, 1, 2, 1),
+            simulated_idle_share(one_f_one_b_schedule(4, 8), 1, 2, 1) / 3);
+}
+
+// DualPipeV: its main phase pairs F on one stage with a whole B on the other; split backwards in
+// warm-up and cool-down only; it needs 2p microbatches.
+TEST(SchedulesTest, DualPipeVPairsForwardsWithWholeBackwards) {
+  const Schedule dual = dualpipev_schedule(2, 4);
+  EXPECT_EQ(dual.placement, StagePlacement::kV);
+  EXPECT_EQ(compute_order(dual, 0),
+            "F0s0 F1s0 F2s0 F0s3 I0s3 W0s3 F1s3 F3s0 B1s3 F2s3 B0s0 B2s3 F3s3 B1s0 B3s3 I2s0 W2s0 "
+            "I3s0 W3s0");
+  EXPECT_EQ(compute_order(dual, 1),
+            "F0s1 F0s2 F1s1 F1s2 F2s1 B0s2 F2s2 B0s1 F3s1 B1s2 F3s2 B1s1 B2s2 B2s1 I3s2 I3s1 W3s2 "
+            "W3s1");
+  EXPECT_THAT([] { dualpipev_schedule(4, 7); },
+              ::testing::ThrowsMessage<Error>(
+                  HasSubstr("got 7 microbatches for 4 ranks; DualPipeV's main phase needs at "
+                            "least 2 x 4 = 8 (DeepSeek's num_chunks >= num_ranks * 2), or use "
+                            "zbv")));
+}
+
+// Receives are placed where their message can have arrived: rank 0 of a ZBV over 4 ranks runs
+// all 7 of its forwards down before it receives the first activation coming back up (the step's
+// first receive on a boundary waits for the activation's shape, so an earlier one would hold
+// those forwards back).
+TEST(SchedulesTest, ReceivesArePostedWhenTheirMessageCanHaveArrived) {
+  const Schedule zbv = zbv_schedule(4, 8);
+  const auto& rank0 = zbv.actions[0];
+  const auto at = [&](const std::string& text) {
+    const Action action = parse_actions(text).front();
+    return std::find(rank0.begin(), rank0.end(), action) - rank0.begin();
+  };
+  EXPECT_GT(at("RECV_F0s7"), at("F6s0"));
+  EXPECT_LT(at("RECV_F0s7"), at("F0s7"));
 }
 
 TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {
