@@ -17,6 +17,7 @@
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/memory_stats.h"
+#include "tensor/ops.h"
 #include "train/checkpoint_fields.h"
 #include "train/loss_plot.h"
 #include "train/output_files.h"
@@ -354,8 +355,34 @@ void JobRunner::validate(int step, JobResult& result) {
   std::fflush(stdout);
 }
 
+void JobRunner::report_tensor_peaks() {
+  const int world = world_->size();
+  if (world == 1) return;  // the metrics line has it
+  const Device device = world_->device();
+  const Tensor mine =
+      ops::from_vector_i64({process_memory_tracker().stats().peak_bytes}, {1}, device);
+  Tensor all = ops::empty({world}, kInt64, device);
+  world_->all_gather_into_tensor(all, mine)->wait();
+  if (world_->rank() != 0) return;
+  const Tensor on_host = ops::to(all, Device::cpu());
+  const int64_t* peaks = on_host.data<int64_t>();
+  std::string line;
+  for (int r = 0; r < world; ++r) {
+    line += fmt::format("{}{} {:.1f}", r == 0 ? "" : ", ", r, peaks[r] / 1048576.0);
+  }
+  // Ranks differ under a pipeline (stages, the schedule's microbatches in flight): `loom plan`'s
+  // traced "peak in step" per rank is what this measures.
+  fmt::print("{}: tensor peak per rank (MiB): {}\n", program_, line);
+  if (outputs_->metrics.is_open()) {
+    outputs_->metrics.write_line(
+        nlohmann::json{{"tensor_peak_bytes_per_rank", std::vector<int64_t>(peaks, peaks + world)}}
+            .dump());
+  }
+}
+
 void JobRunner::finish(JobResult& result) {
   const int rank = world_->rank();
+  report_tensor_peaks();
   if (outputs_->async_saver) {
     const std::string committed = outputs_->async_saver->wait();
     if (rank == 0 && !committed.empty()) {
