@@ -42,11 +42,13 @@ int peak_microbatches_in_flight(const Schedule& schedule, int rank) {
   return peak;
 }
 
-double simulated_idle_share(const Schedule& schedule, double tf, double tb, double tw) {
+std::vector<std::vector<TimedAction>> simulate_timeline(const Schedule& schedule, double tf,
+                                                        double tb, double tw) {
   const int p = schedule.num_ranks;
   std::map<Action, double> finished;  // compute action -> finish time
   std::vector<size_t> next(p, 0);
-  std::vector<double> clock(p, 0), busy(p, 0);
+  std::vector<double> clock(p, 0);
+  std::vector<std::vector<TimedAction>> timeline(p);
   for (bool progress = true; progress;) {
     progress = false;
     for (int rank = 0; rank < p; ++rank) {
@@ -78,16 +80,50 @@ double simulated_idle_share(const Schedule& schedule, double tf, double tb, doub
                                 : weight                          ? tw
                                                                   : tb - tw;
         clock[rank] = ready + duration;
-        busy[rank] += duration;
         finished[a] = clock[rank];
+        timeline[rank].push_back({a, ready, clock[rank]});
         progress = true;
       }
     }
   }
-  const double step = *std::max_element(clock.begin(), clock.end());
+  return timeline;
+}
+
+double simulated_idle_share(const Schedule& schedule, double tf, double tb, double tw) {
+  const auto timeline = simulate_timeline(schedule, tf, tb, tw);
+  const int p = schedule.num_ranks;
+  double step = 0;
+  std::vector<double> busy(p, 0);
+  for (int rank = 0; rank < p; ++rank) {
+    for (const TimedAction& t : timeline[rank]) {
+      busy[rank] += t.end - t.start;
+      step = std::max(step, t.end);
+    }
+  }
   double idle = 0;
   for (int rank = 0; rank < p; ++rank) idle += (step - busy[rank]) / step / p;
   return idle;
+}
+
+std::string timeline_str(const Schedule& schedule) {
+  const auto timeline = simulate_timeline(schedule, 1, 2, 1);
+  std::string out;
+  for (int rank = 0; rank < schedule.num_ranks; ++rank) {
+    const std::vector<int> stages = schedule.stages_of_rank(rank);
+    std::string line = fmt::format("rank {}:", rank);
+    int column = 0;
+    for (const TimedAction& t : timeline[rank]) {
+      const int start = static_cast<int>(t.start), end = static_cast<int>(t.end);
+      for (; column < start; ++column) line += fmt::format(" {:<3}", ".");
+      const bool second = stages.size() > 1 && t.action.stage != stages.front();
+      line += fmt::format(" {:<3}", fmt::format("{}{}{}", kind_name(t.action.kind),
+                                                t.action.microbatch, second ? "'" : ""));
+      for (++column; column < end; ++column) line += fmt::format(" {:<3}", "-");
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
 }
 
 }  // namespace loom::pipeline

@@ -49,6 +49,26 @@ struct Schedule {
 // GPipe holds all m; 1F1B at most p on rank 0 (p - r on rank r).
 int peak_microbatches_in_flight(const Schedule& schedule, int rank);
 
+// A compute action's place on the schedule's timeline (simulate_timeline).
+struct TimedAction {
+  Action action;
+  double start = 0;
+  double end = 0;
+};
+
+// The schedule's computes on a timeline: F takes `tf`, a whole B `tb`, its weight part W `tw`
+// and its input part I `tb - tw`; messages are free; each action starts when its rank is free
+// and its input is computed. Per rank, in list order.
+std::vector<std::vector<TimedAction>> simulate_timeline(const Schedule& schedule, double tf,
+                                                        double tb, double tw);
+
+// The timeline drawn per rank, one column per unit of time with F = I = W = 1 and B = 2: each
+// action's name on its first column ("F3", "I3", "W3"; a ' marks a rank's second stage), "-"
+// continuing it, "." idle. E.g. ZB-H1 on 2 ranks, 2 microbatches:
+//   rank 0: F0  F1  .   I0  W0  I1  W1
+//   rank 1: .   F0  I0  F1  I1  W0  W1
+std::string timeline_str(const Schedule& schedule);
+
 // The schedule's own idle share: a timeline of its compute actions with these durations (F `tf`,
 // a whole B `tb`, its weight part W `tw` and its input part I `tb - tw`) and free messages, each
 // action starting when its rank is free and its input is computed; 1 - busy / step, averaged

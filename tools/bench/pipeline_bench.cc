@@ -4,6 +4,7 @@
 //   bazel run -c opt //tools/bench:pipeline_bench
 //   bazel run -c opt //tools/bench:pipeline_bench -- --ranks 4 --microbatches 8 --stages-per-rank 2
 //   bazel run -c opt //tools/bench:pipeline_bench -- --compute mlp --width 512
+//   bazel run -c opt //tools/bench:pipeline_bench -- --ranks 2 --microbatches 4 --timeline
 //
 // The p ranks are threads of this process, each with its own ProcessGroupGloo over loopback TCP
 // (InMemoryStore rendezvous), each running PipelineExecutor::step on its stages. Per schedule:
@@ -232,6 +233,9 @@ int main(int argc, char** argv) {
   app.add_option("--layers-per-rank", s.layers_per_rank, "mlp: layers per rank")
       ->check(CLI::Range(1, 256));
   app.add_option("--steps", s.steps, "timed steps per schedule")->check(CLI::Range(1, 1000));
+  bool timelines = false;
+  app.add_flag("--timeline", timelines,
+               "print each schedule's per-rank timeline (F = I = W = 1, B = 2) before its run");
   CLI11_PARSE(app, argc, argv);
   s.layers_per_rank = std::max(s.layers_per_rank, s.stages_per_rank);
 
@@ -284,6 +288,7 @@ int main(int argc, char** argv) {
     }
   }
   for (const Entry& entry : entries) {
+    if (timelines) fmt::print("{}:\n{}", entry.schedule.name, timeline_str(entry.schedule));
     const std::vector<RankResult> results = run(s, entry.schedule);
     double step = 0, idle = 0, in_recv = 0;
     int in_flight = 0;

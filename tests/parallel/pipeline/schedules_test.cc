@@ -176,6 +176,20 @@ TEST(SchedulesTest, ReceivesArePostedWhenTheirMessageCanHaveArrived) {
   EXPECT_LT(at("RECV_F0s7"), at("F0s7"));
 }
 
+// Each schedule drawn as a per-rank timeline (F = I = W = 1, B = 2; ' marks a rank's second
+// stage): 1F1B's bubble, ZB-H1's W's filling it, the V's turn on the last rank.
+TEST(SchedulesTest, TimelinesShowWhereTheBubbleIs) {
+  EXPECT_EQ(timeline_str(one_f_one_b_schedule(2, 2)),
+            "rank 0: F0  F1  .   .   B0  -   .   B1  -\n"
+            "rank 1: .   F0  B0  -   F1  B1  -\n");
+  EXPECT_EQ(timeline_str(zb_h1_schedule(2, 2)),
+            "rank 0: F0  F1  .   I0  W0  I1  W1\n"
+            "rank 1: .   F0  I0  F1  I1  W0  W1\n");
+  EXPECT_EQ(timeline_str(zbv_schedule(2, 2)),
+            "rank 0: F0  F1  .   F0' I0' W0' F1' I1' W1' I0  W0  .   I1  W1\n"
+            "rank 1: .   F0  F0' F1  F1' I0' W0' I0  W0  I1' W1' I1  W1\n");
+}
+
 TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {
   try {
     interleaved_one_f_one_b_schedule(4, 6, 2);
