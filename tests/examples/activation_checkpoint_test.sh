@@ -9,7 +9,7 @@ loomrun="$(realpath "$2")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-losses() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }  # the step lines' losses
 peak() { sed -n 's/.*"step":2,"tensor_peak_bytes":\([0-9]*\).*/\1/p' "$1"; }
 
 check() {  # check NAME FLAGS...

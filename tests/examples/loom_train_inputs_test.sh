@@ -101,7 +101,7 @@ grep -q '^batch_size = 16$' first.config.toml || fail "the file's batch_size is 
 grep -q 'effective config (also in first.config.toml)' first.log || { cat first.log; fail "the effective config was not printed"; }
 "$train" --no-progress --config first.config.toml --metrics-out again.jsonl --plot-out again.png \
   >again.log 2>&1 || { cat again.log; fail "training from the effective config"; }
-losses() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
 [[ "$(losses first.jsonl)" == "$(losses again.jsonl)" ]] ||
   fail "the effective config did not repeat the run: $(losses first.jsonl) vs $(losses again.jsonl)"
 echo "ok: a config file, a flag over it, and the effective config repeating the run"

@@ -45,7 +45,7 @@ if (( s0 != 0 || s1 != 0 )); then
 fi
 grep -q "DeviceMesh(pp=1, dp_replicate=2, dp_shard=1, cp=1, tp=2" node0.log || { cat node0.log; echo "FAIL: not one world of 4"; exit 1; }
 
-loss() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1"; }
+loss() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
 [[ $(wc -l <node0.jsonl) -eq 6 ]] || { cat node0.log; echo "FAIL: expected 6 metric lines"; exit 1; }
 paste <(loss single.jsonl) <(loss node0.jsonl) | awk '
   { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs two nodes " $2; bad = 1 } }

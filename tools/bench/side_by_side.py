@@ -98,7 +98,8 @@ def train_rows(args):
                      "--metrics-out", metrics, "--plot-out", os.path.join(out, "loss.png")]
                     + (["--mixed-precision", "bf16"] if precision == "bf16" else []))
                 with open(metrics) as f:
-                    times = [json.loads(l)["ms_per_step"] / 1e3 for l in f if l.strip()]
+                    lines = [json.loads(l) for l in f if l.strip()]
+                    times = [l["ms_per_step"] / 1e3 for l in lines if "ms_per_step" in l]
                 return statistics.median(times[1:])
 
         def torch(model=model, dp=dp, tp=tp, threads=threads, precision=precision):

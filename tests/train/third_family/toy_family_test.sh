@@ -18,7 +18,7 @@ run() {  # run NAME FLAGS...
     "$@" >"$name.log" 2>&1 || { cat "$name.log"; fail "$name failed"; }
   grep -q "Toy n_layer=2\|toy-tiny on" "$name.log" || { cat "$name.log"; fail "$name: not the toy model"; }
 }
-losses() { sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' "$1.jsonl"; }
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1.jsonl"; }
 
 run single --dp 1 --tp 1
 run grid --dp 2 --tp 2
