@@ -43,7 +43,7 @@ expect_error 2 "loom_train: --lr: expected a positive number, got '0'" --lr 0
 expect_error 2 "loom_train: --seed: expected a non-negative integer, got '-5'" --seed -5
 expect_error 2 "loom_train: --sample-tokens: expected a non-negative integer, got '-1'" \
   --sample-tokens -1
-expect_error 2 "loom_train: --schedule: expected one of gpipe, 1f1b, zb-h1, interleaved, got 'zigzag'" \
+expect_error 2 "loom_train: --schedule: expected one of gpipe, 1f1b, zb-h1, interleaved, zbv, dualpipev, got 'zigzag'" \
   --schedule zigzag
 expect_error 2 "loom_train: The following argument was not expected: --bogus" --bogus
 mkdir -p empty_folder
