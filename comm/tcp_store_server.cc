@@ -143,9 +143,13 @@ void TcpStoreServer::Impl::read_input(Connection& c) {
       return reject(c, fmt::format("sent {} bytes of requests without waiting for replies",
                                    c.pending_input()));
     }
-    // Across connections too: the chunk read next must fit beside everything held.
+    // Across connections too: what the next read allocates must fit beside everything held.
     const uint64_t held = stored_bytes + buffered_bytes();
-    if (held + kReadChunk > options.max_memory_bytes) {
+    const size_t needed = c.in.size() + kReadChunk;
+    const uint64_t growth = needed > c.in.capacity()
+                                ? std::max(needed, c.request_bytes + kReadChunk) - c.in.capacity()
+                                : 0;
+    if (held + growth > options.max_memory_bytes) {
       return reject(c, fmt::format("its request would take the server over its limit of {} bytes "
                                    "(TcpStoreServerOptions::max_memory_bytes; {} bytes held: {} "
                                    "stored, the rest requests being received)",
@@ -157,8 +161,7 @@ void TcpStoreServer::Impl::read_input(Connection& c) {
     resize_input(c, old_size + std::max<ssize_t>(n, 0));
     if (n > 0) {
       if (c.draining) {
-        resize_input(c, 0);  // a rejected client: discard whatever else it sends
-        c.in_offset = 0;
+        clear_input(c);  // a rejected client: discard whatever else it sends
       } else {
         process_input(c);
       }
@@ -193,6 +196,11 @@ void TcpStoreServer::Impl::process_input(Connection& c) {
     if (c.pending_input() < ts::kHeaderBytes) break;
     const ts::Header header = ts::decode_header(c.in.data() + c.in_offset);
     if (!check_header(c, header)) return;
+    c.request_bytes = c.in_offset + ts::kHeaderBytes + header.body_bytes;
+    if (static_cast<ts::Op>(header.code) == ts::Op::kSet && c.value_reserve == 0) {
+      c.value_reserve = header.body_bytes;
+      track(c);
+    }
     if (c.pending_input() - ts::kHeaderBytes < header.body_bytes) break;
     const uint8_t* body = c.in.data() + c.in_offset + ts::kHeaderBytes;
     const auto op = static_cast<ts::Op>(header.code);
@@ -203,13 +211,15 @@ void TcpStoreServer::Impl::process_input(Connection& c) {
       return reject(c, fmt::format("malformed {} request: {}", ts::op_name(op), e.what()));
     }
     c.in_offset += ts::kHeaderBytes + header.body_bytes;
+    c.request_bytes = 0;
+    c.value_reserve = 0;  // the value exists now (request.value): store() counts it
+    track(c);
     handle(c, std::move(request));
   }
   if (c.in_offset == c.in.size()) {
-    resize_input(c, 0);
-    c.in_offset = 0;
+    clear_input(c);
   } else if (c.in_offset > (1u << 20)) {
-    buffered_bytes_ -= c.in_offset;
+    c.request_bytes = c.request_bytes > c.in_offset ? c.request_bytes - c.in_offset : 0;
     c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(c.in_offset));
     c.in_offset = 0;
   }
@@ -253,16 +263,21 @@ bool TcpStoreServer::Impl::check_header(Connection& c, const ts::Header& header)
             options.limits.max_value_bytes, options.limits.max_key_bytes));
     return false;
   }
-  // Room for the whole request beside what the server holds for everyone else: otherwise refuse
-  // it with the reason (the client throws it) and discard its body as it arrives.
-  const uint64_t others = stored_bytes + buffered_bytes() - c.in.size();
-  if (others + ts::kHeaderBytes + header.body_bytes > options.max_memory_bytes) {
+  // Room for the whole request beside what the server holds for everyone else — its buffer,
+  // and for a SET the value decoded from it, which exist together until the buffer is freed:
+  // otherwise refuse it with the reason (the client throws it) and discard its body as it
+  // arrives.
+  const uint64_t others = stored_bytes + buffered_bytes() - c.in.capacity() - c.value_reserve;
+  const uint64_t request = ts::kHeaderBytes + header.body_bytes;
+  const bool copies_value = static_cast<ts::Op>(header.code) == ts::Op::kSet;
+  const uint64_t needs = request + kReadChunk + (copies_value ? header.body_bytes : 0);
+  if (others + needs > options.max_memory_bytes) {
     const std::string problem = fmt::format(
         "a {} request of {} bytes would take the server over its limit of {} bytes "
-        "(TcpStoreServerOptions::max_memory_bytes; {} bytes held: {} stored, the rest other "
-        "clients' requests being received)",
-        ts::op_name(static_cast<ts::Op>(header.code)), ts::kHeaderBytes + header.body_bytes,
-        options.max_memory_bytes, others, stored_bytes);
+        "(TcpStoreServerOptions::max_memory_bytes; it needs {} bytes{}, and {} are held: {} "
+        "stored, the rest other clients' requests and replies)",
+        ts::op_name(static_cast<ts::Op>(header.code)), request, options.max_memory_bytes, needs,
+        copies_value ? " for its buffer and the value decoded from it" : "", others, stored_bytes);
     LOOM_LOG(warn, "TcpStore server {}: refusing a request from {}: {}", address, c.peer, problem);
     ts::Writer w;
     w.key(problem);
@@ -281,6 +296,7 @@ void TcpStoreServer::Impl::reply(Connection& c, Bytes frame) {
   } else {
     c.out.insert(c.out.end(), frame.begin(), frame.end());
   }
+  track(c);
   flush(c);
 }
 
@@ -300,8 +316,13 @@ void TcpStoreServer::Impl::flush(Connection& c) {
     return close(c);
   }
   if (c.pending_output() == 0) {
-    c.out.clear();
+    if (c.out.capacity() > tcp_store_server::kKeptBufferBytes) {
+      Bytes().swap(c.out);
+    } else {
+      c.out.clear();
+    }
     c.out_offset = 0;
+    track(c);
     if (c.draining && c.open()) ::shutdown(c.socket.fd(), SHUT_WR);
   }
 }
@@ -316,10 +337,12 @@ void TcpStoreServer::Impl::close(Connection& c) {
   if (!c.open()) return;
   if (c.parked != 0) remove_waiter(c.parked);
   c.socket.reset();
-  resize_input(c, 0);
   Bytes().swap(c.in);  // free the buffers now: they count against max_memory_bytes
   Bytes().swap(c.out);
   c.in_offset = c.out_offset = 0;
+  c.request_bytes = 0;
+  c.value_reserve = 0;
+  track(c);
   connection_count.fetch_sub(1);
 }
 

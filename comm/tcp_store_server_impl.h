@@ -31,6 +31,9 @@ inline constexpr size_t kReadChunk = 64 * 1024;
 // against a client that sends GETs without reading the replies).
 inline constexpr size_t kMaxPendingOutput = 4 * 1024 * 1024;
 inline constexpr uint64_t kMaxTimeoutMs = uint64_t{1000} * 60 * 60 * 24 * 365;
+// A connection's buffers above this capacity are freed once empty (smaller ones are kept for the
+// next request): an idle connection holds at most this much, not its largest request's size.
+inline constexpr size_t kKeptBufferBytes = 1024 * 1024;
 
 struct Connection {
   uint64_t id = 0;
@@ -41,6 +44,14 @@ struct Connection {
   Bytes out;  // unsent output starts at out_offset
   size_t out_offset = 0;
   uint64_t parked = 0;  // id of this connection's parked request, 0 when none
+  // The whole current request's size once its header is read (its input buffer is allocated for
+  // it at once, not grown by doubling), 0 between requests.
+  size_t request_bytes = 0;
+  // A SET being received: the bytes its value will take when decoded from the buffer (both exist
+  // until the buffer is freed), counted from its header on, so requests arriving meanwhile
+  // cannot claim that room.
+  uint64_t value_reserve = 0;
+  uint64_t counted = 0;  // its buffers' capacities and value_reserve, in Impl::buffered_bytes_
   // Set after an ERROR that ends the conversation: input is discarded, and once the reply is
   // flushed the write side is shut down (closing at once could turn into a RST that destroys
   // the reply before the client reads it); the connection closes when the client does.
@@ -81,17 +92,25 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::string, Bytes> data;
   std::map<uint64_t, std::unique_ptr<Connection>> connections;
   uint64_t stored_bytes = 0;  // keys and values in `data`
-  // Bytes of requests being received, over every connection: the sum of every connection's
-  // `in`, kept as they change (resize_input), so that checking the memory bound on each read
-  // costs nothing per connection.
+  // The memory of every connection's buffers (requests being received, replies being sent): the
+  // sum of their capacities — what the process holds, not their sizes — and of the values SETs
+  // being received will decode, kept as they change (track), so that checking the memory bound
+  // on each read costs nothing per connection.
   uint64_t buffered_bytes() const { return buffered_bytes_; }
   uint64_t buffered_bytes_ = 0;
-  // Sets c.in's size (keeping buffered_bytes_).
+  // Counts c's buffers' capacities anew in buffered_bytes_.
+  void track(Connection& c);
+  // Sets c.in's size, allocating the current request's whole size at once when it grows.
   void resize_input(Connection& c, size_t size);
+  // Empties c's input (freeing it when large) once its requests are handled.
+  void clear_input(Connection& c);
   // Replaces (or inserts) `key`'s value, keeping stored_bytes; refuses (returns the reason) when
-  // the server would go over options.max_memory_bytes. The requesting connection's own input
-  // (the request being handled, about to be freed) does not count.
-  std::optional<std::string> store(const std::string& key, Bytes value, const Connection& from);
+  // the server would go over options.max_memory_bytes, counting everything it holds (the
+  // request still in its buffer too: it and the value exist together until the request's
+  // buffer is freed).
+  std::optional<std::string> store(const std::string& key, Bytes value);
+  // Why a reply carrying `value_bytes` would take the server over its limit, or nothing.
+  std::optional<std::string> over_limit_to_reply(uint64_t value_bytes) const;
   uint64_t next_id = 1;
   std::unordered_map<uint64_t, Waiter> waiters;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_by_key;

@@ -17,17 +17,34 @@ std::string tcp_store_server::quoted_keys(const std::vector<std::string>& keys) 
   return out + "]";
 }
 
-void TcpStoreServer::Impl::resize_input(Connection& c, size_t size) {
-  buffered_bytes_ = buffered_bytes_ - c.in.size() + size;
-  c.in.resize(size);
+void TcpStoreServer::Impl::track(Connection& c) {
+  const uint64_t now = c.in.capacity() + c.out.capacity() + c.value_reserve;
+  buffered_bytes_ = buffered_bytes_ - c.counted + now;
+  c.counted = now;
 }
 
-std::optional<std::string> TcpStoreServer::Impl::store(const std::string& key, Bytes value,
-                                                       const Connection& from) {
+void TcpStoreServer::Impl::resize_input(Connection& c, size_t size) {
+  // Growing by doubling would hold up to twice a large request: allocate what it needs at once.
+  if (size > c.in.capacity()) c.in.reserve(std::max(size, c.request_bytes + kReadChunk));
+  c.in.resize(size);
+  track(c);
+}
+
+void TcpStoreServer::Impl::clear_input(Connection& c) {
+  if (c.in.capacity() > kKeptBufferBytes) {
+    Bytes().swap(c.in);
+  } else {
+    c.in.clear();
+  }
+  c.in_offset = 0;
+  track(c);
+}
+
+std::optional<std::string> TcpStoreServer::Impl::store(const std::string& key, Bytes value) {
   const auto it = data.find(key);
   const uint64_t old_bytes = it == data.end() ? 0 : key.size() + it->second.size();
   const uint64_t new_bytes = key.size() + value.size();
-  const uint64_t total = stored_bytes - old_bytes + new_bytes + buffered_bytes() - from.in.size();
+  const uint64_t total = stored_bytes - old_bytes + new_bytes + buffered_bytes();
   if (new_bytes > old_bytes && total > options.max_memory_bytes) {
     return fmt::format(
         "storing {} bytes would take the server to {} bytes, over its limit of {} bytes "
@@ -43,12 +60,21 @@ std::optional<std::string> TcpStoreServer::Impl::store(const std::string& key, B
   return std::nullopt;
 }
 
+std::optional<std::string> TcpStoreServer::Impl::over_limit_to_reply(uint64_t value_bytes) const {
+  const uint64_t total = stored_bytes + buffered_bytes() + value_bytes;
+  if (total <= options.max_memory_bytes) return std::nullopt;
+  return fmt::format(
+      "its reply would copy {} bytes and take the server to {} bytes, over its limit of {} bytes "
+      "(TcpStoreServerOptions::max_memory_bytes; {} bytes are stored)",
+      value_bytes, total, options.max_memory_bytes, stored_bytes);
+}
+
 void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
   ts::Writer w;
   const std::string& key = request.keys.empty() ? std::string() : request.keys[0];
   switch (request.op) {
     case ts::Op::kSet: {
-      if (auto refused = store(key, std::move(request.value), c)) {
+      if (auto refused = store(key, std::move(request.value))) {
         w.key(fmt::format("set('{}'): {}", key, *refused));
         return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
       }
@@ -59,7 +85,13 @@ void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
     case ts::Op::kGet:
     case ts::Op::kWait:
       if (missing_keys(request.keys).empty()) {
-        if (request.op == ts::Op::kGet) w.value(data.at(key));
+        if (request.op == ts::Op::kGet) {
+          if (auto refused = over_limit_to_reply(data.at(key).size())) {
+            w.key(fmt::format("get('{}'): {}", key, *refused));
+            return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+          }
+          w.value(data.at(key));
+        }
         return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
       }
       return park(c, std::move(request));
@@ -103,7 +135,7 @@ void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request)
     return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
   }
   const std::string text = std::to_string(result);
-  if (auto refused = store(key, Bytes(text.begin(), text.end()), c)) {
+  if (auto refused = store(key, Bytes(text.begin(), text.end()))) {
     w.key(fmt::format("add('{}'): {}", key, *refused));
     return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
   }
@@ -159,11 +191,20 @@ bool TcpStoreServer::Impl::try_complete(uint64_t waiter_id) {
   Waiter& waiter = waiters.at(waiter_id);
   if (!missing_keys(waiter.request.keys).empty()) return false;
   ts::Writer w;
-  if (waiter.request.op == ts::Op::kGet) w.value(data.at(waiter.request.keys[0]));
+  ts::Status status = ts::Status::kOk;
+  if (waiter.request.op == ts::Op::kGet) {
+    const std::string& key = waiter.request.keys[0];
+    if (auto refused = over_limit_to_reply(data.at(key).size())) {
+      w.key(fmt::format("get('{}'): {}", key, *refused));
+      status = ts::Status::kError;
+    } else {
+      w.value(data.at(key));
+    }
+  }
   const uint64_t connection = waiter.connection;
   remove_waiter(waiter_id);
   if (Connection* c = find(connection)) {
-    reply(*c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+    reply(*c, w.finish(static_cast<uint8_t>(status)));
     resume.push_back(connection);
   }
   return true;

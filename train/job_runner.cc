@@ -373,11 +373,6 @@ void JobRunner::report_tensor_peaks() {
   // Ranks differ under a pipeline (stages, the schedule's microbatches in flight): `loom plan`'s
   // traced "peak in step" per rank is what this measures.
   fmt::print("{}: tensor peak per rank (MiB): {}\n", program_, line);
-  if (outputs_->metrics.is_open()) {
-    outputs_->metrics.write_line(
-        nlohmann::json{{"tensor_peak_bytes_per_rank", std::vector<int64_t>(peaks, peaks + world)}}
-            .dump());
-  }
 }
 
 void JobRunner::finish(JobResult& result) {

@@ -73,7 +73,7 @@ class JobRunner {
   void add_checkpoint_hook();
   void train_steps(JobResult& result);
   void finish(JobResult& result);
-  // Every rank's tensor peak (collective over the world), printed and logged by rank 0.
+  // Every rank's tensor peak (collective over the world), printed by rank 0.
   void report_tensor_peaks();
   // --val-data: the loss on the validation batches after step `step`, printed and recorded.
   void validate(int step, JobResult& result);

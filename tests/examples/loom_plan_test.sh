@@ -53,7 +53,7 @@ plan 2 --tp 3 --dp-replicate 1 --no-sequence-parallel
 expect_err "n_head=4 is not divisible by the tp mesh size 3"
 plan 2 --model llama-tiny --pp 2 --tp 1 --dp-replicate 1 --schedule interleaved --virtual-stages 2 \
   --microbatches 4 --batch-size 8
-expect_err "cannot split 2 layers into 4 stages"
+expect_err "pp 2 under schedule interleaved has 4 stages (2 per rank), but the model has 2 layers"
 plan 2 --plan-rank-tflops 100 --plan-link-gbps 50 --plan-dim-link-gbps dp=3
 expect_err "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of pp, dp_replicate, dp_shard, cp, tp, GBPS a positive number; got 'dp=3'"
 plan 2 --plan-rank-tflops 100
