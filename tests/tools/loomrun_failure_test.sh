@@ -32,6 +32,18 @@ expect_eq "$RC" 5 "exit code when rank 0 exits 5"
 expect_grep "$WORK/err" '^loomrun: 1 rank still running 0.5 s after SIGTERM; sending SIGKILL: rank 1 \(pid [0-9]+\)$'
 expect_no_helper_left "$WORK/pids3"
 
+# Rank 1 exits 0 early; the others fail 0.6 s later (as peers that lost it would): the last line
+# names rank 1's departure as the cause, not only the survivor that failed.
+mkdir -p "$WORK/pids4"
+run_loomrun --nproc-per-node 3 -- "$HELPER" --pid-dir "$WORK/pids4" \
+  --fail-rank 1 --exit-code 0 --fail-after-ms 100 --sleep-s 0.7 --others-exit-code 1
+expect_eq "$RC" 1 "exit code when the others fail after rank 1 left"
+pid1=$(cat "$WORK/pids4/rank-1.pid")
+expect_grep "$WORK/err" "^loomrun: rank [02] \\(pid [0-9]+\\) exited with status 1"
+tail -1 "$WORK/err" | grep -Eq "^loomrun: rank 1 \\(pid $pid1\\) had exited 0 after [0-9.]+ s, [0-9.]+ s before the first failure, while the others still ran: they were waiting for it$" ||
+  { cat "$WORK/err"; fail "the last line does not name rank 1's departure"; }
+expect_no_helper_left "$WORK/pids4"
+
 # Ranks all exit 0: loomrun exits 0 and says nothing of its own.
 run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1
 expect_eq "$RC" 0 "exit code when every rank exits 0"

@@ -8,7 +8,7 @@
 //   --trap-term            on SIGTERM print "rank <RANK> got SIGTERM" and exit 0
 //   --ignore-term          ignore SIGTERM (so only SIGKILL stops it)
 //   --lines N              print N numbered lines of 100 bytes on stdout, as fast as it can
-//   --sleep-s S            the other ranks sleep S seconds, then exit 0
+//   --sleep-s S            the other ranks sleep S seconds, then exit 0 (or --others-exit-code)
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   bool print_env = false, trap_term = false, ignore_term = false;
   std::string pid_dir;
   int fail_rank = -1, kill_rank = -1, exit_code = 1, signal_number = SIGKILL, fail_after_ms = 0;
-  int lines = 0;
+  int lines = 0, others_exit_code = 0;
   double sleep_s = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -70,6 +70,8 @@ int main(int argc, char** argv) {
       sleep_s = std::stod(value());
     else if (flag == "--lines")
       lines = std::stoi(value());
+    else if (flag == "--others-exit-code")
+      others_exit_code = std::stoi(value());
     else {
       std::fprintf(stderr, "rank_helper: unknown flag %s\n", flag.c_str());
       return 64;
@@ -120,5 +122,5 @@ int main(int argc, char** argv) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return 0;
+  return others_exit_code;
 }

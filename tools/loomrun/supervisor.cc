@@ -135,7 +135,25 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
   state.err.read_available(/*until_drained=*/true);
   state.out.close();
   state.err.close();
-  if (!is_failure(wait_status) || stopping_) return;
+  if (stopping_) return;
+  if (!is_failure(wait_status)) {
+    // A rank that finishes while others still run is normal at the end of a job, but if one of
+    // those then fails, this departure is what it most likely failed on (a collective its peer
+    // never joined): remember it, to name it last.
+    if (running_ranks() > 0) {
+      departed_.push_back({state.rank, state.pid, Clock::now()});
+    }
+    return;
+  }
+  // A departed rank is the cause of the failures that follow it: say so last.
+  const Clock::time_point now = Clock::now();
+  for (const Departure& d : departed_) {
+    departures_before_failure_.push_back(fmt::format(
+        "rank {} (pid {}) had exited 0 after {:.1f} s, {:.1f} s before the first failure, while "
+        "the others still ran: they were waiting for it",
+        d.rank, d.pid, std::chrono::duration<double>(d.when - start_).count(),
+        std::chrono::duration<double>(now - d.when).count()));
+  }
   // A rank stopped while the others run is what they were waiting for when they timed out:
   // remember it, to name it last.
   for (const auto& other : ranks_) {
@@ -250,6 +268,7 @@ int Supervisor::run() {
   for (const std::string& rank : stalled_) {
     log_line("{} when the first rank failed: the others were waiting for it", rank);
   }
+  for (const std::string& departure : departures_before_failure_) log_line("{}", departure);
   return exit_code_.value_or(0);
 }
 

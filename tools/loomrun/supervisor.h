@@ -5,7 +5,9 @@
 //   - loomrun gets SIGINT, SIGTERM or SIGHUP            -> forwarded; exit code 128 + signal
 //     (a second one while stopping sends SIGKILL at once)
 //   - --timeout-s passes                                -> exit code 124, like timeout(1)
-// The first cause decides the exit code; when every rank exits 0 it is 0.
+// The first cause decides the exit code; when every rank exits 0 it is 0. The last lines name
+// the cause of a failure when it is another rank: one stopped (SIGSTOP) while the others timed
+// out waiting for it, or one that exited 0 while the others still needed it.
 #pragma once
 
 #include <sys/types.h>
@@ -67,6 +69,15 @@ class Supervisor {
   SignalPipe& signals_;
   std::vector<std::unique_ptr<RankState>> ranks_;
   std::vector<std::string> stalled_;  // ranks that were stopped when the first one failed
+  // Ranks that exited 0 while others still ran, and, once one of those failed, the lines that
+  // name them as the cause.
+  struct Departure {
+    int rank;
+    pid_t pid;
+    Clock::time_point when;
+  };
+  std::vector<Departure> departed_;
+  std::vector<std::string> departures_before_failure_;
   Clock::time_point start_;
   bool stopping_ = false;
   int stop_signal_ = 0;           // the signal that began stopping (SIGTERM, or a forwarded one)
