@@ -1,5 +1,6 @@
 #include "comm/gloo/connect.h"
 
+#include <arpa/inet.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gloo/common/error.h>
@@ -7,13 +8,20 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "base/error.h"
+#include "base/logging.h"
 
 namespace loom::comm::gloo_detail {
 
@@ -59,6 +67,41 @@ std::string env_or_empty(const char* name) {
   return value ? std::string(value) : std::string();
 }
 
+// The local address this host uses to reach `host` (what a peer that reaches it can reach back):
+// a UDP socket connected towards it (no packet is sent) and its own name. Nothing when `host`
+// does not resolve or is a loopback address (every rank is on this host: loopback serves).
+std::optional<std::string> local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return {};
+  std::optional<std::string> out;
+  const addrinfo& a = *found;
+  const bool loopback =
+      (a.ai_family == AF_INET &&
+       (ntohl(reinterpret_cast<const sockaddr_in*>(a.ai_addr)->sin_addr.s_addr) >> 24) == 127) ||
+      (a.ai_family == AF_INET6 &&
+       IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a.ai_addr)->sin6_addr));
+  const int fd = loopback ? -1 : ::socket(a.ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof local;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (::connect(fd, a.ai_addr, a.ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      const void* address =
+          local.ss_family == AF_INET
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+      if (::inet_ntop(local.ss_family, address, text, sizeof text) != nullptr) out = text;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return out;
+}
+
 }  // namespace
 
 void wait_for_ranks(Store& store, const std::string& prefix, int size, Duration timeout,
@@ -93,9 +136,30 @@ std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& option
   } else if (auto host = env_or_empty("LOOM_GLOO_HOSTNAME"); !host.empty()) {
     attr.hostname = host;
     source = fmt::format("hostname '{}' (LOOM_GLOO_HOSTNAME)", host);
+  } else if (const std::string master = env_or_empty("MASTER_ADDR"); !master.empty()) {
+    // Ranks on several hosts: listen where the rendezvous host routes to, not on loopback,
+    // which a peer on another host cannot reach.
+    if (auto local = local_address_towards(master)) {
+      attr.hostname = *local;
+      source = fmt::format("hostname '{}' (the local address that routes to MASTER_ADDR {})",
+                           *local, master);
+    } else {
+      attr.hostname = "127.0.0.1";
+      source = fmt::format("hostname '127.0.0.1' (MASTER_ADDR {} is this host)", master);
+    }
   } else {
     attr.hostname = "127.0.0.1";
     source = "hostname '127.0.0.1' (default: loopback)";
+  }
+  if (attr.hostname != "127.0.0.1") {
+    // Once per process: which address this rank's peers connect to, and how to change it.
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      LOOM_LOG(info,
+               "gloo: this rank's endpoints listen on {}; LOOM_GLOO_IFNAME=<interface> or "
+               "LOOM_GLOO_HOSTNAME=<address> chooses another",
+               source);
+    });
   }
   // The device starts Gloo's I/O thread, which inherits this thread's signal mask: start it
   // with SIGPIPE blocked, so a write to a dead peer fails with EPIPE instead of killing the

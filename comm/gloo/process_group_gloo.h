@@ -90,8 +90,10 @@ struct OpEnv;
 }  // namespace gloo_detail
 
 // Where the group's TCP endpoint listens. Resolution: `interface` if set, else `hostname` if
-// set, else env LOOM_GLOO_IFNAME, else env LOOM_GLOO_HOSTNAME, else "127.0.0.1" (loopback:
-// every rank on one host, as in tests).
+// set, else env LOOM_GLOO_IFNAME, else env LOOM_GLOO_HOSTNAME, else, with env MASTER_ADDR (as
+// launchers set it) naming another host, the local address that routes to it (what a peer on
+// that side can reach back), else "127.0.0.1" (loopback: every rank on one host, as in tests).
+// A rank listening off loopback says where, once per process.
 struct GlooOptions {
   std::string interface;  // a network interface name ("eth0")
   std::string hostname;   // a hostname or address this rank's peers can reach
