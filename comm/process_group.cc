@@ -55,6 +55,11 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Store> store, int rank, int size,
       global_ranks_(std::move(global_ranks)),
       options_(std::move(options)),
       debug_collectives_(debug_collectives_enabled()) {
+  if (const size_t entries = FlightRecorder::capacity_from_env(); entries > 0) {
+    recorder_ =
+        std::make_shared<FlightRecorder>(options_.name, rank_, size_, global_ranks_, entries);
+    flight_recorder::add(recorder_);
+  }
   LOOM_CHECK(size_ >= 1 && rank_ >= 0 && rank_ < size_,
              "ProcessGroup '{}': rank {} is not in [0, {})", options_.name, rank_, size_);
   LOOM_CHECK(static_cast<int>(global_ranks_.size()) == size_,
@@ -75,11 +80,30 @@ void ProcessGroup::remove_observer(int id) {
   r.observers.erase(id);
 }
 
+ProcessGroup::~ProcessGroup() {
+  if (recorder_) flight_recorder::retire(*recorder_);
+}
+
+std::shared_ptr<Work> ProcessGroup::recorded(const OpInfo& info, std::shared_ptr<Work> work) {
+  if (recorder_ && work) {
+    work->on_done([recorder = recorder_, handle = info.record](const std::exception_ptr& error) {
+      recorder->finish(handle, error);
+      if (error) flight_recorder::on_failure(error);
+    });
+  }
+  return work;
+}
+
 ProcessGroup::OpInfo ProcessGroup::begin(CollectiveKind kind, int64_t bytes, std::string detail) {
   const uint64_t sequence = sequence_++;
+  const bool p2p = kind == CollectiveKind::kSend || kind == CollectiveKind::kRecv;
   OpInfo info{kind, sequence,
               fmt::format("{} #{} ({}) on group '{}' (rank {} of {})", collective_name(kind),
                           sequence, detail, options_.name, rank_, size_)};
+  if (recorder_) {
+    info.record = recorder_->record(sequence, p2p ? -1 : collectives_issued_, kind, detail);
+  }
+  if (!p2p) ++collectives_issued_;
   counters_.calls[static_cast<int>(kind)] += 1;
   counters_.bytes[static_cast<int>(kind)] += bytes;
   {
@@ -160,7 +184,7 @@ std::shared_ptr<Work> ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op
   auto info = begin(CollectiveKind::kAllReduce, bytes_of(tensor),
                     fmt::format("{}, {}, {} elements", reduce_op_name(op),
                                 dtype_name(tensor.dtype()), tensor.numel()));
-  return run_all_reduce(info, tensor, op);
+  return recorded(info, run_all_reduce(info, tensor, op));
 }
 
 std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
@@ -172,7 +196,7 @@ std::shared_ptr<Work> ProcessGroup::broadcast(const Tensor& tensor, int root) {
   auto info = begin(
       CollectiveKind::kBroadcast, bytes_of(tensor),
       fmt::format("root {}, {}, {} elements", root, dtype_name(tensor.dtype()), tensor.numel()));
-  return run_broadcast(info, tensor, root);
+  return recorded(info, run_broadcast(info, tensor, root));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& outputs,
@@ -191,7 +215,7 @@ std::shared_ptr<Work> ProcessGroup::all_gather(const std::vector<Tensor>& output
              name(), rank_, outputs[rank_].numel(), input.numel(), tensor_brief(input));
   auto info = begin(CollectiveKind::kAllGather, bytes_of(input),
                     fmt::format("{}, sizes {}", dtype_name(input.dtype()), numels(outputs)));
-  return run_all_gather(info, outputs, input);
+  return recorded(info, run_all_gather(info, outputs, input));
 }
 
 std::shared_ptr<Work> ProcessGroup::all_gather_into_tensor(const Tensor& output,
@@ -235,7 +259,7 @@ std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor& output,
   auto info = begin(CollectiveKind::kReduceScatter, total,
                     fmt::format("{}, {}, sizes {}", reduce_op_name(op), dtype_name(output.dtype()),
                                 numels(inputs)));
-  return run_reduce_scatter(info, output, inputs, op);
+  return recorded(info, run_reduce_scatter(info, output, inputs, op));
 }
 
 std::shared_ptr<Work> ProcessGroup::reduce_scatter_tensor(const Tensor& output, const Tensor& input,
@@ -279,7 +303,7 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
              rank_, inputs[rank_].numel(), outputs[rank_].numel());
   auto info =
       begin(CollectiveKind::kAllToAll, total, fmt::format("{}", dtype_name(inputs[0].dtype())));
-  return run_all_to_all(info, outputs, inputs);
+  return recorded(info, run_all_to_all(info, outputs, inputs));
 }
 
 std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, const Tensor& input,
@@ -304,7 +328,7 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, c
   }
   auto info = begin(CollectiveKind::kGather, bytes_of(input),
                     fmt::format("root {}, {}", root, dtype_name(input.dtype())));
-  return run_gather(info, outputs, input, root);
+  return recorded(info, run_gather(info, outputs, input, root));
 }
 
 std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vector<Tensor>& inputs,
@@ -331,7 +355,7 @@ std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vec
   }
   auto info = begin(CollectiveKind::kScatter, total,
                     fmt::format("root {}, {}", root, dtype_name(output.dtype())));
-  return run_scatter(info, output, inputs, root);
+  return recorded(info, run_scatter(info, output, inputs, root));
 }
 
 std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag) {
@@ -343,7 +367,7 @@ std::shared_ptr<Work> ProcessGroup::send(const Tensor& tensor, int dst, int tag)
              name(), dst, size_, rank_);
   auto info = begin(CollectiveKind::kSend, bytes_of(tensor),
                     fmt::format("to {}, tag {}, {}", dst, tag, tensor_brief(tensor)));
-  return run_send(info, tensor, dst, tag);
+  return recorded(info, run_send(info, tensor, dst, tag));
 }
 
 std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag) {
@@ -355,13 +379,13 @@ std::shared_ptr<Work> ProcessGroup::recv(const Tensor& tensor, int src, int tag)
       name(), src, size_, rank_);
   auto info = begin(CollectiveKind::kRecv, bytes_of(tensor),
                     fmt::format("from {}, tag {}, {}", src, tag, tensor_brief(tensor)));
-  return run_recv(info, tensor, src, tag);
+  return recorded(info, run_recv(info, tensor, src, tag));
 }
 
 std::shared_ptr<Work> ProcessGroup::barrier() {
   profiler::Scope scope("comm::barrier");  // issuing it (waiting is comm::wait)
   auto info = begin(CollectiveKind::kBarrier, 0, "");
-  return run_barrier(info);
+  return recorded(info, run_barrier(info));
 }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::new_group(const std::vector<int>& ranks,

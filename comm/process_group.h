@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/flight_recorder.h"
 #include "comm/store.h"
 #include "comm/types.h"
 #include "comm/work.h"
@@ -56,7 +57,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   // of group rank i.
   ProcessGroup(std::shared_ptr<Store> store, int rank, int size, std::vector<int> global_ranks,
                ProcessGroupOptions options);
-  virtual ~ProcessGroup() = default;
+  virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -122,6 +123,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
     CollectiveKind kind;
     uint64_t sequence;
     std::string description;  // "all_reduce #12 (sum, f32, 1024 elements) on group 'tp'"
+    uint64_t record = 0;      // its flight recorder entry
   };
 
   virtual std::shared_ptr<Work> run_all_reduce(const OpInfo& info, const Tensor& tensor,
@@ -153,6 +155,8 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
 
  private:
   OpInfo begin(CollectiveKind kind, int64_t bytes, std::string detail);
+  // The backend's Work, its completion noted in the flight recorder.
+  std::shared_ptr<Work> recorded(const OpInfo& info, std::shared_ptr<Work> work);
   void check_fingerprint(const OpInfo& info, const std::string& fingerprint);
 
   std::shared_ptr<Store> store_;
@@ -165,6 +169,13 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   uint64_t new_group_calls_ = 0;
   bool debug_collectives_;
   uint64_t debug_collectives_checked_ = 0;  // collectives (not send/recv) fingerprinted so far
+  int64_t collectives_issued_ = 0;          // collectives (not send/recv) issued so far
+  // The ring of this group's last operations (comm/flight_recorder.h); null when off.
+  std::shared_ptr<FlightRecorder> recorder_;
+
+ public:
+  // This group's flight recorder (null when LOOM_FLIGHT_RECORDER_ENTRIES=0).
+  const std::shared_ptr<FlightRecorder>& flight_recorder() const { return recorder_; }
 };
 
 }  // namespace loom::comm

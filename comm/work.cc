@@ -26,6 +26,30 @@ std::vector<Tensor> Work::result() const {
   return result_;
 }
 
+void Work::on_done(std::function<void(const std::exception_ptr&)> callback) {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      done_callbacks_.push_back(std::move(callback));
+      return;
+    }
+    error = error_;
+  }
+  callback(error);
+}
+
+void Work::run_done_callbacks() {
+  std::vector<std::function<void(const std::exception_ptr&)>> callbacks;
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    callbacks.swap(done_callbacks_);
+    error = error_;
+  }
+  for (const auto& callback : callbacks) callback(error);
+}
+
 void Work::mark_completed(std::vector<Tensor> result) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -33,6 +57,7 @@ void Work::mark_completed(std::vector<Tensor> result) {
     completed_ = true;
   }
   done_cv_.notify_all();
+  run_done_callbacks();
 }
 
 void Work::mark_failed(std::exception_ptr error) {
@@ -42,6 +67,7 @@ void Work::mark_failed(std::exception_ptr error) {
     completed_ = true;
   }
   done_cv_.notify_all();
+  run_done_callbacks();
 }
 
 }  // namespace loom::comm

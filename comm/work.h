@@ -34,6 +34,11 @@ class Work {
   // Output tensors of ops that allocate them (all_gather into a list, gather, ...).
   std::vector<Tensor> result() const;
 
+  // Runs `callback` with the error (nullptr on success) once the operation completes, on the
+  // thread that completes it — or at once, here, if it already has. For bookkeeping only (the
+  // flight recorder): it must be quick and must not wait on the group.
+  void on_done(std::function<void(const std::exception_ptr&)> callback);
+
   // Called by backends.
   void mark_completed(std::vector<Tensor> result = {});
   void mark_failed(std::exception_ptr error);
@@ -44,6 +49,10 @@ class Work {
   bool completed_ = false;
   std::exception_ptr error_;
   std::vector<Tensor> result_;
+  std::vector<std::function<void(const std::exception_ptr&)>> done_callbacks_;
+
+ private:
+  void run_done_callbacks();
 };
 
 }  // namespace loom::comm

@@ -1,0 +1,150 @@
+// The flight recorder: the ring keeps a group's last operations with their states; ranks made to
+// diverge on purpose on Gloo (one skips a collective, one calls another size, one hangs past the
+// timeout) with 2, 3 and 4 ranks dump their rings on the first failure, and the merged report
+// names the operation and the ranks each time.
+#include "comm/flight_recorder.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "base/error.h"
+#include "comm/flight_report.h"
+#include "comm/testing/multi_rank.h"
+#include "tensor/ops.h"
+
+namespace loom::comm {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(FlightRecorderTest, TheRingKeepsTheLastOperationsAndTheirStates) {
+  FlightRecorder recorder("g", 1, 2, {5, 7}, 3);
+  EXPECT_EQ(recorder.global_rank(), 7);
+  std::vector<uint64_t> handles;
+  for (uint64_t s = 0; s < 5; ++s) {
+    handles.push_back(recorder.record(s, static_cast<int64_t>(s), CollectiveKind::kAllReduce,
+                                      "n " + std::to_string(s)));
+  }
+  recorder.finish(handles[0], nullptr);  // evicted: ignored
+  recorder.finish(handles[3], nullptr);
+  recorder.finish(handles[4], std::make_exception_ptr(Error("boom")));
+  const GroupRecords snapshot = recorder.snapshot();
+  EXPECT_EQ(snapshot.name, "g");
+  EXPECT_EQ(snapshot.global_ranks, (std::vector<int>{5, 7}));
+  ASSERT_EQ(snapshot.records.size(), 3u);
+  EXPECT_EQ(snapshot.records[0].sequence, 2u);
+  EXPECT_EQ(snapshot.records[0].state, RecordState::kPending);
+  EXPECT_EQ(snapshot.records[1].state, RecordState::kCompleted);
+  EXPECT_EQ(snapshot.records[2].state, RecordState::kFailed);
+  EXPECT_EQ(snapshot.records[2].error, "boom");
+  EXPECT_EQ(snapshot.records[2].detail, "n 4");
+}
+
+enum class Divergence { kSkip, kSize, kHang };
+
+// Every rank runs three all_reduces of 1024 f32 on a group with a 2 s timeout, except the last
+// rank, which skips the third, calls the second with 2048 elements, or sleeps past the timeout
+// before the third. Returns the merged report of the dumps the first failure wrote.
+std::string diverge(int ranks, Divergence how, const std::string& name) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  std::filesystem::remove_all(dir);
+  flight_recorder::set_dump_dir(dir);
+  const int odd = ranks - 1;
+  testing::run_on_ranks(ranks,
+                        [&](ProcessGroup& pg) {
+                          try {
+                            for (int i = 0; i < 3; ++i) {
+                              const bool me = pg.rank() == odd;
+                              if (me && how == Divergence::kSkip && i == 2) return;
+                              if (me && how == Divergence::kHang && i == 2) {
+                                std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+                                return;
+                              }
+                              const int64_t n =
+                                  me && how == Divergence::kSize && i == 1 ? 2048 : 1024;
+                              pg.all_reduce(ops::ones({n}))->wait();
+                            }
+                          } catch (const Error&) {
+                            // the divergence's failures: what the dump records
+                          }
+                        },
+                        {.timeout = std::chrono::seconds(2), .group_name = name});
+  flight_recorder::set_dump_dir("");
+  const std::string report = flight_report(read_flight_dumps(dir), ranks);
+  std::printf("%s", report.c_str());  // the test log shows each report whole
+  return report;
+}
+
+std::string others(int ranks) {
+  std::vector<int> r;
+  for (int i = 0; i < ranks - 1; ++i) r.push_back(i);
+  return fmt::format("{} {}", r.size() == 1 ? "rank" : "ranks", fmt::join(r, ", "));
+}
+
+class DivergenceTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DivergenceTest, ARankThatSkipsACollectiveIsNamed) {
+  const int n = GetParam();
+  const std::string name = fmt::format("skip{}", n);
+  const std::string report = diverge(n, Divergence::kSkip, name);
+  EXPECT_THAT(report, HasSubstr(fmt::format(
+                          "group '{}' (global ranks {}): first divergence at all_reduce #2 (sum, "
+                          "f32, 1024 elements) on group '{}': entered by {}; not by rank {}",
+                          name,
+                          fmt::join(std::vector<int>(n == 2   ? std::vector<int>{0, 1}
+                                                     : n == 3 ? std::vector<int>{0, 1, 2}
+                                                              : std::vector<int>{0, 1, 2, 3}),
+                                    ", "),
+                          name, others(n), n - 1)))
+      << report;
+  EXPECT_THAT(report, HasSubstr(fmt::format(
+                          "rank {} did not; its last operation: all_reduce #1 (sum, f32, 1024 "
+                          "elements) on group '{}', completed",
+                          n - 1, name)))
+      << report;
+}
+
+TEST_P(DivergenceTest, ARankThatCallsAnotherSizeIsNamed) {
+  const int n = GetParam();
+  const std::string name = fmt::format("size{}", n);
+  const std::string report = diverge(n, Divergence::kSize, name);
+  EXPECT_THAT(report, HasSubstr(fmt::format("group '{}'", name))) << report;
+  EXPECT_THAT(report, HasSubstr("the ranks called different operations as collective 1")) << report;
+  EXPECT_THAT(report,
+              HasSubstr(fmt::format("{} called all_reduce(sum, f32, 1024 elements)", others(n))))
+      << report;
+  EXPECT_THAT(report,
+              HasSubstr(fmt::format("rank {} called all_reduce(sum, f32, 2048 elements)", n - 1)))
+      << report;
+}
+
+TEST_P(DivergenceTest, ARankThatHangsIsNamedWithWhatItDidLast) {
+  const int n = GetParam();
+  const std::string name = fmt::format("hang{}", n);
+  const std::string report = diverge(n, Divergence::kHang, name);
+  EXPECT_THAT(report,
+              HasSubstr(fmt::format("first divergence at all_reduce #2 (sum, f32, 1024 "
+                                    "elements) on group '{}': entered by {}; not by rank {}",
+                                    name, others(n), n - 1)))
+      << report;
+  EXPECT_THAT(report, HasSubstr(fmt::format(
+                          "rank {} did not; its last operation: all_reduce #1 (sum, f32, 1024 "
+                          "elements) on group '{}', completed",
+                          n - 1, name)))
+      << report;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DivergenceTest, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return fmt::format("ranks{}", info.param); });
+
+}  // namespace
+}  // namespace loom::comm
