@@ -299,6 +299,17 @@ void install_signal_dumps() {
     }
     ::sigaction(SIGUSR1, &ours, nullptr);
     std::thread(watch_signals).detach();
+    // A rank that exits while its peers still run (having skipped what they wait in) must be in
+    // the report too: every rank dumps at exit (its groups' last snapshots are kept).
+    std::atexit([] {
+      const std::string dir = dump_dir();
+      if (dir.empty() || registry().dumped_on_failure.load()) return;
+      try {
+        dump(dir, "exit");
+      } catch (const std::exception&) {
+        // exiting anyway: the job's own status says what happened
+      }
+    });
   });
 }
 

@@ -7,8 +7,9 @@
 // global rank, one file per rank this process runs (several under comm/testing's threads):
 //   - on the first failed operation in the process (a timeout, a peer gone, a mismatch);
 //   - on SIGTERM (what loomrun sends the other ranks when one fails; the process then ends as the
-//     signal would have ended it) and on SIGUSR1 (on request; the process goes on), once
-//     install_signal_dumps() ran (init_process_group calls it when the folder is set).
+//     signal would have ended it), on SIGUSR1 (on request; the process goes on) and at exit (a
+//     rank that left while its peers waited), once install_signal_dumps() ran
+//     (init_process_group calls it when the folder is set).
 // LOOM_FLIGHT_RECORDER_ENTRIES sets the ring's size (default 2000 per group; 0: off).
 //
 // States: an operation is pending from its issue until its Work completes or fails. Gloo and
@@ -99,7 +100,8 @@ void set_dump_dir(const std::string& dir);  // for tests and programs ("" turns 
 void on_failure(const std::exception_ptr& error);
 
 // SIGTERM and SIGUSR1 dump (when dump_dir() is set): a watcher thread writes the files, then
-// SIGTERM goes on to what it did before (the process ends as it would have). Idempotent.
+// SIGTERM goes on to what it did before (the process ends as it would have); so does a normal
+// exit (unless a failure already dumped). Idempotent.
 void install_signal_dumps();
 
 }  // namespace flight_recorder

@@ -161,6 +161,14 @@ std::string report_group(const std::string& name, const std::vector<int>& ranks,
       unfinished.push_back(members[m].global_rank);
       lines += fmt::format("\n    rank {}: {}", members[m].global_rank, state_text(r));
     }
+    if (!unfinished.empty() && !missing_dumps.empty()) {
+      // Without their dumps, the ranks that left none may never have entered it.
+      std::vector<int> absent_dumps(missing_dumps.begin(), missing_dumps.end());
+      return fmt::format(
+          "{}: {} did not complete on {} ({} left no dump: they may never have "
+          "entered it):{}",
+          title, op_text(*example, name), ranks_text(unfinished), ranks_text(absent_dumps), lines);
+    }
     if (!unfinished.empty()) {
       return fmt::format("{}: every rank entered {}, but it did not complete on {}:{}{}", title,
                          op_text(*example, name), ranks_text(unfinished), lines, missing_note);

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "base/error.h"
+#include "comm/flight_recorder.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/launch_env.h"
 #include "comm/nccl/process_group_nccl.h"
@@ -31,6 +32,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, Ini
   const Duration timeout = options.timeout.value_or(timeout_from_env());
   LOOM_CHECK(timeout > Duration::zero(), "init_process_group: the timeout must be positive");
   const LaunchEnv env = read_launch_env();
+  // A launcher that collects flight-recorder dumps (loomrun) sets the folder: SIGTERM (how it
+  // stops the other ranks when one fails) and SIGUSR1 then dump this rank's rings there.
+  if (!flight_recorder::dump_dir().empty()) flight_recorder::install_signal_dumps();
   auto store = make_rendezvous_store(env, timeout);
   auto world_store = std::make_shared<PrefixStore>("world/", store);
   ProcessGroupOptions group{.name = "default", .timeout = timeout};

@@ -6,6 +6,7 @@
 #include "comm/launch_env.h"
 #include "comm/tcp_store_server.h"
 #include "tools/loomrun/child_process.h"
+#include "tools/loomrun/flight_folder.h"
 #include "tools/loomrun/options.h"
 #include "tools/loomrun/output.h"
 #include "tools/loomrun/rank_env.h"
@@ -52,7 +53,10 @@ int run_loomrun(int argc, const char* const* argv) {
   signal(SIGPIPE, SIG_IGN);
   Supervisor supervisor(
       SupervisorConfig{.grace_s = options.grace_s, .timeout_s = options.timeout_s}, signals);
-  const std::vector<std::string> parent_environment = current_environment();
+  // The ranks' flight-recorder dumps: merged into one report below if the job fails.
+  FlightRecorderFolder flight(options.flight_recorder_dir);
+  std::vector<std::string> parent_environment = current_environment();
+  flight.export_to(parent_environment);
   for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
     const int rank = global_rank(options, local_rank);
     try {
@@ -66,7 +70,9 @@ int run_loomrun(int argc, const char* const* argv) {
       break;
     }
   }
-  return supervisor.run();
+  const int exit_code = supervisor.run();
+  flight.report(exit_code, options.world_size());
+  return exit_code;
 }
 
 }  // namespace loom::loomrun

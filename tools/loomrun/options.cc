@@ -38,6 +38,10 @@ void add_flags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--grace-s,--grace_s", options.grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
+  app.add_option("--flight-recorder-dir", options.flight_recorder_dir,
+                 "where the ranks dump their last operations when the job fails (merged into one "
+                 "report); default: LOOM_FLIGHT_RECORDER_DIR, else a temporary folder kept only "
+                 "when the job fails");
 }
 
 }  // namespace

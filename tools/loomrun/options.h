@@ -1,7 +1,7 @@
 // loomrun's command line: what the user asked for, parsed and validated.
 //
 //   loomrun [--nproc-per-node N] [--nnodes M --node-rank K --master-addr A --master-port P]
-//           [--timeout-s S] [--grace-s G] [--] PROGRAM ARGS...
+//           [--timeout-s S] [--grace-s G] [--flight-recorder-dir D] [--] PROGRAM ARGS...
 //
 // Parsing never prints and never exits: it returns what to do (run, print help, or fail with a
 // message and exit code 2), so the rules are unit-testable.
@@ -20,9 +20,12 @@ struct LaunchOptions {
   int nnodes = 1;          // nodes in the job; WORLD_SIZE = nnodes * nproc_per_node
   int node_rank = 0;       // this node's index in [0, nnodes) (GROUP_RANK)
   std::string master_addr = "127.0.0.1";
-  int master_port = 0;               // 0: the store binds a free port (only with nnodes == 1)
-  double timeout_s = 0;              // stop the job after this many seconds; 0: no limit
-  double grace_s = 10;               // SIGTERM -> SIGKILL escalation delay when stopping ranks
+  int master_port = 0;   // 0: the store binds a free port (only with nnodes == 1)
+  double timeout_s = 0;  // stop the job after this many seconds; 0: no limit
+  double grace_s = 10;   // SIGTERM -> SIGKILL escalation delay when stopping ranks
+  // Where the ranks dump their flight recorders (LOOM_FLIGHT_RECORDER_DIR); "": the environment's
+  // LOOM_FLIGHT_RECORDER_DIR, else a folder loomrun makes (removed when the job succeeds).
+  std::string flight_recorder_dir;
   std::vector<std::string> command;  // PROGRAM ARGS...
 
   int world_size() const { return nnodes * nproc_per_node; }

@@ -1,0 +1,69 @@
+#include "tools/loomrun/flight_folder.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+#include "base/error.h"
+#include "comm/flight_report.h"
+#include "tools/loomrun/output.h"
+
+namespace loom::loomrun {
+
+namespace {
+constexpr const char* kVariable = "LOOM_FLIGHT_RECORDER_DIR";
+}  // namespace
+
+FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
+  if (!requested.empty()) {
+    path_ = requested;
+  } else if (const char* env = std::getenv(kVariable); env != nullptr && *env != '\0') {
+    path_ = env;
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    path_ = fmt::format("{}/loomrun-{}-flight", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
+                        static_cast<long>(::getpid()));
+    made_here_ = true;
+  }
+  std::error_code error;
+  std::filesystem::create_directories(path_, error);
+  LOOM_CHECK(!error, "--flight-recorder-dir: cannot create '{}': {}", path_, error.message());
+  // A previous job's dumps there are not this one's.
+  for (const auto& entry : std::filesystem::directory_iterator(path_, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with("rank-") && name.ends_with(".json")) std::filesystem::remove(entry, error);
+  }
+}
+
+void FlightRecorderFolder::export_to(std::vector<std::string>& environment) const {
+  const std::string prefix = std::string(kVariable) + "=";
+  std::erase_if(environment, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
+  environment.push_back(prefix + path_);
+}
+
+void FlightRecorderFolder::report(int exit_code, int world_size) const {
+  std::error_code error;
+  if (exit_code == 0) {
+    if (made_here_) std::filesystem::remove_all(path_, error);
+    return;
+  }
+  std::vector<comm::RankDump> dumps;
+  try {
+    dumps = comm::read_flight_dumps(path_);
+  } catch (const std::exception& e) {
+    log_line("flight recorder: cannot read the dumps in {}: {}", path_, e.what());
+    return;
+  }
+  if (dumps.empty()) {
+    if (made_here_) std::filesystem::remove_all(path_, error);
+    return;
+  }
+  std::istringstream lines(comm::flight_report(dumps, world_size));
+  for (std::string line; std::getline(lines, line);) log_line("{}", line);
+  log_line("flight recorder: the ranks' dumps are in {}", path_);
+}
+
+}  // namespace loom::loomrun

@@ -1,0 +1,29 @@
+// The folder where a job's ranks dump their flight recorders (comm/flight_recorder.h), and the
+// merged report loomrun prints when the job fails (comm/flight_report.h): which collective the
+// ranks diverged at, which ranks never entered it and what they were doing instead.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace loom::loomrun {
+
+class FlightRecorderFolder {
+ public:
+  // `requested`: --flight-recorder-dir; "" takes LOOM_FLIGHT_RECORDER_DIR, else makes a fresh
+  // folder under $TMPDIR (or /tmp) that is removed when the job succeeds.
+  explicit FlightRecorderFolder(const std::string& requested);
+  // Sets LOOM_FLIGHT_RECORDER_DIR in the ranks' environment ("NAME=value" entries).
+  void export_to(std::vector<std::string>& environment) const;
+  // After the job: on failure, prints the merged report of the dumps there (the ranks of this
+  // node; a multi-node job's other nodes keep theirs) and where they are; on success removes a
+  // folder loomrun made.
+  void report(int exit_code, int world_size) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  bool made_here_ = false;
+};
+
+}  // namespace loom::loomrun
