@@ -225,6 +225,7 @@ std::string flight_report(const std::vector<RankDump>& dumps, int world_size) {
     }
   }
   for (const auto& key : order) {
+    if (key.second.size() < 2) continue;  // one rank cannot diverge from itself
     std::vector<Member>& members = groups[key];
     std::sort(members.begin(), members.end(),
               [](const Member& a, const Member& b) { return a.global_rank < b.global_rank; });

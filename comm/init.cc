@@ -1,8 +1,11 @@
 #include "comm/init.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <string_view>
 
 #include "base/error.h"
 #include "comm/flight_recorder.h"
@@ -36,7 +39,14 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, Ini
   // stops the other ranks when one fails) and SIGUSR1 then dump this rank's rings there.
   if (!flight_recorder::dump_dir().empty()) flight_recorder::install_signal_dumps();
   auto store = make_rendezvous_store(env, timeout);
-  auto world_store = std::make_shared<PrefixStore>("world/", store);
+  // A launcher that restarts the job (loomrun --max-restarts) keeps serving the same store: each
+  // attempt rendezvouses under its own keys, never reading the last attempt's.
+  const char* restart = std::getenv("LOOM_RESTART_COUNT");
+  const std::string attempt =
+      restart != nullptr && *restart != '\0' && std::string_view(restart) != "0"
+          ? fmt::format("restart{}/", restart)
+          : std::string();
+  auto world_store = std::make_shared<PrefixStore>(attempt + "world/", store);
   ProcessGroupOptions group{.name = "default", .timeout = timeout};
   if (backend == "gloo") {
     return ProcessGroupGloo::create(world_store, env.rank, env.world_size, group);

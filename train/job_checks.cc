@@ -12,6 +12,7 @@
 #include "models/hf/checkpoint.h"
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
+#include "train/launch.h"
 #include "train/output_files.h"
 
 namespace loom::train {
@@ -158,7 +159,10 @@ CheckedJob check_job(const JobConfig& job) {
              "--save: the {} family (--model {}) has no Hugging Face checkpoint format; use "
              "--checkpoint-dir for its checkpoints",
              out.model.args->family(), job.model);
-  if (job.resume) check_resume(job, out.model.args->fields(), out);
+  // A restarted job (loomrun --max-restarts) resumes from its latest checkpoint, if any.
+  if (job.resume || (restart_count() > 0 && !job.checkpoint_dir.empty())) {
+    check_resume(job, out.model.args->fields(), out);
+  }
   return out;
 }
 

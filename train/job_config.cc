@@ -218,6 +218,10 @@ const std::vector<JobOption>& options() {
        "continue from the latest committed checkpoint in checkpoint_dir (any layout; none: "
        "start at step 0)",
        &C::resume},
+      {"checkpoint", "max_restarts",
+       "when a rank fails, stop the others and start the job again up to N times, resuming from "
+       "the latest committed checkpoint in checkpoint_dir (loomrun --max-restarts; 0: none)",
+       &C::max_restarts, Range::kNonNegative},
       {"output", "metrics_out", "JSONL metrics, one object per step (\"\": none)", &C::metrics_out},
       {"output", "plot_out", "loss-curve PNG (\"\": none)", &C::plot_out},
       {"output", "sample_tokens", "tokens to generate at the end", &C::sample_tokens,

@@ -78,12 +78,15 @@ struct JobConfig {
   int64_t val_every = 0;        // validate every N steps and after the last (0: after the last)
   int64_t val_steps = 0;        // batches per validation (0: all the val data holds, at most 20)
   // [checkpoint]
-  std::string init_from;          // a Hugging Face checkpoint of the model's family to start from
-  std::string save;               // ... to write after training
-  std::string checkpoint_dir;     // distributed checkpoints (checkpoint/); empty: none
-  int64_t checkpoint_every = 0;   // save every N steps and after the last (0: after the last)
-  int64_t keep_last = 0;          // keep the newest K (0: all)
-  bool resume = false;            // from the latest committed step in checkpoint_dir
+  std::string init_from;         // a Hugging Face checkpoint of the model's family to start from
+  std::string save;              // ... to write after training
+  std::string checkpoint_dir;    // distributed checkpoints (checkpoint/); empty: none
+  int64_t checkpoint_every = 0;  // save every N steps and after the last (0: after the last)
+  int64_t keep_last = 0;         // keep the newest K (0: all)
+  bool resume = false;           // from the latest committed step in checkpoint_dir
+  // When a rank fails, loomrun restarts the job up to this many times, which then resumes from
+  // the latest committed checkpoint in checkpoint_dir (LOOM_RESTART_COUNT > 0 acts as resume).
+  int64_t max_restarts = 0;
   bool async_checkpoint = false;  // stage to host memory, write and commit in the background
   // [output] (an empty path: not written)
   std::string metrics_out = "loom_train_metrics.jsonl";

@@ -41,7 +41,10 @@ CommandLine start(int argc, char** argv) {
   LOOM_CHECK(parsed.job.device != "cuda" || cuda::available(), "--device cuda: {}",
              cuda::unavailable_reason());
   const ParallelDims dims = parallel_config(parsed.job).dims;
-  if (dims.world_size() > 1) relaunch(parsed.launcher, dims.world_size(), dims.str(), argc, argv);
+  // Restarts need a launcher to restart the job, even for one rank.
+  if (dims.world_size() > 1 || parsed.job.max_restarts > 0) {
+    relaunch(parsed.launcher, dims.world_size(), dims.str(), argc, argv, parsed.job.max_restarts);
+  }
   become_world_of_one();
   return parsed;
 }

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -19,6 +20,8 @@
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "train/checkpoint_fields.h"
+#include "train/fault_injection.h"
+#include "train/launch.h"
 #include "train/loss_plot.h"
 #include "train/output_files.h"
 #include "train/progress_bar.h"
@@ -151,6 +154,8 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     const checkpoint::Metadata saved = trainer_->load_checkpoint(dir, *world_);
     const std::string layout = saved_layout(saved);
     if (rank == 0) {
+      const int64_t restarts = restart_count();
+      if (restarts > 0) fmt::print("{}: restart {} of the job\n", program_, restarts);
       fmt::print("{}: resumed from {} at step {}{}\n", program_, dir, trainer_->steps_done(),
                  layout == mesh_->str()
                      ? std::string(" (same layout)")
@@ -212,6 +217,10 @@ void JobRunner::add_metrics_hook() {
     const std::optional<RouterSummary> router =
         moe ? std::optional<RouterSummary>(take_router_summary(*model_, *mesh_)) : std::nullopt;
     if (rank != 0) return;
+    // The launcher's view of progress (loomrun --max-restarts: where a failure repeats).
+    if (const char* progress = std::getenv("LOOM_PROGRESS_FILE"); progress && *progress) {
+      std::ofstream(progress, std::ios::trunc) << r.step << "\n";
+    }
     const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
     // The step's tensor peak (torch.cuda.max_memory_allocated's figure, on any device): what
     // `loom plan`'s "peak in step" predicts.
@@ -292,7 +301,9 @@ void JobRunner::add_checkpoint_hook() {
 
 void JobRunner::train_steps(JobResult& result) {
   result.first_step = trainer_->steps_done();
+  const std::optional<InjectedFault> fault = injected_fault_from_env();
   for (int step = result.first_step; step < job_.steps; ++step) {
+    maybe_inject_fault(fault, world_->rank(), step);
     // The op timer skips the first step (allocator, plans and caches warming up).
     if (job_.profile_ops && step == result.first_step + 1) {
       // LOOM_PROFILE may add per-shape rows ("ops,shapes"); a GPU always synchronizes.

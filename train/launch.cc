@@ -28,13 +28,28 @@ void become_world_of_one() {
   setenv("WORLD_SIZE", "1", 1);
 }
 
+int64_t restart_count() {
+  const char* value = std::getenv("LOOM_RESTART_COUNT");
+  if (value == nullptr || *value == '\0') return 0;
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  LOOM_CHECK(end != value && *end == '\0' && n >= 0,
+             "LOOM_RESTART_COUNT must be a non-negative count of restarts, got '{}'", value);
+  return n;
+}
+
 void relaunch(const std::string& launcher, int64_t ranks, const std::string& layout, int argc,
-              char** argv) {
+              char** argv, int64_t max_restarts) {
   LOOM_CHECK(!launcher.empty(),
              "{} ranks requested ({}) but no launcher: run under loomrun, or pass --launcher "
              "PATH_TO_LOOMRUN (./loom train does)",
              ranks, layout);
-  std::vector<std::string> args{launcher, "--nproc-per-node", std::to_string(ranks), "--"};
+  std::vector<std::string> args{launcher, "--nproc-per-node", std::to_string(ranks)};
+  if (max_restarts > 0) {
+    args.push_back("--max-restarts");
+    args.push_back(std::to_string(max_restarts));
+  }
+  args.push_back("--");
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   args.push_back(n > 0 ? std::string(self, n) : argv[0]);

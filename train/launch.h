@@ -15,8 +15,12 @@ bool launched_as_rank();
 void become_world_of_one();
 
 // Re-executes this program (/proc/self/exe) under `launcher` with `ranks` processes and the same
-// arguments. Returns only by throwing loom::Error (no launcher given, or exec failed), naming why.
+// arguments (and `--max-restarts N` for the launcher when `max_restarts` > 0). Returns only by
+// throwing loom::Error (no launcher given, or exec failed), naming why.
 [[noreturn]] void relaunch(const std::string& launcher, int64_t ranks, const std::string& layout,
-                           int argc, char** argv);
+                           int argc, char** argv, int64_t max_restarts = 0);
+
+// LOOM_RESTART_COUNT: how many times the launcher restarted this job (0: the first run).
+int64_t restart_count();
 
 }  // namespace loom::train

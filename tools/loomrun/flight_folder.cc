@@ -5,11 +5,13 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "base/error.h"
 #include "comm/flight_report.h"
 #include "tools/loomrun/output.h"
+#include "tools/loomrun/restart_history.h"
 
 namespace loom::loomrun {
 
@@ -31,17 +33,29 @@ FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
   std::error_code error;
   std::filesystem::create_directories(path_, error);
   LOOM_CHECK(!error, "--flight-recorder-dir: cannot create '{}': {}", path_, error.message());
-  // A previous job's dumps there are not this one's.
+  // A previous job's dumps and progress there are not this one's.
+  clear_dumps();
+  std::filesystem::remove(path_ + "/progress", error);
+}
+
+void FlightRecorderFolder::clear_dumps() const {
+  std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(path_, error)) {
     const std::string name = entry.path().filename().string();
     if (name.starts_with("rank-") && name.ends_with(".json")) std::filesystem::remove(entry, error);
   }
 }
 
+std::optional<long> FlightRecorderFolder::completed_step() const {
+  std::ifstream in(path_ + "/progress");
+  long step = -1;
+  if (!(in >> step) || step < 0) return std::nullopt;
+  return step;
+}
+
 void FlightRecorderFolder::export_to(std::vector<std::string>& environment) const {
-  const std::string prefix = std::string(kVariable) + "=";
-  std::erase_if(environment, [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
-  environment.push_back(prefix + path_);
+  set_variable(environment, kVariable, path_);
+  set_variable(environment, "LOOM_PROGRESS_FILE", path_ + "/progress");
 }
 
 void FlightRecorderFolder::report(int exit_code, int world_size) const {

@@ -10,6 +10,7 @@
 #include "tools/loomrun/options.h"
 #include "tools/loomrun/output.h"
 #include "tools/loomrun/rank_env.h"
+#include "tools/loomrun/restart_history.h"
 #include "tools/loomrun/signal_pipe.h"
 #include "tools/loomrun/supervisor.h"
 
@@ -51,28 +52,38 @@ int run_loomrun(int argc, const char* const* argv) {
   // kill loomrun (the ranks would be left unsupervised): ignore SIGPIPE; the ranks get it back.
   SignalPipe signals({SIGCHLD, SIGINT, SIGTERM, SIGHUP});
   signal(SIGPIPE, SIG_IGN);
-  Supervisor supervisor(
-      SupervisorConfig{.grace_s = options.grace_s, .timeout_s = options.timeout_s}, signals);
-  // The ranks' flight-recorder dumps: merged into one report below if the job fails.
+  // The ranks' flight-recorder dumps (merged into one report when an attempt fails) and the
+  // job's progress (the last step it completed: where a restart's failure repeats).
   FlightRecorderFolder flight(options.flight_recorder_dir);
-  std::vector<std::string> parent_environment = current_environment();
-  flight.export_to(parent_environment);
-  for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
-    const int rank = global_rank(options, local_rank);
-    try {
-      supervisor.add_rank(rank, spawn_child(options.command,
-                                            build_rank_environment(options, local_rank, master_port,
-                                                                   parent_environment)));
-    } catch (const Error& error) {
-      log_line("rank {}: {}{}", rank, error.what(),
-               local_rank > 0 ? "; stopping the ranks already started" : "");
-      supervisor.abort_launch(kCannotExecuteExitCode);
-      break;
+  std::vector<std::string> base_environment = current_environment();
+  flight.export_to(base_environment);
+  RestartHistory history(options.max_restarts);
+  for (int attempt = 0;; ++attempt) {
+    Supervisor supervisor(
+        SupervisorConfig{.grace_s = options.grace_s, .timeout_s = options.timeout_s}, signals);
+    std::vector<std::string> environment = base_environment;
+    set_variable(environment, "LOOM_RESTART_COUNT", std::to_string(attempt));
+    for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {
+      const int rank = global_rank(options, local_rank);
+      try {
+        supervisor.add_rank(
+            rank, spawn_child(options.command, build_rank_environment(options, local_rank,
+                                                                      master_port, environment)));
+      } catch (const Error& error) {
+        log_line("rank {}: {}{}", rank, error.what(),
+                 local_rank > 0 ? "; stopping the ranks already started" : "");
+        supervisor.abort_launch(kCannotExecuteExitCode);
+        break;
+      }
     }
+    const int exit_code = supervisor.run();
+    flight.report(exit_code, options.world_size());
+    if (exit_code == 0 || !supervisor.failed_by_rank()) return exit_code;
+    if (!history.restart_after(supervisor.first_failure(), flight.completed_step())) {
+      return exit_code;
+    }
+    flight.clear_dumps();
   }
-  const int exit_code = supervisor.run();
-  flight.report(exit_code, options.world_size());
-  return exit_code;
 }
 
 }  // namespace loom::loomrun

@@ -38,6 +38,11 @@ void add_flags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--grace-s,--grace_s", options.grace_s,
                  "seconds between SIGTERM and SIGKILL when stopping ranks")
       ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", options.max_restarts,
+                 "when a rank fails, stop the others and start the job again, up to N times "
+                 "(the job resumes from its latest checkpoint); a job failing at the same step 3 "
+                 "times in a row is not restarted again")
+      ->capture_default_str();
   app.add_option("--flight-recorder-dir", options.flight_recorder_dir,
                  "where the ranks dump their last operations when the job fails (merged into one "
                  "report); default: LOOM_FLIGHT_RECORDER_DIR, else a temporary folder kept only "
@@ -63,6 +68,8 @@ void validate_options(const LaunchOptions& options) {
   LOOM_CHECK(options.timeout_s >= 0, "--timeout-s must be >= 0 (0: no limit), got {}",
              options.timeout_s);
   LOOM_CHECK(options.grace_s >= 0, "--grace-s must be >= 0, got {}", options.grace_s);
+  LOOM_CHECK(options.max_restarts >= 0, "--max-restarts must be >= 0, got {}",
+             options.max_restarts);
   LOOM_CHECK(!options.command.empty(),
              "missing the program to run; usage: loomrun [flags] -- PROGRAM [ARGS...]");
 }

@@ -1,7 +1,8 @@
 // loomrun's command line: what the user asked for, parsed and validated.
 //
 //   loomrun [--nproc-per-node N] [--nnodes M --node-rank K --master-addr A --master-port P]
-//           [--timeout-s S] [--grace-s G] [--flight-recorder-dir D] [--] PROGRAM ARGS...
+//           [--timeout-s S] [--grace-s G] [--flight-recorder-dir D] [--max-restarts N]
+//           [--] PROGRAM ARGS...
 //
 // Parsing never prints and never exits: it returns what to do (run, print help, or fail with a
 // message and exit code 2), so the rules are unit-testable.
@@ -26,6 +27,9 @@ struct LaunchOptions {
   // Where the ranks dump their flight recorders (LOOM_FLIGHT_RECORDER_DIR); "": the environment's
   // LOOM_FLIGHT_RECORDER_DIR, else a folder loomrun makes (removed when the job succeeds).
   std::string flight_recorder_dir;
+  // When a rank fails, stop the others and start the job again, up to this many times (torchrun's
+  // --max-restarts); the ranks get LOOM_RESTART_COUNT (0, 1, ...).
+  int max_restarts = 0;
   std::vector<std::string> command;  // PROGRAM ARGS...
 
   int world_size() const { return nnodes * nproc_per_node; }

@@ -163,6 +163,10 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
     }
   }
   const int others = running_ranks();
+  if (!exit_code_) {
+    first_failure_ = fmt::format("rank {} (pid {}) {}", state.rank, state.pid,
+                                 describe_wait_status(wait_status));
+  }
   if (others == 0) {
     log_line("rank {} (pid {}) {}", state.rank, state.pid, describe_wait_status(wait_status));
   } else {

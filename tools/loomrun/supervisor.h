@@ -50,6 +50,11 @@ class Supervisor {
 
   // Runs until every rank has exited and returns loomrun's exit code.
   int run();
+  // After run(): whether the job ended because a rank failed (not a signal to loomrun, its
+  // timeout or a failed launch) — what --max-restarts restarts — and that failure, in words
+  // ("rank 2 (pid 1234) exited with status 1").
+  bool failed_by_rank() const { return !first_failure_.empty(); }
+  const std::string& first_failure() const { return first_failure_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -82,6 +87,7 @@ class Supervisor {
   bool stopping_ = false;
   int stop_signal_ = 0;           // the signal that began stopping (SIGTERM, or a forwarded one)
   std::optional<int> exit_code_;  // set by the first cause of stopping
+  std::string first_failure_;     // when that cause was a rank's failure
   std::optional<Clock::time_point> kill_deadline_;
 };
 

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Restart without a person (--max-restarts): a rank killed (SIGKILL) at a random step of a dp2 job
+# that checkpoints every 2 steps; loomrun stops the other, starts the job again, which resumes
+# from its latest checkpoint and finishes the planned steps; its losses equal an uninterrupted
+# run's bit for bit (resume is bitwise). TRIALS trials (default 3; tools/fault/restart_trials.sh
+# runs 20), each a random rank and step. Then a failure that repeats at the same step stops after
+# 3 attempts with a report of each, instead of looping.
+set -euo pipefail
+train="$(realpath "$1")"
+loomrun="$(realpath "$2")"
+trials="${3:-3}"
+cd "${TEST_TMPDIR:-$(mktemp -d)}"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+common=(--launcher "$loomrun" --dp 2 --tp 1 --steps 12 --checkpoint-every 2 --sample-tokens 0
+  --no-progress --plot-out "" --log-every 1)
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*"step":\([0-9]*\).*/\2 \1/p' "$1"; }
+
+"$train" "${common[@]}" --checkpoint-dir ref_ck --metrics-out ref.jsonl >ref.log 2>&1 ||
+  { cat ref.log; fail "the uninterrupted run"; }
+[[ $(losses ref.jsonl | wc -l) -eq 12 ]] || { cat ref.jsonl; fail "the reference has not 12 steps"; }
+
+for trial in $(seq 1 "$trials"); do
+  rank=$(( RANDOM % 2 )) step=$(( 1 + RANDOM % 9 ))
+  dir="trial$trial"
+  rm -rf "$dir" && mkdir -p "$dir"
+  LOOM_FLIGHT_RECORDER_DIR="$PWD/$dir/flight" "$train" "${common[@]}" --max-restarts 3 \
+    --checkpoint-dir "$dir/ck" --metrics-out "$dir/m.jsonl" >"$dir/log" 2>&1 &
+  job=$!
+  # Kill rank $rank once the job has completed step $step (rank 0 writes its progress there).
+  killed=""
+  for _ in $(seq 1 600); do
+    done_step=$(cat "$dir/flight/progress" 2>/dev/null || echo -1)
+    if [[ $done_step =~ ^[0-9]+$ ]] && (( done_step >= step )); then
+      # loom_train exec'd loomrun in its place: the job's pid is loomrun's, its children the ranks.
+      victim=$(pgrep -P "$job" | sort -n | sed -n "$(( rank + 1 ))p")
+      [[ -n $victim ]] && kill -9 "$victim" && killed="$victim"
+      break
+    fi
+    kill -0 "$job" 2>/dev/null || break
+    sleep 0.05
+  done
+  status=0
+  wait "$job" || status=$?
+  (( status == 0 )) || { cat "$dir/log"; fail "trial $trial (rank $rank at step $step): exit $status"; }
+  [[ -n $killed ]] || { cat "$dir/log"; fail "trial $trial: no rank to kill at step $step"; }
+  grep -q "^loomrun: restart 1 of 3: rank [01] (pid $killed) was killed by signal 9 (SIGKILL)" "$dir/log" ||
+    { cat "$dir/log"; fail "trial $trial: no restart logged for pid $killed"; }
+  grep -Eq "resumed from .* at step [0-9]+ \\(same layout\\)" "$dir/log" ||
+    { cat "$dir/log"; fail "trial $trial: the restart did not resume from a checkpoint"; }
+  # The steps the last attempt ran, and the last one, equal the uninterrupted run's bitwise.
+  got=$(losses "$dir/m.jsonl")
+  [[ $(tail -1 <<<"$got" | cut -d' ' -f1) == 11 ]] || { echo "$got"; fail "trial $trial did not reach step 11"; }
+  while read -r s l; do
+    want=$(losses ref.jsonl | awk -v s="$s" '$1 == s { print $2 }')
+    [[ $l == "$want" ]] || fail "trial $trial: step $s loss $l, uninterrupted $want"
+  done <<<"$got"
+  echo "ok: trial $trial: rank $rank killed after step $step; resumed, losses bitwise equal"
+done
+
+# A failure at the same step every time (rank 1 fails at step 5 in every attempt): the job is not
+# restarted a third time.
+mkdir -p same
+status=0
+LOOM_INJECT_FAULT="rank=1,step=5" "$train" "${common[@]}" --max-restarts 5 \
+  --checkpoint-dir same/ck --metrics-out same/m.jsonl >same/log 2>&1 || status=$?
+(( status != 0 )) || { cat same/log; fail "a job failing every time succeeded"; }
+grep -Eq "^loomrun: the job failed at step 5 3 times in a row; not restarting it again \\(attempt 1: rank [01] \\(pid [0-9]+\\) exited with status 1 at step 5; attempt 2: .*; attempt 3: .*\\)$" same/log ||
+  { cat same/log; fail "no report of the repeated failure"; }
+[[ $(grep -c "^loomrun: restart [0-9] of 5" same/log) -eq 2 ]] || { cat same/log; fail "expected 2 restarts"; }
+echo "ok: a failure repeating at the same step stops after 3 attempts"
