@@ -78,6 +78,7 @@ int run_loomrun(int argc, const char* const* argv) {
     }
     const int exit_code = supervisor.run();
     flight.report(exit_code, options.world_size());
+    supervisor.print_cause();
     if (exit_code == 0 || !supervisor.failed_by_rank()) return exit_code;
     if (!history.restart_after(supervisor.first_failure(), flight.completed_step())) {
       return exit_code;

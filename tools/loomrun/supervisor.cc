@@ -267,13 +267,16 @@ int Supervisor::run() {
       }
     }
   }
-  // The last word: when ranks failed while another was stopped, the stopped one is the cause
-  // (the failures are their timeouts waiting for it), whichever rank exited first.
+  return exit_code_.value_or(0);
+}
+
+void Supervisor::print_cause() const {
+  // When ranks failed while another was stopped, the stopped one is the cause (the failures are
+  // their timeouts waiting for it), whichever rank exited first; likewise one that had left.
   for (const std::string& rank : stalled_) {
     log_line("{} when the first rank failed: the others were waiting for it", rank);
   }
   for (const std::string& departure : departures_before_failure_) log_line("{}", departure);
-  return exit_code_.value_or(0);
 }
 
 }  // namespace loom::loomrun

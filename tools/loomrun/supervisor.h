@@ -50,6 +50,9 @@ class Supervisor {
 
   // Runs until every rank has exited and returns loomrun's exit code.
   int run();
+  // After run(): the lines naming another rank as the failure's cause (a stopped one, or one that
+  // had left), which loomrun prints last, after the flight recorder's report.
+  void print_cause() const;
   // After run(): whether the job ended because a rank failed (not a signal to loomrun, its
   // timeout or a failed launch) — what --max-restarts restarts — and that failure, in words
   // ("rank 2 (pid 1234) exited with status 1").
