@@ -1,0 +1,171 @@
+#include "parallel/ft/replica_group.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <sstream>
+#include <thread>
+
+#include "base/error.h"
+#include "comm/gloo/process_group_gloo.h"
+#include "comm/prefix_store.h"
+#include "tensor/ops.h"
+
+namespace loom::parallel::ft {
+
+namespace {
+
+std::string step_prefix(const std::string& local_key, int64_t step, int attempt) {
+  return fmt::format("ft/{}/step{}/attempt{}/", local_key, step, attempt);
+}
+
+// "replica:state_step" pairs, ascending by replica: the decided members.
+std::string encode_members(const std::vector<std::pair<int, int64_t>>& members) {
+  std::string out;
+  for (const auto& [replica, state] : members) {
+    out += fmt::format("{}{}:{}", out.empty() ? "" : ",", replica, state);
+  }
+  return out;
+}
+
+std::vector<std::pair<int, int64_t>> decode_members(const std::string& text) {
+  std::vector<std::pair<int, int64_t>> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t colon = item.find(':');
+    out.emplace_back(std::stoi(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
+  }
+  return out;
+}
+
+}  // namespace
+
+ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
+                           ReplicaGroupOptions options)
+    : store_(std::move(store)),
+      replica_(replica),
+      max_replicas_(max_replicas),
+      options_(std::move(options)) {
+  LOOM_CHECK(store_ != nullptr, "ReplicaGroup: the store is null");
+  LOOM_CHECK(max_replicas_ >= 1 && replica_ >= 0 && replica_ < max_replicas_,
+             "ReplicaGroup: replica {} is not in [0, {}) (max_replicas {})", replica_,
+             max_replicas_, max_replicas_);
+}
+
+int64_t ReplicaGroup::first_step(int64_t state_step) {
+  const std::string key = fmt::format("ft/{}/latest", options_.local_key);
+  if (!store_->check({key})) return state_step;
+  return std::max(state_step, store_->add(key, 0) + 1);
+}
+
+StepQuorum ReplicaGroup::start_step(int64_t step, int attempt, int64_t state_step) {
+  const std::string prefix = step_prefix(options_.local_key, step, attempt);
+  store_->set(prefix + "join/" + std::to_string(replica_), std::to_string(state_step));
+  const std::string decided = prefix + "members";
+  if (store_->add(prefix + "decider", 1) == 1) {
+    // The decider: everyone, or whoever came within the join window.
+    const auto deadline = std::chrono::steady_clock::now() + options_.join_window;
+    std::vector<std::pair<int, int64_t>> members;
+    for (;;) {
+      members.clear();
+      for (int r = 0; r < max_replicas_; ++r) {
+        const std::string join = prefix + "join/" + std::to_string(r);
+        if (store_->check({join})) members.emplace_back(r, std::stoll(store_->get_string(join)));
+      }
+      if (static_cast<int>(members.size()) == max_replicas_ ||
+          std::chrono::steady_clock::now() >= deadline) {
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    store_->set(decided, encode_members(members));
+    // For replicas joining later: the latest decided step (add keeps the max without a race
+    // only when steps grow, which they do).
+    const std::string latest = fmt::format("ft/{}/latest", options_.local_key);
+    const int64_t known = store_->add(latest, 0);
+    if (step > known) store_->add(latest, step - known);
+  }
+  try {
+    store_->wait({decided}, options_.timeout);
+  } catch (const Error& e) {
+    LOOM_FAIL("ReplicaGroup '{}': replica {}: no quorum for step {} (attempt {}) within {} ms: {}",
+              options_.local_key, replica_, step, attempt, options_.timeout.count(), e.what());
+  }
+  StepQuorum q{.step = step, .attempt = attempt};
+  int64_t newest = -1;
+  for (const auto& [replica, state] : decode_members(store_->get_string(decided))) {
+    if (replica == replica_) q.index = static_cast<int>(q.members.size());
+    q.members.push_back(replica);
+    q.state_at.push_back(state);
+    newest = std::max(newest, state);
+  }
+  for (size_t i = 0; i < q.members.size(); ++i) {
+    if (q.state_at[i] < newest) q.needs_state_sync = true;
+    if (q.source < 0 && q.state_at[i] == newest) q.source = static_cast<int>(i);
+  }
+  quorum_ = q;
+  if (q.member()) group_for(q);
+  return q;
+}
+
+std::shared_ptr<comm::ProcessGroup> ReplicaGroup::group_for(const StepQuorum& q) {
+  // A new group when the members changed, one of them is behind (a fresh process has no group
+  // yet) or an attempt failed (the old group is poisoned); every member decides alike.
+  const bool reuse = group_ && group_members_ == q.members && !q.needs_state_sync && q.attempt == 0;
+  if (reuse) return group_;
+  group_.reset();
+  if (q.members.size() == 1) {
+    group_members_ = q.members;
+    return nullptr;  // alone: nothing to average with
+  }
+  const std::string prefix = step_prefix(options_.local_key, q.step, q.attempt) + "group/";
+  group_ = comm::ProcessGroupGloo::create(
+      std::make_shared<comm::PrefixStore>(prefix, store_), q.index,
+      static_cast<int>(q.members.size()),
+      comm::ProcessGroupOptions{.name = fmt::format("ft/{}/step{}", options_.local_key, q.step),
+                                .timeout = options_.timeout},
+      comm::GlooOptions::loopback());
+  group_members_ = q.members;
+  return group_;
+}
+
+bool ReplicaGroup::sync_state(const std::vector<Tensor>& state) {
+  LOOM_CHECK(quorum_.member(), "ReplicaGroup: replica {} is not a member of step {}'s quorum",
+             replica_, quorum_.step);
+  if (!group_) return true;
+  try {
+    for (const Tensor& t : state) group_->broadcast(t, quorum_.source)->wait();
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+bool ReplicaGroup::average(const std::vector<Tensor>& grads) {
+  LOOM_CHECK(quorum_.member(), "ReplicaGroup: replica {} is not a member of step {}'s quorum",
+             replica_, quorum_.step);
+  if (!group_) return true;
+  // One flat buffer: one all_reduce; `grads` change only if it succeeds.
+  std::vector<Tensor> flat;
+  for (const Tensor& g : grads) flat.push_back(ops::reshape(ops::contiguous(g), {g.numel()}));
+  Tensor buffer = ops::contiguous(ops::cat(flat, 0));
+  try {
+    group_->all_reduce(buffer, comm::ReduceOp::kSum)->wait();
+  } catch (const Error&) {
+    return false;
+  }
+  buffer = ops::div(buffer, static_cast<double>(quorum_.members.size()));
+  int64_t offset = 0;
+  for (const Tensor& g : grads) {
+    ops::copy_(g, ops::reshape(ops::narrow(buffer, 0, offset, g.numel()), g.shape()));
+    offset += g.numel();
+  }
+  return true;
+}
+
+void ReplicaGroup::commit() { participants_[quorum_.step] = quorum_.members; }
+
+}  // namespace loom::parallel::ft

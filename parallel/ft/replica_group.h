@@ -1,0 +1,103 @@
+// Per-step fault tolerance across data-parallel replicas (torchft's Manager, first part): the
+// replicas of a job agree each step on who takes part (a quorum in a shared store), average their
+// gradients over those only, and bring a replica that joins (or rejoins) up to date by sending it
+// the current state from one that took part before — no restart, no checkpoint.
+//
+//   ReplicaGroup group(store, replica, max_replicas, {.local_key = "tp0"});
+//   for (int64_t step = group.first_step(state_step); step < steps; ++step) {
+//     for (int attempt = 0;; ++attempt) {
+//       const StepQuorum q = group.start_step(step, attempt, state_step);
+//       if (q.needs_state_sync) group.sync_state(state_tensors);   // a joiner gets the state
+//       grads = ...;                                                // this replica's batch
+//       if (group.average(grads)) break;        // false: a member failed; start the step again
+//     }
+//     apply(grads); state_step = step + 1;
+//   }
+//
+// Quorum (start_step): every replica that reaches a step (attempt) writes its join key with the
+// step its state is at; the first to arrive decides — it waits until every replica joined or
+// Options::join_window passed, then publishes the members (ascending) — and everyone reads the
+// same list. A replica that is gone costs the others one join window per step. A member that
+// fails during the step's average makes the others' average fail: they start the step again
+// (attempt + 1) from the gradients they kept, in a quorum without it.
+//
+// Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same
+// coordinate on the other dims, e.g. tp) is built anew when the members change, a member joins or
+// an attempt failed, and reused otherwise.
+//
+// Learning rate and data: each replica's gradient is its own batch's; the step's gradient is the
+// mean over the members, so a missing replica's batch is simply not in that step (torchft's
+// choice); the learning rate does not change. participants() records the members per step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "comm/store.h"
+#include "tensor/tensor.h"
+
+namespace loom::parallel::ft {
+
+struct StepQuorum {
+  int64_t step = 0;
+  int attempt = 0;
+  std::vector<int> members;       // replica ids, ascending
+  std::vector<int64_t> state_at;  // each member's state step, in members' order
+  int index = -1;                 // this replica's place in members (-1: not a member)
+  bool needs_state_sync = false;  // some member's state is behind: sync_state() before the step
+  int source = -1;                // the member whose state is sent (the first up-to-date one)
+  bool member() const { return index >= 0; }
+};
+
+struct ReplicaGroupOptions {
+  std::string local_key = "0";  // which replica-dim group (the coordinate on the other dims)
+  comm::Duration join_window =
+      std::chrono::milliseconds(500);                 // how long a quorum waits for replicas
+  comm::Duration timeout = std::chrono::seconds(30);  // every wait and operation
+};
+
+class ReplicaGroup {
+ public:
+  // `store`: shared by every replica (the quorum service); `replica` in [0, max_replicas).
+  ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
+               ReplicaGroupOptions options = {});
+
+  // For a replica (re)joining a running job: the step to join at (the latest decided step + 1;
+  // `state_step` when the job has not started).
+  int64_t first_step(int64_t state_step);
+
+  // This step's quorum (collective over the replicas that reach it): see above. Throws naming the
+  // step when no decision arrives within the timeout.
+  StepQuorum start_step(int64_t step, int attempt, int64_t state_step);
+
+  // Makes every member's `state` the source's (in place; same shapes on every member): a
+  // broadcast over the members' group. Returns false when a member failed meanwhile.
+  bool sync_state(const std::vector<Tensor>& state);
+
+  // Replaces `grads` (in place) by their mean over the step's members; false (and `grads`
+  // untouched) when a member failed: start the step again.
+  bool average(const std::vector<Tensor>& grads);
+
+  // The members of every step this replica completed (what a reference replays).
+  const std::map<int64_t, std::vector<int>>& participants() const { return participants_; }
+  // Notes that the step completed with the current quorum.
+  void commit();
+
+ private:
+  std::shared_ptr<comm::ProcessGroup> group_for(const StepQuorum& quorum);
+
+  std::shared_ptr<comm::Store> store_;
+  int replica_;
+  int max_replicas_;
+  ReplicaGroupOptions options_;
+  StepQuorum quorum_;
+  std::vector<int> group_members_;  // whose group group_ is
+  std::shared_ptr<comm::ProcessGroup> group_;
+  std::map<int64_t, std::vector<int>> participants_;
+};
+
+}  // namespace loom::parallel::ft

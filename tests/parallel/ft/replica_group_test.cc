@@ -1,0 +1,152 @@
+// Per-step fault tolerance across replicas: three replicas (threads, each its own Gloo groups over
+// one shared store) train a small linear model with momentum SGD. Replica 2 leaves before step 3;
+// replica 1 fails in the middle of step 5 (it joined the quorum, then its group went away before
+// the average); replica 2 comes back after step 6 and replica 1 after step 9, each as a fresh
+// replica whose state it gets from a member. The job never stops (replica 0 runs every step),
+// each step's gradient is the mean over that step's members, and every replica ends with the
+// parameters and momentum of a reference that replays the recorded membership (1e-6).
+#include "parallel/ft/replica_group.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "comm/in_memory_store.h"
+#include "tensor/ops.h"
+#include "tests/testing/tensor_checks.h"
+
+namespace loom::parallel::ft {
+namespace {
+
+constexpr int kReplicas = 3;
+constexpr int64_t kSteps = 14;
+constexpr double kLr = 0.05, kMomentum = 0.9;
+
+// This replica's batch at a step: a function of (step, replica) only.
+Tensor inputs(int64_t step, int replica) {
+  return ops::uniform({8, 3}, 1000 * step + replica, -1.0, 1.0);
+}
+Tensor targets(int64_t step, int replica) {
+  return ops::uniform({8, 4}, 5000 + 1000 * step + replica, -1.0, 1.0);
+}
+// d/dW of mean((x W^T - y)^2 summed over outputs) / rows: (2 / rows) (x W^T - y)^T x.
+Tensor gradient(const Tensor& w, int64_t step, int replica) {
+  const Tensor x = inputs(step, replica);
+  const Tensor error = ops::sub(ops::matmul(x, ops::transpose(w, 0, 1)), targets(step, replica));
+  return ops::mul(ops::matmul(ops::transpose(error, 0, 1), x), 2.0 / 8.0);
+}
+Tensor initial_weights() { return ops::uniform({4, 3}, 42, -0.5, 0.5); }
+
+struct State {
+  Tensor w = ops::clone(initial_weights());
+  Tensor momentum = ops::zeros({4, 3});
+  int64_t steps_done = 0;
+};
+
+void apply(State& s, const Tensor& grad) {
+  ops::copy_(s.momentum, ops::add(ops::mul(s.momentum, kMomentum), grad));
+  ops::copy_(s.w, ops::sub(s.w, ops::mul(s.momentum, kLr)));
+}
+
+struct Outcome {
+  State state;
+  std::map<int64_t, std::vector<int>> participants;
+  int64_t first_step = 0;
+  std::map<int64_t, int> attempts;  // steps that needed more than one attempt
+};
+
+// One replica's life: it joins at the running job's next step, trains until `last_step`
+// (exclusive), and before step `fail_at` joins the quorum and then leaves without averaging.
+Outcome run_replica(std::shared_ptr<comm::Store> store, int replica, int64_t last_step,
+                    int64_t fail_at = -1) {
+  ReplicaGroup group(store, replica, kReplicas, {.join_window = std::chrono::milliseconds(200)});
+  Outcome out;
+  out.first_step = group.first_step(out.state.steps_done);
+  for (int64_t step = out.first_step; step < last_step; ++step) {
+    for (int attempt = 0;; ++attempt) {
+      const StepQuorum q = group.start_step(step, attempt, out.state.steps_done);
+      EXPECT_TRUE(q.member()) << "replica " << replica << " step " << step;
+      if (step == fail_at) return out;  // its group goes with `group`, mid-step
+      if (q.needs_state_sync) {
+        if (!group.sync_state({out.state.w, out.state.momentum})) continue;
+        out.state.steps_done = step;
+      }
+      const Tensor grad = gradient(out.state.w, step, replica);
+      if (group.average({grad})) {
+        apply(out.state, grad);
+        out.state.steps_done = step + 1;
+        group.commit();
+        if (attempt > 0) out.attempts[step] = attempt;
+        break;
+      }
+    }
+  }
+  out.participants = group.participants();
+  return out;
+}
+
+// Waits until the job has decided step `step` (what a replica coming back watches for).
+void wait_for_step(comm::Store& store, int64_t step) {
+  while (!store.check({"ft/0/latest"}) || store.add("ft/0/latest", 0) < step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TEST(ReplicaGroupTest, ReplicasLeaveFailAndRejoinWithoutStoppingTheJob) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  Outcome r0, r1_first, r2_first, r2_back, r1_back;
+  std::thread t0([&] { r0 = run_replica(store, 0, kSteps); });
+  std::thread t1([&] { r1_first = run_replica(store, 1, kSteps, /*fail_at=*/5); });
+  std::thread t2([&] { r2_first = run_replica(store, 2, /*last_step=*/3); });
+  t2.join();
+  t1.join();
+  std::thread t2b([&] {
+    wait_for_step(*store, 6);
+    r2_back = run_replica(store, 2, kSteps);
+  });
+  std::thread t1b([&] {
+    wait_for_step(*store, 9);
+    r1_back = run_replica(store, 1, kSteps);
+  });
+  t0.join();
+  t2b.join();
+  t1b.join();
+
+  // Replica 0 took part in every step; the record says who else did.
+  ASSERT_EQ(static_cast<int64_t>(r0.participants.size()), kSteps);
+  const auto& who = r0.participants;
+  EXPECT_EQ(who.at(0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(who.at(3), (std::vector<int>{0, 1}));  // replica 2 left
+  EXPECT_EQ(who.at(5), (std::vector<int>{0}));     // replica 1 failed mid-step: retried without it
+  EXPECT_TRUE(r0.attempts.contains(5)) << "step 5 needed a second attempt";
+  EXPECT_GE(r2_back.first_step, 7);
+  EXPECT_GE(r1_back.first_step, 10);
+  EXPECT_EQ(who.at(kSteps - 1), (std::vector<int>{0, 1, 2}));  // both came back
+  for (const auto& [step, members] : r2_back.participants) EXPECT_EQ(members, who.at(step));
+
+  // The reference: the recorded membership replayed on one "replica".
+  State reference;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    Tensor sum = ops::zeros({4, 3});
+    for (int r : who.at(step)) sum = ops::add(sum, gradient(reference.w, step, r));
+    apply(reference, ops::div(sum, static_cast<double>(who.at(step).size())));
+  }
+  const std::vector<std::pair<std::string, const Outcome*>> finished = {
+      {"replica 0", &r0}, {"replica 1 (back)", &r1_back}, {"replica 2 (back)", &r2_back}};
+  for (const auto& [name, outcome] : finished) {
+    loom::testing::expect_close({.actual = outcome->state.w,
+                                 .expected = reference.w,
+                                 .tol = {.atol = 1e-6},
+                                 .what = name + " weights"});
+    loom::testing::expect_close({.actual = outcome->state.momentum,
+                                 .expected = reference.momentum,
+                                 .tol = {.atol = 1e-6},
+                                 .what = name + " momentum"});
+  }
+}
+
+}  // namespace
+}  // namespace loom::parallel::ft
