@@ -167,6 +167,19 @@ const std::vector<JobOption>& options() {
        "seconds a rank waits on a peer (rendezvous, every collective) before failing naming it; "
        "0: $LOOM_TIMEOUT_S, else 300",
        &C::collective_timeout_s, Range::kNonNegative},
+      {"comm", "replicas",
+       "fault tolerance across replicas: this job is one of N replica jobs (each its own launch, "
+       "any layout alike) averaging their gradients per step over those that take part; a "
+       "replica that fails is dropped, one that (re)starts joins with the others' state (1: off)",
+       &C::replicas, Range::kPositive},
+      {"comm", "replica", "with replicas: this job's replica index, 0..replicas-1", &C::replica,
+       Range::kNonNegative},
+      {"comm", "replica_store",
+       "with replicas: the quorum store every replica shares, host:port (a `lighthouse`)",
+       &C::replica_store},
+      {"comm", "replica_join_window_ms",
+       "with replicas: how long each step's quorum waits for the replicas that have not joined",
+       &C::replica_join_window_ms, Range::kPositive},
       {"data", "data",
        "training tokens: llm.c token shards (.bin, uint16 or uint32), nanoGPT's raw uint16 .bin, "
        "or text files (byte tokens, or --tokenizer's); a file, a folder, a glob, or several "

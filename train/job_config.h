@@ -66,6 +66,13 @@ struct JobConfig {
   bool meta_init = true;  // build on meta, materialize each rank's shards (parallel/build_stage.h)
   // [comm]
   double collective_timeout_s = 0;  // store and collective timeout; 0: $LOOM_TIMEOUT_S, else 300 s
+  // Fault tolerance across replicas (parallel/ft): this job is replica `replica` of `replicas`
+  // jobs that share a quorum store at `replica_store` ("host:port", e.g. a `lighthouse`); each
+  // step's gradient is averaged over the replicas that take part (CPU ranks). 1: off.
+  int64_t replicas = 1;
+  int64_t replica = 0;
+  std::string replica_store;
+  int64_t replica_join_window_ms = 1000;
   // [data]
   // Token shards and text files: a path, a folder, a glob, or several separated by commas
   // (data/token_corpus.h).

@@ -14,6 +14,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
+#include "comm/tcp_store.h"
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -79,6 +80,34 @@ Device resolve_device(const std::string& flag) {
   return Device::cuda(local_rank);
 }
 
+// --replicas: this rank's place among the replica jobs (the ranks with its rank in the others),
+// over the shared quorum store. None without replicas.
+std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
+                                                          const comm::ProcessGroup& world,
+                                                          const Device& device) {
+  if (job.replicas <= 1) return nullptr;
+  LOOM_CHECK(job.replica < job.replicas, "--replica {} is not in [0, {}) (--replicas {})",
+             job.replica, job.replicas, job.replicas);
+  LOOM_CHECK(device.is_cpu(),
+             "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), "
+             "not on {}",
+             device.str());
+  const size_t colon = job.replica_store.rfind(':');
+  LOOM_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < job.replica_store.size(),
+             "--replica-store: expected host:port (where the replicas' quorum store is served, "
+             "e.g. by `lighthouse`), got '{}'",
+             job.replica_store);
+  auto store = std::make_shared<comm::TcpStore>(job.replica_store.substr(0, colon),
+                                                std::stoi(job.replica_store.substr(colon + 1)),
+                                                comm::TcpStoreOptions{});
+  return std::make_shared<parallel::ft::ReplicaGroup>(
+      store, static_cast<int>(job.replica), static_cast<int>(job.replicas),
+      parallel::ft::ReplicaGroupOptions{
+          .local_key = fmt::format("rank{}", world.rank()),
+          .join_window = std::chrono::milliseconds(job.replica_join_window_ms),
+          .timeout = world.timeout()});
+}
+
 std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job) {
   comm::InitOptions init;
   if (job.collective_timeout_s > 0) {
@@ -142,9 +171,12 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
           static_cast<double>(read.file_bytes) / 1048576.0);
     }
   }
-  trainer_ = std::make_unique<Trainer>(
-      *model_, mesh_,
-      TrainerOptions{.lr = lr_schedule(job_), .weight_decay = 0.1, .clip = job_.clip});
+  trainer_ =
+      std::make_unique<Trainer>(*model_, mesh_,
+                                TrainerOptions{.lr = lr_schedule(job_),
+                                               .weight_decay = 0.1,
+                                               .clip = job_.clip,
+                                               .replicas = replica_group(job_, *world_, device_)});
   if (rank == 0) {
     for (const std::string& warning : checked_.warnings) fmt::print("{}: {}\n", program_, warning);
   }
@@ -237,6 +269,7 @@ void JobRunner::add_metrics_hook() {
                           {"rss_bytes", resident_now().first},
                           {"rss_file_bytes", resident_now().second},
                           {"grad_norm", r.grad_norm}};
+      if (job_.replicas > 1) line["replicas"] = r.replicas;
       if (router) {
         line["moe_load_max_over_mean"] = router->max_over_mean;
         line["moe_load_min_over_mean"] = router->min_over_mean;
@@ -300,9 +333,15 @@ void JobRunner::add_checkpoint_hook() {
 }
 
 void JobRunner::train_steps(JobResult& result) {
-  result.first_step = trainer_->steps_done();
+  const int before = trainer_->steps_done();
+  // With replicas a joining job learns its first step from the others (Trainer::begin_step).
+  result.first_step = trainer_->begin_step();
+  if (result.first_step != before && world_->rank() == 0) {
+    fmt::print("{}: replica {} joined the running job at step {} with its state\n", program_,
+               job_.replica, result.first_step);
+  }
   const std::optional<InjectedFault> fault = injected_fault_from_env();
-  for (int step = result.first_step; step < job_.steps; ++step) {
+  for (int step = result.first_step; step < job_.steps; step = trainer_->begin_step()) {
     maybe_inject_fault(fault, world_->rank(), step);
     // The op timer skips the first step (allocator, plans and caches warming up).
     if (job_.profile_ops && step == result.first_step + 1) {
@@ -312,8 +351,9 @@ void JobRunner::train_steps(JobResult& result) {
       profiler::enable(options);
     }
     const auto fetch_start = std::chrono::steady_clock::now();
-    const data::Batch batch = local_batch(checked_.data.train, job_.seed, step, *mesh_,
-                                          job_.batch_size, job_.seq_len, checked_.parallel.cp);
+    const data::Batch batch =
+        local_batch(checked_.data.train, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len,
+                    checked_.parallel.cp, ReplicaShare{job_.replica, job_.replicas});
     outputs_->data_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fetch_start)
             .count();

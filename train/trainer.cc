@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "base/error.h"
+#include "dtensor/dtensor.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
 #include "train/router_stats.h"
@@ -32,13 +33,58 @@ Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
   no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
 }
 
+void Trainer::begin_replica_step() {
+  parallel::ft::ReplicaGroup& replicas = *options_.replicas;
+  for (;;) {
+    // A replica starting late joins the running job's next step.
+    const int64_t step = replicas.first_step(next_step_);
+    const parallel::ft::StepQuorum q = replicas.start_step(step, 0, next_step_);
+    if (!q.member()) continue;  // that step was decided without it: the next one
+    if (!q.needs_state_sync) {
+      next_step_ = static_cast<int>(step);
+      return;
+    }
+    std::vector<std::function<void()>> after_load;
+    checkpoint::StateDict state = state_dict(&after_load);
+    std::vector<Tensor> locals;
+    for (const auto& [name, t] : state.tensors)
+      locals.push_back(is_dtensor(t) ? local_shard(t) : t);
+    if (!replicas.sync_state(locals)) continue;  // a member failed meanwhile: a new quorum
+    for (const auto& apply : after_load) apply();
+    next_step_ = static_cast<int>(step);
+    return;
+  }
+}
+
+int Trainer::average_over_replicas() {
+  parallel::ft::ReplicaGroup& replicas = *options_.replicas;
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    const Tensor g = p.grad();
+    if (g.defined()) grads.push_back(is_dtensor(g) ? local_shard(g) : g);
+  }
+  for (int attempt = 1;; ++attempt) {
+    if (replicas.average(grads)) return static_cast<int>(replicas.quorum().members.size());
+    // A member failed during the average: again, among those that reach this attempt.
+    replicas.start_step(next_step_, attempt, next_step_);
+  }
+}
+
+int Trainer::begin_step() {
+  if (!step_begun_ && options_.replicas) begin_replica_step();
+  step_begun_ = true;
+  return next_step_;
+}
+
 StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   const auto start = std::chrono::steady_clock::now();
+  begin_step();
   StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
   decay_->set_lr(result.lr);
   no_decay_->set_lr(result.lr);
   model_.zero_grad();
   const double local_loss = model_.forward_backward(inputs, targets);
+  if (options_.replicas) result.replicas = average_over_replicas();
   result.grad_norm =
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();
@@ -48,6 +94,8 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   result.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   ++next_step_;
+  step_begun_ = false;
+  if (options_.replicas) options_.replicas->commit();
   for (const StepHook& hook : hooks_) hook(result);
   return result;
 }
@@ -164,13 +212,16 @@ data::Batch on_rank(data::Batch batch, const DeviceMesh& mesh, int64_t seq_len,
 
 data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len,
-                        const parallel::cp::ContextParallelOptions& cp) {
-  const int64_t dp = data_parallel_size(mesh);
+                        const parallel::cp::ContextParallelOptions& cp, ReplicaShare replica) {
+  const int64_t dp = data_parallel_size(mesh) * replica.count;
   LOOM_CHECK(global_batch % dp == 0,
-             "local_batch: a global batch of {} sequences does not split over dp {}", global_batch,
-             dp);
+             "local_batch: a global batch of {} sequences does not split over dp {}{}",
+             global_batch, dp,
+             replica.count > 1
+                 ? fmt::format(" ({} replicas x dp {})", replica.count, data_parallel_size(mesh))
+                 : std::string());
   const int64_t per_rank = global_batch / dp;
-  const int64_t dp_rank = data_parallel_rank(mesh);
+  const int64_t dp_rank = replica.index * data_parallel_size(mesh) + data_parallel_rank(mesh);
   return on_rank(data::batch_slice(data, seed, step, dp_rank * per_rank, per_rank, seq_len), mesh,
                  seq_len, cp);
 }

@@ -24,6 +24,7 @@
 #include "optim/optimizer.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/cp/sequence_layout.h"
+#include "parallel/ft/replica_group.h"
 #include "train/parallel_model.h"
 
 namespace loom::train {
@@ -34,6 +35,11 @@ struct TrainerOptions {
   double weight_decay = 0.1;                      // on matrices only
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // torch.optim.AdamW's defaults
   double clip = 1.0;  // max global gradient norm; <= 0: no clipping (the norm is still reported)
+  // Fault tolerance across replicas (parallel/ft/replica_group.h; CPU ranks): before each step its
+  // quorum — a replica behind (one that joins) first gets the whole training state from a member
+  // —, after backward the gradients averaged over the step's members (the step retried without
+  // one that fails meanwhile). None: no replicas beyond this job.
+  std::shared_ptr<parallel::ft::ReplicaGroup> replicas;
 };
 
 struct StepResult {
@@ -41,7 +47,8 @@ struct StepResult {
   double loss = 0;       // the global batch's mean loss
   double grad_norm = 0;  // before clipping
   double lr = 0;
-  double ms = 0;  // wall time of the step on this rank
+  double ms = 0;     // wall time of the step on this rank
+  int replicas = 1;  // with TrainerOptions::replicas: the replicas the step's gradient averaged
 };
 
 class Trainer {
@@ -53,6 +60,10 @@ class Trainer {
 
   // One optimizer step on this dp rank's batch (B, T), on the mesh's device. Steps count from 0.
   StepResult step(const Tensor& inputs, const Tensor& targets);
+  // The step the next step() runs, which with replicas is settled first — its quorum, and for a
+  // replica that joins the state and step count of the running job — so call it before cutting
+  // the step's batch (step() calls it when the caller did not).
+  int begin_step();
   // Called after every step, in the order added (all ranks run them; hooks decide who writes).
   void add_step_hook(StepHook hook);
   // Validation: the mean loss over the global batch whose dp-rank share is (inputs, targets),
@@ -83,6 +94,10 @@ class Trainer {
 
  private:
   double mean_over_data_parallel(double local_loss) const;
+  // With replicas: the step's quorum (a joining replica takes the state and its step count).
+  void begin_replica_step();
+  // With replicas: the gradients averaged over the members, retrying without a failed one.
+  int average_over_replicas();
   // The entries above, and what to apply once a load has filled them.
   checkpoint::StateDict state_dict(std::vector<std::function<void()>>* after_load);
 
@@ -92,15 +107,23 @@ class Trainer {
   std::unique_ptr<optim::AdamW> decay_, no_decay_;
   std::vector<StepHook> hooks_;
   int next_step_ = 0;
+  bool step_begun_ = false;  // begin_step() ran for next_step_
 };
 
 // This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`
 // tokens, on the mesh's device.
 // With context parallelism (the mesh's cp > 1) each sequence is this rank's chunks of it
 // (parallel/cp/sequence_layout.h, split as `cp` says).
+// With replicas (TrainerOptions::replicas), the global batch splits over the replicas first:
+// replica `index` of `count` takes its share, which its own dp ranks split.
+struct ReplicaShare {
+  int64_t index = 0;
+  int64_t count = 1;
+};
 data::Batch local_batch(const data::TokenCorpus& data, uint64_t seed, int step,
                         const DeviceMesh& mesh, int64_t global_batch, int64_t seq_len,
-                        const parallel::cp::ContextParallelOptions& cp = {});
+                        const parallel::cp::ContextParallelOptions& cp = {},
+                        ReplicaShare replica = {});
 
 // This dp rank's share of validation batch `index` (data/token_data.h's fixed windows), on the
 // mesh's device.

@@ -86,6 +86,8 @@ class ReplicaGroup {
   const std::map<int64_t, std::vector<int>>& participants() const { return participants_; }
   // Notes that the step completed with the current quorum.
   void commit();
+  // The last quorum start_step returned.
+  const StepQuorum& quorum() const { return quorum_; }
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_for(const StepQuorum& quorum);

@@ -47,7 +47,9 @@ void FlightRecorderFolder::clear_dumps() const {
 }
 
 std::optional<long> FlightRecorderFolder::completed_step() const {
-  std::ifstream in(path_ + "/progress");
+  const char* chosen = std::getenv("LOOM_PROGRESS_FILE");
+  std::ifstream in(chosen != nullptr && *chosen != '\0' ? std::string(chosen)
+                                                        : path_ + "/progress");
   long step = -1;
   if (!(in >> step) || step < 0) return std::nullopt;
   return step;
@@ -55,7 +57,11 @@ std::optional<long> FlightRecorderFolder::completed_step() const {
 
 void FlightRecorderFolder::export_to(std::vector<std::string>& environment) const {
   set_variable(environment, kVariable, path_);
-  set_variable(environment, "LOOM_PROGRESS_FILE", path_ + "/progress");
+  // A progress file the caller chose (a supervising script's) stays; else this folder's.
+  const char* progress = std::getenv("LOOM_PROGRESS_FILE");
+  if (progress == nullptr || *progress == '\0') {
+    set_variable(environment, "LOOM_PROGRESS_FILE", path_ + "/progress");
+  }
 }
 
 void FlightRecorderFolder::report(int exit_code, int world_size) const {

@@ -25,7 +25,8 @@ class FlightRecorderFolder {
   // Removes the dumps (before a restart: the next attempt's are its own).
   void clear_dumps() const;
   // The last step the job completed, as its rank 0 writes it to LOOM_PROGRESS_FILE (this
-  // folder's "progress"); none before any step or for a program that does not write it.
+  // folder's "progress" unless loomrun's environment chose one); none before any step or for a
+  // program that does not write it.
   std::optional<long> completed_step() const;
 
  private:
