@@ -71,14 +71,19 @@ int Trainer::average_over_replicas() {
 }
 
 int Trainer::begin_step() {
-  if (!step_begun_ && options_.replicas) begin_replica_step();
+  if (step_begun_) return next_step_;
+  // With replicas the quorum's wait is part of the step's time (so is cutting its batch, which
+  // must wait for the step to be settled).
+  step_start_ = std::chrono::steady_clock::now();
+  if (options_.replicas) begin_replica_step();
   step_begun_ = true;
   return next_step_;
 }
 
 StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
-  const auto start = std::chrono::steady_clock::now();
+  const bool begun = step_begun_;
   begin_step();
+  const auto start = begun && !options_.replicas ? std::chrono::steady_clock::now() : step_start_;
   StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
   decay_->set_lr(result.lr);
   no_decay_->set_lr(result.lr);

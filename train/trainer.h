@@ -14,6 +14,7 @@
 // the global batch, so changing only the layout leaves the math unchanged.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -107,7 +108,8 @@ class Trainer {
   std::unique_ptr<optim::AdamW> decay_, no_decay_;
   std::vector<StepHook> hooks_;
   int next_step_ = 0;
-  bool step_begun_ = false;  // begin_step() ran for next_step_
+  bool step_begun_ = false;                           // begin_step() ran for next_step_
+  std::chrono::steady_clock::time_point step_start_;  // when it did: the step's wall time starts
 };
 
 // This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`
