@@ -62,6 +62,18 @@ int64_t ReplicaGroup::first_step(int64_t state_step) {
 }
 
 StepQuorum ReplicaGroup::start_step(int64_t step, int attempt, int64_t state_step) {
+  try {
+    return quorum_for(step, attempt, state_step);
+  } catch (const Error& e) {
+    LOOM_FAIL(
+        "ReplicaGroup '{}': replica {}: the quorum for step {} (attempt {}) failed: {} (the "
+        "replicas' shared store — a lighthouse — must outlive every replica; without it no "
+        "replica can go on)",
+        options_.local_key, replica_, step, attempt, e.what());
+  }
+}
+
+StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_step) {
   const std::string prefix = step_prefix(options_.local_key, step, attempt);
   store_->set(prefix + "join/" + std::to_string(replica_), std::to_string(state_step));
   const std::string decided = prefix + "members";

@@ -71,7 +71,8 @@ class ReplicaGroup {
   int64_t first_step(int64_t state_step);
 
   // This step's quorum (collective over the replicas that reach it): see above. Throws naming the
-  // step when no decision arrives within the timeout.
+  // step when no decision arrives within the timeout, or when the shared store fails (every
+  // replica then ends with that error: the quorum service is the one part that must not fail).
   StepQuorum start_step(int64_t step, int attempt, int64_t state_step);
 
   // Makes every member's `state` the source's (in place; same shapes on every member): a
@@ -91,6 +92,7 @@ class ReplicaGroup {
 
  private:
   std::shared_ptr<comm::ProcessGroup> group_for(const StepQuorum& quorum);
+  StepQuorum quorum_for(int64_t step, int attempt, int64_t state_step);
 
   std::shared_ptr<comm::Store> store_;
   int replica_;

@@ -7,6 +7,7 @@
 // parameters and momentum of a reference that replays the recorded membership (1e-6).
 #include "parallel/ft/replica_group.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/error.h"
 #include "comm/in_memory_store.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
@@ -145,6 +147,32 @@ TEST(ReplicaGroupTest, ReplicasLeaveFailAndRejoinWithoutStoppingTheJob) {
                                  .expected = reference.momentum,
                                  .tol = {.atol = 1e-6},
                                  .what = name + " momentum"});
+  }
+}
+
+// The quorum service failing ends the replica with an error that says what failed.
+class GoneStore : public comm::Store {
+ public:
+  void set(const std::string&, const comm::Bytes&) override { LOOM_FAIL("connection refused"); }
+  comm::Bytes get(const std::string&) override { LOOM_FAIL("connection refused"); }
+  int64_t add(const std::string&, int64_t) override { LOOM_FAIL("connection refused"); }
+  bool check(const std::vector<std::string>&) override { LOOM_FAIL("connection refused"); }
+  void wait(const std::vector<std::string>&, comm::Duration) override {
+    LOOM_FAIL("connection refused");
+  }
+  bool delete_key(const std::string&) override { LOOM_FAIL("connection refused"); }
+};
+
+TEST(ReplicaGroupTest, ALostQuorumStoreIsNamed) {
+  ReplicaGroup group(std::make_shared<GoneStore>(), 1, 2, {.local_key = "rank0"});
+  try {
+    group.start_step(7, 0, 7);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                              "ReplicaGroup 'rank0': replica 1: the quorum for step 7 (attempt 0) "
+                              "failed: connection refused (the replicas' shared store — a "
+                              "lighthouse — must outlive every replica"));
   }
 }
 
