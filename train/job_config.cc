@@ -177,6 +177,10 @@ const std::vector<JobOption>& options() {
       {"comm", "replica_store",
        "with replicas: the quorum store every replica shares, host:port (a `lighthouse`)",
        &C::replica_store},
+      {"comm", "replica_replay",
+       "the reference for replicas: a replica's metrics file, whose steps' members this job "
+       "replays on its own (with --replicas N: each step averages the members' shares)",
+       &C::replica_replay},
       {"comm", "replica_join_window_ms",
        "with replicas: how long each step's quorum waits for the replicas that have not joined",
        &C::replica_join_window_ms, Range::kPositive},

@@ -73,6 +73,9 @@ struct JobConfig {
   int64_t replica = 0;
   std::string replica_store;
   int64_t replica_join_window_ms = 1000;
+  // A reference for replicas: replay the members a replica recorded per step (its --metrics-out)
+  // on this one job, each step averaging the members' batches' gradients (no replicas of its own).
+  std::string replica_replay;
   // [data]
   // Token shards and text files: a path, a folder, a glob, or several separated by commas
   // (data/token_corpus.h).

@@ -80,12 +80,30 @@ Device resolve_device(const std::string& flag) {
   return Device::cuda(local_rank);
 }
 
+// --replica-replay: the members of every step, from a replica's metrics ("replica_members").
+std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in.good(), "--replica-replay: cannot read '{}'", path);
+  std::map<int, std::vector<int>> members;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!entry.is_object() || !entry.contains("replica_members")) continue;
+    members[entry.at("step").get<int>()] = entry.at("replica_members").get<std::vector<int>>();
+  }
+  LOOM_CHECK(!members.empty(),
+             "--replica-replay: '{}' records no step's members (a replica's --metrics-out has "
+             "\"replica_members\" per step)",
+             path);
+  return members;
+}
+
 // --replicas: this rank's place among the replica jobs (the ranks with its rank in the others),
 // over the shared quorum store. None without replicas.
 std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
                                                           const comm::ProcessGroup& world,
                                                           const Device& device) {
-  if (job.replicas <= 1) return nullptr;
+  if (job.replicas <= 1 || !job.replica_replay.empty()) return nullptr;  // a replay is one job
   LOOM_CHECK(job.replica < job.replicas, "--replica {} is not in [0, {}) (--replicas {})",
              job.replica, job.replicas, job.replicas);
   LOOM_CHECK(device.is_cpu(),
@@ -269,7 +287,10 @@ void JobRunner::add_metrics_hook() {
                           {"rss_bytes", resident_now().first},
                           {"rss_file_bytes", resident_now().second},
                           {"grad_norm", r.grad_norm}};
-      if (job_.replicas > 1) line["replicas"] = r.replicas;
+      if (job_.replicas > 1) {
+        line["replicas"] = r.replicas;
+        line["replica_members"] = r.replica_members;
+      }
       if (router) {
         line["moe_load_max_over_mean"] = router->max_over_mean;
         line["moe_load_min_over_mean"] = router->min_over_mean;
@@ -333,6 +354,7 @@ void JobRunner::add_checkpoint_hook() {
 }
 
 void JobRunner::train_steps(JobResult& result) {
+  if (!job_.replica_replay.empty()) replay_ = read_replica_members(job_.replica_replay);
   const int before = trainer_->steps_done();
   // With replicas a joining job learns its first step from the others (Trainer::begin_step).
   result.first_step = trainer_->begin_step();
@@ -351,6 +373,20 @@ void JobRunner::train_steps(JobResult& result) {
       profiler::enable(options);
     }
     const auto fetch_start = std::chrono::steady_clock::now();
+    if (!replay_.empty()) {  // --replica-replay: the recorded members' batches, on this job
+      const auto members = replay_.find(step);
+      LOOM_CHECK(members != replay_.end(), "--replica-replay {}: no members recorded for step {}",
+                 job_.replica_replay, step);
+      std::vector<std::pair<Tensor, Tensor>> batches;
+      for (int member : members->second) {
+        const data::Batch share =
+            local_batch(checked_.data.train, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len,
+                        checked_.parallel.cp, ReplicaShare{member, job_.replicas});
+        batches.emplace_back(share.inputs, share.targets);
+      }
+      trainer_->replay_step(batches);
+      continue;
+    }
     const data::Batch batch =
         local_batch(checked_.data.train, job_.seed, step, *mesh_, job_.batch_size, job_.seq_len,
                     checked_.parallel.cp, ReplicaShare{job_.replica, job_.replicas});

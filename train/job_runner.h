@@ -19,6 +19,7 @@
 // calls them); rank 0 serves the store, so run() ends with a barrier.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,7 @@ class JobRunner {
   void validate(int step, JobResult& result);
 
   JobConfig job_;
+  std::map<int, std::vector<int>> replay_;  // --replica-replay: each step's members
   std::string program_;
   std::shared_ptr<comm::ProcessGroup> world_;
   Device device_ = Device::cpu();

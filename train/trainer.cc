@@ -3,6 +3,7 @@
 #include <chrono>
 #include <limits>
 
+#include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "nn/layers.h"
@@ -56,6 +57,44 @@ void Trainer::begin_replica_step() {
   }
 }
 
+StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches) {
+  LOOM_CHECK(!options_.replicas && !member_batches.empty(),
+             "Trainer::replay_step: replays a replicas' step on one job (no replicas of its own) "
+             "from at least one member's batch, got {} batches",
+             member_batches.size());
+  const auto start = std::chrono::steady_clock::now();
+  StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
+  decay_->set_lr(result.lr);
+  no_decay_->set_lr(result.lr);
+  model_.zero_grad();
+  double local_loss = 0;
+  for (const auto& [inputs, targets] : member_batches) {
+    local_loss += model_.forward_backward(inputs, targets);  // gradients accumulate
+  }
+  const double count = static_cast<double>(member_batches.size());
+  if (member_batches.size() > 1) {
+    NoGradGuard no_grad;
+    for (const auto& [name, p] : model_.named_parameters()) {
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      if (is_dtensor(g)) g = local_shard(g);
+      ops::copy_(g, ops::div(g, count));  // as the replicas' sum divided by their count
+    }
+  }
+  result.replicas = static_cast<int>(member_batches.size());
+  result.grad_norm =
+      model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
+  decay_->step();
+  no_decay_->step();
+  update_expert_biases(model_, *mesh_);
+  result.loss = mean_over_data_parallel(local_loss / count);
+  result.ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  ++next_step_;
+  for (const StepHook& hook : hooks_) hook(result);
+  return result;
+}
+
 int Trainer::average_over_replicas() {
   parallel::ft::ReplicaGroup& replicas = *options_.replicas;
   std::vector<Tensor> grads;
@@ -89,7 +128,10 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   no_decay_->set_lr(result.lr);
   model_.zero_grad();
   const double local_loss = model_.forward_backward(inputs, targets);
-  if (options_.replicas) result.replicas = average_over_replicas();
+  if (options_.replicas) {
+    result.replicas = average_over_replicas();
+    result.replica_members = options_.replicas->quorum().members;
+  }
   result.grad_norm =
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();

@@ -50,6 +50,7 @@ struct StepResult {
   double lr = 0;
   double ms = 0;     // wall time of the step on this rank
   int replicas = 1;  // with TrainerOptions::replicas: the replicas the step's gradient averaged
+  std::vector<int> replica_members;  // ... and which (ascending)
 };
 
 class Trainer {
@@ -61,6 +62,11 @@ class Trainer {
 
   // One optimizer step on this dp rank's batch (B, T), on the mesh's device. Steps count from 0.
   StepResult step(const Tensor& inputs, const Tensor& targets);
+  // The reference for replicas: one step whose gradient is the mean of the gradients of
+  // `member_batches` (each a replica's share, in member order) — what replicas that took part
+  // with those batches average to, computed here on one job (each share's backward accumulated,
+  // then scaled by 1 / their count). No TrainerOptions::replicas.
+  StepResult replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches);
   // The step the next step() runs, which with replicas is settled first — its quorum, and for a
   // replica that joins the state and step count of the running job — so call it before cutting
   // the step's batch (step() calls it when the caller did not).

@@ -4,7 +4,8 @@
 # take part. One replica is killed (SIGKILL to its loomrun) at a random step and started again some
 # steps later: the others never stop and lose no step (one fewer replica meanwhile, recorded per
 # step in the metrics), the new one joins the running job with a member's state, and every
-# replica ends with the same model, bit for bit. For 2 replicas x tp2 and 3 replicas x tp1.
+# replica ends with the same model, bit for bit — for two replicas also the model of one job
+# replaying the recorded membership (--replica-replay). For 2 replicas x tp2 and 3 replicas x tp1.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
@@ -68,6 +69,19 @@ scenario() {  # scenario NAME REPLICAS TP
   for dir in "${others[@]}"; do
     cmp -s r0/model.safetensors "$dir/model.safetensors" || fail "$name: r0's model and $dir's differ"
   done
+  # The reference: one job replaying the recorded members of every step (each step the mean of
+  # the members' shares' gradients). Two replicas' sum is one float addition, so the replay is
+  # bitwise; three replicas' all_reduce may add in another order than the replay (1 ulp, which
+  # AdamW can grow), so only two are compared byte for byte.
+  if (( replicas == 2 )); then
+    mkdir -p replay
+    "$train" --launcher "$loomrun" --dp 1 --tp "$tp" --steps "$steps" --batch-size 12 \
+      --replicas "$replicas" --replica-replay r0/m.jsonl --sample-tokens 0 --no-progress \
+      --plot-out "" --metrics-out replay.jsonl --save replay/model.safetensors >replay.log 2>&1 ||
+      { cat replay.log; fail "$name: the replay"; }
+    cmp -s r0/model.safetensors replay/model.safetensors ||
+      fail "$name: the replicas' model is not the replay of their recorded membership"
+  fi
   echo "ok: $name: replica $odd killed after step $kill_after and back; replicas per step: $counts"
   cd ..
 }
