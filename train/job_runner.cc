@@ -194,7 +194,8 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
                                 TrainerOptions{.lr = lr_schedule(job_),
                                                .weight_decay = 0.1,
                                                .clip = job_.clip,
-                                               .replicas = replica_group(job_, *world_, device_)});
+                                               .replicas = replica_group(job_, *world_, device_),
+                                               .replica_ranks = world_});
   if (rank == 0) {
     for (const std::string& warning : checked_.warnings) fmt::print("{}: {}\n", program_, warning);
   }

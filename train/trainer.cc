@@ -34,25 +34,45 @@ Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
   no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
 }
 
+int64_t Trainer::replica_ranks_max(int64_t value) const {
+  if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return value;
+  const Tensor t = ops::from_vector_i64({value}, {1}, options_.replica_ranks->device());
+  options_.replica_ranks->all_reduce(t, comm::ReduceOp::kMax)->wait();
+  return ops::to(t, Device::cpu()).data<int64_t>()[0];
+}
+
+bool Trainer::replica_ranks_agree(bool ok) const {
+  if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return ok;
+  const Tensor flag = ops::from_vector_i64({ok ? 1 : 0}, {1}, options_.replica_ranks->device());
+  options_.replica_ranks->all_reduce(flag, comm::ReduceOp::kMin)->wait();
+  return ops::to(flag, Device::cpu()).data<int64_t>()[0] == 1;
+}
+
 void Trainer::begin_replica_step() {
   parallel::ft::ReplicaGroup& replicas = *options_.replicas;
-  for (;;) {
-    // A replica starting late joins the running job's next step.
-    const int64_t step = replicas.first_step(next_step_);
-    const parallel::ft::StepQuorum q = replicas.start_step(step, 0, next_step_);
-    if (!q.member()) continue;  // that step was decided without it: the next one
-    if (!q.needs_state_sync) {
-      next_step_ = static_cast<int>(step);
-      return;
+  const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
+  // A replica starting late joins the running job's next step — the same one on all its ranks
+  // (each reads the latest decided step at its own moment: the latest of their readings).
+  int64_t step = replica_ranks_max(replicas.first_step(next_step_));
+  for (int attempt = 0;; ++attempt) {
+    const parallel::ft::StepQuorum q = replicas.start_step(step, attempt, next_step_);
+    if (!q.member()) {  // that step was decided without it: the next one
+      step = replica_ranks_max(replicas.first_step(next_step_));
+      attempt = -1;
+      continue;
     }
-    std::vector<std::function<void()>> after_load;
-    checkpoint::StateDict state = state_dict(&after_load);
-    std::vector<Tensor> locals;
-    for (const auto& [name, t] : state.tensors)
-      locals.push_back(is_dtensor(t) ? local_shard(t) : t);
-    if (!replicas.sync_state(locals)) continue;  // a member failed meanwhile: a new quorum
-    for (const auto& apply : after_load) apply();
+    if (q.needs_state_sync) {
+      std::vector<std::function<void()>> after_load;
+      checkpoint::StateDict state = state_dict(&after_load);
+      std::vector<Tensor> locals;
+      for (const auto& [name, t] : state.tensors) {
+        locals.push_back(is_dtensor(t) ? local_shard(t) : t);
+      }
+      if (!replicas.sync_state(locals, agree)) continue;  // a member failed: the next attempt
+      for (const auto& apply : after_load) apply();
+    }
     next_step_ = static_cast<int>(step);
+    replica_attempt_ = attempt;
     return;
   }
 }
@@ -102,8 +122,11 @@ int Trainer::average_over_replicas() {
     const Tensor g = p.grad();
     if (g.defined()) grads.push_back(is_dtensor(g) ? local_shard(g) : g);
   }
-  for (int attempt = 1;; ++attempt) {
-    if (replicas.average(grads)) return static_cast<int>(replicas.quorum().members.size());
+  const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
+  for (int attempt = replica_attempt_ + 1;; ++attempt) {
+    if (replicas.average(grads, agree)) {
+      return static_cast<int>(replicas.quorum().members.size());
+    }
     // A member failed during the average: again, among those that reach this attempt.
     replicas.start_step(next_step_, attempt, next_step_);
   }

@@ -41,6 +41,9 @@ struct TrainerOptions {
   // —, after backward the gradients averaged over the step's members (the step retried without
   // one that fails meanwhile). None: no replicas beyond this job.
   std::shared_ptr<parallel::ft::ReplicaGroup> replicas;
+  // With replicas of several ranks: this replica's ranks (its job's world), which settle each
+  // exchange with the others alike (ReplicaGroup::Agreement). None: a replica of one rank.
+  std::shared_ptr<comm::ProcessGroup> replica_ranks;
 };
 
 struct StepResult {
@@ -105,6 +108,10 @@ class Trainer {
   void begin_replica_step();
   // With replicas: the gradients averaged over the members, retrying without a failed one.
   int average_over_replicas();
+  // Whether every rank of this replica succeeded (ReplicaGroup::Agreement).
+  bool replica_ranks_agree(bool ok) const;
+  // The largest of the replica's ranks' values (the step they all join).
+  int64_t replica_ranks_max(int64_t value) const;
   // The entries above, and what to apply once a load has filled them.
   checkpoint::StateDict state_dict(std::vector<std::function<void()>>* after_load);
 
@@ -114,7 +121,8 @@ class Trainer {
   std::unique_ptr<optim::AdamW> decay_, no_decay_;
   std::vector<StepHook> hooks_;
   int next_step_ = 0;
-  bool step_begun_ = false;                           // begin_step() ran for next_step_
+  bool step_begun_ = false;  // begin_step() ran for next_step_
+  int replica_attempt_ = 0;  // with replicas: the attempt of next_step_'s quorum
   std::chrono::steady_clock::time_point step_start_;  // when it did: the step's wall time starts
 };
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "base/logging.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/prefix_store.h"
 #include "tensor/ops.h"
@@ -17,8 +18,8 @@ namespace loom::parallel::ft {
 
 namespace {
 
-std::string step_prefix(const std::string& local_key, int64_t step, int attempt) {
-  return fmt::format("ft/{}/step{}/attempt{}/", local_key, step, attempt);
+std::string step_prefix(int64_t step, int attempt) {
+  return fmt::format("ft/step{}/attempt{}/", step, attempt);
 }
 
 // "replica:state_step" pairs, ascending by replica: the decided members.
@@ -56,7 +57,7 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int 
 }
 
 int64_t ReplicaGroup::first_step(int64_t state_step) {
-  const std::string key = fmt::format("ft/{}/latest", options_.local_key);
+  const std::string key = "ft/latest";
   if (!store_->check({key})) return state_step;
   return std::max(state_step, store_->add(key, 0) + 1);
 }
@@ -74,7 +75,7 @@ StepQuorum ReplicaGroup::start_step(int64_t step, int attempt, int64_t state_ste
 }
 
 StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_step) {
-  const std::string prefix = step_prefix(options_.local_key, step, attempt);
+  const std::string prefix = step_prefix(step, attempt);
   store_->set(prefix + "join/" + std::to_string(replica_), std::to_string(state_step));
   const std::string decided = prefix + "members";
   if (store_->add(prefix + "decider", 1) == 1) {
@@ -96,7 +97,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
     store_->set(decided, encode_members(members));
     // For replicas joining later: the latest decided step (add keeps the max without a race
     // only when steps grow, which they do).
-    const std::string latest = fmt::format("ft/{}/latest", options_.local_key);
+    const std::string latest = "ft/latest";
     const int64_t known = store_->add(latest, 0);
     if (step > known) store_->add(latest, step - known);
   }
@@ -119,7 +120,20 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
     if (q.source < 0 && q.state_at[i] == newest) q.source = static_cast<int>(i);
   }
   quorum_ = q;
-  if (q.member()) group_for(q);
+  group_failed_ = false;
+  if (q.member()) {
+    try {
+      group_for(q);
+    } catch (const Error& e) {
+      // A member that died after joining never connects: this attempt fails (average and
+      // sync_state say so), and the next one goes on without it.
+      group_.reset();
+      group_members_.clear();
+      group_failed_ = true;
+      LOOM_LOG(warn, "ReplicaGroup '{}': replica {}: step {} attempt {}: {}", options_.local_key,
+               replica_, step, attempt, e.what());
+    }
+  }
   return q;
 }
 
@@ -133,42 +147,49 @@ std::shared_ptr<comm::ProcessGroup> ReplicaGroup::group_for(const StepQuorum& q)
     group_members_ = q.members;
     return nullptr;  // alone: nothing to average with
   }
-  const std::string prefix = step_prefix(options_.local_key, q.step, q.attempt) + "group/";
+  const std::string prefix =
+      step_prefix(q.step, q.attempt) + fmt::format("group/{}/", options_.local_key);
   group_ = comm::ProcessGroupGloo::create(
       std::make_shared<comm::PrefixStore>(prefix, store_), q.index,
       static_cast<int>(q.members.size()),
       comm::ProcessGroupOptions{.name = fmt::format("ft/{}/step{}", options_.local_key, q.step),
-                                .timeout = options_.timeout},
+                                .timeout = options_.connect_timeout},
       comm::GlooOptions::loopback());
   group_members_ = q.members;
   return group_;
 }
 
-bool ReplicaGroup::sync_state(const std::vector<Tensor>& state) {
+bool ReplicaGroup::sync_state(const std::vector<Tensor>& state, const Agreement& agree) {
   LOOM_CHECK(quorum_.member(), "ReplicaGroup: replica {} is not a member of step {}'s quorum",
              replica_, quorum_.step);
-  if (!group_) return true;
-  try {
-    for (const Tensor& t : state) group_->broadcast(t, quorum_.source)->wait();
-  } catch (const Error&) {
-    return false;
+  bool ok = !group_failed_;
+  if (group_ && ok) {
+    try {
+      for (const Tensor& t : state) group_->broadcast(t, quorum_.source)->wait();
+    } catch (const Error&) {
+      ok = false;
+    }
   }
-  return true;
+  return agree ? agree(ok) : ok;
 }
 
-bool ReplicaGroup::average(const std::vector<Tensor>& grads) {
+bool ReplicaGroup::average(const std::vector<Tensor>& grads, const Agreement& agree) {
   LOOM_CHECK(quorum_.member(), "ReplicaGroup: replica {} is not a member of step {}'s quorum",
              replica_, quorum_.step);
-  if (!group_) return true;
-  // One flat buffer: one all_reduce; `grads` change only if it succeeds.
+  if (!group_) return agree ? agree(!group_failed_) : !group_failed_;
+  // One flat buffer: one all_reduce; `grads` change only once every rank of this replica
+  // succeeded (`agree`), so a retry starts from the same gradients everywhere.
   std::vector<Tensor> flat;
   for (const Tensor& g : grads) flat.push_back(ops::reshape(ops::contiguous(g), {g.numel()}));
   Tensor buffer = ops::contiguous(ops::cat(flat, 0));
+  bool ok = true;
   try {
     group_->all_reduce(buffer, comm::ReduceOp::kSum)->wait();
   } catch (const Error&) {
-    return false;
+    ok = false;
   }
+  if (agree) ok = agree(ok);
+  if (!ok) return false;
   buffer = ops::div(buffer, static_cast<double>(quorum_.members.size()));
   int64_t offset = 0;
   for (const Tensor& g : grads) {

@@ -23,7 +23,9 @@
 //
 // Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same
 // coordinate on the other dims, e.g. tp) is built anew when the members change, a member joins or
-// an attempt failed, and reused otherwise.
+// an attempt failed, and reused otherwise. Every rank of a replica joins the same quorum (its
+// join key is the replica's), and settles each exchange with the others through `Agreement`, so
+// the replica's ranks never disagree on a step's members or on whether it must be retried.
 //
 // Learning rate and data: each replica's gradient is its own batch's; the step's gradient is the
 // mean over the members, so a missing replica's batch is simply not in that step (torchft's
@@ -31,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,10 +57,15 @@ struct StepQuorum {
 };
 
 struct ReplicaGroupOptions {
-  std::string local_key = "0";  // which replica-dim group (the coordinate on the other dims)
+  // Which replica-dim group this is: the rank's coordinate within its replica (ranks with the same
+  // key across replicas average together). The quorum itself is one per replica and step.
+  std::string local_key = "0";
   comm::Duration join_window =
       std::chrono::milliseconds(500);                 // how long a quorum waits for replicas
   comm::Duration timeout = std::chrono::seconds(30);  // every wait and operation
+  // How long a new members' group waits for them all to connect: a member that died after
+  // joining the quorum fails the attempt after it (the next attempt goes on without it).
+  comm::Duration connect_timeout = std::chrono::seconds(10);
 };
 
 class ReplicaGroup {
@@ -75,13 +83,20 @@ class ReplicaGroup {
   // replica then ends with that error: the quorum service is the one part that must not fail).
   StepQuorum start_step(int64_t step, int attempt, int64_t state_step);
 
+  // A replica of several ranks (say tp) has one ReplicaGroup per rank, all in the same quorum
+  // (decided once per replica and step); `agree` makes its ranks settle each exchange alike:
+  // given this rank's success, it returns whether every rank of the replica succeeded (an
+  // all_reduce of the flag over the replica's own group). None: a replica of one rank.
+  using Agreement = std::function<bool(bool ok)>;
+
   // Makes every member's `state` the source's (in place; same shapes on every member): a
-  // broadcast over the members' group. Returns false when a member failed meanwhile.
-  bool sync_state(const std::vector<Tensor>& state);
+  // broadcast over the members' group. Returns false when a member failed meanwhile (then start
+  // the step again: the broadcast is repeated).
+  bool sync_state(const std::vector<Tensor>& state, const Agreement& agree = nullptr);
 
   // Replaces `grads` (in place) by their mean over the step's members; false (and `grads`
-  // untouched) when a member failed: start the step again.
-  bool average(const std::vector<Tensor>& grads);
+  // untouched) when a member failed, on any rank of this replica: start the step again.
+  bool average(const std::vector<Tensor>& grads, const Agreement& agree = nullptr);
 
   // The members of every step this replica completed (what a reference replays).
   const std::map<int64_t, std::vector<int>>& participants() const { return participants_; }
@@ -101,6 +116,7 @@ class ReplicaGroup {
   StepQuorum quorum_;
   std::vector<int> group_members_;  // whose group group_ is
   std::shared_ptr<comm::ProcessGroup> group_;
+  bool group_failed_ = false;  // this attempt's group could not be built
   std::map<int64_t, std::vector<int>> participants_;
 };
 

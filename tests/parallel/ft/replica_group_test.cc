@@ -92,7 +92,7 @@ Outcome run_replica(std::shared_ptr<comm::Store> store, int replica, int64_t las
 
 // Waits until the job has decided step `step` (what a replica coming back watches for).
 void wait_for_step(comm::Store& store, int64_t step) {
-  while (!store.check({"ft/0/latest"}) || store.add("ft/0/latest", 0) < step) {
+  while (!store.check({"ft/latest"}) || store.add("ft/latest", 0) < step) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
