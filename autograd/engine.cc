@@ -154,7 +154,8 @@ struct TwoSided {
 // are kept for W. Callbacks queued meanwhile run at the end (or go to the backward this one runs
 // inside: an activation checkpoint's recompute).
 void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool retain_graph,
-             std::unordered_map<Node*, TwoSided>* two_sided = nullptr, bool b_side = true) {
+             std::unordered_map<Node*, TwoSided>* two_sided = nullptr, bool b_side = true,
+             const std::function<void()>& before_callbacks = nullptr) {
   NoGradGuard no_grad;  // backward formulas run plain ops; nothing inside records a graph
   profiler::Scope scope("autograd::backward");  // the ops it runs are timed inside it
   std::vector<std::function<void()>> callbacks;
@@ -226,6 +227,9 @@ void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool reta
       }
     }
   }
+  // What belongs to this backward though it runs apart (the W's of checkpointed blocks split
+  // inside B) runs before the callbacks, which must see every gradient (DDP's last wait).
+  if (before_callbacks) before_callbacks();
   // Callbacks may queue more callbacks; run until none are left.
   for (size_t i = 0; i < callbacks.size(); ++i) {
     auto callback = std::move(callbacks[i]);  // the vector may grow while it runs
@@ -289,15 +293,19 @@ void WeightBackward::run() {
                "WeightBackward::run: the graph's saved tensors were freed before W ran (a "
                "backward through the same graph since backward_input?); W needs them");
   }
+  // The checkpointed blocks' weights (their W's, split inside B) run inside this W, before its
+  // callbacks: a DDP reducer's end-of-backward wait must find their gradients too.
   execute(
       *s.graph, [&s](Node* node) { return s.deferred.count(node) > 0; }, false, &s.two_sided,
-      /*b_side=*/false);
+      /*b_side=*/false,
+      [&s] {
+        for (WeightBackward& nested : s.nested) nested.run();
+        s.nested.clear();
+      });
   for (const auto& node : s.graph->visited) {
     const bool w_ran = s.deferred.count(node.get()) || s.two_sided.count(node.get());
     if (w_ran && !node->reusable()) node->release();
   }
-  for (WeightBackward& nested : s.nested) nested.run();  // checkpointed blocks' weights
-  s.nested.clear();
   s.graph.reset();  // W's nodes and their inputs go now
   s.two_sided.clear();
 }

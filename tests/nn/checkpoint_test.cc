@@ -12,6 +12,7 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "autograd/hooks.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/mixed_precision.h"
@@ -244,6 +245,28 @@ TEST(Checkpoint, InsideASplitBackwardItsWeightsWaitForW) {
       {.actual = split->weight().grad(), .expected = plain->weight().grad(), .what = "dw in W"});
   testing::expect_bitwise_equal(
       {.actual = split->bias().grad(), .expected = plain->bias().grad(), .what = "db in W"});
+}
+
+// The checkpointed block's weights get their gradients inside the outer W, before its callbacks
+// run: a callback queued during W (DDP's end-of-backward wait) finds them. (Before the fix they
+// came after the callbacks, and DDP under ZB-H1 with activation checkpointing failed with
+// "parameters ... received no gradient in this backward".)
+TEST(Checkpoint, ItsWeightsGradientsComeBeforeWsCallbacks) {
+  auto inner = std::make_shared<Linear>(4, 4, LinearOptions{.seed = 1});
+  inner->set_checkpointed(true);
+  auto outer = std::make_shared<Linear>(4, 3, LinearOptions{.seed = 2});
+  Tensor x = ops::normal({2, 4}, 3);
+  x.set_requires_grad(true);
+  bool seen_by_callback = false;
+  autograd::register_post_accumulate_grad_hook(outer->weight(), [&](const Tensor&) {
+    autograd::queue_backward_callback([&] { seen_by_callback = inner->weight().grad().defined(); });
+  });
+  autograd::WeightBackward w =
+      autograd::backward_input({sum((*outer)(relu((*inner)(x))))}, {Tensor()}, {x});
+  EXPECT_FALSE(inner->weight().grad().defined());
+  w.run();
+  EXPECT_TRUE(inner->weight().grad().defined());
+  EXPECT_TRUE(seen_by_callback) << "W's callback ran before the checkpointed block's weights";
 }
 
 }  // namespace loom::nn
