@@ -267,6 +267,21 @@ const std::vector<JobOption>& options() {
        "loom plan: the links of some mesh dims, where not plan_link_gbps, e.g. dp_shard=25,pp=25 "
        "(InfiniBand between hosts)",
        &C::plan_dim_link_gbps},
+      {"plan", "search",
+       "loom plan: search the layouts of the job's ranks (tp, pp, dp_shard, dp_replicate, the "
+       "pipeline's schedule and microbatches, activation checkpointing) and rank them by "
+       "predicted step time",
+       &C::search},
+      {"plan", "search_top", "loom plan --search: the layouts printed in full", &C::search_top,
+       Range::kPositive},
+      {"plan", "search_budget_s",
+       "loom plan --search: stop tracing after this many seconds (0: "
+       "none)",
+       &C::search_budget_s, Range::kNonNegative},
+      {"plan", "search_memory_gib",
+       "loom plan --search: drop the layouts whose traced peak exceeds this many GiB per rank "
+       "(0: no limit)",
+       &C::search_memory_gib, Range::kNonNegative},
   };
   return table;
 }

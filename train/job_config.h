@@ -114,6 +114,11 @@ struct JobConfig {
   double plan_peak_tflops = 0;     // one rank's peak, for MFU
   double plan_memory_gbps = 0;     // one rank's memory bandwidth (elementwise ops)
   std::string plan_dim_link_gbps;  // "dp_shard=25,pp=25": links of these mesh dims
+  // loom plan --search (train/layout_search.h): choose the layout over the job's ranks.
+  bool search = false;
+  int64_t search_top = 5;        // layouts printed in full
+  double search_budget_s = 0;    // stop tracing after this long (0: none)
+  double search_memory_gib = 0;  // per rank (0: no limit)
 
   // The [model] sizes as every family takes them.
   models::ModelSizes sizes() const;

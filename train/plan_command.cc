@@ -11,6 +11,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "train/job_checks.h"
 #include "train/job_plan.h"
+#include "train/layout_search.h"
 
 namespace loom::train {
 
@@ -70,6 +71,7 @@ std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bo
 }
 
 std::string plan_report(const JobConfig& job) {
+  if (job.search) return search_report(job);
   const CheckedJob checked = check_job(job);
   PlanOptions options;
   // A CPU job is traced allocating as the CPU's kernels do; --device cuda (or auto with a GPU
@@ -90,6 +92,23 @@ std::string plan_report(const JobConfig& job) {
   for (const std::string& warning : checked.warnings) out += fmt::format("{}\n", warning);
   out += format_job_plan(plan);
   if (!missing.empty()) out += fmt::format("\n{}\n", missing);
+  return out;
+}
+
+std::string search_report(const JobConfig& job) {
+  const CheckedJob checked = check_job(job);  // the job as given must be a valid job
+  LayoutSearchOptions options{
+      .world_size = checked.parallel.dims.world_size(),
+      .top = static_cast<int>(job.search_top),
+      .budget_s = job.search_budget_s,
+      .memory_limit_bytes = static_cast<int64_t>(job.search_memory_gib * 1024 * 1024 * 1024),
+      .target = job.device == "cpu" || (job.device == "auto" && !cuda::available())
+                    ? Device::cpu()
+                    : Device::cuda()};
+  std::string missing;
+  options.machine = plan_machine(job, options.world_size, options.target.is_cuda(), &missing);
+  std::string out = format_layout_search(search_layouts(job, options), options);
+  if (!missing.empty()) out += fmt::format("\n{} (ranked by peak memory instead)\n", missing);
   return out;
 }
 

@@ -20,6 +20,9 @@ std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bo
 // step traced: the report `./loom plan` prints. Throws loom::Error with the job's own message.
 std::string plan_report(const JobConfig& job);
 
+// `loom plan --search` (train/layout_search.h): the layouts of the job's ranks, ranked.
+std::string search_report(const JobConfig& job);
+
 // Measures this machine (train/step_time_model.h) and stores the figures; returns what to print.
 std::string calibrate_and_store();
 

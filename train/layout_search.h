@@ -1,0 +1,60 @@
+// `loom plan --search`: choose the layout, not only check it (issue 38's first part). Every
+// layout of the world's ranks — tp x pp x dp_shard x dp_replicate, and with a pipeline its
+// schedule and microbatches, with and without full activation checkpointing — is checked with
+// the job's own rules (the ones `loom plan` and the job apply: heads over tp, layers over the
+// stages, the batch over dp x microbatches, ...), the survivors' steps are traced on the meta
+// device (train/job_plan.h), those over the memory limit dropped, and the rest ranked by the
+// step time the machine model predicts (train/step_time_model.h).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tensor/device.h"
+#include "train/job_config.h"
+#include "train/step_time_model.h"
+
+namespace loom::train {
+
+struct LayoutSearchOptions {
+  int64_t world_size = 1;
+  int top = 5;                          // layouts printed in full
+  double budget_s = 0;                  // stop tracing after this many seconds (0: none)
+  int64_t memory_limit_bytes = 0;       // per rank (0: none)
+  std::optional<MachineModel> machine;  // what ranks the layouts (none: by peak memory)
+  Device target = Device::cuda();       // whose kernels' allocations the traces follow
+};
+
+struct SearchedLayout {
+  JobConfig job;       // the base job with this layout's settings
+  std::string layout;  // "tp2 pp2 dp_shard1 dp_replicate1 1f1b m4 ac=none"
+  std::string pruned;  // why the job's rules reject it; empty: it passed them
+  bool traced = false;
+  int64_t peak_bytes = 0;  // the traced ranks' largest step peak
+  double trace_s = 0;      // how long its trace took
+  std::optional<StepTimeEstimate> time;
+  bool over_memory() const;  // set by search_layouts against the limit
+  bool over_limit = false;
+};
+
+struct LayoutSearch {
+  std::vector<SearchedLayout> layouts;  // every candidate, once, in enumeration order
+  std::vector<size_t> ranking;          // traced, within memory: best first
+  double seconds = 0;
+  bool budget_ran_out = false;
+};
+
+// Every candidate layout of `world_size` ranks for `base` (its model, batch and other settings),
+// each once.
+std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size);
+
+// Checks, traces and ranks them (see above).
+LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& options);
+
+// The top layouts (step time, tokens/s, MFU, peak memory per rank), why the next few lost, how
+// many were pruned, traced and over memory, and the job-file lines that run the winner.
+std::string format_layout_search(const LayoutSearch& search, const LayoutSearchOptions& options);
+
+}  // namespace loom::train
