@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Issue 38's check of the time model where it matters for ranking: `loom plan --search` on this
+# machine's calibration ranks every layout of MODEL on RANKS CPU ranks; each ranked layout then
+# runs for real (median ms of steps 2..7). Prints every layout's predicted and measured step, the
+# measured rank of the predicted best, and its measured time over the measured best's.
+#   bazel build -c opt //examples:loom_train //tools/loomrun && tools/bench/search_vs_measured.sh [MODEL] [RANKS] [EXTRA FLAGS...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+B=$root/bazel-bin/examples/loom_train
+L=$root/bazel-bin/tools/loomrun/loomrun
+model="${1:-tiny}"
+ranks="${2:-4}"
+shift 2 || true
+extra=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export LOOM_CACHE_DIR="$work/cache"
+"$B" --plan --calibrate >/dev/null 2>&1
+# The search, every ranked layout printed.
+"$B" --plan --model "$model" --dp "$ranks" --tp 1 --search --search-top 1000 --device cpu \
+  "${extra[@]}" >"$work/search.log" 2>&1
+head -1 "$work/search.log"
+flags() {  # "tp2 pp2 dp_shard1 dp_replicate1 1f1b m4 ac=full" -> loom_train flags
+  echo "$1" | sed -E 's/tp([0-9]+) pp([0-9]+) dp_shard([0-9]+) dp_replicate([0-9]+)/--tp \1 --pp \2 --dp-shard \3 --dp-replicate \4 --dp 0/;
+    s/ (1f1b|zb-h1) m([0-9]+)/ --schedule \1 --microbatches \2/; s/ ac=([a-z]+)/ --activation-checkpoint \1/'
+}
+echo "| predicted rank | layout | predicted ms | measured ms |"
+echo "|---:|---|---:|---:|"
+best_measured="" best_layout="" first_measured=""
+while IFS='|' read -r _ rank layout predicted _; do
+  rank=$(echo "$rank" | tr -d ' ') layout=$(echo "$layout" | sed 's/^ *//; s/ *$//')
+  [[ $rank =~ ^[0-9]+$ ]] || continue
+  # shellcheck disable=SC2046
+  if "$B" --launcher "$L" --model "$model" $(flags "$layout") --device cpu --steps 8 --log-every 100 \
+      --sample-tokens 0 --no-progress --plot-out "" --metrics-out "$work/m.jsonl" "${extra[@]}" \
+      >"$work/run.log" 2>&1; then
+    measured=$(sed -n 's/.*"ms_per_step":\([0-9.]*\).*/\1/p' "$work/m.jsonl" | tail -n +3 | head -6 |
+      sort -g | awk '{ a[NR] = $1 } END { printf "%.1f", (a[3] + a[4]) / 2 }')
+  else
+    measured="failed"
+  fi
+  echo "| $rank | $layout | $(echo "$predicted" | tr -d ' ') | $measured |"
+  [[ -z $first_measured ]] && first_measured=$measured
+  if [[ $measured != failed ]] && { [[ -z $best_measured ]] || awk -v a="$measured" -v b="$best_measured" 'BEGIN { exit !(a < b) }'; }; then
+    best_measured=$measured best_layout=$layout
+  fi
+done < <(sed -n '/^| rank | layout/,/^$/p' "$work/search.log")
+echo
+echo "measured best: $best_layout ($best_measured ms); the predicted best measured $first_measured ms:" \
+  "$(awk -v a="$first_measured" -v b="$best_measured" 'BEGIN { printf "%.2f", a / b }') x the best"
