@@ -259,7 +259,9 @@ JobRunner::~JobRunner() = default;
 void JobRunner::add_metrics_hook() {
   const int rank = world_->rank();
   const bool moe = checked_.model.args->fields().contains("moe");
-  trainer_->add_step_hook([this, rank, moe](const StepResult& r) {
+  const char* progress = std::getenv("LOOM_PROGRESS_FILE");
+  const std::string progress_file = progress != nullptr ? progress : "";
+  trainer_->add_step_hook([this, rank, moe, progress_file](const StepResult& r) {
     Outputs& out = *outputs_;
     out.last_loss = r.loss;
     out.losses.push_back(r.loss);
@@ -269,9 +271,7 @@ void JobRunner::add_metrics_hook() {
         moe ? std::optional<RouterSummary>(take_router_summary(*model_, *mesh_)) : std::nullopt;
     if (rank != 0) return;
     // The launcher's view of progress (loomrun --max-restarts: where a failure repeats).
-    if (const char* progress = std::getenv("LOOM_PROGRESS_FILE"); progress && *progress) {
-      std::ofstream(progress, std::ios::trunc) << r.step << "\n";
-    }
+    if (!progress_file.empty()) std::ofstream(progress_file, std::ios::trunc) << r.step << "\n";
     const double tokens_per_s = job_.batch_size * job_.seq_len / (r.ms / 1000.0);
     // The step's tensor peak (torch.cuda.max_memory_allocated's figure, on any device): what
     // `loom plan`'s "peak in step" predicts.

@@ -36,8 +36,6 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-bool SearchedLayout::over_memory() const { return over_limit; }
-
 std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size) {
   LOOM_CHECK(world_size >= 1, "loom plan --search: needs at least 1 rank, got {}", world_size);
   std::vector<SearchedLayout> out;
@@ -76,14 +74,17 @@ std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t wor
 
 LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  // The model (and the data, paths, ...) are the base job's whatever the layout: checked once.
+  const CheckedJob checked = check_job(base);
+  const models::ModelArgs& model = *checked.model.args;
   LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size)};
   for (SearchedLayout& candidate : search.layouts) {
-    // The job's own rules first (no trace): what the job itself would reject.
-    CheckedJob checked;
+    // The job's own layout rules first (no trace): what the job itself would reject.
+    ParallelConfig parallel;
     try {
-      checked = check_job(candidate.job);
-      plan_job(*checked.model.args, checked.parallel, candidate.job.batch_size,
-               candidate.job.seq_len, PlanOptions{.trace = false, .target = options.target});
+      parallel = parallel_config(candidate.job);
+      plan_job(model, parallel, candidate.job.batch_size, candidate.job.seq_len,
+               PlanOptions{.trace = false, .target = options.target});
     } catch (const Error& e) {
       candidate.pruned = e.what();
       continue;
@@ -95,8 +96,7 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
     const auto traced_at = std::chrono::steady_clock::now();
     JobPlan plan;
     try {
-      plan = plan_job(*checked.model.args, checked.parallel, candidate.job.batch_size,
-                      candidate.job.seq_len,
+      plan = plan_job(model, parallel, candidate.job.batch_size, candidate.job.seq_len,
                       PlanOptions{.machine = options.machine, .target = options.target});
     } catch (const Error& e) {
       // The job's own code failed on this layout: it would fail the real job too.

@@ -35,8 +35,7 @@ struct SearchedLayout {
   int64_t peak_bytes = 0;  // the traced ranks' largest step peak
   double trace_s = 0;      // how long its trace took
   std::optional<StepTimeEstimate> time;
-  bool over_memory() const;  // set by search_layouts against the limit
-  bool over_limit = false;
+  bool over_limit = false;  // its traced peak exceeds the memory limit
 };
 
 struct LayoutSearch {

@@ -34,18 +34,24 @@ Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
   no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
 }
 
-int64_t Trainer::replica_ranks_max(int64_t value) const {
+int64_t Trainer::reduce_over_replica_ranks(int64_t value, comm::ReduceOp op) const {
   if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return value;
   const Tensor t = ops::from_vector_i64({value}, {1}, options_.replica_ranks->device());
-  options_.replica_ranks->all_reduce(t, comm::ReduceOp::kMax)->wait();
+  options_.replica_ranks->all_reduce(t, op)->wait();
   return ops::to(t, Device::cpu()).data<int64_t>()[0];
 }
 
 bool Trainer::replica_ranks_agree(bool ok) const {
-  if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return ok;
-  const Tensor flag = ops::from_vector_i64({ok ? 1 : 0}, {1}, options_.replica_ranks->device());
-  options_.replica_ranks->all_reduce(flag, comm::ReduceOp::kMin)->wait();
-  return ops::to(flag, Device::cpu()).data<int64_t>()[0] == 1;
+  return reduce_over_replica_ranks(ok ? 1 : 0, comm::ReduceOp::kMin) == 1;
+}
+
+std::vector<Tensor> Trainer::local_gradients() const {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    const Tensor g = p.grad();
+    if (g.defined()) grads.push_back(is_dtensor(g) ? local_shard(g) : g);
+  }
+  return grads;
 }
 
 void Trainer::begin_replica_step() {
@@ -53,11 +59,11 @@ void Trainer::begin_replica_step() {
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
   // A replica starting late joins the running job's next step — the same one on all its ranks
   // (each reads the latest decided step at its own moment: the latest of their readings).
-  int64_t step = replica_ranks_max(replicas.first_step(next_step_));
+  int64_t step = reduce_over_replica_ranks(replicas.first_step(next_step_), comm::ReduceOp::kMax);
   for (int attempt = 0;; ++attempt) {
     const parallel::ft::StepQuorum q = replicas.start_step(step, attempt, next_step_);
     if (!q.member()) {  // that step was decided without it: the next one
-      step = replica_ranks_max(replicas.first_step(next_step_));
+      step = reduce_over_replica_ranks(replicas.first_step(next_step_), comm::ReduceOp::kMax);
       attempt = -1;
       continue;
     }
@@ -83,10 +89,7 @@ StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& me
              "from at least one member's batch, got {} batches",
              member_batches.size());
   const auto start = std::chrono::steady_clock::now();
-  StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
-  decay_->set_lr(result.lr);
-  no_decay_->set_lr(result.lr);
-  model_.zero_grad();
+  StepResult result = start_step_result();
   double local_loss = 0;
   for (const auto& [inputs, targets] : member_batches) {
     local_loss += model_.forward_backward(inputs, targets);  // gradients accumulate
@@ -94,34 +97,16 @@ StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& me
   const double count = static_cast<double>(member_batches.size());
   if (member_batches.size() > 1) {
     NoGradGuard no_grad;
-    for (const auto& [name, p] : model_.named_parameters()) {
-      Tensor g = p.grad();
-      if (!g.defined()) continue;
-      if (is_dtensor(g)) g = local_shard(g);
-      ops::copy_(g, ops::div(g, count));  // as the replicas' sum divided by their count
-    }
+    // As the replicas' sum divided by their count.
+    for (const Tensor& g : local_gradients()) ops::copy_(g, ops::div(g, count));
   }
   result.replicas = static_cast<int>(member_batches.size());
-  result.grad_norm =
-      model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
-  decay_->step();
-  no_decay_->step();
-  update_expert_biases(model_, *mesh_);
-  result.loss = mean_over_data_parallel(local_loss / count);
-  result.ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  ++next_step_;
-  for (const StepHook& hook : hooks_) hook(result);
-  return result;
+  return finish_step(result, local_loss / count, start);
 }
 
 int Trainer::average_over_replicas() {
   parallel::ft::ReplicaGroup& replicas = *options_.replicas;
-  std::vector<Tensor> grads;
-  for (const auto& [name, p] : model_.named_parameters()) {
-    const Tensor g = p.grad();
-    if (g.defined()) grads.push_back(is_dtensor(g) ? local_shard(g) : g);
-  }
+  const std::vector<Tensor> grads = local_gradients();
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
   for (int attempt = replica_attempt_ + 1;; ++attempt) {
     if (replicas.average(grads, agree)) {
@@ -134,27 +119,26 @@ int Trainer::average_over_replicas() {
 
 int Trainer::begin_step() {
   if (step_begun_) return next_step_;
-  // With replicas the quorum's wait is part of the step's time (so is cutting its batch, which
-  // must wait for the step to be settled).
-  step_start_ = std::chrono::steady_clock::now();
-  if (options_.replicas) begin_replica_step();
+  if (options_.replicas) {
+    // The quorum's wait is part of the step's time (so is cutting its batch, which must wait
+    // for the step to be settled).
+    step_start_ = std::chrono::steady_clock::now();
+    begin_replica_step();
+  }
   step_begun_ = true;
   return next_step_;
 }
 
-StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
-  const bool begun = step_begun_;
-  begin_step();
-  const auto start = begun && !options_.replicas ? std::chrono::steady_clock::now() : step_start_;
+StepResult Trainer::start_step_result() {
   StepResult result{.step = next_step_, .lr = options_.lr(next_step_)};
   decay_->set_lr(result.lr);
   no_decay_->set_lr(result.lr);
   model_.zero_grad();
-  const double local_loss = model_.forward_backward(inputs, targets);
-  if (options_.replicas) {
-    result.replicas = average_over_replicas();
-    result.replica_members = options_.replicas->quorum().members;
-  }
+  return result;
+}
+
+StepResult Trainer::finish_step(StepResult& result, double local_loss,
+                                std::chrono::steady_clock::time_point start) {
   result.grad_norm =
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
   decay_->step();
@@ -168,6 +152,18 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   if (options_.replicas) options_.replicas->commit();
   for (const StepHook& hook : hooks_) hook(result);
   return result;
+}
+
+StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
+  begin_step();
+  const auto start = options_.replicas ? step_start_ : std::chrono::steady_clock::now();
+  StepResult result = start_step_result();
+  const double local_loss = model_.forward_backward(inputs, targets);
+  if (options_.replicas) {
+    result.replicas = average_over_replicas();
+    result.replica_members = options_.replicas->quorum().members;
+  }
+  return finish_step(result, local_loss, start);
 }
 
 checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* after_load) {

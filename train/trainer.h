@@ -108,10 +108,17 @@ class Trainer {
   void begin_replica_step();
   // With replicas: the gradients averaged over the members, retrying without a failed one.
   int average_over_replicas();
+  // `value` reduced over this replica's ranks (itself alone without replica_ranks).
+  int64_t reduce_over_replica_ranks(int64_t value, comm::ReduceOp op) const;
   // Whether every rank of this replica succeeded (ReplicaGroup::Agreement).
   bool replica_ranks_agree(bool ok) const;
-  // The largest of the replica's ranks' values (the step they all join).
-  int64_t replica_ranks_max(int64_t value) const;
+  // The local tensors of the parameters' gradients (DTensors' shards), in parameter order.
+  std::vector<Tensor> local_gradients() const;
+  // A step's start (its learning rate set, the gradients zeroed) and its end (clipping, AdamW,
+  // the loss over dp, the hooks): what step() and replay_step() share.
+  StepResult start_step_result();
+  StepResult finish_step(StepResult& result, double local_loss,
+                         std::chrono::steady_clock::time_point start);
   // The entries above, and what to apply once a load has filled them.
   checkpoint::StateDict state_dict(std::vector<std::function<void()>>* after_load);
 
@@ -123,7 +130,8 @@ class Trainer {
   int next_step_ = 0;
   bool step_begun_ = false;  // begin_step() ran for next_step_
   int replica_attempt_ = 0;  // with replicas: the attempt of next_step_'s quorum
-  std::chrono::steady_clock::time_point step_start_;  // when it did: the step's wall time starts
+  // With replicas, when begin_step() ran: the step's wall time starts there.
+  std::chrono::steady_clock::time_point step_start_;
 };
 
 // This dp rank's share of step `step`'s global batch of `global_batch` sequences of `seq_len`

@@ -137,16 +137,14 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
   return q;
 }
 
-std::shared_ptr<comm::ProcessGroup> ReplicaGroup::group_for(const StepQuorum& q) {
+void ReplicaGroup::group_for(const StepQuorum& q) {
   // A new group when the members changed, one of them is behind (a fresh process has no group
   // yet) or an attempt failed (the old group is poisoned); every member decides alike.
   const bool reuse = group_ && group_members_ == q.members && !q.needs_state_sync && q.attempt == 0;
-  if (reuse) return group_;
+  if (reuse) return;
   group_.reset();
-  if (q.members.size() == 1) {
-    group_members_ = q.members;
-    return nullptr;  // alone: nothing to average with
-  }
+  group_members_ = q.members;
+  if (q.members.size() == 1) return;  // alone: nothing to average with
   const std::string prefix =
       step_prefix(q.step, q.attempt) + fmt::format("group/{}/", options_.local_key);
   group_ = comm::ProcessGroupGloo::create(
@@ -155,8 +153,6 @@ std::shared_ptr<comm::ProcessGroup> ReplicaGroup::group_for(const StepQuorum& q)
       comm::ProcessGroupOptions{.name = fmt::format("ft/{}/step{}", options_.local_key, q.step),
                                 .timeout = options_.connect_timeout},
       comm::GlooOptions::loopback());
-  group_members_ = q.members;
-  return group_;
 }
 
 bool ReplicaGroup::sync_state(const std::vector<Tensor>& state, const Agreement& agree) {

@@ -106,7 +106,8 @@ class ReplicaGroup {
   const StepQuorum& quorum() const { return quorum_; }
 
  private:
-  std::shared_ptr<comm::ProcessGroup> group_for(const StepQuorum& quorum);
+  // Builds (or keeps) the members' group for `quorum`.
+  void group_for(const StepQuorum& quorum);
   StepQuorum quorum_for(int64_t step, int attempt, int64_t state_step);
 
   std::shared_ptr<comm::Store> store_;

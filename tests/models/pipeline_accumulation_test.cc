@@ -39,42 +39,43 @@ std::unique_ptr<models::ModelArgs> args_of(bool llama, int64_t n_layers = 2) {
   return models::gpt_args(config);
 }
 
-models::gpt_run::Result train_on(
-    comm::ProcessGroup& pg, bool llama, const train::ParallelDims& dims, int grad_accum,
-    int microbatches, std::map<std::string, comm::CollectiveCounters>* last_step = nullptr,
-    const std::string& schedule = "1f1b", int64_t n_layers = 2, int virtual_stages = 1,
-    int steps = kSteps, const std::string& activation_checkpoint = "none") {
-  const auto mesh = dims.build_mesh(pg.shared_from_this());
-  const train::ParallelConfig parallel{
-      .dims = dims,
-      .grad_accum = grad_accum,
-      .pipeline = {.schedule = schedule,
-                   .microbatches = microbatches,
-                   .virtual_stages = virtual_stages},
-      .activation_checkpoint =
-          parallel::ActivationCheckpointing::parse(activation_checkpoint, "test")};
-  parallel.validate(pg.size(), kBatch, kSeq);
-  auto model = train::build_parallel_model(*args_of(llama, n_layers), 5, mesh, parallel);
-  train::Trainer trainer(*model, mesh, {.lr = [](int) { return 3e-3; }, .clip = 0.5});
-  const auto data = models::gpt_run::fox_corpus(257);
-  models::gpt_run::Result run;
-  for (int step = 0; step < steps; ++step) {
-    const auto batch = train::local_batch(data, 11, step, *mesh, kBatch, kSeq);
-    CommDebugMode comm;
-    models::gpt_run::record_step(run, trainer.step(batch.inputs, batch.targets));
-    if (last_step != nullptr) *last_step = comm.by_group();
-  }
-  models::gpt_run::record_final_state(run, *model);
-  return run;
-}
-
+// How a layout trains: its pipeline, accumulation, model depth and steps.
 struct PipelineRun {
   std::string schedule = "1f1b";
   int grad_accum = 2;
-  int microbatches = 2;  // per schedule run
+  int microbatches = 2;  // per schedule run (0 without a pipeline: the default)
   int64_t n_layers = 2;
   int steps = kSteps;
+  int virtual_stages = 1;
+  std::string activation_checkpoint = "none";
 };
+
+models::gpt_run::Result train_on(
+    comm::ProcessGroup& pg, bool llama, const train::ParallelDims& dims, const PipelineRun& run,
+    std::map<std::string, comm::CollectiveCounters>* last_step = nullptr) {
+  const auto mesh = dims.build_mesh(pg.shared_from_this());
+  const train::ParallelConfig parallel{
+      .dims = dims,
+      .grad_accum = run.grad_accum,
+      .pipeline = {.schedule = run.schedule,
+                   .microbatches = run.microbatches,
+                   .virtual_stages = run.virtual_stages},
+      .activation_checkpoint =
+          parallel::ActivationCheckpointing::parse(run.activation_checkpoint, "test")};
+  parallel.validate(pg.size(), kBatch, kSeq);
+  auto model = train::build_parallel_model(*args_of(llama, run.n_layers), 5, mesh, parallel);
+  train::Trainer trainer(*model, mesh, {.lr = [](int) { return 3e-3; }, .clip = 0.5});
+  const auto data = models::gpt_run::fox_corpus(257);
+  models::gpt_run::Result result;
+  for (int step = 0; step < run.steps; ++step) {
+    const auto batch = train::local_batch(data, 11, step, *mesh, kBatch, kSeq);
+    CommDebugMode comm;
+    models::gpt_run::record_step(result, trainer.step(batch.inputs, batch.targets));
+    if (last_step != nullptr) *last_step = comm.by_group();
+  }
+  models::gpt_run::record_final_state(result, *model);
+  return result;
+}
 
 void expect_like_one_rank(bool llama, const train::ParallelDims& dims, const std::string& layout,
                           const PipelineRun& run = {}, double param_rtol = 1e-5) {
@@ -83,16 +84,17 @@ void expect_like_one_rank(bool llama, const train::ParallelDims& dims, const std
   // One rank, the dp ranks' micro-batches in the same order: dp x grad_accum x microbatches.
   comm::testing::run_on_ranks(1, [&](comm::ProcessGroup& pg) {
     expected =
-        train_on(pg, llama, {}, static_cast<int>(run.microbatches * run.grad_accum * dims.dp()), 0,
-                 nullptr, "1f1b", run.n_layers, 1, run.steps);
+        train_on(pg, llama, {},
+                 {.grad_accum = static_cast<int>(run.microbatches * run.grad_accum * dims.dp()),
+                  .microbatches = 0,
+                  .n_layers = run.n_layers,
+                  .steps = run.steps});
   });
   comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
-    models::gpt_run::expect_same(
-        {.actual = train_on(pg, llama, dims, run.grad_accum, run.microbatches, nullptr,
-                            run.schedule, run.n_layers, 1, run.steps),
-         .expected = expected,
-         .layout = layout,
-         .param_rtol = param_rtol});
+    models::gpt_run::expect_same({.actual = train_on(pg, llama, dims, run),
+                                  .expected = expected,
+                                  .layout = layout,
+                                  .param_rtol = param_rtol});
   });
 }
 
@@ -151,8 +153,8 @@ TEST(PipelineAccumulationTest, ZeroBubbleH1WithTensorParallelismIsExactlyOneFOne
   for (bool llama : {false, true}) {
     comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
       const train::ParallelDims dims{.pp = 2, .tp = 2};
-      const auto zb = train_on(pg, llama, dims, 1, 2, nullptr, "zb-h1");
-      const auto ofob = train_on(pg, llama, dims, 1, 2, nullptr, "1f1b");
+      const auto zb = train_on(pg, llama, dims, {.schedule = "zb-h1", .grad_accum = 1});
+      const auto ofob = train_on(pg, llama, dims, {.schedule = "1f1b", .grad_accum = 1});
       EXPECT_EQ(zb.losses, ofob.losses);
       EXPECT_EQ(zb.grad_norms, ofob.grad_norms);
       EXPECT_EQ(zb.params, ofob.params) << (llama ? "Llama" : "GPT") << " parameters";
@@ -207,9 +209,16 @@ TEST(PipelineAccumulationTest, VSchedulesWithTensorParallelismEqualInterleaved) 
   for (bool llama : {false, true}) {
     comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
       const train::ParallelDims dims{.pp = 2, .tp = 2};
-      const auto reference = train_on(pg, llama, dims, 1, 4, nullptr, "interleaved", 4, 2);
+      const auto reference = train_on(pg, llama, dims,
+                                      {.schedule = "interleaved",
+                                       .grad_accum = 1,
+                                       .microbatches = 4,
+                                       .n_layers = 4,
+                                       .virtual_stages = 2});
       for (const std::string schedule : {"zbv", "dualpipev"}) {
-        const auto v = train_on(pg, llama, dims, 1, 4, nullptr, schedule, 4);
+        const auto v =
+            train_on(pg, llama, dims,
+                     {.schedule = schedule, .grad_accum = 1, .microbatches = 4, .n_layers = 4});
         const std::string what = (llama ? "Llama " : "GPT ") + schedule;
         expect_close({.actual = v.losses,
                       .expected = reference.losses,
@@ -246,8 +255,11 @@ TEST(PipelineAccumulationTest, ZeroBubbleH1WithCheckpointingAndDdpIsThePlainRun)
   for (bool llama : {false, true}) {
     comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
       const train::ParallelDims dims{.pp = 2, .dp_replicate = 2};
-      const auto plain = train_on(pg, llama, dims, 1, 2, nullptr, "zb-h1", 4, 1, kSteps, "none");
-      const auto full = train_on(pg, llama, dims, 1, 2, nullptr, "zb-h1", 4, 1, kSteps, "full");
+      const PipelineRun run{.schedule = "zb-h1", .grad_accum = 1, .n_layers = 4};
+      PipelineRun checkpointed = run;
+      checkpointed.activation_checkpoint = "full";
+      const auto plain = train_on(pg, llama, dims, run);
+      const auto full = train_on(pg, llama, dims, checkpointed);
       EXPECT_EQ(full.losses, plain.losses) << (llama ? "Llama" : "GPT");
       EXPECT_EQ(full.params, plain.params) << (llama ? "Llama" : "GPT") << " parameters";
     });
@@ -259,8 +271,10 @@ TEST(PipelineAccumulationTest, ZeroBubbleH1WithCheckpointingAndDdpIsThePlainRun)
 TEST(PipelineAccumulationTest, DataParallelReducesOncePerOptimizerStep) {
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
     std::map<std::string, comm::CollectiveCounters> accumulated, single;
-    train_on(pg, false, {.pp = 2, .dp_replicate = 2}, 2, 2, &accumulated);
-    train_on(pg, false, {.pp = 2, .dp_replicate = 2}, 1, 4, &single);
+    train_on(pg, false, {.pp = 2, .dp_replicate = 2}, {.grad_accum = 2, .microbatches = 2},
+             &accumulated);
+    train_on(pg, false, {.pp = 2, .dp_replicate = 2}, {.grad_accum = 1, .microbatches = 4},
+             &single);
     const auto reduce = static_cast<size_t>(comm::CollectiveKind::kAllReduce);
     ASSERT_TRUE(single.count("mesh/dp_replicate"));
     EXPECT_GT(single.at("mesh/dp_replicate").calls[reduce], 0);

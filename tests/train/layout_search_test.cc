@@ -78,8 +78,8 @@ TEST(LayoutSearchTest, TheMemoryLimitRemovesWhatTheTraceSaysExceedsIt) {
   size_t within = 0;
   for (const SearchedLayout& c : limited.layouts) {
     if (!c.traced) continue;
-    EXPECT_EQ(c.over_memory(), c.peak_bytes > limit) << c.layout;
-    within += !c.over_memory();
+    EXPECT_EQ(c.over_limit, c.peak_bytes > limit) << c.layout;
+    within += !c.over_limit;
   }
   EXPECT_EQ(limited.ranking.size(), within);
   EXPECT_GT(within, 0u);

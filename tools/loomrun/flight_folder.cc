@@ -17,6 +17,7 @@ namespace loom::loomrun {
 
 namespace {
 constexpr const char* kVariable = "LOOM_FLIGHT_RECORDER_DIR";
+constexpr const char* kProgressVariable = "LOOM_PROGRESS_FILE";
 }  // namespace
 
 FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
@@ -33,7 +34,10 @@ FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
   std::error_code error;
   std::filesystem::create_directories(path_, error);
   LOOM_CHECK(!error, "--flight-recorder-dir: cannot create '{}': {}", path_, error.message());
-  // A previous job's dumps and progress there are not this one's.
+  // A progress file the caller chose (a supervising script's) stays; else this folder's.
+  const char* chosen = std::getenv(kProgressVariable);
+  progress_path_ = chosen != nullptr && *chosen != '\0' ? chosen : path_ + "/progress";
+  // A previous job's dumps and progress here are not this one's.
   clear_dumps();
   std::filesystem::remove(path_ + "/progress", error);
 }
@@ -47,9 +51,7 @@ void FlightRecorderFolder::clear_dumps() const {
 }
 
 std::optional<long> FlightRecorderFolder::completed_step() const {
-  const char* chosen = std::getenv("LOOM_PROGRESS_FILE");
-  std::ifstream in(chosen != nullptr && *chosen != '\0' ? std::string(chosen)
-                                                        : path_ + "/progress");
+  std::ifstream in(progress_path_);
   long step = -1;
   if (!(in >> step) || step < 0) return std::nullopt;
   return step;
@@ -57,11 +59,7 @@ std::optional<long> FlightRecorderFolder::completed_step() const {
 
 void FlightRecorderFolder::export_to(std::vector<std::string>& environment) const {
   set_variable(environment, kVariable, path_);
-  // A progress file the caller chose (a supervising script's) stays; else this folder's.
-  const char* progress = std::getenv("LOOM_PROGRESS_FILE");
-  if (progress == nullptr || *progress == '\0') {
-    set_variable(environment, "LOOM_PROGRESS_FILE", path_ + "/progress");
-  }
+  set_variable(environment, kProgressVariable, progress_path_);
 }
 
 void FlightRecorderFolder::report(int exit_code, int world_size) const {

@@ -31,6 +31,7 @@ class FlightRecorderFolder {
 
  private:
   std::string path_;
+  std::string progress_path_;  // LOOM_PROGRESS_FILE: the environment's, else this folder's
   bool made_here_ = false;
 };
 
