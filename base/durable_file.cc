@@ -13,10 +13,17 @@
 
 namespace loom {
 
-SyncedFileWriter::SyncedFileWriter(std::string path, std::string_view what)
+SyncedFileWriter::SyncedFileWriter(std::string path, std::string_view what, Mode mode)
     : path_(std::move(path)), what_(what) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+  // Not O_APPEND: it would make write_at's pwrite append too. The position starts at the end.
+  const int truncate = mode == Mode::kTruncate ? O_TRUNC : 0;
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | truncate | O_CLOEXEC, 0666);
   LOOM_CHECK(fd_ >= 0, "{}: cannot create '{}': {}", what_, path_, std::strerror(errno));
+  if (mode == Mode::kAppend && ::lseek(fd_, 0, SEEK_END) < 0) {
+    const int error = errno;
+    ::close(std::exchange(fd_, -1));
+    LOOM_FAIL("{}: cannot go to the end of '{}': {}", what_, path_, std::strerror(error));
+  }
 }
 
 SyncedFileWriter::SyncedFileWriter(SyncedFileWriter&& other) noexcept

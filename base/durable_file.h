@@ -37,12 +37,14 @@
 
 namespace loom {
 
-// A file written in place: created or truncated, fsynced on close(). Destroyed without close()
-// (an abandoned write), it is closed without syncing.
+// A file written in place: created or truncated (or, kAppend, created or continued at its end),
+// fsynced on close(). Destroyed without close() (an abandoned write), it is closed without
+// syncing.
 class SyncedFileWriter {
  public:
+  enum class Mode { kTruncate, kAppend };
   SyncedFileWriter() = default;
-  SyncedFileWriter(std::string path, std::string_view what);
+  SyncedFileWriter(std::string path, std::string_view what, Mode mode = Mode::kTruncate);
   SyncedFileWriter(SyncedFileWriter&& other) noexcept;
   SyncedFileWriter& operator=(SyncedFileWriter&& other) noexcept;
   ~SyncedFileWriter();

@@ -24,6 +24,7 @@
 #include "train/fault_injection.h"
 #include "train/launch.h"
 #include "train/loss_plot.h"
+#include "train/metrics_history.h"
 #include "train/output_files.h"
 #include "train/progress_bar.h"
 #include "train/router_stats.h"
@@ -224,7 +225,7 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
       const std::string effective_path = effective_config_path(job_.metrics_out);
       fmt::print("{}: effective config (also in {}):\n{}", program_, effective_path, effective);
       write_file(effective_path, effective, "--metrics-out (the effective config beside it)");
-      outputs_->metrics = LineWriter(job_.metrics_out, "--metrics-out");
+      open_metrics();
     }
     const JobData& data = checked_.data;
     fmt::print("{}: {} params, {} on {}; data {}; unigram entropy {:.3f} nats\n", program_,
@@ -255,6 +256,27 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
 }
 
 JobRunner::~JobRunner() = default;
+
+// A fresh job truncates --metrics-out. A resumed one keeps the earlier attempts' lines of the
+// steps its checkpoint holds (rewritten atomically, so a kill now loses none of them) and goes on
+// after them; the loss plot starts from their points.
+void JobRunner::open_metrics() {
+  const std::string& path = job_.metrics_out;
+  if (!checked_.resume_from) {
+    outputs_->metrics = LineWriter(path, "--metrics-out");
+    return;
+  }
+  MetricsHistory history = read_metrics_before(path, trainer_->steps_done());
+  std::string kept;
+  for (const std::string& line : history.lines) kept += line + "\n";
+  write_file(path, kept, "--metrics-out");
+  outputs_->metrics = LineWriter(path, "--metrics-out", SyncedFileWriter::Mode::kAppend);
+  outputs_->curve = std::move(history.curve);
+  if (!history.lines.empty()) {
+    fmt::print("{}: {} keeps the {} lines of the steps before {} from the earlier run\n", program_,
+               path, history.lines.size(), trainer_->steps_done());
+  }
+}
 
 void JobRunner::add_metrics_hook() {
   const int rank = world_->rank();

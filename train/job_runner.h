@@ -70,6 +70,8 @@ class JobRunner {
 
  private:
   struct Outputs;
+  // Rank 0: --metrics-out, continued after the checkpoint's steps when the job resumed.
+  void open_metrics();
   void add_metrics_hook();
   void add_checkpoint_hook();
   void train_steps(JobResult& result);

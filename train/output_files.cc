@@ -31,8 +31,8 @@ void check_writable(const std::string& path, std::string_view what) {
   }
 }
 
-LineWriter::LineWriter(const std::string& path, std::string_view what)
-    : file_(path, what), what_(what) {}
+LineWriter::LineWriter(const std::string& path, std::string_view what, SyncedFileWriter::Mode mode)
+    : file_(path, what, mode), what_(what) {}
 
 void LineWriter::write_line(std::string_view line) {
   LOOM_CHECK(file_.is_open(), "LineWriter: '{}' is not open", file_.path());

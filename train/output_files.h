@@ -20,8 +20,10 @@ void check_writable(const std::string& path, std::string_view what);
 class LineWriter {
  public:
   LineWriter() = default;
-  // Opens (truncates) `path`; throws naming `what` and the path when it cannot.
-  LineWriter(const std::string& path, std::string_view what);
+  // Opens `path`, truncated (or kAppend: continued at its end); throws naming `what` and the path
+  // when it cannot.
+  LineWriter(const std::string& path, std::string_view what,
+             SyncedFileWriter::Mode mode = SyncedFileWriter::Mode::kTruncate);
   bool is_open() const { return file_.is_open(); }
   void write_line(std::string_view line);
   // fsyncs the file and its folder, then closes; throws if the last lines could not be written.

@@ -2,8 +2,8 @@
 # Restart without a person (--max-restarts): a rank killed (SIGKILL) at a random step of a dp2 job
 # that checkpoints every 2 steps; loomrun stops the other, starts the job again, which resumes
 # from its latest checkpoint and finishes the planned steps; its losses equal an uninterrupted
-# run's bit for bit (resume is bitwise). TRIALS trials (default 3; tools/fault/restart_trials.sh
-# runs 20), each a random rank and step. Then a failure that repeats at the same step stops after
+# run's bit for bit (resume is bitwise), and its metrics file holds every step once. TRIALS
+# trials (default 3; tools/fault/restart_trials.sh runs 20), each a random rank and step. Then a failure that repeats at the same step stops after
 # 3 attempts with a report of each, instead of looping.
 set -euo pipefail
 train="$(realpath "$1")"
@@ -48,9 +48,11 @@ for trial in $(seq 1 "$trials"); do
     { cat "$dir/log"; fail "trial $trial: no restart logged for pid $killed"; }
   grep -Eq "resumed from .* at step [0-9]+ \\(same layout\\)" "$dir/log" ||
     { cat "$dir/log"; fail "trial $trial: the restart did not resume from a checkpoint"; }
-  # The steps the last attempt ran, and the last one, equal the uninterrupted run's bitwise.
+  # The metrics hold every step once (the resumed attempt kept the earlier one's lines of the
+  # steps its checkpoint holds and wrote the rest), each loss the uninterrupted run's bitwise.
   got=$(losses "$dir/m.jsonl")
-  [[ $(tail -1 <<<"$got" | cut -d' ' -f1) == 11 ]] || { echo "$got"; fail "trial $trial did not reach step 11"; }
+  [[ $(cut -d' ' -f1 <<<"$got" | tr '\n' ' ') == "$(seq -s ' ' 0 11) " ]] ||
+    { cat "$dir/log"; echo "$got"; fail "trial $trial: the metrics do not hold steps 0-11 once each"; }
   while read -r s l; do
     want=$(losses ref.jsonl | awk -v s="$s" '$1 == s { print $2 }')
     [[ $l == "$want" ]] || fail "trial $trial: step $s loss $l, uninterrupted $want"

@@ -47,6 +47,22 @@ TEST(OutputFilesTest, LineWriterWritesEachLineThroughAndTruncatesAnOldFile) {
   metrics.close();  // a second close does nothing
 }
 
+TEST(OutputFilesTest, LineWriterInAppendModeGoesOnAfterTheLinesThere) {
+  const std::string path = temp_path("resumed.jsonl");
+  std::ofstream(path) << "{\"step\":0}\n";
+  LineWriter metrics(path, "--metrics-out", SyncedFileWriter::Mode::kAppend);
+  metrics.write_line(R"({"step":1})");
+  metrics.close();
+  EXPECT_EQ(read(path), "{\"step\":0}\n{\"step\":1}\n");
+  // No file yet: created, as in truncate mode.
+  const std::string fresh = temp_path("fresh.jsonl");
+  fs::remove(fresh);
+  LineWriter created(fresh, "--metrics-out", SyncedFileWriter::Mode::kAppend);
+  created.write_line("a");
+  created.close();
+  EXPECT_EQ(read(fresh), "a\n");
+}
+
 TEST(OutputFilesTest, LineWriterNamesTheFlagAndPathItCannotOpen) {
   const std::string path = temp_path("missing/metrics.jsonl");
   EXPECT_THAT(
