@@ -282,6 +282,13 @@ const std::vector<JobOption>& options() {
        "loom plan --search: drop the layouts whose traced peak exceeds this many GiB per rank "
        "(0: no limit)",
        &C::search_memory_gib, Range::kNonNegative},
+      {"plan", "search_jobs",
+       "loom plan --search: traces run at once (0: one per core of this machine)", &C::search_jobs,
+       Range::kNonNegative},
+      {"plan", "search_cache",
+       "loom plan --search: read traces back from, and keep them in, the trace cache "
+       "($LOOM_CACHE_DIR or ~/.cache/loom, plan_traces/; one folder per Loom build)",
+       &C::search_cache},
   };
   return table;
 }

@@ -119,6 +119,8 @@ struct JobConfig {
   int64_t search_top = 5;        // layouts printed in full
   double search_budget_s = 0;    // stop tracing after this long (0: none)
   double search_memory_gib = 0;  // per rank (0: no limit)
+  int64_t search_jobs = 0;       // traces at once (0: one per core)
+  bool search_cache = true;      // reuse and keep traces (train/trace_cache.h)
 
   // The [model] sizes as every family takes them.
   models::ModelSizes sizes() const;

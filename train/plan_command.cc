@@ -104,6 +104,9 @@ std::string search_report(const JobConfig& job) {
       .target = job.device == "cpu" || (job.device == "auto" && !cuda::available())
                     ? Device::cpu()
                     : Device::cuda()};
+  options.jobs = static_cast<int>(job.search_jobs);
+  TraceCache cache = job.search_cache ? TraceCache::for_this_binary() : TraceCache();
+  if (job.search_cache) options.cache = &cache;
   std::string missing;
   options.machine = plan_machine(job, options.world_size, options.target.is_cuda(), &missing);
   std::string out = format_layout_search(search_layouts(job, options), options);

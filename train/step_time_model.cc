@@ -12,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "base/cache_dir.h"
 #include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
@@ -181,12 +182,7 @@ nlohmann::json calibrate_machine() {
 }
 
 std::string calibration_path() {
-  const char* dir = std::getenv("LOOM_CACHE_DIR");
-  const char* home = std::getenv("HOME");
-  const std::filesystem::path root =
-      dir ? std::filesystem::path(dir)
-          : std::filesystem::path(home ? home : "/tmp") / ".cache" / "loom";
-  return (root / "plan_machine.json").string();
+  return (std::filesystem::path(loom_cache_dir()) / "plan_machine.json").string();
 }
 
 std::optional<nlohmann::json> load_calibration() {

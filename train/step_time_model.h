@@ -60,7 +60,7 @@ struct MachineModel {
 // gemm_flops_per_s, seconds_per_written_byte, seconds_per_op, cores, latency_s, bytes_per_s,
 // host, when.
 nlohmann::json calibrate_machine();
-// Where `loom plan --calibrate` keeps them: $LOOM_CACHE_DIR or ~/.cache/loom, plan_machine.json.
+// Where `loom plan --calibrate` keeps them: loom_cache_dir() (base/cache_dir.h), plan_machine.json.
 std::string calibration_path();
 // The stored calibration, or nullopt when there is none.
 std::optional<nlohmann::json> load_calibration();

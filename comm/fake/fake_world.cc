@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 
 namespace loom::comm {
@@ -30,7 +31,13 @@ void FakeWorld::send(const std::string& group, int src, int dst, int tag, const 
     const Key key{group, src, dst, tag};
     auto it = waiting_.find(key);
     if (it == waiting_.end() || it->second.empty()) {
-      sent_[key].push_back(tensor);
+      // Queued as a copy charged to no traced rank: holding the sender's own tensor until the
+      // recv comes would add it to the sender's traced peak or not depending on which thread
+      // ran first, and a trace must not depend on its threads' timing (the search compares
+      // layouts' peaks to the byte).
+      ScopedMemoryTracker in_flight(in_flight_);
+      NoGradGuard no_grad;
+      sent_[key].push_back(ops::clone(tensor));
       return;
     }
     receiver = std::move(it->second.front());

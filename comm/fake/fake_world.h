@@ -15,6 +15,7 @@
 #include "comm/store.h"
 #include "comm/types.h"
 #include "comm/work.h"
+#include "tensor/memory_stats.h"
 #include "tensor/tensor.h"
 
 namespace loom::comm {
@@ -66,6 +67,7 @@ class FakeWorld {
   const int size_;
   const std::set<int> traced_;
   mutable std::mutex mutex_;
+  MemoryTracker in_flight_;  // queued messages' copies (before sent_: it outlives them)
   std::map<Key, std::deque<Tensor>> sent_;
   std::map<Key, std::deque<PendingRecv>> waiting_;
   std::string aborted_;  // the reason, once aborted

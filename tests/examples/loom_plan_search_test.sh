@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `loom plan --search` as a user runs it: the search over 4 ranks prints its ranking and the
-# winner's job-file lines, and those lines, given to `loom_train --config`, run the job.
+# winner's job-file lines, and those lines, given to `loom_train --config`, run the job. Run
+# again, it reads every trace back from the trace cache and ranks the same; --no-search-cache
+# traces anew.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
+export LOOM_CACHE_DIR="$PWD/cache"
 
 "$train" --plan --dp 2 --tp 2 --n-layer 4 --search --search-top 3 --plan-rank-tflops 0.05 \
   --plan-link-gbps 1 >search.log 2>&1 || { cat search.log; fail "the search"; }
@@ -20,3 +23,18 @@ grep -q "^\[parallel\]" winner.toml || { cat search.log; fail "no job-file lines
   { cat winner.toml run.log; fail "the winner's job file did not run"; }
 [[ $(grep -c '"step"' run.jsonl) -eq 2 ]] || { cat run.log; fail "the winner's job did not run 2 steps"; }
 echo "ok: the search's winner ($(grep -v '^$' winner.toml | tr '\n' ' ')) runs from its job file"
+
+# Again: the traces come back from the cache, the ranking is the same.
+"$train" --plan --dp 2 --tp 2 --n-layer 4 --search --search-top 3 --plan-rank-tflops 0.05 \
+  --plan-link-gbps 1 >again.log 2>&1 || { cat again.log; fail "the search again"; }
+traced=$(sed -n "s/.* \([0-9]*\) traced (.*/\1/p" search.log)
+grep -Eq "^loom plan --search: 44 layouts of 4 ranks: [0-9]+ rejected by the job's rules, 0 traced, $traced read back from the trace cache" again.log ||
+  { cat again.log; fail "the second search did not read its $traced traces back"; }
+grep -q "^traces kept in $LOOM_CACHE_DIR/plan_traces/[0-9a-f]\{64\}$" again.log || { cat again.log; fail "no cache folder"; }
+diff <(sed -n '/^| rank/,$p' search.log) <(sed -n '/^| rank/,$p' again.log) ||
+  fail "the ranking read back from the cache differs"
+"$train" --plan --dp 2 --tp 2 --n-layer 4 --search --search-top 3 --plan-rank-tflops 0.05 \
+  --plan-link-gbps 1 --no-search-cache >fresh.log 2>&1 || { cat fresh.log; fail "--no-search-cache"; }
+grep -q "$traced traced (.*), 0 read back" fresh.log || { cat fresh.log; fail "--no-search-cache read the cache"; }
+grep -q "^traces kept in" fresh.log && fail "--no-search-cache kept traces"
+echo "ok: the second search read its $traced traces back and ranked the same"

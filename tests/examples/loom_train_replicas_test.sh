@@ -19,7 +19,9 @@ wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed ST
     [[ $s =~ ^[0-9]+$ ]] && (( s >= $2 )) && return
     sleep 0.01
   done
-  fail "no progress to step $2 in $1"
+  # What each replica and the lighthouse said, to tell a hang from a slow machine.
+  for log in */log lighthouse.log; do [[ -f $log ]] && { echo "--- $log"; tail -15 "$log"; }; done
+  fail "no progress to step $2 in $1 (at $(progress "$1"))"
 }
 
 scenario() {  # scenario NAME REPLICAS TP

@@ -1,7 +1,8 @@
 // loom plan --search on a small model and 4 ranks: every layout once, the job's own rules prune
 // what the job would reject (heads over tp, layers over the stages), the memory limit removes
 // exactly the layouts whose traced peak exceeds it, and the ranking follows the predicted step
-// time.
+// time. Traces run several at once and kept in the trace cache give the same figures as one at a
+// time and anew.
 #include "train/layout_search.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
 #include "train/plan_command.h"
@@ -87,6 +90,79 @@ TEST(LayoutSearchTest, TheMemoryLimitRemovesWhatTheTraceSaysExceedsIt) {
   const std::string text = format_layout_search(limited, options(limit));
   EXPECT_THAT(text, HasSubstr(fmt::format("{} over the memory limit", peaks.size() - within)));
   EXPECT_THAT(text, HasSubstr("The winner's job-file lines:\n\n[parallel]\ntp = "));
+}
+
+// Every figure the search ranks by, per layout.
+void expect_same_figures(const LayoutSearch& a, const LayoutSearch& b) {
+  ASSERT_EQ(a.layouts.size(), b.layouts.size());
+  for (size_t i = 0; i < a.layouts.size(); ++i) {
+    const SearchedLayout &x = a.layouts[i], &y = b.layouts[i];
+    EXPECT_EQ(x.layout, y.layout);
+    EXPECT_EQ(x.pruned, y.pruned) << x.layout;
+    EXPECT_EQ(x.traced, y.traced) << x.layout;
+    EXPECT_EQ(x.peak_bytes, y.peak_bytes) << x.layout;
+    ASSERT_EQ(x.time.has_value(), y.time.has_value()) << x.layout;
+    if (x.time) {
+      EXPECT_EQ(x.time->step_ms, y.time->step_ms) << x.layout;  // the same trace: bitwise
+      EXPECT_EQ(x.time->exposed_comm_ms, y.time->exposed_comm_ms) << x.layout;
+    }
+  }
+  EXPECT_EQ(a.ranking, b.ranking);
+}
+
+TEST(LayoutSearchTest, TracesAtOnceGiveTheFiguresOfOneAtATime) {
+  LayoutSearchOptions serial = options();
+  serial.jobs = 1;
+  LayoutSearchOptions parallel = options();
+  parallel.jobs = 3;
+  const LayoutSearch one = search_layouts(small_job(), serial);
+  const LayoutSearch three = search_layouts(small_job(), parallel);
+  EXPECT_EQ(one.jobs, 1);
+  EXPECT_EQ(three.jobs, 3);
+  expect_same_figures(one, three);
+}
+
+TEST(LayoutSearchTest, TheCacheGivesBackWhatWasTracedAndRetracesATornEntry) {
+  const std::string dir = ::testing::TempDir() + "/trace_cache";
+  std::filesystem::remove_all(dir);
+  TraceCache cache(dir);
+  LayoutSearchOptions cached = options();
+  cached.cache = &cache;
+  const LayoutSearch first = search_layouts(small_job(), cached);
+  size_t traced = 0;
+  for (const SearchedLayout& c : first.layouts) {
+    EXPECT_FALSE(c.from_cache) << c.layout;
+    traced += c.traced;
+  }
+  std::vector<std::filesystem::path> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) entries.push_back(entry);
+  ASSERT_EQ(entries.size(), traced);  // one entry per traced layout
+  EXPECT_EQ(first.cache_dir, dir);
+  EXPECT_EQ(first.cache_write_error, "");
+
+  // Again: every trace read back, the same figures.
+  const LayoutSearch second = search_layouts(small_job(), cached);
+  for (const SearchedLayout& c : second.layouts) {
+    EXPECT_EQ(c.from_cache, c.traced) << c.layout;
+    EXPECT_EQ(c.trace_s, 0) << c.layout;
+  }
+  expect_same_figures(first, second);
+  EXPECT_THAT(format_layout_search(second, cached),
+              HasSubstr(fmt::format("0 traced, {} read back from the trace cache", traced)));
+
+  // A torn entry is traced again (and rewritten); the figures do not change.
+  std::ofstream(entries.front(), std::ios::trunc) << "{\"format\": 1, \"traced\": [{\"rank";
+  const LayoutSearch third = search_layouts(small_job(), cached);
+  EXPECT_EQ(std::count_if(third.layouts.begin(), third.layouts.end(),
+                          [](const SearchedLayout& c) { return c.traced && !c.from_cache; }),
+            1);
+  expect_same_figures(first, third);
+
+  // Another model is another key: nothing read back.
+  JobConfig wider = small_job();
+  wider.n_embd = 96;  // tiny has 64
+  const LayoutSearch other = search_layouts(wider, cached);
+  for (const SearchedLayout& c : other.layouts) EXPECT_FALSE(c.from_cache) << c.layout;
 }
 
 }  // namespace
