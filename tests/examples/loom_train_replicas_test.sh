@@ -13,8 +13,10 @@ lighthouse="$(realpath "$3")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 progress() { cat "$1" 2>/dev/null || echo -1; }
-wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed STEP
-  for _ in $(seq 1 6000); do
+wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed STEP (3 min at most:
+  # a member lost mid-step costs the others a connect or collective timeout, 10 or 30 s, and a
+  # loaded machine more)
+  for _ in $(seq 1 18000); do
     s=$(progress "$1")
     [[ $s =~ ^[0-9]+$ ]] && (( s >= $2 )) && return
     sleep 0.01
