@@ -12,6 +12,7 @@
 #include "nn/auxiliary_loss.h"
 #include "nn/layers.h"
 #include "tensor/dispatch.h"
+#include "tensor/flop_counter.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
@@ -20,7 +21,8 @@ namespace {
 
 thread_local bool recomputing_now = false;
 
-// Marks this thread as recomputing for a scope (nested recomputes keep the mark).
+// Marks this thread as recomputing for a scope (nested recomputes keep the mark), for
+// in_checkpoint_recompute() and the FLOP counter (a recompute's products are not model FLOPs).
 class Recomputing {
  public:
   Recomputing() : previous_(recomputing_now) { recomputing_now = true; }
@@ -30,6 +32,7 @@ class Recomputing {
 
  private:
   bool previous_;
+  FlopCounter::RecomputeScope flops_;
 };
 
 // What a module's forward reads besides its input: each module's parameter slots, and each

@@ -4,14 +4,22 @@ namespace loom {
 
 namespace {
 thread_local FlopCounter* innermost = nullptr;
-}
+thread_local bool recomputing = false;
+}  // namespace
 
 FlopCounter::FlopCounter() : outer_(innermost) { innermost = this; }
 
 FlopCounter::~FlopCounter() { innermost = outer_; }
 
 void FlopCounter::record(int64_t flops) {
-  for (FlopCounter* c = innermost; c != nullptr; c = c->outer_) c->total_ += flops;
+  for (FlopCounter* c = innermost; c != nullptr; c = c->outer_) {
+    c->total_ += flops;
+    if (recomputing) c->recomputed_ += flops;
+  }
 }
+
+FlopCounter::RecomputeScope::RecomputeScope() : previous_(recomputing) { recomputing = true; }
+
+FlopCounter::RecomputeScope::~RecomputeScope() { recomputing = previous_; }
 
 }  // namespace loom

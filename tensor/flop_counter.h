@@ -7,6 +7,10 @@
 //   FlopCounter flops;
 //   model.forward_backward(x, y);
 //   flops.total();
+//
+// Products run again by an activation checkpoint's recompute (inside a RecomputeScope, which
+// nn/checkpoint.h opens) are counted in total() and also apart, in recomputed(): the step's
+// time needs them, its MFU does not (model FLOPs are the products of one forward and backward).
 #pragma once
 
 #include <cstdint>
@@ -21,12 +25,26 @@ class FlopCounter {
   FlopCounter& operator=(const FlopCounter&) = delete;
 
   int64_t total() const { return total_; }
+  int64_t recomputed() const { return recomputed_; }  // the part a recompute ran again
 
   // Adds `flops` to every counter open on this thread (what the ops call).
   static void record(int64_t flops);
 
+  // While alive, this thread's products are a recompute's (scopes nest).
+  class RecomputeScope {
+   public:
+    RecomputeScope();
+    ~RecomputeScope();
+    RecomputeScope(const RecomputeScope&) = delete;
+    RecomputeScope& operator=(const RecomputeScope&) = delete;
+
+   private:
+    bool previous_;
+  };
+
  private:
   int64_t total_ = 0;
+  int64_t recomputed_ = 0;
   FlopCounter* outer_;
 };
 

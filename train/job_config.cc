@@ -268,9 +268,9 @@ const std::vector<JobOption>& options() {
        "(InfiniBand between hosts)",
        &C::plan_dim_link_gbps},
       {"plan", "search",
-       "loom plan: search the layouts of the job's ranks (tp, pp, dp_shard, dp_replicate, the "
-       "pipeline's schedule and microbatches, activation checkpointing) and rank them by "
-       "predicted step time",
+       "loom plan: search the layouts of the job's ranks (tp, pp, dp_shard, dp_replicate, cp and "
+       "ep where asked, the pipeline's schedule and microbatches, activation checkpointing) and "
+       "rank them by predicted step time",
        &C::search},
       {"plan", "search_top", "loom plan --search: the layouts printed in full", &C::search_top,
        Range::kPositive},
@@ -285,6 +285,17 @@ const std::vector<JobOption>& options() {
       {"plan", "search_jobs",
        "loom plan --search: traces run at once (0: one per core of this machine)", &C::search_jobs,
        Range::kNonNegative},
+      {"plan", "search_cp",
+       "loom plan --search: also vary context parallelism (cp over the divisors; long sequences)",
+       &C::search_cp},
+      {"plan", "search_ep",
+       "loom plan --search: also vary expert parallelism for an MoE model (ep over the divisors "
+       "of dp_shard x cp)",
+       &C::search_ep},
+      {"plan", "search_bound",
+       "loom plan --search: skip the layouts whose compute alone (known from a traced layout with "
+       "the same matrix products) times their bubble cannot beat the best traced step",
+       &C::search_bound},
       {"plan", "search_cache",
        "loom plan --search: read traces back from, and keep them in, the trace cache "
        "($LOOM_CACHE_DIR or ~/.cache/loom, plan_traces/; one folder per Loom build)",

@@ -120,6 +120,9 @@ struct JobConfig {
   double search_budget_s = 0;    // stop tracing after this long (0: none)
   double search_memory_gib = 0;  // per rank (0: no limit)
   int64_t search_jobs = 0;       // traces at once (0: one per core)
+  bool search_cp = false;        // also vary context parallelism (long sequences)
+  bool search_ep = true;         // also vary expert parallelism (MoE models)
+  bool search_bound = true;      // skip layouts whose lower bound cannot beat the best
   bool search_cache = true;      // reuse and keep traces (train/trace_cache.h)
 
   // The [model] sizes as every family takes them.

@@ -6,11 +6,15 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <functional>
+#include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
 
 #include "base/error.h"
+#include "parallel/pipeline/schedules.h"
 #include "train/job_checks.h"
 #include "train/job_plan.h"
 
@@ -29,7 +33,13 @@ std::vector<int64_t> divisors(int64_t n) {
 std::string describe(const JobConfig& job) {
   std::string out = fmt::format("tp{} pp{} dp_shard{} dp_replicate{}", job.tp, job.pp, job.dp_shard,
                                 job.dp_replicate);
-  if (job.pp > 1) out += fmt::format(" {} m{}", job.schedule, job.microbatches);
+  if (job.cp > 1) out += fmt::format(" cp{}", job.cp);
+  if (job.ep > 1) out += fmt::format(" ep{}", job.ep);
+  if (job.pp > 1) {
+    out += " " + job.schedule;
+    if (job.virtual_stages > 1) out += fmt::format(" v{}", job.virtual_stages);
+    out += fmt::format(" m{}", job.microbatches);
+  }
   out += fmt::format(" ac={}", job.activation_checkpoint);
   return out;
 }
@@ -38,36 +48,53 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+struct Pipeline {
+  const char* schedule;
+  int64_t microbatches;
+  int64_t virtual_stages;
+};
+
+// With a pipeline: each schedule at pp and 2 pp microbatches (DualPipeV needs 2 pp); interleaved
+// over 2 stages per rank; the V schedules place 2 stages per rank themselves.
+std::vector<Pipeline> pipelines(int64_t pp) {
+  if (pp == 1) return {{"1f1b", 0, 1}};
+  return {{"1f1b", pp, 1},      {"1f1b", 2 * pp, 1},    {"zb-h1", pp, 1},
+          {"zb-h1", 2 * pp, 1}, {"interleaved", pp, 2}, {"interleaved", 2 * pp, 2},
+          {"zbv", pp, 1},       {"zbv", 2 * pp, 1},     {"dualpipev", 2 * pp, 1}};
+}
+
 }  // namespace
 
-std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size) {
+std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size,
+                                              const LayoutSpace& space) {
   LOOM_CHECK(world_size >= 1, "loom plan --search: needs at least 1 rank, got {}", world_size);
   std::vector<SearchedLayout> out;
   std::set<std::string> seen;
   for (int64_t tp : divisors(world_size)) {
     for (int64_t pp : divisors(world_size / tp)) {
-      const int64_t rest = world_size / (tp * pp);
-      for (int64_t dp_shard : divisors(rest)) {
-        // Pipelines: the schedules with one stage per rank, at pp and 2 pp microbatches.
-        std::vector<std::pair<std::string, int64_t>> pipelines = {{"1f1b", 0}};
-        if (pp > 1) pipelines = {{"1f1b", pp}, {"1f1b", 2 * pp}, {"zb-h1", pp}, {"zb-h1", 2 * pp}};
-        for (const auto& [schedule, microbatches] : pipelines) {
-          for (const char* checkpointing : {"none", "full"}) {
-            JobConfig job = base;
-            job.tp = tp;
-            job.pp = pp;
-            job.dp = 0;
-            job.dp_shard = dp_shard;
-            job.dp_replicate = rest / dp_shard;
-            job.cp = 1;
-            job.ep = 1;
-            job.schedule = schedule;
-            job.microbatches = microbatches;
-            job.virtual_stages = 1;
-            job.grad_accum = 1;
-            job.activation_checkpoint = checkpointing;
-            const std::string layout = describe(job);
-            if (seen.insert(layout).second) out.push_back({.job = job, .layout = layout});
+      for (int64_t cp : space.cp ? divisors(world_size / (tp * pp)) : std::vector<int64_t>{1}) {
+        const int64_t rest = world_size / (tp * pp * cp);
+        for (int64_t dp_shard : divisors(rest)) {
+          for (int64_t ep : space.ep ? divisors(dp_shard * cp) : std::vector<int64_t>{1}) {
+            for (const Pipeline& pipeline : pipelines(pp)) {
+              for (const char* checkpointing : {"none", "selective-op", "full"}) {
+                JobConfig job = base;
+                job.tp = tp;
+                job.pp = pp;
+                job.cp = cp;
+                job.dp = 0;
+                job.dp_shard = dp_shard;
+                job.dp_replicate = rest / dp_shard;
+                job.ep = ep;
+                job.schedule = pipeline.schedule;
+                job.microbatches = pipeline.microbatches;
+                job.virtual_stages = pipeline.virtual_stages;
+                job.grad_accum = 1;
+                job.activation_checkpoint = checkpointing;
+                const std::string layout = describe(job);
+                if (seen.insert(layout).second) out.push_back({.job = job, .layout = layout});
+              }
+            }
           }
         }
       }
@@ -84,8 +111,8 @@ namespace {
 std::string trace_identity(const JobConfig& candidate, const models::ModelArgs& model,
                            const LayoutSearchOptions& options, const PlanOptions& plan) {
   JobConfig job = candidate;
-  job.search = false;
-  job.search_top = 0;
+  job.search = job.search_cp = job.search_ep = job.search_bound = job.search_cache = false;
+  job.search_top = job.search_jobs = 0;
   job.search_budget_s = job.search_memory_gib = 0;
   job.plan_rank_tflops = job.plan_link_gbps = job.plan_latency_us = job.plan_peak_tflops =
       job.plan_memory_gbps = 0;
@@ -99,7 +126,7 @@ std::string trace_identity(const JobConfig& candidate, const models::ModelArgs& 
                      options.world_size, plan.max_traced_ranks);
 }
 
-// Traces one candidate (or reads its trace back) and fills in its peak and time.
+// Traces one candidate (or reads its trace back) and fills in its peak, FLOPs and time.
 void trace_candidate(SearchedLayout& candidate, const ParallelConfig& parallel,
                      const models::ModelArgs& model, const LayoutSearchOptions& options) {
   const PlanOptions plan_options{.machine = options.machine, .target = options.target};
@@ -129,6 +156,7 @@ void trace_candidate(SearchedLayout& candidate, const ParallelConfig& parallel,
   candidate.traced = true;
   for (const TracedRank& t : *traced) {
     candidate.peak_bytes = std::max(candidate.peak_bytes, t.peak_bytes);
+    candidate.max_rank_flops = std::max(candidate.max_rank_flops, t.flops);
   }
   if (options.machine) {
     candidate.time =
@@ -139,6 +167,40 @@ void trace_candidate(SearchedLayout& candidate, const ParallelConfig& parallel,
       options.memory_limit_bytes > 0 && candidate.peak_bytes > options.memory_limit_bytes;
 }
 
+// Layouts whose ranks run the same matrix products: all but the dp split and the schedule within
+// one stage placement (with MoE also the microbatches: an expert's capacity is per microbatch).
+std::string compute_class(const JobConfig& job, bool moe) {
+  const int stages =
+      pipeline::stages_per_rank_of(job.schedule, static_cast<int>(job.virtual_stages));
+  const bool v = job.pp > 1 && (job.schedule == "zbv" || job.schedule == "dualpipev");
+  return fmt::format("tp{} pp{} cp{} ep{} dp{} ac={} stages{}{}{}", job.tp, job.pp, job.cp, job.ep,
+                     job.dp_shard * job.dp_replicate, job.activation_checkpoint, stages,
+                     v ? " v" : "", moe ? fmt::format(" m{}", job.microbatches) : "");
+}
+
+// Runs `work(i)` for i in [0, n) on `jobs` threads (this one among them), each taking the next;
+// rethrows the first exception that is not a loom::Error's (those are the layout's).
+void run_on_threads(int jobs, size_t n, const std::function<void(size_t)>& work) {
+  std::atomic<size_t> next{0};
+  std::mutex failure_mutex;
+  std::exception_ptr failure;
+  const auto worker = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        work(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int w = 1; w < jobs; ++w) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& options) {
@@ -146,50 +208,103 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
   // The model (and the data, paths, ...) are the base job's whatever the layout: checked once.
   const CheckedJob checked = check_job(base);
   const models::ModelArgs& model = *checked.model.args;
-  LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size)};
-  // The job's own layout rules first (no trace, cheap): what the job itself would reject.
+  const bool moe = model.fields().contains("moe");
+  LayoutSpace space = options.space;
+  space.ep = space.ep && moe;  // a dense model has no experts to split
+  LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size, space)};
+  // The job's own layout rules first (no trace, cheap): what the job itself would reject; and
+  // the model states each rank would hold, from shapes.
   std::vector<std::pair<size_t, ParallelConfig>> to_trace;
   for (size_t i = 0; i < search.layouts.size(); ++i) {
     SearchedLayout& candidate = search.layouts[i];
     try {
       ParallelConfig parallel = parallel_config(candidate.job);
-      plan_job(model, parallel, candidate.job.batch_size, candidate.job.seq_len,
-               PlanOptions{.trace = false, .target = options.target});
+      const JobPlan sized =
+          plan_job(model, parallel, candidate.job.batch_size, candidate.job.seq_len,
+                   PlanOptions{.trace = false, .target = options.target});
+      for (const RankModelStates& rank : sized.ranks) {
+        candidate.model_state_bytes = std::max(candidate.model_state_bytes, rank.total_bytes());
+      }
+      if (options.memory_limit_bytes > 0 &&
+          candidate.model_state_bytes > options.memory_limit_bytes) {
+        candidate.over_limit = true;
+        candidate.not_traced =
+            fmt::format("its model states alone, {:.1f} MiB per rank, exceed the limit",
+                        candidate.model_state_bytes / 1048576.0);
+        continue;
+      }
       to_trace.emplace_back(i, std::move(parallel));
     } catch (const Error& e) {
       candidate.pruned = e.what();
     }
   }
-  // Then the traces, several at once: each worker takes the next candidate until none is left
-  // or the budget has run out.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   search.jobs = static_cast<int>(
       std::min<size_t>(options.jobs > 0 ? static_cast<size_t>(options.jobs) : cores,
                        std::max<size_t>(1, to_trace.size())));
-  std::atomic<size_t> next{0};
   std::atomic<bool> budget_ran_out{false};
-  std::mutex failure_mutex;
-  std::exception_ptr failure;  // anything but a loom::Error: not the layout's fault
-  const auto work = [&] {
-    for (size_t n; (n = next.fetch_add(1)) < to_trace.size();) {
-      if (options.budget_s > 0 && seconds_since(start) > options.budget_s) {
-        budget_ran_out = true;
-        continue;  // the rest are counted as untraced
-      }
-      auto& [index, parallel] = to_trace[n];
-      try {
-        trace_candidate(search.layouts[index], parallel, model, options);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
+  const auto trace = [&](const std::pair<size_t, ParallelConfig>& item) {
+    if (options.budget_s > 0 && seconds_since(start) > options.budget_s) {
+      budget_ran_out = true;
+      return;  // counted as untraced
+    }
+    trace_candidate(search.layouts[item.first], item.second, model, options);
+  };
+  const bool bound = options.bound && options.machine.has_value();
+  if (!bound) {
+    run_on_threads(search.jobs, to_trace.size(), [&](size_t n) { trace(to_trace[n]); });
+  } else {
+    // One layout of each compute class first (the most sharded: the likeliest to fit) ...
+    std::map<std::string, size_t> representative;  // class -> index in to_trace
+    for (size_t n = 0; n < to_trace.size(); ++n) {
+      const JobConfig& job = search.layouts[to_trace[n].first].job;
+      auto [it, inserted] = representative.emplace(compute_class(job, moe), n);
+      if (!inserted && job.dp_shard > search.layouts[to_trace[it->second].first].job.dp_shard) {
+        it->second = n;
       }
     }
-  };
-  std::vector<std::thread> workers;
-  for (int w = 1; w < search.jobs; ++w) workers.emplace_back(work);
-  work();
-  for (std::thread& worker : workers) worker.join();
-  if (failure) std::rethrow_exception(failure);
+    std::vector<size_t> first;
+    for (const auto& [cls, n] : representative) first.push_back(n);
+    run_on_threads(search.jobs, first.size(), [&](size_t k) { trace(to_trace[first[k]]); });
+    // ... then the others in order of their bound, while it can beat the best within the limit:
+    // in rounds of `jobs` layouts, each round deciding on the best of the rounds before, so what
+    // is traced depends on the traces' results only, never on which thread finished first.
+    double best_ms = std::numeric_limits<double>::infinity();
+    const auto consider = [&](const SearchedLayout& c) {
+      if (c.traced && !c.over_limit && c.time) best_ms = std::min(best_ms, c.time->step_ms);
+    };
+    for (size_t n : first) consider(search.layouts[to_trace[n].first]);
+    std::vector<std::pair<double, size_t>> rest;  // (bound, index in to_trace)
+    const std::set<size_t> traced_first(first.begin(), first.end());
+    for (size_t n = 0; n < to_trace.size(); ++n) {
+      if (traced_first.count(n) > 0) continue;
+      SearchedLayout& c = search.layouts[to_trace[n].first];
+      const SearchedLayout& rep =
+          search.layouts[to_trace[representative.at(compute_class(c.job, moe))].first];
+      if (rep.traced) {
+        c.lower_bound_ms = 1e3 * pipeline_bubble(to_trace[n].second) *
+                           static_cast<double>(rep.max_rank_flops) /
+                           options.machine->rank_flops_per_s;
+      }
+      rest.emplace_back(c.lower_bound_ms, n);
+    }
+    std::sort(rest.begin(), rest.end());
+    for (size_t begin = 0; begin < rest.size();) {
+      std::vector<size_t> round;  // indices in to_trace
+      for (; begin < rest.size() && round.size() < static_cast<size_t>(search.jobs); ++begin) {
+        SearchedLayout& c = search.layouts[to_trace[rest[begin].second].first];
+        if (c.lower_bound_ms > best_ms) {  // a tie is traced: the ranking breaks it by order
+          c.not_traced = fmt::format(
+              "its compute alone, {:.1f} ms with the bubble, cannot beat the best's {:.1f} ms",
+              c.lower_bound_ms, best_ms);
+          continue;
+        }
+        round.push_back(rest[begin].second);
+      }
+      run_on_threads(search.jobs, round.size(), [&](size_t k) { trace(to_trace[round[k]]); });
+      for (size_t n : round) consider(search.layouts[to_trace[n].first]);
+    }
+  }
   search.budget_ran_out = budget_ran_out;
   if (options.cache != nullptr) {
     search.cache_dir = options.cache->dir();
@@ -209,27 +324,33 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
 }
 
 std::string format_layout_search(const LayoutSearch& search, const LayoutSearchOptions& options) {
-  int pruned = 0, traced = 0, reused = 0, over = 0;
+  int pruned = 0, traced = 0, reused = 0, over = 0, states_over = 0, bounded = 0;
   double trace_s = 0;
   for (const SearchedLayout& c : search.layouts) {
     pruned += !c.pruned.empty();
     traced += c.traced && !c.from_cache;
     reused += c.from_cache;
     over += c.over_limit;
+    states_over += c.over_limit && !c.traced;
+    bounded += !c.traced && !c.over_limit && !c.not_traced.empty();
     trace_s += c.trace_s;
   }
   std::string out = fmt::format(
-      "loom plan --search: {} layouts of {} ranks: {} rejected by the job's rules, {} traced{}, "
-      "{} read back from the trace cache, {} over the memory limit{}; {:.1f} s in all{}\n",
-      search.layouts.size(), options.world_size, pruned, traced,
-      traced > 0 ? fmt::format(" ({:.0f} ms each on average, {} at once)", 1000 * trace_s / traced,
-                               search.jobs)
-                 : std::string(),
-      reused, over,
+      "loom plan --search: {} layouts of {} ranks: {} rejected by the job's rules, {} over the "
+      "memory limit{}{}, {} that could not beat the best (their compute alone, from a traced "
+      "layout of the same products), {} traced{}, {} read back from the trace cache; {:.1f} s in "
+      "all{}\n",
+      search.layouts.size(), options.world_size, pruned, over,
       options.memory_limit_bytes > 0
           ? fmt::format(" of {:.1f} MiB per rank", options.memory_limit_bytes / 1048576.0)
           : std::string(),
-      search.seconds,
+      states_over > 0 ? fmt::format(" ({} by their model states alone, not traced)", states_over)
+                      : std::string(),
+      bounded, traced,
+      traced > 0 ? fmt::format(" ({:.0f} ms each on average, {} at once)", 1000 * trace_s / traced,
+                               search.jobs)
+                 : std::string(),
+      reused, search.seconds,
       search.budget_ran_out
           ? " (the budget ran out: some were not traced; run again to go on from the cache)"
           : "");
@@ -275,9 +396,14 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
       "\nThe winner's job-file lines:\n\n[parallel]\ntp = {}\npp = {}\ndp_replicate = {}\n"
       "dp_shard = {}\n",
       best.job.tp, best.job.pp, best.job.dp_replicate, best.job.dp_shard);
+  if (best.job.cp > 1) out += fmt::format("cp = {}\n", best.job.cp);
+  if (best.job.ep > 1) out += fmt::format("ep = {}\n", best.job.ep);
   if (best.job.pp > 1) {
     out += fmt::format("schedule = \"{}\"\nmicrobatches = {}\n", best.job.schedule,
                        best.job.microbatches);
+    if (best.job.virtual_stages > 1) {
+      out += fmt::format("virtual_stages = {}\n", best.job.virtual_stages);
+    }
   }
   out +=
       fmt::format("\n[training]\nactivation_checkpoint = \"{}\"\n", best.job.activation_checkpoint);

@@ -105,6 +105,8 @@ std::string search_report(const JobConfig& job) {
                     ? Device::cpu()
                     : Device::cuda()};
   options.jobs = static_cast<int>(job.search_jobs);
+  options.space = {.cp = job.search_cp, .ep = job.search_ep};
+  options.bound = job.search_bound;
   TraceCache cache = job.search_cache ? TraceCache::for_this_binary() : TraceCache();
   if (job.search_cache) options.cache = &cache;
   std::string missing;

@@ -198,6 +198,16 @@ std::optional<nlohmann::json> load_calibration() {
   }
 }
 
+double pipeline_bubble(const ParallelConfig& parallel) {
+  if (parallel.dims.pp == 1) return 1;
+  // The job's own schedule on a timeline: B twice F, half of it the weights' (Qi et al.'s
+  // F = I = W), so every schedule's bubble, the split ones' included, comes the same way.
+  const pipeline::Schedule schedule =
+      pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(parallel.dims.pp),
+                                 parallel.microbatches(), parallel.pipeline.virtual_stages);
+  return 1.0 / (1.0 - pipeline::simulated_idle_share(schedule, 1.0, 2.0, 1.0));
+}
+
 StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
                                     const ParallelConfig& parallel, int64_t tokens,
                                     int64_t world_size, const MachineModel& machine) {
@@ -234,17 +244,10 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
       slowest = compute + exposed;
       out.compute_ms = 1e3 * compute;
       out.exposed_comm_ms = 1e3 * exposed;
-      flops_of_slowest = rank.flops;
+      flops_of_slowest = rank.flops - rank.recompute_flops;  // model FLOPs: MFU's numerator
     }
   }
-  if (parallel.dims.pp > 1) {
-    // The job's own schedule on a timeline: B twice F, half of it the weights' (Qi et al.'s
-    // F = I = W), so every schedule's bubble, the split ones' included, comes the same way.
-    const pipeline::Schedule schedule =
-        pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(parallel.dims.pp),
-                                   parallel.microbatches(), parallel.pipeline.virtual_stages);
-    out.bubble = 1.0 / (1.0 - pipeline::simulated_idle_share(schedule, 1.0, 2.0, 1.0));
-  }
+  out.bubble = pipeline_bubble(parallel);
   out.step_ms = (out.compute_ms + out.exposed_comm_ms) * out.bubble;
   out.tokens_per_s = out.step_ms > 0 ? static_cast<double>(tokens) / (out.step_ms / 1e3) : 0;
   if (machine.peak_flops_per_s > 0 && out.step_ms > 0) {

@@ -65,13 +65,19 @@ std::string calibration_path();
 // The stored calibration, or nullopt when there is none.
 std::optional<nlohmann::json> load_calibration();
 
+// The pipeline's factor on a rank's time: 1 / (1 - the idle share of the job's own schedule on a
+// timeline with B twice F, half of it the weights'); 1 without a pipeline.
+double pipeline_bubble(const ParallelConfig& parallel);
+
 struct StepTimeEstimate {
   double compute_ms = 0;       // the slowest rank's
   double exposed_comm_ms = 0;  // the slowest rank's
   double bubble = 1;           // the schedule's factor (1 without a pipeline)
   double step_ms = 0;
   double tokens_per_s = 0;
-  double mfu = 0;  // model FLOP/s over peak, when the peak is known
+  // Model FLOP/s (the slowest rank's products less what activation checkpointing recomputed)
+  // over peak, when the peak is known.
+  double mfu = 0;
 };
 
 // The step time of `traced` (the plan's traced ranks) under `parallel`, for a global batch of

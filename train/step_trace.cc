@@ -88,6 +88,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     out.step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     out.flops = flops.total();
+    out.recompute_flops = flops.recomputed();
     out.allocations = memory.stats().allocations - before.allocations;
     out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
     out.peak_bytes = memory.stats().peak_bytes;

@@ -45,6 +45,7 @@ struct TracedRank {
   // built on the meta device, the whole stage first when not.
   int64_t construction_peak_bytes = 0;
   int64_t flops = 0;            // matrix-product FLOPs of one step
+  int64_t recompute_flops = 0;  // the part activation checkpointing ran again (not model FLOPs)
   int64_t allocations = 0;      // storage allocations of one step (about one per op output)
   int64_t allocated_bytes = 0;  // their bytes: what the step's ops wrote
   double step_ms = 0;           // the step's wall time (meaningful on real groups only)

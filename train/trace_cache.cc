@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormat = 1;  // bump when TracedRank's stored fields change
+constexpr int kFormat = 2;  // bump when TracedRank's stored fields change
 
 // The running binary's SHA-256 (what its code is), read once.
 const std::string& this_binary_sha256() {
@@ -48,6 +48,7 @@ nlohmann::json to_json(const TracedRank& t) {
           {"peak_bytes", t.peak_bytes},
           {"construction_peak_bytes", t.construction_peak_bytes},
           {"flops", t.flops},
+          {"recompute_flops", t.recompute_flops},
           {"allocations", t.allocations},
           {"allocated_bytes", t.allocated_bytes},
           {"step_ms", t.step_ms},
@@ -65,6 +66,7 @@ TracedRank from_json(const nlohmann::json& j) {
   j.at("peak_bytes").get_to(t.peak_bytes);
   j.at("construction_peak_bytes").get_to(t.construction_peak_bytes);
   j.at("flops").get_to(t.flops);
+  j.at("recompute_flops").get_to(t.recompute_flops);
   j.at("allocations").get_to(t.allocations);
   j.at("allocated_bytes").get_to(t.allocated_bytes);
   j.at("step_ms").get_to(t.step_ms);

@@ -171,6 +171,27 @@ TEST(JobPlan, RolesGroupIdenticalRanks) {
   EXPECT_NE(text.find("| 0-3 | 0 |"), std::string::npos) << text;
 }
 
+// Activation checkpointing's recompute runs products again: they count in the step's FLOPs (its
+// time) and apart as recompute FLOPs, so the model FLOPs (MFU's numerator) are the same whatever
+// the checkpointing.
+TEST(JobPlan, RecomputeFlopsAreCountedApart) {
+  std::map<std::string, TracedRank> traced;
+  for (const char* mode : {"none", "selective-op", "full"}) {
+    const ParallelConfig parallel{
+        .dims = {.tp = 2},
+        .activation_checkpoint = parallel::ActivationCheckpointing::parse(mode, "test")};
+    const JobPlan plan =
+        plan_job(*models::gpt_args(config()), parallel, kBatch, kSeq, {.target = Device::cpu()});
+    traced[mode] = plan.traced.front();
+  }
+  EXPECT_EQ(traced["none"].recompute_flops, 0);
+  EXPECT_GT(traced["full"].recompute_flops, traced["selective-op"].recompute_flops);
+  EXPECT_GT(traced["selective-op"].recompute_flops, 0);  // its norms are not products, its MLP's
+  for (const char* mode : {"selective-op", "full"}) {
+    EXPECT_EQ(traced[mode].flops - traced[mode].recompute_flops, traced["none"].flops) << mode;
+  }
+}
+
 TEST(JobPlan, BadLayoutsFailAsTheJobWould) {
   EXPECT_NE(error_of([] {
               plan_job(*models::gpt_args(config()), {.dims = {.tp = 4}}, kBatch, kSeq);

@@ -31,9 +31,10 @@ JobConfig small_job() {
   return job;
 }
 
-LayoutSearchOptions options(int64_t memory_limit = 0) {
+// Every layout traced (no bound) unless `bound`.
+LayoutSearchOptions options(int64_t memory_limit = 0, bool bound = false) {
   LayoutSearchOptions out{
-      .world_size = 4, .memory_limit_bytes = memory_limit, .target = Device::cpu()};
+      .world_size = 4, .memory_limit_bytes = memory_limit, .target = Device::cpu(), .bound = bound};
   JobConfig job = small_job();
   job.plan_rank_tflops = 0.05;
   job.plan_link_gbps = 1;
@@ -44,18 +45,21 @@ LayoutSearchOptions options(int64_t memory_limit = 0) {
 
 TEST(LayoutSearchTest, EveryLayoutOnceAndTheJobsRulesPrune) {
   const LayoutSearch search = search_layouts(small_job(), options());
-  // tp x pp x dp_shard x dp_replicate = 4 in 10 ways; without a pipeline 2 variants
-  // (checkpointing), with one 8 (2 schedules x 2 microbatch counts x 2).
-  ASSERT_EQ(search.layouts.size(), 6u * 2 + 3 * 8 + 1 * 8);
+  // tp x pp x dp_shard x dp_replicate = 4 in 10 ways; 3 checkpointing modes each; with a
+  // pipeline 9 schedules (1F1B, ZB-H1, interleaved and ZBV at 2 microbatch counts, DualPipeV).
+  ASSERT_EQ(search.layouts.size(), 6u * 3 + 3 * 9 * 3 + 1 * 9 * 3);
   std::set<std::string> seen;
   for (const SearchedLayout& c : search.layouts) {
     EXPECT_TRUE(seen.insert(c.layout).second) << c.layout << " twice";
-    const bool rejected = c.job.tp == 4 || c.job.pp == 4;
+    // Two stages per rank (interleaved, the V's) on pp 2 are 4 stages for 2 layers.
+    const bool two_stages =
+        c.job.schedule == "interleaved" || c.job.schedule == "zbv" || c.job.schedule == "dualpipev";
+    const bool rejected = c.job.tp == 4 || c.job.pp == 4 || (c.job.pp == 2 && two_stages);
     EXPECT_EQ(!c.pruned.empty(), rejected) << c.layout << ": " << c.pruned;
     EXPECT_EQ(c.traced, !rejected) << c.layout;
     if (c.job.tp == 4) {
       EXPECT_THAT(c.pruned, HasSubstr("n_head=2 is not divisible by the tp mesh size 4"));
-    } else if (c.job.pp == 4) {
+    } else if (rejected) {
       EXPECT_THAT(c.pruned, HasSubstr("the model has 2 layers")) << c.layout;
     }
   }
@@ -67,6 +71,66 @@ TEST(LayoutSearchTest, EveryLayoutOnceAndTheJobsRulesPrune) {
     EXPECT_LE(search.layouts[search.ranking[r - 1]].time->step_ms,
               search.layouts[search.ranking[r]].time->step_ms);
   }
+}
+
+TEST(LayoutSearchTest, TheBoundSkipsOnlyLayoutsThatCannotWin) {
+  const LayoutSearch all = search_layouts(small_job(), options());
+  const LayoutSearch bounded = search_layouts(small_job(), options(0, /*bound=*/true));
+  ASSERT_EQ(all.layouts.size(), bounded.layouts.size());
+  ASSERT_FALSE(bounded.ranking.empty());
+  // The same winner, at the same predicted time.
+  const SearchedLayout& winner = bounded.layouts[bounded.ranking.front()];
+  EXPECT_EQ(winner.layout, all.layouts[all.ranking.front()].layout);
+  EXPECT_EQ(winner.time->step_ms, all.layouts[all.ranking.front()].time->step_ms);
+  int skipped = 0;
+  for (size_t i = 0; i < all.layouts.size(); ++i) {
+    const SearchedLayout &b = bounded.layouts[i], &a = all.layouts[i];
+    if (!a.traced) continue;
+    // Every bound is below (or at) the layout's predicted step: it is a lower bound.
+    if (b.lower_bound_ms > 0) EXPECT_LE(b.lower_bound_ms, a.time->step_ms) << a.layout;
+    if (b.traced) {
+      EXPECT_EQ(b.time->step_ms, a.time->step_ms) << a.layout;
+      continue;
+    }
+    // Skipped: its bound is at least the winner's step, so it could not have won.
+    ++skipped;
+    EXPECT_GE(b.lower_bound_ms, winner.time->step_ms) << a.layout;
+    EXPECT_GE(a.time->step_ms, winner.time->step_ms) << a.layout;
+    EXPECT_THAT(b.not_traced, HasSubstr("cannot beat the best")) << a.layout;
+  }
+  EXPECT_GT(skipped, 0);  // on this model the bubble's bound rules some pipelines out
+  EXPECT_THAT(format_layout_search(bounded, options(0, true)),
+              HasSubstr(fmt::format("{} that could not beat the best", skipped)));
+}
+
+TEST(LayoutSearchTest, ModelStatesOverTheLimitAreDroppedUntraced) {
+  const LayoutSearch all = search_layouts(small_job(), options());
+  std::vector<int64_t> states;
+  for (const SearchedLayout& c : all.layouts) {
+    if (!c.traced) continue;
+    EXPECT_GT(c.model_state_bytes, 0) << c.layout;
+    // The states are a lower bound of the traced peak (parameters, gradients and the moments
+    // are all alive at the optimizer step).
+    EXPECT_GE(c.peak_bytes, c.model_state_bytes) << c.layout;
+    states.push_back(c.model_state_bytes);
+  }
+  std::sort(states.begin(), states.end());
+  const int64_t limit = states.back() - 1;  // the most replicated layouts' states exceed it
+  const LayoutSearch limited = search_layouts(small_job(), options(limit));
+  int dropped = 0;
+  for (const SearchedLayout& c : limited.layouts) {
+    if (!c.pruned.empty()) continue;
+    const bool states_over = c.model_state_bytes > limit;
+    EXPECT_EQ(c.traced, !states_over) << c.layout;
+    if (states_over) {
+      ++dropped;
+      EXPECT_TRUE(c.over_limit) << c.layout;
+      EXPECT_THAT(c.not_traced, HasSubstr("its model states alone")) << c.layout;
+    }
+  }
+  EXPECT_GT(dropped, 0);
+  EXPECT_THAT(format_layout_search(limited, options(limit)),
+              HasSubstr(fmt::format("({} by their model states alone, not traced)", dropped)));
 }
 
 TEST(LayoutSearchTest, TheMemoryLimitRemovesWhatTheTraceSaysExceedsIt) {

@@ -17,12 +17,23 @@ trap 'rm -rf "$work"' EXIT
 export LOOM_CACHE_DIR="$work/cache"
 "$B" --plan --calibrate >/dev/null 2>&1
 # The search, every ranked layout printed.
-"$B" --plan --model "$model" --dp "$ranks" --tp 1 --search --search-top 1000 --device cpu \
+"$B" --plan --model "$model" --dp "$ranks" --tp 1 --search --search-top 1000 --no-search-bound --device cpu \
   "${extra[@]}" >"$work/search.log" 2>&1
 head -1 "$work/search.log"
-flags() {  # "tp2 pp2 dp_shard1 dp_replicate1 1f1b m4 ac=full" -> loom_train flags
-  echo "$1" | sed -E 's/tp([0-9]+) pp([0-9]+) dp_shard([0-9]+) dp_replicate([0-9]+)/--tp \1 --pp \2 --dp-shard \3 --dp-replicate \4 --dp 0/;
-    s/ (1f1b|zb-h1) m([0-9]+)/ --schedule \1 --microbatches \2/; s/ ac=([a-z]+)/ --activation-checkpoint \1/'
+flags() {  # "tp2 pp2 dp_shard1 dp_replicate1 [cp2] [ep2] interleaved v2 m4 ac=full" -> loom_train flags
+  local out=(--dp 0)
+  for word in $1; do
+    case $word in
+      tp*|pp*|cp*|ep*) out+=("--${word:0:2}" "${word:2}") ;;
+      dp_shard*) out+=(--dp-shard "${word#dp_shard}") ;;
+      dp_replicate*) out+=(--dp-replicate "${word#dp_replicate}") ;;
+      v[0-9]*) out+=(--virtual-stages "${word#v}") ;;
+      m[0-9]*) out+=(--microbatches "${word#m}") ;;
+      ac=*) out+=(--activation-checkpoint "${word#ac=}") ;;
+      *) out+=(--schedule "$word") ;;
+    esac
+  done
+  echo "${out[@]}"
 }
 echo "| predicted rank | layout | predicted ms | measured ms |"
 echo "|---:|---|---:|---:|"
