@@ -391,6 +391,25 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
                           why, c.time->step_ms - best.time->step_ms);
     }
     if (!lost.empty()) out += "\nThe next ones:\n" + lost;
+    // Faster than the winner but over the memory limit: what memory cost.
+    std::vector<const SearchedLayout*> faster;
+    for (const SearchedLayout& c : search.layouts) {
+      if (c.traced && c.over_limit && c.time && c.time->step_ms < best.time->step_ms) {
+        faster.push_back(&c);
+      }
+    }
+    std::sort(faster.begin(), faster.end(), [](const SearchedLayout* a, const SearchedLayout* b) {
+      return a->time->step_ms < b->time->step_ms;
+    });
+    std::string over;
+    for (size_t i = 0; i < std::min<size_t>(faster.size(), 3); ++i) {
+      over += fmt::format("  {}: {:.1f} ms, lost on memory ({:.1f} MiB per rank at its peak)\n",
+                          faster[i]->layout, faster[i]->time->step_ms,
+                          faster[i]->peak_bytes / 1048576.0);
+    }
+    if (!over.empty()) {
+      out += fmt::format("\nFaster, over the memory limit ({} in all):\n{}", faster.size(), over);
+    }
   }
   out += fmt::format(
       "\nThe winner's job-file lines:\n\n[parallel]\ntp = {}\npp = {}\ndp_replicate = {}\n"

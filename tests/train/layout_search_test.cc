@@ -154,6 +154,17 @@ TEST(LayoutSearchTest, TheMemoryLimitRemovesWhatTheTraceSaysExceedsIt) {
   const std::string text = format_layout_search(limited, options(limit));
   EXPECT_THAT(text, HasSubstr(fmt::format("{} over the memory limit", peaks.size() - within)));
   EXPECT_THAT(text, HasSubstr("The winner's job-file lines:\n\n[parallel]\ntp = "));
+  // The layouts over the limit that the unlimited search ranks above the limited winner are
+  // named as lost on memory.
+  const double winner_ms = limited.layouts[limited.ranking.front()].time->step_ms;
+  size_t faster_over = 0;
+  for (const SearchedLayout& c : limited.layouts) {
+    faster_over += c.traced && c.over_limit && c.time->step_ms < winner_ms;
+  }
+  EXPECT_GT(faster_over, 0u);  // at the median peak, faster layouts do not fit
+  EXPECT_THAT(text,
+              HasSubstr(fmt::format("Faster, over the memory limit ({} in all):", faster_over)));
+  EXPECT_THAT(text, HasSubstr("lost on memory ("));
 }
 
 // Every figure the search ranks by, per layout.
