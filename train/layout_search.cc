@@ -219,6 +219,8 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
     SearchedLayout& candidate = search.layouts[i];
     try {
       ParallelConfig parallel = parallel_config(candidate.job);
+      // Every stage needs a block: checked before a schedule of that many ranks is built.
+      parallel.stage_ranges(model.n_layers());
       const JobPlan sized =
           plan_job(model, parallel, candidate.job.batch_size, candidate.job.seq_len,
                    PlanOptions{.trace = false, .target = options.target});

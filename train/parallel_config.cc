@@ -67,10 +67,10 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
 
 std::vector<pipeline::StageRange> ParallelConfig::stage_ranges(int64_t n_layers) const {
   if (dims.pp == 1) return {pipeline::StageRange::whole(n_layers)};
-  const int stages =
-      ::loom::pipeline::schedule_by_name(pipeline.schedule, static_cast<int>(dims.pp),
-                                         microbatches(), pipeline.virtual_stages)
-          .num_stages;
+  // The schedule's stages without building it (validate() has checked it builds): a pipeline
+  // of more stages than layers is refused before any schedule of its size is made.
+  const int stages = static_cast<int>(dims.pp) * ::loom::pipeline::stages_per_rank_of(
+                                                     pipeline.schedule, pipeline.virtual_stages);
   LOOM_CHECK(!pipeline.layers_per_stage.empty() || n_layers >= stages,
              "ParallelConfig: pp {} under schedule {} has {} stages ({} per rank), but the model "
              "has {} layers; each stage needs at least one (fewer pp ranks, or a schedule with "

@@ -1,3 +1,9 @@
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
 #include "base/error.h"
 #include "parallel/pipeline/schedules.h"
 
@@ -11,8 +17,10 @@ int stages_per_rank_of(const std::string& name, int virtual_stages) {
   return is_v(name) ? 2 : virtual_stages;  // the others: as given (schedule_by_name checks it)
 }
 
-Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
-                          int stages_per_rank) {
+namespace {
+
+Schedule build_schedule(const std::string& name, int num_ranks, int num_microbatches,
+                        int stages_per_rank) {
   if (name == "interleaved")
     return interleaved_one_f_one_b_schedule(num_ranks, num_microbatches, stages_per_rank);
   if (is_v(name)) {
@@ -34,6 +42,36 @@ Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microb
   if (name == "zb-h1") return zb_h1_schedule(num_ranks, num_microbatches);
   return name == "gpipe" ? gpipe_schedule(num_ranks, num_microbatches)
                          : one_f_one_b_schedule(num_ranks, num_microbatches);
+}
+
+}  // namespace
+
+// A schedule is a pure function of its name and sizes, and a job builds the same one several
+// times (its checks, the plan, the executor; `loom plan --search` once per layout): the recent
+// ones are kept. Failures are not kept (they throw before building anything).
+Schedule schedule_by_name(const std::string& name, int num_ranks, int num_microbatches,
+                          int stages_per_rank) {
+  using Key = std::tuple<std::string, int, int, int>;
+  static std::mutex mutex;
+  static std::map<Key, std::shared_ptr<const Schedule>> recent;
+  static std::deque<Key> order;  // oldest first
+  constexpr size_t kKept = 64;
+  const Key key{name, num_ranks, num_microbatches, stages_per_rank};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = recent.find(key); it != recent.end()) return *it->second;
+  }
+  auto built = std::make_shared<const Schedule>(
+      build_schedule(name, num_ranks, num_microbatches, stages_per_rank));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (recent.emplace(key, built).second) {
+    order.push_back(key);
+    if (order.size() > kKept) {
+      recent.erase(order.front());
+      order.pop_front();
+    }
+  }
+  return *built;
 }
 
 }  // namespace loom::pipeline
