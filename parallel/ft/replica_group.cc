@@ -78,28 +78,45 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
   const std::string prefix = step_prefix(step, attempt);
   store_->set(prefix + "join/" + std::to_string(replica_), std::to_string(state_step));
   const std::string decided = prefix + "members";
-  if (store_->add(prefix + "decider", 1) == 1) {
-    // The decider: everyone, or whoever came within the join window.
-    const auto deadline = std::chrono::steady_clock::now() + options_.join_window;
+  // Who joined so far, ascending.
+  const auto joined = [&] {
     std::vector<std::pair<int, int64_t>> members;
-    for (;;) {
-      members.clear();
-      for (int r = 0; r < max_replicas_; ++r) {
-        const std::string join = prefix + "join/" + std::to_string(r);
-        if (store_->check({join})) members.emplace_back(r, std::stoll(store_->get_string(join)));
-      }
-      if (static_cast<int>(members.size()) == max_replicas_ ||
-          std::chrono::steady_clock::now() >= deadline) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (int r = 0; r < max_replicas_; ++r) {
+      const std::string join = prefix + "join/" + std::to_string(r);
+      if (store_->check({join})) members.emplace_back(r, std::stoll(store_->get_string(join)));
     }
+    return members;
+  };
+  // The members are written once: by whoever claims the publication first (an atomic add), so a
+  // decider that was slow and one that took over never publish two lists.
+  const auto publish = [&](const std::vector<std::pair<int, int64_t>>& members) {
+    if (store_->add(prefix + "published", 1) != 1) return;
     store_->set(decided, encode_members(members));
     // For replicas joining later: the latest decided step (add keeps the max without a race
     // only when steps grow, which they do).
     const std::string latest = "ft/latest";
     const int64_t known = store_->add(latest, 0);
     if (step > known) store_->add(latest, step - known);
+  };
+  if (store_->add(prefix + "decider", 1) == 1) {
+    // The decider: everyone, or whoever came within the join window.
+    const auto deadline = std::chrono::steady_clock::now() + options_.join_window;
+    std::vector<std::pair<int, int64_t>> members = joined();
+    while (static_cast<int>(members.size()) < max_replicas_ &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      members = joined();
+    }
+    publish(members);
+  } else {
+    // A decider killed during its join window would leave the others waiting out the timeout
+    // and failing: past the window and a grace, any of them publishes who joined (the dead one
+    // among them: its group fails to form and the next attempt goes on without it).
+    try {
+      store_->wait({decided}, options_.join_window + options_.decider_grace);
+    } catch (const Error&) {
+      publish(joined());
+    }
   }
   try {
     store_->wait({decided}, options_.timeout);

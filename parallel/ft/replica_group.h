@@ -17,8 +17,10 @@
 // Quorum (start_step): every replica that reaches a step (attempt) writes its join key with the
 // step its state is at; the first to arrive decides — it waits until every replica joined or
 // Options::join_window passed, then publishes the members (ascending) — and everyone reads the
-// same list. A replica that is gone costs the others one join window per step. A member that
-// fails during the step's average makes the others' average fail: they start the step again
+// same list. A replica that is gone costs the others one join window per step; a decider that
+// dies before publishing costs them the window and Options::decider_grace, after which one of
+// them publishes (the list is written once: the first to claim it with an atomic add). A member
+// that fails during the step's average makes the others' average fail: they start the step again
 // (attempt + 1) from the gradients they kept, in a quorum without it.
 //
 // Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same
@@ -63,6 +65,9 @@ struct ReplicaGroupOptions {
   comm::Duration join_window =
       std::chrono::milliseconds(500);                 // how long a quorum waits for replicas
   comm::Duration timeout = std::chrono::seconds(30);  // every wait and operation
+  // How long past the join window the others wait for the decider before one of them publishes
+  // the members itself (a decider that died before publishing).
+  comm::Duration decider_grace = std::chrono::seconds(2);
   // How long a new members' group waits for them all to connect: a member that died after
   // joining the quorum fails the attempt after it (the next attempt goes on without it).
   comm::Duration connect_timeout = std::chrono::seconds(10);

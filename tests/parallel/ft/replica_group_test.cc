@@ -176,5 +176,40 @@ TEST(ReplicaGroupTest, ALostQuorumStoreIsNamed) {
   }
 }
 
+// The decider of a step's quorum dies in its join window (it joined and claimed the decision, then
+// never published): the others publish after the window and the grace, all read the same members
+// (the dead one among them: its group then fails to form), and nobody waits out the timeout.
+TEST(ReplicaGroupTest, ADeciderThatDiesBeforePublishingIsReplaced) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  store->set("ft/step4/attempt0/join/2", std::string("4"));
+  ASSERT_EQ(store->add("ft/step4/attempt0/decider", 1), 1);  // replica 2 decides, then dies
+  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100),
+                                    .timeout = std::chrono::seconds(20),
+                                    .decider_grace = std::chrono::milliseconds(200),
+                                    .connect_timeout = std::chrono::milliseconds(300)};
+  std::vector<StepQuorum> quorums(2);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> replicas;
+  for (int r = 0; r < 2; ++r) {
+    replicas.emplace_back([&, r] {
+      ReplicaGroup group(store, r, kReplicas, options);
+      quorums[r] = group.start_step(4, 0, 4);
+    });
+  }
+  for (std::thread& t : replicas) t.join();
+  const double waited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(quorums[r].members, (std::vector<int>{0, 1, 2})) << "replica " << r;
+    EXPECT_EQ(quorums[r].index, r);
+  }
+  EXPECT_GE(waited_s, 0.3);   // the window and the grace
+  EXPECT_LT(waited_s, 10.0);  // not the timeout
+  // One published; the other claimed too if its own wait ran out first.
+  const int64_t claims = store->add("ft/step4/attempt0/published", 0);
+  EXPECT_GE(claims, 1);
+  EXPECT_LE(claims, 2);
+}
+
 }  // namespace
 }  // namespace loom::parallel::ft
