@@ -87,16 +87,32 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
     }
     return members;
   };
-  // The members are written once: by whoever claims the publication first (an atomic add), so a
-  // decider that was slow and one that took over never publish two lists.
+  // The members are written by whoever claims the publication first (an atomic add), so a slow
+  // decider and one that took over do not both write. A claimant can die between its claim and
+  // its write: then, after a grace without the members, the next round's claim is open to the
+  // others (round r's claim key). Every claimant of a step writes who joined, which is the same
+  // list unless a replica joined between their claims.
   const auto publish = [&](const std::vector<std::pair<int, int64_t>>& members) {
-    if (store_->add(prefix + "published", 1) != 1) return;
     store_->set(decided, encode_members(members));
     // For replicas joining later: the latest decided step (add keeps the max without a race
     // only when steps grow, which they do).
     const std::string latest = "ft/latest";
     const int64_t known = store_->add(latest, 0);
     if (step > known) store_->add(latest, step - known);
+  };
+  const auto claim_and_publish = [&](std::vector<std::pair<int, int64_t>> members) {
+    for (int round = 0;; ++round) {
+      if (store_->add(prefix + "published/" + std::to_string(round), 1) == 1) {
+        publish(members);
+        return;
+      }
+      try {
+        store_->wait({decided}, options_.decider_grace);
+        return;
+      } catch (const Error&) {
+        members = joined();  // round's claimant is gone: the next round
+      }
+    }
   };
   if (store_->add(prefix + "decider", 1) == 1) {
     // The decider: everyone, or whoever came within the join window.
@@ -107,22 +123,17 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       members = joined();
     }
-    publish(members);
+    claim_and_publish(members);
   } else {
     // A decider killed during its join window would leave the others waiting out the timeout
-    // and failing: past the window and a grace, any of them publishes who joined (the dead one
-    // among them: its group fails to form and the next attempt goes on without it).
+    // and failing: past the window and a grace, they claim the publication themselves and
+    // publish who joined (the dead one among them: its group fails to form and the next attempt
+    // goes on without it).
     try {
       store_->wait({decided}, options_.join_window + options_.decider_grace);
     } catch (const Error&) {
-      publish(joined());
+      claim_and_publish(joined());
     }
-  }
-  try {
-    store_->wait({decided}, options_.timeout);
-  } catch (const Error& e) {
-    LOOM_FAIL("ReplicaGroup '{}': replica {}: no quorum for step {} (attempt {}) within {} ms: {}",
-              options_.local_key, replica_, step, attempt, options_.timeout.count(), e.what());
   }
   StepQuorum q{.step = step, .attempt = attempt};
   int64_t newest = -1;

@@ -19,7 +19,11 @@
 // Options::join_window passed, then publishes the members (ascending) — and everyone reads the
 // same list. A replica that is gone costs the others one join window per step; a decider that
 // dies before publishing costs them the window and Options::decider_grace, after which one of
-// them publishes (the list is written once: the first to claim it with an atomic add). A member
+// them publishes (whoever claims it first with an atomic add; a claimant that dies before writing
+// costs another grace, then the next round's claim is open). Two claimants write the same list
+// unless a replica joined between their claims (a claimant stalled for a grace and a replica
+// arriving meanwhile: the one case where members could read two lists; a compare-and-set store
+// would close it). A member
 // that fails during the step's average makes the others' average fail: they start the step again
 // (attempt + 1) from the gradients they kept, in a quorum without it.
 //
