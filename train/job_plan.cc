@@ -208,8 +208,37 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
       return coordinate[std::find(names.begin(), names.end(), dim) - names.begin()];
     };
     std::map<std::tuple<std::vector<int>, int64_t>, size_t> role_of;
-    // A rank's states depend only on its pp, tp and shard coordinates: each such triple sized once
-    // (a 1024-rank layout has far fewer), which `loom plan --search` does for thousands of layouts.
+    // The stages and parameter elements of a rank at pp, tp and shard coordinates `pp`, `tp`,
+    // `shard` (FSDP shards over dp_shard x cp: dp_shard_cp with context parallelism).
+    const auto states_at = [&](int64_t pp, int64_t tp, int64_t shard) {
+      std::pair<std::vector<int>, int64_t> out{
+          schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0}, 0};
+      for (int s : out.first) {
+        // FSDP's units: each block, then the stage's remaining parameters ("root").
+        // Expert parallelism: experts / ep of each MoE's, a unit of their own sharded over the
+        // ep_shard ranks holding the same experts (ep innermost in dp_shard x cp).
+        std::map<int64_t, std::vector<Shape>> units, expert_units;
+        for (const auto& p : stage_parameters[s]) {
+          if (p.expert && dims.ep > 1) {
+            Shape local = p.shape;
+            local[0] /= dims.ep;
+            expert_units[p.block].push_back(local);
+            continue;
+          }
+          units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
+        }
+        for (const auto& [block, shapes] : units) {
+          out.second += held_elements(shapes, dims.dp_shard * dims.cp, shard);
+        }
+        const int64_t ep_shard = dims.dp_shard * dims.cp / dims.ep;
+        for (const auto& [block, shapes] : expert_units) {
+          out.second += held_elements(shapes, ep_shard, shard / dims.ep);
+        }
+      }
+      return out;
+    };
+    // Each (pp, tp, shard) sized once: a 1024-rank layout has far fewer, and `loom plan --search`
+    // sizes thousands of layouts.
     std::map<std::tuple<int64_t, int64_t, int64_t>, std::pair<std::vector<int>, int64_t>> sized;
     for (int rank = 0; rank < plan.world_size; ++rank) {
       std::vector<int64_t> coordinate(sizes.size());
@@ -218,39 +247,11 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
         rest /= sizes[d];
       }
       RankModelStates states{.rank = rank, .coordinate = coordinate};
-      // FSDP shards over dp_shard x cp (dp_shard_cp) with context parallelism.
       const int64_t pp = at(coordinate, kPipelineDim), tp = at(coordinate, kTensorDim),
                     shard = at(coordinate, kShardDim) * dims.cp + at(coordinate, kContextDim);
-      if (const auto known = sized.find({pp, tp, shard}); known != sized.end()) {
-        std::tie(states.stages, states.parameters) = known->second;
-      } else {
-        states.stages =
-            schedule ? schedule->stages_of_rank(static_cast<int>(pp)) : std::vector<int>{0};
-        for (int s : states.stages) {
-          // FSDP's units: each block, then the stage's remaining parameters ("root").
-          // Expert parallelism: experts / ep of each MoE's, a unit of their own sharded over the
-          // ep_shard ranks holding the same experts (ep innermost in dp_shard x cp).
-          std::map<int64_t, std::vector<Shape>> units, expert_units;
-          for (const auto& p : stage_parameters[s]) {
-            if (p.expert && dims.ep > 1) {
-              Shape local = p.shape;
-              local[0] /= dims.ep;
-              expert_units[p.block].push_back(local);
-              continue;
-            }
-            units[p.block].push_back(tp_local_shape(p, dims.tp, tp));
-          }
-          for (const auto& [block, shapes] : units) {
-            states.parameters += held_elements(shapes, dims.dp_shard * dims.cp, shard);
-          }
-          const int64_t ep_shard = dims.dp_shard * dims.cp / dims.ep;
-          for (const auto& [block, shapes] : expert_units) {
-            states.parameters += held_elements(shapes, ep_shard, shard / dims.ep);
-          }
-        }
-        sized.emplace(std::make_tuple(pp, tp, shard),
-                      std::make_pair(states.stages, states.parameters));
-      }
+      auto [known, fresh] = sized.try_emplace({pp, tp, shard});
+      if (fresh) known->second = states_at(pp, tp, shard);
+      std::tie(states.stages, states.parameters) = known->second;
       const auto key = std::make_tuple(states.stages, states.parameters);
       if (auto it = role_of.find(key); it != role_of.end()) {
         plan.roles[it->second].ranks.push_back(rank);

@@ -172,14 +172,15 @@ void trace_candidate(SearchedLayout& candidate, const ParallelConfig& parallel,
 std::string compute_class(const JobConfig& job, bool moe) {
   const int stages =
       pipeline::stages_per_rank_of(job.schedule, static_cast<int>(job.virtual_stages));
-  const bool v = job.pp > 1 && (job.schedule == "zbv" || job.schedule == "dualpipev");
-  return fmt::format("tp{} pp{} cp{} ep{} dp{} ac={} stages{}{}{}", job.tp, job.pp, job.cp, job.ep,
-                     job.dp_shard * job.dp_replicate, job.activation_checkpoint, stages,
-                     v ? " v" : "", moe ? fmt::format(" m{}", job.microbatches) : "");
+  const std::string_view placement =
+      job.pp > 1 ? pipeline::placement_name(pipeline::placement_of(job.schedule)) : "";
+  return fmt::format("tp{} pp{} cp{} ep{} dp{} ac={} stages{} {}{}", job.tp, job.pp, job.cp, job.ep,
+                     job.dp_shard * job.dp_replicate, job.activation_checkpoint, stages, placement,
+                     moe ? fmt::format(" m{}", job.microbatches) : "");
 }
 
 // Runs `work(i)` for i in [0, n) on `jobs` threads (this one among them), each taking the next;
-// rethrows the first exception that is not a loom::Error's (those are the layout's).
+// rethrows the first exception `work` let through (a layout's own failures it records itself).
 void run_on_threads(int jobs, size_t n, const std::function<void(size_t)>& work) {
   std::atomic<size_t> next{0};
   std::mutex failure_mutex;
@@ -214,7 +215,12 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
   LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size, space)};
   // The job's own layout rules first (no trace, cheap): what the job itself would reject; and
   // the model states each rank would hold, from shapes.
-  std::vector<std::pair<size_t, ParallelConfig>> to_trace;
+  struct ToTrace {
+    size_t index;  // in search.layouts
+    ParallelConfig parallel;
+    std::string compute_class;
+  };
+  std::vector<ToTrace> to_trace;
   for (size_t i = 0; i < search.layouts.size(); ++i) {
     SearchedLayout& candidate = search.layouts[i];
     try {
@@ -235,7 +241,7 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
                         candidate.model_state_bytes / 1048576.0);
         continue;
       }
-      to_trace.emplace_back(i, std::move(parallel));
+      to_trace.push_back({i, std::move(parallel), compute_class(candidate.job, moe)});
     } catch (const Error& e) {
       candidate.pruned = e.what();
     }
@@ -245,12 +251,12 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
       std::min<size_t>(options.jobs > 0 ? static_cast<size_t>(options.jobs) : cores,
                        std::max<size_t>(1, to_trace.size())));
   std::atomic<bool> budget_ran_out{false};
-  const auto trace = [&](const std::pair<size_t, ParallelConfig>& item) {
+  const auto trace = [&](const ToTrace& item) {
     if (options.budget_s > 0 && seconds_since(start) > options.budget_s) {
       budget_ran_out = true;
       return;  // counted as untraced
     }
-    trace_candidate(search.layouts[item.first], item.second, model, options);
+    trace_candidate(search.layouts[item.index], item.parallel, model, options);
   };
   const bool bound = options.bound && options.machine.has_value();
   if (!bound) {
@@ -259,9 +265,9 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
     // One layout of each compute class first (the most sharded: the likeliest to fit) ...
     std::map<std::string, size_t> representative;  // class -> index in to_trace
     for (size_t n = 0; n < to_trace.size(); ++n) {
-      const JobConfig& job = search.layouts[to_trace[n].first].job;
-      auto [it, inserted] = representative.emplace(compute_class(job, moe), n);
-      if (!inserted && job.dp_shard > search.layouts[to_trace[it->second].first].job.dp_shard) {
+      const JobConfig& job = search.layouts[to_trace[n].index].job;
+      auto [it, inserted] = representative.emplace(to_trace[n].compute_class, n);
+      if (!inserted && job.dp_shard > search.layouts[to_trace[it->second].index].job.dp_shard) {
         it->second = n;
       }
     }
@@ -275,16 +281,16 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
     const auto consider = [&](const SearchedLayout& c) {
       if (c.traced && !c.over_limit && c.time) best_ms = std::min(best_ms, c.time->step_ms);
     };
-    for (size_t n : first) consider(search.layouts[to_trace[n].first]);
+    for (size_t n : first) consider(search.layouts[to_trace[n].index]);
     std::vector<std::pair<double, size_t>> rest;  // (bound, index in to_trace)
     const std::set<size_t> traced_first(first.begin(), first.end());
     for (size_t n = 0; n < to_trace.size(); ++n) {
       if (traced_first.count(n) > 0) continue;
-      SearchedLayout& c = search.layouts[to_trace[n].first];
+      SearchedLayout& c = search.layouts[to_trace[n].index];
       const SearchedLayout& rep =
-          search.layouts[to_trace[representative.at(compute_class(c.job, moe))].first];
+          search.layouts[to_trace[representative.at(to_trace[n].compute_class)].index];
       if (rep.traced) {
-        c.lower_bound_ms = 1e3 * pipeline_bubble(to_trace[n].second) *
+        c.lower_bound_ms = 1e3 * pipeline_bubble(to_trace[n].parallel) *
                            static_cast<double>(rep.max_rank_flops) /
                            options.machine->rank_flops_per_s;
       }
@@ -294,7 +300,7 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
     for (size_t begin = 0; begin < rest.size();) {
       std::vector<size_t> round;  // indices in to_trace
       for (; begin < rest.size() && round.size() < static_cast<size_t>(search.jobs); ++begin) {
-        SearchedLayout& c = search.layouts[to_trace[rest[begin].second].first];
+        SearchedLayout& c = search.layouts[to_trace[rest[begin].second].index];
         if (c.lower_bound_ms > best_ms) {  // a tie is traced: the ranking breaks it by order
           c.not_traced = fmt::format(
               "its compute alone, {:.1f} ms with the bubble, cannot beat the best's {:.1f} ms",
@@ -304,7 +310,7 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
         round.push_back(rest[begin].second);
       }
       run_on_threads(search.jobs, round.size(), [&](size_t k) { trace(to_trace[round[k]]); });
-      for (size_t n : round) consider(search.layouts[to_trace[n].first]);
+      for (size_t n : round) consider(search.layouts[to_trace[n].index]);
     }
   }
   search.budget_ran_out = budget_ran_out;

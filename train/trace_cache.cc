@@ -13,7 +13,18 @@
 #include "base/error.h"
 #include "checkpoint/sha256.h"
 
+// TracedRank as JSON, field by field (nlohmann's own macros: a field added to the struct and
+// here is stored and read alike).
+namespace loom::comm {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectiveCounters, calls, bytes)
+}  // namespace loom::comm
+
 namespace loom::train {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TracedRank, rank, coordinate, parameters, held_bytes, peak_bytes,
+                                   construction_peak_bytes, flops, recompute_flops, allocations,
+                                   allocated_bytes, step_ms, collectives, validation_peak_bytes,
+                                   validation_flops)
 
 namespace fs = std::filesystem;
 
@@ -34,50 +45,6 @@ const std::string& this_binary_sha256() {
     return hash.hex();
   }();
   return digest;
-}
-
-nlohmann::json to_json(const TracedRank& t) {
-  nlohmann::json collectives = nlohmann::json::object();
-  for (const auto& [group, counters] : t.collectives) {
-    collectives[group] = {{"calls", counters.calls}, {"bytes", counters.bytes}};
-  }
-  return {{"rank", t.rank},
-          {"coordinate", t.coordinate},
-          {"parameters", t.parameters},
-          {"held_bytes", t.held_bytes},
-          {"peak_bytes", t.peak_bytes},
-          {"construction_peak_bytes", t.construction_peak_bytes},
-          {"flops", t.flops},
-          {"recompute_flops", t.recompute_flops},
-          {"allocations", t.allocations},
-          {"allocated_bytes", t.allocated_bytes},
-          {"step_ms", t.step_ms},
-          {"collectives", collectives},
-          {"validation_peak_bytes", t.validation_peak_bytes},
-          {"validation_flops", t.validation_flops}};
-}
-
-TracedRank from_json(const nlohmann::json& j) {
-  TracedRank t;
-  j.at("rank").get_to(t.rank);
-  j.at("coordinate").get_to(t.coordinate);
-  j.at("parameters").get_to(t.parameters);
-  j.at("held_bytes").get_to(t.held_bytes);
-  j.at("peak_bytes").get_to(t.peak_bytes);
-  j.at("construction_peak_bytes").get_to(t.construction_peak_bytes);
-  j.at("flops").get_to(t.flops);
-  j.at("recompute_flops").get_to(t.recompute_flops);
-  j.at("allocations").get_to(t.allocations);
-  j.at("allocated_bytes").get_to(t.allocated_bytes);
-  j.at("step_ms").get_to(t.step_ms);
-  for (const auto& [group, counters] : j.at("collectives").items()) {
-    comm::CollectiveCounters& c = t.collectives[group];
-    counters.at("calls").get_to(c.calls);
-    counters.at("bytes").get_to(c.bytes);
-  }
-  j.at("validation_peak_bytes").get_to(t.validation_peak_bytes);
-  j.at("validation_flops").get_to(t.validation_flops);
-  return t;
 }
 
 // Keeps the newest `keep` build folders under `root` besides `current`.
@@ -113,9 +80,7 @@ std::optional<std::vector<TracedRank>> TraceCache::load(const std::string& key) 
   if (!in) return std::nullopt;
   try {
     const nlohmann::json entry = nlohmann::json::parse(in);
-    std::vector<TracedRank> traced;
-    for (const nlohmann::json& rank : entry.at("traced")) traced.push_back(from_json(rank));
-    return traced;
+    return entry.at("traced").get<std::vector<TracedRank>>();
   } catch (const std::exception&) {
     return std::nullopt;  // torn or foreign: traced again, then rewritten
   }
@@ -123,8 +88,7 @@ std::optional<std::vector<TracedRank>> TraceCache::load(const std::string& key) 
 
 void TraceCache::store(const std::string& key, const std::vector<TracedRank>& traced) {
   if (dir_.empty()) return;
-  nlohmann::json entry{{"format", kFormat}, {"traced", nlohmann::json::array()}};
-  for (const TracedRank& t : traced) entry["traced"].push_back(to_json(t));
+  const nlohmann::json entry{{"format", kFormat}, {"traced", traced}};
   try {
     std::error_code ec;
     const fs::path dir(dir_);

@@ -87,9 +87,10 @@ class ReplicaGroup {
   // `state_step` when the job has not started).
   int64_t first_step(int64_t state_step);
 
-  // This step's quorum (collective over the replicas that reach it): see above. Throws naming the
-  // step when no decision arrives within the timeout, or when the shared store fails (every
-  // replica then ends with that error: the quorum service is the one part that must not fail).
+  // This step's quorum (collective over the replicas that reach it): see above; a decision always
+  // comes while the store lives (a dead decider is replaced). Throws naming the step when the
+  // shared store fails (every replica then ends with that error: the quorum service is the one
+  // part that must not fail).
   StepQuorum start_step(int64_t step, int attempt, int64_t state_step);
 
   // A replica of several ranks (say tp) has one ReplicaGroup per rank, all in the same quorum

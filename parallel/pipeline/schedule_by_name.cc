@@ -17,6 +17,10 @@ int stages_per_rank_of(const std::string& name, int virtual_stages) {
   return is_v(name) ? 2 : virtual_stages;  // the others: as given (schedule_by_name checks it)
 }
 
+StagePlacement placement_of(const std::string& name) {
+  return is_v(name) ? StagePlacement::kV : StagePlacement::kLoop;
+}
+
 namespace {
 
 Schedule build_schedule(const std::string& name, int num_ranks, int num_microbatches,

@@ -49,6 +49,8 @@ Schedule dualpipev_schedule(int num_ranks, int num_microbatches);
 // Stages per rank a named schedule places: 2 for "zbv" and "dualpipev", `virtual_stages` for the
 // others (1 unless interleaved; schedule_by_name refuses anything else).
 int stages_per_rank_of(const std::string& name, int virtual_stages);
+// Where a named schedule puts its stages: a V for "zbv" and "dualpipev", a loop for the others.
+StagePlacement placement_of(const std::string& name);
 
 // The schedule a command line names: "gpipe", "1f1b", "zb-h1", "interleaved" (which takes
 // stages_per_rank; the others need it to be 1), "zbv" or "dualpipev" (two stages per rank:
