@@ -306,6 +306,19 @@ void FileStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   }
 }
 
+Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::lock_guard<std::mutex> guard(mutex_);
+  Lock lock(*this, /*exclusive=*/true);
+  sync_locked();
+  const auto it = cache_.find(key);
+  const bool matches = it == cache_.end() ? expected.empty() : it->second == expected;
+  if (matches) {
+    append_locked(kSetRecord, key, desired);
+    return desired;
+  }
+  return it == cache_.end() ? Bytes() : it->second;
+}
+
 bool FileStore::delete_key(const std::string& key) {
   std::lock_guard<std::mutex> guard(mutex_);
   Lock lock(*this, /*exclusive=*/true);

@@ -4,12 +4,12 @@
 // Format and atomicity: the file is an append-only log — an 8-byte header "LOOMFS1\n", then
 // records `u8 kind (1 set, 2 delete), u32 key bytes, u64 value bytes, key, value` (little-endian).
 // Every operation takes flock() on the file: readers (get/check/wait polls) a shared lock,
-// writers (set/add/delete) an exclusive one, so set and add are atomic across processes and
-// threads (an in-process mutex covers threads sharing one FileStore, since flock is per open
-// file). Each instance caches the key map and reads only the records appended since its last
-// look. A record cut short by a crashed writer is ignored by readers and truncated away (with a
-// warning) by the next writer. flock on NFS is emulated with POSIX locks by Linux (2.6.12+);
-// the file is not fsync'ed: a store lives for one job.
+// writers (set/add/compare_set/delete) an exclusive one, so set, add and compare_set are atomic
+// across processes and threads (an in-process mutex covers threads sharing one FileStore, since
+// flock is per open file). Each instance caches the key map and reads only the records appended
+// since its last look. A record cut short by a crashed writer is ignored by readers and truncated
+// away (with a warning) by the next writer. flock on NFS is emulated with POSIX locks by Linux
+// (2.6.12+); the file is not fsync'ed: a store lives for one job.
 //
 // get()/wait() poll with backoff (1 ms doubling to 50 ms) until the keys exist or the timeout
 // passes, then throw naming the missing keys, the timeout and the file.
@@ -48,6 +48,7 @@ class FileStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Duration timeout) override;
   bool delete_key(const std::string& key) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   using Store::set;
   using Store::wait;
 

@@ -45,8 +45,11 @@ int64_t InMemoryStore::add(const std::string& key, int64_t delta) {
     if (it != values_.end()) {
       const std::string text(it->second.begin(), it->second.end());
       const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), current);
-      LOOM_CHECK(error == std::errc() && end == text.data() + text.size(),
-                 "InMemoryStore::add: key '{}' holds '{}', which is not an integer", key, text);
+      LOOM_CHECK(
+          error == std::errc() && end == text.data() + text.size() && !text.empty(),
+          "InMemoryStore add('{}'): the stored value '{}' is not an integer; add needs a key "
+          "that is absent or was written by add",
+          key, text);
     }
     result = current + delta;
     const std::string text = std::to_string(result);
@@ -65,14 +68,28 @@ void InMemoryStore::wait(const std::vector<std::string>& keys, Duration timeout)
   std::unique_lock<std::mutex> lock(mutex_);
   const bool found = changed_.wait_for(lock, timeout, [&] { return missing_locked(keys).empty(); });
   if (!found) {
-    LOOM_FAIL("InMemoryStore::wait: timed out after {} ms waiting for keys {}; missing {}",
-              timeout.count(), quoted_list(keys), quoted_list(missing_locked(keys)));
+    LOOM_FAIL("InMemoryStore wait({}): keys {} were not set within the timeout of {} ms",
+              quoted_list(keys), quoted_list(missing_locked(keys)), timeout.count());
   }
 }
 
 bool InMemoryStore::delete_key(const std::string& key) {
   std::lock_guard<std::mutex> lock(mutex_);
   return values_.erase(key) != 0;
+}
+
+Bytes InMemoryStore::compare_set(const std::string& key, const Bytes& expected,
+                                 const Bytes& desired) {
+  Bytes now;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = values_.find(key);
+    const bool matches = it == values_.end() ? expected.empty() : it->second == expected;
+    if (matches) it = values_.insert_or_assign(key, desired).first;
+    if (it != values_.end()) now = it->second;
+  }
+  changed_.notify_all();
+  return now;
 }
 
 size_t InMemoryStore::size() const {

@@ -24,6 +24,10 @@ void PrefixStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   base_->wait(with_prefix(keys), timeout);
 }
 bool PrefixStore::delete_key(const std::string& key) { return base_->delete_key(with_prefix(key)); }
+Bytes PrefixStore::compare_set(const std::string& key, const Bytes& expected,
+                               const Bytes& desired) {
+  return base_->compare_set(with_prefix(key), expected, desired);
+}
 
 std::vector<std::string> PrefixStore::with_prefix(const std::vector<std::string>& keys) const {
   std::vector<std::string> out;

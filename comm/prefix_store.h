@@ -19,6 +19,7 @@ class PrefixStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Duration timeout) override;
   bool delete_key(const std::string& key) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   using Store::set;
   using Store::wait;
 

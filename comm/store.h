@@ -35,6 +35,13 @@ class Store {
   void wait(const std::vector<std::string>& keys) { wait(keys, timeout()); }
   // Returns whether the key existed.
   virtual bool delete_key(const std::string& key) = 0;
+  // Atomically: when the key holds `expected` (an absent key counts as holding an empty value),
+  // stores `desired`; either way returns what the key holds afterwards (empty when absent). So
+  // compare_set(k, {}, mine) writes `mine` only when nobody wrote k before, and every caller
+  // reads back the one value that won (torch.distributed's Store.compare_set, except that an
+  // absent key with a non-empty `expected` reads back empty, not `expected`).
+  virtual Bytes compare_set(const std::string& key, const Bytes& expected,
+                            const Bytes& desired) = 0;
 
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }

@@ -162,6 +162,17 @@ void TcpStore::throw_server_error(const Response& response, const std::string& w
   LOOM_FAIL("TcpStore {} on {}: the server refused: {}", what, address(), message);
 }
 
+Bytes TcpStore::value_of(const Response& response, const std::string& what) const {
+  ts::Reader r(response.body.data(), response.body.size());
+  try {
+    Bytes value = r.value(response.body.size());
+    r.expect_end();
+    return value;
+  } catch (const ts::ProtocolError& e) {
+    LOOM_FAIL("TcpStore {} on {}: malformed reply: {}", what, address(), e.what());
+  }
+}
+
 void TcpStore::set(const std::string& key, const Bytes& value) {
   ts::Request request;
   request.op = ts::Op::kSet;
@@ -184,14 +195,7 @@ Bytes TcpStore::get(const std::string& key) {
   LOOM_CHECK(response.status != ts::Status::kTimeout,
              "TcpStore {} on {}: key '{}' was not set within the timeout of {} ms", what, address(),
              key, timeout.count());
-  ts::Reader r(response.body.data(), response.body.size());
-  try {
-    Bytes value = r.value(response.body.size());
-    r.expect_end();
-    return value;
-  } catch (const ts::ProtocolError& e) {
-    LOOM_FAIL("TcpStore {} on {}: malformed reply: {}", what, address(), e.what());
-  }
+  return value_of(response, what);
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
@@ -236,6 +240,19 @@ void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   }
   LOOM_FAIL("TcpStore {} on {}: keys {} were not set within the timeout of {} ms", what, address(),
             quoted_keys(missing), timeout.count());
+}
+
+Bytes TcpStore::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  ts::Request request;
+  request.op = ts::Op::kCompareSet;
+  request.keys = {key};
+  request.expected = expected;
+  request.value = desired;
+  const std::string what = fmt::format("compare_set('{}')", key);
+  const Response response = roundtrip(request, what, timeout());
+  LOOM_CHECK(response.status == ts::Status::kOk, "TcpStore {} on {}: unexpected status {}", what,
+             address(), static_cast<int>(response.status));
+  return value_of(response, what);
 }
 
 bool TcpStore::delete_key(const std::string& key) {

@@ -59,6 +59,7 @@ class TcpStore : public Store {
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, Duration timeout) override;
   bool delete_key(const std::string& key) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   using Store::set;
   using Store::wait;
 
@@ -82,6 +83,8 @@ class TcpStore : public Store {
   net::Socket borrow_connection();
   void return_connection(net::Socket socket);
   Bytes encode(const tcp_store::Request& request, const std::string& what) const;
+  // The one value a GET or COMPARE_SET reply carries.
+  Bytes value_of(const Response& response, const std::string& what) const;
   [[noreturn]] void throw_server_error(const Response& response, const std::string& what) const;
 
   std::string host_;

@@ -21,16 +21,18 @@ const char* op_name(Op op) {
       return "WAIT";
     case Op::kDelete:
       return "DELETE";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
   }
   return "?";
 }
 
-bool is_valid_op(uint8_t code) { return code >= 1 && code <= 6; }
+bool is_valid_op(uint8_t code) { return code >= 1 && code <= 7; }
 
 uint64_t max_request_body(const Limits& limits) {
-  const uint64_t set = 4 + limits.max_key_bytes + 8 + limits.max_value_bytes;
+  const uint64_t compare_set = 4 + limits.max_key_bytes + 2 * (8 + limits.max_value_bytes);
   const uint64_t wait = 8 + 4 + uint64_t{limits.max_keys_per_request} * (4 + limits.max_key_bytes);
-  return std::max(set, wait);
+  return std::max(compare_set, wait);
 }
 
 uint64_t max_response_body(const Limits& limits) { return max_request_body(limits); }
@@ -156,14 +158,24 @@ Bytes encode_request(const Request& request, const Limits& limits) {
         fmt::format("{} takes one key, got {}", op_name(request.op), request.keys.size()));
   }
   if (multi) check_key_count(request.keys.size(), limits);
+  const auto check_value = [&](const Bytes& value) {
+    if (value.size() > limits.max_value_bytes) {
+      throw ProtocolError(
+          fmt::format("value of {} bytes for key '{}' exceeds the limit of {} bytes", value.size(),
+                      request.keys[0], limits.max_value_bytes));
+    }
+  };
   switch (request.op) {
     case Op::kSet:
-      if (request.value.size() > limits.max_value_bytes) {
-        throw ProtocolError(
-            fmt::format("value of {} bytes for key '{}' exceeds the limit of {} bytes",
-                        request.value.size(), request.keys[0], limits.max_value_bytes));
-      }
+      check_value(request.value);
       w.key(request.keys[0]);
+      w.value(request.value);
+      break;
+    case Op::kCompareSet:
+      check_value(request.expected);
+      check_value(request.value);
+      w.key(request.keys[0]);
+      w.value(request.expected);
       w.value(request.value);
       break;
     case Op::kGet:
@@ -217,6 +229,11 @@ Request decode_request(Op op, const uint8_t* body, size_t size, const Limits& li
     }
     case Op::kDelete:
       request.keys.push_back(r.key(limits.max_key_bytes));
+      break;
+    case Op::kCompareSet:
+      request.keys.push_back(r.key(limits.max_key_bytes));
+      request.expected = r.value(limits.max_value_bytes);
+      request.value = r.value(limits.max_value_bytes);
       break;
     default:
       throw ProtocolError(fmt::format("unknown op code {}", static_cast<int>(op)));

@@ -17,6 +17,7 @@
 //   CHECK     u32 n, n keys                          u8 all present
 //   WAIT      u64 timeout_ms, u32 n, n keys          (empty)          (TIMEOUT: u32 n, missing
 //   keys) DELETE    key                                    u8 existed
+//   COMPARE_SET key, expected value, desired value   value held afterwards (empty: absent)
 //
 // The client sends one request per connection at a time and reads its response. GET and WAIT
 // are answered by the server when the keys exist or when timeout_ms has passed (TIMEOUT), so a
@@ -41,7 +42,15 @@ inline constexpr uint8_t kMagic = 0xB7;
 inline constexpr uint8_t kVersion = 1;
 inline constexpr size_t kHeaderBytes = 12;
 
-enum class Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3, kCheck = 4, kWait = 5, kDelete = 6 };
+enum class Op : uint8_t {
+  kSet = 1,
+  kGet = 2,
+  kAdd = 3,
+  kCheck = 4,
+  kWait = 5,
+  kDelete = 6,
+  kCompareSet = 7,
+};
 enum class Status : uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
 
 const char* op_name(Op op);
@@ -76,7 +85,8 @@ class ProtocolError : public std::runtime_error {
 struct Request {
   Op op = Op::kSet;
   std::vector<std::string> keys;  // one key except CHECK/WAIT
-  Bytes value;                    // SET
+  Bytes value;                    // SET; COMPARE_SET's desired value
+  Bytes expected;                 // COMPARE_SET
   int64_t delta = 0;              // ADD
   uint64_t timeout_ms = 0;        // GET/WAIT
 };

@@ -16,6 +16,11 @@ namespace loom::comm {
 
 using namespace tcp_store_server;
 
+namespace {
+// Requests whose values are decoded out of the input buffer (both exist until it is freed).
+bool copies_a_value(ts::Op op) { return op == ts::Op::kSet || op == ts::Op::kCompareSet; }
+}  // namespace
+
 TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.options = std::move(options);
@@ -197,7 +202,7 @@ void TcpStoreServer::Impl::process_input(Connection& c) {
     const ts::Header header = ts::decode_header(c.in.data() + c.in_offset);
     if (!check_header(c, header)) return;
     c.request_bytes = c.in_offset + ts::kHeaderBytes + header.body_bytes;
-    if (static_cast<ts::Op>(header.code) == ts::Op::kSet && c.value_reserve == 0) {
+    if (copies_a_value(static_cast<ts::Op>(header.code)) && c.value_reserve == 0) {
       c.value_reserve = header.body_bytes;
       track(c);
     }
@@ -269,7 +274,7 @@ bool TcpStoreServer::Impl::check_header(Connection& c, const ts::Header& header)
   // arrives.
   const uint64_t others = stored_bytes + buffered_bytes() - c.in.capacity() - c.value_reserve;
   const uint64_t request = ts::kHeaderBytes + header.body_bytes;
-  const bool copies_value = static_cast<ts::Op>(header.code) == ts::Op::kSet;
+  const bool copies_value = copies_a_value(static_cast<ts::Op>(header.code));
   const uint64_t needs = request + kReadChunk + (copies_value ? header.body_bytes : 0);
   if (others + needs > options.max_memory_bytes) {
     const std::string problem = fmt::format(

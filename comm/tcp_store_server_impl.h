@@ -47,9 +47,9 @@ struct Connection {
   // The whole current request's size once its header is read (its input buffer is allocated for
   // it at once, not grown by doubling), 0 between requests.
   size_t request_bytes = 0;
-  // A SET being received: the bytes its value will take when decoded from the buffer (both exist
-  // until the buffer is freed), counted from its header on, so requests arriving meanwhile
-  // cannot claim that room.
+  // A SET or COMPARE_SET being received: the bytes its values will take when decoded from the
+  // buffer (both exist until the buffer is freed), counted from its header on, so requests arriving
+  // meanwhile cannot claim that room.
   uint64_t value_reserve = 0;
   uint64_t counted = 0;  // its buffers' capacities and value_reserve, in Impl::buffered_bytes_
   // Set after an ERROR that ends the conversation: input is discarded, and once the reply is
@@ -126,6 +126,7 @@ struct TcpStoreServer::Impl {
   bool check_header(Connection& c, const ts::Header& header);
   void handle(Connection& c, ts::Request request);
   void handle_add(Connection& c, const ts::Request& request);
+  void handle_compare_set(Connection& c, ts::Request request);
   void park(Connection& c, ts::Request request);
   void notify(const std::string& key);
   bool try_complete(uint64_t waiter_id);

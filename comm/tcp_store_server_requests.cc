@@ -1,5 +1,5 @@
-// TcpStoreServer request handling: the key map, SET/GET/ADD/CHECK/WAIT/DELETE, and parked
-// GET/WAIT requests (indexed by the keys they miss and by deadline).
+// TcpStoreServer request handling: the key map, SET/GET/ADD/CHECK/WAIT/DELETE/COMPARE_SET, and
+// parked GET/WAIT requests (indexed by the keys they miss and by deadline).
 #include <algorithm>
 #include <charconv>
 
@@ -97,6 +97,8 @@ void TcpStoreServer::Impl::handle(Connection& c, ts::Request request) {
       return park(c, std::move(request));
     case ts::Op::kAdd:
       return handle_add(c, request);
+    case ts::Op::kCompareSet:
+      return handle_compare_set(c, std::move(request));
     case ts::Op::kCheck:
       w.u8(missing_keys(request.keys).empty() ? 1 : 0);
       return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
@@ -140,6 +142,24 @@ void TcpStoreServer::Impl::handle_add(Connection& c, const ts::Request& request)
     return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
   }
   w.i64(result);
+  reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+  notify(key);
+}
+
+void TcpStoreServer::Impl::handle_compare_set(Connection& c, ts::Request request) {
+  const std::string& key = request.keys[0];
+  ts::Writer w;
+  const auto it = data.find(key);
+  const bool matches = it == data.end() ? request.expected.empty() : it->second == request.expected;
+  if (!matches) {
+    w.value(it == data.end() ? Bytes() : it->second);
+    return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
+  }
+  if (auto refused = store(key, request.value)) {
+    w.key(fmt::format("compare_set('{}'): {}", key, *refused));
+    return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kError)));
+  }
+  w.value(request.value);
   reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
   notify(key);
 }

@@ -87,31 +87,20 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
     }
     return members;
   };
-  // The members are written by whoever claims the publication first (an atomic add), so a slow
-  // decider and one that took over do not both write. A claimant can die between its claim and
-  // its write: then, after a grace without the members, the next round's claim is open to the
-  // others (round r's claim key). Every claimant of a step writes who joined, which is the same
-  // list unless a replica joined between their claims.
+  // The members are written once: the first list published wins (compare_set on the absent
+  // key), and every replica reads that one back, so a slow decider and one that took over never
+  // leave two lists, whoever stalls or dies between deciding and writing.
   const auto publish = [&](const std::vector<std::pair<int, int64_t>>& members) {
-    store_->set(decided, encode_members(members));
-    // For replicas joining later: the latest decided step (add keeps the max without a race
-    // only when steps grow, which they do).
+    const std::string mine = encode_members(members);
+    store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
+    // For replicas joining later: the latest decided step, raised to `step` unless a later one
+    // is there (a compare-and-swap loop: every publisher of a step runs it).
     const std::string latest = "ft/latest";
-    const int64_t known = store_->add(latest, 0);
-    if (step > known) store_->add(latest, step - known);
-  };
-  const auto claim_and_publish = [&](std::vector<std::pair<int, int64_t>> members) {
-    for (int round = 0;; ++round) {
-      if (store_->add(prefix + "published/" + std::to_string(round), 1) == 1) {
-        publish(members);
-        return;
-      }
-      try {
-        store_->wait({decided}, options_.decider_grace);
-        return;
-      } catch (const Error&) {
-        members = joined();  // round's claimant is gone: the next round
-      }
+    const std::string text = std::to_string(step);
+    const comm::Bytes ours(text.begin(), text.end());
+    comm::Bytes seen = store_->compare_set(latest, {}, ours);
+    while (std::stoll(std::string(seen.begin(), seen.end())) < step) {
+      seen = store_->compare_set(latest, seen, ours);
     }
   };
   if (store_->add(prefix + "decider", 1) == 1) {
@@ -123,16 +112,15 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
       members = joined();
     }
-    claim_and_publish(members);
+    publish(members);
   } else {
     // A decider killed during its join window would leave the others waiting out the timeout
-    // and failing: past the window and a grace, they claim the publication themselves and
-    // publish who joined (the dead one among them: its group fails to form and the next attempt
-    // goes on without it).
+    // and failing: past the window and a grace, they publish who joined themselves (the dead
+    // one among them: its group fails to form and the next attempt goes on without it).
     try {
       store_->wait({decided}, options_.join_window + options_.decider_grace);
     } catch (const Error&) {
-      claim_and_publish(joined());
+      publish(joined());
     }
   }
   StepQuorum q{.step = step, .attempt = attempt};

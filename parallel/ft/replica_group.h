@@ -18,13 +18,11 @@
 // step its state is at; the first to arrive decides — it waits until every replica joined or
 // Options::join_window passed, then publishes the members (ascending) — and everyone reads the
 // same list. A replica that is gone costs the others one join window per step; a decider that
-// dies before publishing costs them the window and Options::decider_grace, after which one of
-// them publishes (whoever claims it first with an atomic add; a claimant that dies before writing
-// costs another grace, then the next round's claim is open). Two claimants write the same list
-// unless a replica joined between their claims (a claimant stalled for a grace and a replica
-// arriving meanwhile: the one case where members could read two lists; a compare-and-set store
-// would close it). A member
-// that fails during the step's average makes the others' average fail: they start the step again
+// dies before publishing costs them the window and Options::decider_grace, after which they
+// publish who joined themselves. The list is written once (Store::compare_set on the absent key):
+// whoever publishes first wins and everyone reads that list back, so a decider that stalls
+// rather than dies, publishing late, never leaves two lists. A member that fails during the
+// step's average makes the others' average fail: they start the step again
 // (attempt + 1) from the gradients they kept, in a quorum without it.
 //
 // Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same

@@ -78,6 +78,15 @@ class LocalStore final : public Store {
     std::lock_guard<std::mutex> lock(mutex_);
     return values_.erase(key) > 0;
   }
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = values_.find(key);
+    if (it == values_.end() ? expected.empty() : it->second == expected) {
+      it = values_.insert_or_assign(key, desired).first;
+      cv_.notify_all();
+    }
+    return it == values_.end() ? Bytes() : it->second;
+  }
   using Store::set;
   using Store::wait;
 

@@ -1,6 +1,7 @@
 // The Store conformance suite (see store_conformance.h).
 #include "tests/comm/store_conformance.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 
 #include <algorithm>
@@ -246,6 +247,69 @@ TEST_P(StoreConformanceTest, PrefixStoresAreIsolated) {
   const std::string message = error_of([&] { pg1.wait({"k"}, kShort); });
   EXPECT_THAT(message, HasSubstr("'pg1/k'"));
   EXPECT_THAT(message, Not(HasSubstr("pg0/")));
+}
+
+Bytes bytes_of(const std::string& text) { return Bytes(text.begin(), text.end()); }
+
+TEST_P(StoreConformanceTest, CompareSetWritesOnlyOverTheExpectedValue) {
+  auto a = client();
+  auto b = client();
+  // Absent: an empty `expected` writes, and everyone reads the value that won.
+  EXPECT_EQ(a->compare_set("k", {}, bytes_of("first")), bytes_of("first"));
+  EXPECT_EQ(b->compare_set("k", {}, bytes_of("second")), bytes_of("first"));
+  EXPECT_EQ(b->get_string("k"), "first");
+  // Present: only the value it holds is replaced.
+  EXPECT_EQ(b->compare_set("k", bytes_of("wrong"), bytes_of("third")), bytes_of("first"));
+  EXPECT_EQ(b->compare_set("k", bytes_of("first"), bytes_of("third")), bytes_of("third"));
+  EXPECT_EQ(a->get_string("k"), "third");
+  // Absent with a non-empty `expected`: nothing is written and it reads back empty.
+  EXPECT_EQ(a->compare_set("absent", bytes_of("x"), bytes_of("y")), Bytes());
+  EXPECT_FALSE(b->check({"absent"}));
+  // Through a PrefixStore: its own key space.
+  PrefixStore pg("pg/", a);
+  EXPECT_EQ(pg.compare_set("k", {}, bytes_of("mine")), bytes_of("mine"));
+  EXPECT_EQ(b->get_string("pg/k"), "mine");
+  EXPECT_EQ(b->get_string("k"), "third");
+}
+
+TEST_P(StoreConformanceTest, CompareSetFromManyThreadsIsAtomic) {
+  constexpr int kThreads = 4;
+  constexpr int kIncrementsPerThread = 100;
+  auto shared = client();  // threads 0 and 1 share one client, 2 and 3 have their own
+  std::vector<Bytes> first_winner(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      auto store = t < 2 ? shared : client();
+      first_winner[t] = store->compare_set("winner", {}, bytes_of(std::to_string(t)));
+      // A counter kept by compare-and-swap retries: a lost update would leave it short. Each
+      // value names its writer ("count writer"), so reading back ours means our swap won.
+      for (int i = 0; i < kIncrementsPerThread; ++i) {
+        Bytes seen = store->compare_set("count", {}, bytes_of("0 -"));
+        while (true) {
+          const int value = std::stoi(std::string(seen.begin(), seen.end()));
+          const Bytes next = bytes_of(fmt::format("{} {}/{}", value + 1, t, i));
+          const Bytes now = store->compare_set("count", seen, next);
+          if (now == next) break;
+          seen = now;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(first_winner[t], first_winner[0]) << "thread " << t;
+  EXPECT_EQ(client()->get("winner"), first_winner[0]);
+  const std::string count = client()->get_string("count");
+  EXPECT_EQ(count.substr(0, count.find(' ')), std::to_string(kThreads * kIncrementsPerThread));
+}
+
+TEST_P(StoreConformanceTest, CompareSetWakesAWaiter) {
+  auto waiter = client();
+  std::thread thread([&] { waiter->wait({"cas/key"}, kLong); });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(client()->compare_set("cas/key", {}, bytes_of("v")), bytes_of("v"));
+  thread.join();
+  EXPECT_EQ(waiter->get_string("cas/key"), "v");
 }
 
 TEST_P(StoreConformanceTest, LargeValuesRoundTrip) {
