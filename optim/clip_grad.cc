@@ -86,8 +86,13 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     total = sum.item<double>();
   }
   const double norm = std::sqrt(total);
-  if (norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
+  // A traced step's gradients are meta, whose norm reads 0: it scales them by 1, so the trace
+  // counts the pass a clipping step makes (FlopCounter's in-place bytes) and changes nothing.
+  const bool traced = std::any_of(parameters.begin(), parameters.end(), [](const Tensor& p) {
+    return p.grad().defined() && p.grad().device().is_meta();
+  });
+  if (norm > max_norm || traced) {
+    const double scale = norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
     for (const Tensor& p : parameters) {
       const Tensor grad = p.grad();
       if (grad.defined()) ops::mul_(grad, scale);

@@ -18,6 +18,10 @@ void FlopCounter::record(int64_t flops) {
   }
 }
 
+void FlopCounter::record_in_place(int64_t bytes) {
+  for (FlopCounter* c = innermost; c != nullptr; c = c->outer_) c->in_place_bytes_ += bytes;
+}
+
 FlopCounter::RecomputeScope::RecomputeScope() : previous_(recomputing) { recomputing = true; }
 
 FlopCounter::RecomputeScope::~RecomputeScope() { recomputing = previous_; }

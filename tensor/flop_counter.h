@@ -4,6 +4,13 @@
 // meta, so a traced step (train/job_plan.h) knows its compute without running it. Elementwise
 // ops, norms and softmax are not counted (as torch's counter: they are memory-bound).
 //
+// Beside the FLOPs it counts the memory traffic of the ops that write storage that already
+// exists (bytes read and written: copy_ 2 per byte, fill_ 1, add_ 3, mul_ 2, the fused AdamW
+// 7 per element's bytes): a trace sees an out-of-place op's cost in its output's allocation, but
+// an in-place one allocates nothing — a DDP step's bucket copies and zeroing, or the optimizer
+// over every parameter. Ops that fill an output they just allocated (zeros, clone, cat) are not
+// counted again (ops::copy_uncounted_).
+//
 //   FlopCounter flops;
 //   model.forward_backward(x, y);
 //   flops.total();
@@ -25,10 +32,13 @@ class FlopCounter {
   FlopCounter& operator=(const FlopCounter&) = delete;
 
   int64_t total() const { return total_; }
-  int64_t recomputed() const { return recomputed_; }  // the part a recompute ran again
+  int64_t recomputed() const { return recomputed_; }          // the part a recompute ran again
+  int64_t in_place_bytes() const { return in_place_bytes_; }  // in-place ops' bytes moved
 
   // Adds `flops` to every counter open on this thread (what the ops call).
   static void record(int64_t flops);
+  // Adds `bytes` read and written by an in-place op to every counter open on this thread.
+  static void record_in_place(int64_t bytes);
 
   // While alive, this thread's products are a recompute's (scopes nest).
   class RecomputeScope {
@@ -45,6 +55,7 @@ class FlopCounter {
  private:
   int64_t total_ = 0;
   int64_t recomputed_ = 0;
+  int64_t in_place_bytes_ = 0;
   FlopCounter* outer_;
 };
 

@@ -7,6 +7,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/dispatch.h"
+#include "tensor/flop_counter.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_cuda.h"
 #include "tensor/ops_views.h"
@@ -37,7 +38,7 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
   const Tensor landing =
       dst.is_contiguous() ? dst : Tensor::empty(dst.shape(), dst.dtype(), dst.device());
   move_bytes(landing, staged);
-  if (!landing.is_same(dst)) copy_(dst, landing);
+  if (!landing.is_same(dst)) copy_uncounted_(dst, landing);
 }
 
 // Element by element on host memory (the CPU, or meta storage that keeps values), converting
@@ -80,16 +81,13 @@ void copy_with_meta(const Tensor& dst, const Tensor& src) {
              src.device().str(), dst.device().str());
   if (!holds_values(dst)) return;
   if (!holds_values(src)) {
-    fill_(dst, 0.0);
+    fill_uncounted_(dst, 0.0);
     return;
   }
   copy_on_host(dst, src.shape() == dst.shape() ? src : expand(src, dst.shape()));
 }
 
-}  // namespace
-
-void copy_(const Tensor& dst, const Tensor& src) {
-  if (dispatch_op(OpId::copy_, {dst, src})) return;
+void copy_plain(const Tensor& dst, const Tensor& src) {
   if (dst.device().is_meta() || src.device().is_meta()) {
     copy_with_meta(dst, src);
     return;
@@ -106,6 +104,19 @@ void copy_(const Tensor& dst, const Tensor& src) {
   copy_on_host(dst, source);
 }
 
+}  // namespace
+
+void copy_(const Tensor& dst, const Tensor& src) {
+  if (dispatch_op(OpId::copy_, {dst, src})) return;
+  FlopCounter::record_in_place(2 * dst.numel() * static_cast<int64_t>(element_size(dst.dtype())));
+  copy_plain(dst, src);
+}
+
+void copy_uncounted_(const Tensor& dst, const Tensor& src) {
+  if (dispatch_op(OpId::copy_, {dst, src})) return;
+  copy_plain(dst, src);
+}
+
 Tensor contiguous(const Tensor& self) {
   if (self.is_contiguous() && !self.extension()) return self;
   return clone(self);
@@ -114,7 +125,7 @@ Tensor contiguous(const Tensor& self) {
 Tensor clone(const Tensor& self) {
   if (auto out = dispatch_op(OpId::clone, {self})) return std::move((*out)[0]);
   Tensor out = Tensor::empty(self.shape(), self.dtype(), self.device());
-  copy_(out, self);
+  copy_uncounted_(out, self);
   return out;
 }
 
@@ -122,7 +133,7 @@ Tensor to(const Tensor& self, DType dtype) {
   if (auto out = dispatch_op(OpId::to_dtype, {self}, {dtype})) return std::move((*out)[0]);
   if (self.dtype() == dtype) return self;
   Tensor out = Tensor::empty(self.shape(), dtype, self.device());
-  copy_(out, self);
+  copy_uncounted_(out, self);
   return out;
 }
 
@@ -134,7 +145,7 @@ Tensor to(const Tensor& self, Device device) {
   }
   const Tensor source = contiguous(self);
   Tensor out = Tensor::empty(self.shape(), self.dtype(), device);
-  copy_(out, source);
+  copy_uncounted_(out, source);
   return out;
 }
 
@@ -162,7 +173,7 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim) {
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
   int64_t start = 0;
   for (const Tensor& t : tensors) {
-    copy_(narrow(out, dim, start, t.shape()[dim]), t);
+    copy_uncounted_(narrow(out, dim, start, t.shape()[dim]), t);
     start += t.shape()[dim];
   }
   return out;

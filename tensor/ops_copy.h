@@ -12,6 +12,11 @@ namespace loom::ops {
 // Copies `src` into `dst` elementwise, broadcasting src to dst's shape and converting dtype, on
 // one device or across devices (any layouts; staged through a contiguous copy when needed).
 void copy_(const Tensor& dst, const Tensor& src);
+// copy_ whose bytes a trace counts elsewhere, so FlopCounter does not count it as an in-place
+// write: into an output the calling op has just allocated (clone, cat, a product's bias rows:
+// the allocation stands for those bytes), or a message a fake transport delivers (comm/fake: the
+// communication's bytes, not compute's).
+void copy_uncounted_(const Tensor& dst, const Tensor& src);
 // `self` when already contiguous, else a contiguous copy.
 Tensor contiguous(const Tensor& self);
 // A contiguous copy that shares nothing with `self`.

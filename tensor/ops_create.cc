@@ -8,6 +8,7 @@
 #include "tensor/cpu/vector_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/element.h"
+#include "tensor/flop_counter.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_cuda.h"
 
@@ -17,8 +18,9 @@ Tensor empty(const Shape& shape, DType dtype, Device device) {
   return Tensor::empty(shape, dtype, device);
 }
 
-void fill_(const Tensor& self, double value) {
-  if (dispatch_op(OpId::fill_, {self}, {value})) return;
+namespace {
+
+void fill_plain(const Tensor& self, double value) {
   // Meta storage that keeps values is host memory (tensor/device.h); other meta storage has none.
   if (self.device().is_meta() && self.storage()->data() == nullptr) return;
   if (self.device().is_cuda()) {
@@ -41,9 +43,22 @@ void fill_(const Tensor& self, double value) {
   });
 }
 
+}  // namespace
+
+void fill_(const Tensor& self, double value) {
+  if (dispatch_op(OpId::fill_, {self}, {value})) return;
+  FlopCounter::record_in_place(self.numel() * static_cast<int64_t>(element_size(self.dtype())));
+  fill_plain(self, value);
+}
+
+void fill_uncounted_(const Tensor& self, double value) {
+  if (dispatch_op(OpId::fill_, {self}, {value})) return;
+  fill_plain(self, value);
+}
+
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   Tensor out = Tensor::empty(shape, dtype, device);
-  fill_(out, value);
+  fill_uncounted_(out, value);  // a new tensor: its allocation already counts its bytes
   return out;
 }
 

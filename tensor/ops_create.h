@@ -27,6 +27,9 @@ Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape,
 Tensor scalar_tensor(double value, DType dtype = kFloat32);
 // Fills every element of `self` (in place, any layout).
 void fill_(const Tensor& self, double value);
+// fill_ whose bytes a trace counts elsewhere (see copy_uncounted_): a new output's, or the zeros
+// a meta tensor with values reads from one without.
+void fill_uncounted_(const Tensor& self, double value);
 // Row-major values as f64 (CPU): for tests, printing and small host-side logic.
 std::vector<double> to_vector(const Tensor& self);
 

@@ -10,6 +10,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cpu/vector_math.h"
 #include "tensor/dispatch.h"
+#include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
@@ -419,6 +420,7 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
 
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
+  FlopCounter::record_in_place(3 * self.numel() * static_cast<int64_t>(element_size(self.dtype())));
   // The vectorized kernel writing into self (each element read, then written: the values of
   // add's loop, without its temporary and the copy back), unless `other` overlaps self shifted.
   const bool overlaps_shifted =
@@ -434,6 +436,7 @@ void add_(const Tensor& self, const Tensor& other) {
 
 void mul_(const Tensor& self, double scalar) {
   if (dispatch_op(OpId::mul_scalar_, {self}, {scalar})) return;
+  FlopCounter::record_in_place(2 * self.numel() * static_cast<int64_t>(element_size(self.dtype())));
   if (meta_like_fast_f32({self})) return;
   if (fast_f32({self})) {
     cpu::arith_scalar_f32(cpu::Arith::kMul, self.data<float>(), static_cast<float>(scalar),
@@ -452,10 +455,18 @@ bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& 
     if (t->extension() || t->shape() != param.shape()) return false;
     meta = meta && meta_like_fast_f32({*t});
   }
-  if (meta) return true;  // the CPU's fused pass, which allocates nothing
+  // One pass reading the four tensors and writing param and the moments back.
+  const auto in_place_bytes = [&] {
+    FlopCounter::record_in_place(7 * param.numel() * static_cast<int64_t>(sizeof(float)));
+  };
+  if (meta) {
+    in_place_bytes();
+    return true;  // the CPU's fused pass, which allocates nothing
+  }
   for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
     if (!fast_f32({*t})) return false;
   }
+  in_place_bytes();
   cpu::adamw_f32(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
                  exp_avg_sq.data<float>(), param.numel(),
                  {.lr = static_cast<float>(scalars.lr),

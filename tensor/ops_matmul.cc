@@ -283,7 +283,7 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
     cuda::gemm(p, x.tensor.raw_data(), w.tensor.raw_data(), out.raw_data(), device.index,
                b.raw_data());
   } else {
-    copy_(out, b);  // every row starts as the bias; the GEMM adds the product (beta = 1)
+    copy_uncounted_(out, b);  // every row starts as the bias; the GEMM adds the product (beta = 1)
     cpu::sgemm(x.transposed, w.transposed, m, n, k, 1.0f,
                static_cast<const float*>(x.tensor.raw_data()), x.leading,
                static_cast<const float*>(w.tensor.raw_data()), w.leading, 1.0f,

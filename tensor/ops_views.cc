@@ -178,7 +178,7 @@ Tensor slice_backward(const Tensor& grad, const Shape& input_shape, int64_t dim,
   if (auto out = dispatch_op(OpId::slice_backward, {grad}, {input_shape, dim, start, end, step}))
     return std::move((*out)[0]);
   Tensor out = zeros(input_shape, grad.dtype(), grad.device());
-  copy_(slice(out, dim, start, end, step), grad);
+  copy_uncounted_(slice(out, dim, start, end, step), grad);
   return out;
 }
 

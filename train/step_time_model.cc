@@ -96,7 +96,12 @@ MachineModel MachineModel::for_cpu_ranks(const nlohmann::json& calibration, int6
   m.seconds_per_written_byte = calibration.value("seconds_per_written_byte", 0.0) * share;
   m.seconds_per_op = calibration.value("seconds_per_op", 0.0) * std::max(1.0, share / cores);
   m.latency_s = calibration.at("latency_s").get<double>();
-  m.bytes_per_s = calibration.at("bytes_per_s").get<double>();
+  // The calibration's two ranks each had min(1, cores / 2) of a core to move bytes with; these
+  // ranks have min(1, cores / ranks) each.
+  const double core_share = std::min(1.0, cores / share) / std::min(1.0, cores / 2);
+  m.bytes_per_s = calibration.at("bytes_per_s").get<double>() * core_share;
+  m.data_parallel_overlap = share < cores ? 1 : 0;
+  m.cores_per_rank = cores / share;
   m.source = fmt::format("calibrated on {} at {} ({}; {} ranks share its {} cores)",
                          calibration.value("host", "?"), calibration.value("when", "?"),
                          calibration_path(), ranks, calibration.value("cores", 0));
@@ -221,6 +226,7 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
     const double compute =
         static_cast<double>(rank.flops) / machine.rank_flops_per_s +
         static_cast<double>(rank.allocated_bytes) * machine.seconds_per_written_byte +
+        static_cast<double>(rank.in_place_bytes) * machine.seconds_per_written_byte / 3 +
         static_cast<double>(rank.allocations) * machine.seconds_per_op;
     double critical = 0, data_parallel = 0;
     for (const auto& [group, counters] : rank.collectives) {
@@ -239,7 +245,8 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
       }
       (group.find("dp") != std::string::npos ? data_parallel : critical) += seconds;
     }
-    const double exposed = critical + std::max(0.0, data_parallel - compute);
+    const double exposed =
+        critical + std::max(0.0, data_parallel - machine.data_parallel_overlap * compute);
     if (compute + exposed > slowest) {
       slowest = compute + exposed;
       out.compute_ms = 1e3 * compute;
@@ -248,6 +255,9 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
     }
   }
   out.bubble = pipeline_bubble(parallel);
+  if (machine.cores_per_rank > 0 && machine.cores_per_rank < 1) {
+    out.bubble = std::max(1.0, out.bubble * machine.cores_per_rank);
+  }
   out.step_ms = (out.compute_ms + out.exposed_comm_ms) * out.bubble;
   out.tokens_per_s = out.step_ms > 0 ? static_cast<double>(tokens) / (out.step_ms / 1e3) : 0;
   if (machine.peak_flops_per_s > 0 && out.step_ms > 0) {

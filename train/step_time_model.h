@@ -6,6 +6,9 @@
 //                    + bytes the step's ops wrote x seconds per written byte (the memory-bound
 //                      ops: elementwise, norms, softmax, copies; measured on a large add, whose
 //                      output byte costs two read and one written)
+//                    + bytes the in-place ops moved (FlopCounter::in_place_bytes: DDP's bucket
+//                      copies, zeroing, the optimizer) x seconds per written byte / 3 (the add
+//                      moves three bytes per byte it writes)
 //                    + the step's storage allocations (about one per op) x seconds per op (the
 //                      dispatch, autograd and launch overhead of a small op)
 //   an operation   = latency x steps + bytes moved / bandwidth, with the ring algorithms' steps
@@ -16,11 +19,17 @@
 //   exposed comm   = tp and pp operations in full (they sit between the ops that need them);
 //                    dp_replicate (DDP's buckets reduce while backward runs) and dp_shard (FSDP
 //                    prefetches the next unit's all-gather, reduce-scatters during backward)
-//                    beyond what compute hides: max(0, dp - compute)
+//                    beyond what compute hides: max(0, dp - overlap x compute), overlap 1
+//                    where links and copy engines work beside the cores (GPUs), 0 for CPU ranks
+//                    with no core to spare (Gloo's copies and sums then take the cores the
+//                    compute needs)
 //   rank time      = compute + exposed comm
 //   step           = the slowest traced rank's time x the schedule's bubble: (m + p - 1) / m for
 //                    GPipe and 1F1B, (m v + p - 1) / (m v) interleaved (m microbatches, p
-//                    stages, v stages per rank)
+//                    stages, v stages per rank). Where ranks share cores (cores per rank < 1),
+//                    a rank idle in the bubble leaves its cores to the others: the bubble costs
+//                    only what the busy ranks at a core each cannot make up,
+//                    max(1, bubble x cores per rank)
 // The rates come from `loom plan --calibrate` on this machine (MachineModel::load), or from the
 // plan's flags for another (a GPU's TFLOP/s, a link's GB/s and latency).
 #pragma once
@@ -47,11 +56,16 @@ struct MachineModel {
   // takes the slowest of theirs.
   std::map<std::string, double> dim_bytes_per_s;
   double peak_flops_per_s = 0;  // one rank's peak (for MFU); 0: MFU not printed
-  std::string source;           // where the figures came from
+  // The share of a step's compute under which data-parallel communication runs hidden.
+  double data_parallel_overlap = 1;
+  // Cores each rank has where ranks share a host's cores (a CPU job); 0: a device of its own.
+  double cores_per_rank = 0;
+  std::string source;  // where the figures came from
 
   // This host's figures for a CPU job of `ranks` ranks sharing it: the calibrated host GEMM rate
   // and memory bandwidth divided among the ranks, the op overhead stretched when there are more
-  // ranks than cores.
+  // ranks than cores, each rank's link the calibrated one (two ranks) scaled by the core share
+  // that moves its bytes, and no overlap of communication with compute unless cores are spare.
   static MachineModel for_cpu_ranks(const nlohmann::json& calibration, int64_t ranks);
 };
 

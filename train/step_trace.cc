@@ -89,6 +89,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     out.flops = flops.total();
     out.recompute_flops = flops.recomputed();
+    out.in_place_bytes = flops.in_place_bytes();
     out.allocations = memory.stats().allocations - before.allocations;
     out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
     out.peak_bytes = memory.stats().peak_bytes;

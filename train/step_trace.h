@@ -48,7 +48,10 @@ struct TracedRank {
   int64_t recompute_flops = 0;  // the part activation checkpointing ran again (not model FLOPs)
   int64_t allocations = 0;      // storage allocations of one step (about one per op output)
   int64_t allocated_bytes = 0;  // their bytes: what the step's ops wrote
-  double step_ms = 0;           // the step's wall time (meaningful on real groups only)
+  // Bytes read and written by the ops that wrote existing storage (FlopCounter::in_place_bytes:
+  // DDP's bucket copies, zeroed gradients, the optimizer), which allocate nothing.
+  int64_t in_place_bytes = 0;
+  double step_ms = 0;  // the step's wall time (meaningful on real groups only)
   // One step's operations by group name (CommDebugMode::by_group).
   std::map<std::string, comm::CollectiveCounters> collectives;
   // With StepTraceOptions::validation: one validation batch (Trainer::evaluate) after the steps.

@@ -23,8 +23,8 @@ namespace loom::train {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(TracedRank, rank, coordinate, parameters, held_bytes, peak_bytes,
                                    construction_peak_bytes, flops, recompute_flops, allocations,
-                                   allocated_bytes, step_ms, collectives, validation_peak_bytes,
-                                   validation_flops)
+                                   allocated_bytes, in_place_bytes, step_ms, collectives,
+                                   validation_peak_bytes, validation_flops)
 
 namespace fs = std::filesystem;
 

@@ -161,5 +161,43 @@ TEST(FlopCounter, CountsMatrixProductsOnEveryDevice) {
   EXPECT_EQ(outer.total(), 240 + 240 + 2048);
 }
 
+// In-place writes count the bytes they move, on the CPU and on the meta device alike (a CPU
+// job's trace runs there, allocating as the CPU kernels do); ops that fill an output they
+// allocated (zeros, clone, cat) are not counted again.
+TEST(FlopCounter, CountsTheBytesInPlaceOpsMove) {
+  const MetaTargetGuard cpu_kernels(Device::cpu());
+  for (const Device device : {Device::cpu(), Device::meta()}) {
+    SCOPED_TRACE(device.str());
+    const Tensor a = ops::zeros({10, 10}, kFloat32, device);  // 400 bytes
+    const Tensor b = ops::ones({10, 10}, kFloat32, device);
+    const Tensor m = ops::zeros({10, 10}, kFloat32, device);
+    const Tensor v = ops::zeros({10, 10}, kFloat32, device);
+    FlopCounter counter;
+    ops::clone(a);
+    ops::cat(std::vector<Tensor>{a, b}, 0);
+    ops::zeros({10, 10}, kFloat32, device);
+    EXPECT_EQ(counter.in_place_bytes(), 0);
+    ops::copy_(a, b);  // read 400, write 400
+    EXPECT_EQ(counter.in_place_bytes(), 800);
+    ops::fill_(a, 2.0);  // write 400
+    EXPECT_EQ(counter.in_place_bytes(), 1200);
+    ops::add_(a, b);  // read 800, write 400
+    EXPECT_EQ(counter.in_place_bytes(), 2400);
+    ops::mul_(a, 0.5);  // read 400, write 400
+    EXPECT_EQ(counter.in_place_bytes(), 3200);
+    // AdamW's fused pass: param, grad and both moments read, param and moments written.
+    ASSERT_TRUE(ops::adamw_update_fused_(a, b, m, v,
+                                         {.lr = 0.1,
+                                          .beta1 = 0.9,
+                                          .beta2 = 0.99,
+                                          .eps = 1e-8,
+                                          .weight_decay = 0,
+                                          .bias1 = 0.1,
+                                          .bias2 = 0.01}));
+    EXPECT_EQ(counter.in_place_bytes(), 3200 + 7 * 400);
+    EXPECT_EQ(counter.total(), 0);  // no matrix products
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -50,6 +50,8 @@ void expect_trace_matches(const ParallelConfig& parallel) {
     EXPECT_EQ(t.rank, r);
     EXPECT_EQ(t.parameters, m.parameters);
     EXPECT_EQ(t.flops, m.flops);
+    EXPECT_GT(m.in_place_bytes, 0);  // the optimizer's pass at least
+    EXPECT_EQ(t.in_place_bytes, m.in_place_bytes);
     EXPECT_FALSE(m.collectives.empty() && world > 1);
     EXPECT_TRUE(same_collectives(t, m));
     ASSERT_EQ(t.collectives.size(), m.collectives.size());

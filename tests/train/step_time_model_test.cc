@@ -1,0 +1,109 @@
+// The step-time model's arithmetic (train/step_time_model.h) on hand-made traces: every term of
+// a rank's compute, data-parallel communication hidden or exposed, and a CPU host's figures
+// shared among the ranks on it.
+#include "train/step_time_model.h"
+
+#include <gtest/gtest.h>
+
+namespace loom::train {
+namespace {
+
+// A machine with round figures: 1 GFLOP/s, 1 ns per written byte, 1 us per op, links of 1 GB/s
+// with no latency.
+MachineModel round_machine() {
+  return MachineModel{.rank_flops_per_s = 1e9,
+                      .seconds_per_written_byte = 1e-9,
+                      .seconds_per_op = 1e-6,
+                      .latency_s = 0,
+                      .bytes_per_s = 1e9};
+}
+
+ParallelConfig ddp(int64_t replicas) {
+  ParallelConfig parallel;
+  parallel.dims.dp_replicate = replicas;
+  return parallel;
+}
+
+TEST(StepTimeModelTest, ComputeCountsProductsWritesInPlaceBytesAndOps) {
+  TracedRank rank;
+  rank.flops = 2'000'000;            // 2 ms at 1 GFLOP/s
+  rank.allocated_bytes = 3'000'000;  // 3 ms at 1 ns per written byte
+  rank.in_place_bytes = 6'000'000;   // 2 ms: three bytes moved cost one written byte
+  rank.allocations = 1000;           // 1 ms
+  const StepTimeEstimate e = estimate_step_time({rank}, ParallelConfig{}, 1000, 1, round_machine());
+  EXPECT_NEAR(e.compute_ms, 8.0, 1e-9);
+  EXPECT_NEAR(e.exposed_comm_ms, 0.0, 1e-12);
+  EXPECT_NEAR(e.step_ms, 8.0, 1e-9);
+  EXPECT_NEAR(e.tokens_per_s, 1000 / 8e-3, 1e-6);
+}
+
+TEST(StepTimeModelTest, DataParallelCommunicationHidesUnderComputeOnlyWhereItOverlaps) {
+  TracedRank rank;
+  rank.flops = 10'000'000;  // 10 ms
+  // One all-reduce of 8 MB over 4 replicas: 2 x 3/4 x 8 MB at 1 GB/s = 12 ms.
+  auto& counters = rank.collectives["mesh/dp_replicate"];
+  counters.calls[static_cast<int>(comm::CollectiveKind::kAllReduce)] = 1;
+  counters.bytes[static_cast<int>(comm::CollectiveKind::kAllReduce)] = 8'000'000;
+  MachineModel machine = round_machine();
+  const StepTimeEstimate hidden = estimate_step_time({rank}, ddp(4), 1000, 4, machine);
+  EXPECT_NEAR(hidden.exposed_comm_ms, 2.0, 1e-9);  // what 10 ms of compute does not cover
+  EXPECT_NEAR(hidden.step_ms, 12.0, 1e-9);
+  machine.data_parallel_overlap = 0;
+  const StepTimeEstimate exposed = estimate_step_time({rank}, ddp(4), 1000, 4, machine);
+  EXPECT_NEAR(exposed.exposed_comm_ms, 12.0, 1e-9);
+  EXPECT_NEAR(exposed.step_ms, 22.0, 1e-9);
+}
+
+// A CPU host's calibration (two ranks' all-reduce on a 2-core host) shared among the job's ranks.
+TEST(StepTimeModelTest, CpuRanksShareTheHostsCoresForComputeAndCommunication) {
+  const nlohmann::json calibration = {
+      {"gemm_flops_per_s", 100e9}, {"seconds_per_written_byte", 1e-10},
+      {"seconds_per_op", 2e-6},    {"cores", 2},
+      {"latency_s", 20e-6},        {"bytes_per_s", 4e9}};
+  const MachineModel one = MachineModel::for_cpu_ranks(calibration, 1);
+  EXPECT_DOUBLE_EQ(one.rank_flops_per_s, 100e9);
+  EXPECT_DOUBLE_EQ(one.bytes_per_s, 4e9);
+  EXPECT_EQ(one.data_parallel_overlap, 1);  // a core to spare for Gloo
+  const MachineModel two = MachineModel::for_cpu_ranks(calibration, 2);
+  EXPECT_DOUBLE_EQ(two.rank_flops_per_s, 50e9);
+  EXPECT_DOUBLE_EQ(two.bytes_per_s, 4e9);  // as calibrated: two ranks, a core each
+  EXPECT_EQ(two.data_parallel_overlap, 0);
+  const MachineModel four = MachineModel::for_cpu_ranks(calibration, 4);
+  EXPECT_DOUBLE_EQ(four.rank_flops_per_s, 25e9);
+  EXPECT_DOUBLE_EQ(four.seconds_per_written_byte, 4e-10);
+  EXPECT_DOUBLE_EQ(four.seconds_per_op, 4e-6);  // twice the ranks of cores
+  EXPECT_DOUBLE_EQ(four.bytes_per_s, 2e9);      // half a core each moves the bytes
+  EXPECT_EQ(four.data_parallel_overlap, 0);
+  EXPECT_DOUBLE_EQ(four.cores_per_rank, 0.5);
+  // On a 16-core host, 8 ranks have a core each for their bytes and cores to spare.
+  nlohmann::json big = calibration;
+  big["cores"] = 16;
+  const MachineModel eight = MachineModel::for_cpu_ranks(big, 8);
+  EXPECT_DOUBLE_EQ(eight.bytes_per_s, 4e9);
+  EXPECT_EQ(eight.data_parallel_overlap, 1);
+}
+
+// A pipeline's bubble where each rank has a device of its own, and where four ranks share two
+// cores: a rank idle in the bubble leaves its core to the others, so only what the busy ranks at
+// a core each cannot make up is lost.
+TEST(StepTimeModelTest, ABubbleCostsLessWhereIdleRanksLeaveTheirCoresToOthers) {
+  TracedRank rank;
+  rank.flops = 10'000'000;  // 10 ms
+  ParallelConfig pipeline;
+  pipeline.dims.pp = 4;
+  pipeline.pipeline.schedule = "gpipe";
+  pipeline.pipeline.microbatches = 4;
+  MachineModel machine = round_machine();
+  const StepTimeEstimate own = estimate_step_time({rank}, pipeline, 1000, 4, machine);
+  EXPECT_DOUBLE_EQ(own.bubble, pipeline_bubble(pipeline));
+  EXPECT_GT(own.bubble, 1.5);  // GPipe, 4 stages, 4 microbatches: (4 + 3) / 4 on its timeline
+  EXPECT_NEAR(own.step_ms, 10 * own.bubble, 1e-9);
+  machine.cores_per_rank = 0.5;
+  const StepTimeEstimate shared = estimate_step_time({rank}, pipeline, 1000, 4, machine);
+  EXPECT_DOUBLE_EQ(shared.bubble, own.bubble * 0.5 > 1 ? own.bubble * 0.5 : 1.0);
+  machine.cores_per_rank = 0.25;  // enough ranks to fill the cores throughout
+  EXPECT_DOUBLE_EQ(estimate_step_time({rank}, pipeline, 1000, 4, machine).bubble, 1.0);
+}
+
+}  // namespace
+}  // namespace loom::train
