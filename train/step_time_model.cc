@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -101,7 +102,6 @@ MachineModel MachineModel::for_cpu_ranks(const nlohmann::json& calibration, int6
   const double core_share = std::min(1.0, cores / share) / std::min(1.0, cores / 2);
   m.bytes_per_s = calibration.at("bytes_per_s").get<double>() * core_share;
   m.data_parallel_overlap = share < cores ? 1 : 0;
-  m.cores_per_rank = cores / share;
   m.source = fmt::format("calibrated on {} at {} ({}; {} ranks share its {} cores)",
                          calibration.value("host", "?"), calibration.value("when", "?"),
                          calibration_path(), ranks, calibration.value("cores", 0));
@@ -141,28 +141,36 @@ nlohmann::json calibrate_machine() {
   const auto store = std::make_shared<comm::InMemoryStore>();
   double small_s = 0, large_s = 0;
   const int64_t small_elems = 256, large_elems = 4 << 20;  // 1 KiB, 16 MiB
+  std::vector<std::exception_ptr> failed(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
-      auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = "calibrate"},
-                                               comm::GlooOptions::loopback());
-      // The best of five rounds: what the link can do, not what a busy moment allowed.
-      const auto time = [&](int64_t elems, int count) {
-        const Tensor t = ops::zeros({elems});
-        double best = 1e30;
-        for (int round = 0; round < 5; ++round) {
-          pg->barrier()->wait();
-          const auto begin = Clock::now();
-          for (int i = 0; i < count; ++i) pg->all_reduce(t)->wait();
-          best = std::min(best, seconds_since(begin) / count);
-        }
-        return best;
-      };
-      const double s = time(small_elems, 100), l = time(large_elems, 4);
-      if (r == 0) small_s = s, large_s = l;
+      try {
+        auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = "calibrate"},
+                                                 comm::GlooOptions::loopback());
+        // The best of five rounds: what the link can do, not what a busy moment allowed.
+        const auto time = [&](int64_t elems, int count) {
+          const Tensor t = ops::zeros({elems});
+          double best = 1e30;
+          for (int round = 0; round < 5; ++round) {
+            pg->barrier()->wait();
+            const auto begin = Clock::now();
+            for (int i = 0; i < count; ++i) pg->all_reduce(t)->wait();
+            best = std::min(best, seconds_since(begin) / count);
+          }
+          return best;
+        };
+        const double s = time(small_elems, 100), l = time(large_elems, 4);
+        if (r == 0) small_s = s, large_s = l;
+      } catch (...) {
+        failed[r] = std::current_exception();  // rethrown below, never out of the thread
+      }
     });
   }
   for (std::thread& t : ranks) t.join();
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
+  }
   // Two ranks: 2 alpha + B beta (operation_seconds' all_reduce with n = 2).
   const double latency = small_s / 2;
   const double large_bytes = 4.0 * large_elems;
@@ -255,9 +263,6 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
     }
   }
   out.bubble = pipeline_bubble(parallel);
-  if (machine.cores_per_rank > 0 && machine.cores_per_rank < 1) {
-    out.bubble = std::max(1.0, out.bubble * machine.cores_per_rank);
-  }
   out.step_ms = (out.compute_ms + out.exposed_comm_ms) * out.bubble;
   out.tokens_per_s = out.step_ms > 0 ? static_cast<double>(tokens) / (out.step_ms / 1e3) : 0;
   if (machine.peak_flops_per_s > 0 && out.step_ms > 0) {

@@ -26,10 +26,7 @@
 //   rank time      = compute + exposed comm
 //   step           = the slowest traced rank's time x the schedule's bubble: (m + p - 1) / m for
 //                    GPipe and 1F1B, (m v + p - 1) / (m v) interleaved (m microbatches, p
-//                    stages, v stages per rank). Where ranks share cores (cores per rank < 1),
-//                    a rank idle in the bubble leaves its cores to the others: the bubble costs
-//                    only what the busy ranks at a core each cannot make up,
-//                    max(1, bubble x cores per rank)
+//                    stages, v stages per rank)
 // The rates come from `loom plan --calibrate` on this machine (MachineModel::load), or from the
 // plan's flags for another (a GPU's TFLOP/s, a link's GB/s and latency).
 #pragma once
@@ -58,8 +55,6 @@ struct MachineModel {
   double peak_flops_per_s = 0;  // one rank's peak (for MFU); 0: MFU not printed
   // The share of a step's compute under which data-parallel communication runs hidden.
   double data_parallel_overlap = 1;
-  // Cores each rank has where ranks share a host's cores (a CPU job); 0: a device of its own.
-  double cores_per_rank = 0;
   std::string source;  // where the figures came from
 
   // This host's figures for a CPU job of `ranks` ranks sharing it: the calibrated host GEMM rate

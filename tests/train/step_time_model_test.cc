@@ -74,35 +74,12 @@ TEST(StepTimeModelTest, CpuRanksShareTheHostsCoresForComputeAndCommunication) {
   EXPECT_DOUBLE_EQ(four.seconds_per_op, 4e-6);  // twice the ranks of cores
   EXPECT_DOUBLE_EQ(four.bytes_per_s, 2e9);      // half a core each moves the bytes
   EXPECT_EQ(four.data_parallel_overlap, 0);
-  EXPECT_DOUBLE_EQ(four.cores_per_rank, 0.5);
   // On a 16-core host, 8 ranks have a core each for their bytes and cores to spare.
   nlohmann::json big = calibration;
   big["cores"] = 16;
   const MachineModel eight = MachineModel::for_cpu_ranks(big, 8);
   EXPECT_DOUBLE_EQ(eight.bytes_per_s, 4e9);
   EXPECT_EQ(eight.data_parallel_overlap, 1);
-}
-
-// A pipeline's bubble where each rank has a device of its own, and where four ranks share two
-// cores: a rank idle in the bubble leaves its core to the others, so only what the busy ranks at
-// a core each cannot make up is lost.
-TEST(StepTimeModelTest, ABubbleCostsLessWhereIdleRanksLeaveTheirCoresToOthers) {
-  TracedRank rank;
-  rank.flops = 10'000'000;  // 10 ms
-  ParallelConfig pipeline;
-  pipeline.dims.pp = 4;
-  pipeline.pipeline.schedule = "gpipe";
-  pipeline.pipeline.microbatches = 4;
-  MachineModel machine = round_machine();
-  const StepTimeEstimate own = estimate_step_time({rank}, pipeline, 1000, 4, machine);
-  EXPECT_DOUBLE_EQ(own.bubble, pipeline_bubble(pipeline));
-  EXPECT_GT(own.bubble, 1.5);  // GPipe, 4 stages, 4 microbatches: (4 + 3) / 4 on its timeline
-  EXPECT_NEAR(own.step_ms, 10 * own.bubble, 1e-9);
-  machine.cores_per_rank = 0.5;
-  const StepTimeEstimate shared = estimate_step_time({rank}, pipeline, 1000, 4, machine);
-  EXPECT_DOUBLE_EQ(shared.bubble, own.bubble * 0.5 > 1 ? own.bubble * 0.5 : 1.0);
-  machine.cores_per_rank = 0.25;  // enough ranks to fill the cores throughout
-  EXPECT_DOUBLE_EQ(estimate_step_time({rank}, pipeline, 1000, 4, machine).bubble, 1.0);
 }
 
 }  // namespace
