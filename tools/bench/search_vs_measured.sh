@@ -6,7 +6,8 @@
 # the measured best's, and Spearman's rank correlation.
 #   bazel build -c opt //examples:loom_train //tools/loomrun && tools/bench/search_vs_measured.sh [MODEL] [RANKS] [EXTRA FLAGS...]
 # MEASURED=TABLE (an earlier run's output) takes each layout's measured time from that table
-# instead of running it: the time model re-ranked against the same measurements.
+# instead of running it: the time model re-ranked against the same measurements. A layout the
+# table lacks is run (so a measurement cut short goes on from its table).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 B=$root/bazel-bin/examples/loom_train
@@ -45,10 +46,13 @@ best_measured="" best_layout="" first_measured=""
 while IFS='|' read -r _ rank layout predicted _; do
   rank=$(echo "$rank" | tr -d ' ') layout=$(echo "$layout" | sed 's/^ *//; s/ *$//')
   [[ $rank =~ ^[0-9]+$ ]] || continue
+  measured=""
   if [[ -n ${MEASURED:-} ]]; then
     measured=$(awk -F'|' -v l="$layout" '{ x = $3; gsub(/^ +| +$/, "", x) } x == l { gsub(/ /, "", $5); print $5 }' \
       "$MEASURED" | head -1)
-    [[ -n $measured ]] || measured="failed"
+  fi
+  if [[ -n $measured ]]; then
+    :
   # shellcheck disable=SC2046
   elif "$B" --launcher "$L" --model "$model" $(flags "$layout") --device cpu --steps "$steps" --log-every 100 \
       --sample-tokens 0 --no-progress --plot-out "" --metrics-out "$work/m.jsonl" "${extra[@]}" \
