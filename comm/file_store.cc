@@ -311,12 +311,11 @@ Bytes FileStore::compare_set(const std::string& key, const Bytes& expected, cons
   Lock lock(*this, /*exclusive=*/true);
   sync_locked();
   const auto it = cache_.find(key);
-  const bool matches = it == cache_.end() ? expected.empty() : it->second == expected;
-  if (matches) {
-    append_locked(kSetRecord, key, desired);
-    return desired;
+  if (!holds_expected(it == cache_.end() ? nullptr : &it->second, expected)) {
+    return it == cache_.end() ? Bytes() : it->second;
   }
-  return it == cache_.end() ? Bytes() : it->second;
+  append_locked(kSetRecord, key, desired);
+  return desired;
 }
 
 bool FileStore::delete_key(const std::string& key) {

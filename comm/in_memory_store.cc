@@ -80,16 +80,15 @@ bool InMemoryStore::delete_key(const std::string& key) {
 
 Bytes InMemoryStore::compare_set(const std::string& key, const Bytes& expected,
                                  const Bytes& desired) {
-  Bytes now;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = values_.find(key);
-    const bool matches = it == values_.end() ? expected.empty() : it->second == expected;
-    if (matches) it = values_.insert_or_assign(key, desired).first;
-    if (it != values_.end()) now = it->second;
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto it = values_.find(key);
+  if (!holds_expected(it == values_.end() ? nullptr : &it->second, expected)) {
+    return it == values_.end() ? Bytes() : it->second;
   }
+  values_.insert_or_assign(key, desired);
+  lock.unlock();
   changed_.notify_all();
-  return now;
+  return desired;
 }
 
 size_t InMemoryStore::size() const {

@@ -59,4 +59,10 @@ class Store {
   Duration timeout_ = kDefaultStoreTimeout;
 };
 
+// compare_set's rule, for every store: does a key holding `current` (null: absent) hold
+// `expected`? An absent key holds an empty value.
+inline bool holds_expected(const Bytes* current, const Bytes& expected) {
+  return current == nullptr ? expected.empty() : *current == expected;
+}
+
 }  // namespace loom::comm

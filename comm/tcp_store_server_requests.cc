@@ -150,8 +150,7 @@ void TcpStoreServer::Impl::handle_compare_set(Connection& c, ts::Request request
   const std::string& key = request.keys[0];
   ts::Writer w;
   const auto it = data.find(key);
-  const bool matches = it == data.end() ? request.expected.empty() : it->second == request.expected;
-  if (!matches) {
+  if (!holds_expected(it == data.end() ? nullptr : &it->second, request.expected)) {
     w.value(it == data.end() ? Bytes() : it->second);
     return reply(c, w.finish(static_cast<uint8_t>(ts::Status::kOk)));
   }

@@ -1,5 +1,7 @@
 #include "tensor/flop_counter.h"
 
+#include "tensor/tensor.h"
+
 namespace loom {
 
 namespace {
@@ -18,7 +20,9 @@ void FlopCounter::record(int64_t flops) {
   }
 }
 
-void FlopCounter::record_in_place(int64_t bytes) {
+void FlopCounter::record_in_place(const Tensor& written, int passes) {
+  const int64_t bytes =
+      passes * written.numel() * static_cast<int64_t>(element_size(written.dtype()));
   for (FlopCounter* c = innermost; c != nullptr; c = c->outer_) c->in_place_bytes_ += bytes;
 }
 

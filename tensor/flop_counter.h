@@ -24,6 +24,8 @@
 
 namespace loom {
 
+class Tensor;
+
 class FlopCounter {
  public:
   FlopCounter();  // counts this thread's products until destroyed (scopes nest; each counts)
@@ -37,8 +39,9 @@ class FlopCounter {
 
   // Adds `flops` to every counter open on this thread (what the ops call).
   static void record(int64_t flops);
-  // Adds `bytes` read and written by an in-place op to every counter open on this thread.
-  static void record_in_place(int64_t bytes);
+  // Adds the bytes an in-place op moved, `passes` times `written`'s bytes (reads and writes: 2
+  // for a copy), to every counter open on this thread.
+  static void record_in_place(const Tensor& written, int passes);
 
   // While alive, this thread's products are a recompute's (scopes nest).
   class RecomputeScope {

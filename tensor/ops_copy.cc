@@ -108,7 +108,7 @@ void copy_plain(const Tensor& dst, const Tensor& src) {
 
 void copy_(const Tensor& dst, const Tensor& src) {
   if (dispatch_op(OpId::copy_, {dst, src})) return;
-  FlopCounter::record_in_place(2 * dst.numel() * static_cast<int64_t>(element_size(dst.dtype())));
+  FlopCounter::record_in_place(dst, 2);
   copy_plain(dst, src);
 }
 

@@ -47,7 +47,7 @@ void fill_plain(const Tensor& self, double value) {
 
 void fill_(const Tensor& self, double value) {
   if (dispatch_op(OpId::fill_, {self}, {value})) return;
-  FlopCounter::record_in_place(self.numel() * static_cast<int64_t>(element_size(self.dtype())));
+  FlopCounter::record_in_place(self, 1);
   fill_plain(self, value);
 }
 

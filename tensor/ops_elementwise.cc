@@ -420,7 +420,7 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
 
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
-  FlopCounter::record_in_place(3 * self.numel() * static_cast<int64_t>(element_size(self.dtype())));
+  FlopCounter::record_in_place(self, 3);
   // The vectorized kernel writing into self (each element read, then written: the values of
   // add's loop, without its temporary and the copy back), unless `other` overlaps self shifted.
   const bool overlaps_shifted =
@@ -436,7 +436,7 @@ void add_(const Tensor& self, const Tensor& other) {
 
 void mul_(const Tensor& self, double scalar) {
   if (dispatch_op(OpId::mul_scalar_, {self}, {scalar})) return;
-  FlopCounter::record_in_place(2 * self.numel() * static_cast<int64_t>(element_size(self.dtype())));
+  FlopCounter::record_in_place(self, 2);
   if (meta_like_fast_f32({self})) return;
   if (fast_f32({self})) {
     cpu::arith_scalar_f32(cpu::Arith::kMul, self.data<float>(), static_cast<float>(scalar),
@@ -455,18 +455,14 @@ bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& 
     if (t->extension() || t->shape() != param.shape()) return false;
     meta = meta && meta_like_fast_f32({*t});
   }
-  // One pass reading the four tensors and writing param and the moments back.
-  const auto in_place_bytes = [&] {
-    FlopCounter::record_in_place(7 * param.numel() * static_cast<int64_t>(sizeof(float)));
-  };
-  if (meta) {
-    in_place_bytes();
-    return true;  // the CPU's fused pass, which allocates nothing
+  if (!meta) {
+    for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
+      if (!fast_f32({*t})) return false;
+    }
   }
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-    if (!fast_f32({*t})) return false;
-  }
-  in_place_bytes();
+  // One pass reading the four f32 tensors and writing param and the moments back.
+  FlopCounter::record_in_place(param, 7);
+  if (meta) return true;  // the CPU's fused pass, which allocates nothing
   cpu::adamw_f32(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
                  exp_avg_sq.data<float>(), param.numel(),
                  {.lr = static_cast<float>(scalars.lr),

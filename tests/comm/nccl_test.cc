@@ -81,7 +81,7 @@ class LocalStore final : public Store {
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = values_.find(key);
-    if (it == values_.end() ? expected.empty() : it->second == expected) {
+    if (holds_expected(it == values_.end() ? nullptr : &it->second, expected)) {
       it = values_.insert_or_assign(key, desired).first;
       cv_.notify_all();
     }
