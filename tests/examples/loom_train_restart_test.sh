@@ -21,29 +21,36 @@ losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*"step":\([0-9]*\).*/\2 \1/p' "$1";
 [[ $(losses ref.jsonl | wc -l) -eq 12 ]] || { cat ref.jsonl; fail "the reference has not 12 steps"; }
 
 for trial in $(seq 1 "$trials"); do
-  rank=$(( RANDOM % 2 )) step=$(( 1 + RANDOM % 9 ))
-  dir="trial$trial"
-  rm -rf "$dir" && mkdir -p "$dir"
-  LOOM_FLIGHT_RECORDER_DIR="$PWD/$dir/flight" "$train" "${common[@]}" --max-restarts 3 \
-    --checkpoint-dir "$dir/ck" --metrics-out "$dir/m.jsonl" >"$dir/log" 2>&1 &
-  job=$!
-  # Kill rank $rank once the job has completed step $step (rank 0 writes its progress there).
+  # A tiny step takes milliseconds: a job can finish between two looks at its progress. Such a
+  # try is void (nothing was killed) and runs again, up to 3 times.
   killed=""
-  for _ in $(seq 1 600); do
-    done_step=$(cat "$dir/flight/progress" 2>/dev/null || echo -1)
-    if [[ $done_step =~ ^[0-9]+$ ]] && (( done_step >= step )); then
-      # loom_train exec'd loomrun in its place: the job's pid is loomrun's, its children the ranks.
-      victim=$(pgrep -P "$job" | sort -n | sed -n "$(( rank + 1 ))p")
-      [[ -n $victim ]] && kill -9 "$victim" && killed="$victim"
-      break
-    fi
-    kill -0 "$job" 2>/dev/null || break
-    sleep 0.05
+  for try in 1 2 3; do
+    rank=$(( RANDOM % 2 )) step=$(( 1 + RANDOM % 9 ))
+    dir="trial$trial"
+    rm -rf "$dir" && mkdir -p "$dir"
+    LOOM_FLIGHT_RECORDER_DIR="$PWD/$dir/flight" "$train" "${common[@]}" --max-restarts 3 \
+      --checkpoint-dir "$dir/ck" --metrics-out "$dir/m.jsonl" >"$dir/log" 2>&1 &
+    job=$!
+    # Kill rank $rank once the job has completed step $step (rank 0 writes its progress there).
+    for _ in $(seq 1 3000); do
+      done_step=$(cat "$dir/flight/progress" 2>/dev/null || echo -1)
+      if [[ $done_step =~ ^[0-9]+$ ]] && (( done_step >= step )); then
+        # loom_train exec'd loomrun in its place: the job's pid is loomrun's, its children the
+        # ranks.
+        victim=$(pgrep -P "$job" | sort -n | sed -n "$(( rank + 1 ))p")
+        [[ -n $victim ]] && kill -9 "$victim" && killed="$victim"
+        break
+      fi
+      kill -0 "$job" 2>/dev/null || break
+      sleep 0.01
+    done
+    status=0
+    wait "$job" || status=$?
+    (( status == 0 )) || { cat "$dir/log"; fail "trial $trial (rank $rank at step $step): exit $status"; }
+    [[ -n $killed ]] && break
+    echo "trial $trial, try $try: the job finished before rank $rank could be killed after step $step; again"
   done
-  status=0
-  wait "$job" || status=$?
-  (( status == 0 )) || { cat "$dir/log"; fail "trial $trial (rank $rank at step $step): exit $status"; }
-  [[ -n $killed ]] || { cat "$dir/log"; fail "trial $trial: no rank to kill at step $step"; }
+  [[ -n $killed ]] || { cat "$dir/log"; fail "trial $trial: no rank to kill in 3 tries"; }
   grep -q "^loomrun: restart 1 of 3: rank [01] (pid $killed) was killed by signal 9 (SIGKILL)" "$dir/log" ||
     { cat "$dir/log"; fail "trial $trial: no restart logged for pid $killed"; }
   grep -Eq "resumed from .* at step [0-9]+ \\(same layout\\)" "$dir/log" ||
