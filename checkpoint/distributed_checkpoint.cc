@@ -319,11 +319,13 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     fs::rename(partial_dir, final_dir);
     sync_directory(root, "checkpoint");
     // The marker, last, records the metadata's SHA-256: a metadata file changed after the
-    // commit (a flipped byte in a number, a name) is detected too.
-    write_file_synced((fs::path(final_dir) / kMarker).string(),
-                      marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())),
-                      "checkpoint");
-    sync_directory(final_dir, "checkpoint");
+    // commit (a flipped byte in a number, a name) is detected too. Written atomically (a
+    // temporary renamed over it, the folder synced): a rank killed while writing it leaves no
+    // marker, so the step counts as uncommitted and a restart resumes from the one before; an
+    // empty marker would have made every restart refuse the step as damaged.
+    write_file_atomically((fs::path(final_dir) / kMarker).string(),
+                          marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())),
+                          "checkpoint");
     fs::remove_all(final_dir + ".old.partial");
     if (staged.keep_last > 0) {
       const std::vector<int64_t> steps = committed_steps(root);

@@ -167,9 +167,13 @@ TEST_F(CorruptionTest, TruncatedAndMissingFilesAreNamed) {
 }
 
 TEST_F(CorruptionTest, AnUnfinishedSaveIsIgnoredAndCleanedUp) {
-  // A save that crashed before its marker: step 6 without COMMITTED, and a partial step 7.
+  // A save that crashed before its marker: step 6 without COMMITTED (killed while writing it:
+  // the marker is written atomically, so only its temporary is there, half written), and a
+  // partial step 7.
+  EXPECT_FALSE(fs::exists(dir_ + "/COMMITTED.tmp"));  // a finished save leaves none
   fs::copy(dir_, step_directory(root_, 6));
   fs::remove(step_directory(root_, 6) + "/COMMITTED");
+  std::ofstream(step_directory(root_, 6) + "/COMMITTED.tmp") << "{\"step\":6,\"metad";
   fs::create_directories(step_directory(root_, 7) + ".partial");
   EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{5}));
   EXPECT_EQ(latest_committed_step(root_), 5);
