@@ -5,6 +5,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/transpose.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
@@ -41,9 +42,37 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
   if (!landing.is_same(dst)) copy_uncounted_(dst, landing);
 }
 
+// An f32 copy where one side is stored transposed (copy_ or contiguous() of a transposed view),
+// by cpu::copy_f32_matrix's blocked transposes over the row blocks of its (outer dims x rows,
+// cols) layout; false when the layout is not one it takes (then the element loop does it).
+bool copy_transposed_f32(const Tensor& dst, const Tensor& source) {
+  if (dst.dtype() != kFloat32 || source.dtype() != kFloat32) return false;
+  const auto layout = cpu::collapse_runs<2>(dst.shape(), {dst.strides(), source.strides()});
+  if (!cpu::strides_across_rows(layout)) return false;
+  const auto& st = layout.strides;
+  const size_t last = layout.sizes.size() - 1;
+  for (const auto& strides : st) {
+    if (!cpu::MatrixView::supported(strides[last - 1], strides[last])) return false;
+  }
+  const int64_t cols = layout.sizes[last];
+  float* out = dst.data<float>();
+  const float* in = source.data<float>();
+  cpu::parallel_for(
+      layout.numel() / cols, std::max<int64_t>(1, cpu::kParallelGrain / cols), cpu::kRunTile,
+      [&](int64_t begin, int64_t end) {
+        cpu::for_each_row_block(
+            layout, begin, end, [&](const std::array<int64_t, 2>& bases, int64_t r0, int64_t r1) {
+              cpu::copy_f32_matrix({in + bases[1], st[1][last - 1], st[1][last]}, out + bases[0],
+                                   st[0][last - 1], st[0][last], r0, r1, cols);
+            });
+      });
+  return true;
+}
+
 // Element by element on host memory (the CPU, or meta storage that keeps values), converting
 // dtypes; `source` already has dst's shape.
 void copy_on_host(const Tensor& dst, const Tensor& source) {
+  if (copy_transposed_f32(dst, source)) return;
   cpu::visit_dtype(dst.dtype(), [&](auto dst_tag) {
     using D = decltype(dst_tag);
     cpu::visit_dtype(source.dtype(), [&](auto src_tag) {

@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
+#include "tensor/cpu/transpose.h"
 #include "tensor/cpu/vector_math.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
@@ -89,6 +90,36 @@ std::optional<cpu::Arith> vector_arith(UnaryOp code) {
   }
 }
 
+// out = a (op) b in f32 where an operand is stored transposed (a weight's gradient taken through
+// a transposed view, added to its accumulated gradient), by cpu::arith_f32_matrix over the row
+// blocks of the (outer dims x rows, cols) layout; false when the layout is not one it takes.
+bool arith_transposed_f32(cpu::Arith op, const Tensor& out, const Tensor& a, const Tensor& b) {
+  if (out.dtype() != kFloat32 || a.dtype() != kFloat32 || b.dtype() != kFloat32) return false;
+  const auto layout = cpu::collapse_runs<3>(out.shape(), {out.strides(), a.strides(), b.strides()});
+  if (!cpu::strides_across_rows(layout)) return false;
+  const auto& st = layout.strides;
+  const size_t last = layout.sizes.size() - 1;
+  if (st[0][last] != 1) return false;  // the output is written row by row
+  for (const auto& strides : st) {
+    if (!cpu::MatrixView::supported(strides[last - 1], strides[last])) return false;
+  }
+  const int64_t cols = layout.sizes[last];
+  float* o = out.data<float>();
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  cpu::parallel_for(layout.numel() / cols, std::max<int64_t>(1, cpu::kParallelGrain / cols),
+                    cpu::kRunTile, [&](int64_t begin, int64_t end) {
+                      cpu::for_each_row_block(
+                          layout, begin, end,
+                          [&](const std::array<int64_t, 3>& bases, int64_t r0, int64_t r1) {
+                            cpu::arith_f32_matrix(op, {pa + bases[1], st[1][last - 1], st[1][last]},
+                                                  {pb + bases[2], st[2][last - 1], st[2][last]},
+                                                  o + bases[0], st[0][last - 1], r0, r1, cols);
+                          });
+                    });
+  return true;
+}
+
 // out[i] = f(a[i], b[i]) over the broadcast shape, computing in ComputeType; on CUDA the kernel
 // of `code` computes the same.
 template <typename F>
@@ -125,6 +156,9 @@ Tensor binary(const Tensor& a_dev, const Tensor& b_dev, std::string_view op, Bin
   }
   if (const auto arith = vector_arith(code); arith && fast_f32({ax, bx})) {
     cpu::arith_f32(*arith, ax.data<float>(), bx.data<float>(), out.data<float>(), out.numel());
+    return out;
+  }
+  if (const auto arith = vector_arith(code); arith && arith_transposed_f32(*arith, out, ax, bx)) {
     return out;
   }
   cpu::visit_dtype(dtype, [&](auto tag) {

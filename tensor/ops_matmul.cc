@@ -7,6 +7,7 @@
 #include "tensor/cuda/gemm_cublaslt.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
+#include "tensor/grad_mode.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
 #include "tensor/ops_elementwise.h"
@@ -211,13 +212,21 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   const int64_t n = weight.size(0), k = weight.size(1);
   LOOM_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == n),
              "linear: the bias must have shape ({}), got {}", n, shape_str(bias.shape()));
-  // DTensors: the composed ops, whose sharding rules exist; each dispatches (and records) itself,
-  // so sharding propagation sees the matmul and the add rather than one opaque node.
-  if (input.extension() || weight.extension() || (bias.defined() && bias.extension())) {
+  // DTensors: the composed ops, whose sharding rules exist, so sharding propagation sees the
+  // matmul and the add rather than one opaque node. Where autograd records, it records linear
+  // itself (its forward comes back here below autograd and composes): linear's backward takes
+  // the weight's gradient as dY^T X, laid out as the weight is, where the composed ops' would be
+  // the transpose of X^T dY, and every accumulation of it a transposed add.
+  const bool extended =
+      input.extension() || weight.extension() || (bias.defined() && bias.extension());
+  const bool records = recording_enabled() && (input.requires_grad() || weight.requires_grad() ||
+                                               (bias.defined() && bias.requires_grad()));
+  if (extended && !records) {
     const Tensor out = matmul(input, transpose(weight, 0, 1));
     return bias.defined() ? add(out, bias) : out;
   }
   if (auto out = dispatch_op(OpId::linear, {input, weight, bias})) return std::move((*out)[0]);
+  LOOM_INTERNAL_ASSERT(!extended, "linear: DTensor inputs that require grad reached the kernel");
   const Tensor weight_t = transpose(weight, 0, 1);  // a view the GEMM takes as a flag
   if (!bias.defined()) return matmul(input, weight_t);
   const Device device = op_device("linear", {input, weight, bias});

@@ -157,6 +157,12 @@ void arith_f32(Arith op, const float* a, const float* b, float* out, int64_t n) 
   parallel_chunks(n, [&](int64_t begin, int64_t end) { arith_range(op, a, b, out, begin, end); });
 }
 
+void arith_f32_block(Arith op, const float* a, int64_t lda, const float* b, int64_t ldb, float* out,
+                     int64_t ldo, int64_t rows, int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r)
+    arith_range(op, a + r * lda, b + r * ldb, out + r * ldo, 0, cols);
+}
+
 void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n) {
   parallel_chunks(
       n, [&](int64_t begin, int64_t end) { arith_scalar_range(op, a, s, out, begin, end); });

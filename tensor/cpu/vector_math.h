@@ -28,6 +28,10 @@ void gelu_backward_f32(const float* grad, const float* x, float* out, int64_t n)
 enum class Arith { kAdd, kSub, kMul, kDiv, kRsub };
 void arith_f32(Arith op, const float* a, const float* b, float* out, int64_t n);
 void arith_scalar_f32(Arith op, const float* a, float s, float* out, int64_t n);
+// arith_f32 on a (rows, cols) block of row-major matrices with leading dims lda, ldb, ldo, on the
+// calling thread (a tile of a larger, already split operation).
+void arith_f32_block(Arith op, const float* a, int64_t lda, const float* b, int64_t ldb, float* out,
+                     int64_t ldo, int64_t rows, int64_t cols);
 
 // out[i] = value (zeroing gradients and fresh buffers).
 void fill_f32(float* out, float value, int64_t n);

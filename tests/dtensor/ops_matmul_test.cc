@@ -12,6 +12,7 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
+#include "autograd/hooks.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
@@ -67,6 +68,43 @@ TEST(OpsMatmulTest, MegatronColwiseAndRowwiseLinear) {
                       kReduceGrad});
     });
   }
+}
+
+// loom::linear itself (bias included) on DTensors: recorded as linear, its forward composed of
+// the matmul and add whose strategies exist. Values, gradients, placements and collectives as the
+// composed form's; and the weight's gradient is laid out as the weight on each rank (dY^T X),
+// where the composed form's is a transposed view (the transpose of X^T dY) that every gradient
+// accumulation then added across rows.
+TEST(OpsMatmulTest, LinearOnDTensorsRecordsLinearAndLaysTheWeightsGradientOutAsTheWeight) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor x = integer_tensor({2, 3, 6}, 1), w_up = integer_tensor({8, 6}, 2),
+                 b_up = integer_tensor({8}, 3), w_down = integer_tensor({5, 6}, 4);
+    const auto lin = [](const Inputs& in) { return loom::linear(in[0], in[1], in[2]); };
+    check_op(mesh, {"colwise linear, W S(0), b S(0)",
+                    {{x, {Replicate()}}, {w_up, {Shard(0)}}, {b_up, {Shard(0)}}},
+                    lin,
+                    Placements{Shard(2)},
+                    kReduceGrad});
+    check_op(mesh, {"rowwise linear without bias, x S(-1), W S(1)",
+                    {{x, {Shard(-1)}}, {w_down, {Shard(1)}}},
+                    [](const Inputs& in) { return loom::linear(in[0], in[1], Tensor()); },
+                    Placements{Partial(ReduceOp::kSum)}});
+    // The gradient backward hands the weight (seen by a hook, before accumulation): contiguous
+    // on each rank.
+    Tensor w = distribute_tensor(w_up, mesh, {Shard(0)}, std::nullopt);
+    w.set_requires_grad(true);
+    bool seen = false, contiguous = false;
+    autograd::register_hook(w, [&](const Tensor& grad) {
+      seen = true;
+      contiguous = local_shard(grad).is_contiguous();
+      return Tensor();
+    });
+    const Tensor xd = distribute_tensor(x, mesh, {Replicate()}, std::nullopt);
+    backward(sum(full_tensor(loom::linear(xd, w, Tensor()))));
+    ASSERT_TRUE(seen);
+    EXPECT_TRUE(contiguous) << "the weight's local gradient has the strides of a transposed view";
+  });
 }
 
 TEST(OpsMatmulTest, MegatronMlpNeedsOneAllReduceForward) {

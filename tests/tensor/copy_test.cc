@@ -169,6 +169,28 @@ TEST(CopyTest, WritesThroughNonContiguousDestinations) {
   EXPECT_EQ(to_vector(base2), (Values{5, 0, 5, 0, 6, 0, 6, 0}));
 }
 
+// f32 copies between row-major and transposed storage, batched and large enough to split over
+// threads (the blocked kernels of tensor/cpu/transpose.h): every element where it belongs.
+TEST(CopyTest, TransposedF32CopiesOfAnySize) {
+  const int64_t batch = 2, rows = 131, cols = 257;
+  const Tensor source = iota({batch, cols, rows});
+  const std::vector<double> want = to_vector(source);
+  const auto at = [&](int64_t i, int64_t r, int64_t c) { return want[(i * cols + c) * rows + r]; };
+  // contiguous() of a transposed view.
+  const std::vector<double> got = to_vector(contiguous(transpose(source, 1, 2)));
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(got[(i * rows + r) * cols + c], at(i, r, c)) << i << "," << r << "," << c;
+      }
+    }
+  }
+  // copy_ into a transposed destination gives back the source's storage.
+  const Tensor back = zeros({batch, cols, rows});
+  copy_(transpose(back, 1, 2), contiguous(transpose(source, 1, 2)));
+  EXPECT_EQ(to_vector(back), want);
+}
+
 TEST(CatTest, AlongEachDim) {
   Tensor a = iota({2, 3});
   Tensor b = add(iota({1, 3}), 10.0);

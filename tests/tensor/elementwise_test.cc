@@ -35,6 +35,30 @@ constexpr double kF32Ulp = 0x1.0p-23;
 
 // ---- binary ops: values and broadcasting ----
 
+// A batched f32 operand stored transposed, large enough to split over threads, takes the blocked
+// kernels (tensor/cpu/transpose.h): every element as the element loop computes it.
+TEST(BinaryTest, TransposedF32OperandsOfAnySizeGiveTheElementLoopsValues) {
+  const int64_t batch = 3, rows = 130, cols = 301;
+  const Tensor a = iota({batch, rows, cols});
+  const Tensor b_store = add(iota({batch, cols, rows}), 0.5);  // b(i, r, c) = b_store(i, c, r)
+  const Tensor b = transpose(b_store, 1, 2);
+  const std::vector<double> av = to_vector(a), bv = to_vector(b_store);
+  const auto b_at = [&](int64_t i, int64_t r, int64_t c) { return bv[(i * cols + c) * rows + r]; };
+  const std::vector<double> sum = to_vector(add(a, b)), diff = to_vector(sub(b, a)),
+                            prod = to_vector(mul(b, b));
+  for (int64_t i = 0; i < batch; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const int64_t at = (i * rows + r) * cols + c;
+        const float x = static_cast<float>(av[at]), y = static_cast<float>(b_at(i, r, c));
+        ASSERT_EQ(sum[at], x + y) << i << "," << r << "," << c;
+        ASSERT_EQ(diff[at], y - x) << i << "," << r << "," << c;
+        ASSERT_EQ(prod[at], y * y) << i << "," << r << "," << c;
+      }
+    }
+  }
+}
+
 TEST(BinaryTest, SameShapeArithmetic) {
   Tensor a = fv({1, 2, 3, 4, -5, 6}, {2, 3});
   Tensor b = fv({0.5, -1, 4, 8, 2, -0.25}, {2, 3});

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -84,6 +85,37 @@ TEST(ParallelForEachRun, WritesEveryElementOnceOnAnyThreadCount) {
     }
   }
   set_gemm_threads(2);
+}
+
+TEST(ForEachRunTiled, AnyRowRangeVisitsItsElementsOnceAsTheRowMajorLoopDoes) {
+  // Outer dims (3), rows not a multiple of the tile (131), a transposed operand.
+  const Shape shape{3, 131, 70};
+  const Strides a{131 * 70, 70, 1}, b{131 * 70, 1, 131};
+  const RunLayout<2> layout = collapse_runs<2>(shape, {a, b});
+  ASSERT_TRUE(strides_across_rows(layout));
+  Visits whole = visit(layout, 0, layout.numel());
+  std::sort(whole.begin(), whole.end());
+  const int64_t rows = 3 * 131;
+  for (int64_t cut : {int64_t{0}, int64_t{64}, int64_t{100}, int64_t{131}, int64_t{200}, rows}) {
+    Visits tiled;
+    const auto record = [&](const auto& off, int64_t count, const auto& in) {
+      EXPECT_LE(count, kRunTile);
+      for (int64_t j = 0; j < count; ++j)
+        tiled.emplace_back(off[0] + j * in[0], off[1] + j * in[1]);
+    };
+    for_each_run_tiled(layout, 0, cut, record);
+    for_each_run_tiled(layout, cut, rows, record);
+    std::sort(tiled.begin(), tiled.end());
+    EXPECT_EQ(tiled, whole) << "rows split at " << cut;
+  }
+}
+
+TEST(ForEachRunTiled, OnlyLayoutsThatStrideAcrossRowsAreTiled) {
+  EXPECT_TRUE(strides_across_rows(collapse_runs<2>({64, 32}, {Strides{32, 1}, Strides{1, 64}})));
+  // Contiguous (one merged run), a broadcast row, a column slice every other element: row-major.
+  EXPECT_FALSE(strides_across_rows(collapse_runs<2>({64, 32}, {Strides{32, 1}, Strides{32, 1}})));
+  EXPECT_FALSE(strides_across_rows(collapse_runs<2>({64, 32}, {Strides{32, 1}, Strides{0, 1}})));
+  EXPECT_FALSE(strides_across_rows(collapse_runs<2>({64, 32}, {Strides{32, 1}, Strides{64, 2}})));
 }
 
 TEST(ParallelFor, AChunksErrorReachesTheCaller) {
