@@ -290,9 +290,9 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
       const SearchedLayout& rep =
           search.layouts[to_trace[representative.at(to_trace[n].compute_class)].index];
       if (rep.traced) {
-        c.lower_bound_ms = 1e3 * pipeline_bubble(to_trace[n].parallel) *
-                           static_cast<double>(rep.max_rank_flops) /
-                           options.machine->rank_flops_per_s;
+        c.lower_bound_ms =
+            1e3 * step_bubble(pipeline_bubble(to_trace[n].parallel), *options.machine) *
+            static_cast<double>(rep.max_rank_flops) / options.machine->rank_flops_per_s;
       }
       rest.emplace_back(c.lower_bound_ms, n);
     }

@@ -63,6 +63,7 @@ double group_bytes_per_s(const std::string& group, const MachineModel& m) {
 double operation_seconds(comm::CollectiveKind kind, double bytes, int64_t n, const MachineModel& m,
                          double bytes_per_s) {
   const double alpha = m.latency_s, beta = 1.0 / bytes_per_s;
+  const double p2p_alpha = m.p2p_latency_s > 0 ? m.p2p_latency_s : m.latency_s;
   const double k = static_cast<double>(std::max<int64_t>(n, 1));
   switch (kind) {
     case comm::CollectiveKind::kAllReduce:
@@ -77,13 +78,69 @@ double operation_seconds(comm::CollectiveKind kind, double bytes, int64_t n, con
     case comm::CollectiveKind::kBroadcast:
       return n <= 1 ? 0 : std::ceil(std::log2(k)) * alpha + bytes * beta;
     case comm::CollectiveKind::kSend:
-      return alpha + bytes * beta;
+      return p2p_alpha + bytes * beta;
     case comm::CollectiveKind::kRecv:
-      return 0;  // its sender's time
+      return p2p_alpha;  // the bytes are its sender's time; the hand-off is paid on both sides
     case comm::CollectiveKind::kBarrier:
       return alpha;
   }
   return 0;
+}
+
+// Seconds a point-to-point send or receive adds to a rank that computes between them (a
+// pipeline's hand-off): two thread ranks exchange a small message back and forth after each
+// small GEMM, against the same GEMMs alone; the median of five rounds, per op. Unlike a
+// collective (a shared-memory barrier between the ranks' op threads), a send or receive passes
+// through Gloo's TCP transport and wakes several threads (the op's, Gloo's I/O thread, the
+// waiting caller), each of which waits for a core once the ranks have gone to sleep.
+double measure_p2p_handoff() {
+  const auto store = std::make_shared<comm::InMemoryStore>();
+  const int64_t rounds = 5, exchanges = 40;
+  std::vector<double> excess(rounds, 0);
+  std::vector<std::exception_ptr> failed(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        NoGradGuard no_grad;
+        auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = "calibrate_p2p"},
+                                                 comm::GlooOptions::loopback());
+        const Tensor a = ops::normal({192, 192}, 3 + r), b = ops::normal({192, 192}, 5 + r);
+        const Tensor message = ops::zeros({256});
+        const auto run = [&](bool exchange) {
+          pg->barrier()->wait();
+          const auto begin = Clock::now();
+          for (int64_t i = 0; i < exchanges; ++i) {
+            ops::matmul(a, b);
+            if (!exchange) continue;
+            if (r == 0) {
+              pg->send(message, 1, 0)->wait();
+              pg->recv(message, 1, 1)->wait();
+            } else {
+              pg->recv(message, 0, 0)->wait();
+              pg->send(message, 0, 1)->wait();
+            }
+          }
+          pg->barrier()->wait();
+          return seconds_since(begin);
+        };
+        run(true);  // warm up: connections, helper threads, the GEMM's kernel
+        for (int64_t k = 0; k < rounds; ++k) {
+          const double alone = run(false), with = run(true);
+          // Each rank sends once and receives once per exchange.
+          if (r == 0) excess[k] = std::max(0.0, with - alone) / (2.0 * exchanges);
+        }
+      } catch (...) {
+        failed[r] = std::current_exception();  // rethrown below, never out of the thread
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (const std::exception_ptr& e : failed) {
+    if (e) std::rethrow_exception(e);
+  }
+  std::sort(excess.begin(), excess.end());
+  return excess[rounds / 2];
 }
 
 }  // namespace
@@ -97,6 +154,10 @@ MachineModel MachineModel::for_cpu_ranks(const nlohmann::json& calibration, int6
   m.seconds_per_written_byte = calibration.value("seconds_per_written_byte", 0.0) * share;
   m.seconds_per_op = calibration.value("seconds_per_op", 0.0) * std::max(1.0, share / cores);
   m.latency_s = calibration.at("latency_s").get<double>();
+  // The hand-off's thread wake-ups each wait for a core shared by ranks_per_core ranks
+  // (calibrations written before the hand-off was measured fall back to the collectives').
+  m.ranks_per_core = std::max(1.0, share / cores);
+  m.p2p_latency_s = calibration.value("p2p_handoff_s", m.latency_s) * m.ranks_per_core;
   // The calibration's two ranks each had min(1, cores / 2) of a core to move bytes with; these
   // ranks have min(1, cores / ranks) each.
   const double core_share = std::min(1.0, cores / share) / std::min(1.0, cores / 2);
@@ -171,6 +232,7 @@ nlohmann::json calibrate_machine() {
   for (const std::exception_ptr& e : failed) {
     if (e) std::rethrow_exception(e);
   }
+  const double p2p_handoff = measure_p2p_handoff();
   // Two ranks: 2 alpha + B beta (operation_seconds' all_reduce with n = 2).
   const double latency = small_s / 2;
   const double large_bytes = 4.0 * large_elems;
@@ -188,6 +250,7 @@ nlohmann::json calibrate_machine() {
           {"cores", std::thread::hardware_concurrency()},
           {"latency_s", latency},
           {"bytes_per_s", bytes_per_s},
+          {"p2p_handoff_s", p2p_handoff},
           {"all_reduce_1KiB_s", small_s},
           {"all_reduce_16MiB_s", large_s},
           {"host", host},
@@ -219,6 +282,10 @@ double pipeline_bubble(const ParallelConfig& parallel) {
       pipeline::schedule_by_name(parallel.pipeline.schedule, static_cast<int>(parallel.dims.pp),
                                  parallel.microbatches(), parallel.pipeline.virtual_stages);
   return 1.0 / (1.0 - pipeline::simulated_idle_share(schedule, 1.0, 2.0, 1.0));
+}
+
+double step_bubble(double bubble, const MachineModel& machine) {
+  return machine.ranks_per_core > 1 ? std::max(1.0, bubble / machine.ranks_per_core) : bubble;
 }
 
 StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
@@ -262,7 +329,7 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
       flops_of_slowest = rank.flops - rank.recompute_flops;  // model FLOPs: MFU's numerator
     }
   }
-  out.bubble = pipeline_bubble(parallel);
+  out.bubble = step_bubble(pipeline_bubble(parallel), machine);
   out.step_ms = (out.compute_ms + out.exposed_comm_ms) * out.bubble;
   out.tokens_per_s = out.step_ms > 0 ? static_cast<double>(tokens) / (out.step_ms / 1e3) : 0;
   if (machine.peak_flops_per_s > 0 && out.step_ms > 0) {
