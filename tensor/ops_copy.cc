@@ -48,23 +48,14 @@ void copy_across_devices(const Tensor& dst, const Tensor& src) {
 bool copy_transposed_f32(const Tensor& dst, const Tensor& source) {
   if (dst.dtype() != kFloat32 || source.dtype() != kFloat32) return false;
   const auto layout = cpu::collapse_runs<2>(dst.shape(), {dst.strides(), source.strides()});
-  if (!cpu::strides_across_rows(layout)) return false;
-  const auto& st = layout.strides;
-  const size_t last = layout.sizes.size() - 1;
-  for (const auto& strides : st) {
-    if (!cpu::MatrixView::supported(strides[last - 1], strides[last])) return false;
-  }
-  const int64_t cols = layout.sizes[last];
+  if (!cpu::takes_matrix_layout(layout)) return false;
+  const cpu::MatrixView out_view = cpu::matrix_view(nullptr, layout, 0);
   float* out = dst.data<float>();
   const float* in = source.data<float>();
-  cpu::parallel_for(
-      layout.numel() / cols, std::max<int64_t>(1, cpu::kParallelGrain / cols), cpu::kRunTile,
-      [&](int64_t begin, int64_t end) {
-        cpu::for_each_row_block(
-            layout, begin, end, [&](const std::array<int64_t, 2>& bases, int64_t r0, int64_t r1) {
-              cpu::copy_f32_matrix({in + bases[1], st[1][last - 1], st[1][last]}, out + bases[0],
-                                   st[0][last - 1], st[0][last], r0, r1, cols);
-            });
+  cpu::parallel_for_each_row_block(
+      layout, [&](const std::array<int64_t, 2>& bases, int64_t r0, int64_t r1) {
+        cpu::copy_f32_matrix(cpu::matrix_view(in + bases[1], layout, 1), out + bases[0],
+                             out_view.row_stride, out_view.col_stride, r0, r1, layout.sizes.back());
       });
   return true;
 }

@@ -96,27 +96,18 @@ std::optional<cpu::Arith> vector_arith(UnaryOp code) {
 bool arith_transposed_f32(cpu::Arith op, const Tensor& out, const Tensor& a, const Tensor& b) {
   if (out.dtype() != kFloat32 || a.dtype() != kFloat32 || b.dtype() != kFloat32) return false;
   const auto layout = cpu::collapse_runs<3>(out.shape(), {out.strides(), a.strides(), b.strides()});
-  if (!cpu::strides_across_rows(layout)) return false;
-  const auto& st = layout.strides;
-  const size_t last = layout.sizes.size() - 1;
-  if (st[0][last] != 1) return false;  // the output is written row by row
-  for (const auto& strides : st) {
-    if (!cpu::MatrixView::supported(strides[last - 1], strides[last])) return false;
-  }
-  const int64_t cols = layout.sizes[last];
+  if (!cpu::takes_matrix_layout(layout)) return false;
+  const cpu::MatrixView out_view = cpu::matrix_view(nullptr, layout, 0);
+  if (!out_view.row_major()) return false;  // the output is written row by row
   float* o = out.data<float>();
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
-  cpu::parallel_for(layout.numel() / cols, std::max<int64_t>(1, cpu::kParallelGrain / cols),
-                    cpu::kRunTile, [&](int64_t begin, int64_t end) {
-                      cpu::for_each_row_block(
-                          layout, begin, end,
-                          [&](const std::array<int64_t, 3>& bases, int64_t r0, int64_t r1) {
-                            cpu::arith_f32_matrix(op, {pa + bases[1], st[1][last - 1], st[1][last]},
-                                                  {pb + bases[2], st[2][last - 1], st[2][last]},
-                                                  o + bases[0], st[0][last - 1], r0, r1, cols);
-                          });
-                    });
+  cpu::parallel_for_each_row_block(
+      layout, [&](const std::array<int64_t, 3>& bases, int64_t r0, int64_t r1) {
+        cpu::arith_f32_matrix(op, cpu::matrix_view(pa + bases[1], layout, 1),
+                              cpu::matrix_view(pb + bases[2], layout, 2), o + bases[0],
+                              out_view.row_stride, r0, r1, layout.sizes.back());
+      });
   return true;
 }
 

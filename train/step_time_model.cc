@@ -11,6 +11,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "base/cache_dir.h"
@@ -87,51 +88,21 @@ double operation_seconds(comm::CollectiveKind kind, double bytes, int64_t n, con
   return 0;
 }
 
-// Seconds a point-to-point send or receive adds to a rank that computes between them (a
-// pipeline's hand-off): two thread ranks exchange a small message back and forth after each
-// small GEMM, against the same GEMMs alone; the median of five rounds, per op. Unlike a
-// collective (a shared-memory barrier between the ranks' op threads), a send or receive passes
-// through Gloo's TCP transport and wakes several threads (the op's, Gloo's I/O thread, the
-// waiting caller), each of which waits for a core once the ranks have gone to sleep.
-double measure_p2p_handoff() {
+// Runs body(group, rank) on two thread ranks of a Gloo group named `name` over loopback; a rank's
+// exception is rethrown here, never out of its thread.
+void on_two_thread_ranks(const std::string& name,
+                         const std::function<void(comm::ProcessGroup&, int)>& body) {
   const auto store = std::make_shared<comm::InMemoryStore>();
-  const int64_t rounds = 5, exchanges = 40;
-  std::vector<double> excess(rounds, 0);
   std::vector<std::exception_ptr> failed(2);
   std::vector<std::thread> ranks;
   for (int r = 0; r < 2; ++r) {
     ranks.emplace_back([&, r] {
       try {
-        NoGradGuard no_grad;
-        auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = "calibrate_p2p"},
+        auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = name},
                                                  comm::GlooOptions::loopback());
-        const Tensor a = ops::normal({192, 192}, 3 + r), b = ops::normal({192, 192}, 5 + r);
-        const Tensor message = ops::zeros({256});
-        const auto run = [&](bool exchange) {
-          pg->barrier()->wait();
-          const auto begin = Clock::now();
-          for (int64_t i = 0; i < exchanges; ++i) {
-            ops::matmul(a, b);
-            if (!exchange) continue;
-            if (r == 0) {
-              pg->send(message, 1, 0)->wait();
-              pg->recv(message, 1, 1)->wait();
-            } else {
-              pg->recv(message, 0, 0)->wait();
-              pg->send(message, 0, 1)->wait();
-            }
-          }
-          pg->barrier()->wait();
-          return seconds_since(begin);
-        };
-        run(true);  // warm up: connections, helper threads, the GEMM's kernel
-        for (int64_t k = 0; k < rounds; ++k) {
-          const double alone = run(false), with = run(true);
-          // Each rank sends once and receives once per exchange.
-          if (r == 0) excess[k] = std::max(0.0, with - alone) / (2.0 * exchanges);
-        }
+        body(*pg, r);
       } catch (...) {
-        failed[r] = std::current_exception();  // rethrown below, never out of the thread
+        failed[r] = std::current_exception();
       }
     });
   }
@@ -139,6 +110,43 @@ double measure_p2p_handoff() {
   for (const std::exception_ptr& e : failed) {
     if (e) std::rethrow_exception(e);
   }
+}
+
+// Seconds a point-to-point send or receive adds to a rank that computes between them (a
+// pipeline's hand-off): two thread ranks exchange a small message back and forth after each
+// small GEMM, against the same GEMMs alone; the median of five rounds, per op. Unlike a
+// collective (a shared-memory barrier between the ranks' op threads), a send or receive passes
+// through Gloo's TCP transport and wakes several threads (the op's, Gloo's I/O thread, the
+// waiting caller), each of which waits for a core once the ranks have gone to sleep.
+double measure_p2p_handoff() {
+  const int64_t rounds = 5, exchanges = 40;
+  std::vector<double> excess(rounds, 0);
+  on_two_thread_ranks("calibrate_p2p", [&](comm::ProcessGroup& pg, int r) {
+    NoGradGuard no_grad;
+    const Tensor a = ops::normal({192, 192}, 3 + r), b = ops::normal({192, 192}, 5 + r);
+    const Tensor message = ops::zeros({256});
+    const int peer = 1 - r;
+    const auto run = [&](bool exchange) {
+      pg.barrier()->wait();
+      const auto begin = Clock::now();
+      for (int64_t i = 0; i < exchanges; ++i) {
+        ops::matmul(a, b);
+        if (!exchange) continue;
+        // Rank 0 sends first (tag 0) and rank 1 answers (tag 1).
+        if (r == 0) pg.send(message, peer, 0)->wait();
+        pg.recv(message, peer, 1 - r)->wait();
+        if (r == 1) pg.send(message, peer, 1)->wait();
+      }
+      pg.barrier()->wait();
+      return seconds_since(begin);
+    };
+    run(true);  // warm up: connections, helper threads, the GEMM's kernel
+    for (int64_t k = 0; k < rounds; ++k) {
+      const double alone = run(false), with = run(true);
+      // Each rank sends once and receives once per exchange.
+      if (r == 0) excess[k] = std::max(0.0, with - alone) / (2.0 * exchanges);
+    }
+  });
   std::sort(excess.begin(), excess.end());
   return excess[rounds / 2];
 }
@@ -152,11 +160,11 @@ MachineModel MachineModel::for_cpu_ranks(const nlohmann::json& calibration, int6
   const double cores = std::max(1.0, calibration.value("cores", 1.0));
   m.rank_flops_per_s = host / share;
   m.seconds_per_written_byte = calibration.value("seconds_per_written_byte", 0.0) * share;
-  m.seconds_per_op = calibration.value("seconds_per_op", 0.0) * std::max(1.0, share / cores);
+  m.ranks_per_core = std::max(1.0, share / cores);
+  m.seconds_per_op = calibration.value("seconds_per_op", 0.0) * m.ranks_per_core;
   m.latency_s = calibration.at("latency_s").get<double>();
   // The hand-off's thread wake-ups each wait for a core shared by ranks_per_core ranks
   // (calibrations written before the hand-off was measured fall back to the collectives').
-  m.ranks_per_core = std::max(1.0, share / cores);
   m.p2p_latency_s = calibration.value("p2p_handoff_s", m.latency_s) * m.ranks_per_core;
   // The calibration's two ranks each had min(1, cores / 2) of a core to move bytes with; these
   // ranks have min(1, cores / ranks) each.
@@ -199,39 +207,24 @@ nlohmann::json calibrate_machine() {
 
   // Gloo all-reduces between two thread ranks: a small one's time is latency, a large one's
   // adds its bytes.
-  const auto store = std::make_shared<comm::InMemoryStore>();
   double small_s = 0, large_s = 0;
   const int64_t small_elems = 256, large_elems = 4 << 20;  // 1 KiB, 16 MiB
-  std::vector<std::exception_ptr> failed(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        auto pg = comm::ProcessGroupGloo::create(store, r, 2, {.name = "calibrate"},
-                                                 comm::GlooOptions::loopback());
-        // The best of five rounds: what the link can do, not what a busy moment allowed.
-        const auto time = [&](int64_t elems, int count) {
-          const Tensor t = ops::zeros({elems});
-          double best = 1e30;
-          for (int round = 0; round < 5; ++round) {
-            pg->barrier()->wait();
-            const auto begin = Clock::now();
-            for (int i = 0; i < count; ++i) pg->all_reduce(t)->wait();
-            best = std::min(best, seconds_since(begin) / count);
-          }
-          return best;
-        };
-        const double s = time(small_elems, 100), l = time(large_elems, 4);
-        if (r == 0) small_s = s, large_s = l;
-      } catch (...) {
-        failed[r] = std::current_exception();  // rethrown below, never out of the thread
+  on_two_thread_ranks("calibrate", [&](comm::ProcessGroup& pg, int r) {
+    // The best of five rounds: what the link can do, not what a busy moment allowed.
+    const auto time = [&](int64_t elems, int count) {
+      const Tensor t = ops::zeros({elems});
+      double best = 1e30;
+      for (int round = 0; round < 5; ++round) {
+        pg.barrier()->wait();
+        const auto begin = Clock::now();
+        for (int i = 0; i < count; ++i) pg.all_reduce(t)->wait();
+        best = std::min(best, seconds_since(begin) / count);
       }
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  for (const std::exception_ptr& e : failed) {
-    if (e) std::rethrow_exception(e);
-  }
+      return best;
+    };
+    const double s = time(small_elems, 100), l = time(large_elems, 4);
+    if (r == 0) small_s = s, large_s = l;
+  });
   const double p2p_handoff = measure_p2p_handoff();
   // Two ranks: 2 alpha + B beta (operation_seconds' all_reduce with n = 2).
   const double latency = small_s / 2;

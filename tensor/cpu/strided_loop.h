@@ -153,32 +153,50 @@ void for_each_row_block(const RunLayout<N>& layout, int64_t row_begin, int64_t r
   }
 }
 
+// for_each_row_block with the rows split over the kernel threads (parallel.h) in blocks of whole
+// rows, each a multiple of kRunTile: for kernels that write disjoint elements, as
+// parallel_for_each_run's.
+template <size_t N, typename Block>
+void parallel_for_each_row_block(const RunLayout<N>& layout, Block&& block) {
+  const int64_t cols = layout.sizes.back();
+  parallel_for(layout.numel() / cols, std::max<int64_t>(1, kParallelGrain / cols), kRunTile,
+               [&](int64_t begin, int64_t end) { for_each_row_block(layout, begin, end, block); });
+}
+
+// The tiles of one stretch of rows [row0, row_stop) at `bases` (for_each_row_block's): within a
+// tile, one run of at most kRunTile elements per row.
+template <size_t N, typename Inner>
+void run_tiles(const RunLayout<N>& layout, const std::array<int64_t, N>& bases, int64_t row0,
+               int64_t row_stop, Inner&& inner) {
+  const auto& st = layout.strides;
+  const size_t last = layout.sizes.size() - 1;
+  const int64_t cols = layout.sizes[last];
+  std::array<int64_t, N> inner_strides{};
+  for (size_t k = 0; k < N; ++k) inner_strides[k] = st[k][last];
+  for (int64_t r0 = row0; r0 < row_stop; r0 += kRunTile) {
+    const int64_t r1 = std::min(row_stop, r0 + kRunTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kRunTile) {
+      const int64_t count = std::min(kRunTile, cols - c0);
+      for (int64_t r = r0; r < r1; ++r) {
+        std::array<int64_t, N> offsets;
+        for (size_t k = 0; k < N; ++k) {
+          offsets[k] = bases[k] + r * st[k][last - 1] + c0 * st[k][last];
+        }
+        inner(offsets, count, inner_strides);
+      }
+    }
+  }
+}
+
 // for_each_run_in over the last two dims in kRunTile x kRunTile tiles, for the rows [row_begin,
 // row_end) of the flattened (outer dims x rows) index: within a tile, one run of at most kRunTile
 // elements per row. Every element is visited once; the order is not row-major.
 template <size_t N, typename Inner>
 void for_each_run_tiled(const RunLayout<N>& layout, int64_t row_begin, int64_t row_end,
                         Inner&& inner) {
-  const auto& st = layout.strides;
-  const size_t last = layout.sizes.size() - 1;
-  const int64_t cols = layout.sizes[last];
-  std::array<int64_t, N> inner_strides{};
-  for (size_t k = 0; k < N; ++k) inner_strides[k] = st[k][last];
   for_each_row_block(layout, row_begin, row_end,
                      [&](const std::array<int64_t, N>& bases, int64_t row0, int64_t row_stop) {
-                       for (int64_t r0 = row0; r0 < row_stop; r0 += kRunTile) {
-                         const int64_t r1 = std::min(row_stop, r0 + kRunTile);
-                         for (int64_t c0 = 0; c0 < cols; c0 += kRunTile) {
-                           const int64_t count = std::min(kRunTile, cols - c0);
-                           for (int64_t r = r0; r < r1; ++r) {
-                             std::array<int64_t, N> offsets;
-                             for (size_t k = 0; k < N; ++k) {
-                               offsets[k] = bases[k] + r * st[k][last - 1] + c0 * st[k][last];
-                             }
-                             inner(offsets, count, inner_strides);
-                           }
-                         }
-                       }
+                       run_tiles(layout, bases, row0, row_stop, inner);
                      });
 }
 
@@ -192,12 +210,10 @@ void parallel_for_each_run(const Shape& shape, const std::array<Strides, N>& str
                            Inner&& inner) {
   const RunLayout<N> layout = collapse_runs(shape, strides);
   if (strides_across_rows(layout)) {
-    const int64_t cols = layout.sizes.back();
-    const int64_t rows = layout.numel() / cols;
-    const int64_t grain_rows = std::max<int64_t>(1, kParallelGrain / cols);
-    parallel_for(rows, grain_rows, kRunTile, [&](int64_t begin, int64_t end) {
-      for_each_run_tiled(layout, begin, end, inner);
-    });
+    parallel_for_each_row_block(
+        layout, [&](const std::array<int64_t, N>& bases, int64_t row0, int64_t row_stop) {
+          run_tiles(layout, bases, row0, row_stop, inner);
+        });
     return;
   }
   parallel_for(layout.numel(), kParallelGrain, 1,

@@ -4,8 +4,10 @@
 // the x86-64-v3 baseline) inside cache tiles instead.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "tensor/cpu/strided_loop.h"
 #include "tensor/cpu/vector_math.h"
 
 namespace loom::cpu {
@@ -20,11 +22,26 @@ struct MatrixView {
   const float* data = nullptr;
   int64_t row_stride = 0, col_stride = 1;
   bool row_major() const { return col_stride == 1; }
-  // Whether the kernels below take the layout: one of the two strides 1.
-  static bool supported(int64_t row_stride, int64_t col_stride) {
-    return col_stride == 1 || row_stride == 1;
-  }
 };
+
+// Whether the kernels below are the way to run `layout`: some operand strides across rows
+// (strides_across_rows) and every operand is row-major or transposed in the last two dims.
+template <size_t N>
+bool takes_matrix_layout(const RunLayout<N>& layout) {
+  if (!strides_across_rows(layout)) return false;
+  const size_t last = layout.sizes.size() - 1;
+  for (const auto& st : layout.strides) {
+    if (st[last] != 1 && st[last - 1] != 1) return false;
+  }
+  return true;
+}
+
+// Operand k of a takes_matrix_layout layout as the (rows, cols) matrix whose (0, 0) is at `data`.
+template <size_t N>
+MatrixView matrix_view(const float* data, const RunLayout<N>& layout, size_t k) {
+  const size_t last = layout.sizes.size() - 1;
+  return {data, layout.strides[k][last - 1], layout.strides[k][last]};
+}
 
 // out[r * out_ld + c] = a(r, c) (op) b(r, c) for the rows [row_begin, row_end) and every column:
 // the transposed operands go through a tile buffer, then arith_f32_block's vector loop (IEEE's
