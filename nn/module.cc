@@ -128,6 +128,22 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   return out;
 }
 
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out;
+  // Depth first without recursion's vector per level: the children go on a stack in reverse,
+  // so the first child is visited next.
+  std::vector<Module*> stack{this};
+  while (!stack.empty()) {
+    Module* m = stack.back();
+    stack.pop_back();
+    out.push_back(m);
+    for (auto it = m->children_.rbegin(); it != m->children_.rend(); ++it) {
+      stack.push_back(it->second.get());
+    }
+  }
+  return out;
+}
+
 std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_children() const {
   return children_;
 }

@@ -59,6 +59,9 @@ class Module : public std::enable_shared_from_this<Module> {
   std::vector<Tensor> parameters(bool recurse = true) const;
   // (dotted name, module) for this module ("") and every descendant, depth first.
   std::vector<std::pair<std::string, Module*>> named_modules();
+  // The same modules in the same order, without building their names (torch's modules()): for
+  // walks that run every step.
+  std::vector<Module*> modules();
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // The submodule at a dotted path ("h.0.attn"); throws naming the missing part.
   Module& submodule(const std::string& path);

@@ -9,14 +9,17 @@ namespace loom::transitions {
 Tensor shard_to_replicate(const Tensor& local, const MeshDimContext& ctx, int64_t tensor_dim,
                           int64_t dim_size) {
   const Tensor input = dim_to_front(local, tensor_dim);
+  // The chunks land in place in one buffer (each a contiguous block of its leading dim), so no
+  // concatenation copies them again: the gathered tensor is written once.
+  Tensor gathered =
+      ops::empty(front_shape(local.shape(), tensor_dim, dim_size), local.dtype(), local.device());
   std::vector<Tensor> outputs;
   for (int64_t c = 0; c < ctx.count; ++c) {
-    const int64_t size = shard_range(dim_size, ctx.count, c).size;
-    outputs.push_back(
-        ops::empty(front_shape(local.shape(), tensor_dim, size), local.dtype(), local.device()));
+    const ShardRange range = shard_range(dim_size, ctx.count, c);
+    outputs.push_back(ops::narrow(gathered, 0, range.offset, range.size));
   }
   ctx.group.all_gather(in_group_rank_order(outputs, ctx), input)->wait();
-  return dim_from_front(ops::cat(outputs, 0), tensor_dim);
+  return dim_from_front(gathered, tensor_dim);
 }
 
 }  // namespace loom::transitions

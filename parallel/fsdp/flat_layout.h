@@ -27,6 +27,9 @@ struct ParamSlot {
   int64_t rows_of(int rank) const;
   // The first row rank `rank` holds.
   int64_t first_row(int rank) const { return static_cast<int64_t>(rank) * chunk_rows; }
+  // Ranks 0 .. full_chunks() - 1 hold c rows each; the next one holds the remaining
+  // rows - full_chunks() * c (possibly none), and the rest hold nothing.
+  int64_t full_chunks() const { return chunk_rows > 0 ? rows / chunk_rows : 0; }
 };
 
 struct FlatLayout {

@@ -205,7 +205,7 @@ void fully_shard(nn::Module& module, std::shared_ptr<const DeviceMesh> mesh, FSD
   {
     Registry& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
-    for (const auto& [unused, sub] : module.named_modules()) {
+    for (nn::Module* sub : module.modules()) {
       if (sub == &module) continue;
       const auto it = reg.unit_objects.find(sub);
       if (it == reg.unit_objects.end()) continue;
@@ -243,7 +243,7 @@ void set_requires_gradient_sync(nn::Module& module, bool sync) {
   {
     Registry& reg = registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
-    for (const auto& [unused, sub] : module.named_modules()) {
+    for (nn::Module* sub : module.modules()) {
       const auto it = reg.unit_objects.find(sub);
       if (it == reg.unit_objects.end()) continue;
       if (auto unit = it->second.lock()) units.push_back(std::move(unit));

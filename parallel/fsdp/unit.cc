@@ -11,6 +11,43 @@
 
 namespace loom::fsdp {
 
+namespace {
+
+// A parameter's chunks in a buffer of every rank's segment (world x segment_numel, flat), each
+// beside the rows of the whole parameter it holds (`rows`: the parameter as slot.rows x
+// slot.row_numel). The ranks holding full chunks form one [ranks, c, row_numel] view on each
+// side, the rank holding the remainder one more: copying a parameter in or out of the buffer
+// takes at most two copy ops, not one per rank (a 128-way unit made 128 per parameter per
+// gather, and the copies' dispatch was most of a traced step's time).
+struct ChunkRun {
+  Tensor in_buffer;
+  Tensor in_whole;
+};
+
+std::vector<ChunkRun> chunk_runs(const Tensor& buffer, const Tensor& rows, const ParamSlot& slot,
+                                 const FlatLayout& layout) {
+  std::vector<ChunkRun> runs;
+  const int64_t full = slot.full_chunks();
+  if (full > 0) {
+    const Tensor segments = ops::narrow(
+        ops::narrow(ops::view(buffer, {layout.world, layout.segment_numel}), 0, 0, full), 1,
+        slot.offset, slot.chunk_rows * slot.row_numel);
+    runs.push_back({ops::view(segments, {full, slot.chunk_rows, slot.row_numel}),
+                    ops::view(ops::narrow(rows, 0, 0, full * slot.chunk_rows),
+                              {full, slot.chunk_rows, slot.row_numel})});
+  }
+  const int64_t rest = slot.rows - full * slot.chunk_rows;
+  if (rest > 0) {
+    const Tensor chunk =
+        ops::narrow(buffer, 0, full * layout.segment_numel + slot.offset, rest * slot.row_numel);
+    runs.push_back({ops::view(chunk, {rest, slot.row_numel}),
+                    ops::narrow(rows, 0, slot.first_row(static_cast<int>(full)), rest)});
+  }
+  return runs;
+}
+
+}  // namespace
+
 Unit::Unit(std::shared_ptr<const std::string> name, std::shared_ptr<const DeviceMesh> mesh,
            std::vector<HeldParam> params, FSDPOptions options)
     : name_(std::move(name)),
@@ -169,14 +206,10 @@ std::vector<Tensor> Unit::finish_gather(Gather gather, const std::vector<Tensor>
     const ParamSlot& slot = layout_.params[i];
     // The TP-local shape under TP.
     Tensor w = into ? (*into)[i] : ops::empty(slot.shape, dtype_, device_);
-    const Tensor rows_view = ops::reshape(w, {slot.rows, slot.row_numel});
-    for (int r = 0; r < layout_.world; ++r) {
-      const int64_t rows = slot.rows_of(r);
-      if (rows == 0) continue;
-      const Tensor chunk = ops::narrow(gather.received, 0, r * layout_.segment_numel + slot.offset,
-                                       rows * slot.row_numel);
-      ops::copy_(ops::narrow(rows_view, 0, slot.first_row(r), rows),
-                 ops::reshape(chunk, {rows, slot.row_numel}));
+    // A view: the copies land in `w` (`into`'s tensors are contiguous).
+    const Tensor rows = ops::view(w, {slot.rows, slot.row_numel});
+    for (const ChunkRun& run : chunk_runs(gather.received, rows, slot, layout_)) {
+      ops::copy_(run.in_whole, run.in_buffer);
     }
     whole.push_back(w);
   }
@@ -241,14 +274,9 @@ void Unit::reduce_gradients(Call& call) {
     const Tensor& grad = grads[i];
     if (!grad.defined()) continue;
     const ParamSlot& slot = layout_.params[i];
-    const Tensor rows_view = ops::reshape(grad, {slot.rows, slot.row_numel});
-    for (int r = 0; r < layout_.world; ++r) {
-      const int64_t rows = slot.rows_of(r);
-      if (rows == 0) continue;
-      ops::copy_(ops::reshape(ops::narrow(send, 0, r * layout_.segment_numel + slot.offset,
-                                          rows * slot.row_numel),
-                              {rows, slot.row_numel}),
-                 ops::narrow(rows_view, 0, slot.first_row(r), rows));
+    const Tensor rows = ops::reshape(grad, {slot.rows, slot.row_numel});
+    for (const ChunkRun& run : chunk_runs(send, rows, slot, layout_)) {
+      ops::copy_(run.in_buffer, run.in_whole);
     }
   }
   Tensor received = ops::empty({layout_.segment_numel}, reduce_dtype_, device_);

@@ -53,6 +53,9 @@ TEST(ModuleTest, DottedNamesInRegistrationOrder) {
     module_names.push_back(name + ":" + m->type_name());
   EXPECT_THAT(module_names, ElementsAre(":Block", "ln_1:LayerNorm", "attn:Attention",
                                         "attn.c_attn:Linear", "attn.c_proj:Linear"));
+  std::vector<Module*> in_order;
+  for (const auto& [name, m] : block.named_modules()) in_order.push_back(m);
+  EXPECT_EQ(block.modules(), in_order);
   EXPECT_EQ(&block.submodule("attn.c_proj"), block.attn->c_proj.get());
   EXPECT_THAT(names_of(block.named_parameters(/*recurse=*/false)), ElementsAre());
 }
