@@ -87,7 +87,9 @@ TEST(LayoutSearchTest, TheBoundSkipsOnlyLayoutsThatCannotWin) {
     const SearchedLayout &b = bounded.layouts[i], &a = all.layouts[i];
     if (!a.traced) continue;
     // Every bound is below (or at) the layout's predicted step: it is a lower bound.
-    if (b.lower_bound_ms > 0) EXPECT_LE(b.lower_bound_ms, a.time->step_ms) << a.layout;
+    if (b.lower_bound_ms > 0) {
+      EXPECT_LE(b.lower_bound_ms, a.time->step_ms) << a.layout;
+    }
     if (b.traced) {
       EXPECT_EQ(b.time->step_ms, a.time->step_ms) << a.layout;
       continue;
