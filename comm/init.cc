@@ -49,7 +49,9 @@ std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, Ini
   auto world_store = std::make_shared<PrefixStore>(attempt + "world/", store);
   ProcessGroupOptions group{.name = "default", .timeout = timeout};
   if (backend == "gloo") {
-    return ProcessGroupGloo::create(world_store, env.rank, env.world_size, group);
+    GlooOptions gloo;
+    gloo.device = options.gloo_device;
+    return ProcessGroupGloo::create(world_store, env.rank, env.world_size, group, gloo);
   }
   const int device = options.device_index >= 0 ? options.device_index : env.local_rank;
   return ProcessGroupNccl::create(world_store, env.rank, env.world_size, group, device);

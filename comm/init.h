@@ -26,6 +26,9 @@ struct InitOptions {
   std::optional<Duration> timeout;  // nullopt: timeout_from_env()
   // CUDA device for "nccl" (default: LOCAL_RANK).
   int device_index = -1;
+  // Where a "gloo" world's tensors live: the CPU, or a GPU that several ranks share (its tensors
+  // staged through host memory: GlooOptions::device).
+  Device gloo_device = Device::cpu();
 };
 
 // backend: "gloo" (CPU) or "nccl" (GPU). Throws naming the backend when unknown, and the

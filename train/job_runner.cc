@@ -75,11 +75,18 @@ Device resolve_device(const std::string& flag) {
   const int gpus = cuda::available() ? cuda::device_count() : 0;
   if (flag == "cpu" || (flag == "auto" && gpus < local_ranks)) return Device::cpu();
   LOOM_CHECK(cuda::available(), "--device cuda: {}", cuda::unavailable_reason());
-  LOOM_CHECK(local_rank < gpus,
-             "--device cuda: local rank {} needs cuda:{} but {} GPU(s) are visible", local_rank,
-             local_rank, gpus);
-  return Device::cuda(local_rank);
+  return Device::cuda(local_rank % gpus);  // ranks beyond the GPUs share them (see the header)
 }
+
+namespace {
+
+// Whether this node's ranks outnumber its GPUs, so that some share one.
+bool ranks_share_gpus() {
+  const comm::LaunchEnv env = comm::read_launch_env();
+  return env.local_world_size > cuda::device_count();
+}
+
+}  // namespace
 
 // --replica-replay: the members of every step, from a replica's metrics ("replica_members").
 std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
@@ -133,7 +140,14 @@ std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job)
     init.timeout = std::chrono::duration_cast<comm::Duration>(
         std::chrono::duration<double>(job.collective_timeout_s));
   }
-  return comm::init_process_group(resolve_device(job.device).is_cuda() ? "nccl" : "gloo", init);
+  const Device device = resolve_device(job.device);
+  if (device.is_cuda() && ranks_share_gpus()) {
+    // NCCL cannot put two ranks on one GPU: Gloo over the GPU's tensors, staged through host
+    // memory (comm/gloo/host_staging.h).
+    init.gloo_device = device;
+    return comm::init_process_group("gloo", init);
+  }
+  return comm::init_process_group(device.is_cuda() ? "nccl" : "gloo", init);
 }
 
 // Rank 0's outputs: the metrics file, the progress bar, the losses for the plot.

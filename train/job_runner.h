@@ -33,12 +33,15 @@
 
 namespace loom::train {
 
-// --device auto|cpu|cuda -> this rank's device, cuda:LOCAL_RANK (one GPU per rank). auto picks
-// cuda when every rank on this node gets its own GPU, else cpu.
+// --device auto|cpu|cuda -> this rank's device: cuda:LOCAL_RANK when every rank on this node
+// gets its own GPU. With --device cuda and more ranks than GPUs, ranks share them
+// (cuda:LOCAL_RANK % GPUs) and the job's groups are Gloo's, staged through host memory (NCCL
+// cannot put two ranks on one GPU): slower, for checking multi-rank layouts on one GPU. auto
+// picks cuda only when every rank gets its own GPU, else cpu.
 Device resolve_device(const std::string& flag);
 
 // The world group of the job's ranks (the launcher's environment): NCCL for GPU ranks, Gloo for
-// CPU ranks, with the job's collective timeout.
+// CPU ranks and for ranks sharing a GPU (staged), with the job's collective timeout.
 std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job);
 
 struct JobResult {

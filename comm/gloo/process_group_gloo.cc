@@ -6,11 +6,13 @@
 #include "comm/gloo/algorithms.h"
 #include "comm/gloo/connect.h"
 #include "comm/gloo/group_state.h"
+#include "comm/gloo/host_staging.h"
 #include "comm/gloo/op_runner.h"
 #include "comm/gloo/shm_connect.h"
 
 namespace loom::comm {
 
+using gloo_detail::HostStaging;
 using gloo_detail::OpEnv;
 using gloo_detail::OpSpec;
 
@@ -24,6 +26,10 @@ std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(std::shared_ptr<Store
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
              "ProcessGroupGloo::create: group '{}': rank {} is not in [0, {})", options.name, rank,
              size);
+  LOOM_CHECK(gloo.device.type == DeviceType::kCPU || gloo.device.is_cuda(),
+             "ProcessGroupGloo::create: group '{}': GlooOptions::device is {}; a Gloo group's "
+             "tensors live on the CPU or on a CUDA device (staged through host memory)",
+             options.name, gloo.device.str());
   auto device = gloo_detail::open_device(gloo, options.name);
   std::vector<int> global_ranks(size);
   for (int r = 0; r < size; ++r) global_ranks[r] = r;
@@ -73,6 +79,10 @@ std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
   return work;
 }
 
+HostStaging ProcessGroupGloo::staging() const {
+  return HostStaging(gloo_options_.device.is_cuda());
+}
+
 std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, Body body) {
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/false, 0, timeout(), peer};
@@ -83,52 +93,84 @@ std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, B
   return work;
 }
 
+// Each op stages its tensors before its body is made (a CUDA group's host copies, host_staging.h):
+// the body holds the staging, whose copy_back() needs every tensor staged first.
 std::shared_ptr<Work> ProcessGroupGloo::run_all_reduce(const OpInfo& info, const Tensor& tensor,
                                                        ReduceOp op) {
-  return enqueue(info,
-                 [tensor, op](const OpEnv& env) { gloo_detail::all_reduce(env, tensor, op); });
+  HostStaging host = staging();
+  const Tensor staged = host.in_place(tensor);
+  return enqueue(info, [staged, op, host](const OpEnv& env) {
+    gloo_detail::all_reduce(env, staged, op);
+    host.copy_back();
+  });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(const OpInfo& info, const Tensor& tensor,
                                                       int root) {
-  return enqueue(info,
-                 [tensor, root](const OpEnv& env) { gloo_detail::broadcast(env, tensor, root); });
+  HostStaging host = staging();
+  const Tensor staged = host.in_place(tensor);
+  return enqueue(info, [staged, root, host](const OpEnv& env) {
+    gloo_detail::broadcast(env, staged, root);
+    host.copy_back();
+  });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
                                                        const std::vector<Tensor>& outputs,
                                                        const Tensor& input) {
-  return enqueue(
-      info, [outputs, input](const OpEnv& env) { gloo_detail::all_gather(env, outputs, input); });
+  HostStaging host = staging();
+  std::vector<Tensor> staged_outputs = host.outputs(outputs);
+  const Tensor staged_input = host.input(input);
+  return enqueue(info, [staged_outputs, staged_input, host](const OpEnv& env) {
+    gloo_detail::all_gather(env, staged_outputs, staged_input);
+    host.copy_back();
+  });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(const OpInfo& info, const Tensor& output,
                                                            const std::vector<Tensor>& inputs,
                                                            ReduceOp op) {
-  return enqueue(info, [output, inputs, op](const OpEnv& env) {
-    gloo_detail::reduce_scatter(env, output, inputs, op);
+  HostStaging host = staging();
+  const Tensor staged_output = host.output(output);
+  std::vector<Tensor> staged_inputs = host.inputs(inputs);
+  return enqueue(info, [staged_output, staged_inputs, op, host](const OpEnv& env) {
+    gloo_detail::reduce_scatter(env, staged_output, staged_inputs, op);
+    host.copy_back();
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_all_to_all(const OpInfo& info,
                                                        const std::vector<Tensor>& outputs,
                                                        const std::vector<Tensor>& inputs) {
-  return enqueue(
-      info, [outputs, inputs](const OpEnv& env) { gloo_detail::all_to_all(env, outputs, inputs); });
+  HostStaging host = staging();
+  std::vector<Tensor> staged_outputs = host.outputs(outputs);
+  std::vector<Tensor> staged_inputs = host.inputs(inputs);
+  return enqueue(info, [staged_outputs, staged_inputs, host](const OpEnv& env) {
+    gloo_detail::all_to_all(env, staged_outputs, staged_inputs);
+    host.copy_back();
+  });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_gather(const OpInfo& info,
                                                    const std::vector<Tensor>& outputs,
                                                    const Tensor& input, int root) {
-  return enqueue(info, [outputs, input, root](const OpEnv& env) {
-    gloo_detail::gather(env, outputs, input, root);
+  HostStaging host = staging();
+  std::vector<Tensor> staged_outputs = host.outputs(outputs);
+  const Tensor staged_input = host.input(input);
+  return enqueue(info, [staged_outputs, staged_input, root, host](const OpEnv& env) {
+    gloo_detail::gather(env, staged_outputs, staged_input, root);
+    host.copy_back();
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_scatter(const OpInfo& info, const Tensor& output,
                                                     const std::vector<Tensor>& inputs, int root) {
-  return enqueue(info, [output, inputs, root](const OpEnv& env) {
-    gloo_detail::scatter(env, output, inputs, root);
+  HostStaging host = staging();
+  const Tensor staged_output = host.output(output);
+  std::vector<Tensor> staged_inputs = host.inputs(inputs);
+  return enqueue(info, [staged_output, staged_inputs, root, host](const OpEnv& env) {
+    gloo_detail::scatter(env, staged_output, staged_inputs, root);
+    host.copy_back();
   });
 }
 
@@ -139,16 +181,21 @@ std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpInfo& info) {
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tensor& tensor, int dst,
                                                  int tag) {
   const uint32_t message = sends_issued_[dst][tag]++;
-  return post_p2p(info, dst, [tensor, dst, tag, message](const OpEnv& env) {
-    gloo_detail::send(env, tensor, dst, tag, message);
+  HostStaging host = staging();
+  const Tensor staged = host.input(tensor);
+  return post_p2p(info, dst, [staged, dst, tag, message](const OpEnv& env) {
+    gloo_detail::send(env, staged, dst, tag, message);
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_recv(const OpInfo& info, const Tensor& tensor, int src,
                                                  int tag) {
   const uint32_t message = recvs_issued_[src][tag]++;
-  return post_p2p(info, src, [tensor, src, tag, message](const OpEnv& env) {
-    gloo_detail::recv(env, tensor, src, tag, message);
+  HostStaging host = staging();
+  const Tensor staged = host.output(tensor);
+  return post_p2p(info, src, [staged, src, tag, message, host](const OpEnv& env) {
+    gloo_detail::recv(env, staged, src, tag, message);
+    host.copy_back();
   });
 }
 

@@ -85,6 +85,7 @@ namespace loom::comm {
 
 namespace gloo_detail {
 class GroupState;
+class HostStaging;
 class OpRunner;
 struct OpEnv;
 }  // namespace gloo_detail
@@ -108,6 +109,14 @@ struct GlooOptions {
   // else 1 MiB). Rank 0's value is the group's. Small values exercise the multi-round paths in
   // tests.
   size_t shared_memory_slot_bytes = 0;
+  // Where the group's tensors live. The CPU by default. A CUDA device (cuda:k) makes a group for
+  // ranks that share one GPU, which cannot form an NCCL communicator (torch's Gloo backend does
+  // the same for CUDA tensors): each op copies what it reads to the host when issued (which
+  // synchronizes the device's compute stream), runs over the host copies, and queues the results'
+  // copy back onto the compute stream before its Work completes (comm/gloo/host_staging.h). The
+  // same results as on CPU tensors, bit for bit; slow (every byte crosses PCIe twice), for tests
+  // and one-GPU runs of multi-rank layouts. Sub-groups (new_group) inherit it.
+  Device device = Device::cpu();
   static GlooOptions loopback() { return GlooOptions{.interface = "", .hostname = "127.0.0.1"}; }
 };
 
@@ -123,7 +132,8 @@ class ProcessGroupGloo : public ProcessGroup {
   ~ProcessGroupGloo() override;
 
   std::string backend_name() const override { return "gloo"; }
-  Device device() const override { return Device::cpu(); }
+  // The CPU, or GlooOptions::device's GPU (its tensors staged through host memory).
+  Device device() const override { return gloo_options_.device; }
 
   // Poisons the group with `reason`: queued and later ops fail at once naming it, transfers in
   // flight are interrupted, and the connections are closed so peers fail fast (their errors name
@@ -171,6 +181,8 @@ class ProcessGroupGloo : public ProcessGroup {
   std::shared_ptr<Work> enqueue(const OpInfo& info, Body body);
   // send/recv: run at once on a helper thread.
   std::shared_ptr<Work> post_p2p(const OpInfo& info, int peer, Body body);
+  // Staging for one op's tensors: active on a CUDA group.
+  gloo_detail::HostStaging staging() const;
 
   GlooOptions gloo_options_;
   std::shared_ptr<gloo::transport::Device> device_;

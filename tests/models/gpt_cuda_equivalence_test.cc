@@ -10,7 +10,10 @@
 //     their events), the loss all-reduce;
 //   - two GPUs (one rank each, threads): dp2, tp2 with sequence parallelism, pp2 with 1F1B (stage
 //     send/recv over NCCL, in issue order);
-//   - eight GPUs: dp2 x tp2 x pp2.
+//   - eight GPUs: dp2 x tp2 x pp2;
+//   - ranks sharing ONE GPU (threads over a Gloo group on cuda:0, its tensors staged through host
+//     memory: comm/gloo/host_staging.h), as NCCL cannot put two ranks on one GPU: dp2 x tp2,
+//     dp_shard 2 and pp2, so a one-GPU machine checks the multi-rank layouts too.
 // Each case skips with the reason where the GPUs are missing (everywhere on the CPU machine).
 #include <gtest/gtest.h>
 
@@ -23,8 +26,10 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
 #include "comm/nccl/process_group_nccl.h"
+#include "comm/testing/multi_rank.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tests/models/gpt_training_run.h"
 #include "tests/tensor/cuda_skip.h"
@@ -60,6 +65,17 @@ void run_on_gpus(int world, const std::function<void(comm::ProcessGroup&)>& body
   }
   for (auto& t : ranks) t.join();
   for (const auto& failure : failures) ADD_FAILURE() << failure;
+}
+
+// Runs `body` on `world` ranks sharing cuda:0: threads of this process over a Gloo group whose
+// tensors are on that GPU (GlooOptions::device). A rank's failure fails the test naming it and
+// aborts its group, so its peers fail fast (comm/testing/multi_rank.h).
+void run_on_one_gpu(int world, const std::function<void(comm::ProcessGroup&)>& body) {
+  comm::GlooOptions on_gpu = comm::GlooOptions::loopback();
+  on_gpu.device = Device::cuda(0);
+  comm::testing::run_on_ranks(
+      world, body,
+      {.timeout = std::chrono::seconds(60), .deadline = std::chrono::seconds(600), .gloo = on_gpu});
 }
 
 // The one-rank CPU run.
@@ -132,6 +148,37 @@ TEST(GPTCudaEquivalenceTest, DataTensorAndPipelineParallelOnEightGpus) {
     expect_same({.actual = train(mesh_of(pg, 2, 2, 2), {.schedule = "1f1b", .microbatches = 2}),
                  .expected = ref,
                  .layout = "dp2 x tp2 x pp2 on GPUs"});
+  });
+}
+
+TEST(GPTCudaEquivalenceTest, DataAndTensorParallelOnOneSharedGpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Result& ref = cpu_reference();
+  run_on_one_gpu(4, [&](comm::ProcessGroup& pg) {
+    ASSERT_EQ(pg.device(), Device::cuda(0));
+    expect_same({.actual = train(mesh_of(pg, 2, 2), {.plan = {.sequence_parallel = true}}),
+                 .expected = ref,
+                 .layout = "dp2 x tp2 + SP, 4 ranks on one GPU (Gloo staged)"});
+  });
+}
+
+TEST(GPTCudaEquivalenceTest, FullyShardedOnOneSharedGpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Result& ref = cpu_reference();
+  run_on_one_gpu(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, {.dp_shard = 2})),
+                 .expected = ref,
+                 .layout = "dp_shard2, 2 ranks on one GPU (Gloo staged)"});
+  });
+}
+
+TEST(GPTCudaEquivalenceTest, PipelineParallelOnOneSharedGpu) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const Result& ref = cpu_reference();
+  run_on_one_gpu(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = train(mesh_of(pg, 1, 1, 2), {.schedule = "1f1b", .microbatches = 4}),
+                 .expected = ref,
+                 .layout = "pp2 1f1b m4, 2 ranks on one GPU (Gloo staged)"});
   });
 }
 
