@@ -111,14 +111,13 @@ std::vector<std::vector<double>> run_every_op(ProcessGroup& pg) {
 std::map<int, std::vector<std::vector<double>>> results_on(int world, GlooOptions gloo) {
   std::mutex mutex;
   std::map<int, std::vector<std::vector<double>>> by_rank;
-  testing::run_on_ranks(
-      world,
-      [&](ProcessGroup& pg) {
-        auto results = run_every_op(pg);
-        std::lock_guard<std::mutex> lock(mutex);
-        by_rank[pg.rank()] = std::move(results);
-      },
-      {.gloo = gloo});
+  testing::run_on_ranks(world,
+                        [&](ProcessGroup& pg) {
+                          auto results = run_every_op(pg);
+                          std::lock_guard<std::mutex> lock(mutex);
+                          by_rank[pg.rank()] = std::move(results);
+                        },
+                        {.gloo = gloo});
   return by_rank;
 }
 
@@ -142,23 +141,22 @@ TEST(GlooOnCudaTest, EveryOperationOnOneSharedGpuEqualsTheCpuGroupBitForBit) {
 TEST(GlooOnCudaTest, TheGroupAndItsSubgroupsWorkOnTheirDevice) {
   GlooOptions on_gpu = GlooOptions::loopback();
   on_gpu.device = Device::cuda(0);
-  testing::run_on_ranks(
-      2,
-      [](ProcessGroup& pg) {
-        EXPECT_EQ(pg.device(), Device::cuda(0));
-        auto sub = pg.new_group({0, 1}, {.name = "sub", .timeout = pg.timeout()});
-        EXPECT_EQ(sub->device(), Device::cuda(0));
-        // A CPU tensor given to a GPU group is refused, naming both devices.
-        Tensor t = ops::zeros({2});
-        try {
-          pg.all_reduce(t);
-          ADD_FAILURE() << "a CPU tensor was accepted by a cuda:0 group";
-        } catch (const Error& e) {
-          EXPECT_THAT(e.what(), HasSubstr("cpu"));
-          EXPECT_THAT(e.what(), HasSubstr("cuda:0"));
-        }
-      },
-      {.gloo = on_gpu});
+  testing::run_on_ranks(2,
+                        [](ProcessGroup& pg) {
+                          EXPECT_EQ(pg.device(), Device::cuda(0));
+                          auto sub = pg.new_group({0, 1}, {.name = "sub", .timeout = pg.timeout()});
+                          EXPECT_EQ(sub->device(), Device::cuda(0));
+                          // A CPU tensor given to a GPU group is refused, naming both devices.
+                          Tensor t = ops::zeros({2});
+                          try {
+                            pg.all_reduce(t);
+                            ADD_FAILURE() << "a CPU tensor was accepted by a cuda:0 group";
+                          } catch (const Error& e) {
+                            EXPECT_THAT(e.what(), HasSubstr("cpu"));
+                            EXPECT_THAT(e.what(), HasSubstr("cuda:0"));
+                          }
+                        },
+                        {.gloo = on_gpu});
 }
 
 TEST(GlooOnCudaTest, AGroupOnTheMetaDeviceIsRefusedNamingIt) {
