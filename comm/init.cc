@@ -29,8 +29,8 @@ Duration timeout_from_env() {
 
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, InitOptions options) {
   LOOM_CHECK(backend == "gloo" || backend == "nccl",
-             "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or "
-             "\"nccl\" for GPU ranks)",
+             "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or ranks "
+             "sharing a GPU, or \"nccl\" for a GPU per rank)",
              backend);
   const Duration timeout = options.timeout.value_or(timeout_from_env());
   LOOM_CHECK(timeout > Duration::zero(), "init_process_group: the timeout must be positive");

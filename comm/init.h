@@ -31,7 +31,8 @@ struct InitOptions {
   Device gloo_device = Device::cpu();
 };
 
-// backend: "gloo" (CPU) or "nccl" (GPU). Throws naming the backend when unknown, and the
+// backend: "gloo" (CPU, or a GPU several ranks share: InitOptions::gloo_device) or "nccl" (a GPU
+// per rank). Throws naming the backend when unknown, and the
 // environment problem when variables are missing or contradictory.
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend,
                                                  InitOptions options = {});

@@ -168,7 +168,7 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     : job_(job), program_(std::move(program)), world_(std::move(world)) {
   LOOM_CHECK(world_ != nullptr, "JobRunner: the world group is null");
   // The degrees against this world (--dp-shard -1 takes what the others leave of it), and the
-  // device its groups work on (Gloo: the CPU, NCCL: this rank's GPU).
+  // device its groups work on (NCCL: this rank's GPU; Gloo: the CPU, or a GPU ranks share).
   resolve_parallel_degrees(job_, world_->size());
   device_ = world_->device();
   checked_ = check_job(job_);

@@ -36,7 +36,9 @@ namespace loom::train {
 // --device auto|cpu|cuda -> this rank's device: cuda:LOCAL_RANK when every rank on this node
 // gets its own GPU. With --device cuda and more ranks than GPUs, ranks share them
 // (cuda:LOCAL_RANK % GPUs) and the job's groups are Gloo's, staged through host memory (NCCL
-// cannot put two ranks on one GPU): slower, for checking multi-rank layouts on one GPU. auto
+// cannot put two ranks on one GPU): slower, for checking multi-rank layouts on one GPU. Each node
+// decides from its own ranks and GPUs, so every node of a job must have the same ranks per GPU.
+// auto
 // picks cuda only when every rank gets its own GPU, else cpu.
 Device resolve_device(const std::string& flag);
 

@@ -8,6 +8,8 @@
 // op has run (the group's thread, before its Work completes): copy_back() queues the host copies
 // of the written tensors onto the device on the compute stream, so the caller's next kernels,
 // queued after wait(), read the results. On a CPU group every call hands the tensor through.
+// Because inputs are read when the op is issued, a tensor that a pending op writes must not be
+// an input of a later op before the pending op's Work is waited for.
 #pragma once
 
 #include <utility>

@@ -180,9 +180,10 @@ std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpInfo& info) {
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tensor& tensor, int dst,
                                                  int tag) {
-  const uint32_t message = sends_issued_[dst][tag]++;
   HostStaging host = staging();
   const Tensor staged = host.input(tensor);
+  // Numbered once staged: a staging copy that throws leaves the peers' numbering as it was.
+  const uint32_t message = sends_issued_[dst][tag]++;
   return post_p2p(info, dst, [staged, dst, tag, message](const OpEnv& env) {
     gloo_detail::send(env, staged, dst, tag, message);
   });
@@ -190,9 +191,9 @@ std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tenso
 
 std::shared_ptr<Work> ProcessGroupGloo::run_recv(const OpInfo& info, const Tensor& tensor, int src,
                                                  int tag) {
-  const uint32_t message = recvs_issued_[src][tag]++;
   HostStaging host = staging();
   const Tensor staged = host.output(tensor);
+  const uint32_t message = recvs_issued_[src][tag]++;
   return post_p2p(info, src, [staged, src, tag, message, host](const OpEnv& env) {
     gloo_detail::recv(env, staged, src, tag, message);
     host.copy_back();

@@ -114,8 +114,11 @@ struct GlooOptions {
   // the same for CUDA tensors): each op copies what it reads to the host when issued (which
   // synchronizes the device's compute stream), runs over the host copies, and queues the results'
   // copy back onto the compute stream before its Work completes (comm/gloo/host_staging.h). The
-  // same results as on CPU tensors, bit for bit; slow (every byte crosses PCIe twice), for tests
-  // and one-GPU runs of multi-rank layouts. Sub-groups (new_group) inherit it.
+  // same results as on CPU tensors, bit for bit, with one more rule than a CPU group's: an op
+  // reads its inputs when issued, so a tensor that a pending op writes must not be an input of
+  // the next op before that op's Work is waited for (torch's Gloo has the same rule). Slow (every
+  // byte crosses PCIe twice): for tests and one-GPU runs of multi-rank layouts. Sub-groups
+  // (new_group) inherit it.
   Device device = Device::cpu();
   static GlooOptions loopback() { return GlooOptions{.interface = "", .hostname = "127.0.0.1"}; }
 };
