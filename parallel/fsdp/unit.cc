@@ -46,6 +46,31 @@ std::vector<ChunkRun> chunk_runs(const Tensor& buffer, const Tensor& rows, const
   return runs;
 }
 
+// The parts of a parameter's chunks in that buffer that hold none of its rows: the remainder
+// rank's rows past the end, and the chunks of the ranks after it (all of its chunks with
+// `whole_slot`, for a parameter without a gradient). At most two views.
+std::vector<Tensor> padding_of(const Tensor& buffer, const ParamSlot& slot,
+                               const FlatLayout& layout, bool whole_slot) {
+  std::vector<Tensor> padding;
+  const int64_t chunk = slot.chunk_rows * slot.row_numel;
+  if (chunk == 0) return padding;
+  const Tensor chunks = ops::narrow(ops::view(buffer, {layout.world, layout.segment_numel}), 1,
+                                    slot.offset, chunk);  // [world, chunk]
+  if (whole_slot) return {chunks};
+  const int64_t full = slot.full_chunks();
+  const int64_t rest = slot.rows - full * slot.chunk_rows;
+  int64_t first_empty = full;
+  if (rest > 0) {
+    padding.push_back(ops::narrow(ops::narrow(chunks, 0, full, 1), 1, rest * slot.row_numel,
+                                  chunk - rest * slot.row_numel));
+    ++first_empty;
+  }
+  if (first_empty < layout.world) {
+    padding.push_back(ops::narrow(chunks, 0, first_empty, layout.world - first_empty));
+  }
+  return padding;
+}
+
 }  // namespace
 
 Unit::Unit(std::shared_ptr<const std::string> name, std::shared_ptr<const DeviceMesh> mesh,
@@ -269,14 +294,20 @@ void Unit::reduce_gradients(Call& call) {
   if (!sync_gradients_) return;
   const std::vector<Tensor> grads = std::move(accumulated_);
   accumulated_.clear();
-  Tensor send = ops::zeros({layout_.total_numel()}, reduce_dtype_, device_);
+  // Written once: each gradient's rows copied in, and only what they leave (the padding, or a
+  // parameter without a gradient) zeroed, not the whole buffer zeroed first.
+  Tensor send = ops::empty({layout_.total_numel()}, reduce_dtype_, device_);
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& grad = grads[i];
-    if (!grad.defined()) continue;
     const ParamSlot& slot = layout_.params[i];
-    const Tensor rows = ops::reshape(grad, {slot.rows, slot.row_numel});
-    for (const ChunkRun& run : chunk_runs(send, rows, slot, layout_)) {
-      ops::copy_(run.in_buffer, run.in_whole);
+    if (grad.defined()) {
+      const Tensor rows = ops::reshape(grad, {slot.rows, slot.row_numel});
+      for (const ChunkRun& run : chunk_runs(send, rows, slot, layout_)) {
+        ops::copy_(run.in_buffer, run.in_whole);
+      }
+    }
+    for (const Tensor& zeros : padding_of(send, slot, layout_, !grad.defined())) {
+      ops::fill_(zeros, 0.0);
     }
   }
   Tensor received = ops::empty({layout_.segment_numel}, reduce_dtype_, device_);
