@@ -70,7 +70,15 @@ std::string ProcessGroupGloo::failure() const { return state_->failure().value_o
 
 bool ProcessGroupGloo::uses_shared_memory() const { return state_->uses_shared_memory(); }
 
-std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, Body body) {
+ProcessGroupGloo::Body ProcessGroupGloo::copying_back(HostStaging host, Body body) {
+  return [host = std::move(host), body = std::move(body)](const OpEnv& env) {
+    body(env);
+    host.copy_back();
+  };
+}
+
+std::shared_ptr<Work> ProcessGroupGloo::enqueue(const OpInfo& info, HostStaging host, Body body) {
+  body = copying_back(std::move(host), std::move(body));
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/true, collectives_issued_++, timeout(), -1};
   runner_->enqueue([state = state_, op = std::move(op), work, body = std::move(body)]() mutable {
@@ -83,7 +91,9 @@ HostStaging ProcessGroupGloo::staging() const {
   return HostStaging(gloo_options_.device.is_cuda());
 }
 
-std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, Body body) {
+std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, HostStaging host,
+                                                 Body body) {
+  body = copying_back(std::move(host), std::move(body));
   auto work = std::make_shared<Work>();
   OpSpec op{info.description, info.kind, /*collective=*/false, 0, timeout(), peer};
   runner_->run_concurrently(
@@ -93,26 +103,22 @@ std::shared_ptr<Work> ProcessGroupGloo::post_p2p(const OpInfo& info, int peer, B
   return work;
 }
 
-// Each op stages its tensors before its body is made (a CUDA group's host copies, host_staging.h):
-// the body holds the staging, whose copy_back() needs every tensor staged first.
+// Each op stages its tensors (a CUDA group's host copies, host_staging.h) and hands the staging
+// to enqueue/post_p2p, which copy what the op wrote back once it has run.
 std::shared_ptr<Work> ProcessGroupGloo::run_all_reduce(const OpInfo& info, const Tensor& tensor,
                                                        ReduceOp op) {
   HostStaging host = staging();
   const Tensor staged = host.in_place(tensor);
-  return enqueue(info, [staged, op, host](const OpEnv& env) {
-    gloo_detail::all_reduce(env, staged, op);
-    host.copy_back();
-  });
+  return enqueue(info, std::move(host),
+                 [staged, op](const OpEnv& env) { gloo_detail::all_reduce(env, staged, op); });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_broadcast(const OpInfo& info, const Tensor& tensor,
                                                       int root) {
   HostStaging host = staging();
   const Tensor staged = host.in_place(tensor);
-  return enqueue(info, [staged, root, host](const OpEnv& env) {
-    gloo_detail::broadcast(env, staged, root);
-    host.copy_back();
-  });
+  return enqueue(info, std::move(host),
+                 [staged, root](const OpEnv& env) { gloo_detail::broadcast(env, staged, root); });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
@@ -121,9 +127,8 @@ std::shared_ptr<Work> ProcessGroupGloo::run_all_gather(const OpInfo& info,
   HostStaging host = staging();
   std::vector<Tensor> staged_outputs = host.outputs(outputs);
   const Tensor staged_input = host.input(input);
-  return enqueue(info, [staged_outputs, staged_input, host](const OpEnv& env) {
+  return enqueue(info, std::move(host), [staged_outputs, staged_input](const OpEnv& env) {
     gloo_detail::all_gather(env, staged_outputs, staged_input);
-    host.copy_back();
   });
 }
 
@@ -133,9 +138,8 @@ std::shared_ptr<Work> ProcessGroupGloo::run_reduce_scatter(const OpInfo& info, c
   HostStaging host = staging();
   const Tensor staged_output = host.output(output);
   std::vector<Tensor> staged_inputs = host.inputs(inputs);
-  return enqueue(info, [staged_output, staged_inputs, op, host](const OpEnv& env) {
+  return enqueue(info, std::move(host), [staged_output, staged_inputs, op](const OpEnv& env) {
     gloo_detail::reduce_scatter(env, staged_output, staged_inputs, op);
-    host.copy_back();
   });
 }
 
@@ -145,9 +149,8 @@ std::shared_ptr<Work> ProcessGroupGloo::run_all_to_all(const OpInfo& info,
   HostStaging host = staging();
   std::vector<Tensor> staged_outputs = host.outputs(outputs);
   std::vector<Tensor> staged_inputs = host.inputs(inputs);
-  return enqueue(info, [staged_outputs, staged_inputs, host](const OpEnv& env) {
+  return enqueue(info, std::move(host), [staged_outputs, staged_inputs](const OpEnv& env) {
     gloo_detail::all_to_all(env, staged_outputs, staged_inputs);
-    host.copy_back();
   });
 }
 
@@ -157,9 +160,8 @@ std::shared_ptr<Work> ProcessGroupGloo::run_gather(const OpInfo& info,
   HostStaging host = staging();
   std::vector<Tensor> staged_outputs = host.outputs(outputs);
   const Tensor staged_input = host.input(input);
-  return enqueue(info, [staged_outputs, staged_input, root, host](const OpEnv& env) {
+  return enqueue(info, std::move(host), [staged_outputs, staged_input, root](const OpEnv& env) {
     gloo_detail::gather(env, staged_outputs, staged_input, root);
-    host.copy_back();
   });
 }
 
@@ -168,14 +170,13 @@ std::shared_ptr<Work> ProcessGroupGloo::run_scatter(const OpInfo& info, const Te
   HostStaging host = staging();
   const Tensor staged_output = host.output(output);
   std::vector<Tensor> staged_inputs = host.inputs(inputs);
-  return enqueue(info, [staged_output, staged_inputs, root, host](const OpEnv& env) {
+  return enqueue(info, std::move(host), [staged_output, staged_inputs, root](const OpEnv& env) {
     gloo_detail::scatter(env, staged_output, staged_inputs, root);
-    host.copy_back();
   });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_barrier(const OpInfo& info) {
-  return enqueue(info, [](const OpEnv& env) { gloo_detail::barrier(env); });
+  return enqueue(info, staging(), [](const OpEnv& env) { gloo_detail::barrier(env); });
 }
 
 std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tensor& tensor, int dst,
@@ -184,7 +185,7 @@ std::shared_ptr<Work> ProcessGroupGloo::run_send(const OpInfo& info, const Tenso
   const Tensor staged = host.input(tensor);
   // Numbered once staged: a staging copy that throws leaves the peers' numbering as it was.
   const uint32_t message = sends_issued_[dst][tag]++;
-  return post_p2p(info, dst, [staged, dst, tag, message](const OpEnv& env) {
+  return post_p2p(info, dst, std::move(host), [staged, dst, tag, message](const OpEnv& env) {
     gloo_detail::send(env, staged, dst, tag, message);
   });
 }
@@ -194,9 +195,8 @@ std::shared_ptr<Work> ProcessGroupGloo::run_recv(const OpInfo& info, const Tenso
   HostStaging host = staging();
   const Tensor staged = host.output(tensor);
   const uint32_t message = recvs_issued_[src][tag]++;
-  return post_p2p(info, src, [staged, src, tag, message, host](const OpEnv& env) {
+  return post_p2p(info, src, std::move(host), [staged, src, tag, message](const OpEnv& env) {
     gloo_detail::recv(env, staged, src, tag, message);
-    host.copy_back();
   });
 }
 

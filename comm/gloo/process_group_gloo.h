@@ -180,10 +180,14 @@ class ProcessGroupGloo : public ProcessGroup {
 
  private:
   using Body = std::function<void(const gloo_detail::OpEnv& env)>;
-  // Collectives: run on the worker thread in issue order.
-  std::shared_ptr<Work> enqueue(const OpInfo& info, Body body);
-  // send/recv: run at once on a helper thread.
-  std::shared_ptr<Work> post_p2p(const OpInfo& info, int peer, Body body);
+  // Collectives: run on the worker thread in issue order. `host` holds the op's staged tensors
+  // (staging()); what the op wrote goes back to the device once `body` has run.
+  std::shared_ptr<Work> enqueue(const OpInfo& info, gloo_detail::HostStaging host, Body body);
+  // send/recv: run at once on a helper thread (`host` as for enqueue).
+  std::shared_ptr<Work> post_p2p(const OpInfo& info, int peer, gloo_detail::HostStaging host,
+                                 Body body);
+  // `body`, then the staged results' copy back.
+  static Body copying_back(gloo_detail::HostStaging host, Body body);
   // Staging for one op's tensors: active on a CUDA group.
   gloo_detail::HostStaging staging() const;
 

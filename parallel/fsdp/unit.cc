@@ -13,12 +13,18 @@ namespace loom::fsdp {
 
 namespace {
 
-// A parameter's chunks in a buffer of every rank's segment (world x segment_numel, flat), each
-// beside the rows of the whole parameter it holds (`rows`: the parameter as slot.rows x
-// slot.row_numel). The ranks holding full chunks form one [ranks, c, row_numel] view on each
-// side, the rank holding the remainder one more: copying a parameter in or out of the buffer
-// takes at most two copy ops, not one per rank (a 128-way unit made 128 per parameter per
-// gather, and the copies' dispatch was most of a traced step's time).
+// A parameter's chunk on every rank, in a buffer of every rank's segment (world x segment_numel,
+// flat): a [world, c * row_numel] view.
+Tensor chunks_of(const Tensor& buffer, const ParamSlot& slot, const FlatLayout& layout) {
+  return ops::narrow(ops::view(buffer, {layout.world, layout.segment_numel}), 1, slot.offset,
+                     slot.chunk_rows * slot.row_numel);
+}
+
+// A parameter's chunks in such a buffer, each beside the rows of the whole parameter it holds
+// (`rows`: the parameter as slot.rows x slot.row_numel). The ranks holding full chunks form one
+// [ranks, c, row_numel] view on each side, the rank holding the remainder one more: copying a
+// parameter in or out of the buffer takes at most two copy ops, not one per rank (a 128-way unit
+// made 128 per parameter per gather, and the copies' dispatch was most of a traced step's time).
 struct ChunkRun {
   Tensor in_buffer;
   Tensor in_whole;
@@ -27,21 +33,20 @@ struct ChunkRun {
 std::vector<ChunkRun> chunk_runs(const Tensor& buffer, const Tensor& rows, const ParamSlot& slot,
                                  const FlatLayout& layout) {
   std::vector<ChunkRun> runs;
+  const Tensor chunks = chunks_of(buffer, slot, layout);
   const int64_t full = slot.full_chunks();
   if (full > 0) {
-    const Tensor segments = ops::narrow(
-        ops::narrow(ops::view(buffer, {layout.world, layout.segment_numel}), 0, 0, full), 1,
-        slot.offset, slot.chunk_rows * slot.row_numel);
-    runs.push_back({ops::view(segments, {full, slot.chunk_rows, slot.row_numel}),
-                    ops::view(ops::narrow(rows, 0, 0, full * slot.chunk_rows),
-                              {full, slot.chunk_rows, slot.row_numel})});
+    runs.push_back(
+        {ops::view(ops::narrow(chunks, 0, 0, full), {full, slot.chunk_rows, slot.row_numel}),
+         ops::view(ops::narrow(rows, 0, 0, full * slot.chunk_rows),
+                   {full, slot.chunk_rows, slot.row_numel})});
   }
-  const int64_t rest = slot.rows - full * slot.chunk_rows;
-  if (rest > 0) {
-    const Tensor chunk =
-        ops::narrow(buffer, 0, full * layout.segment_numel + slot.offset, rest * slot.row_numel);
-    runs.push_back({ops::view(chunk, {rest, slot.row_numel}),
-                    ops::narrow(rows, 0, slot.first_row(static_cast<int>(full)), rest)});
+  const auto remainder_rank = static_cast<int>(full);
+  if (const int64_t rest = slot.rows_of(remainder_rank); rest > 0) {
+    runs.push_back(
+        {ops::view(ops::narrow(ops::narrow(chunks, 0, full, 1), 1, 0, rest * slot.row_numel),
+                   {rest, slot.row_numel}),
+         ops::narrow(rows, 0, slot.first_row(remainder_rank), rest)});
   }
   return runs;
 }
@@ -51,17 +56,13 @@ std::vector<ChunkRun> chunk_runs(const Tensor& buffer, const Tensor& rows, const
 // `whole_slot`, for a parameter without a gradient). At most two views.
 std::vector<Tensor> padding_of(const Tensor& buffer, const ParamSlot& slot,
                                const FlatLayout& layout, bool whole_slot) {
-  std::vector<Tensor> padding;
-  const int64_t chunk = slot.chunk_rows * slot.row_numel;
-  if (chunk == 0) return padding;
-  const Tensor chunks = ops::narrow(ops::view(buffer, {layout.world, layout.segment_numel}), 1,
-                                    slot.offset, chunk);  // [world, chunk]
+  const Tensor chunks = chunks_of(buffer, slot, layout);
   if (whole_slot) return {chunks};
-  const int64_t full = slot.full_chunks();
-  const int64_t rest = slot.rows - full * slot.chunk_rows;
-  int64_t first_empty = full;
-  if (rest > 0) {
-    padding.push_back(ops::narrow(ops::narrow(chunks, 0, full, 1), 1, rest * slot.row_numel,
+  std::vector<Tensor> padding;
+  const int64_t chunk = chunks.shape()[1];
+  int64_t first_empty = slot.full_chunks();
+  if (const int64_t rest = slot.rows_of(static_cast<int>(first_empty)); rest > 0) {
+    padding.push_back(ops::narrow(ops::narrow(chunks, 0, first_empty, 1), 1, rest * slot.row_numel,
                                   chunk - rest * slot.row_numel));
     ++first_empty;
   }
