@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <span>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -89,6 +90,9 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 void AdamW::step() {
   NoGradGuard no_grad;
   profiler::Scope scope("optim::AdamW.step");
+  // The parameters the fused pass takes (plain contiguous f32, or such local shards of DTensors
+  // that lie alike), updated together at the end: on a GPU, many per kernel launch.
+  std::vector<ops::AdamWParameter> fused;
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     const Tensor grad = p.grad();
@@ -102,19 +106,13 @@ void AdamW::step() {
       exp_avg_[i] = ops::zeros_like(p);
       exp_avg_sq_[i] = ops::zeros_like(p);
     }
-    // One fused pass where the tensors allow it (plain contiguous f32 on the CPU, or such local
-    // shards of DTensors that lie alike).
-    std::array<Tensor, 4> fused{p, grad, exp_avg_[i], exp_avg_sq_[i]};
-    if (same_layout_locals(fused) &&
-        ops::adamw_update_fused_(fused[0], fused[1], fused[2], fused[3],
-                                 {.lr = lr_,
-                                  .beta1 = options_.beta1,
-                                  .beta2 = options_.beta2,
-                                  .eps = options_.eps,
-                                  .weight_decay = options_.weight_decay,
-                                  .bias1 = bias1,
-                                  .bias2 = bias2})) {
-      continue;
+    std::array<Tensor, 4> locals{p, grad, exp_avg_[i], exp_avg_sq_[i]};
+    if (same_layout_locals(locals)) {
+      ops::AdamWParameter x{locals[0], locals[1], locals[2], locals[3], bias1, bias2};
+      if (ops::adamw_fusable(x)) {
+        fused.push_back(std::move(x));
+        continue;
+      }
     }
     // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     exp_avg_[i] =
@@ -127,6 +125,19 @@ void AdamW::step() {
     Tensor decayed =
         options_.weight_decay != 0 ? ops::mul(p, 1.0 - lr_ * options_.weight_decay) : p;
     ops::copy_(p, ops::sub(decayed, ops::mul(update, lr_)));
+  }
+  // One call per device (a pipeline stage's parameters share one; the call takes one GPU's).
+  while (!fused.empty()) {
+    const Device device = fused.front().param.device();
+    const auto other = std::stable_partition(
+        fused.begin(), fused.end(), [&](const auto& x) { return x.param.device() == device; });
+    ops::adamw_update_fused_(std::span(fused.begin(), other),
+                             {.lr = lr_,
+                              .beta1 = options_.beta1,
+                              .beta2 = options_.beta2,
+                              .eps = options_.eps,
+                              .weight_decay = options_.weight_decay});
+    fused.erase(fused.begin(), other);
   }
 }
 

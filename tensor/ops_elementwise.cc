@@ -10,6 +10,7 @@
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cpu/transpose.h"
 #include "tensor/cpu/vector_math.h"
+#include "tensor/cuda/kernels/adamw.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
@@ -473,31 +474,65 @@ void mul_(const Tensor& self, double scalar) {
 
 #undef LOOM_DISPATCH_OR_RETURN
 
-bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWScalars& scalars) {
-  bool meta = true;
-  for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-    if (t->extension() || t->shape() != param.shape()) return false;
-    meta = meta && meta_like_fast_f32({*t});
+bool adamw_fusable(const AdamWParameter& x) {
+  const Tensor& p = x.param;
+  for (const Tensor* t : {&x.param, &x.grad, &x.exp_avg, &x.exp_avg_sq}) {
+    if (!t->defined() || t->extension() || t->dtype() != kFloat32 || !t->is_contiguous() ||
+        t->shape() != p.shape() || t->device() != p.device())
+      return false;
   }
-  if (!meta) {
-    for (const Tensor* t : {&param, &grad, &exp_avg, &exp_avg_sq}) {
-      if (!fast_f32({*t})) return false;
+  return p.device().is_cpu() || p.device().is_cuda() || p.device().is_meta();
+}
+
+void adamw_update_fused_(std::span<const AdamWParameter> params, const AdamWHyperparameters& h) {
+  std::optional<Device> cuda_device;  // the one GPU whose parameters go to the kernel
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Tensor& p = params[i].param;
+    LOOM_CHECK(adamw_fusable(params[i]),
+               "adamw_update_fused_: parameter {} ({}, grad {}) is not four contiguous f32 "
+               "tensors of one shape on one device; compose its update from ops instead",
+               i, p.description(), params[i].grad.description());
+    if (!p.device().is_cuda()) continue;
+    if (!cuda_device) cuda_device = p.device();
+    LOOM_CHECK(p.device() == *cuda_device,
+               "adamw_update_fused_: parameters on {} and {}; give one GPU's per call",
+               cuda_device->str(), p.device().str());
+  }
+  // The f32 hyperparameters both kernels compute with.
+  const cuda::kernels::AdamWHyper f{.lr = static_cast<float>(h.lr),
+                                    .beta1 = static_cast<float>(h.beta1),
+                                    .beta2 = static_cast<float>(h.beta2),
+                                    .eps = static_cast<float>(h.eps),
+                                    .weight_decay = static_cast<float>(h.weight_decay)};
+  std::vector<cuda::kernels::AdamWTensor> on_cuda;
+  for (const AdamWParameter& x : params) {
+    // One pass reading the four f32 tensors and writing param and the moments back; nothing
+    // allocated, on a meta trace either (the CPU and CUDA passes both work in place).
+    FlopCounter::record_in_place(x.param, 7);
+    if (x.param.device().is_meta()) continue;
+    if (x.param.device().is_cuda()) {
+      on_cuda.push_back({.param = x.param.data<float>(),
+                         .grad = x.grad.data<float>(),
+                         .exp_avg = x.exp_avg.data<float>(),
+                         .exp_avg_sq = x.exp_avg_sq.data<float>(),
+                         .n = x.param.numel(),
+                         .bias1 = static_cast<float>(x.bias1),
+                         .bias2 = static_cast<float>(x.bias2)});
+      continue;
     }
+    cpu::adamw_f32(x.param.data<float>(), x.grad.data<float>(), x.exp_avg.data<float>(),
+                   x.exp_avg_sq.data<float>(), x.param.numel(),
+                   {.lr = f.lr,
+                    .beta1 = f.beta1,
+                    .beta2 = f.beta2,
+                    .eps = f.eps,
+                    .weight_decay = f.weight_decay,
+                    .bias1 = static_cast<float>(x.bias1),
+                    .bias2 = static_cast<float>(x.bias2)});
   }
-  // One pass reading the four f32 tensors and writing param and the moments back.
-  FlopCounter::record_in_place(param, 7);
-  if (meta) return true;  // the CPU's fused pass, which allocates nothing
-  cpu::adamw_f32(param.data<float>(), grad.data<float>(), exp_avg.data<float>(),
-                 exp_avg_sq.data<float>(), param.numel(),
-                 {.lr = static_cast<float>(scalars.lr),
-                  .beta1 = static_cast<float>(scalars.beta1),
-                  .beta2 = static_cast<float>(scalars.beta2),
-                  .eps = static_cast<float>(scalars.eps),
-                  .weight_decay = static_cast<float>(scalars.weight_decay),
-                  .bias1 = static_cast<float>(scalars.bias1),
-                  .bias2 = static_cast<float>(scalars.bias2)});
-  return true;
+  if (on_cuda.empty()) return;
+  cuda::kernels::adamw_multi_tensor(on_cuda.data(), static_cast<int64_t>(on_cuda.size()), f,
+                                    cuda_device->index);
 }
 
 }  // namespace loom::ops

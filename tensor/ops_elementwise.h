@@ -4,6 +4,8 @@
 // floating dtypes meet), otherwise i64 when i32 meets i64.
 #pragma once
 
+#include <span>
+
 #include "tensor/tensor.h"
 
 namespace loom::ops {
@@ -52,16 +54,23 @@ void add_(const Tensor& self, const Tensor& other);
 // In place: self *= scalar (gradient clipping's scale, without a temporary and a copy back).
 void mul_(const Tensor& self, double scalar);
 
-// The AdamW update of one parameter in place, fused into one vectorized, threaded pass
-// (tensor/cpu/vector_math.h; torch.optim.AdamW's formula in f32, as optim::AdamW composes it)
-// when the four tensors are plain contiguous f32 CPU tensors of one shape. Returns false and
-// changes nothing otherwise (DTensors, CUDA, other dtypes): the caller composes the update from
-// ops. Not a dispatched op: nothing differentiates or shards it.
-struct AdamWScalars {
+// The AdamW update of many parameters in place, fused (torch.optim.AdamW(fused=True)): each
+// element of param, grad and both moments read once and param and moments written once, with
+// torch.optim.AdamW's formula in f32, as optim::AdamW composes it from ops otherwise. On the CPU
+// one vectorized, threaded pass per parameter (tensor/cpu/vector_math.h); on CUDA up to
+// cuda::kernels::kAdamWTensorsPerLaunch parameters of a device per kernel launch
+// (tensor/cuda/kernels/adamw.h). Not a dispatched op: nothing differentiates or shards it.
+struct AdamWHyperparameters {
   double lr, beta1, beta2, eps, weight_decay;
-  double bias1, bias2;  // 1 - beta^step
 };
-bool adamw_update_fused_(const Tensor& param, const Tensor& grad, const Tensor& exp_avg,
-                         const Tensor& exp_avg_sq, const AdamWScalars& scalars);
+struct AdamWParameter {
+  Tensor param, grad, exp_avg, exp_avg_sq;
+  double bias1, bias2;  // 1 - beta^step, the parameter's own step count
+};
+// Whether the fused pass takes it: four plain (not DTensor) contiguous f32 tensors of one shape
+// on one device (CPU, CUDA or meta). The caller composes the others' updates from ops.
+bool adamw_fusable(const AdamWParameter& x);
+// Every entry must be fusable (throws naming the first that is not, before changing anything).
+void adamw_update_fused_(std::span<const AdamWParameter> params, const AdamWHyperparameters& h);
 
 }  // namespace loom::ops

@@ -7,6 +7,8 @@
 #include <string>
 
 #include "base/error.h"
+#include "tensor/device.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -80,6 +82,50 @@ TEST(AdamWTest, StepCountIsPerParameter) {
   adam.step();
   // First Adam step moves by lr * m_hat / (sqrt(v_hat) + eps) = lr * sign(g) (almost exactly).
   EXPECT_NEAR(ops::to_vector(b)[0], 1.0 - 0.1, 1e-6);
+}
+
+// Parameters the fused pass takes and ones it does not (a transposed gradient) in one step: each
+// gets the update it gets alone.
+TEST(AdamWTest, FusedAndComposedParametersInOneStepEachGetTheirOwnUpdate) {
+  const AdamWOptions options{.lr = 0.01, .weight_decay = 0.1};
+  const auto matrix = [] {
+    Tensor m = ops::from_vector({1.0f, 2.0f, 3.0f, 4.0f}, {2, 2});
+    m.set_requires_grad(true);
+    return m;
+  };
+  Tensor a = param({0.5f, -0.25f, 1.0f, 2.0f}), b = matrix();
+  Tensor a_alone = param({0.5f, -0.25f, 1.0f, 2.0f}), b_alone = matrix();
+  AdamW together({a, b}, options), first({a_alone}, options), second({b_alone}, options);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor ga = ops::from_vector({0.1f, -0.2f, 0.3f * step, 0.0f}, {4});
+    const Tensor gb = ops::from_vector({0.5f, -1.0f, 0.25f, 0.125f * step}, {2, 2});
+    a.set_grad(ga);
+    b.set_grad(ops::transpose(ops::contiguous(ops::transpose(gb, 0, 1)), 0, 1));  // a view
+    ASSERT_FALSE(b.grad().is_contiguous());
+    a_alone.set_grad(ga);
+    b_alone.set_grad(gb);
+    together.step();
+    first.step();
+    second.step();
+    expect_close({.actual = a, .expected = a_alone, .tol = {.atol = kTol}, .what = "fused"});
+    expect_close({.actual = b, .expected = b_alone, .tol = {.atol = kTol}, .what = "composed"});
+  }
+}
+
+// Traced for a GPU (the meta device following CUDA's kernels), AdamW's step is the fused kernel
+// in place: the first step allocates only the two moments, later steps nothing.
+TEST(AdamWTest, TracedForAGpuTheStepAllocatesOnlyTheMoments) {
+  const MetaTargetGuard follow(Device::cuda());
+  Tensor p = ops::empty({64, 32}, kFloat32, Device::meta());
+  p.set_requires_grad(true);
+  AdamW adam({p}, AdamWOptions{});
+  p.set_grad(ops::empty({64, 32}, kFloat32, Device::meta()));
+  MemoryTracker tracker;
+  ScopedMemoryTracker scope(tracker);
+  adam.step();
+  EXPECT_EQ(tracker.stats().allocated_bytes, 2 * 64 * 32 * 4);
+  adam.step();
+  EXPECT_EQ(tracker.stats().allocated_bytes, 2 * 64 * 32 * 4);
 }
 
 TEST(OptimizerTest, SkipsParametersWithoutGradAndRejectsNonLeaves) {

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 #include <utility>
@@ -281,6 +282,56 @@ TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
                 .expected = want,
                 .tol = kernel_tolerance(want.dtype(), 4.0),
                 .what = "misaligned bias (composed)"});
+}
+
+// The fused AdamW (ops::adamw_update_fused_) on many parameters at once against the CPU's pass:
+// 40 parameters take two launches (kAdamWTensorsPerLaunch 32), of sizes from 1 element to
+// several blocks' chunks (an empty one too), each with its own step count's bias corrections,
+// over three steps with weight decay. f32 throughout: the kernels differ only by contraction
+// into FMAs and CUDA's sqrt/div rounding, a few ulp per step.
+TEST(CudaAdamWTest, ManyParametersPerLaunchMatchTheCpuPass) {
+  LOOM_SKIP_WITHOUT_CUDA();
+  const std::vector<int64_t> sizes = {1, 0, 7, 4095, 4096, 4097, 70001, 3 * 4096 + 5};
+  struct Slot {
+    Tensor p, g, m, v;
+  };
+  std::vector<Slot> cpu_slots, gpu_slots;
+  for (int i = 0; i < 40; ++i) {
+    const int64_t n = sizes[i % sizes.size()];
+    Slot cpu{random_tensor({n}, 10 + i), random_tensor({n}, 100 + i),
+             random_tensor({n}, 200 + i, kFloat32, -0.1f, 0.1f),
+             random_tensor({n}, 300 + i, kFloat32, 0.0f, 0.5f)};
+    gpu_slots.push_back({gpu(cpu.p), gpu(cpu.g), gpu(cpu.m), gpu(cpu.v)});
+    cpu_slots.push_back(std::move(cpu));
+  }
+  const ops::AdamWHyperparameters h{
+      .lr = 3e-3, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  for (int step = 1; step <= 3; ++step) {
+    for (auto* slots : {&cpu_slots, &gpu_slots}) {
+      std::vector<ops::AdamWParameter> params;
+      for (size_t i = 0; i < slots->size(); ++i) {
+        const double t = static_cast<double>(step + static_cast<int>(i % 3));  // own step counts
+        const Slot& s = (*slots)[i];
+        params.push_back({s.p, s.g, s.m, s.v, 1.0 - std::pow(0.9, t), 1.0 - std::pow(0.95, t)});
+      }
+      ops::adamw_update_fused_(params, h);
+    }
+  }
+  for (size_t i = 0; i < cpu_slots.size(); ++i) {
+    const std::string what = fmt::format("parameter {} of {} elements", i, cpu_slots[i].p.numel());
+    expect_close({.actual = gpu_slots[i].p,
+                  .expected = cpu_slots[i].p,
+                  .tol = kernel_tolerance(kFloat32),
+                  .what = what + ": param"});
+    expect_close({.actual = gpu_slots[i].m,
+                  .expected = cpu_slots[i].m,
+                  .tol = kernel_tolerance(kFloat32),
+                  .what = what + ": exp_avg"});
+    expect_close({.actual = gpu_slots[i].v,
+                  .expected = cpu_slots[i].v,
+                  .tol = kernel_tolerance(kFloat32),
+                  .what = what + ": exp_avg_sq"});
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaElementwiseTest, ::testing::ValuesIn(kKernelDTypes),

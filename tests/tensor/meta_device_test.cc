@@ -186,14 +186,10 @@ TEST(FlopCounter, CountsTheBytesInPlaceOpsMove) {
     ops::mul_(a, 0.5);  // read 400, write 400
     EXPECT_EQ(counter.in_place_bytes(), 3200);
     // AdamW's fused pass: param, grad and both moments read, param and moments written.
-    ASSERT_TRUE(ops::adamw_update_fused_(a, b, m, v,
-                                         {.lr = 0.1,
-                                          .beta1 = 0.9,
-                                          .beta2 = 0.99,
-                                          .eps = 1e-8,
-                                          .weight_decay = 0,
-                                          .bias1 = 0.1,
-                                          .bias2 = 0.01}));
+    const ops::AdamWParameter x{a, b, m, v, /*bias1=*/0.1, /*bias2=*/0.01};
+    ASSERT_TRUE(ops::adamw_fusable(x));
+    ops::adamw_update_fused_(
+        std::span(&x, 1), {.lr = 0.1, .beta1 = 0.9, .beta2 = 0.99, .eps = 1e-8, .weight_decay = 0});
     EXPECT_EQ(counter.in_place_bytes(), 3200 + 7 * 400);
     EXPECT_EQ(counter.total(), 0);  // no matrix products
   }

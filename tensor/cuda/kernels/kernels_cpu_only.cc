@@ -3,6 +3,7 @@
 // CUDA device (cuda_runtime.h, kernels_built()), so no CUDA tensor exists to launch them on.
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/kernels/adamw.h"
 #include "tensor/cuda/kernels/elementwise.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/cuda/kernels/reduce.h"
@@ -96,6 +97,10 @@ void sum_cols(DType, void*, const void*, int64_t, int64_t, double, void*, int) {
 }
 void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
   unavailable("max_rows");
+}
+
+void adamw_multi_tensor(const AdamWTensor*, int64_t, const AdamWHyper&, int) {
+  unavailable("adamw_multi_tensor");
 }
 
 }  // namespace loom::cuda::kernels
