@@ -105,25 +105,25 @@ Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
   return to(out, x_in.dtype());
 }
 
-// Cross entropy of f32 logits `x` (n, v) on a GPU; `t` are the targets, already checked on the
-// host; the loss is rounded to `loss_dtype`. Sums and the mean's division run on the device.
+// Cross entropy of logits `x` (n, v, contiguous, in their own floating dtype) on a GPU; `t` are
+// the targets, already checked on the host. The loss is f32; sums and the mean's division run on
+// the device.
 CrossEntropyResult cuda_cross_entropy(const Tensor& x, const Tensor& targets,
                                       const std::vector<int64_t>& t, int64_t ignore_index,
-                                      Reduction reduction, DType loss_dtype) {
+                                      Reduction reduction) {
   const int64_t n = x.size(0), v = x.size(1);
   const Tensor targets_dev = contiguous(to(targets, kInt64));
   Tensor lse = Tensor::empty({n}, kFloat32, x.device());
   Tensor losses = Tensor::empty({n}, kFloat32, x.device());
-  cuda::kernels::cross_entropy_forward(lse.data<float>(), losses.data<float>(), x.data<float>(),
-                                       targets_dev.data<int64_t>(), n, v, ignore_index,
-                                       x.device().index);
-  if (reduction == Reduction::kNone) return {to(losses, loss_dtype), lse};
+  cuda::kernels::cross_entropy_forward(x.dtype(), lse.data<float>(), losses.data<float>(),
+                                       x.raw_data(), targets_dev.data<int64_t>(), n, v,
+                                       ignore_index, x.device().index);
+  if (reduction == Reduction::kNone) return {losses, lse};
   int64_t count = 0;
   for (int64_t target : t) count += target != ignore_index;
   // kMean with every row ignored is 0 * inf = NaN, as 0 / 0 on the CPU and in PyTorch.
   const double scale = reduction == Reduction::kSum ? 1.0 : 1.0 / static_cast<double>(count);
-  const Tensor loss = cuda_backend::sum(losses, {true}, /*keepdim=*/false, scale);
-  return {to(loss, loss_dtype), lse};
+  return {cuda_backend::sum(losses, {true}, /*keepdim=*/false, scale), lse};
 }
 
 void check_dropout_p(double p, const Tensor& t, std::string_view op) {
@@ -233,19 +233,19 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   check_reduction(reduction, op);
   const Device device = op_device(op, {logits, targets});
   if (device.is_meta()) {  // the targets are not known: shapes only
-    // A CPU computes in an f32 copy of bf16 logits.
+    // A CPU computes in an f32 copy of bf16 logits; a GPU reads them as they are.
     const Tensor staged = allocates_like_cpu(device) ? as_f32(logits) : logits;
     const int64_t rows = logits.size(0);
     const Tensor lse = Tensor::empty({rows}, kFloat32, device);
     const Shape loss_shape = reduction == Reduction::kNone ? Shape{rows} : Shape{};
-    return {Tensor::empty(loss_shape, logits.dtype(), device), lse};
+    return {Tensor::empty(loss_shape, kFloat32, device), lse};
   }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const int64_t n = logits.size(0), v = logits.size(1);
+  if (device.is_cuda())
+    return cuda_cross_entropy(contiguous(logits), targets, t, ignore_index, reduction);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
-  if (device.is_cuda())
-    return cuda_cross_entropy(x, targets, t, ignore_index, reduction, logits.dtype());
   const std::vector<float> lse = row_logsumexp(px, n, v);
   Tensor lse_out = Tensor::empty({n}, kFloat32);
   std::copy(lse.begin(), lse.end(), lse_out.data<float>());
@@ -267,7 +267,7 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
     const double value = reduction == Reduction::kSum ? total : total / static_cast<double>(count);
     loss = scalar_tensor(value, kFloat32);
   }
-  return {to(loss, logits.dtype()), lse_out};
+  return {loss, lse_out};
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
@@ -280,8 +280,11 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   check_reduction(reduction, op);
   check_floating(grad_loss, op, "grad_loss");
   if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
-      device.is_meta()) {  // f32 gradient, then the logits' dtype
-    const Tensor staged = allocates_like_cpu(device) ? as_f32(logits) : logits;
+      device.is_meta()) {
+    // A CPU: an f32 copy of bf16 logits, the f32 gradient, then the logits' dtype; a GPU writes
+    // the gradient in the logits' dtype directly.
+    if (!allocates_like_cpu(device)) return Tensor::empty(logits.shape(), logits.dtype(), device);
+    const Tensor staged = as_f32(logits);
     return to(Tensor::empty(logits.shape(), kFloat32, device), logits.dtype());
   }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
@@ -297,8 +300,6 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                op, shape_str(grad_loss.shape()), shape_str(logits.shape()));
   }
   const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
-  const Tensor x = as_f32(logits);
-  const float* px = x.data<float>();
   if (device.is_cuda()) {
     if (logsumexp.defined()) {
       LOOM_CHECK(logsumexp.shape() == Shape{n},
@@ -307,18 +308,21 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     }
     int64_t count = 0;
     for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
+    const Tensor x = contiguous(logits);
     const Tensor lse =
         logsumexp.defined()
             ? as_f32(logsumexp)
-            : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone, kFloat32).logsumexp;
+            : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone).logsumexp;
     const Tensor targets_dev = contiguous(to(targets, kInt64));
     const Tensor gl = as_f32(on_device(grad_loss, device));
-    Tensor grad = Tensor::empty({n, v}, kFloat32, device);
+    Tensor grad = Tensor::empty({n, v}, x.dtype(), device);
     cuda::kernels::cross_entropy_backward(
-        grad.data<float>(), px, lse.data<float>(), targets_dev.data<int64_t>(), gl.data<float>(), n,
-        v, ignore_index, static_cast<int>(reduction), count, device.index);
-    return to(grad, logits.dtype());
+        x.dtype(), grad.raw_data(), x.raw_data(), lse.data<float>(), targets_dev.data<int64_t>(),
+        gl.data<float>(), n, v, ignore_index, static_cast<int>(reduction), count, device.index);
+    return grad;
   }
+  const Tensor x = as_f32(logits);
+  const float* px = x.data<float>();
   std::vector<float> lse;
   if (logsumexp.defined()) {
     check_floating(logsumexp, op, "logsumexp");

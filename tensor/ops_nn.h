@@ -112,7 +112,7 @@ namespace loom::ops {
 using loom::Reduction;
 
 struct CrossEntropyResult {
-  Tensor loss;       // () for kMean/kSum, (N,) for kNone (0 at ignored rows); logits' dtype
+  Tensor loss;       // () for kMean/kSum, (N,) for kNone (0 at ignored rows); f32
   Tensor logsumexp;  // (N,) f32: log(sum(exp(logits[n, :]))), saved for the backward
 };
 // Softmax cross entropy of logits (N, V) against class indices targets (N,) (i64 or i32), as
@@ -120,7 +120,10 @@ struct CrossEntropyResult {
 // Rows whose target equals ignore_index contribute nothing; kMean divides by the number of
 // rows not ignored, so when every row is ignored the mean is 0/0 = NaN (PyTorch's result too;
 // kSum gives 0). A target outside [0, V) that is not ignore_index throws naming the target,
-// its position and V.
+// its position and V. Computed in f32 whatever the logits' dtype, and the loss stays f32 (torch
+// rounds it to the logits' dtype): bf16 logits go in as they are, with no f32 copy on a GPU, and
+// their gradient (cross_entropy_backward) comes back in bf16, rounded once. So a mixed-precision
+// model's loss needs no f32 logits (MixedPrecisionPolicy::output_dtype = param_dtype).
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
                                  int64_t ignore_index = -100,
                                  Reduction reduction = Reduction::kMean);

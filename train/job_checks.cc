@@ -124,26 +124,29 @@ void check_directory_writable(const std::string& path, std::string_view what) {
 ParallelConfig parallel_config(const JobConfig& given) {
   JobConfig job = given;
   resolve_parallel_degrees(job);  // --dp, the default dp 2, --dp-shard -1
-  return {
-      .dims = {.pp = job.pp,
-               .dp_replicate = job.dp_replicate,
-               .dp_shard = job.dp_shard,
-               .cp = job.cp,
-               .tp = job.tp,
-               .ep = job.ep},
-      .tp_plan = {.sequence_parallel = job.sequence_parallel,
-                  .regather_in_backward = job.sequence_parallel_regather},
-      .grad_accum = static_cast<int>(job.grad_accum),
-      .pipeline = {.schedule = job.schedule,
-                   .microbatches = static_cast<int>(job.microbatches),
-                   .virtual_stages = static_cast<int>(job.virtual_stages)},
-      .mixed_precision = job.mixed_precision == "bf16"
-                             ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{})
-                             : std::nullopt,
-      .activation_checkpoint = parallel::ActivationCheckpointing::parse(job.activation_checkpoint,
-                                                                        "--activation-checkpoint"),
-      .meta_init = job.meta_init,
-      .cp = {.load_balance = job.cp_load_balance, .attention = job.cp_attention}};
+  return {.dims = {.pp = job.pp,
+                   .dp_replicate = job.dp_replicate,
+                   .dp_shard = job.dp_shard,
+                   .cp = job.cp,
+                   .tp = job.tp,
+                   .ep = job.ep},
+          .tp_plan = {.sequence_parallel = job.sequence_parallel,
+                      .regather_in_backward = job.sequence_parallel_regather},
+          .grad_accum = static_cast<int>(job.grad_accum),
+          .pipeline = {.schedule = job.schedule,
+                       .microbatches = static_cast<int>(job.microbatches),
+                       .virtual_stages = static_cast<int>(job.virtual_stages)},
+          // Logits stay bf16 (torch FSDP2's default, output_dtype None): the loss reads them as
+          // they are and computes in f32 (ops::cross_entropy), and pipeline stages send bf16
+          // activations; both bit-identical to f32 outputs, since bf16 -> f32 -> bf16 is exact.
+          .mixed_precision = job.mixed_precision == "bf16"
+                                 ? std::optional<nn::MixedPrecisionPolicy>(nn::MixedPrecisionPolicy{
+                                       .param_dtype = kBFloat16, .output_dtype = kBFloat16})
+                                 : std::nullopt,
+          .activation_checkpoint = parallel::ActivationCheckpointing::parse(
+              job.activation_checkpoint, "--activation-checkpoint"),
+          .meta_init = job.meta_init,
+          .cp = {.load_balance = job.cp_load_balance, .attention = job.cp_attention}};
 }
 
 CheckedJob check_job(const JobConfig& job) {

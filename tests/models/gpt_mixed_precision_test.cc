@@ -14,6 +14,10 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "autograd/engine.h"
 #include "comm/testing/multi_rank.h"
@@ -142,6 +146,86 @@ TEST(GPTMixedPrecision, FullyShardedMatchesOneRank) {
     expect_matches(mixed_reference(), mean.item<double>(), model->named_parameters(),
                    "dp_shard2 bf16");
   });
+}
+
+// The job's policy keeps the logits bf16 (train/job_checks.cc, output_dtype = param_dtype): the
+// loss reads them as they are and computes in f32, their gradient is rounded to bf16 once, and
+// pipeline stages send bf16 activations. Since bf16 -> f32 -> bf16 is exact, every layout's loss
+// and gradients equal those of the f32-logits policy bit for bit: one rank, tp2 + SP (loss
+// parallel over vocabulary-sharded logits), pp2 and dp_shard2.
+enum class Layout { kOneRank, kTensorParallel, kPipeline, kFullySharded };
+
+Result run(Layout layout, DType output_dtype, comm::ProcessGroup* pg) {
+  const nn::MixedPrecisionPolicy policy{.param_dtype = kBFloat16, .output_dtype = output_dtype};
+  const int rank = pg ? pg->rank() : 0;
+  Result out;
+  std::vector<std::pair<std::string, Tensor>> params;
+  if (layout == Layout::kPipeline) {
+    const auto meshes = train::ParallelDims::meshes(
+        train::ParallelDims{.pp = 2}.build_mesh(pg->shared_from_this()));
+    GPTPipeline model(config(), 3, meshes, {.microbatches = 2}, {}, policy);
+    model.zero_grad();
+    out.loss = model.step(rank == 0 ? tokens(1) : Tensor(), rank == 1 ? tokens(2) : Tensor());
+    params = model.named_parameters();
+  } else {
+    auto model = std::make_shared<GPT>(config(), 3);
+    std::unique_ptr<parallel::DataParallel> data_parallel;
+    Tensor ids = tokens(1), targets = tokens(2);
+    if (layout == Layout::kTensorParallel) {
+      auto mesh = std::make_shared<const DeviceMesh>(
+          pg->shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+      parallelize_gpt(*model, mesh, {.sequence_parallel = true});
+    }
+    if (layout == Layout::kFullySharded) {
+      const auto meshes = train::ParallelDims::meshes(
+          train::ParallelDims{.dp_shard = 2}.build_mesh(pg->shared_from_this()));
+      data_parallel =
+          std::make_unique<parallel::DataParallel>(model, gpt_blocks(*model), meshes, policy);
+      const int64_t half = kBatch / 2;
+      ids = ops::narrow(ids, 0, rank * half, half);
+      targets = ops::narrow(targets, 0, rank * half, half);
+    } else {
+      nn::apply_mixed_precision(*model, policy);
+    }
+    EXPECT_EQ((*model)(ids).dtype(), output_dtype);
+    Tensor loss = model->loss(ids, targets);
+    EXPECT_EQ(loss.dtype(), kFloat32);
+    if (data_parallel) {
+      data_parallel->backward(/*last=*/true, [&] { backward(loss); });
+    } else {
+      backward(loss);
+    }
+    out.loss = is_dtensor(loss) ? full_tensor(loss).item<double>() : loss.item<double>();
+    params = model->named_parameters();
+  }
+  for (const auto& [name, p] : params) {
+    out.grads[name] = is_dtensor(p.grad()) ? full_tensor(p.grad()) : p.grad();
+  }
+  return out;
+}
+
+void expect_bitwise_equal(Layout layout, comm::ProcessGroup* pg, const std::string& what) {
+  const Result f32_logits = run(layout, kFloat32, pg);
+  const Result bf16_logits = run(layout, kBFloat16, pg);
+  EXPECT_EQ(bf16_logits.loss, f32_logits.loss) << what;
+  ASSERT_EQ(bf16_logits.grads.size(), f32_logits.grads.size()) << what;
+  ASSERT_FALSE(f32_logits.grads.empty()) << what;
+  for (const auto& [name, grad] : f32_logits.grads) {
+    loom::testing::expect_equal(
+        {.actual = bf16_logits.grads.at(name), .expected = grad, .what = what + ": " + name});
+  }
+}
+
+TEST(GPTMixedPrecision, Bf16LogitsGiveTheLossAndGradientsOfF32LogitsBitForBit) {
+  expect_bitwise_equal(Layout::kOneRank, nullptr, "one rank");
+  for (const auto& [layout, what] :
+       std::vector<std::pair<Layout, std::string>>{{Layout::kTensorParallel, "tp2+SP"},
+                                                   {Layout::kPipeline, "pp2"},
+                                                   {Layout::kFullySharded, "dp_shard2"}}) {
+    comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+      expect_bitwise_equal(layout, &pg, what + " rank " + std::to_string(pg.rank()));
+    });
+  }
 }
 
 }  // namespace

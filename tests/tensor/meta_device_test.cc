@@ -28,7 +28,7 @@ TEST(MetaDevice, OpsGiveTheShapesOfARealDevice) {
   const Tensor logits = ops::empty({10, 8}, kBFloat16, Device::meta());
   const auto ce = ops::cross_entropy(logits, ops::empty({10}, kInt64, Device::meta()));
   EXPECT_EQ(ce.loss.shape(), (Shape{}));
-  EXPECT_EQ(ce.loss.dtype(), kBFloat16);
+  EXPECT_EQ(ce.loss.dtype(), kFloat32);  // computed in f32 and kept so
   EXPECT_EQ(ops::to(a, kBFloat16).dtype(), kBFloat16);
   EXPECT_EQ(ops::transpose(a, 0, 1).shape(), (Shape{8, 4}));
 }
@@ -144,6 +144,34 @@ TEST(MetaDevice, RopeOnAGpuAllocatesOnlyItsBf16Output) {
   };
   EXPECT_EQ(allocated(Device::cuda()), 2 * 16 * 4 * 8 * 2);
   EXPECT_EQ(allocated(Device::cpu()), 2 * 16 * 4 * 8 * (2 + 4 + 4));  // + f32 x and out
+}
+
+// Cross entropy on a GPU reads bf16 logits as they are and writes their gradient in bf16 (the
+// fused classifier of issue 31): traced for a GPU it allocates the f32 logsumexp and loss and
+// the bf16 gradient only; traced for a CPU, also f32 copies of the logits and the gradient.
+TEST(MetaDevice, CrossEntropyOnAGpuAllocatesNoF32Logits) {
+  const int64_t rows = 64, vocab = 1000;
+  const auto allocated = [&](Device target, bool backward) {
+    MetaTargetGuard follow(target);
+    const Tensor logits = ops::empty({rows, vocab}, kBFloat16, Device::meta());
+    const Tensor targets = ops::empty({rows}, kInt64, Device::meta());
+    const Tensor lse = ops::empty({rows}, kFloat32, Device::meta());
+    const Tensor grad_loss = ops::empty({}, kFloat32, Device::meta());
+    MemoryTracker tracker;
+    ScopedMemoryTracker scope(tracker);
+    if (backward) {
+      const Tensor grad =
+          ops::cross_entropy_backward(grad_loss, logits, targets, -100, Reduction::kMean, lse);
+      EXPECT_EQ(grad.dtype(), kBFloat16);
+    } else {
+      EXPECT_EQ(ops::cross_entropy(logits, targets).loss.dtype(), kFloat32);
+    }
+    return tracker.stats().allocated_bytes;
+  };
+  EXPECT_EQ(allocated(Device::cuda(), false), rows * 4 + 4);  // logsumexp and the mean loss
+  EXPECT_EQ(allocated(Device::cuda(), true), rows * vocab * 2);
+  EXPECT_EQ(allocated(Device::cpu(), false), rows * vocab * 4 + rows * 4 + 4);
+  EXPECT_EQ(allocated(Device::cpu(), true), rows * vocab * (4 + 4 + 2));
 }
 
 TEST(FlopCounter, CountsMatrixProductsOnEveryDevice) {

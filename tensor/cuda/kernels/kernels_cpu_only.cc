@@ -59,11 +59,11 @@ void embedding_forward(DType, void*, const void*, int64_t, int64_t, const int64_
 void embedding_backward(float*, const float*, const int64_t*, int64_t, int64_t, int) {
   unavailable("embedding_backward");
 }
-void cross_entropy_forward(float*, float*, const float*, const int64_t*, int64_t, int64_t, int64_t,
-                           int) {
+void cross_entropy_forward(DType, float*, float*, const void*, const int64_t*, int64_t, int64_t,
+                           int64_t, int) {
   unavailable("cross_entropy_forward");
 }
-void cross_entropy_backward(float*, const float*, const float*, const int64_t*, const float*,
+void cross_entropy_backward(DType, void*, const void*, const float*, const int64_t*, const float*,
                             int64_t, int64_t, int64_t, int, int64_t, int) {
   unavailable("cross_entropy_backward");
 }

@@ -2,9 +2,9 @@
 // their tensors in their own dtype (f32, bf16, f16: a DType and void pointers; activations,
 // weights and gradients of one dtype) and compute in f32, rounding each output once, so a bf16
 // model never copies an activation to f32 and back around a norm; statistics (mean, rstd) and
-// the weights' gradient sums are f32. RoPE likewise (its tables f32). The others still take f32
-// data, which the tensor layer
-// converts bf16/f16 to first and rounds back once. Both give the CPU kernels' numerical recipe
+// the weights' gradient sums are f32. RoPE and cross entropy likewise (RoPE's tables, the
+// losses and logsumexp f32). The others still take f32 data, which the tensor layer converts
+// bf16/f16 to first and rounds back once. Both give the CPU kernels' numerical recipe
 // (f32 arithmetic, f32 accumulation; only the summation order differs).
 #pragma once
 
@@ -62,12 +62,14 @@ void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_s
 void embedding_backward(float* grad_w, const float* grad_out, const int64_t* idx, int64_t count,
                         int64_t c, int device);
 
-// Per row of logits (n, v): lse[r] = logsumexp, losses[r] = lse - logits[r, t] (0 if ignored).
-void cross_entropy_forward(float* lse, float* losses, const float* logits, const int64_t* targets,
-                           int64_t n, int64_t v, int64_t ignore_index, int device);
-// grad[r, :] = (softmax - onehot) * scale_r; reduction 0 none (grad_loss[r]), 1 mean
-// (grad_loss[0] / count), 2 sum (grad_loss[0]); ignored rows are 0.
-void cross_entropy_backward(float* grad, const float* logits, const float* lse,
+// Per row of logits (n, v) in `dtype`, read as f32: lse[r] = logsumexp, losses[r] = lse -
+// logits[r, t] (0 if ignored), both f32.
+void cross_entropy_forward(DType dtype, float* lse, float* losses, const void* logits,
+                           const int64_t* targets, int64_t n, int64_t v, int64_t ignore_index,
+                           int device);
+// grad[r, :] = (softmax - onehot) * scale_r in `dtype` (computed in f32, rounded once); reduction
+// 0 none (grad_loss[r]), 1 mean (grad_loss[0] / count), 2 sum (grad_loss[0]); ignored rows are 0.
+void cross_entropy_backward(DType dtype, void* grad, const void* logits, const float* lse,
                             const int64_t* targets, const float* grad_loss, int64_t n, int64_t v,
                             int64_t ignore_index, int reduction, int64_t count, int device);
 
