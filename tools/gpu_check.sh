@@ -3,6 +3,8 @@
 # runs every GPU test (tools/gpu_binaries.txt; their GPU cases must really run here), then prints
 # the figures:
 #   1. bf16 GEMM TFLOP/s through cuBLASLt at 4096^3 and 8192x8192x2048 beside the dense peak;
+#      fused attention forward and backward TFLOP/s (bf16, causal, T 1024 and 4096, D 64 and
+#      128) on the tensor-core kernels and the plain ones;
 #   2. GPT-2 small (124M) training on one GPU at batch 16 x 1024 tokens in bf16 mixed precision:
 #      tokens/s, MFU ((6 N + 12 L C T) FLOPs per token x tokens/s over the peak), peak memory;
 #   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*).
@@ -113,6 +115,9 @@ problems=${#failed[@]}
 
 section "bf16 GEMM through cuBLASLt (dense peak ${peak} TFLOP/s)"
 "${bin}/tools/bench/cuda_gemm_bench" --peak "${peak}" || { echo "WARNING: cuda_gemm_bench failed"; problems=$((problems + 1)); }
+
+section "Fused attention, bf16, causal: tensor-core kernels beside the plain ones"
+"${bin}/tools/bench/cuda_attention_bench" || { echo "WARNING: cuda_attention_bench failed"; problems=$((problems + 1)); }
 
 section "GPT-2 small (124M) on one GPU: batch 16 x 1024 tokens, bf16 compute, f32 master weights"
 work=$(mktemp -d)

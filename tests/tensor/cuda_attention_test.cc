@@ -6,6 +6,9 @@
 // negative ones leaving whole query tiles without a key, the chunk shapes of context
 // parallelism). Every case skips without a GPU.
 //
+// bf16 cases run on both GPU paths: the tensor-core kernels (flash_attention_mma.h: head dims 16,
+// 32, 64 and 128, D == Dv) and the plain CUDA kernels, each against the CPU.
+//
 // Tolerances (cuda_test_util.h): f32 1e-5 relative and absolute, bf16 1e-2, times a slack of 4
 // for out and logsumexp (the online softmax rescales partial sums, so terms add in another
 // order than the CPU's row softmax) and 10 for the gradients (sums over up to 130 keys or
@@ -19,6 +22,8 @@
 #include <vector>
 
 #include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_test_util.h"
 
@@ -26,6 +31,21 @@ namespace loom {
 namespace {
 
 using namespace ::loom::testing;  // NOLINT(build/namespaces): the comparison helpers
+
+// Sets the tensor-core switch for a scope, restoring it after.
+class TensorCoreAttention {
+ public:
+  explicit TensorCoreAttention(bool enabled)
+      : previous_(cuda::kernels::tensor_core_attention_enabled()) {
+    cuda::kernels::set_tensor_core_attention(enabled);
+  }
+  ~TensorCoreAttention() { cuda::kernels::set_tensor_core_attention(previous_); }
+  TensorCoreAttention(const TensorCoreAttention&) = delete;
+  TensorCoreAttention& operator=(const TensorCoreAttention&) = delete;
+
+ private:
+  bool previous_;
+};
 
 struct Case {
   Shape batch;
@@ -41,39 +61,46 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
  protected:
   void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
 
-  // Forward and backward of q, k, v (CPU tensors, any layout) on both devices, compared.
+  // Forward and backward of q, k, v (CPU tensors, any layout) on both devices, compared. bf16
+  // runs both GPU paths: the tensor-core kernels (where they take the shape: head dims 16, 32,
+  // 64 and 128 with D == Dv) and the plain ones; f32 has the plain ones only.
   void compare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                const std::string& what, int64_t offset = 0) {
     const DType dtype = GetParam();
-    const std::string tag =
-        fmt::format("{} causal {} offset {} {}", what, causal, offset, dtype_name(dtype));
     const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
-    const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset);
-    expect_close({.actual = dev.out,
-                  .expected = cpu.out,
-                  .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
-                  .what = tag + " out"});
-    expect_close({.actual = dev.logsumexp,
-                  .expected = cpu.logsumexp,
-                  .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
-                  .what = tag + " logsumexp"});
     const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
                                                                causal, 0.0, offset);
-    const auto dg = ops::scaled_dot_product_attention_backward(
-        gpu(g), gpu(q), gpu(k), gpu(v), dev.out, dev.logsumexp, causal, 0.0, offset);
-    expect_close({.actual = dg.dq,
-                  .expected = cg.dq,
-                  .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
-                  .what = tag + " dq"});
-    expect_close({.actual = dg.dk,
-                  .expected = cg.dk,
-                  .tol = kernel_tolerance(cg.dk.dtype(), 10.0),
-                  .what = tag + " dk"});
-    expect_close({.actual = dg.dv,
-                  .expected = cg.dv,
-                  .tol = kernel_tolerance(cg.dv.dtype(), 10.0),
-                  .what = tag + " dv"});
+    for (bool tensor_cores : {true, false}) {
+      if (!tensor_cores && dtype == kFloat32) break;
+      const TensorCoreAttention path(tensor_cores);
+      const std::string tag = fmt::format("{} causal {} offset {} {} {}", what, causal, offset,
+                                          dtype_name(dtype), tensor_cores ? "(tensor cores)" : "");
+      const auto dev =
+          ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset);
+      expect_close({.actual = dev.out,
+                    .expected = cpu.out,
+                    .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
+                    .what = tag + " out"});
+      expect_close({.actual = dev.logsumexp,
+                    .expected = cpu.logsumexp,
+                    .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
+                    .what = tag + " logsumexp"});
+      const auto dg = ops::scaled_dot_product_attention_backward(
+          gpu(g), gpu(q), gpu(k), gpu(v), dev.out, dev.logsumexp, causal, 0.0, offset);
+      expect_close({.actual = dg.dq,
+                    .expected = cg.dq,
+                    .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
+                    .what = tag + " dq"});
+      expect_close({.actual = dg.dk,
+                    .expected = cg.dk,
+                    .tol = kernel_tolerance(cg.dk.dtype(), 10.0),
+                    .what = tag + " dk"});
+      expect_close({.actual = dg.dv,
+                    .expected = cg.dv,
+                    .tol = kernel_tolerance(cg.dv.dtype(), 10.0),
+                    .what = tag + " dv"});
+    }
   }
 
   // Both masks, or (a non-zero offset) causal with that offset only.
@@ -143,8 +170,13 @@ TEST_P(CudaAttentionTest, BlockBackwardWithTheWholeRowsSumsMatchesTheCpu) {
     const Tensor v = random_tensor({2, 2, s + c, d}, 303, dtype);
     const auto whole = ops::scaled_dot_product_attention(q, k, v, true, 0.0, s);
     const Tensor g = random_tensor(whole.out.shape(), 304, dtype);
-    for (const auto& [begin, length, causal] :
-         {std::tuple<int64_t, int64_t, bool>{0, s, false}, {s, c, true}}) {
+    for (const auto& [begin, length, causal, tensor_cores] :
+         {std::tuple<int64_t, int64_t, bool, bool>{0, s, false, true},
+          {s, c, true, true},
+          {0, s, false, false},
+          {s, c, true, false}}) {
+      if (!tensor_cores && dtype == kFloat32) continue;
+      const TensorCoreAttention path(tensor_cores);
       const Tensor kb = ops::contiguous(ops::narrow(k, 2, begin, length)),
                    vb = ops::contiguous(ops::narrow(v, 2, begin, length));
       const auto cpu = ops::scaled_dot_product_attention_backward(
@@ -152,8 +184,8 @@ TEST_P(CudaAttentionTest, BlockBackwardWithTheWholeRowsSumsMatchesTheCpu) {
       const auto dev = ops::scaled_dot_product_attention_backward(
           gpu(g), gpu(q), gpu(kb), gpu(vb), gpu(whole.out), gpu(whole.logsumexp), causal, 0.0, 0,
           /*delta_from_out=*/true);
-      const std::string tag =
-          fmt::format("d {} keys [{}, {}) {}", d, begin, begin + length, dtype_name(dtype));
+      const std::string tag = fmt::format("d {} keys [{}, {}) {}{}", d, begin, begin + length,
+                                          dtype_name(dtype), tensor_cores ? " (tensor cores)" : "");
       expect_close({.actual = dev.dq,
                     .expected = cpu.dq,
                     .tol = kernel_tolerance(cpu.dq.dtype(), 10.0),
@@ -232,6 +264,31 @@ TEST_P(CudaAttentionTest, NeverAllocatesTheScoreMatrix) {
   const size_t peak = cuda::allocator_stats(0).peak_allocated_bytes - before;
   EXPECT_EQ(shape_str(grads.dq.shape()), shape_str(q.shape()));
   EXPECT_LT(peak, size_t{8} << 20) << "peak " << peak << " bytes above the inputs";
+}
+
+// Which calls the tensor-core kernels take (host logic: runs without a GPU, in a CUDA build).
+TEST(TensorCoreAttention, TakesBf16AndF16AtHeadDims16To128WithAlignedTensors) {
+  if (!cuda::kernels_built()) GTEST_SKIP() << "a CPU-only build has no CUDA kernels";
+  alignas(16) static char buffer[64];
+  const void* aligned = buffer;
+  const void* misaligned = buffer + 2;
+  const auto shape = [](int64_t d, int64_t dv) {
+    return cuda::kernels::FlashAttentionShape{.rows = 2, .tq = 100, .tk = 100, .d = d, .dv = dv};
+  };
+  using cuda::kernels::tensor_core_attention_takes;
+  for (int64_t d : {16, 32, 64, 128}) {
+    EXPECT_TRUE(tensor_core_attention_takes(kBFloat16, shape(d, d), {aligned, aligned})) << d;
+    EXPECT_TRUE(tensor_core_attention_takes(kFloat16, shape(d, d), {aligned, nullptr})) << d;
+  }
+  EXPECT_FALSE(tensor_core_attention_takes(kFloat32, shape(64, 64), {aligned}));
+  EXPECT_FALSE(tensor_core_attention_takes(kBFloat16, shape(80, 80), {aligned}));
+  EXPECT_FALSE(tensor_core_attention_takes(kBFloat16, shape(64, 32), {aligned}));
+  EXPECT_FALSE(tensor_core_attention_takes(kBFloat16, shape(64, 64), {aligned, misaligned}));
+  {
+    const TensorCoreAttention off(false);
+    EXPECT_FALSE(tensor_core_attention_takes(kBFloat16, shape(64, 64), {aligned}));
+  }
+  EXPECT_TRUE(tensor_core_attention_takes(kBFloat16, shape(64, 64), {aligned}));
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaAttentionTest, ::testing::ValuesIn(kKernelDTypes),

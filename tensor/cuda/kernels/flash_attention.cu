@@ -16,15 +16,22 @@
 // accumulates dv = P^T dO and dk = scale * dS^T q. P is recomputed from the saved logsumexp in
 // both. Memory: O(T * D) per (batch, head).
 #include "tensor/cuda/kernels/device_common.cuh"
+#include "tensor/cuda/kernels/flash_attention_mma.h"
+#include "tensor/cuda/kernels/flash_attention_tiles.cuh"
 #include "tensor/cuda/kernels/nn.h"
 
 namespace loom::cuda::kernels {
 namespace {
 
-constexpr int kTile = 64;                      // query and key rows per tile
-constexpr int kFlashThreads = 256;             // 4 threads per tile row
-constexpr int kLanes = kFlashThreads / kTile;  // threads per tile row
-constexpr int kScoreCols = kTile / kLanes;     // score columns per thread
+using flash::ceil_div;
+using flash::key_end;
+using flash::kTile;
+using flash::query_begin;
+using flash::visible;
+
+constexpr int kFlashThreads = 256;                                     // 4 threads per tile row
+constexpr int kLanes = kFlashThreads / kTile;                          // threads per tile row
+constexpr int kScoreCols = kTile / kLanes;                             // score columns per thread
 constexpr int kOutCols = static_cast<int>(kFlashMaxHeadDim) / kLanes;  // output columns per thread
 
 // kTile rows of n f32 values in shared memory, row stride n + 1.
@@ -81,12 +88,6 @@ __device__ __forceinline__ float row_max(float v) {
   return v;
 }
 
-// Key j is visible to query i: in range and, when causal, j <= i + causal_offset (0: top-left
-// aligned).
-__device__ __forceinline__ bool visible(int64_t i, int64_t j, const FlashAttentionShape& s) {
-  return i < s.tq && j < s.tk && (!s.causal || j <= i + s.causal_offset);
-}
-
 // P = exp(scale * score - lse) where visible, else 0 (and 0 everywhere when lse is -inf: no keys).
 __device__ __forceinline__ float prob(float score, float lse, bool vis, float scale) {
   return vis && lse != -INFINITY ? expf(score * scale - lse) : 0.0f;
@@ -98,28 +99,6 @@ __device__ void store_row(T* dst, const float (&acc)[kOutCols], int n, int lane,
   for (int c = 0; c < kOutCols; ++c) {
     if (lane + kLanes * c < n) dst[lane + kLanes * c] = convert<T>(acc[c] * mul);
   }
-}
-
-__host__ __device__ __forceinline__ int64_t ceil_div(int64_t a, int64_t b) {
-  return (a + b - 1) / b;
-}
-
-// End of the keys the query tile starting at q0 may see: all, or (causal) those up to key
-// i + causal_offset of its last query i = q0 + kTile - 1 (rows past tq see nothing anyway), in
-// [0, tk]; 0 when no query of the tile sees a key.
-__device__ __forceinline__ int64_t key_end(const FlashAttentionShape& s, int64_t q0) {
-  if (!s.causal) return s.tk;
-  const int64_t end = q0 + kTile + s.causal_offset;
-  return end < 0 ? 0 : (end < s.tk ? end : s.tk);
-}
-
-// First query tile (its first row, a multiple of kTile) holding a query that sees a key of the
-// key tile starting at k0: 0, or (causal) the tile of query k0 - causal_offset, the first that
-// sees key k0 (a later query sees more keys, none sees fewer).
-__device__ __forceinline__ int64_t query_begin(const FlashAttentionShape& s, int64_t k0) {
-  if (!s.causal) return 0;
-  const int64_t first = k0 - s.causal_offset;
-  return first <= 0 ? 0 : first / kTile * kTile;
 }
 
 template <typename T>
@@ -312,18 +291,10 @@ void check_shape(const FlashAttentionShape& s, const char* op) {
              kFlashMaxHeadDim, s.d, s.dv);
 }
 
-// Launches kernel on `blocks` blocks of kFlashThreads with `bytes` of dynamic shared memory
-// (opted in above the default 48 KiB).
 template <typename Kernel, typename... Args>
 void launch(Kernel kernel, const char* name, int64_t blocks, size_t bytes, int device,
             Args... args) {
-  LOOM_CHECK(blocks <= 0x7fffffff, "{}: {} blocks exceed the grid limit", name, blocks);
-  DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(bytes)),
-                     device);
-  kernel<<<static_cast<unsigned>(blocks), kFlashThreads, bytes, compute_stream(device)>>>(args...);
-  check_launch(name, device);
+  flash::launch(kernel, name, blocks, kFlashThreads, bytes, device, args...);
 }
 
 }  // namespace
@@ -332,6 +303,9 @@ void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, 
                              const void* v, const FlashAttentionShape& s, int device) {
   check_shape(s, "flash_attention_forward");
   if (s.rows == 0 || s.tq == 0) return;
+  if (tensor_core_attention_takes(dtype, s, {out, q, k, v})) {
+    return mma_attention_forward(dtype, out, lse, q, k, v, s, device);
+  }
   visit_floating(dtype, "flash_attention_forward", [&](auto tag) {
     using T = decltype(tag);
     launch(flash_forward_kernel<T>, "flash_forward_kernel", s.rows * ceil_div(s.tq, kTile),
@@ -346,6 +320,10 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
                               bool delta_given) {
   check_shape(s, "flash_attention_backward");
   if (s.rows == 0) return;
+  if (tensor_core_attention_takes(dtype, s, {dq, dk, dv, grad_out, q, k, v})) {
+    return mma_attention_backward(dtype, dq, dk, dv, delta, grad_out, q, k, v, lse, s, device,
+                                  delta_given);
+  }
   visit_floating(dtype, "flash_attention_backward", [&](auto tag) {
     using T = decltype(tag);
     const auto g = static_cast<const T*>(grad_out);

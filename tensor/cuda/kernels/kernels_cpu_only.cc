@@ -5,6 +5,7 @@
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/cuda/kernels/adamw.h"
 #include "tensor/cuda/kernels/elementwise.h"
+#include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/cuda/kernels/reduce.h"
 
@@ -101,6 +102,26 @@ void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
 
 void adamw_multi_tensor(const AdamWTensor*, int64_t, const AdamWHyper&, int) {
   unavailable("adamw_multi_tensor");
+}
+
+// The switch keeps its value (tests flip it); nothing takes the tensor-core path.
+namespace {
+bool tensor_cores_switch = true;
+}  // namespace
+void set_tensor_core_attention(bool enabled) { tensor_cores_switch = enabled; }
+bool tensor_core_attention_enabled() { return tensor_cores_switch; }
+bool tensor_core_attention_takes(DType, const FlashAttentionShape&,
+                                 std::initializer_list<const void*>) {
+  return false;
+}
+void mma_attention_forward(DType, void*, float*, const void*, const void*, const void*,
+                           const FlashAttentionShape&, int) {
+  unavailable("mma_attention_forward");
+}
+void mma_attention_backward(DType, void*, void*, void*, float*, const void*, const void*,
+                            const void*, const void*, const float*, const FlashAttentionShape&, int,
+                            bool) {
+  unavailable("mma_attention_backward");
 }
 
 }  // namespace loom::cuda::kernels

@@ -1,0 +1,535 @@
+// Fused attention on tensor cores, FlashAttention-2 style, for bf16 and f16 with head dims
+// D == Dv in {16, 32, 64, 128} (flash_attention_mma.h); the plain CUDA kernels of
+// flash_attention.cu take every other shape and stay as this one's oracle in the tests.
+//
+// Tiles of 64 queries by 64 keys, 4 warps per block, each warp owning 16 rows of the tile. The
+// products run as `mma.sync.aligned.m16n8k16` (bf16/f16 in, f32 accumulate) on operands read
+// from shared memory as 32-bit pairs; the fragment layouts are PTX's (ISA, "Matrix Fragments for
+// mma.m16n8k16"): for lane = 4 g + t,
+//   A (16 x 16, row-major): {A[g][2t..], A[g+8][2t..], A[g][2t+8..], A[g+8][2t+8..]},
+//   B (16 x 8, "col"):      {B[2t..][g], B[2t+8..][g]} (each pair down a column of B),
+//   C (16 x 8, f32):        C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+// So a thread holds rows g and g + 8 of its warp's strip of every product: the online softmax
+// runs in registers (row max and sum over the 4 threads of a row by two shuffles), and the
+// probabilities P, converted to the inputs' dtype, are already the A operand of P V (C tiles 2s
+// and 2s + 1 are A's k-step s). A B operand must be a pair of consecutive elements of shared
+// memory, so each tile is stored as the products need it: K row-major for S = Q K^T, V
+// transposed for P V (forward); and in the backward the transposes of K (dq), Q and dO (dk, dv).
+// Rows are padded by 8 elements (16 bytes) so the 32 lanes' pair loads fall in distinct banks.
+//
+// Numerics (the plain kernels' semantics; tolerances in cuda_attention_test): scores and
+// softmax in f32 (exp2 of log2-scaled scores), P rounded to the inputs' dtype before the P V
+// product (as FlashAttention), l summed from the unrounded P, out rounded once; logsumexp f32.
+// The backward recomputes P from the saved logsumexp and, like the plain kernels, takes
+// delta = rowsum(P * dP) over the key tiles in the dq kernel (or, delta_given, reads it) before
+// the dk/dv kernel uses it; no atomics, so results repeat bit for bit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <atomic>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include "tensor/cuda/kernels/device_common.cuh"
+#include "tensor/cuda/kernels/flash_attention_mma.h"
+#include "tensor/cuda/kernels/flash_attention_tiles.cuh"
+#include "tensor/cuda/kernels/nn.h"
+
+namespace loom::cuda::kernels {
+namespace {
+
+using flash::ceil_div;
+using flash::key_end;
+using flash::kTile;
+using flash::query_begin;
+using flash::visible;
+
+constexpr int kWarps = 4;  // each owns 16 rows of a tile
+constexpr int kMmaThreads = kWarps * 32;
+constexpr int kPad = 8;  // elements of padding per shared row (16 bytes)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+std::atomic<bool> g_tensor_cores{true};
+
+// ---- the mma instruction and operands -----------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+}
+
+// Two f32 values as one register of two T, `lo` in the low half (the lower column).
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack(uint32_t x, float& lo, float& hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&x);
+    lo = __bfloat162float(h.x);
+    hi = __bfloat162float(h.y);
+  } else {
+    const __half2 h = *reinterpret_cast<const __half2*>(&x);
+    lo = __half2float(h.x);
+    hi = __half2float(h.y);
+  }
+}
+
+// A shared-memory matrix of T with `stride` elements per row (even, so pairs are 4-byte aligned).
+template <typename T>
+struct Smem {
+  T* p;
+  int stride;
+  __device__ uint32_t pair(int r, int c) const {
+    return *reinterpret_cast<const uint32_t*>(p + r * stride + c);
+  }
+};
+
+// The A operand of rows [r0, r0 + 16) and columns [c0, c0 + 16) of a row-major matrix.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], Smem<T> m, int r0, int c0, int g, int t) {
+  a[0] = m.pair(r0 + g, c0 + 2 * t);
+  a[1] = m.pair(r0 + g + 8, c0 + 2 * t);
+  a[2] = m.pair(r0 + g, c0 + 2 * t + 8);
+  a[3] = m.pair(r0 + g + 8, c0 + 2 * t + 8);
+}
+
+// The B operand (k 16 x n 8) whose column n is row n0 + n of `m`, over m's columns
+// [k0, k0 + 16): B = (rows [n0, n0 + 8) of m)^T.
+template <typename T>
+__device__ __forceinline__ void load_b(uint32_t (&b)[2], Smem<T> m, int n0, int k0, int g, int t) {
+  b[0] = m.pair(n0 + g, k0 + 2 * t);
+  b[1] = m.pair(n0 + g, k0 + 2 * t + 8);
+}
+
+// The A operand of k-step s from f32 C tiles of 8 columns: tiles 2s and 2s + 1, scaled.
+template <typename T>
+__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
+                                       const float (&hi)[4]) {
+  a[0] = pack<T>(lo[0], lo[1]);
+  a[1] = pack<T>(lo[2], lo[3]);
+  a[2] = pack<T>(hi[0], hi[1]);
+  a[3] = pack<T>(hi[2], hi[3]);
+}
+
+// c = rows [w0, w0 + 16) of `a` times the kTile rows of `b`, transposed, over D columns: one
+// warp's 16 x kTile strip of A B^T (S = Q K^T, dP = dO V^T, and their transposes).
+template <typename T, int D>
+__device__ __forceinline__ void strip_product(float (&c)[kTile / 8][4], Smem<T> a, Smem<T> b,
+                                              int w0, int g, int t) {
+#pragma unroll
+  for (int j = 0; j < kTile / 8; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D; kk += 16) {
+    uint32_t frag_a[4];
+    load_a(frag_a, a, w0, kk, g, t);
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+      uint32_t frag_b[2];
+      load_b(frag_b, b, 8 * j, kk, g, t);
+      mma<T>(c[j], frag_a, frag_b);
+    }
+  }
+}
+
+// acc += c m, where c is a warp's 16 x kTile strip in C tiles (rounded to T as the A operand)
+// and `mt` holds m (kTile x D) transposed: O += P V, dq += dS K, dv += P^T dO, dk += dS^T Q.
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_strip(float (&acc)[D / 8][4],
+                                                 const float (&c)[kTile / 8][4], Smem<T> mt, int g,
+                                                 int t) {
+#pragma unroll
+  for (int step = 0; step < kTile / 16; ++step) {
+    uint32_t a[4];
+    c_to_a<T>(a, c[2 * step], c[2 * step + 1]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      uint32_t b[2];
+      load_b(b, mt, 8 * n, 16 * step, g, t);
+      mma<T>(acc[n], a, b);
+    }
+  }
+}
+
+// Row r (0: g, 1: g + 8) of a warp's 16 x D strip, times `mul`, into dst (that row's D values).
+template <typename T, int D>
+__device__ __forceinline__ void store_strip_row(T* dst, const float (&acc)[D / 8][4], int r,
+                                                float mul, int t) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =
+        pack<T>(acc[n][2 * r] * mul, acc[n][2 * r + 1] * mul);
+  }
+}
+
+template <int D>
+__device__ __forceinline__ void zero(float (&acc)[D / 8][4]) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+}
+
+// ---- tiles: global -> shared
+// ---------------------------------------------------------------------
+
+// Rows [row0, row0 + kTile) of a contiguous (total, D) matrix into `rows` (kTile x D, row-major)
+// and, when `cols` is given, its transpose (D x kTile); rows past `total` are zero. 16-byte loads.
+template <typename T, int D>
+__device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, int64_t row0,
+                          int64_t total) {
+  constexpr int kVec = 8;  // elements per 16-byte load
+  for (int idx = threadIdx.x; idx < kTile * D / kVec; idx += blockDim.x) {
+    const int r = idx / (D / kVec), c = idx % (D / kVec) * kVec;
+    const int64_t row = row0 + r;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (row < total) x = *reinterpret_cast<const uint4*>(src + row * D + c);
+    if (rows.p) *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
+    if (cols) {
+      const T* e = reinterpret_cast<const T*>(&x);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) cols[(c + i) * cols_stride + r] = e[i];
+    }
+  }
+}
+
+// Shared-row strides in elements: a row-major tile's rows of D, a transposed tile's of kTile.
+template <int D>
+inline constexpr int kRowStride = D + kPad;
+inline constexpr int kColStride = kTile + kPad;
+
+// ---- forward ------------------------------------------------------------------------------------
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v,
+                       FlashAttentionShape s) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
+  const Smem<T> ks{qs.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> vt{ks.p + kTile * kRowStride<D>, kColStride};  // V^T: D x kTile
+  const int64_t q_tiles = ceil_div(s.tq, kTile);
+  const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  q += bh * s.tq * D;
+  k += bh * s.tk * D;
+  v += bh * s.tk * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;  // the warp's first row in the tile
+  const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
+  load_tile<T, D>(qs, nullptr, 0, q, q0, s.tq);
+  float o[D / 8][4];
+  zero<D>(o);
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  const float scale = s.scale * kLog2e;  // scores in log2 units
+  for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
+    __syncthreads();  // the previous tile's reads are done
+    load_tile<T, D>(ks, nullptr, 0, k, k0, s.tk);
+    load_tile<T, D>(Smem<T>{nullptr, 0}, vt.p, vt.stride, v, k0, s.tk);
+    __syncthreads();
+    float sc[kTile / 8][4];
+    strip_product<T, D>(sc, qs, ks, w0, g, t);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = k0 + 8 * j + 2 * t + (e & 1);
+        const float x = visible(row[e >> 1], col, s) ? sc[j][e] * scale : -INFINITY;
+        sc[j][e] = x;
+        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+      }
+    }
+    float base[2], alpha[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m[r], tile_max[r]);
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row without a visible key yet
+      alpha[r] = exp2f(m[r] - base[r]);             // 0 while m is -inf
+      m[r] = m_new;
+    }
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(sc[j][e] - base[e >> 1]);
+        sc[j][e] = p;
+        sum[e >> 1] += p;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) l[r] = l[r] * alpha[r] + sum[r];  // this thread's columns
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
+    }
+    accumulate_strip<T, D>(o, sc, vt, g, t);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (row[r] >= s.tq) continue;
+    store_strip_row<T, D>(out + (bh * s.tq + row[r]) * D, o, r, l[r] > 0.0f ? 1.0f / l[r] : 0.0f,
+                          t);
+    if (t == 0) lse[bh * s.tq + row[r]] = l[r] > 0.0f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+// P = exp(scale * score - lse) of a visible entry (0 otherwise, and where lse is -inf), from the
+// f32 product `score`; lse2 is lse in log2 units.
+__device__ __forceinline__ float prob(float score, float lse2, bool vis, float scale2) {
+  return vis && lse2 != -INFINITY ? exp2f(score * scale2 - lse2) : 0.0f;
+}
+
+// One block per query tile: pass 0 sums delta_i = sum_j P_ij dP_ij over the key tiles (skipped
+// when delta_given: read instead); pass 1 accumulates dq_i = scale sum_j dS_ij k_j with
+// dS = P (dP - delta). S = Q K^T and dP = dO V^T from row-major K and V; dS K from K^T.
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_backward_dq_kernel(T* dq, float* delta, const T* grad_out, const T* q, const T* k,
+                           const T* v, const float* lse, FlashAttentionShape s, bool delta_given) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
+  const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> ks{gs.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> kt{vs.p + kTile * kRowStride<D>, kColStride};  // K^T: D x kTile
+  const int64_t q_tiles = ceil_div(s.tq, kTile);
+  const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
+  q += bh * s.tq * D;
+  grad_out += bh * s.tq * D;
+  k += bh * s.tk * D;
+  v += bh * s.tk * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;
+  const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
+  float lse2[2], di[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = row[r] < s.tq ? lse[bh * s.tq + row[r]] * kLog2e : -INFINITY;
+    di[r] = delta_given && row[r] < s.tq ? delta[bh * s.tq + row[r]] : 0.0f;
+  }
+  load_tile<T, D>(qs, nullptr, 0, q, q0, s.tq);
+  load_tile<T, D>(gs, nullptr, 0, grad_out, q0, s.tq);
+  const float scale2 = s.scale * kLog2e;
+  float acc[D / 8][4];
+  zero<D>(acc);
+  for (int pass = delta_given ? 1 : 0; pass < 2; ++pass) {
+    float dsum[2] = {0.0f, 0.0f};
+    for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
+      __syncthreads();
+      load_tile<T, D>(ks, pass == 1 ? kt.p : nullptr, kt.stride, k, k0, s.tk);
+      load_tile<T, D>(vs, nullptr, 0, v, k0, s.tk);
+      __syncthreads();
+      float p[kTile / 8][4], dp[kTile / 8][4];
+      strip_product<T, D>(p, qs, ks, w0, g, t);
+      strip_product<T, D>(dp, gs, vs, w0, g, t);
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const float pe =
+              prob(p[j][e], lse2[r], visible(row[r], k0 + 8 * j + 2 * t + (e & 1), s), scale2);
+          if (pass == 0) {
+            dsum[r] += pe * dp[j][e];
+          } else {
+            p[j][e] = pe * (dp[j][e] - di[r]) * s.scale;  // dS, scaled
+          }
+        }
+      }
+      if (pass == 1) accumulate_strip<T, D>(acc, p, kt, g, t);
+    }
+    if (pass == 0) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 1);
+        dsum[r] += __shfl_xor_sync(0xffffffffu, dsum[r], 2);
+        di[r] = dsum[r];
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= s.tq) continue;
+    if (t == 0 && !delta_given) delta[bh * s.tq + row[r]] = di[r];
+    store_strip_row<T, D>(dq + (bh * s.tq + row[r]) * D, acc, r, 1.0f, t);
+  }
+}
+
+// One block per key tile, a warp per 16 keys, looping over the query tiles that see them:
+// S^T = K Q^T and dP^T = V dO^T (row-major Q and dO), dv += P^T dO (dO^T), dk += dS^T Q (Q^T).
+template <typename T, int D>
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out, const T* q,
+                             const T* k, const T* v, const float* lse, FlashAttentionShape s) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const Smem<T> ks{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
+  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> qs{vs.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> qt{gs.p + kTile * kRowStride<D>, kColStride};  // Q^T: D x kTile
+  const Smem<T> gt{qt.p + D * kColStride, kColStride};         // dO^T: D x kTile
+  float* lse_s = reinterpret_cast<float*>(gt.p + D * kColStride);
+  float* delta_s = lse_s + kTile;
+  const int64_t k_tiles = ceil_div(s.tk, kTile);
+  const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  q += bh * s.tq * D;
+  grad_out += bh * s.tq * D;
+  lse += bh * s.tq;
+  delta += bh * s.tq;
+  k += bh * s.tk * D;
+  v += bh * s.tk * D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int w0 = warp * 16;  // the warp's first key in the tile
+  const int64_t key[2] = {k0 + w0 + g, k0 + w0 + g + 8};
+  load_tile<T, D>(ks, nullptr, 0, k, k0, s.tk);
+  load_tile<T, D>(vs, nullptr, 0, v, k0, s.tk);
+  const float scale2 = s.scale * kLog2e;
+  float acc_dk[D / 8][4], acc_dv[D / 8][4];
+  zero<D>(acc_dk);
+  zero<D>(acc_dv);
+  for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
+    __syncthreads();
+    load_tile<T, D>(qs, qt.p, qt.stride, q, q0, s.tq);
+    load_tile<T, D>(gs, gt.p, gt.stride, grad_out, q0, s.tq);
+    for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
+      lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
+      delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
+    }
+    __syncthreads();
+    float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
+    strip_product<T, D>(p, ks, qs, w0, g, t);
+    strip_product<T, D>(dp, vs, gs, w0, g, t);
+#pragma unroll
+    for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = 8 * j + 2 * t + (e & 1);  // the query's row in the tile
+        p[j][e] = prob(p[j][e], lse_s[x], visible(q0 + x, key[e >> 1], s), scale2);
+        dp[j][e] = p[j][e] * (dp[j][e] - delta_s[x]) * s.scale;  // dS^T
+      }
+    }
+    accumulate_strip<T, D>(acc_dv, p, gt, g, t);
+    accumulate_strip<T, D>(acc_dk, dp, qt, g, t);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (key[r] >= s.tk) continue;
+    store_strip_row<T, D>(dk + (bh * s.tk + key[r]) * D, acc_dk, r, 1.0f, t);
+    store_strip_row<T, D>(dv_out + (bh * s.tk + key[r]) * D, acc_dv, r, 1.0f, t);
+  }
+}
+
+// ---- launching ----------------------------------------------------------------------------------
+
+template <typename Kernel, typename... Args>
+void launch(Kernel kernel, const char* name, int64_t blocks, size_t bytes, int device,
+            Args... args) {
+  flash::launch(kernel, name, blocks, kMmaThreads, bytes, device, args...);
+}
+
+// Calls f(T{}, std::integral_constant<int, D>{}) for the dtype and head dim (both supported).
+template <typename F>
+void visit(DType dtype, int64_t d, F&& f) {
+  const auto with_d = [&](auto tag) {
+    switch (d) {
+      case 16:
+        return f(tag, std::integral_constant<int, 16>{});
+      case 32:
+        return f(tag, std::integral_constant<int, 32>{});
+      case 64:
+        return f(tag, std::integral_constant<int, 64>{});
+      case 128:
+        return f(tag, std::integral_constant<int, 128>{});
+    }
+    LOOM_FAIL("tensor-core attention: head dim {} is not 16, 32, 64 or 128", d);
+  };
+  if (dtype == DType::kBFloat16) return with_d(__nv_bfloat16{});
+  if (dtype == DType::kFloat16) return with_d(__half{});
+  LOOM_FAIL("tensor-core attention: dtype {} is not bf16 or f16", static_cast<int>(dtype));
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+void set_tensor_core_attention(bool enabled) { g_tensor_cores.store(enabled); }
+bool tensor_core_attention_enabled() { return g_tensor_cores.load(); }
+
+bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
+                                 std::initializer_list<const void*> pointers) {
+  if (!g_tensor_cores.load()) return false;
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
+  if (s.d != s.dv || (s.d != 16 && s.d != 32 && s.d != 64 && s.d != 128)) return false;
+  for (const void* p : pointers) {
+    if (p != nullptr && !aligned16(p)) return false;  // the tiles' 16-byte loads
+  }
+  return true;
+}
+
+void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
+                           const void* v, const FlashAttentionShape& s, int device) {
+  if (s.rows == 0 || s.tq == 0) return;
+  visit(dtype, s.d, [&](auto tag, auto dim) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    const size_t bytes = sizeof(T) * (2 * kTile * kRowStride<D> + D * kColStride);
+    launch(mma_forward_kernel<T, D>, "mma_forward_kernel", s.rows * ceil_div(s.tq, kTile), bytes,
+           device, static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k),
+           static_cast<const T*>(v), s);
+  });
+}
+
+void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
+                            const void* grad_out, const void* q, const void* k, const void* v,
+                            const float* lse, const FlashAttentionShape& s, int device,
+                            bool delta_given) {
+  if (s.rows == 0) return;
+  visit(dtype, s.d, [&](auto tag, auto dim) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    const auto g = static_cast<const T*>(grad_out);
+    const auto qt = static_cast<const T*>(q), kt = static_cast<const T*>(k);
+    const auto vt = static_cast<const T*>(v);
+    if (s.tq > 0) {
+      const size_t bytes = sizeof(T) * (4 * kTile * kRowStride<D> + D * kColStride);
+      launch(mma_backward_dq_kernel<T, D>, "mma_backward_dq_kernel", s.rows * ceil_div(s.tq, kTile),
+             bytes, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, delta_given);
+    }
+    if (s.tk > 0) {
+      const size_t bytes =
+          sizeof(T) * (4 * kTile * kRowStride<D> + 2 * D * kColStride) + 2 * kTile * sizeof(float);
+      launch(mma_backward_dkdv_kernel<T, D>, "mma_backward_dkdv_kernel",
+             s.rows * ceil_div(s.tk, kTile), bytes, device, static_cast<T*>(dk),
+             static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt, vt, lse, s);
+    }
+  });
+}
+
+}  // namespace loom::cuda::kernels
