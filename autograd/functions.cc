@@ -29,7 +29,10 @@ std::vector<Tensor> unbind(const Tensor& self, int64_t dim) {
         for (size_t i = 0; i < raw.size(); ++i) {
           parts.push_back(grads[i].defined() ? grads[i] : ops::zeros_like(raw[i]));
         }
-        return std::vector<Tensor>{ops::stack(parts, d)};
+        // Gradients already written side by side (the fused attention's dq, dk, dv) stack as
+        // a view; others are copied together.
+        Tensor stacked = ops::stacked_view(parts, d);
+        return std::vector<Tensor>{stacked.defined() ? stacked : ops::stack(parts, d)};
       });
 }
 

@@ -220,4 +220,26 @@ Tensor stack(std::span<const Tensor> tensors, int64_t dim) {
   return cat(expanded, dim);
 }
 
+Tensor stacked_view(std::span<const Tensor> tensors, int64_t dim) {
+  if (tensors.size() < 2) return Tensor();
+  const Tensor& first = tensors[0];
+  dim = normalize_dim(dim, first.dim() + 1, "stacked_view");
+  const int64_t step = tensors[1].defined() ? tensors[1].offset() - first.offset() : 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!t.defined() || t.extension() || t.storage() != first.storage() ||
+        t.shape() != first.shape() || t.strides() != first.strides() ||
+        t.offset() != first.offset() + static_cast<int64_t>(i) * step) {
+      return Tensor();
+    }
+  }
+  Shape shape = first.shape();
+  Strides strides = first.strides();
+  shape.insert(shape.begin() + dim, static_cast<int64_t>(tensors.size()));
+  strides.insert(strides.begin() + dim, step);
+  if (step <= 0 || !non_overlapping_and_dense(shape, strides)) return Tensor();
+  return Tensor::from_storage(first.storage(), std::move(shape), std::move(strides), first.offset(),
+                              first.dtype());
+}
+
 }  // namespace loom::ops

@@ -33,5 +33,11 @@ Tensor cat(std::span<const Tensor> tensors, int64_t dim);
 Tensor match_layout(const Tensor& value, const Tensor& like);
 // Stacks along a new dim; all shapes must match.
 Tensor stack(std::span<const Tensor> tensors, int64_t dim);
+// The stack of `tensors` along a new dim as a view, without a copy, when they already lie that
+// way: plain tensors of one storage, shape and strides, at offsets one step apart, together
+// non-overlapping and dense (the q, k and v slices of a fused projection, or gradients the
+// attention backward wrote like them). Undefined otherwise: then stack copies. Not recorded by
+// autograd (for backward functions, which run without grad mode).
+Tensor stacked_view(std::span<const Tensor> tensors, int64_t dim);
 
 }  // namespace loom::ops

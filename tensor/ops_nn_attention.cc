@@ -1,15 +1,21 @@
 // Scaled dot-product attention and its backward (tensor/ops_nn.h). On CUDA, head dims up to
 // cuda::kernels::kFlashMaxHeadDim run the fused FlashAttention-2 style kernels
-// (kernels/flash_attention.cu: no (Tq, Tk) matrix in memory). On the CPU the fused kernels of
-// tensor/cpu/attention_kernels.h do the same one query row at a time. CUDA with larger head dims
-// runs the four products per direction through ops::matmul (transposes passed as flags) and
-// attention.cu's row-wise softmax kernels.
+// (kernels/flash_attention.cu: no (Tq, Tk) matrix in memory); bf16 and f16 at head dims 16, 32,
+// 64 and 128 run them on tensor cores (kernels/flash_attention_mma.h), reading attention's usual
+// strided views (heads transposed out of a fused QKV projection) without copies and writing the
+// outputs in the inputs' memory order, so the caller's transposes back are views. On the CPU the
+// fused kernels of tensor/cpu/attention_kernels.h do the same one query row at a time. CUDA with
+// larger head dims runs the four products per direction through ops::matmul (transposes passed as
+// flags) and attention.cu's row-wise softmax kernels.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <optional>
 #include <string_view>
 
 #include "base/error.h"
 #include "tensor/cpu/attention_kernels.h"
+#include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
@@ -99,6 +105,57 @@ cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims) {
           .causal_offset = dims.causal_offset};
 }
 
+// Where a (..., T, D) operand's rows lie for the tensor-core kernels, as it is: its last dim
+// contiguous and at most two batch dims (walked as batch, heads; any strides), or contiguous.
+// nullopt otherwise (the caller makes it contiguous).
+std::optional<cuda::kernels::AttentionRows> strided_rows(const Tensor& t) {
+  if (t.stride(-1) != 1 && t.size(-1) > 1) return std::nullopt;
+  const int64_t batch_dims = t.dim() - 2;
+  if (batch_dims > 2) {
+    if (!t.is_contiguous()) return std::nullopt;
+    return cuda::kernels::contiguous_rows(t.size(-2), t.size(-1));
+  }
+  cuda::kernels::AttentionRows r{.heads = 1, .row_stride = t.stride(-2)};
+  if (batch_dims >= 1) r.batch_stride = t.stride(0);
+  if (batch_dims == 2) {
+    r.heads = t.size(1);
+    r.head_stride = t.stride(1);
+  }
+  return r;
+}
+
+// An output of `shape` (..., T, n) laid out in `like`'s memory order when `like` is rank 4 with
+// its time dim outside its heads in memory ((B, T, H, D) seen as (B, H, T, D): attention's heads
+// transposed out of a projection), so the caller's transpose back to (B, T, H, n) is a view;
+// contiguous otherwise.
+Tensor empty_in_order_of(const Tensor& like, const Shape& shape, Device device) {
+  if (like.dim() == 4 && like.stride(2) > like.stride(1)) {
+    return transpose(Tensor::empty({shape[0], shape[2], shape[1], shape[3]}, like.dtype(), device),
+                     1, 2);
+  }
+  return Tensor::empty(shape, like.dtype(), device);
+}
+
+// dq, dk and dv laid out as q, k and v. When those are slices of one buffer that stack into a
+// dense block (a fused QKV projection's: one storage, shape and strides, offsets one step
+// apart), the gradients share one fresh buffer in the same arrangement, so the caller's stack of
+// them (unbind's backward) is a view (ops::stacked_view) instead of a copy.
+std::array<Tensor, 3> gradients_laid_out_like(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              Device device) {
+  if (stacked_view(std::vector<Tensor>{q, k, v}, q.dim()).defined()) {
+    const int64_t step = k.offset() - q.offset();
+    const Tensor buffer = Tensor::empty({3 * q.numel()}, q.dtype(), device);
+    std::array<Tensor, 3> grads;
+    for (int64_t i = 0; i < 3; ++i) {
+      grads[i] =
+          Tensor::from_storage(buffer.storage(), q.shape(), q.strides(), i * step, q.dtype());
+    }
+    return grads;
+  }
+  return {empty_in_order_of(q, q.shape(), device), empty_in_order_of(k, k.shape(), device),
+          empty_in_order_of(v, v.shape(), device)};
+}
+
 // An operand as the CPU kernels take it: f32 with a contiguous last dim (a copy otherwise),
 // its matrices' offsets and row stride. `f32` keeps the tensor alive.
 struct CpuOperand {
@@ -166,12 +223,27 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
+    Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
+    const auto shape = flash_shape(dims);
+    const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
+    if (rq && rk && rv) {  // the tensor-core kernels, on the views as they are
+      Tensor out = empty_in_order_of(q, out_shape, device);
+      cuda::kernels::AttentionLayouts layouts{
+          .q = *rq, .k = *rk, .v = *rv, .o = *strided_rows(out)};
+      if (cuda::kernels::tensor_core_attention_takes(
+              q.dtype(), shape, {out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data()},
+              {layouts.q, layouts.k, layouts.v, layouts.o})) {
+        cuda::kernels::mma_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
+                                             q.raw_data(), k.raw_data(), v.raw_data(), shape,
+                                             layouts, device.index);
+        return {out, lse};
+      }
+    }
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
     Tensor out = Tensor::empty(out_shape, q.dtype(), device);
-    Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
     cuda::kernels::flash_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
-                                           qc.raw_data(), kc.raw_data(), vc.raw_data(),
-                                           flash_shape(dims), device.index);
+                                           qc.raw_data(), kc.raw_data(), vc.raw_data(), shape,
+                                           device.index);
     return {out, lse};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
@@ -237,19 +309,43 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   // attention) takes the composed path, which uses it unrounded as the CPU does.
   if (use_flash(dims, device) && grad_out.dtype() == q.dtype()) {
     FlopCounter::record(2 * attention_flops(dims));
-    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
-    const Tensor gc = contiguous(grad_out);
     const Tensor lse = nn_internal::as_f32(logsumexp);
-    Tensor dq = Tensor::empty(q.shape(), q.dtype(), device);
-    Tensor dk = Tensor::empty(k.shape(), k.dtype(), device);
-    Tensor dv = Tensor::empty(v.shape(), v.dtype(), device);
     // rowsum(P * dP), scratch; or (delta_from_out) the given whole-row sums, read only.
     Tensor delta =
         delta_from_out ? delta_from(grad_out, out) : Tensor::empty(lse_shape, kFloat32, device);
+    const auto shape = flash_shape(dims);
+    const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
+    const auto rg = strided_rows(grad_out);
+    if (rq && rk && rv && rg) {  // the tensor-core kernels, on the views as they are
+      auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
+      const cuda::kernels::AttentionLayouts layouts{.q = *rq,
+                                                    .k = *rk,
+                                                    .v = *rv,
+                                                    .o = *rg,
+                                                    .dq = *strided_rows(dq),
+                                                    .dk = *strided_rows(dk),
+                                                    .dv = *strided_rows(dv)};
+      if (cuda::kernels::tensor_core_attention_takes(
+              q.dtype(), shape,
+              {dq.raw_data(), dk.raw_data(), dv.raw_data(), grad_out.raw_data(), q.raw_data(),
+               k.raw_data(), v.raw_data()},
+              {layouts.q, layouts.k, layouts.v, layouts.o, layouts.dq, layouts.dk, layouts.dv})) {
+        cuda::kernels::mma_attention_backward(
+            q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(), delta.data<float>(),
+            grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(), lse.data<float>(), shape,
+            layouts, device.index, delta_from_out);
+        return {dq, dk, dv};
+      }
+    }
+    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
+    const Tensor gc = contiguous(grad_out);
+    Tensor dq = Tensor::empty(q.shape(), q.dtype(), device);
+    Tensor dk = Tensor::empty(k.shape(), k.dtype(), device);
+    Tensor dv = Tensor::empty(v.shape(), v.dtype(), device);
     cuda::kernels::flash_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
                                             delta.data<float>(), gc.raw_data(), qc.raw_data(),
-                                            kc.raw_data(), vc.raw_data(), lse.data<float>(),
-                                            flash_shape(dims), device.index, delta_from_out);
+                                            kc.raw_data(), vc.raw_data(), lse.data<float>(), shape,
+                                            device.index, delta_from_out);
     return {dq, dk, dv};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "base/error.h"
 
 namespace loom {
@@ -21,6 +24,21 @@ Strides contiguous_strides(const Shape& shape) {
     stride *= std::max<int64_t>(shape[i], 1);
   }
   return strides;
+}
+
+bool non_overlapping_and_dense(const Shape& shape, const Strides& strides) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that move
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return true;  // no element
+    if (shape[i] != 1) dims.emplace_back(strides[i], shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
 }
 
 std::string shape_str(const Shape& shape) {

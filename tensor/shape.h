@@ -13,6 +13,10 @@ using Strides = std::vector<int64_t>;
 
 int64_t shape_numel(const Shape& shape);
 Strides contiguous_strides(const Shape& shape);
+// Whether a view of `shape` and `strides` covers a block of shape_numel(shape) elements exactly
+// once: contiguous up to a permutation of its dims (torch's is_non_overlapping_and_dense).
+// Size-1 dims' strides do not matter.
+bool non_overlapping_and_dense(const Shape& shape, const Strides& strides);
 // "(4, 3)"; "()" for a scalar. Every shape in an error message goes through this.
 std::string shape_str(const Shape& shape);
 

@@ -5,8 +5,11 @@
 #   1. bf16 GEMM TFLOP/s through cuBLASLt at 4096^3 and 8192x8192x2048 beside the dense peak;
 #      fused attention forward and backward TFLOP/s (bf16, causal, T 1024 and 4096, D 64 and
 #      128) on the tensor-core kernels and the plain ones;
-#   2. GPT-2 small (124M) training on one GPU at batch 16 x 1024 tokens in bf16 mixed precision:
+#   2. training on one GPU in bf16 mixed precision: GPT-2 small (124M) at batch 64 x 1024 and
+#      16 x 1024 and a Llama of 122M (GPT-2 small's shape, SwiGLU, GQA, 32000 vocabulary) at 16 x 1024:
 #      tokens/s, MFU ((6 N + 12 L C T) FLOPs per token x tokens/s over the peak), peak memory;
+#      then the op table of GPT-2 small's step, and PyTorch eager and torch.compile on the same
+#      step where the machine has PyTorch with CUDA (Loom's step over theirs);
 #   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*).
 # The GPU tests include tests/models/gpt_cuda_equivalence_test: 4 training steps of a tiny GPT on
 # the GPU (DDP over an NCCL world of 1) against one CPU rank (its 2- and 8-GPU cases need more GPUs).
@@ -119,29 +122,83 @@ section "bf16 GEMM through cuBLASLt (dense peak ${peak} TFLOP/s)"
 section "Fused attention, bf16, causal: tensor-core kernels beside the plain ones"
 "${bin}/tools/bench/cuda_attention_bench" || { echo "WARNING: cuda_attention_bench failed"; problems=$((problems + 1)); }
 
-section "GPT-2 small (124M) on one GPU: batch 16 x 1024 tokens, bf16 compute, f32 master weights"
 work=$(mktemp -d)
 # GPT-2-tokenized data without a download: random token ids in llm.c/nanoGPT's raw uint16 format
-# (the loss stays near ln(50257); this measures speed, not learning). perl is in every Debian.
+# (the loss stays near ln(vocab); this measures speed, not learning). perl is in every Debian.
 perl -e 'srand(1); print pack("v*", map { int(rand(50257)) } 1 .. 4000000)' > "${work}/tokens.bin"
+perl -e 'srand(2); print pack("v*", map { int(rand(32000)) } 1 .. 4000000)' > "${work}/tokens32k.bin"
 steps=12
-if "${bin}/examples/loom_train" --device cuda --dp 1 --tp 1 --model small --batch-size 16 --seq-len 1024 \
-  --steps "${steps}" --log-every 1 --mixed-precision bf16 --data "${work}/tokens.bin" --sample-tokens 1 \
-  --metrics-out "${work}/metrics.jsonl" --plot-out "${work}/loss.png" --no-progress | tee "${work}/train.log"; then
-  params=$(sed -n 's/.*loom_train: \([0-9]*\) params.*/\1/p' "${work}/train.log" | head -1)
-  # Steady state: the median over steps 2.. (step 0 builds cuBLASLt plans and fills the allocator).
-  median=$(sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p' "${work}/metrics.jsonl" | tail -n +3 | sort -g |
-    awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
-  memory=$(sed -n 's/.*"peak_mem_bytes":\([0-9]*\).*/\1/p' "${work}/metrics.jsonl" | tail -1)
-  awk -v params="${params}" -v rate="${median}" -v peak="${peak}" -v memory="${memory}" \
-    -v layers=12 -v width=768 -v seq=1024 'BEGIN {
-      flops = 6 * params + 12 * layers * width * seq  # per token, forward + backward (nanoGPT/PaLM)
-      printf "%d params; tokens/s %.0f (median, steps 2..); %.1f TFLOP/s; MFU %.1f%% of %d TFLOP/s; peak memory %.2f GiB\n",
-        params, rate, rate * flops / 1e12, 100 * rate * flops / (peak * 1e12), peak, memory / 2^30
-    }'
+
+# One training figure: `train_figure NAME DATA FLAGS...` runs loom_train on one GPU in bf16 mixed
+# precision for ${steps} steps and prints tokens/s (the median over steps 2..: step 0 builds
+# cuBLASLt plans and fills the allocator), TFLOP/s, MFU ((6 N + 12 L C T) FLOPs per token over
+# the peak; every model here has L 12, C 768, T 1024) and peak memory. Sets loom_tokens_per_s.
+loom_tokens_per_s=""
+train_figure() {
+  local name="$1" data="$2"
+  shift 2
+  if "${bin}/examples/loom_train" --device cuda --dp 1 --tp 1 --seq-len 1024 --steps "${steps}" \
+    --log-every 1 --mixed-precision bf16 --data "${data}" --sample-tokens 1 \
+    --metrics-out "${work}/${name}.jsonl" --plot-out "${work}/${name}.png" --no-progress "$@" \
+    > "${work}/${name}.log" 2>&1; then
+    local params median memory
+    params=$(sed -n 's/.*loom_train: \([0-9]*\) params.*/\1/p' "${work}/${name}.log" | head -1)
+    median=$(sed -n 's/.*"tokens_per_s":\([0-9.e+]*\).*/\1/p' "${work}/${name}.jsonl" | tail -n +3 |
+      sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    memory=$(sed -n 's/.*"peak_mem_bytes":\([0-9]*\).*/\1/p' "${work}/${name}.jsonl" | tail -1)
+    loom_tokens_per_s="${median}"
+    awk -v name="${name}" -v params="${params}" -v rate="${median}" -v peak="${peak}" \
+      -v memory="${memory}" -v layers=12 -v width=768 -v seq=1024 'BEGIN {
+        flops = 6 * params + 12 * layers * width * seq  # per token, forward + backward (nanoGPT/PaLM)
+        printf "%s: %d params; tokens/s %.0f (median, steps 2..); %.1f TFLOP/s; MFU %.1f%% of %d TFLOP/s; peak memory %.2f GiB\n",
+          name, params, rate, rate * flops / 1e12, 100 * rate * flops / (peak * 1e12), peak, memory / 2^30
+      }'
+  else
+    tail -n 20 "${work}/${name}.log"
+    echo "WARNING: the ${name} training run failed"
+    problems=$((problems + 1))
+  fi
+}
+
+section "Training on one GPU: bf16 compute over f32 master weights, 1024 tokens per sequence"
+train_figure gpt2-small-b64 "${work}/tokens.bin" --model small --batch-size 64
+# Llama of about 125M parameters (122M): GPT-2 small's depth and width, SwiGLU 2048, llama-tiny's
+# grouped-query attention (2 key/value heads), a 32000 vocabulary.
+train_figure llama-122m-b16 "${work}/tokens32k.bin" --model llama-tiny --n-layer 12 --n-embd 768 \
+  --n-head 12 --ffn-dim 2048 --vocab-size 32000 --block-size 1024 --batch-size 16
+train_figure gpt2-small-b16 "${work}/tokens.bin" --model small --batch-size 16
+gpt2_b16_tokens_per_s="${loom_tokens_per_s}"
+
+section "GPT-2 small, batch 16 x 1024: where the step goes (every op waits for its kernels)"
+# Per op and input shapes (LOOM_PROFILE=ops,shapes, base/profiler.h), over steps 1..2.
+if LOOM_PROFILE=ops,shapes "${bin}/examples/loom_train" --device cuda --dp 1 --tp 1 --model small \
+  --batch-size 16 --seq-len 1024 --steps 3 --mixed-precision bf16 --data "${work}/tokens.bin" \
+  --no-progress --profile-ops > "${work}/profile.log" 2>&1; then
+  sed -n '/op times on rank 0/,$p' "${work}/profile.log"
 else
-  echo "WARNING: the GPT-2 small training run failed"
+  tail -n 20 "${work}/profile.log"
+  echo "WARNING: the profiled run failed"
   problems=$((problems + 1))
+fi
+
+section "PyTorch on the same GPU: GPT-2 small, batch 16 x 1024, bf16 autocast, SDPA, fused AdamW"
+if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  for mode in eager compile; do
+    flag=""
+    [[ "${mode}" == compile ]] && flag="--compile"
+    if line=$(timeout 600 python3 tools/bench/pytorch/workloads.py cuda-train --batch-size 16 ${flag} 2>"${work}/torch-${mode}.err" |
+      sed -n 's/^RESULT //p'); [[ -n "${line}" ]]; then
+      torch_rate=$(echo "${line}" | sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p')
+      echo "PyTorch ${mode}: ${line}"
+      [[ -n "${gpt2_b16_tokens_per_s}" ]] && awk -v loom="${gpt2_b16_tokens_per_s}" -v torch="${torch_rate}" \
+        -v mode="${mode}" 'BEGIN { printf "Loom step / PyTorch %s step: %.2f\n", mode, torch / loom }'
+    else
+      tail -n 5 "${work}/torch-${mode}.err"
+      echo "PyTorch ${mode}: did not run (above)"
+    fi
+  done
+else
+  echo "no PyTorch with CUDA on this machine: skipped"
 fi
 
 section "NCCL world of size 1: every collective"

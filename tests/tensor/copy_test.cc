@@ -296,6 +296,31 @@ TEST(StackTest, AlongANewDim) {
             "stack: dim 3 out of range for a tensor of rank 3 (expected -3..2)");
 }
 
+// Slices of one buffer that stack back into it (a fused QKV projection's q, k, v, transposed)
+// stack as a view of that buffer, with stack's values; anything else is refused (undefined).
+TEST(StackTest, StackedViewOfSlicesThatLieSideBySide) {
+  const Tensor qkv = iota({2, 5, 3, 3, 4});  // (B, T, H, 3, D)
+  std::vector<Tensor> parts;
+  for (int64_t i = 0; i < 3; ++i) {
+    parts.push_back(transpose(squeeze(narrow(qkv, 3, i, 1), 3), 1, 2));  // (B, H, T, D)
+  }
+  for (int64_t dim : {4, 0, 2}) {
+    const Tensor view = stacked_view(parts, dim);
+    ASSERT_TRUE(view.defined()) << dim;
+    EXPECT_EQ(view.storage(), qkv.storage());
+    EXPECT_EQ(to_vector(view), to_vector(stack(parts, dim))) << dim;
+  }
+  // Out of order, a gap, overlapping slices and a lone tensor are not a stacked block.
+  EXPECT_FALSE(stacked_view(std::vector<Tensor>{parts[1], parts[0], parts[2]}, 0).defined());
+  EXPECT_FALSE(stacked_view(std::vector<Tensor>{parts[0], parts[2]}, 0).defined());
+  const Tensor row = iota({8});
+  EXPECT_FALSE(
+      stacked_view(std::vector<Tensor>{narrow(row, 0, 0, 4), narrow(row, 0, 1, 4)}, 0).defined());
+  EXPECT_FALSE(stacked_view(std::vector<Tensor>{parts[0]}, 0).defined());
+  // Two separate tensors never are.
+  EXPECT_FALSE(stacked_view(std::vector<Tensor>{iota({2}), iota({2})}, 0).defined());
+}
+
 TEST(FactoryTest, FullZerosOnesArange) {
   for (DType dtype : kAllDTypes) {
     SCOPED_TRACE(std::string(dtype_name(dtype)));

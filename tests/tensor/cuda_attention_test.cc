@@ -242,6 +242,40 @@ TEST_P(CudaAttentionTest, NonContiguousInputsAreMadeContiguous) {
   for (bool causal : {false, true}) compare(q, k, v, causal, "transposed (b, t, h, d) inputs");
 }
 
+TEST_P(CudaAttentionTest, ReadsTheHeadsOfAFusedProjectionWithoutCopies) {
+  // q, k and v as a GPT takes them: slices of one (B, T, H, 3, D) projection, heads transposed to
+  // (B, H, T, D). Both paths match the CPU; on tensor cores (bf16) the kernels read the views as
+  // they are, the forward allocating only out and logsumexp, laid out (B, T, H, D) so the
+  // caller's transpose back is a view, and the backward one buffer holding dq, dk and dv as the
+  // projection holds q, k and v (so unbind's backward stacks them as a view) and delta.
+  const DType dtype = GetParam();
+  const int64_t b = 2, t = 70, h = 3, d = 64;
+  const Tensor qkv = random_tensor({b, t, h, 3, d}, 120, dtype);
+  const auto head = [&](const Tensor& x, int64_t which) {
+    return ops::transpose(ops::squeeze(ops::narrow(x, 3, which, 1), 3), 1, 2);
+  };
+  for (bool causal : {false, true}) {
+    compare(head(qkv, 0), head(qkv, 1), head(qkv, 2), causal, "heads of a fused projection");
+  }
+  if (dtype == kFloat32) return;  // no tensor cores for f32
+  const Tensor dev = gpu(qkv);
+  const Tensor q = head(dev, 0), k = head(dev, 1), v = head(dev, 2);
+  const Tensor g = ops::transpose(gpu(random_tensor({b, t, h, d}, 121, dtype)), 1, 2);
+  const int64_t before = cuda::allocator_stats(0).allocations;
+  const auto fwd = ops::scaled_dot_product_attention(q, k, v, /*is_causal=*/true);
+  EXPECT_EQ(cuda::allocator_stats(0).allocations - before, 2) << "out and logsumexp only";
+  const auto grads =
+      ops::scaled_dot_product_attention_backward(g, q, k, v, fwd.out, fwd.logsumexp, true);
+  EXPECT_EQ(cuda::allocator_stats(0).allocations - before, 2 + 2)
+      << "one buffer for dq, dk and dv, and delta";
+  EXPECT_TRUE(ops::transpose(fwd.out, 1, 2).is_contiguous()) << "out laid out (B, T, H, D)";
+  // The gradients lie as q, k and v do, side by side: unbind's backward stacks them as a view.
+  const Tensor stacked =
+      ops::stacked_view(std::vector<Tensor>{grads.dq, grads.dk, grads.dv}, /*dim=*/4);
+  ASSERT_TRUE(stacked.defined());
+  EXPECT_TRUE(ops::transpose(stacked, 1, 2).is_contiguous()) << "(B, T, H, 3, D)";
+}
+
 TEST_P(CudaAttentionTest, HeadDimsAbove128UseTheComposedPath) {
   compare_case({{1, 2}, 9, 11, 160, 16}, 60);
   compare_case({{1, 2}, 9, 11, 16, 136}, 63);

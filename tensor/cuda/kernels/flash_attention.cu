@@ -304,7 +304,7 @@ void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, 
   check_shape(s, "flash_attention_forward");
   if (s.rows == 0 || s.tq == 0) return;
   if (tensor_core_attention_takes(dtype, s, {out, q, k, v})) {
-    return mma_attention_forward(dtype, out, lse, q, k, v, s, device);
+    return mma_attention_forward(dtype, out, lse, q, k, v, s, contiguous_layouts(s), device);
   }
   visit_floating(dtype, "flash_attention_forward", [&](auto tag) {
     using T = decltype(tag);
@@ -321,8 +321,8 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
   check_shape(s, "flash_attention_backward");
   if (s.rows == 0) return;
   if (tensor_core_attention_takes(dtype, s, {dq, dk, dv, grad_out, q, k, v})) {
-    return mma_attention_backward(dtype, dq, dk, dv, delta, grad_out, q, k, v, lse, s, device,
-                                  delta_given);
+    return mma_attention_backward(dtype, dq, dk, dv, delta, grad_out, q, k, v, lse, s,
+                                  contiguous_layouts(s), device, delta_given);
   }
   visit_floating(dtype, "flash_attention_backward", [&](auto tag) {
     using T = decltype(tag);

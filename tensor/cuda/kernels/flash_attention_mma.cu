@@ -193,17 +193,18 @@ __device__ __forceinline__ void zero(float (&acc)[D / 8][4]) {
 // ---- tiles: global -> shared
 // ---------------------------------------------------------------------
 
-// Rows [row0, row0 + kTile) of a contiguous (total, D) matrix into `rows` (kTile x D, row-major)
-// and, when `cols` is given, its transpose (D x kTile); rows past `total` are zero. 16-byte loads.
+// Rows [row0, row0 + kTile) of a (total, D) matrix whose rows are `stride` apart into `rows`
+// (kTile x D, row-major) and, when `cols` is given, its transpose (D x kTile); rows past `total`
+// are zero. 16-byte loads.
 template <typename T, int D>
-__device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, int64_t row0,
-                          int64_t total) {
+__device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, int64_t stride,
+                          int64_t row0, int64_t total) {
   constexpr int kVec = 8;  // elements per 16-byte load
   for (int idx = threadIdx.x; idx < kTile * D / kVec; idx += blockDim.x) {
     const int r = idx / (D / kVec), c = idx % (D / kVec) * kVec;
     const int64_t row = row0 + r;
     uint4 x = make_uint4(0, 0, 0, 0);
-    if (row < total) x = *reinterpret_cast<const uint4*>(src + row * D + c);
+    if (row < total) x = *reinterpret_cast<const uint4*>(src + row * stride + c);
     if (rows.p) *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
     if (cols) {
       const T* e = reinterpret_cast<const T*>(&x);
@@ -211,6 +212,12 @@ __device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, 
       for (int i = 0; i < kVec; ++i) cols[(c + i) * cols_stride + r] = e[i];
     }
   }
+}
+
+// Matrix bh of an operand laid out as `r` says.
+template <typename P>
+__device__ __forceinline__ P* matrix(P* base, const AttentionRows& r, int64_t bh) {
+  return base + (bh / r.heads) * r.batch_stride + (bh % r.heads) * r.head_stride;
 }
 
 // Shared-row strides in elements: a row-major tile's rows of D, a transposed tile's of kTile.
@@ -223,28 +230,29 @@ inline constexpr int kColStride = kTile + kPad;
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v,
-                       FlashAttentionShape s) {
+                       FlashAttentionShape s, AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
   const Smem<T> ks{qs.p + kTile * kRowStride<D>, kRowStride<D>};
   const Smem<T> vt{ks.p + kTile * kRowStride<D>, kColStride};  // V^T: D x kTile
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
-  q += bh * s.tq * D;
-  k += bh * s.tk * D;
-  v += bh * s.tk * D;
+  q = matrix(q, L.q, bh);
+  k = matrix(k, L.k, bh);
+  v = matrix(v, L.v, bh);
+  out = matrix(out, L.o, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first row in the tile
   const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
-  load_tile<T, D>(qs, nullptr, 0, q, q0, s.tq);
+  load_tile<T, D>(qs, nullptr, 0, q, L.q.row_stride, q0, s.tq);
   float o[D / 8][4];
   zero<D>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale = s.scale * kLog2e;  // scores in log2 units
   for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
     __syncthreads();  // the previous tile's reads are done
-    load_tile<T, D>(ks, nullptr, 0, k, k0, s.tk);
-    load_tile<T, D>(Smem<T>{nullptr, 0}, vt.p, vt.stride, v, k0, s.tk);
+    load_tile<T, D>(ks, nullptr, 0, k, L.k.row_stride, k0, s.tk);
+    load_tile<T, D>(Smem<T>{nullptr, 0}, vt.p, vt.stride, v, L.v.row_stride, k0, s.tk);
     __syncthreads();
     float sc[kTile / 8][4];
     strip_product<T, D>(sc, qs, ks, w0, g, t);
@@ -292,8 +300,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     if (row[r] >= s.tq) continue;
-    store_strip_row<T, D>(out + (bh * s.tq + row[r]) * D, o, r, l[r] > 0.0f ? 1.0f / l[r] : 0.0f,
-                          t);
+    store_strip_row<T, D>(out + row[r] * L.o.row_stride, o, r, l[r] > 0.0f ? 1.0f / l[r] : 0.0f, t);
     if (t == 0) lse[bh * s.tq + row[r]] = l[r] > 0.0f ? m[r] * kLn2 + logf(l[r]) : -INFINITY;
   }
 }
@@ -312,7 +319,8 @@ __device__ __forceinline__ float prob(float score, float lse2, bool vis, float s
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dq_kernel(T* dq, float* delta, const T* grad_out, const T* q, const T* k,
-                           const T* v, const float* lse, FlashAttentionShape s, bool delta_given) {
+                           const T* v, const float* lse, FlashAttentionShape s, AttentionLayouts L,
+                           bool delta_given) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
   const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
@@ -321,10 +329,11 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Smem<T> kt{vs.p + kTile * kRowStride<D>, kColStride};  // K^T: D x kTile
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
-  q += bh * s.tq * D;
-  grad_out += bh * s.tq * D;
-  k += bh * s.tk * D;
-  v += bh * s.tk * D;
+  q = matrix(q, L.q, bh);
+  grad_out = matrix(grad_out, L.o, bh);
+  k = matrix(k, L.k, bh);
+  v = matrix(v, L.v, bh);
+  dq = matrix(dq, L.dq, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;
   const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
@@ -334,8 +343,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     lse2[r] = row[r] < s.tq ? lse[bh * s.tq + row[r]] * kLog2e : -INFINITY;
     di[r] = delta_given && row[r] < s.tq ? delta[bh * s.tq + row[r]] : 0.0f;
   }
-  load_tile<T, D>(qs, nullptr, 0, q, q0, s.tq);
-  load_tile<T, D>(gs, nullptr, 0, grad_out, q0, s.tq);
+  load_tile<T, D>(qs, nullptr, 0, q, L.q.row_stride, q0, s.tq);
+  load_tile<T, D>(gs, nullptr, 0, grad_out, L.o.row_stride, q0, s.tq);
   const float scale2 = s.scale * kLog2e;
   float acc[D / 8][4];
   zero<D>(acc);
@@ -343,8 +352,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     float dsum[2] = {0.0f, 0.0f};
     for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
       __syncthreads();
-      load_tile<T, D>(ks, pass == 1 ? kt.p : nullptr, kt.stride, k, k0, s.tk);
-      load_tile<T, D>(vs, nullptr, 0, v, k0, s.tk);
+      load_tile<T, D>(ks, pass == 1 ? kt.p : nullptr, kt.stride, k, L.k.row_stride, k0, s.tk);
+      load_tile<T, D>(vs, nullptr, 0, v, L.v.row_stride, k0, s.tk);
       __syncthreads();
       float p[kTile / 8][4], dp[kTile / 8][4];
       strip_product<T, D>(p, qs, ks, w0, g, t);
@@ -378,7 +387,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= s.tq) continue;
     if (t == 0 && !delta_given) delta[bh * s.tq + row[r]] = di[r];
-    store_strip_row<T, D>(dq + (bh * s.tq + row[r]) * D, acc, r, 1.0f, t);
+    store_strip_row<T, D>(dq + row[r] * L.dq.row_stride, acc, r, 1.0f, t);
   }
 }
 
@@ -387,7 +396,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out, const T* q,
-                             const T* k, const T* v, const float* lse, FlashAttentionShape s) {
+                             const T* k, const T* v, const float* lse, FlashAttentionShape s,
+                             AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> ks{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
   const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
@@ -399,25 +409,27 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
   const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
-  q += bh * s.tq * D;
-  grad_out += bh * s.tq * D;
+  q = matrix(q, L.q, bh);
+  grad_out = matrix(grad_out, L.o, bh);
   lse += bh * s.tq;
   delta += bh * s.tq;
-  k += bh * s.tk * D;
-  v += bh * s.tk * D;
+  k = matrix(k, L.k, bh);
+  v = matrix(v, L.v, bh);
+  dk = matrix(dk, L.dk, bh);
+  dv_out = matrix(dv_out, L.dv, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first key in the tile
   const int64_t key[2] = {k0 + w0 + g, k0 + w0 + g + 8};
-  load_tile<T, D>(ks, nullptr, 0, k, k0, s.tk);
-  load_tile<T, D>(vs, nullptr, 0, v, k0, s.tk);
+  load_tile<T, D>(ks, nullptr, 0, k, L.k.row_stride, k0, s.tk);
+  load_tile<T, D>(vs, nullptr, 0, v, L.v.row_stride, k0, s.tk);
   const float scale2 = s.scale * kLog2e;
   float acc_dk[D / 8][4], acc_dv[D / 8][4];
   zero<D>(acc_dk);
   zero<D>(acc_dv);
   for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
     __syncthreads();
-    load_tile<T, D>(qs, qt.p, qt.stride, q, q0, s.tq);
-    load_tile<T, D>(gs, gt.p, gt.stride, grad_out, q0, s.tq);
+    load_tile<T, D>(qs, qt.p, qt.stride, q, L.q.row_stride, q0, s.tq);
+    load_tile<T, D>(gs, gt.p, gt.stride, grad_out, L.o.row_stride, q0, s.tq);
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
@@ -441,8 +453,8 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= s.tk) continue;
-    store_strip_row<T, D>(dk + (bh * s.tk + key[r]) * D, acc_dk, r, 1.0f, t);
-    store_strip_row<T, D>(dv_out + (bh * s.tk + key[r]) * D, acc_dv, r, 1.0f, t);
+    store_strip_row<T, D>(dk + key[r] * L.dk.row_stride, acc_dk, r, 1.0f, t);
+    store_strip_row<T, D>(dv_out + key[r] * L.dv.row_stride, acc_dv, r, 1.0f, t);
   }
 }
 
@@ -483,18 +495,24 @@ void set_tensor_core_attention(bool enabled) { g_tensor_cores.store(enabled); }
 bool tensor_core_attention_enabled() { return g_tensor_cores.load(); }
 
 bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
-                                 std::initializer_list<const void*> pointers) {
+                                 std::initializer_list<const void*> pointers,
+                                 std::initializer_list<AttentionRows> rows) {
   if (!g_tensor_cores.load()) return false;
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
   if (s.d != s.dv || (s.d != 16 && s.d != 32 && s.d != 64 && s.d != 128)) return false;
   for (const void* p : pointers) {
     if (p != nullptr && !aligned16(p)) return false;  // the tiles' 16-byte loads
   }
+  for (const AttentionRows& r : rows) {
+    if (r.heads < 1 || r.batch_stride % 8 != 0 || r.head_stride % 8 != 0 || r.row_stride % 8 != 0)
+      return false;
+  }
   return true;
 }
 
 void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
-                           const void* v, const FlashAttentionShape& s, int device) {
+                           const void* v, const FlashAttentionShape& s,
+                           const AttentionLayouts& layouts, int device) {
   if (s.rows == 0 || s.tq == 0) return;
   visit(dtype, s.d, [&](auto tag, auto dim) {
     using T = decltype(tag);
@@ -502,14 +520,14 @@ void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, co
     const size_t bytes = sizeof(T) * (2 * kTile * kRowStride<D> + D * kColStride);
     launch(mma_forward_kernel<T, D>, "mma_forward_kernel", s.rows * ceil_div(s.tq, kTile), bytes,
            device, static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k),
-           static_cast<const T*>(v), s);
+           static_cast<const T*>(v), s, layouts);
   });
 }
 
 void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
                             const void* grad_out, const void* q, const void* k, const void* v,
-                            const float* lse, const FlashAttentionShape& s, int device,
-                            bool delta_given) {
+                            const float* lse, const FlashAttentionShape& s,
+                            const AttentionLayouts& layouts, int device, bool delta_given) {
   if (s.rows == 0) return;
   visit(dtype, s.d, [&](auto tag, auto dim) {
     using T = decltype(tag);
@@ -520,14 +538,15 @@ void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* de
     if (s.tq > 0) {
       const size_t bytes = sizeof(T) * (4 * kTile * kRowStride<D> + D * kColStride);
       launch(mma_backward_dq_kernel<T, D>, "mma_backward_dq_kernel", s.rows * ceil_div(s.tq, kTile),
-             bytes, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, delta_given);
+             bytes, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, layouts,
+             delta_given);
     }
     if (s.tk > 0) {
       const size_t bytes =
           sizeof(T) * (4 * kTile * kRowStride<D> + 2 * D * kColStride) + 2 * kTile * sizeof(float);
       launch(mma_backward_dkdv_kernel<T, D>, "mma_backward_dkdv_kernel",
              s.rows * ceil_div(s.tk, kTile), bytes, device, static_cast<T*>(dk),
-             static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt, vt, lse, s);
+             static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt, vt, lse, s, layouts);
     }
   });
 }

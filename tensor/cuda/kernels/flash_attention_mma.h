@@ -15,17 +15,45 @@ namespace loom::cuda::kernels {
 void set_tensor_core_attention(bool enabled);
 bool tensor_core_attention_enabled();
 
-// Whether the tensor-core kernels take this call: switched on, bf16 or f16, D == Dv in
-// {16, 32, 64, 128}, and every non-null pointer 16-byte aligned.
-bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& shape,
-                                 std::initializer_list<const void*> pointers);
+// Where one operand's rows lie, so the kernels read and write attention's usual strided views
+// without a copy (q, k, v sliced out of a fused QKV projection's (B, T, H, 3, D) output and
+// transposed to (B, H, T, D); out and the gradients laid out (B, T, H, D)): matrix bh of the
+// call's `rows` starts at (bh / heads) * batch_stride + (bh % heads) * head_stride elements, its
+// rows row_stride apart, each row's D elements contiguous. A contiguous (rows, T, D) operand is
+// contiguous_rows(T, D).
+struct AttentionRows {
+  int64_t heads = 1;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+};
+inline AttentionRows contiguous_rows(int64_t t, int64_t d) {
+  return {.heads = 1, .batch_stride = t * d, .head_stride = 0, .row_stride = d};
+}
+// o: out in the forward, grad_out in the backward; dq, dk, dv: the backward's outputs.
+struct AttentionLayouts {
+  AttentionRows q, k, v, o, dq, dk, dv;
+};
+// The layouts of contiguous operands of `shape`.
+inline AttentionLayouts contiguous_layouts(const FlashAttentionShape& s) {
+  const AttentionRows q = contiguous_rows(s.tq, s.d), k = contiguous_rows(s.tk, s.d);
+  const AttentionRows v = contiguous_rows(s.tk, s.dv), o = contiguous_rows(s.tq, s.dv);
+  return {.q = q, .k = k, .v = v, .o = o, .dq = q, .dk = k, .dv = v};
+}
 
-// As flash_attention_forward / flash_attention_backward (nn.h), for the shapes above.
+// Whether the tensor-core kernels take this call: switched on, bf16 or f16, D == Dv in
+// {16, 32, 64, 128}, every non-null pointer 16-byte aligned and every stride of `rows` a
+// multiple of 8 elements (the tiles' 16-byte loads).
+bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& shape,
+                                 std::initializer_list<const void*> pointers,
+                                 std::initializer_list<AttentionRows> rows = {});
+
+// As flash_attention_forward / flash_attention_backward (nn.h), for the shapes above, with each
+// operand where `layouts` says (lse and delta stay contiguous (rows, tq)).
 void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
-                           const void* v, const FlashAttentionShape& shape, int device);
+                           const void* v, const FlashAttentionShape& shape,
+                           const AttentionLayouts& layouts, int device);
 void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,
                             const void* grad_out, const void* q, const void* k, const void* v,
-                            const float* lse, const FlashAttentionShape& shape, int device,
-                            bool delta_given);
+                            const float* lse, const FlashAttentionShape& shape,
+                            const AttentionLayouts& layouts, int device, bool delta_given);
 
 }  // namespace loom::cuda::kernels

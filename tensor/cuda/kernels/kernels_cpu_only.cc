@@ -111,16 +111,17 @@ bool tensor_cores_switch = true;
 void set_tensor_core_attention(bool enabled) { tensor_cores_switch = enabled; }
 bool tensor_core_attention_enabled() { return tensor_cores_switch; }
 bool tensor_core_attention_takes(DType, const FlashAttentionShape&,
-                                 std::initializer_list<const void*>) {
+                                 std::initializer_list<const void*>,
+                                 std::initializer_list<AttentionRows>) {
   return false;
 }
 void mma_attention_forward(DType, void*, float*, const void*, const void*, const void*,
-                           const FlashAttentionShape&, int) {
+                           const FlashAttentionShape&, const AttentionLayouts&, int) {
   unavailable("mma_attention_forward");
 }
 void mma_attention_backward(DType, void*, void*, void*, float*, const void*, const void*,
-                            const void*, const void*, const float*, const FlashAttentionShape&, int,
-                            bool) {
+                            const void*, const void*, const float*, const FlashAttentionShape&,
+                            const AttentionLayouts&, int, bool) {
   unavailable("mma_attention_backward");
 }
 

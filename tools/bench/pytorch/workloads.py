@@ -11,6 +11,8 @@ Loom's presets use, so that both sides do the same arithmetic:
   gemm       F.linear(x, w, b), one thread, (1024, K) @ (N, K)^T
   dispatch   a cached DTensor add on a 1-rank mesh (4 elements, Shard(0))
   allreduce  torch.distributed.all_reduce over Gloo, under torchrun (2 processes)
+  cuda-train GPT-2 small (GPT-2's 50257 vocabulary, 1024 positions) on one GPU, bf16 autocast,
+             SDPA, fused AdamW, eager or torch.compile: tools/gpu_check.sh's PyTorch row
 
 This file needs torch; the driver installs it into a private virtual environment. It is not part
 of Loom's tests.
@@ -88,7 +90,7 @@ class GPT(nn.Module):
         self.tp_mesh = None  # set by tensor_parallel()
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         if self.tp_mesh is not None:  # the residual stream runs on sequence shards
             from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -261,6 +263,36 @@ def best_of(fn, target_s, batch=1):
     return best
 
 
+def cuda_train(args):
+    """GPT-2 small steps on one GPU as a PyTorch user trains it (nanoGPT's recipe): bf16 autocast
+    over f32 weights, SDPA, fused AdamW, clip 1.0; the median step over steps 2.. ."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    vocab, block = 50257, 1024
+    model = GPT(n_layer=12, n_head=12, n_embd=768, block_size=block, vocab_size=vocab).to(device)
+    step_model = torch.compile(model) if args.compile else model
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
+    x = torch.randint(0, vocab, (args.batch_size, block), device=device)
+    y = torch.randint(0, vocab, (args.batch_size, block), device=device)
+    times = []
+    for _ in range(args.steps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times[2:])
+    report(workload="cuda-train", compile=args.compile, batch_size=args.batch_size, seq_len=block,
+           params=sum(p.numel() for p in model.parameters()), seconds_per_step=seconds,
+           tokens_per_s=args.batch_size * block / seconds,
+           peak_mem_bytes=torch.cuda.max_memory_allocated())
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -283,8 +315,13 @@ def main():
     p = sub.add_parser("allreduce")
     p.add_argument("--sizes", type=int, nargs="+", required=True)
     p.add_argument("--target-s", type=float, default=0.5)
+    p = sub.add_parser("cuda-train")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
     args = parser.parse_args()
-    {"train": train, "gemm": gemm, "dispatch": dispatch, "allreduce": allreduce}[args.command](args)
+    {"train": train, "gemm": gemm, "dispatch": dispatch, "allreduce": allreduce,
+     "cuda-train": cuda_train}[args.command](args)
 
 
 if __name__ == "__main__":
