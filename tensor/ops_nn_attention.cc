@@ -226,18 +226,18 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
     const auto shape = flash_shape(dims);
     const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
-    if (rq && rk && rv) {  // the tensor-core kernels, on the views as they are
+    // The tensor-core kernels, on the views as they are. Checked on the inputs before allocating
+    // the output, which qualifies by construction (fresh, aligned, strides multiples of D).
+    if (rq && rk && rv &&
+        cuda::kernels::tensor_core_attention_takes(
+            q.dtype(), shape, {q.raw_data(), k.raw_data(), v.raw_data()}, {*rq, *rk, *rv})) {
       Tensor out = empty_in_order_of(q, out_shape, device);
-      cuda::kernels::AttentionLayouts layouts{
+      const cuda::kernels::AttentionLayouts layouts{
           .q = *rq, .k = *rk, .v = *rv, .o = *strided_rows(out)};
-      if (cuda::kernels::tensor_core_attention_takes(
-              q.dtype(), shape, {out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data()},
-              {layouts.q, layouts.k, layouts.v, layouts.o})) {
-        cuda::kernels::mma_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
-                                             q.raw_data(), k.raw_data(), v.raw_data(), shape,
-                                             layouts, device.index);
-        return {out, lse};
-      }
+      cuda::kernels::mma_attention_forward(q.dtype(), out.raw_data(), lse.data<float>(),
+                                           q.raw_data(), k.raw_data(), v.raw_data(), shape, layouts,
+                                           device.index);
+      return {out, lse};
     }
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
     Tensor out = Tensor::empty(out_shape, q.dtype(), device);
@@ -316,7 +316,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     const auto shape = flash_shape(dims);
     const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
     const auto rg = strided_rows(grad_out);
-    if (rq && rk && rv && rg) {  // the tensor-core kernels, on the views as they are
+    // The tensor-core kernels, on the views as they are; the gradients, allocated once the
+    // inputs qualify, qualify by construction (fresh, aligned, strides and q/k/v offsets
+    // multiples of 8 elements, as the aligned inputs' are).
+    if (rq && rk && rv && rg &&
+        cuda::kernels::tensor_core_attention_takes(
+            q.dtype(), shape, {grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data()},
+            {*rq, *rk, *rv, *rg})) {
       auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
       const cuda::kernels::AttentionLayouts layouts{.q = *rq,
                                                     .k = *rk,
@@ -325,17 +331,11 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                                     .dq = *strided_rows(dq),
                                                     .dk = *strided_rows(dk),
                                                     .dv = *strided_rows(dv)};
-      if (cuda::kernels::tensor_core_attention_takes(
-              q.dtype(), shape,
-              {dq.raw_data(), dk.raw_data(), dv.raw_data(), grad_out.raw_data(), q.raw_data(),
-               k.raw_data(), v.raw_data()},
-              {layouts.q, layouts.k, layouts.v, layouts.o, layouts.dq, layouts.dk, layouts.dv})) {
-        cuda::kernels::mma_attention_backward(
-            q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(), delta.data<float>(),
-            grad_out.raw_data(), q.raw_data(), k.raw_data(), v.raw_data(), lse.data<float>(), shape,
-            layouts, device.index, delta_from_out);
-        return {dq, dk, dv};
-      }
+      cuda::kernels::mma_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
+                                            delta.data<float>(), grad_out.raw_data(), q.raw_data(),
+                                            k.raw_data(), v.raw_data(), lse.data<float>(), shape,
+                                            layouts, device.index, delta_from_out);
+      return {dq, dk, dv};
     }
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
     const Tensor gc = contiguous(grad_out);
