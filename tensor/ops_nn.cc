@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string_view>
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/cuda/device_checks.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
 #include "tensor/op_device.h"
@@ -29,14 +31,46 @@ using nn_internal::position_str;
 
 namespace {
 
+std::string embedding_index_message(int64_t index, int64_t flat, const Shape& indices_shape,
+                                    int64_t num_embeddings, std::string_view op) {
+  return fmt::format(
+      "{}: index {} at position {} of indices shape {} is out of range for {} embeddings "
+      "(expected 0..{})",
+      op, index, position_str(flat, indices_shape), shape_str(indices_shape), num_embeddings,
+      num_embeddings - 1);
+}
+
 // Throws unless `index` is a valid row of a (V, C) embedding table.
 void check_embedding_index(int64_t index, int64_t flat, const Tensor& indices,
                            int64_t num_embeddings, std::string_view op) {
-  LOOM_CHECK(index >= 0 && index < num_embeddings,
-             "{}: index {} at position {} of indices shape {} is out of range for {} embeddings "
-             "(expected 0..{})",
-             op, index, position_str(flat, indices.shape()), shape_str(indices.shape()),
-             num_embeddings, num_embeddings - 1);
+  LOOM_CHECK(index >= 0 && index < num_embeddings, "{}",
+             embedding_index_message(index, flat, indices.shape(), num_embeddings, op));
+}
+
+// A device-side check of a GPU op's indices (tensor/cuda/device_checks.h): the kernel records
+// the first failing position of `flat_indices` (int64, contiguous, on the GPU); only then is the
+// failing value read back, to name it as the host check does.
+int64_t* begin_index_check(const Tensor& flat_indices,
+                           std::function<std::string(int64_t value, int64_t position)> message) {
+  return cuda::begin_device_check(
+      flat_indices.device().index, [flat_indices, message = std::move(message)](int64_t position) {
+        return message(index_values(flat_indices).at(position), position);
+      });
+}
+
+int64_t* begin_embedding_index_check(const Tensor& flat_indices, const Shape& shape,
+                                     int64_t num_embeddings, std::string_view op) {
+  return begin_index_check(flat_indices, [=](int64_t value, int64_t position) {
+    return embedding_index_message(value, position, shape, num_embeddings, op);
+  });
+}
+
+std::string target_message(int64_t target, int64_t row, int64_t v, const Shape& logits_shape,
+                           int64_t ignore_index, std::string_view op) {
+  return fmt::format(
+      "{}: target {} at position {} is out of range for {} classes (logits shape {}); "
+      "expected 0..{} or ignore_index {}",
+      op, target, row, v, shape_str(logits_shape), v - 1, ignore_index);
 }
 
 void check_reduction(Reduction reduction, std::string_view op) {
@@ -45,25 +79,37 @@ void check_reduction(Reduction reduction, std::string_view op) {
              "{}: unknown reduction {} (expected 0 = none, 1 = mean, 2 = sum)", op, value);
 }
 
-// Checks logits (N, V) and targets (N,), and every target against V; returns the targets.
-std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets,
-                                     int64_t ignore_index, std::string_view op) {
+// Checks logits (N, V) and targets (N,): dtypes and shapes, not the targets' values.
+void check_logits_and_targets(const Tensor& logits, const Tensor& targets, std::string_view op) {
   check_floating(logits, op, "logits");
   check_index(targets, op, "targets");
   LOOM_CHECK(logits.dim() == 2, "{}: expected logits of shape (N, V), got shape {}", op,
              shape_str(logits.shape()));
-  const int64_t n = logits.size(0), v = logits.size(1);
+  const int64_t n = logits.size(0);
   LOOM_CHECK(targets.shape() == Shape{n},
              "{}: targets shape {} does not match logits shape {} (expected ({},))", op,
              shape_str(targets.shape()), shape_str(logits.shape()), n);
+}
+
+// On the host (a CPU's logits): every target against V; returns the targets.
+std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets,
+                                     int64_t ignore_index, std::string_view op) {
+  const int64_t n = logits.size(0), v = logits.size(1);
   std::vector<int64_t> t = index_values(targets);
   for (int64_t row = 0; row < n; ++row) {
-    LOOM_CHECK(t[row] == ignore_index || (t[row] >= 0 && t[row] < v),
-               "{}: target {} at position {} is out of range for {} classes (logits shape {}); "
-               "expected 0..{} or ignore_index {}",
-               op, t[row], row, v, shape_str(logits.shape()), v - 1, ignore_index);
+    LOOM_CHECK(t[row] == ignore_index || (t[row] >= 0 && t[row] < v), "{}",
+               target_message(t[row], row, v, logits.shape(), ignore_index, op));
   }
   return t;
+}
+
+// The targets of a GPU's logits, checked by the kernel that reads them.
+int64_t* begin_target_check(const Tensor& targets_dev, const Tensor& logits, int64_t ignore_index,
+                            std::string_view op) {
+  const int64_t v = logits.size(1);
+  return begin_index_check(targets_dev, [=, shape = logits.shape()](int64_t value, int64_t row) {
+    return target_message(value, row, v, shape, ignore_index, op);
+  });
 }
 
 // log(sum(exp(row))) of each row of a contiguous f32 (N, V) tensor, max-subtracted.
@@ -105,25 +151,36 @@ Tensor masked_scale(const Tensor& x_in, const Tensor& mask_in, float scale) {
   return to(out, x_in.dtype());
 }
 
-// Cross entropy of logits `x` (n, v, contiguous, in their own floating dtype) on a GPU; `t` are
-// the targets, already checked on the host. The loss is f32; sums and the mean's division run on
-// the device.
-CrossEntropyResult cuda_cross_entropy(const Tensor& x, const Tensor& targets,
-                                      const std::vector<int64_t>& t, int64_t ignore_index,
-                                      Reduction reduction) {
+// The targets that are not ignore_index, counted on the device: the mean's divisor (int64, 0-dim).
+Tensor cuda_count_targets(const Tensor& targets_dev, int64_t ignore_index) {
+  Tensor count = Tensor::empty({}, kInt64, targets_dev.device());
+  cuda::kernels::count_targets(count.data<int64_t>(), targets_dev.data<int64_t>(),
+                               targets_dev.numel(), ignore_index, targets_dev.device().index);
+  return count;
+}
+
+// Cross entropy of logits `x` (n, v, contiguous, in their own floating dtype) on a GPU. The
+// kernel checks the targets (device_checks.h: a bad one is reported at the next synchronization),
+// so the host never reads them. The loss is f32; sums and the mean's division run on the device.
+CrossEntropyResult cuda_cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index,
+                                      Reduction reduction, std::string_view op) {
   const int64_t n = x.size(0), v = x.size(1);
+  const int device = x.device().index;
   const Tensor targets_dev = contiguous(to(targets, kInt64));
   Tensor lse = Tensor::empty({n}, kFloat32, x.device());
   Tensor losses = Tensor::empty({n}, kFloat32, x.device());
+  int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op);
   cuda::kernels::cross_entropy_forward(x.dtype(), lse.data<float>(), losses.data<float>(),
                                        x.raw_data(), targets_dev.data<int64_t>(), n, v,
-                                       ignore_index, x.device().index);
+                                       ignore_index, first_bad, device);
   if (reduction == Reduction::kNone) return {losses, lse};
-  int64_t count = 0;
-  for (int64_t target : t) count += target != ignore_index;
-  // kMean with every row ignored is 0 * inf = NaN, as 0 / 0 on the CPU and in PyTorch.
-  const double scale = reduction == Reduction::kSum ? 1.0 : 1.0 / static_cast<double>(count);
-  return {cuda_backend::sum(losses, {true}, /*keepdim=*/false, scale), lse};
+  Tensor total = cuda_backend::sum(losses, {true}, /*keepdim=*/false, 1.0);
+  if (reduction == Reduction::kMean) {
+    // With every row ignored this is 0 / 0 = NaN, as on the CPU and in PyTorch.
+    const Tensor count = cuda_count_targets(targets_dev, ignore_index);
+    cuda::kernels::divide_by_count(total.data<float>(), count.data<int64_t>(), device);
+  }
+  return {total, lse};
 }
 
 void check_dropout_p(double p, const Tensor& t, std::string_view op) {
@@ -148,17 +205,16 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   out_shape.push_back(c);
   Tensor out = Tensor::empty(out_shape, weight.dtype(), device);
   if (device.is_meta()) return out;  // the indices are not known: nothing to check
-  const std::vector<int64_t> idx = index_values(indices);
   if (device.is_cuda()) {
-    for (size_t i = 0; i < idx.size(); ++i) {
-      check_embedding_index(idx[i], static_cast<int64_t>(i), indices, v, op);
-    }
+    // The kernel checks the indices (device_checks.h): no copy to the host, no synchronization.
     const Tensor idx_dev = contiguous(to(indices, kInt64));
+    int64_t* first_bad = begin_embedding_index_check(idx_dev, indices.shape(), v, op);
     cuda::kernels::embedding_forward(weight.dtype(), out.raw_data(), weight.raw_data(),
                                      weight.stride(0), weight.stride(1), idx_dev.data<int64_t>(),
-                                     idx_dev.numel(), c, device.index);
+                                     idx_dev.numel(), c, v, first_bad, device.index);
     return out;
   }
+  const std::vector<int64_t> idx = index_values(indices);
   // A byte copy per row: the values keep their dtype, so no conversion is involved.
   const size_t elem = element_size(weight.dtype());
   const char* w = static_cast<const char*>(weight.raw_data());
@@ -198,20 +254,18 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   if (device.is_meta()) {  // the f32 accumulator, then the gradient's dtype, as on a GPU
     return to(Tensor::empty({num_embeddings, c}, kFloat32, device), grad_out.dtype());
   }
-  const std::vector<int64_t> idx = index_values(indices);
   const Tensor g = as_f32(grad_out);
   Tensor grad_w = zeros({num_embeddings, c}, kFloat32, device);
   const float* pg = g.data<float>();
   float* pw = grad_w.data<float>();
   if (device.is_cuda()) {
-    for (size_t i = 0; i < idx.size(); ++i) {
-      check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
-    }
     const Tensor idx_dev = contiguous(to(indices, kInt64));
+    int64_t* first_bad = begin_embedding_index_check(idx_dev, indices.shape(), num_embeddings, op);
     cuda::kernels::embedding_backward(pw, pg, idx_dev.data<int64_t>(), idx_dev.numel(), c,
-                                      device.index);
+                                      num_embeddings, first_bad, device.index);
     return to(grad_w, grad_out.dtype());
   }
+  const std::vector<int64_t> idx = index_values(indices);
   for (size_t i = 0; i < idx.size(); ++i) {
     check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
     float* dst = pw + idx[i] * c;
@@ -240,10 +294,11 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
     const Shape loss_shape = reduction == Reduction::kNone ? Shape{rows} : Shape{};
     return {Tensor::empty(loss_shape, kFloat32, device), lse};
   }
+  check_logits_and_targets(logits, targets, op);
+  if (device.is_cuda())
+    return cuda_cross_entropy(contiguous(logits), targets, ignore_index, reduction, op);
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const int64_t n = logits.size(0), v = logits.size(1);
-  if (device.is_cuda())
-    return cuda_cross_entropy(contiguous(logits), targets, t, ignore_index, reduction);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
   const std::vector<float> lse = row_logsumexp(px, n, v);
@@ -287,7 +342,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     const Tensor staged = as_f32(logits);
     return to(Tensor::empty(logits.shape(), kFloat32, device), logits.dtype());
   }
-  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
+  check_logits_and_targets(logits, targets, op);
   const int64_t n = logits.size(0), v = logits.size(1);
   if (reduction == Reduction::kNone) {
     LOOM_CHECK(grad_loss.shape() == Shape{n},
@@ -306,21 +361,24 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                  "{}: logsumexp shape {} does not match logits shape {} (expected ({},))", op,
                  shape_str(logsumexp.shape()), shape_str(logits.shape()), n);
     }
-    int64_t count = 0;
-    for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
     const Tensor x = contiguous(logits);
     const Tensor lse =
         logsumexp.defined()
             ? as_f32(logsumexp)
-            : cuda_cross_entropy(x, targets, t, ignore_index, Reduction::kNone).logsumexp;
+            : cuda_cross_entropy(x, targets, ignore_index, Reduction::kNone, op).logsumexp;
     const Tensor targets_dev = contiguous(to(targets, kInt64));
+    const Tensor count =
+        reduction == Reduction::kMean ? cuda_count_targets(targets_dev, ignore_index) : Tensor();
     const Tensor gl = as_f32(on_device(grad_loss, device));
     Tensor grad = Tensor::empty({n, v}, x.dtype(), device);
+    int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op);
     cuda::kernels::cross_entropy_backward(
         x.dtype(), grad.raw_data(), x.raw_data(), lse.data<float>(), targets_dev.data<int64_t>(),
-        gl.data<float>(), n, v, ignore_index, static_cast<int>(reduction), count, device.index);
+        gl.data<float>(), n, v, ignore_index, static_cast<int>(reduction),
+        count.defined() ? count.data<int64_t>() : nullptr, first_bad, device.index);
     return grad;
   }
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
   std::vector<float> lse;

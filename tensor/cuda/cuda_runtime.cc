@@ -6,6 +6,7 @@
 #include <string>
 
 #include "base/error.h"
+#include "tensor/cuda/device_checks.h"
 #include "tensor/cuda/human_bytes.h"
 #include "tensor/cuda/stream.h"
 
@@ -197,11 +198,15 @@ void copy_host_to_device(void* device_dst, const void* host_src, std::size_t byt
 
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device) {
   if (bytes == 0) return;
-  DeviceGuard guard(device);
-  const cudaStream_t stream = compute_stream(device);
-  LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream),
-                     device);
-  LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(stream), device);  // the host reads it next
+  {
+    DeviceGuard guard(device);
+    const cudaStream_t stream = compute_stream(device);
+    LOOM_CUDA_CHECK_ON(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, stream),
+                       device);
+    LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(stream), device);  // the host reads it next
+  }
+  // The host waited for the device: a kernel's failed check (device_checks.h) surfaces here.
+  raise_failed_device_checks(device);
 }
 
 void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes,

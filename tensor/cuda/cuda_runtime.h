@@ -62,6 +62,8 @@ void device_free(void* ptr, int device);
 // queued there. device_to_host returns when the data is on the host; host_to_device returns when
 // the source may be reused; device_to_device returns at once. `device` holds the device-side
 // pointer(s) (both of them for device_to_device). Throw loom::Error naming the call and device.
+// device_to_host, having waited for the device, also reports a kernel's failed check
+// (device_checks.h), as synchronize() does.
 void copy_host_to_device(void* device_dst, const void* host_src, std::size_t bytes, int device);
 void copy_device_to_host(void* host_dst, const void* device_src, std::size_t bytes, int device);
 void copy_device_to_device(void* device_dst, const void* device_src, std::size_t bytes, int device);

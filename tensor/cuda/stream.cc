@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
+#include "tensor/cuda/device_checks.h"
 
 namespace loom::cuda {
 namespace {
@@ -46,8 +47,11 @@ cudaStream_t current_stream() {
 }
 
 void synchronize(int device) {
-  DeviceGuard guard(device);
-  LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(compute_stream(device)), device);
+  {
+    DeviceGuard guard(device);
+    LOOM_CUDA_CHECK_ON(cudaStreamSynchronize(compute_stream(device)), device);
+  }
+  raise_failed_device_checks(device);
 }
 
 Event::Event(int device, bool timing) : device_(device) {

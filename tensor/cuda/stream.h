@@ -23,7 +23,8 @@ cudaStream_t compute_stream(int device);
 // The compute stream of the calling thread's current device.
 cudaStream_t current_stream();
 // Blocks the host until everything queued on compute_stream(device) has finished; a kernel's
-// asynchronous failure surfaces here as loom::Error naming the device.
+// asynchronous failure, or a failed device-side check (device_checks.h), surfaces here as
+// loom::Error naming the device.
 void synchronize(int device);
 
 // A CUDA event on one device: marks a point of a stream, to wait on from another stream or from

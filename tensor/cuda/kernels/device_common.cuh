@@ -163,6 +163,12 @@ inline void check_launch(const char* kernel, int device) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
+// A failed device-side check (tensor/cuda/device_checks.h): lowers *first_bad to `position`, so
+// the host reports the first failing position whatever order the threads ran in.
+__device__ __forceinline__ void record_failure(int64_t* first_bad, int64_t position) {
+  atomicMin(reinterpret_cast<long long*>(first_bad), static_cast<long long>(position));
+}
+
 // ---- block reductions (blockDim.x a multiple of 32, at most 1024) ------------------------------
 
 template <typename V>

@@ -53,25 +53,38 @@ void rope_forward(DType dtype, void* out, const void* x, const float* cos, const
                   int64_t outer, int64_t time, int64_t heads, int64_t half, bool inverse,
                   int device);
 
-// out[i, :] = weight[idx[i], :] for i < count (weight strided, any floating dtype, out contiguous).
+// Kernels that read indices check them on the device (tensor/cuda/device_checks.h): a failing
+// position lowers *first_bad (atomicMin), which the host reads at its next synchronization.
+
+// out[i, :] = weight[idx[i], :] for i < count (weight strided, any floating dtype, out
+// contiguous). An index outside 0..v-1 is recorded in first_bad and its row written as zeros.
 void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_stride,
-                       int64_t col_stride, const int64_t* idx, int64_t count, int64_t c,
-                       int device);
-// grad_w[idx[i], :] += grad_out[i, :] (grad_w zeroed by the caller; f32 atomics, so repeated
-// indices add in an unspecified order).
+                       int64_t col_stride, const int64_t* idx, int64_t count, int64_t c, int64_t v,
+                       int64_t* first_bad, int device);
+// grad_w[idx[i], :] += grad_out[i, :] (grad_w (v, c) zeroed by the caller; f32 atomics, so
+// repeated indices add in an unspecified order). An index outside 0..v-1 is recorded and skipped.
 void embedding_backward(float* grad_w, const float* grad_out, const int64_t* idx, int64_t count,
-                        int64_t c, int device);
+                        int64_t c, int64_t v, int64_t* first_bad, int device);
 
 // Per row of logits (n, v) in `dtype`, read as f32: lse[r] = logsumexp, losses[r] = lse -
-// logits[r, t] (0 if ignored), both f32.
+// logits[r, t] (0 if ignored), both f32. A target neither in 0..v-1 nor ignore_index is
+// recorded in first_bad and its loss is NaN.
 void cross_entropy_forward(DType dtype, float* lse, float* losses, const void* logits,
                            const int64_t* targets, int64_t n, int64_t v, int64_t ignore_index,
-                           int device);
+                           int64_t* first_bad, int device);
+// *count = the number of targets[0..n) that are not ignore_index (the mean's divisor).
+void count_targets(int64_t* count, const int64_t* targets, int64_t n, int64_t ignore_index,
+                   int device);
+// x[0] = x[0] / *count, divided in double (the mean of a sum of losses).
+void divide_by_count(float* x, const int64_t* count, int device);
 // grad[r, :] = (softmax - onehot) * scale_r in `dtype` (computed in f32, rounded once); reduction
-// 0 none (grad_loss[r]), 1 mean (grad_loss[0] / count), 2 sum (grad_loss[0]); ignored rows are 0.
+// 0 none (grad_loss[r]), 1 mean (grad_loss[0] / *count, count on the device), 2 sum
+// (grad_loss[0]); ignored rows are 0. A target out of range is recorded in first_bad and its row
+// is NaN.
 void cross_entropy_backward(DType dtype, void* grad, const void* logits, const float* lse,
                             const int64_t* targets, const float* grad_loss, int64_t n, int64_t v,
-                            int64_t ignore_index, int reduction, int64_t count, int device);
+                            int64_t ignore_index, int reduction, const int64_t* count,
+                            int64_t* first_bad, int device);
 
 // Counter-based random fills, bit-identical to tensor/rng.cc for bernoulli and uniform (normal
 // goes through double log/cos, whose last bits may differ from the host's libm; the f32 results
