@@ -10,17 +10,6 @@
 
 namespace loom::optim {
 
-namespace {
-
-// One gradient's sum of squares as a (1,) f32 tensor where the gradient lives: read back with
-// the others in one copy (on a GPU one synchronization per call, not one per parameter).
-Tensor local_square_sum(const Tensor& t) {
-  const Tensor local = ops::to(t, kFloat32);
-  return ops::reshape(ops::sum(ops::mul(local, local)), {1});
-}
-
-}  // namespace
-
 double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                        const ClipOptions& options) {
   LOOM_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be positive, got {}", max_norm);
@@ -35,8 +24,9 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     double sum;
   };
   std::vector<ShardedSum> sharded;
-  // Each gradient's sum and where it adds up: -1 the replicated total, else sharded[slot].
-  std::vector<Tensor> sums;
+  // Each gradient's local tensor (a DTensor's shard) and where its sum of squares adds up: -1
+  // the replicated total, else sharded[slot].
+  std::vector<Tensor> locals;
   std::vector<int> slots;
   for (const Tensor& p : parameters) {
     const Tensor grad = p.grad();
@@ -45,7 +35,7 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                                       [&](const Tensor& excluded) { return excluded.is_same(p); });
     if (!counted) continue;
     if (!is_dtensor(grad)) {
-      sums.push_back(local_square_sum(grad));
+      locals.push_back(grad);
       slots.push_back(-1);
       continue;
     }
@@ -57,7 +47,7 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
                  "clip_grad_norm_: a gradient is Partial ({}); reduce it first", spec.str());
       if (placement.is_shard()) split.push_back(spec.mesh->group(static_cast<int64_t>(md)));
     }
-    sums.push_back(local_square_sum(local_shard(grad)));
+    locals.push_back(local_shard(grad));
     if (split.empty()) {
       slots.push_back(-1);
       continue;
@@ -67,9 +57,11 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
     if (it == sharded.end()) it = sharded.insert(sharded.end(), {std::move(split), 0.0});
     slots.push_back(static_cast<int>(it - sharded.begin()));
   }
-  if (!sums.empty()) {
-    // Added in f64, in parameter order, as each accumulator always was.
-    const std::vector<double> values = ops::to_vector(ops::cat(sums, 0));
+  if (!locals.empty()) {
+    // Every sum of squares in one pass (on a GPU a few multi-tensor launches, not one or two
+    // kernels per parameter) and read back in one copy: one synchronization per call. Added in
+    // f64, in parameter order, as each accumulator always was.
+    const std::vector<double> values = ops::to_vector(ops::foreach_sum_of_squares(locals));
     for (size_t i = 0; i < values.size(); ++i)
       (slots[i] < 0 ? replicated : sharded[slots[i]].sum) += values[i];
   }
@@ -93,10 +85,13 @@ double clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm,
   });
   if (norm > max_norm || traced) {
     const double scale = norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+    // Scaling is linear, so a DTensor's local shard scales alone whatever its placements.
+    std::vector<Tensor> grads;
     for (const Tensor& p : parameters) {
       const Tensor grad = p.grad();
-      if (grad.defined()) ops::mul_(grad, scale);
+      if (grad.defined()) grads.push_back(is_dtensor(grad) ? local_shard(grad) : grad);
     }
+    ops::foreach_mul_(grads, scale);
   }
   return norm;
 }

@@ -6,6 +6,7 @@
 #include "tensor/ops_copy.h"
 #include "tensor/ops_create.h"
 #include "tensor/ops_elementwise.h"
+#include "tensor/ops_foreach.h"
 #include "tensor/ops_grouped_mm.h"
 #include "tensor/ops_matmul.h"
 #include "tensor/ops_nn.h"

@@ -6,6 +6,7 @@
 #include "tensor/cuda/kernels/adamw.h"
 #include "tensor/cuda/kernels/elementwise.h"
 #include "tensor/cuda/kernels/flash_attention_mma.h"
+#include "tensor/cuda/kernels/foreach.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/cuda/kernels/reduce.h"
 
@@ -108,6 +109,10 @@ void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
 void adamw_multi_tensor(const AdamWTensor*, int64_t, const AdamWHyper&, int) {
   unavailable("adamw_multi_tensor");
 }
+void foreach_sum_of_squares(const ForeachTensor*, int64_t, float*, float*, int) {
+  unavailable("foreach_sum_of_squares");
+}
+void foreach_mul(const ForeachTensor*, int64_t, float, int) { unavailable("foreach_mul"); }
 
 // The switch keeps its value (tests flip it); nothing takes the tensor-core path.
 namespace {

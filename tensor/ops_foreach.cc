@@ -1,0 +1,109 @@
+#include "tensor/ops_foreach.h"
+
+#include <optional>
+#include <vector>
+
+#include "base/error.h"
+#include "tensor/cuda/kernels/foreach.h"
+#include "tensor/flop_counter.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_create.h"
+#include "tensor/ops_elementwise.h"
+#include "tensor/ops_reduce.h"
+#include "tensor/ops_views.h"
+
+namespace loom::ops {
+namespace {
+
+// The one device of every tensor; nullopt for an empty list.
+std::optional<Device> common_device(std::span<const Tensor> tensors, const char* op) {
+  std::optional<Device> device;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    LOOM_CHECK(tensors[i].defined(), "{}: tensor {} is undefined", op, i);
+    const Device d = tensors[i].device();
+    if (!device) device = d;
+    LOOM_CHECK(d == *device, "{}: tensor 0 is on {} and tensor {} on {}; give one device's tensors",
+               op, device->str(), i, d.str());
+  }
+  return device;
+}
+
+// Whether a multi-tensor kernel takes it: a plain contiguous f32 tensor.
+bool fusable(const Tensor& t) {
+  return !t.extension() && t.dtype() == kFloat32 && t.is_contiguous();
+}
+
+// sum(x^2) of x as f32, as a (1,) tensor where x lives.
+Tensor composed_square_sum(const Tensor& t) {
+  const Tensor x = to(t, kFloat32);
+  return reshape(sum(mul(x, x)), {1});
+}
+
+}  // namespace
+
+Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
+  constexpr const char* op = "foreach_sum_of_squares";
+  const std::optional<Device> device = common_device(tensors, op);
+  if (!device) return Tensor::empty({0}, kFloat32);
+  const int64_t n = static_cast<int64_t>(tensors.size());
+  const bool gpu_like = device->is_cuda() || (device->is_meta() && !allocates_like_cpu(*device));
+  if (!gpu_like) {
+    std::vector<Tensor> sums;
+    sums.reserve(tensors.size());
+    for (const Tensor& t : tensors) sums.push_back(composed_square_sum(t));
+    return cat(sums, 0);
+  }
+  std::vector<cuda::kernels::ForeachTensor> fused;
+  std::vector<int64_t> fused_index, composed_index;
+  for (int64_t i = 0; i < n; ++i) {
+    const Tensor& t = tensors[i];
+    if (!fusable(t)) {
+      composed_index.push_back(i);
+      continue;
+    }
+    FlopCounter::record_in_place(t, 1);  // read once, nothing written but the sums
+    fused.push_back({.data = device->is_cuda() ? t.data<float>() : nullptr, .n = t.numel()});
+    fused_index.push_back(i);
+  }
+  Tensor out = zeros({n}, kFloat32, *device);
+  Tensor partials = Tensor::empty(
+      {cuda::kernels::foreach_chunks(fused.data(), static_cast<int64_t>(fused.size()))}, kFloat32,
+      *device);
+  if (device->is_cuda() && !fused.empty()) {
+    // The kernel writes entry k of its list; the fused tensors' sums go to their own positions
+    // through a compact buffer when some tensors are composed.
+    Tensor compact = composed_index.empty()
+                         ? out
+                         : zeros({static_cast<int64_t>(fused.size())}, kFloat32, *device);
+    cuda::kernels::foreach_sum_of_squares(fused.data(), static_cast<int64_t>(fused.size()),
+                                          compact.data<float>(), partials.data<float>(),
+                                          device->index);
+    if (!composed_index.empty()) {
+      for (size_t k = 0; k < fused_index.size(); ++k)
+        copy_(narrow(out, 0, fused_index[k], 1), narrow(compact, 0, static_cast<int64_t>(k), 1));
+    }
+  }
+  for (int64_t i : composed_index) copy_(narrow(out, 0, i, 1), composed_square_sum(tensors[i]));
+  return out;
+}
+
+void foreach_mul_(std::span<const Tensor> tensors, double scalar) {
+  const std::optional<Device> device = common_device(tensors, "foreach_mul_");
+  if (!device || !device->is_cuda()) {
+    for (const Tensor& t : tensors) mul_(t, scalar);
+    return;
+  }
+  std::vector<cuda::kernels::ForeachTensor> fused;
+  for (const Tensor& t : tensors) {
+    if (!fusable(t)) {
+      mul_(t, scalar);
+      continue;
+    }
+    FlopCounter::record_in_place(t, 2);  // as mul_ counts it
+    fused.push_back({.data = t.data<float>(), .n = t.numel()});
+  }
+  cuda::kernels::foreach_mul(fused.data(), static_cast<int64_t>(fused.size()),
+                             static_cast<float>(scalar), device->index);
+}
+
+}  // namespace loom::ops
