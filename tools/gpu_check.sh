@@ -153,6 +153,9 @@ train_figure() {
         printf "%s: %d params; tokens/s %.0f (median, steps 2..); %.1f TFLOP/s; MFU %.1f%% of %d TFLOP/s; peak memory %.2f GiB\n",
           name, params, rate, rate * flops / 1e12, 100 * rate * flops / (peak * 1e12), peak, memory / 2^30
       }'
+    # The caching allocator's cudaMalloc count after step 1 and after the last: equal when the
+    # cache serves every tensor of a step, growing when the step calls cudaMalloc.
+    grep 'allocator: ' "${work}/${name}.log" | sed -n '2p;$p' | sed "s/^ *allocator: /  ${name} allocator: /"
   else
     tail -n 20 "${work}/${name}.log"
     echo "WARNING: the ${name} training run failed"

@@ -343,6 +343,13 @@ void JobRunner::add_metrics_hook() {
           "peak | {} {:.0f} MiB\n",
           r.step, r.loss, r.lr, tokens_per_s, r.ms, tensor_peak / 1048576.0,
           device_.is_cuda() ? "allocator" : "resident", peak_memory_bytes(device_) / 1048576.0);
+      if (device_.is_cuda()) {
+        // Counts that stop growing after the first steps say the cache serves every tensor; a
+        // count that grows each step means cudaMalloc (which synchronizes) inside the step.
+        const cuda::AllocatorStats stats = cuda::allocator_stats(device_.index);
+        fmt::print("           allocator: {} cudaMalloc, {} cudaFree, {} cache flushes so far\n",
+                   stats.raw_allocations, stats.raw_frees, stats.cache_flushes);
+      }
       if (router) {
         fmt::print(
             "           moe: expert load max/mean {:.2f} min/mean {:.2f} | aux loss {:.4g} | "
