@@ -18,6 +18,11 @@ toolkit's headers (nvcc adds them itself). Paths come from the dependencies' CcI
 ctx.label.workspace_root, so the rule works unchanged from Loom's workspace and from one that uses
 Loom as @loom (sources under external/loom/...).
 
+Emulated builds: with `--define=loom_cuda=emulated` (`--config=cuda_emulated`) each .cu file is
+turned into C++ (tools/cuda_emulator/device/cu_to_cc) and compiled by the C++ toolchain against
+the emulated device, whose runtime replaces libcudart (//tools/build:cudart): the kernels run on
+the CPU, for checking them between GPU checks.
+
 CPU-only builds: with `--define=loom_cuda=false` (`--config=cpu` in .bazelrc; PyTorch's USE_CUDA=0)
 no .cu file is compiled. A cuda_library then builds its `stubs` instead: plain C++ definitions of
 the same functions that throw loom::Error naming the flag. The CUDA runtime wrappers report no
@@ -50,11 +55,26 @@ _NVCC_FLAGS = [
     "-DFMT_USE_CONSTEXPR=1",
 ]
 
-_CUDA_RUNTIME = "@cuda//:cudart"
+_CUDA_RUNTIME = str(Label("//tools/build:cudart"))
 
 # --define=loom_cuda=false (tools/build/BUILD). A Label, so that the select() below means Loom's
 # setting from whichever repository calls the macro.
 _CUDA_DISABLED = str(Label("//tools/build:cuda_disabled"))
+
+# --define=loom_cuda=emulated (--config=cuda_emulated): each .cu file becomes C++ for the emulated
+# device (tools/cuda_emulator/device), compiled by the C++ toolchain with its header forced in.
+_CUDA_EMULATED = str(Label("//tools/build:cuda_emulated"))
+_EMULATED_DEVICE = str(Label("//tools/cuda_emulator/device:device"))
+_EMULATED_COPTS = [
+    "-include",
+    "tools/cuda_emulator/device/emulated_device.h",
+    "-DLOOM_CUDA_EMULATED",
+    # Kernels reinterpret registers and shared memory between types (16-byte loads read as
+    # elements), which nvcc compiles as meant; g++'s strict aliasing may reorder such accesses.
+    "-fno-strict-aliasing",
+    "-Wno-unused-variable",
+    "-Wno-unused-function",
+]
 
 def _stem(src, package):
     """The source path under its package, without extension: kernels/axpy.cu -> kernels/axpy."""
@@ -126,6 +146,36 @@ def _cuda_objects_impl(ctx):
         objects.append(obj)
     return [DefaultInfo(files = depset(objects))]
 
+def _cuda_emulated_sources_impl(ctx):
+    outputs = []
+    for src in ctx.files.srcs:
+        out = ctx.actions.declare_file(
+            "_emulated/{}/{}.cc".format(ctx.label.name, _stem(src, ctx.label.package)),
+        )
+        ctx.actions.run(
+            executable = ctx.executable._cu_to_cc,
+            arguments = [src.path, out.path],
+            inputs = [src],
+            outputs = [out],
+            mnemonic = "CudaEmulate",
+            progress_message = "Converting CUDA {} for the emulated device".format(src.short_path),
+        )
+        outputs.append(out)
+    return [DefaultInfo(files = depset(outputs))]
+
+# .cu files as C++ for the emulated device (tools/cuda_emulator/device/cu_to_cc).
+_cuda_emulated_sources = rule(
+    implementation = _cuda_emulated_sources_impl,
+    attrs = {
+        "srcs": attr.label_list(allow_files = [".cu"]),
+        "_cu_to_cc": attr.label(
+            default = Label("//tools/cuda_emulator/device:cu_to_cc"),
+            executable = True,
+            cfg = "exec",
+        ),
+    },
+)
+
 _cuda_objects = rule(
     implementation = _cuda_objects_impl,
     attrs = {
@@ -169,6 +219,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], stubs = [], **kwa
         name = name + "_cuda_objects",
         srcs = select({
             _CUDA_DISABLED: [],
+            _CUDA_EMULATED: [],
             "//conditions:default": srcs,
         }),
         hdrs = hdrs,
@@ -178,13 +229,28 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], stubs = [], **kwa
         testonly = kwargs.get("testonly", False),
         visibility = ["//visibility:private"],
     )
+    _cuda_emulated_sources(
+        name = name + "_emulated_sources",
+        srcs = srcs,
+        tags = kwargs.get("tags", []),
+        testonly = kwargs.get("testonly", False),
+        visibility = ["//visibility:private"],
+    )
     native.cc_library(
         name = name,
         srcs = select({
             _CUDA_DISABLED: stubs,
+            _CUDA_EMULATED: [":" + name + "_emulated_sources"],
             "//conditions:default": [":" + name + "_cuda_objects"],
         }),
         hdrs = hdrs,
-        deps = all_deps,
+        copts = select({
+            _CUDA_EMULATED: _EMULATED_COPTS,
+            "//conditions:default": [],
+        }),
+        deps = all_deps + select({
+            _CUDA_EMULATED: [_EMULATED_DEVICE],
+            "//conditions:default": [],
+        }),
         **kwargs
     )

@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
 #include <type_traits>
 
@@ -57,6 +58,9 @@ std::atomic<bool> g_tensor_cores{true};
 
 template <typename T>
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: the same fragments on a CPU
+  loom_emu::mma_m16n8k16<T>(c, a, b);
+#else
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -70,28 +74,37 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
+#endif
 }
 
-// Two f32 values as one register of two T, `lo` in the low half (the lower column).
+// Two f32 values as one register of two T, `lo` in the low half (the lower column). Registers
+// change type by memcpy, never by reading one type through a pointer to another (which a C++
+// compiler may reorder: the emulated device, built by g++, did).
 template <typename T>
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t bits;
+    memcpy(&bits, &h, sizeof(bits));
+    return bits;
   } else {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
+    const __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t bits;
+    memcpy(&bits, &h, sizeof(bits));
+    return bits;
   }
 }
 
 template <typename T>
 __device__ __forceinline__ void unpack(uint32_t x, float& lo, float& hi) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    const __nv_bfloat162 h = *reinterpret_cast<const __nv_bfloat162*>(&x);
+    __nv_bfloat162 h;
+    memcpy(&h, &x, sizeof(h));
     lo = __bfloat162float(h.x);
     hi = __bfloat162float(h.y);
   } else {
-    const __half2 h = *reinterpret_cast<const __half2*>(&x);
+    __half2 h;
+    memcpy(&h, &x, sizeof(h));
     lo = __half2float(h.x);
     hi = __half2float(h.y);
   }
@@ -207,7 +220,8 @@ __device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, 
     if (row < total) x = *reinterpret_cast<const uint4*>(src + row * stride + c);
     if (rows.p) *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
     if (cols) {
-      const T* e = reinterpret_cast<const T*>(&x);
+      T e[kVec];  // the loaded elements (memcpy: reading x through T* would break aliasing)
+      memcpy(e, &x, sizeof(e));
 #pragma unroll
       for (int i = 0; i < kVec; ++i) cols[(c + i) * cols_stride + r] = e[i];
     }

@@ -50,7 +50,12 @@ void launch(Kernel kernel, const char* name, int64_t blocks, int threads, size_t
   LOOM_CUDA_CHECK_ON(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bytes)),
                      device);
-  kernel<<<static_cast<unsigned>(blocks), threads, bytes, compute_stream(device)>>>(args...);
+#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: its .cu files are C++, launches calls
+  ::loom_emu::launch(::loom_emu::as_dim3(static_cast<unsigned>(blocks)),
+                     ::loom_emu::as_dim3(threads), bytes, [&] { kernel(args...); });
+#else
+  kernel<<<static_cast<unsigned>(blocks), threads, bytes, compute_stream(device)> > >(args...);
+#endif
   check_launch(name, device);
 }
 
