@@ -50,12 +50,16 @@ void launch(Kernel kernel, const char* name, int64_t blocks, int threads, size_t
   LOOM_CUDA_CHECK_ON(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           static_cast<int>(bytes)),
                      device);
-#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: its .cu files are C++, launches calls
+  // The emulated device (tools/cuda_emulator/device) compiles .cu files as C++, where a launch is
+  // a call. Unformatted: clang-format reads the CUDA launch as shifts under the #ifdef.
+  // clang-format off
+#ifdef LOOM_CUDA_EMULATED
   ::loom_emu::launch(::loom_emu::as_dim3(static_cast<unsigned>(blocks)),
                      ::loom_emu::as_dim3(threads), bytes, [&] { kernel(args...); });
 #else
-  kernel<<<static_cast<unsigned>(blocks), threads, bytes, compute_stream(device)> > >(args...);
+  kernel<<<static_cast<unsigned>(blocks), threads, bytes, compute_stream(device)>>>(args...);
 #endif
+  // clang-format on
   check_launch(name, device);
 }
 
