@@ -25,13 +25,25 @@ std::string mesh_desc(const std::vector<std::string>& names, const std::vector<i
   return fmt::format("({})", fmt::join(parts, ", "));
 }
 
+// The mesh's device type: its world group's, where its tensors live (a GPU's for NCCL and for
+// Gloo staging GPU tensors, meta for a traced job's fake groups). One given must agree.
+DeviceType checked_device_type(const comm::ProcessGroup& world, std::optional<DeviceType> given) {
+  const Device device = world.device();
+  LOOM_CHECK(!given || *given == device.type,
+             "DeviceMesh: device type {} given, but the world group's tensors live on {}; pass "
+             "its device type or none",
+             Device{*given, 0}.str(), device.str());
+  return device.type;
+}
+
 }  // namespace
 
 DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
                        std::vector<std::string> dim_names, std::vector<int64_t> shape,
-                       DeviceType device_type)
-    : world_(std::move(world)), device_type_(device_type) {
+                       std::optional<DeviceType> device_type)
+    : world_(std::move(world)) {
   LOOM_CHECK(world_ != nullptr, "DeviceMesh: the world process group is null");
+  device_type_ = checked_device_type(*world_, device_type);
   int64_t count = 1;
   for (int64_t s : shape) count *= s;
   LOOM_CHECK(count == world_->size(),
@@ -46,9 +58,10 @@ DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
 
 DeviceMesh::DeviceMesh(std::shared_ptr<comm::ProcessGroup> world,
                        std::vector<std::string> dim_names, std::vector<int64_t> shape,
-                       std::vector<int> ranks, DeviceType device_type)
-    : world_(std::move(world)), device_type_(device_type) {
+                       std::vector<int> ranks, std::optional<DeviceType> device_type)
+    : world_(std::move(world)) {
   LOOM_CHECK(world_ != nullptr, "DeviceMesh: the world process group is null");
+  device_type_ = checked_device_type(*world_, device_type);
   init(std::move(dim_names), std::move(shape), std::move(ranks));
   create_groups();
 }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,13 +24,14 @@ namespace loom {
 
 class DeviceMesh {
  public:
-  // A mesh over every rank of `world`, row-major (rank = sum of coordinate * stride).
+  // A mesh over every rank of `world`, row-major (rank = sum of coordinate * stride). Its device
+  // type is the world group's (torch's DeviceMesh("cuda", ...)); one given must match it.
   DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
-             std::vector<int64_t> shape, DeviceType device_type = DeviceType::kCPU);
+             std::vector<int64_t> shape, std::optional<DeviceType> device_type = std::nullopt);
   // A mesh over an explicit row-major array of ranks of `world` (each at most once).
   DeviceMesh(std::shared_ptr<comm::ProcessGroup> world, std::vector<std::string> dim_names,
              std::vector<int64_t> shape, std::vector<int> ranks,
-             DeviceType device_type = DeviceType::kCPU);
+             std::optional<DeviceType> device_type = std::nullopt);
 
   int64_t ndim() const { return static_cast<int64_t>(shape_.size()); }
   const std::vector<int64_t>& shape() const { return shape_; }

@@ -57,6 +57,18 @@ TEST(DeviceMeshTest, OneDimMeshCoversTheWorld) {
   });
 }
 
+TEST(DeviceMeshTest, ItsDeviceTypeIsTheWorldGroupsAndAnotherGivenIsNamed) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    const DeviceMesh same(pg.shared_from_this(), {"dp"}, {2}, DeviceType::kCPU);
+    EXPECT_EQ(same.device_type(), DeviceType::kCPU);
+    EXPECT_EQ(same.str(), "DeviceMesh(dp=2, cpu)");
+    EXPECT_THAT(
+        error_of([&] { DeviceMesh(pg.shared_from_this(), {"dp"}, {2}, DeviceType::kCUDA); }),
+        HasSubstr("DeviceMesh: device type cuda:0 given, but the world group's tensors "
+                  "live on cpu"));
+  });
+}
+
 // 2x2 on 4 ranks and 2x3 on 6: row-major layout, rank = coord0 * size1 + coord1.
 void check_two_dim_mesh(ProcessGroup& pg, int64_t dp, int64_t tp) {
   auto mesh = make_mesh(pg, {"dp", "tp"}, {dp, tp});
