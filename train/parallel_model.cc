@@ -327,7 +327,6 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
     auto model = std::make_unique<pipeline::PipelineModel>(
         std::move(spec), meshes,
         pipeline::PipelineModelOptions{.schedule = parallel.pipeline,
-                                       .sequence_parallel = parallel.tp_plan.sequence_parallel,
                                        .mixed_precision = parallel.mixed_precision,
                                        .activation_checkpoint = parallel.activation_checkpoint,
                                        .meta_init = parallel.meta_init});

@@ -114,9 +114,7 @@ GPTPipeline::GPTPipeline(const GPTConfig& config, uint64_t seed,
                          GPTPlanOptions plan,
                          std::optional<nn::MixedPrecisionPolicy> mixed_precision)
     : model_(gpt_pipeline_spec(config, seed, plan), meshes,
-             {.schedule = std::move(schedule),
-              .sequence_parallel = plan.sequence_parallel,
-              .mixed_precision = std::move(mixed_precision)}) {
+             {.schedule = std::move(schedule), .mixed_precision = std::move(mixed_precision)}) {
   for (const auto& stage : model_.stages()) {
     modules_.push_back(std::dynamic_pointer_cast<GPTStage>(stage));
   }

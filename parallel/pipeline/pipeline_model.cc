@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "dtensor/dtensor.h"
 #include "optim/clip_grad.h"
+#include "parallel/pipeline/p2p.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/split.h"
 #include "tensor/ops.h"
@@ -47,7 +48,6 @@ PipelineModel::PipelineModel(PipelineModelSpec spec, const parallel::ParallelMes
                              PipelineModelOptions options)
     : spec_((check_spec(spec), std::move(spec))),
       meshes_(meshes),
-      sequence_parallel_(options.sequence_parallel && meshes_.tp->size(0) > 1),
       schedule_(schedule_by_name(options.schedule.schedule, static_cast<int>(meshes_.pp->size(0)),
                                  options.schedule.microbatches_for(meshes_.pp->size(0)),
                                  options.schedule.virtual_stages)) {
@@ -113,11 +113,6 @@ Tensor PipelineModel::forward_stages(const Tensor& ids) {
   const int num_stages = schedule_.num_stages;
   const int my_pp = static_cast<int>(meshes_.pp->coordinate(0));
   const auto& group = meshes_.pp->group(0);
-  // What crosses a stage boundary: the hidden states, this rank's sequence shard under sequence
-  // parallelism (the length divides by tp, as in training).
-  const Shape hidden{ids.size(0),
-                     sequence_parallel_ ? ids.size(1) / meshes_.tp->size(0) : ids.size(1),
-                     spec_.hidden_size};
   Tensor x, logits;
   size_t local = 0;  // index into modules_ (this rank's stages, in order)
   for (int s = 0; s < num_stages; ++s) {
@@ -126,12 +121,22 @@ Tensor PipelineModel::forward_stages(const Tensor& ids) {
     if (s > 0 && schedule_.rank_of_stage(s - 1) == my_pp) {
       input = x;
     } else if (s > 0) {
-      input = ops::empty(hidden, kFloat32, group->device());
-      group->recv(input, group_rank_of_stage(s - 1))->wait();
+      // The hidden states' shape and dtype first, as a training step sends them (p2p.h): the
+      // dtype is the mixed-precision policy's (bf16 activations cross boundaries under bf16),
+      // the length this rank's sequence shard under sequence parallelism.
+      const int peer = group_rank_of_stage(s - 1);
+      Tensor metadata = ops::empty({detail::kMetaElements}, kInt64, group->device());
+      group->recv(metadata, peer)->wait();
+      const detail::BoundaryShape boundary = detail::decode_metadata(metadata);
+      input = ops::empty(boundary.shape, boundary.dtype, group->device());
+      group->recv(input, peer)->wait();
     }
     x = (*modules_[local++])(input);
     if (s + 1 < num_stages && schedule_.rank_of_stage(s + 1) != my_pp) {
-      group->send(ops::contiguous(x), group_rank_of_stage(s + 1))->wait();
+      const Tensor payload = ops::contiguous(x);
+      const int peer = group_rank_of_stage(s + 1);
+      group->send(detail::encode_metadata(payload, group->device()), peer)->wait();
+      group->send(payload, peer)->wait();
     }
     if (s + 1 == num_stages) logits = x;
   }
@@ -147,7 +152,9 @@ Tensor PipelineModel::logits(const Tensor& ids) {
   if (!logits.defined()) {
     logits = ops::empty({ids.size(0), ids.size(1), spec_.vocab_size}, kFloat32, group->device());
   }
-  logits = ops::contiguous(logits);
+  // f32 on every rank, whatever dtype the last stage computed in (bf16 under a bf16 policy):
+  // the other ranks receive into the buffer above.
+  logits = ops::contiguous(ops::to(logits, kFloat32));
   group->broadcast(logits, group_rank_of_stage(num_stages - 1))->wait();
   return logits;
 }

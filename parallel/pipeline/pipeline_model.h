@@ -82,8 +82,6 @@ struct ScheduleOptions {
 
 struct PipelineModelOptions {
   ScheduleOptions schedule;
-  // Activations between stages are sequence shards (the tp plan's sequence parallelism).
-  bool sequence_parallel = false;
   // bf16 compute over f32 master weights, per stage (nn/mixed_precision.h); none: all f32.
   std::optional<nn::MixedPrecisionPolicy> mixed_precision;
   // Which blocks recompute their activations in backward (parallel/activation_checkpoint.h).
@@ -112,7 +110,7 @@ class PipelineModel {
   // Global gradient norm over all stages and shards, clipped (the spec's not_counted left out).
   double clip_grad_norm(double max_norm);
 
-  // Inference: the logits (B, T, V) of token ids (B, T), as a plain tensor on every rank. The
+  // Inference: the logits (B, T, V) of token ids (B, T), as a plain f32 tensor on every rank. The
   // stages run one after the other (no microbatches, no autograd); every rank calls it with the
   // same ids.
   Tensor logits(const Tensor& ids);
@@ -149,7 +147,6 @@ class PipelineModel {
 
   PipelineModelSpec spec_;
   parallel::ParallelMeshes meshes_;
-  bool sequence_parallel_;
   Schedule schedule_;
   std::vector<StageRange> ranges_;  // every stage's, by stage index
   std::vector<int> local_stages_;   // this rank's stage indices, in order

@@ -178,6 +178,26 @@ TEST(GPTPipelineInference, LogitsAndGatheredModelMatchOneRank) {
   });
 }
 
+// Under the job's bf16 policy the stages hand each other bf16 activations: inference receives
+// them as they come (their shape and dtype first, as a training step sends them), where it used
+// to post an f32 buffer and fail on the size (found running loom_train --pp 2 --mixed-precision
+// bf16, whose sample goes through logits()). Within bf16 rounding of the f32 model on one rank.
+TEST(GPTPipelineInference, LogitsUnderBf16ActivationsMatchOneRank) {
+  GPT whole(config(), 3);
+  NoGradGuard no_grad;
+  const Tensor want = whole(tokens(1));
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    GPTPipeline model(
+        config(), 3, pp_mesh(pg), {.schedule = "1f1b", .microbatches = 2}, {},
+        nn::MixedPrecisionPolicy{.param_dtype = kBFloat16, .output_dtype = kBFloat16});
+    const Tensor got = model.logits(tokens(1));
+    expect_close({.actual = got,
+                  .expected = want,
+                  .tol = {.rtol = 3e-2, .relative_to = RelativeTo::kLargest},
+                  .what = fmt::format("bf16 logits on rank {}", pg.rank())});
+  });
+}
+
 TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
   comm::testing::run_on_ranks(2, [](comm::ProcessGroup& pg) {
     auto error_of = [&](pipeline::ScheduleOptions options) -> std::string {
