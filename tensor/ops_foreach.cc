@@ -53,8 +53,10 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
     for (const Tensor& t : tensors) sums.push_back(composed_square_sum(t));
     return cat(sums, 0);
   }
-  std::vector<cuda::kernels::ForeachTensor> fused;
-  std::vector<int64_t> fused_index, composed_index;
+  // One entry per tensor, so the kernel's sum of entry i lands at out[i]; a tensor the kernel
+  // does not take is an empty entry (left out of the launches) and composed below.
+  std::vector<cuda::kernels::ForeachTensor> entries(tensors.size());
+  std::vector<int64_t> composed_index;
   for (int64_t i = 0; i < n; ++i) {
     const Tensor& t = tensors[i];
     if (!fusable(t)) {
@@ -62,26 +64,14 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
       continue;
     }
     FlopCounter::record_in_place(t, 1);  // read once, nothing written but the sums
-    fused.push_back({.data = device->is_cuda() ? t.data<float>() : nullptr, .n = t.numel()});
-    fused_index.push_back(i);
+    entries[i] = {.data = device->is_cuda() ? t.data<float>() : nullptr, .n = t.numel()};
   }
   Tensor out = zeros({n}, kFloat32, *device);
-  Tensor partials = Tensor::empty(
-      {cuda::kernels::foreach_chunks(fused.data(), static_cast<int64_t>(fused.size()))}, kFloat32,
-      *device);
-  if (device->is_cuda() && !fused.empty()) {
-    // The kernel writes entry k of its list; the fused tensors' sums go to their own positions
-    // through a compact buffer when some tensors are composed.
-    Tensor compact = composed_index.empty()
-                         ? out
-                         : zeros({static_cast<int64_t>(fused.size())}, kFloat32, *device);
-    cuda::kernels::foreach_sum_of_squares(fused.data(), static_cast<int64_t>(fused.size()),
-                                          compact.data<float>(), partials.data<float>(),
-                                          device->index);
-    if (!composed_index.empty()) {
-      for (size_t k = 0; k < fused_index.size(); ++k)
-        copy_(narrow(out, 0, fused_index[k], 1), narrow(compact, 0, static_cast<int64_t>(k), 1));
-    }
+  Tensor partials =
+      Tensor::empty({cuda::kernels::foreach_chunks(entries.data(), n)}, kFloat32, *device);
+  if (device->is_cuda()) {
+    cuda::kernels::foreach_sum_of_squares(entries.data(), n, out.data<float>(),
+                                          partials.data<float>(), device->index);
   }
   for (int64_t i : composed_index) copy_(narrow(out, 0, i, 1), composed_square_sum(tensors[i]));
   return out;

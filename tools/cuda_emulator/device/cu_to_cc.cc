@@ -5,6 +5,8 @@
 //   extern __shared__ [__align__(n)] T name[];  ->  T* name = reinterpret_cast<T*>(
 //                                                      ::loom_emu::dynamic_shared());
 // Everything else is kept as written. Fails (exit 1, naming the line) on a launch it cannot parse.
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <iostream>
 #include <regex>

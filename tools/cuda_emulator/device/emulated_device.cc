@@ -28,7 +28,6 @@ struct Fiber {
   std::unique_ptr<unsigned char[]> stack;
   uint3 index{};
   Wait wait = Wait::kNone;
-  long generation = 0;  // the collective's generation it waits for
 };
 
 struct WarpState {
@@ -42,7 +41,6 @@ struct Scheduler {
   ucontext_t main{};
   std::vector<Fiber> fibers;
   std::vector<WarpState> warps;
-  long block_generation = 0;
   int current = -1;
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> shared;
@@ -93,14 +91,12 @@ void run_block(Scheduler& s, int threads) {
   for (int t = 0; t < threads; ++t) {
     Fiber& f = s.fibers[t];
     f.wait = Wait::kNone;
-    f.generation = 0;
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = f.stack.get();
     f.context.uc_stack.ss_size = kStackBytes;
     f.context.uc_link = &s.main;
     makecontext(&f.context, fiber_entry, 0);
   }
-  s.block_generation = 0;
   for (int w = 0; w < (threads + 31) / 32; ++w) s.warps[w].generation = 0;
   for (;;) {
     bool ran = false;
@@ -121,7 +117,6 @@ void run_block(Scheduler& s, int threads) {
     }
     if (!live) return;
     if (all_at_block) {
-      ++s.block_generation;
       for (int t = 0; t < threads; ++t)
         if (s.fibers[t].wait == Wait::kBlock) s.fibers[t].wait = Wait::kNone;
       released = true;
