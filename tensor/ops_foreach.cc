@@ -79,7 +79,9 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
 
 void foreach_mul_(std::span<const Tensor> tensors, double scalar) {
   const std::optional<Device> device = common_device(tensors, "foreach_mul_");
-  if (!device || !device->is_cuda()) {
+  const bool gpu_like =
+      device && (device->is_cuda() || (device->is_meta() && !allocates_like_cpu(*device)));
+  if (!gpu_like) {
     for (const Tensor& t : tensors) mul_(t, scalar);
     return;
   }
@@ -90,10 +92,13 @@ void foreach_mul_(std::span<const Tensor> tensors, double scalar) {
       continue;
     }
     FlopCounter::record_in_place(t, 2);  // as mul_ counts it
-    fused.push_back({.data = t.data<float>(), .n = t.numel()});
+    if (device->is_cuda()) fused.push_back({.data = t.data<float>(), .n = t.numel()});
   }
-  cuda::kernels::foreach_mul(fused.data(), static_cast<int64_t>(fused.size()),
-                             static_cast<float>(scalar), device->index);
+  // A trace for a GPU (meta) counts the pass and allocates nothing, as the kernel.
+  if (device->is_cuda()) {
+    cuda::kernels::foreach_mul(fused.data(), static_cast<int64_t>(fused.size()),
+                               static_cast<float>(scalar), device->index);
+  }
 }
 
 }  // namespace loom::ops

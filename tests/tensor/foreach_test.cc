@@ -97,6 +97,17 @@ TEST(ForeachTest, ATraceForAGpuAllocatesTheSumsAndAChunkScratchOnly) {
   EXPECT_GT(composed.stats().allocations, 2);
 }
 
+TEST(ForeachTest, ScalingOnATraceForAGpuAllocatesNothing) {
+  // The kernel scales in place; the CPU's mul_ on a GPU makes a temporary per tensor.
+  const std::vector<Tensor> tensors = {ops::empty({4096}, kFloat32, Device::meta()),
+                                       ops::empty({3}, kFloat32, Device::meta())};
+  MetaTargetGuard gpu_like(Device::cuda(0));
+  MemoryTracker tracker;
+  ScopedMemoryTracker scope(tracker);
+  ops::foreach_mul_(tensors, 0.5);
+  EXPECT_EQ(tracker.stats().allocations, 0);
+}
+
 class CudaForeachTest : public ::testing::Test {
  protected:
   void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
