@@ -163,9 +163,11 @@ struct AttentionGrads {
 };
 // Backward from the forward's saved logsumexp: recomputes the probabilities P, then
 // dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(P * dP)), dq = scale dS k, dk = scale dS^T q.
-// `out` is the forward's output; it is shape-checked but the row sums use P * dP (exact in f32
-// even when out was rounded to bf16), not the FlashAttention form rowsum(dO * out). is_causal,
-// scale and causal_offset must be the forward's.
+// `out` is the forward's output. On the CPU the row sums use P * dP (exact in f32 even when out
+// was rounded to bf16). The GPU's fused kernels take FlashAttention's form rowsum(dO * out), as
+// torch's CUDA backends do: one pass over dO and out instead of a second pass of S and dP over
+// every key tile; it differs from rowsum(P * dP) by out's rounding only (bf16 tolerances, as
+// every bf16 GPU result). is_causal, scale and causal_offset must be the forward's.
 // delta_from_out: the row sums from grad_out · out, the whole row's when `out` and `logsumexp`
 // are a larger attention's over more keys than k and v hold — ring attention's per-block
 // backward. Then delta_i = sum_d grad_out[i,d] * out[i,d] in f32 (bf16 operands upcast) replaces

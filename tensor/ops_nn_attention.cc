@@ -310,10 +310,25 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   if (use_flash(dims, device) && grad_out.dtype() == q.dtype()) {
     FlopCounter::record(2 * attention_flops(dims));
     const Tensor lse = nn_internal::as_f32(logsumexp);
-    // rowsum(P * dP), scratch; or (delta_from_out) the given whole-row sums, read only.
-    Tensor delta =
-        delta_from_out ? delta_from(grad_out, out) : Tensor::empty(lse_shape, kFloat32, device);
     const auto shape = flash_shape(dims);
+    // The row sums, from the output: rowsum(dO * out) in one pass over both (FlashAttention-2's
+    // form, as torch's CUDA backends take them), where rowsum(P * dP) costs the dq kernel a
+    // second pass of S and dP over every key tile (9 tile products a backward instead of 7). For
+    // this call's own forward they differ only by out's rounding; delta_from_out needs them.
+    // Without row-addressable operands of one dtype: the composed sums (delta_from_out) or
+    // rowsum(P * dP), which the dq kernel writes into the scratch.
+    Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+    bool delta_given = true;
+    const auto out_rows = strided_rows(out), grad_out_rows = strided_rows(grad_out);
+    if (out_rows && grad_out_rows && out.dtype() == grad_out.dtype()) {
+      cuda::kernels::attention_row_dots(grad_out.dtype(), delta.data<float>(), grad_out.raw_data(),
+                                        out.raw_data(), *grad_out_rows, *out_rows, dims.rows,
+                                        dims.tq, dims.dv, device.index);
+    } else if (delta_from_out) {
+      delta = delta_from(grad_out, out);
+    } else {
+      delta_given = false;
+    }
     const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
     const auto rg = strided_rows(grad_out);
     // The tensor-core kernels, on the views as they are; the gradients, allocated once the
@@ -334,7 +349,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
       cuda::kernels::mma_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
                                             delta.data<float>(), grad_out.raw_data(), q.raw_data(),
                                             k.raw_data(), v.raw_data(), lse.data<float>(), shape,
-                                            layouts, device.index, delta_from_out);
+                                            layouts, device.index, delta_given);
       return {dq, dk, dv};
     }
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
@@ -345,7 +360,7 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     cuda::kernels::flash_attention_backward(q.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
                                             delta.data<float>(), gc.raw_data(), qc.raw_data(),
                                             kc.raw_data(), vc.raw_data(), lse.data<float>(), shape,
-                                            device.index, delta_from_out);
+                                            device.index, delta_given);
     return {dq, dk, dv};
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does

@@ -71,15 +71,20 @@ void for_each_row(const RowLayout& l, F&& f) {
 Tensor softmax_impl(const Tensor& x_in, int64_t dim, bool log, std::string_view op) {
   check_floating(x_in, op, "x");
   const RowLayout l = row_layout(x_in.shape(), dim, op);
+  if (in_own_dtype(x_in.device(), x_in, {})) {  // a GPU's kernel, or a meta trace of it
+    const Tensor x = contiguous(x_in);
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (x.device().is_cuda()) {
+      cuda::kernels::softmax_forward(x.dtype(), out.raw_data(), x.raw_data(),
+                                     {l.outer, l.n, l.inner}, log, x.device().index);
+    }
+    return out;
+  }
   const Tensor x = as_f32(x_in);
   Tensor out = Tensor::empty(x.shape(), kFloat32, x.device());
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  if (!x.device().is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
-    if (x.device().is_cuda())
-      cuda::kernels::softmax_forward(po, px, {l.outer, l.n, l.inner}, log, x.device().index);
-    return to(out, x_in.dtype());
-  }
+  if (x.device().is_meta()) return to(out, x_in.dtype());  // the CPU's allocations, no values
   for_each_row(l, [&](int64_t start, int64_t stride) {
     const float* xr = px + start;
     float* orow = po + start;
@@ -112,17 +117,22 @@ Tensor softmax_backward_impl(const Tensor& grad_out, const Tensor& out_in, int64
              shape_str(out_in.shape()));
   const RowLayout l = row_layout(out_in.shape(), dim, op);
   const Device device = op_device(op, {grad_out, out_in});
+  if (in_own_dtype(device, out_in, {grad_out})) {  // a GPU's kernel, or a meta trace of it
+    const Tensor g = contiguous(grad_out), y = contiguous(out_in);
+    Tensor grad_x = Tensor::empty(y.shape(), y.dtype(), device);
+    if (device.is_cuda()) {
+      cuda::kernels::softmax_backward(y.dtype(), grad_x.raw_data(), g.raw_data(), y.raw_data(),
+                                      {l.outer, l.n, l.inner}, log, device.index);
+    }
+    return grad_x;
+  }
   const Tensor g = as_f32(grad_out);
   const Tensor y = as_f32(out_in);
   Tensor grad_x = Tensor::empty(y.shape(), kFloat32, device);
   const float* pg = g.data<float>();
   const float* py = y.data<float>();
   float* pd = grad_x.data<float>();
-  if (!device.is_cpu()) {  // CUDA, or meta: the same outputs without the kernel
-    if (device.is_cuda())
-      cuda::kernels::softmax_backward(pd, pg, py, {l.outer, l.n, l.inner}, log, device.index);
-    return to(grad_x, out_in.dtype());
-  }
+  if (device.is_meta()) return to(grad_x, out_in.dtype());  // the CPU's allocations, no values
   for_each_row(l, [&](int64_t start, int64_t stride) {
     const float* gr = pg + start;
     const float* yr = py + start;

@@ -146,6 +146,30 @@ TEST(MetaDevice, RopeOnAGpuAllocatesOnlyItsBf16Output) {
   EXPECT_EQ(allocated(Device::cpu()), 2 * 16 * 4 * 8 * (2 + 4 + 4));  // + f32 x and out
 }
 
+// Softmax likewise (the MoE router's, the composed attention's): on a GPU a bf16 x gives a bf16
+// output with no f32 copies, forward and backward.
+TEST(MetaDevice, SoftmaxOnAGpuAllocatesOnlyItsBf16Output) {
+  const int64_t numel = 4 * 64 * 8;
+  const auto allocated = [](Device target, bool log, bool backward) {
+    MetaTargetGuard follow(target);
+    const Tensor x = ops::empty({4, 64, 8}, kBFloat16, Device::meta());
+    const Tensor g = ops::empty({4, 64, 8}, kBFloat16, Device::meta());
+    MemoryTracker tracker;
+    ScopedMemoryTracker scope(tracker);
+    const Tensor out =
+        backward ? (log ? ops::log_softmax_backward(g, x, 1) : ops::softmax_backward(g, x, 1))
+                 : (log ? ops::log_softmax(x, 1) : ops::softmax(x, 1));
+    EXPECT_EQ(out.dtype(), kBFloat16);
+    return tracker.stats().allocated_bytes;
+  };
+  for (bool log : {false, true}) {
+    EXPECT_EQ(allocated(Device::cuda(), log, false), numel * 2);
+    EXPECT_EQ(allocated(Device::cuda(), log, true), numel * 2);
+    EXPECT_EQ(allocated(Device::cpu(), log, false), numel * (4 + 4 + 2));  // + f32 x and out
+    EXPECT_EQ(allocated(Device::cpu(), log, true), numel * (4 + 4 + 4 + 2));
+  }
+}
+
 // Cross entropy on a GPU reads bf16 logits as they are and writes their gradient in bf16 (the
 // fused classifier of issue 31): traced for a GPU it allocates the f32 logsumexp and loss and
 // the bf16 gradient only; traced for a CPU, also f32 copies of the logits and the gradient.

@@ -8,9 +8,9 @@
 // Forward: one block per (batch*head, query tile), looping over key tiles with an online softmax
 // (running max m and sum l per row in f32); causal blocks stop at the last key tile a row sees
 // (key i + causal_offset for the tile's last query i).
-// Backward: the dq kernel (one block per query tile) first sums delta_i = rowsum(P * dP) over
-// the key tiles, as the CPU op does (not rowsum(dO * out); with delta_given it reads delta as
-// given instead, ring attention's whole-row rowsum(dO * out)), stores it, then accumulates
+// Backward: the dq kernel (one block per query tile) reads delta_i as given (delta_given: the
+// op's rowsum(dO * out), attention_row_dots.cu) or else first sums rowsum(P * dP) over the key
+// tiles, as the CPU op does, and stores it; then it accumulates
 // dq = scale * dS k with dS = P (dP - delta); the dk/dv kernel (one block per key tile) loops over
 // the query tiles that can see it (causal: from the tile holding query k0 - causal_offset) and
 // accumulates dv = P^T dO and dk = scale * dS^T q. P is recomputed from the saved logsumexp in

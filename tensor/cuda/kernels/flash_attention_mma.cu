@@ -20,9 +20,10 @@
 // Numerics (the plain kernels' semantics; tolerances in cuda_attention_test): scores and
 // softmax in f32 (exp2 of log2-scaled scores), P rounded to the inputs' dtype before the P V
 // product (as FlashAttention), l summed from the unrounded P, out rounded once; logsumexp f32.
-// The backward recomputes P from the saved logsumexp and, like the plain kernels, takes
-// delta = rowsum(P * dP) over the key tiles in the dq kernel (or, delta_given, reads it) before
-// the dk/dv kernel uses it; no atomics, so results repeat bit for bit.
+// The backward recomputes P from the saved logsumexp and, like the plain kernels, reads delta as
+// given (delta_given: the op's rowsum(dO * out), attention_row_dots.cu) or else takes
+// rowsum(P * dP) over the key tiles in the dq kernel, before the dk/dv kernel uses it; no
+// atomics, so results repeat bit for bit.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -56,4 +56,12 @@ void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* de
                             const float* lse, const FlashAttentionShape& shape,
                             const AttentionLayouts& layouts, int device, bool delta_given);
 
+// delta[bh * tq + i] = sum_d grad_out[bh, i, d] * out[bh, i, d] in f32 for the rows * tq rows
+// (attention_row_dots.cu): the backward's row sums from the forward's output, FlashAttention-2's
+// form, for either kernel's delta_given. grad_out and out are of `dtype` (f32, bf16, f16), each
+// where its layout says.
+void attention_row_dots(DType dtype, float* delta, const void* grad_out, const void* out,
+                        const AttentionRows& grad_out_rows, const AttentionRows& out_rows,
+                        int64_t rows, int64_t tq, int64_t dv, int device);
+
 }  // namespace loom::cuda::kernels

@@ -30,8 +30,10 @@ void where(DType, const StridedArg&, const StridedArg&, const StridedArg&, const
 void copy(DType, const StridedArg&, DType, const StridedArg&, int) { unavailable("copy"); }
 void fill(DType, const StridedArg&, double, int) { unavailable("fill"); }
 
-void softmax_forward(float*, const float*, RowShape, bool, int) { unavailable("softmax_forward"); }
-void softmax_backward(float*, const float*, const float*, RowShape, bool, int) {
+void softmax_forward(DType, void*, const void*, RowShape, bool, int) {
+  unavailable("softmax_forward");
+}
+void softmax_backward(DType, void*, const void*, const void*, RowShape, bool, int) {
   unavailable("softmax_backward");
 }
 void layer_norm_forward(DType, void*, float*, float*, const void*, const void*, const void*,
@@ -128,6 +130,10 @@ bool tensor_core_attention_takes(DType, const FlashAttentionShape&,
 void mma_attention_forward(DType, void*, float*, const void*, const void*, const void*,
                            const FlashAttentionShape&, const AttentionLayouts&, int) {
   unavailable("mma_attention_forward");
+}
+void attention_row_dots(DType, float*, const void*, const void*, const AttentionRows&,
+                        const AttentionRows&, int64_t, int64_t, int64_t, int) {
+  unavailable("attention_row_dots");
 }
 void mma_attention_backward(DType, void*, void*, void*, float*, const void*, const void*,
                             const void*, const void*, const float*, const FlashAttentionShape&,

@@ -2,10 +2,10 @@
 // their tensors in their own dtype (f32, bf16, f16: a DType and void pointers; activations,
 // weights and gradients of one dtype) and compute in f32, rounding each output once, so a bf16
 // model never copies an activation to f32 and back around a norm; statistics (mean, rstd) and
-// the weights' gradient sums are f32. RoPE and cross entropy likewise (RoPE's tables, the
-// losses and logsumexp f32). The others still take f32 data, which the tensor layer converts
-// bf16/f16 to first and rounds back once. Both give the CPU kernels' numerical recipe
-// (f32 arithmetic, f32 accumulation; only the summation order differs).
+// the weights' gradient sums are f32. Softmax, RoPE, embedding and cross entropy likewise
+// (RoPE's tables, the losses and logsumexp f32). The attention's composed path (attention_probs,
+// attention_grad_scores) takes f32 scores. All give the CPU kernels' numerical recipe (f32
+// arithmetic, f32 accumulation; only the summation order differs).
 #pragma once
 
 #include <cstdint>
@@ -21,11 +21,12 @@ struct RowShape {
   int64_t inner = 1;
 };
 
-// softmax (log = false) or log_softmax (log = true) along the middle dim.
-void softmax_forward(float* out, const float* x, RowShape shape, bool log, int device);
-// grad_x from grad_out and the forward's output (see ops::softmax_backward / log_softmax_backward).
-void softmax_backward(float* grad_x, const float* grad_out, const float* out, RowShape shape,
-                      bool log, int device);
+// softmax (log = false) or log_softmax (log = true) along the middle dim, x and out of `dtype`.
+void softmax_forward(DType dtype, void* out, const void* x, RowShape shape, bool log, int device);
+// grad_x from grad_out and the forward's output, all of `dtype` (see ops::softmax_backward /
+// log_softmax_backward).
+void softmax_backward(DType dtype, void* grad_x, const void* grad_out, const void* out,
+                      RowShape shape, bool log, int device);
 
 // Rows of n of `dtype`: out = (x - mean) * rstd * w + b (w, b may be null); mean and rstd (f32)
 // per row.
