@@ -1,6 +1,6 @@
 #!/bin/bash
 # extract.sh SRC TILES OUT: writes OUT/kern_part.inc (SRC's kernel code, from `using
-# flash::ceil_div;` up to `// ---- launching`, without the asm mma, with every shared- and
+# flash::ceil_div;` up to `// ---- launching`, without the asm mma and ldmatrix, with every shared- and
 # global-memory access instrumented for harness.cc) and OUT/tiles_part.inc (TILES' kTile and
 # mask helpers). Fails when an instrumentation does not apply exactly as often as expected, so
 # a change to the kernels cannot slip past the checks unnoticed. Called by run.sh.
@@ -13,9 +13,9 @@ OUT=$3
   sed -n '/^using flash::ceil_div;/,/^\/\/ ---- launching/p' "$SRC" |
   sed '/^\/\/ ---- launching/d' |
   sed '/^template <typename T>$/{N;/void mma(float/{:a;N;/\n}$/!ba;d}}' |
+  sed '/^__device__ __forceinline__ void ldmatrix_x4_trans(/,/^}$/d' |
   sed 's|^\(\s*\)return \*reinterpret_cast<const uint32_t\*>(p + r \* stride + c);|\1emu::note(p + r * stride + c, 4, false); return *reinterpret_cast<const uint32_t*>(p + r * stride + c);|' |
-  sed 's|if (rows.p) \*reinterpret_cast<uint4\*>(rows.p + r \* rows.stride + c) = x;|if (rows.p) { emu::note(rows.p + r * rows.stride + c, 16, true); *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x; }|' |
-  sed 's|cols\[(c + i) \* cols_stride + r\] = e\[i\];|emu::wr(cols, (c + i) * cols_stride + r) = e[i];|' |
+  sed 's|^\(\s*\)\*reinterpret_cast<uint4\*>(rows.p + r \* rows.stride + c) = x;|\1emu::note(rows.p + r * rows.stride + c, 16, true); *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;|' |
   sed 's|if (row < total) x = \*reinterpret_cast<const uint4\*>(src + row \* stride + c);|if (row < total \&\& emu::gnote(src + row * stride + c, 16, false)) x = *reinterpret_cast<const uint4*>(src + row * stride + c);|' |
   sed 's|^\(\s*\)\*reinterpret_cast<uint32_t\*>(dst + 8 \* n + 2 \* t) =|\1if (emu::gnote(dst + 8 * n + 2 * t, 4, true)) *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =|' |
   sed 's|extern __shared__ __align__(16) unsigned char smem_raw\[\];|unsigned char* smem_raw = emu::smem;|' |
@@ -30,7 +30,7 @@ OUT=$3
 chk() { n=$(grep -c -- "$1" "$OUT/kern_part.inc" || true); [ "$n" = "$2" ] || { echo "extract.sh: '$1' found $n times, expected $2" >&2; exit 1; }; }
 chk 'emu::note(p + r \* stride' 1
 chk 'emu::note(rows.p' 1
-chk 'emu::wr(cols' 1
+chk 'ldmatrix_x4_trans(uint32_t' 0
 chk 'emu::gnote(src' 1
 chk 'emu::gnote(dst' 1
 chk 'emu::smem;' 3

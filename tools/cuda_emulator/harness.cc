@@ -53,6 +53,7 @@ std::barrier<>* warp_bar[4] = {};
 thread_local int epoch = 0;
 // Warp exchange buffers.
 uint32_t a_in[4][32][4], b_in[4][32][2];
+const void* ld_in[4][32];
 float c_in[4][32][4];
 float xch[4][32];
 bool race_check = true;
@@ -263,6 +264,25 @@ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     for (int k = 0; k < 16; ++k) acc += static_cast<double>(A[row][k]) * B[k][col];
     c[i] = static_cast<float>(acc);
   }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (PTX ISA, "ldmatrix"): lane 8 i + r gives the
+// address of row r of 8 x 8 matrix i; lane 4 g + t receives in x[i] matrix i's elements [2t][g]
+// (low half) and [2t + 1][g]. Each lane's 16-byte row read is checked as shared-memory reads are.
+void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
+  const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) std::abort();  // ldmatrix's alignment
+  emu::note(row, 16, false);
+  emu::ld_in[w][lane] = row;
+  emu::warp_bar[w]->arrive_and_wait();
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    uint16_t lo, hi;
+    std::memcpy(&lo, static_cast<const uint16_t*>(emu::ld_in[w][8 * i + 2 * t]) + g, 2);
+    std::memcpy(&hi, static_cast<const uint16_t*>(emu::ld_in[w][8 * i + 2 * t + 1]) + g, 2);
+    x[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+  emu::warp_bar[w]->arrive_and_wait();
 }
 
 #include "kern_part.inc"
@@ -607,7 +627,7 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
     emu::gbufs.push_back(&b.meta);
   }
   if (R > 0 && TQ > 0) {
-    const size_t bytes = sizeof(T) * (2 * kTile * kRowStride<D> + D * kColStride);
+    const size_t bytes = kForwardSmem<T, D>;
     emu::kernel_kind = 0;
     emu::tiles_per_bh = ceil_div(TQ, kTile);
     run_grid(R * ceil_div(TQ, kTile), bytes, [&] {
@@ -624,7 +644,7 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
     for (int64_t i = 0; i < R * TQ; ++i) delta[G + i] = static_cast<float>(delta_ref[i]);
   if (R > 0) {
     if (TQ > 0) {
-      const size_t bytes = sizeof(T) * (4 * kTile * kRowStride<D> + D * kColStride);
+      const size_t bytes = kDqSmem<T, D>;
       emu::kernel_kind = 1;
       emu::tiles_per_bh = ceil_div(TQ, kTile);
       run_grid(R * ceil_div(TQ, kTile), bytes, [&] {
@@ -633,8 +653,7 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
       });
     }
     if (TK > 0) {
-      const size_t bytes =
-          sizeof(T) * (4 * kTile * kRowStride<D> + 2 * D * kColStride) + 2 * kTile * sizeof(float);
+      const size_t bytes = kDkdvSmem<T, D>;
       emu::kernel_kind = 2;
       emu::tiles_per_bh = ceil_div(TK, kTile);
       run_grid(R * ceil_div(TK, kTile), bytes, [&] {

@@ -12,10 +12,12 @@
 // So a thread holds rows g and g + 8 of its warp's strip of every product: the online softmax
 // runs in registers (row max and sum over the 4 threads of a row by two shuffles), and the
 // probabilities P, converted to the inputs' dtype, are already the A operand of P V (C tiles 2s
-// and 2s + 1 are A's k-step s). A B operand must be a pair of consecutive elements of shared
-// memory, so each tile is stored as the products need it: K row-major for S = Q K^T, V
-// transposed for P V (forward); and in the backward the transposes of K (dq), Q and dO (dk, dv).
-// Rows are padded by 8 elements (16 bytes) so the 32 lanes' pair loads fall in distinct banks.
+// and 2s + 1 are A's k-step s). Every tile is stored once, row-major, as it is in global memory
+// (16-byte stores): a B operand whose columns are the tile's rows (K for S = Q K^T) is read as
+// 32-bit pairs, and one whose rows are the tile's rows (V for P V; in the backward K for dS K,
+// dO for P^T dO and Q for dS^T Q) by `ldmatrix.trans`, which hands each lane the transposed
+// pairs, four 8 x 8 matrices per instruction. Rows are padded by 8 elements (16 bytes) so the
+// 32 lanes' pair loads, and each 8 rows an ldmatrix phase reads, fall in distinct banks.
 //
 // Numerics (the plain kernels' semantics; tolerances in cuda_attention_test): scores and
 // softmax in f32 (exp2 of log2-scaled scores), P rounded to the inputs' dtype before the P V
@@ -75,6 +77,20 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
+#endif
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8 i + r gives the address of row r of
+// 8 x 8 matrix i (16 bytes, 16-byte aligned); lane 4 g + t receives in x[i] matrix i's elements
+// [2t][g] (low half) and [2t + 1][g], the transposed pairs.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
+#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: the same exchange on a CPU
+  loom_emu::ldmatrix_x4_trans(x, row);
+#else
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+               : "r"(address));
 #endif
 }
 
@@ -138,6 +154,21 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[2], Smem<T> m, int n0, int 
   b[1] = m.pair(n0 + g, k0 + 2 * t + 8);
 }
 
+// The B operands of n-tiles n0 and n0 + 8 over rows [k0, k0 + 16) of `m`, whose rows are B's k:
+// B = m's block itself, read by one ldmatrix.trans (matrices: rows k0.. and k0 + 8.. of columns
+// n0.., then of columns n0 + 8..).
+template <typename T>
+__device__ __forceinline__ void load_b_trans(uint32_t (&b0)[2], uint32_t (&b1)[2], Smem<T> m,
+                                             int k0, int n0, int lane) {
+  const int matrix = lane / 8, r = lane % 8;
+  uint32_t x[4];
+  ldmatrix_x4_trans(x, m.p + (k0 + r + 8 * (matrix & 1)) * m.stride + n0 + 8 * (matrix >> 1));
+  b0[0] = x[0];
+  b0[1] = x[1];
+  b1[0] = x[2];
+  b1[1] = x[3];
+}
+
 // The A operand of k-step s from f32 C tiles of 8 columns: tiles 2s and 2s + 1, scaled.
 template <typename T>
 __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
@@ -169,20 +200,21 @@ __device__ __forceinline__ void strip_product(float (&c)[kTile / 8][4], Smem<T> 
 }
 
 // acc += c m, where c is a warp's 16 x kTile strip in C tiles (rounded to T as the A operand)
-// and `mt` holds m (kTile x D) transposed: O += P V, dq += dS K, dv += P^T dO, dk += dS^T Q.
+// and `m` (kTile x D) is row-major: O += P V, dq += dS K, dv += P^T dO, dk += dS^T Q.
 template <typename T, int D>
 __device__ __forceinline__ void accumulate_strip(float (&acc)[D / 8][4],
-                                                 const float (&c)[kTile / 8][4], Smem<T> mt, int g,
-                                                 int t) {
+                                                 const float (&c)[kTile / 8][4], Smem<T> m,
+                                                 int lane) {
 #pragma unroll
   for (int step = 0; step < kTile / 16; ++step) {
     uint32_t a[4];
     c_to_a<T>(a, c[2 * step], c[2 * step + 1]);
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      uint32_t b[2];
-      load_b(b, mt, 8 * n, 16 * step, g, t);
-      mma<T>(acc[n], a, b);
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t b0[2], b1[2];
+      load_b_trans(b0, b1, m, 16 * step, 8 * n, lane);
+      mma<T>(acc[n], a, b0);
+      mma<T>(acc[n + 1], a, b1);
     }
   }
 }
@@ -208,24 +240,16 @@ __device__ __forceinline__ void zero(float (&acc)[D / 8][4]) {
 // ---------------------------------------------------------------------
 
 // Rows [row0, row0 + kTile) of a (total, D) matrix whose rows are `stride` apart into `rows`
-// (kTile x D, row-major) and, when `cols` is given, its transpose (D x kTile); rows past `total`
-// are zero. 16-byte loads.
+// (kTile x D, row-major); rows past `total` are zero. 16-byte loads and stores.
 template <typename T, int D>
-__device__ void load_tile(Smem<T> rows, T* cols, int cols_stride, const T* src, int64_t stride,
-                          int64_t row0, int64_t total) {
+__device__ void load_tile(Smem<T> rows, const T* src, int64_t stride, int64_t row0, int64_t total) {
   constexpr int kVec = 8;  // elements per 16-byte load
   for (int idx = threadIdx.x; idx < kTile * D / kVec; idx += blockDim.x) {
     const int r = idx / (D / kVec), c = idx % (D / kVec) * kVec;
     const int64_t row = row0 + r;
     uint4 x = make_uint4(0, 0, 0, 0);
     if (row < total) x = *reinterpret_cast<const uint4*>(src + row * stride + c);
-    if (rows.p) *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
-    if (cols) {
-      T e[kVec];  // the loaded elements (memcpy: reading x through T* would break aliasing)
-      memcpy(e, &x, sizeof(e));
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) cols[(c + i) * cols_stride + r] = e[i];
-    }
+    *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
   }
 }
 
@@ -235,10 +259,18 @@ __device__ __forceinline__ P* matrix(P* base, const AttentionRows& r, int64_t bh
   return base + (bh / r.heads) * r.batch_stride + (bh % r.heads) * r.head_stride;
 }
 
-// Shared-row strides in elements: a row-major tile's rows of D, a transposed tile's of kTile.
+// Shared-row stride in elements: a tile's rows of D, padded.
 template <int D>
 inline constexpr int kRowStride = D + kPad;
-inline constexpr int kColStride = kTile + kPad;
+// Dynamic shared memory of each kernel: its tiles (and the dk/dv kernel's lse and delta rows).
+template <typename T, int D>
+inline constexpr size_t kTileBytes = sizeof(T) * kTile* kRowStride<D>;
+template <typename T, int D>
+inline constexpr size_t kForwardSmem = 3 * kTileBytes<T, D>;  // Q, K, V
+template <typename T, int D>
+inline constexpr size_t kDqSmem = 4 * kTileBytes<T, D>;  // Q, dO, K, V
+template <typename T, int D>
+inline constexpr size_t kDkdvSmem = 4 * kTileBytes<T, D> + 2 * kTile * sizeof(float);
 
 // ---- forward ------------------------------------------------------------------------------------
 
@@ -249,7 +281,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
   const Smem<T> ks{qs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> vt{ks.p + kTile * kRowStride<D>, kColStride};  // V^T: D x kTile
+  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -259,15 +291,15 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first row in the tile
   const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
-  load_tile<T, D>(qs, nullptr, 0, q, L.q.row_stride, q0, s.tq);
+  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
   float o[D / 8][4];
   zero<D>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale = s.scale * kLog2e;  // scores in log2 units
   for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
     __syncthreads();  // the previous tile's reads are done
-    load_tile<T, D>(ks, nullptr, 0, k, L.k.row_stride, k0, s.tk);
-    load_tile<T, D>(Smem<T>{nullptr, 0}, vt.p, vt.stride, v, L.v.row_stride, k0, s.tk);
+    load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
+    load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
     __syncthreads();
     float sc[kTile / 8][4];
     strip_product<T, D>(sc, qs, ks, w0, g, t);
@@ -308,7 +340,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
     }
-    accumulate_strip<T, D>(o, sc, vt, g, t);
+    accumulate_strip<T, D>(o, sc, vs, lane);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -330,7 +362,7 @@ __device__ __forceinline__ float prob(float score, float lse2, bool vis, float s
 
 // One block per query tile: pass 0 sums delta_i = sum_j P_ij dP_ij over the key tiles (skipped
 // when delta_given: read instead); pass 1 accumulates dq_i = scale sum_j dS_ij k_j with
-// dS = P (dP - delta). S = Q K^T and dP = dO V^T from row-major K and V; dS K from K^T.
+// dS = P (dP - delta). S = Q K^T, dP = dO V^T and dS K, all from row-major K and V.
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dq_kernel(T* dq, float* delta, const T* grad_out, const T* q, const T* k,
@@ -341,7 +373,6 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
   const Smem<T> ks{gs.p + kTile * kRowStride<D>, kRowStride<D>};
   const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> kt{vs.p + kTile * kRowStride<D>, kColStride};  // K^T: D x kTile
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -358,8 +389,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     lse2[r] = row[r] < s.tq ? lse[bh * s.tq + row[r]] * kLog2e : -INFINITY;
     di[r] = delta_given && row[r] < s.tq ? delta[bh * s.tq + row[r]] : 0.0f;
   }
-  load_tile<T, D>(qs, nullptr, 0, q, L.q.row_stride, q0, s.tq);
-  load_tile<T, D>(gs, nullptr, 0, grad_out, L.o.row_stride, q0, s.tq);
+  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
+  load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
   const float scale2 = s.scale * kLog2e;
   float acc[D / 8][4];
   zero<D>(acc);
@@ -367,8 +398,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     float dsum[2] = {0.0f, 0.0f};
     for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
       __syncthreads();
-      load_tile<T, D>(ks, pass == 1 ? kt.p : nullptr, kt.stride, k, L.k.row_stride, k0, s.tk);
-      load_tile<T, D>(vs, nullptr, 0, v, L.v.row_stride, k0, s.tk);
+      load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
+      load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
       __syncthreads();
       float p[kTile / 8][4], dp[kTile / 8][4];
       strip_product<T, D>(p, qs, ks, w0, g, t);
@@ -387,7 +418,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           }
         }
       }
-      if (pass == 1) accumulate_strip<T, D>(acc, p, kt, g, t);
+      if (pass == 1) accumulate_strip<T, D>(acc, p, ks, lane);
     }
     if (pass == 0) {
 #pragma unroll
@@ -407,7 +438,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // One block per key tile, a warp per 16 keys, looping over the query tiles that see them:
-// S^T = K Q^T and dP^T = V dO^T (row-major Q and dO), dv += P^T dO (dO^T), dk += dS^T Q (Q^T).
+// S^T = K Q^T, dP^T = V dO^T, dv += P^T dO and dk += dS^T Q, all from row-major Q and dO.
 template <typename T, int D>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out, const T* q,
@@ -418,9 +449,7 @@ __global__ void __launch_bounds__(kMmaThreads)
   const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
   const Smem<T> qs{vs.p + kTile * kRowStride<D>, kRowStride<D>};
   const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> qt{gs.p + kTile * kRowStride<D>, kColStride};  // Q^T: D x kTile
-  const Smem<T> gt{qt.p + D * kColStride, kColStride};         // dO^T: D x kTile
-  float* lse_s = reinterpret_cast<float*>(gt.p + D * kColStride);
+  float* lse_s = reinterpret_cast<float*>(gs.p + kTile * kRowStride<D>);
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
   const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
@@ -435,16 +464,16 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first key in the tile
   const int64_t key[2] = {k0 + w0 + g, k0 + w0 + g + 8};
-  load_tile<T, D>(ks, nullptr, 0, k, L.k.row_stride, k0, s.tk);
-  load_tile<T, D>(vs, nullptr, 0, v, L.v.row_stride, k0, s.tk);
+  load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
+  load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
   const float scale2 = s.scale * kLog2e;
   float acc_dk[D / 8][4], acc_dv[D / 8][4];
   zero<D>(acc_dk);
   zero<D>(acc_dv);
   for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
     __syncthreads();
-    load_tile<T, D>(qs, qt.p, qt.stride, q, L.q.row_stride, q0, s.tq);
-    load_tile<T, D>(gs, gt.p, gt.stride, grad_out, L.o.row_stride, q0, s.tq);
+    load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
+    load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
@@ -462,8 +491,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         dp[j][e] = p[j][e] * (dp[j][e] - delta_s[x]) * s.scale;  // dS^T
       }
     }
-    accumulate_strip<T, D>(acc_dv, p, gt, g, t);
-    accumulate_strip<T, D>(acc_dk, dp, qt, g, t);
+    accumulate_strip<T, D>(acc_dv, p, gs, lane);
+    accumulate_strip<T, D>(acc_dk, dp, qs, lane);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -532,10 +561,9 @@ void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, co
   visit(dtype, s.d, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
-    const size_t bytes = sizeof(T) * (2 * kTile * kRowStride<D> + D * kColStride);
-    launch(mma_forward_kernel<T, D>, "mma_forward_kernel", s.rows * ceil_div(s.tq, kTile), bytes,
-           device, static_cast<T*>(out), lse, static_cast<const T*>(q), static_cast<const T*>(k),
-           static_cast<const T*>(v), s, layouts);
+    launch(mma_forward_kernel<T, D>, "mma_forward_kernel", s.rows * ceil_div(s.tq, kTile),
+           kForwardSmem<T, D>, device, static_cast<T*>(out), lse, static_cast<const T*>(q),
+           static_cast<const T*>(k), static_cast<const T*>(v), s, layouts);
   });
 }
 
@@ -551,16 +579,13 @@ void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* de
     const auto qt = static_cast<const T*>(q), kt = static_cast<const T*>(k);
     const auto vt = static_cast<const T*>(v);
     if (s.tq > 0) {
-      const size_t bytes = sizeof(T) * (4 * kTile * kRowStride<D> + D * kColStride);
       launch(mma_backward_dq_kernel<T, D>, "mma_backward_dq_kernel", s.rows * ceil_div(s.tq, kTile),
-             bytes, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, layouts,
+             kDqSmem<T, D>, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, layouts,
              delta_given);
     }
     if (s.tk > 0) {
-      const size_t bytes =
-          sizeof(T) * (4 * kTile * kRowStride<D> + 2 * D * kColStride) + 2 * kTile * sizeof(float);
       launch(mma_backward_dkdv_kernel<T, D>, "mma_backward_dkdv_kernel",
-             s.rows * ceil_div(s.tk, kTile), bytes, device, static_cast<T*>(dk),
+             s.rows * ceil_div(s.tk, kTile), kDkdvSmem<T, D>, device, static_cast<T*>(dk),
              static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt, vt, lse, s, layouts);
     }
   });
