@@ -13,8 +13,7 @@ OUT=$3
   sed -n '/^using flash::ceil_div;/,/^\/\/ ---- launching/p' "$SRC" |
   sed '/^\/\/ ---- launching/d' |
   sed '/^template <typename T>$/{N;/void mma(float/{:a;N;/\n}$/!ba;d}}' |
-  sed '/^__device__ __forceinline__ void ldmatrix_x4_trans(/,/^}$/d' |
-  sed 's|^\(\s*\)return \*reinterpret_cast<const uint32_t\*>(p + r \* stride + c);|\1emu::note(p + r * stride + c, 4, false); return *reinterpret_cast<const uint32_t*>(p + r * stride + c);|' |
+  sed '/^__device__ __forceinline__ void ldmatrix_x4\(_trans\)\?(/,/^}$/d' |
   sed 's|^\(\s*\)\*reinterpret_cast<uint4\*>(rows.p + r \* rows.stride + c) = x;|\1emu::note(rows.p + r * rows.stride + c, 16, true); *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;|' |
   sed 's|if (row < total) x = \*reinterpret_cast<const uint4\*>(src + row \* stride + c);|if (row < total \&\& emu::gnote(src + row * stride + c, 16, false)) x = *reinterpret_cast<const uint4*>(src + row * stride + c);|' |
   sed 's|^\(\s*\)\*reinterpret_cast<uint32_t\*>(dst + 8 \* n + 2 \* t) =|\1if (emu::gnote(dst + 8 * n + 2 * t, 4, true)) *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =|' |
@@ -28,9 +27,8 @@ OUT=$3
 } > "$OUT/tiles_part.inc"
 # Each instrumentation must have applied exactly as often as expected.
 chk() { n=$(grep -c -- "$1" "$OUT/kern_part.inc" || true); [ "$n" = "$2" ] || { echo "extract.sh: '$1' found $n times, expected $2" >&2; exit 1; }; }
-chk 'emu::note(p + r \* stride' 1
 chk 'emu::note(rows.p' 1
-chk 'ldmatrix_x4_trans(uint32_t' 0
+chk 'void ldmatrix_x4' 0
 chk 'emu::gnote(src' 1
 chk 'emu::gnote(dst' 1
 chk 'emu::smem;' 3

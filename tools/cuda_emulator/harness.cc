@@ -266,10 +266,11 @@ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   }
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (PTX ISA, "ldmatrix"): lane 8 i + r gives the
-// address of row r of 8 x 8 matrix i; lane 4 g + t receives in x[i] matrix i's elements [2t][g]
-// (low half) and [2t + 1][g]. Each lane's 16-byte row read is checked as shared-memory reads are.
-void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16 (PTX ISA, "ldmatrix"): lane 8 i + r gives
+// the address of row r of 8 x 8 matrix i; lane 4 g + t receives in x[i] matrix i's elements
+// [g][2t] (low half) and [g][2t + 1], or with .trans [2t][g] and [2t + 1][g]. Each lane's
+// 16-byte row read is checked as shared-memory reads are.
+void ldmatrix(uint32_t (&x)[4], const void* row, bool trans) {
   const int w = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (reinterpret_cast<uintptr_t>(row) % 16 != 0) std::abort();  // ldmatrix's alignment
   emu::note(row, 16, false);
@@ -277,13 +278,21 @@ void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
   emu::warp_bar[w]->arrive_and_wait();
   const int g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
+    const auto row_of = [&](int l) { return static_cast<const uint16_t*>(emu::ld_in[w][l]); };
     uint16_t lo, hi;
-    std::memcpy(&lo, static_cast<const uint16_t*>(emu::ld_in[w][8 * i + 2 * t]) + g, 2);
-    std::memcpy(&hi, static_cast<const uint16_t*>(emu::ld_in[w][8 * i + 2 * t + 1]) + g, 2);
+    if (trans) {
+      std::memcpy(&lo, row_of(8 * i + 2 * t) + g, 2);
+      std::memcpy(&hi, row_of(8 * i + 2 * t + 1) + g, 2);
+    } else {
+      std::memcpy(&lo, row_of(8 * i + g) + 2 * t, 2);
+      std::memcpy(&hi, row_of(8 * i + g) + 2 * t + 1, 2);
+    }
     x[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
   emu::warp_bar[w]->arrive_and_wait();
 }
+void ldmatrix_x4(uint32_t (&x)[4], const void* row) { ldmatrix(x, row, false); }
+void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix(x, row, true); }
 
 #include "kern_part.inc"
 

@@ -13,11 +13,12 @@
 // runs in registers (row max and sum over the 4 threads of a row by two shuffles), and the
 // probabilities P, converted to the inputs' dtype, are already the A operand of P V (C tiles 2s
 // and 2s + 1 are A's k-step s). Every tile is stored once, row-major, as it is in global memory
-// (16-byte stores): a B operand whose columns are the tile's rows (K for S = Q K^T) is read as
-// 32-bit pairs, and one whose rows are the tile's rows (V for P V; in the backward K for dS K,
-// dO for P^T dO and Q for dS^T Q) by `ldmatrix.trans`, which hands each lane the transposed
-// pairs, four 8 x 8 matrices per instruction. Rows are padded by 8 elements (16 bytes) so the
-// 32 lanes' pair loads, and each 8 rows an ldmatrix phase reads, fall in distinct banks.
+// (16-byte stores), and every operand is read by `ldmatrix` (four 8 x 8 matrices per
+// instruction): A operands and B operands whose columns are the tile's rows (K for S = Q K^T)
+// as they are, B operands whose rows are the tile's rows (V for P V; in the backward K for dS K,
+// dO for P^T dO and Q for dS^T Q) with `.trans`, which hands each lane the transposed pairs.
+// Rows are padded by 8 elements (16 bytes) so the 8 rows each ldmatrix phase reads fall in
+// distinct banks.
 //
 // Numerics (the plain kernels' semantics; tolerances in cuda_attention_test): scores and
 // softmax in f32 (exp2 of log2-scaled scores), P rounded to the inputs' dtype before the P V
@@ -80,9 +81,22 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const
 #endif
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16: lane 8 i + r gives the address of row r of
-// 8 x 8 matrix i (16 bytes, 16-byte aligned); lane 4 g + t receives in x[i] matrix i's elements
-// [2t][g] (low half) and [2t + 1][g], the transposed pairs.
+// ldmatrix.sync.aligned.m8n8.x4.shared.b16: lane 8 i + r gives the address of row r of 8 x 8
+// matrix i (16 bytes, 16-byte aligned); lane 4 g + t receives in x[i] matrix i's elements
+// [g][2t] (low half) and [g][2t + 1]: the fragments mma reads, four per instruction.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&x)[4], const void* row) {
+#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: the same exchange on a CPU
+  loom_emu::ldmatrix_x4(x, row);
+#else
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+               : "r"(address));
+#endif
+}
+
+// The same with .trans: lane 4 g + t receives matrix i's elements [2t][g] (low half) and
+// [2t + 1][g], the transposed pairs.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
 #ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: the same exchange on a CPU
   loom_emu::ldmatrix_x4_trans(x, row);
@@ -127,31 +141,44 @@ __device__ __forceinline__ void unpack(uint32_t x, float& lo, float& hi) {
   }
 }
 
-// A shared-memory matrix of T with `stride` elements per row (even, so pairs are 4-byte aligned).
+// A shared-memory matrix of T with `stride` elements per row (a multiple of 8, so every 8
+// columns start 16-byte aligned, as ldmatrix needs).
 template <typename T>
 struct Smem {
   T* p;
   int stride;
-  __device__ uint32_t pair(int r, int c) const {
-    return *reinterpret_cast<const uint32_t*>(p + r * stride + c);
-  }
 };
 
-// The A operand of rows [r0, r0 + 16) and columns [c0, c0 + 16) of a row-major matrix.
+// Lane 8 i + r's row address for ldmatrix over the 16 x 16 block at (r0, c0) of `m`: matrix i
+// is rows r0 + 8 (i & 1) on and columns c0 + 8 (i >> 1) on, or (cols_first) the other way.
 template <typename T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], Smem<T> m, int r0, int c0, int g, int t) {
-  a[0] = m.pair(r0 + g, c0 + 2 * t);
-  a[1] = m.pair(r0 + g + 8, c0 + 2 * t);
-  a[2] = m.pair(r0 + g, c0 + 2 * t + 8);
-  a[3] = m.pair(r0 + g + 8, c0 + 2 * t + 8);
+__device__ __forceinline__ const T* block_row(Smem<T> m, int r0, int c0, int lane,
+                                              bool cols_first) {
+  const int matrix = lane / 8, r = lane % 8;
+  const int down = cols_first ? matrix >> 1 : matrix & 1,
+            right = cols_first ? matrix & 1 : matrix >> 1;
+  return m.p + (r0 + r + 8 * down) * m.stride + c0 + 8 * right;
 }
 
-// The B operand (k 16 x n 8) whose column n is row n0 + n of `m`, over m's columns
-// [k0, k0 + 16): B = (rows [n0, n0 + 8) of m)^T.
+// The A operand of rows [r0, r0 + 16) and columns [c0, c0 + 16) of a row-major matrix: one
+// ldmatrix (a0: rows r0.., a1: rows r0 + 8.., a2 and a3 the same 8 columns on).
 template <typename T>
-__device__ __forceinline__ void load_b(uint32_t (&b)[2], Smem<T> m, int n0, int k0, int g, int t) {
-  b[0] = m.pair(n0 + g, k0 + 2 * t);
-  b[1] = m.pair(n0 + g, k0 + 2 * t + 8);
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], Smem<T> m, int r0, int c0, int lane) {
+  ldmatrix_x4(a, block_row(m, r0, c0, lane, /*cols_first=*/false));
+}
+
+// The B operands (k 16 x n 8) of n-tiles n0 and n0 + 8 whose column n is row n0 + n of `m`, over
+// m's columns [k0, k0 + 16): B = (rows [n0, n0 + 16) of m)^T, one ldmatrix (b0: columns k0.. and
+// k0 + 8.. of rows n0.., b1 the same of rows n0 + 8..).
+template <typename T>
+__device__ __forceinline__ void load_b(uint32_t (&b0)[2], uint32_t (&b1)[2], Smem<T> m, int n0,
+                                       int k0, int lane) {
+  uint32_t x[4];
+  ldmatrix_x4(x, block_row(m, n0, k0, lane, /*cols_first=*/true));
+  b0[0] = x[0];
+  b0[1] = x[1];
+  b1[0] = x[2];
+  b1[1] = x[3];
 }
 
 // The B operands of n-tiles n0 and n0 + 8 over rows [k0, k0 + 16) of `m`, whose rows are B's k:
@@ -160,9 +187,8 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[2], Smem<T> m, int n0, int 
 template <typename T>
 __device__ __forceinline__ void load_b_trans(uint32_t (&b0)[2], uint32_t (&b1)[2], Smem<T> m,
                                              int k0, int n0, int lane) {
-  const int matrix = lane / 8, r = lane % 8;
   uint32_t x[4];
-  ldmatrix_x4_trans(x, m.p + (k0 + r + 8 * (matrix & 1)) * m.stride + n0 + 8 * (matrix >> 1));
+  ldmatrix_x4_trans(x, block_row(m, k0, n0, lane, /*cols_first=*/false));
   b0[0] = x[0];
   b0[1] = x[1];
   b1[0] = x[2];
@@ -183,18 +209,19 @@ __device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&lo)[4],
 // warp's 16 x kTile strip of A B^T (S = Q K^T, dP = dO V^T, and their transposes).
 template <typename T, int D>
 __device__ __forceinline__ void strip_product(float (&c)[kTile / 8][4], Smem<T> a, Smem<T> b,
-                                              int w0, int g, int t) {
+                                              int w0, int lane) {
 #pragma unroll
   for (int j = 0; j < kTile / 8; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < D; kk += 16) {
     uint32_t frag_a[4];
-    load_a(frag_a, a, w0, kk, g, t);
+    load_a(frag_a, a, w0, kk, lane);
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
-      uint32_t frag_b[2];
-      load_b(frag_b, b, 8 * j, kk, g, t);
-      mma<T>(c[j], frag_a, frag_b);
+    for (int j = 0; j < kTile / 8; j += 2) {
+      uint32_t b0[2], b1[2];
+      load_b(b0, b1, b, 8 * j, kk, lane);
+      mma<T>(c[j], frag_a, b0);
+      mma<T>(c[j + 1], frag_a, b1);
     }
   }
 }
@@ -302,7 +329,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
     __syncthreads();
     float sc[kTile / 8][4];
-    strip_product<T, D>(sc, qs, ks, w0, g, t);
+    strip_product<T, D>(sc, qs, ks, w0, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
@@ -402,8 +429,8 @@ __global__ void __launch_bounds__(kMmaThreads)
       load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
       __syncthreads();
       float p[kTile / 8][4], dp[kTile / 8][4];
-      strip_product<T, D>(p, qs, ks, w0, g, t);
-      strip_product<T, D>(dp, gs, vs, w0, g, t);
+      strip_product<T, D>(p, qs, ks, w0, lane);
+      strip_product<T, D>(dp, gs, vs, w0, lane);
 #pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll
@@ -480,8 +507,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     __syncthreads();
     float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
-    strip_product<T, D>(p, ks, qs, w0, g, t);
-    strip_product<T, D>(dp, vs, gs, w0, g, t);
+    strip_product<T, D>(p, ks, qs, w0, lane);
+    strip_product<T, D>(dp, vs, gs, w0, lane);
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll

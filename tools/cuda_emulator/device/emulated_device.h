@@ -119,19 +119,27 @@ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
   }
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16, a warp collective: lane 8 i + r gives the
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16, a warp collective: lane 8 i + r gives the
 // address of row r of 8 x 8 matrix i (16-bit elements); lane 4 g + t receives in x[i] the
-// elements [2t][g] (low half) and [2t + 1][g] of matrix i (PTX ISA, "ldmatrix", with .trans).
-inline void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) {
+// elements [g][2t] (low half) and [g][2t + 1] of matrix i, or with .trans [2t][g] and
+// [2t + 1][g] (PTX ISA, "ldmatrix").
+inline void ldmatrix_x4(uint32_t (&x)[4], const void* row, bool trans) {
   const unsigned char* all = warp_exchange(&row, sizeof(row));
   const int g = lane() / 4, t = lane() % 4;
   for (int i = 0; i < 4; ++i) {
     uint16_t lo, hi;
-    std::memcpy(&lo, lane_value<const uint16_t*>(all, 8 * i + 2 * t) + g, 2);
-    std::memcpy(&hi, lane_value<const uint16_t*>(all, 8 * i + 2 * t + 1) + g, 2);
+    if (trans) {
+      std::memcpy(&lo, lane_value<const uint16_t*>(all, 8 * i + 2 * t) + g, 2);
+      std::memcpy(&hi, lane_value<const uint16_t*>(all, 8 * i + 2 * t + 1) + g, 2);
+    } else {
+      std::memcpy(&lo, lane_value<const uint16_t*>(all, 8 * i + g) + 2 * t, 2);
+      std::memcpy(&hi, lane_value<const uint16_t*>(all, 8 * i + g) + 2 * t + 1, 2);
+    }
     x[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
   }
 }
+inline void ldmatrix_x4(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x, row, false); }
+inline void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x, row, true); }
 
 }  // namespace loom_emu
 
