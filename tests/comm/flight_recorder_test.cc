@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -59,12 +60,25 @@ std::string diverge(int ranks, Divergence how, const std::string& name) {
   std::filesystem::remove_all(dir);
   flight_recorder::set_dump_dir(dir);
   const int odd = ranks - 1;
+  // The skipping rank leaves (its group destroyed) only once every other rank has completed the
+  // second all_reduce: Gloo can complete it on one rank before the others, and a rank leaving
+  // then would break the second, not skip the third (seen on a loaded machine).
+  std::atomic<int> completed_second{0};
+  const auto wait_for_the_others = [&] {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (completed_second.load() < ranks - 1 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  };
   testing::run_on_ranks(ranks,
                         [&](ProcessGroup& pg) {
                           try {
                             for (int i = 0; i < 3; ++i) {
                               const bool me = pg.rank() == odd;
-                              if (me && how == Divergence::kSkip && i == 2) return;
+                              if (me && how == Divergence::kSkip && i == 2) {
+                                wait_for_the_others();
+                                return;
+                              }
                               if (me && how == Divergence::kHang && i == 2) {
                                 std::this_thread::sleep_for(std::chrono::milliseconds(3500));
                                 return;
@@ -72,6 +86,7 @@ std::string diverge(int ranks, Divergence how, const std::string& name) {
                               const int64_t n =
                                   me && how == Divergence::kSize && i == 1 ? 2048 : 1024;
                               pg.all_reduce(ops::ones({n}))->wait();
+                              if (i == 1 && !me) ++completed_second;
                             }
                           } catch (const Error&) {
                             // the divergence's failures: what the dump records
