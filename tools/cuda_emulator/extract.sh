@@ -1,7 +1,7 @@
 #!/bin/bash
 # extract.sh SRC TILES OUT: writes OUT/kern_part.inc (SRC's kernel code, from `using
-# flash::ceil_div;` up to `// ---- launching`, without the asm mma and ldmatrix, with every shared- and
-# global-memory access instrumented for harness.cc) and OUT/tiles_part.inc (TILES' kTile and
+# flash::ceil_div;` up to `// ---- launching`, without the asm mma, ldmatrix and cp.async, which
+# harness.cc emulates, with every shared- and global-memory access instrumented for harness.cc) and OUT/tiles_part.inc (TILES' kTile and
 # mask helpers). Fails when an instrumentation does not apply exactly as often as expected, so
 # a change to the kernels cannot slip past the checks unnoticed. Called by run.sh.
 set -e
@@ -14,8 +14,7 @@ OUT=$3
   sed '/^\/\/ ---- launching/d' |
   sed '/^template <typename T>$/{N;/void mma(float/{:a;N;/\n}$/!ba;d}}' |
   sed '/^__device__ __forceinline__ void ldmatrix_x4\(_trans\)\?(/,/^}$/d' |
-  sed 's|^\(\s*\)\*reinterpret_cast<uint4\*>(rows.p + r \* rows.stride + c) = x;|\1emu::note(rows.p + r * rows.stride + c, 16, true); *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;|' |
-  sed 's|if (row < total) x = \*reinterpret_cast<const uint4\*>(src + row \* stride + c);|if (row < total \&\& emu::gnote(src + row * stride + c, 16, false)) x = *reinterpret_cast<const uint4*>(src + row * stride + c);|' |
+  sed '/^__device__ __forceinline__ void cp_async_[a-z0-9]*(/,/^}$/d' |
   sed 's|^\(\s*\)\*reinterpret_cast<uint32_t\*>(dst + 8 \* n + 2 \* t) =|\1if (emu::gnote(dst + 8 * n + 2 * t, 4, true)) *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t) =|' |
   sed 's|extern __shared__ __align__(16) unsigned char smem_raw\[\];|unsigned char* smem_raw = emu::smem;|' |
   sed 's|lse_s\[x\] = q0|emu::wr(lse_s, x) = q0|; s|delta_s\[x\] = q0|emu::wr(delta_s, x) = q0|' |
@@ -27,9 +26,8 @@ OUT=$3
 } > "$OUT/tiles_part.inc"
 # Each instrumentation must have applied exactly as often as expected.
 chk() { n=$(grep -c -- "$1" "$OUT/kern_part.inc" || true); [ "$n" = "$2" ] || { echo "extract.sh: '$1' found $n times, expected $2" >&2; exit 1; }; }
-chk 'emu::note(rows.p' 1
 chk 'void ldmatrix_x4' 0
-chk 'emu::gnote(src' 1
+chk 'void cp_async_' 0
 chk 'emu::gnote(dst' 1
 chk 'emu::smem;' 3
 chk 'emu::wr(lse_s\|emu::wr(delta_s' 2

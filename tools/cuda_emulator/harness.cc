@@ -292,6 +292,42 @@ void ldmatrix(uint32_t (&x)[4], const void* row, bool trans) {
   emu::warp_bar[w]->arrive_and_wait();
 }
 void ldmatrix_x4(uint32_t (&x)[4], const void* row) { ldmatrix(x, row, false); }
+
+// cp.async.cg.shared.global, commit_group and wait_group, per thread as the hardware keeps them:
+// a copy's global read is checked when it is issued, its shared-memory write is noted then too
+// (the hardware may write at any moment until the wait, so a thread still reading the buffer is
+// a race), and its bytes land only when a wait leaves at most n newer groups in flight (a read
+// before the wait sees the old bytes).
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+thread_local std::vector<AsyncCopy> async_open;
+thread_local std::vector<std::vector<AsyncCopy>> async_groups;
+void cp_async_16(void* dst, const void* src, bool valid) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0)
+    std::abort();                                             // cp.async's 16-byte alignment
+  const bool readable = valid && emu::gnote(src, 16, false);  // a bad read is counted, not done
+  emu::note(dst, 16, true);
+  async_open.push_back({dst, src, readable});
+}
+void cp_async_commit() {
+  async_groups.push_back(std::move(async_open));
+  async_open.clear();
+}
+void cp_async_wait(int newer_in_flight) {
+  while (async_groups.size() > static_cast<size_t>(newer_in_flight)) {
+    for (const AsyncCopy& c : async_groups.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);
+      }
+    }
+    async_groups.erase(async_groups.begin());
+  }
+}
 void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix(x, row, true); }
 
 #include "kern_part.inc"

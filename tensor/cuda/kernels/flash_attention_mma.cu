@@ -108,6 +108,36 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&x)[4], const void* 
 #endif
 }
 
+// cp.async.cg.shared.global (sm_80+): 16 bytes from global to shared memory, in flight while the
+// thread goes on (zeros, reading nothing, when !valid). A thread's copies join a group at its
+// next cp_async_commit() and land by a cp_async_wait(n) that leaves at most n newer groups in
+// flight (n is 0 or 1); a __syncthreads() after it shows them to every thread.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+#ifdef LOOM_CUDA_EMULATED  // tools/cuda_emulator/device: a copy at once
+  loom_emu::cp_async_16(dst, src, valid);
+#else
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(src),
+               "r"(valid ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+#ifndef LOOM_CUDA_EMULATED
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+__device__ __forceinline__ void cp_async_wait(int newer_in_flight) {
+#ifndef LOOM_CUDA_EMULATED
+  if (newer_in_flight == 0) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  } else {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+  }
+#endif
+}
+
 // Two f32 values as one register of two T, `lo` in the low half (the lower column). Registers
 // change type by memcpy, never by reading one type through a pointer to another (which a C++
 // compiler may reorder: the emulated device, built by g++, did).
@@ -267,16 +297,16 @@ __device__ __forceinline__ void zero(float (&acc)[D / 8][4]) {
 // ---------------------------------------------------------------------
 
 // Rows [row0, row0 + kTile) of a (total, D) matrix whose rows are `stride` apart into `rows`
-// (kTile x D, row-major); rows past `total` are zero. 16-byte loads and stores.
+// (kTile x D, row-major) by 16-byte asynchronous copies (the caller commits and waits); rows past
+// `total` are zero. total > 0.
 template <typename T, int D>
 __device__ void load_tile(Smem<T> rows, const T* src, int64_t stride, int64_t row0, int64_t total) {
-  constexpr int kVec = 8;  // elements per 16-byte load
+  constexpr int kVec = 8;  // elements per 16-byte copy
   for (int idx = threadIdx.x; idx < kTile * D / kVec; idx += blockDim.x) {
     const int r = idx / (D / kVec), c = idx % (D / kVec) * kVec;
     const int64_t row = row0 + r;
-    uint4 x = make_uint4(0, 0, 0, 0);
-    if (row < total) x = *reinterpret_cast<const uint4*>(src + row * stride + c);
-    *reinterpret_cast<uint4*>(rows.p + r * rows.stride + c) = x;
+    const bool inside = row < total;
+    cp_async_16(rows.p + r * rows.stride + c, src + (inside ? row : 0) * stride + c, inside);
   }
 }
 
@@ -289,15 +319,22 @@ __device__ __forceinline__ P* matrix(P* base, const AttentionRows& r, int64_t bh
 // Shared-row stride in elements: a tile's rows of D, padded.
 template <int D>
 inline constexpr int kRowStride = D + kPad;
-// Dynamic shared memory of each kernel: its tiles (and the dk/dv kernel's lse and delta rows).
+// Dynamic shared memory of each kernel: its tiles, two of each one it loops over (the next one
+// copied in while the current one is used), and the dk/dv kernel's lse and delta rows.
 template <typename T, int D>
 inline constexpr size_t kTileBytes = sizeof(T) * kTile* kRowStride<D>;
 template <typename T, int D>
-inline constexpr size_t kForwardSmem = 3 * kTileBytes<T, D>;  // Q, K, V
+inline constexpr size_t kForwardSmem = 5 * kTileBytes<T, D>;  // Q, 2 x (K, V)
 template <typename T, int D>
-inline constexpr size_t kDqSmem = 4 * kTileBytes<T, D>;  // Q, dO, K, V
+inline constexpr size_t kDqSmem = 6 * kTileBytes<T, D>;  // Q, dO, 2 x (K, V)
 template <typename T, int D>
-inline constexpr size_t kDkdvSmem = 4 * kTileBytes<T, D> + 2 * kTile * sizeof(float);
+inline constexpr size_t kDkdvSmem = 6 * kTileBytes<T, D> + 2 * kTile * sizeof(float);
+
+// Tile buffer i of a kernel's shared memory.
+template <typename T, int D>
+__device__ __forceinline__ Smem<T> tile_buffer(unsigned char* smem, int i) {
+  return {reinterpret_cast<T*>(smem) + i * kTile * kRowStride<D>, kRowStride<D>};
+}
 
 // ---- forward ------------------------------------------------------------------------------------
 
@@ -306,9 +343,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     mma_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v,
                        FlashAttentionShape s, AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
-  const Smem<T> ks{qs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> qs = tile_buffer<T, D>(smem_raw, 0);
+  const Smem<T> ks[2] = {tile_buffer<T, D>(smem_raw, 1), tile_buffer<T, D>(smem_raw, 2)};
+  const Smem<T> vs[2] = {tile_buffer<T, D>(smem_raw, 3), tile_buffer<T, D>(smem_raw, 4)};
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -318,18 +355,30 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first row in the tile
   const int64_t row[2] = {q0 + w0 + g, q0 + w0 + g + 8};
-  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
   float o[D / 8][4];
   zero<D>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale = s.scale * kLog2e;  // scores in log2 units
-  for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
-    __syncthreads();  // the previous tile's reads are done
-    load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
-    load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
+  const int64_t end = key_end(s, q0);
+  // Q and the first key tile as one group; each step copies the next key tile in while it
+  // computes on the current one.
+  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
+  if (end > 0) {
+    load_tile<T, D>(ks[0], k, L.k.row_stride, 0, s.tk);
+    load_tile<T, D>(vs[0], v, L.v.row_stride, 0, s.tk);
+  }
+  cp_async_commit();
+  int buf = 0;
+  for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
+    if (k0 + kTile < end) {
+      load_tile<T, D>(ks[buf ^ 1], k, L.k.row_stride, k0 + kTile, s.tk);
+      load_tile<T, D>(vs[buf ^ 1], v, L.v.row_stride, k0 + kTile, s.tk);
+    }
+    cp_async_commit();
+    cp_async_wait(1);  // every group but the next tile's has landed
     __syncthreads();
     float sc[kTile / 8][4];
-    strip_product<T, D>(sc, qs, ks, w0, lane);
+    strip_product<T, D>(sc, qs, ks[buf], w0, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
@@ -367,8 +416,10 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
     }
-    accumulate_strip<T, D>(o, sc, vs, lane);
+    accumulate_strip<T, D>(o, sc, vs[buf], lane);
+    __syncthreads();  // the tile's reads are done before the next step copies into its buffer
   }
+  cp_async_wait(0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -396,10 +447,9 @@ __global__ void __launch_bounds__(kMmaThreads)
                            const T* v, const float* lse, FlashAttentionShape s, AttentionLayouts L,
                            bool delta_given) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Smem<T> qs{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
-  const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> ks{gs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
+  const Smem<T> qs = tile_buffer<T, D>(smem_raw, 0), gs = tile_buffer<T, D>(smem_raw, 1);
+  const Smem<T> ks[2] = {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)};
+  const Smem<T> vs[2] = {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)};
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -416,21 +466,33 @@ __global__ void __launch_bounds__(kMmaThreads)
     lse2[r] = row[r] < s.tq ? lse[bh * s.tq + row[r]] * kLog2e : -INFINITY;
     di[r] = delta_given && row[r] < s.tq ? delta[bh * s.tq + row[r]] : 0.0f;
   }
-  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
-  load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
   const float scale2 = s.scale * kLog2e;
   float acc[D / 8][4];
   zero<D>(acc);
+  const int64_t end = key_end(s, q0);
+  // Q and dO join the first key tile's group; each step copies the next key tile in while it
+  // computes on the current one.
+  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
+  load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
   for (int pass = delta_given ? 1 : 0; pass < 2; ++pass) {
     float dsum[2] = {0.0f, 0.0f};
-    for (int64_t k0 = 0; k0 < key_end(s, q0); k0 += kTile) {
-      __syncthreads();
-      load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
-      load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
+    if (end > 0) {
+      load_tile<T, D>(ks[0], k, L.k.row_stride, 0, s.tk);
+      load_tile<T, D>(vs[0], v, L.v.row_stride, 0, s.tk);
+    }
+    cp_async_commit();
+    int buf = 0;
+    for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
+      if (k0 + kTile < end) {
+        load_tile<T, D>(ks[buf ^ 1], k, L.k.row_stride, k0 + kTile, s.tk);
+        load_tile<T, D>(vs[buf ^ 1], v, L.v.row_stride, k0 + kTile, s.tk);
+      }
+      cp_async_commit();
+      cp_async_wait(1);  // every group but the next tile's has landed
       __syncthreads();
       float p[kTile / 8][4], dp[kTile / 8][4];
-      strip_product<T, D>(p, qs, ks, w0, lane);
-      strip_product<T, D>(dp, gs, vs, w0, lane);
+      strip_product<T, D>(p, qs, ks[buf], w0, lane);
+      strip_product<T, D>(dp, gs, vs[buf], w0, lane);
 #pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll
@@ -445,7 +507,8 @@ __global__ void __launch_bounds__(kMmaThreads)
           }
         }
       }
-      if (pass == 1) accumulate_strip<T, D>(acc, p, ks, lane);
+      if (pass == 1) accumulate_strip<T, D>(acc, p, ks[buf], lane);
+      __syncthreads();  // the tile's reads are done before the next step copies into its buffer
     }
     if (pass == 0) {
 #pragma unroll
@@ -456,6 +519,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
     }
   }
+  cp_async_wait(0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= s.tq) continue;
@@ -472,11 +536,10 @@ __global__ void __launch_bounds__(kMmaThreads)
                              const T* k, const T* v, const float* lse, FlashAttentionShape s,
                              AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  const Smem<T> ks{reinterpret_cast<T*>(smem_raw), kRowStride<D>};
-  const Smem<T> vs{ks.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> qs{vs.p + kTile * kRowStride<D>, kRowStride<D>};
-  const Smem<T> gs{qs.p + kTile * kRowStride<D>, kRowStride<D>};
-  float* lse_s = reinterpret_cast<float*>(gs.p + kTile * kRowStride<D>);
+  const Smem<T> ks = tile_buffer<T, D>(smem_raw, 0), vs = tile_buffer<T, D>(smem_raw, 1);
+  const Smem<T> qs[2] = {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)};
+  const Smem<T> gs[2] = {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)};
+  float* lse_s = reinterpret_cast<float*>(tile_buffer<T, D>(smem_raw, 6).p);
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
   const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
@@ -491,24 +554,36 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first key in the tile
   const int64_t key[2] = {k0 + w0 + g, k0 + w0 + g + 8};
-  load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
-  load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
   const float scale2 = s.scale * kLog2e;
   float acc_dk[D / 8][4], acc_dv[D / 8][4];
   zero<D>(acc_dk);
   zero<D>(acc_dv);
-  for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
-    __syncthreads();
-    load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
-    load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
+  const int64_t begin = query_begin(s, k0);
+  // K, V and the first query tile as one group; each step copies the next query tile in while
+  // it computes on the current one.
+  load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
+  load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
+  if (begin < s.tq) {
+    load_tile<T, D>(qs[0], q, L.q.row_stride, begin, s.tq);
+    load_tile<T, D>(gs[0], grad_out, L.o.row_stride, begin, s.tq);
+  }
+  cp_async_commit();
+  int buf = 0;
+  for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf ^= 1) {
+    if (q0 + kTile < s.tq) {
+      load_tile<T, D>(qs[buf ^ 1], q, L.q.row_stride, q0 + kTile, s.tq);
+      load_tile<T, D>(gs[buf ^ 1], grad_out, L.o.row_stride, q0 + kTile, s.tq);
+    }
+    cp_async_commit();
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
     }
+    cp_async_wait(1);  // every group but the next tile's has landed
     __syncthreads();
     float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
-    strip_product<T, D>(p, ks, qs, w0, lane);
-    strip_product<T, D>(dp, vs, gs, w0, lane);
+    strip_product<T, D>(p, ks, qs[buf], w0, lane);
+    strip_product<T, D>(dp, vs, gs[buf], w0, lane);
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll
@@ -518,9 +593,11 @@ __global__ void __launch_bounds__(kMmaThreads)
         dp[j][e] = p[j][e] * (dp[j][e] - delta_s[x]) * s.scale;  // dS^T
       }
     }
-    accumulate_strip<T, D>(acc_dv, p, gs, lane);
-    accumulate_strip<T, D>(acc_dk, dp, qs, lane);
+    accumulate_strip<T, D>(acc_dv, p, gs[buf], lane);
+    accumulate_strip<T, D>(acc_dk, dp, qs[buf], lane);
+    __syncthreads();  // the tile's reads are done before the next step refills its buffers
   }
+  cp_async_wait(0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= s.tk) continue;

@@ -139,6 +139,17 @@ inline void ldmatrix_x4(uint32_t (&x)[4], const void* row, bool trans) {
   }
 }
 inline void ldmatrix_x4(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x, row, false); }
+
+// cp.async.cg.shared.global's 16 bytes, copied at once (zeros when !valid): a kernel waits for
+// its copies before any thread reads them, so copying early changes no result. The attention
+// harness (tools/cuda_emulator/harness.cc) delays them to the wait instead, to catch a missing one.
+inline void cp_async_16(void* dst, const void* src, bool valid) {
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+}
 inline void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x, row, true); }
 
 }  // namespace loom_emu
