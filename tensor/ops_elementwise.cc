@@ -444,9 +444,40 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value) {
   return where(mask, full({}, value, self.dtype()), self);
 }
 
+namespace {
+
+// Whether an in-place op writes `self` by a GPU's elementwise kernel directly (a GPU, or a meta
+// trace of one), instead of computing a temporary and copying it back: self holds each element
+// once (contiguous), and `other`, when given, has self's dtype and device, broadcasts to self's
+// shape, and lives in another storage or is self itself. Each element is read and then written
+// by one thread, so a shifted or transposed view of self, read after another thread wrote it,
+// takes the temporary.
+bool gpu_writes_in_place(const Tensor& self, const Tensor* other) {
+  const Device d = self.device();
+  if (!(d.is_cuda() || (d.is_meta() && !allocates_like_cpu(d)))) return false;
+  if (self.extension() || !self.is_contiguous()) return false;
+  if (other == nullptr) return true;
+  if (other->extension() || other->dtype() != self.dtype() || other->device() != d) return false;
+  if (other->shape() != self.shape() &&
+      broadcast_shapes(self.shape(), other->shape(), "add_") != self.shape())
+    return false;
+  return self.storage() != other->storage() ||
+         (other->offset() == self.offset() && other->shape() == self.shape() &&
+          other->strides() == self.strides());
+}
+
+}  // namespace
+
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
   FlopCounter::record_in_place(self, 3);
+  if (gpu_writes_in_place(self, &other)) {
+    if (self.device().is_cuda()) {
+      cuda_backend::binary(BinaryOp::kAdd, self, self,
+                           other.shape() == self.shape() ? other : expand(other, self.shape()));
+    }
+    return;
+  }
   // The vectorized kernel writing into self (each element read, then written: the values of
   // add's loop, without its temporary and the copy back), unless `other` overlaps self shifted.
   const bool overlaps_shifted =
@@ -463,6 +494,12 @@ void add_(const Tensor& self, const Tensor& other) {
 void mul_(const Tensor& self, double scalar) {
   if (dispatch_op(OpId::mul_scalar_, {self}, {scalar})) return;
   FlopCounter::record_in_place(self, 2);
+  if (is_floating(self.dtype()) && gpu_writes_in_place(self, nullptr)) {
+    if (self.device().is_cuda()) {
+      cuda_backend::unary(UnaryOp::kMulScalar, self, self, static_cast<float>(scalar));
+    }
+    return;
+  }
   if (meta_like_fast_f32({self})) return;
   if (fast_f32({self})) {
     cpu::arith_scalar_f32(cpu::Arith::kMul, self.data<float>(), static_cast<float>(scalar),

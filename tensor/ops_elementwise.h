@@ -49,9 +49,11 @@ Tensor masked_fill(const Tensor& self, const Tensor& mask, double value);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 
-// In place: self += other (broadcast to self's shape). For gradient accumulation.
+// In place: self += other (broadcast to self's shape). For gradient accumulation. Written
+// directly, with no temporary copied back, on the CPU (contiguous f32) and on a GPU (contiguous
+// self; other of self's dtype, not a shifted or transposed view of self).
 void add_(const Tensor& self, const Tensor& other);
-// In place: self *= scalar (gradient clipping's scale, without a temporary and a copy back).
+// In place: self *= scalar (gradient clipping's scale), likewise without a temporary.
 void mul_(const Tensor& self, double scalar);
 
 // The AdamW update of many parameters in place, fused (torch.optim.AdamW(fused=True)): each

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/cuda/gemm_cublaslt.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_test_util.h"
 
@@ -50,6 +51,48 @@ TEST_P(CudaElementwiseTest, BinaryOpsBroadcastAndTakeViews) {
                   .tol = kernel_tolerance(want.dtype()),
                   .what = name + " " + std::string(dtype_name(dtype))});
   }
+}
+
+// add_ and mul_ write self directly on a GPU (no temporary copied back): the same values as the
+// CPU's, also with a broadcast operand, with self as its own operand, and (through the
+// temporary) with a shifted view of self, which one kernel reading and writing would corrupt.
+TEST_P(CudaElementwiseTest, InPlaceAddAndScaleMatchTheCpu) {
+  const DType dtype = GetParam();
+  const auto check = [&](const std::string& what, const std::function<void(const Tensor&)>& f) {
+    const Tensor want = ops::clone(random_tensor({6, 33}, 3, dtype));
+    const Tensor got = gpu(want);
+    f(want);
+    f(got);
+    expect_close({.actual = got,
+                  .expected = want,
+                  .tol = kernel_tolerance(dtype),
+                  .what = what + " " + std::string(dtype_name(dtype))});
+  };
+  const Tensor row = random_tensor({33}, 4, dtype);
+  check("add_ same shape", [&](const Tensor& x) {
+    ops::add_(x, x.device().is_cuda() ? gpu(random_tensor({6, 33}, 5, dtype))
+                                      : random_tensor({6, 33}, 5, dtype));
+  });
+  check("add_ broadcast row",
+        [&](const Tensor& x) { ops::add_(x, x.device().is_cuda() ? gpu(row) : row); });
+  check("add_ self", [](const Tensor& x) { ops::add_(x, x); });
+  check("add_ shifted view of self",
+        [](const Tensor& x) { ops::add_(ops::narrow(x, 0, 1, 5), ops::narrow(x, 0, 0, 5)); });
+  check("mul_", [](const Tensor& x) { ops::mul_(x, -0.75); });
+}
+
+TEST(InPlaceOnAGpuTrace, AddAndScaleAllocateNothing) {
+  MetaTargetGuard gpu_like(Device::cuda(0));
+  const Tensor x = ops::empty({64, 32}, kFloat32, Device::meta());
+  const Tensor g = ops::empty({64, 32}, kFloat32, Device::meta());
+  MemoryTracker tracker;
+  ScopedMemoryTracker scope(tracker);
+  ops::add_(x, g);
+  ops::mul_(x, 0.5);
+  EXPECT_EQ(tracker.stats().allocations, 0);
+  // A transposed view of self takes the temporary.
+  ops::add_(x, ops::transpose(ops::reshape(x, {32, 64}), 0, 1));
+  EXPECT_GT(tracker.stats().allocations, 0);
 }
 
 TEST_P(CudaElementwiseTest, UnaryAndScalarOps) {
