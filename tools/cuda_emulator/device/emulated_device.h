@@ -20,6 +20,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -123,7 +125,18 @@ void mma_m16n8k16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2])
 // address of row r of 8 x 8 matrix i (16-bit elements); lane 4 g + t receives in x[i] the
 // elements [g][2t] (low half) and [g][2t + 1] of matrix i, or with .trans [2t][g] and
 // [2t + 1][g] (PTX ISA, "ldmatrix").
+// An address an instruction needs 16-byte aligned (ldmatrix's rows, cp.async's operands): a
+// misaligned one faults on a GPU, so it aborts here, naming the instruction.
+inline void require_16_byte_aligned(const void* p, const char* instruction) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
+    std::fprintf(stderr, "cuda emulator: %s with a misaligned address %p (16 bytes needed)\n",
+                 instruction, p);
+    std::abort();
+  }
+}
+
 inline void ldmatrix_x4(uint32_t (&x)[4], const void* row, bool trans) {
+  require_16_byte_aligned(row, "ldmatrix");
   const unsigned char* all = warp_exchange(&row, sizeof(row));
   const int g = lane() / 4, t = lane() % 4;
   for (int i = 0; i < 4; ++i) {
@@ -144,6 +157,8 @@ inline void ldmatrix_x4(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x, row,
 // its copies before any thread reads them, so copying early changes no result. The attention
 // harness (tools/cuda_emulator/harness.cc) delays them to the wait instead, to catch a missing one.
 inline void cp_async_16(void* dst, const void* src, bool valid) {
+  require_16_byte_aligned(dst, "cp.async");
+  require_16_byte_aligned(src, "cp.async");
   if (valid) {
     std::memcpy(dst, src, 16);
   } else {
