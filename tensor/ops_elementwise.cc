@@ -453,11 +453,10 @@ namespace {
 // by one thread, so a shifted or transposed view of self, read after another thread wrote it,
 // takes the temporary.
 bool gpu_writes_in_place(const Tensor& self, const Tensor* other) {
-  const Device d = self.device();
-  if (!(d.is_cuda() || (d.is_meta() && !allocates_like_cpu(d)))) return false;
-  if (self.extension() || !self.is_contiguous()) return false;
+  if (allocates_like_cpu(self.device()) || self.extension() || !self.is_contiguous()) return false;
   if (other == nullptr) return true;
-  if (other->extension() || other->dtype() != self.dtype() || other->device() != d) return false;
+  if (other->extension() || other->dtype() != self.dtype() || other->device() != self.device())
+    return false;
   if (other->shape() != self.shape() &&
       broadcast_shapes(self.shape(), other->shape(), "add_") != self.shape())
     return false;

@@ -46,8 +46,7 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
   const std::optional<Device> device = common_device(tensors, op);
   if (!device) return Tensor::empty({0}, kFloat32);
   const int64_t n = static_cast<int64_t>(tensors.size());
-  const bool gpu_like = device->is_cuda() || (device->is_meta() && !allocates_like_cpu(*device));
-  if (!gpu_like) {
+  if (allocates_like_cpu(*device)) {
     std::vector<Tensor> sums;
     sums.reserve(tensors.size());
     for (const Tensor& t : tensors) sums.push_back(composed_square_sum(t));
@@ -79,9 +78,7 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors) {
 
 void foreach_mul_(std::span<const Tensor> tensors, double scalar) {
   const std::optional<Device> device = common_device(tensors, "foreach_mul_");
-  const bool gpu_like =
-      device && (device->is_cuda() || (device->is_meta() && !allocates_like_cpu(*device)));
-  if (!gpu_like) {
+  if (!device || allocates_like_cpu(*device)) {
     for (const Tensor& t : tensors) mul_(t, scalar);
     return;
   }

@@ -317,17 +317,15 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
     // this call's own forward they differ only by out's rounding; delta_from_out needs them.
     // Without row-addressable operands of one dtype: the composed sums (delta_from_out) or
     // rowsum(P * dP), which the dq kernel writes into the scratch.
-    Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
-    bool delta_given = true;
     const auto out_rows = strided_rows(out), grad_out_rows = strided_rows(grad_out);
-    if (out_rows && grad_out_rows && out.dtype() == grad_out.dtype()) {
+    const bool row_dots = out_rows && grad_out_rows && out.dtype() == grad_out.dtype();
+    const bool delta_given = row_dots || delta_from_out;
+    Tensor delta = row_dots || !delta_from_out ? Tensor::empty(lse_shape, kFloat32, device)
+                                               : delta_from(grad_out, out);
+    if (row_dots) {
       cuda::kernels::attention_row_dots(grad_out.dtype(), delta.data<float>(), grad_out.raw_data(),
                                         out.raw_data(), *grad_out_rows, *out_rows, dims.rows,
                                         dims.tq, dims.dv, device.index);
-    } else if (delta_from_out) {
-      delta = delta_from(grad_out, out);
-    } else {
-      delta_given = false;
     }
     const auto rq = strided_rows(q), rk = strided_rows(k), rv = strided_rows(v);
     const auto rg = strided_rows(grad_out);

@@ -336,6 +336,37 @@ __device__ __forceinline__ Smem<T> tile_buffer(unsigned char* smem, int i) {
   return {reinterpret_cast<T*>(smem) + i * kTile * kRowStride<D>, kRowStride<D>};
 }
 
+// The two operands a kernel loops over together, tile by tile (K and V; Q and dO in the dk/dv
+// kernel), double-buffered: buffer `buf` holds a[buf] and b[buf]. A loop fetches its first tiles
+// into buffer 0; each step fetches the tiles after its own into the other buffer, then
+// wait_for_current_tiles() before computing, and __syncthreads() after it, before the next step
+// refills the buffer it used.
+template <typename T, int D>
+struct DoubleBufferedTiles {
+  Smem<T> a[2], b[2];
+  const T* a_src;
+  int64_t a_stride;
+  const T* b_src;
+  int64_t b_stride;
+  int64_t total;  // the operands' rows
+
+  // Rows [row0, row0 + kTile) of both operands into buffer buf when row0 < end, committed as
+  // one group (an empty one otherwise, so that every step commits one).
+  __device__ void fetch(int buf, int64_t row0, int64_t end) const {
+    if (row0 < end) {
+      load_tile<T, D>(a[buf], a_src, a_stride, row0, total);
+      load_tile<T, D>(b[buf], b_src, b_stride, row0, total);
+    }
+    cp_async_commit();
+  }
+};
+
+// Every group but the newest (the next tiles') has landed, and every thread sees it.
+__device__ __forceinline__ void wait_for_current_tiles() {
+  cp_async_wait(1);
+  __syncthreads();
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 template <typename T, int D>
@@ -344,8 +375,6 @@ __global__ void __launch_bounds__(kMmaThreads)
                        FlashAttentionShape s, AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> qs = tile_buffer<T, D>(smem_raw, 0);
-  const Smem<T> ks[2] = {tile_buffer<T, D>(smem_raw, 1), tile_buffer<T, D>(smem_raw, 2)};
-  const Smem<T> vs[2] = {tile_buffer<T, D>(smem_raw, 3), tile_buffer<T, D>(smem_raw, 4)};
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -360,25 +389,22 @@ __global__ void __launch_bounds__(kMmaThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale = s.scale * kLog2e;  // scores in log2 units
   const int64_t end = key_end(s, q0);
-  // Q and the first key tile as one group; each step copies the next key tile in while it
-  // computes on the current one.
-  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
-  if (end > 0) {
-    load_tile<T, D>(ks[0], k, L.k.row_stride, 0, s.tk);
-    load_tile<T, D>(vs[0], v, L.v.row_stride, 0, s.tk);
-  }
-  cp_async_commit();
+  const DoubleBufferedTiles<T, D> kv{
+      {tile_buffer<T, D>(smem_raw, 1), tile_buffer<T, D>(smem_raw, 2)},
+      {tile_buffer<T, D>(smem_raw, 3), tile_buffer<T, D>(smem_raw, 4)},
+      k,
+      L.k.row_stride,
+      v,
+      L.v.row_stride,
+      s.tk};
+  load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);  // in the first key tiles' group
+  kv.fetch(0, 0, end);
   int buf = 0;
   for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
-    if (k0 + kTile < end) {
-      load_tile<T, D>(ks[buf ^ 1], k, L.k.row_stride, k0 + kTile, s.tk);
-      load_tile<T, D>(vs[buf ^ 1], v, L.v.row_stride, k0 + kTile, s.tk);
-    }
-    cp_async_commit();
-    cp_async_wait(1);  // every group but the next tile's has landed
-    __syncthreads();
+    kv.fetch(buf ^ 1, k0 + kTile, end);
+    wait_for_current_tiles();
     float sc[kTile / 8][4];
-    strip_product<T, D>(sc, qs, ks[buf], w0, lane);
+    strip_product<T, D>(sc, qs, kv.a[buf], w0, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
@@ -416,7 +442,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
     }
-    accumulate_strip<T, D>(o, sc, vs[buf], lane);
+    accumulate_strip<T, D>(o, sc, kv.b[buf], lane);
     __syncthreads();  // the tile's reads are done before the next step copies into its buffer
   }
   cp_async_wait(0);
@@ -448,8 +474,6 @@ __global__ void __launch_bounds__(kMmaThreads)
                            bool delta_given) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> qs = tile_buffer<T, D>(smem_raw, 0), gs = tile_buffer<T, D>(smem_raw, 1);
-  const Smem<T> ks[2] = {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)};
-  const Smem<T> vs[2] = {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)};
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
@@ -470,29 +494,27 @@ __global__ void __launch_bounds__(kMmaThreads)
   float acc[D / 8][4];
   zero<D>(acc);
   const int64_t end = key_end(s, q0);
-  // Q and dO join the first key tile's group; each step copies the next key tile in while it
-  // computes on the current one.
+  const DoubleBufferedTiles<T, D> kv{
+      {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)},
+      {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)},
+      k,
+      L.k.row_stride,
+      v,
+      L.v.row_stride,
+      s.tk};
+  // Q and dO join the first key tiles' group.
   load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
   load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
   for (int pass = delta_given ? 1 : 0; pass < 2; ++pass) {
     float dsum[2] = {0.0f, 0.0f};
-    if (end > 0) {
-      load_tile<T, D>(ks[0], k, L.k.row_stride, 0, s.tk);
-      load_tile<T, D>(vs[0], v, L.v.row_stride, 0, s.tk);
-    }
-    cp_async_commit();
+    kv.fetch(0, 0, end);
     int buf = 0;
     for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
-      if (k0 + kTile < end) {
-        load_tile<T, D>(ks[buf ^ 1], k, L.k.row_stride, k0 + kTile, s.tk);
-        load_tile<T, D>(vs[buf ^ 1], v, L.v.row_stride, k0 + kTile, s.tk);
-      }
-      cp_async_commit();
-      cp_async_wait(1);  // every group but the next tile's has landed
-      __syncthreads();
+      kv.fetch(buf ^ 1, k0 + kTile, end);
+      wait_for_current_tiles();
       float p[kTile / 8][4], dp[kTile / 8][4];
-      strip_product<T, D>(p, qs, ks[buf], w0, lane);
-      strip_product<T, D>(dp, gs, vs[buf], w0, lane);
+      strip_product<T, D>(p, qs, kv.a[buf], w0, lane);
+      strip_product<T, D>(dp, gs, kv.b[buf], w0, lane);
 #pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll
@@ -507,7 +529,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           }
         }
       }
-      if (pass == 1) accumulate_strip<T, D>(acc, p, ks[buf], lane);
+      if (pass == 1) accumulate_strip<T, D>(acc, p, kv.a[buf], lane);
       __syncthreads();  // the tile's reads are done before the next step copies into its buffer
     }
     if (pass == 0) {
@@ -537,8 +559,6 @@ __global__ void __launch_bounds__(kMmaThreads)
                              AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> ks = tile_buffer<T, D>(smem_raw, 0), vs = tile_buffer<T, D>(smem_raw, 1);
-  const Smem<T> qs[2] = {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)};
-  const Smem<T> gs[2] = {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)};
   float* lse_s = reinterpret_cast<float*>(tile_buffer<T, D>(smem_raw, 6).p);
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
@@ -559,31 +579,29 @@ __global__ void __launch_bounds__(kMmaThreads)
   zero<D>(acc_dk);
   zero<D>(acc_dv);
   const int64_t begin = query_begin(s, k0);
-  // K, V and the first query tile as one group; each step copies the next query tile in while
-  // it computes on the current one.
+  const DoubleBufferedTiles<T, D> qg{
+      {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)},
+      {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)},
+      q,
+      L.q.row_stride,
+      grad_out,
+      L.o.row_stride,
+      s.tq};
+  // K and V join the first query tiles' group.
   load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
   load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
-  if (begin < s.tq) {
-    load_tile<T, D>(qs[0], q, L.q.row_stride, begin, s.tq);
-    load_tile<T, D>(gs[0], grad_out, L.o.row_stride, begin, s.tq);
-  }
-  cp_async_commit();
+  qg.fetch(0, begin, s.tq);
   int buf = 0;
   for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf ^= 1) {
-    if (q0 + kTile < s.tq) {
-      load_tile<T, D>(qs[buf ^ 1], q, L.q.row_stride, q0 + kTile, s.tq);
-      load_tile<T, D>(gs[buf ^ 1], grad_out, L.o.row_stride, q0 + kTile, s.tq);
-    }
-    cp_async_commit();
+    qg.fetch(buf ^ 1, q0 + kTile, s.tq);
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
     }
-    cp_async_wait(1);  // every group but the next tile's has landed
-    __syncthreads();
+    wait_for_current_tiles();
     float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
-    strip_product<T, D>(p, ks, qs[buf], w0, lane);
-    strip_product<T, D>(dp, vs, gs[buf], w0, lane);
+    strip_product<T, D>(p, ks, qg.a[buf], w0, lane);
+    strip_product<T, D>(dp, vs, qg.b[buf], w0, lane);
 #pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
 #pragma unroll
@@ -593,8 +611,8 @@ __global__ void __launch_bounds__(kMmaThreads)
         dp[j][e] = p[j][e] * (dp[j][e] - delta_s[x]) * s.scale;  // dS^T
       }
     }
-    accumulate_strip<T, D>(acc_dv, p, gs[buf], lane);
-    accumulate_strip<T, D>(acc_dk, dp, qs[buf], lane);
+    accumulate_strip<T, D>(acc_dv, p, qg.b[buf], lane);
+    accumulate_strip<T, D>(acc_dk, dp, qg.a[buf], lane);
     __syncthreads();  // the tile's reads are done before the next step refills its buffers
   }
   cp_async_wait(0);
