@@ -14,6 +14,7 @@
 // order than the CPU's row softmax) and 10 for the gradients (sums over up to 130 keys or
 // queries of products of recomputed P and dP).
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -26,6 +27,7 @@
 #include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_test_util.h"
+#include "tests/testing/errors.h"
 
 namespace loom {
 namespace {
@@ -45,6 +47,17 @@ class TensorCoreAttention {
 
  private:
   bool previous_;
+};
+
+// Caps the shared memory per block the tensor-core kernels plan for, for a scope.
+class SharedMemoryCap {
+ public:
+  explicit SharedMemoryCap(size_t bytes) {
+    cuda::kernels::set_attention_shared_memory_limit(bytes);
+  }
+  ~SharedMemoryCap() { cuda::kernels::set_attention_shared_memory_limit(0); }
+  SharedMemoryCap(const SharedMemoryCap&) = delete;
+  SharedMemoryCap& operator=(const SharedMemoryCap&) = delete;
 };
 
 struct Case {
@@ -304,6 +317,60 @@ TEST_P(CudaAttentionTest, NeverAllocatesTheScoreMatrix) {
   EXPECT_LT(peak, size_t{8} << 20) << "peak " << peak << " bytes above the inputs";
 }
 
+// The tensor-core kernels' tile buffering, for the dtypes they take.
+class CudaAttentionTilesTest : public CudaAttentionTest {};
+
+TEST_P(CudaAttentionTilesTest, SingleBufferedWhereABlockHasLessSharedMemory) {
+  const DType dtype = GetParam();
+  using cuda::kernels::tensor_core_attention_plan;
+  // A tile is 64 rows of D + 8 (padding) elements of 2 bytes; the dk/dv kernel adds 64 lse and 64
+  // delta floats.
+  const auto tiles = [](int n, int64_t d) { return static_cast<size_t>(n * 64 * (d + 8) * 2); };
+  {
+    // sm_86 and sm_89 let a block use 99 KiB: at D = 128 the forward's double-buffered tiles
+    // (5 tiles, 85 KiB) fit, the backward's (6 tiles, 102 KiB) do not, its single-buffered ones
+    // (4 tiles) do.
+    const SharedMemoryCap cap(99 << 10);
+    const auto plan = tensor_core_attention_plan(dtype, 128, 0);
+    EXPECT_EQ(plan.shared_memory_per_block, size_t{99} << 10);
+    EXPECT_EQ(plan.forward.tile_buffers, 2);
+    EXPECT_EQ(plan.forward.shared_bytes, tiles(5, 128));
+    EXPECT_EQ(plan.dq.tile_buffers, 1);
+    EXPECT_EQ(plan.dq.shared_bytes, tiles(4, 128));
+    EXPECT_EQ(plan.dkdv.tile_buffers, 1);
+    EXPECT_EQ(plan.dkdv.shared_bytes, tiles(4, 128) + 2 * 64 * sizeof(float));
+    compare_case({{2, 1}, 130, 130, 128, 128}, 300);
+  }
+  {
+    // 40 KiB: every kernel single-buffered at D = 64, the forward too (3 tiles).
+    const SharedMemoryCap cap(40 << 10);
+    const auto plan = tensor_core_attention_plan(dtype, 64, 0);
+    EXPECT_EQ(plan.forward.tile_buffers, 1);
+    EXPECT_EQ(plan.forward.shared_bytes, tiles(3, 64));
+    EXPECT_EQ(plan.dq.tile_buffers, 1);
+    EXPECT_EQ(plan.dkdv.tile_buffers, 1);
+    compare_case({{2, 1}, 37, 130, 64, 64}, 310);
+    compare_case({{1, 2}, 70, 200, 64, 64}, 320, /*offset=*/130);  // key tiles begin mid-way
+  }
+  {
+    // 16 KiB holds not even one buffer at D = 64: the call fails, naming the sizes and the way
+    // out.
+    const SharedMemoryCap cap(16 << 10);
+    EXPECT_EQ(tensor_core_attention_plan(dtype, 64, 0).forward.tile_buffers, 0);
+    const Tensor q = gpu(random_tensor({1, 1, 70, 64}, 330, dtype));
+    const std::string message =
+        error_of([&] { (void)ops::scaled_dot_product_attention(q, q, q, true); });
+    EXPECT_THAT(message, ::testing::HasSubstr(fmt::format(
+                             "the forward kernel at head dim 64 needs {} bytes of shared memory "
+                             "per block with single-buffered tiles ({} double-buffered), but a "
+                             "block of device 0 may use 16384",
+                             tiles(3, 64), tiles(5, 64))));
+    EXPECT_THAT(message, ::testing::HasSubstr("set_tensor_core_attention(false)"));
+  }
+  // Uncapped (an sm_90 allows 227 KiB): double-buffered at every head dim.
+  EXPECT_EQ(tensor_core_attention_plan(dtype, 128, 0).dkdv.tile_buffers, 2);
+}
+
 // Which calls the tensor-core kernels take (host logic: runs without a GPU, in a CUDA build).
 TEST(TensorCoreAttention, TakesBf16AndF16AtHeadDims16To128WithAlignedTensors) {
   if (!cuda::kernels_built()) GTEST_SKIP() << "a CPU-only build has no CUDA kernels";
@@ -330,6 +397,8 @@ TEST(TensorCoreAttention, TakesBf16AndF16AtHeadDims16To128WithAlignedTensors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaAttentionTest, ::testing::ValuesIn(kKernelDTypes),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+INSTANTIATE_TEST_SUITE_P(TensorCoreDTypes, CudaAttentionTilesTest, ::testing::Values(kBFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace

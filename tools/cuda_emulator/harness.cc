@@ -509,7 +509,7 @@ struct Buffer {
   emu::GBuf meta;
 };
 
-template <typename T, int D>
+template <typename T, int D, int Stages>
 void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, bool delta_given,
               uint32_t seed, const char* tname) {
   using namespace emu;
@@ -672,11 +672,11 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
     emu::gbufs.push_back(&b.meta);
   }
   if (R > 0 && TQ > 0) {
-    const size_t bytes = kForwardSmem<T, D>;
+    const size_t bytes = kForwardSmem<T, D, Stages>;
     emu::kernel_kind = 0;
     emu::tiles_per_bh = ceil_div(TQ, kTile);
     run_grid(R * ceil_div(TQ, kTile), bytes, [&] {
-      mma_forward_kernel<T, D>(ptr(kOut), lse.data() + G, ptr(kQ), ptr(kK), ptr(kV), s, L);
+      mma_forward_kernel<T, D, Stages>(ptr(kOut), lse.data() + G, ptr(kQ), ptr(kK), ptr(kV), s, L);
     });
   }
   // The backward takes the reference lse (f32), as the forward would have stored, and grad_out
@@ -689,21 +689,21 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
     for (int64_t i = 0; i < R * TQ; ++i) delta[G + i] = static_cast<float>(delta_ref[i]);
   if (R > 0) {
     if (TQ > 0) {
-      const size_t bytes = kDqSmem<T, D>;
+      const size_t bytes = kDqSmem<T, D, Stages>;
       emu::kernel_kind = 1;
       emu::tiles_per_bh = ceil_div(TQ, kTile);
       run_grid(R * ceil_div(TQ, kTile), bytes, [&] {
-        mma_backward_dq_kernel<T, D>(ptr(kDq), delta.data() + G, ptr(kGo), ptr(kQ), ptr(kK),
-                                     ptr(kV), lse_in.data() + G, s, Lb, delta_given);
+        mma_backward_dq_kernel<T, D, Stages>(ptr(kDq), delta.data() + G, ptr(kGo), ptr(kQ), ptr(kK),
+                                             ptr(kV), lse_in.data() + G, s, Lb, delta_given);
       });
     }
     if (TK > 0) {
-      const size_t bytes = kDkdvSmem<T, D>;
+      const size_t bytes = kDkdvSmem<T, D, Stages>;
       emu::kernel_kind = 2;
       emu::tiles_per_bh = ceil_div(TK, kTile);
       run_grid(R * ceil_div(TK, kTile), bytes, [&] {
-        mma_backward_dkdv_kernel<T, D>(ptr(kDk), ptr(kDv), delta.data() + G, ptr(kGo), ptr(kQ),
-                                       ptr(kK), ptr(kV), lse_in.data() + G, s, Lb);
+        mma_backward_dkdv_kernel<T, D, Stages>(ptr(kDk), ptr(kDv), delta.data() + G, ptr(kGo),
+                                               ptr(kQ), ptr(kK), ptr(kV), lse_in.data() + G, s, Lb);
       });
     }
   }
@@ -761,7 +761,8 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
                   ed.rel() < 1e-4 && emu::races == 0 && emu::oob == 0 && emu::gerr == 0 &&
                   mem_bad == 0;
   if (!ok) ++g_fail;
-  GroupStat& gs = group(std::string(mode.name) + " " + tname + " D=" + std::to_string(D));
+  GroupStat& gs = group(std::string(mode.name) + " " + tname + " D=" + std::to_string(D) +
+                        (Stages == 1 ? " 1buf" : ""));
   (ok ? gs.pass : gs.fail)++;
   gs.out = std::max(gs.out, eo.max_err);
   gs.dq = std::max(gs.dq, eq.max_err);
@@ -774,13 +775,14 @@ void run_case(const Mode& mode, int64_t B, int64_t H, FlashAttentionShape s, boo
   gs.rdk = std::max(gs.rdk, ek.rel());
   gs.rdv = std::max(gs.rdv, ev.rel());
   std::printf(
-      "%s %-9s %s D=%3d B=%ld H=%ld tq=%4ld tk=%4ld causal=%d off=%5ld dg=%d | rel out %.2e dq "
+      "%s %-9s %s D=%3d S=%d B=%ld H=%ld tq=%4ld tk=%4ld causal=%d off=%5ld dg=%d | rel out %.2e "
+      "dq "
       "%.2e "
       "dk %.2e dv %.2e | abs lse %.1e delta %.1e | bad %ld/%ld/%ld/%ld/%ld/%ld races %ld oob %ld "
       "global %ld mem %ld\n",
-      ok ? "ok  " : "FAIL", mode.name, tname, D, (long)B, (long)H, (long)TQ, (long)TK, s.causal,
-      (long)s.causal_offset, delta_given, eo.rel(), eq.rel(), ek.rel(), ev.rel(), el.max_err,
-      ed.max_err, eo.bad, el.bad, eq.bad, ek.bad, ev.bad, ed.bad, emu::races.load(),
+      ok ? "ok  " : "FAIL", mode.name, tname, D, Stages, (long)B, (long)H, (long)TQ, (long)TK,
+      s.causal, (long)s.causal_offset, delta_given, eo.rel(), eq.rel(), ek.rel(), ev.rel(),
+      el.max_err, ed.max_err, eo.bad, el.bad, eq.bad, ek.bad, ev.bad, ed.bad, emu::races.load(),
       emu::oob.load(), emu::gerr.load(), mem_bad);
   std::fflush(stdout);
 }
@@ -809,7 +811,7 @@ std::vector<C> cases_for(int level) {
   return c;
 }
 
-template <typename T, int D>
+template <typename T, int D, int Stages>
 void sweep(const char* tname, const Mode& mode, int level) {
   uint32_t seed = 1;
   for (const C& c : cases_for(level)) {
@@ -819,26 +821,37 @@ void sweep(const char* tname, const Mode& mode, int level) {
     s.causal = c.causal;
     s.causal_offset = c.off;
     s.scale = (seed % 2) ? 1.0f / std::sqrt((float)D) : 0.5f;
-    run_case<T, D>(mode, c.B, c.H, s, c.dg, seed++, tname);
+    run_case<T, D, Stages>(mode, c.B, c.H, s, c.dg, seed++, tname);
   }
 }
 
 // usage: harness [D: 16|32|64|128|all] [mode: contig|gpt|fusedgrad|mixed|mixed2|padded|all]
-//                [dtype: bf16|f16|all] [level: 0|1] [norace]
+//                [dtype: bf16|f16|all] [level: 0|1] [tile buffers: 2|1|all (default 2)] [norace]
+// (2: the double-buffered kernels; 1: the single-buffered ones a GPU with less shared memory per
+// block takes, TilePipeline in flash_attention_mma.cu)
 int main(int argc, char** argv) {
   const std::string wd = argc > 1 ? argv[1] : "all", wm = argc > 2 ? argv[2] : "all",
-                    wt = argc > 3 ? argv[3] : "all";
+                    wt = argc > 3 ? argv[3] : "all", ws = argc > 5 ? argv[5] : "2";
   const int level = argc > 4 ? std::atoi(argv[4]) : 0;
-  emu::race_check = !(argc > 5 && std::strcmp(argv[5], "norace") == 0);
+  emu::race_check = !(argc > 6 && std::strcmp(argv[6], "norace") == 0);
+  if (ws != "1" && ws != "2" && ws != "all") {
+    std::printf("harness: tile buffers '%s' is not 1, 2 or all\n", ws.c_str());
+    return 2;
+  }
   for (const Mode& m : kModes) {
     if (wm != "all" && wm != m.name) continue;
-    auto dims = [&](auto tag, const char* tn) {
+    auto stages = [&](auto tag, const char* tn, auto dim) {
       using T = decltype(tag);
+      constexpr int D = decltype(dim)::value;
+      if (ws != "1") sweep<T, D, 2>(tn, m, level);
+      if (ws != "2") sweep<T, D, 1>(tn, m, level);
+    };
+    auto dims = [&](auto tag, const char* tn) {
       if (wt != "all" && wt != std::string(tn).substr(0, std::string(tn).find(' '))) return;
-      if (wd == "all" || wd == "16") sweep<T, 16>(tn, m, level);
-      if (wd == "all" || wd == "32") sweep<T, 32>(tn, m, level);
-      if (wd == "all" || wd == "64") sweep<T, 64>(tn, m, level);
-      if (wd == "all" || wd == "128") sweep<T, 128>(tn, m, level);
+      if (wd == "all" || wd == "16") stages(tag, tn, std::integral_constant<int, 16>{});
+      if (wd == "all" || wd == "32") stages(tag, tn, std::integral_constant<int, 32>{});
+      if (wd == "all" || wd == "64") stages(tag, tn, std::integral_constant<int, 64>{});
+      if (wd == "all" || wd == "128") stages(tag, tn, std::integral_constant<int, 128>{});
     };
     dims(__nv_bfloat16{}, "bf16");
     dims(__half{}, "f16 ");

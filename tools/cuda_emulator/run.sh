@@ -9,8 +9,10 @@
 # once and everything around them untouched. Not hardware: no timing, no real accumulation order
 # or exp2f accuracy; the GPU run of cuda_attention_test still decides.
 #
-#   tools/cuda_emulator/run.sh          # quick: D 16 and 64, every layout, bf16 (a few minutes)
-#   tools/cuda_emulator/run.sh full     # every D, layout and dtype, more sizes (about 45 min on 2 cores)
+#   tools/cuda_emulator/run.sh          # quick: D 16 and 64, every layout, bf16, double-buffered
+#                                       # tiles, and D 64 single-buffered (a few minutes)
+#   tools/cuda_emulator/run.sh full     # every D, layout, dtype and tile buffering, more sizes
+#                                       # (about 90 min on 2 cores)
 #   tools/cuda_emulator/mutate.sh NAME 'sed-expr' [harness args]   # a planted defect must fail
 #
 # Needs g++ (C++20) and the CUDA toolkit's headers (cuda_bf16.h) in /usr/local/cuda/include.
@@ -19,15 +21,17 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "${here}/../.." && pwd)"
 WORK=${WORK:-${TMPDIR:-/tmp}/loom-cuda-emulator}
 mkdir -p "${WORK}"
+rm -f "${WORK}"/D*.log  # an earlier run's logs are not this one's
 "${here}/extract.sh" "${root}/tensor/cuda/kernels/flash_attention_mma.cu" \
   "${root}/tensor/cuda/kernels/flash_attention_tiles.cuh" "${WORK}"
 g++ -std=c++20 -O2 -pthread -I/usr/local/cuda/include -I"${root}" -I"${WORK}" \
   "${here}/harness.cc" -o "${WORK}/harness"
 failed=0
 if [[ "${1:-quick}" == full ]]; then
-  for d in 16 32 64 128; do "${WORK}/harness" "${d}" all all 1 | tee "${WORK}/D${d}.log" | tail -n 3 || failed=1; done
+  for d in 16 32 64 128; do "${WORK}/harness" "${d}" all all 1 all | tee "${WORK}/D${d}.log" | tail -n 3 || failed=1; done
 else
-  for d in 16 64; do "${WORK}/harness" "${d}" all bf16 0 | tee "${WORK}/D${d}.log" | tail -n 3 || failed=1; done
+  for d in 16 64; do "${WORK}/harness" "${d}" all bf16 0 2 | tee "${WORK}/D${d}.log" | tail -n 3 || failed=1; done
+  "${WORK}/harness" 64 all bf16 0 1 | tee "${WORK}/D64_1buf.log" | tail -n 3 || failed=1
 fi
 cases=$(cat "${WORK}"/D*.log | grep -c '^ok\|^FAIL' || true)
 failing=$(cat "${WORK}"/D*.log | grep -c '^FAIL' || true)

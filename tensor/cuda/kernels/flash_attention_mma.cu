@@ -57,6 +57,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 std::atomic<bool> g_tensor_cores{true};
+std::atomic<size_t> g_shared_memory_cap{0};  // set_attention_shared_memory_limit; 0: none
 
 // ---- the mma instruction and operands -----------------------------------------------------------
 
@@ -319,16 +320,17 @@ __device__ __forceinline__ P* matrix(P* base, const AttentionRows& r, int64_t bh
 // Shared-row stride in elements: a tile's rows of D, padded.
 template <int D>
 inline constexpr int kRowStride = D + kPad;
-// Dynamic shared memory of each kernel: its tiles, two of each one it loops over (the next one
-// copied in while the current one is used), and the dk/dv kernel's lse and delta rows.
+// Dynamic shared memory of each kernel: its tiles, `Stages` of each one it loops over (2: the
+// next one copied in while the current one is used; 1: for GPUs whose blocks cannot hold two,
+// TilePipeline below), and the dk/dv kernel's lse and delta rows.
 template <typename T, int D>
 inline constexpr size_t kTileBytes = sizeof(T) * kTile* kRowStride<D>;
-template <typename T, int D>
-inline constexpr size_t kForwardSmem = 5 * kTileBytes<T, D>;  // Q, 2 x (K, V)
-template <typename T, int D>
-inline constexpr size_t kDqSmem = 6 * kTileBytes<T, D>;  // Q, dO, 2 x (K, V)
-template <typename T, int D>
-inline constexpr size_t kDkdvSmem = 6 * kTileBytes<T, D> + 2 * kTile * sizeof(float);
+template <typename T, int D, int Stages>
+inline constexpr size_t kForwardSmem = (1 + 2 * Stages) * kTileBytes<T, D>;  // Q, (K, V) each
+template <typename T, int D, int Stages>
+inline constexpr size_t kDqSmem = (2 + 2 * Stages) * kTileBytes<T, D>;  // Q, dO, (K, V) each
+template <typename T, int D, int Stages>
+inline constexpr size_t kDkdvSmem = (2 + 2 * Stages) * kTileBytes<T, D> + 2 * kTile * sizeof(float);
 
 // Tile buffer i of a kernel's shared memory.
 template <typename T, int D>
@@ -337,18 +339,39 @@ __device__ __forceinline__ Smem<T> tile_buffer(unsigned char* smem, int i) {
 }
 
 // The two operands a kernel loops over together, tile by tile (K and V; Q and dO in the dk/dv
-// kernel), double-buffered: buffer `buf` holds a[buf] and b[buf]. A loop fetches its first tiles
-// into buffer 0; each step fetches the tiles after its own into the other buffer, then
-// wait_for_current_tiles() before computing, and __syncthreads() after it, before the next step
-// refills the buffer it used.
-template <typename T, int D>
-struct DoubleBufferedTiles {
-  Smem<T> a[2], b[2];
+// kernel), in `Stages` buffers: buffer `buf` holds a[buf] and b[buf]. A loop fetches its first
+// tiles into buffer 0; then each step
+//   prefetch(buf, next)      with two buffers, copies the next tiles into the other one now,
+//                            to land while this step computes;
+//   wait_for_current()       every group but the newest has landed (two buffers), or all have
+//                            (one), and every thread sees it;
+//   ... compute on buffer buf, then __syncthreads() (the buffer's reads are done) ...
+//   refill(next)             with one buffer, copies the next tiles into it only now;
+//   buf = following(buf).
+// Two buffers hide the copies behind the products; one costs exposed copies but fits GPUs whose
+// blocks have less shared memory (sm_86 / sm_89: 99 KiB; the D = 128 backward needs 102 KiB
+// with two).
+template <typename T, int D, int Stages>
+struct TilePipeline {
+  static_assert(Stages == 1 || Stages == 2, "one or two buffers per operand");
+  Smem<T> a[Stages], b[Stages];
   const T* a_src;
   int64_t a_stride;
   const T* b_src;
   int64_t b_stride;
   int64_t total;  // the operands' rows
+
+  // Operand a in tile buffers [first, first + Stages), b in the next Stages.
+  __device__ static TilePipeline in(unsigned char* smem, int first, const T* a_src,
+                                    int64_t a_stride, const T* b_src, int64_t b_stride,
+                                    int64_t total) {
+    TilePipeline p{{}, {}, a_src, a_stride, b_src, b_stride, total};
+    for (int i = 0; i < Stages; ++i) {
+      p.a[i] = tile_buffer<T, D>(smem, first + i);
+      p.b[i] = tile_buffer<T, D>(smem, first + Stages + i);
+    }
+    return p;
+  }
 
   // Rows [row0, row0 + kTile) of both operands into buffer buf when row0 < end, committed as
   // one group (an empty one otherwise, so that every step commits one).
@@ -359,17 +382,22 @@ struct DoubleBufferedTiles {
     }
     cp_async_commit();
   }
+  __device__ void prefetch(int buf, int64_t next, int64_t end) const {
+    if constexpr (Stages == 2) fetch(buf ^ 1, next, end);
+  }
+  __device__ static void wait_for_current() {
+    cp_async_wait(Stages - 1);
+    __syncthreads();
+  }
+  __device__ void refill(int64_t next, int64_t end) const {
+    if constexpr (Stages == 1) fetch(0, next, end);
+  }
+  __device__ static int following(int buf) { return Stages == 2 ? buf ^ 1 : 0; }
 };
-
-// Every group but the newest (the next tiles') has landed, and every thread sees it.
-__device__ __forceinline__ void wait_for_current_tiles() {
-  cp_async_wait(1);
-  __syncthreads();
-}
 
 // ---- forward ------------------------------------------------------------------------------------
 
-template <typename T, int D>
+template <typename T, int D, int Stages>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_forward_kernel(T* out, float* lse, const T* q, const T* k, const T* v,
                        FlashAttentionShape s, AttentionLayouts L) {
@@ -389,20 +417,14 @@ __global__ void __launch_bounds__(kMmaThreads)
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const float scale = s.scale * kLog2e;  // scores in log2 units
   const int64_t end = key_end(s, q0);
-  const DoubleBufferedTiles<T, D> kv{
-      {tile_buffer<T, D>(smem_raw, 1), tile_buffer<T, D>(smem_raw, 2)},
-      {tile_buffer<T, D>(smem_raw, 3), tile_buffer<T, D>(smem_raw, 4)},
-      k,
-      L.k.row_stride,
-      v,
-      L.v.row_stride,
-      s.tk};
+  using Tiles = TilePipeline<T, D, Stages>;
+  const Tiles kv = Tiles::in(smem_raw, 1, k, L.k.row_stride, v, L.v.row_stride, s.tk);
   load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);  // in the first key tiles' group
   kv.fetch(0, 0, end);
   int buf = 0;
-  for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
-    kv.fetch(buf ^ 1, k0 + kTile, end);
-    wait_for_current_tiles();
+  for (int64_t k0 = 0; k0 < end; k0 += kTile, buf = Tiles::following(buf)) {
+    kv.prefetch(buf, k0 + kTile, end);
+    Tiles::wait_for_current();
     float sc[kTile / 8][4];
     strip_product<T, D>(sc, qs, kv.a[buf], w0, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -444,6 +466,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     }
     accumulate_strip<T, D>(o, sc, kv.b[buf], lane);
     __syncthreads();  // the tile's reads are done before the next step copies into its buffer
+    kv.refill(k0 + kTile, end);
   }
   cp_async_wait(0);
 #pragma unroll
@@ -467,7 +490,7 @@ __device__ __forceinline__ float prob(float score, float lse2, bool vis, float s
 // One block per query tile: pass 0 sums delta_i = sum_j P_ij dP_ij over the key tiles (skipped
 // when delta_given: read instead); pass 1 accumulates dq_i = scale sum_j dS_ij k_j with
 // dS = P (dP - delta). S = Q K^T, dP = dO V^T and dS K, all from row-major K and V.
-template <typename T, int D>
+template <typename T, int D, int Stages>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dq_kernel(T* dq, float* delta, const T* grad_out, const T* q, const T* k,
                            const T* v, const float* lse, FlashAttentionShape s, AttentionLayouts L,
@@ -494,14 +517,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   float acc[D / 8][4];
   zero<D>(acc);
   const int64_t end = key_end(s, q0);
-  const DoubleBufferedTiles<T, D> kv{
-      {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)},
-      {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)},
-      k,
-      L.k.row_stride,
-      v,
-      L.v.row_stride,
-      s.tk};
+  using Tiles = TilePipeline<T, D, Stages>;
+  const Tiles kv = Tiles::in(smem_raw, 2, k, L.k.row_stride, v, L.v.row_stride, s.tk);
   // Q and dO join the first key tiles' group.
   load_tile<T, D>(qs, q, L.q.row_stride, q0, s.tq);
   load_tile<T, D>(gs, grad_out, L.o.row_stride, q0, s.tq);
@@ -509,9 +526,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     float dsum[2] = {0.0f, 0.0f};
     kv.fetch(0, 0, end);
     int buf = 0;
-    for (int64_t k0 = 0; k0 < end; k0 += kTile, buf ^= 1) {
-      kv.fetch(buf ^ 1, k0 + kTile, end);
-      wait_for_current_tiles();
+    for (int64_t k0 = 0; k0 < end; k0 += kTile, buf = Tiles::following(buf)) {
+      kv.prefetch(buf, k0 + kTile, end);
+      Tiles::wait_for_current();
       float p[kTile / 8][4], dp[kTile / 8][4];
       strip_product<T, D>(p, qs, kv.a[buf], w0, lane);
       strip_product<T, D>(dp, gs, kv.b[buf], w0, lane);
@@ -531,6 +548,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       }
       if (pass == 1) accumulate_strip<T, D>(acc, p, kv.a[buf], lane);
       __syncthreads();  // the tile's reads are done before the next step copies into its buffer
+      kv.refill(k0 + kTile, end);
     }
     if (pass == 0) {
 #pragma unroll
@@ -552,14 +570,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 
 // One block per key tile, a warp per 16 keys, looping over the query tiles that see them:
 // S^T = K Q^T, dP^T = V dO^T, dv += P^T dO and dk += dS^T Q, all from row-major Q and dO.
-template <typename T, int D>
+template <typename T, int D, int Stages>
 __global__ void __launch_bounds__(kMmaThreads)
     mma_backward_dkdv_kernel(T* dk, T* dv_out, const float* delta, const T* grad_out, const T* q,
                              const T* k, const T* v, const float* lse, FlashAttentionShape s,
                              AttentionLayouts L) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const Smem<T> ks = tile_buffer<T, D>(smem_raw, 0), vs = tile_buffer<T, D>(smem_raw, 1);
-  float* lse_s = reinterpret_cast<float*>(tile_buffer<T, D>(smem_raw, 6).p);
+  float* lse_s = reinterpret_cast<float*>(tile_buffer<T, D>(smem_raw, 2 + 2 * Stages).p);
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
   const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
@@ -579,26 +597,20 @@ __global__ void __launch_bounds__(kMmaThreads)
   zero<D>(acc_dk);
   zero<D>(acc_dv);
   const int64_t begin = query_begin(s, k0);
-  const DoubleBufferedTiles<T, D> qg{
-      {tile_buffer<T, D>(smem_raw, 2), tile_buffer<T, D>(smem_raw, 3)},
-      {tile_buffer<T, D>(smem_raw, 4), tile_buffer<T, D>(smem_raw, 5)},
-      q,
-      L.q.row_stride,
-      grad_out,
-      L.o.row_stride,
-      s.tq};
+  using Tiles = TilePipeline<T, D, Stages>;
+  const Tiles qg = Tiles::in(smem_raw, 2, q, L.q.row_stride, grad_out, L.o.row_stride, s.tq);
   // K and V join the first query tiles' group.
   load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
   load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
   qg.fetch(0, begin, s.tq);
   int buf = 0;
-  for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf ^= 1) {
-    qg.fetch(buf ^ 1, q0 + kTile, s.tq);
+  for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf = Tiles::following(buf)) {
+    qg.prefetch(buf, q0 + kTile, s.tq);
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
     }
-    wait_for_current_tiles();
+    Tiles::wait_for_current();
     float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
     strip_product<T, D>(p, ks, qg.a[buf], w0, lane);
     strip_product<T, D>(dp, vs, qg.b[buf], w0, lane);
@@ -614,6 +626,7 @@ __global__ void __launch_bounds__(kMmaThreads)
     accumulate_strip<T, D>(acc_dv, p, qg.b[buf], lane);
     accumulate_strip<T, D>(acc_dk, dp, qg.a[buf], lane);
     __syncthreads();  // the tile's reads are done before the next step refills its buffers
+    qg.refill(q0 + kTile, s.tq);
   }
   cp_async_wait(0);
 #pragma unroll
@@ -653,12 +666,48 @@ void visit(DType dtype, int64_t d, F&& f) {
   LOOM_FAIL("tensor-core attention: dtype {} is not bf16 or f16", static_cast<int>(dtype));
 }
 
+// The shared memory a block of `device` may use: its opt-in limit, or the cap if lower.
+size_t shared_memory_per_block(int device) {
+  int optin = 0;
+  LOOM_CUDA_CHECK_ON(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), device);
+  const size_t cap = g_shared_memory_cap.load();
+  return cap > 0 && cap < static_cast<size_t>(optin) ? cap : static_cast<size_t>(optin);
+}
+
+// A kernel's plan: double-buffered tiles (`two` bytes) where they fit `limit`, else single-buffered
+// ones (`one`), else none (0 buffers).
+AttentionKernelPlan plan_for(size_t two, size_t one, size_t limit) {
+  if (two <= limit) return {2, two};
+  if (one <= limit) return {1, one};
+  return {0, one};
+}
+
+// Calls f(std::integral_constant<int, Stages>{}) with the kernel's plan on `device`; fails naming
+// both sizes and the limit when neither fits.
+template <typename F>
+void with_stages(const char* kernel, int d, size_t two, size_t one, int device, F&& f) {
+  const size_t limit = shared_memory_per_block(device);
+  switch (plan_for(two, one, limit).tile_buffers) {
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+  }
+  LOOM_FAIL(
+      "tensor-core attention: {} at head dim {} needs {} bytes of shared memory per block with "
+      "single-buffered tiles ({} double-buffered), but a block of device {} may use {}; "
+      "cuda::kernels::set_tensor_core_attention(false) routes attention to the plain kernels",
+      kernel, d, one, two, device, limit);
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
 void set_tensor_core_attention(bool enabled) { g_tensor_cores.store(enabled); }
 bool tensor_core_attention_enabled() { return g_tensor_cores.load(); }
+void set_attention_shared_memory_limit(size_t bytes) { g_shared_memory_cap.store(bytes); }
 
 bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
                                  std::initializer_list<const void*> pointers,
@@ -676,6 +725,20 @@ bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
   return true;
 }
 
+TensorCoreAttentionPlan tensor_core_attention_plan(DType dtype, int64_t d, int device) {
+  TensorCoreAttentionPlan plan;
+  plan.shared_memory_per_block = shared_memory_per_block(device);
+  visit(dtype, d, [&](auto tag, auto dim) {
+    using T = decltype(tag);
+    constexpr int D = decltype(dim)::value;
+    const size_t limit = plan.shared_memory_per_block;
+    plan.forward = plan_for(kForwardSmem<T, D, 2>, kForwardSmem<T, D, 1>, limit);
+    plan.dq = plan_for(kDqSmem<T, D, 2>, kDqSmem<T, D, 1>, limit);
+    plan.dkdv = plan_for(kDkdvSmem<T, D, 2>, kDkdvSmem<T, D, 1>, limit);
+  });
+  return plan;
+}
+
 void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
                            const void* v, const FlashAttentionShape& s,
                            const AttentionLayouts& layouts, int device) {
@@ -683,9 +746,14 @@ void mma_attention_forward(DType dtype, void* out, float* lse, const void* q, co
   visit(dtype, s.d, [&](auto tag, auto dim) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
-    launch(mma_forward_kernel<T, D>, "mma_forward_kernel", s.rows * ceil_div(s.tq, kTile),
-           kForwardSmem<T, D>, device, static_cast<T*>(out), lse, static_cast<const T*>(q),
-           static_cast<const T*>(k), static_cast<const T*>(v), s, layouts);
+    with_stages("the forward kernel", D, kForwardSmem<T, D, 2>, kForwardSmem<T, D, 1>, device,
+                [&](auto stages) {
+                  constexpr int S = decltype(stages)::value;
+                  launch(mma_forward_kernel<T, D, S>, "mma_forward_kernel",
+                         s.rows * ceil_div(s.tq, kTile), kForwardSmem<T, D, S>, device,
+                         static_cast<T*>(out), lse, static_cast<const T*>(q),
+                         static_cast<const T*>(k), static_cast<const T*>(v), s, layouts);
+                });
   });
 }
 
@@ -701,14 +769,22 @@ void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* de
     const auto qt = static_cast<const T*>(q), kt = static_cast<const T*>(k);
     const auto vt = static_cast<const T*>(v);
     if (s.tq > 0) {
-      launch(mma_backward_dq_kernel<T, D>, "mma_backward_dq_kernel", s.rows * ceil_div(s.tq, kTile),
-             kDqSmem<T, D>, device, static_cast<T*>(dq), delta, g, qt, kt, vt, lse, s, layouts,
-             delta_given);
+      with_stages("the dq kernel", D, kDqSmem<T, D, 2>, kDqSmem<T, D, 1>, device, [&](auto stages) {
+        constexpr int S = decltype(stages)::value;
+        launch(mma_backward_dq_kernel<T, D, S>, "mma_backward_dq_kernel",
+               s.rows * ceil_div(s.tq, kTile), kDqSmem<T, D, S>, device, static_cast<T*>(dq), delta,
+               g, qt, kt, vt, lse, s, layouts, delta_given);
+      });
     }
     if (s.tk > 0) {
-      launch(mma_backward_dkdv_kernel<T, D>, "mma_backward_dkdv_kernel",
-             s.rows * ceil_div(s.tk, kTile), kDkdvSmem<T, D>, device, static_cast<T*>(dk),
-             static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt, vt, lse, s, layouts);
+      with_stages("the dk/dv kernel", D, kDkdvSmem<T, D, 2>, kDkdvSmem<T, D, 1>, device,
+                  [&](auto stages) {
+                    constexpr int S = decltype(stages)::value;
+                    launch(mma_backward_dkdv_kernel<T, D, S>, "mma_backward_dkdv_kernel",
+                           s.rows * ceil_div(s.tk, kTile), kDkdvSmem<T, D, S>, device,
+                           static_cast<T*>(dk), static_cast<T*>(dv),
+                           static_cast<const float*>(delta), g, qt, kt, vt, lse, s, layouts);
+                  });
     }
   });
 }

@@ -4,6 +4,7 @@
 // of flash_attention.cu, which stay as this path's oracle (cuda_attention_test runs both).
 #pragma once
 
+#include <cstddef>
 #include <initializer_list>
 
 #include "tensor/cuda/kernels/nn.h"
@@ -14,6 +15,26 @@ namespace loom::cuda::kernels {
 // comparing the two paths' speed (tools/bench/attention_bench).
 void set_tensor_core_attention(bool enabled);
 bool tensor_core_attention_enabled();
+
+// Caps the shared memory per block the tensor-core kernels plan for (0, the default: the device's
+// opt-in limit, cudaDevAttrMaxSharedMemoryPerBlockOptin). A kernel whose double-buffered tiles do
+// not fit keeps one buffer per operand it loops over (sm_86 / sm_89's 99 KiB at D = 128 in the
+// backward), and fails naming both sizes when even that does not fit. Tests set a cap to run the
+// single-buffered kernels on any GPU.
+void set_attention_shared_memory_limit(size_t bytes);
+
+// How the tensor-core kernels run head dim d in dtype on `device` (under the limit above): each
+// kernel's tile buffers per operand it loops over (2, 1, or 0: it does not fit, and the call
+// fails) and its dynamic shared memory per block. For reports and tests.
+struct AttentionKernelPlan {
+  int tile_buffers = 0;
+  size_t shared_bytes = 0;
+};
+struct TensorCoreAttentionPlan {
+  AttentionKernelPlan forward, dq, dkdv;
+  size_t shared_memory_per_block = 0;  // what a block of the device may use
+};
+TensorCoreAttentionPlan tensor_core_attention_plan(DType dtype, int64_t d, int device);
 
 // Where one operand's rows lie, so the kernels read and write attention's usual strided views
 // without a copy (q, k, v sliced out of a fused QKV projection's (B, T, H, 3, D) output and

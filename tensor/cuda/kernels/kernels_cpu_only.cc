@@ -122,6 +122,10 @@ bool tensor_cores_switch = true;
 }  // namespace
 void set_tensor_core_attention(bool enabled) { tensor_cores_switch = enabled; }
 bool tensor_core_attention_enabled() { return tensor_cores_switch; }
+void set_attention_shared_memory_limit(size_t) {}
+TensorCoreAttentionPlan tensor_core_attention_plan(DType, int64_t, int) {
+  unavailable("tensor_core_attention_plan");
+}
 bool tensor_core_attention_takes(DType, const FlashAttentionShape&,
                                  std::initializer_list<const void*>,
                                  std::initializer_list<AttentionRows>) {

@@ -154,6 +154,11 @@ void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
     throw std::runtime_error("cuda emulator: a block of " + std::to_string(threads) +
                              " threads (expected 1..1024)");
   }
+  if (dynamic_shared_bytes > kSharedMemoryPerBlockOptin) {
+    throw std::runtime_error("cuda emulator: " + std::to_string(dynamic_shared_bytes) +
+                             " bytes of dynamic shared memory per block (at most " +
+                             std::to_string(kSharedMemoryPerBlockOptin) + ", an sm_90's limit)");
+  }
   if (s.fibers.size() < static_cast<size_t>(threads)) {
     const size_t before = s.fibers.size();
     s.fibers.resize(threads);

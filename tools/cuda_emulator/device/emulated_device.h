@@ -26,6 +26,8 @@
 #include <functional>
 #include <type_traits>
 
+#include "tools/cuda_emulator/device/emulated_limits.h"
+
 #undef __device__
 #undef __global__
 #undef __host__
@@ -169,9 +171,13 @@ inline void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x
 
 }  // namespace loom_emu
 
-// Attributes of a kernel (opting in to more dynamic shared memory): nothing to set here.
+// Attributes of a kernel: opting in to more dynamic shared memory than the GPU's limit fails, as
+// on a GPU; nothing else to set here.
 template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+      (value < 0 || static_cast<std::size_t>(value) > loom_emu::kSharedMemoryPerBlockOptin))
+    return cudaErrorInvalidValue;
   return cudaSuccess;
 }
 

@@ -12,6 +12,8 @@
 #include <new>
 #include <unordered_map>
 
+#include "tools/cuda_emulator/device/emulated_limits.h"
+
 namespace {
 
 constexpr std::size_t kTotalBytes = std::size_t{64} << 30;  // what cudaMemGetInfo reports
@@ -135,11 +137,28 @@ cudaError_t CUDARTAPI cudaGetDeviceProperties_v2(cudaDeviceProp* prop, int devic
   prop->minor = 0;
   prop->multiProcessorCount = 132;
   prop->totalGlobalMem = kTotalBytes;
-  prop->sharedMemPerBlock = 48 << 10;
-  prop->sharedMemPerBlockOptin = 227 << 10;
+  prop->sharedMemPerBlock = loom_emu::kSharedMemoryPerBlock;
+  prop->sharedMemPerBlockOptin = loom_emu::kSharedMemoryPerBlockOptin;
   prop->maxThreadsPerBlock = 1024;
   prop->warpSize = 32;
   return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (device < 0 || device >= emulated_devices()) return fail(cudaErrorInvalidDevice);
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(loom_emu::kSharedMemoryPerBlockOptin);
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(loom_emu::kSharedMemoryPerBlock);
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 132;
+      return cudaSuccess;
+    default:
+      return fail(cudaErrorInvalidValue);  // not emulated: say so rather than invent a value
+  }
 }
 
 cudaError_t CUDARTAPI cudaMalloc(void** ptr, size_t bytes) {
@@ -214,7 +233,10 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* da
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) {
+cudaError_t CUDARTAPI cudaFuncSetAttribute(const void*, cudaFuncAttribute attr, int value) {
+  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
+      (value < 0 || static_cast<size_t>(value) > loom_emu::kSharedMemoryPerBlockOptin))
+    return fail(cudaErrorInvalidValue);  // as a GPU refuses more than its opt-in limit
   return cudaSuccess;
 }
 
