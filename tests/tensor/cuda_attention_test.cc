@@ -11,7 +11,7 @@
 //
 // Tolerances (cuda_test_util.h): f32 1e-5 relative and absolute, bf16 1e-2, times a slack of 4
 // for out and logsumexp (the online softmax rescales partial sums, so terms add in another
-// order than the CPU's row softmax) and 10 for the gradients (sums over up to 130 keys or
+// order than the CPU's row softmax) and 10 for the gradients (sums over up to 1000 keys or
 // queries of products of recomputed P and dP).
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -144,6 +144,13 @@ TEST_P(CudaAttentionTest, MatchesTheCpuAcrossTileEdgesAndSequenceLengths) {
   };
   uint32_t seed = 10;
   for (const Case& c : cases) compare_case(c, seed += 3);
+}
+
+// Issue 31's odd sizes: one sequence of 1000 (16 tiles, the last of 40 rows) at the head dims
+// GPT-2 (64) and Llama (128) use, both masks, both GPU paths.
+TEST_P(CudaAttentionTest, OneSequenceOf1000AtHeadDims64And128) {
+  compare_case({{1, 1}, 1000, 1000, 64, 64}, 400);
+  compare_case({{1, 1}, 1000, 1000, 128, 128}, 403);
 }
 
 TEST_P(CudaAttentionTest, CausalOffsetsMatchTheCpu) {

@@ -285,6 +285,35 @@ TEST_P(CudaElementwiseTest, MatmulShapesTransposesAndBatches) {
   EXPECT_EQ(cuda::gemm_plan_cache_size(0), plans) << "a repeated shape reuses its cached plan";
 }
 
+// Issue 31's odd sizes: GPT-2's classifier at its vocabulary (50257: the logits' rows, and the
+// weight's gradient's, are not 16-byte aligned in bf16) and the padded one (50304), one sequence
+// of 7 tokens: the logits, the input's gradient (a product over the vocabulary) and the weight's.
+// Products over 50257 terms: each element's rounding is relative to the largest ones' sums.
+TEST_P(CudaElementwiseTest, ClassifierProductsAtGpt2Vocabularies) {
+  const DType dtype = GetParam();
+  Tolerance tol = kernel_tolerance(dtype, 4.0);
+  tol.relative_to = RelativeTo::kLargest;
+  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
+    const std::string what = fmt::format("vocab {} {}", vocab, dtype_name(dtype));
+    const Tensor x = random_tensor({1, 7, 64}, 70, dtype);
+    const Tensor w = random_tensor({vocab, 64}, 71, dtype);
+    expect_close({.actual = ops::linear(gpu(x), gpu(w), Tensor()),
+                  .expected = ops::linear(x, w, Tensor()),
+                  .tol = tol,
+                  .what = what + " logits"});
+    const Tensor dlogits = random_tensor({7, vocab}, 72, dtype);
+    expect_close({.actual = ops::matmul(gpu(dlogits), gpu(w)),
+                  .expected = ops::matmul(dlogits, w),
+                  .tol = tol,
+                  .what = what + " input gradient"});
+    const Tensor rows = ops::reshape(x, {7, 64});
+    expect_close({.actual = ops::matmul(ops::transpose(gpu(dlogits), 0, 1), gpu(rows)),
+                  .expected = ops::matmul(ops::transpose(dlogits, 0, 1), rows),
+                  .tol = tol,
+                  .what = what + " weight gradient"});
+  }
+}
+
 TEST_P(CudaElementwiseTest, LinearWithTheBiasEpilogue) {
   const DType dtype = GetParam();
   const auto check = [&](const Tensor& x, const Tensor& w, const Tensor& b,

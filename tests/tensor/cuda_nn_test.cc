@@ -1,6 +1,7 @@
 // CUDA kernels of the nn ops against the CPU kernels on random inputs, forward and backward, in
 // f32 and bf16 (tolerances in cuda_test_util.h); dropout and the RNG fills must match the CPU's
 // bits. Attention has its own file (cuda_attention_test.cc). Every case skips without a GPU.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -193,6 +194,45 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
   const Tensor all_ignored = ops::full({9}, -100.0, kInt64);
   EXPECT_TRUE(std::isnan(ops::to_vector(ops::cross_entropy(gpu(logits), gpu(all_ignored)).loss)[0]))
       << "a mean over no rows is NaN, as on the CPU";
+}
+
+// Issue 31's odd sizes: GPT-2's vocabulary (50257: a bf16 row of logits is not 16-byte aligned)
+// and the padded one (50304), one sequence of 5 tokens; targets and indices at both ends of the
+// table, repeated, and (cross entropy) ignored.
+TEST_P(CudaNnTest, CrossEntropyAndEmbeddingAtGpt2Vocabularies) {
+  const DType dtype = GetParam();
+  for (const int64_t vocab : {int64_t{50257}, int64_t{50304}}) {
+    const std::string what = tag(fmt::format("vocab {}", vocab));
+    const Tensor logits = random_tensor({5, vocab}, 61, dtype, -5.0f, 5.0f);
+    const Tensor targets = ops::from_vector_i64({0, vocab - 1, -100, 12345, vocab - 1}, {5});
+    const auto cpu = ops::cross_entropy(logits, targets, -100, Reduction::kMean);
+    const auto dev = ops::cross_entropy(gpu(logits), gpu(targets), -100, Reduction::kMean);
+    expect_close({.actual = dev.loss,
+                  .expected = cpu.loss,
+                  .tol = kernel_tolerance(cpu.loss.dtype(), 4.0),
+                  .what = what + " cross_entropy"});
+    const Tensor grad_loss = ops::scalar_tensor(0.7, dtype);
+    const Tensor grad =
+        ops::cross_entropy_backward(grad_loss, logits, targets, -100, Reduction::kMean);
+    expect_close({.actual = ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets),
+                                                        -100, Reduction::kMean, dev.logsumexp),
+                  .expected = grad,
+                  .tol = kernel_tolerance(grad.dtype(), 4.0),
+                  .what = what + " cross_entropy backward"});
+
+    const Tensor weight = random_tensor({vocab, 24}, 62, dtype);
+    const Tensor idx = ops::from_vector_i64({vocab - 1, 0, 50256, vocab - 1, 7}, {1, 5});
+    expect_close({.actual = ops::embedding(gpu(weight), gpu(idx)),
+                  .expected = ops::embedding(weight, idx),
+                  .tol = kernel_tolerance(dtype),
+                  .what = what + " embedding"});
+    const Tensor g = random_tensor({1, 5, 24}, 63, dtype);
+    const Tensor table_grad = ops::embedding_backward(g, idx, vocab);
+    expect_close({.actual = ops::embedding_backward(gpu(g), gpu(idx), vocab),
+                  .expected = table_grad,
+                  .tol = kernel_tolerance(table_grad.dtype(), 4.0),
+                  .what = what + " embedding_backward"});
+  }
 }
 
 TEST_P(CudaNnTest, DropoutMaskIsBitIdenticalToTheCpuMask) {
