@@ -32,8 +32,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string_view>
 #include <type_traits>
 
 #include "tensor/cuda/kernels/device_common.cuh"
@@ -56,7 +58,8 @@ constexpr int kPad = 8;  // elements of padding per shared row (16 bytes)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
-std::atomic<bool> g_tensor_cores{true};
+// The switch: 1 on, 0 off, -1 not yet read from LOOM_TENSOR_CORE_ATTENTION.
+std::atomic<int> g_tensor_cores{-1};
 std::atomic<size_t> g_shared_memory_cap{0};  // set_attention_shared_memory_limit; 0: none
 
 // ---- the mma instruction and operands -----------------------------------------------------------
@@ -705,14 +708,27 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 }  // namespace
 
-void set_tensor_core_attention(bool enabled) { g_tensor_cores.store(enabled); }
-bool tensor_core_attention_enabled() { return g_tensor_cores.load(); }
+void set_tensor_core_attention(bool enabled) { g_tensor_cores.store(enabled ? 1 : 0); }
+bool tensor_core_attention_enabled() {
+  int on = g_tensor_cores.load();
+  if (on >= 0) return on == 1;
+  const char* value = std::getenv("LOOM_TENSOR_CORE_ATTENTION");
+  const std::string_view given = value == nullptr || *value == '\0' ? "1" : value;
+  LOOM_CHECK(given == "0" || given == "1",
+             "LOOM_TENSOR_CORE_ATTENTION='{}': expected 0 (attention on the plain CUDA kernels) or "
+             "1 (on tensor cores where they take the call, the default)",
+             given);
+  on = given == "1" ? 1 : 0;
+  int unread = -1;
+  g_tensor_cores.compare_exchange_strong(unread, on);  // a set_tensor_core_attention first wins
+  return g_tensor_cores.load() == 1;
+}
 void set_attention_shared_memory_limit(size_t bytes) { g_shared_memory_cap.store(bytes); }
 
 bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
                                  std::initializer_list<const void*> pointers,
                                  std::initializer_list<AttentionRows> rows) {
-  if (!g_tensor_cores.load()) return false;
+  if (!tensor_core_attention_enabled()) return false;
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
   if (s.d != s.dv || (s.d != 16 && s.d != 32 && s.d != 64 && s.d != 128)) return false;
   for (const void* p : pointers) {
