@@ -10,6 +10,7 @@
 #include "tensor/cpu/gemm.h"
 #include "tensor/cpu/parallel.h"
 #include "tensor/cuda/gemm_cublaslt.h"
+#include "tensor/device.h"
 #include "tensor/flop_counter.h"
 #include "tensor/op_device.h"
 #include "tensor/ops_copy.h"
@@ -28,8 +29,11 @@ void check_operands(const Tensor& a, const Tensor& b, std::string_view op, const
              b.defined() ? dtype_name(b.dtype()) : "undefined");
 }
 
-// The dtype the products run in: CPU computes in f32 (the one sgemm), CUDA in the operands'.
-DType compute_dtype(const Tensor& t) { return t.device().is_cuda() ? t.dtype() : kFloat32; }
+// The dtype the products run in: CPU computes in f32 (the one sgemm), CUDA in the operands' (and
+// a meta trace as the device it stands for, tensor/device.h).
+DType compute_dtype(const Tensor& t) {
+  return allocates_like_cpu(t.device()) ? kFloat32 : t.dtype();
+}
 
 // One group's C = op(A) @ op(B) at element offsets, on the operands' device.
 void group_gemm(const Device& device, DType dtype, bool transpose_a, bool transpose_b, int64_t m,
@@ -140,8 +144,8 @@ Tensor grouped_mm(const Tensor& a_in, const Tensor& b_in, std::span<const int64_
   const Tensor a = contiguous(to(a_in, dtype)), b = contiguous(to(b_in, dtype));
   // Every row belongs to one group, so every row is written (k == 0: zeros).
   Tensor out = k == 0 ? zeros({rows, n}, dtype, device) : Tensor::empty({rows, n}, dtype, device);
+  FlopCounter::record(2 * rows * n * k);  // a meta trace's too: what `loom plan` times
   if (device.is_meta()) return to(out, a_in.dtype());
-  FlopCounter::record(2 * rows * n * k);
   const auto run = [&](int64_t g) {
     const int64_t m = offsets[g + 1] - offsets[g];
     if (m == 0 || n == 0 || k == 0) return;
@@ -167,8 +171,8 @@ Tensor grouped_mm_weight_grad(const Tensor& dy_in, const Tensor& x_in,
   const DType dtype = compute_dtype(x_in);
   const Tensor dy = contiguous(to(dy_in, dtype)), x = contiguous(to(x_in, dtype));
   Tensor dw = zeros({groups, m, k}, dtype, device);
-  if (device.is_meta()) return to(dw, x_in.dtype());
   FlopCounter::record(2 * rows * m * k);
+  if (device.is_meta()) return to(dw, x_in.dtype());
   const auto run = [&](int64_t g) {
     const int64_t count = offsets[g + 1] - offsets[g];
     if (count == 0 || m == 0 || k == 0) return;

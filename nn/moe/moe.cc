@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "autograd/function.h"
+#include "autograd/gather_rows.h"
 #include "autograd/grouped_mm.h"
 #include "base/error.h"
 #include "nn/auxiliary_loss.h"
@@ -12,14 +13,6 @@
 #include "tensor/ops.h"
 
 namespace loom::nn {
-
-namespace {
-
-Tensor index_tensor(const std::vector<int64_t>& values, const Shape& shape, const Device& device) {
-  return ops::to(ops::from_vector_i64(values, shape), device);
-}
-
-}  // namespace
 
 GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, uint64_t seed)
     : Module("GroupedExperts"),
@@ -145,15 +138,15 @@ Tensor MoE::forward(const Tensor& x) {
   // The chosen experts' scores: rows t * E + e of the scores as a column.
   std::vector<int64_t> picked(tokens * k);
   for (int64_t i = 0; i < tokens * k; ++i) picked[i] = (i / k) * e + routing.choice[i];
-  Tensor weights = ops::reshape(ops::embedding(ops::reshape(scores, {tokens * e, 1}),
-                                               index_tensor(picked, {tokens, k}, x.device())),
-                                {tokens, k});
+  // Gathers by host indices whose backward is a gather too (autograd/gather_rows.h): no
+  // scatter-add, so the same on every device, bit for bit, and in the tensors' dtype.
+  Tensor weights = ops::reshape(
+      gather_rows(ops::reshape(scores, {tokens * e, 1}), picked, {tokens, k}), {tokens, k});
   if (options_.route_norm) weights = ops::div(weights, ops::sum(weights, {-1}, /*keepdim=*/true));
   if (options_.route_scale != 1.0) weights = ops::mul(weights, options_.route_scale);
 
   // Tokens in expert order, every expert's rows in one grouped GEMM per projection.
-  const Tensor sorted =
-      ops::embedding(flat, index_tensor(routing.slot_token, {routing.kept()}, x.device()));
+  const Tensor sorted = gather_rows(flat, routing.slot_token, {routing.kept()});
   Tensor expert_out;
   if (dispatch_) {
     expert_out = dispatch_->run(*experts, sorted, routing.offsets);
@@ -161,11 +154,10 @@ Tensor MoE::forward(const Tensor& x) {
     experts->set_group_offsets(routing.offsets);
     expert_out = (*experts)(sorted);
   }
-  // Back to (token, choice) order; a dropped choice reads the zero row after the kept ones.
-  const Tensor padded = ops::cat(
-      std::vector<Tensor>{expert_out, ops::zeros({1, dim}, expert_out.dtype(), x.device())}, 0);
-  const Tensor per_choice =
-      ops::embedding(padded, index_tensor(routing.slot_of, {tokens, k}, x.device()));
+  // Back to (token, choice) order; a dropped choice reads a zero row.
+  std::vector<int64_t> slot_of = routing.slot_of;
+  std::replace(slot_of.begin(), slot_of.end(), routing.kept(), int64_t{-1});
+  const Tensor per_choice = gather_rows(expert_out, slot_of, {tokens, k});
   Tensor out =
       ops::sum(ops::mul(per_choice, ops::unsqueeze(ops::to(weights, per_choice.dtype()), -1)), {1});
   if (shared_experts) out = ops::add(out, shared_experts->forward(flat));

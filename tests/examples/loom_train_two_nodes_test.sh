@@ -115,14 +115,27 @@ mkdir -p ck flight0
 long=(--steps 40 --log-every 1 --sample-tokens 0 --no-progress)
 "$train" --launcher "$loomrun" --dp 1 --tp 1 "${long[@]}" --metrics-out single40.jsonl \
   --plot-out "" >single40.log 2>&1 || { cat single40.log; exit 1; }
+descendants() {  # descendants PID: every process below PID, one pid per line
+  local child
+  for child in $(pgrep -P "$1"); do
+    echo "$child"
+    descendants "$child"
+  done
+}
 kill_node1_rank() {
   for _ in $(seq 1 1200); do
     done_step=$(cat flight0/progress 2>/dev/null || echo -1)
     if [[ $done_step =~ ^[0-9]+$ ]] && (( done_step >= 4 )); then
-      # Node 1's loomrun itself (not the timeout(1) that started it): its children are ranks.
-      launcher1=$(pgrep -f -- "^$loomrun --nnodes 2 --node-rank 1 " | head -1)
+      # Node 1's loomrun itself (not the timeout(1) that started it), among this test's own
+      # processes (another test may run loomrun at the same time): its children are ranks.
+      parents=$( { echo "$second"; descendants "$second"; } | paste -sd,)
+      launcher1=$(pgrep -P "$parents" -f -- "^$loomrun --nnodes 2 --node-rank 1 " | head -1)
       victim=$(pgrep -P "$launcher1" | sort -n | head -1)
-      [[ -n $victim ]] && kill -9 "$victim" && echo "killed node 1's rank (pid $victim) after step $done_step"
+      if [[ -n $victim ]] && kill -9 "$victim"; then
+        echo "killed node 1's rank (pid $victim) after step $done_step"
+      else
+        echo "found no rank of node 1's loomrun (pid '${launcher1}') to kill after step $done_step"
+      fi
       return
     fi
     sleep 0.01

@@ -44,7 +44,11 @@ std::map<std::string, int64_t> casts(const std::string& to, const std::string& f
   return out;
 }
 
-void expect_one_cast_per_weight(const models::ModelArgs& args) {
+// Activation shapes a model casts on purpose, each with why.
+using DeliberateCasts = std::map<std::string, std::string>;
+
+void expect_one_cast_per_weight(const models::ModelArgs& args,
+                                const DeliberateCasts& deliberate = {}) {
   // The job's own policy (train/job_checks.h) on one rank: logits stay bf16.
   JobConfig job;
   job.dp = 1;
@@ -71,6 +75,7 @@ void expect_one_cast_per_weight(const models::ModelArgs& args) {
   // that a kernel summed in f32 (norm weights and biases, embedding tables) once more, given the
   // weight's dtype as autograd requires; never an activation.
   for (const auto& [shape, calls] : casts("bf16", "f32")) {
+    if (deliberate.count(shape)) continue;
     ASSERT_TRUE(parameter_shapes.count(shape))
         << "a cast to bf16 of a " << shape << " tensor, which no parameter has: an activation ("
         << calls << " calls over " << kTracedSteps << " steps)";
@@ -78,7 +83,8 @@ void expect_one_cast_per_weight(const models::ModelArgs& args) {
     EXPECT_LE(calls, 2 * kTracedSteps * parameter_shapes.at(shape)) << shape;
   }
   // bf16 to f32: the casts' backward, each weight's gradient once per step, and nothing else.
-  const std::map<std::string, int64_t> to_f32 = casts("f32", "bf16");
+  std::map<std::string, int64_t> to_f32 = casts("f32", "bf16");
+  for (const auto& [shape, why] : deliberate) to_f32.erase(shape);
   for (const auto& [shape, calls] : to_f32) {
     ASSERT_TRUE(parameter_shapes.count(shape))
         << "a cast to f32 of a " << shape << " tensor, which no parameter has: an activation ("
@@ -96,6 +102,22 @@ TEST(MixedPrecisionCasts, GPTOnAGpuCastsEachWeightOncePerStepAndNoActivation) {
 TEST(MixedPrecisionCasts, LlamaOnAGpuCastsEachWeightOncePerStepAndNoActivation) {
   models::LlamaConfig config = models::LlamaConfig::preset("llama-tiny");
   expect_one_cast_per_weight(*models::llama_args(config));
+}
+
+// The mixture of experts adds a router (softmax or sigmoid scores, top-k), the tokens' sort by
+// expert, grouped expert GEMMs and the weighted combine: none of them may cast an activation.
+// (The token permutations were embedding gathers, whose scatter-add backward gave an f32 gradient
+// of the expert outputs, cast back to bf16: autograd/gather_rows.h now keeps them bf16.) The
+// router alone computes in f32, on purpose (as torchtitan and DeepSeek-V3: the top-k choice and
+// the scores' softmax are where bf16's 8 bits would change the routing): its logits (tokens, E)
+// and the chosen scores (tokens, k) cross between f32 and bf16.
+TEST(MixedPrecisionCasts, LlamaMoeOnAGpuCastsEachWeightOncePerStepAndNoActivation) {
+  models::LlamaConfig config = models::LlamaConfig::preset("llama-moe-tiny");
+  const int64_t tokens = 2 * 32;  // the traced step's batch and sequence
+  expect_one_cast_per_weight(
+      *models::llama_args(config),
+      {{fmt::format("({}, {})", tokens, config.moe->num_experts), "the router's logits in f32"},
+       {fmt::format("({}, {})", tokens, config.moe->top_k), "the chosen scores, to bf16"}});
 }
 
 }  // namespace

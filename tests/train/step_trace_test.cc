@@ -4,7 +4,7 @@
 // between steps and peak during the step within 10 % of the allocator's counts (the CPU makes f32
 // staging copies and scratch tensors the meta trace, which follows the GPU path, does not).
 // Layouts: tp with sequence parallelism, DDP, a 1F1B pipeline, FSDP, pp x dp x tp, and bf16 mixed
-// precision with tp and with pp x tp.
+// precision with tp and with pp x tp; a mixture of experts under DDP.
 #include "train/step_trace.h"
 
 #include <fmt/format.h>
@@ -12,6 +12,8 @@
 
 #include "dtensor/dtensor.h"
 #include "models/gpt/family.h"
+#include "models/llama/config.h"
+#include "models/llama/family.h"
 
 namespace loom::train {
 namespace {
@@ -29,16 +31,25 @@ ModelBuilder gpt_builder(const ParallelConfig& parallel) {
   };
 }
 
-void expect_trace_matches(const ParallelConfig& parallel) {
+// llama-moe-tiny: 8 experts, top-2, grouped expert GEMMs in its second layer.
+ModelBuilder moe_builder(const ParallelConfig& parallel) {
+  return [parallel](std::shared_ptr<const DeviceMesh> mesh) {
+    return build_parallel_model(*models::llama_args(models::LlamaConfig::preset("llama-moe-tiny")),
+                                /*seed=*/3, std::move(mesh), parallel);
+  };
+}
+
+void expect_trace_matches(const ParallelConfig& parallel,
+                          ModelBuilder (*builder)(const ParallelConfig&) = gpt_builder) {
   SCOPED_TRACE(parallel.dims.str());
   const int world = static_cast<int>(parallel.dims.world_size());
-  const auto traced = trace_training_step(parallel.dims, gpt_builder(parallel),
+  const auto traced = trace_training_step(parallel.dims, builder(parallel),
                                           {.local_batch = kBatch / parallel.dims.dp(),
                                            .seq_len = kSeq / parallel.dims.cp,
                                            .ranks = ranks_to_trace(parallel.dims),
                                            .target = Device::cpu()});
   const auto measured = measure_training_step_on_gloo_threads(
-      parallel.dims, gpt_builder(parallel),
+      parallel.dims, builder(parallel),
       {.local_batch = kBatch / parallel.dims.dp(),
        .seq_len = kSeq / parallel.dims.cp,  // this rank's tokens of each sequence
        .timeout = kTimeout});
@@ -111,6 +122,12 @@ TEST(StepTrace, MixedPrecisionPipelineSharesTheCasts) {
   expect_trace_matches({.dims = {.pp = 2, .tp = 2},
                         .pipeline = {.schedule = "1f1b", .microbatches = 4},
                         .mixed_precision = nn::MixedPrecisionPolicy{}});
+}
+
+// The experts' grouped GEMMs count in the trace's FLOPs as in the run's (loom plan times them);
+// with data parallelism only, the step's collectives do not depend on the routing.
+TEST(StepTrace, MixtureOfExpertsDataParallel) {
+  expect_trace_matches({.dims = {.dp_replicate = 2}}, moe_builder);
 }
 
 TEST(StepTrace, MixedPrecisionTensorParallel) {

@@ -13,9 +13,9 @@ namespace loom::cuda::kernels {
 
 // Process-wide switch (default on): off, every shape takes the plain kernels. For tests and for
 // comparing the two paths' speed (tools/bench/cuda_attention_bench). Its first value comes from
-// LOOM_TENSOR_CORE_ATTENTION (0 off, 1 on; unset or empty: on), so a job can run on the plain kernels
-// where the tensor-core ones fail (tools/gpu_check.sh's fallback); another value is an error
-// naming it.
+// LOOM_TENSOR_CORE_ATTENTION (0 off, 1 on; unset or empty: on), so a job can run on the plain
+// kernels where the tensor-core ones fail (tools/gpu_check.sh's fallback); another value is an
+// error naming it.
 void set_tensor_core_attention(bool enabled);
 bool tensor_core_attention_enabled();
 
