@@ -20,8 +20,9 @@ Tensor gather(const Tensor& x, const std::vector<int64_t>& index, const Shape& i
   std::vector<int64_t> rows_read = index;
   if (reads_zeros) std::replace(rows_read.begin(), rows_read.end(), int64_t{-1}, rows);
   const Tensor table =
-      reads_zeros ? ops::cat(std::vector<Tensor>{x, ops::zeros({1, x.size(1)}, x.dtype(), x.device())}, 0)
-            : x;
+      reads_zeros
+          ? ops::cat(std::vector<Tensor>{x, ops::zeros({1, x.size(1)}, x.dtype(), x.device())}, 0)
+          : x;
   return ops::embedding(table, ops::to(ops::from_vector_i64(rows_read, index_shape), x.device()));
 }
 
@@ -57,16 +58,16 @@ Tensor gather_rows(const Tensor& x, std::span<const int64_t> index, const Shape&
     const int64_t r = forward[i];
     if (r >= 0) inverse[r * m + filled[r]++] = static_cast<int64_t>(i);
   }
-  return autograd::record(
-      "GatherRows", {x}, std::move(y),
-      [rows, m, width = x.size(1), dtype = x.dtype(), device = x.device(),
-       inverse = std::move(inverse)](const std::vector<Tensor>& grads) {
-        if (m == 0) return std::vector<Tensor>{ops::zeros({rows, width}, dtype, device)};
-        const Tensor dy = ops::reshape(grads[0], {-1, width});
-        const Tensor picked = gather(dy, inverse, {rows, m});  // (rows, m, D)
-        return std::vector<Tensor>{m == 1 ? ops::reshape(picked, {rows, width})
-                                          : ops::sum(picked, {1})};
-      });
+  return autograd::record("GatherRows", {x}, std::move(y),
+                          [rows, m, width = x.size(1), dtype = x.dtype(), device = x.device(),
+                           inverse = std::move(inverse)](const std::vector<Tensor>& grads) {
+                            if (m == 0)
+                              return std::vector<Tensor>{ops::zeros({rows, width}, dtype, device)};
+                            const Tensor dy = ops::reshape(grads[0], {-1, width});
+                            const Tensor picked = gather(dy, inverse, {rows, m});  // (rows, m, D)
+                            return std::vector<Tensor>{m == 1 ? ops::reshape(picked, {rows, width})
+                                                              : ops::sum(picked, {1})};
+                          });
 }
 
 }  // namespace loom

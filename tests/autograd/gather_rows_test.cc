@@ -31,12 +31,15 @@ TEST(GatherRows, ForwardAndBackwardMatchEmbeddingWithAZeroRow) {
   const Tensor x = leaf({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
   const Tensor y = gather_rows(x, index, {4, 2});
   ASSERT_EQ(shape_str(y.shape()), "(4, 2, 2)");
-  const Tensor g = ops::from_vector({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {4, 2, 2});
+  const Tensor g =
+      ops::from_vector({1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, {4, 2, 2});
   backward(y, g);
   // The reference: embedding over x with a zero row appended (index -1 -> row 4).
   std::vector<int64_t> padded = index;
   for (int64_t& i : padded) i = i < 0 ? 4 : i;
-  const Tensor table = ops::cat(std::vector<Tensor>{ops::from_vector({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}), ops::zeros({1, 2})}, 0);
+  const Tensor table = ops::cat(
+      std::vector<Tensor>{ops::from_vector({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2}), ops::zeros({1, 2})},
+      0);
   const Tensor idx = ops::from_vector_i64(padded, {4, 2});
   expect_close({.actual = y, .expected = ops::embedding(table, idx), .what = "forward"});
   const Tensor want = ops::narrow(ops::embedding_backward(g, idx, 5), 0, 0, 4);
@@ -51,8 +54,10 @@ TEST(GatherRows, GradientByFiniteDifferences) {
   const std::vector<int64_t> index = {2, 0, 2, -1, 1, 2};
   const Tensor x = leaf({0.5f, -1.0f, 2.0f, 0.25f, -0.75f, 1.5f}, {3, 2});
   const auto result = autograd::gradcheck(
-      [&](const std::vector<Tensor>& in) { return gather_rows(in[0], index, {3, 2}); }, {x},
-      {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-3});
+      [&](const std::vector<Tensor>& in) {
+        return gather_rows(in[0], index, {3, 2});
+      },
+      {x}, {.eps = 1e-2, .atol = 1e-4, .rtol = 1e-3});
   EXPECT_TRUE(result.ok) << result.message;
 }
 
@@ -75,12 +80,15 @@ TEST(GatherRows, NoRowReadGivesZeroGradients) {
 
 TEST(GatherRows, BadIndexNamesItsPositionAndTheRange) {
   const Tensor x = ops::zeros({3, 2});
-  EXPECT_THAT(testing::error_of([&] { gather_rows(x, std::vector<int64_t>{0, 3}, {2}); }),
+  EXPECT_THAT(testing::error_of([&] {
+                gather_rows(x, std::vector<int64_t>{0, 3}, {2});
+              }),
               ::testing::HasSubstr("index 3 at position 1 is outside [-1, 3)"));
   EXPECT_THAT(testing::error_of([&] { gather_rows(x, std::vector<int64_t>{0}, {2}); }),
               ::testing::HasSubstr("1 indices for index shape (2,)"));
-  EXPECT_THAT(testing::error_of([&] { gather_rows(ops::zeros({3}), std::vector<int64_t>{0}, {1}); }),
-              ::testing::HasSubstr("expected x of shape (rows, D); got (3,)"));
+  EXPECT_THAT(
+      testing::error_of([&] { gather_rows(ops::zeros({3}), std::vector<int64_t>{0}, {1}); }),
+      ::testing::HasSubstr("expected x of shape (rows, D); got (3,)"));
 }
 
 }  // namespace
