@@ -8,7 +8,8 @@
 // grad_x[r] = the sum of grad_y's rows at the positions i with index[i] == r, which this op takes
 // as a gather of those rows (in increasing i) and a sum over at most m of them, m the most
 // positions any row has: deterministic on every device and in the tensors' own dtype, where
-// embedding's backward (a scatter-add) accumulates in f32 and, on a GPU, in atomics.
+// embedding's backward (a scatter-add) accumulates in an f32 table on a CPU and sorts its
+// indices on a GPU.
 // One graph node.
 #pragma once
 

@@ -251,20 +251,34 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
              shape_str(grad_out.shape()), shape_str(indices.shape()));
   const int64_t c = grad_out.size(-1);
   const Device device = op_device(op, {grad_out, indices});
-  if (device.is_meta()) {  // the f32 accumulator, then the gradient's dtype, as on a GPU
-    return to(Tensor::empty({num_embeddings, c}, kFloat32, device), grad_out.dtype());
+  if (device.is_meta()) {
+    if (allocates_like_cpu(device)) {  // the f32 accumulator, then the gradient's dtype
+      return to(Tensor::empty({num_embeddings, c}, kFloat32, device), grad_out.dtype());
+    }
+    // A GPU's sort keys, and beside them the gradient in its dtype.
+    const Tensor keys =
+        Tensor::empty({cuda::kernels::embedding_backward_keys(indices.numel())}, kInt64, device);
+    return Tensor::empty({num_embeddings, c}, grad_out.dtype(), device);
+  }
+  if (device.is_cuda()) {
+    const Tensor idx_dev = contiguous(to(indices, kInt64));
+    const int64_t count = idx_dev.numel();
+    LOOM_CHECK(count < (int64_t{1} << 32) && num_embeddings < (int64_t{1} << 31),
+               "{}: {} indices into {} rows; a GPU takes fewer than 2^32 indices and 2^31 rows", op,
+               count, num_embeddings);
+    int64_t* first_bad = begin_embedding_index_check(idx_dev, indices.shape(), num_embeddings, op);
+    const Tensor g = contiguous(grad_out);
+    Tensor keys = Tensor::empty({cuda::kernels::embedding_backward_keys(count)}, kInt64, device);
+    Tensor grad_w = Tensor::empty({num_embeddings, c}, grad_out.dtype(), device);
+    cuda::kernels::embedding_backward(grad_out.dtype(), grad_w.raw_data(), g.raw_data(),
+                                      idx_dev.data<int64_t>(), count, c, num_embeddings,
+                                      keys.data<int64_t>(), first_bad, device.index);
+    return grad_w;
   }
   const Tensor g = as_f32(grad_out);
   Tensor grad_w = zeros({num_embeddings, c}, kFloat32, device);
   const float* pg = g.data<float>();
   float* pw = grad_w.data<float>();
-  if (device.is_cuda()) {
-    const Tensor idx_dev = contiguous(to(indices, kInt64));
-    int64_t* first_bad = begin_embedding_index_check(idx_dev, indices.shape(), num_embeddings, op);
-    cuda::kernels::embedding_backward(pw, pg, idx_dev.data<int64_t>(), idx_dev.numel(), c,
-                                      num_embeddings, first_bad, device.index);
-    return to(grad_w, grad_out.dtype());
-  }
   const std::vector<int64_t> idx = index_values(indices);
   for (size_t i = 0; i < idx.size(); ++i) {
     check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "tensor/ops.h"
 #include "tests/tensor/cuda_test_util.h"
@@ -153,10 +154,29 @@ TEST_P(CudaNnTest, EmbeddingAndItsScatterAddBackward) {
                 .what = tag("embedding")});
   const Tensor g = random_tensor({3, 4, 16}, 8, dtype);
   const Tensor grad = ops::embedding_backward(g, idx, 11);
-  expect_close({.actual = ops::embedding_backward(gpu(g), gpu(idx), 11),
-                .expected = grad,
-                .tol = kernel_tolerance(grad.dtype(), 4.0),
-                .what = tag("embedding_backward (repeated indices add up)")});
+  // The GPU adds each row's positions in increasing order in f32 and rounds once, as the CPU:
+  // bit for bit the CPU's (no atomics).
+  expect_bitwise_equal({.actual = ops::embedding_backward(gpu(g), gpu(idx), 11),
+                        .expected = grad,
+                        .what = tag("embedding_backward (repeated indices add up)")});
+}
+
+// Many positions on few rows (one row named 1500 times), rows no index names, a count that is not
+// a power of two (the sort pads it): the CPU's sums bit for bit, the same on every run, and the
+// gradient in grad_out's dtype.
+TEST_P(CudaNnTest, EmbeddingBackwardIsTheCpusSumsBitForBit) {
+  const DType dtype = GetParam();
+  std::vector<int64_t> rows(3001);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = i % 2 == 0 ? 5 : static_cast<int64_t>(i % 37);
+  const Tensor idx = ops::from_vector_i64(rows, {3001});
+  const Tensor g = random_tensor({3001, 24}, 9, dtype);
+  const Tensor want = ops::embedding_backward(g, idx, 40);
+  const Tensor first = ops::embedding_backward(gpu(g), gpu(idx), 40);
+  EXPECT_EQ(first.dtype(), dtype);
+  expect_bitwise_equal({.actual = first, .expected = want, .what = tag("3001 positions")});
+  expect_bitwise_equal({.actual = ops::embedding_backward(gpu(g), gpu(idx), 40),
+                        .expected = first,
+                        .what = tag("a second run")});
 }
 
 TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {

@@ -72,7 +72,7 @@ void expect_one_cast_per_weight(const models::ModelArgs& args,
   ASSERT_FALSE(parameter_shapes.empty());
   ASSERT_FALSE(profiler::entries().empty()) << "the profiler saw no op of the traced step";
   // f32 to bf16: each weight once per step in the forward, and in the backward each gradient
-  // that a kernel summed in f32 (norm weights and biases, embedding tables) once more, given the
+  // that a kernel summed in f32 (norm weights and biases) once more, given the
   // weight's dtype as autograd requires; never an activation.
   for (const auto& [shape, calls] : casts("bf16", "f32")) {
     if (deliberate.count(shape)) continue;

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "tensor/cuda/kernels/device_common.cuh"
 #include "tensor/cuda/kernels/nn.h"
 
@@ -22,16 +24,67 @@ __global__ void embedding_kernel(T* out, const T* weight, int64_t row_stride, in
   }
 }
 
-__global__ void embedding_backward_kernel(float* grad_w, const float* g, const int64_t* idx,
-                                          int64_t count, int64_t c, int64_t v, int64_t* first_bad) {
-  LOOM_GRID_STRIDE(e, count * c) {
-    const int64_t i = e / c, j = e % c;
-    const int64_t row = idx[i];
-    if (row < 0 || row >= v) {
-      if (j == 0) record_failure(first_bad, i);
-      continue;
+// The sort keys of the backward: (row << 32) | position for a valid index, kNoRow for an invalid
+// one (recorded) and for the padding up to a power of two, so they sort after every row.
+constexpr int64_t kNoRow = INT64_MAX;
+
+__global__ void embedding_sort_keys_kernel(int64_t* keys, const int64_t* idx, int64_t count,
+                                           int64_t padded, int64_t v, int64_t* first_bad) {
+  LOOM_GRID_STRIDE(p, padded) {
+    int64_t key = kNoRow;
+    if (p < count) {
+      const int64_t row = idx[p];
+      if (row < 0 || row >= v) {
+        record_failure(first_bad, p);
+      } else {
+        key = (row << 32) | p;
+      }
     }
-    atomicAdd(grad_w + row * c + j, g[e]);
+    keys[p] = key;
+  }
+}
+
+// One compare-exchange step (k, j) of a bitonic sort of `padded` keys (a power of two), ascending.
+__global__ void bitonic_step_kernel(int64_t* keys, int64_t padded, int64_t k, int64_t j) {
+  LOOM_GRID_STRIDE(t, padded) {
+    const int64_t partner = t ^ j;
+    if (partner <= t) continue;
+    const int64_t a = keys[t], b = keys[partner];
+    const bool ascending = (t & k) == 0;
+    if (ascending ? a > b : a < b) {
+      keys[t] = b;
+      keys[partner] = a;
+    }
+  }
+}
+
+// First key in sorted keys[0, n) not less than `key`.
+__device__ int64_t lower_bound(const int64_t* keys, int64_t n, int64_t key) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (keys[mid] < key) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// One block per row r of grad_w: the sum of grad_out's rows at r's positions, which the sorted
+// keys hold in increasing order (so the sum runs as the CPU's does), in f32, written once in T.
+template <typename T>
+__global__ void embedding_row_sums_kernel(T* grad_w, const T* g, const int64_t* keys,
+                                          int64_t padded, int64_t c, int64_t v) {
+  for (int64_t r = blockIdx.x; r < v; r += gridDim.x) {
+    const int64_t begin = lower_bound(keys, padded, r << 32);
+    const int64_t end = lower_bound(keys, padded, (r + 1) << 32);
+    for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      float sum = 0.0f;
+      for (int64_t s = begin; s < end; ++s) sum += load(g + (keys[s] & 0xffffffffLL) * c + j);
+      grad_w[r * c + j] = convert<T>(sum);
+    }
   }
 }
 
@@ -50,12 +103,27 @@ void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_s
   check_launch("embedding_kernel", device);
 }
 
-void embedding_backward(float* grad_w, const float* grad_out, const int64_t* idx, int64_t count,
-                        int64_t c, int64_t v, int64_t* first_bad, int device) {
-  if (count * c == 0) return;
-  embedding_backward_kernel<<<grid_for(count * c), kThreads, 0, compute_stream(device)>>>(
-      grad_w, grad_out, idx, count, c, v, first_bad);
-  check_launch("embedding_backward_kernel", device);
+void embedding_backward(DType dtype, void* grad_w, const void* grad_out, const int64_t* idx,
+                        int64_t count, int64_t c, int64_t v, int64_t* keys, int64_t* first_bad,
+                        int device) {
+  if (v * c == 0) return;
+  const int64_t padded = embedding_backward_keys(count);
+  cudaStream_t stream = compute_stream(device);
+  embedding_sort_keys_kernel<<<grid_for(padded), kThreads, 0, stream>>>(keys, idx, count, padded, v,
+                                                                        first_bad);
+  check_launch("embedding_sort_keys_kernel", device);
+  for (int64_t k = 2; k <= padded; k <<= 1) {
+    for (int64_t j = k / 2; j > 0; j /= 2) {
+      bitonic_step_kernel<<<grid_for(padded), kThreads, 0, stream>>>(keys, padded, k, j);
+    }
+  }
+  check_launch("bitonic_step_kernel", device);
+  visit_floating(dtype, "embedding_backward", [&](auto tag) {
+    using T = decltype(tag);
+    embedding_row_sums_kernel<T><<<grid_for_rows(v), kThreads, 0, stream>>>(
+        static_cast<T*>(grad_w), static_cast<const T*>(grad_out), keys, padded, c, v);
+  });
+  check_launch("embedding_row_sums_kernel", device);
 }
 
 }  // namespace loom::cuda::kernels

@@ -60,8 +60,8 @@ void embedding_forward(DType, void*, const void*, int64_t, int64_t, const int64_
                        int64_t, int64_t, int64_t*, int) {
   unavailable("embedding_forward");
 }
-void embedding_backward(float*, const float*, const int64_t*, int64_t, int64_t, int64_t, int64_t*,
-                        int) {
+void embedding_backward(DType, void*, const void*, const int64_t*, int64_t, int64_t, int64_t,
+                        int64_t*, int64_t*, int) {
   unavailable("embedding_backward");
 }
 void cross_entropy_forward(DType, float*, float*, const void*, const int64_t*, int64_t, int64_t,

@@ -62,10 +62,21 @@ void rope_forward(DType dtype, void* out, const void* x, const float* cos, const
 void embedding_forward(DType dtype, void* out, const void* weight, int64_t row_stride,
                        int64_t col_stride, const int64_t* idx, int64_t count, int64_t c, int64_t v,
                        int64_t* first_bad, int device);
-// grad_w[idx[i], :] += grad_out[i, :] (grad_w (v, c) zeroed by the caller; f32 atomics, so
-// repeated indices add in an unspecified order). An index outside 0..v-1 is recorded and skipped.
-void embedding_backward(float* grad_w, const float* grad_out, const int64_t* idx, int64_t count,
-                        int64_t c, int64_t v, int64_t* first_bad, int device);
+// grad_w[r, :] = the sum of grad_out[i, :] over the i with idx[i] == r, in increasing i (as the
+// CPU adds them), in f32, written once in `dtype` (grad_out contiguous (count, c), grad_w
+// (v, c); every row written, zeros where no index names it). Deterministic, without atomics: the
+// positions are sorted by (index, position) first (a bitonic sort of the power of two
+// embedding_backward_keys(count) int64 keys, in `keys`, which the caller allocates), then each
+// row sums its run of them. An index outside 0..v-1 is recorded and skipped. count < 2^32,
+// v < 2^31.
+inline int64_t embedding_backward_keys(int64_t count) {
+  int64_t padded = 1;
+  while (padded < count) padded <<= 1;
+  return padded;
+}
+void embedding_backward(DType dtype, void* grad_w, const void* grad_out, const int64_t* idx,
+                        int64_t count, int64_t c, int64_t v, int64_t* keys, int64_t* first_bad,
+                        int device);
 
 // Per row of logits (n, v) in `dtype`, read as f32: lse[r] = logsumexp, losses[r] = lse -
 // logits[r, t] (0 if ignored), both f32. A target neither in 0..v-1 nor ignore_index is
