@@ -10,7 +10,8 @@
 #      tokens/s, MFU ((6 N + 12 L C T) FLOPs per token x tokens/s over the peak), peak memory;
 #      then the op table of GPT-2 small's step, and PyTorch eager and torch.compile on the same
 #      step where the machine has PyTorch with CUDA (Loom's step over theirs);
-#   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*).
+#   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*);
+#   4. determinism: the same small GPU job twice, its losses compared bit for bit.
 # The GPU tests include tests/models/gpt_cuda_equivalence_test: 4 training steps of a tiny GPT on
 # the GPU (DDP over an NCCL world of 1) against one CPU rank (its 2- and 8-GPU cases need more GPUs).
 #
@@ -182,6 +183,25 @@ train_figure llama-122m-b16 "${work}/tokens32k.bin" --model llama-tiny --n-layer
   --n-head 12 --ffn-dim 2048 --vocab-size 32000 --block-size 1024 --batch-size 16
 train_figure gpt2-small-b16 "${work}/tokens.bin" --model small --batch-size 16
 gpt2_b16_tokens_per_s="${loom_tokens_per_s}"
+
+section "Determinism: the same GPU job twice, the same losses bit for bit"
+# No CUDA kernel adds with atomics (the embedding's backward sorts its indices), so a GPU job
+# repeats exactly: what bitwise resume on a GPU rests on.
+for run in 1 2; do
+  "${bin}/examples/loom_train" --device cuda --dp 1 --tp 1 --model small --batch-size 4 --seq-len 256 \
+    --steps 4 --log-every 1 --mixed-precision bf16 --data "${work}/tokens.bin" --sample-tokens 0 \
+    --metrics-out "${work}/repeat${run}.jsonl" --plot-out "" --no-progress > "${work}/repeat${run}.log" 2>&1 ||
+    { tail -n 10 "${work}/repeat${run}.log"; echo "WARNING: determinism run ${run} failed"; problems=$((problems + 1)); }
+done
+if cmp -s <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl") \
+  <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat2.jsonl"); then
+  echo "two runs of GPT-2 small (4 steps, 4 x 256, bf16): the same losses bit for bit: $(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl" | tr '\n' ' ')"
+else
+  paste <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl") \
+    <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat2.jsonl")
+  echo "WARNING: two runs of the same GPU job differ (above)"
+  problems=$((problems + 1))
+fi
 
 section "GPT-2 small, batch 16 x 1024: where the step goes (every op waits for its kernels)"
 # Per op and input shapes (LOOM_PROFILE=ops,shapes, base/profiler.h), over steps 1..2.
