@@ -14,10 +14,10 @@ namespace {
 
 // y = x[index] with -1 giving zeros (index in [-1, rows)), no autograd: ops::embedding over x,
 // or over x with a zero row after its own when some index is -1.
-Tensor gather(const Tensor& x, const std::vector<int64_t>& index, const Shape& index_shape) {
+Tensor gather(const Tensor& x, std::span<const int64_t> index, const Shape& index_shape) {
   const int64_t rows = x.size(0);
   const bool reads_zeros = std::find(index.begin(), index.end(), -1) != index.end();
-  std::vector<int64_t> rows_read = index;
+  std::vector<int64_t> rows_read(index.begin(), index.end());
   if (reads_zeros) std::replace(rows_read.begin(), rows_read.end(), int64_t{-1}, rows);
   const Tensor table =
       reads_zeros
@@ -35,27 +35,24 @@ Tensor gather_rows(const Tensor& x, std::span<const int64_t> index, const Shape&
              "gather_rows: {} indices for index shape {} ({} elements)", index.size(),
              shape_str(index_shape), shape_numel(index_shape));
   const int64_t rows = x.size(0);
+  std::vector<int64_t> count(rows, 0);  // each row's positions
   for (size_t i = 0; i < index.size(); ++i) {
     LOOM_CHECK(index[i] >= -1 && index[i] < rows,
                "gather_rows: index {} at position {} is outside [-1, {}) (x has {} rows; -1 reads "
                "zeros)",
                index[i], i, rows, rows);
+    if (index[i] >= 0) ++count[index[i]];
   }
-  std::vector<int64_t> forward(index.begin(), index.end());
   Tensor y;
   {
     BelowAutogradGuard below;
-    y = gather(x, forward, index_shape);
+    y = gather(x, index, index_shape);
   }
   // The inverse: each row's positions in increasing order, padded with -1 to the most any row has.
-  std::vector<int64_t> count(rows, 0);
-  for (int64_t r : forward) {
-    if (r >= 0) ++count[r];
-  }
   const int64_t m = rows == 0 ? 0 : *std::max_element(count.begin(), count.end());
   std::vector<int64_t> inverse(rows * m, -1), filled(rows, 0);
-  for (size_t i = 0; i < forward.size(); ++i) {
-    const int64_t r = forward[i];
+  for (size_t i = 0; i < index.size(); ++i) {
+    const int64_t r = index[i];
     if (r >= 0) inverse[r * m + filled[r]++] = static_cast<int64_t>(i);
   }
   return autograd::record("GatherRows", {x}, std::move(y),

@@ -193,12 +193,11 @@ for run in 1 2; do
     --metrics-out "${work}/repeat${run}.jsonl" --plot-out "" --no-progress > "${work}/repeat${run}.log" 2>&1 ||
     { tail -n 10 "${work}/repeat${run}.log"; echo "WARNING: determinism run ${run} failed"; problems=$((problems + 1)); }
 done
-if cmp -s <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl") \
-  <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat2.jsonl"); then
-  echo "two runs of GPT-2 small (4 steps, 4 x 256, bf16): the same losses bit for bit: $(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl" | tr '\n' ' ')"
+losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
+if cmp -s <(losses "${work}/repeat1.jsonl") <(losses "${work}/repeat2.jsonl"); then
+  echo "two runs of GPT-2 small (4 steps, 4 x 256, bf16): the same losses bit for bit: $(losses "${work}/repeat1.jsonl" | tr '\n' ' ')"
 else
-  paste <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat1.jsonl") \
-    <(sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "${work}/repeat2.jsonl")
+  paste <(losses "${work}/repeat1.jsonl") <(losses "${work}/repeat2.jsonl")
   echo "WARNING: two runs of the same GPU job differ (above)"
   problems=$((problems + 1))
 fi

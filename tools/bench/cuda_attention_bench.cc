@@ -48,13 +48,12 @@ struct Variant {
   size_t shared_memory_cap;  // 0: none
 };
 
-// The most shared memory the tensor-core kernels take at head dim d single-buffered: under a
-// cap of one byte nothing fits, and the plan names what each kernel would need with one buffer.
+// The most shared memory the tensor-core kernels take at head dim d single-buffered: a cap there
+// makes every kernel single-buffered.
 size_t single_buffered_bytes(int64_t d) {
-  cuda::kernels::set_attention_shared_memory_limit(1);
   const auto plan = cuda::kernels::tensor_core_attention_plan(kBFloat16, d, 0);
-  cuda::kernels::set_attention_shared_memory_limit(0);
-  return std::max({plan.forward.shared_bytes, plan.dq.shared_bytes, plan.dkdv.shared_bytes});
+  return std::max({plan.forward.single_buffered_bytes, plan.dq.single_buffered_bytes,
+                   plan.dkdv.single_buffered_bytes});
 }
 
 // "forward 2 tile buffers (85 KiB), dq ..., dk/dv ...": how the GPU runs head dim d.

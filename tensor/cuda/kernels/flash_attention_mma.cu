@@ -681,9 +681,8 @@ size_t shared_memory_per_block(int device) {
 // A kernel's plan: double-buffered tiles (`two` bytes) where they fit `limit`, else single-buffered
 // ones (`one`), else none (0 buffers).
 AttentionKernelPlan plan_for(size_t two, size_t one, size_t limit) {
-  if (two <= limit) return {2, two};
-  if (one <= limit) return {1, one};
-  return {0, one};
+  const int buffers = two <= limit ? 2 : one <= limit ? 1 : 0;
+  return {buffers, buffers == 2 ? two : one, two, one};
 }
 
 // Calls f(std::integral_constant<int, Stages>{}) with the kernel's plan on `device`; fails naming

@@ -31,7 +31,8 @@ void set_attention_shared_memory_limit(size_t bytes);
 // fails) and its dynamic shared memory per block. For reports and tests.
 struct AttentionKernelPlan {
   int tile_buffers = 0;
-  size_t shared_bytes = 0;
+  size_t shared_bytes = 0;  // what it takes (single-buffered when it fits nowhere)
+  size_t double_buffered_bytes = 0, single_buffered_bytes = 0;  // its two variants' needs
 };
 struct TensorCoreAttentionPlan {
   AttentionKernelPlan forward, dq, dkdv;

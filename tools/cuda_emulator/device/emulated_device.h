@@ -171,14 +171,11 @@ inline void ldmatrix_x4_trans(uint32_t (&x)[4], const void* row) { ldmatrix_x4(x
 
 }  // namespace loom_emu
 
-// Attributes of a kernel: opting in to more dynamic shared memory than the GPU's limit fails, as
-// on a GPU; nothing else to set here.
+// Attributes of a kernel: the emulated runtime's (emulated_runtime.cc), which refuses more dynamic
+// shared memory than the GPU's opt-in limit, as a GPU does.
 template <typename Kernel>
-cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute attr, int value) {
-  if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize &&
-      (value < 0 || static_cast<std::size_t>(value) > loom_emu::kSharedMemoryPerBlockOptin))
-    return cudaErrorInvalidValue;
-  return cudaSuccess;
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attr, value);
 }
 
 inline void __syncthreads() { loom_emu::block_barrier(); }
