@@ -29,6 +29,9 @@ wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed ST
 scenario() {  # scenario NAME REPLICAS TP
   local name="$1" replicas="$2" tp="$3" steps=40
   mkdir -p "$name" && cd "$name"
+  # The log exists before the background job opens it: a look at it may come first (and set -e
+  # ends the test on sed's "can't read").
+  : >lighthouse.log
   "$lighthouse" --port 0 --bind 127.0.0.1 >lighthouse.log 2>&1 &
   local lh=$! port=""
   for _ in $(seq 1 200); do
