@@ -29,8 +29,11 @@ struct Swap {
     Tensor cast_of;
     int64_t sole_count = 0;
 
+    // A graph holds the cast either through a view (a transpose, a DTensor's local shard: its
+    // storage gains a reference) or as the tensor itself (linear's node saves its weight: the
+    // cast's handles, not its storage's references, grow). Either keeps the cast alive.
     bool cast_held_elsewhere() const {
-      return cast.defined() && cast.storage().use_count() > sole_count;
+      return cast.defined() && (cast.handles() > 1 || cast.storage().use_count() > sole_count);
     }
   };
   std::vector<Entry> entries;
