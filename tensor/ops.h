@@ -11,5 +11,6 @@
 #include "tensor/ops_matmul.h"
 #include "tensor/ops_nn.h"
 #include "tensor/ops_reduce.h"
+#include "tensor/ops_top_k.h"
 #include "tensor/ops_views.h"
 #include "tensor/rng.h"

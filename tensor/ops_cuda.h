@@ -43,5 +43,8 @@ Tensor sum(const Tensor& self, const std::vector<bool>& reduced, bool keepdim, d
 // Row maxima of contiguous `in` (rows, n) into values (rows) and i64 indices (rows).
 void max_rows(const Tensor& values, const Tensor& indices, const Tensor& in, int64_t rows,
               int64_t n);
+// Each row's k largest values' i64 indices (rows, k) of contiguous `in` (rows, n)
+// (ops_top_k.h's order).
+void top_k_rows(const Tensor& indices, const Tensor& in, int64_t rows, int64_t n, int64_t k);
 
 }  // namespace loom::ops::cuda_backend

@@ -60,4 +60,9 @@ void max_rows(const Tensor& values, const Tensor& indices, const Tensor& in, int
                     in.device().index);
 }
 
+void top_k_rows(const Tensor& indices, const Tensor& in, int64_t rows, int64_t n, int64_t k) {
+  kernels::top_k_rows(in.dtype(), indices.data<int64_t>(), in.raw_data(), rows, n, k,
+                      in.device().index);
+}
+
 }  // namespace loom::ops::cuda_backend

@@ -13,7 +13,9 @@
 #   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*);
 #   4. determinism: the same small GPU job twice, its losses compared bit for bit.
 # The GPU tests include tests/models/gpt_cuda_equivalence_test: 4 training steps of a tiny GPT on
-# the GPU (DDP over an NCCL world of 1) against one CPU rank (its 2- and 8-GPU cases need more GPUs).
+# the GPU (DDP over an NCCL world of 1) against one CPU rank (its 2- and 8-GPU cases need more GPUs),
+# and tests/models/bf16_training_test: 10 bf16 steps of GPT and Llama on the GPU, as one rank and as
+# dp2 x tp2 + SP, dp_shard 2 and pp2 ranks sharing it, against one CPU rank's losses.
 #
 # Two ways to get the binaries:
 #   tools/gpu_check.sh [--peak TFLOPS]

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "nn/auxiliary_loss.h"
 #include "nn/checkpoint.h"
+#include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 
 namespace loom::nn {
@@ -116,14 +117,22 @@ Routing MoE::route(const Tensor& scores) const {
     }
     return route_top_k(uniform, tokens, e, k, {}, capacity);
   }
-  const std::vector<double> values = ops::to_vector(scores);
-  const std::vector<float> host(values.begin(), values.end());
-  std::vector<float> bias;
-  if (options_.bias_update_rate > 0) {
-    const std::vector<double> b = ops::to_vector(expert_bias_);
-    bias.assign(b.begin(), b.end());
+  // Chosen where the scores are (ops::top_k_indices, in route_top_k's order: f32 keys, ties to
+  // the lower expert): on a GPU only the (tokens, k) choices come to the host, not the (tokens,
+  // E) scores, nor a host top-k over all of them.
+  NoGradGuard no_grad;
+  const Tensor keys = options_.bias_update_rate > 0 ? ops::add(scores, expert_bias_) : scores;
+  const std::vector<double> picked = ops::to_vector(ops::top_k_indices(keys, k));
+  std::vector<int64_t> choice(picked.size());
+  for (size_t i = 0; i < picked.size(); ++i) {
+    LOOM_CHECK(picked[i] >= 0,
+               "MoE: token {}'s router scores hold a NaN{}; they must be finite (a diverged "
+               "run?)",
+               static_cast<int64_t>(i) / k,
+               options_.bias_update_rate > 0 ? " (with the expert bias)" : "");
+    choice[i] = static_cast<int64_t>(picked[i]);
   }
-  return route_top_k(host, tokens, e, k, bias, capacity);
+  return place_choices(std::move(choice), tokens, e, k, capacity);
 }
 
 Tensor MoE::forward(const Tensor& x) {

@@ -16,9 +16,7 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
              "route_top_k: {} bias entries for {} experts", bias.size(), experts);
   LOOM_CHECK(top_k >= 1 && top_k <= experts, "route_top_k: top_k {} with {} experts", top_k,
              experts);
-  Routing r{.tokens = tokens, .experts = experts, .top_k = top_k};
-  r.choice.resize(tokens * top_k);
-  r.routed.assign(experts, 0);
+  std::vector<int64_t> choice(tokens * top_k);
   std::vector<int64_t> order(experts);
   std::vector<float> key(experts);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -34,9 +32,32 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
     std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t a, int64_t b) {
       return key[a] > key[b] || (key[a] == key[b] && a < b);
     });
+    std::copy(order.begin(), order.begin() + top_k, choice.begin() + t * top_k);
+  }
+  return place_choices(std::move(choice), tokens, experts, top_k, capacity);
+}
+
+Routing place_choices(std::vector<int64_t> choice, int64_t tokens, int64_t experts, int64_t top_k,
+                      int64_t capacity) {
+  LOOM_CHECK(top_k >= 1 && top_k <= experts, "place_choices: top_k {} with {} experts", top_k,
+             experts);
+  LOOM_CHECK(static_cast<int64_t>(choice.size()) == tokens * top_k,
+             "place_choices: {} choices for {} tokens x top_k {}", choice.size(), tokens, top_k);
+  Routing r{.tokens = tokens, .experts = experts, .top_k = top_k};
+  r.choice = std::move(choice);
+  r.routed.assign(experts, 0);
+  for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t k = 0; k < top_k; ++k) {
-      r.choice[t * top_k + k] = order[k];
-      ++r.routed[order[k]];
+      const int64_t e = r.choice[t * top_k + k];
+      LOOM_CHECK(e >= 0 && e < experts,
+                 "place_choices: token {}'s choice {} is expert {}, expected one of [0, {})", t, k,
+                 e, experts);
+      for (int64_t before = 0; before < k; ++before) {
+        LOOM_CHECK(r.choice[t * top_k + before] != e,
+                   "place_choices: token {} picked expert {} twice (choices {} and {})", t, e,
+                   before, k);
+      }
+      ++r.routed[e];
     }
   }
   // Counting sort by expert, slots in (token, choice) order within an expert; the first

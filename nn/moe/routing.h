@@ -25,9 +25,16 @@ struct Routing {
 
 // `scores`: (tokens, experts) row-major, the router's scores; `bias`: (experts) added to them for
 // choosing only (empty: none). `capacity`: the most slots an expert keeps (< 0: no limit), the
-// earliest tokens first.
+// earliest tokens first. Throws naming the token and expert of a score that is not finite.
 Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t experts, int64_t top_k,
                     std::span<const float> bias, int64_t capacity);
+
+// The routing of choices already made: `choice` (tokens, top_k), each token's experts best first
+// (as ops::top_k_indices picks them on the scores' device, so only the choices reach the host),
+// counted and placed in the expert-sorted order as route_top_k places its own. Throws naming the
+// token and slot of a choice outside [0, experts) or an expert a token picked twice.
+Routing place_choices(std::vector<int64_t> choice, int64_t tokens, int64_t experts, int64_t top_k,
+                      int64_t capacity);
 
 // The capacity of capacity_factor (MoEOptions): ceil(factor * tokens * top_k / experts); -1 when
 // the factor is 0 (dropless).

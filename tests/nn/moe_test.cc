@@ -7,6 +7,7 @@
 // arithmetic (ties, capacity, offsets) and the expert bias are checked as plain values.
 #include "nn/moe/moe.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +26,8 @@
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::nn {
+
+using ::testing::HasSubstr;
 namespace {
 
 constexpr int64_t kDim = 12, kTokens = 10;
@@ -221,6 +224,46 @@ TEST(MoERoutingTest, TiesGoToTheLowerExpertAndCapacityKeepsTheEarliestTokens) {
   EXPECT_EQ(biased.dropped(), 0);
   EXPECT_EQ(expert_capacity(0.0, 10, 2, 4), -1);
   EXPECT_EQ(expert_capacity(1.25, 10, 2, 4), 7);  // ceil(6.25)
+}
+
+// Choices made elsewhere (ops::top_k_indices on the scores' device) are placed as route_top_k
+// places its own; impossible choices are named.
+TEST(MoERoutingTest, ChoicesFromTheDevicePlaceAsTheHostsOwn) {
+  const std::vector<float> scores = {0.1f, 0.7f, 0.2f, 0.0f, 0.3f, 0.3f,
+                                     0.4f, 0.0f, 0.5f, 0.1f, 0.1f, 0.3f};
+  const Routing host = route_top_k(scores, 3, 4, 2, {}, /*capacity=*/2);
+  const std::vector<double> picked =
+      ops::to_vector(ops::top_k_indices(ops::from_vector(scores, {3, 4}), 2));
+  const Routing placed =
+      place_choices(std::vector<int64_t>(picked.begin(), picked.end()), 3, 4, 2, /*capacity=*/2);
+  EXPECT_EQ(placed.choice, host.choice);
+  EXPECT_EQ(placed.routed, host.routed);
+  EXPECT_EQ(placed.offsets, host.offsets);
+  EXPECT_EQ(placed.slot_token, host.slot_token);
+  EXPECT_EQ(placed.slot_of, host.slot_of);
+  EXPECT_THAT(
+      [] {
+        place_choices({0, 4, 1, 2}, 2, 4, 2, -1);
+      },
+      ::testing::ThrowsMessage<Error>(
+          HasSubstr("token 0's choice 1 is expert 4, expected one of [0, 4)")));
+  EXPECT_THAT(
+      [] {
+        place_choices({0, 1, 2, 2}, 2, 4, 2, -1);
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("token 1 picked expert 2 twice")));
+}
+
+// A router whose scores went NaN (a diverged run) stops the forward naming the token, on the
+// device's choices as on the host's.
+TEST(MoETest, ANanScoreIsNamed) {
+  MoE moe(kDim, {.num_experts = 4, .top_k = 2, .hidden_dim = 8}, 3);
+  ops::fill_(moe.gate->parameter("weight"), std::nan(""));
+  EXPECT_THAT(
+      [&] {
+        moe(ops::normal({1, 2, kDim}, 5));
+      },
+      ::testing::ThrowsMessage<Error>(HasSubstr("token 0's router scores hold a NaN")));
 }
 
 TEST(MoETest, TheExpertBiasMovesTowardBalanceAndRoutesWithoutWeighting) {

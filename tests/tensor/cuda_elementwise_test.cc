@@ -222,6 +222,26 @@ TEST_P(CudaElementwiseTest, Reductions) {
   EXPECT_EQ(ops::to_vector(ops::sum(ints, {1})), ops::to_vector(ops::sum(gpu(ints), {1})));
 }
 
+// The k largest per row (a router's choice): the CPU's indices exactly, ties (bf16 values of a
+// few levels: many) to the lower index, k from 1 to n, n above a warp's 32 lanes, and a row
+// holding a NaN all -1.
+TEST_P(CudaElementwiseTest, TopKIndicesAreTheCpus) {
+  const DType dtype = GetParam();
+  // Values on 16 levels, so most rows hold equal values among their largest.
+  const Tensor levels =
+      ops::to(ops::to(ops::mul(random_tensor({301, 70}, 17), 16.0), kInt64), dtype);
+  for (int64_t k : {int64_t{1}, int64_t{2}, int64_t{8}, int64_t{33}, int64_t{70}}) {
+    EXPECT_EQ(ops::to_vector(ops::top_k_indices(gpu(levels), k)),
+              ops::to_vector(ops::top_k_indices(levels, k)))
+        << "k " << k;
+  }
+  std::vector<float> values(3 * 5, 0.5f);
+  values[5 + 3] = std::nanf("");
+  const Tensor with_nan = ops::from_vector(values, {3, 5}, dtype);
+  const std::vector<double> got = ops::to_vector(ops::top_k_indices(gpu(with_nan), 2));
+  EXPECT_EQ(got, (std::vector<double>{0, 1, -1, -1, 0, 1}));
+}
+
 // Column sums at a bias gradient's shape (many rows, a column count no tile divides): every row
 // group and a partial last tile of columns, against the CPU; integers exactly; twice the same
 // bits (no atomics).

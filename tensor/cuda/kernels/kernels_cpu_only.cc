@@ -107,6 +107,9 @@ void sum_cols(DType, void*, const void*, int64_t, int64_t, double, void*, int) {
 void max_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int) {
   unavailable("max_rows");
 }
+void top_k_rows(DType, int64_t*, const void*, int64_t, int64_t, int64_t, int) {
+  unavailable("top_k_rows");
+}
 
 void adamw_multi_tensor(const AdamWTensor*, int64_t, const AdamWHyper&, int) {
   unavailable("adamw_multi_tensor");

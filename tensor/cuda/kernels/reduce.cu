@@ -140,6 +140,61 @@ __global__ void max_rows_kernel(T* values, int64_t* indices, const T* in, int64_
   }
 }
 
+// One warp per row, k rounds. Round c picks the best element strictly after round c - 1's winner
+// in the total order (value descending, index ascending), so nothing but the last winner is kept
+// and k may be anything up to n. A row holding a NaN gets -1 in every slot.
+template <typename T>
+__global__ void top_k_rows_kernel(int64_t* indices, const T* in, int64_t rows, int64_t n,
+                                  int64_t k) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+       r < rows; r += warps_total) {
+    const T* x = in + r * n;
+    int64_t* out = indices + r * k;
+    int nan = 0;
+    for (int64_t j = lane; j < n; j += 32) {
+      const Compute<T> v = load(x + j);
+      nan |= v != v;
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      nan |= __shfl_down_sync(0xffffffffu, nan, offset);
+    if (__shfl_sync(0xffffffffu, nan, 0)) {
+      for (int64_t c = lane; c < k; c += 32) out[c] = -1;
+      continue;
+    }
+    Compute<T> last = 0;
+    int64_t last_i = -1;  // no winner yet
+    for (int64_t c = 0; c < k; ++c) {
+      int have = 0;
+      Compute<T> best = 0;
+      int64_t best_i = n;
+      for (int64_t j = lane; j < n; j += 32) {
+        const Compute<T> v = load(x + j);
+        const bool after = last_i < 0 || v < last || (v == last && j > last_i);
+        if (after && (!have || v > best || (v == best && j < best_i))) {
+          have = 1;
+          best = v;
+          best_i = j;
+        }
+      }
+      for (int offset = 16; offset > 0; offset /= 2) {
+        const Compute<T> v = __shfl_down_sync(0xffffffffu, best, offset);
+        const int64_t i = __shfl_down_sync(0xffffffffu, best_i, offset);
+        const int h = __shfl_down_sync(0xffffffffu, have, offset);
+        if (h && (!have || v > best || (v == best && i < best_i))) {
+          have = 1;
+          best = v;
+          best_i = i;
+        }
+      }
+      last = __shfl_sync(0xffffffffu, best, 0);
+      last_i = __shfl_sync(0xffffffffu, best_i, 0);
+      if (lane == 0) out[c] = last_i;
+    }
+  }
+}
+
 }  // namespace
 
 int64_t sum_rows_chunks(int64_t rows, int64_t n) {
@@ -198,17 +253,36 @@ void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, d
   check_launch("sum_cols_kernel", device);
 }
 
+namespace {
+
+// The grid of a kernel that gives each row one warp of a kThreads block.
+unsigned warp_per_row_grid(int64_t rows) {
+  constexpr int kWarpsPerBlock = kThreads / 32;
+  return grid_for_rows((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+}  // namespace
+
 void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64_t rows, int64_t n,
               int device) {
   if (rows == 0) return;
-  constexpr int kWarpsPerBlock = kThreads / 32;
-  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   visit_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    max_rows_kernel<T><<<grid_for_rows(blocks), kThreads, 0, compute_stream(device)>>>(
+    max_rows_kernel<T><<<warp_per_row_grid(rows), kThreads, 0, compute_stream(device)>>>(
         static_cast<T*>(values), indices, static_cast<const T*>(in), rows, n);
   });
   check_launch("max_rows_kernel", device);
+}
+
+void top_k_rows(DType dtype, int64_t* indices, const void* in, int64_t rows, int64_t n, int64_t k,
+                int device) {
+  if (rows == 0) return;
+  visit_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    top_k_rows_kernel<T><<<warp_per_row_grid(rows), kThreads, 0, compute_stream(device)>>>(
+        indices, static_cast<const T*>(in), rows, n, k);
+  });
+  check_launch("top_k_rows_kernel", device);
 }
 
 }  // namespace loom::cuda::kernels

@@ -24,5 +24,9 @@ void sum_cols(DType dtype, void* out, const void* in, int64_t n, int64_t cols, d
 // values[r] = max_j in[r * n + j], indices[r] = the first j holding it; NaN wins (PyTorch). n > 0.
 void max_rows(DType dtype, void* values, int64_t* indices, const void* in, int64_t rows, int64_t n,
               int device);
+// indices[r * k + c] = the index of row r's c-th largest value (ties: the lower index first), or
+// -1 in all k slots of a row holding a NaN; in contiguous (rows, n) of `dtype`, 1 <= k <= n.
+void top_k_rows(DType dtype, int64_t* indices, const void* in, int64_t rows, int64_t n, int64_t k,
+                int device);
 
 }  // namespace loom::cuda::kernels
