@@ -44,18 +44,52 @@ __global__ void embedding_sort_keys_kernel(int64_t* keys, const int64_t* idx, in
   }
 }
 
-// One compare-exchange step (k, j) of a bitonic sort of `padded` keys (a power of two), ascending.
+// The bitonic sort of `padded` keys (a power of two), ascending, in steps (k, j): k = 2, 4, ...,
+// padded, and for each j = k/2, ..., 1 every key t is compare-exchanged with t ^ j (ascending
+// where t & k is 0). A step whose j reaches beyond a tile of kSortTile keys runs as one launch
+// over all keys (bitonic_step_kernel); the steps of one k with j inside a tile run in one launch
+// per k, each tile in shared memory (bitonic_tile_kernel), so GPT-2's 16 x 1024 positions sort
+// in 15 launches instead of 105 (one
+// per step).
+constexpr int64_t kSortTile = 1024;
+
+__device__ __forceinline__ void compare_exchange(int64_t& a, int64_t& b, bool ascending) {
+  if (ascending ? a > b : a < b) {
+    const int64_t t = a;
+    a = b;
+    b = t;
+  }
+}
+
+// One step (k, j) over all keys, j >= kSortTile.
 __global__ void bitonic_step_kernel(int64_t* keys, int64_t padded, int64_t k, int64_t j) {
   LOOM_GRID_STRIDE(t, padded) {
     const int64_t partner = t ^ j;
     if (partner <= t) continue;
-    const int64_t a = keys[t], b = keys[partner];
-    const bool ascending = (t & k) == 0;
-    if (ascending ? a > b : a < b) {
-      keys[t] = b;
-      keys[partner] = a;
+    compare_exchange(keys[t], keys[partner], (t & k) == 0);
+  }
+}
+
+// In each tile of min(padded, kSortTile) keys, in shared memory: every step (k, j) for k from
+// k_first to k_last (doubling) and j from min(k/2, tile/2) down to 1. One block per tile.
+__global__ void bitonic_tile_kernel(int64_t* keys, int64_t padded, int64_t k_first,
+                                    int64_t k_last) {
+  __shared__ int64_t tile[kSortTile];
+  const int64_t size = padded < kSortTile ? padded : kSortTile;
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * size;
+  for (int64_t i = threadIdx.x; i < size; i += blockDim.x) tile[i] = keys[base + i];
+  __syncthreads();
+  for (int64_t k = k_first; k <= k_last; k <<= 1) {
+    for (int64_t j = (k / 2 < size / 2 ? k / 2 : size / 2); j > 0; j /= 2) {
+      // Pair p: the key i with bit j clear, and i + j.
+      for (int64_t p = threadIdx.x; p < size / 2; p += blockDim.x) {
+        const int64_t i = 2 * j * (p / j) + p % j;
+        compare_exchange(tile[i], tile[i + j], ((base + i) & k) == 0);
+      }
+      __syncthreads();
     }
   }
+  for (int64_t i = threadIdx.x; i < size; i += blockDim.x) keys[base + i] = tile[i];
 }
 
 // First key in sorted keys[0, n) not less than `key`.
@@ -112,12 +146,20 @@ void embedding_backward(DType dtype, void* grad_w, const void* grad_out, const i
   embedding_sort_keys_kernel<<<grid_for(padded), kThreads, 0, stream>>>(keys, idx, count, padded, v,
                                                                         first_bad);
   check_launch("embedding_sort_keys_kernel", device);
-  for (int64_t k = 2; k <= padded; k <<= 1) {
-    for (int64_t j = k / 2; j > 0; j /= 2) {
+  // Every k up to a tile sorts inside the tiles at once; each larger k takes its steps beyond a
+  // tile over all keys, then the rest inside the tiles.
+  const int64_t tile = padded < kSortTile ? padded : kSortTile;
+  const auto tiles = static_cast<unsigned>(padded / tile);
+  if (padded >= 2) bitonic_tile_kernel<<<tiles, kThreads, 0, stream>>>(keys, padded, 2, tile);
+  check_launch("bitonic_tile_kernel", device);
+  for (int64_t k = 2 * tile; k <= padded; k <<= 1) {
+    for (int64_t j = k / 2; j >= tile; j /= 2) {
       bitonic_step_kernel<<<grid_for(padded), kThreads, 0, stream>>>(keys, padded, k, j);
     }
+    check_launch("bitonic_step_kernel", device);
+    bitonic_tile_kernel<<<tiles, kThreads, 0, stream>>>(keys, padded, k, k);
+    check_launch("bitonic_tile_kernel", device);
   }
-  check_launch("bitonic_step_kernel", device);
   visit_floating(dtype, "embedding_backward", [&](auto tag) {
     using T = decltype(tag);
     embedding_row_sums_kernel<T><<<grid_for_rows(v), kThreads, 0, stream>>>(
