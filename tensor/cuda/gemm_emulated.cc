@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "tensor/cuda/gemm_cublaslt.h"
+#include "tools/cuda_emulator/device/emulated_counts.h"
 
 namespace loom::cuda {
 namespace {
@@ -57,6 +58,7 @@ void gemm(const GemmProblem& p, const void* a, const void* b, void* c, int devic
   LOOM_CHECK(p.m >= 0 && p.n >= 0 && p.k >= 0 && p.batch >= 1,
              "gemm: sizes must be non-negative and batch >= 1, got m {} n {} k {} batch {}", p.m,
              p.n, p.k, p.batch);
+  loom_emu::count(bias == nullptr ? "gemm cublasLtMatmul" : "gemm cublasLtMatmul (bias epilogue)");
   switch (p.dtype) {
     case DType::kFloat32:
       gemm_typed<float>(p, a, b, c, bias);

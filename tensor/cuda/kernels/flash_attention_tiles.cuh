@@ -54,7 +54,7 @@ void launch(Kernel kernel, const char* name, int64_t blocks, int threads, size_t
   // a call. Unformatted: clang-format reads the CUDA launch as shifts under the #ifdef.
   // clang-format off
 #ifdef LOOM_CUDA_EMULATED
-  ::loom_emu::launch(::loom_emu::as_dim3(static_cast<unsigned>(blocks)),
+  ::loom_emu::launch(name, ::loom_emu::as_dim3(static_cast<unsigned>(blocks)),
                      ::loom_emu::as_dim3(threads), bytes, [&] { kernel(args...); });
 #else
   kernel<<<static_cast<unsigned>(blocks), threads, bytes, compute_stream(device)>>>(args...);

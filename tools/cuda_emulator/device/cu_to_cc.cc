@@ -1,7 +1,7 @@
 // cu_to_cc IN.cu OUT.cc: a .cu file as C++ for the emulated device (emulated_device.h).
 //   kernel<T><<<grid, block[, shared_bytes[, stream]]>>>(args);
-//     -> ::loom_emu::launch(::loom_emu::as_dim3(grid), ::loom_emu::as_dim3(block), shared_bytes,
-//                           [&] { kernel<T>(args); });
+//     -> ::loom_emu::launch("kernel<T>", ::loom_emu::as_dim3(grid), ::loom_emu::as_dim3(block),
+//                           shared_bytes, [&] { kernel<T>(args); });  (the name is counted)
 //   extern __shared__ [__align__(n)] T name[];  ->  T* name = reinterpret_cast<T*>(
 //                                                      ::loom_emu::dynamic_shared());
 // Everything else is kept as written. Fails (exit 1, naming the line) on a launch it cannot parse.
@@ -89,8 +89,13 @@ std::string convert_launches(const std::string& s) {
     const std::vector<std::string> config = split_config(s.substr(at + 3, close - at - 3));
     if (config.size() < 2 || config.size() > 4) fail(s, at, "a launch needs 2 to 4 settings");
     out += s.substr(copied, start - copied);
-    out += "::loom_emu::launch(::loom_emu::as_dim3(" + config[0] + "), ::loom_emu::as_dim3(" +
-           config[1] + "), " + (config.size() >= 3 ? config[2] : std::string("0")) + ", [&] { " +
+    std::string kernel = s.substr(start, at - start);
+    kernel.erase(std::remove_if(kernel.begin(), kernel.end(),
+                                [](unsigned char c) { return std::isspace(c) || c == '"'; }),
+                 kernel.end());
+    out += "::loom_emu::launch(\"" + kernel + "\", ::loom_emu::as_dim3(" + config[0] +
+           "), ::loom_emu::as_dim3(" + config[1] + "), " +
+           (config.size() >= 3 ? config[2] : std::string("0")) + ", [&] { " +
            s.substr(start, at - start) + s.substr(open, end - open + 1) + "; })";
     copied = end + 1;
     at = end;

@@ -24,8 +24,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <type_traits>
 
+#include "tools/cuda_emulator/device/emulated_counts.h"
 #include "tools/cuda_emulator/device/emulated_limits.h"
 
 #undef __device__
@@ -51,6 +53,12 @@ namespace loom_emu {
 // Runs `body` as every thread of every block of the grid, then returns (launches are synchronous).
 void launch(dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
             const std::function<void()>& body);
+// The same, counted as a launch of `kernel` (emulated_counts.h): what cu_to_cc writes.
+inline void launch(const char* kernel, dim3 grid, dim3 block, std::size_t dynamic_shared_bytes,
+                   const std::function<void()>& body) {
+  count(std::string("launch ") + kernel);
+  launch(grid, block, dynamic_shared_bytes, body);
+}
 inline dim3 as_dim3(dim3 d) { return d; }
 inline dim3 as_dim3(unsigned x) { return dim3(x, 1, 1); }
 inline dim3 as_dim3(int x) { return dim3(static_cast<unsigned>(x), 1, 1); }

@@ -12,6 +12,7 @@
 #include <new>
 #include <unordered_map>
 
+#include "tools/cuda_emulator/device/emulated_counts.h"
 #include "tools/cuda_emulator/device/emulated_limits.h"
 
 namespace {
@@ -194,13 +195,29 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
+// A copy's direction as emulated_counts.h names it.
+static const char* copy_name(cudaMemcpyKind kind, bool async) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return async ? "copy host-to-device (async)" : "copy host-to-device";
+    case cudaMemcpyDeviceToHost:
+      return async ? "copy device-to-host (async)" : "copy device-to-host";
+    case cudaMemcpyDeviceToDevice:
+      return async ? "copy device-to-device (async)" : "copy device-to-device";
+    default:
+      return async ? "copy other (async)" : "copy other";
+  }
+}
+
+cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  loom_emu::count(copy_name(kind, false));
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind,
+cudaError_t CUDARTAPI cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                       cudaStream_t) {
+  loom_emu::count(copy_name(kind, true));
   if (bytes > 0) std::memmove(dst, src, bytes);
   return cudaSuccess;
 }
@@ -221,9 +238,15 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned i
 }
 
 cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t) {
+  loom_emu::count("sync cudaStreamSynchronize");
+  return cudaSuccess;
+}
 cudaError_t CUDARTAPI cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
-cudaError_t CUDARTAPI cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaDeviceSynchronize(void) {
+  loom_emu::count("sync cudaDeviceSynchronize");
+  return cudaSuccess;
+}
 cudaError_t CUDARTAPI cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {
   return cudaSuccess;
 }
@@ -255,7 +278,10 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t) {
   return cudaSuccess;
 }
 
-cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t) {
+  loom_emu::count("sync cudaEventSynchronize");
+  return cudaSuccess;
+}
 cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
 
 cudaError_t CUDARTAPI cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
