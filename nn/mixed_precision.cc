@@ -6,11 +6,14 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
 #include "base/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/ops_copy.h"
+#include "tensor/ops_foreach.h"
 
 namespace loom::nn {
 
@@ -51,21 +54,51 @@ Tensor cast_floating(const Tensor& t, DType dtype) {
 }
 
 // The master's cast for this forward. While an earlier forward's graph still holds the last cast
-// (the graph saves views of it: transposes, local shards), that cast is reused, so the
+// (the graph saves it, or views of it: transposes, local shards), that cast is reused, so the
 // microbatches a pipeline keeps in flight share one low-precision copy of the weights instead
 // of holding one each until their backward. Its graph node saves nothing and runs in every
 // microbatch's backward (reusable), handing each microbatch's gradient to the master as separate
 // casts would. Once its gradient is complete and no graph holds it, the entry lets it go (at
 // the latest when the backward ends): no copy stays between steps, and the next step casts the
 // updated master.
-Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType dtype) {
-  Swap::Entry& e = swap->entries[index];
-  const bool records = GradMode::is_enabled() && e.master.requires_grad();
-  if (e.cast_held_elsewhere() && e.cast_of.is_same(e.master) && e.cast.requires_grad() == records) {
-    return e.cast;
+bool records_cast(const Swap::Entry& e) {
+  return GradMode::is_enabled() && e.master.requires_grad();
+}
+
+bool reuses_cast(const Swap::Entry& e) {
+  return e.cast_held_elsewhere() && e.cast_of.is_same(e.master) &&
+         e.cast.requires_grad() == records_cast(e);
+}
+
+// The new casts of the plain masters in `indices`, made together (ops::foreach_to: on a GPU one
+// launch for up to 64 weights instead of one each) and recorded as to() records them.
+std::vector<Tensor> cast_together(const Swap& swap, const std::vector<size_t>& indices,
+                                  DType dtype) {
+  std::vector<Tensor> masters;
+  masters.reserve(indices.size());
+  for (size_t i : indices) masters.push_back(swap.entries[i].master);
+  std::vector<Tensor> casts;
+  {
+    NoGradGuard no_grad;
+    casts = ops::foreach_to(masters, dtype);
   }
+  for (size_t j = 0; j < casts.size(); ++j) {
+    if (!records_cast(swap.entries[indices[j]])) continue;
+    casts[j] = autograd::record("ToDtypeBackward", {masters[j]}, casts[j],
+                                [from = masters[j].dtype()](const std::vector<Tensor>& g) {
+                                  return std::vector<Tensor>{ops::to(g[0], from)};
+                                });
+  }
+  return casts;
+}
+
+Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType dtype,
+                        Tensor made = Tensor()) {
+  Swap::Entry& e = swap->entries[index];
+  const bool records = records_cast(e);
+  if (reuses_cast(e)) return e.cast;
   e.cast = Tensor();  // not held: let it go before the new one exists
-  Tensor cast = to(e.master, dtype);
+  Tensor cast = made.defined() ? std::move(made) : to(e.master, dtype);
   if (records && cast.grad_fn()) {
     cast.grad_fn()->set_reusable();
     // Its gradient is converted and accumulated into the master as soon as it is complete:
@@ -116,10 +149,23 @@ void apply_mixed_precision(Module& root, MixedPrecisionPolicy policy) {
   root.register_forward_pre_hook([swap, policy](Module&, const Tensor& input) {
     // A forward that threw left the casts in place: put the masters back first.
     swap->restore();
+    // The plain masters whose casts are made anew go together; a cast no graph holds goes
+    // first, so old and new never coexist. DTensor masters cast one by one (shard by shard).
+    std::vector<size_t> together;
     for (size_t i = 0; i < swap->entries.size(); ++i) {
       Swap::Entry& e = swap->entries[i];
       e.master = e.owner->parameter(e.name);
-      e.owner->set_parameter(e.name, cast_for_forward(swap, i, policy.param_dtype));
+      if (reuses_cast(e)) continue;
+      e.cast = Tensor();
+      if (!e.master.extension()) together.push_back(i);
+    }
+    std::vector<Tensor> made = cast_together(*swap, together, policy.param_dtype);
+    std::vector<Tensor> made_for(swap->entries.size());
+    for (size_t j = 0; j < together.size(); ++j) made_for[together[j]] = std::move(made[j]);
+    for (size_t i = 0; i < swap->entries.size(); ++i) {
+      Swap::Entry& e = swap->entries[i];
+      e.owner->set_parameter(e.name,
+                             cast_for_forward(swap, i, policy.param_dtype, std::move(made_for[i])));
     }
     swap->swapped = true;
     return policy.cast_forward_inputs ? cast_floating(input, policy.param_dtype) : input;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/profiler.h"
 #include "tensor/cuda/kernels/foreach.h"
 #include "tensor/flop_counter.h"
 #include "tensor/ops_copy.h"
@@ -96,6 +97,31 @@ void foreach_mul_(std::span<const Tensor> tensors, double scalar) {
     cuda::kernels::foreach_mul(fused.data(), static_cast<int64_t>(fused.size()),
                                static_cast<float>(scalar), device->index);
   }
+}
+
+std::vector<Tensor> foreach_to(std::span<const Tensor> tensors, DType dtype) {
+  const profiler::Scope scope("foreach_to");  // one op in the op table, the casts inside it
+  const std::optional<Device> device = common_device(tensors, "foreach_to");
+  std::vector<Tensor> out(tensors.size());
+  const bool fused_dtype = dtype == kBFloat16 || dtype == kFloat16;
+  std::vector<cuda::kernels::ForeachCast> fused;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    if (!device || allocates_like_cpu(*device) || !fused_dtype || !fusable(t)) {
+      out[i] = to(t, dtype);
+      continue;
+    }
+    // As to() makes it: a new tensor, the copy uncounted (a trace for a GPU allocates the same).
+    out[i] = Tensor::empty(t.shape(), dtype, *device);
+    if (device->is_cuda()) {
+      fused.push_back({.in = t.data<float>(), .out = out[i].raw_data(), .n = t.numel()});
+    }
+  }
+  if (!fused.empty()) {
+    cuda::kernels::foreach_cast_from_f32(fused.data(), static_cast<int64_t>(fused.size()), dtype,
+                                         device->index);
+  }
+  return out;
 }
 
 }  // namespace loom::ops

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <span>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -22,5 +23,11 @@ Tensor foreach_sum_of_squares(std::span<const Tensor> tensors);
 // Every tensor *= scalar in place, in f32 for f32 tensors (ops::mul_'s values); on CUDA
 // contiguous f32 tensors go many per launch, the others through mul_.
 void foreach_mul_(std::span<const Tensor> tensors, double scalar);
+
+// New tensors: tensors[i] converted to `dtype` (ops::to's values, and its result as is for a
+// tensor already of `dtype`). On CUDA, plain contiguous f32 tensors to bf16 or f16 go up to 64
+// per launch (mixed precision's casts of every weight at a forward's start); the others through
+// ops::to, DTensors included. Recorded by no autograd: the caller records what it needs.
+std::vector<Tensor> foreach_to(std::span<const Tensor> tensors, DType dtype);
 
 }  // namespace loom::ops

@@ -119,7 +119,8 @@ Routing MoE::route(const Tensor& scores) const {
   }
   // Chosen where the scores are (ops::top_k_indices, in route_top_k's order: f32 keys, ties to
   // the lower expert): on a GPU only the (tokens, k) choices come to the host, not the (tokens,
-  // E) scores, nor a host top-k over all of them.
+  // E) scores, nor a host top-k over all of them. A NaN key is named; softmax and sigmoid scores
+  // and the bias's finite steps give no infinite key (one would order as a number).
   NoGradGuard no_grad;
   const Tensor keys = options_.bias_update_rate > 0 ? ops::add(scores, expert_bias_) : scores;
   const std::vector<double> picked = ops::to_vector(ops::top_k_indices(keys, k));

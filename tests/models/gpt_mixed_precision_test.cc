@@ -126,10 +126,12 @@ TEST(GPTMixedPrecision, TensorParallelMicrobatchesInFlightShareTheCasts) {
     };
     auto in_flight = build();
     std::vector<const TensorImpl*> casts;
+    std::vector<std::weak_ptr<TensorImpl>> alive;
     for (const auto& [name, module] : in_flight->named_modules()) {
       if (name.ends_with("c_fc")) {
-        module->register_forward_pre_hook([&casts](nn::Module& m, const Tensor& input) {
+        module->register_forward_pre_hook([&](nn::Module& m, const Tensor& input) {
           casts.push_back(m.parameter("weight").impl());
+          alive.push_back(m.parameter("weight").impl_ptr());
           return input;
         });
       }
@@ -143,6 +145,9 @@ TEST(GPTMixedPrecision, TensorParallelMicrobatchesInFlightShareTheCasts) {
     }
     backward(loss1);
     backward(loss2);
+    for (size_t i = 0; i < alive.size(); ++i) {
+      EXPECT_TRUE(alive[i].expired()) << "cast " << i << " outlived both backwards";
+    }
     auto one_by_one = build();
     backward(one_by_one->loss(tokens(1), tokens(2)));
     backward(one_by_one->loss(tokens(3), tokens(4)));

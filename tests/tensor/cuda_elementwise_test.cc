@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -235,11 +236,17 @@ TEST_P(CudaElementwiseTest, TopKIndicesAreTheCpus) {
               ops::to_vector(ops::top_k_indices(levels, k)))
         << "k " << k;
   }
-  std::vector<float> values(3 * 5, 0.5f);
-  values[5 + 3] = std::nanf("");
-  const Tensor with_nan = ops::from_vector(values, {3, 5}, dtype);
-  const std::vector<double> got = ops::to_vector(ops::top_k_indices(gpu(with_nan), 2));
-  EXPECT_EQ(got, (std::vector<double>{0, 1, -1, -1, 0, 1}));
+  // Rows of 70: a NaN in lane 8's second share (column 40) empties its row; infinities order as
+  // numbers, the last column's +inf first.
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> values(3 * 70, 0.5f);
+  values[70 + 40] = std::nanf("");
+  values[2 * 70 + 3] = -inf;
+  values[2 * 70 + 69] = inf;
+  const Tensor odd = ops::from_vector(values, {3, 70}, dtype);
+  const std::vector<double> got = ops::to_vector(ops::top_k_indices(gpu(odd), 3));
+  EXPECT_EQ(got, ops::to_vector(ops::top_k_indices(odd, 3)));
+  EXPECT_EQ(got, (std::vector<double>{0, 1, 2, -1, -1, -1, 69, 0, 1}));
 }
 
 // Column sums at a bias gradient's shape (many rows, a column count no tile divides): every row

@@ -2,6 +2,7 @@
 // bit; on a meta trace for a GPU they allocate what the kernels do; the CUDA cases (many tensors
 // per launch, more than one launch, empty, bf16 and strided tensors among them) compare with the
 // CPU and skip without a GPU.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -108,6 +109,36 @@ TEST(ForeachTest, ScalingOnATraceForAGpuAllocatesNothing) {
   EXPECT_EQ(tracker.stats().allocations, 0);
 }
 
+TEST(ForeachTest, ToOnTheCpuIsToBitForBit) {
+  const std::vector<Tensor> tensors = assorted_tensors(6);
+  for (DType dtype : {kBFloat16, kFloat16, kFloat32}) {
+    const std::vector<Tensor> got = ops::foreach_to(tensors, dtype);
+    ASSERT_EQ(got.size(), tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_EQ(got[i].dtype(), dtype);
+      expect_bitwise_equal({.actual = got[i],
+                            .expected = ops::to(tensors[i], dtype),
+                            .what = "foreach_to " + std::to_string(i)});
+    }
+  }
+  // A tensor already of the dtype comes back as it is, as to() returns it.
+  EXPECT_TRUE(ops::foreach_to(tensors, kFloat32)[0].is_same(tensors[0]));
+  EXPECT_TRUE(ops::foreach_to({}, kBFloat16).empty());
+}
+
+TEST(ForeachTest, CastsOnATraceForAGpuAllocateTheirOutputsOnly) {
+  const std::vector<Tensor> tensors = {ops::empty({4097}, kFloat32, Device::meta()),
+                                       ops::empty({3}, kFloat32, Device::meta())};
+  MetaTargetGuard gpu_like(Device::cuda(0));
+  MemoryTracker tracker;
+  ScopedMemoryTracker scope(tracker);
+  const std::vector<Tensor> got = ops::foreach_to(tensors, kBFloat16);
+  EXPECT_EQ(got[0].shape(), (Shape{4097}));
+  EXPECT_EQ(got[1].dtype(), kBFloat16);
+  EXPECT_EQ(tracker.stats().allocations, 2);
+  EXPECT_EQ(tracker.stats().peak_bytes, (4097 + 3) * 2);
+}
+
 class CudaForeachTest : public ::testing::Test {
  protected:
   void SetUp() override { LOOM_SKIP_WITHOUT_CUDA(); }
@@ -141,6 +172,22 @@ TEST_F(CudaForeachTest, MulOfManyTensorsIsTheCpusMulBitForBit) {
     expect_bitwise_equal({.actual = ops::to(actual[i], Device::cpu()),
                           .expected = expected[i],
                           .what = "foreach_mul_ " + std::to_string(i)});
+  }
+}
+
+// Mixed precision's casts of every weight at a forward's start: 70 tensors (two launches of at
+// most 64; empty, bf16 and strided ones composed), to bf16 and f16, the CPU's to() bit for bit.
+TEST_F(CudaForeachTest, ToOfManyTensorsIsTheCpusToBitForBit) {
+  const std::vector<Tensor> tensors = assorted_tensors(70);
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    const std::vector<Tensor> got = ops::foreach_to(on_gpu(tensors), dtype);
+    ASSERT_EQ(got.size(), tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      EXPECT_TRUE(got[i].device().is_cuda());
+      expect_bitwise_equal({.actual = ops::to(got[i], Device::cpu()),
+                            .expected = ops::to(tensors[i], dtype),
+                            .what = fmt::format("foreach_to {} {}", dtype_name(dtype), i)});
+    }
   }
 }
 

@@ -24,12 +24,15 @@ for steps in 2 3; do
     --sample-tokens 0 "$@" > "run${steps}.log" 2>&1 ||
     { echo "launch_counts: the ${steps}-step run failed (${work}/run${steps}.log)" >&2; exit 1; }
 done
-# Each process wrote <prefix>.<pid>; the launcher's own process touches no device. Take the
-# busiest file of each run (a rank), then the difference.
-busiest() { wc -l "$1"/rank.* | sort -n | grep -v total | tail -1 | awk '{print $2}'; }
+# Each rank wrote <prefix>.<rank>: rank 0's two runs, subtracted. A name whose count fell is an
+# error (the runs differ in more than a step), not a line to drop.
 awk 'NR == FNR { before[substr($0, index($0, " ") + 1)] = $1; next }
-     { name = substr($0, index($0, " ") + 1); n = $1 - before[name]; if (n > 0) print n, name }' \
-  "$(busiest counts2)" "$(busiest counts3)" | sort -rn > step.txt
+     { name = substr($0, index($0, " ") + 1); n = $1 - before[name]; delete before[name]
+       if (n < 0) { print "launch_counts: " name " fell by " (-n) > "/dev/stderr"; bad = 1 }
+       if (n > 0) print n, name }
+     END { for (name in before) { print "launch_counts: " name " only in the 2-step run" > "/dev/stderr"; bad = 1 }
+           exit bad }' \
+  counts2/rank.0 counts3/rank.0 | sort -rn > step.txt
 echo "One steady training step on one of 2 ranks (GPT-2 small's layers, bf16; ${work}/step.txt):"
 echo
 echo "| per step | what |"

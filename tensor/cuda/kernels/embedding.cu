@@ -150,8 +150,10 @@ void embedding_backward(DType dtype, void* grad_w, const void* grad_out, const i
   // tile over all keys, then the rest inside the tiles.
   const int64_t tile = padded < kSortTile ? padded : kSortTile;
   const auto tiles = static_cast<unsigned>(padded / tile);
-  if (padded >= 2) bitonic_tile_kernel<<<tiles, kThreads, 0, stream>>>(keys, padded, 2, tile);
-  check_launch("bitonic_tile_kernel", device);
+  if (padded >= 2) {
+    bitonic_tile_kernel<<<tiles, kThreads, 0, stream>>>(keys, padded, 2, tile);
+    check_launch("bitonic_tile_kernel", device);
+  }
   for (int64_t k = 2 * tile; k <= padded; k <<= 1) {
     for (int64_t j = k / 2; j >= tile; j /= 2) {
       bitonic_step_kernel<<<grid_for(padded), kThreads, 0, stream>>>(keys, padded, k, j);

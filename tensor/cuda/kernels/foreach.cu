@@ -47,6 +47,19 @@ __global__ void mul_kernel(const ForeachLaunch launch, float scalar) {
   for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) x.data[i] *= scalar;
 }
 
+using CastLaunch = MultiTensorLaunch<ForeachCast, kForeachCastsPerLaunch>;
+
+template <typename T>
+__global__ void cast_from_f32_kernel(const CastLaunch launch) {
+  const int64_t block = blockIdx.x;
+  const int t = launch.tensor_of(block);
+  const ForeachCast& x = launch.tensors[t];
+  const int64_t begin = launch.chunk_begin(t, block);
+  const int64_t end = min(begin + kMultiTensorChunk, x.n);
+  T* out = static_cast<T*>(x.out);
+  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) out[i] = convert<T>(x.in[i]);
+}
+
 }  // namespace
 
 void foreach_sum_of_squares(const ForeachTensor* tensors, int64_t count, float* out,
@@ -67,6 +80,21 @@ void foreach_mul(const ForeachTensor* tensors, int64_t count, float scalar, int 
       tensors, count, "foreach_mul", [&](const ForeachLaunch& launch, unsigned blocks) {
         mul_kernel<<<blocks, kThreads, 0, compute_stream(device)>>>(launch, scalar);
         check_launch("mul_kernel", device);
+      });
+}
+
+void foreach_cast_from_f32(const ForeachCast* casts, int64_t count, DType out_dtype, int device) {
+  for_each_multi_tensor_launch<kForeachCastsPerLaunch>(
+      casts, count, "foreach_cast_from_f32", [&](const CastLaunch& launch, unsigned blocks) {
+        const cudaStream_t stream = compute_stream(device);
+        if (out_dtype == DType::kBFloat16) {
+          cast_from_f32_kernel<__nv_bfloat16><<<blocks, kThreads, 0, stream>>>(launch);
+        } else {
+          LOOM_CHECK(out_dtype == DType::kFloat16,
+                     "foreach_cast_from_f32: casts to bf16 or f16, got {}", dtype_name(out_dtype));
+          cast_from_f32_kernel<__half><<<blocks, kThreads, 0, stream>>>(launch);
+        }
+        check_launch("cast_from_f32_kernel", device);
       });
 }
 

@@ -1,10 +1,12 @@
 // CUDA kernels of the multi-tensor ops (tensor/ops_foreach.h, torch's _foreach_ family): many
 // tensors per launch (kernels/multi_tensor.cuh), for the per-parameter passes of a step's end
-// (gradient clipping's norms and scaling), which would otherwise launch a kernel or two per
-// parameter.
+// (gradient clipping's norms and scaling, mixed precision's casts of the weights), which would
+// otherwise launch a kernel or two per parameter.
 #pragma once
 
 #include <cstdint>
+
+#include "tensor/cuda/kernels/kernel_args.h"
 
 namespace loom::cuda::kernels {
 
@@ -34,5 +36,17 @@ void foreach_sum_of_squares(const ForeachTensor* tensors, int64_t count, float* 
 
 // Every element of every tensor *= scalar, in f32 (the CPU's mul_ by a scalar).
 void foreach_mul(const ForeachTensor* tensors, int64_t count, float scalar, int device);
+
+// One cast of n contiguous f32 elements at `in` into `out`, of the call's dtype.
+struct ForeachCast {
+  const float* in = nullptr;
+  void* out = nullptr;
+  int64_t n = 0;
+};
+inline constexpr int kForeachCastsPerLaunch = 64;
+
+// out = in converted to `out_dtype` (bf16 or f16, rounded to nearest even as ops::to's copy
+// kernel rounds), for every cast: mixed precision's weights, all in one launch per 64.
+void foreach_cast_from_f32(const ForeachCast* casts, int64_t count, DType out_dtype, int device);
 
 }  // namespace loom::cuda::kernels

@@ -118,6 +118,9 @@ void foreach_sum_of_squares(const ForeachTensor*, int64_t, float*, float*, int) 
   unavailable("foreach_sum_of_squares");
 }
 void foreach_mul(const ForeachTensor*, int64_t, float, int) { unavailable("foreach_mul"); }
+void foreach_cast_from_f32(const ForeachCast*, int64_t, DType, int) {
+  unavailable("foreach_cast_from_f32");
+}
 
 // The switch keeps its value (tests flip it); nothing takes the tensor-core path.
 namespace {
