@@ -56,6 +56,15 @@ std::vector<Tensor> AccumulateGrad::apply(std::vector<Tensor> grad_outputs) {
   // condition): nothing to accumulate.
   if (!grad.defined()) return {};
   AutogradMeta& meta = autograd_meta(leaf_);
+  // A gradient of another floating dtype (a cast's backward that hands a bf16 gradient on for its
+  // f32 leaf to take, nn/mixed_precision.cc) becomes the leaf's dtype here: converted as it is
+  // added where .grad is a buffer the leaf owns (one kernel on a GPU, ops::add_), converted first
+  // otherwise and wherever a hook or a DTensor is to see it. The values are the same either way
+  // (the conversion is exact; the add is in the leaf's dtype).
+  const bool converts_as_it_adds = leaf_.grad().defined() && meta.accumulate_in_place &&
+                                   meta.grad_hooks.empty() && !grad.extension() &&
+                                   !leaf_.extension();
+  if (grad.dtype() != leaf_.dtype() && !converts_as_it_adds) grad = ops::to(grad, leaf_.dtype());
   for (const GradHook& hook : meta.grad_hooks) {
     Tensor replaced = hook(grad);
     if (replaced.defined()) grad = replaced;

@@ -82,12 +82,17 @@ std::vector<Tensor> cast_together(const Swap& swap, const std::vector<size_t>& i
     NoGradGuard no_grad;
     casts = ops::foreach_to(masters, dtype);
   }
+  // A leaf master's cast hands its gradient on in the cast's dtype: the master's AccumulateGrad
+  // converts it to f32 as it adds it into .grad (autograd/node.cc; on a GPU one kernel where a
+  // conversion, then an add, were two per weight and step). A master that is not a leaf gets
+  // the conversion as to()'s backward makes it.
   for (size_t j = 0; j < casts.size(); ++j) {
     if (!records_cast(swap.entries[indices[j]])) continue;
-    casts[j] = autograd::record("ToDtypeBackward", {masters[j]}, casts[j],
-                                [from = masters[j].dtype()](const std::vector<Tensor>& g) {
-                                  return std::vector<Tensor>{ops::to(g[0], from)};
-                                });
+    casts[j] = autograd::record(
+        "ToDtypeBackward", {masters[j]}, casts[j],
+        [leaf = masters[j].is_leaf(), from = masters[j].dtype()](const std::vector<Tensor>& g) {
+          return leaf ? g : std::vector<Tensor>{ops::to(g[0], from)};
+        });
   }
   return casts;
 }

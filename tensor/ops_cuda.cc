@@ -40,6 +40,11 @@ void copy(const Tensor& dst, const Tensor& src) {
                 dst.device().index);
 }
 
+void accumulate_f32(const Tensor& dst, const Tensor& src) {
+  kernels::accumulate_f32(dst.data<float>(), src.dtype(), src.raw_data(), dst.numel(),
+                          dst.device().index);
+}
+
 void fill(const Tensor& t, double value) {
   kernels::fill(t.dtype(), strided_arg(t, "fill_"), value, t.device().index);
 }

@@ -32,6 +32,8 @@ void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor&
 // dst = src converted to dst's dtype (same shape, any strides).
 void copy(const Tensor& dst, const Tensor& src);
 void fill(const Tensor& t, double value);
+// dst += src: dst f32, src of another floating dtype, one shape, both contiguous.
+void accumulate_f32(const Tensor& dst, const Tensor& src);
 
 }  // namespace loom::ops::cuda_backend
 

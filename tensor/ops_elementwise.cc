@@ -467,9 +467,26 @@ bool gpu_writes_in_place(const Tensor& self, const Tensor* other) {
 
 }  // namespace
 
+namespace {
+
+// A GPU's f32 tensor gaining a same-shaped contiguous tensor of a lower floating precision (a bf16
+// gradient accumulated into an f32 .grad): one kernel converting as it adds.
+bool gpu_accumulates_converting(const Tensor& self, const Tensor& other) {
+  return !allocates_like_cpu(self.device()) && !self.extension() && !other.extension() &&
+         self.dtype() == kFloat32 && is_floating(other.dtype()) && other.dtype() != kFloat32 &&
+         self.device() == other.device() && self.shape() == other.shape() && self.is_contiguous() &&
+         other.is_contiguous() && self.storage() != other.storage();
+}
+
+}  // namespace
+
 void add_(const Tensor& self, const Tensor& other) {
   if (dispatch_op(OpId::add_, {self, other})) return;
   FlopCounter::record_in_place(self, 3);
+  if (gpu_accumulates_converting(self, other)) {
+    if (self.device().is_cuda()) cuda_backend::accumulate_f32(self, other);
+    return;
+  }
   if (gpu_writes_in_place(self, &other)) {
     if (self.device().is_cuda()) {
       cuda_backend::binary(BinaryOp::kAdd, self, self,

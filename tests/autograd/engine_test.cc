@@ -3,9 +3,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "autograd/function.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
+#include "autograd/node.h"
 #include "base/error.h"
 #include "tensor/memory_stats.h"
 #include "tests/autograd/test_util.h"
@@ -237,6 +239,49 @@ TEST(EngineTest, LeafGradientsDoNotAliasEachOther) {
   }
   expect_equal({.actual = a.grad(), .expected = {0.5, 0.5}});
   expect_equal({.actual = b.grad(), .expected = {1, 1}});
+}
+
+}  // namespace
+}  // namespace loom
+
+namespace loom {
+namespace {
+
+// A node may hand an f32 leaf a gradient of another floating dtype (mixed precision's cast hands
+// its bf16 gradient on): .grad stays f32 and holds exactly the converted values, whether it is
+// made fresh, accumulated in place into a buffer the leaf owns (DDP's buckets: converted as it
+// is added), accumulated out of place, or seen by a hook (which sees the leaf's dtype).
+TEST(EngineTest, ALowerPrecisionGradientReachesItsF32LeafConverted) {
+  const Tensor bf16_grad = ops::to(ops::normal({3, 5}, 4), kBFloat16);
+  const auto hand_on = [&](const Tensor& leaf) {
+    const Tensor out = autograd::record("PassOn", {leaf}, ops::to(leaf, kBFloat16),
+                                        [](const std::vector<Tensor>& g) { return g; });
+    backward(out, bf16_grad);
+  };
+  const Tensor once = ops::to(bf16_grad, kFloat32);
+  const Tensor twice = ops::add(once, once);
+  for (int mode = 0; mode < 3; ++mode) {  // fresh then out of place; in place; a hook
+    SCOPED_TRACE(mode);
+    Tensor w = ops::normal({3, 5}, 1);
+    w.set_requires_grad(true);
+    DType hook_saw = DType::kInt64;
+    if (mode == 1) autograd::autograd_meta(w).accumulate_in_place = true;
+    if (mode == 2) {
+      autograd::register_hook(w, [&](const Tensor& g) {
+        hook_saw = g.dtype();
+        return Tensor();
+      });
+    }
+    hand_on(w);
+    ASSERT_EQ(w.grad().dtype(), kFloat32);
+    testing::expect_bitwise_equal({.actual = w.grad(), .expected = once, .what = "fresh"});
+    const Tensor first = w.grad();
+    hand_on(w);
+    testing::expect_bitwise_equal({.actual = w.grad(), .expected = twice, .what = "accumulated"});
+    EXPECT_EQ(w.grad().dtype(), kFloat32);
+    if (mode == 1) EXPECT_TRUE(w.grad().is_same(first)) << "not accumulated in place";
+    if (mode == 2) EXPECT_EQ(hook_saw, kFloat32);
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Ten bf16 training steps (the job's mixed precision: bf16 compute and logits over f32 masters,
 // f32 AdamW) of GPT and Llama under the parallel layouts against the same steps on one CPU rank:
-// on CPU ranks over Gloo, and on a GPU — one rank, and dp2 x tp2 + SP, dp_shard 2 and pp2 as
+// on CPU ranks over Gloo, and on a GPU — one rank, and dp2 x tp2 + SP, dp2, dp_shard 2 and pp2 as
 // ranks sharing that GPU over Gloo staged through host memory (comm/gloo/host_staging.h), the
 // one-GPU multi-rank path. The GPU cases skip with the reason where there is none; the GPU check
 // (tools/gpu_check.sh) runs them, and the emulated device runs them here.
@@ -69,6 +69,8 @@ struct Layout {
 const std::vector<Layout>& layouts() {
   static const std::vector<Layout> all = {
       {.name = "dp2 x tp2 + SP", .dp_replicate = 2, .tp = 2},
+      // DDP over plain masters: each bf16 gradient converted as it is added into its bucket.
+      {.name = "dp2", .dp_replicate = 2},
       {.name = "dp_shard 2", .dp_shard = 2},
       {.name = "pp2 1f1b m4", .pp = 2},
   };

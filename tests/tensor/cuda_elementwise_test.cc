@@ -80,6 +80,16 @@ TEST_P(CudaElementwiseTest, InPlaceAddAndScaleMatchTheCpu) {
   check("add_ shifted view of self",
         [](const Tensor& x) { ops::add_(ops::narrow(x, 0, 1, 5), ops::narrow(x, 0, 0, 5)); });
   check("mul_", [](const Tensor& x) { ops::mul_(x, -0.75); });
+  // A bf16 gradient accumulated into an f32 .grad: one kernel converting as it adds, the values
+  // of converting first bit for bit.
+  if (dtype == kFloat32) {
+    const Tensor low = ops::to(random_tensor({6, 33}, 6), kBFloat16);
+    const Tensor want = ops::add(random_tensor({6, 33}, 7), ops::to(low, kFloat32));
+    const Tensor got = gpu(random_tensor({6, 33}, 7));
+    ops::add_(got, gpu(low));
+    expect_bitwise_equal(
+        {.actual = ops::to(got, Device::cpu()), .expected = want, .what = "add_ of bf16 into f32"});
+  }
 }
 
 TEST(InPlaceOnAGpuTrace, AddAndScaleAllocateNothing) {

@@ -151,6 +151,11 @@ __global__ void copy_contiguous_kernel(int64_t n, D* out, const S* in) {
   LOOM_GRID_STRIDE(i, n) { copy_element(out + i, in + i); }
 }
 
+template <typename S>
+__global__ void accumulate_f32_kernel(int64_t n, float* out, const S* in) {
+  LOOM_GRID_STRIDE(i, n) { out[i] += static_cast<float>(load(in + i)); }
+}
+
 template <typename T>
 __global__ void fill_kernel(Collapsed<1> c, T* out, T value) {
   LOOM_GRID_STRIDE(i, c.numel) {
@@ -219,6 +224,16 @@ void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedA
     });
   });
   check_launch("copy_kernel", device);
+}
+
+void accumulate_f32(float* out, DType in_dtype, const void* in, int64_t n, int device) {
+  if (n == 0) return;
+  visit_dtype(in_dtype, [&](auto tag) {
+    using S = decltype(tag);
+    accumulate_f32_kernel<S>
+        <<<grid_for(n), kThreads, 0, compute_stream(device)>>>(n, out, static_cast<const S*>(in));
+  });
+  check_launch("accumulate_f32_kernel", device);
 }
 
 void fill(DType dtype, const StridedArg& out, double value, int device) {

@@ -18,6 +18,10 @@ void where(DType dtype, const StridedArg& out, const StridedArg& cond, const Str
            const StridedArg& b, int device);
 // out = in converted from in_dtype to out_dtype (round to nearest even).
 void copy(DType out_dtype, const StridedArg& out, DType in_dtype, const StridedArg& in, int device);
+// out[i] += in[i] for i < n, out f32 and in of `in_dtype`, both contiguous: in converted to f32
+// (exactly) and added in f32, the values of copying it to f32 and adding, in one pass (a bf16
+// gradient accumulated into its f32 master's .grad).
+void accumulate_f32(float* out, DType in_dtype, const void* in, int64_t n, int device);
 // Every element of out = value converted to dtype.
 void fill(DType dtype, const StridedArg& out, double value, int device);
 

@@ -29,6 +29,7 @@ void where(DType, const StridedArg&, const StridedArg&, const StridedArg&, const
 }
 void copy(DType, const StridedArg&, DType, const StridedArg&, int) { unavailable("copy"); }
 void fill(DType, const StridedArg&, double, int) { unavailable("fill"); }
+void accumulate_f32(float*, DType, const void*, int64_t, int) { unavailable("accumulate_f32"); }
 
 void softmax_forward(DType, void*, const void*, RowShape, bool, int) {
   unavailable("softmax_forward");
