@@ -182,11 +182,21 @@ void ShmChannel::arrive_and_wait(const ShmStamp& stamp, Clock::time_point deadli
     missing = first_missing();
   }
   auto next_liveness = Clock::now() + kLivenessEvery;
+  // Whether the wait for `r` has failed: this rank or the channel closed, the deadline passed,
+  // or `r` left.
+  const auto failed = [&](int r, Clock::time_point now) {
+    return closed_here_.load() || header_->closed_by.load() != 0 || now >= deadline ||
+           cell(r).left.load() != 0;
+  };
   while (missing >= 0) {
     const auto now = Clock::now();
-    if (closed_here_.load() || header_->closed_by.load() != 0 || now >= deadline ||
-        cell(missing).left.load() != 0) {
-      fail_waiting(missing, deadline);
+    if (failed(missing, now)) {
+      // `missing` was found missing earlier: it may have arrived since, finished the op and
+      // destroyed its group (it leaves after its last barrier, so its arrival is visible once
+      // its leaving is). Only a rank still missing fails the wait.
+      missing = first_missing();
+      if (missing < 0) break;
+      if (failed(missing, now)) fail_waiting(missing, deadline);
     }
     if (now >= next_liveness) {
       for (int r = 0; r < world_; ++r) {
