@@ -54,12 +54,14 @@ for trial in $(seq 1 "$trials"); do
   grep -q "^loomrun: restart 1 of 3: rank [01] (pid $killed) was killed by signal 9 (SIGKILL)" "$dir/log" ||
     { cat "$dir/log"; fail "trial $trial: no restart logged for pid $killed"; }
   # The first checkpoint (of step 2) commits after step 1 and before step 2 runs: a kill once step
-  # 2 is done always finds it; a kill after step 1 may come while it is being written, and then the
-  # restart rightly starts from step 0 (the partial folder is no checkpoint).
+  # 2 is done always finds it; a kill after step 1 may come before it is begun (no step folder:
+  # "no committed checkpoint") or while it is being written (a partial folder: "NO committed
+  # step"), and then the restart rightly starts from step 0.
   how="resumed"
   if ! grep -Eq "resumed from .* at step [0-9]+ \\(same layout\\)" "$dir/log"; then
-    how="started again from step 0 (killed while the first checkpoint was being written)"
-    (( step < 2 )) && grep -q "NO committed step: starting from step 0" "$dir/log" ||
+    how="started again from step 0 (killed before the first checkpoint was committed)"
+    (( step < 2 )) &&
+      grep -Eq "NO committed step: starting from step 0|no committed checkpoint in .*; starting at step 0" "$dir/log" ||
       { cat "$dir/log"; fail "trial $trial (rank $rank at step $step): the restart did not resume from a checkpoint"; }
   fi
   # The metrics hold every step once (the resumed attempt kept the earlier one's lines of the
