@@ -53,7 +53,7 @@ Tensor cast_floating(const Tensor& t, DType dtype) {
   return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? to(t, dtype) : t;
 }
 
-// The master's cast for this forward. While an earlier forward's graph still holds the last cast
+// Which cast a forward takes. While an earlier forward's graph still holds a master's last cast
 // (the graph saves it, or views of it: transposes, local shards), that cast is reused, so the
 // microbatches a pipeline keeps in flight share one low-precision copy of the weights instead
 // of holding one each until their backward. Its graph node saves nothing and runs in every
@@ -97,14 +97,11 @@ std::vector<Tensor> cast_together(const Swap& swap, const std::vector<size_t>& i
   return casts;
 }
 
-Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType dtype,
-                        Tensor made = Tensor()) {
+// Entry `index`'s new cast, kept by the entry (and, when recorded, let go once backward has
+// passed it and no graph holds it).
+Tensor keep_cast(const std::shared_ptr<Swap>& swap, size_t index, Tensor cast) {
   Swap::Entry& e = swap->entries[index];
-  const bool records = records_cast(e);
-  if (reuses_cast(e)) return e.cast;
-  e.cast = Tensor();  // not held: let it go before the new one exists
-  Tensor cast = made.defined() ? std::move(made) : to(e.master, dtype);
-  if (records && cast.grad_fn()) {
+  if (records_cast(e) && cast.grad_fn()) {
     cast.grad_fn()->set_reusable();
     // Its gradient is converted and accumulated into the master as soon as it is complete:
     // created before the whole forward, the cast would otherwise run last, keeping every
@@ -134,6 +131,29 @@ Tensor cast_for_forward(const std::shared_ptr<Swap>& swap, size_t index, DType d
   return cast;
 }
 
+// Every entry's cast for this forward: the last one while a graph holds it (reuses_cast), else a
+// new one. The casts no graph holds go first, so old and new never coexist; then the plain
+// masters are cast together and the DTensor masters one by one (shard by shard).
+std::vector<Tensor> casts_for_forward(const std::shared_ptr<Swap>& swap, DType dtype) {
+  std::vector<Tensor> casts(swap->entries.size());
+  std::vector<size_t> together, one_by_one;
+  for (size_t i = 0; i < swap->entries.size(); ++i) {
+    Swap::Entry& e = swap->entries[i];
+    e.master = e.owner->parameter(e.name);
+    if (reuses_cast(e)) {
+      casts[i] = e.cast;
+      continue;
+    }
+    e.cast = Tensor();
+    (e.master.extension() ? one_by_one : together).push_back(i);
+  }
+  const std::vector<Tensor> made = cast_together(*swap, together, dtype);
+  for (size_t j = 0; j < together.size(); ++j)
+    casts[together[j]] = keep_cast(swap, together[j], made[j]);
+  for (size_t i : one_by_one) casts[i] = keep_cast(swap, i, to(swap->entries[i].master, dtype));
+  return casts;
+}
+
 }  // namespace
 
 void apply_mixed_precision(Module& root, MixedPrecisionPolicy policy) {
@@ -154,23 +174,9 @@ void apply_mixed_precision(Module& root, MixedPrecisionPolicy policy) {
   root.register_forward_pre_hook([swap, policy](Module&, const Tensor& input) {
     // A forward that threw left the casts in place: put the masters back first.
     swap->restore();
-    // The plain masters whose casts are made anew go together; a cast no graph holds goes
-    // first, so old and new never coexist. DTensor masters cast one by one (shard by shard).
-    std::vector<size_t> together;
+    const std::vector<Tensor> casts = casts_for_forward(swap, policy.param_dtype);
     for (size_t i = 0; i < swap->entries.size(); ++i) {
-      Swap::Entry& e = swap->entries[i];
-      e.master = e.owner->parameter(e.name);
-      if (reuses_cast(e)) continue;
-      e.cast = Tensor();
-      if (!e.master.extension()) together.push_back(i);
-    }
-    std::vector<Tensor> made = cast_together(*swap, together, policy.param_dtype);
-    std::vector<Tensor> made_for(swap->entries.size());
-    for (size_t j = 0; j < together.size(); ++j) made_for[together[j]] = std::move(made[j]);
-    for (size_t i = 0; i < swap->entries.size(); ++i) {
-      Swap::Entry& e = swap->entries[i];
-      e.owner->set_parameter(e.name,
-                             cast_for_forward(swap, i, policy.param_dtype, std::move(made_for[i])));
+      swap->entries[i].owner->set_parameter(swap->entries[i].name, casts[i]);
     }
     swap->swapped = true;
     return policy.cast_forward_inputs ? cast_floating(input, policy.param_dtype) : input;

@@ -465,10 +465,6 @@ bool gpu_writes_in_place(const Tensor& self, const Tensor* other) {
           other->strides() == self.strides());
 }
 
-}  // namespace
-
-namespace {
-
 // A GPU's f32 tensor gaining a same-shaped contiguous tensor of a lower floating precision (a bf16
 // gradient accumulated into an f32 .grad): one kernel converting as it adds.
 bool gpu_accumulates_converting(const Tensor& self, const Tensor& other) {

@@ -110,12 +110,12 @@ void MoE::reset_parameters() { ops::fill_(expert_bias_, 0.0); }
 Routing MoE::route(const Tensor& scores) const {
   const int64_t tokens = scores.size(0), e = options_.num_experts, k = options_.top_k;
   const int64_t capacity = expert_capacity(options_.capacity_factor, tokens, k, e);
-  if (scores.device().is_meta()) {  // no values: the uniform routing
-    std::vector<float> uniform(tokens * e, 0.0f);
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t c = 0; c < k; ++c) uniform[t * e + (t * k + c) % e] = static_cast<float>(k - c);
-    }
-    return route_top_k(uniform, tokens, e, k, {}, capacity);
+  if (scores.device().is_meta()) {
+    // No values: the uniform routing, token t's c-th choice expert (t * k + c) % E.
+    std::vector<int64_t> uniform(tokens * k);
+    std::iota(uniform.begin(), uniform.end(), int64_t{0});
+    for (int64_t& expert : uniform) expert %= e;
+    return place_choices(std::move(uniform), tokens, e, k, capacity);
   }
   // Chosen where the scores are (ops::top_k_indices, in route_top_k's order: f32 keys, ties to
   // the lower expert): on a GPU only the (tokens, k) choices come to the host, not the (tokens,

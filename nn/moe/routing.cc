@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "base/error.h"
+#include "tensor/ops.h"
 
 namespace loom::nn {
 
@@ -16,25 +16,22 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
              "route_top_k: {} bias entries for {} experts", bias.size(), experts);
   LOOM_CHECK(top_k >= 1 && top_k <= experts, "route_top_k: top_k {} with {} experts", top_k,
              experts);
-  std::vector<int64_t> choice(tokens * top_k);
-  std::vector<int64_t> order(experts);
-  std::vector<float> key(experts);
+  std::vector<float> keys(tokens * experts);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int64_t e = 0; e < experts; ++e) {
-      key[e] = scores[t * experts + e] + (bias.empty() ? 0.0f : bias[e]);
-      LOOM_CHECK(std::isfinite(key[e]),
+      float& key = keys[t * experts + e];
+      key = scores[t * experts + e] + (bias.empty() ? 0.0f : bias[e]);
+      LOOM_CHECK(std::isfinite(key),
                  "route_top_k: token {}'s score for expert {} is {} (with its bias); the router's "
                  "scores must be finite (a diverged run?)",
-                 t, e, key[e]);
+                 t, e, key);
     }
-    std::iota(order.begin(), order.end(), 0);
-    // The top_k largest; equal keys: the lower expert first (a total order, so repeatable).
-    std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int64_t a, int64_t b) {
-      return key[a] > key[b] || (key[a] == key[b] && a < b);
-    });
-    std::copy(order.begin(), order.begin() + top_k, choice.begin() + t * top_k);
   }
-  return place_choices(std::move(choice), tokens, experts, top_k, capacity);
+  // The top_k largest; equal keys: the lower expert first (a total order, so repeatable).
+  const std::vector<double> picked =
+      ops::to_vector(ops::top_k_indices(ops::from_vector(keys, {tokens, experts}), top_k));
+  return place_choices(std::vector<int64_t>(picked.begin(), picked.end()), tokens, experts, top_k,
+                       capacity);
 }
 
 Routing place_choices(std::vector<int64_t> choice, int64_t tokens, int64_t experts, int64_t top_k,

@@ -1,7 +1,8 @@
-// Token-choice top-k routing on the host, as plain arithmetic: which experts each token picks,
-// and where each (token, choice) slot goes in the expert-sorted order the grouped GEMMs run in.
-// Deterministic: ties between equal scores go to the lower expert index, and slots are ordered
-// by (expert, token, choice), so runs repeat bit for bit.
+// Token-choice top-k routing: which experts each token picks (ops::top_k_indices, on the scores'
+// device in MoE::route), and, on the host, where each (token, choice) slot goes in the
+// expert-sorted order the grouped GEMMs run in. Deterministic: ties between equal scores go to
+// the lower expert index, and slots are ordered by (expert, token, choice), so runs repeat bit for
+// bit.
 #pragma once
 
 #include <cstdint>

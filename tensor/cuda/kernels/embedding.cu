@@ -49,8 +49,7 @@ __global__ void embedding_sort_keys_kernel(int64_t* keys, const int64_t* idx, in
 // where t & k is 0). A step whose j reaches beyond a tile of kSortTile keys runs as one launch
 // over all keys (bitonic_step_kernel); the steps of one k with j inside a tile run in one launch
 // per k, each tile in shared memory (bitonic_tile_kernel), so GPT-2's 16 x 1024 positions sort
-// in 15 launches instead of 105 (one
-// per step).
+// in 15 launches instead of 105 (one per step).
 constexpr int64_t kSortTile = 1024;
 
 __device__ __forceinline__ void compare_exchange(int64_t& a, int64_t& b, bool ascending) {
