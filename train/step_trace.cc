@@ -10,6 +10,7 @@
 #include <exception>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -19,7 +20,9 @@
 #include "comm/in_memory_store.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
+#include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
+#include "tensor/grad_mode.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "train/trainer.h"
@@ -49,6 +52,28 @@ std::vector<int64_t> coordinate_of(const ParallelDims& dims, int rank) {
   }
   return coordinate;
 }
+
+// Attributes what each op allocates on this thread to the op: the outermost call only (the
+// DispatchMode contract), so a linear's GEMM and bias count as the linear.
+class BytesByOp final : public DispatchMode {
+ public:
+  BytesByOp(MemoryTracker& memory, std::map<std::string, int64_t>& out)
+      : memory_(memory), out_(out) {}
+  std::vector<Tensor> dispatch(const OpCall& call) override {
+    const int64_t before = memory_.stats().allocated_bytes;
+    std::vector<Tensor> outputs = call_op(call);
+    const int64_t bytes = memory_.stats().allocated_bytes - before;
+    if (bytes > 0) {
+      out_[fmt::format("{}: {}", GradMode::is_enabled() ? "forward" : "backward", call.op)] +=
+          bytes;
+    }
+    return outputs;
+  }
+
+ private:
+  MemoryTracker& memory_;
+  std::map<std::string, int64_t>& out_;
+};
 
 // Two steps of the job on this rank's world group; the second measured.
 TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
@@ -83,15 +108,24 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     CommDebugMode comm;  // this thread's operations, by group
     FlopCounter flops;
     const MemoryStats before = memory.stats();
+    BytesByOp by_op(memory, out.bytes_by_op);
+    std::optional<ScopedDispatchMode> attributing;
+    if (options.bytes_by_op) attributing.emplace(by_op);
     const auto start = std::chrono::steady_clock::now();
     trainer.step(tokens, tokens);
     out.step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    attributing.reset();
     out.flops = flops.total();
     out.recompute_flops = flops.recomputed();
     out.in_place_bytes = flops.in_place_bytes();
     out.allocations = memory.stats().allocations - before.allocations;
     out.allocated_bytes = memory.stats().allocated_bytes - before.allocated_bytes;
+    if (options.bytes_by_op) {
+      int64_t attributed = 0;
+      for (const auto& [op, bytes] : out.bytes_by_op) attributed += bytes;
+      out.bytes_by_op["other"] = out.allocated_bytes - attributed;
+    }
     out.peak_bytes = memory.stats().peak_bytes;
     out.collectives = comm.by_group();
     if (options.validation) {

@@ -52,6 +52,13 @@ struct TracedRank {
   // DDP's bucket copies, zeroed gradients, the optimizer), which allocate nothing.
   int64_t in_place_bytes = 0;
   double step_ms = 0;  // the step's wall time (meaningful on real groups only)
+  // With StepTraceOptions::bytes_by_op: allocated_bytes by op ("forward: linear", "backward:
+  // layer_norm_backward"; backward includes the optimizer and anything else run without grad
+  // mode), each op's outputs and temporaries, an op counted where it was called from outside
+  // any other op (tensor/dispatch.h's DispatchMode). What no dispatched op allocated (mixed
+  // precision's multi-tensor casts, communication buffers, ops under an activation checkpoint's
+  // own mode) is "other".
+  std::map<std::string, int64_t> bytes_by_op;
   // One step's operations by group name (CommDebugMode::by_group).
   std::map<std::string, comm::CollectiveCounters> collectives;
   // With StepTraceOptions::validation: one validation batch (Trainer::evaluate) after the steps.
@@ -76,6 +83,9 @@ struct StepTraceOptions {
   Device target = Device::cuda();
   // Also trace one validation batch (forward only) after the measured step.
   bool validation = false;
+  // Also break the measured step's allocated bytes down by op (TracedRank::bytes_by_op): where
+  // a step's memory traffic goes, so the fusions that pay can be told apart.
+  bool bytes_by_op = false;
 };
 
 // Traces two steps on each rank of options.ranks (one thread each) and returns their figures in

@@ -136,3 +136,44 @@ TEST(StepTrace, MixedPrecisionTensorParallel) {
 
 }  // namespace
 }  // namespace loom::train
+
+namespace loom::train {
+namespace {
+
+// The step's bytes by op add up to its allocated bytes, on every rank, and an op whose outputs
+// are known has exactly them: GELU writes (B, T, 4C) f32 per layer in forward and its gradient
+// in backward. Asking changes no other figure.
+TEST(StepTrace, BytesByOpAddUpToTheStepsAllocations) {
+  for (const ParallelDims dims : {ParallelDims{}, ParallelDims{.tp = 2}}) {
+    SCOPED_TRACE(dims.str());
+    const ParallelConfig parallel{.dims = dims};
+    StepTraceOptions options{.local_batch = kBatch,
+                             .seq_len = kSeq,
+                             .ranks = ranks_to_trace(dims),
+                             .target = Device::cuda()};
+    const auto plain = trace_training_step(dims, gpt_builder(parallel), options);
+    options.bytes_by_op = true;
+    const auto by_op = trace_training_step(dims, gpt_builder(parallel), options);
+    ASSERT_EQ(by_op.size(), plain.size());
+    for (size_t r = 0; r < by_op.size(); ++r) {
+      const TracedRank& t = by_op[r];
+      EXPECT_TRUE(plain[r].bytes_by_op.empty());
+      EXPECT_EQ(t.allocated_bytes, plain[r].allocated_bytes);
+      EXPECT_EQ(t.allocations, plain[r].allocations);
+      int64_t sum = 0;
+      for (const auto& [op, bytes] : t.bytes_by_op) {
+        EXPECT_GE(bytes, 0) << op;
+        sum += bytes;
+      }
+      EXPECT_EQ(sum, t.allocated_bytes);
+      // tp shards the MLP's hidden width.
+      const int64_t gelu = config().n_layer * kBatch * kSeq * 4 * config().n_embd / dims.tp * 4;
+      ASSERT_TRUE(t.bytes_by_op.count("forward: gelu"));
+      EXPECT_EQ(t.bytes_by_op.at("forward: gelu"), gelu);
+      EXPECT_EQ(t.bytes_by_op.at("backward: gelu_backward"), gelu);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::train
