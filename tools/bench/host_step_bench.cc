@@ -12,8 +12,8 @@
 // place) and the bytes by op above 0.5 % (TracedRank::bytes_by_op): on a GPU the memory-bound
 // ops cost about their bytes over the memory bandwidth, so this is where fusions pay.
 //
-//   bazel run -c opt //tools/bench:host_step_bench -- --model small --batch-size 16 \
-//       --seq-len 1024 --mixed-precision bf16 --dp 1 --tp 1 [--repeats 5]
+//   bazel run //tools/bench:host_step_bench -- --model small --batch-size 16 --seq-len 1024
+//       --mixed-precision bf16 --dp 1 --tp 1 [--repeats 5]
 // Any job flag works (`./loom train --help`), the layout's too (the job's default is several
 // ranks: give --dp 1 --tp 1 for one); the layout's first traced rank is timed.
 #include <fmt/format.h>
