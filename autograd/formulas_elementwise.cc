@@ -106,9 +106,7 @@ void register_elementwise_formulas(FormulaTable& f) {
   };
   f[OpId::silu] = [](C c, Outs out) {
     return record_first("SiluBackward", c, out, [x = c.inputs[0]](const Grads& g) {
-      // d/dx x s(x) = s (1 + x (1 - s))
-      const Tensor s = ops::sigmoid(x);
-      return Grads{ops::mul(g[0], ops::mul(s, ops::add(ops::mul(x, ops::rsub(s, 1.0)), 1.0)))};
+      return Grads{ops::silu_backward(g[0], x)};
     });
   };
   f[OpId::sqrt] = [](C c, Outs out) {

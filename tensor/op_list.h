@@ -78,6 +78,7 @@
   X(relu, kDifferentiable, kExtended)                               \
   X(gelu, kDifferentiable, kExtended)                               \
   X(gelu_backward, kNoGrad, kExtended)                              \
+  X(silu_backward, kNoGrad, kExtended)                              \
   X(where, kDifferentiable, kExtended)                              \
   X(masked_fill, kDifferentiable, kExtended)                        \
   X(add_, kNoGrad, kExtended)                                       \

@@ -99,6 +99,7 @@ void register_core_ops(OpTable& t) {
   t[OpId::sigmoid] = [](C c) { return one(ops::sigmoid(c.inputs[0])); };
   t[OpId::silu] = [](C c) { return one(ops::silu(c.inputs[0])); };
   t[OpId::gelu_backward] = [](C c) { return one(ops::gelu_backward(c.inputs[0], c.inputs[1])); };
+  t[OpId::silu_backward] = [](C c) { return one(ops::silu_backward(c.inputs[0], c.inputs[1])); };
   t[OpId::where] = [](C c) { return one(ops::where(c.inputs[0], c.inputs[1], c.inputs[2])); };
   t[OpId::masked_fill] = [](C c) {
     return one(ops::masked_fill(c.inputs[0], c.inputs[1], c.double_attr(0)));

@@ -398,6 +398,17 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
       /*floating_only=*/true);
 }
 
+Tensor silu_backward(const Tensor& grad, const Tensor& x) {
+  LOOM_DISPATCH_OR_RETURN(OpId::silu_backward, {grad, x});
+  return binary(
+      grad, x, "silu_backward", BinaryOp::kSiluBackward,
+      [](float g, float v) {
+        const float s = sigmoid_f(v);
+        return g * (s * (1.0f + v * (1.0f - s)));
+      },
+      /*floating_only=*/true);
+}
+
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   LOOM_DISPATCH_OR_RETURN(OpId::where, {cond, a, b});
   check_defined(cond, "where");

@@ -39,6 +39,9 @@ Tensor relu(const Tensor& a);
 Tensor gelu(const Tensor& a);
 // d gelu(x)/dx * grad.
 Tensor gelu_backward(const Tensor& grad, const Tensor& x);
+// d silu(x)/dx * grad = grad s (1 + x (1 - s)), s = sigmoid(x), computed in f32 with one rounding
+// (torch's silu_backward): one pass where the composed formula took five.
+Tensor silu_backward(const Tensor& grad, const Tensor& x);
 
 // cond != 0 ? a : b, broadcasting all three.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);

@@ -112,6 +112,7 @@ void register_elementwise_strategies(StrategyTable& t) {
   t[OpId::eq] = nary({});
   t[OpId::gt] = nary({});
   t[OpId::gelu_backward] = nary({{true, false}});  // linear in the incoming gradient
+  t[OpId::silu_backward] = nary({{true, false}});
   t[OpId::where] = nary({{false, true, true}});
   t[OpId::masked_fill] = [](const OpCall& call, const InputSpecs& in) {
     // Filling with 0 keeps a sum linear; any other value does not.

@@ -137,6 +137,7 @@ std::optional<Sample> sample_for(OpId op) {
     case OpId::pow:
       return Sample{{positive}, {-0.5}};
     case OpId::gelu_backward:
+    case OpId::silu_backward:
       return Sample{{x23, leaf({2, 3}, 27)}, {}};
     case OpId::where:
       return Sample{{ops::from_vector({1, 0, 0, 1, 0, 1}, {2, 3}), x23, leaf({3}, 28)}, {}};

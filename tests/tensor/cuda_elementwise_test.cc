@@ -41,6 +41,7 @@ TEST_P(CudaElementwiseTest, BinaryOpsBroadcastAndTakeViews) {
       {"eq", [](auto& a, auto& b) { return ops::eq(a, ops::maximum(a, b)); }},
       {"gt", [](auto& a, auto& b) { return ops::gt(a, b); }},
       {"gelu_backward", [](auto& a, auto& b) { return ops::gelu_backward(a, b); }},
+      {"silu_backward", [](auto& a, auto& b) { return ops::silu_backward(a, b); }},
   };
   // (5, 1, 7) with (3, 7) broadcasts; the transposed (7, 3) view of b is non-contiguous.
   const Tensor a = random_tensor({5, 1, 7}, 1, dtype);

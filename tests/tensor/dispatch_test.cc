@@ -252,6 +252,7 @@ TEST_F(DispatchTest, UnaryAndSelectionOps) {
       {"relu", [&] { return ops::relu(wrap(x)); }},
       {"gelu", [&] { return ops::gelu(wrap(x)); }},
       {"gelu_backward", [&] { return ops::gelu_backward(x, wrap(x)); }},
+      {"silu_backward", [&] { return ops::silu_backward(x, wrap(x)); }},
       {"where", [&] { return ops::where(wrap(mask), x, x); }},
       {"masked_fill", [&] { return ops::masked_fill(x, wrap(mask), 0.0); }},
       {"eq", [&] { return ops::eq(wrap(x), x); }},

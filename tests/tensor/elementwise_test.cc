@@ -389,6 +389,40 @@ TEST(GeluTest, KnownValues) {
   EXPECT_NEAR(gelu_ref(1.0), 0.8411919906, 1e-9);
 }
 
+// silu's derivative is exact in closed form: s (1 + x (1 - s)). The f32 kernel's error is a few
+// ulp of values below ~1.1 in magnitude (times the gradient), so 1e-6 absolute holds with room;
+// far out it saturates without overflow (x = +-100: exp never overflows in the sigmoid's form).
+TEST(SiluTest, BackwardIsTheExactDerivative) {
+  std::vector<float> xs;
+  for (float x = -8.0f; x <= 8.0f; x += 0.41f) xs.push_back(x);
+  for (const float x : {0.0f, 100.0f, -100.0f}) xs.push_back(x);
+  const Shape shape{static_cast<int64_t>(xs.size())};
+  std::vector<float> grads(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) grads[i] = 0.5f - 0.25f * static_cast<float>(i % 5);
+  Values want;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i], s = 1.0 / (1.0 + std::exp(-x));
+    want.push_back(grads[i] * s * (1.0 + x * (1.0 - s)));
+  }
+  expect_close({.actual = silu_backward(fv(grads, shape), fv(xs, shape)),
+                .expected = want,
+                .tol = {.atol = 1e-6},
+                .what = "silu_backward against the closed form"});
+  // bf16 computes in f32 and rounds once: within bf16's half ulp of the f32 result.
+  const Tensor g16 = to(fv(grads, shape), kBFloat16), x16 = to(fv(xs, shape), kBFloat16);
+  const Tensor f32_of_bf16 = silu_backward(to(g16, kFloat32), to(x16, kFloat32));
+  const Tensor got = silu_backward(g16, x16);
+  EXPECT_EQ(got.dtype(), kBFloat16);
+  expect_close({.actual = to(got, kFloat32),
+                .expected = to_vector(to(to(f32_of_bf16, kBFloat16), kFloat32)),
+                .tol = {.atol = 0},
+                .what = "bf16 silu_backward: the f32 result rounded once"});
+  // Broadcasting grad: silu'(0) = 0.5.
+  EXPECT_NEAR(silu_backward(scalar_tensor(2.0), fv({0.0f}, {1})).item<float>(), 1.0, 1e-7);
+  EXPECT_EQ(error_of([] { silu_backward(zeros({2}, kInt32), zeros({2}, kInt32)); }),
+            "silu_backward: expected floating tensors, got i32 and i32");
+}
+
 // ---- selection and comparison ----
 
 TEST(WhereTest, SelectsAndBroadcasts) {

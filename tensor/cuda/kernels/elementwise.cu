@@ -89,6 +89,13 @@ __device__ __forceinline__ V apply_binary(BinaryOp op, V x, V y, float s) {
         return x * (0.5f * (1.0f + t) + 0.5f * y * (1.0f - t * t) * d_inner);
       }
       return x;
+    case BinaryOp::kSiluBackward:
+      if constexpr (!std::is_integral_v<V>) {
+        // d/dx x s(x) = s (1 + x (1 - s)), s = sigmoid(x) in its overflow-free form.
+        const float sig = y >= 0.0f ? 1.0f / (1.0f + expf(-y)) : expf(y) / (1.0f + expf(y));
+        return x * (sig * (1.0f + y * (1.0f - sig)));
+      }
+      return x;
     case BinaryOp::kMulScaled:
       if constexpr (!std::is_integral_v<V>) return x * y * s;
       return x * y;

@@ -52,6 +52,7 @@ enum class BinaryOp : int {
   kEq,
   kGt,
   kGeluBackward,  // a = grad, b = x
+  kSiluBackward,  // a = grad, b = x
   kMulScaled,     // a * b * scalar, one rounding (dropout's x * mask / (1 - p))
 };
 
