@@ -109,6 +109,15 @@ void register_elementwise_formulas(FormulaTable& f) {
       return Grads{ops::silu_backward(g[0], x)};
     });
   };
+  // Inputs (gate, up); both gradients from one pass.
+  f[OpId::silu_mul] = [](C c, Outs out) {
+    return record_first(
+        "SiluMulBackward", c, std::move(out),
+        [gate = c.inputs[0], up = c.inputs[1]](const Grads& g) {
+          const ops::SiluMulGrads d = ops::silu_mul_backward(g[0], gate, up);
+          return Grads{ops::sum_to(d.grad_gate, gate.shape()), ops::sum_to(d.grad_up, up.shape())};
+        });
+  };
   f[OpId::sqrt] = [](C c, Outs out) {
     return record_first("SqrtBackward", c, out, [y = out[0]](const Grads& g) {
       return Grads{ops::div(ops::mul(g[0], 0.5), y)};

@@ -31,6 +31,7 @@ using ops::rsqrt;
 using ops::rsub;  // rsub(a, b) = b - a
 using ops::sigmoid;
 using ops::silu;
+using ops::silu_mul;
 using ops::sqrt;
 using ops::sub;
 using ops::tanh;

@@ -79,6 +79,8 @@
   X(gelu, kDifferentiable, kExtended)                               \
   X(gelu_backward, kNoGrad, kExtended)                              \
   X(silu_backward, kNoGrad, kExtended)                              \
+  X(silu_mul, kDifferentiable, kExtended)                           \
+  X(silu_mul_backward, kNoGrad, kExtended)                          \
   X(where, kDifferentiable, kExtended)                              \
   X(masked_fill, kDifferentiable, kExtended)                        \
   X(add_, kNoGrad, kExtended)                                       \

@@ -100,6 +100,11 @@ void register_core_ops(OpTable& t) {
   t[OpId::silu] = [](C c) { return one(ops::silu(c.inputs[0])); };
   t[OpId::gelu_backward] = [](C c) { return one(ops::gelu_backward(c.inputs[0], c.inputs[1])); };
   t[OpId::silu_backward] = [](C c) { return one(ops::silu_backward(c.inputs[0], c.inputs[1])); };
+  t[OpId::silu_mul] = [](C c) { return one(ops::silu_mul(c.inputs[0], c.inputs[1])); };
+  t[OpId::silu_mul_backward] = [](C c) {
+    const auto r = ops::silu_mul_backward(c.inputs[0], c.inputs[1], c.inputs[2]);
+    return std::vector<Tensor>{r.grad_gate, r.grad_up};
+  };
   t[OpId::where] = [](C c) { return one(ops::where(c.inputs[0], c.inputs[1], c.inputs[2])); };
   t[OpId::masked_fill] = [](C c) {
     return one(ops::masked_fill(c.inputs[0], c.inputs[1], c.double_attr(0)));

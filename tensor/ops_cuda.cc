@@ -30,6 +30,14 @@ void binary(kernels::BinaryOp op, const Tensor& out, const Tensor& a, const Tens
                   strided_arg(b, "binary"), scalar, out.device().index);
 }
 
+void silu_mul_backward(const Tensor& grad_gate, const Tensor& grad_up, const Tensor& grad,
+                       const Tensor& gate, const Tensor& up) {
+  constexpr std::string_view op = "silu_mul_backward";
+  kernels::silu_mul_backward(grad_gate.dtype(), strided_arg(grad_gate, op),
+                             strided_arg(grad_up, op), strided_arg(grad, op), strided_arg(gate, op),
+                             strided_arg(up, op), grad_gate.device().index);
+}
+
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b) {
   kernels::where(out.dtype(), strided_arg(out, "where"), strided_arg(cond, "where"),
                  strided_arg(a, "where"), strided_arg(b, "where"), out.device().index);

@@ -27,6 +27,10 @@ void unary(kernels::UnaryOp op, const Tensor& out, const Tensor& in, float scala
 // out = op(a, b), one dtype and one shape.
 void binary(kernels::BinaryOp op, const Tensor& out, const Tensor& a, const Tensor& b,
             float scalar = 0.0f);
+// silu(gate) * up's two gradients (kernels::silu_mul_backward), all of one floating dtype and
+// shape.
+void silu_mul_backward(const Tensor& grad_gate, const Tensor& grad_up, const Tensor& grad,
+                       const Tensor& gate, const Tensor& up);
 // out = cond != 0 ? a : b; cond f32.
 void where(const Tensor& out, const Tensor& cond, const Tensor& a, const Tensor& b);
 // dst = src converted to dst's dtype (same shape, any strides).

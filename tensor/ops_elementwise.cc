@@ -398,15 +398,76 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
       /*floating_only=*/true);
 }
 
+// silu's derivative s (1 + x (1 - s)) given s = sigmoid(x), rounded after each operation as the
+// composed ops (sigmoid, rsub, mul, add, mul) rounded it: GCC contracts x * (1 - s) + 1 into one
+// FMA under -march=x86-64-v3, so the product is pinned to a register (an empty asm) first. The
+// fused ops then give the composed formula's values bit for bit on the CPU, and training runs do
+// not move by a rounding.
+inline float silu_derivative(float x, float s) {
+  float x_times = x * (1.0f - s);
+  asm("" : "+x"(x_times));
+  return s * (1.0f + x_times);
+}
+
 Tensor silu_backward(const Tensor& grad, const Tensor& x) {
   LOOM_DISPATCH_OR_RETURN(OpId::silu_backward, {grad, x});
   return binary(
       grad, x, "silu_backward", BinaryOp::kSiluBackward,
-      [](float g, float v) {
-        const float s = sigmoid_f(v);
-        return g * (s * (1.0f + v * (1.0f - s)));
-      },
+      [](float g, float v) { return g * silu_derivative(v, sigmoid_f(v)); },
       /*floating_only=*/true);
+}
+
+Tensor silu_mul(const Tensor& gate, const Tensor& up) {
+  LOOM_DISPATCH_OR_RETURN(OpId::silu_mul, {gate, up});
+  return binary(
+      gate, up, "silu_mul", BinaryOp::kSiluMul,
+      [](float g, float u) { return g * sigmoid_f(g) * u; }, /*floating_only=*/true);
+}
+
+SiluMulGrads silu_mul_backward(const Tensor& grad, const Tensor& gate, const Tensor& up) {
+  if (auto r = dispatch_op(OpId::silu_mul_backward, {grad, gate, up})) return {(*r)[0], (*r)[1]};
+  constexpr std::string_view op = "silu_mul_backward";
+  check_defined(grad, op);
+  check_defined(gate, op);
+  check_defined(up, op);
+  const Device device = op_device(op, {grad, gate, up});
+  const DType dtype = promote(grad.dtype(), promote(gate.dtype(), up.dtype()));
+  LOOM_CHECK(is_floating(dtype), "{}: expected floating tensors, got {}, {} and {}", op,
+             dtype_name(grad.dtype()), dtype_name(gate.dtype()), dtype_name(up.dtype()));
+  const Shape shape =
+      broadcast_shapes(grad.shape(), broadcast_shapes(gate.shape(), up.shape(), op), op);
+  const auto prepared = [&](const Tensor& t) {
+    return expand(to(on_device(t, device), dtype), shape);
+  };
+  const Tensor g = prepared(grad), x = prepared(gate), u = prepared(up);
+  SiluMulGrads out{Tensor::empty(shape, dtype, device), Tensor::empty(shape, dtype, device)};
+  if (device.is_meta()) return out;
+  if (device.is_cuda()) {
+    cuda_backend::silu_mul_backward(out.grad_gate, out.grad_up, g, x, u);
+    return out;
+  }
+  cpu::visit_floating_dtype(dtype, "silu_mul_backward", [&](auto tag) {
+    using T = decltype(tag);
+    T* dg = static_cast<T*>(out.grad_gate.raw_data());
+    T* du = static_cast<T*>(out.grad_up.raw_data());
+    const T* pg = static_cast<const T*>(g.raw_data());
+    const T* px = static_cast<const T*>(x.raw_data());
+    const T* pu = static_cast<const T*>(u.raw_data());
+    cpu::parallel_for_each_run<5>(
+        shape,
+        {out.grad_gate.strides(), out.grad_up.strides(), g.strides(), x.strides(), u.strides()},
+        [&](const auto& off, int64_t count, const auto& in) {
+          for (int64_t j = 0; j < count; ++j) {
+            const float gv = cpu::to_compute(pg[off[2] + j * in[2]]);
+            const float xv = cpu::to_compute(px[off[3] + j * in[3]]);
+            const float uv = cpu::to_compute(pu[off[4] + j * in[4]]);
+            const float s = sigmoid_f(xv);
+            dg[off[0] + j * in[0]] = cpu::from_compute<T>(gv * uv * silu_derivative(xv, s));
+            du[off[1] + j * in[1]] = cpu::from_compute<T>(gv * (xv * s));
+          }
+        });
+  });
+  return out;
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {

@@ -42,6 +42,18 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x);
 // d silu(x)/dx * grad = grad s (1 + x (1 - s)), s = sigmoid(x), computed in f32 with one rounding
 // (torch's silu_backward): one pass where the composed formula took five.
 Tensor silu_backward(const Tensor& grad, const Tensor& x);
+// silu(gate) * up, broadcasting as mul, computed in f32 with one rounding: the SwiGLU
+// feed-forward's activation (Llama: w2(silu(w1 x) * w3 x); Liger's fused silu_mul). One pass
+// writing one tensor where silu then mul write two, and its backward is one pass too
+// (silu_mul_backward), so no silu(gate) is kept for backward.
+Tensor silu_mul(const Tensor& gate, const Tensor& up);
+struct SiluMulGrads {
+  Tensor grad_gate;  // grad * up * silu'(gate)
+  Tensor grad_up;    // grad * silu(gate)
+};
+// Both gradients of silu_mul at the broadcast shape of the three inputs (the caller sums them to
+// its inputs' shapes), in their promoted floating dtype, from one pass.
+SiluMulGrads silu_mul_backward(const Tensor& grad, const Tensor& gate, const Tensor& up);
 
 // cond != 0 ? a : b, broadcasting all three.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);

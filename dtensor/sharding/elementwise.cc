@@ -113,6 +113,11 @@ void register_elementwise_strategies(StrategyTable& t) {
   t[OpId::gt] = nary({});
   t[OpId::gelu_backward] = nary({{true, false}});  // linear in the incoming gradient
   t[OpId::silu_backward] = nary({{true, false}});
+  t[OpId::silu_mul] = nary({{false, true}});  // linear in `up` only
+  // Both gradients are linear in the incoming one.
+  t[OpId::silu_mul_backward] = [](const OpCall& call, const InputSpecs& in) {
+    return elementwise_sharding(call, in, 2, {{true, false, false}});
+  };
   t[OpId::where] = nary({{false, true, true}});
   t[OpId::masked_fill] = [](const OpCall& call, const InputSpecs& in) {
     // Filling with 0 keeps a sum linear; any other value does not.

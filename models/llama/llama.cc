@@ -171,7 +171,8 @@ LlamaFeedForward::LlamaFeedForward(const LlamaConfig& config, uint64_t seed)
   w3 = register_module("w3", linear(config.dim, hidden, seed + 2));
 }
 
-Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(mul(silu((*w1)(x)), (*w3)(x))); }
+// silu_mul: silu(w1 x) * w3 x in one pass each way (tensor/ops_elementwise.h).
+Tensor LlamaFeedForward::forward(const Tensor& x) { return (*w2)(silu_mul((*w1)(x), (*w3)(x))); }
 
 LlamaBlock::LlamaBlock(const LlamaConfig& config, uint64_t seed,
                        std::shared_ptr<const RopeTables> rope, int64_t layer)

@@ -47,8 +47,8 @@ Tensor GroupedExperts::forward(const Tensor& x) {
   const std::vector<int64_t> offsets = std::move(offsets_);
   offsets_.clear();
   const Tensor in = in_region_ ? in_region_(x) : x;
-  const Tensor h = ops::mul(ops::silu(grouped_mm(in, weight(w1_), offsets)),
-                            grouped_mm(in, weight(w3_), offsets));
+  const Tensor h =
+      ops::silu_mul(grouped_mm(in, weight(w1_), offsets), grouped_mm(in, weight(w3_), offsets));
   const Tensor out = grouped_mm(h, weight(w2_), offsets);
   return out_region_ ? out_region_(out) : out;
 }
@@ -62,7 +62,7 @@ SwiGLU::SwiGLU(int64_t dim, int64_t hidden_dim, uint64_t seed) : Module("SwiGLU"
   w3 = register_module("w3", linear(dim, hidden_dim, seed + 2));
 }
 
-Tensor SwiGLU::forward(const Tensor& x) { return (*w2)(ops::mul(ops::silu((*w1)(x)), (*w3)(x))); }
+Tensor SwiGLU::forward(const Tensor& x) { return (*w2)(ops::silu_mul((*w1)(x), (*w3)(x))); }
 
 namespace {
 

@@ -138,7 +138,10 @@ std::optional<Sample> sample_for(OpId op) {
       return Sample{{positive}, {-0.5}};
     case OpId::gelu_backward:
     case OpId::silu_backward:
+    case OpId::silu_mul:
       return Sample{{x23, leaf({2, 3}, 27)}, {}};
+    case OpId::silu_mul_backward:
+      return Sample{{x23, leaf({2, 3}, 27), leaf({3}, 64)}, {}};
     case OpId::where:
       return Sample{{ops::from_vector({1, 0, 0, 1, 0, 1}, {2, 3}), x23, leaf({3}, 28)}, {}};
     case OpId::masked_fill:

@@ -44,6 +44,9 @@ TEST(GradcheckTest, UnaryOps) {
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return exp(x[0]); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return tanh(x[0]); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return gelu(x[0]); }, {a}));
+  // silu_mul's fused backward, with `up` broadcast over the rows.
+  EXPECT_TRUE(
+      passes_gradcheck([](const auto& x) { return silu_mul(x[0], x[1]); }, {a, leaf({3}, 8)}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return pow(x[0], 3.0); }, {a}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return log(x[0]); }, {positive}));
   EXPECT_TRUE(passes_gradcheck([](const auto& x) { return sqrt(x[0]); }, {positive}));

@@ -301,6 +301,49 @@ TEST(OpsElementwiseTest, UnaryOpsKeepShardsForwardAndBackward) {
   run_on_ranks(4, [&](ProcessGroup& pg) { check_all(mesh_2x2(pg), {Shard(1), Shard(0)}, {5, 3}); });
 }
 
+// silu_mul (SwiGLU's activation) on tensor parallelism's column shards, a 2-D mesh's shards, and
+// a replicated gate with a sharded up: forward and both gradients, each element computed as on
+// one rank (exact). A Partial gate is reduced first (silu is not linear); a Partial up passes.
+TEST(OpsElementwiseTest, SiluMulFollowsTheShards) {
+  const auto silu_mul_op = [](const Inputs& in) { return silu_mul(in[0], in[1]); };
+  run_on_ranks(3, [&](ProcessGroup& pg) {
+    const auto mesh = mesh_1d(pg);
+    const Tensor gate = float_tensor({4, 7}, 21), up = float_tensor({4, 7}, 22);
+    check_op(mesh, {"silu_mul S(1)*S(1)",
+                    {{gate, {Shard(1)}}, {up, {Shard(1)}}},
+                    silu_mul_op,
+                    Placements{Shard(1)}});
+    check_op(mesh, {"silu_mul R*S(0)",
+                    {{gate, {Replicate()}}, {up, {Shard(0)}}},
+                    silu_mul_op,
+                    Placements{Shard(0)},
+                    kGatherGrad});
+  });
+  run_on_ranks(4, [&](ProcessGroup& pg) {
+    const Tensor gate = float_tensor({5, 6}, 23), up = float_tensor({5, 6}, 24);
+    check_op(mesh_2x2(pg), {"silu_mul 2x2",
+                            {{gate, {Shard(1), Shard(0)}}, {up, {Shard(1), Shard(0)}}},
+                            silu_mul_op,
+                            Placements{Shard(1), Shard(0)}});
+  });
+  run_on_ranks(2, [&](ProcessGroup& pg) {
+    const auto mesh = mesh_1d(pg);
+    const Tensor gate = distribute_tensor(float_tensor({3, 4}, 25), mesh, {Replicate()});
+    const Tensor up =
+        from_local(float_tensor({3, 4}, 26 + pg.rank()), mesh, {Partial(ReduceOp::kSum)});
+    const Tensor out = silu_mul(gate, up);
+    EXPECT_EQ(dtensor_spec(out, "test").placements, (Placements{Partial(ReduceOp::kSum)}));
+    const Tensor partial_gate =
+        from_local(float_tensor({3, 4}, 26 + pg.rank()), mesh, {Partial(ReduceOp::kSum)});
+    const Tensor reduced = silu_mul(partial_gate, gate);
+    EXPECT_FALSE(dtensor_spec(reduced, "test").placements[0].is_partial());
+    expect_equal({.actual = full_tensor(reduced),
+                  .expected = silu_mul(ops::add(float_tensor({3, 4}, 26), float_tensor({3, 4}, 27)),
+                                       float_tensor({3, 4}, 25)),
+                  .what = "silu_mul of a Partial gate: the sum's, reduced first"});
+  });
+}
+
 TEST(OpsElementwiseTest, WhereAndMaskedFillFollowTheShards) {
   for (int world : {2, 3}) {
     run_on_ranks(world, [world](ProcessGroup& pg) {

@@ -42,6 +42,11 @@ TEST_P(CudaElementwiseTest, BinaryOpsBroadcastAndTakeViews) {
       {"gt", [](auto& a, auto& b) { return ops::gt(a, b); }},
       {"gelu_backward", [](auto& a, auto& b) { return ops::gelu_backward(a, b); }},
       {"silu_backward", [](auto& a, auto& b) { return ops::silu_backward(a, b); }},
+      {"silu_mul", [](auto& a, auto& b) { return ops::silu_mul(a, b); }},
+      {"silu_mul_backward gate",
+       [](auto& a, auto& b) { return ops::silu_mul_backward(a, b, ops::neg(b)).grad_gate; }},
+      {"silu_mul_backward up",
+       [](auto& a, auto& b) { return ops::silu_mul_backward(b, a, b).grad_up; }},
   };
   // (5, 1, 7) with (3, 7) broadcasts; the transposed (7, 3) view of b is non-contiguous.
   const Tensor a = random_tensor({5, 1, 7}, 1, dtype);

@@ -253,6 +253,8 @@ TEST_F(DispatchTest, UnaryAndSelectionOps) {
       {"gelu", [&] { return ops::gelu(wrap(x)); }},
       {"gelu_backward", [&] { return ops::gelu_backward(x, wrap(x)); }},
       {"silu_backward", [&] { return ops::silu_backward(x, wrap(x)); }},
+      {"silu_mul", [&] { return ops::silu_mul(x, wrap(x)); }},
+      {"silu_mul_backward", [&] { return ops::silu_mul_backward(x, x, wrap(x)).grad_gate; }},
       {"where", [&] { return ops::where(wrap(mask), x, x); }},
       {"masked_fill", [&] { return ops::masked_fill(x, wrap(mask), 0.0); }},
       {"eq", [&] { return ops::eq(wrap(x), x); }},

@@ -26,6 +26,7 @@ namespace loom::ops {
 namespace {
 
 using testing::error_of;
+using testing::expect_bitwise_equal;
 using testing::expect_close;
 using testing::fv;
 using testing::iota;
@@ -421,6 +422,68 @@ TEST(SiluTest, BackwardIsTheExactDerivative) {
   EXPECT_NEAR(silu_backward(scalar_tensor(2.0), fv({0.0f}, {1})).item<float>(), 1.0, 1e-7);
   EXPECT_EQ(error_of([] { silu_backward(zeros({2}, kInt32), zeros({2}, kInt32)); }),
             "silu_backward: expected floating tensors, got i32 and i32");
+}
+
+// silu_mul against the double-precision product and its closed-form gradients, broadcasting `up`
+// over the rows; in f32 the composed ops' values bit for bit; bf16 rounds once (the f32 result
+// rounded).
+TEST(SiluMulTest, ForwardAndBackwardAgainstTheClosedForm) {
+  const Tensor gate = ops::mul(iota({4, 5}), 0.37);
+  const Tensor gate_c = ops::sub(gate, 3.5);
+  const Tensor up = fv({0.5f, -1.25f, 2.0f, 0.0f, -3.0f}, {5});
+  const Tensor grad = ops::sub(ops::mul(iota({4, 5}), 0.11), 1.0);
+  const auto xs = to_vector(gate_c), us = to_vector(up), gs = to_vector(grad);
+  Values want, want_gate, want_up(5, 0.0);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double x = xs[i], u = us[i % 5], g = gs[i], s = 1.0 / (1.0 + std::exp(-x));
+    want.push_back(x * s * u);
+    want_gate.push_back(g * u * s * (1.0 + x * (1.0 - s)));
+    want_up[i % 5] += g * x * s;
+  }
+  expect_close({.actual = silu_mul(gate_c, up),
+                .expected = want,
+                .tol = {.atol = 1e-6},
+                .what = "silu_mul"});
+  const ops::SiluMulGrads d = silu_mul_backward(grad, gate_c, up);
+  EXPECT_EQ(d.grad_up.shape(), (Shape{4, 5}));  // the broadcast shape: the formula sums it
+  expect_close({.actual = d.grad_gate,
+                .expected = want_gate,
+                .tol = {.atol = 1e-6},
+                .what = "silu_mul_backward's gate gradient"});
+  expect_close({.actual = sum_to(d.grad_up, {5}),
+                .expected = want_up,
+                .tol = {.atol = 1e-5},
+                .what = "silu_mul_backward's up gradient, summed over the rows"});
+  // The composed ops' values bit for bit in f32 (each operation rounded as they round it), so a
+  // model moving to the fused ops trains exactly as before on the CPU.
+  const Tensor s = sigmoid(gate_c);
+  const Tensor upx = expand(up, {4, 5});
+  expect_bitwise_equal({.actual = silu_mul(gate_c, up), .expected = mul(silu(gate_c), up)});
+  expect_bitwise_equal(
+      {.actual = d.grad_gate,
+       .expected = mul(mul(grad, upx), mul(s, add(mul(gate_c, rsub(s, 1.0)), 1.0)))});
+  expect_bitwise_equal({.actual = d.grad_up, .expected = mul(grad, silu(gate_c))});
+  expect_bitwise_equal({.actual = silu_backward(grad, gate_c),
+                        .expected = mul(grad, mul(s, add(mul(gate_c, rsub(s, 1.0)), 1.0)))});
+  // bf16: the f32 computation of the bf16 inputs, rounded once.
+  const Tensor g16 = to(gate_c, kBFloat16), u16 = to(up, kBFloat16);
+  const Tensor got = silu_mul(g16, u16);
+  EXPECT_EQ(got.dtype(), kBFloat16);
+  expect_close({.actual = to(got, kFloat32),
+                .expected = to_vector(
+                    to(to(silu_mul(to(g16, kFloat32), to(u16, kFloat32)), kBFloat16), kFloat32)),
+                .tol = {.atol = 0},
+                .what = "bf16 silu_mul: the f32 result rounded once"});
+  EXPECT_EQ(error_of([] { silu_mul(zeros({2}, kInt32), zeros({2}, kInt32)); }),
+            "silu_mul: expected floating tensors, got i32 and i32");
+  EXPECT_EQ(error_of([] {
+              silu_mul_backward(zeros({2}, kInt32), zeros({2}, kInt32), zeros({2}, kInt32));
+            }),
+            "silu_mul_backward: expected floating tensors, got i32, i32 and i32");
+  EXPECT_NE(error_of([] {
+              silu_mul(zeros({2, 3}), zeros({2}));
+            }).find("silu_mul"),
+            std::string::npos);
 }
 
 // ---- selection and comparison ----

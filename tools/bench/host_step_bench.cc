@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
                dims.str(), job.batch_size, job.seq_len,
                job.mixed_precision.empty() ? "none" : job.mixed_precision);
     std::vector<double> ms;
-    int64_t allocations = 0, allocated_bytes = 0, in_place_bytes = 0;
+    int64_t allocations = 0, allocated_bytes = 0, in_place_bytes = 0, peak = 0;
     for (int r = 0; r < repeats; ++r) {
       const std::vector<train::TracedRank> traced =
           train::trace_training_step(dims, build, options);
@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
       allocations = traced.front().allocations;
       allocated_bytes = traced.front().allocated_bytes;
       in_place_bytes = traced.front().in_place_bytes;
+      peak = traced.front().peak_bytes;
     }
     std::sort(ms.begin(), ms.end());
     fmt::print(
@@ -78,8 +79,10 @@ int main(int argc, char** argv) {
         "{:.2f} - {:.2f} ms; {} tensor allocations per step ({:.1f} µs per allocation)\n",
         options.ranks.front(), repeats, ms[ms.size() / 2], ms.front(), ms.back(), allocations,
         1e3 * ms[ms.size() / 2] / std::max<int64_t>(1, allocations));
-    fmt::print("the step's ops wrote {:.2f} GB into fresh tensors and moved {:.2f} GB in place\n",
-               allocated_bytes / 1e9, in_place_bytes / 1e9);
+    fmt::print(
+        "the step's ops wrote {:.2f} GB into fresh tensors and moved {:.2f} GB in place; peak "
+        "memory {:.2f} GiB\n",
+        allocated_bytes / 1e9, in_place_bytes / 1e9, peak / double(1 << 30));
     // Once more, the bytes by op: where the memory-bound part of the step goes.
     train::StepTraceOptions by_op = options;
     by_op.bytes_by_op = true;

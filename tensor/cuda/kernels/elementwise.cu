@@ -7,6 +7,12 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi), as tensor/ops_elementwise.cc
 constexpr float kGeluCubic = 0.044715f;
 
+// The sigmoid in a form whose exp never overflows (as tensor/ops_elementwise.cc's).
+__device__ __forceinline__ float sigmoid_f(float x) {
+  return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+}
+__device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
+
 // The op switch is uniform across the grid, so it costs one predictable branch per element.
 template <typename V>
 __device__ __forceinline__ V apply_unary(UnaryOp op, V x, float s) {
@@ -34,9 +40,9 @@ __device__ __forceinline__ V apply_unary(UnaryOp op, V x, float s) {
       case UnaryOp::kTanh:
         return tanhf(x);
       case UnaryOp::kSigmoid:
-        return x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x));
+        return sigmoid_f(x);
       case UnaryOp::kSilu:
-        return x * (x >= 0.0f ? 1.0f / (1.0f + expf(-x)) : expf(x) / (1.0f + expf(x)));
+        return silu_f(x);
       case UnaryOp::kSqrt:
         return sqrtf(x);
       case UnaryOp::kRsqrt:
@@ -91,10 +97,13 @@ __device__ __forceinline__ V apply_binary(BinaryOp op, V x, V y, float s) {
       return x;
     case BinaryOp::kSiluBackward:
       if constexpr (!std::is_integral_v<V>) {
-        // d/dx x s(x) = s (1 + x (1 - s)), s = sigmoid(x) in its overflow-free form.
-        const float sig = y >= 0.0f ? 1.0f / (1.0f + expf(-y)) : expf(y) / (1.0f + expf(y));
+        // d/dx x s(x) = s (1 + x (1 - s)).
+        const float sig = sigmoid_f(y);
         return x * (sig * (1.0f + y * (1.0f - sig)));
       }
+      return x;
+    case BinaryOp::kSiluMul:
+      if constexpr (!std::is_integral_v<V>) return silu_f(x) * y;
       return x;
     case BinaryOp::kMulScaled:
       if constexpr (!std::is_integral_v<V>) return x * y * s;
@@ -119,6 +128,20 @@ __global__ void binary_kernel(BinaryOp op, Collapsed<3> c, T* out, const T* a, c
     int64_t off[3];
     offsets_of(c, i, off);
     out[off[0]] = convert<T>(apply_binary(op, load(a + off[1]), load(b + off[2]), s));
+  }
+}
+
+// Both gradients of silu(gate) * up from one read of grad, gate and up.
+template <typename T>
+__global__ void silu_mul_backward_kernel(Collapsed<5> c, T* grad_gate, T* grad_up, const T* grad,
+                                         const T* gate, const T* up) {
+  LOOM_GRID_STRIDE(i, c.numel) {
+    int64_t off[5];
+    offsets_of(c, i, off);
+    const float g = load(grad + off[2]), x = load(gate + off[3]), u = load(up + off[4]);
+    const float s = sigmoid_f(x);
+    grad_gate[off[0]] = convert<T>(g * u * (s * (1.0f + x * (1.0f - s))));
+    grad_up[off[1]] = convert<T>(g * (x * s));
   }
 }
 
@@ -197,6 +220,21 @@ void binary(BinaryOp op, DType dtype, const StridedArg& out, const StridedArg& a
         static_cast<const T*>(b.data), scalar);
   });
   check_launch("binary_kernel", device);
+}
+
+void silu_mul_backward(DType dtype, const StridedArg& grad_gate, const StridedArg& grad_up,
+                       const StridedArg& grad, const StridedArg& gate, const StridedArg& up,
+                       int device) {
+  const Collapsed<5> c = collapse<5>({&grad_gate, &grad_up, &grad, &gate, &up});
+  if (c.numel == 0) return;
+  visit_floating(dtype, "silu_mul_backward", [&](auto tag) {
+    using T = decltype(tag);
+    silu_mul_backward_kernel<T><<<grid_for(c.numel), kThreads, 0, compute_stream(device)>>>(
+        c, static_cast<T*>(grad_gate.data), static_cast<T*>(grad_up.data),
+        static_cast<const T*>(grad.data), static_cast<const T*>(gate.data),
+        static_cast<const T*>(up.data));
+  });
+  check_launch("silu_mul_backward_kernel", device);
 }
 
 void where(DType dtype, const StridedArg& out, const StridedArg& cond, const StridedArg& a,

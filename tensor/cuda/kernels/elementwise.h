@@ -13,6 +13,11 @@ void unary(UnaryOp op, DType dtype, const StridedArg& out, const StridedArg& in,
 // out = op(a, b), all of `dtype` and of out's sizes.
 void binary(BinaryOp op, DType dtype, const StridedArg& out, const StridedArg& a,
             const StridedArg& b, float scalar, int device);
+// grad_gate = grad * up * silu'(gate), grad_up = grad * silu(gate): silu(gate) * up's gradients,
+// all five of floating `dtype` and of grad_gate's sizes, in one pass.
+void silu_mul_backward(DType dtype, const StridedArg& grad_gate, const StridedArg& grad_up,
+                       const StridedArg& grad, const StridedArg& gate, const StridedArg& up,
+                       int device);
 // out = cond != 0 ? a : b; cond is f32, a/b/out of `dtype`.
 void where(DType dtype, const StridedArg& out, const StridedArg& cond, const StridedArg& a,
            const StridedArg& b, int device);

@@ -53,6 +53,7 @@ enum class BinaryOp : int {
   kGt,
   kGeluBackward,  // a = grad, b = x
   kSiluBackward,  // a = grad, b = x
+  kSiluMul,       // silu(a) * b
   kMulScaled,     // a * b * scalar, one rounding (dropout's x * mask / (1 - p))
 };
 

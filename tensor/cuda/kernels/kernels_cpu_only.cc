@@ -24,6 +24,10 @@ void unary(UnaryOp, DType, const StridedArg&, const StridedArg&, float, int) {
 void binary(BinaryOp, DType, const StridedArg&, const StridedArg&, const StridedArg&, float, int) {
   unavailable("binary");
 }
+void silu_mul_backward(DType, const StridedArg&, const StridedArg&, const StridedArg&,
+                       const StridedArg&, const StridedArg&, int) {
+  unavailable("silu_mul_backward");
+}
 void where(DType, const StridedArg&, const StridedArg&, const StridedArg&, const StridedArg&, int) {
   unavailable("where");
 }
