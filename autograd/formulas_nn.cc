@@ -2,6 +2,7 @@
 // needs. Their extra outputs (layer norm's mean and rstd, the logsumexps, dropout's mask) are
 // saved for backward and returned unrecorded.
 #include "autograd/formulas.h"
+#include "base/error.h"
 
 namespace loom::autograd {
 
@@ -61,8 +62,13 @@ void register_nn_formulas(FormulaTable& f) {
           return Grads{ops::embedding_backward(g[0], indices, weight.size(0), weight), Tensor()};
         });
   };
-  // Inputs (logits, targets), attrs (ignore_index, reduction); outputs (loss, logsumexp).
+  // Inputs (logits, targets), attrs (ignore_index, reduction, and a class shard's offset and
+  // classes); outputs (loss, logsumexp).
   f[OpId::cross_entropy] = [](C c, Outs out) {
+    LOOM_CHECK(c.attrs.size() <= 2 || c.int_attr(3) == 0,
+               "cross_entropy: a class shard's part of the loss records no gradient (loss "
+               "parallel computes it below autograd); call it under NoGradGuard, or on the whole "
+               "classes");
     return record_first(
         "CrossEntropyBackward", c, out,
         [logits = c.inputs[0], targets = c.inputs[1], ignore_index = c.int_attr(0),

@@ -73,6 +73,15 @@ std::string target_message(int64_t target, int64_t row, int64_t v, const Shape& 
       op, target, row, v, shape_str(logits_shape), v - 1, ignore_index);
 }
 
+// A class shard lies within its classes (none given: not sharded).
+void check_class_shard(const Tensor& logits, const ClassShard& shard, std::string_view op) {
+  if (shard.classes == 0 && shard.offset == 0) return;
+  const int64_t width = logits.dim() == 2 ? logits.size(1) : -1;
+  LOOM_CHECK(width >= 0 && shard.offset >= 0 && shard.offset + width <= shard.classes,
+             "{}: a class shard [{}, {} + {}) must lie within its {} classes (logits shape {})", op,
+             shard.offset, shard.offset, width, shard.classes, shape_str(logits.shape()));
+}
+
 void check_reduction(Reduction reduction, std::string_view op) {
   const auto value = static_cast<int64_t>(reduction);
   LOOM_CHECK(value >= 0 && value <= 2,
@@ -91,10 +100,12 @@ void check_logits_and_targets(const Tensor& logits, const Tensor& targets, std::
              shape_str(targets.shape()), shape_str(logits.shape()), n);
 }
 
-// On the host (a CPU's logits): every target against V; returns the targets.
+// On the host (a CPU's logits): every target against the number of classes (V unless the logits
+// are a shard of `classes`); returns the targets.
 std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets,
-                                     int64_t ignore_index, std::string_view op) {
-  const int64_t n = logits.size(0), v = logits.size(1);
+                                     int64_t ignore_index, std::string_view op,
+                                     int64_t classes = 0) {
+  const int64_t n = logits.size(0), v = classes > 0 ? classes : logits.size(1);
   std::vector<int64_t> t = index_values(targets);
   for (int64_t row = 0; row < n; ++row) {
     LOOM_CHECK(t[row] == ignore_index || (t[row] >= 0 && t[row] < v), "{}",
@@ -105,8 +116,8 @@ std::vector<int64_t> checked_targets(const Tensor& logits, const Tensor& targets
 
 // The targets of a GPU's logits, checked by the kernel that reads them.
 int64_t* begin_target_check(const Tensor& targets_dev, const Tensor& logits, int64_t ignore_index,
-                            std::string_view op) {
-  const int64_t v = logits.size(1);
+                            std::string_view op, int64_t classes = 0) {
+  const int64_t v = classes > 0 ? classes : logits.size(1);
   return begin_index_check(targets_dev, [=, shape = logits.shape()](int64_t value, int64_t row) {
     return target_message(value, row, v, shape, ignore_index, op);
   });
@@ -163,16 +174,17 @@ Tensor cuda_count_targets(const Tensor& targets_dev, int64_t ignore_index) {
 // kernel checks the targets (device_checks.h: a bad one is reported at the next synchronization),
 // so the host never reads them. The loss is f32; sums and the mean's division run on the device.
 CrossEntropyResult cuda_cross_entropy(const Tensor& x, const Tensor& targets, int64_t ignore_index,
-                                      Reduction reduction, std::string_view op) {
+                                      Reduction reduction, std::string_view op,
+                                      const ClassShard& shard = {}) {
   const int64_t n = x.size(0), v = x.size(1);
   const int device = x.device().index;
   const Tensor targets_dev = contiguous(to(targets, kInt64));
   Tensor lse = Tensor::empty({n}, kFloat32, x.device());
   Tensor losses = Tensor::empty({n}, kFloat32, x.device());
-  int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op);
-  cuda::kernels::cross_entropy_forward(x.dtype(), lse.data<float>(), losses.data<float>(),
-                                       x.raw_data(), targets_dev.data<int64_t>(), n, v,
-                                       ignore_index, first_bad, device);
+  int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op, shard.classes);
+  cuda::kernels::cross_entropy_forward(
+      x.dtype(), lse.data<float>(), losses.data<float>(), x.raw_data(), targets_dev.data<int64_t>(),
+      n, v, shard.offset, shard.classes, ignore_index, first_bad, device);
   if (reduction == Reduction::kNone) return {losses, lse};
   Tensor total = cuda_backend::sum(losses, {true}, /*keepdim=*/false, 1.0);
   if (reduction == Reduction::kMean) {
@@ -292,13 +304,18 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
 // ---- cross entropy ----------------------------------------------------------------------------
 
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index,
-                                 Reduction reduction) {
-  if (auto r = dispatch_op(OpId::cross_entropy, {logits, targets},
-                           {ignore_index, static_cast<int64_t>(reduction)})) {
+                                 Reduction reduction, const ClassShard& shard) {
+  if (auto r = dispatch_op(
+          OpId::cross_entropy, {logits, targets},
+          {ignore_index, static_cast<int64_t>(reduction), shard.offset, shard.classes})) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "cross_entropy";
   check_reduction(reduction, op);
+  check_class_shard(logits, shard, op);
+  LOOM_CHECK(shard.classes == 0 || reduction == Reduction::kNone,
+             "{}: a class shard's loss is per row (reduction none), got reduction {}", op,
+             static_cast<int64_t>(reduction));
   const Device device = op_device(op, {logits, targets});
   if (device.is_meta()) {  // the targets are not known: shapes only
     // A CPU computes in an f32 copy of bf16 logits; a GPU reads them as they are.
@@ -310,8 +327,8 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   }
   check_logits_and_targets(logits, targets, op);
   if (device.is_cuda())
-    return cuda_cross_entropy(contiguous(logits), targets, ignore_index, reduction, op);
-  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
+    return cuda_cross_entropy(contiguous(logits), targets, ignore_index, reduction, op, shard);
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op, shard.classes);
   const int64_t n = logits.size(0), v = logits.size(1);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
@@ -323,6 +340,11 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
   int64_t count = 0;
   for (int64_t row = 0; row < n; ++row) {
     if (t[row] == ignore_index) continue;
+    if (shard.classes > 0) {  // this shard's part: the target's negative logit where it is here
+      const int64_t here = t[row] - shard.offset;
+      if (here >= 0 && here < v) losses[row] = -px[row * v + here];
+      continue;
+    }
     losses[row] = lse[row] - px[row * v + t[row]];
     total += losses[row];
     ++count;
@@ -340,13 +362,16 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 }
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
-                              int64_t ignore_index, Reduction reduction, const Tensor& logsumexp) {
-  if (auto r = dispatch_op(OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
-                           {ignore_index, static_cast<int64_t>(reduction)})) {
+                              int64_t ignore_index, Reduction reduction, const Tensor& logsumexp,
+                              const ClassShard& shard) {
+  if (auto r = dispatch_op(
+          OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
+          {ignore_index, static_cast<int64_t>(reduction), shard.offset, shard.classes})) {
     return (*r)[0];
   }
   constexpr std::string_view op = "cross_entropy_backward";
   check_reduction(reduction, op);
+  check_class_shard(logits, shard, op);
   check_floating(grad_loss, op, "grad_loss");
   if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
       device.is_meta()) {
@@ -376,6 +401,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                  shape_str(logsumexp.shape()), shape_str(logits.shape()), n);
     }
     const Tensor x = contiguous(logits);
+    LOOM_CHECK(logsumexp.defined() || shard.classes == 0,
+               "{}: a class shard needs the whole rows' logsumexp", op);
     const Tensor lse =
         logsumexp.defined()
             ? as_f32(logsumexp)
@@ -385,14 +412,15 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
         reduction == Reduction::kMean ? cuda_count_targets(targets_dev, ignore_index) : Tensor();
     const Tensor gl = as_f32(on_device(grad_loss, device));
     Tensor grad = Tensor::empty({n, v}, x.dtype(), device);
-    int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op);
+    int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op, shard.classes);
     cuda::kernels::cross_entropy_backward(
         x.dtype(), grad.raw_data(), x.raw_data(), lse.data<float>(), targets_dev.data<int64_t>(),
-        gl.data<float>(), n, v, ignore_index, static_cast<int>(reduction),
-        count.defined() ? count.data<int64_t>() : nullptr, first_bad, device.index);
+        gl.data<float>(), n, v, shard.offset, shard.classes > 0 ? shard.classes : v, ignore_index,
+        static_cast<int>(reduction), count.defined() ? count.data<int64_t>() : nullptr, first_bad,
+        device.index);
     return grad;
   }
-  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op);
+  const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op, shard.classes);
   const Tensor x = as_f32(logits);
   const float* px = x.data<float>();
   std::vector<float> lse;
@@ -404,6 +432,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     const Tensor l = as_f32(logsumexp);
     lse.assign(l.data<float>(), l.data<float>() + n);
   } else {
+    LOOM_CHECK(shard.classes == 0, "{}: a class shard needs the whole rows' logsumexp", op);
     lse = row_logsumexp(px, n, v);
   }
   const Tensor gl = as_f32(grad_loss);
@@ -432,7 +461,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     }
     const float* xr = px + row * v;
     for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(xr[j] - lse[row]) * scale;
-    dr[t[row]] -= scale;
+    // The one-hot, when this shard holds the target's class.
+    if (const int64_t here = t[row] - shard.offset; here >= 0 && here < v) dr[here] -= scale;
   }
   return to(grad, logits.dtype());
 }

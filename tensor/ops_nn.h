@@ -111,6 +111,14 @@ enum class Reduction : int64_t { kNone = 0, kMean = 1, kSum = 2 };
 namespace loom::ops {
 using loom::Reduction;
 
+// Logits that hold a slice of the classes (loss parallel, dtensor/sharding/nn.cc, Megatron's
+// vocab-parallel cross entropy): columns [offset, offset + V) of `classes`. Targets are checked
+// against `classes` (on the device on a GPU), so a bad one is named whichever shard it falls on.
+struct ClassShard {
+  int64_t offset = 0;
+  int64_t classes = 0;  // 0: not sharded (the logits hold every class)
+};
+
 struct CrossEntropyResult {
   Tensor loss;       // () for kMean/kSum, (N,) for kNone (0 at ignored rows); f32
   Tensor logsumexp;  // (N,) f32: log(sum(exp(logits[n, :]))), saved for the backward
@@ -124,17 +132,28 @@ struct CrossEntropyResult {
 // rounds it to the logits' dtype): bf16 logits go in as they are, with no f32 copy on a GPU, and
 // their gradient (cross_entropy_backward) comes back in bf16, rounded once. So a mixed-precision
 // model's loss needs no f32 logits (MixedPrecisionPolicy::output_dtype = param_dtype).
+//
+// With `shard` (reduction none only): logsumexp is the shard's own rows', and loss_n is this
+// shard's part of the target term, -logits[n, targets[n] - offset] where it holds the target's
+// class, else 0 (and 0 on ignored rows): loss parallel adds the parts of every shard to the
+// rows' logsumexp combined from the shards'. One pass over the shard. It records no gradient
+// (autograd refuses it: the loss parallel strategy runs it below autograd).
 CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets,
                                  int64_t ignore_index = -100,
-                                 Reduction reduction = Reduction::kMean);
+                                 Reduction reduction = Reduction::kMean,
+                                 const ClassShard& shard = {});
 // grad_logits = (softmax(logits) - onehot(targets)) * scale_n, with scale_n = grad_loss (kSum),
 // grad_loss / count (kMean), grad_loss[n] (kNone), and 0 on ignored rows (so an all-ignored
 // batch gets zeros, as in PyTorch). grad_loss is () (any one-element tensor) for kMean/kSum and
 // (N,) for kNone. `logsumexp` is the forward's saved one; when undefined it is recomputed.
 // Result: logits' shape and dtype.
+//
+// With `shard` (loss parallel): `logsumexp` is the whole rows', and a target outside this slice
+// of the classes is a class another shard holds: its row gets the softmax part here and no
+// one-hot. One pass over the shard, as unsharded.
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index = -100, Reduction reduction = Reduction::kMean,
-                              const Tensor& logsumexp = {});
+                              const Tensor& logsumexp = {}, const ClassShard& shard = {});
 
 // ---- attention --------------------------------------------------------------------------------
 

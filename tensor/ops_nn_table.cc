@@ -51,16 +51,23 @@ void register_nn_ops(OpTable& t) {
     return V{ops::embedding_backward(c.inputs[0], c.inputs[1], c.int_attr(0), weight)};
   };
   // Cross entropy: attrs (ignore_index, reduction).
+  // Attrs (ignore_index, reduction, shard offset, classes); a call of two is not sharded.
   t[OpId::cross_entropy] = [](C c) {
-    auto r = ops::cross_entropy(c.inputs[0], c.inputs[1], c.int_attr(0),
-                                static_cast<ops::Reduction>(c.int_attr(1)));
+    const bool sharded = c.attrs.size() > 2;
+    auto r = ops::cross_entropy(
+        c.inputs[0], c.inputs[1], c.int_attr(0), static_cast<ops::Reduction>(c.int_attr(1)),
+        {.offset = sharded ? c.int_attr(2) : 0, .classes = sharded ? c.int_attr(3) : 0});
     return V{r.loss, r.logsumexp};
   };
   // Inputs (grad_loss, logits, targets, logsumexp — may be undefined).
   t[OpId::cross_entropy_backward] = [](C c) {
     const Tensor lse = c.inputs.size() > 3 ? c.inputs[3] : Tensor();
-    return V{ops::cross_entropy_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
-                                         static_cast<ops::Reduction>(c.int_attr(1)), lse)};
+    // Attrs (ignore_index, reduction, shard offset, classes); a call of two is not sharded.
+    const bool sharded = c.attrs.size() > 2;
+    return V{ops::cross_entropy_backward(
+        c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
+        static_cast<ops::Reduction>(c.int_attr(1)), lse,
+        {.offset = sharded ? c.int_attr(2) : 0, .classes = sharded ? c.int_attr(3) : 0})};
   };
   // Attention: attrs (is_causal, scale, causal_offset); a call of two attrs (made before the
   // offset existed) means offset 0.

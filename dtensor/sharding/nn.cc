@@ -1,8 +1,9 @@
 // Strategies for the nn kernels (tensor/ops_nn.h): softmax and layer norm keep shards on the
 // dims they do not normalize; rope shards every dim but the rotated one; attention shards batch
 // and head dims; the embedding table may be sharded by vocabulary (masked lookup -> Partial(sum))
-// or by embedding dim; cross entropy on vocabulary-sharded logits is loss parallel: three small
-// all-reduces per call (row max, sum of exponentials, target logit), never the full logits.
+// or by embedding dim; cross entropy on vocabulary-sharded logits is loss parallel: the
+// single-device kernels on each shard (ops::ClassShard) and three small all-reduces per call,
+// never the full logits.
 // Dropout draws each shard's slice of the global mask, so it runs sharded.
 #include "base/error.h"
 #include "comm/process_group.h"
@@ -50,41 +51,37 @@ int64_t mesh_dim_sharding(const DTensorSpec& spec, int64_t tensor_dim, std::stri
   return found;
 }
 
-// One-hot (rows, width) of `targets - offset` (f32; rows whose target falls outside are zero).
-Tensor local_one_hot(const Tensor& targets, int64_t offset, int64_t width) {
-  const Tensor columns = ops::add(ops::to(ops::to(ops::arange(width), kInt64), targets.device()),
-                                  static_cast<double>(offset));
-  return ops::eq(ops::to(ops::unsqueeze(targets, 1), kFloat32),
-                 ops::to(ops::unsqueeze(columns, 0), kFloat32));
-}
-
-// Per-row loss and logsumexp for logits sharded by vocabulary on `group`.
-std::pair<Tensor, Tensor> loss_parallel_rows(const Tensor& logits_local, const Tensor& targets,
-                                             int64_t vocab_offset, int64_t ignore_index,
-                                             comm::ProcessGroup& group) {
-  const Tensor x = ops::to(logits_local, kFloat32);
-  Tensor row_max = ops::contiguous(ops::max(x, 1, /*keepdim=*/true).first);
-  group.all_reduce(row_max, ReduceOp::kMax)->wait();
-  Tensor sum_exp = ops::contiguous(ops::sum(ops::exp(ops::sub(x, row_max)), {1}, /*keepdim=*/true));
-  group.all_reduce(sum_exp, ReduceOp::kSum)->wait();
-  const Tensor lse = ops::add(ops::log(sum_exp), row_max);  // (N, 1)
-  Tensor target_logit = ops::contiguous(
-      ops::sum(ops::mul(x, local_one_hot(targets, vocab_offset, x.size(1))), {1}, true));
-  group.all_reduce(target_logit, ReduceOp::kSum)->wait();
-  const Tensor valid = ops::to(
+// 1 where the target is not ignore_index, else 0 (f32, on the targets' device).
+Tensor valid_rows(const Tensor& targets, int64_t ignore_index) {
+  return ops::to(
       ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
               ops::full({}, 0.5)),
       kFloat32);
-  const Tensor rows = ops::mul(ops::reshape(ops::sub(lse, target_logit), {-1}), valid);
-  return {rows, ops::reshape(lse, {-1})};
 }
 
-int64_t valid_count(const Tensor& targets, int64_t ignore_index) {
-  // Meta targets have no values (tensor/device.h): every row is taken to count.
-  if (targets.device().is_meta()) return targets.numel();
-  int64_t count = 0;
-  for (double t : ops::to_vector(targets)) count += static_cast<int64_t>(t) != ignore_index;
-  return count;
+struct LossParallelRows {
+  Tensor losses;     // (N,) f32: 0 on ignored rows
+  Tensor logsumexp;  // (N,) f32: the whole rows', the backward's
+};
+
+// Per-row loss and logsumexp for logits sharded by vocabulary on `group` (Megatron's
+// vocab-parallel cross entropy): each shard's kernel pass (ops::cross_entropy with its ClassShard:
+// the shard's logsumexp and its part of the target term, targets checked against every class)
+// and three all-reduces of N floats — the max of the shards' logsumexps, the sum of their
+// exponentials, the sum of the parts. No (N, V) temporary.
+LossParallelRows loss_parallel_rows(const Tensor& logits_local, const Tensor& targets,
+                                    const ops::ClassShard& shard, int64_t ignore_index,
+                                    comm::ProcessGroup& group) {
+  const ops::CrossEntropyResult part =
+      ops::cross_entropy(logits_local, targets, ignore_index, Reduction::kNone, shard);
+  Tensor row_max = ops::clone(part.logsumexp);
+  group.all_reduce(row_max, ReduceOp::kMax)->wait();
+  Tensor sum_exp = ops::contiguous(ops::exp(ops::sub(part.logsumexp, row_max)));
+  group.all_reduce(sum_exp, ReduceOp::kSum)->wait();
+  const Tensor lse = ops::add(ops::log(sum_exp), row_max);
+  Tensor target_term = ops::clone(part.loss);  // -logits[n, target] on its shard, 0 elsewhere
+  group.all_reduce(target_term, ReduceOp::kSum)->wait();
+  return {ops::mul(ops::add(lse, target_term), valid_rows(targets, ignore_index)), lse};
 }
 
 StrategyFn cross_entropy_strategy() {
@@ -106,15 +103,15 @@ StrategyFn cross_entropy_strategy() {
       if (vocab_md < 0) return call_op(local);
       const int64_t ignore_index = local.int_attr(0);
       const auto reduction = static_cast<Reduction>(local.int_attr(1));
-      auto [rows, lse] =
-          loss_parallel_rows(local.inputs[0], local.inputs[1], spec.local_offset()[1], ignore_index,
-                             *spec.mesh->group(vocab_md));
+      const Tensor& targets = local.inputs[1];
+      auto [rows, lse] = loss_parallel_rows(
+          local.inputs[0], targets, {.offset = spec.local_offset()[1], .classes = spec.shape[1]},
+          ignore_index, *spec.mesh->group(vocab_md));
       Tensor loss = rows;
       if (reduction == Reduction::kSum) loss = ops::sum(rows);
-      if (reduction == Reduction::kMean) {
-        loss = ops::div(ops::sum(rows),
-                        static_cast<double>(valid_count(local.inputs[1], ignore_index)));
-      }
+      // The mean over the rows not ignored, counted on the device (0 / 0 = NaN when all are).
+      if (reduction == Reduction::kMean)
+        loss = ops::div(ops::sum(rows), ops::sum(valid_rows(targets, ignore_index)));
       return std::vector<Tensor>{loss, lse};  // f32, as ops::cross_entropy's
     };
     return s;
@@ -140,24 +137,13 @@ StrategyFn cross_entropy_backward_strategy() {
       if (vocab_md < 0) return call_op(local);
       const int64_t ignore_index = local.int_attr(0);
       const auto reduction = static_cast<Reduction>(local.int_attr(1));
-      const Tensor& grad_loss = local.inputs[0];
-      const Tensor& targets = local.inputs[2];
       LOOM_CHECK(local.inputs[3].defined(),
                  "cross_entropy_backward: loss parallel needs the forward's logsumexp");
-      const Tensor x = ops::to(local.inputs[1], kFloat32);
-      const Tensor softmax =
-          ops::exp(ops::sub(x, ops::unsqueeze(ops::to(local.inputs[3], kFloat32), 1)));
-      const Tensor one_hot = local_one_hot(targets, spec.local_offset()[1], x.size(1));
-      const Tensor valid = ops::to(
-          ops::gt(ops::abs(ops::sub(ops::to(targets, kFloat32), static_cast<double>(ignore_index))),
-                  ops::full({}, 0.5)),
-          kFloat32);
-      Tensor scale = ops::to(grad_loss, kFloat32);  // (N,) for kNone, () otherwise
-      if (reduction == Reduction::kMean)
-        scale = ops::div(scale, static_cast<double>(valid_count(targets, ignore_index)));
-      const Tensor row_scale = ops::unsqueeze(ops::mul(valid, scale), 1);
-      return std::vector<Tensor>{
-          ops::to(ops::mul(ops::sub(softmax, one_hot), row_scale), local.inputs[1].dtype())};
+      // The single-device kernel on the shard: softmax from the rows' logsumexp, the one-hot
+      // where this shard holds the target (one pass, the logits' dtype).
+      return std::vector<Tensor>{ops::cross_entropy_backward(
+          local.inputs[0], local.inputs[1], local.inputs[2], ignore_index, reduction,
+          local.inputs[3], {.offset = spec.local_offset()[1], .classes = spec.shape[1]})};
     };
     return s;
   };

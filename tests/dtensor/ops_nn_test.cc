@@ -19,6 +19,7 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
@@ -276,6 +277,49 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
       }
     });
   }
+}
+
+// Loss parallel on bf16 logits (a mixed-precision model's): the shards' kernels read them as
+// they are and the gradient comes back bf16, sharded, against one rank's bf16 cross entropy; a
+// target beyond the vocabulary is named on every rank (each checks every target against all the
+// classes), whichever shard it would fall on.
+TEST(OpsNnTest, LossParallelCrossEntropyOnBf16LogitsAndABadTarget) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const int64_t n = 7, vocab = 11;
+    const Tensor logits_full = ops::to(ops::mul(float_tensor({n, vocab}, 4), 4.0), kBFloat16);
+    const Tensor targets_full = ce_targets(n, vocab);
+    Tensor ref_logits = ops::clone(logits_full);
+    ref_logits.set_requires_grad(true);
+    const Tensor ref_loss = cross_entropy(ref_logits, targets_full);
+    backward(ref_loss);
+    Tensor logits = distribute_tensor(logits_full, mesh, {Shard(1)}, std::nullopt);
+    logits.set_requires_grad(true);
+    const Tensor targets = distribute_tensor(targets_full, mesh, {Replicate()}, std::nullopt);
+    const Tensor loss = cross_entropy(logits, targets);
+    EXPECT_EQ(loss.dtype(), kFloat32);
+    expect_close(
+        {.actual = full_tensor(loss), .expected = ref_loss, .tol = kSplitSum, .what = "bf16 loss"});
+    backward(loss);
+    EXPECT_EQ(logits.grad().dtype(), kBFloat16);
+    EXPECT_EQ(dtensor_spec(logits.grad()).placements, (Placements{Shard(1)}));
+    // Each gradient element is the same f32 expression rounded once to bf16, but of the rows'
+    // logsumexp combined from the shards' (within f32 rounding of one rank's): one bf16 ulp.
+    expect_close({.actual = full_tensor(logits.grad()),
+                  .expected = ref_logits.grad(),
+                  .tol = {.rtol = 0x1.0p-8, .atol = 1e-6},
+                  .what = "bf16 grad logits"});
+
+    std::vector<int64_t> bad(n, 1);
+    bad[5] = vocab;  // one past the last class: the second shard's range would hold it
+    const Tensor bad_targets =
+        distribute_tensor(ops::from_vector_i64(bad, {n}), mesh, {Replicate()}, std::nullopt);
+    EXPECT_EQ(loom::testing::error_of([&] { cross_entropy(logits, bad_targets); }),
+              "cross_entropy: target 11 at position 5 is out of range for 11 classes (logits "
+              "shape (7, " +
+                  std::to_string(pg.rank() == 0 ? 6 : 5) +
+                  ")); expected 0..10 or ignore_index -100");
+  });
 }
 
 TEST(OpsNnTest, CrossEntropyWithRowShardedLogitsAndOn2x2Mesh) {

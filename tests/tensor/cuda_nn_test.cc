@@ -211,6 +211,30 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
          .tol = kernel_tolerance(recomputed.dtype(), 4.0),
          .what = what + " backward, logsumexp recomputed"});
   }
+  // A slice of the classes (loss parallel) against the CPU's slice: forward and backward.
+  const Tensor lse = ops::cross_entropy(logits, targets).logsumexp;
+  const Tensor slice = ops::contiguous(ops::narrow(logits, 1, 100, 57));
+  const auto part =
+      ops::cross_entropy(slice, targets, -100, Reduction::kNone, {.offset = 100, .classes = 257});
+  const auto part_dev = ops::cross_entropy(gpu(slice), gpu(targets), -100, Reduction::kNone,
+                                           {.offset = 100, .classes = 257});
+  expect_close({.actual = part_dev.loss,
+                .expected = part.loss,
+                .tol = kernel_tolerance(kFloat32, 4.0),
+                .what = tag("cross_entropy's part of classes [100, 157) of 257")});
+  expect_close({.actual = part_dev.logsumexp,
+                .expected = part.logsumexp,
+                .tol = kernel_tolerance(kFloat32, 4.0),
+                .what = tag("cross_entropy's logsumexp of classes [100, 157)")});
+  const Tensor want =
+      ops::cross_entropy_backward(ops::scalar_tensor(0.7), slice, targets, -100, Reduction::kMean,
+                                  lse, {.offset = 100, .classes = 257});
+  expect_close({.actual = ops::cross_entropy_backward(ops::scalar_tensor(0.7), gpu(slice),
+                                                      gpu(targets), -100, Reduction::kMean,
+                                                      gpu(lse), {.offset = 100, .classes = 257}),
+                .expected = want,
+                .tol = kernel_tolerance(want.dtype(), 4.0),
+                .what = tag("cross_entropy_backward of classes [100, 157) of 257")});
   const Tensor all_ignored = ops::full({9}, -100.0, kInt64);
   EXPECT_TRUE(std::isnan(ops::to_vector(ops::cross_entropy(gpu(logits), gpu(all_ignored)).loss)[0]))
       << "a mean over no rows is NaN, as on the CPU";

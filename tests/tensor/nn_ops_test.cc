@@ -37,6 +37,7 @@ namespace {
 using ::testing::HasSubstr;
 using Vec = std::vector<double>;
 using testing::error_of;
+using testing::expect_bitwise_equal;
 using testing::expect_close;
 using testing::Tolerance;
 
@@ -782,6 +783,108 @@ TEST(CrossEntropy, NonContiguousBf16AndInt32Targets) {
       {.actual = db, .expected = drefb, .tol = abs_and_rel(kBf16Tol), .what = "bf16 backward"});
 }
 
+// Logits holding a slice of the classes (loss parallel): given the whole rows' logsumexp, each
+// slice's gradient is exactly those columns of the whole gradient (the same f32 expression per
+// element), every reduction, ignored rows and targets on every slice included; targets are
+// checked against all the classes, and a slice outside them is refused.
+// The forward of a slice of the classes: its logsumexp is the slice's own rows', and its loss the
+// target's negative logit where the slice holds the target's class (0 elsewhere and on ignored
+// rows); combined over the slices they give the whole rows' logsumexp and loss.
+TEST(CrossEntropy, AClassShardsForwardIsItsPartOfTheLoss) {
+  const Tensor logits = randn({6, 11}, 543);
+  const std::vector<int64_t> t = {0, 10, -100, 5, 6, 3};
+  const Tensor targets = ops::from_vector_i64(t, {6});
+  const auto whole = ops::cross_entropy(logits, targets, -100, ops::Reduction::kNone);
+  const auto x = vals(logits);
+  Vec sum_exp(6, 0.0), target_term(6, 0.0);
+  for (const auto [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}}) {
+    const Tensor slice = ops::contiguous(ops::narrow(logits, 1, offset, width));
+    const auto part = ops::cross_entropy(slice, targets, -100, ops::Reduction::kNone,
+                                         {.offset = offset, .classes = 11});
+    expect_close({.actual = part.logsumexp,
+                  .expected = ops::cross_entropy(slice, ops::full({6}, -100.0, kInt64), -100,
+                                                 ops::Reduction::kNone)
+                                  .logsumexp,
+                  .tol = {},
+                  .what = "a slice's own logsumexp"});
+    Vec want;
+    for (int64_t row = 0; row < 6; ++row) {
+      const int64_t here = t[row] - offset;
+      want.push_back(t[row] != -100 && here >= 0 && here < width ? -x[row * 11 + t[row]] : 0.0);
+    }
+    expect_close({.actual = part.loss, .expected = want, .tol = {}, .what = "a slice's part"});
+    const auto lse = vals(part.logsumexp), loss = vals(part.loss);
+    for (int64_t row = 0; row < 6; ++row) {
+      sum_exp[row] += std::exp(lse[row]);
+      target_term[row] += loss[row];
+    }
+  }
+  Vec combined;
+  for (int64_t row = 0; row < 6; ++row)
+    combined.push_back(t[row] == -100 ? 0.0 : std::log(sum_exp[row]) + target_term[row]);
+  expect_close({.actual = whole.loss,
+                .expected = combined,
+                .tol = abs_and_rel(kF32Tol),
+                .what = "the slices' parts combined"});
+  EXPECT_EQ(error_of([&] {
+              ops::cross_entropy(ops::narrow(logits, 1, 6, 5), targets, -100, ops::Reduction::kMean,
+                                 {.offset = 6, .classes = 11});
+            }),
+            "cross_entropy: a class shard's loss is per row (reduction none), got reduction 1");
+  const Tensor bad = ops::from_vector_i64(std::vector<int64_t>{0, 1, 2, 3, 11, 4}, {6});
+  EXPECT_EQ(error_of([&] {
+              ops::cross_entropy(ops::narrow(logits, 1, 0, 6), bad, -100, ops::Reduction::kNone,
+                                 {.offset = 0, .classes = 11});
+            }),
+            "cross_entropy: target 11 at position 4 is out of range for 11 classes (logits shape "
+            "(6, 6)); expected 0..10 or ignore_index -100");
+}
+
+TEST(CrossEntropy, BackwardOfAClassShardIsItsColumnsOfTheWholeGradient) {
+  const Tensor logits = randn({6, 11}, 541);
+  const Tensor targets = ops::from_vector_i64(std::vector<int64_t>{0, 10, -100, 5, 6, 3}, {6});
+  for (auto red : {ops::Reduction::kNone, ops::Reduction::kMean, ops::Reduction::kSum}) {
+    for (const DType dtype : {kFloat32, kBFloat16}) {
+      SCOPED_TRACE(fmt::format("reduction {}, {}", static_cast<int>(red), dtype_name(dtype)));
+      const Tensor x = ops::to(logits, dtype);
+      const Tensor grad_loss =
+          red == ops::Reduction::kNone ? randn({6}, 542) : ops::scalar_tensor(0.7);
+      const Tensor lse = ops::cross_entropy(x, targets, -100, red).logsumexp;
+      const Tensor whole = ops::cross_entropy_backward(grad_loss, x, targets, -100, red, lse);
+      for (const auto [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}, {4, 3}}) {
+        const Tensor shard = ops::cross_entropy_backward(
+            grad_loss, ops::contiguous(ops::narrow(x, 1, offset, width)), targets, -100, red, lse,
+            {.offset = offset, .classes = 11});
+        EXPECT_EQ(shard.dtype(), dtype);
+        expect_bitwise_equal(
+            {.actual = shard, .expected = ops::contiguous(ops::narrow(whole, 1, offset, width))});
+      }
+    }
+  }
+  const Tensor bad = ops::from_vector_i64(std::vector<int64_t>{0, 11, 1, 2, 3, 4}, {6});
+  const Tensor lse = ops::cross_entropy(logits, targets).logsumexp;
+  EXPECT_EQ(error_of([&] {
+              ops::cross_entropy_backward(ops::scalar_tensor(1.0), ops::narrow(logits, 1, 6, 5),
+                                          bad, -100, ops::Reduction::kMean, lse,
+                                          {.offset = 6, .classes = 11});
+            }),
+            "cross_entropy_backward: target 11 at position 1 is out of range for 11 classes "
+            "(logits shape (6, 5)); expected 0..10 or ignore_index -100");
+  EXPECT_EQ(error_of([&] {
+              ops::cross_entropy_backward(ops::scalar_tensor(1.0), ops::narrow(logits, 1, 6, 5),
+                                          targets, -100, ops::Reduction::kMean, lse,
+                                          {.offset = 7, .classes = 11});
+            }),
+            "cross_entropy_backward: a class shard [7, 7 + 5) must lie within its 11 classes "
+            "(logits shape (6, 5))");
+  EXPECT_EQ(error_of([&] {
+              ops::cross_entropy_backward(ops::scalar_tensor(1.0), ops::narrow(logits, 1, 6, 5),
+                                          targets, -100, ops::Reduction::kMean, {},
+                                          {.offset = 6, .classes = 11});
+            }),
+            "cross_entropy_backward: a class shard needs the whole rows' logsumexp");
+}
+
 TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
   const Tensor logits = randn({4, 6}, 531);
   const Tensor targets = ops::from_vector_i64(std::vector<int64_t>{5, -100, 0, 3}, {4});
@@ -1035,7 +1138,8 @@ TEST(NnOpTable, DispatchHookSeesNameInputsAndAttrs) {
   register_dispatch_handler(4242, nullptr);
   EXPECT_EQ(seen, (std::vector<std::string>{"layer_norm", "cross_entropy", "dropout"}));
   EXPECT_EQ(input_counts, (std::vector<size_t>{3, 2, 1}));
-  EXPECT_EQ(attr_counts, (std::vector<size_t>{2, 2, 3}));
+  // cross_entropy: ignore_index, reduction, and the class shard's offset and classes.
+  EXPECT_EQ(attr_counts, (std::vector<size_t>{2, 4, 3}));
   const Tensor plain = ops::alias(x);
   EXPECT_EQ(vals(ln.out), vals(ops::layer_norm(plain, {5}, Tensor(), Tensor(), 1e-5).out));
   EXPECT_EQ(vals(ln.rstd), vals(ops::layer_norm(plain, {5}, Tensor(), Tensor(), 1e-5).rstd));

@@ -70,7 +70,7 @@ void embedding_backward(DType, void*, const void*, const int64_t*, int64_t, int6
   unavailable("embedding_backward");
 }
 void cross_entropy_forward(DType, float*, float*, const void*, const int64_t*, int64_t, int64_t,
-                           int64_t, int64_t*, int) {
+                           int64_t, int64_t, int64_t, int64_t*, int) {
   unavailable("cross_entropy_forward");
 }
 void count_targets(int64_t*, const int64_t*, int64_t, int64_t, int) {
@@ -78,7 +78,8 @@ void count_targets(int64_t*, const int64_t*, int64_t, int64_t, int) {
 }
 void divide_by_count(float*, const int64_t*, int) { unavailable("divide_by_count"); }
 void cross_entropy_backward(DType, void*, const void*, const float*, const int64_t*, const float*,
-                            int64_t, int64_t, int64_t, int, const int64_t*, int64_t*, int) {
+                            int64_t, int64_t, int64_t, int64_t, int64_t, int, const int64_t*,
+                            int64_t*, int) {
   unavailable("cross_entropy_backward");
 }
 void philox_fill(DType, void*, const StridedArg&, int64_t, uint64_t, RandomKind, double, double,

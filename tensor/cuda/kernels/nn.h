@@ -80,10 +80,12 @@ void embedding_backward(DType dtype, void* grad_w, const void* grad_out, const i
 
 // Per row of logits (n, v) in `dtype`, read as f32: lse[r] = logsumexp, losses[r] = lse -
 // logits[r, t] (0 if ignored), both f32. A target neither in 0..v-1 nor ignore_index is
-// recorded in first_bad and its loss is NaN.
+// recorded in first_bad and its loss is NaN. With classes > 0 the logits hold classes
+// [offset, offset + v) of `classes` (loss parallel): targets are checked against `classes`, and
+// losses[r] is this shard's part, -logits[r, t - offset] where the target is here, else 0.
 void cross_entropy_forward(DType dtype, float* lse, float* losses, const void* logits,
-                           const int64_t* targets, int64_t n, int64_t v, int64_t ignore_index,
-                           int64_t* first_bad, int device);
+                           const int64_t* targets, int64_t n, int64_t v, int64_t offset,
+                           int64_t classes, int64_t ignore_index, int64_t* first_bad, int device);
 // *count = the number of targets[0..n) that are not ignore_index (the mean's divisor).
 void count_targets(int64_t* count, const int64_t* targets, int64_t n, int64_t ignore_index,
                    int device);
@@ -92,11 +94,12 @@ void divide_by_count(float* x, const int64_t* count, int device);
 // grad[r, :] = (softmax - onehot) * scale_r in `dtype` (computed in f32, rounded once); reduction
 // 0 none (grad_loss[r]), 1 mean (grad_loss[0] / *count, count on the device), 2 sum
 // (grad_loss[0]); ignored rows are 0. A target out of range is recorded in first_bad and its row
-// is NaN.
+// is NaN. The logits hold classes [offset, offset + v) of `classes` (offset 0 and classes v
+// unsharded): targets are checked against `classes`, and the one-hot is taken where it falls here.
 void cross_entropy_backward(DType dtype, void* grad, const void* logits, const float* lse,
                             const int64_t* targets, const float* grad_loss, int64_t n, int64_t v,
-                            int64_t ignore_index, int reduction, const int64_t* count,
-                            int64_t* first_bad, int device);
+                            int64_t offset, int64_t classes, int64_t ignore_index, int reduction,
+                            const int64_t* count, int64_t* first_bad, int device);
 
 // Counter-based random fills, bit-identical to tensor/rng.cc for bernoulli and uniform (normal
 // goes through double log/cos, whose last bits may differ from the host's libm; the f32 results
