@@ -405,7 +405,12 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
 // not move by a rounding.
 inline float silu_derivative(float x, float s) {
   float x_times = x * (1.0f - s);
-  asm("" : "+x"(x_times));
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+x"(x_times));  // an SSE/AVX register: rounded to f32, out of reach of an FMA
+#else
+  volatile float rounded = x_times;  // elsewhere, a store and a load do the same
+  x_times = rounded;
+#endif
   return s * (1.0f + x_times);
 }
 

@@ -123,16 +123,22 @@ int64_t* begin_target_check(const Tensor& targets_dev, const Tensor& logits, int
   });
 }
 
-// log(sum(exp(row))) of each row of a contiguous f32 (N, V) tensor, max-subtracted.
+// log(sum(exp(row))) of each row of a contiguous f32 (N, V) tensor, max-subtracted. A row with
+// no finite-or-+inf entry (empty, or all -inf: a class shard whose classes are all masked) is
+// -inf, not the NaN of exp(-inf - -inf): loss parallel combines it with the other shards' rows.
 std::vector<float> row_logsumexp(const float* x, int64_t n, int64_t v) {
   std::vector<float> lse(n);
   for (int64_t row = 0; row < n; ++row) {
     const float* xr = x + row * v;
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < v; ++j) m = std::max(m, xr[j]);
+    if (m == -std::numeric_limits<float>::infinity()) {
+      lse[row] = m;
+      continue;
+    }
     double sum = 0.0;
     for (int64_t j = 0; j < v; ++j) sum += std::exp(xr[j] - m);
-    lse[row] = v == 0 ? m : m + static_cast<float>(std::log(sum));
+    lse[row] = m + static_cast<float>(std::log(sum));
   }
   return lse;
 }
@@ -372,6 +378,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   constexpr std::string_view op = "cross_entropy_backward";
   check_reduction(reduction, op);
   check_class_shard(logits, shard, op);
+  LOOM_CHECK(logsumexp.defined() || shard.classes == 0,
+             "{}: a class shard needs the whole rows' logsumexp", op);
   check_floating(grad_loss, op, "grad_loss");
   if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
       device.is_meta()) {
@@ -401,8 +409,6 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
                  shape_str(logsumexp.shape()), shape_str(logits.shape()), n);
     }
     const Tensor x = contiguous(logits);
-    LOOM_CHECK(logsumexp.defined() || shard.classes == 0,
-               "{}: a class shard needs the whole rows' logsumexp", op);
     const Tensor lse =
         logsumexp.defined()
             ? as_f32(logsumexp)
@@ -415,7 +421,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op, shard.classes);
     cuda::kernels::cross_entropy_backward(
         x.dtype(), grad.raw_data(), x.raw_data(), lse.data<float>(), targets_dev.data<int64_t>(),
-        gl.data<float>(), n, v, shard.offset, shard.classes > 0 ? shard.classes : v, ignore_index,
+        gl.data<float>(), n, v, shard.offset, shard.classes, ignore_index,
         static_cast<int>(reduction), count.defined() ? count.data<int64_t>() : nullptr, first_bad,
         device.index);
     return grad;
@@ -432,7 +438,6 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     const Tensor l = as_f32(logsumexp);
     lse.assign(l.data<float>(), l.data<float>() + n);
   } else {
-    LOOM_CHECK(shard.classes == 0, "{}: a class shard needs the whole rows' logsumexp", op);
     lse = row_logsumexp(px, n, v);
   }
   const Tensor gl = as_f32(grad_loss);

@@ -50,8 +50,8 @@ void register_nn_ops(OpTable& t) {
     const Tensor weight = c.inputs.size() > 2 ? c.inputs[2] : Tensor();
     return V{ops::embedding_backward(c.inputs[0], c.inputs[1], c.int_attr(0), weight)};
   };
-  // Cross entropy: attrs (ignore_index, reduction).
-  // Attrs (ignore_index, reduction, shard offset, classes); a call of two is not sharded.
+  // Cross entropy: attrs (ignore_index, reduction, shard offset, classes); a call of two is not
+  // sharded.
   t[OpId::cross_entropy] = [](C c) {
     const bool sharded = c.attrs.size() > 2;
     auto r = ops::cross_entropy(

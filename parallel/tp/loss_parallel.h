@@ -1,8 +1,8 @@
 // Loss parallel (torch.distributed.tensor.parallel.loss_parallel): mean cross entropy of logits
-// sharded by vocabulary without gathering them. Each rank computes its rows' partial max, sum
-// of exponentials and target logit over its vocabulary range; three per-row all-reduces combine
-// them (the DTensor cross_entropy strategy, dtensor/sharding/nn.cc). This is where plain targets
-// meet DTensor logits: they are replicated on the logits' mesh.
+// sharded by vocabulary without gathering them. Each rank runs the cross entropy kernel on its
+// vocabulary range (ops::ClassShard: its rows' logsumexp and its part of the target term); three
+// per-row all-reduces combine them (the DTensor cross_entropy strategy, dtensor/sharding/nn.cc).
+// This is where plain targets meet DTensor logits: they are replicated on the logits' mesh.
 #pragma once
 
 #include <cstdint>

@@ -253,7 +253,8 @@ TEST(OpsNnTest, LossParallelCrossEntropyOnlyAllReducesAndMatchesSingleRank) {
         {
           CommDebugMode comm;
           loss = cross_entropy(logits, targets, -100, reduction);
-          // Row max, sum of exponentials, target logit: three small all-reduces of (N, 1).
+          // The shards' logsumexps' max, their exponentials' sum, the target terms: three small
+          // all-reduces of (N,).
           EXPECT_EQ(comm.count(CollectiveKind::kAllGather), 0) << comm.summary();
           EXPECT_EQ(comm.count(CollectiveKind::kAllToAll), 0) << comm.summary();
           EXPECT_EQ(comm.count(CollectiveKind::kAllReduce), 3) << comm.summary();

@@ -44,7 +44,7 @@ struct PlanCase {
 // (models/gpt/plans.h), with L blocks: the counts are part of the plan's contract, so a change
 // that adds a collective fails.
 Collectives expected_forward(const GPTPlanOptions& plan, int64_t layers) {
-  constexpr int64_t kLossAllReduces = 3;  // row max, sum of exponentials, target logit
+  constexpr int64_t kLossAllReduces = 3;  // logsumexps' max, exponentials' sum, target terms
   if (!plan.sequence_parallel) return {1 + 2 * layers + kLossAllReduces, 0, 0};
   // Embedding reduce-scatter; per block 2 all-gathers + 2 reduce-scatters; the head's gather.
   return {kLossAllReduces, 2 * layers + 1, 2 * layers + 1};

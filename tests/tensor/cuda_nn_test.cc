@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -226,6 +227,13 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
                 .expected = part.logsumexp,
                 .tol = kernel_tolerance(kFloat32, 4.0),
                 .what = tag("cross_entropy's logsumexp of classes [100, 157)")});
+  // A slice whose classes are all masked: logsumexp -inf (not NaN), as on the CPU.
+  const Tensor masked = ops::full({9, 3}, -std::numeric_limits<double>::infinity(), dtype);
+  for (double l : ops::to_vector(ops::cross_entropy(gpu(masked), gpu(targets), -100,
+                                                    Reduction::kNone, {.offset = 0, .classes = 257})
+                                     .logsumexp)) {
+    EXPECT_EQ(l, -std::numeric_limits<double>::infinity()) << tag("a masked slice");
+  }
   const Tensor want =
       ops::cross_entropy_backward(ops::scalar_tensor(0.7), slice, targets, -100, Reduction::kMean,
                                   lse, {.offset = 100, .classes = 257});

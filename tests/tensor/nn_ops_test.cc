@@ -783,10 +783,6 @@ TEST(CrossEntropy, NonContiguousBf16AndInt32Targets) {
       {.actual = db, .expected = drefb, .tol = abs_and_rel(kBf16Tol), .what = "bf16 backward"});
 }
 
-// Logits holding a slice of the classes (loss parallel): given the whole rows' logsumexp, each
-// slice's gradient is exactly those columns of the whole gradient (the same f32 expression per
-// element), every reduction, ignored rows and targets on every slice included; targets are
-// checked against all the classes, and a slice outside them is refused.
 // The forward of a slice of the classes: its logsumexp is the slice's own rows', and its loss the
 // target's negative logit where the slice holds the target's class (0 elsewhere and on ignored
 // rows); combined over the slices they give the whole rows' logsumexp and loss.
@@ -826,6 +822,28 @@ TEST(CrossEntropy, AClassShardsForwardIsItsPartOfTheLoss) {
                 .expected = combined,
                 .tol = abs_and_rel(kF32Tol),
                 .what = "the slices' parts combined"});
+  Vec combined_lse;
+  for (int64_t row = 0; row < 6; ++row) combined_lse.push_back(std::log(sum_exp[row]));
+  expect_close({.actual = whole.logsumexp,
+                .expected = combined_lse,
+                .tol = abs_and_rel(kF32Tol),
+                .what = "the slices' logsumexps combined"});
+  // A slice of no classes (more shards than classes), and one whose classes are all masked to
+  // -inf: logsumexp -inf, not NaN (so the max and the sum over shards ignore it), no target here.
+  const auto empty = ops::cross_entropy(ops::narrow(logits, 1, 11, 0), targets, -100,
+                                        ops::Reduction::kNone, {.offset = 11, .classes = 11});
+  EXPECT_EQ(vals(empty.loss), Vec(6, 0.0));
+  for (double l : vals(empty.logsumexp)) EXPECT_EQ(l, -std::numeric_limits<double>::infinity());
+  const Tensor masked = ops::full({6, 2}, -std::numeric_limits<double>::infinity());
+  const auto all_masked = ops::cross_entropy(masked, targets, -100, ops::Reduction::kNone,
+                                             {.offset = 9, .classes = 11});
+  for (double l : vals(all_masked.logsumexp))
+    EXPECT_EQ(l, -std::numeric_limits<double>::infinity());
+  EXPECT_EQ(ops::cross_entropy_backward(ops::scalar_tensor(1.0), ops::narrow(logits, 1, 11, 0),
+                                        targets, -100, ops::Reduction::kMean, whole.logsumexp,
+                                        {.offset = 11, .classes = 11})
+                .shape(),
+            (Shape{6, 0}));
   EXPECT_EQ(error_of([&] {
               ops::cross_entropy(ops::narrow(logits, 1, 6, 5), targets, -100, ops::Reduction::kMean,
                                  {.offset = 6, .classes = 11});
@@ -840,6 +858,10 @@ TEST(CrossEntropy, AClassShardsForwardIsItsPartOfTheLoss) {
             "(6, 6)); expected 0..10 or ignore_index -100");
 }
 
+// Logits holding a slice of the classes (loss parallel): given the whole rows' logsumexp, each
+// slice's gradient is exactly those columns of the whole gradient (the same f32 expression per
+// element), every reduction, ignored rows and targets on every slice included; targets are
+// checked against all the classes, and a slice outside them is refused.
 TEST(CrossEntropy, BackwardOfAClassShardIsItsColumnsOfTheWholeGradient) {
   const Tensor logits = randn({6, 11}, 541);
   const Tensor targets = ops::from_vector_i64(std::vector<int64_t>{0, 10, -100, 5, 6, 3}, {6});

@@ -160,12 +160,22 @@ TEST(StepTrace, BytesByOpAddUpToTheStepsAllocations) {
       EXPECT_TRUE(plain[r].bytes_by_op.empty());
       EXPECT_EQ(t.allocated_bytes, plain[r].allocated_bytes);
       EXPECT_EQ(t.allocations, plain[r].allocations);
-      int64_t sum = 0;
+      // The ops' own bytes stay within the step's; what no dispatched op allocated ("other":
+      // mixed precision's multi-tensor casts, the optimizer's moments, communication buffers) is
+      // the rest, and here (f32, no mixed precision) a small part of it.
+      int64_t attributed = 0;
       for (const auto& [op, bytes] : t.bytes_by_op) {
-        EXPECT_GE(bytes, 0) << op;
-        sum += bytes;
+        if (op == "other") continue;
+        EXPECT_GT(bytes, 0) << op;  // an op is listed for what it allocated
+        attributed += bytes;
       }
-      EXPECT_EQ(sum, t.allocated_bytes);
+      EXPECT_LE(attributed, t.allocated_bytes);
+      ASSERT_TRUE(t.bytes_by_op.count("other"));
+      EXPECT_EQ(t.bytes_by_op.at("other"), t.allocated_bytes - attributed);
+      EXPECT_GE(t.bytes_by_op.at("other"), 0);
+      EXPECT_LT(t.bytes_by_op.at("other"), t.allocated_bytes / 4);
+      fmt::print("{}: {} of {} bytes attributed to ops\n", dims.str(), attributed,
+                 t.allocated_bytes);
       // tp shards the MLP's hidden width.
       const int64_t gelu = config().n_layer * kBatch * kSeq * 4 * config().n_embd / dims.tp * 4;
       ASSERT_TRUE(t.bytes_by_op.count("forward: gelu"));

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "tensor/host_memory.h"
 #include "train/job_checks.h"
 #include "train/job_command_line.h"
@@ -32,17 +33,25 @@
 int main(int argc, char** argv) {
   using namespace loom;
   keep_freed_host_memory();
-  // --repeats is this program's own; every other flag is the job's.
-  int repeats = 5;
-  std::vector<char*> job_argv;
-  for (int i = 0; i < argc; ++i) {
-    if (std::string(argv[i]) == "--repeats" && i + 1 < argc) {
-      repeats = std::max(1, std::stoi(argv[++i]));
-    } else {
-      job_argv.push_back(argv[i]);
-    }
-  }
   try {
+    // --repeats is this program's own; every other flag is the job's.
+    int repeats = 5;
+    std::vector<char*> job_argv;
+    for (int i = 0; i < argc; ++i) {
+      if (std::string(argv[i]) != "--repeats") {
+        job_argv.push_back(argv[i]);
+        continue;
+      }
+      const std::string value = i + 1 < argc ? argv[++i] : "";
+      size_t used = 0;
+      try {
+        repeats = std::stoi(value, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      LOOM_CHECK(used == value.size() && used > 0 && repeats >= 1,
+                 "--repeats: expected a whole number of runs, 1 or more, got '{}'", value);
+    }
     const train::CommandLine command =
         train::parse_command_line(static_cast<int>(job_argv.size()), job_argv.data(),
                                   "host_step_bench: the host's time to issue one step");

@@ -26,7 +26,8 @@ __global__ void cross_entropy_kernel(float* lse, float* losses, const T* logits,
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) sum += expf(load(xr + j) - m);
     sum = block_sum(sum);
     if (threadIdx.x == 0) {
-      const float l = v == 0 ? m : m + logf(sum);
+      // An empty or all -inf row (a masked class shard) is -inf, as on the CPU, not NaN.
+      const float l = m == -INFINITY ? m : m + logf(sum);
       lse[r] = l;
       const int64_t t = targets[r];
       if (!valid_target(t, classes > 0 ? classes : v, ignore_index)) {
@@ -73,7 +74,7 @@ __global__ void cross_entropy_backward_kernel(T* grad, const T* logits, const fl
   for (int64_t r = blockIdx.x; r < n; r += gridDim.x) {
     const int64_t t = targets[r];
     T* dr = grad + r * v;
-    if (!valid_target(t, classes, ignore_index)) {
+    if (!valid_target(t, classes > 0 ? classes : v, ignore_index)) {
       if (threadIdx.x == 0) record_failure(first_bad, r);
       for (int64_t j = threadIdx.x; j < v; j += blockDim.x) dr[j] = convert<T>(NAN);
       continue;

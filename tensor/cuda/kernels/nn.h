@@ -94,8 +94,8 @@ void divide_by_count(float* x, const int64_t* count, int device);
 // grad[r, :] = (softmax - onehot) * scale_r in `dtype` (computed in f32, rounded once); reduction
 // 0 none (grad_loss[r]), 1 mean (grad_loss[0] / *count, count on the device), 2 sum
 // (grad_loss[0]); ignored rows are 0. A target out of range is recorded in first_bad and its row
-// is NaN. The logits hold classes [offset, offset + v) of `classes` (offset 0 and classes v
-// unsharded): targets are checked against `classes`, and the one-hot is taken where it falls here.
+// is NaN. With classes > 0 the logits hold classes [offset, offset + v) of `classes` (loss
+// parallel): targets are checked against `classes`, and the one-hot is taken where it falls here.
 void cross_entropy_backward(DType dtype, void* grad, const void* logits, const float* lse,
                             const int64_t* targets, const float* grad_loss, int64_t n, int64_t v,
                             int64_t offset, int64_t classes, int64_t ignore_index, int reduction,
