@@ -216,8 +216,7 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
-    return {Tensor::empty(out_shape, q.dtype(), device),
-            Tensor::empty(lse_shape, kFloat32, device)};
+    return {empty_in_order_of(q, out_shape, device), Tensor::empty(lse_shape, kFloat32, device)};
   }
   if (use_flash(dims, device)) {
     FlopCounter::record(attention_flops(dims));
@@ -300,10 +299,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
   if (device.is_meta() && !allocates_like_cpu(device)) {
+    // As the tensor-core kernels allocate: the row sums' scratch, and the gradients side by side
+    // when q, k and v are a fused projection's slices (so unbind's backward stacks them as a
+    // view, not a copy, in the trace as on the GPU).
     FlopCounter::record(2 * attention_flops(dims));
-    return {Tensor::empty(q.shape(), q.dtype(), device),
-            Tensor::empty(k.shape(), k.dtype(), device),
-            Tensor::empty(v.shape(), v.dtype(), device)};
+    const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+    auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
+    return {dq, dk, dv};
   }
   // The fused kernels read grad_out in q's dtype; another dtype (an f32 gradient of bf16
   // attention) takes the composed path, which uses it unrounded as the CPU does.
