@@ -793,7 +793,7 @@ TEST(CrossEntropy, AClassShardsForwardIsItsPartOfTheLoss) {
   const auto whole = ops::cross_entropy(logits, targets, -100, ops::Reduction::kNone);
   const auto x = vals(logits);
   Vec sum_exp(6, 0.0), target_term(6, 0.0);
-  for (const auto [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}}) {
+  for (const auto& [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}}) {
     const Tensor slice = ops::contiguous(ops::narrow(logits, 1, offset, width));
     const auto part = ops::cross_entropy(slice, targets, -100, ops::Reduction::kNone,
                                          {.offset = offset, .classes = 11});
@@ -873,7 +873,7 @@ TEST(CrossEntropy, BackwardOfAClassShardIsItsColumnsOfTheWholeGradient) {
           red == ops::Reduction::kNone ? randn({6}, 542) : ops::scalar_tensor(0.7);
       const Tensor lse = ops::cross_entropy(x, targets, -100, red).logsumexp;
       const Tensor whole = ops::cross_entropy_backward(grad_loss, x, targets, -100, red, lse);
-      for (const auto [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}, {4, 3}}) {
+      for (const auto& [offset, width] : {std::pair<int64_t, int64_t>{0, 6}, {6, 5}, {4, 3}}) {
         const Tensor shard = ops::cross_entropy_backward(
             grad_loss, ops::contiguous(ops::narrow(x, 1, offset, width)), targets, -100, red, lse,
             {.offset = offset, .classes = 11});
