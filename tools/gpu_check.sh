@@ -8,7 +8,8 @@
 #   2. training on one GPU in bf16 mixed precision: GPT-2 small (124M) at batch 64 x 1024 and
 #      16 x 1024 and a Llama of 122M (GPT-2 small's shape, SwiGLU, GQA, 32000 vocabulary) at 16 x 1024:
 #      tokens/s, MFU ((6 N + 12 L C T) FLOPs per token x tokens/s over the peak), peak memory;
-#      then the op table of GPT-2 small's step, and PyTorch eager and torch.compile on the same
+#      then GPT-2 small's step as traced (host time, bytes by op) and its op table as run, and
+#      PyTorch eager and torch.compile on the same
 #      step where the machine has PyTorch with CUDA (Loom's step over theirs);
 #   3. an NCCL world of size 1 running every collective (tests/comm/nccl_test SingleRankTest.*);
 #   4. determinism: the same small GPU job twice, its losses compared bit for bit.
@@ -203,6 +204,13 @@ else
   echo "WARNING: two runs of the same GPU job differ (above)"
   problems=$((problems + 1))
 fi
+
+section "GPT-2 small, batch 16 x 1024: the step as traced (no kernel runs), for the op table below"
+# The host's time to issue the step and its memory traffic by op (tools/bench/host_step_bench.cc):
+# what the op table's memory-bound rows should cost at this GPU's bandwidth.
+"${bin}/tools/bench/host_step_bench" --model small --batch-size 16 --seq-len 1024 \
+  --mixed-precision bf16 --dp 1 --tp 1 --repeats 3 ||
+  { echo "WARNING: host_step_bench failed"; problems=$((problems + 1)); }
 
 section "GPT-2 small, batch 16 x 1024: where the step goes (every op waits for its kernels)"
 # Per op and input shapes (LOOM_PROFILE=ops,shapes, base/profiler.h), over steps 1..2.
