@@ -124,6 +124,27 @@ std::optional<cuda::kernels::AttentionRows> strided_rows(const Tensor& t) {
   return r;
 }
 
+// Which of a GPU's attention kernels a call of these operands takes (for a meta trace of a GPU's
+// step, which has no pointers: fresh tensors are aligned, and the kernels are taken as switched
+// on): the tensor-core ones on the views as they are, the plain flash ones on contiguous copies,
+// or the composed products beyond kFlashMaxHeadDim.
+enum class GpuAttentionPath { kTensorCores, kPlainFlash, kComposed };
+GpuAttentionPath gpu_attention_path(const AttentionDims& dims, DType dtype,
+                                    std::initializer_list<Tensor> operands) {
+  if (dims.d > cuda::kernels::kFlashMaxHeadDim || dims.dv > cuda::kernels::kFlashMaxHeadDim)
+    return GpuAttentionPath::kComposed;
+  std::vector<cuda::kernels::AttentionRows> rows;
+  for (const Tensor& t : operands) {
+    const auto r = strided_rows(t);
+    if (!r) return GpuAttentionPath::kPlainFlash;
+    rows.push_back(*r);
+  }
+  bool fits = true;
+  for (const auto& r : rows)
+    fits = fits && cuda::kernels::tensor_core_attention_layout_fits(dtype, flash_shape(dims), {r});
+  return fits ? GpuAttentionPath::kTensorCores : GpuAttentionPath::kPlainFlash;
+}
+
 // An output of `shape` (..., T, n) laid out in `like`'s memory order when `like` is rank 4 with
 // its time dim outside its heads in memory ((B, T, H, D) seen as (B, H, T, D): attention's heads
 // transposed out of a projection), so the caller's transpose back to (B, T, H, n) is a view;
@@ -212,11 +233,22 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
-  if (device.is_meta() && !allocates_like_cpu(device)) {  // as the fused kernel allocates
+  if (device.is_meta() && !allocates_like_cpu(device)) {  // as a GPU's kernels allocate
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
-    return {empty_in_order_of(q, out_shape, device), Tensor::empty(lse_shape, kFloat32, device)};
+    Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
+    switch (gpu_attention_path(dims, q.dtype(), {q, k, v})) {
+      case GpuAttentionPath::kTensorCores:  // on the views; the output in q's memory order
+        return {empty_in_order_of(q, out_shape, device), lse};
+      case GpuAttentionPath::kPlainFlash: {  // contiguous operands
+        const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
+        return {Tensor::empty(out_shape, q.dtype(), device), lse};
+      }
+      case GpuAttentionPath::kComposed:
+        break;
+    }
+    return {Tensor::empty(out_shape, q.dtype(), device), lse};
   }
   if (use_flash(dims, device)) {
     FlopCounter::record(attention_flops(dims));
@@ -298,14 +330,26 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
-  if (device.is_meta() && !allocates_like_cpu(device)) {
-    // As the tensor-core kernels allocate: the row sums' scratch, and the gradients side by side
-    // when q, k and v are a fused projection's slices (so unbind's backward stacks them as a
-    // view, not a copy, in the trace as on the GPU).
+  if (device.is_meta() && !allocates_like_cpu(device)) {  // as a GPU's kernels allocate
     FlopCounter::record(2 * attention_flops(dims));
-    const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
-    auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
-    return {dq, dk, dv};
+    const GpuAttentionPath path = grad_out.dtype() == q.dtype()
+                                      ? gpu_attention_path(dims, q.dtype(), {q, k, v, grad_out})
+                                      : GpuAttentionPath::kComposed;
+    if (path == GpuAttentionPath::kTensorCores) {
+      // The row sums' scratch, and the gradients side by side when q, k and v are a fused
+      // projection's slices (so unbind's backward stacks them as a view, not a copy).
+      const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+      auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
+      return {dq, dk, dv};
+    }
+    if (path == GpuAttentionPath::kPlainFlash) {
+      const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+      const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
+                   gc = contiguous(grad_out);
+    }
+    return {Tensor::empty(q.shape(), q.dtype(), device),
+            Tensor::empty(k.shape(), k.dtype(), device),
+            Tensor::empty(v.shape(), v.dtype(), device)};
   }
   // The fused kernels read grad_out in q's dtype; another dtype (an f32 gradient of bf16
   // attention) takes the composed path, which uses it unrounded as the CPU does.

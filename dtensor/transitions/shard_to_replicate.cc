@@ -11,6 +11,12 @@ Tensor shard_to_replicate(const Tensor& local, const MeshDimContext& ctx, int64_
   if (tensor_dim > 0 && dim_size % ctx.count == 0) {
     // Even chunks: each rank's contiguous shard lands as it is, stacked in front; one copy puts
     // the stack in place.
+    LOOM_CHECK(local.size(tensor_dim) == dim_size / ctx.count,
+               "redistribute Shard({}) -> Replicate: this rank's local shard has {} along dim {}, "
+               "expected {} (a global size of {} over {} ranks); the local tensor does not match "
+               "its DTensor's shape",
+               tensor_dim, local.size(tensor_dim), tensor_dim, dim_size / ctx.count, dim_size,
+               ctx.count);
     const Tensor input = ops::contiguous(local);
     Shape stacked_shape{ctx.count};
     stacked_shape.insert(stacked_shape.end(), local.shape().begin(), local.shape().end());

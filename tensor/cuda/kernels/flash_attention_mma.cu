@@ -728,14 +728,9 @@ bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& s,
                                  std::initializer_list<const void*> pointers,
                                  std::initializer_list<AttentionRows> rows) {
   if (!tensor_core_attention_enabled()) return false;
-  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
-  if (s.d != s.dv || (s.d != 16 && s.d != 32 && s.d != 64 && s.d != 128)) return false;
+  if (!tensor_core_attention_layout_fits(dtype, s, rows)) return false;
   for (const void* p : pointers) {
     if (p != nullptr && !aligned16(p)) return false;  // the tiles' 16-byte loads
-  }
-  for (const AttentionRows& r : rows) {
-    if (r.heads < 1 || r.batch_stride % 8 != 0 || r.head_stride % 8 != 0 || r.row_stride % 8 != 0)
-      return false;
   }
   return true;
 }

@@ -64,9 +64,23 @@ inline AttentionLayouts contiguous_layouts(const FlashAttentionShape& s) {
   return {.q = q, .k = k, .v = v, .o = o, .dq = q, .dk = k, .dv = v};
 }
 
-// Whether the tensor-core kernels take this call: switched on, bf16 or f16, D == Dv in
-// {16, 32, 64, 128}, every non-null pointer 16-byte aligned and every stride of `rows` a
-// multiple of 8 elements (the tiles' 16-byte loads).
+// The rules of tensor_core_attention_takes that need neither pointers nor a device: bf16 or f16,
+// D == Dv in {16, 32, 64, 128}, every stride of `rows` a multiple of 8 elements. A meta trace of
+// a GPU's step follows the tensor-core kernels' allocations where these hold (tensors fresh from
+// an allocator are aligned).
+inline bool tensor_core_attention_layout_fits(DType dtype, const FlashAttentionShape& s,
+                                              std::initializer_list<AttentionRows> rows) {
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
+  if (s.d != s.dv || (s.d != 16 && s.d != 32 && s.d != 64 && s.d != 128)) return false;
+  for (const AttentionRows& r : rows) {
+    if (r.heads < 1 || r.batch_stride % 8 != 0 || r.head_stride % 8 != 0 || r.row_stride % 8 != 0)
+      return false;
+  }
+  return true;
+}
+
+// Whether the tensor-core kernels take this call: switched on, the layout rules above, every
+// non-null pointer 16-byte aligned (the tiles' 16-byte loads).
 bool tensor_core_attention_takes(DType dtype, const FlashAttentionShape& shape,
                                  std::initializer_list<const void*> pointers,
                                  std::initializer_list<AttentionRows> rows = {});
