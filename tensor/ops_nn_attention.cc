@@ -133,16 +133,13 @@ GpuAttentionPath gpu_attention_path(const AttentionDims& dims, DType dtype,
                                     std::initializer_list<Tensor> operands) {
   if (dims.d > cuda::kernels::kFlashMaxHeadDim || dims.dv > cuda::kernels::kFlashMaxHeadDim)
     return GpuAttentionPath::kComposed;
-  std::vector<cuda::kernels::AttentionRows> rows;
+  const auto shape = flash_shape(dims);
   for (const Tensor& t : operands) {
     const auto r = strided_rows(t);
-    if (!r) return GpuAttentionPath::kPlainFlash;
-    rows.push_back(*r);
+    if (!r || !cuda::kernels::tensor_core_attention_layout_fits(dtype, shape, {*r}))
+      return GpuAttentionPath::kPlainFlash;
   }
-  bool fits = true;
-  for (const auto& r : rows)
-    fits = fits && cuda::kernels::tensor_core_attention_layout_fits(dtype, flash_shape(dims), {r});
-  return fits ? GpuAttentionPath::kTensorCores : GpuAttentionPath::kPlainFlash;
+  return GpuAttentionPath::kTensorCores;
 }
 
 // An output of `shape` (..., T, n) laid out in `like`'s memory order when `like` is rank 4 with
@@ -238,15 +235,11 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
-    switch (gpu_attention_path(dims, q.dtype(), {q, k, v})) {
-      case GpuAttentionPath::kTensorCores:  // on the views; the output in q's memory order
-        return {empty_in_order_of(q, out_shape, device), lse};
-      case GpuAttentionPath::kPlainFlash: {  // contiguous operands
-        const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
-        return {Tensor::empty(out_shape, q.dtype(), device), lse};
-      }
-      case GpuAttentionPath::kComposed:
-        break;
+    const GpuAttentionPath path = gpu_attention_path(dims, q.dtype(), {q, k, v});
+    if (path == GpuAttentionPath::kTensorCores)  // on the views; the output in q's memory order
+      return {empty_in_order_of(q, out_shape, device), lse};
+    if (path == GpuAttentionPath::kPlainFlash) {  // on contiguous copies
+      const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
     }
     return {Tensor::empty(out_shape, q.dtype(), device), lse};
   }

@@ -52,22 +52,21 @@ void register_nn_ops(OpTable& t) {
   };
   // Cross entropy: attrs (ignore_index, reduction, shard offset, classes); a call of two is not
   // sharded.
-  t[OpId::cross_entropy] = [](C c) {
-    const bool sharded = c.attrs.size() > 2;
-    auto r = ops::cross_entropy(
-        c.inputs[0], c.inputs[1], c.int_attr(0), static_cast<ops::Reduction>(c.int_attr(1)),
-        {.offset = sharded ? c.int_attr(2) : 0, .classes = sharded ? c.int_attr(3) : 0});
+  const auto class_shard = [](C c) -> ops::ClassShard {
+    if (c.attrs.size() <= 2) return {};
+    return {.offset = c.int_attr(2), .classes = c.int_attr(3)};
+  };
+  t[OpId::cross_entropy] = [class_shard](C c) {
+    auto r = ops::cross_entropy(c.inputs[0], c.inputs[1], c.int_attr(0),
+                                static_cast<ops::Reduction>(c.int_attr(1)), class_shard(c));
     return V{r.loss, r.logsumexp};
   };
   // Inputs (grad_loss, logits, targets, logsumexp — may be undefined).
-  t[OpId::cross_entropy_backward] = [](C c) {
+  t[OpId::cross_entropy_backward] = [class_shard](C c) {
     const Tensor lse = c.inputs.size() > 3 ? c.inputs[3] : Tensor();
-    // Attrs (ignore_index, reduction, shard offset, classes); a call of two is not sharded.
-    const bool sharded = c.attrs.size() > 2;
-    return V{ops::cross_entropy_backward(
-        c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
-        static_cast<ops::Reduction>(c.int_attr(1)), lse,
-        {.offset = sharded ? c.int_attr(2) : 0, .classes = sharded ? c.int_attr(3) : 0})};
+    return V{ops::cross_entropy_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
+                                         static_cast<ops::Reduction>(c.int_attr(1)), lse,
+                                         class_shard(c))};
   };
   // Attention: attrs (is_causal, scale, causal_offset); a call of two attrs (made before the
   // offset existed) means offset 0.

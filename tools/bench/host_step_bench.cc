@@ -18,11 +18,11 @@
 // ranks: give --dp 1 --tp 1 for one); the layout's first traced rank is timed.
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <string>
 #include <vector>
 
-#include "base/error.h"
 #include "tensor/host_memory.h"
 #include "train/job_checks.h"
 #include "train/job_command_line.h"
@@ -34,24 +34,16 @@ int main(int argc, char** argv) {
   using namespace loom;
   keep_freed_host_memory();
   try {
-    // --repeats is this program's own; every other flag is the job's.
+    // --repeats is this program's own; every other flag (--help too) is the job's.
     int repeats = 5;
-    std::vector<char*> job_argv;
-    for (int i = 0; i < argc; ++i) {
-      if (std::string(argv[i]) != "--repeats") {
-        job_argv.push_back(argv[i]);
-        continue;
-      }
-      const std::string value = i + 1 < argc ? argv[++i] : "";
-      size_t used = 0;
-      try {
-        repeats = std::stoi(value, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      LOOM_CHECK(used == value.size() && used > 0 && repeats >= 1,
-                 "--repeats: expected a whole number of runs, 1 or more, got '{}'", value);
-    }
+    CLI::App own{"host_step_bench"};
+    own.set_help_flag();
+    own.allow_extras();
+    own.add_option("--repeats", repeats, "timed runs of the step")->check(CLI::Range(1, 10000));
+    own.parse(argc, argv);
+    std::vector<std::string> rest = own.remaining();
+    std::vector<char*> job_argv{argv[0]};
+    for (std::string& arg : rest) job_argv.push_back(arg.data());
     const train::CommandLine command =
         train::parse_command_line(static_cast<int>(job_argv.size()), job_argv.data(),
                                   "host_step_bench: the host's time to issue one step");
