@@ -25,9 +25,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // q (..., Tq, D), k (..., Tk, D), v (..., Tk, Dv); scale <= 0 means 1/sqrt(D). is_causal masks
 // key j for query i when j > i + causal_offset (0: top-left aligned; context parallelism's query
 // chunk at global positions s.. against keys 0.. passes s); see ops::scaled_dot_product_attention.
+// `dropout` drops attention probabilities (torch's dropout_p) with a keep-mask drawn from its
+// seed inside the kernels; pass p = 0 (the default) outside training.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, double scale = 0.0,
-                                    int64_t causal_offset = 0);
+                                    int64_t causal_offset = 0,
+                                    const AttentionDropout& dropout = {});
 // Deterministic by seed; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
 

@@ -127,6 +127,14 @@ void refuse_size(int64_t value, const char* flag, const std::string& family) {
   LOOM_CHECK(value == 0, "{}: the {} family has no such size (got {})", flag, family, value);
 }
 
+void refuse_dropout(const ModelSizes& sizes, const std::string& family) {
+  LOOM_CHECK(sizes.dropout == 0.0, "--dropout {}: the {} family has no dropout; use --dropout 0",
+             sizes.dropout, family);
+  LOOM_CHECK(sizes.attn_dropout == 0.0,
+             "--attn-dropout {}: the {} family has no attention dropout; use --attn-dropout 0",
+             sizes.attn_dropout, family);
+}
+
 namespace detail {
 
 FamilyRegistrar::FamilyRegistrar(std::unique_ptr<ModelFamily> family) {

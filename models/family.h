@@ -61,6 +61,9 @@ struct ModelSizes {
   int64_t block_size = 0;  // the context: the most tokens a sequence may have
   int64_t vocab_size = 0;
   double rope_theta = 0;
+  // Training dropout (0: off); a family without it refuses a non-zero value.
+  double dropout = 0;       // embeddings and residual branches
+  double attn_dropout = 0;  // attention probabilities
   MoESizes moe;
 };
 
@@ -100,6 +103,9 @@ class ModelArgs {
   // default is no, so a family computing positions its own way is refused by name, not trained
   // silently wrong.
   virtual bool supports_context_parallel() const { return false; }
+  // Throws loom::Error naming what a cp degree > 1 cannot take in a model that supports context
+  // parallelism otherwise (GPT's attention dropout); called with cp > 1 before any rank starts.
+  virtual void validate_cp(int64_t cp) const {}
   // The routed experts of the model's MoE layers (0: a dense model): what --ep must divide.
   virtual int64_t num_experts() const { return 0; }
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
@@ -169,6 +175,8 @@ struct SizeAgreement {
 void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes);
 // Throws naming `flag` when it was given (nonzero) to a family without such a size.
 void refuse_size(int64_t value, const char* flag, const std::string& family);
+// Throws naming --dropout or --attn-dropout when given to a family without dropout.
+void refuse_dropout(const ModelSizes& sizes, const std::string& family);
 
 namespace detail {
 struct FamilyRegistrar {

@@ -43,13 +43,22 @@ Dropout::Dropout(double p, uint64_t seed) : Module("Dropout"), p_(p), seed_(seed
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "Dropout: p must be in [0, 1], got {}", p);
 }
 
-Tensor Dropout::forward(const Tensor& input) {
-  if (!is_training() || p_ == 0.0) return input;
+uint64_t Dropout::next_seed() {
   // Mix the call number into the seed (splitmix64 step) so successive calls differ.
   uint64_t z = seed_ + 0x9E3779B97F4A7C15ull * (++calls_);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return dropout(input, p_, z ^ (z >> 31), /*training=*/true);
+  return z ^ (z >> 31);
+}
+
+Tensor Dropout::forward(const Tensor& input) {
+  if (!is_training() || p_ == 0.0) return input;
+  return dropout(input, p_, next_seed(), /*training=*/true);
+}
+
+AttentionDropout Dropout::next_mask() {
+  if (!is_training() || p_ == 0.0) return {};
+  return {.p = p_, .seed = next_seed()};
 }
 
 Tensor GELU::forward(const Tensor& input) { return gelu(input); }

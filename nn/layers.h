@@ -2,6 +2,7 @@
 #pragma once
 
 #include "nn/module.h"
+#include "tensor/ops_nn.h"
 
 namespace loom::nn {
 
@@ -44,6 +45,10 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, uint64_t seed = 0);
   Tensor forward(const Tensor& input) override;
+  // For an op that draws its mask itself (attention's probabilities: AttentionDropout, with
+  // HF GPT-2's `attn_dropout` module as the place its p and RNG state live): this call's p and
+  // seed, drawn as forward draws them (one call counted), or p = 0 outside training.
+  AttentionDropout next_mask();
   // How many masks it has drawn: its RNG state (each call's mask is a function of the seed and
   // this count), saved and restored by checkpoints so a resumed run draws the same masks.
   uint64_t calls() const { return calls_; }
@@ -53,6 +58,7 @@ class Dropout : public Module {
   double p_;
   uint64_t seed_;
   uint64_t calls_ = 0;
+  uint64_t next_seed();
 };
 
 // GPT-2's tanh-approximated GELU.

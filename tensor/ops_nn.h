@@ -171,9 +171,31 @@ struct AttentionResult {
 // logsumexp (not the probabilities) keeps the backward's memory at O(Tq) per row. A query row
 // that sees no key (Tk == 0, or i + o < 0) gives zeros and -inf logsumexp, and no gradient.
 // FLOPs are counted over the whole (Tq, Tk) square, causal or not (tensor/flop_counter.h).
+//
+// Dropout on the probabilities (torch's dropout_p), when `dropout.p` > 0: out = (P * keep /
+// (1 - p)) v, with the keep-mask bernoulli_keep_mask(Shape{batch..., Tq, Tk}, seed, p, region)
+// (tensor/rng.h) drawn inside the kernels, bit for bit that mask on every device, and never
+// stored: the backward draws it again from the same seed. So the call equals
+// dropout(softmax(scale * q k^T + mask), p, seed, region) @ v, and logsumexp is the undropped
+// softmax's. `region` places this call's (batch..., Tq, Tk) probabilities in a larger attention's
+// (its batch and head offsets, and the positions of its queries and keys), so that a piece of
+// the attention (a tensor-parallel rank's heads, a context-parallel block) drops what one rank
+// computing the whole drops; empty: the call is the whole. A region takes at most two batch dims.
+// (AttentionDropout is declared in namespace loom, beside RngRegion, so that a call passing one
+// finds loom::scaled_dot_product_attention and ops::'s without lookup making them ambiguous.)
+}  // namespace loom::ops
+namespace loom {
+struct AttentionDropout {
+  double p = 0.0;
+  uint64_t seed = 0;
+  RngRegion region;
+};
+}  // namespace loom
+namespace loom::ops {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              bool is_causal = false, double scale = 0.0,
-                                             int64_t causal_offset = 0);
+                                             int64_t causal_offset = 0,
+                                             const AttentionDropout& dropout = {});
 
 struct AttentionGrads {
   Tensor dq;  // q.shape, q.dtype
@@ -186,7 +208,8 @@ struct AttentionGrads {
 // was rounded to bf16). The GPU's fused kernels take FlashAttention's form rowsum(dO * out), as
 // torch's CUDA backends do: one pass over dO and out instead of a second pass of S and dP over
 // every key tile; it differs from rowsum(P * dP) by out's rounding only (bf16 tolerances, as
-// every bf16 GPU result). is_causal, scale and causal_offset must be the forward's.
+// every bf16 GPU result). is_causal, scale, causal_offset and dropout must be the forward's
+// (under dropout dP is taken through the forward's mask and dv from the dropped P).
 // delta_from_out: the row sums from grad_out · out, the whole row's when `out` and `logsumexp`
 // are a larger attention's over more keys than k and v hold — ring attention's per-block
 // backward. Then delta_i = sum_d grad_out[i,d] * out[i,d] in f32 (bf16 operands upcast) replaces
@@ -194,12 +217,10 @@ struct AttentionGrads {
 // concatenate (dk, dv) to the whole attention's; a row that sees none of k's keys still gets no
 // gradient. With out and logsumexp of this call's own forward it matches the default up to
 // rounding (exactly when out was not rounded below f32).
-AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
-                                                     const Tensor& k, const Tensor& v,
-                                                     const Tensor& out, const Tensor& logsumexp,
-                                                     bool is_causal = false, double scale = 0.0,
-                                                     int64_t causal_offset = 0,
-                                                     bool delta_from_out = false);
+AttentionGrads scaled_dot_product_attention_backward(
+    const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+    const Tensor& logsumexp, bool is_causal = false, double scale = 0.0, int64_t causal_offset = 0,
+    bool delta_from_out = false, const AttentionDropout& dropout = {});
 
 // ---- dropout ----------------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "tensor/attention_attrs.h"
+#include "tensor/attention_dropout_mask.h"
 #include "tensor/cpu/attention_kernels.h"
 #include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/cuda/kernels/nn.h"
@@ -41,11 +43,61 @@ struct AttentionDims {
   int64_t tq = 0, tk = 0, d = 0, dv = 0;
   float scale = 1.0f;
   bool causal = false;
-  int64_t causal_offset = 0;  // query i sees key j <= i + causal_offset when causal
+  int64_t causal_offset = 0;     // query i sees key j <= i + causal_offset when causal
+  AttentionDropoutMask dropout;  // inactive unless the call drops
 };
 
+// Where this call's (batch..., tq, tk) probabilities sit in the whole attention's mask
+// (tensor/attention_dropout_mask.h), checked as rng.cc checks a region.
+AttentionDropoutMask dropout_mask(const AttentionDims& dims, const AttentionDropout& dropout,
+                                  std::string_view op) {
+  LOOM_CHECK(dropout.p >= 0.0 && dropout.p <= 1.0,
+             "{}: dropout probability must be in [0, 1], got {}", op, dropout.p);
+  AttentionDropoutMask mask;
+  if (dropout.p == 0.0) return mask;
+  Shape local = dims.batch;
+  local.insert(local.end(), {dims.tq, dims.tk});
+  const RngRegion& region = dropout.region;
+  const Shape& global = region.global_shape.empty() ? local : region.global_shape;
+  Shape offset = region.global_offset;
+  if (offset.empty()) offset.assign(local.size(), 0);
+  LOOM_CHECK(global.size() == local.size() && offset.size() == local.size(),
+             "{}: a dropout region of global shape {} and offset {} does not match this call's "
+             "probabilities (batch..., Tq, Tk) = {}",
+             op, shape_str(global), shape_str(offset), shape_str(local));
+  for (size_t d = 0; d < local.size(); ++d) {
+    LOOM_CHECK(offset[d] >= 0 && offset[d] + local[d] <= global[d],
+               "{}: this call's probabilities {} at offset {} do not fit in the dropout region's "
+               "global shape {}",
+               op, shape_str(local), shape_str(offset), shape_str(global));
+  }
+  const size_t batch_dims = dims.batch.size();
+  const bool whole = global == local;
+  LOOM_CHECK(batch_dims <= 2 || whole,
+             "{}: a dropout region takes at most two batch dims (batch, heads); got probabilities "
+             "{} in {}",
+             op, shape_str(local), shape_str(global));
+  const Strides strides = contiguous_strides(global);
+  for (size_t d = 0; d < local.size(); ++d) mask.base += offset[d] * strides[d];
+  mask.row_stride = strides[batch_dims];
+  if (batch_dims > 2) {  // the whole: entries follow one another
+    mask.batch_stride = dims.tq * dims.tk;
+  } else if (batch_dims >= 1) {
+    mask.batch_stride = strides[0];
+    if (batch_dims == 2) {
+      mask.heads = dims.batch[1];
+      mask.head_stride = strides[1];
+    }
+  }
+  mask.seed = dropout.seed;
+  mask.threshold = philox::keep_threshold(dropout.p);
+  mask.rescale = dropout.p < 1.0 ? static_cast<float>(1.0 / (1.0 - dropout.p)) : 0.0f;
+  return mask;
+}
+
 AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                              double scale, int64_t causal_offset, std::string_view op) {
+                              double scale, int64_t causal_offset, std::string_view op,
+                              const AttentionDropout& dropout = {}) {
   LOOM_CHECK(is_causal || causal_offset == 0,
              "{}: causal_offset {} needs is_causal = true (is_causal = false sees every key, so "
              "the offset would do nothing)",
@@ -85,6 +137,7 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // Offsets beyond [-tq, tk] mean the same as its ends (no query sees a key; every query sees
   // every key): clamped, the kernels' i + 1 + offset cannot overflow.
   dims.causal_offset = std::clamp(causal_offset, -dims.tq, dims.tk);
+  dims.dropout = dropout_mask(dims, dropout, op);
   return dims;
 }
 
@@ -102,7 +155,8 @@ cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims) {
           .dv = dims.dv,
           .scale = dims.scale,
           .causal = dims.causal,
-          .causal_offset = dims.causal_offset};
+          .causal_offset = dims.causal_offset,
+          .dropout = dims.dropout};
 }
 
 // Where a (..., T, D) operand's rows lie for the tensor-core kernels, as it is: its last dim
@@ -198,7 +252,8 @@ cpu::AttentionShape cpu_shape(const AttentionDims& dims) {
           .dv = dims.dv,
           .scale = dims.scale,
           .causal = dims.causal,
-          .causal_offset = dims.causal_offset};
+          .causal_offset = dims.causal_offset,
+          .dropout = dims.dropout};
 }
 
 // FLOPs of attention's two products, QK^T and PV, over the whole (tq, tk) square (causal too, as
@@ -219,14 +274,29 @@ Tensor delta_from(const Tensor& grad_out, const Tensor& out) {
 
 }  // namespace
 
+void append_attention_dropout(std::vector<OpAttr>& attrs, const AttentionDropout& dropout) {
+  if (dropout.p == 0.0) return;
+  attrs.insert(attrs.end(), {dropout.p, static_cast<int64_t>(dropout.seed),
+                             dropout.region.global_shape, dropout.region.global_offset});
+}
+
+AttentionDropout attention_dropout_of(const OpCall& call, size_t own) {
+  if (call.attrs.size() <= own) return {};
+  return {.p = call.double_attr(own),
+          .seed = static_cast<uint64_t>(call.int_attr(own + 1)),
+          .region = {call.ints_attr(own + 2), call.ints_attr(own + 3)}};
+}
+
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                             bool is_causal, double scale, int64_t causal_offset) {
-  if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v},
-                           {is_causal, scale, causal_offset})) {
+                                             bool is_causal, double scale, int64_t causal_offset,
+                                             const AttentionDropout& dropout) {
+  std::vector<OpAttr> attrs{is_causal, scale, causal_offset};
+  append_attention_dropout(attrs, dropout);
+  if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v}, std::move(attrs))) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention";
-  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op);
+  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout);
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
@@ -292,6 +362,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   float* pl = lse.data<float>();
   cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, dims.scale, dims.causal,
                                  dims.causal_offset, /*from_lse=*/false, device.index);
+  cuda::kernels::attention_dropout_scale(p, dims.rows, dims.tq, dims.tk, dims.dropout,
+                                         device.index);
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -300,14 +372,16 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                                      const Tensor& k, const Tensor& v,
                                                      const Tensor& out, const Tensor& logsumexp,
                                                      bool is_causal, double scale,
-                                                     int64_t causal_offset, bool delta_from_out) {
+                                                     int64_t causal_offset, bool delta_from_out,
+                                                     const AttentionDropout& dropout) {
+  std::vector<OpAttr> attrs{is_causal, scale, causal_offset, delta_from_out};
+  append_attention_dropout(attrs, dropout);
   if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
-                           {grad_out, q, k, v, out, logsumexp},
-                           {is_causal, scale, causal_offset, delta_from_out})) {
+                           {grad_out, q, k, v, out, logsumexp}, std::move(attrs))) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention_backward";
-  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op);
+  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout);
   check_floating(grad_out, op, "grad_out");
   check_floating(out, op, "out");
   check_floating(logsumexp, op, "logsumexp");
@@ -428,9 +502,18 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   const float* pl = lse.data<float>();
   cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, dims.scale,
                                  dims.causal, dims.causal_offset, /*from_lse=*/true, device.index);
-  Tensor dv = mm_tn(probs, gf);    // (..., tk, dv)
+  // Under dropout, dv takes the dropped probabilities P V used, and dP passes through the mask.
+  Tensor dropped = probs;
+  if (dims.dropout.active()) {
+    dropped = clone(probs);
+    cuda::kernels::attention_dropout_scale(dropped.data<float>(), dims.rows, dims.tq, dims.tk,
+                                           dims.dropout, device.index);
+  }
+  Tensor dv = mm_tn(dropped, gf);  // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
   float* pd = dscores.data<float>();
+  cuda::kernels::attention_dropout_scale(pd, dims.rows, dims.tq, dims.tk, dims.dropout,
+                                         device.index);
   const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
   cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, dims.scale,
                                        device.index,

@@ -7,29 +7,21 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/kernels/nn.h"
+#include "tensor/philox.h"
 
 namespace loom {
 
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {
-  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
-  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
-    const uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
-    c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<uint32_t>(p1),
-         static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<uint32_t>(p0)};
-    k[0] += kW0;
-    k[1] += kW1;
-  }
-  return c;
+  const philox::Words w = philox::block(c[0], c[1], c[2], c[3], k[0], k[1]);
+  return {w.w[0], w.w[1], w.w[2], w.w[3]};
 }
 
 namespace {
 
 // Random words for global element `index` under `seed`; `stream` separates distributions.
 std::array<uint32_t, 4> element_words(uint64_t seed, uint64_t index, uint32_t stream) {
-  return philox4x32({static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32), stream, 0},
-                    {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)});
+  const philox::Words w = philox::element_words(seed, index, stream);
+  return {w.w[0], w.w[1], w.w[2], w.w[3]};
 }
 
 // 24 random bits -> [0, 1) exactly representable in f32.
@@ -163,9 +155,8 @@ Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const Rn
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   Tensor out = Tensor::empty(shape, kFloat32, device);
   fill_floating(out, region, "bernoulli", seed, cuda::kernels::RandomKind::kBernoulliKeep, p, 0.0,
-                [&](uint64_t index) {
-                  const auto words = element_words(seed, index, /*stream=*/3);
-                  return unit_open_right(words[0]) >= p ? 1.0f : 0.0f;
+                [&, threshold = philox::keep_threshold(p)](uint64_t index) {
+                  return philox::keep(seed, index, threshold) ? 1.0f : 0.0f;
                 });
   return out;
 }

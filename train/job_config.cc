@@ -74,6 +74,14 @@ const std::vector<JobOption>& options() {
       {"model", "moe_dense_layers",
        "the first layers that keep a dense feed-forward (-1: the preset's, or 0)",
        &C::moe_dense_layers, Range::kAny},
+      {"model", "dropout",
+       "dropout on embeddings and residual branches in training (GPT: HF's resid_pdrop and "
+       "embd_pdrop; 0: off)",
+       &C::dropout, Range::kNonNegative},
+      {"model", "attn_dropout",
+       "dropout on attention probabilities in training, drawn inside the attention kernels "
+       "(GPT: HF's attn_pdrop; 0: off)",
+       &C::attn_dropout, Range::kNonNegative},
       {"parallel", "dp", "data-parallel replicas (DDP): dp_replicate's shorthand (0: not given)",
        &C::dp, Range::kNonNegative},
       {"parallel", "dp_replicate",
@@ -462,6 +470,8 @@ models::ModelSizes JobConfig::sizes() const {
           .block_size = block_size,
           .vocab_size = vocab_size,
           .rope_theta = rope_theta,
+          .dropout = dropout,
+          .attn_dropout = attn_dropout,
           .moe = {.experts = moe_experts,
                   .top_k = moe_top_k,
                   .hidden_dim = moe_hidden_dim,

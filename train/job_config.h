@@ -36,6 +36,8 @@ struct JobConfig {
   std::string moe_score_func;
   double moe_aux_loss_coeff = -1, moe_bias_update_rate = -1, moe_capacity_factor = -1;
   int64_t moe_dense_layers = -1;
+  // Dropout in training (GPT; HF's resid_pdrop/embd_pdrop and attn_pdrop): 0 is off.
+  double dropout = 0, attn_dropout = 0;
   // [parallel] (data_parallel_dims() resolves the data-parallel degrees)
   int64_t dp = 0;            // DDP's shorthand for dp_replicate; 0: not given
   int64_t dp_replicate = 0;  // 0: --dp's, else 1 (2 when no data-parallel degree is given at all)

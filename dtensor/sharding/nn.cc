@@ -8,6 +8,7 @@
 #include "base/error.h"
 #include "comm/process_group.h"
 #include "dtensor/sharding/strategy.h"
+#include "tensor/attention_attrs.h"
 #include "tensor/ops.h"
 
 namespace loom::sharding {
@@ -37,6 +38,27 @@ OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int
     s.options.push_back(std::move(option));
   }
   return s;
+}
+
+// The dropout of an attention call on shards: the call's own (from attr `own` on), placed by the
+// spec of its q (input `q_input`): the whole mask is (batch..., Tq, Tk) of q's and k's global
+// shapes, and this shard's probabilities start at q's local offset on the batch dims (the
+// strategies never shard the sequence dims).
+AttentionDropout attention_dropout_on_shard(const OpCall& local, size_t own,
+                                            const InputSpecs& specs, size_t q_input) {
+  AttentionDropout dropout = ops::attention_dropout_of(local, own);
+  LOOM_CHECK(dropout.region.global_shape.empty(),
+             "{}: a call on distributed tensors places each shard's dropout mask itself; pass no "
+             "dropout region (got global shape {})",
+             local.op, shape_str(dropout.region.global_shape));
+  const DTensorSpec& q = *specs[q_input];
+  const DTensorSpec& k = *specs[q_input + 1];
+  Shape global(q.shape.begin(), q.shape.end() - 1);
+  global.push_back(k.shape[k.shape.size() - 2]);
+  Shape offset = q.local_offset();
+  offset.back() = 0;  // the key dim: every shard holds all keys (offset[-2] is 0 too)
+  dropout.region = {std::move(global), std::move(offset)};
+  return dropout;
 }
 
 // The mesh dim (if any) on which `spec` shards `tensor_dim`; throws when several do.
@@ -296,18 +318,42 @@ void register_nn_strategies(StrategyTable& t) {
   // the attrs (is_causal, scale, causal_offset; the backward's delta_from_out, a per-row sum)
   // reach each local call unchanged (propagator.cc passes call.attrs through) and mean there
   // what they mean for the whole tensor.
-  t[OpId::scaled_dot_product_attention] = [](const OpCall&, const InputSpecs& in) {
+  // Under dropout (attrs after the op's own, tensor/attention_attrs.h) each local call is given
+  // where its heads and batch entries sit in the whole (batch..., Tq, Tk) mask, so a shard drops
+  // exactly its slice of what one rank drops.
+  t[OpId::scaled_dot_product_attention] = [](const OpCall& call, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;
     Shape out = q;
     out.back() = in[2]->shape.back();
-    return leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
+    OpSharding s = leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
+    if (call.attrs.size() > 3) {
+      s.local = [](const OpCall& local, const InputSpecs& specs) {
+        const AttentionDropout dropout = attention_dropout_on_shard(local, 3, specs, 0);
+        auto r = ops::scaled_dot_product_attention(
+            local.inputs[0], local.inputs[1], local.inputs[2], local.bool_attr(0),
+            local.double_attr(1), local.int_attr(2), dropout);
+        return std::vector<Tensor>{r.out, r.logsumexp};
+      };
+    }
+    return s;
   };
-  t[OpId::scaled_dot_product_attention_backward] = [](const OpCall&, const InputSpecs& in) {
+  t[OpId::scaled_dot_product_attention_backward] = [](const OpCall& call, const InputSpecs& in) {
     // Inputs: (grad_out, q, k, v, out, logsumexp); outputs (dq, dk, dv).
     const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
-    return leading_dims(6, {true, true, true, true, true, true}, lead,
-                        {in[1]->shape, in[2]->shape, in[3]->shape});
+    OpSharding s = leading_dims(6, {true, true, true, true, true, true}, lead,
+                                {in[1]->shape, in[2]->shape, in[3]->shape});
+    if (call.attrs.size() > 4) {
+      s.local = [](const OpCall& local, const InputSpecs& specs) {
+        const AttentionDropout dropout = attention_dropout_on_shard(local, 4, specs, 1);
+        const auto& x = local.inputs;
+        auto g = ops::scaled_dot_product_attention_backward(
+            x[0], x[1], x[2], x[3], x[4], x[5], local.bool_attr(0), local.double_attr(1),
+            local.int_attr(2), local.bool_attr(3), dropout);
+        return std::vector<Tensor>{g.dq, g.dk, g.dv};
+      };
+    }
+    return s;
   };
   t[OpId::dropout] = [](const OpCall&, const InputSpecs& in) {
     // The keep-mask is a pure function of (seed, global element index), so a shard draws exactly

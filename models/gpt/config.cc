@@ -27,6 +27,8 @@ void GPTConfig::validate() const {
              n_head);
   LOOM_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got {}",
              dropout);
+  LOOM_CHECK(attn_dropout >= 0.0 && attn_dropout < 1.0,
+             "GPTConfig: attn_dropout must be in [0, 1), got {}", attn_dropout);
 }
 
 int64_t GPTConfig::parameter_count() const {

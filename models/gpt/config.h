@@ -10,9 +10,10 @@ struct GPTConfig {
   int64_t n_layer = 2;
   int64_t n_head = 2;
   int64_t n_embd = 64;
-  int64_t block_size = 64;   // maximum sequence length
-  int64_t vocab_size = 256;  // byte-level by default
-  double dropout = 0.0;
+  int64_t block_size = 64;    // maximum sequence length
+  int64_t vocab_size = 256;   // byte-level by default
+  double dropout = 0.0;       // embeddings and residual branches (HF: embd_pdrop, resid_pdrop)
+  double attn_dropout = 0.0;  // attention probabilities (HF: attn_pdrop), inside the kernels
 
   // "tiny": a few-minute CPU model; "small": GPT-2 124M (vocab 50257, 12 layers, 768 wide).
   static GPTConfig preset(const std::string& name);

@@ -41,6 +41,12 @@ class GPTArgs : public ModelArgs {
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
+  void validate_cp(int64_t cp) const override {
+    LOOM_CHECK(config_.attn_dropout == 0.0,
+               "--cp {} with --attn-dropout {}: context-parallel attention does not yet place "
+               "each rank's piece of the attention dropout mask; use --attn-dropout 0 or --cp 1",
+               cp, config_.attn_dropout);
+  }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(config_.n_head % tp == 0,
                "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", config_.n_head,
@@ -60,6 +66,17 @@ class GPTArgs : public ModelArgs {
  private:
   GPTConfig config_;
 };
+
+// The job's dropout (a training option, not part of a checkpoint's model: HF configs' pdrops
+// are not read, so a checkpoint loads into the same training as before unless asked).
+void set_dropout(GPTConfig& config, const ModelSizes& sizes) {
+  LOOM_CHECK(sizes.dropout >= 0.0 && sizes.dropout < 1.0,
+             "--dropout {}: a dropout probability must be in [0, 1)", sizes.dropout);
+  LOOM_CHECK(sizes.attn_dropout >= 0.0 && sizes.attn_dropout < 1.0,
+             "--attn-dropout {}: a dropout probability must be in [0, 1)", sizes.attn_dropout);
+  config.dropout = sizes.dropout;
+  config.attn_dropout = sizes.attn_dropout;
+}
 
 class GPTFamily : public ModelFamily {
  public:
@@ -81,6 +98,7 @@ class GPTFamily : public ModelFamily {
     if (sizes.n_embd) config.n_embd = sizes.n_embd;
     if (sizes.block_size) config.block_size = sizes.block_size;
     if (sizes.vocab_size) config.vocab_size = sizes.vocab_size;
+    set_dropout(config, sizes);
     return std::make_unique<GPTArgs>(config);
   }
   std::unique_ptr<ModelArgs> from_fields(const nlohmann::json& fields,
@@ -95,7 +113,8 @@ class GPTFamily : public ModelFamily {
   }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
-    const GPTConfig config = gpt2_config_from_hf(json);
+    GPTConfig config = gpt2_config_from_hf(json);
+    set_dropout(config, sizes);
     refuse_size(sizes.n_kv_heads, "--n-kv-heads", name());
     refuse_size(sizes.ffn_dim, "--ffn-dim", name());
     LOOM_CHECK(sizes.rope_theta == 0, "--rope-theta: the gpt family has no rotary embeddings");

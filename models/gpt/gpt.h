@@ -37,6 +37,9 @@ class CausalSelfAttention : public nn::Module {
 
  private:
   int64_t head_dim_;
+  // HF's attn_dropout (null when the config's attn_dropout is 0): its p and RNG state; the
+  // attention kernels draw the mask.
+  std::shared_ptr<nn::Dropout> attn_dropout_;
   std::shared_ptr<nn::Dropout> resid_dropout_;
 };
 

@@ -39,7 +39,7 @@ int64_t visible_keys(const AttentionShape& s, int64_t i) {
 template <typename Body>
 void for_each_entry(const AttentionShape& s, const Body& body) {
   parallel_for(s.entries, /*grain=*/1, /*align=*/1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(2 * std::max<int64_t>(s.tk, 1)));
+    std::vector<float> scratch(static_cast<size_t>(3 * std::max<int64_t>(s.tk, 1)));
     for (int64_t e = begin; e < end; ++e) body(e, scratch.data());
   });
 }
@@ -69,7 +69,11 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
         sum += p[j];
       }
       const auto inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < visible; ++j) axpy(p[j] * inv, row(v, e, j), o, s.dv);
+      const AttentionDropoutMask& drop = s.dropout;
+      for (int64_t j = 0; j < visible; ++j) {
+        const float weight = drop.active() ? (p[j] * inv) * drop.factor(e, i, j) : p[j] * inv;
+        axpy(weight, row(v, e, j), o, s.dv);
+      }
       lse[e * s.tq + i] = m + static_cast<float>(std::log(sum));
     }
   });
@@ -81,6 +85,7 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
   for_each_entry(s, [&](int64_t e, float* scratch) {
     float* p = scratch;
     float* dp = scratch + std::max<int64_t>(s.tk, 1);
+    float* factor = dp + std::max<int64_t>(s.tk, 1);
     float* dk_e = dk + e * s.tk * s.d;
     float* dv_e = dv + e * s.tk * s.dv;
     std::fill(dk_e, dk_e + s.tk * s.d, 0.0f);
@@ -93,10 +98,15 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
       if (l == kNegInf || visible == 0) continue;  // a row that saw no key: its gradients are 0
       const float* qi = row(q, e, i);
       const float* gi = row(grad_out, e, i);
+      const AttentionDropoutMask& drop = s.dropout;
       double rowsum = 0.0;
       for (int64_t j = 0; j < visible; ++j) {
         p[j] = std::exp(dot(qi, row(k, e, j), s.d) * s.scale - l);
         dp[j] = dot(gi, row(v, e, j), s.dv);
+        if (drop.active()) {  // dP of the dropped probabilities, and P as P V used it
+          factor[j] = drop.factor(e, i, j);
+          dp[j] *= factor[j];
+        }
         rowsum += static_cast<double>(p[j]) * dp[j];
       }
       const float delta = delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
@@ -104,7 +114,7 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
         const float ds = p[j] * (dp[j] - delta) * s.scale;
         axpy(ds, row(k, e, j), dq_i, s.d);
         axpy(ds, qi, dk_e + j * s.d, s.d);
-        axpy(p[j], gi, dv_e + j * s.dv, s.dv);
+        axpy(drop.active() ? p[j] * factor[j] : p[j], gi, dv_e + j * s.dv, s.dv);
       }
     }
   });

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <span>
 
+#include "tensor/attention_dropout_mask.h"
+
 namespace loom::cpu {
 
 struct AttentionShape {
@@ -19,6 +21,9 @@ struct AttentionShape {
   float scale = 1.0f;
   bool causal = false;        // query i sees keys j <= i + causal_offset
   int64_t causal_offset = 0;  // 0: top-left aligned; tk - tq: bottom-right; may be negative
+  // Dropout on the probabilities (inactive by default): out = (P * factor) v, and the backward
+  // takes dP through the same factors (tensor/attention_dropout_mask.h).
+  AttentionDropoutMask dropout;
 };
 
 // Matrices of one operand: entry e's row r starts at base + offsets[e] + r * row_stride; the
@@ -35,7 +40,8 @@ void attention_forward(const AttentionShape& shape, const RowMatrices& q, const 
                        const RowMatrices& v, float* out, float* lse);
 
 // dq (entries, tq, d), dk (entries, tk, d), dv (entries, tk, dv): contiguous, overwritten.
-// dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double. A row that sees no
+// dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double; under dropout dP is
+// (dO v^T) * factor and dv = (P * factor)^T dO. A row that sees no
 // key (or whose lse is -inf) contributes nothing: its dq row is 0. `delta` (entries, tq)
 // contiguous, when not null, replaces the rowsum (ring attention's whole-row rowsum(dO * out)).
 void attention_backward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,

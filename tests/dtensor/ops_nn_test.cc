@@ -2,7 +2,7 @@
 // softmax/log_softmax, layer_norm (parameter gradients come back Partial and take the
 // parameter's layout), rope (batch, head or sequence shards), vocabulary- and feature-parallel
 // embedding, loss-parallel cross entropy (only all-reduces, never the logits gathered),
-// attention with heads sharded.
+// attention with heads sharded, with and without dropout.
 //
 // Tolerances: a row-wise op (softmax, layer norm, attention per (batch, head)) whose rows stay
 // whole on a rank computes each row exactly as the single-rank kernel does, so those outputs
@@ -418,6 +418,35 @@ TEST(OpsNnTest, CausalAttentionWithHeadsSharded) {
     const Placements dp_tp{Shard(0), Shard(1)};
     check_op(mesh_2x2(pg),
              {"attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
+  });
+}
+
+// Attention dropout on shards: each local call is told where its heads and batch entries sit in
+// the whole (B, H, T, T) mask (dtensor/sharding/nn.cc), so it drops exactly what one rank
+// dropping the whole does, forward and backward, bit for bit (rows stay whole on a rank).
+TEST(OpsNnTest, AttentionDropoutOnShardsDropsWhatOneRankDrops) {
+  const auto attention = [](const Inputs& in) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], true, 0.0, 0,
+                                        {.p = 0.3, .seed = 2024});
+  };
+  run_on_ranks(2, [attention](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor q = float_tensor({2, 5, 6, 4}, 7), k = float_tensor({2, 5, 6, 4}, 8),
+                 v = float_tensor({2, 5, 6, 4}, 9);
+    for (int64_t dim : {0, 1}) {
+      check_op(mesh, {fmt::format("dropout attention q,k,v S({})", dim),
+                      {{q, {Shard(dim)}}, {k, {Shard(dim)}}, {v, {Shard(dim)}}},
+                      attention,
+                      Placements{Shard(dim)}});
+    }
+  });
+  run_on_ranks(4, [attention](ProcessGroup& pg) {
+    const Tensor q = float_tensor({2, 4, 3, 2}, 4), k = float_tensor({2, 4, 3, 2}, 5),
+                 v = float_tensor({2, 4, 3, 2}, 6);
+    const Placements dp_tp{Shard(0), Shard(1)};
+    check_op(
+        mesh_2x2(pg),
+        {"dropout attention [S(0),S(1)]", {{q, dp_tp}, {k, dp_tp}, {v, dp_tp}}, attention, dp_tp});
   });
 }
 

@@ -119,6 +119,38 @@ TEST(GPTTest, EveryParameterGetsAGradient) {
   }
 }
 
+// Attention dropout (HF's attn_pdrop, drawn inside the attention kernels): it changes the
+// training loss, repeats bit for bit for the same seed and call count (its attn_dropout module
+// keeps the RNG state a checkpoint saves), and is off in evaluation.
+TEST(GPTTest, AttentionDropoutDropsInTrainingOnlyAndRepeats) {
+  GPTConfig plain = GPTConfig::preset("tiny");
+  GPTConfig dropping = plain;
+  dropping.attn_dropout = 0.2;
+  const Tensor x = random_tokens({2, 16}, 10, 256), y = random_tokens({2, 16}, 11, 256);
+  GPT a(dropping, 5), b(dropping, 5), reference(plain, 5);
+  const double first = a.loss(x, y).item<double>();
+  EXPECT_EQ(first, b.loss(x, y).item<double>()) << "same seed, same first mask";
+  EXPECT_NE(first, reference.loss(x, y).item<double>()) << "the mask reaches the kernel";
+  EXPECT_NE(first, a.loss(x, y).item<double>()) << "each call draws a new mask";
+  const nn::Dropout* module = nullptr;
+  for (const auto& [name, m] : a.named_modules()) {
+    if (name == "h.0.attn.attn_dropout") module = dynamic_cast<const nn::Dropout*>(m);
+  }
+  ASSERT_NE(module, nullptr) << "HF's module name";
+  EXPECT_EQ(module->calls(), 2u);
+  a.eval();
+  reference.eval();
+  EXPECT_EQ(a.loss(x, y).item<double>(), reference.loss(x, y).item<double>());
+  EXPECT_EQ(module->calls(), 2u) << "evaluation draws nothing";
+  dropping.attn_dropout = 1.0;
+  try {
+    GPT bad(dropping);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("GPTConfig: attn_dropout must be in [0, 1), got 1"));
+  }
+}
+
 TEST(GPTTest, BadInputNamesShapes) {
   GPT model(GPTConfig::preset("tiny"));
   try {

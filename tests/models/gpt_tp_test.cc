@@ -1,6 +1,7 @@
 // GPT under tensor parallelism against one rank: same seeds, same batch; losses and every
 // parameter's gradient agree, for both plans (with and without sequence parallelism), an odd
-// vocabulary and dropout; the forward issues exactly the collectives the plan documents.
+// vocabulary and dropout (residual and attention); the forward issues exactly the collectives the
+// plan documents.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -38,6 +39,7 @@ struct PlanCase {
   GPTPlanOptions plan;
   int64_t vocab_size;
   double dropout;
+  double attn_dropout = 0.0;
 };
 
 // Collectives of one forward and one backward, per the plan's documentation
@@ -68,6 +70,7 @@ TEST_P(GPTTensorParallelTest, LossAndGradientsMatchOneRank) {
   GPTConfig config = GPTConfig::preset("tiny");
   config.vocab_size = c.vocab_size;
   config.dropout = c.dropout;
+  config.attn_dropout = c.attn_dropout;
   const Tensor x = random_tokens({2, 16}, 3, c.vocab_size),
                y = random_tokens({2, 16}, 4, c.vocab_size);
   GPT reference(config, 7);
@@ -124,9 +127,10 @@ INSTANTIATE_TEST_SUITE_P(
         // GPT-2's vocabulary (50257) is odd: the embedding's rows split unevenly.
         PlanCase{"odd_vocab", {.sequence_parallel = false}, 67, 0.0},
         PlanCase{"sequence_parallel_odd_vocab", {.sequence_parallel = true}, 67, 0.0},
-        // Dropout masks are drawn per global element, so shards drop what one rank does.
-        PlanCase{"dropout", {.sequence_parallel = false}, 67, 0.1},
-        PlanCase{"sequence_parallel_dropout", {.sequence_parallel = true}, 67, 0.1}),
+        // Dropout masks are drawn per global element, so shards drop what one rank does; the
+        // attention's, drawn in the kernel, place a rank's heads by its rows of c_attn.
+        PlanCase{"dropout", {.sequence_parallel = false}, 67, 0.1, 0.1},
+        PlanCase{"sequence_parallel_dropout", {.sequence_parallel = true}, 67, 0.1, 0.1}),
     [](const auto& info) { return info.param.name; });
 
 TEST(GPTTensorParallelErrors, HeadsMustSplitEvenly) {

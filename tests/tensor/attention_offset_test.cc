@@ -25,6 +25,7 @@
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/ops_nn.h"
+#include "tests/tensor/attention_grads.h"
 #include "tests/tensor/tensor_test_util.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -88,31 +89,11 @@ Reference reference(const Tensor& q, const Tensor& k, const Tensor& v, double sc
   return r;
 }
 
-struct Grads {
-  Tensor dq, dk, dv;
-};
-
-// d(sum(out * g))/d(q, k, v) through autograd, for the leaves q, k, v.
-Grads autograd_grads(const Tensor& out, const Tensor& g, const Tensor& q, const Tensor& k,
-                     const Tensor& v) {
-  for (const Tensor& t : {q, k, v}) t.set_grad(Tensor());
-  backward(out, g);
-  return {q.grad(), k.grad(), v.grad()};
-}
+using Grads = testing::AttentionGradients;
+using testing::autograd_grads;
 
 void expect_grads_close(const Grads& actual, const Grads& expected, const std::string& what) {
-  expect_close({.actual = actual.dq,
-                .expected = expected.dq,
-                .tol = abs_and_rel(kTol),
-                .what = what + " dq"});
-  expect_close({.actual = actual.dk,
-                .expected = expected.dk,
-                .tol = abs_and_rel(kTol),
-                .what = what + " dk"});
-  expect_close({.actual = actual.dv,
-                .expected = expected.dv,
-                .tol = abs_and_rel(kTol),
-                .what = what + " dv"});
+  testing::expect_grads_close(actual, expected, abs_and_rel(kTol), what);
 }
 
 struct OffsetCase {

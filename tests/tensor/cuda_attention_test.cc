@@ -4,7 +4,7 @@
 // head) rows, Tk == 0, non-contiguous inputs, head dims above the fused kernel's 128 (the
 // composed fallback), and causal offsets (query i sees key j <= i + offset: tile-aligned and not,
 // negative ones leaving whole query tiles without a key, the chunk shapes of context
-// parallelism). Every case skips without a GPU.
+// parallelism), and attention dropout on every path. Every case skips without a GPU.
 //
 // bf16 cases run on both GPU paths: the tensor-core kernels (flash_attention_mma.h: head dims 16,
 // 32, 64 and 128, D == Dv) and the plain CUDA kernels, each against the CPU.
@@ -78,19 +78,20 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
   // runs both GPU paths: the tensor-core kernels (where they take the shape: head dims 16, 32,
   // 64 and 128 with D == Dv) and the plain ones; f32 has the plain ones only.
   void compare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-               const std::string& what, int64_t offset = 0) {
+               const std::string& what, int64_t offset = 0, const AttentionDropout& dropout = {}) {
     const DType dtype = GetParam();
-    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset);
+    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset, dropout);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
     const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
-                                                               causal, 0.0, offset);
+                                                               causal, 0.0, offset, false, dropout);
     for (bool tensor_cores : {true, false}) {
       if (!tensor_cores && dtype == kFloat32) break;
       const TensorCoreAttention path(tensor_cores);
-      const std::string tag = fmt::format("{} causal {} offset {} {} {}", what, causal, offset,
-                                          dtype_name(dtype), tensor_cores ? "(tensor cores)" : "");
+      const std::string tag =
+          fmt::format("{} causal {} offset {} dropout {} {} {}", what, causal, offset, dropout.p,
+                      dtype_name(dtype), tensor_cores ? "(tensor cores)" : "");
       const auto dev =
-          ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset);
+          ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset, dropout);
       expect_close({.actual = dev.out,
                     .expected = cpu.out,
                     .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
@@ -99,8 +100,9 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
                     .expected = cpu.logsumexp,
                     .tol = kernel_tolerance(cpu.logsumexp.dtype(), 4.0),
                     .what = tag + " logsumexp"});
-      const auto dg = ops::scaled_dot_product_attention_backward(
-          gpu(g), gpu(q), gpu(k), gpu(v), dev.out, dev.logsumexp, causal, 0.0, offset);
+      const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
+                                                                 dev.out, dev.logsumexp, causal,
+                                                                 0.0, offset, false, dropout);
       expect_close({.actual = dg.dq,
                     .expected = cg.dq,
                     .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
@@ -117,7 +119,8 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
   }
 
   // Both masks, or (a non-zero offset) causal with that offset only.
-  void compare_case(const Case& c, uint32_t seed, int64_t offset = 0) {
+  void compare_case(const Case& c, uint32_t seed, int64_t offset = 0,
+                    const AttentionDropout& dropout = {}) {
     const DType dtype = GetParam();
     const Tensor q = random_tensor(with(c.batch, c.tq, c.d), seed, dtype);
     const Tensor k = random_tensor(with(c.batch, c.tk, c.d), seed + 1, dtype);
@@ -125,10 +128,10 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
     const std::string what =
         fmt::format("batch {} tq {} tk {} d {} dv {}", shape_str(c.batch), c.tq, c.tk, c.d, c.dv);
     if (offset != 0) {
-      compare(q, k, v, /*causal=*/true, what, offset);
+      compare(q, k, v, /*causal=*/true, what, offset, dropout);
       return;
     }
-    for (bool causal : {false, true}) compare(q, k, v, causal, what);
+    for (bool causal : {false, true}) compare(q, k, v, causal, what, 0, dropout);
   }
 };
 
@@ -298,6 +301,23 @@ TEST_P(CudaAttentionTest, ReadsTheHeadsOfAFusedProjectionWithoutCopies) {
       std::vector<Tensor>{back(grads.dq), back(grads.dk), back(grads.dv)}, /*dim=*/3);
   ASSERT_TRUE(stacked.defined());
   EXPECT_TRUE(stacked.is_contiguous()) << "(B, T, H, 3, D)";
+}
+
+// Attention dropout: every GPU path (tensor cores, plain kernels, the composed products beyond
+// head dim 128) draws each element's keep factor where it holds P, forward and backward, and
+// drops exactly what the CPU drops (the mask is Philox's, bit for bit), so results differ by
+// the kernels' usual rounding only. Sizes cross tile edges; a region places heads 2.. of a
+// larger attention.
+TEST_P(CudaAttentionTest, DropoutDropsWhatTheCpuDrops) {
+  const AttentionDropout dropout{.p = 0.3, .seed = 9001};
+  compare_case({{2, 3}, 37, 37, 64, 64}, 500, 0, dropout);
+  compare_case({{1, 2}, 130, 130, 64, 64}, 503, 0, dropout);
+  compare_case({{2, 2}, 37, 130, 8, 64}, 506, 0, dropout);
+  compare_case({{1, 1}, 70, 70, 128, 128}, 509, 0, dropout);
+  compare_case({{1, 2}, 9, 11, 160, 16}, 512, 0, dropout);     // composed
+  compare_case({{1, 2}, 64, 200, 32, 32}, 515, 136, dropout);  // a chunk of queries at the end
+  compare_case({{2, 2}, 40, 40, 16, 16}, 518, 0,
+               {.p = 0.5, .seed = 77, .region = {{2, 5, 40, 40}, {0, 2, 0, 0}}});
 }
 
 TEST_P(CudaAttentionTest, HeadDimsAbove128UseTheComposedPath) {

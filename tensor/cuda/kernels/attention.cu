@@ -62,7 +62,24 @@ __global__ void attention_grad_scores_kernel(float* dp, const float* p, int64_t 
   }
 }
 
+__global__ void attention_dropout_scale_kernel(float* values, int64_t total, int64_t tq, int64_t tk,
+                                               AttentionDropoutMask mask) {
+  LOOM_GRID_STRIDE(x, total) {
+    const int64_t row = x / tk, j = x % tk;
+    values[x] *= mask.factor(row / tq, row % tq, j);
+  }
+}
+
 }  // namespace
+
+void attention_dropout_scale(float* values, int64_t rows, int64_t tq, int64_t tk,
+                             const AttentionDropoutMask& mask, int device) {
+  const int64_t total = rows * tq * tk;
+  if (total == 0 || !mask.active()) return;
+  attention_dropout_scale_kernel<<<grid_for(total), kThreads, 0, compute_stream(device)>>>(
+      values, total, tq, tk, mask);
+  check_launch("attention_dropout_scale_kernel", device);
+}
 
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
                      bool causal, int64_t causal_offset, bool from_lse, int device) {

@@ -15,6 +15,8 @@
 // the query tiles that can see it (causal: from the tile holding query k0 - causal_offset) and
 // accumulates dv = P^T dO and dk = scale * dS^T q. P is recomputed from the saved logsumexp in
 // both. Memory: O(T * D) per (batch, head).
+// Dropout (s.dropout active): each element's keep factor is drawn where its P is nonzero, in the
+// forward for P V, and again in the backward for dP and for dv's P.
 #include "tensor/cuda/kernels/device_common.cuh"
 #include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/cuda/kernels/flash_attention_tiles.cuh"
@@ -140,8 +142,9 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
     for (int j = 0; j < kScoreCols; ++j) {
       const float p = sc[j] == -INFINITY ? 0.0f : expf(sc[j] - m_new);
-      ps.at(r, lane + kLanes * j) = p;
-      sum += p;
+      sum += p;  // the softmax's, undropped
+      ps.at(r, lane + kLanes * j) =
+          s.dropout.active() && p != 0.0f ? p * s.dropout.factor(bh, i, k0 + lane + kLanes * j) : p;
     }
     l = l * alpha + row_sum(sum);
     m = m_new;
@@ -195,6 +198,8 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
       for (int j = 0; j < kScoreCols; ++j) {
         p[j] = prob(p[j], li, visible(i, k0 + lane + kLanes * j, s), s.scale);
+        if (s.dropout.active() && p[j] != 0.0f)
+          dp[j] *= s.dropout.factor(bh, i, k0 + lane + kLanes * j);
         if (pass == 0) {
           dsum += p[j] * dp[j];
         } else {
@@ -251,14 +256,16 @@ __global__ void __launch_bounds__(kFlashThreads)
       delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
     }
     __syncthreads();
-    float p[kScoreCols], dp[kScoreCols];
+    float p[kScoreCols], dp[kScoreCols], drop[kScoreCols];
     dot_rows(p, ks, qs, d, r, lane);    // scores^T
     dot_rows(dp, vs, gs, dv, r, lane);  // dP^T
 #pragma unroll
     for (int c = 0; c < kScoreCols; ++c) {
       const int x = lane + kLanes * c;
       p[c] = prob(p[c], lse_s[x], visible(q0 + x, j, s), s.scale);
-      ps.at(r, x) = p[c];
+      // Under dropout: dv from the dropped P, dP^T through the mask (drop[c] is that factor).
+      drop[c] = s.dropout.active() && p[c] != 0.0f ? s.dropout.factor(bh, q0 + x, j) : 1.0f;
+      ps.at(r, x) = p[c] * drop[c];
     }
     __syncthreads();
     accumulate(acc_dv, ps, gs, dv, r, lane);
@@ -266,7 +273,7 @@ __global__ void __launch_bounds__(kFlashThreads)
 #pragma unroll
     for (int c = 0; c < kScoreCols; ++c) {
       const int x = lane + kLanes * c;
-      ps.at(r, x) = p[c] * (dp[c] - delta_s[x]) * s.scale;
+      ps.at(r, x) = p[c] * (dp[c] * drop[c] - delta_s[x]) * s.scale;
     }
     __syncthreads();
     accumulate(acc_dk, ps, qs, d, r, lane);

@@ -26,7 +26,9 @@
 // The backward recomputes P from the saved logsumexp and, like the plain kernels, reads delta as
 // given (delta_given: the op's rowsum(dO * out), attention_row_dots.cu) or else takes
 // rowsum(P * dP) over the key tiles in the dq kernel, before the dk/dv kernel uses it; no
-// atomics, so results repeat bit for bit.
+// atomics, so results repeat bit for bit. Dropout (s.dropout active) draws each element's keep
+// factor in the registers that hold its P (tensor/attention_dropout_mask.h): P V takes the
+// dropped P, rounded as the undropped one is; the backward redraws it for dP and for dv's P.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -456,8 +458,10 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float p = exp2f(sc[j][e] - base[e >> 1]);
-        sc[j][e] = p;
-        sum[e >> 1] += p;
+        sum[e >> 1] += p;  // the softmax's, undropped
+        sc[j][e] = s.dropout.active() && p != 0.0f
+                       ? p * s.dropout.factor(bh, row[e >> 1], k0 + 8 * j + 2 * t + (e & 1))
+                       : p;
       }
     }
 #pragma unroll
@@ -540,12 +544,16 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          const float pe =
-              prob(p[j][e], lse2[r], visible(row[r], k0 + 8 * j + 2 * t + (e & 1), s), scale2);
+          const int64_t col = k0 + 8 * j + 2 * t + (e & 1);
+          const float pe = prob(p[j][e], lse2[r], visible(row[r], col, s), scale2);
+          // dP of the dropped probabilities under dropout
+          const float dpe = s.dropout.active() && pe != 0.0f
+                                ? dp[j][e] * s.dropout.factor(bh, row[r], col)
+                                : dp[j][e];
           if (pass == 0) {
-            dsum[r] += pe * dp[j][e];
+            dsum[r] += pe * dpe;
           } else {
-            p[j][e] = pe * (dp[j][e] - di[r]) * s.scale;  // dS, scaled
+            p[j][e] = pe * (dpe - di[r]) * s.scale;  // dS, scaled
           }
         }
       }
@@ -622,8 +630,12 @@ __global__ void __launch_bounds__(kMmaThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int x = 8 * j + 2 * t + (e & 1);  // the query's row in the tile
-        p[j][e] = prob(p[j][e], lse_s[x], visible(q0 + x, key[e >> 1], s), scale2);
-        dp[j][e] = p[j][e] * (dp[j][e] - delta_s[x]) * s.scale;  // dS^T
+        const float pe = prob(p[j][e], lse_s[x], visible(q0 + x, key[e >> 1], s), scale2);
+        // Under dropout: dP^T through the mask, and dv from the dropped P.
+        const float drop =
+            s.dropout.active() && pe != 0.0f ? s.dropout.factor(bh, q0 + x, key[e >> 1]) : 1.0f;
+        dp[j][e] = pe * (dp[j][e] * drop - delta_s[x]) * s.scale;  // dS^T
+        p[j][e] = pe * drop;
       }
     }
     accumulate_strip<T, D>(acc_dv, p, qg.b[buf], lane);

@@ -98,6 +98,9 @@ void flash_attention_backward(DType, void*, void*, void*, float*, const void*, c
 void attention_probs(float*, float*, int64_t, int64_t, int64_t, float, bool, int64_t, bool, int) {
   unavailable("attention_probs");
 }
+void attention_dropout_scale(float*, int64_t, int64_t, int64_t, const AttentionDropoutMask&, int) {
+  unavailable("attention_dropout_scale");
+}
 void attention_grad_scores(float*, const float*, int64_t, int64_t, float, int, const float*) {
   unavailable("attention_grad_scores");
 }

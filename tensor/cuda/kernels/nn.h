@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "tensor/attention_dropout_mask.h"
 #include "tensor/cuda/kernels/kernel_args.h"
 
 namespace loom::cuda::kernels {
@@ -124,6 +125,9 @@ struct FlashAttentionShape {
   float scale = 1.0f;
   bool causal = false;
   int64_t causal_offset = 0;  // causal: query i sees keys j <= i + causal_offset
+  // Dropout on the probabilities, drawn in the kernels (inactive by default): P V takes
+  // P * factor, and the backward dP * factor and (P * factor)^T dO.
+  AttentionDropoutMask dropout;
 };
 // out (rows, tq, dv) in `dtype`, lse (rows, tq) f32.
 void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
@@ -144,6 +148,10 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
 // beyond kFlashMaxHeadDim.
 void attention_probs(float* scores, float* lse, int64_t rows, int64_t tq, int64_t tk, float scale,
                      bool causal, int64_t causal_offset, bool from_lse, int device);
+// Multiplies element (row r, query i, key j) of rows * tq rows of tk f32 values in place by
+// mask.factor(r, i, j): dropout on the composed path's probabilities and their gradient.
+void attention_dropout_scale(float* values, int64_t rows, int64_t tq, int64_t tk,
+                             const AttentionDropoutMask& mask, int device);
 // dS = P * (dP - rowsum(P * dP)) * scale, in place over dP; `delta` (rows f32), when not null,
 // replaces rowsum(P * dP) (ring attention's whole-row rowsum(dO * out)).
 void attention_grad_scores(float* dp, const float* probs, int64_t rows, int64_t tk, float scale,
