@@ -79,18 +79,20 @@ void register_nn_formulas(FormulaTable& f) {
               Tensor()};
         });
   };
-  // Inputs (q, k, v), attrs (is_causal, scale, causal_offset: absent means 0; then dropout's,
-  // tensor/attention_attrs.h); outputs (out, logsumexp). The backward op gets the forward's
-  // masks: the same is_causal and offset, and the same dropout (its seed redraws the keep-mask).
+  // Inputs (q, k, v), attrs (is_causal, scale, causal_offset: absent means 0; enable_gqa; then
+  // dropout's, tensor/attention_attrs.h); outputs (out, logsumexp). The backward op gets the
+  // forward's masks: the same is_causal and offset, the same dropout (its seed redraws the
+  // keep-mask), and the same head grouping.
   f[OpId::scaled_dot_product_attention] = [](C c, Outs out) {
     return record_first("ScaledDotProductAttentionBackward", c, out,
                         [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0],
                          lse = out[1], is_causal = c.bool_attr(0), scale = c.double_attr(1),
                          causal_offset = c.attrs.size() > 2 ? c.int_attr(2) : int64_t{0},
-                         dropout = ops::attention_dropout_of(c, 3)](const Grads& g) {
+                         dropout = ops::attention_dropout_of(c, 4),
+                         enable_gqa = c.attrs.size() > 3 && c.bool_attr(3)](const Grads& g) {
                           ops::AttentionGrads grads = ops::scaled_dot_product_attention_backward(
                               g[0], q, k, v, y, lse, is_causal, scale, causal_offset,
-                              /*delta_from_out=*/false, dropout);
+                              /*delta_from_out=*/false, dropout, enable_gqa);
                           return Grads{grads.dq, grads.dk, grads.dv};
                         });
   };

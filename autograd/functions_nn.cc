@@ -21,7 +21,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal, double scale, int64_t causal_offset,
-                                    const AttentionDropout& dropout) {
+                                    const AttentionDropout& dropout, bool enable_gqa) {
   // Under a sequence context (context parallelism: a sharded sequence) attention spans every
   // rank's tokens; the context calls back here with none installed.
   if (SequenceContext* context = current_sequence_context(); context != nullptr) {
@@ -29,15 +29,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                "scaled_dot_product_attention: a causal_offset ({}) under a sequence context: the "
                "context places this rank's queries itself",
                causal_offset);
-    LOOM_CHECK(dropout.p == 0.0,
-               "scaled_dot_product_attention: attention dropout (p = {}) under a sequence "
-               "context (context parallelism) is not supported: its attention splits the "
-               "probabilities over ranks without placing each piece's mask; set the model's "
-               "attention dropout to 0 (--attn-dropout 0) or use --cp 1",
-               dropout.p);
-    return context->attention(q, k, v, is_causal, scale);
+    return context->attention(q, k, v, is_causal, scale, enable_gqa, dropout);
   }
-  return ops::scaled_dot_product_attention(q, k, v, is_causal, scale, causal_offset, dropout).out;
+  return ops::scaled_dot_product_attention(q, k, v, is_causal, scale, causal_offset, dropout,
+                                           enable_gqa)
+      .out;
 }
 
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training) {

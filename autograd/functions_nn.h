@@ -26,11 +26,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 // key j for query i when j > i + causal_offset (0: top-left aligned; context parallelism's query
 // chunk at global positions s.. against keys 0.. passes s); see ops::scaled_dot_product_attention.
 // `dropout` drops attention probabilities (torch's dropout_p) with a keep-mask drawn from its
-// seed inside the kernels; pass p = 0 (the default) outside training.
+// seed inside the kernels; pass p = 0 (the default) outside training. enable_gqa: k and v may
+// have fewer heads than q (grouped-query attention, read in place).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool is_causal = false, double scale = 0.0,
-                                    int64_t causal_offset = 0,
-                                    const AttentionDropout& dropout = {});
+                                    int64_t causal_offset = 0, const AttentionDropout& dropout = {},
+                                    bool enable_gqa = false);
 // Deterministic by seed; identity when !training or p == 0.
 Tensor dropout(const Tensor& x, double p, uint64_t seed, bool training = true);
 

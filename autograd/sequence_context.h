@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "tensor/ops_nn.h"
 #include "tensor/tensor.h"
 
 namespace loom {
@@ -23,10 +24,12 @@ class SequenceContext {
   virtual std::vector<int64_t> positions(int64_t local_len) const = 0;
   // Attention of this rank's queries over the whole sequence's keys and values (each (B, H,
   // T_local, D), the rank's tokens in its order), as loom::scaled_dot_product_attention(q, k, v,
-  // is_causal, scale) over the whole sequence would give for those queries. Runs with no context
-  // installed.
+  // is_causal, scale, 0, dropout, enable_gqa) over the whole sequence would give for those
+  // queries (enable_gqa: k and v may have fewer heads than q, grouped-query attention; dropout's
+  // region, if any, places q's batch and heads, its sequence dims being the context's to place).
+  // Runs with no context installed.
   virtual Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                           double scale) = 0;
+                           double scale, bool enable_gqa, const AttentionDropout& dropout) = 0;
 };
 
 // The context installed on this thread, or null.

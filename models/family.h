@@ -103,9 +103,6 @@ class ModelArgs {
   // default is no, so a family computing positions its own way is refused by name, not trained
   // silently wrong.
   virtual bool supports_context_parallel() const { return false; }
-  // Throws loom::Error naming what a cp degree > 1 cannot take in a model that supports context
-  // parallelism otherwise (GPT's attention dropout); called with cp > 1 before any rank starts.
-  virtual void validate_cp(int64_t cp) const {}
   // The routed experts of the model's MoE layers (0: a dense model): what --ep must divide.
   virtual int64_t num_experts() const { return 0; }
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized

@@ -181,6 +181,11 @@ struct AttentionResult {
 // (its batch and head offsets, and the positions of its queries and keys), so that a piece of
 // the attention (a tensor-parallel rank's heads, a context-parallel block) drops what one rank
 // computing the whole drops; empty: the call is the whole. A region takes at most two batch dims.
+//
+// Grouped-query attention (torch's enable_gqa): k and v may have fewer heads (dim -3) than q, a
+// divisor of q's; query head h then attends with key/value head h / (Hq / Hkv), read in place
+// (no copy of k and v per query head), and the backward's dk and dv (k's and v's shapes) sum
+// their group's query heads in the kernel. Without enable_gqa the heads must be equal.
 // (AttentionDropout is declared in namespace loom, beside RngRegion, so that a call passing one
 // finds loom::scaled_dot_product_attention and ops::'s without lookup making them ambiguous.)
 }  // namespace loom::ops
@@ -195,7 +200,8 @@ namespace loom::ops {
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              bool is_causal = false, double scale = 0.0,
                                              int64_t causal_offset = 0,
-                                             const AttentionDropout& dropout = {});
+                                             const AttentionDropout& dropout = {},
+                                             bool enable_gqa = false);
 
 struct AttentionGrads {
   Tensor dq;  // q.shape, q.dtype
@@ -208,7 +214,8 @@ struct AttentionGrads {
 // was rounded to bf16). The GPU's fused kernels take FlashAttention's form rowsum(dO * out), as
 // torch's CUDA backends do: one pass over dO and out instead of a second pass of S and dP over
 // every key tile; it differs from rowsum(P * dP) by out's rounding only (bf16 tolerances, as
-// every bf16 GPU result). is_causal, scale, causal_offset and dropout must be the forward's
+// every bf16 GPU result). is_causal, scale, causal_offset, dropout and enable_gqa must be the
+// forward's
 // (under dropout dP is taken through the forward's mask and dv from the dropped P).
 // delta_from_out: the row sums from grad_out · out, the whole row's when `out` and `logsumexp`
 // are a larger attention's over more keys than k and v hold — ring attention's per-block
@@ -220,7 +227,7 @@ struct AttentionGrads {
 AttentionGrads scaled_dot_product_attention_backward(
     const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
     const Tensor& logsumexp, bool is_causal = false, double scale = 0.0, int64_t causal_offset = 0,
-    bool delta_from_out = false, const AttentionDropout& dropout = {});
+    bool delta_from_out = false, const AttentionDropout& dropout = {}, bool enable_gqa = false);
 
 // ---- dropout ----------------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ struct AttentionDims {
   bool causal = false;
   int64_t causal_offset = 0;     // query i sees key j <= i + causal_offset when causal
   AttentionDropoutMask dropout;  // inactive unless the call drops
+  int64_t group = 1;             // query heads per key/value head (grouped-query attention)
 };
 
 // Where this call's (batch..., tq, tk) probabilities sit in the whole attention's mask
@@ -97,7 +98,7 @@ AttentionDropoutMask dropout_mask(const AttentionDims& dims, const AttentionDrop
 
 AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                               double scale, int64_t causal_offset, std::string_view op,
-                              const AttentionDropout& dropout = {}) {
+                              const AttentionDropout& dropout, bool enable_gqa) {
   LOOM_CHECK(is_causal || causal_offset == 0,
              "{}: causal_offset {} needs is_causal = true (is_causal = false sees every key, so "
              "the offset would do nothing)",
@@ -116,10 +117,29 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
              "{}: q, k and v must have one rank >= 2 (..., T, D), got shapes {}", op, shapes());
   AttentionDims dims;
   dims.batch.assign(q.shape().begin(), q.shape().end() - 2);
-  const bool same_batch = std::equal(dims.batch.begin(), dims.batch.end(), k.shape().begin()) &&
-                          std::equal(dims.batch.begin(), dims.batch.end(), v.shape().begin());
-  LOOM_CHECK(same_batch, "{}: q, k and v must have the same leading (batch) dims, got shapes {}",
-             op, shapes());
+  // Grouped-query attention: k's and v's heads (dim -3) may be a divisor of q's; every other
+  // batch dim must agree.
+  const int64_t head_dim = q.dim() - 3;
+  const bool grouped = enable_gqa && q.dim() >= 3 && k.size(head_dim) != q.size(head_dim);
+  const auto same_batch_as_q = [&](const Tensor& t) {
+    for (int64_t d = 0; d < q.dim() - 2; ++d) {
+      if (t.size(d) != q.size(d) && !(grouped && d == head_dim)) return false;
+    }
+    return true;
+  };
+  LOOM_CHECK(same_batch_as_q(k) && same_batch_as_q(v),
+             "{}: q, k and v must have the same leading (batch) dims{}, got shapes {}", op,
+             enable_gqa ? " but for the heads (dim -3)"
+                        : " (k and v with fewer heads: pass enable_gqa = true)",
+             shapes());
+  if (grouped) {
+    const int64_t hq = q.size(head_dim), hkv = k.size(head_dim);
+    LOOM_CHECK(v.size(head_dim) == hkv && hkv > 0 && hq % hkv == 0,
+               "{}: grouped-query attention needs k and v with one head count dividing q's, got "
+               "shapes {}",
+               op, shapes());
+    dims.group = hq / hkv;
+  }
   dims.rows = shape_numel(dims.batch);
   dims.tq = q.size(-2);
   dims.tk = k.size(-2);
@@ -156,7 +176,8 @@ cuda::kernels::FlashAttentionShape flash_shape(const AttentionDims& dims) {
           .scale = dims.scale,
           .causal = dims.causal,
           .causal_offset = dims.causal_offset,
-          .dropout = dims.dropout};
+          .dropout = dims.dropout,
+          .group = dims.group};
 }
 
 // Where a (..., T, D) operand's rows lie for the tensor-core kernels, as it is: its last dim
@@ -253,7 +274,8 @@ cpu::AttentionShape cpu_shape(const AttentionDims& dims) {
           .scale = dims.scale,
           .causal = dims.causal,
           .causal_offset = dims.causal_offset,
-          .dropout = dims.dropout};
+          .dropout = dims.dropout,
+          .group = dims.group};
 }
 
 // FLOPs of attention's two products, QK^T and PV, over the whole (tq, tk) square (causal too, as
@@ -265,6 +287,24 @@ int64_t attention_flops(const AttentionDims& dims) {
 // Batched f32 product a @ b^T (or a^T @ b): views, so matmul passes the transposes as flags.
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
+
+// Grouped-query attention on the composed path: (..., Hkv, T, n) repeated to (..., Hkv g, T, n),
+// each key/value head to its g query heads; and a gradient of that summed back over each group.
+Tensor repeat_heads(const Tensor& t, int64_t group) {
+  if (group == 1) return t;
+  Shape grown = t.shape();
+  grown.insert(grown.end() - 2, group);
+  Shape merged = t.shape();
+  merged[merged.size() - 3] *= group;
+  return reshape(contiguous(expand(unsqueeze(t, -3), grown)), merged);
+}
+Tensor sum_groups(const Tensor& t, int64_t group) {
+  if (group == 1) return t;
+  Shape split = t.shape();
+  split[split.size() - 3] /= group;
+  split.insert(split.end() - 2, group);
+  return sum(reshape(t, split), {-3});
+}
 
 // delta_from_out's row sums delta_i = sum_d grad_out[i,d] * out[i,d] in f32: (batch..., tq),
 // contiguous (the kernels index it as (rows, tq)).
@@ -289,14 +329,15 @@ AttentionDropout attention_dropout_of(const OpCall& call, size_t own) {
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              bool is_causal, double scale, int64_t causal_offset,
-                                             const AttentionDropout& dropout) {
-  std::vector<OpAttr> attrs{is_causal, scale, causal_offset};
+                                             const AttentionDropout& dropout, bool enable_gqa) {
+  std::vector<OpAttr> attrs{is_causal, scale, causal_offset, enable_gqa};
   append_attention_dropout(attrs, dropout);
   if (auto r = dispatch_op(OpId::scaled_dot_product_attention, {q, k, v}, std::move(attrs))) {
     return {(*r)[0], (*r)[1]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention";
-  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout);
+  const AttentionDims dims =
+      check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout, enable_gqa);
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
@@ -344,8 +385,8 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
-    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
-                     vo = cpu_operand(v, dims.rows);
+    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows / dims.group),
+                     vo = cpu_operand(v, dims.rows / dims.group);
     Tensor out = Tensor::empty(out_shape, kFloat32, device);
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
     if (device.is_meta()) return {to(out, q.dtype()), lse};
@@ -353,8 +394,10 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
                            lse.data<float>());
     return {to(out, q.dtype()), lse};
   }
-  // CUDA with head dims above the fused kernels' limit: the composed products.
-  const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
+  // CUDA with head dims above the fused kernels' limit: the composed products (k and v repeated
+  // to every query head of their group).
+  const Tensor qf = to(q, kFloat32), kf = repeat_heads(to(k, kFloat32), dims.group),
+               vf = repeat_heads(to(v, kFloat32), dims.group);
   // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
   Tensor probs = mm_nt(qf, kf);
   Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
@@ -368,20 +411,19 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   return {to(out, q.dtype()), lse};
 }
 
-AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, const Tensor& q,
-                                                     const Tensor& k, const Tensor& v,
-                                                     const Tensor& out, const Tensor& logsumexp,
-                                                     bool is_causal, double scale,
-                                                     int64_t causal_offset, bool delta_from_out,
-                                                     const AttentionDropout& dropout) {
-  std::vector<OpAttr> attrs{is_causal, scale, causal_offset, delta_from_out};
+AttentionGrads scaled_dot_product_attention_backward(
+    const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+    const Tensor& logsumexp, bool is_causal, double scale, int64_t causal_offset,
+    bool delta_from_out, const AttentionDropout& dropout, bool enable_gqa) {
+  std::vector<OpAttr> attrs{is_causal, scale, causal_offset, delta_from_out, enable_gqa};
   append_attention_dropout(attrs, dropout);
   if (auto r = dispatch_op(OpId::scaled_dot_product_attention_backward,
                            {grad_out, q, k, v, out, logsumexp}, std::move(attrs))) {
     return {(*r)[0], (*r)[1], (*r)[2]};
   }
   constexpr std::string_view op = "scaled_dot_product_attention_backward";
-  const AttentionDims dims = check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout);
+  const AttentionDims dims =
+      check_attention(q, k, v, is_causal, scale, causal_offset, op, dropout, enable_gqa);
   check_floating(grad_out, op, "grad_out");
   check_floating(out, op, "out");
   check_floating(logsumexp, op, "logsumexp");
@@ -476,16 +518,13 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
   }
   if (allocates_like_cpu(device)) {  // the CPU, or meta allocating as it does
     FlopCounter::record(2 * attention_flops(dims));
-    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows),
-                     vo = cpu_operand(v, dims.rows), go = cpu_operand(grad_out, dims.rows);
+    const CpuOperand qo = cpu_operand(q, dims.rows), ko = cpu_operand(k, dims.rows / dims.group),
+                     vo = cpu_operand(v, dims.rows / dims.group),
+                     go = cpu_operand(grad_out, dims.rows);
     const Tensor lse = nn_internal::as_f32(logsumexp);
-    Shape dq_shape = dims.batch, dk_shape = dims.batch, dv_shape = dims.batch;
-    dq_shape.insert(dq_shape.end(), {dims.tq, dims.d});
-    dk_shape.insert(dk_shape.end(), {dims.tk, dims.d});
-    dv_shape.insert(dv_shape.end(), {dims.tk, dims.dv});
-    Tensor dq = Tensor::empty(dq_shape, kFloat32, device),
-           dk = Tensor::empty(dk_shape, kFloat32, device),
-           dv = Tensor::empty(dv_shape, kFloat32, device);
+    Tensor dq = Tensor::empty(q.shape(), kFloat32, device),
+           dk = Tensor::empty(k.shape(), kFloat32, device),
+           dv = Tensor::empty(v.shape(), kFloat32, device);
     if (device.is_meta()) return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
     const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
     cpu::attention_backward(cpu_shape(dims), qo.rows(), ko.rows(), vo.rows(), go.rows(),
@@ -493,7 +532,8 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                             delta_from_out ? delta.data<float>() : nullptr);
     return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
   }
-  const Tensor qf = to(q, kFloat32), kf = to(k, kFloat32), vf = to(v, kFloat32);
+  const Tensor qf = to(q, kFloat32), kf = repeat_heads(to(k, kFloat32), dims.group),
+               vf = repeat_heads(to(v, kFloat32), dims.group);
   const Tensor gf = to(grad_out, kFloat32);
   const Tensor lse = nn_internal::as_f32(logsumexp);
   // P recomputed from the scores and the saved logsumexp; masked and empty rows are 0.
@@ -520,7 +560,8 @@ AttentionGrads scaled_dot_product_attention_backward(const Tensor& grad_out, con
                                        delta_from_out ? delta.data<float>() : nullptr);
   Tensor dq = matmul(dscores, kf);  // (..., tq, d)
   Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
-  return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
+  return {to(dq, q.dtype()), to(sum_groups(dk, dims.group), k.dtype()),
+          to(sum_groups(dv, dims.group), v.dtype())};
 }
 
 }  // namespace loom::ops

@@ -72,22 +72,22 @@ void register_nn_ops(OpTable& t) {
   // Attention: attrs (is_causal, scale, causal_offset); a call of two attrs (made before the
   // offset existed) means offset 0.
   const auto causal_offset = [](C c) { return c.attrs.size() > 2 ? c.int_attr(2) : int64_t{0}; };
-  // Dropout's attrs follow (tensor/attention_attrs.h).
+  // Then enable_gqa (absent: false) and dropout's (tensor/attention_attrs.h).
   t[OpId::scaled_dot_product_attention] = [causal_offset](C c) {
-    auto r = ops::scaled_dot_product_attention(c.inputs[0], c.inputs[1], c.inputs[2],
-                                               c.bool_attr(0), c.double_attr(1), causal_offset(c),
-                                               ops::attention_dropout_of(c, 3));
+    auto r = ops::scaled_dot_product_attention(
+        c.inputs[0], c.inputs[1], c.inputs[2], c.bool_attr(0), c.double_attr(1), causal_offset(c),
+        ops::attention_dropout_of(c, 4), c.attrs.size() > 3 && c.bool_attr(3));
     return V{r.out, r.logsumexp};
   };
   // Inputs (grad_out, q, k, v, out, logsumexp); attrs (is_causal, scale, causal_offset,
-  // delta_from_out, then dropout's): a call of three attrs or fewer (made before the flag existed)
+  // delta_from_out, enable_gqa, then dropout's): a flag absent (a call made before it existed)
   // means false.
   t[OpId::scaled_dot_product_attention_backward] = [causal_offset](C c) {
     const bool delta_from_out = c.attrs.size() > 3 && c.bool_attr(3);
     auto r = ops::scaled_dot_product_attention_backward(
         c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
         c.bool_attr(0), c.double_attr(1), causal_offset(c), delta_from_out,
-        ops::attention_dropout_of(c, 4));
+        ops::attention_dropout_of(c, 5), c.attrs.size() > 4 && c.bool_attr(4));
     return V{r.dq, r.dk, r.dv};
   };
   // Dropout: attrs (p, seed, training).

@@ -315,24 +315,23 @@ void register_nn_strategies(StrategyTable& t) {
     return s;
   };
   // Attention shards only the leading (batch, head) dims: every shard holds whole sequences, so
-  // the attrs (is_causal, scale, causal_offset; the backward's delta_from_out, a per-row sum)
-  // reach each local call unchanged (propagator.cc passes call.attrs through) and mean there
-  // what they mean for the whole tensor.
-  // Under dropout (attrs after the op's own, tensor/attention_attrs.h) each local call is given
-  // where its heads and batch entries sit in the whole (batch..., Tq, Tk) mask, so a shard drops
-  // exactly its slice of what one rank drops.
+  // the attrs (is_causal, scale, causal_offset, enable_gqa; the backward's delta_from_out, a
+  // per-row sum) reach each local call unchanged (propagator.cc passes call.attrs through) and mean
+  // there what they mean for the whole tensor. Under dropout (attrs after the op's own,
+  // tensor/attention_attrs.h) each local call is given where its heads and batch entries sit in the
+  // whole (batch..., Tq, Tk) mask, so a shard drops exactly its slice of what one rank drops.
   t[OpId::scaled_dot_product_attention] = [](const OpCall& call, const InputSpecs& in) {
     const Shape& q = in[0]->shape;
     const int64_t lead = static_cast<int64_t>(q.size()) - 2;
     Shape out = q;
     out.back() = in[2]->shape.back();
     OpSharding s = leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
-    if (call.attrs.size() > 3) {
+    if (call.attrs.size() > 4) {
       s.local = [](const OpCall& local, const InputSpecs& specs) {
-        const AttentionDropout dropout = attention_dropout_on_shard(local, 3, specs, 0);
+        const AttentionDropout dropout = attention_dropout_on_shard(local, 4, specs, 0);
         auto r = ops::scaled_dot_product_attention(
             local.inputs[0], local.inputs[1], local.inputs[2], local.bool_attr(0),
-            local.double_attr(1), local.int_attr(2), dropout);
+            local.double_attr(1), local.int_attr(2), dropout, local.bool_attr(3));
         return std::vector<Tensor>{r.out, r.logsumexp};
       };
     }
@@ -343,13 +342,13 @@ void register_nn_strategies(StrategyTable& t) {
     const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
     OpSharding s = leading_dims(6, {true, true, true, true, true, true}, lead,
                                 {in[1]->shape, in[2]->shape, in[3]->shape});
-    if (call.attrs.size() > 4) {
+    if (call.attrs.size() > 5) {
       s.local = [](const OpCall& local, const InputSpecs& specs) {
-        const AttentionDropout dropout = attention_dropout_on_shard(local, 4, specs, 1);
+        const AttentionDropout dropout = attention_dropout_on_shard(local, 5, specs, 1);
         const auto& x = local.inputs;
         auto g = ops::scaled_dot_product_attention_backward(
             x[0], x[1], x[2], x[3], x[4], x[5], local.bool_attr(0), local.double_attr(1),
-            local.int_attr(2), local.bool_attr(3), dropout);
+            local.int_attr(2), local.bool_attr(3), dropout, local.bool_attr(4));
         return std::vector<Tensor>{g.dq, g.dk, g.dv};
       };
     }

@@ -41,12 +41,6 @@ class GPTArgs : public ModelArgs {
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
-  void validate_cp(int64_t cp) const override {
-    LOOM_CHECK(config_.attn_dropout == 0.0,
-               "--cp {} with --attn-dropout {}: context-parallel attention does not yet place "
-               "each rank's piece of the attention dropout mask; use --attn-dropout 0 or --cp 1",
-               cp, config_.attn_dropout);
-  }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(config_.n_head % tp == 0,
                "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", config_.n_head,

@@ -94,15 +94,12 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor q = apply_rope(reshape((*wq)(x), {batch, time, -1, head_dim_}), tables);
   const Tensor k = apply_rope(reshape((*wk)(x), {batch, time, -1, head_dim_}), tables);
   const Tensor v = reshape((*wv)(x), {batch, time, -1, head_dim_});
-  // Grouped-query attention: kv head j serves query heads [j * group, (j + 1) * group).
-  const auto repeat_kv = [&](const Tensor& t) {
-    if (group_ == 1) return t;
-    const Tensor grown = expand(unsqueeze(t, 3), {batch, time, t.size(2), group_, head_dim_});
-    return reshape(contiguous(grown), {batch, time, -1, head_dim_});
-  };
-  const Tensor y = scaled_dot_product_attention(transpose(q, 1, 2), transpose(repeat_kv(k), 1, 2),
-                                                transpose(repeat_kv(v), 1, 2),
-                                                /*is_causal=*/true);  // (B, H, T, D)
+  // Grouped-query attention: kv head j serves query heads [j * group, (j + 1) * group), read in
+  // place by the attention kernels (no copy of k and v per query head).
+  const Tensor y = scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2),
+                                                transpose(v, 1, 2), /*is_causal=*/true,
+                                                /*scale=*/0.0, /*causal_offset=*/0, /*dropout=*/{},
+                                                /*enable_gqa=*/group_ > 1);  // (B, H, T, D)
   return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
 }
 

@@ -6,6 +6,7 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "base/error.h"
+#include "parallel/cp/dropout_placement.h"
 #include "parallel/cp/ring_attention.h"
 
 namespace loom::parallel::cp {
@@ -125,17 +126,21 @@ std::vector<int64_t> ContextParallel::positions(int64_t local_len) const {
 }
 
 Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                                  double scale) {
+                                  double scale, bool enable_gqa, const AttentionDropout& dropout) {
   SequenceContextGuard plain(nullptr);  // the local attention below, not this again
   LOOM_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
              "context-parallel attention: expected q, k, v of shape (B, H, T_local, D), got {}, "
              "{}, {} dims",
              q.dim(), k.dim(), v.dim());
   const SequenceLayout seq = layout(q.size(2) * mesh_->size(0));
-  if (options_.attention == "alltoall") return ulysses(q, k, v, is_causal, scale, seq);
-  if (options_.attention == "ring") {
-    return ring_attention(q, k, v, is_causal, scale, seq, mesh_->group(0));
+  if (options_.attention == "alltoall") {
+    return ulysses(q, k, v, is_causal, scale, enable_gqa, dropout, seq);
   }
+  if (options_.attention == "ring") {
+    return ring_attention(q, k, v, is_causal, scale, seq, mesh_->group(0), nullptr, enable_gqa,
+                          dropout);
+  }
+  const DropoutPlacement placed(dropout, q, seq.seq_len);
   const auto gather = [&](const Tensor& x) {
     return autograd::Function::apply(std::make_shared<AllGatherSequence>(mesh_->group(0)), {x})[0];
   };
@@ -151,21 +156,39 @@ Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor
   for (size_t j = 0; j < chunks.size(); ++j) {
     const Tensor queries = narrow(q, 2, static_cast<int64_t>(j) * len, len);
     if (!is_causal) {
-      outputs.push_back(scaled_dot_product_attention(queries, keys, values, false, scale));
+      outputs.push_back(scaled_dot_product_attention(queries, keys, values, false, scale, 0,
+                                                     placed.at(0, chunks[j] * len, 0), enable_gqa));
       continue;
     }
     const int64_t first = chunks[j] * len, end = first + len;
-    outputs.push_back(scaled_dot_product_attention(queries, narrow(keys, 2, 0, end),
-                                                   narrow(values, 2, 0, end), true, scale,
-                                                   /*causal_offset=*/first));
+    outputs.push_back(scaled_dot_product_attention(
+        queries, narrow(keys, 2, 0, end), narrow(values, 2, 0, end), true, scale,
+        /*causal_offset=*/first, placed.at(0, first, 0), enable_gqa));
   }
   return outputs.size() == 1 ? outputs.front() : cat(outputs, 2);
 }
 
 Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                                double scale, const SequenceLayout& seq) {
+                                double scale, bool enable_gqa, const AttentionDropout& dropout,
+                                const SequenceLayout& seq) {
   const int64_t cp = seq.cp;
-  LOOM_CHECK(q.size(1) % cp == 0 && k.size(1) % cp == 0,
+  // Grouped key/value heads that do not split over cp are repeated r times (the fewest that
+  // split, r dividing the group), each query head then using the copy of its own: (r Hkv) heads
+  // of group g / r.
+  Tensor keys = k, values = v;
+  if (enable_gqa && k.size(1) % cp != 0 && q.size(1) % k.size(1) == 0) {
+    const int64_t group = q.size(1) / k.size(1);
+    int64_t r = 1;
+    while (r < group && (group % r != 0 || k.size(1) * r % cp != 0)) ++r;
+    const auto repeat = [&](const Tensor& t) {
+      const Shape& s = t.shape();
+      return reshape(contiguous(expand(unsqueeze(t, 2), {s[0], s[1], r, s[2], s[3]})),
+                     {s[0], s[1] * r, s[2], s[3]});
+    };
+    keys = repeat(k);
+    values = repeat(v);
+  }
+  LOOM_CHECK(q.size(1) % cp == 0 && keys.size(1) % cp == 0,
              "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
              "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
              q.size(1), k.size(1), cp);
@@ -176,8 +199,13 @@ Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& 
         std::make_shared<AllToAll>(group, /*split=*/1, /*cat=*/2), {x})[0];
     return reorder(whole, seq, /*to_global=*/true);
   };
-  const Tensor y =
-      scaled_dot_product_attention(to_heads(q), to_heads(k), to_heads(v), is_causal, scale);
+  // Rank r gets query heads [r Hq / cp, ...) and key/value heads [r Hkv / cp, ...): the same
+  // groups, so grouped-query attention stays grouped.
+  // Rank r holds query heads [r Hq / cp, ...) of this rank's, over the whole sequence.
+  const AttentionDropout mine =
+      DropoutPlacement(dropout, q, seq.seq_len).at(seq.rank * (q.size(1) / cp), 0, 0);
+  const Tensor y = scaled_dot_product_attention(to_heads(q), to_heads(keys), to_heads(values),
+                                                is_causal, scale, 0, mine, enable_gqa);
   // Back: this rank's tokens, all heads.
   return autograd::Function::apply(std::make_shared<AllToAll>(group, /*split=*/2, /*cat=*/1),
                                    {reorder(y, seq, /*to_global=*/false)})[0];

@@ -53,15 +53,15 @@ class ContextParallel : public SequenceContext {
   SequenceLayout layout(int64_t seq_len) const;
 
   std::vector<int64_t> positions(int64_t local_len) const override;
-  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
-                   double scale) override;
+  Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale,
+                   bool enable_gqa, const AttentionDropout& dropout) override;
 
   const ContextParallelOptions& options() const { return options_; }
 
  private:
   // The alltoall variant (Ulysses).
   Tensor ulysses(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale,
-                 const SequenceLayout& seq);
+                 bool enable_gqa, const AttentionDropout& dropout, const SequenceLayout& seq);
 
   std::shared_ptr<const DeviceMesh> mesh_;
   ContextParallelOptions options_;

@@ -7,6 +7,7 @@
 
 #include "autograd/function.h"
 #include "base/error.h"
+#include "parallel/cp/dropout_placement.h"
 #include "tensor/ops.h"
 
 namespace loom::parallel::cp {
@@ -74,8 +75,11 @@ std::vector<Tensor> empty_like_all(const std::vector<Tensor>& tensors) {
 class RingAttention : public autograd::Function {
  public:
   RingAttention(bool is_causal, double scale, SequenceLayout layout,
-                std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile)
+                std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile,
+                bool enable_gqa, DropoutPlacement dropout)
       : is_causal_(is_causal),
+        enable_gqa_(enable_gqa),
+        dropout_(std::move(dropout)),
         scale_(scale),
         layout_(layout),
         group_(std::move(group)),
@@ -111,7 +115,8 @@ class RingAttention : public autograd::Function {
           const auto part = ops::scaled_dot_product_attention(
               qa, ops::narrow(block[0], 2, static_cast<int64_t>(b) * len, len),
               ops::narrow(block[1], 2, static_cast<int64_t>(b) * len, len),
-              seen == Visibility::kDiagonal, scale_);
+              seen == Visibility::kDiagonal, scale_, 0,
+              dropout_.at(0, mine[a] * len, theirs[b] * len), enable_gqa_);
           merge(acc[a], den[a], top[a], ops::to(part.out, kFloat32), part.logsumexp);
         }
       }
@@ -175,7 +180,7 @@ class RingAttention : public autograd::Function {
           const auto g = ops::scaled_dot_product_attention_backward(
               rows(grad), rows(q_), cols(block[0]), cols(block[1]), rows(out_), rows(lse_),
               seen == Visibility::kDiagonal, scale_, /*causal_offset=*/0,
-              /*delta_from_out=*/true);
+              /*delta_from_out=*/true, dropout_.at(0, mine[a] * len, theirs[b] * len), enable_gqa_);
           ops::add_(rows(dq), ops::to(g.dq, kFloat32));
           ops::add_(cols(part[0]), ops::to(g.dk, kFloat32));
           ops::add_(cols(part[1]), ops::to(g.dv, kFloat32));
@@ -223,6 +228,8 @@ class RingAttention : public autograd::Function {
   }
 
   bool is_causal_;
+  bool enable_gqa_;
+  DropoutPlacement dropout_;  // each block's piece of the mask
   double scale_;
   SequenceLayout layout_;
   std::shared_ptr<comm::ProcessGroup> group_;
@@ -235,12 +242,14 @@ class RingAttention : public autograd::Function {
 
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                       double scale, const SequenceLayout& layout,
-                      std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile) {
+                      std::shared_ptr<comm::ProcessGroup> group, RingAttentionProfile* profile,
+                      bool enable_gqa, const AttentionDropout& dropout) {
   LOOM_CHECK(group != nullptr && group->size() == layout.cp && group->rank() == layout.rank,
              "ring_attention: the group must be the cp group of the layout (cp {}, rank {})",
              layout.cp, layout.rank);
   return autograd::Function::apply(
-      std::make_shared<RingAttention>(is_causal, scale, layout, std::move(group), profile),
+      std::make_shared<RingAttention>(is_causal, scale, layout, std::move(group), profile,
+                                      enable_gqa, DropoutPlacement(dropout, q, layout.seq_len)),
       {q, k, v})[0];
 }
 

@@ -24,6 +24,7 @@
 
 #include "comm/process_group.h"
 #include "parallel/cp/sequence_layout.h"
+#include "tensor/ops_nn.h"
 #include "tensor/tensor.h"
 
 namespace loom::parallel::cp {
@@ -38,9 +39,13 @@ struct RingAttentionProfile {
 
 // q, k, v: (B, H, T_local, D), this rank's tokens as `layout` places them; `group`: the cp group
 // (its rank = layout.rank). Differentiable. `profile`, when given, must outlive the backward.
+// enable_gqa: k and v may have fewer heads than q (grouped-query attention); their blocks travel
+// the ring at their own size. dropout: each block drops its piece of the whole sequence's mask
+// (its region, if any, placing q's batch and heads: parallel/cp/dropout_placement.h).
 Tensor ring_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                       double scale, const SequenceLayout& layout,
                       std::shared_ptr<comm::ProcessGroup> group,
-                      RingAttentionProfile* profile = nullptr);
+                      RingAttentionProfile* profile = nullptr, bool enable_gqa = false,
+                      const AttentionDropout& dropout = {});
 
 }  // namespace loom::parallel::cp

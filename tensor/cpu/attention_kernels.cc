@@ -35,11 +35,12 @@ int64_t visible_keys(const AttentionShape& s, int64_t i) {
   return s.causal ? std::clamp<int64_t>(i + 1 + s.causal_offset, 0, s.tk) : s.tk;
 }
 
-// Splits the entries over the threads, one entry per call of body(entry, scratch).
+// Splits `count` entries over the threads, one entry per call of body(entry, scratch), with
+// three rows of tk floats of scratch and `extra` floats after them.
 template <typename Body>
-void for_each_entry(const AttentionShape& s, const Body& body) {
-  parallel_for(s.entries, /*grain=*/1, /*align=*/1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(static_cast<size_t>(3 * std::max<int64_t>(s.tk, 1)));
+void for_each_entry(const AttentionShape& s, int64_t count, const Body& body, int64_t extra = 0) {
+  parallel_for(count, /*grain=*/1, /*align=*/1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(static_cast<size_t>(3 * std::max<int64_t>(s.tk, 1) + extra));
     for (int64_t e = begin; e < end; ++e) body(e, scratch.data());
   });
 }
@@ -48,7 +49,8 @@ void for_each_entry(const AttentionShape& s, const Body& body) {
 
 void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowMatrices& k,
                        const RowMatrices& v, float* out, float* lse) {
-  for_each_entry(s, [&](int64_t e, float* p) {
+  for_each_entry(s, s.entries, [&](int64_t e, float* p) {
+    const int64_t kv = e / s.group;
     for (int64_t i = 0; i < s.tq; ++i) {
       float* o = out + (e * s.tq + i) * s.dv;
       std::fill(o, o + s.dv, 0.0f);
@@ -60,7 +62,7 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
       const float* qi = row(q, e, i);
       float m = kNegInf;
       for (int64_t j = 0; j < visible; ++j) {
-        p[j] = dot(qi, row(k, e, j), s.d) * s.scale;
+        p[j] = dot(qi, row(k, kv, j), s.d) * s.scale;
         m = std::max(m, p[j]);
       }
       double sum = 0.0;
@@ -72,7 +74,7 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
       const AttentionDropoutMask& drop = s.dropout;
       for (int64_t j = 0; j < visible; ++j) {
         const float weight = drop.active() ? (p[j] * inv) * drop.factor(e, i, j) : p[j] * inv;
-        axpy(weight, row(v, e, j), o, s.dv);
+        axpy(weight, row(v, kv, j), o, s.dv);
       }
       lse[e * s.tq + i] = m + static_cast<float>(std::log(sum));
     }
@@ -82,42 +84,63 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
 void attention_backward(const AttentionShape& s, const RowMatrices& q, const RowMatrices& k,
                         const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
                         float* dq, float* dk, float* dv, const float* delta_in) {
-  for_each_entry(s, [&](int64_t e, float* scratch) {
-    float* p = scratch;
-    float* dp = scratch + std::max<int64_t>(s.tk, 1);
-    float* factor = dp + std::max<int64_t>(s.tk, 1);
-    float* dk_e = dk + e * s.tk * s.d;
-    float* dv_e = dv + e * s.tk * s.dv;
-    std::fill(dk_e, dk_e + s.tk * s.d, 0.0f);
-    std::fill(dv_e, dv_e + s.tk * s.dv, 0.0f);
-    for (int64_t i = 0; i < s.tq; ++i) {
-      float* dq_i = dq + (e * s.tq + i) * s.d;
-      std::fill(dq_i, dq_i + s.d, 0.0f);
-      const float l = lse[e * s.tq + i];
-      const int64_t visible = visible_keys(s, i);
-      if (l == kNegInf || visible == 0) continue;  // a row that saw no key: its gradients are 0
-      const float* qi = row(q, e, i);
-      const float* gi = row(grad_out, e, i);
-      const AttentionDropoutMask& drop = s.dropout;
-      double rowsum = 0.0;
-      for (int64_t j = 0; j < visible; ++j) {
-        p[j] = std::exp(dot(qi, row(k, e, j), s.d) * s.scale - l);
-        dp[j] = dot(gi, row(v, e, j), s.dv);
-        if (drop.active()) {  // dP of the dropped probabilities, and P as P V used it
-          factor[j] = drop.factor(e, i, j);
-          dp[j] *= factor[j];
+  // One key/value entry per call, with the query entries of its group in turn. The group's first
+  // query entry accumulates straight into dk and dv; each later one into scratch that is then
+  // added, so dk and dv are the query heads' sums in head order (what summing the gradients of
+  // k and v repeated per query head gives).
+  const int64_t kv_size = s.tk * (s.d + s.dv);
+  const int64_t extra = s.group > 1 ? kv_size : 0;
+  for_each_entry(
+      s, s.entries / s.group,
+      [&](int64_t kv, float* scratch) {
+        float* p = scratch;
+        float* dp = scratch + std::max<int64_t>(s.tk, 1);
+        float* factor = dp + std::max<int64_t>(s.tk, 1);
+        float* dk_kv = dk + kv * s.tk * s.d;
+        float* dv_kv = dv + kv * s.tk * s.dv;
+        std::fill(dk_kv, dk_kv + s.tk * s.d, 0.0f);
+        std::fill(dv_kv, dv_kv + s.tk * s.dv, 0.0f);
+        for (int64_t h = 0; h < s.group; ++h) {
+          const int64_t e = kv * s.group + h;
+          float* const part = factor + std::max<int64_t>(s.tk, 1);  // later heads' dk, dv
+          float* dk_e = h == 0 ? dk_kv : part;
+          float* dv_e = h == 0 ? dv_kv : part + s.tk * s.d;
+          if (h > 0) std::fill(part, part + kv_size, 0.0f);
+          for (int64_t i = 0; i < s.tq; ++i) {
+            float* dq_i = dq + (e * s.tq + i) * s.d;
+            std::fill(dq_i, dq_i + s.d, 0.0f);
+            const float l = lse[e * s.tq + i];
+            const int64_t visible = visible_keys(s, i);
+            if (l == kNegInf || visible == 0) continue;  // a row that saw no key: no gradients
+            const float* qi = row(q, e, i);
+            const float* gi = row(grad_out, e, i);
+            const AttentionDropoutMask& drop = s.dropout;
+            double rowsum = 0.0;
+            for (int64_t j = 0; j < visible; ++j) {
+              p[j] = std::exp(dot(qi, row(k, kv, j), s.d) * s.scale - l);
+              dp[j] = dot(gi, row(v, kv, j), s.dv);
+              if (drop.active()) {  // dP of the dropped probabilities, and P as P V used it
+                factor[j] = drop.factor(e, i, j);
+                dp[j] *= factor[j];
+              }
+              rowsum += static_cast<double>(p[j]) * dp[j];
+            }
+            const float delta =
+                delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
+            for (int64_t j = 0; j < visible; ++j) {
+              const float ds = p[j] * (dp[j] - delta) * s.scale;
+              axpy(ds, row(k, kv, j), dq_i, s.d);
+              axpy(ds, qi, dk_e + j * s.d, s.d);
+              axpy(drop.active() ? p[j] * factor[j] : p[j], gi, dv_e + j * s.dv, s.dv);
+            }
+          }
+          if (h > 0) {
+            axpy(1.0f, dk_e, dk_kv, s.tk * s.d);
+            axpy(1.0f, dv_e, dv_kv, s.tk * s.dv);
+          }
         }
-        rowsum += static_cast<double>(p[j]) * dp[j];
-      }
-      const float delta = delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
-      for (int64_t j = 0; j < visible; ++j) {
-        const float ds = p[j] * (dp[j] - delta) * s.scale;
-        axpy(ds, row(k, e, j), dq_i, s.d);
-        axpy(ds, qi, dk_e + j * s.d, s.d);
-        axpy(drop.active() ? p[j] * factor[j] : p[j], gi, dv_e + j * s.dv, s.dv);
-      }
-    }
-  });
+      },
+      extra);
 }
 
 }  // namespace loom::cpu

@@ -4,8 +4,9 @@
 // so memory grows with T, not T^2. The backward recomputes each row's probabilities from the
 // saved logsumexp, as FlashAttention does.
 //
-// Threads: the batch entries (batch x heads) are split over the kernel threads; each entry is
-// computed start to end by one thread, so results do not depend on the thread count.
+// Threads: the batch entries (batch x heads) are split over the kernel threads (in the backward,
+// the key/value entries with their group's query entries); each is computed start to end by one
+// thread, so results do not depend on the thread count.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,9 @@ struct AttentionShape {
   // Dropout on the probabilities (inactive by default): out = (P * factor) v, and the backward
   // takes dP through the same factors (tensor/attention_dropout_mask.h).
   AttentionDropoutMask dropout;
+  // Grouped-query attention: entry e's keys and values are key/value entry e / group (q, out and
+  // dq have `entries` matrices; k, v, dk and dv entries / group).
+  int64_t group = 1;
 };
 
 // Matrices of one operand: entry e's row r starts at base + offsets[e] + r * row_stride; the

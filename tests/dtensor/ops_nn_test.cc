@@ -450,6 +450,25 @@ TEST(OpsNnTest, AttentionDropoutOnShardsDropsWhatOneRankDrops) {
   });
 }
 
+// Grouped-query attention with heads sharded: q's 4 heads and k's and v's 2 split together, so
+// each rank keeps whole groups (query heads 2r, 2r + 1 with key/value head r), bit for bit.
+TEST(OpsNnTest, GroupedQueryAttentionWithHeadsSharded) {
+  const auto attention = [](const Inputs& in) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], true, 0.0, 0, {}, /*enable_gqa=*/true);
+  };
+  run_on_ranks(2, [attention](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor q = float_tensor({2, 4, 6, 4}, 17), k = float_tensor({2, 2, 6, 4}, 18),
+                 v = float_tensor({2, 2, 6, 4}, 19);
+    for (int64_t dim : {0, 1}) {
+      check_op(mesh, {fmt::format("grouped attention q,k,v S({})", dim),
+                      {{q, {Shard(dim)}}, {k, {Shard(dim)}}, {v, {Shard(dim)}}},
+                      attention,
+                      Placements{Shard(dim)}});
+    }
+  });
+}
+
 // RoPE of (B, T, H, D) by replicated tables: batch and heads shard with no communication, the
 // sequence shards with the tables' rows (sliced locally), a Partial x stays Partial (rope is
 // linear); each pair rotates whole on one rank, so the values are exact.

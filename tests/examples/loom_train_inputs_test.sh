@@ -118,14 +118,11 @@ expect_error 2 "loom_train: parallelize_llama: tp 4 must divide n_heads 4 and n_
   --model llama-tiny --dp 1 --tp 4
 # A size a family does not have.
 expect_error 2 "loom_train: --n-kv-heads: the gpt family has no such size" --n-kv-heads 2
-# Dropout a family does not have, one out of range, and attention dropout under context
-# parallelism (its attention does not place each block's piece of the mask).
+# Dropout a family does not have, and one out of range.
 expect_error 2 "loom_train: --attn-dropout 0.1: the llama family has no attention dropout; use --attn-dropout 0" \
   --model llama-tiny --attn-dropout 0.1
 expect_error 2 "loom_train: --attn-dropout 1.5: a dropout probability must be in [0, 1)" \
   --attn-dropout 1.5
-expect_error 2 "loom_train: --cp 2 with --attn-dropout 0.1: context-parallel attention does not yet place" \
-  --dp 1 --tp 1 --cp 2 --attn-dropout 0.1
 # Data shorter than one sequence.
 printf 'short text' >short.txt
 expect_error 2 "loom_train: --data: short.txt (10 bytes, byte-level tokens) holds 10 tokens, too few for sequences of 64" \

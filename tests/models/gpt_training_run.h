@@ -81,6 +81,11 @@ struct Runs {
   // raises it says why: a layout that rounds its gradients differently from one rank (not
   // merely in another order) moves the parameters of near-zero gradients further under AdamW.
   double param_rtol = 1e-5;
+  // Whether to compare the parameters at all. A caller that turns it off says why: a run where
+  // some element's gradient is at f32 noise level near AdamW's eps in a step, so that the
+  // optimizer turns that noise into a visible step; its losses, gradient norms and gradients,
+  // which the computation under test decides, are compared still.
+  bool compare_params = true;
 };
 // Losses and gradient norms within 1e-5 relative, parameters within param_rtol of the model's
 // largest parameter magnitude, gradients within 1e-5 of the largest gradient (why not per

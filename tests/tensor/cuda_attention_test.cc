@@ -4,7 +4,8 @@
 // head) rows, Tk == 0, non-contiguous inputs, head dims above the fused kernel's 128 (the
 // composed fallback), and causal offsets (query i sees key j <= i + offset: tile-aligned and not,
 // negative ones leaving whole query tiles without a key, the chunk shapes of context
-// parallelism), and attention dropout on every path. Every case skips without a GPU.
+// parallelism), attention dropout and grouped-query attention on every path. Every case skips
+// without a GPU.
 //
 // bf16 cases run on both GPU paths: the tensor-core kernels (flash_attention_mma.h: head dims 16,
 // 32, 64 and 128, D == Dv) and the plain CUDA kernels, each against the CPU.
@@ -78,20 +79,21 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
   // runs both GPU paths: the tensor-core kernels (where they take the shape: head dims 16, 32,
   // 64 and 128 with D == Dv) and the plain ones; f32 has the plain ones only.
   void compare(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-               const std::string& what, int64_t offset = 0, const AttentionDropout& dropout = {}) {
+               const std::string& what, int64_t offset = 0, const AttentionDropout& dropout = {},
+               bool gqa = false) {
     const DType dtype = GetParam();
-    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset, dropout);
+    const auto cpu = ops::scaled_dot_product_attention(q, k, v, causal, 0.0, offset, dropout, gqa);
     const Tensor g = random_tensor(cpu.out.shape(), 99, dtype);
-    const auto cg = ops::scaled_dot_product_attention_backward(g, q, k, v, cpu.out, cpu.logsumexp,
-                                                               causal, 0.0, offset, false, dropout);
+    const auto cg = ops::scaled_dot_product_attention_backward(
+        g, q, k, v, cpu.out, cpu.logsumexp, causal, 0.0, offset, false, dropout, gqa);
     for (bool tensor_cores : {true, false}) {
       if (!tensor_cores && dtype == kFloat32) break;
       const TensorCoreAttention path(tensor_cores);
       const std::string tag =
           fmt::format("{} causal {} offset {} dropout {} {} {}", what, causal, offset, dropout.p,
                       dtype_name(dtype), tensor_cores ? "(tensor cores)" : "");
-      const auto dev =
-          ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0, offset, dropout);
+      const auto dev = ops::scaled_dot_product_attention(gpu(q), gpu(k), gpu(v), causal, 0.0,
+                                                         offset, dropout, gqa);
       expect_close({.actual = dev.out,
                     .expected = cpu.out,
                     .tol = kernel_tolerance(cpu.out.dtype(), 4.0),
@@ -102,7 +104,7 @@ class CudaAttentionTest : public ::testing::TestWithParam<DType> {
                     .what = tag + " logsumexp"});
       const auto dg = ops::scaled_dot_product_attention_backward(gpu(g), gpu(q), gpu(k), gpu(v),
                                                                  dev.out, dev.logsumexp, causal,
-                                                                 0.0, offset, false, dropout);
+                                                                 0.0, offset, false, dropout, gqa);
       expect_close({.actual = dg.dq,
                     .expected = cg.dq,
                     .tol = kernel_tolerance(cg.dq.dtype(), 10.0),
@@ -318,6 +320,28 @@ TEST_P(CudaAttentionTest, DropoutDropsWhatTheCpuDrops) {
   compare_case({{1, 2}, 64, 200, 32, 32}, 515, 136, dropout);  // a chunk of queries at the end
   compare_case({{2, 2}, 40, 40, 16, 16}, 518, 0,
                {.p = 0.5, .seed = 77, .region = {{2, 5, 40, 40}, {0, 2, 0, 0}}});
+}
+
+// Grouped-query attention read in place: every GPU path takes key/value head h / g for query
+// head h, and the backward sums each group's query heads into dk and dv (one block per key/value
+// head and key tile looping over its group), as the CPU does.
+TEST_P(CudaAttentionTest, GroupedQueryAttentionMatchesTheCpu) {
+  const DType dtype = GetParam();
+  struct GqaCase {
+    int64_t hq, hkv, tq, tk, d;
+  };
+  uint32_t seed = 700;
+  for (const GqaCase& c : {GqaCase{4, 2, 70, 70, 64}, GqaCase{6, 2, 37, 130, 32},
+                           GqaCase{3, 1, 65, 65, 128}, GqaCase{4, 2, 9, 9, 160}}) {
+    const Tensor q = random_tensor({2, c.hq, c.tq, c.d}, seed, dtype);
+    const Tensor k = random_tensor({2, c.hkv, c.tk, c.d}, seed + 1, dtype);
+    const Tensor v = random_tensor({2, c.hkv, c.tk, c.d}, seed + 2, dtype);
+    seed += 3;
+    const std::string what =
+        fmt::format("Hq {} Hkv {} tq {} tk {} d {}", c.hq, c.hkv, c.tq, c.tk, c.d);
+    for (bool causal : {false, true}) compare(q, k, v, causal, what, 0, {}, /*gqa=*/true);
+    compare(q, k, v, true, what, 0, {.p = 0.2, .seed = 31}, /*gqa=*/true);
+  }
 }
 
 TEST_P(CudaAttentionTest, HeadDimsAbove128UseTheComposedPath) {

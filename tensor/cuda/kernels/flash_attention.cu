@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   const Tile qs = tile_after(smem, d), ks = tile_after(qs.end(), d);
   const Tile vs = tile_after(ks.end(), dv), ps = tile_after(vs.end(), kTile);
   q += bh * s.tq * d;
-  k += bh * s.tk * d;
-  v += bh * s.tk * dv;
+  k += bh / s.group * s.tk * d;
+  v += bh / s.group * s.tk * dv;
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int64_t i = q0 + r;
   load_tile(qs, q, q0, s.tq, d);
@@ -173,8 +173,8 @@ __global__ void __launch_bounds__(kFlashThreads)
   const Tile ps = tile_after(vs.end(), kTile);
   q += bh * s.tq * d;
   grad_out += bh * s.tq * dv;
-  k += bh * s.tk * d;
-  v += bh * s.tk * dv;
+  k += bh / s.group * s.tk * d;
+  v += bh / s.group * s.tk * dv;
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int64_t i = q0 + r;
   const float li = i < s.tq ? lse[bh * s.tq + i] : -INFINITY;
@@ -226,18 +226,15 @@ __global__ void __launch_bounds__(kFlashThreads)
   extern __shared__ float smem[];
   const int d = static_cast<int>(s.d), dv = static_cast<int>(s.dv);
   const int64_t k_tiles = ceil_div(s.tk, kTile);
-  const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  // One key/value row kv per block row of tiles; its group's query rows kv * group.. in turn.
+  const int64_t kv = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
   const Tile ks = tile_after(smem, d), vs = tile_after(ks.end(), dv);
   const Tile qs = tile_after(vs.end(), d), gs = tile_after(qs.end(), dv);
   const Tile ps = tile_after(gs.end(), kTile);
   float* lse_s = ps.end();
   float* delta_s = lse_s + kTile;
-  q += bh * s.tq * d;
-  grad_out += bh * s.tq * dv;
-  lse += bh * s.tq;
-  delta += bh * s.tq;
-  k += bh * s.tk * d;
-  v += bh * s.tk * dv;
+  k += kv * s.tk * d;
+  v += kv * s.tk * dv;
   // Here a tile row is a key j; the 16 columns of a thread are queries.
   const int r = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
   const int64_t j = k0 + r;
@@ -246,41 +243,47 @@ __global__ void __launch_bounds__(kFlashThreads)
   float acc_dk[kOutCols], acc_dv[kOutCols];
 #pragma unroll
   for (int c = 0; c < kOutCols; ++c) acc_dk[c] = acc_dv[c] = 0.0f;
-  // Causal: queries before k0 - causal_offset see none of this tile's keys.
-  for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
-    __syncthreads();
-    load_tile(qs, q, q0, s.tq, d);
-    load_tile(gs, grad_out, q0, s.tq, dv);
-    for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
-      lse_s[x] = q0 + x < s.tq ? lse[q0 + x] : -INFINITY;
-      delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
-    }
-    __syncthreads();
-    float p[kScoreCols], dp[kScoreCols], drop[kScoreCols];
-    dot_rows(p, ks, qs, d, r, lane);    // scores^T
-    dot_rows(dp, vs, gs, dv, r, lane);  // dP^T
+  for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
+    const T* qh = q + bh * s.tq * d;
+    const T* gh = grad_out + bh * s.tq * dv;
+    const float* lse_h = lse + bh * s.tq;
+    const float* delta_h = delta + bh * s.tq;
+    // Causal: queries before k0 - causal_offset see none of this tile's keys.
+    for (int64_t q0 = query_begin(s, k0); q0 < s.tq; q0 += kTile) {
+      __syncthreads();
+      load_tile(qs, qh, q0, s.tq, d);
+      load_tile(gs, gh, q0, s.tq, dv);
+      for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
+        lse_s[x] = q0 + x < s.tq ? lse_h[q0 + x] : -INFINITY;
+        delta_s[x] = q0 + x < s.tq ? delta_h[q0 + x] : 0.0f;
+      }
+      __syncthreads();
+      float p[kScoreCols], dp[kScoreCols], drop[kScoreCols];
+      dot_rows(p, ks, qs, d, r, lane);    // scores^T
+      dot_rows(dp, vs, gs, dv, r, lane);  // dP^T
 #pragma unroll
-    for (int c = 0; c < kScoreCols; ++c) {
-      const int x = lane + kLanes * c;
-      p[c] = prob(p[c], lse_s[x], visible(q0 + x, j, s), s.scale);
-      // Under dropout: dv from the dropped P, dP^T through the mask (drop[c] is that factor).
-      drop[c] = s.dropout.active() && p[c] != 0.0f ? s.dropout.factor(bh, q0 + x, j) : 1.0f;
-      ps.at(r, x) = p[c] * drop[c];
-    }
-    __syncthreads();
-    accumulate(acc_dv, ps, gs, dv, r, lane);
-    __syncthreads();
+      for (int c = 0; c < kScoreCols; ++c) {
+        const int x = lane + kLanes * c;
+        p[c] = prob(p[c], lse_s[x], visible(q0 + x, j, s), s.scale);
+        // Under dropout: dv from the dropped P, dP^T through the mask (drop[c] is that factor).
+        drop[c] = s.dropout.active() && p[c] != 0.0f ? s.dropout.factor(bh, q0 + x, j) : 1.0f;
+        ps.at(r, x) = p[c] * drop[c];
+      }
+      __syncthreads();
+      accumulate(acc_dv, ps, gs, dv, r, lane);
+      __syncthreads();
 #pragma unroll
-    for (int c = 0; c < kScoreCols; ++c) {
-      const int x = lane + kLanes * c;
-      ps.at(r, x) = p[c] * (dp[c] * drop[c] - delta_s[x]) * s.scale;
+      for (int c = 0; c < kScoreCols; ++c) {
+        const int x = lane + kLanes * c;
+        ps.at(r, x) = p[c] * (dp[c] * drop[c] - delta_s[x]) * s.scale;
+      }
+      __syncthreads();
+      accumulate(acc_dk, ps, qs, d, r, lane);
     }
-    __syncthreads();
-    accumulate(acc_dk, ps, qs, d, r, lane);
   }
   if (j < s.tk) {
-    store_row(dk + (bh * s.tk + j) * d, acc_dk, d, lane, 1.0f);
-    store_row(dv_out + (bh * s.tk + j) * dv, acc_dv, dv, lane, 1.0f);
+    store_row(dk + (kv * s.tk + j) * d, acc_dk, d, lane, 1.0f);
+    store_row(dv_out + (kv * s.tk + j) * dv, acc_dv, dv, lane, 1.0f);
   }
 }
 
@@ -345,7 +348,7 @@ void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* 
     if (s.tk > 0) {
       // With tq == 0 every key's gradient is 0: the loop over query tiles is empty.
       launch(flash_backward_dkdv_kernel<T>, "flash_backward_dkdv_kernel",
-             s.rows * ceil_div(s.tk, kTile), bytes + 2 * kTile * sizeof(float), device,
+             s.rows / s.group * ceil_div(s.tk, kTile), bytes + 2 * kTile * sizeof(float), device,
              static_cast<T*>(dk), static_cast<T*>(dv), static_cast<const float*>(delta), g, qt, kt,
              vt, lse, s);
     }

@@ -411,8 +411,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t q_tiles = ceil_div(s.tq, kTile);
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
-  k = matrix(k, L.k, bh);
-  v = matrix(v, L.v, bh);
+  k = matrix(k, L.k, bh / s.group);
+  v = matrix(v, L.v, bh / s.group);
   out = matrix(out, L.o, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first row in the tile
@@ -508,8 +508,8 @@ __global__ void __launch_bounds__(kMmaThreads)
   const int64_t bh = blockIdx.x / q_tiles, q0 = (blockIdx.x % q_tiles) * kTile;
   q = matrix(q, L.q, bh);
   grad_out = matrix(grad_out, L.o, bh);
-  k = matrix(k, L.k, bh);
-  v = matrix(v, L.v, bh);
+  k = matrix(k, L.k, bh / s.group);
+  v = matrix(v, L.v, bh / s.group);
   dq = matrix(dq, L.dq, bh);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;
@@ -591,15 +591,13 @@ __global__ void __launch_bounds__(kMmaThreads)
   float* lse_s = reinterpret_cast<float*>(tile_buffer<T, D>(smem_raw, 2 + 2 * Stages).p);
   float* delta_s = lse_s + kTile;
   const int64_t k_tiles = ceil_div(s.tk, kTile);
-  const int64_t bh = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
-  q = matrix(q, L.q, bh);
-  grad_out = matrix(grad_out, L.o, bh);
-  lse += bh * s.tq;
-  delta += bh * s.tq;
-  k = matrix(k, L.k, bh);
-  v = matrix(v, L.v, bh);
-  dk = matrix(dk, L.dk, bh);
-  dv_out = matrix(dv_out, L.dv, bh);
+  // One key/value matrix kv per block row of tiles; its group's query matrices kv * group.. in
+  // turn, accumulating into the same dk and dv.
+  const int64_t kv = blockIdx.x / k_tiles, k0 = (blockIdx.x % k_tiles) * kTile;
+  k = matrix(k, L.k, kv);
+  v = matrix(v, L.v, kv);
+  dk = matrix(dk, L.dk, kv);
+  dv_out = matrix(dv_out, L.dv, kv);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int w0 = warp * 16;  // the warp's first key in the tile
   const int64_t key[2] = {k0 + w0 + g, k0 + w0 + g + 8};
@@ -609,39 +607,46 @@ __global__ void __launch_bounds__(kMmaThreads)
   zero<D>(acc_dv);
   const int64_t begin = query_begin(s, k0);
   using Tiles = TilePipeline<T, D, Stages>;
-  const Tiles qg = Tiles::in(smem_raw, 2, q, L.q.row_stride, grad_out, L.o.row_stride, s.tq);
   // K and V join the first query tiles' group.
   load_tile<T, D>(ks, k, L.k.row_stride, k0, s.tk);
   load_tile<T, D>(vs, v, L.v.row_stride, k0, s.tk);
-  qg.fetch(0, begin, s.tq);
-  int buf = 0;
-  for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf = Tiles::following(buf)) {
-    qg.prefetch(buf, q0 + kTile, s.tq);
-    for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
-      lse_s[x] = q0 + x < s.tq ? lse[q0 + x] * kLog2e : -INFINITY;
-      delta_s[x] = q0 + x < s.tq ? delta[q0 + x] : 0.0f;
-    }
-    Tiles::wait_for_current();
-    float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
-    strip_product<T, D>(p, ks, qg.a[buf], w0, lane);
-    strip_product<T, D>(dp, vs, qg.b[buf], w0, lane);
-#pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int x = 8 * j + 2 * t + (e & 1);  // the query's row in the tile
-        const float pe = prob(p[j][e], lse_s[x], visible(q0 + x, key[e >> 1], s), scale2);
-        // Under dropout: dP^T through the mask, and dv from the dropped P.
-        const float drop =
-            s.dropout.active() && pe != 0.0f ? s.dropout.factor(bh, q0 + x, key[e >> 1]) : 1.0f;
-        dp[j][e] = pe * (dp[j][e] * drop - delta_s[x]) * s.scale;  // dS^T
-        p[j][e] = pe * drop;
+  for (int64_t bh = kv * s.group; bh < (kv + 1) * s.group; ++bh) {
+    // Each query matrix's loop starts with no copy in flight (the last step prefetched none)
+    // and every read of the buffers done (its closing __syncthreads).
+    const float* lse_h = lse + bh * s.tq;
+    const float* delta_h = delta + bh * s.tq;
+    const Tiles qg = Tiles::in(smem_raw, 2, matrix(q, L.q, bh), L.q.row_stride,
+                               matrix(grad_out, L.o, bh), L.o.row_stride, s.tq);
+    qg.fetch(0, begin, s.tq);
+    int buf = 0;
+    for (int64_t q0 = begin; q0 < s.tq; q0 += kTile, buf = Tiles::following(buf)) {
+      qg.prefetch(buf, q0 + kTile, s.tq);
+      for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
+        lse_s[x] = q0 + x < s.tq ? lse_h[q0 + x] * kLog2e : -INFINITY;
+        delta_s[x] = q0 + x < s.tq ? delta_h[q0 + x] : 0.0f;
       }
+      Tiles::wait_for_current();
+      float p[kTile / 8][4], dp[kTile / 8][4];  // transposed: rows are keys, columns queries
+      strip_product<T, D>(p, ks, qg.a[buf], w0, lane);
+      strip_product<T, D>(dp, vs, qg.b[buf], w0, lane);
+#pragma unroll
+      for (int j = 0; j < kTile / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int x = 8 * j + 2 * t + (e & 1);  // the query's row in the tile
+          const float pe = prob(p[j][e], lse_s[x], visible(q0 + x, key[e >> 1], s), scale2);
+          // Under dropout: dP^T through the mask, and dv from the dropped P.
+          const float drop =
+              s.dropout.active() && pe != 0.0f ? s.dropout.factor(bh, q0 + x, key[e >> 1]) : 1.0f;
+          dp[j][e] = pe * (dp[j][e] * drop - delta_s[x]) * s.scale;  // dS^T
+          p[j][e] = pe * drop;
+        }
+      }
+      accumulate_strip<T, D>(acc_dv, p, qg.b[buf], lane);
+      accumulate_strip<T, D>(acc_dk, dp, qg.a[buf], lane);
+      __syncthreads();  // the tile's reads are done before the next step refills its buffers
+      qg.refill(q0 + kTile, s.tq);
     }
-    accumulate_strip<T, D>(acc_dv, p, qg.b[buf], lane);
-    accumulate_strip<T, D>(acc_dk, dp, qg.a[buf], lane);
-    __syncthreads();  // the tile's reads are done before the next step refills its buffers
-    qg.refill(q0 + kTile, s.tq);
   }
   cp_async_wait(0);
 #pragma unroll
@@ -803,7 +808,7 @@ void mma_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* de
                   [&](auto stages) {
                     constexpr int S = decltype(stages)::value;
                     launch(mma_backward_dkdv_kernel<T, D, S>, "mma_backward_dkdv_kernel",
-                           s.rows * ceil_div(s.tk, kTile), kDkdvSmem<T, D, S>, device,
+                           s.rows / s.group * ceil_div(s.tk, kTile), kDkdvSmem<T, D, S>, device,
                            static_cast<T*>(dk), static_cast<T*>(dv),
                            static_cast<const float*>(delta), g, qt, kt, vt, lse, s, layouts);
                   });

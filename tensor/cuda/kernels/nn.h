@@ -128,6 +128,9 @@ struct FlashAttentionShape {
   // Dropout on the probabilities, drawn in the kernels (inactive by default): P V takes
   // P * factor, and the backward dP * factor and (P * factor)^T dO.
   AttentionDropoutMask dropout;
+  // Grouped-query attention: row bh's keys and values are k, v row bh / group (k, v, dk and dv
+  // have rows / group rows; the backward sums each group's query rows into them).
+  int64_t group = 1;
 };
 // out (rows, tq, dv) in `dtype`, lse (rows, tq) f32.
 void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, const void* k,
