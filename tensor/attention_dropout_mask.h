@@ -22,11 +22,16 @@ struct AttentionDropoutMask {
   int64_t base = 0, batch_stride = 0, head_stride = 0, heads = 1, row_stride = 0;
 
   LOOM_HOST_DEVICE bool active() const { return threshold > 0; }
+  // The mask index of element (e, i, 0); element (e, i, j) is j on.
+  LOOM_HOST_DEVICE int64_t row_index(int64_t e, int64_t i) const {
+    return base + (e / heads) * batch_stride + (e % heads) * head_stride + i * row_stride;
+  }
   // What element (e, i, j) of P is multiplied by: rescale where kept, 0 where dropped.
   LOOM_HOST_DEVICE float factor(int64_t e, int64_t i, int64_t j) const {
-    const int64_t index =
-        base + (e / heads) * batch_stride + (e % heads) * head_stride + i * row_stride + j;
-    return philox::keep(seed, static_cast<uint64_t>(index), threshold) ? rescale : 0.0f;
+    return factor_at(static_cast<uint64_t>(row_index(e, i) + j));
+  }
+  LOOM_HOST_DEVICE float factor_at(uint64_t index) const {
+    return philox::keep(seed, index, threshold) ? rescale : 0.0f;
   }
 };
 

@@ -23,6 +23,12 @@ LOOM_HOST_DEVICE inline Words block(uint32_t c0, uint32_t c1, uint32_t c2, uint3
                                     uint32_t k1) {
   constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
   constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  // Unrolled, so that a loop over elements (the CPU attention kernel's row of keys) vectorizes.
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#elif defined(__GNUC__) && !defined(__clang__)
+#pragma GCC unroll 10
+#endif
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = static_cast<uint64_t>(kM0) * c0;
     const uint64_t p1 = static_cast<uint64_t>(kM1) * c2;
