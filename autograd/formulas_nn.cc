@@ -88,7 +88,7 @@ void register_nn_formulas(FormulaTable& f) {
                         [q = c.inputs[0], k = c.inputs[1], v = c.inputs[2], y = out[0],
                          lse = out[1], is_causal = c.bool_attr(0), scale = c.double_attr(1),
                          causal_offset = c.attrs.size() > 2 ? c.int_attr(2) : int64_t{0},
-                         dropout = ops::attention_dropout_of(c, 4),
+                         dropout = ops::attention_dropout_of(c, ops::kAttentionDropoutAttrs),
                          enable_gqa = c.attrs.size() > 3 && c.bool_attr(3)](const Grads& g) {
                           ops::AttentionGrads grads = ops::scaled_dot_product_attention_backward(
                               g[0], q, k, v, y, lse, is_causal, scale, causal_offset,

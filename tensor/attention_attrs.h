@@ -11,6 +11,13 @@
 
 namespace loom::ops {
 
+// Where a call's dropout attrs start: after the forward's own (is_causal, scale, causal_offset,
+// enable_gqa) and the backward's (is_causal, scale, causal_offset, delta_from_out, enable_gqa).
+// The seed is the attr after p: new on every call, so DTensor's strategy cache leaves it out of
+// its key (dtensor/sharding/propagator.cc).
+inline constexpr size_t kAttentionDropoutAttrs = 4;
+inline constexpr size_t kAttentionBackwardDropoutAttrs = 5;
+
 // Appends `dropout`'s attrs when p > 0.
 void append_attention_dropout(std::vector<OpAttr>& attrs, const AttentionDropout& dropout);
 // The dropout of `call`, whose own attrs are the first `own` (none after them: no dropout).

@@ -215,8 +215,7 @@ struct AttentionGrads {
 // torch's CUDA backends do: one pass over dO and out instead of a second pass of S and dP over
 // every key tile; it differs from rowsum(P * dP) by out's rounding only (bf16 tolerances, as
 // every bf16 GPU result). is_causal, scale, causal_offset, dropout and enable_gqa must be the
-// forward's
-// (under dropout dP is taken through the forward's mask and dv from the dropped P).
+// forward's (under dropout dP is taken through the forward's mask and dv from the dropped P).
 // delta_from_out: the row sums from grad_out · out, the whole row's when `out` and `logsumexp`
 // are a larger attention's over more keys than k and v hold — ring attention's per-block
 // backward. Then delta_i = sum_d grad_out[i,d] * out[i,d] in f32 (bf16 operands upcast) replaces

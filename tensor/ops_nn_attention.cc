@@ -134,7 +134,7 @@ AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
              shapes());
   if (grouped) {
     const int64_t hq = q.size(head_dim), hkv = k.size(head_dim);
-    LOOM_CHECK(v.size(head_dim) == hkv && hkv > 0 && hq % hkv == 0,
+    LOOM_CHECK(v.size(head_dim) == hkv && hkv > 0 && hq >= hkv && hq % hkv == 0,
                "{}: grouped-query attention needs k and v with one head count dividing q's, got "
                "shapes {}",
                op, shapes());

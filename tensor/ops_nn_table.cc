@@ -76,7 +76,8 @@ void register_nn_ops(OpTable& t) {
   t[OpId::scaled_dot_product_attention] = [causal_offset](C c) {
     auto r = ops::scaled_dot_product_attention(
         c.inputs[0], c.inputs[1], c.inputs[2], c.bool_attr(0), c.double_attr(1), causal_offset(c),
-        ops::attention_dropout_of(c, 4), c.attrs.size() > 3 && c.bool_attr(3));
+        ops::attention_dropout_of(c, ops::kAttentionDropoutAttrs),
+        c.attrs.size() > 3 && c.bool_attr(3));
     return V{r.out, r.logsumexp};
   };
   // Inputs (grad_out, q, k, v, out, logsumexp); attrs (is_causal, scale, causal_offset,
@@ -87,7 +88,8 @@ void register_nn_ops(OpTable& t) {
     auto r = ops::scaled_dot_product_attention_backward(
         c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
         c.bool_attr(0), c.double_attr(1), causal_offset(c), delta_from_out,
-        ops::attention_dropout_of(c, 5), c.attrs.size() > 4 && c.bool_attr(4));
+        ops::attention_dropout_of(c, ops::kAttentionBackwardDropoutAttrs),
+        c.attrs.size() > 4 && c.bool_attr(4));
     return V{r.dq, r.dk, r.dv};
   };
   // Dropout: attrs (p, seed, training).

@@ -47,6 +47,7 @@ OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int
 AttentionDropout attention_dropout_on_shard(const OpCall& local, size_t own,
                                             const InputSpecs& specs, size_t q_input) {
   AttentionDropout dropout = ops::attention_dropout_of(local, own);
+  if (dropout.p == 0.0) return dropout;
   LOOM_CHECK(dropout.region.global_shape.empty(),
              "{}: a call on distributed tensors places each shard's dropout mask itself; pass no "
              "dropout region (got global shape {})",
@@ -59,6 +60,36 @@ AttentionDropout attention_dropout_on_shard(const OpCall& local, size_t own,
   offset.back() = 0;  // the key dim: every shard holds all keys (offset[-2] is 0 too)
   dropout.region = {std::move(global), std::move(offset)};
   return dropout;
+}
+
+// Grouped-query attention on shards (k's and v's heads fewer than q's) keeps each rank's query
+// heads with their key/value heads only where both split alike: on every mesh coordinate the
+// local query heads must be the local key/value heads times the group. Checked over the whole
+// mesh from the specs, so every rank reaches the same answer and a bad split is named on all of
+// them (torch.chunk's uneven shards would otherwise regroup heads silently).
+void check_groups_split_alike(const OpCall& local, const InputSpecs& specs, size_t q_input) {
+  const DTensorSpec& q = *specs[q_input];
+  const DTensorSpec& k = *specs[q_input + 1];
+  if (q.shape.size() < 3) return;
+  const size_t head = q.shape.size() - 3;
+  if (q.shape[head] == k.shape[head] || k.shape[head] == 0) return;
+  const int64_t group = q.shape[head] / k.shape[head];
+  const DeviceMesh& mesh = *q.mesh;
+  std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
+  while (true) {
+    const int64_t hq = q.local_size_at(head, coordinate), hkv = k.local_size_at(head, coordinate);
+    LOOM_CHECK(hq == hkv * group,
+               "{}: grouped-query attention's {} query heads over {} key/value heads (group {}) "
+               "split as {} over {} on mesh coordinate {} ({} and {}): shard the heads over a "
+               "mesh whose size divides the key/value heads, or replicate them",
+               local.op, q.shape[head], k.shape[head], group, hq, hkv,
+               shape_str(Shape(coordinate.begin(), coordinate.end())), q.str(), k.str());
+    size_t d = coordinate.size();
+    while (d > 0 && ++coordinate[d - 1] == mesh.size(static_cast<int64_t>(d - 1))) {
+      coordinate[--d] = 0;
+    }
+    if (d == 0) return;
+  }
 }
 
 // The mesh dim (if any) on which `spec` shards `tensor_dim`; throws when several do.
@@ -317,7 +348,8 @@ void register_nn_strategies(StrategyTable& t) {
   // Attention shards only the leading (batch, head) dims: every shard holds whole sequences, so
   // the attrs (is_causal, scale, causal_offset, enable_gqa; the backward's delta_from_out, a
   // per-row sum) reach each local call unchanged (propagator.cc passes call.attrs through) and mean
-  // there what they mean for the whole tensor. Under dropout (attrs after the op's own,
+  // there what they mean for the whole tensor (grouped-query attention's groups checked to split
+  // alike on every rank). Under dropout (attrs after the op's own,
   // tensor/attention_attrs.h) each local call is given where its heads and batch entries sit in the
   // whole (batch..., Tq, Tk) mask, so a shard drops exactly its slice of what one rank drops.
   t[OpId::scaled_dot_product_attention] = [](const OpCall& call, const InputSpecs& in) {
@@ -326,9 +358,11 @@ void register_nn_strategies(StrategyTable& t) {
     Shape out = q;
     out.back() = in[2]->shape.back();
     OpSharding s = leading_dims(3, {true, true, true}, lead, {out, Shape(q.begin(), q.end() - 1)});
-    if (call.attrs.size() > 4) {
+    if (call.attrs.size() > 3) {  // enable_gqa (and dropout's attrs after it) given
       s.local = [](const OpCall& local, const InputSpecs& specs) {
-        const AttentionDropout dropout = attention_dropout_on_shard(local, 4, specs, 0);
+        check_groups_split_alike(local, specs, 0);
+        const AttentionDropout dropout =
+            attention_dropout_on_shard(local, ops::kAttentionDropoutAttrs, specs, 0);
         auto r = ops::scaled_dot_product_attention(
             local.inputs[0], local.inputs[1], local.inputs[2], local.bool_attr(0),
             local.double_attr(1), local.int_attr(2), dropout, local.bool_attr(3));
@@ -342,9 +376,11 @@ void register_nn_strategies(StrategyTable& t) {
     const int64_t lead = static_cast<int64_t>(in[1]->shape.size()) - 2;
     OpSharding s = leading_dims(6, {true, true, true, true, true, true}, lead,
                                 {in[1]->shape, in[2]->shape, in[3]->shape});
-    if (call.attrs.size() > 5) {
+    if (call.attrs.size() > 4) {  // enable_gqa (and dropout's attrs after it) given
       s.local = [](const OpCall& local, const InputSpecs& specs) {
-        const AttentionDropout dropout = attention_dropout_on_shard(local, 5, specs, 1);
+        check_groups_split_alike(local, specs, 1);
+        const AttentionDropout dropout =
+            attention_dropout_on_shard(local, ops::kAttentionBackwardDropoutAttrs, specs, 1);
         const auto& x = local.inputs;
         auto g = ops::scaled_dot_product_attention_backward(
             x[0], x[1], x[2], x[3], x[4], x[5], local.bool_attr(0), local.double_attr(1),

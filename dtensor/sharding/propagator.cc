@@ -16,6 +16,7 @@
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding/strategy.h"
+#include "tensor/attention_attrs.h"
 
 namespace loom::sharding {
 
@@ -91,6 +92,21 @@ void append_attr(KeyWords& key, const OpAttr& attr) {
       attr);
 }
 
+// Random seeds among an op's attrs (dropout's, attention dropout's): new on every call and read by
+// no strategy, so the key leaves them out; keyed, a training run would add a cache entry per call.
+bool is_seed_attr(OpId op, size_t index) {
+  switch (op) {
+    case OpId::dropout:
+      return index == 1;
+    case OpId::scaled_dot_product_attention:
+      return index == ops::kAttentionDropoutAttrs + 1;
+    case OpId::scaled_dot_product_attention_backward:
+      return index == ops::kAttentionBackwardDropoutAttrs + 1;
+    default:
+      return false;
+  }
+}
+
 // Packs the key into `key` (cleared first; a thread's buffer is reused, so a cached op allocates
 // nothing for its key).
 void cache_key(const OpCall& call, std::span<const DTensorSpec* const> specs,
@@ -116,7 +132,13 @@ void cache_key(const OpCall& call, std::span<const DTensorSpec* const> specs,
     put(key, static_cast<int64_t>(spec->dtype));
   }
   put(key, static_cast<int64_t>(call.attrs.size()));
-  for (const OpAttr& attr : call.attrs) append_attr(key, attr);
+  for (size_t i = 0; i < call.attrs.size(); ++i) {
+    if (is_seed_attr(call.id, i)) {
+      put(key, -2);
+      continue;
+    }
+    append_attr(key, call.attrs[i]);
+  }
 }
 
 // Bytes a transition on one mesh dim moves, roughly (what the choice minimizes).

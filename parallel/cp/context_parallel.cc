@@ -191,7 +191,7 @@ Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& 
   LOOM_CHECK(q.size(1) % cp == 0 && keys.size(1) % cp == 0,
              "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
              "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
-             q.size(1), k.size(1), cp);
+             q.size(1), keys.size(1), cp);
   const auto& group = mesh_->group(0);
   // Sequence-sharded, all heads -> all of the sequence, heads / cp (in global order).
   const auto to_heads = [&](const Tensor& x) {
@@ -199,9 +199,9 @@ Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& 
         std::make_shared<AllToAll>(group, /*split=*/1, /*cat=*/2), {x})[0];
     return reorder(whole, seq, /*to_global=*/true);
   };
-  // Rank r gets query heads [r Hq / cp, ...) and key/value heads [r Hkv / cp, ...): the same
-  // groups, so grouped-query attention stays grouped.
-  // Rank r holds query heads [r Hq / cp, ...) of this rank's, over the whole sequence.
+  // Rank r gets query heads [r Hq / cp, ...) of this rank's, over the whole sequence, and
+  // key/value heads [r H'kv / cp, ...) of the (repeated) H'kv: the same groups, so grouped-query
+  // attention stays grouped. Its dropout is placed at its first query head.
   const AttentionDropout mine =
       DropoutPlacement(dropout, q, seq.seq_len).at(seq.rank * (q.size(1) / cp), 0, 0);
   const Tensor y = scaled_dot_product_attention(to_heads(q), to_heads(keys), to_heads(values),

@@ -43,7 +43,8 @@ struct RowMatrices {
 void attention_forward(const AttentionShape& shape, const RowMatrices& q, const RowMatrices& k,
                        const RowMatrices& v, float* out, float* lse);
 
-// dq (entries, tq, d), dk (entries, tk, d), dv (entries, tk, dv): contiguous, overwritten.
+// dq (entries, tq, d), dk (entries / group, tk, d), dv (entries / group, tk, dv): contiguous,
+// overwritten.
 // dS = P * (dP - rowsum(P * dP)) * scale, the rowsum accumulated in double; under dropout dP is
 // (dO v^T) * factor and dv = (P * factor)^T dO. A row that sees no
 // key (or whose lse is -inf) contributes nothing: its dq row is 0. `delta` (entries, tq)

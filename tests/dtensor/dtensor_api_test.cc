@@ -177,5 +177,27 @@ TEST(DTensorApiTest, ScalarArgumentsDoNotGrowTheDecisionCache) {
   });
 }
 
+TEST(DTensorApiTest, DropoutSeedsDoNotGrowTheDecisionCache) {
+  // Every dropout call draws a new seed (nn::Dropout, GPT's attention dropout); the decision must
+  // not depend on it, or a training run adds a cache entry per call.
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    Tensor x = distribute_tensor(integer_tensor({4, 3}, 5), mesh, {Shard(0)});
+    Tensor q = distribute_tensor(integer_tensor({2, 2, 3, 4}, 6), mesh, {Shard(1)});
+    sharding::clear_propagation_cache();
+    for (uint64_t seed = 1; seed <= 20; ++seed) {
+      const Tensor y = ops::dropout(x, 0.5, seed).out;
+      const auto a =
+          ops::scaled_dot_product_attention(q, q, q, true, 0.0, 0, {.p = 0.5, .seed = seed});
+      const auto g = ops::scaled_dot_product_attention_backward(
+          a.out, q, q, q, a.out, a.logsumexp, true, 0.0, 0, false, {.p = 0.5, .seed = seed});
+      EXPECT_EQ(dtensor_spec(a.out).placements, Placements{Shard(1)});
+      EXPECT_EQ(dtensor_spec(g.dq).placements, Placements{Shard(1)});
+      EXPECT_EQ(dtensor_spec(y).placements, Placements{Shard(0)});
+    }
+    EXPECT_EQ(sharding::propagation_stats().cache_misses, 3) << "one per op, whatever the seed";
+  });
+}
+
 }  // namespace
 }  // namespace loom

@@ -466,6 +466,16 @@ TEST(OpsNnTest, GroupedQueryAttentionWithHeadsSharded) {
                       attention,
                       Placements{Shard(dim)}});
     }
+    // 12 query heads over 3 key/value heads (group 4) split 6/6 over 2/1: rank 0 would pair
+    // query heads 4, 5 with key/value head 1. Named on both ranks instead.
+    const Tensor q12 = float_tensor({1, 12, 3, 4}, 20), k3 = float_tensor({1, 3, 3, 4}, 21);
+    const Tensor dq = distribute_tensor(q12, mesh, {Shard(1)}, std::nullopt);
+    const Tensor dk = distribute_tensor(k3, mesh, {Shard(1)}, std::nullopt);
+    EXPECT_THAT(loom::testing::error_of([&] {
+                  attention({dq, dk, dk});
+                }),
+                ::testing::HasSubstr("grouped-query attention's 12 query heads over 3 key/value "
+                                     "heads (group 4) split as 6 over 2 on mesh coordinate (0,)"));
   });
 }
 

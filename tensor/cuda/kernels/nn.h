@@ -137,7 +137,8 @@ void flash_attention_forward(DType dtype, void* out, float* lse, const void* q, 
                              const void* v, const FlashAttentionShape& shape, int device);
 // dq, dk, dv (q's, k's, v's shapes) in `dtype` from grad_out (rows, tq, dv) and the forward's lse.
 // `delta` is scratch of rows * tq f32: delta_i = rowsum(P * dP)_i, computed tile-wise by the dq
-// pass (one block per query tile) before the dk/dv pass (one block per key tile) reads it.
+// pass (one block per query tile) before the dk/dv pass (one block per key/value row and key
+// tile, looping over that row's group of query rows) reads it.
 // delta_given: `delta` already holds the row sums (ring attention's whole-row rowsum(dO * out));
 // the dq pass reads them instead of summing P * dP over these keys, and leaves them unchanged.
 void flash_attention_backward(DType dtype, void* dq, void* dk, void* dv, float* delta,

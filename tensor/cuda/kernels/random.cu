@@ -8,7 +8,9 @@ namespace {
 template <typename T>
 __global__ void philox_kernel(T* out, Collapsed<1> global, int64_t base, uint64_t seed,
                               RandomKind kind, double a, double b) {
-  const uint32_t keep_threshold = philox::keep_threshold(a);  // for kBernoulliKeep, a is p
+  // For kBernoulliKeep, a is p (another kind's a, a mean or a bound, may be negative).
+  const uint32_t keep_threshold =
+      kind == RandomKind::kBernoulliKeep ? philox::keep_threshold(a) : 0u;
   LOOM_GRID_STRIDE(i, global.numel) {
     int64_t off[1];
     offsets_of(global, i, off);
