@@ -341,17 +341,20 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   const Device device = op_device(op, {q, k, v});
   Shape lse_shape = dims.batch;
   lse_shape.push_back(dims.tq);
-  if (device.is_meta() && !allocates_like_cpu(device)) {  // as a GPU's kernels allocate
+  // As a GPU's kernels allocate; beyond the fused kernels' head dims, the composed products
+  // below run on the meta device as they would on a GPU (their row kernels skipped), so a trace
+  // holds their f32 copies and (Tq, Tk) scores.
+  const bool gpu_meta = device.is_meta() && !allocates_like_cpu(device);
+  const GpuAttentionPath path =
+      gpu_meta ? gpu_attention_path(dims, q.dtype(), {q, k, v}) : GpuAttentionPath::kComposed;
+  if (gpu_meta && path != GpuAttentionPath::kComposed) {
     FlopCounter::record(attention_flops(dims));
     Shape out_shape = dims.batch;
     out_shape.insert(out_shape.end(), {dims.tq, dims.dv});
     Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
-    const GpuAttentionPath path = gpu_attention_path(dims, q.dtype(), {q, k, v});
-    if (path == GpuAttentionPath::kTensorCores)  // on the views; the output in q's memory order
-      return {empty_in_order_of(q, out_shape, device), lse};
-    if (path == GpuAttentionPath::kPlainFlash) {  // on contiguous copies
-      const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);
-    }
+    if (path == GpuAttentionPath::kTensorCores)
+      return {empty_in_order_of(q, out_shape, device), lse};  // on the views, in q's order
+    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v);  // plain flash
     return {Tensor::empty(out_shape, q.dtype(), device), lse};
   }
   if (use_flash(dims, device)) {
@@ -401,12 +404,14 @@ AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, c
   // scores (..., tq, tk), contiguous f32 fresh from the GEMM: overwritten in place by P.
   Tensor probs = mm_nt(qf, kf);
   Tensor lse = Tensor::empty(lse_shape, kFloat32, device);
-  float* p = probs.data<float>();
-  float* pl = lse.data<float>();
-  cuda::kernels::attention_probs(p, pl, dims.rows, dims.tq, dims.tk, dims.scale, dims.causal,
-                                 dims.causal_offset, /*from_lse=*/false, device.index);
-  cuda::kernels::attention_dropout_scale(p, dims.rows, dims.tq, dims.tk, dims.dropout,
-                                         device.index);
+  if (!device.is_meta()) {
+    float* p = probs.data<float>();
+    cuda::kernels::attention_probs(p, lse.data<float>(), dims.rows, dims.tq, dims.tk, dims.scale,
+                                   dims.causal, dims.causal_offset, /*from_lse=*/false,
+                                   device.index);
+    cuda::kernels::attention_dropout_scale(p, dims.rows, dims.tq, dims.tk, dims.dropout,
+                                           device.index);
+  }
   Tensor out = matmul(probs, vf);
   return {to(out, q.dtype()), lse};
 }
@@ -439,11 +444,14 @@ AttentionGrads scaled_dot_product_attention_backward(
              "{}: logsumexp shape {} does not match {} for q shape {}", op,
              shape_str(logsumexp.shape()), shape_str(lse_shape), shape_str(q.shape()));
   const Device device = op_device(op, {grad_out, q, k, v, out, logsumexp});
-  if (device.is_meta() && !allocates_like_cpu(device)) {  // as a GPU's kernels allocate
+  // As a GPU's kernels allocate; the composed products fall through to run on the meta device
+  // as on a GPU (as in the forward).
+  const bool gpu_meta = device.is_meta() && !allocates_like_cpu(device);
+  const GpuAttentionPath path = gpu_meta && grad_out.dtype() == q.dtype()
+                                    ? gpu_attention_path(dims, q.dtype(), {q, k, v, grad_out})
+                                    : GpuAttentionPath::kComposed;
+  if (gpu_meta && path != GpuAttentionPath::kComposed) {
     FlopCounter::record(2 * attention_flops(dims));
-    const GpuAttentionPath path = grad_out.dtype() == q.dtype()
-                                      ? gpu_attention_path(dims, q.dtype(), {q, k, v, grad_out})
-                                      : GpuAttentionPath::kComposed;
     if (path == GpuAttentionPath::kTensorCores) {
       // The row sums' scratch, and the gradients side by side when q, k and v are a fused
       // projection's slices (so unbind's backward stacks them as a view, not a copy).
@@ -451,11 +459,9 @@ AttentionGrads scaled_dot_product_attention_backward(
       auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
       return {dq, dk, dv};
     }
-    if (path == GpuAttentionPath::kPlainFlash) {
-      const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
-      const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
-                   gc = contiguous(grad_out);
-    }
+    const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);  // plain flash
+    const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
+                 gc = contiguous(grad_out);
     return {Tensor::empty(q.shape(), q.dtype(), device),
             Tensor::empty(k.shape(), k.dtype(), device),
             Tensor::empty(v.shape(), v.dtype(), device)};
@@ -537,27 +543,35 @@ AttentionGrads scaled_dot_product_attention_backward(
   const Tensor gf = to(grad_out, kFloat32);
   const Tensor lse = nn_internal::as_f32(logsumexp);
   // P recomputed from the scores and the saved logsumexp; masked and empty rows are 0.
+  // The row kernels run on a GPU only: on the meta device (a GPU's step traced) the products
+  // allocate as they would, and nothing is computed.
+  const bool gpu = !device.is_meta();
   Tensor probs = mm_nt(qf, kf);
-  float* p = probs.data<float>();
-  const float* pl = lse.data<float>();
-  cuda::kernels::attention_probs(p, const_cast<float*>(pl), dims.rows, dims.tq, dims.tk, dims.scale,
-                                 dims.causal, dims.causal_offset, /*from_lse=*/true, device.index);
+  if (gpu) {
+    cuda::kernels::attention_probs(probs.data<float>(), const_cast<float*>(lse.data<float>()),
+                                   dims.rows, dims.tq, dims.tk, dims.scale, dims.causal,
+                                   dims.causal_offset, /*from_lse=*/true, device.index);
+  }
   // Under dropout, dv takes the dropped probabilities P V used, and dP passes through the mask.
   Tensor dropped = probs;
   if (dims.dropout.active()) {
     dropped = clone(probs);
-    cuda::kernels::attention_dropout_scale(dropped.data<float>(), dims.rows, dims.tq, dims.tk,
-                                           dims.dropout, device.index);
+    if (gpu) {
+      cuda::kernels::attention_dropout_scale(dropped.data<float>(), dims.rows, dims.tq, dims.tk,
+                                             dims.dropout, device.index);
+    }
   }
   Tensor dv = mm_tn(dropped, gf);  // (..., tk, dv)
   Tensor dscores = mm_nt(gf, vf);  // dP (..., tq, tk), becomes dS in place
-  float* pd = dscores.data<float>();
-  cuda::kernels::attention_dropout_scale(pd, dims.rows, dims.tq, dims.tk, dims.dropout,
-                                         device.index);
   const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
-  cuda::kernels::attention_grad_scores(pd, p, dims.rows * dims.tq, dims.tk, dims.scale,
-                                       device.index,
-                                       delta_from_out ? delta.data<float>() : nullptr);
+  if (gpu) {
+    float* pd = dscores.data<float>();
+    cuda::kernels::attention_dropout_scale(pd, dims.rows, dims.tq, dims.tk, dims.dropout,
+                                           device.index);
+    cuda::kernels::attention_grad_scores(pd, probs.data<float>(), dims.rows * dims.tq, dims.tk,
+                                         dims.scale, device.index,
+                                         delta_from_out ? delta.data<float>() : nullptr);
+  }
   Tensor dq = matmul(dscores, kf);  // (..., tq, d)
   Tensor dk = mm_tn(dscores, qf);   // (..., tk, d)
   return {to(dq, q.dtype()), to(sum_groups(dk, dims.group), k.dtype()),

@@ -146,6 +146,25 @@ TEST(MetaDevice, RopeOnAGpuAllocatesOnlyItsBf16Output) {
   EXPECT_EQ(allocated(Device::cpu()), 2 * 16 * 4 * 8 * (2 + 4 + 4));  // + f32 x and out
 }
 
+// Attention beyond the fused kernels' head dims (DeepSeek's multi-head latent attention: 192)
+// runs composed on a GPU, and a GPU's trace holds what it allocates: f32 copies of q, k and v
+// (k and v repeated per query head under grouped-query attention), the (Tq, Tk) f32 scores, the
+// f32 output and its bf16 cast, and the f32 logsumexp.
+TEST(MetaDevice, AttentionBeyondTheFusedHeadDimsTracesItsScores) {
+  const int64_t b = 2, hq = 4, hkv = 2, t = 64, d = 192;
+  MetaTargetGuard follow(Device::cuda());
+  const Tensor q = ops::empty({b, hq, t, d}, kBFloat16, Device::meta());
+  const Tensor kv = ops::empty({b, hkv, t, d}, kBFloat16, Device::meta());
+  MemoryTracker tracker;
+  ScopedMemoryTracker scope(tracker);
+  const auto r =
+      ops::scaled_dot_product_attention(q, kv, kv, true, 0.0, 0, {}, /*enable_gqa=*/true);
+  EXPECT_EQ(r.out.dtype(), kBFloat16);
+  const int64_t qf = b * hq * t * d * 4, kvf = b * hkv * t * d * 4, repeated = b * hq * t * d * 4;
+  const int64_t scores = b * hq * t * t * 4, out = b * hq * t * d * (4 + 2), lse = b * hq * t * 4;
+  EXPECT_EQ(tracker.stats().allocated_bytes, qf + 2 * (kvf + repeated) + scores + out + lse);
+}
+
 // Softmax likewise (the MoE router's, the composed attention's): on a GPU a bf16 x gives a bf16
 // output with no f32 copies, forward and backward.
 TEST(MetaDevice, SoftmaxOnAGpuAllocatesOnlyItsBf16Output) {

@@ -8,8 +8,8 @@
 //   score in the forward and again in the backward) against none, on 8 heads of their own.
 // Sequence 256 and 1024.
 //
-//   OMP_NUM_THREADS=2 bazel run -c opt //tools/bench:attention_bench -- \
-//     --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//   OMP_NUM_THREADS=2 bazel run -c opt //tools/bench:attention_bench --
+//     --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true   (one command)
 #include <benchmark/benchmark.h>
 
 #include "tensor/ops.h"
