@@ -145,6 +145,10 @@ class ModelFamily {
     (void)sizes;
     return nullptr;
   }
+  // Whether its models take ModelSizes' dropout and attn_dropout (--dropout, --attn-dropout). A
+  // family that does not is refused by name when either is given, before anything is built, so
+  // no family trains without the dropout a job asked for.
+  virtual bool takes_dropout() const { return false; }
 };
 
 // The registry. register_model_family throws naming a family or preset registered twice.
@@ -172,7 +176,8 @@ struct SizeAgreement {
 void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes);
 // Throws naming `flag` when it was given (nonzero) to a family without such a size.
 void refuse_size(int64_t value, const char* flag, const std::string& family);
-// Throws naming --dropout or --attn-dropout when given to a family without dropout.
+// Throws naming --dropout or --attn-dropout when given to a family without dropout
+// (ModelFamily::takes_dropout; the job checks it before building the model).
 void refuse_dropout(const ModelSizes& sizes, const std::string& family);
 
 namespace detail {

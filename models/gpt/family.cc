@@ -77,6 +77,7 @@ class GPTFamily : public ModelFamily {
   std::string name() const override { return "gpt"; }
   std::vector<std::string> presets() const override { return {"tiny", "small", "gpt3-175b"}; }
   bool vocab_from_data(const std::string& preset) const override { return preset == "tiny"; }
+  bool takes_dropout() const override { return true; }
   std::unique_ptr<ModelArgs> from_preset(const std::string& preset,
                                          const ModelSizes& sizes) const override {
     GPTConfig config = GPTConfig::preset(preset);

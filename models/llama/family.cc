@@ -175,7 +175,6 @@ class LlamaFamily : public ModelFamily {
   std::unique_ptr<ModelArgs> from_preset(const std::string& preset,
                                          const ModelSizes& sizes) const override {
     LlamaConfig config = LlamaConfig::preset(preset);
-    refuse_dropout(sizes, name());
     if (sizes.n_layer) config.n_layers = sizes.n_layer;
     if (sizes.n_head) config.n_heads = sizes.n_head;
     if (sizes.n_kv_heads) config.n_kv_heads = sizes.n_kv_heads;
@@ -231,7 +230,6 @@ class LlamaFamily : public ModelFamily {
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     const LlamaConfig config = llama_config_from_hf(json);
-    refuse_dropout(sizes, name());
     LOOM_CHECK(sizes.moe.first_given().empty(),
                "{}: {} describes a dense Llama; the MoE settings of a Hugging Face checkpoint "
                "come from its config.json (not read yet)",

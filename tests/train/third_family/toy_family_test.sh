@@ -46,4 +46,11 @@ if "$train" --model toy-tiny --dp 1 --tp 1 --cp 2 --steps 1 --no-progress --samp
   fail "--cp 2 on a family without context parallelism succeeded"
 fi
 grep -q -- "--cp 2: the toy family does not take context parallelism" cp.log || { cat cp.log; fail "cp not named"; }
-echo "ok: a third family in 3 files of its own folder, on 1 rank, dp2 x tp2 and pp2; --cp refused by name"
+# A family that does not declare dropout (ModelFamily::takes_dropout) is refused by name for it.
+if "$train" --model toy-tiny --dp 1 --tp 1 --attn-dropout 0.1 --steps 1 --no-progress \
+    --sample-tokens 0 --metrics-out "" --plot-out "" >dropout.log 2>&1; then
+  fail "--attn-dropout 0.1 on a family without dropout succeeded"
+fi
+grep -q -- "--attn-dropout 0.1: the toy family has no attention dropout" dropout.log ||
+  { cat dropout.log; fail "dropout not named"; }
+echo "ok: a third family in 3 files of its own folder, on 1 rank, dp2 x tp2 and pp2; --cp and --attn-dropout refused by name"
