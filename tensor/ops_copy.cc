@@ -149,6 +149,20 @@ Tensor clone(const Tensor& self) {
   return out;
 }
 
+Tensor repeat_interleave(const Tensor& self, int64_t repeats, int64_t dim) {
+  LOOM_CHECK(repeats >= 1, "repeat_interleave: repeats must be >= 1, got {}", repeats);
+  LOOM_CHECK(dim >= -self.dim() && dim < self.dim(),
+             "repeat_interleave: dim {} is out of range for a tensor of shape {}", dim,
+             shape_str(self.shape()));
+  if (repeats == 1) return self;
+  const auto d = static_cast<size_t>(dim < 0 ? dim + self.dim() : dim);
+  Shape grown = self.shape();
+  grown.insert(grown.begin() + static_cast<std::ptrdiff_t>(d) + 1, repeats);
+  Shape merged = self.shape();
+  merged[d] *= repeats;
+  return reshape(contiguous(expand(unsqueeze(self, static_cast<int64_t>(d) + 1), grown)), merged);
+}
+
 Tensor to(const Tensor& self, DType dtype) {
   if (auto out = dispatch_op(OpId::to_dtype, {self}, {dtype})) return std::move((*out)[0]);
   if (self.dtype() == dtype) return self;

@@ -21,6 +21,10 @@ void copy_uncounted_(const Tensor& dst, const Tensor& src);
 Tensor contiguous(const Tensor& self);
 // A contiguous copy that shares nothing with `self`.
 Tensor clone(const Tensor& self);
+// torch.repeat_interleave(self, repeats, dim) for a count: each index of `dim` repeated
+// `repeats` times in a row ([a, b] -> [a, a, b, b]), a contiguous copy (`self` itself when
+// repeats is 1). Composed of expand and contiguous, so it is differentiable and runs on DTensors.
+Tensor repeat_interleave(const Tensor& self, int64_t repeats, int64_t dim);
 // Converted copy (or `self` when dtype/device already match).
 Tensor to(const Tensor& self, DType dtype);
 Tensor to(const Tensor& self, Device device);

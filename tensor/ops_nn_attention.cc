@@ -288,16 +288,10 @@ int64_t attention_flops(const AttentionDims& dims) {
 Tensor mm_nt(const Tensor& a, const Tensor& b) { return matmul(a, transpose(b, -1, -2)); }
 Tensor mm_tn(const Tensor& a, const Tensor& b) { return matmul(transpose(a, -1, -2), b); }
 
-// Grouped-query attention on the composed path: (..., Hkv, T, n) repeated to (..., Hkv g, T, n),
-// each key/value head to its g query heads; and a gradient of that summed back over each group.
-Tensor repeat_heads(const Tensor& t, int64_t group) {
-  if (group == 1) return t;
-  Shape grown = t.shape();
-  grown.insert(grown.end() - 2, group);
-  Shape merged = t.shape();
-  merged[merged.size() - 3] *= group;
-  return reshape(contiguous(expand(unsqueeze(t, -3), grown)), merged);
-}
+// Grouped-query attention on the composed path: k and v repeated to every query head of their
+// group (repeat_interleave over the heads, dim -3), and a gradient of that summed back over each
+// group.
+Tensor repeat_heads(const Tensor& t, int64_t group) { return repeat_interleave(t, group, -3); }
 Tensor sum_groups(const Tensor& t, int64_t group) {
   if (group == 1) return t;
   Shape split = t.shape();
@@ -452,14 +446,13 @@ AttentionGrads scaled_dot_product_attention_backward(
                                     : GpuAttentionPath::kComposed;
   if (gpu_meta && path != GpuAttentionPath::kComposed) {
     FlopCounter::record(2 * attention_flops(dims));
+    const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);  // the row sums' scratch
     if (path == GpuAttentionPath::kTensorCores) {
-      // The row sums' scratch, and the gradients side by side when q, k and v are a fused
-      // projection's slices (so unbind's backward stacks them as a view, not a copy).
-      const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+      // The gradients side by side when q, k and v are a fused projection's slices (so unbind's
+      // backward stacks them as a view, not a copy).
       auto [dq, dk, dv] = gradients_laid_out_like(q, k, v, device);
       return {dq, dk, dv};
     }
-    const Tensor delta = Tensor::empty(lse_shape, kFloat32, device);  // plain flash
     const Tensor qc = contiguous(q), kc = contiguous(k), vc = contiguous(v),
                  gc = contiguous(grad_out);
     return {Tensor::empty(q.shape(), q.dtype(), device),

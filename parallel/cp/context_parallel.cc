@@ -180,13 +180,8 @@ Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& 
     const int64_t group = q.size(1) / k.size(1);
     int64_t r = 1;
     while (r < group && (group % r != 0 || k.size(1) * r % cp != 0)) ++r;
-    const auto repeat = [&](const Tensor& t) {
-      const Shape& s = t.shape();
-      return reshape(contiguous(expand(unsqueeze(t, 2), {s[0], s[1], r, s[2], s[3]})),
-                     {s[0], s[1] * r, s[2], s[3]});
-    };
-    keys = repeat(k);
-    values = repeat(v);
+    keys = ops::repeat_interleave(k, r, 1);
+    values = ops::repeat_interleave(v, r, 1);
   }
   LOOM_CHECK(q.size(1) % cp == 0 && keys.size(1) % cp == 0,
              "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "

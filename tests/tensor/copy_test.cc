@@ -51,6 +51,19 @@ TEST(ContiguousTest, CopiesNonContiguousViews) {
   }
 }
 
+TEST(RepeatInterleaveTest, RepeatsEachIndexInARowAsTorchDoes) {
+  const Tensor x = iota({2, 3});  // [[0 1 2] [3 4 5]]
+  EXPECT_EQ(to_vector(repeat_interleave(x, 2, 0)), (Values{0, 1, 2, 0, 1, 2, 3, 4, 5, 3, 4, 5}));
+  const Tensor cols = repeat_interleave(x, 2, -1);
+  EXPECT_EQ(cols.shape(), (Shape{2, 6}));
+  EXPECT_EQ(to_vector(cols), (Values{0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5}));
+  EXPECT_TRUE(repeat_interleave(x, 1, 0).is_same(x));
+  EXPECT_EQ(error_of([&] { repeat_interleave(x, 0, 0); }),
+            "repeat_interleave: repeats must be >= 1, got 0");
+  EXPECT_EQ(error_of([&] { repeat_interleave(x, 2, 2); }),
+            "repeat_interleave: dim 2 is out of range for a tensor of shape (2, 3)");
+}
+
 TEST(CloneTest, SharesNothing) {
   Tensor x = iota({2, 2});
   Tensor c = clone(x);

@@ -21,13 +21,8 @@ using namespace loom;
 constexpr int64_t kBatch = 2, kQueryHeads = 8, kKvHeads = 2, kHeadDim = 64;
 constexpr int64_t kGroup = kQueryHeads / kKvHeads;
 
-// (B, Hkv, T, D) -> (B, Hkv g, T, D), and a gradient of that summed back per group.
-Tensor repeat_heads(const Tensor& t) {
-  const Shape& s = t.shape();
-  return ops::reshape(
-      ops::contiguous(ops::expand(ops::unsqueeze(t, 2), {s[0], s[1], kGroup, s[2], s[3]})),
-      {s[0], s[1] * kGroup, s[2], s[3]});
-}
+// k and v repeated per query head (B, Hkv g, T, D), and a gradient of that summed back per group.
+Tensor repeat_heads(const Tensor& t) { return ops::repeat_interleave(t, kGroup, 1); }
 Tensor sum_groups(const Tensor& t) {
   const Shape& s = t.shape();
   return ops::sum(ops::reshape(t, {s[0], s[1] / kGroup, kGroup, s[2], s[3]}), {2});
