@@ -98,6 +98,47 @@ void attention_forward(const AttentionShape& s, const RowMatrices& q, const RowM
   });
 }
 
+namespace {
+
+// The backward of query entry e, whose keys and values are key/value entry kv: its dq rows
+// written, its dk and dv parts added into dk_e and dv_e. `scratch`: three rows of tk floats.
+void entry_backward(const AttentionShape& s, const RowMatrices& q, const RowMatrices& k,
+                    const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
+                    const float* delta_in, int64_t e, int64_t kv, float* dq, float* dk_e,
+                    float* dv_e, float* scratch) {
+  float* p = scratch;
+  float* dp = scratch + std::max<int64_t>(s.tk, 1);
+  float* factor = dp + std::max<int64_t>(s.tk, 1);
+  const AttentionDropoutMask& drop = s.dropout;
+  for (int64_t i = 0; i < s.tq; ++i) {
+    float* dq_i = dq + (e * s.tq + i) * s.d;
+    std::fill(dq_i, dq_i + s.d, 0.0f);
+    const float l = lse[e * s.tq + i];
+    const int64_t visible = visible_keys(s, i);
+    if (l == kNegInf || visible == 0) continue;  // a row that saw no key: its gradients are 0
+    const float* qi = row(q, e, i);
+    const float* gi = row(grad_out, e, i);
+    // dP of the dropped probabilities, and P as P V used it.
+    if (drop.active()) row_factors(drop, e, i, visible, factor);
+    double rowsum = 0.0;
+    for (int64_t j = 0; j < visible; ++j) {
+      p[j] = std::exp(dot(qi, row(k, kv, j), s.d) * s.scale - l);
+      dp[j] = dot(gi, row(v, kv, j), s.dv);
+      if (drop.active()) dp[j] *= factor[j];
+      rowsum += static_cast<double>(p[j]) * dp[j];
+    }
+    const float delta = delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
+    for (int64_t j = 0; j < visible; ++j) {
+      const float ds = p[j] * (dp[j] - delta) * s.scale;
+      axpy(ds, row(k, kv, j), dq_i, s.d);
+      axpy(ds, qi, dk_e + j * s.d, s.d);
+      axpy(drop.active() ? p[j] * factor[j] : p[j], gi, dv_e + j * s.dv, s.dv);
+    }
+  }
+}
+
+}  // namespace
+
 void attention_backward(const AttentionShape& s, const RowMatrices& q, const RowMatrices& k,
                         const RowMatrices& v, const RowMatrices& grad_out, const float* lse,
                         float* dq, float* dk, float* dv, const float* delta_in) {
@@ -106,57 +147,26 @@ void attention_backward(const AttentionShape& s, const RowMatrices& q, const Row
   // added, so dk and dv are the query heads' sums in head order (what summing the gradients of
   // k and v repeated per query head gives).
   const int64_t kv_size = s.tk * (s.d + s.dv);
-  const int64_t extra = s.group > 1 ? kv_size : 0;
+  const int64_t rows = 3 * std::max<int64_t>(s.tk, 1);
   for_each_entry(
       s, s.entries / s.group,
       [&](int64_t kv, float* scratch) {
-        float* p = scratch;
-        float* dp = scratch + std::max<int64_t>(s.tk, 1);
-        float* factor = dp + std::max<int64_t>(s.tk, 1);
         float* dk_kv = dk + kv * s.tk * s.d;
         float* dv_kv = dv + kv * s.tk * s.dv;
         std::fill(dk_kv, dk_kv + s.tk * s.d, 0.0f);
         std::fill(dv_kv, dv_kv + s.tk * s.dv, 0.0f);
-        for (int64_t h = 0; h < s.group; ++h) {
-          const int64_t e = kv * s.group + h;
-          float* const part = factor + std::max<int64_t>(s.tk, 1);  // later heads' dk, dv
-          float* dk_e = h == 0 ? dk_kv : part;
-          float* dv_e = h == 0 ? dv_kv : part + s.tk * s.d;
-          if (h > 0) std::fill(part, part + kv_size, 0.0f);
-          for (int64_t i = 0; i < s.tq; ++i) {
-            float* dq_i = dq + (e * s.tq + i) * s.d;
-            std::fill(dq_i, dq_i + s.d, 0.0f);
-            const float l = lse[e * s.tq + i];
-            const int64_t visible = visible_keys(s, i);
-            if (l == kNegInf || visible == 0) continue;  // a row that saw no key: no gradients
-            const float* qi = row(q, e, i);
-            const float* gi = row(grad_out, e, i);
-            const AttentionDropoutMask& drop = s.dropout;
-            double rowsum = 0.0;
-            // dP of the dropped probabilities, and P as P V used it.
-            if (drop.active()) row_factors(drop, e, i, visible, factor);
-            for (int64_t j = 0; j < visible; ++j) {
-              p[j] = std::exp(dot(qi, row(k, kv, j), s.d) * s.scale - l);
-              dp[j] = dot(gi, row(v, kv, j), s.dv);
-              if (drop.active()) dp[j] *= factor[j];
-              rowsum += static_cast<double>(p[j]) * dp[j];
-            }
-            const float delta =
-                delta_in != nullptr ? delta_in[e * s.tq + i] : static_cast<float>(rowsum);
-            for (int64_t j = 0; j < visible; ++j) {
-              const float ds = p[j] * (dp[j] - delta) * s.scale;
-              axpy(ds, row(k, kv, j), dq_i, s.d);
-              axpy(ds, qi, dk_e + j * s.d, s.d);
-              axpy(drop.active() ? p[j] * factor[j] : p[j], gi, dv_e + j * s.dv, s.dv);
-            }
-          }
-          if (h > 0) {
-            axpy(1.0f, dk_e, dk_kv, s.tk * s.d);
-            axpy(1.0f, dv_e, dv_kv, s.tk * s.dv);
-          }
+        entry_backward(s, q, k, v, grad_out, lse, delta_in, kv * s.group, kv, dq, dk_kv, dv_kv,
+                       scratch);
+        float* const part = scratch + rows;  // a later head's dk, then dv
+        for (int64_t h = 1; h < s.group; ++h) {
+          std::fill(part, part + kv_size, 0.0f);
+          entry_backward(s, q, k, v, grad_out, lse, delta_in, kv * s.group + h, kv, dq, part,
+                         part + s.tk * s.d, scratch);
+          axpy(1.0f, part, dk_kv, s.tk * s.d);
+          axpy(1.0f, part + s.tk * s.d, dv_kv, s.tk * s.dv);
         }
       },
-      extra);
+      s.group > 1 ? kv_size : 0);
 }
 
 }  // namespace loom::cpu
