@@ -26,21 +26,30 @@ std::vector<int64_t> sequence_positions(int64_t local_len) {
   return out;
 }
 
-Tensor sequence_rows(const Tensor& table, int64_t local_len) {
+std::vector<PositionRun> sequence_runs(int64_t local_len) {
   const std::vector<int64_t> positions = sequence_positions(local_len);
-  // Runs of consecutive positions, each one narrow of the table.
-  std::vector<Tensor> runs;
+  std::vector<PositionRun> runs;
   for (size_t begin = 0; begin < positions.size();) {
     size_t end = begin + 1;
     while (end < positions.size() && positions[end] == positions[end - 1] + 1) ++end;
-    LOOM_CHECK(positions[begin] >= 0 && positions[end - 1] < table.size(0),
-               "sequence_rows: positions {} to {}, but the table has {} rows", positions[begin],
-               positions[end - 1], table.size(0));
-    runs.push_back(narrow(table, 0, positions[begin], static_cast<int64_t>(end - begin)));
+    runs.push_back(
+        {static_cast<int64_t>(begin), positions[begin], static_cast<int64_t>(end - begin)});
     begin = end;
   }
-  LOOM_CHECK(!runs.empty(), "sequence_rows: no positions for a sequence of {}", local_len);
-  return runs.size() == 1 ? runs.front() : cat(runs, 0);
+  return runs;
+}
+
+Tensor sequence_rows(const Tensor& table, int64_t local_len) {
+  // Each run of consecutive positions is one narrow of the table.
+  std::vector<Tensor> rows;
+  for (const PositionRun& run : sequence_runs(local_len)) {
+    LOOM_CHECK(run.global >= 0 && run.global + run.length <= table.size(0),
+               "sequence_rows: positions {} to {}, but the table has {} rows", run.global,
+               run.global + run.length - 1, table.size(0));
+    rows.push_back(narrow(table, 0, run.global, run.length));
+  }
+  LOOM_CHECK(!rows.empty(), "sequence_rows: no positions for a sequence of {}", local_len);
+  return rows.size() == 1 ? rows.front() : cat(rows, 0);
 }
 
 }  // namespace loom

@@ -22,6 +22,8 @@ class SequenceContext {
   virtual ~SequenceContext() = default;
   // The global positions of this rank's `local_len` tokens, in the order it holds them.
   virtual std::vector<int64_t> positions(int64_t local_len) const = 0;
+  // The whole sequence's length when this rank holds `local_len` of its tokens.
+  virtual int64_t sequence_length(int64_t local_len) const = 0;
   // Attention of this rank's queries over the whole sequence's keys and values (each (B, H,
   // T_local, D), the rank's tokens in its order), as loom::scaled_dot_product_attention(q, k, v,
   // is_causal, scale, 0, dropout, enable_gqa) over the whole sequence would give for those
@@ -49,6 +51,13 @@ class SequenceContextGuard {
 
 // The global positions of this rank's `local_len` tokens: 0..local_len-1 without a context.
 std::vector<int64_t> sequence_positions(int64_t local_len);
+// The positions of this rank's `local_len` tokens as runs of consecutive ones, in its order.
+struct PositionRun {
+  int64_t local = 0;   // the run's first token among this rank's
+  int64_t global = 0;  // its position in the whole sequence
+  int64_t length = 0;
+};
+std::vector<PositionRun> sequence_runs(int64_t local_len);
 // Rows of `table` (dim 0 indexed by position, e.g. RoPE's cos and sin) for this rank's
 // `local_len` tokens, in its order: a narrow without a context, the runs of its positions
 // concatenated under one.

@@ -10,6 +10,7 @@
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "nn/auxiliary_loss.h"
+#include "nn/batch_part.h"
 #include "nn/layers.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
@@ -44,7 +45,7 @@ struct ForwardState {
     Tensor value;
   };
   std::vector<Slot> slots;
-  std::vector<std::pair<Dropout*, uint64_t>> rng;
+  DropoutCalls rng;
 
   static ForwardState of(Module& root) {
     ForwardState state;
@@ -52,15 +53,13 @@ struct ForwardState {
       for (auto& [name, value] : module->named_parameters(/*recurse=*/false)) {
         state.slots.push_back({module, name, value});
       }
-      if (auto* dropout = dynamic_cast<Dropout*>(module)) {
-        state.rng.emplace_back(dropout, dropout->calls());
-      }
     }
+    state.rng = DropoutCalls::of(root);
     return state;
   }
   void apply() const {
     for (const Slot& slot : slots) slot.module->set_parameter(slot.name, slot.value);
-    for (const auto& [dropout, calls] : rng) dropout->set_calls(calls);
+    rng.restore();
   }
 };
 
@@ -161,6 +160,7 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
     std::shared_ptr<const CheckpointPolicy> policy;
     KeptOutputs kept;
     double auxiliary_loss_scale;
+    BatchPart::Place batch_part;  // the forward's rows in the batch: its dropout masks' place
     bool used = false;
   };
   auto saved = std::make_shared<Saved>(Saved{&module,
@@ -168,7 +168,8 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
                                              input,
                                              module.checkpoint_policy(),
                                              {},
-                                             AuxiliaryLossScale::current()});
+                                             AuxiliaryLossScale::current(),
+                                             BatchPart::current()});
   const bool selective = saved->policy != nullptr && saved->policy->keep != nullptr;
   Tensor output;
   {
@@ -208,6 +209,7 @@ Tensor checkpointed_forward(Module& module, const Tensor& input) {
         {
           EnableGradGuard grad_on;
           AuxiliaryLossScale scale(saved->auxiliary_loss_scale);
+          const BatchPart::Reopen part(saved->batch_part);
           const Recomputing recomputing;
           saved->before.apply();
           try {

@@ -3,6 +3,7 @@
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
 #include "base/error.h"
+#include "nn/batch_part.h"
 #include "tensor/rng.h"
 
 namespace loom::nn {
@@ -53,12 +54,16 @@ uint64_t Dropout::next_seed() {
 
 Tensor Dropout::forward(const Tensor& input) {
   if (!is_training() || p_ == 0.0) return input;
-  return dropout(input, p_, next_seed(), /*training=*/true);
+  // Placed at this forward's rows of the whole batch and its tokens' positions in the whole
+  // sequence (nn/batch_part.h); a distributed tensor's shards are placed within it by its
+  // strategy.
+  return ops::dropout(input, p_, next_seed(), /*training=*/true, activation_region(input.shape()))
+      .out;
 }
 
-AttentionDropout Dropout::next_mask() {
+AttentionDropout Dropout::next_mask(const Shape& shape, const RngRegion& region) {
   if (!is_training() || p_ == 0.0) return {};
-  return {.p = p_, .seed = next_seed()};
+  return {.p = p_, .seed = next_seed(), .region = batch_region(shape, region)};
 }
 
 Tensor GELU::forward(const Tensor& input) { return gelu(input); }

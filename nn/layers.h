@@ -47,8 +47,10 @@ class Dropout : public Module {
   Tensor forward(const Tensor& input) override;
   // For an op that draws its mask itself (attention's probabilities: AttentionDropout, with
   // HF GPT-2's `attn_dropout` module as the place its p and RNG state live): this call's p and
-  // seed, drawn as forward draws them (one call counted), or p = 0 outside training.
-  AttentionDropout next_mask();
+  // seed, drawn as forward draws them (one call counted), or p = 0 outside training. The mask
+  // is of `shape` (the probabilities, batch first), or the piece `region` places in this
+  // forward's; its region places it in the whole batch's (nn/batch_part.h).
+  AttentionDropout next_mask(const Shape& shape, const RngRegion& region = {});
   // How many masks it has drawn: its RNG state (each call's mask is a function of the seed and
   // this count), saved and restored by checkpoints so a resumed run draws the same masks.
   uint64_t calls() const { return calls_; }

@@ -1,7 +1,7 @@
 // How an attention op's call carries its dropout (AttentionDropout) among its attrs, for the
 // op table, autograd's formula and DTensor's strategy to read back: after the op's own attrs, p,
 // the seed (as int64), and the region's global shape and offset. A call without dropout carries
-// none of them, as calls made before dropout existed.
+// none of them, as calls made before dropout existed. A dropout call's region rides alike.
 #pragma once
 
 #include <vector>
@@ -22,5 +22,10 @@ inline constexpr size_t kAttentionBackwardDropoutAttrs = 5;
 void append_attention_dropout(std::vector<OpAttr>& attrs, const AttentionDropout& dropout);
 // The dropout of `call`, whose own attrs are the first `own` (none after them: no dropout).
 AttentionDropout attention_dropout_of(const OpCall& call, size_t own);
+
+// The region of a dropout call (attrs p, seed, training, then the region's global shape and
+// offset when one was given, and its runs as (runs_dim, triples...) when it has them:
+// ops::dropout); empty without one.
+RngRegion dropout_region_of(const OpCall& call);
 
 }  // namespace loom::ops

@@ -476,9 +476,15 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 
 DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training,
                       const RngRegion& region) {
-  if (auto r = dispatch_op(OpId::dropout, {x}, {p, static_cast<int64_t>(seed), training})) {
-    return {(*r)[0], (*r)[1]};
+  std::vector<OpAttr> attrs{p, static_cast<int64_t>(seed), training};
+  // The region travels with the call (autograd and DTensor's strategy call this again from it).
+  if (!region.empty()) attrs.insert(attrs.end(), {region.global_shape, region.global_offset});
+  if (!region.runs.empty()) {
+    std::vector<int64_t> runs{region.runs_dim};
+    runs.insert(runs.end(), region.runs.begin(), region.runs.end());
+    attrs.emplace_back(std::move(runs));
   }
+  if (auto r = dispatch_op(OpId::dropout, {x}, std::move(attrs))) return {(*r)[0], (*r)[1]};
   constexpr std::string_view op = "dropout";
   check_floating(x, op, "x");
   check_dropout_p(p, x, op);

@@ -321,6 +321,17 @@ AttentionDropout attention_dropout_of(const OpCall& call, size_t own) {
           .region = {call.ints_attr(own + 2), call.ints_attr(own + 3)}};
 }
 
+RngRegion dropout_region_of(const OpCall& call) {
+  if (call.attrs.size() <= 3) return {};
+  RngRegion region{call.ints_attr(3), call.ints_attr(4)};
+  if (call.attrs.size() > 5) {  // runs: (runs_dim, then the triples)
+    const std::vector<int64_t>& runs = call.ints_attr(5);
+    region.runs_dim = runs.at(0);
+    region.runs.assign(runs.begin() + 1, runs.end());
+  }
+  return region;
+}
+
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                              bool is_causal, double scale, int64_t causal_offset,
                                              const AttentionDropout& dropout, bool enable_gqa) {

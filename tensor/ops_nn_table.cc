@@ -92,10 +92,10 @@ void register_nn_ops(OpTable& t) {
         c.attrs.size() > 4 && c.bool_attr(4));
     return V{r.dq, r.dk, r.dv};
   };
-  // Dropout: attrs (p, seed, training).
+  // Dropout: attrs (p, seed, training), then the region's global shape and offset when given.
   t[OpId::dropout] = [](C c) {
     auto r = ops::dropout(c.inputs[0], c.double_attr(0), static_cast<uint64_t>(c.int_attr(1)),
-                          c.bool_attr(2));
+                          c.bool_attr(2), ops::dropout_region_of(c));
     return V{r.out, r.mask};
   };
   t[OpId::dropout_backward] = [](C c) {

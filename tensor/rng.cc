@@ -1,5 +1,6 @@
 #include "tensor/rng.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -7,6 +8,7 @@
 #include "tensor/cpu/element_types.h"
 #include "tensor/cpu/strided_loop.h"
 #include "tensor/cuda/kernels/nn.h"
+#include "tensor/ops_copy.h"
 #include "tensor/philox.h"
 
 namespace loom {
@@ -74,6 +76,10 @@ void for_each_global_index(const Tensor& out, const RngRegion& region, const cha
 template <typename Sample>
 void fill_floating(const Tensor& out, const RngRegion& region, const char* op, uint64_t seed,
                    cuda::kernels::RandomKind kind, double a, double b, Sample&& sample) {
+  LOOM_CHECK(region.runs.empty(),
+             "{}: a region in runs (along dim {}) is drawn run by run; give each run's block "
+             "its own region",
+             op, region.runs_dim);
   if (out.extension()) {
     // A distributed tensor: each process fills its own piece from the pieces' global indices,
     // so every layout holds the values one process would draw for the whole tensor.
@@ -116,6 +122,82 @@ void fill_floating(const Tensor& out, const RngRegion& region, const char* op, u
 
 }  // namespace
 
+namespace {
+
+// How far the local positions a region's runs map reach along runs_dim.
+int64_t runs_extent(const RngRegion& region) {
+  LOOM_CHECK(region.runs.size() % 3 == 0 && region.runs_dim >= 0,
+             "RngRegion: runs are (local start, global start, length) triples along a dim >= 0, "
+             "got {} numbers along dim {}",
+             region.runs.size(), region.runs_dim);
+  int64_t extent = 0;
+  for (size_t r = 0; r < region.runs.size(); r += 3) {
+    LOOM_CHECK(region.runs[r] == extent && region.runs[r + 2] > 0,
+               "RngRegion: run {} starts at local position {} with length {}; runs must cover "
+               "the local positions from 0 in order",
+               r / 3, region.runs[r], region.runs[r + 2]);
+    extent += region.runs[r + 2];
+  }
+  return extent;
+}
+
+// A region in runs cut into plain regions: for each run `shape` meets along runs_dim, in order,
+// the block's length there and its region.
+std::vector<std::pair<int64_t, RngRegion>> plain_blocks(const Shape& shape,
+                                                        const RngRegion& region) {
+  const size_t d = static_cast<size_t>(region.runs_dim);
+  runs_extent(region);
+  LOOM_CHECK(d < shape.size() && region.global_shape.size() == shape.size() &&
+                 region.global_offset.size() == shape.size(),
+             "bernoulli: a region in runs along dim {} of global shape {} at offset {} for a "
+             "tensor of shape {}",
+             region.runs_dim, shape_str(region.global_shape), shape_str(region.global_offset),
+             shape_str(shape));
+  const int64_t begin = region.global_offset[d], end = begin + shape[d];
+  std::vector<std::pair<int64_t, RngRegion>> blocks;
+  int64_t covered = 0;
+  for (size_t r = 0; r < region.runs.size(); r += 3) {
+    const int64_t local = region.runs[r], global = region.runs[r + 1], length = region.runs[r + 2];
+    const int64_t first = std::max(begin, local), last = std::min(end, local + length);
+    if (first >= last) continue;
+    RngRegion block{region.global_shape, region.global_offset};
+    block.global_offset[d] = global + (first - local);
+    blocks.emplace_back(last - first, std::move(block));
+    covered += last - first;
+  }
+  LOOM_CHECK(covered == shape[d],
+             "bernoulli: a tensor of shape {} at local positions [{}, {}) along dim {}, but the "
+             "region's runs cover {} of them",
+             shape_str(shape), begin, end, region.runs_dim, covered);
+  return blocks;
+}
+
+}  // namespace
+
+RngRegion region_within(const RngRegion& outer, const Shape& whole, const Shape& offset) {
+  if (outer.empty()) return {whole, offset};
+  const Shape& global = outer.global_shape.empty() ? whole : outer.global_shape;
+  Shape start = outer.global_offset;
+  if (start.empty()) start.assign(whole.size(), 0);
+  LOOM_CHECK(global.size() == whole.size() && start.size() == whole.size() &&
+                 offset.size() == whole.size(),
+             "region_within: a tensor of shape {} (a piece at offset {}) cannot sit in the region "
+             "of global shape {} at offset {}: the ranks differ",
+             shape_str(whole), shape_str(offset), shape_str(global), shape_str(start));
+  Shape placed(whole.size());
+  for (size_t d = 0; d < whole.size(); ++d) {
+    // Along a dim in runs, `whole` sits among the runs' local positions.
+    const bool in_runs = !outer.runs.empty() && static_cast<int64_t>(d) == outer.runs_dim;
+    const int64_t extent = in_runs ? runs_extent(outer) : global[d];
+    LOOM_CHECK(start[d] >= 0 && start[d] + whole[d] <= extent,
+               "region_within: a tensor of shape {} at offset {} does not fit in global shape {}{}",
+               shape_str(whole), shape_str(start), shape_str(global),
+               in_runs ? fmt::format(" (dim {}: {} positions in runs)", d, extent) : "");
+    placed[d] = start[d] + offset[d];
+  }
+  return {global, placed, outer.runs_dim, outer.runs};
+}
+
 namespace ops {
 
 void normal_(const Tensor& out, uint64_t seed, double mean, double std, const RngRegion& region) {
@@ -153,6 +235,15 @@ Tensor uniform(const Shape& shape, uint64_t seed, double low, double high, DType
 Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const RngRegion& region,
                            Device device) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
+  if (!region.runs.empty()) {
+    std::vector<Tensor> blocks;
+    Shape block_shape = shape;
+    for (const auto& [length, block] : plain_blocks(shape, region)) {
+      block_shape[static_cast<size_t>(region.runs_dim)] = length;
+      blocks.push_back(bernoulli_keep_mask(block_shape, seed, p, block, device));
+    }
+    return blocks.size() == 1 ? blocks.front() : cat(blocks, region.runs_dim);
+  }
   Tensor out = Tensor::empty(shape, kFloat32, device);
   fill_floating(out, region, "bernoulli", seed, cuda::kernels::RandomKind::kBernoulliKeep, p, 0.0,
                 [&, threshold = philox::keep_threshold(p)](uint64_t index) {

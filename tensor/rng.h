@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -18,10 +19,26 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<u
 
 // Which part of a larger logical tensor a local tensor holds: its global shape and the global
 // index of its first element along each dim. Empty fields mean "the tensor is the whole".
+//
+// With runs (bernoulli_keep_mask only), dim `runs_dim` is not one block of the global dim but
+// several: the positions of a larger local extent along it lie in the global tensor in runs
+// (under context parallelism a rank's sequence is two chunks from the ends of the whole
+// sequence), and global_offset[runs_dim] is where the tensor starts among those local
+// positions. `runs` holds triples (local start, global start, length), covering the local
+// extent in order from 0.
 struct RngRegion {
   Shape global_shape;
   Shape global_offset;
+  int64_t runs_dim = -1;
+  std::vector<int64_t> runs;
+  bool empty() const { return global_shape.empty() && global_offset.empty() && runs.empty(); }
 };
+
+// The region of a piece at `offset` in a tensor shaped `whole` that itself sits at `outer` (empty:
+// `whole` is the whole tensor): how a shard of a block draws its slice of the whole's numbers,
+// e.g. a tensor-parallel shard of one data-parallel rank's rows. Throws when `outer` does not
+// match `whole`'s rank or `whole` does not fit in it.
+RngRegion region_within(const RngRegion& outer, const Shape& whole, const Shape& offset);
 
 namespace ops {
 // Fill `out` (contiguous, floating; CPU or CUDA) in place. On CUDA uniform_ is bit-identical to the
@@ -37,6 +54,7 @@ Tensor uniform(const Shape& shape, uint64_t seed, double low = 0.0, double high 
                DType dtype = kFloat32);
 // Keep-mask for dropout (f32 on `device`): element is 1 with probability 1 - p. On CUDA the mask
 // is bit-identical to the CPU's (same Philox counters), so a GPU rank drops what a CPU rank drops.
+// A region with runs draws each run's block alone and joins them along runs_dim.
 Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p,
                            const RngRegion& region = {}, Device device = Device::cpu());
 }  // namespace ops

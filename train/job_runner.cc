@@ -428,7 +428,7 @@ void JobRunner::train_steps(JobResult& result) {
                         checked_.parallel.cp, ReplicaShare{member, job_.replicas});
         batches.emplace_back(share.inputs, share.targets);
       }
-      trainer_->replay_step(batches);
+      trainer_->replay_step(batches, members->second, static_cast<int>(job_.replicas));
       continue;
     }
     const data::Batch batch =

@@ -10,6 +10,7 @@
 #include "dtensor/dtensor.h"
 #include "models/hf/checkpoint.h"
 #include "nn/auxiliary_loss.h"
+#include "nn/batch_part.h"
 #include "nn/moe/moe.h"
 #include "optim/clip_grad.h"
 #include "parallel/cp/context_parallel.h"
@@ -60,21 +61,28 @@ class OneStageModel : public ParallelModel {
   OneStageModel(const models::ModelArgs& args, pipeline::PipelineModelSpec spec,
                 std::shared_ptr<nn::Module> module,
                 std::shared_ptr<parallel::DataParallel> data_parallel, int grad_accum,
-                std::shared_ptr<SequenceContext> sequence)
+                std::shared_ptr<SequenceContext> sequence, nn::BatchPart::Place data_share)
       : files_(args),
         spec_(std::move(spec)),
         module_(std::move(module)),
         data_parallel_(std::move(data_parallel)),
         grad_accum_(grad_accum),
-        sequence_(std::move(sequence)) {}
+        sequence_(std::move(sequence)),
+        data_share_(data_share) {}
 
   void zero_grad() override { data_parallel_->zero_grad(); }
 
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
     SequenceContextGuard sharded(sequence_.get());  // context parallelism, when on
+    // Dropout draws one forward's masks of the global batch at this rank's and micro-batch's
+    // rows, from the same call counts in every micro-batch (nn/batch_part.h).
+    const nn::BatchPart share(data_share_.index, data_share_.count);
+    const nn::DropoutCalls calls = nn::DropoutCalls::of(*module_);
     double total = 0;
     for_each_micro_batch(
         inputs, targets, "forward_backward", [&](int m, const Tensor& x, const Tensor& y) {
+          calls.restore();
+          const nn::BatchPart micro_batch(m, grad_accum_);
           // Auxiliary losses (MoE load balancing) enter as the micro-batch's loss does: / m.
           nn::AuxiliaryLossScale scale(1.0 / grad_accum_);
           Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
@@ -136,6 +144,7 @@ class OneStageModel : public ParallelModel {
   std::shared_ptr<parallel::DataParallel> data_parallel_;
   int grad_accum_;
   std::shared_ptr<SequenceContext> sequence_;  // context parallelism; null without
+  nn::BatchPart::Place data_share_;            // this dp rank's share of the global batch
 };
 
 // pp > 1: this rank's stages, driven by the schedule; checkpoints load per stage and save the
@@ -143,25 +152,34 @@ class OneStageModel : public ParallelModel {
 class PipelinedModel : public ParallelModel {
  public:
   PipelinedModel(const models::ModelArgs& args, std::unique_ptr<pipeline::PipelineModel> model,
-                 std::shared_ptr<SequenceContext> sequence, int grad_accum)
+                 std::shared_ptr<SequenceContext> sequence, int grad_accum,
+                 nn::BatchPart::Place data_share)
       : files_(args),
         args_(args.clone()),
         model_(std::move(model)),
         sequence_(std::move(sequence)),
-        grad_accum_(grad_accum) {}
+        grad_accum_(grad_accum),
+        data_share_(data_share) {}
 
   void zero_grad() override { model_->zero_grad(); }
   // grad_accum > 1: that many runs of the schedule, each on its share of the batch (in order),
   // data parallelism and tied copies synchronizing after the last; the loss is their mean.
   double forward_backward(const Tensor& inputs, const Tensor& targets) override {
     SequenceContextGuard sharded(sequence_.get());
+    // As OneStageModel's; each stage places its microbatches within a share (stage.h).
+    const nn::BatchPart data_share(data_share_.index, data_share_.count);
     if (grad_accum_ == 1) return model_->step(inputs, targets);
     LOOM_CHECK(inputs.size(0) % grad_accum_ == 0,
                "forward_backward: {} sequences do not split into grad_accum {} pipeline steps",
                inputs.size(0), grad_accum_);
     const int64_t share = inputs.size(0) / grad_accum_;
+    std::vector<nn::Module*> stages;
+    for (const auto& stage : model_->stages()) stages.push_back(stage.get());
+    const nn::DropoutCalls calls = nn::DropoutCalls::of(stages);
     double total = 0;
     for (int k = 0; k < grad_accum_; ++k) {
+      calls.restore();
+      const nn::BatchPart accumulated(k, grad_accum_);
       total += model_->step(ops::narrow(inputs, 0, k * share, share),
                             ops::narrow(targets, 0, k * share, share),
                             {.sync_gradients = k + 1 == grad_accum_,
@@ -221,6 +239,7 @@ class PipelinedModel : public ParallelModel {
   std::unique_ptr<pipeline::PipelineModel> model_;
   std::shared_ptr<SequenceContext> sequence_;  // context parallelism; null without
   int grad_accum_;
+  nn::BatchPart::Place data_share_;  // this dp rank's share of the global batch
 };
 
 }  // namespace
@@ -323,6 +342,9 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
   if (parallel.dims.cp > 1) {
     sequence = std::make_shared<parallel::cp::ContextParallel>(meshes.cp, parallel.cp);
   }
+  // This rank's share of the global batch, as local_batch cuts it: dropout's masks are placed
+  // at its rows.
+  const nn::BatchPart::Place data_share{data_parallel_rank(*mesh), data_parallel_size(*mesh)};
   if (parallel.dims.pp > 1) {
     auto model = std::make_unique<pipeline::PipelineModel>(
         std::move(spec), meshes,
@@ -331,7 +353,7 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
                                        .activation_checkpoint = parallel.activation_checkpoint,
                                        .meta_init = parallel.meta_init});
     return std::make_unique<PipelinedModel>(args, std::move(model), std::move(sequence),
-                                            parallel.grad_accum);
+                                            parallel.grad_accum, data_share);
   }
   parallel::BuiltStage built = parallel::build_stage(
       {.make = [&] { return spec.make_stage(pipeline::StageRange::whole(args.n_layers())); },
@@ -343,7 +365,7 @@ std::unique_ptr<ParallelModel> build_parallel_model_layout(const models::ModelAr
        .meta_init = parallel.meta_init});
   return std::make_unique<OneStageModel>(args, std::move(spec), std::move(built.module),
                                          std::move(built.data_parallel), parallel.grad_accum,
-                                         std::move(sequence));
+                                         std::move(sequence), data_share);
 }
 
 }  // namespace

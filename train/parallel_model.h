@@ -39,7 +39,9 @@ class ParallelModel {
   // Forward and backward of this dp rank's batch (B, T): gradient accumulation over grad_accum
   // micro-batches (data parallelism synchronizing on the last only), or the pipeline schedule
   // over its microbatches. Returns this dp rank's mean loss (the same on every rank of its pp and
-  // tp groups).
+  // tp groups). The batch is taken to be share data_parallel_rank of data_parallel_size equal
+  // shares of the global batch (as local_batch cuts it), so dropout draws those rows of one
+  // rank's masks (nn/batch_part.h; an enclosing nn::BatchPart places the global batch itself).
   virtual double forward_backward(const Tensor& inputs, const Tensor& targets) = 0;
   // Validation: this dp rank's mean loss on (B, T), forward only (no autograd, no gradients),
   // in the training step's micro-batches (grad_accum, or the pipeline's microbatches) so it

@@ -1,11 +1,14 @@
 #include "train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "nn/batch_part.h"
 #include "nn/layers.h"
 #include "tensor/ops.h"
 #include "train/router_stats.h"
@@ -83,15 +86,33 @@ void Trainer::begin_replica_step() {
   }
 }
 
-StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches) {
+StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches,
+                                const std::vector<int>& member_ids, int replicas) {
   LOOM_CHECK(!options_.replicas && !member_batches.empty(),
              "Trainer::replay_step: replays a replicas' step on one job (no replicas of its own) "
              "from at least one member's batch, got {} batches",
              member_batches.size());
+  LOOM_CHECK(
+      member_ids.empty() || (member_ids.size() == member_batches.size() &&
+                             replicas > *std::max_element(member_ids.begin(), member_ids.end())),
+      "Trainer::replay_step: {} member ids (the largest {}) for {} batches of {} replicas: "
+      "give each batch its replica's id, below the replicas' count",
+      member_ids.size(),
+      member_ids.empty() ? -1 : *std::max_element(member_ids.begin(), member_ids.end()),
+      member_batches.size(), replicas);
   const auto start = std::chrono::steady_clock::now();
   StepResult result = start_step_result();
   double local_loss = 0;
-  for (const auto& [inputs, targets] : member_batches) {
+  // Each member's forward draws the dropout masks its replica drew: from the same call counts,
+  // at its share's rows of the global batch (nn/batch_part.h).
+  std::vector<nn::Module*> modules;
+  for (const auto& [name, module] : model_.named_modules()) modules.push_back(module);
+  const nn::DropoutCalls calls = nn::DropoutCalls::of(modules);
+  for (size_t i = 0; i < member_batches.size(); ++i) {
+    calls.restore();
+    std::optional<nn::BatchPart> share;
+    if (!member_ids.empty()) share.emplace(member_ids[i], replicas);
+    const auto& [inputs, targets] = member_batches[i];
     local_loss += model_.forward_backward(inputs, targets);  // gradients accumulate
   }
   const double count = static_cast<double>(member_batches.size());
@@ -158,7 +179,14 @@ StepResult Trainer::step(const Tensor& inputs, const Tensor& targets) {
   begin_step();
   const auto start = options_.replicas ? step_start_ : std::chrono::steady_clock::now();
   StepResult result = start_step_result();
+  // With replicas this rank's batch is its replica's share's (local_batch's ReplicaShare): the
+  // rows dropout places its masks at (nn/batch_part.h).
+  std::optional<nn::BatchPart> share;
+  if (options_.replicas) {
+    share.emplace(options_.replicas->replica(), options_.replicas->max_replicas());
+  }
   const double local_loss = model_.forward_backward(inputs, targets);
+  share.reset();
   if (options_.replicas) {
     result.replicas = average_over_replicas();
     result.replica_members = options_.replicas->quorum().members;

@@ -68,8 +68,11 @@ class Trainer {
   // The reference for replicas: one step whose gradient is the mean of the gradients of
   // `member_batches` (each a replica's share, in member order) — what replicas that took part
   // with those batches average to, computed here on one job (each share's backward accumulated,
-  // then scaled by 1 / their count). No TrainerOptions::replicas.
-  StepResult replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches);
+  // then scaled by 1 / their count). No TrainerOptions::replicas. `member_ids` (optional, one
+  // per batch) and `replicas` say whose share each batch is (ReplicaShare{id, replicas}), so
+  // dropout draws the masks each replica drew.
+  StepResult replay_step(const std::vector<std::pair<Tensor, Tensor>>& member_batches,
+                         const std::vector<int>& member_ids = {}, int replicas = 0);
   // The step the next step() runs, which with replicas is settled first — its quorum, and for a
   // replica that joins the state and step count of the running job — so call it before cutting
   // the step's batch (step() calls it when the caller did not).

@@ -41,24 +41,22 @@ OpSharding leading_dims(size_t num_inputs, const std::vector<bool>& sharded, int
 }
 
 // The dropout of an attention call on shards: the call's own (from attr `own` on), placed by the
-// spec of its q (input `q_input`): the whole mask is (batch..., Tq, Tk) of q's and k's global
-// shapes, and this shard's probabilities start at q's local offset on the batch dims (the
-// strategies never shard the sequence dims).
+// spec of its q (input `q_input`): the call's mask is (batch..., Tq, Tk) of q's and k's global
+// shapes (at the call's region, if it has one), and this shard's probabilities start at q's local
+// offset on the batch dims (the strategies never shard the sequence dims).
 AttentionDropout attention_dropout_on_shard(const OpCall& local, size_t own,
                                             const InputSpecs& specs, size_t q_input) {
   AttentionDropout dropout = ops::attention_dropout_of(local, own);
   if (dropout.p == 0.0) return dropout;
-  LOOM_CHECK(dropout.region.global_shape.empty(),
-             "{}: a call on distributed tensors places each shard's dropout mask itself; pass no "
-             "dropout region (got global shape {})",
-             local.op, shape_str(dropout.region.global_shape));
   const DTensorSpec& q = *specs[q_input];
   const DTensorSpec& k = *specs[q_input + 1];
-  Shape global(q.shape.begin(), q.shape.end() - 1);
-  global.push_back(k.shape[k.shape.size() - 2]);
+  Shape whole(q.shape.begin(), q.shape.end() - 1);
+  whole.push_back(k.shape[k.shape.size() - 2]);
   Shape offset = q.local_offset();
   offset.back() = 0;  // the key dim: every shard holds all keys (offset[-2] is 0 too)
-  dropout.region = {std::move(global), std::move(offset)};
+  // The call's own region says where the whole call's probabilities sit (a data-parallel rank's
+  // rows of the global batch); this shard's place in them is added.
+  dropout.region = region_within(dropout.region, whole, offset);
   return dropout;
 }
 
@@ -400,8 +398,11 @@ void register_nn_strategies(StrategyTable& t) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg})
       s.options.push_back({{Partial(op)}, {Partial(op), Replicate()}});
     s.local = [](const OpCall& local, const InputSpecs& specs) {
+      // The call's own region (where the whole distributed tensor sits, e.g. a data-parallel
+      // rank's rows of the global batch) with this shard's place in it.
       const DTensorSpec& spec = *specs[0];
-      const RngRegion region{spec.shape, spec.local_offset()};
+      const RngRegion region =
+          region_within(ops::dropout_region_of(local), spec.shape, spec.local_offset());
       auto r = ops::dropout(local.inputs[0], local.double_attr(0),
                             static_cast<uint64_t>(local.int_attr(1)), local.bool_attr(2), region);
       return std::vector<Tensor>{r.out, r.mask};

@@ -62,17 +62,17 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
 
 namespace {
 
-// Where a rank's (B, H_local, T, T) attention probabilities sit in the whole model's: under
-// tensor parallelism c_attn's rows (head-major, 3 D per head) are a slice of the whole
-// projection's, so its first row names this rank's first head. Batch entries stay local, as
-// every dropout's do (a data-parallel rank draws its own batch's masks).
-RngRegion attention_region(const nn::Linear& c_attn, const Tensor& heads, int64_t head_dim) {
+// Where a rank's (B, H_local, T, T) attention probabilities sit in this forward's (B, H, T, T):
+// under tensor parallelism c_attn's rows (head-major, 3 D per head) are a slice of the whole
+// projection's, so its first row names this rank's first head. (The forward's rows are placed
+// in the whole batch by Dropout::next_mask.)
+RngRegion attention_region(const nn::Linear& c_attn, const Shape& probabilities, int64_t head_dim) {
   const auto& extension = c_attn.weight().extension();
   const std::optional<LocalPiece> piece =
       extension != nullptr ? extension->local_piece() : std::nullopt;
   if (!piece.has_value()) return {};
   const int64_t rows_per_head = 3 * head_dim;
-  const int64_t batch = heads.size(0), time = heads.size(1);
+  const int64_t batch = probabilities[0], time = probabilities[2];
   return {{batch, piece->global_shape[0] / rows_per_head, time, time},
           {0, piece->global_offset[0] / rows_per_head, 0, 0}};
 }
@@ -87,8 +87,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // One node for the three slices: their gradients are stacked back in one write.
   const std::vector<Tensor> q_k_v = unbind(heads, 3);
   auto take = [&](int64_t which) { return transpose(q_k_v[which], 1, 2); };
-  AttentionDropout dropout = attn_dropout_ ? attn_dropout_->next_mask() : AttentionDropout{};
-  if (dropout.p > 0.0) dropout.region = attention_region(*c_attn, heads, head_dim_);
+  AttentionDropout dropout;
+  if (attn_dropout_) {
+    const Shape probabilities{batch, heads.size(2), time, time};
+    dropout = attn_dropout_->next_mask(probabilities,
+                                       attention_region(*c_attn, probabilities, head_dim_));
+  }
   const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true,
                                                 /*scale=*/0.0, /*causal_offset=*/0,
                                                 dropout);  // (B, H, T, D)

@@ -125,6 +125,10 @@ std::vector<int64_t> ContextParallel::positions(int64_t local_len) const {
   return layout(local_len * mesh_->size(0)).positions();
 }
 
+int64_t ContextParallel::sequence_length(int64_t local_len) const {
+  return local_len * mesh_->size(0);
+}
+
 Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                                   double scale, bool enable_gqa, const AttentionDropout& dropout) {
   SequenceContextGuard plain(nullptr);  // the local attention below, not this again

@@ -53,6 +53,7 @@ class ContextParallel : public SequenceContext {
   SequenceLayout layout(int64_t seq_len) const;
 
   std::vector<int64_t> positions(int64_t local_len) const override;
+  int64_t sequence_length(int64_t local_len) const override;
   Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal, double scale,
                    bool enable_gqa, const AttentionDropout& dropout) override;
 

@@ -112,6 +112,10 @@ class ReplicaGroup {
   void commit();
   // The last quorum start_step returned.
   const StepQuorum& quorum() const { return quorum_; }
+  // This replica's id and how many there may be: its share of every step's global batch is
+  // share `replica()` of `max_replicas()` (train::local_batch's ReplicaShare).
+  int replica() const { return replica_; }
+  int max_replicas() const { return max_replicas_; }
 
  private:
   // Builds (or keeps) the members' group for `quorum`.

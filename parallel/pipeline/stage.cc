@@ -86,6 +86,7 @@ void PipelineStage::begin_step(int num_microbatches, bool sync_gradients) {
   input_shape_.reset();
   sent_metadata_ = false;
   recv_wait_seconds_ = 0;
+  dropout_calls_ = nn::DropoutCalls::of(*module_);
 }
 
 void PipelineStage::wait_timed(comm::Work& work, bool on_host) {
@@ -149,6 +150,11 @@ Tensor PipelineStage::forward(int mb, const Tensor& input) {
     if (is_floating(leaf.dtype())) leaf.set_requires_grad(true);
   }
   const bool wrap = !is_first() && options_.wrap_input;
+  // Every microbatch draws the dropout masks the step's one forward of the whole batch would
+  // draw for its rows (nn/batch_part.h): from the step's call counts, at its rows.
+  dropout_calls_.restore();
+  std::optional<nn::BatchPart> rows;
+  if (num_microbatches_ > 0) rows.emplace(mb, num_microbatches_);
   const Tensor output = (*module_)(wrap ? options_.wrap_input(leaf) : leaf);
   Tensor sent;
   if (!is_last()) {

@@ -39,6 +39,7 @@
 #include "autograd/engine.h"
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
+#include "nn/batch_part.h"
 #include "nn/module.h"
 #include "parallel/pipeline/p2p.h"
 #include "parallel/pipeline/placement.h"
@@ -159,6 +160,7 @@ class PipelineStage {
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;
+  nn::DropoutCalls dropout_calls_;  // at the step's start: where each microbatch's draws start
   bool sync_gradients_ = true;
   std::map<int, autograd::WeightBackward> weight_backwards_;  // I's, waiting for their W
   // A backward's shared steps: the weights' gradients (B, or W) with data parallelism's

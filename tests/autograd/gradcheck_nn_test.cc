@@ -5,6 +5,7 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
+#include "tensor/rng.h"
 #include "tests/autograd/test_util.h"
 
 namespace loom {
@@ -82,6 +83,25 @@ TEST(GradcheckNnTest, DropoutScalesKeptElements) {
   const auto x = leaf({4, 8}, 10);
   EXPECT_TRUE(
       passes_gradcheck([](const auto& in) { return dropout(in[0], 0.25, /*seed=*/99); }, {x}));
+}
+
+// A region travels through autograd: the recorded call draws the mask of x's place (rows 3..5
+// of a larger batch, or positions in runs), forward and backward. (Autograd once called the op
+// again without it: under grad mode every shard drew the mask of a tensor at offset 0.)
+TEST(GradcheckNnTest, DropoutKeepsItsRegion) {
+  const RngRegion rows{{9, 4, 5}, {3, 0, 0}};
+  const RngRegion chunks{{3, 16, 5}, {0, 0, 0}, /*runs_dim=*/1, {0, 2, 2, 2, 12, 2}};
+  for (const RngRegion& region : {rows, chunks}) {
+    const auto x = leaf({3, 4, 5}, 11);
+    const std::vector<double> mask =
+        ops::to_vector(ops::bernoulli_keep_mask({3, 4, 5}, 21, 0.5, region));
+    backward(ops::sum(ops::dropout(x, 0.5, 21, /*training=*/true, region).out));
+    std::vector<double> expected = mask;
+    for (double& m : expected) m *= 2.0;  // 1 / (1 - p)
+    EXPECT_EQ(ops::to_vector(x.grad()), expected);
+    EXPECT_TRUE(passes_gradcheck(
+        [&region](const auto& in) { return ops::dropout(in[0], 0.5, 21, true, region).out; }, {x}));
+  }
 }
 
 }  // namespace

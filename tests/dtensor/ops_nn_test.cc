@@ -186,6 +186,29 @@ TEST(OpsNnTest, DropoutOnShardsDrawsTheirSliceOfTheGlobalMask) {
   });
 }
 
+// A call's region places the whole distributed tensor (a data-parallel rank's rows of the
+// global batch, a context-parallel rank's chunks of the sequence); each shard draws its slice
+// of what that place draws.
+TEST(OpsNnTest, DropoutWithARegionPlacesTheWholeAndEachShardInIt) {
+  const RngRegion rows{{8, 7, 4}, {4, 0, 0}};
+  const RngRegion chunks{{2, 20, 4}, {0, 0, 0}, /*runs_dim=*/1, {0, 3, 3, 3, 15, 4}};
+  run_on_ranks(2, [&](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    for (const RngRegion& region : {rows, chunks}) {
+      const Tensor x = float_tensor({region.runs.empty() ? int64_t{4} : int64_t{2}, 7, 4}, 3);
+      const auto drop = [region](const Inputs& in) {
+        return ops::dropout(in[0], 0.4, 99, /*training=*/true, region).out;
+      };
+      for (const Placements& placements : {Placements{Shard(0)}, Placements{Shard(1)}}) {
+        check_op(mesh, {"dropout in a region of " + placements_str(placements),
+                        {{x, placements}},
+                        drop,
+                        placements});
+      }
+    }
+  });
+}
+
 TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
   for (int world : {2, 3}) {
     run_on_ranks(world, [world](ProcessGroup& pg) {

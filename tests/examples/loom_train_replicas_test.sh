@@ -5,7 +5,8 @@
 # steps later: the others never stop and lose no step (one fewer replica meanwhile, recorded per
 # step in the metrics), the new one joins the running job with a member's state, and every
 # replica ends with the same model, bit for bit — for two replicas also the model of one job
-# replaying the recorded membership (--replica-replay). For 2 and 3 replicas x tp2.
+# replaying the recorded membership (--replica-replay). For 2 and 3 replicas x tp2, the three
+# with dropout (each replica drops its share's rows of one job's masks, as the replay does).
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
@@ -26,8 +27,9 @@ wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed ST
   fail "no progress to step $2 in $1 (at $(progress "$1"))"
 }
 
-scenario() {  # scenario NAME REPLICAS TP
+scenario() {  # scenario NAME REPLICAS TP [MODEL FLAGS...]
   local name="$1" replicas="$2" tp="$3" steps=40
+  local model=("${@:4}")
   mkdir -p "$name" && cd "$name"
   # The log exists before the background job opens it: a look at it may come first (and set -e
   # ends the test on sed's "can't read").
@@ -42,7 +44,8 @@ scenario() {  # scenario NAME REPLICAS TP
   [[ -n $port ]] || { cat lighthouse.log; fail "$name: the lighthouse did not start"; }
   local common=(--launcher "$loomrun" --dp 1 --tp "$tp" --steps "$steps" --batch-size 12
     --replicas "$replicas" --replica-store "127.0.0.1:$port" --replica-join-window-ms 300
-    --collective-timeout-s 30 --sample-tokens 0 --no-progress --plot-out "" --log-every 1)
+    --collective-timeout-s 30 --sample-tokens 0 --no-progress --plot-out "" --log-every 1
+    "${model[@]}")
   start() {  # start REPLICA TAG: a replica job in the background; its pid in $started
     mkdir -p "$2"
     (LOOM_PROGRESS_FILE="$PWD/$2/progress" exec "$train" "${common[@]}" --replica "$1" \
@@ -83,7 +86,7 @@ scenario() {  # scenario NAME REPLICAS TP
     mkdir -p replay
     "$train" --launcher "$loomrun" --dp 1 --tp "$tp" --steps "$steps" --batch-size 12 \
       --replicas "$replicas" --replica-replay r0/m.jsonl --sample-tokens 0 --no-progress \
-      --plot-out "" --metrics-out replay.jsonl --save replay/model.safetensors >replay.log 2>&1 ||
+      "${model[@]}" --plot-out "" --metrics-out replay.jsonl --save replay/model.safetensors >replay.log 2>&1 ||
       { cat replay.log; fail "$name: the replay"; }
     cmp -s r0/model.safetensors replay/model.safetensors ||
       fail "$name: the replicas' model is not the replay of their recorded membership"
@@ -93,4 +96,4 @@ scenario() {  # scenario NAME REPLICAS TP
 }
 
 scenario two_by_tp2 2 2
-scenario three_by_tp2 3 2
+scenario three_by_tp2_dropout 3 2 --dropout 0.1 --attn-dropout 0.1

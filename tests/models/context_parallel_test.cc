@@ -38,8 +38,10 @@ constexpr double kLr = 3e-3, kClip = 0.5;
 data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 
 // kGptAttentionDropout: GPT with attention dropout 0.1 (its mask drawn in the kernels; each
-// context-parallel piece must drop its slice of what one rank drops).
-enum class Family { kGpt, kLlama, kGptAttentionDropout };
+// context-parallel piece must drop its slice of what one rank drops). kGptDropout: GPT with
+// dropout 0.1 on embeddings and residual branches too (each rank's tokens drop their positions'
+// slice of one rank's masks: nn::activation_region).
+enum class Family { kGpt, kLlama, kGptAttentionDropout, kGptDropout };
 
 std::unique_ptr<models::ModelArgs> args_of(Family family) {
   if (family == Family::kLlama) {
@@ -47,6 +49,7 @@ std::unique_ptr<models::ModelArgs> args_of(Family family) {
   }
   models::GPTConfig config = models::gpt_run::config();
   if (family == Family::kGptAttentionDropout) config.attn_dropout = 0.1;
+  if (family == Family::kGptDropout) config = models::gpt_run::config(/*dropout=*/0.1);
   return models::gpt_args(config);
 }
 
@@ -184,6 +187,24 @@ TEST(ContextParallelTest, GptAttentionDropoutDropsWhatOneRankDrops) {
   }
   expect_like_one_rank(family, {.cp = 4}, {.load_balance = false, .attention = "ring"},
                        "GPT attention dropout cp4 ring contiguous");
+}
+
+// Dropout on the embeddings and residual branches: a rank's tokens are chunks of the sequence
+// (two under load balancing), each dropping its positions' slice of one rank's masks; with
+// sequence parallelism a tp rank's tokens are a piece of its cp rank's chunks, and with data
+// parallelism or a pipeline its rows a part of the batch.
+TEST(ContextParallelTest, GptDropoutDropsWhatOneRankDrops) {
+  const Family family = Family::kGptDropout;
+  EXPECT_NE(reference(family).losses, reference(Family::kGptAttentionDropout).losses)
+      << "the residual masks reach it";
+  expect_like_one_rank(family, {.cp = 2}, {}, "GPT dropout cp2 load-balanced");
+  expect_like_one_rank(family, {.cp = 4}, {.load_balance = false}, "GPT dropout cp4 contiguous");
+  expect_like_one_rank(family, {.cp = 2, .tp = 2}, {.attention = "ring"},
+                       "GPT dropout tp2 (SP) x cp2 ring");
+  expect_like_one_rank(family, {.dp_replicate = 2, .cp = 2}, {.attention = "alltoall"},
+                       "GPT dropout dp_replicate2 x cp2 alltoall");
+  expect_like_one_rank(family, {.pp = 2, .cp = 2}, {}, "GPT dropout pp2 x cp2",
+                       /*microbatches=*/2);
 }
 
 // With dp_replicate: HSDP (replicated over dp_replicate, sharded over dp_shard x cp: cp > 1

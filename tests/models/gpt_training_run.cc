@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
@@ -36,8 +38,14 @@ namespace {
 data::TokenCorpus corpus() { return fox_corpus(256); }
 }  // namespace
 
-GPTConfig config() {
-  return GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 32, .vocab_size = 257};
+GPTConfig config(double dropout) {
+  return GPTConfig{.n_layer = 2,
+                   .n_head = 4,
+                   .n_embd = 32,
+                   .block_size = 32,
+                   .vocab_size = 257,
+                   .dropout = dropout,
+                   .attn_dropout = dropout};
 }
 
 namespace {
@@ -48,9 +56,9 @@ constexpr double kLr = 3e-3, kWeightDecay = 0.1;
 // The oracle: the same computation on one rank, written as plainly as possible (no mesh, no
 // DDP, no library composition), so the layouts under test are checked against an independent
 // loop. AdamW groups as the Trainer's: weight decay on matrices only.
-Result train_one_rank() {
+Result train_one_rank(double dropout) {
   const auto data = corpus();
-  GPT model(config(), kModelSeed);
+  GPT model(config(dropout), kModelSeed);
   std::vector<Tensor> decay, no_decay, parameters;
   for (const auto& [name, p] : model.named_parameters()) {
     (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -80,7 +88,7 @@ Result train_one_rank() {
 }  // namespace
 
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
-  if (!mesh) return train_one_rank();
+  if (!mesh) return train_one_rank(layout.dropout);
   // The job's own code: the library composition and step driver (train/), as loom_train runs it.
   const train::ParallelConfig parallel{.dims = {.pp = mesh->size("pp"),
                                                 .dp_replicate = mesh->size("dp_replicate"),
@@ -90,11 +98,12 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
                                        .grad_accum = layout.accum,
                                        .pipeline = {.schedule = layout.schedule,
                                                     .microbatches = layout.microbatches,
-                                                    .virtual_stages = layout.virtual_stages}};
+                                                    .virtual_stages = layout.virtual_stages},
+                                       .activation_checkpoint = layout.activation_checkpoint};
   parallel.validate(mesh->numel(), kGlobalBatch, kSeqLen);
   const auto data = corpus();
-  const auto model =
-      train::build_parallel_model(*models::gpt_args(config()), kModelSeed, mesh, parallel);
+  const auto model = train::build_parallel_model(*models::gpt_args(config(layout.dropout)),
+                                                 kModelSeed, mesh, parallel);
   train::Trainer trainer(
       *model, mesh, {.lr = [](int) { return kLr; }, .weight_decay = kWeightDecay, .clip = kClip});
   Result result;
@@ -106,9 +115,13 @@ Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout) {
   return result;
 }
 
-const Result& reference() {
-  static const Result r = train(nullptr);
-  return r;
+const Result& reference(double dropout) {
+  static std::mutex mutex;  // ranks' threads may ask at once
+  static std::map<double, Result> runs;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = runs.find(dropout);
+  if (it == runs.end()) it = runs.emplace(dropout, train(nullptr, {.dropout = dropout})).first;
+  return it->second;
 }
 
 void record_step(Result& result, const train::StepResult& step) {

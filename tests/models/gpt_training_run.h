@@ -31,8 +31,9 @@ inline constexpr double kClip =
     0.5;  // below the tiny model's early gradient norms, so clipping acts
 
 // 2 layers, 4 heads, width 32, and an odd vocabulary (257, as GPT-2's 50257), so the
-// vocab-parallel embedding and the loss-parallel head split it unevenly.
-GPTConfig config();
+// vocab-parallel embedding and the loss-parallel head split it unevenly. `dropout`: in training,
+// on embeddings, residual branches and attention probabilities alike (GPT-2's three pdrops).
+GPTConfig config(double dropout = 0.0);
 
 struct Result {
   std::vector<double> losses;
@@ -58,6 +59,8 @@ struct Layout {
   std::string schedule = "1f1b";
   int microbatches = 1;
   int virtual_stages = 1;
+  parallel::ActivationCheckpointing activation_checkpoint = {};
+  double dropout = 0.0;  // config(dropout); the reference to match is then reference(dropout)
 };
 
 // One training run on `mesh` with `layout`; every rank returns the global losses and gradient
@@ -65,8 +68,9 @@ struct Layout {
 // parallelism; its stages' with it).
 Result train(std::shared_ptr<const DeviceMesh> mesh, Layout layout = {});
 
-// The one-rank reference run (train(nullptr)), computed once per test binary.
-const Result& reference();
+// The one-rank reference run (train(nullptr)), computed once per test binary; with `dropout`,
+// of config(dropout) (train(nullptr, {.dropout = dropout}), once per value).
+const Result& reference(double dropout = 0.0);
 
 // A run under `layout` and the run it must match (the one-rank reference).
 // A repetitive byte text the models learn in a few steps (the pangrams, 40 times), as tokens of a

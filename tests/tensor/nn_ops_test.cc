@@ -1114,6 +1114,26 @@ TEST(Dropout, IdentityAndZeroCasesAndBf16) {
                 .what = "bf16"});  // one bf16 rounding: kBf16Tol
 }
 
+// A region (where x sits in a larger tensor's mask, as a data-parallel rank's rows or a
+// context-parallel rank's chunks) travels with the call in its attrs, which the op table (what
+// autograd and DTensor's strategies call again) reads back.
+TEST(Dropout, ARegionTravelsInTheCallsAttrs) {
+  const Tensor x = randn({3, 4, 5}, 1103);
+  const RngRegion rows{{9, 4, 5}, {3, 0, 0}};
+  const RngRegion chunks{{3, 16, 5}, {0, 0, 0}, /*runs_dim=*/1, {0, 2, 2, 2, 12, 2}};
+  for (const RngRegion& region : {rows, chunks}) {
+    const Tensor expected_mask = ops::bernoulli_keep_mask({3, 4, 5}, 21, 0.5, region);
+    EXPECT_EQ(vals(ops::dropout(x, 0.5, 21, /*training=*/true, region).mask), vals(expected_mask));
+    std::vector<OpAttr> attrs{0.5, int64_t{21}, true, region.global_shape, region.global_offset};
+    if (!region.runs.empty()) {
+      std::vector<int64_t> runs{region.runs_dim};
+      runs.insert(runs.end(), region.runs.begin(), region.runs.end());
+      attrs.emplace_back(runs);
+    }
+    EXPECT_EQ(vals(call_op(OpCall(OpId::dropout, {x}, attrs))[1]), vals(expected_mask));
+  }
+}
+
 // ================================ table and dispatch ================================
 
 TEST(NnOpTable, CallOpMatchesDirectCalls) {

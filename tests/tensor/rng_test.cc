@@ -187,6 +187,73 @@ TEST(RngTest, RegionErrors) {
             "dropout: probability must be in [0, 1], got 1.5");
 }
 
+// A tensor whose positions along a dim lie in runs of the global tensor (a context-parallel
+// rank's two chunks of the sequence): its mask is the whole mask's runs, joined, bit for bit,
+// for the whole local extent and for a piece of it that spans the runs' seam or sits in one.
+TEST(RngTest, KeepMaskInRunsIsTheWholeMasksRunsJoined) {
+  const Shape global{3, 16, 5};
+  const uint64_t seed = 77;
+  const Tensor whole = ops::bernoulli_keep_mask(global, seed, 0.4);
+  // Local positions 0..7 are global 4..7 then 12..15 (chunks 1 and 6 of 8... as cp2 rank 1).
+  RngRegion runs{global, {0, 0, 0}, /*runs_dim=*/1, {0, 4, 4, 4, 12, 4}};
+  const Tensor expected =
+      ops::cat(std::vector<Tensor>{ops::narrow(whole, 1, 4, 4), ops::narrow(whole, 1, 12, 4)}, 1);
+  EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({3, 8, 5}, seed, 0.4, runs)),
+            bytes_of(ops::contiguous(expected)));
+  // Local positions 2..5 of those (a tensor-parallel rank's piece across the seam), rows 1..2.
+  const RngRegion piece = region_within(runs, {3, 8, 5}, {1, 2, 0});
+  EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({2, 4, 5}, seed, 0.4, piece)),
+            bytes_of(ops::contiguous(ops::narrow(ops::narrow(expected, 1, 2, 4), 0, 1, 2))));
+  // Local positions 5..7, inside the second run.
+  const RngRegion inside = region_within(runs, {3, 8, 5}, {0, 5, 0});
+  EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({3, 3, 5}, seed, 0.4, inside)),
+            bytes_of(ops::contiguous(ops::narrow(expected, 1, 5, 3))));
+}
+
+// region_within places a piece of a block: offsets add, the block's global shape stays.
+TEST(RngTest, RegionWithinComposesOffsets) {
+  const RngRegion outer{{8, 6}, {4, 0}};  // a block of rows 4..7
+  const RngRegion piece = region_within(outer, {4, 6}, {1, 3});
+  EXPECT_EQ(piece.global_shape, (Shape{8, 6}));
+  EXPECT_EQ(piece.global_offset, (Shape{5, 3}));
+  const RngRegion alone = region_within({}, {4, 6}, {1, 3});  // the block is the whole
+  EXPECT_EQ(alone.global_shape, (Shape{4, 6}));
+  EXPECT_EQ(alone.global_offset, (Shape{1, 3}));
+  const Tensor whole = ops::bernoulli_keep_mask({8, 6}, 5, 0.5);
+  EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({2, 3}, 5, 0.5, piece)),
+            bytes_of(ops::contiguous(ops::narrow(ops::narrow(whole, 0, 5, 2), 1, 3, 3))));
+}
+
+TEST(RngTest, RegionInRunsErrors) {
+  EXPECT_EQ(error_of([] {
+              region_within({{8, 6}, {6, 0}}, {4, 6}, {0, 0});
+            }),
+            "region_within: a tensor of shape (4, 6) at offset (6, 0) does not fit in global "
+            "shape (8, 6)");
+  const RngRegion runs{{2, 16}, {0, 0}, 1, {0, 4, 4, 4, 12, 4}};
+  EXPECT_EQ(error_of([&] {
+              region_within(runs, {2, 10}, {0, 0});
+            }),
+            "region_within: a tensor of shape (2, 10) at offset (0, 0) does not fit in global "
+            "shape (2, 16) (dim 1: 8 positions in runs)");
+  EXPECT_EQ(error_of([] {
+              ops::bernoulli_keep_mask({2, 4}, 1, 0.5, {{2, 16}, {0, 0}, 1, {0, 4, 4, 2, 12, 4}});
+            }),
+            "RngRegion: run 1 starts at local position 2 with length 4; runs must cover the local "
+            "positions from 0 in order");
+  EXPECT_EQ(error_of([] {
+              ops::bernoulli_keep_mask({2, 6}, 1, 0.5, {{2, 16}, {0, 4}, 1, {0, 4, 4, 4, 12, 4}});
+            }),
+            "bernoulli: a tensor of shape (2, 6) at local positions [4, 10) along dim 1, but the "
+            "region's runs cover 4 of them");
+  EXPECT_EQ(error_of([&] {
+              Tensor t = Tensor::empty({2, 8});
+              ops::uniform_(t, 1, 0, 1, runs);
+            }),
+            "uniform_: a region in runs (along dim 1) is drawn run by run; give each run's block "
+            "its own region");
+}
+
 TEST(RngTest, NormalStatistics) {
   // 100k samples: the sample mean has standard error 1/sqrt(n) = 0.0032 and the sample std
   // sqrt(1/(2n)) = 0.0022; 5 sigma bounds make a false failure ~1e-6 likely (and the seed is

@@ -1,0 +1,78 @@
+#include "nn/batch_part.h"
+
+#include "autograd/sequence_context.h"
+#include "base/error.h"
+#include "nn/layers.h"
+#include "nn/module.h"
+
+namespace loom::nn {
+
+namespace {
+thread_local BatchPart::Place current_place;
+}  // namespace
+
+BatchPart::BatchPart(int64_t index, int64_t count) : previous_(current_place) {
+  LOOM_CHECK(count >= 1 && index >= 0 && index < count,
+             "BatchPart: part {} of {} equal parts: expected 0 <= index < count", index, count);
+  current_place = {previous_.index * count + index, previous_.count * count};
+}
+
+BatchPart::~BatchPart() { current_place = previous_; }
+
+BatchPart::Place BatchPart::current() { return current_place; }
+
+BatchPart::Reopen::Reopen(Place place) : previous_(current_place) { current_place = place; }
+
+BatchPart::Reopen::~Reopen() { current_place = previous_; }
+
+RngRegion batch_region(const Shape& shape, const RngRegion& region) {
+  const BatchPart::Place place = current_place;
+  if (place.count == 1) return region;
+  LOOM_CHECK(!shape.empty(),
+             "batch_region: a tensor with no dims has no rows to place in part {} of {} of the "
+             "batch",
+             place.index, place.count);
+  Shape global = region.global_shape.empty() ? shape : region.global_shape;
+  Shape offset = region.global_offset;
+  if (offset.empty()) offset.assign(global.size(), 0);
+  LOOM_CHECK(offset.size() == global.size() && global.size() == shape.size(),
+             "batch_region: region of global shape {} at offset {} for a tensor of shape {}",
+             shape_str(global), shape_str(offset), shape_str(shape));
+  const int64_t rows = global[0];
+  global[0] = rows * place.count;
+  offset[0] += rows * place.index;
+  return {std::move(global), std::move(offset)};
+}
+
+RngRegion activation_region(const Shape& shape) {
+  RngRegion region = batch_region(shape);
+  const SequenceContext* context = current_sequence_context();
+  if (context == nullptr || shape.size() < 2) return region;
+  if (region.empty()) region = {shape, Shape(shape.size(), 0)};
+  region.global_shape[1] = context->sequence_length(shape[1]);
+  region.runs_dim = 1;
+  for (const PositionRun& run : sequence_runs(shape[1])) {
+    region.runs.insert(region.runs.end(), {run.local, run.global, run.length});
+  }
+  return region;
+}
+
+DropoutCalls DropoutCalls::of(Module& root) { return of(std::vector<Module*>{&root}); }
+
+DropoutCalls DropoutCalls::of(const std::vector<Module*>& roots) {
+  DropoutCalls calls;
+  for (Module* root : roots) {
+    for (auto& [path, module] : root->named_modules()) {
+      if (auto* dropout = dynamic_cast<Dropout*>(module)) {
+        calls.calls_.emplace_back(dropout, dropout->calls());
+      }
+    }
+  }
+  return calls;
+}
+
+void DropoutCalls::restore() const {
+  for (const auto& [dropout, calls] : calls_) dropout->set_calls(calls);
+}
+
+}  // namespace loom::nn
