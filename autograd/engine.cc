@@ -51,6 +51,8 @@ Tensor apply_output_hooks(Node* node, uint32_t slot, Tensor grad) {
 thread_local std::vector<std::function<void()>>* pending_callbacks = nullptr;
 // The edges the node now running must produce (nullptr: all).
 thread_local const std::vector<bool>* wanted_edges = nullptr;
+// Whether the node now running is released right after its apply.
+thread_local bool last_apply = false;
 // The split backward whose B is running on this thread (nullptr: none): a backward started
 // inside it (an activation checkpoint's recompute) must split too, its W deferred to this one's.
 thread_local autograd::WeightBackward::State* split_input_state = nullptr;
@@ -61,6 +63,8 @@ namespace autograd {
 bool needs_input_grad(size_t i) {
   return wanted_edges == nullptr || (i < wanted_edges->size() && (*wanted_edges)[i]);
 }
+
+bool releases_after_apply() { return last_apply; }
 
 void queue_backward_callback(std::function<void()> callback) {
   LOOM_CHECK(pending_callbacks != nullptr,
@@ -199,21 +203,28 @@ void execute(Graph& graph, const std::function<bool(Node*)>& admitted, bool reta
     }
     const std::vector<bool>* edges_wanted =
         sides == nullptr ? nullptr : (b_side ? &sides->b_edges : &sides->w_edges);
+    // Its saved tensors are not needed after this apply (each node runs once per backward; a
+    // two-sided one once per side): freed right after, as PyTorch does, so a backward's memory
+    // falls as it goes instead of holding every activation until it ends.
+    const bool kept_for_w = sides != nullptr && b_side;
+    const bool released = !retain_graph && !node->reusable() && !kept_for_w;
     std::vector<Tensor> input_grads;
     {
       const std::vector<bool>* outer = wanted_edges;
+      const bool outer_last = last_apply;
       wanted_edges = edges_wanted;
+      last_apply = released;
       struct Restore {
         const std::vector<bool>* outer;
-        ~Restore() { wanted_edges = outer; }
-      } restore_wanted{outer};
+        bool outer_last;
+        ~Restore() {
+          wanted_edges = outer;
+          last_apply = outer_last;
+        }
+      } restore_wanted{outer, outer_last};
       input_grads = node->apply(std::move(grads));
     }
-    // Its saved tensors are not needed again (each node runs once per backward; a two-sided one
-    // once per side): freed now, as PyTorch does, so a backward's memory falls as it goes instead
-    // of holding every activation until it ends.
-    const bool kept_for_w = sides != nullptr && b_side;
-    if (!retain_graph && !node->reusable() && !kept_for_w) node->release();
+    if (released) node->release();
     const auto& edges = node->next_edges();
     for (size_t i = 0; i < edges.size(); ++i) {
       const Edge& edge = edges[i];

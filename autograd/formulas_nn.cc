@@ -70,13 +70,18 @@ void register_nn_formulas(FormulaTable& f) {
                "cross_entropy: a class shard's part of the loss records no gradient (loss "
                "parallel computes it below autograd); call it under NoGradGuard, or on the whole "
                "classes");
+    // When this backward is the node's last and nothing but the node holds the logits (the
+    // model's caller let them go, as a training step does), their gradient is written over them:
+    // the classifier's backward then needs no second logits-sized buffer (llm.c's).
     return record_first(
         "CrossEntropyBackward", c, out,
         [logits = c.inputs[0], targets = c.inputs[1], ignore_index = c.int_attr(0),
-         reduction = static_cast<Reduction>(c.int_attr(1)), lse = out[1]](const Grads& g) {
-          return Grads{
-              ops::cross_entropy_backward(g[0], logits, targets, ignore_index, reduction, lse),
-              Tensor()};
+         reduction = static_cast<Reduction>(c.int_attr(1)), lse = out[1]](const Grads& g) mutable {
+          const bool over_logits = autograd::releases_after_apply() && logits.sole_owner();
+          const Tensor held = over_logits ? std::move(logits) : logits;
+          return Grads{ops::cross_entropy_backward(g[0], held, targets, ignore_index, reduction,
+                                                   lse, {}, over_logits),
+                       Tensor()};
         });
   };
   // Inputs (q, k, v), attrs (is_causal, scale, causal_offset: absent means 0; enable_gqa; then

@@ -37,6 +37,10 @@ using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 // backward_input) runs a node whose inputs lead both to the chosen inputs and to weights twice,
 // once for each side. A formula may skip what is not wanted (the engine drops it anyway).
 bool needs_input_grad(size_t i);
+// Inside a node's apply: whether the engine releases the node right after it (no retain_graph,
+// not kept for a split backward's W). A formula may then write a gradient over a saved input
+// that nothing else holds (Tensor::sole_owner): cross entropy's over its logits.
+bool releases_after_apply();
 
 class Node {
  public:

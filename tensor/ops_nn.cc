@@ -369,10 +369,12 @@ CrossEntropyResult cross_entropy(const Tensor& logits, const Tensor& targets, in
 
 Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, const Tensor& targets,
                               int64_t ignore_index, Reduction reduction, const Tensor& logsumexp,
-                              const ClassShard& shard) {
-  if (auto r = dispatch_op(
-          OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
-          {ignore_index, static_cast<int64_t>(reduction), shard.offset, shard.classes})) {
+                              const ClassShard& shard, bool over_logits) {
+  std::vector<OpAttr> attrs{ignore_index, static_cast<int64_t>(reduction), shard.offset,
+                            shard.classes};
+  if (over_logits) attrs.emplace_back(true);
+  if (auto r = dispatch_op(OpId::cross_entropy_backward, {grad_loss, logits, targets, logsumexp},
+                           std::move(attrs))) {
     return (*r)[0];
   }
   constexpr std::string_view op = "cross_entropy_backward";
@@ -384,10 +386,15 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   if (const Device device = op_device(op, {grad_loss, logits, targets, logsumexp});
       device.is_meta()) {
     // A CPU: an f32 copy of bf16 logits, the f32 gradient, then the logits' dtype; a GPU writes
-    // the gradient in the logits' dtype directly.
-    if (!allocates_like_cpu(device)) return Tensor::empty(logits.shape(), logits.dtype(), device);
+    // the gradient in the logits' dtype directly (over contiguous logits when asked).
+    const bool in_place = over_logits && logits.is_contiguous();
+    if (!allocates_like_cpu(device)) {
+      return in_place ? logits : Tensor::empty(logits.shape(), logits.dtype(), device);
+    }
+    if (in_place && logits.dtype() == kFloat32) return logits;
     const Tensor staged = as_f32(logits);
-    return to(Tensor::empty(logits.shape(), kFloat32, device), logits.dtype());
+    const Tensor grad = Tensor::empty(logits.shape(), kFloat32, device);
+    return in_place ? logits : to(grad, logits.dtype());
   }
   check_logits_and_targets(logits, targets, op);
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -417,7 +424,8 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     const Tensor count =
         reduction == Reduction::kMean ? cuda_count_targets(targets_dev, ignore_index) : Tensor();
     const Tensor gl = as_f32(on_device(grad_loss, device));
-    Tensor grad = Tensor::empty({n, v}, x.dtype(), device);
+    // Over the logits when asked: each element is read, then written, by one thread.
+    Tensor grad = over_logits ? x : Tensor::empty({n, v}, x.dtype(), device);
     int64_t* first_bad = begin_target_check(targets_dev, x, ignore_index, op, shard.classes);
     cuda::kernels::cross_entropy_backward(
         x.dtype(), grad.raw_data(), x.raw_data(), lse.data<float>(), targets_dev.data<int64_t>(),
@@ -444,7 +452,9 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
   const float* pgl = gl.data<float>();
   int64_t count = 0;
   for (int64_t row = 0; row < n; ++row) count += t[row] != ignore_index;
-  Tensor grad = Tensor::empty({n, v}, kFloat32);
+  // Over f32 logits when asked (x is then logits itself: each element read, then written).
+  const bool in_place = over_logits && x.storage() == logits.storage();
+  Tensor grad = in_place ? x : Tensor::empty({n, v}, kFloat32);
   float* pd = grad.data<float>();
   for (int64_t row = 0; row < n; ++row) {
     float* dr = pd + row * v;
@@ -468,6 +478,11 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     for (int64_t j = 0; j < v; ++j) dr[j] = std::exp(xr[j] - lse[row]) * scale;
     // The one-hot, when this shard holds the target's class.
     if (const int64_t here = t[row] - shard.offset; here >= 0 && here < v) dr[here] -= scale;
+  }
+  if (in_place) return grad;
+  if (over_logits && logits.is_contiguous()) {  // bf16 or f16 logits: the f32 gradient rounded in
+    copy_(logits, grad);
+    return logits;
   }
   return to(grad, logits.dtype());
 }

@@ -67,7 +67,7 @@ void register_nn_ops(OpTable& t) {
     const Tensor lse = c.inputs.size() > 3 ? c.inputs[3] : Tensor();
     return V{ops::cross_entropy_backward(c.inputs[0], c.inputs[1], c.inputs[2], c.int_attr(0),
                                          static_cast<ops::Reduction>(c.int_attr(1)), lse,
-                                         class_shard(c))};
+                                         class_shard(c), c.attrs.size() > 4 && c.bool_attr(4))};
   };
   // Attention: attrs (is_causal, scale, causal_offset); a call of two attrs (made before the
   // offset existed) means offset 0.

@@ -194,7 +194,8 @@ StrategyFn cross_entropy_backward_strategy() {
       // where this shard holds the target (one pass, the logits' dtype).
       return std::vector<Tensor>{ops::cross_entropy_backward(
           local.inputs[0], local.inputs[1], local.inputs[2], ignore_index, reduction,
-          local.inputs[3], {.offset = spec.local_offset()[1], .classes = spec.shape[1]})};
+          local.inputs[3], {.offset = spec.local_offset()[1], .classes = spec.shape[1]},
+          /*over_logits=*/local.attrs.size() > 4 && local.bool_attr(4))};
     };
     return s;
   };

@@ -164,7 +164,7 @@ Tensor PipelineStage::forward(int mb, const Tensor& input) {
                "DTensor with StageOptions::unwrap_output",
                stage_, stage_ + 1, sent.defined() ? sent.description() : "undefined");
   }
-  saved_[mb] = {leaf, output, sent};
+  saved_[mb] = {leaf, output.numel() * static_cast<int64_t>(element_size(output.dtype())), sent};
   return output;
 }
 
@@ -271,7 +271,7 @@ int64_t PipelineStage::saved_bytes() const {
   };
   for (const auto& [mb, state] : saved_) {
     add(state.input);
-    add(state.output);
+    bytes += state.output_bytes;
   }
   return bytes;
 }

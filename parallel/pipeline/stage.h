@@ -126,8 +126,10 @@ class PipelineStage {
 
  private:
   struct Saved {
-    Tensor input;   // the leaf the module saw (before wrap_input)
-    Tensor output;  // the module's output
+    Tensor input;  // the leaf the module saw (before wrap_input)
+    // The module's output's size (the tensor is not kept: on the last stage it is the logits,
+    // whose gradient the loss's backward writes over them when nothing else holds them).
+    int64_t output_bytes = 0;
     Tensor sent;  // unwrap_output(output): what crosses the boundary (undefined on the last stage)
   };
   struct Pending {

@@ -5,10 +5,12 @@
 
 #include "autograd/function.h"
 #include "autograd/functions.h"
+#include "autograd/functions_nn.h"
 #include "autograd/grad_mode.h"
 #include "autograd/hooks.h"
 #include "autograd/node.h"
 #include "base/error.h"
+#include "tensor/dispatch.h"
 #include "tensor/memory_stats.h"
 #include "tests/autograd/test_util.h"
 #include "tests/testing/tensor_checks.h"
@@ -158,6 +160,46 @@ TEST(EngineTest, RetainGraphAllowsSecondBackward) {
   backward(y);
   expect_close(
       {.actual = a.grad(), .expected = {2 * 1.0, 2 * std::exp(1.0)}, .tol = {.atol = 1e-5}});
+}
+
+// Records whether each cross_entropy_backward call may write over its logits.
+struct OverLogitsSpy : DispatchMode {
+  std::vector<bool> calls;
+  std::vector<Tensor> dispatch(const OpCall& call) override {
+    if (call.id == OpId::cross_entropy_backward) {
+      calls.push_back(call.attrs.size() > 4 && call.bool_attr(4));
+    }
+    return call_op(call);
+  }
+};
+
+// Cross entropy writes its logits' gradient over them when the backward is its node's last and
+// nothing else holds the logits (llm.c's classifier); logits a caller still holds, or a graph
+// kept for another backward, keep their values. The gradient is the same either way.
+TEST(EngineTest, CrossEntropyWritesItsGradientOverLogitsNobodyHolds) {
+  const Tensor targets = ops::from_vector_i64({2, 0, 1}, {3});
+  const auto run = [&](bool keep_logits, bool retain_graph, std::vector<bool>& over) {
+    Tensor x = testing::leaf({3, 4}, 7);
+    Tensor logits = mul(x, 2.0);
+    const std::vector<double> before = ops::to_vector(logits);
+    Tensor loss = cross_entropy(logits, targets);
+    if (!keep_logits) logits = Tensor();
+    OverLogitsSpy spy;
+    {
+      ScopedDispatchMode mode(spy);
+      backward(loss, Tensor(), retain_graph);
+    }
+    over = spy.calls;
+    if (keep_logits) EXPECT_EQ(ops::to_vector(logits), before) << "held logits changed";
+    return ops::to_vector(x.grad());
+  };
+  std::vector<bool> dropped, held, retained;
+  const std::vector<double> grad = run(/*keep_logits=*/false, /*retain_graph=*/false, dropped);
+  EXPECT_EQ(dropped, std::vector<bool>{true});
+  EXPECT_EQ(run(true, false, held), grad);
+  EXPECT_EQ(held, std::vector<bool>{false});
+  EXPECT_EQ(run(false, true, retained), grad);
+  EXPECT_EQ(retained, std::vector<bool>{false});
 }
 
 TEST(EngineTest, NoGradRecordsNothing) {

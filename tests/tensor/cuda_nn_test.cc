@@ -205,6 +205,15 @@ TEST_P(CudaNnTest, CrossEntropyEveryReductionWithIgnoredRows) {
                   .expected = grad,
                   .tol = kernel_tolerance(grad.dtype(), 4.0),
                   .what = what + " backward"});
+    // Over the logits (the caller lets them go): the same gradient, in the logits' memory.
+    const Tensor spent = gpu(logits);
+    const Tensor over = ops::cross_entropy_backward(gpu(grad_loss), spent, gpu(targets), -100, r,
+                                                    dev.logsumexp, {}, /*over_logits=*/true);
+    EXPECT_EQ(over.raw_data(), spent.raw_data()) << what << " backward over the logits";
+    expect_close({.actual = over,
+                  .expected = grad,
+                  .tol = kernel_tolerance(grad.dtype(), 4.0),
+                  .what = what + " backward over the logits"});
     const Tensor recomputed = ops::cross_entropy_backward(grad_loss, logits, targets, -100, r);
     expect_close(
         {.actual = ops::cross_entropy_backward(gpu(grad_loss), gpu(logits), gpu(targets), -100, r),

@@ -1058,6 +1058,31 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 
 // ================================ dropout ================================
 
+// over_logits: the gradient is written over contiguous logits (f32 in place; bf16 rounded into
+// them), equal to the gradient in a new tensor; non-contiguous logits get a new one.
+TEST(CrossEntropy, BackwardOverTheLogitsIsTheSameGradient) {
+  const Tensor targets = ops::from_vector_i64({3, -100, 0, 6}, {4});
+  for (DType dtype : {kFloat32, kBFloat16}) {
+    for (ops::Reduction r : {ops::Reduction::kMean, ops::Reduction::kSum, ops::Reduction::kNone}) {
+      const Tensor logits = ops::to(randn({4, 7}, 1301), dtype);
+      const Tensor grad_loss =
+          r == ops::Reduction::kNone ? randn({4}, 1302) : ops::scalar_tensor(0.5);
+      const Tensor lse = ops::cross_entropy(logits, targets, -100, r).logsumexp;
+      const Tensor expected = ops::cross_entropy_backward(grad_loss, logits, targets, -100, r, lse);
+      const Tensor spent = ops::clone(logits);
+      const Tensor over = ops::cross_entropy_backward(grad_loss, spent, targets, -100, r, lse, {},
+                                                      /*over_logits=*/true);
+      EXPECT_EQ(over.raw_data(), spent.raw_data()) << dtype_name(dtype);
+      EXPECT_EQ(vals(over), vals(expected)) << dtype_name(dtype);
+      const Tensor strided = ops::transpose(ops::contiguous(ops::transpose(logits, 0, 1)), 0, 1);
+      const Tensor fresh = ops::cross_entropy_backward(grad_loss, strided, targets, -100, r, lse,
+                                                       {}, /*over_logits=*/true);
+      EXPECT_NE(fresh.raw_data(), strided.raw_data());
+      EXPECT_EQ(vals(fresh), vals(expected)) << dtype_name(dtype) << " strided";
+    }
+  }
+}
+
 TEST(Dropout, MasksAndScalesDeterministically) {
   const Tensor x = randn({40, 50}, 1001);
   const double p = 0.3;
