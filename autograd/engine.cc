@@ -35,7 +35,22 @@ struct InputBuffer {
   std::vector<Tensor> grads;
   void add(size_t slot, const Tensor& grad) {
     if (grads.size() <= slot) grads.resize(slot + 1);
-    grads[slot] = grads[slot].defined() ? ops::add(grads[slot], grad) : grad;
+    Tensor& sum = grads[slot];
+    if (!sum.defined()) {
+      sum = grad;
+    } else if (accumulates_in_place(sum, grad)) {
+      ops::add_(sum, grad);  // the same values as add's, without a new tensor (PyTorch's too)
+    } else {
+      sum = ops::add(sum, grad);
+    }
+  }
+  // A tensor's gradients summed where it feeds several ops (a residual stream): into the first
+  // when nothing else holds it and it is a plain contiguous tensor of the sum's shape and dtype
+  // (a distributed one keeps add's choice of placement).
+  static bool accumulates_in_place(const Tensor& sum, const Tensor& grad) {
+    return sum.extension() == nullptr && grad.extension() == nullptr && sum.sole_owner() &&
+           sum.is_contiguous() && sum.shape() == grad.shape() && sum.dtype() == grad.dtype() &&
+           sum.device() == grad.device();
   }
 };
 

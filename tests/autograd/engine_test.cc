@@ -107,6 +107,36 @@ TEST(EngineTest, TensorUsedTwiceGetsSummedGradient) {
   expect_equal({.actual = a.grad(), .expected = {5}});
 }
 
+// A tensor's gradients from several uses are summed into the first when nothing else holds it;
+// a first gradient someone still sees (a hook kept it) is summed into a new tensor, and keeps
+// its values. (A broadcast view, stride 0, would be summed anew too: no formula hands one on.)
+TEST(EngineTest, GradientsOfSeveralUsesSumInPlaceOnlyWhenTheFirstIsFree) {
+  Tensor a = ops::from_vector({1, 2, 3}, {3});
+  a.set_requires_grad(true);
+  const Tensor b = mul(a, 2.0);
+  backward(sum(add(mul(b, 3.0), mul(b, b))));  // d/db = 3 + 2b; d/da = 2 (3 + 2b)
+  expect_equal({.actual = a.grad(), .expected = {14, 22, 30}});
+
+  // The engine runs later nodes first: the ops are ordered so that the hooked gradient reaches d
+  // first.
+  const Tensor weights = ops::from_vector({1, 2, 3}, {3});
+  {
+    Tensor c = ops::from_vector({1, 2, 3}, {3});
+    c.set_requires_grad(true);
+    const Tensor d = mul(c, 1.0);
+    const Tensor total = sum(d);                    // its gradient reaches d second
+    const Tensor passed = add(d, ops::zeros({3}));  // its backward hands d the gradient as it is
+    Tensor seen;
+    autograd::register_hook(passed, [&seen](const Tensor& g) {
+      seen = g;
+      return Tensor();
+    });
+    backward(sum(add(mul(passed, weights), total)));  // d/dd = weights + 3
+    expect_equal({.actual = c.grad(), .expected = {4, 5, 6}});
+    expect_equal({.actual = seen, .expected = {1, 2, 3}});
+  }
+}
+
 // A leaf's first gradient is adopted only when nothing else can see it: two leaves fed the same
 // gradient tensor (add's backward), and a seed the caller still holds, each get their own .grad.
 TEST(EngineTest, FirstGradientIsNeverSharedWithAnotherLeafOrTheCaller) {
