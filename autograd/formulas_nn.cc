@@ -101,7 +101,8 @@ void register_nn_formulas(FormulaTable& f) {
                           return Grads{grads.dq, grads.dk, grads.dv};
                         });
   };
-  // Attrs (p, seed, training); outputs (out, mask). No mask: x came back unchanged.
+  // Attrs (p, seed, training, then a region's: tensor/attention_attrs.h's dropout_region_of);
+  // outputs (out, mask). No mask: x came back unchanged.
   f[OpId::dropout] = [](C c, Outs out) {
     if (!out[1].defined()) return out;
     return record_first("DropoutBackward", c, out,

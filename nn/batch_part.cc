@@ -1,5 +1,7 @@
 #include "nn/batch_part.h"
 
+#include <unordered_set>
+
 #include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "nn/layers.h"
@@ -26,6 +28,10 @@ BatchPart::Reopen::Reopen(Place place) : previous_(current_place) { current_plac
 BatchPart::Reopen::~Reopen() { current_place = previous_; }
 
 RngRegion batch_region(const Shape& shape, const RngRegion& region) {
+  LOOM_CHECK(region.runs.empty(),
+             "batch_region: a region in runs (along dim {}) cannot be placed in the batch; pass "
+             "its blocks one by one",
+             region.runs_dim);
   const BatchPart::Place place = current_place;
   if (place.count == 1) return region;
   LOOM_CHECK(!shape.empty(),
@@ -46,8 +52,10 @@ RngRegion batch_region(const Shape& shape, const RngRegion& region) {
 
 RngRegion activation_region(const Shape& shape) {
   RngRegion region = batch_region(shape);
+  // (batch, sequence, features...): a tensor of two dims (a pooled head's (B, C)) holds no
+  // sequence to place.
   const SequenceContext* context = current_sequence_context();
-  if (context == nullptr || shape.size() < 2) return region;
+  if (context == nullptr || shape.size() < 3) return region;
   if (region.empty()) region = {shape, Shape(shape.size(), 0)};
   region.global_shape[1] = context->sequence_length(shape[1]);
   region.runs_dim = 1;
@@ -61,9 +69,11 @@ DropoutCalls DropoutCalls::of(Module& root) { return of(std::vector<Module*>{&ro
 
 DropoutCalls DropoutCalls::of(const std::vector<Module*>& roots) {
   DropoutCalls calls;
+  std::unordered_set<Dropout*> seen;  // roots may nest (a model's named modules)
   for (Module* root : roots) {
     for (auto& [path, module] : root->named_modules()) {
-      if (auto* dropout = dynamic_cast<Dropout*>(module)) {
+      auto* dropout = dynamic_cast<Dropout*>(module);
+      if (dropout != nullptr && seen.insert(dropout).second) {
         calls.calls_.emplace_back(dropout, dropout->calls());
       }
     }

@@ -73,10 +73,10 @@ class BatchPart {
 // the whole batch's.
 RngRegion batch_region(const Shape& shape, const RngRegion& region = {});
 
-// The region of an activation of `shape` (batch, sequence, ...) in the whole batch's: its rows
-// placed by batch_region, and under a sequence context (context parallelism: this rank holds
-// chunks of every sequence) its positions along dim 1 in runs (RngRegion). What nn::Dropout
-// draws its mask by.
+// The region of an activation of `shape` in the whole batch's: its rows placed by batch_region,
+// and under a sequence context (context parallelism: this rank holds chunks of every sequence),
+// when it has three dims or more (batch, sequence, features...), its positions along dim 1 in
+// runs (RngRegion). What nn::Dropout draws its mask by.
 RngRegion activation_region(const Shape& shape);
 
 // Each Dropout's call count under some modules: restored before each part of a batch so that

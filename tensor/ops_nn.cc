@@ -19,6 +19,7 @@
 #include "tensor/ops_create.h"
 #include "tensor/ops_cuda.h"
 #include "tensor/ops_nn_internal.h"
+#include "tensor/ops_views.h"
 #include "tensor/rng.h"
 
 namespace loom::ops {
@@ -389,12 +390,12 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     // the gradient in the logits' dtype directly (over contiguous logits when asked).
     const bool in_place = over_logits && logits.is_contiguous();
     if (!allocates_like_cpu(device)) {
-      return in_place ? logits : Tensor::empty(logits.shape(), logits.dtype(), device);
+      return in_place ? alias(logits) : Tensor::empty(logits.shape(), logits.dtype(), device);
     }
-    if (in_place && logits.dtype() == kFloat32) return logits;
+    if (in_place && logits.dtype() == kFloat32) return alias(logits);
     const Tensor staged = as_f32(logits);
     const Tensor grad = Tensor::empty(logits.shape(), kFloat32, device);
-    return in_place ? logits : to(grad, logits.dtype());
+    return in_place ? alias(logits) : to(grad, logits.dtype());
   }
   check_logits_and_targets(logits, targets, op);
   const int64_t n = logits.size(0), v = logits.size(1);
@@ -432,7 +433,7 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
         gl.data<float>(), n, v, shard.offset, shard.classes, ignore_index,
         static_cast<int>(reduction), count.defined() ? count.data<int64_t>() : nullptr, first_bad,
         device.index);
-    return grad;
+    return over_logits ? alias(grad) : grad;  // a new handle: none of the logits' autograd state
   }
   const std::vector<int64_t> t = checked_targets(logits, targets, ignore_index, op, shard.classes);
   const Tensor x = as_f32(logits);
@@ -479,10 +480,11 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
     // The one-hot, when this shard holds the target's class.
     if (const int64_t here = t[row] - shard.offset; here >= 0 && here < v) dr[here] -= scale;
   }
-  if (in_place) return grad;
+  // Over the logits: a new handle on their memory, without their autograd state.
+  if (in_place) return alias(grad);
   if (over_logits && logits.is_contiguous()) {  // bf16 or f16 logits: the f32 gradient rounded in
     copy_(logits, grad);
-    return logits;
+    return alias(logits);
   }
   return to(grad, logits.dtype());
 }

@@ -92,7 +92,8 @@ void register_nn_ops(OpTable& t) {
         c.attrs.size() > 4 && c.bool_attr(4));
     return V{r.dq, r.dk, r.dv};
   };
-  // Dropout: attrs (p, seed, training), then the region's global shape and offset when given.
+  // Dropout: attrs (p, seed, training), then the region's global shape and offset when given,
+  // and its runs (runs_dim, triples...) when it has them.
   t[OpId::dropout] = [](C c) {
     auto r = ops::dropout(c.inputs[0], c.double_attr(0), static_cast<uint64_t>(c.int_attr(1)),
                           c.bool_attr(2), ops::dropout_region_of(c));

@@ -236,9 +236,11 @@ Tensor bernoulli_keep_mask(const Shape& shape, uint64_t seed, double p, const Rn
                            Device device) {
   LOOM_CHECK(p >= 0.0 && p <= 1.0, "dropout: probability must be in [0, 1], got {}", p);
   if (!region.runs.empty()) {
+    const auto pieces = plain_blocks(shape, region);
+    if (pieces.empty()) return Tensor::empty(shape, kFloat32, device);  // no positions here
     std::vector<Tensor> blocks;
     Shape block_shape = shape;
-    for (const auto& [length, block] : plain_blocks(shape, region)) {
+    for (const auto& [length, block] : pieces) {
       block_shape[static_cast<size_t>(region.runs_dim)] = length;
       blocks.push_back(bernoulli_keep_mask(block_shape, seed, p, block, device));
     }

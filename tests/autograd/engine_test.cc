@@ -225,6 +225,15 @@ TEST(EngineTest, CrossEntropyWritesItsGradientOverLogitsNobodyHolds) {
   };
   std::vector<bool> dropped, held, retained;
   const std::vector<double> grad = run(/*keep_logits=*/false, /*retain_graph=*/false, dropped);
+  // The gradient over the logits is a new handle, without the logits' autograd state: a leaf
+  // whose producer hands it on unchanged (add) gets a plain .grad.
+  {
+    Tensor leaf = testing::leaf({3, 4}, 8);
+    Tensor loss = cross_entropy(add(leaf, ops::zeros({3, 4})), targets);
+    backward(loss);
+    EXPECT_FALSE(leaf.grad().requires_grad());
+    EXPECT_EQ(leaf.grad().grad_fn(), nullptr);
+  }
   EXPECT_EQ(dropped, std::vector<bool>{true});
   EXPECT_EQ(run(true, false, held), grad);
   EXPECT_EQ(held, std::vector<bool>{false});

@@ -4,9 +4,9 @@
 # take part. One replica is killed (SIGKILL to its loomrun) at a random step and started again some
 # steps later: the others never stop and lose no step (one fewer replica meanwhile, recorded per
 # step in the metrics), the new one joins the running job with a member's state, and every
-# replica ends with the same model, bit for bit — for two replicas also the model of one job
-# replaying the recorded membership (--replica-replay). For 2 and 3 replicas x tp2, the three
-# with dropout (each replica drops its share's rows of one job's masks, as the replay does).
+# replica ends with the same model, bit for bit, which is also the model of one job replaying
+# the recorded membership (--replica-replay). For 2 and 3 replicas x tp2, the three with dropout
+# (each replica drops its share's rows of one job's masks, as the replay does).
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"

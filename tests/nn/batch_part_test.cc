@@ -110,6 +110,15 @@ TEST(BatchPartTest, DropoutUnderASequenceContextDrawsItsPositions) {
   EXPECT_EQ(region.global_shape, (Shape{4, 8, 3}));
   EXPECT_EQ(region.runs_dim, 1);
   EXPECT_EQ(region.runs, (std::vector<int64_t>{0, 2, 4}));  // positions 2..5 are one run
+  // A (batch, features) tensor holds no sequence: only its rows are placed.
+  const RngRegion pooled = activation_region({2, 6});
+  EXPECT_EQ(pooled.global_shape, (Shape{4, 6}));
+  EXPECT_TRUE(pooled.runs.empty());
+  EXPECT_EQ(error_of([&] {
+              batch_region({2, 4, 3}, region);
+            }),
+            "batch_region: a region in runs (along dim 1) cannot be placed in the batch; pass its "
+            "blocks one by one");
 }
 
 TEST(BatchPartTest, NextMaskPlacesTheProbabilitiesRows) {

@@ -204,6 +204,11 @@ TEST(RngTest, KeepMaskInRunsIsTheWholeMasksRunsJoined) {
   const RngRegion piece = region_within(runs, {3, 8, 5}, {1, 2, 0});
   EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({2, 4, 5}, seed, 0.4, piece)),
             bytes_of(ops::contiguous(ops::narrow(ops::narrow(expected, 1, 2, 4), 0, 1, 2))));
+  // No positions (an empty sequence-parallel shard): an empty mask.
+  EXPECT_EQ(
+      ops::bernoulli_keep_mask({3, 0, 5}, seed, 0.4, region_within(runs, {3, 8, 5}, {0, 8, 0}))
+          .shape(),
+      (Shape{3, 0, 5}));
   // Local positions 5..7, inside the second run.
   const RngRegion inside = region_within(runs, {3, 8, 5}, {0, 5, 0});
   EXPECT_EQ(bytes_of(ops::bernoulli_keep_mask({3, 3, 5}, seed, 0.4, inside)),

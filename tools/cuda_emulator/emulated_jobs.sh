@@ -32,6 +32,7 @@ layout() {
 layout gpt-tp2 --model tiny --tp 2 --dp 1
 layout gpt-dp_shard2 --model tiny --tp 1 --dp-replicate 1 --dp-shard 2
 layout gpt-pp2 --model tiny --tp 1 --dp 1 --pp 2
+layout gpt-dp2-dropout --model tiny --tp 1 --dp 2 --dropout 0.1 --attn-dropout 0.1
 layout llama-dp2 --model llama-tiny --tp 1 --dp 2
 layout llama-tp2-checkpointed --model llama-tiny --tp 2 --dp 1 --activation-checkpoint full
 layout llama-cp2-ring --model llama-tiny --tp 1 --dp-replicate 1 --cp 2 --cp-attention ring \
