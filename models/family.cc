@@ -127,12 +127,18 @@ void refuse_size(int64_t value, const char* flag, const std::string& family) {
   LOOM_CHECK(value == 0, "{}: the {} family has no such size (got {})", flag, family, value);
 }
 
-void refuse_dropout(const ModelSizes& sizes, const std::string& family) {
-  LOOM_CHECK(sizes.dropout == 0.0, "--dropout {}: the {} family has no dropout; use --dropout 0",
-             sizes.dropout, family);
-  LOOM_CHECK(sizes.attn_dropout == 0.0,
+void refuse_dropout(const ModelSizes& sizes, const ModelFamily& family) {
+  LOOM_CHECK(sizes.dropout == 0.0 || family.takes_dropout(),
+             "--dropout {}: the {} family has no dropout; use --dropout 0", sizes.dropout,
+             family.name());
+  LOOM_CHECK(sizes.attn_dropout == 0.0 || family.takes_attention_dropout(),
              "--attn-dropout {}: the {} family has no attention dropout; use --attn-dropout 0",
-             sizes.attn_dropout, family);
+             sizes.attn_dropout, family.name());
+}
+
+double dropout_probability(double p, const char* flag) {
+  LOOM_CHECK(p >= 0.0 && p < 1.0, "{} {}: a dropout probability must be in [0, 1)", flag, p);
+  return p;
 }
 
 namespace detail {

@@ -145,10 +145,12 @@ class ModelFamily {
     (void)sizes;
     return nullptr;
   }
-  // Whether its models take ModelSizes' dropout and attn_dropout (--dropout, --attn-dropout). A
-  // family that does not is refused by name when either is given, before anything is built, so
-  // no family trains without the dropout a job asked for.
+  // Whether its models take ModelSizes' dropout (--dropout: embeddings and residual branches)
+  // and attn_dropout (--attn-dropout: attention probabilities; by default as dropout). A family
+  // that does not is refused by name when it is given, before anything is built, so no family
+  // trains without the dropout a job asked for.
   virtual bool takes_dropout() const { return false; }
+  virtual bool takes_attention_dropout() const { return takes_dropout(); }
 };
 
 // The registry. register_model_family throws naming a family or preset registered twice.
@@ -176,9 +178,12 @@ struct SizeAgreement {
 void check_sizes_agree(const hf::ConfigJson& json, const std::vector<SizeAgreement>& sizes);
 // Throws naming `flag` when it was given (nonzero) to a family without such a size.
 void refuse_size(int64_t value, const char* flag, const std::string& family);
-// Throws naming --dropout or --attn-dropout when given to a family without dropout
-// (ModelFamily::takes_dropout; the job checks it before building the model).
-void refuse_dropout(const ModelSizes& sizes, const std::string& family);
+// Throws naming --dropout or --attn-dropout when given to a family that does not take it
+// (ModelFamily::takes_dropout, takes_attention_dropout; the job checks it before building the
+// model).
+void refuse_dropout(const ModelSizes& sizes, const ModelFamily& family);
+// `p`, checked to be a dropout probability in [0, 1); throws naming `flag` otherwise.
+double dropout_probability(double p, const char* flag);
 
 namespace detail {
 struct FamilyRegistrar {

@@ -50,6 +50,19 @@ RngRegion batch_region(const Shape& shape, const RngRegion& region) {
   return {std::move(global), std::move(offset)};
 }
 
+RngRegion heads_region(const Tensor& projection, int64_t rows_per_head, const Shape& shape) {
+  const auto& extension = projection.extension();
+  const std::optional<LocalPiece> piece =
+      extension != nullptr ? extension->local_piece() : std::nullopt;
+  if (!piece.has_value()) return {};
+  LOOM_CHECK(shape.size() == 4 && rows_per_head > 0 && piece->global_offset[0] % rows_per_head == 0,
+             "heads_region: probabilities {} (expected (B, H, Tq, Tk)) of a projection shard at "
+             "row {} with {} rows per head",
+             shape_str(shape), piece->global_offset[0], rows_per_head);
+  return {{shape[0], piece->global_shape[0] / rows_per_head, shape[2], shape[3]},
+          {0, piece->global_offset[0] / rows_per_head, 0, 0}};
+}
+
 RngRegion activation_region(const Shape& shape) {
   RngRegion region = batch_region(shape);
   // (batch, sequence, features...): a tensor of two dims (a pooled head's (B, C)) holds no

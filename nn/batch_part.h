@@ -73,6 +73,13 @@ class BatchPart {
 // the whole batch's.
 RngRegion batch_region(const Shape& shape, const RngRegion& region = {});
 
+// Where a rank's attention probabilities of `shape` (B, H_local, Tq, Tk) sit among every head's
+// (B, H, Tq, Tk) of this forward: under tensor parallelism the weight of `projection` (the one
+// that makes the heads, `rows_per_head` output rows per head, head-major: GPT's c_attn, Llama's
+// wq) is a row shard, whose first row names the rank's first head. Empty when the weight is not
+// distributed (the rank holds every head). For Dropout::next_mask.
+RngRegion heads_region(const Tensor& projection, int64_t rows_per_head, const Shape& shape);
+
 // The region of an activation of `shape` in the whole batch's: its rows placed by batch_region,
 // and under a sequence context (context parallelism: this rank holds chunks of every sequence),
 // when it has three dims or more (batch, sequence, features...), its positions along dim 1 in

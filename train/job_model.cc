@@ -12,7 +12,7 @@ JobModel resolve_job_model(const JobConfig& job) {
   JobModel out;
   out.family = &models::family_of_model(job.model);
   const models::ModelSizes sizes = job.sizes();
-  if (!out.family->takes_dropout()) models::refuse_dropout(sizes, out.family->name());
+  models::refuse_dropout(sizes, *out.family);
   std::string context_from = job.block_size ? "--block-size" : "--block-size, the preset's";
   std::error_code ec;
   const std::string config_json =

@@ -64,12 +64,8 @@ class GPTArgs : public ModelArgs {
 // The job's dropout (a training option, not part of a checkpoint's model: HF configs' pdrops
 // are not read, so a checkpoint loads into the same training as before unless asked).
 void set_dropout(GPTConfig& config, const ModelSizes& sizes) {
-  LOOM_CHECK(sizes.dropout >= 0.0 && sizes.dropout < 1.0,
-             "--dropout {}: a dropout probability must be in [0, 1)", sizes.dropout);
-  LOOM_CHECK(sizes.attn_dropout >= 0.0 && sizes.attn_dropout < 1.0,
-             "--attn-dropout {}: a dropout probability must be in [0, 1)", sizes.attn_dropout);
-  config.dropout = sizes.dropout;
-  config.attn_dropout = sizes.attn_dropout;
+  config.dropout = dropout_probability(sizes.dropout, "--dropout");
+  config.attn_dropout = dropout_probability(sizes.attn_dropout, "--attn-dropout");
 }
 
 class GPTFamily : public ModelFamily {

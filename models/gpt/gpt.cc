@@ -9,6 +9,7 @@
 #include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "nn/batch_part.h"
 #include "parallel/tp/loss_parallel.h"
 #include "tensor/ops.h"
 
@@ -60,25 +61,6 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& config, uint64_t seed)
       register_module("resid_dropout", std::make_shared<nn::Dropout>(config.dropout, seed + 4));
 }
 
-namespace {
-
-// Where a rank's (B, H_local, T, T) attention probabilities sit in this forward's (B, H, T, T):
-// under tensor parallelism c_attn's rows (head-major, 3 D per head) are a slice of the whole
-// projection's, so its first row names this rank's first head. (The forward's rows are placed
-// in the whole batch by Dropout::next_mask.)
-RngRegion attention_region(const nn::Linear& c_attn, const Shape& probabilities, int64_t head_dim) {
-  const auto& extension = c_attn.weight().extension();
-  const std::optional<LocalPiece> piece =
-      extension != nullptr ? extension->local_piece() : std::nullopt;
-  if (!piece.has_value()) return {};
-  const int64_t rows_per_head = 3 * head_dim;
-  const int64_t batch = probabilities[0], time = probabilities[2];
-  return {{batch, piece->global_shape[0] / rows_per_head, time, time},
-          {0, piece->global_offset[0] / rows_per_head, 0, 0}};
-}
-
-}  // namespace
-
 Tensor CausalSelfAttention::forward(const Tensor& x) {
   const int64_t batch = x.size(0), time = x.size(1);
   const Tensor qkv = (*c_attn)(x);  // (B, T, 3C), head-major: [h0: q k v][h1: q k v]...
@@ -90,8 +72,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   AttentionDropout dropout;
   if (attn_dropout_) {
     const Shape probabilities{batch, heads.size(2), time, time};
-    dropout = attn_dropout_->next_mask(probabilities,
-                                       attention_region(*c_attn, probabilities, head_dim_));
+    // c_attn's rows are head-major, 3 D per head (q, k, v): a tp rank's first names its heads.
+    dropout = attn_dropout_->next_mask(
+        probabilities, nn::heads_region(c_attn->weight(), 3 * head_dim_, probabilities));
   }
   const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true,
                                                 /*scale=*/0.0, /*causal_offset=*/0,

@@ -176,6 +176,8 @@ void LlamaConfig::validate() const {
   LOOM_CHECK(norm_eps > 0 && rope_theta > 0,
              "LlamaConfig: norm_eps and rope_theta must be positive, got {} and {}", norm_eps,
              rope_theta);
+  LOOM_CHECK(attention_dropout >= 0.0 && attention_dropout < 1.0,
+             "LlamaConfig: attention_dropout must be in [0, 1), got {}", attention_dropout);
 }
 
 }  // namespace loom::models

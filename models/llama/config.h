@@ -56,6 +56,9 @@ struct LlamaConfig {
   int64_t moe_dense_layers = 0;
   // Multi-head latent attention in place of grouped-query attention (n_kv_heads then unused).
   std::optional<MLAOptions> mla;
+  // Dropout on the attention probabilities in training (HF: attention_dropout; a training
+  // option: --attn-dropout, not read from a checkpoint), drawn inside the attention kernels.
+  double attention_dropout = 0.0;
 
   // The named configs: "llama-tiny", "llama3-8b", "llama3-70b". Throws listing them otherwise.
   static LlamaConfig preset(const std::string& name);

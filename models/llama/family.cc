@@ -172,6 +172,8 @@ class LlamaFamily : public ModelFamily {
   std::string name() const override { return "llama"; }
   std::vector<std::string> presets() const override { return LlamaConfig::preset_names(); }
   bool vocab_from_data(const std::string& preset) const override { return preset == "llama-tiny"; }
+  // Attention dropout only (HF's LlamaConfig has no other).
+  bool takes_attention_dropout() const override { return true; }
   std::unique_ptr<ModelArgs> from_preset(const std::string& preset,
                                          const ModelSizes& sizes) const override {
     LlamaConfig config = LlamaConfig::preset(preset);
@@ -183,6 +185,7 @@ class LlamaFamily : public ModelFamily {
     if (sizes.block_size) config.max_seq_len = sizes.block_size;
     if (sizes.vocab_size) config.vocab_size = sizes.vocab_size;
     if (sizes.rope_theta > 0) config.rope_theta = sizes.rope_theta;
+    config.attention_dropout = dropout_probability(sizes.attn_dropout, "--attn-dropout");
     apply_moe_sizes(sizes.moe, config);
     // More heads than the preset's kv heads allow keeps grouped-query attention only when they
     // still group: a user giving --n-head alone on a preset gets multi-head attention otherwise.
@@ -229,7 +232,9 @@ class LlamaFamily : public ModelFamily {
   }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
-    const LlamaConfig config = llama_config_from_hf(json);
+    LlamaConfig config = llama_config_from_hf(json);
+    // The job's, as GPT's pdrops: a training option (the file's attention_dropout is not read).
+    config.attention_dropout = dropout_probability(sizes.attn_dropout, "--attn-dropout");
     LOOM_CHECK(sizes.moe.first_given().empty(),
                "{}: {} describes a dense Llama; the MoE settings of a Hugging Face checkpoint "
                "come from its config.json (not read yet)",

@@ -144,8 +144,8 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
                      "Loom's Llama feed-forward projections have no biases");
   json.refuse_unless(json.string_or("hidden_act", "silu") == "silu", "hidden_act",
                      "Loom's Llama feed-forward is SwiGLU (silu)");
-  json.refuse_unless(json.number_or("attention_dropout", 0.0) == 0.0, "attention_dropout",
-                     "Loom's Llama has no attention dropout");
+  // attention_dropout is not read: dropout is a training option (--attn-dropout), as GPT-2's
+  // pdrops are; the model's function does not depend on it.
   json.refuse_unless(!json.bool_or("tie_word_embeddings", false), "tie_word_embeddings",
                      "Loom's Llama head is untied from the embeddings");
   json.refuse_unless(

@@ -8,6 +8,7 @@
 #include "autograd/sequence_context.h"
 #include "base/error.h"
 #include "dtensor/dtensor.h"
+#include "nn/batch_part.h"
 #include "parallel/tp/loss_parallel.h"
 #include "tensor/ops.h"
 
@@ -86,7 +87,24 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed,
   wk = register_module("wk", linear(config.dim, kv_dim, seed + 1));
   wv = register_module("wv", linear(config.dim, kv_dim, seed + 2));
   wo = register_module("wo", linear(config.dim, config.dim, seed + 3));
+  if (config.attention_dropout > 0.0) {
+    attn_dropout_ = register_module(
+        "attn_dropout", std::make_shared<nn::Dropout>(config.attention_dropout, seed + 5));
+  }
 }
+
+namespace {
+
+// The dropout of a call on (B, H_local, T, T) probabilities: none without the module; its heads
+// placed by the projection that makes them (a tp rank's row shard of it).
+AttentionDropout attention_dropout(nn::Dropout* dropout, const nn::Linear& projection,
+                                   int64_t rows_per_head, const Shape& probabilities) {
+  if (dropout == nullptr) return {};
+  return dropout->next_mask(probabilities,
+                            nn::heads_region(projection.weight(), rows_per_head, probabilities));
+}
+
+}  // namespace
 
 Tensor LlamaAttention::forward(const Tensor& x) {
   const RopeTables& tables = *rope_;
@@ -96,9 +114,11 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor v = reshape((*wv)(x), {batch, time, -1, head_dim_});
   // Grouped-query attention: kv head j serves query heads [j * group, (j + 1) * group), read in
   // place by the attention kernels (no copy of k and v per query head).
+  const AttentionDropout dropout =
+      attention_dropout(attn_dropout_.get(), *wq, head_dim_, {batch, q.size(2), time, time});
   const Tensor y = scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2),
                                                 transpose(v, 1, 2), /*is_causal=*/true,
-                                                /*scale=*/0.0, /*causal_offset=*/0, /*dropout=*/{},
+                                                /*scale=*/0.0, /*causal_offset=*/0, dropout,
                                                 /*enable_gqa=*/group_ > 1);  // (B, H, T, D)
   return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
 }
@@ -125,6 +145,10 @@ LatentAttention::LatentAttention(const LlamaConfig& config, uint64_t seed,
       "wkv_b",
       linear(m.kv_lora_rank, config.n_heads * (m.qk_nope_head_dim + m.v_head_dim), seed + 3));
   wo = register_module("wo", linear(config.n_heads * m.v_head_dim, config.dim, seed + 4));
+  if (config.attention_dropout > 0.0) {
+    attn_dropout_ = register_module(
+        "attn_dropout", std::make_shared<nn::Dropout>(config.attention_dropout, seed + 7));
+  }
 }
 
 Tensor LatentAttention::forward(const Tensor& x) {
@@ -151,9 +175,12 @@ Tensor LatentAttention::forward(const Tensor& x) {
   const Tensor q_all = cat(std::vector<Tensor>{narrow(q, 3, 0, m.qk_nope_head_dim), q_rot}, 3);
   const Tensor k_all =
       cat(std::vector<Tensor>{k_nope, expand(k_rot, {batch, time, heads, m.qk_rope_head_dim})}, 3);
+  const AttentionDropout dropout =
+      attention_dropout(attn_dropout_.get(), wq ? *wq : *wq_b, qk, {batch, heads, time, time});
   const Tensor y = scaled_dot_product_attention(
       transpose(q_all, 1, 2), transpose(k_all, 1, 2), transpose(v, 1, 2), /*is_causal=*/true,
-      1.0 / std::sqrt(static_cast<double>(qk)));  // (B, H, T, v_head_dim)
+      1.0 / std::sqrt(static_cast<double>(qk)), /*causal_offset=*/0,
+      dropout);  // (B, H, T, v_head_dim)
   return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
 }
 

@@ -69,6 +69,9 @@ class LlamaAttention : public nn::Module {
  private:
   int64_t head_dim_, group_;  // query heads per kv head
   std::shared_ptr<const RopeTables> rope_;
+  // config.attention_dropout > 0 only (p and its RNG state; checkpoints without it load as
+  // before).
+  std::shared_ptr<nn::Dropout> attn_dropout_;
 };
 
 // DeepSeek's multi-head latent attention (config.mla): queries through wq (or wq_a, q_norm,
@@ -92,6 +95,7 @@ class LatentAttention : public nn::Module {
   MLAOptions options_;
   std::shared_ptr<const RopeTables> rope_;
   std::function<Tensor(const Tensor&)> shared_key_region_;
+  std::shared_ptr<nn::Dropout> attn_dropout_;  // as LlamaAttention's
 };
 
 class LlamaFeedForward : public nn::Module {

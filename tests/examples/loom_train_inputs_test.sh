@@ -119,10 +119,12 @@ expect_error 2 "loom_train: parallelize_llama: tp 4 must divide n_heads 4 and n_
 # A size a family does not have.
 expect_error 2 "loom_train: --n-kv-heads: the gpt family has no such size" --n-kv-heads 2
 # Dropout a family does not have, and one out of range.
-expect_error 2 "loom_train: --attn-dropout 0.1: the llama family has no attention dropout; use --attn-dropout 0" \
-  --model llama-tiny --attn-dropout 0.1
+expect_error 2 "loom_train: --dropout 0.1: the llama family has no dropout; use --dropout 0" \
+  --model llama-tiny --dropout 0.1
 expect_error 2 "loom_train: --attn-dropout 1.5: a dropout probability must be in [0, 1)" \
   --attn-dropout 1.5
+expect_error 2 "loom_train: --attn-dropout 1: a dropout probability must be in [0, 1)" \
+  --model llama-tiny --attn-dropout 1
 # Data shorter than one sequence.
 printf 'short text' >short.txt
 expect_error 2 "loom_train: --data: short.txt (10 bytes, byte-level tokens) holds 10 tokens, too few for sequences of 64" \

@@ -41,11 +41,15 @@ data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 // context-parallel piece must drop its slice of what one rank drops). kGptDropout: GPT with
 // dropout 0.1 on embeddings and residual branches too (each rank's tokens drop their positions'
 // slice of one rank's masks: nn::activation_region).
-enum class Family { kGpt, kLlama, kGptAttentionDropout, kGptDropout };
+// kLlamaAttentionDropout: llama-tiny with attention dropout 0.1 (grouped-query attention's
+// probabilities, drawn in the kernels).
+enum class Family { kGpt, kLlama, kGptAttentionDropout, kGptDropout, kLlamaAttentionDropout };
 
 std::unique_ptr<models::ModelArgs> args_of(Family family) {
-  if (family == Family::kLlama) {
-    return models::llama_args(models::LlamaConfig::preset("llama-tiny"));
+  if (family == Family::kLlama || family == Family::kLlamaAttentionDropout) {
+    models::LlamaConfig config = models::LlamaConfig::preset("llama-tiny");
+    if (family == Family::kLlamaAttentionDropout) config.attention_dropout = 0.1;
+    return models::llama_args(config);
   }
   models::GPTConfig config = models::gpt_run::config();
   if (family == Family::kGptAttentionDropout) config.attn_dropout = 0.1;
@@ -108,8 +112,12 @@ void expect_like_one_rank(Family family, const train::ParallelDims& dims,
   // rounding noise (2.03e-9 on one rank, 2.20e-9 under cp2, in a tensor whose largest is 4e-3),
   // and AdamW's first step moves that element by lr g / (|g| + eps) with eps 1e-8: 5.06e-4
   // against 5.41e-4, 3.5e-5 apart, which later steps carry. The parameters then say nothing of
-  // the attention; its losses, gradient norms and gradients (1e-5) do.
-  const bool compare_params = family != Family::kGptAttentionDropout;
+  // the attention; its losses, gradient norms and gradients (1e-5) do. Llama's the same way:
+  // the first step's gradient of layers.1.feed_forward.w2.weight[3755] is 9.82e-9 on one rank
+  // and 1.00e-8 under tp2 x cp2 alltoall (its tensor's largest 5.2e-3), so AdamW moves it by
+  // 1.486e-3 against 1.501e-3, and the parameter ends 1.4e-5 apart (w3[1990] alike).
+  const bool compare_params =
+      family != Family::kGptAttentionDropout && family != Family::kLlamaAttentionDropout;
   const Result& expected = reference(family);
   comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
     const CpRun run = train_on(pg, family, dims, cp, microbatches);
@@ -204,6 +212,21 @@ TEST(ContextParallelTest, GptDropoutDropsWhatOneRankDrops) {
   expect_like_one_rank(family, {.dp_replicate = 2, .cp = 2}, {.attention = "alltoall"},
                        "GPT dropout dp_replicate2 x cp2 alltoall");
   expect_like_one_rank(family, {.pp = 2, .cp = 2}, {}, "GPT dropout pp2 x cp2",
+                       /*microbatches=*/2);
+}
+
+// Llama's attention dropout (4 query heads over 2 key/value heads): each query chunk, ring block
+// and all-to-all head slice drops its slice of one rank's masks, with tp's heads, dp's rows and a
+// pipeline's microbatches placed too.
+TEST(ContextParallelTest, LlamaAttentionDropoutDropsWhatOneRankDrops) {
+  const Family family = Family::kLlamaAttentionDropout;
+  EXPECT_NE(reference(family).losses, reference(Family::kLlama).losses) << "the masks reach it";
+  expect_like_one_rank(family, {.cp = 2}, {}, "Llama attention dropout cp2 allgather");
+  expect_like_one_rank(family, {.cp = 2, .tp = 2}, {.attention = "alltoall"},
+                       "Llama attention dropout tp2 (SP) x cp2 alltoall");
+  expect_like_one_rank(family, {.dp_replicate = 2, .cp = 2}, {.attention = "ring"},
+                       "Llama attention dropout dp_replicate2 x cp2 ring");
+  expect_like_one_rank(family, {.pp = 2, .cp = 2}, {}, "Llama attention dropout pp2 x cp2",
                        /*microbatches=*/2);
 }
 

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "optim/optimizer.h"
 #include "tensor/ops.h"
+#include "tests/models/attention_dropout_checks.h"
 #include "tests/models/random_tokens.h"
 
 namespace loom::models {
@@ -128,20 +129,7 @@ TEST(GPTTest, AttentionDropoutDropsInTrainingOnlyAndRepeats) {
   dropping.attn_dropout = 0.2;
   const Tensor x = random_tokens({2, 16}, 10, 256), y = random_tokens({2, 16}, 11, 256);
   GPT a(dropping, 5), b(dropping, 5), reference(plain, 5);
-  const double first = a.loss(x, y).item<double>();
-  EXPECT_EQ(first, b.loss(x, y).item<double>()) << "same seed, same first mask";
-  EXPECT_NE(first, reference.loss(x, y).item<double>()) << "the mask reaches the kernel";
-  EXPECT_NE(first, a.loss(x, y).item<double>()) << "each call draws a new mask";
-  const nn::Dropout* module = nullptr;
-  for (const auto& [name, m] : a.named_modules()) {
-    if (name == "h.0.attn.attn_dropout") module = dynamic_cast<const nn::Dropout*>(m);
-  }
-  ASSERT_NE(module, nullptr) << "HF's module name";
-  EXPECT_EQ(module->calls(), 2u);
-  a.eval();
-  reference.eval();
-  EXPECT_EQ(a.loss(x, y).item<double>(), reference.loss(x, y).item<double>());
-  EXPECT_EQ(module->calls(), 2u) << "evaluation draws nothing";
+  loom::testing::expect_attention_dropout_draws(a, b, reference, "h.0.attn.attn_dropout", x, y);
   dropping.attn_dropout = 1.0;
   try {
     GPT bad(dropping);

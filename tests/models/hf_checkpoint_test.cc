@@ -78,9 +78,9 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
 
 TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   const std::vector<std::pair<std::string, nlohmann::json>> refused = {
-      {"attention_bias", true}, {"mlp_bias", true},         {"hidden_act", "gelu"},
-      {"head_dim", 32},         {"attention_dropout", 0.1}, {"tie_word_embeddings", true},
-      {"model_type", "mistral"}};
+      {"attention_bias", true},      {"mlp_bias", true},
+      {"hidden_act", "gelu"},        {"head_dim", 32},
+      {"tie_word_embeddings", true}, {"model_type", "mistral"}};
   for (const auto& [key, value] : refused) {
     nlohmann::json json = llama_config_json();
     json[key] = value;
@@ -91,13 +91,16 @@ TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   nlohmann::json json = llama_config_json();
   json["rope_parameters"]["rope_type"] = "yarn";
   EXPECT_THAT(llama_config_error(json, "yarn"), HasSubstr("\"rope_type\" = \"yarn\""));
-  // The same keys at Loom's values are fine (transformers writes them).
+  // The same keys at Loom's values are fine (transformers writes them); attention_dropout is a
+  // training option (--attn-dropout), not read, as GPT-2's pdrops.
   json = llama_config_json();
   json["head_dim"] = 16;
   json["attention_bias"] = false;
+  json["attention_dropout"] = 0.1;
   const std::string path = temp_dir("fine") + "/config.json";
   std::ofstream(path) << json.dump();
   EXPECT_EQ(read_llama_hf_config(path).head_dim(), 16);
+  EXPECT_EQ(read_llama_hf_config(path).attention_dropout, 0.0);
 }
 
 TEST(HFConfigTest, GPT2ConfigRefusesWhatItCannotCompute) {

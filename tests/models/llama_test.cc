@@ -11,8 +11,10 @@
 #include "autograd/engine.h"
 #include "autograd/functions.h"
 #include "autograd/grad_mode.h"
+#include "base/error.h"
 #include "optim/optimizer.h"
 #include "tensor/ops.h"
+#include "tests/models/attention_dropout_checks.h"
 #include "tests/models/random_tokens.h"
 #include "tests/testing/tensor_checks.h"
 
@@ -108,6 +110,37 @@ TEST(LlamaTest, GroupedQueryAttentionIsMultiHeadWithSharedKvHeads) {
                 .expected = mha(ids),
                 .tol = {.rtol = 1e-5, .atol = 1e-6},
                 .what = "GQA vs MHA with shared kv heads"});
+}
+
+// HF's attention_dropout: the mask is drawn in the attention kernels in training only, a new one
+// per call, the same for the same seed; grouped-query and latent attention alike.
+TEST(LlamaTest, AttentionDropoutDropsInTrainingOnlyAndRepeats) {
+  for (bool latent : {false, true}) {
+    SCOPED_TRACE(latent ? "latent attention" : "grouped-query attention");
+    LlamaConfig plain = tiny();
+    if (latent) {
+      plain.mla = MLAOptions{.q_lora_rank = 0,
+                             .kv_lora_rank = 16,
+                             .qk_nope_head_dim = 8,
+                             .qk_rope_head_dim = 8,
+                             .v_head_dim = 8};
+    }
+    LlamaConfig dropping = plain;
+    dropping.attention_dropout = 0.2;
+    const Tensor x = testing::random_tokens({2, 16}, 10, 257);
+    const Tensor y = testing::random_tokens({2, 16}, 11, 257);
+    Llama a(dropping, 5), b(dropping, 5), reference(plain, 5);
+    loom::testing::expect_attention_dropout_draws(a, b, reference,
+                                                  "layers.0.attention.attn_dropout", x, y);
+  }
+  LlamaConfig bad = tiny();
+  bad.attention_dropout = 1.0;
+  try {
+    bad.validate();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "LlamaConfig: attention_dropout must be in [0, 1), got 1");
+  }
 }
 
 TEST(LlamaTest, AdamWStepsLearn) {
