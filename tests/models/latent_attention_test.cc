@@ -3,10 +3,13 @@
 // and values, RMSNorm on both ranks, RoPE on the rotary parts (the key's shared by every head),
 // causal softmax at 1 / sqrt(nope + rope) — within 1e-5; and a Llama with MLA (and MoE) trained 4
 // AdamW steps on tp2 (with and without SP, heads split over tp), dp_shard2 x tp2, dp_shard2 and
-// cp2 (allgather and Ulysses) equal to one rank (expect_same).
+// cp2 (allgather and Ulysses) equal to one rank (expect_same), also with attention dropout (tp2,
+// cp2 alltoall).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "comm/testing/multi_rank.h"
@@ -172,9 +175,10 @@ constexpr int kSteps = 4;
 constexpr int64_t kBatch = 4, kSeq = 32;
 
 gpt_run::Result train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims,
-                         const std::string& attention = "allgather",
-                         bool sequence_parallel = true) {
+                         const std::string& attention = "allgather", bool sequence_parallel = true,
+                         double attention_dropout = 0.0) {
   LlamaConfig c = mla_config(true);
+  c.attention_dropout = attention_dropout;
   c.n_layers = 2;
   c.moe = nn::MoEOptions{.num_experts = 4, .top_k = 2, .hidden_dim = 16, .num_shared_experts = 1};
   c.moe_dense_layers = 1;
@@ -214,6 +218,25 @@ TEST(LatentAttentionTest, LayoutsEqualOneRank) {
   check({.dp_shard = 2}, "allgather", "dp_shard2");
   check({.cp = 2}, "allgather", "cp2 allgather");
   check({.cp = 2}, "alltoall", "cp2 alltoall");
+}
+
+// Attention dropout 0.1: a tp rank's heads (wq_b's row shard) and a cp rank's queries drop their
+// slice of one rank's masks.
+TEST(LatentAttentionTest, AttentionDropoutOnLayoutsEqualsOneRank) {
+  constexpr double kDropout = 0.1;
+  gpt_run::Result expected;
+  comm::testing::run_on_ranks(
+      1, [&](comm::ProcessGroup& pg) { expected = train_on(pg, {}, "allgather", true, kDropout); });
+  for (const auto& [dims, attention, layout] :
+       std::vector<std::tuple<train::ParallelDims, std::string, std::string>>{
+           {{.tp = 2}, "allgather", "tp2 (SP), attention dropout"},
+           {{.cp = 2}, "alltoall", "cp2 alltoall, attention dropout"}}) {
+    comm::testing::run_on_ranks(static_cast<int>(dims.world_size()), [&](comm::ProcessGroup& pg) {
+      gpt_run::expect_same({.actual = train_on(pg, dims, attention, true, kDropout),
+                            .expected = expected,
+                            .layout = layout});
+    });
+  }
 }
 
 }  // namespace
