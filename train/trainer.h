@@ -64,6 +64,8 @@ class Trainer {
   Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh, TrainerOptions options);
 
   // One optimizer step on this dp rank's batch (B, T), on the mesh's device. Steps count from 0.
+  // The batch is local_batch's cut: with replicas, share replica() of max_replicas() of the
+  // global batch, then this dp rank's share of that (where dropout places its masks).
   StepResult step(const Tensor& inputs, const Tensor& targets);
   // The reference for replicas: one step whose gradient is the mean of the gradients of
   // `member_batches` (each a replica's share, in member order) — what replicas that took part
