@@ -101,7 +101,12 @@ class GPT2Adapter : public hf::StateDictAdapter {
             {"vocab_size", config_.vocab_size},
             {"activation_function", "gelu_new"},
             {"layer_norm_epsilon", 1e-5},
-            {"tie_word_embeddings", true}};
+            {"tie_word_embeddings", true},
+            // The dropout the model trained with (transformers' defaults are 0.1); not read back:
+            // a Loom job's dropout is its own option.
+            {"resid_pdrop", config_.dropout},
+            {"embd_pdrop", config_.dropout},
+            {"attn_pdrop", config_.attn_dropout}};
   }
 
  private:

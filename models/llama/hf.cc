@@ -76,7 +76,9 @@ class LlamaAdapter : public hf::StateDictAdapter {
                         {"hidden_act", "silu"},
                         {"attention_bias", false},
                         {"mlp_bias", false},
-                        {"tie_word_embeddings", false}};
+                        {"tie_word_embeddings", false},
+                        // As trained (not read back: a Loom job's --attn-dropout decides).
+                        {"attention_dropout", c.attention_dropout}};
     if (c.rope_scaling) {
       const RopeScaling& s = *c.rope_scaling;
       json["rope_scaling"] = {

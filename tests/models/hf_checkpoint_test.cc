@@ -103,6 +103,35 @@ TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   EXPECT_EQ(read_llama_hf_config(path).attention_dropout, 0.0);
 }
 
+// config.json records the dropout a model trained with (transformers' GPT-2 defaults its pdrops
+// to 0.1 when they are absent); reading it back takes none (the job's option decides).
+TEST(HFConfigTest, ConfigJsonRecordsTheTrainingsDropout) {
+  const nlohmann::json gpt = gpt2_hf_adapter(GPTConfig{.n_layer = 1,
+                                                       .n_head = 2,
+                                                       .n_embd = 16,
+                                                       .block_size = 8,
+                                                       .vocab_size = 11,
+                                                       .dropout = 0.1,
+                                                       .attn_dropout = 0.2})
+                                 ->config_json();
+  EXPECT_EQ(gpt.at("resid_pdrop"), 0.1);
+  EXPECT_EQ(gpt.at("embd_pdrop"), 0.1);
+  EXPECT_EQ(gpt.at("attn_pdrop"), 0.2);
+  EXPECT_EQ(gpt2_hf_adapter(GPTConfig{})->config_json().at("attn_pdrop"), 0.0);
+  LlamaConfig llama = LlamaConfig::preset("llama-tiny");
+  llama.attention_dropout = 0.1;
+  EXPECT_EQ(llama_hf_adapter(llama)->config_json().at("attention_dropout"), 0.1);
+  const std::string dir = temp_dir("pdrops");
+  write_gpt2_hf_config(GPTConfig{.n_layer = 1,
+                                 .n_head = 2,
+                                 .n_embd = 16,
+                                 .block_size = 8,
+                                 .vocab_size = 11,
+                                 .dropout = 0.1},
+                       dir + "/model.safetensors");
+  EXPECT_EQ(read_gpt2_hf_config(dir + "/model.safetensors")->dropout, 0.0);
+}
+
 TEST(HFConfigTest, GPT2ConfigRefusesWhatItCannotCompute) {
   const std::string dir = temp_dir("gpt2");
   const GPTConfig tiny{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 11};
