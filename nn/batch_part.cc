@@ -38,18 +38,20 @@ RngRegion batch_region(const Shape& shape, const RngRegion& region) {
              "batch_region: a tensor with no dims has no rows to place in part {} of {} of the "
              "batch",
              place.index, place.count);
-  Shape global = region.global_shape.empty() ? shape : region.global_shape;
-  Shape offset = region.global_offset;
-  if (offset.empty()) offset.assign(global.size(), 0);
+  RngRegion placed = resolved_region(region, shape);
+  Shape &global = placed.global_shape, &offset = placed.global_offset;
   LOOM_CHECK(offset.size() == global.size() && global.size() == shape.size(),
              "batch_region: region of global shape {} at offset {} for a tensor of shape {}",
              shape_str(global), shape_str(offset), shape_str(shape));
   const int64_t rows = global[0];
   global[0] = rows * place.count;
   offset[0] += rows * place.index;
-  return {std::move(global), std::move(offset)};
+  return placed;
 }
 
+namespace {
+
+// Where a rank's heads sit among every head's: empty when `projection` is not distributed.
 RngRegion heads_region(const Tensor& projection, int64_t rows_per_head, const Shape& shape) {
   const auto& extension = projection.extension();
   const std::optional<LocalPiece> piece =
@@ -63,13 +65,21 @@ RngRegion heads_region(const Tensor& projection, int64_t rows_per_head, const Sh
           {0, piece->global_offset[0] / rows_per_head, 0, 0}};
 }
 
+}  // namespace
+
+AttentionDropout attention_dropout(Dropout* dropout, const Tensor& projection,
+                                   int64_t rows_per_head, const Shape& shape) {
+  if (dropout == nullptr) return {};
+  return dropout->next_mask(shape, heads_region(projection, rows_per_head, shape));
+}
+
 RngRegion activation_region(const Shape& shape) {
   RngRegion region = batch_region(shape);
   // (batch, sequence, features...): a tensor of two dims (a pooled head's (B, C)) holds no
   // sequence to place.
   const SequenceContext* context = current_sequence_context();
   if (context == nullptr || shape.size() < 3) return region;
-  if (region.empty()) region = {shape, Shape(shape.size(), 0)};
+  region = resolved_region(region, shape);
   region.global_shape[1] = context->sequence_length(shape[1]);
   region.runs_dim = 1;
   for (const PositionRun& run : sequence_runs(shape[1])) {

@@ -9,14 +9,13 @@
 // its rows' place (nn::Dropout, through batch_region) draws exactly its slice of the masks.
 //
 // The masks of one forward also depend on each Dropout's call count, which every forward
-// advances: so the parts of one batch must all start from the same counts (DropoutCalls:
-// snapshot before the first part, restore before each later one), as one forward of the whole
-// batch would draw them once.
+// advances: so the parts of one batch must all start from the same counts, as one forward of the
+// whole batch would draw them once. BatchParts does both: it takes the counts once, and each
+// part(m) puts them back and opens the part.
 //
-//   nn::DropoutCalls calls = nn::DropoutCalls::of(model);
-//   for (int m = 0; m < parts; ++m) {
-//     calls.restore();
-//     nn::BatchPart part(m, parts);
+//   const nn::BatchParts parts(nn::DropoutCalls::of(model), count);
+//   for (int m = 0; m < count; ++m) {
+//     const nn::BatchPart part = parts.part(m);
 //     loss = model(micro_batch(m)) ...
 //   }
 #pragma once
@@ -25,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/ops_nn.h"
 #include "tensor/rng.h"
 #include "tensor/tensor.h"
 
@@ -73,12 +73,13 @@ class BatchPart {
 // the whole batch's.
 RngRegion batch_region(const Shape& shape, const RngRegion& region = {});
 
-// Where a rank's attention probabilities of `shape` (B, H_local, Tq, Tk) sit among every head's
-// (B, H, Tq, Tk) of this forward: under tensor parallelism the weight of `projection` (the one
-// that makes the heads, `rows_per_head` output rows per head, head-major: GPT's c_attn, Llama's
-// wq) is a row shard, whose first row names the rank's first head. Empty when the weight is not
-// distributed (the rank holds every head). For Dropout::next_mask.
-RngRegion heads_region(const Tensor& projection, int64_t rows_per_head, const Shape& shape);
+// The next dropout of an attention call on a rank's probabilities of `shape` (B, H_local, Tq,
+// Tk), from `dropout` (null: none): placed among every head's by `projection`, the weight that
+// makes the heads (`rows_per_head` output rows per head, head-major: GPT's c_attn, Llama's wq),
+// a row shard under tensor parallelism whose first row names the rank's first head; then at this
+// forward's rows of the batch (Dropout::next_mask).
+AttentionDropout attention_dropout(Dropout* dropout, const Tensor& projection,
+                                   int64_t rows_per_head, const Shape& shape);
 
 // The region of an activation of `shape` in the whole batch's: its rows placed by batch_region,
 // and under a sequence context (context parallelism: this rank holds chunks of every sequence),
@@ -96,6 +97,25 @@ class DropoutCalls {
 
  private:
   std::vector<std::pair<Dropout*, uint64_t>> calls_;
+};
+
+// The `count` equal parts of one batch, run one after another on this thread (micro-batches,
+// a stage's microbatches, replayed replicas' shares).
+class BatchParts {
+ public:
+  BatchParts() = default;
+  // `calls`: taken before the first part's forward.
+  BatchParts(DropoutCalls calls, int64_t count) : calls_(std::move(calls)), count_(count) {}
+  int64_t count() const { return count_; }
+  // Part `index`'s scope: the dropout counts put back, its rows current.
+  [[nodiscard]] BatchPart part(int64_t index) const {
+    calls_.restore();
+    return BatchPart(index, count_);
+  }
+
+ private:
+  DropoutCalls calls_;
+  int64_t count_ = 0;
 };
 
 }  // namespace loom::nn

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "tensor/attention_attrs.h"
 #include "tensor/cuda/device_checks.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
@@ -490,6 +491,17 @@ Tensor cross_entropy_backward(const Tensor& grad_loss, const Tensor& logits, con
 }
 
 // ---- dropout ----------------------------------------------------------------------------------
+
+RngRegion dropout_region_of(const OpCall& call) {
+  if (call.attrs.size() <= 3) return {};
+  RngRegion region{call.ints_attr(3), call.ints_attr(4)};
+  if (call.attrs.size() > 5) {  // runs: (runs_dim, then the triples), as dropout() appends them
+    const std::vector<int64_t>& runs = call.ints_attr(5);
+    region.runs_dim = runs.at(0);
+    region.runs.assign(runs.begin() + 1, runs.end());
+  }
+  return region;
+}
 
 DropoutResult dropout(const Tensor& x, double p, uint64_t seed, bool training,
                       const RngRegion& region) {

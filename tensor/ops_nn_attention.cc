@@ -58,10 +58,8 @@ AttentionDropoutMask dropout_mask(const AttentionDims& dims, const AttentionDrop
   if (dropout.p == 0.0) return mask;
   Shape local = dims.batch;
   local.insert(local.end(), {dims.tq, dims.tk});
-  const RngRegion& region = dropout.region;
-  const Shape& global = region.global_shape.empty() ? local : region.global_shape;
-  Shape offset = region.global_offset;
-  if (offset.empty()) offset.assign(local.size(), 0);
+  const RngRegion region = resolved_region(dropout.region, local);
+  const Shape &global = region.global_shape, &offset = region.global_offset;
   LOOM_CHECK(global.size() == local.size() && offset.size() == local.size(),
              "{}: a dropout region of global shape {} and offset {} does not match this call's "
              "probabilities (batch..., Tq, Tk) = {}",
@@ -319,17 +317,6 @@ AttentionDropout attention_dropout_of(const OpCall& call, size_t own) {
   return {.p = call.double_attr(own),
           .seed = static_cast<uint64_t>(call.int_attr(own + 1)),
           .region = {call.ints_attr(own + 2), call.ints_attr(own + 3)}};
-}
-
-RngRegion dropout_region_of(const OpCall& call) {
-  if (call.attrs.size() <= 3) return {};
-  RngRegion region{call.ints_attr(3), call.ints_attr(4)};
-  if (call.attrs.size() > 5) {  // runs: (runs_dim, then the triples)
-    const std::vector<int64_t>& runs = call.ints_attr(5);
-    region.runs_dim = runs.at(0);
-    region.runs.assign(runs.begin() + 1, runs.end());
-  }
-  return region;
 }
 
 AttentionResult scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,

@@ -40,9 +40,8 @@ struct GlobalIndexMap {
 
 GlobalIndexMap global_index_map(const Tensor& out, const RngRegion& region, const char* op) {
   const Shape& local = out.shape();
-  const Shape& global = region.global_shape.empty() ? local : region.global_shape;
-  Shape offset = region.global_offset;
-  if (offset.empty()) offset.assign(local.size(), 0);
+  const RngRegion resolved = resolved_region(region, local);
+  const Shape &global = resolved.global_shape, &offset = resolved.global_offset;
   LOOM_CHECK(global.size() == local.size() && offset.size() == local.size(),
              "{}: region of global shape {} and offset {} does not match the local shape {}", op,
              shape_str(global), shape_str(offset), shape_str(local));
@@ -174,11 +173,17 @@ std::vector<std::pair<int64_t, RngRegion>> plain_blocks(const Shape& shape,
 
 }  // namespace
 
+RngRegion resolved_region(const RngRegion& region, const Shape& shape) {
+  RngRegion resolved = region;
+  if (resolved.global_shape.empty()) resolved.global_shape = shape;
+  if (resolved.global_offset.empty()) resolved.global_offset.assign(shape.size(), 0);
+  return resolved;
+}
+
 RngRegion region_within(const RngRegion& outer, const Shape& whole, const Shape& offset) {
   if (outer.empty()) return {whole, offset};
-  const Shape& global = outer.global_shape.empty() ? whole : outer.global_shape;
-  Shape start = outer.global_offset;
-  if (start.empty()) start.assign(whole.size(), 0);
+  const RngRegion resolved = resolved_region(outer, whole);
+  const Shape &global = resolved.global_shape, &start = resolved.global_offset;
   LOOM_CHECK(global.size() == whole.size() && start.size() == whole.size() &&
                  offset.size() == whole.size(),
              "region_within: a tensor of shape {} (a piece at offset {}) cannot sit in the region "

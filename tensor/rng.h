@@ -34,6 +34,10 @@ struct RngRegion {
   bool empty() const { return global_shape.empty() && global_offset.empty() && runs.empty(); }
 };
 
+// `region` with its defaults made explicit for a tensor of `shape`: no global shape is `shape`
+// itself, no offset is zeros (runs kept). Sizes are not checked.
+RngRegion resolved_region(const RngRegion& region, const Shape& shape);
+
 // The region of a piece at `offset` in a tensor shaped `whole` that itself sits at `outer` (empty:
 // `whole` is the whole tensor): how a shard of a block draws its slice of the whole's numbers,
 // e.g. a tensor-parallel shard of one data-parallel rank's rows. Throws when `outer` does not

@@ -77,12 +77,11 @@ class OneStageModel : public ParallelModel {
     // Dropout draws one forward's masks of the global batch at this rank's and micro-batch's
     // rows, from the same call counts in every micro-batch (nn/batch_part.h).
     const nn::BatchPart share(data_share_.index, data_share_.count);
-    const nn::DropoutCalls calls = nn::DropoutCalls::of(*module_);
+    const nn::BatchParts micro_batches(nn::DropoutCalls::of(*module_), grad_accum_);
     double total = 0;
     for_each_micro_batch(
         inputs, targets, "forward_backward", [&](int m, const Tensor& x, const Tensor& y) {
-          calls.restore();
-          const nn::BatchPart micro_batch(m, grad_accum_);
+          const nn::BatchPart micro_batch = micro_batches.part(m);
           // Auxiliary losses (MoE load balancing) enter as the micro-batch's loss does: / m.
           nn::AuxiliaryLossScale scale(1.0 / grad_accum_);
           Tensor loss = div(spec_.loss((*module_)(x), y), static_cast<double>(grad_accum_));
@@ -175,11 +174,10 @@ class PipelinedModel : public ParallelModel {
     const int64_t share = inputs.size(0) / grad_accum_;
     std::vector<nn::Module*> stages;
     for (const auto& stage : model_->stages()) stages.push_back(stage.get());
-    const nn::DropoutCalls calls = nn::DropoutCalls::of(stages);
+    const nn::BatchParts shares(nn::DropoutCalls::of(stages), grad_accum_);
     double total = 0;
     for (int k = 0; k < grad_accum_; ++k) {
-      calls.restore();
-      const nn::BatchPart accumulated(k, grad_accum_);
+      const nn::BatchPart accumulated = shares.part(k);
       total += model_->step(ops::narrow(inputs, 0, k * share, share),
                             ops::narrow(targets, 0, k * share, share),
                             {.sync_gradients = k + 1 == grad_accum_,

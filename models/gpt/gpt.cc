@@ -69,13 +69,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   // One node for the three slices: their gradients are stacked back in one write.
   const std::vector<Tensor> q_k_v = unbind(heads, 3);
   auto take = [&](int64_t which) { return transpose(q_k_v[which], 1, 2); };
-  AttentionDropout dropout;
-  if (attn_dropout_) {
-    const Shape probabilities{batch, heads.size(2), time, time};
-    // c_attn's rows are head-major, 3 D per head (q, k, v): a tp rank's first names its heads.
-    dropout = attn_dropout_->next_mask(
-        probabilities, nn::heads_region(c_attn->weight(), 3 * head_dim_, probabilities));
-  }
+  // c_attn's rows are head-major, 3 D per head (q, k, v): a tp rank's first names its heads.
+  const AttentionDropout dropout = nn::attention_dropout(
+      attn_dropout_.get(), c_attn->weight(), 3 * head_dim_, {batch, heads.size(2), time, time});
   const Tensor y = scaled_dot_product_attention(take(0), take(1), take(2), /*is_causal=*/true,
                                                 /*scale=*/0.0, /*causal_offset=*/0,
                                                 dropout);  // (B, H, T, D)

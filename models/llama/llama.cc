@@ -93,19 +93,6 @@ LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed,
   }
 }
 
-namespace {
-
-// The dropout of a call on (B, H_local, T, T) probabilities: none without the module; its heads
-// placed by the projection that makes them (a tp rank's row shard of it).
-AttentionDropout attention_dropout(nn::Dropout* dropout, const nn::Linear& projection,
-                                   int64_t rows_per_head, const Shape& probabilities) {
-  if (dropout == nullptr) return {};
-  return dropout->next_mask(probabilities,
-                            nn::heads_region(projection.weight(), rows_per_head, probabilities));
-}
-
-}  // namespace
-
 Tensor LlamaAttention::forward(const Tensor& x) {
   const RopeTables& tables = *rope_;
   const int64_t batch = x.size(0), time = x.size(1);
@@ -114,8 +101,8 @@ Tensor LlamaAttention::forward(const Tensor& x) {
   const Tensor v = reshape((*wv)(x), {batch, time, -1, head_dim_});
   // Grouped-query attention: kv head j serves query heads [j * group, (j + 1) * group), read in
   // place by the attention kernels (no copy of k and v per query head).
-  const AttentionDropout dropout =
-      attention_dropout(attn_dropout_.get(), *wq, head_dim_, {batch, q.size(2), time, time});
+  const AttentionDropout dropout = nn::attention_dropout(attn_dropout_.get(), wq->weight(),
+                                                         head_dim_, {batch, q.size(2), time, time});
   const Tensor y = scaled_dot_product_attention(transpose(q, 1, 2), transpose(k, 1, 2),
                                                 transpose(v, 1, 2), /*is_causal=*/true,
                                                 /*scale=*/0.0, /*causal_offset=*/0, dropout,
@@ -175,8 +162,8 @@ Tensor LatentAttention::forward(const Tensor& x) {
   const Tensor q_all = cat(std::vector<Tensor>{narrow(q, 3, 0, m.qk_nope_head_dim), q_rot}, 3);
   const Tensor k_all =
       cat(std::vector<Tensor>{k_nope, expand(k_rot, {batch, time, heads, m.qk_rope_head_dim})}, 3);
-  const AttentionDropout dropout =
-      attention_dropout(attn_dropout_.get(), wq ? *wq : *wq_b, qk, {batch, heads, time, time});
+  const AttentionDropout dropout = nn::attention_dropout(
+      attn_dropout_.get(), (wq ? wq : wq_b)->weight(), qk, {batch, heads, time, time});
   const Tensor y = scaled_dot_product_attention(
       transpose(q_all, 1, 2), transpose(k_all, 1, 2), transpose(v, 1, 2), /*is_causal=*/true,
       1.0 / std::sqrt(static_cast<double>(qk)), /*causal_offset=*/0,

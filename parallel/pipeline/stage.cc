@@ -86,7 +86,7 @@ void PipelineStage::begin_step(int num_microbatches, bool sync_gradients) {
   input_shape_.reset();
   sent_metadata_ = false;
   recv_wait_seconds_ = 0;
-  dropout_calls_ = nn::DropoutCalls::of(*module_);
+  microbatches_ = nn::BatchParts(nn::DropoutCalls::of(*module_), num_microbatches);
 }
 
 void PipelineStage::wait_timed(comm::Work& work, bool on_host) {
@@ -139,6 +139,9 @@ void PipelineStage::post_recv_input(int mb) {
 }
 
 Tensor PipelineStage::forward(int mb, const Tensor& input) {
+  LOOM_CHECK(mb >= 0 && mb < num_microbatches_,
+             "stage {}: forward of microbatch {}, but the step has {} (begin_step sets them)",
+             stage_, mb, num_microbatches_);
   LOOM_CHECK(!saved_.contains(mb), "stage {}: microbatch {} ran forward twice", stage_, mb);
   Tensor leaf;
   if (is_first()) {
@@ -152,9 +155,7 @@ Tensor PipelineStage::forward(int mb, const Tensor& input) {
   const bool wrap = !is_first() && options_.wrap_input;
   // Every microbatch draws the dropout masks the step's one forward of the whole batch would
   // draw for its rows (nn/batch_part.h): from the step's call counts, at its rows.
-  dropout_calls_.restore();
-  std::optional<nn::BatchPart> rows;
-  if (num_microbatches_ > 0) rows.emplace(mb, num_microbatches_);
+  const nn::BatchPart rows = microbatches_.part(mb);
   const Tensor output = (*module_)(wrap ? options_.wrap_input(leaf) : leaf);
   Tensor sent;
   if (!is_last()) {

@@ -162,7 +162,7 @@ class PipelineStage {
   bool sent_metadata_ = false;
   double recv_wait_seconds_ = 0;
   int num_microbatches_ = 0;
-  nn::DropoutCalls dropout_calls_;  // at the step's start: where each microbatch's draws start
+  nn::BatchParts microbatches_;  // the step's, with its dropout counts at its start
   bool sync_gradients_ = true;
   std::map<int, autograd::WeightBackward> weight_backwards_;  // I's, waiting for their W
   // A backward's shared steps: the weights' gradients (B, or W) with data parallelism's
