@@ -301,8 +301,11 @@ std::shared_ptr<Work> ProcessGroup::all_to_all(const std::vector<Tensor>& output
   LOOM_CHECK(inputs[rank_].numel() == outputs[rank_].numel(),
              "all_to_all on group '{}': rank {} sends itself {} elements but expects {}", name(),
              rank_, inputs[rank_].numel(), outputs[rank_].numel());
-  auto info =
-      begin(CollectiveKind::kAllToAll, total, fmt::format("{}", dtype_name(inputs[0].dtype())));
+  // The element counts each way, as the flight recorder shows them (uneven under expert
+  // parallelism: what a hang's dump must name).
+  auto info = begin(CollectiveKind::kAllToAll, total,
+                    fmt::format("{}, sends {}, receives {}", dtype_name(inputs[0].dtype()),
+                                numels(inputs), numels(outputs)));
   return recorded(info, run_all_to_all(info, outputs, inputs));
 }
 
@@ -326,8 +329,9 @@ std::shared_ptr<Work> ProcessGroup::gather(const std::vector<Tensor>& outputs, c
                "gather on group '{}': only the root (rank {}) passes outputs; rank {} passed {}",
                name(), root, rank_, outputs.size());
   }
-  auto info = begin(CollectiveKind::kGather, bytes_of(input),
-                    fmt::format("root {}, {}", root, dtype_name(input.dtype())));
+  auto info = begin(
+      CollectiveKind::kGather, bytes_of(input),
+      fmt::format("root {}, {}, {} elements", root, dtype_name(input.dtype()), input.numel()));
   return recorded(info, run_gather(info, outputs, input, root));
 }
 
@@ -353,8 +357,9 @@ std::shared_ptr<Work> ProcessGroup::scatter(const Tensor& output, const std::vec
                "scatter on group '{}': only the root (rank {}) passes inputs; rank {} passed {}",
                name(), root, rank_, inputs.size());
   }
-  auto info = begin(CollectiveKind::kScatter, total,
-                    fmt::format("root {}, {}", root, dtype_name(output.dtype())));
+  auto info = begin(
+      CollectiveKind::kScatter, total,
+      fmt::format("root {}, {}, {} elements", root, dtype_name(output.dtype()), output.numel()));
   return recorded(info, run_scatter(info, output, inputs, root));
 }
 

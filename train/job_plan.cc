@@ -80,6 +80,18 @@ void add_uneven_vocabulary_note(JobPlan& plan, int64_t vocab, const char* rows) 
       vocab, tp, rows, shard_range(vocab, tp, 0).size, shard_range(vocab, tp, tp - 1).size));
 }
 
+// A mixture of experts' routing is the router's, known only when it runs: the trace (values on
+// the meta device) routes uniformly, which the figures it gives rest on. Said.
+void add_routing_note(JobPlan& plan, int64_t experts, int64_t ep) {
+  if (experts == 0) return;
+  plan.notes.push_back(fmt::format(
+      "mixture of experts: the traced step routes every token's choices uniformly over the {} "
+      "experts (token t's c-th choice is expert (t k + c) mod {}); a real step routes as its "
+      "routers choose, so the experts' FLOPs{} and the peaks of the ranks holding the busiest "
+      "experts grow with the imbalance the metrics line reports as expert load max/mean",
+      experts, experts, ep > 1 ? ", the all-to-all bytes" : ""));
+}
+
 // --val-data: a validation batch's traced peak and FLOPs per role, and what the validations cost
 // over the run (their time predicted as the step's compute scaled by the FLOPs: forward only,
 // no gradient communication).
@@ -193,6 +205,7 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
     plan.pipeline = std::move(pipeline);
   }
   add_uneven_vocabulary_note(plan, model.vocab_size(), "the vocabulary-sharded rows");
+  add_routing_note(plan, model.num_experts(), dims.ep);
 
   // Each stage's parameters, listed once for every rank that runs it (none: the family does not
   // list them, and the trace sizes the model states).

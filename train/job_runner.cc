@@ -294,17 +294,14 @@ void JobRunner::open_metrics() {
 
 void JobRunner::add_metrics_hook() {
   const int rank = world_->rank();
-  const bool moe = checked_.model.args->fields().contains("moe");
   const char* progress = std::getenv("LOOM_PROGRESS_FILE");
   const std::string progress_file = progress != nullptr ? progress : "";
-  trainer_->add_step_hook([this, rank, moe, progress_file](const StepResult& r) {
+  trainer_->add_step_hook([this, rank, progress_file](const StepResult& r) {
     Outputs& out = *outputs_;
     out.last_loss = r.loss;
     out.losses.push_back(r.loss);
     out.curve.train.emplace_back(r.step, r.loss);
-    // The routers' step, over the global batch (collective: before rank 0 alone goes on).
-    const std::optional<RouterSummary> router =
-        moe ? std::optional<RouterSummary>(take_router_summary(*model_, *mesh_)) : std::nullopt;
+    const std::optional<RouterSummary>& router = r.router;
     if (rank != 0) return;
     // The launcher's view of progress (loomrun --max-restarts: where a failure repeats).
     if (!progress_file.empty()) std::ofstream(progress_file, std::ios::trunc) << r.step << "\n";

@@ -63,6 +63,7 @@ class OneStageModel : public ParallelModel {
                 std::shared_ptr<parallel::DataParallel> data_parallel, int grad_accum,
                 std::shared_ptr<SequenceContext> sequence, nn::BatchPart::Place data_share)
       : files_(args),
+        num_experts_(args.num_experts()),
         spec_(std::move(spec)),
         module_(std::move(module)),
         data_parallel_(std::move(data_parallel)),
@@ -122,6 +123,7 @@ class OneStageModel : public ParallelModel {
     files_.check_format();
     files_.save(*module_, path, write);
   }
+  int64_t num_experts() const override { return num_experts_; }
 
  private:
   // fn(m, inputs, targets) of each of the grad_accum micro-batches, in order.
@@ -138,6 +140,7 @@ class OneStageModel : public ParallelModel {
   }
 
   HFFiles files_;
+  int64_t num_experts_;
   pipeline::PipelineModelSpec spec_;
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<parallel::DataParallel> data_parallel_;
@@ -230,6 +233,7 @@ class PipelinedModel : public ParallelModel {
     model_->gather_whole(whole.get());  // collective
     if (whole) files_.save(*whole, path, write);
   }
+  int64_t num_experts() const override { return args_->num_experts(); }
 
  private:
   HFFiles files_;

@@ -63,6 +63,9 @@ class ParallelModel {
   virtual models::hf::LoadStats load_hf(const std::string& path) = 0;
   // Every rank takes part (gathers); ranks with `write` write the whole model and config.json.
   virtual void save_hf(const std::string& path, bool write) = 0;
+  // The whole model's routed experts per MoE layer (models::ModelArgs::num_experts; 0: dense),
+  // the same on every rank, whether or not this rank's stages hold a MoE layer.
+  virtual int64_t num_experts() const = 0;
 };
 
 // This rank's MoE layers (none for a dense model or a stage without them).

@@ -52,9 +52,16 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
                                           static_cast<float>(loads.size())},
                                          {3}),
                         mesh.device());
-  for (int64_t d = 0; d < mesh.ndim(); ++d) {
-    mesh.group(d)->all_reduce(maxima, comm::ReduceOp::kMax)->wait();
-    mesh.group(d)->all_reduce(sums, comm::ReduceOp::kSum)->wait();
+  // Over the mesh's world group when the mesh spans it (two calls, where one per mesh dim made 2
+  // x ndim), else along every dim of the mesh.
+  std::vector<std::shared_ptr<comm::ProcessGroup>> groups{mesh.world()};
+  if (mesh.world()->size() != mesh.numel()) {
+    groups.clear();
+    for (int64_t d = 0; d < mesh.ndim(); ++d) groups.push_back(mesh.group(d));
+  }
+  for (const auto& group : groups) {
+    group->all_reduce(maxima, comm::ReduceOp::kMax)->wait();
+    group->all_reduce(sums, comm::ReduceOp::kSum)->wait();
   }
   const std::vector<double> m = ops::to_vector(maxima), s = ops::to_vector(sums);
   // Each layer was counted once per rank holding it: every rank of its pipeline stage. Drops,

@@ -15,7 +15,9 @@ namespace loom::train {
 // What the routers did since the last call, over the global batch: the busiest and idlest
 // expert's slots over the mean (the worst layer's), the auxiliary loss (summed over layers,
 // averaged over data-parallel ranks as the loss is), and slots dropped by capacity (all layers,
-// all ranks). Collective over every dim of `mesh`: every rank calls it, MoE layers or not.
+// all ranks). Collective over the data-parallel groups (the loads, one all-reduce each) and then
+// the mesh's world group (two all-reduces; along every mesh dim where the mesh is a part of its
+// world): every rank calls it, MoE layers or not.
 struct RouterSummary {
   int64_t layers = 0;  // MoE layers in the model
   double max_over_mean = 0;

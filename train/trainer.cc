@@ -166,6 +166,8 @@ StepResult Trainer::finish_step(StepResult& result, double local_loss,
   no_decay_->step();
   update_expert_biases(model_, *mesh_);  // MoE's auxiliary-loss-free balancing, when on
   result.loss = mean_over_data_parallel(local_loss);
+  // Part of the step (not a hook's), so that `loom plan`'s traced step counts its collectives.
+  if (model_.num_experts() > 0) result.router = take_router_summary(model_, *mesh_);
   result.ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   ++next_step_;

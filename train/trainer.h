@@ -7,7 +7,8 @@
 //   4. AdamW at the schedule's learning rate: decoupled weight decay on matrices (dim >= 2)
 //      only, none on biases, norms' weights and other vectors (nanoGPT's and torchtitan's
 //      grouping);
-//   5. the loss averaged over dp (the global batch's mean loss, the same on every rank);
+//   5. the loss averaged over dp (the global batch's mean loss, the same on every rank), and a
+//      mixture of experts' router statistics over the global batch;
 // then runs the step hooks (metrics, checkpoints) with the step's figures.
 //
 // Batches are a pure function of (data, seed, step): local_batch() cuts this dp rank's share of
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/distributed_checkpoint.h"
@@ -27,6 +29,7 @@
 #include "parallel/cp/sequence_layout.h"
 #include "parallel/ft/replica_group.h"
 #include "train/parallel_model.h"
+#include "train/router_stats.h"
 
 namespace loom::train {
 
@@ -54,6 +57,9 @@ struct StepResult {
   double ms = 0;     // wall time of the step on this rank
   int replicas = 1;  // with TrainerOptions::replicas: the replicas the step's gradient averaged
   std::vector<int> replica_members;  // ... and which (ascending)
+  // A mixture of experts' routers over the step's global batch (train/router_stats.h), taken by
+  // every rank after the optimizer step; none for a dense model.
+  std::optional<RouterSummary> router;
 };
 
 class Trainer {

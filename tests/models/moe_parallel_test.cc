@@ -61,8 +61,13 @@ MoERun train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims, double 
   MoERun run;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq);
-    models::gpt_run::record_step(run.result, trainer.step(batch.inputs, batch.targets));
-    run.routers.push_back(train::take_router_summary(*model, *mesh));
+    const train::StepResult step_result = trainer.step(batch.inputs, batch.targets);
+    models::gpt_run::record_step(run.result, step_result);
+    if (!step_result.router) {
+      ADD_FAILURE() << "a MoE model's step reports no router statistics";
+      return run;
+    }
+    run.routers.push_back(*step_result.router);
   }
   models::gpt_run::record_final_state(run.result, *model);
   for (nn::MoE* moe : train::moe_layers(*model)) {

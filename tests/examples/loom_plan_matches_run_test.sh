@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# `loom plan`'s communication table against the real job's operations, as a user would check it:
+# the job runs twice (2 and 3 steps) with the flight recorder dumping every operation of every
+# rank at exit, and the difference — one step — must have, rank by rank, group by group and kind
+# by kind, exactly the calls the plan lists for that rank. Everything the job's step does counts
+# (its hooks and the router statistics of a mixture of experts included), not only what a
+# Trainer on thread ranks does (tests/train/step_trace_test.cc checks bytes there).
+set -euo pipefail
+train="$(realpath "$1")"
+launcher="$(realpath "$2")"
+cd "${TEST_TMPDIR:-$(mktemp -d)}"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+common=(--seq-len 32 --sample-tokens 0 --metrics-out "" --plot-out "" --no-progress)
+
+# "rank group kind calls" lines of the plan's communication table, ranks expanded, sorted.
+planned_calls() {
+  awk -F'|' '
+    /^Communication per step and rank/ { table = 1; next }
+    table && /^$/ && seen { exit }
+    table && /^\| [0-9]/ {
+      seen = 1
+      gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $4); gsub(/ /, "", $5)
+      if ($4 == "none") next
+      n = split($2, runs, ",")
+      for (i = 1; i <= n; ++i) {
+        m = split(runs[i], ends, "-")
+        for (r = ends[1]; r <= ends[m]; ++r) print r, $3, $4, $5
+      }
+    }' "$1" | sort
+}
+
+# "rank group kind count" of every operation the flight recorder dumped into folder $1.
+recorded_calls() {
+  jq -r '.rank as $r | .groups[] | .name as $g | .records[] | "\($r) \($g) \(.op)"' "$1"/rank-*.json |
+    sort | uniq -c | awk '{ print $2, $3, $4, $1 }'
+}
+
+# check NAME FLAGS...: plans the job, runs it for 2 and 3 steps, compares one step's calls.
+check() {
+  local name="$1"
+  shift
+  "$train" --plan "${common[@]}" --steps 3 "$@" >"$name.plan" 2>&1 ||
+    { cat "$name.plan"; fail "$name: loom plan failed"; }
+  for steps in 2 3; do
+    rm -rf "$name.$steps" && mkdir "$name.$steps"
+    LOOM_FLIGHT_RECORDER_DIR="$PWD/$name.$steps" LOOM_FLIGHT_RECORDER_ENTRIES=100000 \
+      "$train" --launcher "$launcher" "${common[@]}" --steps "$steps" "$@" >"$name.$steps.log" 2>&1 ||
+      { cat "$name.$steps.log"; fail "$name: the $steps-step job failed"; }
+    ls "$name.$steps"/rank-*.json >/dev/null 2>&1 || fail "$name: no flight record in $name.$steps"
+  done
+  planned_calls "$name.plan" >"$name.planned"
+  [[ -s "$name.planned" ]] || { cat "$name.plan"; fail "$name: no communication table in the plan"; }
+  # One step: what the 3-step job did beyond the 2-step one.
+  join -a 2 -e 0 -o 2.1,1.2,2.2 \
+    <(recorded_calls "$name.2" | awk '{ print $1 "|" $2 "|" $3, $4 }' | sort) \
+    <(recorded_calls "$name.3" | awk '{ print $1 "|" $2 "|" $3, $4 }' | sort) |
+    awk '{ d = $3 - $2; if (d != 0) { split($1, k, "|"); print k[1], k[2], k[3], d } }' |
+    sort >"$name.measured"
+  if ! diff "$name.planned" "$name.measured" >"$name.diff"; then
+    echo "$name: rank group kind calls, planned (<) against one step of the job (>):"
+    cat "$name.diff"
+    fail "$name: the plan's operations are not the job's"
+  fi
+  echo "ok: $name, $(wc -l <"$name.planned") (rank, group, kind) rows equal"
+}
+
+# A mixture of experts over ep inside HSDP: the all-to-all dispatch and the router statistics.
+check moe-hsdp-ep --model llama-moe-tiny --dp-replicate 2 --dp-shard 2 --ep 2 --tp 1 --batch-size 4
+# A 1F1B pipeline over tensor parallelism with sequence parallelism, Llama.
+check llama-pp-tp --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 2 --batch-size 4
