@@ -69,3 +69,8 @@ check() {
 check moe-hsdp-ep --model llama-moe-tiny --dp-replicate 2 --dp-shard 2 --ep 2 --tp 1 --batch-size 4
 # A 1F1B pipeline over tensor parallelism with sequence parallelism, Llama.
 check llama-pp-tp --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 2 --batch-size 4
+# Context parallelism (ring attention) under FSDP, GPT.
+check gpt-cp-ring --model tiny --cp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --cp-attention ring
+# A zero-bubble schedule over FSDP with gradient accumulation and bf16 compute.
+check gpt-zbv-fsdp --model tiny --n-layer 4 --pp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --schedule zbv \
+  --microbatches 4 --grad-accum 2 --batch-size 16 --mixed-precision bf16
