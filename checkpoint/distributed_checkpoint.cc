@@ -1,8 +1,10 @@
 #include "checkpoint/distributed_checkpoint.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -140,13 +142,25 @@ std::string marker_text(int64_t step, const std::string& metadata_sha256) {
   return nlohmann::json{{"step", step}, {"metadata_sha256", metadata_sha256}}.dump() + "\n";
 }
 
+// Whether `path` exists; a folder that cannot be looked into (permissions) is named, where
+// std::filesystem's own error would say only "status: Permission denied".
+bool path_exists(const fs::path& path) {
+  std::error_code error;
+  const bool found = fs::exists(path, error);
+  LOOM_CHECK(!error,
+             "checkpoint: cannot look for '{}': {}; make its folder readable and "
+             "searchable (chmod u+rx) or move it away",
+             path.string(), error.message());
+  return found;
+}
+
 // Whether `dir` is what a crashed save left: a partial directory, or a step directory without
 // the marker.
 bool is_uncommitted(const fs::directory_entry& dir) {
   const std::string name = dir.path().filename().string();
   int64_t step = 0;
   const bool partial = name.size() > 8 && name.substr(name.size() - 8) == ".partial";
-  const bool unmarked = is_step_name(name, &step) && !fs::exists(dir.path() / kMarker);
+  const bool unmarked = is_step_name(name, &step) && !path_exists(dir.path() / kMarker);
   return dir.is_directory() && (partial || unmarked);
 }
 
@@ -160,7 +174,7 @@ void remove_uncommitted(const std::string& root) {
 }  // namespace
 
 std::string resolve_step_directory(const std::string& path) {
-  if (fs::exists(fs::path(path) / kMetadataFile)) return path;
+  if (path_exists(fs::path(path) / kMetadataFile)) return path;
   const auto latest = latest_committed_step(path);
   LOOM_CHECK(latest.has_value(),
              "checkpoint: '{}' is neither a step directory (no {}) nor a checkpoint directory "
@@ -180,7 +194,7 @@ std::vector<int64_t> committed_steps(const std::string& root) {
   for (const auto& dir : fs::directory_iterator(root)) {
     int64_t step = 0;
     if (dir.is_directory() && is_step_name(dir.path().filename().string(), &step) &&
-        fs::exists(dir.path() / kMarker)) {
+        path_exists(dir.path() / kMarker)) {
       steps.push_back(step);
     }
   }
@@ -376,12 +390,12 @@ std::string AsyncSaver::wait() {
 
 Metadata read_metadata(const std::string& directory) {
   LOOM_CHECK(fs::is_directory(directory), "checkpoint: '{}' is not a directory", directory);
-  LOOM_CHECK(fs::exists(fs::path(directory) / kMarker),
+  LOOM_CHECK(path_exists(fs::path(directory) / kMarker),
              "checkpoint: '{}' has no {} marker: its save did not finish (a crash or a save in "
              "progress); load an earlier committed step",
              directory, kMarker);
   const std::string path = (fs::path(directory) / kMetadataFile).string();
-  LOOM_CHECK(fs::exists(path), "checkpoint: '{}' has no {}", directory, kMetadataFile);
+  LOOM_CHECK(path_exists(path), "checkpoint: '{}' has no {}", directory, kMetadataFile);
   const std::string marker_path = (fs::path(directory) / kMarker).string();
   const std::string marker = read_text(marker_path);
   std::string recorded;
@@ -411,7 +425,50 @@ Metadata read_metadata(const std::string& directory) {
   LOOM_CHECK(metadata.step == marked_step,
              "checkpoint: '{}' marks step {} but its metadata is of step {}", marker_path,
              marked_step, metadata.step);
+  // A step folder is found by its name (latest_committed_step): a copied or renamed one would be
+  // resumed from in place of the step its name says.
+  const fs::path normal = fs::path(directory).lexically_normal();
+  const std::string name =
+      (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  int64_t named_step = 0;
+  LOOM_CHECK(!is_step_name(name, &named_step) || named_step == metadata.step,
+             "checkpoint: '{}' holds step {} (its {} and metadata say so), not the step {} its "
+             "name says: a step folder was copied or renamed; rename it {} or remove it",
+             directory, metadata.step, kMarker, named_step,
+             fs::path(step_directory(".", metadata.step)).filename().string());
   return metadata;
+}
+
+namespace {
+
+// File `file` of the checkpoint in `directory` as `info` records it: there, a regular file of
+// its size, readable by this process (stat and access only: no byte read). `needed_by` says
+// which entry needs it, where one does.
+void check_file(const std::string& directory, const std::string& file, const FileInfo& info,
+                const std::string& needed_by = "") {
+  const fs::path path = fs::path(directory) / file;
+  const std::string need = needed_by.empty() ? "" : fmt::format("; entry '{}' needs it", needed_by);
+  LOOM_CHECK(path_exists(path), "checkpoint '{}': file {} (written by rank {}) is missing{}",
+             directory, file, info.writer, need);
+  std::error_code error;
+  LOOM_CHECK(fs::is_regular_file(path, error),
+             "checkpoint '{}': file {} (written by rank {}) is not a regular file{}", directory,
+             file, info.writer, need);
+  const auto bytes = fs::file_size(path, error);
+  LOOM_CHECK(!error && static_cast<int64_t>(bytes) == info.bytes,
+             "checkpoint '{}': file {} (written by rank {}) has {} bytes, the metadata records "
+             "{}: it is truncated or was overwritten{}",
+             directory, file, info.writer, error ? -1 : static_cast<int64_t>(bytes), info.bytes,
+             need);
+  LOOM_CHECK(::access(path.c_str(), R_OK) == 0,
+             "checkpoint '{}': file {} (written by rank {}) cannot be read: {}{}", directory, file,
+             info.writer, std::strerror(errno), need);
+}
+
+}  // namespace
+
+void check_files(const std::string& directory, const Metadata& metadata) {
+  for (const auto& [file, info] : metadata.files) check_file(directory, file, info);
 }
 
 VerifySummary verify(const std::string& directory) {
@@ -431,12 +488,7 @@ VerifySummary verify(const std::string& directory) {
   }
   for (const auto& [file, info] : metadata.files) {
     const std::string path = (fs::path(directory) / file).string();
-    LOOM_CHECK(fs::exists(path), "checkpoint '{}': file {} (written by rank {}) is missing",
-               directory, file, info.writer);
-    LOOM_CHECK(static_cast<int64_t>(fs::file_size(path)) == info.bytes,
-               "checkpoint '{}': file {} (written by rank {}) has {} bytes, the metadata records "
-               "{}: it is truncated or was overwritten",
-               directory, file, info.writer, fs::file_size(path), info.bytes);
+    check_file(directory, file, info);
     const std::vector<char> bytes = read_range(path, 0, info.bytes);
     LOOM_CHECK(sha256_hex(bytes.data(), bytes.size()) == info.sha256,
                "checkpoint '{}': file {} (written by rank {}): SHA-256 mismatch, the bytes on "
@@ -473,17 +525,10 @@ Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup
     // Every file read: it exists with the size the metadata records.
     std::map<std::string, bool> checked;
     for (const ReadItem& read : reads) {
-      const std::string path = (fs::path(directory) / read.chunk.file).string();
       if (checked[read.chunk.file]) continue;
       checked[read.chunk.file] = true;
-      const FileInfo& info = metadata.files.at(read.chunk.file);
-      LOOM_CHECK(fs::exists(path),
-                 "checkpoint '{}': file {} (written by rank {}) is missing; entry '{}' needs it",
-                 directory, read.chunk.file, info.writer, requests[read.request].name);
-      LOOM_CHECK(static_cast<int64_t>(fs::file_size(path)) == info.bytes,
-                 "checkpoint '{}': file {} (written by rank {}) has {} bytes, the metadata "
-                 "records {}: it is truncated or was overwritten",
-                 directory, read.chunk.file, info.writer, fs::file_size(path), info.bytes);
+      check_file(directory, read.chunk.file, metadata.files.at(read.chunk.file),
+                 requests[read.request].name);
     }
     for (const ReadItem& read : reads) {
       const LoadRequest& request = requests[read.request];

@@ -58,6 +58,10 @@ std::optional<int64_t> latest_committed_step(const std::string& root);
 // What a crashed or interrupted save left under `root` (partial directories, step directories
 // without the marker), sorted: the next save removes them. An absent root has none.
 std::vector<std::string> uncommitted_step_directories(const std::string& root);
+// Every file `metadata` lists is in `directory` as recorded: a regular file of its size that
+// this process can read (stat and access only, no byte read: what a job checks before it starts
+// its ranks). Throws naming the file, its writer and what is wrong.
+void check_files(const std::string& directory, const Metadata& metadata);
 // `path` when it is a step directory (it has metadata.json), else the latest committed step
 // directory under it; throws naming `path` when it is neither.
 std::string resolve_step_directory(const std::string& path);

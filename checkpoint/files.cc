@@ -12,8 +12,18 @@
 namespace loom::checkpoint {
 
 std::vector<char> read_range(const std::string& path, int64_t offset, int64_t length) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in a file's place would block open() until a writer came; it is refused
+  // below instead (a regular file reads the same either way).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   LOOM_CHECK(fd >= 0, "checkpoint: cannot open '{}': {}", path, std::strerror(errno));
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    ::close(fd);
+    LOOM_FAIL(
+        "checkpoint: '{}' is not a regular file; a checkpoint's files are the ones its save "
+        "wrote",
+        path);
+  }
   std::vector<char> out(static_cast<size_t>(length));
   int64_t done = 0;
   while (done < length) {
@@ -39,6 +49,10 @@ std::string read_text(const std::string& path) {
   struct stat info {};
   LOOM_CHECK(::stat(path.c_str(), &info) == 0, "checkpoint: cannot read '{}': {}", path,
              std::strerror(errno));
+  LOOM_CHECK(S_ISREG(info.st_mode),
+             "checkpoint: '{}' is not a regular file; a checkpoint's files are the ones its save "
+             "wrote",
+             path);
   const std::vector<char> bytes = read_range(path, 0, info.st_size);
   return std::string(bytes.begin(), bytes.end());
 }

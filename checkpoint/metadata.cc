@@ -44,6 +44,64 @@ DType dtype_from_key(const std::string& key, const std::string& where) {
   return *dtype;
 }
 
+namespace {
+
+// An entry's chunks as a save writes them: each inside the shape, of box.numel() x element size
+// bytes inside a listed file, none overlapping another, together the whole shape. The load
+// copies each chunk's bytes into its box, so a length beyond the box would write past it, and
+// overlapping chunks would leave a gap that a sum of covered elements does not see.
+void check_chunks(const std::string& where, const std::string& name, const Entry& entry,
+                  const std::map<std::string, FileInfo>& files) {
+  const int64_t element = static_cast<int64_t>(element_size(entry.dtype));
+  const Box whole{Shape(entry.shape.size(), 0), entry.shape};
+  int64_t elements = 0;
+  for (const Chunk& chunk : entry.chunks) {
+    bool inside = true;
+    for (size_t d = 0; d < entry.shape.size(); ++d) {
+      inside = inside && chunk.box.offsets[d] >= 0 && chunk.box.sizes[d] >= 0 &&
+               chunk.box.offsets[d] + chunk.box.sizes[d] <= entry.shape[d];
+    }
+    LOOM_CHECK(inside, "{}: entry '{}' of shape {} has a chunk at {}, outside it", where, name,
+               whole.str(), chunk.box.str());
+    LOOM_CHECK(chunk.length == chunk.box.numel() * element,
+               "{}: entry '{}', chunk {}: {} bytes recorded for {} elements of {} ({} bytes)",
+               where, name, chunk.box.str(), chunk.length, chunk.box.numel(),
+               dtype_name(entry.dtype), chunk.box.numel() * element);
+    const auto file = files.find(chunk.file);
+    LOOM_CHECK(file != files.end(),
+               "{}: entry '{}', chunk {} is in file '{}', which the metadata "
+               "does not list",
+               where, name, chunk.box.str(), chunk.file);
+    LOOM_CHECK(chunk.offset >= 0 && chunk.offset + chunk.length <= file->second.bytes,
+               "{}: entry '{}', chunk {}: bytes {} to {} of '{}', which records {} bytes", where,
+               name, chunk.box.str(), chunk.offset, chunk.offset + chunk.length, chunk.file,
+               file->second.bytes);
+    elements += chunk.box.numel();
+  }
+  // Disjoint, by a sweep along the first dim (a save's chunks are mostly rows: near-linear).
+  std::vector<const Chunk*> order;
+  for (const Chunk& chunk : entry.chunks) {
+    if (!chunk.box.empty()) order.push_back(&chunk);
+  }
+  if (!entry.shape.empty()) {
+    std::sort(order.begin(), order.end(),
+              [](const Chunk* a, const Chunk* b) { return a->box.offsets[0] < b->box.offsets[0]; });
+    for (size_t i = 0; i < order.size(); ++i) {
+      const int64_t end = order[i]->box.offsets[0] + order[i]->box.sizes[0];
+      for (size_t j = i + 1; j < order.size() && order[j]->box.offsets[0] < end; ++j) {
+        LOOM_CHECK(intersect(order[i]->box, order[j]->box).empty(),
+                   "{}: entry '{}' has overlapping chunks {} and {}", where, name,
+                   order[i]->box.str(), order[j]->box.str());
+      }
+    }
+  }
+  LOOM_CHECK(elements == whole.numel() && (!entry.shape.empty() || order.size() <= 1),
+             "{}: entry '{}' of shape {}: its chunks hold {} of its {} elements", where, name,
+             whole.str(), elements, whole.numel());
+}
+
+}  // namespace
+
 nlohmann::json to_json(const Metadata& metadata) {
   nlohmann::json entries = nlohmann::json::object();
   for (const auto& [name, entry] : metadata.entries) {
@@ -113,6 +171,7 @@ Metadata metadata_from_json(const nlohmann::json& json, const std::string& where
   } catch (const nlohmann::json::exception& e) {
     LOOM_FAIL("{}: malformed checkpoint metadata: {}", where, e.what());
   }
+  for (const auto& [name, entry] : m.entries) check_chunks(where, name, entry, m.files);
   return m;
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <string_view>
 #include <vector>
 
 #include "base/error.h"
@@ -53,6 +54,8 @@ nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data) {
           {"seed", job.seed},
           {"batch_size", job.batch_size},
           {"seq_len", job.seq_len},
+          {"document_boundaries", job.document_boundaries},
+          {"document_token", job.document_token},
           {"steps", job.steps},
           {"lr", job.lr}};
 }
@@ -114,8 +117,12 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
         value_of(data_there, "tokens"), value_of(data_there, "path"), value_of(data_here, "tokens"),
         value_of(data_here, "path")));
   }
-  for (const char* key : {"seed", "batch_size", "seq_len"}) {
-    if (value_of(*saved, key) != value_of(here, key)) {
+  // Each decides the batches. A checkpoint of a Loom that did not record the document settings
+  // is not refused for them.
+  for (const char* key :
+       {"seed", "batch_size", "seq_len", "document_boundaries", "document_token"}) {
+    const bool recorded = saved->contains(key) || std::string_view(key).rfind("document", 0) != 0;
+    if (recorded && value_of(*saved, key) != value_of(here, key)) {
       std::string flag = fmt::format("--{}", key);
       std::replace(flag.begin(), flag.end(), '_', '-');
       refused.push_back(

@@ -40,7 +40,19 @@ void check_paths(const JobConfig& job) {
                  (job.checkpoint_every == 0 && job.keep_last == 0 && !job.async_checkpoint),
              "--checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir "
              "(where the checkpoints go)");
-  if (!job.checkpoint_dir.empty()) check_directory_writable(job.checkpoint_dir, "--checkpoint-dir");
+  if (!job.checkpoint_dir.empty()) {
+    check_directory_writable(job.checkpoint_dir, "--checkpoint-dir");
+    // The folder of the steps, not one step's (which the tools take): steps saved inside a
+    // committed step would be found by no one.
+    std::error_code ec;
+    const bool step_folder = fs::exists(fs::path(job.checkpoint_dir) / "metadata.json", ec) ||
+                             fs::exists(fs::path(job.checkpoint_dir) / "COMMITTED", ec);
+    LOOM_CHECK(!step_folder,
+               "--checkpoint-dir: '{}' is one saved step's folder (it holds metadata.json); give "
+               "the folder that holds the step_* folders, '{}'",
+               job.checkpoint_dir,
+               fs::path(job.checkpoint_dir).lexically_normal().parent_path().string());
+  }
   if (!job.init_from.empty()) {
     std::error_code ec;
     if (fs::is_directory(job.init_from, ec)) {
@@ -94,11 +106,24 @@ void check_resume(const JobConfig& job, const nlohmann::json& model_fields, Chec
   }
   const std::string dir = checkpoint::step_directory(job.checkpoint_dir, *latest);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
+  checkpoint::check_files(dir, metadata);  // each rank's file there, whole and readable
   check_same_model(metadata, model_fields, dir);
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));
   }
   out.resume_from = dir;
+}
+
+// A new run (no --resume) into a folder holding another run's committed steps would mix them:
+// its saves beside those steps, a later --resume taking whichever is newest. Refused.
+void check_fresh_checkpoint_dir(const JobConfig& job) {
+  const std::vector<int64_t> steps = checkpoint::committed_steps(job.checkpoint_dir);
+  LOOM_CHECK(steps.empty(),
+             "--checkpoint-dir: '{}' already holds {} committed step(s) of a run (the latest, "
+             "step {}, in '{}'); pass --resume to continue that run, or give an empty or new "
+             "folder (or remove those steps) to start a new one",
+             job.checkpoint_dir, steps.size(), steps.back(),
+             checkpoint::step_directory(job.checkpoint_dir, steps.back()));
 }
 
 }  // namespace
@@ -165,6 +190,8 @@ CheckedJob check_job(const JobConfig& job) {
   // A restarted job (loomrun --max-restarts) resumes from its latest checkpoint, if any.
   if (job.resume || (restart_count() > 0 && !job.checkpoint_dir.empty())) {
     check_resume(job, out.model.args->fields(), out);
+  } else if (!job.checkpoint_dir.empty()) {
+    check_fresh_checkpoint_dir(job);
   }
   return out;
 }

@@ -538,12 +538,18 @@ void JobRunner::finish(JobResult& result) {
   result.final_loss = outputs_->last_loss;
   if (rank == 0) {
     outputs_->metrics.close();
-    fmt::print("final loss {:.4f}{} (unigram entropy {:.3f}){}\n", result.final_loss,
-               result.validation.empty()
-                   ? std::string()
-                   : fmt::format(", validation loss {:.4f}", result.validation.back().second),
-               outputs_->entropy,
-               job_.metrics_out.empty() ? "" : fmt::format("; metrics: {}", job_.metrics_out));
+    if (outputs_->losses.empty()) {
+      // Nothing trained (a resumed run already at --steps): no loss to call final.
+      fmt::print("{}: no step to train: the run is at step {} of --steps {}\n", program_,
+                 trainer_->steps_done(), job_.steps);
+    } else {
+      fmt::print("final loss {:.4f}{} (unigram entropy {:.3f}){}\n", result.final_loss,
+                 result.validation.empty()
+                     ? std::string()
+                     : fmt::format(", validation loss {:.4f}", result.validation.back().second),
+                 outputs_->entropy,
+                 job_.metrics_out.empty() ? "" : fmt::format("; metrics: {}", job_.metrics_out));
+    }
     if (!job_.plot_out.empty()) {
       fmt::print("{}\n",
                  write_loss_plot(outputs_->curve, outputs_->entropy, job_.plot_out, program_));

@@ -4,8 +4,10 @@
 // unfinished save are detected and named; crashed saves are ignored and cleaned up.
 #include "checkpoint/distributed_checkpoint.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -188,6 +190,38 @@ TEST_F(CorruptionTest, AnUnfinishedSaveIsIgnoredAndCleanedUp) {
   EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{8, 9}));
   EXPECT_FALSE(fs::exists(step_directory(root_, 6)));
   EXPECT_FALSE(fs::exists(step_directory(root_, 7) + ".partial"));
+}
+
+// A step folder is found by its name: a copy under another step's name is refused, not resumed
+// from in place of that step.
+TEST_F(CorruptionTest, AStepFolderUnderAnotherStepsNameIsRefused) {
+  fs::copy(dir_, step_directory(root_, 9));
+  EXPECT_EQ(latest_committed_step(root_), 9);
+  EXPECT_EQ(error_of([&] { read_metadata(step_directory(root_, 9)); }),
+            fmt::format("checkpoint: '{}' holds step 5 (its COMMITTED and metadata say so), not "
+                        "the step 9 its name says: a step folder was copied or renamed; rename it "
+                        "step_00000005 or remove it",
+                        step_directory(root_, 9)));
+  EXPECT_NO_THROW(read_metadata(dir_ + "/"));
+}
+
+// What stat tells (check_files: the job's check before its ranks start), and a FIFO in a file's
+// place refused instead of blocking the reader.
+TEST_F(CorruptionTest, FilesAreCheckedWithoutReadingAndAFifoIsRefused) {
+  const Metadata metadata = read_metadata(dir_);
+  EXPECT_NO_THROW(check_files(dir_, metadata));
+  fs::resize_file(dir_ + "/rank_00001.bin", 10);
+  EXPECT_THAT(error_of([&] { check_files(dir_, metadata); }),
+              HasSubstr("file rank_00001.bin (written by rank 1) has 10 bytes, the metadata "
+                        "records"));
+  fs::remove(dir_ + "/rank_00001.bin");
+  ASSERT_EQ(::mkfifo((dir_ + "/rank_00001.bin").c_str(), 0600), 0);
+  EXPECT_THAT(error_of([&] { check_files(dir_, metadata); }),
+              HasSubstr("file rank_00001.bin (written by rank 1) is not a regular file"));
+  fs::remove(dir_ + "/COMMITTED");
+  ASSERT_EQ(::mkfifo((dir_ + "/COMMITTED").c_str(), 0600), 0);
+  EXPECT_THAT(error_of([&] { read_metadata(dir_); }),
+              HasSubstr("COMMITTED' is not a regular file"));
 }
 
 TEST_F(CorruptionTest, WhatDoesNotFitIsNamed) {

@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "tests/testing/errors.h"
 
 namespace loom::checkpoint {
@@ -120,6 +122,35 @@ TEST(MetadataTest, JsonRoundTripsAndVersionsAreChecked) {
               HasSubstr("m.json: metadata version 2, but this build reads version 1 only"));
   EXPECT_THAT(error_of([&] { metadata_from_json(nlohmann::json::object(), "m.json"); }),
               HasSubstr("not a Loom distributed checkpoint's metadata"));
+}
+
+// Metadata no save writes (edited, with its marker written to match) is refused by entry and
+// chunk before a load copies any byte: a length beyond the box would write past the tensor, and
+// overlapping chunks would leave a gap that counting covered elements does not see.
+TEST(MetadataTest, ChunksNoSaveWritesAreRefused) {
+  const Metadata saved = plan_save({{item("w", {8, 4}, {{0, 0}, {8, 4}})}}, 32).metadata;
+  ASSERT_EQ(saved.entries.at("w").chunks.size(), 4u);  // rows 0:2, 2:4, 4:6, 6:8
+  const auto refusal = [&](const std::function<void(Metadata&)>& edit) {
+    Metadata m = saved;
+    edit(m);
+    return error_of([&] { metadata_from_json(to_json(m), "m.json"); });
+  };
+  EXPECT_NO_THROW(metadata_from_json(to_json(saved), "m.json"));
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[0].length = 300000; }),
+            "m.json: entry 'w', chunk [0:2, 0:4]: 300000 bytes recorded for 8 elements of f32 (32 "
+            "bytes)");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[1].box.offsets[0] = 0; }),
+            "m.json: entry 'w' has overlapping chunks [0:2, 0:4] and [0:2, 0:4]");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[3].box.offsets[0] = 7; }),
+            "m.json: entry 'w' of shape [0:8, 0:4] has a chunk at [7:9, 0:4], outside it");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks.pop_back(); }),
+            "m.json: entry 'w' of shape [0:8, 0:4]: its chunks hold 24 of its 32 elements");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[0].file = "other.bin"; }),
+            "m.json: entry 'w', chunk [0:2, 0:4] is in file 'other.bin', which the metadata does "
+            "not list");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[3].offset = 120; }),
+            "m.json: entry 'w', chunk [6:8, 0:4]: bytes 120 to 152 of 'rank_00000.bin', which "
+            "records 128 bytes");
 }
 
 }  // namespace
