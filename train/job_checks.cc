@@ -67,6 +67,10 @@ void check_paths(const JobConfig& job) {
   }
   if (!job.plot_out.empty()) check_writable(job.plot_out, "--plot-out");
   if (!job.save.empty()) {
+    LOOM_CHECK(fs::path(job.save).filename().string().ends_with(".safetensors"),
+               "--save: '{}' is not a .safetensors file name; give the file to write, e.g. "
+               "'{}' (config.json is written beside it)",
+               job.save, (fs::path(job.save).parent_path() / "model.safetensors").string());
     check_writable(job.save, "--save");
     check_writable(models::hf::config_json_path(job.save), "--save (config.json beside it)");
   }
@@ -183,6 +187,12 @@ CheckedJob check_job(const JobConfig& job) {
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) check_init_from(job, *out.model.args);
+  if (!job.save.empty() && fs::path(job.save).filename() != "model.safetensors") {
+    out.warnings.push_back(fmt::format(
+        "--save: '{}': transformers' from_pretrained(folder) reads model.safetensors only; this "
+        "file loads by its own name (--init-from {})",
+        job.save, job.save));
+  }
   LOOM_CHECK(job.save.empty() || out.model.args->hf_adapter() != nullptr,
              "--save: the {} family (--model {}) has no Hugging Face checkpoint format; use "
              "--checkpoint-dir for its checkpoints",

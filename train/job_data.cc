@@ -3,10 +3,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "base/durable_file.h"
 #include "base/error.h"
 #include "data/token_data.h"
+#include "models/hf/checkpoint.h"
 
 namespace loom::train {
 
@@ -52,6 +54,39 @@ void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save
              save);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   write_file_atomically(target.string(), bytes, "--save (tokenizer.json beside it)");
+}
+
+void carry_hf_token_settings(const std::string& init_from, const std::string& save) {
+  if (init_from.empty()) return;
+  const fs::path from_config = models::hf::config_json_path(init_from);
+  const fs::path to_config = models::hf::config_json_path(save);
+  std::error_code ec;
+  if (fs::is_regular_file(from_config, ec) && fs::is_regular_file(to_config, ec)) {
+    const auto read_json = [](const fs::path& path) {
+      std::ifstream in(path);
+      return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    };
+    const nlohmann::json original = read_json(from_config);
+    nlohmann::json saved = read_json(to_config);
+    bool changed = false;
+    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
+      if (original.is_object() && saved.is_object() && original.contains(key)) {
+        saved[key] = original.at(key);
+        changed = true;
+      }
+    }
+    if (changed) {
+      write_file_atomically(to_config.string(), saved.dump(2) + "\n", "--save (config.json)");
+    }
+  }
+  const fs::path generation = from_config.parent_path() / "generation_config.json";
+  const fs::path target = to_config.parent_path() / "generation_config.json";
+  if (fs::is_regular_file(generation, ec) &&
+      !(fs::exists(target, ec) && fs::equivalent(target, generation, ec))) {
+    std::ifstream in(generation, std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    write_file_atomically(target.string(), bytes, "--save (generation_config.json beside it)");
+  }
 }
 
 std::string job_tokenizer_path(const JobConfig& job) {

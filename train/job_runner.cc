@@ -517,6 +517,7 @@ void JobRunner::finish(JobResult& result) {
     model_->save_hf(job_.save, /*write=*/rank == 0);
     const std::string& tokenizer = checked_.data.tokenizer_path;
     if (rank == 0 && !tokenizer.empty()) copy_tokenizer_beside(tokenizer, job_.save);
+    if (rank == 0) carry_hf_token_settings(job_.init_from, job_.save);
     if (rank == 0) {
       fmt::print("{}: saved {} (Hugging Face safetensors, config.json{} beside it)\n", program_,
                  job_.save, tokenizer.empty() ? "" : " and tokenizer.json");

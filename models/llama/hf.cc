@@ -118,7 +118,8 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   config.n_heads = json.positive_int("num_attention_heads");
   config.n_kv_heads = json.positive_int_or("num_key_value_heads", config.n_heads);
   config.vocab_size = json.positive_int("vocab_size");
-  config.norm_eps = json.number_or("rms_norm_eps", 1e-5);
+  // transformers' LlamaConfig default, which a config.json without the key was made with.
+  config.norm_eps = json.number_or("rms_norm_eps", 1e-6);
   config.max_seq_len = json.positive_int("max_position_embeddings");
   config.ffn_dim = json.positive_int("intermediate_size");
   config.ffn_dim_multiplier = std::nullopt;

@@ -79,6 +79,30 @@ grep -q "tokenizer tokenizer.json at saved/tokenizer.json" init.log ||
   { cat init.log; fail "--init-from's tokenizer.json was not used"; }
 echo "ok: --save writes tokenizer.json beside the model, --init-from uses it"
 
+# --- what Loom's model config does not hold travels too: the token ids of the config.json it
+# started from and its generation_config.json (else generate() after a round trip stops at
+# transformers' default ids); and a --save name transformers cannot load is said ------------------
+jq '. + {bos_token_id: 5, eos_token_id: 7, pad_token_id: 0}' saved/config.json > ids.json
+mv ids.json saved/config.json
+printf '{"bos_token_id": 5, "eos_token_id": 7}\n' > saved/generation_config.json
+mkdir -p resaved
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --init-from saved \
+  --save resaved/model.safetensors --metrics-out "" > resave.log 2>&1 || { cat resave.log; fail "--save again"; }
+[[ "$(jq -c '[.bos_token_id, .eos_token_id, .pad_token_id]' resaved/config.json)" == "[5,7,0]" ]] ||
+  { cat resaved/config.json; fail "--save lost the token ids of --init-from's config.json"; }
+cmp saved/generation_config.json resaved/generation_config.json ||
+  fail "--save did not copy --init-from's generation_config.json"
+status=0
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --save resaved/model.safetensors.index.json \
+  --metrics-out "" > badsave.log 2>&1 || status=$?
+[[ $status -eq 2 ]] && grep -q "is not a .safetensors file name" badsave.log ||
+  { cat badsave.log; fail "--save to a .json name"; }
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --save resaved/other.safetensors \
+  --metrics-out "" > othersave.log 2>&1 || { cat othersave.log; fail "--save to another name"; }
+grep -q "from_pretrained(folder) reads model.safetensors only" othersave.log ||
+  { cat othersave.log; fail "no word that transformers will not find other.safetensors"; }
+echo "ok: --save keeps the token ids and generation config, and names what transformers cannot load"
+
 # --- resume on shards is bitwise ---------------------------------------------------------------
 "$train" "${common[@]}" --dp 2 --tp 2 --data "many/train_*.bin" --tokenizer "$tokenizer" \
   --checkpoint-dir ckpt --checkpoint-every 3 --metrics-out whole.jsonl > whole.log 2>&1 ||
