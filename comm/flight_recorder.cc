@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <deque>
@@ -103,11 +104,14 @@ size_t FlightRecorder::capacity_from_env() {
   const char* value = std::getenv("LOOM_FLIGHT_RECORDER_ENTRIES");
   if (value == nullptr || *value == '\0') return 2000;
   char* end = nullptr;
+  errno = 0;
   const long long n = std::strtoll(value, &end, 10);
-  LOOM_CHECK(end != value && *end == '\0' && n >= 0,
-             "LOOM_FLIGHT_RECORDER_ENTRIES must be a non-negative number of entries (0: off), got "
+  // The ring is allocated whole per group: beyond 10 million entries (gigabytes) is a typo.
+  constexpr long long kMost = 10'000'000;
+  LOOM_CHECK(end != value && *end == '\0' && n >= 0 && n <= kMost && errno != ERANGE,
+             "LOOM_FLIGHT_RECORDER_ENTRIES must be a number of entries from 0 (off) to {}, got "
              "'{}'",
-             value);
+             kMost, value);
   return static_cast<size_t>(n);
 }
 

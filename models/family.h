@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/hf/config_json.h"
@@ -105,6 +106,10 @@ class ModelArgs {
   virtual bool supports_context_parallel() const { return false; }
   // The routed experts of the model's MoE layers (0: a dense model): what --ep must divide.
   virtual int64_t num_experts() const { return 0; }
+  // The attention's (query heads, key/value heads) per layer, as loom::scaled_dot_product_attention
+  // gets them on one rank: what tp and Ulysses context parallelism split. {0, 0}: not stated
+  // (the job then leaves the split to the attention, which names it when it runs).
+  virtual std::pair<int64_t, int64_t> attention_heads() const { return {0, 0}; }
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
   // from `seed` the same on every layout.
   virtual pipeline::PipelineModelSpec spec(uint64_t seed, const TPPlanOptions& plan) const = 0;

@@ -3,6 +3,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "models/hf/checkpoint.h"
+#include "parallel/cp/context_parallel.h"
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
 #include "train/launch.h"
@@ -56,7 +58,11 @@ void check_paths(const JobConfig& job) {
   if (!job.init_from.empty()) {
     std::error_code ec;
     if (fs::is_directory(job.init_from, ec)) {
-      models::hf::resolve_checkpoint_path(job.init_from);  // throws naming what it lacks
+      try {
+        models::hf::resolve_checkpoint_path(job.init_from);  // throws naming what it lacks
+      } catch (const Error& e) {
+        throw Error(fmt::format("--init-from: {}", e.what()));
+      }
     } else {
       check_readable_file(job.init_from, "--init-from");
     }
@@ -118,6 +124,22 @@ void check_resume(const JobConfig& job, const nlohmann::json& model_fields, Chec
   out.resume_from = dir;
 }
 
+// Replicas (--replicas, --replica, --replica-store, --replica-replay): before any rank starts.
+void check_replicas(const JobConfig& job) {
+  if (!job.replica_replay.empty()) {
+    check_readable_file(job.replica_replay, "--replica-replay");
+    return;  // a replay is one job
+  }
+  if (job.replicas <= 1) return;
+  LOOM_CHECK(job.replica >= 0 && job.replica < job.replicas,
+             "--replica {} is not in [0, {}) (--replicas {})", job.replica, job.replicas,
+             job.replicas);
+  LOOM_CHECK(job.device != "cuda",
+             "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), not with "
+             "--device cuda");
+  parse_host_port(job.replica_store, "--replica-store");
+}
+
 // A new run (no --resume) into a folder holding another run's committed steps would mix them:
 // its saves beside those steps, a later --resume taking whichever is newest. Refused.
 void check_fresh_checkpoint_dir(const JobConfig& job) {
@@ -131,6 +153,20 @@ void check_fresh_checkpoint_dir(const JobConfig& job) {
 }
 
 }  // namespace
+
+HostPort parse_host_port(const std::string& text, std::string_view flag) {
+  const size_t colon = text.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : text.substr(colon + 1);
+  const bool digits =
+      !port.empty() && port.size() <= 5 &&
+      std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int number = digits ? std::stoi(port) : 0;
+  LOOM_CHECK(colon != std::string::npos && colon > 0 && number >= 1 && number <= 65535,
+             "{}: expected host:port with a port in [1, 65535] (where the replicas' quorum store "
+             "is served, e.g. by `lighthouse`), got '{}'",
+             flag, text);
+  return {text.substr(0, colon), number};
+}
 
 void check_directory_writable(const std::string& path, std::string_view what) {
   LOOM_CHECK(!path.empty(), "{}: the path is empty", what);
@@ -180,10 +216,24 @@ ParallelConfig parallel_config(const JobConfig& given) {
 
 CheckedJob check_job(const JobConfig& job) {
   check_paths(job);
+  check_replicas(job);
+  // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
+  LOOM_CHECK(job.collective_timeout_s == 0 ||
+                 (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),
+             "--collective-timeout-s {}: expected 0 (the default) or from 0.001 to 1000000 "
+             "seconds",
+             job.collective_timeout_s);
   CheckedJob out{.parallel = parallel_config(job)};
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
   out.model = resolve_job_model(job);
   out.parallel.stage_ranges(out.model.args->n_layers());  // every stage gets a block
+  // Ulysses splits each tp rank's heads over cp: checked here, not in the first forward.
+  const auto [q_heads, kv_heads] = out.model.args->attention_heads();
+  const ParallelDims& dims = out.parallel.dims;
+  if (dims.cp > 1 && out.parallel.cp.attention == "alltoall" && q_heads > 0 &&
+      q_heads % dims.tp == 0 && kv_heads % dims.tp == 0) {
+    parallel::cp::ulysses_kv_repeat(q_heads / dims.tp, kv_heads / dims.tp, dims.cp);
+  }
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) check_init_from(job, *out.model.args);

@@ -43,6 +43,14 @@ CheckedJob check_job(const JobConfig& job);
 // resolve_parallel_degrees does).
 ParallelConfig parallel_config(const JobConfig& job);
 
+// "host:port" (--replica-store): throws naming `flag` and the text unless the port is a number
+// in [1, 65535] after a non-empty host.
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
+HostPort parse_host_port(const std::string& text, std::string_view flag);
+
 // Throws naming `what` unless a folder can be made or written at `path`: every part of it that
 // exists is a folder, and the deepest one that exists is writable. Creates nothing.
 void check_directory_writable(const std::string& path, std::string_view what);

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "base/error.h"
@@ -55,25 +56,25 @@ const std::vector<JobOption>& options() {
        &C::moe_hidden_dim, Range::kNonNegative},
       {"model", "moe_shared_experts",
        "shared experts every token passes through (-1: the preset's, or 0)", &C::moe_shared_experts,
-       Range::kAny},
+       Range::kPresetOrNonNegative},
       {"model", "moe_score_func",
        "the router's scores: softmax or sigmoid (DeepSeek-V3: the top-k weights then normalized "
        "to sum 1); empty: the preset's",
        &C::moe_score_func},
       {"model", "moe_aux_loss_coeff",
        "the load-balancing auxiliary loss's coefficient (0: off; -1: the preset's)",
-       &C::moe_aux_loss_coeff, Range::kAny},
+       &C::moe_aux_loss_coeff, Range::kPresetOrNonNegative},
       {"model", "moe_bias_update_rate",
        "auxiliary-loss-free balancing: each step moves every expert's routing bias by this "
        "toward an even load (0: off; -1: the preset's)",
-       &C::moe_bias_update_rate, Range::kAny},
+       &C::moe_bias_update_rate, Range::kPresetOrNonNegative},
       {"model", "moe_capacity_factor",
        "each expert takes at most factor x tokens x top_k / experts slots, the rest dropped (0: "
        "dropless; -1: the preset's)",
-       &C::moe_capacity_factor, Range::kAny},
+       &C::moe_capacity_factor, Range::kPresetOrNonNegative},
       {"model", "moe_dense_layers",
        "the first layers that keep a dense feed-forward (-1: the preset's, or 0)",
-       &C::moe_dense_layers, Range::kAny},
+       &C::moe_dense_layers, Range::kPresetOrNonNegative},
       {"model", "dropout",
        "dropout on embeddings and residual branches in training (GPT: HF's resid_pdrop and "
        "embd_pdrop; 0: off)",
@@ -318,6 +319,8 @@ std::string_view range_words(Range range) {
       return "positive ";
     case Range::kNonNegative:
       return "non-negative ";
+    case Range::kPresetOrNonNegative:
+      return "-1 (the preset's) or non-negative ";
     case Range::kAny:
       return "";
   }
@@ -354,9 +357,17 @@ template <typename Number>
 void check_range(const JobOption& option, Number value, const std::string& where,
                  const OptionValue& given) {
   const bool ok = option.range == Range::kAny || (option.range == Range::kPositive && value > 0) ||
-                  (option.range == Range::kNonNegative && value >= 0);
+                  (option.range == Range::kNonNegative && value >= 0) ||
+                  (option.range == Range::kPresetOrNonNegative && (value >= 0 || value == -1));
   LOOM_CHECK(ok, "{}: expected a {}{}, got {}", where, range_words(option.range),
              std::is_integral_v<Number> ? "integer" : "number", describe(given));
+  // Counts the job keeps in an int (steps, micro-batches, degrees, ...): none may wrap. The seed
+  // alone is any 64-bit value.
+  if constexpr (std::is_integral_v<Number>) {
+    LOOM_CHECK(option.key == "seed" || value <= std::numeric_limits<int32_t>::max(),
+               "{}: expected an integer of at most {}, got {}", where,
+               std::numeric_limits<int32_t>::max(), describe(given));
+  }
 }
 
 int64_t to_int(const JobOption& option, const OptionValue& value, const std::string& where) {
@@ -557,6 +568,9 @@ std::string option_toml(const JobConfig& config, const JobOption& option) {
 }
 
 void load_job_toml(JobConfig& config, const std::string& path) {
+  std::error_code error;
+  LOOM_CHECK(!std::filesystem::is_directory(path, error),
+             "--config: '{}' is a folder; give the job file (TOML) itself", path);
   std::ifstream in(path, std::ios::binary);
   LOOM_CHECK(in.good(), "--config: cannot read the job file '{}': {}", path, std::strerror(errno));
   std::stringstream text;

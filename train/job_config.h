@@ -135,7 +135,8 @@ struct JobConfig {
 using OptionValue = std::variant<int64_t, double, bool, std::string>;
 
 struct JobOption {
-  enum class Range { kAny, kPositive, kNonNegative };
+  // kPresetOrNonNegative: -1 (keep the preset's value) or >= 0.
+  enum class Range { kAny, kPositive, kNonNegative, kPresetOrNonNegative };
   using Field = std::variant<int64_t JobConfig::*, double JobConfig::*, bool JobConfig::*,
                              std::string JobConfig::*>;
   std::string_view section;

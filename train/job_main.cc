@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <exception>
+#include <optional>
 #include <string_view>
 
 #include "base/error.h"
@@ -21,8 +22,9 @@ namespace {
 
 // Everything before anything starts: the command line, the job's checks (train/job_checks.h), the
 // device, the plan's machine flags; then, for a job not launched, its ranks under loomrun (this
-// process becomes them, or the world of one). Throws on bad input, naming it.
-CommandLine start(int argc, char** argv) {
+// process becomes them, or the world of one). Throws on bad input, naming it. A rank returns its
+// checked job in `checked`.
+CommandLine start(int argc, char** argv, std::optional<CheckedJob>& checked) {
   CommandLine parsed = parse_command_line(
       argc, argv,
       "Train a model of any registered family with data, tensor and pipeline parallelism, or "
@@ -35,8 +37,18 @@ CommandLine start(int argc, char** argv) {
                  &missing);
     return parsed;
   }
-  if (launched_as_rank()) return parsed;  // each rank checks the job as it sets up
-  check_job(parsed.job);                  // its warnings print once the ranks start
+  if (launched_as_rank()) {
+    // Each rank checks the job against its launcher's world before it joins the others, so that
+    // bad input exits 2 here, under any launcher (loomrun -- prog, torchrun), not 1 from within
+    // the job; the runner takes these checks (its warnings print once the ranks start).
+    JobConfig job = parsed.job;
+    resolve_parallel_degrees(job, launched_world_size());
+    CheckedJob rank_checked = check_job(job);
+    rank_checked.parallel.validate(launched_world_size(), job.batch_size, job.seq_len);
+    checked = std::move(rank_checked);
+    return parsed;
+  }
+  check_job(parsed.job);  // its warnings print once the ranks start
   // A plan may be for GPUs this machine lacks; a run is not.
   LOOM_CHECK(parsed.job.device != "cuda" || cuda::available(), "--device cuda: {}",
              cuda::unavailable_reason());
@@ -58,8 +70,9 @@ int job_main(int argc, char** argv, const std::string& program) {
   for (int i = 1; i < argc; ++i) planning = planning || std::string_view(argv[i]) == "--plan";
   const std::string who = planning ? fmt::format("{} --plan", program) : program;
   CommandLine parsed;
+  std::optional<CheckedJob> checked;
   try {
-    parsed = start(argc, argv);
+    parsed = start(argc, argv, checked);
   } catch (const CLI::ParseError& error) {
     fmt::print(stderr, "{}: {}\n", who, error.what());
     return kExitBadInput;
@@ -80,7 +93,7 @@ int job_main(int argc, char** argv, const std::string& program) {
       fmt::print("{}", plan_report(parsed.job));
       return 0;
     }
-    JobRunner runner(parsed.job, init_job_process_group(parsed.job), program);
+    JobRunner runner(parsed.job, init_job_process_group(parsed.job), program, std::move(checked));
     runner.run();
     return 0;
   } catch (const std::exception& error) {

@@ -118,14 +118,11 @@ std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
              "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), "
              "not on {}",
              device.str());
-  const size_t colon = job.replica_store.rfind(':');
-  LOOM_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < job.replica_store.size(),
-             "--replica-store: expected host:port (where the replicas' quorum store is served, "
-             "e.g. by `lighthouse`), got '{}'",
-             job.replica_store);
-  auto store = std::make_shared<comm::TcpStore>(job.replica_store.substr(0, colon),
-                                                std::stoi(job.replica_store.substr(colon + 1)),
-                                                comm::TcpStoreOptions{});
+  const HostPort address = parse_host_port(job.replica_store, "--replica-store");
+  // The job's collective timeout bounds reaching the store too (an unreachable one fails as a
+  // silent peer does, not after the store's own 5 minutes).
+  auto store = std::make_shared<comm::TcpStore>(address.host, address.port,
+                                                comm::TcpStoreOptions{.timeout = world.timeout()});
   return std::make_shared<parallel::ft::ReplicaGroup>(
       store, static_cast<int>(job.replica), static_cast<int>(job.replicas),
       parallel::ft::ReplicaGroupOptions{
@@ -164,14 +161,14 @@ struct JobRunner::Outputs {
 };
 
 JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
-                     std::string program)
+                     std::string program, std::optional<CheckedJob> checked)
     : job_(job), program_(std::move(program)), world_(std::move(world)) {
   LOOM_CHECK(world_ != nullptr, "JobRunner: the world group is null");
   // The degrees against this world (--dp-shard -1 takes what the others leave of it), and the
   // device its groups work on (NCCL: this rank's GPU; Gloo: the CPU, or a GPU ranks share).
   resolve_parallel_degrees(job_, world_->size());
   device_ = world_->device();
-  checked_ = check_job(job_);
+  checked_ = checked ? std::move(*checked) : check_job(job_);
   // The resident set once the data is open and checked, before the model or any thread of the
   // job's own exists: what the corpus costs a rank (a mapped corpus of any size costs the same).
   const auto [resident_with_data, mapped_with_data] = resident_now();

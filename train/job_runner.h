@@ -21,6 +21,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,9 +56,11 @@ struct JobResult {
 
 class JobRunner {
  public:
-  // `program` names the job in its printed lines ("loom_train").
+  // `program` names the job in its printed lines ("loom_train"). `checked`: the job's checks
+  // already run on this process against this world (check_job after resolve_parallel_degrees),
+  // which the runner then takes instead of running them again.
   JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> world,
-            std::string program = "loom_train");
+            std::string program = "loom_train", std::optional<CheckedJob> checked = std::nullopt);
   ~JobRunner();
   JobRunner(const JobRunner&) = delete;
   JobRunner& operator=(const JobRunner&) = delete;

@@ -22,6 +22,16 @@ bool launched_as_rank() {
   return false;
 }
 
+int64_t launched_world_size() {
+  const char* value = std::getenv("WORLD_SIZE");
+  LOOM_CHECK(value != nullptr, "RANK is set but WORLD_SIZE is not; a launcher sets both");
+  char* end = nullptr;
+  const long long n = std::strtoll(value, &end, 10);
+  LOOM_CHECK(end != value && *end == '\0' && n >= 1,
+             "WORLD_SIZE must be a positive count of ranks, got '{}'", value);
+  return n;
+}
+
 void become_world_of_one() {
   // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).
   setenv("RANK", "0", 1);

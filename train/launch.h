@@ -11,6 +11,10 @@ namespace loom::train {
 // WORLD_SIZE is set without RANK: a launcher was meant to run this, never a silent one-rank run.
 bool launched_as_rank();
 
+// The world size a launcher gave this rank (WORLD_SIZE); throws naming a value that is not a
+// positive count.
+int64_t launched_world_size();
+
 // For a process not launched: sets the environment of a world of one (RANK 0, WORLD_SIZE 1).
 void become_world_of_one();
 

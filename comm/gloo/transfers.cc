@@ -155,10 +155,11 @@ void Transfers::wait() {
       if (text.find("Timed out") != std::string::npos) {
         throw TransferError(
             TransferFailure::kTimeout, peer,
-            fmt::format("no {} rank {} before the deadline ({} {} bytes; a peer posting another "
-                        "size, as from shapes that differ between ranks, never matches)",
-                        is_send ? "receive by" : "data from", peer,
-                        is_send ? "sending" : "expecting", pending_[waited_].nbytes));
+            fmt::format("no {} rank {} before the deadline (a transfer of {} bytes, {}: rank {} "
+                        "is stalled or gone, or posted another size, as shapes that differ "
+                        "between ranks do)",
+                        is_send ? "receive by" : "data from", peer, pending_[waited_].nbytes,
+                        is_send ? "sending" : "receiving", peer));
       }
       if (mesh_.closed()) throw_closed(peer, mesh_.close_reason());
       throw TransferError(TransferFailure::kConnection, peer,

@@ -41,6 +41,9 @@ class GPTArgs : public ModelArgs {
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
+  std::pair<int64_t, int64_t> attention_heads() const override {
+    return {config_.n_head, config_.n_head};
+  }
   void validate_tp(int64_t tp) const override {
     LOOM_CHECK(config_.n_head % tp == 0,
                "parallelize_gpt: n_head={} is not divisible by the tp mesh size {}", config_.n_head,

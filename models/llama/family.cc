@@ -126,6 +126,10 @@ class LlamaArgs : public ModelArgs {
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
   int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
+  std::pair<int64_t, int64_t> attention_heads() const override {
+    // Latent attention expands its latent into every head's keys and values.
+    return {config_.n_heads, config_.mla ? config_.n_heads : config_.n_kv_heads};
+  }
   void validate_tp(int64_t tp) const override {
     if (config_.mla) {
       LOOM_CHECK(config_.n_heads % tp == 0,

@@ -172,25 +172,36 @@ Tensor ContextParallel::attention(const Tensor& q, const Tensor& k, const Tensor
   return outputs.size() == 1 ? outputs.front() : cat(outputs, 2);
 }
 
+int64_t ulysses_kv_repeat(int64_t q_heads, int64_t kv_heads, int64_t cp) {
+  // Grouped key/value heads that do not split over cp are repeated r times (the fewest that
+  // split, r dividing the group), each query head then using the copy of its own: (r Hkv) heads
+  // of group g / r.
+  int64_t r = 1;
+  if (kv_heads > 0 && kv_heads % cp != 0 && q_heads % kv_heads == 0) {
+    const int64_t group = q_heads / kv_heads;
+    while (r < group && (group % r != 0 || kv_heads * r % cp != 0)) ++r;
+  }
+  LOOM_CHECK(q_heads % cp == 0 && kv_heads * r % cp == 0,
+             "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
+             "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
+             q_heads, kv_heads * r, cp);
+  return r;
+}
+
 Tensor ContextParallel::ulysses(const Tensor& q, const Tensor& k, const Tensor& v, bool is_causal,
                                 double scale, bool enable_gqa, const AttentionDropout& dropout,
                                 const SequenceLayout& seq) {
   const int64_t cp = seq.cp;
-  // Grouped key/value heads that do not split over cp are repeated r times (the fewest that
-  // split, r dividing the group), each query head then using the copy of its own: (r Hkv) heads
-  // of group g / r.
-  Tensor keys = k, values = v;
-  if (enable_gqa && k.size(1) % cp != 0 && q.size(1) % k.size(1) == 0) {
-    const int64_t group = q.size(1) / k.size(1);
-    int64_t r = 1;
-    while (r < group && (group % r != 0 || k.size(1) * r % cp != 0)) ++r;
+  Tensor keys = k, values = v;  // grouped heads repeated where they do not split over cp
+  const int64_t r = ulysses_kv_repeat(q.size(1), k.size(1), cp);
+  LOOM_INTERNAL_ASSERT(r == 1 || enable_gqa,
+                       "ulysses: {} key/value heads for {} query heads "
+                       "without grouped-query attention",
+                       k.size(1), q.size(1));
+  if (r > 1) {
     keys = ops::repeat_interleave(k, r, 1);
     values = ops::repeat_interleave(v, r, 1);
   }
-  LOOM_CHECK(q.size(1) % cp == 0 && keys.size(1) % cp == 0,
-             "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
-             "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
-             q.size(1), keys.size(1), cp);
   const auto& group = mesh_->group(0);
   // Sequence-sharded, all heads -> all of the sequence, heads / cp (in global order).
   const auto to_heads = [&](const Tensor& x) {

@@ -36,6 +36,12 @@
 
 namespace loom::parallel::cp {
 
+// Ulysses (--cp-attention alltoall): how many times each of a rank's `kv_heads` key/value heads
+// is repeated so that they split over cp, as its `q_heads` query heads must (1: as they are;
+// more only for grouped heads). Throws naming the heads and cp when either does not split: what
+// the job checks before its ranks start and the attention where it runs.
+int64_t ulysses_kv_repeat(int64_t q_heads, int64_t kv_heads, int64_t cp);
+
 struct ContextParallelOptions {
   bool load_balance = true;             // the head-tail split (sequence_layout.h)
   std::string attention = "allgather";  // the variant: allgather, ring or alltoall

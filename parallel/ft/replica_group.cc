@@ -42,6 +42,11 @@ std::vector<std::pair<int, int64_t>> decode_members(const std::string& text) {
   return out;
 }
 
+// What every failure to reach the replicas' store says of it.
+constexpr const char* kStoreMustOutlive =
+    " (the replicas' shared store — a lighthouse — must outlive every replica; without it no "
+    "replica can go on)";
+
 }  // namespace
 
 ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
@@ -57,20 +62,22 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int 
 }
 
 int64_t ReplicaGroup::first_step(int64_t state_step) {
-  const std::string key = "ft/latest";
-  if (!store_->check({key})) return state_step;
-  return std::max(state_step, store_->add(key, 0) + 1);
+  try {
+    const std::string key = "ft/latest";
+    if (!store_->check({key})) return state_step;
+    return std::max(state_step, store_->add(key, 0) + 1);
+  } catch (const Error& e) {
+    LOOM_FAIL("ReplicaGroup '{}': replica {}: reading the running job's step failed: {}{}",
+              options_.local_key, replica_, e.what(), kStoreMustOutlive);
+  }
 }
 
 StepQuorum ReplicaGroup::start_step(int64_t step, int attempt, int64_t state_step) {
   try {
     return quorum_for(step, attempt, state_step);
   } catch (const Error& e) {
-    LOOM_FAIL(
-        "ReplicaGroup '{}': replica {}: the quorum for step {} (attempt {}) failed: {} (the "
-        "replicas' shared store — a lighthouse — must outlive every replica; without it no "
-        "replica can go on)",
-        options_.local_key, replica_, step, attempt, e.what());
+    LOOM_FAIL("ReplicaGroup '{}': replica {}: the quorum for step {} (attempt {}) failed: {}{}",
+              options_.local_key, replica_, step, attempt, e.what(), kStoreMustOutlive);
   }
 }
 

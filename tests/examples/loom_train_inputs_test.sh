@@ -168,3 +168,23 @@ expect_error 2 "loom_train: --n-layer: 3 contradicts the checkpoint: 'llama_ckpt
   >none.log 2>&1 || { cat none.log; fail "a job without output files"; }
 ! grep -q 'loss curve' none.log || fail "--plot-out \"\" drew a plot"
 echo "ok: issue 30's defects are named before anything trains"
+
+# Found from outside (2026-12-07): input the job let through to its ranks, or took silently.
+expect_error 2 "loom_train: --cp-attention alltoall: this rank's 3 query heads and 3 key/value heads (after tp) must both split over cp 2" \
+  --n-head 3 --n-embd 48 --cp 2 --cp-attention alltoall --dp 1 --tp 1
+expect_error 2 "loom_train: --replica-store: expected host:port with a port in [1, 65535]" \
+  --replicas 2 --replica 0 --replica-store 127.0.0.1:abc --dp 1 --tp 1
+expect_error 2 "loom_train: --replica 5 is not in [0, 2) (--replicas 2)" \
+  --replicas 2 --replica 5 --replica-store 127.0.0.1:1 --dp 1 --tp 1
+expect_error 2 "loom_train: --replica-replay: '/nonexistent' does not exist" \
+  --replica-replay /nonexistent --dp 1 --tp 1
+expect_error 2 "loom_train: --collective-timeout-s 0.0001: expected 0 (the default) or from 0.001 to 1000000 seconds" \
+  --collective-timeout-s 0.0001
+expect_error 2 "loom_train: --config: '.' is a folder; give the job file (TOML) itself" --config .
+expect_error 2 "loom_train: --grad-accum: expected an integer of at most 2147483647, got '4294967297'" \
+  --grad-accum 4294967297
+expect_error 2 "loom_train: --moe-shared-experts: expected a -1 (the preset's) or non-negative integer, got '-5'" \
+  --model llama-moe-tiny --moe-shared-experts -5
+mkdir -p empty_folder
+expect_error 2 "loom_train: --init-from: " --init-from empty_folder --dp 1 --tp 1
+echo "ok: replicas, timeouts, job-file folders, counts beyond int and preset sentinels are checked first"

@@ -87,3 +87,16 @@ grep -Eq "^loomrun: the job failed at step 5 3 times in a row; not restarting it
   { cat same/log; fail "no report of the repeated failure"; }
 [[ $(grep -c "^loomrun: restart [0-9] of 5" same/log) -eq 2 ]] || { cat same/log; fail "expected 2 restarts"; }
 echo "ok: a failure repeating at the same step stops after 3 attempts"
+
+# Bad input under a launcher the job did not start itself (loomrun -- prog, as torchrun would):
+# each rank checks the job before it joins the others and exits 2; loomrun exits 2 and, that
+# being bad input, does not restart it.
+mkdir -p bad
+status=0
+"$loomrun" --nproc-per-node 2 --max-restarts 5 -- "$train" --dp 4 --tp 1 --steps 2 --sample-tokens 0 \
+  --no-progress --metrics-out "" --plot-out "" >bad/log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat bad/log; fail "bad input under loomrun -- exited $status, expected 2"; }
+grep -q "ParallelDims: dp_replicate=4 = 4 ranks, but the world has 2" bad/log || { cat bad/log; fail "bad input not named"; }
+grep -q "bad input: a flag, file or layout); not restarting the job" bad/log || { cat bad/log; fail "bad input restarted"; }
+! grep -q "restart 1 of 5" bad/log || { cat bad/log; fail "bad input restarted"; }
+echo "ok: bad input under an outside launcher exits 2 and is not restarted"
