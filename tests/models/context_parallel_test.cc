@@ -75,9 +75,14 @@ CpRun train_on(comm::ProcessGroup& pg, Family family, const train::ParallelDims&
   CpRun run;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq, cp);
-    CommDebugMode comm;
-    models::gpt_run::record_step(run.result, trainer.step(batch.inputs, batch.targets));
-    run.last_step_collectives = comm.by_group();
+    train::StepResult step_result;
+    {
+      CommDebugMode comm;
+      step_result = trainer.step(batch.inputs, batch.targets);
+      run.last_step_collectives = comm.by_group();
+    }
+    // Outside the step's count: gathering its gradients is the test's.
+    models::gpt_run::record_step(run.result, step_result, model.get());
   }
   models::gpt_run::record_final_state(run.result, *model);
   return run;

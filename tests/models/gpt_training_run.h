@@ -38,9 +38,12 @@ GPTConfig config(double dropout = 0.0);
 struct Result {
   std::vector<double> losses;
   std::vector<double> grad_norms;  // before clipping
+  std::vector<double> lrs;         // each step's learning rate
   std::map<std::string, std::vector<double>> params;
   // The last step's gradients (clipped), gathered whole.
   std::map<std::string, std::vector<double>> grads;
+  // Every step's, where record_step was given the model (what AdamW saw at each step).
+  std::vector<std::map<std::string, std::vector<double>>> step_grads;
   // How each parameter is held on the mesh: "DeviceMesh(tp=2, dp_shard=2, cpu) [S(0), S(0)]",
   // or "plain".
   std::map<std::string, std::string> layouts;
@@ -48,7 +51,9 @@ struct Result {
 
 // A step's loss and gradient norm appended to `result`; and the final parameters and gradients
 // `model` holds on this rank, gathered whole (DTensors' full values), with their layouts.
-void record_step(Result& result, const train::StepResult& step);
+// With `model`, the step's gradients too (gathered whole: collective, every rank calls it).
+void record_step(Result& result, const train::StepResult& step,
+                 const train::ParallelModel* model = nullptr);
 void record_final_state(Result& result, const train::ParallelModel& model);
 
 // How the run is parallelized beyond the mesh's degrees (train::ParallelConfig's fields):
@@ -91,9 +96,10 @@ struct Runs {
   // which the computation under test decides, are compared still.
   bool compare_params = true;
 };
-// Losses and gradient norms within 1e-5 relative, parameters within param_rtol of the model's
-// largest parameter magnitude, gradients within 1e-5 of the largest gradient (why not per
-// tensor: in the .cc); checks from tests/testing/tensor_checks.h.
+// Losses and gradient norms within 1e-5 relative, gradients within 1e-5 of the largest
+// gradient, parameters within param_rtol of the model's largest parameter magnitude plus what
+// AdamW makes of each element's gradient difference (why, in the .cc); checks from
+// tests/testing/tensor_checks.h.
 void expect_same(const Runs& runs);
 
 // The job's ("pp", "dp_replicate", "dp_shard", "tp") mesh of `dims` over every rank of `pg`

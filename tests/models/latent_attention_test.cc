@@ -193,7 +193,7 @@ gpt_run::Result train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims
   gpt_run::Result run;
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, 11, step, *mesh, kBatch, kSeq, parallel.cp);
-    models::gpt_run::record_step(run, trainer.step(batch.inputs, batch.targets));
+    models::gpt_run::record_step(run, trainer.step(batch.inputs, batch.targets), model.get());
   }
   models::gpt_run::record_final_state(run, *model);
   return run;

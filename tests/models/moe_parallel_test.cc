@@ -62,7 +62,7 @@ MoERun train_on(comm::ProcessGroup& pg, const train::ParallelDims& dims, double 
   for (int step = 0; step < kSteps; ++step) {
     const auto batch = train::local_batch(data, kDataSeed, step, *mesh, kBatch, kSeq);
     const train::StepResult step_result = trainer.step(batch.inputs, batch.targets);
-    models::gpt_run::record_step(run.result, step_result);
+    models::gpt_run::record_step(run.result, step_result, model.get());
     if (!step_result.router) {
       ADD_FAILURE() << "a MoE model's step reports no router statistics";
       return run;
