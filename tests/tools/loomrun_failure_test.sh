@@ -49,6 +49,16 @@ run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1
 expect_eq "$RC" 0 "exit code when every rank exits 0"
 grep -q '^loomrun:' "$WORK/err" && fail "loomrun printed a message for a clean run"
 
+# A rank stopped (SIGSTOP) after every other rank exited 0 has no peer left to time out waiting
+# for it: loomrun kills it after the collectives' timeout ($LOOM_TIMEOUT_S) instead of waiting
+# forever, and the job fails.
+export LOOM_TIMEOUT_S=1
+run_loomrun --nproc-per-node 2 -- bash -c 'if [ "$RANK" = 1 ]; then sleep 0.3; kill -STOP $$; fi'
+unset LOOM_TIMEOUT_S
+expect_eq "$RC" 1 "exit code when the last rank stays stopped"
+[[ $ELAPSED_MS -lt 10000 ]] || fail "loomrun took ${ELAPSED_MS} ms to give up on the stopped rank"
+expect_grep "$WORK/err" '^loomrun: 1 rank stopped for 1 s after every other rank had exited: no peer is left to wait for it; killing it$'
+
 # A program that does not exist: 127, named.
 run_loomrun --nproc-per-node 2 -- ./no/such/program --flag
 expect_eq "$RC" 127 "exit code for a missing program"

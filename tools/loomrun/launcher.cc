@@ -1,6 +1,7 @@
 #include "tools/loomrun/launcher.h"
 
 #include <csignal>
+#include <cstdlib>
 
 #include "base/error.h"
 #include "comm/launch_env.h"
@@ -58,9 +59,18 @@ int run_loomrun(int argc, const char* const* argv) {
   std::vector<std::string> base_environment = current_environment();
   flight.export_to(base_environment);
   RestartHistory history(options.max_restarts);
+  // The ranks' collective timeout where the environment sets it (comm/init.h), else its default.
+  double stopped_alone_s = 300;
+  if (const char* text = std::getenv("LOOM_TIMEOUT_S"); text != nullptr) {
+    char* end = nullptr;
+    const double value = std::strtod(text, &end);
+    if (end != text && *end == '\0' && value > 0) stopped_alone_s = value;
+  }
   for (int attempt = 0;; ++attempt) {
-    Supervisor supervisor(
-        SupervisorConfig{.grace_s = options.grace_s, .timeout_s = options.timeout_s}, signals);
+    Supervisor supervisor(SupervisorConfig{.grace_s = options.grace_s,
+                                           .timeout_s = options.timeout_s,
+                                           .stopped_alone_s = stopped_alone_s},
+                          signals);
     std::vector<std::string> environment = base_environment;
     set_variable(environment, "LOOM_RESTART_COUNT", std::to_string(attempt));
     for (int local_rank = 0; local_rank < options.nproc_per_node; ++local_rank) {

@@ -197,8 +197,21 @@ void Supervisor::reap() {
   }
 }
 
+bool Supervisor::stopped_alone() const {
+  const int running = running_ranks();
+  return running > 0 && running < static_cast<int>(ranks_.size()) &&
+         std::all_of(ranks_.begin(), ranks_.end(),
+                     [](const auto& r) { return !r->running || r->stopped_by != 0; });
+}
+
 int Supervisor::poll_timeout_ms() const {
   std::optional<Clock::time_point> next = kill_deadline_;
+  if (stopped_alone_since_ && !stopping_) {
+    const Clock::time_point alone_deadline =
+        *stopped_alone_since_ + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(config_.stopped_alone_s));
+    if (!next || alone_deadline < *next) next = alone_deadline;
+  }
   if (config_.timeout_s > 0 && !stopping_) {
     const Clock::time_point job_deadline = start_ + seconds(config_.timeout_s);
     if (!next || job_deadline < *next) next = job_deadline;
@@ -210,6 +223,20 @@ int Supervisor::poll_timeout_ms() const {
 
 void Supervisor::check_deadlines() {
   const Clock::time_point now = Clock::now();
+  if (stopping_ || !stopped_alone()) {
+    stopped_alone_since_.reset();
+  } else if (!stopped_alone_since_) {
+    stopped_alone_since_ = now;
+  } else if (now - *stopped_alone_since_ >=
+             std::chrono::duration<double>(config_.stopped_alone_s)) {
+    log_line(
+        "{} stopped for {} s after every other rank had exited: no peer is left to wait "
+        "for {}; killing {}",
+        ranks_phrase(running_ranks()), config_.stopped_alone_s,
+        running_ranks() == 1 ? "it" : "them", running_ranks() == 1 ? "it" : "them");
+    first_failure_ = "a rank stopped after every other rank had exited";
+    start_stopping(SIGKILL, 1);
+  }
   if (config_.timeout_s > 0 && !stopping_ && now >= start_ + seconds(config_.timeout_s)) {
     const int running = running_ranks();
     log_line("--timeout-s {} reached with {} running; stopping them", config_.timeout_s,

@@ -30,8 +30,12 @@ inline constexpr int kTimeoutExitCode = 124;
 struct SupervisorConfig {
   double grace_s = 10;   // SIGTERM -> SIGKILL delay
   double timeout_s = 0;  // job time limit; 0: none
-  int stdout_fd = 1;     // where the ranks' prefixed stdout goes
-  int stderr_fd = 2;     // where the ranks' prefixed stderr goes
+  // How long ranks that are all stopped (SIGSTOP) may stay so once every other rank has exited:
+  // no peer is left to time out waiting for them (the collectives' default: 300 s, or
+  // $LOOM_TIMEOUT_S), after which they are killed and the job fails, instead of waiting forever.
+  double stopped_alone_s = 300;
+  int stdout_fd = 1;  // where the ranks' prefixed stdout goes
+  int stderr_fd = 2;  // where the ranks' prefixed stderr goes
 };
 
 class Supervisor {
@@ -92,6 +96,9 @@ class Supervisor {
   std::optional<int> exit_code_;  // set by the first cause of stopping
   std::string first_failure_;     // when that cause was a rank's failure
   std::optional<Clock::time_point> kill_deadline_;
+  // When the ranks still running all became stopped with no other rank left (stopped_alone_s).
+  std::optional<Clock::time_point> stopped_alone_since_;
+  bool stopped_alone() const;
 };
 
 }  // namespace loom::loomrun
