@@ -10,10 +10,12 @@
 
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
+#include "comm/init.h"
 #include "models/hf/checkpoint.h"
 #include "parallel/cp/context_parallel.h"
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
+#include "train/fault_injection.h"
 #include "train/launch.h"
 #include "train/output_files.h"
 
@@ -217,6 +219,9 @@ ParallelConfig parallel_config(const JobConfig& given) {
 CheckedJob check_job(const JobConfig& job) {
   check_paths(job);
   check_replicas(job);
+  // The environment the ranks read, once here rather than an error from every rank.
+  if (job.collective_timeout_s == 0) comm::timeout_from_env();  // LOOM_TIMEOUT_S
+  injected_fault_from_env();                                    // LOOM_INJECT_FAULT
   // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
   LOOM_CHECK(job.collective_timeout_s == 0 ||
                  (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),

@@ -187,4 +187,6 @@ expect_error 2 "loom_train: --moe-shared-experts: expected a -1 (the preset's) o
   --model llama-moe-tiny --moe-shared-experts -5
 mkdir -p empty_folder
 expect_error 2 "loom_train: --init-from: " --init-from empty_folder --dp 1 --tp 1
-echo "ok: replicas, timeouts, job-file folders, counts beyond int and preset sentinels are checked first"
+LOOM_INJECT_FAULT=bogus expect_error 2 "loom_train: LOOM_INJECT_FAULT: expected \"rank=R,step=S\"" --steps 2
+LOOM_TIMEOUT_S=abc expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a positive number of seconds, got 'abc'" --steps 2
+echo "ok: replicas, timeouts, job-file folders, counts beyond int, preset sentinels and the ranks' environment are checked first"
