@@ -173,8 +173,12 @@ void remove_uncommitted(const std::string& root) {
 
 }  // namespace
 
+bool is_step_directory(const std::string& path) {
+  return path_exists(fs::path(path) / kMetadataFile) || path_exists(fs::path(path) / kMarker);
+}
+
 std::string resolve_step_directory(const std::string& path) {
-  if (path_exists(fs::path(path) / kMetadataFile)) return path;
+  if (is_step_directory(path)) return path;
   const auto latest = latest_committed_step(path);
   LOOM_CHECK(latest.has_value(),
              "checkpoint: '{}' is neither a step directory (no {}) nor a checkpoint directory "

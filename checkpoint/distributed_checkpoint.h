@@ -62,6 +62,9 @@ std::vector<std::string> uncommitted_step_directories(const std::string& root);
 // this process can read (stat and access only, no byte read: what a job checks before it starts
 // its ranks). Throws naming the file, its writer and what is wrong.
 void check_files(const std::string& directory, const Metadata& metadata);
+// Whether `path` is one step's folder (it holds metadata.json or the COMMITTED marker), not a
+// folder of steps.
+bool is_step_directory(const std::string& path);
 // `path` when it is a step directory (it has metadata.json), else the latest committed step
 // directory under it; throws naming `path` when it is neither.
 std::string resolve_step_directory(const std::string& path);

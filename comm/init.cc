@@ -16,17 +16,6 @@
 
 namespace loom::comm {
 
-Duration timeout_from_env() {
-  const char* text = std::getenv("LOOM_TIMEOUT_S");
-  if (text == nullptr || *text == '\0') return kDefaultTimeout;
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(text, &end);
-  LOOM_CHECK(end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
-             "LOOM_TIMEOUT_S: expected a positive number of seconds, got '{}'", text);
-  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
-}
-
 std::shared_ptr<ProcessGroup> init_process_group(const std::string& backend, InitOptions options) {
   LOOM_CHECK(backend == "gloo" || backend == "nccl",
              "init_process_group: unknown backend '{}' (expected \"gloo\" for CPU ranks or ranks "

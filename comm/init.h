@@ -11,16 +11,10 @@
 #include <optional>
 #include <string>
 
+#include "comm/launch_env.h"  // timeout_from_env
 #include "comm/process_group.h"
 
 namespace loom::comm {
-
-// The timeout of the rendezvous store and of every collective of the world group (and of the
-// groups made from it), torch's `timeout=`: a rank waiting longer on a peer fails naming the
-// peer. Unset: the environment's LOOM_TIMEOUT_S (seconds, a positive number), else
-// kDefaultTimeout. A bad LOOM_TIMEOUT_S is an error naming it.
-inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
-Duration timeout_from_env();
 
 struct InitOptions {
   std::optional<Duration> timeout;  // nullopt: timeout_from_env()

@@ -1,6 +1,8 @@
 #include "comm/launch_env.h"
 
+#include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <vector>
 
@@ -8,6 +10,17 @@
 #include "comm/tcp_store.h"
 
 namespace loom::comm {
+
+Duration timeout_from_env() {
+  const char* text = std::getenv("LOOM_TIMEOUT_S");
+  if (text == nullptr || *text == '\0') return kDefaultTimeout;
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(text, &end);
+  LOOM_CHECK(end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
+             "LOOM_TIMEOUT_S: expected a positive number of seconds, got '{}'", text);
+  return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
+}
 
 namespace {
 

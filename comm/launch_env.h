@@ -30,6 +30,14 @@
 
 namespace loom::comm {
 
+// The timeout of the rendezvous store and of every collective of the world group (and of the
+// groups made from it), torch's `timeout=`: a rank waiting longer on a peer fails naming the
+// peer. Unset: the environment's LOOM_TIMEOUT_S (seconds, a positive number), else
+// kDefaultTimeout. A bad LOOM_TIMEOUT_S is an error naming it. The launcher reads it too (how
+// long ranks left alone may stay stopped).
+inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
+Duration timeout_from_env();
+
 struct LaunchEnv {
   int rank = 0;
   int world_size = 1;

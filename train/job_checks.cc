@@ -48,10 +48,7 @@ void check_paths(const JobConfig& job) {
     check_directory_writable(job.checkpoint_dir, "--checkpoint-dir");
     // The folder of the steps, not one step's (which the tools take): steps saved inside a
     // committed step would be found by no one.
-    std::error_code ec;
-    const bool step_folder = fs::exists(fs::path(job.checkpoint_dir) / "metadata.json", ec) ||
-                             fs::exists(fs::path(job.checkpoint_dir) / "COMMITTED", ec);
-    LOOM_CHECK(!step_folder,
+    LOOM_CHECK(!checkpoint::is_step_directory(job.checkpoint_dir),
                "--checkpoint-dir: '{}' is one saved step's folder (it holds metadata.json); give "
                "the folder that holds the step_* folders, '{}'",
                job.checkpoint_dir,

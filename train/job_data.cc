@@ -1,5 +1,7 @@
 #include "train/job_data.h"
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -45,15 +47,23 @@ int32_t document_token(const JobConfig& job, const data::Tokenizer* tokenizer,
 
 }  // namespace
 
-void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save) {
-  const fs::path target = fs::path(save).parent_path() / "tokenizer.json";
+namespace {
+
+// Copies `source` to `name` in the folder of `save`, atomically (nothing when it is that file).
+void copy_beside(const std::string& source, const std::string& save, const std::string& name) {
+  const fs::path target = fs::path(save).parent_path() / name;
   std::error_code ec;
-  if (fs::exists(target, ec) && fs::equivalent(target, tokenizer, ec)) return;
-  std::ifstream in(tokenizer, std::ios::binary);
-  LOOM_CHECK(in.good(), "--save: cannot read the tokenizer '{}' to copy beside '{}'", tokenizer,
-             save);
+  if (fs::exists(target, ec) && fs::equivalent(target, source, ec)) return;
+  std::ifstream in(source, std::ios::binary);
+  LOOM_CHECK(in.good(), "--save: cannot read '{}' to copy beside '{}'", source, save);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  write_file_atomically(target.string(), bytes, "--save (tokenizer.json beside it)");
+  write_file_atomically(target.string(), bytes, fmt::format("--save ({} beside it)", name));
+}
+
+}  // namespace
+
+void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save) {
+  copy_beside(tokenizer, save, "tokenizer.json");
 }
 
 void carry_hf_token_settings(const std::string& init_from, const std::string& save) {
@@ -80,12 +90,8 @@ void carry_hf_token_settings(const std::string& init_from, const std::string& sa
     }
   }
   const fs::path generation = from_config.parent_path() / "generation_config.json";
-  const fs::path target = to_config.parent_path() / "generation_config.json";
-  if (fs::is_regular_file(generation, ec) &&
-      !(fs::exists(target, ec) && fs::equivalent(target, generation, ec))) {
-    std::ifstream in(generation, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    write_file_atomically(target.string(), bytes, "--save (generation_config.json beside it)");
+  if (fs::is_regular_file(generation, ec)) {
+    copy_beside(generation.string(), save, "generation_config.json");
   }
 }
 

@@ -112,8 +112,7 @@ std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
                                                           const comm::ProcessGroup& world,
                                                           const Device& device) {
   if (job.replicas <= 1 || !job.replica_replay.empty()) return nullptr;  // a replay is one job
-  LOOM_CHECK(job.replica < job.replicas, "--replica {} is not in [0, {}) (--replicas {})",
-             job.replica, job.replicas, job.replicas);
+  // --replica and --replica-store were checked with the job (check_job: check_replicas).
   LOOM_CHECK(device.is_cpu(),
              "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), "
              "not on {}",

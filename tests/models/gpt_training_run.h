@@ -42,7 +42,7 @@ struct Result {
   std::map<std::string, std::vector<double>> params;
   // The last step's gradients (clipped), gathered whole.
   std::map<std::string, std::vector<double>> grads;
-  // Every step's, where record_step was given the model (what AdamW saw at each step).
+  // Every step's (record_step with the model): what AdamW saw at each step.
   std::vector<std::map<std::string, std::vector<double>>> step_grads;
   // How each parameter is held on the mesh: "DeviceMesh(tp=2, dp_shard=2, cpu) [S(0), S(0)]",
   // or "plain".

@@ -59,13 +59,8 @@ int run_loomrun(int argc, const char* const* argv) {
   std::vector<std::string> base_environment = current_environment();
   flight.export_to(base_environment);
   RestartHistory history(options.max_restarts);
-  // The ranks' collective timeout where the environment sets it (comm/init.h), else its default.
-  double stopped_alone_s = 300;
-  if (const char* text = std::getenv("LOOM_TIMEOUT_S"); text != nullptr) {
-    char* end = nullptr;
-    const double value = std::strtod(text, &end);
-    if (end != text && *end == '\0' && value > 0) stopped_alone_s = value;
-  }
+  // The ranks' collective timeout (LOOM_TIMEOUT_S, else its default).
+  const double stopped_alone_s = std::chrono::duration<double>(comm::timeout_from_env()).count();
   for (int attempt = 0;; ++attempt) {
     Supervisor supervisor(SupervisorConfig{.grace_s = options.grace_s,
                                            .timeout_s = options.timeout_s,
