@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/peer_failure.h"
 #include "comm/tcp_store.h"
 
 namespace loom::comm {
@@ -20,6 +21,10 @@ Duration timeout_from_env() {
   LOOM_CHECK(end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
              "LOOM_TIMEOUT_S: expected a positive number of seconds, got '{}'", text);
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
+}
+
+int exit_status_for(const std::exception& error) {
+  return is_peer_failure(error) ? kExitPeerFailed : kExitFailed;
 }
 
 namespace {

@@ -21,6 +21,7 @@
 // Every error lists the relevant variables found (NAME=value) and says what is needed.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -37,6 +38,22 @@ namespace loom::comm {
 // long ranks left alone may stay stopped).
 inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
 Duration timeout_from_env();
+
+// Exit statuses a rank and its launcher agree on (loomrun reads them; train/job_main returns them):
+//   kExitFailed      the rank failed: an error of its own.
+//   kExitBadInput    bad input (a flag, file or layout), found before the ranks met: the same on
+//                    every attempt, so the launcher does not restart the job.
+//   kExitPeerFailed  the rank stopped because another rank failed (a comm::PeerFailure,
+//   peer_failure.h: a peer
+//                    left, broke its connection or did not arrive in time). The launcher waits a
+//                    moment for the rank that failed of itself and blames that one instead.
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitPeerFailed = 3;
+
+// The exit status for a rank that ends on `error`: kExitPeerFailed for a PeerFailure, else
+// kExitFailed.
+int exit_status_for(const std::exception& error);
 
 struct LaunchEnv {
   int rank = 0;

@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "tensor/ops.h"
 
 int main() {
@@ -27,6 +28,6 @@ int main() {
     return got == expected ? 0 : 1;
   } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "allreduce: {}\n", error.what());
-    return 1;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   }
 }

@@ -14,6 +14,7 @@
 #include "autograd/functions.h"
 #include "base/error.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "nn/linear.h"
@@ -64,6 +65,6 @@ int main() {
     return max_diff < 1e-5 ? 0 : 1;
   } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "custom_plan_mlp: {}\n", error.what());
-    return 1;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   }
 }

@@ -11,6 +11,7 @@
 #include <exception>
 
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "train/job_runner.h"
 
 int main(int argc, char** argv) {
@@ -33,6 +34,6 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "my_job: {}\n", error.what());
-    return 1;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   }
 }

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "comm/launch_env.h"
 #include "train/job_config.h"
 
 namespace loom::train {
@@ -22,9 +23,11 @@ struct CommandLine {
 // value or file, naming it. The data-parallel degrees are resolved (resolve_parallel_degrees).
 CommandLine parse_command_line(int argc, char** argv, const std::string& description);
 
-// Exit statuses every job program uses: a bad flag, file or layout exits 2 before anything
-// starts; a failure while training exits 1.
-inline constexpr int kExitBadInput = 2;
-inline constexpr int kExitFailed = 1;
+// Exit statuses every job program uses (comm/launch_env.h says what each tells the launcher):
+// a bad flag, file or layout exits 2 before anything starts; a failure while training exits 1,
+// or 3 when it was another rank's (a comm::PeerFailure).
+using comm::kExitBadInput;
+using comm::kExitFailed;
+using comm::kExitPeerFailed;
 
 }  // namespace loom::train

@@ -99,7 +99,7 @@ int job_main(int argc, char** argv, const std::string& program) {
   } catch (const std::exception& error) {
     // The messages name the flag, file or library function that failed themselves.
     fmt::print(stderr, "{}: {}\n", who, error.what());
-    return kExitFailed;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   } catch (...) {
     fmt::print(stderr, "{}: unexpected error of an unknown type\n", who);
     return kExitFailed;

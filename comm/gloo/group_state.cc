@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "comm/gloo/shm_channel.h"
+#include "comm/peer_failure.h"
 
 namespace loom::comm::gloo_detail {
 
@@ -58,9 +59,10 @@ std::optional<std::string> GroupState::failure() const {
 void GroupState::run(const OpSpec& op, Work& work, std::function<void(const OpEnv&)> body) {
   if (auto first = failure()) {
     body = nullptr;
-    work.mark_failed(std::make_exception_ptr(
-        Error(fmt::format("{}: group '{}' is unusable after an earlier failure: {}", op.description,
-                          name_, *first))));
+    const std::string message = fmt::format(
+        "{}: group '{}' is unusable after an earlier failure: {}", op.description, name_, *first);
+    work.mark_failed(failed_by_peer() ? std::make_exception_ptr(PeerFailure(message))
+                                      : std::make_exception_ptr(Error(message)));
     return;
   }
   if (op.collective) board_.started(op.index + 1);
@@ -70,13 +72,15 @@ void GroupState::run(const OpSpec& op, Work& work, std::function<void(const OpEn
     body = nullptr;
   } catch (...) {
     body = nullptr;
-    const std::string message = describe(op, std::current_exception());
+    bool by_peer = false;
+    const std::string message = describe(op, std::current_exception(), by_peer);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failure_) linger_ = std::min(op.timeout, kLingerCap);
     }
-    poison(message, "failed: " + message, fmt::format("{} failed", op.description));
-    work.mark_failed(std::make_exception_ptr(Error(message)));
+    poison(message, "failed: " + message, fmt::format("{} failed", op.description), by_peer);
+    work.mark_failed(by_peer ? std::make_exception_ptr(PeerFailure(message))
+                             : std::make_exception_ptr(Error(message)));
     return;
   }
   work.mark_completed();
@@ -84,7 +88,7 @@ void GroupState::run(const OpSpec& op, Work& work, std::function<void(const OpEn
 
 void GroupState::abort(const std::string& reason) {
   poison(fmt::format("aborted: {}", reason), fmt::format("aborted: {}", reason),
-         fmt::format("aborted: {}", reason));
+         fmt::format("aborted: {}", reason), /*by_peer=*/false);
 }
 
 void GroupState::mark_destroyed() {
@@ -120,12 +124,18 @@ void GroupState::wait_for_peer_records() {
   }
 }
 
+bool GroupState::failed_by_peer() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failed_by_peer_;
+}
+
 void GroupState::poison(const std::string& message, const std::string& state,
-                        const std::string& close_reason) {
+                        const std::string& close_reason, bool by_peer) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) return;
     failure_ = message;
+    failed_by_peer_ = by_peer;
   }
   board_.publish_state(state, kStateFlush);
   mesh_.close(close_reason);
@@ -144,7 +154,7 @@ std::string GroupState::rank_list(const std::vector<int>& ranks) const {
   return text;
 }
 
-std::string GroupState::describe(const OpSpec& op, std::exception_ptr error) {
+std::string GroupState::describe(const OpSpec& op, std::exception_ptr error, bool& by_peer) {
   std::string cause;
   bool transport_failure = false;
   bool connection_failure = false;
@@ -170,6 +180,9 @@ std::string GroupState::describe(const OpSpec& op, std::exception_ptr error) {
         cause = e.what();
         break;
     }
+    // A transfer this rank's own close ended was ended by whatever closed it: a peer's failure
+    // on another of this group's operations (which poisoned the group first), or this rank.
+    by_peer = transport_failure || (e.kind == TransferFailure::kAborted && failed_by_peer());
   } catch (const std::exception& e) {
     cause = e.what();
   } catch (...) {

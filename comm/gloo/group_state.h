@@ -64,7 +64,9 @@ class GroupState {
 
   // Runs one operation: fails `work` at once if the group is poisoned; otherwise records
   // progress (collectives), runs `body` and completes `work`. On an error, describes it (op,
-  // cause, ranks that did not arrive), poisons the group and fails `work` with a loom::Error.
+  // cause, ranks that did not arrive), poisons the group and fails `work` with a loom::Error: a
+  // PeerFailure when a peer caused it (its connection broke, it did not arrive before the
+  // timeout, or the group was poisoned by such a failure first).
   // `body` (and the tensors it holds) is destroyed before `work` completes or fails: once a
   // caller's wait returns, dropping its own handles frees the buffers.
   void run(const OpSpec& op, Work& work, std::function<void(const OpEnv&)> body);
@@ -82,15 +84,17 @@ class GroupState {
   bool uses_shared_memory() const { return mesh_.shared_memory() != nullptr; }
 
  private:
-  std::string describe(const OpSpec& op, std::exception_ptr error);
+  // `by_peer`: set to whether a peer caused the failure (see run()).
+  std::string describe(const OpSpec& op, std::exception_ptr error, bool& by_peer);
   std::string arrival_report(const OpSpec& op, bool connection_failure, int failed_peer);
   // The records behind failed_peer's: each "connection to rank N" followed to the rank that started
   // the failure (see the .cc); ranks in `reported` are not repeated.
   std::string blame_chain(const std::vector<ProgressBoard::Peer>& peers, int failed_peer,
                           const std::vector<int>& reported) const;
   std::string rank_list(const std::vector<int>& ranks) const;
-  void poison(const std::string& message, const std::string& state,
-              const std::string& close_reason);
+  void poison(const std::string& message, const std::string& state, const std::string& close_reason,
+              bool by_peer);
+  bool failed_by_peer() const;
   void wait_for_peer_records();
 
   std::string name_;
@@ -99,6 +103,7 @@ class GroupState {
   ProgressBoard board_;
   mutable std::mutex mutex_;
   std::optional<std::string> failure_;
+  bool failed_by_peer_ = false;   // whether failure_ was a peer's doing (a PeerFailure)
   std::shared_ptr<Store> store_;  // the board's store (mark_destroyed reads peers' states)
   std::set<int> blamed_;          // peers this rank's failure reports named as gone or missing
   Duration linger_;               // mark_destroyed's bound after a failure

@@ -9,6 +9,7 @@
 
 #include "autograd/functions.h"
 #include "base/error.h"
+#include "comm/peer_failure.h"
 #include "nn/auxiliary_loss.h"
 #include "parallel/pipeline/validate.h"
 #include "tensor/ops.h"
@@ -239,8 +240,10 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets, StepO
     try {
       run_action(action, input_mbs, target_mbs);
     } catch (const std::exception& e) {
-      LOOM_FAIL("pipeline step ('{}'): pp rank {} action {} {}{} failed: {}", schedule_.name,
-                pp_rank_, index, describe(action), peer_note(action), e.what());
+      comm::throw_in_context(
+          e,
+          fmt::format("pipeline step ('{}'): pp rank {} action {} {}{} failed: {}", schedule_.name,
+                      pp_rank_, index, describe(action), peer_note(action), e.what()));
     }
     if (is_compute(action.kind)) {
       stats_.compute_seconds += seconds_since(action_start) - (recv_wait_seconds() - waited_before);
@@ -249,8 +252,8 @@ double PipelineExecutor::step(const Tensor& inputs, const Tensor& targets, StepO
   try {
     for (const auto& stage : stages_) stage->finish_step();
   } catch (const std::exception& e) {
-    LOOM_FAIL("pipeline step ('{}'): pp rank {}: a send failed: {}", schedule_.name, pp_rank_,
-              e.what());
+    comm::throw_in_context(e, fmt::format("pipeline step ('{}'): pp rank {}: a send failed: {}",
+                                          schedule_.name, pp_rank_, e.what()));
   }
   const double loss = broadcast_mean_loss();
   stats_.recv_wait_seconds = recv_wait_seconds();

@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
+#include "comm/peer_failure.h"
 #include "comm/testing/multi_rank.h"
 #include "tensor/ops.h"
 
@@ -38,10 +39,16 @@ struct Caught {
   std::mutex mutex;
   std::map<int, std::string> message;
   std::map<int, int64_t> elapsed_ms;
+  std::map<int, bool> by_peer;  // whether it was a PeerFailure (another rank's doing)
   void record(int rank, const std::string& what, int64_t ms) {
     std::lock_guard<std::mutex> lock(mutex);
     message[rank] = what;
     elapsed_ms[rank] = ms;
+  }
+  void record(int rank, const Error& error, int64_t ms) {
+    record(rank, std::string(error.what()), ms);
+    std::lock_guard<std::mutex> lock(mutex);
+    by_peer[rank] = is_peer_failure(error);
   }
 };
 
@@ -62,7 +69,7 @@ TEST(FaultsTest, RankThatThrowsMakesOthersFailFastNamingIt) {
       try {
         pg.all_reduce(t)->wait();
       } catch (const Error& e) {
-        caught.record(pg.rank(), e.what(), ms_since(start));
+        caught.record(pg.rank(), e, ms_since(start));
       }
     });  // default group timeout: 10 s
   });
@@ -75,6 +82,23 @@ TEST(FaultsTest, RankThatThrowsMakesOthersFailFastNamingIt) {
     EXPECT_THAT(message, HasSubstr("ranks [1] did not arrive at this all_reduce"));
     EXPECT_THAT(message, HasSubstr("rank 1 left the group: aborted: rank 1 threw: boom"));
     EXPECT_LT(caught.elapsed_ms[rank], 3000) << "must fail fast, not wait out the 10 s timeout";
+    EXPECT_TRUE(caught.by_peer[rank]) << "rank 1's failure, not this rank's: a PeerFailure";
+  }
+}
+
+// Context added to a failure keeps whose doing it was (a pipeline naming its action does this).
+TEST(FaultsTest, ContextKeepsWhetherAPeerCausedTheFailure) {
+  try {
+    throw_in_context(PeerFailure("the connection to rank 1 broke"), "action 3 failed: ...");
+  } catch (const Error& e) {
+    EXPECT_TRUE(is_peer_failure(e));
+    EXPECT_STREQ(e.what(), "action 3 failed: ...");
+  }
+  try {
+    throw_in_context(std::runtime_error("bad shape"), "action 3 failed: bad shape");
+  } catch (const Error& e) {
+    EXPECT_FALSE(is_peer_failure(e));
+    EXPECT_STREQ(e.what(), "action 3 failed: bad shape");
   }
 }
 
@@ -95,14 +119,14 @@ TEST(FaultsTest, TimeoutNamesTheRankThatNeverArrivedThenTheGroupIsPoisoned) {
           pg.all_reduce(t)->wait();  // #1
           ADD_FAILURE() << "expected a timeout";
         } catch (const Error& e) {
-          caught.record(pg.rank(), e.what(), ms_since(start));
+          caught.record(pg.rank(), e, ms_since(start));
         }
         start = Clock::now();
         try {
           pg.barrier()->wait();  // #2: fails at once
           ADD_FAILURE() << "expected the poisoned group to fail";
         } catch (const Error& e) {
-          poisoned.record(pg.rank(), e.what(), ms_since(start));
+          poisoned.record(pg.rank(), e, ms_since(start));
         }
         auto& gloo = dynamic_cast<ProcessGroupGloo&>(pg);
         EXPECT_THAT(gloo.failure(), HasSubstr("all_reduce #1"));
@@ -122,6 +146,9 @@ TEST(FaultsTest, TimeoutNamesTheRankThatNeverArrivedThenTheGroupIsPoisoned) {
                 HasSubstr("group 'default' is unusable after an earlier failure"));
     EXPECT_THAT(poisoned.message[rank], HasSubstr("all_reduce #1"));
     EXPECT_LT(poisoned.elapsed_ms[rank], 200);
+    // Rank 2's doing, and so is the poisoned group's next failure.
+    EXPECT_TRUE(caught.by_peer[rank]);
+    EXPECT_TRUE(poisoned.by_peer[rank]);
   }
   const bool someone_timed_out =
       caught.message[0].find("timed out after 500 ms") != std::string::npos ||
@@ -140,13 +167,14 @@ TEST(FaultsTest, PeerWhoseGroupIsGoneFailsTheOpFast) {
     try {
       pg.all_reduce(t)->wait();
     } catch (const Error& e) {
-      caught.record(0, e.what(), ms_since(start));
+      caught.record(0, e, ms_since(start));
     }
   });  // 10 s timeout
   EXPECT_THAT(caught.message[0], HasSubstr("all_reduce #1"));
   EXPECT_THAT(caught.message[0], HasSubstr("rank 1"));
   EXPECT_THAT(caught.message[0], HasSubstr("ranks [1] did not arrive at this all_reduce"));
   EXPECT_LT(caught.elapsed_ms[0], 3000);
+  EXPECT_TRUE(caught.by_peer[0]);
 }
 
 TEST(FaultsTest, SubgroupFailureNamesGroupAndGlobalRanks) {
@@ -258,19 +286,22 @@ TEST(FaultsTest, AbortInterruptsARunningOpAtOnce) {
     try {
       work->wait();
     } catch (const Error& e) {
-      caught.record(0, e.what(), ms_since(start));
+      caught.record(0, e, ms_since(start));
     }
     aborter.join();
     EXPECT_EQ(gloo.failure(), "aborted: test abort");
     try {
       pg.barrier()->wait();
+      ADD_FAILURE() << "expected the aborted group to fail";
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr("unusable after an earlier failure: aborted: test abort"));
+      EXPECT_FALSE(is_peer_failure(e)) << "this rank aborted it: not a peer's doing";
     }
   });  // 10 s timeout
   EXPECT_THAT(caught.message[0], HasSubstr("all_reduce #0"));
   EXPECT_THAT(caught.message[0], HasSubstr("test abort"));
   EXPECT_LT(caught.elapsed_ms[0], 1000);
+  EXPECT_FALSE(caught.by_peer[0]);
 }
 
 // Two ranks made by hand (no harness), so the test controls when each group is destroyed.

@@ -2,13 +2,13 @@
 # A failing rank stops the job: loomrun exits with its status and leaves no rank running.
 LOOMRUN="$1"; HELPER="$2"; source "$3"
 
-# Rank 1 exits 3 after 200 ms while the others would sleep 60 s.
+# Rank 1 exits 4 after 200 ms while the others would sleep 60 s.
 mkdir -p "$WORK/pids1"
 run_loomrun --nproc-per-node 4 --grace-s 5 -- "$HELPER" --pid-dir "$WORK/pids1" \
-  --fail-rank 1 --exit-code 3 --fail-after-ms 200 --sleep-s 60
-expect_eq "$RC" 3 "exit code when rank 1 exits 3"
+  --fail-rank 1 --exit-code 4 --fail-after-ms 200 --sleep-s 60
+expect_eq "$RC" 4 "exit code when rank 1 exits 4"
 [[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
-expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 3; stopping the other 3 ranks$'
+expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 4; stopping the other 3 ranks$'
 pid1=$(cat "$WORK/pids1/rank-1.pid")
 expect_grep "$WORK/err" "rank 1 \\(pid $pid1\\)"
 expect_eq "$(find "$WORK/pids1" -name 'rank-*.pid' | wc -l)" 4 "pid files"
@@ -43,6 +43,23 @@ expect_grep "$WORK/err" "^loomrun: rank [02] \\(pid [0-9]+\\) exited with status
 tail -1 "$WORK/err" | grep -Eq "^loomrun: rank 1 \\(pid $pid1\\) had exited 0 after [0-9.]+ s, [0-9.]+ s before the first failure, while the others still ran: they were waiting for it$" ||
   { cat "$WORK/err"; fail "the last line does not name rank 1's departure"; }
 expect_no_helper_left "$WORK/pids4"
+
+# Status 3 says another rank's failure ended this one (a Loom rank's comm::PeerFailure): loomrun
+# waits for the rank that failed of itself, which exits a moment later, and names it (its status
+# is the job's), though rank 1 was reaped first.
+run_loomrun --nproc-per-node 3 -- bash -c \
+  'case $RANK in 1) sleep 0.1; exit 3;; 2) sleep 0.8; exit 1;; *) sleep 60;; esac'
+expect_eq "$RC" 1 "exit code when rank 2 fails after rank 1 exited 3"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
+expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 3: another rank failed; waiting up to 5 s for that one to exit$'
+expect_grep "$WORK/err" '^loomrun: rank 2 \(pid [0-9]+\) exited with status 1; stopping the other rank$'
+
+# When no rank fails of itself within 5 s, the one that exited 3 stops the job.
+run_loomrun --nproc-per-node 3 -- bash -c 'if [ "$RANK" = 1 ]; then sleep 0.1; exit 3; fi; sleep 60'
+expect_eq "$RC" 3 "exit code when only rank 1 exits 3"
+[[ $ELAPSED_MS -ge 5000 && $ELAPSED_MS -lt 20000 ]] ||
+  fail "loomrun took ${ELAPSED_MS} ms to stop the job (expected 5 to 20 s)"
+expect_grep "$WORK/err" '^loomrun: no rank failed of itself within 5 s; stopping the other 2 ranks$'
 
 # Ranks all exit 0: loomrun exits 0 and says nothing of its own.
 run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1

@@ -87,7 +87,7 @@ int run_loomrun(int argc, const char* const* argv) {
     if (exit_code == 0 || !supervisor.failed_by_rank()) return exit_code;
     // Exit status 2 is a Loom job's bad input (a flag, file or layout): the same on every
     // attempt, so never restarted.
-    if (exit_code == kBadInputExitCode && options.max_restarts > 0) {
+    if (exit_code == comm::kExitBadInput && options.max_restarts > 0) {
       log_line(
           "a rank exited with status {} (bad input: a flag, file or layout); not restarting "
           "the job",

@@ -7,9 +7,6 @@ namespace loom::loomrun {
 // port could be picked, 127 when the program cannot be executed, 124 on --timeout-s.
 inline constexpr int kSetupFailedExitCode = 1;
 inline constexpr int kCannotExecuteExitCode = 127;
-// A Loom job's exit status for bad input (train/job_command_line.h's kExitBadInput): a job that
-// exits with it is not restarted, as it would fail the same way again.
-inline constexpr int kBadInputExitCode = 2;
 
 int run_loomrun(int argc, const char* const* argv);
 

@@ -18,7 +18,8 @@ constexpr std::string_view kDescription =
     "environment (the master node's loomrun serves the rendezvous store, so it outlives every "
     "rank);\n"
     "prefixes their output with \"[rank R] \", forwards SIGINT/SIGTERM/SIGHUP to them, and stops\n"
-    "all ranks when one fails (exiting with that rank's status).";
+    "all ranks when one fails (exiting with that rank's status). A rank exiting 3 says another\n"
+    "rank's failure ended it: loomrun waits up to 5 s for that rank, and names it instead.";
 
 void add_flags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--nproc-per-node,--nproc_per_node", options.nproc_per_node,

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "comm/launch_env.h"
 #include "tools/loomrun/exit_status.h"
 #include "tools/loomrun/output.h"
 
@@ -143,16 +144,37 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
     if (running_ranks() > 0) {
       departed_.push_back({state.rank, state.pid, Clock::now()});
     }
+    if (peer_failure_ && running_ranks() == 0) fail_job(*peer_failure_);
     return;
   }
+  const Exit exit{state.rank, state.pid, wait_status, Clock::now()};
+  if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == comm::kExitPeerFailed) {
+    // It failed because another rank did: that rank is likely exiting too, a moment later (its
+    // peers see its connections close while it still unwinds). Wait a little for it, so that it
+    // is the one named and its status the job's; stop the job with this one if none comes.
+    if (!peer_failure_) {
+      peer_failure_ = exit;
+      if (running_ranks() > 0) {
+        log_line(
+            "rank {} (pid {}) exited with status {}: another rank failed; waiting up to {} s "
+            "for that one to exit",
+            state.rank, state.pid, comm::kExitPeerFailed, config_.peer_failure_wait_s);
+      }
+    }
+    if (running_ranks() == 0) fail_job(*peer_failure_);
+    return;
+  }
+  fail_job(exit);
+}
+
+void Supervisor::fail_job(const Exit& failed) {
   // A departed rank is the cause of the failures that follow it: say so last.
-  const Clock::time_point now = Clock::now();
   for (const Departure& d : departed_) {
     departures_before_failure_.push_back(fmt::format(
         "rank {} (pid {}) had exited 0 after {:.1f} s, {:.1f} s before the first failure, while "
         "the others still ran: they were waiting for it",
         d.rank, d.pid, std::chrono::duration<double>(d.when - start_).count(),
-        std::chrono::duration<double>(now - d.when).count()));
+        std::chrono::duration<double>(failed.when - d.when).count()));
   }
   // A rank stopped while the others run is what they were waiting for when they timed out:
   // remember it, to name it last.
@@ -164,16 +186,22 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
   }
   const int others = running_ranks();
   if (!exit_code_) {
-    first_failure_ = fmt::format("rank {} (pid {}) {}", state.rank, state.pid,
-                                 describe_wait_status(wait_status));
+    first_failure_ = fmt::format("rank {} (pid {}) {}", failed.rank, failed.pid,
+                                 describe_wait_status(failed.wait_status));
   }
+  const bool reported = peer_failure_ && peer_failure_->pid == failed.pid && others > 0;
   if (others == 0) {
-    log_line("rank {} (pid {}) {}", state.rank, state.pid, describe_wait_status(wait_status));
+    log_line("rank {} (pid {}) {}", failed.rank, failed.pid,
+             describe_wait_status(failed.wait_status));
+  } else if (reported) {
+    log_line("no rank failed of itself within {} s; stopping the other {}",
+             config_.peer_failure_wait_s, others == 1 ? "rank" : ranks_phrase(others));
   } else {
-    log_line("rank {} (pid {}) {}; stopping the other {}", state.rank, state.pid,
-             describe_wait_status(wait_status), others == 1 ? "rank" : ranks_phrase(others));
+    log_line("rank {} (pid {}) {}; stopping the other {}", failed.rank, failed.pid,
+             describe_wait_status(failed.wait_status), others == 1 ? "rank" : ranks_phrase(others));
   }
-  start_stopping(SIGTERM, exit_code_of(wait_status));
+  peer_failure_.reset();
+  start_stopping(SIGTERM, exit_code_of(failed.wait_status));
 }
 
 void Supervisor::reap() {
@@ -212,6 +240,11 @@ int Supervisor::poll_timeout_ms() const {
                                     std::chrono::duration<double>(config_.stopped_alone_s));
     if (!next || alone_deadline < *next) next = alone_deadline;
   }
+  if (peer_failure_ && !stopping_) {
+    const Clock::time_point wait_deadline =
+        peer_failure_->when + seconds(config_.peer_failure_wait_s);
+    if (!next || wait_deadline < *next) next = wait_deadline;
+  }
   if (config_.timeout_s > 0 && !stopping_) {
     const Clock::time_point job_deadline = start_ + seconds(config_.timeout_s);
     if (!next || job_deadline < *next) next = job_deadline;
@@ -223,6 +256,10 @@ int Supervisor::poll_timeout_ms() const {
 
 void Supervisor::check_deadlines() {
   const Clock::time_point now = Clock::now();
+  if (peer_failure_ && !stopping_ &&
+      now >= peer_failure_->when + seconds(config_.peer_failure_wait_s)) {
+    fail_job(*peer_failure_);
+  }
   if (stopping_ || !stopped_alone()) {
     stopped_alone_since_.reset();
   } else if (!stopped_alone_since_) {

@@ -5,6 +5,9 @@
 //   - loomrun gets SIGINT, SIGTERM or SIGHUP            -> forwarded; exit code 128 + signal
 //     (a second one while stopping sends SIGKILL at once)
 //   - --timeout-s passes                                -> exit code 124, like timeout(1)
+// A rank that exits 3 (comm::kExitPeerFailed: another rank's failure ended it) does not stop the
+// job at once: the rank that failed of itself is likely exiting a moment later, and is named and
+// decides the exit code instead when it exits within peer_failure_wait_s.
 // The first cause decides the exit code; when every rank exits 0 it is 0. The last lines name
 // the cause of a failure when it is another rank: one stopped (SIGSTOP) while the others timed
 // out waiting for it, or one that exited 0 while the others still needed it.
@@ -34,6 +37,8 @@ struct SupervisorConfig {
   // no peer is left to time out waiting for them (the collectives' default: 300 s, or
   // $LOOM_TIMEOUT_S), after which they are killed and the job fails, instead of waiting forever.
   double stopped_alone_s = 300;
+  // How long a rank's exit with status 3 waits for the rank whose failure it reports (above).
+  double peer_failure_wait_s = 5;
   int stdout_fd = 1;  // where the ranks' prefixed stdout goes
   int stderr_fd = 2;  // where the ranks' prefixed stderr goes
 };
@@ -72,6 +77,15 @@ class Supervisor {
   void kill_remaining();
   void on_launcher_signal(int signal_number);
   void on_rank_exit(RankState& state, int wait_status);
+  // A rank's exit that stops the job.
+  struct Exit {
+    int rank;
+    pid_t pid;
+    int wait_status;
+    Clock::time_point when;
+  };
+  // Stops the job for `failed`, naming it (and what it likely waited for) as the cause.
+  void fail_job(const Exit& failed);
   void reap();
   int running_ranks() const;
   int poll_timeout_ms() const;
@@ -95,6 +109,8 @@ class Supervisor {
   int stop_signal_ = 0;           // the signal that began stopping (SIGTERM, or a forwarded one)
   std::optional<int> exit_code_;  // set by the first cause of stopping
   std::string first_failure_;     // when that cause was a rank's failure
+  // The first rank that exited 3 while no failure had stopped the job yet (see the top).
+  std::optional<Exit> peer_failure_;
   std::optional<Clock::time_point> kill_deadline_;
   // When the ranks still running all became stopped with no other rank left (stopped_alone_s).
   std::optional<Clock::time_point> stopped_alone_since_;
