@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "data/parallel_for_each.h"
+#include "data/text_documents.h"
 
 namespace loom::data {
 
@@ -38,7 +39,11 @@ std::vector<std::string> folder_files(const std::string& folder, std::string_vie
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name[0] == '.' || ends_with(name, ".tmp")) continue;
-    if (entry.is_regular_file(ec)) files.push_back(entry.path().string());
+    if (!entry.is_regular_file(ec)) continue;
+    // An empty text file holds no document (`loom tokenize` skips it too); an empty shard is a
+    // damaged one, refused when it is opened.
+    if (!ends_with(name, ".bin") && entry.file_size(ec) == 0 && !ec) continue;
+    files.push_back(entry.path().string());
   }
   LOOM_CHECK(!ec, "{}: cannot list the folder '{}': {}", flag, folder, ec.message());
   LOOM_CHECK(!files.empty(), "{}: the folder '{}' holds no files", flag, folder);
@@ -135,14 +140,24 @@ TokenCorpus TokenCorpus::open(const std::string& spec, const TextTokenization& t
       source.file = std::move(file);
     } else {
       const std::string bytes = read_text(path, flag);
+      check_is_text(bytes, path, flag);
       text_bytes += static_cast<int64_t>(bytes.size());
       auto tokens = std::make_shared<std::vector<int32_t>>();
-      if (text.document_separator) tokens->push_back(*text.document_separator);
-      if (text.encode) {
-        const std::vector<int32_t> ids = text.encode(bytes);
-        tokens->insert(tokens->end(), ids.begin(), ids.end());
+      // One document: its separator, then its tokens (or bytes), as `loom tokenize` writes it.
+      auto add_document = [&](std::string_view document) {
+        if (text.document_separator) tokens->push_back(*text.document_separator);
+        if (text.encode) {
+          const std::vector<int32_t> ids = text.encode(document);
+          tokens->insert(tokens->end(), ids.begin(), ids.end());
+        } else {
+          for (char c : document) tokens->push_back(static_cast<unsigned char>(c));
+        }
+      };
+      if (is_jsonl(path)) {
+        for_each_jsonl_document(bytes, 0, bytes.size(), path, "text", flag, add_document);
+        LOOM_CHECK(!tokens->empty(), "{}: '{}' holds no document (only blank lines)", flag, path);
       } else {
-        for (char c : bytes) tokens->push_back(static_cast<unsigned char>(c));
+        add_document(bytes);
       }
       source.size = static_cast<int64_t>(tokens->size());
       corpus.vocab_size_ = std::max(corpus.vocab_size_, text.vocab_size);

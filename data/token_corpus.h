@@ -2,8 +2,10 @@
 //
 // Sources: token shards (memory-mapped, data/token_file.h: llm.c's uint16 and uint32 formats,
 // nanoGPT's raw uint16), and text files tokenized into memory as the corpus opens (bytes, or a
-// tokenizer's ids: small jobs). `--data` names a file, a folder (its files in name order; hidden
-// files and in-flight `*.tmp` skipped), a glob pattern, or several of these separated by commas.
+// tokenizer's ids: small jobs; a .jsonl file is one document per line, as `loom tokenize` reads
+// it, and compressed or binary files are refused). `--data` names a file, a folder (its files in
+// name order; hidden files, in-flight `*.tmp` and empty text files skipped), a glob pattern, or
+// several of these separated by commas.
 // Shards are read as one stream: a sequence may span the end of one shard and the start of the
 // next, exactly as if the shards were one file.
 //
@@ -29,7 +31,8 @@ struct TextTokenization {
   // A tokenizer's encode (data/tokenizer.h); empty: one token per byte (vocabulary 256).
   std::function<std::vector<int32_t>(std::string_view)> encode;
   int64_t vocab_size = 256;
-  // Put before every text file's tokens (a document's separator, as `loom tokenize` writes).
+  // Put before every document's tokens (a text file, or a .jsonl line's "text": as `loom tokenize`
+  // writes them, data/text_documents.h).
   std::optional<int32_t> document_separator;
   std::string name = "byte-level tokens";  // for the corpus's description
 };

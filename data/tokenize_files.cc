@@ -11,12 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string_view>
 #include <thread>
 
 #include "base/error.h"
 #include "data/parallel_for_each.h"
+#include "data/text_documents.h"
 #include "data/token_file.h"
 
 namespace loom::data {
@@ -54,6 +54,7 @@ class MappedText {
       LOOM_CHECK(map != MAP_FAILED, "{}: cannot map '{}': {}", kWhat, path_, std::strerror(error));
       madvise(map, size_, MADV_SEQUENTIAL);
       data_ = static_cast<const char*>(map);
+      check_is_text(text(), path_, kWhat);
     } else {
       ::close(fd);
     }
@@ -66,7 +67,7 @@ class MappedText {
 
   std::string_view text() const { return {data_, size_}; }
   const std::string& path() const { return path_; }
-  bool jsonl() const { return ends_with(path_, ".jsonl"); }
+  bool jsonl() const { return is_jsonl(path_); }
 
  private:
   std::string path_;
@@ -148,7 +149,7 @@ class Encoder {
  public:
   Encoder(const Tokenizer& tokenizer, const TokenizeOptions& options) : tokenizer_(tokenizer) {
     separator_ = options.document_separator;
-    if (!separator_ && !options.no_separator) separator_ = tokenizer.end_of_text();
+    if (!separator_ && !options.no_separator) separator_ = tokenizer.document_start();
     if (options.no_separator) separator_.reset();
     text_field_ = options.text_field;
   }
@@ -178,31 +179,12 @@ class Encoder {
 
  private:
   void encode_lines(Chunk& chunk) const {
-    const std::string_view text = chunk.file->text();
-    size_t line = chunk.begin;
-    while (line < chunk.stop) {
-      size_t next = text.find('\n', line);
-      next = next == std::string_view::npos || next >= chunk.stop ? chunk.stop : next + 1;
-      const std::string_view body = text.substr(line, next - line);
-      if (body.find_first_not_of(" \t\r\n") != std::string_view::npos) {
-        nlohmann::json document;
-        try {
-          document = nlohmann::json::parse(body);
-        } catch (const nlohmann::json::exception& e) {
-          LOOM_FAIL("{}: '{}': the line at byte {} is not JSON: {}", kWhat, chunk.file->path(),
-                    line, e.what());
-        }
-        const auto field = document.is_object() ? document.find(text_field_) : document.end();
-        LOOM_CHECK(document.is_object() && field != document.end() && field->is_string(),
-                   "{}: '{}': the line at byte {} has no string field \"{}\" (--text-field)", kWhat,
-                   chunk.file->path(), line, text_field_);
-        if (separator_) chunk.tokens.push_back(*separator_);
-        const std::string& body_text = field->get_ref<const std::string&>();
-        tokenizer_.encode_range(body_text, 0, body_text.size(), chunk.tokens);
-        ++chunk.documents;
-      }
-      line = next;
-    }
+    for_each_jsonl_document(chunk.file->text(), chunk.begin, chunk.stop, chunk.file->path(),
+                            text_field_, kWhat, [&](std::string_view document) {
+                              if (separator_) chunk.tokens.push_back(*separator_);
+                              tokenizer_.encode_range(document, 0, document.size(), chunk.tokens);
+                              ++chunk.documents;
+                            });
     chunk.end = chunk.stop;
   }
 
@@ -234,6 +216,17 @@ class ShardSink {
     close();
     return std::move(shards_);
   }
+  // After a failure: removes the shards this run wrote (the one being written is a .tmp file its
+  // writer drops), so that no glob reads a part of the corpus as if it were all of it.
+  void discard() noexcept {
+    writer_.reset();
+    for (const std::string& shard : shards_) {
+      std::error_code ec;
+      fs::remove(shard, ec);
+    }
+    shards_.clear();
+  }
+  int64_t train_shards() const { return train_index_; }
 
  private:
   void open(bool val) {
@@ -263,6 +256,40 @@ class ShardSink {
   std::vector<std::string> shards_;
 };
 
+void encode_all(const std::vector<std::unique_ptr<MappedText>>& mapped,
+                const TokenizeOptions& options, int threads, const Encoder& encoder,
+                ShardSink& sink, TokenizeResult& result,
+                std::chrono::steady_clock::time_point start) {
+  // A few chunks per thread at a time: the threads stay busy and memory stays bounded.
+  const size_t window = static_cast<size_t>(threads) * 4;
+  for (const auto& file : mapped) {
+    std::vector<Chunk> chunks;
+    cut(*file, options.chunk_bytes, chunks);
+    size_t previous_end = 0;
+    for (size_t first = 0; first < chunks.size(); first += window) {
+      std::vector<Chunk> batch(
+          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(first)),
+          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(
+                                                       std::min(chunks.size(), first + window))));
+      parallel_for_each(batch.size(), static_cast<size_t>(threads),
+                        [&](size_t i) { encoder.encode(batch[i]); });
+      for (Chunk& chunk : batch) {
+        if (!file->jsonl() && chunk.begin > 0 && previous_end != chunk.begin) {
+          encoder.reencode_from(chunk, previous_end);
+        }
+        previous_end = chunk.end;
+        sink.write(chunk.tokens);
+        result.totals.tokens += static_cast<int64_t>(chunk.tokens.size());
+        result.totals.documents += chunk.documents;
+        result.totals.bytes_done += static_cast<int64_t>(chunk.stop - chunk.begin);
+      }
+      result.totals.seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (options.progress) options.progress(result.totals);
+    }
+  }
+}
+
 }  // namespace
 
 TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions& options) {
@@ -272,6 +299,9 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
              options.shard_tokens);
   LOOM_CHECK(options.val_tokens >= 0 && options.val_tokens < (int64_t{1} << 31),
              "{}: --val-tokens {}: 0 to 2^31 - 1", kWhat, options.val_tokens);
+  LOOM_CHECK(options.chunk_bytes >= 1 && options.chunk_bytes <= (int64_t{1} << 40),
+             "{}: --chunk-bytes {}: expected 1 to 2^40 bytes of text per parallel piece", kWhat,
+             options.chunk_bytes);
   LOOM_CHECK(options.threads >= 0 && options.threads <= 1024,
              "{}: --threads {}: expected 0 (every core) to 1024", kWhat, options.threads);
   LOOM_CHECK(options.val_tokens == 0 || options.prefix != "val",
@@ -308,36 +338,22 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     result.totals.bytes_total += static_cast<int64_t>(mapped.back()->text().size());
   }
   const auto start = std::chrono::steady_clock::now();
-  // A few chunks per thread at a time: the threads stay busy and memory stays bounded.
-  const size_t window = static_cast<size_t>(threads) * 4;
-  for (const auto& file : mapped) {
-    std::vector<Chunk> chunks;
-    cut(*file, options.chunk_bytes, chunks);
-    size_t previous_end = 0;
-    for (size_t first = 0; first < chunks.size(); first += window) {
-      std::vector<Chunk> batch(
-          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(first)),
-          std::make_move_iterator(chunks.begin() + static_cast<std::ptrdiff_t>(
-                                                       std::min(chunks.size(), first + window))));
-      parallel_for_each(batch.size(), static_cast<size_t>(threads),
-                        [&](size_t i) { encoder.encode(batch[i]); });
-      for (Chunk& chunk : batch) {
-        if (!file->jsonl() && chunk.begin > 0 && previous_end != chunk.begin) {
-          encoder.reencode_from(chunk, previous_end);
-        }
-        previous_end = chunk.end;
-        sink.write(chunk.tokens);
-        result.totals.tokens += static_cast<int64_t>(chunk.tokens.size());
-        result.totals.documents += chunk.documents;
-        result.totals.bytes_done += static_cast<int64_t>(chunk.stop - chunk.begin);
-      }
-      result.totals.seconds =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (options.progress) options.progress(result.totals);
-    }
+  try {
+    encode_all(mapped, options, threads, encoder, sink, result, start);
+  } catch (...) {
+    sink.discard();
+    throw;
   }
   result.shards = sink.finish();
   LOOM_CHECK(!result.shards.empty(), "{}: the inputs hold no text", kWhat);
+  if (options.val_tokens > 0 && sink.train_shards() == 0) {
+    // Nothing would train: remove the validation shard too, so the folder can be used again.
+    for (const std::string& shard : result.shards) fs::remove(shard, ec);
+    LOOM_FAIL(
+        "{}: --val-tokens {} takes every one of the inputs' {} tokens: no training shard is "
+        "left; give fewer validation tokens",
+        kWhat, options.val_tokens, result.totals.tokens);
+  }
   return result;
 }
 

@@ -2,9 +2,10 @@
 // scripts do, in C++, in parallel over the cores.
 //
 // Documents: a text file is one document; a .jsonl file holds one per line (its `text_field`
-// string, as Hugging Face datasets export them). Each document's tokens follow the document
-// separator (the tokenizer's end-of-text, as llm.c's fineweb.py puts <|endoftext|> before each
-// document), so --document-boundaries finds them again.
+// string, as Hugging Face datasets export them: data/text_documents.h, which also refuses
+// compressed and binary files). Each document's tokens follow the document separator, as llm.c's
+// fineweb.py puts `tokenizer.encode('')[0]` before each document (Tokenizer::document_start:
+// GPT-2's <|endoftext|>, Llama 3's <|begin_of_text|>), so --document-boundaries finds them again.
 //
 // Parallelism: the input is cut into chunks of about `chunk_bytes` (a text file at a line start;
 // a .jsonl file between lines) encoded on `threads` threads. A text chunk is encoded from its
@@ -16,7 +17,9 @@
 // Output: `{output}/{prefix}_{NNNNNN}.bin`, shards of `shard_tokens` tokens (the last shorter),
 // uint16 tokens when the vocabulary fits, else uint32; each written to a .tmp file and renamed
 // into place when whole (data/token_file.h). With val_tokens > 0 the first val_tokens tokens go
-// to `{output}/val_{NNNNNN}.bin` instead (llm.c keeps its first shard for validation).
+// to `{output}/val_{NNNNNN}.bin` instead (llm.c keeps its first shard for validation); taking
+// every token for it is an error. A run that fails (a bad line, a full disk) removes the shards
+// it wrote: none is left for a glob to read as if it were the whole corpus.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +46,7 @@ struct TokenizeOptions {
   int threads = 0;  // 0: every core
   int64_t chunk_bytes = int64_t{1} << 22;
   std::string text_field = "text";  // of a .jsonl line
-  // Before each document; nullopt: the tokenizer's end-of-text (none when it has none).
+  // Before each document; nullopt: the tokenizer's document_start() (none when it has none).
   std::optional<int32_t> document_separator;
   bool no_separator = false;                              // put nothing between documents
   std::function<void(const TokenizeProgress&)> progress;  // after each batch of chunks

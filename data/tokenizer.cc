@@ -76,8 +76,11 @@ class Reader {
 
   int32_t id(const Json& value, const std::string& key) const {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 ||
-        value.get<int64_t>() > INT32_MAX) {
-      unsupported(key, value, "expected a token id (an integer from 0 to 2^31 - 1)");
+        value.get<int64_t>() > kLargestTokenId) {
+      unsupported(key, value,
+                  fmt::format("expected a token id, an integer from 0 to {} (tokens are kept in "
+                              "tables by id; the largest vocabularies hold about 260 000)",
+                              kLargestTokenId));
     }
     return static_cast<int32_t>(value.get<int64_t>());
   }
@@ -148,10 +151,36 @@ void read_pre_tokenizer(const Reader& r, const Json& node, const std::string& pa
   r.unsupported(path + ".type", type, kPreTokenizers);
 }
 
+// The special token a post-processor puts before a single text (TemplateProcessing's "single"
+// starting with a SpecialToken, alone or in a Sequence: Llama 3's <|begin_of_text|>), if any.
+// Only read for that: encode adds nothing (add_special_tokens=False).
+std::optional<std::string> leading_special_token(const Json& node) {
+  if (!node.is_object()) return std::nullopt;
+  const Json* type = Reader::member(node, "type");
+  if (type == nullptr || !type->is_string()) return std::nullopt;
+  if (*type == "Sequence") {
+    const Json* list = Reader::member(node, "processors");
+    if (list == nullptr || !list->is_array()) return std::nullopt;
+    for (const Json& step : *list) {
+      if (auto token = leading_special_token(step)) return token;
+    }
+    return std::nullopt;
+  }
+  if (*type != "TemplateProcessing") return std::nullopt;
+  const Json* single = Reader::member(node, "single");
+  if (single == nullptr || !single->is_array() || single->empty()) return std::nullopt;
+  const Json* special = Reader::member((*single)[0], "SpecialToken");
+  const Json* id = special != nullptr ? Reader::member(*special, "id") : nullptr;
+  if (id == nullptr || !id->is_string()) return std::nullopt;
+  return id->get<std::string>();
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
   std::string origin;
+  // The post-processor's leading special token (Llama 3's <|begin_of_text|>), if any.
+  std::optional<int32_t> begin_of_text;
   std::unique_ptr<const Bpe> bpe;
   std::unique_ptr<const PreTokenizer> pre_tokenizer;
   std::unique_ptr<const AddedTokens> added;
@@ -376,6 +405,13 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
     impl->specials += token.special ? 1 : 0;
   }
   impl->added = std::make_unique<AddedTokens>(std::move(added));
+  if (const Json* post = Reader::member(root, "post_processor")) {
+    if (const auto content = leading_special_token(*post)) {
+      if (const auto it = impl->added_ids.find(*content); it != impl->added_ids.end()) {
+        impl->begin_of_text = it->second;
+      }
+    }
+  }
   return Tokenizer(std::move(impl));
 }
 
@@ -416,12 +452,11 @@ size_t Tokenizer::encode_range(std::string_view text, size_t begin, size_t stop,
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
   const Impl& m = *impl_;
   std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const int32_t id = ids[i];
-    LOOM_CHECK(id >= 0 && static_cast<size_t>(id) < m.is_token.size() && m.is_token[id],
-               "decode: ids[{}] = {} is not a token of {} (ids run from 0 to {})", i, id,
-               description(), m.is_token.size() - 1);
-    out += m.bytes_of[id];
+  for (const int32_t id : ids) {
+    // HF's decode skips an id that is no token (a gap in the ids, or padding past them).
+    if (id >= 0 && static_cast<size_t>(id) < m.is_token.size() && m.is_token[id]) {
+      out += m.bytes_of[id];
+    }
   }
   return out;
 }
@@ -447,6 +482,11 @@ std::string Tokenizer::description() const {
 std::optional<int32_t> Tokenizer::end_of_text() const {
   if (auto id = token_id("<|endoftext|>")) return id;
   return token_id("<|end_of_text|>");
+}
+
+std::optional<int32_t> Tokenizer::document_start() const {
+  if (impl_->begin_of_text) return impl_->begin_of_text;
+  return end_of_text();
 }
 
 }  // namespace loom::data

@@ -12,7 +12,8 @@
 //                  false, continuing_subword_prefix and end_of_word_suffix null (data/bpe.h)
 //   decoder        ByteLevel
 //   added_tokens   any, with lstrip, rstrip and normalized; single_word false (added_tokens.h)
-// post_processor, truncation and padding are not read: encode gives what HF's
+// post_processor (but for its leading special token: document_start), truncation and padding
+// are not read: encode gives what HF's
 // `encode(text, add_special_tokens=False)` gives without truncation or padding, and no
 // post-processor adds anything then.
 //
@@ -31,6 +32,9 @@
 #include <vector>
 
 namespace loom::data {
+
+// The largest token id a tokenizer.json may hold (tokens are kept in tables by id).
+inline constexpr int64_t kLargestTokenId = (int64_t{1} << 22) - 1;
 
 class Tokenizer {
  public:
@@ -59,8 +63,8 @@ class Tokenizer {
   size_t encode_range(std::string_view text, size_t begin, size_t stop,
                       std::vector<int32_t>& out) const;
 
-  // The bytes of `ids` (an added token gives its content). Throws naming an id that is no
-  // token.
+  // The bytes of `ids` (an added token gives its content). An id that is no token (a gap in the
+  // ids, or a padded vocabulary's) gives nothing, as HF's decode skips it.
   std::string decode(std::span<const int32_t> ids) const;
 
   // Largest id + 1, added tokens included.
@@ -76,6 +80,11 @@ class Tokenizer {
   // The end-of-text token if the tokenizer has one of "<|endoftext|>" (GPT-2) or
   // "<|end_of_text|>" (Llama 3).
   std::optional<int32_t> end_of_text() const;
+
+  // The token each document starts with in llm.c's shards (its fineweb.py puts
+  // `tokenizer.encode('')[0]` first): the special token the post-processor puts before a text
+  // (Llama 3's <|begin_of_text|>), else the end-of-text (GPT-2's <|endoftext|>).
+  std::optional<int32_t> document_start() const;
 
  private:
   struct Impl;

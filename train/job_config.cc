@@ -207,9 +207,10 @@ const std::vector<JobOption>& options() {
        "document token)",
        &C::document_boundaries},
       {"data", "document_token",
-       "the token each document starts with (-1: the tokenizer's end-of-text, or GPT-2's "
-       "<|endoftext|> 50256 for uint16 shards)",
-       &C::document_token, Range::kAny},
+       "the token each document starts with (-1: the tokenizer's, as `loom tokenize` writes it: "
+       "the token its post-processor puts first, e.g. Llama 3's <|begin_of_text|>, else its "
+       "end-of-text; GPT-2's <|endoftext|> 50256 for uint16 shards without a tokenizer)",
+       &C::document_token, Range::kDefaultOrNonNegative},
       {"data", "val_data",
        "held-out tokens for the validation loss, read as data is (\"\": no validation)",
        &C::val_data},
@@ -321,6 +322,8 @@ std::string_view range_words(Range range) {
       return "non-negative ";
     case Range::kPresetOrNonNegative:
       return "-1 (the preset's) or non-negative ";
+    case Range::kDefaultOrNonNegative:
+      return "-1 (the default) or non-negative ";
     case Range::kAny:
       return "";
   }
@@ -358,7 +361,9 @@ void check_range(const JobOption& option, Number value, const std::string& where
                  const OptionValue& given) {
   const bool ok = option.range == Range::kAny || (option.range == Range::kPositive && value > 0) ||
                   (option.range == Range::kNonNegative && value >= 0) ||
-                  (option.range == Range::kPresetOrNonNegative && (value >= 0 || value == -1));
+                  ((option.range == Range::kPresetOrNonNegative ||
+                    option.range == Range::kDefaultOrNonNegative) &&
+                   (value >= 0 || value == -1));
   LOOM_CHECK(ok, "{}: expected a {}{}, got {}", where, range_words(option.range),
              std::is_integral_v<Number> ? "integer" : "number", describe(given));
   // Counts the job keeps in an int (steps, micro-batches, degrees, ...): none may wrap. The seed

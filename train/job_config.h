@@ -135,8 +135,9 @@ struct JobConfig {
 using OptionValue = std::variant<int64_t, double, bool, std::string>;
 
 struct JobOption {
-  // kPresetOrNonNegative: -1 (keep the preset's value) or >= 0.
-  enum class Range { kAny, kPositive, kNonNegative, kPresetOrNonNegative };
+  // kPresetOrNonNegative: -1 (keep the preset's value) or >= 0; kDefaultOrNonNegative: -1 (a
+  // value the job works out, e.g. the tokenizer's document token) or >= 0.
+  enum class Range { kAny, kPositive, kNonNegative, kPresetOrNonNegative, kDefaultOrNonNegative };
   using Field = std::variant<int64_t JobConfig::*, double JobConfig::*, bool JobConfig::*,
                              std::string JobConfig::*>;
   std::string_view section;

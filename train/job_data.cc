@@ -25,15 +25,16 @@ data::TextTokenization text_tokenization(const std::shared_ptr<const data::Token
   if (!tokenizer) return {};
   return {.encode = [tokenizer](std::string_view text) { return tokenizer->encode(text); },
           .vocab_size = tokenizer->vocab_size(),
-          .document_separator = tokenizer->end_of_text(),
+          .document_separator = tokenizer->document_start(),
           .name = "tokens by " + tokenizer->description()};
 }
 
-// The token documents start with: --document-token, the tokenizer's end-of-text, or GPT-2's.
+// The token documents start with: --document-token, the tokenizer's document_start() (what
+// `loom tokenize` and llm.c put before each document), or GPT-2's end-of-text.
 int32_t document_token(const JobConfig& job, const data::Tokenizer* tokenizer,
                        const data::TokenCorpus& corpus, int64_t vocab_size) {
   int64_t token = job.document_token;
-  if (token < 0 && tokenizer && tokenizer->end_of_text()) token = *tokenizer->end_of_text();
+  if (token < 0 && tokenizer && tokenizer->document_start()) token = *tokenizer->document_start();
   if (token < 0 && corpus.vocab_size() == 50257) token = kGpt2EndOfText;
   LOOM_CHECK(token >= 0,
              "--document-boundaries: which token starts a document? {} has no tokenizer with an "

@@ -289,11 +289,17 @@ TEST(TokenizerTest, SpecialTokens) {
   EXPECT_EQ(gpt2.token_id("Ġthe"), 262);
   EXPECT_EQ(gpt2.token_id("the"), 1169);
   EXPECT_EQ(gpt2.token_id(" the"), std::nullopt);
+  // GPT-2's post-processor adds no token: documents start at its end-of-text (llm.c's shards).
+  EXPECT_EQ(gpt2.document_start(), 50256);
 
   const Tokenizer& llama = tokenizer("llama3_style");
   ASSERT_TRUE(llama.end_of_text().has_value());
   EXPECT_EQ(llama.end_of_text(), llama.token_id("<|end_of_text|>"));
   EXPECT_EQ(llama.vocab_size(), 3010);
+  // Llama 3's post-processor puts <|begin_of_text|> before a text: llm.c's shards start each
+  // document with it (`tokenizer.encode('')[0]`).
+  EXPECT_EQ(llama.document_start(), llama.token_id("<|begin_of_text|>"));
+  EXPECT_EQ(llama.document_start(), 3000);
   EXPECT_THAT(llama.description(), HasSubstr("3010 tokens, 10 special"));
   const std::vector<int32_t> ids =
       llama.encode("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>");
@@ -372,12 +378,14 @@ TEST(TokenizerTest, Errors) {
   EXPECT_THAT(load([](Json& j) { j["added_tokens"][0]["single_word"] = true; }),
               HasSubstr("single_word is true for the added token \"<|endoftext|>\""));
   const Tokenizer& t = tokenizer("gpt2_style");
-  EXPECT_THAT(error_of([&] {
-                t.decode(std::vector<int32_t>{5, 3001});
-              }),
-              HasSubstr("ids[1] = 3001 is not a token of tokenizer.json at "
-                        "tests/data/fixtures/tokenizer/gpt2_style.json"));
-  EXPECT_THAT(error_of([&] { t.decode(std::vector<int32_t>{-1}); }), HasSubstr("= -1 is not"));
+  // An id that is no token decodes to nothing, as HF's decode skips it.
+  EXPECT_EQ(t.decode(std::vector<int32_t>{5, 3001, -1, 5}), t.decode(std::vector<int32_t>{5, 5}));
+  // Ids are kept in tables by id: one far past any vocabulary is refused by key, not allocated.
+  EXPECT_THAT(load([](Json& j) { j["model"]["vocab"]["zzz"] = 2147483647; }),
+              HasSubstr("model.vocab[\"zzz\"] is 2147483647; expected a token id, an integer "
+                        "from 0 to 4194303"));
+  EXPECT_THAT(load([](Json& j) { j["added_tokens"][0]["id"] = 100000000; }),
+              HasSubstr("is 100000000; expected a token id"));
 }
 
 }  // namespace

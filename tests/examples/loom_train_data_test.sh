@@ -4,7 +4,9 @@
 # same tokens in one file, and as on the text tokenized on the fly; a resume on shards is bitwise;
 # the validation loss is recorded, the same on 1 rank and dp2 x tp2; document boundaries; a shard
 # with a bad header, a truncated shard and an out-of-range token are each a named error before
-# training (exit 2).
+# training (exit 2); a .jsonl is one document per line to both; Llama 3's documents start with
+# <|begin_of_text|> as llm.c's do; compressed and binary inputs and bad flags are refused, and a
+# failed `loom tokenize` leaves no shard behind.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
@@ -183,3 +185,57 @@ if "$tokenize" --tokenizer "$tokenizer" --out piped --no-progress <(cat all.txt)
 fi
 grep -q "is not a regular file" pipe.log || { cat pipe.log; fail "a pipe not named"; }
 echo "ok: loom tokenize refuses a folder of old shards and a pipe, by name"
+
+# --- .jsonl: one document per line, the same to `loom tokenize` and to a job's --tokenizer ------
+for f in text/doc_*; do jq -Rsc '{text: ., id: 1}' "$f"; done > docs.jsonl
+"$tokenize" --tokenizer "$tokenizer" --out from_jsonl --no-progress docs.jsonl > tok_jsonl.log 2>&1 ||
+  { cat tok_jsonl.log; fail "tokenize .jsonl"; }
+cmp from_jsonl/train_000000.bin one/train_000000.bin ||
+  fail "the .jsonl of the 6 documents tokenized otherwise than the 6 files"
+"$train" "${common[@]}" --dp 2 --tp 2 --data docs.jsonl --tokenizer "$tokenizer" \
+  --metrics-out jsonl_fly.jsonl > jsonl_fly.log 2>&1 || { cat jsonl_fly.log; fail "train on .jsonl"; }
+[[ "$(losses one.jsonl)" == "$(losses jsonl_fly.jsonl)" ]] ||
+  { paste <(losses one.jsonl) <(losses jsonl_fly.jsonl); fail ".jsonl on the fly trains differently"; }
+echo "ok: a .jsonl is one document per line, to loom tokenize and to the job alike"
+
+# --- Llama 3's documents start with <|begin_of_text|>, as llm.c's shards do ---------------------
+"$tokenize" --tokenizer "$fixtures/llama3_style.json" --out llama --no-progress text > llama.log 2>&1 ||
+  { cat llama.log; fail "tokenize with the Llama 3 tokenizer"; }
+[[ $(od -An -tu2 -j1024 -N2 llama/train_000000.bin | tr -d ' ') == 3000 ]] ||
+  fail "the first document does not start with <|begin_of_text|> (3000)"
+"$train" "${common[@]}" --model llama-tiny --dp 1 --tp 1 --data "llama/train_*.bin" \
+  --tokenizer "$fixtures/llama3_style.json" --document-boundaries --metrics-out llama.jsonl \
+  > llama_train.log 2>&1 || { cat llama_train.log; fail "Llama 3 shards with --document-boundaries"; }
+# The text holds <|begin_of_text|> tokens of its own, as it holds GPT-2's <|endoftext|>.
+begins=$(grep -o '<|begin_of_text|>' all.txt | wc -l)
+grep -q "sequences inside one document: $((6 + begins)) documents" llama_train.log ||
+  { cat llama_train.log; fail "expected the $((6 + begins)) documents of the Llama 3 shards"; }
+echo "ok: Llama 3 shards start each document with <|begin_of_text|>, and the job finds them"
+
+# --- loom tokenize: what it refuses, and a failed run leaves no shard ----------------------------
+tokenize_error() {  # expected message, then the arguments; exit 2 and no shard left in --out
+  local message="$1"
+  shift
+  local status=0
+  "$tokenize" --tokenizer "$tokenizer" --no-progress "$@" > terr.log 2>&1 || status=$?
+  [[ $status -eq 2 ]] || { cat terr.log; fail "loom_tokenize $* exited $status, expected 2"; }
+  grep -qF -- "$message" terr.log || { cat terr.log; fail "expected the message: $message"; }
+  echo "ok (2): $message"
+}
+gzip -c all.txt > all.txt.gz
+tokenize_error "'all.txt.gz' is gzip-compressed, not text: gunzip -k it first" --out gz all.txt.gz
+expect_error "--data: 'all.txt.gz' is gzip-compressed, not text" --data all.txt.gz --tokenizer "$tokenizer"
+tokenize_error "'one/train_000000.bin' holds a NUL byte at offset" --out binary one/train_000000.bin
+tokenize_error "--chunk-bytes 0: expected 1 to 2^40" --out chunk0 --chunk-bytes 0 text
+tokenize_error "--document-token -7: expected a token id, or -1" --out docm7 --document-token -7 text
+tokenize_error "The following argument was not expected: --bogus" --out bogus --bogus text
+tokenize_error "--val-tokens 100000000 takes every one of the inputs'" --out allval \
+  --val-tokens 100000000 text
+[[ -z "$(ls allval)" ]] || fail "a run whose every token went to validation left $(ls allval)"
+# The bad line comes after enough documents to fill several shards: the run removes them.
+{ cat docs.jsonl docs.jsonl docs.jsonl; echo '{"txt": "no text field"}'; } > bad.jsonl
+tokenize_error "'bad.jsonl': the line at byte" --out partial --shard-tokens 1000 --threads 1 bad.jsonl
+[[ -z "$(ls partial)" ]] || fail "a failed run left shards: $(ls partial)"
+"$tokenize" --tokenizer "$tokenizer" --out partial --no-progress docs.jsonl > again2.log 2>&1 ||
+  { cat again2.log; fail "the folder of a failed run cannot be used again"; }
+echo "ok: loom tokenize refuses compressed and binary inputs and bad flags (exit 2), and a failed run leaves no shard"

@@ -27,7 +27,8 @@ int run(int argc, char** argv) {
   CLI::App app{
       "Tokenize text files into llm.c token shards (uint16 tokens for vocabularies up to 65536, "
       "else uint32) with a Hugging Face tokenizer.json; each document (a text file, or a line of "
-      "a .jsonl file) follows the tokenizer's end-of-text token.",
+      "a .jsonl file) follows the token llm.c puts there (GPT-2's <|endoftext|>, Llama 3's "
+      "<|begin_of_text|>).",
       kProgram};
   app.add_option("inputs", options.inputs, "text or .jsonl files, or folders of them")->required();
   app.add_option("--tokenizer", tokenizer_path, "the tokenizer.json (byte-level BPE)")->required();
@@ -46,7 +47,8 @@ int run(int argc, char** argv) {
   app.add_option("--text-field", options.text_field, "a .jsonl line's text field")
       ->capture_default_str();
   app.add_option("--document-token", separator,
-                 "the token before each document (-1: the tokenizer's end-of-text)")
+                 "the token before each document (-1: the tokenizer's: the token its "
+                 "post-processor puts first, e.g. <|begin_of_text|>, else its end-of-text)")
       ->capture_default_str();
   app.add_flag("--no-document-token", options.no_separator, "put nothing between documents");
   app.add_flag("--progress,!--no-progress", progress,
@@ -54,8 +56,12 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help exits 0; a bad flag exits 2 (bad input), as every Loom program does, not CLI11's own
+    // codes (106 for a missing argument, ...).
+    return app.exit(e) == 0 ? 0 : 2;
   }
+  LOOM_CHECK(separator >= -1, "--document-token {}: expected a token id, or -1 for the tokenizer's",
+             separator);
   if (separator >= 0) options.document_separator = static_cast<int32_t>(separator);
   const auto tokenizer = loom::data::Tokenizer::from_file(tokenizer_path);
   LOOM_CHECK(separator < tokenizer.vocab_size(),
