@@ -32,6 +32,10 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
   const auto options = job_options();
   const JobConfig defaults;
   std::vector<std::optional<std::string>> raw(options.size());  // nullopt: not given
+  // A true/false flag's value: "true" (--flag), "false" (--no-flag), or what --flag=VALUE gave
+  // (checked below: true or false). The last one given wins, as for every other option.
+  std::vector<std::string> flag_values(options.size());
+  std::vector<CLI::Option*> flags(options.size(), nullptr);
   for (size_t i = 0; i < options.size(); ++i) {
     const JobOption& o = options[i];
     // --model lists what this program registered (its families' presets).
@@ -40,11 +44,12 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
     const std::string help = fmt::format("{}{}; default {} ([{}] {})", o.help, registered,
                                          option_toml(defaults, o), o.section, o.key);
     if (o.is_bool()) {
-      app.add_flag_callback(
-          o.flag(), [&raw, i] { raw[i] = "true"; }, help);
-      app.add_flag_callback(
-          "--no-" + o.flag().substr(2), [&raw, i] { raw[i] = "false"; },
-          "turn " + o.flag() + " off");
+      // One CLI11 flag with its negation: `--no-x --x` is true, `--x=false` false. Two flags
+      // with callbacks had run in declaration order (the --no- form always won) and ignored
+      // `=false`.
+      flags[i] = app.add_flag(fmt::format("{}{{true}},!--no-{}", o.flag(), o.flag().substr(2)),
+                              flag_values[i], help)
+                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     } else {
       const char* type = std::holds_alternative<int64_t JobConfig::*>(o.field)  ? "INT"
                          : std::holds_alternative<double JobConfig::*>(o.field) ? "FLOAT"
@@ -62,6 +67,9 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
     fmt::print("{}", app.help());
     parsed.help = true;
     return parsed;
+  }
+  for (size_t i = 0; i < options.size(); ++i) {
+    if (flags[i] != nullptr && flags[i]->count() > 0) raw[i] = flag_values[i];
   }
   if (!config_file.empty()) load_job_toml(parsed.job, config_file);
   for (size_t i = 0; i < options.size(); ++i) {
