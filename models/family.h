@@ -17,6 +17,8 @@
 // ARCHITECTURE.md, "How to add a model family", lists the files a new family touches.
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -116,6 +118,10 @@ class ModelArgs {
   // How its parameters appear in Hugging Face checkpoints; null when the family has no such
   // format (--init-from and --save are then refused naming the family).
   virtual std::unique_ptr<hf::StateDictAdapter> hf_adapter() const { return nullptr; }
+  // Why hf_adapter() is null, for the error that refuses --init-from, --save or consolidate.
+  virtual std::string no_hf_format() const {
+    return fmt::format("the {} family has no Hugging Face checkpoint format", family());
+  }
   // The parameters a stage holds, from the config alone; empty when the family does not list
   // them (`loom plan` then sizes model states from its traced step only).
   virtual std::vector<PlannedParameter> planned_parameters(

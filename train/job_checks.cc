@@ -84,8 +84,7 @@ void check_paths(const JobConfig& job) {
 // --init-from: the tensors' names, shapes and dtypes against the model, from headers only.
 void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
   const auto adapter = args.hf_adapter();
-  LOOM_CHECK(adapter != nullptr, "--init-from: the {} family has no Hugging Face checkpoint format",
-             args.family());
+  LOOM_CHECK(adapter != nullptr, "--init-from: {}", args.no_hf_format());
   const pipeline::PipelineModelSpec spec = args.spec(0, {});
   const auto whole = pipeline::StageRange::whole(args.n_layers());
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
@@ -246,9 +245,8 @@ CheckedJob check_job(const JobConfig& job) {
         job.save, job.save));
   }
   LOOM_CHECK(job.save.empty() || out.model.args->hf_adapter() != nullptr,
-             "--save: the {} family (--model {}) has no Hugging Face checkpoint format; use "
-             "--checkpoint-dir for its checkpoints",
-             out.model.args->family(), job.model);
+             "--save: {} (--model {}); use --checkpoint-dir for its checkpoints",
+             out.model.args->no_hf_format(), job.model);
   // A restarted job (loomrun --max-restarts) resumes from its latest checkpoint, if any.
   if (job.resume || (restart_count() > 0 && !job.checkpoint_dir.empty())) {
     check_resume(job, out.model.args->fields(), out);

@@ -29,7 +29,14 @@ CommandLine start(int argc, char** argv, std::optional<CheckedJob>& checked) {
       argc, argv,
       "Train a model of any registered family with data, tensor and pipeline parallelism, or "
       "plan the job with --plan (./loom train, ./loom plan).");
-  if (parsed.help || parsed.calibrate) return parsed;
+  if (parsed.help) return parsed;
+  // --search ranks layouts for `loom plan`; a run or a calibration would ignore it silently.
+  LOOM_CHECK(!parsed.job.search || (parsed.plan && !parsed.calibrate),
+             "--search: it searches the layouts of `loom plan` (--plan --search){}",
+             parsed.calibrate ? "; --calibrate measures this machine and exits: run it first, then "
+                                "the search"
+                              : "; add --plan, or drop --search to train");
+  if (parsed.calibrate) return parsed;
   if (parsed.plan) {
     const CheckedJob checked = check_job(parsed.job);
     std::string missing;

@@ -72,7 +72,14 @@ std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t wor
   std::set<std::string> seen;
   for (int64_t tp : divisors(world_size)) {
     for (int64_t pp : divisors(world_size / tp)) {
-      for (int64_t cp : space.cp ? divisors(world_size / (tp * pp)) : std::vector<int64_t>{1}) {
+      // Without --search-cp the job's own cp (1 unless it gave one), where it divides the rest.
+      std::vector<int64_t> cps;
+      if (space.cp) {
+        cps = divisors(world_size / (tp * pp));
+      } else if (base.cp >= 1 && (world_size / (tp * pp)) % base.cp == 0) {
+        cps = {base.cp};
+      }
+      for (int64_t cp : cps) {
         const int64_t rest = world_size / (tp * pp * cp);
         for (int64_t dp_shard : divisors(rest)) {
           for (int64_t ep : space.ep ? divisors(dp_shard * cp) : std::vector<int64_t>{1}) {
@@ -89,7 +96,9 @@ std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t wor
                 job.schedule = pipeline.schedule;
                 job.microbatches = pipeline.microbatches;
                 job.virtual_stages = pipeline.virtual_stages;
-                job.grad_accum = 1;
+                // grad_accum is the job's: it splits each optimizer step's batch, so it decides
+                // the peak and which microbatch counts divide; a layout it does not fit is pruned
+                // with the job's own message.
                 job.activation_checkpoint = checkpointing;
                 const std::string layout = describe(job);
                 if (seen.insert(layout).second) out.push_back({.job = job, .layout = layout});

@@ -4,7 +4,8 @@
 // with no, selective (per op) or full activation checkpointing — is checked with the job's own
 // rules (the ones `loom plan` and the job apply: heads over tp, layers over the stages, the batch
 // over dp x microbatches, ...); a layout whose model states alone (sized from shapes) exceed the
-// memory limit is dropped untraced; the others' steps are traced on the meta device
+// memory limit is dropped untraced (the job's grad_accum, and its cp without --search-cp, are
+// kept: they are part of its step); the others' steps are traced on the meta device
 // (train/job_plan.h), those over the memory limit dropped, and the rest ranked by the step time
 // the machine model predicts (train/step_time_model.h).
 //
@@ -33,7 +34,7 @@ namespace loom::train {
 
 // What the search varies besides tp, pp, dp_shard, dp_replicate, the schedules and checkpointing.
 struct LayoutSpace {
-  bool cp = false;  // context parallelism (long sequences) over the divisors too
+  bool cp = false;  // context parallelism (long sequences) over the divisors too (else the job's)
   bool ep = false;  // expert parallelism (MoE models): ep over the divisors of dp_shard x cp
 };
 

@@ -53,7 +53,7 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
     cp.validate();
     parallel::cp::SequenceLayout{.cp = dims.cp, .seq_len = seq_len, .load_balance = cp.load_balance}
         .check(
-            fmt::format("ParallelConfig: context parallelism over cp {}: a sequence of", dims.cp));
+            fmt::format("ParallelConfig: context parallelism over cp {}: the sequence", dims.cp));
     local_len = seq_len / dims.cp;
   }
   LOOM_CHECK(dims.tp == 1 || !tp_plan.sequence_parallel || local_len % dims.tp == 0,

@@ -26,6 +26,7 @@ class HFFiles {
  public:
   explicit HFFiles(const models::ModelArgs& args)
       : family_(args.family()),
+        no_hf_format_(args.no_hf_format()),
         adapter_(args.hf_adapter()),
         names_(args.spec(0, {}).parameter_names(pipeline::StageRange::whole(args.n_layers()))) {}
 
@@ -42,14 +43,12 @@ class HFFiles {
 
  private:
   const models::hf::StateDictAdapter& adapter() const {
-    LOOM_CHECK(adapter_ != nullptr,
-               "the {} family has no Hugging Face checkpoint format (--init-from and --save need "
-               "one)",
-               family_);
+    LOOM_CHECK(adapter_ != nullptr, "{} (--init-from and --save need one)", no_hf_format_);
     return *adapter_;
   }
 
   std::string family_;
+  std::string no_hf_format_;
   std::unique_ptr<models::hf::StateDictAdapter> adapter_;
   std::vector<std::string> names_;
 };

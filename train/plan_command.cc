@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "base/durable_file.h"
@@ -15,8 +16,38 @@
 
 namespace loom::train {
 
+namespace {
+
+// --plan-dim-link-gbps dim=GBPS[,dim=GBPS...], as bytes per second by dim; checked whether or not
+// a machine is modelled, so that a typo is named even when the figures go unused.
+std::map<std::string, double> dim_link_bytes_per_s(const JobConfig& job) {
+  std::map<std::string, double> out;
+  std::stringstream items(job.plan_dim_link_gbps);
+  const std::vector<std::string> names = ParallelDims{}.names();
+  for (std::string item; std::getline(items, item, ',');) {
+    const auto eq = item.find('=');
+    const std::string dim = item.substr(0, eq);
+    double gbps = 0;
+    try {
+      gbps = eq == std::string::npos ? 0 : std::stod(item.substr(eq + 1));
+    } catch (const std::exception&) {
+      gbps = 0;  // reported below
+    }
+    LOOM_CHECK(eq != std::string::npos && gbps > 0 &&
+                   std::find(names.begin(), names.end(), dim) != names.end(),
+               "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of "
+               "{}, GBPS a positive number; got '{}'",
+               fmt::join(names, ", "), item);
+    out[dim] = gbps * 1e9;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bool gpu_job,
                                          std::string* missing) {
+  const std::map<std::string, double> dim_links = dim_link_bytes_per_s(job);
   std::optional<MachineModel> machine;
   if (job.plan_rank_tflops > 0) {
     LOOM_CHECK(job.plan_link_gbps > 0,
@@ -48,25 +79,12 @@ std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bo
     return std::nullopt;
   }
   if (job.plan_peak_tflops > 0) machine->peak_flops_per_s = job.plan_peak_tflops * 1e12;
-  // --plan-dim-link-gbps dim=GBPS[,dim=GBPS...]
-  std::stringstream items(job.plan_dim_link_gbps);
-  const std::vector<std::string> names = ParallelDims{}.names();
-  for (std::string item; std::getline(items, item, ',');) {
-    const auto eq = item.find('=');
-    const std::string dim = item.substr(0, eq);
-    double gbps = 0;
-    try {
-      gbps = eq == std::string::npos ? 0 : std::stod(item.substr(eq + 1));
-    } catch (const std::exception&) {
-      gbps = 0;  // reported below
-    }
-    LOOM_CHECK(eq != std::string::npos && gbps > 0 &&
-                   std::find(names.begin(), names.end(), dim) != names.end(),
-               "--plan-dim-link-gbps: expected DIM=GBPS items separated by commas, DIM one of "
-               "{}, GBPS a positive number; got '{}'",
-               fmt::join(names, ", "), item);
-    machine->dim_bytes_per_s[dim] = gbps * 1e9;
-  }
+  machine->dim_bytes_per_s = dim_links;
+  LOOM_CHECK(
+      machine->peak_flops_per_s == 0 || machine->peak_flops_per_s >= machine->rank_flops_per_s,
+      "--plan-peak-tflops {}: below the rank's rate, {:.4g} TFLOP/s (--plan-rank-tflops "
+      "or the calibration); the peak is the chip's most, what MFU divides by",
+      job.plan_peak_tflops, machine->rank_flops_per_s / 1e12);
   return machine;
 }
 

@@ -125,7 +125,11 @@ class LlamaArgs : public ModelArgs {
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
-  int64_t num_experts() const override { return config_.moe ? config_.moe->num_experts : 0; }
+  int64_t num_experts() const override {
+    // moe_dense_layers = n_layers keeps every layer dense: a dense model, whose --ep is refused.
+    const bool routes = config_.moe && config_.moe_dense_layers < config_.n_layers;
+    return routes ? config_.moe->num_experts : 0;
+  }
   std::pair<int64_t, int64_t> attention_heads() const override {
     // Latent attention expands its latent into every head's keys and values.
     return {config_.n_heads, config_.mla ? config_.n_heads : config_.n_kv_heads};
@@ -151,6 +155,11 @@ class LlamaArgs : public ModelArgs {
     // No Hugging Face MoE or MLA layout is read or written yet.
     if (config_.moe || config_.mla) return nullptr;
     return llama_hf_adapter(config_);
+  }
+  std::string no_hf_format() const override {
+    return fmt::format(
+        "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has)",
+        config_.moe ? "a mixture of experts (--moe-experts)" : "multi-head latent attention");
   }
   std::vector<PlannedParameter> planned_parameters(
       const pipeline::StageRange& range) const override {

@@ -34,7 +34,7 @@ void SequenceLayout::check(const std::string& what) const {
   const int64_t parts = cp * chunks_per_rank();
   LOOM_CHECK(
       seq_len % parts == 0,
-      "{}: {} tokens do not split into {} equal chunks ({}cp = {}{}); give a multiple of "
+      "{}: {} tokens do not split into {} equal chunks ({}cp {}{}); give a multiple of "
       "{}{}",
       what, seq_len, parts, chunks_per_rank() == 2 ? "2 x " : "", cp,
       chunks_per_rank() == 2 ? ": two per rank, the head-tail split that balances causal work" : "",

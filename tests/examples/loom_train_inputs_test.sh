@@ -190,3 +190,20 @@ expect_error 2 "loom_train: --init-from: " --init-from empty_folder --dp 1 --tp 
 LOOM_INJECT_FAULT=bogus expect_error 2 "loom_train: LOOM_INJECT_FAULT: expected \"rank=R,step=S\"" --steps 2
 LOOM_TIMEOUT_S=abc expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a positive number of seconds, got 'abc'" --steps 2
 echo "ok: replicas, timeouts, job-file folders, counts beyond int, preset sentinels and the ranks' environment are checked first"
+
+# True/false flags: --flag=VALUE must be true or false; plan-only flags are checked even when
+# their figures go unused; --search belongs to `loom plan`.
+expect_error 2 "loom_train: --meta-init: expected true or false, got 'maybe'" --meta-init=maybe
+expect_error 2 "loom_train: --search: it searches the layouts of \`loom plan\` (--plan --search); add --plan" \
+  --search
+expect_error 2 "loom_train --plan: --plan-dim-link-gbps: expected DIM=GBPS items separated by commas" \
+  --plan --plan-dim-link-gbps dp_shard=abc
+expect_error 2 "loom_train --plan: --plan-peak-tflops 1e-06: below the rank's rate, 1 TFLOP/s" \
+  --plan --plan-peak-tflops 0.000001 --plan-rank-tflops 1 --plan-link-gbps 1
+# A Llama with no layer left to route (every one kept dense) has no experts to split over ep; a
+# MoE Llama has no Hugging Face format (a dense one has), said as such.
+expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to split" \
+  --plan --model llama-moe-tiny --n-layer 2 --moe-dense-layers 2 --ep 2 --dp-shard 2 --dp 0 --tp 1
+expect_error 2 "--save: a Llama with a mixture of experts (--moe-experts) has no Hugging Face checkpoint format in Loom yet" \
+  --plan --model llama-moe-tiny --save model.safetensors
+echo "ok: flag values, plan-only flags, --search without --plan, all-dense MoE and MoE saves are named"

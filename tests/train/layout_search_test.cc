@@ -73,6 +73,43 @@ TEST(LayoutSearchTest, EveryLayoutOnceAndTheJobsRulesPrune) {
   }
 }
 
+// The job's grad_accum (and its cp without --search-cp) are part of its step: every candidate
+// keeps them, where the search had traced each layout at grad_accum 1 and cp 1 (peaks of another
+// job, and layouts the job then refused).
+TEST(LayoutSearchTest, CandidatesKeepTheJobsAccumulationAndContextParallelism) {
+  JobConfig job = small_job();
+  job.grad_accum = 4;
+  job.cp = 2;
+  const std::vector<SearchedLayout> layouts = enumerate_layouts(job, 4, LayoutSpace{});
+  ASSERT_FALSE(layouts.empty());
+  for (const SearchedLayout& c : layouts) {
+    EXPECT_EQ(c.job.grad_accum, 4) << c.layout;
+    EXPECT_EQ(c.job.cp, 2) << c.layout;
+    EXPECT_EQ(c.job.tp * c.job.pp * c.job.cp * c.job.dp_shard * c.job.dp_replicate, 4) << c.layout;
+  }
+  // With --search-cp, cp is searched over the divisors instead.
+  std::set<int64_t> cps;
+  for (const SearchedLayout& c : enumerate_layouts(job, 4, LayoutSpace{.cp = true})) {
+    cps.insert(c.job.cp);
+  }
+  EXPECT_EQ(cps, (std::set<int64_t>{1, 2, 4}));
+  // A pipeline whose microbatches the accumulated batch does not split is pruned with the job's
+  // own message: 16 sequences over dp 2 and grad_accum 4 are 2 per step, not 4 microbatches.
+  job.cp = 1;
+  const LayoutSearch search = search_layouts(job, options());
+  bool found = false;
+  for (const SearchedLayout& c : search.layouts) {
+    // (Schedules of 2 stages per rank are pruned first: 4 stages for 2 layers.)
+    const bool one_stage_per_rank = c.job.schedule == "1f1b" || c.job.schedule == "zb-h1";
+    if (c.job.pp == 2 && c.job.dp_replicate == 2 && c.job.microbatches == 4 && one_stage_per_rank) {
+      found = true;
+      EXPECT_THAT(c.pruned, HasSubstr("over grad_accum 4 do not split into 4 microbatches"))
+          << c.layout;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 TEST(LayoutSearchTest, TheBoundSkipsOnlyLayoutsThatCannotWin) {
   const LayoutSearch all = search_layouts(small_job(), options());
   const LayoutSearch bounded = search_layouts(small_job(), options(0, /*bound=*/true));

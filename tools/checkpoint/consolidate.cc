@@ -35,8 +35,7 @@ void consolidate(const std::string& input, const std::string& output) {
   const models::ModelFamily& family = models::family_of_fields(*fields, where);
   const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
   const auto adapter = args->hf_adapter();
-  LOOM_CHECK(adapter != nullptr, "{}: the {} family has no Hugging Face checkpoint format", where,
-             family.name());
+  LOOM_CHECK(adapter != nullptr, "{}: {}", where, args->no_hf_format());
   const std::shared_ptr<nn::Module> model =
       args->spec(0, {}).make_stage(pipeline::StageRange::whole(args->n_layers()));
   checkpoint::StateDict state;
