@@ -9,7 +9,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <set>
+#include <sstream>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -85,11 +88,74 @@ std::string last_operation(const RankDump& dump) {
   return fmt::format("{}, {}", op_text(*last, *group), state_text(*last));
 }
 
+// An all_to_all's detail, "f32, sends [a, b], receives [c, d]": its dtype and the elements it
+// sends to and expects from each group rank. Sizes differ by rank by design (MoE dispatch), so
+// ranks are compared by dtype, and the sizes pairwise (what i sends j, j expects from i).
+struct AllToAllSizes {
+  std::string dtype;
+  std::vector<int64_t> sends, receives;
+};
+
+std::optional<AllToAllSizes> parse_all_to_all(const std::string& detail) {
+  static const std::regex kPattern(R"(^([^,]+), sends \[([0-9, ]*)\], receives \[([0-9, ]*)\]$)");
+  std::smatch match;
+  if (!std::regex_match(detail, match, kPattern)) return std::nullopt;
+  auto numbers = [](const std::string& list) {
+    std::vector<int64_t> out;
+    std::stringstream items(list);
+    for (std::string item; std::getline(items, item, ',');) out.push_back(std::stoll(item));
+    return out;
+  };
+  return AllToAllSizes{match[1].str(), numbers(match[2].str()), numbers(match[3].str())};
+}
+
+// How ranks are compared at one collective: the call, with an all_to_all's sizes left out.
+std::string call_key(const FlightRecord& r) {
+  if (r.kind == CollectiveKind::kAllToAll) {
+    if (const auto sizes = parse_all_to_all(r.detail)) {
+      return fmt::format("{}({}, sizes by rank)", collective_name(r.kind), sizes->dtype);
+    }
+  }
+  return fmt::format("{}({})", collective_name(r.kind), r.detail);
+}
+
 struct Member {
   int global_rank;
   const RankDump* dump;
   const GroupRecords* records;
 };
+
+// The first pair of ranks whose all_to_all sizes (collective `index`) disagree, in words; empty
+// when every rank sends each peer what that peer expects from it.
+std::string all_to_all_mismatch(const std::vector<Member>& members,
+                                const std::vector<std::map<int64_t, const FlightRecord*>>& by_index,
+                                int64_t index) {
+  std::map<int, AllToAllSizes> by_group_rank;
+  std::map<int, int> global_of;
+  for (size_t m = 0; m < members.size(); ++m) {
+    const auto sizes = parse_all_to_all(by_index[m].at(index)->detail);
+    if (!sizes) return "";  // an older dump's detail: nothing to compare
+    const std::vector<int>& globals = members[m].records->global_ranks;
+    const auto at = std::find(globals.begin(), globals.end(), members[m].global_rank);
+    if (at == globals.end()) return "";
+    const int group_rank = static_cast<int>(at - globals.begin());
+    by_group_rank[group_rank] = *sizes;
+    global_of[group_rank] = members[m].global_rank;
+  }
+  for (const auto& [i, from] : by_group_rank) {
+    for (const auto& [j, to] : by_group_rank) {
+      if (static_cast<size_t>(j) >= from.sends.size() ||
+          static_cast<size_t>(i) >= to.receives.size())
+        return fmt::format("rank {} lists {} sizes for a group of {}", global_of[i],
+                           from.sends.size(), members.size());
+      if (from.sends[j] != to.receives[i]) {
+        return fmt::format("rank {} sends rank {} {} elements, and rank {} expects {} from it",
+                           global_of[i], global_of[j], from.sends[j], global_of[j], to.receives[i]);
+      }
+    }
+  }
+  return "";
+}
 
 std::string report_group(const std::string& name, const std::vector<int>& ranks,
                          const std::vector<Member>& members, const std::set<int>& missing_dumps) {
@@ -129,8 +195,7 @@ std::string report_group(const std::string& name, const std::vector<int>& ranks,
       }
       entered.push_back(members[m].global_rank);
       if (example == nullptr) example = it->second;
-      calls[fmt::format("{}({})", collective_name(it->second->kind), it->second->detail)].push_back(
-          members[m].global_rank);
+      calls[call_key(*it->second)].push_back(members[m].global_rank);
     }
     if (calls.size() > 1) {
       std::string lines;
@@ -152,7 +217,15 @@ std::string report_group(const std::string& name, const std::vector<int>& ranks,
                          op_text(*example, name), ranks_text(entered), ranks_text(absent), lines,
                          missing_note);
     }
-    // Everyone entered it: did it complete everywhere?
+    // Everyone entered it. An all_to_all: does each rank send each peer what the peer expects?
+    if (example->kind == CollectiveKind::kAllToAll) {
+      if (const std::string mismatch = all_to_all_mismatch(members, by_index, index);
+          !mismatch.empty()) {
+        return fmt::format("{}: {} on every rank, but {}{}", title, op_text(*example, name),
+                           mismatch, missing_note);
+      }
+    }
+    // Did it complete everywhere?
     std::vector<int> unfinished;
     std::string lines;
     for (size_t m = 0; m < members.size(); ++m) {
@@ -214,26 +287,33 @@ std::string flight_report(const std::vector<RankDump>& dumps, int world_size) {
   }
   if (!no_dump.empty()) out += fmt::format("; none from {}", ranks_text(no_dump));
   out += "\n";
-  // Groups by (name, global ranks), in order of first appearance.
-  std::vector<std::pair<std::string, std::vector<int>>> order;
-  std::map<std::pair<std::string, std::vector<int>>, std::vector<Member>> groups;
+  // Groups by (name, global ranks, which of the rank's groups of that name and ranks), in order
+  // of first appearance: two meshes over the same ranks (a MoE job's expert mesh beside the job's)
+  // each make a "mesh/pp" of the same ranks, and every rank makes them in the same order.
+  using Key = std::tuple<std::string, std::vector<int>, int>;
+  std::vector<Key> order;
+  std::map<Key, std::vector<Member>> groups;
   for (const RankDump& d : dumps) {
+    std::map<std::pair<std::string, std::vector<int>>, int> seen;
     for (const GroupRecords& g : d.groups) {
-      const auto key = std::make_pair(g.name, g.global_ranks);
+      const Key key{g.name, g.global_ranks, seen[{g.name, g.global_ranks}]++};
       if (!groups.contains(key)) order.push_back(key);
       groups[key].push_back({d.rank, &d, &g});
     }
   }
   for (const auto& key : order) {
-    if (key.second.size() < 2) continue;  // one rank cannot diverge from itself
+    const auto& [name, ranks, occurrence] = key;
+    if (ranks.size() < 2) continue;  // one rank cannot diverge from itself
     std::vector<Member>& members = groups[key];
     std::sort(members.begin(), members.end(),
               [](const Member& a, const Member& b) { return a.global_rank < b.global_rank; });
     std::set<int> missing;
-    for (int r : key.second) {
+    for (int r : ranks) {
       if (!have.contains(r)) missing.insert(r);
     }
-    out += report_group(key.first, key.second, members, missing) + "\n";
+    out += report_group(occurrence == 0 ? name : fmt::format("{} (copy {})", name, occurrence + 1),
+                        ranks, members, missing) +
+           "\n";
   }
   return out;
 }

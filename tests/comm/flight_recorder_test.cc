@@ -122,6 +122,70 @@ void expect_last_rank_missed_the_third(const std::string& report, int n, const s
       << report;
 }
 
+// A completed collective as a rank's ring holds it.
+FlightRecord completed(int64_t collective, CollectiveKind kind, std::string detail) {
+  return FlightRecord{.sequence = static_cast<uint64_t>(collective),
+                      .collective = collective,
+                      .kind = kind,
+                      .detail = std::move(detail),
+                      .state = RecordState::kCompleted};
+}
+
+// Two meshes over the same ranks (a MoE job's expert mesh beside the job's own) each make a
+// "mesh/pp" group of ranks {0, 1}: the report pairs each rank's first with the others' first and
+// its second with their second, instead of merging them (which had read "entered by ranks 0, 1;
+// not by ranks 0, 1").
+TEST(FlightReportTest, GroupsOfOneNameAndRanksArePairedInTheOrderMade) {
+  std::vector<RankDump> dumps;
+  for (int rank : {0, 1}) {
+    RankDump dump{.rank = rank};
+    dump.groups.push_back(
+        GroupRecords{.name = "mesh/pp", .rank = rank, .size = 2, .global_ranks = {0, 1}});
+    for (int64_t i = 0; i < 3; ++i) {
+      dump.groups[0].records.push_back(
+          completed(i, CollectiveKind::kBroadcast, "f32, 4 elements, root 0"));
+    }
+    dump.groups.push_back(GroupRecords{.name = "mesh/pp",
+                                       .rank = rank,
+                                       .size = 2,
+                                       .global_ranks = {0, 1}});  // its copy: nothing recorded
+    dumps.push_back(std::move(dump));
+  }
+  const std::string report = flight_report(dumps, 2);
+  EXPECT_THAT(report, HasSubstr("group 'mesh/pp' (global ranks 0, 1): consistent, 3 collectives "
+                                "recorded on every rank"))
+      << report;
+  EXPECT_THAT(report, HasSubstr("group 'mesh/pp (copy 2)' (global ranks 0, 1): consistent"))
+      << report;
+  EXPECT_THAT(report, Not(HasSubstr("divergence"))) << report;
+}
+
+// An all_to_all's sizes differ by rank by design (MoE dispatch): ranks agree when each sends each
+// peer what the peer expects from it, and the first pair that does not is named.
+TEST(FlightReportTest, AllToAllSizesAreComparedPairwise) {
+  const auto report_of = [](const std::string& rank1_receives) {
+    std::vector<RankDump> dumps;
+    const std::vector<std::string> details = {
+        "f32, sends [7424, 768], receives [7424, 5632]",
+        "f32, sends [5632, 2560], receives " + rank1_receives};
+    for (int rank : {0, 1}) {
+      RankDump dump{.rank = rank};
+      dump.groups.push_back(
+          GroupRecords{.name = "mesh/ep", .rank = rank, .size = 2, .global_ranks = {0, 1}});
+      dump.groups[0].records.push_back(
+          completed(0, CollectiveKind::kAllToAll, details[static_cast<size_t>(rank)]));
+      dumps.push_back(std::move(dump));
+    }
+    return flight_report(dumps, 2);
+  };
+  const std::string matching = report_of("[768, 2560]");
+  EXPECT_THAT(matching, HasSubstr("group 'mesh/ep' (global ranks 0, 1): consistent")) << matching;
+  const std::string mismatched = report_of("[700, 2560]");
+  EXPECT_THAT(mismatched, HasSubstr("on every rank, but rank 0 sends rank 1 768 elements, and "
+                                    "rank 1 expects 700 from it"))
+      << mismatched;
+}
+
 class DivergenceTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(DivergenceTest, ARankThatSkipsACollectiveIsNamed) {
