@@ -224,7 +224,7 @@ std::optional<int64_t> latest_committed_step(const std::string& root) {
 }
 
 StagedSave stage_save(const StateDict& state, const std::string& root, int64_t step,
-                      comm::ProcessGroup& world, const SaveOptions& options) {
+                      comm::ProcessGroup& world, const SaveOptions& options, Staging staging) {
   NoGradGuard no_grad;
   const int rank = world.rank();
   StagedSave staged;
@@ -250,14 +250,19 @@ StagedSave stage_save(const StateDict& state, const std::string& root, int64_t s
   SavePlan plan = plan_save(all, options.block_bytes);
   plan.metadata.step = step;
   plan.metadata.extra = state.extra;
-  // 2. This rank's blocks, copied to host memory: training may change the tensors from here on.
+  // 2. This rank's blocks: copied to host memory (training may change the tensors from here on),
+  // or views of them that the commit writes one at a time.
   error = error_of([&] {
     for (const WriteItem& item : plan.writes[rank]) {
       const auto [local, origin] = local_part(tensors.at(item.name));
       const Tensor block = narrow_to(local, origin, item.box);
-      staged.blocks.push_back(block.device().is_cpu()
-                                  ? ops::contiguous(ops::clone(block))
-                                  : ops::contiguous(ops::to(block, Device::cpu())));
+      if (staging == Staging::kViews) {
+        staged.blocks.push_back(block);
+      } else {
+        staged.blocks.push_back(block.device().is_cpu()
+                                    ? ops::contiguous(ops::clone(block))
+                                    : ops::contiguous(ops::to(block, Device::cpu())));
+      }
     }
   });
   agree_on_success(world, what, error);
@@ -290,7 +295,12 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     Sha256 whole;
     nlohmann::json chunks = nlohmann::json::array();
     for (size_t i = 0; i < writes.size(); ++i) {
-      const Tensor& block = staged.blocks[i];
+      // A staged copy as it is; a view made a contiguous host tensor (a copy only when it is not
+      // one already), and dropped after its write.
+      Tensor block = staged.blocks[i];
+      if (!block.device().is_cpu()) block = ops::to(block, Device::cpu());
+      block = ops::contiguous(block);
+      staged.blocks[i] = Tensor();
       const size_t bytes = static_cast<size_t>(writes[i].length);
       LOOM_INTERNAL_ASSERT(
           block.numel() * static_cast<int64_t>(element_size(block.dtype())) == writes[i].length,
@@ -358,7 +368,8 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
 
 std::string save(const StateDict& state, const std::string& root, int64_t step,
                  comm::ProcessGroup& world, const SaveOptions& options) {
-  return commit_save(stage_save(state, root, step, world, options), world);
+  // Nothing changes the tensors before the commit: write from them, holding no copy of the state.
+  return commit_save(stage_save(state, root, step, world, options, Staging::kViews), world);
 }
 
 AsyncSaver::AsyncSaver(std::shared_ptr<comm::ProcessGroup> world) {

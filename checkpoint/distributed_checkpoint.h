@@ -75,17 +75,23 @@ std::string save(const StateDict& state, const std::string& root, int64_t step,
                  comm::ProcessGroup& world, const SaveOptions& options = {});
 
 // The two halves of save(): stage_save (collective over `world`: the plan, and this rank's
-// pieces copied to host memory, after which training may change the tensors) and commit_save
-// (collective over `group`, any group over the same ranks: files, checksums, the atomic commit).
+// pieces) and commit_save (collective over `group`, any group over the same ranks: files,
+// checksums, the atomic commit). With Staging::kCopy the pieces are copied to host memory, after
+// which training may change the tensors (an asynchronous save: the copy is the rank's whole
+// state, held until written); with kViews they stay views of the tensors, each made contiguous on
+// the host one at a time as it is written (save(): nothing changes them before the commit, and a
+// checkpoint costs no more memory than one block).
+enum class Staging { kCopy, kViews };
 struct StagedSave {
   std::string root;
   int64_t step = 0;
   int keep_last = 0;
   SavePlan plan;
-  std::vector<Tensor> blocks;  // this rank's writes, in plan order, on the host
+  std::vector<Tensor> blocks;  // this rank's writes, in plan order: host copies, or views
 };
 StagedSave stage_save(const StateDict& state, const std::string& root, int64_t step,
-                      comm::ProcessGroup& world, const SaveOptions& options = {});
+                      comm::ProcessGroup& world, const SaveOptions& options = {},
+                      Staging staging = Staging::kCopy);
 std::string commit_save(StagedSave staged, comm::ProcessGroup& group);
 
 // Asynchronous saves (DCP's async_save): save() stages on the caller's thread (the training

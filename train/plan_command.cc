@@ -104,8 +104,34 @@ std::string plan_report(const JobConfig& job) {
     options.validation = {
         .batches = checked.data.val_batches, .every = job.val_every, .steps = job.steps};
   }
-  const JobPlan plan =
+  JobPlan plan =
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
+  if (job.async_checkpoint && !job.checkpoint_dir.empty() && !plan.ranks.empty()) {
+    // What an asynchronous save copies (parameters and optimizer state), and the most a rank
+    // then holds: at the save (between steps), and during a step the write runs into.
+    int64_t staged = 0, at_save = 0, in_step = 0;
+    for (const RankModelStates& rank : plan.ranks) {
+      staged = std::max(staged, rank.parameter_bytes() + rank.optimizer_bytes());
+    }
+    for (const TracedRank& rank : plan.traced) {
+      const int64_t copy =
+          plan.rank(rank.rank).parameter_bytes() + plan.rank(rank.rank).optimizer_bytes();
+      at_save = std::max(at_save, rank.held_bytes + copy);
+      in_step = std::max(in_step, rank.peak_bytes + copy);
+    }
+    std::string peaks;
+    if (in_step > 0) {
+      peaks = fmt::format(
+          " (at most {:.1f} MiB per rank at the save, {:.1f} MiB if the write runs "
+          "into the next step)",
+          at_save / 1048576.0, in_step / 1048576.0);
+    }
+    plan.notes.push_back(fmt::format(
+        "--async-checkpoint: each save first copies a rank's parameters and optimizer state, up "
+        "to {:.1f} MiB, and holds the copy until it is written in the background{}; a "
+        "synchronous save writes from the tensors themselves",
+        staged / 1048576.0, peaks));
+  }
   std::string out;
   for (const std::string& warning : checked.warnings) out += fmt::format("{}\n", warning);
   out += format_job_plan(plan);

@@ -155,7 +155,7 @@ hf::LoadStats load_gpt2_hf(GPTStage& model, const std::string& path) {
 }
 
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write) {
-  const auto parameters = hf::whole_parameters(model);  // collective
+  const auto parameters = hf::whole_parameters(model, write);  // collective
   if (write) hf::save(parameters, *gpt2_hf_adapter(model.config()), path);
 }
 

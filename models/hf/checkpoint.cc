@@ -268,13 +268,13 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   return stats;
 }
 
-std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module) {
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module, bool keep) {
   NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> out;
   // Every rank runs the same full_tensor collectives, in named_parameters order.
   for (const auto& [name, p] : module.named_parameters()) {
     const Tensor full = is_dtensor(p) ? full_tensor(p) : p;
-    out.emplace_back(name, ops::contiguous(ops::to(full, Device::cpu())));
+    if (keep) out.emplace_back(name, ops::contiguous(ops::to(full, Device::cpu())));
   }
   return out;
 }

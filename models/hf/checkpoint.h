@@ -17,8 +17,8 @@
 // boxes read) is reported together with the others, the model unchanged.
 //
 // Save: the caller gathers the whole parameters (whole_parameters: full_tensor on every rank of
-// their meshes, collective) and the ranks with `write` write the file atomically, and
-// config.json beside it.
+// their meshes, collective; kept by the ranks that write) and the ranks with `write` write the
+// file atomically, and config.json beside it.
 #pragma once
 
 #include <set>
@@ -62,8 +62,11 @@ void check(const nn::Module& module, const StateDictAdapter& adapter, const std:
            const std::vector<std::string>& model_names, const std::string& who);
 
 // Whole copies of `module`'s parameters on the CPU, in named_parameters order. Collective:
-// DTensor parameters are gathered (full_tensor), so every rank of their meshes calls it.
-std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module);
+// DTensor parameters are gathered (full_tensor), so every rank of their meshes calls it. Only a
+// rank that `keep`s them (the one that writes the file) holds them all; the others drop each
+// gathered parameter at once and get an empty list, holding at most one whole parameter.
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
+                                                             bool keep = true);
 
 // Writes whole parameters (Loom's layout, on the CPU) as a safetensors file at `path`, and the
 // adapter's config.json beside it, each atomically.

@@ -192,7 +192,7 @@ hf::LoadStats load_llama_hf(LlamaStage& model, const std::string& path) {
 }
 
 void save_llama_hf(const Llama& model, const std::string& path, bool write) {
-  const auto parameters = hf::whole_parameters(model);  // collective
+  const auto parameters = hf::whole_parameters(model, write);  // collective
   if (write) hf::save(parameters, *llama_hf_adapter(model.config()), path);
 }
 

@@ -1,6 +1,7 @@
 // GPT-2 HF checkpoints with tensor-parallel (DTensor) parameters: loading copies each rank's
 // slice into its local shard (no communication), and saving gathers with full_tensor on every
-// rank while rank 0 writes a file identical in content to the one-rank model's.
+// rank while rank 0 writes a file identical in content to the one-rank model's (and alone keeps
+// the gathered parameters).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include "models/gpt/hf.h"
 #include "models/gpt/plans.h"
 #include "models/hf/safetensors.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 #include "tests/models/gpt2_hf_test_config.h"
 #include "tests/testing/tensor_checks.h"
@@ -39,6 +41,8 @@ TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
   const std::string in_path = ::testing::TempDir() + "/tp_in.safetensors";
   const std::string out_path = ::testing::TempDir() + "/tp_out.safetensors";
   save_gpt2_hf(reference, in_path);
+  int64_t whole_bytes = 0;
+  for (const auto& [name, p] : reference.named_parameters()) whole_bytes += 4 * p.numel();
 
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     auto mesh = std::make_shared<const DeviceMesh>(
@@ -57,7 +61,18 @@ TEST(GPT2HFTensorParallelTest, LoadsShardsAndSavesTheFullModel) {
          .expected = expected,
          .tol = {.rtol = 1e-5, .atol = 1e-7, .relative_to = loom::testing::RelativeTo::kLargest},
          .what = "logits"});
-    save_gpt2_hf(model, out_path, /*write=*/pg.rank() == 0);
+    // Only the writing rank keeps the gathered parameters: the other holds one at a time (it
+    // had held the whole model too, for nothing).
+    MemoryTracker saving;
+    {
+      ScopedMemoryTracker scope(saving);
+      save_gpt2_hf(model, out_path, /*write=*/pg.rank() == 0);
+    }
+    if (pg.rank() == 1) {
+      EXPECT_LT(saving.stats().peak_bytes, whole_bytes / 2)
+          << "a rank that does not write held " << saving.stats().peak_bytes << " of the model's "
+          << whole_bytes << " bytes";
+    }
   });
 
   const SafetensorsFile in = load_safetensors(in_path), out = load_safetensors(out_path);
