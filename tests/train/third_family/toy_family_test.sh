@@ -38,7 +38,7 @@ if "$train" --model toy-tiny --dp 1 --tp 1 --save x.safetensors --steps 1 --no-p
     --sample-tokens 0 --metrics-out "" --plot-out "" >save.log 2>&1; then
   fail "--save of a family without a Hugging Face format succeeded"
 fi
-grep -q -- "--save: the toy family (--model toy-tiny) has no Hugging Face checkpoint format" save.log || { cat save.log; fail "not named"; }
+grep -q -- "--save: the toy family has no Hugging Face checkpoint format (--model toy-tiny)" save.log || { cat save.log; fail "not named"; }
 # A family that does not declare context parallelism (ModelArgs::supports_context_parallel) is
 # refused by name for --cp 2, before anything trains.
 if "$train" --model toy-tiny --dp 1 --tp 1 --cp 2 --steps 1 --no-progress --sample-tokens 0 \
