@@ -108,6 +108,10 @@ class ModelArgs {
   virtual bool supports_context_parallel() const { return false; }
   // The routed experts of the model's MoE layers (0: a dense model): what --ep must divide.
   virtual int64_t num_experts() const { return 0; }
+  // What in the model's math depends on how a step is split over microbatches and ranks (a
+  // mixture of experts' balancing loss and capacity), in words for `loom plan`; empty: nothing
+  // (every layout trains as one rank does).
+  virtual std::string layout_dependence() const { return ""; }
   // The attention's (query heads, key/value heads) per layer, as loom::scaled_dot_product_attention
   // gets them on one rank: what tp and Ulysses context parallelism split. {0, 0}: not stated
   // (the job then leaves the split to the attention, which names it when it runs).

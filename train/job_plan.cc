@@ -206,6 +206,9 @@ JobPlan plan_job(const models::ModelArgs& model, const ParallelConfig& parallel,
   }
   add_uneven_vocabulary_note(plan, model.vocab_size(), "the vocabulary-sharded rows");
   add_routing_note(plan, model.num_experts(), dims.ep);
+  if (const std::string note = model.layout_dependence(); !note.empty()) {
+    plan.notes.push_back(note);
+  }
 
   // Each stage's parameters, listed once for every rank that runs it (none: the family does not
   // list them, and the trace sizes the model states).

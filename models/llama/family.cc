@@ -156,6 +156,23 @@ class LlamaArgs : public ModelArgs {
     if (config_.moe || config_.mla) return nullptr;
     return llama_hf_adapter(config_);
   }
+  std::string layout_dependence() const override {
+    if (num_experts() == 0) return "";
+    const bool aux = config_.moe->aux_loss_coeff > 0, capacity = config_.moe->capacity_factor > 0;
+    if (!aux && !capacity) return "";
+    return fmt::format(
+        "mixture of experts: {}{}{} (as Megatron's), so a layout that splits a step into other "
+        "microbatches (--grad-accum, a pipeline's) or other ranks balances over other tokens and "
+        "its losses differ slightly from one rank's; {} every layout equal to one rank",
+        aux ? "the auxiliary loss is over each microbatch's tokens on the data-parallel ranks "
+              "together"
+            : "",
+        aux && capacity ? ", and " : "",
+        capacity ? "an expert's capacity over each rank's microbatch" : "",
+        aux && capacity ? "--moe-aux-loss-coeff 0 and --moe-capacity-factor 0 keep"
+        : aux ? "--moe-aux-loss-coeff 0 (balancing by --moe-bias-update-rate instead) keeps"
+              : "--moe-capacity-factor 0 (dropless) keeps");
+  }
   std::string no_hf_format() const override {
     return fmt::format(
         "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has)",

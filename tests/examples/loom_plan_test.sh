@@ -115,3 +115,11 @@ awk -v p="$planned" -v m="$measured" 'BEGIN { m /= 1048576; d = (p - m) / m; if 
   if (p == "" || m == 0 || d > 0.02) { print "planned peak " p " MiB, measured " m " MiB"; exit 1 } }' ||
   fail "the plan's peak is not the run's"
 echo "ok: the run's tensor peak is the plan's"
+
+# A mixture of experts whose balancing depends on the microbatches says so; without an auxiliary
+# loss or a capacity nothing does, and no such note is printed.
+plan 0 --model llama-moe-tiny --tp 1 --dp 0 --dp-shard 2 --ep 2 --nproc 2
+expect_out "its losses differ slightly from one rank's; --moe-aux-loss-coeff 0"
+plan 0 --model llama-moe-tiny --moe-aux-loss-coeff 0 --tp 1 --dp 0 --dp-shard 2 --ep 2 --nproc 2
+! grep -q "differ slightly from one rank" out.log || { cat out.log; fail "a note without a cause"; }
+echo "ok: the plan says when a mixture of experts' balancing depends on the layout"
