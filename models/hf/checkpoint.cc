@@ -117,7 +117,12 @@ void fail_on(const std::vector<std::string>& problems, const std::string& who,
   if (problems.empty()) return;
   std::string message =
       fmt::format("{} '{}': {} problem(s); the model is unchanged:", who, path, problems.size());
-  for (const auto& problem : problems) message += "\n  " + problem;
+  // The first ones say what is wrong; a model of other sizes altogether would list every tensor.
+  constexpr size_t kListed = 10;
+  for (size_t i = 0; i < std::min(problems.size(), kListed); ++i) message += "\n  " + problems[i];
+  if (problems.size() > kListed) {
+    message += fmt::format("\n  ... and {} more", problems.size() - kListed);
+  }
   LOOM_FAIL("{}", message);
 }
 

@@ -80,6 +80,17 @@ cmp saved/tokenizer.json "$tokenizer" || fail "--save did not write the tokenize
 grep -q "tokenizer tokenizer.json at saved/tokenizer.json" init.log ||
   { cat init.log; fail "--init-from's tokenizer.json was not used"; }
 echo "ok: --save writes tokenizer.json beside the model, --init-from uses it"
+# Weights without their config.json: the preset's sizes do not fit them, and the error says why
+# first, then lists the first mismatches, not every tensor.
+mkdir -p no_config && cp saved/model.safetensors no_config/
+status=0
+"$train" "${common[@]}" --model tiny --n-layer 4 --dp 1 --tp 1 --steps 1 --data text \
+  --init-from no_config --metrics-out "" > noconf.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat noconf.log; fail "--init-from without config.json exited $status"; }
+grep -q "there is no config.json beside the weights ('no_config/config.json')" noconf.log ||
+  { cat noconf.log; fail "the missing config.json is not named"; }
+(( $(wc -l < noconf.log) <= 16 )) || { cat noconf.log; fail "the error lists every tensor"; }
+echo "ok: --init-from without config.json names it, in a few lines"
 
 # --- what Loom's model config does not hold travels too: the token ids of the config.json it
 # started from and its generation_config.json (else generate() after a round trip stops at
