@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "parallel/activation_checkpoint.h"
 
 namespace loom::train {
 
@@ -157,11 +158,17 @@ const std::vector<JobOption>& options() {
        &C::mixed_precision,
        Range::kAny,
        {"none", "bf16"}},
-      {"training", "activation_checkpoint",
+      {"training",
+       "activation_checkpoint",
        "recompute activations in backward instead of keeping them: none, full (every block), "
        "selective-op (every block, keeping matrix products and attention) or selective-layer:N "
        "(every N-th block)",
-       &C::activation_checkpoint},
+       &C::activation_checkpoint,
+       Range::kAny,
+       {},
+       [](std::string_view text, std::string_view where) {
+         parallel::ActivationCheckpointing::parse(text, where);
+       }},
       {"training", "meta_init",
        "build the model on the meta device and give each rank only its own shards' memory and "
        "values (--no-meta-init: every rank builds the whole model first; the same values)",
@@ -432,6 +439,7 @@ std::string to_string(const JobOption& option, const OptionValue& value, const s
       option.choices.empty() ||
           std::find(option.choices.begin(), option.choices.end(), text) != option.choices.end(),
       "{}: expected one of {}, got {}", where, fmt::join(option.choices, ", "), describe(value));
+  if (option.check_text != nullptr) option.check_text(text, where);
   return text;
 }
 

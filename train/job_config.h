@@ -146,6 +146,9 @@ struct JobOption {
   Field field;
   Range range = Range::kAny;
   std::vector<std::string_view> choices = {};  // a string option's allowed values (empty: any)
+  // A string option's form, when choices cannot list it ("selective-layer:N"): throws naming
+  // `where` (the flag, or the job file's section and key) as the job's own parser would.
+  void (*check_text)(std::string_view text, std::string_view where) = nullptr;
 
   std::string flag() const;  // "--batch-size"
   bool is_bool() const { return std::holds_alternative<bool JobConfig::*>(field); }

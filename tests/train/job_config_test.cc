@@ -133,6 +133,10 @@ TEST(JobConfigTest, BadFilesAreNamedBySectionAndKey) {
               HasSubstr("[parallel] schedule: expected one of gpipe, 1f1b, zb-h1, interleaved, "
                         "zbv, dualpipev, got "
                         "'zigzag'"));
+  // A form no list of choices holds is checked by the option's own parser, named by the key.
+  EXPECT_THAT(error("[training]\nactivation_checkpoint = \"selective-layer:0\"\n"),
+              HasSubstr("bad.toml: [training] activation_checkpoint: expected none, full, "
+                        "selective-op or selective-layer:N"));
   EXPECT_THAT(error("[parallel]\nsequence_parallel = 1\n"),
               HasSubstr("[parallel] sequence_parallel: expected true or false, got an integer"));
   EXPECT_THAT(error("[training]\nsteps = [1, 2]\n"),
