@@ -190,6 +190,7 @@ struct Tokenizer::Impl {
   // Vocabulary entries that are not byte-level strings (no pre-token can produce them).
   std::unordered_map<std::string, int32_t> other_tokens;
   int specials = 0;
+  bool split_specials = false;  // TokenizerOptions::split_special_tokens
 
   // Pieces of text[from, to) (text between added tokens, or from a piece boundary), encoded and
   // appended; true and `where` when a piece ends at or past `stop`.
@@ -212,7 +213,7 @@ struct Tokenizer::Impl {
   }
 };
 
-Tokenizer Tokenizer::from_file(const std::string& path) {
+Tokenizer Tokenizer::from_file(const std::string& path, const TokenizerOptions& options) {
   std::error_code ec;
   LOOM_CHECK(std::filesystem::exists(path, ec), "tokenizer.json at {}: the file does not exist",
              path);
@@ -224,10 +225,11 @@ Tokenizer Tokenizer::from_file(const std::string& path) {
   std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
   LOOM_CHECK(!file.bad(), "tokenizer.json at {}: reading it failed: {}", path,
              std::strerror(errno));
-  return from_json(text, path);
+  return from_json(text, path, options);
 }
 
-Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& origin) {
+Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& origin,
+                               const TokenizerOptions& tokenizer_options) {
   const Reader r(origin);
   Json root;
   try {
@@ -404,6 +406,11 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
     impl->added_ids[token.content] = token.id;
     impl->specials += token.special ? 1 : 0;
   }
+  // Split special tokens are not matched: the text they spell is encoded as any other.
+  impl->split_specials = tokenizer_options.split_special_tokens;
+  if (tokenizer_options.split_special_tokens) {
+    std::erase_if(added, [](const AddedToken& token) { return token.special; });
+  }
   impl->added = std::make_unique<AddedTokens>(std::move(added));
   if (const Json* post = Reader::member(root, "post_processor")) {
     if (const auto content = leading_special_token(*post)) {
@@ -475,8 +482,9 @@ std::optional<int32_t> Tokenizer::token_id(std::string_view token) const {
 }
 
 std::string Tokenizer::description() const {
-  return fmt::format("tokenizer.json at {} (byte-level BPE, {} tokens, {} special)", impl_->origin,
-                     vocab_size(), impl_->specials);
+  return fmt::format("tokenizer.json at {} (byte-level BPE, {} tokens, {} special{})",
+                     impl_->origin, vocab_size(), impl_->specials,
+                     impl_->split_specials && impl_->specials > 0 ? ", split in text" : "");
 }
 
 std::optional<int32_t> Tokenizer::end_of_text() const {

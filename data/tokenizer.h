@@ -36,18 +36,28 @@ namespace loom::data {
 // The largest token id a tokenizer.json may hold (tokens are kept in tables by id).
 inline constexpr int64_t kLargestTokenId = (int64_t{1} << 22) - 1;
 
+struct TokenizerOptions {
+  // Hugging Face's split_special_tokens: special added tokens ("special": true, such as
+  // <|endoftext|>) in a text are encoded as the text they spell instead of matched, as llm.c's
+  // fineweb.py encodes documents (a document that quotes "<|endoftext|>" is not cut by it).
+  // Added tokens that are not special are matched either way. false: HF's default encode.
+  bool split_special_tokens = false;
+};
+
 class Tokenizer {
  public:
   // Reads a Hugging Face tokenizer.json. Throws loom::Error naming the path and, for anything
   // unsupported, the key and the value found and what is supported (e.g. model.type
   // "WordPiece": only "BPE" with a ByteLevel pre-tokenizer/decoder is supported; a normalizer
   // other than null).
-  static Tokenizer from_file(const std::string& path);
+  static Tokenizer from_file(const std::string& path, const TokenizerOptions& options = {});
   // The same from the file's text; `origin` names it in errors and in description().
-  static Tokenizer from_json(const std::string& json_text, const std::string& origin);
+  static Tokenizer from_json(const std::string& json_text, const std::string& origin,
+                             const TokenizerOptions& options = {});
 
   // Token ids of `text`, exactly as HF `tokenizer.encode(text, add_special_tokens=False).ids`
-  // (added/special tokens in the text are matched as HF does; no BOS/EOS added). Thread-safe.
+  // (added/special tokens in the text are matched as HF does, unless split_special_tokens; no
+  // BOS/EOS added). Thread-safe.
   std::vector<int32_t> encode(std::string_view text) const;
 
   // Encodes `text` from byte `begin` (which must be a pre-token boundary of the whole text,

@@ -209,6 +209,10 @@ const std::vector<JobOption>& options() {
        "a Hugging Face tokenizer.json (byte-level BPE: GPT-2's, Llama 3's) that tokenizes text "
        "data as the job starts and decodes the sample; empty: one token per byte",
        &C::tokenizer},
+      {"data", "split_special_tokens",
+       "encode special tokens spelled in the text (<|endoftext|>) as text, as `loom tokenize` and "
+       "llm.c do; --no-split-special-tokens matches them, as Hugging Face's default encode does",
+       &C::split_special_tokens},
       {"data", "document_boundaries",
        "sample only sequences that lie inside one document (documents start at the "
        "document token)",

@@ -83,9 +83,12 @@ struct JobConfig {
   // (data/token_corpus.h).
   std::string data = "/usr/share/common-licenses/GPL-3";
   std::string tokenizer;  // a Hugging Face tokenizer.json for text data; empty: byte tokens
+  // Special tokens spelled in the text are encoded as text, as `loom tokenize` and llm.c do
+  // (data/tokenizer.h's TokenizerOptions); false: matched, as HF's default encode does.
+  bool split_special_tokens = true;
   // Sample only sequences inside one document (documents start at document_token).
   bool document_boundaries = false;
-  int64_t document_token = -1;  // -1: the tokenizer's end-of-text, or GPT-2's 50256 for uint16
+  int64_t document_token = -1;  // -1: the tokenizer's document_start(), or GPT-2's 50256
   std::string val_data;         // held-out tokens, read as --data is; empty: no validation
   int64_t val_every = 0;        // validate every N steps and after the last (0: after the last)
   int64_t val_steps = 0;        // batches per validation (0: all the val data holds, at most 20)

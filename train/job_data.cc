@@ -110,8 +110,8 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
   JobData out;
   out.tokenizer_path = job_tokenizer_path(job);
   if (!out.tokenizer_path.empty()) {
-    out.tokenizer =
-        std::make_shared<const data::Tokenizer>(data::Tokenizer::from_file(out.tokenizer_path));
+    out.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::from_file(
+        out.tokenizer_path, {.split_special_tokens = job.split_special_tokens}));
   }
   const data::TextTokenization text = text_tokenization(out.tokenizer);
   out.train = data::TokenCorpus::open(job.data, text, "--data");

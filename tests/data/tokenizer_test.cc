@@ -312,6 +312,27 @@ TEST(TokenizerTest, SpecialTokens) {
   EXPECT_EQ(std::count(partial.begin(), partial.end(), *llama.token_id("<|eot_id|>")), 0);
 }
 
+// split_special_tokens (HF's, llm.c's for documents): a special token spelled in the text is
+// encoded as the text it spells; decoding gives the text back, and the id is still known.
+TEST(TokenizerTest, SplitSpecialTokensAreEncodedAsText) {
+  const std::string path = kFixtures + "gpt2.json";
+  const Tokenizer split = Tokenizer::from_file(path, {.split_special_tokens = true});
+  const std::string text = "Hello<|endoftext|> world";
+  const std::vector<int32_t> ids = split.encode(text);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 50256), 0);
+  EXPECT_EQ(split.decode(ids), text);
+  EXPECT_EQ(split.end_of_text(), 50256);
+  EXPECT_EQ(split.document_start(), 50256);
+  EXPECT_THAT(split.description(), HasSubstr("1 special, split in text"));
+  // The ids HF tokenizers 0.23 gives with encode_special_tokens = True (tiktoken's
+  // encode_ordinary for GPT-2).
+  EXPECT_EQ(ids, (std::vector<int32_t>{15496, 27, 91, 437, 1659, 5239, 91, 29, 995}));
+  const Tokenizer llama =
+      Tokenizer::from_file(kFixtures + "llama3_style.json", {.split_special_tokens = true});
+  EXPECT_EQ(llama.encode("a<|begin_of_text|>b<|eot_id|>"),
+            (std::vector<int32_t>{64, 320, 862, 600, 622, 332, 65, 320, 682, 441, 332}));
+}
+
 TEST(TokenizerTest, LongRunsEncode) {
   // One 999,999-letter piece through the heap merge, and a 1,000,000-space run.
   for (const char* name : {"llama3_style", "gpt2_style"}) {

@@ -51,6 +51,13 @@ int run(int argc, char** argv) {
                  "post-processor puts first, e.g. <|begin_of_text|>, else its end-of-text)")
       ->capture_default_str();
   app.add_flag("--no-document-token", options.no_separator, "put nothing between documents");
+  bool split_special_tokens = true;
+  app.add_flag(
+         "--split-special-tokens{true},!--no-split-special-tokens", split_special_tokens,
+         "encode special tokens spelled in a document's text as text, as llm.c's fineweb.py "
+         "does (a document quoting <|endoftext|> is not cut by it); --no-split-special-tokens "
+         "matches them, as Hugging Face's default encode does")
+      ->capture_default_str();
   app.add_flag("--progress,!--no-progress", progress,
                "progress on stderr (default: on a terminal)");
   try {
@@ -63,7 +70,8 @@ int run(int argc, char** argv) {
   LOOM_CHECK(separator >= -1, "--document-token {}: expected a token id, or -1 for the tokenizer's",
              separator);
   if (separator >= 0) options.document_separator = static_cast<int32_t>(separator);
-  const auto tokenizer = loom::data::Tokenizer::from_file(tokenizer_path);
+  const auto tokenizer = loom::data::Tokenizer::from_file(
+      tokenizer_path, {.split_special_tokens = split_special_tokens});
   LOOM_CHECK(separator < tokenizer.vocab_size(),
              "--document-token {} is outside the tokenizer's {} tokens", separator,
              tokenizer.vocab_size());
