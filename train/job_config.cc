@@ -439,6 +439,11 @@ std::string to_string(const JobOption& option, const OptionValue& value, const s
   LOOM_CHECK(std::holds_alternative<std::string>(value), "{}: expected a string, got {} ({})",
              where, type_name(value), describe(value));
   const std::string& text = std::get<std::string>(value);
+  // "--plot-out= --metrics-out=" gives --plot-out the next flag as its value (CLI11 reads an
+  // empty "=" as no value): a run wrote its plot to a file named "--metrics-out=.dat".
+  LOOM_CHECK(!text.starts_with("--"),
+             "{}: got '{}', which is a flag, not a value; give the value (\"\" for none: {} \"\")",
+             where, text, option.flag());
   LOOM_CHECK(
       option.choices.empty() ||
           std::find(option.choices.begin(), option.choices.end(), text) != option.choices.end(),

@@ -207,3 +207,9 @@ expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to sp
 expect_error 2 "--save: a Llama with a mixture of experts (--moe-experts) has no Hugging Face checkpoint format in Loom yet" \
   --plan --model llama-moe-tiny --save model.safetensors
 echo "ok: flag values, plan-only flags, --search without --plan, all-dense MoE and MoE saves are named"
+# "--plot-out= --metrics-out=": CLI11 gives --plot-out the next flag as its value; refused, where
+# a run had written its plot to a file named "--metrics-out=.dat".
+expect_error 2 "loom_train: --plot-out: got '--metrics-out=', which is a flag, not a value" \
+  --plot-out= --metrics-out= --dp 1 --tp 1
+[[ ! -e "--metrics-out=.dat" ]] || fail "a file named after a flag was written"
+echo "ok: a flag given as a value is refused"
