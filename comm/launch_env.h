@@ -44,12 +44,17 @@ Duration timeout_from_env();
 //   kExitBadInput    bad input (a flag, file or layout), found before the ranks met: the same on
 //                    every attempt, so the launcher does not restart the job.
 //   kExitPeerFailed  the rank stopped because another rank failed (a comm::PeerFailure,
-//   peer_failure.h: a peer
-//                    left, broke its connection or did not arrive in time). The launcher waits a
-//                    moment for the rank that failed of itself and blames that one instead.
+//                    peer_failure.h: a peer left, broke its connection or did not arrive in
+//                    time; Gloo groups say so, NCCL's do not yet). The launcher waits up to
+//                    kPeerFailureWait for the rank that failed of itself and blames that one.
 inline constexpr int kExitFailed = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitPeerFailed = 3;
+
+// How long a launcher waits, after a rank exits kExitPeerFailed, for the rank whose failure it
+// reports: longer than that rank may linger for its peers' records once one of its groups failed
+// (comm/gloo: at most 5 s, after its state's 1 s flush), with a margin.
+inline constexpr std::chrono::seconds kPeerFailureWait{10};
 
 // The exit status for a rank that ends on `error`: kExitPeerFailed for a PeerFailure, else
 // kExitFailed.

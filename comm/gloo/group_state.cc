@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "comm/gloo/shm_channel.h"
+#include "comm/launch_env.h"
 #include "comm/peer_failure.h"
 
 namespace loom::comm::gloo_detail {
@@ -23,6 +24,9 @@ constexpr int kSettleReads = 10;
 constexpr Duration kSettlePause = std::chrono::milliseconds(20);
 // How long a failed rank's destructor waits at most for its peers' records (mark_destroyed).
 constexpr Duration kLingerCap = std::chrono::seconds(5);
+// A launcher waits this long for a failed rank to exit after its peers did (comm/launch_env.h).
+static_assert(kStateFlush + kLingerCap < kPeerFailureWait,
+              "a rank lingering after its failure must exit within the launcher's wait");
 
 std::string short_text(const std::string& text, size_t limit = 400) {
   if (text.size() <= limit) return text;
@@ -181,8 +185,10 @@ std::string GroupState::describe(const OpSpec& op, std::exception_ptr error, boo
         break;
     }
     // A transfer this rank's own close ended was ended by whatever closed it: a peer's failure
-    // on another of this group's operations (which poisoned the group first), or this rank.
-    by_peer = transport_failure || (e.kind == TransferFailure::kAborted && failed_by_peer());
+    // on another of this group's transfers (recorded on the mesh as it was thrown, before its
+    // unwinding closed the mesh: it may not have poisoned the group yet), or this rank.
+    by_peer = transport_failure ||
+              (e.kind == TransferFailure::kAborted && (failed_by_peer() || mesh_.peer_failed()));
   } catch (const std::exception& e) {
     cause = e.what();
   } catch (...) {

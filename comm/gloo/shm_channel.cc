@@ -225,6 +225,9 @@ void ShmChannel::fail_waiting(int missing, Clock::time_point deadline) {
         TransferFailure::kAborted, missing,
         fmt::format("this rank closed the group's connections ({})", close_reason_));
   }
+  // Every failure below is a peer's: say so before it unwinds (a concurrent transfer this
+  // rank's unwinding aborts is then counted as the peer's too).
+  peer_failed_.store(true);
   if (const int closer = header_->closed_by.load() - 1; closer >= 0) {
     throw TransferError(
         TransferFailure::kConnection, closer,

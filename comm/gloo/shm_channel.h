@@ -69,6 +69,9 @@ class ShmChannel {
   // Closes the channel for every rank: waits in all processes end (this rank's with kAborted,
   // peers' naming this rank as a broken connection). Idempotent; thread-safe.
   void close(const std::string& reason);
+  // Whether a wait failed because of a peer (its connection broke, or it did not arrive before
+  // the deadline), as that failure is thrown, before anything unwinds.
+  bool peer_failed() const { return peer_failed_.load(); }
 
   // The segment's layout (defined in the .cc).
   struct Header;
@@ -91,6 +94,7 @@ class ShmChannel {
   uint64_t barriers_ = 0;  // barriers this rank has arrived at
   uint64_t round_ = 0;
   std::atomic<bool> closed_here_{false};
+  std::atomic<bool> peer_failed_{false};
   mutable std::mutex close_mutex_;
   std::string close_reason_;  // the first close()'s, guarded by close_mutex_
 };

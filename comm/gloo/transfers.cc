@@ -60,6 +60,10 @@ void Mesh::close(const std::string& reason) {
   }
 }
 
+bool Mesh::peer_failed() const {
+  return peer_failed_.load() || (shm_ != nullptr && shm_->peer_failed());
+}
+
 bool Mesh::closed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return closed_;
@@ -85,6 +89,11 @@ Transfers::~Transfers() {
 void Transfers::throw_closed(int peer, const std::string& reason) {
   throw TransferError(TransferFailure::kAborted, peer,
                       fmt::format("this rank closed the group's connections ({})", reason));
+}
+
+void Transfers::throw_by_peer(TransferFailure kind, int peer, const std::string& message) {
+  mesh_.peer_failed_.store(true);
+  throw TransferError(kind, peer, message);
 }
 
 void Transfers::send(int peer, uint64_t slot, const void* data, size_t nbytes) {
@@ -119,13 +128,12 @@ void Transfers::post(int peer, uint64_t slot, void* data, size_t nbytes, bool is
       pending.buffer->recv(peer, slot);
     }
   } catch (const ::gloo::IoException& e) {
-    throw TransferError(
-        TransferFailure::kConnection, peer,
-        fmt::format("the connection to rank {} is broken ({})", peer, gloo_message(e)));
+    throw_by_peer(TransferFailure::kConnection, peer,
+                  fmt::format("the connection to rank {} is broken ({})", peer, gloo_message(e)));
   } catch (const ::gloo::EnforceNotMet& e) {
-    throw TransferError(TransferFailure::kConnection, peer,
-                        fmt::format("gloo refused a {} with rank {} ({})",
-                                    is_send ? "send" : "recv", peer, gloo_message(e)));
+    throw_by_peer(TransferFailure::kConnection, peer,
+                  fmt::format("gloo refused a {} with rank {} ({})", is_send ? "send" : "recv",
+                              peer, gloo_message(e)));
   }
   pending_.push_back(std::move(pending));
 }
@@ -153,7 +161,7 @@ void Transfers::wait() {
     } catch (const ::gloo::IoException& e) {
       const std::string text = gloo_message(e);
       if (text.find("Timed out") != std::string::npos) {
-        throw TransferError(
+        throw_by_peer(
             TransferFailure::kTimeout, peer,
             fmt::format("no {} rank {} before the deadline (a transfer of {} bytes, {}: rank {} "
                         "is stalled or gone, or posted another size, as shapes that differ "
@@ -162,12 +170,11 @@ void Transfers::wait() {
                         is_send ? "sending" : "receiving", peer));
       }
       if (mesh_.closed()) throw_closed(peer, mesh_.close_reason());
-      throw TransferError(TransferFailure::kConnection, peer,
-                          fmt::format("the connection to rank {} broke ({})", peer, text));
+      throw_by_peer(TransferFailure::kConnection, peer,
+                    fmt::format("the connection to rank {} broke ({})", peer, text));
     } catch (const ::gloo::EnforceNotMet& e) {
-      throw TransferError(
-          TransferFailure::kConnection, peer,
-          fmt::format("gloo failed waiting on rank {} ({})", peer, gloo_message(e)));
+      throw_by_peer(TransferFailure::kConnection, peer,
+                    fmt::format("gloo failed waiting on rank {} ({})", peer, gloo_message(e)));
     }
     if (!completed) throw_closed(peer, mesh_.close_reason());  // woken by Mesh::close
     ++waited_;

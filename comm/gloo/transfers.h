@@ -2,6 +2,7 @@
 // comm/gloo). Every Loom algorithm (algorithms.cc) is a few rounds of Transfers.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -63,6 +64,10 @@ class Mesh {
   // fail at once. Idempotent (the first reason is kept); thread-safe.
   void close(const std::string& reason);
   bool closed() const;
+  // Whether a transfer on the mesh failed because of a peer (kConnection or kTimeout), recorded
+  // as it is thrown: before its unwinding closes the mesh and aborts concurrent transfers, whose
+  // kAborted failures are then the peer's doing too (comm::PeerFailure).
+  bool peer_failed() const;
   // The reason given to the first close() (empty while open).
   std::string close_reason() const;
 
@@ -73,6 +78,7 @@ class Mesh {
   int rank_;
   int size_;
   mutable std::mutex mutex_;
+  std::atomic<bool> peer_failed_{false};
   bool closed_ = false;
   std::string reason_;
   std::set<Transfers*> active_;
@@ -105,6 +111,8 @@ class Transfers {
   };
   void post(int peer, uint64_t slot, void* data, size_t nbytes, bool is_send);
   [[noreturn]] static void throw_closed(int peer, const std::string& reason);
+  // Throws a peer's failure (kConnection, kTimeout), recording it on the mesh first.
+  [[noreturn]] void throw_by_peer(TransferFailure kind, int peer, const std::string& message);
 
   Mesh& mesh_;
   Clock::time_point deadline_;

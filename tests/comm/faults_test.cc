@@ -177,6 +177,41 @@ TEST(FaultsTest, PeerWhoseGroupIsGoneFailsTheOpFast) {
   EXPECT_TRUE(caught.by_peer[0]);
 }
 
+// A send and a recv in flight together (a pipeline stage's) when the peer goes: both fail as the
+// peer's doing. The one whose connection broke first closes the mesh while it unwinds, which
+// aborts the other before the first has poisoned the group; the abort still counts as the peer's
+// (the mesh records a peer's failure as it is thrown), so the rank exits 3, not 1.
+TEST(FaultsTest, TransfersInFlightWhenThePeerGoesAreAllItsDoing) {
+  for (int trial = 0; trial < 5; ++trial) {
+    SCOPED_TRACE(trial);
+    std::mutex mutex;
+    std::vector<bool> by_peer;
+    std::vector<std::string> messages;
+    run_on_ranks(2, [&](ProcessGroup& pg) {
+      pg.barrier()->wait();
+      if (pg.rank() == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return;  // its group is destroyed with rank 0's transfers in flight
+      }
+      Tensor out = ops::ones({1 << 16}), in = ops::zeros({1 << 16});
+      auto send = pg.send(out, 1);
+      auto recv = pg.recv(in, 1);
+      for (const auto& work : {send, recv}) {
+        try {
+          work->wait();
+          ADD_FAILURE() << "a transfer with a rank that left completed";
+        } catch (const Error& e) {
+          std::lock_guard<std::mutex> lock(mutex);
+          by_peer.push_back(is_peer_failure(e));
+          messages.push_back(e.what());
+        }
+      }
+    });
+    ASSERT_EQ(by_peer.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(by_peer[i]) << messages[i];
+  }
+}
+
 TEST(FaultsTest, SubgroupFailureNamesGroupAndGlobalRanks) {
   Caught caught;
   run_on_ranks(4, [&](ProcessGroup& pg) {

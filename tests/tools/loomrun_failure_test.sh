@@ -51,15 +51,25 @@ run_loomrun --nproc-per-node 3 -- bash -c \
   'case $RANK in 1) sleep 0.1; exit 3;; 2) sleep 0.8; exit 1;; *) sleep 60;; esac'
 expect_eq "$RC" 1 "exit code when rank 2 fails after rank 1 exited 3"
 [[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
-expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 3: another rank failed; waiting up to 5 s for that one to exit$'
+expect_grep "$WORK/err" '^loomrun: rank 1 \(pid [0-9]+\) exited with status 3: another rank failed; waiting up to 10 s for that one to exit$'
 expect_grep "$WORK/err" '^loomrun: rank 2 \(pid [0-9]+\) exited with status 1; stopping the other rank$'
 
-# When no rank fails of itself within 5 s, the one that exited 3 stops the job.
+# When no rank fails of itself within 10 s, the one that exited 3 stops the job.
 run_loomrun --nproc-per-node 3 -- bash -c 'if [ "$RANK" = 1 ]; then sleep 0.1; exit 3; fi; sleep 60'
 expect_eq "$RC" 3 "exit code when only rank 1 exits 3"
-[[ $ELAPSED_MS -ge 5000 && $ELAPSED_MS -lt 20000 ]] ||
-  fail "loomrun took ${ELAPSED_MS} ms to stop the job (expected 5 to 20 s)"
-expect_grep "$WORK/err" '^loomrun: no rank failed of itself within 5 s; stopping the other 2 ranks$'
+[[ $ELAPSED_MS -ge 10000 && $ELAPSED_MS -lt 30000 ]] ||
+  fail "loomrun took ${ELAPSED_MS} ms to stop the job (expected 10 to 30 s)"
+expect_grep "$WORK/err" '^loomrun: no rank failed of itself within 10 s; stopping the other 2 ranks$'
+
+# Every rank exits 3 (they all lost a peer none of them names): the job stops at once, with the
+# first of them as its cause; a rank that exits 0 during the wait is not named as a cause.
+run_loomrun --nproc-per-node 3 -- bash -c 'sleep 0.$((RANK + 1)); exit 3'
+expect_eq "$RC" 3 "exit code when every rank exits 3"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms although every rank had exited"
+run_loomrun --nproc-per-node 3 -- bash -c \
+  'case $RANK in 1) sleep 0.1; exit 3;; 2) sleep 0.5; exit 0;; *) sleep 60;; esac'
+expect_eq "$RC" 3 "exit code when rank 1 exits 3 and rank 2 exits 0 after it"
+! grep -q "had exited 0" "$WORK/err" || { cat "$WORK/err"; fail "a rank that left after the failure was named as its cause"; }
 
 # Ranks all exit 0: loomrun exits 0 and says nothing of its own.
 run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1

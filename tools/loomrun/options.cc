@@ -6,8 +6,11 @@
 #include <string_view>
 
 #include "base/error.h"
+#include "comm/launch_env.h"
 
 namespace loom::loomrun {
+
+static_assert(comm::kPeerFailureWait == std::chrono::seconds(10), "the help says 10 s");
 
 namespace {
 
@@ -19,7 +22,7 @@ constexpr std::string_view kDescription =
     "rank);\n"
     "prefixes their output with \"[rank R] \", forwards SIGINT/SIGTERM/SIGHUP to them, and stops\n"
     "all ranks when one fails (exiting with that rank's status). A rank exiting 3 says another\n"
-    "rank's failure ended it: loomrun waits up to 5 s for that rank, and names it instead.";
+    "rank's failure ended it: loomrun waits up to 10 s for that rank, and names it instead.";
 
 void add_flags(CLI::App& app, LaunchOptions& options) {
   app.add_option("--nproc-per-node,--nproc_per_node", options.nproc_per_node,

@@ -168,8 +168,12 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
 }
 
 void Supervisor::fail_job(const Exit& failed) {
-  // A departed rank is the cause of the failures that follow it: say so last.
+  // A departed rank is the cause of the failures that follow it: say so last. One that left
+  // after the first failure (while loomrun waited for the rank that failed of itself) is not.
+  const Clock::time_point first =
+      peer_failure_ ? std::min(peer_failure_->when, failed.when) : failed.when;
   for (const Departure& d : departed_) {
+    if (d.when > first) continue;
     departures_before_failure_.push_back(fmt::format(
         "rank {} (pid {}) had exited 0 after {:.1f} s, {:.1f} s before the first failure, while "
         "the others still ran: they were waiting for it",

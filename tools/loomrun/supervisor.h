@@ -7,7 +7,7 @@
 //   - --timeout-s passes                                -> exit code 124, like timeout(1)
 // A rank that exits 3 (comm::kExitPeerFailed: another rank's failure ended it) does not stop the
 // job at once: the rank that failed of itself is likely exiting a moment later, and is named and
-// decides the exit code instead when it exits within peer_failure_wait_s.
+// decides the exit code instead when it exits within peer_failure_wait_s (comm::kPeerFailureWait).
 // The first cause decides the exit code; when every rank exits 0 it is 0. The last lines name
 // the cause of a failure when it is another rank: one stopped (SIGSTOP) while the others timed
 // out waiting for it, or one that exited 0 while the others still needed it.
@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/launch_env.h"
 #include "tools/loomrun/child_process.h"
 #include "tools/loomrun/line_prefixer.h"
 #include "tools/loomrun/signal_pipe.h"
@@ -38,7 +39,7 @@ struct SupervisorConfig {
   // $LOOM_TIMEOUT_S), after which they are killed and the job fails, instead of waiting forever.
   double stopped_alone_s = 300;
   // How long a rank's exit with status 3 waits for the rank whose failure it reports (above).
-  double peer_failure_wait_s = 5;
+  double peer_failure_wait_s = static_cast<double>(comm::kPeerFailureWait.count());
   int stdout_fd = 1;  // where the ranks' prefixed stdout goes
   int stderr_fd = 2;  // where the ranks' prefixed stderr goes
 };
