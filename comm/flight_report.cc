@@ -9,12 +9,11 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <tuple>
 
 #include "base/error.h"
+#include "comm/collective_call.h"
 
 namespace loom::comm {
 
@@ -88,37 +87,6 @@ std::string last_operation(const RankDump& dump) {
   return fmt::format("{}, {}", op_text(*last, *group), state_text(*last));
 }
 
-// An all_to_all's detail, "f32, sends [a, b], receives [c, d]": its dtype and the elements it
-// sends to and expects from each group rank. Sizes differ by rank by design (MoE dispatch), so
-// ranks are compared by dtype, and the sizes pairwise (what i sends j, j expects from i).
-struct AllToAllSizes {
-  std::string dtype;
-  std::vector<int64_t> sends, receives;
-};
-
-std::optional<AllToAllSizes> parse_all_to_all(const std::string& detail) {
-  static const std::regex kPattern(R"(^([^,]+), sends \[([0-9, ]*)\], receives \[([0-9, ]*)\]$)");
-  std::smatch match;
-  if (!std::regex_match(detail, match, kPattern)) return std::nullopt;
-  auto numbers = [](const std::string& list) {
-    std::vector<int64_t> out;
-    std::stringstream items(list);
-    for (std::string item; std::getline(items, item, ',');) out.push_back(std::stoll(item));
-    return out;
-  };
-  return AllToAllSizes{match[1].str(), numbers(match[2].str()), numbers(match[3].str())};
-}
-
-// How ranks are compared at one collective: the call, with an all_to_all's sizes left out.
-std::string call_key(const FlightRecord& r) {
-  if (r.kind == CollectiveKind::kAllToAll) {
-    if (const auto sizes = parse_all_to_all(r.detail)) {
-      return fmt::format("{}({}, sizes by rank)", collective_name(r.kind), sizes->dtype);
-    }
-  }
-  return fmt::format("{}({})", collective_name(r.kind), r.detail);
-}
-
 struct Member {
   int global_rank;
   const RankDump* dump;
@@ -126,35 +94,22 @@ struct Member {
 };
 
 // The first pair of ranks whose all_to_all sizes (collective `index`) disagree, in words; empty
-// when every rank sends each peer what that peer expects from it.
+// when every rank sends each peer what that peer expects from it, or some dump lacks the sizes.
 std::string all_to_all_mismatch(const std::vector<Member>& members,
                                 const std::vector<std::map<int64_t, const FlightRecord*>>& by_index,
                                 int64_t index) {
-  std::map<int, AllToAllSizes> by_group_rank;
-  std::map<int, int> global_of;
+  if (members.empty()) return "";
+  const std::vector<int>& globals = members.front().records->global_ranks;
+  if (members.size() != globals.size()) return "";  // a rank left no dump: nothing to pair with
+  std::vector<AllToAllSizes> by_group_rank(globals.size());
   for (size_t m = 0; m < members.size(); ++m) {
     const auto sizes = parse_all_to_all(by_index[m].at(index)->detail);
-    if (!sizes) return "";  // an older dump's detail: nothing to compare
-    const std::vector<int>& globals = members[m].records->global_ranks;
     const auto at = std::find(globals.begin(), globals.end(), members[m].global_rank);
-    if (at == globals.end()) return "";
-    const int group_rank = static_cast<int>(at - globals.begin());
-    by_group_rank[group_rank] = *sizes;
-    global_of[group_rank] = members[m].global_rank;
+    if (!sizes || at == globals.end()) return "";  // an older dump's detail
+    by_group_rank[static_cast<size_t>(at - globals.begin())] = *sizes;
   }
-  for (const auto& [i, from] : by_group_rank) {
-    for (const auto& [j, to] : by_group_rank) {
-      if (static_cast<size_t>(j) >= from.sends.size() ||
-          static_cast<size_t>(i) >= to.receives.size())
-        return fmt::format("rank {} lists {} sizes for a group of {}", global_of[i],
-                           from.sends.size(), members.size());
-      if (from.sends[j] != to.receives[i]) {
-        return fmt::format("rank {} sends rank {} {} elements, and rank {} expects {} from it",
-                           global_of[i], global_of[j], from.sends[j], global_of[j], to.receives[i]);
-      }
-    }
-  }
-  return "";
+  return comm::all_to_all_mismatch(by_group_rank,
+                                   [&](int group_rank) { return globals[group_rank]; });
 }
 
 std::string report_group(const std::string& name, const std::vector<int>& ranks,
@@ -195,7 +150,7 @@ std::string report_group(const std::string& name, const std::vector<int>& ranks,
       }
       entered.push_back(members[m].global_rank);
       if (example == nullptr) example = it->second;
-      calls[call_key(*it->second)].push_back(members[m].global_rank);
+      calls[call_key(it->second->kind, it->second->detail)].push_back(members[m].global_rank);
     }
     if (calls.size() > 1) {
       std::string lines;

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/profiler.h"
+#include "comm/collective_call.h"
 #include "comm/prefix_store.h"
 
 namespace loom::comm {
@@ -112,18 +113,18 @@ ProcessGroup::OpInfo ProcessGroup::begin(CollectiveKind kind, int64_t bytes, std
     for (const auto& [id, observer] : r.observers) observer(kind, bytes, options_.name);
   }
   const bool point_to_point = kind == CollectiveKind::kSend || kind == CollectiveKind::kRecv;
-  if (debug_collectives_ && !point_to_point) {
-    check_fingerprint(info, fmt::format("{}({})", collective_name(kind), detail));
-  }
+  if (debug_collectives_ && !point_to_point) check_fingerprint(info, kind, detail);
   return info;
 }
 
-void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fingerprint) {
-  // Each rank publishes (op, dtype, sizes) under its count of collectives so far (not the op
-  // sequence number, which also counts send/recv and may differ between ranks), then reads
-  // everyone's.
+void ProcessGroup::check_fingerprint(const OpInfo& info, CollectiveKind kind,
+                                     const std::string& detail) {
+  // Each rank publishes its kind and detail (dtype, sizes) under its count of collectives so far
+  // (not the op sequence number, which also counts send/recv and may differ between ranks), then
+  // reads everyone's and compares them as the flight report does (comm/collective_call.h).
   const std::string prefix = fmt::format("debug/collectives/{}/", debug_collectives_checked_++);
-  store_->set(prefix + std::to_string(rank_), fingerprint);
+  const std::string mine = fmt::format("{}\n{}", static_cast<int>(kind), detail);
+  store_->set(prefix + std::to_string(rank_), mine);
   std::vector<std::string> keys;
   for (int r = 0; r < size_; ++r) keys.push_back(prefix + std::to_string(r));
   try {
@@ -138,12 +139,24 @@ void ProcessGroup::check_fingerprint(const OpInfo& info, const std::string& fing
         "(LOOM_DEBUG=collectives)",
         info.description, options_.timeout.count(), fmt::join(missing, ", "));
   }
+  const std::string my_call = fmt::format("{}({})", collective_name(kind), detail);
+  std::vector<AllToAllSizes> sizes;
   for (int r = 0; r < size_; ++r) {
-    if (r == rank_) continue;
-    const std::string other = store_->get_string(keys[r]);
-    LOOM_CHECK(other == fingerprint,
-               "collective mismatch at #{} on group '{}': rank {} called {} but rank {} called {}",
-               info.sequence, options_.name, rank_, fingerprint, r, other);
+    const std::string text = r == rank_ ? mine : store_->get_string(keys[r]);
+    const size_t newline = text.find('\n');
+    const auto other_kind = static_cast<CollectiveKind>(std::stoi(text.substr(0, newline)));
+    const std::string other_detail = text.substr(newline + 1);
+    LOOM_CHECK(call_key(other_kind, other_detail) == call_key(kind, detail),
+               "collective mismatch at #{} on group '{}': rank {} called {} but rank {} called "
+               "{}({})",
+               info.sequence, options_.name, rank_, my_call, r, collective_name(other_kind),
+               other_detail);
+    if (const auto s = parse_all_to_all(other_detail)) sizes.push_back(*s);
+  }
+  if (kind == CollectiveKind::kAllToAll && static_cast<int>(sizes.size()) == size_) {
+    const std::string mismatch = all_to_all_mismatch(sizes, [](int r) { return r; });
+    LOOM_CHECK(mismatch.empty(), "collective mismatch at #{} on group '{}' ({}): {} (group ranks)",
+               info.sequence, options_.name, my_call, mismatch);
   }
 }
 

@@ -157,7 +157,7 @@ class ProcessGroup : public std::enable_shared_from_this<ProcessGroup> {
   OpInfo begin(CollectiveKind kind, int64_t bytes, std::string detail);
   // The backend's Work, its completion noted in the flight recorder.
   std::shared_ptr<Work> recorded(const OpInfo& info, std::shared_ptr<Work> work);
-  void check_fingerprint(const OpInfo& info, const std::string& fingerprint);
+  void check_fingerprint(const OpInfo& info, CollectiveKind kind, const std::string& detail);
 
   std::shared_ptr<Store> store_;
   int rank_;

@@ -257,6 +257,43 @@ TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
   }
 }
 
+// Under LOOM_DEBUG=collectives an uneven all_to_all (a mixture of experts' dispatch) is one call
+// when each rank sends each peer what the peer expects: it runs; when not, the pair is named.
+TEST(FaultsTest, DebugCollectivesComparesAllToAllSizesPairwise) {
+  ASSERT_EQ(setenv("LOOM_DEBUG", "collectives", 1), 0);  // read when groups are created
+  Caught caught;
+  run_on_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        // Rank r sends peer p (r + 1) * (p + 2) elements; each expects what the other sends.
+        const auto sends = [](int r, int p) { return int64_t{(r + 1) * (p + 2)}; };
+        std::vector<Tensor> in, out;
+        for (int p = 0; p < 2; ++p) {
+          in.push_back(ops::full({sends(pg.rank(), p)}, pg.rank()));
+          out.push_back(ops::empty({sends(p, pg.rank())}));
+        }
+        pg.all_to_all(out, in)->wait();
+        EXPECT_EQ(ops::to_vector(out[1 - pg.rank()]),
+                  std::vector<double>(static_cast<size_t>(sends(1 - pg.rank(), pg.rank())),
+                                      1 - pg.rank()));
+        // Rank 1 expects one element too many from rank 0.
+        out[0] = ops::empty({sends(0, pg.rank()) + pg.rank()});
+        try {
+          pg.all_to_all(out, in)->wait();
+          ADD_FAILURE() << "expected a mismatch";
+        } catch (const Error& e) {
+          caught.record(pg.rank(), e.what(), 0);
+        }
+      },
+      with_timeout(2s));
+  unsetenv("LOOM_DEBUG");
+  for (int rank : {0, 1}) {
+    SCOPED_TRACE(rank);
+    EXPECT_THAT(caught.message[rank],
+                HasSubstr("rank 0 sends rank 1 3 elements, and rank 1 expects 4 from it"));
+  }
+}
+
 // Without LOOM_DEBUG=collectives, sizes that differ between ranks are still a named error on
 // every rank, never an abort: over TCP a receive only matches a send of its own size (the size is
 // in the Gloo slot), so Gloo never meets a message longer than its buffer and both ranks time
