@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -233,15 +234,16 @@ TEST(FaultsTest, SubgroupFailureNamesGroupAndGlobalRanks) {
   EXPECT_THAT(caught.message[1], HasSubstr("ranks [1] (global [3]) did not arrive"));
 }
 
-TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
-  ASSERT_EQ(setenv("LOOM_DEBUG", "collectives", 1), 0);  // read when groups are created
+// What each of 2 ranks caught from the mismatched collective `call` makes under
+// LOOM_DEBUG=collectives (read when groups are created).
+std::map<int, std::string> mismatch_under_debug(const std::function<void(ProcessGroup&)>& call) {
+  EXPECT_EQ(setenv("LOOM_DEBUG", "collectives", 1), 0);
   Caught caught;
   run_on_ranks(
       2,
       [&](ProcessGroup& pg) {
-        Tensor t = ops::ones({3 + pg.rank()});
         try {
-          pg.all_reduce(t)->wait();
+          call(pg);
           ADD_FAILURE() << "expected a mismatch";
         } catch (const Error& e) {
           caught.record(pg.rank(), e.what(), 0);
@@ -249,47 +251,44 @@ TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
       },
       with_timeout(2s));
   unsetenv("LOOM_DEBUG");
+  return caught.message;
+}
+
+TEST(FaultsTest, DebugCollectivesMismatchFailsOnBothRanksNamingBothSides) {
+  const auto message = mismatch_under_debug([](ProcessGroup& pg) {
+    Tensor t = ops::ones({3 + pg.rank()});
+    pg.all_reduce(t)->wait();
+  });
   for (int rank : {0, 1}) {
     SCOPED_TRACE(rank);
-    EXPECT_THAT(caught.message[rank], HasSubstr("collective mismatch"));
-    EXPECT_THAT(caught.message[rank], HasSubstr("all_reduce(sum, f32, 3 elements)"));
-    EXPECT_THAT(caught.message[rank], HasSubstr("all_reduce(sum, f32, 4 elements)"));
+    EXPECT_THAT(message.at(rank), HasSubstr("collective mismatch"));
+    EXPECT_THAT(message.at(rank), HasSubstr("all_reduce(sum, f32, 3 elements)"));
+    EXPECT_THAT(message.at(rank), HasSubstr("all_reduce(sum, f32, 4 elements)"));
   }
 }
 
 // Under LOOM_DEBUG=collectives an uneven all_to_all (a mixture of experts' dispatch) is one call
 // when each rank sends each peer what the peer expects: it runs; when not, the pair is named.
 TEST(FaultsTest, DebugCollectivesComparesAllToAllSizesPairwise) {
-  ASSERT_EQ(setenv("LOOM_DEBUG", "collectives", 1), 0);  // read when groups are created
-  Caught caught;
-  run_on_ranks(
-      2,
-      [&](ProcessGroup& pg) {
-        // Rank r sends peer p (r + 1) * (p + 2) elements; each expects what the other sends.
-        const auto sends = [](int r, int p) { return int64_t{(r + 1) * (p + 2)}; };
-        std::vector<Tensor> in, out;
-        for (int p = 0; p < 2; ++p) {
-          in.push_back(ops::full({sends(pg.rank(), p)}, pg.rank()));
-          out.push_back(ops::empty({sends(p, pg.rank())}));
-        }
-        pg.all_to_all(out, in)->wait();
-        EXPECT_EQ(ops::to_vector(out[1 - pg.rank()]),
-                  std::vector<double>(static_cast<size_t>(sends(1 - pg.rank(), pg.rank())),
-                                      1 - pg.rank()));
-        // Rank 1 expects one element too many from rank 0.
-        out[0] = ops::empty({sends(0, pg.rank()) + pg.rank()});
-        try {
-          pg.all_to_all(out, in)->wait();
-          ADD_FAILURE() << "expected a mismatch";
-        } catch (const Error& e) {
-          caught.record(pg.rank(), e.what(), 0);
-        }
-      },
-      with_timeout(2s));
-  unsetenv("LOOM_DEBUG");
+  const auto message = mismatch_under_debug([](ProcessGroup& pg) {
+    // Rank r sends peer p (r + 1) * (p + 2) elements; each expects what the other sends.
+    const auto sends = [](int r, int p) { return int64_t{(r + 1) * (p + 2)}; };
+    std::vector<Tensor> in, out;
+    for (int p = 0; p < 2; ++p) {
+      in.push_back(ops::full({sends(pg.rank(), p)}, pg.rank()));
+      out.push_back(ops::empty({sends(p, pg.rank())}));
+    }
+    pg.all_to_all(out, in)->wait();
+    EXPECT_EQ(
+        ops::to_vector(out[1 - pg.rank()]),
+        std::vector<double>(static_cast<size_t>(sends(1 - pg.rank(), pg.rank())), 1 - pg.rank()));
+    // Rank 1 expects one element too many from rank 0.
+    out[0] = ops::empty({sends(0, pg.rank()) + pg.rank()});
+    pg.all_to_all(out, in)->wait();
+  });
   for (int rank : {0, 1}) {
     SCOPED_TRACE(rank);
-    EXPECT_THAT(caught.message[rank],
+    EXPECT_THAT(message.at(rank),
                 HasSubstr("rank 0 sends rank 1 3 elements, and rank 1 expects 4 from it"));
   }
 }
