@@ -313,7 +313,7 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     writer.close();
     my_hashes = {{"file", whole.hex()}, {"chunks", chunks}};
   });
-  staged.blocks.clear();  // the host copies are on disk
+  staged.blocks.clear();  // written (copies or views): nothing of the state is held any more
   agree_on_success(group, what, error);
   // 5. The checksums, gathered into the metadata (the same on every rank).
   const std::vector<std::string> hashes = all_gather_strings(group, my_hashes.dump());

@@ -212,21 +212,30 @@ class ShardSink {
       if (val ? val_left_ == 0 : writer_->size() == options_.shard_tokens) close();
     }
   }
-  std::vector<std::string> finish() {
-    close();
-    return std::move(shards_);
-  }
-  // After a failure: removes the shards this run wrote (the one being written is a .tmp file its
-  // writer drops), so that no glob reads a part of the corpus as if it were all of it.
-  void discard() noexcept {
+  // Unless the run kept its shards (keep()), removes every shard it wrote (the one being
+  // written is a .tmp file its writer drops): a run that failed anywhere, in a line, at the last
+  // shard's commit (a full disk) or in a check after it, leaves no part of the corpus for a glob
+  // to read as if it were all of it.
+  ~ShardSink() {
+    if (kept_) return;
     writer_.reset();
     for (const std::string& shard : shards_) {
       std::error_code ec;
       fs::remove(shard, ec);
     }
-    shards_.clear();
   }
+  ShardSink(const ShardSink&) = delete;
+  ShardSink& operator=(const ShardSink&) = delete;
+
+  // Commits the last shard; throws as a write does.
+  void finish() { close(); }
+  const std::vector<std::string>& shards() const { return shards_; }
   int64_t train_shards() const { return train_index_; }
+  // The run succeeded: its shards stay.
+  std::vector<std::string> keep() {
+    kept_ = true;
+    return shards_;
+  }
 
  private:
   void open(bool val) {
@@ -254,6 +263,7 @@ class ShardSink {
   std::string path_;
   int val_index_ = 0, train_index_ = 0;
   std::vector<std::string> shards_;
+  bool kept_ = false;
 };
 
 void encode_all(const std::vector<std::unique_ptr<MappedText>>& mapped,
@@ -338,22 +348,16 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     result.totals.bytes_total += static_cast<int64_t>(mapped.back()->text().size());
   }
   const auto start = std::chrono::steady_clock::now();
-  try {
-    encode_all(mapped, options, threads, encoder, sink, result, start);
-  } catch (...) {
-    sink.discard();
-    throw;
-  }
-  result.shards = sink.finish();
-  LOOM_CHECK(!result.shards.empty(), "{}: the inputs hold no text", kWhat);
-  if (options.val_tokens > 0 && sink.train_shards() == 0) {
-    // Nothing would train: remove the validation shard too, so the folder can be used again.
-    for (const std::string& shard : result.shards) fs::remove(shard, ec);
-    LOOM_FAIL(
-        "{}: --val-tokens {} takes every one of the inputs' {} tokens: no training shard is "
-        "left; give fewer validation tokens",
-        kWhat, options.val_tokens, result.totals.tokens);
-  }
+  // From here a throw leaves no shard behind (~ShardSink).
+  encode_all(mapped, options, threads, encoder, sink, result, start);
+  sink.finish();
+  LOOM_CHECK(!sink.shards().empty(), "{}: the inputs hold no text", kWhat);
+  // Nothing would train: the validation shard goes too, so the folder can be used again.
+  LOOM_CHECK(options.val_tokens == 0 || sink.train_shards() > 0,
+             "{}: --val-tokens {} takes every one of the inputs' {} tokens: no training shard is "
+             "left; give fewer validation tokens",
+             kWhat, options.val_tokens, result.totals.tokens);
+  result.shards = sink.keep();
   return result;
 }
 

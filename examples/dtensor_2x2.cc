@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "dtensor/dtensor.h"
 #include "dtensor/redistribute_plan.h"
 #include "tensor/ops.h"
@@ -67,6 +68,6 @@ int main() {
     return same ? 0 : 1;
   } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "dtensor_2x2: {}\n", error.what());
-    return 1;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   }
 }

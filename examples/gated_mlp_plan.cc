@@ -22,6 +22,7 @@
 #include "autograd/functions.h"
 #include "base/error.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "nn/layers.h"
@@ -147,6 +148,6 @@ int main() {
     return worst < 1e-5 ? 0 : 1;
   } catch (const std::exception& error) {  // loom::Error, and anything else: never terminate
     fmt::print(stderr, "gated_mlp_plan: {}\n", error.what());
-    return 1;
+    return comm::exit_status_for(error);  // 3 when another rank's failure ended this one
   }
 }

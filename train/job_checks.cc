@@ -231,8 +231,8 @@ CheckedJob check_job(const JobConfig& job) {
   check_paths(job);
   check_replicas(job);
   // The environment the ranks read, once here rather than an error from every rank.
-  if (job.collective_timeout_s == 0) comm::timeout_from_env();  // LOOM_TIMEOUT_S
-  injected_fault_from_env();                                    // LOOM_INJECT_FAULT
+  if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
+  const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
   // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
   LOOM_CHECK(job.collective_timeout_s == 0 ||
                  (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),
@@ -241,6 +241,12 @@ CheckedJob check_job(const JobConfig& job) {
              job.collective_timeout_s);
   CheckedJob out{.parallel = parallel_config(job)};
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
+  // A probe that can never fire would make a fault test pass for nothing.
+  LOOM_CHECK(!fault || (fault->rank < out.parallel.dims.world_size() && fault->step < job.steps),
+             "LOOM_INJECT_FAULT: rank {}, step {} never comes: the job has {} ranks (0 to {}) "
+             "and --steps {} (0 to {})",
+             fault ? fault->rank : 0, fault ? fault->step : 0, out.parallel.dims.world_size(),
+             out.parallel.dims.world_size() - 1, job.steps, job.steps - 1);
   out.model = resolve_job_model(job);
   out.parallel.stage_ranges(out.model.args->n_layers());  // every stage gets a block
   // Ulysses splits each tp rank's heads over cp: checked here, not in the first forward.

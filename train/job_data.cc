@@ -21,11 +21,16 @@ namespace fs = std::filesystem;
 constexpr int64_t kGpt2EndOfText = 50256;
 constexpr int64_t kDefaultValBatches = 20;  // llm.c's val_max_steps
 
-data::TextTokenization text_tokenization(const std::shared_ptr<const data::Tokenizer>& tokenizer) {
+// Text tokenized as the job starts: each document after the token --document-boundaries looks
+// for (--document-token, else the tokenizer's document_start()), as `loom tokenize` writes it.
+data::TextTokenization text_tokenization(const std::shared_ptr<const data::Tokenizer>& tokenizer,
+                                         int64_t document_token) {
   if (!tokenizer) return {};
   return {.encode = [tokenizer](std::string_view text) { return tokenizer->encode(text); },
           .vocab_size = tokenizer->vocab_size(),
-          .document_separator = tokenizer->document_start(),
+          .document_separator = document_token >= 0
+                                    ? std::optional<int32_t>(static_cast<int32_t>(document_token))
+                                    : tokenizer->document_start(),
           .name = "tokens by " + tokenizer->description()};
 }
 
@@ -113,7 +118,7 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
     out.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::from_file(
         out.tokenizer_path, {.split_special_tokens = job.split_special_tokens}));
   }
-  const data::TextTokenization text = text_tokenization(out.tokenizer);
+  const data::TextTokenization text = text_tokenization(out.tokenizer, job.document_token);
   out.train = data::TokenCorpus::open(job.data, text, "--data");
   if (out.tokenizer && model.vocab_from.empty()) {
     // Shards do not record their tokenizer; the one given is the data's vocabulary.

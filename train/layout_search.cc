@@ -432,15 +432,11 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
       "\nThe winner's job-file lines:\n\n[parallel]\ntp = {}\npp = {}\ndp_replicate = {}\n"
       "dp_shard = {}\n",
       best.job.tp, best.job.pp, best.job.dp_replicate, best.job.dp_shard);
-  if (best.job.cp > 1) out += fmt::format("cp = {}\n", best.job.cp);
-  if (best.job.ep > 1) out += fmt::format("ep = {}\n", best.job.ep);
-  if (best.job.pp > 1) {
-    out += fmt::format("schedule = \"{}\"\nmicrobatches = {}\n", best.job.schedule,
-                       best.job.microbatches);
-    if (best.job.virtual_stages > 1) {
-      out += fmt::format("virtual_stages = {}\n", best.job.virtual_stages);
-    }
-  }
+  // Every key the search sets, defaults included: the job's own flags or file may set them
+  // otherwise (--ep 2, --microbatches 4), and would then run another layout or be refused.
+  out += fmt::format(
+      "cp = {}\nep = {}\nschedule = \"{}\"\nmicrobatches = {}\nvirtual_stages = {}\n", best.job.cp,
+      best.job.ep, best.job.schedule, best.job.microbatches, best.job.virtual_stages);
   out +=
       fmt::format("\n[training]\nactivation_checkpoint = \"{}\"\n", best.job.activation_checkpoint);
   return out;

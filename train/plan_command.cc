@@ -107,15 +107,18 @@ std::string plan_report(const JobConfig& job) {
   JobPlan plan =
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
   if (job.async_checkpoint && !job.checkpoint_dir.empty() && !plan.ranks.empty()) {
-    // What an asynchronous save copies (parameters and optimizer state), and the most a rank
-    // then holds: at the save (between steps), and during a step the write runs into.
+    // What an asynchronous save copies (parameters and optimizer state; a piece replicated over
+    // dp_replicate is written, so copied, by one of its replicas: each copies about its share),
+    // and the most a rank then holds: at the save (between steps), during a step the write
+    // runs into.
+    const int64_t replicas = std::max<int64_t>(1, checked.parallel.dims.dp_replicate);
+    const auto copy_of = [&](const RankModelStates& rank) {
+      return (rank.parameter_bytes() + rank.optimizer_bytes()) / replicas;
+    };
     int64_t staged = 0, at_save = 0, in_step = 0;
-    for (const RankModelStates& rank : plan.ranks) {
-      staged = std::max(staged, rank.parameter_bytes() + rank.optimizer_bytes());
-    }
+    for (const RankModelStates& rank : plan.ranks) staged = std::max(staged, copy_of(rank));
     for (const TracedRank& rank : plan.traced) {
-      const int64_t copy =
-          plan.rank(rank.rank).parameter_bytes() + plan.rank(rank.rank).optimizer_bytes();
+      const int64_t copy = copy_of(plan.rank(rank.rank));
       at_save = std::max(at_save, rank.held_bytes + copy);
       in_step = std::max(in_step, rank.peak_bytes + copy);
     }
@@ -127,8 +130,9 @@ std::string plan_report(const JobConfig& job) {
           at_save / 1048576.0, in_step / 1048576.0);
     }
     plan.notes.push_back(fmt::format(
-        "--async-checkpoint: each save first copies a rank's parameters and optimizer state, up "
-        "to {:.1f} MiB, and holds the copy until it is written in the background{}; a "
+        "--async-checkpoint: each save first copies a rank's share of the parameters and "
+        "optimizer state, about {:.1f} MiB, and holds the copy until it is written in the "
+        "background{}; a "
         "synchronous save writes from the tensors themselves",
         staged / 1048576.0, peaks));
   }

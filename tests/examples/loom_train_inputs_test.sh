@@ -213,3 +213,6 @@ expect_error 2 "loom_train: --plot-out: got '--metrics-out=', which is a flag, n
   --plot-out= --metrics-out= --dp 1 --tp 1
 [[ ! -e "--metrics-out=.dat" ]] || fail "a file named after a flag was written"
 echo "ok: a flag given as a value is refused"
+# A fault probe that can never fire is refused: a fault test would pass for nothing.
+LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
+echo "ok: a fault probe outside the job is refused"

@@ -71,6 +71,15 @@ run_loomrun --nproc-per-node 3 -- bash -c \
 expect_eq "$RC" 3 "exit code when rank 1 exits 3 and rank 2 exits 0 after it"
 ! grep -q "had exited 0" "$WORK/err" || { cat "$WORK/err"; fail "a rank that left after the failure was named as its cause"; }
 
+# A rank stopped (SIGSTOP) while another exits 3 for want of it: no rank will fail of itself, so
+# loomrun stops the job at once and names the stopped one last, whatever the collectives' timeout.
+run_loomrun --nproc-per-node 3 -- bash -c \
+  'case $RANK in 1) sleep 0.2; kill -STOP $$;; 0) sleep 0.6; exit 3;; *) sleep 60;; esac'
+expect_eq "$RC" 3 "exit code when rank 0 exits 3 for a stopped rank 1"
+[[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
+tail -1 "$WORK/err" | grep -Eq '^loomrun: rank 1 \(pid [0-9]+\), stopped by SIGSTOP when the first rank failed: the others were waiting for it$' ||
+  { cat "$WORK/err"; fail "the last line does not name the stopped rank 1"; }
+
 # Ranks all exit 0: loomrun exits 0 and says nothing of its own.
 run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1
 expect_eq "$RC" 0 "exit code when every rank exits 0"

@@ -151,17 +151,22 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == comm::kExitPeerFailed) {
     // It failed because another rank did: that rank is likely exiting too, a moment later (its
     // peers see its connections close while it still unwinds). Wait a little for it, so that it
-    // is the one named and its status the job's; stop the job with this one if none comes.
+    // is the one named and its status the job's; stop the job with this one if none comes. A
+    // rank stopped (SIGSTOP) is what it lost: none will fail of itself, so stop now.
+    const bool stopped = std::any_of(ranks_.begin(), ranks_.end(), [](const auto& r) {
+      return r->running && r->stopped_by != 0;
+    });
     if (!peer_failure_) {
       peer_failure_ = exit;
-      if (running_ranks() > 0) {
+      if (running_ranks() > 0 && !stopped) {
+        peer_failure_logged_ = true;
         log_line(
             "rank {} (pid {}) exited with status {}: another rank failed; waiting up to {} s "
             "for that one to exit",
             state.rank, state.pid, comm::kExitPeerFailed, config_.peer_failure_wait_s);
       }
     }
-    if (running_ranks() == 0) fail_job(*peer_failure_);
+    if (running_ranks() == 0 || stopped) fail_job(*peer_failure_);
     return;
   }
   fail_job(exit);
@@ -193,13 +198,18 @@ void Supervisor::fail_job(const Exit& failed) {
     first_failure_ = fmt::format("rank {} (pid {}) {}", failed.rank, failed.pid,
                                  describe_wait_status(failed.wait_status));
   }
-  const bool reported = peer_failure_ && peer_failure_->pid == failed.pid && others > 0;
+  // The rank that exited 3, already named while loomrun waited: say why the wait ended.
+  const bool reported =
+      peer_failure_ && peer_failure_->pid == failed.pid && peer_failure_logged_ && others > 0;
   if (others == 0) {
     log_line("rank {} (pid {}) {}", failed.rank, failed.pid,
              describe_wait_status(failed.wait_status));
-  } else if (reported) {
+  } else if (reported && stalled_.empty()) {
     log_line("no rank failed of itself within {} s; stopping the other {}",
              config_.peer_failure_wait_s, others == 1 ? "rank" : ranks_phrase(others));
+  } else if (reported) {
+    log_line("a rank is stopped, not failing: stopping the other {}",
+             others == 1 ? "rank" : ranks_phrase(others));
   } else {
     log_line("rank {} (pid {}) {}; stopping the other {}", failed.rank, failed.pid,
              describe_wait_status(failed.wait_status), others == 1 ? "rank" : ranks_phrase(others));
@@ -220,6 +230,8 @@ void Supervisor::reap() {
         state->stopped_by = WSTOPSIG(wait_status);
         log_line("rank {} (pid {}) was stopped by {}; its peers wait for it until their timeout",
                  state->rank, state->pid, signal_name(state->stopped_by));
+        // A peer already failed for want of a rank: this one (no rank will fail of itself).
+        if (peer_failure_ && !stopping_) fail_job(*peer_failure_);
       } else if (WIFCONTINUED(wait_status)) {
         state->stopped_by = 0;
       } else {
@@ -270,13 +282,17 @@ void Supervisor::check_deadlines() {
     stopped_alone_since_ = now;
   } else if (now - *stopped_alone_since_ >=
              std::chrono::duration<double>(config_.stopped_alone_s)) {
-    log_line(
-        "{} stopped for {} s after every other rank had exited: no peer is left to wait "
-        "for {}; killing {}",
-        ranks_phrase(running_ranks()), config_.stopped_alone_s,
-        running_ranks() == 1 ? "it" : "them", running_ranks() == 1 ? "it" : "them");
-    first_failure_ = "a rank stopped after every other rank had exited";
-    start_stopping(SIGKILL, 1);
+    if (peer_failure_) {
+      fail_job(*peer_failure_);  // names the stopped ranks as what the others waited for
+    } else {
+      log_line(
+          "{} stopped for {} s after every other rank had exited: no peer is left to wait "
+          "for {}; killing {}",
+          ranks_phrase(running_ranks()), config_.stopped_alone_s,
+          running_ranks() == 1 ? "it" : "them", running_ranks() == 1 ? "it" : "them");
+      first_failure_ = "a rank stopped after every other rank had exited";
+      start_stopping(SIGKILL, 1);
+    }
   }
   if (config_.timeout_s > 0 && !stopping_ && now >= start_ + seconds(config_.timeout_s)) {
     const int running = running_ranks();

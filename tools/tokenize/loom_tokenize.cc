@@ -69,6 +69,10 @@ int run(int argc, char** argv) {
   }
   LOOM_CHECK(separator >= -1, "--document-token {}: expected a token id, or -1 for the tokenizer's",
              separator);
+  LOOM_CHECK(separator == -1 || !options.no_separator,
+             "--document-token {} and --no-document-token: give one (a token before each "
+             "document, or none)",
+             separator);
   if (separator >= 0) options.document_separator = static_cast<int32_t>(separator);
   const auto tokenizer = loom::data::Tokenizer::from_file(
       tokenizer_path, {.split_special_tokens = split_special_tokens});
