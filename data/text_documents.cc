@@ -76,8 +76,11 @@ void for_each_jsonl_document(std::string_view text, size_t begin, size_t stop,
       }
       const auto value = parsed.is_object() ? parsed.find(field) : parsed.end();
       LOOM_CHECK(parsed.is_object() && value != parsed.end() && value->is_string(),
-                 "{}: '{}': the line at byte {} has no string field \"{}\"{}", what, path, line,
-                 field, field == "text" ? "" : " (--text-field)");
+                 "{}: '{}': the line at byte {} has no string field \"{}\" ({})", what, path, line,
+                 field,
+                 what.starts_with("--")
+                     ? "a job reads \"text\": make shards with `loom tokenize --text-field NAME`"
+                     : "--text-field names another");
       document(value->get_ref<const std::string&>());
     }
     line = next;

@@ -42,7 +42,8 @@ std::vector<std::string> folder_files(const std::string& folder, std::string_vie
     if (!entry.is_regular_file(ec)) continue;
     // An empty text file holds no document (`loom tokenize` skips it too); an empty shard is a
     // damaged one, refused when it is opened.
-    if (!ends_with(name, ".bin") && entry.file_size(ec) == 0 && !ec) continue;
+    std::error_code size_error;  // unreadable size: kept, and named when it is opened
+    if (!ends_with(name, ".bin") && entry.file_size(size_error) == 0 && !size_error) continue;
     files.push_back(entry.path().string());
   }
   LOOM_CHECK(!ec, "{}: cannot list the folder '{}': {}", flag, folder, ec.message());

@@ -152,9 +152,14 @@ void read_pre_tokenizer(const Reader& r, const Json& node, const std::string& pa
 }
 
 // The special token a post-processor puts before a single text (TemplateProcessing's "single"
-// starting with a SpecialToken, alone or in a Sequence: Llama 3's <|begin_of_text|>), if any.
-// Only read for that: encode adds nothing (add_special_tokens=False).
-std::optional<std::string> leading_special_token(const Json& node) {
+// starting with a SpecialToken, alone or in a Sequence: Llama 3's <|begin_of_text|>), if any: its
+// id as HF resolves it, through the processor's "special_tokens" map (the entry's "ids"), else the
+// added token of that content. Only read for that: encode adds nothing (add_special_tokens=False).
+struct LeadingToken {
+  std::string name;               // the template's SpecialToken id
+  std::optional<int32_t> mapped;  // special_tokens[name].ids[0], when present
+};
+std::optional<LeadingToken> leading_special_token(const Json& node) {
   if (!node.is_object()) return std::nullopt;
   const Json* type = Reader::member(node, "type");
   if (type == nullptr || !type->is_string()) return std::nullopt;
@@ -172,7 +177,16 @@ std::optional<std::string> leading_special_token(const Json& node) {
   const Json* special = Reader::member((*single)[0], "SpecialToken");
   const Json* id = special != nullptr ? Reader::member(*special, "id") : nullptr;
   if (id == nullptr || !id->is_string()) return std::nullopt;
-  return id->get<std::string>();
+  LeadingToken out{id->get<std::string>(), std::nullopt};
+  const Json* map = Reader::member(node, "special_tokens");
+  const Json* entry =
+      map != nullptr && map->is_object() ? Reader::member(*map, out.name.c_str()) : nullptr;
+  const Json* ids =
+      entry != nullptr && entry->is_object() ? Reader::member(*entry, "ids") : nullptr;
+  if (ids != nullptr && ids->is_array() && ids->size() == 1 && (*ids)[0].is_number_integer()) {
+    out.mapped = (*ids)[0].get<int32_t>();
+  }
+  return out;
 }
 
 }  // namespace
@@ -413,9 +427,17 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
   }
   impl->added = std::make_unique<AddedTokens>(std::move(added));
   if (const Json* post = Reader::member(root, "post_processor")) {
-    if (const auto content = leading_special_token(*post)) {
-      if (const auto it = impl->added_ids.find(*content); it != impl->added_ids.end()) {
-        impl->begin_of_text = it->second;
+    if (const auto leading = leading_special_token(*post)) {
+      const auto added = impl->added_ids.find(leading->name);
+      impl->begin_of_text = leading->mapped                  ? leading->mapped
+                            : added != impl->added_ids.end() ? std::optional(added->second)
+                                                             : std::nullopt;
+      // One that is no token leaves documents to the end-of-text (document_start()).
+      if (impl->begin_of_text &&
+          (*impl->begin_of_text < 0 ||
+           static_cast<size_t>(*impl->begin_of_text) >= impl->is_token.size() ||
+           !impl->is_token[*impl->begin_of_text])) {
+        impl->begin_of_text.reset();
       }
     }
   }

@@ -176,7 +176,10 @@ class LlamaArgs : public ModelArgs {
   std::string no_hf_format() const override {
     return fmt::format(
         "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has)",
-        config_.moe ? "a mixture of experts (--moe-experts)" : "multi-head latent attention");
+        config_.moe ? (num_experts() > 0 ? "a mixture of experts (--moe-experts)"
+                                         : "mixture-of-experts settings (--moe-experts; every "
+                                           "layer dense by --moe-dense-layers)")
+                    : "multi-head latent attention");
   }
   std::vector<PlannedParameter> planned_parameters(
       const pipeline::StageRange& range) const override {

@@ -312,6 +312,19 @@ TEST(TokenizerTest, SpecialTokens) {
   EXPECT_EQ(std::count(partial.begin(), partial.end(), *llama.token_id("<|eot_id|>")), 0);
 }
 
+// The post-processor's leading token is resolved as HF resolves it: through its special_tokens
+// map's ids when the template names it by another name; one that is no token leaves documents to
+// the end-of-text.
+TEST(TokenizerTest, DocumentStartFollowsThePostProcessorsIds) {
+  Json json = Json::parse(read_file(kFixtures + "llama3_style.json"));
+  Json& post = json["post_processor"];
+  post["single"][0]["SpecialToken"]["id"] = "bos";
+  post["special_tokens"] = {{"bos", {{"id", "bos"}, {"ids", {3004}}, {"tokens", {"x"}}}}};
+  EXPECT_EQ(Tokenizer::from_json(json.dump(), "mapped").document_start(), 3004);
+  post["special_tokens"] = Json::object();  // "bos" is no added token either
+  EXPECT_EQ(Tokenizer::from_json(json.dump(), "unknown").document_start(), 3001);  // end-of-text
+}
+
 // split_special_tokens (HF's, llm.c's for documents): a special token spelled in the text is
 // encoded as the text it spells; decoding gives the text back, and the id is still known.
 TEST(TokenizerTest, SplitSpecialTokensAreEncodedAsText) {
