@@ -52,13 +52,24 @@ std::string_view record_state_name(RecordState state) {
   return "?";
 }
 
+namespace {
+
+// This process's count of recorders made so far (GroupRecords::created).
+int64_t next_created() {
+  static std::atomic<int64_t> count{0};
+  return count.fetch_add(1);
+}
+
+}  // namespace
+
 FlightRecorder::FlightRecorder(std::string name, int rank, int size, std::vector<int> global_ranks,
                                size_t capacity)
     : name_(std::move(name)),
       rank_(rank),
       size_(size),
       global_ranks_(std::move(global_ranks)),
-      capacity_(std::max<size_t>(capacity, 1)) {
+      capacity_(std::max<size_t>(capacity, 1)),
+      created_(next_created()) {
   ring_.reserve(capacity_);
 }
 
@@ -91,7 +102,7 @@ void FlightRecorder::finish(uint64_t handle, const std::exception_ptr& error) {
 }
 
 GroupRecords FlightRecorder::snapshot() const {
-  GroupRecords out{name_, rank_, size_, global_ranks_, {}};
+  GroupRecords out{name_, rank_, size_, global_ranks_, {}, created_};
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t count = std::min<uint64_t>(next_handle_, capacity_);
   for (uint64_t h = next_handle_ - count; h < next_handle_; ++h) {
@@ -148,11 +159,9 @@ nlohmann::json to_json(const GroupRecords& group) {
     if (!r.error.empty()) entry["error"] = r.error;
     records.push_back(std::move(entry));
   }
-  return {{"name", group.name},
-          {"rank", group.rank},
-          {"size", group.size},
-          {"global_ranks", group.global_ranks},
-          {"records", std::move(records)}};
+  return {{"name", group.name},       {"rank", group.rank},
+          {"size", group.size},       {"global_ranks", group.global_ranks},
+          {"created", group.created}, {"records", std::move(records)}};
 }
 
 }  // namespace

@@ -51,6 +51,10 @@ struct GroupRecords {
   int size = 0;
   std::vector<int> global_ranks;  // global rank of each group rank
   std::vector<FlightRecord> records;
+  // How many recorders this process made before this group's (-1: a dump that does not say).
+  // Ranks make their groups in the same order, so among one rank's groups of the same name and
+  // ranks (two meshes over the same ranks) it tells which is which, however a dump lists them.
+  int64_t created = -1;
 };
 
 class FlightRecorder {
@@ -73,6 +77,7 @@ class FlightRecorder {
   const int rank_, size_;
   const std::vector<int> global_ranks_;
   const size_t capacity_;
+  const int64_t created_;  // GroupRecords::created
   mutable std::mutex mutex_;
   std::vector<FlightRecord> ring_;  // ring_[handle % capacity_]
   uint64_t next_handle_ = 0;

@@ -40,7 +40,8 @@ RankDump parse(const nlohmann::json& j) {
                        g.at("rank").get<int>(),
                        g.at("size").get<int>(),
                        g.at("global_ranks").get<std::vector<int>>(),
-                       {}};
+                       {},
+                       g.value("created", int64_t{-1})};
     for (const auto& r : g.at("records")) {
       group.records.push_back(FlightRecord{.sequence = r.at("seq").get<uint64_t>(),
                                            .collective = r.at("collective").get<int64_t>(),
@@ -249,8 +250,15 @@ std::string flight_report(const std::vector<RankDump>& dumps, int world_size) {
   std::vector<Key> order;
   std::map<Key, std::vector<Member>> groups;
   for (const RankDump& d : dumps) {
+    // A dump lists retired groups before live ones: the order each rank made them pairs copies.
+    std::vector<const GroupRecords*> made(d.groups.size());
+    for (size_t i = 0; i < d.groups.size(); ++i) made[i] = &d.groups[i];
+    std::stable_sort(made.begin(), made.end(), [](const GroupRecords* a, const GroupRecords* b) {
+      return a->created < b->created;
+    });
     std::map<std::pair<std::string, std::vector<int>>, int> seen;
-    for (const GroupRecords& g : d.groups) {
+    for (const GroupRecords* group : made) {
+      const GroupRecords& g = *group;
       const Key key{g.name, g.global_ranks, seen[{g.name, g.global_ranks}]++};
       if (!groups.contains(key)) order.push_back(key);
       groups[key].push_back({d.rank, &d, &g});

@@ -139,16 +139,21 @@ TEST(FlightReportTest, GroupsOfOneNameAndRanksArePairedInTheOrderMade) {
   std::vector<RankDump> dumps;
   for (int rank : {0, 1}) {
     RankDump dump{.rank = rank};
-    dump.groups.push_back(
-        GroupRecords{.name = "mesh/pp", .rank = rank, .size = 2, .global_ranks = {0, 1}});
+    dump.groups.push_back(GroupRecords{
+        .name = "mesh/pp", .rank = rank, .size = 2, .global_ranks = {0, 1}, .created = 10});
     for (int64_t i = 0; i < 3; ++i) {
       dump.groups[0].records.push_back(
           completed(i, CollectiveKind::kBroadcast, "f32, 4 elements, root 0"));
     }
-    dump.groups.push_back(GroupRecords{.name = "mesh/pp",
-                                       .rank = rank,
-                                       .size = 2,
-                                       .global_ranks = {0, 1}});  // its copy: nothing recorded
+    // Its copy, made later, recorded nothing. Rank 1's dump lists it first (a group retired
+    // before the dump is listed before the live ones): the order made pairs them, not the list.
+    GroupRecords copy{
+        .name = "mesh/pp", .rank = rank, .size = 2, .global_ranks = {0, 1}, .created = 20};
+    if (rank == 1) {
+      dump.groups.insert(dump.groups.begin(), copy);
+    } else {
+      dump.groups.push_back(copy);
+    }
     dumps.push_back(std::move(dump));
   }
   const std::string report = flight_report(dumps, 2);
