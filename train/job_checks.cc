@@ -89,16 +89,14 @@ void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
   const auto whole = pipeline::StageRange::whole(args.n_layers());
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
   const std::shared_ptr<nn::Module> model = spec.make_stage(whole);
-  std::error_code ec;
-  const std::string config_json = models::hf::config_json_path(job.init_from);
-  if (fs::exists(config_json, ec)) {
-    models::hf::check(*model, *adapter, job.init_from, spec.parameter_names(whole), "--init-from");
-    return;
-  }
-  // Without config.json the sizes are the preset's and the flags': say so before the mismatches.
   try {
     models::hf::check(*model, *adapter, job.init_from, spec.parameter_names(whole), "--init-from");
   } catch (const Error& e) {
+    // Without config.json the sizes were the preset's and the flags': say so before the
+    // mismatches.
+    std::error_code ec;
+    const std::string config_json = models::hf::config_json_path(job.init_from);
+    if (fs::exists(config_json, ec)) throw;
     LOOM_FAIL(
         "--init-from: there is no config.json beside the weights ('{}'), so the model's sizes are "
         "--model {}'s and the flags', and the checkpoint does not fit them; put its config.json "

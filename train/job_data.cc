@@ -21,25 +21,29 @@ namespace fs = std::filesystem;
 constexpr int64_t kGpt2EndOfText = 50256;
 constexpr int64_t kDefaultValBatches = 20;  // llm.c's val_max_steps
 
+// The token before each document that a tokenizer gives: --document-token, else its
+// document_start() (what `loom tokenize` and llm.c put there); none without either.
+std::optional<int32_t> tokenizer_document_token(const JobConfig& job,
+                                                const data::Tokenizer* tokenizer) {
+  if (job.document_token >= 0) return static_cast<int32_t>(job.document_token);
+  return tokenizer ? tokenizer->document_start() : std::nullopt;
+}
+
 // Text tokenized as the job starts: each document after the token --document-boundaries looks
-// for (--document-token, else the tokenizer's document_start()), as `loom tokenize` writes it.
-data::TextTokenization text_tokenization(const std::shared_ptr<const data::Tokenizer>& tokenizer,
-                                         int64_t document_token) {
+// for, as `loom tokenize` writes it.
+data::TextTokenization text_tokenization(const JobConfig& job,
+                                         const std::shared_ptr<const data::Tokenizer>& tokenizer) {
   if (!tokenizer) return {};
   return {.encode = [tokenizer](std::string_view text) { return tokenizer->encode(text); },
           .vocab_size = tokenizer->vocab_size(),
-          .document_separator = document_token >= 0
-                                    ? std::optional<int32_t>(static_cast<int32_t>(document_token))
-                                    : tokenizer->document_start(),
+          .document_separator = tokenizer_document_token(job, tokenizer.get()),
           .name = "tokens by " + tokenizer->description()};
 }
 
-// The token documents start with: --document-token, the tokenizer's document_start() (what
-// `loom tokenize` and llm.c put before each document), or GPT-2's end-of-text.
+// The token documents start with: the tokenizer's (above), or GPT-2's end-of-text.
 int32_t document_token(const JobConfig& job, const data::Tokenizer* tokenizer,
                        const data::TokenCorpus& corpus, int64_t vocab_size) {
-  int64_t token = job.document_token;
-  if (token < 0 && tokenizer && tokenizer->document_start()) token = *tokenizer->document_start();
+  int64_t token = tokenizer_document_token(job, tokenizer).value_or(-1);
   if (token < 0 && corpus.vocab_size() == 50257) token = kGpt2EndOfText;
   LOOM_CHECK(token >= 0,
              "--document-boundaries: which token starts a document? {} has no tokenizer with an "
@@ -118,7 +122,7 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
     out.tokenizer = std::make_shared<const data::Tokenizer>(data::Tokenizer::from_file(
         out.tokenizer_path, {.split_special_tokens = job.split_special_tokens}));
   }
-  const data::TextTokenization text = text_tokenization(out.tokenizer, job.document_token);
+  const data::TextTokenization text = text_tokenization(job, out.tokenizer);
   out.train = data::TokenCorpus::open(job.data, text, "--data");
   if (out.tokenizer && model.vocab_from.empty()) {
     // Shards do not record their tokenizer; the one given is the data's vocabulary.

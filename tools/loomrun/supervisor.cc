@@ -91,6 +91,14 @@ void Supervisor::add_rank(int rank, ChildProcess child) {
   }));
 }
 
+std::vector<const Supervisor::RankState*> Supervisor::stopped_ranks() const {
+  std::vector<const RankState*> out;
+  for (const auto& state : ranks_) {
+    if (state->running && state->stopped_by != 0) out.push_back(state.get());
+  }
+  return out;
+}
+
 int Supervisor::running_ranks() const {
   return static_cast<int>(
       std::count_if(ranks_.begin(), ranks_.end(), [](const auto& r) { return r->running; }));
@@ -153,9 +161,7 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
     // peers see its connections close while it still unwinds). Wait a little for it, so that it
     // is the one named and its status the job's; stop the job with this one if none comes. A
     // rank stopped (SIGSTOP) is what it lost: none will fail of itself, so stop now.
-    const bool stopped = std::any_of(ranks_.begin(), ranks_.end(), [](const auto& r) {
-      return r->running && r->stopped_by != 0;
-    });
+    const bool stopped = !stopped_ranks().empty();
     if (!peer_failure_) {
       peer_failure_ = exit;
       if (running_ranks() > 0 && !stopped) {
@@ -187,11 +193,9 @@ void Supervisor::fail_job(const Exit& failed) {
   }
   // A rank stopped while the others run is what they were waiting for when they timed out:
   // remember it, to name it last.
-  for (const auto& other : ranks_) {
-    if (other->running && other->stopped_by != 0) {
-      stalled_.push_back(fmt::format("rank {} (pid {}), stopped by {}", other->rank, other->pid,
-                                     signal_name(other->stopped_by)));
-    }
+  for (const RankState* other : stopped_ranks()) {
+    stalled_.push_back(fmt::format("rank {} (pid {}), stopped by {}", other->rank, other->pid,
+                                   signal_name(other->stopped_by)));
   }
   const int others = running_ranks();
   if (!exit_code_) {

@@ -89,6 +89,8 @@ class Supervisor {
   void fail_job(const Exit& failed);
   void reap();
   int running_ranks() const;
+  // The ranks still running that a signal stopped (SIGSTOP, SIGTSTP), in rank order.
+  std::vector<const RankState*> stopped_ranks() const;
   int poll_timeout_ms() const;
   void check_deadlines();
 
