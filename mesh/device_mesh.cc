@@ -237,16 +237,22 @@ DeviceMesh DeviceMesh::slice(const std::vector<std::string>& names) const {
   return out;
 }
 
-DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names,
-                               const std::string& new_name) const {
-  LOOM_CHECK(!names.empty(), "DeviceMesh: flatten of {} needs at least one dim name", str());
+std::vector<int64_t> DeviceMesh::adjacent_dims(const std::vector<std::string>& names,
+                                               const char* operation) const {
+  LOOM_CHECK(!names.empty(), "DeviceMesh: {} of {} needs at least one dim name", operation, str());
   std::vector<int64_t> dims;
   for (const auto& name : names) dims.push_back(dim_index(name));
   for (size_t i = 1; i < dims.size(); ++i) {
     LOOM_CHECK(dims[i] == dims[i - 1] + 1,
-               "DeviceMesh: flatten of {} needs adjacent dims in mesh order, got [{}]", str(),
+               "DeviceMesh: {} of {} needs adjacent dims in mesh order, got [{}]", operation, str(),
                fmt::join(names, ", "));
   }
+  return dims;
+}
+
+DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names,
+                               const std::string& new_name) const {
+  const std::vector<int64_t> dims = adjacent_dims(names, "flatten");
   std::vector<std::string> new_names;
   std::vector<int64_t> new_shape;
   for (int64_t d = 0; d < ndim(); ++d) {
@@ -297,6 +303,67 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& names,
                        rank_, fmt::join(line, ", "), fmt::join(mine.line, ", "));
   out.groups_[flat_dim] = std::move(mine.group);
   out.group_ranks_by_coordinate_[flat_dim] = std::move(mine.group_ranks);
+  return out;
+}
+
+DeviceMesh DeviceMesh::unflatten(const std::vector<std::string>& names,
+                                 const std::vector<std::string>& new_names,
+                                 const std::vector<int64_t>& new_sizes) const {
+  const std::vector<int64_t> dims = adjacent_dims(names, "unflatten");
+  LOOM_CHECK(!new_names.empty() && new_names.size() == new_sizes.size(),
+             "DeviceMesh: unflatten of {} got {} new dim names [{}] for {} sizes [{}]; pass one "
+             "name per size",
+             str(), new_names.size(), fmt::join(new_names, ", "), new_sizes.size(),
+             fmt::join(new_sizes, ", "));
+  int64_t old_size = 1;
+  for (int64_t d : dims) old_size *= shape_[d];
+  int64_t new_size = 1;
+  for (int64_t s : new_sizes) new_size *= s;
+  LOOM_CHECK(new_size == old_size,
+             "DeviceMesh: unflatten of [{}] (of size {}) in {} into {} of size {}; the new sizes "
+             "must multiply to the old",
+             fmt::join(names, ", "), old_size, str(), mesh_desc(new_names, new_sizes), new_size);
+  // Its new dims' groups are created over the world, line by line of this mesh: every rank must
+  // see the same mesh, so a slice (each rank its own) cannot be unflattened.
+  LOOM_CHECK(numel() == world_->size(),
+             "DeviceMesh: unflatten of {} (of {} ranks) needs a mesh over the whole world of {} "
+             "ranks; unflatten the mesh it was sliced from",
+             str(), numel(), world_->size());
+  std::vector<std::string> out_names;
+  std::vector<int64_t> out_shape;
+  // Per dim of the result: the dim of this mesh it keeps, or -1 for a new one.
+  std::vector<int64_t> kept;
+  for (int64_t d = 0; d < ndim(); ++d) {
+    if (d == dims.front()) {
+      for (size_t i = 0; i < new_names.size(); ++i) {
+        out_names.push_back(new_names[i]);
+        out_shape.push_back(new_sizes[i]);
+        kept.push_back(-1);
+      }
+    } else if (d < dims.front() || d > dims.back()) {
+      out_names.push_back(dim_names_[d]);
+      out_shape.push_back(shape_[d]);
+      kept.push_back(d);
+    }
+  }
+  // Row-major order is unchanged by splitting adjacent dims, so the rank array carries over, and
+  // so does every line along a kept dim: its group serves the result.
+  DeviceMesh out;
+  out.world_ = world_;
+  out.device_type_ = device_type_;
+  out.init(std::move(out_names), std::move(out_shape), ranks_);
+  out.root_ = std::make_shared<const RootLayout>(RootLayout{out.shape_, out.ranks_});
+  for (int64_t d = 0; d < out.ndim(); ++d) {
+    out.root_dims_.push_back({d});
+    if (kept[d] >= 0) {
+      out.groups_.push_back(groups_[kept[d]]);
+      out.group_ranks_by_coordinate_.push_back(group_ranks_by_coordinate_[kept[d]]);
+    } else {
+      LineGroup mine = out.create_line_groups({d}, out.dim_names_[d]);
+      out.groups_.push_back(std::move(mine.group));
+      out.group_ranks_by_coordinate_.push_back(std::move(mine.group_ranks));
+    }
+  }
   return out;
 }
 

@@ -7,9 +7,9 @@
 //   mesh["tp"];               // the 1-D sub-mesh this rank belongs to along "tp"
 //   mesh.flatten({"dp", "tp"}, "dp_tp");   // one dim over both
 //
-// Collective contract: constructing a mesh and flatten() are collective over the parent group
-// (every rank calls them in the same order): they create one ProcessGroup per mesh dim, once;
-// sub-meshes reuse them. Mesh dims are addressed by name or by index (`mesh_dim`).
+// Collective contract: constructing a mesh, flatten() and unflatten() are collective over the
+// parent group (every rank calls them in the same order): they create one ProcessGroup per mesh
+// dim, once; sub-meshes reuse them. Mesh dims are addressed by name or by index (`mesh_dim`).
 #pragma once
 
 #include <memory>
@@ -73,6 +73,15 @@ class DeviceMesh {
   // over the world group: every rank creates the flattened dim's group of every slice of the
   // root mesh, so it works on slices too (each rank calling it on its own slice).
   DeviceMesh flatten(const std::vector<std::string>& names, const std::string& new_name) const;
+  // A mesh over the same ranks where adjacent dims `names` (in mesh order), read row-major as one,
+  // become dims `new_names` of sizes `new_sizes` (torch's DeviceMesh._unflatten, here of one or
+  // more dims): e.g. (dp_shard=4, cp=2) read as (ep_shard=2, ep=4). The other dims keep their
+  // groups; only the new dims' groups are created. Collective over the world group, like flatten,
+  // so the mesh must span the world (the job's mesh or a flattening of it). The result is a root
+  // of its own: its slices concatenate with each other, not with this mesh's.
+  DeviceMesh unflatten(const std::vector<std::string>& names,
+                       const std::vector<std::string>& new_names,
+                       const std::vector<int64_t>& new_sizes) const;
   // The mesh whose dims are every dim of `meshes`, in the order given (torch's
   // DeviceMesh._concatenate): e.g. mesh["tp"] and mesh["dp_shard"] make the (tp, dp_shard) mesh
   // of a parameter FSDP shards on top of tensor parallelism. The meshes must be slices (or
@@ -101,6 +110,9 @@ class DeviceMesh {
 
   void init(std::vector<std::string> dim_names, std::vector<int64_t> shape, std::vector<int> ranks);
   void create_groups();
+  // The indices of `names`, checked to be adjacent dims in mesh order (flatten, unflatten).
+  std::vector<int64_t> adjacent_dims(const std::vector<std::string>& names,
+                                     const char* operation) const;
   // Creates the group of every line of the root along root dims `span` (collective over the
   // world: every rank creates every line, in the same order) and returns this rank's.
   LineGroup create_line_groups(const std::vector<int64_t>& span, const std::string& name) const;

@@ -124,16 +124,12 @@ parallel::ParallelMeshes ParallelDims::meshes_with_experts(
   parallel::ParallelMeshes out = meshes(mesh);
   if (ep == 1) return out;
   // The same ranks, row-major, with dp_shard x cp read as ep_shard x ep (ep innermost): the ep
-  // groups are runs of ep consecutive dp_shard x cp ranks.
+  // groups are runs of ep consecutive dp_shard x cp ranks. The pp, dp_replicate and tp groups
+  // are the job's own.
   const int64_t shard = mesh->size(kShardDim) * mesh->size(kContextDim);
   LOOM_CHECK(shard % ep == 0, "ParallelDims: ep {} does not divide dp_shard x cp = {}", ep, shard);
   const auto experts = std::make_shared<const DeviceMesh>(
-      mesh->world(),
-      std::vector<std::string>{kPipelineDim, kReplicateDim, kExpertShardDim, kExpertDim,
-                               kTensorDim},
-      std::vector<int64_t>{mesh->size(kPipelineDim), mesh->size(kReplicateDim), shard / ep, ep,
-                           mesh->size(kTensorDim)},
-      mesh->ranks(), mesh->device_type());
+      mesh->unflatten({kShardDim, kContextDim}, {kExpertShardDim, kExpertDim}, {shard / ep, ep}));
   out.ep = std::make_shared<const DeviceMesh>(experts->slice({kExpertDim}));
   out.ep_shard = std::make_shared<const DeviceMesh>(experts->slice({kExpertShardDim}));
   out.ep_fsdp =

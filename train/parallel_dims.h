@@ -91,7 +91,7 @@ struct ParallelDims {
   // groups: it does not, slices reuse the mesh's groups).
   static parallel::ParallelMeshes meshes(const std::shared_ptr<const DeviceMesh>& mesh);
   // meshes() with the expert-parallel meshes of this ep added (ep > 1: collective over the
-  // world, which makes their groups).
+  // world, which makes the ep_shard and ep groups; the others are the job mesh's).
   parallel::ParallelMeshes meshes_with_experts(const std::shared_ptr<const DeviceMesh>& mesh) const;
 };
 

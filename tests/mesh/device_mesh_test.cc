@@ -231,6 +231,75 @@ TEST(DeviceMeshTest, FlattenOfASliceMakesOneGroupPerSlice) {
   });
 }
 
+TEST(DeviceMeshTest, UnflattenSplitsAdjacentDimsAndKeepsTheOtherGroups) {
+  // (pp=2, dp=2, cp=2) on 8 ranks: (dp, cp) read as (ep_shard=1, ep=4), pp's group kept.
+  run_on_ranks(8, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"pp", "dp", "cp"}, {2, 2, 2});
+    const int rank = pg.rank();
+    const DeviceMesh experts = mesh->unflatten({"dp", "cp"}, {"ep_shard", "ep"}, {1, 4});
+    EXPECT_EQ(experts.str(), "DeviceMesh(pp=2, ep_shard=1, ep=4, cpu)");
+    EXPECT_EQ(experts.ranks(), mesh->ranks());
+    EXPECT_THAT(experts.coordinate(), ElementsAre(rank / 4, 0, rank % 4));
+    EXPECT_EQ(experts.group("pp").get(), mesh->group("pp").get());
+    EXPECT_EQ(
+        experts.group("ep")->global_ranks(),
+        (std::vector<int>{rank / 4 * 4, rank / 4 * 4 + 1, rank / 4 * 4 + 2, rank / 4 * 4 + 3}));
+    EXPECT_EQ(group_sum(*experts.group("ep"), rank), rank / 4 * 16 + 6);
+    EXPECT_EQ(experts.group("ep_shard")->size(), 1);
+    // Its slices concatenate with each other (one root), as the expert FSDP mesh does.
+    const DeviceMesh pp_ep =
+        DeviceMesh::concatenate({experts["pp"], experts[std::vector<std::string>{"ep"}]});
+    EXPECT_EQ(pp_ep.str(), "DeviceMesh(pp=2, ep=4, cpu)");
+    EXPECT_EQ(pp_ep.ranks(), mesh->ranks());
+  });
+}
+
+TEST(DeviceMeshTest, UnflattenAcrossDimBoundariesAndItsErrors) {
+  // (dp=3, cp=2) on 6 ranks read as (ep_shard=2, ep=3): the split does not follow dp and cp.
+  run_on_ranks(6, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"dp", "cp"}, {3, 2});
+    const int rank = pg.rank();
+    const DeviceMesh experts = mesh->unflatten({"dp", "cp"}, {"ep_shard", "ep"}, {2, 3});
+    EXPECT_THAT(experts.coordinate(), ElementsAre(rank / 3, rank % 3));
+    EXPECT_EQ(experts.group("ep")->global_ranks(),
+              (std::vector<int>{rank / 3 * 3, rank / 3 * 3 + 1, rank / 3 * 3 + 2}));
+    EXPECT_EQ(experts.group("ep_shard")->global_ranks(),
+              (std::vector<int>{rank % 3, rank % 3 + 3}));
+    EXPECT_EQ(group_sum(*experts.group("ep_shard"), rank), 2 * (rank % 3) + 3);
+    // One dim, torch's _unflatten.
+    const DeviceMesh split = mesh->unflatten({"cp"}, {"a", "b"}, {1, 2});
+    EXPECT_EQ(split.str(), "DeviceMesh(dp=3, a=1, b=2, cpu)");
+    EXPECT_EQ(split.group("dp").get(), mesh->group("dp").get());
+    EXPECT_EQ(split.group("b")->global_ranks(), mesh->group("cp")->global_ranks());
+    // Errors, each before any communication.
+    EXPECT_THAT(error_of([&] {
+                  mesh->unflatten({"cp", "dp"}, {"a", "b"}, {2, 3});
+                }),
+                HasSubstr("DeviceMesh: unflatten of DeviceMesh(dp=3, cp=2, cpu) needs adjacent "
+                          "dims in mesh order, got [cp, dp]"));
+    EXPECT_THAT(error_of([&] {
+                  mesh->unflatten({"dp", "cp"}, {"a", "b"}, {4, 2});
+                }),
+                HasSubstr("DeviceMesh: unflatten of [dp, cp] (of size 6) in DeviceMesh(dp=3, "
+                          "cp=2, cpu) into (a=4, b=2) of size 8; the new sizes must multiply to "
+                          "the old"));
+    EXPECT_THAT(error_of([&] {
+                  mesh->unflatten({"dp"}, {"a"}, {3, 1});
+                }),
+                HasSubstr("got 1 new dim names [a] for 2 sizes [3, 1]"));
+    EXPECT_THAT(error_of([&] {
+                  (*mesh)["dp"].unflatten({"dp"}, {"a", "b"}, {3, 1});
+                }),
+                HasSubstr("DeviceMesh: unflatten of DeviceMesh(dp=3, cpu) (of 3 ranks) needs a "
+                          "mesh over the whole world of 6 ranks; unflatten the mesh it was "
+                          "sliced from"));
+    EXPECT_THAT(error_of([&] {
+                  mesh->unflatten({"dp"}, {"cp", "x"}, {3, 1});
+                }),
+                HasSubstr("dim name 'cp' appears twice"));
+  });
+}
+
 TEST(DeviceMeshTest, ConcatenateJoinsSlicesOfOneRootInTheOrderGiven) {
   // (pp=2, dp=2, tp=2) on 8 ranks: mesh["tp"] + mesh["dp"] is the (tp, dp) grid of this rank's
   // pp slice (what FSDP on top of TP shards a parameter on), reusing both groups.
