@@ -5,11 +5,35 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "models/family.h"
 
 namespace loom::train {
+
+namespace {
+
+// argv with each "--name=" (an empty value, as `--name ""` is) split into "--name" and "": CLI11
+// reads "--name=" as no value and takes the next argument as it (`--metrics-out= --steps 1` was
+// refused as an unexpected "1").
+std::vector<std::string> with_explicit_empty_values(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (i > 0 && arg.size() > 3 && arg.starts_with("--") && arg.back() == '=' &&
+        arg.find('=') == arg.size() - 1) {
+      args.push_back(arg.substr(0, arg.size() - 1));
+      args.emplace_back();
+    } else {
+      args.push_back(arg);
+    }
+  }
+  return args;
+}
+
+}  // namespace
 
 CommandLine parse_command_line(int argc, char** argv, const std::string& description) {
   CLI::App app{description +
@@ -61,8 +85,11 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     }
   }
+  std::vector<std::string> args = with_explicit_empty_values(argc, argv);
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(arg_pointers.size()), arg_pointers.data());
   } catch (const CLI::CallForHelp&) {
     fmt::print("{}", app.help());
     parsed.help = true;

@@ -207,12 +207,20 @@ expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to sp
 expect_error 2 "--save: a Llama with a mixture of experts (--moe-experts) has no Hugging Face checkpoint format in Loom yet" \
   --plan --model llama-moe-tiny --save model.safetensors
 echo "ok: flag values, plan-only flags, --search without --plan, all-dense MoE and MoE saves are named"
-# "--plot-out= --metrics-out=": CLI11 gives --plot-out the next flag as its value; refused, where
-# a run had written its plot to a file named "--metrics-out=.dat".
+# A flag given as a value is refused, where a run had written its plot to a file named
+# "--metrics-out=.dat".
 expect_error 2 "loom_train: --plot-out: got '--metrics-out=', which is a flag, not a value" \
-  --plot-out= --metrics-out= --dp 1 --tp 1
+  --plot-out=--metrics-out= --dp 1 --tp 1
 [[ ! -e "--metrics-out=.dat" ]] || fail "a file named after a flag was written"
 echo "ok: a flag given as a value is refused"
+# "--plot-out= --metrics-out= --steps 1" is two empty values (none of either) and one step: CLI11
+# alone reads "--x=" as no value and takes the next argument as it.
+mkdir -p empty_values && (cd empty_values &&
+  "$train" --no-progress --dp 1 --tp 1 --plot-out= --metrics-out= --steps 1 --sample-tokens 0 \
+    >out.log 2>&1) || { cat empty_values/out.log; fail "--plot-out= --metrics-out= --steps 1"; }
+grep -q "final loss" empty_values/out.log || fail "--plot-out= --metrics-out=: no final loss"
+[[ -z "$(ls empty_values | grep -v '^out.log$')" ]] || fail "--x= wrote: $(ls empty_values)"
+echo "ok: --x= is an empty value"
 # A fault probe that can never fire is refused: a fault test would pass for nothing.
 LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
 echo "ok: a fault probe outside the job is refused"
