@@ -164,6 +164,18 @@ bool is_uncommitted(const fs::directory_entry& dir) {
   return dir.is_directory() && (partial || unmarked);
 }
 
+// Deletes a committed step (keep_last). It is renamed to an uncommitted name first, durably: a
+// rank killed while the files go leaves a folder the next save removes, never a committed step
+// with files missing (remove_all deletes in no set order, the marker maybe last).
+void remove_committed_step(const std::string& root, int64_t step) {
+  const std::string dir = step_directory(root, step);
+  const std::string removing = dir + ".removed.partial";
+  fs::remove_all(removing);
+  fs::rename(dir, removing);
+  sync_directory(root, "checkpoint");
+  fs::remove_all(removing);
+}
+
 // Removes what a crashed save left under `root` (rank 0, before a save).
 void remove_uncommitted(const std::string& root) {
   for (const auto& dir : fs::directory_iterator(root)) {
@@ -179,6 +191,7 @@ bool is_step_directory(const std::string& path) {
 
 std::string resolve_step_directory(const std::string& path) {
   if (is_step_directory(path)) return path;
+  check_no_misnamed_steps(path, "checkpoint");
   const auto latest = latest_committed_step(path);
   LOOM_CHECK(latest.has_value(),
              "checkpoint: '{}' is neither a step directory (no {}) nor a checkpoint directory "
@@ -215,6 +228,31 @@ std::vector<std::string> uncommitted_step_directories(const std::string& root) {
   }
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::vector<std::string> misnamed_step_directories(const std::string& root) {
+  std::vector<std::string> out;
+  std::error_code error;
+  if (!fs::is_directory(root, error)) return out;
+  for (const auto& dir : fs::directory_iterator(root)) {
+    const std::string name = dir.path().filename().string();
+    int64_t step = 0;
+    if (dir.is_directory() && !is_step_name(name, &step) && !name.ends_with(".partial") &&
+        is_step_directory(dir.path().string())) {
+      out.push_back(dir.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void check_no_misnamed_steps(const std::string& root, std::string_view what) {
+  const std::vector<std::string> misnamed = misnamed_step_directories(root);
+  LOOM_CHECK(misnamed.empty(),
+             "{}: '{}' holds {} step folder(s) under a name no save gives ({}); a save names its "
+             "folder step_ and the step in 8 digits (step_00000004): rename each to its step's "
+             "name, or move it away",
+             what, root, misnamed.size(), fmt::join(misnamed, ", "));
 }
 
 std::optional<int64_t> latest_committed_step(const std::string& root) {
@@ -358,7 +396,7 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     if (staged.keep_last > 0) {
       const std::vector<int64_t> steps = committed_steps(root);
       for (size_t i = 0; i + staged.keep_last < steps.size(); ++i) {
-        if (steps[i] != step) fs::remove_all(step_directory(root, steps[i]));
+        if (steps[i] != step) remove_committed_step(root, steps[i]);
       }
     }
   });

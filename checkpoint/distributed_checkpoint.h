@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -58,6 +59,12 @@ std::optional<int64_t> latest_committed_step(const std::string& root);
 // What a crashed or interrupted save left under `root` (partial directories, step directories
 // without the marker), sorted: the next save removes them. An absent root has none.
 std::vector<std::string> uncommitted_step_directories(const std::string& root);
+// Folders under `root` that hold a step (metadata.json or the marker) under a name no save gives
+// ("step_4", a copy "step_00000004_x"), sorted: neither listed as steps nor removed by a save.
+std::vector<std::string> misnamed_step_directories(const std::string& root);
+// Throws, naming `what` (the flag or tool) and each folder, when `root` has misnamed steps: a
+// resume would silently skip them.
+void check_no_misnamed_steps(const std::string& root, std::string_view what);
 // Every file `metadata` lists is in `directory` as recorded: a regular file of its size that
 // this process can read (stat and access only, no byte read: what a job checks before it starts
 // its ranks). Throws naming the file, its writer and what is wrong.

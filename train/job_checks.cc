@@ -7,6 +7,10 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
@@ -18,6 +22,7 @@
 #include "train/fault_injection.h"
 #include "train/launch.h"
 #include "train/output_files.h"
+#include "train/trainer.h"
 
 namespace loom::train {
 
@@ -105,8 +110,95 @@ void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
   }
 }
 
+// What tells one run's saves from another's: its model and what decides its batches (data,
+// seed, batch, sequence, documents), as flat "key": value pairs.
+std::map<std::string, std::string> run_identity(const checkpoint::Metadata& metadata) {
+  std::map<std::string, std::string> out;
+  const auto model = metadata.extra.find("model");
+  if (model != metadata.extra.end() && model->is_object()) {
+    for (const auto& [key, value] : model->items()) out["model " + key] = value.dump();
+  }
+  const auto run = metadata.extra.find("run");
+  if (run != metadata.extra.end() && run->is_object()) {
+    if (run->contains("data") && run->at("data").is_object()) {
+      out["data sha256"] = run->at("data").value("sha256", "");
+    }
+    for (const char* key :
+         {"seed", "batch_size", "seq_len", "document_boundaries", "document_token"}) {
+      if (run->contains(key)) out[key] = run->at(key).dump();
+    }
+  }
+  return out;
+}
+
+// Every committed step under `root` is of the run that saved `latest`: a folder mixing two runs'
+// steps is refused, as a new run into a used folder is, where a resume would take whichever is
+// newest and a later fallback another run's step. Fields a step does not record (an older Loom)
+// are not compared.
+void check_one_run(const std::string& root, int64_t latest, const checkpoint::Metadata& saved) {
+  const std::map<std::string, std::string> mine = run_identity(saved);
+  for (int64_t step : checkpoint::committed_steps(root)) {
+    if (step == latest) continue;
+    const std::map<std::string, std::string> other =
+        run_identity(checkpoint::read_metadata(checkpoint::step_directory(root, step)));
+    std::vector<std::string> differences;
+    for (const auto& [key, value] : other) {
+      const auto it = mine.find(key);
+      if (it != mine.end() && it->second != value) {
+        differences.push_back(
+            fmt::format("{} {} at step {}, {} at step {}", key, value, step, it->second, latest));
+      }
+    }
+    LOOM_CHECK(differences.empty(),
+               "--checkpoint-dir: '{}' mixes two runs' steps: step {} and the latest, step {}, "
+               "differ in {}; keep one run's steps in a folder (move the others away)",
+               root, step, latest, fmt::join(differences, "; "));
+  }
+}
+
+// The model's parameters in a checkpoint ("model/<name>", as Trainer::state_dict names them):
+// the names, global shapes and dtypes of the model this job builds (whole, on the meta device).
+// Each rank's load would refuse a difference too, but only once the ranks started, each saying
+// so; a metadata file edited (its marker rewritten) to fit no model is refused here.
+void check_saved_parameters(const checkpoint::Metadata& metadata, const models::ModelArgs& args,
+                            const std::string& dir) {
+  const pipeline::PipelineModelSpec spec = args.spec(0, {});
+  DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
+  const std::shared_ptr<nn::Module> model =
+      spec.make_stage(pipeline::StageRange::whole(args.n_layers()));
+  std::vector<std::string> problems;
+  std::set<std::string> expected;
+  for (const auto& [name, p] : model->named_parameters()) {
+    const std::string key = "model/" + name;
+    expected.insert(key);
+    const auto it = metadata.entries.find(key);
+    if (it == metadata.entries.end()) {
+      problems.push_back(fmt::format("'{}' is missing", key));
+    } else if (it->second.shape != p.shape() || it->second.dtype != p.dtype()) {
+      problems.push_back(fmt::format(
+          "'{}' is {} {} there, the model's is {} {}", key, checkpoint::dtype_key(it->second.dtype),
+          shape_str(it->second.shape), checkpoint::dtype_key(p.dtype()), shape_str(p.shape())));
+    }
+  }
+  for (const auto& [key, entry] : metadata.entries) {
+    if (key.starts_with("model/") && !expected.contains(key)) {
+      problems.push_back(fmt::format("'{}' is no parameter of the model", key));
+    }
+  }
+  const size_t shown = std::min<size_t>(problems.size(), 10);
+  LOOM_CHECK(
+      problems.empty(),
+      "--resume: checkpoint '{}' does not hold this model's parameters ({} problem(s){}: "
+      "{}); its metadata does not match the model its fields describe, so it was edited or "
+      "damaged: resume from another step",
+      dir, problems.size(), shown < problems.size() ? fmt::format(", the first {}", shown) : "",
+      fmt::join(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(shown), "; "));
+}
+
 // --resume: the latest committed step's model and run, and what no save committed.
-void check_resume(const JobConfig& job, const nlohmann::json& model_fields, CheckedJob& out) {
+void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJob& out) {
+  const nlohmann::json model_fields = args.fields();
+  checkpoint::check_no_misnamed_steps(job.checkpoint_dir, "--checkpoint-dir");
   const std::vector<std::string> uncommitted =
       checkpoint::uncommitted_step_directories(job.checkpoint_dir);
   const auto latest = checkpoint::latest_committed_step(job.checkpoint_dir);
@@ -128,10 +220,13 @@ void check_resume(const JobConfig& job, const nlohmann::json& model_fields, Chec
   const std::string dir = checkpoint::step_directory(job.checkpoint_dir, *latest);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   checkpoint::check_files(dir, metadata);  // each rank's file there, whole and readable
+  Trainer::saved_step(metadata, dir);
   check_same_model(metadata, model_fields, dir);
+  check_saved_parameters(metadata, args, dir);
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));
   }
+  check_one_run(job.checkpoint_dir, *latest, metadata);
   out.resume_from = dir;
 }
 
@@ -154,6 +249,7 @@ void check_replicas(const JobConfig& job) {
 // A new run (no --resume) into a folder holding another run's committed steps would mix them:
 // its saves beside those steps, a later --resume taking whichever is newest. Refused.
 void check_fresh_checkpoint_dir(const JobConfig& job) {
+  checkpoint::check_no_misnamed_steps(job.checkpoint_dir, "--checkpoint-dir");
   const std::vector<int64_t> steps = checkpoint::committed_steps(job.checkpoint_dir);
   LOOM_CHECK(steps.empty(),
              "--checkpoint-dir: '{}' already holds {} committed step(s) of a run (the latest, "
@@ -268,7 +364,7 @@ CheckedJob check_job(const JobConfig& job) {
              out.model.args->no_hf_format(), job.model);
   // A restarted job (loomrun --max-restarts) resumes from its latest checkpoint, if any.
   if (job.resume || (restart_count() > 0 && !job.checkpoint_dir.empty())) {
-    check_resume(job, out.model.args->fields(), out);
+    check_resume(job, *out.model.args, out);
   } else if (!job.checkpoint_dir.empty()) {
     check_fresh_checkpoint_dir(job);
   }

@@ -250,13 +250,24 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   checkpoint::StateDict state = state_dict(&after_load);
   checkpoint::Metadata metadata = checkpoint::load(state, directory, &world);
   for (const auto& apply : after_load) apply();
-  const auto trainer = metadata.extra.find("trainer");
-  LOOM_CHECK(trainer != metadata.extra.end() && trainer->contains("step"),
-             "Trainer::load_checkpoint: '{}' has no trainer step in its metadata; it was not "
-             "saved by Trainer::save_checkpoint",
-             directory);
-  next_step_ = trainer->at("step").get<int>();
+  next_step_ = static_cast<int>(saved_step(metadata, directory));
   return metadata;
+}
+
+int64_t Trainer::saved_step(const checkpoint::Metadata& metadata, const std::string& directory) {
+  const auto trainer = metadata.extra.find("trainer");
+  LOOM_CHECK(trainer != metadata.extra.end() && trainer->is_object() && trainer->contains("step") &&
+                 trainer->at("step").is_number_integer(),
+             "Trainer::load_checkpoint: '{}' has no trainer step in its metadata (extra.trainer."
+             "step); it was not saved by Trainer::save_checkpoint",
+             directory);
+  const int64_t step = trainer->at("step").get<int64_t>();
+  LOOM_CHECK(step == metadata.step,
+             "Trainer::load_checkpoint: '{}' records {} steps done (extra.trainer.step) but was "
+             "saved as step {} (its metadata's step, marker and name): its metadata was edited; "
+             "restore it, or resume from another step",
+             directory, step, metadata.step);
+  return step;
 }
 
 double Trainer::mean_over_data_parallel(double local_loss) const {

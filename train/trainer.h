@@ -112,6 +112,10 @@ class Trainer {
   // Loads a committed step directory, saved on any layout, and continues from its step; every
   // rank of `world` calls it. Returns the metadata (extra: the job's fields).
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
+  // The steps done that a checkpoint's metadata records (extra["trainer"]["step"]), checked
+  // against the step the save was made as (metadata.step, its folder's name): throws naming
+  // `directory` when it is missing or differs (the metadata was edited).
+  static int64_t saved_step(const checkpoint::Metadata& metadata, const std::string& directory);
 
  private:
   double mean_over_data_parallel(double local_loss) const;

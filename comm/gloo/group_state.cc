@@ -184,6 +184,10 @@ std::string GroupState::describe(const OpSpec& op, std::exception_ptr error, boo
         cause = e.what();
         break;
     }
+    // The transport names the peer by its rank in this group; say which rank of the job it is.
+    if (peer >= 0 && peer < static_cast<int>(global_ranks_.size()) && global_ranks_[peer] != peer) {
+      cause += fmt::format("; rank {} of this group is global rank {}", peer, global_ranks_[peer]);
+    }
     // A transfer this rank's own close ended was ended by whatever closed it: a peer's failure
     // on another of this group's transfers (recorded on the mesh as it was thrown, before its
     // unwinding closed the mesh: it may not have poisoned the group yet), or this rank.

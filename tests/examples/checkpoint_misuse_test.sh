@@ -43,6 +43,42 @@ refused other-document-boundaries \
   "--document-boundaries false there, true here; --document-token -1 there, 10 here" \
   --steps 6 --checkpoint-dir ckpt --resume --document-boundaries --document-token 10
 
+# A step under a name no save gives is neither resumed from nor silently skipped (a resume had
+# started again at step 0); a new run into such a folder is refused too.
+mkdir misnamed && cp -r ckpt/step_00000004 misnamed/step_4
+refused a-misnamed-step-folder \
+  "--checkpoint-dir: 'misnamed' holds 1 step folder(s) under a name no save gives (misnamed/step_4)" \
+  --steps 6 --checkpoint-dir misnamed --resume
+refused a-new-run-beside-a-misnamed-step "under a name no save gives (misnamed/step_4)" \
+  --steps 6 --checkpoint-dir misnamed
+
+# Two runs' steps in one folder: the newest (another seed) is not resumed from.
+"${job[@]}" --steps 6 --checkpoint-every 6 --checkpoint-dir other --seed 7 >other.log 2>&1 ||
+  { cat other.log; fail "the second run"; }
+cp -r ckpt mixed && cp -r other/step_00000006 mixed/
+refused two-runs-in-one-folder \
+  "--checkpoint-dir: 'mixed' mixes two runs' steps: step 2 and the latest, step 6, differ in seed 1337 at step 2, 7 at step 6" \
+  --steps 8 --checkpoint-dir mixed --resume --seed 7
+
+# A metadata file edited and its marker rewritten to match: what it says is checked against the
+# model and against its own step before any rank starts (a resume had skipped a step).
+# edit_metadata DIR PERL: applies PERL to DIR's step 4 metadata and rewrites the marker.
+edit_metadata() {
+  cp -r ckpt "$1"
+  local metadata="$1/step_00000004/metadata.json"
+  perl -0pi -e "$2" "$metadata"
+  printf '{"metadata_sha256":"%s","step":4}\n' "$(sha256sum "$metadata" | cut -d' ' -f1)" \
+    >"$1/step_00000004/COMMITTED"
+}
+edit_metadata trainer_step 's/("trainer": \{\s*"step": )4/${1}5/'
+refused an-edited-trainer-step \
+  "'trainer_step/step_00000004' records 5 steps done (extra.trainer.step) but was saved as step 4" \
+  --steps 6 --checkpoint-dir trainer_step --resume
+edit_metadata entry_name 's/"model\/wpe.weight"/"model\/wpe.weights"/'
+refused an-edited-entry-name \
+  "--resume: checkpoint 'entry_name/step_00000004' does not hold this model's parameters (2 problem(s): 'model/wpe.weight' is missing; 'model/wpe.weights' is no parameter of the model)" \
+  --steps 6 --checkpoint-dir entry_name --resume
+
 cp -r ckpt truncated && truncate -s 100 truncated/step_00000004/rank_00000.bin
 refused a-truncated-rank-file \
   "checkpoint 'truncated/step_00000004': file rank_00000.bin (written by rank 0) has 100 bytes" \
