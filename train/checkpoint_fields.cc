@@ -61,8 +61,13 @@ nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data) {
 }
 
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
-                                     const nlohmann::json& run) {
-  return {{"model", model}, {"layout", mesh.str()}, {"run", run}};
+                                     const nlohmann::json& run,
+                                     const nlohmann::json& hf_token_settings) {
+  nlohmann::json fields = {{"model", model}, {"layout", mesh.str()}, {"run", run}};
+  if (hf_token_settings.is_object() && !hf_token_settings.empty()) {
+    fields["hf"] = hf_token_settings;
+  }
+  return fields;
 }
 
 void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& here,

@@ -20,9 +20,11 @@ namespace loom::train {
 // (the data by its content: a moved file is the same data).
 nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data);
 
-// {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`}.
+// {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`, and
+// "hf": `hf_token_settings` (models/hf/token_settings.h) unless it is empty}.
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
-                                     const nlohmann::json& run);
+                                     const nlohmann::json& run,
+                                     const nlohmann::json& hf_token_settings);
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
 // here") when `metadata` was saved from another model config. Fields only later Looms record

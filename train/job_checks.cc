@@ -16,6 +16,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "models/hf/checkpoint.h"
+#include "models/hf/token_settings.h"
 #include "parallel/cp/context_parallel.h"
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
@@ -228,6 +229,11 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   }
   check_one_run(job.checkpoint_dir, *latest, metadata);
   out.resume_from = dir;
+  // The run's Hugging Face settings travel with its checkpoints when --init-from is not given.
+  if (const auto hf = metadata.extra.find("hf");
+      job.init_from.empty() && hf != metadata.extra.end()) {
+    out.hf_token_settings = *hf;
+  }
 }
 
 // Replicas (--replicas, --replica, --replica-store, --replica-replay): before any rank starts.
@@ -352,7 +358,14 @@ CheckedJob check_job(const JobConfig& job) {
   }
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
-  if (!job.init_from.empty()) check_init_from(job, *out.model.args);
+  if (!job.init_from.empty()) {
+    check_init_from(job, *out.model.args);
+    try {
+      out.hf_token_settings = models::hf::read_token_settings(job.init_from);
+    } catch (const Error& e) {
+      throw Error(fmt::format("--init-from: {}", e.what()));
+    }
+  }
   if (!job.save.empty() && fs::path(job.save).filename() != "model.safetensors") {
     out.warnings.push_back(fmt::format(
         "--save: '{}': transformers' from_pretrained(folder) reads model.safetensors only; this "

@@ -32,7 +32,10 @@ struct CheckedJob {
   ParallelConfig parallel;
   nlohmann::json run;                      // run_fields: what the checkpoints record of the run
   std::optional<std::string> resume_from;  // the step directory --resume continues from
-  std::vector<std::string> warnings;       // to print before training
+  // The Hugging Face token ids and generation config the job keeps (models/hf/token_settings.h):
+  // --init-from's, else those of the checkpoint it resumes; its checkpoints record them.
+  nlohmann::json hf_token_settings = nlohmann::json::object();
+  std::vector<std::string> warnings;  // to print before training
 };
 
 // `job`'s degrees resolved (train/job_command_line.h: no dp_shard -1). Throws loom::Error naming

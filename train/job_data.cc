@@ -57,54 +57,6 @@ int32_t document_token(const JobConfig& job, const data::Tokenizer* tokenizer,
 
 }  // namespace
 
-namespace {
-
-// Copies `source` to `name` in the folder of `save`, atomically (nothing when it is that file).
-void copy_beside(const std::string& source, const std::string& save, const std::string& name) {
-  const fs::path target = fs::path(save).parent_path() / name;
-  std::error_code ec;
-  if (fs::exists(target, ec) && fs::equivalent(target, source, ec)) return;
-  std::ifstream in(source, std::ios::binary);
-  LOOM_CHECK(in.good(), "--save: cannot read '{}' to copy beside '{}'", source, save);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  write_file_atomically(target.string(), bytes, fmt::format("--save ({} beside it)", name));
-}
-
-}  // namespace
-
-void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save) {
-  copy_beside(tokenizer, save, "tokenizer.json");
-}
-
-void carry_hf_token_settings(const std::string& init_from, const std::string& save) {
-  if (init_from.empty()) return;
-  const fs::path from_config = models::hf::config_json_path(init_from);
-  const fs::path to_config = models::hf::config_json_path(save);
-  std::error_code ec;
-  if (fs::is_regular_file(from_config, ec) && fs::is_regular_file(to_config, ec)) {
-    const auto read_json = [](const fs::path& path) {
-      std::ifstream in(path);
-      return nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    };
-    const nlohmann::json original = read_json(from_config);
-    nlohmann::json saved = read_json(to_config);
-    bool changed = false;
-    for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"}) {
-      if (original.is_object() && saved.is_object() && original.contains(key)) {
-        saved[key] = original.at(key);
-        changed = true;
-      }
-    }
-    if (changed) {
-      write_file_atomically(to_config.string(), saved.dump(2) + "\n", "--save (config.json)");
-    }
-  }
-  const fs::path generation = from_config.parent_path() / "generation_config.json";
-  if (fs::is_regular_file(generation, ec)) {
-    copy_beside(generation.string(), save, "generation_config.json");
-  }
-}
-
 std::string job_tokenizer_path(const JobConfig& job) {
   if (!job.tokenizer.empty()) return job.tokenizer;
   std::error_code ec;

@@ -29,16 +29,6 @@ struct JobData {
 // Throws naming the flag, the file and what is wrong (train/job_checks.h's contract).
 JobData open_job_data(const JobConfig& job, JobModel& model);
 
-// Copies the tokenizer file to tokenizer.json in the folder of `save` (a Hugging Face
-// checkpoint's file), atomically: the model's own tokenizer travels with it.
-void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save);
-
-// What a Hugging Face save keeps of the checkpoint the job started from (--init-from), which
-// Loom's model config does not hold: the token ids of its config.json (bos, eos, pad: merged
-// into the config.json written beside `save`) and its generation_config.json (copied beside),
-// so generate() after the round trip stops where the original did. Nothing without either.
-void carry_hf_token_settings(const std::string& init_from, const std::string& save);
-
 // The tokenizer file the job uses: --tokenizer, else --init-from's folder's tokenizer.json when
 // it has one; empty: none.
 std::string job_tokenizer_path(const JobConfig& job);

@@ -15,6 +15,7 @@
 #include "comm/init.h"
 #include "comm/launch_env.h"
 #include "comm/tcp_store.h"
+#include "models/hf/token_settings.h"
 #include "optim/lr_schedule.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
@@ -367,8 +368,8 @@ void JobRunner::add_checkpoint_hook() {
     const bool last = r.step + 1 == job_.steps;
     if (!last && (job_.checkpoint_every == 0 || (r.step + 1) % job_.checkpoint_every != 0)) return;
     const auto start = std::chrono::steady_clock::now();
-    const nlohmann::json fields =
-        job_checkpoint_fields(checked_.model.args->fields(), *mesh_, checked_.run);
+    const nlohmann::json fields = job_checkpoint_fields(checked_.model.args->fields(), *mesh_,
+                                                        checked_.run, checked_.hf_token_settings);
     const checkpoint::SaveOptions options{.keep_last = static_cast<int>(job_.keep_last)};
     std::string committed;
     checkpoint::AsyncSaver* async_saver = outputs_->async_saver.get();
@@ -512,8 +513,8 @@ void JobRunner::finish(JobResult& result) {
   if (!job_.save.empty()) {
     model_->save_hf(job_.save, /*write=*/rank == 0);
     const std::string& tokenizer = checked_.data.tokenizer_path;
-    if (rank == 0 && !tokenizer.empty()) copy_tokenizer_beside(tokenizer, job_.save);
-    if (rank == 0) carry_hf_token_settings(job_.init_from, job_.save);
+    if (rank == 0 && !tokenizer.empty()) models::hf::copy_tokenizer_beside(tokenizer, job_.save);
+    if (rank == 0) models::hf::write_token_settings(checked_.hf_token_settings, job_.save);
     if (rank == 0) {
       fmt::print("{}: saved {} (Hugging Face safetensors, config.json{} beside it)\n", program_,
                  job_.save, tokenizer.empty() ? "" : " and tokenizer.json");

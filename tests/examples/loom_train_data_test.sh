@@ -12,6 +12,7 @@ train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
 tokenize="$(realpath "$3")"
 fixtures="$(realpath "$4")"
+consolidate="$(realpath "$5")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -105,6 +106,26 @@ mkdir -p resaved
   { cat resaved/config.json; fail "--save lost the token ids of --init-from's config.json"; }
 cmp saved/generation_config.json resaved/generation_config.json ||
   fail "--save did not copy --init-from's generation_config.json"
+# ... and through a distributed checkpoint: the job records them, consolidate writes them (the
+# job's --save byte for byte, tokenizer.json with --tokenizer), and a resume without --init-from
+# keeps them for its own --save.
+mkdir -p ids_saved consolidated resumed
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --init-from saved \
+  --checkpoint-dir ck_ids --save ids_saved/model.safetensors --metrics-out "" > ck_ids.log 2>&1 ||
+  { cat ck_ids.log; fail "--init-from with --checkpoint-dir"; }
+"$consolidate" ck_ids consolidated/model.safetensors --tokenizer saved/tokenizer.json \
+  > consolidate.log 2>&1 || { cat consolidate.log; fail "consolidate"; }
+for f in model.safetensors config.json generation_config.json tokenizer.json; do
+  cmp "ids_saved/$f" "consolidated/$f" || fail "consolidate's $f differs from the job's --save"
+done
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 2 --data text --checkpoint-dir ck_ids --resume \
+  --tokenizer saved/tokenizer.json --vocab-size "$(jq .vocab_size saved/config.json)" \
+  --save resumed/model.safetensors --metrics-out "" > ids_resume.log 2>&1 ||
+  { cat ids_resume.log; fail "resume without --init-from"; }
+[[ "$(jq -c '[.bos_token_id, .eos_token_id, .pad_token_id]' resumed/config.json)" == "[5,7,0]" ]] ||
+  { cat resumed/config.json; fail "a resumed job's --save lost the token ids"; }
+cmp saved/generation_config.json resumed/generation_config.json ||
+  fail "a resumed job's --save lost the generation_config.json"
 status=0
 "$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --save resaved/model.safetensors.index.json \
   --metrics-out "" > badsave.log 2>&1 || status=$?

@@ -20,12 +20,14 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "models/family.h"
 #include "models/hf/checkpoint.h"
+#include "models/hf/token_settings.h"
 
 namespace {
 
 using namespace loom;
 
-void consolidate(const std::string& input, const std::string& output) {
+void consolidate(const std::string& input, const std::string& output,
+                 const std::string& tokenizer) {
   const std::string dir = checkpoint::resolve_step_directory(input);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   const auto fields = metadata.extra.find("model");
@@ -44,8 +46,14 @@ void consolidate(const std::string& input, const std::string& output) {
   }
   checkpoint::load(state, dir);
   models::hf::save(models::hf::whole_parameters(*model), *adapter, output);
-  fmt::print("consolidate: {} (step {}) -> {} and config.json beside it; {}\n", dir, metadata.step,
-             output, args->summary());
+  // The token ids and generation config the job kept from the checkpoint it started from.
+  const auto hf = metadata.extra.find("hf");
+  const bool generation = hf != metadata.extra.end() && hf->contains("generation_config");
+  if (hf != metadata.extra.end()) models::hf::write_token_settings(*hf, output);
+  if (!tokenizer.empty()) models::hf::copy_tokenizer_beside(tokenizer, output);
+  fmt::print("consolidate: {} (step {}) -> {} and config.json{}{} beside it; {}\n", dir,
+             metadata.step, output, generation ? ", generation_config.json" : "",
+             tokenizer.empty() ? "" : ", tokenizer.json", args->summary());
 }
 
 }  // namespace
@@ -58,13 +66,18 @@ int main(int argc, char** argv) {
   app.add_option("checkpoint", input, "a step directory, or a checkpoint directory (its latest)")
       ->required();
   app.add_option("output", output, "the .safetensors file to write")->required();
+  std::string tokenizer;
+  app.add_option("--tokenizer", tokenizer,
+                 "a tokenizer.json to copy beside it (the job's --save copies the one it used; "
+                 "a checkpoint does not hold it)")
+      ->check(CLI::ExistingFile);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, not CLI11's own codes
   }
   try {
-    consolidate(input, output);
+    consolidate(input, output, tokenizer);
     return 0;
   } catch (const std::exception& error) {
     fmt::print(stderr, "consolidate: {}\n", error.what());
