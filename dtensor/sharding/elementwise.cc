@@ -64,14 +64,31 @@ StrategyFn nary(std::vector<std::vector<bool>> partial_patterns) {
   };
 }
 
+// Which Partial reductions an in-place op keeps exact on a Partial self (self cannot move).
+using PartialSelfOk = bool (*)(const OpCall& call, ReduceOp op);
+
+bool no_partial(const OpCall&, ReduceOp) { return false; }
+bool any_partial(const OpCall&, ReduceOp) { return true; }
+// Adding partial sums (or means) term by term sums them; partial maxima do not add up.
+bool additive_partial(const OpCall&, ReduceOp op) {
+  return op == ReduceOp::kSum || op == ReduceOp::kAvg;
+}
+// Scaling commutes with a sum and a mean, and with a max or min only by a factor >= 0 (a negative
+// one turns the max into the min, another placement).
+bool scalable_partial(const OpCall& call, ReduceOp op) {
+  return op == ReduceOp::kSum || op == ReduceOp::kAvg || call.double_attr(0) >= 0;
+}
+
 // In place on input 0 (self): self keeps its placements; the other inputs follow it.
-StrategyFn in_place(bool allow_partial_self) {
-  return [allow_partial_self](const OpCall& call, const InputSpecs& in) {
+StrategyFn in_place(PartialSelfOk partial_ok) {
+  return [partial_ok](const OpCall& call, const InputSpecs& in) {
     OpSharding s;
     const DTensorSpec& self = *in[0];
     for (const Placement& p : self.placements) {
-      LOOM_CHECK(allow_partial_self || !p.is_partial(),
-                 "{}: cannot write in place into a Partial DTensor ({})", call.op, self.str());
+      LOOM_CHECK(!p.is_partial() || partial_ok(call, p.reduce_op()),
+                 "{}: cannot write in place into a DTensor that is {} ({}): the result would not "
+                 "be {}; redistribute it first (e.g. to Replicate) or use the out-of-place op",
+                 call.op, p.str(), self.str(), p.str());
     }
     // One option per distinct placement of self (each mesh dim picks its own).
     for (const Placement& p : self.placements) {
@@ -95,9 +112,15 @@ StrategyFn in_place(bool allow_partial_self) {
 }  // namespace
 
 void register_elementwise_strategies(StrategyTable& t) {
-  for (OpId op : {OpId::neg, OpId::mul_scalar, OpId::div_scalar, OpId::clone, OpId::to_dtype}) {
+  for (OpId op : {OpId::neg, OpId::mul_scalar, OpId::div_scalar, OpId::clone}) {
     t[op] = unary(/*linear=*/true);
   }
+  // A cast rounds each rank's partial sum on its own: to a floating type, to within that type's
+  // precision of the cast sum (as torch keeps a Partial through a cast); to an integer type, by
+  // whole units (0.5 + 0.5 cast on each rank summed to 0): that sum is cast whole.
+  t[OpId::to_dtype] = [](const OpCall& call, const InputSpecs& in) {
+    return unary(/*linear=*/is_floating(call.dtype_attr(0)))(call, in);
+  };
   for (OpId op : {OpId::abs, OpId::exp, OpId::log, OpId::tanh, OpId::sigmoid, OpId::silu,
                   OpId::sqrt, OpId::rsqrt, OpId::pow, OpId::relu, OpId::gelu, OpId::add_scalar,
                   OpId::sub_scalar, OpId::rsub_scalar}) {
@@ -126,7 +149,8 @@ void register_elementwise_strategies(StrategyTable& t) {
         call, in, 1,
         zero ? std::vector<std::vector<bool>>{{true, false}} : std::vector<std::vector<bool>>{});
   };
-  t[OpId::copy_] = in_place(/*allow_partial_self=*/true);
+  // A copy into a Partial self: the source is redistributed to that Partial, which holds it.
+  t[OpId::copy_] = in_place(any_partial);
   // Factories shaped like a DTensor keep its layout; a Partial `like` gives Replicate (a
   // constant is not a partial sum).
   const auto like = [](const OpCall&, const InputSpecs& in) {
@@ -156,10 +180,9 @@ void register_elementwise_strategies(StrategyTable& t) {
     s.fixed_inputs = {1};
     return s;
   };
-  t[OpId::add_] = in_place(/*allow_partial_self=*/true);
-  // Scaling is linear: a Partial self scales its partial sums.
-  t[OpId::mul_scalar_] = in_place(/*allow_partial_self=*/true);
-  t[OpId::fill_] = in_place(/*allow_partial_self=*/false);
+  t[OpId::add_] = in_place(additive_partial);
+  t[OpId::mul_scalar_] = in_place(scalable_partial);
+  t[OpId::fill_] = in_place(no_partial);
 }
 
 }  // namespace loom::sharding

@@ -82,9 +82,9 @@ void append_attr(KeyWords& key, const OpAttr& attr) {
           put(key, static_cast<int64_t>(value));
         } else if constexpr (std::is_same_v<V, double>) {
           // Scalars (learning rates, clip scales) change every step; strategies may branch only on
-          // whether one is zero (masked_fill), so that is all the key keeps. Local ops still get
-          // the real value from the call.
-          put(key, value == 0.0 ? 0 : 1);
+          // whether one is zero (masked_fill) or negative (mul_ on a Partial(max)), so that is all
+          // the key keeps. Local ops still get the real value from the call.
+          put(key, value == 0.0 ? 0 : value > 0.0 ? 1 : 2);
         } else {
           put(key, static_cast<int64_t>(value));
         }

@@ -6,7 +6,8 @@
 //   apply(module, fqn, mesh)     distributes the module's parameters (distribute_parameter) and
 //                                installs forward hooks that lay out its input and output
 //                                (prepare_input / prepare_output).
-// examples/gated_mlp_plan.cc writes one (a sequence-parallel RMSNorm style) with these.
+// examples/gated_mlp_plan.cc writes one (GatedFeedForwardParallel: a gated MLP's three projections)
+// with these.
 #pragma once
 
 #include <memory>

@@ -44,6 +44,10 @@ class ParallelStyle {
   virtual void apply(nn::Module& module, const std::string& fqn,
                      std::shared_ptr<const DeviceMesh> mesh) const = 0;
   virtual std::string name() const = 0;
+  // Whether apply changes the module's parameters (shards or distributes them). A module takes
+  // at most one such style per plan (a second would be validated against the parameters as they
+  // were); styles that only install hooks (PrepareModuleInput/Output) combine with one.
+  virtual bool changes_parameters() const { return true; }
 };
 
 struct LayoutOptions {
@@ -117,6 +121,7 @@ class PrepareModuleInput : public ParallelStyle {
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleInput"; }
+  bool changes_parameters() const override { return false; }
 
  private:
   PrepareInputOptions options_;
@@ -136,6 +141,7 @@ class PrepareModuleOutput : public ParallelStyle {
   void apply(nn::Module& module, const std::string& fqn,
              std::shared_ptr<const DeviceMesh> mesh) const override;
   std::string name() const override { return "PrepareModuleOutput"; }
+  bool changes_parameters() const override { return false; }
 
  private:
   PrepareOutputOptions options_;

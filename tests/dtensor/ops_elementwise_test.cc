@@ -18,6 +18,7 @@
 #include "dtensor/sharding/strategy.h"
 #include "tensor/dispatch.h"
 #include "tests/dtensor/ops_test_util.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
@@ -261,6 +262,62 @@ TEST(OpsElementwiseTest, AveragePartialsStayAverage) {
     EXPECT_EQ(dtensor_spec(z).placements, (Placements{Partial(ReduceOp::kAvg)}));
     expect_equal(
         {.actual = full_tensor(z), .expected = ops::full({4}, 3.0 + 6.0), .what = "P(avg)+P(avg)"});
+  });
+}
+
+TEST(OpsElementwiseTest, InPlaceOpsKeepAPartialSelfOnlyWhereTheyAreExact) {
+  // Found from outside: mul_ and add_ on a Partial(max) self computed on each rank's part as if
+  // it were a sum (mul_(P(max) [2, 10], -1) gave [-1, -5]). In place, self cannot move: the op
+  // keeps it where it is exact and refuses it, naming the placement, where it is not.
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const int rank = pg.rank();
+    // P(max) over [1, 10] and [2, 5]: the logical tensor is [2, 10].
+    const auto max_partial = [&] {
+      return from_local(
+          ops::from_vector(rank == 0 ? std::vector<float>{1, 10} : std::vector<float>{2, 5}, {2}),
+          mesh, {Partial(ReduceOp::kMax)});
+    };
+    Tensor scaled = max_partial();
+    ops::mul_(scaled, 3.0);  // a factor >= 0 keeps the max
+    EXPECT_EQ(dtensor_spec(scaled).placements, (Placements{Partial(ReduceOp::kMax)}));
+    expect_equal({.actual = full_tensor(scaled),
+                  .expected = ops::from_vector({6, 30}, {2}),
+                  .what = "mul_(P(max), 3)"});
+    Tensor negated = max_partial();
+    EXPECT_THAT(testing::error_of([&] { ops::mul_(negated, -1.0); }),
+                HasSubstr("cannot write in place into a DTensor that is P(max) (DTensorSpec"));
+    Tensor summed = max_partial();
+    const Tensor other = max_partial();
+    EXPECT_THAT(testing::error_of([&] { ops::add_(summed, other); }),
+                HasSubstr("the result would not be P(max); redistribute it first"));
+    // Out of place, the same ops redistribute and are exact.
+    expect_equal({.actual = full_tensor(mul(max_partial(), -1.0)),
+                  .expected = ops::from_vector({-2, -10}, {2}),
+                  .what = "mul(P(max), -1)"});
+    // A sum stays a sum in place: [1, 10] + [2, 5] = [3, 15], plus twice that.
+    Tensor sum = from_local(
+        ops::from_vector(rank == 0 ? std::vector<float>{1, 10} : std::vector<float>{2, 5}, {2}),
+        mesh, {Partial()});
+    ops::add_(sum, ops::mul(sum, 2.0));
+    ops::mul_(sum, -1.0);
+    EXPECT_EQ(dtensor_spec(sum).placements, (Placements{Partial()}));
+    expect_equal({.actual = full_tensor(sum),
+                  .expected = ops::from_vector({-9, -45}, {2}),
+                  .what = "in place on P(sum)"});
+  });
+}
+
+TEST(OpsElementwiseTest, ACastToAnIntegerTypeReducesAPartialSumFirst) {
+  // Found from outside: 0.5 on each of 2 ranks, P(sum), cast to i64 gave 0 (each part rounded).
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor half = from_local(ops::full({3}, 0.5), mesh, {Partial()});
+    const Tensor whole = ops::to(half, kInt64);
+    EXPECT_FALSE(dtensor_spec(whole).placements[0].is_partial()) << dtensor_spec(whole).str();
+    EXPECT_EQ(ops::to_vector(full_tensor(whole)), (std::vector<double>{1, 1, 1}));
+    // To a floating type the Partial passes through.
+    EXPECT_EQ(dtensor_spec(ops::to(half, kBFloat16)).placements, (Placements{Partial()}));
   });
 }
 

@@ -14,6 +14,7 @@
 #include "parallel/tp/parallelize.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
@@ -125,6 +126,36 @@ TEST(TensorParallelTest, PlanErrorsNameTheEntryAndModule) {
           HasSubstr(
               "RowwiseParallel applies to Linear and Embedding modules, but 'ln' is a LayerNorm"));
     }
+    // A module two keys match is refused before anything changes (found from outside: the
+    // first style was applied, the second refused, the model left half parallelized).
+    EXPECT_THAT(testing::error_of([&] {
+                  tp::parallelize_module(model, mesh,
+                                         {{"fc1", std::make_shared<tp::ColwiseParallel>()},
+                                          {"fc*", std::make_shared<tp::RowwiseParallel>()}});
+                }),
+                HasSubstr("parallelize_module: 'fc1' is matched by plan entries 'fc1' and 'fc*' "
+                          "(RowwiseParallel), both styles that change its parameters"));
+    for (const auto& [name, p] : model.named_parameters()) {
+      EXPECT_FALSE(is_dtensor(p)) << name << " changed by a refused plan";
+    }
+  });
+}
+
+TEST(TensorParallelTest, AStyleForTheModuleItselfMatchesOneRank) {
+  // PyTorch's parallelize_module(linear, mesh, ColwiseParallel()): no plan key names the root.
+  nn::Linear reference(8, 6);
+  const Tensor x = ops::uniform({3, 8}, 9, -1.0, 1.0);
+  const Tensor ref_out = reference(x);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    nn::Linear linear(8, 6);
+    linear.load_state_dict(reference.state_dict());
+    tp::parallelize_module(
+        linear, mesh,
+        std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.output_layouts = Replicate()}));
+    EXPECT_EQ(dtensor_spec(linear.weight()).placements, (Placements{Shard(0)}));
+    expect_close({.actual = linear(x), .expected = ref_out, .tol = kTol, .what = "output"});
   });
 }
 
