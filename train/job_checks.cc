@@ -16,6 +16,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "models/hf/checkpoint.h"
+#include "models/hf/config_json.h"
 #include "models/hf/token_settings.h"
 #include "parallel/cp/context_parallel.h"
 #include "tensor/device.h"
@@ -109,6 +110,36 @@ void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
         "there, or give the sizes it was saved with. {}",
         config_json, job.model, e.what());
   }
+}
+
+// --init-from's dropout, which transformers trains with (GPT-2's released config says 0.1) and
+// Loom does not read (a job's --dropout and --attn-dropout decide, and --save writes them): a
+// warning for each key of its config.json that differs from the job's, naming the flag to give.
+std::vector<std::string> dropout_warnings(const JobConfig& job) {
+  const std::string path = models::hf::config_json_path(job.init_from);
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return {};
+  const models::hf::ConfigJson json = models::hf::ConfigJson::read(path);
+  struct Key {
+    const char* key;
+    const char* flag;
+    double job;
+  };
+  std::vector<std::string> warnings;
+  for (const Key& k :
+       {Key{"resid_pdrop", "--dropout", job.dropout}, Key{"embd_pdrop", "--dropout", job.dropout},
+        Key{"attn_pdrop", "--attn-dropout", job.attn_dropout},
+        Key{"attention_dropout", "--attn-dropout", job.attn_dropout}}) {
+    if (!json.has(k.key)) continue;
+    const double file = json.number(k.key);
+    if (file == k.job) continue;
+    warnings.push_back(fmt::format(
+        "WARNING: --init-from: '{}' says \"{}\": {} (transformers trains with it), but this job "
+        "trains with {} {}: Loom's dropout is the job's option, not the file's (--save writes the "
+        "job's); give {} {} to train as transformers would",
+        path, k.key, file, k.flag, k.job, k.flag, file));
+  }
+  return warnings;
 }
 
 // What tells one run's saves from another's: its model and what decides its batches (data,
@@ -360,6 +391,7 @@ CheckedJob check_job(const JobConfig& job) {
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) {
     check_init_from(job, *out.model.args);
+    for (std::string& warning : dropout_warnings(job)) out.warnings.push_back(std::move(warning));
     try {
       out.hf_token_settings = models::hf::read_token_settings(job.init_from);
     } catch (const Error& e) {
