@@ -126,7 +126,7 @@ GPTStage::GPTStage(GPTConfig config, uint64_t seed, GPTStageRange range, std::st
   }
   if (range_.last) {
     ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{config_.n_embd}));
-    lm_head = register_module("lm_head", std::make_shared<TiedLMHead>(wte));
+    lm_head = register_module("lm_head", std::make_shared<TiedHead>(wte));
   }
   init_weights();
 }
@@ -167,8 +167,6 @@ Tensor GPTStage::forward(const Tensor& input) {
   for (const auto& block : h) x = (*block)(x);
   return range_.last ? (*lm_head)((*ln_f)(x)) : x;
 }
-
-Tensor TiedLMHead::forward(const Tensor& x) { return matmul(x, transpose(wte_->weight(), 0, 1)); }
 
 Tensor gpt_loss(const Tensor& logits, const Tensor& targets) {
   const int64_t vocab = logits.size(-1);

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "models/gpt/config.h"
+#include "models/tied_head.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -64,20 +65,6 @@ class Block : public nn::Module {
   std::shared_ptr<MLP> mlp;
 };
 
-// The output projection tied to the token embedding: logits = x @ wte.weight^T. It owns no
-// parameter (a state dict lists wte.weight once) but is a module, so a parallel plan can lay out
-// its input: with wte sharded by vocabulary the logits come out vocabulary-sharded, ready for
-// loss parallel cross entropy (models/gpt/plans.h).
-class TiedLMHead : public nn::Module {
- public:
-  explicit TiedLMHead(std::shared_ptr<nn::Embedding> wte)
-      : Module("TiedLMHead"), wte_(std::move(wte)) {}
-  Tensor forward(const Tensor& x) override;
-
- private:
-  std::shared_ptr<nn::Embedding> wte_;
-};
-
 // GPT-2 initialization of every parameter of `module` (a GPT or a pipeline stage of one), by
 // name: each value depends only on (seed, the parameter's name), so a stage holding "h.5..."
 // initializes it exactly as the whole model does.
@@ -110,7 +97,7 @@ class GPTStage : public nn::Module {
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::vector<std::shared_ptr<Block>> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
-  std::shared_ptr<TiedLMHead> lm_head;
+  std::shared_ptr<TiedHead> lm_head;  // tied to wte (models/tied_head.h)
 
  private:
   GPTConfig config_;

@@ -31,14 +31,6 @@ Layout layout_of(const std::string& name) {
   return Layout::kAsIs;
 }
 
-bool same_values(const Tensor& a, const Tensor& b) {
-  if (a.shape() != b.shape()) return false;
-  const Tensor fa = ops::contiguous(ops::to(a, kFloat32)),
-               fb = ops::contiguous(ops::to(b, kFloat32));
-  return std::memcmp(fa.raw_data(), fb.raw_data(),
-                     static_cast<size_t>(fa.numel()) * sizeof(float)) == 0;
-}
-
 class GPT2Adapter : public hf::StateDictAdapter {
  public:
   explicit GPT2Adapter(const GPTConfig& config) : config_(config) {}
@@ -79,7 +71,7 @@ class GPT2Adapter : public hf::StateDictAdapter {
     for (const std::string& wte : hf_names("wte.weight")) {
       const auto it = file.find(wte);
       if (it != file.end() && !it->second.device().is_meta() &&
-          !same_values(head->second, it->second)) {
+          !hf::same_values(head->second, it->second)) {
         problems.push_back(
             fmt::format("tensor '{}' differs from '{}': Loom ties lm_head to wte and cannot load "
                         "an untied head",

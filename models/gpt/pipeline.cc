@@ -2,11 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "autograd/grad_mode.h"
-#include "base/error.h"
-#include "dtensor/dtensor.h"
+#include "models/tied_embedding_pipeline.h"
 #include "nn/meta_init.h"
-#include "tensor/ops.h"
 
 namespace loom::models {
 
@@ -15,46 +12,12 @@ using pipeline::PipelineModelSpec;
 
 namespace {
 
-Tensor local_of(const Tensor& t) { return is_dtensor(t) ? local_shard(t) : t; }
-
 const GPTStage& gpt_stage(const nn::Module& stage) { return dynamic_cast<const GPTStage&>(stage); }
 
-// After each step: the tied embedding's two copies (wte on the first stage, the head's on the
-// last) get the sum of their gradients, so they take identical optimizer steps and stay equal.
-void sum_tied_embedding_gradients(PipelineModel& model) {
-  const pipeline::Schedule& schedule = model.schedule();
-  if (schedule.num_stages == 1) return;  // one module holds wte and the head: one parameter
-  NoGradGuard no_grad;
-  std::vector<Tensor> copies;  // this rank's copies' gradients (local shards), first stage's first
-  for (const auto& stage : model.stages()) {
-    if (gpt_stage(*stage).wte) copies.push_back(local_of(gpt_stage(*stage).wte->weight().grad()));
-  }
-  for (const Tensor& grad : copies) {
-    LOOM_CHECK(grad.defined(), "GPTPipeline: the tied embedding has no gradient after the step");
-  }
-  if (copies.empty()) return;
-  if (copies.size() == 2) {  // both ends of the pipeline on this rank (one pp rank, interleaved)
-    ops::add_(copies[0], copies[1]);
-    ops::copy_(copies[1], copies[0]);
-    return;
-  }
-  // first + last on the first stage's rank, last + first on the last's: float addition of two
-  // operands commutes, so both copies get the same bits.
-  const DeviceMesh& pp_mesh = *model.meshes().pp;
-  const bool holds_first = model.local_ranges().front().first;
-  const int peer_coordinate = schedule.rank_of_stage(holds_first ? schedule.num_stages - 1 : 0);
-  const int peer = pp_mesh.group_ranks_by_coordinate(0)[peer_coordinate];
-  const auto& group = pp_mesh.group(0);
-  const Tensor mine = ops::contiguous(ops::clone(copies[0]));
-  Tensor theirs = ops::empty(mine.shape(), mine.dtype(), mine.device());
-  // The first stage's rank sends first and the last's receives first: never two sends facing
-  // each other, which would deadlock a transport whose sends wait for the receiver (NCCL).
-  std::shared_ptr<comm::Work> sent;
-  if (holds_first) sent = group->send(mine, peer);
-  group->recv(theirs, peer)->wait();
-  if (!holds_first) sent = group->send(mine, peer);
-  sent->wait();
-  ops::add_(copies[0], theirs);
+// The stage's copy of the tied wte (the first stage's, the last's for the head).
+TiedCopy wte_copy(const nn::Module& stage) {
+  const GPTStage& gpt = gpt_stage(stage);
+  return {gpt.wte.get(), gpt.range()};
 }
 
 }  // namespace
@@ -96,15 +59,10 @@ PipelineModelSpec gpt_pipeline_spec(const GPTConfig& config, uint64_t seed,
     for (const auto& [name, p] : names_only.named_parameters()) names.push_back(name);
     return names;
   };
-  spec.after_step = sum_tied_embedding_gradients;
+  spec.after_step = [](PipelineModel& model) { sum_tied_embedding_gradients(model, wte_copy); };
+  // The head's copy of wte: the first stage counts the (equal, summed) gradient.
   spec.not_counted = [](const PipelineModel& model) {
-    // The head's copy of wte: the first stage counts the (equal, summed) gradient.
-    std::vector<Tensor> out;
-    for (const auto& stage : model.stages()) {
-      const GPTStage& gpt = gpt_stage(*stage);
-      if (gpt.wte && gpt.range().last && !gpt.range().first) out.push_back(gpt.wte->weight());
-    }
-    return out;
+    return tied_copies_not_counted(model, wte_copy);
   };
   return spec;
 }

@@ -1,5 +1,7 @@
 #include "models/hf/state_dict_adapter.h"
 
+#include <cstring>
+
 #include "base/error.h"
 #include "models/hf/checkpoint.h"
 #include "tensor/ops.h"
@@ -45,6 +47,14 @@ Tensor StateDictAdapter::to_hf(const std::string& name, const Tensor& loom) cons
                           ? ops::contiguous(loom)
                           : gather_rows(loom, inverse(layout->row_source, name));
   return layout->transposed ? transposed(rows) : rows;
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor fa = ops::contiguous(ops::to(a, kFloat32)),
+               fb = ops::contiguous(ops::to(b, kFloat32));
+  return std::memcmp(fa.raw_data(), fb.raw_data(),
+                     static_cast<size_t>(fa.numel()) * sizeof(float)) == 0;
 }
 
 }  // namespace loom::models::hf

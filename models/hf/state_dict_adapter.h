@@ -70,4 +70,8 @@ class StateDictAdapter {
   virtual nlohmann::json config_json() const = 0;
 };
 
+// Whether two tensors of a file hold the same values (compared as f32, bit for bit): a tied
+// head's copy against the embeddings it must equal.
+bool same_values(const Tensor& a, const Tensor& b);
+
 }  // namespace loom::models::hf

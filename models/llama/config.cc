@@ -8,7 +8,8 @@
 namespace loom::models {
 
 std::vector<std::string> LlamaConfig::preset_names() {
-  return {"llama-tiny", "llama3-8b", "llama3-70b", "llama-moe-tiny", "deepseek-v3-shape"};
+  return {"llama-tiny",  "llama3-8b",      "llama3-70b",       "llama3.2-1b",
+          "llama3.2-3b", "llama-moe-tiny", "deepseek-v3-shape"};
 }
 
 LlamaConfig LlamaConfig::preset(const std::string& name) {
@@ -21,6 +22,23 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
                        .vocab_size = 128256,
                        .multiple_of = 4096,
                        .ffn_dim_multiplier = 1.3};
+  }
+  if (name == "llama3.2-1b" || name == "llama3.2-3b") {
+    // Llama 3.2's small models: tied embeddings, 128k context (RoPE scaled by 32 from 8192).
+    const bool one = name == "llama3.2-1b";
+    return LlamaConfig{.dim = one ? 2048 : 3072,
+                       .n_layers = one ? 16 : 28,
+                       .n_heads = one ? 32 : 24,
+                       .n_kv_heads = 8,
+                       .vocab_size = 128256,
+                       .ffn_dim_multiplier = std::nullopt,
+                       .ffn_dim = 8192,
+                       .rope_scaling = RopeScaling{.factor = 32.0,
+                                                   .low_freq_factor = 1.0,
+                                                   .high_freq_factor = 4.0,
+                                                   .original_max_position_embeddings = 8192},
+                       .max_seq_len = 131072,
+                       .tie_word_embeddings = true};
   }
   if (name == "llama-tiny") {
     // Odd on purpose: a vocabulary no tp divides, GQA (4 heads over 2 kv heads), a short RoPE
@@ -107,7 +125,7 @@ int64_t count_parameters(const LlamaConfig& c, bool active) {
   const int64_t attention = c.attention_parameters();
   const int64_t norms = 2 * c.dim;
   int64_t total = c.vocab_size * c.dim /*embeddings*/ + c.dim /*final norm*/ +
-                  c.vocab_size * c.dim /*output head*/;
+                  (c.tie_word_embeddings ? 0 : c.vocab_size * c.dim) /*output head*/;
   for (int64_t layer = 0; layer < c.n_layers; ++layer) {
     total += attention + norms + feed_forward_parameters(c, layer, active);
   }

@@ -59,8 +59,12 @@ struct LlamaConfig {
   // Dropout on the attention probabilities in training (HF: attention_dropout; a training
   // option: --attn-dropout, not read from a checkpoint), drawn inside the attention kernels.
   double attention_dropout = 0.0;
+  // The output head reads the token embeddings (HF: tie_word_embeddings; Llama 3.2 1B and 3B):
+  // no output.weight, logits = h @ tok_embeddings.weight^T (models/tied_head.h).
+  bool tie_word_embeddings = false;
 
-  // The named configs: "llama-tiny", "llama3-8b", "llama3-70b". Throws listing them otherwise.
+  // The named configs: "llama-tiny", "llama3-8b", "llama3-70b", "llama3.2-1b", ... Throws
+  // listing them otherwise.
   static LlamaConfig preset(const std::string& name);
   static std::vector<std::string> preset_names();
 

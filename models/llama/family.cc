@@ -84,10 +84,10 @@ class LlamaArgs : public ModelArgs {
     }
     return fmt::format(
         "Llama n_layers={} dim={} n_heads={} n_kv_heads={} ffn_dim={} max_seq_len={} "
-        "vocab_size={} ({} parameters){}{}",
+        "vocab_size={}{} ({} parameters){}{}",
         config_.n_layers, config_.dim, config_.n_heads, config_.n_kv_heads,
         config_.ffn_hidden_dim(), config_.max_seq_len, config_.vocab_size,
-        config_.parameter_count(),
+        config_.tie_word_embeddings ? " tied" : "", config_.parameter_count(),
         config_.mla
             ? fmt::format(" mla: q rank {} kv rank {} qk {}+{} v {}", config_.mla->q_lora_rank,
                           config_.mla->kv_lora_rank, config_.mla->qk_nope_head_dim,
@@ -111,7 +111,8 @@ class LlamaArgs : public ModelArgs {
                           {"vocab_size", config_.vocab_size},
                           {"norm_eps", config_.norm_eps},
                           {"rope_theta", config_.rope_theta},
-                          {"rope_scaling", rope_scaling()}};
+                          {"rope_scaling", rope_scaling()},
+                          {"tie_word_embeddings", config_.tie_word_embeddings}};
     if (config_.moe) out["moe"] = moe_fields(*config_.moe, config_.moe_dense_layers);
     if (config_.mla) {
       const MLAOptions& m = *config_.mla;
@@ -243,6 +244,8 @@ class LlamaFamily : public ModelFamily {
     config.vocab_size = int_field(fields, "vocab_size", where);
     config.norm_eps = number_field(fields, "norm_eps", where);
     config.rope_theta = number_field(fields, "rope_theta", where);
+    // Recorded since Loom's Llama could tie; earlier checkpoints are untied.
+    config.tie_word_embeddings = fields.value("tie_word_embeddings", false);
     config.ffn_dim_multiplier = std::nullopt;
     config.rope_scaling = std::nullopt;
     if (const nlohmann::json& s = fields.at("rope_scaling"); !s.is_null()) {
@@ -304,7 +307,9 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
                        bool expert = false) {
     out.push_back({std::move(name), std::move(shape), dim, block, expert});
   };
-  if (range.first) add("tok_embeddings.weight", {config.vocab_size, d}, 0, -1);
+  if (range.first || (range.last && config.tie_word_embeddings)) {
+    add("tok_embeddings.weight", {config.vocab_size, d}, 0, -1);
+  }
   for (int64_t i = range.first_block; i < range.end_block; ++i) {
     const std::string l = fmt::format("layers.{}.", i);
     if (config.mla) {
@@ -351,7 +356,7 @@ std::vector<PlannedParameter> llama_planned_parameters(const LlamaConfig& config
   }
   if (range.last) {
     add("norm.weight", {d}, std::nullopt, -1);
-    add("output.weight", {config.vocab_size, d}, 0, -1);
+    if (!config.tie_word_embeddings) add("output.weight", {config.vocab_size, d}, 0, -1);
   }
   return out;
 }

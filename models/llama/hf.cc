@@ -11,6 +11,9 @@ namespace loom::models {
 
 namespace {
 
+constexpr std::string_view kLmHead = "lm_head.weight";
+constexpr std::string_view kEmbeddings = "model.embed_tokens.weight";
+
 // Loom's parameter name -> HF's.
 std::string hf_name(const std::string& name) {
   static const std::vector<std::pair<std::string, std::string>> kParts = {
@@ -55,9 +58,32 @@ class LlamaAdapter : public hf::StateDictAdapter {
     }
     return FileLayout{};
   }
-  // Older transformers saved each layer's RoPE frequencies (a buffer Loom computes).
+  // Older transformers saved each layer's RoPE frequencies (a buffer Loom computes). A tied
+  // model's file may hold lm_head.weight (transformers leaves it out): check_file compares it with
+  // the embeddings.
   bool is_buffer(const std::string& name) const override {
-    return name.ends_with("rotary_emb.inv_freq");
+    return name.ends_with("rotary_emb.inv_freq") ||
+           (config_.tie_word_embeddings && name == kLmHead);
+  }
+  std::vector<std::string> checked_tensors() const override {
+    if (!config_.tie_word_embeddings) return {};
+    return {std::string(kLmHead), std::string(kEmbeddings)};
+  }
+  void check_file(const TensorMap& file, std::vector<std::string>& problems) const override {
+    if (!config_.tie_word_embeddings) return;
+    const auto head = file.find(std::string(kLmHead));
+    const auto embeddings = file.find(std::string(kEmbeddings));
+    // Headers only (meta tensors: no values to compare): load() compares them.
+    if (head == file.end() || embeddings == file.end() || head->second.device().is_meta() ||
+        embeddings->second.device().is_meta()) {
+      return;
+    }
+    if (!hf::same_values(head->second, embeddings->second)) {
+      problems.push_back(fmt::format(
+          "tensor '{}' differs from '{}', but config.json says tie_word_embeddings: the head "
+          "reads the embeddings; set tie_word_embeddings to false for an untied head",
+          kLmHead, kEmbeddings));
+    }
   }
   nlohmann::json config_json() const override {
     const LlamaConfig& c = config_;
@@ -76,7 +102,7 @@ class LlamaAdapter : public hf::StateDictAdapter {
                         {"hidden_act", "silu"},
                         {"attention_bias", false},
                         {"mlp_bias", false},
-                        {"tie_word_embeddings", false},
+                        {"tie_word_embeddings", c.tie_word_embeddings},
                         // As trained (not read back: a Loom job's --attn-dropout decides).
                         {"attention_dropout", c.attention_dropout}};
     if (c.rope_scaling) {
@@ -149,8 +175,8 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
                      "Loom's Llama feed-forward is SwiGLU (silu)");
   // attention_dropout is not read: dropout is a training option (--attn-dropout), as GPT-2's
   // pdrops are; the model's function does not depend on it.
-  json.refuse_unless(!json.bool_or("tie_word_embeddings", false), "tie_word_embeddings",
-                     "Loom's Llama head is untied from the embeddings");
+  // transformers' LlamaConfig default: untied (Llama 3); Llama 3.2's small models tie.
+  config.tie_word_embeddings = json.bool_or("tie_word_embeddings", false);
   json.refuse_unless(
       config.dim % config.n_heads != 0 ||
           json.positive_int_or("head_dim", config.dim / config.n_heads) ==

@@ -225,7 +225,7 @@ LlamaStage::LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange rang
              range.first_block, range.end_block, config.n_layers);
   // Every parameter's seed is a function of the model's seed and its place in the whole model,
   // so a stage initializes its parameters exactly as the whole model does.
-  if (range.first) {
+  if (range.first || (range.last && config.tie_word_embeddings)) {
     tok_embeddings = register_module(
         "tok_embeddings",
         std::make_shared<nn::Embedding>(config.vocab_size, config.dim, seed, /*init_std=*/0.02));
@@ -240,9 +240,13 @@ LlamaStage::LlamaStage(const LlamaConfig& config, uint64_t seed, StageRange rang
   }
   if (range.last) {
     norm = register_module("norm", std::make_shared<RMSNorm>(config.dim, config.norm_eps));
-    output = register_module(
-        "output", std::make_shared<nn::Linear>(config.dim, config.vocab_size,
-                                               nn::LinearOptions{.bias = false, .seed = seed + 7}));
+    if (config.tie_word_embeddings) {
+      output = register_module("output", std::make_shared<TiedHead>(tok_embeddings));
+    } else {
+      output = register_module("output", std::make_shared<nn::Linear>(
+                                             config.dim, config.vocab_size,
+                                             nn::LinearOptions{.bias = false, .seed = seed + 7}));
+    }
   }
 }
 

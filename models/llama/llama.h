@@ -1,13 +1,14 @@
 // A Llama-family model (Llama 3's architecture, torchtitan's module names): token embeddings,
 // pre-norm blocks of grouped-query attention with rotary position embeddings and a SwiGLU
-// feed-forward, a final RMSNorm and an untied output head.
+// feed-forward, a final RMSNorm and an output head (untied, or tied to the embeddings).
 //
 //   models::Llama model(models::LlamaConfig::preset("llama-tiny"), /*seed=*/1);
 //   Tensor loss = model.loss(ids, targets);   // ids, targets: (B, T) int64
 //
 // Names: tok_embeddings.weight, layers.{i}.attention.{wq,wk,wv,wo}.weight,
 // layers.{i}.attention_norm.weight, layers.{i}.feed_forward.{w1,w2,w3}.weight,
-// layers.{i}.ffn_norm.weight, norm.weight, output.weight. Every projection is bias-free. A MoE
+// layers.{i}.ffn_norm.weight, norm.weight, output.weight (none when tied: the head reads
+// tok_embeddings.weight). Every projection is bias-free. A MoE
 // layer has layers.{i}.moe.{gate.weight, experts.w1, experts.w2, experts.w3,
 // shared_experts.*.weight} and the buffer layers.{i}.moe.expert_bias in place of feed_forward.
 //
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "models/llama/config.h"
+#include "models/tied_head.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -135,11 +137,13 @@ class LlamaStage : public nn::Module {
   const LlamaConfig& config() const { return config_; }
   const StageRange& range() const { return range_; }
 
-  // Null when the stage does not hold them.
+  // Null when the stage does not hold them. With tie_word_embeddings the last stage holds
+  // tok_embeddings too (its own copy for the head when it is not the first: the copies' gradients
+  // are summed after each step, models/tied_embedding_pipeline.h), and output is a TiedHead.
   std::shared_ptr<nn::Embedding> tok_embeddings;
   std::vector<std::shared_ptr<LlamaBlock>> layers;  // blocks [range.first_block, range.end_block)
   std::shared_ptr<RMSNorm> norm;
-  std::shared_ptr<nn::Linear> output;
+  std::shared_ptr<nn::Module> output;  // an nn::Linear, or a TiedHead
 
  private:
   LlamaConfig config_;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "models/tied_embedding_pipeline.h"
 #include "nn/meta_init.h"
 
 namespace loom::models {
@@ -52,6 +53,19 @@ pipeline::PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint6
     for (const auto& [name, p] : names_only.named_parameters()) names.push_back(name);
     return names;
   };
+  if (config.tie_word_embeddings) {
+    // The last stage's copy of tok_embeddings (for the head) follows the first stage's.
+    const TiedCopyOf copy_of = [](const nn::Module& stage) {
+      const auto& llama = dynamic_cast<const LlamaStage&>(stage);
+      return TiedCopy{llama.tok_embeddings.get(), llama.range()};
+    };
+    spec.after_step = [copy_of](pipeline::PipelineModel& model) {
+      sum_tied_embedding_gradients(model, copy_of);
+    };
+    spec.not_counted = [copy_of](const pipeline::PipelineModel& model) {
+      return tied_copies_not_counted(model, copy_of);
+    };
+  }
   return spec;
 }
 

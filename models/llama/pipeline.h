@@ -6,8 +6,9 @@
 //                                 {.schedule = {.microbatches = 4}, .sequence_parallel = true});
 //   double loss = model.step(inputs, targets);
 //
-// Llama's head is untied from its embeddings, so no gradient crosses between stages after the
-// step (GPT's tied embedding does: models/gpt/pipeline.h).
+// An untied head (Llama 3's) sends nothing between stages after the step; a tied one
+// (tie_word_embeddings: Llama 3.2's) sums its two copies' gradients between the first and the last
+// stage, as GPT's does (models/tied_embedding_pipeline.h).
 #pragma once
 
 #include <vector>

@@ -30,18 +30,25 @@ void parallelize_llama(LlamaStage& model, std::shared_ptr<const DeviceMesh> tp_m
   // pattern of a plan must match).
   const StageRange& range = model.range();
   ParallelizePlan plan;
-  if (range.first) {
+  const bool tied = model.config().tie_word_embeddings;
+  // Sharded by vocabulary on the last stage too when the head reads it (tied).
+  if (range.first || (range.last && tied)) {
     plan.push_back(
         {"tok_embeddings", std::make_shared<RowwiseParallel>(LayoutOptions{
                                .input_layouts = Replicate(), .output_layouts = stream})});
   }
-  if (range.last) {
+  if (range.last && tied) {
+    // The tied head's input becomes a Replicate DTensor, so h @ tok_embeddings^T (vocabulary
+    // sharded) gives vocabulary-sharded logits for the loss-parallel cross entropy, as GPT's.
+    plan.push_back({"output", std::make_shared<PrepareModuleInput>(PrepareInputOptions{
+                                  stream, Replicate(), /*use_local_output=*/false})});
+  } else if (range.last) {
     plan.push_back(
         {"output",
          std::make_shared<ColwiseParallel>(LayoutOptions{
              .input_layouts = stream, .output_layouts = Shard(-1), .use_local_output = false})});
-    if (sp) plan.push_back({"norm", std::make_shared<SequenceParallel>()});
   }
+  if (range.last && sp) plan.push_back({"norm", std::make_shared<SequenceParallel>()});
   if (!range.has_blocks()) {
     parallelize_module(model, std::move(tp_mesh), plan);
     return;

@@ -77,10 +77,11 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
 }
 
 TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
-  const std::vector<std::pair<std::string, nlohmann::json>> refused = {
-      {"attention_bias", true},      {"mlp_bias", true},
-      {"hidden_act", "gelu"},        {"head_dim", 32},
-      {"tie_word_embeddings", true}, {"model_type", "mistral"}};
+  const std::vector<std::pair<std::string, nlohmann::json>> refused = {{"attention_bias", true},
+                                                                       {"mlp_bias", true},
+                                                                       {"hidden_act", "gelu"},
+                                                                       {"head_dim", 32},
+                                                                       {"model_type", "mistral"}};
   for (const auto& [key, value] : refused) {
     nlohmann::json json = llama_config_json();
     json[key] = value;
@@ -101,6 +102,11 @@ TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   std::ofstream(path) << json.dump();
   EXPECT_EQ(read_llama_hf_config(path).head_dim(), 16);
   EXPECT_EQ(read_llama_hf_config(path).attention_dropout, 0.0);
+  EXPECT_FALSE(read_llama_hf_config(path).tie_word_embeddings);
+  // A tied head (Llama 3.2's small models) is read, not refused.
+  json["tie_word_embeddings"] = true;
+  std::ofstream(path) << json.dump();
+  EXPECT_TRUE(read_llama_hf_config(path).tie_word_embeddings);
 }
 
 // config.json records the dropout a model trained with (transformers' GPT-2 defaults its pdrops

@@ -21,6 +21,14 @@ TEST(LlamaConfigTest, Llama3PresetsHaveTheirPublishedSizes) {
   const LlamaConfig seventy = LlamaConfig::preset("llama3-70b");
   EXPECT_EQ(seventy.ffn_hidden_dim(), 28672);
   EXPECT_EQ(seventy.parameter_count(), 70553706496);
+  // Llama 3.2's small models tie their head to the embeddings (counted once).
+  const LlamaConfig one = LlamaConfig::preset("llama3.2-1b");
+  EXPECT_TRUE(one.tie_word_embeddings);
+  EXPECT_EQ(one.head_dim(), 64);
+  EXPECT_EQ(one.parameter_count(), 1235814400);
+  const LlamaConfig three = LlamaConfig::preset("llama3.2-3b");
+  EXPECT_EQ(three.head_dim(), 128);
+  EXPECT_EQ(three.parameter_count(), 3212749824);
   for (const std::string& name : LlamaConfig::preset_names()) {
     EXPECT_NO_THROW(LlamaConfig::preset(name).validate()) << name;
   }

@@ -4,7 +4,8 @@
 // and without sequence parallelism), dp2 x tp2, dp_shard2 x tp2 (FSDP), pp2 (1F1B and GPipe; the
 // whole model saved from the pipeline and read back) and pp2 x dp2 x tp2, within the GPT
 // equivalence suite's tolerances (gpt_run::expect_same: losses and norms 1e-5 relative,
-// parameters and the last step's gradients 1e-5 of the model's largest).
+// parameters and the last step's gradients 1e-5 of the model's largest). The same with the head
+// tied to the embeddings (Llama 3.2's) under tp2 + SP, pp2, pp2 x dp_shard2 and pp2 x tp2.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -47,9 +48,16 @@ data::TokenCorpus corpus() { return models::gpt_run::fox_corpus(257); }
 using gpt_run::expect_same;
 using gpt_run::Result;
 
-Result one_rank() {
+// llama-tiny, or llama-tiny with its head tied to the embeddings (Llama 3.2's small models).
+LlamaConfig tiny(bool tied) {
+  LlamaConfig config = LlamaConfig::preset("llama-tiny");
+  config.tie_word_embeddings = tied;
+  return config;
+}
+
+Result one_rank(bool tied) {
   const auto data = corpus();
-  Llama model(LlamaConfig::preset("llama-tiny"), kSeed);
+  Llama model(tiny(tied), kSeed);
   std::vector<Tensor> decay, no_decay;
   for (const auto& [name, p] : model.named_parameters())
     (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -75,12 +83,12 @@ Result one_rank() {
 }
 
 Result on_layout(comm::ProcessGroup& pg, const train::ParallelDims& dims, bool sp,
-                 const pipeline::ScheduleOptions& pipeline = {}, const std::string& save_to = "") {
+                 const pipeline::ScheduleOptions& pipeline = {}, const std::string& save_to = "",
+                 bool tied = false) {
   const auto mesh = dims.build_mesh(pg.shared_from_this());
   const train::ParallelConfig parallel{
       .dims = dims, .tp_plan = {.sequence_parallel = sp}, .pipeline = pipeline};
-  auto model = train::build_parallel_model(*llama_args(LlamaConfig::preset("llama-tiny")), kSeed,
-                                           mesh, parallel);
+  auto model = train::build_parallel_model(*llama_args(tiny(tied)), kSeed, mesh, parallel);
   train::Trainer trainer(*model, mesh, {.lr = [](int) { return kLr; }, .eps = kEps, .clip = kClip});
   const auto data = corpus();
   Result r;
@@ -98,9 +106,10 @@ Result on_layout(comm::ProcessGroup& pg, const train::ParallelDims& dims, bool s
   return r;
 }
 
-const Result& reference() {
-  static const Result r = one_rank();
-  return r;
+const Result& reference(bool tied = false) {
+  static const Result untied_run = one_rank(false);
+  static const Result tied_run = one_rank(true);
+  return tied ? tied_run : untied_run;
 }
 
 TEST(LlamaEquivalenceTest, ReferenceLearnsAndClips) {
@@ -170,6 +179,37 @@ TEST(LlamaEquivalenceTest, PipelineDataAndTensorParallel) {
     expect_same({.actual = on_layout(pg, {.pp = 2, .dp_replicate = 2, .tp = 2}, true),
                  .expected = reference(),
                  .layout = "pp2 x dp2 x tp2"});
+  });
+}
+
+TEST(LlamaEquivalenceTest, TiedEmbeddingsOnLayouts) {
+  // The head reads tok_embeddings (no output.weight): vocabulary-sharded under tp, a copy on the
+  // last pipeline stage whose gradient is summed with the first stage's after each step.
+  ASSERT_EQ(reference(true).params.count("output.weight"), 0u);
+  ASSERT_EQ(reference(true).params.count("tok_embeddings.weight"), 1u);
+  EXPECT_LT(reference(true).losses.back(), reference(true).losses.front());
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = on_layout(pg, {.tp = 2}, true, {}, "", true),
+                 .expected = reference(true),
+                 .layout = "tied, tp2 + SP"});
+  });
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = on_layout(pg, {.pp = 2}, false, {.schedule = "1f1b", .microbatches = 4},
+                                     "", true),
+                 .expected = reference(true),
+                 .layout = "tied, pp2 1f1b"});
+  });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = on_layout(pg, {.pp = 2, .dp_shard = 2}, false,
+                                     {.schedule = "1f1b", .microbatches = 2}, "", true),
+                 .expected = reference(true),
+                 .layout = "tied, pp2 x dp_shard2"});
+  });
+  comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
+    expect_same({.actual = on_layout(pg, {.pp = 2, .tp = 2}, true,
+                                     {.schedule = "gpipe", .microbatches = 2}, "", true),
+                 .expected = reference(true),
+                 .layout = "tied, pp2 x tp2 + SP"});
   });
 }
 

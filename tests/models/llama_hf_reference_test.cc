@@ -2,7 +2,11 @@
 // (tests/models/fixtures/make_hf_llama_fixture.py: llama-tiny's sizes, GQA, Llama 3 RoPE scaling
 // over 40 positions) loads — names mapped, the rotary permutation undone, config.json read — and
 // gives the logits PyTorch computed, to 1e-5 of their largest magnitude (f32 matmuls summing in
-// another order). Also under tp = 2 with sequence parallelism after the load.
+// another order). Also under tp = 2 with sequence parallelism after the load. The same for a
+// checkpoint with tie_word_embeddings (Llama 3.2's small models): no lm_head.weight in the file,
+// the head reads the embeddings; a file that holds lm_head.weight loads when it equals them and is
+// refused, naming both, when it does not.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,10 +14,12 @@
 #include "autograd/grad_mode.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/dtensor.h"
+#include "models/hf/safetensors.h"
 #include "models/llama/hf.h"
 #include "models/llama/plans.h"
 #include "tensor/ops.h"
 #include "tests/models/hf_reference.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom::models {
@@ -90,6 +96,65 @@ TEST(LlamaHFReferenceTest, ExportReadsBackAsTheSameModel) {
   for (const auto& [name, p] : exported.named_parameters()) {
     EXPECT_EQ(ops::to_vector(p), ops::to_vector(want.at(name))) << name;
   }
+}
+
+constexpr const char* kTiedCheckpoint = "tests/models/fixtures/hf_llama_tiny_tied.safetensors";
+constexpr const char* kTiedConfig = "tests/models/fixtures/hf_llama_tiny_tied_config.json";
+constexpr const char* kTiedExpected = "tests/models/fixtures/hf_llama_tiny_tied_logits.json";
+
+TEST(LlamaHFReferenceTest, TiedCheckpointGivesTransformersLogitsOnOneAndTwoRanks) {
+  const auto ref = testing::read_hf_reference(kTiedExpected);
+  const LlamaConfig config = read_llama_hf_config(kTiedConfig);
+  ASSERT_TRUE(config.tie_word_embeddings);
+  EXPECT_EQ(config.parameter_count(),
+            LlamaConfig::preset("llama-tiny").parameter_count() - config.vocab_size * config.dim);
+  {
+    Llama model(config, /*seed=*/99);
+    load_llama_hf(model, kTiedCheckpoint);
+    EXPECT_EQ(model.state_dict().count("output.weight"), 0u);
+    NoGradGuard no_grad;
+    expect_close(
+        {.actual = model(ref.ids), .expected = ref.logits, .tol = kTol, .what = "tied logits"});
+  }
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    Llama model(config, /*seed=*/99);
+    load_llama_hf(model, kTiedCheckpoint);
+    parallelize_llama(model, mesh, {.sequence_parallel = true});
+    NoGradGuard no_grad;
+    expect_close({.actual = full_tensor(model(ref.ids)),
+                  .expected = ref.logits,
+                  .tol = kTol,
+                  .what = "tied tp2 logits"});
+  });
+}
+
+TEST(LlamaHFReferenceTest, TiedExportHasNoHeadAndAHeadInTheFileMustEqualTheEmbeddings) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/tied";
+  std::filesystem::create_directories(dir);
+  const LlamaConfig config = read_llama_hf_config(kTiedConfig);
+  Llama model(config, /*seed=*/99);
+  load_llama_hf(model, kTiedCheckpoint);
+  save_llama_hf(model, dir + "/model.safetensors", /*write=*/true);
+  EXPECT_TRUE(read_llama_hf_config(dir + "/config.json").tie_word_embeddings);
+  TensorMap file = load_safetensors(dir + "/model.safetensors").tensors;
+  EXPECT_EQ(file.count("lm_head.weight"), 0u) << "transformers leaves a tied head out";
+  // A file holding the head as well (older exports): equal, it loads; different, it is refused.
+  const Tensor embeddings = file.at("model.embed_tokens.weight");
+  file["lm_head.weight"] = ops::clone(embeddings);
+  save_safetensors(dir + "/with_head.safetensors", file);
+  Llama with_head(config, /*seed=*/1);
+  load_llama_hf(with_head, dir + "/with_head.safetensors");
+  EXPECT_EQ(ops::to_vector(with_head.tok_embeddings->weight()), ops::to_vector(embeddings));
+  file["lm_head.weight"] = ops::add(embeddings, 1.0);
+  save_safetensors(dir + "/other_head.safetensors", file);
+  Llama other(config, /*seed=*/1);
+  EXPECT_THAT(
+      loom::testing::error_of([&] { load_llama_hf(other, dir + "/other_head.safetensors"); }),
+      ::testing::HasSubstr("tensor 'lm_head.weight' differs from "
+                           "'model.embed_tokens.weight', but config.json says "
+                           "tie_word_embeddings"));
 }
 
 }  // namespace
