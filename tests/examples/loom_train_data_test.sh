@@ -136,6 +136,15 @@ status=0
 grep -q "from_pretrained(folder) reads model.safetensors only" othersave.log ||
   { cat othersave.log; fail "no word that transformers will not find other.safetensors"; }
 echo "ok: --save keeps the token ids and generation config, and names what transformers cannot load"
+# config.json's dropout (transformers trains with it) is not Loom's: a warning names the flag.
+mkdir -p pdrop && cp saved/model.safetensors saved/tokenizer.json pdrop/
+jq '. + {resid_pdrop: 0.1, attn_pdrop: 0.1}' saved/config.json > pdrop/config.json
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --init-from pdrop --attn-dropout 0.1 \
+  --metrics-out "" > pdrop.log 2>&1 || { cat pdrop.log; fail "--init-from with pdrops"; }
+grep -q "\"resid_pdrop\": 0.1 (transformers trains with it), but this job trains with --dropout 0" pdrop.log ||
+  { cat pdrop.log; fail "no warning for config.json's resid_pdrop"; }
+! grep -q '"attn_pdrop"' pdrop.log || { cat pdrop.log; fail "a warning for an attn_pdrop the job matches"; }
+echo "ok: config.json's dropout that the job does not train with is warned about"
 
 # --- resume on shards is bitwise ---------------------------------------------------------------
 "$train" "${common[@]}" --dp 2 --tp 2 --data "many/train_*.bin" --tokenizer "$tokenizer" \
