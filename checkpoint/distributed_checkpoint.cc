@@ -234,11 +234,18 @@ std::vector<std::string> misnamed_step_directories(const std::string& root) {
   std::vector<std::string> out;
   std::error_code error;
   if (!fs::is_directory(root, error)) return out;
+  // Only folders named like a step are looked into: any other folder (lost+found at a disk's
+  // root, unreadable) is none of the checkpoint's business.
+  const auto holds = [](const fs::path& dir, const char* file) {
+    std::error_code ec;
+    return fs::exists(dir / file, ec);  // an unreadable folder holds no step
+  };
   for (const auto& dir : fs::directory_iterator(root)) {
     const std::string name = dir.path().filename().string();
     int64_t step = 0;
-    if (dir.is_directory() && !is_step_name(name, &step) && !name.ends_with(".partial") &&
-        is_step_directory(dir.path().string())) {
+    if (dir.is_directory() && name.starts_with("step") && !is_step_name(name, &step) &&
+        !name.ends_with(".partial") &&
+        (holds(dir.path(), kMetadataFile) || holds(dir.path(), kMarker))) {
       out.push_back(dir.path().string());
     }
   }

@@ -59,8 +59,9 @@ std::optional<int64_t> latest_committed_step(const std::string& root);
 // What a crashed or interrupted save left under `root` (partial directories, step directories
 // without the marker), sorted: the next save removes them. An absent root has none.
 std::vector<std::string> uncommitted_step_directories(const std::string& root);
-// Folders under `root` that hold a step (metadata.json or the marker) under a name no save gives
-// ("step_4", a copy "step_00000004_x"), sorted: neither listed as steps nor removed by a save.
+// Folders under `root` named like a step ("step...") that hold one (metadata.json or the marker)
+// under a name no save gives ("step_4", a copy "step_00000004_x"), sorted: neither listed as steps
+// nor removed by a save. Other folders are not looked into.
 std::vector<std::string> misnamed_step_directories(const std::string& root);
 // Throws, naming `what` (the flag or tool) and each folder, when `root` has misnamed steps: a
 // resume would silently skip them.

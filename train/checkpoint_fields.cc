@@ -124,8 +124,7 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
   }
   // Each decides the batches. A checkpoint of a Loom that did not record the document settings
   // is not refused for them.
-  for (const char* key :
-       {"seed", "batch_size", "seq_len", "document_boundaries", "document_token"}) {
+  for (const char* key : kRunBatchKeys) {
     const bool recorded = saved->contains(key) || std::string_view(key).rfind("document", 0) != 0;
     if (recorded && value_of(*saved, key) != value_of(here, key)) {
       std::string flag = fmt::format("--{}", key);

@@ -14,6 +14,11 @@
 
 namespace loom::train {
 
+// The fields of run_fields besides the data that decide a run's batches: a resume with others
+// trains on other batches (check_same_run), and two steps differing in them are two runs'.
+inline constexpr const char* kRunBatchKeys[] = {"seed", "batch_size", "seq_len",
+                                                "document_boundaries", "document_token"};
+
 // What makes a run besides its model and layout:
 //   {"data": {"tokens": N, "vocab_size": V, "sha256": "...", "path": "..."}, "seed": S,
 //    "batch_size": B, "seq_len": T, "steps": N, "lr": LR}

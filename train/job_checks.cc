@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -120,24 +121,30 @@ std::vector<std::string> dropout_warnings(const JobConfig& job) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return {};
   const models::hf::ConfigJson json = models::hf::ConfigJson::read(path);
-  struct Key {
-    const char* key;
+  // Each flag and the keys it stands for (GPT-2's resid and embd pdrops are one --dropout).
+  struct Flag {
     const char* flag;
     double job;
+    std::vector<const char*> keys;
   };
   std::vector<std::string> warnings;
-  for (const Key& k :
-       {Key{"resid_pdrop", "--dropout", job.dropout}, Key{"embd_pdrop", "--dropout", job.dropout},
-        Key{"attn_pdrop", "--attn-dropout", job.attn_dropout},
-        Key{"attention_dropout", "--attn-dropout", job.attn_dropout}}) {
-    if (!json.has(k.key)) continue;
-    const double file = json.number(k.key);
-    if (file == k.job) continue;
+  for (const Flag& f :
+       {Flag{"--dropout", job.dropout, {"resid_pdrop", "embd_pdrop"}},
+        Flag{"--attn-dropout", job.attn_dropout, {"attn_pdrop", "attention_dropout"}}}) {
+    std::vector<std::string> said;
+    std::optional<double> first;
+    for (const char* key : f.keys) {
+      if (!json.has(key) || json.number(key) == f.job) continue;
+      said.push_back(fmt::format("\"{}\": {}", key, json.number(key)));
+      if (!first) first = json.number(key);
+    }
+    if (said.empty()) continue;
     warnings.push_back(fmt::format(
-        "WARNING: --init-from: '{}' says \"{}\": {} (transformers trains with it), but this job "
-        "trains with {} {}: Loom's dropout is the job's option, not the file's (--save writes the "
-        "job's); give {} {} to train as transformers would",
-        path, k.key, file, k.flag, k.job, k.flag, file));
+        "WARNING: --init-from: '{}' says {} (transformers trains with it), but this job trains "
+        "with {} {}: Loom's dropout is the job's option, not the file's (--save writes the job's); "
+        "give {} {} to train as transformers would{}",
+        path, fmt::join(said, ", "), f.flag, f.job, f.flag, *first,
+        said.size() > 1 ? " (Loom takes one value for these keys)" : ""));
   }
   return warnings;
 }
@@ -155,8 +162,7 @@ std::map<std::string, std::string> run_identity(const checkpoint::Metadata& meta
     if (run->contains("data") && run->at("data").is_object()) {
       out["data sha256"] = run->at("data").value("sha256", "");
     }
-    for (const char* key :
-         {"seed", "batch_size", "seq_len", "document_boundaries", "document_token"}) {
+    for (const char* key : kRunBatchKeys) {
       if (run->contains(key)) out[key] = run->at(key).dump();
     }
   }
@@ -167,12 +173,22 @@ std::map<std::string, std::string> run_identity(const checkpoint::Metadata& meta
 // steps is refused, as a new run into a used folder is, where a resume would take whichever is
 // newest and a later fallback another run's step. Fields a step does not record (an older Loom)
 // are not compared.
-void check_one_run(const std::string& root, int64_t latest, const checkpoint::Metadata& saved) {
+// An older step whose metadata cannot be read is a warning, not a refusal: the latest is whole.
+void check_one_run(const std::string& root, int64_t latest, const checkpoint::Metadata& saved,
+                   std::vector<std::string>& warnings) {
   const std::map<std::string, std::string> mine = run_identity(saved);
   for (int64_t step : checkpoint::committed_steps(root)) {
     if (step == latest) continue;
-    const std::map<std::string, std::string> other =
-        run_identity(checkpoint::read_metadata(checkpoint::step_directory(root, step)));
+    std::map<std::string, std::string> other;
+    try {
+      other = run_identity(checkpoint::read_metadata(checkpoint::step_directory(root, step)));
+    } catch (const Error& e) {
+      warnings.push_back(fmt::format(
+          "WARNING: --checkpoint-dir: step {}'s metadata cannot be read ({}); resuming from the "
+          "latest step {}, but no resume could fall back to step {}",
+          step, e.what(), latest, step));
+      continue;
+    }
     std::vector<std::string> differences;
     for (const auto& [key, value] : other) {
       const auto it = mine.find(key);
@@ -258,7 +274,7 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));
   }
-  check_one_run(job.checkpoint_dir, *latest, metadata);
+  check_one_run(job.checkpoint_dir, *latest, metadata, out.warnings);
   out.resume_from = dir;
   // The run's Hugging Face settings travel with its checkpoints when --init-from is not given.
   if (const auto hf = metadata.extra.find("hf");

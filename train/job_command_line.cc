@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdlib>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,15 +16,17 @@ namespace loom::train {
 
 namespace {
 
-// argv with each "--name=" (an empty value, as `--name ""` is) split into "--name" and "": CLI11
-// reads "--name=" as no value and takes the next argument as it (`--metrics-out= --steps 1` was
-// refused as an unexpected "1").
-std::vector<std::string> with_explicit_empty_values(int argc, char** argv) {
+// argv with each "--name=" of an option that takes a value (`value_flags`: an empty value, as
+// `--name ""` is) split into "--name" and "": CLI11 reads "--name=" as no value and takes the next
+// argument as it (`--metrics-out= --steps 1` was refused as an unexpected "1"). A true/false flag's
+// "--name=" is left to CLI11, which names it.
+std::vector<std::string> with_explicit_empty_values(int argc, char** argv,
+                                                    const std::set<std::string>& value_flags) {
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     const std::string arg = argv[i];
     if (i > 0 && arg.size() > 3 && arg.starts_with("--") && arg.back() == '=' &&
-        arg.find('=') == arg.size() - 1) {
+        arg.find('=') == arg.size() - 1 && value_flags.contains(arg.substr(0, arg.size() - 1))) {
       args.push_back(arg.substr(0, arg.size() - 1));
       args.emplace_back();
     } else {
@@ -85,7 +88,11 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     }
   }
-  std::vector<std::string> args = with_explicit_empty_values(argc, argv);
+  std::set<std::string> value_flags = {"--config", "--launcher"};
+  for (const JobOption& o : options) {
+    if (!o.is_bool()) value_flags.insert(o.flag());
+  }
+  std::vector<std::string> args = with_explicit_empty_values(argc, argv, value_flags);
   std::vector<char*> arg_pointers;
   for (std::string& arg : args) arg_pointers.push_back(arg.data());
   try {
@@ -94,6 +101,17 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
     fmt::print("{}", app.help());
     parsed.help = true;
     return parsed;
+  } catch (const CLI::ExtrasError&) {
+    // `--plot-out --metrics-out= ...`: CLI11 gives --plot-out the next flag as its value, and the
+    // empty value meant for that flag is left over. Name the option that lost its value.
+    for (size_t k = 2; k < args.size(); ++k) {
+      LOOM_CHECK(
+          !(args[k].empty() && value_flags.contains(args[k - 2]) && args[k - 1].starts_with("--")),
+          "{}: got '{}', which is a flag, not a value; give the value (\"\" for none: {} "
+          "\"\")",
+          args[k - 2], args[k - 1], args[k - 2]);
+    }
+    throw;
   }
   for (size_t i = 0; i < options.size(); ++i) {
     if (flags[i] != nullptr && flags[i]->count() > 0) raw[i] = flag_values[i];

@@ -439,8 +439,8 @@ std::string to_string(const JobOption& option, const OptionValue& value, const s
   LOOM_CHECK(std::holds_alternative<std::string>(value), "{}: expected a string, got {} ({})",
              where, type_name(value), describe(value));
   const std::string& text = std::get<std::string>(value);
-  // "--plot-out= --metrics-out=" gives --plot-out the next flag as its value (CLI11 reads an
-  // empty "=" as no value): a run wrote its plot to a file named "--metrics-out=.dat".
+  // A flag given as a value ("--plot-out=--metrics-out=", or CLI11 giving "--plot-out" the next
+  // flag): a run had written its plot to a file named "--metrics-out=.dat".
   LOOM_CHECK(!text.starts_with("--"),
              "{}: got '{}', which is a flag, not a value; give the value (\"\" for none: {} \"\")",
              where, text, option.flag());

@@ -258,14 +258,14 @@ int64_t Trainer::saved_step(const checkpoint::Metadata& metadata, const std::str
   const auto trainer = metadata.extra.find("trainer");
   LOOM_CHECK(trainer != metadata.extra.end() && trainer->is_object() && trainer->contains("step") &&
                  trainer->at("step").is_number_integer(),
-             "Trainer::load_checkpoint: '{}' has no trainer step in its metadata (extra.trainer."
-             "step); it was not saved by Trainer::save_checkpoint",
+             "checkpoint '{}' has no trainer step in its metadata (extra.trainer.step); it was "
+             "not saved by Trainer::save_checkpoint",
              directory);
   const int64_t step = trainer->at("step").get<int64_t>();
   LOOM_CHECK(step == metadata.step,
-             "Trainer::load_checkpoint: '{}' records {} steps done (extra.trainer.step) but was "
-             "saved as step {} (its metadata's step, marker and name): its metadata was edited; "
-             "restore it, or resume from another step",
+             "checkpoint '{}' records {} steps done (extra.trainer.step) but was saved as step {} "
+             "(its metadata's step, marker and name): its metadata was edited; restore it, or "
+             "resume from another step",
              directory, step, metadata.step);
   return step;
 }

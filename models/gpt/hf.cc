@@ -65,19 +65,8 @@ class GPT2Adapter : public hf::StateDictAdapter {
     return out;
   }
   void check_file(const TensorMap& file, std::vector<std::string>& problems) const override {
-    const auto head = file.find(std::string(kLmHead));
-    // Headers only (meta tensors: no values to compare): load() compares them.
-    if (head == file.end() || head->second.device().is_meta()) return;
-    for (const std::string& wte : hf_names("wte.weight")) {
-      const auto it = file.find(wte);
-      if (it != file.end() && !it->second.device().is_meta() &&
-          !hf::same_values(head->second, it->second)) {
-        problems.push_back(
-            fmt::format("tensor '{}' differs from '{}': Loom ties lm_head to wte and cannot load "
-                        "an untied head",
-                        kLmHead, wte));
-      }
-    }
+    hf::check_tied_head(file, std::string(kLmHead), hf_names("wte.weight"),
+                        "Loom ties lm_head to wte and cannot load an untied head", problems);
   }
   void add_saved(TensorMap& file) const override {
     file.emplace(std::string(kLmHead), file.at(std::string(kPrefix) + "wte.weight"));

@@ -57,4 +57,18 @@ bool same_values(const Tensor& a, const Tensor& b) {
                      static_cast<size_t>(fa.numel()) * sizeof(float)) == 0;
 }
 
+void check_tied_head(const TensorMap& file, const std::string& head,
+                     const std::vector<std::string>& embeddings, const std::string& advice,
+                     std::vector<std::string>& problems) {
+  const auto copy = file.find(head);
+  if (copy == file.end() || copy->second.device().is_meta()) return;
+  for (const std::string& name : embeddings) {
+    const auto it = file.find(name);
+    if (it != file.end() && !it->second.device().is_meta() &&
+        !same_values(copy->second, it->second)) {
+      problems.push_back(fmt::format("tensor '{}' differs from '{}': {}", head, name, advice));
+    }
+  }
+}
+
 }  // namespace loom::models::hf

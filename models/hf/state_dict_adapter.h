@@ -74,4 +74,11 @@ class StateDictAdapter {
 // head's copy against the embeddings it must equal.
 bool same_values(const Tensor& a, const Tensor& b);
 
+// StateDictAdapter::check_file for a tied head: the file's copy of the head (`head`, when it has
+// one with values: headers alone are not compared) against each of `embeddings` it holds; a
+// difference is a problem, "tensor 'lm_head.weight' differs from '<embedding>': <advice>".
+void check_tied_head(const TensorMap& file, const std::string& head,
+                     const std::vector<std::string>& embeddings, const std::string& advice,
+                     std::vector<std::string>& problems);
+
 }  // namespace loom::models::hf

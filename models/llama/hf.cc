@@ -71,19 +71,10 @@ class LlamaAdapter : public hf::StateDictAdapter {
   }
   void check_file(const TensorMap& file, std::vector<std::string>& problems) const override {
     if (!config_.tie_word_embeddings) return;
-    const auto head = file.find(std::string(kLmHead));
-    const auto embeddings = file.find(std::string(kEmbeddings));
-    // Headers only (meta tensors: no values to compare): load() compares them.
-    if (head == file.end() || embeddings == file.end() || head->second.device().is_meta() ||
-        embeddings->second.device().is_meta()) {
-      return;
-    }
-    if (!hf::same_values(head->second, embeddings->second)) {
-      problems.push_back(fmt::format(
-          "tensor '{}' differs from '{}', but config.json says tie_word_embeddings: the head "
-          "reads the embeddings; set tie_word_embeddings to false for an untied head",
-          kLmHead, kEmbeddings));
-    }
+    hf::check_tied_head(file, std::string(kLmHead), {std::string(kEmbeddings)},
+                        "config.json says tie_word_embeddings (the head reads the embeddings); set "
+                        "it to false for an untied head",
+                        problems);
   }
   nlohmann::json config_json() const override {
     const LlamaConfig& c = config_;

@@ -1,5 +1,6 @@
 #include "parallel/tp/parallelize.h"
 
+#include <fmt/format.h>
 #include <fnmatch.h>
 
 #include <map>
@@ -19,22 +20,29 @@ void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> me
   // 1. Every entry matches, and every style fits every module it matches: checked before
   //    anything changes, so a plan that does not fit leaves the model as it was.
   std::vector<std::pair<std::shared_ptr<ParallelStyle>, std::pair<std::string, nn::Module*>>> work;
-  // The entry whose style changes each module's parameters: a second one would be validated
-  // against the parameters as they are now, not as the first leaves them, and could fail half-way
-  // through the plan. Hook-only styles (PrepareModuleInput/Output) combine with it.
+  // The entry whose style changes each module's parameters (its own and its submodules'): a
+  // second one on the module, an ancestor or a descendant would be validated against the
+  // parameters as they are now, not as the first leaves them, and could fail half-way through
+  // the plan. Hook-only styles (PrepareModuleInput/Output) combine with it.
   std::map<std::string, std::string> parameters_changed_by;
+  const auto within = [](const std::string& inner, const std::string& outer) {
+    return inner == outer || inner.starts_with(outer + ".");
+  };
   for (const auto& [pattern, style] : plan) {
     LOOM_CHECK(style != nullptr, "parallelize_module: plan entry '{}' has no style", pattern);
     bool matched = false;
     for (const auto& [fqn, submodule] : modules) {
       if (fqn.empty() || !fqn_matches(pattern, fqn)) continue;
       if (style->changes_parameters()) {
-        const auto [earlier, first] = parameters_changed_by.emplace(fqn, pattern);
-        LOOM_CHECK(first,
-                   "parallelize_module: '{}' is matched by plan entries '{}' and '{}' ({}), both "
-                   "styles that change its parameters; a module takes one such style: make the "
-                   "keys match disjoint modules",
-                   fqn, earlier->second, pattern, style->name());
+        for (const auto& [other, other_pattern] : parameters_changed_by) {
+          LOOM_CHECK(!within(fqn, other) && !within(other, fqn),
+                     "parallelize_module: '{}' (plan entry '{}', {}) and '{}' (plan entry '{}') "
+                     "would both change {}'s parameters; a module's parameters take one such "
+                     "style: make the keys match disjoint modules",
+                     fqn, pattern, style->name(), other, other_pattern,
+                     within(fqn, other) ? fqn : other);
+        }
+        parameters_changed_by.emplace(fqn, pattern);
       }
       style->validate(*submodule, fqn, *mesh);
       work.push_back({style, {fqn, submodule}});
@@ -51,8 +59,10 @@ void parallelize_module(nn::Module& module, std::shared_ptr<const DeviceMesh> me
                         const std::shared_ptr<ParallelStyle>& style) {
   LOOM_CHECK(mesh != nullptr, "parallelize_module: the mesh is null");
   LOOM_CHECK(style != nullptr, "parallelize_module: the style is null");
-  style->validate(module, "", *mesh);
-  style->apply(module, "", mesh);
+  // Its name in the style's errors.
+  const std::string fqn = fmt::format("({}, the module itself)", module.type_name());
+  style->validate(module, fqn, *mesh);
+  style->apply(module, fqn, mesh);
 }
 
 void parallelize_module(nn::Module& module, const DeviceMesh& mesh,

@@ -79,6 +79,14 @@ refused an-edited-entry-name \
   "--resume: checkpoint 'entry_name/step_00000004' does not hold this model's parameters (2 problem(s): 'model/wpe.weight' is missing; 'model/wpe.weights' is no parameter of the model)" \
   --steps 6 --checkpoint-dir entry_name --resume
 
+# A damaged older step does not stop a resume from a whole latest one: a warning names it.
+cp -r ckpt damaged_old && printf ' ' >> damaged_old/step_00000002/metadata.json
+"${job[@]}" --steps 6 --checkpoint-dir damaged_old --resume >damaged_old.log 2>&1 ||
+  { cat damaged_old.log; fail "a resume beside a damaged older step"; }
+grep -q "WARNING: --checkpoint-dir: step 2's metadata cannot be read" damaged_old.log ||
+  { cat damaged_old.log; fail "no warning for the damaged older step"; }
+echo "ok: a damaged older step is warned about, the latest resumed"
+
 cp -r ckpt truncated && truncate -s 100 truncated/step_00000004/rank_00000.bin
 refused a-truncated-rank-file \
   "checkpoint 'truncated/step_00000004': file rank_00000.bin (written by rank 0) has 100 bytes" \

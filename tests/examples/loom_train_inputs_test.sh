@@ -221,6 +221,8 @@ mkdir -p empty_values && (cd empty_values &&
 grep -q "final loss" empty_values/out.log || fail "--plot-out= --metrics-out=: no final loss"
 [[ -z "$(ls empty_values | grep -v '^out.log$')" ]] || fail "--x= wrote: $(ls empty_values)"
 echo "ok: --x= is an empty value"
+expect_error 2 "loom_train: --plot-out: got '--metrics-out', which is a flag, not a value" \
+  --plot-out --metrics-out= --steps 1
 # A fault probe that can never fire is refused: a fault test would pass for nothing.
 LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
 echo "ok: a fault probe outside the job is refused"

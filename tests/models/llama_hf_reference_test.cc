@@ -153,7 +153,7 @@ TEST(LlamaHFReferenceTest, TiedExportHasNoHeadAndAHeadInTheFileMustEqualTheEmbed
   EXPECT_THAT(
       loom::testing::error_of([&] { load_llama_hf(other, dir + "/other_head.safetensors"); }),
       ::testing::HasSubstr("tensor 'lm_head.weight' differs from "
-                           "'model.embed_tokens.weight', but config.json says "
+                           "'model.embed_tokens.weight': config.json says "
                            "tie_word_embeddings"));
 }
 

@@ -133,11 +133,31 @@ TEST(TensorParallelTest, PlanErrorsNameTheEntryAndModule) {
                                          {{"fc1", std::make_shared<tp::ColwiseParallel>()},
                                           {"fc*", std::make_shared<tp::RowwiseParallel>()}});
                 }),
-                HasSubstr("parallelize_module: 'fc1' is matched by plan entries 'fc1' and 'fc*' "
-                          "(RowwiseParallel), both styles that change its parameters"));
+                HasSubstr("parallelize_module: 'fc1' (plan entry 'fc*', RowwiseParallel) and "
+                          "'fc1' (plan entry 'fc1') would both change fc1's parameters"));
     for (const auto& [name, p] : model.named_parameters()) {
       EXPECT_FALSE(is_dtensor(p)) << name << " changed by a refused plan";
     }
+    // So is a style on a module whose parent's style changes the parent's parameters (a user's
+    // style over a whole block, as examples/gated_mlp_plan.cc writes, and another on its layer).
+    struct WholeModuleStyle : tp::ParallelStyle {
+      void apply(nn::Module&, const std::string& fqn,
+                 std::shared_ptr<const DeviceMesh>) const override {
+        ADD_FAILURE() << "applied " << fqn << " of a refused plan";
+      }
+      std::string name() const override { return "WholeModuleStyle"; }
+    };
+    class Outer : public nn::Module {
+     public:
+      Outer() : Module("Outer") { register_module("mlp", std::make_shared<Mlp>()); }
+    } outer;
+    EXPECT_THAT(testing::error_of([&] {
+                  tp::parallelize_module(outer, mesh,
+                                         {{"mlp", std::make_shared<WholeModuleStyle>()},
+                                          {"mlp.fc1", std::make_shared<tp::ColwiseParallel>()}});
+                }),
+                HasSubstr("'mlp.fc1' (plan entry 'mlp.fc1', ColwiseParallel) and 'mlp' (plan "
+                          "entry 'mlp') would both change mlp.fc1's parameters"));
   });
 }
 
