@@ -257,8 +257,8 @@ void check_no_misnamed_steps(const std::string& root, std::string_view what) {
   const std::vector<std::string> misnamed = misnamed_step_directories(root);
   LOOM_CHECK(misnamed.empty(),
              "{}: '{}' holds {} step folder(s) under a name no save gives ({}); a save names its "
-             "folder step_ and the step in 8 digits (step_00000004): rename each to its step's "
-             "name, or move it away",
+             "folder step_ and the step in 8 digits (step 4: step_00000004): rename each to its "
+             "step's name (its metadata.json's \"step\"), or move it away",
              what, root, misnamed.size(), fmt::join(misnamed, ", "));
 }
 

@@ -204,7 +204,7 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
   }
 }
 
-// The model's parameters in a checkpoint ("model/<name>", as Trainer::state_dict names them):
+// The model's parameters and their AdamW state in a checkpoint (Trainer::parameter_entries):
 // the names, global shapes and dtypes of the model this job builds (whole, on the meta device).
 // Each rank's load would refuse a difference too, but only once the ranks started, each saying
 // so; a metadata file edited (its marker rewritten) to fit no model is refused here.
@@ -217,20 +217,22 @@ void check_saved_parameters(const checkpoint::Metadata& metadata, const models::
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const auto& [name, p] : model->named_parameters()) {
-    const std::string key = "model/" + name;
-    expected.insert(key);
-    const auto it = metadata.entries.find(key);
-    if (it == metadata.entries.end()) {
-      problems.push_back(fmt::format("'{}' is missing", key));
-    } else if (it->second.shape != p.shape() || it->second.dtype != p.dtype()) {
-      problems.push_back(fmt::format(
-          "'{}' is {} {} there, the model's is {} {}", key, checkpoint::dtype_key(it->second.dtype),
-          shape_str(it->second.shape), checkpoint::dtype_key(p.dtype()), shape_str(p.shape())));
+    for (const Trainer::SavedEntry& want : Trainer::parameter_entries(name, p.shape(), p.dtype())) {
+      expected.insert(want.key);
+      const auto it = metadata.entries.find(want.key);
+      if (it == metadata.entries.end()) {
+        problems.push_back(fmt::format("'{}' is missing", want.key));
+      } else if (it->second.shape != want.shape || it->second.dtype != want.dtype) {
+        problems.push_back(fmt::format("'{}' is {} {} there, the model's is {} {}", want.key,
+                                       checkpoint::dtype_key(it->second.dtype),
+                                       shape_str(it->second.shape),
+                                       checkpoint::dtype_key(want.dtype), shape_str(want.shape)));
+      }
     }
   }
   for (const auto& [key, entry] : metadata.entries) {
-    if (key.starts_with("model/") && !expected.contains(key)) {
-      problems.push_back(fmt::format("'{}' is no parameter of the model", key));
+    if ((key.starts_with("model/") || key.starts_with("optim/")) && !expected.contains(key)) {
+      problems.push_back(fmt::format("'{}' belongs to no parameter of the model", key));
     }
   }
   const size_t shown = std::min<size_t>(problems.size(), 10);

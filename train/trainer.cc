@@ -204,11 +204,12 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
     optim::AdamW& adamw = p.dim() >= 2 ? *decay_ : *no_decay_;
     const size_t i = p.dim() >= 2 ? decay_index++ : no_decay_index++;
     adamw.init_state();
-    state.tensors.emplace_back("model/" + name, p);
-    state.tensors.emplace_back("optim/" + name + "/exp_avg", adamw.exp_avg(i));
-    state.tensors.emplace_back("optim/" + name + "/exp_avg_sq", adamw.exp_avg_sq(i));
+    const std::vector<SavedEntry> keys = parameter_entries(name, p.shape(), p.dtype());
+    state.tensors.emplace_back(keys[0].key, p);
+    state.tensors.emplace_back(keys[1].key, adamw.exp_avg(i));
+    state.tensors.emplace_back(keys[2].key, adamw.exp_avg_sq(i));
     const Tensor step = ops::from_vector_i64({adamw.step_count(i)}, {1});
-    state.tensors.emplace_back("optim/" + name + "/step", step);
+    state.tensors.emplace_back(keys[3].key, step);
     if (after_load) {
       after_load->push_back([&adamw, i, step] { adamw.step_count(i) = step.data<int64_t>()[0]; });
     }
@@ -252,6 +253,15 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   for (const auto& apply : after_load) apply();
   next_step_ = static_cast<int>(saved_step(metadata, directory));
   return metadata;
+}
+
+std::vector<Trainer::SavedEntry> Trainer::parameter_entries(const std::string& name,
+                                                            const Shape& shape, DType dtype) {
+  // AdamW keeps its moments in the parameter's dtype (the f32 masters under mixed precision).
+  return {{"model/" + name, shape, dtype},
+          {"optim/" + name + "/exp_avg", shape, dtype},
+          {"optim/" + name + "/exp_avg_sq", shape, dtype},
+          {"optim/" + name + "/step", Shape{1}, kInt64}};
 }
 
 int64_t Trainer::saved_step(const checkpoint::Metadata& metadata, const std::string& directory) {

@@ -116,6 +116,16 @@ class Trainer {
   // against the step the save was made as (metadata.step, its folder's name): throws naming
   // `directory` when it is missing or differs (the metadata was edited).
   static int64_t saved_step(const checkpoint::Metadata& metadata, const std::string& directory);
+  // The entries state_dict saves for the parameter `name` (as named_parameters names it) of a
+  // shape and dtype: model/<name>, then AdamW's optim/<name>/exp_avg, exp_avg_sq and step (one
+  // i64). What a resume checks a checkpoint's metadata against before any rank starts.
+  struct SavedEntry {
+    std::string key;
+    Shape shape;
+    DType dtype;
+  };
+  static std::vector<SavedEntry> parameter_entries(const std::string& name, const Shape& shape,
+                                                   DType dtype);
 
  private:
   double mean_over_data_parallel(double local_loss) const;

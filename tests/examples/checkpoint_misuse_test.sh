@@ -76,8 +76,12 @@ refused an-edited-trainer-step \
   --steps 6 --checkpoint-dir trainer_step --resume
 edit_metadata entry_name 's/"model\/wpe.weight"/"model\/wpe.weights"/'
 refused an-edited-entry-name \
-  "--resume: checkpoint 'entry_name/step_00000004' does not hold this model's parameters (2 problem(s): 'model/wpe.weight' is missing; 'model/wpe.weights' is no parameter of the model)" \
+  "--resume: checkpoint 'entry_name/step_00000004' does not hold this model's parameters (2 problem(s): 'model/wpe.weight' is missing; 'model/wpe.weights' belongs to no parameter of the model)" \
   --steps 6 --checkpoint-dir entry_name --resume
+edit_metadata optim_name 's/"optim\/wpe.weight\/exp_avg"/"optim\/wpe.weight\/exp_avg2"/'
+refused an-edited-optimizer-entry \
+  "'optim/wpe.weight/exp_avg' is missing; 'optim/wpe.weight/exp_avg2' belongs to no parameter of the model" \
+  --steps 6 --checkpoint-dir optim_name --resume
 
 # A damaged older step does not stop a resume from a whole latest one: a warning names it.
 cp -r ckpt damaged_old && printf ' ' >> damaged_old/step_00000002/metadata.json
