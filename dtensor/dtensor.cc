@@ -6,6 +6,7 @@
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding/propagator.h"
 #include "dtensor/sharding/strategy.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 
 namespace loom {
@@ -102,6 +103,11 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   Tensor full = ops::contiguous(tensor);
   // A meta tensor (a model built on the meta device, nn/meta_init.h) has no values to agree on:
   // each rank takes its layout with no communication, and materializes and initializes it later.
+  // A meta tensor that stands for a real one (loom plan tracing a build without meta init) holds
+  // the copy the broadcast fills, as the real build does, so the trace's peak is the run's.
+  if (src_data_rank.has_value() && tensor.device().is_meta() && !meta_placeholders_active()) {
+    full = ops::clone(full);
+  }
   if (src_data_rank.has_value() && !tensor.device().is_meta()) {
     LOOM_CHECK(
         *src_data_rank == 0,

@@ -55,6 +55,8 @@ ScopedMetaPlaceholderTracker::~ScopedMetaPlaceholderTracker() {
   meta_placeholder_tracker = previous_;
 }
 
+bool meta_placeholders_active() { return meta_placeholder_tracker != nullptr; }
+
 MemoryTracker& memory_tracker_for(Device device) {
   if (device.is_meta() && meta_placeholder_tracker != nullptr) return *meta_placeholder_tracker;
   return current_memory_tracker();

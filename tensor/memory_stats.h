@@ -85,5 +85,8 @@ class ScopedMetaPlaceholderTracker {
 
 // The tracker new storage on `device` is charged to on this thread.
 MemoryTracker& memory_tracker_for(Device device);
+// Whether meta storage made on this thread now is a placeholder (a ScopedMetaPlaceholderTracker is
+// alive: nn/meta_init.h's build), rather than a traced stand-in for real memory (loom plan).
+bool meta_placeholders_active();
 
 }  // namespace loom

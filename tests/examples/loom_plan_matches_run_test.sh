@@ -4,7 +4,8 @@
 # rank at exit, and the difference — one step — must have, rank by rank, group by group and kind
 # by kind, exactly the calls the plan lists for that rank. Everything the job's step does counts
 # (its hooks and the router statistics of a mixture of experts included), not only what a
-# Trainer on thread ranks does (tests/train/step_trace_test.cc checks bytes there).
+# Trainer on thread ranks does (tests/train/step_trace_test.cc checks bytes there). And the
+# plan's build peak is the job's, with meta initialization and without.
 set -euo pipefail
 train="$(realpath "$1")"
 launcher="$(realpath "$2")"
@@ -74,3 +75,24 @@ check gpt-cp-ring --model tiny --cp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --cp-
 # A zero-bubble schedule over FSDP with gradient accumulation and bf16 compute.
 check gpt-zbv-fsdp --model tiny --n-layer 4 --pp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --schedule zbv \
   --microbatches 4 --grad-accum 2 --batch-size 16 --mixed-precision bf16
+
+# The plan's "peak building the model" of rank 0 is the job's "model built holding at most" line,
+# with meta initialization and without (every rank building the whole model first: the plan had
+# left out the copy each parameter's broadcast from rank 0 fills, a third of the peak under tp).
+check_build_peak() {
+  local name="$1"
+  shift
+  "$train" --plan --nproc 4 "${common[@]}" "$@" >"$name.plan" 2>&1 || { cat "$name.plan"; fail "$name: plan"; }
+  "$train" --launcher "$launcher" --nproc 4 --steps 1 "${common[@]}" "$@" >"$name.run" 2>&1 ||
+    { cat "$name.run"; fail "$name: run"; }
+  local planned measured
+  planned=$(awk -F'|' '/^Traced step per rank/ { t = 1; next } t && /^\| [0-9]/ { gsub(/ /, "", $8); print $8; exit }' "$name.plan")
+  measured=$(grep -oE "model built holding at most [0-9.]+ MiB" "$name.run" | grep -oE "[0-9.]+")
+  [[ -n "$planned" && "$planned" == "$measured" ]] ||
+    { cat "$name.plan" "$name.run"; fail "$name: build peak planned '$planned' MiB, measured '$measured' MiB"; }
+  echo "ok: $name, rank 0 builds at most $measured MiB, as planned"
+}
+check_build_peak build-tp-whole --model tiny --dp-shard 2 --tp 2 --dp-replicate 1 --batch-size 4 --no-meta-init
+check_build_peak build-tp-meta --model tiny --dp-shard 2 --tp 2 --dp-replicate 1 --batch-size 4
+check_build_peak build-pp-tp-whole --model llama-tiny --pp 2 --tp 2 --dp-replicate 1 --microbatches 2 \
+  --batch-size 4 --no-meta-init
