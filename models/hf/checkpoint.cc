@@ -186,7 +186,19 @@ std::map<std::string, std::string> match(const nn::Module& module, const StateDi
 
 void check(const nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
            const std::vector<std::string>& model_names, const std::string& who) {
-  match(module, adapter, read_tensors(path, /*values=*/false), path, model_names, who);
+  const TensorMap headers = read_tensors(path, /*values=*/false);
+  match(module, adapter, headers, path, model_names, who);
+  // The adapter's checks across tensors (a tied head's copy against the embeddings), before any
+  // rank starts: only the checked tensors are read, and only when the file holds two of them to
+  // compare (a tied model's file usually has no head).
+  std::set<std::string> present;
+  for (const std::string& name : adapter.checked_tensors()) {
+    if (headers.count(name)) present.insert(name);
+  }
+  if (present.size() < 2) return;
+  std::vector<std::string> problems;
+  adapter.check_file(read_tensors(path, /*values=*/true, &present), problems);
+  fail_on(problems, who, path);
 }
 
 LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,

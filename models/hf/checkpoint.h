@@ -56,8 +56,10 @@ struct LoadStats {
 LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
                const std::vector<std::string>& model_names, const std::string& who);
 
-// The checks of load() against the checkpoint's headers alone, reading no values: what a job
-// checks before it starts. `module` may be on the meta device.
+// The checks of load() against the checkpoint's headers, reading no parameter's values: what a
+// job checks before it starts. Only the adapter's checked tensors are read (a tied head's copy and
+// the embeddings it must equal), when the file holds two of them. `module` may be on the meta
+// device.
 void check(const nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
            const std::vector<std::string>& model_names, const std::string& who);
 

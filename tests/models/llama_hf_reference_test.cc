@@ -149,6 +149,16 @@ TEST(LlamaHFReferenceTest, TiedExportHasNoHeadAndAHeadInTheFileMustEqualTheEmbed
   EXPECT_EQ(ops::to_vector(with_head.tok_embeddings->weight()), ops::to_vector(embeddings));
   file["lm_head.weight"] = ops::add(embeddings, 1.0);
   save_safetensors(dir + "/other_head.safetensors", file);
+  // Refused before any load too: what a job checks before it starts its ranks.
+  {
+    DefaultDeviceGuard on_meta(Device::meta());
+    const Llama shapes(config, /*seed=*/1);
+    EXPECT_THAT(loom::testing::error_of([&] {
+                  hf::check(shapes, *llama_hf_adapter(config), dir + "/other_head.safetensors",
+                            llama_parameter_names(config), "--init-from");
+                }),
+                ::testing::HasSubstr("tensor 'lm_head.weight' differs from"));
+  }
   Llama other(config, /*seed=*/1);
   EXPECT_THAT(
       loom::testing::error_of([&] { load_llama_hf(other, dir + "/other_head.safetensors"); }),
