@@ -101,24 +101,24 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   placements = normalize_placements(placements, *mesh, tensor.dim(), "distribute_tensor");
   NoGradGuard no_grad;
   Tensor full = ops::contiguous(tensor);
-  // A meta tensor (a model built on the meta device, nn/meta_init.h) has no values to agree on:
-  // each rank takes its layout with no communication, and materializes and initializes it later.
-  // A meta tensor that stands for a real one (loom plan tracing a build without meta init) holds
-  // the copy the broadcast fills, as the real build does, so the trace's peak is the run's.
-  if (src_data_rank.has_value() && tensor.device().is_meta() && !meta_placeholders_active()) {
-    full = ops::clone(full);
-  }
-  if (src_data_rank.has_value() && !tensor.device().is_meta()) {
+  // A meta placeholder (a model built on the meta device, nn/meta_init.h) has no values to agree
+  // on: each rank takes its layout with no communication, and materializes and initializes it
+  // later. A meta tensor that stands for a real one (loom plan tracing a build without meta init)
+  // holds the copy the broadcast fills, as the real build does, so the trace's peak is the run's.
+  const bool placeholder = tensor.device().is_meta() && meta_placeholders_active();
+  if (src_data_rank.has_value() && !placeholder) {
     LOOM_CHECK(
         *src_data_rank == 0,
         "distribute_tensor: src_data_rank {} is not supported; use 0 (the mesh's first rank) or "
         "std::nullopt (no communication)",
         *src_data_rank);
-    full = ops::clone(full);
+    full = ops::clone(full);  // what rank 0's values arrive in
     // Along each mesh dim from its coordinate 0 (whose group rank is 0 unless the rank array
-    // is not ascending).
-    for (int64_t md = 0; md < mesh->ndim(); ++md) {
-      mesh->group(md)->broadcast(full, mesh->group_ranks_by_coordinate(md)[0])->wait();
+    // is not ascending). A traced stand-in has no values to send.
+    if (!tensor.device().is_meta()) {
+      for (int64_t md = 0; md < mesh->ndim(); ++md) {
+        mesh->group(md)->broadcast(full, mesh->group_ranks_by_coordinate(md)[0])->wait();
+      }
     }
   }
   DTensorSpec replicated{mesh, Placements(mesh->ndim(), Replicate()), tensor.shape(),

@@ -11,6 +11,10 @@
 
 namespace loom::models {
 
+std::shared_ptr<nn::Module> ModelArgs::whole_model(uint64_t seed) const {
+  return spec(seed, {}).make_stage(pipeline::StageRange::whole(n_layers()));
+}
+
 namespace {
 
 struct Registry {

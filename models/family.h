@@ -119,6 +119,10 @@ class ModelArgs {
   // The model's parts for every layout (one rank or many, one stage or a pipeline), initialized
   // from `seed` the same on every layout.
   virtual pipeline::PipelineModelSpec spec(uint64_t seed, const TPPlanOptions& plan) const = 0;
+  // The whole model (every layer in one stage, no parallel plan) from `seed`, on the current
+  // default device (under a meta DefaultDeviceGuard: shapes only): what a job's checks, a
+  // consolidation and a gathered save build.
+  std::shared_ptr<nn::Module> whole_model(uint64_t seed = 0) const;
   // How its parameters appear in Hugging Face checkpoints; null when the family has no such
   // format (--init-from and --save are then refused naming the family).
   virtual std::unique_ptr<hf::StateDictAdapter> hf_adapter() const { return nullptr; }

@@ -93,12 +93,12 @@ void check_paths(const JobConfig& job) {
 void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
   const auto adapter = args.hf_adapter();
   LOOM_CHECK(adapter != nullptr, "--init-from: {}", args.no_hf_format());
-  const pipeline::PipelineModelSpec spec = args.spec(0, {});
-  const auto whole = pipeline::StageRange::whole(args.n_layers());
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
-  const std::shared_ptr<nn::Module> model = spec.make_stage(whole);
+  const std::shared_ptr<nn::Module> model = args.whole_model();
+  const std::vector<std::string> names =
+      args.spec(0, {}).parameter_names(pipeline::StageRange::whole(args.n_layers()));
   try {
-    models::hf::check(*model, *adapter, job.init_from, spec.parameter_names(whole), "--init-from");
+    models::hf::check(*model, *adapter, job.init_from, names, "--init-from");
   } catch (const Error& e) {
     // Without config.json the sizes were the preset's and the flags': say so before the
     // mismatches.
@@ -210,10 +210,8 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
 // so; a metadata file edited (its marker rewritten) to fit no model is refused here.
 void check_saved_parameters(const checkpoint::Metadata& metadata, const models::ModelArgs& args,
                             const std::string& dir) {
-  const pipeline::PipelineModelSpec spec = args.spec(0, {});
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
-  const std::shared_ptr<nn::Module> model =
-      spec.make_stage(pipeline::StageRange::whole(args.n_layers()));
+  const std::shared_ptr<nn::Module> model = args.whole_model();
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const auto& [name, p] : model->named_parameters()) {

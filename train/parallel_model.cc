@@ -227,7 +227,7 @@ class PipelinedModel : public ParallelModel {
     // The whole model on the CPU (any values) on the first rank, which gathers every stage.
     std::shared_ptr<nn::Module> whole;
     if (model_->on_first_rank()) {
-      whole = args_->spec(0, {}).make_stage(pipeline::StageRange::whole(args_->n_layers()));
+      whole = args_->whole_model();
     }
     model_->gather_whole(whole.get());  // collective
     if (whole) files_.save(*whole, path, write);

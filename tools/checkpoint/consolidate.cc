@@ -38,8 +38,7 @@ void consolidate(const std::string& input, const std::string& output,
   const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
   const auto adapter = args->hf_adapter();
   LOOM_CHECK(adapter != nullptr, "{}: {}", where, args->no_hf_format());
-  const std::shared_ptr<nn::Module> model =
-      args->spec(0, {}).make_stage(pipeline::StageRange::whole(args->n_layers()));
+  const std::shared_ptr<nn::Module> model = args->whole_model();
   checkpoint::StateDict state;
   for (const auto& [name, p] : model->named_parameters()) {
     state.tensors.emplace_back("model/" + name, p);
