@@ -254,13 +254,17 @@ std::vector<nn::MoE*> moe_layers(const ParallelModel& model) {
 }
 
 EvalMode::EvalMode(const ParallelModel& model) {
+  // Every mode is recorded before any is switched: Module::train recurses into the children, so
+  // switching a parent first would record its children as already evaluating (and leave them so).
   for (const auto& [name, module] : model.named_modules()) {
     modes_.emplace_back(module, module->is_training());
-    module->train(false);
   }
+  for (auto& [module, training] : modes_) module->train(false);
 }
 
 EvalMode::~EvalMode() {
+  // named_modules lists a parent before its children, so each child's own mode, set after its
+  // parent's recursive one, is the one that stays.
   for (auto& [module, training] : modes_) module->train(training);
 }
 
