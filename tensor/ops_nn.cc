@@ -12,6 +12,7 @@
 
 #include "base/error.h"
 #include "tensor/attention_attrs.h"
+#include "tensor/cpu/element_types.h"
 #include "tensor/cuda/device_checks.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
@@ -272,7 +273,8 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
   const int64_t c = grad_out.size(-1);
   const Device device = op_device(op, {grad_out, indices});
   if (device.is_meta()) {
-    if (allocates_like_cpu(device)) {  // the f32 accumulator, then the gradient's dtype
+    if (allocates_like_cpu(device)) {  // grad_out's rows, the f32 accumulator, its dtype's copy
+      const Tensor g = contiguous(grad_out);
       return to(Tensor::empty({num_embeddings, c}, kFloat32, device), grad_out.dtype());
     }
     // A GPU's sort keys, and beside them the gradient in its dtype.
@@ -295,17 +297,22 @@ Tensor embedding_backward(const Tensor& grad_out, const Tensor& indices, int64_t
                                       keys.data<int64_t>(), first_bad, device.index);
     return grad_w;
   }
-  const Tensor g = as_f32(grad_out);
+  // grad_out read in its own dtype (no f32 copy of a bf16 gradient: in the experts' dispatch it
+  // is every routed token's row), summed into an f32 accumulator.
+  const Tensor g = contiguous(grad_out);
   Tensor grad_w = zeros({num_embeddings, c}, kFloat32, device);
-  const float* pg = g.data<float>();
   float* pw = grad_w.data<float>();
   const std::vector<int64_t> idx = index_values(indices);
-  for (size_t i = 0; i < idx.size(); ++i) {
-    check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
-    float* dst = pw + idx[i] * c;
-    const float* src = pg + static_cast<int64_t>(i) * c;
-    for (int64_t j = 0; j < c; ++j) dst[j] += src[j];
-  }
+  cpu::visit_floating_dtype(g.dtype(), "embedding_backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = static_cast<const T*>(g.raw_data());
+    for (size_t i = 0; i < idx.size(); ++i) {
+      check_embedding_index(idx[i], static_cast<int64_t>(i), indices, num_embeddings, op);
+      float* dst = pw + idx[i] * c;
+      const T* src = pg + static_cast<int64_t>(i) * c;
+      for (int64_t j = 0; j < c; ++j) dst[j] += cpu::to_compute(src[j]);
+    }
+  });
   return to(grad_w, grad_out.dtype());
 }
 

@@ -263,6 +263,27 @@ CpuOperand cpu_operand(const Tensor& t, int64_t entries) {
   return {f, std::move(offsets)};
 }
 
+// delta_from_out's row sums on the CPU, delta_i = sum_d grad_out[i,d] * out[i,d], from the
+// operands' f32 rows: no product tensor, and no second f32 copy of grad_out (as delta_from
+// would make). (entries, tq) f32, allocated alike on the meta device, computed only on the CPU.
+Tensor cpu_row_dots(const CpuOperand& grad_out, const CpuOperand& out, const AttentionDims& dims,
+                    const Shape& lse_shape, Device device) {
+  Tensor delta = Tensor::empty(lse_shape, kFloat32, device);
+  if (device.is_meta()) return delta;
+  const cpu::RowMatrices g = grad_out.rows(), o = out.rows();
+  float* pd = delta.data<float>();
+  for (int64_t e = 0; e < dims.rows; ++e) {
+    for (int64_t i = 0; i < dims.tq; ++i) {
+      const float* gi = g.base + g.offsets[e] + i * g.row_stride;
+      const float* oi = o.base + o.offsets[e] + i * o.row_stride;
+      double sum = 0.0;  // as Loom's f32 sums accumulate
+      for (int64_t d = 0; d < dims.dv; ++d) sum += static_cast<double>(gi[d]) * oi[d];
+      pd[e * dims.tq + i] = static_cast<float>(sum);
+    }
+  }
+  return delta;
+}
+
 cpu::AttentionShape cpu_shape(const AttentionDims& dims) {
   return {.entries = dims.rows,
           .tq = dims.tq,
@@ -522,8 +543,11 @@ AttentionGrads scaled_dot_product_attention_backward(
     Tensor dq = Tensor::empty(q.shape(), kFloat32, device),
            dk = Tensor::empty(k.shape(), kFloat32, device),
            dv = Tensor::empty(v.shape(), kFloat32, device);
+    // Before the meta return: the trace allocates out's f32 rows and the sums as the CPU does.
+    const Tensor delta =
+        delta_from_out ? cpu_row_dots(go, cpu_operand(out, dims.rows), dims, lse_shape, device)
+                       : Tensor();
     if (device.is_meta()) return {to(dq, q.dtype()), to(dk, k.dtype()), to(dv, v.dtype())};
-    const Tensor delta = delta_from_out ? delta_from(grad_out, out) : Tensor();
     cpu::attention_backward(cpu_shape(dims), qo.rows(), ko.rows(), vo.rows(), go.rows(),
                             lse.data<float>(), dq.data<float>(), dk.data<float>(), dv.data<float>(),
                             delta_from_out ? delta.data<float>() : nullptr);
