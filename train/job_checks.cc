@@ -41,8 +41,73 @@ void check_readable_file(const std::string& path, std::string_view flag) {
              std::strerror(errno));
 }
 
+// A file a job writes or reads, and the flag that names it.
+struct JobFile {
+  std::string path;
+  std::string what;
+};
+
+// Every file the job writes, each with the flag that makes it: two of them at one path would
+// overwrite each other (a PNG over the metrics, over the saved config.json).
+std::vector<JobFile> files_written(const JobConfig& job) {
+  std::vector<JobFile> out;
+  if (!job.metrics_out.empty()) {
+    out.push_back({job.metrics_out, "--metrics-out"});
+    out.push_back(
+        {effective_config_path(job.metrics_out), "--metrics-out (the effective config beside it)"});
+  }
+  if (!job.plot_out.empty()) {
+    out.push_back({job.plot_out, "--plot-out"});
+    for (const char* suffix : {".dat", ".val.dat", ".gnuplot"}) {
+      out.push_back({job.plot_out + suffix, fmt::format("--plot-out (its {} beside it)", suffix)});
+    }
+  }
+  if (!job.save.empty()) {
+    out.push_back({job.save, "--save"});
+    const fs::path folder = fs::path(job.save).parent_path();
+    for (const char* beside : {"config.json", "generation_config.json", "tokenizer.json"}) {
+      out.push_back({(folder / beside).string(), fmt::format("--save (the {} beside it)", beside)});
+    }
+  }
+  return out;
+}
+
+// The one path of a file, however it is spelled ("./m.jsonl", "runs/../m.jsonl", a link).
+std::string same_file_key(const std::string& path) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  if (ec) return fs::path(path).lexically_normal().string();
+  const fs::path canonical = fs::weakly_canonical(absolute, ec);
+  return (ec ? absolute.lexically_normal() : canonical).string();
+}
+
+// Throws naming both flags when two files the job writes are one path, or when one it writes is
+// a file it reads (--data, --val-data, --tokenizer, --init-from), which the run would overwrite.
+void check_outputs_apart(const JobConfig& job) {
+  std::map<std::string, std::string> written;  // same_file_key -> the flag that writes it
+  for (const JobFile& file : files_written(job)) {
+    const auto [at, added] = written.emplace(same_file_key(file.path), file.what);
+    LOOM_CHECK(added,
+               "{} and {} both write '{}': each would overwrite the other's file; give them "
+               "different paths",
+               at->second, file.what, file.path);
+  }
+  for (const auto& [path, what] : {std::pair{job.data, "--data"},
+                                   {job.val_data, "--val-data"},
+                                   {job.tokenizer, "--tokenizer"},
+                                   {job.init_from, "--init-from"}}) {
+    if (path.empty()) continue;
+    const auto at = written.find(same_file_key(path));
+    LOOM_CHECK(at == written.end(),
+               "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
+               "{} another path",
+               at->second, path, what, at->second);
+  }
+}
+
 // The paths a job reads and writes.
 void check_paths(const JobConfig& job) {
+  check_outputs_apart(job);
   // --data and --val-data: data::TokenCorpus::open names what they lack.
   if (!job.tokenizer.empty()) check_readable_file(job.tokenizer, "--tokenizer");
   LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
@@ -289,10 +354,20 @@ void check_replicas(const JobConfig& job) {
     check_readable_file(job.replica_replay, "--replica-replay");
     return;  // a replay is one job
   }
-  if (job.replicas <= 1) return;
+  // Checked with one replica too: the replica's index picks its share of the batch, so a stray
+  // --replica 5 would train on other sequences than the job's.
   LOOM_CHECK(job.replica >= 0 && job.replica < job.replicas,
-             "--replica {} is not in [0, {}) (--replicas {})", job.replica, job.replicas,
-             job.replicas);
+             "--replica {} is not in [0, {}) (--replicas {}){}", job.replica, job.replicas,
+             job.replicas,
+             job.replicas == 1 ? "; a job that is one of several replicas needs --replicas N" : "");
+  if (job.replicas <= 1) {
+    LOOM_CHECK(job.replica_store.empty() &&
+                   job.replica_join_window_ms == JobConfig{}.replica_join_window_ms,
+               "--replica-store and --replica-join-window-ms: need --replicas N > 1 (this job "
+               "is one replica of N that share the store); got --replicas {}",
+               job.replicas);
+    return;
+  }
   LOOM_CHECK(job.device != "cuda",
              "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), not with "
              "--device cuda");

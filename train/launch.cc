@@ -9,11 +9,21 @@
 #include <vector>
 
 #include "base/error.h"
+#include "comm/launch_env.h"
 
 namespace loom::train {
 
 bool launched_as_rank() {
-  if (std::getenv("RANK") != nullptr) return true;
+  // comm/launch_env.h's sources: torchrun's and loomrun's RANK, mpirun's OMPI_COMM_WORLD_RANK,
+  // and srun's SLURM_PROCID within a job step (SLURM_STEP_ID): an sbatch script's own shell has
+  // SLURM_PROCID 0 too, but no step, and a job started there starts its own ranks.
+  const bool srun_task =
+      std::getenv("SLURM_PROCID") != nullptr &&
+      (std::getenv("SLURM_STEP_ID") != nullptr || std::getenv("SLURM_STEPID") != nullptr);
+  if (std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr ||
+      srun_task) {
+    return true;
+  }
   const char* world_size = std::getenv("WORLD_SIZE");
   LOOM_CHECK(world_size == nullptr,
              "WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) sets both for "
@@ -22,15 +32,7 @@ bool launched_as_rank() {
   return false;
 }
 
-int64_t launched_world_size() {
-  const char* value = std::getenv("WORLD_SIZE");
-  LOOM_CHECK(value != nullptr, "RANK is set but WORLD_SIZE is not; a launcher sets both");
-  char* end = nullptr;
-  const long long n = std::strtoll(value, &end, 10);
-  LOOM_CHECK(end != value && *end == '\0' && n >= 1,
-             "WORLD_SIZE must be a positive count of ranks, got '{}'", value);
-  return n;
-}
+int64_t launched_world_size() { return comm::read_launch_env().world_size; }
 
 void become_world_of_one() {
   // One process: it is the whole world (MASTER_PORT is picked by the rendezvous).

@@ -7,12 +7,14 @@
 
 namespace loom::train {
 
-// Whether this process is a rank a launcher started (RANK set). Throws loom::Error when
-// WORLD_SIZE is set without RANK: a launcher was meant to run this, never a silent one-rank run.
+// Whether this process is a rank a launcher started: RANK set (loomrun, torchrun),
+// OMPI_COMM_WORLD_RANK (mpirun), or SLURM_PROCID within a job step (srun; not an sbatch script's
+// own shell). Throws loom::Error when WORLD_SIZE is set without RANK: a launcher was meant to
+// run this, never a silent one-rank run.
 bool launched_as_rank();
 
-// The world size a launcher gave this rank (WORLD_SIZE); throws naming a value that is not a
-// positive count.
+// The world size a launcher gave this rank (comm::read_launch_env's: WORLD_SIZE,
+// OMPI_COMM_WORLD_SIZE or SLURM_NTASKS); throws naming a value that is not a positive count.
 int64_t launched_world_size();
 
 // For a process not launched: sets the environment of a world of one (RANK 0, WORLD_SIZE 1).

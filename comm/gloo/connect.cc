@@ -161,6 +161,21 @@ std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& option
                source);
     });
   }
+  if (!attr.hostname.empty()) {
+    // Gloo reads getaddrinfo's list without checking that the call succeeded: a name that does
+    // not resolve would crash the rank (SIGSEGV) instead of failing with this message.
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int status = ::getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &found);
+    if (found != nullptr) ::freeaddrinfo(found);
+    LOOM_CHECK(status == 0 && found != nullptr,
+               "ProcessGroupGloo: group '{}': cannot open a TCP endpoint on {}: the name does "
+               "not resolve ({}); give an address or name of this host, or "
+               "LOOM_GLOO_IFNAME=<interface>",
+               group, source, ::gai_strerror(status));
+  }
   // The device starts Gloo's I/O thread, which inherits this thread's signal mask: start it
   // with SIGPIPE blocked, so a write to a dead peer fails with EPIPE instead of killing the
   // process (Gloo writes with writev, not send(MSG_NOSIGNAL)). No I/O happens on this thread

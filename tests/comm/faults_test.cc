@@ -1,6 +1,7 @@
 // Failure handling of ProcessGroupGloo: ranks that throw, vanish or never arrive, timeouts,
 // poisoning, abort, destruction with peers gone, LOOM_DEBUG=collectives mismatches. Every
 // failure must be an error naming the group, the op and the missing ranks — never a hang.
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
@@ -475,6 +476,20 @@ TEST(FaultsTest, EndpointFromTheEnvironment) {
     EXPECT_THAT(e.what(), HasSubstr("interface 'no-such-nic1' (LOOM_GLOO_IFNAME)"));
   }
   unsetenv("LOOM_GLOO_IFNAME");
+
+  // A name that does not resolve: an error naming it (Gloo itself crashed on it).
+  for (const char* host : {"no.such.host.invalid", "256.1.1.1"}) {
+    ASSERT_EQ(setenv("LOOM_GLOO_HOSTNAME", host, 1), 0);
+    try {
+      ProcessGroupGloo::create(std::make_shared<InMemoryStore>(), 0, 1,
+                               {.name = "env", .timeout = 200ms});
+      ADD_FAILURE() << "expected an error for " << host;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(fmt::format("hostname '{}' (LOOM_GLOO_HOSTNAME)", host)));
+      EXPECT_THAT(e.what(), HasSubstr("does not resolve"));
+    }
+  }
+  unsetenv("LOOM_GLOO_HOSTNAME");
 }
 
 TEST(FaultsTest, UnknownInterfaceIsAnErrorNamingIt) {

@@ -223,6 +223,27 @@ grep -q "final loss" empty_values/out.log || fail "--plot-out= --metrics-out=: n
 echo "ok: --x= is an empty value"
 expect_error 2 "loom_train: --plot-out: got '--metrics-out', which is a flag, not a value" \
   --plot-out --metrics-out= --steps 1
+# Two outputs at one path would overwrite each other (a PNG over the metrics, over the effective
+# config, over the saved config.json); an output at an input's path would overwrite the input.
+expect_error 2 "loom_train: --metrics-out and --plot-out both write 'm.jsonl'" \
+  --metrics-out m.jsonl --plot-out m.jsonl --dp 1 --tp 1
+expect_error 2 "loom_train: --metrics-out (the effective config beside it) and --plot-out both write 'm.config.toml'" \
+  --metrics-out m.jsonl --plot-out m.config.toml --dp 1 --tp 1
+expect_error 2 "loom_train: --plot-out and --save (the config.json beside it) both write 'out/config.json'" \
+  --plot-out ./out/../out/config.json --save out/model.safetensors --dp 1 --tp 1
+printf 'some text to train on, long enough for a batch or two of tokens.%.0s' {1..200} >corpus.txt
+expect_error 2 "loom_train: --metrics-out writes 'corpus.txt', the file --data reads" \
+  --data corpus.txt --metrics-out ./corpus.txt --dp 1 --tp 1
+[[ $(head -c 4 corpus.txt) == "some" ]] || fail "the data was overwritten"
+[[ ! -e m.jsonl && ! -e m.config.toml && ! -e out ]] || fail "a refused job wrote: $(ls)"
+echo "ok: outputs at one path, or at an input's, are refused before anything is written"
+# --replica picks the batch's share: out of range is refused with one replica too, and the
+# replicas' store and window need --replicas.
+expect_error 2 "loom_train: --replica 5 is not in [0, 1) (--replicas 1); a job that is one of several replicas needs --replicas N" \
+  --replica 5 --dp 1 --tp 1
+expect_error 2 "loom_train: --replica-store and --replica-join-window-ms: need --replicas N > 1" \
+  --replica-store 127.0.0.1:29400 --dp 1 --tp 1
+echo "ok: replica flags without --replicas are refused"
 # A fault probe that can never fire is refused: a fault test would pass for nothing.
 LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
 echo "ok: a fault probe outside the job is refused"

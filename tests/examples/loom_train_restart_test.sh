@@ -90,6 +90,18 @@ grep -Eq "^loomrun: the job failed at step 5 3 times in a row; not restarting it
   { cat same/log; fail "no report of the repeated failure, naming rank 1 each time"; }
 [[ $(grep -c "^loomrun: restart [0-9] of 5" same/log) -eq 2 ]] || { cat same/log; fail "expected 2 restarts"; }
 echo "ok: a failure repeating at the same step stops after 3 attempts"
+# The same with the flight recorder off (no dumps): the step each attempt failed at still comes
+# from the progress file in loomrun's folder, which stays until the job ends.
+mkdir -p same_off
+status=0
+LOOM_FLIGHT_RECORDER_ENTRIES=0 LOOM_INJECT_FAULT="rank=1,step=5" "$train" "${common[@]}" \
+  --max-restarts 5 --checkpoint-dir same_off/ck --metrics-out same_off/m.jsonl >same_off/log 2>&1 ||
+  status=$?
+(( status != 0 )) || { cat same_off/log; fail "a job failing every time succeeded (recorder off)"; }
+grep -Eq "^loomrun: the job failed at step 5 3 times in a row; not restarting it again" same_off/log ||
+  { cat same_off/log; fail "recorder off: no report of the repeated failure at step 5"; }
+! grep -q "cannot read the dumps" same_off/log || { cat same_off/log; fail "recorder off: the folder was gone"; }
+echo "ok: with the flight recorder off, a failure repeating at the same step stops after 3 attempts"
 
 # Bad input under a launcher the job did not start itself (loomrun -- prog, as torchrun would):
 # each rank checks the job before it joins the others and exits 2; loomrun exits 2 and, that

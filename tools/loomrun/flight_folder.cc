@@ -62,12 +62,25 @@ void FlightRecorderFolder::export_to(std::vector<std::string>& environment) cons
   set_variable(environment, kProgressVariable, progress_path_);
 }
 
-void FlightRecorderFolder::report(int exit_code, int world_size) const {
+FlightRecorderFolder::~FlightRecorderFolder() {
+  if (!made_here_) return;
   std::error_code error;
-  if (exit_code == 0) {
+  bool dumps = false;
+  for (const auto& entry : std::filesystem::directory_iterator(path_, error)) {
+    const std::string name = entry.path().filename().string();
+    dumps |= name.starts_with("rank-") && name.ends_with(".json");
+  }
+  if (!dumps) std::filesystem::remove_all(path_, error);
+}
+
+void FlightRecorderFolder::report(int exit_code, int world_size) const {
+  if (exit_code == 0) {  // the job is over: nothing in a folder made for it is wanted
+    std::error_code error;
     if (made_here_) std::filesystem::remove_all(path_, error);
     return;
   }
+  // A failed attempt's folder stays until the job ends (~FlightRecorderFolder): a restarted
+  // attempt writes its dumps there, and its progress file says at which step this one failed.
   std::vector<comm::RankDump> dumps;
   try {
     dumps = comm::read_flight_dumps(path_);
@@ -75,10 +88,7 @@ void FlightRecorderFolder::report(int exit_code, int world_size) const {
     log_line("flight recorder: cannot read the dumps in {}: {}", path_, e.what());
     return;
   }
-  if (dumps.empty()) {
-    if (made_here_) std::filesystem::remove_all(path_, error);
-    return;
-  }
+  if (dumps.empty()) return;
   std::istringstream lines(comm::flight_report(dumps, world_size));
   for (std::string line; std::getline(lines, line);) log_line("{}", line);
   log_line("flight recorder: the ranks' dumps are in {}", path_);

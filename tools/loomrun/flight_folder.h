@@ -14,10 +14,14 @@ class FlightRecorderFolder {
   // `requested`: --flight-recorder-dir; "" takes LOOM_FLIGHT_RECORDER_DIR, else makes a fresh
   // folder under $TMPDIR (or /tmp) that is removed when the job succeeds.
   explicit FlightRecorderFolder(const std::string& requested);
+  // Removes a folder loomrun made, unless it holds dumps (a failed job's, reported by report()).
+  ~FlightRecorderFolder();
+  FlightRecorderFolder(const FlightRecorderFolder&) = delete;
+  FlightRecorderFolder& operator=(const FlightRecorderFolder&) = delete;
   // Sets LOOM_FLIGHT_RECORDER_DIR and LOOM_PROGRESS_FILE in the ranks' environment ("NAME=value"
   // entries).
   void export_to(std::vector<std::string>& environment) const;
-  // After the job: on failure, prints the merged report of the dumps there (the ranks of this
+  // After an attempt: on failure, prints the merged report of the dumps there (the ranks of this
   // node; a multi-node job's other nodes keep theirs) and where they are; on success removes a
   // folder loomrun made.
   void report(int exit_code, int world_size) const;
