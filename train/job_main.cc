@@ -7,6 +7,7 @@
 #include <optional>
 #include <string_view>
 
+#include "base/bazel_run.h"
 #include "base/error.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/host_memory.h"
@@ -79,6 +80,7 @@ int job_main(int argc, char** argv, const std::string& program) {
   CommandLine parsed;
   std::optional<CheckedJob> checked;
   try {
+    enter_bazel_working_directory();  // `bazel run //examples:loom_train -- --data x.txt`
     parsed = start(argc, argv, checked);
   } catch (const CLI::ParseError& error) {
     fmt::print(stderr, "{}: {}\n", who, error.what());

@@ -37,6 +37,15 @@ cmp hf/model.safetensors saved/model.safetensors ||
   { echo "the consolidated file differs from the job's own --save"; exit 1; }
 grep -q '"model_type": "gpt2"' hf/config.json || { cat hf/config.json; exit 1; }
 
+# As `bazel run //tools/checkpoint:consolidate -- ckpt out.safetensors` runs it: from another
+# folder (its runfiles), with BUILD_WORKING_DIRECTORY naming where the relative paths are.
+mkdir -p elsewhere hf_run
+(cd elsewhere && BUILD_WORKING_DIRECTORY="$OLDPWD" "$consolidate" ckpt hf_run/model.safetensors) \
+  > consolidate_run.log 2>&1 || { cat consolidate_run.log; exit 1; }
+cmp hf/model.safetensors hf_run/model.safetensors ||
+  { echo "consolidate under bazel run's folders wrote another file"; exit 1; }
+[[ -z "$(ls elsewhere)" ]] || { echo "consolidate wrote in its own folder: $(ls elsewhere)"; exit 1; }
+
 # The consolidated file seeds a 1-rank job (its config.json gives the sizes).
 "$train" --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress --init-from hf/model.safetensors \
   --metrics-out seeded.jsonl --plot-out seeded.png > seeded.log 2>&1 || { cat seeded.log; exit 1; }

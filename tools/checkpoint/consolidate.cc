@@ -16,6 +16,7 @@
 #include <exception>
 
 #include "autograd/grad_mode.h"
+#include "base/bazel_run.h"
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "models/family.h"
@@ -76,6 +77,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, not CLI11's own codes
   }
   try {
+    loom::enter_bazel_working_directory();
     consolidate(input, output, tokenizer);
     return 0;
   } catch (const std::exception& error) {

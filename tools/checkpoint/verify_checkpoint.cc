@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/bazel_run.h"
 #include "checkpoint/distributed_checkpoint.h"
 
 int main(int argc, char** argv) {
@@ -23,12 +24,13 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, not CLI11's own codes
   }
   try {
+    loom::enter_bazel_working_directory();
     const std::string dir = loom::checkpoint::resolve_step_directory(path);
     const auto summary = loom::checkpoint::verify(dir);
     fmt::print("verify_checkpoint: {}: {} entries in {} files, {} bytes: every checksum matches\n",
                dir, summary.entries, summary.files, summary.bytes);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}\n", e.what());
+    fmt::print(stderr, "verify_checkpoint: {}\n", e.what());
     return 1;
   }
   return 0;

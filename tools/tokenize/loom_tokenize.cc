@@ -11,6 +11,7 @@
 #include <exception>
 #include <thread>
 
+#include "base/bazel_run.h"
 #include "base/error.h"
 #include "data/tokenize_files.h"
 #include "data/tokenizer.h"
@@ -107,6 +108,7 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
+    loom::enter_bazel_working_directory();
     return run(argc, argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
