@@ -15,21 +15,24 @@ Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches,
   detail::check_ranks_and_microbatches(kName, num_ranks, num_microbatches);
   const int p = num_ranks, m = num_microbatches, v = stages_per_rank;
   LOOM_CHECK(v >= 1, "{}: got {} stages per rank; need at least 1", kName, v);
-  // Microbatches enter in rounds of p (one per rank) so that a microbatch leaving the last rank
-  // on one local stage finds the first rank ready for it on the next; a partial round breaks
-  // that timing.
-  LOOM_CHECK(m % p == 0,
-             "{}: {} microbatches is not a multiple of the {} ranks; interleaved 1F1B runs whole "
-             "rounds of one microbatch per rank (e.g. {} microbatches)",
-             kName, m, p, (m / p + 1) * p);
-  const int total = m * v;  // forwards (and backwards) per rank
+  // Microbatches enter in rounds (torch's ScheduleInterleaved1F1B): m / p of them (at least 1),
+  // each of r = m / rounds microbatches. A round of r >= p keeps a microbatch leaving the last
+  // rank on one local stage from waiting for the first rank on the next; r < p (m < p) runs one
+  // round with bubbles. A partial round would break that timing.
+  const int rounds = std::max(1, m / p);
+  LOOM_CHECK(m % rounds == 0,
+             "{}: {} microbatches do not split into {} equal rounds (torch's rule: m / p rounds "
+             "of m / rounds microbatches each, for p = {} ranks); e.g. {} or {} microbatches",
+             kName, m, rounds, p, m - m % rounds, m - m % rounds + rounds);
+  const int r = m / rounds;  // microbatches per round
+  const int total = m * v;   // forwards (and backwards) per rank
   std::vector<std::vector<Action>> compute(p);
   for (int rank = 0; rank < p; ++rank) {
     // The last rank needs (v-1) rounds of forwards before its last local stage sees
     // microbatch 0; each rank further from it needs 2 more (a forward hop and a backward hop).
-    const int warmup = std::min((v - 1) * p + 2 * (p - 1 - rank), total);
-    auto forward_stage = [&](int k) { return (k / p) % v * p + rank; };
-    auto backward_stage = [&](int k) { return (v - 1 - (k / p) % v) * p + rank; };
+    const int warmup = std::min((v - 1) * r + 2 * (p - 1 - rank), total);
+    auto forward_stage = [&](int k) { return (k / r) % v * p + rank; };
+    auto backward_stage = [&](int k) { return (v - 1 - (k / r) % v) * p + rank; };
     std::map<int, int> next_forward_mb, next_backward_mb;  // per stage
     auto& ops = compute[rank];
     auto forward = [&](int k) {

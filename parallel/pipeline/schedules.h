@@ -21,11 +21,12 @@ Schedule gpipe_schedule(int num_ranks, int num_microbatches);
 Schedule one_f_one_b_schedule(int num_ranks, int num_microbatches);
 
 // Interleaved 1F1B (Megatron-LM; torch's ScheduleInterleaved1F1B): p*v stages, rank r holds
-// stages r, r+p, ..., r+(v-1)p. Microbatches go through a rank's stages in rounds of p:
-// the k-th forward on a rank is on its local stage (k / p) % v, the k-th backward on local
-// stage v-1 - (k / p) % v. Rank r warms up with min((v-1)p + 2(p-1-r), m v) forwards.
-// Bubble (p-1)/(v m) of the ideal time (v times smaller than 1F1B's), for more messages.
-// Requires m % p == 0 (whole rounds); throws naming m and p otherwise.
+// stages r, r+p, ..., r+(v-1)p. Microbatches go through a rank's stages in max(1, m / p)
+// rounds of r = m / rounds (p when m % p == 0): the k-th forward on a rank is on its local
+// stage (k / r) % v, the k-th backward on local stage v-1 - (k / r) % v. Rank r warms up with
+// min((v-1)r + 2(p-1-r), m v) forwards. Bubble (p-1)/(v m) of the ideal time (v times smaller
+// than 1F1B's) when m is a multiple of p, for more messages. Requires m % rounds == 0 (equal
+// rounds, torch's rule: m = 6 or 2 on 4 ranks, not 9); throws naming m and p otherwise.
 Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches, int stages_per_rank);
 
 // ZB-H1 (zero-bubble, Qi et al. 2023; torch's ZB1P with one stage per rank): 1F1B with each

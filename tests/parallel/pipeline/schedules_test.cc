@@ -190,13 +190,28 @@ TEST(SchedulesTest, TimelinesShowWhereTheBubbleIs) {
             "rank 1: .   F0  F0' F1  F1' I0' W0' I0  W0  I1' W1' I1  W1\n");
 }
 
-TEST(SchedulesTest, InterleavedNeedsAMultipleOfPMicrobatches) {
+// torch's rule: max(1, m / p) rounds of equal size. 6 on 4 ranks is one round of 6, 2 one of 2;
+// 9 would be two rounds of 4.5.
+TEST(SchedulesTest, InterleavedRunsEqualRoundsOfMicrobatches) {
+  for (const int m : {2, 6, 8, 12}) {
+    const Schedule schedule = interleaved_one_f_one_b_schedule(4, m, 2);
+    EXPECT_EQ(schedule.num_microbatches, m);
+    for (const auto& rank : schedule.actions) {
+      int forwards = 0, backwards = 0;
+      for (const Action& action : rank) {
+        forwards += action.kind == ActionKind::kForward;
+        backwards += action.kind == ActionKind::kBackward;
+      }
+      EXPECT_EQ(forwards, 2 * m) << m;  // each microbatch on each of the rank's 2 stages
+      EXPECT_EQ(backwards, 2 * m) << m;
+    }
+  }
   try {
-    interleaved_one_f_one_b_schedule(4, 6, 2);
+    interleaved_one_f_one_b_schedule(4, 9, 2);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("6 microbatches is not a multiple of the 4 ranks"));
-    EXPECT_THAT(e.what(), HasSubstr("(e.g. 8 microbatches)"));
+    EXPECT_THAT(e.what(), HasSubstr("9 microbatches do not split into 2 equal rounds"));
+    EXPECT_THAT(e.what(), HasSubstr("e.g. 8 or 10 microbatches"));
   }
 }
 
