@@ -4,8 +4,10 @@
 //   bazel build //tools/loomrun //examples:my_job
 //   bazel-bin/tools/loomrun/loomrun --nproc-per-node 4 -- bazel-bin/examples/my_job ckpt
 //
-// On 4 ranks it trains the tiny GPT with tp = 2 (sequence parallel) and dp = 2; on any other
-// count, dp over all of them. Run it again with the same folder: it resumes where it stopped.
+// It trains the tiny GPT: on an even count of ranks with tp = 2 (sequence parallel) and dp over
+// the rest (4 ranks: dp = 2), on an odd count with dp over all of them. dp must divide the batch
+// of 8 sequences, so it runs on 1, 2, 4, 8 or 16 ranks; on any other count (3, 6, ...) it exits
+// naming the batch. Run it again with the same folder: it resumes where it stopped.
 #include <fmt/format.h>
 
 #include <exception>
