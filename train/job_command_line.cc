@@ -120,7 +120,8 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
   for (size_t i = 0; i < options.size(); ++i) {
     if (raw[i]) set_option(parsed.job, options[i], *raw[i], options[i].flag());
   }
-  resolve_parallel_degrees(parsed.job);
+  // A search lays out --nproc's ranks itself: the degrees given beside it need not make them.
+  if (!parsed.job.search) resolve_parallel_degrees(parsed.job);
   return parsed;
 }
 

@@ -15,6 +15,7 @@
 #include "train/job_command_line.h"
 #include "train/job_runner.h"
 #include "train/launch.h"
+#include "train/layout_search.h"
 #include "train/plan_command.h"
 
 namespace loom::train {
@@ -39,10 +40,13 @@ CommandLine start(int argc, char** argv, std::optional<CheckedJob>& checked) {
                               : "; add --plan, or drop --search to train");
   if (parsed.calibrate) return parsed;
   if (parsed.plan) {
-    const CheckedJob checked = check_job(parsed.job);
+    // A search replaces the command line's layout: only its rank count and the rest are checked.
+    const bool search = parsed.job.search;
+    const CheckedJob checked = check_job(search ? without_layout(parsed.job) : parsed.job);
     std::string missing;
-    plan_machine(parsed.job, checked.parallel.dims.world_size(), parsed.job.device == "cuda",
-                 &missing);
+    plan_machine(parsed.job,
+                 search ? search_world_size(parsed.job) : checked.parallel.dims.world_size(),
+                 parsed.job.device == "cuda", &missing);
     return parsed;
   }
   if (launched_as_rank()) {

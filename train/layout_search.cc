@@ -65,6 +65,24 @@ std::vector<Pipeline> pipelines(int64_t pp) {
 
 }  // namespace
 
+int64_t search_world_size(const JobConfig& job) {
+  return job.nproc > 0 ? job.nproc : parallel_config(job).dims.world_size();
+}
+
+JobConfig without_layout(const JobConfig& job) {
+  JobConfig one = job;
+  const JobConfig defaults;
+  one.tp = one.pp = one.cp = one.ep = 1;
+  one.dp = 0;
+  one.dp_replicate = one.dp_shard = 1;
+  one.nproc = 0;
+  one.schedule = defaults.schedule;
+  one.microbatches = defaults.microbatches;
+  one.virtual_stages = defaults.virtual_stages;
+  one.cp_attention = defaults.cp_attention;
+  return one;
+}
+
 std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size,
                                               const LayoutSpace& space) {
   LOOM_CHECK(world_size >= 1, "loom plan --search: needs at least 1 rank, got {}", world_size);
@@ -216,7 +234,7 @@ void run_on_threads(int jobs, size_t n, const std::function<void(size_t)>& work)
 LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   // The model (and the data, paths, ...) are the base job's whatever the layout: checked once.
-  const CheckedJob checked = check_job(base);
+  const CheckedJob checked = check_job(without_layout(base));
   const models::ModelArgs& model = *checked.model.args;
   const bool moe = model.fields().contains("moe");
   LayoutSpace space = options.space;
@@ -377,7 +395,15 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
                            ? std::string()
                            : fmt::format(" (could not write it: {})", search.cache_write_error));
   }
-  if (search.ranking.empty()) return out + "no layout fits\n";
+  if (search.ranking.empty()) {
+    if (search.budget_ran_out) {
+      return out + fmt::format(
+                       "no layout ranked: the budget (--search-budget-s {}) ran out before one "
+                       "was traced; give a larger budget, or run again to go on from the cache\n",
+                       options.budget_s);
+    }
+    return out + "no layout fits\n";
+  }
   out += fmt::format(
       "\n| rank | layout | step ms | tokens/s | MFU | peak MiB per rank |\n"
       "|---:|---|---:|---:|---:|---:|\n");

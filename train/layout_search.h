@@ -84,6 +84,15 @@ struct LayoutSearch {
   std::string cache_write_error;  // why the cache could not be written (empty: it was)
 };
 
+// The ranks a search lays out: --nproc when given, else the product of the job's degrees (the
+// layout on the command line, which the search replaces, says only how many ranks there are).
+int64_t search_world_size(const JobConfig& job);
+
+// The job on one rank, without its layout (every degree 1, no pipeline options, no --nproc):
+// what check_job checks of a search's base (model, data, paths, flags), since the layout on its
+// command line is the one the search replaces. Each candidate is checked whole.
+JobConfig without_layout(const JobConfig& job);
+
 // Every candidate layout of `world_size` ranks for `base` (its model, batch and other settings),
 // each once.
 std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t world_size,

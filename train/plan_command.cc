@@ -145,7 +145,7 @@ std::string plan_report(const JobConfig& job) {
 
 std::string search_report(const JobConfig& job) {
   LayoutSearchOptions options{
-      .world_size = parallel_config(job).dims.world_size(),
+      .world_size = search_world_size(job),
       .top = static_cast<int>(job.search_top),
       .budget_s = job.search_budget_s,
       .memory_limit_bytes = static_cast<int64_t>(job.search_memory_gib * 1024 * 1024 * 1024),

@@ -38,3 +38,23 @@ diff <(sed -n '/^| rank/,$p' search.log) <(sed -n '/^| rank/,$p' again.log) ||
 grep -q "$traced traced (.*), 0 read back" fresh.log || { cat fresh.log; fail "--no-search-cache read the cache"; }
 grep -q "^traces kept in" fresh.log && fail "--no-search-cache kept traces"
 echo "ok: the second search read its $traced traces back and ranked the same"
+
+# The command line's layout is the one the search replaces: a layout the job would refuse (tp 4
+# of a 2-head model), --nproc beside degrees that make another count (dp 2 x tp 2 x pp 4 would
+# make 16), or another valid layout, still says only how many ranks to lay out: the same
+# ranking as from --dp 2 --tp 2 (for the same model).
+for layout in "--tp 4 --dp 1 --pp 1 --n-head 2" "--nproc 4 --pp 4" "--tp 1 --dp 1 --pp 4"; do
+  # shellcheck disable=SC2086
+  "$train" --plan --n-layer 4 --search --search-top 3 --plan-rank-tflops 0.05 --plan-link-gbps 1 \
+    $layout >other.log 2>&1 || { cat other.log; fail "a search from the layout '$layout'"; }
+  [[ $layout == *"--n-head 2"* ]] && continue  # another model: another ranking
+  diff <(sed -n '/^| rank/,$p' search.log) <(sed -n '/^| rank/,$p' other.log) ||
+    fail "the search from '$layout' ranked otherwise than from --dp 2 --tp 2"
+done
+echo "ok: a search from a layout the job would refuse, or from --nproc alone, ranks as from a valid one"
+# A budget that runs out before any trace says so, not that no layout fits.
+"$train" --plan --dp 2 --tp 2 --n-layer 4 --search --no-search-cache --search-budget-s 0.000001 \
+  --plan-rank-tflops 0.05 --plan-link-gbps 1 >budget.log 2>&1 || { cat budget.log; fail "the tiny budget"; }
+grep -q "^no layout ranked: the budget (--search-budget-s 1e-06) ran out before one was traced" budget.log ||
+  { cat budget.log; fail "a spent budget reported as something else"; }
+echo "ok: a spent budget is named"
