@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "models/family.h"
 #include "parallel/activation_checkpoint.h"
 
 namespace loom::train {
@@ -325,20 +326,30 @@ const std::vector<JobOption>& options() {
   return table;
 }
 
-std::string_view range_words(Range range) {
+// What a value of `range` must be, article included: "a positive integer", "an integer",
+// "-1 (the preset's) or a non-negative number".
+std::string expected_value(Range range, std::string_view noun) {
   switch (range) {
     case Range::kPositive:
-      return "positive ";
+      return fmt::format("a positive {}", noun);
     case Range::kNonNegative:
-      return "non-negative ";
+      return fmt::format("a non-negative {}", noun);
     case Range::kPresetOrNonNegative:
-      return "-1 (the preset's) or non-negative ";
+      return fmt::format("-1 (the preset's) or a non-negative {}", noun);
     case Range::kDefaultOrNonNegative:
-      return "-1 (the default) or non-negative ";
+      return fmt::format("-1 (the default) or a non-negative {}", noun);
     case Range::kAny:
-      return "";
+      break;
   }
-  return "";
+  return fmt::format("{} {}", noun.starts_with('i') ? "an" : "a", noun);
+}
+
+// A double as TOML and the messages write it: the shortest text that reads back to it, with
+// ".0" when that looks like an integer (3.0, not 3).
+std::string float_text(double v) {
+  std::string text = fmt::format("{}", v);
+  if (text.find_first_of(".eEni") == std::string::npos) text += ".0";
+  return text;
 }
 
 std::string describe(const OptionValue& value) {
@@ -347,9 +358,8 @@ std::string describe(const OptionValue& value) {
         using V = std::decay_t<decltype(v)>;
         if constexpr (std::is_same_v<V, std::string>) return fmt::format("'{}'", v);
         if constexpr (std::is_same_v<V, bool>) return v ? "true" : "false";
-        if constexpr (!std::is_same_v<V, std::string> && !std::is_same_v<V, bool>) {
-          return fmt::format("{}", v);
-        }
+        if constexpr (std::is_same_v<V, double>) return float_text(v);
+        if constexpr (std::is_same_v<V, int64_t>) return fmt::format("{}", v);
       },
       value);
 }
@@ -375,8 +385,9 @@ void check_range(const JobOption& option, Number value, const std::string& where
                   ((option.range == Range::kPresetOrNonNegative ||
                     option.range == Range::kDefaultOrNonNegative) &&
                    (value >= 0 || value == -1));
-  LOOM_CHECK(ok, "{}: expected a {}{}, got {}", where, range_words(option.range),
-             std::is_integral_v<Number> ? "integer" : "number", describe(given));
+  LOOM_CHECK(ok, "{}: expected {}, got {}", where,
+             expected_value(option.range, std::is_integral_v<Number> ? "integer" : "number"),
+             describe(given));
   // Counts the job keeps in an int (steps, micro-batches, degrees, ...): none may wrap. The seed
   // alone is any 64-bit value.
   if constexpr (std::is_integral_v<Number>) {
@@ -391,12 +402,11 @@ int64_t to_int(const JobOption& option, const OptionValue& value, const std::str
   if (const auto* text = std::get_if<std::string>(&value)) {
     const char* end = text->data() + text->size();
     const auto [ptr, ec] = std::from_chars(text->data(), end, out);
-    LOOM_CHECK(!text->empty() && ec == std::errc() && ptr == end,
-               "{}: expected a {}integer, got {}", where, range_words(option.range),
-               describe(value));
+    LOOM_CHECK(!text->empty() && ec == std::errc() && ptr == end, "{}: expected {}, got {}", where,
+               expected_value(option.range, "integer"), describe(value));
   } else {
-    LOOM_CHECK(std::holds_alternative<int64_t>(value), "{}: expected a {}integer, got {} ({})",
-               where, range_words(option.range), type_name(value), describe(value));
+    LOOM_CHECK(std::holds_alternative<int64_t>(value), "{}: expected {}, got {} ({})", where,
+               expected_value(option.range, "integer"), type_name(value), describe(value));
     out = std::get<int64_t>(value);
   }
   check_range(option, out, where, value);
@@ -411,12 +421,12 @@ double to_double(const JobOption& option, const OptionValue& value, const std::s
     out = std::strtod(text->c_str(), &end);
     LOOM_CHECK(
         !text->empty() && end == text->c_str() + text->size() && errno == 0 && std::isfinite(out),
-        "{}: expected a {}number, got {}", where, range_words(option.range), describe(value));
+        "{}: expected {}, got {}", where, expected_value(option.range, "number"), describe(value));
   } else if (const auto* i = std::get_if<int64_t>(&value)) {
     out = static_cast<double>(*i);
   } else {
-    LOOM_CHECK(std::holds_alternative<double>(value), "{}: expected a {}number, got {} ({})", where,
-               range_words(option.range), type_name(value), describe(value));
+    LOOM_CHECK(std::holds_alternative<double>(value), "{}: expected {}, got {} ({})", where,
+               expected_value(option.range, "number"), type_name(value), describe(value));
     out = std::get<double>(value);
     LOOM_CHECK(std::isfinite(out), "{}: expected a finite number, got {}", where, out);
   }
@@ -569,6 +579,16 @@ void set_option(JobConfig& config, const JobOption& option, const OptionValue& v
         }
       },
       option.field);
+  // Named where it was given (a flag, or a job file's section and key), not later as --model;
+  // in a program that registers families (a job file's reader alone checks nothing here).
+  if (option.key == "model" && !models::model_families().empty()) {
+    try {
+      models::family_of_model(config.model);
+    } catch (const Error&) {
+      LOOM_FAIL("{}: unknown model '{}'; the registered models are {}", where, config.model,
+                models::registered_models());
+    }
+  }
 }
 
 std::string option_toml(const JobConfig& config, const JobOption& option) {
@@ -579,12 +599,7 @@ std::string option_toml(const JobConfig& config, const JobOption& option) {
         if constexpr (std::is_same_v<T, std::string>) return toml_string(v);
         if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
         if constexpr (std::is_same_v<T, int64_t>) return fmt::format("{}", v);
-        if constexpr (std::is_same_v<T, double>) {
-          // The shortest text that reads back to the same double, as a TOML float.
-          std::string text = fmt::format("{}", v);
-          if (text.find_first_of(".eEn") == std::string::npos) text += ".0";
-          return text;
-        }
+        if constexpr (std::is_same_v<T, double>) return float_text(v);
       },
       option.field);
 }

@@ -63,6 +63,13 @@ expect_error 2 "loom_train: typo.toml: unknown key 'stepz' in [training]; its ke
 printf '[training]\nsteps = "ten"\n' >typed.toml
 expect_error 2 "loom_train: typed.toml: [training] steps: expected an integer, got a string ('ten')" \
   --config typed.toml
+printf '[training]\nsteps = 3.0\n' >float.toml
+expect_error 2 "loom_train: float.toml: [training] steps: expected a positive integer, got a float (3.0)" \
+  --config float.toml
+printf '[model]\nmodel = "nope"\n' >model.toml
+expect_error 2 "loom_train: model.toml: [model] model: unknown model 'nope'; the registered models are gpt: tiny" \
+  --config model.toml
+expect_error 2 "loom_train: --dp-shard: expected an integer, got 'x'" --dp-shard x
 printf '[training\n' >broken.toml
 expect_error 2 "loom_train: broken.toml:1:" --config broken.toml
 
@@ -183,7 +190,7 @@ expect_error 2 "loom_train: --collective-timeout-s 0.0001: expected 0 (the defau
 expect_error 2 "loom_train: --config: '.' is a folder; give the job file (TOML) itself" --config .
 expect_error 2 "loom_train: --grad-accum: expected an integer of at most 2147483647, got '4294967297'" \
   --grad-accum 4294967297
-expect_error 2 "loom_train: --moe-shared-experts: expected a -1 (the preset's) or non-negative integer, got '-5'" \
+expect_error 2 "loom_train: --moe-shared-experts: expected -1 (the preset's) or a non-negative integer, got '-5'" \
   --model llama-moe-tiny --moe-shared-experts -5
 mkdir -p empty_folder
 expect_error 2 "loom_train: --init-from: " --init-from empty_folder --dp 1 --tp 1
