@@ -216,8 +216,9 @@ TEST(GPTPipelineErrors, BadConfigurationsAreNamed) {
                           "2 x 2 = 4"));
     EXPECT_THAT(error_of({.schedule = "zbv", .virtual_stages = 3}),
                 HasSubstr("zbv places two stages per rank in a V; got 3 virtual stages per rank"));
-    EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 3, .virtual_stages = 2}),
-                HasSubstr("3 microbatches"));
+    // torch's rule: m / p rounds of equal size (3 is one round of 3; 5 would be 2 of 2.5).
+    EXPECT_THAT(error_of({.schedule = "interleaved", .microbatches = 5, .virtual_stages = 2}),
+                HasSubstr("5 microbatches do not split into 2 equal rounds"));
     EXPECT_THAT(error_of({.schedule = "1f1b", .virtual_stages = 2}),
                 HasSubstr("need --schedule interleaved"));
     EXPECT_THAT(error_of({.schedule = "1f1b", .layers_per_stage = {1, 1, 2}}),
