@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/profiler.h"
 #include "checkpoint/distributed_checkpoint.h"
+#include "comm/gloo/process_group_gloo.h"
 #include "comm/init.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
@@ -455,6 +457,8 @@ CheckedJob check_job(const JobConfig& job) {
   // The environment the ranks read, once here rather than an error from every rank.
   if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
   const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
+  comm::shared_memory_allowed_by_env();                                  // LOOM_GLOO_SHM
+  profiler::environment_options();                                       // LOOM_PROFILE
   // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
   LOOM_CHECK(job.collective_timeout_s == 0 ||
                  (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),

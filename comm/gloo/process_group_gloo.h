@@ -95,6 +95,10 @@ struct OpEnv;
 // launchers set it) naming another host, the local address that routes to it (what a peer on
 // that side can reach back), else "127.0.0.1" (loopback: every rank on one host, as in tests).
 // A rank listening off loopback says where, once per process.
+// LOOM_GLOO_SHM: true unset or "1"/"true"/"on", false for "0"/"false"/"off"; throws loom::Error
+// naming any other value (a job checks it before its ranks start).
+bool shared_memory_allowed_by_env();
+
 struct GlooOptions {
   std::string interface;  // a network interface name ("eth0")
   std::string hostname;   // a hostname or address this rank's peers can reach

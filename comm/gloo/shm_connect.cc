@@ -19,6 +19,22 @@
 #include "base/logging.h"
 #include "comm/gloo/connect.h"
 
+namespace loom::comm {
+
+bool shared_memory_allowed_by_env() {
+  const char* env = std::getenv("LOOM_GLOO_SHM");
+  if (env == nullptr || *env == '\0') return true;
+  const std::string value = env;
+  if (value == "1" || value == "true" || value == "on") return true;
+  if (value == "0" || value == "false" || value == "off") return false;
+  LOOM_FAIL(
+      "LOOM_GLOO_SHM='{}': expected 0, false or off (the groups on TCP only), or 1, true or "
+      "on (shared memory between ranks on one host, the default)",
+      value);
+}
+
+}  // namespace loom::comm
+
 namespace loom::comm::gloo_detail {
 
 namespace {
@@ -38,10 +54,7 @@ std::string stat_identity(const char* path) {
   return fmt::format("{}:{}", st.st_dev, st.st_ino);
 }
 
-bool allowed_here(bool allowed) {
-  const char* env = std::getenv("LOOM_GLOO_SHM");
-  return allowed && !(env != nullptr && std::string(env) == "0");
-}
+bool allowed_here(bool allowed) { return allowed && shared_memory_allowed_by_env(); }
 
 // A name no other group on this host uses: pid, a per-process counter and random bits.
 std::string unique_segment_name() {

@@ -86,6 +86,32 @@ TEST(TransportTest, OneRankTurningSharedMemoryOffKeepsTheGroupOnTcp) {
       [](int, ProcessGroupGloo& group) { EXPECT_TRUE(group.uses_shared_memory()); });
 }
 
+// LOOM_GLOO_SHM: 0/false/off keep every group on TCP, 1/true/on (or unset) allow shared
+// memory; anything else is an error naming it.
+TEST(TransportTest, SharedMemoryFromTheEnvironment) {
+  for (const char* off : {"0", "false", "off"}) {
+    ASSERT_EQ(setenv("LOOM_GLOO_SHM", off, 1), 0);
+    EXPECT_FALSE(shared_memory_allowed_by_env()) << off;
+    run_groups(
+        2, [](int) { return GlooOptions::loopback(); },
+        [&](int, ProcessGroupGloo& group) { EXPECT_FALSE(group.uses_shared_memory()) << off; });
+  }
+  for (const char* on : {"1", "true", "on", ""}) {
+    ASSERT_EQ(setenv("LOOM_GLOO_SHM", on, 1), 0);
+    EXPECT_TRUE(shared_memory_allowed_by_env()) << on;
+  }
+  ASSERT_EQ(setenv("LOOM_GLOO_SHM", "no", 1), 0);
+  try {
+    shared_memory_allowed_by_env();
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("LOOM_GLOO_SHM='no': expected 0, false or off"),
+              std::string::npos)
+        << e.what();
+  }
+  unsetenv("LOOM_GLOO_SHM");
+}
+
 // Random f32 and bf16 data, sum and avg over 3 ranks: shared memory and TCP agree bit for bit
 // (each element is reduced from the same pieces in rank order either way).
 TEST(TransportTest, SharedMemoryAndTcpResultsAreBitIdentical) {
