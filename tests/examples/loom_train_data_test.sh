@@ -273,7 +273,10 @@ gzip -c all.txt > all.txt.gz
 tokenize_error "'all.txt.gz' is gzip-compressed, not text: gunzip -k it first" --out gz all.txt.gz
 expect_error "--data: 'all.txt.gz' is gzip-compressed, not text" --data all.txt.gz --tokenizer "$tokenizer"
 tokenize_error "'one/train_000000.bin' holds a NUL byte at offset" --out binary one/train_000000.bin
-tokenize_error "--chunk-bytes 0: expected 1 to 2^40" --out chunk0 --chunk-bytes 0 text
+tokenize_error "loom_tokenize: --chunk-bytes 0: expected 1 to 2^40" --out chunk0 --chunk-bytes 0 text
+! grep -q "loom tokenize:" terr.log || { cat terr.log; fail "the error is prefixed twice"; }
+tokenize_error "loom_tokenize: --prefix '': expected a file name prefix without '/'" --out noprefix \
+  --prefix '' text
 tokenize_error "--document-token -7: expected a token id, or -1" --out docm7 --document-token -7 text
 tokenize_error "The following argument was not expected: --bogus" --out bogus --bogus text
 tokenize_error "--val-tokens 100000000 takes every one of the inputs'" --out allval \

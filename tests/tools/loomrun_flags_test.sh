@@ -14,6 +14,8 @@ expect_usage_error() {
 
 expect_usage_error "--nproc-per-node must be at least 1, got 0" \
   --nproc-per-node 0 -- "$HELPER"
+expect_usage_error "Could not convert: --nproc-per-node = x: expected a whole number (--nproc-per-node, --nnodes, --node-rank, --master-port, --max-restarts) or a number of seconds (--timeout-s, --grace-s); run 'loomrun --help' for the flags" \
+  --nproc-per-node x -- "$HELPER"
 expect_usage_error "--node-rank 2 is out of range for --nnodes 2; expected 0 <= node-rank < 2" \
   --nnodes 2 --node-rank 2 --master-port 29500 -- "$HELPER"
 expect_usage_error "--nnodes 2 needs --master-port: every node must be given the same port (a free port is picked only for a single-node job)" \
@@ -22,7 +24,7 @@ expect_usage_error "missing the program to run; usage: loomrun [flags] -- PROGRA
   --nproc-per-node 2
 expect_usage_error "missing the program to run; usage: loomrun [flags] -- PROGRAM [ARGS...]" \
   --nproc-per-node 2 --
-expect_usage_error "--master-port must be in 1..65535, got 70000" \
+expect_usage_error "--master-port must be in 0..65535 (0: a free port), got 70000" \
   --master-port 70000 -- "$HELPER"
 expect_usage_error "unknown flag '--bogus'; run 'loomrun --help' for the flags, and put the program after '--' if its name starts with '-'" \
   --bogus 3 -- "$HELPER"

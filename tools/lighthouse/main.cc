@@ -17,9 +17,14 @@ int main(int argc, char** argv) {
   CLI::App app{"lighthouse: the quorum store of replica jobs (loom_train --replicas)"};
   int port = 0;
   std::string bind = "0.0.0.0";
-  app.add_option("--port", port, "port to serve on (0: a free one, printed)");
+  app.add_option("--port", port, "port to serve on (0: a free one, printed)")
+      ->check(CLI::Range(0, 65535));
   app.add_option("--bind", bind, "address to bind");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, as Loom's other tools
+  }
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);

@@ -63,7 +63,7 @@ void validate_options(const LaunchOptions& options) {
              "--node-rank {} is out of range for --nnodes {}; expected 0 <= node-rank < {}",
              options.node_rank, options.nnodes, options.nnodes);
   LOOM_CHECK(options.master_port >= 0 && options.master_port <= 65535,
-             "--master-port must be in 1..65535, got {}", options.master_port);
+             "--master-port must be in 0..65535 (0: a free port), got {}", options.master_port);
   LOOM_CHECK(options.nnodes == 1 || options.master_port != 0,
              "--nnodes {} needs --master-port: every node must be given the same port "
              "(a free port is picked only for a single-node job)",
@@ -91,6 +91,14 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
     result.action = CommandLine::Action::kPrintHelp;
     result.text = app.help();
     result.exit_code = 0;
+    return result;
+  } catch (const CLI::ConversionError& error) {
+    // CLI11 says "Could not convert: --nproc-per-node = x"; say what a value must be.
+    result.text = fmt::format(
+        "{}: expected a whole number (--nproc-per-node, --nnodes, --node-rank, --master-port, "
+        "--max-restarts) or a number of seconds (--timeout-s, --grace-s); run 'loomrun --help' "
+        "for the flags",
+        error.what());
     return result;
   } catch (const CLI::ParseError& error) {
     result.text = fmt::format("{}; run 'loomrun --help' for the flags", error.what());

@@ -111,7 +111,12 @@ int main(int argc, char** argv) {
     loom::enter_bazel_working_directory();
     return run(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
+    // The library's errors name the command already ("loom tokenize: ..."): one prefix.
+    std::string_view message = e.what();
+    if (constexpr std::string_view kCommand = "loom tokenize: "; message.starts_with(kCommand)) {
+      message.remove_prefix(kCommand.size());
+    }
+    std::fprintf(stderr, "%s: %.*s\n", kProgram, static_cast<int>(message.size()), message.data());
     return 2;
   }
 }
