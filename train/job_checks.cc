@@ -451,6 +451,35 @@ ParallelConfig parallel_config(const JobConfig& given) {
           .cp = {.load_balance = job.cp_load_balance, .attention = job.cp_attention}};
 }
 
+// Settings the job was given that nothing reads on its layout: a warning each, since a job file
+// may carry them from another layout (a flag alone would be refused, as --microbatches is).
+std::vector<std::string> unused_setting_warnings(const JobConfig& job, const ParallelDims& dims) {
+  const JobConfig defaults;
+  std::vector<std::string> out;
+  const auto unused = [&](bool given, std::string_view what, std::string_view why) {
+    if (given) out.push_back(fmt::format("{}: no effect {}", what, why));
+  };
+  unused(dims.pp == 1 && job.schedule != defaults.schedule,
+         fmt::format("--schedule {}", job.schedule), "without a pipeline (--pp 1)");
+  unused(dims.cp == 1 && (job.cp_attention != defaults.cp_attention ||
+                          job.cp_load_balance != defaults.cp_load_balance),
+         fmt::format("--cp-attention {}{}", job.cp_attention,
+                     job.cp_load_balance ? "" : " --no-cp-load-balance"),
+         "without context parallelism (--cp 1)");
+  unused(!job.search &&
+             (job.search_top != defaults.search_top ||
+              job.search_budget_s != defaults.search_budget_s ||
+              job.search_memory_gib != defaults.search_memory_gib ||
+              job.search_jobs != defaults.search_jobs || job.search_cp != defaults.search_cp ||
+              job.search_ep != defaults.search_ep || job.search_bound != defaults.search_bound ||
+              job.search_cache != defaults.search_cache),
+         "--search-*", "without --search (loom plan --search reads them)");
+  unused(job.tokenizer.empty() && job.init_from.empty() &&
+             job.split_special_tokens != defaults.split_special_tokens,
+         "--no-split-special-tokens", "without a tokenizer (--tokenizer or --init-from's)");
+  return out;
+}
+
 CheckedJob check_job(const JobConfig& job) {
   check_paths(job);
   check_replicas(job);
@@ -481,6 +510,9 @@ CheckedJob check_job(const JobConfig& job) {
   if (dims.cp > 1 && out.parallel.cp.attention == "alltoall" && q_heads > 0 &&
       q_heads % dims.tp == 0 && kv_heads % dims.tp == 0) {
     parallel::cp::ulysses_kv_repeat(q_heads / dims.tp, kv_heads / dims.tp, dims.cp);
+  }
+  for (std::string& warning : unused_setting_warnings(job, out.parallel.dims)) {
+    out.warnings.push_back(std::move(warning));
   }
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);

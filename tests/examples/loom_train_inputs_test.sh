@@ -251,6 +251,15 @@ expect_error 2 "loom_train: --replica 5 is not in [0, 1) (--replicas 1); a job t
 expect_error 2 "loom_train: --replica-store and --replica-join-window-ms: need --replicas N > 1" \
   --replica-store 127.0.0.1:29400 --dp 1 --tp 1
 echo "ok: replica flags without --replicas are refused"
+# Settings nothing reads on the job's layout are named (a job file may carry them from another).
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 0 --metrics-out "" --plot-out "" \
+  --schedule gpipe --cp-attention ring --search-top 3 >unused.log 2>&1 || { cat unused.log; fail "unused settings"; }
+for line in "--schedule gpipe: no effect without a pipeline (--pp 1)" \
+  "--cp-attention ring: no effect without context parallelism (--cp 1)" \
+  "--search-*: no effect without --search"; do
+  grep -qF -- "loom_train: $line" unused.log || { cat unused.log; fail "no warning: $line"; }
+done
+echo "ok: settings without effect on the layout are named"
 # A fault probe that can never fire is refused: a fault test would pass for nothing.
 LOOM_GLOO_SHM=nope expect_error 2 "loom_train: LOOM_GLOO_SHM='nope': expected 0, false or off" --steps 3
 LOOM_PROFILE=bogus expect_error 2 "loom_train: LOOM_PROFILE='bogus': 'bogus' is not a profiler setting" --steps 3
