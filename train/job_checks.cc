@@ -519,6 +519,18 @@ CheckedJob check_job(const JobConfig& job) {
   if (!job.init_from.empty()) {
     check_init_from(job, *out.model.args);
     for (std::string& warning : dropout_warnings(job)) out.warnings.push_back(std::move(warning));
+    // With a config.json the model is the checkpoint's: --model picks only its family. A preset
+    // of other sizes would name a model that is not the one trained.
+    std::error_code ec;
+    if (fs::exists(models::hf::config_json_path(job.init_from), ec)) {
+      const auto preset = out.model.family->from_preset(job.model, job.sizes());
+      if (preset->parameter_count() != out.model.args->parameter_count()) {
+        out.warnings.push_back(
+            fmt::format("--model {}: the model is --init-from's ({}), not the preset's sizes ({} "
+                        "parameters); --model picks only the family (any of its presets does)",
+                        job.model, out.model.args->summary(), preset->parameter_count()));
+      }
+    }
     try {
       out.hf_token_settings = models::hf::read_token_settings(job.init_from);
     } catch (const Error& e) {

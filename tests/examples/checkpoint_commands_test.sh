@@ -64,6 +64,14 @@ cmp hf_llama/model.safetensors saved_llama/model.safetensors ||
 cmp hf_llama/config.json saved_llama/config.json || { echo "the Llama config.json differs"; exit 1; }
 grep -q '"model_type": "llama"' hf_llama/config.json || { cat hf_llama/config.json; exit 1; }
 
+# --model with --init-from picks the family; a preset of other sizes is named, not taken as the
+# model's name (the model trained is the file's).
+"$train" --model llama3-8b --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress \
+  --init-from hf_llama --metrics-out "" --plot-out "" > other_preset.log 2>&1 ||
+  { cat other_preset.log; exit 1; }
+grep -q "^loom_train: --model llama3-8b: the model is --init-from's (Llama n_layers=2" other_preset.log ||
+  { cat other_preset.log; echo "a preset of other sizes than --init-from's was not named"; exit 1; }
+
 # Bad input is named: not a checkpoint, a missing argument.
 if "$consolidate" run.log out.safetensors 2> bad.log; then echo "consolidated a log file"; exit 1; fi
 grep -q "is neither a step directory" bad.log || { cat bad.log; exit 1; }
