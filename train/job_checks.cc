@@ -240,7 +240,8 @@ std::map<std::string, std::string> run_identity(const checkpoint::Metadata& meta
 // steps is refused, as a new run into a used folder is, where a resume would take whichever is
 // newest and a later fallback another run's step. Fields a step does not record (an older Loom)
 // are not compared.
-// An older step whose metadata cannot be read is a warning, not a refusal: the latest is whole.
+// An older step that is damaged (metadata that cannot be read, a rank file missing, short or
+// unreadable) is a warning, not a refusal: the latest is whole.
 void check_one_run(const std::string& root, int64_t latest, const checkpoint::Metadata& saved,
                    std::vector<std::string>& warnings) {
   const std::map<std::string, std::string> mine = run_identity(saved);
@@ -248,13 +249,16 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
     if (step == latest) continue;
     std::map<std::string, std::string> other;
     try {
-      other = run_identity(checkpoint::read_metadata(checkpoint::step_directory(root, step)));
+      const std::string dir = checkpoint::step_directory(root, step);
+      const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
+      other = run_identity(metadata);
+      checkpoint::check_files(dir, metadata);  // its rank files there, whole and readable
     } catch (const Error& e) {
       warnings.push_back(fmt::format(
-          "WARNING: --checkpoint-dir: step {}'s metadata cannot be read ({}); resuming from the "
-          "latest step {}, but no resume could fall back to step {}",
+          "WARNING: --checkpoint-dir: step {} is damaged ({}); resuming from the latest step {}, "
+          "but no resume could fall back to step {}",
           step, e.what(), latest, step));
-      continue;
+      if (other.empty()) continue;  // its metadata unread: nothing to compare
     }
     std::vector<std::string> differences;
     for (const auto& [key, value] : other) {

@@ -87,9 +87,15 @@ refused an-edited-optimizer-entry \
 cp -r ckpt damaged_old && printf ' ' >> damaged_old/step_00000002/metadata.json
 "${job[@]}" --steps 6 --checkpoint-dir damaged_old --resume >damaged_old.log 2>&1 ||
   { cat damaged_old.log; fail "a resume beside a damaged older step"; }
-grep -q "WARNING: --checkpoint-dir: step 2's metadata cannot be read" damaged_old.log ||
+grep -q "WARNING: --checkpoint-dir: step 2 is damaged (" damaged_old.log ||
   { cat damaged_old.log; fail "no warning for the damaged older step"; }
-echo "ok: a damaged older step is warned about, the latest resumed"
+# An older step whose rank file is gone: as damaged for a fallback, warned about too.
+cp -r ckpt missing_old && rm missing_old/step_00000002/rank_00000.bin
+"${job[@]}" --steps 6 --checkpoint-dir missing_old --resume >missing_old.log 2>&1 ||
+  { cat missing_old.log; fail "a resume beside an older step missing a rank file"; }
+grep -q "WARNING: --checkpoint-dir: step 2 is damaged (.*rank_00000.bin" missing_old.log ||
+  { cat missing_old.log; fail "no warning for the older step missing a rank file"; }
+echo "ok: a damaged older step (metadata, or a rank file missing) is warned about, the latest resumed"
 
 cp -r ckpt truncated && truncate -s 100 truncated/step_00000004/rank_00000.bin
 refused a-truncated-rank-file \
