@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -427,6 +428,31 @@ void check_directory_writable(const std::string& path, std::string_view what) {
              existing.string(), std::strerror(errno));
 }
 
+namespace {
+
+// --layers-per-stage "3,5,5,3": the counts, each a positive integer (how many stages and layers
+// they must make is checked against the schedule and the model by ParallelConfig).
+std::vector<int64_t> layers_per_stage(const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = text.find(',', begin);
+    const std::string item = text.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    LOOM_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size() && n >= 1,
+               "--layers-per-stage '{}': expected positive layer counts separated by commas, one "
+               "per pipeline stage (e.g. 3,5,5,3), got '{}'",
+               text, item);
+    out.push_back(n);
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
+}  // namespace
+
 ParallelConfig parallel_config(const JobConfig& given) {
   JobConfig job = given;
   resolve_parallel_degrees(job);  // --dp, the default dp 2, --dp-shard -1
@@ -441,7 +467,8 @@ ParallelConfig parallel_config(const JobConfig& given) {
           .grad_accum = static_cast<int>(job.grad_accum),
           .pipeline = {.schedule = job.schedule,
                        .microbatches = static_cast<int>(job.microbatches),
-                       .virtual_stages = static_cast<int>(job.virtual_stages)},
+                       .virtual_stages = static_cast<int>(job.virtual_stages),
+                       .layers_per_stage = layers_per_stage(job.layers_per_stage)},
           // Logits stay bf16 (torch FSDP2's default, output_dtype None): the loss reads them as
           // they are and computes in f32 (ops::cross_entropy), and pipeline stages send bf16
           // activations; both bit-identical to f32 outputs, since bf16 -> f32 -> bf16 is exact.
@@ -465,6 +492,8 @@ std::vector<std::string> unused_setting_warnings(const JobConfig& job, const Par
   };
   unused(dims.pp == 1 && job.schedule != defaults.schedule,
          fmt::format("--schedule {}", job.schedule), "without a pipeline (--pp 1)");
+  unused(dims.pp == 1 && !job.layers_per_stage.empty(),
+         fmt::format("--layers-per-stage {}", job.layers_per_stage), "without a pipeline (--pp 1)");
   unused(dims.cp == 1 && (job.cp_attention != defaults.cp_attention ||
                           job.cp_load_balance != defaults.cp_load_balance),
          fmt::format("--cp-attention {}{}", job.cp_attention,

@@ -146,6 +146,11 @@ const std::vector<JobOption>& options() {
       {"parallel", "virtual_stages",
        "with the interleaved schedule: stages per rank (zbv and dualpipev place 2)",
        &C::virtual_stages, Range::kPositive},
+      {"parallel", "layers_per_stage",
+       "the pipeline's layers per stage in stage order, comma-separated (e.g. 3,5,5,3: lighter "
+       "first and last stages, which also hold the embedding and the head; torchtitan's "
+       "pipeline_parallel_split_points as counts); \"\": an even split",
+       &C::layers_per_stage},
       {"training", "steps", "optimizer steps", &C::steps, Range::kPositive},
       {"training", "batch_size", "global batch in sequences per step", &C::batch_size,
        Range::kPositive},

@@ -54,6 +54,7 @@ struct JobConfig {
   std::string schedule = "1f1b";
   int64_t microbatches = 0;  // 0: pp x virtual_stages
   int64_t virtual_stages = 1;
+  std::string layers_per_stage;  // "3,5,5,3": each pipeline stage's layers; "": an even split
   // [training]
   int64_t steps = 300;
   int64_t batch_size = 16;  // global, in sequences per optimizer step

@@ -79,6 +79,7 @@ JobConfig without_layout(const JobConfig& job) {
   one.schedule = defaults.schedule;
   one.microbatches = defaults.microbatches;
   one.virtual_stages = defaults.virtual_stages;
+  one.layers_per_stage = defaults.layers_per_stage;
   one.cp_attention = defaults.cp_attention;
   return one;
 }
@@ -114,6 +115,7 @@ std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t wor
                 job.schedule = pipeline.schedule;
                 job.microbatches = pipeline.microbatches;
                 job.virtual_stages = pipeline.virtual_stages;
+                job.layers_per_stage.clear();  // the search splits each pipeline evenly
                 // grad_accum is the job's: it splits each optimizer step's batch, so it decides
                 // the peak and which microbatch counts divide; a layout it does not fit is pruned
                 // with the job's own message.

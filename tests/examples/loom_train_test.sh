@@ -37,6 +37,9 @@ run llama_seeded_grid 2 2 1 --model llama-tiny --init-from llama_hf/model.safete
 # FSDP (--dp 0: no replicas) composed with TP, and with TP and PP.
 run sharded 0 2 8 --dp-shard 2 --save sharded.safetensors
 run sharded_piped 0 2 8 --dp-shard 2 --pp 2 --microbatches 2
+# A 4-layer model split 1,3 over two stages (--layers-per-stage), against it on one rank.
+run single4 1 1 8 --n-layer 4
+run split_piped 1 1 8 --n-layer 4 --pp 2 --microbatches 2 --layers-per-stage 1,3
 # Exact resume: the grid run's step-4 checkpoint (its step 8 removed) continues for steps 4-7,
 # on the same layout (bit-identical losses) and on FSDP x TP and 1 rank (within f32 rounding).
 for layout in same sharded single; do
@@ -80,6 +83,15 @@ same_losses_as_one_rank() {  # same_losses_as_one_rank NAME LAYOUT
 same_losses_as_one_rank piped "pp2 x dp2 x tp2"
 same_losses_as_one_rank sharded "dp_shard2 x tp2"
 same_losses_as_one_rank sharded_piped "pp2 x dp_shard2 x tp2"
+paste <(python_free_field single4.jsonl loss) <(python_free_field split_piped.jsonl loss) | awk '
+  { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "step " NR-1 ": 1 rank " $1 " vs pp2 split 1,3 " $2; bad = 1 } }
+  END { if (NR != 8) { print "split 1,3: " NR " steps"; bad = 1 }; exit bad }'
+# The plan shows the split: stage 0 holds the embeddings and 1 block, stage 1 3 blocks and the head.
+"$train" --plan --dp 1 --tp 1 --n-layer 4 --pp 2 --microbatches 2 --layers-per-stage 1,3 > split.plan 2>&1 ||
+  { cat split.plan; exit 1; }
+[[ $(awk -F'|' '$2 ~ /^ 0 $/ && $3 ~ /^ 0 $/ { print $4 }' split.plan | head -1) -lt \
+   $(awk -F'|' '$2 ~ /^ 1 $/ && $3 ~ /^ 1 $/ { print $4 }' split.plan | head -1) ]] ||
+  { cat split.plan; echo "the 1,3 split does not put more on stage 1"; exit 1; }
 for layout in "llama_grid dp2 x tp2" "llama_piped pp2 x dp2 x tp2"; do
   paste <(python_free_field llama_single.jsonl loss) <(python_free_field "${layout%% *}.jsonl" loss) |
     awk -v layout="${layout#* }" '
