@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "models/family.h"
+#include "train/launch.h"
 
 namespace loom::train {
 
@@ -121,7 +122,10 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
     if (raw[i]) set_option(parsed.job, options[i], *raw[i], options[i].flag());
   }
   // A search lays out --nproc's ranks itself: the degrees given beside it need not make them.
-  if (!parsed.job.search) resolve_parallel_degrees(parsed.job);
+  // Under a launcher its world decides --dp-shard -1 (launch.h: torchrun's, mpirun's, srun's).
+  if (!parsed.job.search) {
+    resolve_parallel_degrees(parsed.job, launched_as_rank() ? launched_world_size() : 0);
+  }
   return parsed;
 }
 

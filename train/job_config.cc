@@ -557,10 +557,8 @@ ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size) {
 }
 
 void resolve_parallel_degrees(JobConfig& config, int64_t world_size) {
-  if (world_size <= 0) {
-    const char* launched_world = std::getenv("RANK") ? std::getenv("WORLD_SIZE") : nullptr;
-    world_size = launched_world ? std::atoll(launched_world) : config.nproc;
-  }
+  // The launcher's world is the caller's to give (train/launch.h reads every launcher's).
+  if (world_size <= 0) world_size = config.nproc;
   const ParallelDims dims = data_parallel_dims(config, world_size);
   config.dp = 0;
   config.dp_replicate = dims.dp_replicate;

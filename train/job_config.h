@@ -168,9 +168,9 @@ struct JobOption {
 ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size);
 
 // The data-parallel degrees resolved into `config` (so the effective config repeats the run):
-// --dp as dp_replicate, the default dp 2, --dp-shard -1 against `world_size` (0: the launcher's
-// WORLD_SIZE when launched, else --nproc). A --nproc that is not the degrees' product is an
-// error naming both. Idempotent.
+// --dp as dp_replicate, the default dp 2, --dp-shard -1 against `world_size` (a launcher's
+// world, train/launch.h; 0: --nproc). A --nproc that is not the degrees' product is an error
+// naming both. Idempotent.
 void resolve_parallel_degrees(JobConfig& config, int64_t world_size = 0);
 
 // Every option, in the order the config prints them (by section).

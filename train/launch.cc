@@ -13,17 +13,30 @@
 
 namespace loom::train {
 
+namespace {
+
+// A count from the environment above 1 (a launcher of one task is no launcher of ranks).
+bool more_than_one(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value != nullptr && std::strtoll(value, nullptr, 10) > 1;
+}
+
+}  // namespace
+
 bool launched_as_rank() {
-  // comm/launch_env.h's sources: torchrun's and loomrun's RANK, mpirun's OMPI_COMM_WORLD_RANK,
-  // and srun's SLURM_PROCID within a job step (SLURM_STEP_ID): an sbatch script's own shell has
-  // SLURM_PROCID 0 too, but no step, and a job started there starts its own ranks.
-  const bool srun_task =
+  // comm/launch_env.h's sources: torchrun's and loomrun's RANK; mpirun's OMPI_COMM_WORLD_RANK and
+  // srun's SLURM_PROCID within a job step (SLURM_STEP_ID) when they start more than one task. An
+  // sbatch script's shell has SLURM_PROCID 0 but no step, and an interactive `srun --pty bash`
+  // (or `srun -n1 ./loom train`) one task: a job started there starts its own ranks.
+  const bool srun_tasks =
       std::getenv("SLURM_PROCID") != nullptr &&
-      (std::getenv("SLURM_STEP_ID") != nullptr || std::getenv("SLURM_STEPID") != nullptr);
-  if (std::getenv("RANK") != nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr ||
-      srun_task) {
-    return true;
-  }
+      (std::getenv("SLURM_STEP_ID") != nullptr || std::getenv("SLURM_STEPID") != nullptr) &&
+      more_than_one(std::getenv("SLURM_STEP_NUM_TASKS") != nullptr
+                        ? "SLURM_STEP_NUM_TASKS"  // the step's own count
+                        : "SLURM_NTASKS");
+  const bool mpirun_tasks =
+      std::getenv("OMPI_COMM_WORLD_RANK") != nullptr && more_than_one("OMPI_COMM_WORLD_SIZE");
+  if (std::getenv("RANK") != nullptr || mpirun_tasks || srun_tasks) return true;
   const char* world_size = std::getenv("WORLD_SIZE");
   LOOM_CHECK(world_size == nullptr,
              "WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) sets both for "

@@ -53,12 +53,17 @@ bool run_gnuplot(const std::string& script) {
 std::string write_loss_plot(const LossCurve& curve, double entropy, const std::string& png,
                             const std::string& title) {
   const std::string data = png + ".dat", val = png + ".val.dat", script = png + ".gnuplot";
+  // gnuplot gets absolute paths: a name starting with '|' (set output) or '<' (plot) would be a
+  // command to it, and one starting with '-' an option; a path starting with '/' is neither.
+  const auto absolute = [](const std::string& path) {
+    return std::filesystem::absolute(path).lexically_normal().string();
+  };
   write_file(data, points(curve.train), "--plot-out");
   std::string validation;
   if (!curve.validation.empty()) {
     write_file(val, points(curve.validation), "--plot-out");
-    validation =
-        fmt::format(", {} using 1:2 with linespoints title 'validation loss'", quoted(val));
+    validation = fmt::format(", {} using 1:2 with linespoints title 'validation loss'",
+                             quoted(absolute(val)));
   }
   write_file(script,
              fmt::format("set terminal pngcairo size 800,500\nset output {}\n"
@@ -66,9 +71,10 @@ std::string write_loss_plot(const LossCurve& curve, double entropy, const std::s
                          "set title {} noenhanced\nset grid\n"
                          "plot {} using 1:2 with lines title 'loss'{}, {} with lines "
                          "dashtype 2 title 'unigram entropy of the data'\n",
-                         quoted(png), quoted(title), quoted(data), validation, entropy),
+                         quoted(absolute(png)), quoted(title), quoted(absolute(data)), validation,
+                         entropy),
              "--plot-out");
-  if (run_gnuplot(script) && std::filesystem::exists(png)) {
+  if (run_gnuplot(absolute(script)) && std::filesystem::exists(png)) {
     return fmt::format("loss curve: {}", png);
   }
   return fmt::format(

@@ -44,6 +44,9 @@ std::vector<std::string> build_rank_environment(const LaunchOptions& options, in
     const std::string_view name = std::string_view(entry).substr(0, entry.find('='));
     bool overridden = false;
     for (const auto& [variable, value] : variables) overridden |= (name == variable);
+    // mpirun's per-process variables describe loomrun's own place (mpirun -n 1 ./loom train),
+    // not its ranks': left in, they would contradict RANK (comm/launch_env.h cross-checks them).
+    overridden |= name.starts_with("OMPI_COMM_WORLD_");
     if (!overridden) environment.push_back(entry);
   }
   for (const auto& [variable, value] : variables) {
