@@ -7,7 +7,8 @@
 
 namespace loom {
 
-// chdir to $BUILD_WORKING_DIRECTORY when it is set; throws loom::Error naming it when it cannot.
+// chdir to $BUILD_WORKING_DIRECTORY when it is set, then unset it (the children started from here
+// inherit the folder); throws loom::Error naming it when it cannot.
 void enter_bazel_working_directory();
 
 }  // namespace loom

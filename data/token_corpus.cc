@@ -65,8 +65,18 @@ std::vector<std::string> glob_files(const std::string& pattern, std::string_view
   return files;  // glob sorts
 }
 
-// The files `spec` names: paths, folders and glob patterns separated by commas.
-std::vector<std::string> expand(const std::string& spec, std::string_view flag) {
+std::string read_text(const std::string& path, std::string_view flag) {
+  std::ifstream file(path, std::ios::binary);
+  LOOM_CHECK(file.good(), "{}: cannot open '{}': {}", flag, path, std::strerror(errno));
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  LOOM_CHECK(!file.bad(), "{}: reading '{}' failed: {}", flag, path, std::strerror(errno));
+  LOOM_CHECK(!text.empty(), "{}: '{}' is empty", flag, path);
+  return text;
+}
+
+}  // namespace
+
+std::vector<std::string> data_files(const std::string& spec, std::string_view flag) {
   std::vector<std::string> files;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -90,17 +100,6 @@ std::vector<std::string> expand(const std::string& spec, std::string_view flag) 
   LOOM_CHECK(!files.empty(), "{}: '{}' names no file", flag, spec);
   return files;
 }
-
-std::string read_text(const std::string& path, std::string_view flag) {
-  std::ifstream file(path, std::ios::binary);
-  LOOM_CHECK(file.good(), "{}: cannot open '{}': {}", flag, path, std::strerror(errno));
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  LOOM_CHECK(!file.bad(), "{}: reading '{}' failed: {}", flag, path, std::strerror(errno));
-  LOOM_CHECK(!text.empty(), "{}: '{}' is empty", flag, path);
-  return text;
-}
-
-}  // namespace
 
 DocumentIndex::DocumentIndex(std::vector<int64_t> starts, int64_t corpus_size, int64_t seq_len)
     : starts_(std::move(starts)), corpus_size_(corpus_size), seq_len_(seq_len) {
@@ -132,7 +131,7 @@ TokenCorpus TokenCorpus::open(const std::string& spec, const TextTokenization& t
                               std::string_view flag) {
   TokenCorpus corpus;
   int64_t text_bytes = 0;
-  for (const std::string& path : expand(spec, flag)) {
+  for (const std::string& path : data_files(spec, flag)) {
     Source source{.name = path};
     if (ends_with(path, ".bin")) {
       std::shared_ptr<const MappedTokenFile> file = MappedTokenFile::open(path);

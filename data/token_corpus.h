@@ -58,6 +58,10 @@ class DocumentIndex {
   int64_t corpus_size_, seq_len_, total_windows_ = 0, skipped_tokens_ = 0, separators_ = 0;
 };
 
+// The files a --data spec names: paths, folders (their files) and glob patterns, separated by
+// commas. Throws naming `flag` when a part names nothing.
+std::vector<std::string> data_files(const std::string& spec, std::string_view flag);
+
 class TokenCorpus {
  public:
   // Throws loom::Error naming `flag`, the path and the problem (nothing matches, a bad shard).

@@ -307,9 +307,10 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
   // The shards are PREFIX_NNNNNN.bin in --out: an empty prefix would write "_000000.bin", a
   // slash another folder's files.
   LOOM_CHECK(!options.prefix.empty() && options.prefix.find('/') == std::string::npos &&
-                 options.prefix != "val",
-             "{}: --prefix '{}': expected a file name prefix without '/' (the shards are "
-             "PREFIX_NNNNNN.bin in --out; 'val' is the validation shards')",
+                 !options.prefix.starts_with('.') && options.prefix != "val",
+             "{}: --prefix '{}': expected a file name prefix without '/' and not starting with '.' "
+             "(the shards are PREFIX_NNNNNN.bin in --out, where a job's --data finds no hidden "
+             "file; 'val' is the validation shards')",
              kWhat, options.prefix);
   LOOM_CHECK(options.shard_tokens > 0 && options.shard_tokens < (int64_t{1} << 31),
              "{}: --shard-tokens {}: llm.c's header holds 1 to 2^31 - 1 tokens", kWhat,

@@ -17,6 +17,7 @@
 #include "tensor/attention_attrs.h"
 #include "tensor/attention_dropout_mask.h"
 #include "tensor/cpu/attention_kernels.h"
+#include "tensor/cpu/parallel.h"
 #include "tensor/cuda/kernels/flash_attention_mma.h"
 #include "tensor/cuda/kernels/nn.h"
 #include "tensor/dispatch.h"
@@ -272,15 +273,20 @@ Tensor cpu_row_dots(const CpuOperand& grad_out, const CpuOperand& out, const Att
   if (device.is_meta()) return delta;
   const cpu::RowMatrices g = grad_out.rows(), o = out.rows();
   float* pd = delta.data<float>();
-  for (int64_t e = 0; e < dims.rows; ++e) {
-    for (int64_t i = 0; i < dims.tq; ++i) {
-      const float* gi = g.base + g.offsets[e] + i * g.row_stride;
-      const float* oi = o.base + o.offsets[e] + i * o.row_stride;
-      double sum = 0.0;  // as Loom's f32 sums accumulate
-      for (int64_t d = 0; d < dims.dv; ++d) sum += static_cast<double>(gi[d]) * oi[d];
-      pd[e * dims.tq + i] = static_cast<float>(sum);
-    }
-  }
+  // Each row's sum is the same whichever thread computes it: rows split over the threads.
+  cpu::parallel_for(dims.rows * dims.tq, cpu::kParallelGrain / std::max<int64_t>(1, dims.dv),
+                    /*align=*/1, [&](int64_t begin, int64_t end) {
+                      for (int64_t row = begin; row < end; ++row) {
+                        const int64_t e = row / dims.tq, i = row % dims.tq;
+                        const float* gi = g.base + g.offsets[e] + i * g.row_stride;
+                        const float* oi = o.base + o.offsets[e] + i * o.row_stride;
+                        double sum = 0.0;  // as Loom's f32 sums accumulate
+                        for (int64_t d = 0; d < dims.dv; ++d) {
+                          sum += static_cast<double>(gi[d]) * oi[d];
+                        }
+                        pd[row] = static_cast<float>(sum);
+                      }
+                    });
   return delta;
 }
 

@@ -19,6 +19,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/init.h"
+#include "data/token_corpus.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
 #include "models/hf/token_settings.h"
@@ -27,6 +28,7 @@
 #include "train/checkpoint_fields.h"
 #include "train/fault_injection.h"
 #include "train/launch.h"
+#include "train/loss_plot.h"
 #include "train/output_files.h"
 #include "train/trainer.h"
 
@@ -60,16 +62,17 @@ std::vector<JobFile> files_written(const JobConfig& job) {
         {effective_config_path(job.metrics_out), "--metrics-out (the effective config beside it)"});
   }
   if (!job.plot_out.empty()) {
-    out.push_back({job.plot_out, "--plot-out"});
-    for (const char* suffix : {".dat", ".val.dat", ".gnuplot"}) {
-      out.push_back({job.plot_out + suffix, fmt::format("--plot-out (its {} beside it)", suffix)});
-    }
+    const LossPlotFiles plot = loss_plot_files(job.plot_out);
+    out.push_back({plot.png, "--plot-out"});
+    out.push_back({plot.points, "--plot-out (its points beside it)"});
+    out.push_back({plot.validation_points, "--plot-out (its validation points beside it)"});
+    out.push_back({plot.script, "--plot-out (its gnuplot script beside it)"});
   }
   if (!job.save.empty()) {
     out.push_back({job.save, "--save"});
-    const fs::path folder = fs::path(job.save).parent_path();
-    for (const char* beside : {"config.json", "generation_config.json", "tokenizer.json"}) {
-      out.push_back({(folder / beside).string(), fmt::format("--save (the {} beside it)", beside)});
+    for (const std::string& beside : models::hf::files_beside(job.save)) {
+      out.push_back(
+          {beside, fmt::format("--save (the {} beside it)", fs::path(beside).filename().string())});
     }
   }
   return out;
@@ -84,27 +87,84 @@ std::string same_file_key(const std::string& path) {
   return (ec ? absolute.lexically_normal() : canonical).string();
 }
 
-// Throws naming both flags when two files the job writes are one path, or when one it writes is
-// a file it reads (--data, --val-data, --tokenizer, --init-from), which the run would overwrite.
-void check_outputs_apart(const JobConfig& job) {
-  std::map<std::string, std::string> written;  // same_file_key -> the flag that writes it
-  for (const JobFile& file : files_written(job)) {
-    const auto [at, added] = written.emplace(same_file_key(file.path), file.what);
-    LOOM_CHECK(added,
-               "{} and {} both write '{}': each would overwrite the other's file; give them "
-               "different paths",
-               at->second, file.what, file.path);
+// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
+bool same_file(const std::string& a, const std::string& b) {
+  if (same_file_key(a) == same_file_key(b)) return true;
+  std::error_code ec;
+  return fs::equivalent(a, b, ec) && !ec;
+}
+
+// Every file the job reads that an output could overwrite, each with its flag: the data's files
+// (folders and patterns expanded), --tokenizer, --config, --replica-replay, and --init-from's
+// model file with the config.json, tokenizer.json and generation_config.json read beside it.
+std::vector<JobFile> files_read(const JobConfig& job) {
+  std::vector<JobFile> out;
+  for (const auto& [spec, what] : {std::pair{job.data, "--data"}, {job.val_data, "--val-data"}}) {
+    if (spec.empty()) continue;
+    try {
+      for (std::string& file : data::data_files(spec, what)) out.push_back({std::move(file), what});
+    } catch (const Error&) {
+      // Named when the data is opened (check_job's open_job_data), with what it lacks.
+    }
   }
-  for (const auto& [path, what] : {std::pair{job.data, "--data"},
-                                   {job.val_data, "--val-data"},
-                                   {job.tokenizer, "--tokenizer"},
-                                   {job.init_from, "--init-from"}}) {
-    if (path.empty()) continue;
-    const auto at = written.find(same_file_key(path));
-    LOOM_CHECK(at == written.end(),
-               "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
-               "{} another path",
-               at->second, path, what, at->second);
+  for (const auto& [path, what] : {std::pair{job.tokenizer, "--tokenizer"},
+                                   {job.config_file, "--config"},
+                                   {job.replica_replay, "--replica-replay"}}) {
+    if (!path.empty()) out.push_back({path, what});
+  }
+  if (!job.init_from.empty()) {
+    std::string model_file = job.init_from;
+    std::error_code ec;
+    if (fs::is_directory(job.init_from, ec)) {
+      try {
+        model_file = models::hf::resolve_checkpoint_path(job.init_from);
+      } catch (const Error&) {
+        model_file = (fs::path(job.init_from) / "model.safetensors").string();  // named later
+      }
+    }
+    out.push_back({model_file, "--init-from"});
+    for (const std::string& beside : models::hf::files_beside(model_file)) {
+      out.push_back({beside, "--init-from (beside its model file)"});
+    }
+  }
+  return out;
+}
+
+// Throws naming both flags when two files the job writes are one file, or when one it writes is
+// one it reads, which the run would overwrite; and for an output path with a control character
+// (a newline in a name gnuplot reads would end its line and start a command).
+void check_outputs_apart(const JobConfig& job) {
+  const std::vector<JobFile> written = files_written(job);
+  for (size_t i = 0; i < written.size(); ++i) {
+    const JobFile& file = written[i];
+    const auto control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
+    if (std::any_of(file.path.begin(), file.path.end(), control)) {
+      std::string shown;  // the path on one line, each control character as \xNN
+      for (const unsigned char c : file.path) {
+        shown += control(c) ? fmt::format("\\x{:02x}", c) : std::string(1, static_cast<char>(c));
+      }
+      LOOM_FAIL(
+          "{}: '{}' holds a control character (a newline, a tab, ...); give a path "
+          "without one",
+          file.what, shown);
+    }
+    for (size_t j = 0; j < i; ++j) {
+      LOOM_CHECK(!same_file(written[j].path, file.path),
+                 "{} and {} both write '{}': each would overwrite the other's file; give them "
+                 "different paths",
+                 written[j].what, file.what, file.path);
+    }
+    LOOM_CHECK(job.checkpoint_dir.empty() || !same_file(job.checkpoint_dir, file.path),
+               "{} writes '{}', the folder --checkpoint-dir saves in; give {} another path",
+               file.what, file.path, file.what);
+  }
+  for (const JobFile& input : files_read(job)) {
+    for (const JobFile& output : written) {
+      LOOM_CHECK(!same_file(input.path, output.path),
+                 "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
+                 "{} another path",
+                 output.what, output.path, input.what, output.what);
+    }
   }
 }
 
@@ -428,31 +488,6 @@ void check_directory_writable(const std::string& path, std::string_view what) {
              existing.string(), std::strerror(errno));
 }
 
-namespace {
-
-// --layers-per-stage "3,5,5,3": the counts, each a positive integer (how many stages and layers
-// they must make is checked against the schedule and the model by ParallelConfig).
-std::vector<int64_t> layers_per_stage(const std::string& text) {
-  std::vector<int64_t> out;
-  if (text.empty()) return out;
-  size_t begin = 0;
-  while (true) {
-    const size_t comma = text.find(',', begin);
-    const std::string item = text.substr(begin, comma == std::string::npos ? comma : comma - begin);
-    int64_t n = 0;
-    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
-    LOOM_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size() && n >= 1,
-               "--layers-per-stage '{}': expected positive layer counts separated by commas, one "
-               "per pipeline stage (e.g. 3,5,5,3), got '{}'",
-               text, item);
-    out.push_back(n);
-    if (comma == std::string::npos) return out;
-    begin = comma + 1;
-  }
-}
-
-}  // namespace
-
 ParallelConfig parallel_config(const JobConfig& given) {
   JobConfig job = given;
   resolve_parallel_degrees(job);  // --dp, the default dp 2, --dp-shard -1
@@ -468,7 +503,8 @@ ParallelConfig parallel_config(const JobConfig& given) {
           .pipeline = {.schedule = job.schedule,
                        .microbatches = static_cast<int>(job.microbatches),
                        .virtual_stages = static_cast<int>(job.virtual_stages),
-                       .layers_per_stage = layers_per_stage(job.layers_per_stage)},
+                       .layers_per_stage =
+                           parse_layers_per_stage(job.layers_per_stage, "--layers-per-stage")},
           // Logits stay bf16 (torch FSDP2's default, output_dtype None): the loss reads them as
           // they are and computes in f32 (ops::cross_entropy), and pipeline stages send bf16
           // activations; both bit-identical to f32 outputs, since bf16 -> f32 -> bf16 is exact.
@@ -488,16 +524,16 @@ std::vector<std::string> unused_setting_warnings(const JobConfig& job, const Par
   const JobConfig defaults;
   std::vector<std::string> out;
   const auto unused = [&](bool given, std::string_view what, std::string_view why) {
-    if (given) out.push_back(fmt::format("{}: no effect {}", what, why));
+    if (given) out.push_back(fmt::format("WARNING: {}: no effect {}", what, why));
   };
   unused(dims.pp == 1 && job.schedule != defaults.schedule,
          fmt::format("--schedule {}", job.schedule), "without a pipeline (--pp 1)");
   unused(dims.pp == 1 && !job.layers_per_stage.empty(),
          fmt::format("--layers-per-stage {}", job.layers_per_stage), "without a pipeline (--pp 1)");
-  unused(dims.cp == 1 && (job.cp_attention != defaults.cp_attention ||
-                          job.cp_load_balance != defaults.cp_load_balance),
-         fmt::format("--cp-attention {}{}", job.cp_attention,
-                     job.cp_load_balance ? "" : " --no-cp-load-balance"),
+  unused(dims.cp == 1 && job.cp_attention != defaults.cp_attention,
+         fmt::format("--cp-attention {}", job.cp_attention),
+         "without context parallelism (--cp 1)");
+  unused(dims.cp == 1 && job.cp_load_balance != defaults.cp_load_balance, "--no-cp-load-balance",
          "without context parallelism (--cp 1)");
   unused(!job.search &&
              (job.search_top != defaults.search_top ||
@@ -555,11 +591,15 @@ CheckedJob check_job(const JobConfig& job) {
     // With a config.json the model is the checkpoint's: --model picks only its family. A preset
     // of other sizes would name a model that is not the one trained.
     std::error_code ec;
-    if (fs::exists(models::hf::config_json_path(job.init_from), ec)) {
+    if (job.model != JobConfig{}.model &&  // the default names no size the user chose
+        fs::exists(models::hf::config_json_path(job.init_from), ec)) {
       const auto preset = out.model.family->from_preset(job.model, job.sizes());
+      // A preset's vocabulary may be the data's (byte tokens): the file's is the one to compare.
+      preset->set_vocab_size(out.model.args->vocab_size());
       if (preset->parameter_count() != out.model.args->parameter_count()) {
         out.warnings.push_back(
-            fmt::format("--model {}: the model is --init-from's ({}), not the preset's sizes ({} "
+            fmt::format("WARNING: --model {}: the model is --init-from's ({}), not the preset's "
+                        "sizes ({} "
                         "parameters); --model picks only the family (any of its presets does)",
                         job.model, out.model.args->summary(), preset->parameter_count()));
       }

@@ -118,6 +118,7 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
     if (flags[i] != nullptr && flags[i]->count() > 0) raw[i] = flag_values[i];
   }
   if (!config_file.empty()) load_job_toml(parsed.job, config_file);
+  parsed.job.config_file = config_file;
   for (size_t i = 0; i < options.size(); ++i) {
     if (raw[i]) set_option(parsed.job, options[i], *raw[i], options[i].flag());
   }

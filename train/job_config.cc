@@ -569,6 +569,25 @@ void resolve_parallel_degrees(JobConfig& config, int64_t world_size) {
              config.nproc, dims.str(), dims.world_size(), config.nproc);
 }
 
+std::vector<int64_t> parse_layers_per_stage(const std::string& text, const std::string& where) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = text.find(',', begin);
+    const std::string item = text.substr(begin, comma == std::string::npos ? comma : comma - begin);
+    int64_t n = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    LOOM_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size() && n >= 1,
+               "{} '{}': expected positive layer counts separated by commas, one per pipeline "
+               "stage (e.g. 3,5,5,3), got '{}'",
+               where, text, item);
+    out.push_back(n);
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
 void set_option(JobConfig& config, const JobOption& option, const OptionValue& value,
                 const std::string& where) {
   std::visit(
@@ -582,6 +601,7 @@ void set_option(JobConfig& config, const JobOption& option, const OptionValue& v
         }
       },
       option.field);
+  if (option.key == "layers_per_stage") parse_layers_per_stage(config.layers_per_stage, where);
   // Named where it was given (a flag, or a job file's section and key), not later as --model;
   // in a program that registers families (a job file's reader alone checks nothing here).
   if (option.key == "model" && !models::model_families().empty()) {

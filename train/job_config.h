@@ -25,6 +25,9 @@
 namespace loom::train {
 
 struct JobConfig {
+  // --config's path, where the job was read from (not a key of the file itself): an input no
+  // output may overwrite.
+  std::string config_file;
   // [model]
   std::string model = "tiny";  // a registered family's preset (models/family.h)
   int64_t n_layer = 0, n_head = 0, n_kv_heads = 0, n_embd = 0, ffn_dim = 0;  // 0: the preset's
@@ -172,6 +175,12 @@ ParallelDims data_parallel_dims(const JobConfig& config, int64_t world_size);
 // world, train/launch.h; 0: --nproc). A --nproc that is not the degrees' product is an error
 // naming both. Idempotent.
 void resolve_parallel_degrees(JobConfig& config, int64_t world_size = 0);
+
+// --layers-per-stage "3,5,5,3": the counts, each a positive integer; "" none. Throws naming
+// `where` (the flag, or the job file's section and key) and the part that is not a count. How
+// many stages and layers they must make is checked against the schedule and the model by
+// ParallelConfig.
+std::vector<int64_t> parse_layers_per_stage(const std::string& text, const std::string& where);
 
 // Every option, in the order the config prints them (by section).
 std::span<const JobOption> job_options();

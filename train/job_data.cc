@@ -61,7 +61,7 @@ std::string job_tokenizer_path(const JobConfig& job) {
   if (!job.tokenizer.empty()) return job.tokenizer;
   std::error_code ec;
   if (!job.init_from.empty() && fs::is_directory(job.init_from, ec)) {
-    const fs::path beside = fs::path(job.init_from) / "tokenizer.json";
+    const fs::path beside = models::hf::tokenizer_json_path(job.init_from);
     if (fs::is_regular_file(beside, ec)) return beside.string();
   }
   return "";

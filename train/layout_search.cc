@@ -116,6 +116,7 @@ std::vector<SearchedLayout> enumerate_layouts(const JobConfig& base, int64_t wor
                 job.microbatches = pipeline.microbatches;
                 job.virtual_stages = pipeline.virtual_stages;
                 job.layers_per_stage.clear();  // the search splits each pipeline evenly
+                job.nproc = 0;  // the degrees make the ranks (and --nproc N searches share traces)
                 // grad_accum is the job's: it splits each optimizer step's batch, so it decides
                 // the peak and which microbatch counts divide; a layout it does not fit is pruned
                 // with the job's own message.
@@ -363,6 +364,9 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
 std::string format_layout_search(const LayoutSearch& search, const LayoutSearchOptions& options) {
   int pruned = 0, traced = 0, reused = 0, over = 0, states_over = 0, bounded = 0;
   double trace_s = 0;
+  // Only a cache keeps what was traced for the next run (--no-search-cache keeps nothing).
+  const std::string go_on = search.cache_dir.empty() ? "give a larger --search-budget-s"
+                                                     : "run again to go on from the cache";
   for (const SearchedLayout& c : search.layouts) {
     pruned += !c.pruned.empty();
     traced += c.traced && !c.from_cache;
@@ -388,9 +392,8 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
                                search.jobs)
                  : std::string(),
       reused, search.seconds,
-      search.budget_ran_out
-          ? " (the budget ran out: some were not traced; run again to go on from the cache)"
-          : "");
+      search.budget_ran_out ? fmt::format(" (the budget ran out: some were not traced; {})", go_on)
+                            : "");
   if (!search.cache_dir.empty()) {
     out += fmt::format("traces kept in {}{}\n", search.cache_dir,
                        search.cache_write_error.empty()
@@ -401,8 +404,8 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
     if (search.budget_ran_out) {
       return out + fmt::format(
                        "no layout ranked: the budget (--search-budget-s {}) ran out before one "
-                       "was traced; give a larger budget, or run again to go on from the cache\n",
-                       options.budget_s);
+                       "was traced; give a larger budget{}\n",
+                       options.budget_s, search.cache_dir.empty() ? "" : ", or run again");
     }
     return out + "no layout fits\n";
   }

@@ -90,7 +90,8 @@ int64_t search_world_size(const JobConfig& job);
 
 // The job on one rank, without its layout (every degree 1, no pipeline options, no --nproc):
 // what check_job checks of a search's base (model, data, paths, flags), since the layout on its
-// command line is the one the search replaces. Each candidate is checked whole.
+// command line is the one the search replaces. Each candidate is pruned by its ParallelConfig,
+// stage split and trace (its model's layout checks, such as tp dividing the heads, fail there).
 JobConfig without_layout(const JobConfig& job);
 
 // Every candidate layout of `world_size` ranks for `base` (its model, batch and other settings),

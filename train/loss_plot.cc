@@ -50,9 +50,14 @@ bool run_gnuplot(const std::string& script) {
 
 }  // namespace
 
+LossPlotFiles loss_plot_files(const std::string& png) {
+  return {png, png + ".dat", png + ".val.dat", png + ".gnuplot"};
+}
+
 std::string write_loss_plot(const LossCurve& curve, double entropy, const std::string& png,
                             const std::string& title) {
-  const std::string data = png + ".dat", val = png + ".val.dat", script = png + ".gnuplot";
+  const LossPlotFiles files = loss_plot_files(png);
+  const std::string &data = files.points, &val = files.validation_points, &script = files.script;
   // gnuplot gets absolute paths: a name starting with '|' (set output) or '<' (plot) would be a
   // command to it, and one starting with '-' an option; a path starting with '/' is neither.
   const auto absolute = [](const std::string& path) {

@@ -20,4 +20,11 @@ struct LossCurve {
 std::string write_loss_plot(const LossCurve& curve, double entropy, const std::string& png,
                             const std::string& title);
 
+// The files write_loss_plot writes for `png`: the PNG, its points, its validation points and
+// its script (what no other output of the job may be).
+struct LossPlotFiles {
+  std::string png, points, validation_points, script;
+};
+LossPlotFiles loss_plot_files(const std::string& png);
+
 }  // namespace loom::train

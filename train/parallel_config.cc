@@ -1,6 +1,7 @@
 #include "train/parallel_config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "base/error.h"
 #include "parallel/pipeline/schedules.h"
@@ -71,6 +72,13 @@ std::vector<pipeline::StageRange> ParallelConfig::stage_ranges(int64_t n_layers)
   // of more stages than layers is refused before any schedule of its size is made.
   const int stages = static_cast<int>(dims.pp) * ::loom::pipeline::stages_per_rank_of(
                                                      pipeline.schedule, pipeline.virtual_stages);
+  LOOM_CHECK(pipeline.layers_per_stage.empty() ||
+                 static_cast<int64_t>(pipeline.layers_per_stage.size()) == stages,
+             "--layers-per-stage {}: {} counts, but pp {} under schedule {} has {} stages ({} per "
+             "rank); give one count per stage, in stage order",
+             fmt::format("{}", fmt::join(pipeline.layers_per_stage, ",")),
+             pipeline.layers_per_stage.size(), dims.pp, pipeline.schedule, stages,
+             pipeline.stages_per_rank());
   LOOM_CHECK(!pipeline.layers_per_stage.empty() || n_layers >= stages,
              "ParallelConfig: pp {} under schedule {} has {} stages ({} per rank), but the model "
              "has {} layers; each stage needs at least one (fewer pp ranks, or a schedule with "

@@ -160,6 +160,12 @@ std::string search_report(const JobConfig& job) {
   std::string missing;
   options.machine = plan_machine(job, options.world_size, options.target.is_cuda(), &missing);
   std::string out = format_layout_search(search_layouts(job, options), options);
+  if (!job.layers_per_stage.empty()) {
+    out = fmt::format(
+        "note: --layers-per-stage {} is one pipeline's split: the search splits each layout's "
+        "pipeline evenly\n{}",
+        job.layers_per_stage, out);
+  }
   if (!missing.empty()) out += fmt::format("\n{} (ranked by peak memory instead)\n", missing);
   return out;
 }

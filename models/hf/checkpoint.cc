@@ -99,10 +99,23 @@ std::string resolve_checkpoint_path(const std::string& path) {
             kSingleFile, kIndexFile);
 }
 
-std::string config_json_path(const std::string& path) {
+namespace {
+
+std::string beside(const std::string& path, const char* name) {
   std::error_code ec;
-  if (fs::is_directory(path, ec)) return (fs::path(path) / "config.json").string();
-  return (fs::path(path).parent_path() / "config.json").string();
+  if (fs::is_directory(path, ec)) return (fs::path(path) / name).string();
+  return (fs::path(path).parent_path() / name).string();
+}
+
+}  // namespace
+
+std::string config_json_path(const std::string& path) { return beside(path, "config.json"); }
+std::string generation_config_path(const std::string& path) {
+  return beside(path, "generation_config.json");
+}
+std::string tokenizer_json_path(const std::string& path) { return beside(path, "tokenizer.json"); }
+std::vector<std::string> files_beside(const std::string& path) {
+  return {config_json_path(path), generation_config_path(path), tokenizer_json_path(path)};
 }
 
 TensorMap read_tensors(const std::string& path, bool values, const std::set<std::string>* only) {

@@ -41,6 +41,11 @@ TensorMap read_tensors(const std::string& path, bool values = true,
 std::string resolve_checkpoint_path(const std::string& path);
 // config.json beside the checkpoint (in the folder when `path` is one).
 std::string config_json_path(const std::string& path);
+// generation_config.json and tokenizer.json beside it, as config.json.
+std::string generation_config_path(const std::string& path);
+std::string tokenizer_json_path(const std::string& path);
+// The three files a checkpoint's readers read and --save writes beside its model file.
+std::vector<std::string> files_beside(const std::string& path);
 
 // What a load read: the bytes of tensor data read (each rank only its boxes of the parameters
 // whose file layout its family states), of the checkpoint's tensor bytes in all.

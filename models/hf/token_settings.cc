@@ -31,7 +31,7 @@ nlohmann::json parse_object(const std::string& text, const fs::path& path) {
 }  // namespace
 
 void copy_tokenizer_beside(const std::string& tokenizer, const std::string& save) {
-  const fs::path target = fs::path(save).parent_path() / "tokenizer.json";
+  const fs::path target = tokenizer_json_path(save);
   std::error_code ec;
   if (fs::exists(target, ec) && fs::equivalent(target, tokenizer, ec)) return;
   write_file_atomically(target.string(), read_text(tokenizer), "tokenizer.json");
@@ -49,7 +49,7 @@ nlohmann::json read_token_settings(const std::string& path) {
     }
     if (!ids.empty()) settings["token_ids"] = std::move(ids);
   }
-  const fs::path generation = config.parent_path() / "generation_config.json";
+  const fs::path generation = generation_config_path(path);
   if (fs::is_regular_file(generation, ec)) {
     const std::string text = read_text(generation);
     parse_object(text, generation);  // a file transformers could not read is not carried
@@ -71,8 +71,8 @@ void write_token_settings(const nlohmann::json& settings, const std::string& sav
   }
   if (const auto generation = settings.find("generation_config"); generation != settings.end()) {
     LOOM_CHECK(generation->is_string(), "the recorded generation_config.json is not its text");
-    write_file_atomically((config.parent_path() / "generation_config.json").string(),
-                          generation->get<std::string>(), "generation_config.json");
+    write_file_atomically(generation_config_path(save), generation->get<std::string>(),
+                          "generation_config.json");
   }
 }
 

@@ -19,11 +19,17 @@ Schedule interleaved_one_f_one_b_schedule(int num_ranks, int num_microbatches,
   // each of r = m / rounds microbatches. A round of r >= p keeps a microbatch leaving the last
   // rank on one local stage from waiting for the first rank on the next; r < p (m < p) runs one
   // round with bubbles. A partial round would break that timing.
+  const auto equal_rounds = [p](int n) { return n % std::max(1, n / p) == 0; };
   const int rounds = std::max(1, m / p);
-  LOOM_CHECK(m % rounds == 0,
-             "{}: {} microbatches do not split into {} equal rounds (torch's rule: m / p rounds "
-             "of m / rounds microbatches each, for p = {} ranks); e.g. {} or {} microbatches",
-             kName, m, rounds, p, m - m % rounds, m - m % rounds + rounds);
+  if (!equal_rounds(m)) {
+    int below = m, above = m;
+    while (!equal_rounds(below)) --below;  // 1 always splits
+    while (!equal_rounds(above)) ++above;  // a multiple of p always splits
+    LOOM_FAIL(
+        "{}: {} microbatches do not split into {} equal rounds (torch's rule: m / p rounds "
+        "of m / rounds microbatches each, for p = {} ranks); e.g. {} or {} microbatches",
+        kName, m, rounds, p, below, above);
+  }
   const int r = m / rounds;  // microbatches per round
   const int total = m * v;   // forwards (and backwards) per rank
   std::vector<std::vector<Action>> compute(p);

@@ -69,8 +69,17 @@ grep -q '"model_type": "llama"' hf_llama/config.json || { cat hf_llama/config.js
 "$train" --model llama3-8b --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress \
   --init-from hf_llama --metrics-out "" --plot-out "" > other_preset.log 2>&1 ||
   { cat other_preset.log; exit 1; }
-grep -q "^loom_train: --model llama3-8b: the model is --init-from's (Llama n_layers=2" other_preset.log ||
+grep -q "^loom_train: WARNING: --model llama3-8b: the model is --init-from's (Llama n_layers=2" other_preset.log ||
   { cat other_preset.log; echo "a preset of other sizes than --init-from's was not named"; exit 1; }
+
+# --save over the checkpoint --init-from reads would overwrite the run's own input.
+if "$train" --model llama-tiny --dp 1 --tp 1 --steps 1 --no-progress --init-from hf_llama \
+    --save hf_llama/model.safetensors --metrics-out "" --plot-out "" > over.log 2>&1; then
+  echo "--save over --init-from's file ran"; exit 1
+fi
+grep -q "^loom_train: --save writes 'hf_llama/model.safetensors', the file --init-from reads" over.log ||
+  { cat over.log; exit 1; }
+cmp hf_llama/model.safetensors saved_llama/model.safetensors || { echo "the input changed"; exit 1; }
 
 # Bad input is named: not a checkpoint, a missing argument.
 if "$consolidate" run.log out.safetensors 2> bad.log; then echo "consolidated a log file"; exit 1; fi

@@ -239,9 +239,27 @@ expect_error 2 "loom_train: --metrics-out (the effective config beside it) and -
 expect_error 2 "loom_train: --plot-out and --save (the config.json beside it) both write 'out/config.json'" \
   --plot-out ./out/../out/config.json --save out/model.safetensors --dp 1 --tp 1
 printf 'some text to train on, long enough for a batch or two of tokens.%.0s' {1..200} >corpus.txt
-expect_error 2 "loom_train: --metrics-out writes 'corpus.txt', the file --data reads" \
+expect_error 2 "loom_train: --metrics-out writes './corpus.txt', the file --data reads" \
   --data corpus.txt --metrics-out ./corpus.txt --dp 1 --tp 1
 [[ $(head -c 4 corpus.txt) == "some" ]] || fail "the data was overwritten"
+# The data's folders and patterns are expanded, hard links are one file, the job file is an input,
+# and --init-from's files beside its model; a name with a newline (gnuplot reads the plot's name
+# in its script: the next line would be a command) is refused.
+mkdir -p dd && cp corpus.txt dd/a.txt && ln -f corpus.txt hard.txt
+expect_error 2 "loom_train: --metrics-out writes 'dd/a.txt', the file --data reads" \
+  --data dd --metrics-out dd/a.txt --dp 1 --tp 1
+expect_error 2 "loom_train: --metrics-out writes 'dd/a.txt', the file --data reads" \
+  --data 'dd/*.txt' --metrics-out dd/a.txt --dp 1 --tp 1
+expect_error 2 "loom_train: --metrics-out writes 'hard.txt', the file --data reads" \
+  --data corpus.txt --metrics-out hard.txt --dp 1 --tp 1
+printf '[training]\nsteps = 1\n' >x.config.toml
+expect_error 2 "writes 'x.config.toml', the file --config reads" \
+  --config x.config.toml --metrics-out x.jsonl --dp 1 --tp 1
+expect_error 2 "loom_train: --metrics-out writes 'm2.jsonl', the folder --checkpoint-dir saves in" \
+  --checkpoint-dir m2.jsonl --metrics-out m2.jsonl --dp 1 --tp 1
+expect_error 2 "loom_train: --plot-out: 'p\x0a!touch INJECTED\x0a.png' holds a control character" \
+  --plot-out $'p\n!touch INJECTED\n.png' --dp 1 --tp 1
+[[ $(cat dd/a.txt) == "$(cat corpus.txt)" && ! -e INJECTED ]] || fail "a refused job wrote"
 [[ ! -e m.jsonl && ! -e m.config.toml && ! -e out ]] || fail "a refused job wrote: $(ls)"
 echo "ok: outputs at one path, or at an input's, are refused before anything is written"
 # --replica picks the batch's share: out of range is refused with one replica too, and the
@@ -257,7 +275,7 @@ echo "ok: replica flags without --replicas are refused"
 for line in "--schedule gpipe: no effect without a pipeline (--pp 1)" \
   "--cp-attention ring: no effect without context parallelism (--cp 1)" \
   "--search-*: no effect without --search"; do
-  grep -qF -- "loom_train: $line" unused.log || { cat unused.log; fail "no warning: $line"; }
+  grep -qF -- "loom_train: WARNING: $line" unused.log || { cat unused.log; fail "no warning: $line"; }
 done
 echo "ok: settings without effect on the layout are named"
 # A fault probe that can never fire is refused: a fault test would pass for nothing.

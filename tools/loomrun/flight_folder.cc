@@ -64,13 +64,15 @@ void FlightRecorderFolder::export_to(std::vector<std::string>& environment) cons
 
 FlightRecorderFolder::~FlightRecorderFolder() {
   if (!made_here_) return;
+  // Non-throwing throughout (a destructor): increment(error), not the range-for's operator++.
   std::error_code error;
   bool dumps = false;
-  for (const auto& entry : std::filesystem::directory_iterator(path_, error)) {
-    const std::string name = entry.path().filename().string();
+  for (std::filesystem::directory_iterator it(path_, error), end; !error && it != end;
+       it.increment(error)) {
+    const std::string name = it->path().filename().string();
     dumps |= name.starts_with("rank-") && name.ends_with(".json");
   }
-  if (!dumps) std::filesystem::remove_all(path_, error);
+  if (!dumps && !error) std::filesystem::remove_all(path_, error);
 }
 
 void FlightRecorderFolder::report(int exit_code, int world_size) const {

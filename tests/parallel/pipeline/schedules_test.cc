@@ -77,7 +77,10 @@ TEST(SchedulesTest, EveryGeneratedScheduleIsValidEvenWithRendezvousSends) {
       valid(gpipe_schedule(p, m));
       valid(one_f_one_b_schedule(p, m));
       valid(zb_h1_schedule(p, m));
-      for (int v = 1; v <= 3 && m % p == 0; ++v) valid(interleaved_one_f_one_b_schedule(p, m, v));
+      // Interleaved: every count of equal rounds (torch's rule), r = m / rounds below p included.
+      for (int v = 1; v <= 3 && m % std::max(1, m / p) == 0; ++v) {
+        valid(interleaved_one_f_one_b_schedule(p, m, v));
+      }
       valid(zbv_schedule(p, m));
       if (m >= 2 * p) valid(dualpipev_schedule(p, m));
     }
@@ -213,6 +216,9 @@ TEST(SchedulesTest, InterleavedRunsEqualRoundsOfMicrobatches) {
     EXPECT_THAT(e.what(), HasSubstr("9 microbatches do not split into 2 equal rounds"));
     EXPECT_THAT(e.what(), HasSubstr("e.g. 8 or 10 microbatches"));
   }
+  // Both counts suggested split: 22 on 4 ranks (5 rounds of 4.4) suggests 20 and 24, not 25.
+  EXPECT_THAT([] { interleaved_one_f_one_b_schedule(4, 22, 2); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("e.g. 20 or 24 microbatches")));
 }
 
 TEST(SchedulesTest, BadArgumentsAreNamed) {
