@@ -59,6 +59,13 @@ void consolidate(const std::string& input, const std::string& output,
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First: CLI11's ExistingFile checks --tokenizer's path where bazel run was started.
+  try {
+    loom::enter_bazel_working_directory();
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "consolidate: {}\n", error.what());
+    return 2;
+  }
   CLI::App app{
       "A job's distributed checkpoint as Hugging Face safetensors (GPT-2, Llama: the family "
       "the checkpoint recorded)"};
@@ -77,7 +84,6 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, not CLI11's own codes
   }
   try {
-    loom::enter_bazel_working_directory();
     consolidate(input, output, tokenizer);
     return 0;
   } catch (const std::exception& error) {
