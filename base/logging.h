@@ -10,8 +10,11 @@ namespace loom {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
 
-// The threshold read once from LOOM_LOG_LEVEL.
+// The threshold read once from LOOM_LOG_LEVEL (info when unset, or when not a level).
 LogLevel log_threshold();
+// Throws loom::Error naming LOOM_LOG_LEVEL's value when it is set and not debug, info, warn or
+// error (a job checks it before its ranks start).
+void check_log_level_env();
 void log_line(LogLevel level, std::string_view message);
 
 }  // namespace loom

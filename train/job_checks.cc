@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/logging.h"
 #include "base/profiler.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/gloo/process_group_gloo.h"
@@ -557,6 +558,7 @@ CheckedJob check_job(const JobConfig& job) {
   const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
   comm::shared_memory_allowed_by_env();                                  // LOOM_GLOO_SHM
   profiler::environment_options();                                       // LOOM_PROFILE
+  check_log_level_env();                                                 // LOOM_LOG_LEVEL
   // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
   LOOM_CHECK(job.collective_timeout_s == 0 ||
                  (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),

@@ -280,7 +280,8 @@ done
 echo "ok: settings without effect on the layout are named"
 # A fault probe that can never fire is refused: a fault test would pass for nothing.
 LOOM_GLOO_SHM=nope expect_error 2 "loom_train: LOOM_GLOO_SHM='nope': expected 0, false or off" --steps 3
+LOOM_LOG_LEVEL=warning expect_error 2 "loom_train: LOOM_LOG_LEVEL='warning': expected debug, info, warn or error" --steps 3
 LOOM_PROFILE=bogus expect_error 2 "loom_train: LOOM_PROFILE='bogus': 'bogus' is not a profiler setting" --steps 3
-echo "ok: LOOM_GLOO_SHM and LOOM_PROFILE are checked before any rank starts"
+echo "ok: LOOM_GLOO_SHM, LOOM_LOG_LEVEL and LOOM_PROFILE are checked before any rank starts"
 LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
 echo "ok: a fault probe outside the job is refused"
