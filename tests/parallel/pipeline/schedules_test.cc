@@ -197,32 +197,39 @@ TEST(SchedulesTest, TimelinesShowWhereTheBubbleIs) {
 // for these sizes): rounds of r = m / max(1, m / p) microbatches, r > p (3 on 2 ranks, 6 on 4)
 // and r < p (2 on 4).
 TEST(SchedulesTest, InterleavedOrdersAreTorchs) {
-  {
-    const Schedule il = interleaved_one_f_one_b_schedule(2, 3, 2);
-    EXPECT_EQ(compute_order(il, 0), "F0s0 F1s0 F2s0 F0s2 F1s2 F2s2 B0s2 B1s2 B2s2 B0s0 B1s0 B2s0");
-    EXPECT_EQ(compute_order(il, 1), "F0s1 F1s1 F2s1 F0s3 B0s3 F1s3 B1s3 F2s3 B2s3 B0s1 B1s1 B2s1");
-  }
-  {
-    const Schedule il = interleaved_one_f_one_b_schedule(4, 6, 2);
-    EXPECT_EQ(compute_order(il, 0),
-              "F0s0 F1s0 F2s0 F3s0 F4s0 F5s0 F0s4 F1s4 F2s4 F3s4 F4s4 F5s4 B0s4 B1s4 B2s4 B3s4 "
-              "B4s4 B5s4 B0s0 B1s0 B2s0 B3s0 B4s0 B5s0");
-    EXPECT_EQ(compute_order(il, 1),
-              "F0s1 F1s1 F2s1 F3s1 F4s1 F5s1 F0s5 F1s5 F2s5 F3s5 F4s5 B0s5 F5s5 B1s5 B2s5 B3s5 "
-              "B4s5 B5s5 B0s1 B1s1 B2s1 B3s1 B4s1 B5s1");
-    EXPECT_EQ(compute_order(il, 2),
-              "F0s2 F1s2 F2s2 F3s2 F4s2 F5s2 F0s6 F1s6 F2s6 B0s6 F3s6 B1s6 F4s6 B2s6 F5s6 B3s6 "
-              "B4s6 B5s6 B0s2 B1s2 B2s2 B3s2 B4s2 B5s2");
-    EXPECT_EQ(compute_order(il, 3),
-              "F0s3 F1s3 F2s3 F3s3 F4s3 F5s3 F0s7 B0s7 F1s7 B1s7 F2s7 B2s7 F3s7 B3s7 F4s7 B4s7 "
-              "F5s7 B5s7 B0s3 B1s3 B2s3 B3s3 B4s3 B5s3");
-  }
-  {
-    const Schedule il = interleaved_one_f_one_b_schedule(4, 2, 2);
-    EXPECT_EQ(compute_order(il, 0), "F0s0 F1s0 F0s4 F1s4 B0s4 B1s4 B0s0 B1s0");
-    EXPECT_EQ(compute_order(il, 1), "F0s1 F1s1 F0s5 F1s5 B0s5 B1s5 B0s1 B1s1");
-    EXPECT_EQ(compute_order(il, 2), "F0s2 F1s2 F0s6 F1s6 B0s6 B1s6 B0s2 B1s2");
-    EXPECT_EQ(compute_order(il, 3), "F0s3 F1s3 F0s7 B0s7 F1s7 B1s7 B0s3 B1s3");
+  struct Case {
+    int p, m, v;
+    std::vector<std::string> orders;  // each rank's compute actions, torch's
+  };
+  const std::vector<Case> cases = {
+      {2,
+       3,
+       2,
+       {"F0s0 F1s0 F2s0 F0s2 F1s2 F2s2 B0s2 B1s2 B2s2 B0s0 B1s0 B2s0",
+        "F0s1 F1s1 F2s1 F0s3 B0s3 F1s3 B1s3 F2s3 B2s3 B0s1 B1s1 B2s1"}},
+      {4,
+       6,
+       2,
+       {"F0s0 F1s0 F2s0 F3s0 F4s0 F5s0 F0s4 F1s4 F2s4 F3s4 F4s4 F5s4 B0s4 B1s4 B2s4 B3s4 B4s4 B5s4 "
+        "B0s0 B1s0 B2s0 B3s0 B4s0 B5s0",
+        "F0s1 F1s1 F2s1 F3s1 F4s1 F5s1 F0s5 F1s5 F2s5 F3s5 F4s5 B0s5 F5s5 B1s5 B2s5 B3s5 B4s5 B5s5 "
+        "B0s1 B1s1 B2s1 B3s1 B4s1 B5s1",
+        "F0s2 F1s2 F2s2 F3s2 F4s2 F5s2 F0s6 F1s6 F2s6 B0s6 F3s6 B1s6 F4s6 B2s6 F5s6 B3s6 B4s6 B5s6 "
+        "B0s2 B1s2 B2s2 B3s2 B4s2 B5s2",
+        "F0s3 F1s3 F2s3 F3s3 F4s3 F5s3 F0s7 B0s7 F1s7 B1s7 F2s7 B2s7 F3s7 B3s7 F4s7 B4s7 F5s7 B5s7 "
+        "B0s3 B1s3 B2s3 B3s3 B4s3 B5s3"}},
+      {4,
+       2,
+       2,
+       {"F0s0 F1s0 F0s4 F1s4 B0s4 B1s4 B0s0 B1s0", "F0s1 F1s1 F0s5 F1s5 B0s5 B1s5 B0s1 B1s1",
+        "F0s2 F1s2 F0s6 F1s6 B0s6 B1s6 B0s2 B1s2", "F0s3 F1s3 F0s7 B0s7 F1s7 B1s7 B0s3 B1s3"}},
+  };
+  for (const Case& c : cases) {
+    const Schedule il = interleaved_one_f_one_b_schedule(c.p, c.m, c.v);
+    for (int rank = 0; rank < c.p; ++rank) {
+      EXPECT_EQ(compute_order(il, rank), c.orders[rank])
+          << "p=" << c.p << " m=" << c.m << " rank " << rank;
+    }
   }
 }
 
