@@ -1,6 +1,7 @@
 #include "train/job_checks.h"
 
 #include <fmt/ranges.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,10 +90,20 @@ std::string same_file_key(const std::string& path) {
 }
 
 // Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
+// Computed once per file: a data spec may name thousands of shards.
+struct FileIdentity {
+  std::string key;                               // same_file_key
+  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
+  explicit FileIdentity(const std::string& path) : key(same_file_key(path)) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) inode = std::pair{st.st_dev, st.st_ino};
+  }
+  bool operator==(const FileIdentity& other) const {
+    return key == other.key || (inode && other.inode && *inode == *other.inode);
+  }
+};
 bool same_file(const std::string& a, const std::string& b) {
-  if (same_file_key(a) == same_file_key(b)) return true;
-  std::error_code ec;
-  return fs::equivalent(a, b, ec) && !ec;
+  return FileIdentity(a) == FileIdentity(b);
 }
 
 // Every file the job reads that an output could overwrite, each with its flag: the data's files
@@ -159,12 +170,15 @@ void check_outputs_apart(const JobConfig& job) {
                "{} writes '{}', the folder --checkpoint-dir saves in; give {} another path",
                file.what, file.path, file.what);
   }
+  std::vector<FileIdentity> outputs;
+  for (const JobFile& output : written) outputs.emplace_back(output.path);
   for (const JobFile& input : files_read(job)) {
-    for (const JobFile& output : written) {
-      LOOM_CHECK(!same_file(input.path, output.path),
+    const FileIdentity read(input.path);
+    for (size_t i = 0; i < written.size(); ++i) {
+      LOOM_CHECK(!(read == outputs[i]),
                  "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
                  "{} another path",
-                 output.what, output.path, input.what, output.what);
+                 written[i].what, written[i].path, input.what, written[i].what);
     }
   }
 }
