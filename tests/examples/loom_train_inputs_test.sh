@@ -111,7 +111,15 @@ grep -q 'effective config (also in first.config.toml)' first.log || { cat first.
 losses() { sed -n 's/.*"loss":\([-0-9.e+]*\).*/\1/p' "$1"; }
 [[ "$(losses first.jsonl)" == "$(losses again.jsonl)" ]] ||
   fail "the effective config did not repeat the run: $(losses first.jsonl) vs $(losses again.jsonl)"
-echo "ok: a config file, a flag over it, and the effective config repeating the run"
+# As the README replays it: --config on the effective config, beside the same metrics (which
+# the replay writes again, the effective config over the file it read).
+cp first.config.toml replay.config.toml
+"$train" --no-progress --config replay.config.toml --metrics-out replay.jsonl --plot-out "" \
+  >replay.log 2>&1 || { cat replay.log; fail "replaying the effective config in place"; }
+[[ "$(losses first.jsonl)" == "$(losses replay.jsonl)" ]] || fail "the in-place replay differs"
+cmp <(grep -v '^metrics_out\|^plot_out' first.config.toml) \
+  <(grep -v '^metrics_out\|^plot_out' replay.config.toml) || fail "the replay's effective config differs"
+echo "ok: a config file, a flag over it, and the effective config repeating the run (in place too)"
 
 # Issue 30's defects, found from outside, each named before anything trains (exit 2).
 # --checkpoint-dir is checked with the other outputs: under a file, not a folder.
@@ -252,9 +260,9 @@ expect_error 2 "loom_train: --metrics-out writes 'dd/a.txt', the file --data rea
   --data 'dd/*.txt' --metrics-out dd/a.txt --dp 1 --tp 1
 expect_error 2 "loom_train: --metrics-out writes 'hard.txt', the file --data reads" \
   --data corpus.txt --metrics-out hard.txt --dp 1 --tp 1
-printf '[training]\nsteps = 1\n' >x.config.toml
-expect_error 2 "writes 'x.config.toml', the file --config reads" \
-  --config x.config.toml --metrics-out x.jsonl --dp 1 --tp 1
+printf '[training]\nsteps = 1\n' >x.toml
+expect_error 2 "loom_train: --metrics-out writes 'x.toml', the file --config reads" \
+  --config x.toml --metrics-out x.toml --dp 1 --tp 1
 expect_error 2 "loom_train: --metrics-out writes 'm2.jsonl', the folder --checkpoint-dir saves in" \
   --checkpoint-dir m2.jsonl --metrics-out m2.jsonl --dp 1 --tp 1
 expect_error 2 "loom_train: --plot-out: 'p\x0a!touch INJECTED\x0a.png' holds a control character" \
