@@ -671,6 +671,19 @@ void load_job_toml(JobConfig& config, const std::string& path) {
         value = *b;
       } else if (const auto s = node.value_exact<std::string>()) {
         value = *s;
+      } else if (const auto* counts = node.as_array(); counts && key == "layers_per_stage") {
+        // [parallel] layers_per_stage = [3, 5, 5, 3], as torchtitan's job files write lists: the
+        // flag's "3,5,5,3" (parse_layers_per_stage names anything that is not a count).
+        std::vector<std::string> parts;
+        for (const auto& count : *counts) {
+          const auto n = count.value_exact<int64_t>();
+          LOOM_CHECK(n.has_value(),
+                     "{}: expected an array of integers (layers per stage), got an element "
+                     "that is not one",
+                     where);
+          parts.push_back(std::to_string(*n));
+        }
+        value = fmt::format("{}", fmt::join(parts, ","));
       } else {
         LOOM_FAIL("{}: expected a single value, got {}", where,
                   node.is_table()   ? "a table"

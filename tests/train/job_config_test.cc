@@ -109,6 +109,27 @@ TEST(JobConfigTest, TheEffectiveConfigReadsBackToTheSameJob) {
   EXPECT_EQ(again.save, changed.save);
 }
 
+// The pipeline's split as a list, as torchtitan's job files write lists, or as the flag's text.
+TEST(JobConfigTest, LayersPerStageIsAListOrItsText) {
+  JobConfig config;
+  load_job_toml(config, write_file("split.toml", "[parallel]\nlayers_per_stage = [3, 5, 5, 3]\n"));
+  EXPECT_EQ(config.layers_per_stage, "3,5,5,3");
+  EXPECT_EQ(parse_layers_per_stage(config.layers_per_stage, "x"),
+            (std::vector<int64_t>{3, 5, 5, 3}));
+  load_job_toml(config, write_file("split_text.toml", "[parallel]\nlayers_per_stage = \"1,7\"\n"));
+  EXPECT_EQ(config.layers_per_stage, "1,7");
+  const auto error = [&](const std::string& text) {
+    return error_of([&] { load_job_toml(config, write_file("split_bad.toml", text)); });
+  };
+  EXPECT_THAT(error("[parallel]\nlayers_per_stage = [3, 0]\n"),
+              HasSubstr("split_bad.toml: [parallel] layers_per_stage '3,0': expected positive "
+                        "layer counts"));
+  EXPECT_THAT(error("[parallel]\nlayers_per_stage = [3, \"x\"]\n"),
+              HasSubstr("[parallel] layers_per_stage: expected an array of integers"));
+  EXPECT_THAT(error("[parallel]\ntp = [2]\n"),
+              HasSubstr("[parallel] tp: expected a single value, got an array"));
+}
+
 TEST(JobConfigTest, BadFilesAreNamedBySectionAndKey) {
   JobConfig config;
   const auto error = [&](const std::string& text) {
