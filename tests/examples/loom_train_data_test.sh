@@ -275,6 +275,8 @@ expect_error "--data: 'all.txt.gz' is gzip-compressed, not text" --data all.txt.
 tokenize_error "'one/train_000000.bin' holds a NUL byte at offset" --out binary one/train_000000.bin
 tokenize_error "loom_tokenize: --chunk-bytes 0: expected 1 to 2^40" --out chunk0 --chunk-bytes 0 text
 ! grep -q "loom tokenize:" terr.log || { cat terr.log; fail "the error is prefixed twice"; }
+tokenize_error "loom_tokenize: Could not convert: --shard-tokens = abc: expected a whole number" \
+  --out badnumber --shard-tokens abc text
 tokenize_error "loom_tokenize: --prefix '': expected a file name prefix without '/'" --out noprefix \
   --prefix '' text
 tokenize_error "--document-token -7: expected a token id, or -1" --out docm7 --document-token -7 text

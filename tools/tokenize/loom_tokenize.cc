@@ -63,6 +63,13 @@ int run(int argc, char** argv) {
                "progress on stderr (default: on a terminal)");
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConversionError& e) {
+    // CLI11 says "Could not convert: --shard-tokens = abc"; say what a value must be.
+    std::fprintf(stderr,
+                 "%s: %s: expected a whole number (--shard-tokens, --val-tokens, --threads, "
+                 "--chunk-bytes, --document-token); run '%s --help' for the flags\n",
+                 kProgram, e.what(), kProgram);
+    return 2;
   } catch (const CLI::ParseError& e) {
     // --help exits 0; a bad flag exits 2 (bad input), as every Loom program does, not CLI11's own
     // codes (106 for a missing argument, ...).
