@@ -102,9 +102,6 @@ struct FileIdentity {
     return key == other.key || (inode && other.inode && *inode == *other.inode);
   }
 };
-bool same_file(const std::string& a, const std::string& b) {
-  return FileIdentity(a) == FileIdentity(b);
-}
 
 // Every file the job reads that an output could overwrite, each with its flag: the data's files
 // (folders and patterns expanded), --tokenizer, --config, --replica-replay, and --init-from's
@@ -147,6 +144,10 @@ std::vector<JobFile> files_read(const JobConfig& job) {
 // (a newline in a name gnuplot reads would end its line and start a command).
 void check_outputs_apart(const JobConfig& job) {
   const std::vector<JobFile> written = files_written(job);
+  std::vector<FileIdentity> outputs;
+  for (const JobFile& output : written) outputs.emplace_back(output.path);
+  const std::optional<FileIdentity> checkpoints =
+      job.checkpoint_dir.empty() ? std::nullopt : std::optional(FileIdentity(job.checkpoint_dir));
   for (size_t i = 0; i < written.size(); ++i) {
     const JobFile& file = written[i];
     const auto control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
@@ -161,17 +162,15 @@ void check_outputs_apart(const JobConfig& job) {
           file.what, shown);
     }
     for (size_t j = 0; j < i; ++j) {
-      LOOM_CHECK(!same_file(written[j].path, file.path),
+      LOOM_CHECK(!(outputs[j] == outputs[i]),
                  "{} and {} both write '{}': each would overwrite the other's file; give them "
                  "different paths",
                  written[j].what, file.what, file.path);
     }
-    LOOM_CHECK(job.checkpoint_dir.empty() || !same_file(job.checkpoint_dir, file.path),
+    LOOM_CHECK(!checkpoints || !(*checkpoints == outputs[i]),
                "{} writes '{}', the folder --checkpoint-dir saves in; give {} another path",
                file.what, file.path, file.what);
   }
-  std::vector<FileIdentity> outputs;
-  for (const JobFile& output : written) outputs.emplace_back(output.path);
   const std::string effective =
       job.metrics_out.empty() ? "" : effective_config_path(job.metrics_out);
   for (const JobFile& input : files_read(job)) {
@@ -295,6 +294,24 @@ std::vector<std::string> dropout_warnings(const JobConfig& job) {
         said.size() > 1 ? " (Loom takes one value for these keys)" : ""));
   }
   return warnings;
+}
+
+// With a config.json the model is --init-from's: --model picks only its family. A warning when
+// --model names a preset of other sizes, which is not the model trained.
+std::optional<std::string> preset_size_warning(const JobConfig& job, const JobModel& model) {
+  std::error_code ec;
+  if (job.model == JobConfig{}.model ||  // the default names no size the user chose
+      !fs::exists(models::hf::config_json_path(job.init_from), ec)) {
+    return std::nullopt;
+  }
+  const auto preset = model.family->from_preset(job.model, job.sizes());
+  // A preset's vocabulary may be the data's (byte tokens): the file's is the one to compare.
+  preset->set_vocab_size(model.args->vocab_size());
+  if (preset->parameter_count() == model.args->parameter_count()) return std::nullopt;
+  return fmt::format(
+      "WARNING: --model {}: the model is --init-from's ({}), not the preset's sizes ({} "
+      "parameters); --model picks only the family (any of its presets does)",
+      job.model, model.args->summary(), preset->parameter_count());
 }
 
 // What tells one run's saves from another's: its model and what decides its batches (data,
@@ -609,22 +626,7 @@ CheckedJob check_job(const JobConfig& job) {
   if (!job.init_from.empty()) {
     check_init_from(job, *out.model.args);
     for (std::string& warning : dropout_warnings(job)) out.warnings.push_back(std::move(warning));
-    // With a config.json the model is the checkpoint's: --model picks only its family. A preset
-    // of other sizes would name a model that is not the one trained.
-    std::error_code ec;
-    if (job.model != JobConfig{}.model &&  // the default names no size the user chose
-        fs::exists(models::hf::config_json_path(job.init_from), ec)) {
-      const auto preset = out.model.family->from_preset(job.model, job.sizes());
-      // A preset's vocabulary may be the data's (byte tokens): the file's is the one to compare.
-      preset->set_vocab_size(out.model.args->vocab_size());
-      if (preset->parameter_count() != out.model.args->parameter_count()) {
-        out.warnings.push_back(
-            fmt::format("WARNING: --model {}: the model is --init-from's ({}), not the preset's "
-                        "sizes ({} "
-                        "parameters); --model picks only the family (any of its presets does)",
-                        job.model, out.model.args->summary(), preset->parameter_count()));
-      }
-    }
+    if (auto warning = preset_size_warning(job, out.model)) out.warnings.push_back(*warning);
     try {
       out.hf_token_settings = models::hf::read_token_settings(job.init_from);
     } catch (const Error& e) {
