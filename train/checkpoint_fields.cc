@@ -70,26 +70,47 @@ nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMe
   return fields;
 }
 
-void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& here,
-                      const std::string& directory) {
-  const auto saved = metadata.extra.find("model");
-  LOOM_CHECK(saved != metadata.extra.end() && saved->is_object(),
+std::vector<std::string> check_same_model(const checkpoint::Metadata& metadata,
+                                          const nlohmann::json& model, const std::string& directory,
+                                          const std::vector<std::string>& training_fields) {
+  const auto recorded = metadata.extra.find("model");
+  LOOM_CHECK(recorded != metadata.extra.end() && recorded->is_object(),
              "checkpoint '{}' does not record its model config; it was not saved by a Loom job",
              directory);
+  // A training setting is a warning when both record it and it differs, and left out of the
+  // comparison.
+  std::vector<std::string> warnings;
+  nlohmann::json saved = *recorded, here = model;
+  for (const std::string& field : training_fields) {
+    const nlohmann::json::json_pointer pointer(field);
+    if (saved.contains(pointer) && here.contains(pointer) &&
+        saved.at(pointer) != here.at(pointer)) {
+      std::string name = field.substr(1);
+      std::replace(name.begin(), name.end(), '/', '.');
+      warnings.push_back(fmt::format(
+          "WARNING: checkpoint '{}' trained with {} {}; this run goes on with {} (a training "
+          "setting: the steps from here differ from the saved run's)",
+          directory, name, saved.at(pointer).dump(), here.at(pointer).dump()));
+    }
+    // One only the model records was recorded only by later Looms: not compared either.
+    for (nlohmann::json* fields : {&saved, &here}) {
+      if (fields->contains(pointer)) fields->at(pointer.parent_pointer()).erase(pointer.back());
+    }
+  }
   // A field this model has that the checkpoint lacks was recorded only by later Looms (a GPT's
   // "family", a Llama's RoPE settings): not compared. A field the checkpoint has that this model
   // lacks is another model; so is having no field in common.
   std::vector<std::string> differences;
   size_t common = 0;
   for (const auto& [key, value] : here.items()) {
-    const auto there = saved->find(key);
-    if (there == saved->end()) continue;
+    const auto there = saved.find(key);
+    if (there == saved.end()) continue;
     ++common;
     if (*there != value) {
       differences.push_back(fmt::format("{} {} there, {} here", key, there->dump(), value.dump()));
     }
   }
-  for (const auto& [key, value] : saved->items()) {
+  for (const auto& [key, value] : saved.items()) {
     if (!here.contains(key)) {
       differences.push_back(fmt::format("{} {} there, none here", key, value.dump()));
     }
@@ -99,6 +120,7 @@ void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json
              "checkpoint '{}' was saved from another model config: {}; give the same model "
              "flags (or --config the run's effective config)",
              directory, fmt::join(differences, ", "));
+  return warnings;
 }
 
 std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,

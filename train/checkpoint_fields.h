@@ -33,9 +33,11 @@ nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMe
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
 // here") when `metadata` was saved from another model config. Fields only later Looms record
-// (absent there) are not compared, so older checkpoints resume.
-void check_same_model(const checkpoint::Metadata& metadata, const nlohmann::json& model,
-                      const std::string& directory);
+// (absent there) are not compared, so older checkpoints resume. `training_fields`
+// (ModelArgs::training_fields: JSON pointers into `model`) may differ: a warning each.
+std::vector<std::string> check_same_model(const checkpoint::Metadata& metadata,
+                                          const nlohmann::json& model, const std::string& directory,
+                                          const std::vector<std::string>& training_fields = {});
 
 // Throws loom::Error naming the checkpoint and each difference when `metadata` was saved by a run
 // on other data, another seed, another batch size or sequence length: continuing would train on

@@ -438,7 +438,10 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   checkpoint::check_files(dir, metadata);  // each rank's file there, whole and readable
   Trainer::saved_step(metadata, dir);
-  check_same_model(metadata, model_fields, dir);
+  for (std::string& warning :
+       check_same_model(metadata, model_fields, dir, args.training_fields())) {
+    out.warnings.push_back(std::move(warning));
+  }
   check_saved_parameters(metadata, args, dir);
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));

@@ -124,6 +124,12 @@ class LlamaArgs : public ModelArgs {
     }
     return out;
   }
+  std::vector<std::string> training_fields() const override {
+    // The balancing loss's weight, the bias balancing's rate and the capacity: coefficients of
+    // training, which torchtitan reads from each run's config.
+    if (!config_.moe) return {};
+    return {"/moe/aux_loss_coeff", "/moe/bias_update_rate", "/moe/capacity_factor"};
+  }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }
   int64_t num_experts() const override {

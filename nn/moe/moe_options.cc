@@ -7,9 +7,11 @@ namespace loom::nn {
 void MoEOptions::validate() const {
   LOOM_CHECK(num_experts >= 1, "MoE: num_experts must be >= 1 (--moe-experts), got {}",
              num_experts);
-  LOOM_CHECK(top_k >= 1 && top_k <= num_experts,
-             "MoE: top_k must be between 1 and num_experts = {} (--moe-top-k), got {}", num_experts,
-             top_k);
+  LOOM_CHECK(
+      top_k >= 1 && top_k <= num_experts,
+      "MoE: top_k must be between 1 and num_experts = {} (--moe-experts), got {} (--moe-top-k; "
+      "without it, the preset's or 2)",
+      num_experts, top_k);
   LOOM_CHECK(hidden_dim >= 1,
              "MoE: each expert's hidden_dim must be >= 1 (--moe-hidden-dim), got {}", hidden_dim);
   LOOM_CHECK(num_shared_experts >= 0,

@@ -217,7 +217,7 @@ expect_error 2 "loom_train --plan: --plan-peak-tflops 1e-06: below the rank's ra
   --plan --plan-peak-tflops 0.000001 --plan-rank-tflops 1 --plan-link-gbps 1
 # A Llama with no layer left to route (every one kept dense) has no experts to split over ep; a
 # MoE Llama has no Hugging Face format (a dense one has), said as such.
-expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to split" \
+expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to split (--moe-dense-layers keeps all 2 layers dense: give fewer)" \
   --plan --model llama-moe-tiny --n-layer 2 --moe-dense-layers 2 --ep 2 --dp-shard 2 --dp 0 --tp 1
 expect_error 2 "--save: a Llama with a mixture of experts (--moe-experts) has no Hugging Face checkpoint format in Loom yet" \
   --plan --model llama-moe-tiny --save model.safetensors

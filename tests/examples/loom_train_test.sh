@@ -55,6 +55,19 @@ if "$train" --dp 1 --tp 1 --n-embd 48 --steps 8 --checkpoint-dir ckpt_same --res
 fi
 grep -q "was saved from another model config: n_embd 64 there, 48 here" other.log ||
   { echo "the model mismatch is not named"; cat other.log; exit 1; }
+# A MoE's balancing coefficients are training settings: a resume may change them (a warning
+# names the change), not what the model is (its top-k).
+run moe 1 1 2 --model llama-moe-tiny --checkpoint-dir ckpt_moe --checkpoint-every 2
+run moe_resumed 1 1 3 --model llama-moe-tiny --checkpoint-dir ckpt_moe --resume \
+  --moe-aux-loss-coeff 0.02
+grep -q "WARNING: checkpoint 'ckpt_moe/step_00000002' trained with moe.aux_loss_coeff 0.01; this run goes on with 0.02" \
+  moe_resumed.log || { echo "the changed coefficient is not named"; cat moe_resumed.log; exit 1; }
+if "$train" --dp 1 --tp 1 --model llama-moe-tiny --moe-top-k 1 --steps 3 --checkpoint-dir ckpt_moe \
+    --resume --no-progress --metrics-out "" --plot-out "" > moe_other.log 2>&1; then
+  echo "a MoE checkpoint of another top-k loaded"; exit 1
+fi
+grep -q "was saved from another model config: moe" moe_other.log ||
+  { echo "the MoE mismatch is not named"; cat moe_other.log; exit 1; }
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors

@@ -353,9 +353,10 @@ TEST(MoETest, BadOptionsAreNamed) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message({.num_experts = 4, .top_k = 5, .hidden_dim = 8})
-                .find("top_k must be between 1 and num_experts = 4 (--moe-top-k), got 5"),
-            std::string::npos);
+  EXPECT_NE(
+      message({.num_experts = 4, .top_k = 5, .hidden_dim = 8})
+          .find("top_k must be between 1 and num_experts = 4 (--moe-experts), got 5 (--moe-top-k"),
+      std::string::npos);
   EXPECT_NE(
       message({.num_experts = 4, .top_k = 1, .hidden_dim = 8, .score_func = "relu"}).find("'relu'"),
       std::string::npos);
