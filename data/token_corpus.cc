@@ -160,6 +160,8 @@ TokenCorpus TokenCorpus::open(const std::string& spec, const TextTokenization& t
         add_document(bytes);
       }
       source.size = static_cast<int64_t>(tokens->size());
+      source.tokenized_by = text.name;
+      source.tokenizer_vocab = text.vocab_size;
       corpus.vocab_size_ = std::max(corpus.vocab_size_, text.vocab_size);
       source.tokens = std::move(tokens);
     }
@@ -271,10 +273,13 @@ void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) 
         "model's)",
         what, source.name, *first, at, source.file->byte_offset(at), vocab_size, vocab_size - 1);
   }
+  // Text: its tokenizer made the token, so it is the tokenizer that does not fit the model.
   LOOM_FAIL(
-      "{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 to "
-      "{})",
-      what, source.name, *first, at, vocab_size, vocab_size - 1);
+      "{}: {}, tokenized as {} (a vocabulary of {}), gives token {} at index {}, outside the "
+      "model's vocabulary of {} (tokens 0 to {}): the tokenizer is not the model's; give the "
+      "model's tokenizer (--tokenizer), or a model of {} tokens (--vocab-size)",
+      what, source.name, source.tokenized_by, source.tokenizer_vocab, *first, at, vocab_size,
+      vocab_size - 1, source.tokenizer_vocab);
 }
 
 void TokenCorpus::index_documents(int32_t separator, int64_t seq_len) {

@@ -92,7 +92,9 @@ class TokenCorpus {
   struct Source {
     std::string name;
     std::shared_ptr<const MappedTokenFile> file;         // a shard, or
-    std::shared_ptr<const std::vector<int32_t>> tokens;  // tokens in memory
+    std::shared_ptr<const std::vector<int32_t>> tokens;  // tokens in memory, of text
+    std::string tokenized_by;                            // the text's TextTokenization::name
+    int64_t tokenizer_vocab = 0;                         // and its vocab_size
     int64_t begin = 0, size = 0;                         // its place in the stream
   };
   // The corpus in chunks of a few MiB, for whole-corpus passes on every core.

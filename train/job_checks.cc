@@ -227,10 +227,7 @@ void check_paths(const JobConfig& job) {
   }
   if (!job.plot_out.empty()) check_writable(job.plot_out, "--plot-out");
   if (!job.save.empty()) {
-    LOOM_CHECK(fs::path(job.save).filename().string().ends_with(".safetensors"),
-               "--save: '{}' is not a .safetensors file name; give the file to write, e.g. "
-               "'{}' (config.json is written beside it)",
-               job.save, (fs::path(job.save).parent_path() / "model.safetensors").string());
+    models::hf::check_save_path(job.save, "--save");
     check_writable(job.save, "--save");
     check_writable(models::hf::config_json_path(job.save), "--save (config.json beside it)");
   }

@@ -309,6 +309,19 @@ std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& m
   return out;
 }
 
+void check_save_path(const std::string& path, std::string_view what) {
+  const fs::path target(path);
+  LOOM_CHECK(target.filename().string().ends_with(".safetensors"),
+             "{}: '{}' is not a .safetensors file name; give the file to write, e.g. '{}' "
+             "(config.json is written beside it)",
+             what, path, (target.parent_path() / "model.safetensors").string());
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  LOOM_CHECK(fs::is_directory(folder, ec),
+             "{}: cannot write '{}': the folder '{}' does not exist (or is not a folder)", what,
+             path, folder.string());
+}
+
 void save(const std::vector<std::pair<std::string, Tensor>>& parameters,
           const StateDictAdapter& adapter, const std::string& path) {
   NoGradGuard no_grad;

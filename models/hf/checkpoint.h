@@ -75,6 +75,10 @@ void check(const nn::Module& module, const StateDictAdapter& adapter, const std:
 std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
                                                              bool keep = true);
 
+// Throws loom::Error naming `what` (the flag or tool) when `path` is not a file save() can write:
+// a name without .safetensors (transformers would not find it), or a folder that does not exist.
+void check_save_path(const std::string& path, std::string_view what);
+
 // Writes whole parameters (Loom's layout, on the CPU) as a safetensors file at `path`, and the
 // adapter's config.json beside it, each atomically.
 void save(const std::vector<std::pair<std::string, Tensor>>& parameters,

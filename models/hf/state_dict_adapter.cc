@@ -64,8 +64,14 @@ void check_tied_head(const TensorMap& file, const std::string& head,
   if (copy == file.end() || copy->second.device().is_meta()) return;
   for (const std::string& name : embeddings) {
     const auto it = file.find(name);
-    if (it != file.end() && !it->second.device().is_meta() &&
-        !same_values(copy->second, it->second)) {
+    if (it == file.end() || it->second.device().is_meta()) continue;
+    if (copy->second.shape() != it->second.shape()) {
+      // Neither a tied head nor (the shape check names it) the model's untied one: no advice.
+      problems.push_back(fmt::format(
+          "tensor '{}' has shape {} in the file, '{}' {}: a head tied to the embeddings is the "
+          "embeddings, of their shape",
+          head, shape_str(copy->second.shape()), name, shape_str(it->second.shape())));
+    } else if (!same_values(copy->second, it->second)) {
       problems.push_back(fmt::format("tensor '{}' differs from '{}': {}", head, name, advice));
     }
   }

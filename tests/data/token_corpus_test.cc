@@ -141,6 +141,20 @@ TEST(TokenCorpusTest, BadShardsAreNamedWithWhere) {
                 "50304 (tokens 0 to 50303); was it tokenized for another model? (a larger "
                 "--vocab-size pads the model's)");
   EXPECT_EQ(error_of([&] { range.check_tokens_below(60001, "--data"); }), "accepted");
+  // Text a tokenizer of a larger vocabulary tokenized: the tokenizer is named, not the text.
+  const std::string text = write_file("words.txt", "ab");
+  const TokenCorpus tokenized = TokenCorpus::open(text, {.encode =
+                                                             [](std::string_view) {
+                                                               return std::vector<int32_t>{7, 354};
+                                                             },
+                                                         .vocab_size = 400,
+                                                         .name = "tokens by tok400.json"});
+  EXPECT_EQ(error_of([&] { tokenized.check_tokens_below(256, "--data"); }),
+            "--data: " + text +
+                ", tokenized as tokens by tok400.json (a vocabulary of 400), gives token 354 at "
+                "index 1, outside the model's vocabulary of 256 (tokens 0 to 255): the tokenizer "
+                "is not the model's; give the model's tokenizer (--tokenizer), or a model of 400 "
+                "tokens (--vocab-size)");
 }
 
 TEST(TokenCorpusTest, ShardsReadAsOneStreamEqualToOneFile) {

@@ -46,6 +46,17 @@ cmp hf/model.safetensors hf_run/model.safetensors ||
   { echo "consolidate under bazel run's folders wrote another file"; exit 1; }
 [[ -z "$(ls elsewhere)" ]] || { echo "consolidate wrote in its own folder: $(ls elsewhere)"; exit 1; }
 
+# An output transformers would not find, or in a folder that does not exist: named before the
+# checkpoint is read, as the job's --save is.
+if "$consolidate" ckpt hf/model.bin > bin.log 2>&1; then echo "consolidate wrote model.bin"; exit 1; fi
+grep -q "consolidate: output: 'hf/model.bin' is not a .safetensors file name; give the file to write, e.g. 'hf/model.safetensors'" \
+  bin.log || { cat bin.log; exit 1; }
+if "$consolidate" ckpt nodir/model.safetensors > nodir.log 2>&1; then
+  echo "consolidate wrote into a missing folder"; exit 1
+fi
+grep -q "cannot write 'nodir/model.safetensors': the folder 'nodir' does not exist" nodir.log ||
+  { cat nodir.log; exit 1; }
+
 # The consolidated file seeds a 1-rank job (its config.json gives the sizes).
 "$train" --dp 1 --tp 1 --steps 1 --sample-tokens 0 --no-progress --init-from hf/model.safetensors \
   --metrics-out seeded.jsonl --plot-out seeded.png > seeded.log 2>&1 || { cat seeded.log; exit 1; }

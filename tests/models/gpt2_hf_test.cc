@@ -239,6 +239,14 @@ TEST_F(GPT2HFAllOrNothingTest, UntiedLmHeadIsRejected) {
                     HasSubstr("untied")));
 }
 
+TEST_F(GPT2HFAllOrNothingTest, AHeadOfAnotherShapeThanTheEmbeddingsIsNamedWithBothShapes) {
+  tensors_["lm_head.weight"] = ops::zeros({20, 16});
+  EXPECT_THAT(load_expecting_failure("short_head.safetensors"),
+              HasSubstr("tensor 'lm_head.weight' has shape (20, 16) in the file, "
+                        "'transformer.wte.weight' (37, 16): a head tied to the embeddings is the "
+                        "embeddings, of their shape"));
+}
+
 TEST_F(GPT2HFAllOrNothingTest, IntegerTensorForAFloatParameterIsRejected) {
   tensors_["transformer.ln_f.bias"] = ops::to(ops::zeros({16}), kInt32);
   EXPECT_THAT(

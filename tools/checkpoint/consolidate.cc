@@ -29,6 +29,7 @@ using namespace loom;
 
 void consolidate(const std::string& input, const std::string& output,
                  const std::string& tokenizer) {
+  models::hf::check_save_path(output, "output");  // before the checkpoint is read
   const std::string dir = checkpoint::resolve_step_directory(input);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   const auto fields = metadata.extra.find("model");
