@@ -18,8 +18,10 @@ Duration timeout_from_env() {
   char* end = nullptr;
   errno = 0;
   const double seconds = std::strtod(text, &end);
-  LOOM_CHECK(end != text && *end == '\0' && errno == 0 && std::isfinite(seconds) && seconds > 0,
-             "LOOM_TIMEOUT_S: expected a positive number of seconds, got '{}'", text);
+  LOOM_CHECK(end != text && *end == '\0' && errno == 0 && seconds >= kMinTimeoutSeconds &&
+                 seconds <= kMaxTimeoutSeconds,
+             "LOOM_TIMEOUT_S: expected a number of seconds from {:g} to {:.0f}, got '{}'",
+             kMinTimeoutSeconds, kMaxTimeoutSeconds, text);
   return std::chrono::duration_cast<Duration>(std::chrono::duration<double>(seconds));
 }
 

@@ -37,6 +37,9 @@ namespace loom::comm {
 // kDefaultTimeout. A bad LOOM_TIMEOUT_S is an error naming it. The launcher reads it too (how
 // long ranks left alone may stay stopped).
 inline constexpr Duration kDefaultTimeout = std::chrono::minutes(5);
+// The timeouts a job takes, in seconds: below a millisecond one rounds to none, far above a
+// million seconds deadlines overflow the clock.
+inline constexpr double kMinTimeoutSeconds = 1e-3, kMaxTimeoutSeconds = 1e6;
 Duration timeout_from_env();
 
 // Exit statuses a rank and its launcher agree on (loomrun reads them; train/job_main returns them):

@@ -74,12 +74,17 @@ net::Socket TcpStore::borrow_connection() {
   // new connection gets a short window instead of waiting out the timeout.
   const Duration timeout = this->timeout();
   const Duration window = reached_server_ ? std::min(timeout, kReconnectWindow) : timeout;
+  // The message names the window waited, not the whole timeout.
+  const bool reconnecting = reached_server_;
   try {
-    net::Socket socket = net::connect_tcp(host_, port_, Clock::now() + window, timeout);
+    net::Socket socket = net::connect_tcp(host_, port_, Clock::now() + window, window);
     reached_server_ = true;
     return socket;
   } catch (const Error& e) {
-    LOOM_FAIL("TcpStore: {}", e.what());
+    LOOM_FAIL("TcpStore: {}{}", e.what(),
+              reconnecting ? "; the server answered before: has its process (rank 0, or the "
+                             "lighthouse) exited?"
+                           : "");
   }
 }
 

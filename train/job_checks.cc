@@ -21,6 +21,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/init.h"
+#include "comm/launch_env.h"
 #include "data/token_corpus.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
@@ -595,12 +596,11 @@ CheckedJob check_job(const JobConfig& job) {
   comm::shared_memory_allowed_by_env();                                  // LOOM_GLOO_SHM
   profiler::environment_options();                                       // LOOM_PROFILE
   check_log_level_env();                                                 // LOOM_LOG_LEVEL
-  // Below a millisecond the timeout rounds to none; far above, deadlines overflow.
-  LOOM_CHECK(job.collective_timeout_s == 0 ||
-                 (job.collective_timeout_s >= 1e-3 && job.collective_timeout_s <= 1e6),
-             "--collective-timeout-s {}: expected 0 (the default) or from 0.001 to 1000000 "
-             "seconds",
-             job.collective_timeout_s);
+  LOOM_CHECK(
+      job.collective_timeout_s == 0 || (job.collective_timeout_s >= comm::kMinTimeoutSeconds &&
+                                        job.collective_timeout_s <= comm::kMaxTimeoutSeconds),
+      "--collective-timeout-s {}: expected 0 (the default) or from {:g} to {:.0f} seconds",
+      job.collective_timeout_s, comm::kMinTimeoutSeconds, comm::kMaxTimeoutSeconds);
   CheckedJob out{.parallel = parallel_config(job)};
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
   // A probe that can never fire would make a fault test pass for nothing.

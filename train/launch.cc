@@ -42,6 +42,11 @@ bool launched_as_rank() {
              "WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) sets both for "
              "each rank. Unset WORLD_SIZE to let the job start its own ranks",
              world_size ? world_size : "");
+  const char* mpi_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  LOOM_CHECK(mpi_size == nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr,
+             "OMPI_COMM_WORLD_SIZE={} is set but OMPI_COMM_WORLD_RANK is not; mpirun sets both "
+             "for each process. Unset OMPI_COMM_WORLD_SIZE to let the job start its own ranks",
+             mpi_size ? mpi_size : "");
   return false;
 }
 

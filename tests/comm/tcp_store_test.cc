@@ -178,6 +178,27 @@ TEST(TcpStoreTest, ServerShutdownWithWaitingClientsDoesNotHang) {
   EXPECT_THROW(client.set("k", "v"), Error);
 }
 
+TEST(TcpStoreTest, AServerGoneAfterAnsweringIsNamedWithTheShortWindowWaited) {
+  auto server = std::make_unique<TcpStoreServer>(loopback_server());
+  TcpStore client("127.0.0.1", server->port(), client_options(std::chrono::seconds(30)));
+  client.set("k", "v");  // the server has answered
+  server.reset();
+  // Pooled connections fail as closed; then a new one is refused: after the 2 s reconnect
+  // window, not the 30 s timeout, and the message says the window.
+  std::string message;
+  const auto start = Clock::now();
+  for (int i = 0; i < 4 && message.find("could not connect") == std::string::npos; ++i) {
+    try {
+      client.set("k", "v");
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  }
+  EXPECT_LT(ms_since(start), 10000);
+  EXPECT_THAT(message, HasSubstr("within 2000 ms"));
+  EXPECT_THAT(message, HasSubstr("the server answered before: has its process"));
+}
+
 TEST(TcpStoreTest, ClientRejectsOversizedKeysAndValuesBeforeSending) {
   TcpStoreServer server(loopback_server());
   TcpStoreOptions options = client_options();

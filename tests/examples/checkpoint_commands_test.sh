@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Distributed checkpoints from the command line: a 2-rank job saves on schedule (keeping the
 # last 2), synchronously and asynchronously alike, consolidate turns its last checkpoint into the same Hugging Face file the job's
-# --save wrote (byte for byte), and that file seeds a 1-rank job.
+# --save wrote (byte for byte), and that file seeds a 1-rank job; verify_checkpoint checks one.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
 consolidate="$(realpath "$3")"
+verify="$(realpath "$4")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 mkdir -p saved
 
@@ -28,6 +29,15 @@ for step in step_00000004 step_00000006; do
     { echo "async and sync checkpoints of $step differ"; exit 1; }
 done
 grep -q "checkpoint ckpt_async/step_00000006 committed" async.log || { cat async.log; exit 1; }
+
+# verify_checkpoint on the folder checks its latest committed step, and names a step folder no
+# save committed (a save cut off), which it passed over.
+cp -r ckpt_async ckpt_cut && mv ckpt_cut/step_00000006 ckpt_cut/step_00000008.partial
+"$verify" ckpt_cut > verify.log 2>&1 || { cat verify.log; exit 1; }
+grep -q "verify_checkpoint: ckpt_cut/step_00000004: .* every checksum matches" verify.log ||
+  { cat verify.log; exit 1; }
+grep -q "note: 'ckpt_cut' also holds 1 step folder(s) no save committed (ckpt_cut/step_00000008.partial)" \
+  verify.log || { cat verify.log; exit 1; }
 
 mkdir -p hf
 "$consolidate" ckpt hf/model.safetensors > consolidate.log 2>&1 || { cat consolidate.log; exit 1; }

@@ -77,6 +77,7 @@ expect_error 2 "loom_train: --seq-len: 128 tokens per sequence is more than the 
   --seq-len 128
 expect_error 2 "loom_train: GPTConfig: n_embd=64 is not divisible by n_head=5" --n-head 5 --dp 1 --tp 1
 WORLD_SIZE=4 expect_error 2 "loom_train: WORLD_SIZE=4 is set but RANK is not" --dp 1 --tp 1
+OMPI_COMM_WORLD_SIZE=4 expect_error 2 "loom_train: OMPI_COMM_WORLD_SIZE=4 is set but OMPI_COMM_WORLD_RANK is not; mpirun sets both" --dp 1 --tp 1
 
 # A checkpoint with a config.json beside it (Hugging Face's save_pretrained) loads with its own
 # sizes, a context of 128 and a vocabulary padded to 300 included, and a flag that contradicts
@@ -203,7 +204,10 @@ expect_error 2 "loom_train: --moe-shared-experts: expected -1 (the preset's) or 
 mkdir -p empty_folder
 expect_error 2 "loom_train: --init-from: " --init-from empty_folder --dp 1 --tp 1
 LOOM_INJECT_FAULT=bogus expect_error 2 "loom_train: LOOM_INJECT_FAULT: expected \"rank=R,step=S\"" --steps 2
-LOOM_TIMEOUT_S=abc expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a positive number of seconds, got 'abc'" --steps 2
+LOOM_TIMEOUT_S=abc expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a number of seconds from 0.001 to 1000000, got 'abc'" --steps 2
+# Beyond the clock's range every rank's deadline would come at once; below a millisecond, none.
+LOOM_TIMEOUT_S=1e10 expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a number of seconds from 0.001 to 1000000, got '1e10'" --steps 2
+LOOM_TIMEOUT_S=1e-4 expect_error 2 "loom_train: LOOM_TIMEOUT_S: expected a number of seconds from 0.001 to 1000000, got '1e-4'" --steps 2
 echo "ok: replicas, timeouts, job-file folders, counts beyond int, preset sentinels and the ranks' environment are checked first"
 
 # True/false flags: --flag=VALUE must be true or false; plan-only flags are checked even when

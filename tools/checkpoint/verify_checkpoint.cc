@@ -7,6 +7,7 @@
 // Exit 0: verified; 1: damaged or not a checkpoint (the message names the entry, file and rank);
 // 2: bad arguments.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 
@@ -29,6 +30,19 @@ int main(int argc, char** argv) {
     const auto summary = loom::checkpoint::verify(dir);
     fmt::print("verify_checkpoint: {}: {} entries in {} files, {} bytes: every checksum matches\n",
                dir, summary.entries, summary.files, summary.bytes);
+    // Given the checkpoint folder: what the latest committed step passed over (a save that did
+    // not commit, which --resume warns about and the next save deletes).
+    if (dir != path && !loom::checkpoint::is_step_directory(path)) {
+      const std::vector<std::string> uncommitted =
+          loom::checkpoint::uncommitted_step_directories(path);
+      if (!uncommitted.empty()) {
+        fmt::print(stderr,
+                   "verify_checkpoint: note: '{}' also holds {} step folder(s) no save committed "
+                   "({}): not verified, and not what --resume loads (the next save deletes "
+                   "them)\n",
+                   path, uncommitted.size(), fmt::join(uncommitted, ", "));
+      }
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "verify_checkpoint: {}\n", e.what());
     return 1;

@@ -205,7 +205,16 @@ void Supervisor::fail_job(const Exit& failed) {
   // The rank that exited 3, already named while loomrun waited: say why the wait ended.
   const bool reported =
       peer_failure_ && peer_failure_->pid == failed.pid && peer_failure_logged_ && others > 0;
-  if (others == 0) {
+  if (others == 0 && peer_failure_ && peer_failure_->pid == failed.pid) {
+    // Every rank failed on a peer (a collective timed out everywhere, say): the one reaped first
+    // is no more the cause than the others; their messages and the flight recorder's report say
+    // which collective and which rank it waited for.
+    log_line(
+        "rank {} (pid {}) {}, as every rank that failed did: each failed on a peer (a collective "
+        "timed out or a connection closed) and none of itself; the ranks' messages above name "
+        "the peer each waited for",
+        failed.rank, failed.pid, describe_wait_status(failed.wait_status));
+  } else if (others == 0) {
     log_line("rank {} (pid {}) {}", failed.rank, failed.pid,
              describe_wait_status(failed.wait_status));
   } else if (reported && stalled_.empty()) {
