@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -38,8 +39,13 @@ constexpr std::array<Compression, 7> kCompressions{{
 }  // namespace
 
 bool is_jsonl(std::string_view path) {
-  constexpr std::string_view kSuffix = ".jsonl";
-  return path.size() >= kSuffix.size() && path.substr(path.size() - kSuffix.size()) == kSuffix;
+  // Any case: F0.JSONL. `.json` too: what Hugging Face datasets' to_json writes (JSON lines by
+  // default); a .json file of one document is refused line by line, never trained on as syntax.
+  std::string lower(path.substr(
+      path.find_last_of('.') == std::string_view::npos ? path.size() : path.find_last_of('.')));
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower == ".jsonl" || lower == ".ndjson" || lower == ".json";
 }
 
 void check_is_text(std::string_view text, std::string_view path, std::string_view what) {
@@ -70,9 +76,12 @@ void for_each_jsonl_document(std::string_view text, size_t begin, size_t stop,
     if (body.find_first_not_of(" \t\r\n") != std::string_view::npos) {
       nlohmann::json parsed;
       try {
-        parsed = nlohmann::json::parse(body);
+        // Without its line end: the parser's "line 1, column N" is then this line's.
+        parsed = nlohmann::json::parse(body.substr(0, body.find_last_not_of("\r\n") + 1));
       } catch (const nlohmann::json::exception& e) {
-        LOOM_FAIL("{}: '{}': the line at byte {} is not JSON: {}", what, path, line, e.what());
+        const auto number = std::count(text.begin(), text.begin() + line, '\n') + 1;
+        LOOM_FAIL("{}: '{}': line {} (at byte {}) is not JSON: {}", what, path, number, line,
+                  e.what());
       }
       const auto value = parsed.is_object() ? parsed.find(field) : parsed.end();
       LOOM_CHECK(parsed.is_object() && value != parsed.end() && value->is_string(),

@@ -10,7 +10,8 @@
 
 namespace loom::data {
 
-// Whether `path` names a .jsonl file (one JSON document per line).
+// Whether `path` names a JSON-lines file (one JSON document per line): .jsonl, .ndjson or .json
+// (Hugging Face datasets' to_json), in any case.
 bool is_jsonl(std::string_view path);
 
 // Throws loom::Error naming `path` when `text` is not text: compressed (gzip, zstd, bzip2, xz,

@@ -32,7 +32,10 @@ bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
-// A folder's files in name order, skipping hidden files and in-flight atomic writes.
+// A folder's files in name order, skipping hidden files and in-flight atomic writes. A folder of
+// shards gives only its .bin files (not a tokenizer.json or README beside them), and of
+// `loom tokenize`'s output (train_*.bin and val_*.bin) the split the flag asks for: the
+// validation shards for --val-data, the others for --data, so held-out tokens are never trained on.
 std::vector<std::string> folder_files(const std::string& folder, std::string_view flag) {
   std::vector<std::string> files;
   std::error_code ec;
@@ -49,6 +52,19 @@ std::vector<std::string> folder_files(const std::string& folder, std::string_vie
   LOOM_CHECK(!ec, "{}: cannot list the folder '{}': {}", flag, folder, ec.message());
   LOOM_CHECK(!files.empty(), "{}: the folder '{}' holds no files", flag, folder);
   std::sort(files.begin(), files.end());
+  const auto is_shard = [](const std::string& f) { return ends_with(f, ".bin"); };
+  const auto is_validation = [](const std::string& f) {
+    return fs::path(f).filename().string().starts_with("val_");
+  };
+  if (std::any_of(files.begin(), files.end(), is_shard)) {
+    std::erase_if(files, [&](const std::string& f) { return !is_shard(f); });
+    const bool held_out = flag == "--val-data";
+    const bool both = std::any_of(files.begin(), files.end(), is_validation) &&
+                      !std::all_of(files.begin(), files.end(), is_validation);
+    if (both) {
+      std::erase_if(files, [&](const std::string& f) { return is_validation(f) != held_out; });
+    }
+  }
   return files;
 }
 

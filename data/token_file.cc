@@ -23,6 +23,16 @@ constexpr int32_t kLlama3Vocab = 128256;
 // when the second token is 308 and the first >= 54,912 (uncommon enough to name as an error).
 bool looks_like_llmc_magic(int32_t value) { return value / 10000 == 2024; }
 
+// Whether a file's first bytes are text: no NUL or other control byte but tab, newline, carriage
+// return and form feed. Raw uint16 tokens hold such bytes in nearly every token (a high byte 0 to
+// 0x1f: every token below 8192), so 64 bytes of text are none.
+bool looks_like_text(const unsigned char* bytes, size_t n) {
+  if (n < 64) return false;
+  return std::none_of(bytes, bytes + n, [](unsigned char c) {
+    return (c < 0x20 && c != '\t' && c != '\n' && c != '\r' && c != '\f') || c == 0x7f;
+  });
+}
+
 long page_size() {
   static const long size = sysconf(_SC_PAGESIZE);
   return size;
@@ -93,6 +103,23 @@ std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) 
                static_cast<int64_t>(bytes - kLlmcHeaderBytes) - declared * file->width_, declared);
     file->count_ = declared;
   } else {
+    // An llm.c header whose magic is not llm.c's: a count at byte 8 that the rest of the file
+    // holds exactly, in 2- or 4-byte tokens. Read as raw tokens, the header would be trained on.
+    const int64_t declared = header[2];
+    const bool header_shaped = bytes > kLlmcHeaderBytes && declared > 0 &&
+                               (static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 2 ||
+                                static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 4);
+    LOOM_CHECK(!header_shaped,
+               "token file '{}': unknown magic {} at byte 0 of what looks like an llm.c header "
+               "(version {}, {} tokens declared at byte 8, which the rest of the file holds); "
+               "expected llm.c's {} (GPT-2, uint16 tokens) or {} (Llama 3, uint32 tokens)",
+               path, header[0], header[1], declared, kLlmcGpt2Magic, kLlmcLlama3Magic);
+    const size_t sample = std::min<size_t>(bytes, 4096);
+    LOOM_CHECK(!looks_like_text(file->map_, sample),
+               "token file '{}': its first {} bytes are text, not tokens (no NUL or control byte, "
+               "which raw uint16 tokens are full of); a .bin file is read as tokens: give text "
+               "another name (.txt, or .jsonl for JSON lines)",
+               path, sample);
     LOOM_CHECK(bytes % 2 == 0,
                "token file '{}': {} bytes is not a whole number of uint16 tokens (nanoGPT's raw "
                "format; llm.c's files start with magic {} or {})",

@@ -42,9 +42,11 @@ class MappedText {
       const int error = errno;
       ::close(fd);
       LOOM_FAIL(
-          "{}: '{}' is not a regular file ({}); give text files (a pipe or device cannot be "
-          "mapped: write it to a file first)",
-          kWhat, path_, S_ISREG(st.st_mode) ? std::strerror(error) : "not a regular file");
+          "{}: '{}' {}; give text files (a pipe or device cannot be mapped: write it to a file "
+          "first)",
+          kWhat, path_,
+          S_ISREG(st.st_mode) ? fmt::format("cannot be read ({})", std::strerror(error))
+                              : std::string("is not a regular file"));
     }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {

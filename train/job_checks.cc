@@ -188,9 +188,34 @@ void check_outputs_apart(const JobConfig& job) {
   }
 }
 
+// Throws when a --val-data file is one --data names too: its tokens would be trained on, and the
+// validation loss would not be held out.
+void check_validation_held_out(const JobConfig& job) {
+  if (job.data.empty() || job.val_data.empty()) return;
+  std::vector<std::string> training, validation;
+  try {
+    training = data::data_files(job.data, "--data");
+    validation = data::data_files(job.val_data, "--val-data");
+  } catch (const Error&) {
+    return;  // named when the data is opened (check_job's open_job_data), with what it lacks
+  }
+  std::vector<FileIdentity> trained;
+  for (const std::string& file : training) trained.emplace_back(file);
+  for (const std::string& file : validation) {
+    const FileIdentity held_out(file);
+    const auto same = std::find(trained.begin(), trained.end(), held_out);
+    LOOM_CHECK(same == trained.end(),
+               "--val-data: '{}' is also training data (--data names '{}'): its tokens would be "
+               "trained on, and the validation loss would not be held out; give --val-data files "
+               "--data does not name (loom tokenize writes them as val_*.bin)",
+               file, training[static_cast<size_t>(same - trained.begin())]);
+  }
+}
+
 // The paths a job reads and writes.
 void check_paths(const JobConfig& job) {
   check_outputs_apart(job);
+  check_validation_held_out(job);
   // --data and --val-data: data::TokenCorpus::open names what they lack.
   if (!job.tokenizer.empty()) check_readable_file(job.tokenizer, "--tokenizer");
   LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
@@ -632,6 +657,15 @@ CheckedJob check_job(const JobConfig& job) {
     } catch (const Error& e) {
       throw Error(fmt::format("--init-from: {}", e.what()));
     }
+  }
+  // Trained with a tokenizer but started from no checkpoint that names its ids: the tokenizer's,
+  // so --save's config.json says where a document starts and ends (transformers would otherwise
+  // take GPT-2's 50256, outside a smaller vocabulary, and generate() would never stop).
+  if (out.hf_token_settings.empty() && out.data.tokenizer) {
+    nlohmann::json ids = nlohmann::json::object();
+    if (const auto bos = out.data.tokenizer->document_start()) ids["bos_token_id"] = *bos;
+    if (const auto eos = out.data.tokenizer->end_of_text()) ids["eos_token_id"] = *eos;
+    if (!ids.empty()) out.hf_token_settings = {{"token_ids", ids}};
   }
   if (!job.save.empty() && fs::path(job.save).filename() != "model.safetensors") {
     out.warnings.push_back(fmt::format(

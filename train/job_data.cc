@@ -46,9 +46,12 @@ int32_t document_token(const JobConfig& job, const data::Tokenizer* tokenizer,
   int64_t token = tokenizer_document_token(job, tokenizer).value_or(-1);
   if (token < 0 && corpus.vocab_size() == 50257) token = kGpt2EndOfText;
   LOOM_CHECK(token >= 0,
-             "--document-boundaries: which token starts a document? {} has no tokenizer with an "
-             "end-of-text token and is not GPT-2's uint16 tokens; pass --document-token",
-             corpus.description());
+             "--document-boundaries: which token starts a document? {} {}, and is not GPT-2's "
+             "uint16 tokens; pass --document-token",
+             corpus.description(),
+             tokenizer ? "was tokenized by a tokenizer without an end-of-text token "
+                         "(<|endoftext|>, <|end_of_text|>) or a token it puts first"
+                       : "has no tokenizer (--tokenizer) to name its end-of-text token");
   LOOM_CHECK(token < vocab_size,
              "--document-token: {} is outside the model's vocabulary of {} tokens", token,
              vocab_size);
@@ -110,7 +113,7 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
                "tokens (+1); give more held-out data or a smaller --batch-size or --seq-len",
                out.val->description(), out.val->size(), job.batch_size, job.seq_len);
     LOOM_CHECK(job.val_steps <= available,
-               "--val-steps: {} batches of {} sequences of {} tokens, but {} holds {}",
+               "--val-steps: {} batches of {} sequences of {} tokens, but {} holds {} batches",
                job.val_steps, job.batch_size, job.seq_len, out.val->description(), available);
     out.val_batches = job.val_steps > 0 ? job.val_steps : std::min(available, kDefaultValBatches);
   }

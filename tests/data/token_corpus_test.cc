@@ -157,6 +157,57 @@ TEST(TokenCorpusTest, BadShardsAreNamedWithWhere) {
                 "tokens (--vocab-size)");
 }
 
+TEST(TokenCorpusTest, NeitherAForeignHeaderNorTextIsReadAsRawTokens) {
+  // An llm.c-shaped header (its count fits the file) under a magic llm.c does not write.
+  const std::string foreign = write_file("foreign.bin", header(12345, 1, 3) + uint16s({1, 2, 3}));
+  EXPECT_EQ(open_error(foreign),
+            "token file '" + foreign +
+                "': unknown magic 12345 at byte 0 of what looks like an llm.c header (version 1, "
+                "3 tokens declared at byte 8, which the rest of the file holds); expected llm.c's "
+                "20240520 (GPT-2, uint16 tokens) or 20240801 (Llama 3, uint32 tokens)");
+  // Text named .bin: no NUL or control byte, which raw uint16 tokens are full of.
+  const std::string text =
+      write_file("text.bin",
+                 "It was the best of times, it was the worst of times, it was the age of\n"
+                 "wisdom, it was the age of foolishness.\n");
+  EXPECT_THAT(open_error(text), HasSubstr("': its first 110 bytes are text, not tokens"));
+  // Raw tokens whose bytes happen to be printable are read as tokens when the file is short.
+  EXPECT_THAT(all_tokens(TokenCorpus::open(write_file("printable.bin", uint16s({0x4142, 0x4344})))),
+              ElementsAre(0x4142, 0x4344));
+}
+
+TEST(TokenCorpusTest, AFolderOfShardsGivesItsShardsAndTheSplitItsFlagAsks) {
+  const std::string folder = temp_dir() + "/tokenized";
+  write_shards(folder, {1, 2, 3}, 100, 2);  // shard_000.bin
+  write_file("tokenized/val_000000.bin", header(20240520, 1, 2) + uint16s({4, 5}));
+  write_file("tokenized/tokenizer.json", "{}");
+  write_file("tokenized/README", "not data");
+  EXPECT_THAT(data_files(folder, "--data"), ElementsAre(folder + "/shard_000.bin"));
+  EXPECT_THAT(data_files(folder, "--val-data"), ElementsAre(folder + "/val_000000.bin"));
+  // A folder of validation shards alone gives them to either flag.
+  write_file("held_out/val_000000.bin", header(20240520, 1, 2) + uint16s({4, 5}));
+  EXPECT_THAT(data_files(temp_dir() + "/held_out", "--data"),
+              ElementsAre(temp_dir() + "/held_out/val_000000.bin"));
+  // A folder of text gives every file, as before.
+  write_file("texts/a.txt", "a");
+  write_file("texts/b.md", "b");
+  EXPECT_THAT(data_files(temp_dir() + "/texts", "--data"),
+              ElementsAre(temp_dir() + "/texts/a.txt", temp_dir() + "/texts/b.md"));
+}
+
+TEST(TokenCorpusTest, JsonLinesAreReadAsSuchUnderAnyOfTheirNames) {
+  for (const char* name : {"upper.JSONL", "datasets.json", "lines.ndjson"}) {
+    const TokenCorpus corpus = TokenCorpus::open(write_file(name, "{\"text\": \"hi\"}\n"));
+    EXPECT_THAT(all_tokens(corpus), ElementsAre('h', 'i')) << name;
+  }
+  // A line that is not JSON is named by its number in the file; the parser's position is within it.
+  const std::string bad =
+      write_file("bad.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\"}\n{\"text\": \"c\"\n");
+  const std::string error = open_error(bad);
+  EXPECT_THAT(error, HasSubstr("'" + bad + "': line 3 (at byte 28) is not JSON"));
+  EXPECT_THAT(error, HasSubstr("at line 1, column 13"));
+}
+
 TEST(TokenCorpusTest, ShardsReadAsOneStreamEqualToOneFile) {
   std::vector<int32_t> tokens;
   for (int i = 0; i < 5000; ++i) tokens.push_back((i * 7919 + i / 3) % 50257);

@@ -76,6 +76,10 @@ mkdir -p saved
 "$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --tokenizer "$tokenizer" \
   --save saved/model.safetensors --metrics-out "" > save.log 2>&1 || { cat save.log; fail "--save"; }
 cmp saved/tokenizer.json "$tokenizer" || fail "--save did not write the tokenizer beside the model"
+# Its config.json names the tokenizer's document tokens (<|endoftext|>, id 3000), not
+# transformers' default 50256, outside this vocabulary.
+[[ "$(jq -c '[.bos_token_id, .eos_token_id]' saved/config.json)" == "[3000,3000]" ]] ||
+  { cat saved/config.json; fail "--save with --tokenizer did not write the tokenizer's ids"; }
 "$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --data text --init-from saved \
   --metrics-out "" > init.log 2>&1 || { cat init.log; fail "--init-from saved"; }
 grep -q "tokenizer tokenizer.json at saved/tokenizer.json" init.log ||
@@ -218,6 +222,13 @@ expect_error "'out_of_range/train_000001.bin' holds token 65535 at index 50 (byt
   --data out_of_range --tokenizer "$tokenizer"
 expect_error "--val-data: 'no_val' does not exist" --data "many/train_*.bin" --val-data no_val
 expect_error "--val-every and --val-steps: need --val-data" --val-every 2
+# Held-out tokens also given as training data would not be held out.
+expect_error "--val-data: 'many/val_000000.bin' is also training data (--data names 'many/val_000000.bin')" \
+  --data "many/*.bin" --val-data many/val_000000.bin --tokenizer "$tokenizer"
+# loom tokenize's folder: --data takes its training shards, --val-data its validation ones.
+"$train" "${common[@]}" --dp 1 --tp 1 --data many --val-data many --val-every 3 --tokenizer "$tokenizer" \
+  --metrics-out "" > folder_split.log 2>&1 || { cat folder_split.log; fail "--data and --val-data on one folder"; }
+grep -q "validation on many/val_000000.bin" folder_split.log || { cat folder_split.log; fail "the folder's validation split"; }
 # Shards from another tokenizer than GPT-2's, read without it: GPT-2's separator never occurs.
 expect_error "--document-boundaries: the document token 50256 never occurs in" \
   --data "many/train_*.bin" --document-boundaries
