@@ -19,7 +19,8 @@
 //
 // Encoding works on bytes: text need not be valid UTF-8 (HF only takes valid UTF-8; here a byte
 // that is not part of a valid character matches no pattern item and is encoded on its own), and
-// decode(encode(text)) == text for any bytes.
+// decode(encode(text)) == text for any bytes when the vocabulary holds every byte's token
+// (GPT-2's and Llama 3's do); a byte without one and no unknown token is dropped, as HF drops it.
 #pragma once
 
 #include <cstddef>
