@@ -209,7 +209,8 @@ std::string report_group(const std::string& name, const std::vector<int>& ranks,
 
 }  // namespace
 
-std::vector<RankDump> read_flight_dumps(const std::string& dir) {
+std::vector<RankDump> read_flight_dumps(const std::string& dir,
+                                        std::vector<std::string>* unreadable) {
   std::vector<RankDump> dumps;
   std::error_code error;
   std::vector<std::filesystem::path> files;
@@ -224,7 +225,10 @@ std::vector<RankDump> read_flight_dumps(const std::string& dir) {
     try {
       dumps.push_back(parse(nlohmann::json::parse(in)));
     } catch (const std::exception& e) {
-      LOOM_FAIL("flight report: '{}' is not a flight recorder dump: {}", path.string(), e.what());
+      std::string problem =
+          fmt::format("'{}' is not a flight recorder dump: {}", path.string(), e.what());
+      if (unreadable == nullptr) LOOM_FAIL("flight report: {}", problem);
+      unreadable->push_back(std::move(problem));
     }
   }
   std::sort(dumps.begin(), dumps.end(),

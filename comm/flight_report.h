@@ -26,8 +26,11 @@ struct RankDump {
   std::vector<GroupRecords> groups;
 };
 
-// Reads DIR/rank-*.json (written by flight_recorder::dump); throws naming a file it cannot read.
-std::vector<RankDump> read_flight_dumps(const std::string& dir);
+// Reads DIR/rank-*.json (written by flight_recorder::dump). A file it cannot read throws naming it;
+// with `unreadable`, it is listed there instead ("'rank-0.json' is not a flight recorder dump:
+// ..."), so one rank's empty or cut-off dump does not lose the others' report.
+std::vector<RankDump> read_flight_dumps(const std::string& dir,
+                                        std::vector<std::string>* unreadable = nullptr);
 
 // The report (lines of text); `world_size` > 0 names ranks without a dump.
 std::string flight_report(const std::vector<RankDump>& dumps, int world_size = 0);

@@ -156,7 +156,7 @@ Socket listen_tcp(const std::string& host, int port, int backlog) {
 }
 
 Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline,
-                   std::chrono::milliseconds timeout_for_message) {
+                   std::chrono::milliseconds timeout_for_message, std::string_view hint) {
   const std::string where = format_host_port(host, port);
   LOOM_CHECK(port > 0 && port <= 65535, "connect to {}: port {} is outside 1..65535", where, port);
   std::string last_error = "no attempt made";
@@ -200,10 +200,8 @@ Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
   }
-  LOOM_FAIL(
-      "could not connect to {} within {} ms ({} attempts; last error: {}); is the server "
-      "(rank 0, is_server=true) listening there?",
-      where, timeout_for_message.count(), attempts, last_error);
+  LOOM_FAIL("could not connect to {} within {} ms ({} attempts; last error: {}); {}", where,
+            timeout_for_message.count(), attempts, last_error, hint);
 }
 
 IoStatus send_all(int fd, const uint8_t* data, size_t size, Clock::time_point deadline,

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace loom::comm::net {
 
@@ -54,9 +55,13 @@ Socket listen_tcp(const std::string& host, int port, int backlog);
 
 // Connects to host:port, retrying (with backoff) on refusals and unresolvable names until
 // `deadline`, since the server may start after its clients. The socket is non-blocking with
-// TCP_NODELAY. Throws loom::Error naming host:port, the time waited and the last error.
+// TCP_NODELAY. Throws loom::Error naming host:port, the time waited, the last error and `hint`
+// (what to look at).
+inline constexpr std::string_view kServerListeningHint =
+    "is the server (rank 0, is_server=true) listening there?";
 Socket connect_tcp(const std::string& host, int port, Clock::time_point deadline,
-                   std::chrono::milliseconds timeout_for_message);
+                   std::chrono::milliseconds timeout_for_message,
+                   std::string_view hint = kServerListeningHint);
 
 enum class IoStatus { kOk, kTimeout, kClosed, kError };
 

@@ -71,20 +71,21 @@ net::Socket TcpStore::borrow_connection() {
   }
   // The first connection retries for the whole timeout: at start-up the server may not listen
   // yet. Once it has answered, a refused connection means it went away (rank 0 exited), so a
-  // new connection gets a short window instead of waiting out the timeout.
+  // new connection gets a short window instead of waiting out the timeout; the message names the
+  // window waited.
   const Duration timeout = this->timeout();
-  const Duration window = reached_server_ ? std::min(timeout, kReconnectWindow) : timeout;
-  // The message names the window waited, not the whole timeout.
   const bool reconnecting = reached_server_;
+  const Duration window = reconnecting ? std::min(timeout, kReconnectWindow) : timeout;
   try {
-    net::Socket socket = net::connect_tcp(host_, port_, Clock::now() + window, window);
+    net::Socket socket = net::connect_tcp(
+        host_, port_, Clock::now() + window, window,
+        reconnecting ? "the server answered before: has its process (rank 0, or the lighthouse) "
+                       "exited?"
+                     : net::kServerListeningHint);
     reached_server_ = true;
     return socket;
   } catch (const Error& e) {
-    LOOM_FAIL("TcpStore: {}{}", e.what(),
-              reconnecting ? "; the server answered before: has its process (rank 0, or the "
-                             "lighthouse) exited?"
-                           : "");
+    LOOM_FAIL("TcpStore: {}", e.what());
   }
 }
 

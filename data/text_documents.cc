@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -36,16 +37,20 @@ constexpr std::array<Compression, 7> kCompressions{{
     {"PAR1", "a Parquet file", "export its text column to .jsonl"},
 }};
 
+// The 1-based number of the line holding byte `at` (only for messages: it counts from the start).
+size_t line_number(std::string_view text, size_t at) {
+  return static_cast<size_t>(std::count(text.begin(), text.begin() + at, '\n')) + 1;
+}
+
 }  // namespace
 
 bool is_jsonl(std::string_view path) {
   // Any case: F0.JSONL. `.json` too: what Hugging Face datasets' to_json writes (JSON lines by
   // default); a .json file of one document is refused line by line, never trained on as syntax.
-  std::string lower(path.substr(
-      path.find_last_of('.') == std::string_view::npos ? path.size() : path.find_last_of('.')));
-  std::transform(lower.begin(), lower.end(), lower.begin(),
+  std::string extension = std::filesystem::path(path).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return lower == ".jsonl" || lower == ".ndjson" || lower == ".json";
+  return extension == ".jsonl" || extension == ".ndjson" || extension == ".json";
 }
 
 void check_is_text(std::string_view text, std::string_view path, std::string_view what) {
@@ -79,14 +84,13 @@ void for_each_jsonl_document(std::string_view text, size_t begin, size_t stop,
         // Without its line end: the parser's "line 1, column N" is then this line's.
         parsed = nlohmann::json::parse(body.substr(0, body.find_last_not_of("\r\n") + 1));
       } catch (const nlohmann::json::exception& e) {
-        const auto number = std::count(text.begin(), text.begin() + line, '\n') + 1;
-        LOOM_FAIL("{}: '{}': line {} (at byte {}) is not JSON: {}", what, path, number, line,
-                  e.what());
+        LOOM_FAIL("{}: '{}': line {} (at byte {}) is not JSON: {}", what, path,
+                  line_number(text, line), line, e.what());
       }
       const auto value = parsed.is_object() ? parsed.find(field) : parsed.end();
       LOOM_CHECK(parsed.is_object() && value != parsed.end() && value->is_string(),
-                 "{}: '{}': the line at byte {} has no string field \"{}\" ({})", what, path, line,
-                 field,
+                 "{}: '{}': line {} (at byte {}) has no string field \"{}\" ({})", what, path,
+                 line_number(text, line), line, field,
                  what.starts_with("--")
                      ? "a job reads \"text\": make shards with `loom tokenize --text-field NAME`"
                      : "--text-field names another");

@@ -32,11 +32,21 @@ bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
-// A folder's files in name order, skipping hidden files and in-flight atomic writes. A folder of
-// shards gives only its .bin files (not a tokenizer.json or README beside them), and of
-// `loom tokenize`'s output (train_*.bin and val_*.bin) the split the flag asks for: the
-// validation shards for --val-data, the others for --data, so held-out tokens are never trained on.
-std::vector<std::string> folder_files(const std::string& folder, std::string_view flag) {
+// Whether a shard's name has the word "val" (between _, -, . or its ends): a held-out split.
+bool is_validation_shard(const std::string& path) {
+  const std::string stem = fs::path(path).stem().string();
+  size_t begin = 0;
+  while (begin <= stem.size()) {
+    const size_t end = std::min(stem.find_first_of("_-.", begin), stem.size());
+    if (stem.compare(begin, end - begin, "val") == 0 && end - begin == 3) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
+// A folder's files (data_files says which).
+std::vector<std::string> folder_files(const std::string& folder, std::string_view flag,
+                                      DataSplit split) {
   std::vector<std::string> files;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder, ec)) {
@@ -52,17 +62,17 @@ std::vector<std::string> folder_files(const std::string& folder, std::string_vie
   LOOM_CHECK(!ec, "{}: cannot list the folder '{}': {}", flag, folder, ec.message());
   LOOM_CHECK(!files.empty(), "{}: the folder '{}' holds no files", flag, folder);
   std::sort(files.begin(), files.end());
+  // A folder of shards: its shards (not a tokenizer.json or README beside them), and of both
+  // splits the one asked for, so a folder given to --data and --val-data holds nothing out twice.
   const auto is_shard = [](const std::string& f) { return ends_with(f, ".bin"); };
-  const auto is_validation = [](const std::string& f) {
-    return fs::path(f).filename().string().starts_with("val_");
-  };
   if (std::any_of(files.begin(), files.end(), is_shard)) {
     std::erase_if(files, [&](const std::string& f) { return !is_shard(f); });
-    const bool held_out = flag == "--val-data";
-    const bool both = std::any_of(files.begin(), files.end(), is_validation) &&
-                      !std::all_of(files.begin(), files.end(), is_validation);
+    const bool both = std::any_of(files.begin(), files.end(), is_validation_shard) &&
+                      !std::all_of(files.begin(), files.end(), is_validation_shard);
     if (both) {
-      std::erase_if(files, [&](const std::string& f) { return is_validation(f) != held_out; });
+      const bool held_out = split == DataSplit::kValidation;
+      std::erase_if(files,
+                    [&](const std::string& f) { return is_validation_shard(f) != held_out; });
     }
   }
   return files;
@@ -92,7 +102,8 @@ std::string read_text(const std::string& path, std::string_view flag) {
 
 }  // namespace
 
-std::vector<std::string> data_files(const std::string& spec, std::string_view flag) {
+std::vector<std::string> data_files(const std::string& spec, std::string_view flag,
+                                    DataSplit split) {
   std::vector<std::string> files;
   size_t begin = 0;
   while (begin <= spec.size()) {
@@ -106,7 +117,7 @@ std::vector<std::string> data_files(const std::string& spec, std::string_view fl
     if (part.find_first_of("*?[") != std::string::npos) {
       more = glob_files(part, flag);
     } else if (fs::is_directory(part, ec)) {
-      more = folder_files(part, flag);
+      more = folder_files(part, flag, split);
     } else {
       LOOM_CHECK(fs::exists(part, ec), "{}: '{}' does not exist", flag, part);
       more = {part};
@@ -144,10 +155,10 @@ int64_t DocumentIndex::window_start(int64_t index) const {
 }
 
 TokenCorpus TokenCorpus::open(const std::string& spec, const TextTokenization& text,
-                              std::string_view flag) {
+                              std::string_view flag, DataSplit split) {
   TokenCorpus corpus;
   int64_t text_bytes = 0;
-  for (const std::string& path : data_files(spec, flag)) {
+  for (const std::string& path : data_files(spec, flag, split)) {
     Source source{.name = path};
     if (ends_with(path, ".bin")) {
       std::shared_ptr<const MappedTokenFile> file = MappedTokenFile::open(path);
@@ -290,12 +301,16 @@ void TokenCorpus::check_tokens_below(int64_t vocab_size, std::string_view what) 
         what, source.name, *first, at, source.file->byte_offset(at), vocab_size, vocab_size - 1);
   }
   // Text: its tokenizer made the token, so it is the tokenizer that does not fit the model.
+  LOOM_CHECK(source.tokenized_by.empty(),
+             "{}: '{}' gives token {} at index {} once tokenized ({}, a vocabulary of {}), outside "
+             "the model's vocabulary of {} (tokens 0 to {}): the tokenizer is not the model's; "
+             "give the model's tokenizer (--tokenizer)",
+             what, source.name, *first, at, source.tokenized_by, source.tokenizer_vocab, vocab_size,
+             vocab_size - 1);
   LOOM_FAIL(
-      "{}: {}, tokenized as {} (a vocabulary of {}), gives token {} at index {}, outside the "
-      "model's vocabulary of {} (tokens 0 to {}): the tokenizer is not the model's; give the "
-      "model's tokenizer (--tokenizer), or a model of {} tokens (--vocab-size)",
-      what, source.name, source.tokenized_by, source.tokenizer_vocab, *first, at, vocab_size,
-      vocab_size - 1, source.tokenizer_vocab);
+      "{}: {} holds token {} at index {}, outside the model's vocabulary of {} (tokens 0 to "
+      "{})",
+      what, source.name, *first, at, vocab_size, vocab_size - 1);
 }
 
 void TokenCorpus::index_documents(int32_t separator, int64_t seq_len) {

@@ -58,15 +58,23 @@ class DocumentIndex {
   int64_t corpus_size_, seq_len_, total_windows_ = 0, skipped_tokens_ = 0, separators_ = 0;
 };
 
-// The files a --data spec names: paths, folders (their files) and glob patterns, separated by
-// commas. Throws naming `flag` when a part names nothing.
-std::vector<std::string> data_files(const std::string& spec, std::string_view flag);
+// Which split of a folder of shards a spec takes: its training shards (--data) or its held-out
+// ones (--val-data), told apart by a "val" word in their names (loom tokenize's val_000000.bin,
+// llm.c's fineweb_val_000000.bin, nanoGPT's val.bin).
+enum class DataSplit { kTraining, kValidation };
+
+// The files a --data spec names: paths, folders and glob patterns, separated by commas. A folder
+// gives its files in name order (hidden ones and in-flight writes left out); a folder holding
+// shards gives only its .bin files, and when it holds both splits, `split`'s. Throws naming `flag`
+// when a part names nothing.
+std::vector<std::string> data_files(const std::string& spec, std::string_view flag,
+                                    DataSplit split = DataSplit::kTraining);
 
 class TokenCorpus {
  public:
   // Throws loom::Error naming `flag`, the path and the problem (nothing matches, a bad shard).
   static TokenCorpus open(const std::string& spec, const TextTokenization& text = {},
-                          std::string_view flag = "--data");
+                          std::string_view flag = "--data", DataSplit split = DataSplit::kTraining);
   // Tokens held in memory (tests, small jobs).
   static TokenCorpus from_tokens(std::vector<int32_t> tokens, int64_t vocab_size,
                                  std::string description);

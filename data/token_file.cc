@@ -104,16 +104,22 @@ std::unique_ptr<MappedTokenFile> MappedTokenFile::open(const std::string& path) 
     file->count_ = declared;
   } else {
     // An llm.c header whose magic is not llm.c's: a count at byte 8 that the rest of the file
-    // holds exactly, in 2- or 4-byte tokens. Read as raw tokens, the header would be trained on.
+    // holds exactly, in 2- or 4-byte tokens, or a small version followed by 1012 zero bytes.
+    // Read as raw tokens, the header would be trained on.
     const int64_t declared = header[2];
-    const bool header_shaped = bytes > kLlmcHeaderBytes && declared > 0 &&
-                               (static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 2 ||
-                                static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 4);
-    LOOM_CHECK(!header_shaped,
+    const bool count_fits =
+        declared > 0 && (static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 2 ||
+                         static_cast<int64_t>(bytes - kLlmcHeaderBytes) == declared * 4);
+    const bool zeros_after =
+        header[1] >= 1 && header[1] <= 255 &&
+        std::all_of(header + 3, header + 256, [](int32_t v) { return v == 0; });
+    LOOM_CHECK(bytes <= kLlmcHeaderBytes || !(count_fits || zeros_after),
                "token file '{}': unknown magic {} at byte 0 of what looks like an llm.c header "
-               "(version {}, {} tokens declared at byte 8, which the rest of the file holds); "
-               "expected llm.c's {} (GPT-2, uint16 tokens) or {} (Llama 3, uint32 tokens)",
-               path, header[0], header[1], declared, kLlmcGpt2Magic, kLlmcLlama3Magic);
+               "(version {} at byte 4, {} tokens declared at byte 8{}); expected llm.c's {} "
+               "(GPT-2, uint16 tokens) or {} (Llama 3, uint32 tokens)",
+               path, header[0], header[1], declared,
+               count_fits ? ", which the rest of the file holds" : ", zeros to byte 1024",
+               kLlmcGpt2Magic, kLlmcLlama3Magic);
     const size_t sample = std::min<size_t>(bytes, 4096);
     LOOM_CHECK(!looks_like_text(file->map_, sample),
                "token file '{}': its first {} bytes are text, not tokens (no NUL or control byte, "

@@ -38,15 +38,17 @@ class MappedText {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
     LOOM_CHECK(fd >= 0, "{}: cannot open '{}': {}", kWhat, path_, std::strerror(errno));
     struct stat st {};
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
       const int error = errno;
       ::close(fd);
+      LOOM_FAIL("{}: cannot read '{}': {}", kWhat, path_, std::strerror(error));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
       LOOM_FAIL(
-          "{}: '{}' {}; give text files (a pipe or device cannot be mapped: write it to a file "
-          "first)",
-          kWhat, path_,
-          S_ISREG(st.st_mode) ? fmt::format("cannot be read ({})", std::strerror(error))
-                              : std::string("is not a regular file"));
+          "{}: '{}' is not a regular file; give text files (a pipe or device cannot be mapped: "
+          "write it to a file first)",
+          kWhat, path_);
     }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {

@@ -81,6 +81,14 @@ struct PlannedParameter {
   bool expert = false;
 };
 
+// An entry of ModelArgs::fields() that a resume may change: its JSON pointer
+// ("/moe/aux_loss_coeff") and the flag that sets it ("--moe-aux-loss-coeff").
+struct TrainingField {
+  std::string pointer;
+  std::string flag;
+  bool operator==(const TrainingField&) const = default;
+};
+
 class ModelArgs {
  public:
   virtual ~ModelArgs() = default;
@@ -95,10 +103,10 @@ class ModelArgs {
   virtual void set_vocab_size(int64_t vocab_size) = 0;
   // The sizes a checkpoint records ({"family": "llama", "dim": 64, ...}): a resume compares them.
   virtual nlohmann::json fields() const = 0;
-  // The entries of fields() (JSON pointers: "/moe/aux_loss_coeff") that say how the model trains,
-  // not what it is: a resume may change them (a warning names each change), as it may the
-  // learning rate. Every other field must be the checkpoint's.
-  virtual std::vector<std::string> training_fields() const { return {}; }
+  // The entries of fields() that say how the model trains, not what it is: a resume may change
+  // them (a warning names each change), as it may the learning rate. Every other field must be
+  // the checkpoint's.
+  virtual std::vector<TrainingField> training_fields() const { return {}; }
   // Throws loom::Error naming the size when the model cannot be built.
   virtual void validate() const = 0;
   // Throws loom::Error naming the sizes a tp degree must divide (heads, kv heads) when `tp` does

@@ -70,33 +70,38 @@ nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMe
   return fields;
 }
 
+nlohmann::json without_training_fields(nlohmann::json fields,
+                                       const std::vector<models::TrainingField>& training) {
+  for (const models::TrainingField& field : training) {
+    const nlohmann::json::json_pointer pointer(field.pointer);
+    if (fields.contains(pointer)) fields.at(pointer.parent_pointer()).erase(pointer.back());
+  }
+  return fields;
+}
+
 std::vector<std::string> check_same_model(const checkpoint::Metadata& metadata,
                                           const nlohmann::json& model, const std::string& directory,
-                                          const std::vector<std::string>& training_fields) {
+                                          const std::vector<models::TrainingField>& training) {
   const auto recorded = metadata.extra.find("model");
   LOOM_CHECK(recorded != metadata.extra.end() && recorded->is_object(),
              "checkpoint '{}' does not record its model config; it was not saved by a Loom job",
              directory);
-  // A training setting is a warning when both record it and it differs, and left out of the
-  // comparison.
+  // A training setting is a warning when both record it and it differ; then, as one only one
+  // side records (a later Loom's), it is left out of the comparison.
   std::vector<std::string> warnings;
-  nlohmann::json saved = *recorded, here = model;
-  for (const std::string& field : training_fields) {
-    const nlohmann::json::json_pointer pointer(field);
-    if (saved.contains(pointer) && here.contains(pointer) &&
-        saved.at(pointer) != here.at(pointer)) {
-      std::string name = field.substr(1);
-      std::replace(name.begin(), name.end(), '/', '.');
+  for (const models::TrainingField& field : training) {
+    const nlohmann::json::json_pointer pointer(field.pointer);
+    if (recorded->contains(pointer) && model.contains(pointer) &&
+        recorded->at(pointer) != model.at(pointer)) {
       warnings.push_back(fmt::format(
-          "WARNING: checkpoint '{}' trained with {} {}; this run goes on with {} (a training "
+          "WARNING: checkpoint '{}' trained with {} {}; this run goes on with {} {} (a training "
           "setting: the steps from here differ from the saved run's)",
-          directory, name, saved.at(pointer).dump(), here.at(pointer).dump()));
-    }
-    // One only the model records was recorded only by later Looms: not compared either.
-    for (nlohmann::json* fields : {&saved, &here}) {
-      if (fields->contains(pointer)) fields->at(pointer.parent_pointer()).erase(pointer.back());
+          directory, field.flag, recorded->at(pointer).dump(), field.flag,
+          model.at(pointer).dump()));
     }
   }
+  const nlohmann::json saved = without_training_fields(*recorded, training);
+  const nlohmann::json here = without_training_fields(model, training);
   // A field this model has that the checkpoint lacks was recorded only by later Looms (a GPT's
   // "family", a Llama's RoPE settings): not compared. A field the checkpoint has that this model
   // lacks is another model; so is having no field in common.

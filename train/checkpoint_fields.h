@@ -10,6 +10,7 @@
 #include "checkpoint/metadata.h"
 #include "data/token_data.h"
 #include "mesh/device_mesh.h"
+#include "models/family.h"
 #include "train/job_config.h"
 
 namespace loom::train {
@@ -33,11 +34,16 @@ nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMe
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
 // here") when `metadata` was saved from another model config. Fields only later Looms record
-// (absent there) are not compared, so older checkpoints resume. `training_fields`
-// (ModelArgs::training_fields: JSON pointers into `model`) may differ: a warning each.
+// (absent there) are not compared, so older checkpoints resume. `training` fields
+// (ModelArgs::training_fields) may differ: a warning each, naming its flag.
 std::vector<std::string> check_same_model(const checkpoint::Metadata& metadata,
                                           const nlohmann::json& model, const std::string& directory,
-                                          const std::vector<std::string>& training_fields = {});
+                                          const std::vector<models::TrainingField>& training = {});
+
+// `fields` (ModelArgs::fields, or a checkpoint's record of them) without the `training` ones:
+// what says what the model is, for comparing two runs' steps.
+nlohmann::json without_training_fields(nlohmann::json fields,
+                                       const std::vector<models::TrainingField>& training);
 
 // Throws loom::Error naming the checkpoint and each difference when `metadata` was saved by a run
 // on other data, another seed, another batch size or sequence length: continuing would train on

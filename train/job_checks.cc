@@ -49,10 +49,36 @@ void check_readable_file(const std::string& path, std::string_view flag) {
              std::strerror(errno));
 }
 
-// A file a job writes or reads, and the flag that names it.
+// The one path of a file, however it is spelled ("./m.jsonl", "runs/../m.jsonl", a link).
+std::string same_file_key(const std::string& path) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  if (ec) return fs::path(path).lexically_normal().string();
+  const fs::path canonical = fs::weakly_canonical(absolute, ec);
+  return (ec ? absolute.lexically_normal() : canonical).string();
+}
+
+// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
+// Computed once per file: a data spec may name thousands of shards.
+struct FileIdentity {
+  std::string key;                               // same_file_key
+  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
+  explicit FileIdentity(const std::string& path) : key(same_file_key(path)) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) inode = std::pair{st.st_dev, st.st_ino};
+  }
+  bool operator==(const FileIdentity& other) const {
+    return key == other.key || (inode && other.inode && *inode == *other.inode);
+  }
+};
+
+// A file a job writes or reads, the flag that names it, and its identity (computed once).
 struct JobFile {
   std::string path;
   std::string what;
+  FileIdentity identity;
+  JobFile(std::string path_, std::string what_)
+      : path(std::move(path_)), what(std::move(what_)), identity(path) {}
 };
 
 // Every file the job writes, each with the flag that makes it: two of them at one path would
@@ -81,38 +107,19 @@ std::vector<JobFile> files_written(const JobConfig& job) {
   return out;
 }
 
-// The one path of a file, however it is spelled ("./m.jsonl", "runs/../m.jsonl", a link).
-std::string same_file_key(const std::string& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return fs::path(path).lexically_normal().string();
-  const fs::path canonical = fs::weakly_canonical(absolute, ec);
-  return (ec ? absolute.lexically_normal() : canonical).string();
-}
-
-// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
-// Computed once per file: a data spec may name thousands of shards.
-struct FileIdentity {
-  std::string key;                               // same_file_key
-  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
-  explicit FileIdentity(const std::string& path) : key(same_file_key(path)) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) inode = std::pair{st.st_dev, st.st_ino};
-  }
-  bool operator==(const FileIdentity& other) const {
-    return key == other.key || (inode && other.inode && *inode == *other.inode);
-  }
-};
-
 // Every file the job reads that an output could overwrite, each with its flag: the data's files
 // (folders and patterns expanded), --tokenizer, --config, --replica-replay, and --init-from's
 // model file with the config.json, tokenizer.json and generation_config.json read beside it.
 std::vector<JobFile> files_read(const JobConfig& job) {
   std::vector<JobFile> out;
-  for (const auto& [spec, what] : {std::pair{job.data, "--data"}, {job.val_data, "--val-data"}}) {
+  for (const auto& [spec, what, split] :
+       {std::tuple{job.data, "--data", data::DataSplit::kTraining},
+        {job.val_data, "--val-data", data::DataSplit::kValidation}}) {
     if (spec.empty()) continue;
     try {
-      for (std::string& file : data::data_files(spec, what)) out.push_back({std::move(file), what});
+      for (std::string& file : data::data_files(spec, what, split)) {
+        out.emplace_back(std::move(file), what);
+      }
     } catch (const Error&) {
       // Named when the data is opened (check_job's open_job_data), with what it lacks.
     }
@@ -120,7 +127,7 @@ std::vector<JobFile> files_read(const JobConfig& job) {
   for (const auto& [path, what] : {std::pair{job.tokenizer, "--tokenizer"},
                                    {job.config_file, "--config"},
                                    {job.replica_replay, "--replica-replay"}}) {
-    if (!path.empty()) out.push_back({path, what});
+    if (!path.empty()) out.emplace_back(path, what);
   }
   if (!job.init_from.empty()) {
     std::string model_file = job.init_from;
@@ -143,10 +150,8 @@ std::vector<JobFile> files_read(const JobConfig& job) {
 // Throws naming both flags when two files the job writes are one file, or when one it writes is
 // one it reads, which the run would overwrite; and for an output path with a control character
 // (a newline in a name gnuplot reads would end its line and start a command).
-void check_outputs_apart(const JobConfig& job) {
+void check_outputs_apart(const JobConfig& job, const std::vector<JobFile>& read) {
   const std::vector<JobFile> written = files_written(job);
-  std::vector<FileIdentity> outputs;
-  for (const JobFile& output : written) outputs.emplace_back(output.path);
   const std::optional<FileIdentity> checkpoints =
       job.checkpoint_dir.empty() ? std::nullopt : std::optional(FileIdentity(job.checkpoint_dir));
   for (size_t i = 0; i < written.size(); ++i) {
@@ -163,24 +168,23 @@ void check_outputs_apart(const JobConfig& job) {
           file.what, shown);
     }
     for (size_t j = 0; j < i; ++j) {
-      LOOM_CHECK(!(outputs[j] == outputs[i]),
+      LOOM_CHECK(written[j].identity != file.identity,
                  "{} and {} both write '{}': each would overwrite the other's file; give them "
                  "different paths",
                  written[j].what, file.what, file.path);
     }
-    LOOM_CHECK(!checkpoints || !(*checkpoints == outputs[i]),
+    LOOM_CHECK(!checkpoints || *checkpoints != file.identity,
                "{} writes '{}', the folder --checkpoint-dir saves in; give {} another path",
                file.what, file.path, file.what);
   }
   const std::string effective =
       job.metrics_out.empty() ? "" : effective_config_path(job.metrics_out);
-  for (const JobFile& input : files_read(job)) {
-    const FileIdentity read(input.path);
+  for (const JobFile& input : read) {
     for (size_t i = 0; i < written.size(); ++i) {
       // The README's replay, `--config loom_train_metrics.config.toml`, writes the effective
       // config back over the file it read: this run's settings, the file's with any flags given.
       if (input.what == std::string_view("--config") && written[i].path == effective) continue;
-      LOOM_CHECK(!(read == outputs[i]),
+      LOOM_CHECK(input.identity != written[i].identity,
                  "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
                  "{} another path",
                  written[i].what, written[i].path, input.what, written[i].what);
@@ -188,34 +192,26 @@ void check_outputs_apart(const JobConfig& job) {
   }
 }
 
-// Throws when a --val-data file is one --data names too: its tokens would be trained on, and the
-// validation loss would not be held out.
-void check_validation_held_out(const JobConfig& job) {
-  if (job.data.empty() || job.val_data.empty()) return;
-  std::vector<std::string> training, validation;
-  try {
-    training = data::data_files(job.data, "--data");
-    validation = data::data_files(job.val_data, "--val-data");
-  } catch (const Error&) {
-    return;  // named when the data is opened (check_job's open_job_data), with what it lacks
-  }
-  std::vector<FileIdentity> trained;
-  for (const std::string& file : training) trained.emplace_back(file);
-  for (const std::string& file : validation) {
-    const FileIdentity held_out(file);
-    const auto same = std::find(trained.begin(), trained.end(), held_out);
-    LOOM_CHECK(same == trained.end(),
-               "--val-data: '{}' is also training data (--data names '{}'): its tokens would be "
-               "trained on, and the validation loss would not be held out; give --val-data files "
-               "--data does not name (loom tokenize writes them as val_*.bin)",
-               file, training[static_cast<size_t>(same - trained.begin())]);
+// Throws when a --val-data file is one --data names too (`read`: files_read's): its tokens would
+// be trained on, and the validation loss would not be held out.
+void check_validation_held_out(const std::vector<JobFile>& read) {
+  for (const JobFile& held_out : read) {
+    if (held_out.what != "--val-data") continue;
+    for (const JobFile& trained : read) {
+      LOOM_CHECK(trained.what != "--data" || trained.identity != held_out.identity,
+                 "--val-data: '{}' is also training data (--data names '{}'): its tokens would be "
+                 "trained on, and the validation loss would not be held out; give --val-data files "
+                 "--data does not name (the held-out shards loom tokenize writes as val_*.bin)",
+                 held_out.path, trained.path);
+    }
   }
 }
 
 // The paths a job reads and writes.
 void check_paths(const JobConfig& job) {
-  check_outputs_apart(job);
-  check_validation_held_out(job);
+  const std::vector<JobFile> read = files_read(job);
+  check_outputs_apart(job, read);
+  check_validation_held_out(read);
   // --data and --val-data: data::TokenCorpus::open names what they lack.
   if (!job.tokenizer.empty()) check_readable_file(job.tokenizer, "--tokenizer");
   LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
@@ -337,13 +333,16 @@ std::optional<std::string> preset_size_warning(const JobConfig& job, const JobMo
       job.model, model.args->summary(), preset->parameter_count());
 }
 
-// What tells one run's saves from another's: its model and what decides its batches (data,
-// seed, batch, sequence, documents), as flat "key": value pairs.
-std::map<std::string, std::string> run_identity(const checkpoint::Metadata& metadata) {
+// What tells one run's saves from another's: its model (what it is, not its `training` fields,
+// which a resume may change) and what decides its batches (data, seed, batch, sequence,
+// documents), as flat "key": value pairs.
+std::map<std::string, std::string> run_identity(
+    const checkpoint::Metadata& metadata, const std::vector<models::TrainingField>& training) {
   std::map<std::string, std::string> out;
   const auto model = metadata.extra.find("model");
   if (model != metadata.extra.end() && model->is_object()) {
-    for (const auto& [key, value] : model->items()) out["model " + key] = value.dump();
+    const nlohmann::json what_it_is = without_training_fields(*model, training);
+    for (const auto& [key, value] : what_it_is.items()) out["model " + key] = value.dump();
   }
   const auto run = metadata.extra.find("run");
   if (run != metadata.extra.end() && run->is_object()) {
@@ -364,15 +363,16 @@ std::map<std::string, std::string> run_identity(const checkpoint::Metadata& meta
 // An older step that is damaged (metadata that cannot be read, a rank file missing, short or
 // unreadable) is a warning, not a refusal: the latest is whole.
 void check_one_run(const std::string& root, int64_t latest, const checkpoint::Metadata& saved,
+                   const std::vector<models::TrainingField>& training,
                    std::vector<std::string>& warnings) {
-  const std::map<std::string, std::string> mine = run_identity(saved);
+  const std::map<std::string, std::string> mine = run_identity(saved, training);
   for (int64_t step : checkpoint::committed_steps(root)) {
     if (step == latest) continue;
     std::map<std::string, std::string> other;
     try {
       const std::string dir = checkpoint::step_directory(root, step);
       const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
-      other = run_identity(metadata);
+      other = run_identity(metadata, training);
       checkpoint::check_files(dir, metadata);  // its rank files there, whole and readable
     } catch (const Error& e) {
       warnings.push_back(fmt::format(
@@ -469,7 +469,7 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));
   }
-  check_one_run(job.checkpoint_dir, *latest, metadata, out.warnings);
+  check_one_run(job.checkpoint_dir, *latest, metadata, args.training_fields(), out.warnings);
   out.resume_from = dir;
   // The run's Hugging Face settings travel with its checkpoints when --init-from is not given.
   if (const auto hf = metadata.extra.find("hf");
@@ -661,11 +661,15 @@ CheckedJob check_job(const JobConfig& job) {
   // Trained with a tokenizer but started from no checkpoint that names its ids: the tokenizer's,
   // so --save's config.json says where a document starts and ends (transformers would otherwise
   // take GPT-2's 50256, outside a smaller vocabulary, and generate() would never stop).
-  if (out.hf_token_settings.empty() && out.data.tokenizer) {
+  // Only ids the model has (an explicit --vocab-size may be smaller than the tokenizer's).
+  if (!out.hf_token_settings.contains("token_ids") && out.data.tokenizer) {
     nlohmann::json ids = nlohmann::json::object();
-    if (const auto bos = out.data.tokenizer->document_start()) ids["bos_token_id"] = *bos;
-    if (const auto eos = out.data.tokenizer->end_of_text()) ids["eos_token_id"] = *eos;
-    if (!ids.empty()) out.hf_token_settings = {{"token_ids", ids}};
+    const int64_t vocab = out.model.args->vocab_size();
+    for (const auto& [key, id] : {std::pair{"bos_token_id", out.data.tokenizer->document_start()},
+                                  {"eos_token_id", out.data.tokenizer->end_of_text()}}) {
+      if (id && *id < vocab) ids[key] = *id;
+    }
+    if (!ids.empty()) out.hf_token_settings["token_ids"] = ids;
   }
   if (!job.save.empty() && fs::path(job.save).filename() != "model.safetensors") {
     out.warnings.push_back(fmt::format(

@@ -105,7 +105,8 @@ JobData open_job_data(const JobConfig& job, JobModel& model) {
   LOOM_CHECK(!job.val_data.empty() || (job.val_every == 0 && job.val_steps == 0),
              "--val-every and --val-steps: need --val-data (the held-out tokens)");
   if (!job.val_data.empty()) {
-    out.val = data::TokenCorpus::open(job.val_data, text, "--val-data");
+    out.val =
+        data::TokenCorpus::open(job.val_data, text, "--val-data", data::DataSplit::kValidation);
     out.val->check_tokens_below(vocab_size, "--val-data");
     const int64_t available = data::validation_batches(*out.val, job.batch_size, job.seq_len);
     LOOM_CHECK(available > 0,

@@ -1,11 +1,13 @@
 #include "train/launch.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
@@ -34,19 +36,29 @@ bool launched_as_rank() {
       more_than_one(std::getenv("SLURM_STEP_NUM_TASKS") != nullptr
                         ? "SLURM_STEP_NUM_TASKS"  // the step's own count
                         : "SLURM_NTASKS");
+  if (const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK")) {
+    // mpirun's count decides whether this is one of its ranks: it must be one.
+    const char* mpi_size = std::getenv("OMPI_COMM_WORLD_SIZE");
+    char* end = nullptr;
+    const long long n = mpi_size ? std::strtoll(mpi_size, &end, 10) : 0;
+    LOOM_CHECK(mpi_size != nullptr && end != mpi_size && *end == '\0' && n >= 1,
+               "OMPI_COMM_WORLD_RANK={} is set, and OMPI_COMM_WORLD_SIZE is {}: mpirun sets both "
+               "for each process, the size a positive count of ranks",
+               mpi_rank, mpi_size ? fmt::format("'{}'", mpi_size) : std::string("not"));
+  }
   const bool mpirun_tasks =
       std::getenv("OMPI_COMM_WORLD_RANK") != nullptr && more_than_one("OMPI_COMM_WORLD_SIZE");
   if (std::getenv("RANK") != nullptr || mpirun_tasks || srun_tasks) return true;
-  const char* world_size = std::getenv("WORLD_SIZE");
-  LOOM_CHECK(world_size == nullptr,
-             "WORLD_SIZE={} is set but RANK is not; a launcher (loomrun, torchrun) sets both for "
-             "each rank. Unset WORLD_SIZE to let the job start its own ranks",
-             world_size ? world_size : "");
-  const char* mpi_size = std::getenv("OMPI_COMM_WORLD_SIZE");
-  LOOM_CHECK(mpi_size == nullptr || std::getenv("OMPI_COMM_WORLD_RANK") != nullptr,
-             "OMPI_COMM_WORLD_SIZE={} is set but OMPI_COMM_WORLD_RANK is not; mpirun sets both "
-             "for each process. Unset OMPI_COMM_WORLD_SIZE to let the job start its own ranks",
-             mpi_size ? mpi_size : "");
+  // A size without its rank: a launcher was meant to run this, never a silent one-rank run.
+  for (const auto& [size_variable, rank_variable, launcher] :
+       {std::tuple{"WORLD_SIZE", "RANK", "a launcher (loomrun, torchrun)"},
+        {"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "mpirun"}}) {
+    const char* size = std::getenv(size_variable);
+    LOOM_CHECK(size == nullptr || std::getenv(rank_variable) != nullptr,
+               "{}={} is set but {} is not; {} sets both for each rank. Unset {} to let the job "
+               "start its own ranks",
+               size_variable, size ? size : "", rank_variable, launcher, size_variable);
+  }
   return false;
 }
 

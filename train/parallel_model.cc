@@ -271,15 +271,15 @@ EvalMode::~EvalMode() {
 void check_expert_parallel(const models::ModelArgs& args, int64_t ep) {
   if (ep == 1) return;
   // A MoE config whose every layer is dense (--moe-dense-layers) routes nothing either.
-  const bool all_dense = args.fields().contains("moe");
+  const bool moe_configured = args.fields().contains("moe");
   LOOM_CHECK(
       args.num_experts() > 0,
       "--ep {}: the model ({}) has no mixture-of-experts layers to split{}; use --ep 1, or a "
       "MoE model (--moe-experts, llama-moe-tiny)",
       ep, args.family(),
-      all_dense ? fmt::format(" (--moe-dense-layers keeps all {} layers dense: give fewer)",
-                              args.n_layers())
-                : "");
+      moe_configured ? fmt::format(" (--moe-dense-layers keeps all {} layers dense: give fewer)",
+                                   args.n_layers())
+                     : "");
   LOOM_CHECK(args.num_experts() % ep == 0,
              "--ep {} does not divide the {} experts (--moe-experts); each rank holds experts / "
              "ep of them",

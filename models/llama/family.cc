@@ -124,11 +124,13 @@ class LlamaArgs : public ModelArgs {
     }
     return out;
   }
-  std::vector<std::string> training_fields() const override {
+  std::vector<TrainingField> training_fields() const override {
     // The balancing loss's weight, the bias balancing's rate and the capacity: coefficients of
     // training, which torchtitan reads from each run's config.
     if (!config_.moe) return {};
-    return {"/moe/aux_loss_coeff", "/moe/bias_update_rate", "/moe/capacity_factor"};
+    return {{"/moe/aux_loss_coeff", "--moe-aux-loss-coeff"},
+            {"/moe/bias_update_rate", "--moe-bias-update-rate"},
+            {"/moe/capacity_factor", "--moe-capacity-factor"}};
   }
   void validate() const override { config_.validate(); }
   bool supports_context_parallel() const override { return true; }

@@ -165,6 +165,27 @@ TEST(FlightReportTest, GroupsOfOneNameAndRanksArePairedInTheOrderMade) {
   EXPECT_THAT(report, Not(HasSubstr("divergence"))) << report;
 }
 
+// A rank killed while it dumped leaves an empty or cut-off file: reading the folder names it, and
+// (for loomrun's report) may list it and go on with the other ranks' dumps.
+TEST(FlightReportTest, AnUnreadableDumpIsNamedOrListed) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp ? tmp : "/tmp") + "/cut_dumps";
+  std::filesystem::create_directories(dir);
+  std::FILE* empty = std::fopen((dir + "/rank-0.json").c_str(), "w");
+  ASSERT_NE(empty, nullptr);
+  std::fclose(empty);
+  try {
+    read_flight_dumps(dir);
+    ADD_FAILURE() << "an empty dump was read";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("rank-0.json' is not a flight recorder dump"));
+  }
+  std::vector<std::string> unreadable;
+  EXPECT_TRUE(read_flight_dumps(dir, &unreadable).empty());
+  ASSERT_EQ(unreadable.size(), 1u);
+  EXPECT_THAT(unreadable[0], HasSubstr("rank-0.json' is not a flight recorder dump"));
+}
+
 // An all_to_all's sizes differ by rank by design (MoE dispatch): ranks agree when each sends each
 // peer what the peer expects from it, and the first pair that does not is named.
 TEST(FlightReportTest, AllToAllSizesAreComparedPairwise) {

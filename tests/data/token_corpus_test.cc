@@ -150,11 +150,10 @@ TEST(TokenCorpusTest, BadShardsAreNamedWithWhere) {
                                                          .vocab_size = 400,
                                                          .name = "tokens by tok400.json"});
   EXPECT_EQ(error_of([&] { tokenized.check_tokens_below(256, "--data"); }),
-            "--data: " + text +
-                ", tokenized as tokens by tok400.json (a vocabulary of 400), gives token 354 at "
-                "index 1, outside the model's vocabulary of 256 (tokens 0 to 255): the tokenizer "
-                "is not the model's; give the model's tokenizer (--tokenizer), or a model of 400 "
-                "tokens (--vocab-size)");
+            "--data: '" + text +
+                "' gives token 354 at index 1 once tokenized (tokens by tok400.json, a vocabulary "
+                "of 400), outside the model's vocabulary of 256 (tokens 0 to 255): the tokenizer "
+                "is not the model's; give the model's tokenizer (--tokenizer)");
 }
 
 TEST(TokenCorpusTest, NeitherAForeignHeaderNorTextIsReadAsRawTokens) {
@@ -162,9 +161,16 @@ TEST(TokenCorpusTest, NeitherAForeignHeaderNorTextIsReadAsRawTokens) {
   const std::string foreign = write_file("foreign.bin", header(12345, 1, 3) + uint16s({1, 2, 3}));
   EXPECT_EQ(open_error(foreign),
             "token file '" + foreign +
-                "': unknown magic 12345 at byte 0 of what looks like an llm.c header (version 1, "
-                "3 tokens declared at byte 8, which the rest of the file holds); expected llm.c's "
-                "20240520 (GPT-2, uint16 tokens) or 20240801 (Llama 3, uint32 tokens)");
+                "': unknown magic 12345 at byte 0 of what looks like an llm.c header (version 1 at "
+                "byte 4, 3 tokens declared at byte 8, which the rest of the file holds); expected "
+                "llm.c's 20240520 (GPT-2, uint16 tokens) or 20240801 (Llama 3, uint32 tokens)");
+  // The same header with a count the file does not hold: its zeros still tell it.
+  EXPECT_THAT(open_error(write_file("foreign_count.bin", header(12345, 1, 77) + uint16s({1, 2}))),
+              HasSubstr("(version 1 at byte 4, 77 tokens declared at byte 8, zeros to byte 1024)"));
+  // Raw tokens of more than 1024 bytes are raw tokens.
+  std::string many;
+  for (int i = 0; i < 3000; ++i) many += uint16s({static_cast<uint16_t>((i * 7919) % 50257)});
+  EXPECT_EQ(TokenCorpus::open(write_file("raw_long.bin", many)).size(), 3000);
   // Text named .bin: no NUL or control byte, which raw uint16 tokens are full of.
   const std::string text =
       write_file("text.bin",
@@ -183,7 +189,8 @@ TEST(TokenCorpusTest, AFolderOfShardsGivesItsShardsAndTheSplitItsFlagAsks) {
   write_file("tokenized/tokenizer.json", "{}");
   write_file("tokenized/README", "not data");
   EXPECT_THAT(data_files(folder, "--data"), ElementsAre(folder + "/shard_000.bin"));
-  EXPECT_THAT(data_files(folder, "--val-data"), ElementsAre(folder + "/val_000000.bin"));
+  EXPECT_THAT(data_files(folder, "--val-data", DataSplit::kValidation),
+              ElementsAre(folder + "/val_000000.bin"));
   // A folder of validation shards alone gives them to either flag.
   write_file("held_out/val_000000.bin", header(20240520, 1, 2) + uint16s({4, 5}));
   EXPECT_THAT(data_files(temp_dir() + "/held_out", "--data"),

@@ -58,12 +58,12 @@ cmp hf/model.safetensors hf_run/model.safetensors ||
 
 # An output transformers would not find, or in a folder that does not exist: named before the
 # checkpoint is read, as the job's --save is.
-if "$consolidate" ckpt hf/model.bin > bin.log 2>&1; then echo "consolidate wrote model.bin"; exit 1; fi
+status=0; "$consolidate" ckpt hf/model.bin > bin.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat bin.log; echo "consolidate to model.bin exited $status, expected 2"; exit 1; }
 grep -q "consolidate: output: 'hf/model.bin' is not a .safetensors file name; give the file to write, e.g. 'hf/model.safetensors'" \
   bin.log || { cat bin.log; exit 1; }
-if "$consolidate" ckpt nodir/model.safetensors > nodir.log 2>&1; then
-  echo "consolidate wrote into a missing folder"; exit 1
-fi
+status=0; "$consolidate" ckpt nodir/model.safetensors > nodir.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat nodir.log; echo "consolidate into a missing folder exited $status"; exit 1; }
 grep -q "cannot write 'nodir/model.safetensors': the folder 'nodir' does not exist" nodir.log ||
   { cat nodir.log; exit 1; }
 

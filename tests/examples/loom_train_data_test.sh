@@ -297,7 +297,8 @@ tokenize_error "--val-tokens 100000000 takes every one of the inputs'" --out all
 [[ -z "$(ls allval)" ]] || fail "a run whose every token went to validation left $(ls allval)"
 # The bad line comes after enough documents to fill several shards: the run removes them.
 { cat docs.jsonl docs.jsonl docs.jsonl; echo '{"txt": "no text field"}'; } > bad.jsonl
-tokenize_error "'bad.jsonl': the line at byte" --out partial --shard-tokens 1000 --threads 1 bad.jsonl
+tokenize_error "'bad.jsonl': line $(( 3 * $(wc -l < docs.jsonl) + 1 )) (at byte $(( 3 * $(wc -c < docs.jsonl) ))) has no string field \"text\"" \
+  --out partial --shard-tokens 1000 --threads 1 bad.jsonl
 [[ -z "$(ls partial)" ]] || fail "a failed run left shards: $(ls partial)"
 "$tokenize" --tokenizer "$tokenizer" --out partial --no-progress docs.jsonl > again2.log 2>&1 ||
   { cat again2.log; fail "the folder of a failed run cannot be used again"; }

@@ -78,6 +78,8 @@ expect_error 2 "loom_train: --seq-len: 128 tokens per sequence is more than the 
 expect_error 2 "loom_train: GPTConfig: n_embd=64 is not divisible by n_head=5" --n-head 5 --dp 1 --tp 1
 WORLD_SIZE=4 expect_error 2 "loom_train: WORLD_SIZE=4 is set but RANK is not" --dp 1 --tp 1
 OMPI_COMM_WORLD_SIZE=4 expect_error 2 "loom_train: OMPI_COMM_WORLD_SIZE=4 is set but OMPI_COMM_WORLD_RANK is not; mpirun sets both" --dp 1 --tp 1
+OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=abc expect_error 2 "loom_train: OMPI_COMM_WORLD_RANK=0 is set, and OMPI_COMM_WORLD_SIZE is 'abc': mpirun sets both" --dp 1 --tp 1
+OMPI_COMM_WORLD_RANK=0 expect_error 2 "loom_train: OMPI_COMM_WORLD_RANK=0 is set, and OMPI_COMM_WORLD_SIZE is not: mpirun sets both" --dp 1 --tp 1
 
 # A checkpoint with a config.json beside it (Hugging Face's save_pretrained) loads with its own
 # sizes, a context of 128 and a vocabulary padded to 300 included, and a flag that contradicts

@@ -60,8 +60,11 @@ grep -q "was saved from another model config: n_embd 64 there, 48 here" other.lo
 run moe 1 1 2 --model llama-moe-tiny --checkpoint-dir ckpt_moe --checkpoint-every 2
 run moe_resumed 1 1 3 --model llama-moe-tiny --checkpoint-dir ckpt_moe --resume \
   --moe-aux-loss-coeff 0.02
-grep -q "WARNING: checkpoint 'ckpt_moe/step_00000002' trained with moe.aux_loss_coeff 0.01; this run goes on with 0.02" \
+grep -q "WARNING: checkpoint 'ckpt_moe/step_00000002' trained with --moe-aux-loss-coeff 0.01; this run goes on with --moe-aux-loss-coeff 0.02" \
   moe_resumed.log || { echo "the changed coefficient is not named"; cat moe_resumed.log; exit 1; }
+# The folder now holds steps of both coefficients: still one run's, which resumes again.
+run moe_resumed_again 1 1 4 --model llama-moe-tiny --checkpoint-dir ckpt_moe --resume \
+  --moe-aux-loss-coeff 0.02
 if "$train" --dp 1 --tp 1 --model llama-moe-tiny --moe-top-k 1 --steps 3 --checkpoint-dir ckpt_moe \
     --resume --no-progress --metrics-out "" --plot-out "" > moe_other.log 2>&1; then
   echo "a MoE checkpoint of another top-k loaded"; exit 1

@@ -67,7 +67,7 @@ run_loomrun --nproc-per-node 3 -- bash -c 'sleep 0.$((RANK + 1)); exit 3'
 expect_eq "$RC" 3 "exit code when every rank exits 3"
 [[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms although every rank had exited"
 # Named as no more the cause than the others (a collective that timed out on every rank).
-expect_grep "$WORK/err" '^loomrun: rank 0 \(pid [0-9]+\) exited with status 3, as every rank that failed did: each failed on a peer'
+expect_grep "$WORK/err" '^loomrun: rank 0 \(pid [0-9]+\) exited with status 3, as every rank that failed did \(3\): each failed on a peer'
 run_loomrun --nproc-per-node 3 -- bash -c \
   'case $RANK in 1) sleep 0.1; exit 3;; 2) sleep 0.5; exit 0;; *) sleep 60;; esac'
 expect_eq "$RC" 3 "exit code when rank 1 exits 3 and rank 2 exits 0 after it"

@@ -34,9 +34,10 @@ TEST(CheckSameModel, TheSameModelPassesWithoutWarnings) {
 
 TEST(CheckSameModel, AChangedTrainingFieldIsAWarningNamingBothValues) {
   const auto args = moe_tiny();
-  ASSERT_EQ(args->training_fields(),
-            (std::vector<std::string>{"/moe/aux_loss_coeff", "/moe/bias_update_rate",
-                                      "/moe/capacity_factor"}));
+  ASSERT_EQ(args->training_fields(), (std::vector<models::TrainingField>{
+                                         {"/moe/aux_loss_coeff", "--moe-aux-loss-coeff"},
+                                         {"/moe/bias_update_rate", "--moe-bias-update-rate"},
+                                         {"/moe/capacity_factor", "--moe-capacity-factor"}}));
   nlohmann::json here = args->fields();
   here["moe"]["aux_loss_coeff"] = 0.5;
   here["moe"]["capacity_factor"] = 1.25;
@@ -44,11 +45,12 @@ TEST(CheckSameModel, AChangedTrainingFieldIsAWarningNamingBothValues) {
       check_same_model(saved_with(args->fields()), here, "ck", args->training_fields());
   ASSERT_EQ(warnings.size(), 2u);
   const std::string saved_coeff = args->fields()["moe"]["aux_loss_coeff"].dump();
-  EXPECT_NE(warnings[0].find("checkpoint 'ck' trained with moe.aux_loss_coeff " + saved_coeff +
-                             "; this run goes on with 0.5"),
+  EXPECT_NE(warnings[0].find("checkpoint 'ck' trained with --moe-aux-loss-coeff " + saved_coeff +
+                             "; this run goes on with --moe-aux-loss-coeff 0.5"),
             std::string::npos)
       << warnings[0];
-  EXPECT_NE(warnings[1].find("moe.capacity_factor 0.0; this run goes on with 1.25"),
+  EXPECT_NE(warnings[1].find("--moe-capacity-factor 0.0; this run goes on with "
+                             "--moe-capacity-factor 1.25"),
             std::string::npos)
       << warnings[1];
 }
@@ -79,6 +81,18 @@ TEST(CheckSameModel, ATrainingFieldTheCheckpointLacksIsNotCompared) {
   older["moe"].erase("capacity_factor");  // recorded only by later Looms
   EXPECT_TRUE(
       check_same_model(saved_with(older), args->fields(), "ck", args->training_fields()).empty());
+}
+
+TEST(WithoutTrainingFields, TwoStepsDifferingInATrainingFieldAreOneRunsSteps) {
+  const auto args = moe_tiny();
+  nlohmann::json changed = args->fields();
+  changed["moe"]["bias_update_rate"] = 0.5;
+  EXPECT_NE(changed, args->fields());
+  EXPECT_EQ(without_training_fields(changed, args->training_fields()),
+            without_training_fields(args->fields(), args->training_fields()));
+  EXPECT_FALSE(without_training_fields(changed, args->training_fields())["moe"].contains(
+      "bias_update_rate"));
+  EXPECT_TRUE(without_training_fields(changed, args->training_fields())["moe"].contains("top_k"));
 }
 
 }  // namespace

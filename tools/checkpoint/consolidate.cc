@@ -29,7 +29,6 @@ using namespace loom;
 
 void consolidate(const std::string& input, const std::string& output,
                  const std::string& tokenizer) {
-  models::hf::check_save_path(output, "output");  // before the checkpoint is read
   const std::string dir = checkpoint::resolve_step_directory(input);
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   const auto fields = metadata.extra.find("model");
@@ -83,6 +82,13 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;  // --help 0; a bad command line 2, not CLI11's own codes
+  }
+  try {
+    // A bad output is bad input (exit 2), named before the checkpoint is read.
+    loom::models::hf::check_save_path(output, "output");
+  } catch (const std::exception& error) {
+    fmt::print(stderr, "consolidate: {}\n", error.what());
+    return 2;
   }
   try {
     consolidate(input, output, tokenizer);

@@ -84,11 +84,16 @@ void FlightRecorderFolder::report(int exit_code, int world_size) const {
   // A failed attempt's folder stays until the job ends (~FlightRecorderFolder): a restarted
   // attempt writes its dumps there, and its progress file says at which step this one failed.
   std::vector<comm::RankDump> dumps;
+  std::vector<std::string> unreadable;
   try {
-    dumps = comm::read_flight_dumps(path_);
+    dumps = comm::read_flight_dumps(path_, &unreadable);
   } catch (const std::exception& e) {
     log_line("flight recorder: cannot read the dumps in {}: {}", path_, e.what());
     return;
+  }
+  // A rank killed while it dumped leaves its file short: the others' report still follows.
+  for (const std::string& problem : unreadable) {
+    log_line("flight recorder: {}; reporting the other ranks' dumps", problem);
   }
   if (dumps.empty()) return;
   std::istringstream lines(comm::flight_report(dumps, world_size));

@@ -69,13 +69,15 @@ void validate_options(const LaunchOptions& options) {
              "(a free port is picked only for a single-node job)",
              options.nnodes);
   LOOM_CHECK(!options.master_addr.empty(), "--master-addr must not be empty");
-  // Far above a million seconds (11.6 days) a deadline overflows the clock: it would come at once.
-  constexpr double kMaxSeconds = 1e6;
+  // Up to about three years: a job's whole run may be long, but far above (9e9 s) a deadline
+  // overflows the nanosecond clock and would come at once.
+  constexpr double kMaxSeconds = 1e8;
   LOOM_CHECK(options.timeout_s >= 0 && options.timeout_s <= kMaxSeconds,
-             "--timeout-s must be between 0 and {:g} seconds (0: no limit), got {}", kMaxSeconds,
+             "--timeout-s must be between 0 and {:.0f} seconds (0: no limit), got {}", kMaxSeconds,
              options.timeout_s);
   LOOM_CHECK(options.grace_s >= 0 && options.grace_s <= kMaxSeconds,
-             "--grace-s must be between 0 and {:g} seconds, got {}", kMaxSeconds, options.grace_s);
+             "--grace-s must be between 0 and {:.0f} seconds, got {}", kMaxSeconds,
+             options.grace_s);
   LOOM_CHECK(options.max_restarts >= 0, "--max-restarts must be >= 0, got {}",
              options.max_restarts);
   LOOM_CHECK(!options.command.empty(),

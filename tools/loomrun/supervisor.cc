@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <limits>
 
 #include "base/error.h"
 #include "comm/launch_env.h"
@@ -162,6 +163,7 @@ void Supervisor::on_rank_exit(RankState& state, int wait_status) {
     // is the one named and its status the job's; stop the job with this one if none comes. A
     // rank stopped (SIGSTOP) is what it lost: none will fail of itself, so stop now.
     const bool stopped = !stopped_ranks().empty();
+    ++peer_failures_;
     if (!peer_failure_) {
       peer_failure_ = exit;
       if (running_ranks() > 0 && !stopped) {
@@ -198,22 +200,29 @@ void Supervisor::fail_job(const Exit& failed) {
                                    signal_name(other->stopped_by)));
   }
   const int others = running_ranks();
+  // Two or more ranks, and every one that failed, failed on a peer (a collective timed out
+  // everywhere, say): the one reaped first is no more the cause than the others.
+  const bool all_on_peers =
+      others == 0 && peer_failure_ && peer_failure_->pid == failed.pid && peer_failures_ >= 2;
   if (!exit_code_) {
-    first_failure_ = fmt::format("rank {} (pid {}) {}", failed.rank, failed.pid,
-                                 describe_wait_status(failed.wait_status));
+    first_failure_ = all_on_peers ? fmt::format(
+                                        "every rank that failed ({}) failed on a peer, "
+                                        "none of itself (status {})",
+                                        peer_failures_, comm::kExitPeerFailed)
+                                  : fmt::format("rank {} (pid {}) {}", failed.rank, failed.pid,
+                                                describe_wait_status(failed.wait_status));
   }
   // The rank that exited 3, already named while loomrun waited: say why the wait ended.
   const bool reported =
       peer_failure_ && peer_failure_->pid == failed.pid && peer_failure_logged_ && others > 0;
-  if (others == 0 && peer_failure_ && peer_failure_->pid == failed.pid) {
-    // Every rank failed on a peer (a collective timed out everywhere, say): the one reaped first
-    // is no more the cause than the others; their messages and the flight recorder's report say
-    // which collective and which rank it waited for.
+  if (all_on_peers) {
+    // Their messages and the flight recorder's report say which collective and which rank each
+    // waited for.
     log_line(
-        "rank {} (pid {}) {}, as every rank that failed did: each failed on a peer (a collective "
-        "timed out or a connection closed) and none of itself; the ranks' messages above name "
-        "the peer each waited for",
-        failed.rank, failed.pid, describe_wait_status(failed.wait_status));
+        "rank {} (pid {}) {}, as every rank that failed did ({}): each failed on a peer (a "
+        "collective timed out or a connection closed) and none of itself; the ranks' messages "
+        "above name the peer each waited for",
+        failed.rank, failed.pid, describe_wait_status(failed.wait_status), peer_failures_);
   } else if (others == 0) {
     log_line("rank {} (pid {}) {}", failed.rank, failed.pid,
              describe_wait_status(failed.wait_status));
@@ -280,7 +289,9 @@ int Supervisor::poll_timeout_ms() const {
   }
   if (!next) return -1;
   const auto left = std::chrono::duration<double, std::milli>(*next - Clock::now()).count();
-  return std::max(0, static_cast<int>(std::ceil(left)));
+  // poll() takes an int: a deadline days away waits in steps of at most ~24.8 days.
+  return static_cast<int>(
+      std::clamp(std::ceil(left), 0.0, static_cast<double>(std::numeric_limits<int>::max())));
 }
 
 void Supervisor::check_deadlines() {

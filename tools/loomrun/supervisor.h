@@ -114,6 +114,7 @@ class Supervisor {
   std::string first_failure_;     // when that cause was a rank's failure
   // The first rank that exited 3 while no failure had stopped the job yet (see the top).
   std::optional<Exit> peer_failure_;
+  int peer_failures_ = 0;             // ranks that exited kExitPeerFailed
   bool peer_failure_logged_ = false;  // loomrun said it waits for the rank that failed
   std::optional<Clock::time_point> kill_deadline_;
   // When the ranks still running all became stopped with no other rank left (stopped_alone_s).
