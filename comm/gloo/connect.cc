@@ -22,6 +22,7 @@
 
 #include "base/error.h"
 #include "base/logging.h"
+#include "comm/peer_failure.h"
 
 namespace loom::comm::gloo_detail {
 
@@ -115,8 +116,10 @@ void wait_for_ranks(Store& store, const std::string& prefix, int size, Duration 
     for (int r = 0; r < size; ++r) {
       if (!store.check({keys[r]})) missing.push_back(r);
     }
-    LOOM_FAIL("{}: ranks [{}] did not {} within {} ms", what, fmt::join(missing, ", "), verb,
-              timeout.count());
+    // Peers that did not arrive within the timeout: a failure this rank saw in them (exit 3), so
+    // that a launcher names the rank that failed of itself, if one did.
+    throw PeerFailure(fmt::format("{}: ranks [{}] did not {} within {} ms", what,
+                                  fmt::join(missing, ", "), verb, timeout.count()));
   }
 }
 
@@ -207,7 +210,13 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
   try {
     context->connectFullMesh(adapter, dev);
   } catch (const Error& e) {
-    LOOM_FAIL("{}: connecting to peers failed: {}", what, e.what());
+    // The store's: a peer's address that did not come within the timeout, or the store's host
+    // (rank 0) gone. Like I/O with a peer below (its connection timed out, was refused or
+    // reset), the peers' failure, not this rank's own (exit 3): a launcher then names the rank
+    // that failed of itself, if one did.
+    throw PeerFailure(fmt::format("{}: connecting to peers failed: {}", what, e.what()));
+  } catch (const ::gloo::IoException& e) {
+    throw PeerFailure(fmt::format("{}: connecting to peers failed (gloo: {})", what, e.what()));
   } catch (const std::exception& e) {
     LOOM_FAIL("{}: connecting to peers failed (gloo: {})", what, e.what());
   }

@@ -451,6 +451,8 @@ TEST(FaultsTest, CreateNamesTheRanksThatNeverJoined) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(),
                 HasSubstr("group 'lonely' (rank 0 of 3): ranks [1, 2] did not join within 200 ms"));
+    // The peers' failure, not this rank's own: it exits kExitPeerFailed.
+    EXPECT_TRUE(is_peer_failure(e));
   }
 }
 
