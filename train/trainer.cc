@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -162,6 +163,13 @@ StepResult Trainer::finish_step(StepResult& result, double local_loss,
                                 std::chrono::steady_clock::time_point start) {
   result.grad_norm =
       model_.clip_grad_norm(options_.clip > 0 ? options_.clip : std::numeric_limits<double>::max());
+  // The norm is the same on every rank (reduced over the whole mesh): all stop here together.
+  LOOM_CHECK(std::isfinite(result.grad_norm),
+             "step {}: the gradient norm is {} (this rank's loss {}): the loss or a gradient is "
+             "not finite. The parameters were not updated and no checkpoint of this step is "
+             "saved; resume from the latest checkpoint (--resume) with a lower --lr or a --clip, "
+             "or check the weights the job started from",
+             result.step, result.grad_norm, local_loss);
   decay_->step();
   no_decay_->step();
   update_expert_biases(model_, *mesh_);  // MoE's auxiliary-loss-free balancing, when on

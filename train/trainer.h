@@ -3,7 +3,9 @@
 // Trainer::step(inputs, targets) on this dp rank's batch:
 //   1. zero the gradients;
 //   2. forward and backward (gradient accumulation or the pipeline schedule: the model knows);
-//   3. clip the global gradient norm, over every dim of the mesh;
+//   3. clip the global gradient norm, over every dim of the mesh; a norm that is not finite (a NaN
+//      or infinite loss, or weights already NaN) throws on every rank alike, before the update
+//      (Megatron's check_for_nan_in_loss_and_grad), so no parameter or checkpoint turns NaN;
 //   4. AdamW at the schedule's learning rate: decoupled weight decay on matrices (dim >= 2)
 //      only, none on biases, norms' weights and other vectors (nanoGPT's and torchtitan's
 //      grouping);

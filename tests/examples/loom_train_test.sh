@@ -71,6 +71,15 @@ if "$train" --dp 1 --tp 1 --model llama-moe-tiny --moe-top-k 1 --steps 3 --check
 fi
 grep -q "was saved from another model config: moe" moe_other.log ||
   { echo "the MoE mismatch is not named"; cat moe_other.log; exit 1; }
+# A step whose gradient is not finite (a learning rate that blows the weights up) stops the job by
+# name before its update, on every rank alike: no NaN parameter, no NaN checkpoint.
+status=0
+"$train" --launcher "$loomrun" --dp 2 --tp 1 --steps 4 --lr 1e30 --no-progress --metrics-out "" \
+  --plot-out "" --checkpoint-dir ckpt_nan --checkpoint-every 1 > nan.log 2>&1 || status=$?
+[[ $status -eq 1 ]] || { cat nan.log; echo "a NaN step exited $status, expected 1"; exit 1; }
+grep -q "step 1: the gradient norm is -*nan (this rank's loss -*nan): the loss or a gradient is not finite" nan.log ||
+  { cat nan.log; echo "the non-finite step is not named"; exit 1; }
+[[ "$(ls ckpt_nan)" == "step_00000001" ]] || { ls ckpt_nan; echo "a checkpoint after the NaN step"; exit 1; }
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors
