@@ -38,7 +38,7 @@ bool is_validation_shard(const std::string& path) {
   size_t begin = 0;
   while (begin <= stem.size()) {
     const size_t end = std::min(stem.find_first_of("_-.", begin), stem.size());
-    if (stem.compare(begin, end - begin, "val") == 0 && end - begin == 3) return true;
+    if (stem.compare(begin, end - begin, "val") == 0) return true;
     begin = end + 1;
   }
   return false;

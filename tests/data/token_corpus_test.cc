@@ -191,6 +191,15 @@ TEST(TokenCorpusTest, AFolderOfShardsGivesItsShardsAndTheSplitItsFlagAsks) {
   EXPECT_THAT(data_files(folder, "--data"), ElementsAre(folder + "/shard_000.bin"));
   EXPECT_THAT(data_files(folder, "--val-data", DataSplit::kValidation),
               ElementsAre(folder + "/val_000000.bin"));
+  // nanoGPT's train.bin and val.bin, llm.c's fineweb_val_000000.bin: a "val" word, not "interval".
+  const std::string nano = temp_dir() + "/nano";
+  for (const char* name : {"train.bin", "val.bin", "fineweb_val_000000.bin", "interval_1.bin"}) {
+    write_file(std::string("nano/") + name, header(20240520, 1, 2) + uint16s({4, 5}));
+  }
+  EXPECT_THAT(data_files(nano, "--data"),
+              ElementsAre(nano + "/interval_1.bin", nano + "/train.bin"));
+  EXPECT_THAT(data_files(nano, "--val-data", DataSplit::kValidation),
+              ElementsAre(nano + "/fineweb_val_000000.bin", nano + "/val.bin"));
   // A folder of validation shards alone gives them to either flag.
   write_file("held_out/val_000000.bin", header(20240520, 1, 2) + uint16s({4, 5}));
   EXPECT_THAT(data_files(temp_dir() + "/held_out", "--data"),
