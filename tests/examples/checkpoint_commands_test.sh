@@ -38,6 +38,12 @@ grep -q "verify_checkpoint: ckpt_cut/step_00000004: .* every checksum matches" v
   { cat verify.log; exit 1; }
 grep -q "note: 'ckpt_cut' also holds 1 step folder(s) no save committed (ckpt_cut/step_00000008.partial)" \
   verify.log || { cat verify.log; exit 1; }
+# So does consolidate, which writes the latest committed step.
+mkdir -p hf_cut
+"$consolidate" ckpt_cut hf_cut/model.safetensors > consolidate_cut.log 2>&1 ||
+  { cat consolidate_cut.log; exit 1; }
+grep -q "consolidate: note: 'ckpt_cut' also holds 1 step folder(s) no save committed (ckpt_cut/step_00000008.partial): consolidating the latest committed step, ckpt_cut/step_00000004" \
+  consolidate_cut.log || { cat consolidate_cut.log; exit 1; }
 
 mkdir -p hf
 "$consolidate" ckpt hf/model.safetensors > consolidate.log 2>&1 || { cat consolidate.log; exit 1; }

@@ -11,6 +11,7 @@
 // (Hugging Face files hold weights only). Exit 2 on bad arguments, 1 when the checkpoint cannot
 // be read or its family has no Hugging Face format.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <exception>
@@ -30,6 +31,17 @@ using namespace loom;
 void consolidate(const std::string& input, const std::string& output,
                  const std::string& tokenizer) {
   const std::string dir = checkpoint::resolve_step_directory(input);
+  // Given the checkpoint folder: what its latest committed step passed over, as verify_checkpoint
+  // says it (a save that did not commit).
+  if (!checkpoint::is_step_directory(input)) {
+    const std::vector<std::string> uncommitted = checkpoint::uncommitted_step_directories(input);
+    if (!uncommitted.empty()) {
+      fmt::print(stderr,
+                 "consolidate: note: '{}' also holds {} step folder(s) no save committed ({}): "
+                 "consolidating the latest committed step, {}\n",
+                 input, uncommitted.size(), fmt::join(uncommitted, ", "), dir);
+    }
+  }
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   const auto fields = metadata.extra.find("model");
   LOOM_CHECK(fields != metadata.extra.end(),

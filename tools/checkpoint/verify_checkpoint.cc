@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
                dir, summary.entries, summary.files, summary.bytes);
     // Given the checkpoint folder: what the latest committed step passed over (a save that did
     // not commit, which --resume warns about and the next save deletes).
-    if (dir != path && !loom::checkpoint::is_step_directory(path)) {
+    if (!loom::checkpoint::is_step_directory(path)) {
       const std::vector<std::string> uncommitted =
           loom::checkpoint::uncommitted_step_directories(path);
       if (!uncommitted.empty()) {
