@@ -123,6 +123,34 @@ void wait_for_ranks(Store& store, const std::string& prefix, int size, Duration 
   }
 }
 
+namespace {
+
+// Every rank counts itself in under gloo/joined/<rank> (an add, not a set: two processes given
+// one rank, a launcher's RANK set alike in two environments, are told apart) and waits for all
+// others. The second process of a rank fails at once; the others' timeout names it.
+void join_barrier(Store& store, int rank, int size, Duration timeout, const std::string& what) {
+  const std::string prefix = "gloo/joined/";
+  const int64_t joined = store.add(prefix + std::to_string(rank), 1);
+  LOOM_CHECK(joined == 1,
+             "{}: rank {} joined {} times: two processes were given rank {} (the same RANK in two "
+             "environments?); give each process its own rank",
+             what, rank, joined, rank);
+  try {
+    wait_for_ranks(store, prefix, size, timeout, what, "join");
+  } catch (const PeerFailure& e) {
+    std::vector<int> twice;
+    for (int r = 0; r < size; ++r) {
+      const std::string key = prefix + std::to_string(r);
+      if (store.check({key}) && store.add(key, 0) > 1) twice.push_back(r);
+    }
+    if (twice.empty()) throw;
+    throw PeerFailure(fmt::format("{}; ranks [{}] joined twice: two processes were given one rank",
+                                  e.what(), fmt::join(twice, ", ")));
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& options,
                                                        const std::string& group) {
   ::gloo::transport::tcp::attr attr;
@@ -202,7 +230,7 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
     Store& store, int rank, int size, Duration timeout,
     const std::shared_ptr<::gloo::transport::Device>& device, const std::string& what) {
   // Join first, so a rank that never comes is named instead of a Gloo key.
-  store_barrier(store, "gloo/joined/", rank, size, timeout, what, "join");
+  join_barrier(store, rank, size, timeout, what);
   auto context = std::make_shared<::gloo::rendezvous::Context>(rank, size);
   context->setTimeout(timeout);
   StoreAdapter adapter(store, "gloo/connect/", timeout);

@@ -456,6 +456,33 @@ TEST(FaultsTest, CreateNamesTheRanksThatNeverJoined) {
   }
 }
 
+TEST(FaultsTest, TwoProcessesGivenOneRankAreNamed) {
+  // Ranks 0, 1 and 1 again of 3: the second rank 1 fails at once, and rank 0's timeout names the
+  // rank that never came and the one that came twice.
+  auto store = std::make_shared<InMemoryStore>();
+  std::string first, second;
+  auto join = [&](int rank, std::string& message) {
+    try {
+      ProcessGroupGloo::create(store, rank, 3, {.name = "twice", .timeout = 300ms},
+                               GlooOptions::loopback());
+    } catch (const Error& e) {
+      message = e.what();
+    }
+  };
+  std::thread rank0([&] { join(0, first); });
+  std::thread rank1([&] { join(1, second); });  // the first rank 1
+  std::this_thread::sleep_for(50ms);
+  std::string third;
+  const auto start = std::chrono::steady_clock::now();
+  join(1, third);  // the second: refused at once, well before the timeout
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 250ms);
+  rank0.join();
+  rank1.join();
+  EXPECT_THAT(third, HasSubstr("group 'twice' (rank 1 of 3): rank 1 joined 2 times: two processes "
+                               "were given rank 1"));
+  EXPECT_THAT(first, HasSubstr("ranks [2] did not join within 300 ms; ranks [1] joined twice"));
+}
+
 TEST(FaultsTest, EndpointFromTheEnvironment) {
   // LOOM_GLOO_HOSTNAME applies when GlooOptions names neither an interface nor a hostname.
   ASSERT_EQ(setenv("LOOM_GLOO_HOSTNAME", "127.0.0.1", 1), 0);
