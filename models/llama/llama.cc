@@ -1,7 +1,11 @@
 #include "models/llama/llama.h"
 
 #include <cmath>
+#include <mutex>
 #include <numbers>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 #include "autograd/functions.h"
 #include "autograd/functions_nn.h"
@@ -10,6 +14,7 @@
 #include "dtensor/dtensor.h"
 #include "nn/batch_part.h"
 #include "parallel/tp/loss_parallel.h"
+#include "tensor/memory_stats.h"
 #include "tensor/ops.h"
 
 namespace loom::models {
@@ -60,17 +65,38 @@ RopeTables rope_tables(const LlamaConfig& config) {
           ops::from_vector(sin, {config.max_seq_len, half})};
 }
 
+struct RopeTables::Copies {
+  std::mutex mutex;
+  std::vector<std::tuple<Device, Tensor, Tensor>> on_device;
+};
+
+std::shared_ptr<RopeTables::Copies> RopeTables::new_copies() { return std::make_shared<Copies>(); }
+
+std::pair<Tensor, Tensor> RopeTables::on(Device device) const {
+  if (device == cos.device()) return {cos, sin};
+  std::lock_guard<std::mutex> lock(copies->mutex);
+  for (const auto& [d, c, s] : copies->on_device) {
+    if (d == device) return {c, s};
+  }
+  // Outlives every copy charged to it (a storage credits its tracker when it is freed).
+  static MemoryTracker not_counted;
+  std::optional<ScopedMetaPlaceholderTracker> uncounted;
+  if (device.is_meta() && allocates_like_cpu(device)) uncounted.emplace(not_counted);
+  const Tensor c = ops::to(cos, device), s = ops::to(sin, device);
+  copies->on_device.emplace_back(device, c, s);
+  return {c, s};
+}
+
 Tensor apply_rope(const Tensor& x, const RopeTables& tables) {
   const int64_t time = x.size(1);
   LOOM_CHECK(time <= tables.cos.size(0),
              "apply_rope: a sequence of {} positions, but the tables cover {} (max_seq_len)", time,
              tables.cos.size(0));
-  // The rows of this rank's positions (0..T-1, or its chunks' under context parallelism:
-  // autograd/sequence_context.h), on the input's device: the fused rope op.
-  const auto rows = [&](const Tensor& t) {
-    return ops::to(ops::contiguous(sequence_rows(t, time)), x.device());
-  };
-  return rope(x, rows(tables.cos), rows(tables.sin));
+  // The rows of this rank's positions (0..T-1, a view; or its chunks' under context parallelism:
+  // autograd/sequence_context.h), from the tables on the input's device: the fused rope op.
+  const auto [cos, sin] = tables.on(x.device());
+  const auto rows = [&](const Tensor& t) { return ops::contiguous(sequence_rows(t, time)); };
+  return rope(x, rows(cos), rows(sin));
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& config, uint64_t seed,

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/llama/config.h"
@@ -54,7 +55,15 @@ class RMSNorm : public nn::Module {
 // The rotation angles' cosines and sines, (max_seq_len, head_dim / 2) each, with Llama 3's
 // frequency scaling when the config has it (computed in double, stored f32).
 struct RopeTables {
-  Tensor cos, sin;
+  Tensor cos, sin;  // (max_seq_len, rotary_dim / 2) f32, on the CPU
+  // cos and sin on `device`: the CPU's own; another device's copy is made at its first use and
+  // kept (a GPU step reads them in every layer: no host-to-device copy per call). A traced CPU
+  // job's meta copy stands for the CPU tables themselves, so it is charged to no tracker: the
+  // job copies nothing, and `loom plan`'s peak is the job's.
+  std::pair<Tensor, Tensor> on(Device device) const;
+  struct Copies;
+  std::shared_ptr<Copies> copies = new_copies();  // shared by copies of these tables
+  static std::shared_ptr<Copies> new_copies();
 };
 RopeTables rope_tables(const LlamaConfig& config);
 // x: (B, T, H, D); rotates pairs (2i, 2i+1) of every head by position t (rows [0, T) of the

@@ -67,7 +67,8 @@ ModelBuilder long_sequence_builder(const ParallelConfig& parallel) {
 
 void expect_trace_matches(const ParallelConfig& parallel,
                           ModelBuilder (*builder)(const ParallelConfig&) = gpt_builder,
-                          int64_t seq = kSeq, int64_t in_flight_bytes = 0) {
+                          int64_t seq = kSeq, int64_t in_flight_bytes = 0,
+                          double peak_tolerance = 0.01) {
   SCOPED_TRACE(parallel.dims.str());
   const int world = static_cast<int>(parallel.dims.world_size());
   const auto traced = trace_training_step(parallel.dims, builder(parallel),
@@ -115,7 +116,7 @@ void expect_trace_matches(const ParallelConfig& parallel,
     // plus `in_flight_bytes`, messages whose buffers live until their peer takes them (ring
     // attention's next K and V), which the trace's peers may take later than the real ones.
     EXPECT_EQ(t.held_bytes, m.held_bytes);
-    EXPECT_NEAR(t.peak_bytes, m.peak_bytes, 0.01 * m.peak_bytes + in_flight_bytes);
+    EXPECT_NEAR(t.peak_bytes, m.peak_bytes, peak_tolerance * m.peak_bytes + in_flight_bytes);
   }
 }
 
@@ -173,6 +174,15 @@ TEST(StepTrace, MixedPrecisionExpertParallel) {
   expect_trace_matches(
       {.dims = {.dp_shard = 2, .ep = 2}, .mixed_precision = nn::MixedPrecisionPolicy{}},
       routing_heavy_builder);
+}
+
+// One rank of long sequences: RoPE reads its tables' rows in place on the CPU, and the trace
+// copies nothing either (it had charged a copy of the rows per call, kept for backward: the
+// plan's peak was 12 % high on 8 layers of 1024 positions, 0.45 % here). Nothing else differs
+// on one rank: the peak is exact.
+TEST(StepTrace, OneRankOfLongSequencesCopiesNoRopeRows) {
+  expect_trace_matches({.dims = {}}, long_sequence_builder, kLongSeq, /*in_flight_bytes=*/0,
+                       /*peak_tolerance=*/0.0);
 }
 
 TEST(StepTrace, MixedPrecisionRingAttentionWithoutLoadBalance) {
