@@ -92,6 +92,21 @@ void add_routing_note(JobPlan& plan, int64_t experts, int64_t ep) {
       experts, experts, ep > 1 ? ", the all-to-all bytes" : ""));
 }
 
+// The "| ranks | group | kind | calls | MiB |" rows of one set of ranks' operations.
+std::string collective_rows(const std::string& ranks,
+                            const std::map<std::string, comm::CollectiveCounters>& collectives) {
+  std::string out;
+  for (const auto& [group, counters] : collectives) {
+    for (size_t k = 0; k < counters.calls.size(); ++k) {
+      if (counters.calls[k] == 0) continue;
+      out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks, group,
+                         comm::collective_name(static_cast<comm::CollectiveKind>(k)),
+                         counters.calls[k], mib(counters.bytes[k]));
+    }
+  }
+  return out.empty() ? fmt::format("| {} | - | none | 0 | 0 |\n", ranks) : out;
+}
+
 // --val-data: a validation batch's traced peak and FLOPs per role, and what the validations cost
 // over the run (their time predicted as the step's compute scaled by the FLOPs: forward only,
 // no gradient communication).
@@ -126,6 +141,18 @@ std::string format_validation(const JobPlan& plan) {
         "\n  about {:.1f} ms per validation ({:.1f} ms a batch, the step's compute scaled by "
         "FLOPs), {:.1f} ms per training step averaged over the run ({:.1f} % of the step)\n",
         run_ms, batch_ms, per_step, 100 * per_step / plan.time->step_ms);
+  }
+  // Its communication: forward only (FSDP's all-gathers, a pipeline's activations, the loss's
+  // average), the same for each of its batches.
+  out +=
+      "\nCommunication per validation batch and rank (calls, MiB sent by the rank):\n\n"
+      "| ranks | group | kind | calls | MiB |\n|---|---|---|---:|---:|\n";
+  for (const TracedRole& role : plan.traced_roles) {
+    for (const TracedRank& r : plan.traced) {
+      if (r.rank == role.ranks.front()) {
+        out += collective_rows(ranks_str(role.ranks), r.validation_collectives);
+      }
+    }
   }
   return out;
 }
@@ -387,18 +414,7 @@ std::string format_job_plan(const JobPlan& plan) {
   }
   for (size_t i = 0; i < operations_of.size(); ++i) {
     std::sort(same_operations[i].begin(), same_operations[i].end());
-    const std::string ranks = ranks_str(same_operations[i]);
-    bool any = false;
-    for (const auto& [group, counters] : operations_of[i]->collectives) {
-      for (size_t k = 0; k < counters.calls.size(); ++k) {
-        if (counters.calls[k] == 0) continue;
-        any = true;
-        out += fmt::format("| {} | {} | {} | {} | {} |\n", ranks, group,
-                           comm::collective_name(static_cast<comm::CollectiveKind>(k)),
-                           counters.calls[k], mib(counters.bytes[k]));
-      }
-    }
-    if (!any) out += fmt::format("| {} | - | none | 0 | 0 |\n", ranks);
+    out += collective_rows(ranks_str(same_operations[i]), operations_of[i]->collectives);
   }
   if (plan.validation.batches > 0) out += format_validation(plan);
   if (plan.time) {

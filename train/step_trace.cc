@@ -131,8 +131,10 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     if (options.validation) {
       memory.reset_peak();
       FlopCounter validation_flops;
+      CommDebugMode validation_comm;
       trainer.evaluate(tokens, tokens);
       out.validation_flops = validation_flops.total();
+      out.validation_collectives = validation_comm.by_group();
       out.validation_peak_bytes = memory.stats().peak_bytes;
     }
   }

@@ -64,6 +64,7 @@ struct TracedRank {
   // With StepTraceOptions::validation: one validation batch (Trainer::evaluate) after the steps.
   int64_t validation_peak_bytes = 0;  // the most held at once during it
   int64_t validation_flops = 0;       // its matrix-product FLOPs
+  std::map<std::string, comm::CollectiveCounters> validation_collectives;  // its operations
 };
 
 // Builds the job's model on `mesh` (the rank's device is the mesh's: meta here). Called on each

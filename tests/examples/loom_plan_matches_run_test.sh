@@ -14,10 +14,11 @@ cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 common=(--seq-len 32 --sample-tokens 0 --metrics-out "" --plot-out "" --no-progress)
 
-# "rank group kind calls" lines of the plan's communication table, ranks expanded, sorted.
+# "rank group kind calls" lines of the plan's communication table $2 (its heading's start), ranks
+# expanded, sorted.
 planned_calls() {
-  awk -F'|' '
-    /^Communication per step and rank/ { table = 1; next }
+  awk -F'|' -v heading="$2" '
+    index($0, heading) == 1 { table = 1; next }
     table && /^$/ && seen { exit }
     table && /^\| [0-9]/ {
       seen = 1
@@ -50,7 +51,13 @@ check() {
       { cat "$name.$steps.log"; fail "$name: the $steps-step job failed"; }
     ls "$name.$steps"/rank-*.json >/dev/null 2>&1 || fail "$name: no flight record in $name.$steps"
   done
-  planned_calls "$name.plan" >"$name.planned"
+  # With --val-every 1 --val-steps 1, a step is also one validation batch's operations.
+  { planned_calls "$name.plan" "Communication per step and rank"
+    if [[ " $* " == *" --val-data "* ]]; then
+      planned_calls "$name.plan" "Communication per validation batch and rank"
+    fi
+  } | awk '{ calls[$1 " " $2 " " $3] += $4 } END { for (k in calls) print k, calls[k] }' |
+    sort >"$name.planned"
   [[ -s "$name.planned" ]] || { cat "$name.plan"; fail "$name: no communication table in the plan"; }
   # One step: what the 3-step job did beyond the 2-step one.
   join -a 2 -e 0 -o 2.1,1.2,2.2 \
@@ -75,6 +82,10 @@ check gpt-cp-ring --model tiny --cp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --cp-
 # A zero-bubble schedule over FSDP with gradient accumulation and bf16 compute.
 check gpt-zbv-fsdp --model tiny --n-layer 4 --pp 2 --dp-shard 2 --tp 1 --dp-replicate 1 --schedule zbv \
   --microbatches 4 --grad-accum 2 --batch-size 16 --mixed-precision bf16
+
+# Validation under FSDP: its forward all-gathers and the loss's average, every step.
+check gpt-fsdp-validation --model tiny --dp-shard 2 --tp 1 --dp-replicate 1 --batch-size 4 \
+  --val-data /usr/share/common-licenses/GPL-2 --val-every 1 --val-steps 1
 
 # The plan's "peak building the model" of rank 0 is the job's "model built holding at most" line,
 # with meta initialization and without (every rank building the whole model first: the plan had
