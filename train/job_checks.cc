@@ -207,9 +207,28 @@ void check_validation_held_out(const std::vector<JobFile>& read) {
   }
 }
 
-// The paths a job reads and writes.
-void check_paths(const JobConfig& job) {
-  const std::vector<JobFile> read = files_read(job);
+// A --data file named twice (a list repeating it, a folder and a pattern both holding it): read
+// twice, its tokens weigh double. A warning each, since repeating data may be meant (upsampling).
+std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < read.size(); ++i) {
+    if (read[i].what != "--data") continue;
+    for (size_t j = 0; j < i; ++j) {
+      if (read[j].what == "--data" && read[j].identity == read[i].identity) {
+        out.push_back(fmt::format(
+            "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and "
+            "weigh double in the batches",
+            read[i].path, read[j].path));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+// The paths a job reads and writes; returns the files it reads (files_read).
+std::vector<JobFile> check_paths(const JobConfig& job) {
+  std::vector<JobFile> read = files_read(job);
   check_outputs_apart(job, read);
   check_validation_held_out(read);
   // --data and --val-data: data::TokenCorpus::open names what they lack.
@@ -253,6 +272,7 @@ void check_paths(const JobConfig& job) {
     check_writable(job.save, "--save");
     check_writable(models::hf::config_json_path(job.save), "--save (config.json beside it)");
   }
+  return read;
 }
 
 // --init-from: the tensors' names, shapes and dtypes against the model, from headers only.
@@ -613,7 +633,7 @@ std::vector<std::string> unused_setting_warnings(const JobConfig& job, const Par
 }
 
 CheckedJob check_job(const JobConfig& job) {
-  check_paths(job);
+  const std::vector<JobFile> read = check_paths(job);
   check_replicas(job);
   // The environment the ranks read, once here rather than an error from every rank.
   if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
@@ -646,6 +666,8 @@ CheckedJob check_job(const JobConfig& job) {
   for (std::string& warning : unused_setting_warnings(job, out.parallel.dims)) {
     out.warnings.push_back(std::move(warning));
   }
+  for (std::string& warning : repeated_data_warnings(read))
+    out.warnings.push_back(std::move(warning));
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) {

@@ -225,6 +225,11 @@ expect_error "--val-every and --val-steps: need --val-data" --val-every 2
 # Held-out tokens also given as training data would not be held out.
 expect_error "--val-data: 'many/val_000000.bin' is also training data (--data names 'many/val_000000.bin')" \
   --data "many/*.bin" --val-data many/val_000000.bin --tokenizer "$tokenizer"
+# A file named twice weighs double: said, not refused (repeating data may be meant).
+"$train" "${common[@]}" --dp 1 --tp 1 --steps 1 --tokenizer "$tokenizer" --metrics-out "" \
+  --data "many/train_000000.bin,./many/train_000000.bin" > twice.log 2>&1 || { cat twice.log; fail "a file named twice"; }
+grep -q "WARNING: --data names './many/train_000000.bin' twice (also as 'many/train_000000.bin')" twice.log ||
+  { cat twice.log; fail "a file named twice is not said"; }
 # loom tokenize's folder: --data takes its training shards, --val-data its validation ones.
 "$train" "${common[@]}" --dp 1 --tp 1 --data many --val-data many --val-every 3 --tokenizer "$tokenizer" \
   --metrics-out "" > folder_split.log 2>&1 || { cat folder_split.log; fail "--data and --val-data on one folder"; }
