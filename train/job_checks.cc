@@ -209,18 +209,27 @@ void check_validation_held_out(const std::vector<JobFile>& read) {
 
 // A --data file named twice (a list repeating it, a folder and a pattern both holding it): read
 // twice, its tokens weigh double. A warning each, since repeating data may be meant (upsampling).
+// By spelling and by inode, as FileIdentity compares: one lookup per shard of thousands.
 std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read) {
   std::vector<std::string> out;
-  for (size_t i = 0; i < read.size(); ++i) {
-    if (read[i].what != "--data") continue;
-    for (size_t j = 0; j < i; ++j) {
-      if (read[j].what == "--data" && read[j].identity == read[i].identity) {
-        out.push_back(fmt::format(
-            "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and "
-            "weigh double in the batches",
-            read[i].path, read[j].path));
-        break;
+  std::map<std::string, const JobFile*> by_key;
+  std::map<std::pair<dev_t, ino_t>, const JobFile*> by_inode;
+  for (const JobFile& file : read) {
+    if (file.what != "--data") continue;
+    const JobFile* before = nullptr;
+    if (const auto it = by_key.find(file.identity.key); it != by_key.end()) before = it->second;
+    if (file.identity.inode) {
+      if (const auto it = by_inode.find(*file.identity.inode); it != by_inode.end() && !before) {
+        before = it->second;
       }
+      by_inode.emplace(*file.identity.inode, &file);
+    }
+    by_key.emplace(file.identity.key, &file);
+    if (before != nullptr) {
+      out.push_back(fmt::format(
+          "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and weigh "
+          "double in the batches",
+          file.path, before->path));
     }
   }
   return out;
@@ -666,8 +675,9 @@ CheckedJob check_job(const JobConfig& job) {
   for (std::string& warning : unused_setting_warnings(job, out.parallel.dims)) {
     out.warnings.push_back(std::move(warning));
   }
-  for (std::string& warning : repeated_data_warnings(read))
+  for (std::string& warning : repeated_data_warnings(read)) {
     out.warnings.push_back(std::move(warning));
+  }
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) {
