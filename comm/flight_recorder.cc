@@ -130,6 +130,15 @@ namespace flight_recorder {
 
 namespace {
 
+// One dump at a time in a process: the signal watcher's, a failure's and the exit's write the same
+// rank-N.json.tmp (two at once had renamed each other's file away and left a torn one). Never
+// destroyed: the exit's dump keeps it locked for good, so the detached watcher cannot dump while
+// the process's statics are being destroyed.
+std::mutex& dump_lock() {
+  static std::mutex* const lock = new std::mutex;
+  return *lock;
+}
+
 struct Registry {
   std::mutex mutex;
   std::vector<std::weak_ptr<FlightRecorder>> live;
@@ -197,7 +206,9 @@ std::vector<std::pair<int, std::vector<GroupRecords>>> collect() {
   return {by_rank.begin(), by_rank.end()};
 }
 
-std::vector<std::string> dump(const std::string& dir, const std::string& reason) {
+namespace {
+
+std::vector<std::string> dump_locked(const std::string& dir, const std::string& reason) {
   std::error_code error;
   std::filesystem::create_directories(dir, error);
   LOOM_CHECK(!error, "flight recorder: cannot create the dump folder '{}': {}", dir,
@@ -224,6 +235,13 @@ std::vector<std::string> dump(const std::string& dir, const std::string& reason)
     written.push_back(path);
   }
   return written;
+}
+
+}  // namespace
+
+std::vector<std::string> dump(const std::string& dir, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(dump_lock());
+  return dump_locked(dir, reason);
 }
 
 std::string dump_dir() {
@@ -315,10 +333,12 @@ void install_signal_dumps() {
     // A rank that exits while its peers still run (having skipped what they wait in) must be in
     // the report too: every rank dumps at exit (its groups' last snapshots are kept).
     std::atexit([] {
+      // Held for good: after this, statics are destroyed, and the watcher must not dump.
+      dump_lock().lock();
       const std::string dir = dump_dir();
       if (dir.empty() || registry().dumped_on_failure.load()) return;
       try {
-        dump(dir, "exit");
+        dump_locked(dir, "exit");
       } catch (const std::exception&) {
         // exiting anyway: the job's own status says what happened
       }

@@ -167,8 +167,9 @@ StepResult Trainer::finish_step(StepResult& result, double local_loss,
   LOOM_CHECK(std::isfinite(result.grad_norm),
              "step {}: the gradient norm is {} (this rank's loss {}): the loss or a gradient is "
              "not finite. The parameters were not updated and no checkpoint of this step is "
-             "saved; resume from the latest checkpoint (--resume) with a lower --lr or a --clip, "
-             "or check the weights the job started from",
+             "saved; resume (--resume) from a checkpoint saved before the loss rose (the latest "
+             "may already hold weights grown too large) with a lower --lr or a --clip, or check "
+             "the weights the job started from",
              result.step, result.grad_norm, local_loss);
   decay_->step();
   no_decay_->step();

@@ -50,6 +50,36 @@ TEST(FlightRecorderTest, TheRingKeepsTheLastOperationsAndTheirStates) {
   EXPECT_EQ(snapshot.records[2].detail, "n 4");
 }
 
+// Dumps at once from several threads (a signal's, a failure's, the exit's) take turns: every one
+// writes its file whole, none fails on another's temporary file.
+TEST(FlightRecorderTest, DumpsAtOnceTakeTurns) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/at_once";
+  auto recorder = std::make_shared<FlightRecorder>("g", 0, 1, std::vector<int>{42}, 1000);
+  for (uint64_t s = 0; s < 1000; ++s) {
+    recorder->record(s, static_cast<int64_t>(s), CollectiveKind::kAllReduce, "f32, 1024 elements");
+  }
+  flight_recorder::add(recorder);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        flight_recorder::dump(dir, "thread " + std::to_string(t));
+      } catch (const Error&) {
+        ++failures;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  flight_recorder::retire(*recorder);
+  EXPECT_EQ(failures.load(), 0);
+  std::vector<std::string> unreadable;
+  const std::vector<RankDump> dumps = read_flight_dumps(dir, &unreadable);
+  EXPECT_TRUE(unreadable.empty()) << (unreadable.empty() ? "" : unreadable[0]);
+  ASSERT_EQ(dumps.size(), 1u);
+  EXPECT_EQ(dumps[0].rank, 42);
+}
+
 enum class Divergence { kSkip, kSize, kHang };
 
 // Every rank runs three all_reduces of 1024 f32 on a group with a 2 s timeout, except the last
