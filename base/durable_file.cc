@@ -88,6 +88,45 @@ void SyncedFileWriter::close() {
   LOOM_CHECK(::close(fd) == 0, "{}: cannot close '{}': {}", what_, path_, std::strerror(errno));
 }
 
+void check_writable(const std::string& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  LOOM_CHECK(!path.empty(), "{}: the path is empty", what);
+  const fs::path target(path);
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  LOOM_CHECK(fs::exists(folder, ec), "{}: cannot write '{}': the folder '{}' does not exist", what,
+             path, folder.string());
+  LOOM_CHECK(fs::is_directory(folder, ec), "{}: cannot write '{}': '{}' is not a folder", what,
+             path, folder.string());
+  LOOM_CHECK(!fs::is_directory(target, ec), "{}: cannot write '{}': it is a folder", what, path);
+  LOOM_CHECK(::access(folder.c_str(), W_OK | X_OK) == 0,
+             "{}: cannot write '{}': the folder '{}' is not writable ({})", what, path,
+             folder.string(), std::strerror(errno));
+  if (fs::exists(target, ec)) {
+    LOOM_CHECK(::access(target.c_str(), W_OK) == 0, "{}: cannot write '{}': {}", what, path,
+               std::strerror(errno));
+  }
+}
+
+void check_directory_writable(const std::string& path, std::string_view what) {
+  LOOM_CHECK(!path.empty(), "{}: the path is empty", what);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  LOOM_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec),
+             "{}: '{}' exists and is not a directory", what, path);
+  fs::path existing = fs::absolute(path, ec);
+  while (!fs::exists(existing, ec) && existing.has_parent_path() &&
+         existing != existing.parent_path()) {
+    existing = existing.parent_path();
+  }
+  LOOM_CHECK(fs::is_directory(existing, ec),
+             "{}: cannot make the folder '{}': '{}' is not a folder", what, path,
+             existing.string());
+  LOOM_CHECK(::access(existing.c_str(), W_OK | X_OK) == 0,
+             "{}: cannot write into '{}': the folder '{}' is not writable ({})", what, path,
+             existing.string(), std::strerror(errno));
+}
+
 void write_file_synced(const std::string& path, std::string_view bytes, std::string_view what) {
   SyncedFileWriter writer(path, what);
   writer.write(bytes.data(), bytes.size());

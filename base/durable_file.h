@@ -63,6 +63,15 @@ class SyncedFileWriter {
   int fd_ = -1;
 };
 
+// Throws loom::Error naming `what` (the flag, key or tool) and the path unless a file can be
+// created or replaced at `path`: its folder exists, is a folder and is writable, and the path
+// itself is not a folder. Creates nothing: what a program checks before it works.
+void check_writable(const std::string& path, std::string_view what);
+
+// Throws naming `what` unless a folder can be made or written at `path`: every part of it that
+// exists is a folder, and the deepest one that exists is writable. Creates nothing.
+void check_directory_writable(const std::string& path, std::string_view what);
+
 // Writes `bytes` to `path` in place and fsyncs it.
 void write_file_synced(const std::string& path, std::string_view bytes, std::string_view what);
 

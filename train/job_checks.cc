@@ -1,12 +1,10 @@
 #include "train/job_checks.h"
 
 #include <fmt/ranges.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -22,7 +20,6 @@
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
-#include "data/token_corpus.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
 #include "models/hf/token_settings.h"
@@ -30,9 +27,8 @@
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
 #include "train/fault_injection.h"
+#include "train/job_paths.h"
 #include "train/launch.h"
-#include "train/loss_plot.h"
-#include "train/output_files.h"
 #include "train/trainer.h"
 
 namespace loom::train {
@@ -40,249 +36,6 @@ namespace loom::train {
 namespace fs = std::filesystem;
 
 namespace {
-
-void check_readable_file(const std::string& path, std::string_view flag) {
-  std::error_code ec;
-  LOOM_CHECK(fs::exists(path, ec), "{}: '{}' does not exist", flag, path);
-  LOOM_CHECK(fs::is_regular_file(path, ec), "{}: '{}' is not a file", flag, path);
-  LOOM_CHECK(::access(path.c_str(), R_OK) == 0, "{}: cannot read '{}': {}", flag, path,
-             std::strerror(errno));
-}
-
-// The one path of a file, however it is spelled ("./m.jsonl", "runs/../m.jsonl", a link).
-std::string same_file_key(const std::string& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return fs::path(path).lexically_normal().string();
-  const fs::path canonical = fs::weakly_canonical(absolute, ec);
-  return (ec ? absolute.lexically_normal() : canonical).string();
-}
-
-// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
-// Computed once per file: a data spec may name thousands of shards.
-struct FileIdentity {
-  std::string key;                               // same_file_key
-  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
-  explicit FileIdentity(const std::string& path) : key(same_file_key(path)) {
-    struct stat st {};
-    if (::stat(path.c_str(), &st) == 0) inode = std::pair{st.st_dev, st.st_ino};
-  }
-  bool operator==(const FileIdentity& other) const {
-    return key == other.key || (inode && other.inode && *inode == *other.inode);
-  }
-};
-
-// A file a job writes or reads, the flag that names it, and its identity (computed once).
-struct JobFile {
-  std::string path;
-  std::string what;
-  FileIdentity identity;
-  JobFile(std::string path_, std::string what_)
-      : path(std::move(path_)), what(std::move(what_)), identity(path) {}
-};
-
-// Every file the job writes, each with the flag that makes it: two of them at one path would
-// overwrite each other (a PNG over the metrics, over the saved config.json).
-std::vector<JobFile> files_written(const JobConfig& job) {
-  std::vector<JobFile> out;
-  if (!job.metrics_out.empty()) {
-    out.push_back({job.metrics_out, "--metrics-out"});
-    out.push_back(
-        {effective_config_path(job.metrics_out), "--metrics-out (the effective config beside it)"});
-  }
-  if (!job.plot_out.empty()) {
-    const LossPlotFiles plot = loss_plot_files(job.plot_out);
-    out.push_back({plot.png, "--plot-out"});
-    out.push_back({plot.points, "--plot-out (its points beside it)"});
-    out.push_back({plot.validation_points, "--plot-out (its validation points beside it)"});
-    out.push_back({plot.script, "--plot-out (its gnuplot script beside it)"});
-  }
-  if (!job.save.empty()) {
-    out.push_back({job.save, "--save"});
-    for (const std::string& beside : models::hf::files_beside(job.save)) {
-      out.push_back(
-          {beside, fmt::format("--save (the {} beside it)", fs::path(beside).filename().string())});
-    }
-  }
-  return out;
-}
-
-// Every file the job reads that an output could overwrite, each with its flag: the data's files
-// (folders and patterns expanded), --tokenizer, --config, --replica-replay, and --init-from's
-// model file with the config.json, tokenizer.json and generation_config.json read beside it.
-std::vector<JobFile> files_read(const JobConfig& job) {
-  std::vector<JobFile> out;
-  for (const auto& [spec, what, split] :
-       {std::tuple{job.data, "--data", data::DataSplit::kTraining},
-        {job.val_data, "--val-data", data::DataSplit::kValidation}}) {
-    if (spec.empty()) continue;
-    try {
-      for (std::string& file : data::data_files(spec, what, split)) {
-        out.emplace_back(std::move(file), what);
-      }
-    } catch (const Error&) {
-      // Named when the data is opened (check_job's open_job_data), with what it lacks.
-    }
-  }
-  for (const auto& [path, what] : {std::pair{job.tokenizer, "--tokenizer"},
-                                   {job.config_file, "--config"},
-                                   {job.replica_replay, "--replica-replay"}}) {
-    if (!path.empty()) out.emplace_back(path, what);
-  }
-  if (!job.init_from.empty()) {
-    std::string model_file = job.init_from;
-    std::error_code ec;
-    if (fs::is_directory(job.init_from, ec)) {
-      try {
-        model_file = models::hf::resolve_checkpoint_path(job.init_from);
-      } catch (const Error&) {
-        model_file = (fs::path(job.init_from) / "model.safetensors").string();  // named later
-      }
-    }
-    out.push_back({model_file, "--init-from"});
-    for (const std::string& beside : models::hf::files_beside(model_file)) {
-      out.push_back({beside, "--init-from (beside its model file)"});
-    }
-  }
-  return out;
-}
-
-// Throws naming both flags when two files the job writes are one file, or when one it writes is
-// one it reads, which the run would overwrite; and for an output path with a control character
-// (a newline in a name gnuplot reads would end its line and start a command).
-void check_outputs_apart(const JobConfig& job, const std::vector<JobFile>& read) {
-  const std::vector<JobFile> written = files_written(job);
-  const std::optional<FileIdentity> checkpoints =
-      job.checkpoint_dir.empty() ? std::nullopt : std::optional(FileIdentity(job.checkpoint_dir));
-  for (size_t i = 0; i < written.size(); ++i) {
-    const JobFile& file = written[i];
-    const auto control = [](unsigned char c) { return c < 0x20 || c == 0x7f; };
-    if (std::any_of(file.path.begin(), file.path.end(), control)) {
-      std::string shown;  // the path on one line, each control character as \xNN
-      for (const unsigned char c : file.path) {
-        shown += control(c) ? fmt::format("\\x{:02x}", c) : std::string(1, static_cast<char>(c));
-      }
-      LOOM_FAIL(
-          "{}: '{}' holds a control character (a newline, a tab, ...); give a path "
-          "without one",
-          file.what, shown);
-    }
-    for (size_t j = 0; j < i; ++j) {
-      LOOM_CHECK(written[j].identity != file.identity,
-                 "{} and {} both write '{}': each would overwrite the other's file; give them "
-                 "different paths",
-                 written[j].what, file.what, file.path);
-    }
-    LOOM_CHECK(!checkpoints || *checkpoints != file.identity,
-               "{} writes '{}', the folder --checkpoint-dir saves in; give {} another path",
-               file.what, file.path, file.what);
-  }
-  const std::string effective =
-      job.metrics_out.empty() ? "" : effective_config_path(job.metrics_out);
-  for (const JobFile& input : read) {
-    for (size_t i = 0; i < written.size(); ++i) {
-      // The README's replay, `--config loom_train_metrics.config.toml`, writes the effective
-      // config back over the file it read: this run's settings, the file's with any flags given.
-      if (input.what == std::string_view("--config") && written[i].path == effective) continue;
-      LOOM_CHECK(input.identity != written[i].identity,
-                 "{} writes '{}', the file {} reads: the run would overwrite its own input; give "
-                 "{} another path",
-                 written[i].what, written[i].path, input.what, written[i].what);
-    }
-  }
-}
-
-// Throws when a --val-data file is one --data names too (`read`: files_read's): its tokens would
-// be trained on, and the validation loss would not be held out.
-void check_validation_held_out(const std::vector<JobFile>& read) {
-  for (const JobFile& held_out : read) {
-    if (held_out.what != "--val-data") continue;
-    for (const JobFile& trained : read) {
-      LOOM_CHECK(trained.what != "--data" || trained.identity != held_out.identity,
-                 "--val-data: '{}' is also training data (--data names '{}'): its tokens would be "
-                 "trained on, and the validation loss would not be held out; give --val-data files "
-                 "--data does not name (the held-out shards loom tokenize writes as val_*.bin)",
-                 held_out.path, trained.path);
-    }
-  }
-}
-
-// A --data file named twice (a list repeating it, a folder and a pattern both holding it): read
-// twice, its tokens weigh double. A warning each, since repeating data may be meant (upsampling).
-// By spelling and by inode, as FileIdentity compares: one lookup per shard of thousands.
-std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read) {
-  std::vector<std::string> out;
-  std::map<std::string, const JobFile*> by_key;
-  std::map<std::pair<dev_t, ino_t>, const JobFile*> by_inode;
-  for (const JobFile& file : read) {
-    if (file.what != "--data") continue;
-    const JobFile* before = nullptr;
-    if (const auto it = by_key.find(file.identity.key); it != by_key.end()) before = it->second;
-    if (file.identity.inode) {
-      if (const auto it = by_inode.find(*file.identity.inode); it != by_inode.end() && !before) {
-        before = it->second;
-      }
-      by_inode.emplace(*file.identity.inode, &file);
-    }
-    by_key.emplace(file.identity.key, &file);
-    if (before != nullptr) {
-      out.push_back(fmt::format(
-          "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and weigh "
-          "double in the batches",
-          file.path, before->path));
-    }
-  }
-  return out;
-}
-
-// The paths a job reads and writes; returns the files it reads (files_read).
-std::vector<JobFile> check_paths(const JobConfig& job) {
-  std::vector<JobFile> read = files_read(job);
-  check_outputs_apart(job, read);
-  check_validation_held_out(read);
-  // --data and --val-data: data::TokenCorpus::open names what they lack.
-  if (!job.tokenizer.empty()) check_readable_file(job.tokenizer, "--tokenizer");
-  LOOM_CHECK(!job.resume || !job.checkpoint_dir.empty(),
-             "--resume: needs --checkpoint-dir (the directory whose latest committed step to "
-             "continue from)");
-  LOOM_CHECK(!job.checkpoint_dir.empty() ||
-                 (job.checkpoint_every == 0 && job.keep_last == 0 && !job.async_checkpoint),
-             "--checkpoint-every, --keep-last and --async-checkpoint: need --checkpoint-dir "
-             "(where the checkpoints go)");
-  if (!job.checkpoint_dir.empty()) {
-    check_directory_writable(job.checkpoint_dir, "--checkpoint-dir");
-    // The folder of the steps, not one step's (which the tools take): steps saved inside a
-    // committed step would be found by no one.
-    LOOM_CHECK(!checkpoint::is_step_directory(job.checkpoint_dir),
-               "--checkpoint-dir: '{}' is one saved step's folder (it holds metadata.json); give "
-               "the folder that holds the step_* folders, '{}'",
-               job.checkpoint_dir,
-               fs::path(job.checkpoint_dir).lexically_normal().parent_path().string());
-  }
-  if (!job.init_from.empty()) {
-    std::error_code ec;
-    if (fs::is_directory(job.init_from, ec)) {
-      try {
-        models::hf::resolve_checkpoint_path(job.init_from);  // throws naming what it lacks
-      } catch (const Error& e) {
-        throw Error(fmt::format("--init-from: {}", e.what()));
-      }
-    } else {
-      check_readable_file(job.init_from, "--init-from");
-    }
-  }
-  if (!job.metrics_out.empty()) {
-    check_writable(job.metrics_out, "--metrics-out");
-    check_writable(effective_config_path(job.metrics_out), "--metrics-out");
-  }
-  if (!job.plot_out.empty()) check_writable(job.plot_out, "--plot-out");
-  if (!job.save.empty()) {
-    models::hf::check_save_path(job.save, "--save");
-    check_writable(job.save, "--save");
-    check_writable(models::hf::config_json_path(job.save), "--save (config.json beside it)");
-  }
-  return read;
-}
 
 // --init-from: the tensors' names, shapes and dtypes against the model, from headers only.
 void check_init_from(const JobConfig& job, const models::ModelArgs& args) {
@@ -560,24 +313,6 @@ HostPort parse_host_port(const std::string& text, std::string_view flag) {
              "is served, e.g. by `lighthouse`), got '{}'",
              flag, text);
   return {text.substr(0, colon), number};
-}
-
-void check_directory_writable(const std::string& path, std::string_view what) {
-  LOOM_CHECK(!path.empty(), "{}: the path is empty", what);
-  std::error_code ec;
-  LOOM_CHECK(!fs::exists(path, ec) || fs::is_directory(path, ec),
-             "{}: '{}' exists and is not a directory", what, path);
-  fs::path existing = fs::absolute(path, ec);
-  while (!fs::exists(existing, ec) && existing.has_parent_path() &&
-         existing != existing.parent_path()) {
-    existing = existing.parent_path();
-  }
-  LOOM_CHECK(fs::is_directory(existing, ec),
-             "{}: cannot make the folder '{}': '{}' is not a folder", what, path,
-             existing.string());
-  LOOM_CHECK(::access(existing.c_str(), W_OK | X_OK) == 0,
-             "{}: cannot write into '{}': the folder '{}' is not writable ({})", what, path,
-             existing.string(), std::strerror(errno));
 }
 
 ParallelConfig parallel_config(const JobConfig& given) {

@@ -54,8 +54,4 @@ struct HostPort {
 };
 HostPort parse_host_port(const std::string& text, std::string_view flag);
 
-// Throws naming `what` unless a folder can be made or written at `path`: every part of it that
-// exists is a folder, and the deepest one that exists is writable. Creates nothing.
-void check_directory_writable(const std::string& path, std::string_view what);
-
 }  // namespace loom::train

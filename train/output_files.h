@@ -9,11 +9,6 @@
 
 namespace loom::train {
 
-// Throws loom::Error naming `what` (the flag or key) and the path unless a file can be created
-// or replaced at `path`: its folder exists, is a folder and is writable, and the path itself is
-// not a folder. Creates nothing.
-void check_writable(const std::string& path, std::string_view what);
-
 // A text file written line by line (the metrics' JSONL), in place: each line is one write, so a
 // reader (or a crash) sees whole lines up to the last written; close() fsyncs the file and its
 // folder. A write that fails throws naming `what` and the path.

@@ -316,13 +316,7 @@ void check_save_path(const std::string& path, std::string_view what) {
              "{}: '{}' is not a .safetensors file name; give the file to write, e.g. '{}' "
              "(config.json is written beside it)",
              what, path, (target.parent_path() / "model.safetensors").string());
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  LOOM_CHECK(fs::exists(folder, ec), "{}: cannot write '{}': the folder '{}' does not exist", what,
-             path, folder.string());
-  LOOM_CHECK(fs::is_directory(folder, ec), "{}: cannot write '{}': '{}' is not a folder", what,
-             path, folder.string());
-  LOOM_CHECK(!fs::is_directory(target, ec), "{}: cannot write '{}': it is a folder", what, path);
+  check_writable(path, what);  // its folder, writable, and not a folder itself
 }
 
 void save(const std::vector<std::pair<std::string, Tensor>>& parameters,

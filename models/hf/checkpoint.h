@@ -76,8 +76,8 @@ std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& m
                                                              bool keep = true);
 
 // Throws loom::Error naming `what` (the flag or tool) when `path` is not a file save() can write:
-// a name without .safetensors (transformers would not find it), in a folder that does not exist,
-// or a folder itself.
+// a name without .safetensors (transformers would not find it), or not writable
+// (loom::check_writable: a folder that does not exist, a folder itself, no permission).
 void check_save_path(const std::string& path, std::string_view what);
 
 // Writes whole parameters (Loom's layout, on the CPU) as a safetensors file at `path`, and the

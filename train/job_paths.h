@@ -1,0 +1,51 @@
+// The files a job reads and writes, checked before its first step: each readable or writable,
+// no output over another output or over an input (the data's files, --config, --init-from's
+// files; one spelling or one inode), validation files not among the training ones, and the
+// checkpoint folder usable (train/job_checks.h runs these first).
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "train/job_config.h"
+
+namespace loom::train {
+
+// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
+// Computed once per file: a data spec may name thousands of shards.
+struct FileIdentity {
+  std::string key;  // the one path of the file, however spelled ("./m.jsonl", a link)
+  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
+  explicit FileIdentity(const std::string& path);
+  bool operator==(const FileIdentity& other) const {
+    return key == other.key || (inode && other.inode && *inode == *other.inode);
+  }
+};
+
+// A file a job writes or reads, the flag that names it, and its identity (computed once).
+struct JobFile {
+  std::string path;
+  std::string what;
+  FileIdentity identity;
+  JobFile(std::string path_, std::string what_)
+      : path(std::move(path_)), what(std::move(what_)), identity(path) {}
+};
+
+// Throws naming `flag` unless `path` exists, is a file and is readable.
+void check_readable_file(const std::string& path, std::string_view flag);
+
+// Every path check of `job` (above); returns the files it reads, each with its flag, its data
+// files expanded (folders and patterns).
+std::vector<JobFile> check_paths(const JobConfig& job);
+
+// A --data file named twice (a list repeating it, a folder and a pattern both holding it): read
+// twice, its tokens weigh double. A warning each, since repeating data may be meant (upsampling).
+// By spelling and by inode, as FileIdentity compares: one lookup per shard of thousands.
+std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read);
+
+}  // namespace loom::train
