@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "data/utf8.h"
+
 namespace loom::data {
 
 namespace {
@@ -17,30 +19,9 @@ bool is_white_space(char32_t c) {
 // The code point of the UTF-8 character at text[at, limit) and its length, or 0 for an invalid
 // or truncated sequence.
 size_t decode(std::string_view text, size_t at, size_t limit, char32_t& c) {
-  const auto b0 = static_cast<uint8_t>(text[at]);
-  size_t n;
-  if (b0 < 0x80) {
-    c = b0;
-    return 1;
-  } else if (b0 >= 0xC2 && b0 < 0xE0) {
-    n = 2;
-    c = b0 & 0x1F;
-  } else if (b0 >= 0xE0 && b0 < 0xF0) {
-    n = 3;
-    c = b0 & 0x0F;
-  } else if (b0 >= 0xF0 && b0 < 0xF5) {
-    n = 4;
-    c = b0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (at + n > limit) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    const auto b = static_cast<uint8_t>(text[at + k]);
-    if ((b & 0xC0) != 0x80) return 0;
-    c = c << 6 | (b & 0x3F);
-  }
-  return n;
+  const Utf8Char read = decode_utf8(text.substr(0, limit), at);
+  c = read.code_point;
+  return read.valid ? read.length : 0;
 }
 
 // The end of the whitespace that starts at `at` (not past `limit`).

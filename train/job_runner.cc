@@ -14,6 +14,7 @@
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
+#include "comm/peer_failure.h"
 #include "comm/tcp_store.h"
 #include "models/hf/token_settings.h"
 #include "optim/lr_schedule.h"
@@ -391,6 +392,24 @@ void JobRunner::add_checkpoint_hook() {
   });
 }
 
+namespace {
+
+// Runs `work`, adding "step N: " to what it throws (a PeerFailure stays one), so that an error
+// raised deep in the model (a router's NaN scores, a shape) names the step it stopped. A message
+// that already begins so (the trainer's non-finite gradient norm) is left as it is.
+template <typename Work>
+void naming_step(int step, std::string_view what, Work&& work) {
+  try {
+    work();
+  } catch (const std::exception& error) {
+    const std::string prefix = fmt::format("{}step {}: ", what, step);
+    if (std::string_view(error.what()).starts_with(prefix)) throw;
+    comm::throw_in_context(error, prefix + error.what());
+  }
+}
+
+}  // namespace
+
 void JobRunner::train_steps(JobResult& result) {
   if (!job_.replica_replay.empty()) replay_ = read_replica_members(job_.replica_replay);
   const int before = trainer_->steps_done();
@@ -422,7 +441,9 @@ void JobRunner::train_steps(JobResult& result) {
                         checked_.parallel.cp, ReplicaShare{member, job_.replicas});
         batches.emplace_back(share.inputs, share.targets);
       }
-      trainer_->replay_step(batches, members->second, static_cast<int>(job_.replicas));
+      naming_step(step, "", [&] {
+        trainer_->replay_step(batches, members->second, static_cast<int>(job_.replicas));
+      });
       continue;
     }
     const data::Batch batch =
@@ -432,10 +453,10 @@ void JobRunner::train_steps(JobResult& result) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - fetch_start)
             .count();
     process_memory_tracker().reset_peak();  // the step's own peak (its batch included)
-    trainer_->step(batch.inputs, batch.targets);
+    naming_step(step, "", [&] { trainer_->step(batch.inputs, batch.targets); });
     const bool last = step + 1 == job_.steps;
     if (checked_.data.val && (last || (job_.val_every > 0 && (step + 1) % job_.val_every == 0))) {
-      validate(step, result);
+      naming_step(step, "the validation after ", [&] { validate(step, result); });
     }
   }
   outputs_->bar.clear();

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "autograd/grad_mode.h"
+#include "data/utf8.h"
 #include "tensor/ops.h"
 
 namespace loom::train {
@@ -49,12 +50,12 @@ std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCor
     for (int64_t t : tokens) {
       if (t < tokenizer->vocab_size()) ids.push_back(static_cast<int32_t>(t));  // padding ids
     }
-    return tokenizer->decode(ids);
+    return data::utf8_lossy(tokenizer->decode(ids));
   }
   if (data.vocab_size() != 256) return "";
   std::string text;
   for (int64_t t : tokens) text += t < 256 ? static_cast<char>(t) : '?';  // padding ids
-  return text;
+  return data::utf8_lossy(text);
 }
 
 }  // namespace loom::train

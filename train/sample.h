@@ -27,7 +27,8 @@ std::vector<int64_t> generate_sample(ParallelModel& model, const data::TokenCorp
                                      const SampleOptions& options);
 
 // The tokens as text: decoded by the tokenizer when there is one (ids past its vocabulary, the
-// model's padding, left out), as bytes when the data is ('?' for padding ids), else empty.
+// model's padding, left out), as bytes when the data is ('?' for padding ids), else empty. Bytes
+// that are no UTF-8 show as U+FFFD, as transformers' decode shows them.
 std::string sample_text(const std::vector<int64_t>& tokens, const data::TokenCorpus& data,
                         const data::Tokenizer* tokenizer);
 

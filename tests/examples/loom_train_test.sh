@@ -80,6 +80,14 @@ status=0
 grep -q "step 1: the gradient norm is -*nan (this rank's loss -*nan): the loss or a gradient is not finite" nan.log ||
   { cat nan.log; echo "the non-finite step is not named"; exit 1; }
 [[ "$(ls ckpt_nan)" == "step_00000001" ]] || { ls ckpt_nan; echo "a checkpoint after the NaN step"; exit 1; }
+# A mixture of experts stops earlier, at the router of the step after the ruinous update: the
+# error names that step too.
+status=0
+"$train" --model llama-moe-tiny --dp 1 --tp 1 --steps 4 --lr 1e30 --no-progress --metrics-out "" \
+  --plot-out "" > moe_nan.log 2>&1 || status=$?
+[[ $status -eq 1 ]] || { cat moe_nan.log; echo "a MoE NaN step exited $status, expected 1"; exit 1; }
+grep -q "step 1: MoE: token 0's router scores hold a NaN" moe_nan.log ||
+  { cat moe_nan.log; echo "the MoE NaN step is not named"; exit 1; }
 # A checkpoint written by the dp2 x tp2 job (Hugging Face GPT-2 layout) starts a 1-rank job
 # where the first left off: its first loss is far below a fresh model's.
 run resumed 1 1 1 --init-from trained.safetensors
