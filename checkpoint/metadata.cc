@@ -4,6 +4,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <limits>
+#include <string_view>
 
 #include "base/error.h"
 
@@ -36,6 +38,8 @@ Box intersect(const Box& a, const Box& b) {
 }
 
 std::string dtype_key(DType dtype) { return std::string(dtype_name(dtype)); }
+
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
 
 DType dtype_from_key(const std::string& key, const std::string& where) {
   const std::optional<DType> dtype = dtype_from_name(key);
@@ -129,6 +133,41 @@ nlohmann::json to_json(const Metadata& metadata) {
           {"extra", metadata.extra}};
 }
 
+namespace {
+
+// A whole number (nlohmann's get<int64_t> would take 192.5 as 192).
+int64_t integer(const nlohmann::json& value, const std::string& where, std::string_view what) {
+  LOOM_CHECK(value.is_number_integer(), "{}: {} is {}, not a whole number", where, what,
+             value.dump());
+  return value.get<int64_t>();
+}
+
+std::vector<int64_t> integers(const nlohmann::json& value, const std::string& where,
+                              std::string_view what) {
+  LOOM_CHECK(value.is_array(), "{}: {} is {}, not a list of whole numbers", where, what,
+             value.dump());
+  std::vector<int64_t> out;
+  for (const nlohmann::json& v : value) out.push_back(integer(v, where, what));
+  return out;
+}
+
+// A rank that wrote a file or chunk: the file a save names after it.
+int writer_of(const nlohmann::json& value, const std::string& file, const std::string& where,
+              std::string_view what) {
+  const int64_t writer = integer(value, where, what);
+  LOOM_CHECK(writer >= 0 && writer <= std::numeric_limits<int>::max() &&
+                 file == rank_file_name(static_cast<int>(writer)),
+             "{}: {} names file '{}' written by rank {}, but a save names rank {}'s file '{}', in "
+             "the step's folder (metadata a save never writes)",
+             where, what, file, writer, writer,
+             writer >= 0 && writer <= std::numeric_limits<int>::max()
+                 ? rank_file_name(static_cast<int>(writer))
+                 : std::string("rank_NNNNN.bin"));
+  return static_cast<int>(writer);
+}
+
+}  // namespace
+
 Metadata metadata_from_json(const nlohmann::json& json, const std::string& where) {
   Metadata m;
   try {
@@ -136,25 +175,27 @@ Metadata metadata_from_json(const nlohmann::json& json, const std::string& where
                "{}: not a Loom distributed checkpoint's metadata (no \"format\": "
                "\"loom-distributed-checkpoint\")",
                where);
-    m.version = json.at("version").get<int>();
+    m.version = static_cast<int>(integer(json.at("version"), where, "\"version\""));
     LOOM_CHECK(m.version == kMetadataVersion,
                "{}: metadata version {}, but this build reads version {} only; load it with the "
                "build that wrote it (or convert it to safetensors there)",
                where, m.version, kMetadataVersion);
-    m.step = json.at("step").get<int64_t>();
+    m.step = integer(json.at("step"), where, "\"step\"");
     for (const auto& [name, e] : json.at("entries").items()) {
       Entry entry;
       entry.dtype = dtype_from_key(e.at("dtype").get<std::string>(), where + ": " + name);
-      entry.shape = e.at("shape").get<Shape>();
+      const std::string field = fmt::format("entry '{}'", name);
+      entry.shape = integers(e.at("shape"), where, field + ": shape");
       for (const auto& c : e.at("chunks")) {
         Chunk chunk;
-        chunk.box = {c.at("offsets").get<std::vector<int64_t>>(),
-                     c.at("sizes").get<std::vector<int64_t>>()};
+        chunk.box = {integers(c.at("offsets"), where, field + ": chunk offsets"),
+                     integers(c.at("sizes"), where, field + ": chunk sizes")};
         chunk.file = c.at("file").get<std::string>();
-        chunk.offset = c.at("offset").get<int64_t>();
-        chunk.length = c.at("length").get<int64_t>();
+        chunk.offset = integer(c.at("offset"), where, field + ": chunk offset");
+        chunk.length = integer(c.at("length"), where, field + ": chunk length");
         chunk.sha256 = c.at("sha256").get<std::string>();
-        chunk.writer = c.at("writer").get<int>();
+        chunk.writer = writer_of(c.at("writer"), chunk.file, where,
+                                 field + ", chunk " + chunk.box.str() + ",");
         LOOM_CHECK(chunk.box.offsets.size() == entry.shape.size() &&
                        chunk.box.sizes.size() == entry.shape.size(),
                    "{}: entry '{}' has a chunk of {} dims for a shape of {}", where, name,
@@ -164,8 +205,9 @@ Metadata metadata_from_json(const nlohmann::json& json, const std::string& where
       m.entries.emplace(name, std::move(entry));
     }
     for (const auto& [name, f] : json.at("files").items()) {
-      m.files[name] = {f.at("bytes").get<int64_t>(), f.at("sha256").get<std::string>(),
-                       f.at("writer").get<int>()};
+      m.files[name] = {integer(f.at("bytes"), where, fmt::format("file '{}': bytes", name)),
+                       f.at("sha256").get<std::string>(),
+                       writer_of(f.at("writer"), name, where, "the file list")};
     }
     m.extra = json.value("extra", nlohmann::json::object());
   } catch (const nlohmann::json::exception& e) {

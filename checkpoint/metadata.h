@@ -56,6 +56,10 @@ struct FileInfo {
   int writer = 0;
 };
 
+// The file rank `rank` writes: "rank_00003.bin" (relative to the step's folder). A save names
+// every file so; metadata that names another (a path elsewhere, another rank's) is refused.
+std::string rank_file_name(int rank);
+
 struct Metadata {
   int version = kMetadataVersion;
   int64_t step = 0;

@@ -10,8 +10,6 @@
 
 namespace loom::checkpoint {
 
-std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
-
 namespace {
 
 std::string shape_text(const Shape& shape) { return fmt::format("({})", fmt::join(shape, ", ")); }

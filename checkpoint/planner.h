@@ -46,9 +46,6 @@ struct SavePlan {
   Metadata metadata;                           // chunks and files, checksums empty
 };
 
-// The file rank `rank` writes: "rank_00003.bin".
-std::string rank_file_name(int rank);
-
 // `items[r]` are rank r's local items. Throws loom::Error naming the entry and the ranks when two
 // ranks disagree on an entry's shape or dtype, or hold boxes that overlap without being equal.
 SavePlan plan_save(const std::vector<std::vector<LocalItem>>& items, int64_t block_bytes);

@@ -181,10 +181,12 @@ int64_t ulysses_kv_repeat(int64_t q_heads, int64_t kv_heads, int64_t cp) {
     const int64_t group = q_heads / kv_heads;
     while (r < group && (group % r != 0 || kv_heads * r % cp != 0)) ++r;
   }
-  LOOM_CHECK(q_heads % cp == 0 && kv_heads * r % cp == 0,
-             "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
-             "tp) must both split over cp {}; use allgather, or a cp that divides the heads",
-             q_heads, kv_heads * r, cp);
+  LOOM_CHECK(
+      q_heads % cp == 0 && kv_heads * r % cp == 0,
+      "--cp-attention alltoall: this rank's {} query heads and {} key/value heads (after "
+      "tp{}) must both split over cp {}; use allgather, or a cp that divides the heads",
+      q_heads, kv_heads,
+      r > 1 ? fmt::format("; {} when repeated for grouped-query attention", kv_heads * r) : "", cp);
   return r;
 }
 

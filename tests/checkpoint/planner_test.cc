@@ -145,9 +145,29 @@ TEST(MetadataTest, ChunksNoSaveWritesAreRefused) {
             "m.json: entry 'w' of shape [0:8, 0:4] has a chunk at [7:9, 0:4], outside it");
   EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks.pop_back(); }),
             "m.json: entry 'w' of shape [0:8, 0:4]: its chunks hold 24 of its 32 elements");
-  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[0].file = "other.bin"; }),
-            "m.json: entry 'w', chunk [0:2, 0:4] is in file 'other.bin', which the metadata does "
-            "not list");
+  EXPECT_EQ(refusal([](Metadata& m) {
+              m.entries.at("w").chunks[0].file = "rank_00007.bin";
+              m.entries.at("w").chunks[0].writer = 7;
+            }),
+            "m.json: entry 'w', chunk [0:2, 0:4] is in file 'rank_00007.bin', which the metadata "
+            "does not list");
+  // Files are the step folder's rank files, named after their writers: nothing else is opened.
+  EXPECT_EQ(
+      refusal([](Metadata& m) { m.entries.at("w").chunks[0].file = "../step_2/rank_00000.bin"; }),
+      "m.json: entry 'w', chunk [0:2, 0:4], names file '../step_2/rank_00000.bin' written by "
+      "rank 0, but a save names rank 0's file 'rank_00000.bin', in the step's folder "
+      "(metadata a save never writes)");
+  EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[0].writer = 99; }),
+            "m.json: entry 'w', chunk [0:2, 0:4], names file 'rank_00000.bin' written by rank 99, "
+            "but a save names rank 99's file 'rank_00099.bin', in the step's folder (metadata a "
+            "save never writes)");
+  EXPECT_EQ(refusal([](Metadata& m) { m.files["/etc/passwd"] = m.files.at("rank_00000.bin"); }),
+            "m.json: the file list names file '/etc/passwd' written by rank 0, but a save names "
+            "rank 0's file 'rank_00000.bin', in the step's folder (metadata a save never writes)");
+  nlohmann::json fractional = to_json(saved);
+  fractional["entries"]["w"]["shape"] = {8.5, 4};
+  EXPECT_EQ(error_of([&] { metadata_from_json(fractional, "m.json"); }),
+            "m.json: entry 'w': shape is 8.5, not a whole number");
   EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks[3].offset = 120; }),
             "m.json: entry 'w', chunk [6:8, 0:4]: bytes 120 to 152 of 'rank_00000.bin', which "
             "records 128 bytes");

@@ -97,6 +97,27 @@ grep -q "WARNING: --checkpoint-dir: step 2 is damaged (.*rank_00000.bin" missing
   { cat missing_old.log; fail "no warning for the older step missing a rank file"; }
 echo "ok: a damaged older step (metadata, or a rank file missing) is warned about, the latest resumed"
 
+# A metrics file shared by a folder's runs (the default --metrics-out is one name): a resume keeps
+# its own run's earlier lines, and drops another run's rather than taking them as its own.
+metrics_job=("$train" --launcher "$loomrun" --model tiny --dp 1 --tp 1 --batch-size 4 --seq-len 32
+  --sample-tokens 0 --no-progress --plot-out "" --metrics-out shared.jsonl)
+"${metrics_job[@]}" --steps 4 --checkpoint-every 2 --checkpoint-dir shared_ckpt >shared_a.log 2>&1 ||
+  { cat shared_a.log; fail "the run that writes shared.jsonl"; }
+cp -r shared_ckpt shared_ckpt_again && rm -r shared_ckpt_again/step_00000004
+"${metrics_job[@]}" --steps 4 --checkpoint-dir shared_ckpt_again --resume >shared_own.log 2>&1 ||
+  { cat shared_own.log; fail "a resume of the run that wrote shared.jsonl"; }
+grep -q "shared.jsonl keeps the 2 lines of the steps before 2 from the earlier run" shared_own.log ||
+  { cat shared_own.log; fail "a resume did not keep its own run's lines"; }
+rm -r shared_ckpt/step_00000004
+"${metrics_job[@]}" --steps 3 --seed 9 >shared_b.log 2>&1 || { cat shared_b.log; fail "another run"; }
+"${metrics_job[@]}" --steps 4 --checkpoint-dir shared_ckpt --resume >shared_resumed.log 2>&1 ||
+  { cat shared_resumed.log; fail "a resume after another run wrote shared.jsonl"; }
+grep -q "WARNING: shared.jsonl holds another run's lines (its step 1 logged loss .* where the checkpoint's run logged .*): they are dropped, and the file starts again at step 2" \
+  shared_resumed.log || { cat shared_resumed.log; fail "another run's lines were not named"; }
+[[ "$(grep -o '"step":[0-9]*' shared.jsonl | tr '\n' ' ')" == '"step":2 "step":3 ' ]] ||
+  { cat shared.jsonl; fail "shared.jsonl should hold steps 2 and 3 only"; }
+echo "ok: a resume keeps its own run's metrics lines and drops another run's"
+
 cp -r ckpt truncated && truncate -s 100 truncated/step_00000004/rank_00000.bin
 refused a-truncated-rank-file \
   "checkpoint 'truncated/step_00000004': file rank_00000.bin (written by rank 0) has 100 bytes" \

@@ -190,6 +190,8 @@ echo "ok: issue 30's defects are named before anything trains"
 # Found from outside (2026-12-07): input the job let through to its ranks, or took silently.
 expect_error 2 "loom_train: --cp-attention alltoall: this rank's 3 query heads and 3 key/value heads (after tp) must both split over cp 2" \
   --n-head 3 --n-embd 48 --cp 2 --cp-attention alltoall --dp 1 --tp 1
+expect_error 2 "loom_train: --cp-attention alltoall: this rank's 3 query heads and 1 key/value heads (after tp; 3 when repeated for grouped-query attention) must both split over cp 2" \
+  --model llama-tiny --n-head 6 --n-kv-heads 2 --n-embd 48 --tp 2 --cp 2 --cp-attention alltoall --dp 1
 expect_error 2 "loom_train: --replica-store: expected host:port with a port in [1, 65535]" \
   --replicas 2 --replica 0 --replica-store 127.0.0.1:abc --dp 1 --tp 1
 expect_error 2 "loom_train: --replica 5 is not in [0, 2) (--replicas 2)" \

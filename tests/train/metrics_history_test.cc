@@ -58,5 +58,32 @@ TEST(MetricsHistoryTest, NoFileIsNoHistoryAndNonRecordsAreSkipped) {
   EXPECT_EQ(history.curve.train, (Points{{0, 2.0}}));
 }
 
+TEST(MetricsHistoryTest, AnotherRunsLinesAreDroppedByTheCheckpointsLoss) {
+  // The default --metrics-out is shared by every run in a folder: after another run wrote it,
+  // the checkpoint's step-1 loss (4.25, bit for bit) is not the file's.
+  const std::string path = temp_path("shared.jsonl");
+  std::ofstream(path) << R"({"step":0,"loss":4.5})"
+                         "\n"
+                      << R"({"step":1,"loss":4.0999999999999996})"
+                         "\n"
+                      << R"({"step":2,"loss":3.75})"
+                         "\n";
+  const MetricsHistory other = read_metrics_before(path, 2, SavedLoss{1, 4.1000000000000005});
+  EXPECT_TRUE(other.lines.empty());
+  EXPECT_TRUE(other.curve.train.empty());
+  EXPECT_EQ(other.dropped,
+            "its step 1 logged loss 4.1 where the checkpoint's run logged 4.1000000000000005");
+  // The same run's lines: kept, and nothing said.
+  const MetricsHistory same = read_metrics_before(path, 2, SavedLoss{1, 4.1});
+  EXPECT_EQ(same.lines.size(), 2u);
+  EXPECT_EQ(same.dropped, "");
+  // No line of the saved step (a file of another run that stopped earlier): dropped too.
+  const MetricsHistory missing = read_metrics_before(path, 5, SavedLoss{4, 3.0});
+  EXPECT_TRUE(missing.lines.empty());
+  EXPECT_EQ(missing.dropped, "it has no line of the checkpoint's step 4");
+  // Nothing to keep: nothing dropped.
+  EXPECT_EQ(read_metrics_before(path, 0, SavedLoss{4, 3.0}).dropped, "");
+}
+
 }  // namespace
 }  // namespace loom::train
