@@ -75,6 +75,20 @@ const ModelFamily& family_of_model(const std::string& model) {
             registered_models());
 }
 
+const ModelFamily& family_of_hf_model_type(const std::string& model_type,
+                                           const std::string& where) {
+  std::vector<std::string> known;
+  for (const ModelFamily* family : model_families()) {
+    const std::string type = family->hf_model_type();
+    if (type.empty()) continue;
+    if (type == model_type) return *family;
+    known.push_back(fmt::format("\"{}\" ({})", type, family->name()));
+  }
+  LOOM_FAIL("{}: model_type \"{}\" is no registered family's; this program reads {}", where,
+            model_type,
+            known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")));
+}
+
 const ModelFamily& family_of_fields(const nlohmann::json& fields, const std::string& where) {
   LOOM_CHECK(fields.is_object(), "{}: the model's fields must be an object, got {}", where,
              fields.dump());

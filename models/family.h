@@ -176,6 +176,9 @@ class ModelFamily {
     (void)sizes;
     return nullptr;
   }
+  // The config.json "model_type" from_hf_config reads ("gpt2"); "" when it reads none. A job
+  // whose --init-from names one and no --model takes this family's default preset.
+  virtual std::string hf_model_type() const { return ""; }
   // Whether its models take ModelSizes' dropout (--dropout: embeddings and residual branches)
   // and attn_dropout (--attn-dropout: attention probabilities; by default as dropout). A family
   // that does not is refused by name when it is given, before anything is built, so no family
@@ -191,6 +194,9 @@ std::vector<const ModelFamily*> model_families();
 const ModelFamily& family_of_model(const std::string& model);
 // "gpt: tiny, small, gpt3-175b; llama: llama-tiny, llama3-8b, llama3-70b".
 std::string registered_models();
+// The family whose hf_model_type is `model_type`; throws naming `where`, the type and every
+// registered family's type otherwise.
+const ModelFamily& family_of_hf_model_type(const std::string& model_type, const std::string& where);
 // The family a checkpoint's model fields name ("family"; a GPT's recorded none before Looms
 // recorded it); throws naming `where` and the registered families otherwise.
 const ModelFamily& family_of_fields(const nlohmann::json& fields, const std::string& where);

@@ -101,7 +101,8 @@ std::vector<std::string> dropout_warnings(const JobConfig& job) {
 // --model names a preset of other sizes, which is not the model trained.
 std::optional<std::string> preset_size_warning(const JobConfig& job, const JobModel& model) {
   std::error_code ec;
-  if (job.model == JobConfig{}.model ||  // the default names no size the user chose
+  // A family's default preset (what a job without --model takes) names no size the user chose.
+  if (job.model == model.family->presets().front() ||
       !fs::exists(models::hf::config_json_path(job.init_from), ec)) {
     return std::nullopt;
   }

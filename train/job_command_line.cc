@@ -11,6 +11,7 @@
 
 #include "base/error.h"
 #include "models/family.h"
+#include "train/job_model.h"
 #include "train/launch.h"
 
 namespace loom::train {
@@ -117,10 +118,14 @@ CommandLine parse_command_line(int argc, char** argv, const std::string& descrip
   for (size_t i = 0; i < options.size(); ++i) {
     if (flags[i] != nullptr && flags[i]->count() > 0) raw[i] = flag_values[i];
   }
+  parsed.job.model.clear();  // not given: --init-from's family, else the default (below)
   if (!config_file.empty()) load_job_toml(parsed.job, config_file);
   parsed.job.config_file = config_file;
   for (size_t i = 0; i < options.size(); ++i) {
     if (raw[i]) set_option(parsed.job, options[i], *raw[i], options[i].flag());
+  }
+  if (parsed.job.model.empty()) {
+    parsed.job.model = model_of_init_from(parsed.job.init_from, defaults.model);
   }
   // A search lays out --nproc's ranks itself: the degrees given beside it need not make them.
   // Under a launcher its world decides --dp-shard -1 (launch.h: torchrun's, mpirun's, srun's).

@@ -1,5 +1,7 @@
 #include "train/job_model.h"
 
+#include <fmt/ranges.h>
+
 #include <filesystem>
 
 #include "base/error.h"
@@ -18,7 +20,20 @@ JobModel resolve_job_model(const JobConfig& job) {
   const std::string config_json =
       job.init_from.empty() ? "" : models::hf::config_json_path(job.init_from);
   if (!config_json.empty() && std::filesystem::exists(config_json, ec)) {
-    out.args = out.family->from_hf_config(models::hf::ConfigJson::read(config_json), sizes);
+    const models::hf::ConfigJson json = models::hf::ConfigJson::read(config_json);
+    const std::string type = json.string_or("model_type", "");
+    const std::string reads = out.family->hf_model_type();
+    if (!type.empty() && !reads.empty() && type != reads) {
+      const models::ModelFamily& other =
+          models::family_of_hf_model_type(type, fmt::format("--init-from: {}", json.where()));
+      LOOM_FAIL(
+          "--model {}: the {} family reads model_type \"{}\", but --init-from's {} is \"{}\", "
+          "the {} family's; leave --model out (the file's family is taken) or name one of its "
+          "presets ({})",
+          job.model, out.family->name(), reads, json.where(), type, other.name(),
+          fmt::join(other.presets(), ", "));
+    }
+    out.args = out.family->from_hf_config(json, sizes);
     LOOM_CHECK(out.args != nullptr,
                "--init-from: the {} family (--model {}) reads no Hugging Face checkpoints",
                out.family->name(), job.model);
@@ -41,6 +56,19 @@ JobModel resolve_job_model(const JobConfig& job) {
   check_context_parallel(*out.args, job.cp);
   check_expert_parallel(*out.args, job.ep);
   return out;
+}
+
+std::string model_of_init_from(const std::string& init_from, const std::string& fallback) {
+  if (init_from.empty()) return fallback;
+  std::error_code ec;
+  const std::string config_json = models::hf::config_json_path(init_from);
+  if (config_json.empty() || !std::filesystem::exists(config_json, ec)) return fallback;
+  const models::hf::ConfigJson json = models::hf::ConfigJson::read(config_json);
+  const std::string type = json.string_or("model_type", "");
+  if (type.empty()) return fallback;
+  return models::family_of_hf_model_type(type, fmt::format("--init-from: {}", json.where()))
+      .presets()
+      .front();
 }
 
 void fit_to_data(JobModel& model, const data::TokenCorpus& data, std::string_view flag) {

@@ -27,6 +27,12 @@ struct JobModel {
 // not divide.
 JobModel resolve_job_model(const JobConfig& job);
 
+// The --model a job without one takes: with an --init-from whose config.json names a
+// "model_type", the default preset of the family reading it (as transformers' AutoModel picks the
+// class), else `fallback`. Throws naming the file and the registered types for a model_type no
+// family reads.
+std::string model_of_init_from(const std::string& init_from, const std::string& fallback);
+
 // Sets the vocabulary: the data's unless fixed; every token of the data must be below it (throws
 // naming the flag, the shard, the token and where it sits, and who fixed the vocabulary).
 void fit_to_data(JobModel& model, const data::TokenCorpus& data, std::string_view flag);

@@ -177,6 +177,18 @@ llama_error "--init-from 'llama_ckpt/model.safetensors': 9 problem(s); the model
 edit_config ''
 expect_error 2 "loom_train: --n-layer: 3 contradicts the checkpoint: 'llama_ckpt/config.json' has num_hidden_layers = 2" \
   --model llama-tiny --dp 1 --tp 1 --init-from llama_ckpt/model.safetensors --n-layer 3
+# Without --model the family is the file's model_type's (transformers' AutoModel picks so); a
+# --model of another family, or a model_type no family reads, is named.
+"$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 0 --metrics-out "" --plot-out "" \
+  --init-from llama_ckpt/model.safetensors >inferred.log 2>&1 || { cat inferred.log; fail "--init-from a Llama without --model"; }
+grep -q "llama-tiny on DeviceMesh" inferred.log || { cat inferred.log; fail "the Llama family was not taken from config.json"; }
+! grep -q "WARNING: --model" inferred.log || { cat inferred.log; fail "a warning about a --model not given"; }
+expect_error 2 "loom_train: --model tiny: the gpt family reads model_type \"gpt2\", but --init-from's 'llama_ckpt/config.json' is \"llama\", the llama family's; leave --model out" \
+  --model tiny --dp 1 --tp 1 --init-from llama_ckpt/model.safetensors
+edit_config 's/"model_type": "llama"/"model_type": "mistral"/'
+expect_error 2 "loom_train: --init-from: 'llama_ckpt/config.json': model_type \"mistral\" is no registered family's; this program reads \"gpt2\" (gpt), \"llama\" (llama)" \
+  --dp 1 --tp 1 --init-from llama_ckpt/model.safetensors
+edit_config ''
 # --sample-tokens 0 prints no sample.
 "$train" --no-progress --dp 1 --tp 1 --steps 1 --sample-tokens 0 --metrics-out s.jsonl \
   --plot-out s.png >s.log 2>&1 || { cat s.log; fail "a one-step job"; }
