@@ -57,7 +57,11 @@ nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data) {
           {"document_boundaries", job.document_boundaries},
           {"document_token", job.document_token},
           {"steps", job.steps},
-          {"lr", job.lr}};
+          {"lr", job.lr},
+          {"clip", job.clip},
+          {"mixed_precision", job.mixed_precision},
+          {"dropout", job.dropout},
+          {"attn_dropout", job.attn_dropout}};
 }
 
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
@@ -173,6 +177,19 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
           "--resume: --{} {} here, {} in the saved run: the learning-rate schedule changes from "
           "the saved step on",
           key, value_of(here, key), value_of(*saved, key)));
+    }
+  }
+  // Settings a run may change on purpose, which make it train otherwise from the saved step on
+  // (no longer the saved run's continuation bit for bit). Compared when the checkpoint records
+  // them (older Looms did not).
+  for (const char* key : kRunTrainingKeys) {
+    if (saved->contains(key) && value_of(*saved, key) != value_of(here, key)) {
+      std::string flag = fmt::format("--{}", key);
+      std::replace(flag.begin(), flag.end(), '_', '-');
+      warnings.push_back(fmt::format(
+          "--resume: {} {} here, {} in the saved run: the run trains with it from the saved step "
+          "on",
+          flag, value_of(here, key), value_of(*saved, key)));
     }
   }
   return warnings;

@@ -20,9 +20,15 @@ namespace loom::train {
 inline constexpr const char* kRunBatchKeys[] = {"seed", "batch_size", "seq_len",
                                                 "document_boundaries", "document_token"};
 
+// The fields of run_fields a resume may change, with a warning each (as --steps and --lr): they
+// change how the run trains from the saved step on, not its batches.
+inline constexpr const char* kRunTrainingKeys[] = {"clip", "mixed_precision", "dropout",
+                                                   "attn_dropout"};
+
 // What makes a run besides its model and layout:
 //   {"data": {"tokens": N, "vocab_size": V, "sha256": "...", "path": "..."}, "seed": S,
-//    "batch_size": B, "seq_len": T, "steps": N, "lr": LR}
+//    "batch_size": B, "seq_len": T, "steps": N, "lr": LR, "clip": C, "mixed_precision": "bf16",
+//    "dropout": P, "attn_dropout": P}
 // (the data by its content: a moved file is the same data).
 nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data);
 

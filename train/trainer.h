@@ -112,8 +112,12 @@ class Trainer {
   // next step), for checkpoint::AsyncSaver.
   checkpoint::StateDict checkpoint_state(nlohmann::json extra = nlohmann::json::object());
   // Loads a committed step directory, saved on any layout, and continues from its step; every
-  // rank of `world` calls it. Returns the metadata (extra: the job's fields).
+  // rank of `world` calls it. Returns the metadata (extra: the job's fields). A dropout module
+  // whose state the checkpoint lacks (a model saved without attention dropout has no such module)
+  // starts its mask stream afresh, as a new module would: missing_dropout_states names them.
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
+  // This model's dropout states ("rng/<module>/calls") that `metadata` does not hold.
+  std::vector<std::string> missing_dropout_states(const checkpoint::Metadata& metadata);
   // The steps done that a checkpoint's metadata records (extra["trainer"]["step"]), checked
   // against the step the save was made as (metadata.step, its folder's name): throws naming
   // `directory` when it is missing or differs (the metadata was edited).

@@ -43,6 +43,21 @@ refused other-document-boundaries \
   "--document-boundaries false there, true here; --document-token -1 there, 10 here" \
   --steps 6 --checkpoint-dir ckpt --resume --document-boundaries --document-token 10
 
+# What a resume may change on purpose is warned about, each by its flag: the run trains otherwise
+# from the saved step on.
+cp -r ckpt changed
+"${job[@]}" --steps 5 --checkpoint-dir changed --resume --lr 1e-3 --clip 0.5 --dropout 0.1 \
+  --attn-dropout 0.05 --mixed-precision bf16 >changed.log 2>&1 || { cat changed.log; fail "a resume with changed settings"; }
+for warning in "--steps 5 here, 4 in the saved run" "--lr 0.001 here, 0.003 in the saved run" \
+  "--clip 0.5 here, 1.0 in the saved run: the run trains with it from the saved step on" \
+  "--dropout 0.1 here, 0.0 in the saved run" "--attn-dropout 0.05 here, 0.0 in the saved run" \
+  '--mixed-precision "bf16" here, "none" in the saved run'; do
+  grep -qF -- "$warning" changed.log || { cat changed.log; fail "no warning: $warning"; }
+done
+grep -qF "WARNING: --resume: checkpoint 'changed/step_00000004' holds no state of 2 dropout module(s) (rng/h.0.attn.attn_dropout/calls, rng/h.1.attn.attn_dropout/calls; saved by a model without them" changed.log ||
+  { cat changed.log; fail "attention dropout turned on at a resume is not named"; }
+echo "ok: a resume's changed training settings are warned about by flag (attention dropout may start)"
+
 # A step under a name no save gives is neither resumed from nor silently skipped (a resume had
 # started again at step 0); a new run into such a folder is refused too.
 mkdir misnamed && cp -r ckpt/step_00000004 misnamed/step_4
