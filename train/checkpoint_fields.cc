@@ -136,10 +136,10 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
                                         const nlohmann::json& here, const std::string& directory) {
   const auto saved = metadata.extra.find("run");
   if (saved == metadata.extra.end() || !saved->is_object()) {
-    return {
-        fmt::format("checkpoint '{}' does not record its run (data, seed, batch: saved by an "
-                    "older Loom); they are not checked",
-                    directory)};
+    return {fmt::format(
+        "WARNING: checkpoint '{}' does not record its run (data, seed, batch: saved by an "
+        "older Loom); they are not checked",
+        directory)};
   }
   const auto value_of = [](const nlohmann::json& json, const std::string& key) {
     return json.contains(key) ? json.at(key).dump() : std::string("none");
@@ -173,10 +173,10 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
   std::vector<std::string> warnings;
   for (const char* key : {"steps", "lr"}) {
     if (value_of(*saved, key) != value_of(here, key)) {
-      warnings.push_back(fmt::format(
-          "--resume: --{} {} here, {} in the saved run: the learning-rate schedule changes from "
-          "the saved step on",
-          key, value_of(here, key), value_of(*saved, key)));
+      warnings.push_back(
+          fmt::format("WARNING: --resume: --{} {} here, {} in the saved run: the learning-rate "
+                      "schedule changes from the saved step on",
+                      key, value_of(here, key), value_of(*saved, key)));
     }
   }
   // Settings a run may change on purpose, which make it train otherwise from the saved step on
@@ -186,10 +186,11 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
     if (saved->contains(key) && value_of(*saved, key) != value_of(here, key)) {
       std::string flag = fmt::format("--{}", key);
       std::replace(flag.begin(), flag.end(), '_', '-');
-      warnings.push_back(fmt::format(
-          "--resume: {} {} here, {} in the saved run: the run trains with it from the saved step "
-          "on",
-          flag, value_of(here, key), value_of(*saved, key)));
+      warnings.push_back(
+          fmt::format("WARNING: --resume: {} {} here, {} in the saved run: the run trains with it "
+                      "from the saved step "
+                      "on",
+                      flag, value_of(here, key), value_of(*saved, key)));
     }
   }
   return warnings;
