@@ -13,6 +13,7 @@
 #include "tensor/host_memory.h"
 #include "train/job_checks.h"
 #include "train/job_command_line.h"
+#include "train/job_paths.h"
 #include "train/job_runner.h"
 #include "train/launch.h"
 #include "train/layout_search.h"
@@ -61,6 +62,9 @@ CommandLine start(int argc, char** argv, std::optional<CheckedJob>& checked) {
     return parsed;
   }
   check_job(parsed.job);  // its warnings print once the ranks start
+  // A folder another job holds is an error before any rank starts; the job's rank 0 takes the
+  // lock for good (JobRunner), so this one lets it go at once.
+  lock_checkpoint_dir(parsed.job);
   // A plan may be for GPUs this machine lacks; a run is not.
   LOOM_CHECK(parsed.job.device != "cuda" || cuda::available(), "--device cuda: {}",
              cuda::unavailable_reason());

@@ -247,4 +247,23 @@ std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read
   return out;
 }
 
+FileLock lock_checkpoint_dir(const JobConfig& job) {
+  FileLock lock;
+  if (job.checkpoint_dir.empty()) return lock;
+  std::error_code ec;
+  fs::create_directories(job.checkpoint_dir, ec);
+  LOOM_CHECK(!ec, "--checkpoint-dir: cannot create '{}': {}", job.checkpoint_dir, ec.message());
+  char host[256] = "?";
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string path = (fs::path(job.checkpoint_dir) / ".loom-lock").string();
+  std::string holder;
+  LOOM_CHECK(lock.try_lock(path, "--checkpoint-dir", fmt::format("pid {} on {}", ::getpid(), host),
+                           &holder),
+             "--checkpoint-dir: '{}' is in use by another job ({}, holding '{}'): two jobs saving "
+             "into one folder delete each other's steps; wait for that job to end, or give this "
+             "one another folder (each --replicas job its own)",
+             job.checkpoint_dir, holder.empty() ? "a process that wrote nothing" : holder, path);
+  return lock;
+}
+
 }  // namespace loom::train

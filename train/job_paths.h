@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/file_lock.h"
 #include "train/job_config.h"
 
 namespace loom::train {
@@ -47,5 +48,11 @@ std::vector<JobFile> check_paths(const JobConfig& job);
 // twice, its tokens weigh double. A warning each, since repeating data may be meant (upsampling).
 // By spelling and by inode, as FileIdentity compares: one lookup per shard of thousands.
 std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read);
+
+// The lock of the job's --checkpoint-dir (its file ".loom-lock", the folder made if missing),
+// held by this process until the lock is dropped or the process ends: two jobs saving into one
+// folder would delete each other's unmarked steps. Throws naming the folder and the job holding
+// it (its pid and host) when another process holds it. Not locked without a --checkpoint-dir.
+FileLock lock_checkpoint_dir(const JobConfig& job);
 
 }  // namespace loom::train

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "base/file_lock.h"
 #include "comm/process_group.h"
 #include "mesh/device_mesh.h"
 #include "train/job_checks.h"
@@ -94,6 +95,7 @@ class JobRunner {
   std::string program_;
   std::shared_ptr<comm::ProcessGroup> world_;
   Device device_ = Device::cpu();
+  FileLock checkpoint_lock_;  // rank 0's, of --checkpoint-dir (train/job_paths.h)
   CheckedJob checked_;
   std::shared_ptr<const DeviceMesh> mesh_;
   std::unique_ptr<ParallelModel> model_;

@@ -133,6 +133,21 @@ grep -q "WARNING: shared.jsonl holds another run's lines (its step 1 logged loss
   { cat shared.jsonl; fail "shared.jsonl should hold steps 2 and 3 only"; }
 echo "ok: a resume keeps its own run's metrics lines and drops another run's"
 
+# Two jobs saving into one folder would delete each other's unmarked steps: while one holds the
+# folder (its .loom-lock), a second is refused before any rank starts; the lock goes with the
+# holder, however it ends.
+"${job[@]}" --steps 1000000 --checkpoint-every 1000 --checkpoint-dir busy >busy.log 2>&1 &
+holder=$!
+for _ in $(seq 600); do grep -q "^pid " busy/.loom-lock 2>/dev/null && break; sleep 0.1; done
+refused a-folder-another-job-holds "--checkpoint-dir: 'busy' is in use by another job (pid " \
+  --steps 4 --checkpoint-dir busy --resume
+kill -9 "$holder"; wait "$holder" 2>/dev/null || true
+pkill -9 -f -- "--checkpoint-dir busy" 2>/dev/null || true
+for _ in $(seq 100); do pgrep -f -- "--checkpoint-dir busy" >/dev/null || break; sleep 0.1; done
+"${job[@]}" --steps 1 --checkpoint-dir busy --checkpoint-every 1 >busy_after.log 2>&1 ||
+  { cat busy_after.log; fail "the folder stayed locked after its holder was killed"; }
+echo "ok: a folder another job holds is refused, and free once that job is gone"
+
 cp -r ckpt truncated && truncate -s 100 truncated/step_00000004/rank_00000.bin
 refused a-truncated-rank-file \
   "checkpoint 'truncated/step_00000004': file rank_00000.bin (written by rank 0) has 100 bytes" \

@@ -1,0 +1,34 @@
+// An exclusive lock on a file, held by this process (flock): two jobs that would write one
+// folder (a checkpoint directory) find each other instead of deleting each other's work. The
+// kernel releases the lock when the holder closes it or ends, however it ends (a kill -9
+// included), so a lock is never left behind by a crash; the file itself stays (removing it
+// would let a third process lock a file the second already opened).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace loom {
+
+class FileLock {
+ public:
+  FileLock() = default;
+  FileLock(FileLock&& other) noexcept;
+  FileLock& operator=(FileLock&& other) noexcept;
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  ~FileLock();
+
+  // Locks `path` (created if missing) for this process, writing `note` into it for whoever finds
+  // it held. False when another holds it: `holder` then gets what that one wrote. Throws
+  // loom::Error naming `what` and the path when the file cannot be created or opened.
+  bool try_lock(const std::string& path, std::string_view what, const std::string& note,
+                std::string* holder);
+  bool locked() const { return fd_ >= 0; }
+  void unlock();
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace loom

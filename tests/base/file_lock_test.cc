@@ -1,0 +1,76 @@
+// FileLock (base/file_lock.h): one holder at a time, what the holder wrote shown to the next,
+// released on unlock, on destruction, and by the kernel when the holding process dies.
+#include "base/file_lock.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "tests/testing/errors.h"
+
+namespace loom {
+namespace {
+
+using testing::error_of;
+
+TEST(FileLockTest, OneHolderAtATime) {
+  const std::string path = ::testing::TempDir() + "/held.lock";
+  FileLock first, second;
+  std::string holder;
+  ASSERT_TRUE(first.try_lock(path, "test", "pid 1 on here", &holder));
+  EXPECT_TRUE(first.locked());
+  // Another open of the file (as another job's) is refused, and told who holds it.
+  EXPECT_FALSE(second.try_lock(path, "test", "pid 2 on there", &holder));
+  EXPECT_FALSE(second.locked());
+  EXPECT_EQ(holder, "pid 1 on here");
+  first.unlock();
+  ASSERT_TRUE(second.try_lock(path, "test", "pid 2 on there", &holder));
+  {
+    FileLock moved = std::move(second);  // the lock moves with it
+    EXPECT_FALSE(first.try_lock(path, "test", "pid 1 again", &holder));
+  }  // destroyed: released
+  EXPECT_TRUE(first.try_lock(path, "test", "pid 1 again", &holder));
+}
+
+TEST(FileLockTest, ReleasedWhenTheHolderIsKilled) {
+  const std::string path = ::testing::TempDir() + "/killed.lock";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    FileLock lock;
+    std::string holder;
+    const bool locked = lock.try_lock(path, "test", "the child", &holder);
+    const char byte = locked ? 1 : 0;
+    [[maybe_unused]] const ssize_t n = ::write(ready[1], &byte, 1);
+    ::pause();  // until killed
+    ::_exit(0);
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ASSERT_EQ(byte, 1);
+  FileLock mine;
+  std::string holder;
+  EXPECT_FALSE(mine.try_lock(path, "test", "the parent", &holder));
+  EXPECT_EQ(holder, "the child");
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(mine.try_lock(path, "test", "the parent", &holder));
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(FileLockTest, AFileThatCannotBeOpenedIsNamed) {
+  FileLock lock;
+  std::string holder;
+  EXPECT_EQ(
+      error_of([&] { lock.try_lock("/no/such/folder/x.lock", "--checkpoint-dir", "", &holder); }),
+      "--checkpoint-dir: cannot open the lock file '/no/such/folder/x.lock': No such file or "
+      "directory");
+}
+
+}  // namespace
+}  // namespace loom
