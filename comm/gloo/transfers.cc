@@ -7,6 +7,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include <string_view>
+#include <thread>
 
 #include "comm/gloo/shm_channel.h"
 
@@ -45,10 +46,10 @@ void Mesh::close(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return;
   closed_ = true;
-  reason_ = reason;
+  reason_ = first_failure_.empty() ? reason : fmt::format("{}: {}", reason, first_failure_);
   // Close first: afterwards no data can arrive, so waiters can be woken and their buffers freed.
   context_->closeConnections();
-  if (shm_) shm_->close(reason);
+  if (shm_) shm_->close(reason_);
   for (Transfers* transfers : active_) {
     for (auto& pending : transfers->pending_) {
       if (pending.is_send) {
@@ -92,6 +93,10 @@ void Transfers::throw_closed(int peer, const std::string& reason) {
 }
 
 void Transfers::throw_by_peer(TransferFailure kind, int peer, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(mesh_.mutex_);
+    if (mesh_.first_failure_.empty()) mesh_.first_failure_ = message;
+  }
   mesh_.peer_failed_.store(true);
   throw TransferError(kind, peer, message);
 }
@@ -170,6 +175,22 @@ void Transfers::wait() {
                         is_send ? "sending" : "receiving", peer));
       }
       if (mesh_.closed()) throw_closed(peer, mesh_.close_reason());
+      // Gloo closes every connection of its context when one wait times out: this transfer was
+      // ended by another one's timeout, not by its own peer's connection.
+      if (text.find("Application timeout") != std::string::npos) {
+        // The transfer that timed out records its failure as it unwinds, maybe just after Gloo
+        // woke this one: give it a moment, to name it.
+        std::string first;
+        for (int tries = 0; tries < 200 && first.empty(); ++tries) {
+          if (tries > 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          std::lock_guard<std::mutex> lock(mesh_.mutex_);
+          first = mesh_.first_failure_;
+        }
+        throw_by_peer(TransferFailure::kConnection, peer,
+                      fmt::format("another transfer of this rank timed out, and gloo closed its "
+                                  "connections ({}){}",
+                                  text, first.empty() ? "" : ": " + first));
+      }
       throw_by_peer(TransferFailure::kConnection, peer,
                     fmt::format("the connection to rank {} broke ({})", peer, text));
     } catch (const ::gloo::EnforceNotMet& e) {

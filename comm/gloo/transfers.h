@@ -68,7 +68,9 @@ class Mesh {
   // as it is thrown: before its unwinding closes the mesh and aborts concurrent transfers, whose
   // kAborted failures are then the peer's doing too (comm::PeerFailure).
   bool peer_failed() const;
-  // The reason given to the first close() (empty while open).
+  // The reason given to the first close() (empty while open), with the first peer failure
+  // recorded before it ("an operation failed with transfers in flight: no data from rank 1 ..."),
+  // so that a transfer the close ended names what ended it.
   std::string close_reason() const;
 
  private:
@@ -79,6 +81,7 @@ class Mesh {
   int size_;
   mutable std::mutex mutex_;
   std::atomic<bool> peer_failed_{false};
+  std::string first_failure_;  // the first peer failure's message (guarded by mutex_)
   bool closed_ = false;
   std::string reason_;
   std::set<Transfers*> active_;

@@ -214,6 +214,43 @@ TEST(FaultsTest, TransfersInFlightWhenThePeerGoesAreAllItsDoing) {
   }
 }
 
+// A peer that stalls (a stopped process) with a send and a recv of this rank in flight: the first
+// to reach its deadline fails as a timeout and closes the connections, ending the other. That one
+// names the timeout that ended it, not only "this rank closed the group's connections", so the
+// error a pipeline stage reports (whichever transfer it waited on) says a peer stalled.
+TEST(FaultsTest, ATransferEndedByAnotherOnesTimeoutNamesIt) {
+  std::mutex mutex;
+  std::vector<std::string> messages;
+  std::vector<bool> by_peer;
+  run_on_ranks(
+      2,
+      [&](ProcessGroup& pg) {
+        pg.barrier()->wait();
+        if (pg.rank() == 1) {
+          std::this_thread::sleep_for(1500ms);  // stalled past rank 0's deadline, group alive
+          return;
+        }
+        Tensor out = ops::ones({1 << 22}), in = ops::zeros({1 << 16});
+        auto send = pg.send(out, 1);
+        auto recv = pg.recv(in, 1);
+        for (const auto& work : {recv, send}) {
+          try {
+            work->wait();
+          } catch (const Error& e) {
+            std::lock_guard<std::mutex> lock(mutex);
+            messages.push_back(e.what());
+            by_peer.push_back(is_peer_failure(e));
+          }
+        }
+      },
+      with_timeout(400ms));
+  ASSERT_FALSE(messages.empty());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    EXPECT_THAT(messages[i], HasSubstr("before the deadline")) << messages[i];
+    EXPECT_TRUE(by_peer[i]) << messages[i];
+  }
+}
+
 TEST(FaultsTest, SubgroupFailureNamesGroupAndGlobalRanks) {
   Caught caught;
   run_on_ranks(4, [&](ProcessGroup& pg) {
