@@ -8,6 +8,7 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -151,10 +153,38 @@ void join_barrier(Store& store, int rank, int size, Duration timeout, const std:
 
 }  // namespace
 
-std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& options,
-                                                       const std::string& group) {
+namespace {
+
+// Where a group's TCP endpoint listens (GlooOptions, else the environment: see
+// process_group_gloo.h), and how it was chosen, checked: an interface this host has (with an
+// address), a name that resolves.
+struct Endpoint {
   ::gloo::transport::tcp::attr attr;
   std::string source;
+};
+
+// The host's interfaces that have an address, for messages.
+std::vector<std::string> interfaces_with_addresses() {
+  std::vector<std::string> names;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return names;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr ||
+        (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6)) {
+      continue;
+    }
+    if (std::find(names.begin(), names.end(), a->ifa_name) == names.end()) {
+      names.emplace_back(a->ifa_name);
+    }
+  }
+  ::freeifaddrs(list);
+  return names;
+}
+
+Endpoint choose_endpoint(const GlooOptions& options, const std::string& group) {
+  Endpoint out;
+  ::gloo::transport::tcp::attr& attr = out.attr;
+  std::string& source = out.source;
   if (!options.interface.empty()) {
     attr.iface = options.interface;
     source = fmt::format("interface '{}' (GlooOptions)", attr.iface);
@@ -182,15 +212,14 @@ std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& option
     attr.hostname = "127.0.0.1";
     source = "hostname '127.0.0.1' (default: loopback)";
   }
-  if (attr.hostname != "127.0.0.1") {
-    // Once per process: which address this rank's peers connect to, and how to change it.
-    static std::once_flag said;
-    std::call_once(said, [&] {
-      LOOM_LOG(info,
-               "gloo: this rank's endpoints listen on {}; LOOM_GLOO_IFNAME=<interface> or "
-               "LOOM_GLOO_HOSTNAME=<address> chooses another",
-               source);
-    });
+  if (!attr.iface.empty()) {
+    // Gloo would fail on it with "Unable to find address for" only once the rank connects.
+    const std::vector<std::string> names = interfaces_with_addresses();
+    LOOM_CHECK(std::find(names.begin(), names.end(), attr.iface) != names.end(),
+               "ProcessGroupGloo: group '{}': cannot open a TCP endpoint on {}: this host has no "
+               "such interface with an address (it has: {}); give one of those, or "
+               "LOOM_GLOO_HOSTNAME=<address>",
+               group, source, fmt::join(names, ", "));
   }
   if (!attr.hostname.empty()) {
     // Gloo reads getaddrinfo's list without checking that the call succeeded: a name that does
@@ -206,6 +235,26 @@ std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& option
                "not resolve ({}); give an address or name of this host, or "
                "LOOM_GLOO_IFNAME=<interface>",
                group, source, ::gai_strerror(status));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& options,
+                                                       const std::string& group) {
+  const Endpoint endpoint = choose_endpoint(options, group);
+  const ::gloo::transport::tcp::attr& attr = endpoint.attr;
+  const std::string& source = endpoint.source;
+  if (attr.hostname != "127.0.0.1") {
+    // Once per process: which address this rank's peers connect to, and how to change it.
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      LOOM_LOG(info,
+               "gloo: this rank's endpoints listen on {}; LOOM_GLOO_IFNAME=<interface> or "
+               "LOOM_GLOO_HOSTNAME=<address> chooses another",
+               source);
+    });
   }
   // The device starts Gloo's I/O thread, which inherits this thread's signal mask: start it
   // with SIGPIPE blocked, so a write to a dead peer fails with EPIPE instead of killing the
@@ -257,3 +306,9 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
 }
 
 }  // namespace loom::comm::gloo_detail
+
+namespace loom::comm {
+
+void check_endpoint_env() { gloo_detail::choose_endpoint(GlooOptions{}, "default"); }
+
+}  // namespace loom::comm

@@ -95,6 +95,10 @@ struct OpEnv;
 // launchers set it) naming another host, the local address that routes to it (what a peer on
 // that side can reach back), else "127.0.0.1" (loopback: every rank on one host, as in tests).
 // A rank listening off loopback says where, once per process.
+// Throws loom::Error naming the variable and what this host has when LOOM_GLOO_IFNAME names no
+// interface of it with an address, or LOOM_GLOO_HOSTNAME does not resolve (a job checks it
+// before its ranks start, rather than every rank failing to connect).
+void check_endpoint_env();
 // LOOM_GLOO_SHM: true unset or "1"/"true"/"on", false for "0"/"false"/"off"; throws loom::Error
 // naming any other value (a job checks it before its ranks start).
 bool shared_memory_allowed_by_env();

@@ -5,6 +5,7 @@
 # the effective config written beside the metrics repeats the run exactly.
 set -euo pipefail
 train="$(realpath "$1")"
+loomrun="$(realpath "$3")"
 configs="$(realpath "$2")"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 
@@ -310,6 +311,11 @@ echo "ok: settings without effect on the layout are named"
 LOOM_GLOO_SHM=nope expect_error 2 "loom_train: LOOM_GLOO_SHM='nope': expected 0, false or off" --steps 3
 LOOM_LOG_LEVEL=warning expect_error 2 "loom_train: LOOM_LOG_LEVEL='warning': expected debug, info, warn or error" --steps 3
 LOOM_PROFILE=bogus expect_error 2 "loom_train: LOOM_PROFILE='bogus': 'bogus' is not a profiler setting" --steps 3
-echo "ok: LOOM_GLOO_SHM, LOOM_LOG_LEVEL and LOOM_PROFILE are checked before any rank starts"
+LOOM_GLOO_IFNAME=nonexist0 expect_error 2 "loom_train: ProcessGroupGloo: group 'default': cannot open a TCP endpoint on interface 'nonexist0' (LOOM_GLOO_IFNAME): this host has no such interface with an address (it has: " --steps 3
+LOOM_GLOO_HOSTNAME=no.such.host.invalid expect_error 2 "(LOOM_GLOO_HOSTNAME): the name does not resolve" --steps 3
+LOOM_FLIGHT_RECORDER_ENTRIES=-1 expect_error 2 "loom_train: LOOM_FLIGHT_RECORDER_ENTRIES must be a number of entries from 0 (off) to 10000000, got '-1'" --steps 3
+LOOM_FLIGHT_RECORDER_DIR=/proc/nope expect_error 2 "LOOM_FLIGHT_RECORDER_DIR: cannot create '/proc/nope'" \
+  --launcher "$loomrun" --steps 3
+echo "ok: LOOM_GLOO_SHM, LOOM_LOG_LEVEL, LOOM_PROFILE, LOOM_GLOO_IFNAME/HOSTNAME and the flight recorder's are checked before any rank starts"
 LOOM_INJECT_FAULT="rank=9,step=2" expect_error 2 "loom_train: LOOM_INJECT_FAULT: rank 9, step 2 never comes: the job has 4 ranks (0 to 3)" --steps 3
 echo "ok: a fault probe outside the job is refused"

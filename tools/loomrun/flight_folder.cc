@@ -21,11 +21,14 @@ constexpr const char* kProgressVariable = "LOOM_PROGRESS_FILE";
 }  // namespace
 
 FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
+  std::string what = "--flight-recorder-dir";
   if (!requested.empty()) {
     path_ = requested;
   } else if (const char* env = std::getenv(kVariable); env != nullptr && *env != '\0') {
     path_ = env;
+    what = kVariable;
   } else {
+    what = "loomrun's flight-recorder folder (TMPDIR)";
     const char* tmp = std::getenv("TMPDIR");
     path_ = fmt::format("{}/loomrun-{}-flight", tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
                         static_cast<long>(::getpid()));
@@ -33,7 +36,7 @@ FlightRecorderFolder::FlightRecorderFolder(const std::string& requested) {
   }
   std::error_code error;
   std::filesystem::create_directories(path_, error);
-  LOOM_CHECK(!error, "--flight-recorder-dir: cannot create '{}': {}", path_, error.message());
+  LOOM_CHECK(!error, "{}: cannot create '{}': {}", what, path_, error.message());
   // A progress file the caller chose (a supervising script's) stays; else this folder's.
   const char* chosen = std::getenv(kProgressVariable);
   progress_path_ = chosen != nullptr && *chosen != '\0' ? chosen : path_ + "/progress";

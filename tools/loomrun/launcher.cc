@@ -2,6 +2,7 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <optional>
 
 #include "base/error.h"
 #include "comm/launch_env.h"
@@ -55,7 +56,14 @@ int run_loomrun(int argc, const char* const* argv) {
   signal(SIGPIPE, SIG_IGN);
   // The ranks' flight-recorder dumps (merged into one report when an attempt fails) and the
   // job's progress (the last step it completed: where a restart's failure repeats).
-  FlightRecorderFolder flight(options.flight_recorder_dir);
+  std::optional<FlightRecorderFolder> made;
+  try {
+    made.emplace(options.flight_recorder_dir);
+  } catch (const Error& error) {  // --flight-recorder-dir or LOOM_FLIGHT_RECORDER_DIR: bad input
+    log_line("{}", error.what());
+    return comm::kExitBadInput;
+  }
+  FlightRecorderFolder& flight = *made;
   std::vector<std::string> base_environment = current_environment();
   flight.export_to(base_environment);
   RestartHistory history(options.max_restarts);
