@@ -101,6 +101,11 @@ StagedSave stage_save(const StateDict& state, const std::string& root, int64_t s
                       comm::ProcessGroup& world, const SaveOptions& options = {},
                       Staging staging = Staging::kCopy);
 std::string commit_save(StagedSave staged, comm::ProcessGroup& group);
+// The collectives each half makes, every one an all_gather of metadata (success or an error,
+// the ranks' items, their checksums; a few KiB), never of tensors: what `loom plan` says one save
+// adds to a job's communication. distributed_checkpoint_test counts them on a real save.
+inline constexpr int kStageSaveAllGathers = 6;
+inline constexpr int kCommitSaveAllGathers = 8;
 
 // Asynchronous saves (DCP's async_save): save() stages on the caller's thread (the training
 // stalls for the copy to host memory only) and commits on a background thread over a group of

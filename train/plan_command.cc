@@ -9,6 +9,7 @@
 
 #include "base/durable_file.h"
 #include "base/error.h"
+#include "checkpoint/distributed_checkpoint.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "train/job_checks.h"
 #include "train/job_plan.h"
@@ -106,6 +107,24 @@ std::string plan_report(const JobConfig& job) {
   }
   JobPlan plan =
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
+  if (!job.checkpoint_dir.empty()) {
+    // Not in the step's table: a save is between steps, every --checkpoint-every.
+    const int64_t saves =
+        (job.checkpoint_every > 0 ? job.steps / job.checkpoint_every : 0) +
+        (job.checkpoint_every > 0 && job.steps % job.checkpoint_every == 0 ? 0 : 1);
+    plan.notes.push_back(fmt::format(
+        "--checkpoint-dir: each save ({} in this run: {}) adds {} all_gathers over the world's {} "
+        "ranks, of metadata only (each rank's pieces, checksums, success; a few KiB), not of "
+        "tensors: {} while training waits, then {} to commit{}",
+        saves,
+        job.checkpoint_every > 0
+            ? fmt::format("every {} steps and after the last", job.checkpoint_every)
+            : std::string("after the last step"),
+        checkpoint::kStageSaveAllGathers + checkpoint::kCommitSaveAllGathers,
+        checked.parallel.dims.world_size(), checkpoint::kStageSaveAllGathers,
+        checkpoint::kCommitSaveAllGathers,
+        job.async_checkpoint ? " (in the background, on the saver's own group)" : ""));
+  }
   if (job.async_checkpoint && !job.checkpoint_dir.empty() && !plan.ranks.empty()) {
     // What an asynchronous save copies (parameters and optimizer state; a piece replicated over
     // dp_replicate is written, so copied, by one of its replicas: each copies about its share),

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "comm/testing/multi_rank.h"
+#include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "tensor/memory_stats.h"
 #include "tensor/ops.h"
@@ -85,8 +86,15 @@ TEST(DistributedCheckpointTest, SavedOnOneLayoutLoadsIntoAnother) {
   const std::string root = fresh_root("grid");
   comm::testing::run_on_ranks(4, [&](comm::ProcessGroup& pg) {
     const auto mesh = mesh_of(pg, {"dp", "tp"}, {2, 2});
-    const std::string dir = save(state_on(mesh, kGrid, false), root, 3, pg, {.block_bytes = 64});
+    const StateDict state = state_on(mesh, kGrid, false);
+    CommDebugMode comm;
+    const std::string dir = save(state, root, 3, pg, {.block_bytes = 64});
     EXPECT_EQ(dir, step_directory(root, 3));
+    // Metadata only (what `loom plan` lists per save): all_gathers, none of tensors.
+    EXPECT_EQ(comm.count(comm::CollectiveKind::kAllGather),
+              kStageSaveAllGathers + kCommitSaveAllGathers)
+        << comm.summary();
+    EXPECT_EQ(comm.total_count(), kStageSaveAllGathers + kCommitSaveAllGathers) << comm.summary();
   });
   const Metadata metadata = read_metadata(step_directory(root, 3));
   // Each unique piece once: w's 2 row shards (replicated over dp), b once, emb's 4 pieces, steps

@@ -31,6 +31,12 @@ expect_out "| 0-3 | mesh/dp_replicate | all_reduce | 2 |"
 expect_out "| 0-3 | mesh/tp | reduce_scatter | 10 |"
 expect_out "no step time: run \`./loom plan --calibrate\`"
 echo "ok: the default job, no calibration"
+# A save is not in the step's table: the plan says what one adds (the count a real save makes,
+# checked in distributed_checkpoint_test), and plans without creating the folder.
+plan 0 --steps 10 --checkpoint-dir never_made --checkpoint-every 4
+expect_out "note: --checkpoint-dir: each save (3 in this run: every 4 steps and after the last) adds 14 all_gathers over the world's 4 ranks, of metadata only"
+[[ ! -e never_made ]] || fail "loom plan made the checkpoint folder"
+echo "ok: a checkpoint save's collectives are named beside the step's"
 
 "$train" --plan --calibrate >cal.log 2>&1 || { cat cal.log; fail "--calibrate failed"; }
 [[ -s cache/plan_machine.json ]] || fail "--calibrate wrote no cache/plan_machine.json"
