@@ -107,8 +107,9 @@ int job_main(int argc, char** argv, const std::string& program) {
       return 0;
     }
     if (parsed.plan) {
-      fmt::print("{}", plan_report(parsed.job));
-      return 0;
+      const PlanReport report = plan_report(parsed.job);
+      fmt::print("{}", report.text);
+      return report.exit_code;
     }
     JobRunner runner(parsed.job, init_job_process_group(parsed.job), program, std::move(checked));
     runner.run();

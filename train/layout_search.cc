@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -242,7 +243,8 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
   const bool moe = model.fields().contains("moe");
   LayoutSpace space = options.space;
   space.ep = space.ep && moe;  // a dense model has no experts to split
-  LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size, space)};
+  LayoutSearch search{.layouts = enumerate_layouts(base, options.world_size, space),
+                      .layout_dependence = model.layout_dependence()};
   // The job's own layout rules first (no trace, cheap): what the job itself would reject; and
   // the model states each rank would hold, from shapes.
   struct ToTrace {
@@ -361,6 +363,51 @@ LayoutSearch search_layouts(const JobConfig& base, const LayoutSearchOptions& op
   return search;
 }
 
+namespace {
+
+// Why the job's rules rejected layouts: each kind of message once (messages that differ only in
+// their numbers are one kind), the most common first, with how many and one layout it was.
+std::string rejection_reasons(const LayoutSearch& search) {
+  struct Kind {
+    int count = 0;
+    size_t first = 0;  // the first layout of the kind, in search order
+  };
+  std::map<std::string, Kind> kinds;
+  for (size_t i = 0; i < search.layouts.size(); ++i) {
+    const std::string& message = search.layouts[i].pruned;
+    if (message.empty()) continue;
+    std::string key;
+    for (size_t k = 0; k < message.size(); ++k) {
+      if (std::isdigit(static_cast<unsigned char>(message[k]))) {
+        if (key.empty() || key.back() != '#') key += '#';
+      } else {
+        key += message[k];
+      }
+    }
+    Kind& kind = kinds[key];
+    if (kind.count++ == 0) kind.first = i;
+  }
+  if (kinds.empty()) return "";
+  std::vector<const Kind*> order;
+  for (const auto& [key, kind] : kinds) order.push_back(&kind);
+  std::stable_sort(order.begin(), order.end(), [](const Kind* a, const Kind* b) {
+    return a->count != b->count ? a->count > b->count : a->first < b->first;
+  });
+  constexpr size_t kShown = 6;
+  std::string out = "rejected by the job's rules, by reason:\n";
+  for (size_t k = 0; k < std::min(order.size(), kShown); ++k) {
+    const SearchedLayout& example = search.layouts[order[k]->first];
+    out +=
+        fmt::format("  {} layout(s), as {}: {}\n", order[k]->count, example.layout, example.pruned);
+  }
+  if (order.size() > kShown) {
+    out += fmt::format("  ... and {} other reason(s)\n", order.size() - kShown);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string format_layout_search(const LayoutSearch& search, const LayoutSearchOptions& options) {
   int pruned = 0, traced = 0, reused = 0, over = 0, states_over = 0, bounded = 0;
   double trace_s = 0;
@@ -383,7 +430,7 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
       "all{}\n",
       search.layouts.size(), options.world_size, pruned, over,
       options.memory_limit_bytes > 0
-          ? fmt::format(" of {:.1f} MiB per rank", options.memory_limit_bytes / 1048576.0)
+          ? fmt::format(" of {:.4g} MiB per rank", options.memory_limit_bytes / 1048576.0)
           : std::string(),
       states_over > 0 ? fmt::format(" ({} by their model states alone, not traced)", states_over)
                       : std::string(),
@@ -400,6 +447,10 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
                            ? std::string()
                            : fmt::format(" (could not write it: {})", search.cache_write_error));
   }
+  out += rejection_reasons(search);
+  if (!search.layout_dependence.empty()) {
+    out += fmt::format("note: {}\n", search.layout_dependence);
+  }
   if (search.ranking.empty()) {
     if (search.budget_ran_out) {
       return out + fmt::format(
@@ -407,7 +458,18 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
                        "was traced; give a larger budget{}\n",
                        options.budget_s, search.cache_dir.empty() ? "" : ", or run again");
     }
-    return out + "no layout fits\n";
+    if (over == 0) {
+      return out + fmt::format(
+                       "no layout ranked: every layout of {} ranks breaks one of the job's rules "
+                       "(above); change the job (--batch-size, --microbatches, the model's sizes) "
+                       "or --nproc\n",
+                       options.world_size);
+    }
+    return out + fmt::format(
+                     "no layout ranked: {} of them over the memory limit of {:.4g} MiB per rank "
+                     "(--search-memory-gib), the rest against the job's rules; give a larger "
+                     "limit, more ranks or a smaller job\n",
+                     over, options.memory_limit_bytes / 1048576.0);
   }
   out += fmt::format(
       "\n| rank | layout | step ms | tokens/s | MFU | peak MiB per rank |\n"

@@ -82,6 +82,9 @@ struct LayoutSearch {
   bool budget_ran_out = false;
   std::string cache_dir;          // where traces were read back and kept (empty: none)
   std::string cache_write_error;  // why the cache could not be written (empty: it was)
+  // How the model's training depends on the layout (ModelArgs::layout_dependence: a mixture of
+  // experts' balancing), said beside the ranking: the layouts are not all the same training.
+  std::string layout_dependence;
 };
 
 // The ranks a search lays out: --nproc when given, else the product of the job's degrees (the

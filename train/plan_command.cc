@@ -10,6 +10,7 @@
 #include "base/durable_file.h"
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
+#include "comm/launch_env.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "train/job_checks.h"
 #include "train/job_plan.h"
@@ -89,7 +90,7 @@ std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bo
   return machine;
 }
 
-std::string plan_report(const JobConfig& job) {
+PlanReport plan_report(const JobConfig& job) {
   if (job.search) return search_report(job);
   const CheckedJob checked = check_job(job);
   PlanOptions options;
@@ -159,10 +160,10 @@ std::string plan_report(const JobConfig& job) {
   for (const std::string& warning : checked.warnings) out += fmt::format("{}\n", warning);
   out += format_job_plan(plan);
   if (!missing.empty()) out += fmt::format("\n{}\n", missing);
-  return out;
+  return {.text = out};
 }
 
-std::string search_report(const JobConfig& job) {
+PlanReport search_report(const JobConfig& job) {
   LayoutSearchOptions options{
       .world_size = search_world_size(job),
       .top = static_cast<int>(job.search_top),
@@ -178,15 +179,18 @@ std::string search_report(const JobConfig& job) {
   if (job.search_cache) options.cache = &cache;
   std::string missing;
   options.machine = plan_machine(job, options.world_size, options.target.is_cuda(), &missing);
-  std::string out = format_layout_search(search_layouts(job, options), options);
+  const LayoutSearch search = search_layouts(job, options);
+  std::string out = format_layout_search(search, options);
   if (!job.layers_per_stage.empty()) {
     out = fmt::format(
         "note: --layers-per-stage {} is one pipeline's split: the search splits each layout's "
         "pipeline evenly\n{}",
         job.layers_per_stage, out);
   }
-  if (!missing.empty()) out += fmt::format("\n{} (ranked by peak memory instead)\n", missing);
-  return out;
+  if (!missing.empty() && !search.ranking.empty()) {
+    out += fmt::format("\n{} (ranked by peak memory instead)\n", missing);
+  }
+  return {.text = out, .exit_code = search.ranking.empty() ? comm::kExitBadInput : 0};
 }
 
 std::string calibrate_and_store() {

@@ -16,12 +16,19 @@ namespace loom::train {
 std::optional<MachineModel> plan_machine(const JobConfig& job, int64_t ranks, bool gpu_job,
                                          std::string* missing);
 
+// What `loom plan` prints, and how it exits: 0, or comm::kExitBadInput (2) when a search ranked
+// no layout (each broke a rule of the job, or the memory limit): a script sees the failure.
+struct PlanReport {
+  std::string text;
+  int exit_code = 0;
+};
+
 // The job checked (train/job_checks.h: every check the job makes before its first step) and its
 // step traced: the report `./loom plan` prints. Throws loom::Error with the job's own message.
-std::string plan_report(const JobConfig& job);
+PlanReport plan_report(const JobConfig& job);
 
 // `loom plan --search` (train/layout_search.h): the layouts of the job's ranks, ranked.
-std::string search_report(const JobConfig& job);
+PlanReport search_report(const JobConfig& job);
 
 // Measures this machine (train/step_time_model.h) and stores the figures; returns what to print.
 std::string calibrate_and_store();

@@ -52,9 +52,29 @@ for layout in "--tp 4 --dp 1 --pp 1 --n-head 2" "--nproc 4 --pp 4" "--tp 1 --dp 
     fail "the search from '$layout' ranked otherwise than from --dp 2 --tp 2"
 done
 echo "ok: a search from a layout the job would refuse, or from --nproc alone, ranks as from a valid one"
-# A budget that runs out before any trace says so, not that no layout fits.
+# A budget that runs out before any trace says so, not that no layout fits; a search that ranks
+# nothing exits 2, so a script sees it.
+status=0
 "$train" --plan --dp 2 --tp 2 --n-layer 4 --search --no-search-cache --search-budget-s 0.000001 \
-  --plan-rank-tflops 0.05 --plan-link-gbps 1 >budget.log 2>&1 || { cat budget.log; fail "the tiny budget"; }
+  --plan-rank-tflops 0.05 --plan-link-gbps 1 >budget.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat budget.log; fail "a search that ranked nothing exited $status, expected 2"; }
 grep -q "^no layout ranked: the budget (--search-budget-s 1e-06) ran out before one was traced" budget.log ||
   { cat budget.log; fail "a spent budget reported as something else"; }
 echo "ok: a spent budget is named"
+# Layouts the job's rules reject are listed by reason (one example each); when every layout is
+# rejected, the search says so and exits 2.
+status=0
+"$train" --plan --search --nproc 3 --batch-size 4 --seq-len 32 >rules.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat rules.log; fail "a search with every layout rejected exited $status"; }
+grep -qF "layout(s), as tp1 pp1 dp_shard1 dp_replicate3 ac=none: ParallelConfig: a global batch of 4 sequences does not split over dp x grad_accum = 3 x 1" rules.log ||
+  { cat rules.log; fail "the rejection reason is not listed"; }
+grep -q "^no layout ranked: every layout of 3 ranks breaks one of the job's rules (above)" rules.log ||
+  { cat rules.log; fail "an all-rejected search is not named"; }
+grep -q "^rejected by the job's rules, by reason:" search.log || { cat search.log; fail "no reasons in a normal search"; }
+echo "ok: rejected layouts are listed by reason; a search that ranks nothing exits 2"
+# A mixture of experts balances per microbatch: the search says its layouts differ in training.
+"$train" --plan --search --nproc 2 --model llama-moe-tiny --batch-size 4 --seq-len 32 \
+  --no-search-cache >moe.log 2>&1 || { cat moe.log; fail "the MoE search"; }
+grep -q "^note: mixture of experts: the auxiliary loss is over each microbatch's tokens" moe.log ||
+  { cat moe.log; fail "the MoE search does not say its layouts balance otherwise"; }
+echo "ok: a MoE search names how its layouts' training differs"
