@@ -1,6 +1,7 @@
 #include "data/tokenize_files.h"
 
 #include <fcntl.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <thread>
@@ -89,7 +91,11 @@ struct Chunk {
   int64_t documents = 0;
 };
 
-std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
+// The files `inputs` name (a folder's files in name order, not its subfolders), with a warning
+// for each subfolder left unread and each file named twice (read twice, its documents weigh
+// double: maybe meant, as upsampling, so not an error).
+std::vector<std::string> input_files(const std::vector<std::string>& inputs,
+                                     const std::function<void(const std::string&)>& warn) {
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
     std::error_code ec;
@@ -98,18 +104,44 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs) {
       files.push_back(input);
       continue;
     }
-    std::vector<std::string> more;
+    std::vector<std::string> more, subfolders;
     for (const auto& entry : fs::directory_iterator(input, ec)) {
       const std::string name = entry.path().filename().string();
-      if (!name.empty() && name[0] != '.' && entry.is_regular_file(ec)) {
+      if (name.empty() || name[0] == '.') continue;
+      if (entry.is_regular_file(ec)) {
         more.push_back(entry.path().string());
+      } else if (entry.is_directory(ec)) {
+        subfolders.push_back(name);
       }
     }
     LOOM_CHECK(!more.empty(), "{}: the folder '{}' holds no files", kWhat, input);
+    if (!subfolders.empty() && warn) {
+      std::sort(subfolders.begin(), subfolders.end());
+      warn(fmt::format(
+          "WARNING: the folder '{}' holds {} subfolder(s) ({}) whose files are not read (a "
+          "folder's own files only); give them as inputs too",
+          input, subfolders.size(), fmt::join(subfolders, ", ")));
+    }
     std::sort(more.begin(), more.end());
     files.insert(files.end(), more.begin(), more.end());
   }
   LOOM_CHECK(!files.empty(), "{}: no input files (give text or .jsonl files or folders)", kWhat);
+  if (warn) {
+    // One file by any spelling or link: its identity, (device, inode).
+    std::map<std::pair<uint64_t, uint64_t>, std::string> seen;
+    for (const std::string& file : files) {
+      struct stat st {};
+      if (::stat(file.c_str(), &st) != 0) continue;  // unreadable: named when it is opened
+      const auto [it, fresh] =
+          seen.emplace(std::pair<uint64_t, uint64_t>(st.st_dev, st.st_ino), file);
+      if (!fresh) {
+        warn(
+            fmt::format("WARNING: '{}' is read twice (also as '{}'): its documents are in the "
+                        "shards twice",
+                        file, it->second));
+      }
+    }
+  }
   return files;
 }
 
@@ -330,7 +362,7 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
              "{}: --prefix val would write the training shards over the validation shards "
              "(val_NNNNNN.bin); choose another prefix",
              kWhat);
-  const std::vector<std::string> files = input_files(options.inputs);
+  const std::vector<std::string> files = input_files(options.inputs, options.warn);
   std::error_code ec;
   // Shards of an earlier run in the folder would be read with these by a glob: refused.
   for (const auto& entry : fs::directory_iterator(options.output, ec)) {

@@ -50,6 +50,9 @@ struct TokenizeOptions {
   std::optional<int32_t> document_separator;
   bool no_separator = false;                              // put nothing between documents
   std::function<void(const TokenizeProgress&)> progress;  // after each batch of chunks
+  // Before any file is read: what the inputs hold that is not read (a folder's subfolders) or is
+  // read twice (a file named twice, by any spelling or link): one line each.
+  std::function<void(const std::string&)> warn;
 };
 
 struct TokenizeResult {

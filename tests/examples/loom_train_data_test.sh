@@ -45,6 +45,16 @@ mkdir -p oneline && tr '\n' ' ' < all.txt > oneline/doc.txt
   oneline > l2.log 2>&1 || { cat l2.log; fail "tokenize one line in chunks"; }
 cmp line_whole/train_000000.bin line_cut/train_000000.bin || fail "one line cut in chunks differs"
 echo "ok: a file of one line, cut into 501-byte chunks, gives the same tokens"
+# A folder's subfolders are not read, and a file named twice is read twice: each is warned about.
+mkdir -p nested/sub && cp oneline/doc.txt nested/a.txt && cp oneline/doc.txt nested/sub/b.txt
+ln -sf "$PWD/nested/a.txt" alias.txt
+"$tokenize" --tokenizer "$tokenizer" --out nested_out --threads 1 --no-progress nested alias.txt \
+  > nested.log 2>&1 || { cat nested.log; fail "tokenize a folder with a subfolder"; }
+grep -qF "loom_tokenize: WARNING: the folder 'nested' holds 1 subfolder(s) (sub) whose files are not read" nested.log ||
+  { cat nested.log; fail "an unread subfolder is not named"; }
+grep -qF "loom_tokenize: WARNING: 'alias.txt' is read twice (also as 'nested/a.txt')" nested.log ||
+  { cat nested.log; fail "a file read twice is not named"; }
+echo "ok: loom tokenize names a folder's unread subfolders and a file read twice"
 
 common=(--launcher "$loomrun" --steps 6 --batch-size 4 --seq-len 32 --sample-tokens 0 --no-progress
   --plot-out "")

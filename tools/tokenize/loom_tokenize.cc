@@ -96,6 +96,7 @@ int run(int argc, char** argv) {
       std::fflush(stderr);
     };
   }
+  options.warn = [](const std::string& line) { fmt::print(stderr, "{}: {}\n", kProgram, line); };
   const loom::data::TokenizeResult result = loom::data::tokenize_files(tokenizer, options);
   if (progress) std::fprintf(stderr, "\n");
   const auto& t = result.totals;
