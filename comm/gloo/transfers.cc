@@ -93,10 +93,12 @@ void Transfers::throw_closed(int peer, const std::string& reason) {
 }
 
 void Transfers::throw_by_peer(TransferFailure kind, int peer, const std::string& message) {
-  {
-    std::lock_guard<std::mutex> lock(mesh_.mutex_);
-    if (mesh_.first_failure_.empty()) mesh_.first_failure_ = message;
-  }
+  std::lock_guard<std::mutex> lock(mesh_.mutex_);  // released as the error unwinds
+  throw_by_peer_locked(kind, peer, message);
+}
+
+void Transfers::throw_by_peer_locked(TransferFailure kind, int peer, const std::string& message) {
+  if (mesh_.first_failure_.empty()) mesh_.first_failure_ = message;
   mesh_.peer_failed_.store(true);
   throw TransferError(kind, peer, message);
 }
@@ -132,13 +134,14 @@ void Transfers::post(int peer, uint64_t slot, void* data, size_t nbytes, bool is
     } else {
       pending.buffer->recv(peer, slot);
     }
-  } catch (const ::gloo::IoException& e) {
-    throw_by_peer(TransferFailure::kConnection, peer,
-                  fmt::format("the connection to rank {} is broken ({})", peer, gloo_message(e)));
+  } catch (const ::gloo::IoException& e) {  // mesh_.mutex_ is held here
+    throw_by_peer_locked(
+        TransferFailure::kConnection, peer,
+        fmt::format("the connection to rank {} is broken ({})", peer, gloo_message(e)));
   } catch (const ::gloo::EnforceNotMet& e) {
-    throw_by_peer(TransferFailure::kConnection, peer,
-                  fmt::format("gloo refused a {} with rank {} ({})", is_send ? "send" : "recv",
-                              peer, gloo_message(e)));
+    throw_by_peer_locked(TransferFailure::kConnection, peer,
+                         fmt::format("gloo refused a {} with rank {} ({})",
+                                     is_send ? "send" : "recv", peer, gloo_message(e)));
   }
   pending_.push_back(std::move(pending));
 }

@@ -114,8 +114,11 @@ class Transfers {
   };
   void post(int peer, uint64_t slot, void* data, size_t nbytes, bool is_send);
   [[noreturn]] static void throw_closed(int peer, const std::string& reason);
-  // Throws a peer's failure (kConnection, kTimeout), recording it on the mesh first.
+  // Throws a peer's failure (kConnection, kTimeout), recording it on the mesh first; the
+  // _locked form for a caller that holds mesh_.mutex_ (post: a std::mutex taken twice hangs).
   [[noreturn]] void throw_by_peer(TransferFailure kind, int peer, const std::string& message);
+  [[noreturn]] void throw_by_peer_locked(TransferFailure kind, int peer,
+                                         const std::string& message);
 
   Mesh& mesh_;
   Clock::time_point deadline_;

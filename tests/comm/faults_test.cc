@@ -179,6 +179,29 @@ TEST(FaultsTest, PeerWhoseGroupIsGoneFailsTheOpFast) {
   EXPECT_TRUE(caught.by_peer[0]);
 }
 
+// A transfer posted after the peer's connection broke (this rank was busy computing when it
+// went) fails at once naming it: posting holds the mesh's lock while Gloo refuses, and recording
+// the failure must not take that lock again (it had hung the rank for good).
+TEST(FaultsTest, ATransferPostedToAGonePeerFailsAtOnce) {
+  Caught caught;
+  run_on_ranks(2, [&](ProcessGroup& pg) {
+    pg.barrier()->wait();
+    if (pg.rank() == 1) return;  // its group is destroyed: its connections close
+    std::this_thread::sleep_for(300ms);
+    Tensor t = ops::ones({1 << 16});
+    const auto start = Clock::now();
+    try {
+      pg.send(t, 1)->wait();
+      pg.send(t, 1)->wait();
+    } catch (const Error& e) {
+      caught.record(0, e, ms_since(start));
+    }
+  });  // 10 s timeout
+  EXPECT_THAT(caught.message[0], HasSubstr("rank 1"));
+  EXPECT_LT(caught.elapsed_ms[0], 3000);
+  EXPECT_TRUE(caught.by_peer[0]);
+}
+
 // A send and a recv in flight together (a pipeline stage's) when the peer goes: both fail as the
 // peer's doing. The one whose connection broke first closes the mesh while it unwinds, which
 // aborts the other before the first has poisoned the group; the abort still counts as the peer's
