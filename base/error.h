@@ -24,6 +24,14 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// A user error found once a process is running that the same command would meet again (a
+// checkpoint folder another job holds): a job exits 2 on it, as on a bad flag, and launchers do
+// not restart it.
+class InputError : public Error {
+ public:
+  explicit InputError(const std::string& message) : Error(message) {}
+};
+
 // A broken internal invariant (a bug in Loom, not in the caller's input).
 class InternalError : public Error {
  public:

@@ -29,34 +29,41 @@ void FileLock::unlock() {
   fd_ = -1;
 }
 
-bool FileLock::try_lock(const std::string& path, std::string_view what, const std::string& note,
-                        std::string* holder) {
+FileLock::Result FileLock::try_lock(const std::string& path, std::string_view what,
+                                    const std::string& note, std::string* detail) {
   unlock();
   // O_CLOEXEC: a process this one starts (loomrun's ranks) does not hold the lock on its behalf.
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  bool writable = fd >= 0;
+  if (fd < 0 && errno == EACCES) {
+    // Another user's lock file in a folder both write: flock takes a read-only descriptor too.
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  }
   LOOM_CHECK(fd >= 0, "{}: cannot open the lock file '{}': {}", what, path, std::strerror(errno));
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
-    if (holder != nullptr) {
-      holder->clear();
+    Result result = Result::kUnsupported;
+    std::string text = std::strerror(error);
+    if (error == EWOULDBLOCK) {
+      result = Result::kHeld;
       char buffer[256];
       const ssize_t n = ::pread(fd, buffer, sizeof(buffer), 0);
-      if (n > 0) holder->assign(buffer, static_cast<size_t>(n));
-      while (!holder->empty() && (holder->back() == '\n' || holder->back() == '\0')) {
-        holder->pop_back();
-      }
+      text.assign(buffer, n > 0 ? static_cast<size_t>(n) : 0);
+      while (!text.empty() && (text.back() == '\n' || text.back() == '\0')) text.pop_back();
     }
     ::close(fd);
-    LOOM_CHECK(error == EWOULDBLOCK, "{}: cannot lock '{}': {}", what, path, std::strerror(error));
-    return false;
+    if (detail != nullptr) *detail = text;
+    return result;
   }
   // Ours: say who holds it (best effort: the lock, not this text, is what excludes).
-  const std::string text = note + "\n";
-  if (::ftruncate(fd, 0) == 0) {
-    [[maybe_unused]] const ssize_t written = ::pwrite(fd, text.data(), text.size(), 0);
+  if (writable) {
+    const std::string text = note + "\n";
+    if (::ftruncate(fd, 0) == 0) {
+      [[maybe_unused]] const ssize_t written = ::pwrite(fd, text.data(), text.size(), 0);
+    }
   }
   fd_ = fd;
-  return true;
+  return Result::kLocked;
 }
 
 }  // namespace loom

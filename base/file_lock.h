@@ -19,11 +19,17 @@ class FileLock {
   FileLock& operator=(const FileLock&) = delete;
   ~FileLock();
 
+  enum class Result {
+    kLocked,       // this process holds it
+    kHeld,         // another process does: `detail` is what it wrote
+    kUnsupported,  // the filesystem takes no flock (NFS without lockd, Lustre without -o flock):
+                   // `detail` is the error; nothing is held
+  };
   // Locks `path` (created if missing) for this process, writing `note` into it for whoever finds
-  // it held. False when another holds it: `holder` then gets what that one wrote. Throws
-  // loom::Error naming `what` and the path when the file cannot be created or opened.
-  bool try_lock(const std::string& path, std::string_view what, const std::string& note,
-                std::string* holder);
+  // it held (when the file is writable: another user's lock file is locked read-only). Throws
+  // loom::Error naming `what` and the path when the file can be neither created nor opened.
+  Result try_lock(const std::string& path, std::string_view what, const std::string& note,
+                  std::string* detail);
   bool locked() const { return fd_ >= 0; }
   void unlock();
 

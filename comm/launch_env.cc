@@ -26,7 +26,8 @@ Duration timeout_from_env() {
 }
 
 int exit_status_for(const std::exception& error) {
-  return is_peer_failure(error) ? kExitPeerFailed : kExitFailed;
+  if (is_peer_failure(error)) return kExitPeerFailed;
+  return dynamic_cast<const InputError*>(&error) != nullptr ? kExitBadInput : kExitFailed;
 }
 
 namespace {

@@ -59,8 +59,8 @@ inline constexpr int kExitPeerFailed = 3;
 // (comm/gloo: at most 5 s, after its state's 1 s flush), with a margin.
 inline constexpr std::chrono::seconds kPeerFailureWait{10};
 
-// The exit status for a rank that ends on `error`: kExitPeerFailed for a PeerFailure, else
-// kExitFailed.
+// The exit status for a rank that ends on `error`: kExitPeerFailed for a PeerFailure,
+// kExitBadInput for a loom::InputError, else kExitFailed.
 int exit_status_for(const std::exception& error);
 
 struct LaunchEnv {

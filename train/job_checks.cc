@@ -379,6 +379,14 @@ std::vector<std::string> unused_setting_warnings(const JobConfig& job, const Par
   return out;
 }
 
+void check_run_environment() {
+  comm::check_endpoint_env();                 // LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME
+  comm::FlightRecorder::capacity_from_env();  // LOOM_FLIGHT_RECORDER_ENTRIES
+  if (const char* dir = std::getenv("LOOM_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
+    check_directory_writable(dir, "LOOM_FLIGHT_RECORDER_DIR");  // loomrun's dumps go there
+  }
+}
+
 CheckedJob check_job(const JobConfig& job) {
   const std::vector<JobFile> read = check_paths(job);
   check_replicas(job);
@@ -386,13 +394,8 @@ CheckedJob check_job(const JobConfig& job) {
   if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
   const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
   comm::shared_memory_allowed_by_env();                                  // LOOM_GLOO_SHM
-  comm::check_endpoint_env();                 // LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME
-  comm::FlightRecorder::capacity_from_env();  // LOOM_FLIGHT_RECORDER_ENTRIES
-  if (const char* dir = std::getenv("LOOM_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
-    check_directory_writable(dir, "LOOM_FLIGHT_RECORDER_DIR");  // loomrun's dumps go there
-  }
-  profiler::environment_options();  // LOOM_PROFILE
-  check_log_level_env();            // LOOM_LOG_LEVEL
+  profiler::environment_options();                                       // LOOM_PROFILE
+  check_log_level_env();                                                 // LOOM_LOG_LEVEL
   LOOM_CHECK(
       job.collective_timeout_s == 0 || (job.collective_timeout_s >= comm::kMinTimeoutSeconds &&
                                         job.collective_timeout_s <= comm::kMaxTimeoutSeconds),

@@ -57,17 +57,19 @@ CommandLine start(int argc, char** argv, std::optional<CheckedJob>& checked) {
     JobConfig job = parsed.job;
     resolve_parallel_degrees(job, launched_world_size());
     CheckedJob rank_checked = check_job(job);
+    check_run_environment();
     rank_checked.parallel.validate(launched_world_size(), job.batch_size, job.seq_len);
     checked = std::move(rank_checked);
     return parsed;
   }
   check_job(parsed.job);  // its warnings print once the ranks start
-  // A folder another job holds is an error before any rank starts; the job's rank 0 takes the
-  // lock for good (JobRunner), so this one lets it go at once.
-  lock_checkpoint_dir(parsed.job);
+  check_run_environment();
   // A plan may be for GPUs this machine lacks; a run is not.
   LOOM_CHECK(parsed.job.device != "cuda" || cuda::available(), "--device cuda: {}",
              cuda::unavailable_reason());
+  // A folder another job holds is an error before any rank starts; the job's rank 0 takes the
+  // lock for good (JobRunner), so this one lets it go at once.
+  lock_checkpoint_dir(parsed.job, /*create=*/false);
   const ParallelDims dims = parallel_config(parsed.job).dims;
   // Restarts need a launcher to restart the job, even for one rank.
   if (dims.world_size() > 1 || parsed.job.max_restarts > 0) {

@@ -13,6 +13,7 @@
 
 #include "base/durable_file.h"
 #include "base/error.h"
+#include "base/logging.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "data/token_corpus.h"
 #include "models/hf/checkpoint.h"
@@ -247,22 +248,35 @@ std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read
   return out;
 }
 
-FileLock lock_checkpoint_dir(const JobConfig& job) {
+FileLock lock_checkpoint_dir(const JobConfig& job, bool create) {
   FileLock lock;
   if (job.checkpoint_dir.empty()) return lock;
   std::error_code ec;
+  if (!create && !fs::exists(job.checkpoint_dir, ec)) return lock;  // no folder: nobody holds it
   fs::create_directories(job.checkpoint_dir, ec);
   LOOM_CHECK(!ec, "--checkpoint-dir: cannot create '{}': {}", job.checkpoint_dir, ec.message());
   char host[256] = "?";
   ::gethostname(host, sizeof(host) - 1);
   const std::string path = (fs::path(job.checkpoint_dir) / ".loom-lock").string();
-  std::string holder;
-  LOOM_CHECK(lock.try_lock(path, "--checkpoint-dir", fmt::format("pid {} on {}", ::getpid(), host),
-                           &holder),
-             "--checkpoint-dir: '{}' is in use by another job ({}, holding '{}'): two jobs saving "
-             "into one folder delete each other's steps; wait for that job to end, or give this "
-             "one another folder (each --replicas job its own)",
-             job.checkpoint_dir, holder.empty() ? "a process that wrote nothing" : holder, path);
+  std::string detail;
+  switch (lock.try_lock(path, "--checkpoint-dir", fmt::format("pid {} on {}", ::getpid(), host),
+                        &detail)) {
+    case FileLock::Result::kLocked:
+      break;
+    case FileLock::Result::kHeld:
+      // The same command would meet it again: exit 2, not restarted by a launcher.
+      throw InputError(fmt::format(
+          "--checkpoint-dir: '{}' is in use by another job ({}, holding '{}'): two jobs saving "
+          "into one folder delete each other's steps; wait for that job to end, or give this one "
+          "another folder (each --replicas job its own)",
+          job.checkpoint_dir, detail.empty() ? "a process that wrote nothing" : detail, path));
+    case FileLock::Result::kUnsupported:
+      LOOM_LOG(warn,
+               "--checkpoint-dir: cannot lock '{}' ({}: the filesystem takes no flock); a second "
+               "job saving into '{}' at once would not be refused",
+               path, detail, job.checkpoint_dir);
+      break;
+  }
   return lock;
 }
 

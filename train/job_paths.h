@@ -49,10 +49,13 @@ std::vector<JobFile> check_paths(const JobConfig& job);
 // By spelling and by inode, as FileIdentity compares: one lookup per shard of thousands.
 std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read);
 
-// The lock of the job's --checkpoint-dir (its file ".loom-lock", the folder made if missing),
-// held by this process until the lock is dropped or the process ends: two jobs saving into one
-// folder would delete each other's unmarked steps. Throws naming the folder and the job holding
-// it (its pid and host) when another process holds it. Not locked without a --checkpoint-dir.
-FileLock lock_checkpoint_dir(const JobConfig& job);
+// The lock of the job's --checkpoint-dir (its file ".loom-lock"), held by this process until the
+// lock is dropped or the process ends: two jobs saving into one folder would delete each other's
+// unmarked steps. Throws loom::InputError (exit 2) naming the folder and the job holding it (its
+// pid and host) when another process holds it; a filesystem without flock is warned about and
+// not locked. Not locked without a --checkpoint-dir; a missing folder is made when `create`, else
+// (a check before the ranks start) nothing is locked. Between two attempts of a restarted job
+// nothing holds it.
+FileLock lock_checkpoint_dir(const JobConfig& job, bool create);
 
 }  // namespace loom::train

@@ -173,7 +173,7 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
   device_ = world_->device();
   checked_ = checked ? std::move(*checked) : check_job(job_);
   // Rank 0 holds --checkpoint-dir while the job runs: another job saving there is refused.
-  if (world_->rank() == 0) checkpoint_lock_ = lock_checkpoint_dir(job_);
+  if (world_->rank() == 0) checkpoint_lock_ = lock_checkpoint_dir(job_, /*create=*/true);
   // The resident set once the data is open and checked, before the model or any thread of the
   // job's own exists: what the corpus costs a rank (a mapped corpus of any size costs the same).
   const auto [resident_with_data, mapped_with_data] = resident_now();

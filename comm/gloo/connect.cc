@@ -181,7 +181,8 @@ std::vector<std::string> interfaces_with_addresses() {
   return names;
 }
 
-Endpoint choose_endpoint(const GlooOptions& options, const std::string& group) {
+// `who` begins its errors ("ProcessGroupGloo: group 'default'").
+Endpoint choose_endpoint(const GlooOptions& options, const std::string& who) {
   Endpoint out;
   ::gloo::transport::tcp::attr& attr = out.attr;
   std::string& source = out.source;
@@ -216,10 +217,10 @@ Endpoint choose_endpoint(const GlooOptions& options, const std::string& group) {
     // Gloo would fail on it with "Unable to find address for" only once the rank connects.
     const std::vector<std::string> names = interfaces_with_addresses();
     LOOM_CHECK(std::find(names.begin(), names.end(), attr.iface) != names.end(),
-               "ProcessGroupGloo: group '{}': cannot open a TCP endpoint on {}: this host has no "
+               "{}: cannot open a TCP endpoint on {}: this host has no "
                "such interface with an address (it has: {}); give one of those, or "
                "LOOM_GLOO_HOSTNAME=<address>",
-               group, source, fmt::join(names, ", "));
+               who, source, fmt::join(names, ", "));
   }
   if (!attr.hostname.empty()) {
     // Gloo reads getaddrinfo's list without checking that the call succeeded: a name that does
@@ -231,10 +232,10 @@ Endpoint choose_endpoint(const GlooOptions& options, const std::string& group) {
     const int status = ::getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &found);
     if (found != nullptr) ::freeaddrinfo(found);
     LOOM_CHECK(status == 0 && found != nullptr,
-               "ProcessGroupGloo: group '{}': cannot open a TCP endpoint on {}: the name does "
+               "{}: cannot open a TCP endpoint on {}: the name does "
                "not resolve ({}); give an address or name of this host, or "
                "LOOM_GLOO_IFNAME=<interface>",
-               group, source, ::gai_strerror(status));
+               who, source, ::gai_strerror(status));
   }
   return out;
 }
@@ -243,7 +244,8 @@ Endpoint choose_endpoint(const GlooOptions& options, const std::string& group) {
 
 std::shared_ptr<::gloo::transport::Device> open_device(const GlooOptions& options,
                                                        const std::string& group) {
-  const Endpoint endpoint = choose_endpoint(options, group);
+  const Endpoint endpoint =
+      choose_endpoint(options, fmt::format("ProcessGroupGloo: group '{}'", group));
   const ::gloo::transport::tcp::attr& attr = endpoint.attr;
   const std::string& source = endpoint.source;
   if (attr.hostname != "127.0.0.1") {
@@ -309,6 +311,6 @@ std::shared_ptr<::gloo::Context> connect_full_mesh(
 
 namespace loom::comm {
 
-void check_endpoint_env() { gloo_detail::choose_endpoint(GlooOptions{}, "default"); }
+void check_endpoint_env() { gloo_detail::choose_endpoint(GlooOptions{}, "the ranks' Gloo groups"); }
 
 }  // namespace loom::comm

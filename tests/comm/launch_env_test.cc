@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "base/error.h"
+#include "comm/peer_failure.h"
 #include "comm/tcp_store_server.h"
 #include "tests/comm/tcp_test_util.h"
 
@@ -52,6 +53,15 @@ const Env kMaster = {{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
 Env with(Env base, const Env& extra) {
   for (const auto& [k, v] : extra) base[k] = v;
   return base;
+}
+
+// A rank's exit status says whose failure it was: a peer's (3), the user's input that the same
+// command would meet again (2: launchers do not restart it), or its own (1).
+TEST(LaunchEnvTest, ExitStatusByKindOfError) {
+  EXPECT_EQ(exit_status_for(PeerFailure("rank 1 left")), kExitPeerFailed);
+  EXPECT_EQ(exit_status_for(InputError("--checkpoint-dir: in use")), kExitBadInput);
+  EXPECT_EQ(exit_status_for(Error("a bad shape")), kExitFailed);
+  EXPECT_EQ(exit_status_for(std::runtime_error("other")), kExitFailed);
 }
 
 TEST(LaunchEnvTest, Torchrun) {

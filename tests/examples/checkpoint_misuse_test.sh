@@ -141,6 +141,14 @@ holder=$!
 for _ in $(seq 600); do grep -q "^pid " busy/.loom-lock 2>/dev/null && break; sleep 0.1; done
 refused a-folder-another-job-holds "--checkpoint-dir: 'busy' is in use by another job (pid " \
   --steps 4 --checkpoint-dir busy --resume
+# Under a launcher that starts the job's ranks itself, rank 0 finds it: exit 2, not restarted.
+status=0
+"$loomrun" --nproc-per-node 1 --max-restarts 2 -- "$train" --model tiny --dp 1 --tp 1 \
+  --batch-size 4 --seq-len 32 --steps 4 --checkpoint-dir busy --resume --sample-tokens 0 \
+  --no-progress --metrics-out "" --plot-out "" >busy_rank.log 2>&1 || status=$?
+[[ $status -eq 2 ]] || { cat busy_rank.log; fail "a rank finding the folder held exited $status, expected 2"; }
+grep -q "is in use by another job" busy_rank.log && grep -q "not restarting" busy_rank.log ||
+  { cat busy_rank.log; fail "a rank finding the folder held: not named, or restarted"; }
 kill -9 "$holder"; wait "$holder" 2>/dev/null || true
 pkill -9 -f -- "--checkpoint-dir busy" 2>/dev/null || true
 for _ in $(seq 100); do pgrep -f -- "--checkpoint-dir busy" >/dev/null || break; sleep 0.1; done

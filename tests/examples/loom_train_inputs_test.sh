@@ -311,7 +311,7 @@ echo "ok: settings without effect on the layout are named"
 LOOM_GLOO_SHM=nope expect_error 2 "loom_train: LOOM_GLOO_SHM='nope': expected 0, false or off" --steps 3
 LOOM_LOG_LEVEL=warning expect_error 2 "loom_train: LOOM_LOG_LEVEL='warning': expected debug, info, warn or error" --steps 3
 LOOM_PROFILE=bogus expect_error 2 "loom_train: LOOM_PROFILE='bogus': 'bogus' is not a profiler setting" --steps 3
-LOOM_GLOO_IFNAME=nonexist0 expect_error 2 "loom_train: ProcessGroupGloo: group 'default': cannot open a TCP endpoint on interface 'nonexist0' (LOOM_GLOO_IFNAME): this host has no such interface with an address (it has: " --steps 3
+LOOM_GLOO_IFNAME=nonexist0 expect_error 2 "loom_train: the ranks' Gloo groups: cannot open a TCP endpoint on interface 'nonexist0' (LOOM_GLOO_IFNAME): this host has no such interface with an address (it has: " --steps 3
 LOOM_GLOO_HOSTNAME=no.such.host.invalid expect_error 2 "(LOOM_GLOO_HOSTNAME): the name does not resolve" --steps 3
 LOOM_FLIGHT_RECORDER_ENTRIES=-1 expect_error 2 "loom_train: LOOM_FLIGHT_RECORDER_ENTRIES must be a number of entries from 0 (off) to 10000000, got '-1'" --steps 3
 LOOM_FLIGHT_RECORDER_DIR=/proc/nope expect_error 2 "LOOM_FLIGHT_RECORDER_DIR: cannot create '/proc/nope'" \
