@@ -132,6 +132,17 @@ std::vector<std::string> check_same_model(const checkpoint::Metadata& metadata,
   return warnings;
 }
 
+namespace {
+
+// The command-line flag of a run field: "seq_len" -> "--seq-len".
+std::string flag_of(std::string_view key) {
+  std::string flag = fmt::format("--{}", key);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+}  // namespace
+
 std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
                                         const nlohmann::json& here, const std::string& directory) {
   const auto saved = metadata.extra.find("run");
@@ -158,8 +169,7 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
   for (const char* key : kRunBatchKeys) {
     const bool recorded = saved->contains(key) || std::string_view(key).rfind("document", 0) != 0;
     if (recorded && value_of(*saved, key) != value_of(here, key)) {
-      std::string flag = fmt::format("--{}", key);
-      std::replace(flag.begin(), flag.end(), '_', '-');
+      const std::string flag = flag_of(key);
       refused.push_back(
           fmt::format("{} {} there, {} here", flag, value_of(*saved, key), value_of(here, key)));
     }
@@ -184,13 +194,10 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
   // them (older Looms did not).
   for (const char* key : kRunTrainingKeys) {
     if (saved->contains(key) && value_of(*saved, key) != value_of(here, key)) {
-      std::string flag = fmt::format("--{}", key);
-      std::replace(flag.begin(), flag.end(), '_', '-');
-      warnings.push_back(
-          fmt::format("WARNING: --resume: {} {} here, {} in the saved run: the run trains with it "
-                      "from the saved step "
-                      "on",
-                      flag, value_of(here, key), value_of(*saved, key)));
+      warnings.push_back(fmt::format(
+          "WARNING: --resume: {} {} here, {} in the saved run: the run trains with it from the "
+          "saved step on",
+          flag_of(key), value_of(here, key), value_of(*saved, key)));
     }
   }
   return warnings;

@@ -237,8 +237,9 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   }
   if (!latest) {
     if (uncommitted.empty()) {
-      out.warnings.push_back(fmt::format(
-          "--resume: no committed checkpoint in '{}'; starting at step 0", job.checkpoint_dir));
+      out.warnings.push_back(
+          fmt::format("WARNING: --resume: no committed checkpoint in '{}'; starting at step 0",
+                      job.checkpoint_dir));
     }
     return;
   }

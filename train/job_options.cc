@@ -16,7 +16,9 @@ using C = JobConfig;
 
 std::span<const JobOption> job_options() {
   static const std::vector<JobOption> table = {
-      {"model", "model", "the model: a preset of a family the program registers (models/family.h)",
+      {"model", "model",
+       "the model: a preset of a family the program registers (models/family.h); not given, the "
+       "family --init-from's config.json names (its default preset), else the default",
        &C::model},
       {"model", "n_layer", "layers (0: the preset's)", &C::n_layer, Range::kNonNegative},
       {"model", "n_head", "attention heads (0: the preset's)", &C::n_head, Range::kNonNegative},

@@ -221,12 +221,12 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     const std::string& dir = *checked_.resume_from;
     const checkpoint::Metadata saved = trainer_->load_checkpoint(dir, *world_);
     const std::string layout = saved_layout(saved);
-    const std::vector<std::string> fresh = trainer_->missing_dropout_states(saved);
+    const std::vector<std::string>& fresh = trainer_->missing_dropout_states();
     if (rank == 0 && !fresh.empty()) {
       fmt::print(stderr,
                  "{}: WARNING: --resume: checkpoint '{}' holds no state of {} dropout module(s) "
-                 "({}; saved by a model without them, as without attention dropout): their masks "
-                 "start a fresh stream\n",
+                 "({}; saved by a model without them, as without attention dropout, or by a Loom "
+                 "that saved none): their masks start a fresh stream\n",
                  program_, dir, fresh.size(),
                  fresh.size() <= 3
                      ? fmt::format("{}", fmt::join(fresh, ", "))
@@ -301,7 +301,7 @@ void JobRunner::open_metrics() {
     return;
   }
   std::optional<SavedLoss> saved;
-  const nlohmann::json& extra = checkpoint::read_metadata(*checked_.resume_from).extra;
+  const nlohmann::json extra = checkpoint::read_metadata(*checked_.resume_from).extra;
   if (const auto it = extra.find(kSavedLossKey); it != extra.end() && it->is_object()) {
     const auto step = it->find("step"), loss = it->find("loss");
     if (step != it->end() && step->is_number_integer() && loss != it->end() && loss->is_number()) {

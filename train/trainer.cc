@@ -19,7 +19,7 @@ namespace loom::train {
 namespace {
 
 // A dropout module's state in a checkpoint: "rng/<module>/calls", its masks drawn so far.
-constexpr const char* kDropoutStatePrefix = "rng/";
+std::string dropout_state_key(const std::string& module) { return "rng/" + module + "/calls"; }
 
 }  // namespace
 
@@ -239,7 +239,7 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
     auto* dropout = dynamic_cast<nn::Dropout*>(module);
     if (!dropout) continue;
     const Tensor calls = ops::from_vector_i64({static_cast<int64_t>(dropout->calls())}, {1});
-    state.tensors.emplace_back(kDropoutStatePrefix + name + "/calls", calls);
+    state.tensors.emplace_back(dropout_state_key(name), calls);
     if (after_load) {
       after_load->push_back([dropout, calls] {
         dropout->set_calls(static_cast<uint64_t>(calls.data<int64_t>()[0]));
@@ -266,25 +266,22 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   std::vector<std::function<void()>> after_load;
   checkpoint::StateDict state = state_dict(&after_load);
   // A dropout state the checkpoint lacks keeps its module's count (0: a fresh stream).
-  const std::vector<std::string> missing =
-      missing_dropout_states(checkpoint::read_metadata(directory));
+  missing_dropout_states_.clear();
+  const checkpoint::Metadata saved = checkpoint::read_metadata(directory);
+  for (const auto& [name, module] : model_.named_modules()) {
+    const std::string key = dropout_state_key(name);
+    if (dynamic_cast<nn::Dropout*>(module) != nullptr && !saved.entries.contains(key)) {
+      missing_dropout_states_.push_back(key);
+    }
+  }
   std::erase_if(state.tensors, [&](const auto& entry) {
-    return std::find(missing.begin(), missing.end(), entry.first) != missing.end();
+    return std::find(missing_dropout_states_.begin(), missing_dropout_states_.end(), entry.first) !=
+           missing_dropout_states_.end();
   });
   checkpoint::Metadata metadata = checkpoint::load(state, directory, &world);
   for (const auto& apply : after_load) apply();
   next_step_ = static_cast<int>(saved_step(metadata, directory));
   return metadata;
-}
-
-std::vector<std::string> Trainer::missing_dropout_states(const checkpoint::Metadata& metadata) {
-  std::vector<std::string> missing;
-  for (const auto& [key, tensor] : state_dict(nullptr).tensors) {
-    if (key.starts_with(kDropoutStatePrefix) && !metadata.entries.contains(key)) {
-      missing.push_back(key);
-    }
-  }
-  return missing;
 }
 
 std::vector<Trainer::SavedEntry> Trainer::parameter_entries(const std::string& name,

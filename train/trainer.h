@@ -116,8 +116,8 @@ class Trainer {
   // whose state the checkpoint lacks (a model saved without attention dropout has no such module)
   // starts its mask stream afresh, as a new module would: missing_dropout_states names them.
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
-  // This model's dropout states ("rng/<module>/calls") that `metadata` does not hold.
-  std::vector<std::string> missing_dropout_states(const checkpoint::Metadata& metadata);
+  // The dropout states ("rng/<module>/calls") the last load_checkpoint found missing.
+  const std::vector<std::string>& missing_dropout_states() const { return missing_dropout_states_; }
   // The steps done that a checkpoint's metadata records (extra["trainer"]["step"]), checked
   // against the step the save was made as (metadata.step, its folder's name): throws naming
   // `directory` when it is missing or differs (the metadata was edited).
@@ -158,6 +158,7 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<optim::AdamW> decay_, no_decay_;
   std::vector<StepHook> hooks_;
+  std::vector<std::string> missing_dropout_states_;  // by the last load_checkpoint
   int next_step_ = 0;
   bool step_begun_ = false;  // begin_step() ran for next_step_
   int replica_attempt_ = 0;  // with replicas: the attempt of next_step_'s quorum

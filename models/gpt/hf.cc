@@ -72,7 +72,7 @@ class GPT2Adapter : public hf::StateDictAdapter {
     file.emplace(std::string(kLmHead), file.at(std::string(kPrefix) + "wte.weight"));
   }
   nlohmann::json config_json() const override {
-    return {{"model_type", "gpt2"},
+    return {{"model_type", kGpt2ModelType},
             {"architectures", {"GPT2LMHeadModel"}},
             {"n_layer", config_.n_layer},
             {"n_head", config_.n_head},
@@ -141,8 +141,8 @@ void save_gpt2_hf(const GPT& model, const std::string& path, bool write) {
 }
 
 GPTConfig gpt2_config_from_hf(const hf::ConfigJson& json) {
-  const std::string type = json.string_or("model_type", "gpt2");
-  json.refuse_unless(type == "gpt2", "model_type",
+  const std::string type = json.string_or("model_type", kGpt2ModelType);
+  json.refuse_unless(type == kGpt2ModelType, "model_type",
                      "not a GPT-2 checkpoint (the GPT family reads model_type \"gpt2\")");
   GPTConfig config{.n_layer = json.positive_int("n_layer"),
                    .n_head = json.positive_int("n_head"),

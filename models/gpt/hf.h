@@ -39,6 +39,9 @@ namespace loom::models {
 
 std::unique_ptr<hf::StateDictAdapter> gpt2_hf_adapter(const GPTConfig& config);
 
+// The Hugging Face config.json "model_type" of this family's checkpoints, read and written.
+inline constexpr const char* kGpt2ModelType = "gpt2";
+
 // The GPT a GPT-2 config.json describes (errors name the file and the key).
 GPTConfig gpt2_config_from_hf(const hf::ConfigJson& json);
 // The config.json beside `checkpoint_path` (or in it, a folder), nullopt when there is none.

@@ -274,7 +274,7 @@ class LlamaFamily : public ModelFamily {
     config.validate();
     return std::make_unique<LlamaArgs>(config);
   }
-  std::string hf_model_type() const override { return "llama"; }
+  std::string hf_model_type() const override { return kLlamaModelType; }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     LlamaConfig config = llama_config_from_hf(json);

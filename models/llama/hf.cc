@@ -79,7 +79,7 @@ class LlamaAdapter : public hf::StateDictAdapter {
   nlohmann::json config_json() const override {
     const LlamaConfig& c = config_;
     nlohmann::json json{{"architectures", {"LlamaForCausalLM"}},
-                        {"model_type", "llama"},
+                        {"model_type", kLlamaModelType},
                         {"hidden_size", c.dim},
                         {"intermediate_size", c.ffn_hidden_dim()},
                         {"num_hidden_layers", c.n_layers},
@@ -126,8 +126,8 @@ std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config
 }
 
 LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
-  const std::string type = json.string_or("model_type", "llama");
-  json.refuse_unless(type == "llama", "model_type",
+  const std::string type = json.string_or("model_type", kLlamaModelType);
+  json.refuse_unless(type == kLlamaModelType, "model_type",
                      "not a Llama checkpoint (the Llama family reads model_type \"llama\")");
   LlamaConfig config;
   config.dim = json.positive_int("hidden_size");

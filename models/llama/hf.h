@@ -32,6 +32,9 @@ namespace loom::models {
 
 std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config);
 
+// The Hugging Face config.json "model_type" of this family's checkpoints, read and written.
+inline constexpr const char* kLlamaModelType = "llama";
+
 // The Llama a config.json describes (errors name the file and the key).
 LlamaConfig llama_config_from_hf(const hf::ConfigJson& json);
 LlamaConfig read_llama_hf_config(const std::string& config_json);
