@@ -12,12 +12,14 @@
 
 namespace loom {
 
-FileLock::FileLock(FileLock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+FileLock::FileLock(FileLock&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)), writable_(other.writable_) {}
 
 FileLock& FileLock::operator=(FileLock&& other) noexcept {
   if (this != &other) {
     unlock();
     fd_ = std::exchange(other.fd_, -1);
+    writable_ = other.writable_;
   }
   return *this;
 }
@@ -25,7 +27,12 @@ FileLock& FileLock::operator=(FileLock&& other) noexcept {
 FileLock::~FileLock() { unlock(); }
 
 void FileLock::unlock() {
-  if (fd_ >= 0) ::close(fd_);  // closing the descriptor releases its flock
+  if (fd_ < 0) return;
+  // The note goes with the lock (a holder that cannot write it must not show this one's); best
+  // effort: the lock, not the note, is what excludes.
+  if (writable_ && ::ftruncate(fd_, 0) != 0) {
+  }
+  ::close(fd_);  // closing the descriptor releases its flock
   fd_ = -1;
 }
 
@@ -63,6 +70,7 @@ FileLock::Result FileLock::try_lock(const std::string& path, std::string_view wh
     }
   }
   fd_ = fd;
+  writable_ = writable;
   return Result::kLocked;
 }
 

@@ -26,7 +26,8 @@ class FileLock {
                    // `detail` is the error; nothing is held
   };
   // Locks `path` (created if missing) for this process, writing `note` into it for whoever finds
-  // it held (when the file is writable: another user's lock file is locked read-only). Throws
+  // it held (when the file is writable: another user's lock file is locked read-only, and finds
+  // it empty then, since a holder clears its note as it unlocks). Throws
   // loom::Error naming `what` and the path when the file can be neither created nor opened.
   Result try_lock(const std::string& path, std::string_view what, const std::string& note,
                   std::string* detail);
@@ -35,6 +36,7 @@ class FileLock {
 
  private:
   int fd_ = -1;
+  bool writable_ = false;  // the note was written, and is cleared on unlock
 };
 
 }  // namespace loom

@@ -25,6 +25,7 @@
 #include "models/hf/checkpoint.h"
 #include "models/hf/config_json.h"
 #include "models/hf/token_settings.h"
+#include "nn/layers.h"
 #include "parallel/cp/context_parallel.h"
 #include "tensor/device.h"
 #include "train/checkpoint_fields.h"
@@ -185,10 +186,21 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
 // the names, global shapes and dtypes of the model this job builds (whole, on the meta device).
 // Each rank's load would refuse a difference too, but only once the ranks started, each saying
 // so; a metadata file edited (its marker rewritten) to fit no model is refused here.
-void check_saved_parameters(const checkpoint::Metadata& metadata, const models::ModelArgs& args,
-                            const std::string& dir) {
+// Returns a warning naming the model's dropout modules whose state the checkpoint lacks (they start
+// a fresh mask stream: Trainer::load_checkpoint), listed from the whole model, so every pipeline
+// stage's are named, not only rank 0's.
+std::optional<std::string> check_saved_parameters(const checkpoint::Metadata& metadata,
+                                                  const models::ModelArgs& args,
+                                                  const std::string& dir) {
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
   const std::shared_ptr<nn::Module> model = args.whole_model();
+  std::vector<std::string> fresh;
+  for (const auto& [name, module] : model->named_modules()) {
+    const std::string key = Trainer::dropout_state_key(name);
+    if (dynamic_cast<nn::Dropout*>(module) != nullptr && !metadata.entries.contains(key)) {
+      fresh.push_back(key);
+    }
+  }
   std::vector<std::string> problems;
   std::set<std::string> expected;
   for (const auto& [name, p] : model->named_parameters()) {
@@ -218,6 +230,14 @@ void check_saved_parameters(const checkpoint::Metadata& metadata, const models::
       "damaged: resume from another step",
       dir, problems.size(), shown < problems.size() ? fmt::format(", the first {}", shown) : "",
       fmt::join(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(shown), "; "));
+  if (fresh.empty()) return std::nullopt;
+  return fmt::format(
+      "WARNING: --resume: checkpoint '{}' holds no state of {} dropout module(s) ({}; saved by a "
+      "model without them, as without attention dropout, or by a Loom that saved none): their "
+      "masks start a fresh stream",
+      dir, fresh.size(),
+      fresh.size() <= 3 ? fmt::format("{}", fmt::join(fresh, ", "))
+                        : fmt::format("{}, {} and {} more", fresh[0], fresh[1], fresh.size() - 2));
 }
 
 // --resume: the latest committed step's model and run, and what no save committed.
@@ -251,7 +271,9 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
        check_same_model(metadata, model_fields, dir, args.training_fields())) {
     out.warnings.push_back(std::move(warning));
   }
-  check_saved_parameters(metadata, args, dir);
+  if (auto warning = check_saved_parameters(metadata, args, dir)) {
+    out.warnings.push_back(std::move(*warning));
+  }
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
     out.warnings.push_back(std::move(warning));
   }
@@ -381,8 +403,7 @@ std::vector<std::string> unused_setting_warnings(const JobConfig& job, const Par
 }
 
 void check_run_environment() {
-  comm::check_endpoint_env();                 // LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME
-  comm::FlightRecorder::capacity_from_env();  // LOOM_FLIGHT_RECORDER_ENTRIES
+  comm::check_endpoint_env();  // LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME
   if (const char* dir = std::getenv("LOOM_FLIGHT_RECORDER_DIR"); dir != nullptr && *dir != '\0') {
     check_directory_writable(dir, "LOOM_FLIGHT_RECORDER_DIR");  // loomrun's dumps go there
   }
@@ -395,8 +416,9 @@ CheckedJob check_job(const JobConfig& job) {
   if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
   const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
   comm::shared_memory_allowed_by_env();                                  // LOOM_GLOO_SHM
-  profiler::environment_options();                                       // LOOM_PROFILE
-  check_log_level_env();                                                 // LOOM_LOG_LEVEL
+  comm::FlightRecorder::capacity_from_env();  // LOOM_FLIGHT_RECORDER_ENTRIES (a plan's groups too)
+  profiler::environment_options();            // LOOM_PROFILE
+  check_log_level_env();                      // LOOM_LOG_LEVEL
   LOOM_CHECK(
       job.collective_timeout_s == 0 || (job.collective_timeout_s >= comm::kMinTimeoutSeconds &&
                                         job.collective_timeout_s <= comm::kMaxTimeoutSeconds),

@@ -43,8 +43,8 @@ struct CheckedJob {
 CheckedJob check_job(const JobConfig& job);
 
 // What a run (not a plan) reads of the environment besides the job's settings: where the ranks'
-// Gloo endpoints listen (LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME) and the flight recorder's ring
-// and folder. Throws naming the variable, before any rank starts.
+// Gloo endpoints listen (LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME) and the flight recorder's folder.
+// Throws naming the variable, before any rank starts.
 void check_run_environment();
 
 // The job's parallel layout from its settings (the data-parallel degrees resolved as

@@ -269,7 +269,8 @@ FileLock lock_checkpoint_dir(const JobConfig& job, bool create) {
           "--checkpoint-dir: '{}' is in use by another job ({}, holding '{}'): two jobs saving "
           "into one folder delete each other's steps; wait for that job to end, or give this one "
           "another folder (each --replicas job its own)",
-          job.checkpoint_dir, detail.empty() ? "a process that wrote nothing" : detail, path));
+          job.checkpoint_dir,
+          detail.empty() ? "a process that could not write its pid there" : detail, path));
     case FileLock::Result::kUnsupported:
       LOOM_LOG(warn,
                "--checkpoint-dir: cannot lock '{}' ({}: the filesystem takes no flock); a second "

@@ -221,17 +221,6 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
     const std::string& dir = *checked_.resume_from;
     const checkpoint::Metadata saved = trainer_->load_checkpoint(dir, *world_);
     const std::string layout = saved_layout(saved);
-    const std::vector<std::string>& fresh = trainer_->missing_dropout_states();
-    if (rank == 0 && !fresh.empty()) {
-      fmt::print(stderr,
-                 "{}: WARNING: --resume: checkpoint '{}' holds no state of {} dropout module(s) "
-                 "({}; saved by a model without them, as without attention dropout, or by a Loom "
-                 "that saved none): their masks start a fresh stream\n",
-                 program_, dir, fresh.size(),
-                 fresh.size() <= 3
-                     ? fmt::format("{}", fmt::join(fresh, ", "))
-                     : fmt::format("{}, {} and {} more", fresh[0], fresh[1], fresh.size() - 2));
-    }
     if (rank == 0) {
       const int64_t restarts = restart_count();
       if (restarts > 0) fmt::print("{}: restart {} of the job\n", program_, restarts);

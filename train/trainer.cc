@@ -16,13 +16,6 @@
 
 namespace loom::train {
 
-namespace {
-
-// A dropout module's state in a checkpoint: "rng/<module>/calls", its masks drawn so far.
-std::string dropout_state_key(const std::string& module) { return "rng/" + module + "/calls"; }
-
-}  // namespace
-
 Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
                  TrainerOptions options)
     : model_(model), mesh_(std::move(mesh)), options_(std::move(options)) {
@@ -266,22 +259,25 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   std::vector<std::function<void()>> after_load;
   checkpoint::StateDict state = state_dict(&after_load);
   // A dropout state the checkpoint lacks keeps its module's count (0: a fresh stream).
-  missing_dropout_states_.clear();
+  std::vector<std::string> missing;
   const checkpoint::Metadata saved = checkpoint::read_metadata(directory);
   for (const auto& [name, module] : model_.named_modules()) {
     const std::string key = dropout_state_key(name);
     if (dynamic_cast<nn::Dropout*>(module) != nullptr && !saved.entries.contains(key)) {
-      missing_dropout_states_.push_back(key);
+      missing.push_back(key);
     }
   }
   std::erase_if(state.tensors, [&](const auto& entry) {
-    return std::find(missing_dropout_states_.begin(), missing_dropout_states_.end(), entry.first) !=
-           missing_dropout_states_.end();
+    return std::find(missing.begin(), missing.end(), entry.first) != missing.end();
   });
   checkpoint::Metadata metadata = checkpoint::load(state, directory, &world);
   for (const auto& apply : after_load) apply();
   next_step_ = static_cast<int>(saved_step(metadata, directory));
   return metadata;
+}
+
+std::string Trainer::dropout_state_key(const std::string& module) {
+  return "rng/" + module + "/calls";
 }
 
 std::vector<Trainer::SavedEntry> Trainer::parameter_entries(const std::string& name,

@@ -114,10 +114,11 @@ class Trainer {
   // Loads a committed step directory, saved on any layout, and continues from its step; every
   // rank of `world` calls it. Returns the metadata (extra: the job's fields). A dropout module
   // whose state the checkpoint lacks (a model saved without attention dropout has no such module)
-  // starts its mask stream afresh, as a new module would: missing_dropout_states names them.
+  // starts its mask stream afresh, as a new module would (the job's resume check warns, naming
+  // them).
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
-  // The dropout states ("rng/<module>/calls") the last load_checkpoint found missing.
-  const std::vector<std::string>& missing_dropout_states() const { return missing_dropout_states_; }
+  // A dropout module's state in a checkpoint: "rng/<module>/calls", its masks drawn so far.
+  static std::string dropout_state_key(const std::string& module);
   // The steps done that a checkpoint's metadata records (extra["trainer"]["step"]), checked
   // against the step the save was made as (metadata.step, its folder's name): throws naming
   // `directory` when it is missing or differs (the metadata was edited).
@@ -158,7 +159,6 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<optim::AdamW> decay_, no_decay_;
   std::vector<StepHook> hooks_;
-  std::vector<std::string> missing_dropout_states_;  // by the last load_checkpoint
   int next_step_ = 0;
   bool step_begun_ = false;  // begin_step() ran for next_step_
   int replica_attempt_ = 0;  // with replicas: the attempt of next_step_'s quorum

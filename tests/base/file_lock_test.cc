@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "tests/testing/errors.h"
@@ -28,6 +30,9 @@ TEST(FileLockTest, OneHolderAtATime) {
   EXPECT_FALSE(second.locked());
   EXPECT_EQ(holder, "pid 1 on here");
   first.unlock();
+  // Its note went with it: a later holder that cannot write the file shows no stale pid.
+  std::ifstream note(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(note), {}), "");
   ASSERT_EQ(second.try_lock(path, "test", "pid 2 on there", &holder), Result::kLocked);
   {
     FileLock moved = std::move(second);  // the lock moves with it
