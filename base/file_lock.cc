@@ -1,6 +1,7 @@
 #include "base/file_lock.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -40,15 +41,30 @@ FileLock::Result FileLock::try_lock(const std::string& path, std::string_view wh
                                     const std::string& note, std::string* detail) {
   unlock();
   // O_CLOEXEC: a process this one starts (loomrun's ranks) does not hold the lock on its behalf.
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  bool writable = fd >= 0;
-  if (fd < 0 && errno == EACCES) {
+  // 0666 less the umask: others sharing the folder may write the note too.
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  const int open_error = errno;
+  const bool writable = fd >= 0;
+  if (fd < 0 && open_error == EACCES && ::access(path.c_str(), F_OK) == 0) {
     // Another user's lock file in a folder both write: flock takes a read-only descriptor too.
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   }
-  LOOM_CHECK(fd >= 0, "{}: cannot open the lock file '{}': {}", what, path, std::strerror(errno));
+  // The same command would meet it again (the folder's or the file's permissions).
+  if (fd < 0) {
+    throw InputError(fmt::format("{}: cannot open the lock file '{}': {}", what, path,
+                                 std::strerror(open_error)));
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
+    if (error != EWOULDBLOCK && !writable) {
+      // NFS takes an exclusive flock only on a file open for writing: unlocked here, a job
+      // holding it would not be seen.
+      ::close(fd);
+      throw InputError(fmt::format(
+          "{}: cannot lock '{}', which this user may only read ({}); make it writable to the "
+          "users who share the folder (chmod a+w), or remove it while no job runs",
+          what, path, std::strerror(error)));
+    }
     Result result = Result::kUnsupported;
     std::string text = std::strerror(error);
     if (error == EWOULDBLOCK) {

@@ -27,8 +27,9 @@ class FileLock {
   };
   // Locks `path` (created if missing) for this process, writing `note` into it for whoever finds
   // it held (when the file is writable: another user's lock file is locked read-only, and finds
-  // it empty then, since a holder clears its note as it unlocks). Throws
-  // loom::Error naming `what` and the path when the file can be neither created nor opened.
+  // it empty then, since a holder clears its note as it unlocks). Throws loom::InputError naming
+  // `what`, the path and the cause when the file can be neither created nor opened, or is
+  // read-only here on a filesystem that locks only files open for writing (NFS).
   Result try_lock(const std::string& path, std::string_view what, const std::string& note,
                   std::string* detail);
   bool locked() const { return fd_ >= 0; }

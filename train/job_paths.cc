@@ -272,6 +272,7 @@ FileLock lock_checkpoint_dir(const JobConfig& job, bool create) {
           job.checkpoint_dir,
           detail.empty() ? "a process that could not write its pid there" : detail, path));
     case FileLock::Result::kUnsupported:
+      if (!create) break;  // the check before the ranks start: rank 0's lock says it, once
       LOOM_LOG(warn,
                "--checkpoint-dir: cannot lock '{}' ({}: the filesystem takes no flock); a second "
                "job saving into '{}' at once would not be refused",

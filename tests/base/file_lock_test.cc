@@ -93,6 +93,9 @@ TEST(FileLockTest, AFileThatCannotBeOpenedIsNamed) {
       error_of([&] { lock.try_lock("/no/such/folder/x.lock", "--checkpoint-dir", "", &holder); }),
       "--checkpoint-dir: cannot open the lock file '/no/such/folder/x.lock': No such file or "
       "directory");
+  // The same command would meet it again: a job exits 2 on it, and is not restarted.
+  EXPECT_THROW(lock.try_lock("/no/such/folder/x.lock", "--checkpoint-dir", "", &holder),
+               InputError);
 }
 
 }  // namespace
