@@ -578,6 +578,7 @@ Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup
     std::vector<LoadRequest> requests;
     std::vector<const Tensor*> destinations;
     for (const auto& [name, tensor] : state.tensors) {
+      if (state.optional.contains(name) && !metadata.entries.contains(name)) continue;
       requests.push_back({name, tensor.dtype(), global_shape(tensor), local_part(tensor).second});
       destinations.push_back(&tensor);
     }

@@ -26,6 +26,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -44,6 +45,9 @@ namespace loom::checkpoint {
 struct StateDict {
   std::vector<std::pair<std::string, Tensor>> tensors;
   nlohmann::json extra = nlohmann::json::object();
+  // Names of `tensors` a load leaves as they are when the checkpoint lacks them (state a model
+  // saved before it had it: a dropout module's draws); a save writes them as any other.
+  std::set<std::string> optional;
 };
 
 struct SaveOptions {

@@ -11,12 +11,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <memory>
 #include <string_view>
 #include <thread>
 
 #include "base/error.h"
+#include "base/file_identity.h"
 #include "data/parallel_for_each.h"
 #include "data/text_documents.h"
 #include "data/token_file.h"
@@ -127,19 +127,12 @@ std::vector<std::string> input_files(const std::vector<std::string>& inputs,
   }
   LOOM_CHECK(!files.empty(), "{}: no input files (give text or .jsonl files or folders)", kWhat);
   if (warn) {
-    // One file by any spelling or link: its identity, (device, inode).
-    std::map<std::pair<uint64_t, uint64_t>, std::string> seen;
-    for (const std::string& file : files) {
-      struct stat st {};
-      if (::stat(file.c_str(), &st) != 0) continue;  // unreadable: named when it is opened
-      const auto [it, fresh] =
-          seen.emplace(std::pair<uint64_t, uint64_t>(st.st_dev, st.st_ino), file);
-      if (!fresh) {
-        warn(
-            fmt::format("WARNING: '{}' is read twice (also as '{}'): its documents are in the "
-                        "shards twice",
-                        file, it->second));
-      }
+    std::vector<FileIdentity> identities(files.begin(), files.end());
+    for (const auto& [again, first] : repeated_files(identities)) {
+      warn(
+          fmt::format("WARNING: '{}' is read twice (also as '{}'): its documents are in the "
+                      "shards twice",
+                      files[again], files[first]));
     }
   }
   return files;

@@ -66,12 +66,26 @@ nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data) {
 
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
                                      const nlohmann::json& run,
-                                     const nlohmann::json& hf_token_settings) {
-  nlohmann::json fields = {{"model", model}, {"layout", mesh.str()}, {"run", run}};
+                                     const nlohmann::json& hf_token_settings,
+                                     const SavedLoss& last) {
+  nlohmann::json fields = {{"model", model},
+                           {"layout", mesh.str()},
+                           {"run", run},
+                           {"metrics", {{"step", last.step}, {"loss", last.loss}}}};
   if (hf_token_settings.is_object() && !hf_token_settings.empty()) {
     fields["hf"] = hf_token_settings;
   }
   return fields;
+}
+
+std::optional<SavedLoss> saved_loss(const checkpoint::Metadata& metadata) {
+  const auto it = metadata.extra.find("metrics");
+  if (it == metadata.extra.end() || !it->is_object()) return std::nullopt;
+  const auto step = it->find("step"), loss = it->find("loss");
+  if (step == it->end() || !step->is_number_integer() || loss == it->end() || !loss->is_number()) {
+    return std::nullopt;
+  }
+  return SavedLoss{step->get<int64_t>(), loss->get<double>()};
 }
 
 nlohmann::json without_training_fields(nlohmann::json fields,

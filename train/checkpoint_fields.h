@@ -4,6 +4,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "mesh/device_mesh.h"
 #include "models/family.h"
 #include "train/job_config.h"
+#include "train/metrics_history.h"
 
 namespace loom::train {
 
@@ -32,11 +34,17 @@ inline constexpr const char* kRunTrainingKeys[] = {"clip", "mixed_precision", "d
 // (the data by its content: a moved file is the same data).
 nlohmann::json run_fields(const JobConfig& job, const data::TokenCorpus& data);
 
-// {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`, and
-// "hf": `hf_token_settings` (models/hf/token_settings.h) unless it is empty}.
+// {"model": `model` (ModelArgs::fields), "layout": "DeviceMesh(...)", "run": `run`, "metrics":
+// `last` (the step's loss as rank 0 logged it: how a resume knows this run's --metrics-out lines),
+// and "hf": `hf_token_settings` (models/hf/token_settings.h) unless it is empty}.
 nlohmann::json job_checkpoint_fields(const nlohmann::json& model, const DeviceMesh& mesh,
                                      const nlohmann::json& run,
-                                     const nlohmann::json& hf_token_settings);
+                                     const nlohmann::json& hf_token_settings,
+                                     const SavedLoss& last);
+
+// The "metrics" record job_checkpoint_fields writes; nullopt for a checkpoint of a Loom that did
+// not record it.
+std::optional<SavedLoss> saved_loss(const checkpoint::Metadata& metadata);
 
 // Throws loom::Error naming the checkpoint and every size that differs ("n_layer 4 there, 2
 // here") when `metadata` was saved from another model config. Fields only later Looms record

@@ -279,6 +279,7 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   }
   check_one_run(job.checkpoint_dir, *latest, metadata, args.training_fields(), out.warnings);
   out.resume_from = dir;
+  out.saved_loss = saved_loss(metadata);
   // The run's Hugging Face settings travel with its checkpoints when --init-from is not given.
   if (const auto hf = metadata.extra.find("hf");
       job.init_from.empty() && hf != metadata.extra.end()) {

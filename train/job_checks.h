@@ -22,6 +22,7 @@
 #include "train/job_config.h"
 #include "train/job_data.h"
 #include "train/job_model.h"
+#include "train/metrics_history.h"
 #include "train/parallel_config.h"
 
 namespace loom::train {
@@ -32,6 +33,7 @@ struct CheckedJob {
   ParallelConfig parallel;
   nlohmann::json run;                      // run_fields: what the checkpoints record of the run
   std::optional<std::string> resume_from;  // the step directory --resume continues from
+  std::optional<SavedLoss> saved_loss;     // its last step's logged loss, when it records it
   // The Hugging Face token ids and generation config the job keeps (models/hf/token_settings.h):
   // --init-from's, else those of the checkpoint it resumes; its checkpoints record them.
   nlohmann::json hf_token_settings = nlohmann::json::object();

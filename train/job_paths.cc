@@ -1,14 +1,12 @@
 #include "train/job_paths.h"
 
 #include <fmt/format.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <tuple>
 
 #include "base/durable_file.h"
@@ -24,15 +22,6 @@ namespace loom::train {
 namespace fs = std::filesystem;
 
 namespace {
-
-// The one path of a file, however it is spelled ("./m.jsonl", "runs/../m.jsonl", a link).
-std::string same_file_key(const std::string& path) {
-  std::error_code ec;
-  const fs::path absolute = fs::absolute(path, ec);
-  if (ec) return fs::path(path).lexically_normal().string();
-  const fs::path canonical = fs::weakly_canonical(absolute, ec);
-  return (ec ? absolute.lexically_normal() : canonical).string();
-}
 
 // Every file the job writes, each with the flag that makes it: two of them at one path would
 // overwrite each other (a PNG over the metrics, over the saved config.json).
@@ -162,11 +151,6 @@ void check_validation_held_out(const std::vector<JobFile>& read) {
 
 }  // namespace
 
-FileIdentity::FileIdentity(const std::string& path) : key(same_file_key(path)) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0) inode = std::pair{st.st_dev, st.st_ino};
-}
-
 void check_readable_file(const std::string& path, std::string_view flag) {
   std::error_code ec;
   LOOM_CHECK(fs::exists(path, ec), "{}: '{}' does not exist", flag, path);
@@ -224,26 +208,19 @@ std::vector<JobFile> check_paths(const JobConfig& job) {
 }
 
 std::vector<std::string> repeated_data_warnings(const std::vector<JobFile>& read) {
-  std::vector<std::string> out;
-  std::map<std::string, const JobFile*> by_key;
-  std::map<std::pair<dev_t, ino_t>, const JobFile*> by_inode;
+  std::vector<const JobFile*> data;
+  std::vector<FileIdentity> identities;
   for (const JobFile& file : read) {
     if (file.what != "--data") continue;
-    const JobFile* before = nullptr;
-    if (const auto it = by_key.find(file.identity.key); it != by_key.end()) before = it->second;
-    if (file.identity.inode) {
-      if (const auto it = by_inode.find(*file.identity.inode); it != by_inode.end() && !before) {
-        before = it->second;
-      }
-      by_inode.emplace(*file.identity.inode, &file);
-    }
-    by_key.emplace(file.identity.key, &file);
-    if (before != nullptr) {
-      out.push_back(fmt::format(
-          "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and weigh "
-          "double in the batches",
-          file.path, before->path));
-    }
+    data.push_back(&file);
+    identities.push_back(file.identity);
+  }
+  std::vector<std::string> out;
+  for (const auto& [again, first] : repeated_files(identities)) {
+    out.push_back(fmt::format(
+        "WARNING: --data names '{}' twice (also as '{}'): its tokens are read twice and weigh "
+        "double in the batches",
+        data[again]->path, data[first]->path));
   }
   return out;
 }

@@ -12,21 +12,11 @@
 #include <utility>
 #include <vector>
 
+#include "base/file_identity.h"
 #include "base/file_lock.h"
 #include "train/job_config.h"
 
 namespace loom::train {
-
-// Whether two paths are one file: one spelling, or (both existing) one inode, as a hard link.
-// Computed once per file: a data spec may name thousands of shards.
-struct FileIdentity {
-  std::string key;  // the one path of the file, however spelled ("./m.jsonl", a link)
-  std::optional<std::pair<dev_t, ino_t>> inode;  // when the file exists
-  explicit FileIdentity(const std::string& path);
-  bool operator==(const FileIdentity& other) const {
-    return key == other.key || (inode && other.inode && *inode == *other.inode);
-  }
-};
 
 // A file a job writes or reads, the flag that names it, and its identity (computed once).
 struct JobFile {

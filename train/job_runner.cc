@@ -273,13 +273,6 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
 
 JobRunner::~JobRunner() = default;
 
-namespace {
-
-// The checkpoint's record of its last step's logged loss (metadata extra), for open_metrics.
-constexpr const char* kSavedLossKey = "metrics";
-
-}  // namespace
-
 // A fresh job truncates --metrics-out. A resumed one keeps the earlier attempts' lines of the
 // steps its checkpoint holds (rewritten atomically, so a kill now loses none of them) and goes on
 // after them; the loss plot starts from their points. Lines another run wrote are dropped.
@@ -289,15 +282,8 @@ void JobRunner::open_metrics() {
     outputs_->metrics = LineWriter(path, "--metrics-out");
     return;
   }
-  std::optional<SavedLoss> saved;
-  const nlohmann::json extra = checkpoint::read_metadata(*checked_.resume_from).extra;
-  if (const auto it = extra.find(kSavedLossKey); it != extra.end() && it->is_object()) {
-    const auto step = it->find("step"), loss = it->find("loss");
-    if (step != it->end() && step->is_number_integer() && loss != it->end() && loss->is_number()) {
-      saved = SavedLoss{step->get<int64_t>(), loss->get<double>()};
-    }
-  }  // (checkpoints saved before Looms recorded it: the lines are kept)
-  MetricsHistory history = read_metrics_before(path, trainer_->steps_done(), saved);
+  // (A checkpoint of a Loom that did not record its loss: the lines are kept.)
+  MetricsHistory history = read_metrics_before(path, trainer_->steps_done(), checked_.saved_loss);
   if (!history.dropped.empty()) {
     fmt::print(stderr,
                "{}: WARNING: {} holds another run's lines ({}): they are dropped, and the file "
@@ -394,10 +380,9 @@ void JobRunner::add_checkpoint_hook() {
     const bool last = r.step + 1 == job_.steps;
     if (!last && (job_.checkpoint_every == 0 || (r.step + 1) % job_.checkpoint_every != 0)) return;
     const auto start = std::chrono::steady_clock::now();
-    nlohmann::json fields = job_checkpoint_fields(checked_.model.args->fields(), *mesh_,
-                                                  checked_.run, checked_.hf_token_settings);
-    // The loss rank 0 logs for this step: a resume knows this run's --metrics-out lines by it.
-    fields[kSavedLossKey] = {{"step", r.step}, {"loss", r.loss}};
+    const nlohmann::json fields =
+        job_checkpoint_fields(checked_.model.args->fields(), *mesh_, checked_.run,
+                              checked_.hf_token_settings, SavedLoss{r.step, r.loss});
     const checkpoint::SaveOptions options{.keep_last = static_cast<int>(job_.keep_last)};
     std::string committed;
     checkpoint::AsyncSaver* async_saver = outputs_->async_saver.get();

@@ -110,9 +110,9 @@ PlanReport plan_report(const JobConfig& job) {
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
   if (!job.checkpoint_dir.empty()) {
     // Not in the step's table: a save is between steps, every --checkpoint-every.
-    const int64_t saves =
-        (job.checkpoint_every > 0 ? job.steps / job.checkpoint_every : 0) +
-        (job.checkpoint_every > 0 && job.steps % job.checkpoint_every == 0 ? 0 : 1);
+    // Every --checkpoint-every steps, and after the last when that is not one of them.
+    const int64_t every = job.checkpoint_every;
+    const int64_t saves = every > 0 ? job.steps / every + (job.steps % every != 0) : 1;
     plan.notes.push_back(fmt::format(
         "--checkpoint-dir: each save ({} in this run: {}) adds {} all_gathers over the world's {} "
         "ranks, of metadata only (each rank's pieces, checksums, success; a few KiB), not of "

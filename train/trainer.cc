@@ -233,6 +233,8 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
     if (!dropout) continue;
     const Tensor calls = ops::from_vector_i64({static_cast<int64_t>(dropout->calls())}, {1});
     state.tensors.emplace_back(dropout_state_key(name), calls);
+    // A checkpoint without it (saved without this module): its count stays 0, a fresh stream.
+    state.optional.insert(dropout_state_key(name));
     if (after_load) {
       after_load->push_back([dropout, calls] {
         dropout->set_calls(static_cast<uint64_t>(calls.data<int64_t>()[0]));
@@ -258,18 +260,6 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
                                               comm::ProcessGroup& world) {
   std::vector<std::function<void()>> after_load;
   checkpoint::StateDict state = state_dict(&after_load);
-  // A dropout state the checkpoint lacks keeps its module's count (0: a fresh stream).
-  std::vector<std::string> missing;
-  const checkpoint::Metadata saved = checkpoint::read_metadata(directory);
-  for (const auto& [name, module] : model_.named_modules()) {
-    const std::string key = dropout_state_key(name);
-    if (dynamic_cast<nn::Dropout*>(module) != nullptr && !saved.entries.contains(key)) {
-      missing.push_back(key);
-    }
-  }
-  std::erase_if(state.tensors, [&](const auto& entry) {
-    return std::find(missing.begin(), missing.end(), entry.first) != missing.end();
-  });
   checkpoint::Metadata metadata = checkpoint::load(state, directory, &world);
   for (const auto& apply : after_load) apply();
   next_step_ = static_cast<int>(saved_step(metadata, directory));

@@ -125,6 +125,24 @@ TEST(DistributedCheckpointTest, SavedOnOneLayoutLoadsIntoAnother) {
   });
 }
 
+// State a checkpoint predates (a dropout module added since) loads when marked optional, left as
+// it is; unmarked, its absence is named.
+TEST(DistributedCheckpointTest, AnOptionalEntryTheCheckpointLacksIsLeftAsItIs) {
+  const std::string root = fresh_root("optional");
+  comm::testing::run_on_ranks(
+      1, [&](comm::ProcessGroup& pg) { save(state_on(nullptr, kPlain, false), root, 1, pg); });
+  StateDict state = state_on(nullptr, kPlain, true);
+  const Tensor extra = ops::from_vector_i64({5}, {1});
+  state.tensors.emplace_back("rng/drop/calls", extra);
+  EXPECT_THAT(error_of([&] { load(state, step_directory(root, 1)); }),
+              HasSubstr("no entry 'rng/drop/calls' in the checkpoint"));
+  state.optional.insert("rng/drop/calls");
+  load(state, step_directory(root, 1));
+  EXPECT_EQ(ops::to_vector(extra), std::vector<double>{5});
+  state.tensors.pop_back();
+  expect_reference_values(state, "with an optional entry absent");
+}
+
 // The reverse: one rank saves whole tensors, four ranks load their shards.
 TEST(DistributedCheckpointTest, OneRankSavesFourLoad) {
   const std::string root = fresh_root("single");
