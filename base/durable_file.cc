@@ -76,6 +76,11 @@ void SyncedFileWriter::write_at(size_t offset, const void* data, size_t bytes) {
   }
 }
 
+void SyncedFileWriter::sync() {
+  LOOM_CHECK(fd_ >= 0, "{}: cannot sync '{}': it is not open", what_, path_);
+  LOOM_CHECK(::fsync(fd_) == 0, "{}: cannot fsync '{}': {}", what_, path_, std::strerror(errno));
+}
+
 void SyncedFileWriter::close() {
   LOOM_CHECK(fd_ >= 0, "{}: cannot close '{}': it is not open", what_, path_);
   const int fd = std::exchange(fd_, -1);

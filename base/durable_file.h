@@ -54,6 +54,8 @@ class SyncedFileWriter {
   // Overwrites bytes already written at `offset` (a header whose count is known only at the end);
   // the append position stays where it was.
   void write_at(size_t offset, const void* data, size_t bytes);
+  // fsync, the file staying open (what is written so far survives a crash or power loss).
+  void sync();
   // fsync, then close. Does not sync the folder: a new file's name needs sync_directory too.
   void close();
   const std::string& path() const { return path_; }

@@ -380,6 +380,10 @@ void JobRunner::add_checkpoint_hook() {
     const bool last = r.step + 1 == job_.steps;
     if (!last && (job_.checkpoint_every == 0 || (r.step + 1) % job_.checkpoint_every != 0)) return;
     const auto start = std::chrono::steady_clock::now();
+    // The metrics line of this step is on disk before the checkpoint that records its loss is
+    // committed: a resume after a crash or power loss finds it and keeps the earlier lines
+    // (open_metrics), where it would otherwise take them for another run's and drop them.
+    if (outputs_->metrics.is_open()) outputs_->metrics.sync();
     const nlohmann::json fields =
         job_checkpoint_fields(checked_.model.args->fields(), *mesh_, checked_.run,
                               checked_.hf_token_settings, SavedLoss{r.step, r.loss});

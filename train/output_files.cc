@@ -18,6 +18,11 @@ void LineWriter::write_line(std::string_view line) {
   file_.write(text.data(), text.size());
 }
 
+void LineWriter::sync() {
+  file_.sync();
+  sync_parent_directory(file_.path(), what_);
+}
+
 void LineWriter::close() {
   if (!file_.is_open()) return;
   file_.close();

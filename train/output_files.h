@@ -21,6 +21,8 @@ class LineWriter {
              SyncedFileWriter::Mode mode = SyncedFileWriter::Mode::kTruncate);
   bool is_open() const { return file_.is_open(); }
   void write_line(std::string_view line);
+  // fsyncs the file and its folder, the file staying open: the lines so far survive a crash.
+  void sync();
   // fsyncs the file and its folder, then closes; throws if the last lines could not be written.
   void close();
   const std::string& path() const { return file_.path(); }

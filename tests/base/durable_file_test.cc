@@ -178,12 +178,17 @@ TEST_F(DurableFileTest, SyncedWriterWritesInPlace) {
   writer.write("ab", 2);
   EXPECT_EQ(read(path("rank.bin")), "ab");  // in place: truncated, then written through
   SyncedFileWriter moved = std::move(writer);
+  moved.sync();  // durable so far, and still open
+  EXPECT_TRUE(moved.is_open());
   moved.write("c", 1);
   moved.close();
   EXPECT_FALSE(moved.is_open());
   EXPECT_EQ(read(path("rank.bin")), "abc");
   EXPECT_THAT(error_of([&] { moved.write("d", 1); }),
               AllOf(HasSubstr("checkpoint: cannot write '" + path("rank.bin") + "'"),
+                    HasSubstr("not open")));
+  EXPECT_THAT(error_of([&] { moved.sync(); }),
+              AllOf(HasSubstr("checkpoint: cannot sync '" + path("rank.bin") + "'"),
                     HasSubstr("not open")));
   write_file_synced(path("meta.json"), "{}", "checkpoint");
   EXPECT_EQ(read(path("meta.json")), "{}");
