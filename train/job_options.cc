@@ -182,7 +182,7 @@ std::span<const JobOption> job_options() {
        &C::collective_timeout_s, Range::kNonNegative},
       {"comm", "replicas",
        "fault tolerance across replicas: this job is one of N replica jobs (each its own launch, "
-       "any layout alike) averaging their gradients per step over those that take part; a "
+       "all on one layout) averaging their gradients per step over those that take part; a "
        "replica that fails is dropped, one that (re)starts joins with the others' state (1: off)",
        &C::replicas, Range::kPositive},
       {"comm", "replica", "with replicas: this job's replica index, 0..replicas-1", &C::replica,

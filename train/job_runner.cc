@@ -2,17 +2,20 @@
 
 #include <fmt/ranges.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <utility>
 
 #include "base/error.h"
 #include "base/profiler.h"
 #include "checkpoint/distributed_checkpoint.h"
+#include "checkpoint/sha256.h"
 #include "comm/init.h"
 #include "comm/launch_env.h"
 #include "comm/peer_failure.h"
@@ -110,28 +113,65 @@ std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
   return members;
 }
 
+namespace {
+
+// What replicas of one job must share, as text a refused replica prints beside the running ones':
+// the model, the layout and the run's settings (the data by its SHA-256, not its path: replicas
+// on other machines may keep it elsewhere; the step count may differ).
+std::string replica_job_settings(const nlohmann::json& model, const nlohmann::json& run,
+                                 const std::string& layout) {
+  nlohmann::json settings = run;
+  settings["data"].erase("path");
+  settings.erase("steps");
+  const std::string all = nlohmann::json{{"model", model}, {"run", settings}}.dump();
+  return fmt::format(
+      "seed {}, batch {} x {}, {}, data sha256 {:.12}, model and training settings {:.12}",
+      run.at("seed").dump(), run.at("batch_size").dump(), run.at("seq_len").dump(), layout,
+      run.at("data").at("sha256").get<std::string>(),
+      checkpoint::sha256_hex(all.data(), all.size()));
+}
+
+// Which launch a replica job is: a number every rank draws, the largest of them (the same on all
+// its ranks; another for every launch, a restart's included). Collective over `world`.
+uint64_t replica_instance(comm::ProcessGroup& world) {
+  std::random_device device;
+  const uint64_t drawn = (static_cast<uint64_t>(device()) << 32) ^ device();
+  const Tensor t =
+      ops::from_vector_i64({static_cast<int64_t>(drawn >> 1) + 1}, {1}, world.device());
+  world.all_reduce(t, comm::ReduceOp::kMax)->wait();
+  return static_cast<uint64_t>(ops::to(t, Device::cpu()).data<int64_t>()[0]);
+}
+
+}  // namespace
+
 // --replicas: this rank's place among the replica jobs (the ranks with its rank in the others),
 // over the shared quorum store. None without replicas.
 std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
-                                                          const comm::ProcessGroup& world,
-                                                          const Device& device) {
+                                                          const CheckedJob& checked,
+                                                          const DeviceMesh& mesh,
+                                                          comm::ProcessGroup& world) {
   if (job.replicas <= 1 || !job.replica_replay.empty()) return nullptr;  // a replay is one job
   // --replica and --replica-store were checked with the job (check_job: check_replicas).
-  LOOM_CHECK(device.is_cpu(),
+  LOOM_CHECK(world.device().is_cpu(),
              "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), "
              "not on {}",
-             device.str());
+             world.device().str());
   const HostPort address = parse_host_port(job.replica_store, "--replica-store");
   // The job's collective timeout bounds reaching the store too (an unreachable one fails as a
   // silent peer does, not after the store's own 5 minutes).
   auto store = std::make_shared<comm::TcpStore>(address.host, address.port,
                                                 comm::TcpStoreOptions{.timeout = world.timeout()});
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
   return std::make_shared<parallel::ft::ReplicaGroup>(
       store, static_cast<int>(job.replica), static_cast<int>(job.replicas),
       parallel::ft::ReplicaGroupOptions{
           .local_key = fmt::format("rank{}", world.rank()),
           .join_window = std::chrono::milliseconds(job.replica_join_window_ms),
-          .timeout = world.timeout()});
+          .timeout = world.timeout(),
+          .instance = replica_instance(world),
+          .description = fmt::format("pid {} on {}", ::getpid(), host),
+          .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str())});
 }
 
 std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job) {
@@ -206,13 +246,13 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
           static_cast<double>(read.file_bytes) / 1048576.0);
     }
   }
-  trainer_ =
-      std::make_unique<Trainer>(*model_, mesh_,
-                                TrainerOptions{.lr = lr_schedule(job_),
-                                               .weight_decay = 0.1,
-                                               .clip = job_.clip,
-                                               .replicas = replica_group(job_, *world_, device_),
-                                               .replica_ranks = world_});
+  trainer_ = std::make_unique<Trainer>(
+      *model_, mesh_,
+      TrainerOptions{.lr = lr_schedule(job_),
+                     .weight_decay = 0.1,
+                     .clip = job_.clip,
+                     .replicas = replica_group(job_, checked_, *mesh_, *world_),
+                     .replica_ranks = world_});
   if (rank == 0) {
     for (const std::string& warning : checked_.warnings) fmt::print("{}: {}\n", program_, warning);
   }

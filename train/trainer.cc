@@ -61,16 +61,20 @@ std::vector<Tensor> Trainer::local_gradients() const {
 void Trainer::begin_replica_step() {
   parallel::ft::ReplicaGroup& replicas = *options_.replicas;
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
-  // A replica starting late joins the running job's next step — the same one on all its ranks
-  // (each reads the latest decided step at its own moment: the latest of their readings).
-  int64_t step = reduce_over_replica_ranks(replicas.first_step(next_step_), comm::ReduceOp::kMax);
+  // The round after the latest decided one — the same on all this replica's ranks (each reads the
+  // latest at its own moment: the latest of their readings).
+  const auto next_round = [&] {
+    return reduce_over_replica_ranks(replicas.next_round(), comm::ReduceOp::kMax);
+  };
+  int64_t round = next_round();
   for (int attempt = 0;; ++attempt) {
-    const parallel::ft::StepQuorum q = replicas.start_step(step, attempt, next_step_);
-    if (!q.member()) {  // that step was decided without it: the next one
-      step = reduce_over_replica_ranks(replicas.first_step(next_step_), comm::ReduceOp::kMax);
+    const parallel::ft::StepQuorum q = replicas.start_round(round, attempt, next_step_);
+    if (!q.member()) {  // that round was decided without it: the next one
+      round = next_round();
       attempt = -1;
       continue;
     }
+    // The members run the newest state among them: those behind get it first.
     if (q.needs_state_sync) {
       std::vector<std::function<void()>> after_load;
       checkpoint::StateDict state = state_dict(&after_load);
@@ -81,7 +85,7 @@ void Trainer::begin_replica_step() {
       if (!replicas.sync_state(locals, agree)) continue;  // a member failed: the next attempt
       for (const auto& apply : after_load) apply();
     }
-    next_step_ = static_cast<int>(step);
+    next_step_ = static_cast<int>(q.step);
     replica_attempt_ = attempt;
     return;
   }
@@ -134,8 +138,19 @@ int Trainer::average_over_replicas() {
     if (replicas.average(grads, agree)) {
       return static_cast<int>(replicas.quorum().members.size());
     }
-    // A member failed during the average: again, among those that reach this attempt.
-    replicas.start_step(next_step_, attempt, next_step_);
+    // A member failed during the average: again, among those that reach this attempt (every one
+    // of them holds this step's state: the round's joiners got it before their gradients).
+    const parallel::ft::StepQuorum& q =
+        replicas.start_round(replicas.quorum().round, attempt, next_step_);
+    LOOM_CHECK(q.member(),
+               "replicas: replica {} was left out of round {}'s attempt {} (it reached it after "
+               "the join window): the others ran step {} without it, and its state is no longer "
+               "theirs; start it again to rejoin with their state",
+               replicas.replica(), q.round, attempt, next_step_);
+    LOOM_CHECK(q.step == next_step_ && !q.needs_state_sync,
+               "replicas: round {} attempt {} decided step {} for members at step {}: a retry "
+               "must keep the step its gradients are of",
+               q.round, attempt, q.step, next_step_);
   }
 }
 

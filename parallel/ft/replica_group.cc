@@ -5,7 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <sstream>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
 #include "base/error.h"
@@ -18,34 +19,99 @@ namespace loom::parallel::ft {
 
 namespace {
 
-std::string step_prefix(int64_t step, int attempt) {
-  return fmt::format("ft/step{}/attempt{}/", step, attempt);
+std::string round_prefix(int64_t round, int attempt) {
+  return fmt::format("ft/round{}/attempt{}/", round, attempt);
 }
 
-// "replica:state_step" pairs, ascending by replica: the decided members.
-std::string encode_members(const std::vector<std::pair<int, int64_t>>& members) {
-  std::string out;
-  for (const auto& [replica, state] : members) {
-    out += fmt::format("{}{}:{}", out.empty() ? "" : ",", replica, state);
-  }
-  return out;
+constexpr const char* kLatestRound = "ft/latest";
+
+// What a replica writes when it joins a round.
+struct JoinEntry {
+  int replica = 0;
+  int64_t state = 0;         // the steps its state holds
+  int64_t state_round = -1;  // the round whose step made that state (-1: none since it started)
+  std::string instance;      // hex
+  bool veteran = false;      // it was a member of an earlier round
+  std::string job;
+  std::string description;
+};
+
+nlohmann::json to_json(const JoinEntry& e) {
+  return {{"replica", e.replica},        {"state", e.state},     {"state_round", e.state_round},
+          {"instance", e.instance},      {"veteran", e.veteran}, {"job", e.job},
+          {"description", e.description}};
 }
 
-std::vector<std::pair<int, int64_t>> decode_members(const std::string& text) {
-  std::vector<std::pair<int, int64_t>> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const size_t colon = item.find(':');
-    out.emplace_back(std::stoi(item.substr(0, colon)), std::stoll(item.substr(colon + 1)));
+JoinEntry join_entry_of(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text);
+  return {.replica = j.at("replica").get<int>(),
+          .state = j.at("state").get<int64_t>(),
+          .state_round = j.at("state_round").get<int64_t>(),
+          .instance = j.at("instance").get<std::string>(),
+          .veteran = j.at("veteran").get<bool>(),
+          .job = j.at("job").get<std::string>(),
+          .description = j.at("description").get<std::string>()};
+}
+
+// The decision on the entries that joined (every rank of a replica writes one; a second job
+// running the same id writes others): one process per replica id — one that took part before,
+// else the first to join — whose settings are the running replicas' (the veterans', else the
+// lowest id's). The others are refused, each with the reason its job will print.
+nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas) {
+  const JoinEntry* reference = nullptr;
+  for (const JoinEntry& e : joined) {
+    if (e.veteran && (reference == nullptr || e.replica < reference->replica)) reference = &e;
   }
-  return out;
+  if (reference == nullptr) {
+    for (const JoinEntry& e : joined) {
+      if (reference == nullptr || e.replica < reference->replica) reference = &e;
+    }
+  }
+  nlohmann::json members = nlohmann::json::array(), refused = nlohmann::json::array();
+  for (int r = 0; r < max_replicas; ++r) {
+    const JoinEntry* chosen = nullptr;
+    for (const JoinEntry& e : joined) {
+      if (e.replica != r || e.job != reference->job) continue;
+      if (chosen == nullptr || (e.veteran && !chosen->veteran)) chosen = &e;
+    }
+    std::vector<std::string> seen;
+    for (const JoinEntry& e : joined) {
+      if (e.replica != r || (chosen != nullptr && e.instance == chosen->instance)) continue;
+      if (std::find(seen.begin(), seen.end(), e.instance) != seen.end()) continue;
+      seen.push_back(e.instance);
+      std::string reason =
+          e.job != reference->job
+              ? fmt::format(
+                    "--replica {}: this job's settings differ from the running replicas' (this "
+                    "job: {}; replica {}'s: {}): replicas of one job need the same model, data, "
+                    "seed, batch, sequence length, layout and training settings",
+                    r, e.job, reference->replica, reference->job)
+              : fmt::format(
+                    "--replica {}: another job already runs replica {} against this replica store "
+                    "({}; this job is {}): give each replica job its own --replica in [0, {}), "
+                    "or stop the other first",
+                    r, r, chosen->description, e.description, max_replicas);
+      refused.push_back({{"instance", e.instance}, {"reason", std::move(reason)}});
+    }
+    if (chosen != nullptr) {
+      members.push_back({{"replica", r},
+                         {"state", chosen->state},
+                         {"state_round", chosen->state_round},
+                         {"instance", chosen->instance}});
+    }
+  }
+  return {{"members", members}, {"refused", refused}};
 }
 
 // What every failure to reach the replicas' store says of it.
 constexpr const char* kStoreMustOutlive =
     " (the replicas' shared store — a lighthouse — must outlive every replica; without it no "
     "replica can go on)";
+
+uint64_t random_instance() {
+  std::random_device device;
+  return (static_cast<uint64_t>(device()) << 32) ^ device() ^ 1;  // never 0
+}
 
 }  // namespace
 
@@ -59,67 +125,102 @@ ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int 
   LOOM_CHECK(max_replicas_ >= 1 && replica_ >= 0 && replica_ < max_replicas_,
              "ReplicaGroup: replica {} is not in [0, {}) (max_replicas {})", replica_,
              max_replicas_, max_replicas_);
+  if (options_.instance == 0) options_.instance = random_instance();
+  if (options_.description.empty()) {
+    options_.description = fmt::format("instance {:016x}", options_.instance);
+  }
 }
 
-int64_t ReplicaGroup::first_step(int64_t state_step) {
+int64_t ReplicaGroup::next_round() {
   try {
-    const std::string key = "ft/latest";
-    if (!store_->check({key})) return state_step;
-    return std::max(state_step, store_->add(key, 0) + 1);
+    const int64_t latest = store_->check({kLatestRound}) ? store_->add(kLatestRound, 0) : -1;
+    return std::max(last_round_, latest) + 1;
   } catch (const Error& e) {
-    LOOM_FAIL("ReplicaGroup '{}': replica {}: reading the running job's step failed: {}{}",
+    LOOM_FAIL("ReplicaGroup '{}': replica {}: reading the latest round failed: {}{}",
               options_.local_key, replica_, e.what(), kStoreMustOutlive);
   }
 }
 
-StepQuorum ReplicaGroup::start_step(int64_t step, int attempt, int64_t state_step) {
+StepQuorum ReplicaGroup::start_round(int64_t round, int attempt, int64_t state_step) {
+  // A member that dies makes one attempt fail, and the next goes on without it: attempts beyond
+  // every member's failure mean the members cannot work together at all (say, two layouts).
+  const int max_attempts = std::max(8, 2 * max_replicas_);
+  LOOM_CHECK(attempt < max_attempts,
+             "ReplicaGroup '{}': replica {}: round {} failed {} attempts with members {}; the last "
+             "failure: {}",
+             options_.local_key, replica_, round, attempt, quorum_.members,
+             last_failure_.empty() ? "none on this rank (another rank of this replica failed)"
+                                   : last_failure_);
   try {
-    return quorum_for(step, attempt, state_step);
+    return quorum_for(round, attempt, state_step);
+  } catch (const InputError&) {
+    throw;  // refused by the decision: the job's own mistake, named there
   } catch (const Error& e) {
-    LOOM_FAIL("ReplicaGroup '{}': replica {}: the quorum for step {} (attempt {}) failed: {}{}",
-              options_.local_key, replica_, step, attempt, e.what(), kStoreMustOutlive);
+    LOOM_FAIL("ReplicaGroup '{}': replica {}: the quorum of round {} (attempt {}) failed: {}{}",
+              options_.local_key, replica_, round, attempt, e.what(), kStoreMustOutlive);
   }
 }
 
-StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_step) {
-  const std::string prefix = step_prefix(step, attempt);
-  store_->set(prefix + "join/" + std::to_string(replica_), std::to_string(state_step));
+StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_step) {
+  const std::string prefix = round_prefix(round, attempt);
+  const std::string instance = fmt::format("{:016x}", options_.instance);
+  {
+    // A slot per entry: every rank of a replica writes one, and so does a second job given the
+    // same id (a single key per replica would keep only the last writer's).
+    const int64_t slot = store_->add(fmt::format("{}slots/{}", prefix, replica_), 1);
+    const JoinEntry mine{.replica = replica_,
+                         .state = state_step,
+                         .state_round = state_round_,
+                         .instance = instance,
+                         .veteran = last_round_ >= 0,
+                         .job = options_.job,
+                         .description = options_.description};
+    store_->set(fmt::format("{}join/{}/{}", prefix, replica_, slot), to_json(mine).dump());
+  }
   const std::string decided = prefix + "members";
-  // Who joined so far, ascending.
-  const auto joined = [&] {
-    std::vector<std::pair<int, int64_t>> members;
+  // The entries so far, and how many replica ids they cover.
+  const auto joined = [&](int* replicas_joined) {
+    std::vector<JoinEntry> entries;
+    *replicas_joined = 0;
     for (int r = 0; r < max_replicas_; ++r) {
-      const std::string join = prefix + "join/" + std::to_string(r);
-      if (store_->check({join})) members.emplace_back(r, std::stoll(store_->get_string(join)));
+      const std::string slots = fmt::format("{}slots/{}", prefix, r);
+      if (!store_->check({slots})) continue;
+      bool any = false;
+      for (int64_t k = 1, n = store_->add(slots, 0); k <= n; ++k) {
+        const std::string key = fmt::format("{}join/{}/{}", prefix, r, k);
+        if (!store_->check({key})) continue;  // a slot taken, its entry not written yet
+        entries.push_back(join_entry_of(store_->get_string(key)));
+        any = true;
+      }
+      if (any) ++*replicas_joined;
     }
-    return members;
+    return entries;
   };
-  // The members are written once: the first list published wins (compare_set on the absent
-  // key), and every replica reads that one back, so a slow decider and one that took over never
-  // leave two lists, whoever stalls or dies between deciding and writing.
-  const auto publish = [&](const std::vector<std::pair<int, int64_t>>& members) {
-    const std::string mine = encode_members(members);
+  // The decision is written once: the first published wins (compare_set on the absent key), and
+  // every replica reads that one back, so a slow decider and one that took over never leave two,
+  // whoever stalls or dies between deciding and writing.
+  const auto publish = [&](const std::vector<JoinEntry>& entries) {
+    const std::string mine = decide(entries, max_replicas_).dump();
     store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
-    // For replicas joining later: the latest decided step, raised to `step` unless a later one
-    // is there (a compare-and-swap loop: every publisher of a step runs it).
-    const std::string latest = "ft/latest";
-    const std::string text = std::to_string(step);
+    // For replicas joining later: the latest decided round, raised to `round` unless a later
+    // one is there (a compare-and-swap loop: every publisher of a round runs it).
+    const std::string text = std::to_string(round);
     const comm::Bytes ours(text.begin(), text.end());
-    comm::Bytes seen = store_->compare_set(latest, {}, ours);
-    while (std::stoll(std::string(seen.begin(), seen.end())) < step) {
-      seen = store_->compare_set(latest, seen, ours);
+    comm::Bytes seen = store_->compare_set(kLatestRound, {}, ours);
+    while (std::stoll(std::string(seen.begin(), seen.end())) < round) {
+      seen = store_->compare_set(kLatestRound, seen, ours);
     }
   };
+  int replicas_joined = 0;
   if (store_->add(prefix + "decider", 1) == 1) {
     // The decider: everyone, or whoever came within the join window.
     const auto deadline = std::chrono::steady_clock::now() + options_.join_window;
-    std::vector<std::pair<int, int64_t>> members = joined();
-    while (static_cast<int>(members.size()) < max_replicas_ &&
-           std::chrono::steady_clock::now() < deadline) {
+    std::vector<JoinEntry> entries = joined(&replicas_joined);
+    while (replicas_joined < max_replicas_ && std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      members = joined();
+      entries = joined(&replicas_joined);
     }
-    publish(members);
+    publish(entries);
   } else {
     // A decider killed during its join window would leave the others waiting out the timeout
     // and failing: past the window and a grace, they publish who joined themselves (the dead
@@ -127,49 +228,76 @@ StepQuorum ReplicaGroup::quorum_for(int64_t step, int attempt, int64_t state_ste
     try {
       store_->wait({decided}, options_.join_window + options_.decider_grace);
     } catch (const Error&) {
-      publish(joined());
+      publish(joined(&replicas_joined));
     }
   }
-  StepQuorum q{.step = step, .attempt = attempt};
-  int64_t newest = -1;
-  for (const auto& [replica, state] : decode_members(store_->get_string(decided))) {
-    if (replica == replica_) q.index = static_cast<int>(q.members.size());
-    q.members.push_back(replica);
-    q.state_at.push_back(state);
-    newest = std::max(newest, state);
+  const nlohmann::json decision = nlohmann::json::parse(store_->get_string(decided));
+  for (const nlohmann::json& refused : decision.at("refused")) {
+    if (refused.at("instance").get<std::string>() == instance) {
+      throw InputError(refused.at("reason").get<std::string>());
+    }
   }
+  StepQuorum q{.round = round, .attempt = attempt};
+  std::vector<std::string> instances;  // the members' processes
+  std::vector<int64_t> state_rounds;
+  for (const nlohmann::json& member : decision.at("members")) {
+    instances.push_back(member.at("instance").get<std::string>());
+    const int replica = member.at("replica").get<int>();
+    if (replica == replica_ && instances.back() == instance) {
+      q.index = static_cast<int>(q.members.size());
+    }
+    q.members.push_back(replica);
+    q.state_at.push_back(member.at("state").get<int64_t>());
+    state_rounds.push_back(member.at("state_round").get<int64_t>());
+  }
+  // The source: the newest state, and of two made apart (replicas that ran the same step in
+  // different rounds, each without the other) the one of the later round. Every member whose
+  // state is not the source's — an older one, or one made apart — gets it.
   for (size_t i = 0; i < q.members.size(); ++i) {
-    if (q.state_at[i] < newest) q.needs_state_sync = true;
-    if (q.source < 0 && q.state_at[i] == newest) q.source = static_cast<int>(i);
+    if (q.source < 0 || q.state_at[i] > q.state_at[q.source] ||
+        (q.state_at[i] == q.state_at[q.source] && state_rounds[i] > state_rounds[q.source])) {
+      q.source = static_cast<int>(i);
+    }
+  }
+  if (q.source >= 0) {
+    q.step = q.state_at[q.source];
+    source_round_ = state_rounds[q.source];
+    for (size_t i = 0; i < q.members.size(); ++i) {
+      if (q.state_at[i] != q.step || state_rounds[i] != source_round_) q.needs_state_sync = true;
+    }
   }
   quorum_ = q;
   group_failed_ = false;
   if (q.member()) {
+    last_round_ = std::max(last_round_, round);
     try {
-      group_for(q);
+      group_for(q, instances);
     } catch (const Error& e) {
       // A member that died after joining never connects: this attempt fails (average and
       // sync_state say so), and the next one goes on without it.
       group_.reset();
-      group_members_.clear();
+      group_instances_.clear();
       group_failed_ = true;
-      LOOM_LOG(warn, "ReplicaGroup '{}': replica {}: step {} attempt {}: {}", options_.local_key,
-               replica_, step, attempt, e.what());
+      last_failure_ = e.what();
+      LOOM_LOG(warn, "ReplicaGroup '{}': replica {}: round {} attempt {}: {}", options_.local_key,
+               replica_, round, attempt, e.what());
     }
   }
   return q;
 }
 
-void ReplicaGroup::group_for(const StepQuorum& q) {
-  // A new group when the members changed, one of them is behind (a fresh process has no group
-  // yet) or an attempt failed (the old group is poisoned); every member decides alike.
-  const bool reuse = group_ && group_members_ == q.members && !q.needs_state_sync && q.attempt == 0;
+void ReplicaGroup::group_for(const StepQuorum& q, const std::vector<std::string>& instances) {
+  // A new group when the members changed (a replica id now run by another process included),
+  // one of them is behind (a fresh process has no group yet) or an attempt failed (the old group
+  // is poisoned); every member decides alike.
+  const bool reuse =
+      group_ && group_instances_ == instances && !q.needs_state_sync && q.attempt == 0;
   if (reuse) return;
   group_.reset();
-  group_members_ = q.members;
+  group_instances_ = instances;
   if (q.members.size() == 1) return;  // alone: nothing to average with
   const std::string prefix =
-      step_prefix(q.step, q.attempt) + fmt::format("group/{}/", options_.local_key);
+      round_prefix(q.round, q.attempt) + fmt::format("group/{}/", options_.local_key);
   group_ = comm::ProcessGroupGloo::create(
       std::make_shared<comm::PrefixStore>(prefix, store_), q.index,
       static_cast<int>(q.members.size()),
@@ -185,11 +313,14 @@ bool ReplicaGroup::sync_state(const std::vector<Tensor>& state, const Agreement&
   if (group_ && ok) {
     try {
       for (const Tensor& t : state) group_->broadcast(t, quorum_.source)->wait();
-    } catch (const Error&) {
+    } catch (const Error& e) {
+      last_failure_ = e.what();
       ok = false;
     }
   }
-  return agree ? agree(ok) : ok;
+  if (agree) ok = agree(ok);
+  if (ok) state_round_ = source_round_;  // the source's state now, made by its round
+  return ok;
 }
 
 bool ReplicaGroup::average(const std::vector<Tensor>& grads, const Agreement& agree) {
@@ -204,7 +335,8 @@ bool ReplicaGroup::average(const std::vector<Tensor>& grads, const Agreement& ag
   bool ok = true;
   try {
     group_->all_reduce(buffer, comm::ReduceOp::kSum)->wait();
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    last_failure_ = e.what();
     ok = false;
   }
   if (agree) ok = agree(ok);
@@ -218,6 +350,9 @@ bool ReplicaGroup::average(const std::vector<Tensor>& grads, const Agreement& ag
   return true;
 }
 
-void ReplicaGroup::commit() { participants_[quorum_.step] = quorum_.members; }
+void ReplicaGroup::commit() {
+  participants_[quorum_.step] = quorum_.members;
+  state_round_ = quorum_.round;
+}
 
 }  // namespace loom::parallel::ft

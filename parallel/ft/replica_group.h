@@ -3,33 +3,51 @@
 // gradients over those only, and bring a replica that joins (or rejoins) up to date by sending it
 // the current state from one that took part before — no restart, no checkpoint.
 //
-//   ReplicaGroup group(store, replica, max_replicas, {.local_key = "tp0"});
-//   for (int64_t step = group.first_step(state_step); step < steps; ++step) {
+//   ReplicaGroup group(store, replica, max_replicas, {.local_key = "tp0", .job = settings});
+//   while (state_step < steps) {
+//     const int64_t round = group.next_round();
 //     for (int attempt = 0;; ++attempt) {
-//       const StepQuorum q = group.start_step(step, attempt, state_step);
-//       if (q.needs_state_sync) group.sync_state(state_tensors);   // a joiner gets the state
-//       grads = ...;                                                // this replica's batch
-//       if (group.average(grads)) break;        // false: a member failed; start the step again
-//     }
-//     apply(grads); state_step = step + 1;
+//       const StepQuorum q = group.start_round(round, attempt, state_step);
+//       if (!q.member()) break;                                     // decided without it: next
+//       round if (q.needs_state_sync) group.sync_state(state_tensors);   // a joiner gets the state
+//       grads = ...;                                                // step q.step's batch
+//       if (group.average(grads)) { apply(grads); state_step = q.step + 1; group.commit(); break; }
+//     }                                                             // false: a member failed:
+//     again
 //   }
 //
-// Quorum (start_step): every replica that reaches a step (attempt) writes its join key with the
-// step its state is at; the first to arrive decides — it waits until every replica joined or
-// Options::join_window passed, then publishes the members (ascending) — and everyone reads the
-// same list. A replica that is gone costs the others one join window per step; a decider that
-// dies before publishing costs them the window and Options::decider_grace, after which they
-// publish who joined themselves. The list is written once (Store::compare_set on the absent key):
-// whoever publishes first wins and everyone reads that list back, so a decider that stalls
-// rather than dies, publishing late, never leaves two lists. A member that fails during the
-// step's average makes the others' average fail: they start the step again
-// (attempt + 1) from the gradients they kept, in a quorum without it.
+// Rounds: the replicas meet once per step in a round, numbered by the store (a round is never
+// reused: every round's keys are new). A replica joins the round after the latest decided one.
+// The step a round's members run is the newest state among them (torchft's max_step): a replica
+// behind it (one that joins, rejoins or missed a round) first gets the state from a member that
+// holds it; one that runs alone runs from its own state. So replicas that (re)start together
+// against a lighthouse that served an earlier job start from their own state (step 0, or their
+// checkpoint's), never at that job's step, and a replica never runs a step whose state it does
+// not hold.
+//
+// Quorum (start_round): every replica that reaches a round (attempt) writes its join entry — its
+// state step, the job's settings and which process it is — and the first to arrive decides: it
+// waits until every replica joined or Options::join_window passed, then publishes the members
+// (ascending) — and everyone reads the same list. A replica that is gone costs the others one
+// join window per step; a decider that dies before publishing costs them the window and
+// Options::decider_grace, after which they publish who joined themselves. The list is written
+// once (Store::compare_set on the absent key): whoever publishes first wins and everyone reads
+// that list back, so a decider that stalls rather than dies, publishing late, never leaves two
+// lists. A member that fails during the step's average makes the others' average fail: they start
+// the round again (attempt + 1) from the gradients they kept, in a quorum without it.
+//
+// Who may take part: the decision admits one process per replica id (`Options::instance`, drawn
+// anew by every launch): one that took part before is kept, and a second job given the same
+// --replica is refused, as is a replica whose settings (`Options::job`) differ from the running
+// replicas' (those that took part before, else the lowest id's). The refused one's start_round
+// throws loom::InputError naming both sides (a job exits 2 on it and is not restarted); the
+// others go on without it.
 //
 // Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same
 // coordinate on the other dims, e.g. tp) is built anew when the members change, a member joins or
 // an attempt failed, and reused otherwise. Every rank of a replica joins the same quorum (its
-// join key is the replica's), and settles each exchange with the others through `Agreement`, so
-// the replica's ranks never disagree on a step's members or on whether it must be retried.
+// join entry is the replica's), and settles each exchange with the others through `Agreement`, so
+// the replica's ranks never disagree on a round's members or on whether it must be retried.
 //
 // Learning rate and data: each replica's gradient is its own batch's; the step's gradient is the
 // mean over the members, so a missing replica's batch is simply not in that step (torchft's
@@ -50,8 +68,9 @@
 namespace loom::parallel::ft {
 
 struct StepQuorum {
-  int64_t step = 0;
+  int64_t round = 0;
   int attempt = 0;
+  int64_t step = 0;               // the step the members run: the newest state among them
   std::vector<int> members;       // replica ids, ascending
   std::vector<int64_t> state_at;  // each member's state step, in members' order
   int index = -1;                 // this replica's place in members (-1: not a member)
@@ -73,6 +92,13 @@ struct ReplicaGroupOptions {
   // How long a new members' group waits for them all to connect: a member that died after
   // joining the quorum fails the attempt after it (the next attempt goes on without it).
   comm::Duration connect_timeout = std::chrono::seconds(10);
+  // Which process this replica is: the same on every rank of one launch, another for each launch
+  // (0: drawn at random). Two jobs running one replica id are told apart by it.
+  uint64_t instance = 0;
+  // Named to a job refused in its favour ("pid 4242 on node-3").
+  std::string description;
+  // The job's settings, as text: replicas that differ in them are refused by name.
+  std::string job;
 };
 
 class ReplicaGroup {
@@ -81,15 +107,16 @@ class ReplicaGroup {
   ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
                ReplicaGroupOptions options = {});
 
-  // For a replica (re)joining a running job: the step to join at (the latest decided step + 1;
-  // `state_step` when the job has not started).
-  int64_t first_step(int64_t state_step);
+  // The round to join next: the one after the latest decided (or after this replica's last).
+  int64_t next_round();
 
-  // This step's quorum (collective over the replicas that reach it): see above; a decision always
-  // comes while the store lives (a dead decider is replaced). Throws naming the step when the
+  // A round's quorum (collective over the replicas that reach it): see above; a decision always
+  // comes while the store lives (a dead decider is replaced). `state_step`: the steps this
+  // replica's state holds. Throws loom::InputError when the decision refuses this replica (another
+  // job runs its replica id, or its settings differ), and loom::Error naming the round when the
   // shared store fails (every replica then ends with that error: the quorum service is the one
   // part that must not fail).
-  StepQuorum start_step(int64_t step, int attempt, int64_t state_step);
+  StepQuorum start_round(int64_t round, int attempt, int64_t state_step);
 
   // A replica of several ranks (say tp) has one ReplicaGroup per rank, all in the same quorum
   // (decided once per replica and step); `agree` makes its ranks settle each exchange alike:
@@ -119,18 +146,24 @@ class ReplicaGroup {
 
  private:
   // Builds (or keeps) the members' group for `quorum`.
-  void group_for(const StepQuorum& quorum);
-  StepQuorum quorum_for(int64_t step, int attempt, int64_t state_step);
+  void group_for(const StepQuorum& quorum, const std::vector<std::string>& instances);
+  StepQuorum quorum_for(int64_t round, int attempt, int64_t state_step);
 
   std::shared_ptr<comm::Store> store_;
   int replica_;
   int max_replicas_;
   ReplicaGroupOptions options_;
   StepQuorum quorum_;
-  std::vector<int> group_members_;  // whose group group_ is
+  std::vector<std::string> group_instances_;  // whose group group_ is (the members' processes)
   std::shared_ptr<comm::ProcessGroup> group_;
   bool group_failed_ = false;  // this attempt's group could not be built
   std::map<int64_t, std::vector<int>> participants_;
+  int64_t last_round_ = -1;  // the last round this replica was a member of
+  // Which round's step made this replica's state (-1: none since it started; a sync makes it the
+  // source's): two replicas at one step hold the same state only when one round made both.
+  int64_t state_round_ = -1;
+  int64_t source_round_ = -1;  // the last quorum's source's state_round_
+  std::string last_failure_;   // why the last attempt failed, on this rank
 };
 
 }  // namespace loom::parallel::ft

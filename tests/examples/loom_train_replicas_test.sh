@@ -27,21 +27,26 @@ wait_step() {  # wait_step FILE STEP: until rank 0 of a replica has completed ST
   fail "no progress to step $2 in $1 (at $(progress "$1"))"
 }
 
-scenario() {  # scenario NAME REPLICAS TP [MODEL FLAGS...]
-  local name="$1" replicas="$2" tp="$3" steps=40
-  local model=("${@:4}")
-  mkdir -p "$name" && cd "$name"
+start_lighthouse() {  # a lighthouse in this folder: its pid in $lh, its port in $port
   # The log exists before the background job opens it: a look at it may come first (and set -e
   # ends the test on sed's "can't read").
   : >lighthouse.log
   "$lighthouse" --port 0 --bind 127.0.0.1 >lighthouse.log 2>&1 &
-  local lh=$! port=""
+  lh=$!
+  port=""
   for _ in $(seq 1 200); do
     port=$(sed -n 's/.*127.0.0.1:\([0-9]*\)$/\1/p' lighthouse.log)
     [[ -n $port ]] && break
     sleep 0.02
   done
-  [[ -n $port ]] || { cat lighthouse.log; fail "$name: the lighthouse did not start"; }
+  [[ -n $port ]] || { cat lighthouse.log; fail "$PWD: the lighthouse did not start"; }
+}
+
+scenario() {  # scenario NAME REPLICAS TP [MODEL FLAGS...]
+  local name="$1" replicas="$2" tp="$3" steps=40
+  local model=("${@:4}")
+  mkdir -p "$name" && cd "$name"
+  start_lighthouse
   local common=(--launcher "$loomrun" --dp 1 --tp "$tp" --steps "$steps" --batch-size 12
     --replicas "$replicas" --replica-store "127.0.0.1:$port" --replica-join-window-ms 300
     --collective-timeout-s 30 --sample-tokens 0 --no-progress --plot-out "" --log-every 1
@@ -95,5 +100,54 @@ scenario() {  # scenario NAME REPLICAS TP [MODEL FLAGS...]
   cd ..
 }
 
+# A lighthouse outlives its jobs: replicas of a later job against it start from their own state
+# at step 0 (not at the finished job's step); a second job given a replica id that runs is refused
+# (exit 2, naming the other) while the job goes on; so is a replica of another layout.
+later_jobs() {
+  mkdir -p later && cd later
+  start_lighthouse
+  run() {  # run TAG REPLICA STEPS [FLAGS...]: a replica job in the background; its pid in $started
+    mkdir -p "$1"
+    (LOOM_PROGRESS_FILE="$PWD/$1/progress" exec "$train" --launcher "$loomrun" --dp 1 --tp 1 \
+      --steps "$3" --batch-size 12 --replicas 2 --replica "$2" --replica-store "127.0.0.1:$port" \
+      --replica-join-window-ms 300 --collective-timeout-s 30 --sample-tokens 0 --no-progress \
+      --plot-out "" --log-every 1 --metrics-out "$1/m.jsonl" --save "$1/model.safetensors" \
+      "${@:4}" >"$1/log" 2>&1) &
+    started=$!
+  }
+  local a b
+  run first0 0 4; a=$started; run first1 1 4; b=$started
+  wait "$a" && wait "$b" || fail "later: the first job failed"
+  run next0 0 4 --seed 7; a=$started; run next1 1 4 --seed 7; b=$started
+  wait "$a" && wait "$b" || { cat next0/log next1/log; fail "later: the second job failed"; }
+  for r in 0 1; do
+    [[ $(sed -n '1s/.*"step":\([0-9]*\).*/\1/p' "next$r/m.jsonl") == 0 ]] ||
+      { cat "next$r/log"; fail "later: replica $r of the second job did not start at step 0"; }
+    ! grep -q "joined the running job" "next$r/log" || fail "later: replica $r joined the old job"
+  done
+  cmp -s next0/model.safetensors next1/model.safetensors || fail "later: the new pair's models differ"
+  # A running pair, then a second replica 1 and a replica of another layout (tp2).
+  run long0 0 400; a=$started; run long1 1 400; b=$started
+  wait_step long0/progress 3
+  run again1 1 400; local again=$started
+  local status=0
+  wait "$again" || status=$?
+  [[ $status == 2 ]] || { cat again1/log; fail "later: a second replica 1 exited $status, not 2"; }
+  grep -q -- "--replica 1: another job already runs replica 1 against this replica store (pid" \
+    again1/log || { cat again1/log; fail "later: the second replica 1's message"; }
+  run wide 1 400 --tp 2; local wide=$started
+  status=0
+  wait "$wide" || status=$?
+  [[ $status == 2 ]] || { cat wide/log; fail "later: a replica on tp2 exited $status, not 2"; }
+  grep -q -- "this job's settings differ from the running replicas'" wide/log ||
+    { cat wide/log; fail "later: the tp2 replica's message"; }
+  kill "$a" "$b" 2>/dev/null || true
+  wait "$a" "$b" 2>/dev/null || true
+  kill "$lh" 2>/dev/null || true
+  echo "ok: later jobs start at step 0; a second replica 1 and a tp2 replica are refused"
+  cd ..
+}
+
 scenario two_by_tp2 2 2
+later_jobs
 scenario three_by_tp2_dropout 3 2 --dropout 0.1 --attn-dropout 0.1

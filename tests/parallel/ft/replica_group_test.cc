@@ -61,28 +61,33 @@ struct Outcome {
   std::map<int64_t, int> attempts;  // steps that needed more than one attempt
 };
 
-// One replica's life: it joins at the running job's next step, trains until `last_step`
-// (exclusive), and before step `fail_at` joins the quorum and then leaves without averaging.
+// One replica's life: it joins the round after the latest, runs the step its quorum decides
+// until `last_step` (exclusive), and in step `fail_at` joins the quorum and then leaves without
+// averaging.
 Outcome run_replica(std::shared_ptr<comm::Store> store, int replica, int64_t last_step,
-                    int64_t fail_at = -1) {
-  ReplicaGroup group(store, replica, kReplicas, {.join_window = std::chrono::milliseconds(200)});
+                    int64_t fail_at = -1,
+                    comm::Duration join_window = std::chrono::milliseconds(200)) {
+  ReplicaGroup group(store, replica, kReplicas, {.join_window = join_window});
   Outcome out;
-  out.first_step = group.first_step(out.state.steps_done);
-  for (int64_t step = out.first_step; step < last_step; ++step) {
+  out.first_step = -1;
+  while (out.state.steps_done < last_step) {
+    const int64_t round = group.next_round();
     for (int attempt = 0;; ++attempt) {
-      const StepQuorum q = group.start_step(step, attempt, out.state.steps_done);
-      EXPECT_TRUE(q.member()) << "replica " << replica << " step " << step;
-      if (step == fail_at) return out;  // its group goes with `group`, mid-step
+      const StepQuorum q = group.start_round(round, attempt, out.state.steps_done);
+      EXPECT_TRUE(q.member()) << "replica " << replica << " round " << round;
+      if (!q.member()) break;
+      if (q.step == fail_at) return out;  // its group goes with `group`, mid-step
       if (q.needs_state_sync) {
         if (!group.sync_state({out.state.w, out.state.momentum})) continue;
-        out.state.steps_done = step;
+        out.state.steps_done = q.step;
       }
-      const Tensor grad = gradient(out.state.w, step, replica);
+      if (out.first_step < 0) out.first_step = q.step;
+      const Tensor grad = gradient(out.state.w, q.step, replica);
       if (group.average({grad})) {
         apply(out.state, grad);
-        out.state.steps_done = step + 1;
+        out.state.steps_done = q.step + 1;
         group.commit();
-        if (attempt > 0) out.attempts[step] = attempt;
+        if (attempt > 0) out.attempts[q.step] = attempt;
         break;
       }
     }
@@ -91,9 +96,10 @@ Outcome run_replica(std::shared_ptr<comm::Store> store, int replica, int64_t las
   return out;
 }
 
-// Waits until the job has decided step `step` (what a replica coming back watches for).
-void wait_for_step(comm::Store& store, int64_t step) {
-  while (!store.check({"ft/latest"}) || store.add("ft/latest", 0) < step) {
+// Waits until the job has decided round `round` (what a replica coming back watches for). Rounds
+// are steps in this job: replica 0 takes part in every round, each a step.
+void wait_for_round(comm::Store& store, int64_t round) {
+  while (!store.check({"ft/latest"}) || store.add("ft/latest", 0) < round) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
 }
@@ -107,11 +113,11 @@ TEST(ReplicaGroupTest, ReplicasLeaveFailAndRejoinWithoutStoppingTheJob) {
   t2.join();
   t1.join();
   std::thread t2b([&] {
-    wait_for_step(*store, 6);
+    wait_for_round(*store, 6);
     r2_back = run_replica(store, 2, kSteps);
   });
   std::thread t1b([&] {
-    wait_for_step(*store, 9);
+    wait_for_round(*store, 9);
     r1_back = run_replica(store, 1, kSteps);
   });
   t0.join();
@@ -151,6 +157,172 @@ TEST(ReplicaGroupTest, ReplicasLeaveFailAndRejoinWithoutStoppingTheJob) {
   }
 }
 
+// A replica never runs a step whose state it does not hold. Replica 0 runs alone to the end; a
+// replica 1 started afterwards, against the same store (the lighthouse of a job that finished),
+// starts from its own state at step 0 — not at the finished job's next step — and so does a
+// new job's pair of replicas after it.
+TEST(ReplicaGroupTest, ReplicasAfterAFinishedJobStartFromTheirOwnState) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  const Outcome alone = run_replica(store, 0, 3);
+  EXPECT_EQ(alone.first_step, 0);
+  EXPECT_EQ(store->get_string("ft/latest"), "2");  // its three rounds
+  const Outcome later = run_replica(store, 1, 3);
+  EXPECT_EQ(later.first_step, 0);
+  EXPECT_EQ(later.participants.size(), 3u);
+  for (const auto& [step, members] : later.participants) {
+    EXPECT_EQ(members, (std::vector<int>{1})) << "step " << step;
+  }
+  Outcome pair[2];
+  // (A window long enough that neither misses a round on a loaded machine.)
+  const comm::Duration window = std::chrono::milliseconds(600);
+  std::thread t0([&] { pair[0] = run_replica(store, 0, 4, -1, window); });
+  std::thread t1([&] { pair[1] = run_replica(store, 1, 4, -1, window); });
+  t0.join();
+  t1.join();
+  State reference;
+  for (int64_t step = 0; step < 4; ++step) {
+    Tensor sum = ops::zeros({4, 3});
+    for (int r : pair[0].participants.at(step)) sum = ops::add(sum, gradient(reference.w, step, r));
+    apply(reference, ops::div(sum, static_cast<double>(pair[0].participants.at(step).size())));
+  }
+  for (const Outcome& outcome : pair) {
+    EXPECT_EQ(outcome.participants, pair[0].participants);
+    EXPECT_GE(outcome.first_step, 0);
+    loom::testing::expect_close({.actual = outcome.state.w,
+                                 .expected = reference.w,
+                                 .tol = {.atol = 1e-6},
+                                 .what = "the new pair's weights"});
+  }
+  EXPECT_EQ(pair[0].participants.at(3), (std::vector<int>{0, 1}));
+}
+
+// Runs start_round on every group at once (each in its thread); what each returned or threw.
+struct RoundResult {
+  StepQuorum quorum;
+  std::string input_error;  // a loom::InputError's message
+};
+std::vector<RoundResult> join_round(const std::vector<ReplicaGroup*>& groups, int64_t round,
+                                    const std::vector<int64_t>& states) {
+  std::vector<RoundResult> results(groups.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    threads.emplace_back([&, i] {
+      try {
+        results[i].quorum = groups[i]->start_round(round, 0, states[i]);
+      } catch (const InputError& e) {
+        results[i].input_error = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+// Two jobs given one replica id: the one that took part before stays, the newcomer is refused by
+// name (a job exits 2 on InputError), and the members' group works without it.
+TEST(ReplicaGroupTest, ASecondJobRunningTheSameReplicaIsRefused) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  // Three ids, of which two run: every decider waits out its window, so all entries are in.
+  const auto options = [](std::string description) {
+    return ReplicaGroupOptions{.join_window = std::chrono::milliseconds(300),
+                               .description = std::move(description),
+                               .job = "the job"};
+  };
+  ReplicaGroup r0(store, 0, kReplicas, options("pid 10 on a")),
+      r1(store, 1, kReplicas, options("pid 11 on b")),
+      r1_again(store, 1, kReplicas, options("pid 99 on c"));
+  const std::vector<RoundResult> first = join_round({&r0, &r1}, 0, {0, 0});
+  ASSERT_EQ(first[1].quorum.members, (std::vector<int>{0, 1}));
+  const std::vector<RoundResult> second = join_round({&r1_again, &r0, &r1}, 1, {0, 1, 1});
+  EXPECT_EQ(second[0].input_error,
+            "--replica 1: another job already runs replica 1 against this replica store (pid 11 "
+            "on b; this job is pid 99 on c): give each replica job its own --replica in [0, 3), "
+            "or stop the other first");
+  for (int i : {1, 2}) {
+    EXPECT_EQ(second[i].input_error, "");
+    EXPECT_EQ(second[i].quorum.members, (std::vector<int>{0, 1}));
+    EXPECT_EQ(second[i].quorum.step, 1);
+    EXPECT_EQ(second[i].quorum.index, i - 1);
+  }
+  // The members average with each other only.
+  Tensor g0 = ops::full({2}, 1.0), g1 = ops::full({2}, 3.0);
+  std::thread t0([&] { EXPECT_TRUE(r0.average({g0})); });
+  EXPECT_TRUE(r1.average({g1}));
+  t0.join();
+  loom::testing::expect_close(
+      {.actual = g0, .expected = ops::full({2}, 2.0), .tol = {.atol = 0}, .what = "replica 0"});
+}
+
+// A replica whose settings differ from the running replicas' is refused, naming both: the
+// replicas that took part before set them (here replica 1), whatever the newcomer's id.
+TEST(ReplicaGroupTest, AReplicaWithOtherSettingsIsRefused) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  const auto options = [](std::string job) {
+    return ReplicaGroupOptions{.join_window = std::chrono::milliseconds(300),
+                               .job = std::move(job)};
+  };
+  ReplicaGroup r1(store, 1, kReplicas, options("seed 1, layout tp=2")),
+      r0(store, 0, kReplicas, options("seed 1, layout tp=1"));
+  ASSERT_EQ(join_round({&r1}, 0, {0})[0].quorum.members, (std::vector<int>{1}));
+  const std::vector<RoundResult> second = join_round({&r0, &r1}, 1, {0, 1});
+  EXPECT_EQ(second[0].input_error,
+            "--replica 0: this job's settings differ from the running replicas' (this job: seed 1, "
+            "layout tp=1; replica 1's: seed 1, layout tp=2): replicas of one job need the same "
+            "model, data, seed, batch, sequence length, layout and training settings");
+  EXPECT_EQ(second[1].quorum.members, (std::vector<int>{1}));
+  EXPECT_EQ(second[1].quorum.step, 1);
+}
+
+// Two replicas that ran the same step apart (each in a round without the other: one was late)
+// hold different states at the same step; when they meet again the later round's state is the
+// one both go on from, so they never average gradients of different weights.
+TEST(ReplicaGroupTest, ReplicasThatRanAStepApartGoOnFromOneState) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100)};
+  ReplicaGroup r0(store, 0, kReplicas, options), r1(store, 1, kReplicas, options);
+  const auto run_step = [](ReplicaGroup& group, const StepQuorum& q) {
+    Tensor g = ops::full({1}, 1.0);
+    EXPECT_TRUE(group.average({g}));
+    group.commit();
+    return q.step + 1;
+  };
+  std::vector<RoundResult> both = join_round({&r0, &r1}, 0, {0, 0});
+  ASSERT_EQ(both[0].quorum.members, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(both[0].quorum.needs_state_sync);  // fresh replicas start alike
+  int64_t s0 = 0, s1 = 0;
+  std::thread t([&] { s1 = run_step(r1, both[1].quorum); });
+  s0 = run_step(r0, both[0].quorum);
+  t.join();
+  // Round 1 without replica 0, round 2 without replica 1: each runs step 1 alone.
+  const StepQuorum alone1 = join_round({&r1}, 1, {s1})[0].quorum;
+  ASSERT_EQ(alone1.members, (std::vector<int>{1}));
+  s1 = run_step(r1, alone1);
+  const StepQuorum alone0 = join_round({&r0}, 2, {s0})[0].quorum;
+  ASSERT_EQ(alone0.members, (std::vector<int>{0}));
+  EXPECT_EQ(alone0.step, 1);
+  s0 = run_step(r0, alone0);
+  ASSERT_EQ(s0, s1);  // both at step 2, from different step-1 updates
+  both = join_round({&r0, &r1}, 3, {s0, s1});
+  for (const RoundResult& result : both) {
+    EXPECT_EQ(result.quorum.step, 2);
+    EXPECT_TRUE(result.quorum.needs_state_sync);
+    EXPECT_EQ(result.quorum.source, 0);  // replica 0's state, made in round 2
+  }
+  Tensor w0 = ops::full({2}, 7.0), w1 = ops::full({2}, -1.0);
+  std::thread sync1([&] { EXPECT_TRUE(r1.sync_state({w1})); });
+  EXPECT_TRUE(r0.sync_state({w0}));
+  sync1.join();
+  loom::testing::expect_close(
+      {.actual = w1, .expected = w0, .tol = {.atol = 0}, .what = "replica 1's state"});
+  // Synced, they hold one state: the next round needs none.
+  std::thread t2([&] { s1 = run_step(r1, both[1].quorum); });
+  s0 = run_step(r0, both[0].quorum);
+  t2.join();
+  both = join_round({&r0, &r1}, 4, {s0, s1});
+  EXPECT_FALSE(both[0].quorum.needs_state_sync);
+  EXPECT_EQ(both[0].quorum.step, 3);
+}
+
 // The quorum service failing ends the replica with an error that says what failed.
 class GoneStore : public comm::Store {
  public:
@@ -170,11 +342,11 @@ class GoneStore : public comm::Store {
 TEST(ReplicaGroupTest, ALostQuorumStoreIsNamed) {
   ReplicaGroup group(std::make_shared<GoneStore>(), 1, 2, {.local_key = "rank0"});
   try {
-    group.start_step(7, 0, 7);
+    group.start_round(7, 0, 7);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr(
-                              "ReplicaGroup 'rank0': replica 1: the quorum for step 7 (attempt 0) "
+                              "ReplicaGroup 'rank0': replica 1: the quorum of round 7 (attempt 0) "
                               "failed: connection refused (the replicas' shared store — a "
                               "lighthouse — must outlive every replica"));
   }
@@ -187,8 +359,12 @@ TEST(ReplicaGroupTest, ALostQuorumStoreIsNamed) {
 // client each, as jobs have).
 void expect_a_dead_decider_replaced(const std::vector<std::shared_ptr<comm::Store>>& stores) {
   comm::Store& dead = *stores[2];
-  dead.set("ft/step4/attempt0/join/2", std::string("4"));
-  ASSERT_EQ(dead.add("ft/step4/attempt0/decider", 1), 1);  // replica 2 decides, then dies
+  ASSERT_EQ(dead.add("ft/round4/attempt0/slots/2", 1), 1);
+  dead.set(
+      "ft/round4/attempt0/join/2/1",
+      std::string(R"({"replica": 2, "state": 4, "state_round": 3, "instance": "00000000000000dd", )"
+                  R"("veteran": true, "job": "", "description": "the dead one"})"));
+  ASSERT_EQ(dead.add("ft/round4/attempt0/decider", 1), 1);  // replica 2 decides, then dies
   const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100),
                                     .timeout = std::chrono::seconds(20),
                                     .decider_grace = std::chrono::milliseconds(200),
@@ -201,7 +377,7 @@ void expect_a_dead_decider_replaced(const std::vector<std::shared_ptr<comm::Stor
     replicas.emplace_back([&, r] {
       try {
         ReplicaGroup group(stores[r], r, kReplicas, options);
-        quorums[r] = group.start_step(4, 0, 4);
+        quorums[r] = group.start_round(4, 0, 4);
       } catch (const Error& e) {
         errors[r] = e.what();
       }
@@ -219,8 +395,8 @@ void expect_a_dead_decider_replaced(const std::vector<std::shared_ptr<comm::Stor
   EXPECT_LT(waited_s, 10.0);  // not the timeout
   // The list was written once, and the latest decided step is this one: both survivors may
   // have published, and neither pushed it past 4.
-  EXPECT_EQ(dead.get_string("ft/step4/attempt0/members"),
-            stores[0]->get_string("ft/step4/attempt0/members"));
+  EXPECT_EQ(dead.get_string("ft/round4/attempt0/members"),
+            stores[0]->get_string("ft/round4/attempt0/members"));
   EXPECT_EQ(dead.get_string("ft/latest"), "4");
 }
 
@@ -228,13 +404,18 @@ void expect_a_dead_decider_replaced(const std::vector<std::shared_ptr<comm::Stor
 // without replica 1, which it never saw) is not written, and it reads the published one back.
 TEST(ReplicaGroupTest, ALateDeciderReadsTheListAlreadyPublished) {
   auto store = std::make_shared<comm::InMemoryStore>();
-  store->set("ft/step4/attempt0/members", std::string("0:4,1:4,2:4"));
-  store->set("ft/latest", std::string("9"));  // a later step decided meanwhile
+  store->set(
+      "ft/round4/attempt0/members",
+      std::string(
+          R"({"members": [{"replica": 0, "state": 4, "state_round": 3, "instance": "a"}, )"
+          R"({"replica": 1, "state": 4, "state_round": 3, "instance": "b"}, )"
+          R"({"replica": 2, "state": 4, "state_round": 3, "instance": "c"}], "refused": []})"));
+  store->set("ft/latest", std::string("9"));  // a later round decided meanwhile
   const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(50),
                                     .timeout = std::chrono::seconds(20),
                                     .connect_timeout = std::chrono::milliseconds(300)};
   ReplicaGroup late(store, 0, kReplicas, options);
-  const StepQuorum quorum = late.start_step(4, 0, 4);  // the decider: no one else joins
+  const StepQuorum quorum = late.start_round(4, 0, 4);  // the decider: no one else joins
   EXPECT_EQ(quorum.members, (std::vector<int>{0, 1, 2}));
   EXPECT_EQ(store->get_string("ft/latest"), "9");  // never lowered
 }
