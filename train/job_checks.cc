@@ -182,8 +182,9 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
   }
 }
 
-// The model's parameters and their AdamW state in a checkpoint (Trainer::parameter_entries):
-// the names, global shapes and dtypes of the model this job builds (whole, on the meta device).
+// The model's parameters, their AdamW state and its modules' state (MoE routing biases, dropout
+// counts) in a checkpoint (Trainer::parameter_entries, module_entries): the names, global shapes
+// and dtypes of the model this job builds (whole, on the meta device).
 // Each rank's load would refuse a difference too, but only once the ranks started, each saying
 // so; a metadata file edited (its marker rewritten) to fit no model is refused here.
 // Returns a warning naming the model's dropout modules whose state the checkpoint lacks (they start
@@ -194,32 +195,40 @@ std::optional<std::string> check_saved_parameters(const checkpoint::Metadata& me
                                                   const std::string& dir) {
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
   const std::shared_ptr<nn::Module> model = args.whole_model();
-  std::vector<std::string> fresh;
-  for (const auto& [name, module] : model->named_modules()) {
-    const std::string key = Trainer::dropout_state_key(name);
-    if (dynamic_cast<nn::Dropout*>(module) != nullptr && !metadata.entries.contains(key)) {
-      fresh.push_back(key);
+  std::vector<Trainer::SavedEntry> wanted;
+  for (const auto& [name, p] : model->named_parameters()) {
+    for (Trainer::SavedEntry& entry : Trainer::parameter_entries(name, p.shape(), p.dtype())) {
+      wanted.push_back(std::move(entry));
     }
   }
-  std::vector<std::string> problems;
+  for (Trainer::SavedEntry& entry : Trainer::module_entries(*model)) {
+    wanted.push_back(std::move(entry));
+  }
+  std::vector<std::string> problems, fresh;
   std::set<std::string> expected;
-  for (const auto& [name, p] : model->named_parameters()) {
-    for (const Trainer::SavedEntry& want : Trainer::parameter_entries(name, p.shape(), p.dtype())) {
-      expected.insert(want.key);
-      const auto it = metadata.entries.find(want.key);
-      if (it == metadata.entries.end()) {
+  for (const Trainer::SavedEntry& want : wanted) {
+    expected.insert(want.key);
+    const auto it = metadata.entries.find(want.key);
+    if (it == metadata.entries.end()) {
+      // A dropout module the saving model lacked starts a fresh stream (warned about below).
+      if (want.optional) {
+        fresh.push_back(want.key);
+      } else {
         problems.push_back(fmt::format("'{}' is missing", want.key));
-      } else if (it->second.shape != want.shape || it->second.dtype != want.dtype) {
-        problems.push_back(fmt::format("'{}' is {} {} there, the model's is {} {}", want.key,
-                                       checkpoint::dtype_key(it->second.dtype),
-                                       shape_str(it->second.shape),
-                                       checkpoint::dtype_key(want.dtype), shape_str(want.shape)));
       }
+    } else if (it->second.shape != want.shape || it->second.dtype != want.dtype) {
+      problems.push_back(fmt::format("'{}' is {} {} there, the model's is {} {}", want.key,
+                                     checkpoint::dtype_key(it->second.dtype),
+                                     shape_str(it->second.shape), checkpoint::dtype_key(want.dtype),
+                                     shape_str(want.shape)));
     }
   }
   for (const auto& [key, entry] : metadata.entries) {
     if ((key.starts_with("model/") || key.starts_with("optim/")) && !expected.contains(key)) {
       problems.push_back(fmt::format("'{}' belongs to no parameter of the model", key));
+    } else if (key.starts_with("moe/") && !expected.contains(key)) {
+      problems.push_back(
+          fmt::format("'{}' belongs to no mixture-of-experts layer of the model", key));
     }
   }
   const size_t shown = std::min<size_t>(problems.size(), 10);

@@ -38,6 +38,13 @@ Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
   no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
 }
 
+namespace {
+
+// A MoE's routing bias in a checkpoint.
+std::string expert_bias_key(const std::string& module) { return "moe/" + module + "/expert_bias"; }
+
+}  // namespace
+
 int64_t Trainer::reduce_over_replica_ranks(int64_t value, comm::ReduceOp op) const {
   if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return value;
   const Tensor t = ops::from_vector_i64({value}, {1}, options_.replica_ranks->device());
@@ -241,7 +248,7 @@ checkpoint::StateDict Trainer::state_dict(std::vector<std::function<void()>>* af
   for (const auto& [name, module] : model_.named_modules()) {
     // A MoE's routing bias (a buffer the optimizer does not own) resumes with the run.
     if (auto* moe = dynamic_cast<nn::MoE*>(module)) {
-      state.tensors.emplace_back("moe/" + name + "/expert_bias", moe->expert_bias());
+      state.tensors.emplace_back(expert_bias_key(name), moe->expert_bias());
       continue;
     }
     auto* dropout = dynamic_cast<nn::Dropout*>(module);
@@ -283,6 +290,19 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
 
 std::string Trainer::dropout_state_key(const std::string& module) {
   return "rng/" + module + "/calls";
+}
+
+std::vector<Trainer::SavedEntry> Trainer::module_entries(nn::Module& model) {
+  std::vector<SavedEntry> entries;
+  for (const auto& [name, module] : model.named_modules()) {
+    if (auto* moe = dynamic_cast<nn::MoE*>(module)) {
+      entries.push_back(
+          {expert_bias_key(name), moe->expert_bias().shape(), moe->expert_bias().dtype()});
+    } else if (dynamic_cast<nn::Dropout*>(module) != nullptr) {
+      entries.push_back({dropout_state_key(name), Shape{1}, kInt64, /*optional=*/true});
+    }
+  }
+  return entries;
 }
 
 std::vector<Trainer::SavedEntry> Trainer::parameter_entries(const std::string& name,

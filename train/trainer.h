@@ -130,9 +130,14 @@ class Trainer {
     std::string key;
     Shape shape;
     DType dtype;
+    bool optional = false;  // a checkpoint may lack it (state_dict's StateDict::optional)
   };
   static std::vector<SavedEntry> parameter_entries(const std::string& name, const Shape& shape,
                                                    DType dtype);
+  // The entries state_dict saves for `model`'s modules besides their parameters: each MoE's
+  // routing bias ("moe/<module>/expert_bias", the buffer's shape and dtype) and each dropout
+  // module's mask count (dropout_state_key: one i64, optional). Works on a meta-device model.
+  static std::vector<SavedEntry> module_entries(nn::Module& model);
 
  private:
   double mean_over_data_parallel(double local_loss) const;

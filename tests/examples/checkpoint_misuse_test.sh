@@ -98,6 +98,21 @@ refused an-edited-optimizer-entry \
   "'optim/wpe.weight/exp_avg' is missing; 'optim/wpe.weight/exp_avg2' belongs to no parameter of the model" \
   --steps 6 --checkpoint-dir optim_name --resume
 
+# A mixture of experts' routing bias is checked with the parameters (it had failed in the ranks).
+moe_job=("${job[@]}" --model llama-moe-tiny --n-layer 1 --moe-dense-layers 0)
+"${moe_job[@]}" --steps 2 --checkpoint-dir moe >moe.log 2>&1 || { cat moe.log; fail "the MoE run"; }
+cp -r moe moe_bias
+perl -0pi -e 's/"moe\/layers.0.moe\/expert_bias"/"moe\/layers.0.moe\/expert_biases"/' \
+  moe_bias/step_00000002/metadata.json
+printf '{"metadata_sha256":"%s","step":2}\n' \
+  "$(sha256sum moe_bias/step_00000002/metadata.json | cut -d' ' -f1)" >moe_bias/step_00000002/COMMITTED
+job_before=("${job[@]}")
+job=("${moe_job[@]}")
+refused an-edited-routing-bias \
+  "(2 problem(s): 'moe/layers.0.moe/expert_bias' is missing; 'moe/layers.0.moe/expert_biases' belongs to no mixture-of-experts layer of the model)" \
+  --steps 4 --checkpoint-dir moe_bias --resume
+job=("${job_before[@]}")
+
 # A damaged older step does not stop a resume from a whole latest one: a warning names it.
 cp -r ckpt damaged_old && printf ' ' >> damaged_old/step_00000002/metadata.json
 "${job[@]}" --steps 6 --checkpoint-dir damaged_old --resume >damaged_old.log 2>&1 ||
