@@ -87,9 +87,12 @@ void add_routing_note(JobPlan& plan, int64_t experts, int64_t ep) {
   plan.notes.push_back(fmt::format(
       "mixture of experts: the traced step routes every token's choices uniformly over the {} "
       "experts (token t's c-th choice is expert (t k + c) mod {}); a real step routes as its "
-      "routers choose, so the experts' FLOPs{} and the peaks of the ranks holding the busiest "
-      "experts grow with the imbalance the metrics line reports as expert load max/mean",
-      experts, experts, ep > 1 ? ", the all-to-all bytes" : ""));
+      "routers choose: the busiest experts' FLOPs{} and the peaks of the ranks holding them "
+      "grow with the imbalance the metrics line reports as expert load max/mean, the others' "
+      "shrink (with a capacity factor, the tokens over an expert's capacity are dropped, not "
+      "computed{}: the metrics' moe_dropped counts them)",
+      experts, experts, ep > 1 ? ", the all-to-all bytes to their ranks" : "",
+      ep > 1 ? " or sent" : ""));
 }
 
 // The "| ranks | group | kind | calls | MiB |" rows of one set of ranks' operations.

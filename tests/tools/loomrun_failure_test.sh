@@ -81,6 +81,10 @@ expect_eq "$RC" 3 "exit code when rank 0 exits 3 for a stopped rank 1"
 [[ $ELAPSED_MS -lt 5000 ]] || fail "loomrun took ${ELAPSED_MS} ms to stop the job (limit 5000)"
 tail -1 "$WORK/err" | grep -Eq '^loomrun: rank 1 \(pid [0-9]+\), stopped by SIGSTOP when the first rank failed: the others were waiting for it$' ||
   { cat "$WORK/err"; fail "the last line does not name the stopped rank 1"; }
+# With --max-restarts the restart names the stopped rank as the cause, not the one that exited 3.
+run_loomrun --nproc-per-node 3 --max-restarts 1 -- bash -c \
+  'case $RANK in 1) sleep 0.2; kill -STOP $$;; 0) sleep 0.6; exit 3;; *) sleep 60;; esac'
+expect_grep "$WORK/err" '^loomrun: restart 1 of 1: rank 1 \(pid [0-9]+\), stopped by SIGSTOP while the others waited for it before its first step; starting the job again'
 
 # Ranks all exit 0: loomrun exits 0 and says nothing of its own.
 run_loomrun --nproc-per-node 2 -- "$HELPER" --sleep-s 0.1

@@ -102,7 +102,7 @@ int run_loomrun(int argc, const char* const* argv) {
           exit_code);
       return exit_code;
     }
-    if (!history.restart_after(supervisor.first_failure(), flight.completed_step())) {
+    if (!history.restart_after(supervisor.cause(), flight.completed_step())) {
       return exit_code;
     }
     flight.clear_dumps();

@@ -44,8 +44,8 @@ void add_flags(CLI::App& app, LaunchOptions& options) {
       ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", options.max_restarts,
                  "when a rank fails, stop the others and start the job again, up to N times "
-                 "(the job resumes from its latest checkpoint); a job failing at the same step 3 "
-                 "times in a row is not restarted again")
+                 "(a job that saves checkpoints resumes from its latest); a job failing at the "
+                 "same step, or before its first, 3 times in a row is not restarted again")
       ->capture_default_str();
   app.add_option("--flight-recorder-dir", options.flight_recorder_dir,
                  "where the ranks dump their last operations when the job fails (merged into one "

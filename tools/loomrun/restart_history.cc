@@ -29,9 +29,10 @@ bool RestartHistory::restart_after(const std::string& cause, std::optional<long>
   failures_.push_back({cause, completed_step});
   const int restarts_done = static_cast<int>(failures_.size()) - 1;
   if (max_restarts_ == 0) return false;
-  // The same step failing kSameStepLimit times in a row is not a fault restarts get past.
+  // The same step failing kSameStepLimit times in a row is not a fault restarts get past; nor is
+  // failing before the first step each time (a checkpoint that cannot be loaded, say).
   const size_t n = failures_.size();
-  if (completed_step && n >= static_cast<size_t>(kSameStepLimit) &&
+  if (n >= static_cast<size_t>(kSameStepLimit) &&
       std::all_of(failures_.end() - kSameStepLimit, failures_.end(),
                   [&](const Failure& f) { return f.completed_step == completed_step; })) {
     log_line("the job failed {} {} times in a row; not restarting it again ({})",
@@ -44,8 +45,8 @@ bool RestartHistory::restart_after(const std::string& cause, std::optional<long>
     return false;
   }
   log_line(
-      "restart {} of {}: {} {}; starting the job again (LOOM_RESTART_COUNT={}), which "
-      "resumes from its latest checkpoint",
+      "restart {} of {}: {} {}; starting the job again (LOOM_RESTART_COUNT={}; a job that "
+      "saves checkpoints resumes from its latest)",
       restarts_done + 1, max_restarts_, cause, where(completed_step), restarts_done + 1);
   return true;
 }

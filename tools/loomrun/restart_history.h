@@ -1,7 +1,8 @@
 // --max-restarts: whether loomrun starts a failed job again, and the lines that say why. Each
 // failed attempt is logged with its cause and the step it reached; a job that fails at the same
-// step kSameStepLimit times in a row is not restarted again (a deterministic failure would only
-// loop), nor one that used up its restarts — both with a report of every attempt.
+// step (or before its first step) kSameStepLimit times in a row is not restarted again (a
+// deterministic failure would only loop), nor one that used up its restarts — both with a report
+// of every attempt.
 #pragma once
 
 #include <optional>

@@ -378,6 +378,12 @@ int Supervisor::run() {
   return exit_code_.value_or(0);
 }
 
+std::string Supervisor::cause() const {
+  if (!stalled_.empty()) return stalled_.front() + " while the others waited for it";
+  if (!departures_before_failure_.empty()) return departures_before_failure_.front();
+  return first_failure_;
+}
+
 void Supervisor::print_cause() const {
   // When ranks failed while another was stopped, the stopped one is the cause (the failures are
   // their timeouts waiting for it), whichever rank exited first; likewise one that had left.

@@ -68,6 +68,10 @@ class Supervisor {
   // ("rank 2 (pid 1234) exited with status 1").
   bool failed_by_rank() const { return !first_failure_.empty(); }
   const std::string& first_failure() const { return first_failure_; }
+  // After run(), when failed_by_rank(): the failure's cause, in words — a rank stopped (SIGSTOP)
+  // or gone while the others waited for it when there was one (print_cause's first line), else
+  // first_failure(). What a restart names.
+  std::string cause() const;
 
  private:
   using Clock = std::chrono::steady_clock;
