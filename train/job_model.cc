@@ -50,8 +50,11 @@ JobModel resolve_job_model(const JobConfig& job) {
   out.args->validate();
   LOOM_CHECK(job.seq_len <= out.args->context(),
              "--seq-len: {} tokens per sequence is more than the model's context of {} ({}); "
-             "pass a larger --block-size or a shorter --seq-len",
-             job.seq_len, out.args->context(), context_from);
+             "{}",
+             job.seq_len, out.args->context(), context_from,
+             job.init_from.empty()
+                 ? "pass a larger --block-size or a shorter --seq-len"
+                 : "the checkpoint's positions fix it: pass a --seq-len of at most that");
   if (job.tp > 1) out.args->validate_tp(job.tp);
   check_context_parallel(*out.args, job.cp);
   check_expert_parallel(*out.args, job.ep);

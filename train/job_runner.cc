@@ -174,6 +174,25 @@ std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
           .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str())});
 }
 
+namespace {
+
+// What a resume whose latest step fails to load can do instead: the committed step before it.
+std::string resume_fallback_hint(const std::string& root, const std::string& step_dir) {
+  std::vector<int64_t> steps;
+  try {
+    steps = checkpoint::committed_steps(root);
+  } catch (const Error&) {
+    return "";
+  }
+  if (steps.size() < 2) return "";
+  return fmt::format(
+      "; to resume from the step before it, move '{}' out of '{}' (the latest committed step is "
+      "then step {})",
+      step_dir, root, steps[steps.size() - 2]);
+}
+
+}  // namespace
+
 std::shared_ptr<comm::ProcessGroup> init_job_process_group(const JobConfig& job) {
   comm::InitOptions init;
   if (job.collective_timeout_s > 0) {
@@ -259,7 +278,14 @@ JobRunner::JobRunner(const JobConfig& job, std::shared_ptr<comm::ProcessGroup> w
   // --resume: the latest committed checkpoint, saved on any layout.
   if (checked_.resume_from) {
     const std::string& dir = *checked_.resume_from;
-    const checkpoint::Metadata saved = trainer_->load_checkpoint(dir, *world_);
+    checkpoint::Metadata saved;
+    try {
+      saved = trainer_->load_checkpoint(dir, *world_);
+    } catch (const std::exception& error) {
+      // A step found damaged as it loads (a checksum) is damaged on every try: say how to resume
+      // from the one before it.
+      comm::throw_in_context(error, error.what() + resume_fallback_hint(job_.checkpoint_dir, dir));
+    }
     const std::string layout = saved_layout(saved);
     if (rank == 0) {
       const int64_t restarts = restart_count();

@@ -98,6 +98,20 @@ refused an-edited-optimizer-entry \
   "'optim/wpe.weight/exp_avg' is missing; 'optim/wpe.weight/exp_avg2' belongs to no parameter of the model" \
   --steps 6 --checkpoint-dir optim_name --resume
 
+# A damaged byte in the latest step is found as the ranks load it (its checksum): the job fails
+# naming it and the committed step a resume could fall back to.
+cp -r ckpt flipped
+size=$(stat -c %s flipped/step_00000004/rank_00000.bin)
+byte=$(od -An -tu1 -j $((size / 2)) -N1 flipped/step_00000004/rank_00000.bin | tr -d ' ')
+printf "$(printf '\\%03o' $(( byte ^ 1 )))" |
+  dd of=flipped/step_00000004/rank_00000.bin bs=1 seek=$((size / 2)) conv=notrunc status=none
+status=0
+"${job[@]}" --steps 6 --checkpoint-dir flipped --resume >flipped.log 2>&1 || status=$?
+[[ $status -eq 1 ]] || { cat flipped.log; fail "a damaged latest step: exit $status, expected 1"; }
+grep -q "SHA-256 mismatch, the bytes on disk are not the bytes saved; to resume from the step before it, move 'flipped/step_00000004' out of 'flipped' (the latest committed step is then step 2)" flipped.log ||
+  { cat flipped.log; fail "a damaged latest step: the fallback is not named"; }
+echo "ok: a damaged byte in the latest step names the step to fall back to"
+
 # A mixture of experts' routing bias is checked with the parameters (it had failed in the ranks).
 moe_job=("${job[@]}" --model llama-moe-tiny --n-layer 1 --moe-dense-layers 0)
 "${moe_job[@]}" --steps 2 --checkpoint-dir moe >moe.log 2>&1 || { cat moe.log; fail "the MoE run"; }

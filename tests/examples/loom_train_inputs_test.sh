@@ -98,7 +98,7 @@ grep -q 'initialized from ckpt/model.safetensors' loaded.log || { cat loaded.log
 grep -q '^block_size = 0$' loaded.config.toml || fail "block_size should stay as given (0)"
 expect_error 2 "loom_train: --n-head: 2 contradicts the checkpoint: 'ckpt/config.json' has n_head = 4" \
   --dp 1 --tp 1 --init-from ckpt/model.safetensors --n-head 2
-expect_error 2 "more than the model's context of 128 (the checkpoint's config.json 'ckpt/config.json')" \
+expect_error 2 "more than the model's context of 128 (the checkpoint's config.json 'ckpt/config.json'); the checkpoint's positions fix it: pass a --seq-len of at most that" \
   --dp 1 --tp 1 --init-from ckpt/model.safetensors --seq-len 256
 echo '{"n_layer": 2' >ckpt/config.json
 expect_error 2 "config.json' is not valid JSON" --dp 1 --tp 1 --init-from ckpt/model.safetensors

@@ -30,9 +30,10 @@ TEST(RestartHistoryTest, TheSameStepThreeTimesInARowStops) {
   EXPECT_TRUE(history.restart_after("a", 4));
   EXPECT_TRUE(history.restart_after("b", 4));
   EXPECT_FALSE(history.restart_after("c", 4));
-  EXPECT_THAT(::testing::internal::GetCapturedStderr(),
-              HasSubstr("the job failed at step 5 3 times in a row; not restarting it again "
-                        "(attempt 1: a at step 5; attempt 2: b at step 5; attempt 3: c at step 5)"));
+  EXPECT_THAT(
+      ::testing::internal::GetCapturedStderr(),
+      HasSubstr("the job failed at step 5 3 times in a row; not restarting it again "
+                "(attempt 1: a at step 5; attempt 2: b at step 5; attempt 3: c at step 5)"));
 }
 
 TEST(RestartHistoryTest, FailingBeforeTheFirstStepThreeTimesInARowStops) {
@@ -49,9 +50,9 @@ TEST(RestartHistoryTest, FailingBeforeTheFirstStepThreeTimesInARowStops) {
 TEST(RestartHistoryTest, FailuresAtOtherStepsGoOn) {
   RestartHistory history(10);
   ::testing::internal::CaptureStderr();
-  for (std::optional<long> step : {std::optional<long>(3), std::optional<long>(3),
-                                    std::optional<long>(), std::optional<long>(),
-                                    std::optional<long>(3), std::optional<long>(4)}) {
+  for (std::optional<long> step :
+       {std::optional<long>(3), std::optional<long>(3), std::optional<long>(),
+        std::optional<long>(), std::optional<long>(3), std::optional<long>(4)}) {
     EXPECT_TRUE(history.restart_after("x", step));
   }
   ::testing::internal::GetCapturedStderr();
