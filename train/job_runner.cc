@@ -171,7 +171,8 @@ std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
           .timeout = world.timeout(),
           .instance = replica_instance(world),
           .description = fmt::format("pid {} on {}", ::getpid(), host),
-          .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str())});
+          .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str()),
+          .job_rank = world.rank()});
 }
 
 namespace {

@@ -21,6 +21,16 @@ struct ProcessGroupGloo::Token {};
 std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(std::shared_ptr<Store> store, int rank,
                                                            int size, ProcessGroupOptions options,
                                                            GlooOptions gloo) {
+  std::vector<int> global_ranks(size > 0 ? size : 0);
+  for (int r = 0; r < size; ++r) global_ranks[r] = r;
+  return create(std::move(store), rank, size, std::move(global_ranks), std::move(options),
+                std::move(gloo));
+}
+
+std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(std::shared_ptr<Store> store, int rank,
+                                                           int size, std::vector<int> global_ranks,
+                                                           ProcessGroupOptions options,
+                                                           GlooOptions gloo) {
   LOOM_CHECK(store != nullptr, "ProcessGroupGloo::create: group '{}': the store is null",
              options.name);
   LOOM_CHECK(size >= 1 && rank >= 0 && rank < size,
@@ -31,8 +41,6 @@ std::shared_ptr<ProcessGroupGloo> ProcessGroupGloo::create(std::shared_ptr<Store
              "tensors live on the CPU or on a CUDA device (staged through host memory)",
              options.name, gloo.device.str());
   auto device = gloo_detail::open_device(gloo, options.name);
-  std::vector<int> global_ranks(size);
-  for (int r = 0; r < size; ++r) global_ranks[r] = r;
   return std::make_shared<ProcessGroupGloo>(Token{}, std::move(store), rank, size,
                                             std::move(global_ranks), std::move(options),
                                             std::move(gloo), std::move(device));

@@ -137,6 +137,13 @@ class ProcessGroupGloo : public ProcessGroup {
   static std::shared_ptr<ProcessGroupGloo> create(std::shared_ptr<Store> store, int rank, int size,
                                                   ProcessGroupOptions options,
                                                   GlooOptions gloo = {});
+  // The same, for a group whose ranks are not a job's world: `global_ranks[i]` is the rank that
+  // group rank i's process has in its own job (its flight recorder dumps the group's operations
+  // into that rank's file; replicas of a job, each its own launch, share one rank number).
+  static std::shared_ptr<ProcessGroupGloo> create(std::shared_ptr<Store> store, int rank, int size,
+                                                  std::vector<int> global_ranks,
+                                                  ProcessGroupOptions options,
+                                                  GlooOptions gloo = {});
 
   // Runs what is still queued (each op ends by its timeout at the latest; after a failure the
   // rest fail at once), then joins the group's threads. Call abort() first to drop queued work.

@@ -298,9 +298,10 @@ void ReplicaGroup::group_for(const StepQuorum& q, const std::vector<std::string>
   if (q.members.size() == 1) return;  // alone: nothing to average with
   const std::string prefix =
       round_prefix(q.round, q.attempt) + fmt::format("group/{}/", options_.local_key);
+  // Every member's process is rank job_rank of its own job (the replicas' rank k meet).
   group_ = comm::ProcessGroupGloo::create(
       std::make_shared<comm::PrefixStore>(prefix, store_), q.index,
-      static_cast<int>(q.members.size()),
+      static_cast<int>(q.members.size()), std::vector<int>(q.members.size(), options_.job_rank),
       comm::ProcessGroupOptions{.name = fmt::format("ft/{}/step{}", options_.local_key, q.step),
                                 .timeout = options_.connect_timeout},
       comm::GlooOptions::loopback());

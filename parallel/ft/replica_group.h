@@ -99,6 +99,9 @@ struct ReplicaGroupOptions {
   std::string description;
   // The job's settings, as text: replicas that differ in them are refused by name.
   std::string job;
+  // This rank's rank in its own job (its flight recorder files the replica groups' operations
+  // under it).
+  int job_rank = 0;
 };
 
 class ReplicaGroup {
