@@ -5,11 +5,15 @@
 //
 // Backward formulas are written with the same ops and run under NoGradGuard (no double
 // backward). Gradients of broadcast inputs are summed back to the input's shape (ops::sum_to).
+// The neural-network ops (softmax, log_softmax, layer_norm, cross_entropy, dropout, attention)
+// as torch.nn.functional spells them are in autograd/functions_nn.h, included here: one include
+// gives a user every op.
 #pragma once
 
 #include <span>
 #include <vector>
 
+#include "autograd/functions_nn.h"
 #include "tensor/ops.h"
 
 namespace loom {

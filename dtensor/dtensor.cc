@@ -138,8 +138,11 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
 Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
                   Placements placements, std::optional<Shape> shape) {
   LOOM_CHECK(mesh != nullptr, "from_local: the mesh is null");
-  LOOM_CHECK(local.defined() && !is_dtensor(local),
-             "from_local: expected a plain local tensor, got {}", local.description());
+  LOOM_CHECK(local.defined(), "from_local: the local tensor is undefined");
+  LOOM_CHECK(!is_dtensor(local),
+             "from_local: expected a plain local tensor, got a DTensor ({}); pass its to_local() "
+             "or redistribute it",
+             local.description());
   placements = normalize_placements(placements, *mesh, local.dim(), "from_local");
   Shape global = local.shape();
   if (shape.has_value()) {

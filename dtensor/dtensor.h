@@ -76,7 +76,9 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
 // Partial treated as Replicate).
 Tensor to_local(const Tensor& dtensor);
 // Redistributes to `placements` on the same mesh. Differentiable: the backward redistributes
-// the gradient back (Partial sources become Replicate gradients, the correct adjoint).
+// the gradient back, except that a Partial source's gradient stays Replicate, as torch's does:
+// the gradient with respect to the global value, which for Partial(sum) is also each local
+// part's own; for avg, max and min it is not scaled or masked to each rank's part.
 Tensor redistribute(const Tensor& dtensor, Placements placements);
 // The whole tensor on every rank (redistribute to all-Replicate, then to_local).
 Tensor full_tensor(const Tensor& dtensor);

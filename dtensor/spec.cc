@@ -15,16 +15,18 @@ void check_placement(const Placement& p, size_t i, const DeviceMesh& mesh, int64
                      std::string_view op) {
   if (!p.is_shard()) return;
   LOOM_CHECK(p.dim() >= -tensor_ndim && p.dim() < tensor_ndim,
-             "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dims", op,
-             p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim);
+             "{}: placement {} on mesh dim {} ('{}') shards dim {} of a tensor with {} dim{}; "
+             "a Shard dim is in [{}, {})",
+             op, p.str(), i, mesh.dim_names()[i], p.dim(), tensor_ndim, tensor_ndim == 1 ? "" : "s",
+             -tensor_ndim, tensor_ndim);
 }
 
 void check_placement_count(const Placements& placements, const DeviceMesh& mesh,
                            std::string_view op) {
   LOOM_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(),
-             "{}: got {} placement{} {} for {} with {} dims; pass one placement per mesh dim", op,
+             "{}: got {} placement{} {} for {} with {} dim{}; pass one placement per mesh dim", op,
              placements.size(), placements.size() == 1 ? "" : "s", placements_str(placements),
-             mesh.str(), mesh.ndim());
+             mesh.str(), mesh.ndim(), mesh.ndim() == 1 ? "" : "s");
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "dtensor/sharding/strategy.h"
+#include "tensor/shape.h"
 
 namespace loom::sharding {
 
@@ -25,7 +26,14 @@ Labels matmul_labels(const Shape& a, const Shape& b, std::string_view op) {
              shape_str(b));
   Labels l;
   const bool a_vec = a.size() == 1, b_vec = b.size() == 1;
+  // The global shapes must fit as the plain op's do: a shard's local shapes may fit when the
+  // whole does not, and then only some ranks would fail (the others waiting for them).
+  const int64_t a_k = a.back(), b_k = b_vec ? b[0] : b[b.size() - 2];
+  LOOM_CHECK(a_k == b_k, "{}: shapes {} and {} cannot be multiplied ({} != {})", op, shape_str(a),
+             shape_str(b), a_k, b_k);
   const size_t a_batch = a_vec ? 0 : a.size() - 2, b_batch = b_vec ? 0 : b.size() - 2;
+  broadcast_shapes(Shape(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(a_batch)),
+                   Shape(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(b_batch)), op);
   const size_t batch = std::max(a_batch, b_batch);
   // Batch labels 'A'.. aligned from the right; 'm', 'k', 'n' for the matrix dims.
   Shape batch_shape(batch, 1);

@@ -103,7 +103,24 @@ TEST(DTensorApiTest, PlacementErrorsNameMeshAndPlacements) {
     } catch (const Error& e) {
       EXPECT_THAT(
           e.what(),
-          HasSubstr("placement S(2) on mesh dim 0 ('dp') shards dim 2 of a tensor with 2 dims"));
+          HasSubstr("placement S(2) on mesh dim 0 ('dp') shards dim 2 of a tensor with 2 dims; "
+                    "a Shard dim is in [-2, 2)"));
+    }
+    auto line = make_mesh(pg, {"tp"}, {4});
+    try {
+      distribute_tensor(ops::ones({4}), line, {Shard(0), Replicate()});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("for DeviceMesh(tp=4, cpu) with 1 dim; pass one placement "
+                                      "per mesh dim"));
+    }
+    const Tensor d = distribute_tensor(ops::ones({4, 4}), mesh, {Shard(0), Replicate()});
+    try {
+      from_local(d, mesh, {Shard(0), Replicate()});
+      FAIL() << "expected an error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(),
+                  HasSubstr("from_local: expected a plain local tensor, got a DTensor ("));
     }
   });
 }

@@ -18,6 +18,7 @@
 #include "dtensor/dtensor.h"
 #include "tests/dtensor/ops_test_util.h"
 #include "tests/testing/collectives.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
@@ -264,6 +265,29 @@ TEST(OpsMatmulTest, OneDimensionalOperands) {
         {"mat S(1) @ vec S(0)", {{mat_t, {Shard(1)}}, {v, {Shard(0)}}}, mm, Placements{Partial()}});
     check_op(mesh,
              {"dot S(0) . S(0)", {{v, {Shard(0)}}, {u, {Shard(0)}}}, mm, Placements{Partial()}});
+  });
+}
+
+// Global shapes that do not fit are refused on every rank, as the plain op refuses them, even
+// where a rank's shards happen to fit (found from outside: rank 0 went on and waited for the
+// others in its next collective).
+TEST(OpsMatmulTest, ShapesThatDoNotFitFailOnEveryRank) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor a = distribute_tensor(integer_tensor({4, 4}, 1), mesh, {Shard(1)}, std::nullopt);
+    const Tensor b = distribute_tensor(integer_tensor({3, 4}, 2), mesh, {Shard(0)}, std::nullopt);
+    EXPECT_EQ(loom::testing::error_of([&] { matmul(a, b); }),
+              "matmul: shapes (4, 4) and (3, 4) cannot be multiplied (4 != 3)");
+    const Tensor batched_a =
+        distribute_tensor(integer_tensor({2, 4, 3}, 3), mesh, {Shard(1)}, std::nullopt);
+    const Tensor batched_b =
+        distribute_tensor(integer_tensor({3, 3, 5}, 4), mesh, {Replicate()}, std::nullopt);
+    EXPECT_THAT(loom::testing::error_of([&] { matmul(batched_a, batched_b); }),
+                ::testing::HasSubstr("matmul"));
+    EXPECT_EQ(loom::testing::error_of([&] { matmul(batched_a, batched_b); }),
+              loom::testing::error_of([&] {
+                matmul(integer_tensor({2, 4, 3}, 3), integer_tensor({3, 3, 5}, 4));
+              }));
   });
 }
 

@@ -14,6 +14,8 @@
 #include "dtensor/dtensor.h"
 #include "nn/layers.h"
 #include "nn/linear.h"
+#include "parallel/tp/distribute_module.h"
+#include "parallel/tp/layouts.h"
 #include "parallel/tp/parallelize.h"
 #include "tensor/ops.h"
 #include "tests/testing/errors.h"
@@ -100,6 +102,58 @@ TEST(TpUserPlansTest, BiasFreeProjectionsShardLikeOneRank) {
     expect_close({.actual = out, .expected = want.out, .tol = kTol, .what = "output"});
     backward(sum(mul(out, out)));
     expect_grads(model, want, "bias-free");
+  });
+}
+
+// distribute_module (torch's): the user's partition function shards the feed-forward by hand
+// (w1, w3 by rows, w2 by columns) and every other parameter is replicated; the input and output
+// functions lay out the block's input and output. Output and gradients equal one rank's.
+TEST(TpUserPlansTest, DistributeModuleWithOwnPartitionAndInputOutputFunctions) {
+  const Tensor x = ops::uniform({2, 4, 8}, 5, -1.0, 1.0);
+  const Reference want = reference(x);
+  comm::testing::run_on_ranks(3, [&](comm::ProcessGroup& pg) {
+    GatedBlock model;
+    std::vector<std::string> visited;
+    tp::distribute_module(
+        model, tp_mesh(pg),
+        [&](const std::string& name, nn::Module& module,
+            const std::shared_ptr<const DeviceMesh>& mesh) {
+          visited.push_back(name);
+          if (name == "ffn.w1" || name == "ffn.w3") {
+            tp::distribute_parameter(module, name, "weight", mesh, Shard(0));
+          } else if (name == "ffn.w2") {
+            tp::distribute_parameter(module, name, "weight", mesh, Shard(1));
+          }
+        },
+        [](nn::Module&, const Tensor& input, const std::shared_ptr<const DeviceMesh>& mesh) {
+          return distribute_tensor(input, mesh, {Replicate()});
+        },
+        [](nn::Module&, const Tensor& output, const std::shared_ptr<const DeviceMesh>&) {
+          return full_tensor(output);
+        });
+    EXPECT_EQ(visited, (std::vector<std::string>{"", "norm", "ffn", "ffn.w1", "ffn.w3", "ffn.w2"}));
+    EXPECT_EQ(dtensor_spec(model.ffn->w2->weight()).placements, (Placements{Shard(1)}));
+    EXPECT_EQ(dtensor_spec(model.norm->parameter("weight")).placements, (Placements{Replicate()}));
+    const Tensor out = model(x);
+    EXPECT_FALSE(is_dtensor(out));
+    expect_close({.actual = out, .expected = want.out, .tol = kTol, .what = "output"});
+    backward(sum(mul(out, out)));
+    expect_grads(model, want, "distribute_module");
+  });
+}
+
+// With no partition function every parameter is replicated, and one two modules share stays one.
+TEST(TpUserPlansTest, DistributeModuleReplicatesAndKeepsTiedParameters) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    GatedBlock model;
+    model.ffn->w3->set_parameter("weight", model.ffn->w1->weight());  // tied
+    tp::distribute_module(model, tp_mesh(pg));
+    for (const auto& [name, p] : model.named_parameters()) {
+      ASSERT_TRUE(is_dtensor(p)) << name;
+      EXPECT_EQ(dtensor_spec(p).placements, (Placements{Replicate()})) << name;
+      EXPECT_TRUE(p.requires_grad()) << name;
+    }
+    EXPECT_EQ(model.ffn->w3->weight().impl(), model.ffn->w1->weight().impl());
   });
 }
 
