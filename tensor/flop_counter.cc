@@ -26,6 +26,10 @@ void FlopCounter::record_in_place(const Tensor& written, int passes) {
   for (FlopCounter* c = innermost; c != nullptr; c = c->outer_) c->in_place_bytes_ += bytes;
 }
 
+FlopCounter::Paused::Paused() : innermost_(innermost) { innermost = nullptr; }
+
+FlopCounter::Paused::~Paused() { innermost = innermost_; }
+
 FlopCounter::RecomputeScope::RecomputeScope() : previous_(recomputing) { recomputing = true; }
 
 FlopCounter::RecomputeScope::~RecomputeScope() { recomputing = previous_; }

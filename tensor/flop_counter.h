@@ -43,6 +43,19 @@ class FlopCounter {
   // for a copy), to every counter open on this thread.
   static void record_in_place(const Tensor& written, int passes);
 
+  // While alive, this thread's ops count in no counter (work that is not the step's: a check of
+  // shapes on meta tensors).
+  class Paused {
+   public:
+    Paused();
+    ~Paused();
+    Paused(const Paused&) = delete;
+    Paused& operator=(const Paused&) = delete;
+
+   private:
+    FlopCounter* innermost_;
+  };
+
   // While alive, this thread's products are a recompute's (scopes nest).
   class RecomputeScope {
    public:

@@ -17,6 +17,9 @@
 #include "dtensor/redistribute.h"
 #include "dtensor/sharding/strategy.h"
 #include "tensor/attention_attrs.h"
+#include "tensor/flop_counter.h"
+#include "tensor/memory_stats.h"
+#include "tensor/ops_create.h"
 
 namespace loom::sharding {
 
@@ -175,6 +178,31 @@ void clear_propagation_cache() {
   stats = {};
 }
 
+namespace {
+
+// The plain op on the inputs' global shapes (meta tensors: shapes, no data), so that its own
+// checks refuse what does not fit, on every rank alike: a rank's shards may fit where the whole
+// does not (a contraction or a concatenation whose sizes differ in a sharded dim), and then only
+// some ranks would fail while the others went on to wait for them. Once per decision (the cache
+// keeps what passed).
+void check_global_shapes(const OpCall& call, const InputSpecs& specs) {
+  // It counts nowhere: its placeholders not in the rank's memory nor in a traced step's, its
+  // products not in the step's FLOPs. (A dispatch mode does not see it: the DTensor handler runs
+  // inside the mode's call.)
+  MemoryTracker uncounted;
+  ScopedMetaPlaceholderTracker placeholders(uncounted);
+  FlopCounter::Paused not_the_steps;
+  std::vector<Tensor> globals(call.inputs.size());
+  for (size_t i = 0; i < globals.size(); ++i) {
+    if (!specs[i].has_value()) continue;  // an absent optional input (a bias)
+    globals[i] = ops::empty(specs[i]->shape, specs[i]->dtype, Device::meta());
+  }
+  NoGradGuard no_grad;
+  call_op(OpCall(call.id, std::move(globals), call.attrs));
+}
+
+}  // namespace
+
 std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
   // 1. The inputs' specs, on one mesh. 0-dim plain tensors (scalars in backward formulas) count
   //    as replicated; other plain tensors are an error.
@@ -248,6 +276,7 @@ std::vector<Tensor> dispatch_dtensor_op(const OpCall& call) {
         strategy != nullptr,
         "{}: no sharding strategy for DTensor inputs ({}); this op is not supported on DTensors",
         call.op, describe_inputs(specs));
+    check_global_shapes(call, specs);
     Decision decision{strategy(call, specs), {}};
     LOOM_CHECK(!decision.sharding.options.empty(), "{}: no sharding strategy accepts inputs ({})",
                call.op, describe_inputs(specs));

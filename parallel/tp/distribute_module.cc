@@ -21,8 +21,8 @@ void replicate_parameters(nn::Module& module, const std::shared_ptr<const Device
     if (fresh) {
       {
         NoGradGuard no_grad;
-        it->second = distribute_tensor(
-            parameter, mesh, Placements(static_cast<size_t>(mesh->ndim()), Replicate()));
+        it->second = distribute_tensor(parameter, mesh,
+                                       Placements(static_cast<size_t>(mesh->ndim()), Replicate()));
       }
       it->second.set_requires_grad(parameter.requires_grad());
     }
@@ -46,10 +46,10 @@ void distribute_module(nn::Module& module, std::shared_ptr<const DeviceMesh> mes
         [input_fn, mesh](nn::Module& m, const Tensor& input) { return input_fn(m, input, mesh); });
   }
   if (output_fn) {
-    module.register_forward_hook([output_fn, mesh](nn::Module& m, const Tensor&,
-                                                   const Tensor& output) {
-      return output_fn(m, output, mesh);
-    });
+    module.register_forward_hook(
+        [output_fn, mesh](nn::Module& m, const Tensor&, const Tensor& output) {
+          return output_fn(m, output, mesh);
+        });
   }
 }
 

@@ -6,7 +6,8 @@
 //       [](const std::string& name, nn::Module& m, const std::shared_ptr<const DeviceMesh>& mesh) {
 //         if (name == "fc1") tp::distribute_parameter(m, name, "weight", mesh, Shard(0));
 //       },
-//       /*input_fn=*/[](nn::Module&, const Tensor& x, const std::shared_ptr<const DeviceMesh>& mesh) {
+//       /*input_fn=*/[](nn::Module&, const Tensor& x, const std::shared_ptr<const DeviceMesh>&
+//       mesh) {
 //         return distribute_tensor(x, mesh, {Replicate()});
 //       });
 //

@@ -271,7 +271,7 @@ TEST(OpsMatmulTest, OneDimensionalOperands) {
 // Global shapes that do not fit are refused on every rank, as the plain op refuses them, even
 // where a rank's shards happen to fit (found from outside: rank 0 went on and waited for the
 // others in its next collective).
-TEST(OpsMatmulTest, ShapesThatDoNotFitFailOnEveryRank) {
+TEST(OpsMatmulTest, GlobalShapesThatDoNotFitFailOnEveryRank) {
   run_on_ranks(2, [](ProcessGroup& pg) {
     auto mesh = mesh_1d(pg);
     const Tensor a = distribute_tensor(integer_tensor({4, 4}, 1), mesh, {Shard(1)}, std::nullopt);
@@ -288,6 +288,16 @@ TEST(OpsMatmulTest, ShapesThatDoNotFitFailOnEveryRank) {
               loom::testing::error_of([&] {
                 matmul(integer_tensor({2, 4, 3}, 3), integer_tensor({3, 3, 5}, 4));
               }));
+    // Any op (the sharding propagator runs the plain op on the global shapes first): rows 4 and
+    // 5 split over 2 ranks as 2 + 2 and 3 + 2, so rank 1's shards alone would concatenate.
+    const Tensor rows4 =
+        distribute_tensor(integer_tensor({4, 3}, 5), mesh, {Shard(0)}, std::nullopt);
+    const Tensor rows5 =
+        distribute_tensor(integer_tensor({5, 3}, 6), mesh, {Shard(0)}, std::nullopt);
+    const std::vector<Tensor> sharded{rows4, rows5},
+        plain{integer_tensor({4, 3}, 5), integer_tensor({5, 3}, 6)};
+    EXPECT_EQ(loom::testing::error_of([&] { ops::cat(sharded, 1); }),
+              loom::testing::error_of([&] { ops::cat(plain, 1); }));
   });
 }
 
