@@ -436,6 +436,20 @@ CheckedJob check_job(const JobConfig& job) {
       job.collective_timeout_s, comm::kMinTimeoutSeconds, comm::kMaxTimeoutSeconds);
   CheckedJob out{.parallel = parallel_config(job)};
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
+  if (job.replicas > 1 && job.replica_replay.empty()) {
+    // Each replica trains its share of the global batch (train::local_batch's ReplicaShare).
+    const int64_t ways = job.replicas * out.parallel.dims.dp() * out.parallel.grad_accum;
+    LOOM_CHECK(job.batch_size % ways == 0,
+               "--batch-size {}: a global batch of {} sequences does not split over {} replicas "
+               "x dp {} x grad_accum {} = {}",
+               job.batch_size, job.batch_size, job.replicas, out.parallel.dims.dp(),
+               out.parallel.grad_accum, ways);
+    LOOM_CHECK(
+        out.parallel.dims.pp == 1 || (job.batch_size / ways) % out.parallel.microbatches() == 0,
+        "--batch-size {}: each replica's dp rank's {} sequences per grad_accum step do not "
+        "split into {} microbatches",
+        job.batch_size, job.batch_size / ways, out.parallel.microbatches());
+  }
   // A probe that can never fire would make a fault test pass for nothing.
   LOOM_CHECK(!fault || (fault->rank < out.parallel.dims.world_size() && fault->step < job.steps),
              "LOOM_INJECT_FAULT: rank {}, step {} never comes: the job has {} ranks (0 to {}) "

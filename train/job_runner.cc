@@ -116,18 +116,20 @@ std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
 namespace {
 
 // What replicas of one job must share, as text a refused replica prints beside the running ones':
-// the model, the layout and the run's settings (the data by its SHA-256, not its path: replicas
-// on other machines may keep it elsewhere; the step count may differ).
+// the model, the layout (microbatches included) and the run's settings, its step count with them
+// (the learning rate's schedule; the data by its SHA-256, not its path: replicas on other
+// machines may keep it elsewhere).
 std::string replica_job_settings(const nlohmann::json& model, const nlohmann::json& run,
-                                 const std::string& layout) {
+                                 const std::string& layout, int64_t grad_accum) {
   nlohmann::json settings = run;
   settings["data"].erase("path");
-  settings.erase("steps");
+  settings["grad_accum"] = grad_accum;
   const std::string all = nlohmann::json{{"model", model}, {"run", settings}}.dump();
   return fmt::format(
-      "seed {}, batch {} x {}, {}, data sha256 {:.12}, model and training settings {:.12}",
-      run.at("seed").dump(), run.at("batch_size").dump(), run.at("seq_len").dump(), layout,
-      run.at("data").at("sha256").get<std::string>(),
+      "seed {}, batch {} x {}, {} steps, {}, grad_accum {}, data sha256 {:.12}, model and "
+      "training settings {:.12}",
+      run.at("seed").dump(), run.at("batch_size").dump(), run.at("seq_len").dump(),
+      run.at("steps").dump(), layout, grad_accum, run.at("data").at("sha256").get<std::string>(),
       checkpoint::sha256_hex(all.data(), all.size()));
 }
 
@@ -171,7 +173,8 @@ std::shared_ptr<parallel::ft::ReplicaGroup> replica_group(const JobConfig& job,
           .timeout = world.timeout(),
           .instance = replica_instance(world),
           .description = fmt::format("pid {} on {}", ::getpid(), host),
-          .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str()),
+          .job = replica_job_settings(checked.model.args->fields(), checked.run, mesh.str(),
+                                      job.grad_accum),
           .job_rank = world.rank()});
 }
 

@@ -79,8 +79,9 @@ nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas) {
       if (e.replica != r || (chosen != nullptr && e.instance == chosen->instance)) continue;
       if (std::find(seen.begin(), seen.end(), e.instance) != seen.end()) continue;
       seen.push_back(e.instance);
+      const bool duplicate = e.job == reference->job;
       std::string reason =
-          e.job != reference->job
+          !duplicate
               ? fmt::format(
                     "--replica {}: this job's settings differ from the running replicas' (this "
                     "job: {}; replica {}'s: {}): replicas of one job need the same model, data, "
@@ -91,7 +92,8 @@ nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas) {
                     "({}; this job is {}): give each replica job its own --replica in [0, {}), "
                     "or stop the other first",
                     r, r, chosen->description, e.description, max_replicas);
-      refused.push_back({{"instance", e.instance}, {"reason", std::move(reason)}});
+      refused.push_back(
+          {{"instance", e.instance}, {"duplicate", duplicate}, {"reason", std::move(reason)}});
     }
     if (chosen != nullptr) {
       members.push_back({{"replica", r},
@@ -178,10 +180,10 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     store_->set(fmt::format("{}join/{}/{}", prefix, replica_, slot), to_json(mine).dump());
   }
   const std::string decided = prefix + "members";
-  // The entries so far, and how many replica ids they cover.
-  const auto joined = [&](int* replicas_joined) {
+  // The entries so far, and which replica ids they cover.
+  const auto joined = [&](std::vector<bool>* ids) {
     std::vector<JoinEntry> entries;
-    *replicas_joined = 0;
+    ids->assign(static_cast<size_t>(max_replicas_), false);
     for (int r = 0; r < max_replicas_; ++r) {
       const std::string slots = fmt::format("{}slots/{}", prefix, r);
       if (!store_->check({slots})) continue;
@@ -192,7 +194,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
         entries.push_back(join_entry_of(store_->get_string(key)));
         any = true;
       }
-      if (any) ++*replicas_joined;
+      if (any) (*ids)[static_cast<size_t>(r)] = true;
     }
     return entries;
   };
@@ -211,14 +213,26 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
       seen = store_->compare_set(kLatestRound, seen, ours);
     }
   };
-  int replicas_joined = 0;
+  // The first attempt waits longer for the replicas this one met last (see member_wait).
+  const comm::Duration longest =
+      attempt == 0 ? std::max(options_.join_window, options_.member_wait) : options_.join_window;
+  std::vector<bool> ids;
   if (store_->add(prefix + "decider", 1) == 1) {
-    // The decider: everyone, or whoever came within the join window.
-    const auto deadline = std::chrono::steady_clock::now() + options_.join_window;
-    std::vector<JoinEntry> entries = joined(&replicas_joined);
-    while (replicas_joined < max_replicas_ && std::chrono::steady_clock::now() < deadline) {
+    // The decider: everyone, or whoever came within the join window, and the replicas it met
+    // last if they come within member_wait.
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<JoinEntry> entries = joined(&ids);
+    const auto waiting = [&] {
+      const auto now = std::chrono::steady_clock::now();
+      if (std::all_of(ids.begin(), ids.end(), [](bool in) { return in; })) return false;
+      if (now < start + options_.join_window) return true;
+      if (now >= start + longest) return false;
+      return std::any_of(last_members_.begin(), last_members_.end(),
+                         [&](int r) { return !ids[static_cast<size_t>(r)]; });
+    };
+    while (waiting()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      entries = joined(&replicas_joined);
+      entries = joined(&ids);
     }
     publish(entries);
   } else {
@@ -226,18 +240,23 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     // and failing: past the window and a grace, they publish who joined themselves (the dead
     // one among them: its group fails to form and the next attempt goes on without it).
     try {
-      store_->wait({decided}, options_.join_window + options_.decider_grace);
+      store_->wait({decided}, longest + options_.decider_grace);
     } catch (const Error&) {
-      publish(joined(&replicas_joined));
+      publish(joined(&ids));
     }
   }
   const nlohmann::json decision = nlohmann::json::parse(store_->get_string(decided));
-  for (const nlohmann::json& refused : decision.at("refused")) {
-    if (refused.at("instance").get<std::string>() == instance) {
-      throw InputError(refused.at("reason").get<std::string>());
-    }
-  }
   StepQuorum q{.round = round, .attempt = attempt};
+  for (const nlohmann::json& refused : decision.at("refused")) {
+    if (refused.at("instance").get<std::string>() != instance) continue;
+    // Another process of this id took part: a dead predecessor's entry, gone by the next round,
+    // or a running replica, met again round after round.
+    if (refused.at("duplicate").get<bool>() && ++duplicate_rounds_ < kDuplicateRounds) {
+      quorum_ = q;  // not a member: the next round
+      return q;
+    }
+    throw InputError(refused.at("reason").get<std::string>());
+  }
   std::vector<std::string> instances;  // the members' processes
   std::vector<int64_t> state_rounds;
   for (const nlohmann::json& member : decision.at("members")) {
@@ -270,6 +289,8 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   group_failed_ = false;
   if (q.member()) {
     last_round_ = std::max(last_round_, round);
+    last_members_ = q.members;
+    duplicate_rounds_ = 0;
     try {
       group_for(q, instances);
     } catch (const Error& e) {

@@ -209,6 +209,8 @@ expect_error 2 "loom_train: --replica-store: expected host:port with a port in [
   --replicas 2 --replica 0 --replica-store 127.0.0.1:abc --dp 1 --tp 1
 expect_error 2 "loom_train: --replica 5 is not in [0, 2) (--replicas 2)" \
   --replicas 2 --replica 5 --replica-store 127.0.0.1:1 --dp 1 --tp 1
+expect_error 2 "loom_train: --batch-size 8: a global batch of 8 sequences does not split over 3 replicas x dp 1 x grad_accum 1 = 3" \
+  --replicas 3 --replica 0 --replica-store 127.0.0.1:1 --dp 1 --tp 1 --batch-size 8
 expect_error 2 "loom_train: --replica-replay: '/nonexistent' does not exist" \
   --replica-replay /nonexistent --dp 1 --tp 1
 expect_error 2 "loom_train: --collective-timeout-s 0.0001: expected 0 (the default) or from 0.001 to 1000000 seconds" \

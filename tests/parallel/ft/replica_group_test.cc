@@ -67,7 +67,8 @@ struct Outcome {
 Outcome run_replica(std::shared_ptr<comm::Store> store, int replica, int64_t last_step,
                     int64_t fail_at = -1,
                     comm::Duration join_window = std::chrono::milliseconds(200)) {
-  ReplicaGroup group(store, replica, kReplicas, {.join_window = join_window});
+  ReplicaGroup group(store, replica, kReplicas,
+                     {.join_window = join_window, .member_wait = std::chrono::milliseconds(400)});
   Outcome out;
   out.first_step = -1;
   while (out.state.steps_done < last_step) {
@@ -218,6 +219,28 @@ std::vector<RoundResult> join_round(const std::vector<ReplicaGroup*>& groups, in
   return results;
 }
 
+// A step that outlasts the join window does not split the replicas: a round's decider waits up
+// to member_wait for the replicas it met last (their steps may be slower), so they stay in one
+// round, where with the window alone each would decide rounds by itself and train apart.
+TEST(ReplicaGroupTest, ReplicasSlowerThanTheJoinWindowStayTogether) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(5),
+                                    .member_wait = std::chrono::seconds(20)};
+  ReplicaGroup r0(store, 0, 2, options), r1(store, 1, 2, options);
+  ASSERT_EQ(join_round({&r0, &r1}, 0, {0, 0})[0].quorum.members, (std::vector<int>{0, 1}));
+  for (int64_t round = 1; round <= 2; ++round) {
+    StepQuorum q1;
+    std::thread slow([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a slower step
+      q1 = r1.start_round(round, 0, round);
+    });
+    const StepQuorum q0 = r0.start_round(round, 0, round);
+    slow.join();
+    EXPECT_EQ(q0.members, (std::vector<int>{0, 1})) << "round " << round;
+    EXPECT_EQ(q1.members, (std::vector<int>{0, 1})) << "round " << round;
+  }
+}
+
 // Two jobs given one replica id: the one that took part before stays, the newcomer is refused by
 // name (a job exits 2 on InputError), and the members' group works without it.
 TEST(ReplicaGroupTest, ASecondJobRunningTheSameReplicaIsRefused) {
@@ -233,7 +256,26 @@ TEST(ReplicaGroupTest, ASecondJobRunningTheSameReplicaIsRefused) {
       r1_again(store, 1, kReplicas, options("pid 99 on c"));
   const std::vector<RoundResult> first = join_round({&r0, &r1}, 0, {0, 0});
   ASSERT_EQ(first[1].quorum.members, (std::vector<int>{0, 1}));
-  const std::vector<RoundResult> second = join_round({&r1_again, &r0, &r1}, 1, {0, 1, 1});
+  // Left out of rounds 1 and 2 (a dead predecessor's entry would be gone by then), refused at
+  // the third round in a row that the running replica 1 joins too.
+  for (int64_t round : {1, 2}) {
+    const std::vector<RoundResult> left_out =
+        join_round({&r1_again, &r0, &r1}, round, {0, round, round});
+    EXPECT_EQ(left_out[0].input_error, "") << "round " << round;
+    EXPECT_FALSE(left_out[0].quorum.member()) << "round " << round;
+    EXPECT_EQ(left_out[2].quorum.members, (std::vector<int>{0, 1}));
+    EXPECT_EQ(left_out[2].quorum.index, 1);
+    // The members run the round (their group works without the newcomer).
+    Tensor a = ops::full({1}, 1.0), b = ops::full({1}, 3.0);
+    std::thread t([&] {
+      EXPECT_TRUE(r0.average({a}));
+      r0.commit();
+    });
+    EXPECT_TRUE(r1.average({b}));
+    r1.commit();
+    t.join();
+  }
+  const std::vector<RoundResult> second = join_round({&r1_again, &r0, &r1}, 3, {0, 3, 3});
   EXPECT_EQ(second[0].input_error,
             "--replica 1: another job already runs replica 1 against this replica store (pid 11 "
             "on b; this job is pid 99 on c): give each replica job its own --replica in [0, 3), "
@@ -241,7 +283,7 @@ TEST(ReplicaGroupTest, ASecondJobRunningTheSameReplicaIsRefused) {
   for (int i : {1, 2}) {
     EXPECT_EQ(second[i].input_error, "");
     EXPECT_EQ(second[i].quorum.members, (std::vector<int>{0, 1}));
-    EXPECT_EQ(second[i].quorum.step, 1);
+    EXPECT_EQ(second[i].quorum.step, 3);
     EXPECT_EQ(second[i].quorum.index, i - 1);
   }
   // The members average with each other only.
@@ -278,7 +320,8 @@ TEST(ReplicaGroupTest, AReplicaWithOtherSettingsIsRefused) {
 // one both go on from, so they never average gradients of different weights.
 TEST(ReplicaGroupTest, ReplicasThatRanAStepApartGoOnFromOneState) {
   auto store = std::make_shared<comm::InMemoryStore>();
-  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100)};
+  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100),
+                                    .member_wait = std::chrono::milliseconds(100)};
   ReplicaGroup r0(store, 0, kReplicas, options), r1(store, 1, kReplicas, options);
   const auto run_step = [](ReplicaGroup& group, const StepQuorum& q) {
     Tensor g = ops::full({1}, 1.0);
@@ -368,6 +411,7 @@ void expect_a_dead_decider_replaced(const std::vector<std::shared_ptr<comm::Stor
   const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(100),
                                     .timeout = std::chrono::seconds(20),
                                     .decider_grace = std::chrono::milliseconds(200),
+                                    .member_wait = std::chrono::milliseconds(100),
                                     .connect_timeout = std::chrono::milliseconds(300)};
   std::vector<StepQuorum> quorums(2);
   std::vector<std::string> errors(2);
