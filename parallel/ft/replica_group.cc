@@ -23,6 +23,9 @@ std::string round_prefix(int64_t round, int attempt) {
   return fmt::format("ft/round{}/attempt{}/", round, attempt);
 }
 
+// A round's decision as its last attempt made it.
+std::string final_key(int64_t round) { return fmt::format("ft/round{}/final", round); }
+
 constexpr const char* kLatestRound = "ft/latest";
 
 // What a replica writes when it joins a round.
@@ -57,10 +60,19 @@ JoinEntry join_entry_of(const std::string& text) {
 // running the same id writes others): one process per replica id — one that took part before,
 // else the first to join — whose settings are the running replicas' (the veterans', else the
 // lowest id's). The others are refused, each with the reason its job will print.
-nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas) {
+// `previous`: the process each replica id had in the round before (a running replica keeps its
+// id against a newcomer: the newcomer is left out).
+nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas,
+                      const std::map<int, std::string>& previous) {
+  const auto was_member = [&](const JoinEntry& e) {
+    const auto it = previous.find(e.replica);
+    return it != previous.end() && it->second == e.instance;
+  };
   const JoinEntry* reference = nullptr;
   for (const JoinEntry& e : joined) {
-    if (e.veteran && (reference == nullptr || e.replica < reference->replica)) reference = &e;
+    if ((e.veteran || was_member(e)) && (reference == nullptr || e.replica < reference->replica)) {
+      reference = &e;
+    }
   }
   if (reference == nullptr) {
     for (const JoinEntry& e : joined) {
@@ -72,7 +84,9 @@ nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas) {
     const JoinEntry* chosen = nullptr;
     for (const JoinEntry& e : joined) {
       if (e.replica != r || e.job != reference->job) continue;
-      if (chosen == nullptr || (e.veteran && !chosen->veteran)) chosen = &e;
+      // The id's process in the round before, else one that took part before, else the first.
+      const auto rank = [&](const JoinEntry& x) { return was_member(x) ? 2 : x.veteran ? 1 : 0; };
+      if (chosen == nullptr || rank(e) > rank(*chosen)) chosen = &e;
     }
     std::vector<std::string> seen;
     for (const JoinEntry& e : joined) {
@@ -179,6 +193,15 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
                          .description = options_.description};
     store_->set(fmt::format("{}join/{}/{}", prefix, replica_, slot), to_json(mine).dump());
   }
+  // The processes of the round before (its last attempt's decision): a first attempt waits
+  // longer for them (see member_wait), and they keep their ids against newcomers.
+  std::map<int, std::string> previous;
+  if (round > 0 && store_->check({final_key(round - 1)})) {
+    const nlohmann::json before = nlohmann::json::parse(store_->get_string(final_key(round - 1)));
+    for (const nlohmann::json& member : before.at("members")) {
+      previous[member.at("replica").get<int>()] = member.at("instance").get<std::string>();
+    }
+  }
   const std::string decided = prefix + "members";
   // The entries so far, and which replica ids they cover.
   const auto joined = [&](std::vector<bool>* ids) {
@@ -202,8 +225,10 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   // every replica reads that one back, so a slow decider and one that took over never leave two,
   // whoever stalls or dies between deciding and writing.
   const auto publish = [&](const std::vector<JoinEntry>& entries) {
-    const std::string mine = decide(entries, max_replicas_).dump();
-    store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
+    const std::string mine = decide(entries, max_replicas_, previous).dump();
+    const comm::Bytes won = store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
+    // The round's decision as its last attempt made it: what the next round's decider reads.
+    store_->set(final_key(round), won);
     // For replicas joining later: the latest decided round, raised to `round` unless a later
     // one is there (a compare-and-swap loop: every publisher of a round runs it).
     const std::string text = std::to_string(round);
@@ -213,7 +238,6 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
       seen = store_->compare_set(kLatestRound, seen, ours);
     }
   };
-  // The first attempt waits longer for the replicas this one met last (see member_wait).
   const comm::Duration longest =
       attempt == 0 ? std::max(options_.join_window, options_.member_wait) : options_.join_window;
   std::vector<bool> ids;
@@ -224,11 +248,17 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     std::vector<JoinEntry> entries = joined(&ids);
     const auto waiting = [&] {
       const auto now = std::chrono::steady_clock::now();
-      if (std::all_of(ids.begin(), ids.end(), [](bool in) { return in; })) return false;
+      // A process of the round before that has not joined (a newcomer of its id does not count).
+      const bool previous_missing =
+          std::any_of(previous.begin(), previous.end(), [&](const auto& id_instance) {
+            return std::none_of(entries.begin(), entries.end(), [&](const JoinEntry& e) {
+              return e.replica == id_instance.first && e.instance == id_instance.second;
+            });
+          });
+      const bool every_id = std::all_of(ids.begin(), ids.end(), [](bool in) { return in; });
+      if (every_id && !previous_missing) return false;
       if (now < start + options_.join_window) return true;
-      if (now >= start + longest) return false;
-      return std::any_of(last_members_.begin(), last_members_.end(),
-                         [&](int r) { return !ids[static_cast<size_t>(r)]; });
+      return previous_missing && now < start + longest;
     };
     while (waiting()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -245,7 +275,11 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
       publish(joined(&ids));
     }
   }
-  const nlohmann::json decision = nlohmann::json::parse(store_->get_string(decided));
+  const std::string decision_text = store_->get_string(decided);
+  // Also here, not only by the publisher: a replica may reach the next round before the
+  // publisher wrote it.
+  store_->set(final_key(round), decision_text);
+  const nlohmann::json decision = nlohmann::json::parse(decision_text);
   StepQuorum q{.round = round, .attempt = attempt};
   for (const nlohmann::json& refused : decision.at("refused")) {
     if (refused.at("instance").get<std::string>() != instance) continue;
@@ -289,7 +323,6 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   group_failed_ = false;
   if (q.member()) {
     last_round_ = std::max(last_round_, round);
-    last_members_ = q.members;
     duplicate_rounds_ = 0;
     try {
       group_for(q, instances);

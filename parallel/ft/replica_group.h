@@ -28,7 +28,7 @@
 // Quorum (start_round): every replica that reaches a round (attempt) writes its join entry — its
 // state step, the job's settings and which process it is — and the first to arrive decides: it
 // waits until every replica joined or Options::join_window passed (a first attempt: and the
-// replicas it met in its last round came, or Options::member_wait passed), then publishes the
+// processes of the round before came, or Options::member_wait passed), then publishes the
 // members (ascending) — and everyone reads the same list. A replica that is gone costs the
 // others member_wait once and one join window per step after; a decider that dies before
 // publishing costs them that wait and Options::decider_grace, after which they publish who
@@ -39,13 +39,14 @@
 // the round again (attempt + 1) from the gradients they kept, in a quorum without it.
 //
 // Who may take part: the decision admits one process per replica id (`Options::instance`, drawn
-// anew by every launch): one that took part before is kept, and the other is left out of the
-// round — a replica restarted while its dead predecessor's entry is still in the round gets in at
-// the next — and refused when it meets a running one in kDuplicateRounds rounds in a row (a
-// second job given the same --replica). A replica whose settings (`Options::job`) differ from the
-// running replicas' (those that took part before, else the lowest id's) is refused at once. The
-// refused one's start_round throws loom::InputError naming both sides (a job exits 2 on it and is
-// not restarted); the others go on without it.
+// anew by every launch): the id's process in the round before is kept (else one that took part
+// earlier), and the other is left out of the round — a replica restarted while its dead
+// predecessor's entry is still in the round gets in at the next — and refused when it meets a
+// running one in kDuplicateRounds rounds in a row (a second job given the same --replica). A
+// replica whose settings (`Options::job`) differ from the running replicas' (those that took part
+// before, else the lowest id's) is refused at once. The refused one's start_round throws
+// loom::InputError naming both sides (a job exits 2 on it and is not restarted); the others go on
+// without it.
 //
 // Groups: the members' replica-dim process group (one per `local_key`: the ranks with the same
 // coordinate on the other dims, e.g. tp) is built anew when the members change, a member joins or
@@ -97,10 +98,11 @@ struct ReplicaGroupOptions {
   // How long past the join window the others wait for the decider before one of them publishes
   // the members itself (a decider that died before publishing).
   comm::Duration decider_grace = std::chrono::seconds(2);
-  // How long a round's first attempt waits for the replicas the decider met in its last round
+  // How long a round's first attempt waits for the processes that took part in the round before
   // (alive, presumably, and slower this step: a step's time varies), beyond join_window: without
-  // it, replicas whose steps outlast the window would each decide rounds alone and train apart.
-  // A member that died costs the others this once.
+  // it, replicas whose steps outlast the window would each decide rounds alone and train apart,
+  // and a newcomer deciding a round alone could take a running replica's id. A member that died
+  // costs the others this once.
   comm::Duration member_wait = std::chrono::seconds(10);
   // How long a new members' group waits for them all to connect: a member that died after
   // joining the quorum fails the attempt after it (the next attempt goes on without it).
@@ -174,9 +176,8 @@ class ReplicaGroup {
   std::shared_ptr<comm::ProcessGroup> group_;
   bool group_failed_ = false;  // this attempt's group could not be built
   std::map<int64_t, std::vector<int>> participants_;
-  int64_t last_round_ = -1;        // the last round this replica was a member of
-  std::vector<int> last_members_;  // that round's members (what the next round waits for)
-  int duplicate_rounds_ = 0;       // rounds in a row left out for another process of its id
+  int64_t last_round_ = -1;   // the last round this replica was a member of
+  int duplicate_rounds_ = 0;  // rounds in a row left out for another process of its id
   // Which round's step made this replica's state (-1: none since it started; a sync makes it the
   // source's): two replicas at one step hold the same state only when one round made both.
   int64_t state_round_ = -1;

@@ -295,6 +295,25 @@ TEST(ReplicaGroupTest, ASecondJobRunningTheSameReplicaIsRefused) {
       {.actual = g0, .expected = ops::full({2}, 2.0), .tol = {.atol = 0}, .what = "replica 0"});
 }
 
+// A newcomer that reaches a round first, and decides it, cannot take a running replica's id:
+// it waits for the round before's processes (member_wait, past its short window) and keeps
+// their ids for them.
+TEST(ReplicaGroupTest, ANewcomerDecidingARoundWaitsForTheRunningReplicas) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  const ReplicaGroupOptions options{.join_window = std::chrono::milliseconds(5),
+                                    .member_wait = std::chrono::seconds(20)};
+  ReplicaGroup r0(store, 0, 2, options), r1(store, 1, 2, options), again(store, 1, 2, options);
+  ASSERT_EQ(join_round({&r0, &r1}, 0, {0, 0})[0].quorum.members, (std::vector<int>{0, 1}));
+  StepQuorum newcomer;
+  std::thread first([&] { newcomer = again.start_round(1, 0, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the running ones come later
+  const std::vector<RoundResult> running = join_round({&r0, &r1}, 1, {1, 1});
+  first.join();
+  EXPECT_FALSE(newcomer.member());
+  EXPECT_EQ(running[1].quorum.members, (std::vector<int>{0, 1}));
+  EXPECT_EQ(running[1].quorum.index, 1);
+}
+
 // A replica whose settings differ from the running replicas' is refused, naming both: the
 // replicas that took part before set them (here replica 1), whatever the newcomer's id.
 TEST(ReplicaGroupTest, AReplicaWithOtherSettingsIsRefused) {
