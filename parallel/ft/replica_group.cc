@@ -63,7 +63,7 @@ JoinEntry join_entry_of(const std::string& text) {
 // `previous`: the process each replica id had in the round before (a running replica keeps its
 // id against a newcomer: the newcomer is left out).
 nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas,
-                      const std::map<int, std::string>& previous) {
+                      const std::map<int, std::string>& previous, int attempt) {
   const auto was_member = [&](const JoinEntry& e) {
     const auto it = previous.find(e.replica);
     return it != previous.end() && it->second == e.instance;
@@ -116,7 +116,7 @@ nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas,
                          {"instance", chosen->instance}});
     }
   }
-  return {{"members", members}, {"refused", refused}};
+  return {{"members", members}, {"refused", refused}, {"attempt", attempt}};
 }
 
 // What every failure to reach the replicas' store says of it.
@@ -196,12 +196,23 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   // The processes of the round before (its last attempt's decision): a first attempt waits
   // longer for them (see member_wait), and they keep their ids against newcomers.
   std::map<int, std::string> previous;
-  if (round > 0 && store_->check({final_key(round - 1)})) {
+  int previous_attempt = -1;  // the attempt of the round before that decided it (so far)
+  const auto read_previous = [&] {
+    if (round == 0 || !store_->check({final_key(round - 1)})) return;
     const nlohmann::json before = nlohmann::json::parse(store_->get_string(final_key(round - 1)));
+    previous.clear();
     for (const nlohmann::json& member : before.at("members")) {
       previous[member.at("replica").get<int>()] = member.at("instance").get<std::string>();
     }
-  }
+    previous_attempt = before.value("attempt", 0);
+  };
+  read_previous();
+  // Whether the round before is still being retried (a member of it failed, and the others are
+  // forming its next attempt): they are alive, only late for this round.
+  const auto previous_retrying = [&] {
+    return previous_attempt >= 0 &&
+           store_->check({round_prefix(round - 1, previous_attempt + 1) + "decider"});
+  };
   const std::string decided = prefix + "members";
   // The entries so far, and which replica ids they cover.
   const auto joined = [&](std::vector<bool>* ids) {
@@ -225,7 +236,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   // every replica reads that one back, so a slow decider and one that took over never leave two,
   // whoever stalls or dies between deciding and writing.
   const auto publish = [&](const std::vector<JoinEntry>& entries) {
-    const std::string mine = decide(entries, max_replicas_, previous).dump();
+    const std::string mine = decide(entries, max_replicas_, previous, attempt).dump();
     const comm::Bytes won = store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
     // The round's decision as its last attempt made it: what the next round's decider reads.
     store_->set(final_key(round), won);
@@ -245,6 +256,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     // The decider: everyone, or whoever came within the join window, and the replicas it met
     // last if they come within member_wait.
     const auto start = std::chrono::steady_clock::now();
+    auto wait_from = start;
     std::vector<JoinEntry> entries = joined(&ids);
     const auto waiting = [&] {
       const auto now = std::chrono::steady_clock::now();
@@ -258,7 +270,26 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
       const bool every_id = std::all_of(ids.begin(), ids.end(), [](bool in) { return in; });
       if (every_id && !previous_missing) return false;
       if (now < start + options_.join_window) return true;
-      return previous_missing && now < start + longest;
+      if (!previous_missing || attempt > 0) return false;
+      if (now < wait_from + longest) return true;
+      // Past member_wait: still waiting while the round before is being retried (its members
+      // are alive: a retry's connect timeout can outlast member_wait), and member_wait again
+      // for the members of a retry that decided meanwhile; up to the timeout.
+      if (now >= start + options_.timeout) return false;
+      const int seen = previous_attempt;
+      read_previous();
+      if (previous_attempt != seen) {
+        wait_from = now;
+        return true;
+      }
+      // Only for ids nobody else joined for (one a newcomer took is its dead predecessor's, or
+      // settled as a duplicate).
+      const bool other_missing =
+          std::any_of(previous.begin(), previous.end(), [&](const auto& id_instance) {
+            return std::none_of(entries.begin(), entries.end(),
+                                [&](const JoinEntry& e) { return e.replica == id_instance.first; });
+          });
+      return other_missing && previous_retrying();
     };
     while (waiting()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));

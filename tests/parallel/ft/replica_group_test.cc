@@ -314,6 +314,35 @@ TEST(ReplicaGroupTest, ANewcomerDecidingARoundWaitsForTheRunningReplicas) {
   EXPECT_EQ(running[1].quorum.index, 1);
 }
 
+// A replica restarted while the survivor still retries the round its dead predecessor broke (a
+// connect timeout can outlast member_wait) waits for the survivor instead of deciding a round
+// alone and training from fresh weights (found from outside: a replica killed twice).
+TEST(ReplicaGroupTest, ARestartedReplicaWaitsWhileTheRoundBeforeIsRetried) {
+  auto store = std::make_shared<comm::InMemoryStore>();
+  store->set("ft/latest", std::string("4"));
+  store->set("ft/round4/final",
+             std::string(R"({"members": [{"replica": 0, "state": 4, "state_round": 3, )"
+                         R"("instance": "000000000000000a"}, {"replica": 1, "state": 4, )"
+                         R"("state_round": 3, "instance": "00000000000000dd"}], )"
+                         R"("refused": [], "attempt": 0})"));
+  ASSERT_EQ(store->add("ft/round4/attempt1/decider", 1), 1);  // the survivor's retry
+  const auto options = [](uint64_t instance) {
+    return ReplicaGroupOptions{.join_window = std::chrono::milliseconds(20),
+                               .member_wait = std::chrono::milliseconds(100),
+                               .instance = instance};
+  };
+  ReplicaGroup survivor(store, 0, 2, options(0xa)), restarted(store, 1, 2, options(0xbb));
+  StepQuorum fresh;
+  std::thread first([&] { fresh = restarted.start_round(5, 0, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));  // the retry and its step
+  const StepQuorum q = survivor.start_round(5, 0, 5);
+  first.join();
+  EXPECT_EQ(fresh.members, (std::vector<int>{0, 1}));
+  EXPECT_EQ(q.members, (std::vector<int>{0, 1}));
+  EXPECT_EQ(fresh.step, 5);
+  EXPECT_TRUE(fresh.needs_state_sync);
+}
+
 // A replica whose settings differ from the running replicas' is refused, naming both: the
 // replicas that took part before set them (here replica 1), whatever the newcomer's id.
 TEST(ReplicaGroupTest, AReplicaWithOtherSettingsIsRefused) {
