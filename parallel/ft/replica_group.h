@@ -102,7 +102,9 @@ struct ReplicaGroupOptions {
   // (alive, presumably, and slower this step: a step's time varies), beyond join_window: without
   // it, replicas whose steps outlast the window would each decide rounds alone and train apart,
   // and a newcomer deciding a round alone could take a running replica's id. A member that died
-  // costs the others this once.
+  // costs the others this once. Past it, a decider still waits (up to `timeout`) while the round
+  // before is being retried — its members are alive, a retry's connect timeout outlasting this —
+  // for the ids nobody else joined for, and member_wait again once that retry decided.
   comm::Duration member_wait = std::chrono::seconds(10);
   // How long a new members' group waits for them all to connect: a member that died after
   // joining the quorum fails the attempt after it (the next attempt goes on without it).
