@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <utility>
 
 #include "base/error.h"
@@ -136,10 +135,9 @@ std::string replica_job_settings(const nlohmann::json& model, const nlohmann::js
 // Which launch a replica job is: a number every rank draws, the largest of them (the same on all
 // its ranks; another for every launch, a restart's included). Collective over `world`.
 uint64_t replica_instance(comm::ProcessGroup& world) {
-  std::random_device device;
-  const uint64_t drawn = (static_cast<uint64_t>(device()) << 32) ^ device();
-  const Tensor t =
-      ops::from_vector_i64({static_cast<int64_t>(drawn >> 1) + 1}, {1}, world.device());
+  // Halved to fit an i64 (the reduction's dtype), and still never 0.
+  const int64_t mine = static_cast<int64_t>(parallel::ft::random_instance() >> 1) + 1;
+  const Tensor t = ops::from_vector_i64({mine}, {1}, world.device());
   world.all_reduce(t, comm::ReduceOp::kMax)->wait();
   return static_cast<uint64_t>(ops::to(t, Device::cpu()).data<int64_t>()[0]);
 }

@@ -124,12 +124,23 @@ constexpr const char* kStoreMustOutlive =
     " (the replicas' shared store — a lighthouse — must outlive every replica; without it no "
     "replica can go on)";
 
-uint64_t random_instance() {
-  std::random_device device;
-  return (static_cast<uint64_t>(device()) << 32) ^ device() ^ 1;  // never 0
+// Whether a process of the round before has not joined: `same_process`, that very process (a
+// newcomer of its id does not count); else anyone of its id.
+bool previous_missing(const std::map<int, std::string>& previous,
+                      const std::vector<JoinEntry>& entries, bool same_process) {
+  return std::any_of(previous.begin(), previous.end(), [&](const auto& id_instance) {
+    return std::none_of(entries.begin(), entries.end(), [&](const JoinEntry& e) {
+      return e.replica == id_instance.first && (!same_process || e.instance == id_instance.second);
+    });
+  });
 }
 
 }  // namespace
+
+uint64_t random_instance() {
+  std::random_device device;
+  return ((static_cast<uint64_t>(device()) << 32) ^ device()) | 1;  // never 0
+}
 
 ReplicaGroup::ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
                            ReplicaGroupOptions options)
@@ -237,9 +248,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
   // whoever stalls or dies between deciding and writing.
   const auto publish = [&](const std::vector<JoinEntry>& entries) {
     const std::string mine = decide(entries, max_replicas_, previous, attempt).dump();
-    const comm::Bytes won = store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
-    // The round's decision as its last attempt made it: what the next round's decider reads.
-    store_->set(final_key(round), won);
+    store_->compare_set(decided, {}, comm::Bytes(mine.begin(), mine.end()));
     // For replicas joining later: the latest decided round, raised to `round` unless a later
     // one is there (a compare-and-swap loop: every publisher of a round runs it).
     const std::string text = std::to_string(round);
@@ -260,17 +269,11 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     std::vector<JoinEntry> entries = joined(&ids);
     const auto waiting = [&] {
       const auto now = std::chrono::steady_clock::now();
-      // A process of the round before that has not joined (a newcomer of its id does not count).
-      const bool previous_missing =
-          std::any_of(previous.begin(), previous.end(), [&](const auto& id_instance) {
-            return std::none_of(entries.begin(), entries.end(), [&](const JoinEntry& e) {
-              return e.replica == id_instance.first && e.instance == id_instance.second;
-            });
-          });
+      const bool missing = previous_missing(previous, entries, /*same_process=*/true);
       const bool every_id = std::all_of(ids.begin(), ids.end(), [](bool in) { return in; });
-      if (every_id && !previous_missing) return false;
+      if (every_id && !missing) return false;
       if (now < start + options_.join_window) return true;
-      if (!previous_missing || attempt > 0) return false;
+      if (!missing || attempt > 0) return false;
       if (now < wait_from + longest) return true;
       // Past member_wait: still waiting while the round before is being retried (its members
       // are alive: a retry's connect timeout can outlast member_wait), and member_wait again
@@ -284,12 +287,7 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
       }
       // Only for ids nobody else joined for (one a newcomer took is its dead predecessor's, or
       // settled as a duplicate).
-      const bool other_missing =
-          std::any_of(previous.begin(), previous.end(), [&](const auto& id_instance) {
-            return std::none_of(entries.begin(), entries.end(),
-                                [&](const JoinEntry& e) { return e.replica == id_instance.first; });
-          });
-      return other_missing && previous_retrying();
+      return previous_missing(previous, entries, /*same_process=*/false) && previous_retrying();
     };
     while (waiting()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -307,8 +305,8 @@ StepQuorum ReplicaGroup::quorum_for(int64_t round, int attempt, int64_t state_st
     }
   }
   const std::string decision_text = store_->get_string(decided);
-  // Also here, not only by the publisher: a replica may reach the next round before the
-  // publisher wrote it.
+  // The round's decision as its last attempt made it, for the next round's decider: written by
+  // every replica that read it (the publisher among them), so none reaches the next round first.
   store_->set(final_key(round), decision_text);
   const nlohmann::json decision = nlohmann::json::parse(decision_text);
   StepQuorum q{.round = round, .attempt = attempt};

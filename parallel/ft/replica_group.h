@@ -121,6 +121,9 @@ struct ReplicaGroupOptions {
   int job_rank = 0;
 };
 
+// A random instance id, never 0 (ReplicaGroupOptions::instance's default draws one).
+uint64_t random_instance();
+
 class ReplicaGroup {
  public:
   // `store`: shared by every replica (the quorum service); `replica` in [0, max_replicas).
