@@ -1,6 +1,8 @@
 #include "base/durable_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,8 +15,51 @@
 
 namespace loom {
 
+namespace {
+
+// Opens `path` for writing under an exclusive flock, then truncates it. Not O_TRUNC: the file may
+// be another writer's, whose bytes must survive our failing to lock it. A lock taken on a file
+// that was renamed or removed in between (its writer committed) locks a file no longer under
+// this name: open the name again.
+int open_locked(const std::string& path, std::string_view what) {
+  for (;;) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0666);
+    LOOM_CHECK(fd >= 0, "{}: cannot create '{}': {}", what, path, std::strerror(errno));
+    int rc;
+    do rc = ::flock(fd, LOCK_EX | LOCK_NB);
+    while (rc != 0 && errno == EINTR);
+    if (rc != 0) {
+      const int error = errno;
+      ::close(fd);
+      if (error == EWOULDBLOCK) {
+        throw PathBusyError(fmt::format(
+            "{}: cannot write '{}': another writer (a process or thread) is writing it now and "
+            "holds '{}'; give each job or rank its own path, or wait for the other to finish",
+            what, path.substr(0, path.size() - (path.ends_with(".tmp") ? 4 : 0)), path));
+      }
+      LOOM_FAIL("{}: cannot lock '{}': {}", what, path, std::strerror(error));
+    }
+    struct stat opened {
+    }, named{};
+    if (::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &named) == 0 &&
+        opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) {
+      if (::ftruncate(fd, 0) == 0) return fd;
+      const int error = errno;
+      ::close(fd);
+      LOOM_FAIL("{}: cannot truncate '{}': {}", what, path, std::strerror(error));
+    }
+    ::close(fd);  // renamed or removed while we locked it
+  }
+}
+
+}  // namespace
+
 SyncedFileWriter::SyncedFileWriter(std::string path, std::string_view what, Mode mode)
     : path_(std::move(path)), what_(what) {
+  if (mode == Mode::kLocked) {
+    fd_ = open_locked(path_, what_);
+    return;
+  }
   // Not O_APPEND: it would make write_at's pwrite append too. The position starts at the end.
   const int truncate = mode == Mode::kTruncate ? O_TRUNC : 0;
   fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | truncate | O_CLOEXEC, 0666);
@@ -159,7 +204,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, std::string_view what)
       temp_(path_ + ".tmp"),
       what_(what),
       cleanup_(temp_),
-      file_(temp_, what_) {}
+      file_(temp_, what_, SyncedFileWriter::Mode::kLocked) {}
 
 AtomicFileWriter::~AtomicFileWriter() {
   if (!committed_) abandon();
@@ -169,8 +214,10 @@ AtomicFileWriter::~AtomicFileWriter() {
 void AtomicFileWriter::abandon() noexcept {
   if (abandoned_) return;
   abandoned_ = true;
-  file_ = SyncedFileWriter();  // closes without syncing
+  // Removed while still locked: closed first, another writer could take the name's file and
+  // lose it to this unlink.
   ::unlink(temp_.c_str());
+  file_ = SyncedFileWriter();  // closes without syncing
   cleanup_.release();
 }
 
@@ -195,7 +242,7 @@ void AtomicFileWriter::write_at(size_t offset, const void* data, size_t bytes) {
 void AtomicFileWriter::commit() {
   LOOM_CHECK(!committed_, "{}: '{}' was already committed", what_, path_);
   try {
-    file_.close();
+    file_.sync();
     // The process survived a signal that removed the file (a chained handler returned).
     const int signal = cleanup_.removed_by_signal();
     LOOM_CHECK(signal == 0,
@@ -208,8 +255,12 @@ void AtomicFileWriter::commit() {
     abandon();
     throw;
   }
+  // The temporary name is free again (another write of PATH may take it: nothing of this writer
+  // may remove it now). Closed, letting the lock go, only after the rename: a writer waiting for
+  // the lock would otherwise take this file and write over it under PATH.
   committed_ = true;
-  cleanup_.release();  // the temporary name is free again: another write of PATH may reuse it
+  cleanup_.release();
+  file_.close();
   sync_parent_directory(path_, what_);
 }
 

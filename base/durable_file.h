@@ -25,24 +25,39 @@
 // installed after the first write replaces the cleanup unless it chains to the handler it found.
 // At most 64 temporary files are protected at once (more are written unprotected). In-place
 // files are never removed: a partial one is the caller's to clean (the checkpoint's next save
-// removes `.partial` folders). Two writers of one PATH at once share one temporary name: the
-// caller's mistake, not detected. Durability is what the filesystem and drive make of fsync.
+// removes `.partial` folders). Two writers of one PATH at once (two jobs given one --save, two
+// threads): the temporary file is held under an exclusive lock (flock) from its creation until it
+// is renamed or removed, so the second writer fails at once naming PATH and the other writer,
+// and the first one's file is untouched. A temporary file left by a killed writer holds no lock
+// and is replaced. Durability is what the filesystem and drive make of fsync.
 #pragma once
 
 #include <cstddef>
 #include <string>
 #include <string_view>
 
+#include "base/error.h"
 #include "base/interrupt_cleanup.h"
 
 namespace loom {
+
+// Another writer (a process or thread) holds the file being written: two jobs or ranks given one
+// path. An InputError: a job exits 2 on it and launchers do not restart it.
+class PathBusyError : public InputError {
+ public:
+  explicit PathBusyError(const std::string& message) : InputError(message) {}
+};
 
 // A file written in place: created or truncated (or, kAppend, created or continued at its end),
 // fsynced on close(). Destroyed without close() (an abandoned write), it is closed without
 // syncing.
 class SyncedFileWriter {
  public:
-  enum class Mode { kTruncate, kAppend };
+  // kTruncate: created or truncated. kAppend: created or continued at its end. kLocked: as
+  // kTruncate, but under an exclusive lock held until close: throws PathBusyError naming the file
+  // when another open of it holds the lock (a file replaced under its name while this one waited
+  // for it is opened again, so the lock is always the name's current file's).
+  enum class Mode { kTruncate, kAppend, kLocked };
   SyncedFileWriter() = default;
   SyncedFileWriter(std::string path, std::string_view what, Mode mode = Mode::kTruncate);
   SyncedFileWriter(SyncedFileWriter&& other) noexcept;

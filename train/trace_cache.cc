@@ -101,6 +101,8 @@ void TraceCache::store(const std::string& key, const std::vector<TracedRank>& tr
     }
     write_file_atomically((dir / (key + ".json")).string(), entry.dump() + "\n",
                           "the plan's trace cache");
+  } catch (const PathBusyError&) {
+    // Another search writing the same entry at this moment: the same trace, kept by it.
   } catch (const std::exception& e) {
     std::lock_guard<std::mutex> lock(mutex_);
     if (write_error_.empty()) write_error_ = e.what();

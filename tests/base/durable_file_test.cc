@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,6 +141,58 @@ TEST_F(DurableFileTest, StreamingWriterShowsNothingUntilCommit) {
   }
   EXPECT_EQ(read(path("big.bin")), "abcdefg");  // the destructor leaves a committed file
   EXPECT_THAT(entries(), ElementsAre("big.bin"));
+}
+
+// Two writers of one PATH at once (two jobs given one --save): the second fails naming PATH,
+// and the first one's temporary file, bytes and commit are untouched; once it committed, PATH's
+// temporary name is free for the next writer.
+TEST_F(DurableFileTest, ASecondWriterOfOnePathFailsAndTheFirstCommits) {
+  {
+    AtomicFileWriter first(path("model.safetensors"), "--save");
+    first.write("first's bytes", 13);
+    EXPECT_THAT(
+        error_of([&] { AtomicFileWriter second(path("model.safetensors"), "--save"); }),
+        AllOf(HasSubstr("--save: cannot write '" + path("model.safetensors") + "': another writer"),
+              HasSubstr("holds '" + path("model.safetensors.tmp") + "'")));
+    EXPECT_THROW(write_file_atomically(path("model.safetensors"), "x", "--save"), PathBusyError);
+    EXPECT_EQ(read(path("model.safetensors.tmp")), "first's bytes");
+    first.write("!", 1);
+    first.commit();
+  }
+  EXPECT_EQ(read(path("model.safetensors")), "first's bytes!");
+  write_file_atomically(path("model.safetensors"), "next", "--save");
+  EXPECT_EQ(read(path("model.safetensors")), "next");
+  EXPECT_THAT(entries(), ElementsAre("model.safetensors"));
+}
+
+// Another process holding PATH's temporary file: the same refusal (the lock is the file's, not
+// the process's), and a killed writer's leftover file, holding no lock, is taken over.
+TEST_F(DurableFileTest, AWriterInAnotherProcessIsRefusedUntilItEnds) {
+  int ready[2], release[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(release), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    AtomicFileWriter writer(path("out.bin"), "child");
+    writer.write("child", 5);
+    char byte = 1;
+    (void)!::write(ready[1], &byte, 1);
+    (void)!::read(release[0], &byte, 1);
+    ::_exit(0);  // dies uncommitted, as a killed writer: its file stays, unlocked
+  }
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  EXPECT_THAT(error_of([&] { write_file_atomically(path("out.bin"), "parent", "--out"); }),
+              HasSubstr("another writer"));
+  EXPECT_EQ(read(path("out.bin.tmp")), "child");
+  ASSERT_EQ(::write(release[1], &byte, 1), 1);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  write_file_atomically(path("out.bin"), "parent", "--out");
+  EXPECT_EQ(read(path("out.bin")), "parent");
+  EXPECT_THAT(entries(), ElementsAre("out.bin"));
+  for (int fd : {ready[0], ready[1], release[0], release[1]}) ::close(fd);
 }
 
 TEST_F(DurableFileTest, StreamingWriterDestroyedUncommittedRemovesItsTemporaryFile) {
