@@ -164,12 +164,17 @@ std::string format_validation(const JobPlan& plan) {
 void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& build) {
   const ParallelDims& dims = plan.parallel.dims;
   plan.target = options.target;
-  plan.traced = trace_training_step(dims, build,
-                                    {.local_batch = plan.global_batch / dims.dp(),
-                                     .seq_len = plan.seq_len / dims.cp,  // this rank's tokens
-                                     .ranks = ranks_to_trace(dims, options.max_traced_ranks),
-                                     .target = options.target,
-                                     .validation = options.validation.batches > 0});
+  const PlanOptions::Replicas& replicas = options.replicas;
+  plan.traced = trace_training_step(
+      dims, build,
+      {.local_batch = plan.global_batch / dims.dp() / replicas.count,  // a replica's share
+       .seq_len = plan.seq_len / dims.cp,                              // this rank's tokens
+       .ranks = ranks_to_trace(dims, options.max_traced_ranks),
+       .target = options.target,
+       .validation = options.validation.batches > 0,
+       .replicas = replicas.count,
+       .replica = replicas.replica,
+       .replay = replicas.replay});
   plan.validation = options.validation;
   std::vector<size_t> representative;  // index in plan.traced of each role's first rank
   for (size_t i = 0; i < plan.traced.size(); ++i) {
@@ -190,8 +195,9 @@ void trace_job(JobPlan& plan, const PlanOptions& options, const ModelBuilder& bu
   }
   if (options.machine) {
     plan.machine = options.machine;
-    plan.time = estimate_step_time(plan.traced, plan.parallel, plan.global_batch * plan.seq_len,
-                                   plan.world_size, *options.machine);
+    plan.time =
+        estimate_step_time(plan.traced, plan.parallel, plan.global_batch * plan.seq_len,
+                           plan.world_size, *options.machine, replicas.replay ? 1 : replicas.count);
   }
 }
 

@@ -83,6 +83,14 @@ struct PlanOptions {
     int64_t every = 0;    // steps between validations (0: after the last only)
     int64_t steps = 0;    // the job's steps
   } validation;
+  // --replicas: the job is replica `replica` of `count` replica jobs, each training its share of
+  // the global batch and averaging gradients over the replicas every step (traced with every
+  // replica a member); `replay` (--replica-replay): one job running every replica's share.
+  struct Replicas {
+    int count = 1;
+    int replica = 0;
+    bool replay = false;
+  } replicas;
 };
 
 struct JobPlan {

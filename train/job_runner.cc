@@ -21,6 +21,7 @@
 #include "comm/tcp_store.h"
 #include "models/hf/token_settings.h"
 #include "optim/lr_schedule.h"
+#include "parallel/ft/replica_group.h"
 #include "tensor/cuda/caching_allocator.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "tensor/memory_stats.h"

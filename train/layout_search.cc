@@ -526,10 +526,13 @@ std::string format_layout_search(const LayoutSearch& search, const LayoutSearchO
       "dp_shard = {}\n",
       best.job.tp, best.job.pp, best.job.dp_replicate, best.job.dp_shard);
   // Every key the search sets, defaults included: the job's own flags or file may set them
-  // otherwise (--ep 2, --microbatches 4), and would then run another layout or be refused.
+  // otherwise (--ep 2, --microbatches 4, --layers-per-stage 1,3, --dp 2, the shorthand that
+  // dp_replicate would contradict), and would then run another layout or be refused.
   out += fmt::format(
-      "cp = {}\nep = {}\nschedule = \"{}\"\nmicrobatches = {}\nvirtual_stages = {}\n", best.job.cp,
-      best.job.ep, best.job.schedule, best.job.microbatches, best.job.virtual_stages);
+      "cp = {}\nep = {}\nschedule = \"{}\"\nmicrobatches = {}\nvirtual_stages = {}\n"
+      "layers_per_stage = \"{}\"\ncp_attention = \"{}\"\ndp = 0\n",
+      best.job.cp, best.job.ep, best.job.schedule, best.job.microbatches, best.job.virtual_stages,
+      best.job.layers_per_stage, best.job.cp_attention);
   out +=
       fmt::format("\n[training]\nactivation_checkpoint = \"{}\"\n", best.job.activation_checkpoint);
   return out;

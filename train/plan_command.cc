@@ -11,6 +11,7 @@
 #include "base/error.h"
 #include "checkpoint/distributed_checkpoint.h"
 #include "comm/launch_env.h"
+#include "parallel/ft/traced_replicas.h"
 #include "tensor/cuda/cuda_runtime.h"
 #include "train/job_checks.h"
 #include "train/job_plan.h"
@@ -106,8 +107,36 @@ PlanReport plan_report(const JobConfig& job) {
     options.validation = {
         .batches = checked.data.val_batches, .every = job.val_every, .steps = job.steps};
   }
+  options.replicas = {.count = static_cast<int>(job.replicas),
+                      .replica = static_cast<int>(job.replica),
+                      .replay = !job.replica_replay.empty()};
   JobPlan plan =
       plan_job(*checked.model.args, checked.parallel, job.batch_size, job.seq_len, options);
+  if (job.steps == 1) {
+    plan.notes.push_back(
+        "--steps 1: the table's step is a job's second, every later one's; a job's first step "
+        "creates AdamW's moments at its end, so its peak (what a job of one step prints) is "
+        "lower by what they and the gradients held from the step before add");
+  }
+  if (job.replicas > 1) {
+    const int64_t share = job.batch_size / job.replicas;
+    plan.notes.push_back(
+        job.replica_replay.empty()
+            ? fmt::format(
+                  "--replicas {}: this job is replica {}, training its share of the global "
+                  "batch, {} of {} sequences per step (the step traced), and every step "
+                  "averaging each rank's gradients over the replicas taking part: one all_reduce "
+                  "on '{}' (a group of {} ranks across the jobs; named 'ft/<rank>/step<N>' in a "
+                  "run) and the quorum's agreements over this job's ranks, as traced with every "
+                  "replica taking part",
+                  job.replicas, job.replica, share, job.batch_size,
+                  parallel::ft::kTracedReplicasGroup, job.replicas)
+            : fmt::format(
+                  "--replica-replay: each step runs the share of every replica that took part "
+                  "in it, one after another, {} of {} sequences each: traced with all {} taking "
+                  "part (a step with fewer members runs fewer)",
+                  share, job.batch_size, job.replicas));
+  }
   if (!job.checkpoint_dir.empty()) {
     // Not in the step's table: a save is between steps, every --checkpoint-every.
     // Every --checkpoint-every steps, and after the last when that is not one of them.

@@ -18,6 +18,7 @@
 #include "base/error.h"
 #include "comm/gloo/process_group_gloo.h"
 #include "comm/in_memory_store.h"
+#include "parallel/ft/traced_replicas.h"
 #include "parallel/pipeline/schedules.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
@@ -33,8 +34,11 @@ double seconds_since(Clock::time_point start) {
 }
 
 // The ranks of the group named `group` ("mesh/tp", "mesh/dp_replicate_dp_shard", "default"):
-// the product of the mesh dims its name mentions, the world when it names none.
-int64_t group_size(const std::string& group, const ParallelConfig& parallel, int64_t world) {
+// the product of the mesh dims its name mentions, the world when it names none; the replicas'
+// group has `replicas`.
+int64_t group_size(const std::string& group, const ParallelConfig& parallel, int64_t world,
+                   int64_t replicas) {
+  if (group == parallel::ft::kTracedReplicasGroup) return replicas;
   const std::vector<std::string> names = parallel.dims.names();
   const std::vector<int64_t> sizes = parallel.dims.sizes();
   int64_t size = 1;
@@ -283,7 +287,8 @@ double step_bubble(double bubble, const MachineModel& machine) {
 
 StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
                                     const ParallelConfig& parallel, int64_t tokens,
-                                    int64_t world_size, const MachineModel& machine) {
+                                    int64_t world_size, const MachineModel& machine,
+                                    int64_t replicas) {
   LOOM_CHECK(machine.rank_flops_per_s > 0 && machine.bytes_per_s > 0,
              "estimate_step_time: the machine's rates must be positive, got {} FLOP/s and {} B/s",
              machine.rank_flops_per_s, machine.bytes_per_s);
@@ -298,7 +303,7 @@ StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
         static_cast<double>(rank.allocations) * machine.seconds_per_op;
     double critical = 0, data_parallel = 0;
     for (const auto& [group, counters] : rank.collectives) {
-      const int64_t n = group_size(group, parallel, world_size);
+      const int64_t n = group_size(group, parallel, world_size, replicas);
       const double rate = group_bytes_per_s(group, machine);
       double seconds = 0;
       for (size_t k = 0; k < counters.calls.size(); ++k) {

@@ -105,9 +105,11 @@ struct StepTimeEstimate {
 };
 
 // The step time of `traced` (the plan's traced ranks) under `parallel`, for a global batch of
-// `tokens` tokens on `world_size` ranks.
+// `tokens` tokens on `world_size` ranks; with `replicas` > 1 the job is one of that many replica
+// jobs (--replicas), whose gradients' group (parallel/ft/traced_replicas.h) has that many ranks.
 StepTimeEstimate estimate_step_time(const std::vector<TracedRank>& traced,
                                     const ParallelConfig& parallel, int64_t tokens,
-                                    int64_t world_size, const MachineModel& machine);
+                                    int64_t world_size, const MachineModel& machine,
+                                    int64_t replicas = 1);
 
 }  // namespace loom::train

@@ -20,6 +20,7 @@
 #include "comm/in_memory_store.h"
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
+#include "parallel/ft/traced_replicas.h"
 #include "tensor/dispatch.h"
 #include "tensor/flop_counter.h"
 #include "tensor/grad_mode.h"
@@ -94,11 +95,39 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     for (const auto& [name, p] : model->named_parameters()) {
       out.parameters += is_dtensor(p) ? local_shard(p).numel() : p.numel();
     }
-    Trainer trainer(*model, mesh, {.lr = [](int) { return 1e-4; }});
+    TrainerOptions trainer_options{.lr = [](int) { return 1e-4; }};
+    if (options.replicas > 1 && !options.replay) {
+      LOOM_CHECK(world->device().is_meta(),
+                 "a step of replicas is traced on the meta device only, not on {}",
+                 world->device().str());
+      trainer_options.replicas = std::make_shared<parallel::ft::TracedReplicas>(
+          comm::FakeProcessGroup::create_world(
+              options.replicas, {options.replica},
+              {.name = parallel::ft::kTracedReplicasGroup, .timeout = options.timeout})
+              .front());
+      trainer_options.replica_ranks = world;
+    }
+    Trainer trainer(*model, mesh, std::move(trainer_options));
     // Token 0 everywhere: a valid id of every vocabulary; values change no shape or collective.
     const Tensor tokens =
         ops::zeros({options.local_batch, options.seq_len}, kInt64, world->device());
-    trainer.step(tokens, tokens);  // creates the optimizer's moments
+    // --replica-replay: each replica's share in turn, all of them members.
+    std::vector<std::pair<Tensor, Tensor>> member_batches;
+    std::vector<int> member_ids;
+    if (options.replay) {
+      for (int id = 0; id < options.replicas; ++id) {
+        member_batches.emplace_back(tokens, tokens);
+        member_ids.push_back(id);
+      }
+    }
+    const auto step = [&] {
+      if (options.replay) {
+        trainer.replay_step(member_batches, member_ids, options.replicas);
+      } else {
+        trainer.step(tokens, tokens);
+      }
+    };
+    step();  // creates the optimizer's moments
     // Every traced rank done with the first step: no message of it is still in flight (a send
     // the receiver has not taken yet is still the sender's memory), so what is held is the same
     // on every run.
@@ -112,7 +141,7 @@ TracedRank measure_rank(const ParallelDims& dims, const ModelBuilder& build,
     std::optional<ScopedDispatchMode> attributing;
     if (options.bytes_by_op) attributing.emplace(by_op);
     const auto start = std::chrono::steady_clock::now();
-    trainer.step(tokens, tokens);
+    step();
     out.step_ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     attributing.reset();

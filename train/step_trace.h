@@ -86,7 +86,15 @@ struct StepTraceOptions {
   bool validation = false;
   // Also break the measured step's allocated bytes down by op (TracedRank::bytes_by_op): where
   // a step's memory traffic goes, so the fusions that pay can be told apart.
-  bool bytes_by_op = false;
+  bool bytes_by_op = false;  // A job that is replica `replica` of `replicas` (--replicas):
+                             // local_batch is its share; the
+  // step runs the Trainer's replica path with every replica a member (its agreements over the
+  // world, the gradients' all_reduce over the replicas' group, parallel/ft/traced_replicas.h;
+  // the meta device only). With `replay` (--replica-replay) the one job runs each replica's
+  // share in turn (Trainer::replay_step), every replica a member.
+  int replicas = 1;
+  int replica = 0;
+  bool replay = false;
 };
 
 // Traces two steps on each rank of options.ranks (one thread each) and returns their figures in

@@ -66,7 +66,7 @@ std::vector<Tensor> Trainer::local_gradients() const {
 }
 
 void Trainer::begin_replica_step() {
-  parallel::ft::ReplicaGroup& replicas = *options_.replicas;
+  parallel::ft::Replicas& replicas = *options_.replicas;
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
   // The round after the latest decided one — the same on all this replica's ranks (each reads the
   // latest at its own moment: the latest of their readings).
@@ -138,7 +138,7 @@ StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& me
 }
 
 int Trainer::average_over_replicas() {
-  parallel::ft::ReplicaGroup& replicas = *options_.replicas;
+  parallel::ft::Replicas& replicas = *options_.replicas;
   const std::vector<Tensor> grads = local_gradients();
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
   for (int attempt = replica_attempt_ + 1;; ++attempt) {

@@ -29,7 +29,7 @@
 #include "optim/optimizer.h"
 #include "parallel/cp/context_parallel.h"
 #include "parallel/cp/sequence_layout.h"
-#include "parallel/ft/replica_group.h"
+#include "parallel/ft/replicas.h"
 #include "train/parallel_model.h"
 #include "train/router_stats.h"
 
@@ -45,9 +45,9 @@ struct TrainerOptions {
   // quorum — a replica behind (one that joins) first gets the whole training state from a member
   // —, after backward the gradients averaged over the step's members (the step retried without
   // one that fails meanwhile). None: no replicas beyond this job.
-  std::shared_ptr<parallel::ft::ReplicaGroup> replicas;
+  std::shared_ptr<parallel::ft::Replicas> replicas;
   // With replicas of several ranks: this replica's ranks (its job's world), which settle each
-  // exchange with the others alike (ReplicaGroup::Agreement). None: a replica of one rank.
+  // exchange with the others alike (Replicas::Agreement). None: a replica of one rank.
   std::shared_ptr<comm::ProcessGroup> replica_ranks;
 };
 
@@ -147,7 +147,7 @@ class Trainer {
   int average_over_replicas();
   // `value` reduced over this replica's ranks (itself alone without replica_ranks).
   int64_t reduce_over_replica_ranks(int64_t value, comm::ReduceOp op) const;
-  // Whether every rank of this replica succeeded (ReplicaGroup::Agreement).
+  // Whether every rank of this replica succeeded (Replicas::Agreement).
   bool replica_ranks_agree(bool ok) const;
   // The local tensors of the parameters' gradients (DTensors' shards), in parameter order.
   std::vector<Tensor> local_gradients() const;

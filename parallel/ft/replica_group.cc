@@ -411,27 +411,8 @@ bool ReplicaGroup::average(const std::vector<Tensor>& grads, const Agreement& ag
   LOOM_CHECK(quorum_.member(), "ReplicaGroup: replica {} is not a member of step {}'s quorum",
              replica_, quorum_.step);
   if (!group_) return agree ? agree(!group_failed_) : !group_failed_;
-  // One flat buffer: one all_reduce; `grads` change only once every rank of this replica
-  // succeeded (`agree`), so a retry starts from the same gradients everywhere.
-  std::vector<Tensor> flat;
-  for (const Tensor& g : grads) flat.push_back(ops::reshape(ops::contiguous(g), {g.numel()}));
-  Tensor buffer = ops::contiguous(ops::cat(flat, 0));
-  bool ok = true;
-  try {
-    group_->all_reduce(buffer, comm::ReduceOp::kSum)->wait();
-  } catch (const Error& e) {
-    last_failure_ = e.what();
-    ok = false;
-  }
-  if (agree) ok = agree(ok);
-  if (!ok) return false;
-  buffer = ops::div(buffer, static_cast<double>(quorum_.members.size()));
-  int64_t offset = 0;
-  for (const Tensor& g : grads) {
-    ops::copy_(g, ops::reshape(ops::narrow(buffer, 0, offset, g.numel()), g.shape()));
-    offset += g.numel();
-  }
-  return true;
+  return average_over_members(*group_, grads, static_cast<int>(quorum_.members.size()), agree,
+                              last_failure_);
 }
 
 void ReplicaGroup::commit() {

@@ -68,6 +68,7 @@
 
 #include "comm/process_group.h"
 #include "comm/store.h"
+#include "parallel/ft/replicas.h"
 #include "tensor/tensor.h"
 
 namespace loom::parallel::ft {
@@ -75,18 +76,6 @@ namespace loom::parallel::ft {
 // Rounds in a row a replica id's newcomer meets a running process of that id before it is
 // refused as a second job.
 inline constexpr int kDuplicateRounds = 3;
-
-struct StepQuorum {
-  int64_t round = 0;
-  int attempt = 0;
-  int64_t step = 0;               // the step the members run: the newest state among them
-  std::vector<int> members;       // replica ids, ascending
-  std::vector<int64_t> state_at;  // each member's state step, in members' order
-  int index = -1;                 // this replica's place in members (-1: not a member)
-  bool needs_state_sync = false;  // some member's state is behind: sync_state() before the step
-  int source = -1;                // the member whose state is sent (the first up-to-date one)
-  bool member() const { return index >= 0; }
-};
 
 struct ReplicaGroupOptions {
   // Which replica-dim group this is: the rank's coordinate within its replica (ranks with the same
@@ -124,14 +113,14 @@ struct ReplicaGroupOptions {
 // A random instance id, never 0 (ReplicaGroupOptions::instance's default draws one).
 uint64_t random_instance();
 
-class ReplicaGroup {
+class ReplicaGroup final : public Replicas {
  public:
   // `store`: shared by every replica (the quorum service); `replica` in [0, max_replicas).
   ReplicaGroup(std::shared_ptr<comm::Store> store, int replica, int max_replicas,
                ReplicaGroupOptions options = {});
 
   // The round to join next: the one after the latest decided (or after this replica's last).
-  int64_t next_round();
+  int64_t next_round() override;
 
   // A round's quorum (collective over the replicas that reach it): see above; a decision always
   // comes while the store lives (a dead decider is replaced). `state_step`: the steps this
@@ -139,33 +128,27 @@ class ReplicaGroup {
   // job runs its replica id, or its settings differ), and loom::Error naming the round when the
   // shared store fails (every replica then ends with that error: the quorum service is the one
   // part that must not fail).
-  StepQuorum start_round(int64_t round, int attempt, int64_t state_step);
-
-  // A replica of several ranks (say tp) has one ReplicaGroup per rank, all in the same quorum
-  // (decided once per replica and step); `agree` makes its ranks settle each exchange alike:
-  // given this rank's success, it returns whether every rank of the replica succeeded (an
-  // all_reduce of the flag over the replica's own group). None: a replica of one rank.
-  using Agreement = std::function<bool(bool ok)>;
+  StepQuorum start_round(int64_t round, int attempt, int64_t state_step) override;
 
   // Makes every member's `state` the source's (in place; same shapes on every member): a
   // broadcast over the members' group. Returns false when a member failed meanwhile (then start
   // the step again: the broadcast is repeated).
-  bool sync_state(const std::vector<Tensor>& state, const Agreement& agree = nullptr);
+  bool sync_state(const std::vector<Tensor>& state, const Agreement& agree = nullptr) override;
 
   // Replaces `grads` (in place) by their mean over the step's members; false (and `grads`
   // untouched) when a member failed, on any rank of this replica: start the step again.
-  bool average(const std::vector<Tensor>& grads, const Agreement& agree = nullptr);
+  bool average(const std::vector<Tensor>& grads, const Agreement& agree = nullptr) override;
 
   // The members of every step this replica completed (what a reference replays).
   const std::map<int64_t, std::vector<int>>& participants() const { return participants_; }
   // Notes that the step completed with the current quorum.
-  void commit();
+  void commit() override;
   // The last quorum start_step returned.
-  const StepQuorum& quorum() const { return quorum_; }
+  const StepQuorum& quorum() const override { return quorum_; }
   // This replica's id and how many there may be: its share of every step's global batch is
   // share `replica()` of `max_replicas()` (train::local_batch's ReplicaShare).
-  int replica() const { return replica_; }
-  int max_replicas() const { return max_replicas_; }
+  int replica() const override { return replica_; }
+  int max_replicas() const override { return max_replicas_; }
 
  private:
   // Builds (or keeps) the members' group for `quorum`.

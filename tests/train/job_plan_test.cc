@@ -18,6 +18,7 @@
 #include "models/gpt/parameter_layout.h"
 #include "models/llama/family.h"
 #include "models/llama/llama.h"
+#include "parallel/ft/traced_replicas.h"
 #include "tests/testing/errors.h"
 
 namespace loom::train {
@@ -190,6 +191,26 @@ TEST(JobPlan, RecomputeFlopsAreCountedApart) {
   for (const char* mode : {"selective-op", "full"}) {
     EXPECT_EQ(traced[mode].flops - traced[mode].recompute_flops, traced["none"].flops) << mode;
   }
+}
+
+// A replica job (--replicas 2) traces its share of the global batch — the step of a job given
+// that share alone, FLOP for FLOP — plus the replicas' gradient all_reduce; a replay traces
+// both shares in turn.
+TEST(JobPlan, AReplicaTracesItsShareOfTheBatch) {
+  const ParallelConfig parallel{.dims = {.tp = 2}};
+  const auto plan = [&](int64_t batch, PlanOptions::Replicas replicas) {
+    return plan_job(*models::gpt_args(config()), parallel, batch, kSeq,
+                    {.target = Device::cpu(), .replicas = replicas})
+        .traced.front();
+  };
+  const TracedRank share = plan(kBatch / 2, {});
+  const TracedRank replica = plan(kBatch, {.count = 2, .replica = 1});
+  const TracedRank replay = plan(kBatch, {.count = 2, .replay = true});
+  EXPECT_EQ(replica.flops, share.flops);
+  EXPECT_EQ(replay.flops, 2 * share.flops);
+  EXPECT_TRUE(replica.collectives.count(parallel::ft::kTracedReplicasGroup));
+  EXPECT_FALSE(replay.collectives.count(parallel::ft::kTracedReplicasGroup));
+  EXPECT_LT(replica.peak_bytes, plan(kBatch, {}).peak_bytes);
 }
 
 TEST(JobPlan, BadLayoutsFailAsTheJobWould) {

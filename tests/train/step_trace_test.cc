@@ -14,6 +14,7 @@
 #include "models/gpt/family.h"
 #include "models/llama/config.h"
 #include "models/llama/family.h"
+#include "parallel/ft/traced_replicas.h"
 
 namespace loom::train {
 namespace {
@@ -243,6 +244,91 @@ TEST(StepTrace, BytesByOpAddUpToTheStepsAllocations) {
       EXPECT_EQ(t.bytes_by_op.at("forward: gelu"), gelu);
       EXPECT_EQ(t.bytes_by_op.at("backward: gelu_backward"), gelu);
     }
+  }
+}
+
+}  // namespace
+}  // namespace loom::train
+
+namespace loom::train {
+namespace {
+
+// --replica-replay: one job runs each replica's share in turn (Trainer::replay_step); traced on
+// the meta device it issues what it issues on Gloo ranks, collective for collective, and twice
+// the one share's tensor-parallel operations.
+TEST(StepTrace, ReplayOfTwoReplicasEqualsItsRun) {
+  const ParallelConfig parallel{.dims = {.tp = 2}};
+  const StepTraceOptions replay{.local_batch = kBatch / 2,
+                                .seq_len = kSeq,
+                                .timeout = kTimeout,
+                                .target = Device::cpu(),
+                                .replicas = 2,
+                                .replay = true};
+  StepTraceOptions traced_options = replay;
+  traced_options.ranks = ranks_to_trace(parallel.dims);
+  const auto traced = trace_training_step(parallel.dims, gpt_builder(parallel), traced_options);
+  const auto measured =
+      measure_training_step_on_gloo_threads(parallel.dims, gpt_builder(parallel), replay);
+  StepTraceOptions one_share = traced_options;
+  one_share.replicas = 1;
+  one_share.replay = false;
+  const auto single = trace_training_step(parallel.dims, gpt_builder(parallel), one_share);
+  ASSERT_EQ(traced.size(), 2u);
+  for (size_t r = 0; r < traced.size(); ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    EXPECT_TRUE(same_collectives(traced[r], measured[r]));
+    EXPECT_EQ(traced[r].flops, measured[r].flops);
+    EXPECT_EQ(traced[r].held_bytes, measured[r].held_bytes);
+    EXPECT_NEAR(traced[r].peak_bytes, measured[r].peak_bytes, 0.01 * measured[r].peak_bytes);
+    const auto& tp = traced[r].collectives.at("mesh/tp");
+    const auto& tp_single = single[r].collectives.at("mesh/tp");
+    for (const auto kind :
+         {comm::CollectiveKind::kAllGather, comm::CollectiveKind::kReduceScatter}) {
+      EXPECT_EQ(tp.calls_of(kind), 2 * tp_single.calls_of(kind)) << comm::collective_name(kind);
+      EXPECT_EQ(tp.bytes_of(kind), 2 * tp_single.bytes_of(kind)) << comm::collective_name(kind);
+    }
+  }
+}
+
+// --replicas 2: a replica's step is its share's step plus the Trainer's replica path: the
+// gradients' one all_reduce over the replicas' group (every local gradient element, f32) and
+// the two agreements of one int64 over the job's world (the round, the average's success).
+TEST(StepTrace, AReplicasStepAddsTheGradientsAllReduceAndTheQuorumsAgreements) {
+  const ParallelConfig parallel{.dims = {.tp = 2}};
+  StepTraceOptions options{.local_batch = kBatch / 2,
+                           .seq_len = kSeq,
+                           .ranks = ranks_to_trace(parallel.dims),
+                           .target = Device::cpu()};
+  const auto alone = trace_training_step(parallel.dims, gpt_builder(parallel), options);
+  options.replicas = 2;
+  options.replica = 1;
+  const auto replica = trace_training_step(parallel.dims, gpt_builder(parallel), options);
+  ASSERT_EQ(replica.size(), 2u);
+  for (size_t r = 0; r < replica.size(); ++r) {
+    SCOPED_TRACE(fmt::format("rank {}", r));
+    std::map<std::string, comm::CollectiveCounters> extra = replica[r].collectives;
+    for (const auto& [group, counters] : alone[r].collectives) {
+      for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
+        extra[group].calls[k] -= counters.calls[k];
+        extra[group].bytes[k] -= counters.bytes[k];
+      }
+    }
+    const auto all_reduce = comm::CollectiveKind::kAllReduce;
+    for (const auto& [group, counters] : extra) {
+      SCOPED_TRACE(group);
+      const bool replicas_group = group == parallel::ft::kTracedReplicasGroup;
+      const bool world = group == "default";
+      for (int k = 0; k < comm::kNumCollectiveKinds; ++k) {
+        const bool expected = (replicas_group || world) && k == static_cast<int>(all_reduce);
+        EXPECT_EQ(counters.calls[k], !expected ? 0 : replicas_group ? 1 : 2);
+        EXPECT_EQ(counters.bytes[k], !expected        ? 0
+                                     : replicas_group ? 4 * replica[r].parameters
+                                                      : 2 * 8);
+      }
+    }
+    EXPECT_TRUE(extra.count(parallel::ft::kTracedReplicasGroup));
+    EXPECT_TRUE(extra.count("default"));
+    EXPECT_EQ(replica[r].parameters, alone[r].parameters);
   }
 }
 
