@@ -37,7 +37,8 @@ std::vector<Tensor> record(std::string name, std::span<const Tensor> inputs,
   std::vector<FunctionNode::OutputInfo> infos;
   for (const Tensor& out : outputs) {
     LOOM_INTERNAL_ASSERT(out.defined(), "{} produced an undefined output", name);
-    infos.push_back({out.shape(), out.dtype(), out.device()});
+    infos.push_back({out.shape(), out.dtype(), out.device(),
+                     out.extension() ? out.extension()->zeros_maker() : nullptr});
   }
   auto node =
       std::make_shared<FunctionNode>(std::move(name), std::move(backward), std::move(infos));

@@ -6,7 +6,13 @@
 
 namespace loom {
 
-Tensor detach(const Tensor& self) { return ops::alias(self); }
+Tensor detach(const Tensor& self) {
+  Tensor out = ops::alias(self);
+  // A wrapper's detached handle wraps the same data (detach of a DTensor is a DTensor with its
+  // placements, as torch's); ops::alias alone is a plain handle onto the wrapper's bytes.
+  out.impl()->extension = self.extension();
+  return out;
+}
 
 std::vector<Tensor> unbind(const Tensor& self, int64_t dim) {
   LOOM_CHECK(self.defined(), "unbind: the tensor is undefined");

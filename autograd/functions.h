@@ -70,7 +70,8 @@ using ops::to;
 using ops::transpose;
 using ops::unsqueeze;
 using ops::view;
-// A new leaf sharing `self`'s data, cut from the graph (requires_grad false).
+// A new leaf sharing `self`'s data, cut from the graph (requires_grad false); a DTensor's is a
+// DTensor with its placements.
 Tensor detach(const Tensor& self);
 // torch.unbind: the slices of `self` along `dim`, that dim removed (views). One graph node for
 // all of them, whose backward stacks their gradients in one write (zeros for slices that got

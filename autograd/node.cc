@@ -30,7 +30,9 @@ std::vector<Tensor> FunctionNode::apply(std::vector<Tensor> grad_outputs) {
              name_);
   for (size_t i = 0; i < grad_outputs.size(); ++i) {
     if (!grad_outputs[i].defined()) {
-      grad_outputs[i] = ops::zeros(outputs_[i].shape, outputs_[i].dtype, outputs_[i].device);
+      grad_outputs[i] = outputs_[i].zeros
+                            ? outputs_[i].zeros()
+                            : ops::zeros(outputs_[i].shape, outputs_[i].dtype, outputs_[i].device);
     }
   }
   std::vector<Tensor> grads = backward_(grad_outputs);

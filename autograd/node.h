@@ -99,6 +99,9 @@ class FunctionNode final : public Node {
     Shape shape;
     DType dtype;
     Device device;
+    // A wrapper output's zeros (TensorExtension::zeros_maker: a DTensor's, sharded as it was);
+    // none: plain zeros of shape.
+    std::function<Tensor()> zeros;
   };
 
   FunctionNode(std::string name, Backward backward, std::vector<OutputInfo> outputs);

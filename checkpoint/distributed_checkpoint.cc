@@ -13,6 +13,7 @@
 #include "autograd/grad_mode.h"
 #include "base/durable_file.h"
 #include "base/error.h"
+#include "base/logging.h"
 #include "checkpoint/files.h"
 #include "checkpoint/planner.h"
 #include "checkpoint/sha256.h"
@@ -72,21 +73,34 @@ std::vector<std::string> all_gather_strings(comm::ProcessGroup& world, const std
 
 // Every rank learns whether every rank got here without an error: throws on every rank naming
 // the failing ranks and their messages.
+// Leads the message of an InputError (a damaged checkpoint: the same on every try) in what
+// error_of returns, so agree_on_success throws one too and a launcher does not restart the job.
+constexpr char kInputErrorMark = '\x02';
+
 void agree_on_success(comm::ProcessGroup& world, const std::string& what,
                       const std::string& my_error) {
   const std::vector<std::string> errors = all_gather_strings(world, my_error);
   std::string failures;
+  bool input = false;
   for (size_t r = 0; r < errors.size(); ++r) {
-    if (!errors[r].empty()) failures += fmt::format("\n  rank {}: {}", r, errors[r]);
+    if (errors[r].empty()) continue;
+    const bool marked = errors[r][0] == kInputErrorMark;
+    input = input || marked;
+    failures += fmt::format("\n  rank {}: {}", r, std::string_view(errors[r]).substr(marked));
   }
-  LOOM_CHECK(failures.empty(), "{} failed on some ranks:{}", what, failures);
+  if (failures.empty()) return;
+  const std::string message = fmt::format("{} failed on some ranks:{}", what, failures);
+  if (input) throw InputError(message);
+  LOOM_FAIL("{}", message);
 }
 
-// Runs `body`, returning its error message (empty when it succeeded).
+// Runs `body`, returning its error message (empty when it succeeded; an InputError's marked).
 template <class Body>
 std::string error_of(Body&& body) {
   try {
     body();
+  } catch (const InputError& e) {
+    return kInputErrorMark + std::string(e.what()[0] ? e.what() : "unknown error");
   } catch (const std::exception& e) {
     return e.what()[0] ? e.what() : "unknown error";
   }
@@ -164,22 +178,47 @@ bool is_uncommitted(const fs::directory_entry& dir) {
   return dir.is_directory() && (partial || unmarked);
 }
 
+// Removes `path` (a folder a save no longer needs) or warns naming it and why: a folder that
+// cannot go (a read-only or immutable file in it, another owner's) costs disk space, never the
+// save or the next ones.
+void remove_or_warn(const std::string& path, std::string_view why) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (!ec) return;
+  LOOM_LOG(warn,
+           "checkpoint: cannot remove '{}' ({}): {}; the save goes on without removing it: "
+           "remove it by hand (checkpoints before it, kept or not, are not needed to resume)",
+           path, why, ec.message());
+}
+
 // Deletes a committed step (keep_last). It is renamed to an uncommitted name first, durably: a
 // rank killed while the files go leaves a folder the next save removes, never a committed step
 // with files missing (remove_all deletes in no set order, the marker maybe last).
 void remove_committed_step(const std::string& root, int64_t step) {
   const std::string dir = step_directory(root, step);
   const std::string removing = dir + ".removed.partial";
-  fs::remove_all(removing);
-  fs::rename(dir, removing);
+  std::error_code ec;
+  if (fs::exists(removing, ec)) remove_or_warn(removing, "a step --keep-last removes");
+  fs::rename(dir, removing, ec);
+  if (ec) {
+    LOOM_LOG(warn, "checkpoint: cannot remove step {} ('{}') for --keep-last: {}; it stays", step,
+             dir, ec.message());
+    return;
+  }
   sync_directory(root, "checkpoint");
-  fs::remove_all(removing);
+  remove_or_warn(removing, "a step --keep-last removes");
 }
 
-// Removes what a crashed save left under `root` (rank 0, before a save).
-void remove_uncommitted(const std::string& root) {
+// Removes what a crashed save left under `root` (rank 0, before a save), but for `keep`: the
+// save's own partial folder, which must go.
+void remove_uncommitted(const std::string& root, const std::string& partial_dir) {
   for (const auto& dir : fs::directory_iterator(root)) {
-    if (is_uncommitted(dir)) fs::remove_all(dir.path());
+    if (!is_uncommitted(dir)) continue;
+    if (dir.path() == fs::path(partial_dir)) {
+      fs::remove_all(dir.path());
+    } else {
+      remove_or_warn(dir.path().string(), "a folder no save committed");
+    }
   }
 }
 
@@ -327,7 +366,7 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
   std::string error = error_of([&] {
     if (rank != 0) return;
     fs::create_directories(root);
-    remove_uncommitted(root);
+    remove_uncommitted(root, partial_dir);
     fs::create_directories(partial_dir);
   });
   agree_on_success(group, what, error);
@@ -399,7 +438,8 @@ std::string commit_save(StagedSave staged, comm::ProcessGroup& group) {
     write_file_atomically((fs::path(final_dir) / kMarker).string(),
                           marker_text(step, sha256_hex(metadata_text.data(), metadata_text.size())),
                           "checkpoint");
-    fs::remove_all(final_dir + ".old.partial");
+    // Committed: what follows only frees space, and warns where it cannot.
+    remove_or_warn(final_dir + ".old.partial", "the step's earlier save, replaced");
     if (staged.keep_last > 0) {
       const std::vector<int64_t> steps = committed_steps(root);
       for (size_t i = 0; i + staged.keep_last < steps.size(); ++i) {
@@ -596,10 +636,13 @@ Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup
       const Chunk& chunk = read.chunk;
       const std::vector<char> bytes =
           read_range((fs::path(directory) / chunk.file).string(), chunk.offset, chunk.length);
-      LOOM_CHECK(sha256_hex(bytes.data(), bytes.size()) == chunk.sha256,
-                 "checkpoint '{}': entry '{}', block {} in {} (written by rank {}): SHA-256 "
-                 "mismatch, the bytes on disk are not the bytes saved",
-                 directory, request.name, chunk.box.str(), chunk.file, chunk.writer);
+      if (sha256_hex(bytes.data(), bytes.size()) != chunk.sha256) {
+        // Damaged on disk: the same on every try (an InputError: a job exits 2, not restarted).
+        throw InputError(fmt::format(
+            "checkpoint '{}': entry '{}', block {} in {} (written by rank {}): SHA-256 mismatch, "
+            "the bytes on disk are not the bytes saved",
+            directory, request.name, chunk.box.str(), chunk.file, chunk.writer));
+      }
       Tensor saved = ops::empty(chunk.box.sizes, request.dtype);
       std::memcpy(saved.raw_data(), bytes.data(), bytes.size());
       const auto [local, origin] = local_part(*destinations[read.request]);
@@ -610,6 +653,7 @@ Metadata load(StateDict& state, const std::string& directory, comm::ProcessGroup
   if (world) {
     agree_on_success(*world, fmt::format("checkpoint load of '{}'", directory), error);
   } else if (!error.empty()) {
+    if (error[0] == kInputErrorMark) throw InputError(error.substr(1));
     LOOM_FAIL("{}", error);
   }
   return metadata;

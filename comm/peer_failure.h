@@ -24,8 +24,8 @@ class PeerFailure : public Error {
 bool is_peer_failure(const std::exception& error);
 
 // Throws `message` (`cause` with context added) as the same kind of error as `cause`: a
-// PeerFailure stays one, anything else becomes a loom::Error. For code that catches to add
-// context, such as a pipeline naming the action that failed.
+// PeerFailure stays one, an InputError too, anything else becomes a loom::Error. For code that
+// catches to add context, such as a pipeline naming the action that failed.
 [[noreturn]] void throw_in_context(const std::exception& cause, std::string message);
 
 }  // namespace loom::comm

@@ -66,6 +66,17 @@ const Tensor& local_shard(const Tensor& tensor) {
   return ext->local();
 }
 
+Tensor DTensorExtension::whole() const {
+  NoGradGuard no_grad;
+  return redistribute_local(local_, spec_, Placements(spec_.mesh->ndim(), Replicate()));
+}
+
+std::function<Tensor()> DTensorExtension::zeros_maker() const {
+  return [spec = spec_, device = local_.device()] {
+    return make_dtensor(ops::zeros(spec.local_shape(), spec.dtype, device), spec);
+  };
+}
+
 bool DTensorExtension::reshapes_locally(const Shape& shape) const {
   return sharding::reshape_keeps_shards(spec_, shape);
 }

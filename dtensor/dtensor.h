@@ -39,6 +39,11 @@ class DTensorExtension final : public TensorExtension {
     if (spec_.has_partial()) return std::nullopt;
     return LocalPiece{local_, spec_.shape, spec_.local_offset()};
   }
+  // The whole tensor's values on this rank: the local shard redistributed to Replicate
+  // (collective over the mesh: every rank calls it, as item() or ops::to_vector of a DTensor).
+  Tensor whole() const override;
+  // Zeros with this DTensor's spec, each rank its local shape's (no global tensor made).
+  std::function<Tensor()> zeros_maker() const override;
   const DTensorSpec& spec() const { return spec_; }
   // The local shard: a plain tensor (never a DTensor), shape spec().local_shape().
   const Tensor& local() const { return local_; }

@@ -44,7 +44,8 @@ std::optional<Strides> view_strides(const Tensor& self, const Shape& shape);
 // Resolves one -1 in `shape` against `numel`; checks the element count matches.
 Shape infer_shape(Shape shape, int64_t numel, const Shape& from, std::string_view op);
 // A new tensor handle over the same storage, shape and strides, without autograd state or
-// extension. Used for saving tensors and detach().
+// extension (a wrapper's alias is a plain handle onto its own bytes). Used for saving tensors
+// and by detach(), which keeps the extension.
 Tensor alias(const Tensor& self);
 
 }  // namespace loom::ops

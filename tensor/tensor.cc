@@ -85,10 +85,25 @@ void check_data_dtype(const Tensor& tensor, DType requested) {
              dtype_name(tensor.dtype()), dtype_name(requested));
 }
 
+Tensor TensorExtension::whole() const {
+  LOOM_FAIL("a tensor extension of kind {} cannot give its whole values on this process", kind());
+}
+
+void fail_raw_data_of_wrapper(const Tensor& tensor) {
+  LOOM_FAIL(
+      "raw_data/data: {} is a wrapper (a DTensor) whose bytes on this process are only its "
+      "local shard, not the {} elements its shape holds; read its local shard (to_local) or its "
+      "whole values (full_tensor, item, ops::to_vector)",
+      tensor.description(), tensor.numel());
+}
+
 template <typename T>
 T Tensor::item() const {
   LOOM_CHECK(defined() && numel() == 1, "item: expected a tensor with one element, got shape {}",
              defined() ? shape_str(shape()) : "undefined");
+  // A DTensor's value is the whole tensor's (a Partial sum reduced, a shard gathered), as torch's
+  // item() of a DTensor; collective over its mesh.
+  if (extension()) return extension()->whole().item<T>();
   // A device tensor is copied to the host first (which waits for the device), as torch does.
   if (!device().is_cpu()) return ops::to(*this, Device::cpu()).item<T>();
   // i64 is read directly: a double holds only 53 bits of it.

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -54,6 +55,8 @@ class Tensor {
   const std::shared_ptr<Storage>& storage() const;
 
   // Pointer to element [0, 0, ...] (storage base + offset). data<T>() checks T against dtype().
+  // Throws for a wrapper (a DTensor): its bytes are only this rank's shard, never the whole
+  // tensor its shape describes (read its local shard, or its whole values with item/to_vector).
   void* raw_data() const;
   template <typename T>
   T* data() const;
@@ -117,6 +120,14 @@ class TensorExtension {
   // global index) fills in place, or nullopt when the data is not a piece of the global tensor
   // (a Partial DTensor's addends).
   virtual std::optional<LocalPiece> local_piece() const { return std::nullopt; }
+  // The values of the whole tensor the wrapper stands for, as a plain tensor on this process
+  // (a DTensor: redistributed to Replicate, a collective every rank of its mesh must call). What
+  // Tensor::item and ops::to_vector read, so they never read a shard as if it were the whole.
+  // The default throws: a wrapper that cannot say.
+  virtual Tensor whole() const;
+  // A gradient of zeros for such a tensor, made without holding its data: what autograd gives
+  // an output no gradient reached (an unused slice of unbind). None: plain zeros of its shape.
+  virtual std::function<Tensor()> zeros_maker() const { return nullptr; }
 };
 
 struct TensorImpl {
@@ -153,7 +164,10 @@ inline bool Tensor::sole_owner() const {
   }
   return impl_->storage.use_count() == 1;
 }
+[[noreturn]] void fail_raw_data_of_wrapper(const Tensor& tensor);
 inline void* Tensor::raw_data() const {
+  if (impl_->extension) [[unlikely]]
+    fail_raw_data_of_wrapper(*this);
   return static_cast<char*>(impl_->storage->data()) + impl_->offset * element_size(impl_->dtype);
 }
 inline bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }

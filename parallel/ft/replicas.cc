@@ -5,8 +5,8 @@
 
 namespace loom::parallel::ft {
 
-bool average_over_members(comm::ProcessGroup& group, const std::vector<Tensor>& grads,
-                          int members, const Replicas::Agreement& agree, std::string& failure) {
+bool average_over_members(comm::ProcessGroup& group, const std::vector<Tensor>& grads, int members,
+                          const Replicas::Agreement& agree, std::string& failure) {
   // One flat buffer: one all_reduce; `grads` change only once every rank of this replica
   // succeeded (`agree`), so a retry starts from the same gradients everywhere.
   std::vector<Tensor> flat;

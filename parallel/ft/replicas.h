@@ -58,7 +58,7 @@ class Replicas {
 // The members' mean of `grads` over `group` (one all_reduce of one flat buffer, then / members),
 // written back only when every rank of the replica succeeded (`agree`); on failure `failure`
 // gets the reason and `grads` are untouched. What every Replicas averages with.
-bool average_over_members(comm::ProcessGroup& group, const std::vector<Tensor>& grads,
-                          int members, const Replicas::Agreement& agree, std::string& failure);
+bool average_over_members(comm::ProcessGroup& group, const std::vector<Tensor>& grads, int members,
+                          const Replicas::Agreement& agree, std::string& failure);
 
 }  // namespace loom::parallel::ft

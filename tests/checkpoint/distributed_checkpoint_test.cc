@@ -4,10 +4,14 @@
 // unfinished save are detected and named; crashed saves are ignored and cleaned up.
 #include "checkpoint/distributed_checkpoint.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -26,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using loom::testing::error_of;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string fresh_root(const std::string& name) {
   const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
@@ -217,6 +222,20 @@ TEST_F(CorruptionTest, AFlippedByteIsNamedWithEntryFileAndRank) {
   const std::string error = load_error();
   EXPECT_THAT(error, HasSubstr("in rank_00001.bin (written by rank 1): SHA-256 mismatch"));
   EXPECT_THAT(error, HasSubstr("entry '"));
+  // Damaged on disk is damaged on every try: an InputError (a job exits 2 and is not restarted),
+  // on every rank of a load over a world too, whichever rank read the block.
+  StateDict plain = state_on(nullptr, kPlain, true);
+  EXPECT_THROW(load(plain, dir_), InputError);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    StateDict state = state_on(mesh_of(pg, {"tp"}, {2}), kTp, true);
+    try {
+      load(state, dir_, &pg);
+      ADD_FAILURE() << "rank " << pg.rank() << ": the damaged checkpoint loaded";
+    } catch (const InputError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("SHA-256 mismatch")) << "rank " << pg.rank();
+      EXPECT_THAT(e.what(), Not(HasSubstr("\x02")));
+    }
+  });
 }
 
 TEST_F(CorruptionTest, TruncatedAndMissingFilesAreNamed) {
@@ -249,6 +268,58 @@ TEST_F(CorruptionTest, AnUnfinishedSaveIsIgnoredAndCleanedUp) {
   EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{8, 9}));
   EXPECT_FALSE(fs::exists(step_directory(root_, 6)));
   EXPECT_FALSE(fs::exists(step_directory(root_, 7) + ".partial"));
+}
+
+// Sets or clears the immutable attribute of `path` (ext4 and most filesystems; root only):
+// false when the filesystem or the user cannot.
+bool set_immutable(const std::string& path, bool on) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  int flags = 0;
+  bool ok = ::ioctl(fd, FS_IOC_GETFLAGS, &flags) == 0;
+  if (ok) {
+    flags = on ? (flags | FS_IMMUTABLE_FL) : (flags & ~FS_IMMUTABLE_FL);
+    ok = ::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0;
+  }
+  ::close(fd);
+  return ok;
+}
+
+// An old step or a crashed save's folder that cannot be removed (a file in it immutable, another
+// owner's) costs disk space, never the save: it commits, the folder stays with a warning, and
+// the saves after it commit too (before: every later save failed on it, and a job restarted from
+// its last step failed again at its next save).
+TEST_F(CorruptionTest, AFolderThatCannotBeRemovedDoesNotFailTheSave) {
+  fs::create_directories(step_directory(root_, 6) + ".partial");
+  const std::string stuck_file = step_directory(root_, 6) + ".partial/stuck";
+  std::ofstream(stuck_file) << "x";
+  const std::string stuck_step_file = dir_ + "/rank_00000.bin";  // step 5, for --keep-last
+  if (!set_immutable(stuck_file, true) || !set_immutable(stuck_step_file, true)) {
+    set_immutable(stuck_file, false);
+    GTEST_SKIP() << "this filesystem or user cannot make a file immutable";
+  }
+  ::testing::internal::CaptureStderr();
+  std::string error;
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    try {
+      for (int64_t step : {8, 9}) {
+        save(state_on(mesh_of(pg, {"tp"}, {2}), kTp, false), root_, step, pg, {.keep_last = 1});
+      }
+    } catch (const std::exception& e) {
+      if (pg.rank() == 0) error = e.what();
+    }
+  });
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  set_immutable(stuck_file, false);
+  set_immutable(step_directory(root_, 5) + ".removed.partial/rank_00000.bin", false);
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(committed_steps(root_), (std::vector<int64_t>{9}));
+  EXPECT_THAT(warnings, HasSubstr("cannot remove '" + step_directory(root_, 6) + ".partial'"));
+  EXPECT_THAT(warnings, HasSubstr("cannot remove '" + step_directory(root_, 5) +
+                                  ".removed.partial' (a step --keep-last removes)"));
+  StateDict loaded = state_on(nullptr, kPlain, true);
+  load(loaded, step_directory(root_, 9));
+  expect_reference_values(loaded, "step 9");
 }
 
 // A step folder is found by its name: a copy under another step's name is refused, not resumed
