@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "autograd/functions_nn.h"
+#include "autograd/grouped_mm.h"  // loom::grouped_mm, the experts' differentiable product
 #include "tensor/ops.h"
 
 namespace loom {
@@ -40,6 +41,9 @@ using ops::sqrt;
 using ops::sub;
 using ops::tanh;
 using ops::where;
+// Comparisons (1.0 where true; no gradient).
+using ops::eq;
+using ops::gt;
 
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -60,6 +64,7 @@ using ops::contiguous;
 using ops::expand;
 using ops::narrow;
 using ops::permute;
+using ops::repeat_interleave;
 using ops::reshape;
 using ops::slice;
 using ops::split;
@@ -70,6 +75,10 @@ using ops::to;
 using ops::transpose;
 using ops::unsqueeze;
 using ops::view;
+// ---- factories like a tensor, selection (no gradient) ----
+using ops::ones_like;
+using ops::top_k_indices;
+using ops::zeros_like;
 // A new leaf sharing `self`'s data, cut from the graph (requires_grad false); a DTensor's is a
 // DTensor with its placements.
 Tensor detach(const Tensor& self);

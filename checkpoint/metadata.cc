@@ -58,6 +58,20 @@ void check_chunks(const std::string& where, const std::string& name, const Entry
                   const std::map<std::string, FileInfo>& files) {
   const int64_t element = static_cast<int64_t>(element_size(entry.dtype));
   const Box whole{Shape(entry.shape.size(), 0), entry.shape};
+  // Sizes whose products fit: the counts below multiply them (a shape of [2^40, 2^40] wrapped
+  // to a count that matched its chunks').
+  int64_t bytes = element;
+  for (const int64_t size : entry.shape) {
+    LOOM_CHECK(size >= 0 && !__builtin_mul_overflow(bytes, size, &bytes),
+               "{}: entry '{}' has shape {}: a size is negative, or its {} bytes exceed 2^63",
+               where, name, whole.str(), dtype_name(entry.dtype));
+  }
+  for (const Chunk& chunk : entry.chunks) {
+    LOOM_CHECK(chunk.box.offsets.size() == entry.shape.size() &&
+                   chunk.box.sizes.size() == entry.shape.size(),
+               "{}: entry '{}' of shape {} has a chunk at {} of another rank", where, name,
+               whole.str(), chunk.box.str());
+  }
   int64_t elements = 0;
   for (const Chunk& chunk : entry.chunks) {
     bool inside = true;

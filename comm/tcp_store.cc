@@ -73,6 +73,7 @@ net::Socket TcpStore::borrow_connection() {
   // yet. Once it has answered, a refused connection means it went away (rank 0 exited), so a
   // new connection gets a short window instead of waiting out the timeout; the message names the
   // window waited.
+  if (server_gone_) LOOM_FAIL("TcpStore: {} (found earlier; not retried)", gone_reason_);
   const Duration timeout = this->timeout();
   const bool reconnecting = reached_server_;
   const Duration window = reconnecting ? std::min(timeout, kReconnectWindow) : timeout;
@@ -85,6 +86,13 @@ net::Socket TcpStore::borrow_connection() {
     reached_server_ = true;
     return socket;
   } catch (const Error& e) {
+    if (reconnecting) {
+      std::lock_guard<std::mutex> lock(pool_mutex_);
+      if (!server_gone_) {
+        gone_reason_ = e.what();
+        server_gone_ = true;
+      }
+    }
     LOOM_FAIL("TcpStore: {}", e.what());
   }
 }

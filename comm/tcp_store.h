@@ -96,6 +96,12 @@ class TcpStore : public Store {
   // Set once a connection succeeded; later reconnects retry only briefly. Atomic: connections
   // are made outside pool_mutex_, from several threads.
   std::atomic<bool> reached_server_{false};
+  // A server this client reached before and then could not reach again for the reconnect
+  // window: gone (its process exited). Later connections fail at once with `gone_reason_`
+  // instead of each waiting out the window (a rank's process groups each report a failure
+  // through the store: one wait, not one per group).
+  std::atomic<bool> server_gone_{false};
+  std::string gone_reason_;  // written once, before server_gone_ is set
 };
 
 }  // namespace loom::comm

@@ -222,7 +222,11 @@ class Encoder {
   std::string text_field_;
 };
 
-// Shards in order: val first (val_tokens of them), then training shards of shard_tokens.
+// Shards in order: val first (val_tokens of them), then training shards of shard_tokens. Each
+// finished shard waits under a hidden name (.NAME.bin.pending, which a job's --data, a folder
+// or a glob never reads) until the whole run succeeded: keep() renames them all into place. So
+// a run that fails, or that a signal or a kill ends, leaves no shard that looks like the whole
+// corpus; the next run into the folder removes what an interrupted one left.
 class ShardSink {
  public:
   ShardSink(const TokenizeOptions& options, int token_bytes)
@@ -241,15 +245,14 @@ class ShardSink {
       if (val ? val_left_ == 0 : writer_->size() == options_.shard_tokens) close();
     }
   }
-  // Unless the run kept its shards (keep()), removes every shard it wrote (the one being
-  // written is a .tmp file its writer drops): a run that failed anywhere, in a line, at the last
-  // shard's commit (a full disk) or in a check after it, leaves no part of the corpus for a glob
-  // to read as if it were all of it.
+  // Unless the run kept its shards (keep()), removes every shard it wrote, pending or renamed
+  // (the one being written is a .tmp file its writer drops).
   ~ShardSink() {
     if (kept_) return;
     writer_.reset();
     for (const std::string& shard : shards_) {
       std::error_code ec;
+      fs::remove(pending_name(shard), ec);
       fs::remove(shard, ec);
     }
   }
@@ -260,11 +263,24 @@ class ShardSink {
   void finish() { close(); }
   const std::vector<std::string>& shards() const { return shards_; }
   int64_t train_shards() const { return train_index_; }
-  // The run succeeded: its shards stay.
+  // The run succeeded: every shard takes its name (durably), and stays.
   std::vector<std::string> keep() {
+    for (const std::string& shard : shards_) {
+      std::error_code ec;
+      fs::rename(pending_name(shard), shard, ec);
+      LOOM_CHECK(!ec, "{}: cannot rename '{}' to '{}': {}", kWhat, pending_name(shard), shard,
+                 ec.message());
+    }
+    sync_directory(options_.output, kWhat);
     kept_ = true;
     return shards_;
   }
+  // Where a finished shard waits for the run's end: hidden beside its name.
+  static std::string pending_name(const std::string& shard) {
+    const fs::path path(shard);
+    return (path.parent_path() / ("." + path.filename().string() + kPendingSuffix)).string();
+  }
+  static constexpr const char* kPendingSuffix = ".pending";
 
  private:
   void open(bool val) {
@@ -272,7 +288,7 @@ class ShardSink {
     int& index = val ? val_index_ : train_index_;
     path_ =
         fmt::format("{}/{}_{:06d}.bin", options_.output, val ? "val" : options_.prefix, index++);
-    writer_ = std::make_unique<TokenFileWriter>(path_, token_bytes_, kWhat);
+    writer_ = std::make_unique<TokenFileWriter>(pending_name(path_), token_bytes_, kWhat);
     writer_val_ = val;
   }
   void close() {
@@ -360,6 +376,11 @@ TokenizeResult tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
   // Shards of an earlier run in the folder would be read with these by a glob: refused.
   for (const auto& entry : fs::directory_iterator(options.output, ec)) {
     const std::string name = entry.path().filename().string();
+    if (name[0] == '.' && ends_with(name, ShardSink::kPendingSuffix)) {
+      std::error_code removed;
+      fs::remove(entry.path(), removed);  // an interrupted run's unfinished corpus
+      continue;
+    }
     const bool ours = ends_with(name, ".bin") &&
                       (name.rfind(options.prefix + "_", 0) == 0 || name.rfind("val_", 0) == 0);
     LOOM_CHECK(!ours,

@@ -4,11 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "autograd/grad_mode.h"
 #include "base/error.h"
 #include "nn/checkpoint.h"
 #include "tensor/ops_copy.h"
+#include "tensor/ops_views.h"
 
 namespace loom::nn {
 
@@ -236,10 +238,31 @@ void Module::load_state_dict(const StateDict& state, bool strict) {
   for (const auto& [name, target] : own) {
     auto it = state.find(name);
     if (it == state.end()) continue;
-    LOOM_CHECK(it->second.shape() == target.shape(),
+    const Tensor& value = it->second;
+    LOOM_CHECK(value.shape() == target.shape(),
                "load_state_dict: '{}' has shape {} in the checkpoint but {} in the module", name,
-               shape_str(it->second.shape()), shape_str(target.shape()));
-    ops::copy_(target, it->second);
+               shape_str(value.shape()), shape_str(target.shape()));
+    if (target.extension() && !value.extension()) {
+      // A full (unsharded) value for a sharded parameter (a DTensor): this rank's piece of it,
+      // as torch's set_model_state_dict(full_state_dict=True) or distribute_tensor takes it.
+      const std::optional<LocalPiece> piece = target.extension()->local_piece();
+      LOOM_CHECK(piece.has_value(),
+                 "load_state_dict: '{}' is a Partial DTensor in the module ({}), whose addends "
+                 "a full value does not give; load its value as a DTensor",
+                 name, target.description());
+      Tensor part = value;
+      for (size_t d = 0; d < piece->global_offset.size(); ++d) {
+        part = ops::narrow(part, static_cast<int64_t>(d), piece->global_offset[d],
+                           piece->local.size(static_cast<int64_t>(d)));
+      }
+      ops::copy_(piece->local, part);
+      continue;
+    }
+    try {
+      ops::copy_(target, value);
+    } catch (const Error& e) {
+      LOOM_FAIL("load_state_dict: '{}': {}", name, e.what());
+    }
   }
 }
 

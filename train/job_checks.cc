@@ -7,7 +7,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -192,7 +194,7 @@ void check_one_run(const std::string& root, int64_t latest, const checkpoint::Me
 // stage's are named, not only rank 0's.
 std::optional<std::string> check_saved_parameters(const checkpoint::Metadata& metadata,
                                                   const models::ModelArgs& args,
-                                                  const std::string& dir) {
+                                                  const std::string& dir, std::string_view what) {
   DefaultDeviceGuard on_meta(Device::meta());  // shapes, no values
   const std::shared_ptr<nn::Module> model = args.whole_model();
   std::vector<Trainer::SavedEntry> wanted;
@@ -234,17 +236,18 @@ std::optional<std::string> check_saved_parameters(const checkpoint::Metadata& me
   const size_t shown = std::min<size_t>(problems.size(), 10);
   LOOM_CHECK(
       problems.empty(),
-      "--resume: checkpoint '{}' does not hold this model's parameters ({} problem(s){}: "
+      "{}: checkpoint '{}' does not hold this model's parameters ({} problem(s){}: "
       "{}); its metadata does not match the model its fields describe, so it was edited or "
       "damaged: resume from another step",
-      dir, problems.size(), shown < problems.size() ? fmt::format(", the first {}", shown) : "",
+      what, dir, problems.size(),
+      shown < problems.size() ? fmt::format(", the first {}", shown) : "",
       fmt::join(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(shown), "; "));
   if (fresh.empty()) return std::nullopt;
   return fmt::format(
-      "WARNING: --resume: checkpoint '{}' holds no state of {} dropout module(s) ({}; saved by a "
+      "WARNING: {}: checkpoint '{}' holds no state of {} dropout module(s) ({}; saved by a "
       "model without them, as without attention dropout, or by a Loom that saved none): their "
       "masks start a fresh stream",
-      dir, fresh.size(),
+      what, dir, fresh.size(),
       fresh.size() <= 3 ? fmt::format("{}", fmt::join(fresh, ", "))
                         : fmt::format("{}, {} and {} more", fresh[0], fresh[1], fresh.size() - 2));
 }
@@ -273,6 +276,13 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
     return;
   }
   const std::string dir = checkpoint::step_directory(job.checkpoint_dir, *latest);
+  if (!job.init_from.empty()) {
+    // The checkpoint's weights replace the file's: say so, where the file seemed to be used.
+    out.warnings.push_back(fmt::format(
+        "WARNING: --init-from '{}' gives the sizes and tokens only: --resume continues from "
+        "step {} in '{}', whose weights replace the file's",
+        job.init_from, *latest, job.checkpoint_dir));
+  }
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
   checkpoint::check_files(dir, metadata);  // each rank's file there, whole and readable
   Trainer::saved_step(metadata, dir);
@@ -280,7 +290,7 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
        check_same_model(metadata, model_fields, dir, args.training_fields())) {
     out.warnings.push_back(std::move(warning));
   }
-  if (auto warning = check_saved_parameters(metadata, args, dir)) {
+  if (auto warning = check_saved_parameters(metadata, args, dir, "--resume")) {
     out.warnings.push_back(std::move(*warning));
   }
   for (std::string& warning : check_same_run(metadata, out.run, dir)) {
@@ -296,11 +306,55 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   }
 }
 
+}  // namespace
+
+std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
+  std::ifstream in(path);
+  LOOM_CHECK(in.good(), "--replica-replay: cannot read '{}'", path);
+  std::map<int, std::vector<int>> members;
+  int line_number = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_number;
+    if (line.empty()) continue;
+    const nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!entry.is_object() || !entry.contains("replica_members")) continue;
+    const nlohmann::json& step = entry.value("step", nlohmann::json());
+    const nlohmann::json& ids = entry.at("replica_members");
+    bool valid = step.is_number_integer() && ids.is_array() && !ids.empty();
+    for (const nlohmann::json& id : ids) valid = valid && id.is_number_integer();
+    LOOM_CHECK(valid,
+               "--replica-replay: '{}' line {}: expected an integer \"step\" and a non-empty "
+               "list of replica ids in \"replica_members\", got {}",
+               path, line_number, line.substr(0, 200));
+    members[step.get<int>()] = ids.get<std::vector<int>>();
+  }
+  LOOM_CHECK(!members.empty(),
+             "--replica-replay: '{}' records no step's members (a replica's --metrics-out has "
+             "\"replica_members\" per step)",
+             path);
+  return members;
+}
+
+namespace {
+
 // Replicas (--replicas, --replica, --replica-store, --replica-replay): before any rank starts.
 void check_replicas(const JobConfig& job) {
   if (!job.replica_replay.empty()) {
     check_readable_file(job.replica_replay, "--replica-replay");
-    return;  // a replay is one job
+    // A replay is one job: a replica job's flags would be ignored.
+    LOOM_CHECK(job.replica_store.empty() && job.replica == 0,
+               "--replica-replay: replays the replicas on this one job; --replica-store and "
+               "--replica are a replica job's (got '{}' and {}): drop them",
+               job.replica_store, job.replica);
+    for (const auto& [step, members] : read_replica_members(job.replica_replay)) {
+      for (const int id : members) {
+        LOOM_CHECK(id >= 0 && id < job.replicas,
+                   "--replica-replay: '{}' has replica {} among step {}'s members, not in [0, "
+                   "{}) (--replicas {}): give the replicas' count that run had",
+                   job.replica_replay, id, step, job.replicas, job.replicas);
+      }
+    }
+    return;
   }
   // Checked with one replica too: the replica's index picks its share of the batch, so a stray
   // --replica 5 would train on other sequences than the job's.
@@ -512,6 +566,24 @@ CheckedJob check_job(const JobConfig& job) {
     check_fresh_checkpoint_dir(job);
   }
   return out;
+}
+
+std::vector<std::string> check_checkpoint_contents(const checkpoint::Metadata& metadata,
+                                                   const std::string& dir, std::string_view what) {
+  const auto fields = metadata.extra.find("model");
+  LOOM_CHECK(fields != metadata.extra.end(),
+             "{}: checkpoint '{}' does not record its model (extra.model): it was not saved by a "
+             "Loom job, or its metadata was edited",
+             what, dir);
+  const std::string where = fmt::format("checkpoint '{}'", dir);
+  const models::ModelFamily& family = models::family_of_fields(*fields, where);
+  const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
+  Trainer::saved_step(metadata, dir);
+  std::vector<std::string> warnings;
+  if (auto warning = check_saved_parameters(metadata, *args, dir, what)) {
+    warnings.push_back(std::move(*warning));
+  }
+  return warnings;
 }
 
 }  // namespace loom::train

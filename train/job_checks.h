@@ -14,11 +14,14 @@
 //     and a warning for step folders no save committed (the next save deletes them).
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "checkpoint/distributed_checkpoint.h"
 #include "train/job_config.h"
 #include "train/job_data.h"
 #include "train/job_model.h"
@@ -43,6 +46,17 @@ struct CheckedJob {
 // `job`'s degrees resolved (train/job_command_line.h: no dp_shard -1). Throws loom::Error naming
 // the flag, file or key.
 CheckedJob check_job(const JobConfig& job);
+
+// What a Loom job's checkpoint holds beyond its checksums (verify_checkpoint; --resume checks
+// the same against the job's model): the parameters, AdamW state and module state of the model
+// its fields record (extra.model), by name, shape and dtype, and a trainer step that is its
+// step. Throws naming `what`, the step folder and what does not fit; returns warnings.
+std::vector<std::string> check_checkpoint_contents(const checkpoint::Metadata& metadata,
+                                                   const std::string& dir, std::string_view what);
+
+// --replica-replay: the members of every step, from a replica's metrics ("replica_members").
+// Throws naming the file and line when a line is not one, and the file when none is.
+std::map<int, std::vector<int>> read_replica_members(const std::string& path);
 
 // What a run (not a plan) reads of the environment besides the job's settings: where the ranks'
 // Gloo endpoints listen (LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME) and the flight recorder's folder.

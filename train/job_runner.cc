@@ -95,24 +95,6 @@ bool ranks_share_gpus() {
 
 }  // namespace
 
-// --replica-replay: the members of every step, from a replica's metrics ("replica_members").
-std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
-  std::ifstream in(path);
-  LOOM_CHECK(in.good(), "--replica-replay: cannot read '{}'", path);
-  std::map<int, std::vector<int>> members;
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    const nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!entry.is_object() || !entry.contains("replica_members")) continue;
-    members[entry.at("step").get<int>()] = entry.at("replica_members").get<std::vector<int>>();
-  }
-  LOOM_CHECK(!members.empty(),
-             "--replica-replay: '{}' records no step's members (a replica's --metrics-out has "
-             "\"replica_members\" per step)",
-             path);
-  return members;
-}
-
 namespace {
 
 // What replicas of one job must share, as text a refused replica prints beside the running ones':

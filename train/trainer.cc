@@ -192,7 +192,7 @@ StepResult Trainer::finish_step(StepResult& result, double local_loss,
              "saved; resume (--resume) from a checkpoint saved before the loss rose (the latest "
              "may already hold weights grown too large) with a lower --lr or a --clip, or check "
              "the weights the job started from",
-             result.step, result.grad_norm, local_loss);
+             result.step, std::fabs(result.grad_norm), local_loss);  // "nan", not "-nan"
   decay_->step();
   no_decay_->step();
   update_expert_biases(model_, *mesh_);  // MoE's auxiliary-loss-free balancing, when on

@@ -259,11 +259,18 @@ StrategyFn embedding_backward_strategy() {
       s.options.push_back(has_weight ? DimOption{{g, indices, weight}, {out}}
                                      : DimOption{{g, indices}, {out}});
     };
-    add(Replicate(), Replicate(), Replicate(), Replicate());
-    for (int64_t d = 0; d < index_dims; ++d) add(Shard(d), Shard(d), Replicate(), Partial());
-    add(Shard(index_dims), Replicate(), Replicate(), Shard(1));
+    // A Partial weight (a table computed as a sum of parts, which the forward looks up
+    // whole: its output Partial) takes the gradient of its whole value, as a Replicate one.
+    const std::vector<Placement> whole_weights = {
+        Replicate(), Partial(comm::ReduceOp::kSum), Partial(comm::ReduceOp::kAvg),
+        Partial(comm::ReduceOp::kMax), Partial(comm::ReduceOp::kMin)};
+    for (const Placement& w : has_weight ? whole_weights : std::vector<Placement>{Replicate()}) {
+      add(Replicate(), Replicate(), w, Replicate());
+      for (int64_t d = 0; d < index_dims; ++d) add(Shard(d), Shard(d), w, Partial());
+      add(Shard(index_dims), Replicate(), w, Shard(1));
+      add(Partial(), Replicate(), w, Partial());
+    }
     add(Shard(index_dims), Replicate(), Shard(1), Shard(1));
-    add(Partial(), Replicate(), Replicate(), Partial());
     if (!has_weight) return s;
     add(Replicate(), Replicate(), Shard(0), Shard(0));  // vocabulary parallel
     s.fixed_inputs = {2};

@@ -145,6 +145,12 @@ TEST(MetadataTest, ChunksNoSaveWritesAreRefused) {
             "m.json: entry 'w' of shape [0:8, 0:4] has a chunk at [7:9, 0:4], outside it");
   EXPECT_EQ(refusal([](Metadata& m) { m.entries.at("w").chunks.pop_back(); }),
             "m.json: entry 'w' of shape [0:8, 0:4]: its chunks hold 24 of its 32 elements");
+  // A shape whose element count overflows (it wrapped to a count its chunks matched).
+  EXPECT_EQ(refusal([](Metadata& m) {
+              m.entries.at("w").shape = {(int64_t{1} << 58) + 64, 64};
+            }),
+            "m.json: entry 'w' has shape [0:288230376151711808, 0:64]: a size is negative, or "
+            "its f32 bytes exceed 2^63");
   EXPECT_EQ(refusal([](Metadata& m) {
               m.entries.at("w").chunks[0].file = "rank_00007.bin";
               m.entries.at("w").chunks[0].writer = 7;

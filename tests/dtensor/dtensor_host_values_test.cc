@@ -42,8 +42,8 @@ TEST(DTensorHostValues, ToVectorAndItemAreTheWholeTensorsValues) {
     CommDebugMode comm;
     EXPECT_EQ(parts.item<float>(), 4.0f);
     EXPECT_EQ(comm.total_count(), 1);  // one all_reduce
-    const Tensor max_parts = from_local(ops::full({}, pg.rank() + 1.0), mesh,
-                                        {Partial(comm::ReduceOp::kMax)});
+    const Tensor max_parts =
+        from_local(ops::full({}, pg.rank() + 1.0), mesh, {Partial(comm::ReduceOp::kMax)});
     EXPECT_EQ(max_parts.item<double>(), 2.0);
     EXPECT_EQ(ops::to_vector(max_parts), std::vector<double>{2.0});
   });
@@ -81,7 +81,8 @@ TEST(DTensorHostValues, DetachOfADTensorIsADTensorWithItsPlacements) {
 // sharded as the slice (before: plain zeros of the global shape, which cat refused beside
 // DTensors).
 TEST(DTensorHostValues, UnusedUnbindSlicesGetShardedZeros) {
-  for (const Placement& placement : {Placement(Shard(0)), Placement(Shard(1)), Placement(Replicate())}) {
+  for (const Placement& placement :
+       {Placement(Shard(0)), Placement(Shard(1)), Placement(Replicate())}) {
     SCOPED_TRACE(placement.str());
     run_on_ranks(2, [&](ProcessGroup& pg) {
       auto mesh = make_mesh(pg, {"tp"}, {2});

@@ -247,6 +247,45 @@ TEST(OpsNnTest, EmbeddingVocabularyAndFeatureParallel) {
   });
 }
 
+// A table that is a sum of parts (a matmul over a sharded inner dim: Partial(sum)) is looked up
+// whole, its output Partial; its backward takes the gradient of the table's whole value, as for
+// a Replicate table (before: no strategy took a Partial weight, so backward failed).
+TEST(OpsNnTest, EmbeddingOfAPartialTableBackpropagates) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = mesh_1d(pg);
+    const Tensor a = float_tensor({5, 4}, 3), b = float_tensor({4, 3}, 4);
+    const Tensor indices = ops::from_vector_i64({0, 4, 2, 2, 1}, {5});
+    const Tensor weights = float_tensor({5, 3}, 5);  // the loss's
+    // One rank.
+    Tensor ra = ops::clone(a), rb = ops::clone(b);
+    ra.set_requires_grad(true);
+    rb.set_requires_grad(true);
+    const Tensor reference = embedding(matmul(ra, rb), indices);
+    backward(sum(mul(reference, weights)));
+    // Sharded: a by columns, b by rows, so a @ b is Partial(sum).
+    Tensor da = distribute_tensor(a, mesh, {Shard(1)}), db = distribute_tensor(b, mesh, {Shard(0)});
+    da.set_requires_grad(true);
+    db.set_requires_grad(true);
+    const Tensor table = matmul(da, db);
+    ASSERT_EQ(dtensor_spec(table).placements, (Placements{Partial()}));
+    const Tensor out = embedding(table, distribute_tensor(indices, mesh, {Replicate()}));
+    backward(sum(mul(out, distribute_tensor(weights, mesh, {Replicate()}))));
+    // The table's two halves of each inner product are summed apart, then added: f32 rounding
+    // of the order (one ulp seen), not exact equality.
+    const loom::testing::Tolerance order{.rtol = 1e-6, .atol = 1e-7};
+    expect_close(
+        {.actual = full_tensor(out), .expected = reference, .tol = order, .what = "output"});
+    expect_close({.actual = full_tensor(da.grad()),
+                  .expected = ra.grad(),
+                  .tol = order,
+                  .what = "a's gradient"});
+    expect_close({.actual = full_tensor(db.grad()),
+                  .expected = rb.grad(),
+                  .tol = order,
+                  .what = "b's gradient"});
+  });
+}
+
 // Targets with ignored rows and every vocabulary shard hit.
 Tensor ce_targets(int64_t rows, int64_t vocab) {
   std::vector<int64_t> t;

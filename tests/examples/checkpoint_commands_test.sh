@@ -34,10 +34,32 @@ grep -q "checkpoint ckpt_async/step_00000006 committed" async.log || { cat async
 # save committed (a save cut off), which it passed over.
 cp -r ckpt_async ckpt_cut && mv ckpt_cut/step_00000006 ckpt_cut/step_00000008.partial
 "$verify" ckpt_cut > verify.log 2>&1 || { cat verify.log; exit 1; }
-grep -q "verify_checkpoint: ckpt_cut/step_00000004: .* every checksum matches" verify.log ||
+grep -q "verify_checkpoint: ckpt_cut/step_00000004: .* every checksum matches, and they are the parameters and AdamW state of the model it records" verify.log ||
   { cat verify.log; exit 1; }
 grep -q "note: 'ckpt_cut' also holds 1 step folder(s) no save committed (ckpt_cut/step_00000008.partial)" \
   verify.log || { cat verify.log; exit 1; }
+# A step whose metadata was edited to fit its files (its marker rewritten: every checksum still
+# matches) but not its model: one AdamW state entry gone, and the trainer's step changed.
+edited_step() {  # folder, jq filter
+  rm -rf "$1" && cp -r ckpt_async "$1"
+  local metadata="$1/step_00000006/metadata.json"
+  jq -c "$2" "$metadata" > edited.json && mv edited.json "$metadata"
+  printf '{"metadata_sha256":"%s","step":6}\n' "$(sha256sum "$metadata" | cut -d' ' -f1)" \
+    > "$1/step_00000006/COMMITTED"
+}
+edited_step ckpt_no_moment 'del(.entries["optim/wte.weight/exp_avg"])'
+status=0
+"$verify" ckpt_no_moment > verify_edit.log 2>&1 || status=$?
+[[ $status -eq 1 ]] || { cat verify_edit.log; echo "an edited checkpoint verified (exit $status)"; exit 1; }
+grep -q "verify_checkpoint: checkpoint 'ckpt_no_moment/step_00000006' does not hold this model's parameters (1 problem(s): 'optim/wte.weight/exp_avg' is missing)" \
+  verify_edit.log || { cat verify_edit.log; exit 1; }
+edited_step ckpt_other_step '.extra.trainer.step = 5'
+status=0
+"$verify" ckpt_other_step > verify_edit.log 2>&1 || status=$?
+[[ $status -eq 1 ]] || { cat verify_edit.log; echo "an edited checkpoint verified (exit $status)"; exit 1; }
+grep -q "records 5 steps done (extra.trainer.step) but was saved as step 6" verify_edit.log ||
+  { cat verify_edit.log; exit 1; }
+
 # So does consolidate, which writes the latest committed step.
 mkdir -p hf_cut
 "$consolidate" ckpt_cut hf_cut/model.safetensors > consolidate_cut.log 2>&1 ||

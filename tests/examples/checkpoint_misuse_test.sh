@@ -99,7 +99,8 @@ refused an-edited-optimizer-entry \
   --steps 6 --checkpoint-dir optim_name --resume
 
 # A damaged byte in the latest step is found as the ranks load it (its checksum): the job fails
-# naming it and the committed step a resume could fall back to.
+# naming it and the committed step a resume could fall back to, exit 2 (damaged on every try: a
+# launcher's --max-restarts does not try it again).
 cp -r ckpt flipped
 size=$(stat -c %s flipped/step_00000004/rank_00000.bin)
 byte=$(od -An -tu1 -j $((size / 2)) -N1 flipped/step_00000004/rank_00000.bin | tr -d ' ')
@@ -107,7 +108,7 @@ printf "$(printf '\\%03o' $(( byte ^ 1 )))" |
   dd of=flipped/step_00000004/rank_00000.bin bs=1 seek=$((size / 2)) conv=notrunc status=none
 status=0
 "${job[@]}" --steps 6 --checkpoint-dir flipped --resume >flipped.log 2>&1 || status=$?
-[[ $status -eq 1 ]] || { cat flipped.log; fail "a damaged latest step: exit $status, expected 1"; }
+[[ $status -eq 2 ]] || { cat flipped.log; fail "a damaged latest step: exit $status, expected 2"; }
 grep -q "SHA-256 mismatch, the bytes on disk are not the bytes saved; to resume from the step before it, move 'flipped/step_00000004' out of 'flipped' (the latest committed step is then step 2)" flipped.log ||
   { cat flipped.log; fail "a damaged latest step: the fallback is not named"; }
 echo "ok: a damaged byte in the latest step names the step to fall back to"

@@ -317,4 +317,24 @@ tokenize_error "'bad.jsonl': line $(( 3 * $(wc -l < docs.jsonl) + 1 )) (at byte 
 [[ -z "$(ls partial)" ]] || fail "a failed run left shards: $(ls partial)"
 "$tokenize" --tokenizer "$tokenizer" --out partial --no-progress docs.jsonl > again2.log 2>&1 ||
   { cat again2.log; fail "the folder of a failed run cannot be used again"; }
-echo "ok: loom tokenize refuses compressed and binary inputs and bad flags (exit 2), and a failed run leaves no shard"
+# A run ended by a signal (Ctrl-C, SIGTERM) leaves no shard a --data folder or glob would read:
+# the finished ones wait hidden (.NAME.bin.pending) until the whole run succeeded, and the next
+# run into the folder removes them.
+for _ in $(seq 400); do cat all.txt; done > big.txt
+"$tokenize" --tokenizer "$tokenizer" --out stopped --shard-tokens 1000 --threads 1 --no-progress \
+  big.txt > stopped.log 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  compgen -G "stopped/.train_*.bin.pending" > /dev/null && break
+  sleep 0.05
+done
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+[[ $status -eq 143 ]] || { cat stopped.log; fail "loom_tokenize ended by SIGTERM exited $status, expected 143 (the run finished before the signal?)"; }
+[[ -z "$(ls stopped)" ]] || fail "a run ended by SIGTERM left shards: $(ls stopped)"
+compgen -G "stopped/.train_*.bin.pending" > /dev/null || fail "no shard was pending when the signal came"
+"$tokenize" --tokenizer "$tokenizer" --out stopped --no-progress docs.jsonl > again3.log 2>&1 ||
+  { cat again3.log; fail "the folder of a stopped run cannot be used again"; }
+[[ "$(ls -A stopped)" == "train_000000.bin" ]] || fail "the next run left $(ls -A stopped)"
+echo "ok: loom tokenize refuses compressed and binary inputs and bad flags (exit 2), and a failed or stopped run leaves no shard"

@@ -27,11 +27,11 @@ using testing::Tolerance;
 
 class Mlp : public nn::Module {
  public:
-  Mlp() : Module("Mlp") {
-    fc1 =
-        register_module("fc1", std::make_shared<nn::Linear>(8, 16, nn::LinearOptions{.seed = 11}));
-    fc2 =
-        register_module("fc2", std::make_shared<nn::Linear>(16, 8, nn::LinearOptions{.seed = 13}));
+  explicit Mlp(int64_t hidden = 16, uint64_t seed = 11) : Module("Mlp") {
+    fc1 = register_module("fc1",
+                          std::make_shared<nn::Linear>(8, hidden, nn::LinearOptions{.seed = seed}));
+    fc2 = register_module(
+        "fc2", std::make_shared<nn::Linear>(hidden, 8, nn::LinearOptions{.seed = seed + 2}));
   }
   Tensor forward(const Tensor& x) override { return (*fc2)(gelu((*fc1)(x))); }
   std::shared_ptr<nn::Linear> fc1, fc2;
@@ -176,6 +176,31 @@ TEST(TensorParallelTest, AStyleForTheModuleItselfMatchesOneRank) {
         std::make_shared<tp::ColwiseParallel>(tp::LayoutOptions{.output_layouts = Replicate()}));
     EXPECT_EQ(dtensor_spec(linear.weight()).placements, (Placements{Shard(0)}));
     expect_close({.actual = linear(x), .expected = ref_out, .tol = kTol, .what = "output"});
+  });
+}
+
+// A full (unsharded) state dict loaded into a module already parallelized: each rank takes its
+// piece of every value (torch's set_model_state_dict with full_state_dict), over 3 ranks'
+// uneven shards of a colwise weight (7 rows: 3, 2, 2) and a rowwise one's columns; a shape that
+// does not fit is named with its key.
+TEST(TensorParallelTest, AFullStateDictLoadsIntoAParallelizedModule) {
+  Mlp reference(7);
+  const Tensor x = ops::uniform({3, 8}, 9, -1.0, 1.0);
+  const Tensor ref_out = reference(x);
+  comm::testing::run_on_ranks(3, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{3});
+    Mlp mlp(7, /*seed=*/101);  // other values: the load must replace them
+    tp::parallelize_module(mlp, mesh,
+                           {{"fc1", std::make_shared<tp::ColwiseParallel>()},
+                            {"fc2", std::make_shared<tp::RowwiseParallel>()}});
+    mlp.load_state_dict(reference.state_dict());
+    EXPECT_EQ(dtensor_spec(mlp.fc1->weight()).placements, (Placements{Shard(0)}));
+    expect_close({.actual = mlp(x), .expected = ref_out, .tol = kTol, .what = "output"});
+    nn::StateDict wrong = reference.state_dict();
+    wrong["fc2.bias"] = ops::zeros({9});
+    EXPECT_THAT(testing::error_of([&] { mlp.load_state_dict(wrong); }),
+                HasSubstr("load_state_dict: 'fc2.bias' has shape (9,) in the checkpoint but (8,)"));
   });
 }
 

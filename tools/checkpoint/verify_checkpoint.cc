@@ -1,5 +1,8 @@
 // verify_checkpoint: checks a distributed checkpoint whole — the marker's metadata SHA-256, every
-// file's size and SHA-256, every chunk's — and says what it checked, or names what is wrong.
+// file's size and SHA-256, every chunk's, and that its entries are the parameters, AdamW state
+// and module state of the model it records, its trainer step its step (what --resume checks
+// against the job's model, train/job_checks.h) — and says what it checked, or names what is
+// wrong.
 //
 //   bazel run //tools/checkpoint:verify_checkpoint -- ckpt                    # the latest step
 //   bazel run //tools/checkpoint:verify_checkpoint -- ckpt/step_00000008
@@ -13,6 +16,7 @@
 
 #include "base/bazel_run.h"
 #include "checkpoint/distributed_checkpoint.h"
+#include "train/job_checks.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Checks a distributed checkpoint's files and checksums"};
@@ -28,8 +32,15 @@ int main(int argc, char** argv) {
     loom::enter_bazel_working_directory();
     const std::string dir = loom::checkpoint::resolve_step_directory(path);
     const auto summary = loom::checkpoint::verify(dir);
-    fmt::print("verify_checkpoint: {}: {} entries in {} files, {} bytes: every checksum matches\n",
-               dir, summary.entries, summary.files, summary.bytes);
+    // A job's checkpoint: its entries are those of the model it records, as --resume checks.
+    const std::vector<std::string> warnings = loom::train::check_checkpoint_contents(
+        loom::checkpoint::read_metadata(dir), dir, "verify_checkpoint");
+    fmt::print(
+        "verify_checkpoint: {}: {} entries in {} files, {} bytes: every checksum matches, and "
+        "they are the parameters and AdamW state of the model it records\n",
+        dir, summary.entries, summary.files, summary.bytes);
+    for (const std::string& warning : warnings)
+      fmt::print(stderr, "verify_checkpoint: {}\n", warning);
     // Given the checkpoint folder: what the latest committed step passed over (a save that did
     // not commit, which --resume warns about and the next save deletes).
     if (!loom::checkpoint::is_step_directory(path)) {
