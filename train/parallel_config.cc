@@ -48,16 +48,6 @@ void ParallelConfig::validate(int64_t world_size, int64_t global_batch, int64_t 
                "ParallelConfig: layers_per_stage splits a pipeline's layers (pp > 1), got {} "
                "stages' counts without one",
                pipeline.layers_per_stage.size());
-    LOOM_CHECK(pipeline.schedule == ::loom::pipeline::ScheduleOptions{}.schedule,
-               "ParallelConfig: schedule '{}' is a pipeline's (pp > 1); without one leave it "
-               "unset ('{}')",
-               pipeline.schedule, ::loom::pipeline::ScheduleOptions{}.schedule);
-  }
-  if (dims.cp == 1) {
-    LOOM_CHECK(cp.attention == parallel::cp::ContextParallelOptions{}.attention,
-               "ParallelConfig: cp_attention '{}' is how context parallelism (cp > 1) reaches "
-               "the other ranks' keys and values; with cp 1 leave it unset ('{}')",
-               cp.attention, parallel::cp::ContextParallelOptions{}.attention);
   }
   int64_t local_len = seq_len;  // the tokens of a sequence one rank holds
   if (dims.cp > 1) {
