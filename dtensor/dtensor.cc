@@ -1,5 +1,9 @@
 #include "dtensor/dtensor.h"
 
+#include <fmt/format.h>
+
+#include <functional>
+
 #include "autograd/function.h"
 #include "autograd/grad_mode.h"
 #include "base/error.h"
@@ -146,8 +150,40 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
   return out;
 }
 
+namespace {
+
+// from_local's run_check: `values` gathered along mesh dim `md`; throws on every rank alike (the
+// same gathered values) naming the first group rank whose values differ from rank 0's.
+void check_same_along(const DeviceMesh& mesh, int64_t md, const std::vector<int64_t>& values,
+                      const std::string& what,
+                      const std::function<std::string(const std::vector<int64_t>&)>& show) {
+  const auto& group = mesh.group(md);
+  const auto n = static_cast<int64_t>(values.size());
+  const Tensor mine = ops::from_vector_i64(values, {n}, mesh.device());
+  std::vector<Tensor> all;
+  for (int r = 0; r < group->size(); ++r) all.push_back(ops::empty({n}, kInt64, mesh.device()));
+  group->all_gather(all, mine)->wait();
+  const auto host = [](const Tensor& t) {
+    const Tensor cpu = ops::to(t, Device::cpu());
+    return std::vector<int64_t>(cpu.data<int64_t>(), cpu.data<int64_t>() + cpu.numel());
+  };
+  const std::vector<int64_t> first = host(all[0]);
+  for (int r = 1; r < group->size(); ++r) {
+    const std::vector<int64_t> other = host(all[static_cast<size_t>(r)]);
+    LOOM_CHECK(other == first,
+               "from_local(run_check): along mesh dim '{}' ({}), rank {} of its group passes {} "
+               "where rank 0 passes {}: {}",
+               mesh.dim_names().at(static_cast<size_t>(md)), mesh.str(), r, show(other),
+               show(first), what);
+  }
+}
+
+std::string shape_of(const std::vector<int64_t>& dims) { return shape_str(Shape(dims)); }
+
+}  // namespace
+
 Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
-                  Placements placements, std::optional<Shape> shape) {
+                  Placements placements, std::optional<Shape> shape, bool run_check) {
   LOOM_CHECK(mesh != nullptr, "from_local: the mesh is null");
   LOOM_CHECK(local.defined(), "from_local: the local tensor is undefined");
   LOOM_CHECK(!is_dtensor(local),
@@ -163,8 +199,41 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
       if (placements[md].is_shard()) global[placements[md].dim()] *= mesh->size(md);
     }
   }
+  Tensor data = local;
+  if (run_check) {
+    NoGradGuard no_grad;
+    for (int64_t md = 0; md < mesh->ndim(); ++md) {
+      // The dtype and dims first: the shapes' lengths depend on them.
+      check_same_along(*mesh, md, {static_cast<int64_t>(local.dtype()), local.dim()},
+                       "every rank passes a local tensor of one dtype and one number of dims",
+                       [](const std::vector<int64_t>& v) {
+                         return fmt::format("{} of {} dims", dtype_name(static_cast<DType>(v[0])),
+                                            v[1]);
+                       });
+      check_same_along(*mesh, md, global,
+                       shape.has_value() ? "every rank gives the same global shape"
+                                         : "without a global shape, every rank's shard is "
+                                           "the same size (even shards); pass shape for uneven",
+                       [&](const std::vector<int64_t>& v) {
+                         return fmt::format("a global shape of {}", shape_of(v));
+                       });
+      // Each rank's shard where the global shape puts it (uneven shards: `shape` given).
+      const DTensorSpec expected{mesh, placements, global, local.dtype()};
+      check_same_along(*mesh, md, {expected.has_local_shape(local.shape()) ? 1 : 0},
+                       fmt::format("each rank's local tensor is its shard of the global "
+                                   "shape {} under {}",
+                                   shape_str(global), placements_str(placements)),
+                       [](const std::vector<int64_t>& v) {
+                         return v[0] ? std::string("its shard's shape") : "another shape";
+                       });
+      if (placements[md].is_replicate()) {
+        data = ops::clone(data);  // what the coordinate-0 rank's values arrive in
+        mesh->group(md)->broadcast(data, mesh->group_ranks_by_coordinate(md)[0])->wait();
+      }
+    }
+  }
   DTensorSpec spec{std::move(mesh), placements, global, local.dtype()};
-  Tensor out = make_dtensor(ops::contiguous(local), spec);
+  Tensor out = make_dtensor(ops::contiguous(data), spec);
   if (!autograd::any_requires_grad({local})) return out;
   return autograd::record("FromLocalBackward", {local}, out, [spec](const Grads& g) {
     const Tensor grad = as_dtensor_like(g[0], spec);

@@ -75,8 +75,14 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
 // This rank's shard as a DTensor with `placements`. `shape` gives the global shape (required
 // when shards are uneven; by default it is computed assuming even shards). Differentiable: the
 // gradient of the local tensor is the local shard of the DTensor's gradient.
+// `run_check` (torch's): at the cost of collectives along each mesh dim, every rank's dtype,
+// dims and global shape are checked equal (and without `shape`, the local shapes too: even
+// shards), failing on every rank naming the first that differs; then each Replicate mesh dim
+// takes its coordinate-0 rank's values (a broadcast into a copy: `local` is not written).
+// Without it (the default) nothing is communicated and ranks are trusted to agree.
 Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
-                  Placements placements, std::optional<Shape> shape = std::nullopt);
+                  Placements placements, std::optional<Shape> shape = std::nullopt,
+                  bool run_check = false);
 // The local shard, differentiable (its gradient becomes a DTensor with the same placements,
 // Partial treated as Replicate).
 Tensor to_local(const Tensor& dtensor);

@@ -10,6 +10,7 @@
 #include "dtensor/factories.h"
 #include "dtensor/sharding/propagator.h"
 #include "tests/dtensor/dtensor_test_util.h"
+#include "tests/testing/errors.h"
 #include "tests/testing/tensor_checks.h"
 
 namespace loom {
@@ -82,6 +83,42 @@ TEST(DTensorApiTest, FromLocalInfersEvenShapesAndTakesExplicitUnevenOnes) {
       EXPECT_EQ(pg.rank(), 1);
       EXPECT_THAT(e.what(), HasSubstr("local shard of shape (3, 2) on rank 1 does not match"));
     }
+  });
+}
+
+// from_local(run_check), torch's: Replicate takes the coordinate-0 rank's values (into a copy),
+// and ranks that disagree on the dtype, the global shape or their shard fail together, naming
+// the rank; without it nothing is communicated.
+TEST(DTensorApiTest, FromLocalRunCheckBroadcastsReplicasAndNamesDisagreement) {
+  run_on_ranks(2, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"tp"}, {2});
+    const Tensor mine = ops::full({3}, pg.rank() + 1.0);
+    CommDebugMode comm;
+    const Tensor trusted = from_local(mine, mesh, {Replicate()});
+    EXPECT_EQ(comm.total_count(), 0);
+    expect_equal({.actual = local_shard(trusted), .expected = mine});
+    const Tensor checked = from_local(mine, mesh, {Replicate()}, std::nullopt, /*run_check=*/true);
+    expect_equal({.actual = local_shard(checked), .expected = ops::full({3}, 1.0)});
+    expect_equal({.actual = mine, .expected = ops::full({3}, pg.rank() + 1.0)});  // not written
+    // Uneven shards with their global shape pass; without it, the sizes differ: named.
+    const Tensor rows = ops::ones({pg.rank() == 0 ? 3 : 2, 2});
+    EXPECT_EQ(from_local(rows, mesh, {Shard(0)}, Shape{5, 2}, true).shape(), (Shape{5, 2}));
+    EXPECT_THAT(testing::error_of([&] { from_local(rows, mesh, {Shard(0)}, std::nullopt, true); }),
+                HasSubstr("from_local(run_check): along mesh dim 'tp' (DeviceMesh(tp=2"));
+    EXPECT_THAT(testing::error_of([&] { from_local(rows, mesh, {Shard(0)}, std::nullopt, true); }),
+                HasSubstr("rank 1 of its group passes a global shape of (4, 2) where rank 0 "
+                          "passes a global shape of (6, 2): without a global shape"));
+    // Another dtype on rank 1; a shard that does not fit the shape given on rank 1.
+    const Tensor typed = ops::ones({2}, pg.rank() == 0 ? kFloat32 : kBFloat16);
+    EXPECT_THAT(
+        testing::error_of([&] { from_local(typed, mesh, {Shard(0)}, std::nullopt, true); }),
+        HasSubstr("rank 1 of its group passes bf16 of 1 dims where rank 0 passes f32 of 1 dims"));
+    EXPECT_THAT(
+        testing::error_of([&] {
+          from_local(ops::ones({3, 2}), mesh, {Shard(0)}, Shape{5, 2}, true);
+        }),
+        HasSubstr(
+            "rank 1 of its group passes another shape where rank 0 passes its shard's shape"));
   });
 }
 
