@@ -118,6 +118,7 @@ Tensor from_vector_i64(const std::vector<int64_t>& values, const Shape& shape, D
 Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
 
 std::vector<double> to_vector(const Tensor& self) {
+  LOOM_CHECK(self.defined(), "to_vector: the tensor is undefined (a gradient not computed yet?)");
   if (self.extension()) return to_vector(self.extension()->whole());  // a DTensor's whole values
   const Tensor host = contiguous(to(self, Device::cpu()));
   std::vector<double> values(host.numel());

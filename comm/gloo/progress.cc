@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <charconv>
 
 #include "base/logging.h"
@@ -70,10 +71,14 @@ void ProgressBoard::loop() {
         store_->set(progress_key(rank_), std::to_string(count));
         if (write_state) store_->set(state_key(rank_), state);
       } catch (const std::exception& e) {
-        LOOM_LOG(warn,
-                 "gloo progress board (rank {}): the store failed ({}); failure reports will not "
-                 "name missing ranks",
-                 rank_, e.what());
+        // Once per process: every group's board meets the same store's failure.
+        static std::atomic<bool> warned{false};
+        if (!warned.exchange(true)) {
+          LOOM_LOG(warn,
+                   "gloo progress boards: the store failed ({}); failure reports will not name "
+                   "missing ranks",
+                   e.what());
+        }
         failed = true;
       }
     }

@@ -74,6 +74,8 @@ TEST(TensorTest, DefaultIsUndefined) {
   EXPECT_EQ(error_of([&] { t.data<float>(); }), "data: tensor is undefined");
   EXPECT_EQ(error_of([&] { t.item<float>(); }),
             "item: expected a tensor with one element, got shape undefined");
+  EXPECT_EQ(error_of([&] { ops::to_vector(t); }),
+            "to_vector: the tensor is undefined (a gradient not computed yet?)");
 }
 
 TEST(TensorTest, EmptyMetadataForEveryDType) {
