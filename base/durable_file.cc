@@ -39,8 +39,8 @@ int open_locked(const std::string& path, std::string_view what) {
       }
       LOOM_FAIL("{}: cannot lock '{}': {}", what, path, std::strerror(error));
     }
-    struct stat opened {
-    }, named{};
+    struct stat opened {};
+    struct stat named {};
     if (::fstat(fd, &opened) == 0 && ::stat(path.c_str(), &named) == 0 &&
         opened.st_dev == named.st_dev && opened.st_ino == named.st_ino) {
       if (::ftruncate(fd, 0) == 0) return fd;

@@ -71,11 +71,12 @@ std::vector<std::string> all_gather_strings(comm::ProcessGroup& world, const std
   return out;
 }
 
-// Every rank learns whether every rank got here without an error: throws on every rank naming
-// the failing ranks and their messages.
 // Leads the message of an InputError (a damaged checkpoint: the same on every try) in what
 // error_of returns, so agree_on_success throws one too and a launcher does not restart the job.
 constexpr char kInputErrorMark = '\x02';
+
+// Every rank learns whether every rank got here without an error: throws on every rank naming
+// the failing ranks and their messages (an InputError when any rank's was one).
 
 void agree_on_success(comm::ProcessGroup& world, const std::string& what,
                       const std::string& my_error) {
@@ -197,8 +198,8 @@ void remove_or_warn(const std::string& path, std::string_view why) {
 void remove_committed_step(const std::string& root, int64_t step) {
   const std::string dir = step_directory(root, step);
   const std::string removing = dir + ".removed.partial";
+  remove_or_warn(removing, "a step --keep-last removes");  // an earlier removal's leftover
   std::error_code ec;
-  if (fs::exists(removing, ec)) remove_or_warn(removing, "a step --keep-last removes");
   fs::rename(dir, removing, ec);
   if (ec) {
     LOOM_LOG(warn, "checkpoint: cannot remove step {} ('{}') for --keep-last: {}; it stays", step,

@@ -202,6 +202,9 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
   Tensor data = local;
   if (run_check) {
     NoGradGuard no_grad;
+    // Where the global shape puts this rank's shard (uneven shards: `shape` given).
+    const bool fits =
+        DTensorSpec{mesh, placements, global, local.dtype()}.has_local_shape(local.shape());
     for (int64_t md = 0; md < mesh->ndim(); ++md) {
       // The dtype and dims first: the shapes' lengths depend on them.
       check_same_along(*mesh, md, {static_cast<int64_t>(local.dtype()), local.dim()},
@@ -217,9 +220,7 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
                        [&](const std::vector<int64_t>& v) {
                          return fmt::format("a global shape of {}", shape_of(v));
                        });
-      // Each rank's shard where the global shape puts it (uneven shards: `shape` given).
-      const DTensorSpec expected{mesh, placements, global, local.dtype()};
-      check_same_along(*mesh, md, {expected.has_local_shape(local.shape()) ? 1 : 0},
+      check_same_along(*mesh, md, {fits ? 1 : 0},
                        fmt::format("each rank's local tensor is its shard of the global "
                                    "shape {} under {}",
                                    shape_str(global), placements_str(placements)),

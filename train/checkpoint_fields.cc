@@ -222,4 +222,16 @@ std::string saved_layout(const checkpoint::Metadata& metadata) {
   return layout != metadata.extra.end() && layout->is_string() ? layout->get<std::string>() : "";
 }
 
+std::unique_ptr<models::ModelArgs> saved_model(const checkpoint::Metadata& metadata,
+                                               const std::string& directory,
+                                               std::string_view what) {
+  const auto fields = metadata.extra.find("model");
+  LOOM_CHECK(fields != metadata.extra.end(),
+             "{}{}checkpoint '{}' does not record its model (extra.model): it was not saved by a "
+             "Loom job, or its metadata was edited",
+             what, what.empty() ? "" : ": ", directory);
+  const std::string where = fmt::format("checkpoint '{}'", directory);
+  return models::family_of_fields(*fields, where).from_fields(*fields, where);
+}
+
 }  // namespace loom::train

@@ -3,9 +3,11 @@
 // resume checks the model and the run and says when the layout changed.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "checkpoint/metadata.h"
@@ -69,5 +71,12 @@ std::vector<std::string> check_same_run(const checkpoint::Metadata& metadata,
 
 // The layout the checkpoint was saved on ("" when it does not say).
 std::string saved_layout(const checkpoint::Metadata& metadata);
+
+// The model the checkpoint in `directory` records (its family and sizes, extra.model, rebuilt by
+// ModelFamily::from_fields): what consolidate writes and verify_checkpoint checks the entries
+// against. Throws naming `what` (a flag; empty for a tool that names itself) and the directory
+// when it records none (not a Loom job's).
+std::unique_ptr<models::ModelArgs> saved_model(const checkpoint::Metadata& metadata,
+                                               const std::string& directory, std::string_view what);
 
 }  // namespace loom::train

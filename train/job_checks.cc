@@ -236,18 +236,18 @@ std::optional<std::string> check_saved_parameters(const checkpoint::Metadata& me
   const size_t shown = std::min<size_t>(problems.size(), 10);
   LOOM_CHECK(
       problems.empty(),
-      "{}: checkpoint '{}' does not hold this model's parameters ({} problem(s){}: "
+      "{}{}checkpoint '{}' does not hold this model's parameters ({} problem(s){}: "
       "{}); its metadata does not match the model its fields describe, so it was edited or "
       "damaged: resume from another step",
-      what, dir, problems.size(),
+      what, what.empty() ? "" : ": ", dir, problems.size(),
       shown < problems.size() ? fmt::format(", the first {}", shown) : "",
       fmt::join(problems.begin(), problems.begin() + static_cast<std::ptrdiff_t>(shown), "; "));
   if (fresh.empty()) return std::nullopt;
   return fmt::format(
-      "WARNING: {}: checkpoint '{}' holds no state of {} dropout module(s) ({}; saved by a "
+      "WARNING: {}{}checkpoint '{}' holds no state of {} dropout module(s) ({}; saved by a "
       "model without them, as without attention dropout, or by a Loom that saved none): their "
       "masks start a fresh stream",
-      what, dir, fresh.size(),
+      what, what.empty() ? "" : ": ", dir, fresh.size(),
       fresh.size() <= 3 ? fmt::format("{}", fmt::join(fresh, ", "))
                         : fmt::format("{}, {} and {} more", fresh[0], fresh[1], fresh.size() - 2));
 }
@@ -306,8 +306,8 @@ void check_resume(const JobConfig& job, const models::ModelArgs& args, CheckedJo
   }
 }
 
-}  // namespace
-
+// --replica-replay: the members of every step, from a replica's metrics ("replica_members").
+// Throws naming the file and line when a line is not one, and the file when none is.
 std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
   std::ifstream in(path);
   LOOM_CHECK(in.good(), "--replica-replay: cannot read '{}'", path);
@@ -335,10 +335,9 @@ std::map<int, std::vector<int>> read_replica_members(const std::string& path) {
   return members;
 }
 
-namespace {
-
 // Replicas (--replicas, --replica, --replica-store, --replica-replay): before any rank starts.
-void check_replicas(const JobConfig& job) {
+// Returns --replica-replay's members per step (none without it).
+std::map<int, std::vector<int>> check_replicas(const JobConfig& job) {
   if (!job.replica_replay.empty()) {
     check_readable_file(job.replica_replay, "--replica-replay");
     // A replay is one job: a replica job's flags would be ignored.
@@ -346,7 +345,8 @@ void check_replicas(const JobConfig& job) {
                "--replica-replay: replays the replicas on this one job; --replica-store and "
                "--replica are a replica job's (got '{}' and {}): drop them",
                job.replica_store, job.replica);
-    for (const auto& [step, members] : read_replica_members(job.replica_replay)) {
+    std::map<int, std::vector<int>> replay = read_replica_members(job.replica_replay);
+    for (const auto& [step, members] : replay) {
       for (const int id : members) {
         LOOM_CHECK(id >= 0 && id < job.replicas,
                    "--replica-replay: '{}' has replica {} among step {}'s members, not in [0, "
@@ -354,7 +354,7 @@ void check_replicas(const JobConfig& job) {
                    job.replica_replay, id, step, job.replicas, job.replicas);
       }
     }
-    return;
+    return replay;
   }
   // Checked with one replica too: the replica's index picks its share of the batch, so a stray
   // --replica 5 would train on other sequences than the job's.
@@ -368,12 +368,13 @@ void check_replicas(const JobConfig& job) {
                "--replica-store and --replica-join-window-ms: need --replicas N > 1 (this job "
                "is one replica of N that share the store); got --replicas {}",
                job.replicas);
-    return;
+    return {};
   }
   LOOM_CHECK(job.device != "cuda",
              "--replicas: fault tolerance across replicas runs on CPU ranks (Gloo), not with "
              "--device cuda");
   parse_host_port(job.replica_store, "--replica-store");
+  return {};
 }
 
 // A new run (no --resume) into a folder holding another run's committed steps would mix them:
@@ -475,7 +476,7 @@ void check_run_environment() {
 
 CheckedJob check_job(const JobConfig& job) {
   const std::vector<JobFile> read = check_paths(job);
-  check_replicas(job);
+  std::map<int, std::vector<int>> replay_members = check_replicas(job);
   // The environment the ranks read, once here rather than an error from every rank.
   if (job.collective_timeout_s == 0) comm::timeout_from_env();           // LOOM_TIMEOUT_S
   const std::optional<InjectedFault> fault = injected_fault_from_env();  // LOOM_INJECT_FAULT
@@ -489,6 +490,7 @@ CheckedJob check_job(const JobConfig& job) {
       "--collective-timeout-s {}: expected 0 (the default) or from {:g} to {:.0f} seconds",
       job.collective_timeout_s, comm::kMinTimeoutSeconds, comm::kMaxTimeoutSeconds);
   CheckedJob out{.parallel = parallel_config(job)};
+  out.replay_members = std::move(replay_members);
   out.parallel.validate(out.parallel.dims.world_size(), job.batch_size, job.seq_len);
   if (job.replicas > 1 && job.replica_replay.empty()) {
     // Each replica trains its share of the global batch (train::local_batch's ReplicaShare).
@@ -570,14 +572,7 @@ CheckedJob check_job(const JobConfig& job) {
 
 std::vector<std::string> check_checkpoint_contents(const checkpoint::Metadata& metadata,
                                                    const std::string& dir, std::string_view what) {
-  const auto fields = metadata.extra.find("model");
-  LOOM_CHECK(fields != metadata.extra.end(),
-             "{}: checkpoint '{}' does not record its model (extra.model): it was not saved by a "
-             "Loom job, or its metadata was edited",
-             what, dir);
-  const std::string where = fmt::format("checkpoint '{}'", dir);
-  const models::ModelFamily& family = models::family_of_fields(*fields, where);
-  const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
+  const std::unique_ptr<models::ModelArgs> args = saved_model(metadata, dir, what);
   Trainer::saved_step(metadata, dir);
   std::vector<std::string> warnings;
   if (auto warning = check_saved_parameters(metadata, *args, dir, what)) {

@@ -40,7 +40,8 @@ struct CheckedJob {
   // The Hugging Face token ids and generation config the job keeps (models/hf/token_settings.h):
   // --init-from's, else those of the checkpoint it resumes; its checkpoints record them.
   nlohmann::json hf_token_settings = nlohmann::json::object();
-  std::vector<std::string> warnings;  // to print before training
+  std::map<int, std::vector<int>> replay_members;  // --replica-replay's members per step
+  std::vector<std::string> warnings;               // to print before training
 };
 
 // `job`'s degrees resolved (train/job_command_line.h: no dp_shard -1). Throws loom::Error naming
@@ -50,13 +51,10 @@ CheckedJob check_job(const JobConfig& job);
 // What a Loom job's checkpoint holds beyond its checksums (verify_checkpoint; --resume checks
 // the same against the job's model): the parameters, AdamW state and module state of the model
 // its fields record (extra.model), by name, shape and dtype, and a trainer step that is its
-// step. Throws naming `what`, the step folder and what does not fit; returns warnings.
+// step. Throws naming `what` (a flag; empty for a tool that names itself), the step folder and
+// what does not fit; returns warnings.
 std::vector<std::string> check_checkpoint_contents(const checkpoint::Metadata& metadata,
                                                    const std::string& dir, std::string_view what);
-
-// --replica-replay: the members of every step, from a replica's metrics ("replica_members").
-// Throws naming the file and line when a line is not one, and the file when none is.
-std::map<int, std::vector<int>> read_replica_members(const std::string& path);
 
 // What a run (not a plan) reads of the environment besides the job's settings: where the ranks'
 // Gloo endpoints listen (LOOM_GLOO_IFNAME, LOOM_GLOO_HOSTNAME) and the flight recorder's folder.

@@ -478,7 +478,6 @@ void naming_step(int step, std::string_view what, Work&& work) {
 }  // namespace
 
 void JobRunner::train_steps(JobResult& result) {
-  if (!job_.replica_replay.empty()) replay_ = read_replica_members(job_.replica_replay);
   const int before = trainer_->steps_done();
   // With replicas a joining job learns its first step from the others (Trainer::begin_step).
   result.first_step = trainer_->begin_step();
@@ -497,10 +496,11 @@ void JobRunner::train_steps(JobResult& result) {
       profiler::enable(options);
     }
     const auto fetch_start = std::chrono::steady_clock::now();
-    if (!replay_.empty()) {  // --replica-replay: the recorded members' batches, on this job
-      const auto members = replay_.find(step);
-      LOOM_CHECK(members != replay_.end(), "--replica-replay {}: no members recorded for step {}",
-                 job_.replica_replay, step);
+    if (!checked_.replay_members
+             .empty()) {  // --replica-replay: the recorded members' batches, on this job
+      const auto members = checked_.replay_members.find(step);
+      LOOM_CHECK(members != checked_.replay_members.end(),
+                 "--replica-replay {}: no members recorded for step {}", job_.replica_replay, step);
       std::vector<std::pair<Tensor, Tensor>> batches;
       for (int member : members->second) {
         const data::Batch share =

@@ -91,7 +91,6 @@ class JobRunner {
   void validate(int step, JobResult& result);
 
   JobConfig job_;
-  std::map<int, std::vector<int>> replay_;  // --replica-replay: each step's members
   std::string program_;
   std::shared_ptr<comm::ProcessGroup> world_;
   Device device_ = Device::cpu();

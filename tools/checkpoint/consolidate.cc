@@ -23,6 +23,7 @@
 #include "models/family.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/token_settings.h"
+#include "train/checkpoint_fields.h"
 
 namespace {
 
@@ -43,14 +44,9 @@ void consolidate(const std::string& input, const std::string& output,
     }
   }
   const checkpoint::Metadata metadata = checkpoint::read_metadata(dir);
-  const auto fields = metadata.extra.find("model");
-  LOOM_CHECK(fields != metadata.extra.end(),
-             "'{}' does not record its model (extra.model); it was not saved by a Loom job", dir);
-  const std::string where = fmt::format("checkpoint '{}'", dir);
-  const models::ModelFamily& family = models::family_of_fields(*fields, where);
-  const std::unique_ptr<models::ModelArgs> args = family.from_fields(*fields, where);
+  const std::unique_ptr<models::ModelArgs> args = train::saved_model(metadata, dir, "");
   const auto adapter = args->hf_adapter();
-  LOOM_CHECK(adapter != nullptr, "{}: {}", where, args->no_hf_format());
+  LOOM_CHECK(adapter != nullptr, "checkpoint '{}': {}", dir, args->no_hf_format());
   const std::shared_ptr<nn::Module> model = args->whole_model();
   checkpoint::StateDict state;
   for (const auto& [name, p] : model->named_parameters()) {

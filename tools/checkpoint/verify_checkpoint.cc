@@ -33,8 +33,8 @@ int main(int argc, char** argv) {
     const std::string dir = loom::checkpoint::resolve_step_directory(path);
     const auto summary = loom::checkpoint::verify(dir);
     // A job's checkpoint: its entries are those of the model it records, as --resume checks.
-    const std::vector<std::string> warnings = loom::train::check_checkpoint_contents(
-        loom::checkpoint::read_metadata(dir), dir, "verify_checkpoint");
+    const std::vector<std::string> warnings =
+        loom::train::check_checkpoint_contents(loom::checkpoint::read_metadata(dir), dir, "");
     fmt::print(
         "verify_checkpoint: {}: {} entries in {} files, {} bytes: every checksum matches, and "
         "they are the parameters and AdamW state of the model it records\n",
