@@ -79,10 +79,10 @@ const ModelFamily& family_of_hf_model_type(const std::string& model_type,
                                            const std::string& where) {
   std::vector<std::string> known;
   for (const ModelFamily* family : model_families()) {
-    const std::string type = family->hf_model_type();
-    if (type.empty()) continue;
-    if (type == model_type) return *family;
-    known.push_back(fmt::format("\"{}\" ({})", type, family->name()));
+    for (const std::string& type : family->hf_model_types()) {
+      if (type == model_type) return *family;
+      known.push_back(fmt::format("\"{}\" ({})", type, family->name()));
+    }
   }
   LOOM_FAIL("{}: model_type \"{}\" is no registered family's; this program reads {}", where,
             model_type,
@@ -134,6 +134,7 @@ std::string MoESizes::first_given() const {
   if (hidden_dim != 0) return "--moe-hidden-dim";
   if (shared_experts >= 0) return "--moe-shared-experts";
   if (!score_func.empty()) return "--moe-score-func";
+  if (route_norm >= 0) return "--moe-route-norm";
   if (aux_loss_coeff >= 0) return "--moe-aux-loss-coeff";
   if (bias_update_rate >= 0) return "--moe-bias-update-rate";
   if (capacity_factor >= 0) return "--moe-capacity-factor";

@@ -45,6 +45,7 @@ struct MoESizes {
   int64_t hidden_dim = 0;       // 0: not given
   int64_t shared_experts = -1;  // -1: not given
   std::string score_func;       // empty: not given
+  int64_t route_norm = -1;      // the top-k weights normalized: 1, not: 0; -1: not given
   double aux_loss_coeff = -1;   // below 0: not given
   double bias_update_rate = -1;
   double capacity_factor = -1;
@@ -176,9 +177,9 @@ class ModelFamily {
     (void)sizes;
     return nullptr;
   }
-  // The config.json "model_type" from_hf_config reads ("gpt2"); "" when it reads none. A job
-  // whose --init-from names one and no --model takes this family's default preset.
-  virtual std::string hf_model_type() const { return ""; }
+  // The config.json "model_type"s from_hf_config reads ({"gpt2"}); none when it reads none. A
+  // job whose --init-from names one and no --model takes this family's default preset.
+  virtual std::vector<std::string> hf_model_types() const { return {}; }
   // Whether its models take ModelSizes' dropout (--dropout: embeddings and residual branches)
   // and attn_dropout (--attn-dropout: attention probabilities; by default as dropout). A family
   // that does not is refused by name when it is given, before anything is built, so no family
@@ -194,7 +195,7 @@ std::vector<const ModelFamily*> model_families();
 const ModelFamily& family_of_model(const std::string& model);
 // "gpt: tiny, small, gpt3-175b; llama: llama-tiny, llama3-8b, llama3-70b".
 std::string registered_models();
-// The family whose hf_model_type is `model_type`; throws naming `where`, the type and every
+// The family whose hf_model_types hold `model_type`; throws naming `where`, the type and every
 // registered family's type otherwise.
 const ModelFamily& family_of_hf_model_type(const std::string& model_type, const std::string& where);
 // The family a checkpoint's model fields name ("family"; a GPT's recorded none before Looms

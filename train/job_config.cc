@@ -35,6 +35,8 @@ std::string expected_value(Range range, std::string_view noun) {
       return fmt::format("-1 (the preset's) or a non-negative {}", noun);
     case Range::kDefaultOrNonNegative:
       return fmt::format("-1 (the default) or a non-negative {}", noun);
+    case Range::kPresetOrSwitch:
+      return "-1 (the preset's), 0 (off) or 1 (on)";
     case Range::kAny:
       break;
   }
@@ -77,11 +79,13 @@ std::string_view type_name(const OptionValue& value) {
 template <typename Number>
 void check_range(const JobOption& option, Number value, const std::string& where,
                  const OptionValue& given) {
-  const bool ok = option.range == Range::kAny || (option.range == Range::kPositive && value > 0) ||
-                  (option.range == Range::kNonNegative && value >= 0) ||
-                  ((option.range == Range::kPresetOrNonNegative ||
-                    option.range == Range::kDefaultOrNonNegative) &&
-                   (value >= 0 || value == -1));
+  const bool ok =
+      option.range == Range::kAny || (option.range == Range::kPositive && value > 0) ||
+      (option.range == Range::kNonNegative && value >= 0) ||
+      ((option.range == Range::kPresetOrNonNegative ||
+        option.range == Range::kDefaultOrNonNegative) &&
+       (value >= 0 || value == -1)) ||
+      (option.range == Range::kPresetOrSwitch && (value == -1 || value == 0 || value == 1));
   LOOM_CHECK(ok, "{}: expected {}, got {}", where,
              expected_value(option.range, std::is_integral_v<Number> ? "integer" : "number"),
              describe(given));
@@ -215,6 +219,7 @@ models::ModelSizes JobConfig::sizes() const {
                   .hidden_dim = moe_hidden_dim,
                   .shared_experts = moe_shared_experts,
                   .score_func = moe_score_func,
+                  .route_norm = moe_route_norm,
                   .aux_loss_coeff = moe_aux_loss_coeff,
                   .bias_update_rate = moe_bias_update_rate,
                   .capacity_factor = moe_capacity_factor,

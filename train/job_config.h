@@ -37,6 +37,7 @@ struct JobConfig {
   // Mixture of experts (Llama; models::MoESizes: "not given" keeps the preset's).
   int64_t moe_experts = 0, moe_top_k = 0, moe_hidden_dim = 0, moe_shared_experts = -1;
   std::string moe_score_func;
+  int64_t moe_route_norm = -1;
   double moe_aux_loss_coeff = -1, moe_bias_update_rate = -1, moe_capacity_factor = -1;
   int64_t moe_dense_layers = -1;
   // Dropout in training (GPT; HF's resid_pdrop/embd_pdrop and attn_pdrop): 0 is off.
@@ -144,7 +145,15 @@ using OptionValue = std::variant<int64_t, double, bool, std::string>;
 struct JobOption {
   // kPresetOrNonNegative: -1 (keep the preset's value) or >= 0; kDefaultOrNonNegative: -1 (a
   // value the job works out, e.g. the tokenizer's document token) or >= 0.
-  enum class Range { kAny, kPositive, kNonNegative, kPresetOrNonNegative, kDefaultOrNonNegative };
+  // kPresetOrSwitch: -1 (the preset's), 0 (off) or 1 (on).
+  enum class Range {
+    kAny,
+    kPositive,
+    kNonNegative,
+    kPresetOrNonNegative,
+    kDefaultOrNonNegative,
+    kPresetOrSwitch
+  };
   using Field = std::variant<int64_t JobConfig::*, double JobConfig::*, bool JobConfig::*,
                              std::string JobConfig::*>;
   std::string_view section;

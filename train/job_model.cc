@@ -2,6 +2,7 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "base/error.h"
@@ -22,16 +23,17 @@ JobModel resolve_job_model(const JobConfig& job) {
   if (!config_json.empty() && std::filesystem::exists(config_json, ec)) {
     const models::hf::ConfigJson json = models::hf::ConfigJson::read(config_json);
     const std::string type = json.string_or("model_type", "");
-    const std::string reads = out.family->hf_model_type();
-    if (!type.empty() && !reads.empty() && type != reads) {
+    const std::vector<std::string> reads = out.family->hf_model_types();
+    if (!type.empty() && !reads.empty() &&
+        std::find(reads.begin(), reads.end(), type) == reads.end()) {
       const models::ModelFamily& other =
           models::family_of_hf_model_type(type, fmt::format("--init-from: {}", json.where()));
       LOOM_FAIL(
           "--model {}: the {} family reads model_type \"{}\", but --init-from's {} is \"{}\", "
           "the {} family's; leave --model out (the file's family is taken) or name one of its "
           "presets ({})",
-          job.model, out.family->name(), reads, json.where(), type, other.name(),
-          fmt::join(other.presets(), ", "));
+          job.model, out.family->name(), fmt::join(reads, "\" or \""), json.where(), type,
+          other.name(), fmt::join(other.presets(), ", "));
     }
     out.args = out.family->from_hf_config(json, sizes);
     LOOM_CHECK(out.args != nullptr,

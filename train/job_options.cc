@@ -54,6 +54,10 @@ std::span<const JobOption> job_options() {
        "the router's scores: softmax or sigmoid (DeepSeek-V3: the top-k weights then normalized "
        "to sum 1); empty: the preset's",
        &C::moe_score_func},
+      {"model", "moe_route_norm",
+       "the top-k weights normalized to sum 1 (Mixtral, DeepSeek-V3): 1, or not: 0 (-1: the "
+       "preset's, or the score function's: 1 with sigmoid)",
+       &C::moe_route_norm, Range::kPresetOrSwitch},
       {"model", "moe_aux_loss_coeff",
        "the load-balancing auxiliary loss's coefficient (0: off; -1: the preset's)",
        &C::moe_aux_loss_coeff, Range::kPresetOrNonNegative},

@@ -139,6 +139,60 @@ void fail_on(const std::vector<std::string>& problems, const std::string& who,
   LOOM_FAIL("{}", message);
 }
 
+// A parameter stored as one tensor per index of its dim 0 (StateDictAdapter::stacked_names):
+// each of them present, of the parameter's shape without dim 0 and of its kind.
+void match_stacked(const std::string& name, const Tensor& p, const std::vector<std::string>& parts,
+                   const TensorMap& file, std::vector<std::string>& problems) {
+  LOOM_INTERNAL_ASSERT(p.dim() >= 1 && static_cast<int64_t>(parts.size()) == p.size(0),
+                       "stacked_names of '{}' lists {} tensors for shape {}", name, parts.size(),
+                       shape_str(p.shape()));
+  const Shape expected(p.shape().begin() + 1, p.shape().end());
+  for (const std::string& part : parts) {
+    const auto it = file.find(part);
+    if (it == file.end()) {
+      problems.push_back(fmt::format("missing tensor '{}' (shape {})", part, shape_str(expected)));
+      continue;
+    }
+    if (it->second.shape() != expected) {
+      problems.push_back(
+          fmt::format("tensor '{}' has shape {} in the file but the model expects {}", part,
+                      shape_str(it->second.shape()), shape_str(expected)));
+    }
+    if (is_floating(p.dtype()) != is_floating(it->second.dtype())) {
+      problems.push_back(fmt::format("tensor '{}' is {} in the file but the parameter is {}", part,
+                                     dtype_name(it->second.dtype()), dtype_name(p.dtype())));
+    }
+  }
+}
+
+// This rank's box [offset, offset + shape) of a parameter stored as one tensor per index of its
+// dim 0: of each tensor the box holds, the box's rest read alone (1-D and 2-D tensors) or cut out
+// of the whole; stacked in `dtype`.
+Tensor read_stacked_box(const SafetensorsFile& headers, const std::vector<std::string>& parts,
+                        const Shape& global, const Shape& offset, const Shape& shape, DType dtype,
+                        const std::string& path, int64_t* bytes_read) {
+  const Shape part_global(global.begin() + 1, global.end());
+  const Shape part_offset(offset.begin() + 1, offset.end()),
+      part_box(shape.begin() + 1, shape.end());
+  if (shape[0] == 0) return Tensor::empty(shape, dtype);
+  std::vector<Tensor> rows;
+  for (int64_t i = 0; i < shape[0]; ++i) {
+    const std::string& part = parts.at(static_cast<size_t>(offset[0] + i));
+    Tensor box;
+    if (part_global.size() == 1 || part_global.size() == 2) {
+      box = read_box(headers.sources.at(part), {}, part_global, part_offset, part_box, bytes_read);
+    } else {
+      const std::set<std::string> only{part};
+      box = read_checkpoint(path, /*values=*/true, &only).tensors.at(part);
+      *bytes_read += static_cast<int64_t>(box.numel() * element_size(box.dtype()));
+      for (int64_t d = 0; d < box.dim(); ++d)
+        box = ops::narrow(box, d, part_offset[d], part_box[d]);
+    }
+    rows.push_back(ops::to(ops::contiguous(box), dtype));
+  }
+  return ops::stack(rows, 0);
+}
+
 // The file's name of each of the whole model's parameters, every name, shape and dtype of
 // `module`'s checked first: throws listing every problem.
 std::map<std::string, std::string> match(const nn::Module& module, const StateDictAdapter& adapter,
@@ -148,9 +202,15 @@ std::map<std::string, std::string> match(const nn::Module& module, const StateDi
   std::vector<std::string> problems;
 
   // Every parameter of the whole model -> the file's name for it (at most one may be present).
+  // A parameter stored as one tensor per index of dim 0 takes each of them.
   std::map<std::string, std::string> file_name_of;
   std::set<std::string> taken;
   for (const std::string& name : model_names) {
+    const std::vector<std::string> parts = adapter.stacked_names(name);
+    if (!parts.empty()) {
+      taken.insert(parts.begin(), parts.end());
+      continue;
+    }
     std::vector<std::string> present;
     for (const std::string& candidate : adapter.hf_names(name)) {
       if (file.count(candidate)) present.push_back(candidate);
@@ -166,6 +226,11 @@ std::map<std::string, std::string> match(const nn::Module& module, const StateDi
   // This module's parameters: present, of the right shape and kind.
   const auto params = module.named_parameters();
   for (const auto& [name, p] : params) {
+    const std::vector<std::string> parts = adapter.stacked_names(name);
+    if (!parts.empty()) {
+      match_stacked(name, p, parts, file, problems);
+      continue;
+    }
     const Shape expected = adapter.hf_shape(name, p.shape());  // a DTensor's shape is global
     const auto found = file_name_of.find(name);
     if (found == file_name_of.end()) {
@@ -234,14 +299,22 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   std::map<std::string, std::pair<Shape, Shape>> at;  // file name -> (offset, shape), as laid out
   std::vector<std::pair<Tensor, Tensor>> copies;      // (destination, value)
   for (const auto& [name, p] : params) {
-    const std::string& file_name = file_name_of.at(name);
-    const TensorSource& source = headers.sources.at(file_name);
     Shape offset(p.shape().size(), 0), shape = p.shape();
     if (is_dtensor(p)) {
       const DTensorSpec& spec = dtensor_spec(p, "hf::load");
       offset = spec.local_offset();
       shape = spec.local_shape();
     }
+    const Tensor destination = is_dtensor(p) ? local_shard(p) : p;
+    if (const auto parts = adapter.stacked_names(name); !parts.empty()) {
+      Tensor value = read_stacked_box(headers, parts, p.shape(), offset, shape, p.dtype(), path,
+                                      &stats.bytes_read);
+      if (!destination.device().is_cpu()) value = ops::to(value, destination.device());
+      copies.emplace_back(destination, value);
+      continue;
+    }
+    const std::string& file_name = file_name_of.at(name);
+    const TensorSource& source = headers.sources.at(file_name);
     const auto layout = adapter.file_layout(name);
     Tensor value;
     if (layout && (p.dim() == 1 || p.dim() == 2)) {
@@ -255,7 +328,6 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
       value = local_box(adapter.from_hf(name, whole), p);
     }
     boxes.emplace(file_name, value);
-    const Tensor destination = is_dtensor(p) ? local_shard(p) : p;
     value = ops::to(value, p.dtype());
     LOOM_INTERNAL_ASSERT(value.shape() == destination.shape(),
                          "{}: {} converted to {} for a destination of {}", who, name,
@@ -324,6 +396,15 @@ void save(const std::vector<std::pair<std::string, Tensor>>& parameters,
   NoGradGuard no_grad;
   TensorMap tensors;
   for (const auto& [name, whole] : parameters) {
+    if (const auto parts = adapter.stacked_names(name); !parts.empty()) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const Tensor slice = ops::narrow(whole, 0, static_cast<int64_t>(i), 1);
+        tensors.emplace(parts[i],
+                        ops::contiguous(ops::reshape(
+                            slice, Shape(whole.shape().begin() + 1, whole.shape().end()))));
+      }
+      continue;
+    }
     tensors.emplace(adapter.hf_names(name).at(0), ops::contiguous(adapter.to_hf(name, whole)));
   }
   adapter.add_saved(tensors);

@@ -12,9 +12,11 @@
 // pipeline stages alike. Where the family states the parameter's file layout (a transpose and a
 // row gather: StateDictAdapter::file_layout) only the box's bytes are read (file_boxes.h), so N
 // ranks each read about 1/N of the file; otherwise the whole tensor is read, converted
-// (from_hf) and cut. All or nothing: every name, shape and dtype is checked first, and any
-// problem (a missing tensor, a shape, a tensor no parameter takes, the adapter's checks on the
-// boxes read) is reported together with the others, the model unchanged.
+// (from_hf) and cut; a parameter stored as one tensor per index of its dim 0
+// (StateDictAdapter::stacked_names: experts) reads only the tensors of its box. All or nothing:
+// every name, shape and dtype is checked first, and any problem (a missing tensor, a shape, a
+// tensor no parameter takes, the adapter's checks on the boxes read) is reported together with the
+// others, the model unchanged.
 //
 // Save: the caller gathers the whole parameters (whole_parameters: full_tensor on every rank of
 // their meshes, collective; kept by the ranks that write) and the ranks with `write` write the

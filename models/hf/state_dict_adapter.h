@@ -36,6 +36,14 @@ class StateDictAdapter {
     bool transposed = false;
     std::vector<int64_t> row_source;
   };
+  // A parameter the file stores as one tensor per index of its dim 0 (a mixture of experts'
+  // (experts, ., .) weights: Mixtral's experts.{e}.w1.weight), those tensors' names in order, each
+  // of the parameter's shape without dim 0 and laid out as it is (no transpose or row gather);
+  // empty (the default) for a parameter stored as one tensor, named by hf_names.
+  virtual std::vector<std::string> stacked_names(const std::string& name) const {
+    (void)name;
+    return {};
+  }
   // The parameter's layout, by which the loader reads only a rank's box; nullopt (the default):
   // the conversion is from_hf's, of whole tensors, and the parameter is read whole.
   virtual std::optional<FileLayout> file_layout(const std::string& name) const {

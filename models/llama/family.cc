@@ -61,10 +61,44 @@ void apply_moe_sizes(const MoESizes& sizes, LlamaConfig& config) {
     m.score_func = sizes.score_func;
     m.route_norm = sizes.score_func == "sigmoid";  // DeepSeek-V3's pairing
   }
+  if (sizes.route_norm >= 0) m.route_norm = sizes.route_norm == 1;
   if (sizes.aux_loss_coeff >= 0) m.aux_loss_coeff = sizes.aux_loss_coeff;
   if (sizes.bias_update_rate >= 0) m.bias_update_rate = sizes.bias_update_rate;
   if (sizes.capacity_factor >= 0) m.capacity_factor = sizes.capacity_factor;
   if (sizes.dense_layers >= 0) config.moe_dense_layers = sizes.dense_layers;
+}
+
+// A Hugging Face checkpoint's model with the job's --moe-* flags: the structure (experts, top-k,
+// widths, routing) is the file's, which a flag given must equal; the training options (the
+// auxiliary loss, the bias balancing, the capacity) are the job's.
+void apply_checkpoint_moe_sizes(const MoESizes& sizes, const hf::ConfigJson& json,
+                                LlamaConfig& config) {
+  if (sizes.first_given().empty()) return;
+  LOOM_CHECK(config.moe.has_value(),
+             "{}: {} describes a dense Llama (model_type \"llama\"); a mixture of experts comes "
+             "from a Mixtral checkpoint's config.json, or from a preset without --init-from",
+             sizes.first_given(), json.where());
+  nn::MoEOptions& m = *config.moe;
+  const auto agree = [&](bool same, std::string_view flag, std::string_view key, auto file) {
+    LOOM_CHECK(same,
+               "{}: contradicts the checkpoint: {} has {} = {}; drop the flag (the checkpoint's "
+               "routing is used)",
+               flag, json.where(), key, file);
+  };
+  agree(sizes.experts == 0 || sizes.experts == m.num_experts, "--moe-experts", "num_local_experts",
+        m.num_experts);
+  agree(sizes.top_k == 0 || sizes.top_k == m.top_k, "--moe-top-k", "num_experts_per_tok", m.top_k);
+  agree(sizes.hidden_dim == 0 || sizes.hidden_dim == m.hidden_dim, "--moe-hidden-dim",
+        "intermediate_size", m.hidden_dim);
+  agree(sizes.shared_experts <= 0, "--moe-shared-experts", "shared experts (Mixtral's)", 0);
+  agree(sizes.score_func.empty() || sizes.score_func == m.score_func, "--moe-score-func",
+        "scores (Mixtral's)", m.score_func);
+  agree(sizes.route_norm < 0 || (sizes.route_norm == 1) == m.route_norm, "--moe-route-norm",
+        "normalized top-k weights (Mixtral's)", m.route_norm ? 1 : 0);
+  agree(sizes.dense_layers <= 0, "--moe-dense-layers", "dense layers (Mixtral's)", 0);
+  if (sizes.aux_loss_coeff >= 0) m.aux_loss_coeff = sizes.aux_loss_coeff;
+  if (sizes.bias_update_rate >= 0) m.bias_update_rate = sizes.bias_update_rate;
+  if (sizes.capacity_factor >= 0) m.capacity_factor = sizes.capacity_factor;
 }
 
 class LlamaArgs : public ModelArgs {
@@ -161,8 +195,9 @@ class LlamaArgs : public ModelArgs {
     return llama_pipeline_spec(config_, seed, plan);
   }
   std::unique_ptr<hf::StateDictAdapter> hf_adapter() const override {
-    // No Hugging Face MoE or MLA layout is read or written yet.
-    if (config_.moe || config_.mla) return nullptr;
+    // LlamaForCausalLM's layout, or MixtralForCausalLM's; DeepSeek-V3's (latent attention,
+    // sigmoid routing, shared experts) is not read or written yet.
+    if (!hf_format_gap(config_).empty()) return nullptr;
     return llama_hf_adapter(config_);
   }
   std::string layout_dependence() const override {
@@ -184,11 +219,9 @@ class LlamaArgs : public ModelArgs {
   }
   std::string no_hf_format() const override {
     return fmt::format(
-        "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has)",
-        config_.moe ? (num_experts() > 0 ? "a mixture of experts (--moe-experts)"
-                                         : "mixture-of-experts settings (--moe-experts; every "
-                                           "layer dense by --moe-dense-layers)")
-                    : "multi-head latent attention");
+        "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has "
+        "LlamaForCausalLM's, a mixture of experts routed as Mixtral's MixtralForCausalLM's)",
+        hf_format_gap(config_));
   }
   std::vector<PlannedParameter> planned_parameters(
       const pipeline::StageRange& range) const override {
@@ -274,16 +307,15 @@ class LlamaFamily : public ModelFamily {
     config.validate();
     return std::make_unique<LlamaArgs>(config);
   }
-  std::string hf_model_type() const override { return kLlamaModelType; }
+  std::vector<std::string> hf_model_types() const override {
+    return {kLlamaModelType, kMixtralModelType};
+  }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     LlamaConfig config = llama_config_from_hf(json);
     // The job's, as GPT's pdrops: a training option (the file's attention_dropout is not read).
     config.attention_dropout = dropout_probability(sizes.attn_dropout, "--attn-dropout");
-    LOOM_CHECK(sizes.moe.first_given().empty(),
-               "{}: {} describes a dense Llama; the MoE settings of a Hugging Face checkpoint "
-               "come from its config.json (not read yet)",
-               sizes.moe.first_given(), json.where());
+    apply_checkpoint_moe_sizes(sizes.moe, json, config);
     check_sizes_agree(
         json, {{sizes.n_layer, "--n-layer", "num_hidden_layers", config.n_layers},
                {sizes.n_head, "--n-head", "num_attention_heads", config.n_heads},

@@ -17,11 +17,11 @@ constexpr std::string_view kEmbeddings = "model.embed_tokens.weight";
 // Loom's parameter name -> HF's.
 std::string hf_name(const std::string& name) {
   static const std::vector<std::pair<std::string, std::string>> kParts = {
-      {"attention.wq", "self_attn.q_proj"},    {"attention.wk", "self_attn.k_proj"},
-      {"attention.wv", "self_attn.v_proj"},    {"attention.wo", "self_attn.o_proj"},
-      {"feed_forward.w1", "mlp.gate_proj"},    {"feed_forward.w3", "mlp.up_proj"},
-      {"feed_forward.w2", "mlp.down_proj"},    {"attention_norm", "input_layernorm"},
-      {"ffn_norm", "post_attention_layernorm"}};
+      {"attention.wq", "self_attn.q_proj"},     {"attention.wk", "self_attn.k_proj"},
+      {"attention.wv", "self_attn.v_proj"},     {"attention.wo", "self_attn.o_proj"},
+      {"feed_forward.w1", "mlp.gate_proj"},     {"feed_forward.w3", "mlp.up_proj"},
+      {"feed_forward.w2", "mlp.down_proj"},     {"attention_norm", "input_layernorm"},
+      {"ffn_norm", "post_attention_layernorm"}, {"moe.gate", "block_sparse_moe.gate"}};
   if (name == "tok_embeddings.weight") return "model.embed_tokens.weight";
   if (name == "norm.weight") return "model.norm.weight";
   if (name == "output.weight") return "lm_head.weight";
@@ -45,12 +45,32 @@ std::vector<int64_t> unpermute_rotary(int64_t heads, int64_t head_dim) {
   return source;
 }
 
+// Mixtral's name of expert e's weight of a MoE layer's (experts, ., .) tensor, or empty when
+// `name` is no such tensor: layers.{i}.moe.experts.w1 -> model.layers.{i}.block_sparse_moe.
+// experts.{e}.w1.weight (w1 gate, w3 up, w2 down: Loom's and Mixtral's names agree).
+std::string mixtral_expert_name(const std::string& name, int64_t e) {
+  constexpr std::string_view kExperts = ".moe.experts.";
+  const auto at = name.find(kExperts);
+  if (at == std::string::npos) return "";
+  const std::string weight = name.substr(at + kExperts.size());
+  return fmt::format("model.{}.block_sparse_moe.experts.{}.{}.weight", name.substr(0, at), e,
+                     weight);
+}
+
 class LlamaAdapter : public hf::StateDictAdapter {
  public:
   explicit LlamaAdapter(const LlamaConfig& config) : config_(config) {}
 
   std::vector<std::string> hf_names(const std::string& name) const override {
     return {hf_name(name)};
+  }
+  std::vector<std::string> stacked_names(const std::string& name) const override {
+    if (!config_.moe || mixtral_expert_name(name, 0).empty()) return {};
+    std::vector<std::string> out;
+    for (int64_t e = 0; e < config_.moe->num_experts; ++e) {
+      out.push_back(mixtral_expert_name(name, e));
+    }
+    return out;
   }
   std::optional<FileLayout> file_layout(const std::string& name) const override {
     if (const int64_t heads = rotary_heads(name)) {
@@ -81,7 +101,7 @@ class LlamaAdapter : public hf::StateDictAdapter {
     nlohmann::json json{{"architectures", {"LlamaForCausalLM"}},
                         {"model_type", kLlamaModelType},
                         {"hidden_size", c.dim},
-                        {"intermediate_size", c.ffn_hidden_dim()},
+                        {"intermediate_size", c.moe ? c.moe->hidden_dim : c.ffn_hidden_dim()},
                         {"num_hidden_layers", c.n_layers},
                         {"num_attention_heads", c.n_heads},
                         {"num_key_value_heads", c.n_kv_heads},
@@ -96,6 +116,22 @@ class LlamaAdapter : public hf::StateDictAdapter {
                         {"tie_word_embeddings", c.tie_word_embeddings},
                         // As trained (not read back: a Loom job's --attn-dropout decides).
                         {"attention_dropout", c.attention_dropout}};
+    if (c.moe) {
+      // MixtralConfig's keys. Its balancing loss is coef * E * sum_e (top_k f_e) P_e with f_e
+      // counted per slot (transformers' load_balancing_loss_func), Loom's coeff * E * sum_e f_e
+      // P_e: the same loss at coef = coeff / top_k.
+      const nn::MoEOptions& m = *c.moe;
+      json["architectures"] = {"MixtralForCausalLM"};
+      json["model_type"] = kMixtralModelType;
+      json["num_local_experts"] = m.num_experts;
+      json["num_experts_per_tok"] = m.top_k;
+      json["router_aux_loss_coef"] = m.aux_loss_coeff / static_cast<double>(m.top_k);
+      json["output_router_logits"] = m.aux_loss_coeff > 0;
+      json["router_jitter_noise"] = 0.0;
+      json["sliding_window"] = nullptr;
+      json.erase("attention_bias");
+      json.erase("mlp_bias");
+    }
     if (c.rope_scaling) {
       const RopeScaling& s = *c.rope_scaling;
       json["rope_scaling"] = {
@@ -125,10 +161,42 @@ std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config
   return std::make_unique<LlamaAdapter>(config);
 }
 
+std::string hf_format_gap(const LlamaConfig& config) {
+  if (config.mla) return "multi-head latent attention";
+  if (!config.moe) return "";
+  const nn::MoEOptions& m = *config.moe;
+  // Mixtral's router: softmax over every expert, the top-k weights normalized, in every layer,
+  // no shared experts, no bias.
+  if (config.moe_dense_layers > 0) {
+    return fmt::format(
+        "dense feed-forwards in the first {} layers (--moe-dense-layers; Mixtral's "
+        "every layer is a mixture of experts)",
+        config.moe_dense_layers);
+  }
+  if (m.score_func != "softmax") {
+    return fmt::format("{} router scores (--moe-score-func; Mixtral's are softmax)", m.score_func);
+  }
+  if (!m.route_norm) {
+    return "top-k weights not normalized to sum 1 (--moe-route-norm 1 normalizes them, as "
+           "Mixtral does)";
+  }
+  if (m.route_scale != 1.0) return fmt::format("top-k weights scaled by {}", m.route_scale);
+  if (m.num_shared_experts > 0) {
+    return fmt::format("{} shared experts (--moe-shared-experts; Mixtral has none)",
+                       m.num_shared_experts);
+  }
+  if (m.bias_update_rate > 0) {
+    return "an expert bias that steers routing (--moe-bias-update-rate; Mixtral's router has "
+           "none)";
+  }
+  return "";
+}
+
 LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   const std::string type = json.string_or("model_type", kLlamaModelType);
-  json.refuse_unless(type == kLlamaModelType, "model_type",
-                     "not a Llama checkpoint (the Llama family reads model_type \"llama\")");
+  json.refuse_unless(type == kLlamaModelType || type == kMixtralModelType, "model_type",
+                     "not a Llama checkpoint (the Llama family reads model_type \"llama\" and "
+                     "\"mixtral\")");
   LlamaConfig config;
   config.dim = json.positive_int("hidden_size");
   config.n_layers = json.positive_int("num_hidden_layers");
@@ -156,6 +224,22 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   } else if (rope_type != "default") {
     rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",
                         "Loom implements the default RoPE and Llama 3's (\"llama3\")");
+  }
+  if (type == kMixtralModelType) {
+    // Every layer a mixture of experts of intermediate_size each; softmax routing, the top-k
+    // weights normalized (MixtralSparseMoeBlock). router_aux_loss_coef, output_router_logits
+    // and router_jitter_noise are training options, not read: a Loom job's --moe-* flags decide.
+    config.moe = nn::MoEOptions{.num_experts = json.positive_int("num_local_experts"),
+                                .top_k = json.positive_int("num_experts_per_tok"),
+                                .hidden_dim = config.ffn_dim,
+                                .score_func = "softmax",
+                                .route_norm = true};
+    config.moe_dense_layers = 0;
+    const int64_t window = json.positive_int_or("sliding_window", 0);
+    json.refuse_unless(window == 0 || window >= config.max_seq_len, "sliding_window",
+                       fmt::format("Loom's attention sees every earlier position; a window "
+                                   "shorter than max_position_embeddings = {} is not computed",
+                                   config.max_seq_len));
   }
   // What LlamaConfig can say that Loom's Llama does not compute.
   json.refuse_unless(!json.bool_or("attention_bias", false), "attention_bias",

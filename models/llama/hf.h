@@ -16,6 +16,15 @@
 // describe that Loom's Llama does not compute is refused by its key: attention_bias, mlp_bias, a
 // hidden_act other than silu, a head_dim other than hidden_size / num_attention_heads, attention
 // dropout, tied embeddings, other RoPE types, another model_type.
+//
+// Mixtral (MixtralForCausalLM, model_type "mixtral"): a Llama whose every feed-forward is a
+// mixture of experts (LlamaConfig::moe, moe_dense_layers 0). model.layers.{i}.block_sparse_moe.
+// gate.weight is Loom's layers.{i}.moe.gate.weight, and experts.{e}.{w1,w2,w3}.weight are
+// expert e's slices of layers.{i}.moe.experts.{w1,w2,w3} (one file tensor per expert:
+// StateDictAdapter::stacked_names, so a rank reads only the experts it holds). config.json adds
+// num_local_experts, num_experts_per_tok and intermediate_size (each expert's width); its
+// sliding_window must be null (or cover max_position_embeddings). Its router's training options
+// (router_aux_loss_coef, router_jitter_noise) are a job's to set, not read.
 #pragma once
 
 #include <memory>
@@ -32,8 +41,16 @@ namespace loom::models {
 
 std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config);
 
-// The Hugging Face config.json "model_type" of this family's checkpoints, read and written.
+// The Hugging Face config.json "model_type" of this family's checkpoints, read and written: a
+// dense Llama's, and a mixture of experts' (Mixtral's).
 inline constexpr const char* kLlamaModelType = "llama";
+inline constexpr const char* kMixtralModelType = "mixtral";
+
+// Why `config` has no Hugging Face checkpoint format ("multi-head latent attention"), or empty
+// when it has one: a dense Llama (LlamaForCausalLM), or a mixture of experts in every layer with
+// Mixtral's routing (MixtralForCausalLM: softmax scores, the top-k weights normalized and not
+// scaled, no shared experts, no expert bias).
+std::string hf_format_gap(const LlamaConfig& config);
 
 // The Llama a config.json describes (errors name the file and the key).
 LlamaConfig llama_config_from_hf(const hf::ConfigJson& json);

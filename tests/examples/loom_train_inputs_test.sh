@@ -239,11 +239,16 @@ expect_error 2 "loom_train --plan: --plan-dim-link-gbps: expected DIM=GBPS items
 expect_error 2 "loom_train --plan: --plan-peak-tflops 1e-06: below the rank's rate, 1 TFLOP/s" \
   --plan --plan-peak-tflops 0.000001 --plan-rank-tflops 1 --plan-link-gbps 1
 # A Llama with no layer left to route (every one kept dense) has no experts to split over ep; a
-# MoE Llama has no Hugging Face format (a dense one has), said as such.
+# MoE Llama routed otherwise than Mixtral has no Hugging Face format (a dense one has Llama's,
+# a Mixtral-routed one Mixtral's), said with what differs.
 expect_error 2 "--ep 2: the model (llama) has no mixture-of-experts layers to split (--moe-dense-layers keeps all 2 layers dense: give fewer)" \
   --plan --model llama-moe-tiny --n-layer 2 --moe-dense-layers 2 --ep 2 --dp-shard 2 --dp 0 --tp 1
-expect_error 2 "--save: a Llama with a mixture of experts (--moe-experts) has no Hugging Face checkpoint format in Loom yet" \
+expect_error 2 "--save: a Llama with dense feed-forwards in the first 1 layers (--moe-dense-layers; Mixtral's every layer is a mixture of experts) has no Hugging Face checkpoint format in Loom yet" \
   --plan --model llama-moe-tiny --save model.safetensors
+expect_error 2 "--save: a Llama with sigmoid router scores (--moe-score-func; Mixtral's are softmax) has no Hugging Face" \
+  --plan --model llama-moe-tiny --moe-dense-layers 0 --moe-score-func sigmoid --save model.safetensors
+expect_error 2 "--moe-route-norm: expected -1 (the preset's), 0 (off) or 1 (on), got '2'" \
+  --plan --model llama-moe-tiny --moe-route-norm 2
 echo "ok: flag values, plan-only flags, --search without --plan, all-dense MoE and MoE saves are named"
 # A flag given as a value is refused, where a run had written its plot to a file named
 # "--metrics-out=.dat".

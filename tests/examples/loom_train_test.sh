@@ -71,6 +71,19 @@ if "$train" --dp 1 --tp 1 --model llama-moe-tiny --moe-top-k 1 --steps 3 --check
 fi
 grep -q "was saved from another model config: moe" moe_other.log ||
   { echo "the MoE mismatch is not named"; cat moe_other.log; exit 1; }
+# A Mixtral-routed mixture of experts (every layer, top-2 weights normalized) saves as
+# MixtralForCausalLM from expert-parallel ranks, and seeds 1 rank and tp2 alike.
+mkdir -p mixtral_hf
+run mixtral_ep 0 1 2 --model llama-moe-tiny --moe-dense-layers 0 --moe-route-norm 1 --dp-shard 2 \
+  --ep 2 --save mixtral_hf/model.safetensors
+grep -q '"model_type": "mixtral"' mixtral_hf/config.json ||
+  { echo "no Mixtral config.json"; cat mixtral_hf/config.json; exit 1; }
+run mixtral_seeded 1 1 1 --init-from mixtral_hf
+run mixtral_seeded_tp 1 2 1 --init-from mixtral_hf
+paste <(sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' mixtral_seeded.jsonl) \
+  <(sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' mixtral_seeded_tp.jsonl) | awk '
+  { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "Mixtral seeded: 1 rank " $1 " vs tp2 " $2; bad = 1 } }
+  END { if (NR != 1) { print "Mixtral seeded: " NR " steps"; bad = 1 }; exit bad }'
 # A step whose gradient is not finite (a learning rate that blows the weights up) stops the job by
 # name before its update, on every rank alike: no NaN parameter, no NaN checkpoint.
 status=0
