@@ -146,14 +146,14 @@ LatentAttention::LatentAttention(const LlamaConfig& config, uint64_t seed,
   };
   if (m.q_lora_rank > 0) {
     wq_a = register_module("wq_a", linear(config.dim, m.q_lora_rank, seed));
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(m.q_lora_rank, config.norm_eps));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(m.q_lora_rank, kLatentNormEps));
     wq_b = register_module("wq_b", linear(m.q_lora_rank, config.n_heads * qk, seed + 1));
   } else {
     wq = register_module("wq", linear(config.dim, config.n_heads * qk, seed + 1));
   }
   wkv_a =
       register_module("wkv_a", linear(config.dim, m.kv_lora_rank + m.qk_rope_head_dim, seed + 2));
-  kv_norm = register_module("kv_norm", std::make_shared<RMSNorm>(m.kv_lora_rank, config.norm_eps));
+  kv_norm = register_module("kv_norm", std::make_shared<RMSNorm>(m.kv_lora_rank, kLatentNormEps));
   wkv_b = register_module(
       "wkv_b",
       linear(m.kv_lora_rank, config.n_heads * (m.qk_nope_head_dim + m.v_head_dim), seed + 3));

@@ -89,8 +89,11 @@ class LlamaAttention : public nn::Module {
 // wq_b), keys and values from the latent wkv_a -> kv_norm -> wkv_b, each head's query and key
 // [nope part, RoPE part] with the key's RoPE part (from wkv_a) shared by every head, softmax scale
 // 1 / sqrt(nope + rope), values of v_head_dim, then wo. Computes on -1 heads (a tp rank's).
+// q_norm and kv_norm divide by sqrt(mean square + 1e-6) whatever the model's norm_eps, as
+// DeepSeek's reference and transformers' DeepseekV3Attention do (their RMSNorm's default).
 class LatentAttention : public nn::Module {
  public:
+  static constexpr double kLatentNormEps = 1e-6;
   LatentAttention(const LlamaConfig& config, uint64_t seed, std::shared_ptr<const RopeTables> rope);
   Tensor forward(const Tensor& x) override;  // (B, T, dim) -> (B, T, dim)
   // How the key's rotary part, computed whole on every rank, reaches this rank's heads: as is,

@@ -120,9 +120,11 @@ Routing MoE::route(const Tensor& scores) const {
   // Chosen where the scores are (ops::top_k_indices, in route_top_k's order: f32 keys, ties to
   // the lower expert): on a GPU only the (tokens, k) choices come to the host, not the (tokens,
   // E) scores, nor a host top-k over all of them. A NaN key is named; softmax and sigmoid scores
-  // and the bias's finite steps give no infinite key (one would order as a number).
+  // and the bias's finite steps give no infinite key (one would order as a number). The bias
+  // chooses whenever the model has one (moved by this run, an earlier one, or loaded: DeepSeek-V3's
+  // e_score_correction_bias), not only while bias_update_rate moves it: it is part of the model.
   NoGradGuard no_grad;
-  const Tensor keys = options_.bias_update_rate > 0 ? ops::add(scores, expert_bias_) : scores;
+  const Tensor keys = ops::add(scores, expert_bias_);
   const std::vector<double> picked = ops::to_vector(ops::top_k_indices(keys, k));
   std::vector<int64_t> choice(picked.size());
   for (size_t i = 0; i < picked.size(); ++i) {

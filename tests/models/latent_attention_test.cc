@@ -95,10 +95,11 @@ void check_against_formula(bool q_lora) {
   const Tensor got = attention(x);
   const int64_t rows = kB * kT, h = c.n_heads, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const std::vector<double> xv = ops::to_vector(x);
-  std::vector<double> q = q_lora ? project(rms_norm(project(xv, rows, attention.wq_a->weight()),
-                                                    rows, attention.q_norm->weight(), c.norm_eps),
-                                           rows, attention.wq_b->weight())
-                                 : project(xv, rows, attention.wq->weight());
+  std::vector<double> q =
+      q_lora ? project(rms_norm(project(xv, rows, attention.wq_a->weight()), rows,
+                                attention.q_norm->weight(), LatentAttention::kLatentNormEps),
+                       rows, attention.wq_b->weight())
+             : project(xv, rows, attention.wq->weight());
   for (int64_t head = 0; head < h; ++head) {  // each head's rotary part, row stride h * qk
     rope(q, rows, kT, h * qk, head * qk + m.qk_nope_head_dim, m.qk_rope_head_dim, c.rope_theta);
   }
@@ -111,8 +112,8 @@ void check_against_formula(bool q_lora) {
       latent[r * m.kv_lora_rank + i] = kv_a[r * a_width + i];
   }
   const std::vector<double> kv =
-      project(rms_norm(latent, rows, attention.kv_norm->weight(), c.norm_eps), rows,
-              attention.wkv_b->weight());
+      project(rms_norm(latent, rows, attention.kv_norm->weight(), LatentAttention::kLatentNormEps),
+              rows, attention.wkv_b->weight());
   const int64_t kv_width = m.qk_nope_head_dim + m.v_head_dim;
   std::vector<double> y(rows * h * m.v_head_dim, 0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(qk));

@@ -75,7 +75,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   CLI::App app{
-      "A job's distributed checkpoint as Hugging Face safetensors (GPT-2, Llama: the family "
+      "A job's distributed checkpoint as Hugging Face safetensors (GPT-2, Llama, Mixtral: the "
+      "family "
       "the checkpoint recorded)"};
   std::string input, output;
   app.add_option("checkpoint", input, "a step directory, or a checkpoint directory (its latest)")
