@@ -37,7 +37,7 @@ class HFFiles {
   // Every rank checks the format first, before any collective: all fail alike, none waits.
   void check_format() const { adapter(); }
   void save(const nn::Module& whole, const std::string& path, bool write) const {
-    const auto parameters = models::hf::whole_parameters(whole, write);  // collective
+    const auto parameters = models::hf::whole_parameters(whole, adapter(), write);  // collective
     if (write) models::hf::save(parameters, adapter(), path);
   }
 

@@ -38,13 +38,6 @@ Trainer::Trainer(ParallelModel& model, std::shared_ptr<const DeviceMesh> mesh,
   no_decay_ = std::make_unique<optim::AdamW>(no_decay, adamw(0.0));
 }
 
-namespace {
-
-// A MoE's routing bias in a checkpoint.
-std::string expert_bias_key(const std::string& module) { return "moe/" + module + "/expert_bias"; }
-
-}  // namespace
-
 int64_t Trainer::reduce_over_replica_ranks(int64_t value, comm::ReduceOp op) const {
   if (!options_.replica_ranks || options_.replica_ranks->size() == 1) return value;
   const Tensor t = ops::from_vector_i64({value}, {1}, options_.replica_ranks->device());
@@ -286,6 +279,10 @@ checkpoint::Metadata Trainer::load_checkpoint(const std::string& directory,
   for (const auto& apply : after_load) apply();
   next_step_ = static_cast<int>(saved_step(metadata, directory));
   return metadata;
+}
+
+std::string Trainer::expert_bias_key(const std::string& module) {
+  return "moe/" + module + "/expert_bias";
 }
 
 std::string Trainer::dropout_state_key(const std::string& module) {

@@ -119,6 +119,8 @@ class Trainer {
   checkpoint::Metadata load_checkpoint(const std::string& directory, comm::ProcessGroup& world);
   // A dropout module's state in a checkpoint: "rng/<module>/calls", its masks drawn so far.
   static std::string dropout_state_key(const std::string& module);
+  // A MoE's routing bias in a checkpoint: "moe/<module>/expert_bias".
+  static std::string expert_bias_key(const std::string& module);
   // The steps done that a checkpoint's metadata records (extra["trainer"]["step"]), checked
   // against the step the save was made as (metadata.step, its folder's name): throws naming
   // `directory` when it is missing or differs (the metadata was edited).

@@ -136,8 +136,9 @@ hf::LoadStats load_gpt2_hf(GPTStage& model, const std::string& path) {
 }
 
 void save_gpt2_hf(const GPT& model, const std::string& path, bool write) {
-  const auto parameters = hf::whole_parameters(model, write);  // collective
-  if (write) hf::save(parameters, *gpt2_hf_adapter(model.config()), path);
+  const auto adapter = gpt2_hf_adapter(model.config());
+  const auto parameters = hf::whole_parameters(model, *adapter, write);  // collective
+  if (write) hf::save(parameters, *adapter, path);
 }
 
 GPTConfig gpt2_config_from_hf(const hf::ConfigJson& json) {

@@ -139,6 +139,19 @@ void fail_on(const std::vector<std::string>& problems, const std::string& who,
   LOOM_FAIL("{}", message);
 }
 
+// What a load fills of `module`: its parameters, then the buffers the file holds
+// (StateDictAdapter::loads_buffer).
+std::vector<std::pair<std::string, Tensor>> loaded_tensors(const nn::Module& module,
+                                                           const StateDictAdapter& adapter) {
+  std::vector<std::pair<std::string, Tensor>> out = module.named_parameters();
+  std::set<std::string> parameters;
+  for (const auto& [name, p] : out) parameters.insert(name);
+  for (const auto& [name, t] : module.state_dict()) {
+    if (!parameters.count(name) && adapter.loads_buffer(name)) out.emplace_back(name, t);
+  }
+  return out;
+}
+
 // A parameter stored as one tensor per index of its dim 0 (StateDictAdapter::stacked_names):
 // each of them present, of the parameter's shape without dim 0 and of its kind.
 void match_stacked(const std::string& name, const Tensor& p, const std::vector<std::string>& parts,
@@ -223,8 +236,14 @@ std::map<std::string, std::string> match(const nn::Module& module, const StateDi
     taken.insert(present.begin(), present.end());
   }
 
-  // This module's parameters: present, of the right shape and kind.
-  const auto params = module.named_parameters();
+  // The buffers it loads: their file names, present or not (is_buffer's tensors).
+  const auto params = loaded_tensors(module, adapter);
+  for (const auto& [name, p] : params) {
+    if (!adapter.loads_buffer(name)) continue;
+    const std::string hf = adapter.hf_names(name).at(0);
+    if (file.count(hf)) file_name_of.emplace(name, hf);
+  }
+  // This module's parameters and loaded buffers: present, of the right shape and kind.
   for (const auto& [name, p] : params) {
     const std::vector<std::string> parts = adapter.stacked_names(name);
     if (!parts.empty()) {
@@ -284,7 +303,7 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   // The headers first (names, shapes, where each tensor's bytes are): every check of names and
   // shapes before any value is read.
   const SafetensorsFile headers = read_checkpoint(path, /*values=*/false, nullptr);
-  const auto params = module.named_parameters();
+  const auto params = loaded_tensors(module, adapter);
   const std::map<std::string, std::string> file_name_of =
       match(module, adapter, headers.tensors, path, model_names, who);
 
@@ -370,11 +389,13 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   return stats;
 }
 
-std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module, bool keep) {
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
+                                                             const StateDictAdapter& adapter,
+                                                             bool keep) {
   NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> out;
   // Every rank runs the same full_tensor collectives, in named_parameters order.
-  for (const auto& [name, p] : module.named_parameters()) {
+  for (const auto& [name, p] : loaded_tensors(module, adapter)) {
     const Tensor full = is_dtensor(p) ? full_tensor(p) : p;
     if (keep) out.emplace_back(name, ops::contiguous(ops::to(full, Device::cpu())));
   }

@@ -70,11 +70,13 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
 void check(const nn::Module& module, const StateDictAdapter& adapter, const std::string& path,
            const std::vector<std::string>& model_names, const std::string& who);
 
-// Whole copies of `module`'s parameters on the CPU, in named_parameters order. Collective:
+// Whole copies of `module`'s parameters on the CPU, in named_parameters order, then of the
+// buffers `adapter` saves (StateDictAdapter::loads_buffer). Collective:
 // DTensor parameters are gathered (full_tensor), so every rank of their meshes calls it. Only a
 // rank that `keep`s them (the one that writes the file) holds them all; the others drop each
 // gathered parameter at once and get an empty list, holding at most one whole parameter.
 std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
+                                                             const StateDictAdapter& adapter,
                                                              bool keep = true);
 
 // Throws loom::Error naming `what` (the flag or tool) when `path` is not a file save() can write:

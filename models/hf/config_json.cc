@@ -46,6 +46,15 @@ int64_t ConfigJson::positive_int(std::string_view key) const {
   return positive_int_or(key, 0);
 }
 
+int64_t ConfigJson::non_negative_int_or(std::string_view key, int64_t fallback) const {
+  const nlohmann::json* value = find(key);
+  if (value == nullptr) return fallback;
+  if (!value->is_number_integer() || value->get<int64_t>() < 0) {
+    wrong_type(key, "a non-negative integer");
+  }
+  return value->get<int64_t>();
+}
+
 int64_t ConfigJson::positive_int_or(std::string_view key, int64_t fallback) const {
   const nlohmann::json* value = find(key);
   if (value == nullptr) return fallback;

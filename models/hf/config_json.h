@@ -35,6 +35,7 @@ class ConfigJson {
   double number(std::string_view key) const;
   // Optional values: `fallback` when absent (or null); of another type, an error.
   int64_t positive_int_or(std::string_view key, int64_t fallback) const;
+  int64_t non_negative_int_or(std::string_view key, int64_t fallback) const;
   double number_or(std::string_view key, double fallback) const;
   bool bool_or(std::string_view key, bool fallback) const;
   std::string string_or(std::string_view key, const std::string& fallback) const;

@@ -57,8 +57,16 @@ class StateDictAdapter {
   // Default: by file_layout (the identity without one).
   virtual Tensor from_hf(const std::string& name, const Tensor& hf) const;
   virtual Tensor to_hf(const std::string& name, const Tensor& loom) const;
+  // A buffer of Loom's model that the file holds (DeepSeek-V3's e_score_correction_bias: a MoE's
+  // expert_bias), named by hf_names: loaded and saved as the parameters are (every rank holds it
+  // whole). Its file tensors must also be is_buffer's, so a pipeline stage skips other stages'.
+  virtual bool loads_buffer(const std::string& name) const {
+    (void)name;
+    return false;
+  }
   // Tensors a file may hold that are no parameter and are skipped (GPT-2's attention masks,
-  // older Llama files' rotary inv_freq): anything else no parameter takes is refused.
+  // older Llama files' rotary inv_freq) unless a loaded buffer takes them: anything else no
+  // parameter takes is refused.
   virtual bool is_buffer(const std::string& hf_name) const {
     (void)hf_name;
     return false;

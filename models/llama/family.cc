@@ -76,26 +76,29 @@ void apply_checkpoint_moe_sizes(const MoESizes& sizes, const hf::ConfigJson& jso
   if (sizes.first_given().empty()) return;
   LOOM_CHECK(config.moe.has_value(),
              "{}: {} describes a dense Llama (model_type \"llama\"); a mixture of experts comes "
-             "from a Mixtral checkpoint's config.json, or from a preset without --init-from",
+             "from a Mixtral or DeepSeek-V3 checkpoint's config.json, or from a preset without "
+             "--init-from",
              sizes.first_given(), json.where());
   nn::MoEOptions& m = *config.moe;
-  const auto agree = [&](bool same, std::string_view flag, std::string_view key, auto file) {
+  const auto agree = [&](bool same, std::string_view flag, std::string_view what, auto file) {
     LOOM_CHECK(same,
-               "{}: contradicts the checkpoint: {} has {} = {}; drop the flag (the checkpoint's "
-               "routing is used)",
-               flag, json.where(), key, file);
+               "{}: contradicts the checkpoint: {} describes {} {}; drop the flag (the "
+               "checkpoint's routing is used)",
+               flag, json.where(), what, file);
   };
-  agree(sizes.experts == 0 || sizes.experts == m.num_experts, "--moe-experts", "num_local_experts",
-        m.num_experts);
-  agree(sizes.top_k == 0 || sizes.top_k == m.top_k, "--moe-top-k", "num_experts_per_tok", m.top_k);
+  agree(sizes.experts == 0 || sizes.experts == m.num_experts, "--moe-experts",
+        "routed experts:", m.num_experts);
+  agree(sizes.top_k == 0 || sizes.top_k == m.top_k, "--moe-top-k", "experts per token:", m.top_k);
   agree(sizes.hidden_dim == 0 || sizes.hidden_dim == m.hidden_dim, "--moe-hidden-dim",
-        "intermediate_size", m.hidden_dim);
-  agree(sizes.shared_experts <= 0, "--moe-shared-experts", "shared experts (Mixtral's)", 0);
+        "experts of width", m.hidden_dim);
+  agree(sizes.shared_experts < 0 || sizes.shared_experts == m.num_shared_experts,
+        "--moe-shared-experts", "shared experts:", m.num_shared_experts);
   agree(sizes.score_func.empty() || sizes.score_func == m.score_func, "--moe-score-func",
-        "scores (Mixtral's)", m.score_func);
+        "router scores by", m.score_func);
   agree(sizes.route_norm < 0 || (sizes.route_norm == 1) == m.route_norm, "--moe-route-norm",
-        "normalized top-k weights (Mixtral's)", m.route_norm ? 1 : 0);
-  agree(sizes.dense_layers <= 0, "--moe-dense-layers", "dense layers (Mixtral's)", 0);
+        "top-k weights normalized:", m.route_norm ? 1 : 0);
+  agree(sizes.dense_layers < 0 || sizes.dense_layers == config.moe_dense_layers,
+        "--moe-dense-layers", "dense layers first:", config.moe_dense_layers);
   if (sizes.aux_loss_coeff >= 0) m.aux_loss_coeff = sizes.aux_loss_coeff;
   if (sizes.bias_update_rate >= 0) m.bias_update_rate = sizes.bias_update_rate;
   if (sizes.capacity_factor >= 0) m.capacity_factor = sizes.capacity_factor;
@@ -195,8 +198,7 @@ class LlamaArgs : public ModelArgs {
     return llama_pipeline_spec(config_, seed, plan);
   }
   std::unique_ptr<hf::StateDictAdapter> hf_adapter() const override {
-    // LlamaForCausalLM's layout, or MixtralForCausalLM's; DeepSeek-V3's (latent attention,
-    // sigmoid routing, shared experts) is not read or written yet.
+    // LlamaForCausalLM's layout, MixtralForCausalLM's or DeepseekV3ForCausalLM's.
     if (!hf_format_gap(config_).empty()) return nullptr;
     return llama_hf_adapter(config_);
   }
@@ -220,7 +222,8 @@ class LlamaArgs : public ModelArgs {
   std::string no_hf_format() const override {
     return fmt::format(
         "a Llama with {} has no Hugging Face checkpoint format in Loom yet (a dense Llama has "
-        "LlamaForCausalLM's, a mixture of experts routed as Mixtral's MixtralForCausalLM's)",
+        "LlamaForCausalLM's, a mixture of experts routed as Mixtral's MixtralForCausalLM's, "
+        "latent attention with sigmoid-routed and shared experts DeepseekV3ForCausalLM's)",
         hf_format_gap(config_));
   }
   std::vector<PlannedParameter> planned_parameters(
@@ -308,7 +311,7 @@ class LlamaFamily : public ModelFamily {
     return std::make_unique<LlamaArgs>(config);
   }
   std::vector<std::string> hf_model_types() const override {
-    return {kLlamaModelType, kMixtralModelType};
+    return {kLlamaModelType, kMixtralModelType, kDeepSeekV3ModelType};
   }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {

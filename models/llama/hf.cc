@@ -4,6 +4,8 @@
 
 #include "base/error.h"
 #include "models/hf/checkpoint.h"
+#include "models/llama/deepseek_v3_hf.h"
+#include "models/llama/hf_config_parts.h"
 #include "models/llama/pipeline.h"
 #include "tensor/ops.h"
 
@@ -109,7 +111,6 @@ class LlamaAdapter : public hf::StateDictAdapter {
                         {"vocab_size", c.vocab_size},
                         {"max_position_embeddings", c.max_seq_len},
                         {"rms_norm_eps", c.norm_eps},
-                        {"rope_theta", c.rope_theta},
                         {"hidden_act", "silu"},
                         {"attention_bias", false},
                         {"mlp_bias", false},
@@ -132,15 +133,7 @@ class LlamaAdapter : public hf::StateDictAdapter {
       json.erase("attention_bias");
       json.erase("mlp_bias");
     }
-    if (c.rope_scaling) {
-      const RopeScaling& s = *c.rope_scaling;
-      json["rope_scaling"] = {
-          {"rope_type", "llama3"},
-          {"factor", s.factor},
-          {"low_freq_factor", s.low_freq_factor},
-          {"high_freq_factor", s.high_freq_factor},
-          {"original_max_position_embeddings", s.original_max_position_embeddings}};
-    }
+    write_hf_rope(c, json);
     return json;
   }
 
@@ -158,11 +151,12 @@ class LlamaAdapter : public hf::StateDictAdapter {
 }  // namespace
 
 std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config) {
+  if (config.mla) return deepseek_v3_hf_adapter(config);
   return std::make_unique<LlamaAdapter>(config);
 }
 
 std::string hf_format_gap(const LlamaConfig& config) {
-  if (config.mla) return "multi-head latent attention";
+  if (config.mla) return deepseek_v3_format_gap(config);
   if (!config.moe) return "";
   const nn::MoEOptions& m = *config.moe;
   // Mixtral's router: softmax over every expert, the top-k weights normalized, in every layer,
@@ -194,9 +188,12 @@ std::string hf_format_gap(const LlamaConfig& config) {
 
 LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   const std::string type = json.string_or("model_type", kLlamaModelType);
-  json.refuse_unless(type == kLlamaModelType || type == kMixtralModelType, "model_type",
-                     "not a Llama checkpoint (the Llama family reads model_type \"llama\" and "
-                     "\"mixtral\")");
+  json.refuse_unless(
+      type == kLlamaModelType || type == kMixtralModelType || type == kDeepSeekV3ModelType,
+      "model_type",
+      "not a Llama checkpoint (the Llama family reads model_type \"llama\", "
+      "\"mixtral\" and \"deepseek_v3\")");
+  if (type == kDeepSeekV3ModelType) return deepseek_v3_config_from_hf(json);
   LlamaConfig config;
   config.dim = json.positive_int("hidden_size");
   config.n_layers = json.positive_int("num_hidden_layers");
@@ -208,23 +205,7 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   config.max_seq_len = json.positive_int("max_position_embeddings");
   config.ffn_dim = json.positive_int("intermediate_size");
   config.ffn_dim_multiplier = std::nullopt;
-  // RoPE: transformers 5 writes "rope_parameters" (rope_theta inside); 4 wrote "rope_theta" and
-  // "rope_scaling".
-  std::optional<hf::ConfigJson> rope = json.object_or_none("rope_parameters");
-  if (!rope) rope = json.object_or_none("rope_scaling");
-  config.rope_theta = rope && rope->has("rope_theta") ? rope->number("rope_theta")
-                                                      : json.number_or("rope_theta", 10000.0);
-  config.rope_scaling = std::nullopt;
-  const std::string rope_type =
-      rope ? rope->string_or("rope_type", rope->string_or("type", "default")) : "default";
-  if (rope_type == "llama3") {
-    config.rope_scaling = RopeScaling{rope->number("factor"), rope->number("low_freq_factor"),
-                                      rope->number("high_freq_factor"),
-                                      rope->positive_int("original_max_position_embeddings")};
-  } else if (rope_type != "default") {
-    rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",
-                        "Loom implements the default RoPE and Llama 3's (\"llama3\")");
-  }
+  read_hf_rope(json, config);
   if (type == kMixtralModelType) {
     // Every layer a mixture of experts of intermediate_size each; softmax routing, the top-k
     // weights normalized (MixtralSparseMoeBlock). router_aux_loss_coef, output_router_logits
@@ -270,11 +251,7 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   json.refuse_unless(
       config.head_dim() % 2 == 0, "hidden_size",
       fmt::format("its heads are {} wide, an odd number (RoPE rotates pairs)", config.head_dim()));
-  try {
-    config.validate();
-  } catch (const Error& e) {
-    json.fail(e.what());
-  }
+  validate_hf_config(json, config);
   return config;
 }
 
@@ -293,8 +270,9 @@ hf::LoadStats load_llama_hf(LlamaStage& model, const std::string& path) {
 }
 
 void save_llama_hf(const Llama& model, const std::string& path, bool write) {
-  const auto parameters = hf::whole_parameters(model, write);  // collective
-  if (write) hf::save(parameters, *llama_hf_adapter(model.config()), path);
+  const auto adapter = llama_hf_adapter(model.config());
+  const auto parameters = hf::whole_parameters(model, *adapter, write);  // collective
+  if (write) hf::save(parameters, *adapter, path);
 }
 
 }  // namespace loom::models

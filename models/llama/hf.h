@@ -35,6 +35,7 @@
 #include "models/hf/config_json.h"
 #include "models/hf/state_dict_adapter.h"
 #include "models/llama/config.h"
+#include "models/llama/deepseek_v3_hf.h"
 #include "models/llama/llama.h"
 
 namespace loom::models {
@@ -45,11 +46,13 @@ std::unique_ptr<hf::StateDictAdapter> llama_hf_adapter(const LlamaConfig& config
 // dense Llama's, and a mixture of experts' (Mixtral's).
 inline constexpr const char* kLlamaModelType = "llama";
 inline constexpr const char* kMixtralModelType = "mixtral";
+// And DeepSeek-V3's (models/llama/deepseek_v3_hf.h): kDeepSeekV3ModelType, "deepseek_v3".
 
-// Why `config` has no Hugging Face checkpoint format ("multi-head latent attention"), or empty
-// when it has one: a dense Llama (LlamaForCausalLM), or a mixture of experts in every layer with
+// Why `config` has no Hugging Face checkpoint format ("sigmoid router scores ..."), or empty
+// when it has one: a dense Llama (LlamaForCausalLM), a mixture of experts in every layer with
 // Mixtral's routing (MixtralForCausalLM: softmax scores, the top-k weights normalized and not
-// scaled, no shared experts, no expert bias).
+// scaled, no shared experts, no expert bias), or latent attention with sigmoid-routed and
+// shared experts (DeepseekV3ForCausalLM).
 std::string hf_format_gap(const LlamaConfig& config);
 
 // The Llama a config.json describes (errors name the file and the key).

@@ -53,6 +53,17 @@ pipeline::PipelineModelSpec llama_pipeline_spec(const LlamaConfig& config, uint6
     for (const auto& [name, p] : names_only.named_parameters()) names.push_back(name);
     return names;
   };
+  if (config.moe) {
+    // Each MoE layer's routing bias, which a Hugging Face save of the whole model writes
+    // (DeepSeek-V3's e_score_correction_bias).
+    spec.buffer_names = [config](const StageRange& range) {
+      std::vector<std::string> names;
+      for (int64_t i = range.first_block; i < range.end_block; ++i) {
+        if (config.is_moe_layer(i)) names.push_back(fmt::format("layers.{}.moe.expert_bias", i));
+      }
+      return names;
+    };
+  }
   if (config.tie_word_embeddings) {
     // The last stage's copy of tok_embeddings (for the head) follows the first stage's.
     const TiedCopyOf copy_of = [](const nn::Module& stage) {

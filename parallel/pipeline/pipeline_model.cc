@@ -202,14 +202,18 @@ void PipelineModel::gather_whole(nn::Module* whole) {
              spec_.name, root ? "" : "not", whole ? "a model" : "null");
   std::map<std::string, Tensor> destination;
   if (root) {
-    for (auto& [name, p] : whole->named_parameters()) destination.emplace(name, p);
+    for (auto& [name, t] : whole->state_dict()) destination.emplace(name, t);
   }
   // Which stage each name comes from: the earliest that holds it (every rank computes the same),
-  // in each stage's parameter order.
+  // in each stage's parameter order, then its buffers'.
   std::set<std::string> taken;
   std::vector<std::vector<std::string>> sent_by(schedule_.num_stages);
   for (int s = 0; s < schedule_.num_stages; ++s) {
-    for (const std::string& name : spec_.parameter_names(ranges_[s])) {
+    std::vector<std::string> names = spec_.parameter_names(ranges_[s]);
+    if (spec_.buffer_names) {
+      for (std::string& name : spec_.buffer_names(ranges_[s])) names.push_back(std::move(name));
+    }
+    for (const std::string& name : names) {
       if (taken.insert(name).second) sent_by[s].push_back(name);
     }
   }
@@ -219,9 +223,12 @@ void PipelineModel::gather_whole(nn::Module* whole) {
   size_t local = 0;
   for (int s = 0; s < schedule_.num_stages; ++s) {
     if (schedule_.rank_of_stage(s) == my_pp) {
-      const std::set<std::string> sent(sent_by[s].begin(), sent_by[s].end());
-      for (const auto& [name, p] : modules_[local]->named_parameters()) {
-        if (!sent.contains(name)) continue;
+      const nn::StateDict held = modules_[local]->state_dict();
+      for (const std::string& name : sent_by[s]) {
+        const auto found = held.find(name);
+        LOOM_CHECK(found != held.end(), "{}: stage {} does not hold '{}', which its spec names",
+                   spec_.name, s, name);
+        const Tensor& p = found->second;
         // Every tp (and dp_shard) rank joins the gather.
         const Tensor full = ops::contiguous(is_dtensor(p) ? full_tensor(p) : p);
         if (root) {

@@ -56,6 +56,9 @@ struct PipelineModelSpec {
   // The parameter names of a stage holding `range`, in its named_parameters() order, without
   // allocating its values (gather_whole() receives remote stages' parameters by name).
   std::function<std::vector<std::string>(const StageRange& range)> parameter_names;
+  // Optional: the buffers of a stage holding `range` that are part of the model (a mixture of
+  // experts' routing bias), which gather_whole() carries after the parameters; unset: none.
+  std::function<std::vector<std::string>(const StageRange& range)> buffer_names;
 
   // Optional, for parameters two stages share (a tied embedding and head):
   // after_step runs after every step's schedule (e.g. summing the copies' gradients between
@@ -122,9 +125,10 @@ class PipelineModel {
   // Whether this rank is the mesh's first (coordinate 0 on every dim): where gather_whole()
   // assembles the whole model.
   bool on_first_rank() const;
-  // Copies every stage's parameters (gathered over tp, sent over pp) into `whole` on the first
-  // rank; `whole` is null on every other rank, and every rank of the mesh calls it. A name that
-  // an earlier stage also holds (a tied copy) is taken from the earliest stage.
+  // Copies every stage's parameters (gathered over tp, sent over pp), then its buffer_names',
+  // into `whole` on the first rank; `whole` is null on every other rank, and every rank of the mesh
+  // calls it. A name that an earlier stage also holds (a tied copy) is taken from the earliest
+  // stage.
   void gather_whole(nn::Module* whole);
 
   // This rank's parameters with the whole model's names (its stages', in stage order).

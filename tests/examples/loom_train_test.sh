@@ -9,6 +9,8 @@
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
+deepseek_fixture="$(realpath "$3")"
+deepseek_fixture="${deepseek_fixture%.safetensors}"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 
 run() {  # run NAME DP TP STEPS [extra flags]
@@ -84,6 +86,16 @@ paste <(sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' mixtral_seeded.jsonl) \
   <(sed -e 's/.*"loss":\([-0-9.e+]*\).*/\1/' mixtral_seeded_tp.jsonl) | awk '
   { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4) { print "Mixtral seeded: 1 rank " $1 " vs tp2 " $2; bad = 1 } }
   END { if (NR != 1) { print "Mixtral seeded: " NR " steps"; bad = 1 }; exit bad }'
+# A DeepSeek-V3 checkpoint (transformers') trains on pp2 x tp2 with its routing bias moving, and
+# its save reads back on 1 rank: the bias travels with the stages.
+mkdir -p deepseek_in deepseek_out
+cp "$deepseek_fixture.safetensors" deepseek_in/model.safetensors
+cp "${deepseek_fixture}_config.json" deepseek_in/config.json
+run deepseek_piped 1 2 2 --init-from deepseek_in --pp 2 --moe-bias-update-rate 0.01 \
+  --save deepseek_out/model.safetensors
+grep -q '"model_type": "deepseek_v3"' deepseek_out/config.json ||
+  { echo "no DeepSeek-V3 config.json"; cat deepseek_out/config.json; exit 1; }
+run deepseek_seeded 1 1 1 --init-from deepseek_out
 # A step whose gradient is not finite (a learning rate that blows the weights up) stops the job by
 # name before its update, on every rank alike: no NaN parameter, no NaN checkpoint.
 status=0

@@ -23,7 +23,9 @@
 #include "models/family.h"
 #include "models/hf/checkpoint.h"
 #include "models/hf/token_settings.h"
+#include "nn/moe/moe.h"
 #include "train/checkpoint_fields.h"
+#include "train/trainer.h"
 
 namespace {
 
@@ -52,8 +54,14 @@ void consolidate(const std::string& input, const std::string& output,
   for (const auto& [name, p] : model->named_parameters()) {
     state.tensors.emplace_back("model/" + name, p);
   }
+  // The routing biases of a mixture of experts: part of the model (DeepSeek-V3's file holds them).
+  for (const auto& [name, module] : model->named_modules()) {
+    if (const auto* moe = dynamic_cast<const nn::MoE*>(module)) {
+      state.tensors.emplace_back(train::Trainer::expert_bias_key(name), moe->expert_bias());
+    }
+  }
   checkpoint::load(state, dir);
-  models::hf::save(models::hf::whole_parameters(*model), *adapter, output);
+  models::hf::save(models::hf::whole_parameters(*model, *adapter), *adapter, output);
   // The token ids and generation config the job kept from the checkpoint it started from.
   const auto hf = metadata.extra.find("hf");
   const bool generation = hf != metadata.extra.end() && hf->contains("generation_config");
