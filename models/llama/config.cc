@@ -70,8 +70,9 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
     // DeepSeek-V3's sizes (for `loom plan`): 61 layers of width 7168 (the first 3 dense, 18432
     // wide), multi-head latent attention (128 heads; q rank 1536, kv rank 512, 128 + 64 query
     // and key dims, 128 value dims), 256 routed experts of 2048 with top-8 and one shared, sigmoid
-    // scores normalized and scaled by 2.5, the bias-based balancing, a 129280 vocabulary; no
-    // multi-token-prediction module (DeepSeek's 671B leaves its 14B out too) and plain RoPE.
+    // scores normalized and scaled by 2.5 from the best 4 of 8 expert groups, the bias-based
+    // balancing, a 129280 vocabulary; no multi-token-prediction module (DeepSeek's 671B leaves
+    // its 14B out too) and plain RoPE.
     return LlamaConfig{.dim = 7168,
                        .n_layers = 61,
                        .n_heads = 128,
@@ -86,6 +87,8 @@ LlamaConfig LlamaConfig::preset(const std::string& name) {
                                              .hidden_dim = 2048,
                                              .num_shared_experts = 1,
                                              .score_func = "sigmoid",
+                                             .num_expert_groups = 8,
+                                             .num_limited_groups = 4,
                                              .route_norm = true,
                                              .route_scale = 2.5,
                                              .aux_loss_coeff = 1e-4,

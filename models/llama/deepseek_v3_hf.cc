@@ -109,8 +109,8 @@ class DeepSeekV3Adapter : public hf::StateDictAdapter {
         {"n_shared_experts", m.num_shared_experts},
         {"routed_scaling_factor", m.route_scale},
         {"norm_topk_prob", m.route_norm},
-        {"n_group", 1},
-        {"topk_group", 1},
+        {"n_group", m.num_expert_groups},
+        {"topk_group", m.limits_groups() ? m.num_limited_groups : m.num_expert_groups},
         {"first_k_dense_replace", c.moe_dense_layers},
         {"q_lora_rank", a.q_lora_rank > 0 ? nlohmann::json(a.q_lora_rank) : nlohmann::json()},
         {"kv_lora_rank", a.kv_lora_rank},
@@ -195,11 +195,10 @@ LlamaConfig deepseek_v3_config_from_hf(const hf::ConfigJson& json) {
                      "transformers' DeepSeek-V3 router scores by sigmoid, as Loom reads it");
   json.refuse_unless(json.positive_int_or("moe_layer_freq", 1) == 1, "moe_layer_freq",
                      "every layer from first_k_dense_replace on is a mixture of experts");
-  const int64_t groups = json.positive_int_or("n_group", 1);
-  json.refuse_unless(json.positive_int_or("topk_group", groups) == groups, "topk_group",
-                     fmt::format("group-limited routing (topk_group of n_group = {} expert "
-                                 "groups) is not computed by Loom: every expert is a candidate",
-                                 groups));
+  // Group-limited routing: each token's experts come from its topk_group best of n_group groups.
+  config.moe->num_expert_groups = json.positive_int_or("n_group", 1);
+  config.moe->num_limited_groups =
+      json.positive_int_or("topk_group", config.moe->num_expert_groups);
   json.refuse_unless(config.moe->num_shared_experts >= 1, "n_shared_experts",
                      "DeepSeek-V3's mixture of experts has shared experts");
   read_hf_rope(json, config);

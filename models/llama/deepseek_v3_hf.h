@@ -11,11 +11,12 @@
 // mlp.shared_experts.{gate,up,down}_proj <- moe.shared_experts.{w1,w3,w2}. RoPE: with
 // rope_interleave (DeepSeek's, the default) the file's rotary rows are Loom's pairs as they are.
 //
-// config.json: what Loom does not compute is refused by its key: group-limited routing (n_group
-// > 1 with topk_group < n_group), a rope_type other than default and llama3 (DeepSeek-V3's own
-// yarn included), rope_interleave false, attention_bias, scores other than sigmoid, a
-// moe_layer_freq other than 1. Its multi-token-prediction layers (num_nextn_predict_layers, as
-// model.layers.{num_hidden_layers}.*) are skipped, as transformers skips them.
+// config.json: n_group and topk_group are group-limited routing (MoEOptions::num_expert_groups,
+// num_limited_groups). What Loom does not compute is refused by its key: a rope_type other than
+// default and llama3 (DeepSeek-V3's own yarn included), rope_interleave false, attention_bias,
+// scores other than sigmoid, a moe_layer_freq other than 1. Its multi-token-prediction layers
+// (num_nextn_predict_layers, as model.layers.{num_hidden_layers}.*) are skipped, as transformers
+// skips them.
 #pragma once
 
 #include <memory>

@@ -13,17 +13,24 @@ namespace {
 
 // The recorded MoE settings, and back.
 nlohmann::json moe_fields(const nn::MoEOptions& m, int64_t dense_layers) {
-  return {{"num_experts", m.num_experts},
-          {"top_k", m.top_k},
-          {"hidden_dim", m.hidden_dim},
-          {"num_shared_experts", m.num_shared_experts},
-          {"score_func", m.score_func},
-          {"route_norm", m.route_norm},
-          {"route_scale", m.route_scale},
-          {"aux_loss_coeff", m.aux_loss_coeff},
-          {"bias_update_rate", m.bias_update_rate},
-          {"capacity_factor", m.capacity_factor},
-          {"dense_layers", dense_layers}};
+  nlohmann::json fields = {{"num_experts", m.num_experts},
+                           {"top_k", m.top_k},
+                           {"hidden_dim", m.hidden_dim},
+                           {"num_shared_experts", m.num_shared_experts},
+                           {"score_func", m.score_func},
+                           {"route_norm", m.route_norm},
+                           {"route_scale", m.route_scale},
+                           {"aux_loss_coeff", m.aux_loss_coeff},
+                           {"bias_update_rate", m.bias_update_rate},
+                           {"capacity_factor", m.capacity_factor},
+                           {"dense_layers", dense_layers}};
+  // Group-limited routing only where it limits: other models' fields stay as they were recorded
+  // before it existed, so their checkpoints resume.
+  if (m.limits_groups()) {
+    fields["num_expert_groups"] = m.num_expert_groups;
+    fields["num_limited_groups"] = m.num_limited_groups;
+  }
+  return fields;
 }
 
 void read_moe_fields(const nlohmann::json& f, const std::string& where, LlamaConfig& config) {
@@ -40,6 +47,11 @@ void read_moe_fields(const nlohmann::json& f, const std::string& where, LlamaCon
                               .aux_loss_coeff = number_field(f, "aux_loss_coeff", where),
                               .bias_update_rate = number_field(f, "bias_update_rate", where),
                               .capacity_factor = number_field(f, "capacity_factor", where)};
+  // Recorded since routing could be group-limited; earlier checkpoints' is not.
+  if (f.contains("num_expert_groups")) {
+    config.moe->num_expert_groups = int_field(f, "num_expert_groups", where);
+    config.moe->num_limited_groups = int_field(f, "num_limited_groups", where);
+  }
   config.moe_dense_layers = int_field(f, "dense_layers", where);
 }
 
@@ -114,8 +126,11 @@ class LlamaArgs : public ModelArgs {
     if (config_.moe) {
       const nn::MoEOptions& m = *config_.moe;
       moe = fmt::format(
-          " moe: {} experts top-{} hidden {} shared {} {}{} from layer {} ({} active per token)",
+          " moe: {} experts top-{} hidden {} shared {} {}{}{} from layer {} ({} active per token)",
           m.num_experts, m.top_k, m.hidden_dim, m.num_shared_experts, m.score_func,
+          m.limits_groups() ? fmt::format(" of the best {} of {} groups", m.num_limited_groups,
+                                          m.num_expert_groups)
+                            : "",
           m.capacity_factor > 0 ? fmt::format(" capacity {}", m.capacity_factor) : "",
           config_.moe_dense_layers, config_.active_parameter_count());
     }

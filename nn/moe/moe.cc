@@ -124,7 +124,16 @@ Routing MoE::route(const Tensor& scores) const {
   // chooses whenever the model has one (moved by this run, an earlier one, or loaded: DeepSeek-V3's
   // e_score_correction_bias), not only while bias_update_rate moves it: it is part of the model.
   NoGradGuard no_grad;
-  const Tensor keys = ops::add(scores, expert_bias_);
+  Tensor keys = ops::add(scores, expert_bias_);
+  if (options_.limits_groups()) {
+    // Group-limited routing masks the other groups' keys on the host: the (tokens, E) keys come
+    // over once per call, and go back to choose where the scores are.
+    std::vector<float> host(static_cast<size_t>(tokens * e));
+    const Tensor on_cpu = ops::contiguous(ops::to(ops::to(keys, kFloat32), Device::cpu()));
+    std::copy_n(on_cpu.data<float>(), host.size(), host.begin());
+    limit_to_groups(host, tokens, e, options_.num_expert_groups, options_.num_limited_groups);
+    keys = ops::to(ops::from_vector(host, {tokens, e}), scores.device());
+  }
   const std::vector<double> picked = ops::to_vector(ops::top_k_indices(keys, k));
   std::vector<int64_t> choice(picked.size());
   for (size_t i = 0; i < picked.size(); ++i) {

@@ -25,6 +25,17 @@ void MoEOptions::validate() const {
   LOOM_CHECK(bias_update_rate >= 0,
              "MoE: bias_update_rate must be >= 0 (--moe-bias-update-rate), got {}",
              bias_update_rate);
+  LOOM_CHECK(num_expert_groups >= 1 && num_experts % num_expert_groups == 0,
+             "MoE: num_expert_groups {} must be >= 1 and divide num_experts = {} (n_group)",
+             num_expert_groups, num_experts);
+  LOOM_CHECK(num_limited_groups >= 0 && num_limited_groups <= num_expert_groups,
+             "MoE: num_limited_groups {} must be between 0 (every group) and num_expert_groups = "
+             "{} (topk_group)",
+             num_limited_groups, num_expert_groups);
+  LOOM_CHECK(!limits_groups() || top_k <= num_limited_groups * (num_experts / num_expert_groups),
+             "MoE: top_k {} is more than the {} experts of num_limited_groups = {} groups of {}",
+             top_k, num_limited_groups * (num_experts / num_expert_groups), num_limited_groups,
+             num_experts / num_expert_groups);
   LOOM_CHECK(capacity_factor >= 0,
              "MoE: capacity_factor must be >= 0 (--moe-capacity-factor; 0: dropless), got {}",
              capacity_factor);

@@ -15,8 +15,14 @@ struct MoEOptions {
   int64_t num_shared_experts =
       0;  // n_shared_experts: a SwiGLU of num x hidden_dim every token passes
   std::string score_func = "softmax";  // "softmax" or "sigmoid" (DeepSeek-V3) over the experts
-  bool route_norm = false;             // norm_topk_prob: the top-k weights rescaled to sum to 1
-  double route_scale = 1.0;            // routed_scaling_factor: the top-k weights times this
+  // Group-limited routing (DeepSeek-V3's n_group and topk_group): the experts split into
+  // num_expert_groups equal groups, and each token chooses among the experts of the
+  // num_limited_groups groups whose two best keys (scores plus bias) sum highest. 0 limited
+  // groups (or all of them): every expert is a candidate.
+  int64_t num_expert_groups = 1;
+  int64_t num_limited_groups = 0;
+  bool route_norm = false;   // norm_topk_prob: the top-k weights rescaled to sum to 1
+  double route_scale = 1.0;  // routed_scaling_factor: the top-k weights times this
   // Load balancing. aux_loss_coeff > 0: the auxiliary loss coeff * E * sum_e f_e * P_e (f_e the
   // share of routed slots expert e got, P_e its mean normalized score), added to the training
   // loss through the gradient (MoE.h). bias_update_rate > 0: DeepSeek-V3's auxiliary-loss-free
@@ -31,8 +37,13 @@ struct MoEOptions {
   double capacity_factor = 0.0;
 
   // Throws loom::Error naming the field and its value: experts or top_k below 1, top_k above the
-  // experts, hidden_dim below 1, an unknown score_func, a negative coefficient or factor.
+  // experts (or the limited groups' experts), hidden_dim below 1, an unknown score_func, a
+  // negative coefficient or factor, groups that do not split the experts.
   void validate() const;
+  // Whether routing is group-limited (some groups' experts out of every token's choice).
+  bool limits_groups() const {
+    return num_limited_groups > 0 && num_limited_groups < num_expert_groups;
+  }
 };
 
 }  // namespace loom::nn

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "base/error.h"
 #include "tensor/ops.h"
@@ -32,6 +33,40 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
       ops::to_vector(ops::top_k_indices(ops::from_vector(keys, {tokens, experts}), top_k));
   return place_choices(std::vector<int64_t>(picked.begin(), picked.end()), tokens, experts, top_k,
                        capacity);
+}
+
+void limit_to_groups(std::vector<float>& keys, int64_t tokens, int64_t experts, int64_t groups,
+                     int64_t limited) {
+  LOOM_CHECK(groups >= 1 && experts % groups == 0 && limited >= 1 && limited <= groups &&
+                 static_cast<int64_t>(keys.size()) == tokens * experts,
+             "limit_to_groups: {} keys for {} tokens x {} experts in {} groups, {} kept",
+             keys.size(), tokens, experts, groups, limited);
+  const int64_t size = experts / groups;
+  std::vector<float> group_score(groups);
+  std::vector<int64_t> order(groups);
+  for (int64_t t = 0; t < tokens; ++t) {
+    float* row = keys.data() + t * experts;
+    if (std::any_of(row, row + experts, [](float k) { return std::isnan(k); })) continue;
+    for (int64_t g = 0; g < groups; ++g) {
+      // The sum of the group's two best keys (its one key, in a group of one).
+      float best = -INFINITY, second = -INFINITY;
+      for (int64_t e = g * size; e < (g + 1) * size; ++e) {
+        if (row[e] > best) {
+          second = best;
+          best = row[e];
+        } else if (row[e] > second) {
+          second = row[e];
+        }
+      }
+      group_score[g] = size == 1 ? best : best + second;
+    }
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
+    for (int64_t i = limited; i < groups; ++i) {
+      std::fill(row + order[i] * size, row + (order[i] + 1) * size, -INFINITY);
+    }
+  }
 }
 
 Routing place_choices(std::vector<int64_t> choice, int64_t tokens, int64_t experts, int64_t top_k,

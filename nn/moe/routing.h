@@ -37,6 +37,14 @@ Routing route_top_k(std::span<const float> scores, int64_t tokens, int64_t exper
 Routing place_choices(std::vector<int64_t> choice, int64_t tokens, int64_t experts, int64_t top_k,
                       int64_t capacity);
 
+// Group-limited routing (DeepSeek-V3's): `keys` (tokens, experts) row-major, the scores plus any
+// bias, the experts in `groups` equal groups. For each token the `limited` groups whose two best
+// keys sum highest are kept (ties: the lower group) and every key of the other groups becomes
+// -inf, so a top-k over them chooses within the kept groups. A token with a NaN key is left as
+// it is (its choice names the NaN).
+void limit_to_groups(std::vector<float>& keys, int64_t tokens, int64_t experts, int64_t groups,
+                     int64_t limited);
+
 // The capacity of capacity_factor (MoEOptions): ceil(factor * tokens * top_k / experts); -1 when
 // the factor is 0 (dropless).
 int64_t expert_capacity(double capacity_factor, int64_t tokens, int64_t top_k, int64_t experts);

@@ -1,19 +1,21 @@
 // DeepSeek-V3 against Hugging Face transformers: a DeepseekV3ForCausalLM checkpoint written by
 // transformers (tests/models/fixtures/make_hf_deepseek_v3_fixture.py: multi-head latent attention
-// with low-rank queries and interleaved RoPE, a dense first layer, then 4 experts chosen top-2 by
-// sigmoid scores plus a nonzero e_score_correction_bias, the weights normalized and scaled by
-// 2.5, one shared expert) loads into Loom's Llama — names mapped, one file tensor per expert, the
-// bias into the MoE's expert_bias buffer, config.json read — and gives the logits PyTorch
-// computed, to 1e-5 of their largest magnitude (the latent norms dividing by 1e-6 as
-// transformers', the others by rms_norm_eps 1e-5): on 1 rank, with the experts over ep = 2
-// (each rank reading its own) and the heads over tp = 2. The bias chooses experts though no
-// balancing moves it (a loaded model's bias is part of it). An export from ep ranks reads back
-// as the same model, bias included; what DeepSeek-V3's format cannot hold is named.
+// with low-rank queries and interleaved RoPE, a dense first layer, then 8 experts chosen top-3 by
+// sigmoid scores plus a nonzero e_score_correction_bias from each token's best 2 of 4 expert
+// groups, the weights normalized and scaled by 2.5, one shared expert) loads into Loom's Llama —
+// names mapped, one file tensor per expert, the bias into the MoE's expert_bias buffer,
+// config.json read — and gives the logits PyTorch computed, to 1e-5 of their largest magnitude
+// (the latent norms dividing by 1e-6 as transformers', the others by rms_norm_eps 1e-5): on 1
+// rank, with the experts over ep = 2 (each rank reading its own) and the heads over tp = 2. The
+// bias chooses experts though no balancing moves it (a loaded model's bias is part of it), and
+// without it, or without the group limit, the logits are others. An export from ep ranks reads
+// back as the same model, bias included; what DeepSeek-V3's format cannot hold is named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "autograd/grad_mode.h"
 #include "comm/testing/multi_rank.h"
@@ -53,8 +55,10 @@ TEST(DeepSeekV3ReferenceTest, ConfigJsonIsLatentAttentionAndSigmoidRoutedExperts
   EXPECT_EQ(config.mla->qk_rope_head_dim, 8);
   EXPECT_EQ(config.mla->v_head_dim, 16);
   ASSERT_TRUE(config.moe.has_value());
-  EXPECT_EQ(config.moe->num_experts, 4);
-  EXPECT_EQ(config.moe->top_k, 2);
+  EXPECT_EQ(config.moe->num_experts, 8);
+  EXPECT_EQ(config.moe->top_k, 3);
+  EXPECT_EQ(config.moe->num_expert_groups, 4);
+  EXPECT_EQ(config.moe->num_limited_groups, 2);
   EXPECT_EQ(config.moe->hidden_dim, 24);
   EXPECT_EQ(config.moe->num_shared_experts, 1);
   EXPECT_EQ(config.moe->score_func, "sigmoid");
@@ -71,7 +75,7 @@ TEST(DeepSeekV3ReferenceTest, TransformersCheckpointGivesTransformersLogits) {
   Llama model(read_llama_hf_config(kConfig), /*seed=*/5);
   load_llama_hf(model, kCheckpoint);
   EXPECT_EQ(ops::to_vector(model.layers[1]->moe->expert_bias()),
-            (std::vector<double>{0.3f, -0.2f, 0.05f, -0.1f}));
+            (std::vector<double>{0.3f, -0.2f, 0.05f, -0.1f, 0.0f, 0.15f, -0.25f, 0.1f}));
   model.train(false);
   NoGradGuard no_grad;
   const Tensor logits = model(ref.ids);
@@ -79,21 +83,35 @@ TEST(DeepSeekV3ReferenceTest, TransformersCheckpointGivesTransformersLogits) {
   expect_close({.actual = logits, .expected = ref.logits, .tol = kTol, .what = "logits"});
 }
 
-// The bias changes the choices: without it the logits are others (the fixture's bias is not
-// too small to matter).
-TEST(DeepSeekV3ReferenceTest, TheBiasChangesTheChoices) {
+// The largest difference from transformers' logits of the fixture's model changed by `change`.
+double largest_gap_after(const std::function<void(LlamaConfig&, Llama&)>& change) {
   const auto ref = testing::read_hf_reference(kExpected);
-  Llama model(read_llama_hf_config(kConfig), /*seed=*/5);
+  LlamaConfig config = read_llama_hf_config(kConfig);
+  Llama unchanged(config, /*seed=*/5);
+  change(config, unchanged);
+  Llama model(config, /*seed=*/5);
   load_llama_hf(model, kCheckpoint);
+  change(config, model);
   model.train(false);
-  ops::fill_(const_cast<Tensor&>(model.layers[1]->moe->expert_bias()), 0.0);
   NoGradGuard no_grad;
   const std::vector<double> logits = ops::to_vector(model(ref.ids));
   double largest_gap = 0;
   for (size_t i = 0; i < logits.size(); ++i) {
     largest_gap = std::max(largest_gap, std::abs(logits[i] - ref.logits[i]));
   }
-  EXPECT_GT(largest_gap, 1e-2);
+  return largest_gap;
+}
+
+// The bias and the group limit change the choices: without either the logits are others (the
+// fixture's are not too small to matter).
+TEST(DeepSeekV3ReferenceTest, TheBiasAndTheGroupLimitChangeTheChoices) {
+  EXPECT_GT(largest_gap_after([](LlamaConfig&, Llama& model) {
+              ops::fill_(const_cast<Tensor&>(model.layers[1]->moe->expert_bias()), 0.0);
+            }),
+            1e-2);
+  EXPECT_GT(
+      largest_gap_after([](LlamaConfig& config, Llama&) { config.moe->num_limited_groups = 0; }),
+      1e-2);
 }
 
 TEST(DeepSeekV3ReferenceTest, ExpertAndTensorParallelRanksGiveTransformersLogits) {
@@ -103,7 +121,7 @@ TEST(DeepSeekV3ReferenceTest, ExpertAndTensorParallelRanksGiveTransformersLogits
       Llama model(read_llama_hf_config(kConfig), /*seed=*/5);
       parallel::ep::expert_parallel(*model.layers[1]->moe, mesh_of(pg, "ep"));
       load_llama_hf(model, kCheckpoint);
-      EXPECT_EQ(local_shard(model.layers[1]->moe->experts->w1()).size(0), 2);
+      EXPECT_EQ(local_shard(model.layers[1]->moe->experts->w1()).size(0), 4);
       model.train(false);
       NoGradGuard no_grad;
       expect_close(
@@ -158,16 +176,15 @@ TEST(DeepSeekV3ReferenceTest, WhatTheFormatCannotHoldIsNamed) {
   config = read_llama_hf_config(kConfig);
   config.moe.reset();
   EXPECT_THAT(hf_format_gap(config), ::testing::HasSubstr("without a mixture of experts"));
-  // Read: group-limited routing and DeepSeek-V3's yarn RoPE are refused by key.
+  // Read: groups that do not split the experts, and DeepSeek-V3's yarn RoPE, are refused.
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/refused";
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/config.json";
   nlohmann::json json = hf::ConfigJson::read(kConfig).json();
-  json["n_group"] = 2;
-  json["topk_group"] = 1;
+  json["n_group"] = 3;
   std::ofstream(path) << json.dump();
   EXPECT_THAT(loom::testing::error_of([&] { read_llama_hf_config(path); }),
-              ::testing::HasSubstr("\"topk_group\" = 1: group-limited routing"));
+              ::testing::HasSubstr("num_expert_groups 3 must be >= 1 and divide num_experts = 8"));
   json = hf::ConfigJson::read(kConfig).json();
   json["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 40.0}, {"rope_theta", 10000.0}};
   std::ofstream(path) << json.dump();

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 
 #include "autograd/engine.h"
 #include "autograd/functions.h"
@@ -254,6 +255,58 @@ TEST(MoERoutingTest, ChoicesFromTheDevicePlaceAsTheHostsOwn) {
       ::testing::ThrowsMessage<Error>(HasSubstr("token 1 picked expert 2 twice")));
 }
 
+// Group-limited routing (DeepSeek-V3's): the groups whose two best keys sum highest are kept
+// (a group's single best key does not decide), ties to the lower group, the others' keys -inf;
+// a token with a NaN is left for its choice to name. Through the MoE, the choice stays in the
+// kept groups.
+TEST(MoERoutingTest, GroupLimitKeepsTheGroupsWhoseTwoBestKeysSumHighest) {
+  // 8 experts in 4 groups of 2. Token 0: group 0 holds the single best key (0.9 + 0.0 = 0.9),
+  // group 1 the best pair (0.5 + 0.5 = 1.0), group 2 0.8, group 3 0.2.
+  std::vector<float> keys = {0.9f, 0.0f, 0.5f, 0.5f, 0.4f, 0.4f, 0.1f, 0.1f,
+                             // Token 1: every group ties (0.2): the lower two are kept.
+                             0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f, 0.1f};
+  limit_to_groups(keys, 2, 8, 4, 2);
+  const float inf = INFINITY;
+  EXPECT_EQ(keys, (std::vector<float>{0.9f, 0.0f, 0.5f, 0.5f, -inf, -inf, -inf, -inf, 0.1f, 0.1f,
+                                      0.1f, 0.1f, -inf, -inf, -inf, -inf}));
+  std::vector<float> with_nan = {NAN, 0.0f, 0.5f, 0.5f};
+  limit_to_groups(with_nan, 1, 4, 2, 1);
+  EXPECT_TRUE(std::isnan(with_nan[0]));
+  EXPECT_EQ(with_nan[3], 0.5f);
+
+  MoE moe(kDim,
+          {.num_experts = 8,
+           .top_k = 3,
+           .hidden_dim = 8,
+           .score_func = "sigmoid",
+           .num_expert_groups = 4,
+           .num_limited_groups = 2,
+           .route_norm = true},
+          3);
+  const Tensor x = ops::normal({kTokens, kDim}, 5);
+  NoGradGuard no_grad;
+  moe(x);
+  const RouterStats stats = moe.take_stats();
+  EXPECT_EQ(
+      std::accumulate(stats.tokens_per_expert.begin(), stats.tokens_per_expert.end(), int64_t{0}),
+      kTokens * 3);
+  // The same choices as the host's: keys masked, then the top 3.
+  const Tensor scores = ops::sigmoid(ops::to(moe.gate->forward(x), kFloat32));
+  const std::vector<double> values = ops::to_vector(scores);
+  std::vector<float> host(values.begin(), values.end());
+  limit_to_groups(host, kTokens, 8, 4, 2);
+  const std::vector<double> picked =
+      ops::to_vector(ops::top_k_indices(ops::from_vector(host, {kTokens, 8}), 3));
+  const Routing want =
+      place_choices(std::vector<int64_t>(picked.begin(), picked.end()), kTokens, 8, 3, -1);
+  EXPECT_EQ(stats.tokens_per_expert, want.routed);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    std::set<int64_t> groups;
+    for (int64_t k = 0; k < 3; ++k) groups.insert(want.choice[t * 3 + k] / 2);
+    EXPECT_LE(groups.size(), 2u) << "token " << t;
+  }
+}
+
 // A router whose scores went NaN (a diverged run) stops the forward naming the token, on the
 // device's choices as on the host's.
 TEST(MoETest, ANanScoreIsNamed) {
@@ -362,6 +415,15 @@ TEST(MoETest, BadOptionsAreNamed) {
       std::string::npos);
   EXPECT_NE(message({.num_experts = 4, .top_k = 1, .hidden_dim = 0}).find("hidden_dim"),
             std::string::npos);
+  EXPECT_THAT(message({.num_experts = 6, .top_k = 1, .hidden_dim = 8, .num_expert_groups = 4}),
+              HasSubstr("num_expert_groups 4 must be >= 1 and divide num_experts = 6"));
+  EXPECT_THAT(
+      message({.num_experts = 8,
+               .top_k = 5,
+               .hidden_dim = 8,
+               .num_expert_groups = 4,
+               .num_limited_groups = 2}),
+      HasSubstr("top_k 5 is more than the 4 experts of num_limited_groups = 2 groups of 2"));
 }
 
 }  // namespace
