@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
 #include "base/error.h"
 
 namespace loom::models {
@@ -156,6 +160,56 @@ int64_t LlamaConfig::parameter_count() const { return count_parameters(*this, fa
 
 int64_t LlamaConfig::active_parameter_count() const { return count_parameters(*this, true); }
 
+namespace {
+
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
+}  // namespace
+
+double YarnScaling::cos_sin_factor() const {
+  if (attention_factor) return *attention_factor;
+  if (mscale != 0 && mscale_all_dim != 0) {
+    return yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim);
+  }
+  return yarn_mscale(factor, 1.0);
+}
+
+double YarnScaling::softmax_factor() const {
+  if (mscale_all_dim == 0) return 1.0;
+  const double m = yarn_mscale(factor, mscale_all_dim);
+  return m * m;
+}
+
+std::vector<double> YarnScaling::frequencies(int64_t rotary_dim, double theta) const {
+  // transformers' _compute_yarn_parameters, in f64 (its ramp in f32 rounds the same here).
+  const double dim = static_cast<double>(rotary_dim);
+  const auto correction_dim = [&](double rotations) {
+    return dim *
+           std::log(static_cast<double>(original_max_position_embeddings) /
+                    (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+  if (truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1);
+  if (low == high) high += 0.001;  // no singular ramp
+  const int64_t half = rotary_dim / 2;
+  std::vector<double> out(half);
+  for (int64_t i = 0; i < half; ++i) {
+    const double kept = 1.0 / std::pow(theta, static_cast<double>(2 * i) / dim);
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double extrapolation = 1 - ramp;  // the share of the kept frequency
+    out[i] = kept / factor * (1 - extrapolation) + kept * extrapolation;
+  }
+  return out;
+}
+
 void LlamaConfig::validate() const {
   for (const auto& [value, field] :
        std::vector<std::pair<int64_t, const char*>>{{dim, "dim"},
@@ -178,6 +232,17 @@ void LlamaConfig::validate() const {
                "{}, v_head_dim {} (>= 1) and qk_rope_head_dim {} (even, >= 2) out of range",
                mla->q_lora_rank, mla->kv_lora_rank, mla->qk_nope_head_dim, mla->v_head_dim,
                mla->qk_rope_head_dim);
+  }
+  LOOM_CHECK(!(rope_scaling && rope_yarn),
+             "LlamaConfig: RoPE takes one scaling, Llama 3's (rope_scaling) or YaRN's (rope_yarn), "
+             "not both");
+  if (rope_yarn) {
+    LOOM_CHECK(rope_yarn->factor > 0 && rope_yarn->original_max_position_embeddings >= 1 &&
+                   rope_yarn->beta_fast > 0 && rope_yarn->beta_slow > 0,
+               "LlamaConfig: YaRN's factor ({}), original context ({}) and betas ({}, {}) must be "
+               "positive",
+               rope_yarn->factor, rope_yarn->original_max_position_embeddings, rope_yarn->beta_fast,
+               rope_yarn->beta_slow);
   }
   LOOM_CHECK(n_heads % n_kv_heads == 0,
              "LlamaConfig: n_heads {} do not group over n_kv_heads {} (grouped-query attention "

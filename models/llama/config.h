@@ -25,6 +25,32 @@ struct RopeScaling {
   int64_t original_max_position_embeddings = 8192;
 };
 
+// YaRN's RoPE scaling (HF rope_type "yarn"; DeepSeek-V3's): each frequency blended between kept
+// (high frequencies) and divided by `factor` (low ones) by a linear ramp over the dims whose
+// wavelengths fit beta_fast to beta_slow rotations in the original context; cos and sin times
+// attention_factor; and latent attention's softmax scale times mscale(factor,
+// mscale_all_dim)^2 (transformers' yarn_apply_mscale). mscale(s, m) = 0.1 m ln s + 1 (1 for
+// s <= 1).
+struct YarnScaling {
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 0.0;                     // 0: not given
+  double mscale_all_dim = 0.0;             // 0: not given
+  std::optional<double> attention_factor;  // not given: from factor, mscale and mscale_all_dim
+  bool truncate = true;                    // the ramp's ends rounded outward to whole dims
+
+  // The factor cos and sin are multiplied by: attention_factor, else mscale(factor, mscale) /
+  // mscale(factor, mscale_all_dim) when both are given, else mscale(factor, 1).
+  double cos_sin_factor() const;
+  // The factor latent attention's softmax scale is multiplied by: mscale(factor,
+  // mscale_all_dim)^2 when mscale_all_dim is given, else 1.
+  double softmax_factor() const;
+  // The inverse frequencies of `rotary_dim` dims (half of them) at base `theta`.
+  std::vector<double> frequencies(int64_t rotary_dim, double theta) const;
+};
+
 // DeepSeek's multi-head latent attention (DeepSeek-V2/V3's q_lora_rank, kv_lora_rank, ...): keys
 // and values from one low-rank latent per token, queries optionally through another, each head's
 // query and key the concatenation of a part without position (nope) and a rotary part shared by
@@ -62,6 +88,8 @@ struct LlamaConfig {
   // The output head reads the token embeddings (HF: tie_word_embeddings; Llama 3.2 1B and 3B):
   // no output.weight, logits = h @ tok_embeddings.weight^T (models/tied_head.h).
   bool tie_word_embeddings = false;
+  // YaRN's RoPE scaling in place of rope_scaling's (at most one of them).
+  std::optional<YarnScaling> rope_yarn;
 
   // The named configs: "llama-tiny", "llama3-8b", "llama3-70b", "llama3.2-1b", ... Throws
   // listing them otherwise.

@@ -6,6 +6,7 @@
 
 #include "base/error.h"
 #include "models/llama/hf.h"
+#include "models/llama/hf_config_parts.h"
 #include "models/llama/pipeline.h"
 
 namespace loom::models {
@@ -165,6 +166,8 @@ class LlamaArgs : public ModelArgs {
                           {"rope_theta", config_.rope_theta},
                           {"rope_scaling", rope_scaling()},
                           {"tie_word_embeddings", config_.tie_word_embeddings}};
+    // Only when set: other models' fields stay as recorded before YaRN, so they resume.
+    if (config_.rope_yarn) out["rope_yarn"] = yarn_fields(*config_.rope_yarn);
     if (config_.moe) out["moe"] = moe_fields(*config_.moe, config_.moe_dense_layers);
     if (config_.mla) {
       const MLAOptions& m = *config_.mla;
@@ -312,6 +315,9 @@ class LlamaFamily : public ModelFamily {
           RopeScaling{number_field(s, "factor", where), number_field(s, "low_freq_factor", where),
                       number_field(s, "high_freq_factor", where),
                       int_field(s, "original_max_position_embeddings", where)};
+    }
+    if (fields.contains("rope_yarn")) {
+      config.rope_yarn = yarn_from_fields(fields.at("rope_yarn"), where);
     }
     if (fields.contains("moe")) read_moe_fields(fields.at("moe"), where, config);
     if (fields.contains("mla")) {

@@ -14,20 +14,42 @@ void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config) {
   config.rope_scaling = std::nullopt;
   const std::string rope_type =
       rope ? rope->string_or("rope_type", rope->string_or("type", "default")) : "default";
+  config.rope_yarn = std::nullopt;
   if (rope_type == "llama3") {
     config.rope_scaling = RopeScaling{rope->number("factor"), rope->number("low_freq_factor"),
                                       rope->number("high_freq_factor"),
                                       rope->positive_int("original_max_position_embeddings")};
+  } else if (rope_type == "yarn") {
+    YarnScaling yarn;
+    yarn.original_max_position_embeddings = rope->positive_int("original_max_position_embeddings");
+    // transformers: without a factor, the context's growth over the original one.
+    yarn.factor = rope->has("factor")
+                      ? rope->number("factor")
+                      : static_cast<double>(config.max_seq_len) /
+                            static_cast<double>(yarn.original_max_position_embeddings);
+    yarn.beta_fast = rope->number_or("beta_fast", 32.0);
+    yarn.beta_slow = rope->number_or("beta_slow", 1.0);
+    yarn.mscale = rope->number_or("mscale", 0.0);
+    yarn.mscale_all_dim = rope->number_or("mscale_all_dim", 0.0);
+    if (rope->has("attention_factor")) yarn.attention_factor = rope->number("attention_factor");
+    yarn.truncate = rope->bool_or("truncate", true);
+    rope->refuse_unless(rope->number_or("partial_rotary_factor", 1.0) == 1.0,
+                        "partial_rotary_factor", "Loom's RoPE rotates every rotary dim");
+    config.rope_yarn = yarn;
   } else if (rope_type != "default") {
-    rope->refuse_unless(
-        false, rope->has("rope_type") ? "rope_type" : "type",
-        fmt::format("Loom implements the default RoPE and Llama 3's (\"llama3\"), not \"{}\"",
-                    rope_type));
+    rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",
+                        fmt::format("Loom implements the default RoPE, Llama 3's (\"llama3\") and "
+                                    "YaRN's (\"yarn\"), not \"{}\"",
+                                    rope_type));
   }
 }
 
 void write_hf_rope(const LlamaConfig& config, nlohmann::json& json) {
   json["rope_theta"] = config.rope_theta;
+  if (config.rope_yarn) {
+    json["rope_scaling"] = yarn_fields(*config.rope_yarn);
+    json["rope_scaling"]["rope_type"] = "yarn";
+  }
   if (!config.rope_scaling) return;
   const RopeScaling& s = *config.rope_scaling;
   json["rope_scaling"] = {{"rope_type", "llama3"},
@@ -35,6 +57,37 @@ void write_hf_rope(const LlamaConfig& config, nlohmann::json& json) {
                           {"low_freq_factor", s.low_freq_factor},
                           {"high_freq_factor", s.high_freq_factor},
                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+}
+
+nlohmann::json yarn_fields(const YarnScaling& yarn) {
+  nlohmann::json out = {{"factor", yarn.factor},
+                        {"original_max_position_embeddings", yarn.original_max_position_embeddings},
+                        {"beta_fast", yarn.beta_fast},
+                        {"beta_slow", yarn.beta_slow},
+                        {"truncate", yarn.truncate}};
+  if (yarn.mscale != 0) out["mscale"] = yarn.mscale;
+  if (yarn.mscale_all_dim != 0) out["mscale_all_dim"] = yarn.mscale_all_dim;
+  if (yarn.attention_factor) out["attention_factor"] = *yarn.attention_factor;
+  return out;
+}
+
+YarnScaling yarn_from_fields(const nlohmann::json& fields, const std::string& where) {
+  const auto number = [&](const char* key) {
+    LOOM_CHECK(fields.contains(key) && fields.at(key).is_number(),
+               "{}: the recorded YaRN settings lack a number \"{}\"", where, key);
+    return fields.at(key).get<double>();
+  };
+  YarnScaling yarn{
+      .factor = number("factor"),
+      .original_max_position_embeddings =
+          static_cast<int64_t>(number("original_max_position_embeddings")),
+      .beta_fast = number("beta_fast"),
+      .beta_slow = number("beta_slow"),
+      .mscale = fields.contains("mscale") ? number("mscale") : 0.0,
+      .mscale_all_dim = fields.contains("mscale_all_dim") ? number("mscale_all_dim") : 0.0,
+      .truncate = fields.value("truncate", true)};
+  if (fields.contains("attention_factor")) yarn.attention_factor = number("attention_factor");
+  return yarn;
 }
 
 void validate_hf_config(const hf::ConfigJson& json, const LlamaConfig& config) {

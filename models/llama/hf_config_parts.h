@@ -3,17 +3,23 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "models/hf/config_json.h"
 #include "models/llama/config.h"
 
 namespace loom::models {
 
-// rope_theta and Llama 3's frequency scaling: transformers 5 writes "rope_parameters" (rope_theta
-// inside), 4 wrote "rope_theta" and "rope_scaling". Another rope_type is refused by its key.
+// rope_theta and Llama 3's or YaRN's frequency scaling: transformers 5 writes "rope_parameters"
+// (rope_theta inside), 4 wrote "rope_theta" and "rope_scaling". Another rope_type is refused by its
+// key.
 void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config);
-// rope_theta, and rope_scaling of type "llama3" when the config scales.
+// rope_theta, and rope_scaling of type "llama3" or "yarn" when the config scales.
 void write_hf_rope(const LlamaConfig& config, nlohmann::json& json);
+// YaRN's settings as config.json and a checkpoint's model fields hold them (mscale,
+// mscale_all_dim and attention_factor only when given), and back (`where` names the source).
+nlohmann::json yarn_fields(const YarnScaling& yarn);
+YarnScaling yarn_from_fields(const nlohmann::json& fields, const std::string& where);
 // config.validate(), its error naming the file.
 void validate_hf_config(const hf::ConfigJson& json, const LlamaConfig& config);
 

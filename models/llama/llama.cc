@@ -34,6 +34,11 @@ RopeTables rope_tables(const LlamaConfig& config) {
   for (int64_t i = 0; i < half; ++i) {
     freqs[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / config.rotary_dim());
   }
+  double magnitude = 1.0;  // YaRN's attention factor scales cos and sin
+  if (config.rope_yarn) {
+    freqs = config.rope_yarn->frequencies(config.rotary_dim(), config.rope_theta);
+    magnitude = config.rope_yarn->cos_sin_factor();
+  }
   if (config.rope_scaling) {
     // Llama 3's scaling: long wavelengths slowed by `factor`, short ones kept, a smooth blend in
     // between (Meta's apply_scaling, HF's rope_type "llama3").
@@ -57,8 +62,8 @@ RopeTables rope_tables(const LlamaConfig& config) {
   for (int64_t t = 0; t < config.max_seq_len; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(t) * freqs[i];
-      cos[t * half + i] = static_cast<float>(std::cos(angle));
-      sin[t * half + i] = static_cast<float>(std::sin(angle));
+      cos[t * half + i] = static_cast<float>(magnitude * std::cos(angle));
+      sin[t * half + i] = static_cast<float>(magnitude * std::sin(angle));
     }
   }
   return {ops::from_vector(cos, {config.max_seq_len, half}),
@@ -138,7 +143,12 @@ Tensor LlamaAttention::forward(const Tensor& x) {
 
 LatentAttention::LatentAttention(const LlamaConfig& config, uint64_t seed,
                                  std::shared_ptr<const RopeTables> rope)
-    : Module("LatentAttention"), options_(*config.mla), rope_(std::move(rope)) {
+    : Module("LatentAttention"),
+      options_(*config.mla),
+      softmax_scale_((config.rope_yarn ? config.rope_yarn->softmax_factor() : 1.0) /
+                     std::sqrt(static_cast<double>(config.mla->qk_nope_head_dim +
+                                                   config.mla->qk_rope_head_dim))),
+      rope_(std::move(rope)) {
   const MLAOptions& m = options_;
   const int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
   const auto linear = [](int64_t in, int64_t out, uint64_t s) {
@@ -190,10 +200,10 @@ Tensor LatentAttention::forward(const Tensor& x) {
       cat(std::vector<Tensor>{k_nope, expand(k_rot, {batch, time, heads, m.qk_rope_head_dim})}, 3);
   const AttentionDropout dropout = nn::attention_dropout(
       attn_dropout_.get(), (wq ? wq : wq_b)->weight(), qk, {batch, heads, time, time});
-  const Tensor y = scaled_dot_product_attention(
-      transpose(q_all, 1, 2), transpose(k_all, 1, 2), transpose(v, 1, 2), /*is_causal=*/true,
-      1.0 / std::sqrt(static_cast<double>(qk)), /*causal_offset=*/0,
-      dropout);  // (B, H, T, v_head_dim)
+  const Tensor y = scaled_dot_product_attention(transpose(q_all, 1, 2), transpose(k_all, 1, 2),
+                                                transpose(v, 1, 2), /*is_causal=*/true,
+                                                softmax_scale_, /*causal_offset=*/0,
+                                                dropout);  // (B, H, T, v_head_dim)
   return (*wo)(reshape(transpose(y, 1, 2), {batch, time, -1}));
 }
 

@@ -88,9 +88,10 @@ class LlamaAttention : public nn::Module {
 // DeepSeek's multi-head latent attention (config.mla): queries through wq (or wq_a, q_norm,
 // wq_b), keys and values from the latent wkv_a -> kv_norm -> wkv_b, each head's query and key
 // [nope part, RoPE part] with the key's RoPE part (from wkv_a) shared by every head, softmax scale
-// 1 / sqrt(nope + rope), values of v_head_dim, then wo. Computes on -1 heads (a tp rank's).
-// q_norm and kv_norm divide by sqrt(mean square + 1e-6) whatever the model's norm_eps, as
-// DeepSeek's reference and transformers' DeepseekV3Attention do (their RMSNorm's default).
+// 1 / sqrt(nope + rope) (with YaRN, times its softmax_factor), values of v_head_dim, then wo.
+// Computes on -1 heads (a tp rank's). q_norm and kv_norm divide by sqrt(mean square + 1e-6)
+// whatever the model's norm_eps, as DeepSeek's reference and transformers' DeepseekV3Attention do
+// (their RMSNorm's default).
 class LatentAttention : public nn::Module {
  public:
   static constexpr double kLatentNormEps = 1e-6;
@@ -107,6 +108,7 @@ class LatentAttention : public nn::Module {
 
  private:
   MLAOptions options_;
+  double softmax_scale_;  // 1 / sqrt(nope + rope), times YaRN's softmax_factor
   std::shared_ptr<const RopeTables> rope_;
   std::function<Tensor(const Tensor&)> shared_key_region_;
   std::shared_ptr<nn::Dropout> attn_dropout_;  // as LlamaAttention's

@@ -1,18 +1,19 @@
 // DeepSeek-V3 against Hugging Face transformers: a DeepseekV3ForCausalLM checkpoint written by
 // transformers (tests/models/fixtures/make_hf_deepseek_v3_fixture.py: multi-head latent attention
-// with low-rank queries and interleaved RoPE, a dense first layer, then 8 experts chosen top-3 by
-// sigmoid scores plus a nonzero e_score_correction_bias from each token's best 2 of 4 expert
-// groups, the weights normalized and scaled by 2.5, one shared expert) loads into Loom's Llama —
-// names mapped, one file tensor per expert, the bias into the MoE's expert_bias buffer,
-// config.json read — and gives the logits PyTorch computed, to 1e-5 of their largest magnitude
-// (the latent norms dividing by 1e-6 as transformers', the others by rms_norm_eps 1e-5): on 1
-// rank, with the experts over ep = 2 (each rank reading its own) and the heads over tp = 2. The
-// bias chooses experts though no balancing moves it (a loaded model's bias is part of it), and
+// with low-rank queries and interleaved RoPE under DeepSeek-V3's YaRN, a dense first layer, then 8
+// experts chosen top-3 by sigmoid scores plus a nonzero e_score_correction_bias from each token's
+// best 2 of 4 expert groups, the weights normalized and scaled by 2.5, one shared expert) loads
+// into Loom's Llama — names mapped, one file tensor per expert, the bias into the MoE's expert_bias
+// buffer, config.json read — and gives the logits PyTorch computed, to 1e-5 of their largest
+// magnitude (the latent norms dividing by 1e-6 as transformers', the others by rms_norm_eps 1e-5):
+// on 1 rank, with the experts over ep = 2 (each rank reading its own) and the heads over tp = 2.
+// The bias chooses experts though no balancing moves it (a loaded model's bias is part of it), and
 // without it, or without the group limit, the logits are others. An export from ep ranks reads
 // back as the same model, bias included; what DeepSeek-V3's format cannot hold is named.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -67,6 +68,12 @@ TEST(DeepSeekV3ReferenceTest, ConfigJsonIsLatentAttentionAndSigmoidRoutedExperts
   EXPECT_EQ(config.moe_dense_layers, 1);
   EXPECT_EQ(config.ffn_hidden_dim(), 96);
   EXPECT_EQ(config.norm_eps, 1e-5);
+  ASSERT_TRUE(config.rope_yarn.has_value());
+  EXPECT_EQ(config.rope_yarn->factor, 4.0);
+  EXPECT_EQ(config.rope_yarn->original_max_position_embeddings, 32);
+  EXPECT_DOUBLE_EQ(config.rope_yarn->cos_sin_factor(), 1.0);  // mscale over mscale_all_dim
+  EXPECT_DOUBLE_EQ(config.rope_yarn->softmax_factor(),
+                   (1 + 0.1 * std::log(4.0)) * (1 + 0.1 * std::log(4.0)));
   EXPECT_EQ(hf_format_gap(config), "");
 }
 
@@ -176,7 +183,7 @@ TEST(DeepSeekV3ReferenceTest, WhatTheFormatCannotHoldIsNamed) {
   config = read_llama_hf_config(kConfig);
   config.moe.reset();
   EXPECT_THAT(hf_format_gap(config), ::testing::HasSubstr("without a mixture of experts"));
-  // Read: groups that do not split the experts, and DeepSeek-V3's yarn RoPE, are refused.
+  // Read: groups that do not split the experts, and a RoPE Loom does not compute, are refused.
   const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/refused";
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/config.json";
@@ -186,10 +193,10 @@ TEST(DeepSeekV3ReferenceTest, WhatTheFormatCannotHoldIsNamed) {
   EXPECT_THAT(loom::testing::error_of([&] { read_llama_hf_config(path); }),
               ::testing::HasSubstr("num_expert_groups 3 must be >= 1 and divide num_experts = 8"));
   json = hf::ConfigJson::read(kConfig).json();
-  json["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 40.0}, {"rope_theta", 10000.0}};
+  json["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 4.0}, {"rope_theta", 10000.0}};
   std::ofstream(path) << json.dump();
   EXPECT_THAT(loom::testing::error_of([&] { read_llama_hf_config(path); }),
-              ::testing::HasSubstr("not \"yarn\""));
+              ::testing::HasSubstr("not \"dynamic\""));
 }
 
 }  // namespace

@@ -90,8 +90,10 @@ TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
         << key;
   }
   nlohmann::json json = llama_config_json();
-  json["rope_parameters"]["rope_type"] = "yarn";
-  EXPECT_THAT(llama_config_error(json, "yarn"), HasSubstr("\"rope_type\" = \"yarn\""));
+  json["rope_parameters"]["rope_type"] = "longrope";
+  EXPECT_THAT(llama_config_error(json, "longrope"),
+              HasSubstr("\"rope_type\" = \"longrope\": Loom implements the default RoPE, Llama "
+                        "3's (\"llama3\") and YaRN's (\"yarn\"), not \"longrope\""));
   // The same keys at Loom's values are fine (transformers writes them); attention_dropout is a
   // training option (--attn-dropout), not read, as GPT-2's pdrops.
   json = llama_config_json();

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "autograd/grad_mode.h"
@@ -165,6 +166,51 @@ TEST(LlamaHFReferenceTest, TiedExportHasNoHeadAndAHeadInTheFileMustEqualTheEmbed
       ::testing::HasSubstr("tensor 'lm_head.weight' differs from "
                            "'model.embed_tokens.weight': config.json says "
                            "tie_word_embeddings"));
+}
+
+// YaRN's RoPE scaling (transformers' rope_type "yarn": frequencies blended by a ramp, cos and sin
+// times 1 + 0.1 ln 4) read from config.json, on hf_llama_tiny's weights: transformers' logits
+// on 1 rank and tp2, and an export that reads back to the same scaling.
+constexpr const char* kYarnConfig = "tests/models/fixtures/hf_llama_tiny_yarn_config.json";
+constexpr const char* kYarnExpected = "tests/models/fixtures/hf_llama_tiny_yarn_logits.json";
+
+TEST(LlamaHFReferenceTest, YarnScalingGivesTransformersLogits) {
+  const auto ref = testing::read_hf_reference(kYarnExpected);
+  const LlamaConfig config = read_llama_hf_config(kYarnConfig);
+  ASSERT_TRUE(config.rope_yarn.has_value());
+  EXPECT_FALSE(config.rope_scaling.has_value());
+  EXPECT_EQ(config.rope_yarn->beta_fast, 16.0);
+  EXPECT_EQ(config.rope_yarn->beta_slow, 2.0);
+  EXPECT_DOUBLE_EQ(config.rope_yarn->cos_sin_factor(), 1 + 0.1 * std::log(4.0));
+  {
+    Llama model(config, /*seed=*/99);
+    load_llama_hf(model, kCheckpoint);
+    NoGradGuard no_grad;
+    expect_close(
+        {.actual = model(ref.ids), .expected = ref.logits, .tol = kTol, .what = "yarn logits"});
+  }
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/yarn";
+  std::filesystem::create_directories(dir);
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"tp"}, std::vector<int64_t>{2});
+    Llama model(config, /*seed=*/99);
+    load_llama_hf(model, kCheckpoint);
+    parallelize_llama(model, mesh, {.sequence_parallel = true});
+    {
+      NoGradGuard no_grad;
+      expect_close({.actual = full_tensor(model(ref.ids)),
+                    .expected = ref.logits,
+                    .tol = kTol,
+                    .what = "yarn tp2 logits"});
+    }
+    save_llama_hf(model, dir + "/model.safetensors", /*write=*/pg.rank() == 0);
+  });
+  const LlamaConfig read_back = read_llama_hf_config(dir + "/config.json");
+  ASSERT_TRUE(read_back.rope_yarn.has_value());
+  EXPECT_EQ(read_back.rope_yarn->factor, 4.0);
+  EXPECT_EQ(read_back.rope_yarn->beta_fast, 16.0);
+  EXPECT_DOUBLE_EQ(read_back.rope_yarn->cos_sin_factor(), config.rope_yarn->cos_sin_factor());
 }
 
 }  // namespace
