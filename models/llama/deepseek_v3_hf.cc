@@ -206,6 +206,7 @@ LlamaConfig deepseek_v3_config_from_hf(const hf::ConfigJson& json) {
                      "Loom's latent attention projections have no biases");
   json.refuse_unless(json.string_or("hidden_act", "silu") == "silu", "hidden_act",
                      "Loom's feed-forwards and experts are SwiGLU (silu)");
+  refuse_quantized(json);
   validate_hf_config(json, config);
   return config;
 }

@@ -251,6 +251,7 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   json.refuse_unless(
       config.head_dim() % 2 == 0, "hidden_size",
       fmt::format("its heads are {} wide, an odd number (RoPE rotates pairs)", config.head_dim()));
+  refuse_quantized(json);
   validate_hf_config(json, config);
   return config;
 }

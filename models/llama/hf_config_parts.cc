@@ -90,6 +90,12 @@ YarnScaling yarn_from_fields(const nlohmann::json& fields, const std::string& wh
   return yarn;
 }
 
+void refuse_quantized(const hf::ConfigJson& json) {
+  json.refuse_unless(!json.has("quantization_config"), "quantization_config",
+                     "quantized weights (DeepSeek-V3's fp8 blocks, GPTQ, AWQ, ...) are not read; "
+                     "convert the checkpoint to bf16 or f32 first (DeepSeek's fp8_cast_bf16.py)");
+}
+
 void validate_hf_config(const hf::ConfigJson& json, const LlamaConfig& config) {
   try {
     config.validate();

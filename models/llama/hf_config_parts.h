@@ -20,6 +20,8 @@ void write_hf_rope(const LlamaConfig& config, nlohmann::json& json);
 // mscale_all_dim and attention_factor only when given), and back (`where` names the source).
 nlohmann::json yarn_fields(const YarnScaling& yarn);
 YarnScaling yarn_from_fields(const nlohmann::json& fields, const std::string& where);
+// A quantized checkpoint (quantization_config) refused by its key: Loom reads float tensors.
+void refuse_quantized(const hf::ConfigJson& json);
 // config.validate(), its error naming the file.
 void validate_hf_config(const hf::ConfigJson& json, const LlamaConfig& config);
 

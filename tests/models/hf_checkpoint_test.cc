@@ -77,11 +77,10 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
 }
 
 TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
-  const std::vector<std::pair<std::string, nlohmann::json>> refused = {{"attention_bias", true},
-                                                                       {"mlp_bias", true},
-                                                                       {"hidden_act", "gelu"},
-                                                                       {"head_dim", 32},
-                                                                       {"model_type", "mistral"}};
+  const std::vector<std::pair<std::string, nlohmann::json>> refused = {
+      {"attention_bias", true},  {"mlp_bias", true},
+      {"hidden_act", "gelu"},    {"head_dim", 32},
+      {"model_type", "mistral"}, {"quantization_config", {{"quant_method", "fp8"}}}};
   for (const auto& [key, value] : refused) {
     nlohmann::json json = llama_config_json();
     json[key] = value;
