@@ -177,9 +177,16 @@ class ModelFamily {
     (void)sizes;
     return nullptr;
   }
-  // The config.json "model_type"s from_hf_config reads ({"gpt2"}); none when it reads none. A
-  // job whose --init-from names one and no --model takes this family's default preset.
-  virtual std::vector<std::string> hf_model_types() const { return {}; }
+  // The config.json "model_type"s from_hf_config reads ({"llama", "mixtral", "deepseek_v3"});
+  // none when it reads none. A job whose --init-from names one and no --model takes this
+  // family's default preset. By default the one hf_model_type() names (a family of one type
+  // may override either).
+  virtual std::vector<std::string> hf_model_types() const {
+    std::string type = hf_model_type();
+    if (type.empty()) return {};
+    return {std::move(type)};
+  }
+  virtual std::string hf_model_type() const { return ""; }
   // Whether its models take ModelSizes' dropout (--dropout: embeddings and residual branches)
   // and attn_dropout (--attn-dropout: attention probabilities; by default as dropout). A family
   // that does not is refused by name when it is given, before anything is built, so no family

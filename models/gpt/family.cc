@@ -105,7 +105,7 @@ class GPTFamily : public ModelFamily {
     config.validate();
     return std::make_unique<GPTArgs>(config);
   }
-  std::vector<std::string> hf_model_types() const override { return {kGpt2ModelType}; }
+  std::string hf_model_type() const override { return kGpt2ModelType; }
   std::unique_ptr<ModelArgs> from_hf_config(const hf::ConfigJson& json,
                                             const ModelSizes& sizes) const override {
     GPTConfig config = gpt2_config_from_hf(json);

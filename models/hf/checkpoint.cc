@@ -389,17 +389,30 @@ LoadStats load(nn::Module& module, const StateDictAdapter& adapter, const std::s
   return stats;
 }
 
-std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
-                                                             const StateDictAdapter& adapter,
-                                                             bool keep) {
+namespace {
+
+std::vector<std::pair<std::string, Tensor>> whole_copies(
+    const std::vector<std::pair<std::string, Tensor>>& tensors, bool keep) {
   NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> out;
   // Every rank runs the same full_tensor collectives, in named_parameters order.
-  for (const auto& [name, p] : loaded_tensors(module, adapter)) {
+  for (const auto& [name, p] : tensors) {
     const Tensor full = is_dtensor(p) ? full_tensor(p) : p;
     if (keep) out.emplace_back(name, ops::contiguous(ops::to(full, Device::cpu())));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
+                                                             const StateDictAdapter& adapter,
+                                                             bool keep) {
+  return whole_copies(loaded_tensors(module, adapter), keep);
+}
+
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module, bool keep) {
+  return whole_copies(module.named_parameters(), keep);
 }
 
 void check_save_path(const std::string& path, std::string_view what) {

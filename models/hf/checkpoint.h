@@ -78,6 +78,9 @@ void check(const nn::Module& module, const StateDictAdapter& adapter, const std:
 std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
                                                              const StateDictAdapter& adapter,
                                                              bool keep = true);
+// The parameters alone (no adapter: no buffer).
+std::vector<std::pair<std::string, Tensor>> whole_parameters(const nn::Module& module,
+                                                             bool keep = true);
 
 // Throws loom::Error naming `what` (the flag or tool) when `path` is not a file save() can write:
 // a name without .safetensors (transformers would not find it), or not writable
