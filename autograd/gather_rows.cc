@@ -31,6 +31,10 @@ Tensor gather(const Tensor& x, std::span<const int64_t> index, const Shape& inde
 Tensor gather_rows(const Tensor& x, std::span<const int64_t> index, const Shape& index_shape) {
   LOOM_CHECK(x.defined() && x.dim() == 2, "gather_rows: expected x of shape (rows, D); got {}",
              x.defined() ? shape_str(x.shape()) : "an undefined tensor");
+  LOOM_CHECK(x.extension() == nullptr,
+             "gather_rows: x is a wrapper tensor (a DTensor: {}); its rows are indexed on this "
+             "process: pass its local tensor (to_local)",
+             x.description());
   LOOM_CHECK(static_cast<int64_t>(index.size()) == shape_numel(index_shape),
              "gather_rows: {} indices for index shape {} ({} elements)", index.size(),
              shape_str(index_shape), shape_numel(index_shape));

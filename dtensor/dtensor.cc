@@ -152,33 +152,131 @@ Tensor distribute_tensor(const Tensor& tensor, std::shared_ptr<const DeviceMesh>
 
 namespace {
 
-// from_local's run_check: `values` gathered along mesh dim `md`; throws on every rank alike (the
-// same gathered values) naming the first group rank whose values differ from rank 0's.
-void check_same_along(const DeviceMesh& mesh, int64_t md, const std::vector<int64_t>& values,
-                      const std::string& what,
-                      const std::function<std::string(const std::vector<int64_t>&)>& show) {
-  const auto& group = mesh.group(md);
-  const auto n = static_cast<int64_t>(values.size());
-  const Tensor mine = ops::from_vector_i64(values, {n}, mesh.device());
-  std::vector<Tensor> all;
-  for (int r = 0; r < group->size(); ++r) all.push_back(ops::empty({n}, kInt64, mesh.device()));
-  group->all_gather(all, mine)->wait();
-  const auto host = [](const Tensor& t) {
-    const Tensor cpu = ops::to(t, Device::cpu());
-    return std::vector<int64_t>(cpu.data<int64_t>(), cpu.data<int64_t>() + cpu.numel());
-  };
-  const std::vector<int64_t> first = host(all[0]);
-  for (int r = 1; r < group->size(); ++r) {
-    const std::vector<int64_t> other = host(all[static_cast<size_t>(r)]);
-    LOOM_CHECK(other == first,
-               "from_local(run_check): along mesh dim '{}' ({}), rank {} of its group passes {} "
-               "where rank 0 passes {}: {}",
-               mesh.dim_names().at(static_cast<size_t>(md)), mesh.str(), r, show(other),
-               show(first), what);
+// from_local's run_check. Every rank's record — its rank, mesh coordinate, dtype, dims, whether
+// its local tensor is its shard of the global shape, the global and local shapes — reaches every
+// rank of the mesh (an all-gather along each mesh dim in turn, the records so far each time), so
+// every rank reaches the same verdict and throws the same message, and no rank is left waiting
+// in a later collective on one that already threw.
+constexpr int64_t kListedDims = 8;  // shapes of more dims: the rest folded into the last slot
+constexpr int64_t kRecord = 4 + 3 * kListedDims;  // rank, dtype, ndim, fits; coordinate, shapes
+
+void put_dims(std::vector<int64_t>& record, size_t at, const std::vector<int64_t>& dims) {
+  for (size_t i = 0; i < static_cast<size_t>(kListedDims); ++i) {
+    record[at + i] = i < dims.size() ? dims[i] : -1;
+  }
+  if (dims.size() > static_cast<size_t>(kListedDims)) {
+    int64_t folded = 0;
+    for (size_t i = kListedDims - 1; i < dims.size(); ++i) folded = folded * 1000003 + dims[i];
+    record[at + kListedDims - 1] = folded;
   }
 }
 
-std::string shape_of(const std::vector<int64_t>& dims) { return shape_str(Shape(dims)); }
+std::string dims_str(const int64_t* dims, int64_t ndim) {
+  std::vector<std::string> parts;
+  for (int64_t i = 0; i < std::min(ndim, kListedDims); ++i) {
+    parts.push_back(ndim > kListedDims && i == kListedDims - 1 ? std::string("...")
+                                                               : std::to_string(dims[i]));
+  }
+  return "(" + fmt::format("{}", fmt::join(parts, ", ")) + (ndim == 1 ? ",)" : ")");
+}
+
+// Every rank's record, in rank order, on every rank of the mesh.
+std::vector<std::vector<int64_t>> gather_records(const DeviceMesh& mesh,
+                                                 std::vector<int64_t> mine) {
+  std::vector<int64_t> all = std::move(mine);
+  for (int64_t md = 0; md < mesh.ndim(); ++md) {
+    const auto& group = mesh.group(md);
+    const auto n = static_cast<int64_t>(all.size());
+    std::vector<Tensor> parts;
+    for (int r = 0; r < group->size(); ++r) parts.push_back(ops::empty({n}, kInt64, mesh.device()));
+    group->all_gather(parts, ops::from_vector_i64(all, {n}, mesh.device()))->wait();
+    all.clear();
+    for (const Tensor& part : parts) {
+      const Tensor cpu = ops::to(part, Device::cpu());
+      all.insert(all.end(), cpu.data<int64_t>(), cpu.data<int64_t>() + n);
+    }
+  }
+  std::vector<std::vector<int64_t>> records;
+  for (size_t at = 0; at < all.size(); at += kRecord) {
+    records.emplace_back(all.begin() + static_cast<int64_t>(at),
+                         all.begin() + static_cast<int64_t>(at + kRecord));
+  }
+  std::sort(records.begin(), records.end());  // by rank
+  return records;
+}
+
+// "rank 0, 1 and 2 pass X; rank 3 passes Y": the ranks of each distinct value, in rank order of
+// their first.
+std::string by_value(const std::vector<std::vector<int64_t>>& records,
+                     const std::function<std::string(const std::vector<int64_t>&)>& show) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> groups;
+  for (const auto& r : records) {
+    const std::string value = show(r);
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == value; });
+    if (it == groups.end()) {
+      groups.push_back({value, {}});
+      it = groups.end() - 1;
+    }
+    it->second.push_back(r[0]);
+  }
+  if (groups.size() == 1) return "";
+  std::vector<std::string> parts;
+  for (const auto& [value, ranks] : groups) {
+    parts.push_back(fmt::format("rank{} {} pass{} {}", ranks.size() > 1 ? "s" : "",
+                                fmt::join(ranks, ", "), ranks.size() > 1 ? "" : "es", value));
+  }
+  return fmt::format("{}", fmt::join(parts, "; "));
+}
+
+void check_ranks_agree(const Tensor& local, const std::shared_ptr<const DeviceMesh>& mesh_ptr,
+                       const Placements& placements, const Shape& global, bool shape_given) {
+  const DeviceMesh& mesh = *mesh_ptr;
+  // Where the global shape puts this rank's shard (uneven shards: `shape` given).
+  const bool fits =
+      DTensorSpec{mesh_ptr, placements, global, local.dtype()}.has_local_shape(local.shape());
+  std::vector<int64_t> mine(kRecord, -1);
+  mine[0] = mesh.world()->rank();
+  mine[1] = static_cast<int64_t>(local.dtype());
+  mine[2] = local.dim();
+  mine[3] = fits ? 1 : 0;
+  put_dims(mine, 4, mesh.coordinate());
+  put_dims(mine, 4 + kListedDims, global);
+  put_dims(mine, 4 + 2 * kListedDims, local.shape());
+  const auto records = gather_records(mesh, std::move(mine));
+  const auto fail = [&](std::string_view what, const std::string& who, std::string_view why) {
+    LOOM_FAIL("from_local(run_check) on {}: the ranks disagree on {}: {}; {}", mesh.str(), what,
+              who, why);
+  };
+  const std::string types = by_value(records, [](const std::vector<int64_t>& r) {
+    return fmt::format("{} of {} dims", dtype_name(static_cast<DType>(r[1])), r[2]);
+  });
+  if (!types.empty()) {
+    fail("the local tensor's dtype and dims", types,
+         "every rank passes a local tensor of one dtype and one number of dims");
+  }
+  const std::string shapes = by_value(records, [](const std::vector<int64_t>& r) {
+    return fmt::format("a global shape of {}", dims_str(r.data() + 4 + kListedDims, r[2]));
+  });
+  if (!shapes.empty()) {
+    fail("the global shape", shapes,
+         shape_given ? "every rank gives the same global shape"
+                     : "without a global shape, every rank's shard is the same size (even "
+                       "shards); pass shape for uneven ones");
+  }
+  std::vector<std::string> misfits;
+  for (const auto& r : records) {
+    if (r[3] == 0) {
+      misfits.push_back(fmt::format("rank {} (coordinate {}) passes {}", r[0],
+                                    dims_str(r.data() + 4, mesh.ndim()),
+                                    dims_str(r.data() + 4 + 2 * kListedDims, r[2])));
+    }
+  }
+  LOOM_CHECK(misfits.empty(),
+             "from_local(run_check) on {}: {}, which is not its shard of the global shape {} "
+             "under {}",
+             mesh.str(), fmt::join(misfits, "; "), shape_str(global), placements_str(placements));
+}
 
 }  // namespace
 
@@ -202,31 +300,8 @@ Tensor from_local(const Tensor& local, std::shared_ptr<const DeviceMesh> mesh,
   Tensor data = local;
   if (run_check) {
     NoGradGuard no_grad;
-    // Where the global shape puts this rank's shard (uneven shards: `shape` given).
-    const bool fits =
-        DTensorSpec{mesh, placements, global, local.dtype()}.has_local_shape(local.shape());
+    check_ranks_agree(local, mesh, placements, global, shape.has_value());
     for (int64_t md = 0; md < mesh->ndim(); ++md) {
-      // The dtype and dims first: the shapes' lengths depend on them.
-      check_same_along(*mesh, md, {static_cast<int64_t>(local.dtype()), local.dim()},
-                       "every rank passes a local tensor of one dtype and one number of dims",
-                       [](const std::vector<int64_t>& v) {
-                         return fmt::format("{} of {} dims", dtype_name(static_cast<DType>(v[0])),
-                                            v[1]);
-                       });
-      check_same_along(*mesh, md, global,
-                       shape.has_value() ? "every rank gives the same global shape"
-                                         : "without a global shape, every rank's shard is "
-                                           "the same size (even shards); pass shape for uneven",
-                       [&](const std::vector<int64_t>& v) {
-                         return fmt::format("a global shape of {}", shape_of(v));
-                       });
-      check_same_along(*mesh, md, {fits ? 1 : 0},
-                       fmt::format("each rank's local tensor is its shard of the global "
-                                   "shape {} under {}",
-                                   shape_str(global), placements_str(placements)),
-                       [](const std::vector<int64_t>& v) {
-                         return v[0] ? std::string("its shard's shape") : "another shape";
-                       });
       if (placements[md].is_replicate()) {
         data = ops::clone(data);  // what the coordinate-0 rank's values arrive in
         mesh->group(md)->broadcast(data, mesh->group_ranks_by_coordinate(md)[0])->wait();

@@ -148,10 +148,16 @@ Routing MoE::route(const Tensor& scores) const {
 }
 
 Tensor MoE::forward(const Tensor& x) {
+  LOOM_CHECK(x.extension() == nullptr,
+             "MoE: the input is a wrapper tensor (a DTensor: {}); the MoE routes this rank's "
+             "tokens as a plain tensor: hand it the local tensor (a PrepareModuleInput style "
+             "with use_local_output, or to_local), as Loom's plans do",
+             x.description());
   const int64_t dim = x.size(-1);
   const Tensor flat = ops::reshape(x, {-1, dim});
   const int64_t tokens = flat.size(0), e = options_.num_experts, k = options_.top_k;
-  const Tensor logits = ops::to(gate->forward(flat), kFloat32);
+  // Through operator(), as experts: the submodules' hooks run (FSDP's gathers, a user's).
+  const Tensor logits = ops::to((*gate)(flat), kFloat32);
   const Tensor scores =
       options_.score_func == "sigmoid" ? ops::sigmoid(logits) : ops::softmax(logits, -1);
   const Routing routing = route(scores);
@@ -181,7 +187,7 @@ Tensor MoE::forward(const Tensor& x) {
   const Tensor per_choice = gather_rows(expert_out, slot_of, {tokens, k});
   Tensor out =
       ops::sum(ops::mul(per_choice, ops::unsqueeze(ops::to(weights, per_choice.dtype()), -1)), {1});
-  if (shared_experts) out = ops::add(out, shared_experts->forward(flat));
+  if (shared_experts) out = ops::add(out, (*shared_experts)(flat));
 
   double aux_value = 0;
   if (options_.aux_loss_coeff > 0) {

@@ -91,6 +91,9 @@ class ExpertDispatch {
 // the auxiliary loss (summed over calls), slots dropped by capacity, and calls.
 struct RouterStats {
   std::vector<int64_t> tokens_per_expert;
+  // This rank's term of the auxiliary loss. Under set_data_parallel it is the rank's share of
+  // the whole batch's loss scaled so that the ranks' mean is that loss (the Trainer's metrics
+  // report the mean: train/router_stats.h), not the loss itself.
   double aux_loss = 0;
   int64_t dropped = 0;
   int64_t calls = 0;

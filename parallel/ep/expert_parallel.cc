@@ -171,11 +171,18 @@ void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh) {
              ep, experts);
   if (ep == 1) return;
   for (const Tensor& w : {moe.experts->w1(), moe.experts->w2(), moe.experts->w3()}) {
-    LOOM_CHECK(!is_dtensor(w),
-               "expert_parallel: the experts are already split ({}); expert parallelism takes "
-               "whole experts — lay out the model with expert tensor parallelism off "
-               "(TPPlanOptions::expert_tensor_parallel = false) when ep > 1",
-               w.description());
+    if (!is_dtensor(w)) continue;
+    const DTensorSpec& spec = dtensor_spec(w, "expert_parallel");
+    // Split by experts (dim 0) already: this MoE had expert_parallel (or fully_shard) applied.
+    LOOM_CHECK(!spec.placements.at(0).is_shard(0),
+               "expert_parallel: this MoE's experts are already split by expert ({} on {}): "
+               "call expert_parallel once per MoE, before fully_shard",
+               placements_str(spec.placements), spec.mesh->str());
+    LOOM_FAIL(
+        "expert_parallel: the experts are already split within each expert ({}); expert "
+        "parallelism takes whole experts — lay out the model with expert tensor parallelism off "
+        "(TPPlanOptions::expert_tensor_parallel = false) when ep > 1",
+        w.description());
   }
   // Every rank built all E experts alike (the same seed): each keeps its own slice, no message.
   const std::vector<std::pair<const char*, Tensor>> weights = {

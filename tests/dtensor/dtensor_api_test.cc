@@ -104,21 +104,46 @@ TEST(DTensorApiTest, FromLocalRunCheckBroadcastsReplicasAndNamesDisagreement) {
     const Tensor rows = ops::ones({pg.rank() == 0 ? 3 : 2, 2});
     EXPECT_EQ(from_local(rows, mesh, {Shard(0)}, Shape{5, 2}, true).shape(), (Shape{5, 2}));
     EXPECT_THAT(testing::error_of([&] { from_local(rows, mesh, {Shard(0)}, std::nullopt, true); }),
-                HasSubstr("from_local(run_check): along mesh dim 'tp' (DeviceMesh(tp=2"));
-    EXPECT_THAT(testing::error_of([&] { from_local(rows, mesh, {Shard(0)}, std::nullopt, true); }),
-                HasSubstr("rank 1 of its group passes a global shape of (4, 2) where rank 0 "
-                          "passes a global shape of (6, 2): without a global shape"));
+                HasSubstr("from_local(run_check) on DeviceMesh(tp=2, cpu): the ranks disagree on "
+                          "the global shape: rank 0 passes a global shape of (6, 2); rank 1 passes "
+                          "a global shape of (4, 2); without a global shape, every rank's shard is "
+                          "the same size"));
     // Another dtype on rank 1; a shard that does not fit the shape given on rank 1.
     const Tensor typed = ops::ones({2}, pg.rank() == 0 ? kFloat32 : kBFloat16);
     EXPECT_THAT(
         testing::error_of([&] { from_local(typed, mesh, {Shard(0)}, std::nullopt, true); }),
-        HasSubstr("rank 1 of its group passes bf16 of 1 dims where rank 0 passes f32 of 1 dims"));
+        HasSubstr("the ranks disagree on the local tensor's dtype and dims: rank 0 passes f32 of "
+                  "1 dims; rank 1 passes bf16 of 1 dims"));
     EXPECT_THAT(
         testing::error_of([&] {
           from_local(ops::ones({3, 2}), mesh, {Shard(0)}, Shape{5, 2}, true);
         }),
-        HasSubstr(
-            "rank 1 of its group passes another shape where rank 0 passes its shard's shape"));
+        HasSubstr("rank 1 (coordinate (1,)) passes (3, 2), which is not its shard of the global "
+                  "shape (5, 2) under"));
+  });
+}
+
+// On a 2-D mesh every rank fails alike, whichever rank differs (here rank 3, then rank 0 alone),
+// naming the ranks of each value; none is left waiting in a later collective.
+TEST(DTensorApiTest, FromLocalRunCheckOnTwoMeshDimsFailsOnEveryRank) {
+  run_on_ranks(4, [](ProcessGroup& pg) {
+    auto mesh = make_mesh(pg, {"a", "b"}, {2, 2});
+    for (const int odd : {3, 0}) {
+      const Tensor local = ops::zeros({pg.rank() == odd ? 3 : 2, 2});
+      EXPECT_THAT(
+          testing::error_of([&] {
+            from_local(local, mesh, {Replicate(), Replicate()}, std::nullopt, true);
+          }),
+          HasSubstr(odd == 3 ? "the global shape: ranks 0, 1, 2 pass a global shape of (2, 2); "
+                               "rank 3 passes a global shape of (3, 2)"
+                             : "the global shape: rank 0 passes a global shape of (3, 2); ranks "
+                               "1, 2, 3 pass a global shape of (2, 2)"))
+          << "rank " << pg.rank();
+    }
+    // Agreeing ranks still pass, and Replicate takes coordinate 0's values along each dim.
+    const Tensor agreed = from_local(ops::full({2}, pg.rank() + 1.0), mesh,
+                                     {Replicate(), Replicate()}, std::nullopt, true);
+    expect_equal({.actual = local_shard(agreed), .expected = ops::full({2}, 1.0)});
   });
 }
 

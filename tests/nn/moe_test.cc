@@ -307,6 +307,26 @@ TEST(MoERoutingTest, GroupLimitKeepsTheGroupsWhoseTwoBestKeysSumHighest) {
   }
 }
 
+// The router and the shared experts run as modules (through operator()), as the experts do:
+// hooks installed on them (a user's, FSDP's gathers) run once per forward.
+TEST(MoETest, EverySubmodulesHooksRun) {
+  MoE moe(kDim, {.num_experts = 4, .top_k = 2, .hidden_dim = 8, .num_shared_experts = 1}, 3);
+  int gate = 0, shared = 0, experts = 0;
+  const auto count = [](int& calls) {
+    return [&calls](Module&, const Tensor&, const Tensor& out) {
+      ++calls;
+      return out;
+    };
+  };
+  moe.gate->register_forward_hook(count(gate));
+  moe.shared_experts->register_forward_hook(count(shared));
+  moe.experts->register_forward_hook(count(experts));
+  moe(ops::normal({kTokens, kDim}, 5));
+  EXPECT_EQ(gate, 1);
+  EXPECT_EQ(shared, 1);
+  EXPECT_EQ(experts, 1);
+}
+
 // A router whose scores went NaN (a diverged run) stops the forward naming the token, on the
 // device's choices as on the host's.
 TEST(MoETest, ANanScoreIsNamed) {

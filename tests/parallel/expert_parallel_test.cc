@@ -10,8 +10,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "autograd/engine.h"
 #include "autograd/functions.h"
+#include "autograd/gather_rows.h"
+#include "autograd/grouped_mm.h"
 #include "base/error.h"
 #include "comm/testing/multi_rank.h"
 #include "dtensor/comm_debug_mode.h"
@@ -173,6 +177,40 @@ TEST(ExpertParallelTest, EpThatDoesNotDivideTheExpertsIsNamed) {
       EXPECT_NE(std::string(e.what()).find("ep 2 does not divide the 3 experts"), std::string::npos)
           << e.what();
     }
+  });
+}
+
+// What a user's own code gets wrong is named with the call to fix: expert_parallel twice on one
+// MoE, a DTensor handed to the MoE, to gather_rows or to grouped_mm (each takes local tensors).
+TEST(ExpertParallelTest, MisusesNameTheCallToFix) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"ep"}, std::vector<int64_t>{2});
+    const auto message = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    nn::MoE moe(kDim, {.num_experts = 4, .top_k = 2, .hidden_dim = 8}, 7);
+    expert_parallel(moe, mesh);
+    EXPECT_NE(message([&] { expert_parallel(moe, mesh); })
+                  .find("this MoE's experts are already split by expert ([S(0)] on "
+                        "DeviceMesh(ep=2, cpu)): call expert_parallel once per MoE"),
+              std::string::npos);
+    const Tensor rows = distribute_tensor(ops::normal({4, kDim}, 1), mesh, {Shard(0)});
+    EXPECT_NE(message([&] { moe(rows); }).find("MoE: the input is a wrapper tensor (a DTensor: "),
+              std::string::npos);
+    const std::vector<int64_t> index = {1, -1};
+    EXPECT_NE(
+        message([&] { gather_rows(rows, index, {2}); }).find("gather_rows: x is a wrapper tensor"),
+        std::string::npos);
+    EXPECT_NE(message([&] {
+                loom::grouped_mm(ops::normal({4, kDim}, 1), moe.experts->w1(), {0, 2, 4});
+              }).find("grouped_mm: w is a wrapper tensor"),
+              std::string::npos);
   });
 }
 
