@@ -527,6 +527,14 @@ CheckedJob check_job(const JobConfig& job) {
   for (std::string& warning : repeated_data_warnings(read)) {
     out.warnings.push_back(std::move(warning));
   }
+  // Replicas exchange only gradients (and the loads that move expert biases): a balancing loss
+  // or a capacity is over each replica's share of the batch.
+  if (const std::string dependence = out.model.args->layout_dependence();
+      job.replicas > 1 && !dependence.empty()) {
+    out.warnings.push_back(
+        fmt::format("--replicas {}: each replica's ranks are a layout of their own: {}",
+                    job.replicas, dependence));
+  }
   out.data = open_job_data(job, out.model);
   out.run = run_fields(job, out.data.train);
   if (!job.init_from.empty()) {

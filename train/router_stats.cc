@@ -1,6 +1,7 @@
 #include "train/router_stats.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "tensor/ops.h"
@@ -94,6 +95,29 @@ void update_expert_biases(const ParallelModel& model, const DeviceMesh& mesh) {
   for (size_t i = 0; i < moving.size(); ++i) {
     moving[i]->set_load_since_update(loads[i]);
     moving[i]->update_expert_bias();
+  }
+}
+
+std::vector<Tensor> expert_loads(const ParallelModel& model, Device device) {
+  std::vector<Tensor> out;
+  for (nn::MoE* moe : moe_layers(model)) {
+    if (moe->options().bias_update_rate <= 0) continue;
+    const std::vector<int64_t>& load = moe->load_since_update();
+    std::vector<float> values(load.begin(), load.end());
+    out.push_back(ops::to(ops::from_vector(values, {static_cast<int64_t>(values.size())}), device));
+  }
+  return out;
+}
+
+void set_replica_summed_loads(const ParallelModel& model, const std::vector<Tensor>& averaged,
+                              int members) {
+  size_t i = 0;
+  for (nn::MoE* moe : moe_layers(model)) {
+    if (moe->options().bias_update_rate <= 0) continue;
+    const std::vector<double> mean = ops::to_vector(averaged.at(i++));
+    std::vector<int64_t> sum(mean.size());
+    for (size_t e = 0; e < mean.size(); ++e) sum[e] = std::llround(mean[e] * members);
+    moe->set_load_since_update(std::move(sum));
   }
 }
 

@@ -32,4 +32,13 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
 // alike. Collective over the data-parallel groups, for layers with a bias update rate only.
 void update_expert_biases(const ParallelModel& model, const DeviceMesh& mesh);
 
+// Replicas (TrainerOptions::replicas) exchange only their gradients, so the loads that move the
+// bias cross between them with the gradients: each layer's load since its last update as an f32
+// tensor on `device` (layers whose bias moves, in model order), averaged over the members with
+// the gradients, then set back as the members' sum (the mean times `members`, exact for counts
+// below 2^22). Local: no collective.
+std::vector<Tensor> expert_loads(const ParallelModel& model, Device device);
+void set_replica_summed_loads(const ParallelModel& model, const std::vector<Tensor>& averaged,
+                              int members);
+
 }  // namespace loom::train

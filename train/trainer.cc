@@ -132,11 +132,17 @@ StepResult Trainer::replay_step(const std::vector<std::pair<Tensor, Tensor>>& me
 
 int Trainer::average_over_replicas() {
   parallel::ft::Replicas& replicas = *options_.replicas;
-  const std::vector<Tensor> grads = local_gradients();
+  std::vector<Tensor> exchanged = local_gradients();
+  // The MoE loads that move the expert biases travel with the gradients, so every replica moves
+  // its biases by the whole step's load, as one job over all their ranks does.
+  const std::vector<Tensor> loads = expert_loads(model_, mesh_->device());
+  exchanged.insert(exchanged.end(), loads.begin(), loads.end());
   const auto agree = [this](bool ok) { return replica_ranks_agree(ok); };
   for (int attempt = replica_attempt_ + 1;; ++attempt) {
-    if (replicas.average(grads, agree)) {
-      return static_cast<int>(replicas.quorum().members.size());
+    if (replicas.average(exchanged, agree)) {
+      const int members = static_cast<int>(replicas.quorum().members.size());
+      set_replica_summed_loads(model_, loads, members);
+      return members;
     }
     // A member failed during the average: again, among those that reach this attempt (every one
     // of them holds this step's state: the round's joiners got it before their gradients).

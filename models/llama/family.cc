@@ -226,8 +226,9 @@ class LlamaArgs : public ModelArgs {
     if (!aux && !capacity) return "";
     return fmt::format(
         "mixture of experts: {}{}{} (as Megatron's), so a layout that splits a step into other "
-        "microbatches (--grad-accum, a pipeline's) or other ranks balances over other tokens and "
-        "its losses differ slightly from one rank's; {} every layout equal to one rank",
+        "microbatches (--grad-accum, a pipeline's), other ranks or replicas (--replicas) balances "
+        "over other tokens and its losses differ slightly from one rank's; {} every layout equal "
+        "to one rank",
         aux ? "the auxiliary loss is over each microbatch's tokens on the data-parallel ranks "
               "together"
             : "",

@@ -6,11 +6,14 @@
 # step in the metrics), the new one joins the running job with a member's state, and every
 # replica ends with the same model, bit for bit, which is also the model of one job replaying
 # the recorded membership (--replica-replay). For 2 and 3 replicas x tp2, the three with dropout
-# (each replica drops its share's rows of one job's masks, as the replay does).
+# (each replica drops its share's rows of one job's masks, as the replay does), and 2 replicas
+# of a mixture of experts whose routing biases move by the step's load over every replica.
 set -euo pipefail
 train="$(realpath "$1")"
 loomrun="$(realpath "$2")"
 lighthouse="$(realpath "$3")"
+deepseek_fixture="$(realpath "$4")"
+deepseek_fixture="${deepseek_fixture%.safetensors}"
 cd "${TEST_TMPDIR:-$(mktemp -d)}"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 progress() { cat "$1" 2>/dev/null || echo -1; }
@@ -151,3 +154,8 @@ later_jobs() {
 scenario two_by_tp2 2 2
 later_jobs
 scenario three_by_tp2_dropout 3 2 --dropout 0.1 --attn-dropout 0.1
+# A mixture of experts whose routing biases move (DeepSeek-V3's, from transformers' checkpoint,
+# saved with its biases): the replicas move them by the whole step's load, as the replay does.
+mkdir -p deepseek && cp "$deepseek_fixture.safetensors" deepseek/model.safetensors
+cp "${deepseek_fixture}_config.json" deepseek/config.json
+scenario moe_bias 2 1 --init-from "$PWD/deepseek" --moe-bias-update-rate 0.5 --seq-len 32
