@@ -255,8 +255,8 @@ void LlamaConfig::validate() const {
     moe->validate();
     LOOM_CHECK(
         moe_dense_layers >= 0 && moe_dense_layers <= n_layers,
-        "LlamaConfig: moe_dense_layers must be between 0 and n_layers {} (--moe-dense-layers), "
-        "got {}",
+        "LlamaConfig: moe_dense_layers (the preset's, or --moe-dense-layers) must be between 0 "
+        "and n_layers {} (the preset's, or --n-layer), got {}",
         n_layers, moe_dense_layers);
   }
   LOOM_CHECK(norm_eps > 0 && rope_theta > 0,

@@ -289,6 +289,14 @@ class LlamaFamily : public ModelFamily {
     if (sizes.n_head && !sizes.n_kv_heads && config.n_heads % config.n_kv_heads != 0) {
       config.n_kv_heads = config.n_heads;
     }
+    if (config.mla) {
+      // Latent attention expands keys and values for every head from one latent.
+      LOOM_CHECK(sizes.n_kv_heads == 0 || sizes.n_kv_heads == config.n_heads,
+                 "--n-kv-heads {}: {} has multi-head latent attention, whose keys and values "
+                 "come from one latent for each of its {} heads; drop the flag",
+                 sizes.n_kv_heads, preset, config.n_heads);
+      config.n_kv_heads = config.n_heads;
+    }
     return std::make_unique<LlamaArgs>(config);
   }
   std::unique_ptr<ModelArgs> from_fields(const nlohmann::json& fields,

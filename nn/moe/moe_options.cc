@@ -5,7 +5,8 @@
 namespace loom::nn {
 
 void MoEOptions::validate() const {
-  LOOM_CHECK(num_experts >= 1, "MoE: num_experts must be >= 1 (--moe-experts), got {}",
+  LOOM_CHECK(num_experts >= 1 && num_experts <= kMaxExperts,
+             "MoE: num_experts must be between 1 and {} (--moe-experts), got {}", kMaxExperts,
              num_experts);
   LOOM_CHECK(
       top_k >= 1 && top_k <= num_experts,

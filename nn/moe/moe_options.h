@@ -9,6 +9,11 @@
 namespace loom::nn {
 
 struct MoEOptions {
+  // The most experts a layer may have: far beyond any published model (DeepSeek-V3 256, Kimi K2
+  // 384), and small enough that per-expert bookkeeping (counts, offsets, a plan's per-group
+  // records) cannot exhaust a host's memory, as a million experts' plan did.
+  static constexpr int64_t kMaxExperts = 65536;
+
   int64_t num_experts = 8;  // n_routed_experts
   int64_t top_k = 2;        // num_experts_per_tok: experts each token goes to
   int64_t hidden_dim = 0;   // each expert's SwiGLU width (moe_intermediate_size)
