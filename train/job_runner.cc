@@ -97,22 +97,30 @@ bool ranks_share_gpus() {
 
 namespace {
 
-// What replicas of one job must share, as text a refused replica prints beside the running ones':
-// the model, the layout (microbatches included) and the run's settings, its step count with them
-// (the learning rate's schedule; the data by its SHA-256, not its path: replicas on other
-// machines may keep it elsewhere).
+// What replicas of one job must share, as text a refused replica prints beside the running ones'
+// (the items that differ: "; "-separated): the model, the layout (microbatches included) and the
+// run's settings, its step count with them (the learning rate's schedule; the data by its
+// SHA-256, not its path: replicas on other machines may keep it elsewhere).
 std::string replica_job_settings(const nlohmann::json& model, const nlohmann::json& run,
                                  const std::string& layout, int64_t grad_accum) {
-  nlohmann::json settings = run;
-  settings["data"].erase("path");
-  settings["grad_accum"] = grad_accum;
-  const std::string all = nlohmann::json{{"model", model}, {"run", settings}}.dump();
-  return fmt::format(
-      "seed {}, batch {} x {}, {} steps, {}, grad_accum {}, data sha256 {:.12}, model and "
-      "training settings {:.12}",
-      run.at("seed").dump(), run.at("batch_size").dump(), run.at("seq_len").dump(),
-      run.at("steps").dump(), layout, grad_accum, run.at("data").at("sha256").get<std::string>(),
-      checkpoint::sha256_hex(all.data(), all.size()));
+  std::vector<std::string> items = {
+      fmt::format("seed {}", run.at("seed").dump()),
+      fmt::format("batch {} x {}", run.at("batch_size").dump(), run.at("seq_len").dump()),
+      fmt::format("{} steps", run.at("steps").dump()),
+      layout,
+      fmt::format("grad_accum {}", grad_accum),
+      fmt::format("data sha256 {:.12}", run.at("data").at("sha256").get<std::string>())};
+  // Every other setting by its path, so that a refusal names the one that differs.
+  nlohmann::json rest = run;
+  for (const char* key : {"seed", "batch_size", "seq_len", "steps"}) rest.erase(key);
+  rest["data"].erase("path");
+  rest["data"].erase("sha256");
+  // Kept: items() refers to it (a temporary's would dangle in the loop).
+  const nlohmann::json flat = nlohmann::json{{"model", model}, {"run", rest}}.flatten();
+  for (const auto& [path, value] : flat.items()) {
+    items.push_back(fmt::format("{} {}", path, value.dump()));
+  }
+  return fmt::format("{}", fmt::join(items, "; "));
 }
 
 // Which launch a replica job is: a number every rank draws, the largest of them (the same on all

@@ -19,6 +19,29 @@ namespace loom::parallel::ft {
 
 namespace {
 
+// The items of a job's settings (ReplicaGroupOptions::job: "; "-separated) that `other`'s lack,
+// joined again: what a refusal names of two jobs' settings. All of them when none differ alone.
+std::string items_not_in(const std::string& settings, const std::string& other) {
+  const auto split = [](const std::string& text) {
+    std::vector<std::string> items;
+    size_t begin = 0;
+    while (begin <= text.size()) {
+      size_t end = text.find("; ", begin);
+      if (end == std::string::npos) end = text.size();
+      items.push_back(text.substr(begin, end - begin));
+      begin = end + 2;
+    }
+    return items;
+  };
+  const std::vector<std::string> mine = split(settings), theirs = split(other);
+  std::vector<std::string> out;
+  for (const std::string& item : mine) {
+    if (std::find(theirs.begin(), theirs.end(), item) == theirs.end()) out.push_back(item);
+  }
+  if (out.empty()) return settings;
+  return fmt::format("{}", fmt::join(out, "; "));
+}
+
 std::string round_prefix(int64_t round, int attempt) {
   return fmt::format("ft/round{}/attempt{}/", round, attempt);
 }
@@ -100,7 +123,8 @@ nlohmann::json decide(const std::vector<JoinEntry>& joined, int max_replicas,
                     "--replica {}: this job's settings differ from the running replicas' (this "
                     "job: {}; replica {}'s: {}): replicas of one job need the same model, data, "
                     "seed, batch, sequence length, layout and training settings",
-                    r, e.job, reference->replica, reference->job)
+                    r, items_not_in(e.job, reference->job), reference->replica,
+                    items_not_in(reference->job, e.job))
               : fmt::format(
                     "--replica {}: another job already runs replica {} against this replica store "
                     "({}; this job is {}): give each replica job its own --replica in [0, {}), "
