@@ -160,6 +160,30 @@ class ExpertParallelDispatch : public nn::ExpertDispatch {
 
 }  // namespace
 
+void ExpertParallel::validate(const nn::Module& module, const std::string& fqn,
+                              const DeviceMesh& mesh) const {
+  const auto* moe = dynamic_cast<const nn::MoE*>(&module);
+  LOOM_CHECK(moe != nullptr,
+             "parallelize_module: ExpertParallel applies to a mixture of experts (nn::MoE), but "
+             "'{}' is a {}",
+             fqn, module.type_name());
+  LOOM_CHECK(mesh.ndim() == 1,
+             "parallelize_module: ExpertParallel needs a 1-D mesh (e.g. mesh[\"ep\"]), got {}",
+             mesh.str());
+  LOOM_CHECK(moe->options().num_experts % mesh.size(0) == 0,
+             "parallelize_module: ExpertParallel on '{}': ep {} does not divide its {} experts",
+             fqn, mesh.size(0), moe->options().num_experts);
+  LOOM_CHECK(!is_dtensor(moe->experts->w1()),
+             "parallelize_module: ExpertParallel on '{}': its experts are already split ({})", fqn,
+             moe->experts->w1().description());
+}
+
+void ExpertParallel::apply(nn::Module& module, const std::string& fqn,
+                           std::shared_ptr<const DeviceMesh> mesh) const {
+  validate(module, fqn, *mesh);
+  expert_parallel(dynamic_cast<nn::MoE&>(module), std::move(mesh));
+}
+
 void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh) {
   LOOM_CHECK(ep_mesh != nullptr && ep_mesh->ndim() == 1,
              "expert_parallel: needs a 1-D expert-parallel mesh, got {}",

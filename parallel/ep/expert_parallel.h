@@ -19,11 +19,27 @@
 
 #include "mesh/device_mesh.h"
 #include "nn/moe/moe.h"
+#include "parallel/tp/style.h"
 
 namespace loom::parallel::ep {
 
 // Throws naming both numbers when ep does not divide the MoE's experts, and the mesh when it is
 // not 1-D.
 void expert_parallel(nn::MoE& moe, std::shared_ptr<const DeviceMesh> ep_mesh);
+
+// The same as a style of a plan (torchtitan's ExpertParallel), for parallelize_module on an
+// nn::MoE over the 1-D ep mesh:
+//   tp::parallelize_module(model, ep_mesh, {{"layers.1.moe",
+//   std::make_shared<ep::ExpertParallel>()}});
+// validate() refuses, changing nothing, a module that is no MoE, a mesh that is not 1-D, an ep
+// that does not divide the experts, and experts already split.
+class ExpertParallel : public tp::ParallelStyle {
+ public:
+  void validate(const nn::Module& module, const std::string& fqn,
+                const DeviceMesh& mesh) const override;
+  void apply(nn::Module& module, const std::string& fqn,
+             std::shared_ptr<const DeviceMesh> mesh) const override;
+  std::string name() const override { return "ExpertParallel"; }
+};
 
 }  // namespace loom::parallel::ep

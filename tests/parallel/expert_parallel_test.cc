@@ -8,6 +8,7 @@
 #include "parallel/ep/expert_parallel.h"
 
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -21,7 +22,9 @@
 #include "dtensor/comm_debug_mode.h"
 #include "dtensor/dtensor.h"
 #include "mesh/device_mesh.h"
+#include "nn/linear.h"
 #include "nn/moe/moe.h"
+#include "parallel/tp/parallelize.h"
 #include "tensor/grad_mode.h"
 #include "tensor/ops.h"
 #include "tensor/rng.h"
@@ -177,6 +180,40 @@ TEST(ExpertParallelTest, EpThatDoesNotDivideTheExpertsIsNamed) {
       EXPECT_NE(std::string(e.what()).find("ep 2 does not divide the 3 experts"), std::string::npos)
           << e.what();
     }
+  });
+}
+
+// The style of a plan (torchtitan's ExpertParallel through parallelize_module) is the call's
+// split, bit for bit; a module that is no MoE, and experts already split, are refused by name.
+TEST(ExpertParallelTest, TheExpertParallelStyleOfAPlan) {
+  comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
+    const auto mesh = std::make_shared<const DeviceMesh>(
+        pg.shared_from_this(), std::vector<std::string>{"ep"}, std::vector<int64_t>{2});
+    const nn::MoEOptions options{.num_experts = 4, .top_k = 2, .hidden_dim = 8};
+    nn::MoE by_call(kDim, options, 7), by_plan(kDim, options, 7);
+    expert_parallel(by_call, mesh);
+    tp::parallelize_module(by_plan, mesh, std::make_shared<ExpertParallel>());
+    ASSERT_TRUE(is_dtensor(by_plan.experts->w2()));
+    const Tensor x = ops::normal({1, kTokens, kDim}, 100 + pg.rank());
+    {
+      NoGradGuard no_grad;
+      testing::expect_equal({.actual = by_plan(x), .expected = by_call(x)});
+    }
+    const auto message = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    EXPECT_THAT(
+        message([&] { tp::parallelize_module(by_plan, mesh, std::make_shared<ExpertParallel>()); }),
+        ::testing::HasSubstr("its experts are already split"));
+    nn::Linear linear(kDim, kDim, nn::LinearOptions{.seed = 1});
+    EXPECT_THAT(
+        message([&] { tp::parallelize_module(linear, mesh, std::make_shared<ExpertParallel>()); }),
+        ::testing::HasSubstr("ExpertParallel applies to a mixture of experts (nn::MoE)"));
   });
 }
 
