@@ -40,6 +40,16 @@ struct MoERun {
   std::map<std::string, Tensor> grads;
 };
 
+// The message of the loom::Error `call` throws ("no error" when it throws none).
+std::string message(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 MoERun run_moe(nn::MoE& moe, const Tensor& x0, const Tensor& g) {
   Tensor x = ops::clone(x0);
   x.set_requires_grad(true);
@@ -199,14 +209,6 @@ TEST(ExpertParallelTest, TheExpertParallelStyleOfAPlan) {
       NoGradGuard no_grad;
       testing::expect_equal({.actual = by_plan(x), .expected = by_call(x)});
     }
-    const auto message = [](const std::function<void()>& call) {
-      try {
-        call();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
     EXPECT_THAT(
         message([&] { tp::parallelize_module(by_plan, mesh, std::make_shared<ExpertParallel>()); }),
         ::testing::HasSubstr("its experts are already split"));
@@ -223,14 +225,6 @@ TEST(ExpertParallelTest, MisusesNameTheCallToFix) {
   comm::testing::run_on_ranks(2, [&](comm::ProcessGroup& pg) {
     const auto mesh = std::make_shared<const DeviceMesh>(
         pg.shared_from_this(), std::vector<std::string>{"ep"}, std::vector<int64_t>{2});
-    const auto message = [](const std::function<void()>& call) {
-      try {
-        call();
-      } catch (const Error& e) {
-        return std::string(e.what());
-      }
-      return std::string("no error");
-    };
     nn::MoE moe(kDim, {.num_experts = 4, .top_k = 2, .hidden_dim = 8}, 7);
     expert_parallel(moe, mesh);
     EXPECT_NE(message([&] { expert_parallel(moe, mesh); })
