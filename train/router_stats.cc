@@ -11,6 +11,8 @@ namespace loom::train {
 
 namespace {
 
+constexpr double kDroppedSplit = 4096;
+
 // Each layer's per-expert counts, summed over the data-parallel ranks (one all-reduce per group
 // for all layers together).
 std::vector<std::vector<int64_t>> summed_over_data_parallel(
@@ -45,13 +47,16 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
     worst_max = std::max(worst_max, layer.max_over_mean());
     worst_min = std::min(worst_min, layer.min_over_mean());
   }
-  // Over every rank: [max ratio, -min ratio] by max; [aux, dropped, layers] by sum.
+  // Over every rank: [max ratio, -min ratio] by max; [aux, dropped (two parts), layers] by sum.
   Tensor maxima = ops::to(
       ops::from_vector({static_cast<float>(worst_max), static_cast<float>(-worst_min)}, {2}),
       mesh.device());
-  Tensor sums = ops::to(ops::from_vector({static_cast<float>(aux), static_cast<float>(dropped),
-                                          static_cast<float>(loads.size())},
-                                         {3}),
+  // Dropped slots as two f32 parts, each summed exactly (lo < 4096 a rank; hi exact below 2^24
+  // in all), so counts past f32's 2^24 are not rounded: up to 2^36.
+  const double hi = std::floor(dropped / kDroppedSplit), lo = dropped - hi * kDroppedSplit;
+  Tensor sums = ops::to(ops::from_vector({static_cast<float>(aux), static_cast<float>(hi),
+                                          static_cast<float>(lo), static_cast<float>(loads.size())},
+                                         {4}),
                         mesh.device());
   // Over the mesh's world group when the mesh spans it (two calls, where one per mesh dim made 2
   // x ndim), else along every dim of the mesh.
@@ -73,12 +78,14 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
   };
   const int64_t copies = mesh.numel() / size_of(kPipelineDim);
   RouterSummary summary;
-  summary.layers = std::llround(s[2]) / copies;
+  summary.layers = std::llround(s[3]) / copies;
   if (summary.layers == 0) return summary;
   summary.max_over_mean = m[0];
   summary.min_over_mean = -m[1];
   summary.aux_loss = s[0] / static_cast<double>(copies);
-  summary.dropped = std::llround(s[1]) / size_of(kTensorDim);
+  summary.dropped =
+      (std::llround(s[1]) * static_cast<int64_t>(kDroppedSplit) + std::llround(s[2])) /
+      size_of(kTensorDim);
   return summary;
 }
 
