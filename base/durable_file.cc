@@ -121,15 +121,22 @@ void SyncedFileWriter::write_at(size_t offset, const void* data, size_t bytes) {
   }
 }
 
+namespace {
+
+// fsync, where EINVAL means a special file that keeps nothing to sync (/dev/null, a pipe): done.
+bool synced(int fd) { return ::fsync(fd) == 0 || errno == EINVAL; }
+
+}  // namespace
+
 void SyncedFileWriter::sync() {
   LOOM_CHECK(fd_ >= 0, "{}: cannot sync '{}': it is not open", what_, path_);
-  LOOM_CHECK(::fsync(fd_) == 0, "{}: cannot fsync '{}': {}", what_, path_, std::strerror(errno));
+  LOOM_CHECK(synced(fd_), "{}: cannot fsync '{}': {}", what_, path_, std::strerror(errno));
 }
 
 void SyncedFileWriter::close() {
   LOOM_CHECK(fd_ >= 0, "{}: cannot close '{}': it is not open", what_, path_);
   const int fd = std::exchange(fd_, -1);
-  if (::fsync(fd) != 0) {
+  if (!synced(fd)) {
     const int error = errno;
     ::close(fd);
     LOOM_FAIL("{}: cannot fsync '{}': {}", what_, path_, std::strerror(error));

@@ -201,7 +201,14 @@ LlamaConfig deepseek_v3_config_from_hf(const hf::ConfigJson& json) {
       json.positive_int_or("topk_group", config.moe->num_expert_groups);
   json.refuse_unless(config.moe->num_shared_experts >= 1, "n_shared_experts",
                      "DeepSeek-V3's mixture of experts has shared experts");
-  read_hf_rope(json, config);
+  read_hf_rope(json, config, /*partial_rotary=*/true);
+  // Latent attention has a key and value per head: another kv head count describes no such
+  // model (transformers fails on it).
+  json.refuse_unless(json.positive_int_or("num_key_value_heads", config.n_heads) == config.n_heads,
+                     "num_key_value_heads",
+                     fmt::format("latent attention expands keys and values for each of its "
+                                 "num_attention_heads = {} heads",
+                                 config.n_heads));
   json.refuse_unless(!json.bool_or("attention_bias", false), "attention_bias",
                      "Loom's latent attention projections have no biases");
   json.refuse_unless(json.string_or("hidden_act", "silu") == "silu", "hidden_act",

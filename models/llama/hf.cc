@@ -118,15 +118,17 @@ class LlamaAdapter : public hf::StateDictAdapter {
                         // As trained (not read back: a Loom job's --attn-dropout decides).
                         {"attention_dropout", c.attention_dropout}};
     if (c.moe) {
-      // MixtralConfig's keys. Its balancing loss is coef * E * sum_e (top_k f_e) P_e with f_e
-      // counted per slot (transformers' load_balancing_loss_func), Loom's coeff * E * sum_e f_e
-      // P_e: the same loss at coef = coeff / top_k.
+      // MixtralConfig's keys. Its balancing loss is one term over every layer's routing pooled,
+      // coef * E * sum_e (top_k F_e) P_e with F_e counted per slot (transformers'
+      // load_balancing_loss_func); Loom's is a term per layer, coeff * E * sum_e f_e P_e each:
+      // the same loss, when the layers route alike, at coef = coeff * layers / top_k.
       const nn::MoEOptions& m = *c.moe;
       json["architectures"] = {"MixtralForCausalLM"};
       json["model_type"] = kMixtralModelType;
       json["num_local_experts"] = m.num_experts;
       json["num_experts_per_tok"] = m.top_k;
-      json["router_aux_loss_coef"] = m.aux_loss_coeff / static_cast<double>(m.top_k);
+      json["router_aux_loss_coef"] =
+          m.aux_loss_coeff * static_cast<double>(c.n_layers) / static_cast<double>(m.top_k);
       json["output_router_logits"] = m.aux_loss_coeff > 0;
       json["router_jitter_noise"] = 0.0;
       json["sliding_window"] = nullptr;
@@ -205,7 +207,7 @@ LlamaConfig llama_config_from_hf(const hf::ConfigJson& json) {
   config.max_seq_len = json.positive_int("max_position_embeddings");
   config.ffn_dim = json.positive_int("intermediate_size");
   config.ffn_dim_multiplier = std::nullopt;
-  read_hf_rope(json, config);
+  read_hf_rope(json, config, /*partial_rotary=*/type != kMixtralModelType);
   if (type == kMixtralModelType) {
     // Every layer a mixture of experts of intermediate_size each; softmax routing, the top-k
     // weights normalized (MixtralSparseMoeBlock). router_aux_loss_coef, output_router_logits

@@ -6,9 +6,19 @@
 
 namespace loom::models {
 
-void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config) {
+void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config, bool partial_rotary) {
   std::optional<hf::ConfigJson> rope = json.object_or_none("rope_parameters");
   if (!rope) rope = json.object_or_none("rope_scaling");
+  if (partial_rotary) {
+    // transformers rotates only this fraction of each head's rotary dims (Llama, DeepSeek-V3).
+    const hf::ConfigJson* rope_object = rope ? &*rope : nullptr;
+    for (const hf::ConfigJson* where : {&json, rope_object}) {
+      if (where == nullptr) continue;
+      where->refuse_unless(where->number_or("partial_rotary_factor", 1.0) == 1.0,
+                           "partial_rotary_factor",
+                           "Loom's RoPE rotates every rotary dim of each head");
+    }
+  }
   config.rope_theta = rope && rope->has("rope_theta") ? rope->number("rope_theta")
                                                       : json.number_or("rope_theta", 10000.0);
   config.rope_scaling = std::nullopt;
@@ -33,8 +43,6 @@ void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config) {
     yarn.mscale_all_dim = rope->number_or("mscale_all_dim", 0.0);
     if (rope->has("attention_factor")) yarn.attention_factor = rope->number("attention_factor");
     yarn.truncate = rope->bool_or("truncate", true);
-    rope->refuse_unless(rope->number_or("partial_rotary_factor", 1.0) == 1.0,
-                        "partial_rotary_factor", "Loom's RoPE rotates every rotary dim");
     config.rope_yarn = yarn;
   } else if (rope_type != "default") {
     rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",

@@ -13,7 +13,9 @@ namespace loom::models {
 // rope_theta and Llama 3's or YaRN's frequency scaling: transformers 5 writes "rope_parameters"
 // (rope_theta inside), 4 wrote "rope_theta" and "rope_scaling". Another rope_type is refused by its
 // key.
-void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config);
+// `partial_rotary`: the format's model rotates partial_rotary_factor of the dims (transformers'
+// Llama and DeepSeek-V3; Mixtral ignores the key), so another factor than 1 is refused.
+void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config, bool partial_rotary);
 // rope_theta, and rope_scaling of type "llama3" or "yarn" when the config scales.
 void write_hf_rope(const LlamaConfig& config, nlohmann::json& json);
 // YaRN's settings as config.json and a checkpoint's model fields hold them (mscale,

@@ -78,9 +78,10 @@ TEST(HFConfigTest, MissingAndMistypedKeysNameTheFileAndTheKey) {
 
 TEST(HFConfigTest, FeaturesLoomDoesNotComputeAreRefusedByKey) {
   const std::vector<std::pair<std::string, nlohmann::json>> refused = {
-      {"attention_bias", true},  {"mlp_bias", true},
-      {"hidden_act", "gelu"},    {"head_dim", 32},
-      {"model_type", "mistral"}, {"quantization_config", {{"quant_method", "fp8"}}}};
+      {"attention_bias", true},      {"mlp_bias", true},
+      {"hidden_act", "gelu"},        {"head_dim", 32},
+      {"model_type", "mistral"},     {"quantization_config", {{"quant_method", "fp8"}}},
+      {"partial_rotary_factor", 0.5}};
   for (const auto& [key, value] : refused) {
     nlohmann::json json = llama_config_json();
     json[key] = value;
