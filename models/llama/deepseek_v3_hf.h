@@ -13,8 +13,9 @@
 //
 // config.json: n_group and topk_group are group-limited routing (MoEOptions::num_expert_groups,
 // num_limited_groups). What Loom does not compute is refused by its key: a rope_type other than
-// default and llama3 (DeepSeek-V3's own yarn included), rope_interleave false, attention_bias,
-// scores other than sigmoid, a moe_layer_freq other than 1. Its multi-token-prediction layers
+// default, llama3 and yarn, a partial_rotary_factor other than 1, rope_interleave false,
+// num_key_value_heads other than the heads, attention_bias, scores other than sigmoid, a
+// moe_layer_freq other than 1, a quantization_config. Its multi-token-prediction layers
 // (num_nextn_predict_layers, as model.layers.{num_hidden_layers}.*) are skipped, as transformers
 // skips them.
 #pragma once
