@@ -29,6 +29,15 @@ std::vector<std::vector<int64_t>> summed_over_data_parallel(
   return out;
 }
 
+// The MoE layers whose bias moves (a bias update rate above 0), in model order.
+std::vector<nn::MoE*> layers_moving_bias(const ParallelModel& model) {
+  std::vector<nn::MoE*> out;
+  for (nn::MoE* moe : moe_layers(model)) {
+    if (moe->options().bias_update_rate > 0) out.push_back(moe);
+  }
+  return out;
+}
+
 }  // namespace
 
 RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& mesh) {
@@ -90,14 +99,10 @@ RouterSummary take_router_summary(const ParallelModel& model, const DeviceMesh& 
 }
 
 void update_expert_biases(const ParallelModel& model, const DeviceMesh& mesh) {
-  std::vector<nn::MoE*> moving;
-  std::vector<std::vector<int64_t>> loads;
-  for (nn::MoE* moe : moe_layers(model)) {
-    if (moe->options().bias_update_rate <= 0) continue;
-    moving.push_back(moe);
-    loads.push_back(moe->load_since_update());
-  }
+  const std::vector<nn::MoE*> moving = layers_moving_bias(model);
   if (moving.empty()) return;
+  std::vector<std::vector<int64_t>> loads;
+  for (nn::MoE* moe : moving) loads.push_back(moe->load_since_update());
   loads = summed_over_data_parallel(loads, mesh);
   for (size_t i = 0; i < moving.size(); ++i) {
     moving[i]->set_load_since_update(loads[i]);
@@ -107,8 +112,7 @@ void update_expert_biases(const ParallelModel& model, const DeviceMesh& mesh) {
 
 std::vector<Tensor> expert_loads(const ParallelModel& model, Device device) {
   std::vector<Tensor> out;
-  for (nn::MoE* moe : moe_layers(model)) {
-    if (moe->options().bias_update_rate <= 0) continue;
+  for (nn::MoE* moe : layers_moving_bias(model)) {
     const std::vector<int64_t>& load = moe->load_since_update();
     std::vector<float> values(load.begin(), load.end());
     out.push_back(ops::to(ops::from_vector(values, {static_cast<int64_t>(values.size())}), device));
@@ -119,8 +123,7 @@ std::vector<Tensor> expert_loads(const ParallelModel& model, Device device) {
 void set_replica_summed_loads(const ParallelModel& model, const std::vector<Tensor>& averaged,
                               int members) {
   size_t i = 0;
-  for (nn::MoE* moe : moe_layers(model)) {
-    if (moe->options().bias_update_rate <= 0) continue;
+  for (nn::MoE* moe : layers_moving_bias(model)) {
     const std::vector<double> mean = ops::to_vector(averaged.at(i++));
     std::vector<int64_t> sum(mean.size());
     for (size_t e = 0; e < mean.size(); ++e) sum[e] = std::llround(mean[e] * members);

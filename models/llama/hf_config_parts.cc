@@ -6,6 +6,27 @@
 
 namespace loom::models {
 
+namespace {
+
+// YaRN's settings as transformers reads them from a rope_scaling (or rope_parameters) object, and
+// yarn_fields writes them; without a factor, the context's growth over the original one.
+YarnScaling read_yarn(const hf::ConfigJson& rope, int64_t context) {
+  YarnScaling yarn;
+  yarn.original_max_position_embeddings = rope.positive_int("original_max_position_embeddings");
+  yarn.factor = rope.has("factor") ? rope.number("factor")
+                                   : static_cast<double>(context) /
+                                         static_cast<double>(yarn.original_max_position_embeddings);
+  yarn.beta_fast = rope.number_or("beta_fast", 32.0);
+  yarn.beta_slow = rope.number_or("beta_slow", 1.0);
+  yarn.mscale = rope.number_or("mscale", 0.0);
+  yarn.mscale_all_dim = rope.number_or("mscale_all_dim", 0.0);
+  if (rope.has("attention_factor")) yarn.attention_factor = rope.number("attention_factor");
+  yarn.truncate = rope.bool_or("truncate", true);
+  return yarn;
+}
+
+}  // namespace
+
 void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config, bool partial_rotary) {
   std::optional<hf::ConfigJson> rope = json.object_or_none("rope_parameters");
   if (!rope) rope = json.object_or_none("rope_scaling");
@@ -30,20 +51,7 @@ void read_hf_rope(const hf::ConfigJson& json, LlamaConfig& config, bool partial_
                                       rope->number("high_freq_factor"),
                                       rope->positive_int("original_max_position_embeddings")};
   } else if (rope_type == "yarn") {
-    YarnScaling yarn;
-    yarn.original_max_position_embeddings = rope->positive_int("original_max_position_embeddings");
-    // transformers: without a factor, the context's growth over the original one.
-    yarn.factor = rope->has("factor")
-                      ? rope->number("factor")
-                      : static_cast<double>(config.max_seq_len) /
-                            static_cast<double>(yarn.original_max_position_embeddings);
-    yarn.beta_fast = rope->number_or("beta_fast", 32.0);
-    yarn.beta_slow = rope->number_or("beta_slow", 1.0);
-    yarn.mscale = rope->number_or("mscale", 0.0);
-    yarn.mscale_all_dim = rope->number_or("mscale_all_dim", 0.0);
-    if (rope->has("attention_factor")) yarn.attention_factor = rope->number("attention_factor");
-    yarn.truncate = rope->bool_or("truncate", true);
-    config.rope_yarn = yarn;
+    config.rope_yarn = read_yarn(*rope, config.max_seq_len);
   } else if (rope_type != "default") {
     rope->refuse_unless(false, rope->has("rope_type") ? "rope_type" : "type",
                         fmt::format("Loom implements the default RoPE, Llama 3's (\"llama3\") and "
@@ -80,22 +88,8 @@ nlohmann::json yarn_fields(const YarnScaling& yarn) {
 }
 
 YarnScaling yarn_from_fields(const nlohmann::json& fields, const std::string& where) {
-  const auto number = [&](const char* key) {
-    LOOM_CHECK(fields.contains(key) && fields.at(key).is_number(),
-               "{}: the recorded YaRN settings lack a number \"{}\"", where, key);
-    return fields.at(key).get<double>();
-  };
-  YarnScaling yarn{
-      .factor = number("factor"),
-      .original_max_position_embeddings =
-          static_cast<int64_t>(number("original_max_position_embeddings")),
-      .beta_fast = number("beta_fast"),
-      .beta_slow = number("beta_slow"),
-      .mscale = fields.contains("mscale") ? number("mscale") : 0.0,
-      .mscale_all_dim = fields.contains("mscale_all_dim") ? number("mscale_all_dim") : 0.0,
-      .truncate = fields.value("truncate", true)};
-  if (fields.contains("attention_factor")) yarn.attention_factor = number("attention_factor");
-  return yarn;
+  // yarn_fields always records the factor: no context to derive it from.
+  return read_yarn(hf::ConfigJson(fields, where), /*context=*/0);
 }
 
 void refuse_quantized(const hf::ConfigJson& json) {
